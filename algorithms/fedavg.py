@@ -1,0 +1,13 @@
+"""FedAvg (McMahan et al., 2017): clients train the global model locally; the server averages the
+results weighted by each client's number of training samples. Its "personalized" model is the
+global one — the baseline every pFL method must beat.
+
+BatchNorm statistics, when the model has them, are averaged like parameters (FedAvg averages the
+whole state dict); FedBN is the variant that keeps them local.
+"""
+from pflbench.algorithm import ALGORITHMS, Algorithm
+
+
+@ALGORITHMS.register("fedavg")
+class FedAvg(Algorithm):
+    name = "fedavg"

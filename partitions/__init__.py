@@ -1,0 +1,2 @@
+"""Built-in partition schemes, one module each; importing this package registers them in `PARTITIONS`."""
+from partitions import dirichlet, dominant, iid, pathological  # noqa: F401

@@ -1,0 +1,125 @@
+"""The algorithm API: one class per method, one hook per concern (after Flower's Strategy).
+
+A round, as the engine (`pflbench.federation.run_rounds`) drives it:
+
+    download = alg.configure(rnd, clients)                 # server -> each sampled client   (bytes down)
+    state    = alg.receive(rnd, clients, download)         # client: the model it will train
+    state    = alg.local_train(rnd, clients, state)        # client: local SGD (batched across clients)
+    upload   = alg.send(rnd, clients, state)               # client -> server; keeps its local part (bytes up)
+    alg.aggregate(rnd, clients, upload)                    # server
+    ... every eval_every rounds: alg.personalized() is evaluated on every client's test split
+
+Every tensor that crosses the network is a `State`: a dict of tensors stacked along a leading client
+dimension (row j belongs to `clients[j]`). The engine counts the bytes of exactly these dicts, so an
+algorithm's communication is whatever its hooks exchange — nothing to declare separately.
+
+The base class is FedAvg-shaped partial personalization: the server keeps one global model, each
+client keeps its own copy of everything, and `is_local(name)` says which tensors never leave the
+client. With nothing local this is FedAvg; with BatchNorm local it is FedBN; with the head local it
+is FedPer; with everything local it is Local training. Methods that do more (hypernetworks, model
+mixing, regularized objectives) override the hooks they need. See `algorithms/README.md`.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+import torch
+from pydantic import BaseModel, ConfigDict, ValidationError
+from torch import Tensor
+
+from pflbench.registry import Registry
+from pflbench.training import State, weighted_mean
+
+if TYPE_CHECKING:
+    from pflbench.federation import Federation
+
+ALGORITHMS: Registry[type["Algorithm"]] = Registry("algorithm")
+
+
+class Hyperparams(BaseModel):
+    """An algorithm's own hyperparameters; subclasses declare fields with the paper's defaults."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Algorithm:
+    Hyperparams: ClassVar[type[Hyperparams]] = Hyperparams
+    # Sweep ranges for Ray Tune, by hyperparameter: ("loguniform"|"uniform", low, high),
+    # ("int", low, high) or ("choice", [values]).
+    search_space: ClassVar[dict[str, tuple]] = {}
+    # Whether local training may run batched across clients (False: the engine loops, and says so).
+    batched: ClassVar[bool] = True
+    name: ClassVar[str] = ""
+
+    def __init__(self, fed: "Federation", hp: Hyperparams):
+        self.fed = fed
+        self.hp = hp
+
+    @classmethod
+    def parse_hyperparams(cls, values: dict[str, Any]) -> Hyperparams:
+        try:
+            return cls.Hyperparams(**values)
+        except ValidationError as err:
+            allowed = ", ".join(f"{k}={f.default!r}" for k, f in cls.Hyperparams.model_fields.items()) or "none"
+            problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in err.errors())
+            raise ValueError(f"bad hyperparameters for algorithm {cls.name!r}: {problems} "
+                             f"(allowed, with defaults: {allowed})") from None
+
+    # ---- state ---------------------------------------------------------------------------------
+    def setup(self) -> None:
+        """Create server and client state. Every client starts from the same initial model."""
+        self.global_state = self.fed.init_state(1)
+        self.client_state = self.fed.init_state(self.fed.num_clients)
+
+    def is_local(self, name: str) -> bool:
+        """Whether the tensor `name` stays on the client (never sent, never aggregated)."""
+        return False
+
+    def shared_names(self) -> list[str]:
+        return [n for n in self.fed.model.names if not self.is_local(n)]
+
+    # ---- the round's hooks -----------------------------------------------------------------------
+    def configure(self, rnd: int, clients: Tensor) -> State:
+        """What the server sends each sampled client: by default the global model's shared part."""
+        return {n: self.global_state[n].expand(len(clients), *self.global_state[n].shape[1:])
+                for n in self.shared_names()}
+
+    def receive(self, rnd: int, clients: Tensor, download: State) -> State:
+        """The model each client trains: the download, completed by the client's own local part."""
+        return {n: download[n] if n in download else self.client_state[n][clients]
+                for n in self.fed.model.names}
+
+    def local_train(self, rnd: int, clients: Tensor, state: State) -> State:
+        return self.fed.train(rnd, clients, state).state
+
+    def send(self, rnd: int, clients: Tensor, state: State) -> State:
+        """Keep the trained model on the client; upload its shared part."""
+        for n, t in state.items():
+            self.client_state[n][clients] = t
+        return {n: state[n] for n in self.shared_names()}
+
+    def aggregate(self, rnd: int, clients: Tensor, upload: State) -> None:
+        """Sample-size-weighted average of the uploads (FedAvg)."""
+        weights = self.fed.train_sizes[clients].float()
+        weights = weights / weights.sum()
+        for n, t in upload.items():
+            self.global_state[n] = weighted_mean(t, weights).unsqueeze(0)
+
+    def personalized(self) -> State:
+        """Every client's personalized model [N, ...]: the global shared part with its local part."""
+        n_clients = self.fed.num_clients
+        return {n: (self.client_state[n] if self.is_local(n)
+                    else self.global_state[n].expand(n_clients, *self.global_state[n].shape[1:]))
+                for n in self.fed.model.names}
+
+    def artifacts(self) -> dict[str, np.ndarray]:
+        """Arrays worth keeping from this round (e.g. aggregation weights); saved every eval_every rounds."""
+        return {}
+
+
+def get_algorithm(name: str) -> type[Algorithm]:
+    import algorithms  # noqa: F401  (registers the built-in algorithms)
+
+    return ALGORITHMS.get(name)
+

@@ -1,0 +1,45 @@
+"""The fully resolved configuration of one cell of an experiment matrix.
+
+A cell is identified by the hash of this configuration's content (`cell_hash`), so two cells with the
+same settings share results. Execution options that do not change the result's meaning (device,
+data root, client batching on/off) are deliberately not part of it.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class CellConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    algorithm: str
+    dataset: str
+    dataset_options: dict[str, Any] = Field(default_factory=dict)
+    partition: str = "pathological"
+    partition_params: dict[str, Any] = Field(default_factory=dict)
+    clients: int = Field(10, ge=1)
+    participation: float = Field(1.0, gt=0.0, le=1.0)
+    seed: int = 0
+    rounds: int = Field(10, ge=1)
+    local_epochs: int = Field(1, ge=1)
+    batch_size: int = Field(32, ge=1)
+    lr: float = Field(0.01, gt=0.0)
+    momentum: float = Field(0.0, ge=0.0, lt=1.0)
+    weight_decay: float = Field(0.0, ge=0.0)
+    eval_every: int = Field(1, ge=1)
+    model: str = "auto"
+    train_fraction: float = Field(0.7, gt=0.0, lt=1.0)
+    val_fraction: float = Field(0.1, ge=0.0, lt=1.0)  # share of each client's train split held out
+    hp: dict[str, Any] = Field(default_factory=dict)  # the algorithm's own hyperparameters
+
+    def canonical_json(self) -> str:
+        return json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+
+
+def cell_hash(cell: CellConfig) -> str:
+    """Stable content hash: same resolved configuration, same id (12 hex digits)."""
+    return hashlib.sha256(cell.canonical_json().encode()).hexdigest()[:12]

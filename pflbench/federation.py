@@ -1,0 +1,233 @@
+"""The federation engine: one cell's data on the device, client sampling, local training,
+evaluation of every client's personalized model, and communication accounting.
+
+`run_cell` is the whole life of one cell (dataset -> partition -> rounds -> metrics); the runner
+calls it, tests call it, `pflbench bench` times its pieces.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import pandas as pd
+import torch
+from torch import Tensor
+
+from pflbench.algorithm import Algorithm, get_algorithm
+from pflbench.config import CellConfig
+from pflbench.models import build_model, default_model
+from pflbench.training import (SGD, ClientModel, Diverged, Objective, State, batch_plan, cross_entropy,
+                               evaluate_clients, state_bytes, train_clients)
+
+CLIENT_BATCHING = ("auto", "on", "off")
+
+
+@dataclass
+class TrainResult:
+    state: State
+    loss: Tensor  # mean local loss per trained client
+
+
+def sample_schedule(num_clients: int, participation: float, rounds: int, seed: int) -> np.ndarray:
+    """The sampled clients of every round, drawn once from the seed: [rounds, per_round], sorted.
+    Every algorithm run with the same seed sees the same clients in the same rounds."""
+    per_round = max(1, round(participation * num_clients))
+    rng = np.random.default_rng([seed, 0x5A3])
+    return np.stack([np.sort(rng.choice(num_clients, per_round, replace=False)) for _ in range(rounds)])
+
+
+def choose_batching(requested: str, device: torch.device, algorithm_batched: bool) -> bool:
+    """Batched local training pays off where small per-client batches would leave the device idle
+    (GPUs). On a CPU a loop over clients at batch 32 is as fast as one big batch and avoids vmap's
+    overhead (measured with `pflbench bench`), so `auto` loops there."""
+    if requested not in CLIENT_BATCHING:
+        raise ValueError(f"client_batching must be one of {CLIENT_BATCHING}, got {requested!r}")
+    if not algorithm_batched:
+        return False
+    if requested == "auto":
+        return device.type == "cuda"
+    return requested == "on"
+
+
+class Federation:
+    """What an algorithm may use about the simulated clients of one cell."""
+
+    def __init__(self, cell: CellConfig, dataset, splits, device: str | torch.device = "cpu",
+                 client_batching: str = "auto", algorithm_batched: bool = True):
+        self.cell = cell
+        self.device = torch.device(device)
+        self.features = dataset.normalized(self.device)
+        self.labels = dataset.labels.to(self.device)
+        self.num_classes = dataset.num_classes
+        self.num_clients = splits.num_clients
+        self.splits = {name: [torch.as_tensor(i, dtype=torch.long, device=self.device) for i in part]
+                       for name, part in (("train", splits.train), ("val", splits.val), ("test", splits.test))}
+        self.train_sizes = torch.tensor([len(i) for i in splits.train], device=self.device)
+        model_name = default_model(dataset.input_shape) if cell.model == "auto" else cell.model
+        self.model_name = model_name
+        self.model = ClientModel(build_model(model_name, dataset.input_shape, dataset.num_classes))
+        self.sgd = SGD(cell.lr, cell.momentum, cell.weight_decay)
+        self.batched = choose_batching(client_batching, self.device, algorithm_batched)
+        self.schedule = sample_schedule(cell.clients, cell.participation, cell.rounds, cell.seed)
+
+    def init_state(self, num: int) -> State:
+        """`num` copies of the initial model (drawn from the cell's seed), stacked."""
+        return self.model.init(num, self.cell.seed, self.device)
+
+    def batch_generators(self, rnd: int, clients: Tensor, salt: int = 0) -> list[torch.Generator]:
+        """One generator per client for its batch order in round `rnd`: the same for every algorithm
+        and for both training paths."""
+        gens = []
+        for c in clients.tolist():
+            digest = hashlib.sha256(f"{self.cell.seed}/{rnd}/{c}/{salt}".encode()).digest()
+            gens.append(torch.Generator().manual_seed(int.from_bytes(digest[:8], "little")))
+        return gens
+
+    def train(self, rnd: int, clients: Tensor, state: State, *, objective: Objective = cross_entropy,
+              aux: State | None = None, trainable=None, epochs: int | None = None,
+              steps: int | None = None, split: str = "train", salt: int = 0) -> TrainResult:
+        """Local SGD of the sampled clients from `state` ([len(clients), ...]) on their own data:
+        `epochs` (default: the cell's local_epochs) or a fixed number of `steps`."""
+        indices = [self.splits[split][c] for c in clients.tolist()]
+        plans = batch_plan([len(i) for i in indices], self.cell.batch_size,
+                           epochs or self.cell.local_epochs, steps, self.batch_generators(rnd, clients, salt))
+        new_state, loss = train_clients(self.model, state, self.features, self.labels, indices, plans,
+                                        self.sgd, objective=objective, aux=aux, trainable=trainable,
+                                        batched=self.batched)
+        return TrainResult(new_state, loss)
+
+    def evaluate(self, state: State, split: str = "test", clients: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """Accuracy and loss of each client's model (rows of `state`) on its own `split`."""
+        ids = range(self.num_clients) if clients is None else clients.tolist()
+        return evaluate_clients(self.model, state, self.features, self.labels,
+                                [self.splits[split][c] for c in ids], batched=self.batched)
+
+
+@dataclass
+class CellResult:
+    status: str                       # "finished" | "diverged" | "failed"
+    metrics: pd.DataFrame             # per eval round and client: accuracy, loss, val_accuracy, bytes, ...
+    rounds: pd.DataFrame              # per round: bytes_up, bytes_down, train_loss, wall_time
+    summary: dict
+    artifacts: dict[str, np.ndarray] = field(default_factory=dict)
+    error: str | None = None
+
+
+def worst_fraction_mean(values: np.ndarray, fraction: float = 0.1) -> float:
+    """Mean of the worst `fraction` of clients (at least one)."""
+    count = max(1, math.ceil(fraction * len(values)))
+    return float(np.sort(values)[:count].mean())
+
+
+def prepare_cell(cell: CellConfig, data_root=None, mirror=None):
+    """Load the cell's dataset and its (cached, shared) partition. Raises clear errors early."""
+    from pflbench.data import data_root as resolve_root, load_dataset
+    from pflbench.partitioning import make_splits
+
+    dataset = load_dataset(cell.dataset, root=data_root, mirror=mirror, **cell.dataset_options)
+    splits = make_splits(dataset.labels.numpy(), dataset.num_classes, scheme=cell.partition,
+                         params=cell.partition_params, num_clients=cell.clients, seed=cell.seed,
+                         train_fraction=cell.train_fraction, val_fraction=cell.val_fraction,
+                         cache_dir=Path(resolve_root(data_root)) / "cache" / "partitions",
+                         dataset_key=f"{cell.dataset}-{dataset.checksum}")
+    return dataset, splits
+
+
+def run_cell(cell: CellConfig, *, data_root=None, mirror=None, device: str = "cpu",
+             client_batching: str = "auto",
+             on_round: Callable[[dict], None] | None = None) -> CellResult:
+    """Run one cell to the end. Divergence is a result (status "diverged"), not an exception;
+    any other exception propagates to the caller (the runner records it as failed)."""
+    algorithm_cls = get_algorithm(cell.algorithm)
+    hp = algorithm_cls.parse_hyperparams(cell.hp)
+    dataset, splits = prepare_cell(cell, data_root, mirror)
+    fed = Federation(cell, dataset, splits, device, client_batching, algorithm_cls.batched)
+    algorithm = algorithm_cls(fed, hp)
+    return run_rounds(fed, algorithm, on_round=on_round, provenance={
+        "dataset_checksum": dataset.checksum, "torch": torch.__version__})
+
+
+def run_round(algorithm: Algorithm, rnd: int, clients: Tensor) -> tuple[State, State]:
+    """One round of the algorithm's hooks; returns what was sent down and up."""
+    download = algorithm.configure(rnd, clients)
+    state = algorithm.receive(rnd, clients, download)
+    state = algorithm.local_train(rnd, clients, state)
+    upload = algorithm.send(rnd, clients, state)
+    algorithm.aggregate(rnd, clients, upload)
+    return download, upload
+
+
+def run_rounds(fed: Federation, algorithm: Algorithm, on_round=None, provenance: dict | None = None) -> CellResult:
+    cell = fed.cell
+    algorithm.setup()
+    metric_rows, round_rows, artifacts = [], [], {}
+    status, diverged_round, error = "finished", None, None
+    start = time.perf_counter()
+    last_eval: dict | None = None
+    for rnd in range(1, cell.rounds + 1):
+        round_start = time.perf_counter()
+        clients = torch.as_tensor(fed.schedule[rnd - 1], device=fed.device)
+        try:
+            download, upload = run_round(algorithm, rnd, clients)
+        except Diverged as err:
+            status, diverged_round, error = "diverged", rnd, f"round {rnd}: {err}"
+            break
+        bytes_down, bytes_up = state_bytes(download), state_bytes(upload)
+        round_rows.append({"round": rnd, "clients": len(clients),
+                           "bytes_down": int(bytes_down.sum()), "bytes_up": int(bytes_up.sum()),
+                           "wall_time": time.perf_counter() - round_start})
+        if rnd % cell.eval_every == 0 or rnd == cell.rounds:
+            personal = algorithm.personalized()
+            accuracy, loss = fed.evaluate(personal, "test")
+            if not torch.isfinite(loss).all():
+                status, diverged_round, error = "diverged", rnd, f"round {rnd}: non-finite test loss"
+                break
+            val_accuracy, val_loss = fed.evaluate(personal, "val")
+            sent_down = dict(zip(clients.tolist(), bytes_down.tolist()))
+            sent_up = dict(zip(clients.tolist(), bytes_up.tolist()))
+            for c in range(fed.num_clients):
+                metric_rows.append({
+                    "round": rnd, "client": c, "accuracy": float(accuracy[c]), "loss": float(loss[c]),
+                    "val_accuracy": float(val_accuracy[c]), "val_loss": float(val_loss[c]),
+                    "bytes_down": sent_down.get(c, 0), "bytes_up": sent_up.get(c, 0),
+                    "wall_time": time.perf_counter() - start})
+            for key, value in algorithm.artifacts().items():
+                artifacts[f"{key}_round{rnd:05d}"] = value
+            last_eval = {"round": rnd, "mean_accuracy": float(accuracy.mean())}
+        if on_round is not None:
+            on_round({"round": rnd, "rounds": cell.rounds,
+                      "mean_accuracy": last_eval["mean_accuracy"] if last_eval else None})
+    metrics = pd.DataFrame(metric_rows, columns=[
+        "round", "client", "accuracy", "loss", "val_accuracy", "val_loss", "bytes_down", "bytes_up", "wall_time"])
+    rounds = pd.DataFrame(round_rows, columns=["round", "clients", "bytes_down", "bytes_up", "wall_time"])
+    return CellResult(status, metrics, rounds, summarize(metrics, rounds, status, diverged_round, fed,
+                                                         time.perf_counter() - start, provenance or {}),
+                      artifacts, error)
+
+
+def summarize(metrics: pd.DataFrame, rounds: pd.DataFrame, status: str, diverged_round, fed: Federation,
+              wall_time: float, provenance: dict) -> dict:
+    summary = {"status": status, "rounds_completed": int(len(rounds)), "diverged_round": diverged_round,
+               "bytes_down_total": int(rounds["bytes_down"].sum()), "bytes_up_total": int(rounds["bytes_up"].sum()),
+               "wall_time": wall_time, "model": fed.model_name,
+               "client_batching": "batched" if fed.batched else "loop", **provenance}
+    if len(metrics):
+        per_round = metrics.groupby("round")
+        mean_acc = per_round["accuracy"].mean()
+        last = metrics[metrics["round"] == metrics["round"].max()]
+        summary.update({
+            "final_accuracy": float(last["accuracy"].mean()),
+            "final_worst10_accuracy": worst_fraction_mean(last["accuracy"].to_numpy()),
+            "final_loss": float(last["loss"].mean()),
+            "final_val_accuracy": float(last["val_accuracy"].mean()),
+            "best_accuracy": float(mean_acc.max()),
+            "best_round": int(mean_acc.idxmax()),
+            "best_val_accuracy": float(per_round["val_accuracy"].mean().max()),
+        })
+    return summary

@@ -1,0 +1,272 @@
+"""Local training of many clients at once.
+
+Client models are stacked: every parameter and buffer carries a leading client dimension (the
+torch.func "model ensembling" pattern). A step of the **batched** path runs one `vmap`-ed forward of
+the module over all clients' parameters and one backward; the **loop** path trains the same clients
+one after another with the same code at a client dimension of 1. Both follow the same per-client
+batch plan and the same SGD rule, so they give the same parameters (up to float rounding).
+
+Batch plan: a local epoch on a client with n samples is ceil(n / B) batches of exactly B samples
+from a fresh shuffle; the last batch is completed with samples from the start of that shuffle
+(a client with n < B sees some samples twice per batch). Full batches keep every client in lockstep
+and BatchNorm statistics honest; clients with fewer steps simply stop early (they drop out of the
+active set, so they get exactly the updates they would get alone).
+"""
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.func import functional_call, vmap
+
+State = dict[str, Tensor]  # name -> tensor with a leading client dimension
+# (logits [K, B, C], labels [K, B], model state [K, ...], aux [K, ...]) -> per-client loss [K]
+Objective = Callable[[Tensor, Tensor, State, State], Tensor]
+
+
+class Diverged(RuntimeError):
+    """Local training produced a non-finite loss or parameter."""
+
+
+@dataclass(frozen=True)
+class SGD:
+    """PyTorch's SGD rule (weight decay added to the gradient, momentum without dampening)."""
+
+    lr: float
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+
+
+def cross_entropy(logits: Tensor, labels: Tensor, state: State, aux: State) -> Tensor:
+    """Mean cross-entropy of each client's batch: [K]."""
+    per_sample = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="none")
+    return per_sample.view(labels.shape).mean(dim=1)
+
+
+class ClientModel:
+    """One architecture, called functionally on stacked client states."""
+
+    def __init__(self, module: nn.Module):
+        self.template = copy.deepcopy(module).to("meta")
+        self.param_names = [name for name, _ in module.named_parameters()]
+        self.buffer_names = [name for name, _ in module.named_buffers()]
+        self.names = self.param_names + self.buffer_names
+        # Parameters and statistics of BatchNorm layers (FedBN keeps these on the client).
+        self.batchnorm_names = {
+            f"{module_name}.{name}" for module_name, module in module.named_modules()
+            if isinstance(module, nn.modules.batchnorm._BatchNorm)
+            for name, _ in [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]
+        }
+        self._module = module  # kept for initial values
+
+    def init(self, num_clients: int, seed: int, device: torch.device | str = "cpu") -> State:
+        """Every client starts from the same initial model, drawn from `seed`."""
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            fresh = copy.deepcopy(self._module)
+            for module in fresh.modules():
+                if hasattr(module, "reset_parameters") and module is not fresh:
+                    module.reset_parameters()
+        single = {**dict(fresh.named_parameters()), **dict(fresh.named_buffers())}
+        return {
+            name: t.detach().to(device).unsqueeze(0).repeat(num_clients, *([1] * t.dim()))
+            for name, t in single.items()
+        }
+
+    def forward(self, state: State, x: Tensor, train: bool) -> Tensor:
+        """Logits [K, B, C] for inputs [K, B, ...]. In training mode BatchNorm buffers in `state`
+        are updated in place, per client."""
+        self.template.train(train)
+        if x.shape[0] == 1:  # one client: a plain call, no vmap overhead
+            return self.forward_single({name: t[0] for name, t in state.items()}, x[0], train).unsqueeze(0)
+        return vmap(self._call)(state, x)
+
+    def forward_single(self, state: State, x: Tensor, train: bool) -> Tensor:
+        """One client's unstacked state on inputs [B, ...]: logits [B, C]."""
+        self.template.train(train)
+        return functional_call(self.template, state, (x,))
+
+    def _call(self, state: State, x: Tensor) -> Tensor:
+        return functional_call(self.template, state, (x,))
+
+    def numel(self, names: Iterable[str] | None = None) -> int:
+        shapes = {**{n: p.shape for n, p in self._module.named_parameters()},
+                  **{n: b.shape for n, b in self._module.named_buffers()}}
+        return sum(math.prod(shapes[n]) for n in (names or self.names))
+
+
+def weighted_mean(stacked: Tensor, weights: Tensor) -> Tensor:
+    """Average over the leading client dimension with weights summing to 1. Integer tensors
+    (BatchNorm's batch counters) take the maximum, as there is no meaningful mean of a count."""
+    if not stacked.is_floating_point():
+        return stacked.max(dim=0).values
+    return torch.tensordot(weights.to(stacked.dtype), stacked, dims=1)
+
+
+def state_bytes(state: State) -> Tensor:
+    """Bytes per client row of a stacked state: what one client sends or receives."""
+    total = torch.zeros(next(iter(state.values())).shape[0] if state else 0, dtype=torch.long)
+    for t in state.values():
+        total += t[0].numel() * t.element_size()
+    return total
+
+
+def batch_plan(num_samples: list[int], batch_size: int, epochs: int, steps: int | None,
+               generators: list[torch.Generator]) -> list[Tensor]:
+    """Per client, positions into its own sample list: [steps_i, batch_size] (see module doc)."""
+    plans = []
+    for n, gen in zip(num_samples, generators):
+        if n == 0:
+            plans.append(torch.empty(0, batch_size, dtype=torch.long))
+            continue
+        if steps is None:  # epochs: each epoch wraps around its own shuffle
+            per_epoch = math.ceil(n / batch_size)
+            repeats = math.ceil(per_epoch * batch_size / n)
+            chunks = [torch.randperm(n, generator=gen).repeat(repeats)[: per_epoch * batch_size]
+                      for _ in range(epochs)]
+        else:  # a fixed number of steps over a stream of shuffles
+            needed = steps * batch_size
+            chunks = [torch.randperm(n, generator=gen) for _ in range(math.ceil(needed / n))]
+        stream = torch.cat(chunks)
+        plans.append(stream[: len(stream) // batch_size * batch_size].view(-1, batch_size)[:steps])
+    return plans
+
+
+def train_clients(model: ClientModel, state: State, features: Tensor, labels: Tensor,
+                  client_indices: list[Tensor], plans: list[Tensor], sgd: SGD, *,
+                  objective: Objective = cross_entropy, aux: State | None = None,
+                  trainable: Iterable[str] | None = None, batched: bool = True) -> tuple[State, Tensor]:
+    """Train K clients from `state` ([K, ...]); returns the new state and each client's mean loss.
+
+    `client_indices[k]` are client k's sample ids into `features`/`labels`, `plans[k]` the positions
+    within them for each step. Parameters outside `trainable` stay fixed. Raises `Diverged`.
+    """
+    aux = aux or {}
+    trainable = set(model.param_names if trainable is None else trainable)
+    if batched:
+        new_state, losses = _train_group(model, state, features, labels, client_indices, plans, sgd,
+                                         objective, aux, trainable)
+    else:
+        outputs = [
+            _train_group(model, _rows(state, k), features, labels, client_indices[k:k + 1],
+                         plans[k:k + 1], sgd, objective, _rows(aux, k), trainable)
+            for k in range(len(client_indices))
+        ]
+        new_state = {name: torch.cat([s[name] for s, _ in outputs]) for name in state}
+        losses = torch.cat([loss for _, loss in outputs])
+    if not torch.isfinite(losses).all():
+        raise Diverged(f"non-finite local loss for clients {torch.nonzero(~torch.isfinite(losses)).flatten().tolist()}")
+    return new_state, losses
+
+
+def _rows(state: State, k: int) -> State:
+    return {name: t[k:k + 1] for name, t in state.items()}
+
+
+def _train_group(model, state, features, labels, client_indices, plans, sgd, objective, aux,
+                 trainable) -> tuple[State, Tensor]:
+    device = features.device
+    num_clients = len(plans)
+    steps = torch.tensor([len(p) for p in plans])
+    max_steps = int(steps.max()) if num_clients else 0
+    batch_size = plans[0].shape[1] if num_clients else 0
+    # Sample ids of every (client, step, position), padded past each client's last step.
+    ids = torch.zeros(num_clients, max_steps, batch_size, dtype=torch.long, device=device)
+    for k, (plan, idx) in enumerate(zip(plans, client_indices)):
+        ids[k, : len(plan)] = idx[plan.to(device)]
+    # One client (the loop path) trains unstacked tensors: no vmap, no per-step slicing.
+    single = num_clients == 1
+    work = {name: (t[0] if single else t).detach().clone().requires_grad_(name in trainable)
+            for name, t in state.items()}
+    leaves = [work[name] for name in model.param_names if name in trainable]
+    momenta = [torch.zeros_like(leaf) for leaf in leaves] if sgd.momentum else None
+    loss_sum = torch.zeros(num_clients, device=device)
+    full = torch.arange(num_clients)
+    for step in range(max_steps):
+        active = full[steps > step]
+        rows = None if len(active) == num_clients else active.to(device)
+        if rows is None:
+            view, aux_view, batch = work, aux, ids[:, step]
+        else:  # clients past their last step sit out: gather the active ones
+            view = {name: t[rows] for name, t in work.items()}
+            aux_view = {name: t[rows] for name, t in aux.items()}
+            batch = ids[rows, step]
+        x, y = features[batch], labels[batch]
+        if single:
+            logits = model.forward_single(view, x[0], train=True).unsqueeze(0)
+            losses = objective(logits, y, {name: t.unsqueeze(0) for name, t in view.items()}, aux_view)
+        else:
+            logits = model.forward(view, x, train=True)
+            losses = objective(logits, y, view, aux_view)
+        grads = torch.autograd.grad(losses.sum(), leaves, allow_unused=True)
+        with torch.no_grad():
+            if rows is None:
+                loss_sum += losses.detach()
+                _sgd_step(leaves, grads, momenta, sgd)
+            else:
+                loss_sum.index_add_(0, rows, losses.detach())
+                for name in model.buffer_names:  # BatchNorm statistics of the gathered copies
+                    work[name].index_copy_(0, rows, view[name])
+                _sgd_step_rows(leaves, grads, momenta, sgd, rows)
+    mean_loss = loss_sum / steps.clamp(min=1).to(device)
+    return {name: (t.detach().unsqueeze(0) if single else t.detach()) for name, t in work.items()}, mean_loss
+
+
+def _sgd_step(params: list[Tensor], grads, momenta: list[Tensor] | None, sgd: SGD) -> None:
+    """torch.optim.SGD's rule on whole tensors, as few kernel launches as possible."""
+    grads = [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads)]
+    if sgd.weight_decay:
+        grads = torch._foreach_add(grads, params, alpha=sgd.weight_decay)
+    if momenta is not None:
+        torch._foreach_mul_(momenta, sgd.momentum)
+        torch._foreach_add_(momenta, grads)
+        grads = momenta
+    torch._foreach_add_(params, grads, alpha=-sgd.lr)
+
+
+def _sgd_step_rows(params: list[Tensor], grads, momenta: list[Tensor] | None, sgd: SGD, rows: Tensor) -> None:
+    """The same rule applied to the clients in `rows` only; the others keep parameters and momentum."""
+    for i, (param, grad) in enumerate(zip(params, grads)):
+        p = param[rows]
+        g = torch.zeros_like(p) if grad is None else grad[rows]
+        if sgd.weight_decay:
+            g = g + sgd.weight_decay * p
+        if momenta is not None:
+            m = momenta[i][rows] * sgd.momentum + g
+            momenta[i].index_copy_(0, rows, m)
+            g = m
+        param.index_copy_(0, rows, p - sgd.lr * g)
+
+
+@torch.no_grad()
+def evaluate_clients(model: ClientModel, state: State, features: Tensor, labels: Tensor,
+                     client_indices: list[Tensor], batched: bool = True,
+                     chunk: int = 1024) -> tuple[Tensor, Tensor]:
+    """Accuracy and mean loss of each client's model on its own samples: two tensors [K]."""
+    device = features.device
+    if not batched:
+        results = [evaluate_clients(model, _rows(state, k), features, labels, client_indices[k:k + 1],
+                                    batched=True, chunk=chunk) for k in range(len(client_indices))]
+        return torch.cat([a for a, _ in results]), torch.cat([l for _, l in results])
+    sizes = torch.tensor([len(i) for i in client_indices], device=device)
+    longest = int(sizes.max()) if len(sizes) else 0
+    correct = torch.zeros(len(client_indices), device=device)
+    loss = torch.zeros(len(client_indices), device=device)
+    ids = torch.zeros(len(client_indices), longest, dtype=torch.long, device=device)
+    for k, idx in enumerate(client_indices):
+        ids[k, : len(idx)] = idx
+    for start in range(0, longest, chunk):
+        batch = ids[:, start:start + chunk]
+        valid = (torch.arange(start, start + batch.shape[1], device=device) < sizes[:, None]).float()
+        logits = model.forward(state, features[batch], train=False)
+        y = labels[batch]
+        ce = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none").view(y.shape)
+        correct += ((logits.argmax(-1) == y).float() * valid).sum(1)
+        loss += (ce * valid).sum(1)
+    denom = sizes.float()  # a client without samples in this split gets NaN, not a fake 0
+    return correct / denom, loss / denom
