@@ -1,0 +1,86 @@
+"""CIFAR-10 and CIFAR-100: the python pickle batches parsed by torchvision's CIFAR10/CIFAR100.
+
+torchvision reads `<root>/cifar-10-batches-py/` (`<root>/cifar-100-python/`) and checks each
+file's md5; a mirror may hold the download archive (`cifar-10-python.tar.gz`) or the extracted folder.
+"""
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+from typing import ClassVar
+
+import numpy as np
+import torch
+from torchvision.datasets import CIFAR10, CIFAR100
+from torchvision.datasets.utils import extract_archive
+
+from pflbench.data.dataset import TEST, TRAIN, Dataset
+from pflbench.data.files import digest_files, staged
+from pflbench.data.sources import DATASETS, DOWNLOAD_OPTION, FileSource
+
+
+class CifarSource(FileSource):
+    """A CIFAR dataset; subclasses name the torchvision class, which knows the file names."""
+
+    torchvision_class: ClassVar[type[CIFAR10]]
+    OPTIONS = {"download": DOWNLOAD_OPTION}
+
+    def _file_names(self) -> list[str]:
+        tv = self.torchvision_class
+        return [name for name, _md5 in tv.train_list + tv.test_list] + [tv.meta["filename"]]
+
+    def required_paths(self, root: Path) -> list[Path]:
+        return [root / self.torchvision_class.base_folder / name for name in self._file_names()]
+
+    def mirror_hint(self) -> str:
+        tv = self.torchvision_class
+        return f"{tv.filename} (torchvision's download) or its extracted folder {tv.base_folder}/"
+
+    def mirror_paths(self, mirror: Path) -> list[Path]:
+        return [mirror / self.torchvision_class.filename, mirror / self.torchvision_class.base_folder]
+
+    def in_mirror(self, mirror: Path) -> bool:
+        archive, folder = self.mirror_paths(mirror)
+        return archive.is_file() or all((folder / name).is_file() for name in self._file_names())
+
+    def place_from_mirror(self, mirror: Path, root: Path) -> str:
+        archive, folder = self.mirror_paths(mirror)
+        base_folder = self.torchvision_class.base_folder
+        with staged(root / base_folder) as tmp:
+            if archive.is_file():
+                with tempfile.TemporaryDirectory(dir=root, prefix=".unpack-") as unpacked:
+                    extract_archive(archive, unpacked)  # torchvision's own extraction
+                    Path(unpacked, base_folder).rename(tmp)
+                source = archive
+            else:
+                shutil.copytree(folder, tmp)
+                source = folder
+        return f"{self.name}: placed {root / base_folder} from {source}"
+
+    def decode(self, root: Path, download: bool) -> Dataset:
+        parts = [self.torchvision_class(root, train=train, download=download) for train in (True, False)]
+        pixels = np.concatenate([p.data for p in parts])  # torchvision gives [N, 32, 32, 3] (HWC)
+        return Dataset.build(
+            self.name,
+            torch.from_numpy(pixels).permute(0, 3, 1, 2).contiguous(),
+            torch.tensor([t for p in parts for t in p.targets], dtype=torch.int64),
+            num_classes=len(parts[0].classes),
+            checksum=digest_files(self.required_paths(root), root),
+            source_split=torch.cat(
+                [torch.full((len(p),), TRAIN if p.train else TEST, dtype=torch.uint8) for p in parts]
+            ),
+            classes=list(parts[0].classes),
+        )
+
+
+@DATASETS.register("cifar10")
+class Cifar10Source(CifarSource):
+    description = "CIFAR-10, 60000 32x32 RGB images (train+test), 10 classes"
+    torchvision_class = CIFAR10
+
+
+@DATASETS.register("cifar100")
+class Cifar100Source(CifarSource):
+    description = "CIFAR-100, 60000 32x32 RGB images (train+test), 100 fine classes"
+    torchvision_class = CIFAR100

@@ -1,0 +1,105 @@
+"""cifar10-jpeg: CIFAR-10 re-encoded as JPEG (quality about 75), in torchvision's ImageFolder layout.
+
+The re-encoding is lossy, so this is not CIFAR-10 and is never called so: results on it carry the
+name `cifar10-jpeg`. Files: `<root>/cifar10-jpeg/{train,test}/<class>/*.jpg`, extracted from a
+mirror's `cifar10-jpeg.zip`. There is no download: its only source is that archive.
+"""
+from __future__ import annotations
+
+import io
+import shutil
+import tempfile
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+from torchvision.datasets import ImageFolder
+
+from pflbench.data.dataset import TEST, TRAIN, Dataset
+from pflbench.data.files import ContentDigest, staged
+from pflbench.data.sources import DATASETS, FileSource
+
+FOLDER = "cifar10-jpeg"
+ARCHIVE = "cifar10-jpeg.zip"
+SPLITS = (("train", TRAIN), ("test", TEST))
+IMAGE_SHAPE = (32, 32, 3)
+
+
+@DATASETS.register("cifar10-jpeg")
+class Cifar10JpegSource(FileSource):
+    description = (
+        "cifar10-jpeg: CIFAR-10 re-encoded as JPEG (lossy, quality ~75; not CIFAR-10), "
+        "60000 32x32 RGB images (train+test), 10 classes"
+    )
+    downloadable = False
+
+    def required_paths(self, root: Path) -> list[Path]:
+        return [root / FOLDER / split for split, _ in SPLITS]
+
+    def mirror_hint(self) -> str:
+        return f"{ARCHIVE} (train/<class>/*.jpg, test/<class>/*.jpg) or that layout in a folder {FOLDER}/"
+
+    def mirror_paths(self, mirror: Path) -> list[Path]:
+        return [mirror / ARCHIVE, mirror / FOLDER]
+
+    def in_mirror(self, mirror: Path) -> bool:
+        archive, folder = self.mirror_paths(mirror)
+        return archive.is_file() or all((folder / split).is_dir() for split, _ in SPLITS)
+
+    def place_from_mirror(self, mirror: Path, root: Path) -> str:
+        archive, folder = self.mirror_paths(mirror)
+        with staged(root / FOLDER) as tmp:
+            if archive.is_file():
+                with tempfile.TemporaryDirectory(dir=root, prefix=".unpack-") as unpacked:
+                    with zipfile.ZipFile(archive) as z:
+                        z.extractall(unpacked)
+                    _layout_top(Path(unpacked)).rename(tmp)
+                source = archive
+            else:
+                shutil.copytree(folder, tmp)
+                source = folder
+        return f"{self.name}: extracted {source} into {root / FOLDER}"
+
+    def decode(self, root: Path, download: bool) -> Dataset:
+        digest = ContentDigest()
+        inputs, labels, source_split = [], [], []
+        classes: list[str] | None = None
+        for split, code in SPLITS:
+            folder = ImageFolder(root / FOLDER / split)  # torchvision's listing: sorted classes and files
+            if classes is not None and folder.classes != classes:
+                raise ValueError(f"{self.name}: train and test have different class folders under {root / FOLDER}")
+            classes = folder.classes
+            pixels = np.empty((len(folder.samples), *IMAGE_SHAPE), dtype=np.uint8)
+            for i, (path, _) in enumerate(folder.samples):
+                data = Path(path).read_bytes()  # read once: hashed and decoded from the same bytes
+                digest.add(Path(path).relative_to(root).as_posix(), data)
+                with Image.open(io.BytesIO(data)) as image:
+                    decoded = np.asarray(image.convert("RGB"))
+                if decoded.shape != IMAGE_SHAPE:
+                    raise ValueError(f"{path}: expected a 32x32 RGB image, got shape {decoded.shape}")
+                pixels[i] = decoded
+            inputs.append(torch.from_numpy(pixels).permute(0, 3, 1, 2))
+            labels.append(torch.tensor(folder.targets, dtype=torch.int64))
+            source_split.append(torch.full((len(pixels),), code, dtype=torch.uint8))
+        return Dataset.build(
+            self.name,
+            torch.cat(inputs),
+            torch.cat(labels),
+            num_classes=len(classes),
+            checksum=digest.result(),
+            source_split=torch.cat(source_split),
+            classes=classes,
+        )
+
+
+def _layout_top(unpacked: Path) -> Path:
+    """The folder holding train/ and test/: the archive's top, or its single top folder (as in
+    GitHub's "Download ZIP" of the source repository)."""
+    if (unpacked / "train").is_dir():
+        return unpacked
+    entries = list(unpacked.iterdir())
+    if len(entries) == 1 and (entries[0] / "train").is_dir():
+        return entries[0]
+    raise FileNotFoundError(f"{ARCHIVE} holds no train/ and test/ folders (found: {[e.name for e in entries]})")

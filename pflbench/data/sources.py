@@ -1,0 +1,108 @@
+"""The dataset registry and the two kinds of entry in it: datasets read from files, and generated ones.
+
+Each registered class says how its dataset is found, placed from a mirror and decoded (files), or
+generated (no files); `pflbench.data.loading` runs those steps in order for any name.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import Any, ClassVar
+
+from pflbench.data.dataset import Dataset
+from pflbench.data.options import Option, resolve_options
+from pflbench.registry import Registry
+
+
+class Source(ABC):
+    """One dataset with its options resolved. Subclasses declare `description` and `OPTIONS`."""
+
+    description: ClassVar[str]
+    OPTIONS: ClassVar[dict[str, Option]] = {}
+
+    def __init__(self, name: str, options: dict[str, Any]):
+        self.name = name
+        self.options = options
+
+    @classmethod
+    def summary(cls) -> str:
+        """One line for `pflbench list datasets`: what it is and its options."""
+        options = ", ".join(opt.describe(name) for name, opt in cls.OPTIONS.items())
+        return f"{cls.description}; options: {options}" if options else cls.description
+
+
+DATASETS: Registry[type[Source]] = Registry("dataset")
+
+
+def make_source(name: str, options: dict[str, Any]) -> Source:
+    """The registered dataset `name` with `options` checked (UnknownNameError / ValueError otherwise)."""
+    source_class = DATASETS.get(name)
+    return source_class(name, resolve_options(name, source_class.OPTIONS, options))
+
+
+class GeneratedSource(Source):
+    """A dataset computed from its options alone: nothing to find, download or cache."""
+
+    # Bump when the recipe changes, so the checksum of a generated dataset changes with it.
+    RECIPE_VERSION: ClassVar[int] = 1
+
+    @abstractmethod
+    def generate(self) -> Dataset:
+        """The dataset for `self.options` (deterministic given the seed)."""
+
+    def checksum(self) -> str:
+        """Digest of the generator's name, recipe version and parameters."""
+        recipe = {"generator": self.name, "version": self.RECIPE_VERSION, "options": self.options}
+        return "sha256:" + hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()
+
+
+DOWNLOAD_OPTION = Option(
+    None,
+    bool,
+    "let torchvision download missing files",
+    changes_data=False,
+    default_text="yes unless a mirror is configured",
+)
+
+
+class FileSource(Source):
+    """A dataset read from files in the data root, in the layout its reader (torchvision) expects."""
+
+    downloadable: ClassVar[bool] = True  # whether `decode(root, download=True)` can fetch it
+
+    def cache_key(self) -> str:
+        """Cache file stem: the name plus every option that changes the data, e.g. 'emnist-split=letters'."""
+        parts = [f"{k}={v}" for k, v in sorted(self.options.items()) if self.OPTIONS[k].changes_data]
+        return "-".join([self.name, *parts])
+
+    @abstractmethod
+    def required_paths(self, root: Path) -> list[Path]:
+        """The files (or folders) the reader needs under `root`."""
+
+    def present(self, root: Path) -> bool:
+        return all(path.exists() for path in self.required_paths(root))
+
+    @abstractmethod
+    def mirror_hint(self) -> str:
+        """What a mirror must hold for this dataset, in words (for error messages)."""
+
+    @abstractmethod
+    def mirror_paths(self, mirror: Path) -> list[Path]:
+        """Where this dataset may be in a mirror, every accepted form (for messages)."""
+
+    @abstractmethod
+    def in_mirror(self, mirror: Path) -> bool:
+        """Whether `mirror` holds everything `place_from_mirror` needs."""
+
+    @abstractmethod
+    def place_from_mirror(self, mirror: Path, root: Path) -> str:
+        """Put the mirror's files where the reader looks under `root`; a line saying what was done."""
+
+    @abstractmethod
+    def decode(self, root: Path, download: bool) -> Dataset:
+        """Read the files under `root` (torchvision downloads them first if `download`).
+
+        Raises RuntimeError (torchvision's "not found or corrupted") or OSError (a failed download).
+        """
