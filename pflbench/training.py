@@ -24,6 +24,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call, vmap
 
+from pflbench.batching import stacked_twin
+
 State = dict[str, Tensor]  # name -> tensor with a leading client dimension
 # (logits [K, B, C], labels [K, B], model state [K, ...], aux [K, ...]) -> per-client loss [K]
 Objective = Callable[[Tensor, Tensor, State, State], Tensor]
@@ -49,10 +51,17 @@ def cross_entropy(logits: Tensor, labels: Tensor, state: State, aux: State) -> T
 
 
 class ClientModel:
-    """One architecture, called functionally on stacked client states."""
+    """One architecture, called functionally on stacked client states.
 
-    def __init__(self, module: nn.Module):
+    Many clients at once run through the model's natively batched twin (`pflbench.batching`) where
+    every layer has one, else through torch.func.vmap (`native=False` forces vmap).
+    """
+
+    def __init__(self, module: nn.Module, native: bool = True):
         self.template = copy.deepcopy(module).to("meta")
+        # Twins for CPU (a loop of convolutions) and CUDA (grouped convolutions); None: use vmap.
+        self._twins = {grouped: stacked_twin(self.template, grouped) if native else None
+                       for grouped in (False, True)}
         self.param_names = [name for name, _ in module.named_parameters()]
         self.buffer_names = [name for name, _ in module.named_buffers()]
         self.names = self.param_names + self.buffer_names
@@ -82,9 +91,15 @@ class ClientModel:
         """Logits [K, B, C] for inputs [K, B, ...]. In training mode BatchNorm buffers in `state`
         are updated in place, per client."""
         self.template.train(train)
-        if x.shape[0] == 1:  # one client: a plain call, no vmap overhead
+        clients, batch = x.shape[:2]
+        if clients == 1:  # one client: a plain call
             return self.forward_single({name: t[0] for name, t in state.items()}, x[0], train).unsqueeze(0)
-        return vmap(self._call)(state, x)
+        twin = self._twins[x.device.type == "cuda"]
+        if twin is None:
+            return vmap(self._call)(state, x)
+        twin.train(train)
+        out = functional_call(twin, state, (x.flatten(0, 1),))
+        return out.view(clients, batch, *out.shape[1:])
 
     def forward_single(self, state: State, x: Tensor, train: bool) -> Tensor:
         """One client's unstacked state on inputs [B, ...]: logits [B, C]."""

@@ -169,3 +169,40 @@ def test_worked_example_in_algorithms_readme_runs(tmp_path):
     prox = run_cell(_cell(rounds=2, algorithm="myprox", hp={"mu": 10.0}), data_root=tmp_path)
     assert prox0.metrics["loss"].equals(fedavg.metrics["loss"])
     assert not prox.metrics["loss"].equals(fedavg.metrics["loss"])
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_native_twin_and_vmap_fallback_both_match_the_loop(native):
+    torch.manual_seed(0)
+    sizes = [40, 17, 64]
+    features, labels = torch.randn(sum(sizes), 3, 32, 32), torch.randint(0, 10, (sum(sizes),))
+    model = ClientModel(build_model("cnn-bn", (3, 32, 32), 10), native=native)
+    assert (model._twins[False] is not None) == native
+    start = model.init(3, seed=0)
+    plans = lambda: batch_plan(sizes, 16, 1, None, [torch.Generator().manual_seed(i) for i in range(3)])  # noqa: E731
+    batched, _ = train_clients(model, start, features, labels, _clients(sizes), plans(), SGD(0.05, 0.9), batched=True)
+    looped, _ = train_clients(model, start, features, labels, _clients(sizes), plans(), SGD(0.05, 0.9), batched=False)
+    for name in model.names:
+        torch.testing.assert_close(batched[name], looped[name], atol=1e-4, rtol=1e-4, msg=name)
+
+
+def test_grouped_convolution_twin_equals_convolution_loop():
+    """The CUDA twin (grouped convolutions) computes what the CPU twin (a loop) computes."""
+    from torch.func import functional_call
+
+    from pflbench.batching import stacked_twin
+
+    module = build_model("cnn-bn", (3, 32, 32), 10)
+    state = ClientModel(module).init(4, seed=0)
+    state = {k: v + 0.1 * torch.randn_like(v) if v.is_floating_point() else v for k, v in state.items()}
+    x = torch.randn(4 * 8, 3, 32, 32)
+    outputs, grads = [], []
+    for grouped in (False, True):
+        twin = stacked_twin(module, grouped)
+        params = {k: v.clone().requires_grad_(v.is_floating_point() and "running" not in k) for k, v in state.items()}
+        out = functional_call(twin, params, (x,))
+        out.square().sum().backward()
+        outputs.append(out.detach())
+        grads.append(params["conv1.weight"].grad)
+    torch.testing.assert_close(outputs[0], outputs[1], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(grads[0], grads[1], atol=1e-3, rtol=1e-3)

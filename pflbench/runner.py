@@ -1,0 +1,439 @@
+"""`pflbench run SPEC`: run every cell of a spec that has no result yet, in parallel on Ray (a local
+instance by default, an existing cluster with --ray-address/RAY_ADDRESS) or in this process
+(--no-ray, --workers 1), with a live progress display, and record each cell in the results store.
+
+One cell never stops the others: an exception is recorded as "failed" with its traceback, a NaN as
+"diverged", a lost Ray worker as "failed". Results are written by this process only (the driver),
+so a cluster needs no shared results folder; the data root must be visible to every worker (each
+loads the cell's dataset and partition from it). Ctrl-C cancels the running cells and exits; their
+results are simply absent, and the next run starts them again.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+import traceback
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from pflbench.config import CellConfig, cell_hash
+from pflbench.spec import Plan, Resources, SpecError, describe_partition, load_spec, parse_sets
+from pflbench.store import COMPLETE, Store
+
+PROBLEMS = ("failed", "diverged")
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    results: Path = Path("results")
+    data_root: Path | None = None  # None: $PFLBENCH_DATA or ./data
+    mirror: Path | None = None     # None: $PFLBENCH_DATA_MIRROR
+    use_ray: bool = True
+    workers: int | None = None     # cells at once; None: as many as Ray's resources allow
+    ray_address: str | None = None
+    force: bool = False            # rerun cells that already have a result
+
+
+@dataclass
+class RunReport:
+    outcomes: dict[str, str | None]  # every planned cell's hash -> its status after the run
+    ran: int = 0
+    skipped_datasets: dict[str, int] = field(default_factory=dict)  # optional dataset -> cells left out
+    interrupted: bool = False
+
+    @property
+    def exit_code(self) -> int:
+        if self.interrupted:
+            return 130
+        return 1 if any(status in PROBLEMS for status in self.outcomes.values()) else 0
+
+
+class PrepareError(RuntimeError):
+    """A cell's dataset or partition cannot be made; nothing has run."""
+
+
+def label(cell: CellConfig) -> str:
+    return (f"{cell.algorithm} · {cell.dataset} · {cell.partition} · {cell.clients} clients · seed {cell.seed} "
+            f"· {cell_hash(cell)}")
+
+
+# ---- one cell, wherever it runs -----------------------------------------------------------------
+
+def failed_result(error: str):
+    import pandas as pd
+
+    from pflbench.federation import CellResult
+
+    return CellResult("failed", pd.DataFrame(), pd.DataFrame(), {"status": "failed"}, {}, error)
+
+
+def execute_cell(cell: CellConfig, resources: Resources, data_root, mirror,
+                 report: Callable[[dict], None] | None = None):
+    """Run one cell here (the driver or a Ray worker) with torch limited to the cell's CPU share.
+    Returns a CellResult; an exception becomes a "failed" result carrying its traceback."""
+    import torch
+
+    from pflbench.federation import run_cell
+
+    # Threads beyond the cell's share oversubscribe the cores that the other cells use; on a busy
+    # 2-core machine that made a small cell 10-100x slower.
+    torch.set_num_threads(max(1, int(resources.cpus)))
+    try:
+        return run_cell(cell, data_root=data_root, mirror=mirror, device="cuda" if resources.gpus > 0 else "cpu",
+                        on_round=report)
+    except Exception:
+        return failed_result(traceback.format_exc())
+
+
+# ---- progress -----------------------------------------------------------------------------------
+
+class Display:
+    """A rich progress view: all cells, and one line per running cell with its round and accuracy;
+    a line per completed cell is printed above it (and is all a non-terminal log gets)."""
+
+    def __init__(self, console: Console, total: int):
+        self.console = console
+        self.progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(bar_width=20),
+                                 MofNCompleteColumn(), TextColumn("{task.fields[info]}"), TimeElapsedColumn(),
+                                 console=console, disable=not console.is_terminal)
+        self.overall = self.progress.add_task("cells", total=total, info="")
+        self.running: dict[str, int] = {}
+        self.counts: Counter = Counter()
+
+    def __enter__(self):
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.progress.stop()
+
+    def update(self, cell: CellConfig, info: dict) -> None:
+        """`info` is what the engine's on_round reports: round, rounds, mean_accuracy."""
+        key = cell_hash(cell)
+        if key not in self.running:
+            self.running[key] = self.progress.add_task(label(cell), total=cell.rounds, info="")
+        accuracy = info.get("mean_accuracy")
+        self.progress.update(self.running[key], completed=info.get("round", 0),
+                             info="" if accuracy is None else f"acc {accuracy:.1%}")
+        self._update_overall()
+
+    def done(self, cell: CellConfig, result) -> None:
+        task = self.running.pop(cell_hash(cell), None)
+        if task is not None:
+            self.progress.remove_task(task)
+        self.counts[result.status] += 1
+        self.progress.advance(self.overall)
+        self._update_overall()
+        accuracy = result.summary.get("final_accuracy")
+        detail = f"acc {accuracy:.1%}" if accuracy is not None else ""
+        if result.error:
+            detail += f"  {result.error.strip().splitlines()[-1]}"
+        wall = result.summary.get("wall_time")
+        style = {"finished": "green", "diverged": "yellow"}.get(result.status, "red")
+        self.console.print(f"[{style}]{result.status:<8}[/] {label(cell)}  {detail}"
+                           + (f"  ({wall:.1f} s)" if wall is not None else ""), highlight=False)
+
+    def _update_overall(self) -> None:
+        info = f"{len(self.running)} running · {self.counts['failed']} failed · {self.counts['diverged']} diverged"
+        self.progress.update(self.overall, info=info)
+
+
+# ---- executors ----------------------------------------------------------------------------------
+
+def run_in_process(cells: list[CellConfig], plan: Plan, options: RunOptions, store: Store, display: Display) -> None:
+    import torch
+
+    if plan.resources.gpus > 0 and not torch.cuda.is_available():
+        raise PrepareError(f"the spec asks for {plan.resources.gpus:g} GPU per cell but this machine has none; "
+                           f"run with --set resources.gpus=0")
+    for cell in cells:
+        display.update(cell, {"round": 0})
+        result = execute_cell(cell, plan.resources, options.data_root, options.mirror,
+                              report=lambda info, cell=cell: display.update(cell, info))
+        store.write(cell, result)
+        display.done(cell, result)
+
+
+class ProgressBoard:
+    """A Ray actor (no CPU) that running cells post their latest round to; the driver polls it."""
+
+    def __init__(self):
+        self.latest: dict[str, dict] = {}
+
+    def post(self, key: str, info: dict) -> None:
+        self.latest[key] = info
+
+    def snapshot(self) -> dict[str, dict]:
+        return self.latest
+
+
+def _ray_task(cell: CellConfig, resources: Resources, data_root, mirror, board):
+    key = cell_hash(cell)
+    board.post.remote(key, {"round": 0})
+    return execute_cell(cell, resources, data_root, mirror, report=lambda info: board.post.remote(key, info))
+
+
+def connect_ray(options: RunOptions, resources: Resources) -> bool:
+    """Connect to Ray; True when this run started (and so must stop) the instance. An instance
+    already initialized in this process (e.g. by a test) is used as it is."""
+    import logging
+
+    import ray
+
+    if ray.is_initialized():
+        return False
+    settings = dict(log_to_driver=False, logging_level=logging.WARNING)  # cell output lives in the store
+    if options.ray_address:
+        ray.init(address=options.ray_address, **settings)
+    elif os.environ.get("RAY_ADDRESS"):
+        ray.init(**settings)  # Ray reads the address itself
+    else:
+        cpus = None if options.workers is None else max(1, int(options.workers * resources.cpus + 0.999))
+        ray.init(num_cpus=cpus, include_dashboard=False, **settings)
+    return True
+
+
+def run_on_ray(cells: list[CellConfig], plan: Plan, options: RunOptions, store: Store, display: Display) -> None:
+    import ray
+
+    owned = connect_ray(options, plan.resources)
+    running: dict = {}
+    try:
+        if plan.resources.gpus > 0 and not ray.cluster_resources().get("GPU", 0):
+            raise PrepareError(f"the spec asks for {plan.resources.gpus:g} GPU per cell but the Ray cluster has "
+                               f"none; run with --set resources.gpus=0")
+        board = ray.remote(num_cpus=0)(ProgressBoard).remote()
+        task = ray.remote(_ray_task).options(num_cpus=plan.resources.cpus, num_gpus=plan.resources.gpus,
+                                             max_retries=0)  # a lost worker is a failed cell, not a silent rerun
+        waiting = list(cells)
+        limit = options.workers or len(cells)
+        while waiting or running:
+            while waiting and len(running) < limit:
+                cell = waiting.pop(0)
+                running[task.remote(cell, plan.resources, options.data_root, options.mirror, board)] = cell
+            done, _ = ray.wait(list(running), num_returns=1, timeout=0.5)
+            for ref in done:
+                cell = running.pop(ref)
+                try:
+                    result = ray.get(ref)
+                except ray.exceptions.RayError as error:  # the worker died, was killed, ran out of memory
+                    result = failed_result(f"Ray: {type(error).__name__}: {error}")
+                store.write(cell, result)
+                display.done(cell, result)
+            latest = ray.get(board.snapshot.remote())
+            for cell in running.values():
+                if cell_hash(cell) in latest:
+                    display.update(cell, latest[cell_hash(cell)])
+    except KeyboardInterrupt:
+        for ref in running:
+            ray.cancel(ref, force=True)
+        raise
+    finally:
+        if owned:
+            ray.shutdown()
+
+
+# ---- preparation ----------------------------------------------------------------------------------
+
+def prepare_partitions(cells: list[CellConfig], plan: Plan, options: RunOptions,
+                       console: Console) -> tuple[list[CellConfig], dict[str, int]]:
+    """Build every distinct partition once, before any training: workers then find it in the cache,
+    and an impossible partition stops the run before it starts. Cells of an optional dataset that
+    cannot be loaded here are left out; returns the cells to run and {dataset: cells left out}."""
+    from pflbench.data import DatasetNotFoundError
+    from pflbench.federation import prepare_cell
+
+    groups: dict[tuple, CellConfig] = {}
+    for cell in cells:
+        key = (cell.dataset, json.dumps(cell.dataset_options, sort_keys=True), cell.partition,
+               json.dumps(cell.partition_params, sort_keys=True), cell.clients, cell.seed,
+               cell.train_fraction, cell.val_fraction)
+        groups.setdefault(key, cell)
+    missing: set[str] = set()
+    with console.status("") as status:
+        for i, cell in enumerate(groups.values(), 1):
+            if cell.dataset in missing:
+                continue
+            status.update(f"preparing partitions {i}/{len(groups)}: {cell.dataset} {describe_partition(cell)} "
+                          f"{cell.clients} clients seed {cell.seed}")
+            try:
+                prepare_cell(cell, options.data_root, options.mirror)
+            except DatasetNotFoundError as error:
+                if cell.dataset not in plan.optional_datasets:
+                    raise PrepareError(str(error)) from None
+                missing.add(cell.dataset)
+            except ValueError as error:  # PartitionError, a bad dataset option
+                raise PrepareError(f"{label(cell)}: {error}") from None
+    skipped = Counter(cell.dataset for cell in cells if cell.dataset in missing)
+    return [cell for cell in cells if cell.dataset not in missing], dict(skipped)
+
+
+# ---- the run ------------------------------------------------------------------------------------
+
+def run_plan(plan: Plan, options: RunOptions = RunOptions(), console: Console | None = None) -> RunReport:
+    """Run the plan's cells that have no result yet (all of them with `force`); see the module doc."""
+    console = console or make_console()
+    store = Store(options.results)
+    before = {cell_hash(cell): store.status(cell) for cell in plan.cells}
+    todo = [cell for cell in plan.cells if options.force or before[cell_hash(cell)] not in COMPLETE]
+    report = RunReport(outcomes=dict(before))
+    console.print(f"{plan.name}: {len(plan.cells)} cells, {len(plan.cells) - len(todo)} with results in "
+                  f"{options.results}, {len(todo)} to run", highlight=False)
+    if not todo:
+        return report
+    todo, report.skipped_datasets = prepare_partitions(todo, plan, options, console)
+    for dataset, count in report.skipped_datasets.items():
+        console.print(f"[yellow]note:[/] dataset {dataset!r} cannot be loaded here (no copy in the data root or "
+                      f"mirror, no download): its {count} cells are left out and the run goes on without it. "
+                      f"See `pflbench data prepare`.", highlight=False)
+        report.outcomes = {k: v for k, v in report.outcomes.items()
+                           if k not in {cell_hash(c) for c in plan.cells if c.dataset == dataset}}
+    in_process = not options.use_ray or options.workers == 1
+    where = "in this process" if in_process else (
+        f"on Ray ({options.ray_address or os.environ.get('RAY_ADDRESS') or 'local instance'}"
+        + (f", {options.workers} workers" if options.workers else "") + ")")
+    console.print(f"running {len(todo)} cells {where}, {plan.resources.cpus:g} CPU"
+                  + (f" and {plan.resources.gpus:g} GPU" if plan.resources.gpus else "") + " each", highlight=False)
+    started = time.perf_counter()
+    with Display(console, len(todo)) as display:
+        try:
+            (run_in_process if in_process else run_on_ray)(todo, plan, options, store, display)
+        except KeyboardInterrupt:
+            report.interrupted = True
+    report.ran = sum(display.counts.values())
+    report.outcomes.update({cell_hash(c): store.status(c) for c in todo})
+    print_summary(console, plan, store, report, time.perf_counter() - started)
+    return report
+
+
+def print_summary(console: Console, plan: Plan, store: Store, report: RunReport, seconds: float) -> None:
+    counts = Counter(status or "no result" for status in report.outcomes.values())
+    parts = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
+    console.print(f"{plan.name}: {parts} ({report.ran} run now, in {seconds:.0f} s)", highlight=False)
+    for dataset, count in report.skipped_datasets.items():
+        console.print(f"[yellow]note:[/] {count} cells on {dataset!r} were left out: it cannot be loaded here.")
+    problems = [cell for cell in plan.cells if report.outcomes.get(cell_hash(cell)) in PROBLEMS]
+    if problems:
+        table = Table("cell", "algorithm", "dataset", "partition", "clients", "seed", "status", "error",
+                      title=f"cells without a finished result (tracebacks: {store.root}/<cell>/error.txt)")
+        for cell in problems:
+            table.add_row(cell_hash(cell), cell.algorithm, cell.dataset, cell.partition, str(cell.clients),
+                          str(cell.seed), report.outcomes[cell_hash(cell)], store.summary(cell).get("error", ""))
+        console.print(table)
+    if report.interrupted:
+        console.print("[yellow]interrupted:[/] cells that were running have no result; run again to resume.")
+
+
+# ---- command line -------------------------------------------------------------------------------
+
+def make_console() -> Console:
+    # Wide when not a terminal (logs, pipes), so tables are not squeezed to 80 columns.
+    return Console(highlight=False, width=shutil.get_terminal_size((160, 24)).columns)
+
+
+def add_parser(subparsers) -> None:
+    from pflbench.commands import _data_options
+
+    run = subparsers.add_parser("run", help="run a spec's matrix (cells with results are skipped: resume is the default)")
+    run.add_argument("spec", help="a spec file, e.g. benchmarks/demo.yaml (format: benchmarks/README.md)")
+    run.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                     help="override a value for every cell (rounds=2, hp.mu=0.1), replace or add a matrix axis "
+                          "(seed=[0,1], algorithm=fedavg) or set a resource (resources.gpus=0.5); values are "
+                          "YAML; repeatable")
+    run.add_argument("--results", type=Path, default=Path("results"), help="results store (default: results)")
+    run.add_argument("--dry-run", action="store_true", help="print the cells and which have results; run nothing")
+    run.add_argument("--json", action="store_true", help="with --dry-run: the resolved cells as a JSON list")
+    run.add_argument("--workers", type=int, help="cells at once (default: as many as Ray's CPUs allow); 1 runs in-process")
+    run.add_argument("--ray-address", help="an existing Ray cluster (default: $RAY_ADDRESS, else a local instance)")
+    run.add_argument("--no-ray", action="store_true", help="run the cells one by one in this process")
+    run.add_argument("--force", action="store_true", help="rerun cells that already have a result")
+    _data_options(run)
+    run.set_defaults(func=cmd_run)
+
+
+def cmd_run(args) -> int:
+    if args.workers is not None and args.workers < 1:
+        raise SystemExit("--workers must be at least 1")
+    console = make_console()
+    try:
+        plan = load_spec(args.spec, parse_sets(args.sets))
+    except SpecError as error:
+        print(error, file=sys.stderr)
+        return 2
+    if args.dry_run:
+        print_plan(console, plan, Store(args.results), as_json=args.json)
+        return 0
+    options = RunOptions(results=args.results, data_root=args.root, mirror=args.mirror, use_ray=not args.no_ray,
+                         workers=args.workers, ray_address=args.ray_address, force=args.force)
+    try:
+        return run_plan(plan, options, console).exit_code
+    except PrepareError as error:
+        print(f"cannot run {args.spec}, nothing was run:\n{error}", file=sys.stderr)
+        return 2
+
+
+# A name field and the dict field that belongs to it: shown together as `name(entry=value, ...)`.
+NAMED_SETTINGS = {"algorithm": "hp", "dataset": "dataset_options", "partition": "partition_params"}
+
+
+def _named(cells: list[CellConfig], name_field: str) -> tuple[list[str], list[str]]:
+    """Per cell, its name with the entries that vary among cells of that name; and, per name, the
+    entries that do not."""
+    settings = NAMED_SETTINGS[name_field]
+    by_name: dict[str, list[dict]] = {}
+    for cell in cells:
+        by_name.setdefault(getattr(cell, name_field), []).append(getattr(cell, settings))
+    varying = {name: [k for k in dicts[0] if len({json.dumps(d.get(k)) for d in dicts}) > 1]
+               for name, dicts in by_name.items()}
+
+    def text(name: str, entries: dict, keys) -> str:
+        return f"{name}({', '.join(f'{k}={json.dumps(entries[k])}' for k in keys)})" if keys else name
+
+    per_cell = [text(getattr(c, name_field), getattr(c, settings), varying[getattr(c, name_field)]) for c in cells]
+    fixed = [text(name, dicts[0], [k for k in dicts[0] if k not in varying[name]])
+             for name, dicts in by_name.items() if dicts[0] or len(by_name) == 1]
+    return per_cell, fixed
+
+
+def print_plan(console: Console, plan: Plan, store: Store, as_json: bool = False) -> None:
+    """The expanded cells and their recorded status: a table of what varies between cells, lines
+    with what does not; or the fully resolved cells as JSON."""
+    statuses = [store.status(cell) or "to run" for cell in plan.cells]
+    if as_json:
+        print(json.dumps([{"hash": cell_hash(cell), "status": status, "config": cell.model_dump(mode="json")}
+                          for cell, status in zip(plan.cells, statuses)], indent=2))
+        return
+    columns, fixed = {}, []
+    for field in CellConfig.model_fields:
+        if field in NAMED_SETTINGS:
+            values, constant = _named(plan.cells, field)
+            fixed += constant
+        elif field in NAMED_SETTINGS.values():
+            continue
+        else:
+            values = [json.dumps(getattr(cell, field)).strip('"') for cell in plan.cells]
+        if len(set(values)) > 1:
+            columns[field] = values
+        elif field not in NAMED_SETTINGS:
+            fixed.append(f"{field}={values[0]}")
+    table = Table("#", "cell", *columns, "status", title=f"{plan.name}: {len(plan.cells)} cells ({plan.source})")
+    for i, (cell, status) in enumerate(zip(plan.cells, statuses)):
+        table.add_row(str(i + 1), cell_hash(cell), *(values[i] for values in columns.values()), status)
+    console.print(table)
+    console.print(f"every cell: {', '.join(fixed)}", highlight=False)
+    counts = Counter(statuses)
+    console.print(f"resources per cell: {plan.resources.cpus:g} CPU, {plan.resources.gpus:g} GPU; "
+                  + ", ".join(f"{n} {status}" for status, n in sorted(counts.items())), highlight=False)
+    for dataset in sorted(plan.optional_datasets):
+        console.print(f"{dataset}: optional (its cells are left out, with a note, where it cannot be loaded)",
+                      highlight=False)

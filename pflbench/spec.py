@@ -1,0 +1,574 @@
+"""Experiment specs: one YAML file declares a matrix of cells; this module validates it and expands it
+into fully resolved `CellConfig`s (the format is documented in benchmarks/README.md).
+
+A value reaches a cell from, in increasing precedence: `defaults`, the cell's `matrix` entries, the
+`overrides` whose `when` matches (in file order, each seeing the earlier ones' effect), and `--set`.
+Internally every source is a flat map `key -> value` where a key is a cell field (`lr`) or an entry
+of one of its dict fields (`partition_params.alpha`, `dataset_options.num_samples`, `hp.mu`), so
+merging is a dict update and every value remembers where it was written, for error messages.
+
+Everything is checked before anything runs, and all problems are reported together in one
+`SpecError`, each naming the file, the field (`matrix.dataset[1]`, `overrides[0].set.lr`,
+`--set rounds`), the bad value and what is allowed.
+"""
+from __future__ import annotations
+
+import difflib
+import itertools
+import json
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Annotated, Any, Callable
+
+import yaml
+from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter,
+                      ValidationError, model_validator)
+
+from pflbench.config import CellConfig
+
+# Dict-valued cell fields: their entries are addressed as `field.entry`.
+DICT_FIELDS = ("dataset_options", "partition_params", "hp")
+# Matrix axes with their own entry syntax; every other settable key can be an axis of plain values.
+STRUCTURED_AXES = ("algorithm", "dataset", "partition", "clients")
+SPEC_KEYS = ("name", "description", "matrix", "defaults", "overrides", "resources")
+
+
+class SpecError(ValueError):
+    """A spec that cannot run: every problem, one per line, each naming its file and field."""
+
+    def __init__(self, source: str, problems: list[tuple[str, str]]):
+        self.source = source
+        self.problems = problems
+        lines = [f"{source}: {where}: {message}" for where, message in problems]
+        header = f"invalid spec {source} ({len(problems)} problems):\n  " if len(problems) > 1 else ""
+        super().__init__(header + "\n  ".join(lines))
+
+
+def unknown_message(what: str, name: str, allowed: list[str]) -> str:
+    close = difflib.get_close_matches(str(name), allowed, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return f"unknown {what} {name!r}{hint}; allowed: {', '.join(allowed) or 'none'}"
+
+
+# ---- registries (imported lazily: they pull in torch) -------------------------------------------
+
+def _algorithms():
+    import algorithms  # noqa: F401  (registers the built-in algorithms)
+    from pflbench.algorithm import ALGORITHMS
+
+    return ALGORITHMS
+
+
+def _check_algorithm(name: str) -> str:
+    _algorithms().get(name)
+    return name
+
+
+def _check_dataset(name: str) -> str:
+    from pflbench.data import DATASETS
+
+    DATASETS.get(name)
+    return name
+
+
+def _check_scheme(name: str) -> str:
+    import partitions  # noqa: F401  (registers the built-in schemes)
+    from pflbench.partitioning import PARTITIONS
+
+    PARTITIONS.get(name)
+    return name
+
+
+def _check_model(name: str) -> str:
+    from pflbench.models import MODELS
+
+    if name != "auto" and name not in MODELS:
+        raise ValueError(unknown_message("model", name, ["auto", *MODELS.names()]))
+    return name
+
+
+NAME_CHECKS: dict[str, Callable[[str], str]] = {
+    "algorithm": _check_algorithm, "dataset": _check_dataset, "partition": _check_scheme, "model": _check_model}
+
+
+def hyperparameters(algorithm: str) -> list[str]:
+    return list(_algorithms().get(algorithm).Hyperparams.model_fields)
+
+
+# ---- the file's structure ------------------------------------------------------------------------
+
+class SpecModel(BaseModel):
+    """Strict parts of a spec: unknown keys are errors with a "did you mean"."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_keys(cls, data):
+        if isinstance(data, dict):
+            allowed = [f.alias or name for name, f in cls.model_fields.items()]
+            for key in data:
+                if key not in allowed:
+                    raise ValueError(unknown_message("key", key, allowed))
+        return data
+
+
+def _listify(value):
+    return value if isinstance(value, list) else [value]
+
+
+class Resources(SpecModel):
+    """What one cell asks of a Ray node; torch in the cell uses `cpus` threads."""
+
+    cpus: float = Field(1.0, gt=0)
+    gpus: float = Field(0.0, ge=0)
+
+
+class DatasetEntry(SpecModel):
+    name: Annotated[str, AfterValidator(_check_dataset)]
+    options: dict[str, Any] = Field(default_factory=dict)
+    optional: bool = False  # skip this dataset's cells, with a note, where it cannot be loaded
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_name(cls, data):
+        return {"name": data} if isinstance(data, str) else data
+
+    @model_validator(mode="after")
+    def _options(self):
+        from pflbench.data.sources import make_source
+
+        make_source(self.name, self.options)  # ValueError naming the option and the allowed ones
+        return self
+
+    def assignments(self) -> dict[str, Any]:
+        return {"dataset": self.name, **{f"dataset_options.{k}": v for k, v in self.options.items()}}
+
+
+class PartitionEntry(SpecModel):
+    scheme: Annotated[str, AfterValidator(_check_scheme)]
+    params: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_name(cls, data):
+        return {"scheme": data} if isinstance(data, str) else data
+
+    @model_validator(mode="after")
+    def _params(self):
+        from pflbench.partitioning import make_partitioner
+
+        make_partitioner(self.scheme, self.params)  # PartitionError naming the parameter
+        return self
+
+    def assignments(self) -> dict[str, Any]:
+        return {"partition": self.scheme, **{f"partition_params.{k}": v for k, v in self.params.items()}}
+
+
+class ClientSetting(SpecModel):
+    clients: int = Field(ge=1)
+    participation: float | None = Field(None, gt=0.0, le=1.0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_number(cls, data):
+        return {"clients": data} if isinstance(data, int) and not isinstance(data, bool) else data
+
+    def assignments(self) -> dict[str, Any]:
+        return self.model_dump(exclude_none=True)
+
+
+def _algorithm_axis(value):
+    """`all` means every registered algorithm, so a spec picks up new ones without edits."""
+    return _algorithms().names() if value == "all" else _listify(value)
+
+
+AXIS_TYPES: dict[str, TypeAdapter] = {
+    "algorithm": TypeAdapter(Annotated[list[Annotated[str, AfterValidator(_check_algorithm)]],
+                                       BeforeValidator(_algorithm_axis), Field(min_length=1)]),
+    "dataset": TypeAdapter(Annotated[list[DatasetEntry], BeforeValidator(_listify), Field(min_length=1)]),
+    "partition": TypeAdapter(Annotated[list[PartitionEntry], BeforeValidator(_listify), Field(min_length=1)]),
+    "clients": TypeAdapter(Annotated[list[ClientSetting], BeforeValidator(_listify), Field(min_length=1)]),
+}
+
+
+class Override(SpecModel):
+    when: dict[str, Any] = Field(default_factory=dict)
+    assign: dict[str, Any] = Field(alias="set")
+
+
+class SpecFile(SpecModel):
+    name: str | None = None
+    description: str = ""
+    matrix: dict[str, Any]
+    defaults: dict[str, Any] = Field(default_factory=dict)
+    overrides: list[Override] = Field(default_factory=list)
+    resources: dict[str, Any] = Field(default_factory=dict)
+
+
+# ---- values of cell fields -----------------------------------------------------------------------
+
+@cache
+def _field_type(key: str) -> TypeAdapter:
+    """Validator of one settable key: the CellConfig field's type and bounds (pydantic's lax mode, so
+    that `1e-3`, which YAML reads as a string, is a float), plus the registry check for names.
+    Entries of dict fields are checked per cell, in context."""
+    if "." in key:
+        return TypeAdapter(Any)
+    field = CellConfig.model_fields[key]
+    extras = [*field.metadata, *([AfterValidator(NAME_CHECKS[key])] if key in NAME_CHECKS else [])]
+    return TypeAdapter(Annotated[(field.annotation, *extras)] if extras else field.annotation)
+
+
+def _settable(key: str) -> str | None:
+    """None if `key` may be assigned, else why not."""
+    group, dot, entry = key.partition(".")
+    fields = list(CellConfig.model_fields)
+    if dot:
+        if group not in DICT_FIELDS:
+            return unknown_message("field with entries", group, list(DICT_FIELDS))
+        return None if entry else f"missing the entry name after {group!r}."
+    if key not in fields:
+        return unknown_message("key", key, [*fields, *(f"{g}.NAME" for g in DICT_FIELDS)])
+    return None
+
+
+@dataclass(frozen=True)
+class Assigned:
+    value: Any
+    origin: str  # where the value was written, e.g. "overrides[0].set.lr"
+
+
+Assignments = dict[str, Assigned]
+
+
+class Problems:
+    """Collects (where, message) pairs, without repeats, in the order found."""
+
+    def __init__(self):
+        self.items: dict[tuple[str, str], None] = {}
+
+    def add(self, where: str, message: str) -> None:
+        self.items[(where, message)] = None
+
+    def add_validation(self, where: str, error: ValidationError) -> None:
+        for e in error.errors(include_url=False):
+            loc = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in e["loc"])
+            if e["type"] == "value_error":
+                message = str(e["ctx"]["error"])
+            else:
+                message = f"{e['msg']} (got {e['input']!r})"
+            self.add(where + loc, message)
+
+    def check(self, adapter: TypeAdapter, value, where: str):
+        """`value` validated by `adapter`; None (and a problem) when it is not valid."""
+        try:
+            return adapter.validate_python(value)
+        except ValidationError as error:
+            self.add_validation(where, error)
+            return None
+
+    def __bool__(self) -> bool:
+        return bool(self.items)
+
+
+def flatten(mapping: dict[str, Any], where: str, problems: Problems) -> Assignments:
+    """`{lr: 0.1, hp: {mu: 1}, partition_params.alpha: 0.3}` -> checked flat assignments."""
+    flat: Assignments = {}
+    for key, value in mapping.items():
+        key = str(key)
+        if key in DICT_FIELDS:
+            if not isinstance(value, dict):
+                problems.add(f"{where}.{key}", f"must be a mapping of entries, got {value!r}")
+                continue
+            flat.update(flatten({f"{key}.{k}": v for k, v in value.items()}, where, problems))
+            continue
+        reason = _settable(key)
+        if reason:
+            problems.add(f"{where}.{key}" if where != "--set" else f"--set {key}", reason)
+            continue
+        origin = f"--set {key}" if where == "--set" else f"{where}.{key}"
+        checked = problems.check(_field_type(key), value, origin)
+        if checked is not None or value is None:
+            flat[key] = Assigned(checked, origin)
+    return flat
+
+
+# ---- conditions ----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Condition:
+    """`when:` of an override: every key must match; a list means any of its values."""
+
+    values: dict[str, tuple]
+
+    def matches(self, flat: Assignments) -> bool:
+        for key, allowed in self.values.items():
+            if key in flat:
+                current = flat[key].value
+            else:
+                field = CellConfig.model_fields.get(key)
+                current = field.get_default(call_default_factory=True) if field is not None else None
+            if current not in allowed:
+                return False
+        return True
+
+
+def parse_condition(when: dict[str, Any], where: str, problems: Problems) -> Condition:
+    values = {}
+    for key, wanted in when.items():
+        key = str(key)
+        if key in DICT_FIELDS:
+            problems.add(f"{where}.{key}", f"compare single entries, e.g. {key}.NAME: VALUE")
+            continue
+        reason = _settable(key)
+        if reason:
+            problems.add(f"{where}.{key}", reason)
+            continue
+        options = _listify(wanted)
+        checked = [problems.check(_field_type(key), v, f"{where}.{key}" + (f"[{i}]" if len(options) > 1 else ""))
+                   for i, v in enumerate(options)]
+        values[key] = tuple(checked)
+    return Condition(values)
+
+
+# ---- the plan ------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Plan:
+    """A validated, expanded spec: the cells to run and how to run them."""
+
+    name: str
+    source: str
+    description: str
+    cells: list[CellConfig]
+    resources: Resources
+    optional_datasets: frozenset[str]  # datasets whose cells are skipped where they cannot be loaded
+
+
+@dataclass(frozen=True)
+class Rule:
+    condition: Condition
+    assignments: Assignments
+
+
+def parse_sets(items: list[str]) -> dict[str, Any]:
+    """`--set KEY=VALUE` items; values are YAML, as in a spec file: 2, 1e-3, [0, 1], [fedavg, local]."""
+    sets = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep:
+            raise SpecError("--set", [(item, "expected KEY=VALUE")])
+        try:
+            sets[key.strip()] = yaml.safe_load(text)
+        except yaml.YAMLError:
+            sets[key.strip()] = text
+    return sets
+
+
+def load_spec(path: str | Path, sets: dict[str, Any] | None = None) -> Plan:
+    """Read, validate and expand a spec file; `sets` are `--set key=value` overrides."""
+    path = Path(path)
+    if not path.is_file():
+        nearby = sorted(str(p) for p in path.parent.glob("*.yaml")) if path.parent.is_dir() else []
+        raise SpecError(str(path), [("file", unknown_message("spec file", str(path), nearby))])
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as error:
+        raise SpecError(str(path), [("file", f"not valid YAML: {error}")]) from None
+    return parse_spec(data, source=str(path), sets=sets, default_name=path.stem)
+
+
+def parse_spec(data: Any, source: str = "<spec>", sets: dict[str, Any] | None = None,
+               default_name: str = "spec") -> Plan:
+    problems = Problems()
+    if not isinstance(data, dict):
+        raise SpecError(source, [("file", f"must be a mapping with keys {', '.join(SPEC_KEYS)}, got {data!r}")])
+    data = dict(data)
+    data["matrix"] = dict(data.get("matrix") or {})
+    data["resources"] = dict(data.get("resources") or {})
+    replaced_axes, command_line = _split_sets(sets or {}, data)
+    try:
+        spec = SpecFile.model_validate(data)
+    except ValidationError as error:
+        problems.add_validation("", error)
+        raise SpecError(source, [(where.lstrip(".") or "file", msg) for where, msg in problems.items]) from None
+
+    resources = problems.check(TypeAdapter(Resources), spec.resources,
+                               "--set resources" if "resources" in replaced_axes else "resources")
+    axes, optional = _parse_axes(spec.matrix, replaced_axes, problems)
+    defaults = flatten(spec.defaults, "defaults", problems)
+    rules = [Rule(parse_condition(o.when, f"overrides[{i}].when", problems),
+                  flatten(o.assign, f"overrides[{i}].set", problems)) for i, o in enumerate(spec.overrides)]
+    rules.append(Rule(Condition({}), flatten(command_line, "--set", problems)))
+    if problems:
+        raise SpecError(source, list(problems.items))
+
+    _check_required(axes, defaults, rules, problems)
+    _check_hyperparameter_names(axes, defaults, rules, problems)
+    if problems:
+        raise SpecError(source, list(problems.items))
+    cells = expand(axes, defaults, rules, problems)
+    if problems:
+        raise SpecError(source, list(problems.items))
+    return Plan(spec.name or default_name, source, spec.description, cells, resources, frozenset(optional))
+
+
+def _split_sets(sets: dict[str, Any], data: dict) -> tuple[set[str], dict[str, Any]]:
+    """`--set` of a matrix axis, of a structured axis or with a list value replaces (or adds) that
+    axis; `resources.*` sets a resource; anything else becomes a final, unconditional override."""
+    replaced, command_line = set(), {}
+    for key, value in sets.items():
+        if key.startswith("resources."):
+            data["resources"][key.removeprefix("resources.")] = value
+            replaced.add("resources")
+        elif key in STRUCTURED_AXES or key in data["matrix"] or isinstance(value, list):
+            data["matrix"][key] = value
+            replaced.add(key)
+        else:
+            command_line[key] = value
+    return replaced, command_line
+
+
+def _parse_axes(matrix: dict[str, Any], replaced: set[str], problems: Problems):
+    """Matrix axes, in file order, each a list of flat assignments; and the optional datasets."""
+    axes: list[tuple[str, list[Assignments]]] = []
+    optional: set[str] = set()
+    assigned_by: dict[str, str] = {}
+    for key, raw in matrix.items():
+        where = f"--set {key}" if key in replaced else f"matrix.{key}"
+        if key in STRUCTURED_AXES:
+            entries = problems.check(AXIS_TYPES[key], raw, where)
+            if entries is None:
+                continue
+            values = [{"algorithm": e} if key == "algorithm" else e.assignments() for e in entries]
+            optional |= {e.name for e in entries if key == "dataset" and e.optional}
+        else:
+            reason = _settable(key) if key not in DICT_FIELDS else (
+                f"vary single entries, e.g. {key}.NAME: [VALUE, ...], or use a structured axis")
+            if reason:
+                problems.add(where, reason)
+                continue
+            raw_values = _listify(raw)
+            if not raw_values:
+                problems.add(where, "empty list; give at least one value")
+                continue
+            values = []
+            for i, value in enumerate(raw_values):
+                checked = problems.check(_field_type(key), value, f"{where}[{i}]")
+                values.append({key: checked})
+        entries_where = [{k: Assigned(v, f"{where}[{i}]") for k, v in entry.items()} for i, entry in enumerate(values)]
+        for k in {k for entry in values for k in entry}:
+            if k in assigned_by and assigned_by[k] != where:
+                problems.add(where, f"{k!r} is already varied by {assigned_by[k]}; vary it in one axis only")
+            assigned_by[k] = where
+        axes.append((key, entries_where))
+    return axes, optional
+
+
+def _all_assignments(axes, defaults: Assignments, rules: list[Rule]):
+    """Every (assignments, algorithms the assignments are restricted to or None) of the spec."""
+    yield defaults, None
+    for _, entries in axes:
+        for entry in entries:
+            yield entry, None
+    for rule in rules:
+        yield rule.assignments, rule.condition.values.get("algorithm")
+
+
+def _check_required(axes, defaults: Assignments, rules: list[Rule], problems: Problems) -> None:
+    given = set(defaults) | {k for _, entries in axes for entry in entries for k in entry}
+    for key in ("algorithm", "dataset"):
+        if key not in given:
+            problems.add(f"matrix.{key}", f"missing: every cell needs a {key} (give matrix.{key} or defaults.{key})")
+
+
+def _check_hyperparameter_names(axes, defaults: Assignments, rules: list[Rule], problems: Problems) -> None:
+    """An `hp.NAME` applies to the cells whose algorithm declares NAME, so it must be declared by one
+    of the spec's algorithms (by the `when`'s algorithms, in an override that names them)."""
+    spec_algorithms = sorted({a.value for assignments, _ in _all_assignments(axes, defaults, rules)
+                              for k, a in assignments.items() if k == "algorithm" and a.value})
+    for assignments, restricted in _all_assignments(axes, defaults, rules):
+        candidates = sorted(set(restricted)) if restricted else spec_algorithms
+        declared = {name: hyperparameters(name) for name in candidates}
+        for key, assigned in assignments.items():
+            if not key.startswith("hp."):
+                continue
+            name = key.removeprefix("hp.")
+            if not any(name in fields for fields in declared.values()):
+                every = sorted({f for fields in declared.values() for f in fields})
+                listing = "; ".join(f"{a}: {', '.join(f) or 'none'}" for a, f in declared.items())
+                close = difflib.get_close_matches(name, every, n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                problems.add(assigned.origin, f"no algorithm of this spec ({', '.join(candidates)}) has the "
+                                              f"hyperparameter {name!r}{hint}; declared: {listing}")
+
+
+def expand(axes, defaults: Assignments, rules: list[Rule], problems: Problems) -> list[CellConfig]:
+    """The cross product of the axes in file order, resolved and checked; identical cells once."""
+    cells: dict[str, CellConfig] = {}
+    for combination in itertools.product(*(entries for _, entries in axes)):
+        flat = dict(defaults)
+        for entry in combination:
+            flat.update(entry)
+        for rule in rules:
+            if rule.condition.matches(flat):
+                flat.update(rule.assignments)
+        cell = build_cell(flat, problems)
+        if cell is not None:
+            cells.setdefault(cell.canonical_json(), cell)
+    return list(cells.values())
+
+
+def build_cell(flat: Assignments, problems: Problems) -> CellConfig | None:
+    """One resolved cell; problems are reported at the place each offending value was written."""
+    from pflbench.data.sources import make_source
+    from pflbench.partitioning import make_partitioner
+
+    algorithm = flat["algorithm"].value
+    declared = set(hyperparameters(algorithm))
+    fields: dict[str, Any] = {group: {} for group in DICT_FIELDS}
+    for key, assigned in flat.items():
+        group, dot, entry = key.partition(".")
+        if not dot:
+            fields[key] = assigned.value
+        elif group != "hp" or entry in declared:  # an hp value applies where the algorithm has it
+            fields[group][entry] = assigned.value
+
+    def origins(*prefixes: str) -> str:
+        found = [a.origin for k, a in flat.items() if k.split(".")[0] in prefixes]
+        return ", ".join(dict.fromkeys(found)) or "defaults"
+
+    try:
+        cell = CellConfig(**fields)
+    except ValidationError as error:
+        for e in error.errors(include_url=False):
+            problems.add(origins(str(e["loc"][0])), f"{e['msg']} (got {e['input']!r})")
+        return None
+    # Resolve every default into the cell, so that its identity (hash) and its stored config say
+    # exactly what ran: the algorithm's hyperparameters, the scheme's parameters, the dataset's options.
+    try:
+        hp = _algorithms().get(algorithm).parse_hyperparams(cell.hp)
+    except ValueError as error:
+        problems.add(origins("algorithm", "hp"), str(error))
+        return None
+    try:
+        scheme = make_partitioner(cell.partition, cell.partition_params)
+    except ValueError as error:
+        problems.add(origins("partition", "partition_params"), str(error))
+        return None
+    try:
+        source = make_source(cell.dataset, cell.dataset_options)
+    except ValueError as error:
+        problems.add(origins("dataset", "dataset_options"), str(error))
+        return None
+    options = {k: v for k, v in source.options.items() if source.OPTIONS[k].changes_data}  # not e.g. `download`
+    return cell.model_copy(update={"hp": hp.model_dump(mode="json"), "dataset_options": options,
+                                   "partition_params": scheme.params.model_dump(mode="json")})
+
+
+def describe_partition(cell: CellConfig) -> str:
+    """`dirichlet(alpha=0.3)`: a scheme with its parameters, for tables."""
+    params = ", ".join(f"{k}={json.dumps(v)}" for k, v in sorted(cell.partition_params.items()))
+    return f"{cell.partition}({params})" if params else cell.partition

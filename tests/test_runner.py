@@ -1,0 +1,100 @@
+"""The runner: failures are recorded while the other cells finish; Ray gives the in-process results."""
+from __future__ import annotations
+
+import math
+
+import pytest
+from rich.console import Console
+
+from pflbench.algorithm import ALGORITHMS, Algorithm
+from pflbench.config import cell_hash
+from pflbench.runner import RunOptions, run_plan
+from pflbench.spec import parse_spec
+from pflbench.store import Store, load_store
+
+
+@ALGORITHMS.register("test-runner-raises")
+class Raises(Algorithm):
+    name = "test-runner-raises"
+
+    def local_train(self, rnd, clients, state):
+        if rnd == 2:
+            raise RuntimeError("boom in round 2")
+        return super().local_train(rnd, clients, state)
+
+
+@ALGORITHMS.register("test-runner-nan")
+class InjectsNaN(Algorithm):
+    """Uploads NaN weights, as an exploding update would."""
+
+    name = "test-runner-nan"
+
+    def local_train(self, rnd, clients, state):
+        state = super().local_train(rnd, clients, state)
+        return {k: v * math.nan if v.is_floating_point() else v for k, v in state.items()}
+
+
+def plan(algorithms, seeds=(0,), rounds=3):
+    return parse_spec({
+        "name": "t",
+        "matrix": {"algorithm": list(algorithms), "dataset": ["synthetic"],
+                   "partition": [{"scheme": "pathological", "params": {"classes_per_client": 2, "samples_per_client": 40}},
+                                 {"scheme": "dirichlet", "params": {"alpha": 0.5, "min_samples": 20}}],
+                   "seed": list(seeds)},
+        "defaults": {"clients": 5, "rounds": rounds, "lr": 0.05, "dataset_options": {"num_samples": 1000}},
+    })
+
+
+@pytest.fixture
+def options(tmp_path, monkeypatch):
+    monkeypatch.setenv("PFLBENCH_DATA_MIRROR", str(tmp_path / "no-mirror"))
+    return RunOptions(results=tmp_path / "results", data_root=tmp_path / "data", use_ray=False)
+
+
+def quiet() -> Console:
+    return Console(file=open("/dev/null", "w"), width=160)
+
+
+def test_a_failing_and_a_diverging_cell_do_not_stop_the_others(options):
+    the_plan = plan(["test-runner-raises", "fedavg", "test-runner-nan", "local"], rounds=4)
+    report = run_plan(the_plan, options, quiet())
+    assert report.exit_code == 1 and report.ran == 8
+    store = Store(options.results)
+    by_algorithm = {}
+    for cell in the_plan.cells:
+        by_algorithm.setdefault(cell.algorithm, set()).add(store.status(cell))
+    assert by_algorithm == {"test-runner-raises": {"failed"}, "fedavg": {"finished"},
+                            "test-runner-nan": {"diverged"}, "local": {"finished"}}
+    failed = next(c for c in the_plan.cells if c.algorithm == "test-runner-raises")
+    traceback = (store.cell_dir(failed) / "error.txt").read_text()
+    assert "in local_train" in traceback and traceback.strip().endswith("RuntimeError: boom in round 2")
+    assert store.summary(failed)["error"] == "RuntimeError: boom in round 2"
+    diverged = store.summary(next(c for c in the_plan.cells if c.algorithm == "test-runner-nan"))
+    assert diverged["diverged_round"] == 1 and "non-finite" in diverged["error"]
+
+    # Resume: finished and diverged cells are results; only the failed ones run again.
+    again = run_plan(the_plan, options, quiet())
+    assert again.ran == 2 and again.exit_code == 1
+    table = load_store(options.results)
+    assert len(table) == 8 and table.groupby("status").size().to_dict() == {"diverged": 2, "failed": 2, "finished": 4}
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+def test_ray_gives_the_in_process_summaries(local_ray, options, tmp_path):
+    the_plan = plan(["fedavg", "local"], seeds=(0, 1))
+    run_plan(the_plan, options, quiet())
+    on_ray = RunOptions(results=tmp_path / "ray-results", data_root=options.data_root, use_ray=True, workers=2)
+    report = run_plan(the_plan, on_ray, quiet())
+    assert report.exit_code == 0 and report.ran == len(the_plan.cells) == 8
+    volatile = {"wall_time", "completed_at"}  # timings differ; everything else must not
+    for cell in the_plan.cells:
+        here, there = Store(options.results).summary(cell), Store(on_ray.results).summary(cell)
+        assert here["status"] == "finished" and here["hash"] == cell_hash(cell)
+        assert {k: v for k, v in here.items() if k not in volatile} == {k: v for k, v in there.items() if k not in volatile}

@@ -1,0 +1,192 @@
+"""Specs: expansion, stable hashes, overrides and `--set`, and one clear error per kind of bad spec."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import yaml
+from pydantic import Field
+
+from pflbench.algorithm import ALGORITHMS, Algorithm
+from pflbench.algorithm import Hyperparams as BaseHyperparams
+from pflbench.config import cell_hash
+from pflbench.spec import SpecError, load_spec, parse_spec
+
+
+@ALGORITHMS.register("test-spec-prox")
+class ProxLike(Algorithm):
+    """Only here to give specs an algorithm with hyperparameters (its training is FedAvg's)."""
+
+    name = "test-spec-prox"
+
+    class Hyperparams(BaseHyperparams):
+        mu: float = Field(0.01, ge=0.0)
+
+
+BASE = {
+    "name": "t",
+    "matrix": {
+        "algorithm": ["fedavg", "local"],
+        "dataset": ["synthetic"],
+        "partition": [{"scheme": "pathological", "params": {"classes_per_client": 2}},
+                      {"scheme": "dirichlet", "params": {"alpha": 0.5}}],
+        "clients": [4, {"clients": 6, "participation": 0.5}],
+        "seed": [0, 1],
+    },
+    "defaults": {"rounds": 3, "lr": 0.05},
+}
+
+
+def spec(**changes):
+    data = copy.deepcopy(BASE)
+    for path, value in changes.items():
+        node, *keys = path.split("__")
+        target = data
+        for key in [node, *keys][:-1]:
+            target = target.setdefault(key, {})
+        target[[node, *keys][-1]] = value
+    return data
+
+
+def errors(data, sets=None) -> str:
+    with pytest.raises(SpecError) as caught:
+        parse_spec(data, source="bench.yaml", sets=sets)
+    return str(caught.value)
+
+
+def test_expansion_count_order_and_stable_hashes(tmp_path):
+    path = tmp_path / "a.yaml"
+    path.write_text(yaml.safe_dump(BASE, sort_keys=False))
+    plan = load_spec(path)
+    assert plan.name == "t" and len(plan.cells) == 2 * 1 * 2 * 2 * 2
+    first = plan.cells[0]
+    assert (first.algorithm, first.partition, first.clients, first.seed) == ("fedavg", "pathological", 4, 0)
+    assert plan.cells[1].seed == 1  # the last axis varies fastest
+    # Defaults of the scheme and of the dataset are resolved into the cell (and so into its hash).
+    assert first.partition_params == {"classes_per_client": 2, "samples_per_client": None}
+    assert first.dataset_options["num_samples"] == 6000
+    assert {(c.clients, c.participation) for c in plan.cells} == {(4, 1.0), (6, 0.5)}
+    hashes = [cell_hash(c) for c in plan.cells]
+    assert len(set(hashes)) == len(hashes)
+
+    # Same content written differently -> same cells, same hashes.
+    reordered = {"defaults": {"lr": 0.05, "rounds": 3}, "name": "t",
+                 "matrix": dict(reversed(list(BASE["matrix"].items())))}
+    path.write_text(yaml.safe_dump(reordered, sort_keys=False))
+    assert sorted(cell_hash(c) for c in load_spec(path).cells) == sorted(hashes)
+    explicit = spec(defaults={"rounds": 3, "lr": 0.05, "partition_params": {}, "hp": {}})
+    explicit["matrix"]["partition"][1]["params"]["min_samples"] = 10  # the scheme's default, made explicit
+    assert [cell_hash(c) for c in parse_spec(explicit).cells] == hashes
+
+
+def test_overrides_apply_in_order_and_set_wins():
+    data = spec(overrides=[
+        {"when": {"partition": "pathological"}, "set": {"partition_params.samples_per_client": 40, "lr": 0.1}},
+        {"when": {"clients": 6, "lr": 0.1}, "set": {"rounds": 7}},  # sees the first override's lr
+        {"when": {"algorithm": ["local"], "seed": 1}, "set": {"local_epochs": 2}},
+    ])
+    cells = parse_spec(data).cells
+    for cell in cells:
+        pathological = cell.partition == "pathological"
+        assert cell.partition_params.get("samples_per_client") == (40 if pathological else None)
+        assert cell.lr == (0.1 if pathological else 0.05)
+        assert cell.rounds == (7 if pathological and cell.clients == 6 else 3)
+        assert cell.local_epochs == (2 if cell.algorithm == "local" and cell.seed == 1 else 1)
+
+    # --set: a plain key overrides every cell (after the overrides); an axis key replaces the axis.
+    cells = parse_spec(data, sets={"rounds": 2, "seed": [5, 6, 7], "algorithm": "local"}).cells
+    assert len(cells) == 1 * 2 * 2 * 3
+    assert {c.rounds for c in cells} == {2} and {c.seed for c in cells} == {5, 6, 7}
+    assert {c.algorithm for c in cells} == {"local"}
+    plan = parse_spec(data, sets={"resources.gpus": 0.25})
+    assert (plan.resources.cpus, plan.resources.gpus) == (1.0, 0.25)
+
+
+def test_hyperparameters_apply_to_the_algorithms_that_declare_them():
+    data = spec(matrix__algorithm=["fedavg", "test-spec-prox"], matrix__seed=[0])
+    data["matrix"]["hp.mu"] = [0.1, 1.0]
+    cells = parse_spec(data).cells
+    prox = sorted(c.hp["mu"] for c in cells if c.algorithm == "test-spec-prox")
+    assert prox == [0.1] * 4 + [1.0] * 4  # 2 partitions x 2 client settings, per value of mu
+    fedavg = [c for c in cells if c.algorithm == "fedavg"]
+    assert len(fedavg) == 4 and all(c.hp == {} for c in fedavg)  # mu does not apply: one cell per setting
+    assert len(cells) == 12
+
+    defaults_only = parse_spec(spec(matrix__algorithm=["fedavg", "test-spec-prox"])).cells
+    assert {c.hp.get("mu") for c in defaults_only if c.algorithm == "test-spec-prox"} == {0.01}  # the default
+
+
+def test_dataset_marked_optional():
+    data = spec(matrix__dataset=[{"name": "fmnist", "optional": True}, "synthetic"])
+    plan = parse_spec(data)
+    assert plan.optional_datasets == {"fmnist"} and {c.dataset for c in plan.cells} == {"fmnist", "synthetic"}
+
+
+def test_algorithm_all_means_every_registered_one():
+    cells = parse_spec(spec(matrix__algorithm="all", matrix__seed=[0])).cells
+    assert sorted({c.algorithm for c in cells}) == ALGORITHMS.names()
+
+
+@pytest.mark.parametrize("data,sets,expected", [
+    (spec(matrix__algorithm=["fedavg", "fedavgg"]), None,
+     "bench.yaml: matrix.algorithm[1]: unknown algorithm 'fedavgg' (did you mean 'fedavg'?); allowed: "),
+    (spec(matrix__dataset=["synthetc"]), None,
+     "bench.yaml: matrix.dataset[0].name: unknown dataset 'synthetc' (did you mean 'synthetic'?); allowed: "),
+    (spec(matrix__partition=["dirichlett"]), None,
+     "bench.yaml: matrix.partition[0].scheme: unknown partition scheme 'dirichlett' (did you mean 'dirichlet'?)"),
+    (spec(matrix__partition=[{"scheme": "dirichlet", "params": {"alpah": 0.1}}]), None,
+     "bench.yaml: matrix.partition[0]: partition scheme 'dirichlet': unknown parameter 'alpah'; allowed parameters: "
+     "alpha (default 0.3)"),
+    (spec(matrix__partition=[{"scheme": "dirichlet", "params": {"alpha": -1}}]), None,
+     "bench.yaml: matrix.partition[0]: partition scheme 'dirichlet': alpha=-1 is not allowed"),
+    (spec(matrix__dataset=[{"name": "synthetic", "options": {"samples": 10}}]), None,
+     "bench.yaml: matrix.dataset[0]: unknown option 'samples' for dataset 'synthetic'; allowed options: "),
+    (spec(overides=[]), None, "bench.yaml: file: unknown key 'overides' (did you mean 'overrides'?); allowed: name, "),
+    (spec(defaults={"roundz": 3}), None,
+     "bench.yaml: defaults.roundz: unknown key 'roundz' (did you mean 'rounds'?); allowed: algorithm, "),
+    (spec(defaults={"rounds": "ten"}), None, "bench.yaml: defaults.rounds: Input should be a valid integer (got 'ten')"),
+    (spec(matrix__clients=[0]), None,
+     "bench.yaml: matrix.clients[0].clients: Input should be greater than or equal to 1 (got 0)"),
+    (spec(matrix__clients=[{"clients": 4, "participation": 1.5}]), None,
+     "bench.yaml: matrix.clients[0].participation: Input should be less than or equal to 1 (got 1.5)"),
+    (spec(matrix__seed=[]), None, "bench.yaml: matrix.seed: empty list; give at least one value"),
+    (spec(overrides=[{"when": {"dataset": "fmnsit"}, "set": {"lr": 0.1}}]), None,
+     "bench.yaml: overrides[0].when.dataset: unknown dataset 'fmnsit' (did you mean 'fmnist'?)"),
+    (spec(overrides=[{"when": {"dataset": "fmnist"}, "sett": {"lr": 0.1}}]), None,
+     "bench.yaml: overrides[0]: unknown key 'sett' (did you mean 'set'?); allowed: when, set"),
+    (spec(overrides=[{"when": {"algorithm": "fedavg"}, "set": {"hp.mu": 0.1}}]), None,
+     "bench.yaml: overrides[0].set.hp.mu: no algorithm of this spec (fedavg) has the hyperparameter 'mu'; "
+     "declared: fedavg: none"),
+    (spec(matrix__algorithm=["test-spec-prox"], defaults={"hp": {"mu": "big"}}), None,
+     "bench.yaml: defaults.hp.mu, matrix.algorithm[0]: bad hyperparameters for algorithm 'test-spec-prox': "
+     "mu: Input should be a valid number"),
+    (spec(overrides=[{"when": {"partition": "dirichlet"}, "set": {"partition_params.classes_per_client": 2}}]), None,
+     "bench.yaml: matrix.partition[1], overrides[0].set.partition_params.classes_per_client: partition scheme "
+     "'dirichlet': unknown parameter 'classes_per_client'"),
+    (spec(matrix__lr=[0.1, -0.1]), None, "bench.yaml: matrix.lr[1]: Input should be greater than 0 (got -0.1)"),
+    (spec(defaults={"model": "cnnn"}), None, "bench.yaml: defaults.model: unknown model 'cnnn' (did you mean 'cnn'?)"),
+    (BASE, {"roundz": 1}, "bench.yaml: --set roundz: unknown key 'roundz' (did you mean 'rounds'?)"),
+    (BASE, {"algorithm": "fedprox2"}, "bench.yaml: --set algorithm[0]: unknown algorithm 'fedprox2'"),
+    (BASE, {"resources.gpu": 1}, "bench.yaml: --set resources: unknown key 'gpu' (did you mean 'gpus'?)"),
+    ({"matrix": {"algorithm": "fedavg"}}, None,
+     "bench.yaml: matrix.dataset: missing: every cell needs a dataset (give matrix.dataset or defaults.dataset)"),
+])
+def test_bad_spec_gives_one_clear_error(data, sets, expected):
+    assert expected in errors(data, sets)
+
+
+def test_every_problem_is_reported_at_once():
+    message = errors(spec(defaults={"rounds": 0, "lr": "fast"}, matrix__algorithm=["fedav"]))
+    assert message.startswith("invalid spec bench.yaml (3 problems):")
+    for part in ("matrix.algorithm[0]: unknown algorithm 'fedav'", "defaults.rounds: Input should be greater",
+                 "defaults.lr: Input should be a valid number"):
+        assert part in message
+
+
+def test_file_problems_name_the_file(tmp_path):
+    (tmp_path / "table1.yaml").write_text("matrix: {algorithm: fedavg, dataset: synthetic}\n")
+    with pytest.raises(SpecError, match=r"unknown spec file '.*tabel1.yaml' \(did you mean '.*table1.yaml'\?\)"):
+        load_spec(tmp_path / "tabel1.yaml")
+    (tmp_path / "broken.yaml").write_text("matrix: [unclosed\n")
+    with pytest.raises(SpecError, match=r"broken.yaml: file: not valid YAML"):
+        load_spec(tmp_path / "broken.yaml")
