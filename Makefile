@@ -20,9 +20,9 @@ $(VENV)/.installed: pyproject.toml
 test: install
 	$(BIN)/python -m pytest -q
 
+# The report is written even when a cell failed or diverged; the run's exit status is kept.
 demo: install
-	$(BIN)/pflbench run benchmarks/demo.yaml
-	$(BIN)/pflbench report
+	$(BIN)/pflbench run benchmarks/demo.yaml; status=$$?; $(BIN)/pflbench report && exit $$status
 
 bench: install
 	mkdir -p reports

@@ -17,7 +17,7 @@ def add_parser(subparsers) -> None:
     data_sub = data.add_subparsers(dest="data_command", required=True, metavar="ACTION")
     prepare = data_sub.add_parser("prepare", help="put dataset files where torchvision looks (from a mirror or a download) and cache them")
     prepare.add_argument("names", nargs="*", help="datasets (default: every one the mirror has)")
-    _data_options(prepare)
+    add_data_options(prepare)
     prepare.set_defaults(func=cmd_data_prepare)
     show = data_sub.add_parser("show", help="print (and plot) a partition's per-client label counts")
     show.add_argument("dataset")
@@ -27,7 +27,7 @@ def add_parser(subparsers) -> None:
     show.add_argument("--seed", type=int, default=0)
     show.add_argument("--split", default="all", choices=["all", "train", "val", "test"])
     show.add_argument("--plot", metavar="PATH", help="also draw the counts (PNG or SVG)")
-    _data_options(show)
+    add_data_options(show)
     show.set_defaults(func=cmd_data_show)
 
     bench = subparsers.add_parser("bench", help="training throughput of the federated engine vs centralized training")
@@ -44,7 +44,7 @@ def add_parser(subparsers) -> None:
     bench.set_defaults(func=cmd_bench)
 
 
-def _data_options(parser: argparse.ArgumentParser) -> None:
+def add_data_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--root", help="data root (default: $PFLBENCH_DATA or ./data)")
     parser.add_argument("--from", dest="mirror", help="offline mirror folder (default: $PFLBENCH_DATA_MIRROR)")
 

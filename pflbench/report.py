@@ -16,15 +16,14 @@ from pflbench.config import CellConfig
 from pflbench.store import load_store
 
 CONFIG_COLUMNS = tuple(CellConfig.model_fields)
-# Columns that tell cells of one entry apart without making them different experiments.
-PER_RUN = ("hash", "seed", "path")
 
 
 def params_label(row: pd.Series) -> str:
     params = {k.removeprefix("partition_params."): v for k, v in row.items()
               if k.startswith("partition_params.") and not pd.isna(v)}
     # Integer parameters come back as floats from columns that other schemes leave empty (NaN).
-    return ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={json.dumps(v)}" for k, v in sorted(params.items()))
+    return ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={json.dumps(v)}"
+                     for k, v in sorted(params.items()))
 
 
 def entry_text(group: pd.DataFrame) -> tuple[str, float | None]:
@@ -45,18 +44,20 @@ def scheme_table(cells: pd.DataFrame) -> tuple[str, list[str]]:
     column_keys = ["dataset", "clients", "params"] if several_params else ["dataset", "clients"]
     columns = sorted(cells.groupby(column_keys).groups)
     algorithms = sorted(cells["algorithm"].unique())
-    config_columns = [c for c in cells.columns if c in CONFIG_COLUMNS or c.split(".")[0] in CONFIG_COLUMNS]
-    entries: dict[tuple, dict[str, tuple[str, float | None]]] = {}
-    notes = []
-    for key, group in cells.groupby([*column_keys, "algorithm"]):
-        entries.setdefault(key[:-1], {})[key[-1]] = entry_text(group)
-        mixed = [c for c in config_columns if c not in PER_RUN and group[c].astype(str).nunique() > 1]
-        if mixed:
-            notes.append(f"{key[-1]} on {', '.join(map(str, key[:-1]))}: its cells also differ in {', '.join(mixed)}")
+    # Configuration columns other than the seed: cells of one entry should agree on all of them.
+    config_columns = [c for c in cells.columns if c.split(".")[0] in CONFIG_COLUMNS and c != "seed"]
 
     def header(key) -> str:
         text = f"{key[0]}, {key[1]} clients"
         return text + (f" ({key[2]})" if several_params and key[2] else "")
+
+    entries: dict[tuple, dict[str, tuple[str, float | None]]] = {}
+    notes = []
+    for key, group in cells.groupby([*column_keys, "algorithm"]):
+        entries.setdefault(key[:-1], {})[key[-1]] = entry_text(group)
+        mixed = [c for c in config_columns if group[c].astype(str).nunique() > 1]
+        if mixed:
+            notes.append(f"{key[-1]} on {header(key[:-1])}: its cells also differ in {', '.join(mixed)}")
 
     lines = ["| algorithm | " + " | ".join(header(k) for k in columns) + " |",
              "|---|" + "---|" * len(columns)]
@@ -73,6 +74,8 @@ def scheme_table(cells: pd.DataFrame) -> tuple[str, list[str]]:
 def render(store: pd.DataFrame) -> str:
     if store.empty:
         return "# pflbench results\n\nThe store has no results yet: run `pflbench run SPEC` first.\n"
+    if "final_accuracy" not in store:  # only failed cells so far
+        store = store.assign(final_accuracy=float("nan"))
     seeds = store.groupby(["algorithm", "dataset", "partition", "clients"])["seed"].nunique().max()
     parts = ["# pflbench results", "",
              f"Final accuracy of each client's personalized model on its own test split, mean over clients, "

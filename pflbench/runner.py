@@ -10,7 +10,6 @@ results are simply absent, and the next run starts them again.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -18,7 +17,7 @@ import sys
 import time
 import traceback
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -87,12 +86,15 @@ def execute_cell(cell: CellConfig, resources: Resources, data_root, mirror,
 
     # Threads beyond the cell's share oversubscribe the cores that the other cells use; on a busy
     # 2-core machine that made a small cell 10-100x slower.
+    threads = torch.get_num_threads()
     torch.set_num_threads(max(1, int(resources.cpus)))
     try:
         return run_cell(cell, data_root=data_root, mirror=mirror, device="cuda" if resources.gpus > 0 else "cpu",
                         on_round=report)
     except Exception:
         return failed_result(traceback.format_exc())
+    finally:
+        torch.set_num_threads(threads)
 
 
 # ---- progress -----------------------------------------------------------------------------------
@@ -282,7 +284,11 @@ def prepare_partitions(cells: list[CellConfig], plan: Plan, options: RunOptions,
 
 def run_plan(plan: Plan, options: RunOptions = RunOptions(), console: Console | None = None) -> RunReport:
     """Run the plan's cells that have no result yet (all of them with `force`); see the module doc."""
+    from pflbench.data import data_mirror, data_root
+
     console = console or make_console()
+    # Absolute paths, resolved here once: Ray workers may start elsewhere and without our environment.
+    options = replace(options, data_root=data_root(options.data_root), mirror=data_mirror(options.mirror))
     store = Store(options.results)
     before = {cell_hash(cell): store.status(cell) for cell in plan.cells}
     todo = [cell for cell in plan.cells if options.force or before[cell_hash(cell)] not in COMPLETE]
@@ -290,6 +296,7 @@ def run_plan(plan: Plan, options: RunOptions = RunOptions(), console: Console | 
     console.print(f"{plan.name}: {len(plan.cells)} cells, {len(plan.cells) - len(todo)} with results in "
                   f"{options.results}, {len(todo)} to run", highlight=False)
     if not todo:
+        print_summary(console, plan, store, report, 0.0)
         return report
     todo, report.skipped_datasets = prepare_partitions(todo, plan, options, console)
     for dataset, count in report.skipped_datasets.items():
@@ -334,53 +341,7 @@ def print_summary(console: Console, plan: Plan, store: Store, report: RunReport,
         console.print("[yellow]interrupted:[/] cells that were running have no result; run again to resume.")
 
 
-# ---- command line -------------------------------------------------------------------------------
-
-def make_console() -> Console:
-    # Wide when not a terminal (logs, pipes), so tables are not squeezed to 80 columns.
-    return Console(highlight=False, width=shutil.get_terminal_size((160, 24)).columns)
-
-
-def add_parser(subparsers) -> None:
-    from pflbench.commands import _data_options
-
-    run = subparsers.add_parser("run", help="run a spec's matrix (cells with results are skipped: resume is the default)")
-    run.add_argument("spec", help="a spec file, e.g. benchmarks/demo.yaml (format: benchmarks/README.md)")
-    run.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
-                     help="override a value for every cell (rounds=2, hp.mu=0.1), replace or add a matrix axis "
-                          "(seed=[0,1], algorithm=fedavg) or set a resource (resources.gpus=0.5); values are "
-                          "YAML; repeatable")
-    run.add_argument("--results", type=Path, default=Path("results"), help="results store (default: results)")
-    run.add_argument("--dry-run", action="store_true", help="print the cells and which have results; run nothing")
-    run.add_argument("--json", action="store_true", help="with --dry-run: the resolved cells as a JSON list")
-    run.add_argument("--workers", type=int, help="cells at once (default: as many as Ray's CPUs allow); 1 runs in-process")
-    run.add_argument("--ray-address", help="an existing Ray cluster (default: $RAY_ADDRESS, else a local instance)")
-    run.add_argument("--no-ray", action="store_true", help="run the cells one by one in this process")
-    run.add_argument("--force", action="store_true", help="rerun cells that already have a result")
-    _data_options(run)
-    run.set_defaults(func=cmd_run)
-
-
-def cmd_run(args) -> int:
-    if args.workers is not None and args.workers < 1:
-        raise SystemExit("--workers must be at least 1")
-    console = make_console()
-    try:
-        plan = load_spec(args.spec, parse_sets(args.sets))
-    except SpecError as error:
-        print(error, file=sys.stderr)
-        return 2
-    if args.dry_run:
-        print_plan(console, plan, Store(args.results), as_json=args.json)
-        return 0
-    options = RunOptions(results=args.results, data_root=args.root, mirror=args.mirror, use_ray=not args.no_ray,
-                         workers=args.workers, ray_address=args.ray_address, force=args.force)
-    try:
-        return run_plan(plan, options, console).exit_code
-    except PrepareError as error:
-        print(f"cannot run {args.spec}, nothing was run:\n{error}", file=sys.stderr)
-        return 2
-
+# ---- dry run --------------------------------------------------------------------------------------
 
 # A name field and the dict field that belongs to it: shown together as `name(entry=value, ...)`.
 NAMED_SETTINGS = {"algorithm": "hp", "dataset": "dataset_options", "partition": "partition_params"}
@@ -437,3 +398,54 @@ def print_plan(console: Console, plan: Plan, store: Store, as_json: bool = False
     for dataset in sorted(plan.optional_datasets):
         console.print(f"{dataset}: optional (its cells are left out, with a note, where it cannot be loaded)",
                       highlight=False)
+
+
+# ---- command line -------------------------------------------------------------------------------
+
+def make_console() -> Console:
+    # Wide when not a terminal (logs, pipes), so tables are not squeezed to 80 columns.
+    return Console(highlight=False, width=shutil.get_terminal_size((160, 24)).columns)
+
+
+def add_parser(subparsers) -> None:
+    from pflbench.commands import add_data_options
+
+    run = subparsers.add_parser("run", help="run a spec's matrix (resuming: cells with results are skipped)")
+    run.add_argument("spec", help="a spec file, e.g. benchmarks/demo.yaml (format: benchmarks/README.md)")
+    run.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                     help="override a value for every cell (rounds=2, hp.mu=0.1), replace or add a matrix axis "
+                          "(seed=[0,1], algorithm=fedavg) or set a resource (resources.gpus=0.5); values are "
+                          "YAML; repeatable")
+    run.add_argument("--results", type=Path, default=Path("results"), help="results store (default: results)")
+    run.add_argument("--dry-run", action="store_true", help="print the cells and which have results; run nothing")
+    run.add_argument("--json", action="store_true", help="with --dry-run: the resolved cells as a JSON list")
+    run.add_argument("--workers", type=int,
+                     help="cells at once (default: as many as Ray's CPUs allow); 1 runs in-process")
+    run.add_argument("--ray-address", help="an existing Ray cluster (default: $RAY_ADDRESS, else a local instance)")
+    run.add_argument("--no-ray", action="store_true", help="run the cells one by one in this process")
+    run.add_argument("--force", action="store_true", help="rerun cells that already have a result")
+    add_data_options(run)
+    run.set_defaults(func=cmd_run)
+
+
+def cmd_run(args) -> int:
+    if args.workers is not None and args.workers < 1:
+        raise SystemExit("--workers must be at least 1")
+    if args.json and not args.dry_run:
+        raise SystemExit("--json goes with --dry-run")
+    console = make_console()
+    try:
+        plan = load_spec(args.spec, parse_sets(args.sets))
+    except SpecError as error:
+        print(error, file=sys.stderr)
+        return 2
+    if args.dry_run:
+        print_plan(console, plan, Store(args.results), as_json=args.json)
+        return 0
+    options = RunOptions(results=args.results, data_root=args.root, mirror=args.mirror, use_ray=not args.no_ray,
+                         workers=args.workers, ray_address=args.ray_address, force=args.force)
+    try:
+        return run_plan(plan, options, console).exit_code
+    except PrepareError as error:
+        print(f"cannot run {args.spec}, nothing was run:\n{error}", file=sys.stderr)
+        return 2

@@ -10,6 +10,9 @@ merging is a dict update and every value remembers where it was written, for err
 Everything is checked before anything runs, and all problems are reported together in one
 `SpecError`, each naming the file, the field (`matrix.dataset[1]`, `overrides[0].set.lr`,
 `--set rounds`), the bad value and what is allowed.
+
+    plan = load_spec("benchmarks/demo.yaml", parse_sets(["rounds=2"]))   # or parse_spec(dict)
+    plan.cells, plan.resources, plan.optional_datasets
 """
 from __future__ import annotations
 
@@ -273,7 +276,7 @@ class Problems:
         return bool(self.items)
 
 
-def flatten(mapping: dict[str, Any], where: str, problems: Problems) -> Assignments:
+def _assignments_of(mapping: dict[str, Any], where: str, problems: Problems) -> Assignments:
     """`{lr: 0.1, hp: {mu: 1}, partition_params.alpha: 0.3}` -> checked flat assignments."""
     flat: Assignments = {}
     for key, value in mapping.items():
@@ -282,13 +285,13 @@ def flatten(mapping: dict[str, Any], where: str, problems: Problems) -> Assignme
             if not isinstance(value, dict):
                 problems.add(f"{where}.{key}", f"must be a mapping of entries, got {value!r}")
                 continue
-            flat.update(flatten({f"{key}.{k}": v for k, v in value.items()}, where, problems))
-            continue
-        reason = _settable(key)
-        if reason:
-            problems.add(f"{where}.{key}" if where != "--set" else f"--set {key}", reason)
+            flat.update(_assignments_of({f"{key}.{k}": v for k, v in value.items()}, where, problems))
             continue
         origin = f"--set {key}" if where == "--set" else f"{where}.{key}"
+        reason = _settable(key)
+        if reason:
+            problems.add(origin, reason)
+            continue
         checked = problems.check(_field_type(key), value, origin)
         if checked is not None or value is None:
             flat[key] = Assigned(checked, origin)
@@ -299,7 +302,9 @@ def flatten(mapping: dict[str, Any], where: str, problems: Problems) -> Assignme
 
 @dataclass(frozen=True)
 class Condition:
-    """`when:` of an override: every key must match; a list means any of its values."""
+    """`when:` of an override: every key must match; a list means any of its values. It sees the
+    values written so far (a cell field not written has CellConfig's default; an entry of a dict
+    field not written, such as a scheme's default parameter, is None)."""
 
     values: dict[str, tuple]
 
@@ -315,7 +320,7 @@ class Condition:
         return True
 
 
-def parse_condition(when: dict[str, Any], where: str, problems: Problems) -> Condition:
+def _condition_of(when: dict[str, Any], where: str, problems: Problems) -> Condition:
     values = {}
     for key, wanted in when.items():
         key = str(key)
@@ -398,10 +403,10 @@ def parse_spec(data: Any, source: str = "<spec>", sets: dict[str, Any] | None = 
     resources = problems.check(TypeAdapter(Resources), spec.resources,
                                "--set resources" if "resources" in replaced_axes else "resources")
     axes, optional = _parse_axes(spec.matrix, replaced_axes, problems)
-    defaults = flatten(spec.defaults, "defaults", problems)
-    rules = [Rule(parse_condition(o.when, f"overrides[{i}].when", problems),
-                  flatten(o.assign, f"overrides[{i}].set", problems)) for i, o in enumerate(spec.overrides)]
-    rules.append(Rule(Condition({}), flatten(command_line, "--set", problems)))
+    defaults = _assignments_of(spec.defaults, "defaults", problems)
+    rules = [Rule(_condition_of(o.when, f"overrides[{i}].when", problems),
+                  _assignments_of(o.assign, f"overrides[{i}].set", problems)) for i, o in enumerate(spec.overrides)]
+    rules.append(Rule(Condition({}), _assignments_of(command_line, "--set", problems)))
     if problems:
         raise SpecError(source, list(problems.items))
 
@@ -409,7 +414,7 @@ def parse_spec(data: Any, source: str = "<spec>", sets: dict[str, Any] | None = 
     _check_hyperparameter_names(axes, defaults, rules, problems)
     if problems:
         raise SpecError(source, list(problems.items))
-    cells = expand(axes, defaults, rules, problems)
+    cells = _expand(axes, defaults, rules, problems)
     if problems:
         raise SpecError(source, list(problems.items))
     return Plan(spec.name or default_name, source, spec.description, cells, resources, frozenset(optional))
@@ -505,7 +510,7 @@ def _check_hyperparameter_names(axes, defaults: Assignments, rules: list[Rule], 
                                               f"hyperparameter {name!r}{hint}; declared: {listing}")
 
 
-def expand(axes, defaults: Assignments, rules: list[Rule], problems: Problems) -> list[CellConfig]:
+def _expand(axes, defaults: Assignments, rules: list[Rule], problems: Problems) -> list[CellConfig]:
     """The cross product of the axes in file order, resolved and checked; identical cells once."""
     cells: dict[str, CellConfig] = {}
     for combination in itertools.product(*(entries for _, entries in axes)):
@@ -515,13 +520,13 @@ def expand(axes, defaults: Assignments, rules: list[Rule], problems: Problems) -
         for rule in rules:
             if rule.condition.matches(flat):
                 flat.update(rule.assignments)
-        cell = build_cell(flat, problems)
+        cell = _build_cell(flat, problems)
         if cell is not None:
             cells.setdefault(cell.canonical_json(), cell)
     return list(cells.values())
 
 
-def build_cell(flat: Assignments, problems: Problems) -> CellConfig | None:
+def _build_cell(flat: Assignments, problems: Problems) -> CellConfig | None:
     """One resolved cell; problems are reported at the place each offending value was written."""
     from pflbench.data.sources import make_source
     from pflbench.partitioning import make_partitioner

@@ -28,7 +28,8 @@ import pandas as pd
 
 from pflbench.config import CellConfig, cell_hash
 
-CONFIG, SUMMARY, METRICS, ROUNDS, ERROR = "config.json", "summary.json", "metrics.parquet", "rounds.parquet", "error.txt"
+CONFIG, SUMMARY, ERROR = "config.json", "summary.json", "error.txt"
+METRICS, ROUNDS = "metrics.parquet", "rounds.parquet"
 ARTIFACTS = Path("artifacts") / "arrays.npz"
 # Outcomes that are results of the configuration itself (divergence is deterministic given the seed),
 # so resuming skips them; "failed" (a crash, a lost worker) is retried.

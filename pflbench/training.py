@@ -261,12 +261,13 @@ def _sgd_step_rows(params: list[Tensor], grads, momenta: list[Tensor] | None, sg
 @torch.no_grad()
 def evaluate_clients(model: ClientModel, state: State, features: Tensor, labels: Tensor,
                      client_indices: list[Tensor], batched: bool = True,
-                     chunk: int = 1024) -> tuple[Tensor, Tensor]:
-    """Accuracy and mean loss of each client's model on its own samples: two tensors [K]."""
+                     max_samples: int = 4096) -> tuple[Tensor, Tensor]:
+    """Accuracy and mean loss of each client's model on its own samples: two tensors [K].
+    At most `max_samples` samples (over all clients) go through the model at once."""
     device = features.device
     if not batched:
         results = [evaluate_clients(model, _rows(state, k), features, labels, client_indices[k:k + 1],
-                                    batched=True, chunk=chunk) for k in range(len(client_indices))]
+                                    batched=True, max_samples=max_samples) for k in range(len(client_indices))]
         return torch.cat([a for a, _ in results]), torch.cat([l for _, l in results])
     sizes = torch.tensor([len(i) for i in client_indices], device=device)
     longest = int(sizes.max()) if len(sizes) else 0
@@ -275,6 +276,7 @@ def evaluate_clients(model: ClientModel, state: State, features: Tensor, labels:
     ids = torch.zeros(len(client_indices), longest, dtype=torch.long, device=device)
     for k, idx in enumerate(client_indices):
         ids[k, : len(idx)] = idx
+    chunk = max(1, max_samples // max(1, len(client_indices)))
     for start in range(0, longest, chunk):
         batch = ids[:, start:start + chunk]
         valid = (torch.arange(start, start + batch.shape[1], device=device) < sizes[:, None]).float()

@@ -154,16 +154,18 @@ def test_bad_hyperparameter_is_named():
         run_cell(_cell(hp={"mu": 0.1}))
 
 
-def test_worked_example_in_algorithms_readme_runs(tmp_path):
+def test_worked_example_in_algorithms_readme_runs(tmp_path, monkeypatch):
     """The README's example algorithm is real code: with mu = 0 it is FedAvg, bit for bit."""
     import re
     from pathlib import Path
 
+    from pflbench.algorithm import ALGORITHMS, get_algorithm
+
     text = (Path(__file__).parents[1] / "algorithms" / "README.md").read_text()
     code = re.search(r"```python\n(.*?)```", text, re.S).group(1)
-    from pflbench.algorithm import ALGORITHMS
-    if "myprox" not in ALGORITHMS:
-        exec(compile(code, "algorithms/README.md", "exec"), {})
+    get_algorithm("fedavg")  # the built-ins first, so the copy below holds them
+    monkeypatch.setattr(ALGORITHMS, "_entries", dict(ALGORITHMS._entries))  # registration undone after the test
+    exec(compile(code, "algorithms/README.md", "exec"), {})
     fedavg = run_cell(_cell(rounds=2), data_root=tmp_path)
     prox0 = run_cell(_cell(rounds=2, algorithm="myprox", hp={"mu": 0.0}), data_root=tmp_path)
     prox = run_cell(_cell(rounds=2, algorithm="myprox", hp={"mu": 10.0}), data_root=tmp_path)

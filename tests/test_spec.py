@@ -10,10 +10,9 @@ from pydantic import Field
 from pflbench.algorithm import ALGORITHMS, Algorithm
 from pflbench.algorithm import Hyperparams as BaseHyperparams
 from pflbench.config import cell_hash
-from pflbench.spec import SpecError, load_spec, parse_spec
+from pflbench.spec import SpecError, load_spec, parse_sets, parse_spec
 
 
-@ALGORITHMS.register("test-spec-prox")
 class ProxLike(Algorithm):
     """Only here to give specs an algorithm with hyperparameters (its training is FedAvg's)."""
 
@@ -21,6 +20,12 @@ class ProxLike(Algorithm):
 
     class Hyperparams(BaseHyperparams):
         mu: float = Field(0.01, ge=0.0)
+
+
+@pytest.fixture(autouse=True)
+def prox_like(monkeypatch):
+    """Registered only while a test of this module runs, so no other test ever sees it."""
+    monkeypatch.setitem(ALGORITHMS._entries, ProxLike.name, ProxLike)
 
 
 BASE = {
@@ -102,6 +107,15 @@ def test_overrides_apply_in_order_and_set_wins():
     assert (plan.resources.cpus, plan.resources.gpus) == (1.0, 0.25)
 
 
+def test_command_line_values_are_yaml_like_the_file(tmp_path):
+    assert parse_sets(["rounds=2", "seed=[0, 1]", "algorithm=[fedavg, local]", "lr=1e-3", "model=cnn"]) == {
+        "rounds": 2, "seed": [0, 1], "algorithm": ["fedavg", "local"], "lr": "1e-3", "model": "cnn"}
+    path = tmp_path / "e.yaml"
+    path.write_text("matrix: {algorithm: fedavg, dataset: synthetic}\ndefaults: {lr: 1e-3}\n")  # YAML: a string
+    assert load_spec(path).cells[0].lr == 0.001
+    assert load_spec(path, parse_sets(["lr=2e-3"])).cells[0].lr == 0.002
+
+
 def test_hyperparameters_apply_to_the_algorithms_that_declare_them():
     data = spec(matrix__algorithm=["fedavg", "test-spec-prox"], matrix__seed=[0])
     data["matrix"]["hp.mu"] = [0.1, 1.0]
@@ -144,7 +158,8 @@ def test_algorithm_all_means_every_registered_one():
     (spec(overides=[]), None, "bench.yaml: file: unknown key 'overides' (did you mean 'overrides'?); allowed: name, "),
     (spec(defaults={"roundz": 3}), None,
      "bench.yaml: defaults.roundz: unknown key 'roundz' (did you mean 'rounds'?); allowed: algorithm, "),
-    (spec(defaults={"rounds": "ten"}), None, "bench.yaml: defaults.rounds: Input should be a valid integer (got 'ten')"),
+    (spec(defaults={"rounds": "ten"}), None,
+     "bench.yaml: defaults.rounds: Input should be a valid integer, unable to parse string as an integer (got 'ten')"),
     (spec(matrix__clients=[0]), None,
      "bench.yaml: matrix.clients[0].clients: Input should be greater than or equal to 1 (got 0)"),
     (spec(matrix__clients=[{"clients": 4, "participation": 1.5}]), None,

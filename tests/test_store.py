@@ -22,7 +22,8 @@ from pflbench.store import Store, load_store
 def result(status="finished", accuracy=0.5, error=None) -> CellResult:
     metrics = pd.DataFrame({"round": [1, 1], "client": [0, 1], "accuracy": [accuracy, accuracy]})
     rounds = pd.DataFrame({"round": [1], "bytes_up": [10]})
-    summary = {"status": status, "final_accuracy": accuracy, "model": "mlp", "torch": "x", "dataset_checksum": "sha256:1"}
+    summary = {"status": status, "final_accuracy": accuracy, "model": "mlp", "torch": "x",
+               "dataset_checksum": "sha256:1"}
     return CellResult(status, metrics, rounds, summary, {"weights_round00001": np.eye(2)}, error)
 
 
@@ -66,10 +67,10 @@ SPEC = {
 }
 
 
-def run_cli(spec: Path, results: Path, data: Path, **kwargs) -> subprocess.Popen:
+def run_cli(spec: Path, results: Path, data: Path) -> subprocess.Popen:
     env = {**os.environ, "PFLBENCH_DATA": str(data), "PFLBENCH_DATA_MIRROR": str(data / "no-mirror")}
-    return subprocess.Popen([sys.executable, "-m", "pflbench.cli", "run", str(spec), "--results", str(results),
-                             "--no-ray"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kwargs)
+    command = [sys.executable, "-m", "pflbench.cli", "run", str(spec), "--results", str(results), "--no-ray"]
+    return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
 def summaries(results: Path) -> dict[str, str]:
