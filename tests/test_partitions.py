@@ -120,6 +120,18 @@ def test_dirichlet_respects_min_samples_and_skews_with_alpha():
     assert mean_distance_from_uniform(skewed) > 3 * mean_distance_from_uniform(mild)
 
 
+def test_dirichlet_mean_samples_per_client_shrinks_every_class_alike():
+    splits = split("dirichlet", {"mean_samples_per_client": 100}, num_clients=20)
+    counts = splits.label_counts(LABELS, NUM_CLASSES)
+    assert counts.sum() == 2000  # 20 clients x 100 on average: 200 of each class's 700
+    assert (counts.sum(axis=0) == 200).all()
+    assert len(np.unique(all_indices(splits))) == 2000
+    with pytest.raises(PartitionError, match="mean_samples_per_client=400"):
+        split("dirichlet", {"mean_samples_per_client": 400}, num_clients=20)
+    with pytest.raises(PartitionError, match="mean_samples_per_client=5.*min_samples=10"):
+        split("dirichlet", {"mean_samples_per_client": 5}, num_clients=20)
+
+
 def test_dirichlet_small_alpha_many_clients_never_hangs():
     start = time.perf_counter()
     try:

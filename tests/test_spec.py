@@ -205,3 +205,18 @@ def test_file_problems_name_the_file(tmp_path):
     (tmp_path / "broken.yaml").write_text("matrix: [unclosed\n")
     with pytest.raises(SpecError, match=r"broken.yaml: file: not valid YAML"):
         load_spec(tmp_path / "broken.yaml")
+
+
+def test_the_demo_spec_expands_to_every_algorithm_on_both_datasets():
+    from pathlib import Path
+
+    from pflbench.algorithm import ALGORITHMS, get_algorithm
+
+    get_algorithm("fedavg")  # registers the built-ins
+    plan = load_spec(Path(__file__).parents[1] / "benchmarks" / "demo.yaml")
+    algorithms = set(ALGORITHMS.names())
+    assert len(plan.cells) == len(algorithms) * 2 * 2 * 2  # datasets x partitions x seeds
+    assert {c.algorithm for c in plan.cells} == algorithms
+    assert {c.dataset for c in plan.cells} == {"fmnist", "synthetic"} and plan.optional_datasets == {"fmnist"}
+    assert {c.partition for c in plan.cells} == {"pathological", "dirichlet"}
+    assert all(c.clients == 10 for c in plan.cells)
