@@ -5,7 +5,9 @@ local epoch, whole rounds including aggregation) is timed in one process four wa
 default path, the client loop, the batched path, and centralized training of one plain model on the
 same samples, at batch 32 and at the combined batch (clients x 32). The faster centralized figure is
 "the limit": no federated simulation trains the same samples faster on the same machine.
-Each way is timed `repeats` times, interleaved, and its best time is kept (the least disturbed run).
+Each way is timed `repeats` times, interleaved with the others, one round (one epoch of the same
+samples) at a time, and its best time is kept: on a shared machine the least disturbed measurement
+is the one that tells what the code can do.
 """
 from __future__ import annotations
 
@@ -83,7 +85,7 @@ def _time_centralized(fed, batch_size: int, rounds: int) -> float:
 
 def run_bench(clients: int = 10, samples: int = 512, batch_size: int = 32,
               shape: tuple[int, ...] = (3, 32, 32), num_classes: int = 10, model: str = "cnn",
-              rounds: int = 3, repeats: int = 3, device: str = "cpu", seed: int = 0) -> dict:
+              rounds: int = 1, repeats: int = 8, device: str = "cpu", seed: int = 0) -> dict:
     device = torch.device(device)
     fed, algorithm = _bench_federation(clients, samples, batch_size, shape, num_classes, model, device, seed)
     default_batched = fed.batched  # the engine's own choice for this device

@@ -14,6 +14,7 @@ active set, so they get exactly the updates they would get alone).
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 from dataclasses import dataclass
@@ -65,6 +66,12 @@ class ClientModel:
         self.param_names = [name for name, _ in module.named_parameters()]
         self.buffer_names = [name for name, _ in module.named_buffers()]
         self.names = self.param_names + self.buffer_names
+        # name -> (the owning module's parameter or buffer dict, attribute), for `bound`
+        self._slots = {}
+        for name in self.names:
+            owner_name, _, attr = name.rpartition(".")
+            owner = self.template.get_submodule(owner_name)
+            self._slots[name] = (owner._parameters if attr in owner._parameters else owner._buffers, attr)
         # Parameters and statistics of BatchNorm layers (FedBN keeps these on the client).
         self.batchnorm_names = {
             f"{module_name}.{name}" for module_name, module in module.named_modules()
@@ -103,8 +110,25 @@ class ClientModel:
 
     def forward_single(self, state: State, x: Tensor, train: bool) -> Tensor:
         """One client's unstacked state on inputs [B, ...]: logits [B, C]."""
+        with self.bound(state, train) as net:
+            return net(x)
+
+    @contextlib.contextmanager
+    def bound(self, state: State, train: bool):
+        """The module with one client's (unstacked) tensors in place of its own, while the block
+        runs. Binding once for many steps saves functional_call's per-call swapping, a few percent
+        of a small CNN's step on a CPU."""
+        saved = []
+        for name, tensor in state.items():
+            slots, attr = self._slots[name]
+            saved.append((slots, attr, slots[attr]))
+            slots[attr] = tensor
         self.template.train(train)
-        return functional_call(self.template, state, (x,))
+        try:
+            yield self.template
+        finally:
+            for slots, attr, original in saved:
+                slots[attr] = original
 
     def _call(self, state: State, x: Tensor) -> Tensor:
         return functional_call(self.template, state, (x,))
@@ -202,32 +226,33 @@ def _train_group(model, state, features, labels, client_indices, plans, sgd, obj
     momenta = [torch.zeros_like(leaf) for leaf in leaves] if sgd.momentum else None
     loss_sum = torch.zeros(num_clients, device=device)
     full = torch.arange(num_clients)
-    for step in range(max_steps):
-        active = full[steps > step]
-        rows = None if len(active) == num_clients else active.to(device)
-        if rows is None:
-            view, aux_view, batch = work, aux, ids[:, step]
-        else:  # clients past their last step sit out: gather the active ones
-            view = {name: t[rows] for name, t in work.items()}
-            aux_view = {name: t[rows] for name, t in aux.items()}
-            batch = ids[rows, step]
-        x, y = features[batch], labels[batch]
-        if single:
-            logits = model.forward_single(view, x[0], train=True).unsqueeze(0)
-            losses = objective(logits, y, {name: t.unsqueeze(0) for name, t in view.items()}, aux_view)
-        else:
-            logits = model.forward(view, x, train=True)
-            losses = objective(logits, y, view, aux_view)
-        grads = torch.autograd.grad(losses.sum(), leaves, allow_unused=True)
-        with torch.no_grad():
+    with model.bound(work, train=True) if single else contextlib.nullcontext() as net:
+        for step in range(max_steps):
+            active = full[steps > step]
+            rows = None if len(active) == num_clients else active.to(device)
             if rows is None:
-                loss_sum += losses.detach()
-                _sgd_step(leaves, grads, momenta, sgd)
+                view, aux_view, batch = work, aux, ids[:, step]
+            else:  # clients past their last step sit out: gather the active ones
+                view = {name: t[rows] for name, t in work.items()}
+                aux_view = {name: t[rows] for name, t in aux.items()}
+                batch = ids[rows, step]
+            x, y = features[batch], labels[batch]
+            if single:
+                logits = net(x[0]).unsqueeze(0)
+                losses = objective(logits, y, {name: t.unsqueeze(0) for name, t in view.items()}, aux_view)
             else:
-                loss_sum.index_add_(0, rows, losses.detach())
-                for name in model.buffer_names:  # BatchNorm statistics of the gathered copies
-                    work[name].index_copy_(0, rows, view[name])
-                _sgd_step_rows(leaves, grads, momenta, sgd, rows)
+                logits = model.forward(view, x, train=True)
+                losses = objective(logits, y, view, aux_view)
+            grads = torch.autograd.grad(losses.sum(), leaves, allow_unused=True)
+            with torch.no_grad():
+                if rows is None:
+                    loss_sum += losses.detach()
+                    _sgd_step(leaves, grads, momenta, sgd)
+                else:
+                    loss_sum.index_add_(0, rows, losses.detach())
+                    for name in model.buffer_names:  # BatchNorm statistics of the gathered copies
+                        work[name].index_copy_(0, rows, view[name])
+                    _sgd_step_rows(leaves, grads, momenta, sgd, rows)
     mean_loss = loss_sum / steps.clamp(min=1).to(device)
     return {name: (t.detach().unsqueeze(0) if single else t.detach()) for name, t in work.items()}, mean_loss
 
