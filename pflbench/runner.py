@@ -26,6 +26,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 from rich.table import Table
 
 from pflbench.config import CellConfig, cell_hash
+from pflbench.federation import CLIENT_BATCHING
 from pflbench.spec import Plan, Resources, SpecError, describe_partition, load_spec, parse_sets
 from pflbench.store import COMPLETE, Store
 
@@ -41,6 +42,8 @@ class RunOptions:
     workers: int | None = None     # cells at once; None: as many as Ray's resources allow
     ray_address: str | None = None
     force: bool = False            # rerun cells that already have a result
+    device: str | None = None      # None: "cuda" for cells given GPUs, else "cpu"
+    client_batching: str = "auto"  # local training batched across clients: auto | on | off
 
 
 @dataclass
@@ -76,7 +79,7 @@ def failed_result(error: str):
     return CellResult("failed", pd.DataFrame(), pd.DataFrame(), {"status": "failed"}, {}, error)
 
 
-def execute_cell(cell: CellConfig, resources: Resources, data_root, mirror,
+def execute_cell(cell: CellConfig, resources: Resources, options: RunOptions,
                  report: Callable[[dict], None] | None = None):
     """Run one cell here (the driver or a Ray worker) with torch limited to the cell's CPU share.
     Returns a CellResult; an exception becomes a "failed" result carrying its traceback."""
@@ -89,8 +92,9 @@ def execute_cell(cell: CellConfig, resources: Resources, data_root, mirror,
     threads = torch.get_num_threads()
     torch.set_num_threads(max(1, int(resources.cpus)))
     try:
-        return run_cell(cell, data_root=data_root, mirror=mirror, device="cuda" if resources.gpus > 0 else "cpu",
-                        on_round=report)
+        device = options.device or ("cuda" if resources.gpus > 0 else "cpu")
+        return run_cell(cell, data_root=options.data_root, mirror=options.mirror, device=device,
+                        client_batching=options.client_batching, on_round=report)
     except Exception:
         return failed_result(traceback.format_exc())
     finally:
@@ -160,7 +164,7 @@ def run_in_process(cells: list[CellConfig], plan: Plan, options: RunOptions, sto
                            f"run with --set resources.gpus=0")
     for cell in cells:
         display.update(cell, {"round": 0})
-        result = execute_cell(cell, plan.resources, options.data_root, options.mirror,
+        result = execute_cell(cell, plan.resources, options,
                               report=lambda info, cell=cell: display.update(cell, info))
         store.write(cell, result)
         display.done(cell, result)
@@ -179,10 +183,10 @@ class ProgressBoard:
         return self.latest
 
 
-def _ray_task(cell: CellConfig, resources: Resources, data_root, mirror, board):
+def _ray_task(cell: CellConfig, resources: Resources, options: RunOptions, board):
     key = cell_hash(cell)
     board.post.remote(key, {"round": 0})
-    return execute_cell(cell, resources, data_root, mirror, report=lambda info: board.post.remote(key, info))
+    return execute_cell(cell, resources, options, report=lambda info: board.post.remote(key, info))
 
 
 def connect_ray(options: RunOptions, resources: Resources) -> bool:
@@ -222,7 +226,7 @@ def run_on_ray(cells: list[CellConfig], plan: Plan, options: RunOptions, store: 
         while waiting or running:
             while waiting and len(running) < limit:
                 cell = waiting.pop(0)
-                running[task.remote(cell, plan.resources, options.data_root, options.mirror, board)] = cell
+                running[task.remote(cell, plan.resources, options, board)] = cell
             done, _ = ray.wait(list(running), num_returns=1, timeout=0.5)
             for ref in done:
                 cell = running.pop(ref)
@@ -424,6 +428,9 @@ def add_parser(subparsers) -> None:
     run.add_argument("--ray-address", help="an existing Ray cluster (default: $RAY_ADDRESS, else a local instance)")
     run.add_argument("--no-ray", action="store_true", help="run the cells one by one in this process")
     run.add_argument("--force", action="store_true", help="rerun cells that already have a result")
+    run.add_argument("--device", help="torch device for every cell (default: cuda for cells given GPUs, else cpu)")
+    run.add_argument("--client-batching", choices=CLIENT_BATCHING, default="auto",
+                     help="local training batched across clients (auto: on CUDA, a client loop on CPU)")
     add_data_options(run)
     run.set_defaults(func=cmd_run)
 
@@ -443,7 +450,8 @@ def cmd_run(args) -> int:
         print_plan(console, plan, Store(args.results), as_json=args.json)
         return 0
     options = RunOptions(results=args.results, data_root=args.root, mirror=args.mirror, use_ray=not args.no_ray,
-                         workers=args.workers, ray_address=args.ray_address, force=args.force)
+                         workers=args.workers, ray_address=args.ray_address, force=args.force,
+                         device=args.device, client_batching=args.client_batching)
     try:
         return run_plan(plan, options, console).exit_code
     except PrepareError as error:

@@ -105,3 +105,12 @@ def test_ray_gives_the_in_process_summaries(local_ray, options, tmp_path):
         assert here["status"] == "finished" and here["hash"] == cell_hash(cell)
         assert ({k: v for k, v in here.items() if k not in volatile}
                 == {k: v for k, v in there.items() if k not in volatile})
+
+
+def test_client_batching_option_reaches_every_cell(options):
+    from dataclasses import replace
+
+    run = plan(["fedavg"], rounds=1)
+    assert run_plan(run, replace(options, client_batching="on"), quiet()).exit_code == 0
+    store = load_store(options.results)
+    assert len(store) == 2 and (store["client_batching"] == "batched").all()
