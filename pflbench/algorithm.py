@@ -24,7 +24,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
-import torch
 from pydantic import BaseModel, ConfigDict, ValidationError
 from torch import Tensor
 

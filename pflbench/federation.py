@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 import math
 import time
-import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable

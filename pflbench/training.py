@@ -97,12 +97,12 @@ class ClientModel:
     def forward(self, state: State, x: Tensor, train: bool) -> Tensor:
         """Logits [K, B, C] for inputs [K, B, ...]. In training mode BatchNorm buffers in `state`
         are updated in place, per client."""
-        self.template.train(train)
         clients, batch = x.shape[:2]
         if clients == 1:  # one client: a plain call
             return self.forward_single({name: t[0] for name, t in state.items()}, x[0], train).unsqueeze(0)
         twin = self._twins[x.device.type == "cuda"]
         if twin is None:
+            self.template.train(train)
             return vmap(self._call)(state, x)
         twin.train(train)
         out = functional_call(twin, state, (x.flatten(0, 1),))
