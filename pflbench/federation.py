@@ -182,7 +182,11 @@ def run_rounds(fed: Federation, algorithm: Algorithm, on_round=None, provenance:
                            "bytes_down": int(bytes_down.sum()), "bytes_up": int(bytes_up.sum()),
                            "wall_time": time.perf_counter() - round_start})
         if rnd % cell.eval_every == 0 or rnd == cell.rounds:
-            personal = algorithm.personalized()
+            try:  # forming personalized models may train too (e.g. FedBABU's fine-tuning)
+                personal = algorithm.personalized()
+            except Diverged as err:
+                status, diverged_round, error = "diverged", rnd, f"round {rnd}: {err}"
+                break
             accuracy, loss = fed.evaluate(personal, "test")
             if not torch.isfinite(loss).all():
                 status, diverged_round, error = "diverged", rnd, f"round {rnd}: non-finite test loss"

@@ -78,7 +78,37 @@ class ClientModel:
             if isinstance(module, nn.modules.batchnorm._BatchNorm)
             for name, _ in [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]
         }
+        self.layers = self._layer_groups()
         self._module = module  # kept for initial values
+
+    def _layer_groups(self) -> list[list[str]]:
+        """Tensor names (parameters and buffers) grouped by layer, input to output: a layer is a
+        module owning parameters, in parameter order; a BatchNorm module joins the layer before it
+        (it normalizes that layer's output) and buffers go with their module. Partial
+        personalization (FedPer, LG-FedAvg, FedBABU, ...) splits models by these layers."""
+        def owner(name: str) -> str:
+            return name.rpartition(".")[0]
+
+        bn_modules = {owner(n) for n in self.batchnorm_names}
+        groups: list[list[str]] = []
+        module_group: dict[str, int] = {}
+        for name in self.param_names:
+            module = owner(name)
+            if module not in module_group:
+                module_group[module] = len(groups) - 1 if module in bn_modules and groups else len(groups)
+                if module_group[module] == len(groups):
+                    groups.append([])
+            groups[module_group[module]].append(name)
+        for name in self.buffer_names:  # a buffer of a parameterless module stays with the first layer
+            groups[module_group.get(owner(name), 0)].append(name)
+        return groups
+
+    def split_layers(self, last: int) -> tuple[set[str], set[str]]:
+        """(names of all but the last `last` layers, names of the last `last` layers)."""
+        if not 0 <= last <= len(self.layers):
+            raise ValueError(f"the model has {len(self.layers)} layers; cannot split off the last {last}")
+        cut = len(self.layers) - last
+        return ({n for g in self.layers[:cut] for n in g}, {n for g in self.layers[cut:] for n in g})
 
     def init(self, num_clients: int, seed: int, device: torch.device | str = "cpu") -> State:
         """Every client starts from the same initial model, drawn from `seed`."""

@@ -439,16 +439,8 @@ def test_synthetic_images_are_seeded_uint8_images(channels, size):
     assert not torch.equal(ds.inputs, other.inputs)
 
 
-@pytest.fixture
-def one_thread():
-    """Small convolutions on a shared machine run far faster on one thread than contending on many."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
-
-def test_synthetic_images_are_learnable_but_not_trivial(one_thread):
+def test_synthetic_images_are_learnable_but_not_trivial():
     torch.manual_seed(0)
     ds = load_dataset("synthetic-images", num_samples=1000, seed=0)
     x, y = ds.normalized(), ds.labels

@@ -1,0 +1,135 @@
+"""APFL, Adaptive Personalized Federated Learning (Deng, Kamani, Mahdavi, 2020).
+
+What the paper says: every client keeps a local model v_i and a mixing weight alpha_i in [0, 1]
+besides its copy of the global model w. Its personalized model is the mixture
+    vbar_i = alpha_i * v_i + (1 - alpha_i) * w.
+Each local step updates w on the client loss f_i(w) (the global part is FedAvg: clients upload w,
+the server averages), v_i on the loss of the mixture, f_i(vbar_i) (so v_i moves by
+alpha_i * grad f_i(vbar_i)), and, in the adaptive variant, alpha_i by its own gradient
+<v_i - w, grad f_i(vbar_i)>, projected onto [0, 1]. The paper's experiments use fixed
+alpha in {0.25, 0.5, 0.75} and the adaptive variant; v_i and alpha_i never leave the client.
+
+How this implementation maps it onto the engine (and where the paper is silent):
+- Mixture anchor: the mixture uses the global model w-bar the client *downloaded* this round
+  (fixed during the round), as in the issue's definition w_i = alpha_i v_i + (1 - alpha_i) w-bar;
+  the paper mixes with the client's concurrently-updated copy. The personalized model evaluated is
+  alpha_i v_i + (1 - alpha_i) w_global with the current global model, so alpha = 0 evaluates
+  exactly FedAvg's global model and alpha = 1 exactly v_i.
+- Batched training of v_i: with w-bar fixed, an SGD step of v_i on f_i(alpha v_i + (1 - alpha) w-bar)
+  moves the mixture m_i by -lr * alpha_i^2 * grad f_i(m_i). So the engine trains m_i directly with
+  the objective alpha_i^2 * CE (one batched `fed.train` call; momentum scales the same way) and
+  v_i is recovered as v_i + (m_new - m_old) / alpha_i (unchanged where alpha_i = 0, where its
+  gradient is 0). Weight decay, if the cell sets any, then acts on the mixture, not on v_i.
+- The global copy w trains with the engine's default batch order (salt 0), so APFL's global model
+  is bit-identical to FedAvg's; v_i uses its own order (salt `PERSONAL_SALT`), alpha_i a third.
+- alpha_i update (`learn_alpha`): the paper takes one alpha step per local step with the models'
+  learning rate. Here, after the round's v_i steps, alpha_i takes as many SGD steps (one mini-batch
+  each, same batch size) as v_i took, with rate `alpha_lr` (default None = the cell's lr), on the
+  gradient of the mixture's CE with respect to alpha_i (autograd, v_i and w-bar fixed, BatchNorm in
+  eval mode), then is clipped to [0, 1].
+- Defaults: alpha = 0.25 initial value (the smallest value of the paper's grid; the mixture leans
+  on the global model at the start), learn_alpha = True (the paper's adaptive method). Each v_i
+  starts from the common initial model.
+- Communication: exactly FedAvg's; v_i and alpha_i stay on the client.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from pflbench.algorithm import ALGORITHMS, Algorithm, Hyperparams
+from pflbench.training import batch_plan, cross_entropy
+
+
+def _scale(alpha: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    return alpha.view(-1, *([1] * (like.dim() - 1))).to(like.dtype)
+
+
+@ALGORITHMS.register("apfl")
+class APFL(Algorithm):
+    name = "apfl"
+    PERSONAL_SALT = 0xA9F1
+    ALPHA_SALT = 0xA9F2
+
+    class Hyperparams(Hyperparams):
+        alpha: float = 0.25          # initial (or, with learn_alpha=False, fixed) mixing weight
+        learn_alpha: bool = True     # the paper's adaptive alpha
+        alpha_lr: float | None = None  # None: the cell's lr
+
+    search_space = {"alpha": ("uniform", 0.0, 1.0), "learn_alpha": ("choice", [True, False])}
+
+    def setup(self) -> None:
+        super().setup()
+        if not 0.0 <= self.hp.alpha <= 1.0:
+            raise ValueError(f"apfl: alpha must be in [0, 1], got {self.hp.alpha}")
+        n = self.fed.num_clients
+        self.local_state = self.fed.init_state(n)  # v_i
+        self.alpha = torch.full((n,), float(self.hp.alpha), device=self.fed.device)
+
+    def mix(self, alpha: torch.Tensor, local, glob):
+        """alpha * v + (1 - alpha) * w for floating tensors; integer buffers (BatchNorm counters)
+        taken from the global model."""
+        return {n: (_scale(alpha, local[n]) * local[n] + (1 - _scale(alpha, local[n])) * glob[n]
+                    if local[n].is_floating_point() else glob[n].clone())
+                for n in local}
+
+    def local_train(self, rnd, clients, state):
+        anchor = {n: t.detach().clone() for n, t in state.items()}  # w-bar, as downloaded
+        global_update = self.fed.train(rnd, clients, state).state
+
+        alpha = self.alpha[clients]
+        local = {n: t[clients] for n, t in self.local_state.items()}
+        mixed = self.mix(alpha, local, anchor)
+        weight = alpha ** 2
+
+        def objective(logits, labels, model_state, aux):
+            return aux["alpha2"] * cross_entropy(logits, labels, model_state, aux)
+
+        trained = self.fed.train(rnd, clients, mixed, objective=objective, aux={"alpha2": weight},
+                                 salt=self.PERSONAL_SALT).state
+        params = set(self.fed.model.param_names)
+        for n in local:
+            if n in params:
+                a = _scale(alpha, local[n])
+                step = torch.where(a > 0, (trained[n] - mixed[n]) / torch.where(a > 0, a, torch.ones_like(a)),
+                                   torch.zeros_like(a))
+                self.local_state[n][clients] = local[n] + step
+            else:  # BatchNorm statistics: those the mixture accumulated on the client's data
+                self.local_state[n][clients] = trained[n]
+        if self.hp.learn_alpha:
+            self.alpha[clients] = self._update_alpha(rnd, clients, alpha, anchor)
+        return global_update
+
+    def _update_alpha(self, rnd, clients, alpha, glob):
+        """SGD on alpha_i of CE(alpha_i v_i + (1 - alpha_i) w-bar), v_i and w-bar fixed; one step per
+        local step of the round, projected onto [0, 1]."""
+        fed = self.fed
+        lr = self.hp.alpha_lr if self.hp.alpha_lr is not None else fed.cell.lr
+        local = {n: t[clients] for n, t in self.local_state.items()}
+        indices = [fed.splits["train"][c] for c in clients.tolist()]
+        plans = batch_plan([len(i) for i in indices], fed.cell.batch_size, fed.cell.local_epochs, None,
+                           fed.batch_generators(rnd, clients, self.ALPHA_SALT))
+        alpha = alpha.clone()
+        steps = max((len(p) for p in plans), default=0)
+        for step in range(steps):
+            active = torch.tensor([len(p) > step for p in plans], device=fed.device)
+            batch = torch.stack([idx[p[min(step, len(p) - 1)].to(idx.device)] if len(p) else
+                                 torch.zeros(fed.cell.batch_size, dtype=torch.long, device=fed.device)
+                                 for p, idx in zip(plans, indices)])
+            leaf = alpha.detach().clone().requires_grad_(True)
+            logits = fed.model.forward(self.mix(leaf, local, glob), fed.features[batch], train=False)
+            y = fed.labels[batch]
+            loss = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none").view(y.shape).mean(1)
+            (grad,) = torch.autograd.grad(loss.sum(), leaf)
+            with torch.no_grad():
+                alpha = torch.where(active, (alpha - lr * grad).clamp(0.0, 1.0), alpha)
+        return alpha.detach()
+
+    def personalized(self):
+        n = self.fed.num_clients
+        glob = {k: t.expand(n, *t.shape[1:]) for k, t in self.global_state.items()}
+        return self.mix(self.alpha, self.local_state, glob)
+
+    def artifacts(self):
+        return {"alpha": self.alpha.detach().cpu().numpy().astype(np.float32)}

@@ -1,0 +1,80 @@
+"""FedBABU (Oh, Kim & Yun, ICLR 2022, "FedBABU: Toward Enhanced Representation for Federated Image
+Classification"): FedAvg over the *body* only. The *head* (the last linear classifier) keeps its random
+initialization throughout federated training — never updated, never sent, identical on every client
+because all clients start from the same initial model — and each client fine-tunes for
+personalization only at evaluation time.
+
+What the paper says: body = every layer but the last linear layer; the head is randomly initialized
+and frozen during local updates and aggregation; personalization fine-tunes on each client's own
+training data for tau_f epochs, with the same optimizer settings as local training, and its
+personalized results fine-tune the *whole* model (body and head; the paper also studies fine-tuning
+parts of it) with tau_f = 5 in its main tables (tau_f from 1 to 20 in its ablations).
+
+Chosen here:
+- head = the last layer (`ClientModel.layers`, by position; no hard-coded names).
+- `finetune_epochs` default 5 (the paper's tau_f), search int 1..10; `finetune` default "full"
+  (the paper's choice), or "head" for head-only fine-tuning. lr/momentum/batch size: the cell's.
+- Fine-tuning runs in `personalized()` on ALL clients (not only the ones sampled that round), from the
+  current global body with the initial head, with a fixed batch order (round 0, a fixed salt) so that
+  it does not depend on when it is evaluated; it never touches the global or client state (what is
+  federated stays body-only). Its result is cached until the next aggregation, so asking twice costs
+  nothing. Cost: finetune_epochs local epochs on every client per evaluation (`eval_every`).
+- A fine-tuning that diverges makes the evaluated models non-finite, so the engine records the
+  cell as diverged at that round instead of failing.
+"""
+from typing import Literal
+
+import torch
+from pydantic import Field
+
+from pflbench.algorithm import ALGORITHMS, Algorithm, Hyperparams
+from pflbench.training import Diverged
+
+
+FINETUNE_SALT = 0xBAB0  # batch order of the evaluation-time fine-tuning, distinct from the rounds'
+
+
+@ALGORITHMS.register("fedbabu")
+class FedBABU(Algorithm):
+    name = "fedbabu"
+
+    class Hyperparams(Hyperparams):
+        finetune_epochs: int = Field(5, ge=0)
+        finetune: Literal["full", "head"] = "full"
+
+    search_space = {"finetune_epochs": ("int", 1, 10)}
+
+    def setup(self) -> None:
+        super().setup()
+        _, self._head = self.fed.model.split_layers(1)
+        self._body_params = [n for n in self.fed.model.param_names if n not in self._head]
+        self._version = 0
+        self._cached: tuple[int, dict] | None = None
+
+    def is_local(self, name: str) -> bool:
+        return name in self._head  # the frozen head: never sent, never aggregated
+
+    def local_train(self, rnd, clients, state):
+        return self.fed.train(rnd, clients, state, trainable=self._body_params).state
+
+    def aggregate(self, rnd, clients, upload) -> None:
+        super().aggregate(rnd, clients, upload)
+        self._version += 1
+
+    def personalized(self):
+        if self._cached is not None and self._cached[0] == self._version:
+            return self._cached[1]
+        start = super().personalized()  # global body + each client's (initial) head
+        if self.hp.finetune_epochs == 0:
+            return start
+        everyone = torch.arange(self.fed.num_clients, device=self.fed.device)
+        trainable = (self.fed.model.param_names if self.hp.finetune == "full"
+                     else [n for n in self.fed.model.param_names if n in self._head])
+        try:
+            tuned = self.fed.train(0, everyone, start, trainable=trainable,
+                                   epochs=self.hp.finetune_epochs, salt=FINETUNE_SALT).state
+        except Diverged:
+            tuned = {n: torch.full_like(t, float("nan")) if t.is_floating_point() else t
+                     for n, t in start.items()}
+        self._cached = (self._version, tuned)
+        return tuned

@@ -1,0 +1,122 @@
+"""L2GD, Loopless Local Gradient Descent (Hanzely & Richtárik 2020, "Federated learning of a
+mixture of global and local models").
+
+What the paper says: the objective mixes local and global models,
+    min_{x_1..x_n}  f(x) + lambda * psi(x),   f(x) = 1/n sum_i f_i(x_i),
+    psi(x) = 1/(2n) sum_i ||x_i - xbar||^2,   xbar = 1/n sum_i x_i,
+(lambda = 0: pure local models; lambda -> infinity: one global model). L2GD is SGD on it with a
+random choice of term: at every iteration a coin xi ~ Bernoulli(p) is tossed;
+- xi = 0 (probability 1 - p): local step on every device, x_i <- x_i - alpha / (n (1 - p)) grad f_i(x_i),
+  no communication;
+- xi = 1 (probability p): aggregation step, x_i <- x_i - alpha lambda / (n p) (x_i - xbar), which
+  needs the devices' models averaged (communication); alpha lambda / (n p) = 1 is full averaging,
+  values in (0, 1) only pull the local models toward the average. Communication only on the
+  probability-p iterations; expected local steps between them (1 - p) / p.
+
+How it maps onto the engine's rounds (the adaptation):
+- One round = one coin toss of the paper's loop. A local round runs the cell's `local_epochs` of
+  local SGD on each sampled client (instead of a single gradient step), at the cell's lr; the
+  paper's local step size alpha / (n (1 - p)) is identified with the cell's lr, i.e. the paper's
+  alpha = lr * n (1 - p). A communicating round makes no gradient step: it is the paper's
+  aggregation step x_i <- x_i - theta (x_i - xbar) with
+      theta = alpha lambda / (n p) = lr * lambda * (1 - p) / p,
+  clipped to 1 (full averaging; the paper requires theta <= 1).
+- Coins come from a generator seeded by the cell seed (`coin_flips`), drawn once for all rounds:
+  runs are reproducible and every sweep point with the same seed and p sees the same coins.
+- Communication: local rounds send and receive nothing (configure/send return {}). On a
+  communicating round each sampled client uploads its model and downloads xbar: one model each
+  way. The engine calls `configure` (download) before `send` (upload); in this simulation the
+  server computes xbar from the clients' current models in `configure`, and `send` returns exactly
+  those pre-pull models, so both directions are counted in that round.
+- xbar is the plain mean over the sampled clients (the paper's 1/n, not FedAvg's sample weights);
+  with partial participation only the sampled clients average and are pulled, and only sampled
+  clients train in local rounds. Integer buffers (BatchNorm counters) take the maximum.
+- The personalized model of each client is its own x_i (evaluated every round); the server's
+  global_state holds the last xbar (for inspection only).
+- Defaults (the paper sweeps p and lambda; no single recommended value): p = 0.2 (a communication
+  every fifth round in expectation, a typical point of its sweep), lambda = 10 (theta = 0.4 at
+  lr = 0.01: a real pull without full averaging). Search space: p uniform [0.05, 0.9], lambda
+  log-uniform [0.1, 1000].
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from pflbench.algorithm import ALGORITHMS, Algorithm, Hyperparams
+
+
+def coin_flips(seed: int, rounds: int, p: float) -> np.ndarray:
+    """The communication coin of every round (index rnd - 1): True with probability p."""
+    rng = np.random.default_rng([seed, 0x1260])
+    return rng.random(rounds) < p
+
+
+@ALGORITHMS.register("l2gd")
+class L2GD(Algorithm):
+    name = "l2gd"
+
+    class Hyperparams(Hyperparams):
+        lam: float = 10.0   # lambda, weight of the distance-to-average penalty
+        p: float = 0.2      # probability that a round communicates (aggregation step)
+
+    search_space = {"lam": ("loguniform", 0.1, 1000.0), "p": ("uniform", 0.05, 0.9)}
+
+    def setup(self) -> None:
+        super().setup()
+        if not 0.0 < self.hp.p < 1.0:
+            raise ValueError(f"l2gd: p must be in (0, 1), got {self.hp.p}")
+        if self.hp.lam < 0:
+            raise ValueError(f"l2gd: lam must be >= 0, got {self.hp.lam}")
+        self.coins = coin_flips(self.fed.cell.seed, self.fed.cell.rounds, self.hp.p)
+        self._uploaded = None
+
+    @property
+    def theta(self) -> float:
+        """The aggregation step's pull toward the average, alpha lambda / (n p), at most 1."""
+        p = self.hp.p
+        return min(1.0, self.fed.cell.lr * self.hp.lam * (1.0 - p) / p)
+
+    def communicates(self, rnd: int) -> bool:
+        return bool(self.coins[rnd - 1])
+
+    def configure(self, rnd, clients):
+        if not self.communicates(rnd):
+            return {}
+        # The sampled clients' current models (what they upload, see `send`) and their mean.
+        self._uploaded = {n: t[clients].clone() for n, t in self.client_state.items()}
+        k = len(clients)
+        self.global_state = {
+            n: (t.mean(0, keepdim=True) if t.is_floating_point() else t.max(0, keepdim=True).values)
+            for n, t in self._uploaded.items()}
+        return {n: t.expand(k, *t.shape[1:]) for n, t in self.global_state.items()}
+
+    def receive(self, rnd, clients, download):
+        own = {n: t[clients] for n, t in self.client_state.items()}
+        if not download:
+            return own
+        theta = self.theta
+        return {n: (x - theta * (x - download[n]) if x.is_floating_point() else download[n].clone())
+                for n, x in own.items()}
+
+    def local_train(self, rnd, clients, state):
+        if self.communicates(rnd):
+            return state  # the aggregation step makes no gradient step
+        return self.fed.train(rnd, clients, state).state
+
+    def send(self, rnd, clients, state):
+        for n, t in state.items():
+            self.client_state[n][clients] = t
+        if not self.communicates(rnd):
+            return {}
+        uploaded, self._uploaded = self._uploaded, None
+        return uploaded
+
+    def aggregate(self, rnd, clients, upload):
+        pass  # the average was formed in `configure`; nothing else to do
+
+    def personalized(self):
+        return self.client_state
+
+    def artifacts(self):
+        return {"communicated": self.coins.astype(np.int8)}
