@@ -38,6 +38,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from pydantic import Field
+
 from pflbench.algorithm import ALGORITHMS, Algorithm, Hyperparams
 from pflbench.training import batch_plan, cross_entropy
 
@@ -53,16 +55,14 @@ class APFL(Algorithm):
     ALPHA_SALT = 0xA9F2
 
     class Hyperparams(Hyperparams):
-        alpha: float = 0.25          # initial (or, with learn_alpha=False, fixed) mixing weight
+        alpha: float = Field(0.25, ge=0.0, le=1.0)         # initial (or, with learn_alpha=False, fixed) mixing weight
         learn_alpha: bool = True     # the paper's adaptive alpha
-        alpha_lr: float | None = None  # None: the cell's lr
+        alpha_lr: float | None = Field(None, gt=0.0)  # None: the cell's lr
 
     search_space = {"alpha": ("uniform", 0.0, 1.0), "learn_alpha": ("choice", [True, False])}
 
     def setup(self) -> None:
         super().setup()
-        if not 0.0 <= self.hp.alpha <= 1.0:
-            raise ValueError(f"apfl: alpha must be in [0, 1], got {self.hp.alpha}")
         n = self.fed.num_clients
         self.local_state = self.fed.init_state(n)  # v_i
         self.alpha = torch.full((n,), float(self.hp.alpha), device=self.fed.device)

@@ -26,7 +26,8 @@ Where the paper is silent / what was chosen here:
 """
 from __future__ import annotations
 
-import torch
+
+from pydantic import Field
 
 from pflbench.algorithm import ALGORITHMS, Algorithm, Hyperparams
 from pflbench.training import cross_entropy
@@ -39,15 +40,13 @@ class Ditto(Algorithm):
     PERSONAL_SALT = 0xD1770
 
     class Hyperparams(Hyperparams):
-        lam: float = 0.1                  # lambda of the proximal term, >= 0
-        personal_epochs: int | None = None  # None: the cell's local_epochs
+        lam: float = Field(0.1, ge=0.0)  # lambda of the proximal term, >= 0
+        personal_epochs: int | None = Field(None, ge=1)  # None: the cell's local_epochs
 
     search_space = {"lam": ("loguniform", 1e-3, 10.0), "personal_epochs": ("int", 1, 5)}
 
     def setup(self) -> None:
         super().setup()
-        if self.hp.lam < 0:
-            raise ValueError(f"ditto: lam must be >= 0, got {self.hp.lam}")
         # Every client's personal model v_k [N, ...]; never sent.
         self.personal_state = self.fed.init_state(self.fed.num_clients)
 

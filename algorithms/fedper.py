@@ -16,6 +16,8 @@ with it. Evaluation uses the global base with each client's own head, with no ex
 """
 from __future__ import annotations
 
+from pydantic import Field
+
 from pflbench.algorithm import ALGORITHMS, Algorithm, Hyperparams
 
 
@@ -24,7 +26,7 @@ class FedPer(Algorithm):
     name = "fedper"
 
     class Hyperparams(Hyperparams):
-        personal_layers: int = 1
+        personal_layers: int = Field(1, ge=0)
 
     search_space = {"personal_layers": ("choice", [1, 2, 3])}
 

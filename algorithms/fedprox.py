@@ -13,7 +13,8 @@ Where it was silent / what was chosen here:
   heterogeneity experiment, not part of the algorithm's objective).
 - mu = 0 uses the base class's plain local training, so FedProx(mu=0) is FedAvg bit for bit.
 """
-import torch
+
+from pydantic import Field
 
 from pflbench.algorithm import ALGORITHMS, Algorithm, Hyperparams
 from pflbench.training import cross_entropy
@@ -24,7 +25,7 @@ class FedProx(Algorithm):
     name = "fedprox"
 
     class Hyperparams(Hyperparams):
-        mu: float = 0.01
+        mu: float = Field(0.01, ge=0.0)
 
     search_space = {"mu": ("loguniform", 1e-3, 1.0)}
 

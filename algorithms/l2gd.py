@@ -41,7 +41,8 @@ How it maps onto the engine's rounds (the adaptation):
 from __future__ import annotations
 
 import numpy as np
-import torch
+
+from pydantic import Field
 
 from pflbench.algorithm import ALGORITHMS, Algorithm, Hyperparams
 
@@ -57,17 +58,13 @@ class L2GD(Algorithm):
     name = "l2gd"
 
     class Hyperparams(Hyperparams):
-        lam: float = 10.0   # lambda, weight of the distance-to-average penalty
-        p: float = 0.2      # probability that a round communicates (aggregation step)
+        lam: float = Field(10.0, ge=0.0)   # lambda, weight of the distance-to-average penalty
+        p: float = Field(0.2, gt=0.0, lt=1.0)      # probability that a round communicates (aggregation step)
 
     search_space = {"lam": ("loguniform", 0.1, 1000.0), "p": ("uniform", 0.05, 0.9)}
 
     def setup(self) -> None:
         super().setup()
-        if not 0.0 < self.hp.p < 1.0:
-            raise ValueError(f"l2gd: p must be in (0, 1), got {self.hp.p}")
-        if self.hp.lam < 0:
-            raise ValueError(f"l2gd: lam must be >= 0, got {self.hp.lam}")
         self.coins = coin_flips(self.fed.cell.seed, self.fed.cell.rounds, self.hp.p)
         self._uploaded = None
 

@@ -16,6 +16,8 @@ Layers are grouped generically by position (`ClientModel.layers`; BatchNorm goes
 the layer before it, so on `cnn-bn` BatchNorm is local, as in FedBN). Aggregation is weighted by
 training samples, like every FedAvg-based method here (the original code averages uniformly).
 """
+from pydantic import Field
+
 from pflbench.algorithm import ALGORITHMS, Algorithm, Hyperparams
 
 
@@ -25,7 +27,7 @@ class LGFedAvg(Algorithm):
     name = "lg-fedavg"
 
     class Hyperparams(Hyperparams):
-        global_layers: int = 2
+        global_layers: int = Field(2, ge=0)
 
     search_space = {"global_layers": ("choice", [1, 2, 3])}
 

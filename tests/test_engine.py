@@ -208,3 +208,12 @@ def test_grouped_convolution_twin_equals_convolution_loop():
         grads.append(params["conv1.weight"].grad)
     torch.testing.assert_close(outputs[0], outputs[1], atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(grads[0], grads[1], atol=1e-3, rtol=1e-3)
+
+
+@pytest.mark.parametrize("algorithm,hp,field", [("l2gd", {"p": 1.5}, "p"), ("ditto", {"lam": -1}, "lam"),
+                                                 ("apfl", {"alpha": 2.0}, "alpha"), ("fedprox", {"mu": -0.1}, "mu")])
+def test_out_of_range_hyperparameter_is_refused_before_any_work(algorithm, hp, field):
+    from pflbench.algorithm import get_algorithm
+
+    with pytest.raises(ValueError, match=f"bad hyperparameters for algorithm '{algorithm}': {field}:"):
+        get_algorithm(algorithm).parse_hyperparams(hp)
