@@ -1,0 +1,233 @@
+"""pFedLA and HeurpFedLA (Ma, Zhang, Guo, Xu; CVPR 2022): layer-wise personalized aggregation
+learned by one hypernetwork per client on the server.
+
+What the paper says (Section 3, Algorithms 1-2):
+- The server keeps every client's latest parameters theta_j and, per client i, an embedding v_i and
+  a hypernetwork HN_i(v_i; psi_i) whose output alpha_i holds one weight per (layer, source client),
+  each layer's weights summing to 1 (Eq. 3).
+- Client i receives the layer-wise aggregate theta_bar_i^l = sum_j alpha_i^{l,j} theta_j^l
+  (Eq. 5-6), trains it for some local epochs and returns delta_i = theta_i - theta_bar_i.
+- The server sets theta_i = theta_bar_i + delta_i and updates v_i and psi_i through the chain rule
+  (Eq. 10-11): Delta psi_i = (d theta_bar_i / d psi_i)^T delta_i, applied as psi_i += lr * Delta psi_i.
+  Sign: local SGD moves along -grad L_i, so delta_i ~ -eta * grad L_i and the rule descends L_i.
+  Here it is computed as the gradient of <theta_bar_i, -delta_i> and handed to plain SGD, which is
+  the same step; a test checks it against finite differences and checks that the loss goes down.
+- HeurpFedLA: each round, client i keeps the k layers with the largest self-weight alpha_i^{l,i}
+  (k = 1 in Tables 1-2) and neither receives nor sends them (Table 3: less communication).
+
+Where the paper is silent (no official code exists) and what was chosen:
+- Hypernetwork structure, as public reconstructions have it: embedding (dim 100) -> 3 x
+  [Linear(100), ReLU] -> one head per layer Linear(100 -> N) with weights U(0, 1) and bias 0, ReLU,
+  then normalization per layer; a layer whose outputs are all zero falls back to the client's own
+  parameters. Hypernetwork (and embedding) learning rate 5e-3, plain SGD.
+- What a "layer" is: `layer="block"` (default) uses the engine's layer groups (a conv or linear
+  module together with the BatchNorm that follows it: 5 layers for the pFedHN CNN); `layer="tensor"`
+  gives every parameter tensor (weights and biases apart) its own weights.
+- BatchNorm statistics (buffers) are never aggregated: they stay on the client (the paper's Table
+  setting; the survey's FedBN argument).
+- The personalized model evaluated for client i is theta_bar_i formed from the current
+  hypernetwork: the model the server would send it now (for HeurpFedLA, with its own retained
+  layers). A client that was never sampled still gets one.
+- HeurpFedLA's retained layers are not uploaded, so the server's copy of them (used by other
+  clients' aggregation) is the client's last upload of that layer: stale, as in the paper's
+  Algorithm 2 where only Delta theta of the aggregated layers reaches the server. The hypernetwork
+  gets no signal from retained layers in that round.
+- Everything is batched across clients: each sampled client's hypernetwork row, the aggregation
+  (one contraction per tensor over the stacked parameters of all clients) and the update.
+
+Artifacts: `alpha` [N, L, N] (client i's weights over source clients j for layer l) and
+`alpha_layers` (the L layer names), every evaluation round.
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from pydantic import Field
+from torch import Tensor
+
+from pflbench.algorithm import ALGORITHMS, Algorithm, Hyperparams
+
+
+@ALGORITHMS.register("pfedla")
+class PFedLA(Algorithm):
+    name = "pfedla"
+
+    class Hyperparams(Hyperparams):
+        hn_lr: float = Field(5e-3, gt=0)          # hypernetwork and embedding learning rate
+        embed_dim: int = Field(100, ge=1)
+        hidden_dim: int = Field(100, ge=1)
+        hidden_layers: int = Field(3, ge=1)       # Linear + ReLU blocks before the heads
+        layer: Literal["block", "tensor"] = "block"
+        retain_layers: int = Field(0, ge=0)       # k of HeurpFedLA: layers kept local each round
+
+    search_space = {"hn_lr": ("loguniform", 1e-4, 1e-1), "hidden_layers": ("int", 1, 4)}
+
+    # ---- the hypernetworks: one per client, stacked along the client dimension -------------------
+    def setup(self) -> None:
+        fed, hp = self.fed, self.hp
+        n = fed.num_clients
+        self.client_state = fed.init_state(n)          # what each client holds (incl. BN statistics)
+        params = fed.model.param_names
+        self.server_params = {p: self.client_state[p].clone() for p in params}  # theta_j on the server
+        if hp.layer == "block":
+            groups = [[p for p in group if p in params] for group in fed.model.layers]
+            self.layer_names = [group[0].rpartition(".")[0] or group[0] for group in groups]
+        else:
+            groups = [[p] for p in params]
+            self.layer_names = list(params)
+        self.layer_params = [g for g in groups if g]
+        self.layer_of = {p: i for i, g in enumerate(self.layer_params) for p in g}
+        if hp.retain_layers >= len(self.layer_params):
+            raise ValueError(f"retain_layers={hp.retain_layers} keeps every one of the model's "
+                             f"{len(self.layer_params)} layers local; choose fewer")
+        gen = torch.Generator().manual_seed(fed.cell.seed * 7919 + 17)
+
+        def linear(fan_in: int, fan_out: int) -> tuple[Tensor, Tensor]:
+            bound = 1 / fan_in ** 0.5  # nn.Linear's default initialization, one draw per client
+            w = (torch.rand(n, fan_out, fan_in, generator=gen) * 2 - 1) * bound
+            b = (torch.rand(n, fan_out, generator=gen) * 2 - 1) * bound
+            return w, b
+
+        dims = [hp.embed_dim] + [hp.hidden_dim] * hp.hidden_layers
+        tensors = {"embedding": torch.randn(n, hp.embed_dim, generator=gen)}
+        for i in range(hp.hidden_layers):
+            tensors[f"mlp{i}.weight"], tensors[f"mlp{i}.bias"] = linear(dims[i], dims[i + 1])
+        num_layers = len(self.layer_params)
+        tensors["heads.weight"] = torch.rand(n, num_layers, n, hp.hidden_dim, generator=gen)  # U(0, 1)
+        tensors["heads.bias"] = torch.zeros(n, num_layers, n)
+        self.hypernet = {k: t.to(fed.device).requires_grad_() for k, t in tensors.items()}
+        self._alpha_cache: Tensor | None = None
+
+    def alphas(self, rows: Tensor) -> Tensor:
+        """Aggregation weights of clients `rows`: [K, L, N], non-negative, each (k, l) summing to 1."""
+        hn = self.hypernet
+        h = hn["embedding"][rows]
+        for i in range(self.hp.hidden_layers):
+            h = F.relu(torch.einsum("kd,kod->ko", h, hn[f"mlp{i}.weight"][rows]) + hn[f"mlp{i}.bias"][rows])
+        raw = F.relu(torch.einsum("kd,kljd->klj", h, hn["heads.weight"][rows]) + hn["heads.bias"][rows])
+        total = raw.sum(-1, keepdim=True)
+        own = F.one_hot(rows, self.fed.num_clients).to(raw.dtype)[:, None, :].expand_as(raw)
+        return torch.where(total > 0, raw / total.clamp_min(1e-12), own)
+
+    def aggregate_params(self, alpha: Tensor, names=None) -> dict[str, Tensor]:
+        """theta_bar[k] per parameter tensor: sum_j alpha[k, layer, j] * theta_j (Eq. 6)."""
+        names = self.fed.model.param_names if names is None else names
+        return {p: torch.einsum("kj,j...->k...", alpha[:, self.layer_of[p]], self.server_params[p])
+                for p in names}
+
+    def retained(self, alpha: Tensor, rows: Tensor) -> Tensor:
+        """[K, L] bool: the k layers with the largest self-weight (HeurpFedLA), per client."""
+        keep = torch.zeros(alpha.shape[:2], dtype=torch.bool, device=alpha.device)
+        if self.hp.retain_layers:
+            self_weight = alpha[torch.arange(len(rows)), :, rows]  # [K, L]
+            top = self_weight.topk(self.hp.retain_layers, dim=1).indices
+            keep.scatter_(1, top, True)
+        return keep
+
+    # ---- the round -------------------------------------------------------------------------------
+    def configure(self, rnd, clients):
+        with torch.no_grad():
+            alpha = self.alphas(clients)
+            self._keep = self.retained(alpha, clients)           # [K, L]
+            self._theta_bar = self.aggregate_params(alpha)
+        return self._message(self._theta_bar, self._keep)
+
+    def _message(self, tensors: dict[str, Tensor], keep: Tensor) -> dict:
+        """Every parameter tensor, without the rows' retained layers (then a ragged entry)."""
+        if not self.hp.retain_layers:
+            return dict(tensors)
+        return {p: [None if keep[k, self.layer_of[p]] else t[k] for k in range(len(t))]
+                for p, t in tensors.items()}
+
+    def receive(self, rnd, clients, download):
+        state = {}
+        for name, own in self.client_state.items():
+            if name not in download:                              # buffers: the client's own
+                state[name] = own[clients]
+            else:
+                rows = download[name]
+                state[name] = (rows if isinstance(rows, Tensor) else
+                               torch.stack([own[c] if r is None else r for r, c in zip(rows, clients.tolist())]))
+        return state
+
+    def send(self, rnd, clients, state):
+        for name, t in state.items():
+            self.client_state[name][clients] = t
+        delta = {p: state[p] - self._theta_bar[p] for p in self.fed.model.param_names}
+        return self._message(delta, self._keep)
+
+    def aggregate(self, rnd, clients, upload):
+        # -delta is the descent signal for theta_bar (Eq. 10-11); retained layers give none.
+        signal = {}
+        for p, rows in upload.items():
+            if isinstance(rows, Tensor):
+                signal[p] = -rows
+            else:
+                signal[p] = torch.stack([torch.zeros_like(self._theta_bar[p][0]) if r is None else -r
+                                         for r in rows])
+        grads = self.hypernetwork_grads(clients, signal)
+        with torch.no_grad():
+            for key, g in grads.items():
+                self.hypernet[key] -= self.hp.hn_lr * g
+            for p, rows in upload.items():                       # theta_i = theta_bar_i + delta_i
+                if isinstance(rows, Tensor):
+                    self.server_params[p][clients] = self._theta_bar[p] + rows
+                    continue
+                for k, (r, c) in enumerate(zip(rows, clients.tolist())):
+                    if r is not None:
+                        self.server_params[p][c] = self._theta_bar[p][k] + r
+        self._theta_bar = self._keep = None
+        self._alpha_cache = None
+
+    def hypernetwork_grads(self, clients: Tensor, grad_theta: dict[str, Tensor]) -> dict[str, Tensor]:
+        """Gradient of sum_k <theta_bar_k, grad_theta_k> w.r.t. the hypernetworks (all rows; only the
+        clients' rows are non-zero). theta_bar is linear in alpha, so d/d alpha[k, l, j] is
+        sum over layer l's tensors of <theta_j, grad_theta_k>: one contraction per tensor."""
+        num_layers = len(self.layer_params)
+        dtype = next(iter(self.server_params.values())).dtype
+        g_alpha = torch.zeros(len(clients), num_layers, self.fed.num_clients, dtype=dtype, device=self.fed.device)
+        for p, g in grad_theta.items():
+            g_alpha[:, self.layer_of[p]] += torch.einsum("k...,j...->kj", g, self.server_params[p])
+        alpha = self.alphas(clients)
+        keys = list(self.hypernet)
+        grads = torch.autograd.grad(alpha, [self.hypernet[k] for k in keys], grad_outputs=g_alpha,
+                                    allow_unused=True)
+        return {k: (torch.zeros_like(self.hypernet[k]) if g is None else g) for k, g in zip(keys, grads)}
+
+    # ---- evaluation and artifacts ----------------------------------------------------------------
+    def all_alphas(self) -> Tensor:
+        if self._alpha_cache is None:
+            with torch.no_grad():
+                self._alpha_cache = self.alphas(torch.arange(self.fed.num_clients, device=self.fed.device))
+        return self._alpha_cache
+
+    def personalized(self):
+        everyone = torch.arange(self.fed.num_clients, device=self.fed.device)
+        with torch.no_grad():
+            alpha = self.all_alphas()
+            theta = self.aggregate_params(alpha)
+            keep = self.retained(alpha, everyone)
+            for p in theta:  # HeurpFedLA: retained layers are the client's own
+                own = keep[:, self.layer_of[p]]
+                if own.any():
+                    theta[p][own] = self.client_state[p][own]
+        return {name: theta.get(name, self.client_state[name]) for name in self.fed.model.names}
+
+    def artifacts(self):
+        return {"alpha": self.all_alphas().cpu().numpy().astype(np.float32),
+                "alpha_layers": np.array(self.layer_names)}
+
+
+@ALGORITHMS.register("heurpfedla")
+class HeurPFedLA(PFedLA):
+    """HeurpFedLA: pFedLA whose clients keep their k most self-weighted layers (k = 1 in Tables 1-2)."""
+
+    name = "heurpfedla"
+
+    class Hyperparams(PFedLA.Hyperparams):
+        retain_layers: int = Field(1, ge=1)
+
+    search_space = {**PFedLA.search_space, "retain_layers": ("int", 1, 2)}

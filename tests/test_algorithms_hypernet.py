@@ -1,0 +1,273 @@
+"""pFedLA, HeurpFedLA, pFedHN and pFedHN-PC: the hypernetwork updates (sign, size, effect), the
+aggregation weights, the communication of retained layers, and models for never-sampled clients."""
+import numpy as np
+import torch
+
+from algorithms.pfedhn import PFedHN, PFedHNPC
+from algorithms.pfedla import HeurPFedLA, PFedLA
+from pflbench.config import CellConfig
+from pflbench.federation import Federation, prepare_cell, run_cell, run_round
+from pflbench.partitioning import ClientSplits
+from pflbench.training import state_bytes
+
+
+def _cell(**overrides):
+    base = dict(algorithm="pfedla", dataset="synthetic", dataset_options={"num_samples": 1000},
+                partition="pathological", partition_params={"classes_per_client": 3}, clients=5, rounds=3,
+                local_epochs=1, batch_size=16, lr=0.05, seed=0)
+    return CellConfig(**{**base, **overrides})
+
+
+def _federation(cell, tmp_path):
+    dataset, splits = prepare_cell(cell, tmp_path)
+    return Federation(cell, dataset, splits)
+
+
+def _setup(alg_cls, fed, hp=None):
+    alg = alg_cls(fed, alg_cls.parse_hyperparams(hp or {}))
+    alg.setup()
+    return alg
+
+
+def _double(alg):
+    """pFedLA in float64, for finite differences."""
+    alg.hypernet = {k: t.detach().double().requires_grad_() for k, t in alg.hypernet.items()}
+    alg.server_params = {k: t.double() for k, t in alg.server_params.items()}
+
+
+def _spread_clients(alg, seed=0):
+    """Give every client different parameters on the server (as after some local training)."""
+    gen = torch.Generator().manual_seed(seed)
+    for t in alg.server_params.values():
+        t += 0.1 * torch.randn(t.shape, generator=gen, dtype=t.dtype)
+
+
+# ---- pFedLA: the chain rule ---------------------------------------------------------------------------
+def test_pfedla_hypernetwork_gradient_matches_finite_differences(tmp_path):
+    fed = _federation(_cell(), tmp_path)
+    alg = _setup(PFedLA, fed)
+    _double(alg)
+    _spread_clients(alg)
+    clients = torch.tensor([0, 3])
+    gen = torch.Generator().manual_seed(1)
+    targets = {p: torch.randn(2, *t.shape[1:], generator=gen, dtype=t.dtype) for p, t in alg.server_params.items()}
+
+    def loss():
+        theta = alg.aggregate_params(alg.alphas(clients))
+        return sum(0.5 * ((theta[p] - targets[p]) ** 2).sum() for p in theta)
+
+    with torch.no_grad():
+        theta = alg.aggregate_params(alg.alphas(clients))
+    grads = alg.hypernetwork_grads(clients, {p: theta[p] - targets[p] for p in theta})
+    assert all(torch.isfinite(g).all() for g in grads.values())
+    # Only the sampled clients' hypernetworks receive a gradient.
+    for key, g in grads.items():
+        assert g[[1, 2, 4]].abs().max() == 0, key
+        assert g[[0, 3]].abs().max() > 0, key
+    # Directional derivative along a random direction, by central differences.
+    direction = {k: torch.randn(t.shape, generator=gen, dtype=t.dtype) for k, t in alg.hypernet.items()}
+    predicted = sum((grads[k] * direction[k]).sum() for k in grads)
+    eps = 1e-6
+    with torch.no_grad():
+        for k in direction:
+            alg.hypernet[k] += eps * direction[k]
+        up = loss()
+        for k in direction:
+            alg.hypernet[k] -= 2 * eps * direction[k]
+        down = loss()
+    measured = (up - down) / (2 * eps)
+    assert torch.isclose(predicted, measured, rtol=1e-5), (float(predicted), float(measured))
+
+
+def test_pfedla_update_descends_the_clients_loss(tmp_path):
+    """A client whose data want another client's parameters: the rounds' update (delta = one gradient
+    step of the client's quadratic loss) lowers that loss, by moving alpha toward the other client."""
+    fed = _federation(_cell(), tmp_path)
+    alg = _setup(PFedLA, fed, {"hn_lr": 0.05})
+    _spread_clients(alg)
+    client, wanted = torch.tensor([0]), 3
+    target = {p: t[wanted].clone() for p, t in alg.server_params.items()}
+    server_before = {p: t.clone() for p, t in alg.server_params.items()}
+
+    def client_loss():
+        with torch.no_grad():
+            theta = alg.aggregate_params(alg.alphas(client))
+        return float(sum(((theta[p][0] - target[p]) ** 2).sum() for p in theta) / 2)
+
+    losses = [client_loss()]
+    for rnd in range(1, 31):
+        download = alg.configure(rnd, client)
+        state = alg.receive(rnd, client, download)
+        for p in target:  # the "local training": one gradient step on the quadratic
+            state[p] = state[p] - 0.5 * (state[p] - target[p])
+        alg.aggregate(rnd, client, alg.send(rnd, client, state))
+        for p in target:  # keep the other clients' parameters fixed: a pure hypernetwork test
+            alg.server_params[p].copy_(server_before[p])
+        losses.append(client_loss())
+    assert all(b < a for a, b in zip(losses, losses[1:])), losses
+    assert losses[-1] < 0.8 * losses[0]
+    alpha = alg.all_alphas()[0]
+    assert (alpha[:, wanted] > 1 / fed.num_clients).all()
+
+
+# ---- pFedLA: the aggregation weights --------------------------------------------------------------------
+def _two_group_federation(tmp_path, clients=6):
+    """Clients 0-2 hold classes 0-4, clients 3-5 classes 5-9 (pFedLA's Section 4.3 in miniature)."""
+    cell = _cell(partition="iid", partition_params={}, clients=clients, dataset_options={"num_samples": 3000})
+    dataset, _ = prepare_cell(cell, tmp_path)
+    labels = dataset.labels.numpy()
+    rng = np.random.default_rng(0)
+    train, val, test = [], [], []
+    for c in range(clients):
+        classes = range(5) if c < clients // 2 else range(5, 10)
+        pool = rng.permutation(np.flatnonzero(np.isin(labels, list(classes))))[:200]
+        train.append(pool[:120]), val.append(pool[120:140]), test.append(pool[140:])
+    return Federation(cell, dataset, ClientSplits(train, val, test))
+
+
+def test_pfedla_alpha_is_a_distribution_and_groups_find_each_other(tmp_path):
+    fed = _two_group_federation(tmp_path)
+    alg = _setup(PFedLA, fed, {"hn_lr": 0.1})
+    n = fed.num_clients
+    same_group = torch.tensor([[i // 3 == j // 3 for j in range(n)] for i in range(n)], dtype=torch.float32)
+
+    def within_group():
+        return float((alg.all_alphas() * same_group[:, None, :]).sum(-1).mean())
+
+    history = [within_group()]
+    everyone = torch.arange(n)
+    for rnd in range(1, 13):
+        run_round(alg, rnd, everyone)
+        alpha = alg.all_alphas()
+        assert alpha.shape == (n, len(alg.layer_params), n)
+        assert (alpha >= 0).all()
+        assert torch.allclose(alpha.sum(-1), torch.ones(n, len(alg.layer_params)), atol=1e-5)
+        if rnd % 4 == 0:
+            history.append(within_group())
+    assert all(b > a for a, b in zip(history, history[1:])), history
+    assert history[-1] > history[0] + 0.01, history
+
+
+def test_pfedla_layer_option_and_artifacts(tmp_path):
+    fed = _federation(_cell(), tmp_path)
+    block = _setup(PFedLA, fed)
+    tensor = _setup(PFedLA, fed, {"layer": "tensor"})
+    assert block.layer_names == ["fc1", "fc2", "fc3"]  # the synthetic dataset's MLP
+    assert tensor.layer_names == fed.model.param_names
+    arrays = block.artifacts()
+    assert arrays["alpha"].shape == (5, 3, 5) and arrays["alpha"].dtype == np.float32
+    assert list(arrays["alpha_layers"]) == ["fc1", "fc2", "fc3"]
+    result = run_cell(_cell(rounds=2, eval_every=1), data_root=tmp_path)
+    assert result.status == "finished"
+    assert {"alpha_round00001", "alpha_round00002", "alpha_layers_round00002"} <= set(result.artifacts)
+    assert np.allclose(result.artifacts["alpha_round00002"].sum(-1), 1, atol=1e-5)
+
+
+# ---- HeurpFedLA -----------------------------------------------------------------------------------------
+def test_heurpfedla_saves_exactly_the_retained_layers_bytes(tmp_path):
+    fed = _federation(_cell(), tmp_path)
+    full, heur = _setup(PFedLA, fed), _setup(HeurPFedLA, fed, {"retain_layers": 1})
+    clients = torch.tensor([0, 2, 4])
+    down_full, up_full = run_round(full, 1, clients)
+    with torch.no_grad():
+        keep = heur.retained(heur.alphas(clients), clients)  # the layers each client keeps this round
+    down_heur, up_heur = run_round(heur, 1, clients)
+    layer_bytes = torch.tensor([sum(fed.model.init(1, 0)[p].numel() * 4 for p in group)
+                                for group in heur.layer_params])
+    retained_bytes = (keep.long() * layer_bytes).sum(1)
+    assert (keep.sum(1) == 1).all()
+    assert torch.equal(state_bytes(up_full) - state_bytes(up_heur), retained_bytes)
+    assert torch.equal(state_bytes(down_full) - state_bytes(down_heur), retained_bytes)
+    assert (retained_bytes > 0).all()
+
+
+def test_heurpfedla_clients_keep_their_retained_layer(tmp_path):
+    fed = _federation(_cell(), tmp_path)
+    heur = _setup(HeurPFedLA, fed, {"retain_layers": 1})
+    clients = torch.arange(5)
+    run_round(heur, 1, clients)
+    with torch.no_grad():
+        keep = heur.retained(heur.alphas(clients), clients)
+    download = heur.configure(2, clients)
+    state = heur.receive(2, clients, download)
+    for k in range(5):
+        for layer, group in enumerate(heur.layer_params):
+            for p in group:
+                if keep[k, layer]:
+                    assert download[p][k] is None
+                    assert torch.equal(state[p][k], heur.client_state[p][k])
+                else:
+                    assert download[p][k] is not None
+
+
+# ---- pFedHN -------------------------------------------------------------------------------------------------
+def test_pfedhn_gives_every_client_a_generated_model(tmp_path):
+    fed = _federation(_cell(algorithm="pfedhn", clients=8, participation=0.25, rounds=2, lr=0.01), tmp_path)
+    alg = _setup(PFedHN, fed, {"inner_steps": 5})
+    sampled = set()
+    for rnd in range(1, 3):
+        clients = torch.as_tensor(fed.schedule[rnd - 1])
+        sampled |= set(clients.tolist())
+        run_round(alg, rnd, clients)
+    never = sorted(set(range(8)) - sampled)
+    assert never, "the schedule should leave some client out"
+    personal = alg.personalized()
+    with torch.no_grad():
+        generated = alg.hypernet(torch.arange(8))
+    for p in fed.model.param_names:
+        assert torch.equal(personal[p], generated[p])
+        assert torch.isfinite(personal[p]).all()
+    # Each client's model comes from its own embedding: changing one row changes one model.
+    with torch.no_grad():
+        alg.hypernet.embedding[never[0]] += 1.0
+        changed = alg.hypernet(torch.arange(8))
+    first = fed.model.param_names[0]
+    differs = [(changed[first][c] != generated[first][c]).any().item() for c in range(8)]
+    assert differs == [c == never[0] for c in range(8)]
+    accuracy, _ = fed.evaluate(personal)
+    assert torch.isfinite(accuracy).all()
+
+
+def test_pfedhn_step_descends_and_moves_only_the_clients_embedding(tmp_path):
+    fed = _federation(_cell(algorithm="pfedhn"), tmp_path)
+    alg = _setup(PFedHN, fed, {"hn_lr": 1e-2})
+    gen = torch.Generator().manual_seed(0)
+    target = {p: torch.randn(alg.client_state[p].shape[1:], generator=gen) * 0.1 for p in alg.generated}
+    embeddings = alg.hypernet.embedding.detach().clone()
+
+    def loss():
+        with torch.no_grad():
+            theta = alg.hypernet(torch.tensor([2]))
+        return float(sum(((theta[p][0] - target[p]) ** 2).sum() for p in theta) / 2)
+
+    losses = [loss()]
+    for _ in range(10):
+        with torch.no_grad():
+            theta = alg.hypernet(torch.tensor([2]))
+        alg.hypernetwork_step(2, {p: theta[p][0] - target[p] for p in theta})
+        losses.append(loss())
+    assert losses[-1] < 0.5 * losses[0], losses
+    moved = (alg.hypernet.embedding.detach() != embeddings).any(1)
+    assert moved.tolist() == [c == 2 for c in range(fed.num_clients)]
+
+
+def test_pfedhn_pc_keeps_the_classifier_on_the_client(tmp_path):
+    fed = _federation(_cell(algorithm="pfedhn-pc", lr=0.01), tmp_path)
+    alg = _setup(PFedHNPC, fed, {"inner_steps": 5})
+    _, head = fed.model.split_layers(1)
+    clients = torch.arange(5)
+    download, upload = run_round(alg, 1, clients)
+    assert not head & set(download) and not head & set(upload)
+    assert set(upload) == set(fed.model.param_names) - head
+    personal = alg.personalized()
+    weight = sorted(head)[-1]
+    assert not torch.equal(personal[weight][0], personal[weight][1])  # each client's own classifier
+
+
+def test_hypernetwork_methods_learn_on_the_generated_dataset(tmp_path):
+    # Chance is 0.1 (10 classes). pFedHN's 20 inner steps take the paper's small learning rate.
+    for algorithm, lr, hp in [("pfedla", 0.05, {}), ("heurpfedla", 0.05, {}), ("pfedhn", 0.01, {"inner_steps": 20}),
+                              ("pfedhn-pc", 0.01, {"inner_steps": 20})]:
+        result = run_cell(_cell(algorithm=algorithm, rounds=4, lr=lr, hp=hp), data_root=tmp_path)
+        assert result.status == "finished", (algorithm, result.error)
+        assert result.summary["final_accuracy"] > 0.3, (algorithm, result.summary["final_accuracy"])
