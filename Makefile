@@ -2,6 +2,8 @@
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
+RESULTS ?= results
+REPORTS ?= reports
 # The offline dataset mirror of this workplace, used when present (see README: Datasets).
 MIRROR := $(abspath $(wildcard ../shared/data))
 ifneq ($(MIRROR),)
@@ -28,8 +30,9 @@ bench: install
 	mkdir -p reports
 	$(BIN)/pflbench bench --json reports/bench.json
 
+# Tables (report.md, report.tex), figures and the HTML leaderboard ($(REPORTS)/index.html) of a store.
 report: install
-	$(BIN)/pflbench report
+	$(BIN)/pflbench report --results $(RESULTS) --out $(REPORTS)
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache

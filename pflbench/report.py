@@ -1,113 +1,49 @@
-"""`pflbench report`: the first table of a results store, in Markdown.
-
-One table per partition scheme: a row per algorithm, a column per (dataset, number of clients), each
-entry the final mean client test accuracy in %, mean ± sample std over seeds, the best of a column in
-bold. Cells that failed or diverged are counted in their entry, not averaged. Entries that mix cells
-differing in more than their seed are flagged under the table.
-"""
+"""`pflbench report`: the tables, figures and HTML leaderboard of a results store
+(the work is done by the `pflbench.reports` package; this module is the subcommand)."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-import pandas as pd
-
-from pflbench.config import CellConfig
-from pflbench.store import load_store
-
-CONFIG_COLUMNS = tuple(CellConfig.model_fields)
-
-
-def params_label(row: pd.Series) -> str:
-    params = {k.removeprefix("partition_params."): v for k, v in row.items()
-              if k.startswith("partition_params.") and not pd.isna(v)}
-    # Integer parameters come back as floats from columns that other schemes leave empty (NaN).
-    return ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={json.dumps(v)}"
-                     for k, v in sorted(params.items()))
-
-
-def entry_text(group: pd.DataFrame) -> tuple[str, float | None]:
-    """`71.2 ± 1.3` (and failures), plus the mean for ranking."""
-    finished = group.loc[group["status"] == "finished", "final_accuracy"].astype(float) * 100
-    others = group.loc[group["status"] != "finished", "status"].value_counts()
-    problems = ", ".join(f"{n} {status}" for status, n in sorted(others.items()))
-    if finished.empty:
-        return problems, None
-    text = f"{finished.mean():.1f}" + (f" ± {finished.std():.1f}" if len(finished) > 1 else "")
-    return text + (f" ({problems})" if problems else ""), float(finished.mean())
-
-
-def scheme_table(cells: pd.DataFrame) -> tuple[str, list[str]]:
-    """The Markdown table of one scheme's cells, and notes on entries that mix configurations."""
-    cells = cells.assign(params=cells.apply(params_label, axis=1))
-    several_params = cells.groupby(["dataset", "clients"])["params"].nunique().max() > 1
-    column_keys = ["dataset", "clients", "params"] if several_params else ["dataset", "clients"]
-    columns = sorted(cells.groupby(column_keys).groups)
-    algorithms = sorted(cells["algorithm"].unique())
-    # Configuration columns other than the seed: cells of one entry should agree on all of them.
-    config_columns = [c for c in cells.columns if c.split(".")[0] in CONFIG_COLUMNS and c != "seed"]
-
-    def header(key) -> str:
-        text = f"{key[0]}, {key[1]} clients"
-        return text + (f" ({key[2]})" if several_params and key[2] else "")
-
-    entries: dict[tuple, dict[str, tuple[str, float | None]]] = {}
-    notes = []
-    for key, group in cells.groupby([*column_keys, "algorithm"]):
-        entries.setdefault(key[:-1], {})[key[-1]] = entry_text(group)
-        mixed = [c for c in config_columns if group[c].astype(str).nunique() > 1]
-        if mixed:
-            notes.append(f"{key[-1]} on {header(key[:-1])}: its cells also differ in {', '.join(mixed)}")
-
-    lines = ["| algorithm | " + " | ".join(header(k) for k in columns) + " |",
-             "|---|" + "---|" * len(columns)]
-    best = {k: max((m for _, m in entries[k].values() if m is not None), default=None) for k in columns}
-    for algorithm in algorithms:
-        row = []
-        for key in columns:
-            text, mean = entries[key].get(algorithm, ("–", None))
-            row.append(f"**{text}**" if mean is not None and mean == best[key] and len(entries[key]) > 1 else text)
-        lines.append(f"| {algorithm} | " + " | ".join(row) + " |")
-    return "\n".join(lines), notes
-
-
-def render(store: pd.DataFrame) -> str:
-    if store.empty:
-        return "# pflbench results\n\nThe store has no results yet: run `pflbench run SPEC` first.\n"
-    if "final_accuracy" not in store:  # only failed cells so far
-        store = store.assign(final_accuracy=float("nan"))
-    seeds = store.groupby(["algorithm", "dataset", "partition", "clients"])["seed"].nunique().max()
-    parts = ["# pflbench results", "",
-             f"Final accuracy of each client's personalized model on its own test split, mean over clients, "
-             f"in %: mean ± std over seeds (up to {seeds} per entry). Best of each column in bold; "
-             f"failed or diverged cells are counted, not averaged."]
-    for scheme, cells in store.groupby("partition"):
-        table, notes = scheme_table(cells)
-        params = cells.apply(params_label, axis=1).unique()
-        title = f"## Partition: {scheme}" + (f" ({params[0]})" if len(params) == 1 and params[0] else "")
-        parts += ["", title, "", table]
-        if notes:
-            parts += ["", "Note: " + "; ".join(notes) + "."]
-    return "\n".join(parts) + "\n"
-
-
-def write_report(results: str | Path, out: str | Path) -> tuple[Path, str]:
-    text = render(load_store(results))
-    path = Path(out) / "report.md"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
-    return path, text
+from pflbench.reports import ReportOptions, build_reports
 
 
 def add_parser(subparsers) -> None:
-    report = subparsers.add_parser("report", help="write the results store's accuracy table (Markdown)")
+    report = subparsers.add_parser(
+        "report", help="tables (Markdown, LaTeX), figures and the HTML leaderboard of a results store",
+        description="Writes OUT/report.md, OUT/report.tex, OUT/index.html (open it in a browser: no server "
+                    "needed), a page per cell under OUT/cells/ and the figures under OUT/figures/.")
     report.add_argument("--results", type=Path, default=Path("results"), help="results store (default: results)")
     report.add_argument("--out", type=Path, default=Path("reports"), help="output folder (default: reports)")
+    report.add_argument("--reference", type=Path,
+                        help="folder of papers' numbers as CSV (default: benchmarks/reference, when present)")
+    report.add_argument("--no-figures", action="store_true", help="tables and pages only (fastest)")
+    report.add_argument("--no-cell-figures", action="store_true", help="no figures on the per-cell pages")
+    report.add_argument("--no-partitions", action="store_true",
+                        help="skip the label-distribution figures (they load each partition's dataset)")
+    report.add_argument("--formats", default="png,svg", help="figure formats, comma-separated (default: png,svg)")
+    report.add_argument("--alpha-layer", help="pFedLA Figure 6: the layer to draw, by name or index (default: the last)")
+    report.add_argument("--alpha-round", type=int, help="pFedLA Figures 6-7: the round (default: the last stored)")
+    report.add_argument("--target-client", type=int, default=0, help="pFedLA Figures 5 and 7: the client (default: 0)")
+    report.add_argument("--root", type=Path, help="data root, for the label distributions (default: $PFLBENCH_DATA or ./data)")
+    report.add_argument("--from", dest="mirror", type=Path, help="offline data mirror (default: $PFLBENCH_DATA_MIRROR)")
+    report.add_argument("--quiet", action="store_true", help="do not print the Markdown tables")
     report.set_defaults(func=cmd_report)
 
 
 def cmd_report(args) -> int:
-    path, text = write_report(args.results, args.out)
-    print(text)
-    print(f"written to {path}")
+    formats = tuple(f.strip().lower() for f in args.formats.split(",") if f.strip())
+    bad = [f for f in formats if f not in ("png", "svg", "pdf")]
+    if bad or not formats:
+        raise SystemExit(f"--formats: unknown format(s) {', '.join(bad) or '(none)'}; allowed: png, svg, pdf")
+    options = ReportOptions(reference=args.reference, figures=not args.no_figures,
+                            cell_figures=not args.no_cell_figures, partitions=not args.no_partitions,
+                            formats=("png", *[f for f in formats if f != "png"]),  # pages show the PNGs
+                            alpha_layer=args.alpha_layer, alpha_round=args.alpha_round,
+                            target_client=args.target_client, data_root=args.root, mirror=args.mirror)
+    report = build_reports(args.results, args.out, options)
+    if not args.quiet:
+        print(report.markdown.read_text())
+    for note in report.notes:
+        print(f"note: {note}")
+    print(f"written: {report.markdown}, {report.latex}, {report.index} (open it in a browser)")
     return 0

@@ -1,0 +1,226 @@
+"""`build_reports(results, out)`: every report of one results store.
+
+    out/report.md        the tables (Markdown), linking the figures
+    out/report.tex       the same tables, LaTeX booktabs
+    out/index.html       the leaderboard; out/cells/<hash>.html a page per cell,
+                         out/algorithms/<name>.html the cells of each algorithm
+    out/figures/         per (dataset, scheme, clients): learning curves, per-client accuracy
+                         distribution, communication vs accuracy; partitions/: label distributions
+    out/cells/<hash>/    pFedLA's Figures 5-7 from the cell's α, its other artifacts (its curves are
+                         drawn inline on its page, as SVG: a matplotlib figure per cell is too slow)
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from pflbench.reports import figures as fig
+from pflbench.reports.cells import load_cells, read_artifacts, read_config, read_metrics
+from pflbench.reports.reference import default_reference_dir, load_references
+from pflbench.reports.tables import accuracy_tables, communication_tables, mean_or_none
+from pflbench.reports.text import latex_report, markdown_report
+
+ALPHA, ALPHA_LAYERS = "alpha", "alpha_layers"
+
+
+@dataclass
+class ReportOptions:
+    reference: Path | None = None        # folder of reference CSVs; None: benchmarks/reference if found
+    figures: bool = True
+    cell_figures: bool = True             # artifact figures on the cell pages (α, ...)
+    partitions: bool = True               # label distributions (loads each partition's dataset)
+    formats: tuple[str, ...] = fig.FORMATS
+    alpha_layer: str | None = None        # Figure 6's layer (name or index; default: the last)
+    alpha_round: int | None = None        # Figures 6-7's round (default: the last stored)
+    target_client: int = 0                # Figures 5 and 7
+    data_root: Path | None = None
+    mirror: Path | None = None
+
+
+@dataclass
+class Report:
+    out: Path
+    markdown: Path
+    latex: Path
+    index: Path | None = None
+    figures: list[tuple[str, str]] = field(default_factory=list)   # (title, path relative to out)
+    cell_figures: dict[str, list[dict]] = field(default_factory=dict)  # hash -> [{title, path, kind}]
+    partition_figures: dict[str, str] = field(default_factory=dict)     # hash -> path
+    notes: list[str] = field(default_factory=list)
+
+
+def safe_name(text: str) -> str:
+    """A file name from any string (store values may hold anything): safe characters, plus a digest
+    when something had to be replaced, so two names never collide."""
+    clean = re.sub(r"[^A-Za-z0-9._-]", "_", str(text))[:60].lstrip(".") or "_"
+    return clean if clean == str(text) else f"{clean}-{hashlib.sha1(str(text).encode()).hexdigest()[:8]}"
+
+
+def group_stem(dataset, scheme, clients, params="") -> str:
+    return safe_name(f"{dataset}_{scheme}_{clients}" + (f"_{params}" if params else ""))
+
+
+def build_reports(results: str | Path, out: str | Path, options: ReportOptions = ReportOptions()) -> Report:
+    from pflbench.reports.site import write_site
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    cells = load_cells(results)
+    references = load_references(options.reference or default_reference_dir())
+    tables = accuracy_tables(cells, references)
+    worst = accuracy_tables(cells, references, metric="final_worst10_accuracy")
+    comm = communication_tables(cells, references)
+    report = Report(out, out / "report.md", out / "report.tex")
+    if options.figures and not cells.empty:
+        group_figures(cells, comm, out, options, report)
+        if options.partitions:
+            partition_figures(cells, out, options, report)
+        if options.cell_figures:
+            for _, cell in cells.iterrows():
+                report.cell_figures[cell["hash"]] = cell_figures(cell, out, options, report)
+    seeds = int(cells.groupby(["algorithm", "dataset", "partition", "clients"])["seed"].nunique().max()) if len(cells) else 0
+    statuses = cells["status"].value_counts().to_dict() if len(cells) else {}
+    report.markdown.write_text(markdown_report(tables, worst, comm, seeds=seeds, statuses=statuses,
+                                               figures=report.figures))
+    report.latex.write_text(latex_report(tables, worst, comm))
+    report.index = write_site(cells, tables, worst, comm, references, report, Path(results))
+    return report
+
+
+def curve_of(cell: pd.Series) -> pd.DataFrame:
+    metrics = read_metrics(cell["path"])
+    if metrics.empty:
+        return pd.DataFrame(columns=["round", "accuracy"])
+    return metrics.groupby("round", as_index=False)["accuracy"].mean()
+
+
+def group_figures(cells: pd.DataFrame, comm, out: Path, options: ReportOptions, report: Report) -> None:
+    from pflbench.reports.tables import row_of_cells
+
+    for table in comm:
+        column, scheme = table.column, table.scheme
+        group = cells[(cells["partition"] == scheme) & (cells["dataset"] == column.dataset)
+                      & (cells["clients"] == column.clients)]
+        if column.show_params:
+            group = group[group["params"] == column.params]
+        scheme_rows = row_of_cells(cells[cells["partition"] == scheme])
+        group = group.assign(row=scheme_rows.loc[group.index])
+        stem = group_stem(column.dataset, scheme, column.clients, column.params if column.show_params else "")
+        title = f"{column.label}, {scheme}"
+        curves, accuracies = [], {}
+        for _, cell in group.iterrows():
+            curve = curve_of(cell)
+            if len(curve):
+                curves.append(curve.assign(label=cell["row"].label, seed=cell["seed"]))
+            if cell["status"] == "finished":
+                metrics = read_metrics(cell["path"])
+                if len(metrics):
+                    last = metrics[metrics["round"] == metrics["round"].max()]["accuracy"].to_numpy()
+                    label = cell["row"].label
+                    accuracies[label] = np.concatenate([accuracies.get(label, np.zeros(0)), last])
+        if curves:
+            fig.learning_curves(pd.concat(curves, ignore_index=True), out / "figures" / f"curves_{stem}",
+                                title=f"learning curves: {title}", formats=options.formats)
+            report.figures.append((f"Learning curves: {title}", f"figures/curves_{stem}.png"))
+        if accuracies:
+            fig.client_accuracy_distribution(accuracies, out / "figures" / f"clients_{stem}",
+                                             title=f"per-client final accuracy: {title}", formats=options.formats)
+            report.figures.append((f"Per-client accuracy: {title}", f"figures/clients_{stem}.png"))
+        points = [{"label": row.label, "mb_per_round": mean_or_none(e.mbytes_per_round), "accuracy": e.mean,
+                   "accuracy_std": e.std or 0.0} for row, e in table.rows if e.mean is not None and e.mbytes_per_round]
+        paper = [{"label": row.label, "comm_mbytes": e.paper.comm_mbytes, "accuracy": e.paper.mean}
+                 for row, e in table.rows if e.paper is not None and e.paper.comm_mbytes is not None]
+        if points:
+            fig.communication_vs_accuracy(pd.DataFrame(points), out / "figures" / f"comm_{stem}",
+                                          paper=pd.DataFrame(paper) if paper else None,
+                                          title=f"communication vs accuracy: {title}", formats=options.formats)
+            report.figures.append((f"Communication vs accuracy: {title}", f"figures/comm_{stem}.png"))
+
+
+PARTITION_FIELDS = ("dataset", "dataset_options", "partition", "partition_params", "clients", "seed",
+                    "train_fraction", "val_fraction")
+
+
+def partition_figures(cells: pd.DataFrame, out: Path, options: ReportOptions, report: Report) -> None:
+    """Each distinct partition's per-client label counts, rebuilt from the data root's cache."""
+    from pflbench.config import CellConfig
+    from pflbench.federation import prepare_cell
+
+    done: dict[str, str | None] = {}
+    for _, cell in cells.iterrows():
+        config = read_config(cell["path"]).get("cell", {})
+        key = json.dumps({k: config.get(k) for k in PARTITION_FIELDS}, sort_keys=True, default=str)
+        digest = hashlib.sha1(key.encode()).hexdigest()[:12]
+        if digest not in done:
+            done[digest] = None
+            try:
+                known = CellConfig(**{k: v for k, v in config.items() if k in CellConfig.model_fields})
+                dataset, splits = prepare_cell(known, options.data_root, options.mirror)
+                counts = splits.label_counts(dataset.labels.numpy(), dataset.num_classes)
+                fig.label_distribution(counts, out / "figures" / "partitions" / digest, formats=options.formats)
+                done[digest] = f"figures/partitions/{digest}.png"
+                report.figures.append((f"Label distribution: {config.get('dataset')}, {config.get('partition')}, "
+                                       f"{config.get('clients')} clients, seed {config.get('seed')}", done[digest]))
+            except Exception as err:  # a dataset not available here: the report goes on without the figure
+                report.notes.append(f"no label distribution for {config.get('dataset')}/{config.get('partition')} "
+                                    f"seed {config.get('seed')}: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")
+        if done[digest]:
+            report.partition_figures[cell["hash"]] = done[digest]
+
+
+def cell_figures(cell: pd.Series, out: Path, options: ReportOptions, report: Report) -> list[dict]:
+    folder = out / "cells" / safe_name(cell["hash"])
+    rel = f"cells/{safe_name(cell['hash'])}"
+    drawn = []
+    try:
+        artifacts = read_artifacts(cell["path"])
+        layerwise = is_layerwise_alpha(artifacts)
+        if layerwise:
+            drawn += alpha_figures(artifacts, folder, rel, options)
+        for name, rounds in artifacts.items():
+            if layerwise and name in (ALPHA, ALPHA_LAYERS):
+                continue
+            last = max(rounds)
+            if fig.array_figure(rounds[last], folder / f"artifact_{safe_name(name)}", title=f"{name}, round {last}",
+                                formats=options.formats) is not None:
+                drawn.append({"title": f"{name} (round {last})", "path": f"{rel}/artifact_{safe_name(name)}.png",
+                              "kind": "artifact"})
+    except Exception:  # one unreadable cell must not stop the report
+        report.notes.append(f"cell {cell['hash']}: figures failed: {traceback.format_exc().strip().splitlines()[-1]}")
+    return drawn
+
+
+def is_layerwise_alpha(artifacts: dict) -> bool:
+    """pFedLA's α: [clients, layers, clients] at every stored round (other algorithms may store
+    something else called "alpha", e.g. APFL's per-client mixing weights, drawn generically)."""
+    rounds = artifacts.get(ALPHA, {})
+    return bool(rounds) and all(a.ndim == 3 and a.shape[0] == a.shape[2] for a in rounds.values())
+
+
+def alpha_figures(artifacts: dict, folder: Path, rel: str, options: ReportOptions) -> list[dict]:
+    """pFedLA's Figures 5, 6 and 7 for one cell."""
+    alphas = artifacts[ALPHA]
+    names_by_round = artifacts.get(ALPHA_LAYERS, {})
+    rnd = options.alpha_round if options.alpha_round in alphas else max(alphas)
+    names = names_by_round.get(rnd, next(iter(names_by_round.values()), None))
+    client = min(options.target_client, alphas[rnd].shape[0] - 1)
+    layer = fig.layer_index(options.alpha_layer, names, alphas[rnd].shape[1])
+    layer_name = names[layer] if names is not None else str(layer)
+    fig.alpha_heatmap(alphas[rnd], folder / "fig6_alpha_heatmap", layer=layer, layer_names=names,
+                      title=f"α of layer {layer_name}, round {rnd}", formats=options.formats)
+    fig.alpha_evolution(alphas, folder / "fig5_alpha_evolution", client=client, layer_names=names, formats=options.formats)
+    fig.client_layer_weights(alphas[rnd], folder / "fig7_client_layers", client=client, layer_names=names,
+                             title=f"client {client}'s α per layer, round {rnd}", formats=options.formats)
+    return [{"title": f"Figure 6: aggregation weights of layer {layer_name} at round {rnd}",
+             "path": f"{rel}/fig6_alpha_heatmap.png", "kind": "alpha"},
+            {"title": f"Figure 5: client {client}'s weights over rounds", "path": f"{rel}/fig5_alpha_evolution.png",
+             "kind": "alpha"},
+            {"title": f"Figure 7: client {client}'s weights per layer at round {rnd}", "path": f"{rel}/fig7_client_layers.png",
+             "kind": "alpha"}]

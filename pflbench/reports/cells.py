@@ -1,0 +1,141 @@
+"""The results store as the reports see it: one row per cell with every column a report reads
+(missing columns filled, e.g. `hp_source` "default" for stores written before it existed), and
+readers for one cell's per-round metrics and artifacts."""
+from __future__ import annotations
+
+import json
+import re
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from pflbench.store import ARTIFACTS, CONFIG, ERROR, METRICS, ROUNDS, load_store
+
+# pFedLA's row order first, then everything else alphabetically.
+ALGORITHM_ORDER = ("local", "fedavg", "perfedavg", "pfedme", "pfedhn", "fedbn", "fedrep", "fedfomo",
+                   "pfedla", "heurpfedla")
+DISPLAY_NAMES = {"local": "Local", "fedavg": "FedAvg", "perfedavg": "Per-FedAvg", "pfedme": "pFedMe",
+                 "pfedhn": "pFedHN", "pfedhn-pc": "pFedHN-PC", "fedbn": "FedBN", "fedrep": "FedRep",
+                 "fedfomo": "FedFomo", "pfedla": "pFedLA", "heurpfedla": "HeurpFedLA", "fedprox": "FedProx",
+                 "fedper": "FedPer", "lg-fedavg": "LG-FedAvg", "fedbabu": "FedBABU", "ditto": "Ditto",
+                 "apfl": "APFL", "l2gd": "L2GD", "fedmn": "FedMN", "mh-pfedhn": "MH-pFedHN",
+                 "mh-pfedhngd": "MH-pFedHNGD"}
+DATASET_ORDER = ("emnist", "fmnist", "cifar10", "cifar10-jpeg", "cifar100")
+# Our dataset -> the paper dataset its cells are compared with, and the footnote saying they differ.
+DATASET_ALIASES = {"cifar10-jpeg": ("cifar10", "cifar10-jpeg is a lossy JPEG re-encoding of CIFAR-10, "
+                                               "not the data the paper used")}
+SUMMARY_COLUMNS = {"status": "failed", "final_accuracy": np.nan, "final_worst10_accuracy": np.nan,
+                   "best_accuracy": np.nan, "bytes_down_total": np.nan, "bytes_up_total": np.nan,
+                   "rounds_completed": np.nan, "wall_time": np.nan, "error": "", "hp_source": "default",
+                   "participation": 1.0, "rounds": np.nan}
+
+
+def display_name(algorithm: str) -> str:
+    return DISPLAY_NAMES.get(algorithm, algorithm)
+
+
+def algorithm_rank(algorithm: str) -> tuple:
+    return (ALGORITHM_ORDER.index(algorithm) if algorithm in ALGORITHM_ORDER else len(ALGORITHM_ORDER), algorithm)
+
+
+def dataset_rank(dataset: str) -> tuple:
+    return (DATASET_ORDER.index(dataset) if dataset in DATASET_ORDER else len(DATASET_ORDER), dataset)
+
+
+def format_value(value) -> str:
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, str):
+        return value
+    return json.dumps(value)
+
+
+def params_label(row: pd.Series, prefix: str = "partition_params.") -> str:
+    """"alpha=0.3, min_samples=10" from a row's `partition_params.*` (or other prefix) columns."""
+    items = {}
+    for key, value in row.items():
+        if key.startswith(prefix) and not (np.isscalar(value) and pd.isna(value)):
+            # Integer parameters come back as floats from columns that other schemes leave empty (NaN).
+            items[key.removeprefix(prefix)] = value
+    return ", ".join(f"{k}={format_value(v)}" for k, v in sorted(items.items()))
+
+
+def load_cells(results: str | Path) -> pd.DataFrame:
+    """One row per cell with a result (see `pflbench.store.load_store`), every column the reports use
+    present, plus `params` (the partition parameters as text) and `mbytes` (down + up, in MB)."""
+    cells = load_store(results)
+    for column, default in SUMMARY_COLUMNS.items():
+        if column not in cells:
+            cells[column] = default
+        elif isinstance(default, str):
+            cells[column] = cells[column].fillna(default)
+    for column in ("algorithm", "dataset", "partition", "clients", "seed", "path"):
+        if column not in cells:
+            cells[column] = pd.Series(dtype=object)
+    if cells.empty:
+        return cells.assign(params=pd.Series(dtype=str), mbytes=pd.Series(dtype=float))
+    cells = cells.assign(params=cells.apply(params_label, axis=1),
+                         mbytes=(cells["bytes_down_total"].astype(float) + cells["bytes_up_total"].astype(float)) / 1e6)
+    for column in ("final_accuracy", "final_worst10_accuracy", "best_accuracy", "wall_time", "rounds_completed"):
+        cells[column] = pd.to_numeric(cells[column], errors="coerce")
+    order = cells.apply(lambda r: (algorithm_rank(str(r["algorithm"])), dataset_rank(str(r["dataset"])),
+                                   str(r["partition"]), r["clients"], r["seed"]), axis=1)
+    return cells.iloc[sorted(range(len(cells)), key=lambda i: order.iloc[i])].reset_index(drop=True)
+
+
+def read_metrics(path: str | Path) -> pd.DataFrame:
+    """Per eval round and client (empty when the cell has none, e.g. it failed before evaluating)."""
+    try:
+        return pd.read_parquet(Path(path) / METRICS)
+    except (FileNotFoundError, OSError, ValueError):
+        return pd.DataFrame(columns=["round", "client", "accuracy"])
+
+
+def read_rounds(path: str | Path) -> pd.DataFrame:
+    try:
+        return pd.read_parquet(Path(path) / ROUNDS)
+    except (FileNotFoundError, OSError, ValueError):
+        return pd.DataFrame(columns=["round", "bytes_down", "bytes_up"])
+
+
+def read_config(path: str | Path) -> dict:
+    try:
+        return json.loads((Path(path) / CONFIG).read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {}
+
+
+def read_error(path: str | Path) -> str:
+    try:
+        return (Path(path) / ERROR).read_text()
+    except FileNotFoundError:
+        return ""
+
+
+ROUND_KEY = re.compile(r"^(?P<name>.+)_round(?P<round>\d+)$")
+
+
+@lru_cache(maxsize=8)
+def _read_npz(path: str) -> dict[str, np.ndarray]:
+    with np.load(path, allow_pickle=False) as data:
+        return {key: data[key] for key in data.files}
+
+
+def read_artifacts(path: str | Path) -> dict[str, dict[int, np.ndarray]]:
+    """{name: {round: array}} from artifacts/arrays.npz (keys `{name}_round{r:05d}`); a key without a
+    round suffix is filed under round 0. {} when the cell has no artifacts or they cannot be read."""
+    file = Path(path) / ARTIFACTS
+    if not file.exists():
+        return {}
+    try:
+        arrays = _read_npz(str(file))
+    except (OSError, ValueError):
+        return {}
+    grouped: dict[str, dict[int, np.ndarray]] = {}
+    for key, array in arrays.items():
+        match = ROUND_KEY.match(key)
+        name, rnd = (match["name"], int(match["round"])) if match else (key, 0)
+        grouped.setdefault(name, {})[rnd] = array
+    return {name: dict(sorted(rounds.items())) for name, rounds in sorted(grouped.items())}

@@ -1,0 +1,265 @@
+"""The report's figures, drawn with matplotlib's object API (no pyplot state) and written as PNG and
+SVG. Every function takes plain arrays/frames, writes `<stem>.png` and `<stem>.svg`, and returns the
+data it drew, so tests (and readers) can check the picture against its input.
+
+pFedLA's figures read the aggregation weights α that pFedLA stores per eval round: α[i, l, j] is the
+weight client i gives to client j's layer l (each row i, l sums to 1).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+
+FORMATS = ("png", "svg")
+
+
+def new_figure(width: float = 6.4, height: float = 4.0):
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=(width, height), layout="constrained")
+
+
+def save(figure, stem: str | Path, formats: Sequence[str] = FORMATS) -> list[Path]:
+    stem = Path(stem)
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for fmt in formats:
+        path = stem.with_name(f"{stem.name}.{fmt}")
+        figure.savefig(path, dpi=110)
+        paths.append(path)
+    return paths
+
+
+def layer_index(layer: int | str | None, layer_names: Sequence[str] | None, num_layers: int) -> int:
+    """A layer given by index (negative counts from the end), by name, or None (the last)."""
+    if layer is None:
+        return num_layers - 1
+    if isinstance(layer, str) and not layer.lstrip("-").isdigit():
+        names = [str(n) for n in (layer_names if layer_names is not None else [])]
+        if layer not in names:
+            raise ValueError(f"unknown layer {layer!r}; layers: {', '.join(names) or f'0..{num_layers - 1}'}")
+        return names.index(layer)
+    index = int(layer)
+    if not -num_layers <= index < num_layers:
+        raise ValueError(f"layer {index} out of range (0..{num_layers - 1})")
+    return index % num_layers
+
+
+def _names(layer_names, count: int) -> list[str]:
+    return [str(n) for n in layer_names] if layer_names is not None and len(layer_names) == count else [str(i) for i in range(count)]
+
+
+def alpha_heatmap(alpha: np.ndarray, stem, *, layer: int | str | None = None, layer_names=None,
+                  title: str = "", formats=FORMATS) -> np.ndarray:
+    """Figure 6: the clients x clients aggregation weights of one layer, α[:, layer, :]."""
+    alpha = np.asarray(alpha, dtype=float)
+    index = layer_index(layer, layer_names, alpha.shape[1])
+    matrix = alpha[:, index, :]
+    n = matrix.shape[0]
+    figure = new_figure(min(2.5 + 0.45 * n, 12), min(2.0 + 0.4 * n, 11))
+    axes = figure.add_subplot()
+    image = axes.imshow(matrix, cmap="viridis", vmin=0, vmax=max(float(matrix.max()), 1e-12))
+    figure.colorbar(image, ax=axes, label="aggregation weight")
+    axes.set_xlabel("source client j")
+    axes.set_ylabel("target client i")
+    if n <= 20:
+        axes.set_xticks(range(n))
+        axes.set_yticks(range(n))
+        if n <= 10:
+            for i in range(n):
+                for j in range(n):
+                    axes.text(j, i, f"{matrix[i, j]:.2f}", ha="center", va="center", fontsize=7,
+                              color="white" if matrix[i, j] < 0.6 * matrix.max() else "black")
+    axes.set_title(title or f"layer {_names(layer_names, alpha.shape[1])[index]}")
+    save(figure, stem, formats)
+    return matrix
+
+
+def alpha_evolution(alphas: dict[int, np.ndarray], stem, *, client: int = 0, layer_names=None,
+                    title: str = "", formats=FORMATS) -> np.ndarray:
+    """Figure 5: a target client's weights on every source client over rounds, one panel per layer.
+    Returns [rounds, layers, clients] = α_r[client, :, :] stacked over the sorted rounds."""
+    rounds = sorted(alphas)
+    data = np.stack([np.asarray(alphas[r], dtype=float)[client] for r in rounds])  # [R, L, N]
+    _, layers, clients = data.shape
+    names = _names(layer_names, layers)
+    cols = min(layers, 4)
+    panel_rows = -(-layers // cols)
+    figure = new_figure(3.2 * cols + 1.5, 2.6 * panel_rows + 0.5)
+    grid = figure.subplots(panel_rows, cols, squeeze=False, sharey=True)
+    colors = _client_colors(clients)
+    for l in range(panel_rows * cols):
+        axes = grid[l // cols][l % cols]
+        if l >= layers:
+            axes.set_visible(False)
+            continue
+        for j in range(clients):
+            axes.plot(rounds, data[:, l, j], color=colors[j], lw=2.2 if j == client else 1.0,
+                      label=f"client {j}" + (" (self)" if j == client else ""))
+        axes.set_title(names[l], fontsize=9)
+        axes.set_xlabel("round")
+        if l % cols == 0:
+            axes.set_ylabel("weight")
+    if clients <= 12:
+        grid[0][0].legend(fontsize=6, loc="best")
+    figure.suptitle(title or f"aggregation weights of client {client} over rounds")
+    save(figure, stem, formats)
+    return data
+
+
+def client_layer_weights(alpha: np.ndarray, stem, *, client: int = 0, layer_names=None, title: str = "",
+                         formats=FORMATS) -> np.ndarray:
+    """Figure 7: one client's weights for every layer (rows) over source clients (columns): α[client]."""
+    matrix = np.asarray(alpha, dtype=float)[client]  # [L, N]
+    layers, clients = matrix.shape
+    figure = new_figure(min(3 + 0.5 * clients, 12), 1.5 + 0.4 * layers)
+    axes = figure.add_subplot()
+    image = axes.imshow(matrix, cmap="viridis", aspect="auto", vmin=0)
+    figure.colorbar(image, ax=axes, label="aggregation weight")
+    axes.set_yticks(range(layers), _names(layer_names, layers), fontsize=8)
+    if clients <= 30:
+        axes.set_xticks(range(clients))
+    axes.set_xlabel("source client j")
+    axes.set_title(title or f"per-layer aggregation weights of client {client}")
+    save(figure, stem, formats)
+    return matrix
+
+
+def _client_colors(count: int):
+    import matplotlib
+
+    return matplotlib.colormaps["tab10" if count <= 10 else "tab20" if count <= 20 else "viridis"].resampled(count)(np.arange(count))
+
+
+def learning_curves(curves: pd.DataFrame, stem, *, title: str = "", formats=FORMATS) -> pd.DataFrame:
+    """Mean client test accuracy vs round, one line per `label`, a band of ± one std over seeds.
+    `curves`: columns label, seed, round, accuracy (the mean over clients, in [0, 1]).
+    Returns label, round, mean, std, seeds (accuracy in %)."""
+    stats = (curves.assign(accuracy=curves["accuracy"] * 100).groupby(["label", "round"], sort=False)["accuracy"]
+             .agg(mean="mean", std="std", seeds="count").reset_index())
+    stats["std"] = stats["std"].fillna(0.0)
+    labels = list(dict.fromkeys(stats["label"]))
+    figure = new_figure(7.5, 4.2)
+    axes = figure.add_subplot()
+    colors = _client_colors(max(len(labels), 1))
+    for color, label in zip(colors, labels):
+        line = stats[stats["label"] == label]
+        axes.plot(line["round"], line["mean"], color=color, label=label, lw=1.4)
+        axes.fill_between(line["round"], line["mean"] - line["std"], line["mean"] + line["std"], color=color, alpha=0.18, lw=0)
+    axes.set_xlabel("round")
+    axes.set_ylabel("mean client test accuracy (%)")
+    axes.set_title(title)
+    if labels:
+        axes.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    save(figure, stem, formats)
+    return stats
+
+
+def worst_fraction_threshold(values: np.ndarray, fraction: float = 0.1) -> tuple[float, float]:
+    """(the largest accuracy among the worst `fraction` of clients, their mean)."""
+    ordered = np.sort(np.asarray(values, dtype=float))
+    count = max(1, int(np.ceil(fraction * len(ordered))))
+    return float(ordered[count - 1]), float(ordered[:count].mean())
+
+
+def client_accuracy_distribution(accuracies: dict[str, np.ndarray], stem, *, title: str = "",
+                                 formats=FORMATS) -> dict[str, dict]:
+    """Per-client final accuracies (%) per label as box + points; the worst 10% of clients in red and
+    their mean as a red bar. Returns {label: {"values", "worst10_threshold", "worst10_mean"}}."""
+    labels = list(accuracies)
+    figure = new_figure(max(4.5, 0.7 * len(labels) + 2), 4.2)
+    axes = figure.add_subplot()
+    out = {}
+    rng = np.random.default_rng(0)
+    for x, label in enumerate(labels):
+        values = np.asarray(accuracies[label], dtype=float) * 100
+        if values.size == 0:
+            continue
+        threshold, worst_mean = worst_fraction_threshold(values)
+        out[label] = {"values": values, "worst10_threshold": threshold, "worst10_mean": worst_mean}
+        axes.boxplot([values], positions=[x], widths=0.5, showfliers=False)
+        jitter = rng.uniform(-0.15, 0.15, values.size)
+        worst = values <= threshold
+        axes.scatter(x + jitter[~worst], values[~worst], s=8, color="tab:blue", alpha=0.6)
+        axes.scatter(x + jitter[worst], values[worst], s=12, color="tab:red", label="worst 10%" if x == 0 else None)
+        axes.hlines(worst_mean, x - 0.3, x + 0.3, color="tab:red", lw=2)
+    axes.set_xticks(range(len(labels)), labels, rotation=45 if len(labels) > 4 else 0, ha="right" if len(labels) > 4 else "center", fontsize=8)
+    axes.set_ylabel("client test accuracy (%)")
+    axes.set_title(title or "per-client final accuracy (red: worst 10% of clients and their mean)")
+    save(figure, stem, formats)
+    return out
+
+
+def communication_vs_accuracy(points: pd.DataFrame, stem, *, paper: pd.DataFrame | None = None, title: str = "",
+                              formats=FORMATS) -> pd.DataFrame:
+    """MB per round (down + up) against final accuracy (%), one point per label with error bars over
+    seeds. `points`: label, mb_per_round, accuracy (mean, %), accuracy_std. `paper` (optional): label,
+    comm_mbytes, accuracy — e.g. pFedLA's Table 3 — drawn on a twin x axis, since the paper's
+    MBytes are not per round. Returns the points drawn."""
+    figure = new_figure(7.0, 4.2)
+    axes = figure.add_subplot()
+    colors = _client_colors(max(len(points), 1))
+    for color, (_, point) in zip(colors, points.iterrows()):
+        axes.errorbar(point["mb_per_round"], point["accuracy"], yerr=point.get("accuracy_std", 0) or 0, fmt="o",
+                      color=color, label=point["label"], capsize=3)
+    axes.set_xlabel("MB per round (down + up)")
+    axes.set_ylabel("final accuracy (%)")
+    if paper is not None and len(paper):
+        twin = axes.twiny()
+        twin.plot(paper["comm_mbytes"], paper["accuracy"], "k^--", lw=0.8, label="paper (Table 3)")
+        for _, row in paper.iterrows():
+            twin.annotate(str(row["label"]), (row["comm_mbytes"], row["accuracy"]), fontsize=7,
+                          textcoords="offset points", xytext=(3, 3))
+        twin.set_xlabel("paper: communication cost (MBytes, as printed)")
+        twin.legend(fontsize=7, loc="lower right")
+    if len(points):
+        axes.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    axes.set_title(title)
+    save(figure, stem, formats)
+    return points
+
+
+def label_distribution(counts: np.ndarray, stem, formats=FORMATS) -> np.ndarray:
+    """The partition's per-client label counts ([clients, classes]) as stacked bars."""
+    from pflbench.partitioning import plot_label_counts
+
+    counts = np.asarray(counts)
+    for fmt in formats:
+        plot_label_counts(counts, Path(stem).with_name(f"{Path(stem).name}.{fmt}"))
+    return counts
+
+
+def array_figure(array: np.ndarray, stem, *, title: str = "", formats=FORMATS) -> np.ndarray | None:
+    """A generic artifact: a 1-D array as bars, a 2-D one as a heatmap, a 3-D one as heatmaps of its
+    slices along the middle axis (at most 8). Returns what was drawn (None: not drawable)."""
+    array = np.asarray(array)
+    if not np.issubdtype(array.dtype, np.number) or array.ndim == 0 or array.ndim > 3 or array.size == 0:
+        return None
+    array = array.astype(float)
+    if array.ndim == 1:
+        figure = new_figure(6, 3)
+        axes = figure.add_subplot()
+        axes.bar(range(len(array)), array)
+        drawn = array
+    elif array.ndim == 2:
+        figure = new_figure(6, 4.5)
+        axes = figure.add_subplot()
+        figure.colorbar(axes.imshow(array, aspect="auto", cmap="viridis"), ax=axes)
+        drawn = array
+    else:
+        count = min(array.shape[1], 8)
+        figure = new_figure(2.6 * min(count, 4) + 1, 2.6 * (-(-count // 4)))
+        grid = figure.subplots(-(-count // 4), min(count, 4), squeeze=False)
+        for k in range(count):
+            axes = grid[k // 4][k % 4]
+            axes.imshow(array[:, k, :], aspect="auto", cmap="viridis", vmin=array.min(), vmax=array.max())
+            axes.set_title(f"[:, {k}, :]", fontsize=8)
+        for k in range(count, len(grid) * len(grid[0])):
+            grid[k // 4][k % 4].set_visible(False)
+        drawn = array[:, :count, :]
+    figure.suptitle(title, fontsize=9)
+    save(figure, stem, formats)
+    return drawn

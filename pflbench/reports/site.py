@@ -1,0 +1,169 @@
+"""The static HTML leaderboard: `index.html` (tables, figures, every cell), a page per cell and per
+algorithm. Jinja2 templates (package data, templates/) with autoescaping on, so every value read
+from a results store is rendered as text; CSS and the small sorting/filtering script are inlined and
+figures are local files, so the folder opens from disk with no server and no network."""
+from __future__ import annotations
+
+import datetime
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from jinja2 import Environment, PackageLoader, StrictUndefined
+
+from pflbench.reports.build import Report, safe_name
+from pflbench.reports.cells import display_name, read_artifacts, read_config, read_error, read_metrics, read_rounds
+from pflbench.reports.tables import DATA_DIFFER, TUNED, mean_or_none
+from pflbench.store import flatten
+
+CELL_COLUMNS = [  # (title, key, numeric)
+    ("cell", "hash", False), ("algorithm", "algorithm", False), ("dataset", "dataset", False),
+    ("scheme", "partition", False), ("params", "params", False), ("clients", "clients", True),
+    ("seed", "seed", True), ("status", "status", False), ("accuracy %", "final_accuracy", True),
+    ("worst 10% %", "final_worst10_accuracy", True), ("best %", "best_accuracy", True),
+    ("MB total", "mbytes", True), ("hp", "hp_source", False), ("wall s", "wall_time", True)]
+
+
+def environment() -> Environment:
+    env = Environment(loader=PackageLoader("pflbench.reports", "templates"), autoescape=True,
+                      undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+    env.globals.update(cell_url=lambda h: f"cells/{safe_name(h)}.html",
+                       algorithm_url=lambda a: f"algorithms/{safe_name(a)}.html",
+                       display_name=display_name, mean_or_none=mean_or_none, TUNED=TUNED, DATA_DIFFER=DATA_DIFFER)
+    env.filters.update(num=_num, sortval=_sortval)
+    return env
+
+
+def _num(value, digits: int = 2) -> str:
+    if value is None or (isinstance(value, float) and np.isnan(value)):
+        return "–"
+    return f"{value:.{digits}f}" if isinstance(value, (float, np.floating)) else str(value)
+
+
+def _sortval(value) -> str:
+    if value is None or (isinstance(value, (float, np.floating)) and np.isnan(value)):
+        return ""
+    return str(value)
+
+
+def cell_rows(cells: pd.DataFrame) -> list[dict]:
+    rows = []
+    for _, cell in cells.iterrows():
+        row = {"hash": str(cell["hash"]), "algorithm": str(cell["algorithm"]), "dataset": str(cell["dataset"]),
+               "partition": str(cell["partition"]), "params": str(cell["params"]), "clients": cell["clients"],
+               "seed": cell["seed"], "status": str(cell["status"]), "hp_source": str(cell["hp_source"]),
+               "error": str(cell.get("error") or "")}
+        for key in ("final_accuracy", "final_worst10_accuracy", "best_accuracy"):
+            value = cell[key]
+            row[key] = None if pd.isna(value) or cell["status"] != "finished" else float(value) * 100
+        row["mbytes"] = None if pd.isna(cell["mbytes"]) else float(cell["mbytes"])
+        row["wall_time"] = None if pd.isna(cell["wall_time"]) else float(cell["wall_time"])
+        rows.append(row)
+    return rows
+
+
+def options_of(cells: pd.DataFrame, column: str) -> list[str]:
+    if cells.empty:
+        return []
+    values = cells[column].dropna().unique().tolist()
+    return [str(v) for v in sorted(values, key=lambda v: (isinstance(v, str), v))]
+
+
+def artifact_list(path) -> list[dict]:
+    out = []
+    for name, rounds in read_artifacts(path).items():
+        last = rounds[max(rounds)]
+        out.append({"name": name, "rounds": len(rounds), "first": min(rounds), "last": max(rounds),
+                    "shape": " × ".join(map(str, last.shape)) or "scalar", "dtype": str(last.dtype)})
+    return out
+
+
+def write_site(cells: pd.DataFrame, tables, worst, comm, references, report: Report, results: Path) -> Path:
+    env = environment()
+    out = report.out
+    rows = cell_rows(cells)
+    common = {"generated": datetime.datetime.now().isoformat(timespec="seconds"), "results": str(results),
+              "cell_columns": CELL_COLUMNS}
+    statuses = cells["status"].value_counts().to_dict() if len(cells) else {}
+    figures = [{"title": t, "path": p} for t, p in report.figures]
+    alpha_cells = [(r, f) for r in rows for f in report.cell_figures.get(r["hash"], []) if f["kind"] == "alpha"]
+    index = out / "index.html"
+    index.write_text(env.get_template("index.html").render(
+        root="", tables=tables, worst=worst, comm=comm, cells=rows, statuses=statuses, figures=figures,
+        alpha_figures=alpha_cells, references=references, notes=report.notes,
+        datasets=options_of(cells, "dataset"), schemes=options_of(cells, "partition"),
+        clients=options_of(cells, "clients"), algorithms=options_of(cells, "algorithm"), **common))
+
+    (out / "cells").mkdir(exist_ok=True)
+    template = env.get_template("cell.html")
+    for row, (_, cell) in zip(rows, cells.iterrows()):
+        config = read_config(cell["path"])
+        flat_config = flatten(config.get("cell", {}))
+        summary = {k: v for k, v in cell.items() if k not in flat_config and k not in ("path", "params", "mbytes")
+                   and not (np.isscalar(v) and pd.isna(v))}
+        rounds = read_rounds(cell["path"])
+        bytes_per_round = None
+        if len(rounds) and "bytes_down" in rounds:
+            bytes_per_round = {"down": float(rounds["bytes_down"].mean()) / 1e6, "up": float(rounds["bytes_up"].mean()) / 1e6}
+        (out / "cells" / f"{safe_name(cell['hash'])}.html").write_text(template.render(
+            root="../", cell=row, config=sorted((k, json.dumps(v) if not isinstance(v, str) else v)
+                                                for k, v in flat_config.items()),
+            versions=sorted(flatten(config.get("versions", {})).items()), summary=sorted((k, str(v)) for k, v in summary.items()),
+            error_text=read_error(cell["path"]), figures=report.cell_figures.get(cell["hash"], []),
+            partition_figure=report.partition_figures.get(cell["hash"]), artifacts=artifact_list(cell["path"]),
+            bytes_per_round=bytes_per_round, charts=cell_charts(read_metrics(cell["path"])), **common))
+
+    (out / "algorithms").mkdir(exist_ok=True)
+    template = env.get_template("algorithm.html")
+    for algorithm in options_of(cells, "algorithm"):
+        mine = [r for r in rows if r["algorithm"] == algorithm]
+        (out / "algorithms" / f"{safe_name(algorithm)}.html").write_text(template.render(
+            root="../", algorithm=algorithm, cells=mine, **common))
+    return index
+
+
+def chart(series: dict[str, tuple[list, list]], *, width: int = 520, height: int = 220, ymax: float | None = None) -> dict:
+    """A line chart as plain numbers for the template to draw as inline SVG: {label: (xs, ys)} ->
+    polyline points in a width x height box, with a few axis ticks. No text is made here: the
+    template writes the labels, escaped."""
+    pad_l, pad_r, pad_t, pad_b = 40, 10, 10, 28
+    xs = [x for x_list, _ in series.values() for x in x_list]
+    ys = [y for _, y_list in series.values() for y in y_list if y == y]
+    if not xs or not ys:
+        return {}
+    x0, x1 = min(xs), max(xs)
+    y0, y1 = 0.0, ymax if ymax is not None else max(ys) * 1.05 or 1.0
+    sx = lambda x: pad_l + (x - x0) / ((x1 - x0) or 1) * (width - pad_l - pad_r)
+    sy = lambda y: height - pad_b - (y - y0) / ((y1 - y0) or 1) * (height - pad_t - pad_b)
+    colors = ["#1f77b4", "#d62728", "#7f7f7f", "#2ca02c", "#9467bd"]
+    lines = []
+    for k, (label, (x_list, y_list)) in enumerate(series.items()):
+        points = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in zip(x_list, y_list) if y == y)
+        lines.append({"label": label, "color": colors[k % len(colors)], "points": points,
+                      "dots": [(round(sx(x), 1), round(sy(y), 1)) for x, y in zip(x_list, y_list) if y == y][:200]})
+    yticks = [(round(sy(v), 1), f"{v:g}") for v in np.linspace(y0, y1, 5).round(1)]
+    xticks = [(round(sx(v), 1), f"{v:g}") for v in sorted(set(np.linspace(x0, x1, min(6, len(set(xs)))).round().tolist()))]
+    return {"width": width, "height": height, "lines": lines, "yticks": yticks, "xticks": xticks,
+            "left": pad_l, "bottom": height - pad_b, "right": width - pad_r, "top": pad_t}
+
+
+def cell_charts(metrics: pd.DataFrame) -> dict:
+    """The cell page's two inline charts: accuracy per round (mean, worst 10%, validation) and the
+    final accuracy of each client (sorted; the worst 10% marked)."""
+    if metrics.empty or "accuracy" not in metrics:
+        return {}
+    from pflbench.reports.figures import worst_fraction_threshold
+
+    per_round = metrics.groupby("round")
+    rounds = [float(r) for r in per_round.groups]
+    series = {"mean (test)": (rounds, (per_round["accuracy"].mean() * 100).tolist()),
+              "worst 10% (test)": (rounds, [worst_fraction_threshold(g["accuracy"].to_numpy())[1] * 100
+                                            for _, g in per_round])}
+    if "val_accuracy" in metrics:
+        series["mean (validation)"] = (rounds, (per_round["val_accuracy"].mean() * 100).tolist())
+    last = metrics[metrics["round"] == metrics["round"].max()].sort_values("accuracy")
+    values = (last["accuracy"] * 100).tolist()
+    threshold, worst_mean = worst_fraction_threshold(np.asarray(values))
+    bars = [{"client": int(c), "value": v, "worst": v <= threshold} for c, v in zip(last["client"], values)]
+    return {"curve": chart(series, ymax=100.0), "bars": bars, "worst_mean": worst_mean}

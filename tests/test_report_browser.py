@@ -1,0 +1,71 @@
+"""A real browser: headless Chromium loads reports/index.html from disk, sorting by a column (a click
+on its header, made by the page's own script from the address's #sort=...) changes the order of the
+rows, filtering hides rows, and a screenshot is taken. Installs nothing: skipped where no Chromium
+binary is on PATH (`.ci/run` installs Debian's `chromium`)."""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+
+import pytest
+from report_helpers import write_cell
+
+from pflbench.reports import ReportOptions, build_reports
+
+BROWSER = next((shutil.which(name) for name in ("chromium", "chromium-browser", "google-chrome", "chrome")
+                if shutil.which(name)), None)
+pytestmark = pytest.mark.skipif(BROWSER is None, reason="no Chromium binary on PATH (apt-get install chromium; .ci/run does)")
+
+
+def chromium(tmp_path, *args: str) -> str:
+    command = [BROWSER, "--headless", "--disable-gpu", "--no-first-run", "--hide-scrollbars",
+               f"--user-data-dir={tmp_path / 'profile'}", *args]
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        command.insert(2, "--no-sandbox")  # Chromium refuses to run as root with its sandbox
+    done = subprocess.run(command, capture_output=True, text=True, timeout=90)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
+
+
+def hashes(dom: str, hidden: bool = True) -> list[str]:
+    """The cells table's rows in page order (optionally without the hidden ones)."""
+    table = dom[dom.index('id="cells"'):]
+    rows = re.findall(r"<tr ([^>]*data-hash=\"([0-9a-f]+)\"[^>]*)>", table)
+    return [h for attrs, h in rows if hidden or " hidden" not in f" {attrs}"]
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    root = tmp_path_factory.mktemp("store")
+    accuracy = {}
+    # Stored order (algorithm, then seed) differs from accuracy order.
+    for algorithm, seed, acc in (("fedavg", 0, 0.55), ("fedavg", 1, 0.95), ("local", 0, 0.75), ("pfedla", 0, 0.65)):
+        accuracy[write_cell(root, algorithm=algorithm, seed=seed, accuracies=(acc, acc))] = acc
+    accuracy[write_cell(root, algorithm="local", seed=1, status="failed", error="boom")] = None
+    out = tmp_path_factory.mktemp("reports")
+    build_reports(root, out, ReportOptions(figures=False))
+    return out, accuracy
+
+
+def test_sorting_filtering_and_screenshot(site, tmp_path):
+    out, accuracy = site
+    url = (out / "index.html").as_uri()
+    before = hashes(chromium(tmp_path, "--dump-dom", url))
+    assert sorted(before) == sorted(accuracy) and before[-1] != max(accuracy, key=lambda h: accuracy[h] or 0)
+
+    after = hashes(chromium(tmp_path, "--dump-dom", url + "#sort=cells-final_accuracy"))
+    finished = sorted((h for h in accuracy if accuracy[h] is not None), key=lambda h: -accuracy[h])
+    assert after == finished + [h for h in accuracy if accuracy[h] is None]  # descending; the failed cell last
+    assert after != before
+
+    ascending = hashes(chromium(tmp_path, "--dump-dom", url + "#sort=cells-final_accuracy&dir=asc"))
+    assert ascending[:-1] == finished[::-1]
+
+    dom = chromium(tmp_path, "--dump-dom", url + "#algorithm=local")
+    assert len(hashes(dom, hidden=False)) == 2 and len(hashes(dom)) == 5
+
+    shot = tmp_path / "leaderboard.png"
+    chromium(tmp_path, f"--screenshot={shot}", "--window-size=1280,1600", url + "#sort=cells-final_accuracy")
+    assert shot.read_bytes()[:4] == b"\x89PNG" and shot.stat().st_size > 10_000

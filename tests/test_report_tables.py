@@ -1,0 +1,134 @@
+"""The table builder on a store written directly: mean ± std over seeds, best in bold, missing entries
+shown as missing, failed and diverged entries as such, the paper's numbers and deltas in the right
+cells, tuned entries marked, Table 3 matched by HeurpFedLA's k."""
+from __future__ import annotations
+
+import pytest
+from report_helpers import write_cell
+
+from pflbench.reports.cells import load_cells
+from pflbench.reports.reference import default_reference_dir, load_references
+from pflbench.reports.tables import accuracy_tables, communication_tables
+from pflbench.reports.text import latex_report, markdown_table
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    root = tmp_path_factory.mktemp("store")
+    for seed, acc in enumerate((0.80, 0.82, 0.84)):        # 82.00 ± 2.00
+        write_cell(root, algorithm="fedavg", seed=seed, accuracies=(acc, acc))
+    for seed, acc in enumerate((0.90, 0.92)):              # 91.00 ± 1.41, the best on fmnist
+        write_cell(root, algorithm="pfedla", seed=seed, accuracies=(acc - 0.1, acc + 0.1))
+    write_cell(root, algorithm="local", status="failed", error="Traceback\nRuntimeError: boom")
+    write_cell(root, algorithm="local", seed=1, status="diverged", error="round 2: nan")
+    write_cell(root, algorithm="fedavg", dataset="cifar10-jpeg", accuracies=(0.40, 0.50))
+    write_cell(root, algorithm="pfedla", dataset="cifar10-jpeg", accuracies=(0.60, 0.60), hp_source="tuned")
+    write_cell(root, algorithm="fedavg", partition="dominant", accuracies=(0.70, 0.70))
+    for k, acc in ((1, 0.93), (2, 0.95)):
+        write_cell(root, algorithm="heurpfedla", dataset="emnist", hp={"k": k}, accuracies=(acc, acc),
+                   bytes_per_round=2_000_000 * (3 - k))
+    return root
+
+
+@pytest.fixture(scope="module")
+def tables(store):
+    cells = load_cells(store)
+    refs = load_references(default_reference_dir())
+    return {t.scheme: t for t in accuracy_tables(cells, refs)}, communication_tables(cells, refs), cells
+
+
+def entry(table, algorithm, dataset, clients=10, tuned=False, variant=""):
+    row = next(r for r in table.rows if r.algorithm == algorithm and r.tuned == tuned and r.variant == variant)
+    column = next(c for c in table.columns if c.dataset == dataset and c.clients == clients)
+    return table.entry(row, column)
+
+
+def md_rows(text: str) -> tuple[list[str], dict[str, list[str]]]:
+    lines = [[c.strip() for c in line.strip("|").split(" | ")] for line in text.splitlines()]
+    return lines[0], {cells[0]: cells for cells in lines[2:]}
+
+
+def test_references_transcribe_pfedla_tables():
+    refs = {r.name: r for r in load_references(default_reference_dir())}
+    assert {"pfedla_table1", "pfedla_table2", "pfedla_table3"} <= set(refs)
+    t1, t2, t3 = refs["pfedla_table1"].rows, refs["pfedla_table2"].rows, refs["pfedla_table3"].rows
+    # 10 algorithms x 8 columns, FedBN without EMNIST/FashionMNIST
+    assert len(t1) == len(t2) == 76 and set(t1["partition"]) == {"pathological"} and set(t2["partition"]) == {"dominant"}
+    row = t1[(t1.algorithm == "pfedla") & (t1.dataset == "cifar10") & (t1.clients == 100)].iloc[0]
+    assert (row["mean"], row["std"]) == (73.15, 0.83)
+    assert "settings" in refs["pfedla_table1"].meta and "source" in refs["pfedla_table1"].meta
+    assert t3["comm_mbytes"].tolist() == [491.08, 488.65, 312.52, 693.98, 418.97, 382.25, 379.82]
+
+
+def test_mean_std_best_missing_and_problems(tables):
+    by_scheme, _, _ = tables
+    table = by_scheme["pathological"]
+    fedavg = entry(table, "fedavg", "fmnist")
+    assert fedavg.mean == pytest.approx(82.0) and fedavg.std == pytest.approx(2.0) and fedavg.text() == "82.00 ± 2.00"
+    pfedla = entry(table, "pfedla", "fmnist")
+    assert pfedla.mean == pytest.approx(91.0) and pfedla.best and not fedavg.best
+    local = entry(table, "local", "fmnist")
+    assert local.mean is None and local.problems == {"diverged": 1, "failed": 1} and local.text() == "diverged, failed"
+    assert entry(table, "local", "cifar10-jpeg") is None  # never run: missing
+
+    header, rows = md_rows(markdown_table(table))
+    fmnist = header.index("fmnist, 10 clients")
+    assert rows["pFedLA"][fmnist] == "**91.00 ± 1.41**"
+    assert rows["FedAvg"][fmnist] == "82.00 ± 2.00"
+    assert rows["Local"][fmnist] == "diverged, failed"  # not 0
+    jpeg = header.index("cifar10-jpeg ‡, 10 clients")
+    assert rows["Local"][jpeg] == "–"
+
+
+def test_paper_numbers_and_deltas_in_the_right_cells(tables):
+    by_scheme, _, _ = tables
+    header, rows = md_rows(markdown_table(by_scheme["pathological"]))
+    fmnist = header.index("fmnist, 10 clients")
+    assert header[fmnist + 1: fmnist + 3] == ["paper", "Δ"]
+    assert rows["FedAvg"][fmnist + 1: fmnist + 3] == ["91.24 ± 0.98", "-9.24"]      # Table 1, FashionMNIST, 10
+    assert rows["pFedLA"][fmnist + 1: fmnist + 3] == ["94.34 ± 0.29", "-3.34"]
+    assert rows["Local"][fmnist + 1: fmnist + 3] == ["85.83 ± 0.17", "–"]          # no number of ours: no delta
+    jpeg = header.index("cifar10-jpeg ‡, 10 clients")                             # compared with CIFAR-10, marked
+    assert rows["FedAvg"][jpeg: jpeg + 3] == ["45.00", "48.57 ± 0.63", "-3.57"]
+    assert rows["pFedLA †"][jpeg: jpeg + 3] == ["**60.00 †**", "61.43 ± 0.56", "-1.43"]  # tuned: marked
+    header, rows = md_rows(markdown_table(by_scheme["dominant"]))                 # Table 2 for the dominant scheme
+    assert rows["FedAvg"][1:4] == ["70.00", "89.09 ± 0.57", "-19.09"]
+
+
+def test_table3_matches_heurpfedla_by_k(tables):
+    _, comm, _ = tables
+    emnist = next(t for t in comm if t.column.dataset == "emnist")
+    by_label = {row.label: e for row, e in emnist.rows}
+    assert set(by_label) == {"HeurpFedLA (k=1)", "HeurpFedLA (k=2)"}
+    assert (by_label["HeurpFedLA (k=1)"].paper.mean, by_label["HeurpFedLA (k=1)"].paper.comm_mbytes) == (94.11, 488.65)
+    assert by_label["HeurpFedLA (k=2)"].paper.comm_mbytes == 312.52
+    assert by_label["HeurpFedLA (k=1)"].mbytes_per_round == [pytest.approx(4.0)]
+    assert by_label["HeurpFedLA (k=2)"].mbytes == [pytest.approx(6.0)]
+
+
+def test_latex_is_booktabs_and_escaped(tables):
+    by_scheme, comm, _ = tables
+    text = latex_report(list(by_scheme.values()), [], comm)
+    assert text.count(r"\toprule") == text.count(r"\bottomrule") == len(by_scheme) + len(comm)
+    assert r"\textbf{91.00 $\pm$ 1.41}" in text and r"\multicolumn{3}{c}{fmnist, 10 clients}" in text
+    assert "classes_per_client" not in text  # underscores escaped
+    assert r"$^\dagger$" in text and r"$^\ddagger$" in text
+
+
+def test_a_hyperparameter_chosen_per_dataset_is_one_row(tmp_path):
+    write_cell(tmp_path, algorithm="fedprox", hp={"mu": 0.1}, accuracies=(0.8, 0.8))
+    write_cell(tmp_path, algorithm="fedprox", dataset="emnist", hp={"mu": 0.01}, accuracies=(0.7, 0.7))
+    write_cell(tmp_path, algorithm="fedprox", dataset="emnist", seed=1, hp={"mu": 0.1}, accuracies=(0.6, 0.6))
+    (table,) = accuracy_tables(load_cells(tmp_path))
+    assert [r.label for r in table.rows] == ["FedProx (mu=0.01)", "FedProx (mu=0.1)"]  # emnist holds both
+    write_cell(tmp_path / "b", algorithm="fedprox", hp={"mu": 0.1}, accuracies=(0.8, 0.8))
+    write_cell(tmp_path / "b", algorithm="fedprox", dataset="emnist", hp={"mu": 0.01}, accuracies=(0.7, 0.7))
+    (table,) = accuracy_tables(load_cells(tmp_path / "b"))
+    assert [r.label for r in table.rows] == ["FedProx"]
+
+
+def test_an_empty_store_reports_that_it_is_empty(tmp_path):
+    from pflbench.reports import ReportOptions, build_reports
+
+    report = build_reports(tmp_path / "none", tmp_path / "out", ReportOptions(partitions=False))
+    assert "no results yet" in report.markdown.read_text() and "no results yet" in report.index.read_text()
