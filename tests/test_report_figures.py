@@ -75,7 +75,7 @@ def test_client_distribution_marks_the_worst_ten_percent(tmp_path):
 
 
 def test_communication_label_distribution_and_generic_artifacts(tmp_path):
-    points = pd.DataFrame({"label": ["FedAvg", "HeurpFedLA (k=1)"], "mb_per_round": [2.0, 1.0], "accuracy": [80.0, 85.0],
+    points = pd.DataFrame({"label": ["FedAvg", "HeurpFedLA (retain_layers=1)"], "mb_per_round": [2.0, 1.0], "accuracy": [80.0, 85.0],
                            "accuracy_std": [1.0, 0.5]})
     paper = pd.DataFrame({"label": ["k=0", "k=1"], "comm_mbytes": [491.08, 488.65], "accuracy": [90.65, 94.11]})
     assert fig.communication_vs_accuracy(points, tmp_path / "comm", paper=paper, formats=("png",)).equals(points)

@@ -25,7 +25,7 @@ def store(tmp_path_factory):
     write_cell(root, algorithm="pfedla", dataset="cifar10-jpeg", accuracies=(0.60, 0.60), hp_source="tuned")
     write_cell(root, algorithm="fedavg", partition="dominant", accuracies=(0.70, 0.70))
     for k, acc in ((1, 0.93), (2, 0.95)):
-        write_cell(root, algorithm="heurpfedla", dataset="emnist", hp={"k": k}, accuracies=(acc, acc),
+        write_cell(root, algorithm="heurpfedla", dataset="emnist", hp={"retain_layers": k}, accuracies=(acc, acc),
                    bytes_per_round=2_000_000 * (3 - k))
     return root
 
@@ -99,11 +99,11 @@ def test_table3_matches_heurpfedla_by_k(tables):
     _, comm, _ = tables
     emnist = next(t for t in comm if t.column.dataset == "emnist")
     by_label = {row.label: e for row, e in emnist.rows}
-    assert set(by_label) == {"HeurpFedLA (k=1)", "HeurpFedLA (k=2)"}
-    assert (by_label["HeurpFedLA (k=1)"].paper.mean, by_label["HeurpFedLA (k=1)"].paper.comm_mbytes) == (94.11, 488.65)
-    assert by_label["HeurpFedLA (k=2)"].paper.comm_mbytes == 312.52
-    assert by_label["HeurpFedLA (k=1)"].mbytes_per_round == [pytest.approx(4.0)]
-    assert by_label["HeurpFedLA (k=2)"].mbytes == [pytest.approx(6.0)]
+    assert set(by_label) == {"HeurpFedLA (retain_layers=1)", "HeurpFedLA (retain_layers=2)"}
+    assert (by_label["HeurpFedLA (retain_layers=1)"].paper.mean, by_label["HeurpFedLA (retain_layers=1)"].paper.comm_mbytes) == (94.11, 488.65)
+    assert by_label["HeurpFedLA (retain_layers=2)"].paper.comm_mbytes == 312.52
+    assert by_label["HeurpFedLA (retain_layers=1)"].mbytes_per_round == [pytest.approx(4.0)]
+    assert by_label["HeurpFedLA (retain_layers=2)"].mbytes == [pytest.approx(6.0)]
 
 
 def test_latex_is_booktabs_and_escaped(tables):

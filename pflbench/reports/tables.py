@@ -10,7 +10,7 @@ and the paper's number for that entry where a reference file has one.
 and in total (down + up), beside pFedLA's Table 3 where it applies.
 
 Rows: an algorithm's cells whose hyperparameters (`hp.*`) differ get one row per setting (e.g.
-HeurpFedLA k=1, k=2); cells run with tuned hyperparameters (`hp_source` "tuned") get their own row,
+HeurpFedLA retain_layers=1, retain_layers=2); cells run with tuned hyperparameters (`hp_source` "tuned") get their own row,
 marked †. Cells of one entry that differ in anything but the seed are listed in the table's notes.
 """
 from __future__ import annotations
@@ -59,7 +59,7 @@ class Column:
 @dataclass(frozen=True)
 class Row:
     algorithm: str
-    variant: str = ""    # "k=1" when the algorithm's cells differ in hyperparameters
+    variant: str = ""    # "retain_layers=1" when the algorithm's cells differ in hyperparameters
     tuned: bool = False
 
     @property
