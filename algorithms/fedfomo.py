@@ -1,0 +1,192 @@
+"""FedFomo (Zhang, Sapra, Fidler, Yeung & Alvarez, ICLR 2021, "Personalized Federated Learning with
+First Order Model Optimization"; official code NVlabs/FedFomo).
+
+What the paper says: there is no global model. The server keeps the latest model uploaded by every
+client. In a round, each selected client i downloads M of those models, chosen epsilon-greedily
+from an affinity matrix P (row i: how useful each other client's model has been to i), and weighs
+each downloaded model n by the first-order estimate of how much moving toward it helps on i's own
+validation data:
+    w_n = (L_i(theta_i^{t-1}) - L_i(theta_n)) / ||theta_n - theta_i^{t-1}||.
+Negative weights are dropped and the rest normalized to sum 1; the client updates
+    theta_i^t = theta_i^{t-1} + sum_n w_n (theta_n - theta_i^{t-1})
+(if no weight is positive it keeps its model), adds the weights to P[i, n], trains locally, and
+uploads its model. Exploration: epsilon = 0.3, decreased by 0.05 each round; M = 8 models in the
+paper's main settings (5 in re-implementations).
+
+Where the paper is silent / what was chosen here:
+- Candidates: models the server has received (clients that have trained at least once), excluding
+  the client's own. In round 1 nobody has uploaded yet: nothing is downloaded and every client
+  trains from its own (common initial) model. When fewer than M candidates exist, all are sent; the
+  count is the same for all clients of a round (the smallest candidate count among them) so the
+  download is one stacked tensor per model slot.
+- epsilon-greedy per slot (as the official code): with probability epsilon_t a uniformly random
+  remaining candidate, else the remaining candidate with the highest affinity (ties broken at
+  random); epsilon_t = max(0, epsilon - decay * (round - 1)). Draws come from a generator seeded by
+  the cell seed and the round, so runs are reproducible.
+- Affinity: P starts at 0; P[i, n] += w_n with the raw (signed) weights, as the official code adds
+  its loss deltas. The weights are computed on the client and uploaded with its model (M floats,
+  counted in bytes up).
+- Loss and distance: L_i is the mean cross-entropy on the client's validation split (its training
+  split where a client has no validation samples, e.g. val_fraction = 0), BatchNorm in eval mode;
+  the distance is the L2 norm over all parameters (`norm="l1"`: the official code's default). A
+  model at distance 0 (identical to the client's) gets weight 0. Non-finite weights count as 0.
+- The update mixes parameters and floating BatchNorm statistics; integer counters stay the
+  client's. The personalized model is the client's own model after local training; clients not
+  sampled keep theirs.
+- Communication: down = M full models per client (each a separate entry of `configure`'s dict, so
+  the engine counts M models); up = the client's model plus its M weights.
+- Batched: yes (plain local SGD via `fed.train`; the candidates' validation losses are evaluated
+  for all sampled clients at once).
+- Artifacts: the affinity matrix P [N, N] and this round's normalized weights [N, N] (row i: the
+  weights client i gave, zero where not downloaded or not sampled), for heatmaps.
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+import torch
+from pydantic import Field
+
+from pflbench.algorithm import ALGORITHMS, Algorithm, Hyperparams
+
+
+def fomo_weights(own_loss: torch.Tensor, cand_loss: torch.Tensor, distance: torch.Tensor) -> torch.Tensor:
+    """The raw FedFomo weights [K, M]: (L(own) - L(candidate)) / ||candidate - own||; 0 where the
+    distance is 0 or the value is not finite."""
+    safe = torch.where(distance > 0, distance, torch.ones_like(distance))
+    raw = (own_loss.unsqueeze(1) - cand_loss) / safe
+    return torch.where((distance > 0) & torch.isfinite(raw), raw, torch.zeros_like(raw))
+
+
+def normalize_weights(raw: torch.Tensor) -> torch.Tensor:
+    """Negative weights dropped, the rest scaled to sum 1 per row; a row without a positive weight is
+    all zeros (the client keeps its own model)."""
+    positive = raw.clamp(min=0)
+    total = positive.sum(1, keepdim=True)
+    return torch.where(total > 0, positive / torch.where(total > 0, total, torch.ones_like(total)),
+                       torch.zeros_like(positive))
+
+
+@ALGORITHMS.register("fedfomo")
+class FedFomo(Algorithm):
+    name = "fedfomo"
+
+    class Hyperparams(Hyperparams):
+        models: int = Field(8, ge=1)                       # M, models downloaded per client
+        epsilon: float = Field(0.3, ge=0.0, le=1.0)        # initial exploration probability
+        epsilon_decay: float = Field(0.05, ge=0.0)         # subtracted every round
+        norm: Literal["l2", "l1"] = "l2"
+
+    search_space = {"models": ("int", 1, 10), "epsilon": ("uniform", 0.0, 0.5),
+                    "epsilon_decay": ("uniform", 0.0, 0.1)}
+
+    def setup(self) -> None:
+        super().setup()
+        n = self.fed.num_clients
+        self.server_models = self.fed.init_state(n)  # latest upload of every client
+        self.uploaded = torch.zeros(n, dtype=torch.bool)
+        self.affinity = torch.zeros(n, n, dtype=torch.float64)
+        self.last_weights = torch.zeros(n, n, dtype=torch.float64)
+        has_val = all(len(i) > 0 for i in self.fed.splits["val"])
+        self.eval_split = "val" if has_val else "train"
+        self._chosen: torch.Tensor | None = None
+        self._raw: torch.Tensor | None = None
+
+    def epsilon_at(self, rnd: int) -> float:
+        return max(0.0, self.hp.epsilon - self.hp.epsilon_decay * (rnd - 1))
+
+    def choose(self, rnd: int, clients: torch.Tensor) -> torch.Tensor:
+        """The models each client downloads: [K, M'] client ids, epsilon-greedy on the affinity."""
+        rng = np.random.default_rng([self.fed.cell.seed, rnd, 0xF0F0])
+        uploaded = self.uploaded.numpy()
+        candidates = [[n for n in np.flatnonzero(uploaded) if n != c] for c in clients.tolist()]
+        count = min([self.hp.models, *map(len, candidates)])
+        eps = self.epsilon_at(rnd)
+        chosen = []
+        for c, pool in zip(clients.tolist(), candidates):
+            pool = list(pool)
+            picks = []
+            for _ in range(count):
+                if rng.random() < eps:
+                    pick = pool[rng.integers(len(pool))]
+                else:
+                    scores = self.affinity[c, pool].numpy()
+                    order = np.lexsort((rng.random(len(pool)), -scores))  # best first, random ties
+                    pick = pool[order[0]]
+                picks.append(pick)
+                pool.remove(pick)
+            chosen.append(picks)
+        return torch.tensor(chosen, dtype=torch.long).view(len(clients), count)
+
+    def configure(self, rnd, clients):
+        self._chosen = self.choose(rnd, clients.cpu())
+        device_ids = self._chosen.to(self.fed.device)
+        return {f"model{m}.{n}": t[device_ids[:, m]]
+                for m in range(self._chosen.shape[1]) for n, t in self.server_models.items()}
+
+    def receive(self, rnd, clients, download):
+        own = {n: t[clients].clone() for n, t in self.client_state.items()}
+        count = self._chosen.shape[1] if self._chosen is not None else 0
+        if not download or count == 0:
+            self._raw = torch.zeros(len(clients), 0)
+            return own
+        names = self.fed.model.names
+        k = len(clients)
+        # candidates stacked [K * M, ...]: row k * M + m is client k's m-th download
+        stacked = {n: torch.stack([download[f"model{m}.{n}"] for m in range(count)], 1).flatten(0, 1)
+                   for n in names}
+        _, own_loss = self.fed.evaluate(own, self.eval_split, clients)
+        _, cand_loss = self.fed.evaluate(stacked, self.eval_split, clients.repeat_interleave(count))
+        cand_loss = cand_loss.view(k, count)
+        distance = self.distance(own, stacked, k, count).to(own_loss.dtype)
+        raw = fomo_weights(own_loss, cand_loss, distance)
+        weights = normalize_weights(raw)
+        self._raw = raw.detach().cpu()
+        self._weights = weights.detach().cpu()
+        return self.combine(own, stacked, weights)
+
+    def distance(self, own, stacked, k, count):
+        total = torch.zeros(k, count, dtype=torch.float64, device=self.fed.device)
+        for n in self.fed.model.param_names:
+            diff = (stacked[n].view(k, count, -1) - own[n].view(k, 1, -1)).double()
+            total += diff.abs().sum(-1) if self.hp.norm == "l1" else (diff ** 2).sum(-1)
+        return total if self.hp.norm == "l1" else total.sqrt()
+
+    def combine(self, own, stacked, weights):
+        """theta_i + sum_m w_m (theta_m - theta_i), per client; integer buffers stay the client's."""
+        k, count = weights.shape
+        out = {}
+        for n, t in own.items():
+            if not t.is_floating_point():
+                out[n] = t
+                continue
+            cand = stacked[n].view(k, count, *t.shape[1:])
+            w = weights.to(t.dtype).view(k, count, *([1] * (t.dim() - 1)))
+            out[n] = t + (w * (cand - t.unsqueeze(1))).sum(1)
+        return out
+
+    def send(self, rnd, clients, state):
+        for n, t in state.items():
+            self.client_state[n][clients] = t
+        return {**{n: state[n] for n in self.fed.model.names},
+                "fomo_weights": self._raw.to(torch.float32).to(self.fed.device)}
+
+    def aggregate(self, rnd, clients, upload):
+        for n in self.fed.model.names:
+            self.server_models[n][clients] = upload[n]
+        cpu_clients = clients.cpu()
+        self.uploaded[cpu_clients] = True
+        self.last_weights.zero_()
+        if self._chosen is not None and self._chosen.shape[1]:
+            raw = upload["fomo_weights"].cpu().double()
+            rows = cpu_clients.unsqueeze(1).expand_as(self._chosen)
+            self.affinity.index_put_((rows, self._chosen), raw, accumulate=True)
+            self.last_weights[rows, self._chosen] = self._weights.double()
+
+    def personalized(self):
+        return self.client_state
+
+    def artifacts(self):
+        return {"affinity": self.affinity.numpy().astype(np.float32),
+                "weights": self.last_weights.numpy().astype(np.float32)}
