@@ -132,13 +132,18 @@ class Federation:
 
     def train(self, rnd: int, clients: Tensor, state: State, *, objective: Objective = cross_entropy,
               aux: State | None = None, trainable=None, epochs: int | None = None,
-              steps: int | None = None, split: str = "train", salt: int = 0) -> TrainResult:
+              steps: int | None = None, split: str = "train", salt: int = 0,
+              model: ClientModel | None = None, targets: Tensor | None = None) -> TrainResult:
         """Local SGD of the sampled clients from `state` ([len(clients), ...]) on their own data:
-        `epochs` (default: the cell's local_epochs) or a fixed number of `steps`."""
+        `epochs` (default: the cell's local_epochs) or a fixed number of `steps`. `model` trains
+        another architecture than the clients' own (e.g. a shared global model in a heterogeneous
+        cell); `targets`, a per-sample table indexed like the dataset's labels, is what the objective
+        receives instead of the labels (e.g. labels with a teacher's logits, for distillation)."""
         indices = [self.splits[split][c] for c in clients.tolist()]
         plans = batch_plan([len(i) for i in indices], self.cell.batch_size,
                            epochs or self.cell.local_epochs, steps, self.batch_generators(rnd, clients, salt))
-        new_state, loss = train_clients(self.model_of(clients), state, self.features, self.labels, indices, plans,
+        new_state, loss = train_clients(model or self.model_of(clients), state, self.features,
+                                        self.labels if targets is None else targets, indices, plans,
                                         self.sgd, objective=objective, aux=aux, trainable=trainable,
                                         batched=self.batched)
         return TrainResult(new_state, loss)
