@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from algorithms.mhpfedhn import MHpFedHN, MultiHeadHypernetwork, distillation, hypernetwork_step
+from algorithms.mhpfedhn import MHpFedHN, MHpFedHNGD, MultiHeadHypernetwork, distillation, hypernetwork_step
 from pflbench.config import CellConfig
 from pflbench.federation import Federation, prepare_cell, run_cell
 
@@ -105,3 +105,13 @@ def test_gd_variant_sends_the_global_model_and_runs(tmp_path, updates):
     cnn, resnet = 234_006, 347_178
     assert result.metrics["bytes_down"].tolist() == [4 * (cnn + cnn)] * 2 + [4 * (resnet + cnn)] * 2
     assert result.metrics["bytes_up"].tolist() == result.metrics["bytes_down"].tolist()
+
+
+def test_gd_global_model_is_the_smallest_architecture_and_shares_its_head(tmp_path):
+    cell = _cell(algorithm="mh-pfedhngd", model="resnet10,mh-cnn", clients=4)
+    fed = Federation(cell, *prepare_cell(cell, tmp_path))
+    alg = MHpFedHNGD(fed, MHpFedHNGD.parse_hyperparams(cell.hp))
+    alg.setup()
+    assert alg.global_model.numel(alg.global_model.param_names) == 234_006  # the CNN, not ResNet10
+    global_index = fed.num_clients  # the extra embedding
+    assert alg.hnet.head_key(global_index) == alg.hnet.head_key(2) != alg.hnet.head_key(0)
