@@ -49,6 +49,9 @@ class Algorithm:
     search_space: ClassVar[dict[str, tuple]] = {}
     # Whether local training may run batched across clients (False: the engine loops, and says so).
     batched: ClassVar[bool] = True
+    # Whether the algorithm works when clients have different architectures (a cell whose `model`
+    # is a group spec such as "hetero5"); those that need one shared model reject such cells.
+    heterogeneous_models: ClassVar[bool] = False
     name: ClassVar[str] = ""
 
     def __init__(self, fed: "Federation", hp: Hyperparams):
@@ -64,6 +67,19 @@ class Algorithm:
             problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in err.errors())
             raise ValueError(f"bad hyperparameters for algorithm {cls.name!r}: {problems} "
                              f"(allowed, with defaults: {allowed})") from None
+
+    @classmethod
+    def check_models(cls, model: str) -> None:
+        """ValueError before anything runs if the cell's `model` gives clients different
+        architectures and this algorithm needs one shared architecture."""
+        from pflbench.models import is_heterogeneous
+
+        if is_heterogeneous(model) and not cls.heterogeneous_models:
+            allowed = [name for name, c in ALGORITHMS.items() if c.heterogeneous_models]
+            raise ValueError(
+                f"algorithm {cls.name!r} needs one architecture shared by all clients, but model {model!r} "
+                f"gives clients different architectures; algorithms for heterogeneous models: "
+                f"{', '.join(allowed) or 'none'} (or give a single model name)")
 
     # ---- state ---------------------------------------------------------------------------------
     def setup(self) -> None:
@@ -111,6 +127,11 @@ class Algorithm:
         return {n: (self.client_state[n] if self.is_local(n)
                     else self.global_state[n].expand(n_clients, *self.global_state[n].shape[1:]))
                 for n in self.fed.model.names}
+
+    def evaluate(self, personal, split: str) -> tuple[Tensor, Tensor]:
+        """Accuracy and loss [N] of every client's personalized model on its own `split`. Override
+        only for models the engine cannot call (e.g. FedMN's routed module pool)."""
+        return self.fed.evaluate_personalized(personal, split)
 
     def artifacts(self) -> dict[str, np.ndarray]:
         """Arrays worth keeping from this round (e.g. aggregation weights); saved every eval_every rounds."""

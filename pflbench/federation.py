@@ -20,9 +20,9 @@ from torch import Tensor
 
 from pflbench.algorithm import Algorithm, get_algorithm
 from pflbench.config import CellConfig
-from pflbench.models import build_model, default_model
+from pflbench.models import build_model, client_groups, default_model, is_heterogeneous
 from pflbench.training import (SGD, ClientModel, Diverged, Objective, State, batch_plan, cross_entropy,
-                               evaluate_clients, state_bytes, train_clients)
+                               evaluate_clients, payload_bytes, train_clients)
 
 CLIENT_BATCHING = ("auto", "on", "off")
 
@@ -68,16 +68,58 @@ class Federation:
         self.splits = {name: [torch.as_tensor(i, dtype=torch.long, device=self.device) for i in part]
                        for name, part in (("train", splits.train), ("val", splits.val), ("test", splits.test))}
         self.train_sizes = torch.tensor([len(i) for i in splits.train], device=self.device)
-        model_name = default_model(dataset.input_shape) if cell.model == "auto" else cell.model
-        self.model_name = model_name
-        self.model = ClientModel(build_model(model_name, dataset.input_shape, dataset.num_classes))
+        self.heterogeneous = is_heterogeneous(cell.model)
+        if not self.heterogeneous:
+            model_name = default_model(dataset.input_shape) if cell.model == "auto" else cell.model
+            self.model_name = model_name
+            self._model = ClientModel(build_model(model_name, dataset.input_shape, dataset.num_classes))
+            groups = [(model_name, list(range(self.num_clients)))]
+        else:  # one architecture per group of clients (pflbench.models.client_groups)
+            self.model_name = cell.model
+            self._model = None
+            groups = client_groups(cell.model, self.num_clients)
+        # Model heterogeneity: group g's clients share architecture `models[g]`; a homogeneous cell
+        # is one group. Algorithms train and evaluate one group at a time (`by_group`).
+        self.group_names = [name for name, _ in groups]
+        self.models = [self._model] if self._model is not None else [
+            ClientModel(build_model(name, dataset.input_shape, dataset.num_classes)) for name in self.group_names]
+        self.group_clients = [torch.as_tensor(ids, dtype=torch.long, device=self.device) for _, ids in groups]
+        self.group_of = torch.zeros(self.num_clients, dtype=torch.long, device=self.device)
+        for g, ids in enumerate(self.group_clients):
+            self.group_of[ids] = g
         self.sgd = SGD(cell.lr, cell.momentum, cell.weight_decay)
         self.batched = choose_batching(client_batching, self.device, algorithm_batched)
         self.schedule = sample_schedule(cell.clients, cell.participation, cell.rounds, cell.seed)
 
-    def init_state(self, num: int) -> State:
-        """`num` copies of the initial model (drawn from the cell's seed), stacked."""
-        return self.model.init(num, self.cell.seed, self.device)
+    @property
+    def model(self) -> ClientModel:
+        """The cell's one architecture. A heterogeneous cell has several (`models`, `model_of`)."""
+        if self._model is None:
+            raise RuntimeError(f"cell model {self.cell.model!r} gives clients different architectures: "
+                               f"use fed.models[g] / fed.model_of(clients) / fed.by_group(clients)")
+        return self._model
+
+    def model_of(self, clients: Tensor) -> ClientModel:
+        """The architecture shared by `clients` (ValueError if they have different ones)."""
+        if self._model is not None:
+            return self._model
+        groups = torch.unique(self.group_of[clients])
+        if len(groups) != 1:
+            raise ValueError(f"clients {clients.tolist()} have different architectures "
+                             f"({[self.group_names[g] for g in groups.tolist()]}); split them with fed.by_group")
+        return self.models[int(groups[0])]
+
+    def by_group(self, clients: Tensor) -> list[tuple[int, Tensor]]:
+        """(group, positions into `clients`) for each architecture among `clients`, in group order."""
+        groups = self.group_of[clients]
+        return [(g, torch.nonzero(groups == g).flatten()) for g in torch.unique(groups).tolist()]
+
+    def init_state(self, num: int, group: int | None = None) -> State:
+        """`num` copies of the initial model (drawn from the cell's seed), stacked; in a heterogeneous
+        cell, of group `group`'s architecture."""
+        if group is None:
+            return self.model.init(num, self.cell.seed, self.device)
+        return self.models[group].init(num, self.cell.seed, self.device)
 
     def batch_generators(self, rnd: int, clients: Tensor, salt: int = 0) -> list[torch.Generator]:
         """One generator per client for its batch order in round `rnd`: the same for every algorithm
@@ -90,13 +132,18 @@ class Federation:
 
     def train(self, rnd: int, clients: Tensor, state: State, *, objective: Objective = cross_entropy,
               aux: State | None = None, trainable=None, epochs: int | None = None,
-              steps: int | None = None, split: str = "train", salt: int = 0) -> TrainResult:
+              steps: int | None = None, split: str = "train", salt: int = 0,
+              model: ClientModel | None = None, targets: Tensor | None = None) -> TrainResult:
         """Local SGD of the sampled clients from `state` ([len(clients), ...]) on their own data:
-        `epochs` (default: the cell's local_epochs) or a fixed number of `steps`."""
+        `epochs` (default: the cell's local_epochs) or a fixed number of `steps`. `model` trains
+        another architecture than the clients' own (e.g. a shared global model in a heterogeneous
+        cell); `targets`, a per-sample table indexed like the dataset's labels, is what the objective
+        receives instead of the labels (e.g. labels with a teacher's logits, for distillation)."""
         indices = [self.splits[split][c] for c in clients.tolist()]
         plans = batch_plan([len(i) for i in indices], self.cell.batch_size,
                            epochs or self.cell.local_epochs, steps, self.batch_generators(rnd, clients, salt))
-        new_state, loss = train_clients(self.model, state, self.features, self.labels, indices, plans,
+        new_state, loss = train_clients(model or self.model_of(clients), state, self.features,
+                                        self.labels if targets is None else targets, indices, plans,
                                         self.sgd, objective=objective, aux=aux, trainable=trainable,
                                         batched=self.batched)
         return TrainResult(new_state, loss)
@@ -104,8 +151,21 @@ class Federation:
     def evaluate(self, state: State, split: str = "test", clients: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """Accuracy and loss of each client's model (rows of `state`) on its own `split`."""
         ids = range(self.num_clients) if clients is None else clients.tolist()
-        return evaluate_clients(self.model, state, self.features, self.labels,
+        model = self.model if clients is None else self.model_of(clients)
+        return evaluate_clients(model, state, self.features, self.labels,
                                 [self.splits[split][c] for c in ids], batched=self.batched)
+
+    def evaluate_personalized(self, personal: State | list[State], split: str = "test") -> tuple[Tensor, Tensor]:
+        """Accuracy and loss [N] of every client's model: `personal` is a State [N, ...], or in a
+        heterogeneous cell a list with one State per group (rows: `group_clients[g]`)."""
+        if not self.heterogeneous:
+            return self.evaluate(personal, split)
+        accuracy = torch.full((self.num_clients,), float("nan"), device=self.device)
+        loss = accuracy.clone()
+        for g, ids in enumerate(self.group_clients):
+            if len(ids):
+                accuracy[ids], loss[ids] = self.evaluate(personal[g], split, ids)
+        return accuracy, loss
 
 
 @dataclass
@@ -145,6 +205,7 @@ def run_cell(cell: CellConfig, *, data_root=None, mirror=None, device: str = "cp
     any other exception propagates to the caller (the runner records it as failed)."""
     algorithm_cls = get_algorithm(cell.algorithm)
     hp = algorithm_cls.parse_hyperparams(cell.hp)
+    algorithm_cls.check_models(cell.model)  # a heterogeneous cell needs an algorithm that supports it
     dataset, splits = prepare_cell(cell, data_root, mirror)
     fed = Federation(cell, dataset, splits, device, client_batching, algorithm_cls.batched)
     algorithm = algorithm_cls(fed, hp)
@@ -177,7 +238,7 @@ def run_rounds(fed: Federation, algorithm: Algorithm, on_round=None, provenance:
         except Diverged as err:
             status, diverged_round, error = "diverged", rnd, f"round {rnd}: {err}"
             break
-        bytes_down, bytes_up = state_bytes(download), state_bytes(upload)
+        bytes_down, bytes_up = payload_bytes(download), payload_bytes(upload)
         round_rows.append({"round": rnd, "clients": len(clients),
                            "bytes_down": int(bytes_down.sum()), "bytes_up": int(bytes_up.sum()),
                            "wall_time": time.perf_counter() - round_start})
@@ -187,11 +248,11 @@ def run_rounds(fed: Federation, algorithm: Algorithm, on_round=None, provenance:
             except Diverged as err:
                 status, diverged_round, error = "diverged", rnd, f"round {rnd}: {err}"
                 break
-            accuracy, loss = fed.evaluate(personal, "test")
+            accuracy, loss = algorithm.evaluate(personal, "test")
             if not torch.isfinite(loss).all():
                 status, diverged_round, error = "diverged", rnd, f"round {rnd}: non-finite test loss"
                 break
-            val_accuracy, val_loss = fed.evaluate(personal, "val")
+            val_accuracy, val_loss = algorithm.evaluate(personal, "val")
             sent_down = dict(zip(clients.tolist(), bytes_down.tolist()))
             sent_up = dict(zip(clients.tolist(), bytes_up.tolist()))
             for c in range(fed.num_clients):

@@ -90,3 +90,171 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int) -> nn
     if name == "auto":
         name = default_model(input_shape)
     return MODELS.get(name)(tuple(input_shape), num_classes)
+
+
+# ---- MH-pFedHN's client architectures (github.com/DangDang1895/MH-pFL models.py, bias=True) -------
+# Five families of different sizes for model-heterogeneous cells. They are written for any
+# (C, H, W) input: 3x32x32 gives exactly the official parameter counts (CIFAR-10: 234,006 /
+# 268,814 / 347,178 / 523,242 / 565,386); 1x28x28 (MNIST-like) only changes the first layer and the
+# flattened size (global average pooling replaces the official AvgPool(8), identical at 32x32).
+
+def _flat_side(side: int, pools: int) -> int:
+    for _ in range(pools):
+        side //= 2
+    return side
+
+
+class MHCNN(nn.Module):
+    """conv3x3(16, pad 1) -> pool -> conv3x3(32, pad 1) -> pool -> FC108 -> FC64 -> FC(classes)."""
+
+    def __init__(self, input_shape: tuple[int, ...], num_classes: int):
+        super().__init__()
+        channels, height, width = _image_shape(input_shape, "mh-cnn")
+        self.conv1 = nn.Conv2d(channels, 16, 3, padding=1)
+        self.conv2 = nn.Conv2d(16, 32, 3, padding=1)
+        self.fc1 = nn.Linear(32 * _flat_side(height, 2) * _flat_side(width, 2), 108)
+        self.fc2 = nn.Linear(108, 64)
+        self.fc3 = nn.Linear(64, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.max_pool2d(torch.relu(self.conv1(x)), 2)
+        x = torch.max_pool2d(torch.relu(self.conv2(x)), 2)
+        x = torch.relu(self.fc1(x.flatten(1)))
+        x = torch.relu(self.fc2(x))
+        return self.fc3(x)
+
+
+class VGG8(nn.Module):
+    """Six 3x3 convolutions (16,16 | 32,32 | 64,64, a pool after each pair), FC180 -> FC64 -> FC(classes),
+    dropout 0.5 before the last two."""
+
+    def __init__(self, input_shape: tuple[int, ...], num_classes: int):
+        super().__init__()
+        channels, height, width = _image_shape(input_shape, "vgg8")
+        layers: list[nn.Module] = []
+        for width_in, width_out in ((channels, 16), (16, 32), (32, 64)):
+            layers += [nn.Conv2d(width_in, width_out, 3, padding=1), nn.ReLU(),
+                       nn.Conv2d(width_out, width_out, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2)]
+        self.features = nn.Sequential(*layers)
+        self.classifier = nn.Sequential(
+            nn.Linear(64 * _flat_side(height, 3) * _flat_side(width, 3), 180), nn.ReLU(), nn.Dropout(),
+            nn.Linear(180, 64), nn.ReLU(), nn.Dropout(), nn.Linear(64, num_classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.features(x).flatten(1))
+
+
+class ResNetBlock(nn.Module):
+    """Two 3x3 conv + BN; where the width changes, stride 2 and a 1x1 stride-2 conv shortcut."""
+
+    def __init__(self, width_in: int, width_out: int):
+        super().__init__()
+        stride = 1 if width_in == width_out else 2
+        self.shortcut = nn.Identity() if stride == 1 else nn.Conv2d(width_in, width_out, 1, stride=2)
+        self.conv1 = nn.Conv2d(width_in, width_out, 3, stride=stride, padding=1)
+        self.conv2 = nn.Conv2d(width_out, width_out, 3, padding=1)
+        self.bn1 = nn.BatchNorm2d(width_out)
+        self.bn2 = nn.BatchNorm2d(width_out)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = torch.relu(self.bn1(self.conv1(x)))
+        return torch.relu(self.bn2(self.conv2(out)) + self.shortcut(x))
+
+
+# Block widths of the official ResNet10/12/18 (the downsampling blocks are where the width changes).
+RESNET_WIDTHS = {
+    10: [16, 16, 16, 32, 32, 32, 64, 64, 64, 64],
+    12: [16, 32, 32, 32, 32, 32, 64, 64, 64, 64, 64, 64],
+    18: [16] * 6 + [32] * 6 + [64] * 6,
+}
+
+
+class ResNet(nn.Module):
+    """Stem conv3x3(16) + BN, basic blocks of widths RESNET_WIDTHS[depth], global average pool, FC."""
+
+    def __init__(self, input_shape: tuple[int, ...], num_classes: int, depth: int):
+        super().__init__()
+        channels, _, _ = _image_shape(input_shape, f"resnet{depth}")
+        self.conv1 = nn.Conv2d(channels, 16, 3, padding=1)
+        self.bn1 = nn.BatchNorm2d(16)
+        widths = RESNET_WIDTHS[depth]
+        self.res_net = nn.Sequential(*(ResNetBlock(w_in, w_out) for w_in, w_out in zip([16, *widths], widths)))
+        self.final = nn.Linear(widths[-1], num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.res_net(torch.relu(self.bn1(self.conv1(x))))
+        return self.final(x.mean(dim=(2, 3)))
+
+
+def _image_shape(input_shape: tuple[int, ...], name: str) -> tuple[int, int, int]:
+    if len(input_shape) != 3:
+        raise ValueError(f"model {name!r} needs image inputs (C, H, W), got shape {tuple(input_shape)}")
+    return tuple(input_shape)  # type: ignore[return-value]
+
+
+@MODELS.register("mh-cnn")
+def mh_cnn(input_shape, num_classes):
+    return MHCNN(input_shape, num_classes)
+
+
+@MODELS.register("vgg8")
+def vgg8(input_shape, num_classes):
+    return VGG8(input_shape, num_classes)
+
+
+for _depth in RESNET_WIDTHS:
+    MODELS.register(f"resnet{_depth}")(lambda input_shape, num_classes, _d=_depth: ResNet(input_shape, num_classes, _d))
+
+
+# ---- heterogeneous cells: which client gets which architecture ------------------------------------
+# A cell's `model` is one name (every client the same), or a group spec: a preset from MODEL_GROUPS
+# or a comma-separated list of names. The clients are split into that many contiguous groups of
+# equal size (the remainder going to the first groups), group g getting the g-th architecture:
+# MH-pFedHN's heterogeneous setting (`--only-cnn False`).
+MODEL_GROUPS = {"hetero5": ("mh-cnn", "vgg8", "resnet10", "resnet12", "resnet18")}
+
+
+def group_names(spec: str) -> tuple[str, ...]:
+    """The architectures a cell's `model` names, in group order (one for a homogeneous cell)."""
+    if spec in MODEL_GROUPS:
+        return MODEL_GROUPS[spec]
+    return tuple(part.strip() for part in spec.split(","))
+
+
+def is_heterogeneous(spec: str) -> bool:
+    """Whether clients may get different architectures (a group spec with two or more groups)."""
+    return len(group_names(spec)) > 1
+
+
+def check_model_spec(spec: str) -> str:
+    """`spec` if every name in it is a registered model, else ValueError naming the allowed ones."""
+    names = group_names(spec)
+    for name in names:
+        if name != "auto" and name not in MODELS:
+            raise UnknownModelError(name)
+    if len(names) > 1 and "auto" in names:
+        raise ValueError(f"'auto' cannot be one of a heterogeneous model list ({spec!r}); name each model")
+    return spec
+
+
+class UnknownModelError(ValueError):
+    def __init__(self, name: str):
+        import difflib
+
+        allowed = ["auto", *MODELS.names(), *MODEL_GROUPS, "NAME,NAME,... (equal groups)"]
+        close = difflib.get_close_matches(name, allowed, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        super().__init__(f"unknown model {name!r}{hint}; allowed: {', '.join(allowed)}")
+
+
+def client_groups(spec: str, num_clients: int) -> list[tuple[str, list[int]]]:
+    """(architecture, client ids) per group: contiguous, equal sizes, remainder to the first groups.
+    A group may be empty when there are fewer clients than architectures."""
+    names = group_names(spec)
+    base, extra = divmod(num_clients, len(names))
+    groups, start = [], 0
+    for g, name in enumerate(names):
+        size = base + (g < extra)
+        groups.append((name, list(range(start, start + size))))
+        start += size
+    return groups

@@ -84,11 +84,10 @@ def _check_scheme(name: str) -> str:
 
 
 def _check_model(name: str) -> str:
-    from pflbench.models import MODELS
+    """A model name, `auto`, or a heterogeneous group spec (`hetero5`, `mh-cnn,vgg8`)."""
+    from pflbench.models import check_model_spec
 
-    if name != "auto" and name not in MODELS:
-        raise ValueError(unknown_message("model", name, ["auto", *MODELS.names()]))
-    return name
+    return check_model_spec(name)
 
 
 NAME_CHECKS: dict[str, Callable[[str], str]] = {
@@ -557,6 +556,11 @@ def _build_cell(flat: Assignments, problems: Problems) -> CellConfig | None:
         hp = _algorithms().get(algorithm).parse_hyperparams(cell.hp)
     except ValueError as error:
         problems.add(origins("algorithm", "hp"), str(error))
+        return None
+    try:  # a heterogeneous `model` needs an algorithm that supports it
+        _algorithms().get(algorithm).check_models(cell.model)
+    except ValueError as error:
+        problems.add(origins("algorithm", "model"), str(error))
         return None
     try:
         scheme = make_partitioner(cell.partition, cell.partition_params)

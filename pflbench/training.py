@@ -193,6 +193,16 @@ def state_bytes(state: dict) -> Tensor:
     return total
 
 
+def payload_bytes(payload: State | list[State]) -> Tensor:
+    """Bytes per client of what a hook sends: a stacked `State` (every client the same tensors), or
+    a list with one dict of unstacked tensors per client (payloads that differ between clients:
+    different architectures, routed modules, ...)."""
+    if isinstance(payload, (list, tuple)):
+        return torch.tensor([sum(t.numel() * t.element_size() for t in own.values()) for own in payload],
+                            dtype=torch.long)
+    return state_bytes(payload)
+
+
 def batch_plan(num_samples: list[int], batch_size: int, epochs: int, steps: int | None,
                generators: list[torch.Generator]) -> list[Tensor]:
     """Per client, positions into its own sample list: [steps_i, batch_size] (see module doc)."""

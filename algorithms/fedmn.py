@@ -1,0 +1,366 @@
+"""FedMN: personalized FL with heterogeneous modular networks (Wang et al., ICDM 2022, arXiv
+2210.14830; official code github.com/xztcwang/FedMN). Spec: `../shared/specs/fedmn.md`; tags:
+[C] read in the official code, [P] the paper's abstract/introduction, [INF] ours (the paper's method
+section was not available).
+
+Model [C]: L modular layers with M_l independent modules each (default 3 layers x 2 modules):
+layer 0 encoders (a LeNet-style conv net for images: conv(32,5)-pool-conv(64,5)-pool-fc(2048)-fc(512);
+an MLP for vectors), hidden modules Linear(512, 256)+ReLU+dropout 0.5, output modules Linear(256, C).
+The code appends the same module object M times (all modules of a layer share weights); here the
+modules are independent copies [INF] (`code_compat` ties them again).
+
+Routing [C]: gates on the edges between modules: M_0 input gates, a M_l x M_{l-1} connection matrix
+per layer l >= 1, M_{L-1} output gates. Module k of layer l reads sum_j A[k,j] h_j / sum_j A[k,j];
+the logits are sum_k g_k h_k / sum_k g_k. The routing hypernetwork reads the client's whole local
+training set (x and one-hot y) as one set: s = mean_i Linear(ReLU(L2norm([phi_x(x_i); phi_y(y_i)])))
+(DeepSets mean pooling; phi_x -> 128, phi_y = Linear(C, 64)) [C]; phi_x is a small conv net here
+(the code uses the pretrained encoder type) [INF]. It is recomputed at every local step [C]
+(`router_samples` > 0 subsamples the set, for speed [INF]).
+
+Faithful version [INF, the spec's recommendation]: binary-concrete gates sigmoid((s + logistic noise)/tau),
+straight-through hard gates (forward 0/1, gradient of the soft gate) trained end to end with the
+modules; tau annealed tau <- max(tau0 exp(-rate t), tau_min) per local step (the code's constants
+1.0, 3e-5, 0.5); deterministic gates 1[s > 0] at test time; each layer keeps at least one active path
+(the best-scoring gate or edge among active modules is forced on). A module is *active* for a client
+when it receives an active input (layer 0: its gate; layer l: sum_j active_{l-1,j} A[k,j] > 0) [C].
+Optional sparsity term lambda * mean(soft gates), default 0 [INF; the code has no regularizer].
+
+Protocol [C, with the communication-efficient interaction of P]: every round the server sends each
+client the routing net and only the modules of that client's last routing (everything the first time);
+the client trains modules and routing net jointly (cell's SGD: the code uses lr 0.02, momentum 0.9,
+weight decay 5e-4, batch 128, 1 epoch), fixes its routing deterministically from its data, and sends
+back the routing net and its active modules. The server averages each module (unweighted) over the
+clients that sent it and keeps the previous value of a module nobody sent (the code sets it to 0); the
+routing net is averaged (unweighted) over the round's clients. A client evaluates the aggregated
+modules with its own frozen routing. Personalization comes only from routing.
+
+`code_compat=True` reproduces the official code's behaviour for comparison: the routing is detached
+(`.item()`: the routing net never learns), soft 2-way Gumbel-softmax gates at tau = 1 (the annealing
+never fires) followed by a softmax over all gates, input gates forced to 1, all modules of a layer
+sharing weights, everything sent both ways, and the last training step's gates frozen for testing.
+Its wrong division inside the output loop is not reproduced.
+
+Local training is a loop over clients (`batched = False`): every client runs its own routed graph.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from pydantic import Field
+from torch import Tensor, nn
+
+from pflbench.algorithm import ALGORITHMS, Algorithm, Hyperparams
+from pflbench.training import Diverged, batch_plan
+
+
+def _encoder(input_shape: tuple[int, ...], hidden: int, out: int, channels=(32, 64)) -> nn.Sequential:
+    """LeNet-style conv encoder for images (C, H, W), else an MLP; ends in ReLU(Linear(hidden, out))
+    when `hidden`, else Linear(., out)."""
+    if len(input_shape) == 3:
+        c, h, w = input_shape
+        side_h, side_w = ((h - 4) // 2 - 4) // 2, ((w - 4) // 2 - 4) // 2
+        body = [nn.Conv2d(c, channels[0], 5), nn.ReLU(), nn.MaxPool2d(2),
+                nn.Conv2d(channels[0], channels[1], 5), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten()]
+        flat = channels[1] * side_h * side_w
+    else:
+        body, flat = [nn.Flatten()], math.prod(input_shape)
+    if hidden:
+        return nn.Sequential(*body, nn.Linear(flat, hidden), nn.ReLU(), nn.Linear(hidden, out), nn.ReLU())
+    return nn.Sequential(*body, nn.Linear(flat, out))
+
+
+class ModularNet(nn.Module):
+    """The module pool: `layers[l][j]` is module j of layer l."""
+
+    def __init__(self, input_shape, num_classes: int, modules_per_layer: list[int], dims: list[int],
+                 encoder_hidden: int, dropout: float):
+        super().__init__()
+        if len(dims) != len(modules_per_layer) - 1:
+            raise ValueError(f"dims needs one width per layer but the last: {len(modules_per_layer) - 1}, got {dims}")
+        layers = [nn.ModuleList(_encoder(input_shape, encoder_hidden, dims[0]) for _ in range(modules_per_layer[0]))]
+        for l in range(1, len(modules_per_layer)):
+            last = l == len(modules_per_layer) - 1
+            layers.append(nn.ModuleList(
+                nn.Linear(dims[l - 1], num_classes) if last
+                else nn.Sequential(nn.Linear(dims[l - 1], dims[l]), nn.ReLU(), nn.Dropout(dropout))
+                for _ in range(modules_per_layer[l])))
+        self.layers = nn.ModuleList(layers)
+        self.sizes = list(modules_per_layer)
+        # A gate above this is on: hard gates are 0/1 up to the straight-through rounding; the
+        # official code's soft gates are all > 0 (FedMN sets 0 in code_compat).
+        self.threshold = 0.5
+
+    def gate_count(self) -> int:
+        m = self.sizes
+        return m[0] + sum(m[l] * m[l - 1] for l in range(1, len(m))) + m[-1]
+
+    def split(self, gates: Tensor) -> tuple[Tensor, list[Tensor], Tensor]:
+        """Flat gates -> (input gates [M0], connection matrices [M_l, M_{l-1}], output gates)."""
+        m = self.sizes
+        g0, pos = gates[: m[0]], m[0]
+        matrices = []
+        for l in range(1, len(m)):
+            matrices.append(gates[pos: pos + m[l] * m[l - 1]].view(m[l], m[l - 1]))
+            pos += m[l] * m[l - 1]
+        return g0, matrices, gates[pos:]
+
+    def active(self, gates: Tensor) -> list[Tensor]:
+        """Per layer, which modules receive an active input (bool [M_l])."""
+        g0, matrices, _ = self.split(gates.detach())
+        flags = [g0 > self.threshold]
+        for a in matrices:
+            flags.append(((a > self.threshold) & flags[-1][None, :]).any(1))
+        return flags
+
+    def forward(self, x: Tensor, gates: Tensor, tied: bool = False) -> Tensor:
+        g0, matrices, g_out = self.split(gates)
+        flags = self.active(gates)
+        h = [self.layers[0][0 if tied else j](x) * g0[j] for j in range(self.sizes[0])]
+        for l, a in enumerate(matrices, start=1):
+            total = a.sum(1)
+            denominator = torch.where(total.detach() > 0, total, torch.ones_like(total))
+            stacked = torch.stack(h)  # [M_{l-1}, B, D]
+            inputs = torch.einsum("kj,jbd->kbd", a, stacked) / denominator[:, None, None]
+            h = [self.layers[l][0 if tied else k](inputs[k]) * flags[l][k].float() for k in range(self.sizes[l])]
+        total = g_out.sum()
+        return sum(g * out for g, out in zip(g_out, h)) / torch.where(total.detach() > 0, total, torch.ones_like(total))
+
+
+class Router(nn.Module):
+    """The routing hypernetwork: a set encoder over (x, one-hot y) pairs, mean-pooled into gate logits."""
+
+    def __init__(self, input_shape, num_classes: int, gates: int, x_dim: int = 128, y_dim: int = 64):
+        super().__init__()
+        self.phi_x = _encoder(input_shape, 0, x_dim, channels=(16, 32))
+        self.phi_y = nn.Linear(num_classes, y_dim)
+        self.out = nn.Linear(x_dim + y_dim, gates)
+        self.num_classes = num_classes
+
+    def forward(self, x: Tensor, y: Tensor) -> Tensor:
+        z = torch.cat([self.phi_x(x), self.phi_y(F.one_hot(y, self.num_classes).float())], dim=1)
+        return self.out(torch.relu(F.normalize(z, dim=1))).mean(0)
+
+
+@ALGORITHMS.register("fedmn")
+class FedMN(Algorithm):
+    """A module pool shared by all clients; each client's routing hypernetwork output picks its modules."""
+
+    name = "fedmn"
+    batched = False
+
+    class Hyperparams(Hyperparams):
+        modules_per_layer: list[int] = Field(default_factory=lambda: [2, 2, 2], min_length=2)
+        dims: list[int] = Field(default_factory=lambda: [512, 256])
+        encoder_hidden: int = Field(2048, ge=0)     # LeNet encoder's hidden fc (0: none)
+        dropout: float = Field(0.5, ge=0.0, lt=1.0)
+        router_x_dim: int = Field(128, ge=1)
+        router_y_dim: int = Field(64, ge=1)
+        router_samples: int = Field(0, ge=0)        # 0: the whole local training set at every step [C]
+        tau_init: float = Field(1.0, gt=0)
+        tau_min: float = Field(0.5, gt=0)
+        tau_rate: float = Field(3e-5, ge=0)
+        sparsity: float = Field(0.0, ge=0)          # lambda of the optional mean-gate penalty [INF]
+        send_routed_only: bool = True               # the communication-efficient interaction
+        code_compat: bool = False                   # the official code's behaviour (see module doc)
+
+    search_space = {"tau_min": ("uniform", 0.1, 1.0), "tau_rate": ("loguniform", 1e-5, 1e-2),
+                    "sparsity": ("loguniform", 1e-4, 1e-1)}
+
+    # ---- state -----------------------------------------------------------------------------------
+    def setup(self) -> None:
+        fed, hp = self.fed, self.hp
+        shape = tuple(fed.features.shape[1:])
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(fed.cell.seed)
+            self.net = ModularNet(shape, fed.num_classes, hp.modules_per_layer, hp.dims, hp.encoder_hidden,
+                                  hp.dropout).to(fed.device)
+            self.router = Router(shape, fed.num_classes, self.net.gate_count(), hp.router_x_dim,
+                                 hp.router_y_dim).to(fed.device)
+        self.net.threshold = 0.0 if hp.code_compat else 0.5
+        self.module_names = {}  # (layer, module) -> its tensor names
+        for name in self.net.state_dict():
+            _, l, j, _ = name.split(".", 3)
+            self.module_names.setdefault((int(l), int(j)), []).append(name)
+        self.server_pool = {n: t.detach().clone() for n, t in self.net.state_dict().items()}
+        self.server_router = {n: t.detach().clone() for n, t in self.router.state_dict().items()}
+        # What each client holds: its copies of the modules (stale where not downloaded lately),
+        # its routing (None before its first training), its temperature schedule's step count.
+        self.client_pool = [dict(self.server_pool) for _ in range(fed.num_clients)]
+        self.routing: list[Tensor | None] = [None] * fed.num_clients
+        self.steps_done = [0] * fed.num_clients
+
+    def routed_modules(self, gates: Tensor | None) -> list[tuple[int, int]]:
+        """The modules a routing uses (every module before the first routing, or in code_compat)."""
+        if gates is None or self.hp.code_compat or not self.hp.send_routed_only:
+            return list(self.module_names)
+        return [(l, j) for l, flags in enumerate(self.net.active(gates)) for j in range(len(flags)) if flags[j]]
+
+    def _module_tensors(self, pool: dict[str, Tensor], modules) -> dict[str, Tensor]:
+        return {f"pool.{n}": pool[n] for m in modules for n in self.module_names[m]}
+
+    # ---- gates -----------------------------------------------------------------------------------
+    def gates(self, scores: Tensor, tau: float, train: bool, generator: torch.Generator | None = None) -> Tensor:
+        """Gate values from the routing net's logits (see the module doc)."""
+        if self.hp.code_compat:
+            scores = scores.detach()
+            noise = -torch.log(-torch.log(torch.rand(2, len(scores), generator=generator).clamp_min(1e-20)))
+            soft = torch.softmax(torch.stack([-scores, scores]) + noise.to(scores.device), dim=0)[1]
+            gates = torch.softmax(soft, dim=0)
+            g0, _, _ = self.net.split(gates)
+            return torch.cat([torch.ones_like(g0), gates[len(g0):]])
+        if train:
+            u = torch.rand(len(scores), generator=generator).clamp(1e-6, 1 - 1e-6).to(scores.device)
+            noisy = scores + torch.log(u) - torch.log1p(-u)
+            soft = torch.sigmoid(noisy / tau)
+            hard = self._force_path(scores.detach(), (noisy.detach() > 0).float())
+            return hard + soft - soft.detach()  # straight-through
+        return self._force_path(scores.detach(), (scores.detach() > 0).float())
+
+    def _force_path(self, scores: Tensor, hard: Tensor) -> Tensor:
+        """Turn on the best-scoring gate / edge among active modules where a layer has none."""
+        hard = hard.clone()
+        g0, matrices, g_out = self.net.split(hard)
+        s0, s_matrices, s_out = self.net.split(scores)
+        if g0.sum() == 0:
+            g0[s0.argmax()] = 1
+        active = g0 > 0
+        for a, s in zip(matrices, s_matrices):
+            reach = (a * active.float()).sum(1) > 0
+            if not reach.any():
+                masked = s.masked_fill(~active[None, :], float("-inf"))
+                k, j = divmod(int(masked.argmax()), masked.shape[1])
+                a[k, j] = 1
+                reach = (a * active.float()).sum(1) > 0
+            active = reach
+        if (g_out * active.float()).sum() == 0:
+            g_out[s_out.masked_fill(~active, float("-inf")).argmax()] = 1
+        return hard
+
+    def _client_data(self, client: int, generator: torch.Generator | None = None):
+        idx = self.fed.splits["train"][client]
+        if self.hp.router_samples and len(idx) > self.hp.router_samples:
+            idx = idx[torch.randperm(len(idx), generator=generator)[: self.hp.router_samples].to(idx.device)]
+        return self.fed.features[idx], self.fed.labels[idx]
+
+    @torch.no_grad()
+    def _fixed_routing(self, client: int, router_state: dict[str, Tensor]) -> Tensor:
+        self.router.load_state_dict(router_state)
+        x, y = self._client_data(client, torch.Generator().manual_seed(client))
+        return self.gates(self.router(x, y), self.hp.tau_min, train=False)
+
+    # ---- the round -------------------------------------------------------------------------------
+    def configure(self, rnd: int, clients: Tensor) -> list[dict[str, Tensor]]:
+        return [{**{f"router.{n}": t for n, t in self.server_router.items()},
+                 **self._module_tensors(self.server_pool, self.routed_modules(self.routing[c]))}
+                for c in clients.tolist()]
+
+    def receive(self, rnd: int, clients: Tensor, download: list[dict[str, Tensor]]) -> list[dict[str, Tensor]]:
+        states = []
+        for c, received in zip(clients.tolist(), download):
+            for name, t in received.items():
+                if name.startswith("pool."):
+                    self.client_pool[c][name.removeprefix("pool.")] = t.clone()
+            states.append({"router": {n.removeprefix("router."): t.clone() for n, t in received.items()
+                                      if n.startswith("router.")}})
+        return states
+
+    def local_train(self, rnd: int, clients: Tensor, states: list[dict]) -> list[dict]:
+        fed, hp, sgd = self.fed, self.hp, self.fed.sgd
+        ids = clients.tolist()
+        generators = fed.batch_generators(rnd, clients)
+        noise_generators = fed.batch_generators(rnd, clients, salt=0xF3D)
+        plans = batch_plan([len(fed.splits["train"][c]) for c in ids], fed.cell.batch_size,
+                           fed.cell.local_epochs, None, generators)
+        for k, c in enumerate(ids):
+            self.net.load_state_dict(self.client_pool[c])
+            self.router.load_state_dict(states[k]["router"])
+            params = list(self.net.parameters()) + list(self.router.parameters())
+            optimizer = torch.optim.SGD(params, lr=sgd.lr, momentum=sgd.momentum, weight_decay=sgd.weight_decay)
+            module_params = {m: [p for n, p in self.net.named_parameters() if n in set(names)]
+                             for m, names in self.module_names.items()}
+            idx = fed.splits["train"][c]
+            self.net.train()
+            gates = None
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(int(noise_generators[k].initial_seed()) % (2 ** 63))  # dropout
+                for step in plans[k]:
+                    tau = max(hp.tau_init * math.exp(-hp.tau_rate * self.steps_done[c]), hp.tau_min)
+                    if hp.code_compat:
+                        tau = hp.tau_init  # the annealing test in the code never fires
+                    scores = self.router(*self._client_data(c, noise_generators[k]))
+                    gates = self.gates(scores, tau, train=True, generator=noise_generators[k])
+                    batch = idx[step.to(idx.device)]
+                    logits = self.net(fed.features[batch], gates, tied=hp.code_compat)
+                    loss = F.cross_entropy(logits, fed.labels[batch])
+                    if hp.sparsity:
+                        loss = loss + hp.sparsity * torch.sigmoid(scores).mean()
+                    if not torch.isfinite(loss):
+                        raise Diverged(f"non-finite local loss for client {c}")
+                    optimizer.zero_grad(set_to_none=True)
+                    loss.backward()
+                    if not hp.code_compat:  # modules off this step stay as they are (no decay, no momentum)
+                        used = {(l, j) for l, f in enumerate(self.net.active(gates)) for j in range(len(f)) if f[j]}
+                        for m, ps in module_params.items():
+                            if m not in used:
+                                for p in ps:
+                                    p.grad = None
+                    optimizer.step()
+                    self.steps_done[c] += 1
+            self.client_pool[c] = {n: t.detach().clone() for n, t in self.net.state_dict().items()}
+            router_state = {n: t.detach().clone() for n, t in self.router.state_dict().items()}
+            if hp.code_compat and gates is not None:
+                self.routing[c] = gates.detach().clone()  # the last batch's gates, frozen
+            else:
+                self.routing[c] = self._fixed_routing(c, router_state)
+            states[k] = {"router": router_state}
+        return states
+
+    def send(self, rnd: int, clients: Tensor, states: list[dict]) -> list[dict[str, Tensor]]:
+        return [{**{f"router.{n}": t for n, t in state["router"].items()},
+                 **self._module_tensors(self.client_pool[c], self.routed_modules(self.routing[c]))}
+                for c, state in zip(clients.tolist(), states)]
+
+    def aggregate(self, rnd: int, clients: Tensor, upload: list[dict[str, Tensor]]) -> None:
+        for name in self.server_router:  # the routing net: unweighted mean over the round's clients
+            self.server_router[name] = torch.stack([u[f"router.{name}"] for u in upload]).float().mean(0).to(
+                self.server_router[name].dtype)
+        for name in self.server_pool:  # each module: mean over the clients that sent it, else kept
+            sent = [u[f"pool.{name}"] for u in upload if f"pool.{name}" in u]
+            if sent:
+                self.server_pool[name] = torch.stack(sent).float().mean(0).to(self.server_pool[name].dtype)
+
+    # ---- evaluation and artifacts ---------------------------------------------------------------------
+    def personalized(self):
+        """The aggregated pool and every client's frozen routing (computed where a client has none yet)."""
+        for c in range(self.fed.num_clients):
+            if self.routing[c] is None:
+                self.routing[c] = self._fixed_routing(c, self.server_router)
+        return {"pool": self.server_pool, "routing": torch.stack(self.routing)}
+
+    @torch.no_grad()
+    def evaluate(self, personal, split: str):
+        fed = self.fed
+        self.net.load_state_dict(personal["pool"])
+        self.net.eval()
+        accuracy = torch.zeros(fed.num_clients, device=fed.device)
+        loss = torch.zeros(fed.num_clients, device=fed.device)
+        for c in range(fed.num_clients):
+            idx = fed.splits[split][c]
+            if not len(idx):
+                accuracy[c] = loss[c] = float("nan")
+                continue
+            correct = total = 0.0
+            for part in idx.split(2048):
+                logits = self.net(fed.features[part], personal["routing"][c], tied=self.hp.code_compat)
+                total += F.cross_entropy(logits, fed.labels[part], reduction="sum").item()
+                correct += (logits.argmax(1) == fed.labels[part]).sum().item()
+            accuracy[c], loss[c] = correct / len(idx), total / len(idx)
+        return accuracy, loss
+
+    def artifacts(self) -> dict[str, np.ndarray]:
+        """`routing`: every client's gates [clients, gates] (input gates, connection matrices row by
+        row, output gates), as used for evaluation."""
+        return {"routing": torch.stack(self.personalized()["routing"].unbind()).cpu().numpy()}
