@@ -31,7 +31,8 @@ Where the paper is silent (no official code exists) and what was chosen:
 - HeurpFedLA's retained layers are not uploaded, so the server's copy of them (used by other
   clients' aggregation) is the client's last upload of that layer: stale, as in the paper's
   Algorithm 2 where only Delta theta of the aggregated layers reaches the server. The hypernetwork
-  gets no signal from retained layers in that round.
+  gets no signal from retained layers in that round. With retained layers the messages are one
+  dict per client (each client's own tensors), so the bytes counted are what each one exchanges.
 - Everything is batched across clients: each sampled client's hypernetwork row, the aggregation
   (one contraction per tensor over the stacked parameters of all clients) and the update.
 
@@ -135,22 +136,25 @@ class PFedLA(Algorithm):
             self._theta_bar = self.aggregate_params(alpha)
         return self._message(self._theta_bar, self._keep)
 
-    def _message(self, tensors: dict[str, Tensor], keep: Tensor) -> dict:
-        """Every parameter tensor, without the rows' retained layers (then a ragged entry)."""
+    def _message(self, tensors: dict[str, Tensor], keep: Tensor) -> dict | list[dict]:
+        """Every parameter tensor; with retained layers, one dict per client without its own."""
         if not self.hp.retain_layers:
             return dict(tensors)
-        return {p: [None if keep[k, self.layer_of[p]] else t[k] for k in range(len(t))]
-                for p, t in tensors.items()}
+        return [{p: t[k] for p, t in tensors.items() if not keep[k, self.layer_of[p]]}
+                for k in range(len(keep))]
+
+    def _rows(self, message: dict | list[dict], name: str) -> Tensor | list[Tensor | None]:
+        """One tensor's rows of a message: stacked, or per client (None where not sent)."""
+        return message[name] if isinstance(message, dict) else [own.get(name) for own in message]
 
     def receive(self, rnd, clients, download):
-        state = {}
-        for name, own in self.client_state.items():
-            if name not in download:                              # buffers: the client's own
-                state[name] = own[clients]
-            else:
-                rows = download[name]
-                state[name] = (rows if isinstance(rows, Tensor) else
-                               torch.stack([own[c] if r is None else r for r, c in zip(rows, clients.tolist())]))
+        state = {name: own[clients] for name, own in self.client_state.items()}  # buffers: the client's own
+        for p in self.fed.model.param_names:
+            rows = self._rows(download, p)
+            if isinstance(rows, Tensor):
+                state[p] = rows
+            else:  # retained layers: the client's own parameters
+                state[p] = torch.stack([own if r is None else r for r, own in zip(rows, state[p])])
         return state
 
     def send(self, rnd, clients, state):
@@ -162,17 +166,16 @@ class PFedLA(Algorithm):
     def aggregate(self, rnd, clients, upload):
         # -delta is the descent signal for theta_bar (Eq. 10-11); retained layers give none.
         signal = {}
-        for p, rows in upload.items():
-            if isinstance(rows, Tensor):
-                signal[p] = -rows
-            else:
-                signal[p] = torch.stack([torch.zeros_like(self._theta_bar[p][0]) if r is None else -r
-                                         for r in rows])
+        for p in self.fed.model.param_names:
+            rows = self._rows(upload, p)
+            signal[p] = -rows if isinstance(rows, Tensor) else torch.stack(
+                [torch.zeros_like(self._theta_bar[p][0]) if r is None else -r for r in rows])
         grads = self.hypernetwork_grads(clients, signal)
         with torch.no_grad():
             for key, g in grads.items():
                 self.hypernet[key] -= self.hp.hn_lr * g
-            for p, rows in upload.items():                       # theta_i = theta_bar_i + delta_i
+            for p in self.fed.model.param_names:                 # theta_i = theta_bar_i + delta_i
+                rows = self._rows(upload, p)
                 if isinstance(rows, Tensor):
                     self.server_params[p][clients] = self._theta_bar[p] + rows
                     continue

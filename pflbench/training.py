@@ -177,19 +177,11 @@ def weighted_mean(stacked: Tensor, weights: Tensor) -> Tensor:
     return torch.tensordot(weights.to(stacked.dtype), stacked, dims=1)
 
 
-def state_bytes(state: dict) -> Tensor:
-    """Bytes per client row of a message (a stacked state): what each client sends or receives.
-
-    An entry may also be ragged, a list with one tensor per row and None where that row sends
-    nothing (HeurpFedLA's clients each keep different layers), so what is counted is still exactly
-    what is exchanged."""
-    rows = len(next(iter(state.values()))) if state else 0
-    total = torch.zeros(rows, dtype=torch.long)
+def state_bytes(state: State) -> Tensor:
+    """Bytes per client row of a stacked state: what one client sends or receives."""
+    total = torch.zeros(next(iter(state.values())).shape[0] if state else 0, dtype=torch.long)
     for t in state.values():
-        if isinstance(t, Tensor):
-            total += t[0].numel() * t.element_size()
-        else:
-            total += torch.tensor([0 if r is None else r.numel() * r.element_size() for r in t], dtype=torch.long)
+        total += t[0].numel() * t.element_size()
     return total
 
 
