@@ -56,7 +56,7 @@ class SweepOptions:
     results: Path = Path("results")
     out: Path | None = Path("benchmarks/tuned")  # None: write no tuned configuration
     tune_lr: bool = True
-    grace_rounds: int | None = None  # ASHA's grace period in rounds; None: a quarter of the rounds
+    grace_rounds: int | None = None  # ASHA's grace period in rounds; None: a quarter of the rounds (>= eval_every)
     reduction_factor: float = 3.0
     seed: int = 0  # Optuna's sampler
     workers: int | None = None  # trials at once; None: as many as Ray's resources allow
@@ -204,7 +204,7 @@ def run_sweep(algorithm: str, base: CellConfig, resources: Resources, options: S
     folder = (Path(options.results) / "sweeps" / f"{algorithm}-{cell_hash(base)}-{stamp}").resolve()
     folder.mkdir(parents=True, exist_ok=True)
     device = options.device or ("cuda" if resources.gpus > 0 else "cpu")
-    grace = options.grace_rounds or max(1, base.rounds // 4)
+    grace = options.grace_rounds or max(base.eval_every, base.rounds // 4)  # at least one evaluation first
     log(f"sweep {algorithm}: {options.trials} trials of {base.rounds} rounds on {base.dataset} "
         f"{base.partition} {base.clients} clients (base cell {cell_hash(base)}); objective: mean client "
         f"validation accuracy; ASHA grace {grace} rounds; space: "
@@ -357,7 +357,7 @@ def add_parser(subparsers) -> None:
     sweep.add_argument("--trials", type=int, default=20, help="trials (the same budget for every algorithm; default 20)")
     sweep.add_argument("--no-lr", dest="tune_lr", action="store_false",
                        help="tune only the algorithm's own hyperparameters, not the learning rate")
-    sweep.add_argument("--grace-rounds", type=int, help="ASHA: rounds before a trial may be stopped (default rounds/4)")
+    sweep.add_argument("--grace-rounds", type=int, help="ASHA: rounds before a trial may be stopped (default rounds/4, at least eval_every)")
     sweep.add_argument("--seed", type=int, default=0, help="Optuna sampler seed")
     sweep.add_argument("--results", type=Path, default=Path("results"),
                        help="results store; the sweep goes to RESULTS/sweeps/ (default: results)")
