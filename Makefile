@@ -10,7 +10,7 @@ ifneq ($(MIRROR),)
 export PFLBENCH_DATA_MIRROR ?= $(MIRROR)
 endif
 
-.PHONY: install test demo bench report clean
+.PHONY: install test demo bench report reproduce-table1 reproduce-table2 sweep clean
 
 install: $(VENV)/.installed
 
@@ -25,6 +25,26 @@ test: install
 # The report is written even when a cell failed or diverged; the run's exit status is kept.
 demo: install
 	$(BIN)/pflbench run benchmarks/demo.yaml; status=$$?; $(BIN)/pflbench report && exit $$status
+
+# pFedLA's Tables 1-2 (benchmarks/table1.yaml, table2.yaml): full scale where torch sees CUDA (cells
+# share the GPUs Ray sees, 1/8 GPU each), else the quick scale; SCALE=quick|full overrides. Results
+# and report per table and scale: results/table1-quick/, reports/table1-quick/report.md. The report
+# is written even when a cell failed; the run's exit status is kept.
+SCALE ?=
+reproduce-table1 reproduce-table2: reproduce-%: install
+	@scale="$(SCALE)"; \
+	if [ -z "$$scale" ]; then scale=$$($(BIN)/python -c "import torch; print('full' if torch.cuda.is_available() else 'quick')"); fi; \
+	echo "$*: scale $$scale"; \
+	$(BIN)/pflbench run benchmarks/$*.yaml --scale $$scale --results results/$*-$$scale; status=$$?; \
+	$(BIN)/pflbench report --results results/$*-$$scale --out reports/$*-$$scale && exit $$status
+
+# Tune one algorithm (Ray Tune + Optuna + ASHA on validation accuracy); the best configuration goes
+# to benchmarks/tuned/$(ALGO).yaml. TRIALS (default 20) is the same for every algorithm; SWEEP_ARGS
+# passes more options (e.g. SWEEP_ARGS="--dataset cifar10-jpeg --set lr=0.01").
+TRIALS ?= 20
+sweep: install
+	@test -n "$(ALGO)" || { echo "usage: make sweep ALGO=name [TRIALS=20] [SWEEP_ARGS=...]  (pflbench list algorithms)"; exit 2; }
+	$(BIN)/pflbench sweep --algo $(ALGO) --trials $(TRIALS) $(SWEEP_ARGS)
 
 bench: install
 	mkdir -p reports

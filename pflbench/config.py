@@ -3,12 +3,16 @@
 A cell is identified by the hash of this configuration's content (`cell_hash`), so two cells with the
 same settings share results. Execution options that do not change the result's meaning (device,
 data root, client batching on/off) are deliberately not part of it.
+
+`hp_source` says where the algorithm's hyperparameters came from: the paper's defaults (or values
+written in the spec) or a sweep's tuned configuration (`tuned:` in a spec, benchmarks/tuned/). It is
+left out of the hash while it has its default, so adding the field changed no existing cell's id.
 """
 from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -35,9 +39,13 @@ class CellConfig(BaseModel):
     train_fraction: float = Field(0.7, gt=0.0, lt=1.0)
     val_fraction: float = Field(0.1, ge=0.0, lt=1.0)  # share of each client's train split held out
     hp: dict[str, Any] = Field(default_factory=dict)  # the algorithm's own hyperparameters
+    hp_source: Literal["default", "tuned"] = "default"  # tuned: from a sweep (benchmarks/tuned/<algo>.yaml)
 
     def canonical_json(self) -> str:
-        return json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        data = self.model_dump(mode="json")
+        if data["hp_source"] == "default":
+            del data["hp_source"]  # hashes of cells from before the field existed stay the same
+        return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
 
 def cell_hash(cell: CellConfig) -> str:

@@ -54,19 +54,27 @@ def choose_batching(requested: str, device: torch.device, algorithm_batched: boo
     return requested == "on"
 
 
+SPLITS = ("train", "val", "test")
+EVALUATED = ("test", "val")  # what a benchmark run evaluates; a tuning run evaluates ("val",) only
+
+
 class Federation:
-    """What an algorithm may use about the simulated clients of one cell."""
+    """What an algorithm may use about the simulated clients of one cell.
+
+    `withhold_test=True` (tuning) leaves the clients' test indices out entirely: they are never read
+    from `splits`, and `fed.splits` has no "test" entry, so nothing in the run can look at them."""
 
     def __init__(self, cell: CellConfig, dataset, splits, device: str | torch.device = "cpu",
-                 client_batching: str = "auto", algorithm_batched: bool = True):
+                 client_batching: str = "auto", algorithm_batched: bool = True, withhold_test: bool = False):
         self.cell = cell
         self.device = torch.device(device)
         self.features = dataset.normalized(self.device)
         self.labels = dataset.labels.to(self.device)
         self.num_classes = dataset.num_classes
         self.num_clients = splits.num_clients
-        self.splits = {name: [torch.as_tensor(i, dtype=torch.long, device=self.device) for i in part]
-                       for name, part in (("train", splits.train), ("val", splits.val), ("test", splits.test))}
+        names = [name for name in SPLITS if not (withhold_test and name == "test")]
+        self.splits = {name: [torch.as_tensor(i, dtype=torch.long, device=self.device) for i in getattr(splits, name)]
+                       for name in names}
         self.train_sizes = torch.tensor([len(i) for i in splits.train], device=self.device)
         self.heterogeneous = is_heterogeneous(cell.model)
         if not self.heterogeneous:
@@ -198,18 +206,31 @@ def prepare_cell(cell: CellConfig, data_root=None, mirror=None):
     return dataset, splits
 
 
+def check_evaluated(evaluate: tuple[str, ...]) -> tuple[str, ...]:
+    evaluate = tuple(dict.fromkeys(evaluate))
+    if not evaluate or any(name not in EVALUATED for name in evaluate):
+        raise ValueError(f"evaluate must name one or both of {EVALUATED}, got {evaluate!r}")
+    return evaluate
+
+
 def run_cell(cell: CellConfig, *, data_root=None, mirror=None, device: str = "cpu",
              client_batching: str = "auto",
-             on_round: Callable[[dict], None] | None = None) -> CellResult:
+             on_round: Callable[[dict], None] | None = None,
+             evaluate: tuple[str, ...] = EVALUATED) -> CellResult:
     """Run one cell to the end. Divergence is a result (status "diverged"), not an exception;
-    any other exception propagates to the caller (the runner records it as failed)."""
+    any other exception propagates to the caller (the runner records it as failed).
+
+    `evaluate` lists the splits evaluated every eval round; without "test" (hyperparameter tuning:
+    `evaluate=("val",)`) the test indices are withheld from the run altogether (see `Federation`)."""
+    evaluate = check_evaluated(evaluate)
     algorithm_cls = get_algorithm(cell.algorithm)
     hp = algorithm_cls.parse_hyperparams(cell.hp)
     algorithm_cls.check_models(cell.model)  # a heterogeneous cell needs an algorithm that supports it
     dataset, splits = prepare_cell(cell, data_root, mirror)
-    fed = Federation(cell, dataset, splits, device, client_batching, algorithm_cls.batched)
+    fed = Federation(cell, dataset, splits, device, client_batching, algorithm_cls.batched,
+                     withhold_test="test" not in evaluate)
     algorithm = algorithm_cls(fed, hp)
-    return run_rounds(fed, algorithm, on_round=on_round, provenance={
+    return run_rounds(fed, algorithm, on_round=on_round, evaluate=evaluate, provenance={
         "dataset_checksum": dataset.checksum, "torch": torch.__version__})
 
 
@@ -223,7 +244,12 @@ def run_round(algorithm: Algorithm, rnd: int, clients: Tensor) -> tuple[State, S
     return download, upload
 
 
-def run_rounds(fed: Federation, algorithm: Algorithm, on_round=None, provenance: dict | None = None) -> CellResult:
+def run_rounds(fed: Federation, algorithm: Algorithm, on_round=None, provenance: dict | None = None,
+               evaluate: tuple[str, ...] = EVALUATED) -> CellResult:
+    """The cell's rounds, with every client's personalized model evaluated on the `evaluate` splits
+    every eval_every rounds (columns of a split not evaluated are NaN). `on_round` gets, after each
+    round, {round, rounds, mean_accuracy, mean_val_accuracy} (the latest evaluation, or None)."""
+    evaluate = check_evaluated(evaluate)
     cell = fed.cell
     algorithm.setup()
     metric_rows, round_rows, artifacts = [], [], {}
@@ -248,11 +274,14 @@ def run_rounds(fed: Federation, algorithm: Algorithm, on_round=None, provenance:
             except Diverged as err:
                 status, diverged_round, error = "diverged", rnd, f"round {rnd}: {err}"
                 break
-            accuracy, loss = algorithm.evaluate(personal, "test")
-            if not torch.isfinite(loss).all():
-                status, diverged_round, error = "diverged", rnd, f"round {rnd}: non-finite test loss"
+            results = {split: algorithm.evaluate(personal, split) for split in evaluate}
+            watched = evaluate[0]  # the test loss; the val loss where only val is evaluated (tuning)
+            if not torch.isfinite(results[watched][1]).all():
+                status, diverged_round, error = "diverged", rnd, f"round {rnd}: non-finite {watched} loss"
                 break
-            val_accuracy, val_loss = algorithm.evaluate(personal, "val")
+            missing = (torch.full((fed.num_clients,), math.nan),) * 2
+            accuracy, loss = results.get("test", missing)
+            val_accuracy, val_loss = results.get("val", missing)
             sent_down = dict(zip(clients.tolist(), bytes_down.tolist()))
             sent_up = dict(zip(clients.tolist(), bytes_up.tolist()))
             for c in range(fed.num_clients):
@@ -263,16 +292,17 @@ def run_rounds(fed: Federation, algorithm: Algorithm, on_round=None, provenance:
                     "wall_time": time.perf_counter() - start})
             for key, value in algorithm.artifacts().items():
                 artifacts[f"{key}_round{rnd:05d}"] = value
-            last_eval = {"round": rnd, "mean_accuracy": float(accuracy.mean())}
+            last_eval = {"mean_accuracy": float(accuracy.mean()) if "test" in results else None,
+                         "mean_val_accuracy": float(val_accuracy.mean()) if "val" in results else None}
         if on_round is not None:
             on_round({"round": rnd, "rounds": cell.rounds,
-                      "mean_accuracy": last_eval["mean_accuracy"] if last_eval else None})
+                      **(last_eval or {"mean_accuracy": None, "mean_val_accuracy": None})})
     metrics = pd.DataFrame(metric_rows, columns=[
         "round", "client", "accuracy", "loss", "val_accuracy", "val_loss", "bytes_down", "bytes_up", "wall_time"])
     rounds = pd.DataFrame(round_rows, columns=["round", "clients", "bytes_down", "bytes_up", "wall_time"])
-    return CellResult(status, metrics, rounds, summarize(metrics, rounds, status, diverged_round, fed,
-                                                         time.perf_counter() - start, provenance or {}),
-                      artifacts, error)
+    summary = summarize(metrics, rounds, status, diverged_round, fed, time.perf_counter() - start,
+                        {**(provenance or {}), **({} if evaluate == EVALUATED else {"evaluated": list(evaluate)})})
+    return CellResult(status, metrics, rounds, summary, artifacts, error)
 
 
 def summarize(metrics: pd.DataFrame, rounds: pd.DataFrame, status: str, diverged_round, fed: Federation,
@@ -283,15 +313,19 @@ def summarize(metrics: pd.DataFrame, rounds: pd.DataFrame, status: str, diverged
                "client_batching": "batched" if fed.batched else "loop", **provenance}
     if len(metrics):
         per_round = metrics.groupby("round")
-        mean_acc = per_round["accuracy"].mean()
         last = metrics[metrics["round"] == metrics["round"].max()]
-        summary.update({
-            "final_accuracy": float(last["accuracy"].mean()),
-            "final_worst10_accuracy": worst_fraction_mean(last["accuracy"].to_numpy()),
-            "final_loss": float(last["loss"].mean()),
-            "final_val_accuracy": float(last["val_accuracy"].mean()),
-            "best_accuracy": float(mean_acc.max()),
-            "best_round": int(mean_acc.idxmax()),
-            "best_val_accuracy": float(per_round["val_accuracy"].mean().max()),
-        })
+        if last["accuracy"].notna().all():  # the test split was evaluated
+            mean_acc = per_round["accuracy"].mean()
+            summary.update({
+                "final_accuracy": float(last["accuracy"].mean()),
+                "final_worst10_accuracy": worst_fraction_mean(last["accuracy"].to_numpy()),
+                "final_loss": float(last["loss"].mean()),
+                "best_accuracy": float(mean_acc.max()),
+                "best_round": int(mean_acc.idxmax()),
+            })
+        if last["val_accuracy"].notna().all():
+            summary.update({
+                "final_val_accuracy": float(last["val_accuracy"].mean()),
+                "best_val_accuracy": float(per_round["val_accuracy"].mean().max()),
+            })
     return summary

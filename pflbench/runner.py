@@ -297,7 +297,8 @@ def run_plan(plan: Plan, options: RunOptions = RunOptions(), console: Console | 
     before = {cell_hash(cell): store.status(cell) for cell in plan.cells}
     todo = [cell for cell in plan.cells if options.force or before[cell_hash(cell)] not in COMPLETE]
     report = RunReport(outcomes=dict(before))
-    console.print(f"{plan.name}: {len(plan.cells)} cells, {len(plan.cells) - len(todo)} with results in "
+    scale = f" (scale {plan.scale})" if len(plan.scales) > 1 else ""
+    console.print(f"{plan.name}{scale}: {len(plan.cells)} cells, {len(plan.cells) - len(todo)} with results in "
                   f"{options.results}, {len(todo)} to run", highlight=False)
     if not todo:
         print_summary(console, plan, store, report, 0.0)
@@ -391,7 +392,8 @@ def print_plan(console: Console, plan: Plan, store: Store, as_json: bool = False
             columns[field] = values
         elif field not in NAMED_SETTINGS:
             fixed.append(f"{field}={values[0]}")
-    table = Table("#", "cell", *columns, "status", title=f"{plan.name}: {len(plan.cells)} cells ({plan.source})")
+    scale = f", scale {plan.scale}" if len(plan.scales) > 1 else ""
+    table = Table("#", "cell", *columns, "status", title=f"{plan.name}: {len(plan.cells)} cells ({plan.source}{scale})")
     for i, (cell, status) in enumerate(zip(plan.cells, statuses)):
         table.add_row(str(i + 1), cell_hash(cell), *(values[i] for values in columns.values()), status)
     console.print(table)
@@ -399,6 +401,8 @@ def print_plan(console: Console, plan: Plan, store: Store, as_json: bool = False
     counts = Counter(statuses)
     console.print(f"resources per cell: {plan.resources.cpus:g} CPU, {plan.resources.gpus:g} GPU; "
                   + ", ".join(f"{n} {status}" for status, n in sorted(counts.items())), highlight=False)
+    for algorithm, path in sorted(plan.tuned.items()):
+        console.print(f"{algorithm}: tuned configuration {path} (hp_source=tuned)", highlight=False)
     for dataset in sorted(plan.optional_datasets):
         console.print(f"{dataset}: optional (its cells are left out, with a note, where it cannot be loaded)",
                       highlight=False)
@@ -420,6 +424,8 @@ def add_parser(subparsers) -> None:
                      help="override a value for every cell (rounds=2, hp.mu=0.1), replace or add a matrix axis "
                           "(seed=[0,1], algorithm=fedavg) or set a resource (resources.gpus=0.5); values are "
                           "YAML; repeatable")
+    run.add_argument("--scale", default=None,
+                     help="one of the spec's scales (e.g. quick: benchmarks/README.md); default full, the spec as written")
     run.add_argument("--results", type=Path, default=Path("results"), help="results store (default: results)")
     run.add_argument("--dry-run", action="store_true", help="print the cells and which have results; run nothing")
     run.add_argument("--json", action="store_true", help="with --dry-run: the resolved cells as a JSON list")
@@ -442,7 +448,7 @@ def cmd_run(args) -> int:
         raise SystemExit("--json goes with --dry-run")
     console = make_console()
     try:
-        plan = load_spec(args.spec, parse_sets(args.sets))
+        plan = load_spec(args.spec, parse_sets(args.sets), scale=args.scale)
     except SpecError as error:
         print(error, file=sys.stderr)
         return 2

@@ -11,15 +11,22 @@ Everything is checked before anything runs, and all problems are reported togeth
 `SpecError`, each naming the file, the field (`matrix.dataset[1]`, `overrides[0].set.lr`,
 `--set rounds`), the bad value and what is allowed.
 
+A spec may also declare `scales` (named variants, e.g. `quick`: replaced matrix axes, more defaults and
+overrides, other resources; chosen with `pflbench run --scale NAME`; `full` is the spec as written)
+and `tuned` (use the sweeps' best configurations, benchmarks/tuned/<algo>.yaml). With both, the
+precedence is: defaults, the scale's defaults, matrix entries (the scale's axes replace the spec's),
+the spec's overrides, the scale's overrides, tuned configurations, `--set`.
+
     plan = load_spec("benchmarks/demo.yaml", parse_sets(["rounds=2"]))   # or parse_spec(dict)
     plan.cells, plan.resources, plan.optional_datasets
+    cell = resolve_cell({"algorithm": "fedprox", "dataset": "synthetic", "hp": {"mu": 0.1}})  # one cell
 """
 from __future__ import annotations
 
 import difflib
 import itertools
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import Annotated, Any, Callable
@@ -34,7 +41,9 @@ from pflbench.config import CellConfig
 DICT_FIELDS = ("dataset_options", "partition_params", "hp")
 # Matrix axes with their own entry syntax; every other settable key can be an axis of plain values.
 STRUCTURED_AXES = ("algorithm", "dataset", "partition", "clients")
-SPEC_KEYS = ("name", "description", "matrix", "defaults", "overrides", "resources")
+SPEC_KEYS = ("name", "description", "matrix", "defaults", "overrides", "resources", "scales", "tuned")
+FULL_SCALE = "full"  # the spec as written; every other scale is a block under `scales:`
+TUNED_DIR = "tuned"  # default folder of tuned configurations, next to the spec file (benchmarks/tuned)
 
 
 class SpecError(ValueError):
@@ -200,6 +209,46 @@ class Override(SpecModel):
     assign: dict[str, Any] = Field(alias="set")
 
 
+class Scale(SpecModel):
+    """A named variant of the spec (`pflbench run SPEC --scale NAME`): its matrix axes replace the
+    spec's, its defaults and overrides come after the spec's, its resources replace the spec's."""
+
+    description: str = ""
+    matrix: dict[str, Any] = Field(default_factory=dict)
+    defaults: dict[str, Any] = Field(default_factory=dict)
+    overrides: list[Override] = Field(default_factory=list)
+    resources: dict[str, Any] = Field(default_factory=dict)
+
+
+class TunedSetting(SpecModel):
+    """`tuned: {dir: benchmarks/tuned, algorithms: all | [names]}`; `tuned: true` is `algorithms: all`
+    (every algorithm of the spec that has a tuned file uses it), `tuned: [names]` requires those files."""
+
+    dir: str | None = None  # default: `tuned/` next to the spec file
+    algorithms: list[str] | None = None  # None: every algorithm of the spec that has a file
+
+    @model_validator(mode="before")
+    @classmethod
+    def _short_forms(cls, data):
+        if data is True:
+            return {}
+        if isinstance(data, (list, str)):
+            return {"algorithms": _listify(data)}
+        if isinstance(data, dict) and data.get("algorithms") == "all":
+            return {**data, "algorithms": None}
+        return data
+
+
+class TunedFile(SpecModel):
+    """benchmarks/tuned/<algo>.yaml, written by `pflbench sweep`: the values to set in that
+    algorithm's cells, and (free-form) how they were found."""
+
+    algorithm: str
+    assign: dict[str, Any] = Field(alias="set")
+    description: str = ""
+    tuned_on: dict[str, Any] = Field(default_factory=dict)
+
+
 class SpecFile(SpecModel):
     name: str | None = None
     description: str = ""
@@ -207,6 +256,15 @@ class SpecFile(SpecModel):
     defaults: dict[str, Any] = Field(default_factory=dict)
     overrides: list[Override] = Field(default_factory=list)
     resources: dict[str, Any] = Field(default_factory=dict)
+    scales: dict[str, Scale] = Field(default_factory=dict)
+    tuned: TunedSetting | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _tuned_off(cls, data):
+        if isinstance(data, dict) and data.get("tuned") is False:
+            return {**data, "tuned": None}
+        return data
 
 
 # ---- values of cell fields -----------------------------------------------------------------------
@@ -349,6 +407,9 @@ class Plan:
     cells: list[CellConfig]
     resources: Resources
     optional_datasets: frozenset[str]  # datasets whose cells are skipped where they cannot be loaded
+    scale: str = FULL_SCALE
+    scales: tuple[str, ...] = (FULL_SCALE,)  # every scale the spec offers
+    tuned: dict[str, str] = field(default_factory=dict)  # algorithm -> the tuned file its cells use
 
 
 @dataclass(frozen=True)
@@ -371,8 +432,9 @@ def parse_sets(items: list[str]) -> dict[str, Any]:
     return sets
 
 
-def load_spec(path: str | Path, sets: dict[str, Any] | None = None) -> Plan:
-    """Read, validate and expand a spec file; `sets` are `--set key=value` overrides."""
+def load_spec(path: str | Path, sets: dict[str, Any] | None = None, scale: str | None = None) -> Plan:
+    """Read, validate and expand a spec file; `sets` are `--set key=value` overrides, `scale` one of
+    the spec's `scales` (None or "full": the spec as written)."""
     path = Path(path)
     if not path.is_file():
         nearby = sorted(str(p) for p in path.parent.glob("*.yaml")) if path.parent.is_dir() else []
@@ -381,30 +443,46 @@ def load_spec(path: str | Path, sets: dict[str, Any] | None = None) -> Plan:
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as error:
         raise SpecError(str(path), [("file", f"not valid YAML: {error}")]) from None
-    return parse_spec(data, source=str(path), sets=sets, default_name=path.stem)
+    return parse_spec(data, source=str(path), sets=sets, default_name=path.stem, scale=scale,
+                      base_dir=path.parent)
 
 
 def parse_spec(data: Any, source: str = "<spec>", sets: dict[str, Any] | None = None,
-               default_name: str = "spec") -> Plan:
+               default_name: str = "spec", scale: str | None = None, base_dir: str | Path | None = None) -> Plan:
+    """Validate and expand a spec given as data; `base_dir` is where `tuned:` looks for its folder
+    (the spec file's folder; default: the current directory)."""
     problems = Problems()
     if not isinstance(data, dict):
         raise SpecError(source, [("file", f"must be a mapping with keys {', '.join(SPEC_KEYS)}, got {data!r}")])
     data = dict(data)
     data["matrix"] = dict(data.get("matrix") or {})
     data["resources"] = dict(data.get("resources") or {})
-    replaced_axes, command_line = _split_sets(sets or {}, data)
+    scale = scale or FULL_SCALE
+    chosen, origins = _apply_scale(data, scale, source)
+    command_line = _split_sets(sets or {}, data, origins)
     try:
         spec = SpecFile.model_validate(data)
     except ValidationError as error:
         problems.add_validation("", error)
         raise SpecError(source, [(where.lstrip(".") or "file", msg) for where, msg in problems.items]) from None
 
-    resources = problems.check(TypeAdapter(Resources), spec.resources,
-                               "--set resources" if "resources" in replaced_axes else "resources")
-    axes, optional = _parse_axes(spec.matrix, replaced_axes, problems)
+    resources = problems.check(TypeAdapter(Resources), spec.resources, origins.get("resources", "resources"))
+    axes, optional = _parse_axes(spec.matrix, origins, problems)
     defaults = _assignments_of(spec.defaults, "defaults", problems)
-    rules = [Rule(_condition_of(o.when, f"overrides[{i}].when", problems),
-                  _assignments_of(o.assign, f"overrides[{i}].set", problems)) for i, o in enumerate(spec.overrides)]
+    override_blocks = [("overrides", spec.overrides)]
+    if chosen is not None:
+        where = f"scales.{scale}"
+        defaults.update(_assignments_of(chosen.defaults, f"{where}.defaults", problems))
+        override_blocks.append((f"{where}.overrides", chosen.overrides))
+    rules = [Rule(_condition_of(o.when, f"{block}[{i}].when", problems),
+                  _assignments_of(o.assign, f"{block}[{i}].set", problems))
+             for block, overrides in override_blocks for i, o in enumerate(overrides)]
+    if problems:
+        raise SpecError(source, list(problems.items))
+    tuned: dict[str, str] = {}
+    if spec.tuned is not None:
+        tuned_rules, tuned = _tuned_rules(spec.tuned, _spec_algorithms(axes, defaults, rules), base_dir, problems)
+        rules += tuned_rules
     rules.append(Rule(Condition({}), _assignments_of(command_line, "--set", problems)))
     if problems:
         raise SpecError(source, list(problems.items))
@@ -416,32 +494,125 @@ def parse_spec(data: Any, source: str = "<spec>", sets: dict[str, Any] | None = 
     cells = _expand(axes, defaults, rules, problems)
     if problems:
         raise SpecError(source, list(problems.items))
-    return Plan(spec.name or default_name, source, spec.description, cells, resources, frozenset(optional))
+    return Plan(spec.name or default_name, source, spec.description, cells, resources, frozenset(optional),
+                scale=scale, scales=(FULL_SCALE, *spec.scales), tuned=tuned)
 
 
-def _split_sets(sets: dict[str, Any], data: dict) -> tuple[set[str], dict[str, Any]]:
+def resolve_cell(values: dict[str, Any], source: str = "<cell>") -> CellConfig:
+    """One fully resolved cell from cell fields (`{"algorithm": ..., "dataset": ..., "hp": {...}}` or
+    `hp.NAME` keys), through the same checks and default resolution as a spec's cells, so the same
+    settings give the same hash. Raises SpecError (e.g. a hyperparameter the algorithm does not have)."""
+    problems = Problems()
+    flat = _assignments_of(values, "cell", problems)
+    for key in ("algorithm", "dataset"):
+        if key not in flat and not problems:
+            problems.add(f"cell.{key}", "missing")
+    if not problems:
+        declared = hyperparameters(flat["algorithm"].value)
+        for key, assigned in flat.items():
+            if key.startswith("hp.") and key.removeprefix("hp.") not in declared:
+                problems.add(assigned.origin, unknown_message(f"hyperparameter of {flat['algorithm'].value}",
+                                                              key.removeprefix("hp."), declared))
+    cell = None if problems else _build_cell(flat, problems)
+    if problems or cell is None:
+        raise SpecError(source, list(problems.items))
+    return cell
+
+
+def _apply_scale(data: dict, scale: str, source: str) -> tuple[Scale | None, dict[str, str]]:
+    """Put the chosen scale's matrix axes and resources into `data`; returns the scale (None for
+    "full") and, per replaced axis (and "resources"), where its value was written."""
+    origins: dict[str, str] = {}
+    try:
+        scales = TypeAdapter(dict[str, Scale]).validate_python(data.get("scales") or {})
+    except ValidationError as error:
+        problems = Problems()
+        problems.add_validation("scales", error)
+        raise SpecError(source, list(problems.items)) from None
+    if FULL_SCALE in scales:
+        raise SpecError(source, [(f"scales.{FULL_SCALE}", f"{FULL_SCALE!r} is the spec as written; give the "
+                                                          f"full settings in matrix/defaults/overrides")])
+    if scale == FULL_SCALE:
+        return None, origins
+    if scale not in scales:
+        raise SpecError(source, [("--scale", unknown_message("scale", scale, [FULL_SCALE, *scales]))])
+    chosen = scales[scale]
+    for key, value in chosen.matrix.items():
+        data["matrix"][key] = value
+        origins[key] = f"scales.{scale}.matrix.{key}"
+    if chosen.resources:
+        data["resources"] = {**data["resources"], **chosen.resources}
+        origins["resources"] = f"scales.{scale}.resources"
+    return chosen, origins
+
+
+def _spec_algorithms(axes, defaults: Assignments, rules: list[Rule]) -> list[str]:
+    return sorted({a.value for assignments, _ in _all_assignments(axes, defaults, rules)
+                   for k, a in assignments.items() if k == "algorithm" and a.value})
+
+
+def tuned_path(directory: str | Path, algorithm: str) -> Path:
+    return Path(directory) / f"{algorithm}.yaml"
+
+
+def _tuned_rules(setting: TunedSetting, algorithms: list[str], base_dir, problems: Problems):
+    """One rule per algorithm with a tuned configuration: `when: {algorithm: NAME}`, set the tuned
+    values and `hp_source: tuned`."""
+    directory = Path(setting.dir) if setting.dir else Path(TUNED_DIR)
+    if not directory.is_absolute():
+        directory = Path(base_dir or ".") / directory
+    rules, used = [], {}
+    wanted = algorithms if setting.algorithms is None else setting.algorithms
+    for i, name in enumerate(wanted):
+        where = "tuned" if setting.algorithms is None else f"tuned.algorithms[{i}]"
+        if name not in algorithms:
+            problems.add(where, unknown_message("algorithm of this spec", name, algorithms))
+            continue
+        path = tuned_path(directory, name)
+        if not path.is_file():
+            if setting.algorithms is not None:
+                problems.add(where, f"no tuned configuration for {name!r}: {path} does not exist "
+                                    f"(write it with `pflbench sweep --algo {name} --out {directory}`)")
+            continue
+        try:
+            tuned = TunedFile.model_validate(yaml.safe_load(path.read_text()))
+        except (yaml.YAMLError, ValidationError) as error:
+            problems.add(str(path), f"not a tuned configuration: {error}")
+            continue
+        if tuned.algorithm != name:
+            problems.add(f"{path}: algorithm", f"is {tuned.algorithm!r}, expected {name!r} (the file's name)")
+            continue
+        assignments = _assignments_of(tuned.assign, f"{path}: set", problems)
+        assignments["hp_source"] = Assigned("tuned", f"{path}")
+        rules.append(Rule(Condition({"algorithm": (name,)}), assignments))
+        used[name] = str(path)
+    return rules, used
+
+
+def _split_sets(sets: dict[str, Any], data: dict, origins: dict[str, str]) -> dict[str, Any]:
     """`--set` of a matrix axis, of a structured axis or with a list value replaces (or adds) that
-    axis; `resources.*` sets a resource; anything else becomes a final, unconditional override."""
-    replaced, command_line = set(), {}
+    axis; `resources.*` sets a resource; anything else becomes a final, unconditional override
+    (returned). Replaced axes are noted in `origins`."""
+    command_line = {}
     for key, value in sets.items():
         if key.startswith("resources."):
             data["resources"][key.removeprefix("resources.")] = value
-            replaced.add("resources")
+            origins["resources"] = "--set resources"
         elif key in STRUCTURED_AXES or key in data["matrix"] or isinstance(value, list):
             data["matrix"][key] = value
-            replaced.add(key)
+            origins[key] = f"--set {key}"
         else:
             command_line[key] = value
-    return replaced, command_line
+    return command_line
 
 
-def _parse_axes(matrix: dict[str, Any], replaced: set[str], problems: Problems):
+def _parse_axes(matrix: dict[str, Any], origins: dict[str, str], problems: Problems):
     """Matrix axes, in file order, each a list of flat assignments; and the optional datasets."""
     axes: list[tuple[str, list[Assignments]]] = []
     optional: set[str] = set()
     assigned_by: dict[str, str] = {}
     for key, raw in matrix.items():
-        where = f"--set {key}" if key in replaced else f"matrix.{key}"
+        where = origins.get(key, f"matrix.{key}")
         if key in STRUCTURED_AXES:
             entries = problems.check(AXIS_TYPES[key], raw, where)
             if entries is None:
@@ -491,8 +662,7 @@ def _check_required(axes, defaults: Assignments, rules: list[Rule], problems: Pr
 def _check_hyperparameter_names(axes, defaults: Assignments, rules: list[Rule], problems: Problems) -> None:
     """An `hp.NAME` applies to the cells whose algorithm declares NAME, so it must be declared by one
     of the spec's algorithms (by the `when`'s algorithms, in an override that names them)."""
-    spec_algorithms = sorted({a.value for assignments, _ in _all_assignments(axes, defaults, rules)
-                              for k, a in assignments.items() if k == "algorithm" and a.value})
+    spec_algorithms = _spec_algorithms(axes, defaults, rules)
     for assignments, restricted in _all_assignments(axes, defaults, rules):
         candidates = sorted(set(restricted)) if restricted else spec_algorithms
         declared = {name: hyperparameters(name) for name in candidates}
