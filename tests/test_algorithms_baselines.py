@@ -10,22 +10,10 @@ from algorithms.fedfomo import FedFomo, fomo_weights, normalize_weights
 from algorithms.perfedavg import SALTS, PerFedAvg
 from algorithms.pfedme import PFedMe
 from pflbench.algorithm import get_algorithm
-from pflbench.config import CellConfig
-from pflbench.federation import Federation, prepare_cell, run_cell, run_round
+from pflbench.federation import run_cell, run_round
 from pflbench.models import build_model
 from pflbench.training import ClientModel, batch_plan
-
-
-def _cell(**overrides):
-    base = dict(algorithm="fedavg", dataset="synthetic", dataset_options={"num_samples": 1000},
-                partition="pathological", partition_params={"classes_per_client": 3}, clients=5, rounds=3,
-                local_epochs=1, batch_size=16, lr=0.05, seed=0)
-    return CellConfig(**{**base, **overrides})
-
-
-def _federation(cell, data_root):
-    dataset, splits = prepare_cell(cell, data_root)
-    return Federation(cell, dataset, splits, "cpu", "auto", get_algorithm(cell.algorithm).batched)
+from cells import federation as _federation, small_cell as _cell
 
 
 def _run(alg_cls, fed, hp=None, rounds=None):

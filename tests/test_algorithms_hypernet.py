@@ -5,22 +5,14 @@ import torch
 
 from algorithms.pfedhn import PFedHN, PFedHNPC
 from algorithms.pfedla import HeurPFedLA, PFedLA
-from pflbench.config import CellConfig
 from pflbench.federation import Federation, prepare_cell, run_cell, run_round
 from pflbench.partitioning import ClientSplits
 from pflbench.training import payload_bytes
+from cells import federation as _federation, small_cell
 
 
 def _cell(**overrides):
-    base = dict(algorithm="pfedla", dataset="synthetic", dataset_options={"num_samples": 1000},
-                partition="pathological", partition_params={"classes_per_client": 3}, clients=5, rounds=3,
-                local_epochs=1, batch_size=16, lr=0.05, seed=0)
-    return CellConfig(**{**base, **overrides})
-
-
-def _federation(cell, tmp_path):
-    dataset, splits = prepare_cell(cell, tmp_path)
-    return Federation(cell, dataset, splits)
+    return small_cell(**{"algorithm": "pfedla", **overrides})
 
 
 def _setup(alg_cls, fed, hp=None):

@@ -7,20 +7,8 @@ from algorithms.apfl import APFL
 from algorithms.ditto import Ditto
 from algorithms.l2gd import L2GD, coin_flips
 from pflbench.algorithm import Algorithm
-from pflbench.config import CellConfig
-from pflbench.federation import Federation, prepare_cell, run_cell, run_round
-
-
-def _cell(**overrides):
-    base = dict(algorithm="fedavg", dataset="synthetic", dataset_options={"num_samples": 1000},
-                partition="pathological", partition_params={"classes_per_client": 3}, clients=5, rounds=3,
-                local_epochs=1, batch_size=16, lr=0.05, seed=0)
-    return CellConfig(**{**base, **overrides})
-
-
-def _federation(cell, tmp_path):
-    dataset, splits = prepare_cell(cell, tmp_path)
-    return Federation(cell, dataset, splits)
+from pflbench.federation import run_cell, run_round
+from cells import federation as _federation, small_cell as _cell
 
 
 def _run(alg_cls, fed, hp=None):
