@@ -66,7 +66,9 @@ def test_full_scale_has_the_papers_settings(table, table_rows):
         assert (cell.rounds, cell.local_epochs) == ((600, 10) if cell.clients == 10 else (2500, 20))
         assert cell.partition_params[key] == (cifar100 if cell.dataset == "cifar100" else usual)
         per_client.setdefault(cell.dataset, set()).add(cell.partition_params["samples_per_client"])
-        assert cell.hp == get_algorithm(cell.algorithm).Hyperparams().model_dump(mode="json")
+        defaults = get_algorithm(cell.algorithm).Hyperparams().model_dump(mode="json")
+        # The one deliberate departure (see the spec): pFedMe's personal_lr, as 0.09 diverged on fmnist.
+        assert cell.hp == ({**defaults, "personal_lr": 0.01} if cell.algorithm == "pfedme" else defaults)
     # "all clients have the same amount of training data for both 10 and 100 clients cases"
     assert all(len(sizes) == 1 for sizes in per_client.values())
     # ... and every partition can be made from the real datasets' class sizes.
