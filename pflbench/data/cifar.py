@@ -5,8 +5,6 @@ file's md5; a mirror may hold the download archive (`cifar-10-python.tar.gz`) or
 """
 from __future__ import annotations
 
-import shutil
-import tempfile
 from pathlib import Path
 from typing import ClassVar
 
@@ -16,7 +14,7 @@ from torchvision.datasets import CIFAR10, CIFAR100
 from torchvision.datasets.utils import extract_archive
 
 from pflbench.data.dataset import TEST, TRAIN, Dataset
-from pflbench.data.files import digest_files, staged
+from pflbench.data.files import digest_files, place_folder
 from pflbench.data.sources import DATASETS, DOWNLOAD_OPTION, FileSource
 
 
@@ -45,17 +43,13 @@ class CifarSource(FileSource):
         return archive.is_file() or all((folder / name).is_file() for name in self._file_names())
 
     def place_from_mirror(self, mirror: Path, root: Path) -> str:
-        archive, folder = self.mirror_paths(mirror)
         base_folder = self.torchvision_class.base_folder
-        with staged(root / base_folder) as tmp:
-            if archive.is_file():
-                with tempfile.TemporaryDirectory(dir=root, prefix=".unpack-") as unpacked:
-                    extract_archive(archive, unpacked)  # torchvision's own extraction
-                    Path(unpacked, base_folder).rename(tmp)
-                source = archive
-            else:
-                shutil.copytree(folder, tmp)
-                source = folder
+
+        def unpack(archive: Path, scratch: Path) -> Path:
+            extract_archive(archive, scratch)  # torchvision's own extraction
+            return scratch / base_folder
+
+        source = place_folder(root / base_folder, *self.mirror_paths(mirror), unpack)
         return f"{self.name}: placed {root / base_folder} from {source}"
 
     def decode(self, root: Path, download: bool) -> Dataset:

@@ -7,8 +7,6 @@ mirror's `cifar10-jpeg.zip`. There is no download: its only source is that archi
 from __future__ import annotations
 
 import io
-import shutil
-import tempfile
 import zipfile
 from pathlib import Path
 
@@ -18,7 +16,7 @@ from PIL import Image
 from torchvision.datasets import ImageFolder
 
 from pflbench.data.dataset import TEST, TRAIN, Dataset
-from pflbench.data.files import ContentDigest, staged
+from pflbench.data.files import ContentDigest, place_folder
 from pflbench.data.sources import DATASETS, FileSource
 
 FOLDER = "cifar10-jpeg"
@@ -49,17 +47,12 @@ class Cifar10JpegSource(FileSource):
         return archive.is_file() or all((folder / split).is_dir() for split, _ in SPLITS)
 
     def place_from_mirror(self, mirror: Path, root: Path) -> str:
-        archive, folder = self.mirror_paths(mirror)
-        with staged(root / FOLDER) as tmp:
-            if archive.is_file():
-                with tempfile.TemporaryDirectory(dir=root, prefix=".unpack-") as unpacked:
-                    with zipfile.ZipFile(archive) as z:
-                        z.extractall(unpacked)
-                    _layout_top(Path(unpacked)).rename(tmp)
-                source = archive
-            else:
-                shutil.copytree(folder, tmp)
-                source = folder
+        def unpack(archive: Path, scratch: Path) -> Path:
+            with zipfile.ZipFile(archive) as z:
+                z.extractall(scratch)
+            return _layout_top(scratch)
+
+        source = place_folder(root / FOLDER, *self.mirror_paths(mirror), unpack)
         return f"{self.name}: extracted {source} into {root / FOLDER}"
 
     def decode(self, root: Path, download: bool) -> Dataset:

@@ -4,10 +4,11 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import tempfile
 import uuid
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 
 @contextmanager
@@ -29,6 +30,19 @@ def staged(dest: Path) -> Iterator[Path]:
             shutil.rmtree(tmp)
         elif tmp.exists():
             tmp.unlink()
+
+
+def place_folder(dest: Path, archive: Path, folder: Path, unpack: Callable[[Path, Path], Path]) -> Path:
+    """Place a dataset folder at `dest` (through `staged`) from a mirror: its `archive` when present,
+    unpacked by `unpack(archive, scratch)` (which returns the extracted folder to move), else a copy
+    of its already-extracted `folder`. Returns the source used."""
+    with staged(dest) as tmp:
+        if archive.is_file():
+            with tempfile.TemporaryDirectory(dir=dest.parent, prefix=".unpack-") as scratch:
+                unpack(archive, Path(scratch)).rename(tmp)
+            return archive
+        shutil.copytree(folder, tmp)
+        return folder
 
 
 class ContentDigest:
