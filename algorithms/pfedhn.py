@@ -113,9 +113,6 @@ class PFedHN(Algorithm):
             self._generated = self.hypernet(clients)
         return dict(self._generated)
 
-    def receive(self, rnd, clients, download):
-        return {n: download[n] if n in download else self.client_state[n][clients] for n in self.fed.model.names}
-
     def local_train(self, rnd, clients, state):
         if self.hp.server_updates == "per_round":
             return self.fed.train(rnd, clients, state, steps=self.hp.inner_steps).state
@@ -124,6 +121,7 @@ class PFedHN(Algorithm):
         # (training several clients on one round-start model and then stepping for each in turn
         # applies stale updates; with momentum that blew up at lr 0.05). Same sizes as configured.
         trained = []
+        self._generated = {n: t.clone() for n, t in self._generated.items()}  # becomes what each started from
         for k, client in enumerate(clients.tolist()):
             row = clients[k:k + 1]
             with torch.no_grad():
@@ -131,7 +129,6 @@ class PFedHN(Algorithm):
             start = {n: generated[n] if n in generated else t[k:k + 1] for n, t in state.items()}
             after = self.fed.train(rnd, row, start, steps=self.hp.inner_steps).state
             self.hypernetwork_step(row, {n: generated[n] - after[n] for n in self.generated})
-            self._generated = {n: t.clone() for n, t in self._generated.items()}
             for n in self.generated:  # what this client started from, for its upload
                 self._generated[n][k] = generated[n][0]
             trained.append(after)
