@@ -13,7 +13,7 @@ from pflbench.algorithm import get_algorithm
 from pflbench.federation import run_cell, run_round
 from pflbench.models import build_model
 from pflbench.training import ClientModel, batch_plan
-from cells import federation as _federation, small_cell as _cell
+from cells import assert_batched_matches_loop, federation as _federation, small_cell as _cell
 
 
 def _run(alg_cls, fed, hp=None, rounds=None):
@@ -296,10 +296,4 @@ def test_batched_path_matches_client_loop(tmp_path, algorithm, hp):
     # Dirichlet: unequal client sizes, so clients finish their local steps at different times.
     cell = _cell(algorithm=algorithm, hp=hp, rounds=2, participation=0.6, momentum=0.5,
                  partition="dirichlet", partition_params={"alpha": 0.5})
-    on = run_cell(cell, data_root=tmp_path, client_batching="on")
-    off = run_cell(cell, data_root=tmp_path, client_batching="off")
-    assert on.summary["client_batching"] == "batched" and off.summary["client_batching"] == "loop"
-    np.testing.assert_allclose(on.metrics["accuracy"], off.metrics["accuracy"], atol=0.02)
-    np.testing.assert_allclose(on.metrics["loss"], off.metrics["loss"], rtol=1e-3)
-    assert on.rounds["bytes_up"].equals(off.rounds["bytes_up"])
-    assert on.rounds["bytes_down"].equals(off.rounds["bytes_down"])
+    assert_batched_matches_loop(cell, tmp_path)

@@ -8,7 +8,7 @@ from algorithms.ditto import Ditto
 from algorithms.l2gd import L2GD, coin_flips
 from pflbench.algorithm import Algorithm
 from pflbench.federation import run_cell, run_round
-from cells import federation as _federation, small_cell as _cell
+from cells import assert_batched_matches_loop, federation as _federation, small_cell as _cell
 
 
 def _run(alg_cls, fed, hp=None):
@@ -141,10 +141,4 @@ def test_l2gd_aggregation_step_pulls_toward_the_average(tmp_path):
 # ---- all three -------------------------------------------------------------------------------------
 @pytest.mark.parametrize("algorithm,hp", [("ditto", {"lam": 1.0}), ("apfl", {}), ("l2gd", {"p": 0.5})])
 def test_batched_path_matches_client_loop(tmp_path, algorithm, hp):
-    cell = _cell(algorithm=algorithm, hp=hp, rounds=2, participation=0.6)
-    on = run_cell(cell, data_root=tmp_path, client_batching="on")
-    off = run_cell(cell, data_root=tmp_path, client_batching="off")
-    assert on.summary["client_batching"] == "batched" and off.summary["client_batching"] == "loop"
-    np.testing.assert_allclose(on.metrics["accuracy"], off.metrics["accuracy"], atol=0.02)
-    np.testing.assert_allclose(on.metrics["loss"], off.metrics["loss"], rtol=1e-3)
-    assert on.rounds["bytes_up"].equals(off.rounds["bytes_up"])
+    assert_batched_matches_loop(_cell(algorithm=algorithm, hp=hp, rounds=2, participation=0.6), tmp_path)
