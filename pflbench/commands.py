@@ -49,13 +49,18 @@ def add_data_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--from", dest="mirror", help="offline mirror folder (default: $PFLBENCH_DATA_MIRROR)")
 
 
+def field_default(field):
+    """A pydantic field's default, including one given by a default_factory (e.g. a list)."""
+    return field.get_default(call_default_factory=True)
+
+
 def cmd_list(args) -> int:
     if args.what == "algorithms":
         from pflbench.algorithm import ALGORITHMS, get_algorithm
 
         get_algorithm("fedavg")  # imports the algorithms package
         for name, cls in ALGORITHMS.items():
-            fields = ", ".join(f"{k}={f.default!r}" for k, f in cls.Hyperparams.model_fields.items())
+            fields = ", ".join(f"{k}={field_default(f)!r}" for k, f in cls.Hyperparams.model_fields.items())
             path = "" if cls.batched else "  [client loop only]"
             print(f"{name:<14}{fields or '-'}{path}")
     elif args.what == "datasets":
@@ -68,7 +73,7 @@ def cmd_list(args) -> int:
         from pflbench.partitioning import PARTITIONS
 
         for name, cls in PARTITIONS.items():
-            fields = ", ".join(f"{k}={f.default!r}" for k, f in cls.Params.model_fields.items())
+            fields = ", ".join(f"{k}={field_default(f)!r}" for k, f in cls.Params.model_fields.items())
             print(f"{name:<14}{fields or '-'}")
     else:
         from pflbench.models import MODELS

@@ -8,6 +8,7 @@ def test_list_shows_registered_names(capsys):
     assert main(["list", "algorithms"]) == 0
     out = capsys.readouterr().out
     assert {"fedavg", "local", "fedbn"} <= {line.split()[0] for line in out.splitlines()}
+    assert "modules_per_layer=[2, 2, 2]" in out and "Undefined" not in out  # default factories shown
     assert main(["list", "partitions"]) == 0
     out = capsys.readouterr().out
     assert "pathological" in out and "classes_per_client=4" in out and "dirichlet" in out
