@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import pytest
 import yaml
@@ -220,3 +221,24 @@ def test_the_demo_spec_expands_to_every_algorithm_on_both_datasets():
     assert {c.dataset for c in plan.cells} == {"fmnist", "synthetic"} and plan.optional_datasets == {"fmnist"}
     assert {c.partition for c in plan.cells} == {"pathological", "dirichlet"}
     assert all(c.clients == 10 for c in plan.cells)
+
+
+SHIPPED_SPECS = sorted((Path(__file__).parents[1] / "benchmarks").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", SHIPPED_SPECS, ids=[p.stem for p in SHIPPED_SPECS])
+def test_every_shipped_spec_validates_and_expands(path):
+    plan = load_spec(path)
+    assert plan.cells and len({cell_hash(c) for c in plan.cells}) == len(plan.cells)
+
+
+def test_the_fedmn_and_hetero5_specs_compare_with_local_at_equal_rounds():
+    benchmarks = Path(__file__).parents[1] / "benchmarks"
+    plan = load_spec(benchmarks / "fedmn-mhpfedhn.yaml")
+    assert {c.algorithm for c in plan.cells} == {"local", "fedavg", "fedmn", "mh-pfedhn", "mh-pfedhngd"}
+    assert len(plan.cells) == 5 * 3 and {c.partition for c in plan.cells} == {"dirichlet"}
+    hetero = load_spec(benchmarks / "hetero5.yaml")
+    assert {c.algorithm for c in hetero.cells} == {"local", "mh-pfedhn", "mh-pfedhngd"}
+    assert {c.model for c in hetero.cells} == {"hetero5"} and {c.dataset for c in hetero.cells} == {"cifar10-jpeg"}
+    for spec in (plan, hetero):  # equal budgets: only the algorithm (and its hyperparameters) differ
+        assert len({(c.rounds, c.local_epochs, c.lr, c.batch_size) for c in spec.cells}) == 1
