@@ -156,6 +156,17 @@ class Federation:
                                         batched=self.batched)
         return TrainResult(new_state, loss)
 
+    def train_pooled(self, rnd: int, clients: Tensor, state: State, *, epochs: int | None = None) -> TrainResult:
+        """One model (`state`, [1, ...]) trained on the union of `clients`' train splits, shuffled
+        together: centralized training of the samples those clients hold (the `centralized` reference)."""
+        indices = [torch.cat([self.splits["train"][c] for c in clients.tolist()])]
+        pooled = torch.tensor([-1])  # generator key of the pooled data: no client has id -1
+        plans = batch_plan([len(indices[0])], self.cell.batch_size, epochs or self.cell.local_epochs, None,
+                           self.batch_generators(rnd, pooled))
+        new_state, loss = train_clients(self.model, state, self.features, self.labels, indices, plans, self.sgd,
+                                        batched=self.batched)
+        return TrainResult(new_state, loss)
+
     def evaluate(self, state: State, split: str = "test", clients: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """Accuracy and loss of each client's model (rows of `state`) on its own `split`."""
         ids = range(self.num_clients) if clients is None else clients.tolist()

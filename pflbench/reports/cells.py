@@ -21,7 +21,7 @@ DISPLAY_NAMES = {"local": "Local", "fedavg": "FedAvg", "perfedavg": "Per-FedAvg"
                  "fedfomo": "FedFomo", "pfedla": "pFedLA", "heurpfedla": "HeurpFedLA", "fedprox": "FedProx",
                  "fedper": "FedPer", "lg-fedavg": "LG-FedAvg", "fedbabu": "FedBABU", "ditto": "Ditto",
                  "apfl": "APFL", "l2gd": "L2GD", "fedmn": "FedMN", "mh-pfedhn": "MH-pFedHN",
-                 "mh-pfedhngd": "MH-pFedHNGD"}
+                 "mh-pfedhngd": "MH-pFedHNGD", "centralized": "Centralized (reference)"}
 DATASET_ORDER = ("emnist", "fmnist", "cifar10", "cifar10-jpeg", "cifar100")
 # Our dataset -> the paper dataset its cells are compared with, and the footnote saying they differ.
 DATASET_ALIASES = {"cifar10-jpeg": ("cifar10", "cifar10-jpeg is a lossy JPEG re-encoding of CIFAR-10, "

@@ -1,0 +1,33 @@
+"""Centralized training: the reference a single global model is measured against, not an FL method.
+
+Each round the server trains one model on the union of the round's clients' training data, shuffled
+together (IID minibatches, no client drift), for the cell's local epochs with the cell's optimizer.
+Every client is then evaluated with that one model on its own test split, as FedAvg's global model
+is. So it bounds what a global model can reach on the cell's split and budget: where Local beats
+`centralized`, no FedAvg-like global model can be expected to beat Local.
+
+It moves raw data, not models, so no model bytes are counted: its communication is not comparable
+with the federated methods'.
+"""
+from pflbench.algorithm import ALGORITHMS, Algorithm
+
+
+@ALGORITHMS.register("centralized")
+class Centralized(Algorithm):
+    name = "centralized"
+
+    def configure(self, rnd, clients):
+        return {}
+
+    def receive(self, rnd, clients, download):
+        return {}
+
+    def local_train(self, rnd, clients, state):
+        self.global_state = self.fed.train_pooled(rnd, clients, self.global_state).state
+        return {}
+
+    def send(self, rnd, clients, state):
+        return {}
+
+    def aggregate(self, rnd, clients, upload):
+        pass  # the server trained the model itself
