@@ -147,24 +147,29 @@ class Federation:
         another architecture than the clients' own (e.g. a shared global model in a heterogeneous
         cell); `targets`, a per-sample table indexed like the dataset's labels, is what the objective
         receives instead of the labels (e.g. labels with a teacher's logits, for distillation)."""
-        indices = [self.splits[split][c] for c in clients.tolist()]
-        plans = batch_plan([len(i) for i in indices], self.cell.batch_size,
-                           epochs or self.cell.local_epochs, steps, self.batch_generators(rnd, clients, salt))
-        new_state, loss = train_clients(model or self.model_of(clients), state, self.features,
-                                        self.labels if targets is None else targets, indices, plans,
-                                        self.sgd, objective=objective, aux=aux, trainable=trainable,
-                                        batched=self.batched)
-        return TrainResult(new_state, loss)
+        return self._train_on([self.splits[split][c] for c in clients.tolist()],
+                              self.batch_generators(rnd, clients, salt), model or self.model_of(clients), state,
+                              epochs=epochs, steps=steps, objective=objective, aux=aux, trainable=trainable,
+                              targets=targets)
 
     def train_pooled(self, rnd: int, clients: Tensor, state: State, *, epochs: int | None = None) -> TrainResult:
         """One model (`state`, [1, ...]) trained on the union of `clients`' train splits, shuffled
         together: centralized training of the samples those clients hold (the `centralized` reference)."""
-        indices = [torch.cat([self.splits["train"][c] for c in clients.tolist()])]
         pooled = torch.tensor([-1])  # generator key of the pooled data: no client has id -1
-        plans = batch_plan([len(indices[0])], self.cell.batch_size, epochs or self.cell.local_epochs, None,
-                           self.batch_generators(rnd, pooled))
-        new_state, loss = train_clients(self.model, state, self.features, self.labels, indices, plans, self.sgd,
-                                        batched=self.batched)
+        return self._train_on([torch.cat([self.splits["train"][c] for c in clients.tolist()])],
+                              self.batch_generators(rnd, pooled), self.model, state, epochs=epochs)
+
+    def _train_on(self, indices: list[Tensor], generators: list[torch.Generator], model: ClientModel,
+                  state: State, *, epochs: int | None = None, steps: int | None = None,
+                  objective: Objective = cross_entropy, aux: State | None = None, trainable=None,
+                  targets: Tensor | None = None) -> TrainResult:
+        """SGD of the models in `state` (row k on the sample ids `indices[k]`, batch order from
+        `generators[k]`): what `train` and `train_pooled` share."""
+        plans = batch_plan([len(i) for i in indices], self.cell.batch_size, epochs or self.cell.local_epochs,
+                           steps, generators)
+        new_state, loss = train_clients(model, state, self.features, self.labels if targets is None else targets,
+                                        indices, plans, self.sgd, objective=objective, aux=aux,
+                                        trainable=trainable, batched=self.batched)
         return TrainResult(new_state, loss)
 
     def evaluate(self, state: State, split: str = "test", clients: Tensor | None = None) -> tuple[Tensor, Tensor]:
