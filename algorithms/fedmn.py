@@ -373,25 +373,66 @@ class FedMN(Algorithm):
                 self.routing[c] = self._fixed_routing(c, self.server_router)
         return {"pool": self.server_pool, "routing": torch.stack(self.routing)}
 
-    @torch.no_grad()
     def evaluate(self, personal, split: str):
-        fed = self.fed
+        if "scores" in personal:  # adapted models, scored as they were made (see `adapt_locally`)
+            return personal["scores"][split]
         self.net.load_state_dict(personal["pool"])
-        self.net.eval()
-        accuracy = torch.zeros(fed.num_clients, device=fed.device)
-        loss = torch.zeros(fed.num_clients, device=fed.device)
-        for c in range(fed.num_clients):
-            idx = fed.splits[split][c]
-            if not len(idx):
-                accuracy[c] = loss[c] = float("nan")
-                continue
-            correct = total = 0.0
-            for part in idx.split(2048):
-                logits = self.net(fed.features[part], personal["routing"][c], tied=self.hp.code_compat)
-                total += F.cross_entropy(logits, fed.labels[part], reduction="sum").item()
-                correct += (logits.argmax(1) == fed.labels[part]).sum().item()
-            accuracy[c], loss[c] = correct / len(idx), total / len(idx)
+        accuracy = torch.zeros(self.fed.num_clients, device=self.fed.device)
+        loss = torch.zeros(self.fed.num_clients, device=self.fed.device)
+        for c in range(self.fed.num_clients):
+            accuracy[c], loss[c] = self._score(c, personal["routing"][c], split)
         return accuracy, loss
+
+    @torch.no_grad()
+    def _score(self, client: int, gates: Tensor, split: str) -> tuple[float, float]:
+        """Accuracy and loss of `self.net` (as loaded) with `gates` on the client's own `split`."""
+        fed = self.fed
+        idx = fed.splits[split][client]
+        if not len(idx):
+            return float("nan"), float("nan")
+        self.net.eval()
+        correct = total = 0.0
+        for part in idx.split(2048):
+            logits = self.net(fed.features[part], gates, tied=self.hp.code_compat)
+            total += F.cross_entropy(logits, fed.labels[part], reduction="sum").item()
+            correct += (logits.argmax(1) == fed.labels[part]).sum().item()
+        return correct / len(idx), total / len(idx)
+
+    def adapt_locally(self, personal, rnd: int, epochs: int):
+        """The after-local-adaptation protocol for a routed pool: each client trains its copy of the
+        aggregated modules through its own frozen routing (cross-entropy, the cell's SGD, the batch
+        order of round rnd + 1, as `Federation.adapt_locally`; the routing net is not adapted). A pool per
+        client would not fit in memory at 100 clients (FedMN's modules are large), so each client's
+        adapted pool is scored on every evaluated split as soon as it is trained and then dropped:
+        the result carries the scores, which `evaluate` returns."""
+        fed, sgd = self.fed, self.fed.sgd
+        everyone = torch.arange(fed.num_clients, device=fed.device)
+        plans = batch_plan([len(fed.splits["train"][c]) for c in range(fed.num_clients)], fed.cell.batch_size,
+                           epochs, None, fed.batch_generators(rnd + 1, everyone))
+        splits = [name for name in ("test", "val") if name in fed.splits]
+        scores = {name: (torch.zeros(fed.num_clients, device=fed.device),
+                         torch.zeros(fed.num_clients, device=fed.device)) for name in splits}
+        with torch.random.fork_rng(devices=[]):  # dropout draws must not move the training's stream
+            for c in range(fed.num_clients):
+                torch.manual_seed(fed.cell.seed * 1_000_003 + rnd * 1009 + c)
+                self.net.load_state_dict(personal["pool"])
+                gates = personal["routing"][c]
+                optimizer = torch.optim.SGD(self.net.parameters(), lr=sgd.lr, momentum=sgd.momentum,
+                                            weight_decay=sgd.weight_decay)
+                idx = fed.splits["train"][c]
+                self.net.train()
+                for step in plans[c]:
+                    batch = idx[step.to(idx.device)]
+                    loss = F.cross_entropy(self.net(fed.features[batch], gates, tied=self.hp.code_compat),
+                                           fed.labels[batch])
+                    if not torch.isfinite(loss):
+                        raise Diverged(f"non-finite adaptation loss for client {c}")
+                    optimizer.zero_grad(set_to_none=True)
+                    loss.backward()
+                    optimizer.step()
+                for name in splits:
+                    scores[name][0][c], scores[name][1][c] = self._score(c, gates, name)
+        return {"routing": personal["routing"], "scores": scores}
 
     def artifacts(self) -> dict[str, np.ndarray]:
         """`routing`: every client's gates [clients, gates] (input gates, connection matrices row by

@@ -8,6 +8,7 @@ A round, as the engine (`pflbench.federation.run_rounds`) drives it:
     upload   = alg.send(rnd, clients, state)               # client -> server; keeps its local part (bytes up)
     alg.aggregate(rnd, clients, upload)                    # server
     ... every eval_every rounds: alg.personalized() is evaluated on every client's test split
+        (and, with the cell's finetune_epochs > 0, alg.adapt_locally(...) of it too: the adapted protocol)
 
 Every tensor that crosses the network is a `State`: a dict of tensors stacked along a leading client
 dimension (row j belongs to `clients[j]`). The engine counts the bytes of exactly these dicts, so an
@@ -132,6 +133,13 @@ class Algorithm:
         """Accuracy and loss [N] of every client's personalized model on its own `split`. Override
         only for models the engine cannot call (e.g. FedMN's routed module pool)."""
         return self.fed.evaluate_personalized(personal, split)
+
+    def adapt_locally(self, personal, rnd: int, epochs: int):
+        """Every client's personalized model after `epochs` of plain local SGD on its own train split
+        (the after-local-adaptation protocol), as a new object: nothing is written back into the
+        algorithm's state. Override only where `personalized()` is not a model the engine can train
+        (e.g. FedMN's routed module pool)."""
+        return self.fed.adapt_locally(personal, rnd, epochs)
 
     def artifacts(self) -> dict[str, np.ndarray]:
         """Arrays worth keeping from this round (e.g. aggregation weights); saved every eval_every rounds."""

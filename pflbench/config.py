@@ -7,6 +7,11 @@ data root, client batching on/off) are deliberately not part of it.
 `hp_source` says where the algorithm's hyperparameters came from: the paper's defaults (or values
 written in the spec) or a sweep's tuned configuration (`tuned:` in a spec, benchmarks/tuned/). It is
 left out of the hash while it has its default, so adding the field changed no existing cell's id.
+
+`finetune_epochs` (0 = off) adds the after-local-adaptation protocol to a cell's evaluation: every
+evaluation round also scores each client's personalized model after that many epochs of plain local
+SGD on its own train split (see `pflbench.federation.Federation.adapt_locally`). Like `hp_source` it is left
+out of the hash at its default, so cells without adaptation keep their ids.
 """
 from __future__ import annotations
 
@@ -15,6 +20,10 @@ import json
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+
+# Fields added after cells were stored: left out of the hash while they have these values.
+OPTIONAL_AT_DEFAULT = {"finetune_epochs": 0}
 
 
 class CellConfig(BaseModel):
@@ -40,11 +49,15 @@ class CellConfig(BaseModel):
     val_fraction: float = Field(0.1, ge=0.0, lt=1.0)  # share of each client's train split held out
     hp: dict[str, Any] = Field(default_factory=dict)  # the algorithm's own hyperparameters
     hp_source: Literal["default", "tuned"] = "default"  # tuned: from a sweep (benchmarks/tuned/<algo>.yaml)
+    finetune_epochs: int = Field(0, ge=0)  # local epochs of the adapted evaluation; 0: as delivered only
 
     def canonical_json(self) -> str:
         data = self.model_dump(mode="json")
         if data["hp_source"] == "default":
             del data["hp_source"]  # hashes of cells from before the field existed stay the same
+        for key in OPTIONAL_AT_DEFAULT:  # likewise: fields added later leave the hash alone at their default
+            if data[key] == OPTIONAL_AT_DEFAULT[key]:
+                del data[key]
         return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
 

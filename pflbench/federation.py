@@ -172,6 +172,27 @@ class Federation:
                                         trainable=trainable, batched=self.batched)
         return TrainResult(new_state, loss)
 
+    def adapt_locally(self, personal: State | list[State], rnd: int, epochs: int) -> State | list[State]:
+        """Every client's model in `personal` after `epochs` of local SGD on its own train split: the
+        after-local-adaptation protocol (FL-bench's "after", FedRep's and pFedLA's code's
+        "acc_after", FedAvg-FT). Cross-entropy on all parameters with the cell's optimizer settings,
+        momentum starting from zero, whatever the algorithm's own local objective is: one rule for
+        every method, so the protocol measures the model, not the method's training loop.
+        The batch order is the one each client would draw in round `rnd + 1`, so for plain local
+        training the adapted model of round r is exactly the model of round r + 1. Returns new
+        tensors; `personal` (possibly the algorithm's own state) is not modified."""
+        if not self.heterogeneous:
+            everyone = torch.arange(self.num_clients, device=self.device)
+            return self.train(rnd + 1, everyone, personal, epochs=epochs).state
+        return [self.train(rnd + 1, ids, state, epochs=epochs).state if len(ids) else state
+                for ids, state in zip(self.group_clients, personal)]
+
+    def split_sizes(self, split: str) -> Tensor:
+        """Samples per client in `split` ([N]; zeros for a withheld split)."""
+        if split not in self.splits:
+            return torch.zeros(self.num_clients, dtype=torch.long)
+        return torch.tensor([len(i) for i in self.splits[split]])
+
     def evaluate(self, state: State, split: str = "test", clients: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """Accuracy and loss of each client's model (rows of `state`) on its own `split`."""
         ids = range(self.num_clients) if clients is None else clients.tolist()
@@ -260,18 +281,30 @@ def run_round(algorithm: Algorithm, rnd: int, clients: Tensor) -> tuple[State, S
     return download, upload
 
 
+METRIC_COLUMNS = ["round", "client", "accuracy", "loss", "val_accuracy", "val_loss",
+                  "accuracy_adapted", "loss_adapted", "val_accuracy_adapted", "val_loss_adapted",
+                  "test_samples", "val_samples", "bytes_down", "bytes_up", "wall_time"]
+ROUND_COLUMNS = ["round", "clients", "bytes_down", "bytes_up", "wall_time", "adapt_time"]
+
+
 def run_rounds(fed: Federation, algorithm: Algorithm, on_round=None, provenance: dict | None = None,
                evaluate: tuple[str, ...] = EVALUATED) -> CellResult:
     """The cell's rounds, with every client's personalized model evaluated on the `evaluate` splits
-    every eval_every rounds (columns of a split not evaluated are NaN). `on_round` gets, after each
-    round, {round, rounds, mean_accuracy, mean_val_accuracy} (the latest evaluation, or None)."""
+    every eval_every rounds (columns of a split not evaluated are NaN). With the cell's
+    `finetune_epochs` > 0 the same models are also scored after local adaptation (`*_adapted`
+    columns; `Algorithm.adapt`), which never feeds back into training; its seconds are counted
+    apart (`adapt_time`), not in the round's `wall_time`. `on_round` gets, after each round,
+    {round, rounds, mean_accuracy, mean_val_accuracy} (the latest evaluation, or None)."""
     evaluate = check_evaluated(evaluate)
     cell = fed.cell
     algorithm.setup()
     metric_rows, round_rows, artifacts = [], [], {}
     status, diverged_round, error = "finished", None, None
+    adapt_diverged: list[int] = []
+    test_samples, val_samples = fed.split_sizes("test").tolist(), fed.split_sizes("val").tolist()
     start = time.perf_counter()
     last_eval: dict | None = None
+    missing = (torch.full((fed.num_clients,), math.nan),) * 2
     for rnd in range(1, cell.rounds + 1):
         round_start = time.perf_counter()
         clients = torch.as_tensor(fed.schedule[rnd - 1], device=fed.device)
@@ -283,7 +316,7 @@ def run_rounds(fed: Federation, algorithm: Algorithm, on_round=None, provenance:
         bytes_down, bytes_up = payload_bytes(download), payload_bytes(upload)
         round_rows.append({"round": rnd, "clients": len(clients),
                            "bytes_down": int(bytes_down.sum()), "bytes_up": int(bytes_up.sum()),
-                           "wall_time": time.perf_counter() - round_start})
+                           "wall_time": time.perf_counter() - round_start, "adapt_time": 0.0})
         if rnd % cell.eval_every == 0 or rnd == cell.rounds:
             try:  # forming personalized models may train too (e.g. FedBABU's fine-tuning)
                 personal = algorithm.personalized()
@@ -295,15 +328,29 @@ def run_rounds(fed: Federation, algorithm: Algorithm, on_round=None, provenance:
             if not torch.isfinite(results[watched][1]).all():
                 status, diverged_round, error = "diverged", rnd, f"round {rnd}: non-finite {watched} loss"
                 break
-            missing = (torch.full((fed.num_clients,), math.nan),) * 2
+            adapted = {}
+            if cell.finetune_epochs:
+                adapt_start = time.perf_counter()
+                try:  # a model that diverges when adapted leaves that round's adapted scores NaN
+                    tuned = algorithm.adapt_locally(personal, rnd, cell.finetune_epochs)
+                    adapted = {split: algorithm.evaluate(tuned, split) for split in evaluate}
+                except Diverged:
+                    adapt_diverged.append(rnd)
+                del personal
+                round_rows[-1]["adapt_time"] = time.perf_counter() - adapt_start
             accuracy, loss = results.get("test", missing)
             val_accuracy, val_loss = results.get("val", missing)
+            accuracy_a, loss_a = adapted.get("test", missing)
+            val_accuracy_a, val_loss_a = adapted.get("val", missing)
             sent_down = dict(zip(clients.tolist(), bytes_down.tolist()))
             sent_up = dict(zip(clients.tolist(), bytes_up.tolist()))
             for c in range(fed.num_clients):
                 metric_rows.append({
                     "round": rnd, "client": c, "accuracy": float(accuracy[c]), "loss": float(loss[c]),
                     "val_accuracy": float(val_accuracy[c]), "val_loss": float(val_loss[c]),
+                    "accuracy_adapted": float(accuracy_a[c]), "loss_adapted": float(loss_a[c]),
+                    "val_accuracy_adapted": float(val_accuracy_a[c]), "val_loss_adapted": float(val_loss_a[c]),
+                    "test_samples": test_samples[c], "val_samples": val_samples[c],
                     "bytes_down": sent_down.get(c, 0), "bytes_up": sent_up.get(c, 0),
                     "wall_time": time.perf_counter() - start})
             for key, value in algorithm.artifacts().items():
@@ -313,11 +360,14 @@ def run_rounds(fed: Federation, algorithm: Algorithm, on_round=None, provenance:
         if on_round is not None:
             on_round({"round": rnd, "rounds": cell.rounds,
                       **(last_eval or {"mean_accuracy": None, "mean_val_accuracy": None})})
-    metrics = pd.DataFrame(metric_rows, columns=[
-        "round", "client", "accuracy", "loss", "val_accuracy", "val_loss", "bytes_down", "bytes_up", "wall_time"])
-    rounds = pd.DataFrame(round_rows, columns=["round", "clients", "bytes_down", "bytes_up", "wall_time"])
+    metrics = pd.DataFrame(metric_rows, columns=METRIC_COLUMNS)
+    rounds = pd.DataFrame(round_rows, columns=ROUND_COLUMNS)
+    extra = {} if evaluate == EVALUATED else {"evaluated": list(evaluate)}
+    if cell.finetune_epochs:
+        extra.update({"finetune_epochs": cell.finetune_epochs, "adapt_time_total": float(rounds["adapt_time"].sum()),
+                      "adapt_diverged_rounds": adapt_diverged})
     summary = summarize(metrics, rounds, status, diverged_round, fed, time.perf_counter() - start,
-                        {**(provenance or {}), **({} if evaluate == EVALUATED else {"evaluated": list(evaluate)})})
+                        {**(provenance or {}), **extra})
     return CellResult(status, metrics, rounds, summary, artifacts, error)
 
 
@@ -328,20 +378,55 @@ def summarize(metrics: pd.DataFrame, rounds: pd.DataFrame, status: str, diverged
                "wall_time": wall_time, "model": fed.model_name,
                "client_batching": "batched" if fed.batched else "loop", **provenance}
     if len(metrics):
-        per_round = metrics.groupby("round")
-        last = metrics[metrics["round"] == metrics["round"].max()]
-        if last["accuracy"].notna().all():  # the test split was evaluated
-            mean_acc = per_round["accuracy"].mean()
-            summary.update({
-                "final_accuracy": float(last["accuracy"].mean()),
-                "final_worst10_accuracy": worst_fraction_mean(last["accuracy"].to_numpy()),
-                "final_loss": float(last["loss"].mean()),
-                "best_accuracy": float(mean_acc.max()),
-                "best_round": int(mean_acc.idxmax()),
-            })
-        if last["val_accuracy"].notna().all():
-            summary.update({
-                "final_val_accuracy": float(last["val_accuracy"].mean()),
-                "best_val_accuracy": float(per_round["val_accuracy"].mean().max()),
-            })
+        summary.update(protocol_summary(metrics, ""))
+        summary.update(protocol_summary(metrics, "_adapted"))
+        per_round = metrics.groupby("round")["accuracy"].mean()
+        if per_round.notna().all():  # selection on the test split: kept, and only ever shown labeled so
+            summary.update({"best_accuracy": float(per_round.max()), "best_round": int(per_round.idxmax())})
     return summary
+
+
+def protocol_summary(metrics: pd.DataFrame, model: str = "") -> dict:
+    """The summaries of one scored model (`model`: "" as delivered, "_adapted" after local adaptation):
+
+    - `final_accuracy{model}`: mean over clients at the last evaluation round, with
+      `final_worst10_accuracy{model}`, `final_loss{model}` and `final_accuracy{model}_pooled` (pooled
+      over all clients' test samples: sample-weighted, as pFedHN's code reports);
+    - `bestval_accuracy{model}`: the mean test accuracy at `bestval_round{model}`, the round whose
+      mean *validation* accuracy is highest (the first such round), with the same variants; no
+      summary here selects a round on the test split;
+    - `final_val_accuracy{model}`, `best_val_accuracy{model}`.
+    A round whose clients are not all scored (split withheld, adaptation diverged) is never selected."""
+    out: dict = {}
+    test, val = f"accuracy{model}", f"val_accuracy{model}"
+    if test not in metrics or val not in metrics:  # stores written before the column existed
+        return out
+    last_round = metrics["round"].max()
+
+    def at(rnd: int, key: str) -> None:
+        rows = metrics[metrics["round"] == rnd]
+        values = rows[test].to_numpy(dtype=float)
+        out[f"{key}_accuracy{model}"] = float(values.mean())
+        out[f"{key}_worst10_accuracy{model}"] = worst_fraction_mean(values)
+        if key == "final":
+            out[f"final_loss{model}"] = float(rows[f"loss{model}"].mean())
+        if "test_samples" in rows and rows["test_samples"].sum() > 0:
+            weights = rows["test_samples"].to_numpy(dtype=float)
+            out[f"{key}_accuracy{model}_pooled"] = float((values * weights).sum() / weights.sum())
+
+    grouped = metrics.groupby("round")
+    scored = grouped[test].apply(lambda v: v.notna().all())
+    if scored.get(last_round, False):
+        at(last_round, "final")
+    val_scored = grouped[val].apply(lambda v: v.notna().all())
+    if val_scored.get(last_round, False):
+        out[f"final_val_accuracy{model}"] = float(metrics.loc[metrics["round"] == last_round, val].mean())
+    val_mean = grouped[val].mean()[val_scored]
+    if len(val_mean):
+        out[f"best_val_accuracy{model}"] = float(val_mean.max())
+        chosen = val_mean[scored.reindex(val_mean.index, fill_value=False)]
+        if len(chosen):
+            rnd = int(chosen.idxmax())
+            out[f"bestval_round{model}"] = rnd
+            at(rnd, "bestval")
+    return out

@@ -141,7 +141,10 @@ class Display:
         self.progress.advance(self.overall)
         self._update_overall()
         accuracy = result.summary.get("final_accuracy")
+        adapted = result.summary.get("final_accuracy_adapted")
         detail = f"acc {accuracy:.1%}" if accuracy is not None else ""
+        if adapted is not None:
+            detail += f" (adapted {adapted:.1%})"
         if result.error:
             detail += f"  {result.error.strip().splitlines()[-1]}"
         wall = result.summary.get("wall_time")
