@@ -1,4 +1,4 @@
-"""The engine's own subcommands: `list`, `data prepare|show`, `bench`, `train`."""
+"""The engine's own subcommands: `list`, `data prepare|show`, `bench`, `train`, `store check`."""
 from __future__ import annotations
 
 import argparse
@@ -42,6 +42,34 @@ def add_parser(subparsers) -> None:
     bench.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     bench.add_argument("--json", metavar="PATH", help="also write the result as JSON")
     bench.set_defaults(func=cmd_bench)
+
+
+    store = subparsers.add_parser("store", help="inspect a results store")
+    store_sub = store.add_subparsers(dest="store_command", required=True, metavar="ACTION")
+    check = store_sub.add_parser("check", help="list damaged cells (files truncated, garbled, missing) and foreign "
+                                               "folders (name is not the hash of the configuration inside)")
+    check.add_argument("--results", default="results", help="results store (default: results)")
+    check.set_defaults(func=cmd_store_check)
+
+
+def cmd_store_check(args) -> int:
+    """Exit 0 when every cell folder with a summary is an intact result, 1 otherwise."""
+    from pathlib import Path
+
+    from pflbench.store import SET_ASIDE, scan_store
+
+    if not Path(args.results).is_dir():
+        print(f"no results store at {args.results}", file=sys.stderr)
+        return 2
+    intact, problems = scan_store(args.results)
+    for problem in problems:
+        print(problem)
+    aside = Path(args.results) / SET_ASIDE
+    kept = len([p for p in aside.iterdir() if p.is_dir()]) if aside.is_dir() else 0
+    print(f"{args.results}: {len(intact)} intact cells, {len({p.folder for p in problems if p.kind == 'damaged'})} "
+          f"damaged, {len({p.folder for p in problems if p.kind == 'foreign'})} foreign"
+          + (f"; {kept} damaged folders set aside earlier in {aside}" if kept else ""))
+    return 1 if problems else 0
 
 
 def add_data_options(parser: argparse.ArgumentParser) -> None:

@@ -364,7 +364,7 @@ def run_rounds(fed: Federation, algorithm: Algorithm, on_round=None, provenance:
     rounds = pd.DataFrame(round_rows, columns=ROUND_COLUMNS)
     extra = {} if evaluate == EVALUATED else {"evaluated": list(evaluate)}
     if cell.finetune_epochs:
-        extra.update({"finetune_epochs": cell.finetune_epochs, "adapt_time_total": float(rounds["adapt_time"].sum()),
+        extra.update({"adapt_time_total": float(rounds["adapt_time"].sum()),
                       "adapt_diverged_rounds": adapt_diverged})
     summary = summarize(metrics, rounds, status, diverged_round, fed, time.perf_counter() - start,
                         {**(provenance or {}), **extra})

@@ -22,13 +22,14 @@ from pathlib import Path
 from typing import Callable
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from pflbench.config import CellConfig, cell_hash
 from pflbench.federation import CLIENT_BATCHING
 from pflbench.spec import Plan, Resources, SpecError, describe_partition, load_spec, parse_sets
-from pflbench.store import COMPLETE, Store
+from pflbench.store import COMPLETE, DAMAGED, Store
 
 PROBLEMS = ("failed", "diverged")
 
@@ -298,6 +299,13 @@ def run_plan(plan: Plan, options: RunOptions = RunOptions(), console: Console | 
     options = replace(options, data_root=data_root(options.data_root), mirror=data_mirror(options.mirror))
     store = Store(options.results)
     before = {cell_hash(cell): store.status(cell) for cell in plan.cells}
+    for cell in plan.cells:
+        if before[cell_hash(cell)] == DAMAGED:
+            problems = "; ".join(f"{p.file}: {p.what}" for p in store.check(store.cell_dir(cell)))
+            kept = store.set_aside(cell)
+            before[cell_hash(cell)] = None
+            console.print(f"[yellow]note:[/] cell {cell_hash(cell)} ({escape(label(cell))}) was damaged ({escape(problems)}); "
+                          f"its files are kept in {escape(str(kept))} and it runs again", highlight=False)
     todo = [cell for cell in plan.cells if options.force or before[cell_hash(cell)] not in COMPLETE]
     report = RunReport(outcomes=dict(before))
     scale = f" (scale {plan.scale})" if len(plan.scales) > 1 else ""

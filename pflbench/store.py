@@ -10,15 +10,26 @@
 Every file is written atomically (temporary file in the same folder, then os.replace), and
 summary.json is written last and removed first: a cell has a result exactly when its summary exists,
 so a kill at any moment leaves a readable store in which an interrupted cell simply has no result.
+
+Integrity: the summary lists every other file of the cell with its size and SHA-256 (`files`), so a
+result counts only while each of them is there, whole and unchanged (`Store.check`). A cell folder
+whose files were truncated, garbled or deleted is *damaged*; a folder whose name is not the hash of
+the configuration inside it (a copy, a stray folder) is *foreign*. Neither is ever read as a result:
+`load_store` returns the intact cells only and `store_problems` lists the others (`pflbench store
+check`); `pflbench run` sets a damaged cell's folder aside under `_damaged/` (nothing is deleted) and
+runs the cell again. Cells written before the manifest existed are checked by reading their files.
 """
 from __future__ import annotations
 
 import datetime
+import hashlib
 import json
 import os
 import platform
 import shutil
 import tempfile
+import zipfile
+from dataclasses import dataclass
 from importlib.metadata import version
 from pathlib import Path
 from typing import Callable
@@ -34,6 +45,43 @@ ARTIFACTS = Path("artifacts") / "arrays.npz"
 # Outcomes that are results of the configuration itself (divergence is deterministic given the seed),
 # so resuming skips them; "failed" (a crash, a lost worker) is retried.
 COMPLETE = ("finished", "diverged")
+DAMAGED = "damaged"  # a status of our own: the summary exists but the cell's files do not hold up
+SET_ASIDE = "_damaged"  # where `run` moves a damaged cell's folder before running the cell again
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Why a folder of the store is not a result: `kind` "damaged" or "foreign", the folder's name,
+    the file at fault (relative to the folder) and what is wrong with it."""
+    kind: str
+    folder: str
+    file: str
+    what: str
+
+    def __str__(self) -> str:
+        return f"{self.kind}: {self.folder}/{self.file}: {self.what}"
+
+
+def file_record(path: Path) -> dict:
+    """Size and SHA-256 of a file, as the summary's manifest keeps them."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        for block in iter(lambda: file.read(1 << 20), b""):
+            digest.update(block)
+    return {"bytes": path.stat().st_size, "sha256": digest.hexdigest()}
+
+
+def read_json_dict(path: Path) -> dict:
+    """A JSON object from `path`; ValueError (with the reason) for anything else."""
+    try:
+        data = json.loads(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError:
+        raise ValueError("not UTF-8 text") from None
+    except json.JSONDecodeError as err:
+        raise ValueError(f"not valid JSON ({err.msg} at line {err.lineno})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"holds a JSON {type(data).__name__}, not an object")
+    return data
 
 
 def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
@@ -61,15 +109,34 @@ class Store:
         return self.root / cell_hash(cell)
 
     def status(self, cell: CellConfig) -> str | None:
-        """The recorded outcome ("finished", "diverged", "failed"), or None if the cell has no result."""
+        """The recorded outcome ("finished", "diverged", "failed"), "damaged" if the cell's folder has
+        a summary but does not hold up (`check`), or None if the cell has no result."""
+        folder = self.cell_dir(cell)
+        if not (folder / SUMMARY).exists():
+            return None
+        if self.check(folder):
+            return DAMAGED
         return self.summary(cell).get("status")
 
     def summary(self, cell: CellConfig) -> dict:
-        """The recorded summary, {} if none."""
+        """The recorded summary, {} if none or unreadable."""
         try:
-            return json.loads((self.cell_dir(cell) / SUMMARY).read_text())
-        except (FileNotFoundError, json.JSONDecodeError):
+            return read_json_dict(self.cell_dir(cell) / SUMMARY)
+        except (OSError, ValueError):
             return {}
+
+    def check(self, folder: Path) -> list[Problem]:
+        """What is wrong with a cell folder that has a summary: [] for an intact result."""
+        return check_folder(Path(folder))
+
+    def set_aside(self, cell: CellConfig) -> Path:
+        """Move a damaged cell's folder to `_damaged/<hash>-<time>/` (kept for the user, never deleted)."""
+        folder = self.cell_dir(cell)
+        stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
+        target = self.root / SET_ASIDE / f"{folder.name}-{stamp}"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(folder, target)
+        return target
 
     def write(self, cell: CellConfig, result) -> Path:
         """Record a `CellResult` (status finished, diverged or failed); replaces an earlier result."""
@@ -89,12 +156,17 @@ class Store:
                          "python": platform.python_version()},
             "dataset_checksum": result.summary.get("dataset_checksum"),
         })
+        written = [CONFIG]
         if result.error:
             atomic_write(folder / ERROR, lambda tmp: tmp.write_text(result.error))
+            written.append(ERROR)
         atomic_write(folder / METRICS, lambda tmp: result.metrics.to_parquet(tmp, index=False))
         atomic_write(folder / ROUNDS, lambda tmp: result.rounds.to_parquet(tmp, index=False))
+        written += [METRICS, ROUNDS]
         if result.artifacts:
             atomic_write(folder / ARTIFACTS, lambda tmp: _save_npz(tmp, result.artifacts))
+            written.append(ARTIFACTS.as_posix())
+        summary["files"] = {name: file_record(folder / name) for name in written}
         write_json(folder / SUMMARY, summary)  # last: the cell now has a result
         return folder
 
@@ -115,24 +187,110 @@ def flatten(data: dict, prefix: str = "") -> dict:
     return flat
 
 
+def check_folder(folder: Path) -> list[Problem]:
+    """The problems of one cell folder that has a summary (see the module doc); [] if intact."""
+    def problem(kind: str, file: str, what: str) -> list[Problem]:
+        return [Problem(kind, folder.name, file, what)]
+
+    try:
+        summary = read_json_dict(folder / SUMMARY)
+    except OSError as err:
+        return problem(DAMAGED, SUMMARY, f"unreadable ({err.strerror or err})")
+    except ValueError as err:
+        return problem(DAMAGED, SUMMARY, str(err))
+    if not isinstance(summary.get("status"), str):
+        return problem(DAMAGED, SUMMARY, "no status")
+    try:
+        config = read_json_dict(folder / CONFIG)
+        cell = CellConfig(**config["cell"])
+    except FileNotFoundError:
+        return problem(DAMAGED, CONFIG, "missing")
+    except OSError as err:
+        return problem(DAMAGED, CONFIG, f"unreadable ({err.strerror or err})")
+    except (ValueError, KeyError, TypeError) as err:  # pydantic's ValidationError is a ValueError
+        return problem(DAMAGED, CONFIG, str(err).splitlines()[0] if str(err) else "not a cell configuration")
+    if cell_hash(cell) != folder.name:
+        return problem("foreign", CONFIG, f"the folder's name is not the hash of the configuration inside "
+                                          f"it ({cell_hash(cell)}): a copy or a stray folder, not read as a result")
+    manifest = summary.get("files")
+    if isinstance(manifest, dict):
+        found = []
+        for name, record in manifest.items():
+            path = folder / name
+            if not path.is_file():
+                found += problem(DAMAGED, name, "missing")
+            elif not isinstance(record, dict) or path.stat().st_size != record.get("bytes"):
+                found += problem(DAMAGED, name, f"{path.stat().st_size} bytes, the summary recorded "
+                                                f"{record.get('bytes') if isinstance(record, dict) else '?'}")
+            elif file_record(path)["sha256"] != record.get("sha256"):
+                found += problem(DAMAGED, name, "content changed since it was written (checksum differs)")
+        return found
+    return _check_by_reading(folder, summary)
+
+
+def _check_by_reading(folder: Path, summary: dict) -> list[Problem]:
+    """Cells written before the manifest existed: every file they must have is read whole."""
+    found = []
+    needed = [METRICS, ROUNDS] if summary["status"] in COMPLETE else []
+    for name in needed:
+        try:
+            pd.read_parquet(folder / name)
+        except FileNotFoundError:
+            found.append(Problem(DAMAGED, folder.name, name, "missing"))
+        except Exception as err:  # pyarrow raises several types for a damaged file
+            found.append(Problem(DAMAGED, folder.name, name, f"unreadable ({type(err).__name__})"))
+    if (folder / ARTIFACTS).exists():
+        try:
+            with zipfile.ZipFile(folder / ARTIFACTS) as archive:
+                bad = archive.testzip()
+            if bad is not None:
+                found.append(Problem(DAMAGED, folder.name, ARTIFACTS.as_posix(), f"array {bad} is corrupt"))
+        except (zipfile.BadZipFile, OSError, EOFError) as err:
+            found.append(Problem(DAMAGED, folder.name, ARTIFACTS.as_posix(), f"unreadable ({err})"))
+    return found
+
+
+def scan_store(results_dir: str | Path) -> tuple[list[tuple[Path, dict, dict]], list[Problem]]:
+    """Every folder of the store with a summary: the intact ones as (folder, config, summary) and the
+    problems of the others. Folders without a summary (a cell running, or killed) are neither."""
+    intact, problems = [], []
+    root = Path(results_dir)
+    if not root.is_dir():
+        return intact, problems
+    for folder in sorted(p for p in root.iterdir() if p.is_dir() and p.name != SET_ASIDE):
+        if not (folder / SUMMARY).exists():
+            continue
+        try:
+            found = check_folder(folder)
+            if not found:
+                intact.append((folder, read_json_dict(folder / CONFIG), read_json_dict(folder / SUMMARY)))
+        except FileNotFoundError:
+            continue  # removed by a concurrent rerun of this cell
+        except (OSError, ValueError) as err:  # changed under our feet: report, never crash
+            found = [Problem(DAMAGED, folder.name, "", str(err))]
+        problems += found
+    return intact, problems
+
+
+def store_problems(results_dir: str | Path) -> list[Problem]:
+    """The damaged and foreign entries of a store (`pflbench store check`)."""
+    return scan_store(results_dir)[1]
+
+
 def load_store(results_dir: str | Path) -> pd.DataFrame:
-    """One row per cell with a result: `hash`, the configuration's columns flattened
+    """One row per intact cell with a result: `hash`, the configuration's columns flattened
     (`algorithm`, ..., `partition_params.alpha`, `hp.mu`), the summary's columns (`status`,
     `final_accuracy`, ...; a summary key that is also a config key, like `model`, becomes
     `resolved_model`), `pflbench` (version) and `path`. Cells without a summary (running or killed)
-    are not included."""
+    are not included, nor damaged or foreign folders (`store_problems` lists those)."""
     rows = []
-    for summary_path in sorted(Path(results_dir).glob(f"*/{SUMMARY}")):
-        folder = summary_path.parent
-        try:
-            summary = json.loads(summary_path.read_text())
-            config = json.loads((folder / CONFIG).read_text())
-        except FileNotFoundError:
-            continue  # removed by a concurrent rerun of this cell
+    for folder, config, summary in scan_store(results_dir)[0]:
         row = {"hash": folder.name, **flatten(config["cell"])}
         for key, value in summary.items():
+            if key == "files":
+                continue
             row[f"resolved_{key}" if key in config["cell"] else key] = value
-        row.update(pflbench=config["versions"]["pflbench"], path=str(folder))
+        row.update(pflbench=config.get("versions", {}).get("pflbench"), path=str(folder))
         rows.append(row)
     if not rows:
         return pd.DataFrame(columns=["hash", "status"])

@@ -124,4 +124,4 @@ def test_a_run_records_the_protocol_columns_and_summaries(tmp_path):
                 "final_accuracy_adapted", "bestval_accuracy_adapted", "bestval_round_adapted",
                 "final_accuracy_adapted_pooled", "best_accuracy", "best_round"):
         assert key in result.summary, key
-    assert result.summary["finetune_epochs"] == 1
+    assert result.summary["adapt_time_total"] > 0 and result.summary["adapt_diverged_rounds"] == []
