@@ -279,4 +279,6 @@ def test_an_old_store_renders_without_adapted_tables(tmp_path):
     adapted, = accuracy_tables(load_cells(old), [], ADAPTED)
     assert [r.algorithm for r in adapted.rows] == ["pfedla"]
     bestval, = accuracy_tables(load_cells(old), [], "delivered-bestval-clients")
-    assert [r.algorithm for r in bestval.rows] == ["pfedla"]        # old cells have no best-validation numbers
+    # Old finished cells have no best-validation numbers: not entries there (a failed cell stays failed).
+    assert {r.algorithm: bestval.entry(r, bestval.columns[0]).text() for r in bestval.rows} == \
+        {"local": "failed", "pfedla": "60.00"}
