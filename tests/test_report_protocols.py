@@ -4,8 +4,12 @@ the report lists what differs); the leaderboard switches protocol; stores writte
 adaptation existed still render; the centralized reference row is never ranked."""
 from __future__ import annotations
 
+import json
 import re
+import shutil
+import subprocess
 from html.parser import HTMLParser
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -282,3 +286,79 @@ def test_an_old_store_renders_without_adapted_tables(tmp_path):
     # Old finished cells have no best-validation numbers: not entries there (a failed cell stays failed).
     assert {r.algorithm: bestval.entry(r, bestval.columns[0]).text() for r in bestval.rows} == \
         {"local": "failed", "pfedla": "60.00"}
+
+
+NODE = shutil.which("node") or shutil.which("nodejs")
+SHIM = r"""
+const fs = require("fs");
+const input = JSON.parse(fs.readFileSync(process.argv[2], "utf8"));
+function El(attrs) { this.attrs = attrs; this.hidden = false; }
+El.prototype.getAttribute = function (n) { return n in this.attrs ? this.attrs[n] : null; };
+const elements = input.elements.map(a => new El(a));
+const select = {tagName: "SELECT", options: input.options, _i: 0, listeners: [],
+  get value() { return this._i < 0 ? "" : this.options[this._i]; },
+  set value(v) { this._i = this.options.indexOf(v); },
+  get selectedIndex() { return this._i; }, set selectedIndex(i) { this._i = i; },
+  getAttribute(n) { return n === "data-default" ? input.default : null; },
+  addEventListener(ev, fn) { this.listeners.push(fn); }};
+const handlers = [];
+global.document = {getElementById: id => id === "f-protocol" ? select : null,
+  querySelectorAll: sel => sel === ".flt" ? elements : [], addEventListener: (ev, fn) => handlers.push(fn),
+  body: {setAttribute() {}}};
+global.location = {hash: input.hash, pathname: "/index.html"};
+let url = null;
+global.history = {replaceState: (a, b, u) => { url = u; }};
+eval(fs.readFileSync(process.argv[3], "utf8"));
+handlers.forEach(f => f());
+const shown = () => elements.filter(e => !e.hidden && e.attrs["data-protocol"]).map(e => e.attrs["data-protocol"]);
+const out = {first: shown(), url: url};
+if (input.choose) { select.value = input.choose; select.listeners.forEach(f => f()); out.chosen = shown(); out.url2 = url; }
+console.log(JSON.stringify(out));
+"""
+
+
+class Flt(HTMLParser):
+    def __init__(self):
+        super().__init__(convert_charrefs=True)
+        self.elements, self.options, self.select = [], [], False
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if "flt" in (attrs.get("class") or "").split():
+            self.elements.append({k: v for k, v in attrs.items() if k.startswith("data-")})
+        if tag == "select":
+            self.select = attrs.get("id") == "f-protocol"
+        if tag == "option" and self.select:
+            self.options.append(attrs["value"])
+
+    def handle_endtag(self, tag):
+        if tag == "select":
+            self.select = False
+
+
+@pytest.mark.skipif(NODE is None, reason="no node on PATH")
+def test_the_protocol_switch_script_shows_one_protocol_at_a_time(site, tmp_path):
+    """The page's own script (templates/leaderboard.js) on the page's own elements, in node with a
+    minimal DOM: on opening only the default protocol's tables show; #protocol=NAME and choosing an
+    option show that protocol's; the choice is kept in the address's hash. (test_report_browser.py
+    does the same in a real browser where Chromium is installed.)"""
+    parsed = Flt()
+    parsed.feed((site / "index.html").read_text())
+    script = Path(__file__).resolve().parents[1] / "pflbench" / "reports" / "templates" / "leaderboard.js"
+    (tmp_path / "shim.js").write_text(SHIM)
+
+    def run(hash_, choose=None):
+        (tmp_path / "in.json").write_text(json.dumps({"elements": parsed.elements, "options": parsed.options,
+                                                      "default": parsed.options[0], "hash": hash_, "choose": choose}))
+        done = subprocess.run([NODE, str(tmp_path / "shim.js"), str(tmp_path / "in.json"), str(script)],
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)
+
+    opened = run("", choose="adapted-final-clients")
+    assert opened["first"] and set(opened["first"]) == {"delivered-final-clients"}
+    assert set(opened["chosen"]) == {"adapted-final-clients"} and "protocol=adapted-final-clients" in opened["url2"]
+    linked = run("#protocol=delivered-bestval-clients&scheme=pathological")
+    assert set(linked["first"]) == {"delivered-bestval-clients"}
+    unknown = run("#protocol=nonsense")       # an unknown protocol in a link falls back to the default
+    assert set(unknown["first"]) == {"delivered-final-clients"}
