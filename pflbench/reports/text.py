@@ -194,7 +194,7 @@ def tex_text(text: str) -> str:
     """Escape, then typeset the report's symbols."""
     return (tex_escape(text).replace("±", r"$\pm$").replace(TUNED, r"$^\dagger$")
             .replace(DATA_DIFFER, r"$^\ddagger$").replace("Δ", r"$\Delta$").replace("×", r"$\times$")
-            .replace("−", "-").replace("–", "--"))
+            .replace("−", "-").replace("—", "---").replace("–", "--").replace("·", r"$\cdot$"))
 
 
 def tex_entry(entry: Entry | None, reference: bool = False) -> str:
