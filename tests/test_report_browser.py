@@ -69,3 +69,20 @@ def test_sorting_filtering_and_screenshot(site, tmp_path):
     shot = tmp_path / "leaderboard.png"
     chromium(tmp_path, f"--screenshot={shot}", "--window-size=1280,1600", url + "#sort=cells-final_accuracy")
     assert shot.read_bytes()[:4] == b"\x89PNG" and shot.stat().st_size > 10_000
+
+
+def test_protocol_switch(tmp_path_factory, tmp_path):
+    """#protocol=NAME shows that protocol's tables only (the others hidden); opening shows the default."""
+    root = tmp_path_factory.mktemp("store")
+    write_cell(root, algorithm="fedavg", accuracies=(0.6, 0.7), adapted=(0.8, 0.9))
+    write_cell(root, algorithm="local", accuracies=(0.7, 0.7), adapted=(0.75, 0.75))
+    out = tmp_path_factory.mktemp("reports")
+    build_reports(root, out, ReportOptions(figures=False))
+    url = (out / "index.html").as_uri()
+
+    def visible(dom: str) -> set[str]:
+        sections = re.findall(r'<section class="flt board"([^>]*)>', dom)
+        return {re.search(r'data-protocol="([^"]+)"', a)[1] for a in sections if " hidden" not in f" {a}"}
+
+    assert visible(chromium(tmp_path, "--dump-dom", url)) == {"delivered-final-clients"}
+    assert visible(chromium(tmp_path, "--dump-dom", url + "#protocol=adapted-final-clients")) == {"adapted-final-clients"}

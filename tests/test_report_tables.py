@@ -53,7 +53,12 @@ def test_references_transcribe_pfedla_tables():
     assert {"pfedla_table1", "pfedla_table2", "pfedla_table3"} <= set(refs)
     t1, t2, t3 = refs["pfedla_table1"].rows, refs["pfedla_table2"].rows, refs["pfedla_table3"].rows
     # 10 algorithms x 8 columns, FedBN without EMNIST/FashionMNIST
-    assert len(t1) == len(t2) == 76 and set(t1["partition"]) == {"pathological"} and set(t2["partition"]) == {"dominant"}
+    assert len(t1) == len(t2) == 76
+    for rows in (t1, t2, t3):   # every number declared after local adaptation, with its samples per client
+        assert set(rows["protocol"]) == {"adapted-final-clients"} and rows["samples_per_client"].notna().all()
+    assert dict(zip(t1.dataset, t1.samples_per_client)) == {"emnist": 1244, "fmnist": 700, "cifar10": 600, "cifar100": 600}
+    assert dict(zip(t2.dataset, t2.samples_per_client)) == {"emnist": 1170, "fmnist": 700, "cifar10": 600, "cifar100": 530}
+    assert any("91.24" in line and "79.9-86.2%" in line for line in refs["pfedla_table1"].meta["protocol"]) and set(t1["partition"]) == {"pathological"} and set(t2["partition"]) == {"dominant"}
     row = t1[(t1.algorithm == "pfedla") & (t1.dataset == "cifar10") & (t1.clients == 100)].iloc[0]
     assert (row["mean"], row["std"]) == (73.15, 0.83)
     assert "settings" in refs["pfedla_table1"].meta and "source" in refs["pfedla_table1"].meta
@@ -80,19 +85,28 @@ def test_mean_std_best_missing_and_problems(tables):
     assert rows["Local"][jpeg] == "–"
 
 
-def test_paper_numbers_and_deltas_in_the_right_cells(tables):
+def test_paper_numbers_in_the_right_cells_without_a_delta_for_other_protocols_and_settings(tables):
+    """pFedLA's numbers are declared after local adaptation, and these 3-round cells differ from its
+    settings: each paper number is shown (in parentheses: another protocol) with a footnote, no Δ."""
     by_scheme, _, _ = tables
-    header, rows = md_rows(markdown_table(by_scheme["pathological"]))
+    table = by_scheme["pathological"]
+    header, rows = md_rows(markdown_table(table))
     fmnist = header.index("fmnist, 10 clients")
     assert header[fmnist + 1: fmnist + 3] == ["paper", "Δ"]
-    assert rows["FedAvg"][fmnist + 1: fmnist + 3] == ["91.24 ± 0.98", "-9.24"]      # Table 1, FashionMNIST, 10
-    assert rows["pFedLA"][fmnist + 1: fmnist + 3] == ["94.34 ± 0.29", "-3.34"]
-    assert rows["Local"][fmnist + 1: fmnist + 3] == ["85.83 ± 0.17", "–"]          # no number of ours: no delta
-    jpeg = header.index("cifar10-jpeg ‡, 10 clients")                             # compared with CIFAR-10, marked
-    assert rows["FedAvg"][jpeg: jpeg + 3] == ["45.00", "48.57 ± 0.63", "-3.57"]
-    assert rows["pFedLA †"][jpeg: jpeg + 3] == ["**60.00 †**", "61.43 ± 0.56", "-1.43"]  # tuned: marked
-    header, rows = md_rows(markdown_table(by_scheme["dominant"]))                 # Table 2 for the dominant scheme
-    assert rows["FedAvg"][1:4] == ["70.00", "89.09 ± 0.57", "-19.09"]
+    fedavg = entry(table, "fedavg", "fmnist")
+    assert fedavg.delta is None and fedavg.other_protocol
+    assert rows["FedAvg"][fmnist + 1: fmnist + 3] == ["(91.24 ± 0.98)", f"– [{fedavg.footnote}]"]   # Table 1, FMNIST, 10
+    reason = table.footnotes[fedavg.footnote - 1]
+    assert "protocol differs" in reason and "after local adaptation · final round · mean over clients" in reason
+    assert "rounds 3 vs 600, local_epochs 1 vs 10, lr 0.01 vs 0.005, samples_per_client unset vs 700" in reason
+    assert rows["pFedLA"][fmnist + 1] == "(94.34 ± 0.29)"
+    assert rows["Local"][fmnist + 1: fmnist + 3] == ["(85.83 ± 0.17)", "–"]     # no number of ours: no footnote
+    jpeg = header.index("cifar10-jpeg ‡, 10 clients")                            # compared with CIFAR-10, marked
+    assert rows["FedAvg"][jpeg: jpeg + 2] == ["45.00", "(48.57 ± 0.63)"]
+    assert rows["pFedLA †"][jpeg: jpeg + 2] == ["**60.00 †**", "(61.43 ± 0.56)"]  # tuned: marked
+    assert not table.any_delta
+    header, rows = md_rows(markdown_table(by_scheme["dominant"]))                # Table 2 for the dominant scheme
+    assert rows["FedAvg"][1:3] == ["70.00", "(89.09 ± 0.57)"] and rows["FedAvg"][3].startswith("– [")
 
 
 def test_table3_matches_heurpfedla_by_k(tables):

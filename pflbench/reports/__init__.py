@@ -3,9 +3,13 @@
 One idea per module, each reading only what the one before it produced:
 
     cells.py      the store as one row per cell, plus each cell's curves and artifacts
-    reference.py  papers' numbers transcribed into benchmarks/reference/*.csv
-    tables.py     pFedLA's table layout (algorithms x (dataset, clients) per scheme) and Table 3's
-                  accuracy/communication layout, as data: entries with mean, std, status, paper number
+    protocols.py  evaluation protocols: (model delivered|adapted) x (selection final|bestval|besttest)
+                  x (averaging clients|pooled|worst10) -> the summary key, label and caption
+    reference.py  papers' numbers transcribed into benchmarks/reference/*.csv, each with its protocol
+                  and settings; `compare` says whether a cell may get a Δ against one
+    tables.py     pFedLA's table layout (algorithms x (dataset, clients) per scheme), one per protocol,
+                  and Table 3's accuracy/communication layout, as data: entries with mean, std, status,
+                  paper number and its comparison
     text.py       those tables as Markdown and LaTeX (booktabs)
     figures.py    matplotlib figures (PNG and SVG); each returns the data it drew
     site.py       the self-contained HTML leaderboard (Jinja2 templates in templates/)

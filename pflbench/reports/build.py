@@ -1,5 +1,11 @@
 """`build_reports(results, out)`: every report of one results store.
 
+Accuracy tables are made per evaluation protocol (protocols.py): report.md and report.tex show as
+delivered at the final round (mean over clients), plus after local adaptation and at the best
+validation round where the store has those numbers (`ReportOptions.protocols` names others), and the
+worst 10% of clients at the final round; the leaderboard offers every protocol the store has numbers
+for (pooled, worst 10%, best test round included), one at a time.
+
     out/report.md        the tables (Markdown), linking the figures
     out/report.tex       the same tables, LaTeX booktabs
     out/index.html       the leaderboard; out/cells/<hash>.html a page per cell,
@@ -23,6 +29,7 @@ import pandas as pd
 
 from pflbench.reports import figures as fig
 from pflbench.reports.cells import load_cells, read_artifacts, read_config, read_metrics
+from pflbench.reports.protocols import available, report_protocols
 from pflbench.reports.reference import default_reference_dir, load_references
 from pflbench.reports.tables import accuracy_tables, communication_tables, mean_or_none
 from pflbench.reports.text import latex_report, markdown_report
@@ -42,6 +49,7 @@ class ReportOptions:
     target_client: int = 0                # Figures 5 and 7
     data_root: Path | None = None
     mirror: Path | None = None
+    protocols: tuple[str, ...] | None = None  # report.md/.tex's protocols (names); None: see report_protocols
 
 
 @dataclass
@@ -74,8 +82,19 @@ def build_reports(results: str | Path, out: str | Path, options: ReportOptions =
     out.mkdir(parents=True, exist_ok=True)
     cells = load_cells(results)
     references = load_references(options.reference or default_reference_dir())
-    tables = accuracy_tables(cells, references)
-    worst = accuracy_tables(cells, references, metric="final_worst10_accuracy")
+    made: dict = {}
+
+    def tables_of(protocol):
+        if protocol not in made:
+            made[protocol] = accuracy_tables(cells, references, protocol)
+        return made[protocol]
+
+    shown = report_protocols(cells, options.protocols)
+    tables = [t for p in shown if not p.worst10 for t in tables_of(p)]
+    worst = [t for p in shown if p.averaging == "clients" and p.selection == "final"
+             for t in tables_of(p.with_averaging("worst10"))]
+    worst += [t for p in shown if p.worst10 for t in tables_of(p)]
+    boards = [(p, tables_of(p)) for p in dict.fromkeys([*available(cells), *shown]) if tables_of(p)]
     comm = communication_tables(cells, references)
     report = Report(out, out / "report.md", out / "report.tex")
     if options.figures and not cells.empty:
@@ -90,7 +109,7 @@ def build_reports(results: str | Path, out: str | Path, options: ReportOptions =
     report.markdown.write_text(markdown_report(tables, worst, comm, seeds=seeds, statuses=statuses,
                                                figures=report.figures))
     report.latex.write_text(latex_report(tables, worst, comm))
-    report.index = write_site(cells, tables, worst, comm, references, report, Path(results))
+    report.index = write_site(cells, boards, comm, references, report, Path(results))
     return report
 
 
@@ -136,7 +155,7 @@ def group_figures(cells: pd.DataFrame, comm, out: Path, options: ReportOptions, 
         points = [{"label": row.label, "mb_per_round": mean_or_none(e.mbytes_per_round), "accuracy": e.mean,
                    "accuracy_std": e.std or 0.0} for row, e in table.rows if e.mean is not None and e.mbytes_per_round]
         paper = [{"label": row.label, "comm_mbytes": e.paper.comm_mbytes, "accuracy": e.paper.mean}
-                 for row, e in table.rows if e.paper is not None and e.paper.comm_mbytes is not None]
+                 for row, _ in table.rows if (e := table.papered(row)) is not None and e.paper.comm_mbytes is not None]
         if points:
             fig.communication_vs_accuracy(pd.DataFrame(points), out / "figures" / f"comm_{stem}",
                                           paper=pd.DataFrame(paper) if paper else None,

@@ -1,6 +1,7 @@
 """The results store as the reports see it: one row per cell with every column a report reads
-(missing columns filled, e.g. `hp_source` "default" for stores written before it existed), and
-readers for one cell's per-round metrics and artifacts."""
+(missing columns filled, e.g. `hp_source` "default" and `finetune_epochs` 0 for stores written before
+they existed, every protocol's summary key (see protocols.py) NaN where a cell has none), and readers
+for one cell's per-round metrics and artifacts."""
 from __future__ import annotations
 
 import json
@@ -11,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from pflbench.reports.protocols import ALL_KEYS, ROUND_KEYS
 from pflbench.store import ARTIFACTS, CONFIG, ERROR, METRICS, ROUNDS, load_store
 
 # pFedLA's row order first, then everything else alphabetically.
@@ -29,15 +31,26 @@ DATASET_ALIASES = {"cifar10-jpeg": ("cifar10", "cifar10-jpeg is a lossy JPEG re-
 SUMMARY_COLUMNS = {"status": "failed", "final_accuracy": np.nan, "final_worst10_accuracy": np.nan,
                    "best_accuracy": np.nan, "bytes_down_total": np.nan, "bytes_up_total": np.nan,
                    "rounds_completed": np.nan, "wall_time": np.nan, "error": "", "hp_source": "default",
-                   "participation": 1.0, "rounds": np.nan}
+                   "participation": 1.0, "rounds": np.nan, "finetune_epochs": 0, "adapt_time_total": np.nan,
+                   **{key: np.nan for key in (*ALL_KEYS, *ROUND_KEYS)}}
+# Reference algorithms: rows that bound or calibrate the methods, never ranked among them.
+REFERENCE_ALGORITHMS = ("centralized",)
+NUMERIC_COLUMNS = ("final_accuracy", "final_worst10_accuracy", "best_accuracy", "wall_time", "rounds_completed",
+                   "adapt_time_total", *ALL_KEYS, *ROUND_KEYS)
 
 
 def display_name(algorithm: str) -> str:
     return DISPLAY_NAMES.get(algorithm, algorithm)
 
 
+def is_reference(algorithm: str) -> bool:
+    return algorithm in REFERENCE_ALGORITHMS
+
+
 def algorithm_rank(algorithm: str) -> tuple:
-    return (ALGORITHM_ORDER.index(algorithm) if algorithm in ALGORITHM_ORDER else len(ALGORITHM_ORDER), algorithm)
+    """Sort key: reference algorithms last, then pFedLA's order, then by name."""
+    return (is_reference(algorithm),
+            ALGORITHM_ORDER.index(algorithm) if algorithm in ALGORITHM_ORDER else len(ALGORITHM_ORDER), algorithm)
 
 
 def dataset_rank(dataset: str) -> tuple:
@@ -69,7 +82,7 @@ def load_cells(results: str | Path) -> pd.DataFrame:
     for column, default in SUMMARY_COLUMNS.items():
         if column not in cells:
             cells[column] = default
-        elif isinstance(default, str):
+        elif isinstance(default, (str, int)):
             cells[column] = cells[column].fillna(default)
     for column in ("algorithm", "dataset", "partition", "clients", "seed", "path"):
         if column not in cells:
@@ -78,8 +91,9 @@ def load_cells(results: str | Path) -> pd.DataFrame:
         return cells.assign(params=pd.Series(dtype=str), mbytes=pd.Series(dtype=float))
     cells = cells.assign(params=cells.apply(params_label, axis=1),
                          mbytes=(cells["bytes_down_total"].astype(float) + cells["bytes_up_total"].astype(float)) / 1e6)
-    for column in ("final_accuracy", "final_worst10_accuracy", "best_accuracy", "wall_time", "rounds_completed"):
+    for column in dict.fromkeys(NUMERIC_COLUMNS):
         cells[column] = pd.to_numeric(cells[column], errors="coerce")
+    cells["finetune_epochs"] = pd.to_numeric(cells["finetune_epochs"], errors="coerce").fillna(0).astype(int)
     order = cells.apply(lambda r: (algorithm_rank(str(r["algorithm"])), dataset_rank(str(r["dataset"])),
                                    str(r["partition"]), r["clients"], r["seed"]), axis=1)
     return cells.iloc[sorted(range(len(cells)), key=lambda i: order.iloc[i])].reset_index(drop=True)

@@ -4,8 +4,14 @@ Format (see benchmarks/reference/README.md): `#` header lines of `key: value` (s
 partition, settings, note; a key may repeat), then a CSV with the key columns `algorithm, dataset,
 partition, clients`; optional constraint columns `hp.*`, `partition_params.*`, `dataset_options.*`
 (a cell matches only if its value equals the one given; empty = any); the paper's numbers `mean`,
-`std` (accuracy in %) and optionally `comm_mbytes`; any other column (participation, rounds, ...) is
-the paper's setting, kept for reading.
+`std` (accuracy in %) and optionally `comm_mbytes`; `protocol`, the evaluation protocol the number
+was measured under (`pflbench.reports.protocols`, e.g. `adapted-final-clients`; absent: as delivered,
+final round, mean over clients); the paper's settings `rounds, local_epochs, clients, participation,
+lr, samples_per_client` (absent or empty: not constrained). Any other column is kept for reading.
+
+A paper number is shown beside ours for the entry its key (and constraints) match; it is compared
+with ours (a Δ) only when the table's protocol is the paper's and every setting the reference gives
+equals the cell's (`compare`); otherwise the report says what differs.
 """
 from __future__ import annotations
 
@@ -15,8 +21,14 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from pflbench.reports.protocols import DEFAULT, Protocol
+
 KEYS = ("algorithm", "dataset", "partition", "clients")
 CONSTRAINT_PREFIXES = ("hp.", "partition_params.", "dataset_options.")
+# The paper's settings a cell must share for a Δ: reference column -> the store's cell column.
+SETTINGS = {"rounds": "rounds", "local_epochs": "local_epochs", "clients": "clients",
+            "participation": "participation", "lr": "lr",
+            "samples_per_client": "partition_params.samples_per_client"}
 
 
 @dataclass
@@ -55,6 +67,66 @@ class PaperValue:
     std: float | None
     comm_mbytes: float | None
     source: str      # Reference.short
+    protocol: Protocol = DEFAULT
+    settings: tuple = ()   # ((reference column, value), ...): the settings this row gives
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """A paper number against the cells of one entry, in a table of `protocol`."""
+    paper: PaperValue
+    protocol: Protocol
+    differences: tuple[str, ...] = ()     # "rounds 20 vs 600" (ours vs the paper's)
+
+    @property
+    def protocol_ok(self) -> bool:
+        return self.paper.protocol == self.protocol
+
+    @property
+    def comparable(self) -> bool:
+        return self.protocol_ok and not self.differences
+
+    @property
+    def reason(self) -> str:
+        """"" when comparable, else why there is no Δ."""
+        parts = []
+        if not self.protocol_ok:
+            parts.append(f"protocol differs: the paper's number is {self.paper.protocol.label}")
+        if self.differences:
+            parts.append("settings differ (ours vs paper): " + ", ".join(self.differences))
+        return "; ".join(parts)
+
+
+def _text(value) -> str:
+    if isinstance(value, (float, np.floating)):
+        return f"{float(value):g}"
+    return str(value)
+
+
+def setting_differences(paper: PaperValue, cells: pd.DataFrame) -> tuple[str, ...]:
+    """The settings the paper gives that the cells do not all share, as "rounds 20 vs 600"; and,
+    for an adapted paper number, cells without local adaptation ("finetune_epochs 0 vs > 0")."""
+    differences = []
+    for name, wanted in paper.settings:
+        column = SETTINGS.get(name, name)
+        values = list(cells[column]) if column in cells else []
+        have = [v for v in values if not (np.isscalar(v) and pd.isna(v))]
+        if len(have) == len(values) and have and all(_equal(wanted, v) for v in have):
+            continue
+        ours = "/".join(dict.fromkeys(_text(v) for v in have)) if have else "unset"
+        if have and len(have) < len(values):
+            ours += "/unset"
+        differences.append(f"{name} {ours} vs {_text(wanted)}")
+    if paper.protocol.adapted:
+        epochs = pd.to_numeric(cells["finetune_epochs"], errors="coerce").fillna(0) if "finetune_epochs" in cells \
+            else pd.Series([0] * len(cells))
+        if len(epochs) == 0 or (epochs <= 0).any():
+            differences.append(f"finetune_epochs {'/'.join(dict.fromkeys(_text(v) for v in epochs)) or 0} vs > 0")
+    return tuple(differences)
+
+
+def compare(paper: PaperValue, cells: pd.DataFrame, protocol: Protocol) -> Comparison:
+    return Comparison(paper, protocol, setting_differences(paper, cells))
 
 
 def read_reference(path: str | Path) -> Reference:
@@ -70,6 +142,12 @@ def read_reference(path: str | Path) -> Reference:
     missing = [k for k in (*KEYS, "mean") if k not in rows]
     if missing:
         raise ValueError(f"{path}: missing column(s) {', '.join(missing)}; see benchmarks/reference/README.md")
+    if "protocol" in rows:
+        for value in rows["protocol"].dropna().unique():
+            try:
+                Protocol.parse(value)
+            except ValueError as err:
+                raise ValueError(f"{path}: column protocol: {err}") from None
     return Reference(path.stem, meta, rows)
 
 
@@ -117,6 +195,10 @@ def find_paper_value(references: list[Reference], *, algorithm: str, dataset: st
             if ok:
                 std = row.get("std")
                 comm = row.get("comm_mbytes")
+                protocol = row.get("protocol")
+                settings = tuple((name, row[name]) for name in SETTINGS if name in row and not pd.isna(row[name]))
                 return PaperValue(float(row["mean"]), None if std is None or pd.isna(std) else float(std),
-                                  None if comm is None or pd.isna(comm) else float(comm), ref.short)
+                                  None if comm is None or pd.isna(comm) else float(comm), ref.short,
+                                  DEFAULT if protocol is None or pd.isna(protocol) else Protocol.parse(protocol),
+                                  settings)
     return None

@@ -1,7 +1,13 @@
 """The static HTML leaderboard: `index.html` (tables, figures, every cell), a page per cell and per
 algorithm. Jinja2 templates (package data, templates/) with autoescaping on, so every value read
 from a results store is rendered as text; CSS and the small sorting/filtering script are inlined and
-figures are local files, so the folder opens from disk with no server and no network."""
+figures are local files, so the folder opens from disk with no server and no network.
+
+The leaderboard's tables exist once per evaluation protocol the store has numbers for (protocols.py);
+a "protocol" select (part of the filters, kept in the address's hash as #protocol=NAME) shows one
+protocol's tables at a time, each captioned with its protocol. A cell's page lists its numbers under
+every protocol it has (as delivered and after local adaptation; final, best-validation and best-test
+rounds)."""
 from __future__ import annotations
 
 import datetime
@@ -14,6 +20,7 @@ from jinja2 import Environment, PackageLoader, StrictUndefined
 
 from pflbench.reports.build import Report, safe_name
 from pflbench.reports.cells import display_name, read_artifacts, read_config, read_error, read_metrics, read_rounds
+from pflbench.reports.protocols import AVERAGINGS, DEFAULT, MODELS, SELECTIONS, Protocol
 from pflbench.reports.tables import DATA_DIFFER, TUNED, mean_or_none
 from pflbench.store import flatten
 
@@ -21,8 +28,11 @@ CELL_COLUMNS = [  # (title, key, numeric)
     ("cell", "hash", False), ("algorithm", "algorithm", False), ("dataset", "dataset", False),
     ("scheme", "partition", False), ("params", "params", False), ("clients", "clients", True),
     ("seed", "seed", True), ("status", "status", False), ("accuracy %", "final_accuracy", True),
-    ("worst 10% %", "final_worst10_accuracy", True), ("best %", "best_accuracy", True),
+    ("worst 10% %", "final_worst10_accuracy", True), ("adapted %", "final_accuracy_adapted", True),
+    ("best-val %", "bestval_accuracy", True), ("best-val round", "bestval_round", True),
+    ("best test % (selected on test)", "best_accuracy", True),
     ("MB total", "mbytes", True), ("hp", "hp_source", False), ("wall s", "wall_time", True)]
+PERCENT_KEYS = ("final_accuracy", "final_worst10_accuracy", "final_accuracy_adapted", "bestval_accuracy", "best_accuracy")
 
 
 def environment() -> Environment:
@@ -54,9 +64,11 @@ def cell_rows(cells: pd.DataFrame) -> list[dict]:
                "partition": str(cell["partition"]), "params": str(cell["params"]), "clients": cell["clients"],
                "seed": cell["seed"], "status": str(cell["status"]), "hp_source": str(cell["hp_source"]),
                "error": str(cell.get("error") or "")}
-        for key in ("final_accuracy", "final_worst10_accuracy", "best_accuracy"):
-            value = cell[key]
-            row[key] = None if pd.isna(value) or cell["status"] != "finished" else float(value) * 100
+        for key in PERCENT_KEYS:
+            value = cell.get(key)
+            row[key] = None if value is None or pd.isna(value) or cell["status"] != "finished" else float(value) * 100
+        rnd = cell.get("bestval_round")
+        row["bestval_round"] = None if rnd is None or pd.isna(rnd) or cell["status"] != "finished" else int(rnd)
         row["mbytes"] = None if pd.isna(cell["mbytes"]) else float(cell["mbytes"])
         row["wall_time"] = None if pd.isna(cell["wall_time"]) else float(cell["wall_time"])
         rows.append(row)
@@ -79,7 +91,40 @@ def artifact_list(path) -> list[dict]:
     return out
 
 
-def write_site(cells: pd.DataFrame, tables, worst, comm, references, report: Report, results: Path) -> Path:
+def protocol_scores(cell: pd.Series) -> list[dict]:
+    """A cell's numbers under every protocol it has: a row per (model, selection) with the mean over
+    clients, pooled and worst-10% accuracy (%) and the round the selection chose."""
+    def value(key):
+        v = cell.get(key)
+        return None if v is None or pd.isna(v) else float(v)
+
+    rows = []
+    if cell["status"] != "finished":
+        return rows
+    for model in MODELS:
+        for selection in SELECTIONS:
+            if selection == "besttest" and model != "delivered":
+                continue
+            scores = dict.fromkeys(AVERAGINGS)
+            for averaging in AVERAGINGS:
+                try:
+                    protocol = Protocol(model, selection, averaging)
+                except ValueError:
+                    continue
+                v = value(protocol.key)
+                scores[averaging] = None if v is None else v * 100
+            if not any(v is not None for v in scores.values()):
+                continue
+            base = Protocol(model, selection, "clients")
+            rnd = value(base.round_key) if base.round_key else value("rounds_completed")
+            rows.append({"label": f"{MODELS[model]} · {SELECTIONS[selection]}", "name": base.name, **scores,
+                         "round": None if rnd is None else int(rnd)})
+    return rows
+
+
+def write_site(cells: pd.DataFrame, boards, comm, references, report: Report, results: Path) -> Path:
+    """`boards`: [(protocol, [Table per scheme])], the leaderboard's protocols in the select's order
+    (the first is shown on opening)."""
     env = environment()
     out = report.out
     rows = cell_rows(cells)
@@ -90,7 +135,7 @@ def write_site(cells: pd.DataFrame, tables, worst, comm, references, report: Rep
     alpha_cells = [(r, f) for r in rows for f in report.cell_figures.get(r["hash"], []) if f["kind"] == "alpha"]
     index = out / "index.html"
     index.write_text(env.get_template("index.html").render(
-        root="", tables=tables, worst=worst, comm=comm, cells=rows, statuses=statuses, figures=figures,
+        root="", boards=boards, default_protocol=boards[0][0].name if boards else DEFAULT.name, comm=comm, cells=rows, statuses=statuses, figures=figures,
         alpha_figures=alpha_cells, references=references, notes=report.notes,
         datasets=options_of(cells, "dataset"), schemes=options_of(cells, "partition"),
         clients=options_of(cells, "clients"), algorithms=options_of(cells, "algorithm"), **common))
@@ -112,7 +157,10 @@ def write_site(cells: pd.DataFrame, tables, worst, comm, references, report: Rep
             versions=sorted(flatten(config.get("versions", {})).items()), summary=sorted((k, str(v)) for k, v in summary.items()),
             error_text=read_error(cell["path"]), figures=report.cell_figures.get(cell["hash"], []),
             partition_figure=report.partition_figures.get(cell["hash"]), artifacts=artifact_list(cell["path"]),
-            bytes_per_round=bytes_per_round, charts=cell_charts(read_metrics(cell["path"])), **common))
+            bytes_per_round=bytes_per_round, charts=cell_charts(read_metrics(cell["path"])),
+            scores=protocol_scores(cell), finetune_epochs=int(cell.get("finetune_epochs") or 0),
+            adapt_time=None if pd.isna(cell.get("adapt_time_total", np.nan)) else float(cell["adapt_time_total"]),
+            **common))
 
     (out / "algorithms").mkdir(exist_ok=True)
     template = env.get_template("algorithm.html")
@@ -162,6 +210,8 @@ def cell_charts(metrics: pd.DataFrame) -> dict:
                                             for _, g in per_round])}
     if "val_accuracy" in metrics:
         series["mean (validation)"] = (rounds, (per_round["val_accuracy"].mean() * 100).tolist())
+    if "accuracy_adapted" in metrics and metrics["accuracy_adapted"].notna().any():
+        series["mean after adaptation (test)"] = (rounds, (per_round["accuracy_adapted"].mean() * 100).tolist())
     last = metrics[metrics["round"] == metrics["round"].max()].sort_values("accuracy")
     values = (last["accuracy"] * 100).tolist()
     threshold, worst_mean = worst_fraction_threshold(np.asarray(values))

@@ -1,13 +1,19 @@
 """Tables as data, in pFedLA's layout; text.py and the HTML templates only format them.
 
-`accuracy_tables`: per partition scheme (Table 1 = pathological, Table 2 = dominant), a row per
-algorithm and a column per (dataset, number of clients); each entry is the metric (final accuracy or
-the worst 10% of clients') in %, mean ± sample std over the seeds of its finished cells, with the
-counts of failed and diverged cells beside it (never averaged as zeros), the best of a column marked,
-and the paper's number for that entry where a reference file has one.
+`accuracy_tables`: for one evaluation protocol (protocols.py: the model scored, the round selected,
+the averaging; it names the summary key read), per partition scheme (Table 1 = pathological, Table 2 =
+dominant), a row per algorithm and a column per (dataset, number of clients); each entry is that
+protocol's accuracy in %, mean ± sample std over the seeds of its finished cells, with the counts of
+failed and diverged cells beside it (never averaged as zeros), the best of a column marked (reference
+algorithms such as `centralized` excluded: they are listed last and never bold), and the paper's
+number for that entry where a reference file has one. A paper number gets a Δ (ours − paper) only
+when the table's protocol is the one the reference declares and the cells' settings (rounds, local
+epochs, clients, participation, lr, samples per client; local adaptation for an adapted number)
+equal the paper's; otherwise the entry carries a footnote saying what differs.
 
-`communication_tables`: per (dataset, scheme, clients), a row per algorithm: accuracy, MB per round
-and in total (down + up), beside pFedLA's Table 3 where it applies.
+`communication_tables`: per (dataset, scheme, clients), a row per algorithm: accuracy (as delivered,
+and after local adaptation where the cells have it), MB per round and in total (down + up), beside
+pFedLA's Table 3 where it applies.
 
 Rows: an algorithm's cells whose hyperparameters (`hp.*`) differ get one row per setting (e.g.
 HeurpFedLA retain_layers=1, retain_layers=2); cells run with tuned hyperparameters (`hp_source` "tuned") get their own row,
@@ -21,11 +27,12 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from pflbench.config import CellConfig
-from pflbench.reports.cells import (DATASET_ALIASES, algorithm_rank, dataset_rank, display_name, format_value)
-from pflbench.reports.reference import PaperValue, Reference, find_paper_value
+from pflbench.reports.cells import (DATASET_ALIASES, algorithm_rank, dataset_rank, display_name, format_value,
+                                    is_reference)
+from pflbench.reports.protocols import ADAPTED, DEFAULT, Protocol
+from pflbench.reports.reference import Comparison, PaperValue, Reference, compare, find_paper_value
 
-METRICS = {"final_accuracy": "final accuracy", "final_worst10_accuracy": "final accuracy of the worst 10% of clients"}
-CONFIG_COLUMNS = tuple(CellConfig.model_fields) + ("hp_source",)
+CONFIG_COLUMNS = tuple(CellConfig.model_fields) + ("hp_source", "finetune_epochs")
 TUNED = "†"
 DATA_DIFFER = "‡"
 PROBLEM_STATUSES = ("failed", "diverged")
@@ -71,6 +78,15 @@ class Row:
         text = display_name(self.algorithm) + (f" ({self.variant})" if self.variant else "")
         return text + (f" {TUNED}" if self.tuned else "")
 
+    @property
+    def reference(self) -> bool:
+        """A reference algorithm (`centralized`): listed apart, never ranked."""
+        return is_reference(self.algorithm)
+
+
+def row_order(row: Row) -> tuple:
+    return (algorithm_rank(row.algorithm), row.tuned, row.variant)
+
 
 @dataclass
 class Entry:
@@ -82,6 +98,8 @@ class Entry:
     statuses: list[str] = field(default_factory=list)
     tuned: bool = False
     paper: PaperValue | None = None
+    comparison: Comparison | None = None      # the paper number against these cells (None: no paper)
+    footnote: int | None = None               # the table's note saying why there is no Δ
     best: bool = False
     mbytes: list[float] = field(default_factory=list)          # total down + up of each finished cell
     mbytes_per_round: list[float] = field(default_factory=list)
@@ -99,9 +117,20 @@ class Entry:
         return math.sqrt(sum((v - mean) ** 2 for v in self.values) / (len(self.values) - 1))
 
     @property
+    def comparable(self) -> bool:
+        """The paper's number was measured the way ours was (protocol and settings)."""
+        return self.paper is not None and (self.comparison is None or self.comparison.comparable)
+
+    @property
+    def other_protocol(self) -> bool:
+        return self.comparison is not None and not self.comparison.protocol_ok
+
+    @property
     def delta(self) -> float | None:
-        """Ours minus the paper's, in percentage points."""
-        return None if self.mean is None or self.paper is None else self.mean - self.paper.mean
+        """Ours minus the paper's, in percentage points; None unless comparable."""
+        if self.mean is None or self.paper is None or not self.comparable:
+            return None
+        return self.mean - self.paper.mean
 
     @property
     def status(self) -> str:
@@ -134,17 +163,50 @@ class Entry:
     def delta_text(self) -> str:
         return "" if self.delta is None else f"{self.delta:+.2f}"
 
+    def mark(self) -> str:
+        """" [1]": the footnote saying why this paper number has no Δ."""
+        return f" [{self.footnote}]" if self.footnote else ""
+
+
+def add_footnote(footnotes: list[str], entry: Entry) -> None:
+    """Number the reason an entry's paper value has no Δ (one number per distinct reason)."""
+    if entry.comparison is None or entry.comparison.comparable or entry.mean is None:
+        return  # nothing of ours to compare: no footnote
+    reason = entry.comparison.reason
+    if reason not in footnotes:
+        footnotes.append(reason)
+    entry.footnote = footnotes.index(reason) + 1
+
 
 @dataclass
 class Table:
     scheme: str
-    metric: str
+    protocol: Protocol
     columns: list[Column]
     rows: list[Row]
     entries: dict[tuple, Entry]      # (row.key, column.key) -> Entry
     params: str = ""                 # the scheme's parameters when all its cells share them
     notes: list[str] = field(default_factory=list)
     sources: list[str] = field(default_factory=list)   # references whose numbers appear
+    footnotes: list[str] = field(default_factory=list)  # [n] -> why entries marked [n] have no Δ
+
+    @property
+    def metric(self) -> str:
+        """The summary key this table reads."""
+        return self.protocol.key
+
+    @property
+    def caption(self) -> str:
+        """The protocol, in a sentence (every table's caption says it)."""
+        return self.protocol.caption
+
+    @property
+    def any_delta(self) -> bool:
+        return any(e.delta is not None for e in self.entries.values())
+
+    @property
+    def id(self) -> str:
+        return f"{self.protocol.name}-{self.scheme}"
 
     def entry(self, row: Row, column: Column) -> Entry | None:
         return self.entries.get((row.key, column.key))
@@ -154,8 +216,9 @@ class Table:
 
     @property
     def title(self) -> str:
-        what = "Accuracy" if self.metric == "final_accuracy" else "Worst-10% accuracy"
-        return f"{what}, partition {self.scheme}" + (f" ({self.params})" if self.params else "")
+        what = "Worst-10% accuracy" if self.protocol.worst10 else "Accuracy"
+        return (f"{what}, partition {self.scheme}" + (f" ({self.params})" if self.params else "")
+                + f" — {self.protocol.label}")
 
     @property
     def any_tuned(self) -> bool:
@@ -168,19 +231,43 @@ class Table:
 
 @dataclass
 class CommTable:
-    """Table-3 style: accuracy and communication of each algorithm on one (dataset, scheme, clients)."""
+    """Table-3 style: accuracy and communication of each algorithm on one (dataset, scheme, clients).
+    `rows` hold the accuracy as delivered (final round, mean over clients) and the communication;
+    `adapted` the accuracy after local adaptation by row key, when some cell has it. The paper's
+    accuracy sits on the entry of its declared protocol."""
     column: Column
     scheme: str
     rows: list[tuple[Row, Entry]]
     notes: list[str] = field(default_factory=list)
+    adapted: dict[tuple, Entry] = field(default_factory=dict)
+    footnotes: list[str] = field(default_factory=list)
 
     @property
     def title(self) -> str:
         return f"Communication, {self.column.label}, partition {self.scheme}"
 
     @property
+    def caption(self) -> str:
+        text = f"Accuracy: {DEFAULT.label}"
+        if self.adapted:
+            text += f"; and {ADAPTED.label}"
+        return text + "."
+
+    def papered(self, row: Row) -> Entry | None:
+        """The entry carrying the paper's number for this row (its protocol's), if any."""
+        for entry in (dict(self.rows).get(row), self.adapted.get(row.key)):
+            if entry is not None and entry.paper is not None:
+                return entry
+        return None
+
+    @property
+    def paper_protocol(self) -> Protocol | None:
+        protocols = {e.paper.protocol for r, _ in self.rows if (e := self.papered(r)) is not None}
+        return next(iter(protocols)) if len(protocols) == 1 else None
+
+    @property
     def has_paper(self) -> bool:
-        return any(e.paper is not None for _, e in self.rows)
+        return any(self.papered(r) is not None for r, _ in self.rows)
 
     @property
     def any_tuned(self) -> bool:
@@ -237,19 +324,45 @@ def columns_of(cells: pd.DataFrame) -> list[Column]:
     return [Column(d, c, p, bool(several)) for d, c, p in keys]
 
 
+def attach_paper(entry: Entry, references, protocol: Protocol, *, algorithm: str, column: Column, scheme: str,
+                 group: pd.DataFrame, show_other: bool = True, communication: bool = False) -> None:
+    """The paper's number for this entry and how it compares; one declared under another protocol is
+    attached (shown apart, no Δ) only where `show_other`."""
+    paper = find_paper_value(references, algorithm=algorithm, dataset=column.paper_dataset, partition=scheme,
+                             clients=column.clients, cells=group, communication=communication)
+    if paper is None or (paper.protocol != protocol and not show_other):
+        return
+    entry.paper, entry.comparison = paper, compare(paper, group, protocol)
+
+
 def accuracy_tables(cells: pd.DataFrame, references: list[Reference] = (),
-                    metric: str = "final_accuracy") -> list[Table]:
-    """One Table per partition scheme (schemes alphabetically: dominant, ..., pathological)."""
+                    protocol: Protocol | str = DEFAULT) -> list[Table]:
+    """One Table per partition scheme (schemes alphabetically: dominant, ..., pathological) of
+    `protocol`'s numbers. Paper numbers: in tables of their own protocol (with a Δ where the settings
+    match), and in the default table (as delivered, final round) greyed, without Δ; never in
+    worst-10% tables (the papers' numbers are means)."""
+    protocol = Protocol.parse(protocol)
     tables = []
     if cells.empty:
         return tables
+    metric = protocol.key
+    if protocol.adapted:  # only cells that ran local adaptation have adapted numbers
+        cells = cells[cells["finetune_epochs"] > 0] if "finetune_epochs" in cells else cells.iloc[:0]
+        if cells.empty:
+            return tables
+    if metric not in cells:
+        cells = cells.assign(**{metric: float("nan")})
+    if protocol != DEFAULT:  # finished cells without this protocol's number (older stores) are not entries
+        cells = cells[~((cells["status"] == "finished") & cells[metric].isna())]
+        if cells.empty:
+            return tables
     for scheme, scheme_cells in cells.groupby("partition", sort=True):
         scheme_cells = scheme_cells.assign(row=row_of_cells(scheme_cells))
         columns = columns_of(scheme_cells)
         several = columns[0].show_params if columns else False
-        rows = sorted(set(scheme_cells["row"]), key=lambda r: (algorithm_rank(r.algorithm), r.tuned, r.variant))
+        rows = sorted(set(scheme_cells["row"]), key=row_order)
         params = scheme_cells["params"].unique()
-        table = Table(str(scheme), metric, columns, rows, {}, params=params[0] if len(params) == 1 else "")
+        table = Table(str(scheme), protocol, columns, rows, {}, params=params[0] if len(params) == 1 else "")
         for column in columns:
             selected = scheme_cells[(scheme_cells["dataset"] == column.dataset) & (scheme_cells["clients"] == column.clients)]
             if several:
@@ -259,21 +372,26 @@ def accuracy_tables(cells: pd.DataFrame, references: list[Reference] = (),
                 if group.empty:
                     continue
                 entry = make_entry(group, metric)
-                if metric == "final_accuracy":
-                    entry.paper = find_paper_value(references, algorithm=row.algorithm, dataset=column.paper_dataset,
-                                                   partition=str(scheme), clients=column.clients, cells=group)
+                if not protocol.worst10:
+                    attach_paper(entry, references, protocol, algorithm=row.algorithm, column=column,
+                                 scheme=str(scheme), group=group, show_other=protocol == DEFAULT)
                     if entry.paper is not None and entry.paper.source not in table.sources:
                         table.sources.append(entry.paper.source)
                 table.entries[(row.key, column.key)] = entry
                 mixed = mixed_columns(group)
                 if mixed:
                     table.notes.append(f"{row.label} on {column.label}: its cells also differ in {', '.join(mixed)}")
-            means = [e.mean for r in rows if (e := table.entry(r, column)) is not None and e.mean is not None]
+            ranked = [r for r in rows if not r.reference]   # a reference row is never "best"
+            means = [e.mean for r in ranked if (e := table.entry(r, column)) is not None and e.mean is not None]
             if len(means) > 1:
-                for r in rows:
+                for r in ranked:
                     e = table.entry(r, column)
                     if e is not None and e.mean is not None and e.mean >= max(means) - 1e-9:
                         e.best = True
+        for row in rows:     # footnotes numbered in reading order
+            for column in columns:
+                if (e := table.entry(row, column)) is not None:
+                    add_footnote(table.footnotes, e)
         tables.append(table)
     return tables
 
@@ -289,13 +407,22 @@ def communication_tables(cells: pd.DataFrame, references: list[Reference] = ()) 
             if column.show_params:
                 selected = selected[selected["params"] == column.params]
             table = CommTable(column, str(scheme), [])
-            for row in sorted(set(selected["row"]), key=lambda r: (algorithm_rank(r.algorithm), r.tuned, r.variant)):
+            with_adapted = ADAPTED.key in selected and selected[ADAPTED.key].notna().any()
+            for row in sorted(set(selected["row"]), key=row_order):
                 group = selected[selected["row"] == row]
-                entry = make_entry(group, "final_accuracy")
-                entry.paper = find_paper_value(references, algorithm=row.algorithm, dataset=column.paper_dataset,
-                                               partition=str(scheme), clients=column.clients, cells=group,
-                                               communication=True)
+                entry = make_entry(group, DEFAULT.key)
                 table.rows.append((row, entry))
+                adapted = make_entry(group, ADAPTED.key) if with_adapted else None
+                if adapted is not None:
+                    table.adapted[row.key] = adapted
+                paper = find_paper_value(references, algorithm=row.algorithm, dataset=column.paper_dataset,
+                                         partition=str(scheme), clients=column.clients, cells=group, communication=True)
+                if paper is not None:
+                    # The paper's accuracy goes beside our number of its protocol (delivered otherwise).
+                    target = adapted if paper.protocol == ADAPTED and adapted is not None else entry
+                    target.paper = paper
+                    target.comparison = compare(paper, group, paper.protocol if target is adapted else DEFAULT)
+                    add_footnote(table.footnotes, target)
                 mixed = mixed_columns(group)
                 if mixed:
                     table.notes.append(f"{row.label}: its cells also differ in {', '.join(mixed)}")

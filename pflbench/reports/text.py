@@ -1,8 +1,12 @@
 """The tables of tables.py as Markdown and as LaTeX (booktabs). Names from the store are escaped
-for each format; a missing entry is "–", a failed or diverged one says so."""
+for each format; a missing entry is "–", a failed or diverged one says so. Every table's caption
+names its protocol (protocols.py); a paper number without a Δ carries a footnote [n] saying why
+(protocol or settings differ); a paper number under another protocol is shown in parentheses;
+reference rows (Centralized) come last, in italics, never bold."""
 from __future__ import annotations
 
-from pflbench.reports.tables import DATA_DIFFER, TUNED, CommTable, Entry, Table, mean_or_none
+from pflbench.reports.protocols import Protocol
+from pflbench.reports.tables import DATA_DIFFER, TUNED, CommTable, Entry, Row, Table, mean_or_none
 
 MISSING = "–"
 
@@ -19,18 +23,47 @@ def column_header(table: Table, column) -> str:
     return column.label.replace(f"{column.dataset},", f"{column.dataset}{mark},", 1)
 
 
-def md_entry(entry: Entry | None) -> str:
+def md_entry(entry: Entry | None, reference: bool = False) -> str:
     if entry is None:
         return MISSING
     text = md_escape(entry.text())
+    if reference and text:
+        return f"*{text}*"
     return f"**{text}**" if entry.best else text
+
+
+def md_label(row: Row) -> str:
+    return f"*{md_escape(row.label)}*" if row.reference else md_escape(row.label)
+
+
+def paper_cell(entry: Entry | None) -> str:
+    """The paper's number; in parentheses when declared under another protocol than the table's."""
+    if entry is None or entry.paper is None:
+        return MISSING
+    return f"({entry.paper_text()})" if entry.other_protocol else entry.paper_text()
+
+
+def delta_cell(entry: Entry | None) -> str:
+    if entry is None or entry.paper is None:
+        return MISSING
+    return entry.delta_text() or (MISSING + entry.mark())
+
+
+def footnote_lines(footnotes: list[str]) -> list[str]:
+    return [f"[{n}] no Δ: {reason}." for n, reason in enumerate(footnotes, 1)]
 
 
 def legend(tables, sources: list[str]) -> list[str]:
     lines = []
     if sources:
         lines.append(f"paper: the number reported in {', '.join(sources)} (benchmarks/reference/); "
-                     f"Δ: ours − paper, in percentage points.")
+                     f"Δ: ours − paper, in percentage points, only where the paper's protocol and settings "
+                     f"(rounds, local epochs, clients, participation, lr, samples per client) are ours; "
+                     f"otherwise a footnote [n] says what differs. (In parentheses: a paper number declared "
+                     f"under another protocol than the table's, for reading only.)")
+    if any(r.reference for t in tables for r in ([r for r, _ in t.rows] if isinstance(t, CommTable) else t.rows)):
+        lines.append("*Italic rows* (Centralized (reference)): reference algorithms, a bound for a single global "
+                     "model rather than a federated method; listed last, never counted as best.")
     if any(t.any_tuned for t in tables):
         lines.append(f"{TUNED} tuned hyperparameters (`hp_source: tuned`); unmarked entries use the paper defaults.")
     notes = {}
@@ -51,58 +84,93 @@ def markdown_table(table: Table) -> str:
             rule += ["---:", "---:"]
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join(rule) + "|"]
     for row in table.rows:
-        cells = [md_escape(row.label)]
+        cells = [md_label(row)]
         for column in table.columns:
             entry = table.entry(row, column)
-            cells.append(md_entry(entry))
+            cells.append(md_entry(entry, row.reference))
             if table.has_paper(column):
-                has = entry is not None and entry.paper is not None
-                cells += [entry.paper_text() if has else MISSING, entry.delta_text() or MISSING if has else MISSING]
+                cells += [paper_cell(entry), delta_cell(entry)]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def markdown_caption(table: Table) -> str:
+    return f"*{md_escape(table.caption)} Mean ± std over seeds, in %.*"
 
 
 def fmt(value: float | None, digits: int = 2) -> str:
     return MISSING if value is None else f"{value:.{digits}f}"
 
 
+def comm_paper_header(table: CommTable) -> str:
+    protocol = table.paper_protocol
+    return "paper accuracy (%)" + (f" ({protocol.short})" if protocol else "")
+
+
+def comm_paper_text(table: CommTable, row: Row) -> tuple[str, str]:
+    """The paper's accuracy (with the footnote when not comparable) and MB for one row."""
+    entry = table.papered(row)
+    if entry is None:
+        return MISSING, MISSING
+    return entry.paper_text() + entry.mark(), fmt(entry.paper.comm_mbytes)
+
+
 def markdown_comm_table(table: CommTable) -> str:
-    header = ["algorithm", "accuracy (%)", "MB per round", "MB total"]
+    header = ["algorithm", "accuracy (%)"] + (["adapted accuracy (%)"] if table.adapted else []) + ["MB per round", "MB total"]
     if table.has_paper:
-        header += ["paper accuracy (%)", "paper MB"]
+        header += [comm_paper_header(table), "paper MB"]
     lines = ["| " + " | ".join(header) + " |", "|---|" + "---:|" * (len(header) - 1)]
     for row, entry in table.rows:
-        cells = [md_escape(row.label), md_entry(entry).replace("**", ""),
-                 fmt(mean_or_none(entry.mbytes_per_round), 3), fmt(mean_or_none(entry.mbytes), 2)]
+        cells = [md_label(row), md_entry(entry).replace("**", "")]
+        if table.adapted:
+            cells.append(md_entry(table.adapted.get(row.key)).replace("**", ""))
+        cells += [fmt(mean_or_none(entry.mbytes_per_round), 3), fmt(mean_or_none(entry.mbytes), 2)]
         if table.has_paper:
-            cells += [entry.paper_text() or MISSING,
-                      fmt(entry.paper.comm_mbytes if entry.paper else None)]
+            cells += list(comm_paper_text(table, row))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
+def by_protocol(tables: list[Table]) -> list[tuple[Protocol, list[Table]]]:
+    groups: dict[Protocol, list[Table]] = {}
+    for table in tables:
+        groups.setdefault(table.protocol, []).append(table)
+    return list(groups.items())
+
+
 def markdown_report(tables: list[Table], worst: list[Table], comm: list[CommTable], *, seeds: int,
                     statuses: dict[str, int], figures: list[tuple[str, str]] = ()) -> str:
+    """`tables` and `worst`: the accuracy and worst-10% tables of every protocol shown, in order."""
     if not tables:
         return "# pflbench results\n\nThe store has no results yet: run `pflbench run SPEC` first.\n"
     counts = ", ".join(f"{n} {s}" for s, n in sorted(statuses.items()))
+    shown = list(dict.fromkeys(t.protocol.label for t in tables))
     parts = ["# pflbench results", "",
-             f"Cells: {counts}. Entries: final accuracy of each client's personalized model on its own test "
-             f"split, mean over clients, in %: mean ± std over seeds (up to {seeds} per entry). Best of each "
-             f"column in bold; failed or diverged cells are counted beside the entry, never averaged."]
+             f"Cells: {counts}. Entries: the test accuracy of each client's personalized model on its own test "
+             f"split, in %: mean ± std over seeds (up to {seeds} per entry), under the protocol each table's "
+             f"caption names (the model scored, the round selected, the averaging); shown: "
+             f"{'; '.join(shown)}. Best of each column in bold; failed or diverged cells are counted beside "
+             f"the entry, never averaged."]
     sources = sorted({s for t in tables for s in t.sources})
     for section, group in (("Accuracy", tables), ("Worst 10% of clients", worst)):
-        parts += ["", f"## {section}"]
-        for table in group:
-            parts += ["", f"### {md_escape(table.title)}", "", markdown_table(table)]
-            if table.notes:
-                parts += ["", "Note: " + "; ".join(md_escape(n) for n in table.notes) + "."]
+        for protocol, members in by_protocol(group):
+            parts += ["", f"## {section}: {md_escape(protocol.label)}"]
+            for table in members:
+                parts += ["", f"### {md_escape(table.title)}", "", markdown_table(table), "", markdown_caption(table)]
+                if table.footnotes:
+                    parts += ["", *[f"- {md_escape(line)}" for line in footnote_lines(table.footnotes)]]
+                if table.notes:
+                    parts += ["", "Note: " + "; ".join(md_escape(n) for n in table.notes) + "."]
     if comm:
         parts += ["", "## Communication", "",
-                  "Bytes sent down and up over the whole run (finished cells), in MB; accuracy as above."]
+                  f"Bytes sent down and up over the whole run (finished cells), in MB; accuracy "
+                  f"{md_escape(comm[0].caption.removeprefix('Accuracy: '))}"]
         for table in comm:
-            parts += ["", f"### {md_escape(table.title)}", "", markdown_comm_table(table)]
-        sources += sorted({e.paper.source for t in comm for _, e in t.rows if e.paper} - set(sources))
+            parts += ["", f"### {md_escape(table.title)}", "", markdown_comm_table(table), "",
+                      f"*{md_escape(table.caption)}*"]
+            if table.footnotes:
+                parts += ["", *[f"- {md_escape(line)}" for line in footnote_lines(table.footnotes)]]
+        sources += sorted({e.paper.source for t in comm for r, _ in t.rows if (e := t.papered(r))} - set(sources))
     lines = legend([*tables, *comm], sources)
     if lines:
         parts += ["", "## Legend", "", *[f"- {line}" for line in lines]]
@@ -126,14 +194,28 @@ def tex_text(text: str) -> str:
     """Escape, then typeset the report's symbols."""
     return (tex_escape(text).replace("±", r"$\pm$").replace(TUNED, r"$^\dagger$")
             .replace(DATA_DIFFER, r"$^\ddagger$").replace("Δ", r"$\Delta$").replace("×", r"$\times$")
-            .replace("−", "-").replace("–", "--"))
+            .replace("−", "-").replace("—", "---").replace("–", "--").replace("·", r"$\cdot$"))
 
 
-def tex_entry(entry: Entry | None) -> str:
+def tex_entry(entry: Entry | None, reference: bool = False) -> str:
     if entry is None:
         return "--"
     text = tex_text(entry.text())
+    if reference:
+        return rf"\textit{{{text}}}" if text else text
     return rf"\textbf{{{text}}}" if entry.best else text
+
+
+def tex_label(row: Row) -> str:
+    return rf"\textit{{{tex_text(row.label)}}}" if row.reference else tex_text(row.label)
+
+
+def tex_rows(rows):
+    r"""Rows with a \midrule before the first reference row (Centralized: apart from the methods)."""
+    previous = None
+    for row in rows:
+        yield row, bool(row.reference and previous is not None and not previous.reference)
+        previous = row
 
 
 def latex_table(table: Table) -> str:
@@ -147,23 +229,23 @@ def latex_table(table: Table) -> str:
         rules.append(rf"\cmidrule(lr){{{start}-{start + span - 1}}}")
         start += span
     lines = [r"\begin{table}[t]", r"\centering", r"\small",
-             rf"\caption{{{tex_text(table.title)}: mean $\pm$ std over seeds (\%).}}",
+             rf"\caption{{{tex_text(table.title)}: mean $\pm$ std over seeds (\%). {tex_text(table.caption)}}}",
              rf"\begin{{tabular}}{{{spec}}}", r"\toprule", " & ".join(top) + r" \\"]
     if any(s > 1 for s in spans):
         lines += [" ".join(rules), " & ".join(second) + r" \\"]
     lines.append(r"\midrule")
-    for row in table.rows:
-        cells = [tex_text(row.label)]
+    for row, rule in tex_rows(table.rows):
+        if rule:
+            lines.append(r"\midrule")
+        cells = [tex_label(row)]
         for column, span in zip(table.columns, spans):
             entry = table.entry(row, column)
-            cells.append(tex_entry(entry))
+            cells.append(tex_entry(entry, row.reference))
             if span > 1:
-                has = entry is not None and entry.paper is not None
-                cells += [tex_text(entry.paper_text()) if has else "--",
-                          tex_text(entry.delta_text() or "--") if has else "--"]
+                cells += [tex_text(paper_cell(entry)), tex_text(delta_cell(entry))]
         lines.append(" & ".join(cells) + r" \\")
     lines += [r"\bottomrule", r"\end{tabular}"]
-    notes = legend([table], table.sources) + list(table.notes)
+    notes = legend([table], table.sources) + footnote_lines(table.footnotes) + list(table.notes)
     if notes:
         lines.append(r"\par\smallskip\footnotesize " + r" \\ ".join(tex_text(n).replace("`", "") for n in notes))
     lines.append(r"\end{table}")
@@ -172,18 +254,27 @@ def latex_table(table: Table) -> str:
 
 def latex_comm_table(table: CommTable) -> str:
     paper = table.has_paper
-    header = ["Algorithm", r"Accuracy (\%)", "MB/round", "MB total"] + ([r"Paper acc.\ (\%)", "Paper MB"] if paper else [])
-    lines = [r"\begin{table}[t]", r"\centering", r"\small", rf"\caption{{{tex_text(table.title)}.}}",
+    header = (["Algorithm", r"Accuracy (\%)"] + ([r"Adapted (\%)"] if table.adapted else []) + ["MB/round", "MB total"]
+              + ([tex_text(comm_paper_header(table)).replace("paper accuracy", "Paper acc."), "Paper MB"] if paper else []))
+    lines = [r"\begin{table}[t]", r"\centering", r"\small",
+             rf"\caption{{{tex_text(table.title)}. {tex_text(table.caption)}}}",
              rf"\begin{{tabular}}{{l{'r' * (len(header) - 1)}}}", r"\toprule", " & ".join(header) + r" \\", r"\midrule"]
-    for row, entry in table.rows:
-        cells = [tex_text(row.label), tex_text(entry.text()) or "--",
-                 fmt(mean_or_none(entry.mbytes_per_round), 3).replace(MISSING, "--"),
-                 fmt(mean_or_none(entry.mbytes)).replace(MISSING, "--")]
+    for (row, entry), (_, rule) in zip(table.rows, tex_rows([r for r, _ in table.rows])):
+        if rule:
+            lines.append(r"\midrule")
+        cells = [tex_label(row), tex_text(entry.text()) or "--"]
+        if table.adapted:
+            adapted = table.adapted.get(row.key)
+            cells.append(tex_text(adapted.text()) if adapted is not None and adapted.text() else "--")
+        cells += [fmt(mean_or_none(entry.mbytes_per_round), 3).replace(MISSING, "--"),
+                  fmt(mean_or_none(entry.mbytes)).replace(MISSING, "--")]
         if paper:
-            cells += [tex_text(entry.paper_text()) or "--",
-                      fmt(entry.paper.comm_mbytes if entry.paper else None).replace(MISSING, "--")]
+            cells += [tex_text(t).replace(MISSING, "--") for t in comm_paper_text(table, row)]
         lines.append(" & ".join(cells) + r" \\")
-    lines += [r"\bottomrule", r"\end{tabular}", r"\end{table}"]
+    lines += [r"\bottomrule", r"\end{tabular}"]
+    if table.footnotes:
+        lines.append(r"\par\smallskip\footnotesize " + r" \\ ".join(tex_text(n) for n in footnote_lines(table.footnotes)))
+    lines.append(r"\end{table}")
     return "\n".join(lines)
 
 

@@ -1,6 +1,9 @@
-// Sorting (click a header; numbers first click descending) and filtering (dataset, scheme, clients,
-// algorithm, status). The page state lives in the address's hash, e.g.
-// index.html#dataset=fmnist&sort=cells-acc&dir=asc, so a view can be linked and opened from disk.
+// Sorting (click a header; numbers first click descending), filtering (dataset, scheme, clients,
+// algorithm, status) and the evaluation protocol switch (#f-protocol: only the tables whose
+// data-protocol is the chosen one are shown; one protocol at a time, never "all"). The page state
+// lives in the address's hash, e.g. index.html#protocol=adapted-final-clients&dataset=fmnist&sort=cells-acc&dir=asc,
+// so a view can be linked and opened from disk. Sorting moves the rows of a table's first <tbody>
+// only: reference rows (Centralized) stay apart, below, in their own <tbody>.
 (function () {
   "use strict";
   function sortValue(cell) {
@@ -34,7 +37,7 @@
     rows.forEach(function (r) { body.appendChild(r); });
     document.body.setAttribute("data-sorted", th.id || "");
   }
-  var FILTERS = ["dataset", "scheme", "clients", "algorithm", "status"];
+  var FILTERS = ["protocol", "dataset", "scheme", "clients", "algorithm", "status"];
   function readHash() {
     var state = {};
     location.hash.replace(/^#/, "").split("&").forEach(function (part) {
@@ -61,6 +64,8 @@
     });
     var state = readHash(), parts = [];
     FILTERS.forEach(function (name) { if (want[name]) state[name] = want[name]; else delete state[name]; });
+    var protocol = document.getElementById("f-protocol");
+    if (protocol && state.protocol === protocol.getAttribute("data-default")) delete state.protocol;
     Object.keys(state).forEach(function (k) { parts.push(encodeURIComponent(k) + "=" + encodeURIComponent(state[k])); });
     if (history.replaceState) history.replaceState(null, "", parts.length ? "#" + parts.join("&") : location.pathname);
   }
@@ -72,7 +77,10 @@
     FILTERS.forEach(function (name) {
       var input = document.getElementById("f-" + name);
       if (!input) return;
-      if (state[name] !== undefined) input.value = state[name];
+      if (state[name] !== undefined) {
+        input.value = state[name];
+        if (input.tagName === "SELECT" && input.selectedIndex < 0) input.selectedIndex = 0;  // an unknown value
+      }
       input.addEventListener(input.tagName === "SELECT" ? "change" : "input", applyFilters);
     });
     applyFilters();
