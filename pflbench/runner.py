@@ -126,19 +126,37 @@ class Display:
 
     def update(self, cell: CellConfig, info: dict) -> None:
         """`info` is what the engine's on_round reports: round, rounds, mean_accuracy."""
+        try:
+            self._update(cell, info)
+        except Exception as err:  # the display is not worth a cell: report and go on
+            self._display_failed(err)
+
+    def done(self, cell: CellConfig, result) -> None:
+        try:
+            self._done(cell, result)
+        except Exception as err:
+            self._display_failed(err)
+
+    def _display_failed(self, err: Exception) -> None:
+        try:
+            print(f"note: progress display error ({type(err).__name__}); the run goes on", file=sys.stderr)
+        except Exception:
+            pass
+
+    def _update(self, cell: CellConfig, info: dict) -> None:
         key = cell_hash(cell)
         if key not in self.running:
-            self.running[key] = self.progress.add_task(label(cell), total=cell.rounds, info="")
+            self.running[key] = self.progress.add_task(escape(label(cell)), total=cell.rounds, info="")
         accuracy = info.get("mean_accuracy")
         self.progress.update(self.running[key], completed=info.get("round", 0),
                              info="" if accuracy is None else f"acc {accuracy:.1%}")
         self._update_overall()
 
-    def done(self, cell: CellConfig, result) -> None:
+    def _done(self, cell: CellConfig, result) -> None:
+        self.counts[result.status] += 1  # first: the run's outcome counts never depend on the display
         task = self.running.pop(cell_hash(cell), None)
         if task is not None:
             self.progress.remove_task(task)
-        self.counts[result.status] += 1
         self.progress.advance(self.overall)
         self._update_overall()
         accuracy = result.summary.get("final_accuracy")
@@ -150,7 +168,7 @@ class Display:
             detail += f"  {result.error.strip().splitlines()[-1]}"
         wall = result.summary.get("wall_time")
         style = {"finished": "green", "diverged": "yellow"}.get(result.status, "red")
-        self.console.print(f"[{style}]{result.status:<8}[/] {label(cell)}  {detail}"
+        self.console.print(f"[{style}]{result.status:<8}[/] {escape(label(cell))}  {escape(detail)}"
                            + (f"  ({wall:.1f} s)" if wall is not None else ""), highlight=False)
 
     def _update_overall(self) -> None:
@@ -309,14 +327,14 @@ def run_plan(plan: Plan, options: RunOptions = RunOptions(), console: Console | 
     todo = [cell for cell in plan.cells if options.force or before[cell_hash(cell)] not in COMPLETE]
     report = RunReport(outcomes=dict(before))
     scale = f" (scale {plan.scale})" if len(plan.scales) > 1 else ""
-    console.print(f"{plan.name}{scale}: {len(plan.cells)} cells, {len(plan.cells) - len(todo)} with results in "
-                  f"{options.results}, {len(todo)} to run", highlight=False)
+    console.print(f"{escape(plan.name)}{scale}: {len(plan.cells)} cells, {len(plan.cells) - len(todo)} with results in "
+                  f"{escape(str(options.results))}, {len(todo)} to run", highlight=False)
     if not todo:
         print_summary(console, plan, store, report, 0.0)
         return report
     todo, report.skipped_datasets = prepare_partitions(todo, plan, options, console)
     for dataset, count in report.skipped_datasets.items():
-        console.print(f"[yellow]note:[/] dataset {dataset!r} cannot be loaded here (no copy in the data root or "
+        console.print(f"[yellow]note:[/] dataset {escape(repr(dataset))} cannot be loaded here (no copy in the data root or "
                       f"mirror, no download): its {count} cells are left out and the run goes on without it. "
                       f"See `pflbench data prepare`.", highlight=False)
         report.outcomes = {k: v for k, v in report.outcomes.items()
@@ -342,16 +360,17 @@ def run_plan(plan: Plan, options: RunOptions = RunOptions(), console: Console | 
 def print_summary(console: Console, plan: Plan, store: Store, report: RunReport, seconds: float) -> None:
     counts = Counter(status or "no result" for status in report.outcomes.values())
     parts = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
-    console.print(f"{plan.name}: {parts} ({report.ran} run now, in {seconds:.0f} s)", highlight=False)
+    console.print(f"{escape(plan.name)}: {parts} ({report.ran} run now, in {seconds:.0f} s)", highlight=False)
     for dataset, count in report.skipped_datasets.items():
-        console.print(f"[yellow]note:[/] {count} cells on {dataset!r} were left out: it cannot be loaded here.")
+        console.print(f"[yellow]note:[/] {count} cells on {escape(repr(dataset))} were left out: it cannot be loaded here.")
     problems = [cell for cell in plan.cells if report.outcomes.get(cell_hash(cell)) in PROBLEMS]
     if problems:
         table = Table("cell", "algorithm", "dataset", "partition", "clients", "seed", "status", "error",
-                      title=f"cells without a finished result (tracebacks: {store.root}/<cell>/error.txt)")
+                      title=escape(f"cells without a finished result (tracebacks: {store.root}/<cell>/error.txt)"))
         for cell in problems:
-            table.add_row(cell_hash(cell), cell.algorithm, cell.dataset, cell.partition, str(cell.clients),
-                          str(cell.seed), report.outcomes[cell_hash(cell)], store.summary(cell).get("error", ""))
+            table.add_row(*map(escape, (cell_hash(cell), cell.algorithm, cell.dataset, cell.partition, str(cell.clients),
+                                        str(cell.seed), str(report.outcomes[cell_hash(cell)]),
+                                        str(store.summary(cell).get("error", "")))))
         console.print(table)
     if report.interrupted:
         console.print("[yellow]interrupted:[/] cells that were running have no result; run again to resume.")
@@ -404,18 +423,19 @@ def print_plan(console: Console, plan: Plan, store: Store, as_json: bool = False
         elif field not in NAMED_SETTINGS:
             fixed.append(f"{field}={values[0]}")
     scale = f", scale {plan.scale}" if len(plan.scales) > 1 else ""
-    table = Table("#", "cell", *columns, "status", title=f"{plan.name}: {len(plan.cells)} cells ({plan.source}{scale})")
+    table = Table("#", "cell", *map(escape, columns), "status",
+                  title=escape(f"{plan.name}: {len(plan.cells)} cells ({plan.source}{scale})"))
     for i, (cell, status) in enumerate(zip(plan.cells, statuses)):
-        table.add_row(str(i + 1), cell_hash(cell), *(values[i] for values in columns.values()), status)
+        table.add_row(str(i + 1), cell_hash(cell), *(escape(values[i]) for values in columns.values()), escape(status))
     console.print(table)
-    console.print(f"every cell: {', '.join(fixed)}", highlight=False)
+    console.print(escape(f"every cell: {', '.join(fixed)}"), highlight=False)
     counts = Counter(statuses)
     console.print(f"resources per cell: {plan.resources.cpus:g} CPU, {plan.resources.gpus:g} GPU; "
                   + ", ".join(f"{n} {status}" for status, n in sorted(counts.items())), highlight=False)
     for algorithm, path in sorted(plan.tuned.items()):
-        console.print(f"{algorithm}: tuned configuration {path} (hp_source=tuned)", highlight=False)
+        console.print(escape(f"{algorithm}: tuned configuration {path} (hp_source=tuned)"), highlight=False)
     for dataset in sorted(plan.optional_datasets):
-        console.print(f"{dataset}: optional (its cells are left out, with a note, where it cannot be loaded)",
+        console.print(escape(f"{dataset}: optional (its cells are left out, with a note, where it cannot be loaded)"),
                       highlight=False)
 
 

@@ -32,10 +32,19 @@ class InjectsNaN(Algorithm):
         return {k: v * math.nan if v.is_floating_point() else v for k, v in state.items()}
 
 
+class RaisesMarkup(Algorithm):
+    """Fails with a message that rich would read as (broken) console markup."""
+
+    name = "test-runner-[/x]-markup"
+
+    def local_train(self, rnd, clients, state):
+        raise RuntimeError("[/x] closing tag with nothing open [bold]")
+
+
 @pytest.fixture
 def broken_algorithms(monkeypatch):
     """Registered only for the test that uses them, so no other test ever runs them."""
-    for algorithm in (Raises, InjectsNaN):
+    for algorithm in (Raises, InjectsNaN, RaisesMarkup):
         monkeypatch.setitem(ALGORITHMS._entries, algorithm.name, algorithm)
 
 
@@ -116,3 +125,19 @@ def test_client_batching_option_reaches_every_cell(options):
     assert run_plan(run, replace(options, client_batching="on"), quiet()).exit_code == 0
     store = load_store(options.results)
     assert len(store) == 2 and (store["client_batching"] == "batched").all()
+
+
+def test_user_text_that_looks_like_console_markup_is_printed_as_text(broken_algorithms, options, tmp_path):
+    """Spec names, algorithm names and error messages holding `[/x]` neither crash the console nor
+    stop the run after the first failed cell (rich would raise MarkupError)."""
+    from pflbench.runner import print_plan
+
+    the_plan = plan([RaisesMarkup.name, "fedavg"], rounds=1)
+    the_plan = the_plan.__class__(**{**the_plan.__dict__, "name": "spec [/x] [bold]"})
+    log = tmp_path / "console.txt"
+    console = Console(file=open(log, "w"), width=200)
+    print_plan(console, the_plan, Store(options.results))
+    report = run_plan(the_plan, options, console)
+    assert report.ran == 4 and report.exit_code == 1  # every cell ran: 2 failed, 2 finished
+    text = log.read_text()
+    assert "spec [/x] [bold]" in text and "[/x] closing tag with nothing open [bold]" in text

@@ -62,8 +62,13 @@ def store_copy(pristine, tmp_path):
 
 
 def _report_ok(results: Path, out: Path) -> None:
-    build_reports(results, out, ReportOptions(figures=False))
-    assert (out / "report.md").exists() and (out / "index.html").exists()
+    """The report renders the intact cells and names every entry it did not read."""
+    report = build_reports(results, out, ReportOptions(figures=False))
+    assert (out / "index.html").exists()
+    markdown = (out / "report.md").read_text()
+    assert "## Store entries not read as results" in markdown
+    for problem in scan_store(results)[1]:
+        assert str(problem) in markdown and any(str(problem) in note for note in report.notes)
 
 
 @pytest.mark.parametrize("file,damage", CASES, ids=[f"{f}-{d}" for f, d in CASES])

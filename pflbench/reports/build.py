@@ -33,6 +33,7 @@ from pflbench.reports.protocols import available, report_protocols
 from pflbench.reports.reference import default_reference_dir, load_references
 from pflbench.reports.tables import accuracy_tables, communication_tables, mean_or_none
 from pflbench.reports.text import latex_report, markdown_report
+from pflbench.store import store_problems
 
 ALPHA, ALPHA_LAYERS = "alpha", "alpha_layers"
 
@@ -108,6 +109,14 @@ def build_reports(results: str | Path, out: str | Path, options: ReportOptions =
     statuses = cells["status"].value_counts().to_dict() if len(cells) else {}
     report.markdown.write_text(markdown_report(tables, worst, comm, seeds=seeds, statuses=statuses,
                                                figures=report.figures))
+    problems = store_problems(results)
+    if problems:  # damaged or foreign folders: never read as results, but never hidden either
+        report.notes += [f"not read as a result: {problem} (see `pflbench store check`)" for problem in problems]
+        with report.markdown.open("a") as markdown:
+            markdown.write("\n## Store entries not read as results\n\n"
+                           + "".join(f"- {problem}\n" for problem in problems)
+                           + "\n`pflbench run` sets a damaged cell aside and runs it again; "
+                             "`pflbench store check` lists these entries.\n")
     report.latex.write_text(latex_report(tables, worst, comm))
     report.index = write_site(cells, boards, comm, references, report, Path(results))
     return report
