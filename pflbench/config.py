@@ -19,7 +19,7 @@ import hashlib
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 # Fields added after cells were stored: left out of the hash while they have these values.
@@ -50,6 +50,15 @@ class CellConfig(BaseModel):
     hp: dict[str, Any] = Field(default_factory=dict)  # the algorithm's own hyperparameters
     hp_source: Literal["default", "tuned"] = "default"  # tuned: from a sweep (benchmarks/tuned/<algo>.yaml)
     finetune_epochs: int = Field(0, ge=0)  # local epochs of the adapted evaluation; 0: as delivered only
+
+    @field_validator("clients", "participation", "seed", "rounds", "local_epochs", "batch_size", "lr", "momentum",
+                     "weight_decay", "eval_every", "train_fraction", "val_fraction", "finetune_epochs", mode="before")
+    @classmethod
+    def _no_booleans_for_numbers(cls, value):
+        """`seed: true` is a mistake, not seed 1: pydantic's lax mode would take a bool as a number."""
+        if isinstance(value, bool):
+            raise ValueError(f"expected a number, got the boolean {value!r}")
+        return value
 
     def canonical_json(self) -> str:
         data = self.model_dump(mode="json")

@@ -472,6 +472,21 @@ def add_parser(subparsers) -> None:
     run.set_defaults(func=cmd_run)
 
 
+def missing_gpus(plan: Plan, ray_address: str | None, device: str | None) -> str | None:
+    """Why the plan's GPU request cannot be met here (no cluster named, no CUDA device), or None.
+    Without this, Ray would wait forever for a GPU and an in-process run would fail cell by cell."""
+    if plan.resources.gpus <= 0 or ray_address:
+        return None
+    import torch
+
+    if torch.cuda.is_available():
+        return None
+    return (f"resources.gpus is {plan.resources.gpus:g} per cell but torch sees no CUDA device on this machine"
+            + (f" (and --device {device} was given)" if device else "")
+            + "; run with --set resources.gpus=0 (a CPU run), a spec scale made for CPUs (e.g. --scale quick), "
+              "or on a Ray cluster with GPUs (--ray-address)")
+
+
 def cmd_run(args) -> int:
     if args.workers is not None and args.workers < 1:
         raise SystemExit("--workers must be at least 1")
@@ -483,9 +498,15 @@ def cmd_run(args) -> int:
     except SpecError as error:
         print(error, file=sys.stderr)
         return 2
+    gpu_problem = missing_gpus(plan, args.ray_address or os.environ.get("RAY_ADDRESS"), args.device)
     if args.dry_run:
         print_plan(console, plan, Store(args.results), as_json=args.json)
+        if gpu_problem:
+            console.print(f"[yellow]warning:[/] {escape(gpu_problem)}", highlight=False)
         return 0
+    if gpu_problem:
+        print(f"cannot run {args.spec}, nothing was run: {gpu_problem}", file=sys.stderr)
+        return 2
     options = RunOptions(results=args.results, data_root=args.root, mirror=args.mirror, use_ray=not args.no_ray,
                          workers=args.workers, ray_address=args.ray_address, force=args.force,
                          device=args.device, client_batching=args.client_batching)

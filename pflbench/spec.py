@@ -269,6 +269,13 @@ class SpecFile(SpecModel):
 
 # ---- values of cell fields -----------------------------------------------------------------------
 
+def _not_a_boolean(value):
+    """`seed: true` is a mistake, not seed 1 (lax mode would take a bool as a number)."""
+    if isinstance(value, bool):
+        raise ValueError(f"expected a number, got the boolean {value!r}")
+    return value
+
+
 @cache
 def _field_type(key: str) -> TypeAdapter:
     """Validator of one settable key: the CellConfig field's type and bounds (pydantic's lax mode, so
@@ -278,6 +285,8 @@ def _field_type(key: str) -> TypeAdapter:
         return TypeAdapter(Any)
     field = CellConfig.model_fields[key]
     extras = [*field.metadata, *([AfterValidator(NAME_CHECKS[key])] if key in NAME_CHECKS else [])]
+    if field.annotation in (int, float):
+        extras.insert(0, BeforeValidator(_not_a_boolean))
     return TypeAdapter(Annotated[(field.annotation, *extras)] if extras else field.annotation)
 
 
@@ -432,6 +441,31 @@ def parse_sets(items: list[str]) -> dict[str, Any]:
     return sets
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, except that a key written twice in one mapping is an error (YAML keeps
+    the last one silently, so a spec would run something else than what it seems to say)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                hashable = key in seen
+            except TypeError:
+                continue  # an unhashable key: SafeLoader reports it itself
+            if hashable:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {str(key)[:80]!r} appears twice in one mapping (first on line "
+                                f"{seen[key] + 1}); a spec must say each thing once", key_node.start_mark)
+            seen[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep=deep)
+
+
+def read_yaml(text: str) -> Any:
+    """A spec's YAML, with duplicate keys refused (see `_UniqueKeyLoader`)."""
+    return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader subclass)
+
+
 def load_spec(path: str | Path, sets: dict[str, Any] | None = None, scale: str | None = None) -> Plan:
     """Read, validate and expand a spec file; `sets` are `--set key=value` overrides, `scale` one of
     the spec's `scales` (None or "full": the spec as written)."""
@@ -440,9 +474,11 @@ def load_spec(path: str | Path, sets: dict[str, Any] | None = None, scale: str |
         nearby = sorted(str(p) for p in path.parent.glob("*.yaml")) if path.parent.is_dir() else []
         raise SpecError(str(path), [("file", unknown_message("spec file", str(path), nearby))])
     try:
-        data = yaml.safe_load(path.read_text())
+        data = read_yaml(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError:
+        raise SpecError(str(path), [("file", "not a text file (UTF-8 YAML expected): is this the spec?")]) from None
     except yaml.YAMLError as error:
-        raise SpecError(str(path), [("file", f"not valid YAML: {error}")]) from None
+        raise SpecError(str(path), [("file", f"not valid YAML: {str(error)[:1000]}")]) from None
     return parse_spec(data, source=str(path), sets=sets, default_name=path.stem, scale=scale,
                       base_dir=path.parent)
 

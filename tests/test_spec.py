@@ -242,3 +242,45 @@ def test_the_fedmn_and_hetero5_specs_compare_with_local_at_equal_rounds():
     assert {c.model for c in hetero.cells} == {"hetero5"} and {c.dataset for c in hetero.cells} == {"cifar10-jpeg"}
     for spec in (plan, hetero):  # equal budgets: only the algorithm (and its hyperparameters) differ
         assert len({(c.rounds, c.local_epochs, c.lr, c.batch_size) for c in spec.cells}) == 1
+
+
+def test_a_key_written_twice_is_refused_with_its_line(tmp_path):
+    spec = tmp_path / "twice.yaml"
+    spec.write_text("name: t\nmatrix:\n  algorithm: [fedavg]\n  dataset: [synthetic]\ndefaults:\n  rounds: 2\n"
+                    "  lr: 0.1\n  rounds: 5\n")
+    with pytest.raises(SpecError) as error:
+        load_spec(spec)
+    message = str(error.value)
+    assert "'rounds' appears twice" in message and "line 6" in message and "Traceback" not in message
+
+
+def test_a_boolean_is_not_a_seed_or_a_count():
+    base = {"matrix": {"algorithm": ["fedavg"], "dataset": ["synthetic"]}}
+    for key in ("seed", "rounds", "lr"):
+        with pytest.raises(SpecError, match=f"expected a number, got the boolean True"):
+            parse_spec({**base, "defaults": {key: True}})
+
+
+def test_a_binary_file_is_not_a_spec(tmp_path):
+    spec = tmp_path / "garbage.yaml"
+    spec.write_bytes(bytes(range(256)) * 4)
+    with pytest.raises(SpecError, match="not a text file"):
+        load_spec(spec)
+
+
+def test_gpus_asked_where_there_are_none_is_refused_before_any_work(tmp_path, capsys, monkeypatch):
+    import torch
+
+    from pflbench.cli import main
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    spec = tmp_path / "gpu.yaml"
+    spec.write_text(yaml.safe_dump({"matrix": {"algorithm": ["fedavg"], "dataset": ["synthetic"]},
+                                    "resources": {"cpus": 1, "gpus": 0.5}}))
+    results = tmp_path / "results"
+    assert main(["run", str(spec), "--results", str(results), "--no-ray"]) == 2
+    assert "resources.gpus is 0.5 per cell but torch sees no CUDA device" in capsys.readouterr().err
+    assert not results.exists()  # nothing ran
+    assert main(["run", str(spec), "--results", str(results), "--dry-run"]) == 0
+    assert "warning" in capsys.readouterr().out
