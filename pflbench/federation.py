@@ -268,7 +268,7 @@ def run_cell(cell: CellConfig, *, data_root=None, mirror=None, device: str = "cp
                      withhold_test="test" not in evaluate)
     algorithm = algorithm_cls(fed, hp)
     return run_rounds(fed, algorithm, on_round=on_round, evaluate=evaluate, provenance={
-        "dataset_checksum": dataset.checksum, "torch": torch.__version__})
+        "dataset_checksum": dataset.checksum, "torch": torch.__version__, "device": fed.device.type})
 
 
 def run_round(algorithm: Algorithm, rnd: int, clients: Tensor) -> tuple[State, State]:

@@ -73,22 +73,17 @@ def cell_result(status="finished", accuracies=(0.5, 0.5), rounds=3, artifacts=No
 def write_cell(root: Path, *, algorithm="fedavg", dataset="fmnist", partition="pathological", clients=10, seed=0,
                hp=None, hp_source=None, local_epochs=1, lr=0.01, participation=1.0, samples_per_client=None,
                finetune_epochs=None, partition_params=None, **result_kwargs) -> str:
-    """Write one cell; `hp_source` and `finetune_epochs` are added to config.json the way a store with
-    those fields has them (finetune_epochs defaults to 1 when `adapted` is given, else absent)."""
+    """Write one cell (finetune_epochs defaults to 1 when `adapted` is given, else 0)."""
     params = dict(partition_params or {})
     if samples_per_client is not None:
         params["samples_per_client"] = samples_per_client
-    if finetune_epochs is None and result_kwargs.get("adapted") is not None:
-        finetune_epochs = 1
+    if finetune_epochs is None:
+        finetune_epochs = 1 if result_kwargs.get("adapted") is not None else 0
     cell = CellConfig(algorithm=algorithm, dataset=dataset, partition=partition, clients=clients, seed=seed,
                       hp=hp or {}, rounds=result_kwargs.get("rounds", 3), local_epochs=local_epochs, lr=lr,
-                      participation=participation, partition_params=params)
+                      participation=participation, partition_params=params, hp_source=hp_source or "default",
+                      finetune_epochs=finetune_epochs)
     folder = Store(root).write(cell, cell_result(**result_kwargs))
-    extra = {k: v for k, v in (("hp_source", hp_source), ("finetune_epochs", finetune_epochs)) if v is not None}
-    if extra:
-        config = json.loads((folder / "config.json").read_text())
-        config["cell"].update(extra)
-        (folder / "config.json").write_text(json.dumps(config))
     return folder.name
 
 

@@ -146,3 +146,17 @@ def test_an_empty_store_reports_that_it_is_empty(tmp_path):
 
     report = build_reports(tmp_path / "none", tmp_path / "out", ReportOptions(partitions=False))
     assert "no results yet" in report.markdown.read_text() and "no results yet" in report.index.read_text()
+
+
+def test_a_table_mixing_training_paths_or_devices_says_so(tmp_path):
+    from pflbench.reports.cells import load_cells
+
+    write_cell(tmp_path, algorithm="fedavg", accuracies=(0.5, 0.5), summary={"client_batching": "loop", "device": "cpu"})
+    write_cell(tmp_path, algorithm="local", accuracies=(0.6, 0.6), summary={"client_batching": "loop", "device": "cpu"})
+    (table,) = accuracy_tables(load_cells(tmp_path))
+    assert not any("mixes" in note for note in table.notes)
+    write_cell(tmp_path, algorithm="pfedla", accuracies=(0.7, 0.7),
+               summary={"client_batching": "batched", "device": "cuda"})
+    (table,) = accuracy_tables(load_cells(tmp_path))
+    notes = " ".join(table.notes)
+    assert "different training paths (1 batched, 2 loop)" in notes and "different devices (2 cpu, 1 cuda)" in notes

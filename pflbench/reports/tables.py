@@ -392,8 +392,30 @@ def accuracy_tables(cells: pd.DataFrame, references: list[Reference] = (),
             for column in columns:
                 if (e := table.entry(row, column)) is not None:
                     add_footnote(table.footnotes, e)
+        table.notes += execution_notes(scheme_cells)
         tables.append(table)
     return tables
+
+
+# How a cell was executed: not part of its hash (the results agree up to float rounding), but a table
+# that mixes them should say so. Older stores lack `device`.
+EXECUTION = {"client_batching": "training path", "device": "device"}
+
+
+def execution_notes(cells: pd.DataFrame) -> list[str]:
+    """A note per execution setting on which the table's finished cells differ (e.g. some cells
+    trained batched and others in a client loop, or on different devices)."""
+    notes = []
+    finished = cells[cells["status"] == "finished"] if "status" in cells else cells
+    for key, what in EXECUTION.items():
+        if key not in finished:
+            continue
+        counts = finished[key].dropna().astype(str).value_counts()
+        if len(counts) > 1:
+            listing = ", ".join(f"{n} {value}" for value, n in sorted(counts.items()))
+            notes.append(f"this table mixes cells run on different {what}s ({listing}): their numbers agree up to "
+                         f"float rounding, not bit for bit")
+    return notes
 
 
 def communication_tables(cells: pd.DataFrame, references: list[Reference] = ()) -> list[CommTable]:
