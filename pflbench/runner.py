@@ -29,7 +29,7 @@ from rich.table import Table
 from pflbench.config import CellConfig, cell_hash
 from pflbench.federation import CLIENT_BATCHING
 from pflbench.spec import Plan, Resources, SpecError, describe_partition, load_spec, parse_sets
-from pflbench.store import COMPLETE, DAMAGED, Store
+from pflbench.store import COMPLETE, DAMAGED, HEARTBEAT, Store
 
 PROBLEMS = ("failed", "diverged")
 
@@ -51,6 +51,7 @@ class RunOptions:
 class RunReport:
     outcomes: dict[str, str | None]  # every planned cell's hash -> its status after the run
     ran: int = 0
+    elsewhere: int = 0  # cells another runner sharing the store had finished or was running
     skipped_datasets: dict[str, int] = field(default_factory=dict)  # optional dataset -> cells left out
     interrupted: bool = False
 
@@ -116,6 +117,7 @@ class Display:
         self.overall = self.progress.add_task("cells", total=total, info="")
         self.running: dict[str, int] = {}
         self.counts: Counter = Counter()
+        self.elsewhere = 0  # cells skipped because another runner sharing the store has them
 
     def __enter__(self):
         self.progress.start()
@@ -185,11 +187,52 @@ def run_in_process(cells: list[CellConfig], plan: Plan, options: RunOptions, sto
         raise PrepareError(f"the spec asks for {plan.resources.gpus:g} GPU per cell but this machine has none; "
                            f"run with --set resources.gpus=0")
     for cell in cells:
+        if not take(cell, store, options, display):
+            continue
         display.update(cell, {"round": 0})
         result = execute_cell(cell, plan.resources, options,
                               report=lambda info, cell=cell: display.update(cell, info))
         store.write(cell, result)
+        store.release(cell)
         display.done(cell, result)
+
+
+def take(cell: CellConfig, store: Store, options: RunOptions, display: Display) -> bool:
+    """Whether this runner runs `cell` now: not if another runner sharing the store finished it
+    meanwhile or holds its claim (the claim is ours when this returns True)."""
+    if not options.force and store.status(cell) in COMPLETE:
+        display.elsewhere += 1
+        return False
+    if not store.claim(cell):
+        display.elsewhere += 1
+        return False
+    if not options.force and store.status(cell) in COMPLETE:  # finished between the check and the claim
+        store.release(cell)
+        display.elsewhere += 1
+        return False
+    return True
+
+
+class Heartbeat:
+    """Refreshes this runner's claims every HEARTBEAT seconds while cells run (a daemon thread)."""
+
+    def __init__(self, store: Store):
+        import threading
+
+        self.store, self.stop = store, threading.Event()
+        self.thread = threading.Thread(target=self._beat, daemon=True, name="pflbench-claims")
+
+    def _beat(self) -> None:
+        while not self.stop.wait(HEARTBEAT):
+            self.store.heartbeat()
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.store.release_all()  # interrupted or crashed cells are free for the next runner at once
 
 
 class ProgressBoard:
@@ -231,6 +274,14 @@ def connect_ray(options: RunOptions, resources: Resources) -> bool:
     return True
 
 
+def ray_capacity(cluster: dict, resources: Resources) -> int:
+    """How many cells of `resources` the cluster can run at once (0 if it says nothing)."""
+    fits = [int(cluster.get("CPU", 0) // resources.cpus)]
+    if resources.gpus > 0:
+        fits.append(int(cluster.get("GPU", 0) // resources.gpus))
+    return max(0, min(fits))
+
+
 def run_on_ray(cells: list[CellConfig], plan: Plan, options: RunOptions, store: Store, display: Display) -> None:
     import ray
 
@@ -244,11 +295,13 @@ def run_on_ray(cells: list[CellConfig], plan: Plan, options: RunOptions, store: 
         task = ray.remote(_ray_task).options(num_cpus=plan.resources.cpus, num_gpus=plan.resources.gpus,
                                              max_retries=0)  # a lost worker is a failed cell, not a silent rerun
         waiting = list(cells)
-        limit = options.workers or len(cells)
+        # Claim cells only as they can start, so that runners sharing the store split the matrix.
+        limit = options.workers or ray_capacity(ray.cluster_resources(), plan.resources) or len(cells)
         while waiting or running:
             while waiting and len(running) < limit:
                 cell = waiting.pop(0)
-                running[task.remote(cell, plan.resources, options, board)] = cell
+                if take(cell, store, options, display):
+                    running[task.remote(cell, plan.resources, options, board)] = cell
             done, _ = ray.wait(list(running), num_returns=1, timeout=0.5)
             for ref in done:
                 cell = running.pop(ref)
@@ -257,6 +310,7 @@ def run_on_ray(cells: list[CellConfig], plan: Plan, options: RunOptions, store: 
                 except ray.exceptions.RayError as error:  # the worker died, was killed, ran out of memory
                     result = failed_result(f"Ray: {type(error).__name__}: {error}")
                 store.write(cell, result)
+                store.release(cell)
                 display.done(cell, result)
             latest = ray.get(board.snapshot.remote())
             for cell in running.values():
@@ -346,12 +400,17 @@ def run_plan(plan: Plan, options: RunOptions = RunOptions(), console: Console | 
     console.print(f"running {len(todo)} cells {where}, {plan.resources.cpus:g} CPU"
                   + (f" and {plan.resources.gpus:g} GPU" if plan.resources.gpus else "") + " each", highlight=False)
     started = time.perf_counter()
-    with Display(console, len(todo)) as display:
+    with Display(console, len(todo)) as display, Heartbeat(store):
         try:
             (run_in_process if in_process else run_on_ray)(todo, plan, options, store, display)
         except KeyboardInterrupt:
             report.interrupted = True
     report.ran = sum(display.counts.values())
+    report.elsewhere = display.elsewhere
+    if display.elsewhere:
+        console.print(f"[yellow]note:[/] {display.elsewhere} cells were finished or being run by another runner "
+                      f"sharing {escape(str(options.results))}; run again later to pick up any it did not finish",
+                      highlight=False)
     report.outcomes.update({cell_hash(c): store.status(c) for c in todo})
     print_summary(console, plan, store, report, time.perf_counter() - started)
     return report

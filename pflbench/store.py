@@ -18,6 +18,12 @@ the configuration inside it (a copy, a stray folder) is *foreign*. Neither is ev
 `load_store` returns the intact cells only and `store_problems` lists the others (`pflbench store
 check`); `pflbench run` sets a damaged cell's folder aside under `_damaged/` (nothing is deleted) and
 runs the cell again. Cells written before the manifest existed are checked by reading their files.
+
+Claims: runners sharing one store (two `pflbench run` at once, several machines on a network folder)
+split the matrix. Before running a cell a runner creates `<hash>/claim.json` atomically (O_EXCL) with
+its owner (host, pid) and refreshes its time every `HEARTBEAT` seconds while the cell runs; another
+runner skips a claimed cell. A claim whose owner stopped refreshing it for `CLAIM_STALE` seconds, or
+whose owner process is gone (same host), is taken over.
 """
 from __future__ import annotations
 
@@ -27,7 +33,10 @@ import json
 import os
 import platform
 import shutil
+import socket
 import tempfile
+import time
+import uuid
 import zipfile
 from dataclasses import dataclass
 from importlib.metadata import version
@@ -47,6 +56,9 @@ ARTIFACTS = Path("artifacts") / "arrays.npz"
 COMPLETE = ("finished", "diverged")
 DAMAGED = "damaged"  # a status of our own: the summary exists but the cell's files do not hold up
 SET_ASIDE = "_damaged"  # where `run` moves a damaged cell's folder before running the cell again
+CLAIM = "claim.json"
+HEARTBEAT = 30.0     # seconds between refreshes of a running cell's claim
+CLAIM_STALE = 180.0  # a claim not refreshed for this long belongs to a runner that died
 
 
 @dataclass(frozen=True)
@@ -104,6 +116,84 @@ def write_json(path: Path, data: dict) -> None:
 class Store:
     def __init__(self, root: str | Path):
         self.root = Path(root)
+        self.host, self.pid = socket.gethostname(), os.getpid()
+        self.owner = f"{self.host}:{self.pid}:{uuid.uuid4().hex[:8]}"  # this runner, in claims
+        self.claimed: set[Path] = set()
+
+    # ---- claims: runners sharing a store split its cells (see the module doc) -------------------
+    def claim(self, cell: CellConfig) -> bool:
+        """Take the cell for this runner: True, or False if another live runner holds it."""
+        folder = self.cell_dir(cell)
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / CLAIM
+        for _ in range(3):
+            try:
+                fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                if not self._abandoned(path):
+                    return False
+                taken = folder / f".claim.{uuid.uuid4().hex}.stale"
+                try:
+                    os.rename(path, taken)  # only one runner's rename of the stale claim succeeds
+                except FileNotFoundError:
+                    continue
+                if not self._abandoned(taken):  # renewed meanwhile: give it back
+                    os.replace(taken, path)
+                    return False
+                taken.unlink(missing_ok=True)
+                continue
+            with os.fdopen(fd, "w") as file:
+                json.dump({"owner": self.owner, "host": self.host, "pid": self.pid,
+                           "since": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}, file)
+            self.claimed.add(path)
+            return True
+        return False
+
+    def _abandoned(self, path: Path) -> bool:
+        """Whether a claim's owner is gone: no refresh for CLAIM_STALE s, or a dead process here."""
+        try:
+            if time.time() - path.stat().st_mtime > CLAIM_STALE:
+                return True
+            holder = json.loads(path.read_text())
+        except FileNotFoundError:
+            return True
+        except (OSError, ValueError):  # being written right now, or garbage: judged by its age alone
+            return False
+        if isinstance(holder, dict) and holder.get("host") == self.host and isinstance(holder.get("pid"), int):
+            try:
+                os.kill(holder["pid"], 0)
+            except ProcessLookupError:
+                return True
+            except PermissionError:
+                return False
+        return False
+
+    def claim_holder(self, cell: CellConfig) -> str | None:
+        """Who holds the cell's claim ("host:pid:id"), if anyone."""
+        try:
+            holder = json.loads((self.cell_dir(cell) / CLAIM).read_text())
+            return holder.get("owner") if isinstance(holder, dict) else None
+        except (OSError, ValueError):
+            return None
+
+    def heartbeat(self) -> None:
+        """Refresh every claim this runner holds."""
+        for path in list(self.claimed):
+            try:
+                os.utime(path)
+            except FileNotFoundError:
+                self.claimed.discard(path)
+
+    def release(self, cell: CellConfig) -> None:
+        path = self.cell_dir(cell) / CLAIM
+        if path in self.claimed:
+            self.claimed.discard(path)
+            path.unlink(missing_ok=True)
+
+    def release_all(self) -> None:
+        for path in list(self.claimed):
+            path.unlink(missing_ok=True)
+        self.claimed.clear()
 
     def cell_dir(self, cell: CellConfig) -> Path:
         return self.root / cell_hash(cell)
@@ -145,7 +235,7 @@ class Store:
         for stale in (ERROR, METRICS, ROUNDS, *(p.name for p in folder.glob(".*.tmp"))):  # tmp: left by a kill
             (folder / stale).unlink(missing_ok=True)
         shutil.rmtree(folder / ARTIFACTS.parent, ignore_errors=True)
-        summary = dict(result.summary, status=result.status, hash=cell_hash(cell),
+        summary = dict(result.summary, status=result.status, hash=cell_hash(cell), runner=self.owner,
                        completed_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
         if result.error:
             summary["error"] = result.error.strip().splitlines()[-1]
