@@ -57,14 +57,16 @@ class PFedLA(Algorithm):
     name = "pfedla"
 
     class Hyperparams(Hyperparams):
-        hn_lr: float = Field(5e-3, gt=0)          # hypernetwork and embedding learning rate
+        hn_lr: float = Field(1e-2, gt=0)          # hypernetwork and embedding learning rate (Adam)
+        hn_optimizer: Literal["adam", "sgd"] = "adam"
+        head_init: Literal["uniform", "random"] = "uniform"  # uniform: alpha starts exactly 1/N
         embed_dim: int = Field(100, ge=1)
         hidden_dim: int = Field(100, ge=1)
         hidden_layers: int = Field(3, ge=1)       # Linear + ReLU blocks before the heads
         layer: Literal["block", "tensor"] = "block"
         retain_layers: int = Field(0, ge=0)       # k of HeurpFedLA: layers kept local each round
 
-    search_space = {"hn_lr": ("loguniform", 1e-4, 1e-1), "hidden_layers": ("int", 1, 4)}
+    search_space = {"hn_lr": ("loguniform", 1e-3, 3e-1), "hidden_layers": ("int", 1, 4)}
 
     # ---- the hypernetworks: one per client, stacked along the client dimension -------------------
     def setup(self) -> None:
@@ -97,9 +99,16 @@ class PFedLA(Algorithm):
         for i in range(hp.hidden_layers):
             tensors[f"mlp{i}.weight"], tensors[f"mlp{i}.bias"] = linear(dims[i], dims[i + 1])
         num_layers = len(self.layer_params)
-        tensors["heads.weight"] = torch.rand(n, num_layers, n, hp.hidden_dim, generator=gen)  # U(0, 1)
-        tensors["heads.bias"] = torch.zeros(n, num_layers, n)
+        if hp.head_init == "uniform":  # every raw output 1: alpha exactly 1/N, the heads free to move
+            tensors["heads.weight"] = torch.zeros(n, num_layers, n, hp.hidden_dim)
+            tensors["heads.bias"] = torch.ones(n, num_layers, n)
+        else:  # the public reconstructions: U(0, 1) weights, zero bias
+            tensors["heads.weight"] = torch.rand(n, num_layers, n, hp.hidden_dim, generator=gen)
+            tensors["heads.bias"] = torch.zeros(n, num_layers, n)
         self.hypernet = {k: t.to(fed.device).requires_grad_() for k, t in tensors.items()}
+        # Adam's moments and step count, per client (a client's hypernetwork steps only when it trains)
+        self._moments = {k: (torch.zeros_like(t), torch.zeros_like(t)) for k, t in self.hypernet.items()}
+        self._steps = torch.zeros(n, dtype=torch.long, device=fed.device)
         self._alpha_cache: Tensor | None = None
 
     def alphas(self, rows: Tensor) -> Tensor:
@@ -134,56 +143,74 @@ class PFedLA(Algorithm):
             alpha = self.alphas(clients)
             self._keep = self.retained(alpha, clients)           # [K, L]
             self._theta_bar = self.aggregate_params(alpha)
-        return self._message(self._theta_bar, self._keep)
+        return self._download(self._theta_bar, self._keep)
 
-    def _message(self, tensors: dict[str, Tensor], keep: Tensor) -> dict | list[dict]:
+    def _download(self, tensors: dict[str, Tensor], keep: Tensor) -> dict | list[dict]:
         """Every parameter tensor; with retained layers, one dict per client without its own."""
         if not self.hp.retain_layers:
             return dict(tensors)
         return [{p: t[k] for p, t in tensors.items() if not keep[k, self.layer_of[p]]}
                 for k in range(len(keep))]
 
-    def _rows(self, message: dict | list[dict], name: str) -> Tensor | list[Tensor | None]:
-        """One tensor's rows of a message: stacked, or per client (None where not sent)."""
-        return message[name] if isinstance(message, dict) else [own.get(name) for own in message]
-
     def receive(self, rnd, clients, download):
         state = {name: own[clients] for name, own in self.client_state.items()}  # buffers: the client's own
         for p in self.fed.model.param_names:
-            rows = self._rows(download, p)
-            if isinstance(rows, Tensor):
-                state[p] = rows
+            if isinstance(download, dict):
+                state[p] = download[p]
             else:  # retained layers: the client's own parameters
-                state[p] = torch.stack([own if r is None else r for r, own in zip(rows, state[p])])
+                state[p] = torch.stack([own.get(p, mine) for own, mine in zip(download, state[p])])
+        self._start = {p: state[p].clone() for p in self.fed.model.param_names}  # what each client trains from
         return state
 
     def send(self, rnd, clients, state):
         for name, t in state.items():
             self.client_state[name][clients] = t
-        delta = {p: state[p] - self._theta_bar[p] for p in self.fed.model.param_names}
-        return self._message(delta, self._keep)
+        # Delta theta_i of every layer, retained ones included (Algorithm 2, line 16): the same upload as
+        # pFedLA's; HeurpFedLA saves only on the download.
+        return {p: state[p] - self._start[p] for p in self.fed.model.param_names}
 
     def aggregate(self, rnd, clients, upload):
-        # -delta is the descent signal for theta_bar (Eq. 10-11); retained layers give none.
+        keep = self._keep
         signal = {}
         for p in self.fed.model.param_names:
-            rows = self._rows(upload, p)
-            signal[p] = -rows if isinstance(rows, Tensor) else torch.stack(
-                [torch.zeros_like(self._theta_bar[p][0]) if r is None else -r for r in rows])
+            # -delta is the descent signal for theta_bar (Eq. 10-11). A retained layer did not come from
+            # alpha this round (the client trained its own copy), so it gives the hypernetwork none.
+            aggregated = (~keep[:, self.layer_of[p]]).to(upload[p].dtype).view(-1, *[1] * (upload[p].dim() - 1))
+            signal[p] = -upload[p] * aggregated
         grads = self.hypernetwork_grads(clients, signal)
         with torch.no_grad():
-            for key, g in grads.items():
-                self.hypernet[key] -= self.hp.hn_lr * g
-            for p in self.fed.model.param_names:                 # theta_i = theta_bar_i + delta_i
-                rows = self._rows(upload, p)
-                if isinstance(rows, Tensor):
-                    self.server_params[p][clients] = self._theta_bar[p] + rows
-                    continue
-                for k, (r, c) in enumerate(zip(rows, clients.tolist())):
-                    if r is not None:
-                        self.server_params[p][c] = self._theta_bar[p][k] + r
-        self._theta_bar = self._keep = None
+            self.hypernetwork_step(clients, grads)
+            for p in self.fed.model.param_names:  # theta_i = (what client i started from) + delta_i
+                own = keep[:, self.layer_of[p]].view(-1, *[1] * (upload[p].dim() - 1))
+                start = torch.where(own, self.server_params[p][clients], self._theta_bar[p])
+                self.server_params[p][clients] = start + upload[p]
+        self._theta_bar = self._keep = self._start = None
         self._alpha_cache = None
+
+    def hypernetwork_step(self, clients: Tensor, grads: dict[str, Tensor]) -> None:
+        """One step of each client's hypernetwork on its gradient (Adam per client, or plain SGD).
+        A client whose gradient is exactly zero (every server copy the same: round 1) does not step."""
+        lr = self.hp.hn_lr
+        if self.hp.hn_optimizer == "sgd":
+            for key, g in grads.items():
+                self.hypernet[key][clients] -= lr * g[clients]
+            return
+        moving = torch.stack([g[clients].flatten(1).abs().amax(1) for g in grads.values()]).amax(0) > 0
+        rows = clients[moving]
+        if not len(rows):
+            return
+        beta1, beta2, eps = 0.9, 0.999, 1e-8
+        self._steps[rows] += 1
+        t = self._steps[rows].to(next(iter(grads.values())).dtype)
+        for key, g in grads.items():
+            m, v = self._moments[key]
+            g = g[rows]
+            m[rows] = beta1 * m[rows] + (1 - beta1) * g
+            v[rows] = beta2 * v[rows] + (1 - beta2) * g * g
+            shape = (-1,) + (1,) * (g.dim() - 1)
+            m_hat = m[rows] / (1 - beta1 ** t).view(shape)
+            v_hat = v[rows] / (1 - beta2 ** t).view(shape)
+            self.hypernet[key][rows] -= lr * m_hat / (v_hat.sqrt() + eps)
 
     def hypernetwork_grads(self, clients: Tensor, grad_theta: dict[str, Tensor]) -> dict[str, Tensor]:
         """Gradient of sum_k <theta_bar_k, grad_theta_k> w.r.t. the hypernetworks (all rows; only the
@@ -193,7 +220,11 @@ class PFedLA(Algorithm):
         dtype = next(iter(self.server_params.values())).dtype
         g_alpha = torch.zeros(len(clients), num_layers, self.fed.num_clients, dtype=dtype, device=self.fed.device)
         for p, g in grad_theta.items():
-            g_alpha[:, self.layer_of[p]] += torch.einsum("k...,j...->kj", g, self.server_params[p])
+            # Relative to one copy: each layer's alphas sum to 1, so subtracting a copy shifts every
+            # d/d alpha[k, l, :] by the same amount and leaves the gradient unchanged, while identical
+            # copies (round 1) give exactly zero instead of rounding noise that Adam would amplify.
+            copies = self.server_params[p]
+            g_alpha[:, self.layer_of[p]] += torch.einsum("k...,j...->kj", g, copies - copies[:1])
         alpha = self.alphas(clients)
         keys = list(self.hypernet)
         grads = torch.autograd.grad(alpha, [self.hypernet[k] for k in keys], grad_outputs=g_alpha,
