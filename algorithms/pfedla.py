@@ -64,7 +64,10 @@ What was chosen, and why (quick table = benchmarks/table1.yaml --scale quick, fm
   hypernetwork: the model the server would send it now (for HeurpFedLA, with its own retained
   layers). A client never sampled has an untrained hypernetwork, so its model is the uniform mean of
   all server copies, the never-uploaded initial ones included (like a lagging FedAvg model).
-- HeurpFedLA: the download leaves out each client's retained layers (one dict per client, so the
+- HeurpFedLA: ties in the self-weights (all of them at the uniform start, until the weights
+  separate) go to the later layers, the classifier first (the layer FedRep/FedPer keep local; the
+  paper's Section 4.4 finds it the most self-weighted on EMNIST); torch's topk breaks ties by
+  implementation (it kept fc1, the largest layer). The download leaves out each client's retained layers (one dict per client, so the
   bytes counted are each client's own); the upload is Delta theta of every layer, as pFedLA's, and
   the server adds it to what the client started from (its copy of the client's own layer for a
   retained one), so the copy other clients aggregate is the client's latest. The retained layers
@@ -166,11 +169,13 @@ class PFedLA(Algorithm):
                 for p in names}
 
     def retained(self, alpha: Tensor, rows: Tensor) -> Tensor:
-        """[K, L] bool: the k layers with the largest self-weight (HeurpFedLA), per client."""
+        """[K, L] bool: the k layers with the largest self-weight (HeurpFedLA), per client; ties (the
+        uniform start) go to the later layers, the classifier first."""
         keep = torch.zeros(alpha.shape[:2], dtype=torch.bool, device=alpha.device)
         if self.hp.retain_layers:
             self_weight = alpha[torch.arange(len(rows)), :, rows]  # [K, L]
-            top = self_weight.topk(self.hp.retain_layers, dim=1).indices
+            last_first = torch.argsort(self_weight.flip(1), dim=1, descending=True, stable=True)
+            top = self_weight.shape[1] - 1 - last_first[:, :self.hp.retain_layers]
             keep.scatter_(1, top, True)
         return keep
 

@@ -229,6 +229,7 @@ def test_heurpfedla_clients_keep_their_retained_layer_and_upload_it(tmp_path):
                     assert torch.equal(state[p][k], download[k][p])
     state = heur.local_train(2, clients, state)
     heur.aggregate(2, clients, heur.send(2, clients, state))
+    assert torch.equal(keep[:, -1], torch.ones(5, dtype=torch.bool))  # alpha still uniform: the classifier
     # The server's copy of every layer, retained ones included, is the client's latest model: what
     # other clients aggregate is never stale.
     for p in fed.model.param_names:
