@@ -141,3 +141,27 @@ def test_user_text_that_looks_like_console_markup_is_printed_as_text(broken_algo
     assert report.ran == 4 and report.exit_code == 1  # every cell ran: 2 failed, 2 finished
     text = log.read_text()
     assert "spec [/x] [bold]" in text and "[/x] closing tag with nothing open [bold]" in text
+
+
+def test_a_wrong_cluster_address_fails_within_seconds_with_a_clear_message(tmp_path, capsys, monkeypatch):
+    """Nothing listens on the address: Ray would retry for minutes; the run says so at once."""
+    import socket
+    import time
+
+    import yaml
+
+    from pflbench.cli import main
+
+    with socket.socket() as probe:  # a loopback port that nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    monkeypatch.setenv("PFLBENCH_DATA_MIRROR", str(tmp_path / "none"))
+    spec = tmp_path / "tiny.yaml"
+    spec.write_text(yaml.safe_dump({"matrix": {"algorithm": ["fedavg"], "dataset": ["synthetic"]},
+                                    "defaults": {"rounds": 1, "clients": 3, "dataset_options": {"num_samples": 300}}}))
+    start = time.monotonic()
+    code = main(["run", str(spec), "--results", str(tmp_path / "r"), "--root", str(tmp_path / "data"),
+                 "--ray-address", f"127.0.0.1:{port}"])
+    assert code == 2 and time.monotonic() - start < 30
+    err = capsys.readouterr().err
+    assert f"cannot reach a Ray cluster at 127.0.0.1:{port}" in err and "ray start --head" in err
