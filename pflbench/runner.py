@@ -428,10 +428,12 @@ def run_plan(plan: Plan, options: RunOptions = RunOptions(), console: Console | 
         print_summary(console, plan, store, report, 0.0)
         return report
     todo, report.skipped_datasets = prepare_partitions(todo, plan, options, console)
-    for dataset, count in report.skipped_datasets.items():
-        console.print(f"[yellow]note:[/] dataset {escape(repr(dataset))} cannot be loaded here (no copy in the data root or "
-                      f"mirror, no download): its {count} cells are left out and the run goes on without it. "
-                      f"See `pflbench data prepare`.", highlight=False)
+    notes = skipped_dataset_notes(report.skipped_datasets, options)
+    record_skipped_datasets(store, plan, notes)
+    for dataset, note in notes.items():
+        console.print(f"[yellow]note:[/] dataset {escape(repr(dataset))} cannot be loaded here: {escape(note['reason'])}; "
+                      f"its {note['cells']} cells are left out and the run goes on without it. "
+                      f"{escape(note['how_to_provide'])}", highlight=False)
         report.outcomes = {k: v for k, v in report.outcomes.items()
                            if k not in {cell_hash(c) for c in plan.cells if c.dataset == dataset}}
     in_process = not options.use_ray or options.workers == 1
@@ -455,6 +457,40 @@ def run_plan(plan: Plan, options: RunOptions = RunOptions(), console: Console | 
     report.outcomes.update({cell_hash(c): store.status(c) for c in todo})
     print_summary(console, plan, store, report, time.perf_counter() - started)
     return report
+
+
+NOTES = "_notes.json"  # in the store: what a run left out (read by `pflbench report`)
+
+
+def skipped_dataset_notes(skipped: dict[str, int], options: RunOptions) -> dict[str, dict]:
+    """Why each optional dataset was left out, where it was looked for, and how to provide it."""
+    looked = [f"data root {options.data_root}"] + ([f"mirror {options.mirror}"] if options.mirror else
+                                                    ["no mirror ($PFLBENCH_DATA_MIRROR unset, no --from)"])
+    return {dataset: {
+        "cells": count,
+        "reason": f"no copy found ({'; '.join(looked)}) and it could not be downloaded",
+        "looked_in": [str(options.data_root)] + ([str(options.mirror)] if options.mirror else []),
+        "how_to_provide": "Provide it with `--from DIR` / $PFLBENCH_DATA_MIRROR (an offline mirror folder) or "
+                          f"`pflbench data prepare {dataset}` (download into the data root, where a network is available).",
+    } for dataset, count in skipped.items()}
+
+
+def record_skipped_datasets(store: Store, plan: Plan, notes: dict[str, dict]) -> None:
+    """Keep `<store>/_notes.json` current: this run's skipped datasets are added, the plan's datasets
+    that were available this time are removed (the report shows what is still missing)."""
+    from pflbench.store import read_json_dict, write_json
+
+    path = store.root / NOTES
+    try:
+        data = read_json_dict(path)
+    except (OSError, ValueError):
+        data = {}
+    skipped = data.get("skipped_datasets") if isinstance(data.get("skipped_datasets"), dict) else {}
+    for dataset in {cell.dataset for cell in plan.cells} - set(notes):
+        skipped.pop(dataset, None)
+    skipped.update({dataset: {**note, "spec": plan.name} for dataset, note in notes.items()})
+    if skipped or path.exists():
+        write_json(path, {**data, "skipped_datasets": skipped})
 
 
 def print_summary(console: Console, plan: Plan, store: Store, report: RunReport, seconds: float) -> None:

@@ -165,3 +165,21 @@ def test_a_wrong_cluster_address_fails_within_seconds_with_a_clear_message(tmp_p
     assert code == 2 and time.monotonic() - start < 30
     err = capsys.readouterr().err
     assert f"cannot reach a Ray cluster at 127.0.0.1:{port}" in err and "ray start --head" in err
+
+
+def test_a_dataset_left_out_is_recorded_with_where_it_was_looked_for_and_how_to_provide_it(options, tmp_path):
+    import json
+
+    the_plan = parse_spec({"name": "t", "matrix": {"algorithm": ["fedavg"],
+                                                   "dataset": ["synthetic", {"name": "fmnist", "optional": True}]},
+                           "defaults": {"clients": 3, "rounds": 1, "lr": 0.05,
+                                        "partition_params": {"classes_per_client": 2}}})
+    log = tmp_path / "console.txt"
+    report = run_plan(the_plan, options, Console(file=open(log, "w"), width=300))
+    assert report.ran == 1 and report.skipped_datasets == {"fmnist": 1}
+    note = json.loads((options.results / "_notes.json").read_text())["skipped_datasets"]["fmnist"]
+    assert note["cells"] == 1 and note["spec"] == "t" and str(options.data_root) in note["looked_in"]
+    assert "--from" in note["how_to_provide"] and "pflbench data prepare fmnist" in note["how_to_provide"]
+    text = log.read_text()
+    assert "--from" in text and "data prepare" in text and str(options.data_root) in text
+    assert list(load_store(options.results)["dataset"]) == ["synthetic"]  # the note is not a cell
