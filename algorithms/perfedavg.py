@@ -20,9 +20,10 @@ Where the paper is silent / what was chosen here:
   default batch order (salt 0); D' and D'' come from their own shuffles (salts below), all at the
   cell's batch size.
 - Step sizes. `beta` (the meta step, the one that moves the shared model) defaults to 1e-3, a
-  fixed value independent of the cell's lr: the paper's experiments (Section 5) use small fixed
-  step sizes of order 1e-3 for the meta step (its text was not at hand here to quote the exact line),
-  and both public re-implementations fix beta = 0.001: CharlieDinh/pFedMe (`main.py` `--beta`, its
+  fixed value independent of the cell's lr. The paper fixes its step sizes per experiment (Section 5);
+  its text was not available here to transcribe them (neither in ../shared/papers nor through the
+  search tools), so the default rests on the public code, where both re-implementations fix
+  beta = 0.001: CharlieDinh/pFedMe (`main.py` `--beta`, its
   README's Per-FedAvg runs `--learning_rate 0.005 --beta 0.001`; `userperavg.py` steps with
   `learning_rate` first and with `beta` second) and FL-bench (`src/server/perfedavg.py`: `--beta`
   default 1e-3, with the inner step = the client optimizer's lr, default 0.01). `beta: null` uses the
