@@ -25,7 +25,9 @@ Where the paper is silent / what was chosen here:
   `local_epochs` therefore does not set FedRep's local work (as in the official code, where the head
   and body epochs are FedRep's own); `body_epochs: null` trains the body for the cell's
   `local_epochs` instead (this module's default before issue 15, which gave the body 10 epochs in
-  Table 1 and 2 in the quick table).
+  Table 1 and 2 in the quick table). Measured on the quick table's fmnist column (10 / 100 clients,
+  final accuracy): 87.22% / 86.71% with 2 body epochs, 83.56% / 83.68% with 1 (20 / 30 rounds are
+  few for a body trained one epoch per round; the paper's 600 / 2500 rounds are not).
 - Both phases use the cell's optimizer settings (lr, momentum, weight decay, batch size); the head
   phase uses its own batch order (salt `HEAD_SALT`), the body phase the engine's default one.
   BatchNorm statistics follow both phases' forward passes.
