@@ -21,9 +21,19 @@ Adapted to rounds of sampled clients (what this module chooses):
   momentum 0.9 that diverged at lr 0.05 on fmnist, measured.) The local training is therefore a loop
   over clients. `"per_round"`: the K clients train at once (batched) from the round-start model,
   then one step on the mean of their vector-Jacobian products (each embedding row takes its own).
-- Local training: `inner_steps` SGD steps (default 50, the paper's) at the cell's batch size,
-  learning rate, momentum and weight decay, so every method of a matrix shares one local optimizer;
-  `inner_steps: null` trains the cell's local epochs instead.
+- Local training: `inner_steps` SGD steps (default 50, the paper's) at the cell's batch size;
+  `inner_steps: null` trains the cell's local epochs instead. The optimizer (`inner_optimizer`):
+  - `"cell"` (default): the cell's learning rate, momentum and weight decay, no clipping, so every
+    method of a matrix shares one local optimizer (the tables' rule: benchmarks/table1.yaml and
+    table2.yaml set momentum 0 and the paper's lr for every method);
+  - `"official"`: the official inner optimizer, whatever the cell says: SGD lr 5e-3, momentum 0.9
+    (fresh each time a client trains), weight decay 5e-5, and the gradient norm clipped to 50 before
+    each step (AvivSham/pFedHN, commit 1bc0549, `experiments/pfedhn/trainer.py`: lines 130-131
+    `inner_optim = SGD(net.parameters(), lr=inner_lr, momentum=.9, weight_decay=inner_wd)`, created
+    anew for every step of the server; line 160 `clip_grad_norm_(net.parameters(), 50)`; lines 272
+    and 275 `--inner-lr` 5e-3, `--inner-wd` 5e-5). The batch size stays the cell's (official 64). The
+    steps are driven with `algorithms/_stepwise.py` (per-client gradients on the engine's batched
+    model, the engine's SGD rule), batched across clients for `server_updates="per_round"`.
 - The embedding's momentum and weight decay touch only the sampled client's row (its issue tracker
   notes that momentum on the whole table moves every client's embedding, also the unsampled ones).
 - BatchNorm statistics (the CIFAR model's) are not generated: they stay on the client.
@@ -35,6 +45,7 @@ Artifacts: `embeddings` [N, d], every evaluation round.
 from __future__ import annotations
 
 import math
+from functools import partial
 from typing import Literal
 
 import numpy as np
@@ -42,7 +53,9 @@ import torch
 from pydantic import Field
 from torch import Tensor, nn
 
+from algorithms._stepwise import finite, loss_and_grads, per_client, rows_where, sgd_step, step_ids
 from pflbench.algorithm import ALGORITHMS, Algorithm, Hyperparams
+from pflbench.training import SGD, Diverged
 
 
 class HyperNetwork(nn.Module):
@@ -85,6 +98,12 @@ class PFedHN(Algorithm):
         # "per_client": the official sequence (a client trains, the server steps, the next trains);
         # "per_round": the round's clients train at once (batched), then one step on their mean.
         server_updates: Literal["per_client", "per_round"] = "per_client"
+        # "cell": the cell's lr / momentum / weight decay (the tables' shared-optimizer rule);
+        # "official": SGD lr 5e-3, momentum 0.9, weight decay 5e-5, gradient-norm clip 50.
+        inner_optimizer: Literal["cell", "official"] = "cell"
+
+    OFFICIAL_INNER = SGD(lr=5e-3, momentum=0.9, weight_decay=5e-5)
+    OFFICIAL_INNER_CLIP = 50.0
 
     search_space = {"hn_lr": ("loguniform", 1e-3, 1e-1), "inner_steps": ("choice", [25, 50, 100]),
                     "embed_dim": ("int", 2, 64)}
@@ -115,7 +134,7 @@ class PFedHN(Algorithm):
 
     def local_train(self, rnd, clients, state):
         if self.hp.server_updates == "per_round":
-            return self.fed.train(rnd, clients, state, steps=self.hp.inner_steps).state
+            return self.inner_train(rnd, clients, state)
         # The official loop: each client trains the model the hypernetwork generates after the
         # previous client's update, and its update reaches the server before the next one trains
         # (training several clients on one round-start model and then stepping for each in turn
@@ -127,12 +146,44 @@ class PFedHN(Algorithm):
             with torch.no_grad():
                 generated = self.hypernet(row)
             start = {n: generated[n] if n in generated else t[k:k + 1] for n, t in state.items()}
-            after = self.fed.train(rnd, row, start, steps=self.hp.inner_steps).state
+            after = self.inner_train(rnd, row, start)
             self.hypernetwork_step(row, {n: generated[n] - after[n] for n in self.generated})
             for n in self.generated:  # what this client started from, for its upload
                 self._generated[n][k] = generated[n][0]
             trained.append(after)
         return {n: torch.cat([t[n] for t in trained]) for n in state}
+
+    def inner_train(self, rnd, clients, state):
+        """The clients' local training from the generated models `state`: the engine's SGD with the
+        cell's optimizer, or the official inner optimizer (`inner_optimizer="official"`)."""
+        if self.hp.inner_optimizer == "cell":
+            return self.fed.train(rnd, clients, state, steps=self.hp.inner_steps).state
+        return per_client(self.fed, clients, partial(self._official_inner, rnd), state)
+
+    def _official_inner(self, rnd, clients, state):
+        fed, sgd = self.fed, self.OFFICIAL_INNER
+        params = {n: state[n].detach().clone() for n in fed.model.param_names}
+        buffers = {n: state[n].detach().clone() for n in fed.model.buffer_names}
+        ids, counts = step_ids(fed, rnd, clients, salt=0, steps=self.hp.inner_steps)
+        momenta = {n: torch.zeros_like(p) for n, p in params.items()}
+        for step in range(int(counts.max()) if len(counts) else 0):
+            active = counts > step
+            kept = {n: b.clone() for n, b in buffers.items()} if not active.all() else None
+            loss, grads = loss_and_grads(fed, params, buffers, ids[:, step])
+            if (active & ~torch.isfinite(loss)).any():
+                raise Diverged(f"non-finite pFedHN inner loss for clients {clients[active & ~torch.isfinite(loss)].tolist()}")
+            # clip_grad_norm_(50) per client, over all its parameter gradients
+            norm = torch.sqrt(sum((g.flatten(1).double() ** 2).sum(1) for g in grads.values()))
+            scale = torch.clamp(self.OFFICIAL_INNER_CLIP / (norm + 1e-6), max=1.0)
+            grads = {n: g * scale.to(g.dtype).view(-1, *([1] * (g.dim() - 1))) for n, g in grads.items()}
+            sgd_step(params, grads, momenta, sgd, sgd.lr, active)
+            if kept is not None:
+                for n in buffers:
+                    buffers[n] = rows_where(active, buffers[n], kept[n])
+        trained = {**params, **buffers}
+        if not finite(trained).all():
+            raise Diverged(f"non-finite pFedHN parameters for clients {clients.tolist()}")
+        return trained
 
     def send(self, rnd, clients, state):
         for n, t in state.items():

@@ -42,7 +42,31 @@ Where the paper is silent / what was chosen here:
 - Cost: K forward/backward passes per batch, so about K times `local`'s compute (measured on the
   demo's Fashion-MNIST cells, 300 samples per client, 10 clients, 5 rounds, shared 2-core CPU:
   about 31 s per cell, `local` about 8 s).
+- Aggregation weights: uniform over the sampled clients (Algorithm 1); the official code weights by
+  training-set size (`serverbase.py` `persionalized_aggregate_parameters`, the uniform line commented
+  out). Equal for equal client sizes, as in pFedLA's tables.
 - Communication: FedAvg's (w down and up); theta_i never leaves the client.
+
+The official code's two departures from Algorithm 1, as options (both off by default):
+- `train_all_clients`: CharlieDinh/pFedMe `FLAlgorithms/servers/serverpFedMe.py` (`train`, lines
+  41-66) sends the global model to every client and has *every* client train every round ("do
+  update for all users not only selected users"), then aggregates the selected clients' w only; the
+  personalized models evaluated are every client's fresh theta_i. With `train_all_clients: true` this
+  module does the same: the unsampled clients also download w (counted in bytes down: the round's
+  download is one model per client, N in all, from a `configure` that returns one message per
+  client; the engine attributes the extra N - K messages to the round, not to a client row), train
+  from it like the sampled ones (same batch plan rule) and update their theta_i; their w is not
+  uploaded (bytes up: the sampled clients' only, as the official code aggregates only those).
+  Default off, for a fair comparison: every method of a matrix then follows the same sampling
+  schedule and the same local compute per round (K clients); with the option, a 100-client, 10%
+  cell trains 10x as many clients per round as every other method (and downloads 10x as much), so
+  its personalized models get far more training than the other rows'. With full participation (the
+  10-client cells) the option changes nothing.
+- `mu`: the official inner optimizer (`FLAlgorithms/optimizers/fedoptimizer.py`, pFedMeOptimizer, line
+  64: theta <- theta - lr * (grad + lambda (theta - w) + mu theta), mu = 0.001 by default; FL-bench
+  `--mu` 1e-3) adds an L2 term mu/2 ||theta||^2 to the inner problem, which the paper does not have.
+  Default 0 (the paper); `mu: 0.001` is the official code.
+  Together, `{train_all_clients: true, mu: 0.001}` is the official code's behaviour.
 """
 from __future__ import annotations
 
@@ -67,21 +91,50 @@ class PFedMe(Algorithm):
         k: int = Field(5, ge=1)                          # inner steps per batch
         beta: float = Field(1.0, gt=0.0)                 # server mixing (1: plain averaging)
         warm_start: Literal["global", "personal"] = "global"
+        train_all_clients: bool = False                  # official code: every client trains every round
+        mu: float = Field(0.0, ge=0.0)                   # L2 term of the inner step (official code: 1e-3)
 
     search_space = {"lam": ("loguniform", 0.1, 20.0), "personal_lr": ("loguniform", 1e-3, 0.1),
-                    "k": ("int", 1, 10), "beta": ("uniform", 1.0, 2.0)}
+                    "k": ("int", 1, 10), "beta": ("uniform", 1.0, 2.0)}  # train_all_clients, mu: protocol choices, not tuned
 
     def setup(self) -> None:
         super().setup()
         self.personal_state = self.fed.init_state(self.fed.num_clients)  # theta_i, never sent
 
+    def configure(self, rnd, clients):
+        """The global model for each sampled client; with `train_all_clients`, one message per client
+        (the sampled ones first, in order, then the others), so the bytes of the N downloads are
+        counted."""
+        download = super().configure(rnd, clients)
+        if not self.hp.train_all_clients:
+            return download
+        everyone = len(clients) + len(self._others(clients))
+        return [{n: self.global_state[n][0] for n in self.fed.model.names} for _ in range(everyone)]
+
+    def receive(self, rnd, clients, download):
+        if isinstance(download, list):  # train_all_clients: the sampled clients' messages come first
+            download = {n: torch.stack([m[n] for m in download[: len(clients)]]) for n in download[0]}
+        return super().receive(rnd, clients, download)
+
+    def _others(self, clients):
+        """The clients not sampled this round (ascending)."""
+        mask = torch.ones(self.fed.num_clients, dtype=torch.bool, device=clients.device)
+        mask[clients] = False
+        return torch.nonzero(mask).flatten()
+
     def local_train(self, rnd, clients, state):
+        k = len(clients)
+        if self.hp.train_all_clients:  # the unsampled clients train too, from the same global model
+            others = self._others(clients)
+            clients = torch.cat([clients, others])
+            state = {n: torch.cat([t, self.global_state[n].expand(len(others), *t.shape[1:])])
+                     for n, t in state.items()}
         theta = ({n: t[clients] for n, t in self.personal_state.items()} if self.hp.warm_start == "personal"
                  else {n: t.clone() for n, t in state.items()})
         local, theta = per_client(self.fed, clients, partial(self._train, rnd), state, theta)
         for n, t in theta.items():
             self.personal_state[n][clients] = t
-        return local
+        return {n: t[:k] for n, t in local.items()}  # only the sampled clients' w is uploaded
 
     def _train(self, rnd, clients, state, theta_start):
         fed, hp = self.fed, self.hp
@@ -95,12 +148,13 @@ class PFedMe(Algorithm):
             active = counts > step
             kept = {n: b.clone() for n, b in buffers.items()} if not active.all() else None
             start = {n: t.clone() for n, t in theta.items()}
-            for _ in range(hp.k):  # K gradient steps on f(theta; D) + lam/2 ||theta - w||^2, same batch
+            for _ in range(hp.k):  # K gradient steps on f(theta; D) + lam/2 ||theta - w||^2 (+ mu/2 ||theta||^2), same batch
                 loss, grads = loss_and_grads(fed, theta, buffers, ids[:, step])
                 if (active & ~torch.isfinite(loss)).any():
                     raise Diverged(f"non-finite pFedMe loss for clients {clients[active & ~torch.isfinite(loss)].tolist()}")
                 with torch.no_grad():
-                    theta = {n: theta[n] - hp.personal_lr * (grads[n] + hp.lam * (theta[n] - w[n])) for n in names}
+                    theta = {n: theta[n] - hp.personal_lr * (grads[n] + hp.lam * (theta[n] - w[n]) + hp.mu * theta[n])
+                             for n in names}
             with torch.no_grad():
                 theta = {n: rows_where(active, theta[n], start[n]) for n in names}
                 pull = {n: hp.lam * (w[n] - theta[n]) for n in names}  # eta * pull = eta * lam * (w - theta)
