@@ -155,6 +155,8 @@ def test_a_wrong_cluster_address_fails_within_seconds_with_a_clear_message(tmp_p
     with socket.socket() as probe:  # a loopback port that nothing listens on
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
+    ray = pytest.importorskip("ray")
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)  # another test's local instance is not this run's
     monkeypatch.setenv("PFLBENCH_DATA_MIRROR", str(tmp_path / "none"))
     spec = tmp_path / "tiny.yaml"
     spec.write_text(yaml.safe_dump({"matrix": {"algorithm": ["fedavg"], "dataset": ["synthetic"]},
