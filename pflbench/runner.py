@@ -190,7 +190,7 @@ class Display:
                            highlight=False)
 
     def position(self) -> str:
-        """`[n/total, ETA 2m10s]` after a cell finished (`ETA done` after the last)."""
+        """`[n/total, ETA 2m10s]` after a cell finished (`[n/total, done]` after the last)."""
         finished = sum(self.counts.values())
         left = max(0, self.total - finished - self.elsewhere)
         if not left:
