@@ -15,6 +15,7 @@ from pflbench.algorithm import ALGORITHMS, Algorithm
 @ALGORITHMS.register("centralized")
 class Centralized(Algorithm):
     name = "centralized"
+    personalizes = "nothing: one model trained on the pooled data of the round's clients (a reference, not FL)"
 
     def configure(self, rnd, clients):
         return {}

@@ -11,3 +11,5 @@ from pflbench.algorithm import ALGORITHMS, Algorithm
 @ALGORITHMS.register("fedavg")
 class FedAvg(Algorithm):
     name = "fedavg"
+    paper = "McMahan, Moore, Ramage, Hampson & Agüera y Arcas, AISTATS 2017"
+    personalizes = "nothing: one global model for every client (the baseline)"

@@ -37,6 +37,8 @@ FINETUNE_SALT = 0xBAB0  # batch order of the evaluation-time fine-tuning, distin
 @ALGORITHMS.register("fedbabu")
 class FedBABU(Algorithm):
     name = "fedbabu"
+    paper = "Oh, Kim & Yun, ICLR 2022"
+    personalizes = "the whole model, by local fine-tuning of the federated body (trained with a fixed random head)"
 
     class Hyperparams(Hyperparams):
         finetune_epochs: int = Field(5, ge=0)

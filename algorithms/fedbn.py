@@ -9,6 +9,8 @@ from pflbench.algorithm import ALGORITHMS, Algorithm
 @ALGORITHMS.register("fedbn")
 class FedBN(Algorithm):
     name = "fedbn"
+    paper = "Li, Jiang, Zhang, Kamp & Dou, ICLR 2021"
+    personalizes = "the BatchNorm layers (affine parameters and running statistics); the rest is FedAvg"
 
     def is_local(self, name: str) -> bool:
         return name in self.fed.model.batchnorm_names

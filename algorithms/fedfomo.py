@@ -84,6 +84,8 @@ def normalize_weights(raw: torch.Tensor) -> torch.Tensor:
 @ALGORITHMS.register("fedfomo")
 class FedFomo(Algorithm):
     name = "fedfomo"
+    paper = "Zhang, Sapra, Fidler, Yeung & Alvarez, ICLR 2021"
+    personalizes = "the whole model: each client combines other clients' models by first-order weights on its own validation data"
 
     class Hyperparams(Hyperparams):
         models: int = Field(8, ge=1)                       # M, models downloaded per client

@@ -23,6 +23,8 @@ from pflbench.training import cross_entropy
 @ALGORITHMS.register("fedprox")
 class FedProx(Algorithm):
     name = "fedprox"
+    paper = "Li, Sahu, Zaheer, Sanjabi, Talwalkar & Smith, MLSys 2020"
+    personalizes = "nothing: one global model, trained with a proximal term against client drift"
 
     class Hyperparams(Hyperparams):
         mu: float = Field(0.01, ge=0.0)

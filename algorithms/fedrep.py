@@ -50,6 +50,8 @@ from pflbench.algorithm import ALGORITHMS, Algorithm, Hyperparams
 @ALGORITHMS.register("fedrep")
 class FedRep(Algorithm):
     name = "fedrep"
+    paper = "Collins, Hassani, Mokhtari & Shakkottai, ICML 2021"
+    personalizes = "the head (classifier), trained first with the shared representation fixed"
     HEAD_SALT = 0xFE0E
 
     class Hyperparams(Hyperparams):

@@ -9,6 +9,7 @@ from pflbench.algorithm import ALGORITHMS, Algorithm
 @ALGORITHMS.register("local")
 class Local(Algorithm):
     name = "local"
+    personalizes = "everything: each client trains alone, nothing is shared (the baseline)"
     heterogeneous_models = True
 
     def is_local(self, name: str) -> bool:

@@ -141,6 +141,8 @@ class MHpFedHN(Algorithm):
     """Multi-head hypernetwork generating each client's whole model; clients may differ in architecture."""
 
     name = "mh-pfedhn"
+    paper = "C. Zhang, H. Li, X. Liu, L. Jiang et al., arXiv 2507.22330, 2025 (IJCAI 2026)"
+    personalizes = "the whole model, generated per client by a multi-head hypernetwork; architectures may differ"
     heterogeneous_models = True
     global_distillation = False
 
@@ -326,6 +328,8 @@ class MHpFedHNGD(MHpFedHN):
     distillation teacher on the clients (alpha, T) and trained by every client each round."""
 
     name = "mh-pfedhngd"
+    paper = "C. Zhang, H. Li, X. Liu, L. Jiang et al., arXiv 2507.22330, 2025 (IJCAI 2026)"
+    personalizes = "as MH-pFedHN, plus a generated global model distilled into every client"
     global_distillation = True
 
     class Hyperparams(MHpFedHN.Hyperparams):

@@ -79,6 +79,8 @@ ADAPT_SALT = 0x9EFA           # batch order of the evaluation-time adaptation st
 @ALGORITHMS.register("perfedavg")
 class PerFedAvg(Algorithm):
     name = "perfedavg"
+    paper = "Fallah, Mokhtari & Ozdaglar, NeurIPS 2020"
+    personalizes = "the whole model, by one local gradient step from a MAML-trained global model"
     ADAPT_SALT = ADAPT_SALT
 
     class Hyperparams(Hyperparams):

@@ -84,6 +84,8 @@ class HyperNetwork(nn.Module):
 @ALGORITHMS.register("pfedhn")
 class PFedHN(Algorithm):
     name = "pfedhn"
+    paper = "Shamsian, Navon, Fetaya & Chechik, ICML 2021"
+    personalizes = "the whole model, generated per client by a server hypernetwork from a learned client embedding"
     personal_classifier = False
 
     class Hyperparams(Hyperparams):
@@ -233,4 +235,6 @@ class PFedHNPC(PFedHN):
     """pFedHN-PC: the hypernetwork generates the body; each client's classifier is its own."""
 
     name = "pfedhn-pc"
+    paper = "Shamsian, Navon, Fetaya & Chechik, ICML 2021"
+    personalizes = "the feature extractor, generated per client by a hypernetwork, and a personal classifier kept on the client"
     personal_classifier = True

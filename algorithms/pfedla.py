@@ -97,6 +97,8 @@ from pflbench.algorithm import ALGORITHMS, Algorithm, Hyperparams
 @ALGORITHMS.register("pfedla")
 class PFedLA(Algorithm):
     name = "pfedla"
+    paper = "Ma, Zhang, Guo & Xu, CVPR 2022"
+    personalizes = "the aggregation: per client and per layer, weights over all clients' models learned by a server hypernetwork"
 
     class Hyperparams(Hyperparams):
         hn_lr: float = Field(1e-2, gt=0)          # hypernetwork and embedding learning rate (Adam)
@@ -305,6 +307,8 @@ class HeurPFedLA(PFedLA):
     """HeurpFedLA: pFedLA whose clients keep their k most self-weighted layers (k = 1 in Tables 1-2)."""
 
     name = "heurpfedla"
+    paper = "Ma, Zhang, Guo & Xu, CVPR 2022"
+    personalizes = "as pFedLA, and each client keeps its k most self-weighted layers without downloading them"
 
     class Hyperparams(PFedLA.Hyperparams):
         retain_layers: int = Field(1, ge=1)

@@ -84,6 +84,8 @@ from pflbench.training import Diverged, weighted_mean
 @ALGORITHMS.register("pfedme")
 class PFedMe(Algorithm):
     name = "pfedme"
+    paper = "T. Dinh, Tran & Nguyen, NeurIPS 2020"
+    personalizes = "a whole personal model per client, the Moreau-envelope solution regularized toward the local copy of the global model"
 
     class Hyperparams(Hyperparams):
         lam: float = Field(15.0, ge=0.0)                 # lambda, the Moreau-envelope regularization

@@ -54,6 +54,10 @@ class Algorithm:
     # is a group spec such as "hetero5"); those that need one shared model reject such cells.
     heterogeneous_models: ClassVar[bool] = False
     name: ClassVar[str] = ""
+    # For `pflbench list algorithms`: the paper (authors, venue, year) and, in one line, what the
+    # method personalizes (which part of the model or objective is each client's own).
+    paper: ClassVar[str] = ""
+    personalizes: ClassVar[str] = ""
 
     def __init__(self, fed: "Federation", hp: Hyperparams):
         self.fed = fed

@@ -7,21 +7,39 @@ same samples, at batch 32 and at the combined batch (clients x 32). The faster c
 "the limit": no federated simulation trains the same samples faster on the same machine.
 Each way is timed `repeats` times, interleaved with the others, one round (one epoch of the same
 samples) at a time, and its best time is kept: on a shared machine the least disturbed measurement
-is the one that tells what the code can do.
+is the one that tells what the code can do. How disturbed the others were is reported too: each way's
+min/median/max time, its spread (median over best - 1) and the load average before and after; a way
+whose spread exceeds NOISY_SPREAD marks the result "noisy: ratios unreliable".
 """
 from __future__ import annotations
 
 import json
 import math
+import os
 import platform
+import statistics
 import time
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
 
 from pflbench.config import CellConfig
 from pflbench.models import build_model
+
+
+# A way whose median measurement is this much slower than its best was disturbed by something else on
+# the machine: the ratios between ways (each from its own best) may then compare different conditions.
+NOISY_SPREAD = 0.10
+
+
+def load_average() -> list[float] | None:
+    """The 1, 5 and 15 minute load averages (None where the OS has none)."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except (AttributeError, OSError):
+        return None
 
 
 def _sync(device: torch.device) -> None:
@@ -85,7 +103,11 @@ def _time_centralized(fed, batch_size: int, rounds: int) -> float:
 
 def run_bench(clients: int = 10, samples: int = 512, batch_size: int = 32,
               shape: tuple[int, ...] = (3, 32, 32), num_classes: int = 10, model: str = "cnn",
-              rounds: int = 1, repeats: int = 8, device: str = "cpu", seed: int = 0) -> dict:
+              rounds: int = 1, repeats: int = 8, device: str = "cpu", seed: int = 0,
+              progress: Callable[[str], None] | None = None) -> dict:
+    """`progress`, if given, gets one line per measurement (and per warm-up) while they run."""
+    say = progress or (lambda line: None)
+    load_before = load_average()
     device = torch.device(device)
     fed, algorithm = _bench_federation(clients, samples, batch_size, shape, num_classes, model, device, seed)
     default_batched = fed.batched  # the engine's own choice for this device
@@ -97,13 +119,20 @@ def run_bench(clients: int = 10, samples: int = 512, batch_size: int = 32,
         f"centralized_batch{batch_size}": lambda: _time_centralized(fed, batch_size, rounds),
         f"centralized_batch{combined}": lambda: _time_centralized(fed, combined, rounds),
     }
-    for way in ways.values():  # warm-up: allocator, kernels, vmap tracing
-        way()
-    best = {name: math.inf for name in ways}
-    for _ in range(repeats):
-        for name, way in ways.items():
-            best[name] = min(best[name], way())
     work = rounds * clients * samples
+    for name, way in ways.items():  # warm-up: allocator, kernels, vmap tracing
+        say(f"warm-up {name}: {way():.2f} s")
+    times: dict[str, list[float]] = {name: [] for name in ways}
+    for repeat in range(repeats):
+        for name, way in ways.items():
+            seconds = way()
+            times[name].append(seconds)
+            say(f"measurement {repeat + 1}/{repeats} {name}: {seconds:.3f} s ({work / seconds:.0f} samples/s)")
+    best = {name: min(values) if values else math.inf for name, values in times.items()}
+    spread = {name: {"min": min(values), "median": statistics.median(values), "max": max(values),
+                     "relative": statistics.median(values) / min(values) - 1}
+              for name, values in times.items() if values}
+    noisy_ways = [name for name, s in spread.items() if s["relative"] > NOISY_SPREAD]
     throughput = {name: work / seconds for name, seconds in best.items()}
     limit_way = max((f"centralized_batch{batch_size}", f"centralized_batch{combined}"), key=throughput.get)
     limit = throughput[limit_way]
@@ -122,6 +151,16 @@ def run_bench(clients: int = 10, samples: int = 512, batch_size: int = 32,
         "ratio_batched_to_limit": throughput["batched"] / limit,
         "ratio_batched_to_loop": throughput["batched"] / throughput["loop"],
         "ratio_batched_to_centralized_combined": throughput["batched"] / throughput[f"centralized_batch{combined}"],
+        # How noisy the machine was: every measurement (seconds), per way min/median/max and the
+        # relative spread (median / min - 1), the load average before and after.
+        "seconds": times,
+        "spread": spread,
+        "noisy_spread_threshold": NOISY_SPREAD,
+        "noisy_ways": noisy_ways,
+        "noisy": bool(noisy_ways),
+        "loadavg_before": load_before,
+        "loadavg_after": load_average(),
+        "cpus": os.cpu_count(),
     }
 
 
@@ -130,11 +169,29 @@ def format_bench(result: dict) -> str:
     lines = [f"pflbench bench: FedAvg, {cfg['clients']} clients x {cfg['samples_per_client']} samples "
              f"{tuple(cfg['shape'])}, batch {cfg['batch_size']}, model {cfg['model']}, device {cfg['device']}, "
              f"{cfg['threads']} threads, best of {cfg['repeats']} x {cfg['rounds']} rounds",
-             f"{'way':<26}{'samples/s':>12}{'/ limit':>10}"]
+             f"{'way':<26}{'samples/s':>12}{'/ limit':>10}   seconds min / median / max  spread"]
+    spread = result.get("spread", {})
     for name, value in result["samples_per_second"].items():
         label = f"{name} ({result['default_path']})" if name == "default" else name
-        lines.append(f"{label:<26}{value:>12.0f}{value / result['limit']:>10.2f}")
+        line = f"{label:<26}{value:>12.0f}{value / result['limit']:>10.2f}"
+        if name in spread:
+            s = spread[name]
+            line += (f"   {s['min']:.3f} / {s['median']:.3f} / {s['max']:.3f}  {s['relative']:>+6.0%}"
+                     + ("  noisy" if name in result.get("noisy_ways", ()) else ""))
+        lines.append(line)
     lines.append(f"limit = {result['limit_way']}; batched / loop = {result['ratio_batched_to_loop']:.2f}")
+    before, after = result.get("loadavg_before"), result.get("loadavg_after")
+    if before is not None and after is not None:
+        lines.append(f"load average (1/5/15 min) before {' '.join(f'{x:.2f}' for x in before)}, after "
+                     f"{' '.join(f'{x:.2f}' for x in after)}, on {result.get('cpus')} CPUs")
+    if result.get("noisy"):
+        lines.append(f"noisy: ratios unreliable: the median measurement of {', '.join(result['noisy_ways'])} was more "
+                     f"than {result['noisy_spread_threshold']:.0%} slower than its best (the machine was busy); "
+                     f"run again when it is idle, or with more --repeats")
+    elif cfg["repeats"] < 2:
+        lines.append("one measurement per way: how noisy the machine was is unknown (use --repeats 3 or more)")
+    else:
+        lines.append(f"spread within {result['noisy_spread_threshold']:.0%} for every way: measurements consistent")
     return "\n".join(lines)
 
 

@@ -6,8 +6,11 @@ import argparse
 import importlib
 import sys
 
-# Modules that define `add_parser(subparsers)`; those not present yet are skipped.
-COMMAND_MODULES = ("pflbench.commands", "pflbench.runner", "pflbench.report", "pflbench.sweep")
+# Modules that define `add_parser(subparsers)`; those not present yet are skipped. They import only
+# the standard library at module level: every `pflbench ... --help` builds all their parsers, so a
+# heavy import here (torch, pandas, Ray, matplotlib, ...) makes every help screen wait seconds for it.
+# Command functions import what they need when they run (tests/test_cli_friendly.py checks this).
+COMMAND_MODULES = ("pflbench.commands", "pflbench.run_command", "pflbench.report", "pflbench.sweep_command")
 
 
 def build_parser() -> argparse.ArgumentParser:

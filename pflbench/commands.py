@@ -1,16 +1,22 @@
-"""The engine's own subcommands: `list`, `data prepare|show`, `bench`, `train`, `store check`."""
+"""The engine's own subcommands: `list`, `data prepare|show`, `bench`, `store check`.
+
+Only the standard library is imported at module level (see COMMAND_MODULES in pflbench/cli.py): each
+command imports the engine (torch, the datasets, ...) when it runs.
+"""
 from __future__ import annotations
 
 import argparse
 import json
 import sys
 
-import torch
-
 
 def add_parser(subparsers) -> None:
     listing = subparsers.add_parser("list", help="list registered algorithms, datasets, partitions or models")
-    listing.add_argument("what", choices=["algorithms", "datasets", "partitions", "models"])
+    listing.add_argument("what", choices=["algorithms", "datasets", "partitions", "models"],
+                         help="algorithms: hyperparameters with defaults, paper, what each personalizes; "
+                              "datasets: what each is and whether it is available here; partitions: non-IID "
+                              "schemes with their parameters; models: model names")
+    add_data_options(listing, what="with `list datasets`: where to look for them")
     listing.set_defaults(func=cmd_list)
 
     data = subparsers.add_parser("data", help="prepare datasets, inspect partitions")
@@ -20,27 +26,33 @@ def add_parser(subparsers) -> None:
     add_data_options(prepare)
     prepare.set_defaults(func=cmd_data_prepare)
     show = data_sub.add_parser("show", help="print (and plot) a partition's per-client label counts")
-    show.add_argument("dataset")
-    show.add_argument("--partition", default="pathological")
-    show.add_argument("--param", action="append", default=[], metavar="KEY=VALUE", help="partition parameter (repeatable)")
-    show.add_argument("--clients", type=int, default=10)
-    show.add_argument("--seed", type=int, default=0)
-    show.add_argument("--split", default="all", choices=["all", "train", "val", "test"])
+    show.add_argument("dataset", help="a dataset name (pflbench list datasets)")
+    show.add_argument("--partition", default="pathological",
+                      help="non-IID scheme (pflbench list partitions; default: pathological)")
+    show.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
+                      help="partition parameter, e.g. classes_per_client=2 (repeatable)")
+    show.add_argument("--clients", type=int, default=10, help="number of clients (default: 10)")
+    show.add_argument("--seed", type=int, default=0, help="partition seed (default: 0)")
+    show.add_argument("--split", default="all", choices=["all", "train", "val", "test"],
+                      help="which of each client's splits to count (default: all)")
     show.add_argument("--plot", metavar="PATH", help="also draw the counts (PNG or SVG)")
     add_data_options(show)
     show.set_defaults(func=cmd_data_show)
 
     bench = subparsers.add_parser("bench", help="training throughput of the federated engine vs centralized training")
-    bench.add_argument("--clients", type=int, default=10)
-    bench.add_argument("--samples", type=int, default=512, help="samples per client")
-    bench.add_argument("--batch-size", type=int, default=32)
-    bench.add_argument("--shape", default="3,32,32", help="sample shape, e.g. 3,32,32 or 1,28,28")
-    bench.add_argument("--classes", type=int, default=10)
-    bench.add_argument("--model", default="cnn")
-    bench.add_argument("--rounds", type=int, default=1, help="timed rounds per measurement")
-    bench.add_argument("--repeats", type=int, default=8, help="measurements per way, interleaved (best kept)")
-    bench.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    bench.add_argument("--clients", type=int, default=10, help="clients, all sampled every round (default: 10)")
+    bench.add_argument("--samples", type=int, default=512, help="samples per client (default: 512)")
+    bench.add_argument("--batch-size", type=int, default=32, help="local batch size (default: 32)")
+    bench.add_argument("--shape", default="3,32,32", help="sample shape, e.g. 3,32,32 or 1,28,28 (default: 3,32,32)")
+    bench.add_argument("--classes", type=int, default=10, help="number of classes (default: 10)")
+    bench.add_argument("--model", default="cnn", help="model name (pflbench list models; default: cnn)")
+    bench.add_argument("--rounds", type=int, default=1, help="timed rounds per measurement (default: 1)")
+    bench.add_argument("--repeats", type=int, default=8,
+                       help="measurements per way, interleaved; the best is kept, the spread tells how noisy "
+                            "the machine was (default: 8)")
+    bench.add_argument("--device", help="torch device (default: cuda when available, else cpu)")
     bench.add_argument("--json", metavar="PATH", help="also write the result as JSON")
+    bench.add_argument("--quiet", action="store_true", help="no progress lines on stderr while measuring")
     bench.set_defaults(func=cmd_bench)
 
 
@@ -72,9 +84,11 @@ def cmd_store_check(args) -> int:
     return 1 if problems else 0
 
 
-def add_data_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--root", help="data root (default: $PFLBENCH_DATA or ./data)")
-    parser.add_argument("--from", dest="mirror", help="offline mirror folder (default: $PFLBENCH_DATA_MIRROR)")
+def add_data_options(parser: argparse.ArgumentParser, what: str = "") -> None:
+    suffix = f"; {what}" if what else ""
+    parser.add_argument("--root", help=f"data root (default: $PFLBENCH_DATA or ./data){suffix}")
+    parser.add_argument("--from", dest="mirror",
+                        help=f"offline mirror folder (default: $PFLBENCH_DATA_MIRROR){suffix}")
 
 
 def field_default(field):
@@ -91,11 +105,19 @@ def cmd_list(args) -> int:
             fields = ", ".join(f"{k}={field_default(f)!r}" for k, f in cls.Hyperparams.model_fields.items())
             path = "" if cls.batched else "  [client loop only]"
             print(f"{name:<14}{fields or '-'}{path}")
+            if cls.paper:
+                print(f"{'':<14}paper: {cls.paper}")
+            if cls.personalizes:
+                print(f"{'':<14}personalizes: {cls.personalizes}")
     elif args.what == "datasets":
-        from pflbench.data import DATASET_INFO
+        from pflbench.data import DATASET_INFO, data_mirror, data_root
 
+        root, mirror = data_root(args.root), data_mirror(args.mirror)
+        where = dataset_locations(root, mirror)
         for name, info in sorted(DATASET_INFO.items()):
-            print(f"{name:<18}{info}")
+            print(f"{name:<18}{where[name]:<22}{info}")
+        print(f"(data root {root}; mirror {mirror or 'none: $PFLBENCH_DATA_MIRROR is not set'}; "
+              f"`pflbench data prepare` places and decodes what the mirror has)")
     elif args.what == "partitions":
         import partitions  # noqa: F401
         from pflbench.partitioning import PARTITIONS
@@ -110,11 +132,52 @@ def cmd_list(args) -> int:
     return 0
 
 
-def cmd_data_prepare(args) -> int:
-    from pflbench.data import prepare
+def dataset_locations(root, mirror) -> dict[str, str]:
+    """Per dataset name, where it would load from here without network, in a few words; checks that
+    files exist (the data-source code's own checks), decodes nothing."""
+    from pflbench.data import DATASETS
+    from pflbench.data.cache import cache_path
+    from pflbench.data.sources import GeneratedSource, make_source
 
-    for line in prepare(args.names or None, root=args.root, mirror=args.mirror):
-        print(line)
+    where = {}
+    for name in DATASETS.names():
+        source = make_source(name, {})
+        if isinstance(source, GeneratedSource):
+            where[name] = "available (generated)"
+        elif cache_path(root, source.cache_key()).is_file():
+            where[name] = "available (cached)"
+        elif source.present(root):
+            where[name] = "available (data root)"
+        elif mirror is not None and source.in_mirror(mirror):
+            where[name] = "available (mirror)"
+        else:
+            where[name] = "not here"
+    return where
+
+
+def data_error(command: str, error: Exception) -> int:
+    """A wrong dataset/partition name or option, or a dataset not found: one message, no traceback."""
+    print(f"{command}: {error}", file=sys.stderr)
+    return 2
+
+
+def check_dataset_names(names: list[str]) -> None:
+    """UnknownNameError (naming the allowed names) for the first unknown dataset name."""
+    from pflbench.data import DATASETS
+
+    for name in names:
+        DATASETS.get(name)
+
+
+def cmd_data_prepare(args) -> int:
+    from pflbench.data import DatasetNotFoundError, prepare
+
+    try:
+        check_dataset_names(args.names)
+        for line in prepare(args.names or None, root=args.root, mirror=args.mirror):
+            print(line)
+    except (ValueError, DatasetNotFoundError) as error:
+        return data_error("data prepare", error)
     return 0
 
 
@@ -138,13 +201,19 @@ def parse_assignments(items: list[str]) -> dict:
 
 def cmd_data_show(args) -> int:
     import partitions  # noqa: F401
-    from pflbench.data import load_dataset
-    from pflbench.partitioning import format_label_counts, make_splits, plot_label_counts
+    from pflbench.data import DatasetNotFoundError, load_dataset
+    from pflbench.partitioning import PARTITIONS, format_label_counts, make_splits, plot_label_counts
 
-    dataset = load_dataset(args.dataset, root=args.root, mirror=args.mirror)
-    labels = dataset.labels.numpy()
-    splits = make_splits(labels, dataset.num_classes, scheme=args.partition,
-                         params=parse_assignments(args.param), num_clients=args.clients, seed=args.seed)
+    params = parse_assignments(args.param)
+    try:
+        check_dataset_names([args.dataset])
+        PARTITIONS.get(args.partition)  # a wrong scheme is reported before the dataset is loaded
+        dataset = load_dataset(args.dataset, root=args.root, mirror=args.mirror)
+        labels = dataset.labels.numpy()
+        splits = make_splits(labels, dataset.num_classes, scheme=args.partition,
+                             params=params, num_clients=args.clients, seed=args.seed)
+    except (ValueError, DatasetNotFoundError) as error:  # a wrong name or parameter, an impossible partition
+        return data_error("data show", error)
     counts = splits.label_counts(labels, dataset.num_classes, split=args.split)
     print(format_label_counts(counts, dataset.classes))
     if args.plot:
@@ -154,12 +223,19 @@ def cmd_data_show(args) -> int:
 
 
 def cmd_bench(args) -> int:
+    import torch
+
     from pflbench.bench import format_bench, run_bench, write_json
 
     shape = tuple(int(s) for s in args.shape.split(","))
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+
+    def progress(line: str) -> None:
+        print(f"bench: {line}", file=sys.stderr, flush=True)
+
     result = run_bench(clients=args.clients, samples=args.samples, batch_size=args.batch_size, shape=shape,
                        num_classes=args.classes, model=args.model, rounds=args.rounds,
-                       repeats=args.repeats, device=args.device)
+                       repeats=args.repeats, device=device, progress=None if args.quiet else progress)
     print(format_bench(result))
     if args.json:
         write_json(result, args.json)

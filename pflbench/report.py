@@ -1,10 +1,10 @@
 """`pflbench report`: the tables, figures and HTML leaderboard of a results store
-(the work is done by the `pflbench.reports` package; this module is the subcommand)."""
+(the work is done by the `pflbench.reports` package, imported when a report is built: it brings pandas
+and matplotlib, which `pflbench --help` should not wait for; this module is the subcommand)."""
 from __future__ import annotations
 
+import sys
 from pathlib import Path
-
-from pflbench.reports import ReportOptions, build_reports
 
 
 def add_parser(subparsers) -> None:
@@ -35,6 +35,12 @@ def cmd_report(args) -> int:
     bad = [f for f in formats if f not in ("png", "svg", "pdf")]
     if bad or not formats:
         raise SystemExit(f"--formats: unknown format(s) {', '.join(bad) or '(none)'}; allowed: png, svg, pdf")
+    if not args.results.is_dir():
+        print(f"report: no results store at {args.results} (no such folder); give the folder `pflbench run` "
+              f"wrote with --results DIR (default: results)", file=sys.stderr)
+        return 2
+    from pflbench.reports import ReportOptions, build_reports
+
     options = ReportOptions(reference=args.reference, figures=not args.no_figures,
                             cell_figures=not args.no_cell_figures, partitions=not args.no_partitions,
                             formats=("png", *[f for f in formats if f != "png"]),  # pages show the PNGs

@@ -27,8 +27,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 from rich.table import Table
 
 from pflbench.config import CellConfig, cell_hash
-from pflbench.federation import CLIENT_BATCHING
-from pflbench.spec import Plan, Resources, SpecError, describe_partition, load_spec, parse_sets
+from pflbench.spec import Plan, Resources, describe_partition
 from pflbench.store import COMPLETE, DAMAGED, HEARTBEAT, Store
 
 PROBLEMS = ("failed", "diverged")
@@ -105,12 +104,28 @@ def execute_cell(cell: CellConfig, resources: Resources, options: RunOptions,
 
 # ---- progress -----------------------------------------------------------------------------------
 
+def format_duration(seconds: float) -> str:
+    """45s, 2m10s, 1h05m."""
+    seconds = max(0, int(round(seconds)))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
 class Display:
     """A rich progress view: all cells, and one line per running cell with its round and accuracy;
-    a line per completed cell is printed above it (and is all a non-terminal log gets)."""
+    a line per completed cell is printed above it (and is all a non-terminal log gets), ending with
+    `[n/total, ETA ...]`: the cells finished so far and the time left at the pace so far (wall time
+    since the start per finished cell, times the cells left; with cells in parallel the pace already
+    counts them)."""
 
-    def __init__(self, console: Console, total: int):
+    def __init__(self, console: Console, total: int, clock: Callable[[], float] = time.monotonic):
         self.console = console
+        self.total = total
+        self.clock = clock
+        self.started = clock()
         self.progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(bar_width=20),
                                  MofNCompleteColumn(), TextColumn("{task.fields[info]}"), TimeElapsedColumn(),
                                  console=console, disable=not console.is_terminal)
@@ -171,7 +186,17 @@ class Display:
         wall = result.summary.get("wall_time")
         style = {"finished": "green", "diverged": "yellow"}.get(result.status, "red")
         self.console.print(f"[{style}]{result.status:<8}[/] {escape(label(cell))}  {escape(detail)}"
-                           + (f"  ({wall:.1f} s)" if wall is not None else ""), highlight=False)
+                           + (f"  ({wall:.1f} s)" if wall is not None else "") + f"  {escape(self.position())}",
+                           highlight=False)
+
+    def position(self) -> str:
+        """`[n/total, ETA 2m10s]` after a cell finished (`[n/total, done]` after the last)."""
+        finished = sum(self.counts.values())
+        left = max(0, self.total - finished - self.elsewhere)
+        if not left:
+            return f"[{finished}/{self.total}, done]"
+        per_cell = (self.clock() - self.started) / max(finished, 1)
+        return f"[{finished}/{self.total}, ETA {format_duration(per_cell * left)}]"
 
     def _update_overall(self) -> None:
         info = f"{len(self.running)} running · {self.counts['failed']} failed · {self.counts['diverged']} diverged"
@@ -545,11 +570,14 @@ def print_plan(console: Console, plan: Plan, store: Store, as_json: bool = False
         print(json.dumps([{"hash": cell_hash(cell), "status": status, "config": cell.model_dump(mode="json")}
                           for cell, status in zip(plan.cells, statuses)], indent=2))
         return
-    columns, fixed = {}, []
+    columns, fixed, per_name = {}, [], {}
     for field in CellConfig.model_fields:
         if field in NAMED_SETTINGS:
             values, constant = _named(plan.cells, field)
-            fixed += constant
+            if len({getattr(cell, field) for cell in plan.cells}) == 1:
+                fixed += constant  # one name for every cell: its settings are every cell's
+            elif constant:  # settings of one name hold for that name's cells only
+                per_name[field] = constant
         elif field in NAMED_SETTINGS.values():
             continue
         else:
@@ -565,6 +593,8 @@ def print_plan(console: Console, plan: Plan, store: Store, as_json: bool = False
         table.add_row(str(i + 1), cell_hash(cell), *(escape(values[i]) for values in columns.values()), escape(status))
     console.print(table)
     console.print(escape(f"every cell: {', '.join(fixed)}"), highlight=False)
+    for field, constant in per_name.items():
+        console.print(escape(f"per {field} (each in its own cells only): {', '.join(constant)}"), highlight=False)
     counts = Counter(statuses)
     console.print(f"resources per cell: {plan.resources.cpus:g} CPU, {plan.resources.gpus:g} GPU; "
                   + ", ".join(f"{n} {status}" for status, n in sorted(counts.items())), highlight=False)
@@ -580,74 +610,3 @@ def print_plan(console: Console, plan: Plan, store: Store, as_json: bool = False
 def make_console() -> Console:
     # Wide when not a terminal (logs, pipes), so tables are not squeezed to 80 columns.
     return Console(highlight=False, width=shutil.get_terminal_size((160, 24)).columns)
-
-
-def add_parser(subparsers) -> None:
-    from pflbench.commands import add_data_options
-
-    run = subparsers.add_parser("run", help="run a spec's matrix (resuming: cells with results are skipped)")
-    run.add_argument("spec", help="a spec file, e.g. benchmarks/demo.yaml (format: benchmarks/README.md)")
-    run.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
-                     help="override a value for every cell (rounds=2, hp.mu=0.1), replace or add a matrix axis "
-                          "(seed=[0,1], algorithm=fedavg) or set a resource (resources.gpus=0.5); values are "
-                          "YAML; repeatable")
-    run.add_argument("--scale", default=None,
-                     help="one of the spec's scales (e.g. quick: benchmarks/README.md); default full, the spec as written")
-    run.add_argument("--results", type=Path, default=Path("results"), help="results store (default: results)")
-    run.add_argument("--dry-run", action="store_true", help="print the cells and which have results; run nothing")
-    run.add_argument("--json", action="store_true", help="with --dry-run: the resolved cells as a JSON list")
-    run.add_argument("--workers", type=int,
-                     help="cells at once (default: as many as Ray's CPUs allow); 1 runs in-process")
-    run.add_argument("--ray-address", help="an existing Ray cluster (default: $RAY_ADDRESS, else a local instance)")
-    run.add_argument("--no-ray", action="store_true", help="run the cells one by one in this process")
-    run.add_argument("--force", action="store_true", help="rerun cells that already have a result")
-    run.add_argument("--device", help="torch device for every cell (default: cuda for cells given GPUs, else cpu)")
-    run.add_argument("--client-batching", choices=CLIENT_BATCHING, default="auto",
-                     help="local training batched across clients (auto: on CUDA, a client loop on CPU)")
-    add_data_options(run)
-    run.set_defaults(func=cmd_run)
-
-
-def missing_gpus(plan: Plan, ray_address: str | None, device: str | None) -> str | None:
-    """Why the plan's GPU request cannot be met here (no cluster named, no CUDA device), or None.
-    Without this, Ray would wait forever for a GPU and an in-process run would fail cell by cell."""
-    if plan.resources.gpus <= 0 or ray_address:
-        return None
-    import torch
-
-    if torch.cuda.is_available():
-        return None
-    return (f"resources.gpus is {plan.resources.gpus:g} per cell but torch sees no CUDA device on this machine"
-            + (f" (and --device {device} was given)" if device else "")
-            + "; run with --set resources.gpus=0 (a CPU run), a spec scale made for CPUs (e.g. --scale quick), "
-              "or on a Ray cluster with GPUs (--ray-address)")
-
-
-def cmd_run(args) -> int:
-    if args.workers is not None and args.workers < 1:
-        raise SystemExit("--workers must be at least 1")
-    if args.json and not args.dry_run:
-        raise SystemExit("--json goes with --dry-run")
-    console = make_console()
-    try:
-        plan = load_spec(args.spec, parse_sets(args.sets), scale=args.scale)
-    except SpecError as error:
-        print(error, file=sys.stderr)
-        return 2
-    gpu_problem = missing_gpus(plan, args.ray_address or os.environ.get("RAY_ADDRESS"), args.device)
-    if args.dry_run:
-        print_plan(console, plan, Store(args.results), as_json=args.json)
-        if gpu_problem:
-            console.print(f"[yellow]warning:[/] {escape(gpu_problem)}", highlight=False)
-        return 0
-    if gpu_problem:
-        print(f"cannot run {args.spec}, nothing was run: {gpu_problem}", file=sys.stderr)
-        return 2
-    options = RunOptions(results=args.results, data_root=args.root, mirror=args.mirror, use_ray=not args.no_ray,
-                         workers=args.workers, ray_address=args.ray_address, force=args.force,
-                         device=args.device, client_batching=args.client_batching)
-    try:
-        return run_plan(plan, options, console).exit_code
-    except PrepareError as error:
-        print(f"cannot run {args.spec}, nothing was run:\n{error}", file=sys.stderr)
-        return 2

@@ -30,7 +30,6 @@ import json
 import logging
 import math
 import os
-import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -38,7 +37,7 @@ from typing import Any
 import yaml
 
 from pflbench.config import CellConfig, cell_hash
-from pflbench.spec import Resources, load_spec, parse_sets, resolve_cell, tuned_path
+from pflbench.spec import Resources, load_spec, resolve_cell, tuned_path
 from pflbench.store import atomic_write, write_json
 
 DEFAULT_BASE = Path("benchmarks/sweeps/default.yaml")
@@ -334,56 +333,3 @@ def write_tuned(out: Path, algorithm: str, best: dict, summary: dict, folder: Pa
     path = tuned_path(out, algorithm)
     atomic_write(path, lambda tmp: tmp.write_text(header + yaml.safe_dump(data, sort_keys=False)))
     return path
-
-
-# ---- command line --------------------------------------------------------------------------------
-
-def add_parser(subparsers) -> None:
-    from pflbench.commands import add_data_options
-    from pflbench.federation import CLIENT_BATCHING
-
-    sweep = subparsers.add_parser("sweep", help="tune an algorithm's hyperparameters (Ray Tune + Optuna + ASHA, "
-                                                "validation split only); write the best to benchmarks/tuned/")
-    sweep.add_argument("--algo", required=True, help="the algorithm to tune (pflbench list algorithms)")
-    sweep.add_argument("--spec", type=Path, default=DEFAULT_BASE,
-                       help=f"base spec; with --set/--scale it must give one cell (default {DEFAULT_BASE})")
-    sweep.add_argument("--scale", help="a scale of the base spec (e.g. quick)")
-    sweep.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
-                       help="as for `pflbench run` (repeatable)")
-    sweep.add_argument("--dataset", help="shortcut for --set dataset=NAME")
-    sweep.add_argument("--partition", help="shortcut for --set partition=SCHEME")
-    sweep.add_argument("--clients", type=int, help="shortcut for --set clients=N")
-    sweep.add_argument("--rounds", type=int, help="shortcut for --set rounds=N")
-    sweep.add_argument("--trials", type=int, default=20, help="trials (the same budget for every algorithm; default 20)")
-    sweep.add_argument("--no-lr", dest="tune_lr", action="store_false",
-                       help="tune only the algorithm's own hyperparameters, not the learning rate")
-    sweep.add_argument("--grace-rounds", type=int, help="ASHA: rounds before a trial may be stopped (default rounds/4, at least eval_every)")
-    sweep.add_argument("--seed", type=int, default=0, help="Optuna sampler seed")
-    sweep.add_argument("--results", type=Path, default=Path("results"),
-                       help="results store; the sweep goes to RESULTS/sweeps/ (default: results)")
-    sweep.add_argument("--out", type=Path, default=Path("benchmarks/tuned"),
-                       help="folder for the best configuration, <out>/<algo>.yaml (default benchmarks/tuned)")
-    sweep.add_argument("--workers", type=int, help="trials at once (default: as many as Ray's CPUs allow)")
-    sweep.add_argument("--ray-address", help="an existing Ray cluster (default: $RAY_ADDRESS, else a local instance)")
-    sweep.add_argument("--device", help="torch device (default: cuda for cells given GPUs, else cpu)")
-    sweep.add_argument("--client-batching", choices=CLIENT_BATCHING, default="auto")
-    add_data_options(sweep)
-    sweep.set_defaults(func=cmd_sweep)
-
-
-def cmd_sweep(args) -> int:
-    sets = parse_sets(args.sets)
-    for key in ("dataset", "partition", "clients", "rounds"):
-        if getattr(args, key) is not None:
-            sets[key] = getattr(args, key)
-    try:
-        base, resources = base_cell(args.algo, args.spec, sets, args.scale)
-        options = SweepOptions(trials=args.trials, results=args.results, out=args.out, tune_lr=args.tune_lr,
-                               grace_rounds=args.grace_rounds, seed=args.seed, workers=args.workers,
-                               ray_address=args.ray_address, data_root=args.root, mirror=args.mirror,
-                               device=args.device, client_batching=args.client_batching)
-        run_sweep(args.algo, base, resources, options)
-    except (ValueError, FileNotFoundError) as error:  # SpecError, SweepError, a partition or dataset problem
-        print(f"sweep: {error}", file=sys.stderr)
-        return 2
-    return 0

@@ -94,8 +94,8 @@ def test_a_failing_and_a_diverging_cell_do_not_stop_the_others(broken_algorithms
     assert len(table) == 8 and table.groupby("status").size().to_dict() == {"diverged": 2, "failed": 2, "finished": 4}
 
 
-@pytest.fixture(scope="module")
-def local_ray():
+@pytest.fixture
+def local_ray():  # not module-scoped: a later test must find Ray not initialized (see the cluster test)
     ray = pytest.importorskip("ray")
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield ray

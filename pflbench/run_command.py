@@ -1,0 +1,92 @@
+"""`pflbench run SPEC`: the subcommand (the work is done by `pflbench.runner`).
+
+Only the standard library is imported here: `pflbench --help` and `pflbench run --help` build every
+parser, and the runner's imports (torch, pandas, Ray, ...) take seconds; they are imported by
+`cmd_run` when a spec is actually run.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+# pflbench.federation.CLIENT_BATCHING, written out so that building the parser imports no torch
+# (tests/test_cli_friendly.py checks the two agree).
+CLIENT_BATCHING = ("auto", "on", "off")
+
+
+def add_parser(subparsers) -> None:
+    from pflbench.commands import add_data_options
+
+    run = subparsers.add_parser("run", help="run a spec's matrix (resuming: cells with results are skipped)")
+    run.add_argument("spec", help="a spec file, e.g. benchmarks/demo.yaml (format: benchmarks/README.md)")
+    run.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                     help="override a value for every cell (rounds=2, hp.mu=0.1), replace or add a matrix axis "
+                          "(seed=[0,1], algorithm=fedavg) or set a resource (resources.gpus=0.5); values are "
+                          "YAML; repeatable")
+    run.add_argument("--scale", default=None,
+                     help="one of the spec's scales (e.g. quick: benchmarks/README.md); default full, the spec as written")
+    run.add_argument("--results", type=Path, default=Path("results"), help="results store (default: results)")
+    run.add_argument("--dry-run", action="store_true", help="print the cells and which have results; run nothing")
+    run.add_argument("--json", action="store_true", help="with --dry-run: the resolved cells as a JSON list")
+    run.add_argument("--workers", type=int,
+                     help="cells at once (default: as many as Ray's CPUs allow); 1 runs in-process")
+    run.add_argument("--ray-address", help="an existing Ray cluster (default: $RAY_ADDRESS, else a local instance)")
+    run.add_argument("--no-ray", action="store_true", help="run the cells one by one in this process")
+    run.add_argument("--force", action="store_true", help="rerun cells that already have a result")
+    run.add_argument("--device", help="torch device for every cell (default: cuda for cells given GPUs, else cpu)")
+    run.add_argument("--client-batching", choices=CLIENT_BATCHING, default="auto",
+                     help="local training batched across clients (auto: on CUDA, a client loop on CPU)")
+    add_data_options(run)
+    run.set_defaults(func=cmd_run)
+
+
+def missing_gpus(plan, ray_address: str | None, device: str | None) -> str | None:
+    """Why the plan's GPU request cannot be met here (no cluster named, no CUDA device), or None.
+    Without this, Ray would wait forever for a GPU and an in-process run would fail cell by cell."""
+    if plan.resources.gpus <= 0 or ray_address:
+        return None
+    import torch
+
+    if torch.cuda.is_available():
+        return None
+    return (f"resources.gpus is {plan.resources.gpus:g} per cell but torch sees no CUDA device on this machine"
+            + (f" (and --device {device} was given)" if device else "")
+            + "; run with --set resources.gpus=0 (a CPU run), a spec scale made for CPUs (e.g. --scale quick), "
+              "or on a Ray cluster with GPUs (--ray-address)")
+
+
+def cmd_run(args) -> int:
+    if args.workers is not None and args.workers < 1:
+        raise SystemExit("--workers must be at least 1")
+    if args.json and not args.dry_run:
+        raise SystemExit("--json goes with --dry-run")
+    from rich.markup import escape
+
+    from pflbench.runner import PrepareError, RunOptions, make_console, print_plan, run_plan
+    from pflbench.spec import SpecError, load_spec, parse_sets
+    from pflbench.store import Store
+
+    console = make_console()
+    try:
+        plan = load_spec(args.spec, parse_sets(args.sets), scale=args.scale)
+    except SpecError as error:
+        print(error, file=sys.stderr)
+        return 2
+    gpu_problem = missing_gpus(plan, args.ray_address or os.environ.get("RAY_ADDRESS"), args.device)
+    if args.dry_run:
+        print_plan(console, plan, Store(args.results), as_json=args.json)
+        if gpu_problem:
+            console.print(f"[yellow]warning:[/] {escape(gpu_problem)}", highlight=False)
+        return 0
+    if gpu_problem:
+        print(f"cannot run {args.spec}, nothing was run: {gpu_problem}", file=sys.stderr)
+        return 2
+    options = RunOptions(results=args.results, data_root=args.root, mirror=args.mirror, use_ray=not args.no_ray,
+                         workers=args.workers, ray_address=args.ray_address, force=args.force,
+                         device=args.device, client_batching=args.client_batching)
+    try:
+        return run_plan(plan, options, console).exit_code
+    except PrepareError as error:
+        print(f"cannot run {args.spec}, nothing was run:\n{error}", file=sys.stderr)
+        return 2

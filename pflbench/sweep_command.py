@@ -1,0 +1,64 @@
+"""`pflbench sweep --algo NAME`: the subcommand (the work is done by `pflbench.sweep`, which imports
+Ray Tune and Optuna when a sweep runs; building this parser imports only the standard library)."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from pflbench.run_command import CLIENT_BATCHING
+
+DEFAULT_BASE = Path("benchmarks/sweeps/default.yaml")  # pflbench.sweep.DEFAULT_BASE
+
+
+def add_parser(subparsers) -> None:
+    from pflbench.commands import add_data_options
+
+    sweep = subparsers.add_parser("sweep", help="tune an algorithm's hyperparameters (Ray Tune + Optuna + ASHA, "
+                                                "validation split only); write the best to benchmarks/tuned/")
+    sweep.add_argument("--algo", required=True, help="the algorithm to tune (pflbench list algorithms)")
+    sweep.add_argument("--spec", type=Path, default=DEFAULT_BASE,
+                       help=f"base spec; with --set/--scale it must give one cell (default {DEFAULT_BASE})")
+    sweep.add_argument("--scale", help="a scale of the base spec (e.g. quick)")
+    sweep.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                       help="as for `pflbench run` (repeatable)")
+    sweep.add_argument("--dataset", help="shortcut for --set dataset=NAME")
+    sweep.add_argument("--partition", help="shortcut for --set partition=SCHEME")
+    sweep.add_argument("--clients", type=int, help="shortcut for --set clients=N")
+    sweep.add_argument("--rounds", type=int, help="shortcut for --set rounds=N")
+    sweep.add_argument("--trials", type=int, default=20, help="trials (the same budget for every algorithm; default 20)")
+    sweep.add_argument("--no-lr", dest="tune_lr", action="store_false",
+                       help="tune only the algorithm's own hyperparameters, not the learning rate")
+    sweep.add_argument("--grace-rounds", type=int, help="ASHA: rounds before a trial may be stopped (default rounds/4, at least eval_every)")
+    sweep.add_argument("--seed", type=int, default=0, help="Optuna sampler seed")
+    sweep.add_argument("--results", type=Path, default=Path("results"),
+                       help="results store; the sweep goes to RESULTS/sweeps/ (default: results)")
+    sweep.add_argument("--out", type=Path, default=Path("benchmarks/tuned"),
+                       help="folder for the best configuration, <out>/<algo>.yaml (default benchmarks/tuned)")
+    sweep.add_argument("--workers", type=int, help="trials at once (default: as many as Ray's CPUs allow)")
+    sweep.add_argument("--ray-address", help="an existing Ray cluster (default: $RAY_ADDRESS, else a local instance)")
+    sweep.add_argument("--device", help="torch device (default: cuda for cells given GPUs, else cpu)")
+    sweep.add_argument("--client-batching", choices=CLIENT_BATCHING, default="auto",
+                       help="local training batched across clients (auto: on CUDA, a client loop on CPU)")
+    add_data_options(sweep)
+    sweep.set_defaults(func=cmd_sweep)
+
+
+def cmd_sweep(args) -> int:
+    from pflbench.spec import parse_sets
+    from pflbench.sweep import SweepOptions, base_cell, run_sweep
+
+    sets = parse_sets(args.sets)
+    for key in ("dataset", "partition", "clients", "rounds"):
+        if getattr(args, key) is not None:
+            sets[key] = getattr(args, key)
+    try:
+        base, resources = base_cell(args.algo, args.spec, sets, args.scale)
+        options = SweepOptions(trials=args.trials, results=args.results, out=args.out, tune_lr=args.tune_lr,
+                               grace_rounds=args.grace_rounds, seed=args.seed, workers=args.workers,
+                               ray_address=args.ray_address, data_root=args.root, mirror=args.mirror,
+                               device=args.device, client_batching=args.client_batching)
+        run_sweep(args.algo, base, resources, options)
+    except (ValueError, FileNotFoundError) as error:  # SpecError, SweepError, a partition or dataset problem
+        print(f"sweep: {error}", file=sys.stderr)
+        return 2
+    return 0
