@@ -21,7 +21,7 @@ from jinja2 import Environment, PackageLoader, StrictUndefined
 from pflbench.reports.build import Report, safe_name
 from pflbench.reports.cells import display_name, read_artifacts, read_config, read_error, read_metrics, read_rounds
 from pflbench.reports.protocols import AVERAGINGS, DEFAULT, MODELS, SELECTIONS, Protocol
-from pflbench.reports.tables import DATA_DIFFER, TUNED, mean_or_none
+from pflbench.reports.tables import DATA_DIFFER, TUNED, mean_or_none, payload_text
 from pflbench.store import flatten
 
 CELL_COLUMNS = [  # (title, key, numeric)
@@ -40,7 +40,7 @@ def environment() -> Environment:
                       undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True)
     env.globals.update(cell_url=lambda h: f"cells/{safe_name(h)}.html",
                        algorithm_url=lambda a: f"algorithms/{safe_name(a)}.html",
-                       display_name=display_name, mean_or_none=mean_or_none, TUNED=TUNED, DATA_DIFFER=DATA_DIFFER)
+                       display_name=display_name, mean_or_none=mean_or_none, payload_text=payload_text, TUNED=TUNED, DATA_DIFFER=DATA_DIFFER)
     env.filters.update(num=_num, sortval=_sortval)
     return env
 
@@ -137,6 +137,7 @@ def write_site(cells: pd.DataFrame, boards, comm, references, report: Report, re
     index.write_text(env.get_template("index.html").render(
         root="", boards=boards, default_protocol=boards[0][0].name if boards else DEFAULT.name, comm=comm, cells=rows, statuses=statuses, figures=figures,
         alpha_figures=alpha_cells, references=references, notes=report.notes,
+        skipped=report.skipped, progress=report.progress,
         datasets=options_of(cells, "dataset"), schemes=options_of(cells, "partition"),
         clients=options_of(cells, "clients"), algorithms=options_of(cells, "algorithm"), **common))
 
