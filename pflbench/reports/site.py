@@ -57,6 +57,22 @@ def _sortval(value) -> str:
     return str(value)
 
 
+def summary_value(key: str, value) -> str:
+    """A summary value as a reader wants it: accuracies in %, bytes in MB, times in s, floats short."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        return str(value)
+    value = float(value)
+    if "accuracy" in key and 0.0 <= value <= 1.0:
+        return f"{value * 100:.2f}%"
+    if key.startswith("bytes") or key.endswith("bytes"):
+        return f"{value / 1e6:.3f} MB"
+    if key.endswith("time") or key.endswith("_time_total") or key == "wall_time":
+        return f"{value:.1f} s"
+    if "loss" in key:
+        return f"{value:.4f}"
+    return f"{value:g}" if not value.is_integer() else str(int(value))
+
+
 def cell_rows(cells: pd.DataFrame) -> list[dict]:
     rows = []
     for _, cell in cells.iterrows():
@@ -155,7 +171,7 @@ def write_site(cells: pd.DataFrame, boards, comm, references, report: Report, re
         (out / "cells" / f"{safe_name(cell['hash'])}.html").write_text(template.render(
             root="../", cell=row, config=sorted((k, json.dumps(v) if not isinstance(v, str) else v)
                                                 for k, v in flat_config.items()),
-            versions=sorted(flatten(config.get("versions", {})).items()), summary=sorted((k, str(v)) for k, v in summary.items()),
+            versions=sorted(flatten(config.get("versions", {})).items()), summary=sorted((k, summary_value(k, v)) for k, v in summary.items()),
             error_text=read_error(cell["path"]), figures=report.cell_figures.get(cell["hash"], []),
             partition_figure=report.partition_figures.get(cell["hash"]), artifacts=artifact_list(cell["path"]),
             bytes_per_round=bytes_per_round, charts=cell_charts(read_metrics(cell["path"])),
