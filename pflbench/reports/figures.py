@@ -206,7 +206,7 @@ def learning_curves(curves: pd.DataFrame, stem, *, title: str = "", formats=FORM
         axes.grid(alpha=0.3)
         if k % cols == 0:
             axes.set_ylabel("mean client test accuracy (%)")
-        axes.legend(fontsize=8, loc="lower right")
+        axes.legend(fontsize=9, loc="lower right")
     for k in range(len(panels), rows * cols):
         grid[k // cols][k % cols].set_visible(False)
     figure.suptitle(title)
@@ -249,7 +249,7 @@ def client_accuracy_distribution(accuracies: dict[str, np.ndarray], stem, *, tit
         axes.hlines(worst_mean, x - 0.3, x + 0.3, color="tab:red", lw=2,
                     label="worst-10% mean (as in the tables)" if x == 0 else None)
     axes.set_xticks(range(len(labels)), labels, rotation=40 if len(labels) > 4 else 0,
-                    ha="right" if len(labels) > 4 else "center", fontsize=9)
+                    ha="right" if len(labels) > 4 else "center", fontsize=10)
     axes.grid(axis="y", alpha=0.3)
     if labels:
         axes.legend(fontsize=8, loc="lower left")
