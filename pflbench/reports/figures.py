@@ -252,7 +252,7 @@ def client_accuracy_distribution(accuracies: dict[str, np.ndarray], stem, *, tit
                     ha="right" if len(labels) > 4 else "center", fontsize=10)
     axes.grid(axis="y", alpha=0.3)
     if labels:
-        axes.legend(fontsize=8, loc="lower left")
+        axes.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     axes.set_ylabel("client test accuracy (%)")
     axes.set_title(title or "per-client final accuracy (red: worst 10% of clients and their mean)")
     save(figure, stem, formats)
@@ -279,7 +279,15 @@ def communication_vs_accuracy(points: pd.DataFrame, stem, *, paper: pd.DataFrame
                       fmt=MARKERS[k % len(MARKERS)], color=color, label=point["label"], capsize=3)
     axes.set_xlabel("MB per round (down + up, log scale)")
     if len(points) and (points["mb_per_round"] > 0).all():
+        from matplotlib.ticker import FuncFormatter, LogLocator
+
         axes.set_xscale("log")
+        axes.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        axes.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        axes.xaxis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
+        for _, point in points.iterrows():   # names beside the points: methods of equal cost overlap
+            axes.annotate(str(point["label"]), (point["mb_per_round"], point["accuracy"]), fontsize=7,
+                          textcoords="offset points", xytext=(5, -3), color="0.25")
     axes.grid(alpha=0.3, which="both")
     axes.set_ylabel("final accuracy (%)")
     if paper is not None and len(paper):
@@ -332,7 +340,9 @@ def label_distribution(counts: np.ndarray, stem, formats=FORMATS, title: str = "
         from matplotlib.colors import Normalize
         figure.colorbar(ScalarMappable(Normalize(0, num_classes - 1), matplotlib.colormaps[palette]), ax=axes,
                         label="class")
-    axes.set_title(title or "label distribution over clients", fontsize=10)
+    import textwrap
+
+    axes.set_title("\n".join(textwrap.wrap(title or "label distribution over clients", 70)), fontsize=10)
     save(figure, stem, formats)
     return counts
 
