@@ -29,6 +29,7 @@ import pandas as pd
 
 from pflbench.reports import figures as fig
 from pflbench.reports.cells import load_cells, read_artifacts, read_config, read_metrics
+from pflbench.reports.progress import progress_text, skipped_datasets, skipped_text, store_progress
 from pflbench.reports.protocols import available, report_protocols
 from pflbench.reports.reference import default_reference_dir, load_references
 from pflbench.reports.tables import accuracy_tables, communication_tables, mean_or_none
@@ -63,6 +64,8 @@ class Report:
     cell_figures: dict[str, list[dict]] = field(default_factory=dict)  # hash -> [{title, path, kind}]
     partition_figures: dict[str, str] = field(default_factory=dict)     # hash -> path
     notes: list[str] = field(default_factory=list)
+    skipped: list[dict] = field(default_factory=list)   # datasets the run left out (progress.py)
+    progress: str = ""                                  # cells still running or unfinished, in words
 
 
 def safe_name(text: str) -> str:
@@ -105,10 +108,15 @@ def build_reports(results: str | Path, out: str | Path, options: ReportOptions =
         if options.cell_figures:
             for _, cell in cells.iterrows():
                 report.cell_figures[cell["hash"]] = cell_figures(cell, out, options, report)
+    present = set(cells["dataset"].astype(str)) if len(cells) else set()
+    report.skipped = skipped_datasets(results, present)
+    report.progress = progress_text(store_progress(results))
     seeds = int(cells.groupby(["algorithm", "dataset", "partition", "clients"])["seed"].nunique().max()) if len(cells) else 0
     statuses = cells["status"].value_counts().to_dict() if len(cells) else {}
     report.markdown.write_text(markdown_report(tables, worst, comm, seeds=seeds, statuses=statuses,
-                                               figures=report.figures))
+                                               figures=report.figures,
+                                               notices=[*([report.progress] if report.progress else []),
+                                                        *map(skipped_text, report.skipped)]))
     problems = store_problems(results)
     if problems:  # damaged or foreign folders: never read as results, but never hidden either
         report.notes += [f"not read as a result: {problem} (see `pflbench store check`)" for problem in problems]
@@ -142,7 +150,7 @@ def group_figures(cells: pd.DataFrame, comm, out: Path, options: ReportOptions, 
         group = group.assign(row=scheme_rows.loc[group.index])
         stem = group_stem(column.dataset, scheme, column.clients, column.params if column.show_params else "")
         title = f"{column.label}, {scheme}"
-        curves, accuracies = [], {}
+        curves, accuracies, worst10 = [], {}, {}
         for _, cell in group.iterrows():
             curve = curve_of(cell)
             if len(curve):
@@ -153,13 +161,16 @@ def group_figures(cells: pd.DataFrame, comm, out: Path, options: ReportOptions, 
                     last = metrics[metrics["round"] == metrics["round"].max()]["accuracy"].to_numpy()
                     label = cell["row"].label
                     accuracies[label] = np.concatenate([accuracies.get(label, np.zeros(0)), last])
+                    if not pd.isna(cell.get("final_worst10_accuracy")):  # as the tables: per seed, then the mean
+                        worst10.setdefault(label, []).append(float(cell["final_worst10_accuracy"]))
         if curves:
             fig.learning_curves(pd.concat(curves, ignore_index=True), out / "figures" / f"curves_{stem}",
                                 title=f"learning curves: {title}", formats=options.formats)
             report.figures.append((f"Learning curves: {title}", f"figures/curves_{stem}.png"))
         if accuracies:
             fig.client_accuracy_distribution(accuracies, out / "figures" / f"clients_{stem}",
-                                             title=f"per-client final accuracy: {title}", formats=options.formats)
+                                             title=f"per-client final accuracy: {title}", formats=options.formats,
+                                             worst10={k: float(np.mean(v)) for k, v in worst10.items()})
             report.figures.append((f"Per-client accuracy: {title}", f"figures/clients_{stem}.png"))
         points = [{"label": row.label, "mb_per_round": mean_or_none(e.mbytes_per_round), "accuracy": e.mean,
                    "accuracy_std": e.std or 0.0} for row, e in table.rows if e.mean is not None and e.mbytes_per_round]
@@ -192,7 +203,11 @@ def partition_figures(cells: pd.DataFrame, out: Path, options: ReportOptions, re
                 known = CellConfig(**{k: v for k, v in config.items() if k in CellConfig.model_fields})
                 dataset, splits = prepare_cell(known, options.data_root, options.mirror)
                 counts = splits.label_counts(dataset.labels.numpy(), dataset.num_classes)
-                fig.label_distribution(counts, out / "figures" / "partitions" / digest, formats=options.formats)
+                params = ", ".join(f"{k}={v}" for k, v in sorted((config.get("partition_params") or {}).items()))
+                fig.label_distribution(counts, out / "figures" / "partitions" / digest, formats=options.formats,
+                                       title=f"label distribution: {config.get('dataset')}, {config.get('partition')}"
+                                             + (f" ({params})" if params else "")
+                                             + f", {config.get('clients')} clients, seed {config.get('seed')}")
                 done[digest] = f"figures/partitions/{digest}.png"
                 report.figures.append((f"Label distribution: {config.get('dataset')}, {config.get('partition')}, "
                                        f"{config.get('clients')} clients, seed {config.get('seed')}", done[digest]))

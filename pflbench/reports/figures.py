@@ -86,9 +86,9 @@ def alpha_evolution(alphas: dict[int, np.ndarray], stem, *, client: int = 0, lay
     data = np.stack([np.asarray(alphas[r], dtype=float)[client] for r in rounds])  # [R, L, N]
     _, layers, clients = data.shape
     names = _names(layer_names, layers)
-    cols = min(layers, 4)
+    cols = min(layers, 3)
     panel_rows = -(-layers // cols)
-    figure = new_figure(3.2 * cols + 1.5, 2.6 * panel_rows + 0.5)
+    figure = new_figure(3.8 * cols + 1.8, 2.9 * panel_rows + 0.6)
     grid = figure.subplots(panel_rows, cols, squeeze=False, sharey=True)
     colors = _client_colors(clients)
     for l in range(panel_rows * cols):
@@ -99,12 +99,14 @@ def alpha_evolution(alphas: dict[int, np.ndarray], stem, *, client: int = 0, lay
         for j in range(clients):
             axes.plot(rounds, data[:, l, j], color=colors[j], lw=2.2 if j == client else 1.0,
                       label=f"client {j}" + (" (self)" if j == client else ""))
-        axes.set_title(names[l], fontsize=9)
+        axes.set_title(names[l], fontsize=10)
         axes.set_xlabel("round")
+        integer_rounds(axes)
+        axes.grid(alpha=0.3)
         if l % cols == 0:
             axes.set_ylabel("weight")
-    if clients <= 12:
-        grid[0][0].legend(fontsize=6, loc="best")
+    if clients <= 20:
+        figure.legend(*grid[0][0].get_legend_handles_labels(), fontsize=8, loc="outside right upper")
     figure.suptitle(title or f"aggregation weights of client {client} over rounds")
     save(figure, stem, formats)
     return data
@@ -134,26 +136,80 @@ def _client_colors(count: int):
     return matplotlib.colormaps["tab10" if count <= 10 else "tab20" if count <= 20 else "viridis"].resampled(count)(np.arange(count))
 
 
+# Families of methods, one learning-curve panel each (pFedLA's rows first); unknown ones go to "other".
+FAMILIES = (
+    ("baselines", ("local", "fedavg", "fedprox", "centralized")),
+    ("hypernetworks and layer-wise aggregation", ("pfedhn", "pfedhn-pc", "pfedla", "heurpfedla", "mh-pfedhn",
+                                                  "mh-pfedhngd", "fedmn", "fedfomo")),
+    ("personal layers", ("fedbn", "fedrep", "fedper", "lg-fedavg", "fedbabu")),
+    ("regularized and meta-learned", ("ditto", "apfl", "l2gd", "pfedme", "perfedavg")),
+)
+LINE_STYLES = ("-", "--", "-.", ":")
+MARKERS = ("o", "s", "^", "D", "v", "P")
+
+
+def family_of(label: str) -> str:
+    from pflbench.reports.cells import DISPLAY_NAMES
+
+    names = {v.lower(): k for k, v in DISPLAY_NAMES.items()}
+    head = str(label).split(" (")[0].split(" †")[0].strip().lower()
+    algorithm = names.get(head, head)
+    for family, members in FAMILIES:
+        if algorithm in members:
+            return family
+    return "other"
+
+
+def integer_rounds(axes) -> None:
+    from matplotlib.ticker import MaxNLocator
+
+    axes.xaxis.set_major_locator(MaxNLocator(integer=True, nbins=8, steps=[1, 2, 5, 10]))
+
+
 def learning_curves(curves: pd.DataFrame, stem, *, title: str = "", formats=FORMATS) -> pd.DataFrame:
-    """Mean client test accuracy vs round, one line per `label`, a band of ± one std over seeds.
+    """Mean client test accuracy vs round, one line per `label`, a band of ± one std over seeds; one
+    panel per family of methods (FAMILIES) with the baselines (Local, FedAvg) repeated in grey in
+    every panel, so each line is told apart by color, dash and marker. Integer round ticks.
     `curves`: columns label, seed, round, accuracy (the mean over clients, in [0, 1]).
     Returns label, round, mean, std, seeds (accuracy in %)."""
     stats = (curves.assign(accuracy=curves["accuracy"] * 100).groupby(["label", "round"], sort=False)["accuracy"]
              .agg(mean="mean", std="std", seeds="count").reset_index())
     stats["std"] = stats["std"].fillna(0.0)
     labels = list(dict.fromkeys(stats["label"]))
-    figure = new_figure(7.5, 4.2)
-    axes = figure.add_subplot()
-    colors = _client_colors(max(len(labels), 1))
-    for color, label in zip(colors, labels):
-        line = stats[stats["label"] == label]
-        axes.plot(line["round"], line["mean"], color=color, label=label, lw=1.4)
-        axes.fill_between(line["round"], line["mean"] - line["std"], line["mean"] + line["std"], color=color, alpha=0.18, lw=0)
-    axes.set_xlabel("round")
-    axes.set_ylabel("mean client test accuracy (%)")
-    axes.set_title(title)
-    if labels:
-        axes.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    families = [f for f, _ in FAMILIES if any(family_of(l) == f for l in labels)]
+    families += ["other"] if any(family_of(l) == "other" for l in labels) else []
+    baselines = [l for l in labels if family_of(l) == "baselines"]
+    panels = [f for f in families if f != "baselines"] or families or ["all"]
+    cols = min(2, len(panels))
+    rows = -(-len(panels) // cols)
+    figure = new_figure(6.0 * cols + 0.6, 3.6 * rows + 0.6)
+    grid = figure.subplots(rows, cols, squeeze=False, sharey=True)
+    ymin = max(0.0, float((stats["mean"] - stats["std"]).min()) - 5) if len(stats) else 0.0
+    for k, panel in enumerate(panels):
+        axes = grid[k // cols][k % cols]
+        members = [l for l in labels if family_of(l) == panel] if panel != "all" else labels
+        if panel != "baselines":
+            for j, label in enumerate(baselines):   # context: the baselines in grey
+                line = stats[stats["label"] == label]
+                axes.plot(line["round"], line["mean"], color="0.55", ls=LINE_STYLES[j % 4], lw=1.2, label=label)
+        colors = _client_colors(max(len(members), 1))
+        for j, (color, label) in enumerate(zip(colors, members)):
+            line = stats[stats["label"] == label]
+            axes.plot(line["round"], line["mean"], color=color, ls=LINE_STYLES[j % 4], marker=MARKERS[j % 6],
+                      markersize=3.5, label=label, lw=1.6)
+            axes.fill_between(line["round"], line["mean"] - line["std"], line["mean"] + line["std"], color=color,
+                              alpha=0.15, lw=0)
+        axes.set_title(panel if panel != "all" else "", fontsize=10)
+        axes.set_xlabel("round")
+        axes.set_ylim(bottom=ymin)
+        integer_rounds(axes)
+        axes.grid(alpha=0.3)
+        if k % cols == 0:
+            axes.set_ylabel("mean client test accuracy (%)")
+        axes.legend(fontsize=9, loc="lower right")
+    for k in range(len(panels), rows * cols):
+        grid[k // cols][k % cols].set_visible(False)
+    figure.suptitle(title)
     save(figure, stem, formats)
     return stats
 
@@ -166,11 +222,14 @@ def worst_fraction_threshold(values: np.ndarray, fraction: float = 0.1) -> tuple
 
 
 def client_accuracy_distribution(accuracies: dict[str, np.ndarray], stem, *, title: str = "",
-                                 formats=FORMATS) -> dict[str, dict]:
+                                 formats=FORMATS, worst10: dict[str, float] | None = None) -> dict[str, dict]:
     """Per-client final accuracies (%) per label as box + points; the worst 10% of clients in red and
-    their mean as a red bar. Returns {label: {"values", "worst10_threshold", "worst10_mean"}}."""
+    their mean as a red bar. `worst10` ({label: value in [0, 1]}): the worst-10% number as the tables
+    compute it (per seed, the mean of the worst ceil(10%) clients, then the mean over seeds), drawn as
+    the bar instead of the pooled clients' worst 10%. Returns {label: {"values", "worst10_threshold",
+    "worst10_mean"}}."""
     labels = list(accuracies)
-    figure = new_figure(max(4.5, 0.7 * len(labels) + 2), 4.2)
+    figure = new_figure(max(6.5, 0.55 * len(labels) + 2.5), 4.6)
     axes = figure.add_subplot()
     out = {}
     rng = np.random.default_rng(0)
@@ -179,14 +238,21 @@ def client_accuracy_distribution(accuracies: dict[str, np.ndarray], stem, *, tit
         if values.size == 0:
             continue
         threshold, worst_mean = worst_fraction_threshold(values)
+        if worst10 and worst10.get(label) is not None:
+            worst_mean = float(worst10[label]) * 100
         out[label] = {"values": values, "worst10_threshold": threshold, "worst10_mean": worst_mean}
         axes.boxplot([values], positions=[x], widths=0.5, showfliers=False)
         jitter = rng.uniform(-0.15, 0.15, values.size)
         worst = values <= threshold
         axes.scatter(x + jitter[~worst], values[~worst], s=8, color="tab:blue", alpha=0.6)
         axes.scatter(x + jitter[worst], values[worst], s=12, color="tab:red", label="worst 10%" if x == 0 else None)
-        axes.hlines(worst_mean, x - 0.3, x + 0.3, color="tab:red", lw=2)
-    axes.set_xticks(range(len(labels)), labels, rotation=45 if len(labels) > 4 else 0, ha="right" if len(labels) > 4 else "center", fontsize=8)
+        axes.hlines(worst_mean, x - 0.3, x + 0.3, color="tab:red", lw=2,
+                    label="worst-10% mean (as in the tables)" if x == 0 else None)
+    axes.set_xticks(range(len(labels)), labels, rotation=40 if len(labels) > 4 else 0,
+                    ha="right" if len(labels) > 4 else "center", fontsize=10)
+    axes.grid(axis="y", alpha=0.3)
+    if labels:
+        axes.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     axes.set_ylabel("client test accuracy (%)")
     axes.set_title(title or "per-client final accuracy (red: worst 10% of clients and their mean)")
     save(figure, stem, formats)
@@ -199,17 +265,36 @@ def communication_vs_accuracy(points: pd.DataFrame, stem, *, paper: pd.DataFrame
     seeds. `points`: label, mb_per_round, accuracy (mean, %), accuracy_std. `paper` (optional): label,
     comm_mbytes, accuracy — e.g. pFedLA's Table 3 — drawn on a twin x axis, since the paper's
     MBytes are not per round. Returns the points drawn."""
-    figure = new_figure(7.0, 4.2)
+    figure = new_figure(8.0, 4.6)
     axes = figure.add_subplot()
+    silent = points[points["mb_per_round"] <= 0]       # no communication (Local): no place on a log axis
+    points = points[points["mb_per_round"] > 0]
+    if len(silent):
+        axes.text(0.01, 0.01, "no communication (not on the log axis): " + ", ".join(
+            f"{r['label']} {r['accuracy']:.1f}%" for _, r in silent.iterrows()), transform=axes.transAxes,
+            fontsize=8, color="0.3", va="bottom")
     colors = _client_colors(max(len(points), 1))
-    for color, (_, point) in zip(colors, points.iterrows()):
-        axes.errorbar(point["mb_per_round"], point["accuracy"], yerr=point.get("accuracy_std", 0) or 0, fmt="o",
-                      color=color, label=point["label"], capsize=3)
-    axes.set_xlabel("MB per round (down + up)")
+    for k, (color, (_, point)) in enumerate(zip(colors, points.iterrows())):
+        axes.errorbar(point["mb_per_round"], point["accuracy"], yerr=point.get("accuracy_std", 0) or 0,
+                      fmt=MARKERS[k % len(MARKERS)], color=color, label=point["label"], capsize=3)
+    axes.set_xlabel("MB per round (down + up, log scale)")
+    if len(points) and (points["mb_per_round"] > 0).all():
+        from matplotlib.ticker import FuncFormatter, LogLocator
+
+        axes.set_xscale("log")
+        axes.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        axes.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        axes.xaxis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
+        for _, point in points.iterrows():   # names beside the points: methods of equal cost overlap
+            axes.annotate(str(point["label"]), (point["mb_per_round"], point["accuracy"]), fontsize=7,
+                          textcoords="offset points", xytext=(5, -3), color="0.25")
+    axes.grid(alpha=0.3, which="both")
     axes.set_ylabel("final accuracy (%)")
     if paper is not None and len(paper):
         twin = axes.twiny()
         twin.plot(paper["comm_mbytes"], paper["accuracy"], "k^--", lw=0.8, label="paper (Table 3)")
+        if (paper["comm_mbytes"] > 0).all():
+            twin.set_xscale("log")
         for _, row in paper.iterrows():
             twin.annotate(str(row["label"]), (row["comm_mbytes"], row["accuracy"]), fontsize=7,
                           textcoords="offset points", xytext=(3, 3))
@@ -222,13 +307,43 @@ def communication_vs_accuracy(points: pd.DataFrame, stem, *, paper: pd.DataFrame
     return points
 
 
-def label_distribution(counts: np.ndarray, stem, formats=FORMATS) -> np.ndarray:
-    """The partition's per-client label counts ([clients, classes]) as stacked bars."""
-    from pflbench.partitioning import plot_label_counts
+def label_distribution(counts: np.ndarray, stem, formats=FORMATS, title: str = "") -> np.ndarray:
+    """The partition's per-client label counts ([clients, classes]) as stacked bars, titled."""
+    import matplotlib
+    from matplotlib.collections import PolyCollection
+    from matplotlib.patches import Patch
 
     counts = np.asarray(counts)
-    for fmt in formats:
-        plot_label_counts(counts, Path(stem).with_name(f"{Path(stem).name}.{fmt}"))
+    num_clients, num_classes = counts.shape
+    palette = "tab10" if num_classes <= 10 else "tab20" if num_classes <= 20 else "viridis"
+    colors = matplotlib.colormaps[palette].resampled(num_classes)(np.arange(num_classes))
+    tops = np.cumsum(counts, axis=1)
+    client, cls = np.nonzero(counts)
+    left, right = client - 0.42, client + 0.42
+    bottom, top = tops[client, cls] - counts[client, cls], tops[client, cls]
+    corners = np.stack([np.stack(corner, axis=-1) for corner in
+                        [(left, bottom), (right, bottom), (right, top), (left, top)]], axis=1)
+    figure = new_figure(min(max(6.0, 0.12 * num_clients + 2.5), 24.0), 4.0)
+    axes = figure.add_subplot()
+    axes.add_collection(PolyCollection(corners, facecolors=colors[cls], linewidths=0))
+    axes.set_xlim(-0.5, num_clients - 0.5)
+    axes.set_ylim(0, max(int(tops[:, -1].max()), 1) * 1.02)
+    if num_clients <= 30:
+        axes.set_xticks(range(num_clients))
+    axes.set_xlabel("client")
+    axes.set_ylabel("samples")
+    if num_classes <= 20:
+        handles = [Patch(color=colors[c], label=str(c)) for c in range(num_classes)]
+        axes.legend(handles=handles, title="class", loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small")
+    else:
+        from matplotlib.cm import ScalarMappable
+        from matplotlib.colors import Normalize
+        figure.colorbar(ScalarMappable(Normalize(0, num_classes - 1), matplotlib.colormaps[palette]), ax=axes,
+                        label="class")
+    import textwrap
+
+    axes.set_title("\n".join(textwrap.wrap(title or "label distribution over clients", 70)), fontsize=10)
+    save(figure, stem, formats)
     return counts
 
 

@@ -21,7 +21,7 @@ from jinja2 import Environment, PackageLoader, StrictUndefined
 from pflbench.reports.build import Report, safe_name
 from pflbench.reports.cells import display_name, read_artifacts, read_config, read_error, read_metrics, read_rounds
 from pflbench.reports.protocols import AVERAGINGS, DEFAULT, MODELS, SELECTIONS, Protocol
-from pflbench.reports.tables import DATA_DIFFER, TUNED, mean_or_none
+from pflbench.reports.tables import DATA_DIFFER, TUNED, mean_or_none, payload_text
 from pflbench.store import flatten
 
 CELL_COLUMNS = [  # (title, key, numeric)
@@ -40,7 +40,7 @@ def environment() -> Environment:
                       undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True)
     env.globals.update(cell_url=lambda h: f"cells/{safe_name(h)}.html",
                        algorithm_url=lambda a: f"algorithms/{safe_name(a)}.html",
-                       display_name=display_name, mean_or_none=mean_or_none, TUNED=TUNED, DATA_DIFFER=DATA_DIFFER)
+                       display_name=display_name, mean_or_none=mean_or_none, payload_text=payload_text, TUNED=TUNED, DATA_DIFFER=DATA_DIFFER)
     env.filters.update(num=_num, sortval=_sortval)
     return env
 
@@ -55,6 +55,22 @@ def _sortval(value) -> str:
     if value is None or (isinstance(value, (float, np.floating)) and np.isnan(value)):
         return ""
     return str(value)
+
+
+def summary_value(key: str, value) -> str:
+    """A summary value as a reader wants it: accuracies in %, bytes in MB, times in s, floats short."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        return str(value)
+    value = float(value)
+    if "accuracy" in key and 0.0 <= value <= 1.0:
+        return f"{value * 100:.2f}%"
+    if key.startswith("bytes") or key.endswith("bytes"):
+        return f"{value / 1e6:.3f} MB"
+    if key.endswith("time") or key.endswith("_time_total") or key == "wall_time":
+        return f"{value:.1f} s"
+    if "loss" in key:
+        return f"{value:.4f}"
+    return f"{value:g}" if not value.is_integer() else str(int(value))
 
 
 def cell_rows(cells: pd.DataFrame) -> list[dict]:
@@ -137,6 +153,7 @@ def write_site(cells: pd.DataFrame, boards, comm, references, report: Report, re
     index.write_text(env.get_template("index.html").render(
         root="", boards=boards, default_protocol=boards[0][0].name if boards else DEFAULT.name, comm=comm, cells=rows, statuses=statuses, figures=figures,
         alpha_figures=alpha_cells, references=references, notes=report.notes,
+        skipped=report.skipped, progress=report.progress,
         datasets=options_of(cells, "dataset"), schemes=options_of(cells, "partition"),
         clients=options_of(cells, "clients"), algorithms=options_of(cells, "algorithm"), **common))
 
@@ -154,7 +171,7 @@ def write_site(cells: pd.DataFrame, boards, comm, references, report: Report, re
         (out / "cells" / f"{safe_name(cell['hash'])}.html").write_text(template.render(
             root="../", cell=row, config=sorted((k, json.dumps(v) if not isinstance(v, str) else v)
                                                 for k, v in flat_config.items()),
-            versions=sorted(flatten(config.get("versions", {})).items()), summary=sorted((k, str(v)) for k, v in summary.items()),
+            versions=sorted(flatten(config.get("versions", {})).items()), summary=sorted((k, summary_value(k, v)) for k, v in summary.items()),
             error_text=read_error(cell["path"]), figures=report.cell_figures.get(cell["hash"], []),
             partition_figure=report.partition_figures.get(cell["hash"]), artifacts=artifact_list(cell["path"]),
             bytes_per_round=bytes_per_round, charts=cell_charts(read_metrics(cell["path"])),

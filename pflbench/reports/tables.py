@@ -29,6 +29,9 @@ import pandas as pd
 from pflbench.config import CellConfig
 from pflbench.reports.cells import (DATASET_ALIASES, algorithm_rank, dataset_rank, display_name, format_value,
                                     is_reference)
+from pflbench.reports.budget import table_budget
+from pflbench.reports.identical import describe as describe_identical
+from pflbench.reports.identical import identical_groups
 from pflbench.reports.protocols import ADAPTED, DEFAULT, Protocol
 from pflbench.reports.reference import Comparison, PaperValue, Reference, compare, find_paper_value
 
@@ -103,6 +106,11 @@ class Entry:
     best: bool = False
     mbytes: list[float] = field(default_factory=list)          # total down + up of each finished cell
     mbytes_per_round: list[float] = field(default_factory=list)
+    paths: list[str] = field(default_factory=list)             # the finished cells' folders
+    models: list[str] = field(default_factory=list)            # the model each finished cell resolved to
+    client_down: list[float] = field(default_factory=list)     # bytes to one taking-part client per round
+    client_up: list[float] = field(default_factory=list)       # bytes from one taking-part client per round
+    same_as: "Row | None" = None   # another row whose cells this entry's equal bit for bit (identical.py)
 
     @property
     def mean(self) -> float | None:
@@ -153,7 +161,11 @@ class Entry:
         """"71.20 ± 1.30", "71.20 ± 1.30 (1 diverged)", "failed", with † for tuned cells."""
         value, problems = self.value_text(), self.problem_text()
         text = (f"{value} ({problems})" if problems else value) if value else problems
-        return text + (f" {TUNED}" if self.tuned else "")
+        return text + (f" {TUNED}" if self.tuned else "") + (f" {self.same_text()}" if self.same_as is not None else "")
+
+    def same_text(self) -> str:
+        """"(= FedAvg)": the entry repeats another row's results bit for bit."""
+        return f"(= {self.same_as.label})" if self.same_as is not None else ""
 
     def paper_text(self) -> str:
         if self.paper is None:
@@ -189,6 +201,8 @@ class Table:
     notes: list[str] = field(default_factory=list)
     sources: list[str] = field(default_factory=list)   # references whose numbers appear
     footnotes: list[str] = field(default_factory=list)  # [n] -> why entries marked [n] have no Δ
+    budget: str = ""                 # the training budget of its cells (budget.py), for the caption
+    identical: list[str] = field(default_factory=list)  # entries that repeat another row's results
 
     @property
     def metric(self) -> str:
@@ -241,6 +255,7 @@ class CommTable:
     notes: list[str] = field(default_factory=list)
     adapted: dict[tuple, Entry] = field(default_factory=dict)
     footnotes: list[str] = field(default_factory=list)
+    budget: str = ""
 
     @property
     def title(self) -> str:
@@ -300,6 +315,14 @@ def make_entry(group: pd.DataFrame, metric: str) -> Entry:
         value = cell.get(metric)
         if cell["status"] == "finished" and value is not None and not pd.isna(value):
             entry.values.append(float(value) * 100)
+            entry.paths.append(str(cell.get("path", "")))
+            model = cell.get("resolved_model", cell.get("model"))
+            if model is not None and not pd.isna(model):
+                entry.models.append(str(model))
+            per_client = client_payload(cell)
+            if per_client is not None:
+                entry.client_down.append(per_client[0])
+                entry.client_up.append(per_client[1])
             if not pd.isna(cell["mbytes"]):
                 entry.mbytes.append(float(cell["mbytes"]))
                 if cell["rounds_completed"] and not pd.isna(cell["rounds_completed"]):
@@ -308,6 +331,32 @@ def make_entry(group: pd.DataFrame, metric: str) -> Entry:
             status = str(cell["status"]) if cell["status"] != "finished" else "no result"
             entry.problems[status] = entry.problems.get(status, 0) + 1
     return entry
+
+
+def client_payload(cell: pd.Series) -> tuple[float, float] | None:
+    """(bytes down, bytes up) per taking-part client per round: the size of what one client receives
+    and sends, i.e. the model budget of the method (FedMN's routed modules, a hypernetwork's output...)."""
+    try:
+        rounds = float(cell["rounds_completed"])
+        clients = float(cell["clients"]) * float(cell.get("participation", 1.0) or 1.0)
+        down, up = float(cell["bytes_down_total"]), float(cell["bytes_up_total"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    if not rounds or not clients or any(math.isnan(v) for v in (rounds, clients, down, up)):
+        return None
+    taking_part = max(1.0, round(clients))
+    return down / rounds / taking_part, up / rounds / taking_part
+
+
+def payload_text(entry: "Entry") -> tuple[str, str, str]:
+    """(model, "≈ parameters" received per client per round, "KB down / up per client per round")."""
+    model = "/".join(dict.fromkeys(entry.models)) or "–"
+    if not entry.client_down:
+        return model, "–", "–"
+    down, up = mean_or_none(entry.client_down), mean_or_none(entry.client_up)
+    params = down / 4  # float32
+    count = f"{params / 1e6:.2f}M" if params >= 1e6 else f"{params / 1e3:.1f}k" if params >= 1e3 else f"{params:.0f}"
+    return model, f"≈ {count}" if params else "0", f"{down / 1e3:.1f} / {up / 1e3:.1f}"
 
 
 def mixed_columns(group: pd.DataFrame) -> list[str]:
@@ -381,13 +430,9 @@ def accuracy_tables(cells: pd.DataFrame, references: list[Reference] = (),
                 mixed = mixed_columns(group)
                 if mixed:
                     table.notes.append(f"{row.label} on {column.label}: its cells also differ in {', '.join(mixed)}")
-            ranked = [r for r in rows if not r.reference]   # a reference row is never "best"
-            means = [e.mean for r in ranked if (e := table.entry(r, column)) is not None and e.mean is not None]
-            if len(means) > 1:
-                for r in ranked:
-                    e = table.entry(r, column)
-                    if e is not None and e.mean is not None and e.mean >= max(means) - 1e-9:
-                        e.best = True
+            mark_identical(table, column, rows, selected)
+            mark_best(table, column, rows)
+        table.budget = table_budget(columns, lambda c: column_cells(scheme_cells, c))
         for row in rows:     # footnotes numbered in reading order
             for column in columns:
                 if (e := table.entry(row, column)) is not None:
@@ -429,6 +474,7 @@ def communication_tables(cells: pd.DataFrame, references: list[Reference] = ()) 
             if column.show_params:
                 selected = selected[selected["params"] == column.params]
             table = CommTable(column, str(scheme), [])
+            table.budget = table_budget([column], lambda c: selected)
             with_adapted = ADAPTED.key in selected and selected[ADAPTED.key].notna().any()
             for row in sorted(set(selected["row"]), key=row_order):
                 group = selected[selected["row"] == row]
@@ -450,6 +496,41 @@ def communication_tables(cells: pd.DataFrame, references: list[Reference] = ()) 
                     table.notes.append(f"{row.label}: its cells also differ in {', '.join(mixed)}")
             tables.append(table)
     return tables
+
+
+def column_cells(cells: pd.DataFrame, column: Column) -> pd.DataFrame:
+    selected = cells[(cells["dataset"] == column.dataset) & (cells["clients"] == column.clients)]
+    return selected[selected["params"] == column.params] if column.show_params else selected
+
+
+def mark_identical(table: Table, column: Column, rows: list[Row], selected: pd.DataFrame) -> None:
+    """Flag the entries of a column whose cells repeat an earlier row's bit for bit (identical.py)."""
+    finished = selected[selected["status"] == "finished"] if "path" in selected else selected.iloc[:0]
+    cells = {row: [(seed, path) for seed, path in zip(group["seed"], group["path"])]
+             for row in rows if not (group := finished[finished["row"] == row]).empty}
+    for row, same_as in identical_groups(cells).items():
+        entry = table.entry(row, column)
+        if entry is None:
+            continue
+        entry.same_as = same_as
+        note = f"{column.label}: {describe_identical(row, same_as)}"
+        table.identical.append(note)
+
+
+def shown(value: float, digits: int = 2) -> float:
+    """A mean as the tables display it, so ties are judged on what the reader sees."""
+    return round(value + 0.0, digits)
+
+
+def mark_best(table, column: Column, rows: list) -> None:
+    """Bold every entry tied with the column's best at the displayed precision; reference rows
+    (Centralized) and entries repeating another row's results are not ranked."""
+    ranked = [e for r in rows if not r.reference and (e := table.entry(r, column)) is not None
+              and e.mean is not None and e.same_as is None]
+    if len(ranked) > 1:
+        top = max(shown(e.mean) for e in ranked)
+        for e in ranked:
+            e.best = shown(e.mean) >= top
 
 
 def mean_or_none(values: list[float]) -> float | None:

@@ -6,7 +6,7 @@ reference rows (Centralized) come last, in italics, never bold."""
 from __future__ import annotations
 
 from pflbench.reports.protocols import Protocol
-from pflbench.reports.tables import DATA_DIFFER, TUNED, CommTable, Entry, Row, Table, mean_or_none
+from pflbench.reports.tables import DATA_DIFFER, TUNED, CommTable, Entry, Row, Table, mean_or_none, payload_text
 
 MISSING = "–"
 
@@ -95,7 +95,12 @@ def markdown_table(table: Table) -> str:
 
 
 def markdown_caption(table: Table) -> str:
-    return f"*{md_escape(table.caption)} Mean ± std over seeds, in %.*"
+    budget = f" {md_escape(table.budget)}" if table.budget else ""
+    return f"*{md_escape(table.caption)} Mean ± std over seeds, in %.{budget}*"
+
+
+def identical_lines(table) -> list[str]:
+    return [f"= {md_escape(line)}." for line in getattr(table, "identical", [])]
 
 
 def fmt(value: float | None, digits: int = 2) -> str:
@@ -116,7 +121,8 @@ def comm_paper_text(table: CommTable, row: Row) -> tuple[str, str]:
 
 
 def markdown_comm_table(table: CommTable) -> str:
-    header = ["algorithm", "accuracy (%)"] + (["adapted accuracy (%)"] if table.adapted else []) + ["MB per round", "MB total"]
+    header = (["algorithm", "accuracy (%)"] + (["adapted accuracy (%)"] if table.adapted else [])
+              + ["model", "parameters per client (down)", "KB per client per round (down / up)", "MB per round", "MB total"])
     if table.has_paper:
         header += [comm_paper_header(table), "paper MB"]
     lines = ["| " + " | ".join(header) + " |", "|---|" + "---:|" * (len(header) - 1)]
@@ -124,6 +130,7 @@ def markdown_comm_table(table: CommTable) -> str:
         cells = [md_label(row), md_entry(entry).replace("**", "")]
         if table.adapted:
             cells.append(md_entry(table.adapted.get(row.key)).replace("**", ""))
+        cells += [md_escape(t) for t in payload_text(entry)]
         cells += [fmt(mean_or_none(entry.mbytes_per_round), 3), fmt(mean_or_none(entry.mbytes), 2)]
         if table.has_paper:
             cells += list(comm_paper_text(table, row))
@@ -139,10 +146,13 @@ def by_protocol(tables: list[Table]) -> list[tuple[Protocol, list[Table]]]:
 
 
 def markdown_report(tables: list[Table], worst: list[Table], comm: list[CommTable], *, seeds: int,
-                    statuses: dict[str, int], figures: list[tuple[str, str]] = ()) -> str:
-    """`tables` and `worst`: the accuracy and worst-10% tables of every protocol shown, in order."""
+                    statuses: dict[str, int], figures: list[tuple[str, str]] = (), notices: list[str] = ()) -> str:
+    """`tables` and `worst`: the accuracy and worst-10% tables of every protocol shown, in order;
+    `notices`: what the tables do not show (datasets left out, cells still running), listed first."""
+    notice = ["", "## Not in these tables", "", *[f"- {md_escape(n)}" for n in notices]] if notices else []
     if not tables:
-        return "# pflbench results\n\nThe store has no results yet: run `pflbench run SPEC` first.\n"
+        return "\n".join(["# pflbench results", "", "The store has no results yet: run `pflbench run SPEC` first.",
+                          *notice]) + "\n"
     counts = ", ".join(f"{n} {s}" for s, n in sorted(statuses.items()))
     shown = list(dict.fromkeys(t.protocol.label for t in tables))
     parts = ["# pflbench results", "",
@@ -151,6 +161,7 @@ def markdown_report(tables: list[Table], worst: list[Table], comm: list[CommTabl
              f"caption names (the model scored, the round selected, the averaging); shown: "
              f"{'; '.join(shown)}. Best of each column in bold; failed or diverged cells are counted beside "
              f"the entry, never averaged."]
+    parts += notice
     sources = sorted({s for t in tables for s in t.sources})
     for section, group in (("Accuracy", tables), ("Worst 10% of clients", worst)):
         for protocol, members in by_protocol(group):
@@ -159,6 +170,8 @@ def markdown_report(tables: list[Table], worst: list[Table], comm: list[CommTabl
                 parts += ["", f"### {md_escape(table.title)}", "", markdown_table(table), "", markdown_caption(table)]
                 if table.footnotes:
                     parts += ["", *[f"- {md_escape(line)}" for line in footnote_lines(table.footnotes)]]
+                if table.identical:
+                    parts += ["", *[f"- {line}" for line in identical_lines(table)]]
                 if table.notes:
                     parts += ["", "Note: " + "; ".join(md_escape(n) for n in table.notes) + "."]
     if comm:
@@ -166,8 +179,9 @@ def markdown_report(tables: list[Table], worst: list[Table], comm: list[CommTabl
                   f"Bytes sent down and up over the whole run (finished cells), in MB; accuracy "
                   f"{md_escape(comm[0].caption.removeprefix('Accuracy: '))}"]
         for table in comm:
+            budget = f" {md_escape(table.budget)}" if table.budget else ""
             parts += ["", f"### {md_escape(table.title)}", "", markdown_comm_table(table), "",
-                      f"*{md_escape(table.caption)}*"]
+                      f"*{md_escape(table.caption)}{budget}*"]
             if table.footnotes:
                 parts += ["", *[f"- {md_escape(line)}" for line in footnote_lines(table.footnotes)]]
         sources += sorted({e.paper.source for t in comm for r, _ in t.rows if (e := t.papered(r))} - set(sources))
@@ -229,7 +243,8 @@ def latex_table(table: Table) -> str:
         rules.append(rf"\cmidrule(lr){{{start}-{start + span - 1}}}")
         start += span
     lines = [r"\begin{table}[t]", r"\centering", r"\small",
-             rf"\caption{{{tex_text(table.title)}: mean $\pm$ std over seeds (\%). {tex_text(table.caption)}}}",
+             rf"\caption{{{tex_text(table.title)}: mean $\pm$ std over seeds (\%). {tex_text(table.caption)}"
+             rf"{(' ' + tex_text(table.budget)) if table.budget else ''}}}",
              rf"\begin{{tabular}}{{{spec}}}", r"\toprule", " & ".join(top) + r" \\"]
     if any(s > 1 for s in spans):
         lines += [" ".join(rules), " & ".join(second) + r" \\"]
@@ -245,7 +260,8 @@ def latex_table(table: Table) -> str:
                 cells += [tex_text(paper_cell(entry)), tex_text(delta_cell(entry))]
         lines.append(" & ".join(cells) + r" \\")
     lines += [r"\bottomrule", r"\end{tabular}"]
-    notes = legend([table], table.sources) + footnote_lines(table.footnotes) + list(table.notes)
+    notes = (legend([table], table.sources) + footnote_lines(table.footnotes)
+             + [f"= {line}." for line in table.identical] + list(table.notes))
     if notes:
         lines.append(r"\par\smallskip\footnotesize " + r" \\ ".join(tex_text(n).replace("`", "") for n in notes))
     lines.append(r"\end{table}")
@@ -254,10 +270,11 @@ def latex_table(table: Table) -> str:
 
 def latex_comm_table(table: CommTable) -> str:
     paper = table.has_paper
-    header = (["Algorithm", r"Accuracy (\%)"] + ([r"Adapted (\%)"] if table.adapted else []) + ["MB/round", "MB total"]
+    header = (["Algorithm", r"Accuracy (\%)"] + ([r"Adapted (\%)"] if table.adapted else [])
+              + ["Model", "Params/client", "KB/client/round (down/up)", "MB/round", "MB total"]
               + ([tex_text(comm_paper_header(table)).replace("paper accuracy", "Paper acc."), "Paper MB"] if paper else []))
     lines = [r"\begin{table}[t]", r"\centering", r"\small",
-             rf"\caption{{{tex_text(table.title)}. {tex_text(table.caption)}}}",
+             rf"\caption{{{tex_text(table.title)}. {tex_text(table.caption)}{(' ' + tex_text(table.budget)) if table.budget else ''}}}",
              rf"\begin{{tabular}}{{l{'r' * (len(header) - 1)}}}", r"\toprule", " & ".join(header) + r" \\", r"\midrule"]
     for (row, entry), (_, rule) in zip(table.rows, tex_rows([r for r, _ in table.rows])):
         if rule:
@@ -266,6 +283,7 @@ def latex_comm_table(table: CommTable) -> str:
         if table.adapted:
             adapted = table.adapted.get(row.key)
             cells.append(tex_text(adapted.text()) if adapted is not None and adapted.text() else "--")
+        cells += [tex_text(t).replace(MISSING, "--") for t in payload_text(entry)]
         cells += [fmt(mean_or_none(entry.mbytes_per_round), 3).replace(MISSING, "--"),
                   fmt(mean_or_none(entry.mbytes)).replace(MISSING, "--")]
         if paper:
