@@ -184,7 +184,8 @@ def learning_curves(curves: pd.DataFrame, stem, *, title: str = "", formats=FORM
     rows = -(-len(panels) // cols)
     figure = new_figure(6.0 * cols + 0.6, 3.6 * rows + 0.6)
     grid = figure.subplots(rows, cols, squeeze=False, sharey=True)
-    ymin = max(0.0, float((stats["mean"] - stats["std"]).min()) - 5) if len(stats) else 0.0
+    ymin = max(0.0, float((stats["mean"] - stats["std"]).min()) - 3) if len(stats) else 0.0
+    ymax = min(100.0, float((stats["mean"] + stats["std"]).max()) + 3) if len(stats) else 100.0
     for k, panel in enumerate(panels):
         axes = grid[k // cols][k % cols]
         members = [l for l in labels if family_of(l) == panel] if panel != "all" else labels
@@ -201,7 +202,7 @@ def learning_curves(curves: pd.DataFrame, stem, *, title: str = "", formats=FORM
                               alpha=0.15, lw=0)
         axes.set_title(panel if panel != "all" else "", fontsize=10)
         axes.set_xlabel("round")
-        axes.set_ylim(bottom=ymin)
+        axes.set_ylim(ymin, max(ymax, ymin + 1))
         integer_rounds(axes)
         axes.grid(alpha=0.3)
         if k % cols == 0:

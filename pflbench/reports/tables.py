@@ -494,6 +494,13 @@ def communication_tables(cells: pd.DataFrame, references: list[Reference] = ()) 
                 mixed = mixed_columns(group)
                 if mixed:
                     table.notes.append(f"{row.label}: its cells also differ in {', '.join(mixed)}")
+            finished = selected[selected["status"] == "finished"] if "path" in selected else selected.iloc[:0]
+            same = identical_groups({row: list(zip(g["seed"], g["path"])) for row, _ in table.rows
+                                     if not (g := finished[finished["row"] == row]).empty})
+            for row, entry in table.rows:   # "(= FedAvg)": the same results as another row
+                entry.same_as = same.get(row)
+                if row.key in table.adapted:
+                    table.adapted[row.key].same_as = same.get(row)
             tables.append(table)
     return tables
 
