@@ -318,6 +318,19 @@ def format_label_counts(counts: np.ndarray, class_names: Sequence[str] | None = 
 
 def plot_label_counts(counts: np.ndarray, path) -> None:
     """Stacked bar chart of samples per class for each client, written as PNG or SVG (by suffix)."""
+    path = Path(path)
+    if path.suffix.lower() not in (".png", ".svg"):
+        raise ValueError(f"plot path must end in .png or .svg, got {path.name!r}")
+    figure = label_counts_figure(counts)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=120)
+
+
+def label_counts_figure(counts: np.ndarray, title: str = ""):
+    """The stacked bars of samples per class for each client ([clients, classes]) as a matplotlib
+    Figure (no pyplot state), titled when `title` is given; `plot_label_counts` and the reports save it."""
+    import textwrap
+
     import matplotlib
     from matplotlib.cm import ScalarMappable
     from matplotlib.collections import PolyCollection
@@ -325,9 +338,6 @@ def plot_label_counts(counts: np.ndarray, path) -> None:
     from matplotlib.figure import Figure  # a bare Figure renders with Agg/SVG; no pyplot global state
     from matplotlib.patches import Patch
 
-    path = Path(path)
-    if path.suffix.lower() not in (".png", ".svg"):
-        raise ValueError(f"plot path must end in .png or .svg, got {path.name!r}")
     counts = np.asarray(counts)
     num_clients, num_classes = counts.shape
     palette = "tab10" if num_classes <= 10 else "tab20" if num_classes <= 20 else "viridis"
@@ -347,6 +357,8 @@ def plot_label_counts(counts: np.ndarray, path) -> None:
     axes.add_collection(PolyCollection(corners, facecolors=colors[cls], linewidths=0))
     axes.set_xlim(-0.5, num_clients - 0.5)
     axes.set_ylim(0, max(int(tops[:, -1].max()), 1) * 1.02)
+    if num_clients <= 30:
+        axes.set_xticks(range(num_clients))
     axes.set_xlabel("client")
     axes.set_ylabel("samples")
     if num_classes <= 20:
@@ -355,5 +367,6 @@ def plot_label_counts(counts: np.ndarray, path) -> None:
     else:  # a legend of that many entries is unreadable; a color bar maps color to class id
         scale = ScalarMappable(Normalize(0, num_classes - 1), matplotlib.colormaps[palette])
         figure.colorbar(scale, ax=axes, label="class")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=120)
+    if title:
+        axes.set_title("\n".join(textwrap.wrap(title, 70)), fontsize=10)
+    return figure

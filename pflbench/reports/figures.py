@@ -310,41 +310,10 @@ def communication_vs_accuracy(points: pd.DataFrame, stem, *, paper: pd.DataFrame
 
 def label_distribution(counts: np.ndarray, stem, formats=FORMATS, title: str = "") -> np.ndarray:
     """The partition's per-client label counts ([clients, classes]) as stacked bars, titled."""
-    import matplotlib
-    from matplotlib.collections import PolyCollection
-    from matplotlib.patches import Patch
+    from pflbench.partitioning import label_counts_figure
 
     counts = np.asarray(counts)
-    num_clients, num_classes = counts.shape
-    palette = "tab10" if num_classes <= 10 else "tab20" if num_classes <= 20 else "viridis"
-    colors = matplotlib.colormaps[palette].resampled(num_classes)(np.arange(num_classes))
-    tops = np.cumsum(counts, axis=1)
-    client, cls = np.nonzero(counts)
-    left, right = client - 0.42, client + 0.42
-    bottom, top = tops[client, cls] - counts[client, cls], tops[client, cls]
-    corners = np.stack([np.stack(corner, axis=-1) for corner in
-                        [(left, bottom), (right, bottom), (right, top), (left, top)]], axis=1)
-    figure = new_figure(min(max(6.0, 0.12 * num_clients + 2.5), 24.0), 4.0)
-    axes = figure.add_subplot()
-    axes.add_collection(PolyCollection(corners, facecolors=colors[cls], linewidths=0))
-    axes.set_xlim(-0.5, num_clients - 0.5)
-    axes.set_ylim(0, max(int(tops[:, -1].max()), 1) * 1.02)
-    if num_clients <= 30:
-        axes.set_xticks(range(num_clients))
-    axes.set_xlabel("client")
-    axes.set_ylabel("samples")
-    if num_classes <= 20:
-        handles = [Patch(color=colors[c], label=str(c)) for c in range(num_classes)]
-        axes.legend(handles=handles, title="class", loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small")
-    else:
-        from matplotlib.cm import ScalarMappable
-        from matplotlib.colors import Normalize
-        figure.colorbar(ScalarMappable(Normalize(0, num_classes - 1), matplotlib.colormaps[palette]), ax=axes,
-                        label="class")
-    import textwrap
-
-    axes.set_title("\n".join(textwrap.wrap(title or "label distribution over clients", 70)), fontsize=10)
-    save(figure, stem, formats)
+    save(label_counts_figure(counts, title or "label distribution over clients"), stem, formats)
     return counts
 
 
