@@ -22,6 +22,14 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
+def reject_boolean(value):
+    """`seed: true` is a mistake, not seed 1: pydantic's lax mode would take a bool as a number.
+    Used by CellConfig's number fields and by the spec's per-key checks."""
+    if isinstance(value, bool):
+        raise ValueError(f"expected a number, got the boolean {value!r}")
+    return value
+
+
 # Fields added after cells were stored: left out of the hash while they have these values.
 OPTIONAL_AT_DEFAULT = {"finetune_epochs": 0}
 
@@ -55,10 +63,7 @@ class CellConfig(BaseModel):
                      "weight_decay", "eval_every", "train_fraction", "val_fraction", "finetune_epochs", mode="before")
     @classmethod
     def _no_booleans_for_numbers(cls, value):
-        """`seed: true` is a mistake, not seed 1: pydantic's lax mode would take a bool as a number."""
-        if isinstance(value, bool):
-            raise ValueError(f"expected a number, got the boolean {value!r}")
-        return value
+        return reject_boolean(value)
 
     def canonical_json(self) -> str:
         data = self.model_dump(mode="json")

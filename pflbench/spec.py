@@ -35,7 +35,7 @@ import yaml
 from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter,
                       ValidationError, model_validator)
 
-from pflbench.config import CellConfig
+from pflbench.config import CellConfig, reject_boolean
 
 # Dict-valued cell fields: their entries are addressed as `field.entry`.
 DICT_FIELDS = ("dataset_options", "partition_params", "hp")
@@ -269,13 +269,6 @@ class SpecFile(SpecModel):
 
 # ---- values of cell fields -----------------------------------------------------------------------
 
-def _not_a_boolean(value):
-    """`seed: true` is a mistake, not seed 1 (lax mode would take a bool as a number)."""
-    if isinstance(value, bool):
-        raise ValueError(f"expected a number, got the boolean {value!r}")
-    return value
-
-
 @cache
 def _field_type(key: str) -> TypeAdapter:
     """Validator of one settable key: the CellConfig field's type and bounds (pydantic's lax mode, so
@@ -286,7 +279,7 @@ def _field_type(key: str) -> TypeAdapter:
     field = CellConfig.model_fields[key]
     extras = [*field.metadata, *([AfterValidator(NAME_CHECKS[key])] if key in NAME_CHECKS else [])]
     if field.annotation in (int, float):
-        extras.insert(0, BeforeValidator(_not_a_boolean))
+        extras.insert(0, BeforeValidator(reject_boolean))
     return TypeAdapter(Annotated[(field.annotation, *extras)] if extras else field.annotation)
 
 
