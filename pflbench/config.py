@@ -31,7 +31,10 @@ def reject_boolean(value):
 
 
 # Fields added after cells were stored: left out of the hash while they have these values.
-OPTIONAL_AT_DEFAULT = {"finetune_epochs": 0}
+OPTIONAL_AT_DEFAULT = {"finetune_epochs": 0, "feature_shift": {}, "concept_shift": {}, "system": {}, "privacy": {},
+                       "unseen_fraction": 0.0}
+# The heterogeneity knobs beyond label skew (benchmarks/README.md, "Heterogeneity"): all off by default.
+HETEROGENEITY_FIELDS = ("feature_shift", "concept_shift", "system", "privacy", "unseen_fraction")
 
 
 class CellConfig(BaseModel):
@@ -58,9 +61,15 @@ class CellConfig(BaseModel):
     hp: dict[str, Any] = Field(default_factory=dict)  # the algorithm's own hyperparameters
     hp_source: Literal["default", "tuned"] = "default"  # tuned: from a sweep (benchmarks/tuned/<algo>.yaml)
     finetune_epochs: int = Field(0, ge=0)  # local epochs of the adapted evaluation; 0: as delivered only
+    feature_shift: dict[str, Any] = Field(default_factory=dict)  # per-client input transforms
+    concept_shift: dict[str, Any] = Field(default_factory=dict)  # clusters of clients with permuted labels
+    system: dict[str, Any] = Field(default_factory=dict)  # stragglers and dropped uploads
+    privacy: dict[str, Any] = Field(default_factory=dict)  # per-client differential privacy on the uploads
+    unseen_fraction: float = Field(0.0, ge=0.0, lt=1.0)  # clients held out of training, scored as newcomers
 
     @field_validator("clients", "participation", "seed", "rounds", "local_epochs", "batch_size", "lr", "momentum",
-                     "weight_decay", "eval_every", "train_fraction", "val_fraction", "finetune_epochs", mode="before")
+                     "weight_decay", "eval_every", "train_fraction", "val_fraction", "finetune_epochs",
+                     "unseen_fraction", mode="before")
     @classmethod
     def _no_booleans_for_numbers(cls, value):
         return reject_boolean(value)
