@@ -239,12 +239,10 @@ def check_model_spec(spec: str) -> str:
 
 class UnknownModelError(ValueError):
     def __init__(self, name: str):
-        import difflib
+        from pflbench.registry import unknown_message
 
-        allowed = ["auto", *MODELS.names(), *MODEL_GROUPS, "NAME,NAME,... (equal groups)"]
-        close = difflib.get_close_matches(name, allowed, n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        super().__init__(f"unknown model {name!r}{hint}; allowed: {', '.join(allowed)}")
+        super().__init__(unknown_message("model", name, ["auto", *MODELS.names(), *MODEL_GROUPS,
+                                                         "NAME,NAME,... (equal groups)"]))
 
 
 def client_groups(spec: str, num_clients: int) -> list[tuple[str, list[int]]]:

@@ -20,7 +20,7 @@ from typing import ClassVar, Sequence
 import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from pflbench.registry import Registry
+from pflbench.registry import Registry, echo
 
 PARTITIONS: Registry[type[Partitioner]] = Registry("partition scheme")
 
@@ -85,9 +85,9 @@ class Partitioner(ABC):
         for err in exc.errors():
             name = ".".join(str(part) for part in err["loc"])
             if err["type"] == "extra_forbidden":
-                problems.append(f"unknown parameter {name!r}; allowed parameters: {allowed}")
+                problems.append(f"unknown parameter {echo(name)}; allowed parameters: {allowed}")
             else:
-                problems.append(f"{name}={err['input']!r} is not allowed: {err['msg']}")
+                problems.append(f"{name}={echo(err['input'])} is not allowed: {err['msg']}")
         return f"partition scheme {self.scheme!r}: " + "; ".join(problems)
 
 
@@ -225,7 +225,7 @@ def _check_fractions(scheme: str, train_fraction: float, val_fraction: float) ->
 
 
 def _request_error(scheme: str, param: str, value, reason: str) -> PartitionError:
-    return PartitionError(f"partition scheme {scheme!r}: {param}={value!r} is not possible: {reason}")
+    return PartitionError(f"partition scheme {scheme!r}: {param}={echo(value)} is not possible: {reason}")
 
 
 def _cache_key(labels, num_classes, partitioner, num_clients, seed, train_fraction, val_fraction, dataset_key) -> str:

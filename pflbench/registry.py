@@ -5,9 +5,33 @@
 from __future__ import annotations
 
 import difflib
-from typing import Callable, Generic, TypeVar
+import reprlib
+from typing import Any, Callable, Generic, TypeVar
 
 T = TypeVar("T")
+
+# How a user's value is quoted in an error message: short, whatever was written (a 200,000-character
+# name, a list that YAML aliases expand to half a million entries), so a message stays one readable line.
+_ECHO = reprlib.Repr()  # (keyword arguments only from Python 3.12)
+_ECHO.maxstring = _ECHO.maxother = 60
+_ECHO.maxlist = _ECHO.maxtuple = _ECHO.maxdict = _ECHO.maxset = 4
+_ECHO.maxlevel = 2
+
+
+def echo(value: Any) -> str:
+    """`value`'s repr as quoted in an error message, shortened (with the length of a long string)."""
+    text = _ECHO.repr(value)
+    if isinstance(value, str) and len(value) > _ECHO.maxstring:
+        text += f" ({len(value):,} characters)"
+    return text
+
+
+def unknown_message(what: str, name: Any, allowed: list[str]) -> str:
+    """`unknown algorithm 'fedavgg' (did you mean 'fedavg'?); allowed: ...`"""
+    # difflib is quadratic in the length: a name of hundreds of characters is no typo of a known one
+    close = difflib.get_close_matches(str(name), allowed, n=1) if len(str(name)) <= 200 else []
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return f"unknown {what} {echo(name)}{hint}; allowed: {', '.join(allowed) or 'none'}"
 
 
 class UnknownNameError(ValueError):
@@ -35,10 +59,7 @@ class Registry(Generic[T]):
             raise UnknownNameError(self.unknown_message(name)) from None
 
     def unknown_message(self, name: str) -> str:
-        allowed = ", ".join(sorted(self._entries))
-        close = difflib.get_close_matches(str(name), list(self._entries), n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        return f"unknown {self.kind} {name!r}{hint}; allowed: {allowed}"
+        return unknown_message(self.kind, name, sorted(self._entries))
 
     def names(self) -> list[str]:
         return sorted(self._entries)

@@ -36,6 +36,7 @@ from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fi
                       ValidationError, model_validator)
 
 from pflbench.config import CellConfig, reject_boolean
+from pflbench.registry import echo, unknown_message  # noqa: F401  (unknown_message: used by others via spec)
 
 # Dict-valued cell fields: their entries are addressed as `field.entry`.
 DICT_FIELDS = ("dataset_options", "partition_params", "hp", "feature_shift", "concept_shift", "system", "privacy")
@@ -52,15 +53,38 @@ class SpecError(ValueError):
     def __init__(self, source: str, problems: list[tuple[str, str]]):
         self.source = source
         self.problems = problems
-        lines = [f"{source}: {where}: {message}" for where, message in problems]
+        lines = [_shortened(f"{source}: {where}: {message}") for where, message in problems]
         header = f"invalid spec {source} ({len(problems)} problems):\n  " if len(problems) > 1 else ""
         super().__init__(header + "\n  ".join(lines))
 
 
-def unknown_message(what: str, name: str, allowed: list[str]) -> str:
-    close = difflib.get_close_matches(str(name), allowed, n=1)
-    hint = f" (did you mean {close[0]!r}?)" if close else ""
-    return f"unknown {what} {name!r}{hint}; allowed: {', '.join(allowed) or 'none'}"
+MAX_MESSAGE = 2000  # a last guard on any one problem line
+MAX_SPEC_VALUES = 100_000  # entries a spec (or a --set value) may expand to; real specs have a few hundred
+
+
+def _shortened(line: str) -> str:
+    return line if len(line) <= MAX_MESSAGE else line[:MAX_MESSAGE] + f"... ({len(line):,} characters, shortened)"
+
+
+def count_values(data: Any, limit: int = MAX_SPEC_VALUES) -> int:
+    """Scalars, lists and mappings in `data`, counted as YAML's aliases expand them; stops past `limit`
+    (a 300-byte "billion laughs" file expands to millions of entries but costs nothing to count this way)."""
+    stack, count = [data], 0
+    while stack and count <= limit:
+        item = stack.pop()
+        count += 1
+        if isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+    return count
+
+
+def _check_size(data: Any, source: str, where: str) -> None:
+    if count_values(data) > MAX_SPEC_VALUES:
+        raise SpecError(source, [(where, f"expands to more than {MAX_SPEC_VALUES:,} values (YAML anchors and "
+                                         f"aliases repeated?); a spec is a few hundred settings at most")])
 
 
 # ---- registries (imported lazily: they pull in torch) -------------------------------------------
@@ -320,7 +344,7 @@ class Problems:
             if e["type"] == "value_error":
                 message = str(e["ctx"]["error"])
             else:
-                message = f"{e['msg']} (got {e['input']!r})"
+                message = f"{e['msg']} (got {echo(e['input'])})"
             self.add(where + loc, message)
 
     def check(self, adapter: TypeAdapter, value, where: str):
@@ -342,7 +366,7 @@ def _assignments_of(mapping: dict[str, Any], where: str, problems: Problems) -> 
         key = str(key)
         if key in DICT_FIELDS:
             if not isinstance(value, dict):
-                problems.add(f"{where}.{key}", f"must be a mapping of entries, got {value!r}")
+                problems.add(f"{where}.{key}", f"must be a mapping of entries, got {echo(value)}")
                 continue
             flat.update(_assignments_of({f"{key}.{k}": v for k, v in value.items()}, where, problems))
             continue
@@ -431,6 +455,7 @@ def parse_sets(items: list[str]) -> dict[str, Any]:
             sets[key.strip()] = yaml.safe_load(text)
         except yaml.YAMLError:
             sets[key.strip()] = text
+        _check_size(sets[key.strip()], "--set", echo(key.strip()))
     return sets
 
 
@@ -472,6 +497,7 @@ def load_spec(path: str | Path, sets: dict[str, Any] | None = None, scale: str |
         raise SpecError(str(path), [("file", "not a text file (UTF-8 YAML expected): is this the spec?")]) from None
     except yaml.YAMLError as error:
         raise SpecError(str(path), [("file", f"not valid YAML: {str(error)[:1000]}")]) from None
+    _check_size(data, str(path), "file")
     return parse_spec(data, source=str(path), sets=sets, default_name=path.stem, scale=scale,
                       base_dir=path.parent)
 
@@ -482,7 +508,7 @@ def parse_spec(data: Any, source: str = "<spec>", sets: dict[str, Any] | None = 
     (the spec file's folder; default: the current directory)."""
     problems = Problems()
     if not isinstance(data, dict):
-        raise SpecError(source, [("file", f"must be a mapping with keys {', '.join(SPEC_KEYS)}, got {data!r}")])
+        raise SpecError(source, [("file", f"must be a mapping with keys {', '.join(SPEC_KEYS)}, got {echo(data)}")])
     data = dict(data)
     data["matrix"] = dict(data.get("matrix") or {})
     data["resources"] = dict(data.get("resources") or {})
@@ -665,7 +691,7 @@ def _parse_axes(matrix: dict[str, Any], origins: dict[str, str], problems: Probl
         entries_where = [{k: Assigned(v, f"{where}[{i}]") for k, v in entry.items()} for i, entry in enumerate(values)]
         for k in {k for entry in values for k in entry}:
             if k in assigned_by and assigned_by[k] != where:
-                problems.add(where, f"{k!r} is already varied by {assigned_by[k]}; vary it in one axis only")
+                problems.add(where, f"{echo(k)} is already varied by {assigned_by[k]}; vary it in one axis only")
             assigned_by[k] = where
         axes.append((key, entries_where))
     return axes, optional
@@ -702,10 +728,10 @@ def _check_hyperparameter_names(axes, defaults: Assignments, rules: list[Rule], 
             if not any(name in fields for fields in declared.values()):
                 every = sorted({f for fields in declared.values() for f in fields})
                 listing = "; ".join(f"{a}: {', '.join(f) or 'none'}" for a, f in declared.items())
-                close = difflib.get_close_matches(name, every, n=1)
+                close = difflib.get_close_matches(name, every, n=1) if len(name) <= 200 else []
                 hint = f" (did you mean {close[0]!r}?)" if close else ""
                 problems.add(assigned.origin, f"no algorithm of this spec ({', '.join(candidates)}) has the "
-                                              f"hyperparameter {name!r}{hint}; declared: {listing}")
+                                              f"hyperparameter {echo(name)}{hint}; declared: {listing}")
 
 
 def _expand(axes, defaults: Assignments, rules: list[Rule], problems: Problems) -> list[CellConfig]:
@@ -747,7 +773,7 @@ def _build_cell(flat: Assignments, problems: Problems) -> CellConfig | None:
         cell = CellConfig(**fields)
     except ValidationError as error:
         for e in error.errors(include_url=False):
-            problems.add(origins(str(e["loc"][0])), f"{e['msg']} (got {e['input']!r})")
+            problems.add(origins(str(e["loc"][0])), f"{e['msg']} (got {echo(e['input'])})")
         return None
     # Resolve every default into the cell, so that its identity (hash) and its stored config say
     # exactly what ran: the algorithm's hyperparameters, the scheme's parameters, the dataset's options.

@@ -288,3 +288,39 @@ def test_gpus_asked_where_there_are_none_is_refused_before_any_work(tmp_path, ca
     assert not results.exists()  # nothing ran
     assert main(["run", str(spec), "--results", str(results), "--dry-run"]) == 0
     assert "warning" in capsys.readouterr().out
+
+
+BILLION_LAUGHS = """name: x
+description: &f [&e [&d [&c [&b [&a [lol, lol, lol, lol, lol, lol, lol, lol, lol], *a, *a, *a, *a, *a, *a, *a, *a],
+  *b, *b, *b, *b, *b, *b, *b, *b], *c, *c, *c, *c, *c, *c, *c, *c], *d, *d, *d, *d, *d, *d, *d, *d], *e, *e, *e, *e, *e, *e, *e, *e]
+matrix:
+  algorithm: [fedavg]
+  dataset: [synthetic]
+  seed: *f
+"""
+
+
+def test_a_yaml_alias_bomb_is_one_short_error(tmp_path):
+    # 300 bytes that expand to 9^6 = 531,441 strings: once a 3.9 MB error message
+    path = tmp_path / "bomb.yaml"
+    path.write_text(BILLION_LAUGHS)
+    with pytest.raises(SpecError) as caught:
+        load_spec(path)
+    message = str(caught.value)
+    assert len(message) < 300 and "expands to more than 100,000 values" in message
+    with pytest.raises(SpecError, match="expands to more than"):
+        parse_sets(["seed=" + BILLION_LAUGHS.split("description: ")[1].split("\nmatrix")[0]])
+
+
+def test_long_user_values_are_quoted_short(tmp_path):
+    long_name = "a" * 200_000
+    path = tmp_path / "long.yaml"
+    path.write_text(f"name: x\nmatrix:\n  algorithm: [{long_name}]\n  dataset: [synthetic]\n  lr: [{'9' * 5000}x]\n")
+    with pytest.raises(SpecError) as caught:
+        load_spec(path)
+    message = str(caught.value)
+    assert len(message) < 1500, len(message)
+    assert "unknown algorithm 'aaaa" in message and "(200,000 characters)" in message
+    assert "matrix.lr[0]" in message and "(5,001 characters)" in message
+    for where, problem in caught.value.problems:  # every line stays short whatever the value
+        assert len(problem) < 1000

@@ -4,6 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from pflbench.registry import echo
+
 
 @dataclass(frozen=True)
 class Option:
@@ -37,16 +39,16 @@ class Option:
         # bool is an int in Python; an int option given `true` is still a mistake.
         if not isinstance(value, self.type) or (self.type is not bool and isinstance(value, bool)):
             raise ValueError(
-                f"option {name!r} of dataset {dataset!r} must be {self.type.__name__}, got {value!r}; "
+                f"option {name!r} of dataset {dataset!r} must be {self.type.__name__}, got {echo(value)}; "
                 f"allowed: {self.describe(name)}"
             )
         if self.choices is not None and value not in self.choices:
             raise ValueError(
                 f"option {name!r} of dataset {dataset!r} must be one of "
-                f"{', '.join(map(str, self.choices))}; got {value!r}"
+                f"{', '.join(map(str, self.choices))}; got {echo(value)}"
             )
         if self.minimum is not None and value < self.minimum:
-            raise ValueError(f"option {name!r} of dataset {dataset!r} must be >= {self.minimum:g}; got {value!r}")
+            raise ValueError(f"option {name!r} of dataset {dataset!r} must be >= {self.minimum:g}; got {echo(value)}")
         return value
 
 
