@@ -13,7 +13,7 @@ T = TypeVar("T")
 # How a user's value is quoted in an error message: short, whatever was written (a 200,000-character
 # name, a list that YAML aliases expand to half a million entries), so a message stays one readable line.
 _ECHO = reprlib.Repr()  # (keyword arguments only from Python 3.12)
-_ECHO.maxstring = _ECHO.maxother = 60
+_ECHO.maxstring = _ECHO.maxother = 160  # long enough for a path
 _ECHO.maxlist = _ECHO.maxtuple = _ECHO.maxdict = _ECHO.maxset = 4
 _ECHO.maxlevel = 2
 
