@@ -18,6 +18,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
+from pflbench import shifts
 from pflbench.algorithm import Algorithm, get_algorithm
 from pflbench.config import CellConfig
 from pflbench.models import build_model, client_groups, default_model, is_heterogeneous
@@ -68,8 +69,9 @@ class Federation:
                  client_batching: str = "auto", algorithm_batched: bool = True, withhold_test: bool = False):
         self.cell = cell
         self.device = torch.device(device)
-        self.features = dataset.normalized(self.device)
-        self.labels = dataset.labels.to(self.device)
+        # Feature and concept shift (pflbench.shifts), applied once to every partition client's samples.
+        self.features, self.labels, self.shifts = shifts.apply(cell, dataset, splits, dataset.normalized(self.device),
+                                                               dataset.labels.to(self.device))
         self.num_classes = dataset.num_classes
         self.num_clients = splits.num_clients
         names = [name for name in SPLITS if not (withhold_test and name == "test")]
@@ -263,6 +265,7 @@ def run_cell(cell: CellConfig, *, data_root=None, mirror=None, device: str = "cp
     algorithm_cls = get_algorithm(cell.algorithm)
     hp = algorithm_cls.parse_hyperparams(cell.hp)
     algorithm_cls.check_models(cell.model)  # a heterogeneous cell needs an algorithm that supports it
+    shifts.resolve(cell.feature_shift, cell.concept_shift, cell.clients)  # a bad shift setting, before any work
     dataset, splits = prepare_cell(cell, data_root, mirror)
     fed = Federation(cell, dataset, splits, device, client_batching, algorithm_cls.batched,
                      withhold_test="test" not in evaluate)

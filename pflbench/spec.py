@@ -752,6 +752,7 @@ def _expand(axes, defaults: Assignments, rules: list[Rule], problems: Problems) 
 
 def _build_cell(flat: Assignments, problems: Problems) -> CellConfig | None:
     """One resolved cell; problems are reported at the place each offending value was written."""
+    from pflbench import shifts
     from pflbench.data.sources import make_source
     from pflbench.partitioning import make_partitioner
 
@@ -798,12 +799,17 @@ def _build_cell(flat: Assignments, problems: Problems) -> CellConfig | None:
         problems.add(origins("dataset", "dataset_options"), str(error))
         return None
     options = {k: v for k, v in source.options.items() if source.OPTIONS[k].changes_data}  # not e.g. `download`
-    for knob in ("feature_shift", "concept_shift", "system", "privacy", "unseen_fraction"):
+    try:  # feature and concept shift: validated, and only their non-default entries kept (pflbench.shifts)
+        shifted = shifts.resolve(cell.feature_shift, cell.concept_shift, cell.clients)
+    except ValueError as error:
+        problems.add(origins("feature_shift", "concept_shift"), str(error))
+        return None
+    for knob in ("system", "privacy", "unseen_fraction"):
         if getattr(cell, knob):  # each knob's own module replaces this line with its validation
             problems.add(origins(knob), f"{knob} is not available yet")
             return None
     return cell.model_copy(update={"hp": hp.model_dump(mode="json"), "dataset_options": options,
-                                   "partition_params": scheme.params.model_dump(mode="json")})
+                                   "partition_params": scheme.params.model_dump(mode="json"), **shifted})
 
 
 def describe_partition(cell: CellConfig) -> str:
