@@ -72,6 +72,9 @@ class FeatureShift(BaseModel):
         if self.kind == "none" and changed:
             raise ValueError(f"kind is 'none' (off): set kind to one of rotation, color, permutation "
                              f"to use {', '.join(sorted(changed))}")
+        if self.clusters == 1:
+            raise ValueError("clusters=1 would leave every client unshifted (cluster 0 keeps the original data); "
+                             "allowed: 0 (each client its own transform) or 2 and more")
         for entry, kind in (("max_degrees", "rotation"), ("strength", "color")):
             if entry in changed and self.kind != kind:
                 raise ValueError(f"{entry} applies to kind {kind!r} only (kind is {self.kind!r}); in a matrix "

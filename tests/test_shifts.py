@@ -46,6 +46,8 @@ def test_writing_the_defaults_keeps_the_cell_and_bad_values_are_named():
         parse_spec({**spec, "defaults": {"feature_shift.kind": "rotate"}})
     with pytest.raises(SpecError, match="strength applies to kind 'color' only"):
         parse_spec({**spec, "defaults": {"feature_shift.kind": "rotation", "feature_shift.strength": 0.2}})
+    with pytest.raises(SpecError, match="clusters=1 would leave every client unshifted"):
+        parse_spec({**spec, "defaults": {"feature_shift.kind": "color", "feature_shift.clusters": 1}})
     with pytest.raises(SpecError, match="allowed entries: clusters"):
         parse_spec({**spec, "defaults": {"concept_shift.k": 2}})
     with pytest.raises(SpecError, match="concept_shift.clusters=11 exceeds the cell's 10 clients"):
@@ -163,8 +165,11 @@ def test_concept_shift_leaves_a_global_model_far_below_local_training(tmp_path):
                 rounds=6, local_epochs=2, batch_size=16, lr=0.05, seed=0)
     scores = {(algorithm, k): run_cell(CellConfig(algorithm=algorithm, concept_shift={"clusters": k} if k > 1 else {},
                                                   **base), data_root=tmp_path).summary["final_accuracy"]
-              for algorithm in ("fedavg", "local") for k in (1, 4)}
-    # measured: fedavg 0.68 / 0.21 (4 clusters), local 0.69 / 0.69
+              for algorithm, k in (("fedavg", 1), ("local", 1), ("fedavg", 4), ("local", 4), ("centralized", 4),
+                                      ("fedrep", 4))}
+    # measured: fedavg 0.68 / 0.21 (4 clusters), local 0.69 / 0.69, centralized - / 0.21, fedrep - / 0.72
     assert scores["fedavg", 1] > scores["local", 1] - 0.05  # without the shift, one model fits everyone
     assert scores["fedavg", 4] < scores["local", 4] - 0.3
     assert abs(scores["local", 4] - scores["local", 1]) < 0.05  # a relabelling is as easy to learn locally
+    assert scores["centralized", 4] < scores["local", 4] - 0.3  # the pooled reference trains on relabelled data too
+    assert scores["fedrep", 4] > scores["fedavg", 4] + 0.3  # a personal head absorbs the cluster's labels
