@@ -754,6 +754,8 @@ def _build_cell(flat: Assignments, problems: Problems) -> CellConfig | None:
     """One resolved cell; problems are reported at the place each offending value was written."""
     from pflbench.data.sources import make_source
     from pflbench.partitioning import make_partitioner
+    from pflbench.privacy import parse_privacy
+    from pflbench.system import parse_system
 
     algorithm = flat["algorithm"].value
     declared = set(hyperparameters(algorithm))
@@ -798,10 +800,23 @@ def _build_cell(flat: Assignments, problems: Problems) -> CellConfig | None:
         problems.add(origins("dataset", "dataset_options"), str(error))
         return None
     options = {k: v for k, v in source.options.items() if source.OPTIONS[k].changes_data}  # not e.g. `download`
-    for knob in ("feature_shift", "concept_shift", "system", "privacy", "unseen_fraction"):
+    for knob in ("feature_shift", "concept_shift", "unseen_fraction"):
         if getattr(cell, knob):  # each knob's own module replaces this line with its validation
             problems.add(origins(knob), f"{knob} is not available yet")
             return None
+    # System and privacy heterogeneity (pflbench/system.py, pflbench/privacy.py): validated, only the
+    # entries that differ from the defaults kept, and refused by algorithms that cannot honour them.
+    for knob, parse in (("system", lambda v: parse_system(v, cell.clients)), ("privacy", parse_privacy)):
+        try:
+            cell = cell.model_copy(update={knob: parse(getattr(cell, knob))})
+        except ValueError as error:
+            problems.add(origins(knob), str(error))
+            return None
+    try:
+        _algorithms().get(algorithm).check_knobs(cell)
+    except ValueError as error:
+        problems.add(origins("algorithm", "system", "privacy"), str(error))
+        return None
     return cell.model_copy(update={"hp": hp.model_dump(mode="json"), "dataset_options": options,
                                    "partition_params": scheme.params.model_dump(mode="json")})
 
