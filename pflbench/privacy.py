@@ -33,7 +33,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from pflbench.system import knob_problem, reject_booleans
 
 SALT = 0xD1F  # this module's stream of the cell's seed
 ACCOUNTANT = "rdp"  # Opacus's Renyi-DP accountant (Mironov 2017; Mironov, Talwar & Zhang 2019)
@@ -52,6 +54,11 @@ class PrivacyParams(BaseModel):
     epsilon: float | list[float | None] | None = None  # budget per client, or budgets of groups of clients
     delta: float = Field(1e-5, gt=0.0, lt=1.0)
     clip: float = Field(1.0, gt=0.0)  # L2 norm the update is clipped to
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_booleans(cls, values):
+        return reject_booleans(values)
 
     @field_validator("epsilon")
     @classmethod
@@ -72,7 +79,7 @@ def parse_privacy(values: dict[str, Any]) -> dict[str, Any]:
     try:
         params = PrivacyParams(**values)
     except ValidationError as err:
-        problems = "; ".join(f"privacy.{'.'.join(map(str, e['loc'][:1])) or '*'}: {e['msg']}" for e in err.errors())
+        problems = "; ".join(knob_problem("privacy", e) for e in err.errors())
         raise ValueError(f"{problems} (allowed: {allowed})") from None
     data = params.model_dump(mode="json")
     defaults = PrivacyParams().model_dump(mode="json")

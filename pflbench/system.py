@@ -31,6 +31,23 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 SALT = 0x5E7  # this module's stream of the cell's seed
 
 
+def knob_problem(knob: str, error: dict) -> str:
+    """One pydantic error of a knob's entries as `knob.entry: message`."""
+    message = error["msg"].removeprefix("Value error, ")
+    entry = str(error["loc"][0]) if error["loc"] else ""
+    return f"{knob}.{entry}: {message}" if entry else f"{knob}.{message}"
+
+
+def reject_booleans(values):
+    """`dropout: true` is a mistake, not probability 1 (pydantic's lax mode would take it as 1.0)."""
+    if isinstance(values, dict):
+        for key, value in values.items():
+            for v in value if isinstance(value, (list, tuple)) else [value]:
+                if isinstance(v, bool):
+                    raise ValueError(f"{key}: expected a number, got the boolean {v!r}")
+    return values
+
+
 class SystemParams(BaseModel):
     """The `system.*` entries of a cell (all off by default)."""
 
@@ -39,6 +56,11 @@ class SystemParams(BaseModel):
     stragglers: float = Field(0.0, ge=0.0, le=1.0)  # share of the clients that are stragglers
     straggler_work: float | tuple[float, float] = 0.5  # fraction of the local work a straggler does
     dropout: float | list[float] = 0.0  # probability that a sampled client's upload never arrives
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_booleans(cls, values):
+        return reject_booleans(values)
 
     @field_validator("straggler_work")
     @classmethod
@@ -78,7 +100,7 @@ def parse_system(values: dict[str, Any], clients: int) -> dict[str, Any]:
     try:
         params = SystemParams(**values)
     except ValidationError as err:
-        problems = "; ".join(f"system.{'.'.join(map(str, e['loc'])) or '*'}: {e['msg']}" for e in err.errors())
+        problems = "; ".join(knob_problem("system", e) for e in err.errors())
         raise ValueError(f"{problems} (allowed: {allowed})") from None
     if isinstance(params.dropout, list) and len(params.dropout) != clients:
         raise ValueError(f"system.dropout: a list needs one probability per client ({clients}), "
