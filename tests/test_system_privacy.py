@@ -147,6 +147,14 @@ def test_stragglers_take_their_share_of_the_local_steps(tmp_path, monkeypatch):
     assert steps[1:] == [] or all(len(s) for s in steps)  # evaluation's adaptation is never cut
 
 
+def test_the_registry_cells_meet_a_round_where_every_upload_is_lost(tmp_path):
+    cell = small_cell(system=SYSTEM, **TINY)
+    fed = make_federation(cell, tmp_path)
+    lost = [bool(fed.system.dropped[r, fed.schedule[r]].all()) for r in range(cell.rounds)]
+    assert lost == [False, True]  # round 1 aggregates some uploads, round 2 none
+    assert fed.system.straggler[fed.schedule[0]].any()
+
+
 @pytest.mark.parametrize("name", sorted(name for name, _ in ALGORITHMS.items()))
 def test_every_algorithm_copes_with_stragglers_and_dropout_or_refuses(name, tmp_path):
     cell = small_cell(algorithm=name, system=SYSTEM, **TINY)
