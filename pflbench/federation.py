@@ -20,9 +20,9 @@ from torch import Tensor
 
 from pflbench.algorithm import Algorithm, get_algorithm
 from pflbench.config import CellConfig
+from pflbench.models import build_model, client_groups, default_model, is_heterogeneous
 from pflbench.privacy import PrivacyPlan, privatize_upload
 from pflbench.system import SystemPlan
-from pflbench.models import build_model, client_groups, default_model, is_heterogeneous
 from pflbench.training import (SGD, ClientModel, Diverged, Objective, State, batch_plan, cross_entropy,
                                evaluate_clients, payload_bytes, train_clients)
 
