@@ -27,6 +27,7 @@ def step_ids(fed, rnd: int, clients: Tensor, *, salt: int, epochs: int | None = 
     indices = [fed.splits[split][c] for c in clients.tolist()]
     plans = batch_plan([len(i) for i in indices], fed.cell.batch_size, epochs or fed.cell.local_epochs,
                        steps, fed.batch_generators(rnd, clients, salt))
+    plans = fed.local_plans(rnd, clients.tolist(), plans)  # a straggler's share of the round's work
     counts = torch.tensor([len(p) for p in plans], device=fed.device)
     longest = int(counts.max()) if len(plans) else 0
     ids = torch.zeros(len(plans), longest, fed.cell.batch_size, dtype=torch.long, device=fed.device)

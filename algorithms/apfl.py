@@ -119,6 +119,7 @@ class APFL(Algorithm):
         indices = [fed.splits["train"][c] for c in clients.tolist()]
         plans = batch_plan([len(i) for i in indices], fed.cell.batch_size, fed.cell.local_epochs, None,
                            fed.batch_generators(rnd, clients, self.ALPHA_SALT))
+        plans = fed.local_plans(rnd, clients.tolist(), plans)  # a straggler's share of the round's work
         alpha = alpha.clone()
         steps = max((len(p) for p in plans), default=0)
         for step in range(steps):

@@ -16,6 +16,8 @@ from pflbench.algorithm import ALGORITHMS, Algorithm
 class Centralized(Algorithm):
     name = "centralized"
     personalizes = "nothing: one model trained on the pooled data of the round's clients (a reference, not FL)"
+    refused_knobs = {"system": "the server trains on the pooled data itself: no client does local work or uploads",
+                     "privacy": "nothing is uploaded: the server trains on the pooled raw data"}
 
     def configure(self, rnd, clients):
         return {}

@@ -86,6 +86,8 @@ class FedFomo(Algorithm):
     name = "fedfomo"
     paper = "Zhang, Sapra, Fidler, Yeung & Alvarez, ICLR 2021"
     personalizes = "the whole model: each client combines other clients' models by first-order weights on its own validation data"
+    refused_knobs = {"privacy": "its upload is the whole model plus first-order weights computed on the client's "
+                                "validation data, with no single downloaded model to form an update against"}
 
     class Hyperparams(Hyperparams):
         models: int = Field(8, ge=1)                       # M, models downloaded per client
@@ -198,6 +200,14 @@ class FedFomo(Algorithm):
             rows = cpu_clients.unsqueeze(1).expand_as(self._chosen)
             self.affinity.index_put_((rows, self._chosen), raw, accumulate=True)
             self.last_weights[rows, self._chosen] = self._weights.double()
+
+    def aggregate_arrived(self, rnd, clients, upload, positions):
+        """Dropped uploads: the round's candidate choices and weights of the clients that arrived."""
+        if self._chosen is not None:
+            self._chosen = self._chosen[positions.cpu()]
+            if getattr(self, "_weights", None) is not None and len(self._weights) == len(clients):
+                self._weights = self._weights[positions.cpu()]
+        super().aggregate_arrived(rnd, clients, upload, positions)
 
     def personalized(self):
         return self.client_state

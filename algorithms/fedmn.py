@@ -178,6 +178,8 @@ class FedMN(Algorithm):
     paper = "T. Wang, Cheng, Luo, Yu, Ni, Tong, Chen & X. Zhang, ICDM 2022"
     personalizes = "the architecture: a routing hypernetwork picks each client's modules from a shared pool"
     batched = False
+    refused_knobs = {"privacy": "its upload is the router and the modules its routing picks after local training, "
+                                "which may differ from the modules it downloaded: no update to clip"}
 
     class Hyperparams(Hyperparams):
         modules_per_layer: list[int] = Field(default_factory=lambda: [2, 2, 2], min_length=2)
@@ -309,6 +311,7 @@ class FedMN(Algorithm):
         noise_generators = fed.batch_generators(rnd, clients, salt=0xF3D)
         plans = batch_plan([len(fed.splits["train"][c]) for c in ids], fed.cell.batch_size,
                            fed.cell.local_epochs, None, generators)
+        plans = fed.local_plans(rnd, ids, plans)  # a straggler's share of the round's work
         for k, c in enumerate(ids):
             self.net.load_state_dict(self.client_pool[c])
             self.router.load_state_dict(states[k]["router"])

@@ -58,6 +58,11 @@ class L2GD(Algorithm):
     name = "l2gd"
     paper = "Hanzely & Richtárik, arXiv 2020 (Federated Learning of a Mixture of Global and Local Models)"
     personalizes = "a whole local model per client, pulled toward the average on randomly chosen communication rounds"
+    refused_knobs = {
+        "system.dropout": "the server averages the sampled clients' models when it configures an aggregation "
+                          "round (before they train), so an upload lost at the end of the round cannot be left out",
+        "privacy": "its upload is the client's whole model, averaged before the round's step, not an update of "
+                   "what it downloaded"}
 
     class Hyperparams(Hyperparams):
         lam: float = Field(10.0, ge=0.0)   # lambda, weight of the distance-to-average penalty

@@ -146,6 +146,11 @@ class MHpFedHN(Algorithm):
     heterogeneous_models = True
     global_distillation = False
 
+    @property
+    def dp_upload(self) -> str:
+        """per_round: the engine privatizes the uploaded deltas; per_client: each delta, as it steps the server."""
+        return "update" if self.hp.server_updates == "per_round" else "self"
+
     class Hyperparams(Hyperparams):
         embedding_dim: int = Field(64, ge=1)
         hidden_dim: int = Field(128, ge=1)          # `hidm`
@@ -241,7 +246,10 @@ class MHpFedHN(Algorithm):
                 trained = self.fed.train(rnd, clients[k:k + 1], state, **extra).state
                 self._store_buffers([c], trained)
                 delta = theta.detach() - flatten(self._model(c), trained)[0]
-                self._server_step([theta], [delta])
+                arrived = self.fed.arrived(rnd, clients[k:k + 1])
+                if arrived is None or bool(arrived[0]):  # a dropped client's delta never reaches the server
+                    delta = self.fed.privatize(rnd, c, {"delta": delta})["delta"]
+                    self._server_step([theta], [delta])
                 upload[k]["delta"] = delta
             return upload
         # per_round: batched per architecture, all from the same hypernetwork (regenerated here, as
@@ -330,6 +338,10 @@ class MHpFedHNGD(MHpFedHN):
     name = "mh-pfedhngd"
     paper = "C. Zhang, H. Li, X. Liu, L. Jiang et al., arXiv 2507.22330, 2025 (IJCAI 2026)"
     personalizes = "as MH-pFedHN, plus a generated global model distilled into every client"
+    refused_knobs = {"system.dropout": "every sampled client's global-model update reaches the server during local "
+                                       "training (the global phase), before an upload could be lost",
+                     "privacy": "the global phase's updates reach the server during local training, outside "
+                                "the privatized upload"}
     global_distillation = True
 
     class Hyperparams(MHpFedHN.Hyperparams):

@@ -129,6 +129,11 @@ class PFedHN(Algorithm):
                                          weight_decay=hp.hn_weight_decay)
         self.embedding_momentum = torch.zeros_like(self.hypernet.embedding)
 
+    @property
+    def dp_upload(self) -> str:
+        """per_round: the engine privatizes the uploaded deltas; per_client: each delta, as it steps the server."""
+        return "update" if self.hp.server_updates == "per_round" else "self"
+
     def configure(self, rnd, clients):
         with torch.no_grad():
             self._generated = self.hypernet(clients)
@@ -149,7 +154,10 @@ class PFedHN(Algorithm):
                 generated = self.hypernet(row)
             start = {n: generated[n] if n in generated else t[k:k + 1] for n, t in state.items()}
             after = self.inner_train(rnd, row, start)
-            self.hypernetwork_step(row, {n: generated[n] - after[n] for n in self.generated})
+            arrived = self.fed.arrived(rnd, row)
+            if arrived is None or bool(arrived[0]):  # a dropped client's update never reaches the server
+                update = self.fed.privatize(rnd, client, {n: (generated[n] - after[n])[0] for n in self.generated})
+                self.hypernetwork_step(row, {n: update[n].unsqueeze(0) for n in self.generated})
             for n in self.generated:  # what this client started from, for its upload
                 self._generated[n][k] = generated[n][0]
             trained.append(after)

@@ -99,6 +99,7 @@ class PFedLA(Algorithm):
     name = "pfedla"
     paper = "Ma, Zhang, Guo & Xu, CVPR 2022"
     personalizes = "the aggregation: per client and per layer, weights over all clients' models learned by a server hypernetwork"
+    dp_upload = "update"  # the upload is delta theta_i
 
     class Hyperparams(Hyperparams):
         hn_lr: float = Field(1e-2, gt=0)          # hypernetwork and embedding learning rate (Adam)
@@ -232,6 +233,15 @@ class PFedLA(Algorithm):
                 self.server_params[p][clients] = start + upload[p]
         self._theta_bar = self._keep = self._start = None
         self._alpha_cache = None
+
+    def aggregate_arrived(self, rnd, clients, upload, positions):
+        """Dropped uploads: the round's retained layers and aggregated models of the clients that arrived."""
+        self._keep = self._keep[positions]
+        self._theta_bar = {p: t[positions] for p, t in self._theta_bar.items()}
+        if len(positions):
+            self.aggregate(rnd, clients[positions], upload)
+        else:
+            self._theta_bar = self._keep = self._start = None
 
     def hypernetwork_step(self, clients: Tensor, grads: dict[str, Tensor]) -> None:
         """One step of each client's hypernetwork on its gradient (Adam per client, or plain SGD).

@@ -58,6 +58,13 @@ class Algorithm:
     # method personalizes (which part of the model or objective is each client's own).
     paper: ClassVar[str] = ""
     personalizes: ClassVar[str] = ""
+    # System and privacy heterogeneity (pflbench/system.py, pflbench/privacy.py). `dp_upload`: how the
+    # engine privatizes this algorithm's uploads: "model" (the update is upload - download), "update"
+    # (the upload already is an update), "self" (the algorithm calls `fed.privatize` where its update
+    # leaves the client). `refused_knobs`: the knobs ("system.dropout", "privacy", ...) it cannot
+    # honour, with why; a cell asking for one is refused before any work (`check_knobs`).
+    dp_upload: ClassVar[str] = "model"
+    refused_knobs: ClassVar[dict[str, str]] = {}
 
     def __init__(self, fed: "Federation", hp: Hyperparams):
         self.fed = fed
@@ -85,6 +92,16 @@ class Algorithm:
                 f"algorithm {cls.name!r} needs one architecture shared by all clients, but model {model!r} "
                 f"gives clients different architectures; algorithms for heterogeneous models: "
                 f"{', '.join(allowed) or 'none'} (or give a single model name)")
+
+    @classmethod
+    def check_knobs(cls, cell) -> None:
+        """ValueError before anything runs if the cell turns on a knob this algorithm refuses."""
+        for knob, why in cls.refused_knobs.items():
+            group, _, entry = knob.partition(".")
+            if (getattr(cell, group).get(entry) if entry else getattr(cell, group)):
+                able = [name for name, c in ALGORITHMS.items() if knob not in c.refused_knobs]
+                raise ValueError(f"algorithm {cls.name!r} cannot run with {knob}: {why} "
+                                 f"(algorithms that can: {', '.join(able)})")
 
     # ---- state ---------------------------------------------------------------------------------
     def setup(self) -> None:
@@ -125,6 +142,13 @@ class Algorithm:
         weights = weights / weights.sum()
         for n, t in upload.items():
             self.global_state[n] = weighted_mean(t, weights).unsqueeze(0)
+
+    def aggregate_arrived(self, rnd: int, clients: Tensor, upload, positions: Tensor) -> None:
+        """Aggregate the uploads that reached the server (`system.dropout`; with `privacy`, noised):
+        `upload` holds only those, from `clients[positions]`. When none arrived the server keeps its
+        state. Override where `aggregate` reads round state kept by position (e.g. FedFomo)."""
+        if len(positions):
+            self.aggregate(rnd, clients[positions], upload)
 
     def personalized(self) -> State:
         """Every client's personalized model [N, ...]: the global shared part with its local part."""

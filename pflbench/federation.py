@@ -22,6 +22,8 @@ from pflbench import shifts
 from pflbench.algorithm import Algorithm, get_algorithm
 from pflbench.config import CellConfig
 from pflbench.models import build_model, client_groups, default_model, is_heterogeneous
+from pflbench.privacy import PrivacyPlan, privatize_upload
+from pflbench.system import SystemPlan
 from pflbench.training import (SGD, ClientModel, Diverged, Objective, State, batch_plan, cross_entropy,
                                evaluate_clients, payload_bytes, train_clients)
 
@@ -100,6 +102,10 @@ class Federation:
         self.sgd = SGD(cell.lr, cell.momentum, cell.weight_decay)
         self.batched = choose_batching(client_batching, self.device, algorithm_batched)
         self.schedule = sample_schedule(cell.clients, cell.participation, cell.rounds, cell.seed)
+        # System and privacy heterogeneity: drawn once from the seed (None when the knob is off).
+        self.system = SystemPlan.from_cell(cell)
+        self.privacy = PrivacyPlan.from_cell(cell, self.schedule)
+        self.local_round: int | None = None  # the round whose local training is running (stragglers)
 
     @property
     def model(self) -> ClientModel:
@@ -152,7 +158,7 @@ class Federation:
         return self._train_on([self.splits[split][c] for c in clients.tolist()],
                               self.batch_generators(rnd, clients, salt), model or self.model_of(clients), state,
                               epochs=epochs, steps=steps, objective=objective, aux=aux, trainable=trainable,
-                              targets=targets)
+                              targets=targets, cut=(rnd, clients.tolist()))
 
     def train_pooled(self, rnd: int, clients: Tensor, state: State, *, epochs: int | None = None) -> TrainResult:
         """One model (`state`, [1, ...]) trained on the union of `clients`' train splits, shuffled
@@ -164,15 +170,35 @@ class Federation:
     def _train_on(self, indices: list[Tensor], generators: list[torch.Generator], model: ClientModel,
                   state: State, *, epochs: int | None = None, steps: int | None = None,
                   objective: Objective = cross_entropy, aux: State | None = None, trainable=None,
-                  targets: Tensor | None = None) -> TrainResult:
+                  targets: Tensor | None = None, cut: tuple[int, list[int]] | None = None) -> TrainResult:
         """SGD of the models in `state` (row k on the sample ids `indices[k]`, batch order from
-        `generators[k]`): what `train` and `train_pooled` share."""
+        `generators[k]`): what `train` and `train_pooled` share. `cut` = (round, clients): the plans
+        are the local work of those clients in that round (stragglers cut them: `local_plans`)."""
         plans = batch_plan([len(i) for i in indices], self.cell.batch_size, epochs or self.cell.local_epochs,
                            steps, generators)
+        if cut is not None:
+            plans = self.local_plans(*cut, plans)
         new_state, loss = train_clients(model, state, self.features, self.labels if targets is None else targets,
                                         indices, plans, self.sgd, objective=objective, aux=aux,
                                         trainable=trainable, batched=self.batched)
         return TrainResult(new_state, loss)
+
+    def local_plans(self, rnd: int, clients: list[int], plans: list[Tensor]) -> list[Tensor]:
+        """The batch plans of `clients`, cut to each straggler's share of the work when they are the
+        local training of round `rnd` (`system.stragglers`); unchanged otherwise (e.g. evaluation's
+        adaptation, or a knob that is off). Algorithms that build their own plans pass them here."""
+        if self.system is None or self.local_round != rnd:
+            return plans
+        return self.system.cut(rnd, clients, plans)
+
+    def arrived(self, rnd: int, clients: Tensor) -> Tensor | None:
+        """[K] bool: whose upload reaches the server in round `rnd` (None: every upload, no dropout)."""
+        return None if self.system is None else self.system.arrived(rnd, clients)
+
+    def privatize(self, rnd: int, client: int, update: State) -> State:
+        """For algorithms with `dp_upload = "self"`: one client's update (unstacked tensors) as it
+        leaves the client under the `privacy` knob (clipped and noised); unchanged when it is off."""
+        return update if self.privacy is None else self.privacy.privatize(rnd, client, update)
 
     def adapt_locally(self, personal: State | list[State], rnd: int, epochs: int) -> State | list[State]:
         """Every client's model in `personal` after `epochs` of local SGD on its own train split: the
@@ -266,6 +292,7 @@ def run_cell(cell: CellConfig, *, data_root=None, mirror=None, device: str = "cp
     hp = algorithm_cls.parse_hyperparams(cell.hp)
     algorithm_cls.check_models(cell.model)  # a heterogeneous cell needs an algorithm that supports it
     shifts.resolve(cell.feature_shift, cell.concept_shift, cell.clients)  # a bad shift setting, before any work
+    algorithm_cls.check_knobs(cell)  # system / privacy knobs the algorithm cannot honour
     dataset, splits = prepare_cell(cell, data_root, mirror)
     fed = Federation(cell, dataset, splits, device, client_batching, algorithm_cls.batched,
                      withhold_test="test" not in evaluate)
@@ -275,13 +302,42 @@ def run_cell(cell: CellConfig, *, data_root=None, mirror=None, device: str = "cp
 
 
 def run_round(algorithm: Algorithm, rnd: int, clients: Tensor) -> tuple[State, State]:
-    """One round of the algorithm's hooks; returns what was sent down and up."""
+    """One round of the algorithm's hooks; returns what was sent down and what reached the server
+    (with dropped uploads or DP, one dict per client, {} for a dropped one)."""
+    fed = algorithm.fed
     download = algorithm.configure(rnd, clients)
     state = algorithm.receive(rnd, clients, download)
-    state = algorithm.local_train(rnd, clients, state)
+    fed.local_round = rnd  # stragglers cut this round's local work
+    try:
+        state = algorithm.local_train(rnd, clients, state)
+    finally:
+        fed.local_round = None
     upload = algorithm.send(rnd, clients, state)
-    algorithm.aggregate(rnd, clients, upload)
-    return download, upload
+    arrived = fed.arrived(rnd, clients)
+    engine_dp = fed.privacy is not None and algorithm.dp_upload in ("model", "update")
+    if arrived is None and not engine_dp:
+        algorithm.aggregate(rnd, clients, upload)
+        return download, upload
+    received = (privatize_upload(fed.privacy, algorithm.dp_upload, rnd, clients, download, upload, arrived)
+                if engine_dp else [u if arrived is None or arrived[k] else {}
+                                   for k, u in enumerate(_per_client(upload, len(clients)))])
+    positions = torch.arange(len(clients), device=clients.device)
+    if arrived is not None:
+        positions = positions[arrived]
+    if isinstance(upload, dict):  # restack what arrived, as the algorithm's aggregate expects
+        stacked = {n: torch.stack([received[k][n] for k in positions.tolist()]) if len(positions)
+                   else t[:0] for n, t in upload.items()}
+    else:
+        stacked = [received[k] for k in positions.tolist()]
+    algorithm.aggregate_arrived(rnd, clients, stacked, positions)
+    return download, received
+
+
+def _per_client(upload, count: int) -> list:
+    """An upload as one dict per client (rows of a stacked State, or the list it already is)."""
+    if isinstance(upload, list):
+        return upload
+    return [{n: t[k] for n, t in upload.items()} for k in range(count)]
 
 
 METRIC_COLUMNS = ["round", "client", "accuracy", "loss", "val_accuracy", "val_loss",
@@ -366,6 +422,13 @@ def run_rounds(fed: Federation, algorithm: Algorithm, on_round=None, provenance:
     metrics = pd.DataFrame(metric_rows, columns=METRIC_COLUMNS)
     rounds = pd.DataFrame(round_rows, columns=ROUND_COLUMNS)
     extra = {} if evaluate == EVALUATED else {"evaluated": list(evaluate)}
+    if fed.system is not None:  # what the system knob did, for the report
+        ran = fed.schedule[: len(rounds)]
+        extra.update({"system_stragglers": np.flatnonzero(fed.system.straggler).tolist(),
+                      "system_dropped_uploads": int(np.take_along_axis(fed.system.dropped[: len(ran)], ran, 1).sum()),
+                      "system_mean_work": float(np.take_along_axis(fed.system.work[: len(ran)], ran, 1).mean())})
+    if fed.privacy is not None:
+        extra.update(fed.privacy.summary())
     if cell.finetune_epochs:
         extra.update({"adapt_time_total": float(rounds["adapt_time"].sum()),
                       "adapt_diverged_rounds": adapt_diverged})
