@@ -177,6 +177,7 @@ class FedMN(Algorithm):
     name = "fedmn"
     paper = "T. Wang, Cheng, Luo, Yu, Ni, Tong, Chen & X. Zhang, ICDM 2022"
     personalizes = "the architecture: a routing hypernetwork picks each client's modules from a shared pool"
+    newcomers_refused = "serving a newcomer (routing it through the pool with the router frozen) is not implemented"
     batched = False
 
     class Hyperparams(Hyperparams):

@@ -143,6 +143,7 @@ class MHpFedHN(Algorithm):
     name = "mh-pfedhn"
     paper = "C. Zhang, H. Li, X. Liu, L. Jiang et al., arXiv 2507.22330, 2025 (IJCAI 2026)"
     personalizes = "the whole model, generated per client by a multi-head hypernetwork; architectures may differ"
+    newcomers_refused = "its novel-client protocol (fitting a new embedding matrix per newcomer) is not implemented"
     heterogeneous_models = True
     global_distillation = False
 

@@ -6,6 +6,7 @@ calls it, tests call it, `pflbench bench` times its pieces.
 """
 from __future__ import annotations
 
+import copy
 import hashlib
 import math
 import time
@@ -21,6 +22,7 @@ from torch import Tensor
 from pflbench.algorithm import Algorithm, get_algorithm
 from pflbench.config import CellConfig
 from pflbench.models import build_model, client_groups, default_model, is_heterogeneous
+from pflbench.newcomers import check_unseen, newcomer_ids, newcomer_summary, score_newcomers, seen_ids, trained_rows
 from pflbench.training import (SGD, ClientModel, Diverged, Objective, State, batch_plan, cross_entropy,
                                evaluate_clients, payload_bytes, train_clients)
 
@@ -71,33 +73,48 @@ class Federation:
         self.features = dataset.normalized(self.device)
         self.labels = dataset.labels.to(self.device)
         self.num_classes = dataset.num_classes
-        self.num_clients = splits.num_clients
-        names = [name for name in SPLITS if not (withhold_test and name == "test")]
-        self.splits = {name: [torch.as_tensor(i, dtype=torch.long, device=self.device) for i in getattr(splits, name)]
-                       for name in names}
-        self.train_sizes = torch.tensor([len(i) for i in splits.train], device=self.device)
+        self._split_names = [name for name in SPLITS if not (withhold_test and name == "test")]
         self.heterogeneous = is_heterogeneous(cell.model)
         if not self.heterogeneous:
             model_name = default_model(dataset.input_shape) if cell.model == "auto" else cell.model
             self.model_name = model_name
             self._model = ClientModel(build_model(model_name, dataset.input_shape, dataset.num_classes))
-            groups = [(model_name, list(range(self.num_clients)))]
+            groups = [(model_name, list(range(splits.num_clients)))]
         else:  # one architecture per group of clients (pflbench.models.client_groups)
             self.model_name = cell.model
             self._model = None
-            groups = client_groups(cell.model, self.num_clients)
+            groups = client_groups(cell.model, splits.num_clients)
         # Model heterogeneity: group g's clients share architecture `models[g]`; a homogeneous cell
         # is one group. Algorithms train and evaluate one group at a time (`by_group`).
         self.group_names = [name for name, _ in groups]
+        self._partition_groups = [ids for _, ids in groups]  # by partition id; `_hold` maps them to positions
         self.models = [self._model] if self._model is not None else [
             ClientModel(build_model(name, dataset.input_shape, dataset.num_classes)) for name in self.group_names]
-        self.group_clients = [torch.as_tensor(ids, dtype=torch.long, device=self.device) for _, ids in groups]
+        self.sgd = SGD(cell.lr, cell.momentum, cell.weight_decay)
+        self.batched = choose_batching(client_batching, self.device, algorithm_batched)
+        # Unseen clients (pflbench.newcomers): this Federation holds the seen clients only, and
+        # `newcomers` (None without the knob) the held-out ones, for evaluation alone.
+        self._hold(splits, seen_ids(cell.unseen_fraction, splits.num_clients, cell.seed))
+        self.newcomers: Federation | None = None
+        if cell.unseen_fraction:
+            self.newcomers = copy.copy(self)
+            self.newcomers._hold(splits, newcomer_ids(cell.unseen_fraction, splits.num_clients, cell.seed))
+
+    def _hold(self, splits, client_ids: np.ndarray) -> None:
+        """Make this Federation hold the partition's clients `client_ids` (positions 0..len-1)."""
+        self.client_ids = client_ids  # position -> partition client id
+        self.num_clients = len(client_ids)
+        self.splits = {name: [torch.as_tensor(getattr(splits, name)[c], dtype=torch.long, device=self.device)
+                              for c in client_ids.tolist()] for name in self._split_names}
+        self.train_sizes = torch.tensor([len(splits.train[c]) for c in client_ids.tolist()], device=self.device)
+        position = {c: k for k, c in enumerate(client_ids.tolist())}
+        self.group_clients = [torch.as_tensor([position[c] for c in ids if c in position], dtype=torch.long,
+                                              device=self.device) for ids in self._partition_groups]
         self.group_of = torch.zeros(self.num_clients, dtype=torch.long, device=self.device)
         for g, ids in enumerate(self.group_clients):
             self.group_of[ids] = g
-        self.sgd = SGD(cell.lr, cell.momentum, cell.weight_decay)
-        self.batched = choose_batching(client_batching, self.device, algorithm_batched)
-        self.schedule = sample_schedule(cell.clients, cell.participation, cell.rounds, cell.seed)
+        sampled_from = self.num_clients if self.cell.unseen_fraction else self.cell.clients
+        self.schedule = sample_schedule(sampled_from, self.cell.participation, self.cell.rounds, self.cell.seed)
 
     @property
     def model(self) -> ClientModel:
@@ -134,6 +151,7 @@ class Federation:
         and for both training paths."""
         gens = []
         for c in clients.tolist():
+            c = int(self.client_ids[c]) if c >= 0 else c  # keyed by partition id (-1: pooled data)
             digest = hashlib.sha256(f"{self.cell.seed}/{rnd}/{c}/{salt}".encode()).digest()
             gens.append(torch.Generator().manual_seed(int.from_bytes(digest[:8], "little")))
         return gens
@@ -263,6 +281,7 @@ def run_cell(cell: CellConfig, *, data_root=None, mirror=None, device: str = "cp
     algorithm_cls = get_algorithm(cell.algorithm)
     hp = algorithm_cls.parse_hyperparams(cell.hp)
     algorithm_cls.check_models(cell.model)  # a heterogeneous cell needs an algorithm that supports it
+    check_unseen(cell)  # newcomers: an algorithm that cannot serve them is refused before any work
     dataset, splits = prepare_cell(cell, data_root, mirror)
     fed = Federation(cell, dataset, splits, device, client_batching, algorithm_cls.batched,
                      withhold_test="test" not in evaluate)
@@ -305,6 +324,8 @@ def run_rounds(fed: Federation, algorithm: Algorithm, on_round=None, provenance:
     start = time.perf_counter()
     last_eval: dict | None = None
     missing = (torch.full((fed.num_clients,), math.nan),) * 2
+    newcomer_flag = {} if fed.newcomers is None else {"newcomer": False}
+    newcomer_time = 0.0
     for rnd in range(1, cell.rounds + 1):
         round_start = time.perf_counter()
         clients = torch.as_tensor(fed.schedule[rnd - 1], device=fed.device)
@@ -346,13 +367,17 @@ def run_rounds(fed: Federation, algorithm: Algorithm, on_round=None, provenance:
             sent_up = dict(zip(clients.tolist(), bytes_up.tolist()))
             for c in range(fed.num_clients):
                 metric_rows.append({
-                    "round": rnd, "client": c, "accuracy": float(accuracy[c]), "loss": float(loss[c]),
+                    "round": rnd, "client": int(fed.client_ids[c]), "accuracy": float(accuracy[c]), "loss": float(loss[c]),
                     "val_accuracy": float(val_accuracy[c]), "val_loss": float(val_loss[c]),
                     "accuracy_adapted": float(accuracy_a[c]), "loss_adapted": float(loss_a[c]),
                     "val_accuracy_adapted": float(val_accuracy_a[c]), "val_loss_adapted": float(val_loss_a[c]),
                     "test_samples": test_samples[c], "val_samples": val_samples[c],
                     "bytes_down": sent_down.get(c, 0), "bytes_up": sent_up.get(c, 0),
-                    "wall_time": time.perf_counter() - start})
+                    "wall_time": time.perf_counter() - start, **newcomer_flag})
+            if fed.newcomers is not None:  # unseen clients: their models scored apart (pflbench.newcomers)
+                rows, seconds = score_newcomers(algorithm, fed.newcomers, rnd, evaluate, cell.finetune_epochs)
+                metric_rows.extend({**row, "wall_time": time.perf_counter() - start} for row in rows)
+                newcomer_time += seconds
             for key, value in algorithm.artifacts().items():
                 artifacts[f"{key}_round{rnd:05d}"] = value
             last_eval = {"mean_accuracy": float(accuracy.mean()) if "test" in results else None,
@@ -360,12 +385,14 @@ def run_rounds(fed: Federation, algorithm: Algorithm, on_round=None, provenance:
         if on_round is not None:
             on_round({"round": rnd, "rounds": cell.rounds,
                       **(last_eval or {"mean_accuracy": None, "mean_val_accuracy": None})})
-    metrics = pd.DataFrame(metric_rows, columns=METRIC_COLUMNS)
+    metrics = pd.DataFrame(metric_rows, columns=METRIC_COLUMNS + list(newcomer_flag))
     rounds = pd.DataFrame(round_rows, columns=ROUND_COLUMNS)
     extra = {} if evaluate == EVALUATED else {"evaluated": list(evaluate)}
     if cell.finetune_epochs:
         extra.update({"adapt_time_total": float(rounds["adapt_time"].sum()),
                       "adapt_diverged_rounds": adapt_diverged})
+    if fed.newcomers is not None:
+        extra.update({"newcomers": fed.newcomers.client_ids.tolist(), "newcomer_time_total": newcomer_time})
     summary = summarize(metrics, rounds, status, diverged_round, fed, time.perf_counter() - start,
                         {**(provenance or {}), **extra})
     return CellResult(status, metrics, rounds, summary, artifacts, error)
@@ -377,6 +404,8 @@ def summarize(metrics: pd.DataFrame, rounds: pd.DataFrame, status: str, diverged
                "bytes_down_total": int(rounds["bytes_down"].sum()), "bytes_up_total": int(rounds["bytes_up"].sum()),
                "wall_time": wall_time, "model": fed.model_name,
                "client_batching": "batched" if fed.batched else "loop", **provenance}
+    everyone, metrics = metrics, trained_rows(metrics)  # newcomers' rows have their own summaries
+    summary.update(newcomer_summary(everyone, protocol_summary))
     if len(metrics):
         summary.update(protocol_summary(metrics, ""))
         summary.update(protocol_summary(metrics, "_adapted"))

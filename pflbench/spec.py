@@ -753,6 +753,7 @@ def _expand(axes, defaults: Assignments, rules: list[Rule], problems: Problems) 
 def _build_cell(flat: Assignments, problems: Problems) -> CellConfig | None:
     """One resolved cell; problems are reported at the place each offending value was written."""
     from pflbench.data.sources import make_source
+    from pflbench.newcomers import check_unseen
     from pflbench.partitioning import make_partitioner
 
     algorithm = flat["algorithm"].value
@@ -798,10 +799,15 @@ def _build_cell(flat: Assignments, problems: Problems) -> CellConfig | None:
         problems.add(origins("dataset", "dataset_options"), str(error))
         return None
     options = {k: v for k, v in source.options.items() if source.OPTIONS[k].changes_data}  # not e.g. `download`
-    for knob in ("feature_shift", "concept_shift", "system", "privacy", "unseen_fraction"):
+    for knob in ("feature_shift", "concept_shift", "system", "privacy"):
         if getattr(cell, knob):  # each knob's own module replaces this line with its validation
             problems.add(origins(knob), f"{knob} is not available yet")
             return None
+    try:  # unseen clients: at least one held out and one trained, an algorithm that can serve them
+        check_unseen(cell)
+    except ValueError as error:
+        problems.add(origins("unseen_fraction", "clients", "algorithm"), str(error))
+        return None
     return cell.model_copy(update={"hp": hp.model_dump(mode="json"), "dataset_options": options,
                                    "partition_params": scheme.params.model_dump(mode="json")})
 
