@@ -23,6 +23,7 @@ mixing, regularized objectives) override the hooks they need. See `algorithms/RE
 """
 from __future__ import annotations
 
+import contextlib
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
@@ -93,8 +94,8 @@ class Algorithm:
                 f"{', '.join(allowed) or 'none'} (or give a single model name)")
 
     @classmethod
-    def check_newcomers(cls) -> None:
-        """ValueError before anything runs if this algorithm cannot serve unseen clients."""
+    def check_newcomers(cls, cell) -> None:
+        """ValueError before anything runs if this algorithm cannot serve the cell's unseen clients."""
         if cls.newcomers_refused:
             allowed = [name for name, c in ALGORITHMS.items() if not c.newcomers_refused]
             raise ValueError(f"unseen_fraction: algorithm {cls.name!r} cannot give unseen clients a model: "
@@ -170,6 +171,17 @@ class Algorithm:
         FedProx, Ditto, APFL, L2GD, pFedMe get the global model; FedPer, LG-FedAvg, FedBN fit their
         personal layers."""
         return self.fit_local_part(rnd, newcomers, self.fed.cell.local_epochs)
+
+    @contextlib.contextmanager
+    def serving(self, newcomers: "Federation"):
+        """While the block runs, `self.fed` is the newcomers' Federation, so that hooks written for
+        the trained clients (`evaluate`, `adapt_locally`, helpers reading `self.fed`) work on the
+        newcomers' splits. Used to score newcomers' models; nothing of training runs meanwhile."""
+        trained, self.fed = self.fed, newcomers
+        try:
+            yield newcomers
+        finally:
+            self.fed = trained
 
     def fit_local_part(self, rnd: int, newcomers: "Federation", epochs: int, trainable=None) -> State:
         """The global shared part with the initial local part, that local part (or `trainable`)

@@ -73,7 +73,7 @@ def check_unseen(cell) -> None:
     if count > clients - 1:
         raise ValueError(f"unseen_fraction {fraction} of {clients} clients holds out all {count} of them; "
                          f"at least one client must train (at most {(clients - 1.5) / clients:.3g})")
-    get_algorithm(cell.algorithm).check_newcomers()
+    get_algorithm(cell.algorithm).check_newcomers(cell)
 
 
 def score_newcomers(algorithm, newcomers, rnd: int, evaluate: tuple[str, ...], finetune_epochs: int) -> tuple[list[dict], float]:
@@ -88,10 +88,11 @@ def score_newcomers(algorithm, newcomers, rnd: int, evaluate: tuple[str, ...], f
     results, adapted = {}, {}
     try:
         models = algorithm.newcomer_models(rnd, newcomers)
-        results = {split: newcomers.evaluate_personalized(models, split) for split in evaluate}
-        if finetune_epochs:
-            tuned = newcomers.adapt_locally(models, rnd, finetune_epochs)
-            adapted = {split: newcomers.evaluate_personalized(tuned, split) for split in evaluate}
+        with algorithm.serving(newcomers):  # the algorithm's own scoring and adaptation, on the newcomers
+            results = {split: algorithm.evaluate(models, split) for split in evaluate}
+            if finetune_epochs:
+                tuned = algorithm.adapt_locally(models, rnd, finetune_epochs)
+                adapted = {split: algorithm.evaluate(tuned, split) for split in evaluate}
     except Diverged:
         pass  # NaN scores: the protocol summaries never select such a round
     accuracy, loss = results.get("test", missing)

@@ -14,9 +14,11 @@ from pflbench.spec import SpecError, parse_spec
 get_algorithm("fedavg")  # registers the built-in algorithms
 SERVED = sorted(name for name, cls in ALGORITHMS.items() if not cls.newcomers_refused)
 REFUSED = sorted(name for name, cls in ALGORITHMS.items() if cls.newcomers_refused)
-# Small local work for the slow methods, so the whole registry runs in a few seconds.
+# Small local work and models for the slow methods, so the whole registry runs in a few seconds.
+MH = {"hidden_dim": 4, "embedding_dim": 8, "server_updates": "per_round"}
 QUICK_HP = {"pfedhn": {"inner_steps": 2}, "pfedhn-pc": {"inner_steps": 2}, "fedrep": {"head_epochs": 1},
-            "fedbabu": {"finetune_epochs": 1}}
+            "fedbabu": {"finetune_epochs": 1}, "mh-pfedhn": MH, "mh-pfedhngd": MH,
+            "fedmn": {"dims": [16, 8], "encoder_hidden": 16, "router_x_dim": 8, "router_y_dim": 8, "router_samples": 16}}
 
 
 def _cell(**overrides) -> CellConfig:
@@ -81,24 +83,38 @@ def test_newcomers_data_cannot_change_training(tmp_path):
 
 @pytest.mark.parametrize("name", SERVED)
 def test_every_algorithm_serves_newcomers(name, tmp_path):
-    cell = _cell(algorithm=name, rounds=2, clients=6, unseen_fraction=0.34, hp=QUICK_HP.get(name, {}))
+    cell = _cell(algorithm=name, rounds=2, clients=6, unseen_fraction=0.34, hp=QUICK_HP.get(name, {}),
+                 finetune_epochs=1)
     result = run_cell(cell, data_root=tmp_path)
     assert result.status == "finished"
     newcomers = result.metrics[result.metrics["newcomer"]]
     assert len(newcomers) == 2 * 2 and newcomers["accuracy"].between(0, 1).all()
     assert 0 <= result.summary["final_accuracy_newcomers"] <= 1
+    assert 0 <= result.summary["final_accuracy_adapted_newcomers"] <= 1
     assert "bestval_accuracy_newcomers" in result.summary and result.summary["newcomers"] == sorted(set(newcomers["client"]))
 
 
-@pytest.mark.parametrize("name", REFUSED)
-def test_algorithms_that_cannot_serve_newcomers_are_refused_before_any_work(name, tmp_path):
-    cell = _cell(algorithm=name)
-    with pytest.raises(ValueError, match=f"unseen_fraction: algorithm '{name}' cannot give unseen clients a model"):
-        run_cell(cell, data_root=tmp_path / "nothing")
+def test_an_algorithm_that_cannot_serve_newcomers_is_refused_before_any_work(tmp_path, monkeypatch):
+    """Every built-in algorithm serves newcomers today (REFUSED is empty); the refusal path is
+    exercised on FedAvg marked as refusing."""
+    assert REFUSED == []
+    monkeypatch.setattr(ALGORITHMS.get("fedavg"), "newcomers_refused", "no newcomer model (test)")
+    with pytest.raises(ValueError, match="unseen_fraction: algorithm 'fedavg' cannot give unseen clients a model: "
+                                         "no newcomer model"):
+        run_cell(_cell(), data_root=tmp_path / "nothing")
     assert not (tmp_path / "nothing").exists()  # refused before the dataset was even prepared
     with pytest.raises(SpecError, match="cannot give unseen clients a model"):
-        parse_spec({"name": "x", "matrix": {"algorithm": [name], "dataset": ["synthetic"]},
-                     "defaults": {"unseen_fraction": 0.3}})
+        parse_spec({"name": "x", "matrix": {"algorithm": ["fedavg"], "dataset": ["synthetic"]},
+                    "defaults": {"unseen_fraction": 0.3}})
+
+
+def test_mh_pfedhn_refuses_newcomers_whose_architecture_nobody_trains(tmp_path):
+    """hetero5 over 5 clients gives each client its own architecture: a newcomer's has no trained
+    embedding to start from, so the cell is refused before any work."""
+    cell = _cell(algorithm="mh-pfedhn", model="hetero5", clients=5, unseen_fraction=0.2)
+    with pytest.raises(ValueError, match="every client with architecture .* is a newcomer"):
+        run_cell(cell, data_root=tmp_path / "nothing")
+    assert not (tmp_path / "nothing").exists()
 
 
 def test_pfedhn_newcomer_fits_its_embedding_with_the_hypernetwork_frozen(tmp_path):
@@ -146,3 +162,19 @@ def test_a_fraction_that_holds_out_nobody_or_everybody_is_refused(fraction, mess
     with pytest.raises(SpecError, match=message):
         parse_spec({"name": "x", "matrix": {"algorithm": ["fedavg"], "dataset": ["synthetic"], "clients": [10]},
                      "defaults": {"unseen_fraction": fraction}})
+
+
+def test_mh_pfedhn_newcomer_fits_a_new_embedding_matrix_with_the_hypernetwork_frozen(tmp_path):
+    cell = _cell(algorithm="mh-pfedhn", rounds=1, hp=MH)
+    fed = Federation(cell, *prepare_cell(cell, tmp_path))
+    algorithm = get_algorithm("mh-pfedhn")(fed, get_algorithm("mh-pfedhn").parse_hyperparams(cell.hp))
+    run_rounds(fed, algorithm)
+    before = {n: p.detach().clone() for n, p in algorithm.hnet.named_parameters()}
+    models = algorithm.newcomer_models(cell.rounds, fed.newcomers)
+    assert all(torch.equal(before[n], p) for n, p in algorithm.hnet.named_parameters())
+    size = fed.model.numel(fed.model.param_names)
+    start = torch.stack([e.detach() for e in algorithm.hnet.embeddings[:fed.num_clients]]).mean(0)
+    with torch.no_grad():
+        unfitted = algorithm.hnet.generate(start, size)
+    flat = torch.cat([models[n].flatten(1) for n in fed.model.param_names], dim=1)
+    assert flat.shape == (fed.newcomers.num_clients, size) and (flat != unfitted).any(dim=1).all()
