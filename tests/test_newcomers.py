@@ -178,3 +178,22 @@ def test_mh_pfedhn_newcomer_fits_a_new_embedding_matrix_with_the_hypernetwork_fr
         unfitted = algorithm.hnet.generate(start, size)
     flat = torch.cat([models[n].flatten(1) for n in fed.model.param_names], dim=1)
     assert flat.shape == (fed.newcomers.num_clients, size) and (flat != unfitted).any(dim=1).all()
+
+
+def test_reports_show_newcomers_in_their_own_column_and_keep_curves_to_trained_clients(tmp_path):
+    from pflbench.reports.cells import load_cells, read_metrics
+    from pflbench.reports.tables import communication_tables
+    from pflbench.reports.text import markdown_comm_table
+    from pflbench.store import Store
+
+    store = Store(tmp_path / "results")
+    with_newcomers, without = _cell(rounds=2), _cell(rounds=2, algorithm="local", unseen_fraction=0.0)
+    folder = store.write(with_newcomers, run_cell(with_newcomers, data_root=tmp_path))
+    store.write(without, run_cell(without, data_root=tmp_path))
+    assert "newcomer" not in read_metrics(folder) or not read_metrics(folder)["newcomer"].any()
+    assert sorted(set(read_metrics(folder)["client"])) == sorted(
+        set(range(10)) - set(newcomer_ids(0.3, 10, 3).tolist()))
+    (table,) = communication_tables(load_cells(tmp_path / "results"))
+    newcomers = {row.algorithm: entry for row, entry in ((r, table.newcomers.get(r.key)) for r, _ in table.rows)}
+    assert newcomers["local"] is None and newcomers["fedavg"].values
+    assert "newcomers accuracy (%)" in markdown_comm_table(table) and "newcomers" in table.caption
