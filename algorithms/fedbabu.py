@@ -19,6 +19,8 @@ Chosen here:
   it does not depend on when it is evaluated; it never touches the global or client state (what is
   federated stays body-only). Its result is cached until the next aggregation, so asking twice costs
   nothing. Cost: finetune_epochs local epochs on every client per evaluation (`eval_every`).
+- Unseen clients: a newcomer gets exactly what a trained client gets, the global body with the
+  initial head fine-tuned on its own train split (the paper's personalization is this fine-tuning).
 - A fine-tuning that diverges makes the evaluated models non-finite, so the engine records the
   cell as diverged at that round instead of failing.
 """
@@ -67,16 +69,23 @@ class FedBABU(Algorithm):
         if self._cached is not None and self._cached[0] == self._version:
             return self._cached[1]
         start = super().personalized()  # global body + each client's (initial) head
-        if self.hp.finetune_epochs == 0:
-            return start
-        everyone = torch.arange(self.fed.num_clients, device=self.fed.device)
-        trainable = (self.fed.model.param_names if self.hp.finetune == "full"
-                     else [n for n in self.fed.model.param_names if n in self._head])
-        try:
-            tuned = self.fed.train(0, everyone, start, trainable=trainable,
-                                   epochs=self.hp.finetune_epochs, salt=FINETUNE_SALT).state
-        except Diverged:
-            tuned = {n: torch.full_like(t, float("nan")) if t.is_floating_point() else t
-                     for n, t in start.items()}
+        tuned = self.finetune(self.fed, start)
         self._cached = (self._version, tuned)
         return tuned
+
+    def finetune(self, fed, start):
+        """`start`'s models fine-tuned on `fed`'s clients' train splits (NaN where that diverged)."""
+        if self.hp.finetune_epochs == 0:
+            return start
+        everyone = torch.arange(fed.num_clients, device=fed.device)
+        trainable = (fed.model.param_names if self.hp.finetune == "full"
+                     else [n for n in fed.model.param_names if n in self._head])
+        try:
+            return fed.train(0, everyone, start, trainable=trainable,
+                             epochs=self.hp.finetune_epochs, salt=FINETUNE_SALT).state
+        except Diverged:
+            return {n: torch.full_like(t, float("nan")) if t.is_floating_point() else t
+                    for n, t in start.items()}
+
+    def newcomer_models(self, rnd, newcomers):
+        return self.finetune(newcomers, self.fit_local_part(rnd, newcomers, 0))  # global body + initial head

@@ -50,6 +50,11 @@ Where the paper is silent / what was chosen here:
   the engine counts M models); up = the client's model plus its M weights.
 - Batched: yes (plain local SGD via `fed.train`; the candidates' validation losses are evaluated
   for all sampled clients at once).
+- Unseen clients: a newcomer does what a client does on its first download, with the common
+  initial model as its own: it evaluates every uploaded model on its validation split (train split
+  if it has none), downloads the M with the lowest loss (it has no affinity history to go on), and
+  takes the first-order combination with its own weights. No local training follows (the model
+  served is fitted on the newcomer's validation data only, through its weights).
 - Artifacts: the affinity matrix P [N, N] and this round's normalized weights [N, N] (row i: the
   weights client i gave, zero where not downloaded or not sampled), for heatmaps.
 """
@@ -182,6 +187,27 @@ class FedFomo(Algorithm):
             w = weights.to(t.dtype).view(k, count, *([1] * (t.dim() - 1)))
             out[n] = t + (w * (cand - t.unsqueeze(1))).sum(1)
         return out
+
+    def newcomer_models(self, rnd, newcomers):
+        count = newcomers.num_clients
+        own = newcomers.init_state(count)
+        pool = torch.nonzero(self.uploaded).flatten().to(newcomers.device)
+        if not len(pool):
+            return own
+        split = "val" if all(len(i) > 0 for i in newcomers.splits["val"]) else "train"
+        everyone = torch.arange(count, device=newcomers.device)
+        _, own_loss = newcomers.evaluate(own, split)
+        # every uploaded model on every newcomer's data: row k * P + p is newcomer k, model pool[p]
+        every = {n: t[pool].repeat(count, *([1] * (t.dim() - 1))) for n, t in self.server_models.items()}
+        _, loss = newcomers.evaluate(every, split, everyone.repeat_interleave(len(pool)))
+        loss = loss.view(count, len(pool))
+        best = min(self.hp.models, len(pool))
+        picked = torch.argsort(loss, dim=1, stable=True)[:, :best]                   # [K, M] positions in pool
+        rows = (everyone.unsqueeze(1) * len(pool) + picked).flatten()
+        stacked = {n: t[rows] for n, t in every.items()}
+        distance = self.distance(own, stacked, count, best).to(own_loss.dtype)
+        weights = normalize_weights(fomo_weights(own_loss, loss.gather(1, picked), distance))
+        return self.combine(own, stacked, weights)
 
     def send(self, rnd, clients, state):
         for n, t in state.items():

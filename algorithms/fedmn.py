@@ -57,6 +57,10 @@ never fires) followed by a softmax over all gates, input gates forced to 1, all 
 sharing weights, everything sent both ways, and the last training step's gates frozen for testing.
 Its wrong division inside the output loop is not reproduced.
 
+Unseen clients [INF]: the routing net is a set function of a client's data, so a newcomer is served
+as a client is evaluated: the aggregated pool with the routing the current (server) routing net fixes
+from the newcomer's own training data; nothing is trained for it.
+
 Local training is a loop over clients (`batched = False`): every client runs its own routed graph.
 """
 from __future__ import annotations
@@ -438,6 +442,11 @@ class FedMN(Algorithm):
                 for name in splits:
                     scores[name][0][c], scores[name][1][c] = self._score(c, gates, name)
         return {"routing": personal["routing"], "scores": scores}
+
+    def newcomer_models(self, rnd, newcomers):
+        with self.serving(newcomers):
+            routing = [self._fixed_routing(c, self.server_router) for c in range(newcomers.num_clients)]
+        return {"pool": self.server_pool, "routing": torch.stack(routing)}
 
     def artifacts(self) -> dict[str, np.ndarray]:
         """`routing`: every client's gates [clients, gates] (input gates, connection matrices row by

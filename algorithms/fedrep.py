@@ -36,6 +36,8 @@ Where the paper is silent / what was chosen here:
   client data size; the paper writes a plain mean, which is the same for equal client sizes).
 - Communication: the body down and up; the head never appears in what is sent (tested).
 - Batched: yes, both phases are `fed.train` calls with `trainable=` the phase's tensors.
+- Unseen clients: a newcomer gets the global body and fits its own head on its train split with
+  the body frozen, for `head_epochs` (the paper's procedure for new clients, Section 5).
 - Cost: a round makes head_epochs + body_epochs passes over the client's data (the head phase's
   backward stops at the head). Measured on the demo's Fashion-MNIST cells (300 samples per client,
   10 clients, 5 rounds, shared 2-core CPU): about 22-35 s per cell, `local` about 8 s.
@@ -71,6 +73,9 @@ class FedRep(Algorithm):
 
     def is_local(self, name: str) -> bool:
         return name in self._head
+
+    def newcomer_models(self, rnd, newcomers):
+        return self.fit_local_part(rnd, newcomers, self.hp.head_epochs, trainable=self._head_params)
 
     def local_train(self, rnd, clients, state):
         if self.hp.head_epochs:

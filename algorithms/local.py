@@ -2,7 +2,16 @@
 
 Works in model-heterogeneous cells too (nothing is shared, so architectures may differ): there each
 group of clients with one architecture keeps its own stacked state and trains batched.
+
+Unseen clients (`unseen_fraction`): a newcomer trains from scratch on its own train split, with the
+local work a trained client has had on average by then: `local_epochs` times the expected number of
+rounds it was sampled in, round(rnd x per_round / trained clients) (0 before a first expected turn:
+the initial model, as an unsampled client has). The newcomers' models are kept between evaluations
+and trained on by the difference, so the cost over a run is one client's, not a triangle of
+retrainings; each evaluation's top-up uses that round's batch orders.
 """
+import torch
+
 from pflbench.algorithm import ALGORITHMS, Algorithm
 
 
@@ -46,3 +55,18 @@ class Local(Algorithm):
 
     def personalized(self):
         return self.group_state if self.fed.heterogeneous else super().personalized()
+
+    def newcomer_models(self, rnd, newcomers):
+        """Trained from scratch on the newcomers' own data, with the average trained client's epochs."""
+        per_round = self.fed.schedule.shape[1]
+        target = self.fed.cell.local_epochs * round(rnd * per_round / self.fed.num_clients)
+        if getattr(self, "_newcomer_state", None) is None:
+            self._newcomer_state = [newcomers.init_state(len(ids), g) for g, ids in enumerate(newcomers.group_clients)]
+            self._newcomer_epochs = 0
+        if target > self._newcomer_epochs:
+            self._newcomer_state = [
+                newcomers.train(rnd, ids, state, epochs=target - self._newcomer_epochs).state if len(ids) else state
+                for ids, state in zip(newcomers.group_clients, self._newcomer_state)]
+            self._newcomer_epochs = target
+        models = [{n: t.clone() for n, t in state.items()} for state in self._newcomer_state]
+        return models if newcomers.heterogeneous else models[0]

@@ -33,7 +33,15 @@ local loss alpha T^2 KL(softmax(z_g/T) || softmax(z_i/T)) + (1 - alpha) CE, the 
 global model generated at the *start* of the round. Evaluation uses the personalized models only.
 
 Not reproduced [INF]: the clients' gradient-norm clipping at 50 (the engine's SGD has none), `--topk`
-sparse uploads, the novel-client protocol (train only new embeddings) and cuDNN being disabled.
+sparse uploads and cuDNN being disabled.
+
+Unseen clients (the paper's novel-client protocol: only new embeddings are trained) [INF details]: the
+hypernetwork is frozen; a newcomer's embedding matrix starts from the mean of the trained clients'
+matrices of its architecture and is fitted by gradient descent through the hypernetwork on the
+cross-entropy of the model it generates, on the newcomer's train split, `NEWCOMER_EPOCHS` epochs at
+the cell's batch size, with Adam at `server_lr` (the server's optimizer). BatchNorm statistics start
+from the initial model's. One newcomer at a time (their architectures may differ). A cell whose
+newcomers include every client of some architecture is refused (there is no trained matrix of it).
 Defaults are the code's; (alpha, T) = (0.2, 15) are the GD script's defaults (the code's comments list
 per-dataset tuned pairs, e.g. CIFAR-10 (0.01, 20)). Memory: every head holds about h x K parameters
 (h = hidden_dim), i.e. ~250M parameters for the five CIFAR architectures at h = 128; lower `hidden_dim`
@@ -52,7 +60,7 @@ from torch import Tensor, nn
 
 from pflbench.algorithm import ALGORITHMS, Algorithm, Hyperparams
 from pflbench.models import build_model
-from pflbench.training import ClientModel, State
+from pflbench.training import ClientModel, Diverged, State, batch_plan
 
 
 class MultiHeadHypernetwork(nn.Module):
@@ -90,10 +98,15 @@ class MultiHeadHypernetwork(nn.Module):
 
     def forward(self, index: int) -> Tensor:
         """Client `index`'s flat parameter vector [K_index]."""
-        weight, bias = self.heads[str(self.chunks[index])]
-        features = self.extractor(self.embeddings[index])  # [n, hidden]
+        return self.generate(self.embeddings[index], self.sizes[index])
+
+    def generate(self, embedding: Tensor, size: int) -> Tensor:
+        """The flat parameter vector [size] for an embedding matrix [ceil(size / chunk), d], through
+        the head of that chunk count."""
+        weight, bias = self.heads[str(len(embedding))]
+        features = self.extractor(embedding)  # [n, hidden]
         chunks = torch.einsum("nh,nch->nc", features, weight) + bias
-        return chunks.flatten()[: self.sizes[index]]
+        return chunks.flatten()[:size]
 
 
 def unflatten(model: ClientModel, theta: Tensor) -> State:
@@ -324,6 +337,58 @@ class MHpFedHN(Algorithm):
             state.update(self.buffers[g])
             groups.append(state)
         return groups if self.fed.heterogeneous else groups[0]
+
+    # ---- unseen clients -------------------------------------------------------------------------------
+    NEWCOMER_EPOCHS = 5
+    NEWCOMER_SALT = 0x0E3F
+
+    @classmethod
+    def check_newcomers(cls, cell) -> None:
+        super().check_newcomers(cell)
+        from pflbench.models import client_groups, is_heterogeneous
+        from pflbench.newcomers import newcomer_ids
+
+        held = set(newcomer_ids(cell.unseen_fraction, cell.clients, cell.seed).tolist())
+        groups = client_groups(cell.model, cell.clients) if is_heterogeneous(cell.model) else [(cell.model, range(cell.clients))]
+        for name, ids in groups:
+            if len(ids) and set(ids) <= held:
+                raise ValueError(f"unseen_fraction: algorithm {cls.name!r} serves a newcomer from the trained embeddings "
+                                 f"of its architecture, but every client with architecture {name!r} (clients "
+                                 f"{list(ids)}) is a newcomer; use more clients, another seed or a smaller unseen_fraction")
+
+    def newcomer_models(self, rnd, newcomers):
+        hnet, fed = self.hnet, newcomers
+        groups = []
+        for g, ids in enumerate(fed.group_clients):
+            model = fed.models[g]
+            if not len(ids):
+                groups.append({})
+                continue
+            size = model.numel(model.param_names)
+            trained = [hnet.embeddings[c].detach() for c in self.fed.group_clients[g].tolist()]
+            start = torch.stack(trained).mean(0)
+            init = fed.init_state(len(ids), g if fed.heterogeneous else None)
+            plans = batch_plan([len(fed.splits["train"][c]) for c in ids.tolist()], fed.cell.batch_size,
+                               self.NEWCOMER_EPOCHS, None, fed.batch_generators(rnd, ids, self.NEWCOMER_SALT))
+            states = []
+            for r, (c, plan) in enumerate(zip(ids.tolist(), plans)):
+                embedding = start.clone().requires_grad_(True)
+                optimizer = torch.optim.Adam([embedding], lr=self.hp.server_lr)
+                buffers = {n: init[n][r].clone() for n in model.buffer_names}
+                idx = fed.splits["train"][c]
+                for step in plan:
+                    batch = idx[step.to(idx.device)]
+                    params = unflatten(model, hnet.generate(embedding, size))
+                    logits = model.forward_single({**params, **buffers}, fed.features[batch], train=True)
+                    loss = F.cross_entropy(logits, fed.labels[batch])
+                    if not torch.isfinite(loss):
+                        raise Diverged(f"non-finite MH-pFedHN newcomer loss for newcomer {int(fed.client_ids[c])}")
+                    (embedding.grad,) = torch.autograd.grad(loss, [embedding])  # the hypernetwork stays frozen
+                    optimizer.step()
+                with torch.no_grad():
+                    states.append({**unflatten(model, hnet.generate(embedding, size)), **buffers})
+            groups.append({n: torch.stack([s[n] for s in states]) for n in states[0]})
+        return groups if fed.heterogeneous else groups[0]
 
     def artifacts(self) -> dict[str, np.ndarray]:
         """`heads`: each client's head (its chunk count; equal values share a head)."""

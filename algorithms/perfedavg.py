@@ -45,6 +45,8 @@ Where the paper is silent / what was chosen here:
   depend on when it is evaluated. Only the parameters take the step; BatchNorm statistics stay the
   global model's. It is computed for every client (not only the sampled ones) and cached until the
   next aggregation.
+- Unseen clients: a newcomer gets the meta-model after the same adaptation step on its own
+  training data (the paper's new user).
 - HF with ReLU networks: the finite difference equals the Hessian-vector product only while the
   +-delta g perturbation crosses no ReLU kink; when it does, d can be far off (measured on the
   generated dataset: relative error about 5e-5 on most clients, several times the norm on one).
@@ -141,14 +143,16 @@ class PerFedAvg(Algorithm):
             self.global_state[n] = weighted_mean(t, weights).unsqueeze(0)
         self._version += 1
 
-    def adapt(self, clients, state):
-        """One step of SGD with step alpha on one mini-batch of each client's training data."""
-        ids, counts = step_ids(self.fed, 0, clients, salt=ADAPT_SALT, steps=1)
-        params = {n: state[n] for n in self.fed.model.param_names}
-        buffers = {n: state[n] for n in self.fed.model.buffer_names}
+    def adapt(self, clients, state, fed=None):
+        """One step of SGD with step alpha on one mini-batch of each client's training data (of
+        `fed`'s clients: the cell's trained clients by default, or its newcomers)."""
+        fed = fed or self.fed
+        ids, counts = step_ids(fed, 0, clients, salt=ADAPT_SALT, steps=1)
+        params = {n: state[n] for n in fed.model.param_names}
+        buffers = {n: state[n] for n in fed.model.buffer_names}
         if ids.shape[1] == 0:
             return dict(state)
-        _, grads = loss_and_grads(self.fed, params, _clone(buffers), ids[:, 0])
+        _, grads = loss_and_grads(fed, params, _clone(buffers), ids[:, 0])
         with torch.no_grad():
             stepped = {n: rows_where(counts > 0, p - self.hp.alpha * grads[n], p) for n, p in params.items()}
         return {**stepped, **buffers}
@@ -162,6 +166,14 @@ class PerFedAvg(Algorithm):
         adapted = per_client(self.fed, everyone, self.adapt, start)
         self._cached = (self._version, adapted)
         return adapted
+
+    def newcomer_models(self, rnd, newcomers):
+        """The meta-model after the same one-step adaptation on each newcomer's own training data:
+        the paper's evaluation of a new user is exactly this."""
+        n = newcomers.num_clients
+        start = {k: t.expand(n, *t.shape[1:]).clone() for k, t in self.global_state.items()}
+        everyone = torch.arange(n, device=newcomers.device)
+        return per_client(newcomers, everyone, partial(self.adapt, fed=newcomers), start)
 
 
 def _clone(state):

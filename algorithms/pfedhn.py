@@ -40,6 +40,17 @@ Adapted to rounds of sampled clients (what this module chooses):
 - The personalized model of a client is the one the hypernetwork generates for it now (with its own
   classifier for pFedHN-PC): a client never sampled still gets one.
 
+- Unseen clients (the paper's Section 5.4, generalization to novel clients): the hypernetwork is
+  frozen and a newcomer's embedding alone is fitted on its train split, by gradient descent on the
+  cross-entropy of the model it generates (through the frozen hypernetwork), with the server's
+  embedding optimizer (hn_lr, hn_momentum, no weight decay), for `NEWCOMER_EPOCHS` epochs at the
+  cell's batch size. It starts from the mean of the trained clients' embeddings (the paper does not
+  say; the mean is the "average client", a fresh random row would be far from every trained one).
+  pFedHN-PC's personal classifier starts from the initial model's and is fitted jointly, with the
+  cell's optimizer. BatchNorm statistics start from the initial model's and follow the forward
+  passes. Nothing is written back: the trained clients' embeddings and the hypernetwork stay as
+  they are (tested).
+
 Artifacts: `embeddings` [N, d], every evaluation round.
 """
 from __future__ import annotations
@@ -50,6 +61,7 @@ from typing import Literal
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from pydantic import Field
 from torch import Tensor, nn
 
@@ -76,8 +88,12 @@ class HyperNetwork(nn.Module):
         return [p for name, p in self.named_parameters() if name != "embedding"]
 
     def forward(self, rows: Tensor) -> dict[str, Tensor]:
-        features = self.mlp(self.embedding[rows])
-        return {name: head(features).view(len(rows), *shape)
+        return self.generate(self.embedding[rows])
+
+    def generate(self, embeddings: Tensor) -> dict[str, Tensor]:
+        """The generated tensors for embeddings [K, d] (rows of the table or not)."""
+        features = self.mlp(embeddings)
+        return {name: head(features).view(len(embeddings), *shape)
                 for (name, shape), head in zip(self.shapes.items(), self.heads)}
 
 
@@ -233,6 +249,46 @@ class PFedHN(Algorithm):
         with torch.no_grad():
             generated = self.hypernet(torch.arange(self.fed.num_clients, device=self.fed.device))
         return {n: generated.get(n, self.client_state[n]) for n in self.fed.model.names}
+
+    NEWCOMER_EPOCHS = 5
+    NEWCOMER_SALT = 0x0E3E
+
+    def newcomer_models(self, rnd, newcomers):
+        """Frozen hypernetwork, a fitted embedding per newcomer (see the module docstring)."""
+        fed, hp = newcomers, self.hp
+        count = fed.num_clients
+        everyone = torch.arange(count, device=fed.device)
+        start = fed.init_state(count)
+        own = {n: start[n] for n in fed.model.param_names if n not in self.generated}  # pFedHN-PC's classifier
+        buffers = {n: start[n] for n in fed.model.buffer_names}
+        embedding = self.hypernet.embedding.detach().mean(0, keepdim=True).repeat(count, 1)
+        velocity = torch.zeros_like(embedding)
+        momenta = {n: torch.zeros_like(t) for n, t in own.items()} if fed.sgd.momentum else {}
+        ids, counts = step_ids(fed, rnd, everyone, salt=self.NEWCOMER_SALT, epochs=self.NEWCOMER_EPOCHS)
+        for step in range(int(counts.max()) if len(counts) else 0):
+            active = counts > step
+            kept = {n: b.clone() for n, b in buffers.items()} if not active.all() else None
+            leaf = embedding.detach().requires_grad_(True)
+            leaves = {n: t.detach().requires_grad_(True) for n, t in own.items()}
+            model = {**self.hypernet.generate(leaf), **leaves, **buffers}
+            logits = fed.model.forward(model, fed.features[ids[:, step]], train=True)
+            labels = fed.labels[ids[:, step]]
+            losses = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="none").view(labels.shape).mean(1)
+            if (active & ~torch.isfinite(losses)).any():
+                raise Diverged(f"non-finite pFedHN newcomer loss for newcomers {everyone[active & ~torch.isfinite(losses)].tolist()}")
+            grads = torch.autograd.grad(losses.sum(), [leaf, *leaves.values()])
+            with torch.no_grad():  # only the embedding and the personal classifier move
+                velocity = rows_where(active, hp.hn_momentum * velocity + grads[0], velocity)
+                embedding = rows_where(active, embedding - hp.hn_lr * velocity, embedding)
+                own = {n: t.detach() for n, t in leaves.items()}
+                sgd_step(own, dict(zip(leaves, grads[1:])), momenta, fed.sgd, fed.sgd.lr, active)
+            if kept is not None:
+                for n in buffers:
+                    buffers[n] = rows_where(active, buffers[n], kept[n])
+        with torch.no_grad():
+            generated = self.hypernet.generate(embedding)
+        self.newcomer_embeddings = embedding  # for inspection (tests)
+        return {n: generated[n] if n in generated else {**own, **buffers}[n] for n in fed.model.names}
 
     def artifacts(self):
         return {"embeddings": self.hypernet.embedding.detach().cpu().numpy().astype(np.float32)}

@@ -64,6 +64,8 @@ What was chosen, and why (quick table = benchmarks/table1.yaml --scale quick, fm
   hypernetwork: the model the server would send it now (for HeurpFedLA, with its own retained
   layers). A client never sampled has an untrained hypernetwork, so its model is the uniform mean of
   all server copies, the never-uploaded initial ones included (like a lagging FedAvg model).
+- Unseen clients: the same for a newcomer (it has no hypernetwork of its own): the uniform mean of
+  all server copies, with the trained clients' mean BatchNorm statistics.
 - HeurpFedLA: ties in the self-weights (all of them at the uniform start, until the weights
   separate) go to the later layers, the classifier first (the layer FedRep/FedPer keep local; the
   paper's Section 4.4 finds it the most self-weighted on EMNIST); torch's topk breaks ties by
@@ -306,6 +308,17 @@ class PFedLA(Algorithm):
                 if own.any():
                     theta[p][own] = self.client_state[p][own]
         return {name: theta.get(name, self.client_state[name]) for name in self.fed.model.names}
+
+    def newcomer_models(self, rnd, newcomers):
+        """A newcomer has no hypernetwork of its own (pFedLA keeps one per client and the paper does
+        not serve new clients): it gets the uniform aggregate, alpha = 1/N for every layer, which
+        is where every client's aggregation weights start (the default `head_init`)."""
+        held = {**self.client_state, **self.server_params}  # parameters: the server's copies theta_j
+        count = newcomers.num_clients
+        with torch.no_grad():
+            uniform = {n: t.mean(0, keepdim=True) if t.is_floating_point() else t.max(0, keepdim=True).values
+                       for n, t in held.items()}
+        return {n: uniform[n].expand(count, *uniform[n].shape[1:]).clone() for n in self.fed.model.names}
 
     def artifacts(self):
         return {"alpha": self.all_alphas().cpu().numpy().astype(np.float32),

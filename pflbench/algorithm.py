@@ -9,6 +9,7 @@ A round, as the engine (`pflbench.federation.run_rounds`) drives it:
     alg.aggregate(rnd, clients, upload)                    # server
     ... every eval_every rounds: alg.personalized() is evaluated on every client's test split
         (and, with the cell's finetune_epochs > 0, alg.adapt_locally(...) of it too: the adapted protocol)
+        and, in a cell with unseen clients, alg.newcomer_models(rnd, fed.newcomers) on theirs
 
 Every tensor that crosses the network is a `State`: a dict of tensors stacked along a leading client
 dimension (row j belongs to `clients[j]`). The engine counts the bytes of exactly these dicts, so an
@@ -22,9 +23,11 @@ mixing, regularized objectives) override the hooks they need. See `algorithms/RE
 """
 from __future__ import annotations
 
+import contextlib
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
+import torch
 from pydantic import BaseModel, ConfigDict, ValidationError
 from torch import Tensor
 
@@ -34,6 +37,7 @@ from pflbench.training import State, weighted_mean
 if TYPE_CHECKING:
     from pflbench.federation import Federation
 
+NEWCOMER_FIT_SALT = 0x0E3D  # batch orders of fitting a newcomer's model (pflbench.newcomers)
 ALGORITHMS: Registry[type["Algorithm"]] = Registry("algorithm")
 
 
@@ -65,6 +69,9 @@ class Algorithm:
     # honour, with why; a cell asking for one is refused before any work (`check_knobs`).
     dp_upload: ClassVar[str] = "model"
     refused_knobs: ClassVar[dict[str, str]] = {}
+    # Unseen clients (`unseen_fraction`): why this algorithm cannot give a newcomer a model, or ""
+    # where it can (`newcomer_models`); a cell with newcomers is refused before any work otherwise.
+    newcomers_refused: ClassVar[str] = ""
 
     def __init__(self, fed: "Federation", hp: Hyperparams):
         self.fed = fed
@@ -102,6 +109,15 @@ class Algorithm:
                 able = [name for name, c in ALGORITHMS.items() if knob not in c.refused_knobs]
                 raise ValueError(f"algorithm {cls.name!r} cannot run with {knob}: {why} "
                                  f"(algorithms that can: {', '.join(able)})")
+
+    @classmethod
+    def check_newcomers(cls, cell) -> None:
+        """ValueError before anything runs if this algorithm cannot serve the cell's unseen clients."""
+        if cls.newcomers_refused:
+            allowed = [name for name, c in ALGORITHMS.items() if not c.newcomers_refused]
+            raise ValueError(f"unseen_fraction: algorithm {cls.name!r} cannot give unseen clients a model: "
+                             f"{cls.newcomers_refused}; algorithms that can: {', '.join(allowed)} "
+                             f"(or unseen_fraction 0)")
 
     # ---- state ---------------------------------------------------------------------------------
     def setup(self) -> None:
@@ -168,6 +184,42 @@ class Algorithm:
         algorithm's state. Override only where `personalized()` is not a model the engine can train
         (e.g. FedMN's routed module pool)."""
         return self.fed.adapt_locally(personal, rnd, epochs)
+
+    # ---- unseen clients ----------------------------------------------------------------------------
+    def newcomer_models(self, rnd: int, newcomers: "Federation") -> State:
+        """The models [U, ...] this algorithm gives clients it has never seen (`newcomers`, a
+        Federation over them: fit on its splits only), as a new object; nothing is written back.
+        Default (FedAvg-shaped): the global model's shared part; a local part, where there is one,
+        starts from the initial model and is trained on the newcomer's train split for the cell's
+        `local_epochs` with the shared part frozen (FedRep's procedure for new clients). So FedAvg,
+        FedProx, Ditto, APFL, L2GD, pFedMe get the global model; FedPer, LG-FedAvg, FedBN fit their
+        personal layers."""
+        return self.fit_local_part(rnd, newcomers, self.fed.cell.local_epochs)
+
+    @contextlib.contextmanager
+    def serving(self, newcomers: "Federation"):
+        """While the block runs, `self.fed` is the newcomers' Federation, so that hooks written for
+        the trained clients (`evaluate`, `adapt_locally`, helpers reading `self.fed`) work on the
+        newcomers' splits. Used to score newcomers' models; nothing of training runs meanwhile."""
+        trained, self.fed = self.fed, newcomers
+        try:
+            yield newcomers
+        finally:
+            self.fed = trained
+
+    def fit_local_part(self, rnd: int, newcomers: "Federation", epochs: int, trainable=None) -> State:
+        """The global shared part with the initial local part, that local part (or `trainable`)
+        trained for `epochs` on each newcomer's train split."""
+        count = newcomers.num_clients
+        start = newcomers.init_state(count)
+        for n in self.shared_names():
+            start[n] = self.global_state[n].expand(count, *self.global_state[n].shape[1:]).clone()
+        if trainable is None:
+            trainable = [n for n in self.fed.model.param_names if self.is_local(n)]
+        if not trainable or not epochs:
+            return start
+        everyone = torch.arange(count, device=newcomers.device)
+        return newcomers.train(rnd, everyone, start, trainable=trainable, epochs=epochs, salt=NEWCOMER_FIT_SALT).state
 
     def artifacts(self) -> dict[str, np.ndarray]:
         """Arrays worth keeping from this round (e.g. aggregation weights); saved every eval_every rounds."""

@@ -6,6 +6,7 @@ calls it, tests call it, `pflbench bench` times its pieces.
 """
 from __future__ import annotations
 
+import copy
 import hashlib
 import math
 import time
@@ -24,6 +25,7 @@ from pflbench.config import CellConfig
 from pflbench.models import build_model, client_groups, default_model, is_heterogeneous
 from pflbench.privacy import PrivacyPlan, privatize_upload
 from pflbench.system import SystemPlan
+from pflbench.newcomers import check_unseen, newcomer_ids, newcomer_summary, score_newcomers, seen_ids, trained_rows
 from pflbench.training import (SGD, ClientModel, Diverged, Objective, State, batch_plan, cross_entropy,
                                evaluate_clients, payload_bytes, train_clients)
 
@@ -75,36 +77,51 @@ class Federation:
         self.features, self.labels, self.shifts = shifts.apply(cell, dataset, splits, dataset.normalized(self.device),
                                                                dataset.labels.to(self.device))
         self.num_classes = dataset.num_classes
-        self.num_clients = splits.num_clients
-        names = [name for name in SPLITS if not (withhold_test and name == "test")]
-        self.splits = {name: [torch.as_tensor(i, dtype=torch.long, device=self.device) for i in getattr(splits, name)]
-                       for name in names}
-        self.train_sizes = torch.tensor([len(i) for i in splits.train], device=self.device)
+        self._split_names = [name for name in SPLITS if not (withhold_test and name == "test")]
         self.heterogeneous = is_heterogeneous(cell.model)
         if not self.heterogeneous:
             model_name = default_model(dataset.input_shape) if cell.model == "auto" else cell.model
             self.model_name = model_name
             self._model = ClientModel(build_model(model_name, dataset.input_shape, dataset.num_classes))
-            groups = [(model_name, list(range(self.num_clients)))]
+            groups = [(model_name, list(range(splits.num_clients)))]
         else:  # one architecture per group of clients (pflbench.models.client_groups)
             self.model_name = cell.model
             self._model = None
-            groups = client_groups(cell.model, self.num_clients)
+            groups = client_groups(cell.model, splits.num_clients)
         # Model heterogeneity: group g's clients share architecture `models[g]`; a homogeneous cell
         # is one group. Algorithms train and evaluate one group at a time (`by_group`).
         self.group_names = [name for name, _ in groups]
+        self._partition_groups = [ids for _, ids in groups]  # by partition id; `_hold` maps them to positions
         self.models = [self._model] if self._model is not None else [
             ClientModel(build_model(name, dataset.input_shape, dataset.num_classes)) for name in self.group_names]
-        self.group_clients = [torch.as_tensor(ids, dtype=torch.long, device=self.device) for _, ids in groups]
+        self.sgd = SGD(cell.lr, cell.momentum, cell.weight_decay)
+        self.batched = choose_batching(client_batching, self.device, algorithm_batched)
+        # Unseen clients (pflbench.newcomers): this Federation holds the seen clients only, and
+        # `newcomers` (None without the knob) the held-out ones, for evaluation alone.
+        self._hold(splits, seen_ids(cell.unseen_fraction, splits.num_clients, cell.seed))
+        self.newcomers: Federation | None = None
+        if cell.unseen_fraction:
+            self.newcomers = copy.copy(self)
+            self.newcomers._hold(splits, newcomer_ids(cell.unseen_fraction, splits.num_clients, cell.seed))
+
+    def _hold(self, splits, client_ids: np.ndarray) -> None:
+        """Make this Federation hold the partition's clients `client_ids` (positions 0..len-1)."""
+        self.client_ids = client_ids  # position -> partition client id
+        self.num_clients = len(client_ids)
+        self.splits = {name: [torch.as_tensor(getattr(splits, name)[c], dtype=torch.long, device=self.device)
+                              for c in client_ids.tolist()] for name in self._split_names}
+        self.train_sizes = torch.tensor([len(splits.train[c]) for c in client_ids.tolist()], device=self.device)
+        position = {c: k for k, c in enumerate(client_ids.tolist())}
+        self.group_clients = [torch.as_tensor([position[c] for c in ids if c in position], dtype=torch.long,
+                                              device=self.device) for ids in self._partition_groups]
         self.group_of = torch.zeros(self.num_clients, dtype=torch.long, device=self.device)
         for g, ids in enumerate(self.group_clients):
             self.group_of[ids] = g
-        self.sgd = SGD(cell.lr, cell.momentum, cell.weight_decay)
-        self.batched = choose_batching(client_batching, self.device, algorithm_batched)
-        self.schedule = sample_schedule(cell.clients, cell.participation, cell.rounds, cell.seed)
-        # System and privacy heterogeneity: drawn once from the seed (None when the knob is off).
-        self.system = SystemPlan.from_cell(cell)
-        self.privacy = PrivacyPlan.from_cell(cell, self.schedule)
+        sampled_from = self.num_clients if self.cell.unseen_fraction else self.cell.clients
+        self.schedule = sample_schedule(sampled_from, self.cell.participation, self.cell.rounds, self.cell.seed)
+        # System and privacy heterogeneity: drawn once from the seed over partition ids (None when off).
+        self.system = SystemPlan.from_cell(self.cell)
+        self.privacy = PrivacyPlan.from_cell(self.cell, self.client_ids[self.schedule])
         self.local_round: int | None = None  # the round whose local training is running (stragglers)
 
     @property
@@ -142,6 +159,7 @@ class Federation:
         and for both training paths."""
         gens = []
         for c in clients.tolist():
+            c = int(self.client_ids[c]) if c >= 0 else c  # keyed by partition id (-1: pooled data)
             digest = hashlib.sha256(f"{self.cell.seed}/{rnd}/{c}/{salt}".encode()).digest()
             gens.append(torch.Generator().manual_seed(int.from_bytes(digest[:8], "little")))
         return gens
@@ -189,16 +207,16 @@ class Federation:
         adaptation, or a knob that is off). Algorithms that build their own plans pass them here."""
         if self.system is None or self.local_round != rnd:
             return plans
-        return self.system.cut(rnd, clients, plans)
+        return self.system.cut(rnd, [int(self.client_ids[c]) for c in clients], plans)  # plans keyed by partition id
 
     def arrived(self, rnd: int, clients: Tensor) -> Tensor | None:
         """[K] bool: whose upload reaches the server in round `rnd` (None: every upload, no dropout)."""
-        return None if self.system is None else self.system.arrived(rnd, clients)
+        return None if self.system is None else self.system.arrived(rnd, torch.as_tensor(self.client_ids, device=clients.device)[clients])
 
     def privatize(self, rnd: int, client: int, update: State) -> State:
         """For algorithms with `dp_upload = "self"`: one client's update (unstacked tensors) as it
         leaves the client under the `privacy` knob (clipped and noised); unchanged when it is off."""
-        return update if self.privacy is None else self.privacy.privatize(rnd, client, update)
+        return update if self.privacy is None else self.privacy.privatize(rnd, int(self.client_ids[client]), update)
 
     def adapt_locally(self, personal: State | list[State], rnd: int, epochs: int) -> State | list[State]:
         """Every client's model in `personal` after `epochs` of local SGD on its own train split: the
@@ -293,6 +311,7 @@ def run_cell(cell: CellConfig, *, data_root=None, mirror=None, device: str = "cp
     algorithm_cls.check_models(cell.model)  # a heterogeneous cell needs an algorithm that supports it
     shifts.resolve(cell.feature_shift, cell.concept_shift, cell.clients)  # a bad shift setting, before any work
     algorithm_cls.check_knobs(cell)  # system / privacy knobs the algorithm cannot honour
+    check_unseen(cell)  # newcomers: an algorithm that cannot serve them is refused before any work
     dataset, splits = prepare_cell(cell, data_root, mirror)
     fed = Federation(cell, dataset, splits, device, client_batching, algorithm_cls.batched,
                      withhold_test="test" not in evaluate)
@@ -318,7 +337,8 @@ def run_round(algorithm: Algorithm, rnd: int, clients: Tensor) -> tuple[State, S
     if arrived is None and not engine_dp:
         algorithm.aggregate(rnd, clients, upload)
         return download, upload
-    received = (privatize_upload(fed.privacy, algorithm.dp_upload, rnd, clients, download, upload, arrived)
+    received = (privatize_upload(fed.privacy, algorithm.dp_upload, rnd,
+                                 torch.as_tensor(fed.client_ids)[clients.cpu()], download, upload, arrived)
                 if engine_dp else [u if arrived is None or arrived[k] else {}
                                    for k, u in enumerate(_per_client(upload, len(clients)))])
     positions = torch.arange(len(clients), device=clients.device)
@@ -364,6 +384,8 @@ def run_rounds(fed: Federation, algorithm: Algorithm, on_round=None, provenance:
     start = time.perf_counter()
     last_eval: dict | None = None
     missing = (torch.full((fed.num_clients,), math.nan),) * 2
+    newcomer_flag = {} if fed.newcomers is None else {"newcomer": False}
+    newcomer_time = 0.0
     for rnd in range(1, cell.rounds + 1):
         round_start = time.perf_counter()
         clients = torch.as_tensor(fed.schedule[rnd - 1], device=fed.device)
@@ -405,13 +427,17 @@ def run_rounds(fed: Federation, algorithm: Algorithm, on_round=None, provenance:
             sent_up = dict(zip(clients.tolist(), bytes_up.tolist()))
             for c in range(fed.num_clients):
                 metric_rows.append({
-                    "round": rnd, "client": c, "accuracy": float(accuracy[c]), "loss": float(loss[c]),
+                    "round": rnd, "client": int(fed.client_ids[c]), "accuracy": float(accuracy[c]), "loss": float(loss[c]),
                     "val_accuracy": float(val_accuracy[c]), "val_loss": float(val_loss[c]),
                     "accuracy_adapted": float(accuracy_a[c]), "loss_adapted": float(loss_a[c]),
                     "val_accuracy_adapted": float(val_accuracy_a[c]), "val_loss_adapted": float(val_loss_a[c]),
                     "test_samples": test_samples[c], "val_samples": val_samples[c],
                     "bytes_down": sent_down.get(c, 0), "bytes_up": sent_up.get(c, 0),
-                    "wall_time": time.perf_counter() - start})
+                    "wall_time": time.perf_counter() - start, **newcomer_flag})
+            if fed.newcomers is not None:  # unseen clients: their models scored apart (pflbench.newcomers)
+                rows, seconds = score_newcomers(algorithm, fed.newcomers, rnd, evaluate, cell.finetune_epochs)
+                metric_rows.extend({**row, "wall_time": time.perf_counter() - start} for row in rows)
+                newcomer_time += seconds
             for key, value in algorithm.artifacts().items():
                 artifacts[f"{key}_round{rnd:05d}"] = value
             last_eval = {"mean_accuracy": float(accuracy.mean()) if "test" in results else None,
@@ -419,11 +445,11 @@ def run_rounds(fed: Federation, algorithm: Algorithm, on_round=None, provenance:
         if on_round is not None:
             on_round({"round": rnd, "rounds": cell.rounds,
                       **(last_eval or {"mean_accuracy": None, "mean_val_accuracy": None})})
-    metrics = pd.DataFrame(metric_rows, columns=METRIC_COLUMNS)
+    metrics = pd.DataFrame(metric_rows, columns=METRIC_COLUMNS + list(newcomer_flag))
     rounds = pd.DataFrame(round_rows, columns=ROUND_COLUMNS)
     extra = {} if evaluate == EVALUATED else {"evaluated": list(evaluate)}
     if fed.system is not None:  # what the system knob did, for the report
-        ran = fed.schedule[: len(rounds)]
+        ran = fed.client_ids[fed.schedule[: len(rounds)]]  # partition ids
         extra.update({"system_stragglers": np.flatnonzero(fed.system.straggler).tolist(),
                       "system_dropped_uploads": int(np.take_along_axis(fed.system.dropped[: len(ran)], ran, 1).sum()),
                       "system_mean_work": float(np.take_along_axis(fed.system.work[: len(ran)], ran, 1).mean())})
@@ -432,6 +458,8 @@ def run_rounds(fed: Federation, algorithm: Algorithm, on_round=None, provenance:
     if cell.finetune_epochs:
         extra.update({"adapt_time_total": float(rounds["adapt_time"].sum()),
                       "adapt_diverged_rounds": adapt_diverged})
+    if fed.newcomers is not None:
+        extra.update({"newcomers": fed.newcomers.client_ids.tolist(), "newcomer_time_total": newcomer_time})
     summary = summarize(metrics, rounds, status, diverged_round, fed, time.perf_counter() - start,
                         {**(provenance or {}), **extra})
     return CellResult(status, metrics, rounds, summary, artifacts, error)
@@ -443,6 +471,8 @@ def summarize(metrics: pd.DataFrame, rounds: pd.DataFrame, status: str, diverged
                "bytes_down_total": int(rounds["bytes_down"].sum()), "bytes_up_total": int(rounds["bytes_up"].sum()),
                "wall_time": wall_time, "model": fed.model_name,
                "client_batching": "batched" if fed.batched else "loop", **provenance}
+    everyone, metrics = metrics, trained_rows(metrics)  # newcomers' rows have their own summaries
+    summary.update(newcomer_summary(everyone, protocol_summary))
     if len(metrics):
         summary.update(protocol_summary(metrics, ""))
         summary.update(protocol_summary(metrics, "_adapted"))

@@ -754,6 +754,7 @@ def _build_cell(flat: Assignments, problems: Problems) -> CellConfig | None:
     """One resolved cell; problems are reported at the place each offending value was written."""
     from pflbench import shifts
     from pflbench.data.sources import make_source
+    from pflbench.newcomers import check_unseen
     from pflbench.partitioning import make_partitioner
     from pflbench.privacy import parse_privacy
     from pflbench.system import parse_system
@@ -806,10 +807,6 @@ def _build_cell(flat: Assignments, problems: Problems) -> CellConfig | None:
     except ValueError as error:
         problems.add(origins("feature_shift", "concept_shift"), str(error))
         return None
-    for knob in ("unseen_fraction",):
-        if getattr(cell, knob):  # each knob's own module replaces this line with its validation
-            problems.add(origins(knob), f"{knob} is not available yet")
-            return None
     # System and privacy heterogeneity (pflbench/system.py, pflbench/privacy.py): validated, only the
     # entries that differ from the defaults kept, and refused by algorithms that cannot honour them.
     for knob, parse in (("system", lambda v: parse_system(v, cell.clients)), ("privacy", parse_privacy)):
@@ -822,6 +819,10 @@ def _build_cell(flat: Assignments, problems: Problems) -> CellConfig | None:
         _algorithms().get(algorithm).check_knobs(cell)
     except ValueError as error:
         problems.add(origins("algorithm", "system", "privacy"), str(error))
+    try:  # unseen clients: at least one held out and one trained, an algorithm that can serve them
+        check_unseen(cell)
+    except ValueError as error:
+        problems.add(origins("unseen_fraction", "clients", "algorithm"), str(error))
         return None
     return cell.model_copy(update={"hp": hp.model_dump(mode="json"), "dataset_options": options,
                                    "partition_params": scheme.params.model_dump(mode="json"), **shifted})

@@ -100,11 +100,14 @@ def load_cells(results: str | Path) -> pd.DataFrame:
 
 
 def read_metrics(path: str | Path) -> pd.DataFrame:
-    """Per eval round and client (empty when the cell has none, e.g. it failed before evaluating)."""
+    """Per eval round and trained client (empty when the cell has none, e.g. it failed before
+    evaluating). Newcomers' rows (unseen clients, `newcomer` True) are left out: the curves and
+    per-client charts are the trained clients'; the newcomers' numbers are in the summary."""
     try:
-        return pd.read_parquet(Path(path) / METRICS)
+        metrics = pd.read_parquet(Path(path) / METRICS)
     except (FileNotFoundError, OSError, ValueError):
         return pd.DataFrame(columns=["round", "client", "accuracy"])
+    return metrics[~metrics["newcomer"].astype(bool)] if "newcomer" in metrics else metrics
 
 
 def read_rounds(path: str | Path) -> pd.DataFrame:

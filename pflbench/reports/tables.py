@@ -13,7 +13,8 @@ equal the paper's; otherwise the entry carries a footnote saying what differs.
 
 `communication_tables`: per (dataset, scheme, clients), a row per algorithm: accuracy (as delivered,
 and after local adaptation where the cells have it), MB per round and in total (down + up), beside
-pFedLA's Table 3 where it applies.
+pFedLA's Table 3 where it applies; and, where cells held clients out of training (`unseen_fraction`),
+the accuracy of the model each method serves those newcomers (`NEWCOMERS_KEY`), a column of its own.
 
 Rows: an algorithm's cells whose hyperparameters (`hp.*`) differ get one row per setting (e.g.
 HeurpFedLA retain_layers=1, retain_layers=2); cells run with tuned hyperparameters (`hp_source` "tuned") get their own row,
@@ -256,6 +257,7 @@ class CommTable:
     adapted: dict[tuple, Entry] = field(default_factory=dict)
     footnotes: list[str] = field(default_factory=list)
     budget: str = ""
+    newcomers: dict[tuple, Entry] = field(default_factory=dict)  # unseen clients' accuracy by row key
 
     @property
     def title(self) -> str:
@@ -266,6 +268,9 @@ class CommTable:
         text = f"Accuracy: {DEFAULT.label}"
         if self.adapted:
             text += f"; and {ADAPTED.label}"
+        if self.newcomers:
+            text += ("; newcomers: clients held out of training (unseen_fraction), scored with the model the "
+                     "method serves them, as delivered, final round, mean over newcomers")
         return text + "."
 
     def papered(self, row: Row) -> Entry | None:
@@ -444,6 +449,9 @@ def accuracy_tables(cells: pd.DataFrame, references: list[Reference] = (),
 
 # How a cell was executed: not part of its hash (the results agree up to float rounding), but a table
 # that mixes them should say so. Older stores lack `device`.
+# Unseen clients (pflbench.newcomers): the newcomers' served model, as delivered, final round, mean over newcomers.
+NEWCOMERS_KEY = "final_accuracy_newcomers"
+
 EXECUTION = {"client_batching": "training path", "device": "device"}
 
 
@@ -483,6 +491,8 @@ def communication_tables(cells: pd.DataFrame, references: list[Reference] = ()) 
                 adapted = make_entry(group, ADAPTED.key) if with_adapted else None
                 if adapted is not None:
                     table.adapted[row.key] = adapted
+                if NEWCOMERS_KEY in group and group[NEWCOMERS_KEY].notna().any():
+                    table.newcomers[row.key] = make_entry(group, NEWCOMERS_KEY)
                 paper = find_paper_value(references, algorithm=row.algorithm, dataset=column.paper_dataset,
                                          partition=str(scheme), clients=column.clients, cells=group, communication=True)
                 if paper is not None:

@@ -122,6 +122,7 @@ def comm_paper_text(table: CommTable, row: Row) -> tuple[str, str]:
 
 def markdown_comm_table(table: CommTable) -> str:
     header = (["algorithm", "accuracy (%)"] + (["adapted accuracy (%)"] if table.adapted else [])
+              + (["newcomers accuracy (%)"] if table.newcomers else [])
               + ["model", "parameters per client (down)", "KB per client per round (down / up)", "MB per round", "MB total"])
     if table.has_paper:
         header += [comm_paper_header(table), "paper MB"]
@@ -130,6 +131,8 @@ def markdown_comm_table(table: CommTable) -> str:
         cells = [md_label(row), md_entry(entry).replace("**", "")]
         if table.adapted:
             cells.append(md_entry(table.adapted.get(row.key)).replace("**", ""))
+        if table.newcomers:
+            cells.append(md_entry(table.newcomers.get(row.key)).replace("**", ""))
         cells += [md_escape(t) for t in payload_text(entry)]
         cells += [fmt(mean_or_none(entry.mbytes_per_round), 3), fmt(mean_or_none(entry.mbytes), 2)]
         if table.has_paper:
@@ -271,6 +274,7 @@ def latex_table(table: Table) -> str:
 def latex_comm_table(table: CommTable) -> str:
     paper = table.has_paper
     header = (["Algorithm", r"Accuracy (\%)"] + ([r"Adapted (\%)"] if table.adapted else [])
+              + ([r"Newcomers (\%)"] if table.newcomers else [])
               + ["Model", "Params/client", "KB/client/round (down/up)", "MB/round", "MB total"]
               + ([tex_text(comm_paper_header(table)).replace("paper accuracy", "Paper acc."), "Paper MB"] if paper else []))
     lines = [r"\begin{table}[t]", r"\centering", r"\small",
@@ -283,6 +287,9 @@ def latex_comm_table(table: CommTable) -> str:
         if table.adapted:
             adapted = table.adapted.get(row.key)
             cells.append(tex_text(adapted.text()) if adapted is not None and adapted.text() else "--")
+        if table.newcomers:
+            newcomers = table.newcomers.get(row.key)
+            cells.append(tex_text(newcomers.text()) if newcomers is not None and newcomers.text() else "--")
         cells += [tex_text(t).replace(MISSING, "--") for t in payload_text(entry)]
         cells += [fmt(mean_or_none(entry.mbytes_per_round), 3).replace(MISSING, "--"),
                   fmt(mean_or_none(entry.mbytes)).replace(MISSING, "--")]

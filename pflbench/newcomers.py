@@ -1,0 +1,130 @@
+"""Unseen clients (newcomers): clients held out of training altogether, served a model at evaluation.
+
+pFL-Bench's second protocol: how does a method serve a client that never took part in training?
+The cell field `unseen_fraction: f` holds `round(f * clients)` clients of the partition out of
+training. What was chosen where the issue left it open:
+
+- The partition is made over all `clients` exactly as without the knob, so the seen clients' splits
+  are the same as in the cell without newcomers. Which clients are newcomers is drawn once from the
+  cell seed with this module's own salt (`newcomer_ids`): the same for every algorithm, and never
+  from the training RNG.
+- The cell's `Federation` holds only the seen clients (positions 0..S-1; `fed.client_ids[pos]` is
+  the partition id). So nothing of training can see a newcomer: the sampling schedule draws among
+  the seen clients (participation applies to them), FedAvg's size weights, pFedLA's per-client
+  hypernetworks, FedFomo's weights all have S rows. `fed.newcomers` is a second Federation over the
+  newcomers (same dataset tensors, same model), which only the evaluation touches: it asks the
+  algorithm for the newcomers' models (`Algorithm.newcomer_models(rnd, fed.newcomers)`), fitted
+  only on the newcomers' own train split where the method fits something.
+- Batch orders are keyed by partition id, so a client's batches do not depend on which other
+  clients are held out.
+- Scores: metrics rows of newcomers carry `newcomer=True` (the column exists only in cells with
+  newcomers, so other cells' metrics are unchanged), `client` is always the partition id, bytes are
+  0 (a newcomer never took part in a round). Summaries of the trained clients ignore those rows;
+  the newcomers' own summaries are the same ones with the suffix `_newcomers`
+  (`final_accuracy_newcomers`, `bestval_accuracy_newcomers`, `final_accuracy_adapted_newcomers`,
+  ...), the best-validation round chosen on the newcomers' own validation split, never on test.
+- A newcomer's model is fitted anew at every evaluation round (where the method fits one) and
+  never written back into the algorithm's state, so scoring newcomers cannot change training.
+  Its seconds are counted apart (`newcomer_time_total`), not in any round's `wall_time`.
+"""
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+import pandas as pd
+import torch
+
+NEWCOMER_SALT = 0x0E3C  # the draw of which clients are newcomers
+
+
+def newcomer_count(unseen_fraction: float, clients: int) -> int:
+    return int(round(unseen_fraction * clients))
+
+
+def newcomer_ids(unseen_fraction: float, clients: int, seed: int) -> np.ndarray:
+    """Partition ids of the newcomers, sorted: drawn from the seed alone."""
+    count = newcomer_count(unseen_fraction, clients)
+    if count == 0:
+        return np.zeros(0, dtype=np.int64)
+    rng = np.random.default_rng([seed, NEWCOMER_SALT])
+    return np.sort(rng.choice(clients, count, replace=False)).astype(np.int64)
+
+
+def seen_ids(unseen_fraction: float, clients: int, seed: int) -> np.ndarray:
+    held = set(newcomer_ids(unseen_fraction, clients, seed).tolist())
+    return np.array([c for c in range(clients) if c not in held], dtype=np.int64)
+
+
+def check_unseen(cell) -> None:
+    """ValueError (one message naming the field and what is allowed) if the cell's unseen_fraction
+    cannot be run: it must hold out at least one client and keep at least one for training, and the
+    algorithm must be able to serve newcomers."""
+    from pflbench.algorithm import get_algorithm
+
+    fraction, clients = cell.unseen_fraction, cell.clients
+    if not fraction:
+        return
+    count = newcomer_count(fraction, clients)
+    if count < 1:
+        raise ValueError(f"unseen_fraction {fraction} of {clients} clients holds out no client "
+                         f"(round({fraction} x {clients}) = 0); use at least {0.5 / clients:.3g}, or 0 for none")
+    if count > clients - 1:
+        raise ValueError(f"unseen_fraction {fraction} of {clients} clients holds out all {count} of them; "
+                         f"at least one client must train (at most {(clients - 1.5) / clients:.3g})")
+    get_algorithm(cell.algorithm).check_newcomers(cell)
+
+
+def score_newcomers(algorithm, newcomers, rnd: int, evaluate: tuple[str, ...], finetune_epochs: int) -> tuple[list[dict], float]:
+    """Metrics rows of the newcomers at round `rnd` and the seconds spent: their models from the
+    algorithm, scored as delivered and, with `finetune_epochs`, after local adaptation (the same
+    rule as for trained clients). A newcomer model that diverges leaves its scores NaN."""
+    from pflbench.training import Diverged
+
+    start = time.perf_counter()
+    count = newcomers.num_clients
+    missing = (torch.full((count,), math.nan),) * 2
+    results, adapted = {}, {}
+    try:
+        models = algorithm.newcomer_models(rnd, newcomers)
+        with algorithm.serving(newcomers):  # the algorithm's own scoring and adaptation, on the newcomers
+            results = {split: algorithm.evaluate(models, split) for split in evaluate}
+            if finetune_epochs:
+                tuned = algorithm.adapt_locally(models, rnd, finetune_epochs)
+                adapted = {split: algorithm.evaluate(tuned, split) for split in evaluate}
+    except Diverged:
+        pass  # NaN scores: the protocol summaries never select such a round
+    accuracy, loss = results.get("test", missing)
+    val_accuracy, val_loss = results.get("val", missing)
+    accuracy_a, loss_a = adapted.get("test", missing)
+    val_accuracy_a, val_loss_a = adapted.get("val", missing)
+    test_samples, val_samples = newcomers.split_sizes("test").tolist(), newcomers.split_sizes("val").tolist()
+    rows = [{"round": rnd, "client": int(newcomers.client_ids[k]), "accuracy": float(accuracy[k]),
+             "loss": float(loss[k]), "val_accuracy": float(val_accuracy[k]), "val_loss": float(val_loss[k]),
+             "accuracy_adapted": float(accuracy_a[k]), "loss_adapted": float(loss_a[k]),
+             "val_accuracy_adapted": float(val_accuracy_a[k]), "val_loss_adapted": float(val_loss_a[k]),
+             "test_samples": test_samples[k], "val_samples": val_samples[k], "bytes_down": 0, "bytes_up": 0,
+             "newcomer": True}
+            for k in range(count)]
+    return rows, time.perf_counter() - start
+
+
+def trained_rows(metrics: pd.DataFrame) -> pd.DataFrame:
+    """The trained clients' rows of a metrics table (all rows where the cell has no newcomers)."""
+    if "newcomer" not in metrics:
+        return metrics
+    return metrics[~metrics["newcomer"].astype(bool)]
+
+
+def newcomer_summary(metrics: pd.DataFrame, protocol_summary) -> dict:
+    """The protocol summaries of the newcomers' rows, each key with the suffix `_newcomers`."""
+    if "newcomer" not in metrics:
+        return {}
+    rows = metrics[metrics["newcomer"].astype(bool)]
+    if not len(rows):
+        return {}
+    out = {}
+    for model in ("", "_adapted"):
+        out.update({f"{key}_newcomers": value for key, value in protocol_summary(rows, model).items()})
+    return out
