@@ -10,6 +10,13 @@ samples) at a time, and its best time is kept: on a shared machine the least dis
 is the one that tells what the code can do. How disturbed the others were is reported too: each way's
 min/median/max time, its spread (median over best - 1) and the load average before and after; a way
 whose spread exceeds NOISY_SPREAD marks the result "noisy: ratios unreliable".
+
+The physical limit beside it: the FLOPs of one training step per sample (forward and backward,
+counted from the model by torch.utils.flop_counter; the SGD update's few FLOPs per parameter are
+left out) times each way's samples/s is its achieved GFLOP/s, compared with the machine's measured
+peak, the best of a few large float32 matmuls in the same process with the same threads.
+With `compiled=True` (the default) the engine's compiled step (pflbench.training) is timed as one more
+way, "compiled", beside the eager default; its compile time is reported apart (warm-up).
 """
 from __future__ import annotations
 
@@ -69,10 +76,37 @@ def _bench_federation(clients: int, samples: int, batch_size: int, shape: tuple[
     return fed, algorithm
 
 
-def _time_federated(fed, algorithm, batched: bool, rounds: int) -> float:
+def training_flops_per_sample(model: str, shape: tuple[int, ...], num_classes: int, batch_size: int) -> float:
+    """FLOPs of forward + backward of one cross-entropy step, per sample (torch.utils.flop_counter)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    module = build_model(model, shape, num_classes)
+    x = torch.randn(batch_size, *shape)
+    y = torch.randint(0, num_classes, (batch_size,))
+    with FlopCounterMode(display=False) as counter:
+        torch.nn.functional.cross_entropy(module(x), y).backward()
+    return counter.get_total_flops() / batch_size
+
+
+def matmul_peak(size: int = 1024, repeats: int = 5, calls: int = 4) -> float:
+    """The machine's float32 peak as measured here: best GFLOP/s of `size`^3 matmuls (threads as set)."""
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    out = torch.empty(size, size)
+    torch.mm(a, b, out=out)  # warm-up
+    best = math.inf
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(calls):
+            torch.mm(a, b, out=out)
+        best = min(best, (time.perf_counter() - start) / calls)
+    return 2 * size ** 3 / best / 1e9
+
+
+def _time_federated(fed, algorithm, batched: bool, rounds: int, compiled: bool = False) -> float:
     from pflbench.federation import run_round
 
     fed.batched = batched
+    fed.compiled = compiled
     clients = torch.arange(fed.num_clients, device=fed.device)
     _sync(fed.device)
     start = time.perf_counter()
@@ -103,25 +137,35 @@ def _time_centralized(fed, batch_size: int, rounds: int) -> float:
 
 def run_bench(clients: int = 10, samples: int = 512, batch_size: int = 32,
               shape: tuple[int, ...] = (3, 32, 32), num_classes: int = 10, model: str = "cnn",
-              rounds: int = 1, repeats: int = 8, device: str = "cpu", seed: int = 0,
+              rounds: int = 1, repeats: int = 8, device: str = "cpu", seed: int = 0, compiled: bool = True,
               progress: Callable[[str], None] | None = None) -> dict:
     """`progress`, if given, gets one line per measurement (and per warm-up) while they run."""
     say = progress or (lambda line: None)
     load_before = load_average()
     device = torch.device(device)
+    flops_per_sample = training_flops_per_sample(model, shape, num_classes, batch_size)
+    peak = matmul_peak() if device.type == "cpu" else None
+    say(f"training step {flops_per_sample / 1e6:.2f} MFLOP per sample"
+        + (f"; measured matmul peak {peak:.1f} GFLOP/s" if peak else ""))
     fed, algorithm = _bench_federation(clients, samples, batch_size, shape, num_classes, model, device, seed)
     default_batched = fed.batched  # the engine's own choice for this device
     combined = clients * batch_size
     ways = {
         "default": lambda: _time_federated(fed, algorithm, default_batched, rounds),
+        **({"compiled": lambda: _time_federated(fed, algorithm, default_batched, rounds, compiled=True)}
+           if compiled else {}),
         "loop": lambda: _time_federated(fed, algorithm, False, rounds),
         "batched": lambda: _time_federated(fed, algorithm, True, rounds),
         f"centralized_batch{batch_size}": lambda: _time_centralized(fed, batch_size, rounds),
         f"centralized_batch{combined}": lambda: _time_centralized(fed, combined, rounds),
     }
     work = rounds * clients * samples
-    for name, way in ways.items():  # warm-up: allocator, kernels, vmap tracing
-        say(f"warm-up {name}: {way():.2f} s")
+    warmup = {}
+    for name, way in ways.items():  # warm-up: allocator, kernels, vmap tracing, compilation
+        warmup[name] = way()
+        say(f"warm-up {name}: {warmup[name]:.2f} s")
+    compile_seconds = fed.model.compile_seconds
+    compiled_ran = compiled and bool(fed.model._compiled) and all(v is not None for v in fed.model._compiled.values())
     times: dict[str, list[float]] = {name: [] for name in ways}
     for repeat in range(repeats):
         for name, way in ways.items():
@@ -136,6 +180,7 @@ def run_bench(clients: int = 10, samples: int = 512, batch_size: int = 32,
     throughput = {name: work / seconds for name, seconds in best.items()}
     limit_way = max((f"centralized_batch{batch_size}", f"centralized_batch{combined}"), key=throughput.get)
     limit = throughput[limit_way]
+    gflops = {name: value * flops_per_sample / 1e9 for name, value in throughput.items()}
     return {
         "config": {"clients": clients, "samples_per_client": samples, "batch_size": batch_size,
                    "shape": list(shape), "num_classes": num_classes, "model": fed.model_name,
@@ -151,6 +196,15 @@ def run_bench(clients: int = 10, samples: int = 512, batch_size: int = 32,
         "ratio_batched_to_limit": throughput["batched"] / limit,
         "ratio_batched_to_loop": throughput["batched"] / throughput["loop"],
         "ratio_batched_to_centralized_combined": throughput["batched"] / throughput[f"centralized_batch{combined}"],
+        # Against the physical limit: FLOPs per training sample, achieved GFLOP/s, measured peak.
+        "flops_per_sample": flops_per_sample,
+        "gflops": gflops,
+        "peak_gflops": peak,
+        "fraction_of_peak": {name: value / peak for name, value in gflops.items()} if peak else None,
+        "compiled": compiled_ran,
+        "compile_seconds": compile_seconds,
+        "ratio_compiled_to_default": throughput["compiled"] / throughput["default"] if compiled else None,
+        "warmup_seconds": warmup,
         # How noisy the machine was: every measurement (seconds), per way min/median/max and the
         # relative spread (median / min - 1), the load average before and after.
         "seconds": times,
@@ -169,17 +223,30 @@ def format_bench(result: dict) -> str:
     lines = [f"pflbench bench: FedAvg, {cfg['clients']} clients x {cfg['samples_per_client']} samples "
              f"{tuple(cfg['shape'])}, batch {cfg['batch_size']}, model {cfg['model']}, device {cfg['device']}, "
              f"{cfg['threads']} threads, best of {cfg['repeats']} x {cfg['rounds']} rounds",
-             f"{'way':<26}{'samples/s':>12}{'/ limit':>10}   seconds min / median / max  spread"]
+             f"{'way':<26}{'samples/s':>12}{'/ limit':>10}{'GFLOP/s':>9}{'/ peak':>8}"
+             f"   seconds min / median / max  spread"]
     spread = result.get("spread", {})
+    peak = result.get("peak_gflops")
     for name, value in result["samples_per_second"].items():
-        label = f"{name} ({result['default_path']})" if name == "default" else name
-        line = f"{label:<26}{value:>12.0f}{value / result['limit']:>10.2f}"
+        label = f"{name} ({result['default_path']})" if name in ("default", "compiled") else name
+        gflops = result.get("gflops", {}).get(name)
+        line = (f"{label:<26}{value:>12.0f}{value / result['limit']:>10.2f}"
+                + (f"{gflops:>9.2f}" if gflops is not None else f"{'':>9}")
+                + (f"{gflops / peak:>8.1%}" if gflops is not None and peak else f"{'':>8}"))
         if name in spread:
             s = spread[name]
             line += (f"   {s['min']:.3f} / {s['median']:.3f} / {s['max']:.3f}  {s['relative']:>+6.0%}"
                      + ("  noisy" if name in result.get("noisy_ways", ()) else ""))
         lines.append(line)
     lines.append(f"limit = {result['limit_way']}; batched / loop = {result['ratio_batched_to_loop']:.2f}")
+    if "flops_per_sample" in result:
+        lines.append(f"training step {result['flops_per_sample'] / 1e6:.2f} MFLOP per sample (forward + backward, "
+                     f"torch.utils.flop_counter); measured peak "
+                     + (f"{peak:.1f} GFLOP/s (float32 matmul, same process and threads)" if peak else "not measured"))
+    if result.get("ratio_compiled_to_default") is not None:
+        state = "compiled" if result.get("compiled") else "NOT compiled (fell back to eager; see the note above)"
+        lines.append(f"compiled / default = {result['ratio_compiled_to_default']:.2f} ({state}; compiling took "
+                     f"{result['compile_seconds']:.1f} s, in the warm-up, not in the measurements)")
     before, after = result.get("loadavg_before"), result.get("loadavg_after")
     if before is not None and after is not None:
         lines.append(f"load average (1/5/15 min) before {' '.join(f'{x:.2f}' for x in before)}, after "

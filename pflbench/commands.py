@@ -53,6 +53,9 @@ def add_parser(subparsers) -> None:
     bench.add_argument("--device", help="torch device (default: cuda when available, else cpu)")
     bench.add_argument("--json", metavar="PATH", help="also write the result as JSON")
     bench.add_argument("--quiet", action="store_true", help="no progress lines on stderr while measuring")
+    bench.add_argument("--threads", type=int, help="torch threads (default: torch's own choice)")
+    bench.add_argument("--no-compile", action="store_true",
+                       help="leave out the compiled training step (saves its compile time)")
     bench.set_defaults(func=cmd_bench)
 
 
@@ -228,6 +231,8 @@ def cmd_bench(args) -> int:
     from pflbench.bench import format_bench, run_bench, write_json
 
     shape = tuple(int(s) for s in args.shape.split(","))
+    if args.threads:
+        torch.set_num_threads(args.threads)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
 
     def progress(line: str) -> None:
@@ -235,7 +240,8 @@ def cmd_bench(args) -> int:
 
     result = run_bench(clients=args.clients, samples=args.samples, batch_size=args.batch_size, shape=shape,
                        num_classes=args.classes, model=args.model, rounds=args.rounds,
-                       repeats=args.repeats, device=device, progress=None if args.quiet else progress)
+                       repeats=args.repeats, device=device, compiled=not args.no_compile,
+                       progress=None if args.quiet else progress)
     print(format_bench(result))
     if args.json:
         write_json(result, args.json)

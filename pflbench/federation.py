@@ -59,6 +59,25 @@ def choose_batching(requested: str, device: torch.device, algorithm_batched: boo
     return requested == "on"
 
 
+# --- compiled training steps (pflbench.training's module doc): an execution option like
+# client_batching, not part of the cell's identity.
+COMPILED_TRAINING = ("auto", "on", "off")
+# Compiling one step takes ~10-80 s on a 2-core CPU (idle to loaded) and saves about a third of a
+# small CNN's step (pflbench bench); below this many planned local steps `auto` stays eager.
+COMPILE_MIN_STEPS = 5000
+
+
+def choose_compiled(requested: str, cell: CellConfig, train_sizes: list[int]) -> bool:
+    if requested not in COMPILED_TRAINING:
+        raise ValueError(f"compiled_training must be one of {COMPILED_TRAINING}, got {requested!r}")
+    if requested != "auto":
+        return requested == "on"
+    per_round = max(1, round(cell.participation * cell.clients))
+    mean_size = sum(train_sizes) / max(1, len(train_sizes))
+    planned = cell.rounds * per_round * cell.local_epochs * math.ceil(mean_size / max(1, cell.batch_size))
+    return planned >= COMPILE_MIN_STEPS
+
+
 SPLITS = ("train", "val", "test")
 EVALUATED = ("test", "val")  # what a benchmark run evaluates; a tuning run evaluates ("val",) only
 
@@ -70,7 +89,8 @@ class Federation:
     from `splits`, and `fed.splits` has no "test" entry, so nothing in the run can look at them."""
 
     def __init__(self, cell: CellConfig, dataset, splits, device: str | torch.device = "cpu",
-                 client_batching: str = "auto", algorithm_batched: bool = True, withhold_test: bool = False):
+                 client_batching: str = "auto", algorithm_batched: bool = True, withhold_test: bool = False,
+                 compiled_training: str = "off"):
         self.cell = cell
         self.device = torch.device(device)
         # Feature and concept shift (pflbench.shifts), applied once to every partition client's samples.
@@ -96,6 +116,7 @@ class Federation:
             ClientModel(build_model(name, dataset.input_shape, dataset.num_classes)) for name in self.group_names]
         self.sgd = SGD(cell.lr, cell.momentum, cell.weight_decay)
         self.batched = choose_batching(client_batching, self.device, algorithm_batched)
+        self.compiled = choose_compiled(compiled_training, cell, [len(i) for i in splits.train])
         # Unseen clients (pflbench.newcomers): this Federation holds the seen clients only, and
         # `newcomers` (None without the knob) the held-out ones, for evaluation alone.
         self._hold(splits, seen_ids(cell.unseen_fraction, splits.num_clients, cell.seed))
@@ -198,7 +219,7 @@ class Federation:
             plans = self.local_plans(*cut, plans)
         new_state, loss = train_clients(model, state, self.features, self.labels if targets is None else targets,
                                         indices, plans, self.sgd, objective=objective, aux=aux,
-                                        trainable=trainable, batched=self.batched)
+                                        trainable=trainable, batched=self.batched, compiled=self.compiled)
         return TrainResult(new_state, loss)
 
     def local_plans(self, rnd: int, clients: list[int], plans: list[Tensor]) -> list[Tensor]:
@@ -297,7 +318,7 @@ def check_evaluated(evaluate: tuple[str, ...]) -> tuple[str, ...]:
 
 
 def run_cell(cell: CellConfig, *, data_root=None, mirror=None, device: str = "cpu",
-             client_batching: str = "auto",
+             client_batching: str = "auto", compiled_training: str = "off",
              on_round: Callable[[dict], None] | None = None,
              evaluate: tuple[str, ...] = EVALUATED) -> CellResult:
     """Run one cell to the end. Divergence is a result (status "diverged"), not an exception;
@@ -314,23 +335,27 @@ def run_cell(cell: CellConfig, *, data_root=None, mirror=None, device: str = "cp
     check_unseen(cell)  # newcomers: an algorithm that cannot serve them is refused before any work
     dataset, splits = prepare_cell(cell, data_root, mirror)
     fed = Federation(cell, dataset, splits, device, client_batching, algorithm_cls.batched,
-                     withhold_test="test" not in evaluate)
+                     withhold_test="test" not in evaluate, compiled_training=compiled_training)
     algorithm = algorithm_cls(fed, hp)
     return run_rounds(fed, algorithm, on_round=on_round, evaluate=evaluate, provenance={
         "dataset_checksum": dataset.checksum, "torch": torch.__version__, "device": fed.device.type})
 
 
-def run_round(algorithm: Algorithm, rnd: int, clients: Tensor) -> tuple[State, State]:
+def run_round(algorithm: Algorithm, rnd: int, clients: Tensor, timing: dict | None = None) -> tuple[State, State]:
     """One round of the algorithm's hooks; returns what was sent down and what reached the server
-    (with dropped uploads or DP, one dict per client, {} for a dropped one)."""
+    (with dropped uploads or DP, one dict per client, {} for a dropped one). `timing`, if given, gets
+    the seconds of local training ("train"); the other hooks are the server's share."""
     fed = algorithm.fed
     download = algorithm.configure(rnd, clients)
     state = algorithm.receive(rnd, clients, download)
     fed.local_round = rnd  # stragglers cut this round's local work
+    train_start = time.perf_counter()
     try:
         state = algorithm.local_train(rnd, clients, state)
     finally:
         fed.local_round = None
+    if timing is not None:
+        timing["train"] = time.perf_counter() - train_start
     upload = algorithm.send(rnd, clients, state)
     arrived = fed.arrived(rnd, clients)
     engine_dp = fed.privacy is not None and algorithm.dp_upload in ("model", "update")
@@ -363,7 +388,9 @@ def _per_client(upload, count: int) -> list:
 METRIC_COLUMNS = ["round", "client", "accuracy", "loss", "val_accuracy", "val_loss",
                   "accuracy_adapted", "loss_adapted", "val_accuracy_adapted", "val_loss_adapted",
                   "test_samples", "val_samples", "bytes_down", "bytes_up", "wall_time"]
-ROUND_COLUMNS = ["round", "clients", "bytes_down", "bytes_up", "wall_time", "adapt_time"]
+ROUND_COLUMNS = ["round", "clients", "bytes_down", "bytes_up", "wall_time", "adapt_time",
+                 "train_time", "server_time", "eval_time"]  # seconds per round: local training,
+# the other hooks (configure/receive/send/aggregate), forming and scoring the personalized models
 
 
 def run_rounds(fed: Federation, algorithm: Algorithm, on_round=None, provenance: dict | None = None,
@@ -389,8 +416,9 @@ def run_rounds(fed: Federation, algorithm: Algorithm, on_round=None, provenance:
     for rnd in range(1, cell.rounds + 1):
         round_start = time.perf_counter()
         clients = torch.as_tensor(fed.schedule[rnd - 1], device=fed.device)
+        timing: dict = {}
         try:
-            download, upload = run_round(algorithm, rnd, clients)
+            download, upload = run_round(algorithm, rnd, clients, timing)
         except Diverged as err:
             status, diverged_round, error = "diverged", rnd, f"round {rnd}: {err}"
             break
@@ -398,7 +426,10 @@ def run_rounds(fed: Federation, algorithm: Algorithm, on_round=None, provenance:
         round_rows.append({"round": rnd, "clients": len(clients),
                            "bytes_down": int(bytes_down.sum()), "bytes_up": int(bytes_up.sum()),
                            "wall_time": time.perf_counter() - round_start, "adapt_time": 0.0})
+        round_rows[-1].update(train_time=timing["train"], eval_time=0.0,  # timing breakdown
+                              server_time=round_rows[-1]["wall_time"] - timing["train"])
         if rnd % cell.eval_every == 0 or rnd == cell.rounds:
+            eval_start = time.perf_counter()  # timing breakdown
             try:  # forming personalized models may train too (e.g. FedBABU's fine-tuning)
                 personal = algorithm.personalized()
             except Diverged as err:
@@ -409,6 +440,7 @@ def run_rounds(fed: Federation, algorithm: Algorithm, on_round=None, provenance:
             if not torch.isfinite(results[watched][1]).all():
                 status, diverged_round, error = "diverged", rnd, f"round {rnd}: non-finite {watched} loss"
                 break
+            round_rows[-1]["eval_time"] = time.perf_counter() - eval_start  # timing breakdown
             adapted = {}
             if cell.finetune_epochs:
                 adapt_start = time.perf_counter()
@@ -455,6 +487,10 @@ def run_rounds(fed: Federation, algorithm: Algorithm, on_round=None, provenance:
                       "system_mean_work": float(np.take_along_axis(fed.system.work[: len(ran)], ran, 1).mean())})
     if fed.privacy is not None:
         extra.update(fed.privacy.summary())
+    extra.update({f"{part}_time_total": float(rounds[f"{part}_time"].sum())  # timing breakdown
+                  for part in ("train", "server", "eval")})
+    extra.update(compiled_training=fed.compiled,
+                 compile_seconds=float(sum(m.compile_seconds for m in fed.models)))
     if cell.finetune_epochs:
         extra.update({"adapt_time_total": float(rounds["adapt_time"].sum()),
                       "adapt_diverged_rounds": adapt_diverged})

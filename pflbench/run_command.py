@@ -37,6 +37,9 @@ def add_parser(subparsers) -> None:
     run.add_argument("--device", help="torch device for every cell (default: cuda for cells given GPUs, else cpu)")
     run.add_argument("--client-batching", choices=CLIENT_BATCHING, default="auto",
                      help="local training batched across clients (auto: on CUDA, a client loop on CPU)")
+    run.add_argument("--compiled-training", choices=("auto", "on", "off"), default="auto",
+                     help="torch.compile the local training step (auto: for cells with enough steps to pay "
+                          "for compiling; off: the eager step)")
     add_data_options(run)
     run.set_defaults(func=cmd_run)
 
@@ -84,7 +87,8 @@ def cmd_run(args) -> int:
         return 2
     options = RunOptions(results=args.results, data_root=args.root, mirror=args.mirror, use_ray=not args.no_ray,
                          workers=args.workers, ray_address=args.ray_address, force=args.force,
-                         device=args.device, client_batching=args.client_batching)
+                         device=args.device, client_batching=args.client_batching,
+                         compiled_training=args.compiled_training)
     try:
         return run_plan(plan, options, console).exit_code
     except PrepareError as error:

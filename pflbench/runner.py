@@ -44,6 +44,7 @@ class RunOptions:
     force: bool = False            # rerun cells that already have a result
     device: str | None = None      # None: "cuda" for cells given GPUs, else "cpu"
     client_batching: str = "auto"  # local training batched across clients: auto | on | off
+    compiled_training: str = "auto"  # torch.compile of the local step: auto | on | off
 
 
 @dataclass
@@ -95,7 +96,8 @@ def execute_cell(cell: CellConfig, resources: Resources, options: RunOptions,
     try:
         device = options.device or ("cuda" if resources.gpus > 0 else "cpu")
         return run_cell(cell, data_root=options.data_root, mirror=options.mirror, device=device,
-                        client_batching=options.client_batching, on_round=report)
+                        client_batching=options.client_batching, on_round=report,
+                        compiled_training=options.compiled_training)
     except Exception:
         return failed_result(traceback.format_exc())
     finally:

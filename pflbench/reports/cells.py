@@ -156,3 +156,27 @@ def read_artifacts(path: str | Path) -> dict[str, dict[int, np.ndarray]]:
         name, rnd = (match["name"], int(match["round"])) if match else (key, 0)
         grouped.setdefault(name, {})[rnd] = array
     return {name: dict(sorted(rounds.items())) for name, rounds in sorted(grouped.items())}
+
+
+TIMING_PARTS = (("train", "local training"), ("server", "server (configure, receive, send, aggregate)"),
+                ("eval", "evaluation"), ("adapt", "local adaptation (protocol)"))
+
+
+def timing_breakdown(rounds: pd.DataFrame, compile_seconds=None) -> list[dict] | None:
+    """Seconds per round of each part of a round (rounds.parquet's `*_time` columns): one row per part
+    with its mean per round and total, and the seconds spent compiling the training step (part of
+    local training; summary `compile_seconds`). None for stores written before the breakdown existed."""
+    if not len(rounds) or "train_time" not in rounds:
+        return None
+    rows = []
+    for key, label in TIMING_PARTS:
+        column = f"{key}_time"
+        if column in rounds:
+            values = pd.to_numeric(rounds[column], errors="coerce")
+            if key == "adapt" and not values.fillna(0).any():
+                continue
+            rows.append({"part": label, "per_round": float(values.mean()), "total": float(values.sum())})
+    if compile_seconds is not None and not pd.isna(compile_seconds) and compile_seconds > 0:
+        rows.append({"part": "of which compiling the training step", "per_round": None,
+                     "total": float(compile_seconds)})
+    return rows
