@@ -463,13 +463,19 @@ def _sgd_step_rows(params: list[Tensor], grads, momenta: list[Tensor] | None, sg
         param.index_copy_(0, rows, p - sgd.lr * g)
 
 
+EVAL_CHUNK = {"cpu": 256, "cuda": 4096}
+
+
 @torch.no_grad()
 def evaluate_clients(model: ClientModel, state: State, features: Tensor, labels: Tensor,
                      client_indices: list[Tensor], batched: bool = True,
-                     max_samples: int = 4096) -> tuple[Tensor, Tensor]:
+                     max_samples: int | None = None) -> tuple[Tensor, Tensor]:
     """Accuracy and mean loss of each client's model on its own samples: two tensors [K].
-    At most `max_samples` samples (over all clients) go through the model at once."""
+    At most `max_samples` samples (over all clients) go through the model at once: by default
+    EVAL_CHUNK for the device (a CPU is 2-2.5x faster at 256 than at 4096 samples a call, whose
+    activations fall out of cache: 4096 Fashion-MNIST test samples through the CNN, 1 thread)."""
     device = features.device
+    max_samples = max_samples or EVAL_CHUNK.get(device.type, EVAL_CHUNK["cuda"])
     if not batched:
         results = [evaluate_clients(model, _rows(state, k), features, labels, client_indices[k:k + 1],
                                     batched=True, max_samples=max_samples) for k in range(len(client_indices))]

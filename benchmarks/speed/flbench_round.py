@@ -1,0 +1,119 @@
+"""Whole FedAvg rounds on FL-bench's own Fashion-MNIST split (../shared/crosscheck/), the engine as it
+was ("before": eager step, evaluation 4096 samples a call) against the engine now ("after": compiled
+step, evaluation EVAL_CHUNK samples a call), alternated in one process.
+
+The setting of the cross-check's speed comparison: 10 clients, 4 classes each (FL-bench's generator,
+seed 42), the `cnn` model, SGD lr 0.01, batch 32, one local epoch, all clients every round, every
+client's model evaluated on its test split every round. A round is timed in its parts: local training
+(`train`), the other hooks (`server`) and forming + scoring the personalized models (`eval`).
+Modes alternate round by round (before, after, before, ...) on the same federation, so both see the
+same load; compile time is spent in a warm-up round and reported apart.
+
+    PYTHONPATH=. PFLBENCH_DATA_MIRROR=../shared/data python benchmarks/speed/flbench_round.py \\
+        --split ../shared/crosscheck/flbench-fmnist-10c-4cls/partition.pkl --repeats 3 --threads 1
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pickle
+import statistics
+import sys
+import time
+
+import numpy as np
+import torch
+
+
+def load_split(path: str):
+    from pflbench.partitioning import ClientSplits
+
+    with open(path, "rb") as f:
+        partition = pickle.load(f)
+    per_client = partition["data_indices"]
+    as_ids = lambda values: np.asarray(values if values is not None else [], dtype=np.int64)  # noqa: E731
+    return ClientSplits(train=[as_ids(c["train"]) for c in per_client],
+                        val=[as_ids(c.get("val")) for c in per_client],
+                        test=[as_ids(c["test"]) for c in per_client])
+
+
+def timed_round(fed, algorithm, rnd: int) -> dict:
+    from pflbench.federation import run_round
+
+    clients = torch.arange(fed.num_clients)
+    timing: dict = {}
+    start = time.perf_counter()
+    run_round(algorithm, rnd, clients, timing)
+    trained = time.perf_counter()
+    accuracy, _ = algorithm.evaluate(algorithm.personalized(), "test")
+    end = time.perf_counter()
+    return {"train": timing["train"], "server": trained - start - timing["train"], "eval": end - trained,
+            "round": end - start, "accuracy": float(accuracy.mean())}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--split", default="../shared/crosscheck/flbench-fmnist-10c-4cls/partition.pkl")
+    parser.add_argument("--repeats", type=int, default=3, help="rounds per mode (alternated)")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--json", help="write every measurement here")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+
+    from algorithms.fedavg import FedAvg
+    from pflbench.config import CellConfig
+    from pflbench.data import load_dataset
+    from pflbench.federation import Federation
+
+    splits = load_split(args.split)
+    dataset = load_dataset("fmnist")
+    cell = CellConfig(algorithm="fedavg", dataset="fmnist", clients=splits.num_clients, batch_size=32,
+                      local_epochs=1, lr=0.01, model="cnn", rounds=1000, seed=0)
+    fed = Federation(cell, dataset, splits, "cpu", "auto", FedAvg.batched)
+    algorithm = FedAvg(fed, FedAvg.Hyperparams())
+    algorithm.setup()
+    load = lambda: [round(x, 2) for x in os.getloadavg()]  # noqa: E731
+    result = {"load_before": load(), "threads": args.threads, "train_samples": int(fed.train_sizes.sum()),
+              "path": "batched" if fed.batched else "loop", "rounds": {"before": [], "after": []}}
+    from pflbench import training
+    eval_chunk = {"before": 4096, "after": training.EVAL_CHUNK["cpu"]}
+    fed.compiled = True
+    warm = timed_round(fed, algorithm, 0)
+    result["compile_seconds"] = fed.model.compile_seconds
+    result["compiled"] = bool(fed.model._compiled) and all(v is not None for v in fed.model._compiled.values())
+    print(f"warm-up (compiling) round: {warm['round']:.1f} s, of which compiling {result['compile_seconds']:.1f} s",
+          file=sys.stderr, flush=True)
+    rnd = 1
+    for repeat in range(args.repeats):
+        for mode in ("before", "after"):
+            fed.compiled = mode == "after"
+            training.EVAL_CHUNK["cpu"] = eval_chunk[mode]
+            measured = timed_round(fed, algorithm, rnd)
+            rnd += 1
+            result["rounds"][mode].append(measured)
+            print(f"{mode} {repeat + 1}/{args.repeats}: " + ", ".join(f"{k} {v:.2f}" for k, v in measured.items())
+                  + f"  (load {load()})", file=sys.stderr, flush=True)
+    result["load_after"] = load()
+    median = {mode: {part: statistics.median(r[part] for r in rows) for part in ("train", "server", "eval", "round")}
+              for mode, rows in result["rounds"].items()}
+    result["median"] = median
+    print(f"FedAvg on FL-bench's Fashion-MNIST split ({result['train_samples']} train samples, {args.threads} thread(s), "
+          f"{result['path']} path), median of {args.repeats} alternated rounds per mode; load {result['load_before']} "
+          f"-> {result['load_after']}")
+    for mode, parts in median.items():
+        spread = [r["round"] for r in result["rounds"][mode]]
+        print(f"  {mode:<7} round {parts['round']:6.2f} s (min {min(spread):.2f}, max {max(spread):.2f})  train "
+              f"{parts['train']:6.2f}  server {parts['server']:5.2f}  eval {parts['eval']:5.2f}")
+    print(f"  before / after: round {median['before']['round'] / median['after']['round']:.2f}, train "
+          f"{median['before']['train'] / median['after']['train']:.2f}, eval "
+          f"{median['before']['eval'] / median['after']['eval']:.2f}; compiling took {result['compile_seconds']:.1f} s "
+          f"({'compiled' if result['compiled'] else 'NOT compiled: fell back to eager'})")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
