@@ -233,6 +233,7 @@ def flower():
     return pytest.importorskip("flwr_datasets.partitioner")
 
 
+@pytest.mark.filterwarnings("ignore:Classes:UserWarning")  # the library's note that 2 classes x 5 clients leave some out
 def test_flower_partitioners_match_the_library(flower):
     from datasets import Dataset
 
