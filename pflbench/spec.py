@@ -751,8 +751,7 @@ def _expand(axes, defaults: Assignments, rules: list[Rule], problems: Problems, 
 
 
 def _build_cell(flat: Assignments, problems: Problems, base_dir=None) -> CellConfig | None:
-    """One resolved cell; problems are reported at the place each offending value was written. `base_dir`
-    (the spec file's folder; default: the current directory) resolves a partition's relative file path."""
+    """One resolved cell; problems are reported at the place each offending value was written."""
     from pflbench.data.sources import make_source
     from pflbench.partitioning import make_partitioner
 
@@ -789,7 +788,8 @@ def _build_cell(flat: Assignments, problems: Problems, base_dir=None) -> CellCon
         problems.add(origins("algorithm", "model"), str(error))
         return None
     try:
-        scheme = make_partitioner(cell.partition, cell.partition_params).resolved(base_dir)  # imported: path, sha256
+        # An imported file's path (relative: to base_dir, the spec's folder) and sha256 enter the cell.
+        scheme = make_partitioner(cell.partition, cell.partition_params).resolved(base_dir)
     except ValueError as error:
         problems.add(origins("partition", "partition_params"), str(error))
         return None
