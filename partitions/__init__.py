@@ -1,2 +1,2 @@
 """Built-in partition schemes, one module each; importing this package registers them in `PARTITIONS`."""
-from partitions import dirichlet, dominant, iid, pathological  # noqa: F401
+from partitions import dirichlet, dominant, flower, iid, imported, pathological  # noqa: F401

@@ -1,4 +1,4 @@
-"""The engine's own subcommands: `list`, `data prepare|show`, `bench`, `store check`.
+"""The engine's own subcommands: `list`, `data prepare|show|export`, `bench`, `store check`.
 
 Only the standard library is imported at module level (see COMMAND_MODULES in pflbench/cli.py): each
 command imports the engine (torch, the datasets, ...) when it runs.
@@ -38,6 +38,28 @@ def add_parser(subparsers) -> None:
     show.add_argument("--plot", metavar="PATH", help="also draw the counts (PNG or SVG)")
     add_data_options(show)
     show.set_defaults(func=cmd_data_show)
+    export = data_sub.add_parser(
+        "export", help="write a partition's per-client train/val/test indices for other suites (FL-bench, JSON)",
+        description="Write the per-client train/val/test sample indices of a partition as files that FL-bench "
+                    "(partition.pkl + all_stats.json) and other tools read, and that `{scheme: imported}` reads "
+                    "back. Indices refer to the dataset as pflbench pools it (torchvision's train set, then its "
+                    "test set). Format: pflbench/interop.py and benchmarks/README.md.")
+    export.add_argument("dataset", help="a dataset name (pflbench list datasets)")
+    export.add_argument("--partition", default="pathological",
+                        help="non-IID scheme (pflbench list partitions; default: pathological)")
+    export.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
+                        help="partition parameter, e.g. alpha=0.3 (repeatable)")
+    export.add_argument("--clients", type=int, default=10, help="number of clients (default: 10)")
+    export.add_argument("--seed", type=int, default=0, help="partition seed (default: 0)")
+    export.add_argument("--train-fraction", type=float, default=0.7, help="per-client train share (default: 0.7)")
+    export.add_argument("--val-fraction", type=float, default=0.1,
+                        help="share of each client's train split held out as val (default: 0.1)")
+    export.add_argument("--format", choices=["both", "flbench", "json"], default="both",
+                        help="flbench: OUT/partition.pkl and OUT/all_stats.json; json: OUT/partition.json "
+                             "(default: both)")
+    export.add_argument("--out", required=True, metavar="DIR", help="folder to write the files into")
+    add_data_options(export)
+    export.set_defaults(func=cmd_data_export)
 
     bench = subparsers.add_parser("bench", help="training throughput of the federated engine vs centralized training")
     bench.add_argument("--clients", type=int, default=10, help="clients, all sampled every round (default: 10)")
@@ -126,8 +148,10 @@ def cmd_list(args) -> int:
         from pflbench.partitioning import PARTITIONS
 
         for name, cls in PARTITIONS.items():
-            fields = ", ".join(f"{k}={field_default(f)!r}" for k, f in cls.Params.model_fields.items())
-            print(f"{name:<14}{fields or '-'}")
+            fields = ", ".join(f"{k}={field_default(f)!r}" if not f.is_required() else f"{k} (required)"
+                               for k, f in cls.Params.model_fields.items())
+            extra = ", any keyword of the partitioner" if cls.Params.model_config.get("extra") == "allow" else ""
+            print(f"{name:<14}{fields or '-'}{extra}")
     else:
         from pflbench.models import MODELS
 
@@ -222,6 +246,35 @@ def cmd_data_show(args) -> int:
     if args.plot:
         plot_label_counts(counts, args.plot)
         print(f"plot written to {args.plot}")
+    return 0
+
+
+def cmd_data_export(args) -> int:
+    import partitions  # noqa: F401
+    from pathlib import Path
+
+    from pflbench.data import DatasetNotFoundError, load_dataset
+    from pflbench.interop import write_partition
+    from pflbench.partitioning import PARTITIONS, make_splits
+
+    params = parse_assignments(args.param)
+    try:
+        check_dataset_names([args.dataset])
+        PARTITIONS.get(args.partition)  # a wrong scheme is reported before the dataset is loaded
+        dataset = load_dataset(args.dataset, root=args.root, mirror=args.mirror)
+        labels = dataset.labels.numpy()
+        splits = make_splits(labels, dataset.num_classes, scheme=args.partition, params=params,
+                             num_clients=args.clients, seed=args.seed, train_fraction=args.train_fraction,
+                             val_fraction=args.val_fraction)
+    except (ValueError, DatasetNotFoundError) as error:
+        return data_error("data export", error)
+    names = {"flbench": "partition.pkl", "json": "partition.json"}
+    for fmt in ("flbench", "json") if args.format == "both" else (args.format,):
+        path = write_partition(splits, Path(args.out) / names[fmt], fmt, labels=labels,
+                               num_classes=dataset.num_classes, dataset=args.dataset)
+        print(f"{fmt}: {path}" + (f" (and {path.with_name('all_stats.json')})" if fmt == "flbench" else ""))
+    print(f"{splits.num_clients} clients; train/val/test samples: "
+          + "/".join(str(sum(map(len, getattr(splits, name)))) for name in ("train", "val", "test")))
     return 0
 
 

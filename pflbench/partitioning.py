@@ -75,6 +75,17 @@ class Partitioner(ABC):
     ) -> list[np.ndarray]:
         """Sample indices held by each client (disjoint; a scheme may leave samples unused)."""
 
+    def resolved(self, base_dir: Path | None = None) -> Partitioner:
+        """This scheme with parameters that pin down everything it reads, for a cell's identity (an
+        imported file: its absolute path, `base_dir` resolving a relative one, and its content hash).
+        Schemes that read nothing return themselves."""
+        return self
+
+    def given_splits(self, labels: np.ndarray, num_classes: int, num_clients: int) -> ClientSplits | None:
+        """Each client's train/val/test when the scheme brings them (an imported file); None (the default):
+        `make_splits` splits the clients `assign` gives, stratified by class."""
+        return None
+
     def error(self, param: str, value, reason: str) -> PartitionError:
         return _request_error(self.scheme, param, value, reason)
 
@@ -173,7 +184,7 @@ def make_splits(
     Deterministic in its arguments; with `cache_dir` the result is stored as <cache_dir>/<hash>.npz and
     reused, so every algorithm of an experiment sees identical splits.
     """
-    partitioner = make_partitioner(scheme, params)
+    partitioner = make_partitioner(scheme, params).resolved()
     labels = _checked_labels(labels, num_classes)
     _check_fractions(scheme, train_fraction, val_fraction)
     cache_path = None
@@ -188,17 +199,24 @@ def make_splits(
     partitioner.check(num_clients, num_classes, np.bincount(labels, minlength=num_classes))
     # Separate streams: changing the split fractions does not change which samples each client holds.
     assign_rng, split_rng = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(2))
-    clients = partitioner.assign(labels, num_classes, num_clients, assign_rng)
-    _check_assignment(partitioner, clients, num_clients, len(labels))
-
+    given = partitioner.given_splits(labels, num_classes, num_clients)
     train, val, test = [], [], []
-    for indices in clients:
-        client_train, client_test = _stratified_split(indices, labels, train_fraction, 1, 1, split_rng)
-        min_val = 1 if val_fraction > 0 and len(client_train) >= 2 else 0
-        client_val, client_train = _stratified_split(client_train, labels, val_fraction, min_val, 1, split_rng)
-        train.append(client_train)
-        val.append(client_val)
-        test.append(client_test)
+    if given is not None:  # the scheme's own train/test; val carved from train where the scheme gives none
+        for client_train, client_val, client_test in zip(given.train, given.val, given.test):
+            if not len(client_val):
+                client_val, client_train = _carve_val(client_train, labels, val_fraction, split_rng)
+            train.append(client_train)
+            val.append(client_val)
+            test.append(client_test)
+    else:
+        clients = partitioner.assign(labels, num_classes, num_clients, assign_rng)
+        _check_assignment(partitioner, clients, num_clients, len(labels))
+        for indices in clients:
+            client_train, client_test = _stratified_split(indices, labels, train_fraction, 1, 1, split_rng)
+            client_val, client_train = _carve_val(client_train, labels, val_fraction, split_rng)
+            train.append(client_train)
+            val.append(client_val)
+            test.append(client_test)
     splits = ClientSplits(train, val, test)
     if cache_path is not None:
         splits.save(cache_path)
@@ -258,6 +276,13 @@ def _check_assignment(partitioner: Partitioner, clients: list[np.ndarray], num_c
         raise partitioner.error(
             "num_clients", num_clients, f"a client got {smallest} samples; every client needs a train and a test sample"
         )
+
+
+def _carve_val(train: np.ndarray, labels: np.ndarray, val_fraction: float, rng: np.random.Generator):
+    """(val, train): `val_fraction` of a client's train split, stratified, at least one sample when
+    val_fraction > 0 and the client has two or more."""
+    min_val = 1 if val_fraction > 0 and len(train) >= 2 else 0
+    return _stratified_split(train, labels, val_fraction, min_val, 1, rng)
 
 
 def _stratified_split(

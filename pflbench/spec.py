@@ -546,7 +546,7 @@ def parse_spec(data: Any, source: str = "<spec>", sets: dict[str, Any] | None = 
     _check_hyperparameter_names(axes, defaults, rules, problems)
     if problems:
         raise SpecError(source, list(problems.items))
-    cells = _expand(axes, defaults, rules, problems)
+    cells = _expand(axes, defaults, rules, problems, base_dir)
     if problems:
         raise SpecError(source, list(problems.items))
     return Plan(spec.name or default_name, source, spec.description, cells, resources, frozenset(optional),
@@ -734,7 +734,7 @@ def _check_hyperparameter_names(axes, defaults: Assignments, rules: list[Rule], 
                                               f"hyperparameter {echo(name)}{hint}; declared: {listing}")
 
 
-def _expand(axes, defaults: Assignments, rules: list[Rule], problems: Problems) -> list[CellConfig]:
+def _expand(axes, defaults: Assignments, rules: list[Rule], problems: Problems, base_dir=None) -> list[CellConfig]:
     """The cross product of the axes in file order, resolved and checked; identical cells once."""
     cells: dict[str, CellConfig] = {}
     for combination in itertools.product(*(entries for _, entries in axes)):
@@ -744,13 +744,13 @@ def _expand(axes, defaults: Assignments, rules: list[Rule], problems: Problems) 
         for rule in rules:
             if rule.condition.matches(flat):
                 flat.update(rule.assignments)
-        cell = _build_cell(flat, problems)
+        cell = _build_cell(flat, problems, base_dir)
         if cell is not None:
             cells.setdefault(cell.canonical_json(), cell)
     return list(cells.values())
 
 
-def _build_cell(flat: Assignments, problems: Problems) -> CellConfig | None:
+def _build_cell(flat: Assignments, problems: Problems, base_dir=None) -> CellConfig | None:
     """One resolved cell; problems are reported at the place each offending value was written."""
     from pflbench import shifts
     from pflbench.data.sources import make_source
@@ -792,7 +792,8 @@ def _build_cell(flat: Assignments, problems: Problems) -> CellConfig | None:
         problems.add(origins("algorithm", "model"), str(error))
         return None
     try:
-        scheme = make_partitioner(cell.partition, cell.partition_params)
+        # An imported file's path (relative: to base_dir, the spec's folder) and sha256 enter the cell.
+        scheme = make_partitioner(cell.partition, cell.partition_params).resolved(base_dir)
     except ValueError as error:
         problems.add(origins("partition", "partition_params"), str(error))
         return None

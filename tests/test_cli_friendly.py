@@ -99,7 +99,7 @@ def test_a_wrong_dataset_name_is_one_message_naming_the_allowed_ones(args, tmp_p
 def test_a_wrong_partition_name_in_data_show_is_one_message(tmp_path, capsys):
     assert main(["data", "show", "synthetic", "--partition", "pathologic", "--root", str(tmp_path)]) == 2
     err = capsys.readouterr().err
-    assert "unknown partition scheme 'pathologic'" in err and "allowed: dirichlet, dominant, iid, pathological" in err
+    assert "unknown partition scheme 'pathologic'" in err and "allowed: dirichlet, dominant, flwr, iid, imported, pathological" in err
 
 
 def test_a_wrong_dataset_name_from_the_shell_has_no_traceback(tmp_path):

@@ -244,7 +244,7 @@ def test_invalid_param_values_and_fractions():
 
 
 def test_unknown_scheme_lists_the_registered_names():
-    with pytest.raises(UnknownNameError, match=r"'patho'.*allowed: dirichlet, dominant, iid, pathological"):
+    with pytest.raises(UnknownNameError, match=r"'patho'.*allowed: dirichlet, dominant, flwr, iid, imported, pathological"):
         make_partitioner("patho", {})
 
 

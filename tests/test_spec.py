@@ -232,6 +232,8 @@ SHIPPED_SPECS = sorted((Path(__file__).parents[1] / "benchmarks").glob("*.yaml")
 
 @pytest.mark.parametrize("path", SHIPPED_SPECS, ids=[p.stem for p in SHIPPED_SPECS])
 def test_every_shipped_spec_validates_and_expands(path):
+    if path.stem == "crosscheck-flbench" and not (path.parents[2] / "shared" / "crosscheck").is_dir():
+        pytest.skip("reads FL-bench's split from ../shared/crosscheck beside the checkout")
     plan = load_spec(path)
     assert plan.cells and len({cell_hash(c) for c in plan.cells}) == len(plan.cells)
 
