@@ -16,7 +16,9 @@ install: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --disable-pip-version-check -q -e ".[test]"
+	$(BIN)/pip install --disable-pip-version-check -q -e ".[test,flwr]"
+	# Flower Datasets declares rich<15 (we pin 15; its partitioners do not use rich): without its deps
+	$(BIN)/pip install --disable-pip-version-check -q --no-deps flwr-datasets==0.6.1
 	touch $@
 
 test: install

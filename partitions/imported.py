@@ -16,6 +16,7 @@ order they refer to and the checks made are in `pflbench.interop`. Choices where
 - Identity: a spec resolves `path` (relative: to the spec file's folder) to an absolute path and records
   the file's `sha256` in the cell's partition parameters, so cells on different files (or on a file
   that changed) never share results; running a cell whose file no longer has that hash is an error.
+  The cell's hash leaves the path out (`CellConfig.canonical_json`): the same content anywhere is one cell.
 """
 from __future__ import annotations
 

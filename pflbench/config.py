@@ -81,6 +81,11 @@ class CellConfig(BaseModel):
         for key in OPTIONAL_AT_DEFAULT:  # likewise: fields added later leave the hash alone at their default
             if data[key] == OPTIONAL_AT_DEFAULT[key]:
                 del data[key]
+        params = data["partition_params"]
+        if params.get("sha256") and "path" in params:
+            # A partition read from a file is identified by the file's content: where it lies (an absolute
+            # path in one checkout) is not part of the cell, so two checkouts share results.
+            data["partition_params"] = {k: v for k, v in params.items() if k != "path"}
         return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
 

@@ -152,6 +152,15 @@ def test_json_without_val_carves_it_and_relative_paths_follow_the_spec(tmp_path)
     with pytest.raises(PartitionError, match="changed since the cell was made"):  # the first cell's file is gone
         splits_of("imported", first.partition_params)
 
+    # The same content elsewhere (another checkout, another folder) is the same cell: the id is the content's.
+    moved = tmp_path / "elsewhere"
+    moved.mkdir()
+    (moved / "split.json").write_text((tmp_path / "split.json").read_text())
+    spec.write_text(spec.read_text().replace("../split.json", "../elsewhere/split.json"))
+    third = load_spec(spec).cells[0]
+    assert third.partition_params["path"] != second.partition_params["path"]
+    assert cell_hash(third) == cell_hash(second)
+
 
 # ---- bad files: one clear error each ---------------------------------------------------------------
 
