@@ -87,9 +87,14 @@ def mlp(input_shape, num_classes):
 # stride-2 block stride 1 as well (8x, 4x4 maps) was measured 3.1x slower on one CPU core (37 vs 117
 # samples/s, batch 32, forward + backward) for a survey spec that must also run on a CPU. Everything
 # else is torchvision's (hard-swish, squeeze-excitation, BatchNorm eps 1e-3 momentum 0.01, the
-# 960 -> 1280 -> classes head with dropout 0.2). Randomly initialized (no ImageNet weights offline).
+# 960 -> 1280 -> classes head with dropout 0.2). Randomly initialized, no ImageNet weights (none offline;
+# the engine redraws each layer with its PyTorch default initialization from the cell seed).
 # Parameters: 4,214,842 for 10 classes, 4,330,132 for 100 (the stem's input channels are the only
 # other difference: 3 -> 1 removes 288).
+# Engine paths: every parameter layer (Conv2d, depthwise too; BatchNorm2d; Linear) has a stacked twin,
+# so clients train natively batched or in the client loop (the two agree: tests); the vmap fallback
+# (`ClientModel(native=False)`) cannot train it, as VGG8 neither: torch.func refuses the dropout's
+# random draws under vmap (randomness='error').
 
 
 def mobilenet_v3_large_32(input_shape, num_classes):
