@@ -31,8 +31,8 @@ from pflbench.reports.tables import CONFIG_COLUMNS, Row, row_of_cells, row_order
 TOLERANCE = 5.0  # percentage points lost against the knob-off cell that still count as coping
 ACCURACY_KEY = "final_accuracy"
 # The newcomers' accuracy (held-out clients, `unseen_fraction`): scored in place of the training
-# clients' accuracy where a cell has it. Named by the unseen-clients implementation.
-NEWCOMER_KEY = "final_accuracy_unseen"
+# clients' accuracy where a cell has it (the unseen-clients branch's `*_newcomers` summary keys).
+NEWCOMER_KEY = "final_accuracy_newcomers"
 OFF = "off"
 
 
