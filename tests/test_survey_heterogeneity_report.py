@@ -103,8 +103,8 @@ def _store(tmp_path):
         _write(root, "fedavg", (0.40 + shift, 0.40 + shift), seed=seed, concept_shift={"clusters": 4})
         _write(root, "local", (0.70, 0.70), seed=seed)
         _write(root, "local", (0.68, 0.70), seed=seed, concept_shift={"clusters": 4})
-    _write(root, "fedavg", (0.79, 0.79), system={"dropout": 0.3, "straggler_fraction": 0.5})
-    _write(root, "local", (0.5, 0.5), status="failed", system={"dropout": 0.3, "straggler_fraction": 0.5})
+    _write(root, "fedavg", (0.79, 0.79), system={"dropout": 0.3, "stragglers": 0.5})
+    _write(root, "local", (0.5, 0.5), status="failed", system={"dropout": 0.3, "stragglers": 0.5})
     _write(root, "fedavg", (0.9, 0.9), unseen_fraction=0.2, summary={NEWCOMER_KEY: 0.6})
     _write(root, "fedavg", (0.5, 0.5), dataset="other", clients=3)  # another study, knob off only: no table
     return root
@@ -121,7 +121,7 @@ def test_copes_is_measured_against_the_algorithms_own_knob_off_cell(tmp_path):
     assert shifted.mean == pytest.approx(41.0) and shifted.delta == pytest.approx(-40.0)  # paired by seed
     assert shifted.copes() is False and "✗" in shifted.text()
     assert table.entry(local, "concept_shift.clusters=4").copes() is True  # -1 point
-    dropped = "system.dropout=0.3, system.straggler_fraction=0.5"
+    dropped = "system.dropout=0.3, system.stragglers=0.5"
     assert table.entry(fedavg, dropped).copes() is True
     failed = table.entry(local, dropped)
     assert failed.values == [] and failed.problems == {"failed": 1} and failed.copes() is None  # never a zero
