@@ -79,7 +79,7 @@ def test_heterogeneity_spec_is_refused_only_for_knobs_not_yet_implemented():
         plan = parse_spec(data, "heterogeneity.yaml")
     except SpecError as error:
         problems = str(error).splitlines()[1:]
-        assert len(problems) == 5 and all("is not available yet" in line for line in problems), str(error)
+        assert problems and all("is not available yet" in line for line in problems), str(error)
     else:  # the knobs are implemented: 6 algorithms x (off + 5 knob settings)
         assert len(plan.cells) == 36 and {c.eval_every for c in plan.cells} == {5}
     data["overrides"] = [o for o in data["overrides"] if o not in knob_rules]
