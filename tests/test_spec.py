@@ -235,7 +235,8 @@ def test_every_shipped_spec_validates_and_expands(path):
     try:
         plan = load_spec(path)
     except SpecError as error:  # heterogeneity.yaml names knobs implemented on other branches (issue 18)
-        if path.stem == "heterogeneity" and all("is not available yet" in line for line in str(error).splitlines()[1:]):
+        lines = str(error).splitlines()  # one problem: a single line; several: a header, then a line each
+        if path.stem == "heterogeneity" and all("is not available yet" in line for line in lines[len(lines) > 1:]):
             pytest.xfail("its knobs are not implemented on this branch yet")
         raise
     assert plan.cells and len({cell_hash(c) for c in plan.cells}) == len(plan.cells)
