@@ -6,7 +6,8 @@ validation round where the store has those numbers (`ReportOptions.protocols` na
 worst 10% of clients at the final round; the leaderboard offers every protocol the store has numbers
 for (pooled, worst 10%, best test round included), one at a time.
 
-    out/report.md        the tables (Markdown), linking the figures
+    out/report.md        the tables (Markdown), linking the figures; "who copes with what" where the
+                         store has heterogeneity cells (heterogeneity.py)
     out/report.tex       the same tables, LaTeX booktabs
     out/index.html       the leaderboard; out/cells/<hash>.html a page per cell,
                          out/algorithms/<name>.html the cells of each algorithm
@@ -29,6 +30,8 @@ import pandas as pd
 
 from pflbench.reports import figures as fig
 from pflbench.reports.cells import load_cells, read_artifacts, read_config, read_metrics
+from pflbench.reports.heterogeneity import cope_tables
+from pflbench.reports.heterogeneity import markdown_section as heterogeneity_markdown
 from pflbench.reports.progress import progress_text, skipped_datasets, skipped_text, store_progress
 from pflbench.reports.protocols import available, report_protocols
 from pflbench.reports.reference import default_reference_dir, load_references
@@ -66,6 +69,7 @@ class Report:
     notes: list[str] = field(default_factory=list)
     skipped: list[dict] = field(default_factory=list)   # datasets the run left out (progress.py)
     progress: str = ""                                  # cells still running or unfinished, in words
+    heterogeneity: list = field(default_factory=list)   # who copes with what (heterogeneity.py), per study
 
 
 def safe_name(text: str) -> str:
@@ -125,6 +129,10 @@ def build_reports(results: str | Path, out: str | Path, options: ReportOptions =
                            + "".join(f"- {problem}\n" for problem in problems)
                            + "\n`pflbench run` sets a damaged cell aside and runs it again; "
                              "`pflbench store check` lists these entries.\n")
+    report.heterogeneity = cope_tables(cells)
+    if report.heterogeneity:
+        with report.markdown.open("a") as markdown:
+            markdown.write("\n" + heterogeneity_markdown(report.heterogeneity))
     report.latex.write_text(latex_report(tables, worst, comm))
     report.index = write_site(cells, boards, comm, references, report, Path(results))
     return report

@@ -21,6 +21,7 @@ from jinja2 import Environment, PackageLoader, StrictUndefined
 from pflbench.reports.build import Report, safe_name
 from pflbench.reports.cells import (display_name, read_artifacts, read_config, read_error, read_metrics, read_rounds,
                                     timing_breakdown)
+from pflbench.reports.heterogeneity import site_tables
 from pflbench.reports.protocols import AVERAGINGS, DEFAULT, MODELS, SELECTIONS, Protocol
 from pflbench.reports.tables import DATA_DIFFER, TUNED, mean_or_none, payload_text
 from pflbench.store import flatten
@@ -154,6 +155,7 @@ def write_site(cells: pd.DataFrame, boards, comm, references, report: Report, re
     index.write_text(env.get_template("index.html").render(
         root="", boards=boards, default_protocol=boards[0][0].name if boards else DEFAULT.name, comm=comm, cells=rows, statuses=statuses, figures=figures,
         alpha_figures=alpha_cells, references=references, notes=report.notes,
+        copes=site_tables(report.heterogeneity),
         skipped=report.skipped, progress=report.progress,
         datasets=options_of(cells, "dataset"), schemes=options_of(cells, "partition"),
         clients=options_of(cells, "clients"), algorithms=options_of(cells, "algorithm"), **common))

@@ -13,8 +13,10 @@ equal the paper's; otherwise the entry carries a footnote saying what differs.
 
 `communication_tables`: per (dataset, scheme, clients), a row per algorithm: accuracy (as delivered,
 and after local adaptation where the cells have it), MB per round and in total (down + up), beside
-pFedLA's Table 3 where it applies; and, where cells held clients out of training (`unseen_fraction`),
-the accuracy of the model each method serves those newcomers (`NEWCOMERS_KEY`), a column of its own.
+pFedLA's Table 3 where it applies, and the wall-clock time of a cell (mean over seeds; the survey's Figures
+6-7 report accuracy and wall-clock time per method); and, where cells held clients out of training
+(`unseen_fraction`), the accuracy of the model each method serves those newcomers (`NEWCOMERS_KEY`), a
+column of its own.
 
 Rows: an algorithm's cells whose hyperparameters (`hp.*`) differ get one row per setting (e.g.
 HeurpFedLA retain_layers=1, retain_layers=2); cells run with tuned hyperparameters (`hp_source` "tuned") get their own row,
@@ -108,6 +110,7 @@ class Entry:
     mbytes: list[float] = field(default_factory=list)          # total down + up of each finished cell
     mbytes_per_round: list[float] = field(default_factory=list)
     paths: list[str] = field(default_factory=list)             # the finished cells' folders
+    wall_times: list[float] = field(default_factory=list)      # each finished cell's wall-clock time, s
     models: list[str] = field(default_factory=list)            # the model each finished cell resolved to
     client_down: list[float] = field(default_factory=list)     # bytes to one taking-part client per round
     client_up: list[float] = field(default_factory=list)       # bytes from one taking-part client per round
@@ -294,10 +297,15 @@ class CommTable:
         return any(e.tuned for _, e in self.rows)
 
 
-def row_of_cells(cells: pd.DataFrame) -> pd.Series:
-    """The Row of each cell: algorithm, its varying hyperparameters (default-hp cells only), tuned."""
+def row_of_cells(cells: pd.DataFrame, knobs: bool = True) -> pd.Series:
+    """The Row of each cell: algorithm, its varying hyperparameters (default-hp cells only), tuned;
+    with `knobs`, also its heterogeneity knob setting where an algorithm's cells differ in it (a
+    knob-on cell is another experiment, never one more seed of the knob-off one)."""
+    from pflbench.reports.heterogeneity import OFF, knob_columns, knob_setting
+
     rows = pd.Series(index=cells.index, dtype=object)
     hp_columns = [c for c in cells.columns if c.startswith("hp.")]
+    knob_cols = knob_columns(cells) if knobs else []
     for (algorithm, source), group in cells.groupby(["algorithm", "hp_source"], dropna=False):
         tuned = source == "tuned"
         # Only hyperparameters that differ within one (dataset, clients) make rows: a value chosen per
@@ -307,6 +315,9 @@ def row_of_cells(cells: pd.DataFrame) -> pd.Series:
         for index, cell in group.iterrows():
             variant = ", ".join(f"{c.removeprefix('hp.')}={format_value(cell[c])}" for c in varying
                                 if not pd.isna(cell[c]))
+            setting = knob_setting(cell, knob_cols) if knob_cols else OFF
+            if setting != OFF:
+                variant = ", ".join(filter(None, [variant, setting]))
             rows[index] = Row(str(algorithm), variant, tuned)
     return rows
 
@@ -321,6 +332,9 @@ def make_entry(group: pd.DataFrame, metric: str) -> Entry:
         if cell["status"] == "finished" and value is not None and not pd.isna(value):
             entry.values.append(float(value) * 100)
             entry.paths.append(str(cell.get("path", "")))
+            wall = cell.get("wall_time")
+            if wall is not None and not pd.isna(wall):
+                entry.wall_times.append(float(wall))
             model = cell.get("resolved_model", cell.get("model"))
             if model is not None and not pd.isna(model):
                 entry.models.append(str(model))

@@ -123,7 +123,7 @@ def comm_paper_text(table: CommTable, row: Row) -> tuple[str, str]:
 def markdown_comm_table(table: CommTable) -> str:
     header = (["algorithm", "accuracy (%)"] + (["adapted accuracy (%)"] if table.adapted else [])
               + (["newcomers accuracy (%)"] if table.newcomers else [])
-              + ["model", "parameters per client (down)", "KB per client per round (down / up)", "MB per round", "MB total"])
+              + ["model", "parameters per client (down)", "KB per client per round (down / up)", "MB per round", "MB total", "wall s"])
     if table.has_paper:
         header += [comm_paper_header(table), "paper MB"]
     lines = ["| " + " | ".join(header) + " |", "|---|" + "---:|" * (len(header) - 1)]
@@ -134,7 +134,8 @@ def markdown_comm_table(table: CommTable) -> str:
         if table.newcomers:
             cells.append(md_entry(table.newcomers.get(row.key)).replace("**", ""))
         cells += [md_escape(t) for t in payload_text(entry)]
-        cells += [fmt(mean_or_none(entry.mbytes_per_round), 3), fmt(mean_or_none(entry.mbytes), 2)]
+        cells += [fmt(mean_or_none(entry.mbytes_per_round), 3), fmt(mean_or_none(entry.mbytes), 2),
+                  fmt(mean_or_none(entry.wall_times), 1)]
         if table.has_paper:
             cells += list(comm_paper_text(table, row))
         lines.append("| " + " | ".join(cells) + " |")
@@ -275,7 +276,7 @@ def latex_comm_table(table: CommTable) -> str:
     paper = table.has_paper
     header = (["Algorithm", r"Accuracy (\%)"] + ([r"Adapted (\%)"] if table.adapted else [])
               + ([r"Newcomers (\%)"] if table.newcomers else [])
-              + ["Model", "Params/client", "KB/client/round (down/up)", "MB/round", "MB total"]
+              + ["Model", "Params/client", "KB/client/round (down/up)", "MB/round", "MB total", "Wall s"]
               + ([tex_text(comm_paper_header(table)).replace("paper accuracy", "Paper acc."), "Paper MB"] if paper else []))
     lines = [r"\begin{table}[t]", r"\centering", r"\small",
              rf"\caption{{{tex_text(table.title)}. {tex_text(table.caption)}{(' ' + tex_text(table.budget)) if table.budget else ''}}}",
@@ -292,7 +293,8 @@ def latex_comm_table(table: CommTable) -> str:
             cells.append(tex_text(newcomers.text()) if newcomers is not None and newcomers.text() else "--")
         cells += [tex_text(t).replace(MISSING, "--") for t in payload_text(entry)]
         cells += [fmt(mean_or_none(entry.mbytes_per_round), 3).replace(MISSING, "--"),
-                  fmt(mean_or_none(entry.mbytes)).replace(MISSING, "--")]
+                  fmt(mean_or_none(entry.mbytes)).replace(MISSING, "--"),
+                  fmt(mean_or_none(entry.wall_times), 1).replace(MISSING, "--")]
         if paper:
             cells += [tex_text(t).replace(MISSING, "--") for t in comm_paper_text(table, row)]
         lines.append(" & ".join(cells) + r" \\")

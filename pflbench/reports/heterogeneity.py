@@ -1,0 +1,248 @@
+"""Who copes with what: the survey's Table III ("Ubiquitous: statistical, system, privacy, model,
+task"), measured instead of argued.
+
+Cells that differ only in the heterogeneity knobs beyond label skew (`pflbench.config.
+HETEROGENEITY_FIELDS`: feature_shift, concept_shift, system, privacy, unseen_fraction) form one
+*study*: everything else equal (dataset, partition, clients, rounds, model, lr, ...). In a study, a
+row per algorithm (and hyperparameter setting) and a column per knob setting; the first column is
+the knob-off cell. Each entry: the accuracy (as delivered, final round, mean over clients; for
+`unseen_fraction`, the newcomers' accuracy where the cells report it, `NEWCOMER_KEY`) and the change
+against the same algorithm's knob-off cell, paired by seed (mean over the seeds both have).
+
+The rule for "copes" (stated in every caption): an algorithm copes with a knob setting when it loses
+at most `TOLERANCE` percentage points against its own knob-off accuracy (✓), else ✗. It is a
+robustness rule, as Table III's is (can the method handle this kind of heterogeneity?), not a
+ranking: a method weak without the knob stays weak; the accuracies are shown beside the marks so
+both readings are there. 5 points: above the seed-to-seed spread of a small CPU cell (about 1-3
+points on fmnist in this repository's quick specs) and well below the losses the knobs are built to
+cause (a global model under concept shift with 4 clusters loses tens of points).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from pflbench.config import HETEROGENEITY_FIELDS
+from pflbench.reports.cells import format_value, is_reference
+from pflbench.reports.tables import CONFIG_COLUMNS, Row, row_of_cells, row_order
+
+TOLERANCE = 5.0  # percentage points lost against the knob-off cell that still count as coping
+ACCURACY_KEY = "final_accuracy"
+# The newcomers' accuracy (held-out clients, `unseen_fraction`): scored in place of the training
+# clients' accuracy where a cell has it (the unseen-clients branch's `*_newcomers` summary keys).
+NEWCOMER_KEY = "final_accuracy_newcomers"
+OFF = "off"
+
+
+def knob_columns(cells: pd.DataFrame) -> list[str]:
+    """The store's columns that belong to a heterogeneity knob (`system.dropout`, `unseen_fraction`)."""
+    return [c for c in cells.columns if c in HETEROGENEITY_FIELDS or c.split(".")[0] in HETEROGENEITY_FIELDS]
+
+
+def knob_setting(cell: pd.Series, columns: list[str]) -> str:
+    """"concept_shift.clusters=4", "system.dropout=0.3, system.straggler_fraction=0.5", or "off"."""
+    items = []
+    for column in sorted(columns):
+        value = cell.get(column)
+        if value is None or (not isinstance(value, (list, dict)) and pd.isna(value)):
+            continue
+        if column == "unseen_fraction" and float(value) == 0.0:
+            continue
+        items.append(f"{column}={_show(value)}")
+    return ", ".join(items) or OFF
+
+
+def knobs_of(setting: str) -> tuple[str, ...]:
+    """The knob fields a setting turns on (for grouping columns by knob)."""
+    if setting == OFF:
+        return ()
+    return tuple(dict.fromkeys(item.split("=")[0].split(".")[0] for item in setting.split(", ")))
+
+
+@dataclass
+class CopeEntry:
+    """One algorithm under one knob setting: its accuracy and the change against its knob-off cells."""
+    values: list[float] = field(default_factory=list)        # % per finished seed
+    deltas: list[float] = field(default_factory=list)        # % points vs the knob-off cell, per paired seed
+    problems: dict[str, int] = field(default_factory=dict)   # failed / diverged / refused counts
+    newcomers: bool = False                                   # the values are the newcomers' accuracy
+    hashes: list[str] = field(default_factory=list)
+
+    @property
+    def mean(self) -> float | None:
+        return sum(self.values) / len(self.values) if self.values else None
+
+    @property
+    def delta(self) -> float | None:
+        return sum(self.deltas) / len(self.deltas) if self.deltas else None
+
+    def copes(self, tolerance: float = TOLERANCE) -> bool | None:
+        """True/False by the rule in the module doc; None when there is no knob-off cell to compare."""
+        return None if self.delta is None else self.delta >= -tolerance
+
+    def text(self, tolerance: float = TOLERANCE, baseline: bool = False) -> str:
+        problems = ", ".join(f"{n} {status}" for status, n in sorted(self.problems.items()))
+        if self.mean is None:
+            return problems or "–"
+        value = f"{self.mean:.1f}" + ("ⁿ" if self.newcomers else "")
+        if not baseline:
+            copes = self.copes(tolerance)
+            if copes is not None:
+                value += f" ({self.delta:+.1f}) {'✓' if copes else '✗'}"
+        return value + (f" [{problems}]" if problems else "")
+
+
+@dataclass
+class CopeTable:
+    """One study: rows (algorithms), columns (knob settings, "off" first), entries."""
+    context: str                      # what the study's cells share, in words
+    settings: list[str]
+    rows: list[Row]
+    entries: dict[tuple, CopeEntry] = field(default_factory=dict)   # (row.key, setting) -> entry
+    tolerance: float = TOLERANCE
+
+    def entry(self, row: Row, setting: str) -> CopeEntry | None:
+        return self.entries.get((row.key, setting))
+
+    @property
+    def caption(self) -> str:
+        return (f"Accuracy (%, as delivered, final round, mean over clients; ⁿ: the newcomers' accuracy, held-out "
+                f"clients) under each heterogeneity setting, and in brackets the change against the same algorithm's "
+                f"knob-off cell (percentage points, paired by seed). Copes (✓): loses at most {self.tolerance:g} points "
+                f"against its own knob-off accuracy; ✗: loses more.")
+
+    def copes_summary(self) -> dict[str, dict[str, bool | None]]:
+        """algorithm label -> knob field -> copes with every setting of that knob (None: not measured)."""
+        out: dict[str, dict[str, bool | None]] = {}
+        for row in self.rows:
+            verdicts: dict[str, list[bool]] = {}
+            for setting in self.settings:
+                entry = self.entry(row, setting)
+                if setting == OFF or entry is None or entry.copes(self.tolerance) is None:
+                    continue
+                for knob in knobs_of(setting):
+                    verdicts.setdefault(knob, []).append(bool(entry.copes(self.tolerance)))
+            out[row.label] = {knob: (all(verdicts[knob]) if knob in verdicts else None) for knob in HETEROGENEITY_FIELDS}
+        return out
+
+
+def _context_columns(cells: pd.DataFrame, knobs: list[str]) -> list[str]:
+    """Configuration columns that must be equal within a study: all but the algorithm, its
+    hyperparameters, the seed and the knobs."""
+    return [c for c in cells.columns
+            if c.split(".")[0] in CONFIG_COLUMNS and c not in knobs and c not in ("algorithm", "seed", "hp_source")
+            and not c.startswith("hp.")]
+
+
+def _show(value) -> str:
+    """A store value as text (numpy scalars from DataFrame columns as plain numbers)."""
+    return format_value(value.item() if hasattr(value, "item") and not isinstance(value, (list, dict)) else value)
+
+
+def _value(cell: pd.Series, key: str) -> float | None:
+    value = cell.get(key)
+    return None if value is None or pd.isna(value) else float(value) * 100
+
+
+def cope_tables(cells: pd.DataFrame, tolerance: float = TOLERANCE) -> list[CopeTable]:
+    """A CopeTable per study that has at least one knob turned on (none when the store has no
+    heterogeneity cells: the section is then left out of the report)."""
+    knobs = knob_columns(cells)
+    if cells.empty or not knobs:
+        return []
+    cells = cells.assign(setting=cells.apply(lambda c: knob_setting(c, knobs), axis=1))
+    if (cells["setting"] == OFF).all():
+        return []
+    context_columns = _context_columns(cells, knobs)
+    keys = cells[context_columns].apply(lambda r: json.dumps([None if (not isinstance(v, (list, dict)) and pd.isna(v))
+                                                              else v for v in r], default=str), axis=1)
+    tables = []
+    for _, study in cells.groupby(keys, sort=False):
+        if (study["setting"] == OFF).all():
+            continue
+        study = study.assign(row=row_of_cells(study, knobs=False))
+        settings = sorted(set(study["setting"]), key=lambda s: (s != OFF, knobs_of(s), s))
+        rows = sorted(set(study["row"]), key=row_order)
+        first = study.iloc[0]
+        varying = [c for c in context_columns if c in ("dataset", "partition", "clients") or c.startswith("partition_params.")]
+        context = ", ".join(f"{c}={_show(first[c])}" for c in varying
+                            if not (not isinstance(first[c], (list, dict)) and pd.isna(first[c])))
+        table = CopeTable(context, settings, rows, tolerance=tolerance)
+        for row in rows:
+            mine = study[study["row"] == row]
+            off = {cell["seed"]: _value(cell, ACCURACY_KEY) for _, cell in mine[mine["setting"] == OFF].iterrows()
+                   if cell["status"] == "finished"}
+            for setting in settings:
+                group = mine[mine["setting"] == setting]
+                if group.empty:
+                    continue
+                entry = CopeEntry()
+                for _, cell in group.iterrows():
+                    entry.hashes.append(str(cell["hash"]))
+                    newcomer = "unseen_fraction" in knobs_of(setting) and _value(cell, NEWCOMER_KEY) is not None
+                    value = _value(cell, NEWCOMER_KEY if newcomer else ACCURACY_KEY)
+                    if cell["status"] != "finished" or value is None:
+                        status = str(cell["status"]) if cell["status"] != "finished" else "no result"
+                        entry.problems[status] = entry.problems.get(status, 0) + 1
+                        continue
+                    entry.values.append(value)
+                    entry.newcomers |= newcomer
+                    if setting != OFF and off.get(cell["seed"]) is not None:
+                        entry.deltas.append(value - off[cell["seed"]])
+                table.entries[(row.key, setting)] = entry
+        tables.append(table)
+    return tables
+
+
+def markdown_section(tables: list[CopeTable]) -> str:
+    """The report.md section: per study, the full table, then the survey's Table III layout
+    (algorithm x knob: ✓ / ✗ / – not measured)."""
+    if not tables:
+        return ""
+    parts = ["## Who copes with what (heterogeneity beyond label skew)", "",
+             "The survey's Table III, measured: each algorithm under each heterogeneity knob "
+             "(benchmarks/README.md, \"Heterogeneity beyond label skew\"), against its own knob-off cell."]
+    for table in tables:
+        header = ["algorithm", *table.settings]
+        lines = ["| " + " | ".join(_md(h) for h in header) + " |", "|---|" + "---:|" * (len(header) - 1)]
+        for row in table.rows:
+            texts = []
+            for setting in table.settings:
+                entry = table.entry(row, setting)
+                texts.append("–" if entry is None else entry.text(table.tolerance, baseline=setting == OFF))
+            lines.append("| " + " | ".join([_md(row.label), *map(_md, texts)]) + " |")
+        summary = table.copes_summary()
+        measured = [k for k in HETEROGENEITY_FIELDS if any(v[k] is not None for v in summary.values())]
+        short = ["| algorithm | " + " | ".join(measured) + " |", "|---|" + ":---:|" * len(measured)]
+        for label, verdicts in summary.items():
+            short.append(f"| {_md(label)} | " + " | ".join({True: "✓", False: "✗", None: "–"}[verdicts[k]]
+                                                          for k in measured) + " |")
+        parts += ["", f"### {_md(table.context)}", "", table.caption, "", *lines, "",
+                  f"Copes with every setting of the knob (✓), not with some (✗), not measured (–); rule: at most "
+                  f"{table.tolerance:g} points lost against the algorithm's own knob-off cell.", "", *short]
+    return "\n".join(parts) + "\n"
+
+
+def _md(text: str) -> str:
+    return str(text).replace("|", "\\|")
+
+
+def site_tables(tables: list[CopeTable]) -> list[dict]:
+    """Plain data for the leaderboard template (no markup made here: the template escapes)."""
+    out = []
+    for table in tables:
+        rows = []
+        for row in table.rows:
+            entries = []
+            for setting in table.settings:
+                entry = table.entry(row, setting)
+                copes = None if entry is None or setting == OFF else entry.copes(table.tolerance)
+                entries.append({"text": "–" if entry is None else entry.text(table.tolerance, baseline=setting == OFF),
+                                "copes": copes, "sort": None if entry is None else entry.mean})
+            rows.append({"label": row.label, "algorithm": row.algorithm, "reference": is_reference(row.algorithm),
+                         "entries": entries})
+        out.append({"context": table.context, "caption": table.caption, "settings": table.settings, "rows": rows})
+    return out
+
