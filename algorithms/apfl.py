@@ -128,7 +128,12 @@ class APFL(Algorithm):
                                  torch.zeros(fed.cell.batch_size, dtype=torch.long, device=fed.device)
                                  for p, idx in zip(plans, indices)])
             leaf = alpha.detach().clone().requires_grad_(True)
-            logits = fed.model.forward(self.mix(leaf, local, glob), fed.features[batch], train=False)
+            mixed = self.mix(leaf, local, glob)
+            # alpha's gradient flows through the parameters only: BatchNorm's running statistics are
+            # inputs of the evaluation-mode forward, which autograd cannot differentiate through
+            for name in fed.model.buffer_names:
+                mixed[name] = mixed[name].detach()
+            logits = fed.model.forward(mixed, fed.features[batch], train=False)
             y = fed.labels[batch]
             loss = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none").view(y.shape).mean(1)
             (grad,) = torch.autograd.grad(loss.sum(), leaf)

@@ -97,6 +97,19 @@ def test_apfl_learned_alpha_moves_within_bounds_and_learns(tmp_path):
     assert result.summary["final_accuracy"] >= 0.65
 
 
+def test_apfl_learns_alpha_on_a_model_with_batchnorm(tmp_path):
+    # alpha's step once differentiated through BatchNorm's running statistics and crashed (CIFAR's CNN)
+    from pflbench.config import CellConfig
+
+    cell = CellConfig(algorithm="apfl", dataset="synthetic-images", model="cnn-bn", clients=4, rounds=2, lr=0.05,
+                      dataset_options={"num_samples": 240, "channels": 3, "size": 32},
+                      partition="pathological", partition_params={"classes_per_client": 3})
+    result = run_cell(cell, data_root=tmp_path)
+    assert result.status == "finished", result.error
+    alphas = result.artifacts["alpha_round00002"]
+    assert ((alphas >= 0) & (alphas <= 1)).all() and not np.allclose(alphas, APFL.Hyperparams().alpha)
+
+
 # ---- L2GD ------------------------------------------------------------------------------------------
 def test_l2gd_sends_nothing_on_local_rounds_and_the_model_on_communicating_rounds(tmp_path):
     cell = _cell(algorithm="l2gd", rounds=4, hp={"p": 0.5})
