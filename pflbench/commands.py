@@ -226,21 +226,31 @@ def parse_assignments(items: list[str]) -> dict:
     return result
 
 
-def cmd_data_show(args) -> int:
+def _partition_of(args, **fractions):
+    """The dataset named by `args` and its partition (`data show`, `data export`); a wrong name or
+    parameter, a missing dataset or an impossible partition raises before or instead of the work."""
     import partitions  # noqa: F401
-    from pflbench.data import DatasetNotFoundError, load_dataset
-    from pflbench.partitioning import PARTITIONS, format_label_counts, make_splits, plot_label_counts
+    from pflbench.data import load_dataset
+    from pflbench.partitioning import PARTITIONS, make_splits
 
     params = parse_assignments(args.param)
+    check_dataset_names([args.dataset])
+    PARTITIONS.get(args.partition)  # a wrong scheme is reported before the dataset is loaded
+    dataset = load_dataset(args.dataset, root=args.root, mirror=args.mirror)
+    splits = make_splits(dataset.labels.numpy(), dataset.num_classes, scheme=args.partition, params=params,
+                         num_clients=args.clients, seed=args.seed, **fractions)
+    return dataset, splits
+
+
+def cmd_data_show(args) -> int:
+    from pflbench.data import DatasetNotFoundError
+    from pflbench.partitioning import format_label_counts, plot_label_counts
+
     try:
-        check_dataset_names([args.dataset])
-        PARTITIONS.get(args.partition)  # a wrong scheme is reported before the dataset is loaded
-        dataset = load_dataset(args.dataset, root=args.root, mirror=args.mirror)
-        labels = dataset.labels.numpy()
-        splits = make_splits(labels, dataset.num_classes, scheme=args.partition,
-                             params=params, num_clients=args.clients, seed=args.seed)
+        dataset, splits = _partition_of(args)
     except (ValueError, DatasetNotFoundError) as error:  # a wrong name or parameter, an impossible partition
         return data_error("data show", error)
+    labels = dataset.labels.numpy()
     counts = splits.label_counts(labels, dataset.num_classes, split=args.split)
     print(format_label_counts(counts, dataset.classes))
     if args.plot:
@@ -250,24 +260,16 @@ def cmd_data_show(args) -> int:
 
 
 def cmd_data_export(args) -> int:
-    import partitions  # noqa: F401
     from pathlib import Path
 
-    from pflbench.data import DatasetNotFoundError, load_dataset
+    from pflbench.data import DatasetNotFoundError
     from pflbench.interop import write_partition
-    from pflbench.partitioning import PARTITIONS, make_splits
 
-    params = parse_assignments(args.param)
     try:
-        check_dataset_names([args.dataset])
-        PARTITIONS.get(args.partition)  # a wrong scheme is reported before the dataset is loaded
-        dataset = load_dataset(args.dataset, root=args.root, mirror=args.mirror)
-        labels = dataset.labels.numpy()
-        splits = make_splits(labels, dataset.num_classes, scheme=args.partition, params=params,
-                             num_clients=args.clients, seed=args.seed, train_fraction=args.train_fraction,
-                             val_fraction=args.val_fraction)
+        dataset, splits = _partition_of(args, train_fraction=args.train_fraction, val_fraction=args.val_fraction)
     except (ValueError, DatasetNotFoundError) as error:
         return data_error("data export", error)
+    labels = dataset.labels.numpy()
     names = {"flbench": "partition.pkl", "json": "partition.json"}
     for fmt in ("flbench", "json") if args.format == "both" else (args.format,):
         path = write_partition(splits, Path(args.out) / names[fmt], fmt, labels=labels,
