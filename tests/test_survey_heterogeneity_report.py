@@ -66,27 +66,16 @@ def test_survey_spec_is_the_papers_setting_and_its_quick_scale_runs_on_cifar10_j
     assert all(round(c.clients * c.participation) == 5 and c.local_epochs == 5 for c in quick.cells)
 
 
-def test_heterogeneity_spec_is_refused_only_for_knobs_not_yet_implemented():
-    """Until the knobs land on main, resolution refuses them ("not available yet"); nothing else may
-    be wrong: without the knob overrides the spec is valid, one cell per algorithm (the selector
-    axis collapses once eval_every is reset)."""
+def test_heterogeneity_spec_turns_on_one_knob_at_a_time():
+    """6 algorithms x (every knob off + each of the 5 knobs alone); the selector axis (eval_every)
+    is reset to 5 for every cell, so cells differ only in their knobs."""
     knobs = ("feature_shift", "concept_shift", "system", "privacy", "unseen_fraction")
-    data = read_yaml((BENCHMARKS / "heterogeneity.yaml").read_text())
-    knob_rules = [o for o in data["overrides"] if any(k.split(".")[0] in knobs for k in o["set"])]
-    assert sorted(k.split(".")[0] for o in knob_rules for k in o["set"]) == sorted(
-        ["feature_shift", "concept_shift", "system", "system", "system", "privacy", "unseen_fraction"])
-    try:
-        plan = parse_spec(data, "heterogeneity.yaml")
-    except SpecError as error:
-        lines = str(error).splitlines()
-        problems = lines[1:] if len(lines) > 1 else lines  # one problem: a single line, no header
-        assert problems and all("is not available yet" in line for line in problems), str(error)
-    else:  # the knobs are implemented: 6 algorithms x (off + 5 knob settings)
-        assert len(plan.cells) == 36 and {c.eval_every for c in plan.cells} == {5}
-    data["overrides"] = [o for o in data["overrides"] if o not in knob_rules]
-    plan = parse_spec(data, "heterogeneity.yaml")
-    assert sorted(c.algorithm for c in plan.cells) == sorted(["local", "fedavg", "fedrep", "ditto", "pfedhn", "pfedla"])
-    assert all(c.dataset == "fmnist" and c.eval_every == 5 for c in plan.cells)
+    plan = load_spec(BENCHMARKS / "heterogeneity.yaml")
+    assert len(plan.cells) == 36 and {c.eval_every for c in plan.cells} == {5}
+    for algorithm in ("local", "fedavg", "fedrep", "ditto", "pfedhn", "pfedla"):
+        mine = [c for c in plan.cells if c.algorithm == algorithm]
+        on = sorted(tuple(k for k in knobs if getattr(c, k)) for c in mine)
+        assert on == sorted([(), *((k,) for k in knobs)])
 
 
 # ---- who copes with what -----------------------------------------------------------------------------
@@ -154,3 +143,19 @@ def test_report_and_leaderboard_show_who_copes_and_wall_time(tmp_path):
     assert "wall s" in markdown  # the communication table's wall-clock column (the survey reports it per method)
     html = report.index.read_text()
     assert 'id="copes"' in html and "concept_shift.clusters=4" in html and "41.0 (-40.0) ✗" in html
+
+
+def test_a_method_that_diverges_under_a_knob_does_not_cope_and_per_method_lr_shares_the_study(tmp_path):
+    root = tmp_path / "results"
+    _write(root, "fedavg", (0.80, 0.80))
+    _write(root, "fedavg", (0.1, 0.1), status="diverged", privacy={"epsilon": 8})
+    _write(root, "local", (0.70, 0.70), lr=0.05)  # a method's own lr (pFedHN's in heterogeneity.yaml)
+    _write(root, "local", (0.69, 0.70), lr=0.05, privacy={"epsilon": 8})
+    tables = cope_tables(load_cells(root))
+    assert len(tables) == 1  # one study despite Local's lr
+    table = tables[0]
+    fedavg, local = (next(r for r in table.rows if r.algorithm == a) for a in ("fedavg", "local"))
+    setting = next(s for s in table.settings if s != OFF)
+    assert table.entry(fedavg, setting).copes() is False and "diverged ✗" in table.entry(fedavg, setting).text()
+    assert table.entry(local, setting).copes() is True
+    assert table.copes_summary()["FedAvg"]["privacy"] is False and table.copes_summary()["Local"]["privacy"] is True

@@ -10,7 +10,8 @@ the knob-off cell. Each entry: the accuracy (as delivered, final round, mean ove
 against the same algorithm's knob-off cell, paired by seed (mean over the seeds both have).
 
 The rule for "copes" (stated in every caption): an algorithm copes with a knob setting when it loses
-at most `TOLERANCE` percentage points against its own knob-off accuracy (✓), else ✗. It is a
+at most `TOLERANCE` percentage points against its own knob-off accuracy (✓), else ✗; a method that
+diverged under the setting does not cope (✗), a cell that crashed is not judged (–). It is a
 robustness rule, as Table III's is (can the method handle this kind of heterogeneity?), not a
 ranking: a method weak without the knob stays weak; the accuracies are shown beside the marks so
 both readings are there. 5 points: above the seed-to-seed spread of a small CPU cell (about 1-3
@@ -79,13 +80,17 @@ class CopeEntry:
         return sum(self.deltas) / len(self.deltas) if self.deltas else None
 
     def copes(self, tolerance: float = TOLERANCE) -> bool | None:
-        """True/False by the rule in the module doc; None when there is no knob-off cell to compare."""
-        return None if self.delta is None else self.delta >= -tolerance
+        """True/False by the rule in the module doc; None when there is no knob-off cell to compare.
+        A method that diverged under the knob (and finished no seed) does not cope; a crash says
+        nothing about the method, so a failed cell stays unjudged."""
+        if self.delta is None:
+            return False if self.problems.get("diverged") and not self.values else None
+        return self.delta >= -tolerance
 
     def text(self, tolerance: float = TOLERANCE, baseline: bool = False) -> str:
         problems = ", ".join(f"{n} {status}" for status, n in sorted(self.problems.items()))
         if self.mean is None:
-            return problems or "–"
+            return (problems or "–") + (" ✗" if not baseline and self.copes(tolerance) is False else "")
         value = f"{self.mean:.1f}" + ("ⁿ" if self.newcomers else "")
         if not baseline:
             copes = self.copes(tolerance)
@@ -111,7 +116,7 @@ class CopeTable:
         return (f"Accuracy (%, as delivered, final round, mean over clients; ⁿ: the newcomers' accuracy, held-out "
                 f"clients) under each heterogeneity setting, and in brackets the change against the same algorithm's "
                 f"knob-off cell (percentage points, paired by seed). Copes (✓): loses at most {self.tolerance:g} points "
-                f"against its own knob-off accuracy; ✗: loses more.")
+                f"against its own knob-off accuracy; ✗: loses more, or diverged.")
 
     def copes_summary(self) -> dict[str, dict[str, bool | None]]:
         """algorithm label -> knob field -> copes with every setting of that knob (None: not measured)."""
@@ -128,12 +133,22 @@ class CopeTable:
         return out
 
 
+# Set per algorithm in a spec (e.g. pFedHN's small lr): a method's own setting, not another study. A
+# method's knob-on cells are still compared with its knob-off cells at the same value (`_pairing`).
+PER_METHOD = ("algorithm", "seed", "hp_source", "lr")
+
+
 def _context_columns(cells: pd.DataFrame, knobs: list[str]) -> list[str]:
     """Configuration columns that must be equal within a study: all but the algorithm, its
-    hyperparameters, the seed and the knobs."""
+    hyperparameters and learning rate, the seed and the knobs."""
     return [c for c in cells.columns
-            if c.split(".")[0] in CONFIG_COLUMNS and c not in knobs and c not in ("algorithm", "seed", "hp_source")
+            if c.split(".")[0] in CONFIG_COLUMNS and c not in knobs and c not in PER_METHOD
             and not c.startswith("hp.")]
+
+
+def _pairing(cell: pd.Series) -> tuple:
+    """What a knob-on cell and its knob-off cell share besides everything the study shares."""
+    return cell["seed"], cell.get("lr")
 
 
 def _show(value) -> str:
@@ -172,7 +187,7 @@ def cope_tables(cells: pd.DataFrame, tolerance: float = TOLERANCE) -> list[CopeT
         table = CopeTable(context, settings, rows, tolerance=tolerance)
         for row in rows:
             mine = study[study["row"] == row]
-            off = {cell["seed"]: _value(cell, ACCURACY_KEY) for _, cell in mine[mine["setting"] == OFF].iterrows()
+            off = {_pairing(cell): _value(cell, ACCURACY_KEY) for _, cell in mine[mine["setting"] == OFF].iterrows()
                    if cell["status"] == "finished"}
             for setting in settings:
                 group = mine[mine["setting"] == setting]
@@ -189,8 +204,8 @@ def cope_tables(cells: pd.DataFrame, tolerance: float = TOLERANCE) -> list[CopeT
                         continue
                     entry.values.append(value)
                     entry.newcomers |= newcomer
-                    if setting != OFF and off.get(cell["seed"]) is not None:
-                        entry.deltas.append(value - off[cell["seed"]])
+                    if setting != OFF and off.get(_pairing(cell)) is not None:
+                        entry.deltas.append(value - off[_pairing(cell)])
                 table.entries[(row.key, setting)] = entry
         tables.append(table)
     return tables
@@ -220,8 +235,8 @@ def markdown_section(tables: list[CopeTable]) -> str:
             short.append(f"| {_md(label)} | " + " | ".join({True: "✓", False: "✗", None: "–"}[verdicts[k]]
                                                           for k in measured) + " |")
         parts += ["", f"### {_md(table.context)}", "", table.caption, "", *lines, "",
-                  f"Copes with every setting of the knob (✓), not with some (✗), not measured (–); rule: at most "
-                  f"{table.tolerance:g} points lost against the algorithm's own knob-off cell.", "", *short]
+                  f"Copes with every setting of the knob (✓), not with some (✗: or diverged under it), not measured (–); "
+                  f"rule: at most {table.tolerance:g} points lost against the algorithm's own knob-off cell.", "", *short]
     return "\n".join(parts) + "\n"
 
 
