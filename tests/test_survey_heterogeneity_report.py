@@ -159,3 +159,16 @@ def test_a_method_that_diverges_under_a_knob_does_not_cope_and_per_method_lr_sha
     assert table.entry(fedavg, setting).copes() is False and "diverged ✗" in table.entry(fedavg, setting).text()
     assert table.entry(local, setting).copes() is True
     assert table.copes_summary()["FedAvg"]["privacy"] is False and table.copes_summary()["Local"]["privacy"] is True
+
+
+def test_figures_draw_the_knob_off_cells_where_a_group_has_both():
+    import pandas as pd
+
+    from pflbench.reports.build import _knobs_off
+
+    group = pd.DataFrame({"algorithm": ["fedavg", "fedavg", "local"], "concept_shift.clusters": [None, 4, None]})
+    kept, title = _knobs_off(group, "fmnist, 20 clients, dirichlet")
+    assert list(kept.index) == [0, 2] and title.endswith("(heterogeneity knobs off)")
+    only_on = group.iloc[[1]]  # no knob-off cell to show instead: the group is drawn as it is
+    kept, title = _knobs_off(only_on, "t")
+    assert kept.equals(only_on) and title == "t"

@@ -145,6 +145,21 @@ def curve_of(cell: pd.Series) -> pd.DataFrame:
     return metrics.groupby("round", as_index=False)["accuracy"].mean()
 
 
+def _knobs_off(group: pd.DataFrame, title: str) -> tuple[pd.DataFrame, str]:
+    """A group's cells with every heterogeneity knob off, where it has such cells besides knob-on ones:
+    one line per (method x knob setting) would bury the curves (36 lines for heterogeneity.yaml); the
+    knobs' effect is the "Who copes with what" table's subject."""
+    from pflbench.reports.heterogeneity import OFF, knob_columns, knob_setting
+
+    columns = knob_columns(group)
+    if not columns or group.empty:
+        return group, title
+    off = group.apply(lambda cell: knob_setting(cell, columns) == OFF, axis=1)
+    if off.all() or not off.any():
+        return group, title
+    return group[off], f"{title} (heterogeneity knobs off)"
+
+
 def group_figures(cells: pd.DataFrame, comm, out: Path, options: ReportOptions, report: Report) -> None:
     from pflbench.reports.tables import row_of_cells
 
@@ -158,6 +173,8 @@ def group_figures(cells: pd.DataFrame, comm, out: Path, options: ReportOptions, 
         group = group.assign(row=scheme_rows.loc[group.index])
         stem = group_stem(column.dataset, scheme, column.clients, column.params if column.show_params else "")
         title = f"{column.label}, {scheme}"
+        group, title = _knobs_off(group, title)
+        plotted = {cell["row"].label for _, cell in group.iterrows()}
         curves, accuracies, worst10 = [], {}, {}
         for _, cell in group.iterrows():
             curve = curve_of(cell)
@@ -181,7 +198,8 @@ def group_figures(cells: pd.DataFrame, comm, out: Path, options: ReportOptions, 
                                              worst10={k: float(np.mean(v)) for k, v in worst10.items()})
             report.figures.append((f"Per-client accuracy: {title}", f"figures/clients_{stem}.png"))
         points = [{"label": row.label, "mb_per_round": mean_or_none(e.mbytes_per_round), "accuracy": e.mean,
-                   "accuracy_std": e.std or 0.0} for row, e in table.rows if e.mean is not None and e.mbytes_per_round]
+                   "accuracy_std": e.std or 0.0} for row, e in table.rows
+                  if e.mean is not None and e.mbytes_per_round and row.label in plotted]
         paper = [{"label": row.label, "comm_mbytes": e.paper.comm_mbytes, "accuracy": e.paper.mean}
                  for row, _ in table.rows if (e := table.papered(row)) is not None and e.paper.comm_mbytes is not None]
         if points:
