@@ -143,6 +143,9 @@ def test_report_and_leaderboard_show_who_copes_and_wall_time(tmp_path):
     assert "wall s" in markdown  # the communication table's wall-clock column (the survey reports it per method)
     html = report.index.read_text()
     assert 'id="copes"' in html and "concept_shift.clusters=4" in html and "41.0 (-40.0) ✗" in html
+    latex = report.latex.read_text()
+    assert r"Who copes with what" in latex and r"41.0 (-40.0) $\times$" in latex and r"$\checkmark$" in latex
+    assert "✓" not in latex and "✗" not in latex and "≈" not in latex  # every symbol typeset
 
 
 def test_a_method_that_diverges_under_a_knob_does_not_cope_and_per_method_lr_shares_the_study(tmp_path):

@@ -31,6 +31,7 @@ import pandas as pd
 from pflbench.reports import figures as fig
 from pflbench.reports.cells import load_cells, read_artifacts, read_config, read_metrics
 from pflbench.reports.heterogeneity import cope_tables
+from pflbench.reports.heterogeneity import latex_section as heterogeneity_latex
 from pflbench.reports.heterogeneity import markdown_section as heterogeneity_markdown
 from pflbench.reports.progress import progress_text, skipped_datasets, skipped_text, store_progress
 from pflbench.reports.protocols import available, report_protocols
@@ -133,7 +134,8 @@ def build_reports(results: str | Path, out: str | Path, options: ReportOptions =
     if report.heterogeneity:
         with report.markdown.open("a") as markdown:
             markdown.write("\n" + heterogeneity_markdown(report.heterogeneity))
-    report.latex.write_text(latex_report(tables, worst, comm))
+    report.latex.write_text(latex_report(tables, worst, comm)
+                            + ("\n" + heterogeneity_latex(report.heterogeneity) if report.heterogeneity else ""))
     report.index = write_site(cells, boards, comm, references, report, Path(results))
     return report
 

@@ -240,6 +240,32 @@ def markdown_section(tables: list[CopeTable]) -> str:
     return "\n".join(parts) + "\n"
 
 
+def latex_section(tables: list[CopeTable]) -> str:
+    """The same tables for report.tex (booktabs; \\checkmark needs amssymb)."""
+    from pflbench.reports.text import tex_text
+
+    def tex(text: str) -> str:
+        return (tex_text(str(text)).replace("✓", r"$\checkmark$").replace("✗", r"$\times$")
+                .replace("ⁿ", r"$^{n}$"))
+
+    parts = []
+    for table in tables:
+        columns = ["algorithm", *table.settings]
+        lines = [r"\begin{table}[t]", r"\centering", r"\small",
+                 rf"\caption{{Who copes with what: {tex(table.context)}. {tex(table.caption)}}}",
+                 r"\begin{tabular}{l" + "r" * len(table.settings) + "}", r"\toprule",
+                 " & ".join(tex(c) for c in columns) + r" \\", r"\midrule"]
+        for row in table.rows:
+            cells = [tex(row.label)]
+            for setting in table.settings:
+                entry = table.entry(row, setting)
+                cells.append("--" if entry is None else tex(entry.text(table.tolerance, baseline=setting == OFF)))
+            lines.append(" & ".join(cells) + r" \\")
+        lines += [r"\bottomrule", r"\end{tabular}", r"\end{table}"]
+        parts.append("\n".join(lines))
+    return "\n\n".join(parts) + ("\n" if parts else "")
+
+
 def _md(text: str) -> str:
     return str(text).replace("|", "\\|")
 
