@@ -26,13 +26,7 @@ def add_parser(subparsers) -> None:
     add_data_options(prepare)
     prepare.set_defaults(func=cmd_data_prepare)
     show = data_sub.add_parser("show", help="print (and plot) a partition's per-client label counts")
-    show.add_argument("dataset", help="a dataset name (pflbench list datasets)")
-    show.add_argument("--partition", default="pathological",
-                      help="non-IID scheme (pflbench list partitions; default: pathological)")
-    show.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
-                      help="partition parameter, e.g. classes_per_client=2 (repeatable)")
-    show.add_argument("--clients", type=int, default=10, help="number of clients (default: 10)")
-    show.add_argument("--seed", type=int, default=0, help="partition seed (default: 0)")
+    add_partition_options(show, example="classes_per_client=2")
     show.add_argument("--split", default="all", choices=["all", "train", "val", "test"],
                       help="which of each client's splits to count (default: all)")
     show.add_argument("--plot", metavar="PATH", help="also draw the counts (PNG or SVG)")
@@ -44,13 +38,7 @@ def add_parser(subparsers) -> None:
                     "(partition.pkl + all_stats.json) and other tools read, and that `{scheme: imported}` reads "
                     "back. Indices refer to the dataset as pflbench pools it (torchvision's train set, then its "
                     "test set). Format: pflbench/interop.py and benchmarks/README.md.")
-    export.add_argument("dataset", help="a dataset name (pflbench list datasets)")
-    export.add_argument("--partition", default="pathological",
-                        help="non-IID scheme (pflbench list partitions; default: pathological)")
-    export.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
-                        help="partition parameter, e.g. alpha=0.3 (repeatable)")
-    export.add_argument("--clients", type=int, default=10, help="number of clients (default: 10)")
-    export.add_argument("--seed", type=int, default=0, help="partition seed (default: 0)")
+    add_partition_options(export, example="alpha=0.3")
     export.add_argument("--train-fraction", type=float, default=0.7, help="per-client train share (default: 0.7)")
     export.add_argument("--val-fraction", type=float, default=0.1,
                         help="share of each client's train split held out as val (default: 0.1)")
@@ -107,6 +95,17 @@ def cmd_store_check(args) -> int:
           f"damaged, {len({p.folder for p in problems if p.kind == 'foreign'})} foreign"
           + (f"; {kept} damaged folders set aside earlier in {aside}" if kept else ""))
     return 1 if problems else 0
+
+
+def add_partition_options(parser, example: str) -> None:
+    """The dataset and partition a `data show` / `data export` works on."""
+    parser.add_argument("dataset", help="a dataset name (pflbench list datasets)")
+    parser.add_argument("--partition", default="pathological",
+                        help="non-IID scheme (pflbench list partitions; default: pathological)")
+    parser.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
+                        help=f"partition parameter, e.g. {example} (repeatable)")
+    parser.add_argument("--clients", type=int, default=10, help="number of clients (default: 10)")
+    parser.add_argument("--seed", type=int, default=0, help="partition seed (default: 0)")
 
 
 def add_data_options(parser: argparse.ArgumentParser, what: str = "") -> None:
