@@ -120,6 +120,11 @@ class Federation:
         # Unseen clients (pflbench.newcomers): this Federation holds the seen clients only, and
         # `newcomers` (None without the knob) the held-out ones, for evaluation alone.
         self._hold(splits, seen_ids(cell.unseen_fraction, splits.num_clients, cell.seed))
+        # System and privacy heterogeneity: drawn once from the seed over partition ids (None when off),
+        # for the trained clients' schedule; the newcomers' copy shares them and never trains a round.
+        self.system = SystemPlan.from_cell(cell)
+        self.privacy = PrivacyPlan.from_cell(cell, self.client_ids[self.schedule])
+        self.local_round: int | None = None  # the round whose local training is running (stragglers)
         self.newcomers: Federation | None = None
         if cell.unseen_fraction:
             self.newcomers = copy.copy(self)
@@ -140,10 +145,6 @@ class Federation:
             self.group_of[ids] = g
         sampled_from = self.num_clients if self.cell.unseen_fraction else self.cell.clients
         self.schedule = sample_schedule(sampled_from, self.cell.participation, self.cell.rounds, self.cell.seed)
-        # System and privacy heterogeneity: drawn once from the seed over partition ids (None when off).
-        self.system = SystemPlan.from_cell(self.cell)
-        self.privacy = PrivacyPlan.from_cell(self.cell, self.client_ids[self.schedule])
-        self.local_round: int | None = None  # the round whose local training is running (stragglers)
 
     @property
     def model(self) -> ClientModel:

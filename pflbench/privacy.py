@@ -33,9 +33,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator
 
-from pflbench.system import knob_problem, reject_booleans
+from pflbench.system import KnobParams, knob_problem
 
 SALT = 0xD1F  # this module's stream of the cell's seed
 ACCOUNTANT = "rdp"  # Opacus's Renyi-DP accountant (Mironov 2017; Mironov, Talwar & Zhang 2019)
@@ -46,19 +46,12 @@ ALPHAS = [1 + x / 100 for x in range(1, 10)] + [1 + x / 10.0 for x in range(1, 1
     + list(range(64, 1025, 16))
 
 
-class PrivacyParams(BaseModel):
+class PrivacyParams(KnobParams):
     """The `privacy.*` entries of a cell; privacy is on when `epsilon` is given."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     epsilon: float | list[float | None] | None = None  # budget per client, or budgets of groups of clients
     delta: float = Field(1e-5, gt=0.0, lt=1.0)
     clip: float = Field(1.0, gt=0.0)  # L2 norm the update is clipped to
-
-    @model_validator(mode="before")
-    @classmethod
-    def _no_booleans(cls, values):
-        return reject_booleans(values)
 
     @field_validator("epsilon")
     @classmethod

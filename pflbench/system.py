@@ -28,6 +28,8 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from pflbench.config import reject_boolean
+
 SALT = 0x5E7  # this module's stream of the cell's seed
 
 
@@ -39,28 +41,36 @@ def knob_problem(knob: str, error: dict) -> str:
 
 
 def reject_booleans(values):
-    """`dropout: true` is a mistake, not probability 1 (pydantic's lax mode would take it as 1.0)."""
+    """`dropout: true` is a mistake, not probability 1 (pydantic's lax mode would take it as 1.0):
+    `config.reject_boolean` for every entry of a knob, and every item of a list entry."""
     if isinstance(values, dict):
         for key, value in values.items():
             for v in value if isinstance(value, (list, tuple)) else [value]:
-                if isinstance(v, bool):
-                    raise ValueError(f"{key}: expected a number, got the boolean {v!r}")
+                try:
+                    reject_boolean(v)
+                except ValueError as error:
+                    raise ValueError(f"{key}: {error}") from None
     return values
 
 
-class SystemParams(BaseModel):
-    """The `system.*` entries of a cell (all off by default)."""
+class KnobParams(BaseModel):
+    """Base of the `system.*` and `privacy.*` entries: unknown entries are errors, values are frozen,
+    and no entry may be a boolean."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-
-    stragglers: float = Field(0.0, ge=0.0, le=1.0)  # share of the clients that are stragglers
-    straggler_work: float | tuple[float, float] = 0.5  # fraction of the local work a straggler does
-    dropout: float | list[float] = 0.0  # probability that a sampled client's upload never arrives
 
     @model_validator(mode="before")
     @classmethod
     def _no_booleans(cls, values):
         return reject_booleans(values)
+
+
+class SystemParams(KnobParams):
+    """The `system.*` entries of a cell (all off by default)."""
+
+    stragglers: float = Field(0.0, ge=0.0, le=1.0)  # share of the clients that are stragglers
+    straggler_work: float | tuple[float, float] = 0.5  # fraction of the local work a straggler does
+    dropout: float | list[float] = 0.0  # probability that a sampled client's upload never arrives
 
     @field_validator("straggler_work")
     @classmethod
