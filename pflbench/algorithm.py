@@ -178,6 +178,14 @@ class Algorithm:
         only for models the engine cannot call (e.g. FedMN's routed module pool)."""
         return self.fed.evaluate_personalized(personal, split)
 
+    def evaluate_splits(self, personal, splits: tuple[str, ...]) -> dict[str, tuple[Tensor, Tensor]]:
+        """`evaluate` on each of `splits` (split -> (accuracy, loss)): in one pass over each client's
+        samples where the engine scores the models, split by split where the algorithm overrides
+        `evaluate`."""
+        if type(self).evaluate is not Algorithm.evaluate:
+            return {split: self.evaluate(personal, split) for split in splits}
+        return self.fed.evaluate_personalized_splits(personal, splits)
+
     def adapt_locally(self, personal, rnd: int, epochs: int):
         """Every client's personalized model after `epochs` of plain local SGD on its own train split
         (the after-local-adaptation protocol), as a new object: nothing is written back into the

@@ -46,12 +46,15 @@ class StackedConv2d(nn.Module):
         self.weight, self.bias = layer.weight, layer.bias
         self.stride, self.padding, self.dilation, self.groups = layer.stride, layer.padding, layer.dilation, layer.groups
         self.grouped = grouped
+        self.channels_last = False  # the per-client loop's weights in channels-last order (set_conv_layout)
 
     def forward(self, x: Tensor) -> Tensor:
         clients = self.weight.shape[0]
         if not self.grouped:
             biases = self.bias if self.bias is not None else [None] * clients
-            return torch.cat([F.conv2d(part, w, b, self.stride, self.padding, self.dilation, self.groups)
+            layout = ((lambda w: w.to(memory_format=torch.channels_last)) if self.channels_last
+                      else (lambda w: w))
+            return torch.cat([F.conv2d(part, layout(w), b, self.stride, self.padding, self.dilation, self.groups)
                               for part, w, b in zip(x.chunk(clients), self.weight, biases)])
         batch = x.shape[0] // clients
         folded = x.view(clients, batch, *x.shape[1:]).transpose(0, 1).reshape(batch, -1, *x.shape[2:])
@@ -88,6 +91,13 @@ class StackedBatchNorm(nn.Module):
             use_batch_stats, self.momentum, self.eps)
         out = out.view(batch, clients, *x.shape[1:]).transpose(0, 1)
         return out.reshape(x.shape)
+
+
+def set_conv_layout(twin: nn.Module, channels_last: bool) -> None:
+    """Make the per-client convolution loops of `twin` run in channels-last order (or not)."""
+    for layer in twin.modules():
+        if isinstance(layer, StackedConv2d):
+            layer.channels_last = channels_last
 
 
 def stacked_twin(module: nn.Module, grouped_conv: bool) -> nn.Module | None:

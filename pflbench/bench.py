@@ -1,10 +1,13 @@
 """`pflbench bench`: how close the federated simulation comes to the hardware's limit.
 
 A fixed amount of FedAvg work (by default 10 clients x 512 samples of CIFAR shape, batch 32, one
-local epoch, whole rounds including aggregation) is timed in one process four ways: the engine's
-default path, the client loop, the batched path, and centralized training of one plain model on the
-same samples, at batch 32 and at the combined batch (clients x 32). The faster centralized figure is
-"the limit": no federated simulation trains the same samples faster on the same machine.
+local epoch, whole rounds including aggregation) is timed in one process several ways: the engine's
+default path; `plain`, the same path without its CPU speed-ups (contiguous convolutions, one client
+after another: the default before them); the client loop and the batched path; and centralized
+training of one plain model on the same samples (torch.optim.SGD, the engine's memory layout), at
+batch 32 and at the combined batch (clients x 32). The faster centralized figure is "the limit" of
+the ratios: eager PyTorch training the same samples in one stream. Client threads (several clients
+side by side, one torch thread each) can pass it: it is a reference, not a bound.
 Each way is timed `repeats` times, interleaved with the others, one round (one epoch of the same
 samples) at a time, and its best time is kept: on a shared machine the least disturbed measurement
 is the one that tells what the code can do. How disturbed the others were is reported too: each way's
@@ -102,11 +105,17 @@ def matmul_peak(size: int = 1024, repeats: int = 5, calls: int = 4) -> float:
     return 2 * size ** 3 / best / 1e9
 
 
-def _time_federated(fed, algorithm, batched: bool, rounds: int, compiled: bool = False) -> float:
+def _time_federated(fed, algorithm, batched: bool, rounds: int, compiled: bool = False,
+                    channels_last: bool | None = None, client_threads: int | None = None) -> float:
+    """`channels_last`, `client_threads`: None = the engine's own choice for this model and device."""
     from pflbench.federation import run_round
 
     fed.batched = batched
     fed.compiled = compiled
+    set_layout(fed, channels_last)
+    if not hasattr(fed, "engine_threads"):
+        fed.engine_threads = fed.client_threads
+    fed.client_threads = fed.engine_threads if client_threads is None else client_threads
     clients = torch.arange(fed.num_clients, device=fed.device)
     _sync(fed.device)
     start = time.perf_counter()
@@ -116,9 +125,29 @@ def _time_federated(fed, algorithm, batched: bool, rounds: int, compiled: bool =
     return time.perf_counter() - start
 
 
+def set_layout(fed, channels_last: bool | None) -> None:
+    """Switch the engine between channels-last and contiguous convolutions (features and models);
+    None: the engine's own choice."""
+    if not hasattr(fed, "engine_layout"):  # first call: remember the engine's choice and both layouts
+        fed.engine_layout = fed.channels_last
+        fed.features_by_layout = {True: fed.features.to(memory_format=torch.channels_last)
+                                  if fed.features.dim() == 4 else fed.features,
+                                  False: fed.features.to(memory_format=torch.contiguous_format)}
+    if channels_last is None:
+        channels_last = fed.engine_layout
+    fed.channels_last = channels_last and any(model.has_conv for model in fed.models)
+    for model in fed.models:
+        model.channels_last = fed.channels_last
+    fed.features = fed.features_by_layout[fed.channels_last]
+
+
 def _time_centralized(fed, batch_size: int, rounds: int) -> float:
-    """One plain nn.Module with torch.optim.SGD over all clients' samples, shuffled each epoch."""
+    """One plain nn.Module with torch.optim.SGD over all clients' samples, shuffled each epoch, in the
+    engine's own memory layout (channels-last convolutions where the engine uses them)."""
+    set_layout(fed, None)
     module = build_model(fed.model_name, tuple(fed.features.shape[1:]), fed.num_classes).to(fed.device)
+    if fed.channels_last:
+        module = module.to(memory_format=torch.channels_last)
     optimizer = torch.optim.SGD(module.parameters(), lr=fed.cell.lr)
     features, labels = fed.features, fed.labels
     _sync(fed.device)
@@ -154,6 +183,10 @@ def run_bench(clients: int = 10, samples: int = 512, batch_size: int = 32,
         "default": lambda: _time_federated(fed, algorithm, default_batched, rounds),
         **({"compiled": lambda: _time_federated(fed, algorithm, default_batched, rounds, compiled=True)}
            if compiled else {}),
+        # the engine's default path without its CPU speed-ups (contiguous convolutions, one client at a
+        # time): what `default` was before them
+        "plain": lambda: _time_federated(fed, algorithm, default_batched, rounds, channels_last=False,
+                                         client_threads=1),
         "loop": lambda: _time_federated(fed, algorithm, False, rounds),
         "batched": lambda: _time_federated(fed, algorithm, True, rounds),
         f"centralized_batch{batch_size}": lambda: _time_centralized(fed, batch_size, rounds),
@@ -188,6 +221,8 @@ def run_bench(clients: int = 10, samples: int = 512, batch_size: int = 32,
                    "torch": torch.__version__, "threads": torch.get_num_threads(),
                    "machine": platform.processor() or platform.machine()},
         "default_path": "batched" if default_batched else "loop",
+        "channels_last": bool(getattr(fed, "engine_layout", fed.channels_last)),
+        "client_threads": int(getattr(fed, "engine_threads", fed.client_threads)),
         "samples_per_second": throughput,
         "limit": limit,
         "limit_way": limit_way,
@@ -204,6 +239,9 @@ def run_bench(clients: int = 10, samples: int = 512, batch_size: int = 32,
         "compiled": compiled_ran,
         "compile_seconds": compile_seconds,
         "ratio_compiled_to_default": throughput["compiled"] / throughput["default"] if compiled else None,
+        # against the default path without channels-last convolutions and client threads
+        "ratio_default_to_plain": throughput["default"] / throughput["plain"],
+        "ratio_compiled_to_plain": throughput["compiled"] / throughput["plain"] if compiled else None,
         "warmup_seconds": warmup,
         # How noisy the machine was: every measurement (seconds), per way min/median/max and the
         # relative spread (median / min - 1), the load average before and after.
@@ -228,7 +266,7 @@ def format_bench(result: dict) -> str:
     spread = result.get("spread", {})
     peak = result.get("peak_gflops")
     for name, value in result["samples_per_second"].items():
-        label = f"{name} ({result['default_path']})" if name in ("default", "compiled") else name
+        label = f"{name} ({result['default_path']})" if name in ("default", "compiled", "plain") else name
         gflops = result.get("gflops", {}).get(name)
         line = (f"{label:<26}{value:>12.0f}{value / result['limit']:>10.2f}"
                 + (f"{gflops:>9.2f}" if gflops is not None else f"{'':>9}")
@@ -243,6 +281,12 @@ def format_bench(result: dict) -> str:
         lines.append(f"training step {result['flops_per_sample'] / 1e6:.2f} MFLOP per sample (forward + backward, "
                      f"torch.utils.flop_counter); measured peak "
                      + (f"{peak:.1f} GFLOP/s (float32 matmul, same process and threads)" if peak else "not measured"))
+    if "ratio_default_to_plain" in result:
+        layout = "channels-last" if result.get("channels_last") else "contiguous (no convolution or not a CPU)"
+        lines.append(f"default ({layout}, {result.get('client_threads', 1)} client threads) / plain (contiguous, "
+                     f"one client at a time) = {result['ratio_default_to_plain']:.2f}"
+                     + (f"; compiled / plain = {result['ratio_compiled_to_plain']:.2f}"
+                        if result.get("ratio_compiled_to_plain") is not None else ""))
     if result.get("ratio_compiled_to_default") is not None:
         state = "compiled" if result.get("compiled") else "NOT compiled (fell back to eager; see the note above)"
         lines.append(f"compiled / default = {result['ratio_compiled_to_default']:.2f} ({state}; compiling took "

@@ -89,10 +89,10 @@ def score_newcomers(algorithm, newcomers, rnd: int, evaluate: tuple[str, ...], f
     try:
         models = algorithm.newcomer_models(rnd, newcomers)
         with algorithm.serving(newcomers):  # the algorithm's own scoring and adaptation, on the newcomers
-            results = {split: algorithm.evaluate(models, split) for split in evaluate}
+            results = algorithm.evaluate_splits(models, evaluate)
             if finetune_epochs:
                 tuned = algorithm.adapt_locally(models, rnd, finetune_epochs)
-                adapted = {split: algorithm.evaluate(tuned, split) for split in evaluate}
+                adapted = algorithm.evaluate_splits(tuned, evaluate)
     except Diverged:
         pass  # NaN scores: the protocol summaries never select such a round
     accuracy, loss = results.get("test", missing)

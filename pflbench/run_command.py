@@ -38,8 +38,13 @@ def add_parser(subparsers) -> None:
     run.add_argument("--client-batching", choices=CLIENT_BATCHING, default="auto",
                      help="local training batched across clients (auto: on CUDA, a client loop on CPU)")
     run.add_argument("--compiled-training", choices=("auto", "on", "off"), default="auto",
-                     help="torch.compile the local training step (auto: for cells with enough steps to pay "
-                          "for compiling; off: the eager step)")
+                     help="torch.compile the local training step (auto: the eager step, measured faster on "
+                          "CPU with channels-last and client threads; on: compiled)")
+    run.add_argument("--channels-last", choices=("auto", "on", "off"), default="auto",
+                     help="convolutions in channels-last memory order (auto: on CPU)")
+    run.add_argument("--client-threads", choices=("auto", "off"), default="auto",
+                     help="train and evaluate a cell's clients side by side on its CPU threads, one torch "
+                          "thread each (auto: on CPU when the cell has more than one thread)")
     add_data_options(run)
     run.set_defaults(func=cmd_run)
 
@@ -88,7 +93,8 @@ def cmd_run(args) -> int:
     options = RunOptions(results=args.results, data_root=args.root, mirror=args.mirror, use_ray=not args.no_ray,
                          workers=args.workers, ray_address=args.ray_address, force=args.force,
                          device=args.device, client_batching=args.client_batching,
-                         compiled_training=args.compiled_training)
+                         compiled_training=args.compiled_training, channels_last=args.channels_last,
+                         client_threads=args.client_threads)
     try:
         return run_plan(plan, options, console).exit_code
     except PrepareError as error:

@@ -45,6 +45,8 @@ class RunOptions:
     device: str | None = None      # None: "cuda" for cells given GPUs, else "cpu"
     client_batching: str = "auto"  # local training batched across clients: auto | on | off
     compiled_training: str = "auto"  # torch.compile of the local step: auto | on | off
+    channels_last: str = "auto"    # channels-last convolutions: auto | on | off
+    client_threads: str = "auto"   # the loop path's clients side by side on the cell's threads: auto | off
 
 
 @dataclass
@@ -97,7 +99,8 @@ def execute_cell(cell: CellConfig, resources: Resources, options: RunOptions,
         device = options.device or ("cuda" if resources.gpus > 0 else "cpu")
         return run_cell(cell, data_root=options.data_root, mirror=options.mirror, device=device,
                         client_batching=options.client_batching, on_round=report,
-                        compiled_training=options.compiled_training)
+                        compiled_training=options.compiled_training, channels_last=options.channels_last,
+                        client_threads=options.client_threads)
     except Exception:
         return failed_result(traceback.format_exc())
     finally:

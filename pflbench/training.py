@@ -12,28 +12,47 @@ from a fresh shuffle; the last batch is completed with samples from the start of
 and BatchNorm statistics honest; clients with fewer steps simply stop early (they drop out of the
 active set, so they get exactly the updates they would get alone).
 
+CPU speed-ups (measured with `pflbench bench`, 2-core CPU, 2 torch threads, FedAvg on the CNN, batch
+32; the numbers are in benchmarks/speed/README.md):
+- Channels-last convolutions (`ClientModel.channels_last`, set by the Federation on a CPU): oneDNN's
+  NHWC kernels run this CNN's small convolutions 1.3-1.6x faster than NCHW. One client's weights train
+  as channels-last leaves (`to_channels_last`: strides NHWC even for one input channel, where
+  `contiguous(memory_format=...)` would leave them NCHW and oneDNN would not switch), the stacked
+  twins convert each client's weight per call, and the engine gets ordinary contiguous tensors back.
+- Client threads (`threads` > 1, the loop path): clients are trained and evaluated side by side, one
+  torch thread each, on a pool made once per process (`client_pool`). Two one-thread streams use two
+  cores better than one two-thread stream on batches of 32 (torch's ops release the GIL; each thread
+  binds a template of its own). A client's arithmetic does not depend on the thread it runs on, so
+  the result is the one-after-another result at one torch thread, bit for bit (tested). Models with
+  layers that draw random numbers (dropout) keep one client after another: parallel draws from the
+  global generator would make the run irreproducible.
+
 Compiled step (`compiled=True`): forward, backward and the SGD update of one step are one
 `torch.compile`d function (torch.func.grad_and_value, so AOTAutograd sees the whole step and inductor
-fuses the elementwise work around the convolutions and the update). Measured with `pflbench bench`
-(1 thread, load ~4, 2-core CPU): 1.42x the eager step's samples/s for the CNN on CIFAR's shape, 1.11x
-on Fashion-MNIST's; it gives the eager path's parameters up to float rounding (tested).
+fuses the elementwise work around the convolutions and the update). Before channels-last it was
+1.42x the eager step on CIFAR's shape and 1.11x on Fashion-MNIST's; inductor already lays
+convolutions out channels-last on a CPU, so against the channels-last eager step it measured 1.02x and
+0.77x, and it does not use client threads: it is off unless asked for (`compiled_training: on`).
+It gives the eager path's parameters up to float rounding (tested).
 It is used for models without buffers (torch.func's grad transform forbids BatchNorm's in-place
 statistics update) and for the plain cross-entropy objective (FedAvg, Local, partial personalization, the
 adaptation protocol): an algorithm's own objective is a fresh closure every round, which would make
 dynamo recompile, so those steps stay eager. The batched path compiles steps where every client is
 active and runs the few tail steps (clients past their last step dropped) eagerly, so the compiled
-graph has one static shape. Compiled graphs are cached per (model, trainable set, SGD rule, path) in
-the process and by inductor on disk (`compile_cache_dir`), so later cells reuse them; the seconds
-spent compiling are counted (`compile_seconds`). Where compilation fails, the engine says so once
-and goes on eagerly.
+graph has one static shape. Compiled graphs are cached per (model, trainable set, SGD rule, path,
+layout) in the process and by inductor on disk (`compile_cache_dir`), so later cells reuse them; the
+seconds spent compiling are counted (`compile_seconds`). Where compilation fails, the engine says so
+once and goes on eagerly.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import copy
 import math
 import os
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from typing import Callable, Iterable
@@ -43,7 +62,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call, grad_and_value, vmap
 
-from pflbench.batching import stacked_twin
+from pflbench.batching import set_conv_layout, stacked_twin
 
 State = dict[str, Tensor]  # name -> tensor with a leading client dimension
 # (logits [K, B, C], labels [K, B], model state [K, ...], aux [K, ...]) -> per-client loss [K]
@@ -69,6 +88,23 @@ def cross_entropy(logits: Tensor, labels: Tensor, state: State, aux: State) -> T
     return per_sample.view(labels.shape).mean(dim=1)
 
 
+def to_channels_last(t: Tensor) -> Tensor:
+    """A 4-D float tensor (a convolution's weight, a batch of images) in channels-last memory order
+    (itself when it already is); anything else unchanged."""
+    if t.dim() == 4 and t.is_floating_point():
+        return t.to(memory_format=torch.channels_last)  # `contiguous` would keep a 1-channel tensor channels-first
+    return t
+
+
+def _slots_of(template: nn.Module, names: list[str]) -> dict:
+    slots = {}
+    for name in names:
+        owner_name, _, attr = name.rpartition(".")
+        owner = template.get_submodule(owner_name)
+        slots[name] = (owner._parameters if attr in owner._parameters else owner._buffers, attr)
+    return slots
+
+
 class ClientModel:
     """One architecture, called functionally on stacked client states.
 
@@ -85,11 +121,8 @@ class ClientModel:
         self.buffer_names = [name for name, _ in module.named_buffers()]
         self.names = self.param_names + self.buffer_names
         # name -> (the owning module's parameter or buffer dict, attribute), for `bound`
-        self._slots = {}
-        for name in self.names:
-            owner_name, _, attr = name.rpartition(".")
-            owner = self.template.get_submodule(owner_name)
-            self._slots[name] = (owner._parameters if attr in owner._parameters else owner._buffers, attr)
+        self._slots = _slots_of(self.template, self.names)
+        self._thread_templates: dict[int, tuple[nn.Module, dict]] = {}  # client threads' own (`_binding`)
         # Parameters and statistics of BatchNorm layers (FedBN keeps these on the client).
         self.batchnorm_names = {
             f"{module_name}.{name}" for module_name, module in module.named_modules()
@@ -98,8 +131,25 @@ class ClientModel:
         }
         self.layers = self._layer_groups()
         self._module = module  # kept for initial values
+        # Channels-last convolutions (module doc): set by the Federation for convolutional models on CPU.
+        self.has_conv = any(isinstance(m, nn.Conv2d) for m in module.modules())
+        self._channels_last = False
+        # Layers that draw from the global random generator while training: clients trained side by
+        # side would interleave their draws, so such models train their clients one after another.
+        self.stochastic = any(isinstance(m, (nn.modules.dropout._DropoutNd, nn.RReLU)) for m in module.modules())
         self._compiled: dict = {}  # (trainable, SGD rule, single, device) -> compiled step; None: failed
         self.compile_seconds = 0.0  # spent compiling steps of this model in this process
+
+    @property
+    def channels_last(self) -> bool:
+        return self._channels_last
+
+    @channels_last.setter
+    def channels_last(self, on: bool) -> None:
+        self._channels_last = bool(on) and self.has_conv
+        for twin in self._twins.values():
+            if twin is not None:
+                set_conv_layout(twin, self._channels_last)
 
     def _layer_groups(self) -> list[list[str]]:
         """Tensor names (parameters and buffers) grouped by layer, input to output: a layer is a
@@ -160,6 +210,8 @@ class ClientModel:
 
     def forward_single(self, state: State, x: Tensor, train: bool) -> Tensor:
         """One client's unstacked state on inputs [B, ...]: logits [B, C]."""
+        if self._channels_last:  # a differentiable copy per call (cheap: weights, not activations)
+            state = {name: to_channels_last(t) for name, t in state.items()}
         with self.bound(state, train) as net:
             return net(x)
 
@@ -169,16 +221,28 @@ class ClientModel:
         runs. Binding once for many steps saves functional_call's per-call swapping, a few percent
         of a small CNN's step on a CPU."""
         saved = []
+        template, slots_of = self._binding()
         for name, tensor in state.items():
-            slots, attr = self._slots[name]
+            slots, attr = slots_of[name]
             saved.append((slots, attr, slots[attr]))
             slots[attr] = tensor
-        self.template.train(train)
+        template.train(train)
         try:
-            yield self.template
+            yield template
         finally:
             for slots, attr, original in saved:
                 slots[attr] = original
+
+    def _binding(self) -> tuple[nn.Module, dict]:
+        """(template, slots) for the calling thread: client threads (`train_clients`) each bind a
+        template of their own, as binding swaps the template's tensors."""
+        if threading.current_thread() is threading.main_thread():
+            return self.template, self._slots
+        key = threading.get_ident()
+        if key not in self._thread_templates:
+            template = copy.deepcopy(self.template)
+            self._thread_templates[key] = (template, _slots_of(template, self.names))
+        return self._thread_templates[key]
 
     def _call(self, state: State, x: Tensor) -> Tensor:
         return functional_call(self.template, state, (x,))
@@ -240,12 +304,13 @@ def train_clients(model: ClientModel, state: State, features: Tensor, labels: Te
                   client_indices: list[Tensor], plans: list[Tensor], sgd: SGD, *,
                   objective: Objective = cross_entropy, aux: State | None = None,
                   trainable: Iterable[str] | None = None, batched: bool = True,
-                  compiled: bool = False) -> tuple[State, Tensor]:
+                  compiled: bool = False, threads: int = 1) -> tuple[State, Tensor]:
     """Train K clients from `state` ([K, ...]); returns the new state and each client's mean loss.
 
     `client_indices[k]` are client k's sample ids into `features`/`labels`, `plans[k]` the positions
     within them for each step. Parameters outside `trainable` stay fixed. `compiled` runs the steps
-    it can through the compiled step (module doc). Raises `Diverged`.
+    it can through the compiled step (module doc). `threads` > 1: the loop path trains that many
+    clients side by side (module doc). Raises `Diverged`.
     """
     aux = aux or {}
     trainable = set(model.param_names if trainable is None else trainable)
@@ -254,16 +319,53 @@ def train_clients(model: ClientModel, state: State, features: Tensor, labels: Te
         new_state, losses = _train_group(model, state, features, labels, client_indices, plans, sgd,
                                          objective, aux, trainable, compiled)
     else:
-        outputs = [
-            _train_group(model, _rows(state, k), features, labels, client_indices[k:k + 1],
-                         plans[k:k + 1], sgd, objective, _rows(aux, k), trainable, compiled)
-            for k in range(len(client_indices))
-        ]
+        def one(k: int) -> tuple[State, Tensor]:
+            return _train_group(model, _rows(state, k), features, labels, client_indices[k:k + 1],
+                                plans[k:k + 1], sgd, objective, _rows(aux, k), trainable, compiled)
+
+        side_by_side = threads > 1 and len(client_indices) > 1 and not compiled and not model.stochastic
+        outputs = _map_clients(one, len(client_indices), threads if side_by_side else 1)
         new_state = {name: torch.cat([s[name] for s, _ in outputs]) for name in state}
         losses = torch.cat([loss for _, loss in outputs])
     if not torch.isfinite(losses).all():
         raise Diverged(f"non-finite local loss for clients {torch.nonzero(~torch.isfinite(losses)).flatten().tolist()}")
     return new_state, losses
+
+
+_client_pools: dict[int, concurrent.futures.ThreadPoolExecutor] = {}
+_pool_lock = threading.Lock()
+
+
+def client_pool(workers: int) -> concurrent.futures.ThreadPoolExecutor:
+    """`workers` threads with one intra-op torch thread each, made once per process.
+    torch's thread setting is per thread, but a new thread copies a process-wide value the first time
+    it runs an op; so each worker settles its own count first, and the caller's value is put back."""
+    with _pool_lock:
+        if workers not in _client_pools:
+            caller = torch.get_num_threads()
+            settled = threading.Barrier(workers + 1)
+
+            def settle() -> None:
+                torch.get_num_threads()  # this thread's lazy initialization, before it is changed
+                torch.set_num_threads(1)
+                settled.wait()
+
+            pool = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="pflbench-client",
+                                                         initializer=settle)
+            for _ in range(workers):
+                pool.submit(lambda: None)
+            settled.wait()
+            torch.set_num_threads(caller)
+            _client_pools[workers] = pool
+        return _client_pools[workers]
+
+
+def _map_clients(work: Callable[[int], tuple[Tensor, Tensor] | tuple[State, Tensor]], count: int,
+                 threads: int) -> list:
+    """[work(0), ..., work(count - 1)]: one after another, or on `threads` client threads."""
+    if threads <= 1 or count <= 1:
+        return [work(k) for k in range(count)]
+    return list(client_pool(threads).map(work, range(count)))
 
 
 def _rows(state: State, k: int) -> State:
@@ -292,11 +394,15 @@ def _train_group(model, state, features, labels, client_indices, plans, sgd, obj
         if done is not None:
             start, carried = done
             first_step = int(steps.min())
-    work = {name: t.detach().clone().requires_grad_(name in trainable) for name, t in start.items()}
+    # One client's convolution weights train in channels-last order (module doc); the stacked twins
+    # convert per call instead. The bound module holds these very leaves, updated in place.
+    layout = to_channels_last if single and model.channels_last else (lambda t: t)
+    work = {name: layout(t.detach().clone()).requires_grad_(name in trainable) for name, t in start.items()}
     leaves = [work[name] for name in model.param_names if name in trainable]
     momenta = None
     if sgd.momentum:
-        momenta = ([carried[name].clone() for name in model.param_names if name in trainable] if carried
+        momenta = ([torch.empty_like(leaf).copy_(carried[name]) for name, leaf in
+                    zip([n for n in model.param_names if n in trainable], leaves)] if carried
                    else [torch.zeros_like(leaf) for leaf in leaves])
     full = torch.arange(num_clients)
     with model.bound(work, train=True) if single else contextlib.nullcontext() as net:
@@ -327,7 +433,7 @@ def _train_group(model, state, features, labels, client_indices, plans, sgd, obj
                         work[name].index_copy_(0, rows, view[name])
                     _sgd_step_rows(leaves, grads, momenta, sgd, rows)
     mean_loss = loss_sum / steps.clamp(min=1).to(device)
-    return {name: (t.detach().unsqueeze(0) if single else t.detach()) for name, t in work.items()}, mean_loss
+    return {name: (t.detach().contiguous().unsqueeze(0) if single else t.detach()) for name, t in work.items()}, mean_loss
 
 
 # --- compiled step ------------------------------------------------------------------------------
@@ -365,9 +471,14 @@ def _make_step(model: ClientModel, trainable: tuple[str, ...], sgd: SGD, single:
     if compute is None:  # no native twin: vmap over the functional call
         compute = model.template
     compute.train(True)
+    layout = model.channels_last
+    if not single and compute is not model.template:
+        set_conv_layout(compute, layout)
 
     def logits_of(state: State, x: Tensor) -> Tensor:
         if single:
+            if layout:
+                state = {name: to_channels_last(t) for name, t in state.items()}
             return functional_call(compute, state, (x[0],)).unsqueeze(0)
         if compute is model.template:
             return vmap(lambda s, xb: functional_call(compute, s, (xb,)))(state, x)
@@ -407,7 +518,7 @@ def _compiled_steps(model: ClientModel, start: State, features: Tensor, labels: 
         # torch.func's grad transform forbids BatchNorm's in-place running-statistics update
         _note("compiled training steps need a model without buffers (BatchNorm statistics); training eagerly")
         return None
-    key = (tuple(sorted(trainable)), sgd, single, features.device.type)
+    key = (tuple(sorted(trainable)), sgd, single, features.device.type, model.channels_last)
     if key not in model._compiled:
         compile_cache_dir()
         model._compiled[key] = _make_step(model, key[0], sgd, single, features.device.type)
@@ -467,35 +578,55 @@ def _sgd_step_rows(params: list[Tensor], grads, momenta: list[Tensor] | None, sg
 EVAL_CHUNK = {"cpu": 256, "cuda": 4096}
 
 
-@torch.no_grad()
 def evaluate_clients(model: ClientModel, state: State, features: Tensor, labels: Tensor,
                      client_indices: list[Tensor], batched: bool = True,
-                     max_samples: int | None = None) -> tuple[Tensor, Tensor]:
-    """Accuracy and mean loss of each client's model on its own samples: two tensors [K].
+                     max_samples: int | None = None, threads: int = 1) -> tuple[Tensor, Tensor]:
+    """Accuracy and mean loss of each client's model on its own samples: two tensors [K]."""
+    return evaluate_client_splits(model, state, features, labels, [client_indices], batched, max_samples,
+                                  threads)[0]
+
+
+@torch.no_grad()
+def evaluate_client_splits(model: ClientModel, state: State, features: Tensor, labels: Tensor,
+                           splits: list[list[Tensor]], batched: bool = True, max_samples: int | None = None,
+                           threads: int = 1) -> list[tuple[Tensor, Tensor]]:
+    """Accuracy and mean loss [K] of each client's model on each of several splits (`splits[s][k]`:
+    client k's sample ids in split s), in one pass: a client's samples of every split go through
+    its model together, and the sums are kept apart per split.
     At most `max_samples` samples (over all clients) go through the model at once: by default
     EVAL_CHUNK for the device (a CPU is 2-2.5x faster at 256 than at 4096 samples a call, whose
     activations fall out of cache: 4096 Fashion-MNIST test samples through the CNN, 1 thread)."""
     device = features.device
     max_samples = max_samples or EVAL_CHUNK.get(device.type, EVAL_CHUNK["cuda"])
-    if not batched:
-        results = [evaluate_clients(model, _rows(state, k), features, labels, client_indices[k:k + 1],
-                                    batched=True, max_samples=max_samples) for k in range(len(client_indices))]
-        return torch.cat([a for a, _ in results]), torch.cat([l for _, l in results])
-    sizes = torch.tensor([len(i) for i in client_indices], device=device)
-    longest = int(sizes.max()) if len(sizes) else 0
-    correct = torch.zeros(len(client_indices), device=device)
-    loss = torch.zeros(len(client_indices), device=device)
-    ids = torch.zeros(len(client_indices), longest, dtype=torch.long, device=device)
-    for k, idx in enumerate(client_indices):
-        ids[k, : len(idx)] = idx
-    chunk = max(1, max_samples // max(1, len(client_indices)))
+    num_clients, num_splits = len(splits[0]), len(splits)
+    if not batched:  # one client at a time, or `threads` side by side (no randomness in evaluation)
+        results = _map_clients(lambda k: evaluate_client_splits(model, _rows(state, k), features, labels,
+                                                                [split[k:k + 1] for split in splits],
+                                                                batched=True, max_samples=max_samples),
+                               num_clients, threads)
+        return [(torch.cat([r[s][0] for r in results]), torch.cat([r[s][1] for r in results]))
+                for s in range(num_splits)]
+    sizes = torch.tensor([[len(split[k]) for split in splits] for k in range(num_clients)],
+                         device=device).view(num_clients, num_splits)
+    totals = sizes.sum(1)
+    longest = int(totals.max()) if num_clients else 0
+    correct = torch.zeros(num_clients, num_splits, device=device)
+    loss = torch.zeros(num_clients, num_splits, device=device)
+    ids = torch.zeros(num_clients, longest, dtype=torch.long, device=device)
+    which = torch.zeros(num_clients, longest, dtype=torch.long, device=device)  # the split of each position
+    for k in range(num_clients):
+        own = [split[k] for split in splits]
+        ids[k, : int(totals[k])] = torch.cat(own) if own else ids[k, :0]
+        which[k, : int(totals[k])] = torch.repeat_interleave(torch.arange(num_splits, device=device), sizes[k])
+    chunk = max(1, max_samples // max(1, num_clients))
     for start in range(0, longest, chunk):
         batch = ids[:, start:start + chunk]
-        valid = (torch.arange(start, start + batch.shape[1], device=device) < sizes[:, None]).float()
+        valid = (torch.arange(start, start + batch.shape[1], device=device) < totals[:, None]).float()
         logits = model.forward(state, features[batch], train=False)
         y = labels[batch]
         ce = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none").view(y.shape)
-        correct += ((logits.argmax(-1) == y).float() * valid).sum(1)
-        loss += (ce * valid).sum(1)
-    denom = sizes.float()  # a client without samples in this split gets NaN, not a fake 0
-    return correct / denom, loss / denom
+        part = which[:, start:start + chunk]
+        correct.scatter_add_(1, part, (logits.argmax(-1) == y).float() * valid)
+        loss.scatter_add_(1, part, ce * valid)
+    denom = sizes.float()  # a client without samples in a split gets NaN there, not a fake 0
+    return [(correct[:, s] / denom[:, s], loss[:, s] / denom[:, s]) for s in range(num_splits)]

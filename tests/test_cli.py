@@ -34,7 +34,8 @@ def test_bench_writes_the_promised_json(tmp_path, capsys):
                  "--repeats", "1", "--device", "cpu", "--no-compile", "--json", str(path)]) == 0
     result = json.loads(path.read_text())  # (the compiled way: tests/test_speed.py)
     ways = result["samples_per_second"]
-    assert {"default", "loop", "batched", "centralized_batch32", "centralized_batch64"} == set(ways)
+    assert {"default", "plain", "loop", "batched", "centralized_batch32", "centralized_batch64"} == set(ways)
+    assert abs(result["ratio_default_to_plain"] - ways["default"] / ways["plain"]) < 1e-9
     assert all(v > 0 for v in ways.values())
     assert result["limit"] == max(ways["centralized_batch32"], ways["centralized_batch64"])
     assert abs(result["ratio_default_to_limit"] - ways["default"] / result["limit"]) < 1e-9

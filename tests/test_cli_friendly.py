@@ -152,8 +152,8 @@ def test_bench_prints_progress_and_says_how_noisy_it_was(tmp_path, capsys):
                  "--device", "cpu", "--no-compile", "--json", str(path)]) == 0  # compiling: test_speed.py
     out, err = capsys.readouterr()
     progress = [line for line in err.splitlines() if line.startswith("bench: ")]
-    assert len([line for line in progress if "warm-up" in line]) == 5
-    assert len([line for line in progress if "measurement" in line]) == 2 * 5
+    assert len([line for line in progress if "warm-up" in line]) == 6  # default, plain, loop, batched, 2 centralized
+    assert len([line for line in progress if "measurement" in line]) == 2 * 6
     assert "measurement 2/2 loop:" in err
     result = json.loads(path.read_text())
     assert {"default", "loop", "batched"} <= set(result["samples_per_second"])  # the keys kept

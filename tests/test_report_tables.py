@@ -160,3 +160,10 @@ def test_a_table_mixing_training_paths_or_devices_says_so(tmp_path):
     (table,) = accuracy_tables(load_cells(tmp_path))
     notes = " ".join(table.notes)
     assert "different training paths (1 batched, 2 loop)" in notes and "different devices (2 cpu, 1 cuda)" in notes
+    write_cell(tmp_path, algorithm="ditto", accuracies=(0.7, 0.7),
+               summary={"client_batching": "loop", "device": "cpu", "channels_last": True, "client_threads": 2})
+    write_cell(tmp_path, algorithm="fedper", accuracies=(0.7, 0.7),
+               summary={"client_batching": "loop", "device": "cpu", "channels_last": False, "client_threads": 1})
+    notes = " ".join(accuracy_tables(load_cells(tmp_path))[0].notes)
+    assert "different memory layouts (channels-last or not) (1 False, 1 True)" in notes
+    assert "different client-thread counts (1 1, 1 2)" in notes

@@ -1,14 +1,16 @@
 """Speed machinery: the compiled training step (same parameters as the eager step), its switch and
 eager fallback, the per-round timing breakdown, and `pflbench bench`'s FLOP accounting."""
+import threading
+
 import numpy as np
 import pandas as pd
 import pytest
 import torch
 
 from pflbench import training
-from pflbench.federation import COMPILE_MIN_STEPS, choose_compiled, run_cell
+from pflbench.federation import choose_channels_last, choose_client_threads, choose_compiled, run_cell
 from pflbench.models import build_model
-from pflbench.training import SGD, ClientModel, batch_plan, train_clients
+from pflbench.training import SGD, ClientModel, batch_plan, evaluate_clients, to_channels_last, train_clients
 from tests.cells import small_cell
 
 
@@ -24,6 +26,125 @@ def _tiny_problem(clients=2, sizes=(24, 40)):
         return batch_plan(list(sizes), 8, 2, None, [torch.Generator().manual_seed(k) for k in range(clients)])
 
     return model, model.init(clients, 0), features, labels, indices, plans
+
+
+def _cnn_problem(channels: int, sizes=(40, 56, 24)):
+    torch.manual_seed(0)
+    model = ClientModel(build_model("cnn", (channels, 16, 16), 4))
+    features = torch.randn(sum(sizes), channels, 16, 16)
+    labels = torch.randint(0, 4, (sum(sizes),))
+    bounds = np.cumsum((0,) + sizes)
+    indices = [torch.arange(bounds[k], bounds[k + 1]) for k in range(len(sizes))]
+
+    def plans():
+        return batch_plan(list(sizes), 8, 1, None, [torch.Generator().manual_seed(k) for k in range(len(sizes))])
+
+    return model, model.init(len(sizes), 0), features, labels, indices, plans
+
+
+@pytest.mark.parametrize("channels", [1, 3])
+def test_channels_last_convolutions_train_the_same_parameters(channels, monkeypatch):
+    model, state, features, labels, indices, plans = _cnn_problem(channels)
+    sgd = SGD(0.05, momentum=0.9)
+    reference, reference_loss = train_clients(model, state, features, labels, indices, plans(), sgd, batched=False)
+    reference_eval = evaluate_clients(model, reference, features, labels, indices, batched=False)
+    layouts = []
+    conv2d = torch.nn.functional.conv2d
+
+    def spy(x, weight, *args):  # which memory order the convolutions really get
+        layouts.append(weight.stride(1) == 1 and x.is_contiguous(memory_format=torch.channels_last))
+        return conv2d(x, weight, *args)
+
+    monkeypatch.setattr(torch.nn.functional, "conv2d", spy)
+    model.channels_last = True
+    cl_features = to_channels_last(features)
+    assert cl_features.stride(1) == 1  # channels-last strides even for one channel (`contiguous` keeps NCHW)
+    for batched in (False, True):
+        layouts.clear()
+        trained, loss = train_clients(model, state, cl_features, labels, indices, plans(), sgd, batched=batched)
+        assert layouts and all(layouts)
+        for name, tensor in trained.items():
+            assert tensor.is_contiguous()  # the rest of the engine gets ordinary tensors back
+            torch.testing.assert_close(tensor, reference[name], rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(loss, reference_loss, rtol=1e-5, atol=1e-6)
+        layouts.clear()
+        accuracy, eval_loss = evaluate_clients(model, reference, cl_features, labels, indices, batched=batched)
+        assert layouts and all(layouts)
+        torch.testing.assert_close(accuracy, reference_eval[0])
+        torch.testing.assert_close(eval_loss, reference_eval[1], rtol=1e-5, atol=1e-6)
+    assert not ClientModel(build_model("mlp", (6,), 3)).has_conv
+
+
+def test_client_threads_give_the_one_after_another_result_bit_for_bit():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the client threads run one torch thread each: the same arithmetic
+    try:
+        model, state, features, labels, indices, plans = _cnn_problem(3)
+        model.channels_last = True
+        features = to_channels_last(features)
+        anchor = {f"global.{n}": t.clone() for n, t in state.items()}
+        where = []
+
+        def proximal(logits, y, params, aux):  # an algorithm's own objective, as Ditto/FedProx pass one
+            where.append(threading.current_thread().name)
+            prox = sum(((params[n] - aux[f"global.{n}"]) ** 2).flatten(1).sum(1) for n in model.param_names)
+            return training.cross_entropy(logits, y, params, aux) + 0.05 * prox
+
+        sgd = SGD(0.05, momentum=0.9)
+        for objective, aux in ((training.cross_entropy, None), (proximal, anchor)):
+            one_by_one, loss1 = train_clients(model, state, features, labels, indices, plans(), sgd, batched=False,
+                                              objective=objective, aux=aux)
+            where.clear()
+            side_by_side, loss2 = train_clients(model, state, features, labels, indices, plans(), sgd,
+                                                batched=False, objective=objective, aux=aux, threads=2)
+            assert all(torch.equal(one_by_one[n], side_by_side[n]) for n in state) and torch.equal(loss1, loss2)
+            assert objective is training.cross_entropy or (where and all(n.startswith("pflbench-client") for n in where))
+        assert not torch.equal(one_by_one["conv1.weight"], state["conv1.weight"])  # it trained
+        assert all(torch.equal(a, b) for a, b in zip(
+            evaluate_clients(model, one_by_one, features, labels, indices, batched=False),
+            evaluate_clients(model, one_by_one, features, labels, indices, batched=False, threads=2)))
+        assert torch.get_num_threads() == 1  # the caller's own setting is left as it was
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_client_pool_threads_run_one_torch_thread_each_and_leave_the_callers_setting():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(3)
+    try:
+        pool = training.client_pool(5)
+        assert pool is training.client_pool(5)  # made once
+        assert torch.get_num_threads() == 3
+        assert list(pool.map(lambda _: torch.get_num_threads(), range(10))) == [1] * 10
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_models_that_draw_random_numbers_train_their_clients_one_after_another(monkeypatch):
+    # Dropout draws from the global generator: clients side by side would interleave the draws.
+    vgg = ClientModel(build_model("vgg8", (3, 32, 32), 10))
+    assert vgg.stochastic and not ClientModel(build_model("cnn", (3, 32, 32), 10)).stochastic
+    model = ClientModel(torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Dropout(0.5), torch.nn.Linear(8, 3)))
+    _, state, features, labels, indices, plans = _tiny_problem()
+    state = model.init(2, 0)
+    monkeypatch.setattr(training, "client_pool", lambda workers: pytest.fail("a stochastic model used client threads"))
+    torch.manual_seed(1)
+    first, _ = train_clients(model, state, features, labels, indices, plans(), SGD(0.1), batched=False, threads=2)
+    torch.manual_seed(1)
+    again, _ = train_clients(model, state, features, labels, indices, plans(), SGD(0.1), batched=False, threads=2)
+    assert all(torch.equal(first[n], again[n]) for n in state)
+
+
+def test_compiled_batched_step_matches_the_eager_batched_step():
+    model, state, features, labels, indices, plans = _tiny_problem()
+    sgd = SGD(0.1, momentum=0.9)
+    eager, eager_loss = train_clients(model, state, features, labels, indices, plans(), sgd, batched=True)
+    compiled, compiled_loss = train_clients(model, state, features, labels, indices, plans(), sgd, batched=True,
+                                            compiled=True)
+    assert [key[2] for key, step in model._compiled.items() if step is not None] == [False]  # the stacked step
+    for name in eager:
+        torch.testing.assert_close(compiled[name], eager[name], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(compiled_loss, eager_loss, rtol=1e-5, atol=1e-6)
 
 
 def test_compiled_step_matches_eager_and_counts_its_compile_time():
@@ -72,17 +193,25 @@ def test_batchnorm_models_and_custom_objectives_stay_eager(capsys):
     assert "need a model without buffers" in capsys.readouterr().err
 
 
-def test_compiled_training_switch_is_an_execution_option():
-    cell = small_cell(rounds=2)
-    assert choose_compiled("on", cell, [100] * 5) and not choose_compiled("off", cell, [100] * 5)
-    assert not choose_compiled("auto", cell, [100] * 5)  # 2 rounds x 5 clients x 7 steps: not worth it
-    big = small_cell(rounds=COMPILE_MIN_STEPS)
-    assert choose_compiled("auto", big, [16] * 5)
+def test_speed_switches_are_execution_options():
+    assert choose_compiled("on") and not choose_compiled("off")
+    assert not choose_compiled("auto")  # eager: measured faster on CPU with channels-last and client threads
     with pytest.raises(ValueError, match=r"compiled_training must be one of \('auto', 'on', 'off'\)"):
-        choose_compiled("yes", cell, [100])
+        choose_compiled("yes")
+    cnn, mlp = ClientModel(build_model("cnn", (1, 8, 8), 3)), ClientModel(build_model("mlp", (6,), 3))
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert choose_channels_last("auto", cpu, [cnn]) and not choose_channels_last("auto", cuda, [cnn])
+    assert not choose_channels_last("auto", cpu, [mlp]) and not choose_channels_last("on", cpu, [mlp])  # no conv
+    assert not choose_channels_last("off", cpu, [cnn]) and choose_channels_last("on", cuda, [cnn])
+    with pytest.raises(ValueError, match="channels_last must be one of"):
+        choose_channels_last("yes", cpu, [cnn])
+    assert choose_client_threads("auto", cpu) == torch.get_num_threads() and choose_client_threads("off", cpu) == 1
+    assert choose_client_threads("auto", cuda) == 1
+    with pytest.raises(ValueError, match="client_threads must be one of"):
+        choose_client_threads("4", cpu)
     # Not part of the cell: its hash does not depend on how it is executed.
     from pflbench.config import CellConfig
-    assert "compiled_training" not in CellConfig.model_fields
+    assert not {"compiled_training", "channels_last", "client_threads"} & set(CellConfig.model_fields)
 
 
 def test_rounds_record_where_the_time_went(tmp_path):
@@ -97,6 +226,8 @@ def test_rounds_record_where_the_time_went(tmp_path):
     assert rounds["eval_time"].tolist()[1] > 0 and rounds["eval_time"].tolist()[0] == 0  # round 1 not evaluated
     assert result.summary["train_time_total"] == pytest.approx(rounds["train_time"].sum())
     assert result.summary["compiled_training"] is False and result.summary["compile_seconds"] == 0
+    assert result.summary["channels_last"] is False  # an MLP: no convolution to lay out
+    assert result.summary["client_threads"] == (torch.get_num_threads() if result.summary["client_batching"] == "loop" else 1)
     rows = timing_breakdown(rounds, result.summary["compile_seconds"])
     assert [r["part"] for r in rows] == ["local training", "server (configure, receive, send, aggregate)",
                                          "evaluation"]

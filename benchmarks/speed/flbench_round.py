@@ -1,16 +1,18 @@
 """Whole FedAvg rounds on FL-bench's own Fashion-MNIST split (../shared/crosscheck/), the engine as it
-was ("before": eager step, evaluation 4096 samples a call) against the engine now ("after": compiled
-step, evaluation EVAL_CHUNK samples a call), alternated in one process.
+was at the start of the speed issue ("before": eager step, contiguous convolutions, one client after
+another, evaluation 4096 samples a call) against the engine's defaults now ("after": channels-last
+convolutions, client threads, evaluation EVAL_CHUNK samples a call), alternated in one process.
 
 The setting of the cross-check's speed comparison: 10 clients, 4 classes each (FL-bench's generator,
 seed 42), the `cnn` model, SGD lr 0.01, batch 32, one local epoch, all clients every round, every
 client's model evaluated on its test split every round. A round is timed in its parts: local training
 (`train`), the other hooks (`server`) and forming + scoring the personalized models (`eval`).
 Modes alternate round by round (before, after, before, ...) on the same federation, so both see the
-same load; compile time is spent in a warm-up round and reported apart.
+same load; a warm-up round of each mode comes first. `--compiled` adds a third mode, the compiled step
+(compile time spent in its warm-up round and reported apart).
 
     PYTHONPATH=. PFLBENCH_DATA_MIRROR=../shared/data python benchmarks/speed/flbench_round.py \\
-        --split ../shared/crosscheck/flbench-fmnist-10c-4cls/partition.pkl --repeats 3 --threads 1
+        --split ../shared/crosscheck/flbench-fmnist-10c-4cls/partition.pkl --repeats 3 --threads 2
 """
 from __future__ import annotations
 
@@ -56,8 +58,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--split", default="../shared/crosscheck/flbench-fmnist-10c-4cls/partition.pkl")
     parser.add_argument("--repeats", type=int, default=3, help="rounds per mode (alternated)")
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", help="write every measurement here")
+    parser.add_argument("--compiled", action="store_true", help="also time the compiled step")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -77,18 +80,30 @@ def main() -> int:
     result = {"load_before": load(), "threads": args.threads, "train_samples": int(fed.train_sizes.sum()),
               "path": "batched" if fed.batched else "loop", "rounds": {"before": [], "after": []}}
     from pflbench import training
-    eval_chunk = {"before": 4096, "after": training.EVAL_CHUNK["cpu"]}
-    fed.compiled = True
-    warm = timed_round(fed, algorithm, 0)
+    from pflbench.bench import set_layout
+
+    modes = ["before", "after"] + (["compiled"] if args.compiled else [])
+    result["rounds"] = {mode: [] for mode in modes}
+    engine_threads = fed.client_threads
+
+    def set_mode(mode: str) -> None:
+        fed.compiled = mode == "compiled"
+        set_layout(fed, None if mode != "before" else False)
+        fed.client_threads = 1 if mode == "before" else engine_threads
+        training.EVAL_CHUNK["cpu"] = 4096 if mode == "before" else 256
+
+    rnd = 0
+    for mode in modes:  # warm-up: allocator, kernels, the client pool, compilation
+        set_mode(mode)
+        warm = timed_round(fed, algorithm, rnd)
+        rnd += 1
+        print(f"warm-up {mode}: {warm['round']:.1f} s", file=sys.stderr, flush=True)
     result["compile_seconds"] = fed.model.compile_seconds
     result["compiled"] = bool(fed.model._compiled) and all(v is not None for v in fed.model._compiled.values())
-    print(f"warm-up (compiling) round: {warm['round']:.1f} s, of which compiling {result['compile_seconds']:.1f} s",
-          file=sys.stderr, flush=True)
-    rnd = 1
+    result["client_threads"] = engine_threads
     for repeat in range(args.repeats):
-        for mode in ("before", "after"):
-            fed.compiled = mode == "after"
-            training.EVAL_CHUNK["cpu"] = eval_chunk[mode]
+        for mode in modes:
+            set_mode(mode)
             measured = timed_round(fed, algorithm, rnd)
             rnd += 1
             result["rounds"][mode].append(measured)
@@ -105,10 +120,13 @@ def main() -> int:
         spread = [r["round"] for r in result["rounds"][mode]]
         print(f"  {mode:<7} round {parts['round']:6.2f} s (min {min(spread):.2f}, max {max(spread):.2f})  train "
               f"{parts['train']:6.2f}  server {parts['server']:5.2f}  eval {parts['eval']:5.2f}")
-    print(f"  before / after: round {median['before']['round'] / median['after']['round']:.2f}, train "
-          f"{median['before']['train'] / median['after']['train']:.2f}, eval "
-          f"{median['before']['eval'] / median['after']['eval']:.2f}; compiling took {result['compile_seconds']:.1f} s "
-          f"({'compiled' if result['compiled'] else 'NOT compiled: fell back to eager'})")
+    for mode in modes[1:]:
+        print(f"  before / {mode}: round {median['before']['round'] / median[mode]['round']:.2f}, train "
+              f"{median['before']['train'] / median[mode]['train']:.2f}, eval "
+              f"{median['before']['eval'] / median[mode]['eval']:.2f}")
+    if args.compiled:
+        print(f"  compiling took {result['compile_seconds']:.1f} s "
+              f"({'compiled' if result['compiled'] else 'NOT compiled: fell back to eager'})")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)

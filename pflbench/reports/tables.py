@@ -466,7 +466,16 @@ def accuracy_tables(cells: pd.DataFrame, references: list[Reference] = (),
 # Unseen clients (pflbench.newcomers): the newcomers' served model, as delivered, final round, mean over newcomers.
 NEWCOMERS_KEY = "final_accuracy_newcomers"
 
-EXECUTION = {"client_batching": "training path", "device": "device"}
+EXECUTION = {"client_batching": "training paths", "device": "devices",
+             "channels_last": "memory layouts (channels-last or not)", "client_threads": "client-thread counts",
+             "compiled_training": "training steps (compiled or not)"}
+
+
+def _setting_text(value) -> str:
+    """A setting as written: a count kept as a float by pandas (a column with gaps) shown as an integer."""
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
 
 
 def execution_notes(cells: pd.DataFrame) -> list[str]:
@@ -477,10 +486,10 @@ def execution_notes(cells: pd.DataFrame) -> list[str]:
     for key, what in EXECUTION.items():
         if key not in finished:
             continue
-        counts = finished[key].dropna().astype(str).value_counts()
+        counts = finished[key].dropna().map(_setting_text).value_counts()
         if len(counts) > 1:
             listing = ", ".join(f"{n} {value}" for value, n in sorted(counts.items()))
-            notes.append(f"this table mixes cells run on different {what}s ({listing}): their numbers agree up to "
+            notes.append(f"this table mixes cells run on different {what} ({listing}): their numbers agree up to "
                          f"float rounding, not bit for bit")
     return notes
 
