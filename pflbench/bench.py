@@ -283,8 +283,10 @@ def format_bench(result: dict) -> str:
                      + (f"{peak:.1f} GFLOP/s (float32 matmul, same process and threads)" if peak else "not measured"))
     if "ratio_default_to_plain" in result:
         layout = "channels-last" if result.get("channels_last") else "contiguous (no convolution or not a CPU)"
-        lines.append(f"default ({layout}, {result.get('client_threads', 1)} client threads) / plain (contiguous, "
-                     f"one client at a time) = {result['ratio_default_to_plain']:.2f}"
+        threads = result.get("client_threads", 1)
+        side_by_side = f"{threads} clients side by side" if threads > 1 else "one client at a time"
+        lines.append(f"default ({layout}, {side_by_side}) / plain (contiguous, one client at a time) = "
+                     f"{result['ratio_default_to_plain']:.2f}"
                      + (f"; compiled / plain = {result['ratio_compiled_to_plain']:.2f}"
                         if result.get("ratio_compiled_to_plain") is not None else ""))
     if result.get("ratio_compiled_to_default") is not None:
