@@ -213,8 +213,13 @@ def run_sweep(algorithm: str, base: CellConfig, resources: Resources, options: S
     owned = not ray.is_initialized()
     if owned:
         settings = dict(log_to_driver=False, logging_level=logging.WARNING, include_dashboard=False)
-        if options.ray_address:
-            ray.init(address=options.ray_address, log_to_driver=False, logging_level=logging.WARNING)
+        if options.ray_address:  # fails within seconds, with the run command's message, on a wrong address
+            from pflbench.runner import PrepareError, join_cluster
+
+            try:
+                join_cluster(options.ray_address, dict(log_to_driver=False, logging_level=logging.WARNING))
+            except PrepareError as error:
+                raise SweepError(str(error)) from None
         else:
             cpus = None if options.workers is None else max(1, int(options.workers * resources.cpus + 0.999))
             ray.init(num_cpus=cpus, **settings)

@@ -137,7 +137,7 @@ class ClientModel:
         # Layers that draw from the global random generator while training: clients trained side by
         # side would interleave their draws, so such models train their clients one after another.
         self.stochastic = any(isinstance(m, (nn.modules.dropout._DropoutNd, nn.RReLU)) for m in module.modules())
-        self._compiled: dict = {}  # (trainable, SGD rule, single, device) -> compiled step; None: failed
+        self._compiled: dict = {}  # (trainable, SGD rule, single, device, layout) -> compiled step; None: failed
         self.compile_seconds = 0.0  # spent compiling steps of this model in this process
 
     @property

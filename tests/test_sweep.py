@@ -134,3 +134,22 @@ def test_a_sweep_base_must_be_one_cell(tmp_path):
         base_cell("fedprox", path)
     cell, _ = base_cell("fedprox", path, {"seed": 1})
     assert cell.seed == 1 and cell.algorithm == "fedprox"
+
+
+def test_a_wrong_cluster_address_fails_the_sweep_within_seconds_with_a_clear_message(tmp_path, monkeypatch):
+    """As `pflbench run`: nothing listens there, so Ray would retry for minutes; the sweep says so at once."""
+    import socket
+    import time
+
+    ray = pytest.importorskip("ray")
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)  # another test's local instance is not this sweep's
+    with socket.socket() as probe:  # a loopback port that nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    base = base_plan().cells[0]
+    start = time.monotonic()
+    with pytest.raises(SweepError, match=rf"cannot reach a Ray cluster at 127.0.0.1:{port} .*ray start --head"):
+        run_sweep("fedprox", base, base_plan().resources,
+                  SweepOptions(trials=1, results=tmp_path / "sweeps", out=tmp_path / "tuned",
+                               ray_address=f"127.0.0.1:{port}", data_root=tmp_path))
+    assert time.monotonic() - start < 30

@@ -1,0 +1,118 @@
+"""The README's cluster path, as written: `ray start --head`, then `pflbench run SPEC --ray-address ADDR`.
+
+The cluster lives in fresh network and PID namespaces (`unshare`) that have nothing but loopback, so it
+can only ever talk to 127.0.0.1 (on the host, `ray start` would advertise the machine's own address),
+and everything it started dies with the namespace when the script ends. The run inside must give
+the summaries an in-process run of the same spec gives. The machine's Ray token is not used: the
+cluster's home holds a token of its own, so the cluster asks for token authentication, the case where
+Ray's client failed unless RAY_AUTH_MODE=token was set by hand; no such variable is set here.
+Skipped where namespaces cannot be made (not root, no `unshare`) or Ray's command line is missing.
+"""
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pflbench.spec import load_spec
+from pflbench.store import Store
+
+# Timings and where they were measured differ between the runs; everything else must not.
+VOLATILE = {"wall_time", "completed_at", "files", "runner", "train_time_total", "server_time_total",
+            "eval_time_total", "compile_seconds"}
+
+CLUSTER_SCRIPT = """
+set -e
+ip link set lo up
+"$RAY" start --head --node-ip-address 127.0.0.1 --port "$PORT" --temp-dir "$RAY_DIR" --num-cpus 2 \\
+    --include-dashboard false --disable-usage-stats > "$LOGS/ray-start.log" 2>&1
+set +e
+timeout 4 "$PYTHON" -c "import ray; ray.init(address='127.0.0.1:$PORT', log_to_driver=False)" > "$LOGS/bare-init.log" 2>&1
+echo "exit $?" >> "$LOGS/bare-init.log"
+"$PYTHON" -m pflbench.cli run "$SPEC" --ray-address "127.0.0.1:$PORT" --results "$RESULTS" --root "$ROOT" \\
+    > "$LOGS/run.log" 2>&1
+code=$?
+"$RAY" stop > "$LOGS/ray-stop.log" 2>&1
+exit $code
+"""
+
+
+def namespaces_unavailable() -> str | None:
+    if sys.platform != "linux" or not shutil.which("unshare") or not shutil.which("ip"):
+        return "needs Linux with unshare and ip (util-linux, iproute2)"
+    probe = subprocess.run(["unshare", "--net", "--pid", "--fork", "--mount-proc", "true"], capture_output=True)
+    if probe.returncode != 0:
+        return f"cannot make network/PID namespaces here: {probe.stderr.decode().strip()[:200]}"
+    return None
+
+
+def ray_command() -> str | None:
+    beside = Path(sys.executable).with_name("ray")
+    return str(beside) if beside.exists() else shutil.which("ray")
+
+
+def free_port() -> int:  # free on the host; the cluster's namespace has a loopback of its own
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_a_cluster_started_with_ray_start_runs_the_matrix_as_in_process(tmp_path, monkeypatch):
+    why = namespaces_unavailable()
+    if why:
+        pytest.skip(why)
+    ray = ray_command()
+    if ray is None:
+        pytest.skip("Ray's command line (`ray`) is not installed")
+    spec = tmp_path / "cluster.yaml"
+    spec.write_text(yaml.safe_dump({
+        "name": "cluster-path",
+        "matrix": {"algorithm": ["fedavg", "local"], "dataset": ["synthetic"], "seed": [0, 1]},
+        "defaults": {"rounds": 2, "clients": 3, "dataset_options": {"num_samples": 300}}}))
+    root = tmp_path / "data"
+    # Ray's unix sockets need a short path; a marker in it finds any process left behind.
+    ray_dir = Path(tempfile.mkdtemp(prefix="pflray-", dir="/tmp"))
+    home = tmp_path / "home"
+    (home / ".ray").mkdir(parents=True)
+    (home / ".ray" / "auth_token").write_text(secrets.token_hex(32))  # the cluster's, not the machine's
+    env = {key: value for key, value in os.environ.items() if not key.startswith("RAY_")}
+    env.update(HOME=str(home), RAY=ray, PYTHON=sys.executable, PORT=str(free_port()), RAY_DIR=str(ray_dir),
+               LOGS=str(tmp_path), SPEC=str(spec), RESULTS=str(tmp_path / "on-cluster"), ROOT=str(root),
+               RAY_USAGE_STATS_ENABLED="0", PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    start = time.monotonic()
+    try:
+        done = subprocess.run(["unshare", "--net", "--pid", "--fork", "--mount-proc", "bash", "-c", CLUSTER_SCRIPT],
+                              env=env, timeout=240, capture_output=True, text=True)
+    finally:
+        leftovers = subprocess.run(["pgrep", "-f", ray_dir.name], capture_output=True, text=True).stdout.split()
+        shutil.rmtree(ray_dir, ignore_errors=True)
+    seconds = time.monotonic() - start
+    logs = "\n".join(f"--- {name}\n{(tmp_path / name).read_text()[-3000:]}" for name in
+                     ("ray-start.log", "run.log") if (tmp_path / name).exists())
+    assert done.returncode == 0, f"exit {done.returncode} after {seconds:.0f} s\n{done.stderr[-2000:]}\n{logs}"
+    assert not leftovers, f"processes of the cluster survived it: {leftovers}"
+    assert "AuthenticationError" not in logs
+    # The premise: this cluster refuses a client that does not send its token (Ray's own bare call).
+    bare = (tmp_path / "bare-init.log").read_text()
+    assert "exit 0" not in bare and "InvalidAuthToken" in bare, bare[-2000:]
+
+    from pflbench.cli import main
+
+    monkeypatch.setenv("PFLBENCH_DATA_MIRROR", str(tmp_path / "no-mirror"))
+    assert main(["run", str(spec), "--no-ray", "--results", str(tmp_path / "in-process"), "--root", str(root)]) == 0
+    cells = load_spec(spec).cells
+    assert len(cells) == 4
+    for cell in cells:
+        here = Store(tmp_path / "in-process").summary(cell)
+        there = Store(tmp_path / "on-cluster").summary(cell)
+        assert there is not None and there["status"] == "finished", logs
+        assert {k: v for k, v in here.items() if k not in VOLATILE} == {k: v for k, v in there.items() if k not in VOLATILE}
