@@ -61,6 +61,7 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", help="write every measurement here")
     parser.add_argument("--compiled", action="store_true", help="also time the compiled step")
+    parser.add_argument("--modes", default="before,after", help="which modes to time (comma-separated)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -82,7 +83,7 @@ def main() -> int:
     from pflbench import training
     from pflbench.bench import set_layout
 
-    modes = ["before", "after"] + (["compiled"] if args.compiled else [])
+    modes = args.modes.split(",") + (["compiled"] if args.compiled else [])
     result["rounds"] = {mode: [] for mode in modes}
     engine_threads = fed.client_threads
 
@@ -120,7 +121,7 @@ def main() -> int:
         spread = [r["round"] for r in result["rounds"][mode]]
         print(f"  {mode:<7} round {parts['round']:6.2f} s (min {min(spread):.2f}, max {max(spread):.2f})  train "
               f"{parts['train']:6.2f}  server {parts['server']:5.2f}  eval {parts['eval']:5.2f}")
-    for mode in modes[1:]:
+    for mode in (m for m in modes if m != "before" and "before" in modes):
         print(f"  before / {mode}: round {median['before']['round'] / median[mode]['round']:.2f}, train "
               f"{median['before']['train'] / median[mode]['train']:.2f}, eval "
               f"{median['before']['eval'] / median[mode]['eval']:.2f}")
