@@ -215,7 +215,7 @@ def test_speed_switches_are_execution_options():
 
 
 def test_rounds_record_where_the_time_went(tmp_path):
-    from pflbench.reports.cells import timing_breakdown
+    from pflbench.reports.cells import execution_text, timing_breakdown
 
     result = run_cell(small_cell(rounds=3, eval_every=2), data_root=tmp_path)
     rounds = result.rounds
@@ -233,6 +233,13 @@ def test_rounds_record_where_the_time_went(tmp_path):
                                          "evaluation"]
     assert rows[0]["total"] == pytest.approx(rounds["train_time"].sum())
     assert timing_breakdown(pd.DataFrame({"round": [1], "wall_time": [1.0]})) is None  # an older store
+    # the cell page says how the cell ran
+    assert execution_text({**result.summary, "client_batching": "loop", "client_threads": 2, "channels_last": True}) == (
+        "Ran on cpu, a client loop, channels-last convolutions, 2 clients side by side (one torch thread each), "
+        "eager training step.")
+    assert execution_text({"device": "cuda", "client_batching": "batched", "client_threads": 1}) == (
+        "Ran on cuda, clients batched.")
+    assert execution_text({}) is None  # a store from before these were recorded
 
 
 def test_bench_counts_flops_against_a_measured_peak():

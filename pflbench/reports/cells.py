@@ -162,6 +162,27 @@ TIMING_PARTS = (("train", "local training"), ("server", "server (configure, rece
                 ("eval", "evaluation"), ("adapt", "local adaptation (protocol)"))
 
 
+def execution_text(summary: dict) -> str | None:
+    """How the cell was executed, in words (device, training path, memory layout, client threads,
+    compiled or eager step); None for stores written before these were recorded."""
+    def known(key):
+        value = summary.get(key)
+        return None if value is None or (isinstance(value, float) and pd.isna(value)) else value
+
+    if known("client_batching") is None:
+        return None
+    parts = [f"on {known('device') or 'an unrecorded device'}",
+             "clients batched" if summary["client_batching"] == "batched" else "a client loop"]
+    if known("channels_last"):  # (off: no convolution, a GPU, or switched off)
+        parts.append("channels-last convolutions")
+    threads = known("client_threads")
+    if threads is not None and int(threads) > 1:
+        parts.append(f"{int(threads)} clients side by side (one torch thread each)")
+    if known("compiled_training") is not None:
+        parts.append("compiled training step" if summary["compiled_training"] else "eager training step")
+    return "Ran " + ", ".join(parts) + "."
+
+
 def timing_breakdown(rounds: pd.DataFrame, compile_seconds=None) -> list[dict] | None:
     """Seconds per round of each part of a round (rounds.parquet's `*_time` columns): one row per part
     with its mean per round and total, and the seconds spent compiling the training step (part of

@@ -19,8 +19,8 @@ import pandas as pd
 from jinja2 import Environment, PackageLoader, StrictUndefined
 
 from pflbench.reports.build import Report, safe_name
-from pflbench.reports.cells import (display_name, read_artifacts, read_config, read_error, read_metrics, read_rounds,
-                                    timing_breakdown)
+from pflbench.reports.cells import (display_name, execution_text, read_artifacts, read_config, read_error,
+                                    read_metrics, read_rounds, timing_breakdown)
 from pflbench.reports.heterogeneity import site_tables
 from pflbench.reports.protocols import AVERAGINGS, DEFAULT, MODELS, SELECTIONS, Protocol
 from pflbench.reports.tables import DATA_DIFFER, TUNED, mean_or_none, payload_text
@@ -180,7 +180,8 @@ def write_site(cells: pd.DataFrame, boards, comm, references, report: Report, re
             bytes_per_round=bytes_per_round, charts=cell_charts(read_metrics(cell["path"])),
             scores=protocol_scores(cell), finetune_epochs=int(cell.get("finetune_epochs") or 0),
             adapt_time=None if pd.isna(cell.get("adapt_time_total", np.nan)) else float(cell["adapt_time_total"]),
-            timing=timing_breakdown(rounds, cell.get("compile_seconds")), **common))
+            timing=timing_breakdown(rounds, cell.get("compile_seconds")), execution=execution_text(summary),
+            **common))
 
     (out / "algorithms").mkdir(exist_ok=True)
     template = env.get_template("algorithm.html")
