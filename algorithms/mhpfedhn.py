@@ -59,7 +59,7 @@ from pydantic import Field
 from torch import Tensor, nn
 
 from pflbench.algorithm import ALGORITHMS, Algorithm, Hyperparams
-from pflbench.models import build_model
+from pflbench.models import ModelName, build_model
 from pflbench.training import ClientModel, Diverged, State, batch_plan
 
 
@@ -412,7 +412,7 @@ class MHpFedHNGD(MHpFedHN):
     class Hyperparams(MHpFedHN.Hyperparams):
         alpha: float = Field(0.2, ge=0.0, le=1.0)
         temperature: float = Field(15.0, gt=0)
-        global_model: str = "auto"  # the smallest client architecture, or a model name
+        global_model: ModelName = "auto"  # the smallest client architecture, or a model name
 
     search_space = {**MHpFedHN.search_space, "alpha": ("uniform", 0.0, 0.5),
                     "temperature": ("choice", [1.0, 5.0, 10.0, 15.0, 20.0])}

@@ -1,6 +1,6 @@
 """The algorithm API: one class per method, one hook per concern (after Flower's Strategy).
 
-A round, as the engine (`pflbench.federation.run_rounds`) drives it:
+A round, as the engine (`pflbench.rounds.run_rounds`) drives it:
 
     download = alg.configure(rnd, clients)                 # server -> each sampled client   (bytes down)
     state    = alg.receive(rnd, clients, download)         # client: the model it will train

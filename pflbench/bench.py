@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from pflbench.config import CellConfig
+from pflbench.execution import ExecutionOptions
 from pflbench.models import build_model
 
 
@@ -58,7 +59,8 @@ def _sync(device: torch.device) -> None:
 
 
 def _bench_federation(clients: int, samples: int, batch_size: int, shape: tuple[int, ...],
-                      num_classes: int, model: str, device: torch.device, seed: int):
+                      num_classes: int, model: str, execution: ExecutionOptions, seed: int):
+    """A FedAvg Federation over generated data that runs as `execution` says (one per way)."""
     from algorithms.fedavg import FedAvg
     from pflbench.data.dataset import Dataset
     from pflbench.federation import Federation
@@ -73,7 +75,7 @@ def _bench_federation(clients: int, samples: int, batch_size: int, shape: tuple[
     splits = ClientSplits(train=list(ids), val=[np.empty(0, np.int64)] * clients, test=[np.empty(0, np.int64)] * clients)
     cell = CellConfig(algorithm="fedavg", dataset="bench", clients=clients, batch_size=batch_size,
                       local_epochs=1, lr=0.01, model=model, seed=seed)
-    fed = Federation(cell, dataset, splits, device)
+    fed = Federation(cell, dataset, splits, execution)
     algorithm = FedAvg(fed, FedAvg.Hyperparams())
     algorithm.setup()
     return fed, algorithm
@@ -105,17 +107,10 @@ def matmul_peak(size: int = 1024, repeats: int = 5, calls: int = 4) -> float:
     return 2 * size ** 3 / best / 1e9
 
 
-def _time_federated(fed, algorithm, batched: bool, rounds: int, compiled: bool = False,
-                    channels_last: bool | None = None, client_threads: int | None = None) -> float:
-    """`channels_last`, `client_threads`: None = the engine's own choice for this model and device."""
-    from pflbench.federation import run_round
+def _time_federated(fed, algorithm, rounds: int) -> float:
+    """Seconds of `rounds` whole FedAvg rounds of every client, as `fed` runs them."""
+    from pflbench.rounds import run_round
 
-    fed.batched = batched
-    fed.compiled = compiled
-    set_layout(fed, channels_last)
-    if not hasattr(fed, "engine_threads"):
-        fed.engine_threads = fed.client_threads
-    fed.client_threads = fed.engine_threads if client_threads is None else client_threads
     clients = torch.arange(fed.num_clients, device=fed.device)
     _sync(fed.device)
     start = time.perf_counter()
@@ -125,26 +120,9 @@ def _time_federated(fed, algorithm, batched: bool, rounds: int, compiled: bool =
     return time.perf_counter() - start
 
 
-def set_layout(fed, channels_last: bool | None) -> None:
-    """Switch the engine between channels-last and contiguous convolutions (features and models);
-    None: the engine's own choice."""
-    if not hasattr(fed, "engine_layout"):  # first call: remember the engine's choice and both layouts
-        fed.engine_layout = fed.channels_last
-        fed.features_by_layout = {True: fed.features.to(memory_format=torch.channels_last)
-                                  if fed.features.dim() == 4 else fed.features,
-                                  False: fed.features.to(memory_format=torch.contiguous_format)}
-    if channels_last is None:
-        channels_last = fed.engine_layout
-    fed.channels_last = channels_last and any(model.has_conv for model in fed.models)
-    for model in fed.models:
-        model.channels_last = fed.channels_last
-    fed.features = fed.features_by_layout[fed.channels_last]
-
-
 def _time_centralized(fed, batch_size: int, rounds: int) -> float:
     """One plain nn.Module with torch.optim.SGD over all clients' samples, shuffled each epoch, in the
-    engine's own memory layout (channels-last convolutions where the engine uses them)."""
-    set_layout(fed, None)
+    engine's own memory layout (channels-last convolutions where `fed`, the default way, uses them)."""
     module = build_model(fed.model_name, tuple(fed.features.shape[1:]), fed.num_classes).to(fed.device)
     if fed.channels_last:
         module = module.to(memory_format=torch.channels_last)
@@ -176,29 +154,29 @@ def run_bench(clients: int = 10, samples: int = 512, batch_size: int = 32,
     peak = matmul_peak() if device.type == "cpu" else None
     say(f"training step {flops_per_sample / 1e6:.2f} MFLOP per sample"
         + (f"; measured matmul peak {peak:.1f} GFLOP/s" if peak else ""))
-    fed, algorithm = _bench_federation(clients, samples, batch_size, shape, num_classes, model, device, seed)
-    default_batched = fed.batched  # the engine's own choice for this device
+    # Each way is the engine run with its own execution options (pflbench.execution).
+    execution = {"default": ExecutionOptions(device=str(device)),
+                 **({"compiled": ExecutionOptions(device=str(device), compiled_training="on")} if compiled else {}),
+                 # the default path without its CPU speed-ups (contiguous convolutions, one client at a
+                 # time): what `default` was before them
+                 "plain": ExecutionOptions(device=str(device), channels_last="off", client_threads="off"),
+                 "loop": ExecutionOptions(device=str(device), client_batching="off"),
+                 "batched": ExecutionOptions(device=str(device), client_batching="on")}
+    engines = {name: _bench_federation(clients, samples, batch_size, shape, num_classes, model, options, seed)
+               for name, options in execution.items()}
+    fed = engines["default"][0]
     combined = clients * batch_size
-    ways = {
-        "default": lambda: _time_federated(fed, algorithm, default_batched, rounds),
-        **({"compiled": lambda: _time_federated(fed, algorithm, default_batched, rounds, compiled=True)}
-           if compiled else {}),
-        # the engine's default path without its CPU speed-ups (contiguous convolutions, one client at a
-        # time): what `default` was before them
-        "plain": lambda: _time_federated(fed, algorithm, default_batched, rounds, channels_last=False,
-                                         client_threads=1),
-        "loop": lambda: _time_federated(fed, algorithm, False, rounds),
-        "batched": lambda: _time_federated(fed, algorithm, True, rounds),
-        f"centralized_batch{batch_size}": lambda: _time_centralized(fed, batch_size, rounds),
-        f"centralized_batch{combined}": lambda: _time_centralized(fed, combined, rounds),
-    }
+    ways = {**{name: (lambda engine=engine: _time_federated(*engine, rounds)) for name, engine in engines.items()},
+            f"centralized_batch{batch_size}": lambda: _time_centralized(fed, batch_size, rounds),
+            f"centralized_batch{combined}": lambda: _time_centralized(fed, combined, rounds)}
     work = rounds * clients * samples
     warmup = {}
     for name, way in ways.items():  # warm-up: allocator, kernels, vmap tracing, compilation
         warmup[name] = way()
         say(f"warm-up {name}: {warmup[name]:.2f} s")
-    compile_seconds = fed.model.compile_seconds
-    compiled_ran = compiled and bool(fed.model._compiled) and all(v is not None for v in fed.model._compiled.values())
+    compiled_model = engines["compiled"][0].model if compiled else None
+    compile_seconds = compiled_model.compile_seconds if compiled else 0.0
+    compiled_ran = compiled and bool(compiled_model._compiled) and all(v is not None for v in compiled_model._compiled.values())
     times: dict[str, list[float]] = {name: [] for name in ways}
     for repeat in range(repeats):
         for name, way in ways.items():
@@ -220,9 +198,9 @@ def run_bench(clients: int = 10, samples: int = 512, batch_size: int = 32,
                    "rounds": rounds, "repeats": repeats, "device": str(device),
                    "torch": torch.__version__, "threads": torch.get_num_threads(),
                    "machine": platform.processor() or platform.machine()},
-        "default_path": "batched" if default_batched else "loop",
-        "channels_last": bool(getattr(fed, "engine_layout", fed.channels_last)),
-        "client_threads": int(getattr(fed, "engine_threads", fed.client_threads)),
+        "default_path": "batched" if fed.batched else "loop",
+        "channels_last": bool(fed.channels_last),
+        "client_threads": int(fed.client_threads),
         "samples_per_second": throughput,
         "limit": limit,
         "limit_way": limit_way,

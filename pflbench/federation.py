@@ -1,35 +1,29 @@
-"""The federation engine: one cell's data on the device, client sampling, local training,
-evaluation of every client's personalized model, and communication accounting.
+"""The Federation: what an algorithm may use about the simulated clients of one cell.
 
-`run_cell` is the whole life of one cell (dataset -> partition -> rounds -> metrics); the runner
-calls it, tests call it, `pflbench bench` times its pieces.
+One cell's data on the device (features, labels, every client's splits), its models, the sampling
+schedule, and the engine's services to the algorithm's hooks: local training (batched across
+clients), evaluation of every client's model, local adaptation, communication accounting, the system
+and privacy knobs' per-client plans. The round driver that calls the hooks is `pflbench.rounds`.
 """
 from __future__ import annotations
 
 import copy
 import hashlib
-import math
-import time
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Callable
+from dataclasses import dataclass
 
 import numpy as np
-import pandas as pd
 import torch
 from torch import Tensor
 
 from pflbench import shifts
-from pflbench.algorithm import Algorithm, get_algorithm
 from pflbench.config import CellConfig
+from pflbench.execution import ExecutionOptions
 from pflbench.models import build_model, client_groups, default_model, is_heterogeneous
-from pflbench.privacy import PrivacyPlan, privatize_upload
+from pflbench.newcomers import newcomer_ids, seen_ids
+from pflbench.privacy import PrivacyPlan
 from pflbench.system import SystemPlan
-from pflbench.newcomers import check_unseen, newcomer_ids, newcomer_summary, score_newcomers, seen_ids, trained_rows
-from pflbench.training import (SGD, ClientModel, Diverged, Objective, State, batch_plan, cross_entropy,
-                               evaluate_client_splits, payload_bytes, to_channels_last, train_clients)
-
-CLIENT_BATCHING = ("auto", "on", "off")
+from pflbench.training import (SGD, ClientModel, Objective, State, batch_plan, cross_entropy,
+                               evaluate_client_splits, to_channels_last, train_clients)
 
 
 @dataclass
@@ -46,60 +40,6 @@ def sample_schedule(num_clients: int, participation: float, rounds: int, seed: i
     return np.stack([np.sort(rng.choice(num_clients, per_round, replace=False)) for _ in range(rounds)])
 
 
-def choose_batching(requested: str, device: torch.device, algorithm_batched: bool) -> bool:
-    """Batched local training pays off where small per-client batches would leave the device idle
-    (GPUs). On a CPU a loop over clients at batch 32 is as fast as one big batch and avoids vmap's
-    overhead (measured with `pflbench bench`), so `auto` loops there."""
-    if requested not in CLIENT_BATCHING:
-        raise ValueError(f"client_batching must be one of {CLIENT_BATCHING}, got {requested!r}")
-    if not algorithm_batched:
-        return False
-    if requested == "auto":
-        return device.type == "cuda"
-    return requested == "on"
-
-
-# --- compiled training steps (pflbench.training's module doc): an execution option like
-# client_batching, not part of the cell's identity. `auto` is the eager step: with channels-last
-# convolutions and client threads the eager loop path trains the CNN faster than the compiled step on
-# a CPU (pflbench bench, 2 threads: 7,631 vs 5,877 samples/s on Fashion-MNIST's shape, 4,940 vs 5,058
-# on CIFAR's before client threads, which the compiled step does not use); CUDA was not measured.
-COMPILED_TRAINING = ("auto", "on", "off")
-
-
-def choose_compiled(requested: str) -> bool:
-    if requested not in COMPILED_TRAINING:
-        raise ValueError(f"compiled_training must be one of {COMPILED_TRAINING}, got {requested!r}")
-    return requested == "on"
-
-
-# --- channels-last convolutions (pflbench.training's module doc): an execution option like
-# compiled_training, not part of the cell's identity. `auto`: on for convolutional models on a CPU,
-# where oneDNN's channels-last kernels train the CNN 1.3-1.5x faster (pflbench bench); off on CUDA,
-# where it was not measured.
-CHANNELS_LAST = ("auto", "on", "off")
-
-
-def choose_channels_last(requested: str, device: torch.device, models: list[ClientModel]) -> bool:
-    if requested not in CHANNELS_LAST:
-        raise ValueError(f"channels_last must be one of {CHANNELS_LAST}, got {requested!r}")
-    wanted = device.type == "cpu" if requested == "auto" else requested == "on"
-    return wanted and any(model.has_conv for model in models)
-
-
-# --- client threads (pflbench.training's module doc): the loop path trains and evaluates clients side
-# by side on the cell's CPU threads, one intra-op thread each; an execution option, not in the hash.
-# `auto`: on for a CPU with more than one torch thread; off on CUDA (one device, one stream).
-CLIENT_THREADS = ("auto", "off")
-
-
-def choose_client_threads(requested: str, device: torch.device) -> int:
-    """How many clients the loop path runs side by side (1: one after another)."""
-    if requested not in CLIENT_THREADS:
-        raise ValueError(f"client_threads must be one of {CLIENT_THREADS}, got {requested!r}")
-    return torch.get_num_threads() if requested == "auto" and device.type == "cpu" else 1
-
-
 SPLITS = ("train", "val", "test")
 EVALUATED = ("test", "val")  # what a benchmark run evaluates; a tuning run evaluates ("val",) only
 
@@ -110,11 +50,11 @@ class Federation:
     `withhold_test=True` (tuning) leaves the clients' test indices out entirely: they are never read
     from `splits`, and `fed.splits` has no "test" entry, so nothing in the run can look at them."""
 
-    def __init__(self, cell: CellConfig, dataset, splits, device: str | torch.device = "cpu",
-                 client_batching: str = "auto", algorithm_batched: bool = True, withhold_test: bool = False,
-                 compiled_training: str = "off", channels_last: str = "auto", client_threads: str = "auto"):
+    def __init__(self, cell: CellConfig, dataset, splits, execution: ExecutionOptions = ExecutionOptions(),
+                 algorithm_batched: bool = True, withhold_test: bool = False):
         self.cell = cell
-        self.device = torch.device(device)
+        self.execution = execution
+        self.device = torch.device(execution.device or "cpu")
         # Feature and concept shift (pflbench.shifts), applied once to every partition client's samples.
         self.features, self.labels, self.shifts = shifts.apply(cell, dataset, splits, dataset.normalized(self.device),
                                                                dataset.labels.to(self.device))
@@ -137,14 +77,15 @@ class Federation:
         self.models = [self._model] if self._model is not None else [
             ClientModel(build_model(name, dataset.input_shape, dataset.num_classes)) for name in self.group_names]
         self.sgd = SGD(cell.lr, cell.momentum, cell.weight_decay)
-        self.batched = choose_batching(client_batching, self.device, algorithm_batched)
-        self.compiled = choose_compiled(compiled_training)
-        self.channels_last = choose_channels_last(channels_last, self.device, self.models)
+        # How it runs (pflbench.execution): none of it changes what the cell computes.
+        self.batched = execution.batched(self.device, algorithm_batched)
+        self.compiled = execution.compiled()
+        self.channels_last = execution.use_channels_last(self.device, any(model.has_conv for model in self.models))
         for model in self.models:
             model.channels_last = self.channels_last
         if self.channels_last and self.features.dim() == 4:  # batches gathered from it keep the order
             self.features = to_channels_last(self.features)
-        self.client_threads = choose_client_threads(client_threads, self.device)
+        self.client_threads = execution.side_by_side(self.device, torch.get_num_threads())
         # Unseen clients (pflbench.newcomers): this Federation holds the seen clients only, and
         # `newcomers` (None without the knob) the held-out ones, for evaluation alone.
         self._hold(splits, seen_ids(cell.unseen_fraction, splits.num_clients, cell.seed))
@@ -323,289 +264,3 @@ class Federation:
                 for split, (accuracy, loss) in self.evaluate_splits(personal[g], splits, ids).items():
                     results[split][0][ids], results[split][1][ids] = accuracy, loss
         return results
-
-
-@dataclass
-class CellResult:
-    status: str                       # "finished" | "diverged" | "failed"
-    metrics: pd.DataFrame             # per eval round and client: accuracy, loss, val_accuracy, bytes, ...
-    rounds: pd.DataFrame              # per round: bytes_up, bytes_down, train_loss, wall_time
-    summary: dict
-    artifacts: dict[str, np.ndarray] = field(default_factory=dict)
-    error: str | None = None
-
-
-def worst_fraction_mean(values: np.ndarray, fraction: float = 0.1) -> float:
-    """Mean of the worst `fraction` of clients (at least one)."""
-    count = max(1, math.ceil(fraction * len(values)))
-    return float(np.sort(values)[:count].mean())
-
-
-def prepare_cell(cell: CellConfig, data_root=None, mirror=None):
-    """Load the cell's dataset and its (cached, shared) partition. Raises clear errors early."""
-    from pflbench.data import data_root as resolve_root, load_dataset
-    from pflbench.partitioning import make_splits
-
-    dataset = load_dataset(cell.dataset, root=data_root, mirror=mirror, **cell.dataset_options)
-    splits = make_splits(dataset.labels.numpy(), dataset.num_classes, scheme=cell.partition,
-                         params=cell.partition_params, num_clients=cell.clients, seed=cell.seed,
-                         train_fraction=cell.train_fraction, val_fraction=cell.val_fraction,
-                         cache_dir=Path(resolve_root(data_root)) / "cache" / "partitions",
-                         dataset_key=f"{cell.dataset}-{dataset.checksum}")
-    return dataset, splits
-
-
-def check_evaluated(evaluate: tuple[str, ...]) -> tuple[str, ...]:
-    evaluate = tuple(dict.fromkeys(evaluate))
-    if not evaluate or any(name not in EVALUATED for name in evaluate):
-        raise ValueError(f"evaluate must name one or both of {EVALUATED}, got {evaluate!r}")
-    return evaluate
-
-
-def run_cell(cell: CellConfig, *, data_root=None, mirror=None, device: str = "cpu",
-             client_batching: str = "auto", compiled_training: str = "off", channels_last: str = "auto",
-             client_threads: str = "auto", on_round: Callable[[dict], None] | None = None,
-             evaluate: tuple[str, ...] = EVALUATED) -> CellResult:
-    """Run one cell to the end. Divergence is a result (status "diverged"), not an exception;
-    any other exception propagates to the caller (the runner records it as failed).
-
-    `evaluate` lists the splits evaluated every eval round; without "test" (hyperparameter tuning:
-    `evaluate=("val",)`) the test indices are withheld from the run altogether (see `Federation`)."""
-    evaluate = check_evaluated(evaluate)
-    algorithm_cls = get_algorithm(cell.algorithm)
-    hp = algorithm_cls.parse_hyperparams(cell.hp)
-    algorithm_cls.check_models(cell.model)  # a heterogeneous cell needs an algorithm that supports it
-    shifts.resolve(cell.feature_shift, cell.concept_shift, cell.clients)  # a bad shift setting, before any work
-    algorithm_cls.check_knobs(cell)  # system / privacy knobs the algorithm cannot honour
-    check_unseen(cell)  # newcomers: an algorithm that cannot serve them is refused before any work
-    dataset, splits = prepare_cell(cell, data_root, mirror)
-    fed = Federation(cell, dataset, splits, device, client_batching, algorithm_cls.batched,
-                     withhold_test="test" not in evaluate, compiled_training=compiled_training,
-                     channels_last=channels_last, client_threads=client_threads)
-    algorithm = algorithm_cls(fed, hp)
-    return run_rounds(fed, algorithm, on_round=on_round, evaluate=evaluate, provenance={
-        "dataset_checksum": dataset.checksum, "torch": torch.__version__, "device": fed.device.type})
-
-
-def run_round(algorithm: Algorithm, rnd: int, clients: Tensor, timing: dict | None = None) -> tuple[State, State]:
-    """One round of the algorithm's hooks; returns what was sent down and what reached the server
-    (with dropped uploads or DP, one dict per client, {} for a dropped one). `timing`, if given, gets
-    the seconds of local training ("train"); the other hooks are the server's share."""
-    fed = algorithm.fed
-    download = algorithm.configure(rnd, clients)
-    state = algorithm.receive(rnd, clients, download)
-    fed.local_round = rnd  # stragglers cut this round's local work
-    train_start = time.perf_counter()
-    try:
-        state = algorithm.local_train(rnd, clients, state)
-    finally:
-        fed.local_round = None
-    if timing is not None:
-        timing["train"] = time.perf_counter() - train_start
-    upload = algorithm.send(rnd, clients, state)
-    arrived = fed.arrived(rnd, clients)
-    engine_dp = fed.privacy is not None and algorithm.dp_upload in ("model", "update")
-    if arrived is None and not engine_dp:
-        algorithm.aggregate(rnd, clients, upload)
-        return download, upload
-    received = (privatize_upload(fed.privacy, algorithm.dp_upload, rnd,
-                                 torch.as_tensor(fed.client_ids)[clients.cpu()], download, upload, arrived)
-                if engine_dp else [u if arrived is None or arrived[k] else {}
-                                   for k, u in enumerate(_per_client(upload, len(clients)))])
-    positions = torch.arange(len(clients), device=clients.device)
-    if arrived is not None:
-        positions = positions[arrived]
-    if isinstance(upload, dict):  # restack what arrived, as the algorithm's aggregate expects
-        stacked = {n: torch.stack([received[k][n] for k in positions.tolist()]) if len(positions)
-                   else t[:0] for n, t in upload.items()}
-    else:
-        stacked = [received[k] for k in positions.tolist()]
-    algorithm.aggregate_arrived(rnd, clients, stacked, positions)
-    return download, received
-
-
-def _per_client(upload, count: int) -> list:
-    """An upload as one dict per client (rows of a stacked State, or the list it already is)."""
-    if isinstance(upload, list):
-        return upload
-    return [{n: t[k] for n, t in upload.items()} for k in range(count)]
-
-
-METRIC_COLUMNS = ["round", "client", "accuracy", "loss", "val_accuracy", "val_loss",
-                  "accuracy_adapted", "loss_adapted", "val_accuracy_adapted", "val_loss_adapted",
-                  "test_samples", "val_samples", "bytes_down", "bytes_up", "wall_time"]
-ROUND_COLUMNS = ["round", "clients", "bytes_down", "bytes_up", "wall_time", "adapt_time",
-                 "train_time", "server_time", "eval_time"]  # seconds per round: local training,
-# the other hooks (configure/receive/send/aggregate), forming and scoring the personalized models
-
-
-def run_rounds(fed: Federation, algorithm: Algorithm, on_round=None, provenance: dict | None = None,
-               evaluate: tuple[str, ...] = EVALUATED) -> CellResult:
-    """The cell's rounds, with every client's personalized model evaluated on the `evaluate` splits
-    every eval_every rounds (columns of a split not evaluated are NaN). With the cell's
-    `finetune_epochs` > 0 the same models are also scored after local adaptation (`*_adapted`
-    columns; `Algorithm.adapt`), which never feeds back into training; its seconds are counted
-    apart (`adapt_time`), not in the round's `wall_time`. `on_round` gets, after each round,
-    {round, rounds, mean_accuracy, mean_val_accuracy} (the latest evaluation, or None)."""
-    evaluate = check_evaluated(evaluate)
-    cell = fed.cell
-    algorithm.setup()
-    metric_rows, round_rows, artifacts = [], [], {}
-    status, diverged_round, error = "finished", None, None
-    adapt_diverged: list[int] = []
-    test_samples, val_samples = fed.split_sizes("test").tolist(), fed.split_sizes("val").tolist()
-    start = time.perf_counter()
-    last_eval: dict | None = None
-    missing = (torch.full((fed.num_clients,), math.nan),) * 2
-    newcomer_flag = {} if fed.newcomers is None else {"newcomer": False}
-    newcomer_time = 0.0
-    for rnd in range(1, cell.rounds + 1):
-        round_start = time.perf_counter()
-        clients = torch.as_tensor(fed.schedule[rnd - 1], device=fed.device)
-        timing: dict = {}
-        try:
-            download, upload = run_round(algorithm, rnd, clients, timing)
-        except Diverged as err:
-            status, diverged_round, error = "diverged", rnd, f"round {rnd}: {err}"
-            break
-        bytes_down, bytes_up = payload_bytes(download), payload_bytes(upload)
-        round_rows.append({"round": rnd, "clients": len(clients),
-                           "bytes_down": int(bytes_down.sum()), "bytes_up": int(bytes_up.sum()),
-                           "wall_time": time.perf_counter() - round_start, "adapt_time": 0.0})
-        round_rows[-1].update(train_time=timing["train"], eval_time=0.0,  # timing breakdown
-                              server_time=round_rows[-1]["wall_time"] - timing["train"])
-        if rnd % cell.eval_every == 0 or rnd == cell.rounds:
-            eval_start = time.perf_counter()  # timing breakdown
-            try:  # forming personalized models may train too (e.g. FedBABU's fine-tuning)
-                personal = algorithm.personalized()
-            except Diverged as err:
-                status, diverged_round, error = "diverged", rnd, f"round {rnd}: {err}"
-                break
-            results = algorithm.evaluate_splits(personal, evaluate)
-            watched = evaluate[0]  # the test loss; the val loss where only val is evaluated (tuning)
-            if not torch.isfinite(results[watched][1]).all():
-                status, diverged_round, error = "diverged", rnd, f"round {rnd}: non-finite {watched} loss"
-                break
-            round_rows[-1]["eval_time"] = time.perf_counter() - eval_start  # timing breakdown
-            adapted = {}
-            if cell.finetune_epochs:
-                adapt_start = time.perf_counter()
-                try:  # a model that diverges when adapted leaves that round's adapted scores NaN
-                    tuned = algorithm.adapt_locally(personal, rnd, cell.finetune_epochs)
-                    adapted = algorithm.evaluate_splits(tuned, evaluate)
-                except Diverged:
-                    adapt_diverged.append(rnd)
-                del personal
-                round_rows[-1]["adapt_time"] = time.perf_counter() - adapt_start
-            accuracy, loss = results.get("test", missing)
-            val_accuracy, val_loss = results.get("val", missing)
-            accuracy_a, loss_a = adapted.get("test", missing)
-            val_accuracy_a, val_loss_a = adapted.get("val", missing)
-            sent_down = dict(zip(clients.tolist(), bytes_down.tolist()))
-            sent_up = dict(zip(clients.tolist(), bytes_up.tolist()))
-            for c in range(fed.num_clients):
-                metric_rows.append({
-                    "round": rnd, "client": int(fed.client_ids[c]), "accuracy": float(accuracy[c]), "loss": float(loss[c]),
-                    "val_accuracy": float(val_accuracy[c]), "val_loss": float(val_loss[c]),
-                    "accuracy_adapted": float(accuracy_a[c]), "loss_adapted": float(loss_a[c]),
-                    "val_accuracy_adapted": float(val_accuracy_a[c]), "val_loss_adapted": float(val_loss_a[c]),
-                    "test_samples": test_samples[c], "val_samples": val_samples[c],
-                    "bytes_down": sent_down.get(c, 0), "bytes_up": sent_up.get(c, 0),
-                    "wall_time": time.perf_counter() - start, **newcomer_flag})
-            if fed.newcomers is not None:  # unseen clients: their models scored apart (pflbench.newcomers)
-                rows, seconds = score_newcomers(algorithm, fed.newcomers, rnd, evaluate, cell.finetune_epochs)
-                metric_rows.extend({**row, "wall_time": time.perf_counter() - start} for row in rows)
-                newcomer_time += seconds
-            for key, value in algorithm.artifacts().items():
-                artifacts[f"{key}_round{rnd:05d}"] = value
-            last_eval = {"mean_accuracy": float(accuracy.mean()) if "test" in results else None,
-                         "mean_val_accuracy": float(val_accuracy.mean()) if "val" in results else None}
-        if on_round is not None:
-            on_round({"round": rnd, "rounds": cell.rounds,
-                      **(last_eval or {"mean_accuracy": None, "mean_val_accuracy": None})})
-    metrics = pd.DataFrame(metric_rows, columns=METRIC_COLUMNS + list(newcomer_flag))
-    rounds = pd.DataFrame(round_rows, columns=ROUND_COLUMNS)
-    extra = {} if evaluate == EVALUATED else {"evaluated": list(evaluate)}
-    if fed.system is not None:  # what the system knob did, for the report
-        ran = fed.client_ids[fed.schedule[: len(rounds)]]  # partition ids
-        extra.update({"system_stragglers": np.flatnonzero(fed.system.straggler).tolist(),
-                      "system_dropped_uploads": int(np.take_along_axis(fed.system.dropped[: len(ran)], ran, 1).sum()),
-                      "system_mean_work": float(np.take_along_axis(fed.system.work[: len(ran)], ran, 1).mean())})
-    if fed.privacy is not None:
-        extra.update(fed.privacy.summary())
-    extra.update({f"{part}_time_total": float(rounds[f"{part}_time"].sum())  # timing breakdown
-                  for part in ("train", "server", "eval")})
-    extra.update(compiled_training=fed.compiled, channels_last=fed.channels_last,
-                 client_threads=fed.client_threads if not fed.batched else 1,
-                 compile_seconds=float(sum(m.compile_seconds for m in fed.models)))
-    if cell.finetune_epochs:
-        extra.update({"adapt_time_total": float(rounds["adapt_time"].sum()),
-                      "adapt_diverged_rounds": adapt_diverged})
-    if fed.newcomers is not None:
-        extra.update({"newcomers": fed.newcomers.client_ids.tolist(), "newcomer_time_total": newcomer_time})
-    summary = summarize(metrics, rounds, status, diverged_round, fed, time.perf_counter() - start,
-                        {**(provenance or {}), **extra})
-    return CellResult(status, metrics, rounds, summary, artifacts, error)
-
-
-def summarize(metrics: pd.DataFrame, rounds: pd.DataFrame, status: str, diverged_round, fed: Federation,
-              wall_time: float, provenance: dict) -> dict:
-    summary = {"status": status, "rounds_completed": int(len(rounds)), "diverged_round": diverged_round,
-               "bytes_down_total": int(rounds["bytes_down"].sum()), "bytes_up_total": int(rounds["bytes_up"].sum()),
-               "wall_time": wall_time, "model": fed.model_name,
-               "client_batching": "batched" if fed.batched else "loop", **provenance}
-    everyone, metrics = metrics, trained_rows(metrics)  # newcomers' rows have their own summaries
-    summary.update(newcomer_summary(everyone, protocol_summary))
-    if len(metrics):
-        summary.update(protocol_summary(metrics, ""))
-        summary.update(protocol_summary(metrics, "_adapted"))
-        per_round = metrics.groupby("round")["accuracy"].mean()
-        if per_round.notna().all():  # selection on the test split: kept, and only ever shown labeled so
-            summary.update({"best_accuracy": float(per_round.max()), "best_round": int(per_round.idxmax())})
-    return summary
-
-
-def protocol_summary(metrics: pd.DataFrame, model: str = "") -> dict:
-    """The summaries of one scored model (`model`: "" as delivered, "_adapted" after local adaptation):
-
-    - `final_accuracy{model}`: mean over clients at the last evaluation round, with
-      `final_worst10_accuracy{model}`, `final_loss{model}` and `final_accuracy{model}_pooled` (pooled
-      over all clients' test samples: sample-weighted, as pFedHN's code reports);
-    - `bestval_accuracy{model}`: the mean test accuracy at `bestval_round{model}`, the round whose
-      mean *validation* accuracy is highest (the first such round), with the same variants; no
-      summary here selects a round on the test split;
-    - `final_val_accuracy{model}`, `best_val_accuracy{model}`.
-    A round whose clients are not all scored (split withheld, adaptation diverged) is never selected."""
-    out: dict = {}
-    test, val = f"accuracy{model}", f"val_accuracy{model}"
-    if test not in metrics or val not in metrics:  # stores written before the column existed
-        return out
-    last_round = metrics["round"].max()
-
-    def at(rnd: int, key: str) -> None:
-        rows = metrics[metrics["round"] == rnd]
-        values = rows[test].to_numpy(dtype=float)
-        out[f"{key}_accuracy{model}"] = float(values.mean())
-        out[f"{key}_worst10_accuracy{model}"] = worst_fraction_mean(values)
-        if key == "final":
-            out[f"final_loss{model}"] = float(rows[f"loss{model}"].mean())
-        if "test_samples" in rows and rows["test_samples"].sum() > 0:
-            weights = rows["test_samples"].to_numpy(dtype=float)
-            out[f"{key}_accuracy{model}_pooled"] = float((values * weights).sum() / weights.sum())
-
-    grouped = metrics.groupby("round")
-    scored = grouped[test].apply(lambda v: v.notna().all())
-    if scored.get(last_round, False):
-        at(last_round, "final")
-    val_scored = grouped[val].apply(lambda v: v.notna().all())
-    if val_scored.get(last_round, False):
-        out[f"final_val_accuracy{model}"] = float(metrics.loc[metrics["round"] == last_round, val].mean())
-    val_mean = grouped[val].mean()[val_scored]
-    if len(val_mean):
-        out[f"best_val_accuracy{model}"] = float(val_mean.max())
-        chosen = val_mean[scored.reindex(val_mean.index, fill_value=False)]
-        if len(chosen):
-            rnd = int(chosen.idxmax())
-            out[f"bestval_round{model}"] = rnd
-            at(rnd, "bestval")
-    return out

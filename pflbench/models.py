@@ -8,9 +8,10 @@ functionally (torch.func), so no architecture needs a hand-written batched twin.
 from __future__ import annotations
 
 import math
-from typing import Callable
+from typing import Annotated, Callable
 
 import torch
+from pydantic import AfterValidator
 from torch import nn
 
 from pflbench.registry import Registry
@@ -267,6 +268,20 @@ def check_model_spec(spec: str) -> str:
     if len(names) > 1 and "auto" in names:
         raise ValueError(f"'auto' cannot be one of a heterogeneous model list ({spec!r}); name each model")
     return spec
+
+
+def check_model_name(name: str) -> str:
+    """`name` if it is "auto" or one registered model (not a group), else ValueError naming the allowed."""
+    from pflbench.registry import unknown_message
+
+    if name != "auto" and name not in MODELS:
+        raise ValueError(unknown_message("model", name, ["auto", *MODELS.names()]))
+    return name
+
+
+# A hyperparameter that names one model (e.g. MH-pFedHNGD's `global_model`): checked when the cell is
+# resolved, so a wrong name is refused by the dry-run, not when the cell runs.
+ModelName = Annotated[str, AfterValidator(check_model_name)]
 
 
 class UnknownModelError(ValueError):

@@ -29,12 +29,11 @@ training. What was chosen where the issue left it open:
 """
 from __future__ import annotations
 
-import math
 import time
 
 import numpy as np
-import pandas as pd
-import torch
+
+from pflbench.metrics import client_rows
 
 NEWCOMER_SALT = 0x0E3C  # the draw of which clients are newcomers
 
@@ -83,48 +82,16 @@ def score_newcomers(algorithm, newcomers, rnd: int, evaluate: tuple[str, ...], f
     from pflbench.training import Diverged
 
     start = time.perf_counter()
-    count = newcomers.num_clients
-    missing = (torch.full((count,), math.nan),) * 2
-    results, adapted = {}, {}
+    scores, adapted = {}, {}
     try:
         models = algorithm.newcomer_models(rnd, newcomers)
         with algorithm.serving(newcomers):  # the algorithm's own scoring and adaptation, on the newcomers
-            results = algorithm.evaluate_splits(models, evaluate)
+            scores = algorithm.evaluate_splits(models, evaluate)
             if finetune_epochs:
                 tuned = algorithm.adapt_locally(models, rnd, finetune_epochs)
                 adapted = algorithm.evaluate_splits(tuned, evaluate)
     except Diverged:
         pass  # NaN scores: the protocol summaries never select such a round
-    accuracy, loss = results.get("test", missing)
-    val_accuracy, val_loss = results.get("val", missing)
-    accuracy_a, loss_a = adapted.get("test", missing)
-    val_accuracy_a, val_loss_a = adapted.get("val", missing)
-    test_samples, val_samples = newcomers.split_sizes("test").tolist(), newcomers.split_sizes("val").tolist()
-    rows = [{"round": rnd, "client": int(newcomers.client_ids[k]), "accuracy": float(accuracy[k]),
-             "loss": float(loss[k]), "val_accuracy": float(val_accuracy[k]), "val_loss": float(val_loss[k]),
-             "accuracy_adapted": float(accuracy_a[k]), "loss_adapted": float(loss_a[k]),
-             "val_accuracy_adapted": float(val_accuracy_a[k]), "val_loss_adapted": float(val_loss_a[k]),
-             "test_samples": test_samples[k], "val_samples": val_samples[k], "bytes_down": 0, "bytes_up": 0,
-             "newcomer": True}
-            for k in range(count)]
+    rows = client_rows(rnd, newcomers.client_ids, scores, adapted, newcomers.split_sizes("test").tolist(),
+                       newcomers.split_sizes("val").tolist(), newcomer=True)  # bytes 0: never took part
     return rows, time.perf_counter() - start
-
-
-def trained_rows(metrics: pd.DataFrame) -> pd.DataFrame:
-    """The trained clients' rows of a metrics table (all rows where the cell has no newcomers)."""
-    if "newcomer" not in metrics:
-        return metrics
-    return metrics[~metrics["newcomer"].astype(bool)]
-
-
-def newcomer_summary(metrics: pd.DataFrame, protocol_summary) -> dict:
-    """The protocol summaries of the newcomers' rows, each key with the suffix `_newcomers`."""
-    if "newcomer" not in metrics:
-        return {}
-    rows = metrics[metrics["newcomer"].astype(bool)]
-    if not len(rows):
-        return {}
-    out = {}
-    for model in ("", "_adapted"):
-        out.update({f"{key}_newcomers": value for key, value in protocol_summary(rows, model).items()})
-    return out

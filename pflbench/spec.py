@@ -751,16 +751,11 @@ def _expand(axes, defaults: Assignments, rules: list[Rule], problems: Problems, 
 
 
 def _build_cell(flat: Assignments, problems: Problems, base_dir=None) -> CellConfig | None:
-    """One resolved cell; problems are reported at the place each offending value was written."""
-    from pflbench import shifts
-    from pflbench.data.sources import make_source
-    from pflbench.newcomers import check_unseen
-    from pflbench.partitioning import make_partitioner
-    from pflbench.privacy import parse_privacy
-    from pflbench.system import parse_system
+    """One resolved cell (`pflbench.resolve`); problems are reported at the place each offending value
+    was written."""
+    from pflbench.resolve import CellError, resolve
 
-    algorithm = flat["algorithm"].value
-    declared = set(hyperparameters(algorithm))
+    declared = set(hyperparameters(flat["algorithm"].value))
     fields: dict[str, Any] = {group: {} for group in DICT_FIELDS}
     for key, assigned in flat.items():
         group, dot, entry = key.partition(".")
@@ -768,65 +763,13 @@ def _build_cell(flat: Assignments, problems: Problems, base_dir=None) -> CellCon
             fields[key] = assigned.value
         elif group != "hp" or entry in declared:  # an hp value applies where the algorithm has it
             fields[group][entry] = assigned.value
-
-    def origins(*prefixes: str) -> str:
-        found = [a.origin for k, a in flat.items() if k.split(".")[0] in prefixes]
-        return ", ".join(dict.fromkeys(found)) or "defaults"
-
     try:
-        cell = CellConfig(**fields)
-    except ValidationError as error:
-        for e in error.errors(include_url=False):
-            problems.add(origins(str(e["loc"][0])), f"{e['msg']} (got {echo(e['input'])})")
+        return resolve(fields, base_dir)
+    except CellError as error:
+        for names, message in error.problems:
+            found = [a.origin for k, a in flat.items() if k.split(".")[0] in names]
+            problems.add(", ".join(dict.fromkeys(found)) or "defaults", message)
         return None
-    # Resolve every default into the cell, so that its identity (hash) and its stored config say
-    # exactly what ran: the algorithm's hyperparameters, the scheme's parameters, the dataset's options.
-    try:
-        hp = _algorithms().get(algorithm).parse_hyperparams(cell.hp)
-    except ValueError as error:
-        problems.add(origins("algorithm", "hp"), str(error))
-        return None
-    try:  # a heterogeneous `model` needs an algorithm that supports it
-        _algorithms().get(algorithm).check_models(cell.model)
-    except ValueError as error:
-        problems.add(origins("algorithm", "model"), str(error))
-        return None
-    try:
-        # An imported file's path (relative: to base_dir, the spec's folder) and sha256 enter the cell.
-        scheme = make_partitioner(cell.partition, cell.partition_params).resolved(base_dir)
-    except ValueError as error:
-        problems.add(origins("partition", "partition_params"), str(error))
-        return None
-    try:
-        source = make_source(cell.dataset, cell.dataset_options)
-    except ValueError as error:
-        problems.add(origins("dataset", "dataset_options"), str(error))
-        return None
-    options = {k: v for k, v in source.options.items() if source.OPTIONS[k].changes_data}  # not e.g. `download`
-    try:  # feature and concept shift: validated, and only their non-default entries kept (pflbench.shifts)
-        shifted = shifts.resolve(cell.feature_shift, cell.concept_shift, cell.clients)
-    except ValueError as error:
-        problems.add(origins("feature_shift", "concept_shift"), str(error))
-        return None
-    # System and privacy heterogeneity (pflbench/system.py, pflbench/privacy.py): validated, only the
-    # entries that differ from the defaults kept, and refused by algorithms that cannot honour them.
-    for knob, parse in (("system", lambda v: parse_system(v, cell.clients)), ("privacy", parse_privacy)):
-        try:
-            cell = cell.model_copy(update={knob: parse(getattr(cell, knob))})
-        except ValueError as error:
-            problems.add(origins(knob), str(error))
-            return None
-    try:
-        _algorithms().get(algorithm).check_knobs(cell)
-    except ValueError as error:
-        problems.add(origins("algorithm", "system", "privacy"), str(error))
-    try:  # unseen clients: at least one held out and one trained, an algorithm that can serve them
-        check_unseen(cell)
-    except ValueError as error:
-        problems.add(origins("unseen_fraction", "clients", "algorithm"), str(error))
-        return None
-    return cell.model_copy(update={"hp": hp.model_dump(mode="json"), "dataset_options": options,
-                                   "partition_params": scheme.params.model_dump(mode="json"), **shifted})
 
 
 def describe_partition(cell: CellConfig) -> str:

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import datetime
 import json
-import logging
 import math
 import os
 from dataclasses import dataclass, replace
@@ -37,6 +36,7 @@ from typing import Any
 import yaml
 
 from pflbench.config import CellConfig, cell_hash
+from pflbench.execution import ExecutionOptions
 from pflbench.spec import Resources, load_spec, resolve_cell, tuned_path
 from pflbench.store import atomic_write, write_json
 
@@ -62,8 +62,7 @@ class SweepOptions:
     ray_address: str | None = None
     data_root: Path | None = None
     mirror: Path | None = None
-    device: str | None = None
-    client_batching: str = "auto"
+    execution: ExecutionOptions = ExecutionOptions()  # how trials run (device None: cuda for cells given GPUs)
 
 
 @dataclass
@@ -157,16 +156,16 @@ def trial_cell(base: CellConfig, config: dict) -> CellConfig:
 # ---- one trial (a Ray Tune function trainable) ---------------------------------------------------
 
 def run_trial(config: dict, *, base: dict, cpus: float, data_root: str | None, mirror: str | None,
-              device: str, client_batching: str) -> None:
+              execution: ExecutionOptions) -> None:
     """Run the base cell with the trial's values, validation split only, reporting
     {round, val_accuracy} to Tune at every evaluated round (ASHA may stop it there)."""
     import torch
     from ray import tune
 
-    from pflbench.federation import run_cell
+    from pflbench.rounds import run_cell
 
     cell = trial_cell(CellConfig(**base), config)
-    torch.set_num_threads(max(1, int(cpus)))
+    torch.set_num_threads(execution.threads or max(1, int(cpus)))
     reported = []
 
     def report(info: dict) -> None:
@@ -175,8 +174,8 @@ def run_trial(config: dict, *, base: dict, cpus: float, data_root: str | None, m
             reported.append(rnd)
             tune.report({"round": rnd, METRIC: info["mean_val_accuracy"], "status": "running"})
 
-    result = run_cell(cell, data_root=data_root, mirror=mirror, device=device, client_batching=client_batching,
-                      on_round=report, evaluate=("val",))
+    result = run_cell(cell, data_root=data_root, mirror=mirror, execution=execution, on_round=report,
+                      evaluate=("val",))
     if result.status != "finished":  # diverged: the worst objective, at the round it happened
         rnd = result.summary.get("diverged_round") or (reported[-1] if reported else 1)
         tune.report({"round": rnd, METRIC: 0.0, "status": result.status, "error": result.error or ""})
@@ -192,7 +191,8 @@ def run_sweep(algorithm: str, base: CellConfig, resources: Resources, options: S
     from ray.tune.search.optuna import OptunaSearch
 
     from pflbench.data import data_mirror, data_root
-    from pflbench.federation import prepare_cell
+    from pflbench.ray_cluster import ClusterError, connect_ray
+    from pflbench.rounds import prepare_cell
 
     if options.trials < 1:
         raise SweepError("--trials must be at least 1")
@@ -202,7 +202,7 @@ def run_sweep(algorithm: str, base: CellConfig, resources: Resources, options: S
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     folder = (Path(options.results) / "sweeps" / f"{algorithm}-{cell_hash(base)}-{stamp}").resolve()
     folder.mkdir(parents=True, exist_ok=True)
-    device = options.device or ("cuda" if resources.gpus > 0 else "cpu")
+    execution = options.execution.on("cuda" if resources.gpus > 0 else "cpu")
     grace = options.grace_rounds or max(base.eval_every, base.rounds // 4)  # at least one evaluation first
     log(f"sweep {algorithm}: {options.trials} trials of {base.rounds} rounds on {base.dataset} "
         f"{base.partition} {base.clients} clients (base cell {cell_hash(base)}); objective: mean client "
@@ -210,19 +210,10 @@ def run_sweep(algorithm: str, base: CellConfig, resources: Resources, options: S
         + ", ".join(f"{k}={v[0]}{list(v[1:])}" for k, v in space.items()))
 
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
-    owned = not ray.is_initialized()
-    if owned:
-        settings = dict(log_to_driver=False, logging_level=logging.WARNING, include_dashboard=False)
-        if options.ray_address:  # fails within seconds, with the run command's message, on a wrong address
-            from pflbench.runner import PrepareError, join_cluster
-
-            try:
-                join_cluster(options.ray_address, dict(log_to_driver=False, logging_level=logging.WARNING))
-            except PrepareError as error:
-                raise SweepError(str(error)) from None
-        else:
-            cpus = None if options.workers is None else max(1, int(options.workers * resources.cpus + 0.999))
-            ray.init(num_cpus=cpus, **settings)
+    try:  # a wrong address fails within seconds, with the run command's message
+        owned = connect_ray(options.ray_address, options.workers, resources.cpus)
+    except ClusterError as error:
+        raise SweepError(str(error)) from None
     try:
         if resources.gpus > 0 and not ray.cluster_resources().get("GPU", 0):
             raise SweepError(f"the base spec asks for {resources.gpus:g} GPU per cell but Ray has none; "
@@ -230,7 +221,7 @@ def run_sweep(algorithm: str, base: CellConfig, resources: Resources, options: S
         trainable = tune.with_resources(
             tune.with_parameters(run_trial, base=base.model_dump(mode="json"), cpus=resources.cpus,
                                  data_root=str(options.data_root), mirror=str(options.mirror) if options.mirror else None,
-                                 device=device, client_batching=options.client_batching),
+                                 execution=execution),
             {"cpu": resources.cpus, "gpu": resources.gpus})
         tuner = tune.Tuner(
             trainable,

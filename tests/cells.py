@@ -2,9 +2,11 @@
 the ones the tests' thresholds were measured with; each test file overrides what it needs."""
 import numpy as np
 
+from pflbench.execution import ExecutionOptions
 from pflbench.algorithm import get_algorithm
 from pflbench.config import CellConfig
-from pflbench.federation import Federation, prepare_cell, run_cell
+from pflbench.federation import Federation
+from pflbench.rounds import prepare_cell, run_cell
 
 SMALL_CELL = dict(algorithm="fedavg", dataset="synthetic", dataset_options={"num_samples": 1000},
                   partition="pathological", partition_params={"classes_per_client": 3}, clients=5, rounds=3,
@@ -18,13 +20,13 @@ def small_cell(**overrides) -> CellConfig:
 def federation(cell: CellConfig, data_root) -> Federation:
     """The cell's federation, batched or looped as its algorithm allows."""
     dataset, splits = prepare_cell(cell, data_root)
-    return Federation(cell, dataset, splits, "cpu", "auto", get_algorithm(cell.algorithm).batched)
+    return Federation(cell, dataset, splits, algorithm_batched=get_algorithm(cell.algorithm).batched)
 
 
 def assert_batched_matches_loop(cell: CellConfig, data_root) -> None:
     """The batched path and the client loop give the same run (up to float rounding) and the same bytes."""
-    on = run_cell(cell, data_root=data_root, client_batching="on")
-    off = run_cell(cell, data_root=data_root, client_batching="off")
+    on = run_cell(cell, data_root=data_root, execution=ExecutionOptions(client_batching="on"))
+    off = run_cell(cell, data_root=data_root, execution=ExecutionOptions(client_batching="off"))
     assert on.summary["client_batching"] == "batched" and off.summary["client_batching"] == "loop"
     np.testing.assert_allclose(on.metrics["accuracy"], off.metrics["accuracy"], atol=0.02)
     np.testing.assert_allclose(on.metrics["loss"], off.metrics["loss"], rtol=1e-3)

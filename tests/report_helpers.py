@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from pflbench.config import CellConfig
-from pflbench.federation import CellResult
+from pflbench.rounds import CellResult
 from pflbench.store import Store
 
 

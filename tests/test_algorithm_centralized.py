@@ -1,7 +1,7 @@
 """`centralized`: one model trained on the union of the round's clients' data, evaluated per client."""
 import torch
 
-from pflbench.federation import run_cell, run_round
+from pflbench.rounds import run_cell, run_round
 from cells import federation, small_cell
 from algorithms.centralized import Centralized
 

@@ -14,7 +14,7 @@ from algorithms.fedrep import FedRep
 from algorithms.perfedavg import SALTS, PerFedAvg
 from algorithms.pfedhn import PFedHN
 from algorithms.pfedme import PFedMe
-from pflbench.federation import run_cell, run_round
+from pflbench.rounds import run_cell, run_round
 from pflbench.training import state_bytes
 from cells import assert_batched_matches_loop, federation as _federation, small_cell as _cell
 

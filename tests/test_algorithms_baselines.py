@@ -10,7 +10,7 @@ from algorithms.fedfomo import FedFomo, fomo_weights, normalize_weights
 from algorithms.perfedavg import SALTS, PerFedAvg
 from algorithms.pfedme import PFedMe
 from pflbench.algorithm import get_algorithm
-from pflbench.federation import run_cell, run_round
+from pflbench.rounds import run_cell, run_round
 from pflbench.models import build_model
 from pflbench.training import ClientModel, batch_plan
 from cells import assert_batched_matches_loop, federation as _federation, small_cell as _cell

@@ -6,7 +6,8 @@ import torch
 
 from algorithms.pfedhn import PFedHN, PFedHNPC
 from algorithms.pfedla import HeurPFedLA, PFedLA
-from pflbench.federation import Federation, prepare_cell, run_cell, run_round
+from pflbench.federation import Federation
+from pflbench.rounds import prepare_cell, run_cell, run_round
 from pflbench.partitioning import ClientSplits
 from pflbench.training import payload_bytes
 from cells import federation as _federation, small_cell

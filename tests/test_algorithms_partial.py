@@ -4,7 +4,8 @@ import torch
 
 from pflbench.algorithm import get_algorithm
 from pflbench.config import CellConfig
-from pflbench.federation import Federation, prepare_cell, run_cell, run_round
+from pflbench.federation import Federation
+from pflbench.rounds import prepare_cell, run_cell, run_round
 from pflbench.models import build_model
 from pflbench.training import ClientModel
 
@@ -20,7 +21,7 @@ def _algorithm(cell, data_root):
     """The algorithm object of a cell, set up, with its federation (to drive rounds by hand)."""
     dataset, splits = prepare_cell(cell, data_root)
     cls = get_algorithm(cell.algorithm)
-    fed = Federation(cell, dataset, splits, "cpu", "auto", cls.batched)
+    fed = Federation(cell, dataset, splits, algorithm_batched=cls.batched)
     alg = cls(fed, cls.parse_hyperparams(cell.hp))
     alg.setup()
     return fed, alg

@@ -58,9 +58,9 @@ def test_help_starts_fast(args):
 
 
 def test_choices_written_out_for_a_light_parser_match_the_engine():
-    from pflbench import federation, run_command, sweep, sweep_command
+    from pflbench import sweep
+    from pflbench.cli import sweep as sweep_command
 
-    assert run_command.CLIENT_BATCHING == federation.CLIENT_BATCHING
     assert sweep_command.DEFAULT_BASE == sweep.DEFAULT_BASE
 
 
@@ -120,7 +120,7 @@ def test_report_on_a_missing_store_is_an_error_not_an_empty_report(tmp_path, cap
 
 def test_a_log_gets_n_of_total_and_an_eta_with_every_finished_cell():
     from pflbench.config import CellConfig
-    from pflbench.runner import Display, format_duration
+    from pflbench.display import Display, format_duration
 
     now = [100.0]
     log = io.StringIO()
@@ -220,7 +220,7 @@ def test_list_datasets_says_which_are_available_here(tmp_path, capsys):
 # ---- dry run ------------------------------------------------------------------------------------
 
 def test_the_dry_run_every_cell_line_holds_only_what_every_cell_has(tmp_path):
-    from pflbench.runner import print_plan
+    from pflbench.display import print_plan
     from pflbench.spec import parse_spec
     from pflbench.store import Store
 

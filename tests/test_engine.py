@@ -3,8 +3,10 @@ import numpy as np
 import pytest
 import torch
 
+from pflbench.execution import ExecutionOptions
 from pflbench.config import CellConfig
-from pflbench.federation import run_cell, sample_schedule
+from pflbench.federation import sample_schedule
+from pflbench.rounds import run_cell
 from pflbench.models import build_model
 from pflbench.training import SGD, ClientModel, batch_plan, evaluate_clients, train_clients
 
@@ -92,7 +94,7 @@ def test_same_seed_same_metrics_different_seed_different_partition(tmp_path):
     assert first.status == "finished"
     assert first.metrics[cols].equals(again.metrics[cols])
     assert not first.metrics["accuracy"].equals(other.metrics["accuracy"])
-    from pflbench.federation import prepare_cell
+    from pflbench.rounds import prepare_cell
     _, splits0 = prepare_cell(_cell(), tmp_path)
     _, splits1 = prepare_cell(_cell(seed=1), tmp_path)
     assert not all(np.array_equal(a, b) for a, b in zip(splits0.train, splits1.train))
@@ -102,8 +104,8 @@ def test_client_batching_on_and_off_give_the_same_run(tmp_path):
     cell = _cell(dataset="synthetic-images", dataset_options={"num_samples": 600}, partition="pathological",
                  partition_params={"classes_per_client": 2}, participation=0.6, rounds=2, algorithm="fedbn",
                  model="cnn-bn")
-    on = run_cell(cell, data_root=tmp_path, client_batching="on")
-    off = run_cell(cell, data_root=tmp_path, client_batching="off")
+    on = run_cell(cell, data_root=tmp_path, execution=ExecutionOptions(client_batching="on"))
+    off = run_cell(cell, data_root=tmp_path, execution=ExecutionOptions(client_batching="off"))
     assert on.summary["client_batching"] == "batched" and off.summary["client_batching"] == "loop"
     # a near-tie may flip one test sample (1/36 of a client) between the paths
     np.testing.assert_allclose(on.metrics["accuracy"], off.metrics["accuracy"], atol=0.05)

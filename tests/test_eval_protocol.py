@@ -8,7 +8,8 @@ import pandas as pd
 import pytest
 
 from pflbench.config import CellConfig, cell_hash
-from pflbench.federation import METRIC_COLUMNS, protocol_summary, run_cell
+from pflbench.metrics import METRIC_COLUMNS, protocol_summary
+from pflbench.rounds import run_cell
 from cells import small_cell
 
 DELIVERED = ["accuracy", "loss", "val_accuracy", "val_loss"]

@@ -5,9 +5,10 @@ import math
 import pytest
 import torch
 
-import pflbench.federation as federation
+import pflbench.rounds as rounds
 from pflbench.config import CellConfig
-from pflbench.federation import Federation, prepare_cell, run_cell
+from pflbench.federation import Federation
+from pflbench.rounds import prepare_cell, run_cell
 from pflbench.models import MODEL_GROUPS, build_model, check_model_spec, client_groups, is_heterogeneous
 from pflbench.spec import SpecError, parse_spec
 from pflbench.training import payload_bytes
@@ -65,7 +66,7 @@ def test_homogeneous_only_algorithm_rejects_a_heterogeneous_cell_in_run_cell_bef
     def no_work(*args, **kwargs):
         raise AssertionError("the cell started loading data")
 
-    monkeypatch.setattr(federation, "prepare_cell", no_work)
+    monkeypatch.setattr(rounds, "prepare_cell", no_work)
     with pytest.raises(ValueError, match="algorithm 'fedavg' needs one architecture shared by all clients"):
         run_cell(_cell(algorithm="fedavg"))
 

@@ -7,7 +7,8 @@ import torch
 
 from algorithms.mhpfedhn import MHpFedHN, MHpFedHNGD, MultiHeadHypernetwork, distillation, hypernetwork_step
 from pflbench.config import CellConfig
-from pflbench.federation import Federation, prepare_cell, run_cell
+from pflbench.federation import Federation
+from pflbench.rounds import prepare_cell, run_cell
 
 
 def _cell(**overrides):

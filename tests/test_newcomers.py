@@ -7,8 +7,11 @@ import torch
 
 from pflbench.algorithm import ALGORITHMS, get_algorithm
 from pflbench.config import CellConfig, cell_hash
-from pflbench.federation import METRIC_COLUMNS, Federation, prepare_cell, protocol_summary, run_cell, run_rounds
-from pflbench.newcomers import newcomer_ids, trained_rows
+from pflbench.federation import Federation
+from pflbench.metrics import METRIC_COLUMNS, protocol_summary
+from pflbench.rounds import prepare_cell, run_cell, run_rounds
+from pflbench.metrics import trained_rows
+from pflbench.newcomers import newcomer_ids
 from pflbench.spec import SpecError, parse_spec
 
 get_algorithm("fedavg")  # registers the built-in algorithms

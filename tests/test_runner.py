@@ -6,6 +6,7 @@ import math
 import pytest
 from rich.console import Console
 
+from pflbench.execution import ExecutionOptions
 from pflbench.algorithm import ALGORITHMS, Algorithm
 from pflbench.config import cell_hash
 from pflbench.runner import RunOptions, run_plan
@@ -123,7 +124,7 @@ def test_client_batching_option_reaches_every_cell(options):
     from dataclasses import replace
 
     run = plan(["fedavg"], rounds=1)
-    assert run_plan(run, replace(options, client_batching="on"), quiet()).exit_code == 0
+    assert run_plan(run, replace(options, execution=ExecutionOptions(client_batching="on")), quiet()).exit_code == 0
     store = load_store(options.results)
     assert len(store) == 2 and (store["client_batching"] == "batched").all()
 
@@ -131,7 +132,7 @@ def test_client_batching_option_reaches_every_cell(options):
 def test_user_text_that_looks_like_console_markup_is_printed_as_text(broken_algorithms, options, tmp_path):
     """Spec names, algorithm names and error messages holding `[/x]` neither crash the console nor
     stop the run after the first failed cell (rich would raise MarkupError)."""
-    from pflbench.runner import print_plan
+    from pflbench.display import print_plan
 
     the_plan = plan([RaisesMarkup.name, "fedavg"], rounds=1)
     the_plan = the_plan.__class__(**{**the_plan.__dict__, "name": "spec [/x] [bold]"})

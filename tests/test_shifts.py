@@ -9,7 +9,8 @@ import torch
 import pflbench.federation as federation
 from pflbench import shifts
 from pflbench.config import CellConfig, cell_hash
-from pflbench.federation import Federation, prepare_cell, run_cell
+from pflbench.federation import Federation
+from pflbench.rounds import prepare_cell, run_cell
 from pflbench.spec import SpecError, parse_spec, resolve_cell
 
 IMAGES = dict(dataset="synthetic-images", dataset_options={"num_samples": 240, "channels": 3, "size": 28},

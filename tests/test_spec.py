@@ -289,7 +289,26 @@ def test_gpus_asked_where_there_are_none_is_refused_before_any_work(tmp_path, ca
     assert "resources.gpus is 0.5 per cell but torch sees no CUDA device" in capsys.readouterr().err
     assert not results.exists()  # nothing ran
     assert main(["run", str(spec), "--results", str(results), "--dry-run"]) == 0
-    assert "warning" in capsys.readouterr().out
+    assert "warning" in capsys.readouterr().err  # warnings go to stderr
+
+
+def test_dry_run_json_stays_parseable_on_a_gpu_spec_without_cuda(monkeypatch, capsys):
+    """`run table1.yaml --dry-run --json` on a machine without CUDA: the GPU warning goes to stderr,
+    stdout is the JSON alone."""
+    import json
+
+    import torch
+
+    from pflbench.cli import main
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    spec = Path(__file__).resolve().parent.parent / "benchmarks" / "table1.yaml"
+    assert main(["run", str(spec), "--dry-run", "--json", "--results", "/nonexistent-store"]) == 0
+    captured = capsys.readouterr()
+    cells = json.loads(captured.out)
+    assert len(cells) > 1 and all({"hash", "status", "config"} <= set(cell) for cell in cells)
+    assert "torch sees no CUDA device" in captured.err
 
 
 BILLION_LAUGHS = """name: x

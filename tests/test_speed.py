@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from pflbench import training
-from pflbench.federation import choose_channels_last, choose_client_threads, choose_compiled, run_cell
+from pflbench.execution import ExecutionOptions
+from pflbench.rounds import run_cell
 from pflbench.models import build_model
 from pflbench.training import SGD, ClientModel, batch_plan, evaluate_clients, to_channels_last, train_clients
 from tests.cells import small_cell
@@ -194,21 +195,22 @@ def test_batchnorm_models_and_custom_objectives_stay_eager(capsys):
 
 
 def test_speed_switches_are_execution_options():
-    assert choose_compiled("on") and not choose_compiled("off")
-    assert not choose_compiled("auto")  # eager: measured faster on CPU with channels-last and client threads
+    E = ExecutionOptions
+    assert E(compiled_training="on").compiled() and not E(compiled_training="off").compiled()
+    assert not E().compiled()  # eager: measured faster on CPU with channels-last and client threads
     with pytest.raises(ValueError, match=r"compiled_training must be one of \('auto', 'on', 'off'\)"):
-        choose_compiled("yes")
-    cnn, mlp = ClientModel(build_model("cnn", (1, 8, 8), 3)), ClientModel(build_model("mlp", (6,), 3))
+        E(compiled_training="yes")
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert choose_channels_last("auto", cpu, [cnn]) and not choose_channels_last("auto", cuda, [cnn])
-    assert not choose_channels_last("auto", cpu, [mlp]) and not choose_channels_last("on", cpu, [mlp])  # no conv
-    assert not choose_channels_last("off", cpu, [cnn]) and choose_channels_last("on", cuda, [cnn])
+    assert E().use_channels_last(cpu, True) and not E().use_channels_last(cuda, True)
+    assert not E().use_channels_last(cpu, False) and not E(channels_last="on").use_channels_last(cpu, False)  # no conv
+    assert not E(channels_last="off").use_channels_last(cpu, True) and E(channels_last="on").use_channels_last(cuda, True)
     with pytest.raises(ValueError, match="channels_last must be one of"):
-        choose_channels_last("yes", cpu, [cnn])
-    assert choose_client_threads("auto", cpu) == torch.get_num_threads() and choose_client_threads("off", cpu) == 1
-    assert choose_client_threads("auto", cuda) == 1
+        E(channels_last="yes")
+    threads = torch.get_num_threads()
+    assert E().side_by_side(cpu, threads) == threads and E(client_threads="off").side_by_side(cpu, threads) == 1
+    assert E().side_by_side(cuda, threads) == 1
     with pytest.raises(ValueError, match="client_threads must be one of"):
-        choose_client_threads("4", cpu)
+        E(client_threads="4")
     # Not part of the cell: its hash does not depend on how it is executed.
     from pflbench.config import CellConfig
     assert not {"compiled_training", "channels_last", "client_threads"} & set(CellConfig.model_fields)

@@ -14,7 +14,7 @@ import pandas as pd
 import yaml
 
 from pflbench.config import CellConfig, cell_hash
-from pflbench.federation import CellResult
+from pflbench.rounds import CellResult
 from pflbench.spec import load_spec
 from pflbench.store import Store, load_store
 

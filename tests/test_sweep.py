@@ -9,7 +9,8 @@ import pytest
 import yaml
 from rich.console import Console
 
-import pflbench.federation as federation
+import pflbench.rounds as rounds
+from pflbench.execution import ExecutionOptions
 from pflbench.config import cell_hash
 from pflbench.partitioning import ClientSplits
 from pflbench.runner import RunOptions, run_plan
@@ -43,7 +44,7 @@ class WithheldTestSplit(ClientSplits):
 
 @pytest.fixture
 def poisoned_test_split(monkeypatch, tmp_path):
-    real = federation.prepare_cell
+    real = rounds.prepare_cell
 
     def prepare(cell, data_root=None, mirror=None):
         dataset, splits = real(cell, tmp_path / "data", mirror)
@@ -53,7 +54,7 @@ def poisoned_test_split(monkeypatch, tmp_path):
         object.__setattr__(poisoned, "val", splits.val)
         return dataset, poisoned
 
-    monkeypatch.setattr(federation, "prepare_cell", prepare)
+    monkeypatch.setattr(rounds, "prepare_cell", prepare)
     return WithheldTestSplit
 
 
@@ -64,16 +65,16 @@ def test_the_trial_objective_never_reads_the_test_split(poisoned_test_split, mon
     monkeypatch.setattr(tune, "report", lambda metrics, **_: reports.append(metrics))
     base = base_plan().cells[0]
     run_trial({"lr": 0.03, "hp": {"mu": 0.1}}, base=base.model_dump(mode="json"), cpus=1, data_root=None,
-              mirror=None, device="cpu", client_batching="auto")
+              mirror=None, execution=ExecutionOptions(device="cpu"))
     assert poisoned_test_split.reads == 0
     assert [r["round"] for r in reports] == [1, 2] and all(0 <= r["val_accuracy"] <= 1 for r in reports)
     # The engine's own evaluation: without "test" nothing of it is on the device or in the metrics.
-    result = federation.run_cell(trial_cell(base, {"lr": 0.03}), evaluate=("val",))
+    result = rounds.run_cell(trial_cell(base, {"lr": 0.03}), evaluate=("val",))
     assert poisoned_test_split.reads == 0
     assert result.metrics["accuracy"].isna().all() and result.metrics["val_accuracy"].notna().all()
     assert "final_accuracy" not in result.summary and "final_val_accuracy" in result.summary
     with pytest.raises(AssertionError, match="test split was read"):  # the poison works: a benchmark run reads it
-        federation.run_cell(base)
+        rounds.run_cell(base)
 
 
 def test_search_space_has_the_algorithms_ranges_and_the_learning_rate():
@@ -92,7 +93,7 @@ def test_tiny_sweep_through_ray_tune_writes_a_configuration_the_runner_uses(tmp_
     data_root = tmp_path / "data"
     # Poison the cached partition that every trial loads: test indices far outside the dataset, so
     # evaluating (or indexing) a test split anywhere in a Ray worker would fail that trial.
-    federation.prepare_cell(base, data_root)
+    rounds.prepare_cell(base, data_root)
     [cache] = list((data_root / "cache" / "partitions").glob("*.npz"))
     splits = ClientSplits.load(cache)
     ClientSplits(splits.train, splits.val, [np.full(len(t), 10**9) for t in splits.test]).save(cache)

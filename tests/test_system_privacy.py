@@ -7,10 +7,11 @@ import pytest
 import torch
 
 import pflbench.federation as federation
+import pflbench.rounds as rounds
 from cells import federation as make_federation, small_cell
 from pflbench.algorithm import ALGORITHMS, get_algorithm
 from pflbench.config import cell_hash
-from pflbench.federation import run_cell
+from pflbench.rounds import run_cell
 from pflbench.privacy import ALPHAS, PrivacyParams, PrivacyPlan
 from pflbench.spec import SpecError, parse_spec
 from pflbench.system import SystemParams, SystemPlan
@@ -68,7 +69,7 @@ def test_an_algorithm_that_cannot_honour_a_knob_is_refused_at_the_spec_and_in_ru
     def no_work(*args, **kwargs):
         raise AssertionError("the cell started loading data")
 
-    monkeypatch.setattr(federation, "prepare_cell", no_work)
+    monkeypatch.setattr(rounds, "prepare_cell", no_work)
     with pytest.raises(ValueError, match="'centralized' cannot run with privacy"):
         run_cell(small_cell(algorithm="centralized", privacy={"epsilon": 1.0}))
 

@@ -41,7 +41,7 @@ def load_split(path: str):
 
 
 def timed_round(fed, algorithm, rnd: int) -> dict:
-    from pflbench.federation import run_round
+    from pflbench.rounds import run_round
 
     clients = torch.arange(fed.num_clients)
     timing: dict = {}
@@ -74,38 +74,43 @@ def main() -> int:
     dataset = load_dataset("fmnist")
     cell = CellConfig(algorithm="fedavg", dataset="fmnist", clients=splits.num_clients, batch_size=32,
                       local_epochs=1, lr=0.01, model="cnn", rounds=1000, seed=0)
-    fed = Federation(cell, dataset, splits, "cpu", "auto", FedAvg.batched)
-    algorithm = FedAvg(fed, FedAvg.Hyperparams())
-    algorithm.setup()
-    load = lambda: [round(x, 2) for x in os.getloadavg()]  # noqa: E731
-    result = {"load_before": load(), "threads": args.threads, "train_samples": int(fed.train_sizes.sum()),
-              "path": "batched" if fed.batched else "loop", "rounds": {"before": [], "after": []}}
     from pflbench import training
-    from pflbench.bench import set_layout
+    from pflbench.execution import ExecutionOptions
 
     modes = args.modes.split(",") + (["compiled"] if args.compiled else [])
-    result["rounds"] = {mode: [] for mode in modes}
-    engine_threads = fed.client_threads
+    # One engine per mode, each with its execution options: "before" is the path before the CPU
+    # speed-ups (contiguous convolutions, one client at a time, evaluation in chunks of 4096).
+    execution = {"before": ExecutionOptions(channels_last="off", client_threads="off"),
+                 "after": ExecutionOptions(), "compiled": ExecutionOptions(compiled_training="on")}
+    engines = {}
+    for mode in modes:
+        fed = Federation(cell, dataset, splits, execution[mode], FedAvg.batched)
+        algorithm = FedAvg(fed, FedAvg.Hyperparams())
+        algorithm.setup()
+        engines[mode] = (fed, algorithm)
+    fed = engines[modes[0]][0]
+    load = lambda: [round(x, 2) for x in os.getloadavg()]  # noqa: E731
+    result = {"load_before": load(), "threads": args.threads, "train_samples": int(fed.train_sizes.sum()),
+              "path": "batched" if fed.batched else "loop", "rounds": {mode: [] for mode in modes}}
+    engine_threads = engines.get("after", engines[modes[0]])[0].client_threads
 
-    def set_mode(mode: str) -> None:
-        fed.compiled = mode == "compiled"
-        set_layout(fed, None if mode != "before" else False)
-        fed.client_threads = 1 if mode == "before" else engine_threads
+    def set_mode(mode: str):
         training.EVAL_CHUNK["cpu"] = 4096 if mode == "before" else 256
+        return engines[mode]
 
     rnd = 0
     for mode in modes:  # warm-up: allocator, kernels, the client pool, compilation
-        set_mode(mode)
-        warm = timed_round(fed, algorithm, rnd)
+        warm = timed_round(*set_mode(mode), rnd)
         rnd += 1
         print(f"warm-up {mode}: {warm['round']:.1f} s", file=sys.stderr, flush=True)
-    result["compile_seconds"] = fed.model.compile_seconds
-    result["compiled"] = bool(fed.model._compiled) and all(v is not None for v in fed.model._compiled.values())
+    compiled_model = engines["compiled"][0].model if "compiled" in engines else None
+    result["compile_seconds"] = compiled_model.compile_seconds if compiled_model else 0.0
+    result["compiled"] = bool(compiled_model and compiled_model._compiled) and all(
+        v is not None for v in compiled_model._compiled.values())
     result["client_threads"] = engine_threads
     for repeat in range(args.repeats):
         for mode in modes:
-            set_mode(mode)
-            measured = timed_round(fed, algorithm, rnd)
+            measured = timed_round(*set_mode(mode), rnd)
             rnd += 1
             result["rounds"][mode].append(measured)
             print(f"{mode} {repeat + 1}/{args.repeats}: " + ", ".join(f"{k} {v:.2f}" for k, v in measured.items())

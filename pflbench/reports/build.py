@@ -218,7 +218,7 @@ PARTITION_FIELDS = ("dataset", "dataset_options", "partition", "partition_params
 def partition_figures(cells: pd.DataFrame, out: Path, options: ReportOptions, report: Report) -> None:
     """Each distinct partition's per-client label counts, rebuilt from the data root's cache."""
     from pflbench.config import CellConfig
-    from pflbench.federation import prepare_cell
+    from pflbench.rounds import prepare_cell
 
     done: dict[str, str | None] = {}
     for _, cell in cells.iterrows():

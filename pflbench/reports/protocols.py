@@ -31,6 +31,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from pflbench.metrics import accuracy_key, round_key
+
 MODELS = {"delivered": "as delivered", "adapted": "after local adaptation"}
 SELECTIONS = {"final": "final round", "bestval": "best validation round",
               "besttest": "best test round (selected on test)"}
@@ -89,22 +91,13 @@ class Protocol:
 
     @property
     def key(self) -> str:
-        """The summary.json key holding this protocol's number for one cell."""
-        if self.selection == "besttest":
-            return "best_accuracy"
-        adapted = "_adapted" if self.adapted else ""
-        if self.worst10:
-            return f"{self.selection}_worst10_accuracy{adapted}"
-        return f"{self.selection}_accuracy{adapted}" + ("_pooled" if self.averaging == "pooled" else "")
+        """The summary.json key holding this protocol's number for one cell (pflbench.metrics writes it)."""
+        return accuracy_key(self.selection, self.adapted, self.averaging)
 
     @property
     def round_key(self) -> str | None:
         """The summary key of the round the selection chose (None for the final round)."""
-        if self.selection == "besttest":
-            return "best_round"
-        if self.selection == "bestval":
-            return "bestval_round" + ("_adapted" if self.adapted else "")
-        return None
+        return round_key(self.selection, self.adapted)
 
     @property
     def label(self) -> str:

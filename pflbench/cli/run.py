@@ -2,7 +2,8 @@
 
 Only the standard library is imported here: `pflbench --help` and `pflbench run --help` build every
 parser, and the runner's imports (torch, pandas, Ray, ...) take seconds; they are imported by
-`cmd_run` when a spec is actually run.
+`cmd_run` when a spec is actually run. Machine-readable output (`--dry-run --json`) is alone on
+stdout: warnings and notes go to stderr.
 """
 from __future__ import annotations
 
@@ -10,13 +11,10 @@ import os
 import sys
 from pathlib import Path
 
-# pflbench.federation.CLIENT_BATCHING, written out so that building the parser imports no torch
-# (tests/test_cli_friendly.py checks the two agree).
-CLIENT_BATCHING = ("auto", "on", "off")
-
 
 def add_parser(subparsers) -> None:
-    from pflbench.commands import add_data_options
+    from pflbench.cli.commands import add_data_options
+    from pflbench.execution import add_execution_arguments
 
     run = subparsers.add_parser("run", help="run a spec's matrix (resuming: cells with results are skipped)")
     run.add_argument("spec", help="a spec file, e.g. benchmarks/demo.yaml (format: benchmarks/README.md)")
@@ -34,17 +32,7 @@ def add_parser(subparsers) -> None:
     run.add_argument("--ray-address", help="an existing Ray cluster (default: $RAY_ADDRESS, else a local instance)")
     run.add_argument("--no-ray", action="store_true", help="run the cells one by one in this process")
     run.add_argument("--force", action="store_true", help="rerun cells that already have a result")
-    run.add_argument("--device", help="torch device for every cell (default: cuda for cells given GPUs, else cpu)")
-    run.add_argument("--client-batching", choices=CLIENT_BATCHING, default="auto",
-                     help="local training batched across clients (auto: on CUDA, a client loop on CPU)")
-    run.add_argument("--compiled-training", choices=("auto", "on", "off"), default="auto",
-                     help="torch.compile the local training step (auto: the eager step, measured faster on "
-                          "CPU with channels-last and client threads; on: compiled)")
-    run.add_argument("--channels-last", choices=("auto", "on", "off"), default="auto",
-                     help="convolutions in channels-last memory order (auto: on CPU)")
-    run.add_argument("--client-threads", choices=("auto", "off"), default="auto",
-                     help="train and evaluate a cell's clients side by side on its CPU threads, one torch "
-                          "thread each (auto: on CPU when the cell has more than one thread)")
+    add_execution_arguments(run, device_help="torch device for every cell (default: cuda for cells given GPUs, else cpu)")
     add_data_options(run)
     run.set_defaults(func=cmd_run)
 
@@ -71,7 +59,9 @@ def cmd_run(args) -> int:
         raise SystemExit("--json goes with --dry-run")
     from rich.markup import escape
 
-    from pflbench.runner import PrepareError, RunOptions, make_console, print_plan, run_plan
+    from pflbench.display import make_console, print_plan
+    from pflbench.execution import execution_options
+    from pflbench.runner import PrepareError, RunOptions, run_plan
     from pflbench.spec import SpecError, load_spec, parse_sets
     from pflbench.store import Store
 
@@ -85,16 +75,14 @@ def cmd_run(args) -> int:
     if args.dry_run:
         print_plan(console, plan, Store(args.results), as_json=args.json)
         if gpu_problem:
-            console.print(f"[yellow]warning:[/] {escape(gpu_problem)}", highlight=False)
+            make_console(stderr=True).print(f"[yellow]warning:[/] {escape(gpu_problem)}", highlight=False)
         return 0
     if gpu_problem:
         print(f"cannot run {args.spec}, nothing was run: {gpu_problem}", file=sys.stderr)
         return 2
     options = RunOptions(results=args.results, data_root=args.root, mirror=args.mirror, use_ray=not args.no_ray,
                          workers=args.workers, ray_address=args.ray_address, force=args.force,
-                         device=args.device, client_batching=args.client_batching,
-                         compiled_training=args.compiled_training, channels_last=args.channels_last,
-                         client_threads=args.client_threads)
+                         execution=execution_options(args))
     try:
         return run_plan(plan, options, console).exit_code
     except PrepareError as error:

@@ -5,13 +5,12 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from pflbench.run_command import CLIENT_BATCHING
-
 DEFAULT_BASE = Path("benchmarks/sweeps/default.yaml")  # pflbench.sweep.DEFAULT_BASE
 
 
 def add_parser(subparsers) -> None:
-    from pflbench.commands import add_data_options
+    from pflbench.cli.commands import add_data_options
+    from pflbench.execution import add_execution_arguments
 
     sweep = subparsers.add_parser("sweep", help="tune an algorithm's hyperparameters (Ray Tune + Optuna + ASHA, "
                                                 "validation split only); write the best to benchmarks/tuned/")
@@ -36,14 +35,13 @@ def add_parser(subparsers) -> None:
                        help="folder for the best configuration, <out>/<algo>.yaml (default benchmarks/tuned)")
     sweep.add_argument("--workers", type=int, help="trials at once (default: as many as Ray's CPUs allow)")
     sweep.add_argument("--ray-address", help="an existing Ray cluster (default: $RAY_ADDRESS, else a local instance)")
-    sweep.add_argument("--device", help="torch device (default: cuda for cells given GPUs, else cpu)")
-    sweep.add_argument("--client-batching", choices=CLIENT_BATCHING, default="auto",
-                       help="local training batched across clients (auto: on CUDA, a client loop on CPU)")
+    add_execution_arguments(sweep, device_help="torch device (default: cuda for cells given GPUs, else cpu)")
     add_data_options(sweep)
     sweep.set_defaults(func=cmd_sweep)
 
 
 def cmd_sweep(args) -> int:
+    from pflbench.execution import execution_options
     from pflbench.spec import parse_sets
     from pflbench.sweep import SweepOptions, base_cell, run_sweep
 
@@ -56,7 +54,7 @@ def cmd_sweep(args) -> int:
         options = SweepOptions(trials=args.trials, results=args.results, out=args.out, tune_lr=args.tune_lr,
                                grace_rounds=args.grace_rounds, seed=args.seed, workers=args.workers,
                                ray_address=args.ray_address, data_root=args.root, mirror=args.mirror,
-                               device=args.device, client_batching=args.client_batching)
+                               execution=execution_options(args))
         run_sweep(args.algo, base, resources, options)
     except (ValueError, FileNotFoundError) as error:  # SpecError, SweepError, a partition or dataset problem
         print(f"sweep: {error}", file=sys.stderr)

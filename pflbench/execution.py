@@ -1,0 +1,94 @@
+"""How a cell runs, as opposed to what it computes: the execution options.
+
+One small object, standard library only (the command-line parsers build their choices from it without
+importing torch), passed from `pflbench run`, `pflbench sweep` and `pflbench bench` down to the
+Federation. None of these options is part of a cell's identity (`pflbench.config.cell_hash`): they
+change how fast a cell runs, never what it computes beyond float rounding.
+
+- `client_batching`: local training batched across clients (torch.func) or a loop over clients.
+  `auto` batches on CUDA: on a CPU a loop over clients at batch 32 is as fast as one big batch and
+  avoids vmap's overhead (measured with `pflbench bench`).
+- `compiled_training`: torch.compile of forward+backward+SGD (pflbench.training's module doc). `auto`
+  is the eager step: with channels-last convolutions and client threads the eager loop path trains the
+  CNN faster than the compiled step on a CPU (pflbench bench, 2 threads: 7,631 vs 5,877 samples/s on
+  Fashion-MNIST's shape); CUDA was not measured.
+- `channels_last`: convolutions in NHWC memory order. `auto`: on for convolutional models on a CPU,
+  where oneDNN's channels-last kernels train the CNN 1.3-1.5x faster; off on CUDA (not measured there).
+- `client_threads`: the loop path trains and evaluates clients side by side on the cell's CPU threads,
+  one intra-op thread each. `auto`: on for a CPU with more than one torch thread; off on CUDA.
+- `device`: torch device (None: "cuda" for cells given GPUs, else "cpu"; decided by the runner).
+- `threads`: torch threads of the cell (None: the runner sets them from the cell's CPUs).
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+CLIENT_BATCHING = ("auto", "on", "off")
+COMPILED_TRAINING = ("auto", "on", "off")
+CHANNELS_LAST = ("auto", "on", "off")
+CLIENT_THREADS = ("auto", "off")
+CHOICES = {"client_batching": CLIENT_BATCHING, "compiled_training": COMPILED_TRAINING,
+           "channels_last": CHANNELS_LAST, "client_threads": CLIENT_THREADS}
+
+
+@dataclass(frozen=True)
+class ExecutionOptions:
+    device: str | None = None
+    client_batching: str = "auto"
+    compiled_training: str = "auto"
+    channels_last: str = "auto"
+    client_threads: str = "auto"
+    threads: int | None = None
+
+    def __post_init__(self):
+        for name, allowed in CHOICES.items():
+            value = getattr(self, name)
+            if value not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"threads must be at least 1, got {self.threads!r}")
+
+    def on(self, device: str) -> "ExecutionOptions":
+        """These options with the device decided (kept where one was given)."""
+        return self if self.device else ExecutionOptions(**{**asdict(self), "device": device})
+
+    # -- the engine's choices, given the device and the models (each documented in the module doc) --
+    def batched(self, device, algorithm_batched: bool) -> bool:
+        if not algorithm_batched:
+            return False
+        if self.client_batching == "auto":
+            return device.type == "cuda"
+        return self.client_batching == "on"
+
+    def compiled(self) -> bool:
+        return self.compiled_training == "on"
+
+    def use_channels_last(self, device, has_conv: bool) -> bool:
+        wanted = device.type == "cpu" if self.channels_last == "auto" else self.channels_last == "on"
+        return wanted and has_conv
+
+    def side_by_side(self, device, torch_threads: int) -> int:
+        """How many clients the loop path runs side by side (1: one after another)."""
+        return torch_threads if self.client_threads == "auto" and device.type == "cpu" else 1
+
+
+def add_execution_arguments(parser, *, device_help: str) -> None:
+    """The execution options as command-line arguments (`run`, `sweep`)."""
+    parser.add_argument("--device", help=device_help)
+    parser.add_argument("--client-batching", choices=CLIENT_BATCHING, default="auto",
+                        help="local training batched across clients (auto: on CUDA, a client loop on CPU)")
+    parser.add_argument("--compiled-training", choices=COMPILED_TRAINING, default="auto",
+                        help="torch.compile the local training step (auto: the eager step, measured faster on "
+                             "CPU with channels-last and client threads; on: compiled)")
+    parser.add_argument("--channels-last", choices=CHANNELS_LAST, default="auto",
+                        help="convolutions in channels-last memory order (auto: on CPU)")
+    parser.add_argument("--client-threads", choices=CLIENT_THREADS, default="auto",
+                        help="train and evaluate a cell's clients side by side on its CPU threads, one torch "
+                             "thread each (auto: on CPU when the cell has more than one thread)")
+
+
+def execution_options(args) -> ExecutionOptions:
+    """The ExecutionOptions given on a command line built with `add_execution_arguments`."""
+    return ExecutionOptions(device=args.device, client_batching=args.client_batching,
+                            compiled_training=args.compiled_training, channels_last=args.channels_last,
+                            client_threads=args.client_threads)

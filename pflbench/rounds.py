@@ -1,0 +1,264 @@
+"""The round driver: the whole life of one cell (dataset -> partition -> rounds -> metrics).
+
+`run_cell` is what the runner, the sweep and the tests call; `run_rounds` drives an algorithm's hooks
+round by round on a built `Federation` (`pflbench bench` and tests call it and `run_round` directly).
+A round, as driven here (the hooks are `pflbench.algorithm.Algorithm`'s):
+
+    download = configure; state = receive; state = local_train; upload = send;
+    aggregate (or aggregate_arrived: only the uploads that reached the server, noised under DP)
+    every eval_every rounds (and the last): score personalized() on the evaluated splits, after local
+    adaptation too (finetune_epochs), and the newcomers' models in a cell with unseen clients.
+
+Divergence is a result (status "diverged"), not an exception; any other exception propagates to the
+caller (the runner records it as failed).
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import pandas as pd
+import torch
+from torch import Tensor
+
+from pflbench.algorithm import Algorithm, get_algorithm
+from pflbench.config import CellConfig
+from pflbench.execution import ExecutionOptions
+from pflbench.federation import EVALUATED, Federation
+from pflbench.metrics import METRIC_COLUMNS, ROUND_COLUMNS, client_rows, summarize
+from pflbench.newcomers import score_newcomers
+from pflbench.privacy import privatize_upload
+from pflbench.training import Diverged, State, payload_bytes
+
+
+@dataclass
+class CellResult:
+    status: str                       # "finished" | "diverged" | "failed"
+    metrics: pd.DataFrame             # per eval round and client: accuracy, loss, val_accuracy, bytes, ...
+    rounds: pd.DataFrame              # per round: bytes_up, bytes_down, train_loss, wall_time
+    summary: dict
+    artifacts: dict[str, np.ndarray] = field(default_factory=dict)
+    error: str | None = None
+
+
+def prepare_cell(cell: CellConfig, data_root=None, mirror=None):
+    """Load the cell's dataset and its (cached, shared) partition. Raises clear errors early."""
+    from pflbench.data import data_root as resolve_root, load_dataset
+    from pflbench.partitioning import make_splits
+
+    dataset = load_dataset(cell.dataset, root=data_root, mirror=mirror, **cell.dataset_options)
+    splits = make_splits(dataset.labels.numpy(), dataset.num_classes, scheme=cell.partition,
+                         params=cell.partition_params, num_clients=cell.clients, seed=cell.seed,
+                         train_fraction=cell.train_fraction, val_fraction=cell.val_fraction,
+                         cache_dir=Path(resolve_root(data_root)) / "cache" / "partitions",
+                         dataset_key=f"{cell.dataset}-{dataset.checksum}")
+    return dataset, splits
+
+
+def check_evaluated(evaluate: tuple[str, ...]) -> tuple[str, ...]:
+    evaluate = tuple(dict.fromkeys(evaluate))
+    if not evaluate or any(name not in EVALUATED for name in evaluate):
+        raise ValueError(f"evaluate must name one or both of {EVALUATED}, got {evaluate!r}")
+    return evaluate
+
+
+def run_cell(cell: CellConfig, *, data_root=None, mirror=None, execution: ExecutionOptions = ExecutionOptions(),
+             on_round: Callable[[dict], None] | None = None, evaluate: tuple[str, ...] = EVALUATED) -> CellResult:
+    """Run one cell to the end. A cell from a spec is resolved already (`pflbench.resolve`); any other
+    is resolved here first, through the same checks (a ValueError names what is wrong).
+
+    `evaluate` lists the splits evaluated every eval round; without "test" (hyperparameter tuning:
+    `evaluate=("val",)`) the test indices are withheld from the run altogether (see `Federation`)."""
+    from pflbench.resolve import ensure_resolved
+
+    evaluate = check_evaluated(evaluate)
+    cell = ensure_resolved(cell)
+    algorithm_cls = get_algorithm(cell.algorithm)
+    dataset, splits = prepare_cell(cell, data_root, mirror)
+    fed = Federation(cell, dataset, splits, execution, algorithm_cls.batched, withhold_test="test" not in evaluate)
+    algorithm = algorithm_cls(fed, algorithm_cls.parse_hyperparams(cell.hp))
+    return run_rounds(fed, algorithm, on_round=on_round, evaluate=evaluate, provenance={
+        "dataset_checksum": dataset.checksum, "torch": torch.__version__, "device": fed.device.type})
+
+
+def run_round(algorithm: Algorithm, rnd: int, clients: Tensor, timing: dict | None = None) -> tuple[State, State]:
+    """One round of the algorithm's hooks; returns what was sent down and what reached the server
+    (with dropped uploads or DP, one dict per client, {} for a dropped one). `timing`, if given, gets
+    the seconds of local training ("train"); the other hooks are the server's share."""
+    fed = algorithm.fed
+    download = algorithm.configure(rnd, clients)
+    state = algorithm.receive(rnd, clients, download)
+    fed.local_round = rnd  # stragglers cut this round's local work
+    train_start = time.perf_counter()
+    try:
+        state = algorithm.local_train(rnd, clients, state)
+    finally:
+        fed.local_round = None
+    if timing is not None:
+        timing["train"] = time.perf_counter() - train_start
+    upload = algorithm.send(rnd, clients, state)
+    arrived = fed.arrived(rnd, clients)
+    engine_dp = fed.privacy is not None and algorithm.dp_upload in ("model", "update")
+    if arrived is None and not engine_dp:
+        algorithm.aggregate(rnd, clients, upload)
+        return download, upload
+    received = (privatize_upload(fed.privacy, algorithm.dp_upload, rnd,
+                                 torch.as_tensor(fed.client_ids)[clients.cpu()], download, upload, arrived)
+                if engine_dp else [u if arrived is None or arrived[k] else {}
+                                   for k, u in enumerate(_per_client(upload, len(clients)))])
+    positions = torch.arange(len(clients), device=clients.device)
+    if arrived is not None:
+        positions = positions[arrived]
+    if isinstance(upload, dict):  # restack what arrived, as the algorithm's aggregate expects
+        stacked = {n: torch.stack([received[k][n] for k in positions.tolist()]) if len(positions)
+                   else t[:0] for n, t in upload.items()}
+    else:
+        stacked = [received[k] for k in positions.tolist()]
+    algorithm.aggregate_arrived(rnd, clients, stacked, positions)
+    return download, received
+
+
+def _per_client(upload, count: int) -> list:
+    """An upload as one dict per client (rows of a stacked State, or the list it already is)."""
+    if isinstance(upload, list):
+        return upload
+    return [{n: t[k] for n, t in upload.items()} for k in range(count)]
+
+
+class CellRecord:
+    """What a running cell has recorded so far: per-client metrics rows, per-round rows, artifacts,
+    and how it ended (status, the round it diverged at)."""
+
+    def __init__(self, fed: Federation):
+        self.start = time.perf_counter()
+        self.metric_rows: list[dict] = []
+        self.round_rows: list[dict] = []
+        self.artifacts: dict[str, np.ndarray] = {}
+        self.status, self.diverged_round, self.error = "finished", None, None
+        self.adapt_diverged: list[int] = []
+        self.newcomer_time = 0.0
+        self.last_eval: dict | None = None
+        self.flags = {} if fed.newcomers is None else {"newcomer": False}
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.start
+
+    def diverged(self, rnd: int, why) -> None:
+        self.status, self.diverged_round, self.error = "diverged", rnd, f"round {rnd}: {why}"
+
+    def add_round(self, rnd: int, clients: Tensor, download, upload, seconds: float, train_seconds: float):
+        bytes_down, bytes_up = payload_bytes(download), payload_bytes(upload)
+        self.round_rows.append({"round": rnd, "clients": len(clients), "bytes_down": int(bytes_down.sum()),
+                                "bytes_up": int(bytes_up.sum()), "wall_time": seconds, "adapt_time": 0.0,
+                                "train_time": train_seconds, "eval_time": 0.0,
+                                "server_time": seconds - train_seconds})
+        return bytes_down, bytes_up
+
+    def add_clients(self, rows: list[dict]) -> None:
+        now = self.elapsed()
+        self.metric_rows.extend({**row, "wall_time": now} for row in rows)
+
+
+def run_rounds(fed: Federation, algorithm: Algorithm, on_round=None, provenance: dict | None = None,
+               evaluate: tuple[str, ...] = EVALUATED) -> CellResult:
+    """The cell's rounds, with every client's personalized model evaluated on the `evaluate` splits
+    every eval_every rounds (columns of a split not evaluated are NaN). With the cell's
+    `finetune_epochs` > 0 the same models are also scored after local adaptation (`*_adapted`
+    columns; `Algorithm.adapt`), which never feeds back into training; its seconds are counted
+    apart (`adapt_time`), not in the round's `wall_time`. `on_round` gets, after each round,
+    {round, rounds, mean_accuracy, mean_val_accuracy} (the latest evaluation, or None)."""
+    evaluate = check_evaluated(evaluate)
+    cell = fed.cell
+    algorithm.setup()
+    record = CellRecord(fed)
+    for rnd in range(1, cell.rounds + 1):
+        round_start = time.perf_counter()
+        clients = torch.as_tensor(fed.schedule[rnd - 1], device=fed.device)
+        timing: dict = {}
+        try:
+            download, upload = run_round(algorithm, rnd, clients, timing)
+        except Diverged as err:
+            record.diverged(rnd, err)
+            break
+        sent = record.add_round(rnd, clients, download, upload, time.perf_counter() - round_start, timing["train"])
+        if (rnd % cell.eval_every == 0 or rnd == cell.rounds) and not evaluate_round(
+                fed, algorithm, rnd, clients, sent, evaluate, record):
+            break
+        if on_round is not None:
+            on_round({"round": rnd, "rounds": cell.rounds,
+                      **(record.last_eval or {"mean_accuracy": None, "mean_val_accuracy": None})})
+    metrics = pd.DataFrame(record.metric_rows, columns=METRIC_COLUMNS + list(record.flags))
+    rounds = pd.DataFrame(record.round_rows, columns=ROUND_COLUMNS)
+    facts = {"model": fed.model_name, "client_batching": "batched" if fed.batched else "loop",
+             **(provenance or {}), **cell_facts(fed, algorithm, rounds, record, evaluate)}
+    summary = summarize(metrics, rounds, record.status, record.diverged_round, record.elapsed(), facts)
+    return CellResult(record.status, metrics, rounds, summary, record.artifacts, record.error)
+
+
+def evaluate_round(fed: Federation, algorithm: Algorithm, rnd: int, clients: Tensor, sent, evaluate,
+                   record: CellRecord) -> bool:
+    """Score every client's personalized model at round `rnd` (and after adaptation, and the
+    newcomers'), into `record`; False when the cell diverged here."""
+    eval_start = time.perf_counter()
+    try:  # forming personalized models may train too (e.g. FedBABU's fine-tuning)
+        personal = algorithm.personalized()
+    except Diverged as err:
+        record.diverged(rnd, err)
+        return False
+    scores = algorithm.evaluate_splits(personal, evaluate)
+    watched = evaluate[0]  # the test loss; the val loss where only val is evaluated (tuning)
+    if not torch.isfinite(scores[watched][1]).all():
+        record.diverged(rnd, f"non-finite {watched} loss")
+        return False
+    record.round_rows[-1]["eval_time"] = time.perf_counter() - eval_start
+    adapted = {}
+    if fed.cell.finetune_epochs:
+        adapt_start = time.perf_counter()
+        try:  # a model that diverges when adapted leaves that round's adapted scores NaN
+            tuned = algorithm.adapt_locally(personal, rnd, fed.cell.finetune_epochs)
+            adapted = algorithm.evaluate_splits(tuned, evaluate)
+        except Diverged:
+            record.adapt_diverged.append(rnd)
+        record.round_rows[-1]["adapt_time"] = time.perf_counter() - adapt_start
+    del personal
+    bytes_down, bytes_up = (dict(zip(clients.tolist(), values.tolist())) for values in sent)  # by position
+    record.add_clients(client_rows(rnd, fed.client_ids, scores, adapted, fed.split_sizes("test").tolist(),
+                                   fed.split_sizes("val").tolist(), bytes_down, bytes_up, **record.flags))
+    if fed.newcomers is not None:  # unseen clients: their models scored apart (pflbench.newcomers)
+        rows, seconds = score_newcomers(algorithm, fed.newcomers, rnd, evaluate, fed.cell.finetune_epochs)
+        record.add_clients(rows)
+        record.newcomer_time += seconds
+    for key, value in algorithm.artifacts().items():
+        record.artifacts[f"{key}_round{rnd:05d}"] = value
+    record.last_eval = {"mean_accuracy": _mean(scores, "test"), "mean_val_accuracy": _mean(scores, "val")}
+    return True
+
+
+def _mean(scores: dict, split: str) -> float | None:
+    return float(scores[split][0].mean()) if split in scores else None
+
+
+def cell_facts(fed: Federation, algorithm: Algorithm, rounds: pd.DataFrame, record: CellRecord, evaluate) -> dict:
+    """How the cell ran and what its knobs did, for the summary."""
+    facts = {} if evaluate == EVALUATED else {"evaluated": list(evaluate)}
+    if fed.system is not None:  # what the system knob did, for the report
+        ran = fed.client_ids[fed.schedule[: len(rounds)]]  # partition ids
+        facts.update({"system_stragglers": np.flatnonzero(fed.system.straggler).tolist(),
+                      "system_dropped_uploads": int(np.take_along_axis(fed.system.dropped[: len(ran)], ran, 1).sum()),
+                      "system_mean_work": float(np.take_along_axis(fed.system.work[: len(ran)], ran, 1).mean())})
+    if fed.privacy is not None:
+        facts.update(fed.privacy.summary())
+    facts.update({f"{part}_time_total": float(rounds[f"{part}_time"].sum()) for part in ("train", "server", "eval")})
+    facts.update(compiled_training=fed.compiled, channels_last=fed.channels_last,
+                 client_threads=fed.client_threads if not fed.batched else 1,
+                 compile_seconds=float(sum(m.compile_seconds for m in fed.models)))
+    if fed.cell.finetune_epochs:
+        facts.update({"adapt_time_total": float(rounds["adapt_time"].sum()),
+                      "adapt_diverged_rounds": record.adapt_diverged})
+    if fed.newcomers is not None:
+        facts.update({"newcomers": fed.newcomers.client_ids.tolist(), "newcomer_time_total": record.newcomer_time})
+    return facts
