@@ -142,6 +142,33 @@ def _time_centralized(fed, batch_size: int, rounds: int) -> float:
     return time.perf_counter() - start
 
 
+def engine_ways(device: str, compiled: bool) -> dict[str, ExecutionOptions]:
+    """The federated ways timed: each is the engine run with its own execution options."""
+    return {"default": ExecutionOptions(device=device),
+            **({"compiled": ExecutionOptions(device=device, compiled_training="on")} if compiled else {}),
+            # the default path without its CPU speed-ups (contiguous convolutions, one client at a
+            # time): what `default` was before them
+            "plain": ExecutionOptions(device=device, channels_last="off", client_threads="off"),
+            "loop": ExecutionOptions(device=device, client_batching="off"),
+            "batched": ExecutionOptions(device=device, client_batching="on")}
+
+
+def _measure(ways: dict[str, Callable[[], float]], repeats: int, work: int, say) -> tuple[dict, dict]:
+    """One warm-up of each way (allocator, kernels, vmap tracing, compilation), then `repeats` rounds of
+    measurements, the ways interleaved: (warm-up seconds, measured seconds per way)."""
+    warmup = {}
+    for name, way in ways.items():
+        warmup[name] = way()
+        say(f"warm-up {name}: {warmup[name]:.2f} s")
+    times: dict[str, list[float]] = {name: [] for name in ways}
+    for repeat in range(repeats):
+        for name, way in ways.items():
+            seconds = way()
+            times[name].append(seconds)
+            say(f"measurement {repeat + 1}/{repeats} {name}: {seconds:.3f} s ({work / seconds:.0f} samples/s)")
+    return warmup, times
+
+
 def run_bench(clients: int = 10, samples: int = 512, batch_size: int = 32,
               shape: tuple[int, ...] = (3, 32, 32), num_classes: int = 10, model: str = "cnn",
               rounds: int = 1, repeats: int = 8, device: str = "cpu", seed: int = 0, compiled: bool = True,
@@ -154,35 +181,18 @@ def run_bench(clients: int = 10, samples: int = 512, batch_size: int = 32,
     peak = matmul_peak() if device.type == "cpu" else None
     say(f"training step {flops_per_sample / 1e6:.2f} MFLOP per sample"
         + (f"; measured matmul peak {peak:.1f} GFLOP/s" if peak else ""))
-    # Each way is the engine run with its own execution options (pflbench.execution).
-    execution = {"default": ExecutionOptions(device=str(device)),
-                 **({"compiled": ExecutionOptions(device=str(device), compiled_training="on")} if compiled else {}),
-                 # the default path without its CPU speed-ups (contiguous convolutions, one client at a
-                 # time): what `default` was before them
-                 "plain": ExecutionOptions(device=str(device), channels_last="off", client_threads="off"),
-                 "loop": ExecutionOptions(device=str(device), client_batching="off"),
-                 "batched": ExecutionOptions(device=str(device), client_batching="on")}
     engines = {name: _bench_federation(clients, samples, batch_size, shape, num_classes, model, options, seed)
-               for name, options in execution.items()}
+               for name, options in engine_ways(str(device), compiled).items()}
     fed = engines["default"][0]
     combined = clients * batch_size
     ways = {**{name: (lambda engine=engine: _time_federated(*engine, rounds)) for name, engine in engines.items()},
             f"centralized_batch{batch_size}": lambda: _time_centralized(fed, batch_size, rounds),
             f"centralized_batch{combined}": lambda: _time_centralized(fed, combined, rounds)}
     work = rounds * clients * samples
-    warmup = {}
-    for name, way in ways.items():  # warm-up: allocator, kernels, vmap tracing, compilation
-        warmup[name] = way()
-        say(f"warm-up {name}: {warmup[name]:.2f} s")
+    warmup, times = _measure(ways, repeats, work, say)
     compiled_model = engines["compiled"][0].model if compiled else None
     compile_seconds = compiled_model.compile_seconds if compiled else 0.0
     compiled_ran = compiled and bool(compiled_model._compiled) and all(v is not None for v in compiled_model._compiled.values())
-    times: dict[str, list[float]] = {name: [] for name in ways}
-    for repeat in range(repeats):
-        for name, way in ways.items():
-            seconds = way()
-            times[name].append(seconds)
-            say(f"measurement {repeat + 1}/{repeats} {name}: {seconds:.3f} s ({work / seconds:.0f} samples/s)")
     best = {name: min(values) if values else math.inf for name, values in times.items()}
     spread = {name: {"min": min(values), "median": statistics.median(values), "max": max(values),
                      "relative": statistics.median(values) / min(values) - 1}

@@ -14,7 +14,6 @@ caller (the runner records it as failed).
 """
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path

@@ -578,14 +578,6 @@ def _sgd_step_rows(params: list[Tensor], grads, momenta: list[Tensor] | None, sg
 EVAL_CHUNK = {"cpu": 256, "cuda": 4096}
 
 
-def evaluate_clients(model: ClientModel, state: State, features: Tensor, labels: Tensor,
-                     client_indices: list[Tensor], batched: bool = True,
-                     max_samples: int | None = None, threads: int = 1) -> tuple[Tensor, Tensor]:
-    """Accuracy and mean loss of each client's model on its own samples: two tensors [K]."""
-    return evaluate_client_splits(model, state, features, labels, [client_indices], batched, max_samples,
-                                  threads)[0]
-
-
 @torch.no_grad()
 def evaluate_client_splits(model: ClientModel, state: State, features: Tensor, labels: Tensor,
                            splits: list[list[Tensor]], batched: bool = True, max_samples: int | None = None,

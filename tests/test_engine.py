@@ -8,7 +8,7 @@ from pflbench.config import CellConfig
 from pflbench.federation import sample_schedule
 from pflbench.rounds import run_cell
 from pflbench.models import build_model
-from pflbench.training import SGD, ClientModel, batch_plan, evaluate_clients, train_clients
+from pflbench.training import SGD, ClientModel, batch_plan, evaluate_client_splits, train_clients
 
 
 def _clients(sizes):
@@ -41,8 +41,8 @@ def test_batched_path_matches_client_loop_for_unequal_clients(model_name, shape,
         assert not torch.equal(batched[name], start[name]) or "num_batches" in name or not start[name].is_floating_point()
         torch.testing.assert_close(batched[name], looped[name], atol=tolerance, rtol=1e-4, msg=name)
     torch.testing.assert_close(loss_b, loss_l, atol=1e-5, rtol=1e-5)
-    acc_b, eval_loss_b = evaluate_clients(model, batched, features, labels, idx, batched=True)
-    acc_l, eval_loss_l = evaluate_clients(model, batched, features, labels, idx, batched=False)
+    acc_b, eval_loss_b = evaluate_client_splits(model, batched, features, labels, [idx], batched=True)[0]
+    acc_l, eval_loss_l = evaluate_client_splits(model, batched, features, labels, [idx], batched=False)[0]
     torch.testing.assert_close(acc_b, acc_l)
     torch.testing.assert_close(eval_loss_b, eval_loss_l, atol=1e-5, rtol=1e-5)
 

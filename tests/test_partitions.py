@@ -14,9 +14,9 @@ from pflbench.partitioning import (
     format_label_counts,
     make_partitioner,
     make_splits,
-    plot_label_counts,
 )
 from pflbench.registry import UnknownNameError
+from pflbench.reports.figures import plot_label_counts
 
 NUM_CLASSES = 10
 LABELS = np.repeat(np.arange(NUM_CLASSES), 700)  # 10 classes x 700, shuffled below

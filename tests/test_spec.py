@@ -345,3 +345,66 @@ def test_long_user_values_are_quoted_short(tmp_path):
     assert "matrix.lr[0]" in message and "(5,001 characters)" in message
     for where, problem in caught.value.problems:  # every line stays short whatever the value
         assert len(problem) < 1000
+
+
+# ---- the variants axis ----------------------------------------------------------------------------
+
+def _with_variants(variants, **matrix):
+    return {"name": "v", "matrix": {"algorithm": ["fedavg", "local"], "dataset": ["synthetic"],
+                                    "variants": variants, **matrix}}
+
+
+def test_variants_cross_the_matrix_and_keep_the_ids_of_the_same_settings():
+    plan = parse_spec(_with_variants([{"name": "plain"}, {"name": "slow", "set": {"lr": 0.001, "rounds": 3}},
+                                      {"name": "prox", "set": {"hp": {"mu": 0.5}}}],
+                                     algorithm=["fedavg", "test-spec-prox"]))
+    # fedavg has no `mu`: its "prox" variant is its "plain" cell again (identical cells run once)
+    assert len(plan.cells) == 5
+    by_setting = {(c.algorithm, c.lr, c.rounds, c.hp.get("mu")) for c in plan.cells}
+    assert ("fedavg", 0.001, 3, None) in by_setting and ("test-spec-prox", 0.01, 10, 0.5) in by_setting
+    written_out = parse_spec({"name": "w", "matrix": {"algorithm": ["fedavg"], "dataset": ["synthetic"]},
+                              "defaults": {"lr": 0.001, "rounds": 3}})
+    assert cell_hash(written_out.cells[0]) in {cell_hash(c) for c in plan.cells}  # the name is in no cell
+    assert cell_hash(parse_spec(_with_variants([{"name": "plain"}])).cells[0]) == \
+        cell_hash(parse_spec({"name": "x", "matrix": {"algorithm": ["fedavg", "local"],
+                                                      "dataset": ["synthetic"]}}).cells[0])
+
+
+def test_overrides_see_a_variants_settings():
+    spec = _with_variants([{"name": "a"}, {"name": "b", "set": {"rounds": 7}}])
+    spec["overrides"] = [{"when": {"rounds": 7}, "set": {"lr": 0.2}}]
+    cells = parse_spec(spec).cells
+    assert {(c.rounds, c.lr) for c in cells} == {(10, 0.01), (7, 0.2)}
+
+
+@pytest.mark.parametrize("variants, matrix, expected", [
+    ([{"name": "a", "set": {"lrr": 0.1}}], {}, r"matrix\.variants\[0\]\.set\.lrr: unknown key 'lrr'"),
+    ([{"name": "a", "set": {"rounds": "many"}}], {}, r"matrix\.variants\[0\]\.set\.rounds: .*integer"),
+    ([{"name": "a"}, {"name": "a", "set": {"rounds": 2}}], {}, r"matrix\.variants\[1\]\.name: 'a' names two variants"),
+    ([{"set": {"rounds": 2}}], {}, r"matrix\.variants\[0\]\.name: Field required"),
+    ([{"name": "a", "sett": {"rounds": 2}}], {}, r"unknown key 'sett'"),
+    ([{"name": "a", "set": {"seed": 3}}], {"seed": [0, 1]}, r"matrix\.seed: 'seed' is already varied by matrix\.variants"),
+    ([{"name": "a", "set": {"system.dropout": 2.0}}], {}, r"matrix\.variants\[0\]\.set\.system\.dropout: .*dropout"),
+])
+def test_a_bad_variant_is_named_where_it_was_written(variants, matrix, expected):
+    with pytest.raises(SpecError, match=expected):
+        parse_spec(_with_variants(variants, **matrix))
+
+
+def test_a_hyperparameter_naming_a_model_is_checked_by_the_dry_run():
+    """MH-pFedHNGD's `global_model` names a registry entry: a wrong one is refused when the spec is
+    validated (it used to pass the dry-run and fail only when the cell ran)."""
+    spec = {"name": "g", "matrix": {"algorithm": ["mh-pfedhngd"], "dataset": ["synthetic-images"]},
+            "defaults": {"model": "hetero5", "clients": 5, "hp.global_model": "not-a-model"}}
+    with pytest.raises(SpecError, match=r"hp\.global_model.*unknown model 'not-a-model'.*allowed.*mh-cnn"):
+        parse_spec(spec)
+    spec["defaults"]["hp.global_model"] = "mh-cnn"
+    assert parse_spec(spec).cells[0].hp["global_model"] == "mh-cnn"
+
+
+def test_a_resolved_cell_resolves_to_itself():
+    from pflbench.resolve import resolve
+
+    for path in sorted((Path(__file__).resolve().parent.parent / "benchmarks").glob("*.yaml")):
+        for cell in load_spec(path).cells[:20]:
+            assert resolve(cell, path.parent) == cell, (path.name, cell_hash(cell))

@@ -11,7 +11,7 @@ from pflbench import training
 from pflbench.execution import ExecutionOptions
 from pflbench.rounds import run_cell
 from pflbench.models import build_model
-from pflbench.training import SGD, ClientModel, batch_plan, evaluate_clients, to_channels_last, train_clients
+from pflbench.training import SGD, ClientModel, batch_plan, evaluate_client_splits, to_channels_last, train_clients
 from tests.cells import small_cell
 
 
@@ -48,7 +48,7 @@ def test_channels_last_convolutions_train_the_same_parameters(channels, monkeypa
     model, state, features, labels, indices, plans = _cnn_problem(channels)
     sgd = SGD(0.05, momentum=0.9)
     reference, reference_loss = train_clients(model, state, features, labels, indices, plans(), sgd, batched=False)
-    reference_eval = evaluate_clients(model, reference, features, labels, indices, batched=False)
+    reference_eval = evaluate_client_splits(model, reference, features, labels, [indices], batched=False)[0]
     layouts = []
     conv2d = torch.nn.functional.conv2d
 
@@ -69,7 +69,7 @@ def test_channels_last_convolutions_train_the_same_parameters(channels, monkeypa
             torch.testing.assert_close(tensor, reference[name], rtol=1e-4, atol=1e-5)
         torch.testing.assert_close(loss, reference_loss, rtol=1e-5, atol=1e-6)
         layouts.clear()
-        accuracy, eval_loss = evaluate_clients(model, reference, cl_features, labels, indices, batched=batched)
+        accuracy, eval_loss = evaluate_client_splits(model, reference, cl_features, labels, [indices], batched=batched)[0]
         assert layouts and all(layouts)
         torch.testing.assert_close(accuracy, reference_eval[0])
         torch.testing.assert_close(eval_loss, reference_eval[1], rtol=1e-5, atol=1e-6)
@@ -102,8 +102,8 @@ def test_client_threads_give_the_one_after_another_result_bit_for_bit():
             assert objective is training.cross_entropy or (where and all(n.startswith("pflbench-client") for n in where))
         assert not torch.equal(one_by_one["conv1.weight"], state["conv1.weight"])  # it trained
         assert all(torch.equal(a, b) for a, b in zip(
-            evaluate_clients(model, one_by_one, features, labels, indices, batched=False),
-            evaluate_clients(model, one_by_one, features, labels, indices, batched=False, threads=2)))
+            evaluate_client_splits(model, one_by_one, features, labels, [indices], batched=False)[0],
+            evaluate_client_splits(model, one_by_one, features, labels, [indices], batched=False, threads=2)[0]))
         assert torch.get_num_threads() == 1  # the caller's own setting is left as it was
     finally:
         torch.set_num_threads(threads)

@@ -243,7 +243,8 @@ def _partition_of(args, **fractions):
 
 def cmd_data_show(args) -> int:
     from pflbench.data import DatasetNotFoundError
-    from pflbench.partitioning import format_label_counts, plot_label_counts
+    from pflbench.partitioning import format_label_counts
+    from pflbench.reports.figures import plot_label_counts
 
     try:
         dataset, splits = _partition_of(args)

@@ -20,9 +20,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -37,6 +36,7 @@ from pflbench.reports.progress import progress_text, skipped_datasets, skipped_t
 from pflbench.reports.protocols import available, report_protocols
 from pflbench.reports.reference import default_reference_dir, load_references
 from pflbench.reports.tables import accuracy_tables, communication_tables, mean_or_none
+from pflbench.reports.document import Report, safe_name
 from pflbench.reports.text import latex_report, markdown_report
 from pflbench.store import store_problems
 
@@ -56,28 +56,6 @@ class ReportOptions:
     data_root: Path | None = None
     mirror: Path | None = None
     protocols: tuple[str, ...] | None = None  # report.md/.tex's protocols (names); None: see report_protocols
-
-
-@dataclass
-class Report:
-    out: Path
-    markdown: Path
-    latex: Path
-    index: Path | None = None
-    figures: list[tuple[str, str]] = field(default_factory=list)   # (title, path relative to out)
-    cell_figures: dict[str, list[dict]] = field(default_factory=dict)  # hash -> [{title, path, kind}]
-    partition_figures: dict[str, str] = field(default_factory=dict)     # hash -> path
-    notes: list[str] = field(default_factory=list)
-    skipped: list[dict] = field(default_factory=list)   # datasets the run left out (progress.py)
-    progress: str = ""                                  # cells still running or unfinished, in words
-    heterogeneity: list = field(default_factory=list)   # who copes with what (heterogeneity.py), per study
-
-
-def safe_name(text: str) -> str:
-    """A file name from any string (store values may hold anything): safe characters, plus a digest
-    when something had to be replaced, so two names never collide."""
-    clean = re.sub(r"[^A-Za-z0-9._-]", "_", str(text))[:60].lstrip(".") or "_"
-    return clean if clean == str(text) else f"{clean}-{hashlib.sha1(str(text).encode()).hexdigest()[:8]}"
 
 
 def group_stem(dataset, scheme, clients, params="") -> str:
@@ -151,7 +129,7 @@ def _knobs_off(group: pd.DataFrame, title: str) -> tuple[pd.DataFrame, str]:
     """A group's cells with every heterogeneity knob off, where it has such cells besides knob-on ones:
     one line per (method x knob setting) would bury the curves (36 lines for heterogeneity.yaml); the
     knobs' effect is the "Who copes with what" table's subject."""
-    from pflbench.reports.heterogeneity import OFF, knob_columns, knob_setting
+    from pflbench.reports.knobs import OFF, knob_columns, knob_setting
 
     columns = knob_columns(group)
     if not columns or group.empty:

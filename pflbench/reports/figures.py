@@ -310,8 +310,6 @@ def communication_vs_accuracy(points: pd.DataFrame, stem, *, paper: pd.DataFrame
 
 def label_distribution(counts: np.ndarray, stem, formats=FORMATS, title: str = "") -> np.ndarray:
     """The partition's per-client label counts ([clients, classes]) as stacked bars, titled."""
-    from pflbench.partitioning import label_counts_figure
-
     counts = np.asarray(counts)
     save(label_counts_figure(counts, title or "label distribution over clients"), stem, formats)
     return counts
@@ -348,3 +346,59 @@ def array_figure(array: np.ndarray, stem, *, title: str = "", formats=FORMATS) -
     figure.suptitle(title, fontsize=9)
     save(figure, stem, formats)
     return drawn
+
+
+def plot_label_counts(counts: np.ndarray, path) -> None:
+    """Stacked bar chart of samples per class for each client, written as PNG or SVG (by suffix)."""
+    path = Path(path)
+    if path.suffix.lower() not in (".png", ".svg"):
+        raise ValueError(f"plot path must end in .png or .svg, got {path.name!r}")
+    figure = label_counts_figure(counts)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=120)
+
+
+def label_counts_figure(counts: np.ndarray, title: str = ""):
+    """The stacked bars of samples per class for each client ([clients, classes]) as a matplotlib
+    Figure (no pyplot state), titled when `title` is given; `pflbench data show --plot` and the reports save it."""
+    import textwrap
+
+    import matplotlib
+    from matplotlib.cm import ScalarMappable
+    from matplotlib.collections import PolyCollection
+    from matplotlib.colors import Normalize
+    from matplotlib.figure import Figure  # a bare Figure renders with Agg/SVG; no pyplot global state
+    from matplotlib.patches import Patch
+
+    counts = np.asarray(counts)
+    num_clients, num_classes = counts.shape
+    palette = "tab10" if num_classes <= 10 else "tab20" if num_classes <= 20 else "viridis"
+    colors = matplotlib.colormaps[palette].resampled(num_classes)(np.arange(num_classes))
+
+    # One collection of rectangles instead of ax.bar: 100 clients x 100 classes would be 10,000
+    # separate patches, which take tens of seconds to lay out and draw.
+    tops = np.cumsum(counts, axis=1)
+    client, cls = np.nonzero(counts)
+    left, right = client - 0.42, client + 0.42
+    bottom, top = tops[client, cls] - counts[client, cls], tops[client, cls]
+    corners = np.stack([np.stack(corner, axis=-1) for corner in
+                        [(left, bottom), (right, bottom), (right, top), (left, top)]], axis=1)
+
+    figure = Figure(figsize=(min(max(6.0, 0.12 * num_clients + 2.5), 24.0), 4.0), layout="constrained")
+    axes = figure.add_subplot()
+    axes.add_collection(PolyCollection(corners, facecolors=colors[cls], linewidths=0))
+    axes.set_xlim(-0.5, num_clients - 0.5)
+    axes.set_ylim(0, max(int(tops[:, -1].max()), 1) * 1.02)
+    if num_clients <= 30:
+        axes.set_xticks(range(num_clients))
+    axes.set_xlabel("client")
+    axes.set_ylabel("samples")
+    if num_classes <= 20:
+        handles = [Patch(color=colors[c], label=str(c)) for c in range(num_classes)]
+        axes.legend(handles=handles, title="class", loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small")
+    else:  # a legend of that many entries is unreadable; a color bar maps color to class id
+        scale = ScalarMappable(Normalize(0, num_classes - 1), matplotlib.colormaps[palette])
+        figure.colorbar(scale, ax=axes, label="class")
+    if title:
+        axes.set_title("\n".join(textwrap.wrap(title, 70)), fontsize=10)
+    return figure

@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from pflbench.config import HETEROGENEITY_FIELDS
-from pflbench.reports.cells import format_value, is_reference
+from pflbench.reports.cells import is_reference
+from pflbench.reports.knobs import OFF, knob_columns, knob_setting, show_value as _show  # noqa: F401 (OFF: read by others)
 from pflbench.reports.tables import CONFIG_COLUMNS, Row, row_of_cells, row_order
 
 TOLERANCE = 5.0  # percentage points lost against the knob-off cell that still count as coping
@@ -34,27 +35,6 @@ ACCURACY_KEY = "final_accuracy"
 # The newcomers' accuracy (held-out clients, `unseen_fraction`): scored in place of the training
 # clients' accuracy where a cell has it (the unseen-clients branch's `*_newcomers` summary keys).
 NEWCOMER_KEY = "final_accuracy_newcomers"
-OFF = "off"
-
-
-def knob_columns(cells: pd.DataFrame) -> list[str]:
-    """The store's columns that belong to a heterogeneity knob (`system.dropout`, `unseen_fraction`)."""
-    return [c for c in cells.columns if c in HETEROGENEITY_FIELDS or c.split(".")[0] in HETEROGENEITY_FIELDS]
-
-
-def knob_setting(cell: pd.Series, columns: list[str]) -> str:
-    """"concept_shift.clusters=4", "system.dropout=0.3, system.straggler_fraction=0.5", or "off"."""
-    items = []
-    for column in sorted(columns):
-        value = cell.get(column)
-        if value is None or (not isinstance(value, (list, dict)) and pd.isna(value)):
-            continue
-        if column == "unseen_fraction" and float(value) == 0.0:
-            continue
-        items.append(f"{column}={_show(value)}")
-    return ", ".join(items) or OFF
-
-
 def knobs_of(setting: str) -> tuple[str, ...]:
     """The knob fields a setting turns on (for grouping columns by knob)."""
     if setting == OFF:
@@ -149,11 +129,6 @@ def _context_columns(cells: pd.DataFrame, knobs: list[str]) -> list[str]:
 def _pairing(cell: pd.Series) -> tuple:
     """What a knob-on cell and its knob-off cell share besides everything the study shares."""
     return cell["seed"], cell.get("lr")
-
-
-def _show(value) -> str:
-    """A store value as text (numpy scalars from DataFrame columns as plain numbers)."""
-    return format_value(value.item() if hasattr(value, "item") and not isinstance(value, (list, dict)) else value)
 
 
 def _value(cell: pd.Series, key: str) -> float | None:

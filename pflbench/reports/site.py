@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 from jinja2 import Environment, PackageLoader, StrictUndefined
 
-from pflbench.reports.build import Report, safe_name
+from pflbench.reports.document import Report, safe_name
 from pflbench.reports.cells import (display_name, execution_text, read_artifacts, read_config, read_error,
                                     read_metrics, read_rounds, timing_breakdown)
 from pflbench.reports.heterogeneity import site_tables

@@ -41,7 +41,6 @@ from pflbench.reports.reference import Comparison, PaperValue, Reference, compar
 CONFIG_COLUMNS = tuple(CellConfig.model_fields) + ("hp_source", "finetune_epochs")
 TUNED = "†"
 DATA_DIFFER = "‡"
-PROBLEM_STATUSES = ("failed", "diverged")
 
 
 @dataclass(frozen=True)
@@ -301,7 +300,7 @@ def row_of_cells(cells: pd.DataFrame, knobs: bool = True) -> pd.Series:
     """The Row of each cell: algorithm, its varying hyperparameters (default-hp cells only), tuned;
     with `knobs`, also its heterogeneity knob setting where an algorithm's cells differ in it (a
     knob-on cell is another experiment, never one more seed of the knob-off one)."""
-    from pflbench.reports.heterogeneity import OFF, knob_columns, knob_setting
+    from pflbench.reports.knobs import OFF, knob_columns, knob_setting
 
     rows = pd.Series(index=cells.index, dtype=object)
     hp_columns = [c for c in cells.columns if c.startswith("hp.")]
