@@ -402,9 +402,12 @@ def test_a_hyperparameter_naming_a_model_is_checked_by_the_dry_run():
     assert parse_spec(spec).cells[0].hp["global_model"] == "mh-cnn"
 
 
-def test_a_resolved_cell_resolves_to_itself():
+@pytest.mark.parametrize("path", SHIPPED_SPECS, ids=[p.stem for p in SHIPPED_SPECS])
+def test_a_resolved_cell_resolves_to_itself(path):
+    """`run_cell` trusts a resolved cell: resolving it again changes nothing (same content, same id)."""
     from pflbench.resolve import resolve
 
-    for path in sorted((Path(__file__).resolve().parent.parent / "benchmarks").glob("*.yaml")):
-        for cell in load_spec(path).cells[:20]:
-            assert resolve(cell, path.parent) == cell, (path.name, cell_hash(cell))
+    if path.stem == "crosscheck-flbench" and not (path.parents[2] / "shared" / "crosscheck").is_dir():
+        pytest.skip("reads FL-bench's split from ../shared/crosscheck beside the checkout")
+    for cell in load_spec(path).cells[:20]:
+        assert resolve(cell, path.parent) == cell, (path.name, cell_hash(cell))

@@ -1,6 +1,6 @@
 """The engine's own subcommands: `list`, `data prepare|show|export`, `bench`, `store check`.
 
-Only the standard library is imported at module level (see COMMAND_MODULES in pflbench/cli.py): each
+Only the standard library is imported at module level (see COMMAND_MODULES in pflbench/cli/__init__.py): each
 command imports the engine (torch, the datasets, ...) when it runs.
 """
 from __future__ import annotations
