@@ -48,7 +48,8 @@ import torch.nn.functional as F
 from pydantic import Field
 
 from pflbench.algorithm import ALGORITHMS, Algorithm, Hyperparams
-from pflbench.training import batch_plan, cross_entropy
+from pflbench.steps import step_ids
+from pflbench.training import cross_entropy
 
 
 def _scale(alpha: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -116,17 +117,11 @@ class APFL(Algorithm):
         fed = self.fed
         lr = self.hp.alpha_lr if self.hp.alpha_lr is not None else fed.cell.lr
         local = {n: t[clients] for n, t in self.local_state.items()}
-        indices = [fed.splits["train"][c] for c in clients.tolist()]
-        plans = batch_plan([len(i) for i in indices], fed.cell.batch_size, fed.cell.local_epochs, None,
-                           fed.batch_generators(rnd, clients, self.ALPHA_SALT))
-        plans = fed.local_plans(rnd, clients.tolist(), plans)  # a straggler's share of the round's work
+        ids, counts = step_ids(fed, rnd, clients, salt=self.ALPHA_SALT)  # a straggler's share of the round's work
         alpha = alpha.clone()
-        steps = max((len(p) for p in plans), default=0)
-        for step in range(steps):
-            active = torch.tensor([len(p) > step for p in plans], device=fed.device)
-            batch = torch.stack([idx[p[min(step, len(p) - 1)].to(idx.device)] if len(p) else
-                                 torch.zeros(fed.cell.batch_size, dtype=torch.long, device=fed.device)
-                                 for p, idx in zip(plans, indices)])
+        for step in range(ids.shape[1]):
+            active = counts > step
+            batch = ids[:, step]
             leaf = alpha.detach().clone().requires_grad_(True)
             mixed = self.mix(leaf, local, glob)
             # alpha's gradient flows through the parameters only: BatchNorm's running statistics are

@@ -74,7 +74,17 @@ from pydantic import Field
 from torch import Tensor, nn
 
 from pflbench.algorithm import ALGORITHMS, Algorithm, Hyperparams
-from pflbench.training import Diverged, batch_plan
+from pflbench.steps import step_ids
+from pflbench.training import SGD, Diverged
+
+
+def _sgd_step(sgd: SGD, params: list[nn.Parameter], momenta: list[Tensor] | None) -> None:
+    """The engine's SGD rule on the parameters that have a gradient this step; the others (modules
+    routed off, a detached router) keep their values and momentum, as torch.optim.SGD leaves
+    parameters without a gradient."""
+    live = [i for i, p in enumerate(params) if p.grad is not None]
+    sgd.apply([params[i] for i in live], [params[i].grad for i in live],
+              None if momenta is None else [momenta[i] for i in live])
 
 
 def _encoder(input_shape: tuple[int, ...], hidden: int, out: int, channels=(32, 64)) -> nn.Sequential:
@@ -208,7 +218,7 @@ class FedMN(Algorithm):
     # ---- state -----------------------------------------------------------------------------------
     def setup(self) -> None:
         fed, hp = self.fed, self.hp
-        shape = tuple(fed.features.shape[1:])
+        shape = fed.input_shape
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(fed.cell.seed)
             self.net = ModularNet(shape, fed.num_classes, hp.modules_per_layer, hp.dims, hp.encoder_hidden,
@@ -281,10 +291,10 @@ class FedMN(Algorithm):
         return hard
 
     def _client_data(self, client: int, generator: torch.Generator | None = None):
-        idx = self.fed.splits["train"][client]
+        idx = self.fed.sample_ids(client)
         if self.hp.router_samples and len(idx) > self.hp.router_samples:
             idx = idx[torch.randperm(len(idx), generator=generator)[: self.hp.router_samples].to(idx.device)]
-        return self.fed.features[idx], self.fed.labels[idx]
+        return self.fed.data(idx)
 
     @torch.no_grad()
     def _fixed_routing(self, client: int, router_state: dict[str, Tensor]) -> Tensor:
@@ -311,37 +321,34 @@ class FedMN(Algorithm):
     def local_train(self, rnd: int, clients: Tensor, states: list[dict]) -> list[dict]:
         fed, hp, sgd = self.fed, self.hp, self.fed.sgd
         ids = clients.tolist()
-        generators = fed.batch_generators(rnd, clients)
         noise_generators = fed.batch_generators(rnd, clients, salt=0xF3D)
-        plans = batch_plan([len(fed.splits["train"][c]) for c in ids], fed.cell.batch_size,
-                           fed.cell.local_epochs, None, generators)
-        plans = fed.local_plans(rnd, ids, plans)  # a straggler's share of the round's work
+        batches, counts = step_ids(fed, rnd, clients, salt=0)  # a straggler's share of the round's work
         for k, c in enumerate(ids):
             self.net.load_state_dict(self.client_pool[c])
             self.router.load_state_dict(states[k]["router"])
             params = list(self.net.parameters()) + list(self.router.parameters())
-            optimizer = torch.optim.SGD(params, lr=sgd.lr, momentum=sgd.momentum, weight_decay=sgd.weight_decay)
+            momenta = sgd.momenta(params)
             module_params = {m: [p for n, p in self.net.named_parameters() if n in set(names)]
                              for m, names in self.module_names.items()}
-            idx = fed.splits["train"][c]
             self.net.train()
             gates = None
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(int(noise_generators[k].initial_seed()) % (2 ** 63))  # dropout
-                for step in plans[k]:
+                for step in range(int(counts[k])):
                     tau = max(hp.tau_init * math.exp(-hp.tau_rate * self.steps_done[c]), hp.tau_min)
                     if hp.code_compat:
                         tau = hp.tau_init  # the annealing test in the code never fires
                     scores = self.router(*self._client_data(c, noise_generators[k]))
                     gates = self.gates(scores, tau, train=True, generator=noise_generators[k])
-                    batch = idx[step.to(idx.device)]
-                    logits = self.net(fed.features[batch], gates, tied=hp.code_compat)
-                    loss = F.cross_entropy(logits, fed.labels[batch])
+                    x, y = fed.data(batches[k, step])
+                    logits = self.net(x, gates, tied=hp.code_compat)
+                    loss = F.cross_entropy(logits, y)
                     if hp.sparsity:
                         loss = loss + hp.sparsity * torch.sigmoid(scores).mean()
                     if not torch.isfinite(loss):
                         raise Diverged(f"non-finite local loss for client {c}")
-                    optimizer.zero_grad(set_to_none=True)
+                    for p in params:
+                        p.grad = None
                     loss.backward()
                     if not hp.code_compat:  # modules off this step stay as they are (no decay, no momentum)
                         used = {(l, j) for l, f in enumerate(self.net.active(gates)) for j in range(len(f)) if f[j]}
@@ -349,7 +356,7 @@ class FedMN(Algorithm):
                             if m not in used:
                                 for p in ps:
                                     p.grad = None
-                    optimizer.step()
+                    _sgd_step(sgd, params, momenta)
                     self.steps_done[c] += 1
             self.client_pool[c] = {n: t.detach().clone() for n, t in self.net.state_dict().items()}
             router_state = {n: t.detach().clone() for n, t in self.router.state_dict().items()}
@@ -396,15 +403,16 @@ class FedMN(Algorithm):
     def _score(self, client: int, gates: Tensor, split: str) -> tuple[float, float]:
         """Accuracy and loss of `self.net` (as loaded) with `gates` on the client's own `split`."""
         fed = self.fed
-        idx = fed.splits[split][client]
+        idx = fed.sample_ids(client, split)
         if not len(idx):
             return float("nan"), float("nan")
         self.net.eval()
         correct = total = 0.0
         for part in idx.split(2048):
-            logits = self.net(fed.features[part], gates, tied=self.hp.code_compat)
-            total += F.cross_entropy(logits, fed.labels[part], reduction="sum").item()
-            correct += (logits.argmax(1) == fed.labels[part]).sum().item()
+            x, y = fed.data(part)
+            logits = self.net(x, gates, tied=self.hp.code_compat)
+            total += F.cross_entropy(logits, y, reduction="sum").item()
+            correct += (logits.argmax(1) == y).sum().item()
         return correct / len(idx), total / len(idx)
 
     def adapt_locally(self, personal, rnd: int, epochs: int):
@@ -416,9 +424,8 @@ class FedMN(Algorithm):
         the result carries the scores, which `evaluate` returns."""
         fed, sgd = self.fed, self.fed.sgd
         everyone = torch.arange(fed.num_clients, device=fed.device)
-        plans = batch_plan([len(fed.splits["train"][c]) for c in range(fed.num_clients)], fed.cell.batch_size,
-                           epochs, None, fed.batch_generators(rnd + 1, everyone))
-        splits = [name for name in ("test", "val") if name in fed.splits]
+        batches, counts = step_ids(fed, rnd + 1, everyone, salt=0, epochs=epochs)
+        splits = [name for name in ("test", "val") if name in fed.split_names]
         scores = {name: (torch.zeros(fed.num_clients, device=fed.device),
                          torch.zeros(fed.num_clients, device=fed.device)) for name in splits}
         with torch.random.fork_rng(devices=[]):  # dropout draws must not move the training's stream
@@ -426,19 +433,18 @@ class FedMN(Algorithm):
                 torch.manual_seed(fed.cell.seed * 1_000_003 + rnd * 1009 + c)
                 self.net.load_state_dict(personal["pool"])
                 gates = personal["routing"][c]
-                optimizer = torch.optim.SGD(self.net.parameters(), lr=sgd.lr, momentum=sgd.momentum,
-                                            weight_decay=sgd.weight_decay)
-                idx = fed.splits["train"][c]
+                params = list(self.net.parameters())
+                momenta = sgd.momenta(params)
                 self.net.train()
-                for step in plans[c]:
-                    batch = idx[step.to(idx.device)]
-                    loss = F.cross_entropy(self.net(fed.features[batch], gates, tied=self.hp.code_compat),
-                                           fed.labels[batch])
+                for step in range(int(counts[c])):
+                    x, y = fed.data(batches[c, step])
+                    loss = F.cross_entropy(self.net(x, gates, tied=self.hp.code_compat), y)
                     if not torch.isfinite(loss):
                         raise Diverged(f"non-finite adaptation loss for client {c}")
-                    optimizer.zero_grad(set_to_none=True)
+                    for p in params:
+                        p.grad = None
                     loss.backward()
-                    optimizer.step()
+                    _sgd_step(sgd, params, momenta)
                 for name in splits:
                     scores[name][0][c], scores[name][1][c] = self._score(c, gates, name)
         return {"routing": personal["routing"], "scores": scores}

@@ -60,7 +60,8 @@ from torch import Tensor, nn
 
 from pflbench.algorithm import ALGORITHMS, Algorithm, Hyperparams
 from pflbench.models import ModelName, build_model
-from pflbench.training import ClientModel, Diverged, State, batch_plan
+from pflbench.steps import step_ids
+from pflbench.training import ClientModel, Diverged, State
 
 
 class MultiHeadHypernetwork(nn.Module):
@@ -112,10 +113,9 @@ class MultiHeadHypernetwork(nn.Module):
 def unflatten(model: ClientModel, theta: Tensor) -> State:
     """A flat parameter vector as the model's parameters (named_parameters order), unstacked."""
     out, start = {}, 0
-    shapes = dict(model._module.named_parameters())
     for name in model.param_names:
-        count = shapes[name].numel()
-        out[name] = theta[start:start + count].view(shapes[name].shape)
+        count = math.prod(model.shapes[name])
+        out[name] = theta[start:start + count].view(model.shapes[name])
         start += count
     return out
 
@@ -190,7 +190,7 @@ class MHpFedHN(Algorithm):
             if name == "auto":  # the smallest client architecture (the official CNN in hetero5)
                 sizes_by_group = [m.numel(m.param_names) for m in fed.models]
                 name = fed.group_names[sizes_by_group.index(min(sizes_by_group))]
-            self.global_model = ClientModel(build_model(name, tuple(fed.features.shape[1:]), fed.num_classes))
+            self.global_model = ClientModel(build_model(name, fed.input_shape, fed.num_classes))
             sizes.append(self.global_model.numel(self.global_model.param_names))
         hp = self.hp
         with torch.random.fork_rng(devices=[]):
@@ -309,17 +309,18 @@ class MHpFedHN(Algorithm):
         self._server_step([theta_g], [torch.tensordot(weights, deltas, dims=1)])
 
     def _teacher_targets(self, clients: Tensor):
-        """Labels with the round-start global model's logits, for the sampled clients' train samples."""
+        """Labels with the round-start global model's logits, for the sampled clients' train samples
+        (the only rows of the table that their training reads; the others stay 0)."""
         fed, model = self.fed, self.global_model
         teacher = {n: t.unsqueeze(0) for n, t in unflatten(model, self.round_global).items()}
         teacher.update(self.global_buffers)
-        targets = torch.zeros(len(fed.labels), 1 + fed.num_classes, device=fed.device)
-        targets[:, 0] = fed.labels.float()
+        targets = torch.zeros(fed.num_samples, 1 + fed.num_classes, device=fed.device)
         with torch.no_grad():
             for c in clients.tolist():
-                idx = fed.splits["train"][c]
-                for part in idx.split(2048):
-                    targets[part, 1:] = model.forward(teacher, fed.features[part].unsqueeze(0), train=False)[0]
+                for part in fed.sample_ids(c).split(2048):
+                    x, y = fed.data(part)
+                    targets[part, 0] = y.float()
+                    targets[part, 1:] = model.forward(teacher, x.unsqueeze(0), train=False)[0]
         return distillation(self.hp.alpha, self.hp.temperature), targets
 
     # ---- evaluation and artifacts ---------------------------------------------------------------------
@@ -368,19 +369,17 @@ class MHpFedHN(Algorithm):
             trained = [hnet.embeddings[c].detach() for c in self.fed.group_clients[g].tolist()]
             start = torch.stack(trained).mean(0)
             init = fed.init_state(len(ids), g if fed.heterogeneous else None)
-            plans = batch_plan([len(fed.splits["train"][c]) for c in ids.tolist()], fed.cell.batch_size,
-                               self.NEWCOMER_EPOCHS, None, fed.batch_generators(rnd, ids, self.NEWCOMER_SALT))
+            batches, counts = step_ids(fed, rnd, ids, salt=self.NEWCOMER_SALT, epochs=self.NEWCOMER_EPOCHS)
             states = []
-            for r, (c, plan) in enumerate(zip(ids.tolist(), plans)):
+            for r, c in enumerate(ids.tolist()):
                 embedding = start.clone().requires_grad_(True)
                 optimizer = torch.optim.Adam([embedding], lr=self.hp.server_lr)
                 buffers = {n: init[n][r].clone() for n in model.buffer_names}
-                idx = fed.splits["train"][c]
-                for step in plan:
-                    batch = idx[step.to(idx.device)]
+                for step in range(int(counts[r])):
+                    x, y = fed.data(batches[r, step])
                     params = unflatten(model, hnet.generate(embedding, size))
-                    logits = model.forward_single({**params, **buffers}, fed.features[batch], train=True)
-                    loss = F.cross_entropy(logits, fed.labels[batch])
+                    logits = model.forward_single({**params, **buffers}, x, train=True)
+                    loss = F.cross_entropy(logits, y)
                     if not torch.isfinite(loss):
                         raise Diverged(f"non-finite MH-pFedHN newcomer loss for newcomer {int(fed.client_ids[c])}")
                     (embedding.grad,) = torch.autograd.grad(loss, [embedding])  # the hypernetwork stays frozen

@@ -32,7 +32,7 @@ Adapted to rounds of sampled clients (what this module chooses):
     `inner_optim = SGD(net.parameters(), lr=inner_lr, momentum=.9, weight_decay=inner_wd)`, created
     anew for every step of the server; line 160 `clip_grad_norm_(net.parameters(), 50)`; lines 272
     and 275 `--inner-lr` 5e-3, `--inner-wd` 5e-5). The batch size stays the cell's (official 64). The
-    steps are driven with `algorithms/_stepwise.py` (per-client gradients on the engine's batched
+    steps are driven with `pflbench/steps.py` (per-client gradients on the engine's batched
     model, the engine's SGD rule), batched across clients for `server_updates="per_round"`.
 - The embedding's momentum and weight decay touch only the sampled client's row (its issue tracker
   notes that momentum on the whole table moves every client's embedding, also the unsampled ones).
@@ -65,7 +65,7 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import Tensor, nn
 
-from algorithms._stepwise import finite, loss_and_grads, per_client, rows_where, sgd_step, step_ids
+from pflbench.steps import finite, loss_and_grads, per_client, rows_where, sgd_step, step_ids
 from pflbench.algorithm import ALGORITHMS, Algorithm, Hyperparams
 from pflbench.training import SGD, Diverged
 

@@ -59,6 +59,7 @@ class Federation:
         self.features, self.labels, self.shifts = shifts.apply(cell, dataset, splits, dataset.normalized(self.device),
                                                                dataset.labels.to(self.device))
         self.num_classes = dataset.num_classes
+        self.input_shape = tuple(self.features.shape[1:])  # one sample's input, as models receive it
         self._split_names = [name for name in SPLITS if not (withhold_test and name == "test")]
         self.heterogeneous = is_heterogeneous(cell.model)
         if not self.heterogeneous:
@@ -160,46 +161,74 @@ class Federation:
               steps: int | None = None, split: str = "train", salt: int = 0,
               model: ClientModel | None = None, targets: Tensor | None = None) -> TrainResult:
         """Local SGD of the sampled clients from `state` ([len(clients), ...]) on their own data:
-        `epochs` (default: the cell's local_epochs) or a fixed number of `steps`. `model` trains
-        another architecture than the clients' own (e.g. a shared global model in a heterogeneous
-        cell); `targets`, a per-sample table indexed like the dataset's labels, is what the objective
-        receives instead of the labels (e.g. labels with a teacher's logits, for distillation)."""
-        return self._train_on([self.splits[split][c] for c in clients.tolist()],
-                              self.batch_generators(rnd, clients, salt), model or self.model_of(clients), state,
-                              epochs=epochs, steps=steps, objective=objective, aux=aux, trainable=trainable,
-                              targets=targets, cut=(rnd, clients.tolist()))
+        `epochs` (None: the cell's local_epochs; 0: no step) or a fixed number of `steps`, on the
+        batch plan of `local_plans`. `model` trains another architecture than the clients' own (e.g. a
+        shared global model in a heterogeneous cell); `targets`, a per-sample table indexed like the
+        dataset's labels, is what the objective receives instead of the labels (e.g. labels with a
+        teacher's logits, for distillation)."""
+        plans = self.local_plans(rnd, clients, epochs=epochs, steps=steps, split=split, salt=salt)
+        return self._train_on([self.splits[split][c] for c in clients.tolist()], plans,
+                              model or self.model_of(clients), state, objective=objective, aux=aux,
+                              trainable=trainable, targets=targets)
 
     def train_pooled(self, rnd: int, clients: Tensor, state: State, *, epochs: int | None = None) -> TrainResult:
         """One model (`state`, [1, ...]) trained on the union of `clients`' train splits, shuffled
         together: centralized training of the samples those clients hold (the `centralized` reference)."""
-        pooled = torch.tensor([-1])  # generator key of the pooled data: no client has id -1
-        return self._train_on([torch.cat([self.splits["train"][c] for c in clients.tolist()])],
-                              self.batch_generators(rnd, pooled), self.model, state, epochs=epochs)
+        pooled = [torch.cat([self.splits["train"][c] for c in clients.tolist()])]
+        generators = self.batch_generators(rnd, torch.tensor([-1]))  # no client has id -1
+        return self._train_on(pooled, self._plans([len(pooled[0])], generators, epochs, None), self.model, state)
 
-    def _train_on(self, indices: list[Tensor], generators: list[torch.Generator], model: ClientModel,
-                  state: State, *, epochs: int | None = None, steps: int | None = None,
+    def _train_on(self, indices: list[Tensor], plans: list[Tensor], model: ClientModel, state: State, *,
                   objective: Objective = cross_entropy, aux: State | None = None, trainable=None,
-                  targets: Tensor | None = None, cut: tuple[int, list[int]] | None = None) -> TrainResult:
-        """SGD of the models in `state` (row k on the sample ids `indices[k]`, batch order from
-        `generators[k]`): what `train` and `train_pooled` share. `cut` = (round, clients): the plans
-        are the local work of those clients in that round (stragglers cut them: `local_plans`)."""
-        plans = batch_plan([len(i) for i in indices], self.cell.batch_size, epochs or self.cell.local_epochs,
-                           steps, generators)
-        if cut is not None:
-            plans = self.local_plans(*cut, plans)
+                  targets: Tensor | None = None) -> TrainResult:
+        """SGD of the models in `state` (row k on the sample ids `indices[k]`, following `plans[k]`):
+        what `train` and `train_pooled` share."""
         new_state, loss = train_clients(model, state, self.features, self.labels if targets is None else targets,
                                         indices, plans, self.sgd, objective=objective, aux=aux,
                                         trainable=trainable, batched=self.batched, compiled=self.compiled,
                                         threads=self.client_threads)
         return TrainResult(new_state, loss)
 
-    def local_plans(self, rnd: int, clients: list[int], plans: list[Tensor]) -> list[Tensor]:
-        """The batch plans of `clients`, cut to each straggler's share of the work when they are the
-        local training of round `rnd` (`system.stragglers`); unchanged otherwise (e.g. evaluation's
-        adaptation, or a knob that is off). Algorithms that build their own plans pass them here."""
+    def local_plans(self, rnd: int, clients: Tensor, *, epochs: int | None = None, steps: int | None = None,
+                    split: str = "train", salt: int = 0) -> list[Tensor]:
+        """The engine's batch plan of each of `clients` in round `rnd`: positions into the client's
+        `split` sample ids, [steps, batch_size] (`pflbench.training.batch_plan`), for `epochs` (None:
+        the cell's local_epochs; 0: no step) or a fixed number of `steps`, in the batch order of
+        `batch_generators(rnd, clients, salt)`. When this is round `rnd`'s local training, each
+        straggler's plan is already cut to its share of the work (`system.stragglers`); otherwise
+        (evaluation's adaptation, newcomers' fits, a knob that is off) nothing is cut.
+        Every trainer plans here: `train`, the custom steps of `pflbench.steps`, and algorithms with
+        their own training loops."""
+        plans = self._plans([len(self.splits[split][c]) for c in clients.tolist()],
+                            self.batch_generators(rnd, clients, salt), epochs, steps)
         if self.system is None or self.local_round != rnd:
             return plans
-        return self.system.cut(rnd, [int(self.client_ids[c]) for c in clients], plans)  # plans keyed by partition id
+        return self.system.cut(rnd, [int(self.client_ids[c]) for c in clients.tolist()], plans)  # keyed by partition id
+
+    def sample_ids(self, client: int, split: str = "train") -> Tensor:
+        """Client `client`'s (a position) sample ids in `split`, for `data`."""
+        return self.splits[split][client]
+
+    def data(self, ids: Tensor) -> tuple[Tensor, Tensor]:
+        """(inputs, labels) of the samples `ids` (any shape; e.g. a step of `steps.step_ids`): the
+        cell's data after its shifts, on the device. For algorithms that run their own models."""
+        return self.features[ids], self.labels[ids]
+
+    @property
+    def num_samples(self) -> int:
+        """Samples in the cell's data: the length of a per-sample `targets` table (`train`)."""
+        return len(self.labels)
+
+    @property
+    def split_names(self) -> list[str]:
+        """The splits this Federation holds ("test" is absent where it is withheld: tuning)."""
+        return list(self._split_names)
+
+    def _plans(self, sizes: list[int], generators: list[torch.Generator], epochs: int | None,
+               steps: int | None) -> list[Tensor]:
+        # None is the only "the cell's default" marker: an explicit 0 means no epoch
+        epochs = self.cell.local_epochs if epochs is None else epochs
+        return batch_plan(sizes, self.cell.batch_size, epochs, steps, generators)
 
     def arrived(self, rnd: int, clients: Tensor) -> Tensor | None:
         """[K] bool: whose upload reaches the server in round `rnd` (None: every upload, no dropout)."""

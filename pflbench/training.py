@@ -75,11 +75,53 @@ class Diverged(RuntimeError):
 
 @dataclass(frozen=True)
 class SGD:
-    """PyTorch's SGD rule (weight decay added to the gradient, momentum without dampening)."""
+    """PyTorch's SGD rule (weight decay added to the gradient, momentum without dampening): the one
+    update rule of the engine. Every trainer applies it through `apply` or `apply_rows`: the
+    per-batch-objective path (eager and compiled), the custom steps of `pflbench.steps`, and
+    algorithms with their own modules (FedMN)."""
 
     lr: float
     momentum: float = 0.0
     weight_decay: float = 0.0
+
+    def momenta(self, params: list[Tensor]) -> list[Tensor] | None:
+        """Fresh momentum buffers for `params` (zeros), or None when the rule has no momentum."""
+        return [torch.zeros_like(p) for p in params] if self.momentum else None
+
+    def apply(self, params: list[Tensor], grads: list[Tensor], momenta: list[Tensor] | None,
+              lr: float | None = None) -> None:
+        """One step in place: d = g + weight_decay * p; with momentum m = momentum * m + d and d = m;
+        p = p - lr * d. `momenta` (from `momenta`, zeros before the first step: torch.optim's copy of
+        the first gradient gives the same numbers) is updated in place; `lr` replaces the rule's step
+        size (Per-FedAvg's beta, pFedMe's outer step). Runs under no_grad.
+        The operations are torch.optim.SGD's, in its order (`g.add(p, alpha=wd)`,
+        `m.mul_(momentum).add_(d)`, `p.add_(d, alpha=-lr)`), with torch's foreach kernels (a few
+        launches for all tensors): on a CPU the result is torch.optim.SGD's to the bit. Written as
+        `g + wd * p` and `p - lr * d` instead, it differs in the last bit (a fused multiply-add
+        rounds once)."""
+        if not params:
+            return
+        with torch.no_grad():
+            if self.weight_decay:
+                grads = torch._foreach_add(grads, params, alpha=self.weight_decay)
+            if self.momentum:
+                torch._foreach_mul_(momenta, self.momentum)
+                torch._foreach_add_(momenta, grads)
+                grads = momenta
+            torch._foreach_add_(params, grads, alpha=-(self.lr if lr is None else lr))
+
+    def apply_rows(self, params: list[Tensor], grads: list[Tensor], momenta: list[Tensor] | None,
+                   rows: Tensor, lr: float | None = None) -> None:
+        """`apply` to the clients `rows` (indices into the leading client dimension) of stacked
+        tensors; the other clients keep their parameters and momentum."""
+        with torch.no_grad():
+            chosen = [p[rows] for p in params]
+            chosen_momenta = None if momenta is None else [m[rows] for m in momenta]
+            self.apply(chosen, [g[rows] for g in grads], chosen_momenta, lr)
+            for p, new in zip(params, chosen):
+                p.index_copy_(0, rows, new)
+            for m, new in zip(momenta or [], chosen_momenta or []):
+                m.index_copy_(0, rows, new)
 
 
 def cross_entropy(logits: Tensor, labels: Tensor, state: State, aux: State) -> Tensor:
@@ -131,6 +173,8 @@ class ClientModel:
         }
         self.layers = self._layer_groups()
         self._module = module  # kept for initial values
+        # name -> shape of every parameter and buffer of one client's model (unstacked)
+        self.shapes = {name: t.shape for name, t in [*module.named_parameters(), *module.named_buffers()]}
         # Channels-last convolutions (module doc): set by the Federation for convolutional models on CPU.
         self.has_conv = any(isinstance(m, nn.Conv2d) for m in module.modules())
         self._channels_last = False
@@ -248,9 +292,7 @@ class ClientModel:
         return functional_call(self.template, state, (x,))
 
     def numel(self, names: Iterable[str] | None = None) -> int:
-        shapes = {**{n: p.shape for n, p in self._module.named_parameters()},
-                  **{n: b.shape for n, b in self._module.named_buffers()}}
-        return sum(math.prod(shapes[n]) for n in (names or self.names))
+        return sum(math.prod(self.shapes[n]) for n in (names or self.names))
 
 
 def weighted_mean(stacked: Tensor, weights: Tensor) -> Tensor:
@@ -281,10 +323,11 @@ def payload_bytes(payload: State | list[State]) -> Tensor:
 
 def batch_plan(num_samples: list[int], batch_size: int, epochs: int, steps: int | None,
                generators: list[torch.Generator]) -> list[Tensor]:
-    """Per client, positions into its own sample list: [steps_i, batch_size] (see module doc)."""
+    """Per client, positions into its own sample list: [steps_i, batch_size] (see module doc).
+    `epochs` counts when `steps` is None; 0 epochs or 0 steps is an empty plan."""
     plans = []
     for n, gen in zip(num_samples, generators):
-        if n == 0:
+        if n == 0 or (epochs if steps is None else steps) == 0:
             plans.append(torch.empty(0, batch_size, dtype=torch.long))
             continue
         if steps is None:  # epochs: each epoch wraps around its own shuffle
@@ -399,11 +442,10 @@ def _train_group(model, state, features, labels, client_indices, plans, sgd, obj
     layout = to_channels_last if single and model.channels_last else (lambda t: t)
     work = {name: layout(t.detach().clone()).requires_grad_(name in trainable) for name, t in start.items()}
     leaves = [work[name] for name in model.param_names if name in trainable]
-    momenta = None
-    if sgd.momentum:
-        momenta = ([torch.empty_like(leaf).copy_(carried[name]) for name, leaf in
-                    zip([n for n in model.param_names if n in trainable], leaves)] if carried
-                   else [torch.zeros_like(leaf) for leaf in leaves])
+    momenta = sgd.momenta(leaves)
+    if momenta is not None and carried:
+        momenta = [torch.empty_like(leaf).copy_(carried[name]) for name, leaf in
+                   zip([n for n in model.param_names if n in trainable], leaves)]
     full = torch.arange(num_clients)
     with model.bound(work, train=True) if single else contextlib.nullcontext() as net:
         for step in range(first_step, max_steps):
@@ -423,15 +465,16 @@ def _train_group(model, state, features, labels, client_indices, plans, sgd, obj
                 logits = model.forward(view, x, train=True)
                 losses = objective(logits, y, view, aux_view)
             grads = torch.autograd.grad(losses.sum(), leaves, allow_unused=True)
+            grads = [torch.zeros_like(p) if g is None else g for p, g in zip(leaves, grads)]
             with torch.no_grad():
                 if rows is None:
                     loss_sum += losses.detach()
-                    _sgd_step(leaves, grads, momenta, sgd)
+                    sgd.apply(leaves, grads, momenta)
                 else:
                     loss_sum.index_add_(0, rows, losses.detach())
                     for name in model.buffer_names:  # BatchNorm statistics of the gathered copies
                         work[name].index_copy_(0, rows, view[name])
-                    _sgd_step_rows(leaves, grads, momenta, sgd, rows)
+                    sgd.apply_rows(leaves, grads, momenta, rows)
     mean_loss = loss_sum / steps.clamp(min=1).to(device)
     return {name: (t.detach().contiguous().unsqueeze(0) if single else t.detach()) for name, t in work.items()}, mean_loss
 
@@ -492,16 +535,12 @@ def _make_step(model: ClientModel, trainable: tuple[str, ...], sgd: SGD, single:
             return losses.sum(), losses.detach()
 
         grads, (_, losses) = grad_and_value(loss_of, has_aux=True)(params)
-        new_params, new_momenta = {}, {} if momenta is not None else None
-        for name, p in params.items():
-            g = grads[name]
-            if sgd.weight_decay:
-                g = g + sgd.weight_decay * p
-            if momenta is not None:
-                g = momenta[name] * sgd.momentum + g
-                new_momenta[name] = g
-            new_params[name] = p - sgd.lr * g
-        return new_params, new_momenta, losses
+        names = list(params)
+        new_params = [params[name].clone() for name in names]  # the engine's rule, on fresh copies
+        new_momenta = None if momenta is None else [momenta[name].clone() for name in names]
+        sgd.apply(new_params, [grads[name] for name in names], new_momenta)
+        return (dict(zip(names, new_params)), None if new_momenta is None else dict(zip(names, new_momenta)),
+                losses)
 
     return torch.compile(step, dynamic=False)
 
@@ -527,7 +566,8 @@ def _compiled_steps(model: ClientModel, start: State, features: Tensor, labels: 
         return None
     params = {name: t for name, t in start.items() if name in trainable}
     others = {name: t for name, t in start.items() if name not in trainable}
-    momenta = {name: torch.zeros_like(t) for name, t in params.items()} if sgd.momentum else None
+    momenta = sgd.momenta(list(params.values()))
+    momenta = None if momenta is None else dict(zip(params, momenta))
     for s in range(ids.shape[1]):
         batch = ids[:, s]
         x, y = features[batch], labels[batch]
@@ -547,32 +587,6 @@ def _compiled_steps(model: ClientModel, start: State, features: Tensor, labels: 
             model.compile_seconds += time.perf_counter() - began
         loss_sum += losses
     return {**params, **others}, momenta
-
-
-def _sgd_step(params: list[Tensor], grads, momenta: list[Tensor] | None, sgd: SGD) -> None:
-    """torch.optim.SGD's rule on whole tensors, as few kernel launches as possible."""
-    grads = [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads)]
-    if sgd.weight_decay:
-        grads = torch._foreach_add(grads, params, alpha=sgd.weight_decay)
-    if momenta is not None:
-        torch._foreach_mul_(momenta, sgd.momentum)
-        torch._foreach_add_(momenta, grads)
-        grads = momenta
-    torch._foreach_add_(params, grads, alpha=-sgd.lr)
-
-
-def _sgd_step_rows(params: list[Tensor], grads, momenta: list[Tensor] | None, sgd: SGD, rows: Tensor) -> None:
-    """The same rule applied to the clients in `rows` only; the others keep parameters and momentum."""
-    for i, (param, grad) in enumerate(zip(params, grads)):
-        p = param[rows]
-        g = torch.zeros_like(p) if grad is None else grad[rows]
-        if sgd.weight_decay:
-            g = g + sgd.weight_decay * p
-        if momenta is not None:
-            m = momenta[i][rows] * sgd.momentum + g
-            momenta[i].index_copy_(0, rows, m)
-            g = m
-        param.index_copy_(0, rows, p - sgd.lr * g)
 
 
 EVAL_CHUNK = {"cpu": 256, "cuda": 4096}

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from algorithms._stepwise import step_ids
+from pflbench.steps import step_ids
 from algorithms.apfl import APFL
 from algorithms.ditto import Ditto
 from algorithms.fedfomo import FedFomo, fomo_weights

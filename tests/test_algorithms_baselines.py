@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from algorithms._stepwise import step_ids
+from pflbench.steps import step_ids
 from algorithms.fedfomo import FedFomo, fomo_weights, normalize_weights
 from algorithms.perfedavg import SALTS, PerFedAvg
 from algorithms.pfedme import PFedMe

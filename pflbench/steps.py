@@ -1,12 +1,12 @@
-"""Building blocks for algorithms whose local update is not SGD on a single per-batch objective
-(Per-FedAvg's meta step on two or three batches, pFedMe's inner solve on one batch): per-client
-batch plans as one padded id tensor, per-client gradients of a stacked state, the engine's SGD rule
-with a mask for the clients that have finished, and the engine's choice between one batched call
-and a loop over clients.
+"""Custom local steps: the engine's pieces for algorithms whose local update is not SGD on a single
+per-batch objective (Per-FedAvg's meta step on two or three batches, pFedMe's inner solve on one
+batch, pFedHN's official inner optimizer and newcomer fits): per-client batch plans as one padded id
+tensor (`step_ids`, from the engine's plan), per-client gradients of a stacked state, the engine's
+SGD rule for the clients still active (`sgd_step`), and the engine's choice between one batched call
+and a loop over clients (`per_client`).
 
 Everything here works on stacked states ([K, ...], row k = client k), so one call serves the batched
-path (all sampled clients at once) and the loop path (K = 1) alike. Not an algorithm: the leading
-underscore keeps it out of the registry.
+path (all sampled clients at once) and the loop path (K = 1) alike.
 """
 from __future__ import annotations
 
@@ -16,18 +16,17 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from pflbench.training import SGD, State, batch_plan
+from pflbench.training import SGD, State
 
 
 def step_ids(fed, rnd: int, clients: Tensor, *, salt: int, epochs: int | None = None,
              steps: int | None = None, split: str = "train") -> tuple[Tensor, Tensor]:
-    """The engine's batch plan for `clients` as sample ids [K, S, B] (S = the longest plan) and the
-    number of real steps per client [K]. Past its last step a client repeats its last batch (the
-    caller masks those steps out); a client without samples gets sample 0 and 0 steps."""
+    """The engine's batch plan for `clients` (`Federation.local_plans`: stragglers already cut) as
+    sample ids [K, S, B] (S = the longest plan) and the number of real steps per client [K]. Past
+    its last step a client repeats its last batch (the caller masks those steps out); a client
+    without samples gets sample 0 and 0 steps."""
     indices = [fed.splits[split][c] for c in clients.tolist()]
-    plans = batch_plan([len(i) for i in indices], fed.cell.batch_size, epochs or fed.cell.local_epochs,
-                       steps, fed.batch_generators(rnd, clients, salt))
-    plans = fed.local_plans(rnd, clients.tolist(), plans)  # a straggler's share of the round's work
+    plans = fed.local_plans(rnd, clients, epochs=epochs, steps=steps, split=split, salt=salt)
     counts = torch.tensor([len(p) for p in plans], device=fed.device)
     longest = int(counts.max()) if len(plans) else 0
     ids = torch.zeros(len(plans), longest, fed.cell.batch_size, dtype=torch.long, device=fed.device)
@@ -56,16 +55,15 @@ def rows_where(active: Tensor, new: Tensor, old: Tensor) -> Tensor:
 
 
 def sgd_step(params: State, grads: State, momenta: State, sgd: SGD, lr: float, active: Tensor) -> None:
-    """The engine's SGD rule (weight decay added to the gradient, momentum without dampening) with
-    step size `lr`, applied in place to the active clients only."""
-    with torch.no_grad():
-        for n, p in params.items():
-            g = grads[n] + sgd.weight_decay * p if sgd.weight_decay else grads[n]
-            if sgd.momentum:
-                m = momenta[n] * sgd.momentum + g
-                momenta[n].copy_(rows_where(active, m, momenta[n]))
-                g = m
-            p.copy_(rows_where(active, p - lr * g, p))
+    """The engine's SGD rule (`SGD.apply`) with step size `lr`, in place, on the active clients
+    only ([K] bool); `momenta` ({} without momentum) holds one buffer per parameter."""
+    names = list(params)
+    tensors, gradients = [params[n] for n in names], [grads[n] for n in names]
+    buffers = [momenta[n] for n in names] if sgd.momentum else None
+    if bool(active.all()):
+        sgd.apply(tensors, gradients, buffers, lr)
+    elif bool(active.any()):
+        sgd.apply_rows(tensors, gradients, buffers, torch.nonzero(active).flatten(), lr)
 
 
 def per_client(fed, clients: Tensor, fn: Callable, *stacked):
