@@ -22,6 +22,7 @@ from torch import Tensor
 from pflbench import shifts
 from pflbench.algorithm import Algorithm, get_algorithm
 from pflbench.config import CellConfig
+from pflbench.data.normalization import normalized_for_cell
 from pflbench.models import build_model, client_groups, default_model, is_heterogeneous
 from pflbench.privacy import PrivacyPlan, privatize_upload
 from pflbench.system import SystemPlan
@@ -115,6 +116,9 @@ class Federation:
                  compiled_training: str = "off", channels_last: str = "auto", client_threads: str = "auto"):
         self.cell = cell
         self.device = torch.device(device)
+        # Normalisation statistics of the trained clients' train splits (pflbench.data.normalization).
+        dataset = normalized_for_cell(dataset, cell.normalization, splits,
+                                      seen_ids(cell.unseen_fraction, splits.num_clients, cell.seed))
         # Feature and concept shift (pflbench.shifts), applied once to every partition client's samples.
         self.features, self.labels, self.shifts = shifts.apply(cell, dataset, splits, dataset.normalized(self.device),
                                                                dataset.labels.to(self.device))

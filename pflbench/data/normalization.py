@@ -1,0 +1,57 @@
+"""Which samples a cell's normalisation statistics (per-channel mean and std) come from.
+
+The cell field `normalization`:
+- `train` (the default since issue 29): the trained clients' train splits only. No validation or
+  test sample of any client and no sample of a newcomer (`unseen_fraction`) enters the statistics,
+  so nothing a model is selected or scored on, and nothing of a client held out of training, shapes
+  the inputs training sees. (Validation splits are left out too: they select rounds and tune.)
+- `pool`: the whole pooled dataset, torchvision's train and test sets together, every client's
+  every split and the newcomers' included: the rule before issue 29, kept so that results stored
+  before it stay readable under their ids, and for comparison.
+
+What this does to the rest:
+- A cell's normalisation depends on its partition: the dataset, the scheme and its parameters, the
+  number of clients, the seed, `train_fraction`, `val_fraction` and `unseen_fraction`. All of them are
+  fields of the cell, so the cell id still names exactly one computation; every algorithm of a matrix
+  sees the same statistics on the same split, as it sees the same split.
+- Cell ids: `normalization` is part of the hash except at `pool` (config.OPTIONAL_AT_DEFAULT), so every
+  cell at the default `train` has a new id and is run again, while a store written before reads its
+  cells as `pool` cells under their old ids (`CellConfig.stored`): old and new numbers never mix.
+- The dataset cache (`<root>/cache/<key>.pt`) is unchanged: it holds the decoded pool and the pool's
+  statistics (used by `pool`). The `train` statistics are computed when a cell builds its Federation,
+  from the uint8 pixels by exact integer sums (a few hundred milliseconds for a whole CIFAR-sized
+  train split), so nothing per partition is cached.
+- Feature shift (pflbench.shifts) works in normalised units with the same statistics.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import torch
+
+from pflbench.data.dataset import Dataset, statistics
+
+NORMALIZATIONS = ("train", "pool")
+
+
+def trained_train_indices(splits, trained: np.ndarray) -> torch.Tensor:
+    """Sample ids of the train splits of clients `trained` (partition ids), concatenated."""
+    parts = [np.asarray(splits.train[int(c)], dtype=np.int64) for c in trained]
+    return torch.from_numpy(np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64))
+
+
+def normalized_for_cell(dataset: Dataset, how: str, splits, trained: np.ndarray) -> Dataset:
+    """`dataset` with the mean/std a cell normalises with (see the module doc): `how` is the cell's
+    `normalization`, `trained` the partition ids of the clients that train (the newcomers left out).
+    A copy for `train` (the cached Dataset keeps the pool's statistics); `dataset` itself for `pool`."""
+    if how not in NORMALIZATIONS:
+        raise ValueError(f"normalization must be one of {NORMALIZATIONS}, got {how!r}")
+    if how == "pool":
+        return dataset
+    indices = trained_train_indices(splits, trained)
+    if not len(indices):
+        raise ValueError("normalization 'train' needs at least one train sample among the trained clients; "
+                         "this partition gives them none (use more samples per client, or normalization: pool)")
+    mean, std = statistics(dataset.inputs, indices)
+    return dataclasses.replace(dataset, mean=mean, std=std)
