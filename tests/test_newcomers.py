@@ -1,7 +1,6 @@
 """Unseen clients (`unseen_fraction`, pflbench/newcomers.py): newcomers never take part in training,
 every algorithm serves them a model or is refused before any work, and the knob at 0 changes nothing."""
 import numpy as np
-import pandas as pd
 import pytest
 import torch
 
