@@ -25,7 +25,9 @@ What this does to the rest:
 - How much it moves the statistics (that script, table1's quick cells, 10 clients): fmnist mean
   0.2862 -> 0.2896, std 0.3529 -> 0.3549; cifar10-jpeg mean (0.4917, 0.4826, 0.4472) -> (0.4922,
   0.4826, 0.4478), std (0.2452, 0.2427, 0.2606) -> (0.2460, 0.2440, 0.2615): at most 0.010 of a
-  standard deviation. Small, but every float of every cell moves, so every result does too.
+  standard deviation. Small, but every float of every cell moves, so every result does too: FedAvg on
+  the fmnist cell (20 rounds, cell ids cd7aae08b4e8 as `pool`, ee2b8705b4c1 as `train`) ends at the
+  same 68.56% as delivered, 83.00% -> 82.89% after local adaptation.
 - Feature shift (pflbench.shifts) works in normalised units with the same statistics.
 """
 from __future__ import annotations
