@@ -51,10 +51,13 @@ Where the paper is silent / what was chosen here:
 - Batched: yes (plain local SGD via `fed.train`; the candidates' validation losses are evaluated
   for all sampled clients at once).
 - Unseen clients: a newcomer does what a client does on its first download, with the common
-  initial model as its own: it evaluates every uploaded model on its validation split (train split
-  if it has none), downloads the M with the lowest loss (it has no affinity history to go on), and
-  takes the first-order combination with its own weights. No local training follows (the model
-  served is fitted on the newcomer's validation data only, through its weights).
+  initial model as its own: it evaluates every uploaded model on its train split, downloads the M
+  with the lowest loss (it has no affinity history to go on), and takes the first-order combination
+  with its own weights. No local training follows (the model served is fitted on the newcomer's train
+  data only, through its weights). Not its validation split, as a trained client's weights are: that
+  split selects the newcomers' best-validation round (`bestval_accuracy_newcomers`), which a model
+  fitted on it would bias (until issue 29 it was the validation split). Its train split is free for
+  this: neither the newcomer's initial model nor any uploaded model was trained on it.
 - Artifacts: the affinity matrix P [N, N] and this round's normalized weights [N, N] (row i: the
   weights client i gave, zero where not downloaded or not sampled), for heatmaps.
 """
@@ -194,7 +197,7 @@ class FedFomo(Algorithm):
         pool = torch.nonzero(self.uploaded).flatten().to(newcomers.device)
         if not len(pool):
             return own
-        split = "val" if all(len(i) > 0 for i in newcomers.splits["val"]) else "train"
+        split = "train"  # never "val": the newcomers' validation split selects their best round
         everyone = torch.arange(count, device=newcomers.device)
         _, own_loss = newcomers.evaluate(own, split)
         # every uploaded model on every newcomer's data: row k * P + p is newcomer k, model pool[p]

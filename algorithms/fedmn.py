@@ -32,7 +32,11 @@ weight decay 5e-4, batch 128, 1 epoch), fixes its routing deterministically from
 back the routing net and its active modules. The server averages each module (unweighted) over the
 clients that sent it and keeps the previous value of a module nobody sent (the code sets it to 0); the
 routing net is averaged (unweighted) over the round's clients. A client evaluates the aggregated
-modules with its own frozen routing. Personalization comes only from routing.
+modules with its own frozen routing. Personalization comes only from routing. A client not trained
+yet is evaluated with the routing the current server routing net fixes from its data, made afresh at
+each evaluation and never kept [INF]: its first download is every module whatever was evaluated before
+(until issue 29 the evaluation's routing was kept and decided that download, so `eval_every` changed
+bytes and training).
 
 Initialization [INF, changed after measuring]: the official code warm-starts the encoder modules
 from a FedAvg-pretrained checkpoint (146 rounds) and its soft gates followed by a softmax keep every
@@ -383,11 +387,13 @@ class FedMN(Algorithm):
 
     # ---- evaluation and artifacts ---------------------------------------------------------------------
     def personalized(self):
-        """The aggregated pool and every client's frozen routing (computed where a client has none yet)."""
-        for c in range(self.fed.num_clients):
-            if self.routing[c] is None:
-                self.routing[c] = self._fixed_routing(c, self.server_router)
-        return {"pool": self.server_pool, "routing": torch.stack(self.routing)}
+        """The aggregated pool and every client's frozen routing. A client not trained yet has none:
+        it is scored with the routing the server's routing net fixes from its data now, made for this
+        evaluation only and never kept in `self.routing`, which `configure` reads to decide what to
+        send (evaluation must not write what training reads; issue 29)."""
+        routing = [fixed if fixed is not None else self._fixed_routing(c, self.server_router)
+                   for c, fixed in enumerate(self.routing)]
+        return {"pool": self.server_pool, "routing": torch.stack(routing)}
 
     def evaluate(self, personal, split: str):
         if "scores" in personal:  # adapted models, scored as they were made (see `adapt_locally`)

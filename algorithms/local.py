@@ -8,7 +8,10 @@ local work a trained client has had on average by then: `local_epochs` times the
 rounds it was sampled in, round(rnd x per_round / trained clients) (0 before a first expected turn:
 the initial model, as an unsampled client has). The newcomers' models are kept between evaluations
 and trained on by the difference, so the cost over a run is one client's, not a triangle of
-retrainings; each evaluation's top-up uses that round's batch orders.
+retrainings. The top-up is done turn by turn, each turn `local_epochs` epochs with fresh momentum
+(as a trained client's round) and the batch orders keyed by the turn's number, so a newcomer's model
+at round r is the same whichever rounds were evaluated before (until issue 29 a top-up used the
+evaluating round's batch orders for all its epochs, so the scores depended on `eval_every`).
 """
 import torch
 
@@ -59,14 +62,13 @@ class Local(Algorithm):
     def newcomer_models(self, rnd, newcomers):
         """Trained from scratch on the newcomers' own data, with the average trained client's epochs."""
         per_round = self.fed.schedule.shape[1]
-        target = self.fed.cell.local_epochs * round(rnd * per_round / self.fed.num_clients)
+        turns = round(rnd * per_round / self.fed.num_clients)  # a trained client's expected turns by now
         if getattr(self, "_newcomer_state", None) is None:
             self._newcomer_state = [newcomers.init_state(len(ids), g) for g, ids in enumerate(newcomers.group_clients)]
-            self._newcomer_epochs = 0
-        if target > self._newcomer_epochs:
-            self._newcomer_state = [
-                newcomers.train(rnd, ids, state, epochs=target - self._newcomer_epochs).state if len(ids) else state
-                for ids, state in zip(newcomers.group_clients, self._newcomer_state)]
-            self._newcomer_epochs = target
+            self._newcomer_turns = 0
+        for turn in range(self._newcomer_turns + 1, turns + 1):  # keyed by the turn, not the evaluating round
+            self._newcomer_state = [newcomers.train(turn, ids, state).state if len(ids) else state
+                                    for ids, state in zip(newcomers.group_clients, self._newcomer_state)]
+        self._newcomer_turns = max(self._newcomer_turns, turns)
         models = [{n: t.clone() for n, t in state.items()} for state in self._newcomer_state]
         return models if newcomers.heterogeneous else models[0]

@@ -65,7 +65,9 @@ What was chosen, and why (quick table = benchmarks/table1.yaml --scale quick, fm
   layers). A client never sampled has an untrained hypernetwork, so its model is the uniform mean of
   all server copies, the never-uploaded initial ones included (like a lagging FedAvg model).
 - Unseen clients: the same for a newcomer (it has no hypernetwork of its own): the uniform mean of
-  all server copies, with the trained clients' mean BatchNorm statistics.
+  all server copies. Its BatchNorm statistics are estimated on its own train split with those
+  parameters frozen (pflbench.newcomers.fit_batchnorm_statistics): the clients' statistics never leave
+  them, so the server cannot average them (until issue 29 the newcomer got their mean).
 - HeurpFedLA: ties in the self-weights (all of them at the uniform start, until the weights
   separate) go to the later layers, the classifier first (the layer FedRep/FedPer keep local; the
   paper's Section 4.4 finds it the most self-weighted on EMNIST); torch's topk breaks ties by
@@ -94,6 +96,7 @@ from pydantic import Field
 from torch import Tensor
 
 from pflbench.algorithm import ALGORITHMS, Algorithm, Hyperparams
+from pflbench.newcomers import fit_batchnorm_statistics
 
 
 @ALGORITHMS.register("pfedla")
@@ -312,13 +315,15 @@ class PFedLA(Algorithm):
     def newcomer_models(self, rnd, newcomers):
         """A newcomer has no hypernetwork of its own (pFedLA keeps one per client and the paper does
         not serve new clients): it gets the uniform aggregate, alpha = 1/N for every layer, which
-        is where every client's aggregation weights start (the default `head_init`)."""
-        held = {**self.client_state, **self.server_params}  # parameters: the server's copies theta_j
+        is where every client's aggregation weights start (the default `head_init`). BatchNorm
+        statistics never leave the clients, so the server has none to give: the newcomer's are
+        estimated on its own train split (`fit_batchnorm_statistics`)."""
         count = newcomers.num_clients
         with torch.no_grad():
-            uniform = {n: t.mean(0, keepdim=True) if t.is_floating_point() else t.max(0, keepdim=True).values
-                       for n, t in held.items()}
-        return {n: uniform[n].expand(count, *uniform[n].shape[1:]).clone() for n in self.fed.model.names}
+            uniform = {p: t.mean(0, keepdim=True) for p, t in self.server_params.items()}  # the server's theta_j
+        models = newcomers.init_state(count)  # buffers: the initial model's, re-estimated below
+        models.update({p: t.expand(count, *t.shape[1:]).clone() for p, t in uniform.items()})
+        return fit_batchnorm_statistics(newcomers, models)
 
     def artifacts(self):
         return {"alpha": self.all_alphas().cpu().numpy().astype(np.float32),

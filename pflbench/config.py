@@ -12,6 +12,11 @@ left out of the hash while it has its default, so adding the field changed no ex
 evaluation round also scores each client's personalized model after that many epochs of plain local
 SGD on its own train split (see `pflbench.federation.Federation.adapt_locally`). Like `hp_source` it is left
 out of the hash at its default, so cells without adaptation keep their ids.
+
+`normalization` (issue 29) is the other way round: its default `train` (statistics of the trained
+clients' train splits) changed every cell's numbers, so it is in the hash and every such cell has a new
+id; `pool` (the rule before) is left out, so stored cells keep their ids and read as `pool` cells
+(`CellConfig.stored`). See pflbench.data.normalization.
 """
 from __future__ import annotations
 
@@ -32,7 +37,11 @@ def reject_boolean(value):
 
 # Fields added after cells were stored: left out of the hash while they have these values.
 OPTIONAL_AT_DEFAULT = {"finetune_epochs": 0, "feature_shift": {}, "concept_shift": {}, "system": {}, "privacy": {},
-                       "unseen_fraction": 0.0}
+                       "unseen_fraction": 0.0,
+                       # the rule every cell stored before the field used; the default is "train", so those
+                       # cells keep their ids as `pool` cells and every default cell has a new one
+                       # (pflbench.data.normalization)
+                       "normalization": "pool"}
 # The heterogeneity knobs beyond label skew (benchmarks/README.md, "Heterogeneity"): all off by default.
 HETEROGENEITY_FIELDS = ("feature_shift", "concept_shift", "system", "privacy", "unseen_fraction")
 
@@ -66,6 +75,8 @@ class CellConfig(BaseModel):
     system: dict[str, Any] = Field(default_factory=dict)  # stragglers and dropped uploads
     privacy: dict[str, Any] = Field(default_factory=dict)  # per-client differential privacy on the uploads
     unseen_fraction: float = Field(0.0, ge=0.0, lt=1.0)  # clients held out of training, scored as newcomers
+    # where the inputs' mean/std come from: the trained clients' train splits, or the whole pool
+    normalization: Literal["train", "pool"] = "train"
 
     @field_validator("clients", "participation", "seed", "rounds", "local_epochs", "batch_size", "lr", "momentum",
                      "weight_decay", "eval_every", "train_fraction", "val_fraction", "finetune_epochs",
@@ -73,6 +84,12 @@ class CellConfig(BaseModel):
     @classmethod
     def _no_booleans_for_numbers(cls, value):
         return reject_boolean(value)
+
+    @classmethod
+    def stored(cls, data: dict[str, Any]) -> "CellConfig":
+        """A configuration as a store recorded it: a field it lacks was added later, and the cell ran
+        with the value that field's absence stands for (OPTIONAL_AT_DEFAULT), not today's default."""
+        return cls(**{**{k: v for k, v in OPTIONAL_AT_DEFAULT.items() if k not in data}, **data})
 
     def canonical_json(self) -> str:
         data = self.model_dump(mode="json")

@@ -18,6 +18,7 @@ from torch import Tensor
 from pflbench import shifts
 from pflbench.config import CellConfig
 from pflbench.execution import ExecutionOptions
+from pflbench.data.normalization import normalized_for_cell
 from pflbench.models import build_model, client_groups, default_model, is_heterogeneous
 from pflbench.newcomers import newcomer_ids, seen_ids
 from pflbench.privacy import PrivacyPlan
@@ -55,6 +56,9 @@ class Federation:
         self.cell = cell
         self.execution = execution
         self.device = torch.device(execution.device or "cpu")
+        # Normalisation statistics of the trained clients' train splits (pflbench.data.normalization).
+        dataset = normalized_for_cell(dataset, cell.normalization, splits,
+                                      seen_ids(cell.unseen_fraction, splits.num_clients, cell.seed))
         # Feature and concept shift (pflbench.shifts), applied once to every partition client's samples.
         self.features, self.labels, self.shifts = shifts.apply(cell, dataset, splits, dataset.normalized(self.device),
                                                                dataset.labels.to(self.device))

@@ -292,7 +292,7 @@ def check_folder(folder: Path) -> list[Problem]:
         return problem(DAMAGED, SUMMARY, "no status")
     try:
         config = read_json_dict(folder / CONFIG)
-        cell = CellConfig(**config["cell"])
+        cell = CellConfig.stored(config["cell"])
     except FileNotFoundError:
         return problem(DAMAGED, CONFIG, "missing")
     except OSError as err:

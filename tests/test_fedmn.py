@@ -125,5 +125,9 @@ def test_a_few_local_steps_lower_the_training_loss(tmp_path):
     assert len(alg.routed_modules(personal["routing"][0])) == 6  # every gate starts on
     _, before = alg.evaluate(personal, "train")
     run_round(alg, 1, torch.tensor([0]))
-    accuracy, after = alg.evaluate({"pool": alg.client_pool[0], "routing": torch.stack(alg.routing)}, "train")
-    assert after[0] < 0.5 * before[0] and accuracy[0] > 0.75, (before[0], after[0], accuracy[0])
+    routing = alg.personalized()["routing"]  # client 0's own routing; the others' made for evaluation
+    assert torch.equal(routing[0], alg.routing[0])
+    accuracy, after = alg.evaluate({"pool": alg.client_pool[0], "routing": routing}, "train")
+    # Two classes (chance 0.5). Measured, 76 train samples: loss 2.51 -> 0.89, accuracy 0.70 with the
+    # trained clients' normalisation statistics; 2.52 -> 0.99, 0.88 with the pool's (before issue 29).
+    assert after[0] < 0.5 * before[0] and accuracy[0] > 0.65, (before[0], after[0], accuracy[0])

@@ -6,9 +6,9 @@ import pandas as pd
 import pytest
 import torch
 
-import pflbench.federation as federation
 from pflbench import shifts
 from pflbench.config import CellConfig, cell_hash
+from pflbench.data.normalization import normalized_for_cell
 from pflbench.federation import Federation
 from pflbench.rounds import prepare_cell, run_cell
 from pflbench.spec import SpecError, parse_spec, resolve_cell
@@ -97,7 +97,8 @@ def test_permutation_and_color_transform_each_client_as_documented(tmp_path):
         assert torch.equal(fed.features[ids], expected)
     assert len({tuple(p) for p in fed.shifts.permutations.tolist()}) == 8  # client-specific
     color = _fed(tmp_path, feature_shift={"kind": "color", "strength": 0.4, "clusters": 2})
-    ds, _ = prepare_cell(color.cell, tmp_path)
+    ds, splits = prepare_cell(color.cell, tmp_path)
+    ds = normalized_for_cell(ds, color.cell.normalization, splits, color.client_ids)  # the cell's statistics
     mean, std = (torch.tensor(v).view(1, 3, 1, 1) for v in (ds.mean, ds.std))
     for client in range(color.num_clients):
         t = color.shifts.transform[client]

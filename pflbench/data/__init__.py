@@ -2,7 +2,8 @@
 
     from pflbench.data import load_dataset
     ds = load_dataset("fmnist")            # uint8 [70000, 1, 28, 28], labels int64 [70000]
-    x = ds.normalized("cuda")              # float32, per-channel standardised
+    x = ds.normalized("cuda")              # float32, standardised with the pool's mean/std
+    # a cell standardises with its trained clients' train statistics instead: data.normalization
 
 Files live under the data root (`root=`, $PFLBENCH_DATA, else ./data) in torchvision's layouts,
 with decoded tensors cached in `<root>/cache/`. Offline, point `mirror=` or $PFLBENCH_DATA_MIRROR at

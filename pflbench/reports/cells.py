@@ -32,6 +32,7 @@ SUMMARY_COLUMNS = {"status": "failed", "final_accuracy": np.nan, "final_worst10_
                    "best_accuracy": np.nan, "bytes_down_total": np.nan, "bytes_up_total": np.nan,
                    "rounds_completed": np.nan, "wall_time": np.nan, "error": "", "hp_source": "default",
                    "participation": 1.0, "rounds": np.nan, "finetune_epochs": 0, "adapt_time_total": np.nan,
+                   "normalization": "pool",  # stored before the field: the whole pool's statistics
                    **{key: np.nan for key in (*ALL_KEYS, *ROUND_KEYS)}}
 # Reference algorithms: rows that bound or calibrate the methods, never ranked among them.
 REFERENCE_ALGORITHMS = ("centralized",)
