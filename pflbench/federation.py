@@ -365,12 +365,13 @@ def check_evaluated(evaluate: tuple[str, ...]) -> tuple[str, ...]:
 def run_cell(cell: CellConfig, *, data_root=None, mirror=None, device: str = "cpu",
              client_batching: str = "auto", compiled_training: str = "off", channels_last: str = "auto",
              client_threads: str = "auto", on_round: Callable[[dict], None] | None = None,
-             evaluate: tuple[str, ...] = EVALUATED) -> CellResult:
+             evaluate: tuple[str, ...] = EVALUATED, checkpointer=None) -> CellResult:
     """Run one cell to the end. Divergence is a result (status "diverged"), not an exception;
     any other exception propagates to the caller (the runner records it as failed).
 
     `evaluate` lists the splits evaluated every eval round; without "test" (hyperparameter tuning:
-    `evaluate=("val",)`) the test indices are withheld from the run altogether (see `Federation`)."""
+    `evaluate=("val",)`) the test indices are withheld from the run altogether (see `Federation`).
+    `checkpointer` (a `pflbench.checkpoint.Checkpointer`): resume from and write round checkpoints."""
     evaluate = check_evaluated(evaluate)
     algorithm_cls = get_algorithm(cell.algorithm)
     hp = algorithm_cls.parse_hyperparams(cell.hp)
@@ -383,7 +384,7 @@ def run_cell(cell: CellConfig, *, data_root=None, mirror=None, device: str = "cp
                      withhold_test="test" not in evaluate, compiled_training=compiled_training,
                      channels_last=channels_last, client_threads=client_threads)
     algorithm = algorithm_cls(fed, hp)
-    return run_rounds(fed, algorithm, on_round=on_round, evaluate=evaluate, provenance={
+    return run_rounds(fed, algorithm, on_round=on_round, evaluate=evaluate, checkpointer=checkpointer, provenance={
         "dataset_checksum": dataset.checksum, "torch": torch.__version__, "device": fed.device.type})
 
 
@@ -439,14 +440,20 @@ ROUND_COLUMNS = ["round", "clients", "bytes_down", "bytes_up", "wall_time", "ada
 # the other hooks (configure/receive/send/aggregate), forming and scoring the personalized models
 
 
+# What the round loop has recorded so far, in this order: a checkpoint keeps it (pflbench.checkpoint).
+LOOP_RECORD = ("metric_rows", "round_rows", "artifacts", "adapt_diverged", "newcomer_time", "last_eval")
+
+
 def run_rounds(fed: Federation, algorithm: Algorithm, on_round=None, provenance: dict | None = None,
-               evaluate: tuple[str, ...] = EVALUATED) -> CellResult:
+               evaluate: tuple[str, ...] = EVALUATED, checkpointer=None) -> CellResult:
     """The cell's rounds, with every client's personalized model evaluated on the `evaluate` splits
     every eval_every rounds (columns of a split not evaluated are NaN). With the cell's
     `finetune_epochs` > 0 the same models are also scored after local adaptation (`*_adapted`
     columns; `Algorithm.adapt`), which never feeds back into training; its seconds are counted
     apart (`adapt_time`), not in the round's `wall_time`. `on_round` gets, after each round,
-    {round, rounds, mean_accuracy, mean_val_accuracy} (the latest evaluation, or None)."""
+    {round, rounds, mean_accuracy, mean_val_accuracy} (the latest evaluation, or None).
+    `checkpointer` (pflbench.checkpoint): asked once for a checkpoint to resume from, told at the end
+    of every round (it writes one when due)."""
     evaluate = check_evaluated(evaluate)
     cell = fed.cell
     algorithm.setup()
@@ -459,7 +466,13 @@ def run_rounds(fed: Federation, algorithm: Algorithm, on_round=None, provenance:
     missing = (torch.full((fed.num_clients,), math.nan),) * 2
     newcomer_flag = {} if fed.newcomers is None else {"newcomer": False}
     newcomer_time = 0.0
-    for rnd in range(1, cell.rounds + 1):
+    first_round = 1
+    resumed = checkpointer.resume(fed, algorithm) if checkpointer is not None else None
+    if resumed is not None:  # checkpoint: continue after its round, with what the loop had recorded
+        first_round, start = resumed.round + 1, start - resumed.elapsed
+        metric_rows, round_rows, artifacts, adapt_diverged, newcomer_time, last_eval = (
+            resumed.loop[key] for key in LOOP_RECORD)
+    for rnd in range(first_round, cell.rounds + 1):
         round_start = time.perf_counter()
         clients = torch.as_tensor(fed.schedule[rnd - 1], device=fed.device)
         timing: dict = {}
@@ -523,6 +536,10 @@ def run_rounds(fed: Federation, algorithm: Algorithm, on_round=None, provenance:
         if on_round is not None:
             on_round({"round": rnd, "rounds": cell.rounds,
                       **(last_eval or {"mean_accuracy": None, "mean_val_accuracy": None})})
+        if checkpointer is not None:
+            checkpointer.after_round(rnd, fed, algorithm, dict(zip(LOOP_RECORD, (
+                metric_rows, round_rows, artifacts, adapt_diverged, newcomer_time, last_eval))),
+                time.perf_counter() - start)
     metrics = pd.DataFrame(metric_rows, columns=METRIC_COLUMNS + list(newcomer_flag))
     rounds = pd.DataFrame(round_rows, columns=ROUND_COLUMNS)
     extra = {} if evaluate == EVALUATED else {"evaluated": list(evaluate)}
@@ -543,6 +560,8 @@ def run_rounds(fed: Federation, algorithm: Algorithm, on_round=None, provenance:
                       "adapt_diverged_rounds": adapt_diverged})
     if fed.newcomers is not None:
         extra.update({"newcomers": fed.newcomers.client_ids.tolist(), "newcomer_time_total": newcomer_time})
+    if checkpointer is not None:
+        extra.update(checkpointer.summary())
     summary = summarize(metrics, rounds, status, diverged_round, fed, time.perf_counter() - start,
                         {**(provenance or {}), **extra})
     return CellResult(status, metrics, rounds, summary, artifacts, error)
