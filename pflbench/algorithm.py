@@ -265,8 +265,11 @@ class Algorithm:
     def load_state_dict(self, state: dict) -> None:
         """Make this instance, after `setup()`, the one `state_dict()` was taken from."""
         skipped = {"fed", "hp", *self.state_rebuilt, *self.state_objects}
-        for name in [n for n in vars(self) if n not in skipped and n not in state["attributes"]]:
-            delattr(self, name)  # created by setup(), gone by the checkpointed round
+        missing = [n for n in vars(self) if n not in skipped and n not in state["attributes"]]
+        if missing or set(state["objects"]) != set(self.state_objects):
+            raise StateError(f"the state was not taken from a {type(self).__name__}: it lacks "
+                             f"{', '.join(missing) or 'nothing setup() creates'}; its objects are "
+                             f"{sorted(state['objects'])}, this class's {sorted(self.state_objects)}")
         for name, value in state["attributes"].items():
             setattr(self, name, value)
         for name in self.state_objects:

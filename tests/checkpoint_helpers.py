@@ -3,9 +3,11 @@ uninterrupted run (shared by tests/test_checkpoint.py and the kill tests)."""
 from __future__ import annotations
 
 import math
+import random
 
 import numpy as np
 import pandas as pd
+import torch
 
 from pflbench.checkpoint import CheckpointPolicy, Checkpointer
 from pflbench.federation import run_cell
@@ -34,10 +36,25 @@ class InterruptingCheckpointer(Checkpointer):
             raise Interrupted(rnd)
 
 
+def fresh_process_random_state() -> None:
+    """The global generators as a new process starts them. The engine does not seed torch's global
+    generator per cell (dropout draws from it), so two runs compare only from the same start; the
+    resumed run starts from whatever state and must get it back from the checkpoint."""
+    torch.manual_seed(20260)
+    np.random.seed(20260)
+    random.seed(20260)
+
+
+def uninterrupted(cell, data_root, **run):
+    fresh_process_random_state()
+    return run_cell(cell, data_root=data_root, **run)
+
+
 def interrupted_and_resumed(cell, folder, data_root, at: int, **run):
     """Run `cell` until the checkpoint after round `at`, then run it again from that checkpoint
     (a new Federation and algorithm, as in a new process). Returns (result, notes)."""
     notes: list[str] = []
+    fresh_process_random_state()
     first = InterruptingCheckpointer(folder, cell, CheckpointPolicy(every=0, minutes=0), at=at, note=notes.append)
     try:
         run_cell(cell, data_root=data_root, checkpointer=first, **run)
@@ -45,6 +62,7 @@ def interrupted_and_resumed(cell, folder, data_root, at: int, **run):
         pass
     else:
         raise AssertionError(f"the run was not interrupted after round {at}")
+    torch.manual_seed(99)  # the resumed run starts elsewhere: the checkpoint must restore it
     second = Checkpointer(folder, cell, CheckpointPolicy(every=0, minutes=0), note=notes.append)
     return run_cell(cell, data_root=data_root, checkpointer=second, **run), notes
 
