@@ -45,10 +45,10 @@ import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
-import numpy as np
-import torch
+if TYPE_CHECKING:
+    import torch
 
 from pflbench.config import CellConfig, cell_hash
 
@@ -104,6 +104,9 @@ def _source_digest(files: tuple[str, ...]) -> str:
 def code_version(algorithm_cls: type) -> str:
     """A hash of the source that runs a cell: pflbench (reports excluded), the built-in algorithms, the
     algorithm's own classes wherever they live, and the torch / numpy / Python versions."""
+    import numpy as np
+    import torch
+
     import algorithms
     import pflbench
 
@@ -127,7 +130,10 @@ def execution_path(fed) -> dict:
 
 # ---- random state not derived from (seed, round, client) ---------------------------------------------
 
-def random_state(device: torch.device) -> dict:
+def random_state(device: "torch.device") -> dict:
+    import numpy as np
+    import torch
+
     state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
     if device.type == "cuda":
         state["cuda"] = torch.cuda.get_rng_state_all()
@@ -135,6 +141,9 @@ def random_state(device: torch.device) -> dict:
 
 
 def set_random_state(state: dict) -> None:
+    import numpy as np
+    import torch
+
     torch.set_rng_state(state["torch"].cpu())  # generator states live on the CPU, whatever map_location did
     np.random.set_state(state["numpy"])
     random.setstate(state["python"])
@@ -165,6 +174,8 @@ def load_federation_state(fed, state: dict) -> None:
 
 def write_checkpoint(path: Path, header: dict, payload: dict) -> int:
     """Write atomically (temporary file in the same folder, fsync, rename); returns the file's bytes."""
+    import torch
+
     from pflbench.store import atomic_write
 
     buffer = io.BytesIO()
@@ -201,9 +212,11 @@ def read_header(path: Path) -> dict:
     return header
 
 
-def read_checkpoint(path: Path, device: torch.device | str = "cpu") -> tuple[dict, dict]:
+def read_checkpoint(path: Path, device: "torch.device | str" = "cpu") -> tuple[dict, dict]:
     """Header and payload (tensors on `device`, loaded there directly so that tensors sharing
     storage still share it), the payload's size and checksum verified; CheckpointProblem otherwise."""
+    import torch
+
     header = read_header(path)
     with open(path, "rb") as file:
         file.seek(header["header_bytes"])
@@ -323,6 +336,18 @@ class Checkpointer:
 
     def remove(self) -> None:
         self.path.unlink(missing_ok=True)
+
+
+def describe_checkpoints(results_dir: str | Path) -> list[str]:
+    """`pflbench store check`'s lines about checkpoints: one per cell that has one."""
+    lines = []
+    for entry in list_checkpoints(results_dir):
+        if entry["problem"]:
+            lines.append(f"checkpoint: {entry['hash']}/{CHECKPOINT}: {entry['problem']} (set aside when the cell runs)")
+        else:
+            lines.append(f"checkpoint: {entry['hash']} at round {entry['round']} of {entry['rounds']} "
+                         f"({entry['bytes'] / 1e6:.1f} MB, written {entry['written_at']}); the next run continues it")
+    return lines
 
 
 def list_checkpoints(results_dir: str | Path) -> list[dict]:
