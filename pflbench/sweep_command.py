@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from pflbench.run_command import CLIENT_BATCHING
+from pflbench.run_command import CLIENT_BATCHING, add_checkpoint_options, checkpoint_problem
 
 DEFAULT_BASE = Path("benchmarks/sweeps/default.yaml")  # pflbench.sweep.DEFAULT_BASE
 
@@ -39,6 +39,9 @@ def add_parser(subparsers) -> None:
     sweep.add_argument("--device", help="torch device (default: cuda for cells given GPUs, else cpu)")
     sweep.add_argument("--client-batching", choices=CLIENT_BATCHING, default="auto",
                        help="local training batched across clients (auto: on CUDA, a client loop on CPU)")
+    add_checkpoint_options(sweep)
+    sweep.add_argument("--retries", type=int, default=2, metavar="N",
+                       help="rerun a trial whose worker was lost up to N times, from its checkpoint (default 2)")
     add_data_options(sweep)
     sweep.set_defaults(func=cmd_sweep)
 
@@ -47,6 +50,9 @@ def cmd_sweep(args) -> int:
     from pflbench.spec import parse_sets
     from pflbench.sweep import SweepOptions, base_cell, run_sweep
 
+    if checkpoint_problem(args):
+        print(f"sweep: {checkpoint_problem(args)}", file=sys.stderr)
+        return 2
     sets = parse_sets(args.sets)
     for key in ("dataset", "partition", "clients", "rounds"):
         if getattr(args, key) is not None:
@@ -56,7 +62,9 @@ def cmd_sweep(args) -> int:
         options = SweepOptions(trials=args.trials, results=args.results, out=args.out, tune_lr=args.tune_lr,
                                grace_rounds=args.grace_rounds, seed=args.seed, workers=args.workers,
                                ray_address=args.ray_address, data_root=args.root, mirror=args.mirror,
-                               device=args.device, client_batching=args.client_batching)
+                               device=args.device, client_batching=args.client_batching,
+                               checkpoint_every=args.checkpoint_every, checkpoint_minutes=args.checkpoint_minutes,
+                               keep_checkpoints=args.keep_checkpoints, retries=args.retries)
         run_sweep(args.algo, base, resources, options)
     except (ValueError, FileNotFoundError) as error:  # SpecError, SweepError, a partition or dataset problem
         print(f"sweep: {error}", file=sys.stderr)
