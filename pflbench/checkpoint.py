@@ -246,7 +246,7 @@ class Checkpointer:
         self.set_aside_dir = Path(set_aside_dir) if set_aside_dir is not None else self.folder.parent / "_damaged"
         self.note = note or (lambda text: None)
         self.clock = clock
-        self.seconds = 0.0      # spent writing checkpoints in this run
+        self.seconds = 0.0      # spent writing checkpoints, over the runs of this cell (a resumed run adds to them)
         self.written = 0
         self.last_bytes = 0
         self.resumed_from: int | None = None
@@ -294,6 +294,7 @@ class Checkpointer:
         load_federation_state(fed, payload["federation"])
         set_random_state(payload["random"])  # last: nothing after it draws before round r + 1
         self.resumed_from = header["round"]
+        self.seconds, self.written = payload["checkpoint_seconds"], payload["checkpoints_written"]
         self.note(f"resumed at round {header['round']} of {self.cell.rounds}")
         return Resumed(header["round"], float(payload["elapsed"]), payload["loop"])
 
@@ -309,7 +310,8 @@ class Checkpointer:
     def save(self, rnd: int, fed, algorithm, loop: dict, elapsed: float) -> None:
         start = self.clock()
         payload = {"round": rnd, "algorithm": algorithm.state_dict(), "federation": federation_state(fed),
-                   "loop": loop, "elapsed": elapsed, "random": random_state(fed.device)}
+                   "loop": loop, "elapsed": elapsed, "random": random_state(fed.device),
+                   "checkpoint_seconds": self.seconds, "checkpoints_written": self.written + 1}
         header = {"hash": cell_hash(self.cell), "code": code_version(type(algorithm)), "round": rnd,
                   "rounds": self.cell.rounds, "execution": execution_path(fed), "host": socket.gethostname(),
                   "pid": os.getpid(),
@@ -320,7 +322,9 @@ class Checkpointer:
         self.seconds += self._last - start
 
     def summary(self) -> dict:
-        """For the cell's summary: the time checkpoints cost in this run, and where it resumed."""
+        """For the cell's summary: the time checkpoints cost (all runs of the cell up to its result,
+        as its wall time counts them; the write of the checkpoint a run resumed from is not counted),
+        how many were written, the size of the last, and the round this run resumed at."""
         return {"checkpoint_seconds": self.seconds, "checkpoints_written": self.written,
                 "checkpoint_bytes": self.last_bytes, "resumed_from_round": self.resumed_from}
 

@@ -243,3 +243,29 @@ def test_checkpoints_keep_only_the_latest_and_record_their_cost(tmp_path):
     assert read_header(tmp_path / "store" / "cell" / CHECKPOINT)["round"] == 4
     listed = list_checkpoints(tmp_path / "store")
     assert [(e["hash"], e["round"], e["rounds"], e["problem"]) for e in listed] == [("cell", 4, 5, "from another configuration")]
+
+
+def test_store_check_lists_the_cells_with_a_checkpoint_and_its_round(tmp_path, capsys):
+    from pflbench.cli import main
+    from pflbench.store import Store
+
+    cell = small_cell(rounds=5)
+    store = Store(tmp_path / "results")
+    _checkpoint_after(cell, store.cell_dir(cell), tmp_path, at=3)
+    assert store.checkpoint_path(cell).exists()
+    main(["store", "check", "--results", str(store.root)])
+    out = capsys.readouterr().out
+    assert f"checkpoint: {store.cell_dir(cell).name} at round 3 of 5" in out, out
+    store.remove_checkpoint(cell)
+    main(["store", "check", "--results", str(store.root)])
+    assert "checkpoint:" not in capsys.readouterr().out
+
+
+def test_run_refuses_bad_checkpoint_options_before_any_work(tmp_path, capsys):
+    from pflbench.cli import main
+
+    for option, value, message in (("--checkpoint-every", "-2", "--checkpoint-every must be 0"),
+                                   ("--checkpoint-minutes", "-1", "--checkpoint-minutes must be >= 0")):
+        with pytest.raises(SystemExit, match=message):
+            main(["run", "benchmarks/demo.yaml", "--results", str(tmp_path / "r"), option, value])
+    assert not (tmp_path / "r").exists()
