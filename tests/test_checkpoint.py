@@ -269,3 +269,30 @@ def test_run_refuses_bad_checkpoint_options_before_any_work(tmp_path, capsys):
         with pytest.raises(SystemExit, match=message):
             main(["run", "benchmarks/demo.yaml", "--results", str(tmp_path / "r"), option, value])
     assert not (tmp_path / "r").exists()
+
+
+def test_a_sweep_trial_writes_checkpoints_and_a_retried_trial_resumes_from_them(tmp_path, monkeypatch):
+    """`run_trial` as Tune runs it, twice with one trial id (Tune's retry of a lost trial)."""
+    from types import SimpleNamespace
+
+    from ray import tune
+
+    from pflbench.sweep import run_trial
+
+    reports = []
+    monkeypatch.setenv("PFLBENCH_DATA", str(tmp_path))
+    monkeypatch.setattr(tune, "report", lambda metrics, **_: reports.append(metrics))
+    monkeypatch.setattr(tune, "get_context", lambda: SimpleNamespace(get_trial_id=lambda: "trial_1"))
+    base = small_cell(rounds=4, eval_every=1)
+    folder = tmp_path / "sweep" / "checkpoints"
+    kwargs = dict(base=base.model_dump(mode="json"), cpus=1, data_root=str(tmp_path), mirror=None, device="cpu",
+                  client_batching="auto",
+                  checkpoints={"folder": str(folder), "every": 2, "minutes": 0, "keep": True})
+    run_trial({"lr": 0.03}, **kwargs)
+    assert read_header(folder / "trial_1" / CHECKPOINT)["round"] == 2
+    first = [r["round"] for r in reports]
+    reports.clear()
+    run_trial({"lr": 0.03}, **kwargs)
+    assert first == [1, 2, 3, 4] and [r["round"] for r in reports] == [3, 4]
+    run_trial({"lr": 0.03}, **{**kwargs, "checkpoints": {**kwargs["checkpoints"], "keep": False}})
+    assert not (folder / "trial_1" / CHECKPOINT).exists()
