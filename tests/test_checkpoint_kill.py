@@ -120,6 +120,7 @@ def test_a_killed_cell_resumes_from_its_checkpoint_and_gives_the_uninterrupted_r
     process.wait()
     folder = cell_folder(store)
     assert not (folder / "summary.json").exists(), "the cell finished before the kill"
+    assert (folder / "claim.json").exists()  # the dead runner's claim: the rerun takes it over, then resumes
     again = run(root, "killed", env)
     assert again.returncode == 0, again.stdout + again.stderr
     resumed_at = checkpoint_round_from(again.stdout)
