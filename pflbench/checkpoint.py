@@ -18,7 +18,7 @@ The file, `<store>/<hash>/checkpoint.pt`: one header line of JSON (format, the c
 version, the execution path, the round, the payload's size and SHA-256, who wrote it) and the payload
 (torch.save). It is written atomically (temporary file, fsync, rename), so a kill at any moment leaves
 the previous checkpoint or the new one; only the latest is kept. A checkpoint that is damaged
-(checksum, truncation), from another configuration, another code version or another execution path
+(checksum, truncation), from another configuration, code version, dataset content or execution path
 (device, batched or loop path, compiled step, memory layout: each gives other float rounding) is
 set aside into `<store>/_damaged/` with one line saying why, and the cell starts over.
 
@@ -250,13 +250,17 @@ class Checkpointer:
         self.written = 0
         self.last_bytes = 0
         self.resumed_from: int | None = None
+        self.dataset_checksum: str | None = None  # the cell's data, from `resume`
         self._last = clock()
 
     # -- start of the cell --
-    def resume(self, fed, algorithm) -> Resumed | None:
+    def resume(self, fed, algorithm, provenance: dict | None = None) -> Resumed | None:
         """After `algorithm.setup()`: load the checkpoint into `algorithm` and `fed` and return the
-        loop's records, or None to start from round 1 (no checkpoint, or one set aside)."""
+        loop's records, or None to start from round 1 (no checkpoint, or one set aside).
+        `provenance["dataset_checksum"]`, where given, must match the checkpoint's (data re-prepared
+        under the same name is another run)."""
         self._last = self.clock()
+        self.dataset_checksum = (provenance or {}).get("dataset_checksum")
         for stale in self.folder.glob(f".{CHECKPOINT}.*.tmp"):  # a write cut by a kill: never a checkpoint
             stale.unlink(missing_ok=True)
         if not self.path.exists():
@@ -285,6 +289,9 @@ class Checkpointer:
         path = execution_path(fed)
         if header.get("execution") != path:
             raise CheckpointProblem(f"from another execution path ({header.get('execution')}, this run {path})")
+        if header.get("dataset_checksum") != self.dataset_checksum:
+            raise CheckpointProblem(f"from other data (dataset checksum {header.get('dataset_checksum')}, "
+                                    f"this run {self.dataset_checksum})")
         if not isinstance(header.get("round"), int) or not 1 <= header["round"] < self.cell.rounds:
             raise CheckpointProblem(f"damaged: round {header.get('round')!r} of {self.cell.rounds}")
         header, payload = read_checkpoint(self.path, fed.device)
@@ -313,7 +320,8 @@ class Checkpointer:
                    "loop": loop, "elapsed": elapsed, "random": random_state(fed.device),
                    "checkpoint_seconds": self.seconds, "checkpoints_written": self.written + 1}
         header = {"hash": cell_hash(self.cell), "code": code_version(type(algorithm)), "round": rnd,
-                  "rounds": self.cell.rounds, "execution": execution_path(fed), "host": socket.gethostname(),
+                  "rounds": self.cell.rounds, "execution": execution_path(fed),
+                  "dataset_checksum": self.dataset_checksum, "host": socket.gethostname(),
                   "pid": os.getpid(),
                   "written_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
         self.last_bytes = write_checkpoint(self.path, header, payload)

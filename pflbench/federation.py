@@ -467,7 +467,7 @@ def run_rounds(fed: Federation, algorithm: Algorithm, on_round=None, provenance:
     newcomer_flag = {} if fed.newcomers is None else {"newcomer": False}
     newcomer_time = 0.0
     first_round = 1
-    resumed = checkpointer.resume(fed, algorithm) if checkpointer is not None else None
+    resumed = checkpointer.resume(fed, algorithm, provenance) if checkpointer is not None else None
     if resumed is not None:  # checkpoint: continue after its round, with what the loop had recorded
         first_round, start = resumed.round + 1, start - resumed.elapsed
         metric_rows, round_rows, artifacts, adapt_diverged, newcomer_time, last_eval = (

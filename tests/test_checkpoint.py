@@ -150,12 +150,18 @@ def _damage(path):
     path.write_bytes(bytes(data))
 
 
-def _other_code(path):
+def _rewrite_header(path, **changes):
     head, _, body = path.read_bytes().partition(b"\n")
     magic, _, text = head.partition(b" ")
-    header = json.loads(text)
-    header["code"] = "0" * 16 + "-elsewhere"
-    path.write_bytes(magic + b" " + json.dumps(header).encode() + b"\n" + body)
+    path.write_bytes(magic + b" " + json.dumps({**json.loads(text), **changes}).encode() + b"\n" + body)
+
+
+def _other_code(path):
+    _rewrite_header(path, code="0" * 16 + "-elsewhere")
+
+
+def _other_data(path):
+    _rewrite_header(path, dataset_checksum="re-prepared")
 
 
 def _truncate(path):
@@ -164,7 +170,8 @@ def _truncate(path):
 
 @pytest.mark.parametrize("spoil, reason", [(_damage, "damaged: checksum differs"),
                                            (_truncate, "damaged: "),
-                                           (_other_code, "from another code version")])
+                                           (_other_code, "from another code version"),
+                                           (_other_data, "from other data")])
 def test_an_unusable_checkpoint_is_set_aside_with_its_reason_and_the_cell_starts_over(spoil, reason, tmp_path):
     cell = small_cell(rounds=3)
     folder = tmp_path / "store" / "cell"
