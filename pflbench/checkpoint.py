@@ -251,6 +251,7 @@ class Checkpointer:
         self.last_bytes = 0
         self.resumed_from: int | None = None
         self.dataset_checksum: str | None = None  # the cell's data, from `resume`
+        self.error: str | None = None  # why this cell cannot be checkpointed (StateError), once found
         self._last = clock()
 
     # -- start of the cell --
@@ -309,10 +310,16 @@ class Checkpointer:
     def after_round(self, rnd: int, fed, algorithm, loop: dict, elapsed: float) -> None:
         """Write a checkpoint after round `rnd` if the policy says it is due. `loop`: the loop's
         records so far (handed back by `resume`); `elapsed`: the cell's wall time so far."""
+        from pflbench.algorithm import StateError
+
         now = self.clock()
-        if not self.policy.due(rnd, self.cell.rounds, now - self._last):
+        if self.error is not None or not self.policy.due(rnd, self.cell.rounds, now - self._last):
             return
-        self.save(rnd, fed, algorithm, loop, elapsed)
+        try:
+            self.save(rnd, fed, algorithm, loop, elapsed)
+        except StateError as err:  # the algorithm breaks the state contract: say so, and run on without
+            self.error = str(err)
+            self.note(f"no checkpoints for this cell: {err}")
 
     def save(self, rnd: int, fed, algorithm, loop: dict, elapsed: float) -> None:
         start = self.clock()
@@ -334,7 +341,8 @@ class Checkpointer:
         as its wall time counts them; the write of the checkpoint a run resumed from is not counted),
         how many were written, the size of the last, and the round this run resumed at."""
         return {"checkpoint_seconds": self.seconds, "checkpoints_written": self.written,
-                "checkpoint_bytes": self.last_bytes, "resumed_from_round": self.resumed_from}
+                "checkpoint_bytes": self.last_bytes, "resumed_from_round": self.resumed_from,
+                **({"checkpoint_error": self.error} if self.error else {})}
 
     # -- housekeeping --
     def set_aside(self, reason: str) -> Path:

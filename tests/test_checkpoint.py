@@ -107,6 +107,19 @@ def test_state_the_contract_cannot_capture_fails_loudly(cls, attribute, tmp_path
     assert attribute in declared.state_dict()["objects"]
 
 
+def test_a_cell_whose_algorithm_breaks_the_contract_runs_on_without_checkpoints_and_says_so(tmp_path, monkeypatch):
+    import pflbench.federation as federation_module
+
+    monkeypatch.setattr(federation_module, "get_algorithm", lambda name: _WithModule)
+    cell = small_cell(rounds=3)
+    notes = []
+    checkpointer = Checkpointer(tmp_path / "cell", cell, CheckpointPolicy(every=1, minutes=0), note=notes.append)
+    result = run_cell(cell, data_root=tmp_path, checkpointer=checkpointer)
+    assert result.status == "finished" and result.summary["checkpoints_written"] == 0
+    assert "_WithModule.extra holds a" in result.summary["checkpoint_error"]
+    assert len(notes) == 1 and notes[0].startswith("no checkpoints for this cell: _WithModule.extra")
+
+
 def test_state_left_out_of_the_checkpoint_is_caught_by_the_resume_comparison(tmp_path, monkeypatch):
     """An algorithm whose round counter is (wrongly) declared rebuilt by setup resumes differently;
     the comparison the registry test makes reports it."""
