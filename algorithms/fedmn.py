@@ -196,6 +196,8 @@ class FedMN(Algorithm):
     paper = "T. Wang, Cheng, Luo, Yu, Ni, Tong, Chen & X. Zhang, ICDM 2022"
     personalizes = "the architecture: a routing hypernetwork picks each client's modules from a shared pool"
     batched = False
+    # Checkpoints: the module pool and the routing net that local training loads each client into.
+    state_objects = ("net", "router")
     refused_knobs = {"privacy": "its upload is the router and the modules its routing picks after local training, "
                                 "which may differ from the modules it downloaded: no update to clip"}
 

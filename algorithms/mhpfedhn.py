@@ -157,6 +157,10 @@ class MHpFedHN(Algorithm):
     paper = "C. Zhang, H. Li, X. Liu, L. Jiang et al., arXiv 2507.22330, 2025 (IJCAI 2026)"
     personalizes = "the whole model, generated per client by a multi-head hypernetwork; architectures may differ"
     heterogeneous_models = True
+    # Checkpoints: the hypernetwork, then its optimizer's moments; the architectures (ClientModels)
+    # carry no weights and setup() takes them from the cell again.
+    state_objects = ("hnet", "optimizer")
+    state_rebuilt = ("group_models", "global_model")
     global_distillation = False
 
     @property

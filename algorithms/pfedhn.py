@@ -100,6 +100,7 @@ class HyperNetwork(nn.Module):
 @ALGORITHMS.register("pfedhn")
 class PFedHN(Algorithm):
     name = "pfedhn"
+    state_objects = ("hypernet", "optimizer")  # checkpoints: the hypernetwork, then its momentum
     paper = "Shamsian, Navon, Fetaya & Chechik, ICML 2021"
     personalizes = "the whole model, generated per client by a server hypernetwork from a learned client embedding"
     personal_classifier = False

@@ -11,6 +11,14 @@ A round, as the engine (`pflbench.rounds.run_rounds`) drives it:
         (and, with the cell's finetune_epochs > 0, alg.adapt_locally(...) of it too: the adapted protocol)
         and, in a cell with unseen clients, alg.newcomer_models(rnd, fed.newcomers) on theirs
 
+State for checkpoints (`pflbench.checkpoint`): `state_dict()` / `load_state_dict()` capture everything
+a cell needs to continue after round r. The base class walks the instance's attributes (all but `fed`
+and `hp`): tensors, States, numpy arrays and plain Python values, in any nesting of lists, tuples and
+dicts, are captured as they are; an attribute holding an object with its own state (an nn.Module, an
+optimizer, a torch or numpy random generator) must be named in `state_objects`, and anything else
+fails loudly (`StateError`) until the algorithm extends the contract — so a method added later with
+state the contract cannot see fails the registry-wide resume test instead of resuming wrongly.
+
 Every tensor that crosses the network is a `State`: a dict of tensors stacked along a leading client
 dimension (row j belongs to `clients[j]`). The engine counts the bytes of exactly these dicts, so an
 algorithm's communication is whatever its hooks exchange — nothing to declare separately.
@@ -36,6 +44,10 @@ from pflbench.training import State, weighted_mean
 
 if TYPE_CHECKING:
     from pflbench.federation import Federation
+
+class StateError(TypeError):
+    """An algorithm attribute that `Algorithm.state_dict()` cannot capture (see the module doc)."""
+
 
 NEWCOMER_FIT_SALT = 0x0E3D  # batch orders of fitting a newcomer's model (pflbench.newcomers)
 ALGORITHMS: Registry[type["Algorithm"]] = Registry("algorithm")
@@ -72,6 +84,12 @@ class Algorithm:
     # Unseen clients (`unseen_fraction`): why this algorithm cannot give a newcomer a model, or ""
     # where it can (`newcomer_models`); a cell with newcomers is refused before any work otherwise.
     newcomers_refused: ClassVar[str] = ""
+    # Checkpoints (module doc): attributes whose objects carry their own state, saved and restored
+    # through it (nn.Module / optimizer: state_dict; generators: their state), in this order (a
+    # module before the optimizer that steps it); and attributes `setup()` rebuilds unchanged from
+    # the cell (e.g. references to the Federation's models), which are not saved.
+    state_objects: ClassVar[tuple[str, ...]] = ()
+    state_rebuilt: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, fed: "Federation", hp: Hyperparams):
         self.fed = fed
@@ -229,9 +247,92 @@ class Algorithm:
         everyone = torch.arange(count, device=newcomers.device)
         return newcomers.train(rnd, everyone, start, trainable=trainable, epochs=epochs, salt=NEWCOMER_FIT_SALT).state
 
+    # ---- checkpoints (module doc; pflbench.checkpoint) ---------------------------------------------
+    def state_dict(self) -> dict:
+        """Everything this instance holds that rounds change, for a checkpoint taken between rounds.
+        The values are the live objects (not copies): serialize them (torch.save) before the
+        algorithm runs on. StateError names an attribute the contract cannot capture."""
+        skipped = {"fed", "hp", *self.state_rebuilt, *self.state_objects}
+        values = {}
+        for name, value in vars(self).items():
+            if name not in skipped:
+                check_capturable(value, f"{type(self).__name__}.{name}")
+                values[name] = value
+        return {"attributes": values,
+                "objects": {name: object_state(getattr(self, name, None), f"{type(self).__name__}.{name}")
+                            for name in self.state_objects}}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Make this instance, after `setup()`, the one `state_dict()` was taken from."""
+        skipped = {"fed", "hp", *self.state_rebuilt, *self.state_objects}
+        missing = [n for n in vars(self) if n not in skipped and n not in state["attributes"]]
+        if missing or set(state["objects"]) != set(self.state_objects):
+            raise StateError(f"the state was not taken from a {type(self).__name__}: it lacks "
+                             f"{', '.join(missing) or 'nothing setup() creates'}; its objects are "
+                             f"{sorted(state['objects'])}, this class's {sorted(self.state_objects)}")
+        for name, value in state["attributes"].items():
+            setattr(self, name, value)
+        for name in self.state_objects:
+            load_object_state(self, name, state["objects"][name])
+
     def artifacts(self) -> dict[str, np.ndarray]:
         """Arrays worth keeping from this round (e.g. aggregation weights); saved every eval_every rounds."""
         return {}
+
+
+# ---- what the generic state contract captures ------------------------------------------------------
+
+PLAIN_TYPES = (type(None), bool, int, float, complex, str, bytes, torch.Tensor, np.ndarray, np.generic,
+               torch.dtype, torch.device, torch.Size)
+
+
+def check_capturable(value, where: str) -> None:
+    """StateError unless `value` is tensors / arrays / plain values in lists, tuples, sets and dicts."""
+    if isinstance(value, PLAIN_TYPES):
+        return
+    if type(value) in (list, tuple, set, frozenset):
+        for i, item in enumerate(value):
+            check_capturable(item, f"{where}[{i}]")
+        return
+    if type(value) is dict:
+        for key, item in value.items():
+            check_capturable(key, f"{where} key {key!r}")
+            check_capturable(item, f"{where}[{key!r}]")
+        return
+    raise StateError(
+        f"{where} holds a {type(value).__module__}.{type(value).__qualname__}, which a checkpoint cannot capture "
+        f"generically (tensors, numpy arrays, plain values and lists/tuples/dicts of them): name the attribute in "
+        f"`state_objects` if it is an nn.Module, an optimizer or a random generator, in `state_rebuilt` if setup() "
+        f"rebuilds it unchanged from the cell, or extend state_dict()/load_state_dict() (pflbench/algorithm.py)")
+
+
+def object_state(obj, where: str):
+    """The state of a `state_objects` attribute: state_dict() of a module or optimizer, a generator's state."""
+    if obj is None:
+        return None
+    if isinstance(obj, torch.Generator):
+        return obj.get_state()
+    if isinstance(obj, np.random.Generator):
+        return obj.bit_generator.state
+    if callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None)):
+        return obj.state_dict()
+    raise StateError(f"{where} is in `state_objects` but a {type(obj).__qualname__} has no state_dict()/"
+                     f"load_state_dict() and is not a random generator")
+
+
+def load_object_state(owner, name: str, saved) -> None:
+    obj = getattr(owner, name, None)
+    if saved is None or obj is None:
+        if (saved is None) != (obj is None):
+            raise StateError(f"{type(owner).__name__}.{name}: the checkpoint has "
+                             f"{'none' if saved is None else 'one'}, this instance {'none' if obj is None else 'one'}")
+        return
+    if isinstance(obj, torch.Generator):
+        obj.set_state(saved.cpu())  # a generator's state is a CPU tensor, wherever the payload was loaded
+    elif isinstance(obj, np.random.Generator):
+        obj.bit_generator.state = saved
+    else:
+        obj.load_state_dict(saved)
 
 
 def get_algorithm(name: str) -> type[Algorithm]:

@@ -76,6 +76,13 @@ class Display:
         except Exception as err:
             self._display_failed(err)
 
+    def note(self, cell: CellConfig, text: str) -> None:
+        """A line about a running cell (resumed from its checkpoint, checkpoint set aside, retried)."""
+        try:
+            self.console.print(f"[yellow]note:[/] {escape(label(cell))}: {escape(text)}", highlight=False)
+        except Exception as err:
+            self._display_failed(err)
+
     def _display_failed(self, err: Exception) -> None:
         try:
             print(f"note: progress display error ({type(err).__name__}); the run goes on", file=sys.stderr)

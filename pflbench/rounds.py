@@ -66,12 +66,14 @@ def check_evaluated(evaluate: tuple[str, ...]) -> tuple[str, ...]:
 
 
 def run_cell(cell: CellConfig, *, data_root=None, mirror=None, execution: ExecutionOptions = ExecutionOptions(),
-             on_round: Callable[[dict], None] | None = None, evaluate: tuple[str, ...] = EVALUATED) -> CellResult:
+             on_round: Callable[[dict], None] | None = None, evaluate: tuple[str, ...] = EVALUATED,
+             checkpointer=None) -> CellResult:
     """Run one cell to the end. A cell from a spec is resolved already (`pflbench.resolve`); any other
     is resolved here first, through the same checks (a ValueError names what is wrong).
 
     `evaluate` lists the splits evaluated every eval round; without "test" (hyperparameter tuning:
-    `evaluate=("val",)`) the test indices are withheld from the run altogether (see `Federation`)."""
+    `evaluate=("val",)`) the test indices are withheld from the run altogether (see `Federation`).
+    `checkpointer` (a `pflbench.checkpoint.Checkpointer`): resume from and write round checkpoints."""
     from pflbench.resolve import ensure_resolved
 
     evaluate = check_evaluated(evaluate)
@@ -80,7 +82,7 @@ def run_cell(cell: CellConfig, *, data_root=None, mirror=None, execution: Execut
     dataset, splits = prepare_cell(cell, data_root, mirror)
     fed = Federation(cell, dataset, splits, execution, algorithm_cls.batched, withhold_test="test" not in evaluate)
     algorithm = algorithm_cls(fed, algorithm_cls.parse_hyperparams(cell.hp))
-    return run_rounds(fed, algorithm, on_round=on_round, evaluate=evaluate, provenance={
+    return run_rounds(fed, algorithm, on_round=on_round, evaluate=evaluate, checkpointer=checkpointer, provenance={
         "dataset_checksum": dataset.checksum, "torch": torch.__version__, "device": fed.device.type})
 
 
@@ -130,7 +132,9 @@ def _per_client(upload, count: int) -> list:
 
 class CellRecord:
     """What a running cell has recorded so far: per-client metrics rows, per-round rows, artifacts,
-    and how it ended (status, the round it diverged at)."""
+    and how it ended (status, the round it diverged at). A round checkpoint keeps `LOOP` of it."""
+
+    LOOP = ("metric_rows", "round_rows", "artifacts", "adapt_diverged", "newcomer_time", "last_eval")
 
     def __init__(self, fed: Federation):
         self.start = time.perf_counter()
@@ -145,6 +149,15 @@ class CellRecord:
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.start
+
+    def loop_state(self) -> dict:
+        return {key: getattr(self, key) for key in self.LOOP}
+
+    def restore(self, loop: dict, elapsed: float) -> None:
+        """Continue from a checkpoint's record (its wall time counted as already spent)."""
+        for key in self.LOOP:
+            setattr(self, key, loop[key])
+        self.start -= elapsed
 
     def diverged(self, rnd: int, why) -> None:
         self.status, self.diverged_round, self.error = "diverged", rnd, f"round {rnd}: {why}"
@@ -163,18 +176,25 @@ class CellRecord:
 
 
 def run_rounds(fed: Federation, algorithm: Algorithm, on_round=None, provenance: dict | None = None,
-               evaluate: tuple[str, ...] = EVALUATED) -> CellResult:
+               evaluate: tuple[str, ...] = EVALUATED, checkpointer=None) -> CellResult:
     """The cell's rounds, with every client's personalized model evaluated on the `evaluate` splits
     every eval_every rounds (columns of a split not evaluated are NaN). With the cell's
     `finetune_epochs` > 0 the same models are also scored after local adaptation (`*_adapted`
     columns; `Algorithm.adapt`), which never feeds back into training; its seconds are counted
     apart (`adapt_time`), not in the round's `wall_time`. `on_round` gets, after each round,
-    {round, rounds, mean_accuracy, mean_val_accuracy} (the latest evaluation, or None)."""
+    {round, rounds, mean_accuracy, mean_val_accuracy} (the latest evaluation, or None).
+    `checkpointer` (pflbench.checkpoint): asked once for a checkpoint to resume from, told at the end
+    of every round (it writes one when due)."""
     evaluate = check_evaluated(evaluate)
     cell = fed.cell
     algorithm.setup()
     record = CellRecord(fed)
-    for rnd in range(1, cell.rounds + 1):
+    first_round = 1
+    resumed = checkpointer.resume(fed, algorithm, provenance) if checkpointer is not None else None
+    if resumed is not None:  # continue after the checkpoint's round, with what the loop had recorded
+        first_round = resumed.round + 1
+        record.restore(resumed.loop, resumed.elapsed)
+    for rnd in range(first_round, cell.rounds + 1):
         round_start = time.perf_counter()
         clients = torch.as_tensor(fed.schedule[rnd - 1], device=fed.device)
         timing: dict = {}
@@ -190,10 +210,13 @@ def run_rounds(fed: Federation, algorithm: Algorithm, on_round=None, provenance:
         if on_round is not None:
             on_round({"round": rnd, "rounds": cell.rounds,
                       **(record.last_eval or {"mean_accuracy": None, "mean_val_accuracy": None})})
+        if checkpointer is not None:
+            checkpointer.after_round(rnd, fed, algorithm, record.loop_state(), record.elapsed())
     metrics = pd.DataFrame(record.metric_rows, columns=METRIC_COLUMNS + list(record.flags))
     rounds = pd.DataFrame(record.round_rows, columns=ROUND_COLUMNS)
     facts = {"model": fed.model_name, "client_batching": "batched" if fed.batched else "loop",
-             **(provenance or {}), **cell_facts(fed, algorithm, rounds, record, evaluate)}
+             **(provenance or {}), **cell_facts(fed, algorithm, rounds, record, evaluate),
+             **(checkpointer.summary() if checkpointer is not None else {})}
     summary = summarize(metrics, rounds, record.status, record.diverged_round, record.elapsed(), facts)
     return CellResult(record.status, metrics, rounds, summary, record.artifacts, record.error)
 

@@ -3,10 +3,20 @@ instance by default, an existing cluster with --ray-address/RAY_ADDRESS) or in t
 (--no-ray, --workers 1), with a live progress display, and record each cell in the results store.
 
 One cell never stops the others: an exception is recorded as "failed" with its traceback, a NaN as
-"diverged", a lost Ray worker as "failed". Results are written by this process only (the driver),
-so a cluster needs no shared results folder; the data root must be visible to every worker (each
-loads the cell's dataset and partition from it). Ctrl-C cancels the running cells and exits; their
-results are simply absent, and the next run starts them again.
+"diverged". Results are written by this process only (the driver), so a cluster needs no shared
+results folder; the data root must be visible to every worker (each loads the cell's dataset and
+partition from it). Ctrl-C cancels the running cells and exits; their results are simply absent,
+and the next run starts them again.
+
+Round checkpoints (pflbench/checkpoint.py): a running cell writes `<results>/<hash>/checkpoint.pt`
+by the `checkpoint_every` / `checkpoint_minutes` policy, and a run that finds one continues the cell
+from it ("resumed at round R of N"): after a kill, a Ctrl-C, a runner taking over an abandoned claim,
+or a Ray worker that was lost. A lost worker's cell is retried up to `retries` times (then it is
+"failed") and resumes from its checkpoint. On Ray the worker writes the checkpoint at the store's
+path as the worker sees it: on one machine that is the store; on a cluster without a shared results
+folder a retry resumes only where it lands on the machine that wrote it (elsewhere it starts over).
+A finished or diverged cell's checkpoint is removed once its result is written (`keep_checkpoints`
+keeps it); a failed cell's is kept, so the next run continues it.
 """
 from __future__ import annotations
 
@@ -22,12 +32,13 @@ from typing import Callable
 from rich.console import Console
 from rich.markup import escape
 
+from pflbench.checkpoint import DEFAULT_MINUTES, CheckpointPolicy, Checkpointer
 from pflbench.config import CellConfig, cell_hash
 from pflbench.display import PROBLEMS, Display, label, make_console, print_summary
 from pflbench.execution import ExecutionOptions
 from pflbench.ray_cluster import ClusterError, connect_ray, ray_capacity
 from pflbench.spec import Plan, Resources, describe_partition
-from pflbench.store import COMPLETE, DAMAGED, HEARTBEAT, Store
+from pflbench.store import COMPLETE, DAMAGED, HEARTBEAT, SET_ASIDE, Store
 
 
 @dataclass(frozen=True)
@@ -40,6 +51,19 @@ class RunOptions:
     ray_address: str | None = None
     force: bool = False            # rerun cells that already have a result
     execution: ExecutionOptions = ExecutionOptions()  # how cells run (device None: cuda for cells given GPUs)
+    checkpoint_every: int = 0      # rounds between round checkpoints (0: by time only)
+    checkpoint_minutes: float = DEFAULT_MINUTES  # at most this much wall time between checkpoints (0: not by time)
+    keep_checkpoints: bool = False  # leave a finished cell's last checkpoint in the store
+    retries: int = 2               # Ray: reruns of a cell whose worker was lost (it resumes from its checkpoint)
+
+    def __post_init__(self):
+        CheckpointPolicy(self.checkpoint_every, self.checkpoint_minutes)  # ValueError before any work
+        if not isinstance(self.retries, int) or self.retries < 0:
+            raise ValueError(f"retries must be a whole number >= 0, got {self.retries!r}")
+
+    @property
+    def checkpoint_policy(self) -> CheckpointPolicy:
+        return CheckpointPolicy(self.checkpoint_every, self.checkpoint_minutes, self.keep_checkpoints)
 
 
 @dataclass
@@ -71,9 +95,17 @@ def failed_result(error: str):
     return CellResult("failed", pd.DataFrame(), pd.DataFrame(), {"status": "failed"}, {}, error)
 
 
+def cell_checkpointer(cell: CellConfig, options: RunOptions, note: Callable[[str], None] | None = None) -> Checkpointer:
+    """The cell's round checkpoints, next to its results in the store."""
+    root = Path(options.results)
+    return Checkpointer(root / cell_hash(cell), cell, options.checkpoint_policy, set_aside_dir=root / SET_ASIDE,
+                        note=note)
+
+
 def execute_cell(cell: CellConfig, resources: Resources, options: RunOptions,
-                 report: Callable[[dict], None] | None = None):
-    """Run one cell here (the driver or a Ray worker) with torch limited to the cell's CPU share.
+                 report: Callable[[dict], None] | None = None, note: Callable[[str], None] | None = None):
+    """Run one cell here (the driver or a Ray worker) with torch limited to the cell's CPU share,
+    continuing from its checkpoint if it has one (`note` gets "resumed at round R of N" and the like).
     Returns a CellResult; an exception becomes a "failed" result carrying its traceback."""
     import torch
 
@@ -86,7 +118,7 @@ def execute_cell(cell: CellConfig, resources: Resources, options: RunOptions,
     try:
         execution = options.execution.on("cuda" if resources.gpus > 0 else "cpu")
         return run_cell(cell, data_root=options.data_root, mirror=options.mirror, execution=execution,
-                        on_round=report)
+                        on_round=report, checkpointer=cell_checkpointer(cell, options, note))
     except Exception:
         return failed_result(traceback.format_exc())
     finally:
@@ -106,10 +138,18 @@ def run_in_process(cells: list[CellConfig], plan: Plan, options: RunOptions, sto
             continue
         display.update(cell, {"round": 0})
         result = execute_cell(cell, plan.resources, options,
-                              report=lambda info, cell=cell: display.update(cell, info))
-        store.write(cell, result)
-        store.release(cell)
-        display.done(cell, result)
+                              report=lambda info, cell=cell: display.update(cell, info),
+                              note=lambda text, cell=cell: display.note(cell, text))
+        record(cell, result, store, options, display)
+
+
+def record(cell: CellConfig, result, store: Store, options: RunOptions, display: "Display") -> None:
+    """Write a cell's result, then drop its checkpoint (a failed cell keeps it: the next run continues)."""
+    store.write(cell, result)
+    if result.status in COMPLETE and not options.keep_checkpoints:
+        store.remove_checkpoint(cell)
+    store.release(cell)
+    display.done(cell, result)
 
 
 def take(cell: CellConfig, store: Store, options: RunOptions, display: Display) -> bool:
@@ -155,18 +195,25 @@ class ProgressBoard:
 
     def __init__(self):
         self.latest: dict[str, dict] = {}
+        self.notes: list[tuple[str, str]] = []
 
     def post(self, key: str, info: dict) -> None:
         self.latest[key] = info
 
-    def snapshot(self) -> dict[str, dict]:
-        return self.latest
+    def note(self, key: str, text: str) -> None:
+        self.notes.append((key, text))
+
+    def snapshot(self) -> tuple[dict[str, dict], list[tuple[str, str]]]:
+        """The latest round of every cell, and the notes posted since the last snapshot."""
+        notes, self.notes = self.notes, []
+        return self.latest, notes
 
 
 def _ray_task(cell: CellConfig, resources: Resources, options: RunOptions, board):
     key = cell_hash(cell)
     board.post.remote(key, {"round": 0})
-    return execute_cell(cell, resources, options, report=lambda info: board.post.remote(key, info))
+    return execute_cell(cell, resources, options, report=lambda info: board.post.remote(key, info),
+                        note=lambda text: board.note.remote(key, text))
 
 
 def run_on_ray(cells: list[CellConfig], plan: Plan, options: RunOptions, store: Store, display: Display) -> None:
@@ -177,13 +224,16 @@ def run_on_ray(cells: list[CellConfig], plan: Plan, options: RunOptions, store: 
     except ClusterError as error:
         raise PrepareError(str(error)) from None
     running: dict = {}
+    worker_options = replace(options, results=Path(options.results).absolute())  # checkpoints, from any cwd
     try:
         if plan.resources.gpus > 0 and not ray.cluster_resources().get("GPU", 0):
             raise PrepareError(f"the spec asks for {plan.resources.gpus:g} GPU per cell but the Ray cluster has "
                                f"none; run with --set resources.gpus=0")
         board = ray.remote(num_cpus=0)(ProgressBoard).remote()
+        # A lost worker's cell is retried here, not by Ray, so that each retry is said and bounded.
         task = ray.remote(_ray_task).options(num_cpus=plan.resources.cpus, num_gpus=plan.resources.gpus,
-                                             max_retries=0)  # a lost worker is a failed cell, not a silent rerun
+                                             max_retries=0)
+        attempts: dict[str, int] = {}
         waiting = list(cells)
         # Claim cells only as they can start, so that runners sharing the store split the matrix.
         limit = options.workers or ray_capacity(ray.cluster_resources(), plan.resources) or len(cells)
@@ -191,18 +241,26 @@ def run_on_ray(cells: list[CellConfig], plan: Plan, options: RunOptions, store: 
             while waiting and len(running) < limit:
                 cell = waiting.pop(0)
                 if take(cell, store, options, display):
-                    running[task.remote(cell, plan.resources, options, board)] = cell
+                    running[task.remote(cell, plan.resources, worker_options, board)] = cell
             done, _ = ray.wait(list(running), num_returns=1, timeout=0.5)
             for ref in done:
                 cell = running.pop(ref)
                 try:
                     result = ray.get(ref)
                 except ray.exceptions.RayError as error:  # the worker died, was killed, ran out of memory
-                    result = failed_result(f"Ray: {type(error).__name__}: {error}")
-                store.write(cell, result)
-                store.release(cell)
-                display.done(cell, result)
-            latest = ray.get(board.snapshot.remote())
+                    tried = attempts[cell_hash(cell)] = attempts.get(cell_hash(cell), 0) + 1
+                    if tried <= options.retries:
+                        display.note(cell, f"Ray worker lost ({type(error).__name__}); retry {tried} of "
+                                           f"{options.retries}, from its checkpoint where it has one")
+                        running[task.remote(cell, plan.resources, worker_options, board)] = cell
+                        continue
+                    result = failed_result(f"Ray: {type(error).__name__} (after {options.retries} retries): {error}")
+                record(cell, result, store, options, display)
+            latest, notes = ray.get(board.snapshot.remote())
+            by_key = {cell_hash(cell): cell for cell in running.values()}
+            for key, text in notes:
+                if key in by_key:
+                    display.note(by_key[key], text)
             for cell in running.values():
                 if cell_hash(cell) in latest:
                     display.update(cell, latest[cell_hash(cell)])

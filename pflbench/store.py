@@ -6,6 +6,8 @@
                   artifacts/arrays.npz   e.g. aggregation weights, one array per name and round
                   error.txt          the traceback (failed) or the reason (diverged)
                   summary.json       status, final/best/worst-10% accuracy, communication, wall time
+                  checkpoint.pt      the latest round checkpoint while the cell runs (pflbench.checkpoint);
+                                     removed once a finished cell's result is written
 
 Every file is written atomically (temporary file in the same folder, then os.replace), and
 summary.json is written last and removed first: a cell has a result exactly when its summary exists,
@@ -227,6 +229,15 @@ class Store:
         target.parent.mkdir(parents=True, exist_ok=True)
         os.replace(folder, target)
         return target
+
+    def checkpoint_path(self, cell: CellConfig) -> Path:
+        """The cell's round checkpoint (pflbench.checkpoint), there while it runs or after a kill."""
+        from pflbench.checkpoint import CHECKPOINT
+
+        return self.cell_dir(cell) / CHECKPOINT
+
+    def remove_checkpoint(self, cell: CellConfig) -> None:
+        self.checkpoint_path(cell).unlink(missing_ok=True)
 
     def write(self, cell: CellConfig, result) -> Path:
         """Record a `CellResult` (status finished, diverged or failed); replaces an earlier result."""

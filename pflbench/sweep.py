@@ -63,6 +63,12 @@ class SweepOptions:
     data_root: Path | None = None
     mirror: Path | None = None
     execution: ExecutionOptions = ExecutionOptions()  # how trials run (device None: cuda for cells given GPUs)
+    # Round checkpoints of the trials (pflbench/checkpoint.py) in <sweep folder>/checkpoints/<trial>/:
+    # a trial whose worker is lost is rerun by Tune up to `retries` times and resumes from its checkpoint.
+    checkpoint_every: int = 0
+    checkpoint_minutes: float = 5.0
+    keep_checkpoints: bool = False
+    retries: int = 2
 
 
 @dataclass
@@ -156,9 +162,10 @@ def trial_cell(base: CellConfig, config: dict) -> CellConfig:
 # ---- one trial (a Ray Tune function trainable) ---------------------------------------------------
 
 def run_trial(config: dict, *, base: dict, cpus: float, data_root: str | None, mirror: str | None,
-              execution: ExecutionOptions) -> None:
+              execution: ExecutionOptions, checkpoints: dict | None = None) -> None:
     """Run the base cell with the trial's values, validation split only, reporting
-    {round, val_accuracy} to Tune at every evaluated round (ASHA may stop it there)."""
+    {round, val_accuracy} to Tune at every evaluated round (ASHA may stop it there). `checkpoints`:
+    {folder, every, minutes, keep}: the trial's round checkpoints, resumed from when Tune retries it."""
     import torch
     from ray import tune
 
@@ -174,8 +181,17 @@ def run_trial(config: dict, *, base: dict, cpus: float, data_root: str | None, m
             reported.append(rnd)
             tune.report({"round": rnd, METRIC: info["mean_val_accuracy"], "status": "running"})
 
+    checkpointer = None
+    if checkpoints is not None:
+        from pflbench.checkpoint import CheckpointPolicy, Checkpointer
+
+        trial = Path(checkpoints["folder"]) / tune.get_context().get_trial_id()
+        checkpointer = Checkpointer(trial, cell, CheckpointPolicy(checkpoints["every"], checkpoints["minutes"]),
+                                    set_aside_dir=Path(checkpoints["folder"]) / "_set_aside")
     result = run_cell(cell, data_root=data_root, mirror=mirror, execution=execution, on_round=report,
-                      evaluate=("val",))
+                      evaluate=("val",), checkpointer=checkpointer)
+    if checkpointer is not None and not checkpoints["keep"]:
+        checkpointer.remove()
     if result.status != "finished":  # diverged: the worst objective, at the round it happened
         rnd = result.summary.get("diverged_round") or (reported[-1] if reported else 1)
         tune.report({"round": rnd, METRIC: 0.0, "status": result.status, "error": result.error or ""})
@@ -221,7 +237,9 @@ def run_sweep(algorithm: str, base: CellConfig, resources: Resources, options: S
         trainable = tune.with_resources(
             tune.with_parameters(run_trial, base=base.model_dump(mode="json"), cpus=resources.cpus,
                                  data_root=str(options.data_root), mirror=str(options.mirror) if options.mirror else None,
-                                 execution=execution),
+                                 execution=execution,
+                                 checkpoints={"folder": str(folder / "checkpoints"), "every": options.checkpoint_every,
+                                              "minutes": options.checkpoint_minutes, "keep": options.keep_checkpoints}),
             {"cpu": resources.cpus, "gpu": resources.gpus})
         tuner = tune.Tuner(
             trainable,
@@ -232,7 +250,7 @@ def run_sweep(algorithm: str, base: CellConfig, resources: Resources, options: S
                 scheduler=ASHAScheduler(time_attr="round", max_t=base.rounds, grace_period=min(grace, base.rounds),
                                         reduction_factor=options.reduction_factor)),
             run_config=tune.RunConfig(name="ray", storage_path=str(folder), verbose=0,
-                                      failure_config=tune.FailureConfig(max_failures=0)))
+                                      failure_config=tune.FailureConfig(max_failures=options.retries)))
         grid = tuner.fit()
     finally:
         if owned:
@@ -243,6 +261,9 @@ def run_sweep(algorithm: str, base: CellConfig, resources: Resources, options: S
 def finish_sweep(algorithm, base, space, options, folder, grid, grace, log) -> SweepResult:
     import pandas as pd
 
+    if not options.keep_checkpoints:  # trials stopped early by ASHA leave theirs (set-aside ones are kept)
+        for path in (folder / "checkpoints").glob("*/checkpoint.pt"):
+            path.unlink(missing_ok=True)
     trials, rows = [], []
     for i, result in enumerate(grid):
         history = result.metrics_dataframe if result.metrics_dataframe is not None else pd.DataFrame()

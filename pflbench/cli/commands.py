@@ -71,8 +71,9 @@ def add_parser(subparsers) -> None:
 
     store = subparsers.add_parser("store", help="inspect a results store")
     store_sub = store.add_subparsers(dest="store_command", required=True, metavar="ACTION")
-    check = store_sub.add_parser("check", help="list damaged cells (files truncated, garbled, missing) and foreign "
-                                               "folders (name is not the hash of the configuration inside)")
+    check = store_sub.add_parser("check", help="list damaged cells (files truncated, garbled, missing), foreign "
+                                               "folders (name is not the hash of the configuration inside) and "
+                                               "cells with a round checkpoint (and its round)")
     check.add_argument("--results", default="results", help="results store (default: results)")
     check.set_defaults(func=cmd_store_check)
 
@@ -89,6 +90,10 @@ def cmd_store_check(args) -> int:
     intact, problems = scan_store(args.results)
     for problem in problems:
         print(problem)
+    from pflbench.checkpoint import describe_checkpoints
+
+    for line in describe_checkpoints(args.results):
+        print(line)
     aside = Path(args.results) / SET_ASIDE
     kept = len([p for p in aside.iterdir() if p.is_dir()]) if aside.is_dir() else 0
     print(f"{args.results}: {len(intact)} intact cells, {len({p.folder for p in problems if p.kind == 'damaged'})} "

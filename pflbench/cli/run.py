@@ -33,8 +33,33 @@ def add_parser(subparsers) -> None:
     run.add_argument("--no-ray", action="store_true", help="run the cells one by one in this process")
     run.add_argument("--force", action="store_true", help="rerun cells that already have a result")
     add_execution_arguments(run, device_help="torch device for every cell (default: cuda for cells given GPUs, else cpu)")
+    add_checkpoint_options(run)
+    run.add_argument("--retries", type=int, default=2, metavar="N",
+                     help="Ray: rerun a cell whose worker was lost up to N times, from its checkpoint (default 2)")
     add_data_options(run)
     run.set_defaults(func=cmd_run)
+
+
+def add_checkpoint_options(parser) -> None:
+    """Round checkpoints (pflbench/checkpoint.py): execution options, not part of a cell's identity."""
+    parser.add_argument("--checkpoint-every", type=int, default=0, metavar="ROUNDS",
+                        help="write a running cell's checkpoint every ROUNDS rounds (default 0: by time only)")
+    parser.add_argument("--checkpoint-minutes", type=float, default=5.0, metavar="M",
+                        help="and at least every M minutes of a cell's wall time (default 5; 0: not by time); "
+                             "a killed cell continues from its last checkpoint on the next run")
+    parser.add_argument("--keep-checkpoints", action="store_true",
+                        help="keep a cell's last checkpoint after it finished (default: removed)")
+
+
+def checkpoint_problem(args) -> str | None:
+    """What is wrong with the checkpoint options, or None (checked before any work)."""
+    if args.checkpoint_every < 0:
+        return f"--checkpoint-every must be 0 (by time only) or a number of rounds >= 1, got {args.checkpoint_every}"
+    if not args.checkpoint_minutes >= 0:
+        return f"--checkpoint-minutes must be >= 0 (0: not by time), got {args.checkpoint_minutes}"
+    if getattr(args, "retries", 0) < 0:
+        return f"--retries must be >= 0, got {args.retries}"
+    return None
 
 
 def missing_gpus(plan, ray_address: str | None, device: str | None) -> str | None:
@@ -57,6 +82,8 @@ def cmd_run(args) -> int:
         raise SystemExit("--workers must be at least 1")
     if args.json and not args.dry_run:
         raise SystemExit("--json goes with --dry-run")
+    if checkpoint_problem(args):
+        raise SystemExit(checkpoint_problem(args))
     from rich.markup import escape
 
     from pflbench.display import make_console, print_plan
@@ -82,7 +109,9 @@ def cmd_run(args) -> int:
         return 2
     options = RunOptions(results=args.results, data_root=args.root, mirror=args.mirror, use_ray=not args.no_ray,
                          workers=args.workers, ray_address=args.ray_address, force=args.force,
-                         execution=execution_options(args))
+                         execution=execution_options(args), checkpoint_every=args.checkpoint_every,
+                         checkpoint_minutes=args.checkpoint_minutes, keep_checkpoints=args.keep_checkpoints,
+                         retries=args.retries)
     try:
         return run_plan(plan, options, console).exit_code
     except PrepareError as error:

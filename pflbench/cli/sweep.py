@@ -5,6 +5,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from pflbench.cli.run import add_checkpoint_options, checkpoint_problem
+
 DEFAULT_BASE = Path("benchmarks/sweeps/default.yaml")  # pflbench.sweep.DEFAULT_BASE
 
 
@@ -36,6 +38,9 @@ def add_parser(subparsers) -> None:
     sweep.add_argument("--workers", type=int, help="trials at once (default: as many as Ray's CPUs allow)")
     sweep.add_argument("--ray-address", help="an existing Ray cluster (default: $RAY_ADDRESS, else a local instance)")
     add_execution_arguments(sweep, device_help="torch device (default: cuda for cells given GPUs, else cpu)")
+    add_checkpoint_options(sweep)
+    sweep.add_argument("--retries", type=int, default=2, metavar="N",
+                       help="rerun a trial whose worker was lost up to N times, from its checkpoint (default 2)")
     add_data_options(sweep)
     sweep.set_defaults(func=cmd_sweep)
 
@@ -45,6 +50,9 @@ def cmd_sweep(args) -> int:
     from pflbench.spec import parse_sets
     from pflbench.sweep import SweepOptions, base_cell, run_sweep
 
+    if checkpoint_problem(args):
+        print(f"sweep: {checkpoint_problem(args)}", file=sys.stderr)
+        return 2
     sets = parse_sets(args.sets)
     for key in ("dataset", "partition", "clients", "rounds"):
         if getattr(args, key) is not None:
@@ -54,7 +62,9 @@ def cmd_sweep(args) -> int:
         options = SweepOptions(trials=args.trials, results=args.results, out=args.out, tune_lr=args.tune_lr,
                                grace_rounds=args.grace_rounds, seed=args.seed, workers=args.workers,
                                ray_address=args.ray_address, data_root=args.root, mirror=args.mirror,
-                               execution=execution_options(args))
+                               execution=execution_options(args), checkpoint_every=args.checkpoint_every,
+                               checkpoint_minutes=args.checkpoint_minutes, keep_checkpoints=args.keep_checkpoints,
+                               retries=args.retries)
         run_sweep(args.algo, base, resources, options)
     except (ValueError, FileNotFoundError) as error:  # SpecError, SweepError, a partition or dataset problem
         print(f"sweep: {error}", file=sys.stderr)

@@ -1,0 +1,389 @@
+"""Round checkpoints: a long cell killed at round 590 of 600 continues from its last checkpoint.
+
+The round loop (`run_rounds`) asks a `Checkpointer` once, after `algorithm.setup()`, for a state to
+resume (`resume`), and calls it at the end of every round (`after_round`); nothing else in the loop
+knows about checkpoints. A checkpoint holds everything the rest of the cell depends on:
+
+- the algorithm's whole state (`Algorithm.state_dict()`: models, personal parts, hypernetworks and
+  their optimizer moments, routings, affinities, counters, ...);
+- the Federation's mutable state (the privacy knob's release counts);
+- what the loop has recorded so far (per-round and per-client rows, artifacts, ...) and the cell's
+  wall time so far (the resumed run's clock continues from it);
+- the random state not derived from (seed, round, client): torch's, numpy's and Python's global
+  generators (e.g. dropout draws from torch's).
+Resuming from it gives the uninterrupted run's metrics and summary bit for bit (timings excepted):
+tests/test_checkpoint.py checks this for every registered algorithm.
+
+The file, `<store>/<hash>/checkpoint.pt`: one header line of JSON (format, the cell's hash, the code
+version, the execution path, the round, the payload's size and SHA-256, who wrote it) and the payload
+(torch.save). It is written atomically (temporary file, fsync, rename), so a kill at any moment leaves
+the previous checkpoint or the new one; only the latest is kept. A checkpoint that is damaged
+(checksum, truncation), from another configuration, code version, dataset content or execution path
+(device, batched or loop path, compiled step, memory layout: each gives other float rounding) is
+set aside into `<store>/_damaged/` with one line saying why, and the cell starts over.
+
+When: every `every` rounds, and at least every `minutes` of wall time (defaults: by time only, every
+5 minutes, so a cell that takes under a minute never writes one, and the write's cost stays a small
+share of a long cell's time: measured in the README). The last round writes none (the result follows).
+The code version is a hash of the engine's and the algorithm's source files (reports excluded) and of
+the torch / numpy / Python versions: any change to the code that runs a cell retires its checkpoints.
+The payload is unpickled with `weights_only=False` after its checksum is verified: it is this
+store's own file (a store from elsewhere is as trusted as the code you run it with).
+"""
+from __future__ import annotations
+
+import datetime
+import functools
+import hashlib
+import inspect
+import io
+import json
+import os
+import platform
+import random
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable
+
+if TYPE_CHECKING:
+    import torch
+
+from pflbench.config import CellConfig, cell_hash
+
+CHECKPOINT = "checkpoint.pt"
+MAGIC = b"PFLBENCH-CHECKPOINT"
+FORMAT = 1
+DEFAULT_MINUTES = 5.0
+
+
+class CheckpointProblem(ValueError):
+    """Why a checkpoint cannot be resumed from (one line)."""
+
+
+@dataclass(frozen=True)
+class CheckpointPolicy:
+    """When a running cell writes a checkpoint (module doc). `every`: rounds between checkpoints (0:
+    by time only); `minutes`: at most this much wall time between checkpoints (0: not by time);
+    `keep`: leave the last checkpoint in place when the cell finishes."""
+    every: int = 0
+    minutes: float = DEFAULT_MINUTES
+    keep: bool = False
+
+    def __post_init__(self):
+        if not isinstance(self.every, int) or self.every < 0:
+            raise ValueError(f"checkpoint every must be a whole number of rounds >= 0 (0: by time only), got {self.every!r}")
+        if not self.minutes >= 0:
+            raise ValueError(f"checkpoint minutes must be >= 0 (0: not by time), got {self.minutes!r}")
+
+    def due(self, rnd: int, rounds: int, since_last: float) -> bool:
+        if rnd >= rounds:
+            return False
+        return bool(self.every and rnd % self.every == 0) or bool(self.minutes and since_last >= 60 * self.minutes)
+
+
+@dataclass
+class Resumed:
+    """What `Checkpointer.resume` hands back to the round loop."""
+    round: int
+    elapsed: float  # the cell's wall time up to the checkpoint
+    loop: dict      # the loop's records, as it gave them to `after_round`
+
+
+# ---- the code version and the execution path a checkpoint belongs to ---------------------------------
+
+@functools.lru_cache(maxsize=None)
+def _source_digest(files: tuple[str, ...]) -> str:
+    digest = hashlib.sha256()
+    for name in files:
+        digest.update(name.encode() + b"\0" + Path(name).read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def code_version(algorithm_cls: type) -> str:
+    """A hash of the source that runs a cell: pflbench (reports excluded), the built-in algorithms, the
+    algorithm's own classes wherever they live, and the torch / numpy / Python versions."""
+    import numpy as np
+    import torch
+
+    import algorithms
+    import pflbench
+
+    engine = Path(pflbench.__file__).parent
+    files = {p for p in engine.rglob("*.py") if "reports" not in p.relative_to(engine).parts}
+    files |= set(Path(algorithms.__file__).parent.rglob("*.py"))
+    for cls in inspect.getmro(algorithm_cls):
+        try:
+            files.add(Path(inspect.getfile(cls)))
+        except TypeError:  # builtins
+            pass
+    digest = _source_digest(tuple(sorted(str(p.resolve()) for p in files if p.suffix == ".py")))
+    return f"{digest[:16]}-torch{torch.__version__}-numpy{np.__version__}-py{platform.python_version()}"
+
+
+def execution_path(fed) -> dict:
+    """The execution settings that change a run's float rounding (not part of the cell's hash)."""
+    return {"device": fed.device.type, "batched": bool(fed.batched), "compiled": bool(fed.compiled),
+            "channels_last": bool(fed.channels_last), "client_threads": int(fed.client_threads)}
+
+
+# ---- random state not derived from (seed, round, client) ---------------------------------------------
+
+def random_state(device: "torch.device") -> dict:
+    import numpy as np
+    import torch
+
+    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_random_state(state: dict) -> None:
+    import numpy as np
+    import torch
+
+    torch.set_rng_state(state["torch"].cpu())  # generator states live on the CPU, whatever map_location did
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+    if "cuda" in state:
+        torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
+
+
+def federation_state(fed) -> dict:
+    """What rounds change in the Federation: the privacy plan's counters (its other fields too, all
+    drawn from the seed; small)."""
+    from pflbench.algorithm import check_capturable
+
+    if fed.privacy is None:
+        return {}
+    values = {k: v for k, v in vars(fed.privacy).items() if k != "params"}
+    check_capturable(values, "Federation.privacy")
+    return {"privacy": values}
+
+
+def load_federation_state(fed, state: dict) -> None:
+    if ("privacy" in state) != (fed.privacy is not None):
+        raise CheckpointProblem("its privacy knob does not match this cell's")
+    for key, value in state.get("privacy", {}).items():
+        setattr(fed.privacy, key, value)
+
+
+# ---- the file ----------------------------------------------------------------------------------------
+
+def write_checkpoint(path: Path, header: dict, payload: dict) -> int:
+    """Write atomically (temporary file in the same folder, fsync, rename); returns the file's bytes."""
+    import torch
+
+    from pflbench.store import atomic_write
+
+    buffer = io.BytesIO()
+    torch.save(payload, buffer)
+    body = buffer.getvalue()
+    header = {**header, "format": FORMAT, "bytes": len(body), "sha256": hashlib.sha256(body).hexdigest()}
+    head = MAGIC + b" " + json.dumps(header, sort_keys=True).encode() + b"\n"
+
+    def write(tmp: Path) -> None:
+        with open(tmp, "wb") as file:
+            file.write(head)
+            file.write(body)
+            file.flush()
+            os.fsync(file.fileno())  # the rename must never expose a file the disk does not hold yet
+
+    atomic_write(path, write)
+    return len(head) + len(body)
+
+
+def read_header(path: Path) -> dict:
+    """The header of a checkpoint file; CheckpointProblem (one line) if it is not one."""
+    with open(path, "rb") as file:
+        line = file.readline(1 << 16)
+    if not line.startswith(MAGIC + b" ") or not line.endswith(b"\n"):
+        raise CheckpointProblem("damaged: no checkpoint header")
+    try:
+        header = json.loads(line[len(MAGIC) + 1:])
+    except (ValueError, UnicodeDecodeError):
+        raise CheckpointProblem("damaged: unreadable header") from None
+    if not isinstance(header, dict) or header.get("format") != FORMAT:
+        raise CheckpointProblem(f"format {header.get('format') if isinstance(header, dict) else '?'} "
+                                f"is not this code's ({FORMAT})")
+    header["header_bytes"] = len(line)
+    return header
+
+
+def read_checkpoint(path: Path, device: "torch.device | str" = "cpu") -> tuple[dict, dict]:
+    """Header and payload (tensors on `device`, loaded there directly so that tensors sharing
+    storage still share it), the payload's size and checksum verified; CheckpointProblem otherwise."""
+    import torch
+
+    header = read_header(path)
+    with open(path, "rb") as file:
+        file.seek(header["header_bytes"])
+        body = file.read()
+    if len(body) != header.get("bytes"):
+        raise CheckpointProblem(f"damaged: {len(body)} bytes of payload, the header says {header.get('bytes')}")
+    if hashlib.sha256(body).hexdigest() != header.get("sha256"):
+        raise CheckpointProblem("damaged: checksum differs")
+    try:
+        payload = torch.load(io.BytesIO(body), map_location=device, weights_only=False)
+    except Exception as err:  # unpickling a damaged payload raises many types
+        raise CheckpointProblem(f"damaged: unreadable payload ({type(err).__name__})") from None
+    return header, payload
+
+
+# ---- the round loop's side ---------------------------------------------------------------------------
+
+class Checkpointer:
+    """The checkpoint of one cell at `folder/checkpoint.pt` (module doc). `note` receives the lines a
+    user should see (resumed, set aside); `set_aside_dir` is where unusable checkpoints are kept."""
+
+    def __init__(self, folder: Path, cell: CellConfig, policy: CheckpointPolicy = CheckpointPolicy(),
+                 set_aside_dir: Path | None = None, note: Callable[[str], None] | None = None,
+                 clock: Callable[[], float] = time.perf_counter):
+        self.folder, self.cell, self.policy = Path(folder), cell, policy
+        self.path = self.folder / CHECKPOINT
+        self.set_aside_dir = Path(set_aside_dir) if set_aside_dir is not None else self.folder.parent / "_damaged"
+        self.note = note or (lambda text: None)
+        self.clock = clock
+        self.seconds = 0.0      # spent writing checkpoints, over the runs of this cell (a resumed run adds to them)
+        self.written = 0
+        self.last_bytes = 0
+        self.resumed_from: int | None = None
+        self.dataset_checksum: str | None = None  # the cell's data, from `resume`
+        self.error: str | None = None  # why this cell cannot be checkpointed (StateError), once found
+        self._last = clock()
+
+    # -- start of the cell --
+    def resume(self, fed, algorithm, provenance: dict | None = None) -> Resumed | None:
+        """After `algorithm.setup()`: load the checkpoint into `algorithm` and `fed` and return the
+        loop's records, or None to start from round 1 (no checkpoint, or one set aside).
+        `provenance["dataset_checksum"]`, where given, must match the checkpoint's (data re-prepared
+        under the same name is another run)."""
+        self._last = self.clock()
+        self.dataset_checksum = (provenance or {}).get("dataset_checksum")
+        for stale in self.folder.glob(f".{CHECKPOINT}.*.tmp"):  # a write cut by a kill: never a checkpoint
+            stale.unlink(missing_ok=True)
+        if not self.path.exists():
+            return None
+        before = set(vars(algorithm))
+        try:
+            return self._load(fed, algorithm)
+        except CheckpointProblem as problem:
+            reason = str(problem)
+        except Exception as err:  # a payload that does not fit this algorithm (StateError, KeyError, ...)
+            reason = f"does not fit this algorithm ({type(err).__name__}: {str(err).splitlines()[0][:200] if str(err) else ''})"
+        for name in set(vars(algorithm)) - before:  # undo a partial load: a fresh setup() from round 1
+            delattr(algorithm, name)
+        algorithm.setup()
+        kept = self.set_aside(reason)
+        self.note(f"checkpoint set aside ({reason}); kept as {kept}; the cell starts over")
+        return None
+
+    def _load(self, fed, algorithm) -> Resumed:
+        header = read_header(self.path)
+        if header.get("hash") != cell_hash(self.cell):
+            raise CheckpointProblem(f"from another configuration ({header.get('hash')})")
+        version = code_version(type(algorithm))
+        if header.get("code") != version:
+            raise CheckpointProblem(f"from another code version ({header.get('code')}, this code {version})")
+        path = execution_path(fed)
+        if header.get("execution") != path:
+            raise CheckpointProblem(f"from another execution path ({header.get('execution')}, this run {path})")
+        if header.get("dataset_checksum") != self.dataset_checksum:
+            raise CheckpointProblem(f"from other data (dataset checksum {header.get('dataset_checksum')}, "
+                                    f"this run {self.dataset_checksum})")
+        if not isinstance(header.get("round"), int) or not 1 <= header["round"] < self.cell.rounds:
+            raise CheckpointProblem(f"damaged: round {header.get('round')!r} of {self.cell.rounds}")
+        header, payload = read_checkpoint(self.path, fed.device)
+        if payload.get("round") != header["round"]:
+            raise CheckpointProblem("damaged: header and payload disagree on the round")
+        algorithm.load_state_dict(payload["algorithm"])
+        load_federation_state(fed, payload["federation"])
+        set_random_state(payload["random"])  # last: nothing after it draws before round r + 1
+        self.resumed_from = header["round"]
+        self.seconds, self.written = payload["checkpoint_seconds"], payload["checkpoints_written"]
+        self.note(f"resumed at round {header['round']} of {self.cell.rounds}")
+        return Resumed(header["round"], float(payload["elapsed"]), payload["loop"])
+
+    # -- end of each round --
+    def after_round(self, rnd: int, fed, algorithm, loop: dict, elapsed: float) -> None:
+        """Write a checkpoint after round `rnd` if the policy says it is due. `loop`: the loop's
+        records so far (handed back by `resume`); `elapsed`: the cell's wall time so far."""
+        from pflbench.algorithm import StateError
+
+        now = self.clock()
+        if self.error is not None or not self.policy.due(rnd, self.cell.rounds, now - self._last):
+            return
+        try:
+            self.save(rnd, fed, algorithm, loop, elapsed)
+        except StateError as err:  # the algorithm breaks the state contract: say so, and run on without
+            self.error = str(err)
+            self.note(f"no checkpoints for this cell: {err}")
+
+    def save(self, rnd: int, fed, algorithm, loop: dict, elapsed: float) -> None:
+        start = self.clock()
+        payload = {"round": rnd, "algorithm": algorithm.state_dict(), "federation": federation_state(fed),
+                   "loop": loop, "elapsed": elapsed, "random": random_state(fed.device),
+                   "checkpoint_seconds": self.seconds, "checkpoints_written": self.written + 1}
+        header = {"hash": cell_hash(self.cell), "code": code_version(type(algorithm)), "round": rnd,
+                  "rounds": self.cell.rounds, "execution": execution_path(fed),
+                  "dataset_checksum": self.dataset_checksum, "host": socket.gethostname(),
+                  "pid": os.getpid(),
+                  "written_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+        self.last_bytes = write_checkpoint(self.path, header, payload)
+        self.written += 1
+        self._last = self.clock()
+        self.seconds += self._last - start
+
+    def summary(self) -> dict:
+        """For the cell's summary: the time checkpoints cost (all runs of the cell up to its result,
+        as its wall time counts them; the write of the checkpoint a run resumed from is not counted),
+        how many were written, the size of the last, and the round this run resumed at."""
+        return {"checkpoint_seconds": self.seconds, "checkpoints_written": self.written,
+                "checkpoint_bytes": self.last_bytes, "resumed_from_round": self.resumed_from,
+                **({"checkpoint_error": self.error} if self.error else {})}
+
+    # -- housekeeping --
+    def set_aside(self, reason: str) -> Path:
+        """Move the checkpoint into `set_aside_dir` (never deleted), with its reason beside it."""
+        stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
+        target = self.set_aside_dir / f"{self.folder.name}-checkpoint-{stamp}.pt"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(self.path, target)
+        target.with_suffix(".why.txt").write_text(reason + "\n")
+        return target
+
+    def remove(self) -> None:
+        self.path.unlink(missing_ok=True)
+
+
+def describe_checkpoints(results_dir: str | Path) -> list[str]:
+    """`pflbench store check`'s lines about checkpoints: one per cell that has one."""
+    lines = []
+    for entry in list_checkpoints(results_dir):
+        if entry["problem"]:
+            lines.append(f"checkpoint: {entry['hash']}/{CHECKPOINT}: {entry['problem']} (set aside when the cell runs)")
+        else:
+            lines.append(f"checkpoint: {entry['hash']} at round {entry['round']} of {entry['rounds']} "
+                         f"({entry['bytes'] / 1e6:.1f} MB, written {entry['written_at']}); the next run continues it")
+    return lines
+
+
+def list_checkpoints(results_dir: str | Path) -> list[dict]:
+    """The cells of a store with a checkpoint: {hash, round, rounds, written_at, bytes, problem}
+    (`pflbench store check`); only headers are read."""
+    root = Path(results_dir)
+    found = []
+    if not root.is_dir():
+        return found
+    for path in sorted(root.glob(f"*/{CHECKPOINT}")):
+        entry = {"hash": path.parent.name, "path": str(path), "bytes": path.stat().st_size}
+        try:
+            header = read_header(path)
+            entry.update(round=header.get("round"), rounds=header.get("rounds"), written_at=header.get("written_at"),
+                         problem=None if header.get("hash") == path.parent.name else "from another configuration")
+        except (OSError, CheckpointProblem) as err:
+            entry.update(round=None, rounds=None, written_at=None, problem=str(err))
+        found.append(entry)
+    return found
