@@ -158,6 +158,8 @@ class MHpFedHN(Algorithm):
     personalizes = "the whole model, generated per client by a multi-head hypernetwork; architectures may differ"
     heterogeneous_models = True
     global_distillation = False
+    refused_knobs = {"privacy.mode": "central DP hands the server one noised sum of the updates, and MH-pFedHN's "
+                                     "server steps the hypernetwork with each client's own update"}
 
     @property
     def dp_upload(self) -> str:

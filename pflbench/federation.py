@@ -151,7 +151,7 @@ class Federation:
         # System and privacy heterogeneity: drawn once from the seed over partition ids (None when off),
         # for the trained clients' schedule; the newcomers' copy shares them and never trains a round.
         self.system = SystemPlan.from_cell(cell)
-        self.privacy = PrivacyPlan.from_cell(cell, self.client_ids[self.schedule])
+        self.privacy = PrivacyPlan.from_cell(cell, self.client_ids[self.schedule], self.num_clients, self.models)
         self.local_round: int | None = None  # the round whose local training is running (stragglers)
         self.newcomers: Federation | None = None
         if cell.unseen_fraction:
@@ -415,9 +415,10 @@ def run_round(algorithm: Algorithm, rnd: int, clients: Tensor, timing: dict | No
     positions = torch.arange(len(clients), device=clients.device)
     if arrived is not None:
         positions = positions[arrived]
-    if isinstance(upload, dict):  # restack what arrived, as the algorithm's aggregate expects
+    if isinstance(upload, dict):  # restack what arrived, as the algorithm's aggregate expects (without
+        # the tensors that never leave a client under DP: pflbench.privacy, BatchNorm statistics)
         stacked = {n: torch.stack([received[k][n] for k in positions.tolist()]) if len(positions)
-                   else t[:0] for n, t in upload.items()}
+                   else t[:0] for n, t in upload.items() if not len(positions) or n in received[int(positions[0])]}
     else:
         stacked = [received[k] for k in positions.tolist()]
     algorithm.aggregate_arrived(rnd, clients, stacked, positions)
