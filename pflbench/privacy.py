@@ -291,6 +291,16 @@ class CentralPrivacyPlan(PrivacyPlan):
                 "privacy_epsilon": spent, "privacy_epsilon_max": spent, "privacy_epsilon_mean": spent}
 
 
+def privacy_caption(settings: list[str]) -> str:
+    """The sentence a report caption adds where some of its columns are privacy settings (`privacy.*=`
+    items of a knob setting): which DP and which neighbouring relation, unless a column says otherwise."""
+    if not any("privacy." in setting for setting in settings):
+        return ""
+    return (" DP: local (each client noises its upload) unless a column says privacy.mode=central (the server "
+            "noises the sum); neighbouring relation add/remove (sensitivity = clip) unless it says "
+            "privacy.relation=replace (sensitivity 2 x clip).")
+
+
 def rows(upload, k: int) -> dict[str, torch.Tensor]:
     """Client k's part of an upload: row k of a stacked State, or item k of a list of States."""
     return upload[k] if isinstance(upload, list) else {n: t[k] for n, t in upload.items()}

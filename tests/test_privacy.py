@@ -196,3 +196,21 @@ def test_algorithms_whose_server_needs_each_update_refuse_central_dp(name):
                                         r"the server one noised sum.*algorithms that can: .*fedavg"):
         parse_spec(spec)
     parse_spec({**spec, "defaults": {"privacy.epsilon": 8}})  # local DP: still runs
+
+
+# ---- the numbers the documents quote, and the report's caption ----------------------------------------
+def test_the_noise_multiplier_for_epsilon_8_over_20_uploads_and_its_replace_equivalent():
+    from pflbench.privacy import epsilon_spent, noise_multiplier
+
+    z = noise_multiplier(8.0, 1e-5, 20)
+    assert z == pytest.approx(2.85, abs=0.01)  # heterogeneity.yaml's comment (it said "about 2")
+    # the same noise read under `replace` (sensitivity 2 clip: multiplier z / 2) spends about 19
+    assert epsilon_spent(z / 2, 20, 1e-5) == pytest.approx(18.8, abs=0.1)
+
+
+def test_report_captions_state_the_relation_where_privacy_columns_are_shown():
+    from pflbench.reports.heterogeneity import CopeTable
+
+    caption = CopeTable("ctx", ["off", "privacy.epsilon=8.0"], []).caption
+    assert "neighbouring relation add/remove (sensitivity = clip)" in caption and "privacy.mode=central" in caption
+    assert "neighbouring" not in CopeTable("ctx", ["off", "system.dropout=0.3"], []).caption
