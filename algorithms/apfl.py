@@ -137,8 +137,7 @@ class APFL(Algorithm):
         return alpha.detach()
 
     def personalized(self):
-        n = self.fed.num_clients
-        glob = {k: t.expand(n, *t.shape[1:]) for k, t in self.global_state.items()}
+        glob = Algorithm.personalized(self)  # the global model (with the statistics that stay on a client)
         return self.mix(self.alpha, self.local_state, glob)
 
     def artifacts(self):

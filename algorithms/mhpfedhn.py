@@ -162,6 +162,8 @@ class MHpFedHN(Algorithm):
     state_objects = ("hnet", "optimizer")
     state_rebuilt = ("group_models", "global_model")
     global_distillation = False
+    refused_knobs = {"privacy.mode": "central DP hands the server one noised sum of the updates, and MH-pFedHN's "
+                                     "server steps the hypernetwork with each client's own update"}
 
     @property
     def dp_upload(self) -> str:

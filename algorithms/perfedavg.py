@@ -161,7 +161,8 @@ class PerFedAvg(Algorithm):
         if self._cached is not None and self._cached[0] == self._version:
             return self._cached[1]
         n = self.fed.num_clients
-        start = {k: t.expand(n, *t.shape[1:]).clone() for k, t in self.global_state.items()}
+        # the meta-model (with the statistics that stay on a client under DP: `stays_on_client`)
+        start = {k: t.clone() for k, t in Algorithm.personalized(self).items()}
         everyone = torch.arange(n, device=self.fed.device)
         adapted = per_client(self.fed, everyone, self.adapt, start)
         self._cached = (self._version, adapted)

@@ -104,6 +104,8 @@ class PFedHN(Algorithm):
     paper = "Shamsian, Navon, Fetaya & Chechik, ICML 2021"
     personalizes = "the whole model, generated per client by a server hypernetwork from a learned client embedding"
     personal_classifier = False
+    refused_knobs = {"privacy.mode": "central DP hands the server one noised sum of the updates, and pFedHN's "
+                                     "server steps the hypernetwork with each client's own update"}
 
     class Hyperparams(Hyperparams):
         hn_lr: float = Field(1e-2, gt=0)

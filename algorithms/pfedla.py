@@ -105,6 +105,8 @@ class PFedLA(Algorithm):
     paper = "Ma, Zhang, Guo & Xu, CVPR 2022"
     personalizes = "the aggregation: per client and per layer, weights over all clients' models learned by a server hypernetwork"
     dp_upload = "update"  # the upload is delta theta_i
+    refused_knobs = {"privacy.mode": "central DP hands the server one noised sum of the updates, and pFedLA's "
+                                     "server steps each client's hypernetwork with that client's own update"}
 
     class Hyperparams(Hyperparams):
         hn_lr: float = Field(1e-2, gt=0)          # hypernetwork and embedding learning rate (Adam)

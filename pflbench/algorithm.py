@@ -124,7 +124,7 @@ class Algorithm:
         for knob, why in cls.refused_knobs.items():
             group, _, entry = knob.partition(".")
             if (getattr(cell, group).get(entry) if entry else getattr(cell, group)):
-                able = [name for name, c in ALGORITHMS.items() if knob not in c.refused_knobs]
+                able = [name for name, c in ALGORITHMS.items() if knob not in c.refused_knobs and group not in c.refused_knobs]
                 raise ValueError(f"algorithm {cls.name!r} cannot run with {knob}: {why} "
                                  f"(algorithms that can: {', '.join(able)})")
 
@@ -147,8 +147,14 @@ class Algorithm:
         """Whether the tensor `name` stays on the client (never sent, never aggregated)."""
         return False
 
+    def stays_on_client(self, name: str) -> bool:
+        """`is_local`, or a tensor that never leaves a client under the privacy knob (BatchNorm
+        statistics, `pflbench.privacy`): each client's model keeps its own."""
+        privacy = self.fed.privacy
+        return self.is_local(name) or (privacy is not None and name in privacy.kept_local)
+
     def shared_names(self) -> list[str]:
-        return [n for n in self.fed.model.names if not self.is_local(n)]
+        return [n for n in self.fed.model.names if not self.stays_on_client(n)]
 
     # ---- the round's hooks -----------------------------------------------------------------------
     def configure(self, rnd: int, clients: Tensor) -> State:
@@ -187,7 +193,7 @@ class Algorithm:
     def personalized(self) -> State:
         """Every client's personalized model [N, ...]: the global shared part with its local part."""
         n_clients = self.fed.num_clients
-        return {n: (self.client_state[n] if self.is_local(n)
+        return {n: (self.client_state[n] if self.stays_on_client(n)
                     else self.global_state[n].expand(n_clients, *self.global_state[n].shape[1:]))
                 for n in self.fed.model.names}
 

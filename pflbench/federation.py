@@ -97,7 +97,7 @@ class Federation:
         # System and privacy heterogeneity: drawn once from the seed over partition ids (None when off),
         # for the trained clients' schedule; the newcomers' copy shares them and never trains a round.
         self.system = SystemPlan.from_cell(cell)
-        self.privacy = PrivacyPlan.from_cell(cell, self.client_ids[self.schedule])
+        self.privacy = PrivacyPlan.from_cell(cell, self.client_ids[self.schedule], self.num_clients, self.models)
         self.local_round: int | None = None  # the round whose local training is running (stragglers)
         self.newcomers: Federation | None = None
         if cell.unseen_fraction:

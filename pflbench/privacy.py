@@ -1,49 +1,96 @@
-"""Privacy heterogeneity (the cell's `privacy` knob): per-client differential privacy on the uploads,
-each client with its own budget.
+"""Privacy heterogeneity (the cell's `privacy` knob): client-level differential privacy on what the
+clients upload, local (each client noises its own upload, each with its own budget) or central (the
+server clips each update and noises their sum: DP-FedAvg).
 
-The mechanism is client-level local DP on the update (DP-FedAvg's Gaussian mechanism, applied by the
-client before anything leaves it): the update u = upload - download (or the upload itself where it
-already is an update, e.g. pFedHN's and pFedLA's deltas) is clipped to L2 norm `clip` over all its
-floating-point tensors (BatchNorm statistics included: they are computed from the data too), and
-N(0, (z_i * clip)^2) noise is added to every coordinate. Integer tensors (BatchNorm's step counter)
-carry no data and pass unchanged. What the client keeps locally is not noised: its own data may
-shape its own model freely; only what leaves it is private.
+**Local DP** (`mode: local`, the default): the update u = upload - download (or the upload itself
+where it already is an update, e.g. pFedHN's and pFedLA's deltas) is clipped to L2 norm `clip` over
+all its floating-point tensors and N(0, (z_i * S)^2) noise is added to every coordinate before it
+leaves the client, S the sensitivity below. What the client keeps locally is not noised: its own
+data may shape its own model freely; only what leaves it is private. Accounting, per client: one
+Gaussian mechanism per upload, composed over the rounds with Opacus's RDP accountant. No
+amplification by subsampling is claimed: the server sees who uploads, and the schedule is drawn in
+advance from the seed, so every participation is counted at sampling rate 1. Each client's noise
+multiplier z_i is calibrated from its budget epsilon_i (at `delta`) over its number of participations
+in the schedule, known in advance (`opacus.accountants.utils.get_noise_multiplier`); the epsilon
+reported per client is the accountant's over the uploads that actually left it (a dropped upload,
+`system.dropout`, never left), so it is at most its budget. `epsilon` is one budget for every client,
+or a list of budgets: groups of clients, equal in size, each client's group drawn once from the seed;
+`null` in the list is a group without DP.
 
-Accounting, per client: one Gaussian mechanism with sensitivity `clip` (neighbouring datasets: the
-client's data present or replaced by none, i.e. its update replaced by the zero update) per upload,
-composed over the rounds with Opacus's RDP accountant. No amplification by subsampling is claimed:
-the server sees who uploads, and the schedule is drawn in advance from the seed, so every
-participation is counted at sampling rate 1. Each client's noise multiplier z_i is calibrated from
-its budget epsilon_i (at `delta`) over its number of participations in the schedule, known in advance
-(`opacus.accountants.utils.get_noise_multiplier`); the epsilon reported per client is the
-accountant's over the uploads that actually left it (a dropped upload, `system.dropout`, never left),
-so it is at most its budget.
+**Central DP** (`mode: central`; DP-FedAvg, McMahan, Ramage, Talwar & Zhang, ICLR 2018): the clients
+send their updates as they are to a trusted server, which clips each arrived update to `clip`, sums
+them, adds N(0, (z * S)^2) to every coordinate of the sum and divides by the number of updates that
+arrived (public: dropouts are drawn from the seed, not the data). Every arrived client receives that
+one noised mean, so the algorithm's own averaging (a weighted mean of identical rows) aggregates
+exactly it: under central DP the aggregation weights are uniform over the arrived clients, not the
+data sizes (which would make a client's influence, and so the sensitivity, depend on its size). One
+budget for the population (a list is refused); the accountant is Opacus's RDP accountant for the
+subsampled Gaussian mechanism over the rounds, at sampling rate q = clients per round / clients (the
+cell's participation), the multiplier z calibrated for all scheduled rounds and the epsilon reported
+over the rounds that released an aggregate. Algorithms whose server uses each client's update on its
+own (pFedHN, pFedLA, MH-pFedHN: a per-client hypernetwork step or aggregation) cannot be given a noised
+sum and refuse central DP (`refused_knobs["privacy.mode"]`).
 
-`epsilon` is one budget for every client, or a list of budgets: groups of clients, equal in size,
-each client's group drawn once from the seed; `null` in the list is a group without DP.
-Noise is drawn from generators keyed by (seed, round, client) and this module's salt: never the
-training generators, the same for every algorithm.
+**Neighbouring relation** (`relation`), the sensitivity S of one client's contribution:
+`add_remove` (default): a client's data present or absent, i.e. its update replaced by the zero
+update: S = clip. `replace`: a client's data replaced by any other (the usual definition of local DP
+over any two inputs): S = 2 * clip. z is calibrated the same way under both; the noise scales with S,
+so at the same epsilon `replace` adds twice the noise. The relation is stated in every summary
+(`privacy_relation`). The RDP accountant's subsampling bound (central DP, q < 1) is the one for
+Poisson sampling under add/remove; the schedule here samples a fixed number of clients per round, the
+usual simplification (Opacus makes it for shuffled batches), stated, not corrected.
+
+**BatchNorm statistics stay on the client under DP** (issue 29, item 2). BatchNorm's running mean and
+variance (and its step counter) are computed from the client's data, so they cannot leave it
+un-noised; noised, the averaged variance goes negative and evaluation gives NaN (FedAvg, cnn-bn,
+generated 32x32 images: "diverged: non-finite test loss"), and, inside the clipped vector, they spend
+most of the clip (measured on fmnist Dir(0.3), 20 clients, cnn-bn, lr 0.05, 2 epochs, rounds 1-2: the
+statistics' delta has L2 norm 2.4-3.5, the parameters' 0.44-0.76, so clipping the whole update to 1
+left the parameters 0.29-0.41 of theirs). Two fixes were possible:
+clamp the variance after aggregation (post-processing, free under DP), or keep the statistics local.
+Chosen: local, as SiloBN does (Andreux et al., 2020): they are not clipped, noised or uploaded, the
+server's copy never moves, and every client's model keeps its own statistics
+(`Algorithm.stays_on_client`); the clip and the budget go to the learned parameters alone. A clamp
+would have left evaluation with statistics as noisy as the weights and the clip mostly spent on them.
+Under the knob this holds for every client of the cell (a client without DP included: one rule for
+the cell's models). A newcomer (`unseen_fraction`) under DP gets the initial statistics of a
+FedAvg-shaped model (no client's statistics reach the server).
+
+**Side channels the simulation leaves open** (the guarantee above covers the noised tensors only):
+- data sizes: under local DP the server weights the uploads by the clients' train sizes
+  (`Federation.train_sizes`), known to it in clear (central DP's mean is uniform);
+- integer tensors pass un-noised (they carry no gradient): BatchNorm's step counter
+  (`num_batches_tracked`, counting the client's local batches, so its data size) did so before the
+  statistics stayed local; any integer tensor an algorithm uploads still would;
+- the noise is drawn from generators keyed by (seed, round, client) and this module's salt: anyone
+  who knows the cell's seed (it is in the public configuration) can subtract it. It makes runs
+  reproducible and the same for every algorithm; a deployment would draw it from secret randomness.
+  The same holds for the sampling schedule that central DP's amplification assumes hidden.
 """
 from __future__ import annotations
 
 import hashlib
 import math
 from functools import lru_cache
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from pflbench.system import KnobParams, knob_problem
 
 SALT = 0xD1F  # this module's stream of the cell's seed
+CENTRAL = -1  # the generator key of the server's noise (no client has id -1)
 ACCOUNTANT = "rdp"  # Opacus's Renyi-DP accountant (Mironov 2017; Mironov, Talwar & Zhang 2019)
 # Renyi orders tried by the accountant: Opacus's defaults (1.1 .. 63) widened at both ends, because
 # budgets here range from well below 1 to tens over few releases (the defaults then warn that the best
 # order is at their edge, and give a looser bound).
 ALPHAS = [1 + x / 100 for x in range(1, 10)] + [1 + x / 10.0 for x in range(1, 100)] + list(range(12, 64)) \
     + list(range(64, 1025, 16))
+RELATIONS = ("add_remove", "replace")
+MODES = ("local", "central")
+SENSITIVITY = {"add_remove": 1.0, "replace": 2.0}  # one client's contribution, in units of `clip`
 
 
 class PrivacyParams(KnobParams):
@@ -52,6 +99,8 @@ class PrivacyParams(KnobParams):
     epsilon: float | list[float | None] | None = None  # budget per client, or budgets of groups of clients
     delta: float = Field(1e-5, gt=0.0, lt=1.0)
     clip: float = Field(1.0, gt=0.0)  # L2 norm the update is clipped to
+    relation: Literal["add_remove", "replace"] = "add_remove"  # neighbouring datasets (sensitivity clip or 2 clip)
+    mode: Literal["local", "central"] = "local"  # who noises: each client its upload, or the server the sum
 
     @field_validator("epsilon")
     @classmethod
@@ -63,12 +112,25 @@ class PrivacyParams(KnobParams):
             raise ValueError(f"budgets must be positive finite numbers (null: a group without DP), got {value!r}")
         return value
 
+    @model_validator(mode="after")
+    def _central_has_one_budget(self):
+        if self.mode == "central" and isinstance(self.epsilon, list):
+            raise ValueError(f"epsilon: central DP has one budget for the whole population, got the list "
+                             f"{self.epsilon!r} (give one number, or mode local for budgets per group)")
+        return self
+
+    @property
+    def sensitivity(self) -> float:
+        """The L2 sensitivity of one client's (clipped) contribution under `relation`."""
+        return SENSITIVITY[self.relation] * self.clip
+
 
 def parse_privacy(values: dict[str, Any]) -> dict[str, Any]:
     """The cell's `privacy` entries validated, keeping only those that differ from the defaults (a
     default written out gives the same cell hash as leaving it out). ValueError naming the entry."""
     allowed = ("epsilon (a positive budget, or a list of budgets for groups of clients, null = no DP), "
-               "delta (default 1e-5), clip (L2 norm of the update, default 1.0)")
+               "delta (default 1e-5), clip (L2 norm of the update, default 1.0), "
+               f"relation ({' | '.join(RELATIONS)}, default add_remove), mode ({' | '.join(MODES)}, default local)")
     try:
         params = PrivacyParams(**values)
     except ValidationError as err:
@@ -83,15 +145,15 @@ def parse_privacy(values: dict[str, Any]) -> dict[str, Any]:
 
 
 @lru_cache(maxsize=None)
-def noise_multiplier(epsilon: float, delta: float, participations: int) -> float:
-    """z such that `participations` Gaussian mechanisms (sampling rate 1) spend at most `epsilon`."""
+def noise_multiplier(epsilon: float, delta: float, releases: int, sample_rate: float = 1.0) -> float:
+    """z such that `releases` Gaussian mechanisms (subsampled at `sample_rate`) spend at most `epsilon`."""
     from opacus.accountants.utils import get_noise_multiplier
 
-    return float(get_noise_multiplier(target_epsilon=epsilon, target_delta=delta, sample_rate=1.0,
-                                      steps=participations, accountant=ACCOUNTANT, alphas=ALPHAS))
+    return float(get_noise_multiplier(target_epsilon=epsilon, target_delta=delta, sample_rate=sample_rate,
+                                      steps=releases, accountant=ACCOUNTANT, alphas=ALPHAS))
 
 
-def epsilon_spent(z: float, releases: int, delta: float) -> float:
+def epsilon_spent(z: float, releases: int, delta: float, sample_rate: float = 1.0) -> float:
     """The accountant's epsilon at `delta` after `releases` Gaussian mechanisms of multiplier z."""
     if releases == 0:
         return 0.0
@@ -99,15 +161,34 @@ def epsilon_spent(z: float, releases: int, delta: float) -> float:
 
     accountant = RDPAccountant()
     for _ in range(releases):
-        accountant.step(noise_multiplier=z, sample_rate=1.0)
+        accountant.step(noise_multiplier=z, sample_rate=sample_rate)
     return float(accountant.get_epsilon(delta, alphas=ALPHAS))
 
 
-class PrivacyPlan:
-    """Every client's budget and noise multiplier, the noising of uploads, and the releases so far."""
+def batchnorm_statistics(models) -> frozenset[str]:
+    """The BatchNorm buffers (running mean and variance, step counter) of the cell's models."""
+    return frozenset(n for m in models for n in m.buffer_names if n in m.batchnorm_names)
 
-    def __init__(self, params: PrivacyParams, clients: int, schedule: np.ndarray, seed: int):
-        self.params, self.seed = params, seed
+
+def _norm(tensors: list[torch.Tensor]) -> float:
+    return float(torch.sqrt(sum((t.double() ** 2).sum() for t in tensors))) if tensors else 0.0
+
+
+def _clipped(update: dict[str, torch.Tensor], clip: float) -> dict[str, torch.Tensor]:
+    """The floating tensors of `update` scaled together to L2 norm at most `clip`."""
+    scale = min(1.0, clip / (_norm([t for t in update.values() if t.is_floating_point()]) + 1e-12))
+    return {n: t * scale if t.is_floating_point() else t for n, t in update.items()}
+
+
+class PrivacyPlan:
+    """Local DP: every client's budget and noise multiplier, the noising of uploads, and the releases
+    so far. `kept_local`: the tensors that never leave a client under the knob (BatchNorm statistics)."""
+
+    mode = "local"
+
+    def __init__(self, params: PrivacyParams, clients: int, schedule: np.ndarray, seed: int,
+                 kept_local: frozenset[str] = frozenset()):
+        self.params, self.seed, self.kept_local = params, seed, kept_local
         budgets = params.epsilon if isinstance(params.epsilon, list) else [params.epsilon]
         order = np.random.default_rng([seed, SALT]).permutation(clients)
         self.budget: list[float | None] = [None] * clients
@@ -120,34 +201,48 @@ class PrivacyPlan:
         self.releases = np.zeros(clients, dtype=np.int64)
 
     @classmethod
-    def from_cell(cls, cell, schedule: np.ndarray) -> "PrivacyPlan | None":
+    def from_cell(cls, cell, schedule: np.ndarray, population: int | None = None,
+                  models=()) -> "PrivacyPlan | CentralPrivacyPlan | None":
+        """The cell's plan (None when the knob is off): `schedule` in partition ids, `population` the
+        number of clients the schedule samples from (central DP's sampling rate), `models` the cell's."""
         if not cell.privacy:
             return None
-        return cls(PrivacyParams(**cell.privacy), cell.clients, schedule, cell.seed)
+        params = PrivacyParams(**cell.privacy)
+        kept = batchnorm_statistics(models)
+        if params.mode == "central":
+            return CentralPrivacyPlan(params, schedule, population or cell.clients, cell.seed, kept)
+        return cls(params, cell.clients, schedule, cell.seed, kept)
 
     def _generator(self, rnd: int, client: int) -> torch.Generator:
         digest = hashlib.sha256(f"{self.seed}/{rnd}/{client}/{SALT}".encode()).digest()
         return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little"))
 
-    def privatize(self, rnd: int, client: int, update: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """One client's update (unstacked tensors) clipped and noised with its own multiplier; counts
-        the release. A client without DP (budget null) sends its update as it is."""
-        self.releases[client] += 1
-        z = float(self.z[client])
-        if self.budget[client] is None:
-            return update
-        floats = [t for t in update.values() if t.is_floating_point()]
-        norm = torch.sqrt(sum((t.double() ** 2).sum() for t in floats)) if floats else torch.zeros(())
-        scale = min(1.0, self.params.clip / (float(norm) + 1e-12))
-        gen = self._generator(rnd, client)
+    def _noised(self, rnd: int, key: int, update: dict[str, torch.Tensor], std: float) -> dict[str, torch.Tensor]:
+        """`update` plus N(0, std^2) on every coordinate of its floating tensors."""
+        gen = self._generator(rnd, key)
         out = {}
         for n, t in update.items():
             if not t.is_floating_point():
                 out[n] = t
                 continue
             noise = torch.randn(t.shape, generator=gen, dtype=torch.float32).to(device=t.device, dtype=t.dtype)
-            out[n] = t * scale + z * self.params.clip * noise
+            out[n] = t + std * noise
         return out
+
+    def privatize(self, rnd: int, client: int, update: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """One client's update (unstacked tensors) clipped and noised with its own multiplier; counts
+        the release. A client without DP (budget null) sends its update as it is."""
+        self.releases[client] += 1
+        if self.budget[client] is None:
+            return update
+        return self._noised(rnd, client, _clipped(update, self.params.clip),
+                            float(self.z[client]) * self.params.sensitivity)
+
+    def _common(self) -> dict:
+        return {"privacy_mode": self.mode, "privacy_relation": self.params.relation,
+                "privacy_delta": self.params.delta, "privacy_clip": self.params.clip,
+                "privacy_sensitivity": self.params.sensitivity,
+                "privacy_kept_on_clients": sorted(self.kept_local)}
 
     def summary(self) -> dict:
         """Per client: the budget, the multiplier, the uploads released and the epsilon spent at delta
@@ -156,11 +251,55 @@ class PrivacyPlan:
         spent = [None if b is None else epsilon_spent(float(z), int(r), delta)
                  for b, z, r in zip(self.budget, self.z, self.releases)]
         private = [e for e in spent if e is not None]
-        return {"privacy_delta": delta, "privacy_clip": self.params.clip,
+        return {**self._common(),
                 "privacy_budget": self.budget, "privacy_noise_multiplier": [float(z) for z in self.z],
                 "privacy_releases": self.releases.tolist(), "privacy_epsilon": spent,
                 "privacy_epsilon_max": max(private) if private else None,
                 "privacy_epsilon_mean": float(np.mean(private)) if private else None}
+
+
+class CentralPrivacyPlan(PrivacyPlan):
+    """Central DP (DP-FedAvg): one multiplier for the population, calibrated for the scheduled rounds
+    at sampling rate q; the server's noise on the sum of the round's clipped updates."""
+
+    mode = "central"
+
+    def __init__(self, params: PrivacyParams, schedule: np.ndarray, population: int, seed: int,
+                 kept_local: frozenset[str] = frozenset()):
+        self.params, self.seed, self.kept_local = params, seed, kept_local
+        self.rounds = len(schedule)
+        self.sample_rate = min(1.0, schedule.shape[1] / population) if self.rounds else 1.0
+        self.z = noise_multiplier(params.epsilon, params.delta, self.rounds, self.sample_rate)
+        self.released_rounds = 0
+
+    def privatize(self, rnd, client, update):
+        raise RuntimeError("privacy.mode central: the server noises the sum of the round's updates; no "
+                           "client privatizes its own (the algorithm should have been refused)")
+
+    def noised_mean(self, rnd: int, updates: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+        """(sum of the updates, each clipped to `clip`, + N(0, (z S)^2)) / len(updates); one release."""
+        self.released_rounds += 1
+        clipped = [_clipped(u, self.params.clip) for u in updates]
+        total = {n: torch.stack([u[n] for u in clipped]).sum(0) if t.is_floating_point() else t
+                 for n, t in clipped[0].items()}
+        noised = self._noised(rnd, CENTRAL, total, self.z * self.params.sensitivity)
+        return {n: t / len(updates) if t.is_floating_point() else t for n, t in noised.items()}
+
+    def summary(self) -> dict:
+        spent = epsilon_spent(self.z, self.released_rounds, self.params.delta, self.sample_rate)
+        return {**self._common(), "privacy_budget": self.params.epsilon, "privacy_noise_multiplier": self.z,
+                "privacy_sampling_rate": self.sample_rate, "privacy_releases": self.released_rounds,
+                "privacy_epsilon": spent, "privacy_epsilon_max": spent, "privacy_epsilon_mean": spent}
+
+
+def privacy_caption(settings: list[str]) -> str:
+    """The sentence a report caption adds where some of its columns are privacy settings (`privacy.*=`
+    items of a knob setting): which DP and which neighbouring relation, unless a column says otherwise."""
+    if not any("privacy." in setting for setting in settings):
+        return ""
+    return (" DP: local (each client noises its upload) unless a column says privacy.mode=central (the server "
+            "noises the sum); neighbouring relation add/remove (sensitivity = clip) unless it says "
+            "privacy.relation=replace (sensitivity 2 x clip).")
 
 
 def rows(upload, k: int) -> dict[str, torch.Tensor]:
@@ -170,27 +309,34 @@ def rows(upload, k: int) -> dict[str, torch.Tensor]:
 
 def privatize_upload(plan: PrivacyPlan, mode: str, rnd: int, clients: torch.Tensor, download, upload,
                      arrived: torch.Tensor | None) -> list[dict[str, torch.Tensor]]:
-    """The round's uploads as they leave the clients, one dict per client: with `mode` "model" the
+    """The round's uploads as the server receives them, one dict per client: with `mode` "model" the
     update is upload - download (tensor by tensor), with "update" the upload itself. Dropped uploads
-    (`arrived` False) never leave and come back as {}."""
-    out = []
+    (`arrived` False) never leave and come back as {}; the tensors in `plan.kept_local` never leave."""
+    out, updates = [], {}
     for k, c in enumerate(clients.tolist()):
-        if arrived is not None and not bool(arrived[k]):
-            out.append({})
+        mine = {} if arrived is not None and not bool(arrived[k]) else rows(upload, k)
+        mine = {n: t for n, t in mine.items() if n not in plan.kept_local}
+        out.append({})
+        if not mine:  # dropped, or nothing leaves this client (e.g. Local): no release
             continue
-        mine = rows(upload, k)
-        if not mine:  # nothing leaves this client (e.g. Local): no release
-            out.append({})
-            continue
-        if mode == "update" or plan.budget[c] is None:  # no DP: the upload leaves as it is
-            out.append(plan.privatize(rnd, c, mine))
+        if mode == "update" or (plan.mode == "local" and plan.budget[c] is None):
+            updates[k] = (mine, None)  # already an update, or no DP: the upload leaves as it is
             continue
         reference = rows(download, k) if download else {}
         missing = [n for n in mine if n not in reference]
         if missing:
             raise ValueError(f"privacy: upload tensors {missing[:3]} have no downloaded counterpart, so the "
                              f"update upload - download is undefined for this algorithm")
-        update = {n: t - reference[n].to(t.dtype) if t.is_floating_point() else t for n, t in mine.items()}
-        noisy = plan.privatize(rnd, c, update)
-        out.append({n: reference[n].to(t.dtype) + t if t.is_floating_point() else t for n, t in noisy.items()})
+        updates[k] = ({n: t - reference[n].to(t.dtype) if t.is_floating_point() else t for n, t in mine.items()},
+                      reference)
+    if plan.mode == "central" and updates:
+        mean = plan.noised_mean(rnd, [u for u, _ in updates.values()])
+        updates = {k: (mean, reference) for k, (_, reference) in updates.items()}
+    for k, (update, reference) in updates.items():
+        if plan.mode == "local":
+            update = plan.privatize(rnd, int(clients[k]), update)
+        if reference is None:
+            out[k] = update
+        else:
+            out[k] = {n: reference[n].to(t.dtype) + t if t.is_floating_point() else t for n, t in update.items()}
     return out

@@ -114,9 +114,10 @@ def run_round(algorithm: Algorithm, rnd: int, clients: Tensor, timing: dict | No
     positions = torch.arange(len(clients), device=clients.device)
     if arrived is not None:
         positions = positions[arrived]
-    if isinstance(upload, dict):  # restack what arrived, as the algorithm's aggregate expects
+    if isinstance(upload, dict):  # restack what arrived, as the algorithm's aggregate expects (without
+        # the tensors that never leave a client under DP: pflbench.privacy, BatchNorm statistics)
         stacked = {n: torch.stack([received[k][n] for k in positions.tolist()]) if len(positions)
-                   else t[:0] for n, t in upload.items()}
+                   else t[:0] for n, t in upload.items() if not len(positions) or n in received[int(positions[0])]}
     else:
         stacked = [received[k] for k in positions.tolist()]
     algorithm.aggregate_arrived(rnd, clients, stacked, positions)

@@ -109,7 +109,7 @@ def test_state_the_contract_cannot_capture_fails_loudly(cls, attribute, tmp_path
 
 
 def test_a_cell_whose_algorithm_breaks_the_contract_runs_on_without_checkpoints_and_says_so(tmp_path, monkeypatch):
-    import pflbench.federation as federation_module
+    import pflbench.rounds as federation_module
 
     monkeypatch.setattr(federation_module, "get_algorithm", lambda name: _WithModule)
     cell = small_cell(rounds=3)
@@ -137,7 +137,7 @@ def test_state_left_out_of_the_checkpoint_is_caught_by_the_resume_comparison(tmp
             self.counter += 1
             return self.fed.train(rnd, clients, state, epochs=self.counter).state
 
-    import pflbench.federation as federation_module
+    import pflbench.rounds as federation_module
 
     monkeypatch.setattr(federation_module, "get_algorithm", lambda name: Forgetful)
     cell = small_cell(rounds=4)

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from pflbench.config import HETEROGENEITY_FIELDS
+from pflbench.privacy import privacy_caption
 from pflbench.reports.cells import is_reference
 from pflbench.reports.knobs import OFF, knob_columns, knob_setting, show_value as _show  # noqa: F401 (OFF: read by others)
 from pflbench.reports.tables import CONFIG_COLUMNS, Row, row_of_cells, row_order
@@ -96,7 +97,7 @@ class CopeTable:
         return (f"Accuracy (%, as delivered, final round, mean over clients; ⁿ: the newcomers' accuracy, held-out "
                 f"clients) under each heterogeneity setting, and in brackets the change against the same algorithm's "
                 f"knob-off cell (percentage points, paired by seed). Copes (✓): loses at most {self.tolerance:g} points "
-                f"against its own knob-off accuracy; ✗: loses more, or diverged.")
+                f"against its own knob-off accuracy; ✗: loses more, or diverged.") + privacy_caption(self.settings)
 
     def copes_summary(self) -> dict[str, dict[str, bool | None]]:
         """algorithm label -> knob field -> copes with every setting of that knob (None: not measured)."""
