@@ -7,7 +7,7 @@ import torch
 from cells import federation as make_federation, small_cell
 from pflbench.algorithm import get_algorithm
 from pflbench.config import cell_hash
-from pflbench.federation import run_cell
+from pflbench.rounds import run_cell
 from pflbench.privacy import ALPHAS, CentralPrivacyPlan, PrivacyParams, PrivacyPlan
 from pflbench.spec import SpecError, parse_spec
 from pflbench.training import payload_bytes

@@ -30,7 +30,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     import torch
 
-    from pflbench.federation import run_cell
+    from pflbench.rounds import run_cell
 
     torch.set_num_threads(args.threads)
     plan = load_spec(args.spec, parse_sets(args.sets))
