@@ -72,8 +72,9 @@ def cell_result(status="finished", accuracies=(0.5, 0.5), rounds=3, artifacts=No
 
 def write_cell(root: Path, *, algorithm="fedavg", dataset="fmnist", partition="pathological", clients=10, seed=0,
                hp=None, hp_source=None, local_epochs=1, lr=0.01, participation=1.0, samples_per_client=None,
-               finetune_epochs=None, partition_params=None, **result_kwargs) -> str:
-    """Write one cell (finetune_epochs defaults to 1 when `adapted` is given, else 0)."""
+               finetune_epochs=None, partition_params=None, config=None, **result_kwargs) -> str:
+    """Write one cell (finetune_epochs defaults to 1 when `adapted` is given, else 0); `config` sets
+    any other CellConfig field (val_fraction, batch_size, ...)."""
     params = dict(partition_params or {})
     if samples_per_client is not None:
         params["samples_per_client"] = samples_per_client
@@ -82,7 +83,7 @@ def write_cell(root: Path, *, algorithm="fedavg", dataset="fmnist", partition="p
     cell = CellConfig(algorithm=algorithm, dataset=dataset, partition=partition, clients=clients, seed=seed,
                       hp=hp or {}, rounds=result_kwargs.get("rounds", 3), local_epochs=local_epochs, lr=lr,
                       participation=participation, partition_params=params, hp_source=hp_source or "default",
-                      finetune_epochs=finetune_epochs)
+                      finetune_epochs=finetune_epochs, **(config or {}))
     folder = Store(root).write(cell, cell_result(**result_kwargs))
     return folder.name
 

@@ -22,8 +22,10 @@ from pflbench.reports.reference import PaperValue, default_reference_dir, load_r
 from pflbench.reports.tables import accuracy_tables
 from pflbench.reports.text import latex_report, markdown_table
 
-# pFedLA Table 1, FashionMNIST, 10 clients: its settings (participation 1.0 and 10 clients are the defaults).
-PAPER = dict(rounds=600, local_epochs=10, lr=0.005, samples_per_client=700)
+# pFedLA Table 1, FashionMNIST, 10 clients: its settings (participation 1.0, 10 clients, batch 32 and the
+# 70% train split are the defaults): no validation carve-out, and the model `auto` resolves to (`cnn`).
+PAPER = dict(rounds=600, local_epochs=10, lr=0.005, samples_per_client=700, config={"val_fraction": 0.0},
+             summary={"model": "cnn"})
 QUICK = dict(rounds=5, local_epochs=2, lr=0.05, samples_per_client=300)
 
 
@@ -102,7 +104,7 @@ def test_no_delta_where_settings_differ_and_the_differences_are_listed(tables):
     assert pfedla.delta is None and not pfedla.other_protocol
     reason = adapted.footnotes[pfedla.footnote - 1]
     assert reason == ("settings differ (ours vs paper): rounds 5 vs 600, local_epochs 2 vs 10, lr 0.05 vs 0.005, "
-                      "samples_per_client 300 vs 700")
+                      "samples_per_client 300 vs 700, val_fraction 0.1 vs 0, model mlp vs cnn")
     header, rows = md_rows(markdown_table(adapted))
     column = header.index("fmnist, 10 clients (samples\\_per\\_client=300)")
     assert rows["pFedLA"][column: column + 3] == ["60.00", "94.34 ± 0.29", f"– [{pfedla.footnote}]"]
@@ -362,3 +364,99 @@ def test_the_protocol_switch_script_shows_one_protocol_at_a_time(site, tmp_path)
     assert set(linked["first"]) == {"delivered-bestval-clients"}
     unknown = run("#protocol=nonsense")       # an unknown protocol in a link falls back to the default
     assert set(unknown["first"]) == {"delivered-final-clients"}
+
+
+# ---- every setting a reference declares must match (issue 29, item 6) ---------------------------------
+
+ALL_SETTINGS = ("algorithm,dataset,partition,clients,participation,rounds,local_epochs,lr,samples_per_client,"
+                "train_fraction,val_fraction,batch_size,momentum,weight_decay,model,mean\n"
+                "fedavg,cifar10,pathological,10,1.0,3,1,0.01,600,0.7,0.0,32,0.0,0.0,cnn-bn,50.00\n")
+MATCHING = dict(algorithm="fedavg", dataset="cifar10", accuracies=(0.6, 0.6), local_epochs=1, lr=0.01,
+                samples_per_client=600, config={"val_fraction": 0.0, "train_fraction": 0.7, "batch_size": 32,
+                                                 "momentum": 0.0, "weight_decay": 0.0}, summary={"model": "cnn-bn"})
+
+
+def _one_entry(tmp_path, **changes):
+    refs = tmp_path / "refs"
+    refs.mkdir(exist_ok=True)
+    (refs / "all.csv").write_text("# source: Other (X), 2024\n# table: Table 9\n" + ALL_SETTINGS)
+    kwargs = {**MATCHING, **changes}
+    kwargs["config"] = {**MATCHING["config"], **changes.get("config", {})}
+    write_cell(tmp_path / "s", **kwargs)
+    table, = accuracy_tables(load_cells(tmp_path / "s"), load_references(refs))
+    return table, entry(table, "fedavg")
+
+
+def test_every_declared_setting_matching_gives_a_delta(tmp_path):
+    table, fedavg = _one_entry(tmp_path)
+    assert fedavg.comparable and fedavg.delta == pytest.approx(10.0) and not table.footnotes
+
+
+@pytest.mark.parametrize("changes, difference", [
+    ({"config": {"train_fraction": 0.8}}, "train_fraction 0.8 vs 0.7"),
+    ({"config": {"val_fraction": 0.1}}, "val_fraction 0.1 vs 0"),          # a validation carve-out the paper lacks
+    ({"config": {"batch_size": 64}}, "batch_size 64 vs 32"),
+    ({"config": {"momentum": 0.9}}, "momentum 0.9 vs 0"),
+    ({"config": {"weight_decay": 0.0001}}, "weight_decay 0.0001 vs 0"),
+    ({"summary": {"model": "cnn"}}, "model cnn vs cnn-bn"),                   # the model `auto` resolved to
+    ({"dataset": "cifar10-jpeg"}, "dataset cifar10-jpeg vs cifar10"),        # shown beside CIFAR-10, never compared
+])
+def test_a_mismatch_in_any_declared_setting_suppresses_the_delta_and_says_why(tmp_path, changes, difference):
+    table, fedavg = _one_entry(tmp_path, **changes)
+    assert fedavg.paper is not None and fedavg.paper.mean == 50.0      # still shown beside ours
+    assert fedavg.delta is None and not fedavg.comparable
+    assert table.footnotes[fedavg.footnote - 1] == f"settings differ (ours vs paper): {difference}"
+    text = markdown_table(table)
+    assert "+10.00" not in text and f"[{fedavg.footnote}]" in text
+    lines = latex_report([table], [], [])
+    assert difference.replace("_", r"\_") in lines
+
+
+def test_the_model_is_compared_as_configured_when_the_summary_does_not_name_it(tmp_path):
+    paper = PaperValue(50.0, None, None, "X", DEFAULT, (("model", "cnn"), ("batch_size", 32)))
+    cells = pd.DataFrame({"model": ["cnn", "cnn-bn"], "resolved_model": [None, None], "batch_size": [32, 32]})
+    assert setting_differences(paper, cells) == ("model cnn/cnn-bn vs cnn",)
+    assert setting_differences(paper, cells.iloc[:1]) == ()
+
+
+def test_pfedla_references_declare_the_papers_split_batch_and_model():
+    refs = {r.name: r for r in load_references(default_reference_dir())}
+    for name in ("pfedla_table1", "pfedla_table2", "pfedla_table3"):
+        rows = refs[name].rows
+        fomo = rows["algorithm"] == "fedfomo"   # FedFomo needs its own validation data: not constrained
+        assert set(rows["train_fraction"]) == {0.7} and set(rows.loc[~fomo, "val_fraction"]) == {0.0}
+        assert rows.loc[fomo, "val_fraction"].isna().all()
+        assert set(rows["batch_size"]) == {32}
+        assert dict(zip(rows["dataset"], rows["model"])) == {d: m for d, m in (("emnist", "cnn"), ("fmnist", "cnn"),
+                                                                                ("cifar10", "cnn-bn"), ("cifar100", "cnn-bn"))
+                                                              if d in set(rows["dataset"])}
+        assert "momentum" not in rows and "weight_decay" not in rows   # the paper says "SGD", nothing more
+
+
+@pytest.mark.parametrize("table", ["table1", "table2"])
+def test_full_scale_cells_match_every_setting_their_reference_declares(table):
+    """The full-scale spec is the paper's protocol: every cell would get a Δ (issue 32's column depends on it);
+    the quick scale never does."""
+    from pflbench.models import default_model
+    from pflbench.reports.reference import compare, find_paper_value
+    from pflbench.spec import load_spec
+
+    spec = Path(__file__).resolve().parents[1] / "benchmarks" / f"{table}.yaml"
+    refs = [r for r in load_references(default_reference_dir()) if r.name == f"pfedla_{table}"]
+    shapes = {"emnist": (1, 28, 28), "fmnist": (1, 28, 28), "cifar10": (3, 32, 32), "cifar100": (3, 32, 32),
+              "cifar10-jpeg": (3, 32, 32)}
+    for scale, comparable in (("full", True), ("quick", False)):
+        compared = 0
+        for cell in load_spec(spec, scale=scale).cells:
+            row = pd.json_normalize(cell.model_dump(), sep=".").iloc[0]
+            row["resolved_model"] = default_model(shapes[cell.dataset]) if cell.model == "auto" else cell.model
+            cells = pd.DataFrame([row])
+            dataset = "cifar10" if cell.dataset == "cifar10-jpeg" else cell.dataset
+            paper = find_paper_value(refs, algorithm=cell.algorithm, dataset=dataset, partition=cell.partition,
+                                     clients=cell.clients, cells=cells)
+            if paper is None:   # FedBN on EMNIST / FashionMNIST: "-" in the paper
+                assert cell.algorithm == "fedbn" and cell.dataset in ("emnist", "fmnist")
+                continue
+            assert compare(paper, cells, ADAPTED).comparable is comparable, (scale, cell)
+            compared += 1
+        assert compared >= 36

@@ -95,7 +95,9 @@ def _store(tmp_path):
         _write(root, "local", (0.68, 0.70), seed=seed, concept_shift={"clusters": 4})
     _write(root, "fedavg", (0.79, 0.79), system={"dropout": 0.3, "stragglers": 0.5})
     _write(root, "local", (0.5, 0.5), status="failed", system={"dropout": 0.3, "stragglers": 0.5})
-    _write(root, "fedavg", (0.9, 0.9), unseen_fraction=0.2, summary={NEWCOMER_KEY: 0.6})
+    # Client 1 held out (partition id 1): its newcomer accuracy is compared with client 1's in the knob-off
+    # cell (seed 0: 80%), not with that cell's mean over all clients.
+    _write(root, "fedavg", (0.9, 0.9), unseen_fraction=0.5, summary={NEWCOMER_KEY: 0.6, "newcomers": [1]})
     _write(root, "fedavg", (0.5, 0.5), dataset="other", clients=3)  # another study, knob off only: no table
     return root
 
@@ -115,11 +117,59 @@ def test_copes_is_measured_against_the_algorithms_own_knob_off_cell(tmp_path):
     assert table.entry(fedavg, dropped).copes() is True
     failed = table.entry(local, dropped)
     assert failed.values == [] and failed.problems == {"failed": 1} and failed.copes() is None  # never a zero
-    newcomer = table.entry(fedavg, "unseen_fraction=0.2")
+    newcomer = table.entry(fedavg, "unseen_fraction=0.5")
     assert newcomer.newcomers and newcomer.mean == pytest.approx(60.0) and newcomer.delta == pytest.approx(-20.0)
     summary = table.copes_summary()
     assert summary["FedAvg"]["concept_shift"] is False and summary["Local"]["concept_shift"] is True
     assert summary["Local"]["system"] is None and summary["FedAvg"]["privacy"] is None
+
+
+def test_newcomers_are_compared_with_the_same_clients_in_the_knob_off_cell(tmp_path):
+    """Issue 29, item 3: Local serves a newcomer exactly as it trains everyone, so if the held-out
+    clients are the hard ones, the knob-off cell's mean over *all* clients makes Local look as if it
+    did not cope. The baseline is the same partition ids in the knob-off cell."""
+    root = tmp_path / "results"
+    _write(root, "local", (0.95, 0.95, 0.70, 0.95), clients=4)                 # client 2 is the hard one
+    _write(root, "local", (0.95, 0.95, 0.95), clients=4, unseen_fraction=0.25,  # client 2 held out: 70% as a newcomer
+           summary={NEWCOMER_KEY: 0.70, "newcomers": [2]})
+    _write(root, "fedavg", (0.80, 0.80, 0.80, 0.80), clients=4)
+    _write(root, "fedavg", (0.80, 0.80, 0.80), clients=4, unseen_fraction=0.25,  # ids not in the knob-off rows
+           summary={NEWCOMER_KEY: 0.50, "newcomers": [7]})
+    table, = cope_tables(load_cells(root))
+    local, fedavg = (next(r for r in table.rows if r.algorithm == a) for a in ("local", "fedavg"))
+    newcomers = table.entry(local, "unseen_fraction=0.25")
+    assert newcomers.newcomers and newcomers.mean == pytest.approx(70.0)
+    assert newcomers.delta == pytest.approx(0.0) and newcomers.copes() is True   # vs the all-client mean: -18.75, ✗
+    assert table.copes_summary()["Local"]["unseen_fraction"] is True
+    unknown = table.entry(fedavg, "unseen_fraction=0.25")
+    assert unknown.mean == pytest.approx(50.0) and unknown.delta is None and unknown.copes() is None  # not judged
+    assert "same partition ids" in table.caption
+
+
+def test_locals_newcomers_match_the_same_clients_trained_on_the_engine(tmp_path):
+    """On real cells: Local trains a newcomer exactly as it trains a client of the knob-off cell (same
+    partition, batches keyed by partition id), so against the same clients its change is exactly 0 —
+    while the knob-off cell's mean over all clients is another number altogether."""
+    from pflbench.rounds import run_cell
+    from pflbench.reports.heterogeneity import same_clients_accuracy
+
+    base = dict(algorithm="local", dataset="synthetic", dataset_options={"num_samples": 600}, partition="pathological",
+                partition_params={"classes_per_client": 3}, clients=10, rounds=2, local_epochs=1, batch_size=16,
+                lr=0.05, seed=3)
+    store = Store(tmp_path / "results")
+    results = {}
+    for fraction in (0.0, 0.3):
+        cell = CellConfig(**base, unseen_fraction=fraction)
+        results[fraction] = run_cell(cell, data_root=tmp_path)
+        store.write(cell, results[fraction])
+    ids = results[0.3].summary["newcomers"]
+    cells = load_cells(tmp_path / "results")
+    off = cells[cells["unseen_fraction"] == 0.0].iloc[0]
+    assert same_clients_accuracy(off, ids) == pytest.approx(results[0.3].summary[NEWCOMER_KEY] * 100)
+    table, = cope_tables(cells)
+    entry = table.entry(table.rows[0], "unseen_fraction=0.3")
+    assert entry.newcomers and entry.deltas == [pytest.approx(0.0, abs=1e-9)] and entry.copes() is True
+    assert abs(entry.mean - results[0.0].summary["final_accuracy"] * 100) > 1  # the old baseline would mislead
 
 
 def test_no_heterogeneity_cells_no_section(tmp_path):
@@ -137,14 +187,17 @@ def test_report_and_leaderboard_show_who_copes_and_wall_time(tmp_path):
     assert "## Who copes with what" in markdown and "at most 5 points" in markdown
     section = markdown[markdown.index("## Who copes"):]
     assert "| FedAvg | 81.0 | 41.0 (-40.0) ✗ | 79.0 (-1.0) ✓ | 60.0ⁿ (-20.0) ✗ |" in section
+    assert "compared with the knob-off cell's accuracy on the same clients (the same partition ids" in section
     assert "| Local | 70.0 | 69.0 (-1.0) ✓ | 1 failed | – |" in section
     # The accuracy tables keep knob-on cells in rows of their own, never as more seeds of the knob-off row.
     assert "| FedAvg (concept\\_shift.clusters=4) | 41.00 ± 1.41 |" in markdown and "| FedAvg | 81.00 ± 1.41 |" in markdown
     assert "wall s" in markdown  # the communication table's wall-clock column (the survey reports it per method)
     html = report.index.read_text()
     assert 'id="copes"' in html and "concept_shift.clusters=4" in html and "41.0 (-40.0) ✗" in html
+    assert "accuracy on the same clients (the same partition ids" in html
     latex = report.latex.read_text()
     assert r"Who copes with what" in latex and r"41.0 (-40.0) $\times$" in latex and r"$\checkmark$" in latex
+    assert "accuracy on the same clients (the same partition ids" in latex
     assert "✓" not in latex and "✗" not in latex and "≈" not in latex  # every symbol typeset
 
 

@@ -6,12 +6,17 @@ partition, clients`; optional constraint columns `hp.*`, `partition_params.*`, `
 (a cell matches only if its value equals the one given; empty = any); the paper's numbers `mean`,
 `std` (accuracy in %) and optionally `comm_mbytes`; `protocol`, the evaluation protocol the number
 was measured under (`pflbench.reports.protocols`, e.g. `adapted-final-clients`; absent: as delivered,
-final round, mean over clients); the paper's settings `rounds, local_epochs, clients, participation,
-lr, samples_per_client` (absent or empty: not constrained). Any other column is kept for reading.
+final round, mean over clients); the paper's settings (`SETTINGS`: `rounds, local_epochs, clients,
+participation, lr, samples_per_client, train_fraction, val_fraction, batch_size, momentum,
+weight_decay, model`; absent or empty: not constrained). Any other column is kept for reading.
 
 A paper number is shown beside ours for the entry its key (and constraints) match; it is compared
 with ours (a Δ) only when the table's protocol is the paper's and every setting the reference gives
-equals the cell's (`compare`); otherwise the report says what differs.
+equals the cell's (`compare`); otherwise the report says what differs. The dataset is always one of
+those settings: a row's `dataset` is the data the paper used, so a cell on other data shown beside it
+(our offline `cifar10-jpeg` beside the paper's `cifar10`: a lossy re-encoding, not CIFAR-10) never
+gets a Δ. `model` is compared with the model the cell resolved to (`auto` becomes `cnn`, `cnn-bn`...;
+the summary's `model`, the store's `resolved_model` column).
 """
 from __future__ import annotations
 
@@ -25,10 +30,14 @@ from pflbench.reports.protocols import DEFAULT, Protocol
 
 KEYS = ("algorithm", "dataset", "partition", "clients")
 CONSTRAINT_PREFIXES = ("hp.", "partition_params.", "dataset_options.")
-# The paper's settings a cell must share for a Δ: reference column -> the store's cell column.
-SETTINGS = {"rounds": "rounds", "local_epochs": "local_epochs", "clients": "clients",
-            "participation": "participation", "lr": "lr",
-            "samples_per_client": "partition_params.samples_per_client"}
+# The paper's settings a cell must share for a Δ: reference column -> the store's cell columns, the
+# first present and set in a cell is its value (`model`: what `auto` resolved to, else the configured name).
+SETTINGS = {"rounds": ("rounds",), "local_epochs": ("local_epochs",), "clients": ("clients",),
+            "participation": ("participation",), "lr": ("lr",),
+            "samples_per_client": ("partition_params.samples_per_client",),
+            "train_fraction": ("train_fraction",), "val_fraction": ("val_fraction",), "batch_size": ("batch_size",),
+            "momentum": ("momentum",), "weight_decay": ("weight_decay",), "model": ("resolved_model", "model"),
+            "dataset": ("dataset",)}
 
 
 @dataclass
@@ -108,9 +117,8 @@ def setting_differences(paper: PaperValue, cells: pd.DataFrame) -> tuple[str, ..
     for an adapted paper number, cells without local adaptation ("finetune_epochs 0 vs > 0")."""
     differences = []
     for name, wanted in paper.settings:
-        column = SETTINGS.get(name, name)
-        values = list(cells[column]) if column in cells else []
-        have = [v for v in values if not (np.isscalar(v) and pd.isna(v))]
+        values = [_setting_value(cell, SETTINGS.get(name, (name,))) for _, cell in cells.iterrows()]
+        have = [v for v in values if v is not None]
         if len(have) == len(values) and have and all(_equal(wanted, v) for v in have):
             continue
         ours = "/".join(dict.fromkeys(_text(v) for v in have)) if have else "unset"
@@ -123,6 +131,15 @@ def setting_differences(paper: PaperValue, cells: pd.DataFrame) -> tuple[str, ..
         if len(epochs) == 0 or (epochs <= 0).any():
             differences.append(f"finetune_epochs {'/'.join(dict.fromkeys(_text(v) for v in epochs)) or 0} vs > 0")
     return tuple(differences)
+
+
+def _setting_value(cell: pd.Series, columns: tuple[str, ...]):
+    """A cell's value of a setting: its first column that is present and set (None: unset)."""
+    for column in columns:
+        value = cell.get(column)
+        if value is not None and not (np.isscalar(value) and pd.isna(value)):
+            return value
+    return None
 
 
 def compare(paper: PaperValue, cells: pd.DataFrame, protocol: Protocol) -> Comparison:

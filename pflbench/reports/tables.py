@@ -7,9 +7,11 @@ protocol's accuracy in %, mean ± sample std over the seeds of its finished cell
 failed and diverged cells beside it (never averaged as zeros), the best of a column marked (reference
 algorithms such as `centralized` excluded: they are listed last and never bold), and the paper's
 number for that entry where a reference file has one. A paper number gets a Δ (ours − paper) only
-when the table's protocol is the one the reference declares and the cells' settings (rounds, local
-epochs, clients, participation, lr, samples per client; local adaptation for an adapted number)
-equal the paper's; otherwise the entry carries a footnote saying what differs.
+when the table's protocol is the one the reference declares and the cells' settings equal every one
+the reference declares (rounds, local epochs, clients, participation, lr, samples per client,
+train/validation fractions, batch size, momentum, weight decay, the resolved model and the exact
+dataset: reference.SETTINGS; local adaptation for an adapted number); otherwise the entry carries a
+footnote saying what differs.
 
 `communication_tables`: per (dataset, scheme, clients), a row per algorithm: accuracy (as delivered,
 and after local adaptation where the cells have it), MB per round and in total (down + up), beside

@@ -58,7 +58,8 @@ def legend(tables, sources: list[str]) -> list[str]:
     if sources:
         lines.append(f"paper: the number reported in {', '.join(sources)} (benchmarks/reference/); "
                      f"Δ: ours − paper, in percentage points, only where the paper's protocol and settings "
-                     f"(rounds, local epochs, clients, participation, lr, samples per client) are ours; "
+                     f"(rounds, local epochs, clients, participation, lr, samples per client, train/validation fractions, "
+                     f"batch size, momentum, weight decay, model, dataset: each one its reference declares) are ours; "
                      f"otherwise a footnote [n] says what differs. (In parentheses: a paper number declared "
                      f"under another protocol than the table's, for reading only.)")
     if any(r.reference for t in tables for r in ([r for r, _ in t.rows] if isinstance(t, CommTable) else t.rows)):
