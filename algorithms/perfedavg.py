@@ -70,7 +70,7 @@ from typing import Literal
 import torch
 from pydantic import Field
 
-from algorithms._stepwise import finite, loss_and_grads, per_client, rows_where, sgd_step, step_ids
+from pflbench.algorithms._stepwise import finite, loss_and_grads, per_client, rows_where, sgd_step, step_ids
 from pflbench.algorithm import ALGORITHMS, Algorithm, Hyperparams
 from pflbench.training import Diverged, weighted_mean
 

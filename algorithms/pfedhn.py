@@ -65,7 +65,7 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import Tensor, nn
 
-from algorithms._stepwise import finite, loss_and_grads, per_client, rows_where, sgd_step, step_ids
+from pflbench.algorithms._stepwise import finite, loss_and_grads, per_client, rows_where, sgd_step, step_ids
 from pflbench.algorithm import ALGORITHMS, Algorithm, Hyperparams
 from pflbench.training import SGD, Diverged
 

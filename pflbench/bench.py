@@ -59,7 +59,7 @@ def _sync(device: torch.device) -> None:
 
 def _bench_federation(clients: int, samples: int, batch_size: int, shape: tuple[int, ...],
                       num_classes: int, model: str, device: torch.device, seed: int):
-    from algorithms.fedavg import FedAvg
+    from pflbench.algorithms.fedavg import FedAvg
     from pflbench.data.dataset import Dataset
     from pflbench.federation import Federation
     from pflbench.partitioning import ClientSplits

@@ -32,7 +32,7 @@ def reject_boolean(value):
 
 # Fields added after cells were stored: left out of the hash while they have these values.
 OPTIONAL_AT_DEFAULT = {"finetune_epochs": 0, "feature_shift": {}, "concept_shift": {}, "system": {}, "privacy": {},
-                       "unseen_fraction": 0.0}
+                       "unseen_fraction": 0.0, "plugin_hashes": {}}
 # The heterogeneity knobs beyond label skew (benchmarks/README.md, "Heterogeneity"): all off by default.
 HETEROGENEITY_FIELDS = ("feature_shift", "concept_shift", "system", "privacy", "unseen_fraction")
 
@@ -66,6 +66,9 @@ class CellConfig(BaseModel):
     system: dict[str, Any] = Field(default_factory=dict)  # stragglers and dropped uploads
     privacy: dict[str, Any] = Field(default_factory=dict)  # per-client differential privacy on the uploads
     unseen_fraction: float = Field(0.0, ge=0.0, lt=1.0)  # clients held out of training, scored as newcomers
+    # {plugin id: sha256 of its source} of the plugins giving this cell its algorithm, dataset, scheme or
+    # model (set by spec resolution, pflbench/plugins.py): part of the id, so a changed plugin is a new cell.
+    plugin_hashes: dict[str, str] = Field(default_factory=dict)
 
     @field_validator("clients", "participation", "seed", "rounds", "local_epochs", "batch_size", "lr", "momentum",
                      "weight_decay", "eval_every", "train_fraction", "val_fraction", "finetune_epochs",

@@ -42,7 +42,7 @@ from pflbench.registry import echo, unknown_message  # noqa: F401  (unknown_mess
 DICT_FIELDS = ("dataset_options", "partition_params", "hp", "feature_shift", "concept_shift", "system", "privacy")
 # Matrix axes with their own entry syntax; every other settable key can be an axis of plain values.
 STRUCTURED_AXES = ("algorithm", "dataset", "partition", "clients")
-SPEC_KEYS = ("name", "description", "matrix", "defaults", "overrides", "resources", "scales", "tuned")
+SPEC_KEYS = ("name", "description", "plugins", "matrix", "defaults", "overrides", "resources", "scales", "tuned")
 FULL_SCALE = "full"  # the spec as written; every other scale is a block under `scales:`
 TUNED_DIR = "tuned"  # default folder of tuned configurations, next to the spec file (benchmarks/tuned)
 
@@ -90,8 +90,10 @@ def _check_size(data: Any, source: str, where: str) -> None:
 # ---- registries (imported lazily: they pull in torch) -------------------------------------------
 
 def _algorithms():
-    import algorithms  # noqa: F401  (registers the built-in algorithms)
     from pflbench.algorithm import ALGORITHMS
+    from pflbench.plugins import load_builtins
+
+    load_builtins()  # the built-in algorithms, and installed packages' plugins
 
     return ALGORITHMS
 
@@ -109,8 +111,10 @@ def _check_dataset(name: str) -> str:
 
 
 def _check_scheme(name: str) -> str:
-    import partitions  # noqa: F401  (registers the built-in schemes)
     from pflbench.partitioning import PARTITIONS
+    from pflbench.plugins import load_builtins
+
+    load_builtins()  # the built-in schemes, and installed packages' plugins
 
     PARTITIONS.get(name)
     return name
@@ -276,6 +280,7 @@ class TunedFile(SpecModel):
 class SpecFile(SpecModel):
     name: str | None = None
     description: str = ""
+    plugins: list[str] = Field(default_factory=list)  # loaded before validation (pflbench/plugins.py)
     matrix: dict[str, Any]
     defaults: dict[str, Any] = Field(default_factory=dict)
     overrides: list[Override] = Field(default_factory=list)
@@ -510,6 +515,7 @@ def parse_spec(data: Any, source: str = "<spec>", sets: dict[str, Any] | None = 
     if not isinstance(data, dict):
         raise SpecError(source, [("file", f"must be a mapping with keys {', '.join(SPEC_KEYS)}, got {echo(data)}")])
     data = dict(data)
+    _load_plugins(data.get("plugins"), source, base_dir)  # the user's own names, before any is checked
     data["matrix"] = dict(data.get("matrix") or {})
     data["resources"] = dict(data.get("resources") or {})
     scale = scale or FULL_SCALE
@@ -572,6 +578,22 @@ def resolve_cell(values: dict[str, Any], source: str = "<cell>") -> CellConfig:
     if problems or cell is None:
         raise SpecError(source, list(problems.items))
     return cell
+
+
+def _load_plugins(entries: Any, source: str, base_dir) -> None:
+    """The spec's `plugins:` (paths relative to the spec's folder, or module names), loaded now."""
+    from pflbench.plugins import PluginError, load_one, load_builtins
+
+    if entries is None:
+        return
+    if not isinstance(entries, list) or not all(isinstance(e, str) for e in entries):
+        raise SpecError(source, [("plugins", f"must be a list of .py paths or module names, got {echo(entries)}")])
+    load_builtins()
+    for i, entry in enumerate(entries):
+        try:
+            load_one(entry, base_dir)
+        except PluginError as error:
+            raise SpecError(source, [(f"plugins[{i}]", str(error))]) from None
 
 
 def _apply_scale(data: dict, scale: str, source: str) -> tuple[Scale | None, dict[str, str]]:
@@ -825,8 +847,11 @@ def _build_cell(flat: Assignments, problems: Problems, base_dir=None) -> CellCon
     except ValueError as error:
         problems.add(origins("unseen_fraction", "clients", "algorithm"), str(error))
         return None
+    from pflbench.plugins import plugin_hashes
+
     return cell.model_copy(update={"hp": hp.model_dump(mode="json"), "dataset_options": options,
-                                   "partition_params": scheme.params.model_dump(mode="json"), **shifted})
+                                   "partition_params": scheme.params.model_dump(mode="json"), **shifted,
+                                   "plugin_hashes": plugin_hashes(cell)})
 
 
 def describe_partition(cell: CellConfig) -> str:

@@ -157,14 +157,16 @@ def trial_cell(base: CellConfig, config: dict) -> CellConfig:
 # ---- one trial (a Ray Tune function trainable) ---------------------------------------------------
 
 def run_trial(config: dict, *, base: dict, cpus: float, data_root: str | None, mirror: str | None,
-              device: str, client_batching: str) -> None:
+              device: str, client_batching: str, plugins: tuple = ()) -> None:
     """Run the base cell with the trial's values, validation split only, reporting
     {round, val_accuracy} to Tune at every evaluated round (ASHA may stop it there)."""
     import torch
     from ray import tune
 
     from pflbench.federation import run_cell
+    from pflbench.plugins import activate
 
+    activate(plugins)  # the user's plugins, in this Ray worker, before the trial's cell is resolved
     cell = trial_cell(CellConfig(**base), config)
     torch.set_num_threads(max(1, int(cpus)))
     reported = []
@@ -193,6 +195,7 @@ def run_sweep(algorithm: str, base: CellConfig, resources: Resources, options: S
 
     from pflbench.data import data_mirror, data_root
     from pflbench.federation import prepare_cell
+    from pflbench.plugins import sources_for
 
     if options.trials < 1:
         raise SweepError("--trials must be at least 1")
@@ -230,7 +233,8 @@ def run_sweep(algorithm: str, base: CellConfig, resources: Resources, options: S
         trainable = tune.with_resources(
             tune.with_parameters(run_trial, base=base.model_dump(mode="json"), cpus=resources.cpus,
                                  data_root=str(options.data_root), mirror=str(options.mirror) if options.mirror else None,
-                                 device=device, client_batching=options.client_batching),
+                                 device=device, client_batching=options.client_batching,
+                                 plugins=sources_for([base])),
             {"cpu": resources.cpus, "gpu": resources.gpus})
         tuner = tune.Tuner(
             trainable,
