@@ -669,10 +669,19 @@ def _tuned_rules(setting: TunedSetting, algorithms: list[str], base_dir, problem
 def _split_sets(sets: dict[str, Any], data: dict, origins: dict[str, str]) -> dict[str, Any]:
     """`--set` of a matrix axis, of a structured axis or with a list value replaces (or adds) that
     axis; `resources.*` sets a resource; anything else becomes a final, unconditional override
-    (returned). Replaced axes are noted in `origins`."""
+    (returned). Replaced axes are noted in `origins`. `KEY+=VALUES` adds values to the matrix axis
+    KEY (`--set 'algorithm+=[mine]'`: a plugin's method beside a spec's rows; `all` stays all)."""
     command_line = {}
     for key, value in sets.items():
-        if key.startswith("resources."):
+        if key.endswith("+"):
+            axis = key[:-1].strip()
+            if axis not in data["matrix"]:
+                raise SpecError("--set", [(f"{axis}+=", unknown_message("matrix axis of this spec", axis,
+                                                                        list(data["matrix"])))])
+            if data["matrix"][axis] != "all":
+                data["matrix"][axis] = [*_listify(data["matrix"][axis]), *_listify(value)]
+            origins[axis] = f"--set {axis}+="
+        elif key.startswith("resources."):
             data["resources"][key.removeprefix("resources.")] = value
             origins["resources"] = "--set resources"
         elif key in STRUCTURED_AXES or key in data["matrix"] or isinstance(value, list):
