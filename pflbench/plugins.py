@@ -349,6 +349,14 @@ def _activate_module(source: PluginSource) -> None:
     _load_module(source.module, source.kind, source.call)
 
 
+def unload(plugin_id: str) -> None:
+    """Remove what the plugin registered (its module stays imported); for tests and notebooks."""
+    known = _LOADED.get(plugin_id)
+    if known is not None and known.source.kind == "file":
+        sys.modules.pop(known.source.module, None)
+    _forget(plugin_id)
+
+
 def loaded() -> list[Loaded]:
     """The plugins loaded in this process, in load order."""
     return list(_LOADED.values())
