@@ -369,3 +369,24 @@ def test_a_plugin_that_fails_to_import_is_one_error_naming_its_line(tmp_path, ca
     err = run_fails(["sweep", "--algo", "half-done", "--plugin", str(bad), "--results", str(tmp_path / "r")], capsys)
     assert "bad.py failed to import: RuntimeError: boom (bad.py, line 7)" in err and err.count("\n") == 1
     assert "half-done" not in ALGORITHMS and not (tmp_path / "r").exists()
+
+
+@pytest.mark.slow
+def test_a_plugin_algorithm_is_tuned_by_pflbench_sweep_in_ray_tune_workers(tmp_path):
+    from pflbench.scaffold import write_scaffold
+
+    plugin, _ = write_scaffold("algorithm", "my-prox", tmp_path / "outside", base="fedprox")
+    base = write_spec(tmp_path / "base.yaml", {
+        "matrix": {"algorithm": "fedavg", "dataset": "synthetic",
+                   "partition": [{"scheme": "pathological", "params": {"classes_per_client": 2, "samples_per_client": 60}}]},
+        "defaults": {"clients": 4, "rounds": 2, "lr": 0.05, "dataset_options": {"num_samples": 1000}}})
+    out = tmp_path / "tuned"
+    assert main(["sweep", "--algo", "my-prox", "--plugin", str(plugin), "--spec", str(base), "--trials", "2",
+                 "--workers", "2", "--results", str(tmp_path / "results"), "--out", str(out),
+                 "--root", str(tmp_path / "data")]) == 0
+    tuned = yaml.safe_load((out / "my-prox.yaml").read_text())
+    assert tuned["algorithm"] == "my-prox" and set(tuned["set"]["hp"]) == {"mu"}
+    sweep = json.loads(next((tmp_path / "results" / "sweeps").glob("my-prox-*/sweep.json")).read_text())
+    assert len(sweep["outcomes"]) == 2
+    assert all(t["status"] in ("completed", "stopped early") and t["error"] is None for t in sweep["outcomes"])
+    assert sweep["base_cell"]["plugin_hashes"] == {"my_prox.py": hashlib.sha256(plugin.read_bytes()).hexdigest()}
