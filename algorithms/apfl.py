@@ -59,6 +59,8 @@ def _scale(alpha: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 @ALGORITHMS.register("apfl")
 class APFL(Algorithm):
     name = "apfl"
+    display_name = "APFL"
+    family = "regularized and meta-learned"
     paper = "Deng, Kamani & Mahdavi, arXiv 2020 (Adaptive Personalized Federated Learning)"
     personalizes = "a local model per client, mixed with the global one by a learned per-client weight alpha_i"
     PERSONAL_SALT = 0xA9F1

@@ -15,6 +15,9 @@ from pflbench.algorithm import ALGORITHMS, Algorithm
 @ALGORITHMS.register("centralized")
 class Centralized(Algorithm):
     name = "centralized"
+    display_name = "Centralized (reference)"
+    family = "baselines"
+    reference = True  # bounds what one global model reaches; never ranked among the methods
     personalizes = "nothing: one model trained on the pooled data of the round's clients (a reference, not FL)"
     refused_knobs = {"system": "the server trains on the pooled data itself: no client does local work or uploads",
                      "privacy": "nothing is uploaded: the server trains on the pooled raw data"}

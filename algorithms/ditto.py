@@ -43,6 +43,8 @@ from pflbench.training import cross_entropy
 @ALGORITHMS.register("ditto")
 class Ditto(Algorithm):
     name = "ditto"
+    display_name = "Ditto"
+    family = "regularized and meta-learned"
     paper = "Li, Hu, Beirami & Smith, ICML 2021"
     personalizes = "a whole personal model per client, trained with a proximal pull toward the FedAvg global model"
     # Batch-order salt of the personal model's local training (the global copy uses 0, as FedAvg).

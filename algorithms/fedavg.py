@@ -11,5 +11,8 @@ from pflbench.algorithm import ALGORITHMS, Algorithm
 @ALGORITHMS.register("fedavg")
 class FedAvg(Algorithm):
     name = "fedavg"
+    display_name = "FedAvg"
+    family = "baselines"
+    row_order = 1  # pFedLA's Tables 1-2 row order
     paper = "McMahan, Moore, Ramage, Hampson & Agüera y Arcas, AISTATS 2017"
     personalizes = "nothing: one global model for every client (the baseline)"

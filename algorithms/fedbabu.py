@@ -39,6 +39,8 @@ FINETUNE_SALT = 0xBAB0  # batch order of the evaluation-time fine-tuning, distin
 @ALGORITHMS.register("fedbabu")
 class FedBABU(Algorithm):
     name = "fedbabu"
+    display_name = "FedBABU"
+    family = "personal layers"
     paper = "Oh, Kim & Yun, ICLR 2022"
     personalizes = "the whole model, by local fine-tuning of the federated body (trained with a fixed random head)"
 

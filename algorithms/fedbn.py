@@ -9,6 +9,12 @@ from pflbench.algorithm import ALGORITHMS, Algorithm
 @ALGORITHMS.register("fedbn")
 class FedBN(Algorithm):
     name = "fedbn"
+    display_name = "FedBN"
+    family = "personal layers"
+    row_order = 5  # pFedLA's Tables 1-2 row order
+    reduces_to = {"fedavg": (
+        "FedBN keeps BatchNorm layers local and averages the rest; this model has no BatchNorm, "
+        "so FedBN is FedAvg")}
     paper = "Li, Jiang, Zhang, Kamp & Dou, ICLR 2021"
     personalizes = "the BatchNorm layers (affine parameters and running statistics); the rest is FedAvg"
 

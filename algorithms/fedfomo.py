@@ -92,6 +92,12 @@ def normalize_weights(raw: torch.Tensor) -> torch.Tensor:
 @ALGORITHMS.register("fedfomo")
 class FedFomo(Algorithm):
     name = "fedfomo"
+    display_name = "FedFomo"
+    family = "hypernetworks and layer-wise aggregation"
+    row_order = 7  # pFedLA's Tables 1-2 row order
+    reduces_to = {"local": (
+        "FedFomo weights other clients' models by how much they lower a client's validation loss;"
+        " here none did, so every client kept its own model: Local")}
     paper = "Zhang, Sapra, Fidler, Yeung & Alvarez, ICLR 2021"
     personalizes = "the whole model: each client combines other clients' models by first-order weights on its own validation data"
     refused_knobs = {"privacy": "its upload is the whole model plus first-order weights computed on the client's "

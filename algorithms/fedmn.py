@@ -193,6 +193,8 @@ class FedMN(Algorithm):
     """A module pool shared by all clients; each client's routing hypernetwork output picks its modules."""
 
     name = "fedmn"
+    display_name = "FedMN"
+    family = "hypernetworks and layer-wise aggregation"
     paper = "T. Wang, Cheng, Luo, Yu, Ni, Tong, Chen & X. Zhang, ICDM 2022"
     personalizes = "the architecture: a routing hypernetwork picks each client's modules from a shared pool"
     batched = False

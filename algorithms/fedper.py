@@ -24,6 +24,8 @@ from pflbench.algorithm import ALGORITHMS, Algorithm, Hyperparams
 @ALGORITHMS.register("fedper")
 class FedPer(Algorithm):
     name = "fedper"
+    display_name = "FedPer"
+    family = "personal layers"
     paper = "Arivazhagan, Aggarwal, Singh & Choudhary, arXiv 2019"
     personalizes = "the top layers (personalization layers, default the classifier); the base is FedAvg"
 

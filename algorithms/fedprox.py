@@ -23,6 +23,10 @@ from pflbench.training import cross_entropy
 @ALGORITHMS.register("fedprox")
 class FedProx(Algorithm):
     name = "fedprox"
+    display_name = "FedProx"
+    family = "baselines"
+    reduces_to = {"fedavg": (
+        "FedProx's proximal term (mu) changed none of the evaluated numbers: FedAvg")}
     paper = "Li, Sahu, Zaheer, Sanjabi, Talwalkar & Smith, MLSys 2020"
     personalizes = "nothing: one global model, trained with a proximal term against client drift"
 

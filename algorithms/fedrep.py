@@ -52,6 +52,9 @@ from pflbench.algorithm import ALGORITHMS, Algorithm, Hyperparams
 @ALGORITHMS.register("fedrep")
 class FedRep(Algorithm):
     name = "fedrep"
+    display_name = "FedRep"
+    family = "personal layers"
+    row_order = 6  # pFedLA's Tables 1-2 row order
     paper = "Collins, Hassani, Mokhtari & Shakkottai, ICML 2021"
     personalizes = "the head (classifier), trained first with the shared representation fixed"
     HEAD_SALT = 0xFE0E

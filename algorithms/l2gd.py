@@ -56,6 +56,8 @@ def coin_flips(seed: int, rounds: int, p: float) -> np.ndarray:
 @ALGORITHMS.register("l2gd")
 class L2GD(Algorithm):
     name = "l2gd"
+    display_name = "L2GD"
+    family = "regularized and meta-learned"
     paper = "Hanzely & Richtárik, arXiv 2020 (Federated Learning of a Mixture of Global and Local Models)"
     personalizes = "a whole local model per client, pulled toward the average on randomly chosen communication rounds"
     refused_knobs = {

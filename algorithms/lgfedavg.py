@@ -25,6 +25,8 @@ from pflbench.algorithm import ALGORITHMS, Algorithm, Hyperparams
 @ALGORITHMS.register("lg-fedavg")
 class LGFedAvg(Algorithm):
     name = "lg-fedavg"
+    display_name = "LG-FedAvg"
+    family = "personal layers"
     paper = "Liang, Liu, Ziyin, Allen, Auerbach, Brent, Salakhutdinov & Morency, arXiv 2020 (Think Locally, Act Globally)"
     personalizes = "the lower layers (local representations); the top layers are FedAvg"
 

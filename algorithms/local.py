@@ -21,6 +21,9 @@ from pflbench.algorithm import ALGORITHMS, Algorithm
 @ALGORITHMS.register("local")
 class Local(Algorithm):
     name = "local"
+    display_name = "Local"
+    family = "baselines"
+    row_order = 0  # pFedLA's Tables 1-2 row order
     personalizes = "everything: each client trains alone, nothing is shared (the baseline)"
     heterogeneous_models = True
 

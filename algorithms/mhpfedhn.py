@@ -154,6 +154,8 @@ class MHpFedHN(Algorithm):
     """Multi-head hypernetwork generating each client's whole model; clients may differ in architecture."""
 
     name = "mh-pfedhn"
+    display_name = "MH-pFedHN"
+    family = "hypernetworks and layer-wise aggregation"
     paper = "C. Zhang, H. Li, X. Liu, L. Jiang et al., arXiv 2507.22330, 2025 (IJCAI 2026)"
     personalizes = "the whole model, generated per client by a multi-head hypernetwork; architectures may differ"
     heterogeneous_models = True
@@ -406,6 +408,8 @@ class MHpFedHNGD(MHpFedHN):
     distillation teacher on the clients (alpha, T) and trained by every client each round."""
 
     name = "mh-pfedhngd"
+    display_name = "MH-pFedHNGD"
+    family = "hypernetworks and layer-wise aggregation"
     paper = "C. Zhang, H. Li, X. Liu, L. Jiang et al., arXiv 2507.22330, 2025 (IJCAI 2026)"
     personalizes = "as MH-pFedHN, plus a generated global model distilled into every client"
     refused_knobs = {"system.dropout": "every sampled client's global-model update reaches the server during local "

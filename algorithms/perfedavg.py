@@ -92,6 +92,9 @@ ADAPT_SALT = 0x9EFA           # batch order of the evaluation-time adaptation st
 @ALGORITHMS.register("perfedavg")
 class PerFedAvg(Algorithm):
     name = "perfedavg"
+    display_name = "Per-FedAvg"
+    family = "regularized and meta-learned"
+    row_order = 2  # pFedLA's Tables 1-2 row order
     paper = "Fallah, Mokhtari & Ozdaglar, NeurIPS 2020"
     personalizes = "the whole model, by one local gradient step from a MAML-trained global model"
     ADAPT_SALT = ADAPT_SALT

@@ -101,6 +101,9 @@ class HyperNetwork(nn.Module):
 class PFedHN(Algorithm):
     name = "pfedhn"
     state_objects = ("hypernet", "optimizer")  # checkpoints: the hypernetwork, then its momentum
+    display_name = "pFedHN"
+    family = "hypernetworks and layer-wise aggregation"
+    row_order = 4  # pFedLA's Tables 1-2 row order
     paper = "Shamsian, Navon, Fetaya & Chechik, ICML 2021"
     personalizes = "the whole model, generated per client by a server hypernetwork from a learned client embedding"
     personal_classifier = False
@@ -302,6 +305,8 @@ class PFedHNPC(PFedHN):
     """pFedHN-PC: the hypernetwork generates the body; each client's classifier is its own."""
 
     name = "pfedhn-pc"
+    display_name = "pFedHN-PC"
+    family = "hypernetworks and layer-wise aggregation"
     paper = "Shamsian, Navon, Fetaya & Chechik, ICML 2021"
     personalizes = "the feature extractor, generated per client by a hypernetwork, and a personal classifier kept on the client"
     personal_classifier = True

@@ -115,6 +115,9 @@ from pflbench.newcomers import fit_batchnorm_statistics
 @ALGORITHMS.register("pfedla")
 class PFedLA(Algorithm):
     name = "pfedla"
+    display_name = "pFedLA"
+    family = "hypernetworks and layer-wise aggregation"
+    row_order = 8  # pFedLA's Tables 1-2 row order
     paper = "Ma, Zhang, Guo & Xu, CVPR 2022"
     personalizes = "the aggregation: per client and per layer, weights over all clients' models learned by a server hypernetwork"
     dp_upload = "update"  # the upload is delta theta_i
@@ -350,6 +353,11 @@ class HeurPFedLA(PFedLA):
     """HeurpFedLA: pFedLA whose clients keep their k most self-weighted layers (k = 1 in Tables 1-2)."""
 
     name = "heurpfedla"
+    display_name = "HeurpFedLA"
+    family = "hypernetworks and layer-wise aggregation"
+    row_order = 9  # pFedLA's Tables 1-2 row order
+    reduces_to = {"pfedla": (
+        "HeurpFedLA equals pFedLA when no layer is retained")}
     paper = "Ma, Zhang, Guo & Xu, CVPR 2022"
     personalizes = "as pFedLA, and each client keeps its k most self-weighted layers without downloading them"
 

@@ -84,6 +84,9 @@ from pflbench.training import Diverged, weighted_mean
 @ALGORITHMS.register("pfedme")
 class PFedMe(Algorithm):
     name = "pfedme"
+    display_name = "pFedMe"
+    family = "regularized and meta-learned"
+    row_order = 3  # pFedLA's Tables 1-2 row order
     paper = "T. Dinh, Tran & Nguyen, NeurIPS 2020"
     personalizes = "a whole personal model per client, the Moreau-envelope solution regularized toward the local copy of the global model"
 

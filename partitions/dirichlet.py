@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 from pydantic import Field
 
-from partitions._sampling import draw
+from pflbench.partitions._sampling import draw
 from pflbench.partitioning import PARTITIONS, Partitioner, SchemeParams
 
 

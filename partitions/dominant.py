@@ -31,7 +31,7 @@ import math
 import numpy as np
 from pydantic import Field
 
-from partitions._sampling import balanced_class_choice, draw, even_split, most_clients_per_class
+from pflbench.partitions._sampling import balanced_class_choice, draw, even_split, most_clients_per_class
 from pflbench.partitioning import PARTITIONS, Partitioner, SchemeParams
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 from pydantic import Field
 
-from partitions._sampling import balanced_class_choice, draw, even_split, most_clients_per_class
+from pflbench.partitions._sampling import balanced_class_choice, draw, even_split, most_clients_per_class
 from pflbench.partitioning import PARTITIONS, Partitioner, SchemeParams
 
 

@@ -39,7 +39,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, ValidationError
 from torch import Tensor
 
-from pflbench.registry import Registry
+from pflbench.registry import NAME, Registry
 from pflbench.training import State, weighted_mean
 
 if TYPE_CHECKING:
@@ -50,7 +50,14 @@ class StateError(TypeError):
 
 
 NEWCOMER_FIT_SALT = 0x0E3D  # batch orders of fitting a newcomer's model (pflbench.newcomers)
-ALGORITHMS: Registry[type["Algorithm"]] = Registry("algorithm")
+# What the reports show of a method, each the class's own (`register` fills in what a class leaves out,
+# never inheriting it: a method derived from FedAvg is not shown as FedAvg). See `Algorithm`.
+PRESENTATION = {"display_name": NAME, "family": "other", "reference": False, "paper": "", "row_order": None,
+                "reduces_to": {}}
+ALGORITHMS: Registry[type["Algorithm"]] = Registry("algorithm", own_attributes=PRESENTATION)
+# Families of methods, in the order of the reports' panels; a family not listed here comes after them.
+# "baselines" are drawn in grey in every panel as context.
+FAMILIES = ("baselines", "hypernetworks and layer-wise aggregation", "personal layers", "regularized and meta-learned")
 
 
 class Hyperparams(BaseModel):
@@ -69,11 +76,20 @@ class Algorithm:
     # Whether the algorithm works when clients have different architectures (a cell whose `model`
     # is a group spec such as "hetero5"); those that need one shared model reject such cells.
     heterogeneous_models: ClassVar[bool] = False
-    name: ClassVar[str] = ""
+    name: ClassVar[str] = ""  # the registered name (set by `ALGORITHMS.register`)
     # For `pflbench list algorithms`: the paper (authors, venue, year) and, in one line, what the
     # method personalizes (which part of the model or objective is each client's own).
     paper: ClassVar[str] = ""
     personalizes: ClassVar[str] = ""
+    # How the reports show the method (everything they need: nothing in pflbench/reports/ names
+    # algorithms). Each is the class's own; `register` fills in a missing one with the default.
+    display_name: ClassVar[str] = ""  # the row label, e.g. "Per-FedAvg" (default: the registered name)
+    family: ClassVar[str] = "other"  # the figures' panel (FAMILIES, or a family of your own)
+    reference: ClassVar[bool] = False  # a reference row (bounds the methods, never ranked among them)
+    row_order: ClassVar[int | None] = None  # position among the tables' rows (None: after those with one, by name)
+    # Algorithms this one can reduce to on some cells, with why: {"fedavg": "FedBN is FedAvg when ..."};
+    # where the two give bit-identical results the tables flag the row ("= FedAvg") with that reason.
+    reduces_to: ClassVar[dict[str, str]] = {}
     # System and privacy heterogeneity (pflbench/system.py, pflbench/privacy.py). `dp_upload`: how the
     # engine privatizes this algorithm's uploads: "model" (the update is upload - download), "update"
     # (the upload already is an update), "self" (the algorithm calls `fed.privatize` where its update
@@ -342,7 +358,9 @@ def load_object_state(owner, name: str, saved) -> None:
 
 
 def get_algorithm(name: str) -> type[Algorithm]:
-    import algorithms  # noqa: F401  (registers the built-in algorithms)
+    from pflbench.plugins import load_builtins
+
+    load_builtins()  # the built-in algorithms, and installed packages' plugins
 
     return ALGORITHMS.get(name)
 

@@ -61,7 +61,7 @@ def _sync(device: torch.device) -> None:
 def _bench_federation(clients: int, samples: int, batch_size: int, shape: tuple[int, ...],
                       num_classes: int, model: str, execution: ExecutionOptions, seed: int):
     """A FedAvg Federation over generated data that runs as `execution` says (one per way)."""
-    from algorithms.fedavg import FedAvg
+    from pflbench.algorithms.fedavg import FedAvg
     from pflbench.data.dataset import Dataset
     from pflbench.federation import Federation
     from pflbench.partitioning import ClientSplits

@@ -107,7 +107,7 @@ def code_version(algorithm_cls: type) -> str:
     import numpy as np
     import torch
 
-    import algorithms
+    import pflbench.algorithms as algorithms
     import pflbench
 
     engine = Path(pflbench.__file__).parent

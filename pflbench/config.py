@@ -37,7 +37,7 @@ def reject_boolean(value):
 
 # Fields added after cells were stored: left out of the hash while they have these values.
 OPTIONAL_AT_DEFAULT = {"finetune_epochs": 0, "feature_shift": {}, "concept_shift": {}, "system": {}, "privacy": {},
-                       "unseen_fraction": 0.0,
+                       "unseen_fraction": 0.0, "plugin_hashes": {},
                        # the rule every cell stored before the field used; the default is "train", so those
                        # cells keep their ids as `pool` cells and every default cell has a new one
                        # (pflbench.data.normalization)
@@ -77,6 +77,9 @@ class CellConfig(BaseModel):
     unseen_fraction: float = Field(0.0, ge=0.0, lt=1.0)  # clients held out of training, scored as newcomers
     # where the inputs' mean/std come from: the trained clients' train splits, or the whole pool
     normalization: Literal["train", "pool"] = "train"
+    # {plugin id: sha256 of its source} of the plugins giving this cell its algorithm, dataset, scheme or
+    # model (set by spec resolution, pflbench/plugins.py): part of the id, so a changed plugin is a new cell.
+    plugin_hashes: dict[str, str] = Field(default_factory=dict)
 
     @field_validator("clients", "participation", "seed", "rounds", "local_epochs", "batch_size", "lr", "momentum",
                      "weight_decay", "eval_every", "train_fraction", "val_fraction", "finetune_epochs",

@@ -14,10 +14,11 @@ import torch
 from pydantic import AfterValidator
 from torch import nn
 
-from pflbench.registry import Registry
+from pflbench.registry import NAME, Registry
 
 ModelBuilder = Callable[[tuple[int, ...], int], nn.Module]
-MODELS: Registry[ModelBuilder] = Registry("model")
+# A builder's `display_name` and `paper` (register(name, display_name=..., paper=...)) are its own.
+MODELS: Registry[ModelBuilder] = Registry("model", own_attributes={"display_name": NAME, "paper": ""})
 
 
 class CNN(nn.Module):

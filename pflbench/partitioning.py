@@ -20,9 +20,11 @@ from typing import ClassVar, Sequence
 import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from pflbench.registry import Registry, echo
+from pflbench.registry import NAME, Registry, echo
 
-PARTITIONS: Registry[type[Partitioner]] = Registry("partition scheme")
+# `scheme`, `display_name` and `paper` are each scheme class's own (`register` fills in what it leaves out).
+PARTITIONS: Registry[type[Partitioner]] = Registry("partition scheme",
+                                                   own_attributes={"scheme": NAME, "display_name": NAME, "paper": ""})
 
 SPLITS = ("train", "val", "test")
 
@@ -158,7 +160,9 @@ class ClientSplits:
 
 def make_partitioner(scheme: str, params: dict) -> Partitioner:
     """The registered scheme with validated params (unknown scheme: the registry's UnknownNameError)."""
-    import partitions  # noqa: F401  (registers the built-in schemes; deferred because they import this module)
+    from pflbench.plugins import load_builtins
+
+    load_builtins()  # the built-in schemes (deferred: they import this module) and installed plugins
 
     return PARTITIONS.get(scheme)(**params)
 

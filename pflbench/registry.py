@@ -1,12 +1,21 @@
 """Name -> object registries filled by decorators (the timm pattern).
 
 `algorithms/`, `partitions/`, datasets and models each keep one `Registry`; `pflbench list` reads them.
+
+Built-ins and plugins (a user's own algorithms, datasets, partition schemes and models: pflbench/plugins.py)
+go into the same registries. Each entry remembers where it came from (`origin`: None for a built-in,
+else the plugin's id), so that a cell using a plugin can record the plugin's source hash, and a name
+registered twice is one error that says by whom. `register` also sets `name` and the presentation
+attributes a registry declares (`own_attributes`, e.g. an algorithm's `display_name`) on the entry,
+from the entry's own definition or the registry's defaults, never inherited from a parent class: a
+method derived from FedAvg is not shown as FedAvg.
 """
 from __future__ import annotations
 
+import contextlib
 import difflib
 import reprlib
-from typing import Any, Callable, Generic, TypeVar
+from typing import Any, Callable, Generic, Iterator, TypeVar
 
 T = TypeVar("T")
 
@@ -38,19 +47,71 @@ class UnknownNameError(ValueError):
     """A user asked for a name that is not registered."""
 
 
+# A default of `own_attributes` that stands for the registered name (display_name: the name itself).
+NAME = object()
+# The plugin being loaded (its id), innermost last; entries registered meanwhile are attributed to it.
+_LOADING: list[str] = []
+
+
+@contextlib.contextmanager
+def loading(origin: str) -> Iterator[None]:
+    """Attribute every entry registered while the block runs to the plugin `origin`."""
+    _LOADING.append(origin)
+    try:
+        yield
+    finally:
+        _LOADING.pop()
+
+
+def _describe_origin(origin: str | None) -> str:
+    return "pflbench (built-in)" if origin is None else f"plugin {origin!r}"
+
+
+class NameClashError(ValueError):
+    """Two definitions (built-in or plugin) of one name in one registry."""
+
+
 class Registry(Generic[T]):
-    def __init__(self, kind: str):
+    def __init__(self, kind: str, own_attributes: dict[str, Any] | None = None):
         self.kind = kind
         self._entries: dict[str, T] = {}
+        self._origins: dict[str, str | None] = {}
+        # Attributes every entry has as its own (set by `register` when the entry does not define them).
+        self.own_attributes = dict(own_attributes or {})
 
-    def register(self, name: str) -> Callable[[T], T]:
+    def register(self, name: str, **attributes: Any) -> Callable[[T], T]:
+        """Decorator: register `obj` as `name`; `attributes` are set on it (e.g. a model's display_name)."""
         def decorator(obj: T) -> T:
+            origin = _LOADING[-1] if _LOADING else None
             if name in self._entries:
-                raise ValueError(f"{self.kind} {name!r} is registered twice")
+                if origin is None and self._origins[name] is None:
+                    raise NameClashError(f"{self.kind} {name!r} is registered twice")
+                raise NameClashError(
+                    f"{_describe_origin(origin)} registers the {self.kind} {name!r}, a name that "
+                    f"{_describe_origin(self._origins[name])} already registered; give it another name "
+                    f"(taken: {', '.join(self.names())})")
+            own = getattr(obj, "__dict__", {})
+            for key, default in self.own_attributes.items():
+                if key not in own and key not in attributes:
+                    _set(obj, key, name if default is NAME else default)
+            for key, value in {**attributes, "name": name}.items():
+                _set(obj, key, value)
             self._entries[name] = obj
+            self._origins[name] = origin
             return obj
 
         return decorator
+
+    def origin(self, name: str) -> str | None:
+        """The id of the plugin that registered `name`; None for a built-in (or an unknown name)."""
+        return self._origins.get(name)
+
+    def forget(self, origin: str) -> list[str]:
+        """Remove every entry the plugin `origin` registered (before it is loaded again, changed)."""
+        names = [n for n, o in self._origins.items() if o == origin]
+        for n in names:
+            del self._entries[n], self._origins[n]
+        return names
 
     def get(self, name: str) -> T:
         try:
@@ -69,3 +130,10 @@ class Registry(Generic[T]):
 
     def __contains__(self, name: object) -> bool:
         return name in self._entries
+
+
+def _set(obj: Any, key: str, value: Any) -> None:
+    try:
+        setattr(obj, key, value)
+    except (AttributeError, TypeError):  # a builtin or slotted object: it keeps what it has
+        pass

@@ -43,6 +43,7 @@ def resolve(values: dict[str, Any] | CellConfig, base_dir: str | Path | None = N
     from pflbench.data.sources import make_source
     from pflbench.newcomers import check_unseen
     from pflbench.partitioning import make_partitioner
+    from pflbench.plugins import plugin_hashes
     from pflbench.privacy import parse_privacy
     from pflbench.system import parse_system
 
@@ -94,7 +95,9 @@ def resolve(values: dict[str, Any] | CellConfig, base_dir: str | Path | None = N
     except ValueError as error:
         raise _failing(("unseen_fraction", "clients", "algorithm"), error) from None
     resolved = cell.model_copy(update={"hp": hp.model_dump(mode="json"), "dataset_options": options,
-                                       "partition_params": scheme.params.model_dump(mode="json"), **shifted})
+                                       "partition_params": scheme.params.model_dump(mode="json"), **shifted,
+                                       # the source hashes of the user's plugins the cell uses: in its id
+                                       "plugin_hashes": plugin_hashes(cell)})
     _RESOLVED.add(resolved.canonical_json())
     return resolved
 

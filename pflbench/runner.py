@@ -64,6 +64,7 @@ class RunOptions:
     @property
     def checkpoint_policy(self) -> CheckpointPolicy:
         return CheckpointPolicy(self.checkpoint_every, self.checkpoint_minutes, self.keep_checkpoints)
+    plugins: tuple = ()            # the plugins the cells use, shipped to Ray workers (pflbench.plugins)
 
 
 @dataclass
@@ -110,12 +111,14 @@ def execute_cell(cell: CellConfig, resources: Resources, options: RunOptions,
     import torch
 
     from pflbench.rounds import run_cell
+    from pflbench.plugins import activate
 
     # Threads beyond the cell's share oversubscribe the cores that the other cells use; on a busy
     # 2-core machine that made a small cell 10-100x slower.
     threads = torch.get_num_threads()
     torch.set_num_threads(options.execution.threads or max(1, int(resources.cpus)))
     try:
+        activate(options.plugins, cell)  # a Ray worker loads the user's plugins (the driver has them)
         execution = options.execution.on("cuda" if resources.gpus > 0 else "cpu")
         return run_cell(cell, data_root=options.data_root, mirror=options.mirror, execution=execution,
                         on_round=report, checkpointer=cell_checkpointer(cell, options, note))
@@ -313,10 +316,13 @@ def prepare_partitions(cells: list[CellConfig], plan: Plan, options: RunOptions,
 def run_plan(plan: Plan, options: RunOptions = RunOptions(), console: Console | None = None) -> RunReport:
     """Run the plan's cells that have no result yet (all of them with `force`); see the module doc."""
     from pflbench.data import data_mirror, data_root
+    from pflbench.plugins import sources_for
 
     console = console or make_console()
     # Absolute paths, resolved here once: Ray workers may start elsewhere and without our environment.
-    options = replace(options, data_root=data_root(options.data_root), mirror=data_mirror(options.mirror))
+    # The user's plugins travel with the cells: a worker loads exactly the code the cells were planned with.
+    options = replace(options, data_root=data_root(options.data_root), mirror=data_mirror(options.mirror),
+                      plugins=sources_for(plan.cells))
     store = Store(options.results)
     before = {cell_hash(cell): store.status(cell) for cell in plan.cells}
     for cell in plan.cells:

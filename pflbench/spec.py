@@ -43,7 +43,7 @@ from pflbench.spec_schema import (AXIS_TYPES, NAME_CHECKS, VARIANTS_AXIS, VARIAN
 DICT_FIELDS = ("dataset_options", "partition_params", "hp", "feature_shift", "concept_shift", "system", "privacy")
 # Matrix axes with their own entry syntax; every other settable key can be an axis of plain values.
 STRUCTURED_AXES = ("algorithm", "dataset", "partition", "clients")
-SPEC_KEYS = ("name", "description", "matrix", "defaults", "overrides", "resources", "scales", "tuned")
+SPEC_KEYS = ("name", "description", "plugins", "matrix", "defaults", "overrides", "resources", "scales", "tuned")
 FULL_SCALE = "full"  # the spec as written; every other scale is a block under `scales:`
 TUNED_DIR = "tuned"  # default folder of tuned configurations, next to the spec file (benchmarks/tuned)
 
@@ -307,6 +307,7 @@ def parse_spec(data: Any, source: str = "<spec>", sets: dict[str, Any] | None = 
     if not isinstance(data, dict):
         raise SpecError(source, [("file", f"must be a mapping with keys {', '.join(SPEC_KEYS)}, got {echo(data)}")])
     data = dict(data)
+    _load_plugins(data.get("plugins"), source, base_dir)  # the user's own names, before any is checked
     data["matrix"] = dict(data.get("matrix") or {})
     data["resources"] = dict(data.get("resources") or {})
     scale = scale or FULL_SCALE
@@ -369,6 +370,22 @@ def resolve_cell(values: dict[str, Any], source: str = "<cell>") -> CellConfig:
     if problems or cell is None:
         raise SpecError(source, list(problems.items))
     return cell
+
+
+def _load_plugins(entries: Any, source: str, base_dir) -> None:
+    """The spec's `plugins:` (paths relative to the spec's folder, or module names), loaded now."""
+    from pflbench.plugins import PluginError, load_one, load_builtins
+
+    if entries is None:
+        return
+    if not isinstance(entries, list) or not all(isinstance(e, str) for e in entries):
+        raise SpecError(source, [("plugins", f"must be a list of .py paths or module names, got {echo(entries)}")])
+    load_builtins()
+    for i, entry in enumerate(entries):
+        try:
+            load_one(entry, base_dir)
+        except PluginError as error:
+            raise SpecError(source, [(f"plugins[{i}]", str(error))]) from None
 
 
 def _apply_scale(data: dict, scale: str, source: str) -> tuple[Scale | None, dict[str, str]]:
@@ -444,10 +461,19 @@ def _tuned_rules(setting: TunedSetting, algorithms: list[str], base_dir, problem
 def _split_sets(sets: dict[str, Any], data: dict, origins: dict[str, str]) -> dict[str, Any]:
     """`--set` of a matrix axis, of a structured axis or with a list value replaces (or adds) that
     axis; `resources.*` sets a resource; anything else becomes a final, unconditional override
-    (returned). Replaced axes are noted in `origins`."""
+    (returned). Replaced axes are noted in `origins`. `KEY+=VALUES` adds values to the matrix axis
+    KEY (`--set 'algorithm+=[mine]'`: a plugin's method beside a spec's rows; `all` stays all)."""
     command_line = {}
     for key, value in sets.items():
-        if key.startswith("resources."):
+        if key.endswith("+"):
+            axis = key[:-1].strip()
+            if axis not in data["matrix"]:
+                raise SpecError("--set", [(f"{axis}+=", unknown_message("matrix axis of this spec", axis,
+                                                                        list(data["matrix"])))])
+            if data["matrix"][axis] != "all":
+                data["matrix"][axis] = [*_listify(data["matrix"][axis]), *_listify(value)]
+            origins[axis] = f"--set {axis}+="
+        elif key.startswith("resources."):
             data["resources"][key.removeprefix("resources.")] = value
             origins["resources"] = "--set resources"
         elif key in STRUCTURED_AXES or key in data["matrix"] or isinstance(value, list):

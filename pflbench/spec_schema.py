@@ -13,9 +13,10 @@ from pflbench.registry import unknown_message
 # ---- registries (imported lazily: they pull in torch) -------------------------------------------
 
 def _algorithms():
-    import algorithms  # noqa: F401  (registers the built-in algorithms)
     from pflbench.algorithm import ALGORITHMS
+    from pflbench.plugins import load_builtins
 
+    load_builtins()  # the built-in algorithms, and installed packages' plugins
     return ALGORITHMS
 
 
@@ -32,8 +33,10 @@ def _check_dataset(name: str) -> str:
 
 
 def _check_scheme(name: str) -> str:
-    import partitions  # noqa: F401  (registers the built-in schemes)
     from pflbench.partitioning import PARTITIONS
+    from pflbench.plugins import load_builtins
+
+    load_builtins()  # the built-in schemes, and installed packages' plugins
 
     PARTITIONS.get(name)
     return name
@@ -212,6 +215,7 @@ class TunedFile(SpecModel):
 class SpecFile(SpecModel):
     name: str | None = None
     description: str = ""
+    plugins: list[str] = Field(default_factory=list)  # loaded before validation (pflbench/plugins.py)
     matrix: dict[str, Any]
     defaults: dict[str, Any] = Field(default_factory=dict)
     overrides: list[Override] = Field(default_factory=list)

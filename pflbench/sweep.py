@@ -162,7 +162,7 @@ def trial_cell(base: CellConfig, config: dict) -> CellConfig:
 # ---- one trial (a Ray Tune function trainable) ---------------------------------------------------
 
 def run_trial(config: dict, *, base: dict, cpus: float, data_root: str | None, mirror: str | None,
-              execution: ExecutionOptions, checkpoints: dict | None = None) -> None:
+              execution: ExecutionOptions, checkpoints: dict | None = None, plugins: tuple = ()) -> None:
     """Run the base cell with the trial's values, validation split only, reporting
     {round, val_accuracy} to Tune at every evaluated round (ASHA may stop it there). `checkpoints`:
     {folder, every, minutes, keep}: the trial's round checkpoints, resumed from when Tune retries it."""
@@ -170,7 +170,9 @@ def run_trial(config: dict, *, base: dict, cpus: float, data_root: str | None, m
     from ray import tune
 
     from pflbench.rounds import run_cell
+    from pflbench.plugins import activate
 
+    activate(plugins)  # the user's plugins, in this Ray worker, before the trial's cell is resolved
     cell = trial_cell(CellConfig(**base), config)
     torch.set_num_threads(execution.threads or max(1, int(cpus)))
     reported = []
@@ -209,6 +211,7 @@ def run_sweep(algorithm: str, base: CellConfig, resources: Resources, options: S
     from pflbench.data import data_mirror, data_root
     from pflbench.ray_cluster import ClusterError, connect_ray
     from pflbench.rounds import prepare_cell
+    from pflbench.plugins import sources_for
 
     if options.trials < 1:
         raise SweepError("--trials must be at least 1")
@@ -239,7 +242,8 @@ def run_sweep(algorithm: str, base: CellConfig, resources: Resources, options: S
                                  data_root=str(options.data_root), mirror=str(options.mirror) if options.mirror else None,
                                  execution=execution,
                                  checkpoints={"folder": str(folder / "checkpoints"), "every": options.checkpoint_every,
-                                              "minutes": options.checkpoint_minutes, "keep": options.keep_checkpoints}),
+                                              "minutes": options.checkpoint_minutes, "keep": options.keep_checkpoints},
+                                 plugins=sources_for([base])),
             {"cpu": resources.cpus, "gpu": resources.gpus})
         tuner = tune.Tuner(
             trainable,

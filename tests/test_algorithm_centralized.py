@@ -3,7 +3,7 @@ import torch
 
 from pflbench.rounds import run_cell, run_round
 from cells import federation, small_cell
-from algorithms.centralized import Centralized
+from pflbench.algorithms.centralized import Centralized
 
 
 def test_one_model_learns_from_every_clients_data(tmp_path):

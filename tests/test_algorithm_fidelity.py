@@ -7,13 +7,13 @@ import torch
 import torch.nn.functional as F
 
 from pflbench.steps import step_ids
-from algorithms.apfl import APFL
-from algorithms.ditto import Ditto
-from algorithms.fedfomo import FedFomo, fomo_weights
-from algorithms.fedrep import FedRep
-from algorithms.perfedavg import SALTS, PerFedAvg
-from algorithms.pfedhn import PFedHN
-from algorithms.pfedme import PFedMe
+from pflbench.algorithms.apfl import APFL
+from pflbench.algorithms.ditto import Ditto
+from pflbench.algorithms.fedfomo import FedFomo, fomo_weights
+from pflbench.algorithms.fedrep import FedRep
+from pflbench.algorithms.perfedavg import SALTS, PerFedAvg
+from pflbench.algorithms.pfedhn import PFedHN
+from pflbench.algorithms.pfedme import PFedMe
 from pflbench.rounds import run_cell, run_round
 from pflbench.training import state_bytes
 from cells import assert_batched_matches_loop, federation as _federation, small_cell as _cell

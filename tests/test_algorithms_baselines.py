@@ -6,9 +6,9 @@ import torch
 import torch.nn.functional as F
 
 from pflbench.steps import step_ids
-from algorithms.fedfomo import FedFomo, fomo_weights, normalize_weights
-from algorithms.perfedavg import SALTS, PerFedAvg
-from algorithms.pfedme import PFedMe
+from pflbench.algorithms.fedfomo import FedFomo, fomo_weights, normalize_weights
+from pflbench.algorithms.perfedavg import SALTS, PerFedAvg
+from pflbench.algorithms.pfedme import PFedMe
 from pflbench.algorithm import get_algorithm
 from pflbench.rounds import run_cell, run_round
 from pflbench.models import build_model

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from algorithms.pfedhn import PFedHN, PFedHNPC
-from algorithms.pfedla import HeurPFedLA, PFedLA
+from pflbench.algorithms.pfedhn import PFedHN, PFedHNPC
+from pflbench.algorithms.pfedla import HeurPFedLA, PFedLA
 from pflbench.federation import Federation
 from pflbench.rounds import prepare_cell, run_cell, run_round
 from pflbench.partitioning import ClientSplits

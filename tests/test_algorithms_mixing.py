@@ -3,9 +3,9 @@ import numpy as np
 import pytest
 import torch
 
-from algorithms.apfl import APFL
-from algorithms.ditto import Ditto
-from algorithms.l2gd import L2GD, coin_flips
+from pflbench.algorithms.apfl import APFL
+from pflbench.algorithms.ditto import Ditto
+from pflbench.algorithms.l2gd import L2GD, coin_flips
 from pflbench.algorithm import Algorithm
 from pflbench.rounds import run_cell, run_round
 from cells import assert_batched_matches_loop, federation as _federation, small_cell as _cell

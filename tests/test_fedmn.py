@@ -3,7 +3,7 @@ travel, and the official code's behaviour is available for comparison."""
 import torch
 import torch.nn.functional as F
 
-from algorithms.fedmn import FedMN
+from pflbench.algorithms.fedmn import FedMN
 from pflbench.config import CellConfig
 from pflbench.federation import Federation
 from pflbench.rounds import prepare_cell, run_cell, run_round

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import partitions  # noqa: F401  (registers the schemes)
+import pflbench.partitions  # noqa: F401  (registers the schemes)
 from pflbench.config import cell_hash
 from pflbench.interop import read_partition, write_partition
 from pflbench.partitioning import SPLITS, ClientSplits, PartitionError, make_partitioner, make_splits

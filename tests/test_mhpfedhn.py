@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from algorithms.mhpfedhn import MHpFedHN, MHpFedHNGD, MultiHeadHypernetwork, distillation, hypernetwork_step
+from pflbench.algorithms.mhpfedhn import MHpFedHN, MHpFedHNGD, MultiHeadHypernetwork, distillation, hypernetwork_step
 from pflbench.config import CellConfig
 from pflbench.federation import Federation
 from pflbench.rounds import prepare_cell, run_cell

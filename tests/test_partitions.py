@@ -6,7 +6,7 @@ import time
 import numpy as np
 import pytest
 
-import partitions  # noqa: F401  (registers the schemes)
+import pflbench.partitions  # noqa: F401  (registers the schemes)
 from pflbench.partitioning import (
     PARTITIONS,
     ClientSplits,

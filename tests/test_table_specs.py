@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import yaml
 
-from algorithms.fedavg import FedAvg
+from pflbench.algorithms.fedavg import FedAvg
 from pflbench.algorithm import ALGORITHMS, get_algorithm
 from pflbench.config import CellConfig, cell_hash
 from pflbench.partitioning import make_partitioner

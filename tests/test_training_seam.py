@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from algorithms.fedmn import _sgd_step as fedmn_sgd_step
+from pflbench.algorithms.fedmn import _sgd_step as fedmn_sgd_step
 from cells import federation as make_federation, small_cell
 from pflbench.steps import sgd_step, step_ids
 from pflbench.system import SystemParams, SystemPlan

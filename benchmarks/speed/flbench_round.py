@@ -65,7 +65,7 @@ def main() -> int:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
-    from algorithms.fedavg import FedAvg
+    from pflbench.algorithms.fedavg import FedAvg
     from pflbench.config import CellConfig
     from pflbench.data import load_dataset
     from pflbench.federation import Federation

@@ -10,7 +10,8 @@ import sys
 # the standard library at module level: every `pflbench ... --help` builds all their parsers, so a
 # heavy import here (torch, pandas, Ray, matplotlib, ...) makes every help screen wait seconds for it.
 # Command functions import what they need when they run (tests/test_cli_friendly.py checks this).
-COMMAND_MODULES = ("pflbench.cli.commands", "pflbench.cli.run", "pflbench.cli.report", "pflbench.cli.sweep")
+COMMAND_MODULES = ("pflbench.cli.commands", "pflbench.cli.run", "pflbench.cli.report", "pflbench.cli.sweep",
+                   "pflbench.scaffold")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -18,11 +19,24 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMAND_MODULES:
         importlib.import_module(name).add_parser(subparsers)
+    from pflbench.plugins import PLUGIN_COMMANDS, add_plugin_option
+
+    for name in PLUGIN_COMMANDS:  # --plugin: the user's own algorithms, datasets, schemes, models
+        if name in subparsers.choices:
+            add_plugin_option(subparsers.choices[name])
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from pflbench.plugins import load_requested
+    from pflbench.resources import resolve_spec_argument
+
+    resolve_spec_argument(args)  # `pflbench run table1`: a spec shipped with pflbench
+    problem = load_requested(args) if hasattr(args, "plugins") else None  # and installed packages' plugins
+    if problem:
+        print(f"pflbench {args.command}: {problem}; nothing was run", file=sys.stderr)
+        return 2
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:

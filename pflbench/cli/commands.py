@@ -133,33 +133,41 @@ def cmd_list(args) -> int:
         for name, cls in ALGORITHMS.items():
             fields = ", ".join(f"{k}={field_default(f)!r}" for k, f in cls.Hyperparams.model_fields.items())
             path = "" if cls.batched else "  [client loop only]"
-            print(f"{name:<14}{fields or '-'}{path}")
+            plugin = f"  [plugin {ALGORITHMS.origin(name)}]" if ALGORITHMS.origin(name) else ""
+            print(f"{name:<14}{fields or '-'}{path}{plugin}")
             if cls.paper:
                 print(f"{'':<14}paper: {cls.paper}")
             if cls.personalizes:
                 print(f"{'':<14}personalizes: {cls.personalizes}")
     elif args.what == "datasets":
-        from pflbench.data import DATASET_INFO, data_mirror, data_root
+        from pflbench.data import DATASETS, data_mirror, data_root
 
         root, mirror = data_root(args.root), data_mirror(args.mirror)
         where = dataset_locations(root, mirror)
-        for name, info in sorted(DATASET_INFO.items()):
-            print(f"{name:<18}{where[name]:<22}{info}")
+        for name, source in DATASETS.items():  # the registry itself: plugins' datasets too
+            plugin = f"  [plugin {DATASETS.origin(name)}]" if DATASETS.origin(name) else ""
+            print(f"{name:<18}{where[name]:<22}{source.summary()}{plugin}")
         print(f"(data root {root}; mirror {mirror or 'none: $PFLBENCH_DATA_MIRROR is not set'}; "
               f"`pflbench data prepare` places and decodes what the mirror has)")
     elif args.what == "partitions":
-        import partitions  # noqa: F401
         from pflbench.partitioning import PARTITIONS
+        from pflbench.plugins import load_builtins
+
+        load_builtins()
 
         for name, cls in PARTITIONS.items():
             fields = ", ".join(f"{k}={field_default(f)!r}" if not f.is_required() else f"{k} (required)"
                                for k, f in cls.Params.model_fields.items())
             extra = ", any keyword of the partitioner" if cls.Params.model_config.get("extra") == "allow" else ""
-            print(f"{name:<14}{fields or '-'}{extra}")
+            plugin = f"  [plugin {PARTITIONS.origin(name)}]" if PARTITIONS.origin(name) else ""
+            print(f"{name:<14}{fields or '-'}{extra}{plugin}")
     else:
         from pflbench.models import MODELS
+        from pflbench.plugins import load_builtins
 
-        print("\n".join(MODELS.names()))
+        load_builtins()
+        print("\n".join(name + (f"  [plugin {MODELS.origin(name)}]" if MODELS.origin(name) else "")
+                        for name in MODELS.names()))
     return 0
 
 
@@ -233,8 +241,10 @@ def parse_assignments(items: list[str]) -> dict:
 def _partition_of(args, **fractions):
     """The dataset named by `args` and its partition (`data show`, `data export`); a wrong name or
     parameter, a missing dataset or an impossible partition raises before or instead of the work."""
-    import partitions  # noqa: F401
     from pflbench.data import load_dataset
+    from pflbench.plugins import load_builtins
+
+    load_builtins()
     from pflbench.partitioning import PARTITIONS, make_splits
 
     params = parse_assignments(args.param)

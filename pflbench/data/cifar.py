@@ -68,13 +68,13 @@ class CifarSource(FileSource):
         )
 
 
-@DATASETS.register("cifar10")
+@DATASETS.register("cifar10", display_name="CIFAR-10", row_order=2)
 class Cifar10Source(CifarSource):
     description = "CIFAR-10, 60000 32x32 RGB images (train+test), 10 classes"
     torchvision_class = CIFAR10
 
 
-@DATASETS.register("cifar100")
+@DATASETS.register("cifar100", display_name="CIFAR-100", row_order=4)
 class Cifar100Source(CifarSource):
     description = "CIFAR-100, 60000 32x32 RGB images (train+test), 100 fine classes"
     torchvision_class = CIFAR100

@@ -124,14 +124,14 @@ def _open_decompressed(where: MirrorFile) -> Iterator[BinaryIO]:
         yield stream
 
 
-@DATASETS.register("mnist")
+@DATASETS.register("mnist", display_name="MNIST")
 class MnistSource(IdxSource):
     description = "MNIST handwritten digits, 70000 28x28 grayscale images (train+test), 10 classes"
     torchvision_class = MNIST
     mirror_folder = "mnist"
 
 
-@DATASETS.register("fmnist")
+@DATASETS.register("fmnist", display_name="Fashion-MNIST", row_order=1)
 class FashionMnistSource(IdxSource):
     description = "Fashion-MNIST clothing images, 70000 28x28 grayscale (train+test), 10 classes"
     torchvision_class = FashionMNIST
@@ -141,7 +141,7 @@ class FashionMnistSource(IdxSource):
 EMNIST_SPLITS = ("balanced", "byclass", "letters", "digits")
 
 
-@DATASETS.register("emnist")
+@DATASETS.register("emnist", display_name="EMNIST", row_order=0)
 class EmnistSource(IdxSource):
     """EMNIST through torchvision, whose images keep the files' transposed orientation (as in
     other torchvision-based pFL code); learning is unaffected, so we do not flip them."""

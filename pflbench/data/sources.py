@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 
 from pflbench.data.dataset import Dataset
 from pflbench.data.options import Option, resolve_options
-from pflbench.registry import Registry
+from pflbench.registry import NAME, Registry
 
 
 class Source(ABC):
@@ -33,7 +33,13 @@ class Source(ABC):
         return f"{cls.description}; options: {options}" if options else cls.description
 
 
-DATASETS: Registry[type[Source]] = Registry("dataset")
+# How the reports show a dataset, each the class's own (`register` fills in what it leaves out; a plugin
+# dataset may declare them as class attributes or as `register(name, display_name=...)`):
+#   display_name, paper (where it comes from), row_order (its column among the tables' datasets; None:
+#   after those with one, by name), paper_dataset (the papers' dataset its cells are compared with, when
+#   not itself) and paper_dataset_note (the footnote saying how the two differ).
+DATASETS: Registry[type[Source]] = Registry("dataset", own_attributes={
+    "display_name": NAME, "paper": "", "row_order": None, "paper_dataset": "", "paper_dataset_note": ""})
 
 
 def make_source(name: str, options: dict[str, Any]) -> Source:

@@ -5,7 +5,9 @@ for one cell's per-round metrics and artifacts."""
 from __future__ import annotations
 
 import json
+import math
 import re
+from collections.abc import Mapping
 from functools import lru_cache
 from pathlib import Path
 
@@ -15,47 +17,108 @@ import pandas as pd
 from pflbench.reports.protocols import ALL_KEYS, ROUND_KEYS
 from pflbench.store import ARTIFACTS, CONFIG, ERROR, METRICS, ROUNDS, load_store
 
-# pFedLA's row order first, then everything else alphabetically.
-ALGORITHM_ORDER = ("local", "fedavg", "perfedavg", "pfedme", "pfedhn", "fedbn", "fedrep", "fedfomo",
-                   "pfedla", "heurpfedla")
-DISPLAY_NAMES = {"local": "Local", "fedavg": "FedAvg", "perfedavg": "Per-FedAvg", "pfedme": "pFedMe",
-                 "pfedhn": "pFedHN", "pfedhn-pc": "pFedHN-PC", "fedbn": "FedBN", "fedrep": "FedRep",
-                 "fedfomo": "FedFomo", "pfedla": "pFedLA", "heurpfedla": "HeurpFedLA", "fedprox": "FedProx",
-                 "fedper": "FedPer", "lg-fedavg": "LG-FedAvg", "fedbabu": "FedBABU", "ditto": "Ditto",
-                 "apfl": "APFL", "l2gd": "L2GD", "fedmn": "FedMN", "mh-pfedhn": "MH-pFedHN",
-                 "mh-pfedhngd": "MH-pFedHNGD", "centralized": "Centralized (reference)"}
-DATASET_ORDER = ("emnist", "fmnist", "cifar10", "cifar10-jpeg", "cifar100")
-# Our dataset -> the paper dataset its cells are compared with, and the footnote saying they differ.
-DATASET_ALIASES = {"cifar10-jpeg": ("cifar10", "cifar10-jpeg is a lossy JPEG re-encoding of CIFAR-10, "
-                                               "not the data the paper used")}
+
+
+# How a method or dataset is shown comes from its class (pflbench.algorithm.Algorithm's display_name,
+# family, reference, row_order, reduces_to; pflbench.data.sources.DATASETS' attributes), built-in or
+# plugin alike: nothing here names an algorithm. A name no registry knows (a plugin not loaded for this
+# report) is shown as it is, after the known ones.
+
+def algorithm_class(algorithm: str):
+    """The registered class of `algorithm`, or None (e.g. a plugin's, not loaded here)."""
+    from pflbench.algorithm import ALGORITHMS
+    from pflbench.plugins import load_builtins
+
+    load_builtins()
+    return ALGORITHMS.get(algorithm) if algorithm in ALGORITHMS else None
+
+
+def dataset_class(dataset: str):
+    from pflbench.data.sources import DATASETS
+    from pflbench.plugins import load_builtins
+
+    load_builtins()
+    return DATASETS.get(dataset) if dataset in DATASETS else None
+
+
+def display_names() -> dict[str, str]:
+    """Every registered algorithm's display name, by name."""
+    from pflbench.algorithm import ALGORITHMS
+    from pflbench.plugins import load_builtins
+
+    load_builtins()
+    return {name: cls.display_name for name, cls in ALGORITHMS.items()}
+
+
+class _DatasetAliases(Mapping):
+    """Our dataset -> (the paper's dataset its cells are compared with, the footnote saying they differ),
+    from the datasets' `paper_dataset` / `paper_dataset_note`; read like a dict."""
+
+    def _table(self) -> dict[str, tuple[str, str]]:
+        from pflbench.data.sources import DATASETS
+        from pflbench.plugins import load_builtins
+
+        load_builtins()
+        return {name: (cls.paper_dataset, cls.paper_dataset_note) for name, cls in DATASETS.items() if cls.paper_dataset}
+
+    def __getitem__(self, key):
+        return self._table()[key]
+
+    def __iter__(self):
+        return iter(self._table())
+
+    def __len__(self):
+        return len(self._table())
+
+
+DATASET_ALIASES = _DatasetAliases()
 SUMMARY_COLUMNS = {"status": "failed", "final_accuracy": np.nan, "final_worst10_accuracy": np.nan,
                    "best_accuracy": np.nan, "bytes_down_total": np.nan, "bytes_up_total": np.nan,
                    "rounds_completed": np.nan, "wall_time": np.nan, "error": "", "hp_source": "default",
                    "participation": 1.0, "rounds": np.nan, "finetune_epochs": 0, "adapt_time_total": np.nan,
                    "normalization": "pool",  # stored before the field: the whole pool's statistics
                    **{key: np.nan for key in (*ALL_KEYS, *ROUND_KEYS)}}
-# Reference algorithms: rows that bound or calibrate the methods, never ranked among them.
-REFERENCE_ALGORITHMS = ("centralized",)
 NUMERIC_COLUMNS = ("final_accuracy", "final_worst10_accuracy", "best_accuracy", "wall_time", "rounds_completed",
                    "adapt_time_total", *ALL_KEYS, *ROUND_KEYS)
 
 
 def display_name(algorithm: str) -> str:
-    return DISPLAY_NAMES.get(algorithm, algorithm)
+    cls = algorithm_class(algorithm)
+    return cls.display_name if cls is not None else algorithm
 
 
 def is_reference(algorithm: str) -> bool:
-    return algorithm in REFERENCE_ALGORITHMS
+    """A reference row (bounds or calibrates the methods, never ranked among them)."""
+    cls = algorithm_class(algorithm)
+    return bool(cls is not None and cls.reference)
+
+
+def family(algorithm: str) -> str:
+    """The figures' panel of `algorithm` ("other" when it declares none or is not registered here)."""
+    cls = algorithm_class(algorithm)
+    return cls.family if cls is not None else "other"
+
+
+def reduces_to(algorithm: str) -> dict[str, str]:
+    """{algorithm it can reduce to: why} as the class declares it."""
+    cls = algorithm_class(algorithm)
+    return dict(cls.reduces_to) if cls is not None else {}
+
+
+def _ordered(row_order) -> float:
+    return math.inf if row_order is None else float(row_order)
 
 
 def algorithm_rank(algorithm: str) -> tuple:
-    """Sort key: reference algorithms last, then pFedLA's order, then by name."""
-    return (is_reference(algorithm),
-            ALGORITHM_ORDER.index(algorithm) if algorithm in ALGORITHM_ORDER else len(ALGORITHM_ORDER), algorithm)
+    """Sort key: reference algorithms last, then the classes' `row_order` (pFedLA's order for its
+    rows), then by name."""
+    cls = algorithm_class(algorithm)
+    return (is_reference(algorithm), _ordered(cls.row_order if cls is not None else None), algorithm)
 
 
 def dataset_rank(dataset: str) -> tuple:
-    return (DATASET_ORDER.index(dataset) if dataset in DATASET_ORDER else len(DATASET_ORDER), dataset)
+    cls = dataset_class(dataset)
+    return (_ordered(cls.row_order if cls is not None else None), dataset)
 
 
 def format_value(value) -> str:

@@ -136,28 +136,32 @@ def _client_colors(count: int):
     return matplotlib.colormaps["tab10" if count <= 10 else "tab20" if count <= 20 else "viridis"].resampled(count)(np.arange(count))
 
 
-# Families of methods, one learning-curve panel each (pFedLA's rows first); unknown ones go to "other".
-FAMILIES = (
-    ("baselines", ("local", "fedavg", "fedprox", "centralized")),
-    ("hypernetworks and layer-wise aggregation", ("pfedhn", "pfedhn-pc", "pfedla", "heurpfedla", "mh-pfedhn",
-                                                  "mh-pfedhngd", "fedmn", "fedfomo")),
-    ("personal layers", ("fedbn", "fedrep", "fedper", "lg-fedavg", "fedbabu")),
-    ("regularized and meta-learned", ("ditto", "apfl", "l2gd", "pfedme", "perfedavg")),
-)
+# Families of methods, one learning-curve panel each: each algorithm's class declares its `family`
+# (pflbench.algorithm.FAMILIES gives the panels' order; a family of a plugin's own comes after them,
+# a method that declares none, or is not registered here, goes to "other").
+BASELINES = "baselines"  # drawn in grey in every other panel, as context
 LINE_STYLES = ("-", "--", "-.", ":")
 MARKERS = ("o", "s", "^", "D", "v", "P")
 
 
 def family_of(label: str) -> str:
-    from pflbench.reports.cells import DISPLAY_NAMES
+    """The family of the algorithm a curve's label shows: its display name or name, possibly with a
+    " (variant)" or " †" suffix."""
+    from pflbench.reports.cells import display_names, family
 
-    names = {v.lower(): k for k, v in DISPLAY_NAMES.items()}
-    head = str(label).split(" (")[0].split(" †")[0].strip().lower()
-    algorithm = names.get(head, head)
-    for family, members in FAMILIES:
-        if algorithm in members:
-            return family
-    return "other"
+    names = {}
+    for name, shown in display_names().items():
+        names[name.lower()] = names[shown.lower()] = name
+    text = str(label).split(" †")[0].strip().lower()
+    algorithm = names.get(text) or names.get(text.split(" (")[0].strip(), text.split(" (")[0].strip())
+    return family(algorithm)
+
+
+def family_order(families) -> list[str]:
+    """`families` in panel order: pflbench.algorithm.FAMILIES first, others by name, "other" last."""
+    from pflbench.algorithm import FAMILIES
+
+    return sorted(set(families), key=lambda f: (f == "other", FAMILIES.index(f) if f in FAMILIES else len(FAMILIES), f))
 
 
 def integer_rounds(axes) -> None:
@@ -168,7 +172,7 @@ def integer_rounds(axes) -> None:
 
 def learning_curves(curves: pd.DataFrame, stem, *, title: str = "", formats=FORMATS) -> pd.DataFrame:
     """Mean client test accuracy vs round, one line per `label`, a band of ± one std over seeds; one
-    panel per family of methods (FAMILIES) with the baselines (Local, FedAvg) repeated in grey in
+    panel per family of methods (each class's `family`) with the baselines (Local, FedAvg) repeated in grey in
     every panel, so each line is told apart by color, dash and marker. Integer round ticks.
     `curves`: columns label, seed, round, accuracy (the mean over clients, in [0, 1]).
     Returns label, round, mean, std, seeds (accuracy in %)."""
@@ -176,10 +180,9 @@ def learning_curves(curves: pd.DataFrame, stem, *, title: str = "", formats=FORM
              .agg(mean="mean", std="std", seeds="count").reset_index())
     stats["std"] = stats["std"].fillna(0.0)
     labels = list(dict.fromkeys(stats["label"]))
-    families = [f for f, _ in FAMILIES if any(family_of(l) == f for l in labels)]
-    families += ["other"] if any(family_of(l) == "other" for l in labels) else []
-    baselines = [l for l in labels if family_of(l) == "baselines"]
-    panels = [f for f in families if f != "baselines"] or families or ["all"]
+    families = family_order(family_of(l) for l in labels)
+    baselines = [l for l in labels if family_of(l) == BASELINES]
+    panels = [f for f in families if f != BASELINES] or families or ["all"]
     cols = min(2, len(panels))
     rows = -(-len(panels) // cols)
     figure = new_figure(6.0 * cols + 0.6, 3.6 * rows + 0.6)
@@ -189,7 +192,7 @@ def learning_curves(curves: pd.DataFrame, stem, *, title: str = "", formats=FORM
     for k, panel in enumerate(panels):
         axes = grid[k // cols][k % cols]
         members = [l for l in labels if family_of(l) == panel] if panel != "all" else labels
-        if panel != "baselines":
+        if panel != BASELINES:
             for j, label in enumerate(baselines):   # context: the baselines in grey
                 line = stats[stats["label"] == label]
                 axes.plot(line["round"], line["mean"], color="0.55", ls=LINE_STYLES[j % 4], lw=1.2, label=label)

@@ -17,18 +17,9 @@ from functools import lru_cache
 
 import pandas as pd
 
-from pflbench.reports.cells import algorithm_rank, display_name, read_metrics
+from pflbench.reports.cells import algorithm_rank, display_name, read_metrics, reduces_to
 
 SIGNATURE_COLUMNS = ("accuracy", "loss", "val_accuracy", "val_loss", "accuracy_adapted", "loss_adapted")
-# (algorithm, the one it equals) -> why, where known
-REASONS = {
-    ("fedbn", "fedavg"): "FedBN keeps BatchNorm layers local and averages the rest; this model has no "
-                         "BatchNorm, so FedBN is FedAvg",
-    ("fedfomo", "local"): "FedFomo weights other clients' models by how much they lower a client's "
-                          "validation loss; here none did, so every client kept its own model: Local",
-    ("fedprox", "fedavg"): "FedProx's proximal term (mu) changed none of the evaluated numbers: FedAvg",
-    ("heurpfedla", "pfedla"): "HeurpFedLA equals pFedLA when no layer is retained",
-}
 
 
 @lru_cache(maxsize=4096)
@@ -56,7 +47,8 @@ def cell_signature(path) -> str | None:
 
 
 def reason(algorithm: str, same_as: str) -> str:
-    return REASONS.get((algorithm, same_as), "")
+    """Why `algorithm` gives `same_as`'s results, where its class says (`Algorithm.reduces_to`)."""
+    return reduces_to(algorithm).get(same_as, "")
 
 
 def identical_groups(entries: dict) -> dict:

@@ -169,8 +169,10 @@ def read_reference(path: str | Path) -> Reference:
 
 
 def default_reference_dir() -> Path | None:
-    """benchmarks/reference of the working directory, else of the source checkout this package is in."""
-    for candidate in (Path("benchmarks") / "reference", Path(__file__).resolve().parents[2] / "benchmarks" / "reference"):
+    """benchmarks/reference of the working directory, else the one shipped with pflbench (the checkout's)."""
+    from pflbench.resources import benchmarks_dir
+
+    for candidate in (Path("benchmarks") / "reference", benchmarks_dir() / "reference"):
         if candidate.is_dir():
             return candidate
     return None

@@ -19,7 +19,7 @@ import pandas as pd
 from jinja2 import Environment, PackageLoader, StrictUndefined
 
 from pflbench.reports.document import Report, safe_name
-from pflbench.reports.cells import (display_name, execution_text, read_artifacts, read_config, read_error,
+from pflbench.reports.cells import (algorithm_class, display_name, execution_text, read_artifacts, read_config, read_error,
                                     read_metrics, read_rounds, timing_breakdown)
 from pflbench.reports.heterogeneity import site_tables
 from pflbench.reports.protocols import AVERAGINGS, DEFAULT, MODELS, SELECTIONS, Protocol
@@ -42,7 +42,7 @@ def environment() -> Environment:
                       undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True)
     env.globals.update(cell_url=lambda h: f"cells/{safe_name(h)}.html",
                        algorithm_url=lambda a: f"algorithms/{safe_name(a)}.html",
-                       display_name=display_name, mean_or_none=mean_or_none, payload_text=payload_text, TUNED=TUNED, DATA_DIFFER=DATA_DIFFER)
+                       display_name=display_name, algorithm_class=algorithm_class, mean_or_none=mean_or_none, payload_text=payload_text, TUNED=TUNED, DATA_DIFFER=DATA_DIFFER)
     env.filters.update(num=_num, sortval=_sortval)
     return env
 

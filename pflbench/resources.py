@@ -1,0 +1,48 @@
+"""Files shipped with pflbench: the specs, reference numbers and tuned configurations of benchmarks/.
+
+In a checkout they are the repository's benchmarks/ folder; installed (a wheel), the same folder is the
+package data of `pflbench.benchmarks` (setup.py). So `pflbench run table1` (a spec by name) and
+`pflbench run benchmarks/table1.yaml` work from any directory; a spec file that exists where it is
+given is always used first.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+SHIPPED_PREFIX = "benchmarks"
+
+
+def benchmarks_dir() -> Path:
+    """The folder of the specs shipped with pflbench."""
+    import pflbench.benchmarks
+
+    return Path(pflbench.benchmarks.__file__).parent
+
+
+def shipped_specs() -> list[str]:
+    """Names of the specs shipped with pflbench (`pflbench run NAME`)."""
+    return sorted(p.stem for p in benchmarks_dir().glob("*.yaml"))
+
+
+def resolve_spec(text: str) -> str:
+    """`text` where that file exists; else the shipped spec it names (`table1`, `table1.yaml`,
+    `benchmarks/sweeps/default.yaml`); else `text` unchanged (loading it then says what is missing)."""
+    given = Path(text).expanduser()
+    if given.is_file():
+        return text
+    parts = given.parts
+    if len(parts) == 1:
+        candidate = benchmarks_dir() / (text if given.suffix in (".yaml", ".yml") else f"{text}.yaml")
+    elif parts[0] == SHIPPED_PREFIX and not given.is_absolute():
+        candidate = benchmarks_dir().joinpath(*parts[1:])
+    else:
+        return text
+    return str(candidate) if candidate.is_file() else text
+
+
+def resolve_spec_argument(args) -> None:
+    """A command's `spec` argument (run's positional, sweep's --spec), resolved by `resolve_spec`."""
+    value = getattr(args, "spec", None)
+    if isinstance(value, (str, Path)):
+        resolved = resolve_spec(str(value))
+        args.spec = type(value)(resolved) if isinstance(value, Path) else resolved
