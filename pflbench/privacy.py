@@ -101,6 +101,7 @@ class PrivacyParams(KnobParams):
     clip: float = Field(1.0, gt=0.0)  # L2 norm the update is clipped to
     relation: Literal["add_remove", "replace"] = "add_remove"  # neighbouring datasets (sensitivity clip or 2 clip)
     mode: Literal["local", "central"] = "local"  # who noises: each client its upload, or the server the sum
+    text_entries = frozenset({"relation", "mode"})
 
     @field_validator("epsilon")
     @classmethod

@@ -22,7 +22,7 @@ stragglers, work fractions and dropouts.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -58,10 +58,14 @@ class KnobParams(BaseModel):
     and no entry may be a boolean."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+    text_entries: ClassVar[frozenset[str]] = frozenset()  # named choices: their own check says what is allowed
 
     @model_validator(mode="before")
     @classmethod
     def _no_booleans(cls, values):
+        if isinstance(values, dict):
+            reject_booleans({k: v for k, v in values.items() if k not in cls.text_entries})
+            return values
         return reject_booleans(values)
 
 

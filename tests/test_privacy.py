@@ -83,7 +83,7 @@ def test_relation_and_mode_at_their_defaults_keep_the_cell_hash():
      r"privacy.relation: Input should be 'add_remove' or 'replace' .*allowed: .*relation \(add_remove \| replace"),
     ({"privacy.epsilon": 8, "privacy.mode": "server"}, r"privacy.mode: Input should be 'local' or 'central'"),
     ({"privacy.epsilon": [1, 8], "privacy.mode": "central"}, r"central DP has one budget for the whole population"),
-    ({"privacy.epsilon": 8, "privacy.relation": True}, r"relation: expected a number, got the boolean True|relation"),
+    ({"privacy.epsilon": 8, "privacy.relation": True}, r"privacy.relation: Input should be 'add_remove' or 'replace'"),
     ({"privacy.relation": "replace"}, r"privacy.epsilon is required"),
 ])
 def test_bad_relation_or_mode_is_one_clear_error(defaults, message):
