@@ -177,6 +177,15 @@ def test_editing_the_plugin_gives_its_cells_new_ids_and_leaves_the_built_ins_alo
     assert store.summary(after["my-avg"])["status"] == "finished"
     assert store.summary(before["my-avg"])["status"] == "finished"  # the old result stays, under the old id
 
+    # The report shows one version of the plugin (the one loaded now), never both pooled as seeds.
+    from pflbench.reports.cells import load_cells
+
+    cells = load_cells(results)
+    assert set(cells["hash"]) == {cell_hash(c) for c in after.values()}
+    assert cells.attrs["notes"] == [
+        "2 cells of another version of plugin 'my_avg.py' are left out: the report shows the version loaded now, "
+        f"sha256 {after['my-avg'].plugin_hashes['my_avg.py'][:12]}...; their results stay in the store under their own ids"]
+
 
 # Cell ids of built-in cells, computed on main (2eaedce and 7e48e7f) before plugins existed.
 BUILTIN_SPEC = {"matrix": {"algorithm": ["fedavg", "fedprox", "pfedla", "local"],

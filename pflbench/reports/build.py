@@ -68,6 +68,7 @@ def build_reports(results: str | Path, out: str | Path, options: ReportOptions =
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     cells = load_cells(results)
+    version_notes = list(cells.attrs.get("notes", []))  # cells of a user's plugin's other versions left out
     references = load_references(options.reference or default_reference_dir())
     made: dict = {}
 
@@ -84,6 +85,7 @@ def build_reports(results: str | Path, out: str | Path, options: ReportOptions =
     boards = [(p, tables_of(p)) for p in dict.fromkeys([*available(cells), *shown]) if tables_of(p)]
     comm = communication_tables(cells, references)
     report = Report(out, out / "report.md", out / "report.tex")
+    report.notes += version_notes
     if options.figures and not cells.empty:
         group_figures(cells, comm, out, options, report)
         if options.partitions:
@@ -99,7 +101,7 @@ def build_reports(results: str | Path, out: str | Path, options: ReportOptions =
     report.markdown.write_text(markdown_report(tables, worst, comm, seeds=seeds, statuses=statuses,
                                                figures=report.figures,
                                                notices=[*([report.progress] if report.progress else []),
-                                                        *map(skipped_text, report.skipped)]))
+                                                        *map(skipped_text, report.skipped), *version_notes]))
     problems = store_problems(results)
     if problems:  # damaged or foreign folders: never read as results, but never hidden either
         report.notes += [f"not read as a result: {problem} (see `pflbench store check`)" for problem in problems]

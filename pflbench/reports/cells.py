@@ -158,9 +158,43 @@ def load_cells(results: str | Path) -> pd.DataFrame:
     for column in dict.fromkeys(NUMERIC_COLUMNS):
         cells[column] = pd.to_numeric(cells[column], errors="coerce")
     cells["finetune_epochs"] = pd.to_numeric(cells["finetune_epochs"], errors="coerce").fillna(0).astype(int)
+    cells, notes = current_plugin_versions(cells)
     order = cells.apply(lambda r: (algorithm_rank(str(r["algorithm"])), dataset_rank(str(r["dataset"])),
                                    str(r["partition"]), r["clients"], r["seed"]), axis=1)
-    return cells.iloc[sorted(range(len(cells)), key=lambda i: order.iloc[i])].reset_index(drop=True)
+    cells = cells.iloc[sorted(range(len(cells)), key=lambda i: order.iloc[i])].reset_index(drop=True)
+    cells.attrs["notes"] = notes  # for the report's notes (pflbench.reports.build)
+    return cells
+
+
+PLUGIN_PREFIX = "plugin_hashes."
+
+
+def current_plugin_versions(cells: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
+    """The cells of one version of each plugin, and a note per plugin whose other versions were left
+    out. A store keeps the cells of every version of a user's plugin (each version's cells have their
+    own ids); a report shows one: the version loaded now (`--plugin`), else the one whose cells
+    finished last. Built-in cells have no plugin hash and are never left out."""
+    from pflbench import plugins
+
+    loaded = {p.source.id: p.source.sha256 for p in plugins.loaded()}
+    notes = []
+    for column in [c for c in cells.columns if c.startswith(PLUGIN_PREFIX)]:
+        plugin = column.removeprefix(PLUGIN_PREFIX)
+        versions = cells[column].dropna()
+        if versions.nunique() < 2 and (plugin not in loaded or versions.empty or versions.iloc[0] == loaded[plugin]):
+            continue
+        if plugin in loaded:
+            current, why = loaded[plugin], "the version loaded now"
+        else:
+            finished = cells.loc[versions.index].get("completed_at", pd.Series(index=versions.index, dtype=object))
+            current = versions.loc[finished.fillna("").astype(str).idxmax()]
+            why = "the version whose cells finished last (pass --plugin to choose)"
+        stale = versions[versions != current].index
+        if len(stale):
+            notes.append(f"{len(stale)} cells of another version of plugin {plugin!r} are left out: the report shows "
+                         f"{why}, sha256 {str(current)[:12]}...; their results stay in the store under their own ids")
+            cells = cells.drop(index=stale)
+    return cells, notes
 
 
 def read_metrics(path: str | Path) -> pd.DataFrame:
