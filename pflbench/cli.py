@@ -10,7 +10,8 @@ import sys
 # the standard library at module level: every `pflbench ... --help` builds all their parsers, so a
 # heavy import here (torch, pandas, Ray, matplotlib, ...) makes every help screen wait seconds for it.
 # Command functions import what they need when they run (tests/test_cli_friendly.py checks this).
-COMMAND_MODULES = ("pflbench.commands", "pflbench.run_command", "pflbench.report", "pflbench.sweep_command")
+COMMAND_MODULES = ("pflbench.commands", "pflbench.run_command", "pflbench.report", "pflbench.sweep_command",
+                   "pflbench.publish_command")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -89,6 +89,7 @@ def execute_cell(cell: CellConfig, resources: Resources, options: RunOptions,
     Returns a CellResult; an exception becomes a "failed" result carrying its traceback."""
     import torch
 
+    from pflbench.cost import measured
     from pflbench.federation import run_cell
 
     # Threads beyond the cell's share oversubscribe the cores that the other cells use; on a busy
@@ -97,10 +98,10 @@ def execute_cell(cell: CellConfig, resources: Resources, options: RunOptions,
     torch.set_num_threads(max(1, int(resources.cpus)))
     try:
         device = options.device or ("cuda" if resources.gpus > 0 else "cpu")
-        return run_cell(cell, data_root=options.data_root, mirror=options.mirror, device=device,
-                        client_batching=options.client_batching, on_round=report,
-                        compiled_training=options.compiled_training, channels_last=options.channels_last,
-                        client_threads=options.client_threads)
+        return measured(device, lambda: run_cell(  # peak memory and machine (pflbench/cost.py)
+            cell, data_root=options.data_root, mirror=options.mirror, device=device,
+            client_batching=options.client_batching, on_round=report, compiled_training=options.compiled_training,
+            channels_last=options.channels_last, client_threads=options.client_threads))
     except Exception:
         return failed_result(traceback.format_exc())
     finally:
