@@ -87,23 +87,32 @@ def yaml_value(value) -> str:
         else json.dumps(value)
 
 
-def narrowing_sets(cell, spec: str, scale: str | None, sets: list[str]) -> list[str] | None:
-    """`--set`s that, added to the study's command, expand the spec to exactly `cell`; None if this
-    simple form (the matrix axes set to the cell's values) does not give it."""
+def _axis_values(cell) -> dict[str, str]:
+    """The `--set` items that put each matrix axis of the structured kind at `cell`'s value."""
+    dataset = {"name": cell.dataset, "options": cell.dataset_options} if cell.dataset_options else cell.dataset
+    return {"algorithm": f"algorithm={cell.algorithm}", "dataset": f"dataset={yaml_value(dataset)}",
+            "partition": f"partition={yaml_value({'scheme': cell.partition, 'params': cell.partition_params})}",
+            "clients": f"clients={cell.clients}", "seed": f"seed={cell.seed}"}
+
+
+def narrowing_sets(cell, spec: str, scale: str | None, sets: list[str], cells: list) -> list[str] | None:
+    """`--set`s that, added to the study's command, expand the spec to exactly `cell`: the axes on
+    which the study's `cells` differ, set to this cell's values (all five axes where that is not
+    enough); None if neither form gives exactly this cell (checked by expanding the spec)."""
     from pflbench.config import cell_hash
     from pflbench.spec import SpecError, load_spec, parse_sets
 
-    dataset = {"name": cell.dataset, "options": cell.dataset_options} if cell.dataset_options else cell.dataset
-    narrowing = [f"algorithm={cell.algorithm}", f"dataset={yaml_value(dataset)}",
-                 f"partition={yaml_value({'scheme': cell.partition, 'params': cell.partition_params})}",
-                 f"clients={cell.clients}", f"seed={cell.seed}"]
-    try:
-        plan = load_spec(spec, parse_sets(sets + narrowing), scale=scale)
-    except (SpecError, ValueError):
-        return None
-    if [cell_hash(c) for c in plan.cells] != [cell_hash(cell)]:
-        return None
-    return narrowing
+    mine = _axis_values(cell)
+    varying = [k for k in mine if len({_axis_values(c)[k] for c in cells}) > 1]
+    for keys in dict.fromkeys([tuple(varying), tuple(mine)]):
+        narrowing = [mine[k] for k in keys]
+        try:
+            plan = load_spec(spec, parse_sets(sets + narrowing), scale=scale)
+        except (SpecError, ValueError):
+            continue
+        if [cell_hash(c) for c in plan.cells] == [cell_hash(cell)]:
+            return narrowing
+    return None
 
 
 def _slim_artifacts(source: Path, target: Path) -> dict | None:
@@ -149,7 +158,8 @@ def copy_cell(folder: Path, target: Path) -> None:
 
 
 def publish(spec: str, study: str, results: str | Path, *, scale: str | None = None, sets: list[str] = (),
-            out: str | Path = PUBLISHED, note: str | None = None, replace: bool = False) -> Path:
+            out: str | Path = PUBLISHED, note: str | None = None, replace: bool = False,
+            allow_dirty: bool = False) -> Path:
     """Copy the cells of `pflbench run SPEC [--scale] [--set ...]` from the store `results` into
     `out/<study>/` with a manifest (module doc); returns the study's folder."""
     from pflbench.config import cell_hash
@@ -163,6 +173,10 @@ def publish(spec: str, study: str, results: str | Path, *, scale: str | None = N
     target = Path(out) / study
     if target.exists() and not replace:
         raise PublishError(f"{target} exists already; pass --replace to publish over it")
+    commit, dirty = git_commit()
+    if dirty and not allow_dirty:
+        raise PublishError(f"the checkout has uncommitted changes in {', '.join(CODE_DIRS)}: its commit would not say "
+                           f"what made the cells; commit first (or pass --allow-dirty: the manifest then says so)")
     plan = load_spec(spec, parse_sets(sets), scale=scale)
     intact = {folder.name: (folder, config, summary) for folder, config, summary in scan_store(results)[0]}
     planned = [cell_hash(cell) for cell in plan.cells]
@@ -176,7 +190,6 @@ def publish(spec: str, study: str, results: str | Path, *, scale: str | None = N
         copy_cell(intact[h][0], staging / h)
     summaries = [intact[h][2] for h in found]
     cells_by_hash = {cell_hash(cell): cell for cell in plan.cells}
-    commit, dirty = git_commit()
     manifest = {
         "study": study, "command": command_text(spec, scale, sets), "spec": spec, "scale": scale, "sets": sets,
         "commit": commit, "dirty": dirty,
@@ -184,7 +197,7 @@ def publish(spec: str, study: str, results: str | Path, *, scale: str | None = N
         "machines": machines_of(summaries), **run_times(summaries),
         "published_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "resources": {"cpus": plan.resources.cpus, "gpus": plan.resources.gpus},
-        "cells": {h: {"sets": narrowing_sets(cells_by_hash[h], spec, scale, sets)} for h in found},
+        "cells": {h: {"sets": narrowing_sets(cells_by_hash[h], spec, scale, sets, plan.cells)} for h in found},
         "statuses": dict(Counter(s.get("status", "?") for s in summaries)),
         "missing": [h for h in planned if h not in intact],
         "artifacts_kept": list(REPORTED_ARTIFACTS),
@@ -312,9 +325,6 @@ def study_state(path: str | Path) -> StudyState | None:
         state.failed.append(f"{statuses['failed']} cells failed")
     if manifest.get("missing"):
         state.failed.append(f"{len(manifest['missing'])} planned cells have no result")
-    if manifest.get("dirty"):
-        state.stale.append("published from a checkout with uncommitted code changes: its commit does not "
-                           "say exactly what ran")
     return state
 
 

@@ -29,6 +29,8 @@ def add_parser(subparsers) -> None:
     publish.add_argument("--out", type=Path, default=PUBLISHED, help=f"published studies (default: {PUBLISHED})")
     publish.add_argument("--note", help="a sentence for the manifest (e.g. what the study is for)")
     publish.add_argument("--replace", action="store_true", help="publish over an existing study of that name")
+    publish.add_argument("--allow-dirty", action="store_true",
+                         help="publish from a checkout whose code has uncommitted changes (the manifest says so)")
     publish.set_defaults(func=cmd_publish)
 
     rerun = subparsers.add_parser(
@@ -88,7 +90,7 @@ def cmd_publish(args) -> int:
         return 2
     try:
         target = publish(args.spec, args.study, args.results, scale=args.scale, sets=args.sets, out=args.out,
-                         note=args.note, replace=args.replace)
+                         note=args.note, replace=args.replace, allow_dirty=args.allow_dirty)
     except (PublishError, SpecError) as error:
         print(f"publish: {error}", file=sys.stderr)
         return 2

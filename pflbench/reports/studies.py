@@ -34,6 +34,8 @@ def duration_text(seconds) -> str:
     if seconds is None:
         return "–"
     seconds = float(seconds)
+    if seconds < 10:
+        return f"{seconds:.1f} s"
     return f"{seconds:.0f} s" if seconds < 120 else (f"{seconds / 60:.1f} min" if seconds < 7200
                                                     else f"{seconds / 3600:.1f} h")
 
