@@ -220,3 +220,28 @@ def test_leaderboard_renders_several_studies_and_marks_a_stale_one(made, tmp_pat
     assert "--set algorithm=fedavg" in page  # the spec + --set form
     stale_page = (tmp_path / "site" / "both" / "index.html").read_text()
     assert 'class="state-stale">stale</span>' in stale_page and "peak host MB" in stale_page
+
+
+def test_peak_memory_counts_what_the_cell_held_at_its_peak_not_before():
+    import numpy as np
+
+    from pflbench.cost import measured
+
+    class Result:  # what `measured` needs of a CellResult
+        summary: dict
+
+    def cell(megabytes: int):
+        def run():
+            block = np.ones(megabytes * 2**20, dtype=np.uint8)  # touched: resident
+            del block
+            result = Result()
+            result.summary = {}
+            return result
+        return run
+
+    big = measured("cpu", cell(200)).summary
+    small = measured("cpu", cell(1)).summary  # after the big one, in the same process
+    assert big["peak_host_bytes"] - big["host_start_bytes"] >= 190 * 2**20  # pages the start held may be released
+    if small["peak_host_method"] != "process":  # a lifetime peak cannot be reset (not Linux)
+        assert small["peak_host_bytes"] - small["host_start_bytes"] < 50 * 2**20
+    assert big["cpu_model"] and big["cpu_cores"] >= 1 and "gpu_model" not in big
