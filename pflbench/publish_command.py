@@ -109,7 +109,7 @@ def _curve_text(values: list[float]) -> str:
 
 
 def print_check(check) -> None:
-    print(f"{check.cell_id}: {check.verdict}"
+    print(f"{check.cell_id}" + (f" ({check.label})" if check.label else "") + f": {check.verdict}"
           + (f" ({check.why_tolerance})" if check.mode == "tolerance" else "")
           + (f" [{check.seconds:.1f} s]" if check.seconds is not None else ""))
     print(f"  mean test accuracy per eval round, stored: {_curve_text(check.stored_curve)}")

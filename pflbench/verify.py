@@ -61,6 +61,7 @@ class CellCheck:
     rerun_curve: list[float] = field(default_factory=list)
     seconds: float | None = None
     rerun_result: object = None
+    label: str = ""                         # algorithm · dataset · scheme · clients · seed
 
     @property
     def ok(self) -> bool:
@@ -207,6 +208,12 @@ def check_cell(folder: str | Path, *, cpus: float | None = None, data_root=None,
 
     folder = Path(folder)
     check = CellCheck(folder.name)
+    try:
+        stored = read_json_dict(folder / CONFIG)["cell"]
+        check.label = (f"{stored['algorithm']} · {stored['dataset']} · {stored.get('partition')} · "
+                       f"{stored.get('clients')} clients · seed {stored.get('seed')}")
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
     for problem in check_folder(folder):
         check.notes.append(f"damaged: {problem.file}: {problem.what}")
     config, summary = read_json_dict(folder / CONFIG), read_json_dict(folder / SUMMARY)

@@ -94,7 +94,7 @@ def test_the_rerun_command_finds_the_cell_compares_and_writes_it(study, tmp_path
     folder = cell_folders(study)[0]
     assert main(["rerun", folder.name, "--results", str(study.parent), "--out", str(tmp_path / "again")]) == 0
     out = capsys.readouterr().out
-    assert f"{folder.name}: identical" in out
+    assert f"{folder.name} (" in out and ": identical" in out
     assert (tmp_path / "again" / folder.name / SUMMARY).is_file()
     assert main(["rerun", "0123456789ab", "--results", str(study.parent)]) == 2
 
