@@ -14,7 +14,7 @@ ran it, so the same code on the same kind of machine repeats it bit for bit.
     cannot match. Then the status, the rounds completed and the bytes sent must still be equal
     (communication does not depend on kernels), and each evaluated round's mean accuracy over clients
     (test, validation, after adaptation) within ACCURACY_TOLERANCE. That number is measured, not
-    chosen: ACCURACY_TOLERANCE_EVIDENCE says how.
+    chosen: the comment at ACCURACY_TOLERANCE says how it was measured.
 A cell whose stored configuration the current code resolves to another id (`resolve_cell`) is reported
 as such (its code or defaults changed); a cell folder whose files fail their checksums (`pflbench store
 check`) is reported as damaged and still compared, so that the numbers that changed are named.
@@ -31,9 +31,15 @@ import pandas as pd
 
 from pflbench.store import CONFIG, METRICS, ROUNDS, SUMMARY, check_folder, read_json_dict
 
-# Per-round mean accuracy, absolute (0.01 = 1 percentage point), where kernels differ. See the evidence.
-ACCURACY_TOLERANCE = 0.02
-ACCURACY_TOLERANCE_EVIDENCE = "measured: see README.md, 'Published results' (the same cells with other kernels)"
+# Each evaluated round's mean accuracy over clients, absolute (0.01 = 1 percentage point), where kernels
+# differ. Measured with benchmarks/verify_tolerance.py (the same cells through the client loop with
+# contiguous convolutions and through the batched path with channels-last ones, 2026-11-24): the 42
+# batchable cells of benchmarks/ci.yaml (seed 0, 3 rounds) moved by 0.00 pp; demo.yaml's Fashion-MNIST
+# cells (CNN, 20 rounds of 2 epochs, ~21 validation and ~90 test samples per client) by up to 2.78 pp
+# (FedAvg, test), 2.67 (pFedLA), 1.90 (Local, validation) and 6.67 (Ditto, validation; 4.33 test).
+# So ±10 pp: across kinds of machines a rerun catches a method that is broken, not a subtle change;
+# exact verification needs the same kind of machine.
+ACCURACY_TOLERANCE = 0.10
 IGNORED_METRICS = ("wall_time",)  # seconds: never repeat
 ROUND_COLUMNS = ("round", "clients", "bytes_down", "bytes_up")  # rounds.parquet's columns that must repeat
 MEAN_COLUMNS = ("accuracy", "val_accuracy", "accuracy_adapted", "val_accuracy_adapted")
