@@ -1,4 +1,4 @@
-"""What a cell cost besides its wall time: its peak memory, and the machine it ran on.
+"""What a cell cost besides its wall time: its peak memory; and the machine and code it ran on.
 
 `measured(device, run)` runs `run()` (which returns a CellResult) and adds to the result's summary:
 
@@ -14,6 +14,9 @@
     peak_gpu_bytes     on CUDA only: torch.cuda.max_memory_allocated on the cell's device, reset at the
                        start: memory held by tensors; the caching allocator reserves more
     cpu_model, cpu_cores, gpu_model   the machine (gpu_model only on CUDA)
+    code_commit, code_dirty           the pflbench git commit this process runs and whether its code
+                       folders had uncommitted changes (read once per process: the code it imported
+                       then is the code it runs); absent outside a git checkout
 
 The runner calls it around `run_cell` (pflbench/runner.py, `execute_cell`); a failed cell's result
 (an exception) carries none of these.
@@ -25,6 +28,7 @@ import platform
 import re
 import threading
 import time
+from functools import lru_cache
 from pathlib import Path
 from typing import Callable
 
@@ -110,6 +114,15 @@ def machine(device: str | None = None) -> dict:
     return facts
 
 
+@lru_cache(maxsize=1)
+def code_version() -> dict:
+    """{code_commit, code_dirty} of the checkout this pflbench runs from; {} outside a git checkout."""
+    from pflbench.publish import git_commit
+
+    commit, dirty = git_commit()
+    return {} if commit is None else {"code_commit": commit, "code_dirty": dirty}
+
+
 def measured(device: str, run: Callable):
     """`run()`'s CellResult with the cell's peak memory and machine added to its summary."""
     cuda = str(device).startswith("cuda")
@@ -124,7 +137,7 @@ def measured(device: str, run: Callable):
     finally:
         peak = host.stop()
     result.summary.update(peak_host_bytes=peak, host_start_bytes=host.start_bytes, peak_host_method=host.method,
-                          **machine(device))
+                          **machine(device), **code_version())
     if cuda:
         result.summary["peak_gpu_bytes"] = int(torch.cuda.max_memory_allocated(torch.device(device)))
     result.summary.setdefault("wall_time", time.perf_counter() - started)

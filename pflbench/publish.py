@@ -5,8 +5,11 @@ store that run wrote into a store of its own, slimmed, with a `manifest.json` be
 
     study        the folder's name
     command      the `pflbench run ...` that made it; spec, scale, sets: its parts
-    commit       the pflbench git commit published from, and `dirty`: whether pflbench/, algorithms/ or
-                 partitions/ had uncommitted changes then (the cells were run by that code)
+    commit       the pflbench git commit the cells ran with (each cell records it: pflbench/cost.py;
+                 for cells from before that record, the checkout's commit when publishing), and `dirty`:
+                 whether pflbench/, algorithms/ or partitions/ had uncommitted changes. Cells run by
+                 different commits, or by uncommitted code, are refused (--allow-dirty publishes them,
+                 and the manifest says so)
     versions     pflbench, torch, Python
     machines     the machines the cells ran on (CPU model, logical cores, GPU), each with its cell count,
                  from the cells' own summaries (pflbench/cost.py)
@@ -173,10 +176,6 @@ def publish(spec: str, study: str, results: str | Path, *, scale: str | None = N
     target = Path(out) / study
     if target.exists() and not replace:
         raise PublishError(f"{target} exists already; pass --replace to publish over it")
-    commit, dirty = git_commit()
-    if dirty and not allow_dirty:
-        raise PublishError(f"the checkout has uncommitted changes in {', '.join(CODE_DIRS)}: its commit would not say "
-                           f"what made the cells; commit first (or pass --allow-dirty: the manifest then says so)")
     plan = load_spec(spec, parse_sets(sets), scale=scale)
     intact = {folder.name: (folder, config, summary) for folder, config, summary in scan_store(results)[0]}
     planned = [cell_hash(cell) for cell in plan.cells]
@@ -184,6 +183,7 @@ def publish(spec: str, study: str, results: str | Path, *, scale: str | None = N
     if not found:
         raise PublishError(f"none of the {len(planned)} cells of `{command_text(spec, scale, sets)}` has a result "
                            f"in {results}: run that command first (with --results {results})")
+    commit, dirty = code_of([intact[h][2] for h in found], allow_dirty)
     staging = Path(out) / f".{study}.publishing"
     shutil.rmtree(staging, ignore_errors=True)
     for h in found:
@@ -209,6 +209,22 @@ def publish(spec: str, study: str, results: str | Path, *, scale: str | None = N
     staging.rename(target)
     study_state.cache_clear()
     return target
+
+
+def code_of(summaries: list[dict], allow_dirty: bool) -> tuple[str | None, bool]:
+    """The commit and dirtiness the cells ran with (module doc); PublishError where they do not say one
+    clean commit, unless `allow_dirty`."""
+    recorded = {(s.get("code_commit"), bool(s.get("code_dirty"))) for s in summaries if s.get("code_commit")}
+    if len(recorded) < len(summaries):  # cells from before the record: the checkout's state now
+        recorded.add(git_commit())
+    commits = sorted({c for c, _ in recorded if c})
+    dirty = any(d for _, d in recorded)
+    if (len(commits) > 1 or dirty) and not allow_dirty:
+        why = (f"the cells ran with {len(commits)} different commits ({', '.join(c[:10] for c in commits)})"
+               if len(commits) > 1 else f"the cells ran with uncommitted changes in {', '.join(CODE_DIRS)}")
+        raise PublishError(f"{why}: a manifest could not say what made them; run them again with one committed "
+                           f"checkout (or pass --allow-dirty: the manifest then says so)")
+    return (commits[0] if len(commits) == 1 else (", ".join(commits) or None)), dirty or len(commits) > 1
 
 
 def machines_of(summaries: list[dict]) -> list[dict]:

@@ -76,6 +76,7 @@ def test_publish_writes_a_slim_study_with_its_manifest_and_the_cells_peak_memory
         # peak memory beside wall time (pflbench/cost.py): at least the RSS the cell started from
         assert summary["peak_host_bytes"] >= summary["host_start_bytes"] > 0
         assert summary["peak_host_method"] in ("vmhwm", "sampled", "process")
+        assert manifest["commit"] == summary["code_commit"]  # the commit the cell ran with
         # the narrowing `--set`s of each cell were checked at publish time to give exactly that cell
         assert manifest["cells"][folder.name]["sets"] == [f"algorithm={json.loads((folder / 'config.json').read_text())['cell']['algorithm']}"]
     assert {p.name for p in study.iterdir()} == {MANIFEST, *manifest["cells"]}
@@ -183,7 +184,7 @@ def test_sampling_is_seeded_and_respects_max_seconds(study):
         sample_cells(study, None, seed=0, cells=["ffffffffffff"])
 
 
-def test_publish_refuses_bad_requests_before_writing(made, tmp_path, monkeypatch):
+def test_publish_refuses_bad_requests_before_writing(made, tmp_path):
     import pflbench.publish as publish_module
     from pflbench.publish import PublishError
 
@@ -196,10 +197,15 @@ def test_publish_refuses_bad_requests_before_writing(made, tmp_path, monkeypatch
     with pytest.raises(PublishError, match="--replace"):
         publish(str(spec), "x", tmp / "store", out=tmp_path, allow_dirty=True)
     assert list(tmp_path.iterdir()) == [tmp_path / "x"]
-    monkeypatch.setattr(publish_module, "git_commit", lambda: ("0" * 40, True))
+    # cells run by uncommitted code, or by two commits: refused (the manifest could not say what ran)
+    summaries = [{"code_commit": "a" * 40, "code_dirty": False}, {"code_commit": "a" * 40, "code_dirty": True}]
     with pytest.raises(PublishError, match="uncommitted changes"):
-        publish(str(spec), "y", tmp / "store", out=tmp_path)
-    assert list(tmp_path.iterdir()) == [tmp_path / "x"]
+        publish_module.code_of(summaries, allow_dirty=False)
+    summaries[1] = {"code_commit": "b" * 40, "code_dirty": False}
+    with pytest.raises(PublishError, match="2 different commits"):
+        publish_module.code_of(summaries, allow_dirty=False)
+    assert publish_module.code_of(summaries[:1], allow_dirty=False) == ("a" * 40, False)
+    assert publish_module.code_of(summaries, allow_dirty=True)[1] is True
 
 
 def test_leaderboard_renders_several_studies_and_marks_a_stale_one(made, tmp_path, monkeypatch):
