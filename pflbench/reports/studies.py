@@ -48,7 +48,7 @@ def study_facts(store: str | Path) -> dict | None:
     m = state.manifest
     commit = m.get("commit") or ""
     wall = m.get("wall_time") or {}
-    return {"name": m.get("study") or Path(store).name, "command": m.get("command") or "", "commit": commit,
+    return {"name": Path(store).name, "command": m.get("command") or "", "commit": commit,
             "commit_short": commit[:10] or "unknown", "dirty": bool(m.get("dirty")),
             "same_commit": bool(commit) and commit == state.commit_now,
             "machines": [f"{machine_text(x)}: {x.get('cells')} cells" for x in m.get("machines") or []],
