@@ -130,6 +130,7 @@ def measured(device: str, run: Callable):
         import torch
 
         torch.cuda.reset_peak_memory_stats(torch.device(device))
+    code = code_version()  # before the cell: the code it starts with
     host = HostPeak()
     started = time.perf_counter()
     try:
@@ -137,7 +138,7 @@ def measured(device: str, run: Callable):
     finally:
         peak = host.stop()
     result.summary.update(peak_host_bytes=peak, host_start_bytes=host.start_bytes, peak_host_method=host.method,
-                          **machine(device), **code_version())
+                          **machine(device), **code)
     if cuda:
         result.summary["peak_gpu_bytes"] = int(torch.cuda.max_memory_allocated(torch.device(device)))
     result.summary.setdefault("wall_time", time.perf_counter() - started)

@@ -215,7 +215,7 @@ def code_of(summaries: list[dict], allow_dirty: bool) -> tuple[str | None, bool]
     """The commit and dirtiness the cells ran with (module doc); PublishError where they do not say one
     clean commit, unless `allow_dirty`."""
     recorded = {(s.get("code_commit"), bool(s.get("code_dirty"))) for s in summaries if s.get("code_commit")}
-    if len(recorded) < len(summaries):  # cells from before the record: the checkout's state now
+    if any(not s.get("code_commit") for s in summaries):  # cells from before the record: the checkout now
         recorded.add(git_commit())
     commits = sorted({c for c, _ in recorded if c})
     dirty = any(d for _, d in recorded)
