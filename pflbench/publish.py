@@ -263,7 +263,8 @@ def studies(root: str | Path = PUBLISHED) -> list[Path]:
     root = Path(root)
     if not root.is_dir():
         return []
-    return sorted(p for p in root.iterdir() if p.is_dir() and (p / MANIFEST).is_file())
+    return sorted(p for p in root.iterdir()  # not a `.NAME.publishing` folder left by an interrupted publish
+                  if p.is_dir() and not p.name.startswith(".") and (p / MANIFEST).is_file())
 
 
 def find_cell(cell_id: str, roots: list[Path]) -> Path:
