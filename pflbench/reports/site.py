@@ -22,8 +22,8 @@ from pflbench.reports.build import Report, safe_name
 from pflbench.reports.cells import (display_name, execution_text, read_artifacts, read_config, read_error,
                                     read_metrics, read_rounds, timing_breakdown)
 from pflbench.reports.heterogeneity import site_tables
-from pflbench.reports.studies import cell_provenance, study_facts
 from pflbench.reports.protocols import AVERAGINGS, DEFAULT, MODELS, SELECTIONS, Protocol
+from pflbench.reports.studies import cell_provenance, study_facts
 from pflbench.reports.tables import DATA_DIFFER, TUNED, mean_or_none, payload_text
 from pflbench.store import flatten
 
