@@ -10,7 +10,7 @@ ifneq ($(MIRROR),)
 export PFLBENCH_DATA_MIRROR ?= $(MIRROR)
 endif
 
-.PHONY: install test demo bench report reproduce-table1 reproduce-table2 sweep clean
+.PHONY: install test demo bench report leaderboard reproduce-table1 reproduce-table2 sweep clean
 
 install: $(VENV)/.installed
 
@@ -55,6 +55,13 @@ bench: install
 # Tables (report.md, report.tex), figures and the HTML leaderboard ($(REPORTS)/index.html) of a store.
 report: install
 	$(BIN)/pflbench report --results $(RESULTS) --out $(REPORTS)
+
+# The site of every published study (results/published/: tracked in git): an index of the studies
+# with their commit, machine, date and state (current, stale, failed) and each study's report, at
+# $(LEADERBOARD)/index.html. LEADERBOARD_ARGS passes more options (e.g. --store ci=results/ci).
+LEADERBOARD ?= $(REPORTS)/leaderboard
+leaderboard: install
+	$(BIN)/pflbench leaderboard --published results/published --out $(LEADERBOARD) $(LEADERBOARD_ARGS)
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache

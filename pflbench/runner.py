@@ -112,6 +112,7 @@ def execute_cell(cell: CellConfig, resources: Resources, options: RunOptions,
 
     from pflbench.rounds import run_cell
     from pflbench.plugins import activate
+    from pflbench.cost import measured
 
     # Threads beyond the cell's share oversubscribe the cores that the other cells use; on a busy
     # 2-core machine that made a small cell 10-100x slower.
@@ -120,8 +121,9 @@ def execute_cell(cell: CellConfig, resources: Resources, options: RunOptions,
     try:
         activate(options.plugins, cell)  # a Ray worker loads the user's plugins (the driver has them)
         execution = options.execution.on("cuda" if resources.gpus > 0 else "cpu")
-        return run_cell(cell, data_root=options.data_root, mirror=options.mirror, execution=execution,
-                        on_round=report, checkpointer=cell_checkpointer(cell, options, note))
+        return measured(execution.device, lambda: run_cell(  # peak memory and machine (pflbench/cost.py)
+            cell, data_root=options.data_root, mirror=options.mirror, execution=execution, on_round=report,
+            checkpointer=cell_checkpointer(cell, options, note)))
     except Exception:
         return failed_result(traceback.format_exc())
     finally:

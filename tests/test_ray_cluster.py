@@ -28,7 +28,7 @@ from pflbench.store import Store
 
 # Timings and where they were measured differ between the runs; everything else must not.
 VOLATILE = {"wall_time", "completed_at", "files", "runner", "train_time_total", "server_time_total",
-            "eval_time_total", "compile_seconds"}
+            "eval_time_total", "compile_seconds", "peak_host_bytes", "host_start_bytes"}  # timings, memory
 
 CLUSTER_SCRIPT = """
 set -e

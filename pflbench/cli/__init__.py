@@ -11,7 +11,7 @@ import sys
 # heavy import here (torch, pandas, Ray, matplotlib, ...) makes every help screen wait seconds for it.
 # Command functions import what they need when they run (tests/test_cli_friendly.py checks this).
 COMMAND_MODULES = ("pflbench.cli.commands", "pflbench.cli.run", "pflbench.cli.report", "pflbench.cli.sweep",
-                   "pflbench.scaffold")
+                   "pflbench.cli.publish", "pflbench.scaffold")
 
 
 def build_parser() -> argparse.ArgumentParser:

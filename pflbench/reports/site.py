@@ -23,6 +23,7 @@ from pflbench.reports.cells import (algorithm_class, display_name, execution_tex
                                     read_metrics, read_rounds, timing_breakdown)
 from pflbench.reports.heterogeneity import site_tables
 from pflbench.reports.protocols import AVERAGINGS, DEFAULT, MODELS, SELECTIONS, Protocol
+from pflbench.reports.studies import cell_provenance, study_facts
 from pflbench.reports.tables import DATA_DIFFER, TUNED, mean_or_none, payload_text
 from pflbench.store import flatten
 
@@ -33,7 +34,8 @@ CELL_COLUMNS = [  # (title, key, numeric)
     ("worst 10% %", "final_worst10_accuracy", True), ("adapted %", "final_accuracy_adapted", True),
     ("best-val %", "bestval_accuracy", True), ("best-val round", "bestval_round", True),
     ("best test % (selected on test)", "best_accuracy", True),
-    ("MB total", "mbytes", True), ("hp", "hp_source", False), ("wall s", "wall_time", True)]
+    ("MB total", "mbytes", True), ("hp", "hp_source", False), ("wall s", "wall_time", True),
+    ("peak host MB", "peak_host_mb", True), ("peak GPU MB", "peak_gpu_mb", True)]  # pflbench/cost.py
 PERCENT_KEYS = ("final_accuracy", "final_worst10_accuracy", "final_accuracy_adapted", "bestval_accuracy", "best_accuracy")
 
 
@@ -89,6 +91,9 @@ def cell_rows(cells: pd.DataFrame) -> list[dict]:
         row["bestval_round"] = None if rnd is None or pd.isna(rnd) or cell["status"] != "finished" else int(rnd)
         row["mbytes"] = None if pd.isna(cell["mbytes"]) else float(cell["mbytes"])
         row["wall_time"] = None if pd.isna(cell["wall_time"]) else float(cell["wall_time"])
+        for key in ("peak_host", "peak_gpu"):  # what the cell cost in memory (pflbench/cost.py)
+            value = cell.get(f"{key}_bytes")
+            row[f"{key}_mb"] = None if value is None or pd.isna(value) else float(value) / 1e6
         rows.append(row)
     return rows
 
@@ -147,7 +152,7 @@ def write_site(cells: pd.DataFrame, boards, comm, references, report: Report, re
     out = report.out
     rows = cell_rows(cells)
     common = {"generated": datetime.datetime.now().isoformat(timespec="seconds"), "results": str(results),
-              "cell_columns": CELL_COLUMNS}
+              "cell_columns": CELL_COLUMNS, "study": study_facts(results)}  # a published study's provenance
     statuses = cells["status"].value_counts().to_dict() if len(cells) else {}
     figures = [{"title": t, "path": p} for t, p in report.figures]
     alpha_cells = [(r, f) for r in rows for f in report.cell_figures.get(r["hash"], []) if f["kind"] == "alpha"]
@@ -181,7 +186,7 @@ def write_site(cells: pd.DataFrame, boards, comm, references, report: Report, re
             scores=protocol_scores(cell), finetune_epochs=int(cell.get("finetune_epochs") or 0),
             adapt_time=None if pd.isna(cell.get("adapt_time_total", np.nan)) else float(cell["adapt_time_total"]),
             timing=timing_breakdown(rounds, cell.get("compile_seconds")), execution=execution_text(summary),
-            **common))
+            provenance=cell_provenance(results, cell["hash"]), **common))
 
     (out / "algorithms").mkdir(exist_ok=True)
     template = env.get_template("algorithm.html")

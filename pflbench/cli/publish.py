@@ -1,0 +1,199 @@
+"""`pflbench publish`, `rerun`, `verify` and `leaderboard`: the subcommands of published results
+(the work is done by pflbench/publish.py, pflbench/verify.py and pflbench/reports/studies.py).
+
+Only the standard library is imported here (see COMMAND_MODULES in pflbench/cli.py).
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+PUBLISHED = Path("results") / "published"  # pflbench.publish.PUBLISHED, without importing it
+
+
+def add_parser(subparsers) -> None:
+    from pflbench.commands import add_data_options
+
+    publish = subparsers.add_parser(
+        "publish", help="copy a run's cells into results/published/STUDY (slimmed, with a manifest)",
+        description="Copies the cells of `pflbench run SPEC [--scale S] [--set ...]` from the store that run "
+                    "wrote into results/published/STUDY, keeping what the reports read, with manifest.json: "
+                    "the command, the pflbench commit, torch/Python versions, the machines, the date and the "
+                    "wall time. Give the same SPEC, --scale and --set as the run.")
+    publish.add_argument("spec", help="the spec the run used, e.g. benchmarks/table1.yaml")
+    publish.add_argument("--study", required=True, help="the study's folder name, e.g. table1-quick")
+    publish.add_argument("--scale", help="the run's --scale")
+    publish.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                         help="the run's --set items, in the same order (repeatable)")
+    publish.add_argument("--results", type=Path, default=Path("results"), help="the run's store (default: results)")
+    publish.add_argument("--out", type=Path, default=PUBLISHED, help=f"published studies (default: {PUBLISHED})")
+    publish.add_argument("--note", help="a sentence for the manifest (e.g. what the study is for)")
+    publish.add_argument("--replace", action="store_true", help="publish over an existing study of that name")
+    publish.add_argument("--allow-dirty", action="store_true",
+                         help="publish from a checkout whose code has uncommitted changes (the manifest says so)")
+    publish.set_defaults(func=cmd_publish)
+
+    rerun = subparsers.add_parser(
+        "rerun", help="run one stored cell again from its stored configuration and compare its metrics",
+        description="Finds the cell in --results (default: the published studies), runs it again from its "
+                    "config.json with the execution options it recorded, compares the per-round metrics with "
+                    "the stored ones (identical on the same kind of machine; within a tolerance elsewhere: "
+                    "pflbench/verify.py) and writes the new result into --out. Exit 1 when they differ.")
+    rerun.add_argument("cell", help="a cell id (12 hex digits, as on the leaderboard)")
+    rerun.add_argument("--results", type=Path, action="append",
+                       help=f"store(s) or published roots to look in (default: {PUBLISHED}, then results)")
+    rerun.add_argument("--out", type=Path, default=Path("results") / "rerun",
+                       help="store the rerun's result is written to (default: results/rerun)")
+    add_data_options(rerun)
+    rerun.set_defaults(func=cmd_rerun)
+
+    verify = subparsers.add_parser(
+        "verify", help="re-run a random sample of a published study's cells and compare with the stored metrics",
+        description="Re-runs K cells of the study chosen at random (--seed) and compares each one's per-round "
+                    "metrics with the stored ones: identical where the machine is of the kind the cell ran on "
+                    "(CPU model, device, GPU, torch), else within a stated tolerance (pflbench/verify.py). Also "
+                    "reports damaged files and cells whose id the current code changes. Exit 1 on any difference.")
+    verify.add_argument("study", type=Path, help="a published study folder, e.g. results/published/table1-quick")
+    verify.add_argument("--sample", type=int, default=3, metavar="K", help="cells to re-run (default: 3; 0: all)")
+    verify.add_argument("--seed", type=int, default=0, help="the sample's random seed (default: 0)")
+    verify.add_argument("--max-seconds", type=float,
+                        help="draw only among cells whose stored wall time is at most this (cheap cells, for CI)")
+    verify.add_argument("--cell", dest="cells", action="append", metavar="ID", help="verify this cell (repeatable)")
+    verify.add_argument("--tolerance", action="store_true",
+                        help="compare within the tolerance even on the same kind of machine")
+    add_data_options(verify)
+    verify.set_defaults(func=cmd_verify)
+
+    board = subparsers.add_parser(
+        "leaderboard", help="the site of all published studies: an index, and each study's report",
+        description="Writes OUT/index.html (the studies: commit, machine, date, wall time, stale or failed) and "
+                    "OUT/<study>/ (each study's tables, figures and cell pages, as `pflbench report`).")
+    board.add_argument("--published", type=Path, default=PUBLISHED, help=f"published studies (default: {PUBLISHED})")
+    board.add_argument("--out", type=Path, default=Path("reports") / "leaderboard",
+                       help="output folder (default: reports/leaderboard)")
+    board.add_argument("--store", action="append", default=[], metavar="NAME=DIR",
+                       help="also show an unpublished store as a study (e.g. ci=results/ci: this CI run); repeatable")
+    board.add_argument("--no-figures", action="store_true", help="tables and pages only (fastest)")
+    board.add_argument("--no-partitions", action="store_true",
+                       help="skip the label-distribution figures (they load each partition's dataset)")
+    add_data_options(board)
+    board.set_defaults(func=cmd_leaderboard)
+
+
+def cmd_publish(args) -> int:
+    from pflbench.publish import PublishError, publish
+    from pflbench.spec import SpecError
+
+    if not args.results.is_dir():
+        print(f"publish: no results store at {args.results}; give the store the run wrote (--results DIR)",
+              file=sys.stderr)
+        return 2
+    try:
+        target = publish(args.spec, args.study, args.results, scale=args.scale, sets=args.sets, out=args.out,
+                         note=args.note, replace=args.replace, allow_dirty=args.allow_dirty)
+    except (PublishError, SpecError) as error:
+        print(f"publish: {error}", file=sys.stderr)
+        return 2
+    from pflbench.publish import read_manifest
+
+    manifest = read_manifest(target)
+    size = sum(p.stat().st_size for p in target.rglob("*") if p.is_file())
+    print(f"published {len(manifest['cells'])} cells to {target} ({size / 1e6:.2f} MB); "
+          f"statuses {manifest['statuses']}" + (f"; {len(manifest['missing'])} planned cells have no result"
+                                                if manifest["missing"] else ""))
+    return 0
+
+
+def _curve_text(values: list[float]) -> str:
+    return " ".join(f"{v * 100:.2f}" for v in values)
+
+
+def print_check(check) -> None:
+    print(f"{check.cell_id}" + (f" ({check.label})" if check.label else "") + f": {check.verdict}"
+          + (f" ({check.why_tolerance})" if check.mode == "tolerance" else "")
+          + (f" [{check.seconds:.1f} s]" if check.seconds is not None else ""))
+    print(f"  mean test accuracy per eval round, stored: {_curve_text(check.stored_curve)}")
+    print(f"  mean test accuracy per eval round, rerun:  {_curve_text(check.rerun_curve)}")
+    for note in check.notes:
+        print(f"  {note}")
+    for difference in check.differences:
+        print(f"  differs: {difference}")
+
+
+def cmd_rerun(args) -> int:
+    from pflbench.publish import find_cell
+    from pflbench.verify import check_cell
+
+    roots = args.results or [PUBLISHED, Path("results")]
+    try:
+        folder = find_cell(args.cell, roots)
+    except FileNotFoundError as error:
+        print(f"rerun: {error}", file=sys.stderr)
+        return 2
+    print(f"rerun: cell {args.cell} from {folder}")
+    check = check_cell(folder, data_root=args.root, mirror=args.mirror)
+    print_check(check)
+    from pflbench.config import CellConfig
+    from pflbench.store import Store, read_json_dict
+
+    cell = CellConfig.stored(read_json_dict(folder / "config.json")["cell"])
+    written = Store(args.out).write(cell, check.rerun_result)
+    print(f"written: {written}")
+    return 0 if check.ok else 1
+
+
+def cmd_verify(args) -> int:
+    from pflbench.publish import read_manifest
+    from pflbench.verify import ACCURACY_TOLERANCE, check_cell, sample_cells
+
+    if not args.study.is_dir():
+        print(f"verify: no study at {args.study}", file=sys.stderr)
+        return 2
+    if args.sample < 0:
+        print("verify: --sample must be 0 (all cells) or more", file=sys.stderr)
+        return 2
+    try:
+        folders = sample_cells(args.study, args.sample or None, args.seed, args.max_seconds, args.cells)
+    except ValueError as error:
+        print(f"verify: {error}", file=sys.stderr)
+        return 2
+    if not folders and args.max_seconds is not None:  # CI's cheap sample: a study of costly cells only
+        print(f"verify: no cell of {args.study} took at most {args.max_seconds:g} s: nothing verified")
+        return 0
+    if not folders:
+        print(f"verify: {args.study} has no cells", file=sys.stderr)
+        return 2
+    manifest = read_manifest(args.study) or {}
+    print(f"verify {args.study}: {len(folders)} cells (seed {args.seed}), published from commit "
+          f"{manifest.get('commit') or '?'}; exact on the same kind of machine, else mean accuracy per round "
+          f"within ±{ACCURACY_TOLERANCE * 100:g} percentage points")
+    checks = []
+    for folder in folders:
+        check = check_cell(folder, data_root=args.root, mirror=args.mirror, force_tolerance=args.tolerance)
+        print_check(check)
+        checks.append(check)
+    bad = [c.cell_id for c in checks if not c.ok]
+    print(f"verify: {len(checks) - len(bad)} of {len(checks)} cells repeat their stored metrics"
+          + (f"; differ or have problems: {', '.join(bad)}" if bad else ""))
+    return 1 if bad else 0
+
+
+def cmd_leaderboard(args) -> int:
+    extra = {}
+    for item in args.store:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not Path(path).is_dir():
+            print(f"leaderboard: --store {item!r}: expected NAME=DIR with an existing store folder", file=sys.stderr)
+            return 2
+        extra[name] = Path(path)
+    if not args.published.is_dir() and not extra:
+        print(f"leaderboard: no published studies at {args.published} (and no --store)", file=sys.stderr)
+        return 2
+    from pflbench.reports import ReportOptions
+    from pflbench.reports.studies import build_leaderboard
+
+    options = ReportOptions(figures=not args.no_figures, partitions=not args.no_partitions,
+                            data_root=args.root, mirror=args.mirror)
+    index = build_leaderboard(args.published, args.out, extra, options)
+    print(f"written: {index} (open it in a browser)")
+    return 0

@@ -1,0 +1,145 @@
+"""What a cell cost besides its wall time: its peak memory; and the machine and code it ran on.
+
+`measured(device, run)` runs `run()` (which returns a CellResult) and adds to the result's summary:
+
+    peak_host_bytes    the peak resident set size (RSS) of the process running the cell, over the cell
+    host_start_bytes   its RSS when the cell started (the interpreter, torch, Ray's worker...): the
+                       cell's own share is the difference; the peak is what a machine must hold
+    peak_host_method   how the peak was measured: "vmhwm" (Linux: the kernel's high-water mark VmHWM,
+                       reset at the cell's start by writing 5 to /proc/self/clear_refs, so an earlier
+                       cell of the same worker process does not count), "sampled" (Linux where that
+                       reset is refused: RSS read every SAMPLE_SECONDS by a thread, which can miss a
+                       spike shorter than that) or "process" (elsewhere: the process's lifetime peak,
+                       getrusage, which includes earlier cells of the same process)
+    peak_gpu_bytes     on CUDA only: torch.cuda.max_memory_allocated on the cell's device, reset at the
+                       start: memory held by tensors; the caching allocator reserves more
+    cpu_model, cpu_cores, gpu_model   the machine (gpu_model only on CUDA)
+    code_commit, code_dirty           the pflbench git commit this process runs and whether its code
+                       folders had uncommitted changes (read once per process: the code it imported
+                       then is the code it runs); absent outside a git checkout
+
+The runner calls it around `run_cell` (pflbench/runner.py, `execute_cell`); a failed cell's result
+(an exception) carries none of these.
+"""
+from __future__ import annotations
+
+import os
+import platform
+import re
+import threading
+import time
+from functools import lru_cache
+from pathlib import Path
+from typing import Callable
+
+SAMPLE_SECONDS = 0.01  # the fallback sampler's period ("sampled")
+STATUS, CLEAR_REFS = Path("/proc/self/status"), Path("/proc/self/clear_refs")
+
+
+def _status_kib(field: str) -> int | None:
+    try:
+        match = re.search(rf"^{field}:\s+(\d+) kB", STATUS.read_text(), re.MULTILINE)
+    except OSError:
+        return None
+    return int(match.group(1)) if match else None
+
+
+def reset_high_water_mark() -> bool:
+    """Reset this process's VmHWM to its current RSS (Linux 4.0+); False where that is not possible."""
+    if _status_kib("VmHWM") is None:
+        return False
+    try:
+        CLEAR_REFS.write_text("5")
+    except OSError:
+        return False
+    return True
+
+
+class HostPeak:
+    """The peak RSS of this process from `start()` to `stop()`, by the best method available here."""
+
+    def __init__(self):
+        self.method = "vmhwm" if reset_high_water_mark() else ("sampled" if _status_kib("VmRSS") is not None
+                                                               else "process")
+        self.start_bytes = self.current()
+        self.peak = self.start_bytes
+        self._stop = threading.Event()
+        self._thread = None
+        if self.method == "sampled":
+            self._thread = threading.Thread(target=self._sample, daemon=True, name="pflbench-rss")
+            self._thread.start()
+
+    @staticmethod
+    def current() -> int:
+        kib = _status_kib("VmRSS")
+        if kib is not None:
+            return kib * 1024
+        import resource
+
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+        return peak if platform.system() == "Darwin" else peak * 1024
+
+    def _sample(self) -> None:
+        while not self._stop.wait(SAMPLE_SECONDS):
+            self.peak = max(self.peak, self.current())
+
+    def stop(self) -> int:
+        if self.method == "vmhwm":
+            return (_status_kib("VmHWM") or 0) * 1024
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+            return max(self.peak, self.current())
+        return self.current()  # "process": getrusage's lifetime peak (`current` falls back to it)
+
+
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo on Linux, else what `platform` says)."""
+    try:
+        match = re.search(r"^model name\s*:\s*(.+)$", Path("/proc/cpuinfo").read_text(), re.MULTILINE)
+        if match:
+            return match.group(1).strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def machine(device: str | None = None) -> dict:
+    """cpu_model, cpu_cores (logical) and, for a CUDA device, gpu_model."""
+    facts = {"cpu_model": cpu_model(), "cpu_cores": os.cpu_count()}
+    if device is not None and str(device).startswith("cuda"):
+        import torch
+
+        facts["gpu_model"] = torch.cuda.get_device_name(torch.device(device))
+    return facts
+
+
+@lru_cache(maxsize=1)
+def code_version() -> dict:
+    """{code_commit, code_dirty} of the checkout this pflbench runs from; {} outside a git checkout."""
+    from pflbench.publish import git_commit
+
+    commit, dirty = git_commit()
+    return {} if commit is None else {"code_commit": commit, "code_dirty": dirty}
+
+
+def measured(device: str, run: Callable):
+    """`run()`'s CellResult with the cell's peak memory and machine added to its summary."""
+    cuda = str(device).startswith("cuda")
+    if cuda:
+        import torch
+
+        torch.cuda.reset_peak_memory_stats(torch.device(device))
+    code = code_version()  # before the cell: the code it starts with
+    host = HostPeak()
+    started = time.perf_counter()
+    try:
+        result = run()
+    finally:
+        peak = host.stop()
+    result.summary.update(peak_host_bytes=peak, host_start_bytes=host.start_bytes, peak_host_method=host.method,
+                          **machine(device), **code)
+    if cuda:
+        result.summary["peak_gpu_bytes"] = int(torch.cuda.max_memory_allocated(torch.device(device)))
+    result.summary.setdefault("wall_time", time.perf_counter() - started)
+    return result

@@ -1,0 +1,119 @@
+"""The leaderboard of all published studies (`pflbench leaderboard`, `make leaderboard`):
+
+    out/index.html        one row per study: what ran (command), on which commit and machine, when, how
+                          long, its cells' statuses, and whether it is current, stale or failed
+                          (pflbench/publish.py, `study_state`); stale and failed studies are listed apart
+    out/<study>/          that study's report, exactly as `pflbench report` makes it (tables under every
+                          protocol, figures, a page per cell); each page carries the study's provenance
+                          (`study_facts`) and each cell page the commands that reproduce it
+
+Besides the published studies, `extra` stores (e.g. CI's fresh run of benchmarks/ci.yaml) are shown as
+unpublished studies: made by the code being tested, with no manifest.
+"""
+from __future__ import annotations
+
+import datetime
+from pathlib import Path
+
+from jinja2 import Environment, PackageLoader, StrictUndefined
+
+from pflbench.publish import read_manifest, reproduce_commands, studies, study_state
+from pflbench.reports.build import ReportOptions, build_reports
+from pflbench.reports.document import safe_name
+
+
+def machine_text(machine: dict) -> str:
+    parts = [machine.get("cpu_model") or "CPU not recorded"]
+    if machine.get("cpu_cores"):
+        parts[0] += f" ({machine['cpu_cores']} cores)"
+    if machine.get("gpu_model"):
+        parts.append(machine["gpu_model"])
+    return ", ".join(parts)
+
+
+def duration_text(seconds) -> str:
+    if seconds is None:
+        return "–"
+    seconds = float(seconds)
+    if seconds < 10:
+        return f"{seconds:.1f} s"
+    return f"{seconds:.0f} s" if seconds < 120 else (f"{seconds / 60:.1f} min" if seconds < 7200
+                                                    else f"{seconds / 3600:.1f} h")
+
+
+def study_facts(store: str | Path) -> dict | None:
+    """What every page of a published study shows about it; None for a store that is not one."""
+    state = study_state(Path(store).resolve())
+    if state is None:
+        return None
+    m = state.manifest
+    commit = m.get("commit") or ""
+    wall = m.get("wall_time") or {}
+    return {"name": Path(store).name, "command": m.get("command") or "", "commit": commit,
+            "commit_short": commit[:10] or "unknown", "dirty": bool(m.get("dirty")),
+            "same_commit": bool(commit) and commit == state.commit_now,
+            "machines": [f"{machine_text(x)}: {x.get('cells')} cells" for x in m.get("machines") or []],
+            "versions": m.get("versions") or {}, "date": m.get("date") or "–",
+            "published_at": m.get("published_at") or "–",
+            "elapsed": duration_text(wall.get("elapsed_seconds")), "cell_time": duration_text(wall.get("cell_seconds")),
+            "statuses": m.get("statuses") or {}, "missing": len(m.get("missing") or []),
+            "cells": len(m.get("cells") or {}), "note": m.get("note") or "",
+            "state": state.label, "stale": state.stale, "failed": state.failed}
+
+
+def cell_provenance(store: str | Path, cell_id: str) -> dict | None:
+    """A cell page's "Reproduce" section: the commands, and the study's facts; None outside a study."""
+    from pflbench.store import SUMMARY, read_json_dict
+
+    facts = study_facts(store)
+    if facts is None:
+        return None
+    try:
+        summary = read_json_dict(Path(store) / cell_id / SUMMARY)
+    except (OSError, ValueError):
+        summary = {}
+    machine = machine_text(summary) if summary.get("cpu_model") else None
+    return {**reproduce_commands(store, cell_id), "study": facts, "machine": machine}
+
+
+def _environment() -> Environment:
+    return Environment(loader=PackageLoader("pflbench.reports", "templates"), autoescape=True,
+                       undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+
+
+def build_leaderboard(published: str | Path, out: str | Path, extra: dict[str, Path] | None = None,
+                      options: ReportOptions = ReportOptions()) -> Path:
+    """Every study's report under `out/<study>/` and the index `out/index.html` (module doc)."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    study_state.cache_clear()  # the code may have changed since the last build in this process
+    for folder in studies(published):
+        name = safe_name(folder.name)
+        report = build_reports(folder, out / name, options)
+        facts = study_facts(folder)
+        rows.append({**facts, "url": f"{name}/index.html", "notes": report.notes, "published": True})
+    for name, store in (extra or {}).items():
+        report = build_reports(store, out / safe_name(name), options)
+        manifest = read_manifest(store)
+        rows.append({"name": name, "url": f"{safe_name(name)}/index.html", "published": manifest is not None,
+                     "state": "unpublished", "command": "", "commit_short": "this checkout", "machines": [],
+                     "date": "–", "elapsed": "–", "cell_time": "–", "statuses": _statuses(store), "missing": 0,
+                     "cells": sum(_statuses(store).values()), "note": f"the store {store} (not published)",
+                     "stale": [], "failed": [], "dirty": False, "same_commit": True, "versions": {},
+                     "published_at": "–", "notes": report.notes})
+    order = {"current": 0, "unpublished": 1, "failed": 2, "stale": 3}
+    rows.sort(key=lambda r: (order.get(r["state"], 9), r["name"]))
+    index = out / "index.html"
+    index.write_text(_environment().get_template("studies.html").render(
+        studies=rows, generated=datetime.datetime.now().isoformat(timespec="seconds"),
+        published=str(published), root="", results=str(published), study=None))
+    return index
+
+
+def _statuses(store: Path) -> dict:
+    from collections import Counter
+
+    from pflbench.store import scan_store
+
+    return dict(Counter(summary.get("status", "?") for _, _, summary in scan_store(store)[0]))

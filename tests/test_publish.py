@@ -1,0 +1,259 @@
+"""Published studies: `publish` (slimmed copy + manifest), `rerun` and `verify` (a stored cell repeats
+its metrics; a tampered file or changed code is caught), staleness, the peak memory of a cell, and the
+leaderboard of several studies with a stale one marked."""
+import json
+import shutil
+
+import pandas as pd
+import pytest
+from pydantic import create_model
+from rich.console import Console
+
+from pflbench.algorithm import get_algorithm
+from pflbench.cli import main
+from pflbench.publish import MANIFEST, publish, read_manifest, study_state
+from pflbench.reports import ReportOptions
+from pflbench.runner import RunOptions, run_plan
+from pflbench.store import METRICS, SUMMARY, check_folder, file_record, read_json_dict, write_json
+from pflbench.verify import check_cell, compare, rerun
+
+SPEC = """
+name: tiny
+matrix:
+  algorithm: [fedavg, local]
+  dataset:
+    - {name: synthetic, options: {num_samples: 600}}
+  partition:
+    - {scheme: pathological, params: {classes_per_client: 3}}
+  clients: [4]
+  seed: [0]
+defaults: {rounds: 2, batch_size: 16, lr: 0.05}
+resources: {cpus: 1, gpus: 0}
+"""
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory):
+    """A two-cell spec run into a store, published as a study; returns (tmp, spec path, study folder)."""
+    from pflbench.spec import load_spec
+
+    tmp = tmp_path_factory.mktemp("publish")
+    spec = tmp / "tiny.yaml"
+    spec.write_text(SPEC)
+    options = RunOptions(results=tmp / "store", data_root=tmp / "data", use_ray=False)
+    assert run_plan(load_spec(spec), options, Console(file=open(tmp / "log", "w"))).exit_code == 0
+    # allow_dirty: the checkout running the tests may have uncommitted changes
+    study = publish(str(spec), "tiny", tmp / "store", out=tmp / "published", note="a test study", allow_dirty=True)
+    return tmp, spec, study
+
+
+@pytest.fixture
+def study(made, tmp_path, monkeypatch):
+    """A fresh copy of the published study (tests may damage it)."""
+    tmp, spec, published = made
+    monkeypatch.setenv("PFLBENCH_DATA", str(tmp / "data"))
+    copy = tmp_path / "published" / "tiny"
+    shutil.copytree(published, copy)
+    study_state.cache_clear()
+    return copy
+
+
+def cell_folders(study):
+    return sorted(p for p in study.iterdir() if (p / SUMMARY).is_file())
+
+
+def test_publish_writes_a_slim_study_with_its_manifest_and_the_cells_peak_memory(made):
+    tmp, spec, study = made
+    manifest = read_manifest(study)
+    assert manifest["command"] == f"pflbench run {spec}" and manifest["note"] == "a test study"
+    assert set(manifest["versions"]) == {"pflbench", "torch", "python"}
+    assert manifest["statuses"] == {"finished": 2} and manifest["missing"] == []
+    assert manifest["machines"][0]["cells"] == 2 and manifest["machines"][0]["cpu_model"]
+    assert manifest["wall_time"]["cell_seconds"] > 0 and manifest["date"]
+    for folder in cell_folders(study):
+        assert check_folder(folder) == []  # the copy is an intact store
+        summary = read_json_dict(folder / SUMMARY)
+        # peak memory beside wall time (pflbench/cost.py): at least the RSS the cell started from
+        assert summary["peak_host_bytes"] >= summary["host_start_bytes"] > 0
+        assert summary["peak_host_method"] in ("vmhwm", "sampled", "process")
+        assert manifest["commit"] == summary["code_commit"]  # the commit the cell ran with
+        # the narrowing `--set`s of each cell were checked at publish time to give exactly that cell
+        assert manifest["cells"][folder.name]["sets"] == [f"algorithm={json.loads((folder / 'config.json').read_text())['cell']['algorithm']}"]
+    assert {p.name for p in study.iterdir()} == {MANIFEST, *manifest["cells"]}
+
+
+def test_rerun_of_a_stored_cell_gives_its_stored_metrics(study):
+    for folder in cell_folders(study):
+        result = rerun(folder)
+        stored = pd.read_parquet(folder / METRICS)
+        pd.testing.assert_frame_equal(stored.drop(columns="wall_time"), result.metrics.drop(columns="wall_time"),
+                                      check_dtype=False)
+        assert compare(folder, result, exact=True) == []
+
+
+def test_the_rerun_command_finds_the_cell_compares_and_writes_it(study, tmp_path, capsys):
+    folder = cell_folders(study)[0]
+    assert main(["rerun", folder.name, "--results", str(study.parent), "--out", str(tmp_path / "again")]) == 0
+    out = capsys.readouterr().out
+    assert f"{folder.name} (" in out and ": identical" in out
+    assert (tmp_path / "again" / folder.name / SUMMARY).is_file()
+    assert main(["rerun", "0123456789ab", "--results", str(study.parent)]) == 2
+
+
+def tamper(folder, fix_checksum: bool) -> None:
+    """Raise one client's stored accuracy (and, if asked, re-record the file's checksum)."""
+    metrics = pd.read_parquet(folder / METRICS)
+    metrics.loc[metrics.index[-1], "accuracy"] = min(1.0, metrics["accuracy"].iloc[-1] + 0.25)
+    metrics.to_parquet(folder / METRICS, index=False)
+    if fix_checksum:
+        summary = read_json_dict(folder / SUMMARY)
+        summary["files"][METRICS] = file_record(folder / METRICS)
+        write_json(folder / SUMMARY, summary)
+
+
+@pytest.mark.parametrize("fix_checksum", [True, False])
+def test_verify_detects_a_tampered_metrics_file(study, capsys, fix_checksum):
+    target = cell_folders(study)[0]
+    tamper(target, fix_checksum)
+    check = check_cell(target)
+    assert not check.ok and check.verdict == "DIFFERS"
+    assert [d.what for d in check.differences] == ["metrics.parquet accuracy"]
+    assert "1 of" in check.differences[0].detail
+    assert any("checksum" in note for note in check.notes) == (not fix_checksum)
+    # the command: every cell, exit 1, the tampered cell named
+    assert main(["verify", str(study), "--sample", "0"]) == 1
+    out = capsys.readouterr().out
+    assert f"differ or have problems: {target.name}" in out and "differs: metrics.parquet accuracy" in out
+    # tolerance mode holds a rerun to each round's mean accuracy within ACCURACY_TOLERANCE: a last round
+    # whose every client gained 30 points is caught
+    metrics = pd.read_parquet(target / METRICS)
+    last = metrics["round"] == metrics["round"].max()
+    metrics.loc[last, "accuracy"] = (metrics.loc[last, "accuracy"] + 0.3).clip(upper=1.0)
+    metrics.to_parquet(target / METRICS, index=False)
+    check = check_cell(target, force_tolerance=True)
+    assert check.mode == "tolerance" and [d.what for d in check.differences] == ["metrics.parquet mean accuracy"]
+
+
+def test_verify_detects_a_cell_whose_code_changed(study, monkeypatch):
+    fedavg = get_algorithm("fedavg")
+    folder = next(p for p in cell_folders(study) if "fedavg" in (p / "config.json").read_text())
+    assert check_cell(folder).ok
+    monkeypatch.setattr(fedavg, "aggregate", lambda self, rnd, clients, upload: None)  # the server stops averaging
+    check = check_cell(folder)
+    assert not check.ok and any(d.what == "metrics.parquet accuracy" for d in check.differences)
+    assert check.notes == []  # its id did not change: only the rerun can tell
+
+
+def add_default(monkeypatch, algorithm: str) -> None:
+    """Give `algorithm` a new hyperparameter with a default, as a code change would."""
+    cls = get_algorithm(algorithm)
+    monkeypatch.setattr(cls, "Hyperparams", create_model("Changed", new_knob=(int, 1), __base__=cls.Hyperparams))
+
+
+def test_a_study_is_stale_when_the_code_gives_its_cells_other_ids(study, monkeypatch):
+    assert study_state(study).label == "current"
+    add_default(monkeypatch, "local")
+    study_state.cache_clear()
+    state = study_state(study)
+    assert state.label == "stale"
+    assert any("1 of 2 stored configurations resolve to other cell ids" in why for why in state.stale)
+    assert any("now plans 1 cells that are not in the study" in why for why in state.stale)
+    # verify says so for that cell
+    folder = next(p for p in cell_folders(study) if '"local"' in (p / "config.json").read_text())
+    assert any(note.startswith("stale: the current code resolves") for note in check_cell(folder).notes)
+
+
+def test_a_study_with_a_failed_cell_is_failed(study):
+    manifest = read_manifest(study)
+    gone = cell_folders(study)[0]
+    shutil.rmtree(gone)  # as if its run had crashed: planned, no result
+    write_json(study / MANIFEST, {**manifest, "statuses": {"finished": 1, "failed": 1}, "missing": [gone.name]})
+    study_state.cache_clear()
+    state = study_state(study)
+    assert state.label == "failed" and state.stale == []
+    assert state.failed == ["1 cells failed", "1 planned cells have no result"]
+
+
+def test_sampling_is_seeded_and_respects_max_seconds(study):
+    from pflbench.verify import sample_cells
+
+    assert sample_cells(study, 1, seed=3) == sample_cells(study, 1, seed=3)
+    assert {p.name for s in range(20) for p in sample_cells(study, 1, seed=s)} == {p.name for p in cell_folders(study)}
+    assert sample_cells(study, None, seed=0, max_seconds=0.0) == []
+    with pytest.raises(ValueError, match="no cell ffffffffffff"):
+        sample_cells(study, None, seed=0, cells=["ffffffffffff"])
+
+
+def test_publish_refuses_bad_requests_before_writing(made, tmp_path):
+    import pflbench.publish as publish_module
+    from pflbench.publish import PublishError
+
+    tmp, spec, _ = made
+    with pytest.raises(PublishError, match="plain folder name"):
+        publish(str(spec), "../x", tmp / "store", out=tmp_path, allow_dirty=True)
+    with pytest.raises(PublishError, match="has a result"):
+        publish(str(spec), "x", tmp_path / "empty", out=tmp_path, allow_dirty=True)
+    publish(str(spec), "x", tmp / "store", out=tmp_path, allow_dirty=True)
+    with pytest.raises(PublishError, match="--replace"):
+        publish(str(spec), "x", tmp / "store", out=tmp_path, allow_dirty=True)
+    assert list(tmp_path.iterdir()) == [tmp_path / "x"]
+    # cells run by uncommitted code, or by two commits: refused (the manifest could not say what ran)
+    summaries = [{"code_commit": "a" * 40, "code_dirty": False}, {"code_commit": "a" * 40, "code_dirty": True}]
+    with pytest.raises(PublishError, match="uncommitted changes"):
+        publish_module.code_of(summaries, allow_dirty=False)
+    summaries[1] = {"code_commit": "b" * 40, "code_dirty": False}
+    with pytest.raises(PublishError, match="2 different commits"):
+        publish_module.code_of(summaries, allow_dirty=False)
+    assert publish_module.code_of(summaries[:1] * 3, allow_dirty=False) == ("a" * 40, False)
+    assert publish_module.code_of(summaries, allow_dirty=True)[1] is True
+
+
+def test_leaderboard_renders_several_studies_and_marks_a_stale_one(made, tmp_path, monkeypatch):
+    from pflbench.reports.studies import build_leaderboard
+
+    tmp, spec, _ = made
+    monkeypatch.setenv("PFLBENCH_DATA", str(tmp / "data"))
+    published = tmp_path / "published"
+    publish(str(spec), "both", tmp / "store", out=published, allow_dirty=True)
+    publish(str(spec), "fedavg-only", tmp / "store", sets=["algorithm=fedavg"], out=published, allow_dirty=True)
+    publish(str(spec), "local-only", tmp / "store", sets=["algorithm=local"], out=published, allow_dirty=True)
+    add_default(monkeypatch, "local")  # "both" and "local-only" hold local cells: stale now
+    index = build_leaderboard(published, tmp_path / "site", options=ReportOptions(figures=False))
+    html = index.read_text()
+    current, stale = html.split('id="stale"')
+    assert 'data-study="fedavg-only" data-state="current"' in current
+    assert 'data-study="both" data-state="stale"' in stale and 'data-study="local-only" data-state="stale"' in stale
+    assert "stored configurations resolve to other cell ids" in stale
+    for name in ("both", "fedavg-only", "local-only"):
+        assert (tmp_path / "site" / name / "index.html").is_file()
+    page = next((tmp_path / "site" / "fedavg-only" / "cells").glob("*.html")).read_text()
+    cell_id = next((tmp_path / "site" / "fedavg-only" / "cells").glob("*.html")).stem
+    assert f"pflbench rerun {cell_id}" in page and 'id="study-provenance"' in page
+    assert "--set algorithm=fedavg" in page  # the spec + --set form
+    stale_page = (tmp_path / "site" / "both" / "index.html").read_text()
+    assert 'class="state-stale">stale</span>' in stale_page and "peak host MB" in stale_page
+
+
+def test_peak_memory_counts_what_the_cell_held_at_its_peak_not_before():
+    import numpy as np
+
+    from pflbench.cost import measured
+
+    class Result:  # what `measured` needs of a CellResult
+        summary: dict
+
+    def cell(megabytes: int):
+        def run():
+            block = np.ones(megabytes * 2**20, dtype=np.uint8)  # touched: resident
+            del block
+            result = Result()
+            result.summary = {}
+            return result
+        return run
+
+    big = measured("cpu", cell(200)).summary
+    small = measured("cpu", cell(1)).summary  # after the big one, in the same process
+    assert big["peak_host_bytes"] - big["host_start_bytes"] >= 190 * 2**20  # pages the start held may be released
+    if small["peak_host_method"] != "process":  # a lifetime peak cannot be reset (not Linux)
+        assert small["peak_host_bytes"] - small["host_start_bytes"] < 50 * 2**20
+    assert big["cpu_model"] and big["cpu_cores"] >= 1 and "gpu_model" not in big
