@@ -1,7 +1,7 @@
 """`pflbench publish`, `rerun`, `verify` and `leaderboard`: the subcommands of published results
 (the work is done by pflbench/publish.py, pflbench/verify.py and pflbench/reports/studies.py).
 
-Only the standard library is imported here (see COMMAND_MODULES in pflbench/cli.py).
+Only the standard library is imported here (see COMMAND_MODULES in pflbench/cli/__init__.py).
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ PUBLISHED = Path("results") / "published"  # pflbench.publish.PUBLISHED, without
 
 
 def add_parser(subparsers) -> None:
-    from pflbench.commands import add_data_options
+    from pflbench.cli.commands import add_data_options
 
     publish = subparsers.add_parser(
         "publish", help="copy a run's cells into results/published/STUDY (slimmed, with a manifest)",
