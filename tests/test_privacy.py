@@ -26,7 +26,8 @@ def _spec(**defaults):
 
 
 # ---- item 2: BatchNorm statistics under DP ------------------------------------------------------------
-def test_batchnorm_statistics_stay_on_the_clients_under_dp(tmp_path, monkeypatch):
+@pytest.mark.parametrize("mode", ["local", "central"])
+def test_batchnorm_statistics_stay_on_the_clients_under_dp(mode, tmp_path, monkeypatch):
     """Before: the noised running_var deltas were averaged, the variance went negative and the cell
     ended "diverged: non-finite test loss" at round 3. Now the statistics never leave a client."""
     fedavg = get_algorithm("fedavg")
@@ -41,7 +42,7 @@ def test_batchnorm_statistics_stay_on_the_clients_under_dp(tmp_path, monkeypatch
 
     clients_own = []
     monkeypatch.setattr(fedavg, "aggregate", aggregate)
-    cell = small_cell(model="cnn-bn", **IMAGES)
+    cell = small_cell(model="cnn-bn", **{**IMAGES, "privacy": {**IMAGES["privacy"], "mode": mode}})
     result = run_cell(cell, data_root=tmp_path)
     assert result.status == "finished", result.error
     assert np.isfinite(result.metrics[["accuracy", "loss", "val_loss"]].to_numpy()).all()
