@@ -358,9 +358,6 @@ def load_object_state(owner, name: str, saved) -> None:
 
 
 def get_algorithm(name: str) -> type[Algorithm]:
-    from pflbench.plugins import load_builtins
-
-    load_builtins()  # the built-in algorithms, and installed packages' plugins
-
+    """The registered algorithm `name` (the registry loads the built-ins and plugins first)."""
     return ALGORITHMS.get(name)
 

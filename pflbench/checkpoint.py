@@ -50,9 +50,9 @@ from typing import TYPE_CHECKING, Callable
 if TYPE_CHECKING:
     import torch
 
+from pflbench.store import CHECKPOINT, atomic_write
 from pflbench.config import CellConfig, cell_hash
 
-CHECKPOINT = "checkpoint.pt"
 MAGIC = b"PFLBENCH-CHECKPOINT"
 FORMAT = 1
 DEFAULT_MINUTES = 5.0
@@ -176,7 +176,6 @@ def write_checkpoint(path: Path, header: dict, payload: dict) -> int:
     """Write atomically (temporary file in the same folder, fsync, rename); returns the file's bytes."""
     import torch
 
-    from pflbench.store import atomic_write
 
     buffer = io.BytesIO()
     torch.save(payload, buffer)

@@ -160,11 +160,7 @@ class ClientSplits:
 
 def make_partitioner(scheme: str, params: dict) -> Partitioner:
     """The registered scheme with validated params (unknown scheme: the registry's UnknownNameError)."""
-    from pflbench.plugins import load_builtins
-
-    load_builtins()  # the built-in schemes (deferred: they import this module) and installed plugins
-
-    return PARTITIONS.get(scheme)(**params)
+    return PARTITIONS.get(scheme)(**params)  # the registry loads the built-in schemes and plugins first
 
 
 def make_splits(

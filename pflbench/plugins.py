@@ -43,9 +43,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from pflbench.registry import NameClashError, loading
+from pflbench.registry import NameClashError, fill_with, loading
 
 ENTRY_POINT_GROUP = "pflbench.plugins"
+# The built-ins: importing each registers its algorithms, datasets, models or partition schemes.
+BUILTIN_PACKAGES = ("pflbench.algorithms", "pflbench.data", "pflbench.models", "pflbench.partitions")
 FILE_MODULE_PREFIX = "pflbench_plugin_"
 
 
@@ -74,6 +76,7 @@ class Loaded:
 
 _LOADED: dict[str, Loaded] = {}  # plugin id -> what is loaded in this process
 _BUILTINS_LOADED = False
+_BUILTINS_LOADING = False
 
 
 # ---- the registries ----------------------------------------------------------------------------
@@ -90,18 +93,22 @@ def registries() -> dict[str, Any]:
 
 def load_builtins() -> None:
     """Register the built-in algorithms, partition schemes, datasets and models, then the installed
-    packages' plugins (entry points). Idempotent; every path to a registry goes through here first,
-    so that a plugin's name is always checked against every built-in."""
-    global _BUILTINS_LOADED
-    if _BUILTINS_LOADED:
+    packages' plugins (entry points). Idempotent, and run by every registry before it is read
+    (`registry.fill_with`), so that a plugin's name is always checked against every built-in."""
+    global _BUILTINS_LOADED, _BUILTINS_LOADING
+    if _BUILTINS_LOADED or _BUILTINS_LOADING:  # done, or under way (a built-in reading a registry)
         return
-    import pflbench.algorithms  # noqa: F401
-    import pflbench.data  # noqa: F401
-    import pflbench.models  # noqa: F401
-    import pflbench.partitions  # noqa: F401
-
-    _BUILTINS_LOADED = True
+    _BUILTINS_LOADING = True
+    try:
+        for package in BUILTIN_PACKAGES:  # loaded by name, as a plugin is: importing registers
+            importlib.import_module(package)
+        _BUILTINS_LOADED = True
+    finally:
+        _BUILTINS_LOADING = False
     load_entry_points()
+
+
+fill_with(load_builtins)
 
 
 def _snapshot() -> dict[str, set[str]]:

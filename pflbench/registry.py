@@ -71,6 +71,22 @@ class NameClashError(ValueError):
     """Two definitions (built-in or plugin) of one name in one registry."""
 
 
+# The loader of the built-ins and the installed packages' plugins (pflbench.plugins.load_builtins),
+# run before a registry is read. The loader installs itself when pflbench is imported, so reading a
+# registry never imports it, and it is free to import the registries it fills.
+_FILL: list[Callable[[], None]] = []
+
+
+def fill_with(loader: Callable[[], None]) -> None:
+    """Run `loader` before any registry is read (it must return at once once it has run)."""
+    _FILL[:] = [loader]
+
+
+def _fill() -> None:
+    for loader in _FILL:
+        loader()
+
+
 class Registry(Generic[T]):
     def __init__(self, kind: str, own_attributes: dict[str, Any] | None = None):
         self.kind = kind
@@ -114,21 +130,26 @@ class Registry(Generic[T]):
         return names
 
     def get(self, name: str) -> T:
+        _fill()
         try:
             return self._entries[name]
         except KeyError:
             raise UnknownNameError(self.unknown_message(name)) from None
 
     def unknown_message(self, name: str) -> str:
+        _fill()
         return unknown_message(self.kind, name, sorted(self._entries))
 
     def names(self) -> list[str]:
+        _fill()
         return sorted(self._entries)
 
     def items(self):
+        _fill()
         return sorted(self._entries.items())
 
     def __contains__(self, name: object) -> bool:
+        _fill()
         return name in self._entries
 
 

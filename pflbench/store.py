@@ -52,6 +52,7 @@ from pflbench.config import CellConfig, cell_hash
 
 CONFIG, SUMMARY, ERROR = "config.json", "summary.json", "error.txt"
 METRICS, ROUNDS = "metrics.parquet", "rounds.parquet"
+CHECKPOINT = "checkpoint.pt"  # the latest round checkpoint of a running cell (pflbench.checkpoint)
 ARTIFACTS = Path("artifacts") / "arrays.npz"
 # Outcomes that are results of the configuration itself (divergence is deterministic given the seed),
 # so resuming skips them; "failed" (a crash, a lost worker) is retried.
@@ -232,7 +233,6 @@ class Store:
 
     def checkpoint_path(self, cell: CellConfig) -> Path:
         """The cell's round checkpoint (pflbench.checkpoint), there while it runs or after a kill."""
-        from pflbench.checkpoint import CHECKPOINT
 
         return self.cell_dir(cell) / CHECKPOINT
 

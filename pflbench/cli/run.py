@@ -33,15 +33,16 @@ def add_parser(subparsers) -> None:
     run.add_argument("--no-ray", action="store_true", help="run the cells one by one in this process")
     run.add_argument("--force", action="store_true", help="rerun cells that already have a result")
     add_execution_arguments(run, device_help="torch device for every cell (default: cuda for cells given GPUs, else cpu)")
-    add_checkpoint_options(run)
-    run.add_argument("--retries", type=int, default=2, metavar="N",
-                     help="Ray: rerun a cell whose worker was lost up to N times, from its checkpoint (default 2)")
+    add_checkpoint_options(run, retried="Ray: rerun a cell")
     add_data_options(run)
     run.set_defaults(func=cmd_run)
 
 
-def add_checkpoint_options(parser) -> None:
-    """Round checkpoints (pflbench/checkpoint.py): execution options, not part of a cell's identity."""
+def add_checkpoint_options(parser, retried: str) -> None:
+    """Round checkpoints (pflbench/checkpoint.py) and retries of a lost worker's cell (`retried`: what is
+    rerun, in words): execution options, not part of a cell's identity."""
+    parser.add_argument("--retries", type=int, default=2, metavar="N",
+                        help=f"{retried} whose worker was lost up to N times, from its checkpoint (default 2)")
     parser.add_argument("--checkpoint-every", type=int, default=0, metavar="ROUNDS",
                         help="write a running cell's checkpoint every ROUNDS rounds (default 0: by time only)")
     parser.add_argument("--checkpoint-minutes", type=float, default=5.0, metavar="M",

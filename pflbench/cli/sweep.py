@@ -38,9 +38,7 @@ def add_parser(subparsers) -> None:
     sweep.add_argument("--workers", type=int, help="trials at once (default: as many as Ray's CPUs allow)")
     sweep.add_argument("--ray-address", help="an existing Ray cluster (default: $RAY_ADDRESS, else a local instance)")
     add_execution_arguments(sweep, device_help="torch device (default: cuda for cells given GPUs, else cpu)")
-    add_checkpoint_options(sweep)
-    sweep.add_argument("--retries", type=int, default=2, metavar="N",
-                       help="rerun a trial whose worker was lost up to N times, from its checkpoint (default 2)")
+    add_checkpoint_options(sweep, retried="rerun a trial")
     add_data_options(sweep)
     sweep.set_defaults(func=cmd_sweep)
 

@@ -23,7 +23,7 @@ from pflbench.reports.cells import (algorithm_class, display_name, execution_tex
                                     read_metrics, read_rounds, timing_breakdown)
 from pflbench.reports.heterogeneity import site_tables
 from pflbench.reports.protocols import AVERAGINGS, DEFAULT, MODELS, SELECTIONS, Protocol
-from pflbench.reports.studies import cell_provenance, study_facts
+from pflbench.reports.provenance import cell_provenance, study_facts
 from pflbench.reports.tables import DATA_DIFFER, TUNED, mean_or_none, payload_text
 from pflbench.store import flatten
 

@@ -17,63 +17,10 @@ from pathlib import Path
 
 from jinja2 import Environment, PackageLoader, StrictUndefined
 
-from pflbench.publish import read_manifest, reproduce_commands, studies, study_state
+from pflbench.publish import read_manifest, studies, study_state
 from pflbench.reports.build import ReportOptions, build_reports
 from pflbench.reports.document import safe_name
-
-
-def machine_text(machine: dict) -> str:
-    parts = [machine.get("cpu_model") or "CPU not recorded"]
-    if machine.get("cpu_cores"):
-        parts[0] += f" ({machine['cpu_cores']} cores)"
-    if machine.get("gpu_model"):
-        parts.append(machine["gpu_model"])
-    return ", ".join(parts)
-
-
-def duration_text(seconds) -> str:
-    if seconds is None:
-        return "–"
-    seconds = float(seconds)
-    if seconds < 10:
-        return f"{seconds:.1f} s"
-    return f"{seconds:.0f} s" if seconds < 120 else (f"{seconds / 60:.1f} min" if seconds < 7200
-                                                    else f"{seconds / 3600:.1f} h")
-
-
-def study_facts(store: str | Path) -> dict | None:
-    """What every page of a published study shows about it; None for a store that is not one."""
-    state = study_state(Path(store).resolve())
-    if state is None:
-        return None
-    m = state.manifest
-    commit = m.get("commit") or ""
-    wall = m.get("wall_time") or {}
-    return {"name": Path(store).name, "command": m.get("command") or "", "commit": commit,
-            "commit_short": commit[:10] or "unknown", "dirty": bool(m.get("dirty")),
-            "same_commit": bool(commit) and commit == state.commit_now,
-            "machines": [f"{machine_text(x)}: {x.get('cells')} cells" for x in m.get("machines") or []],
-            "versions": m.get("versions") or {}, "date": m.get("date") or "–",
-            "published_at": m.get("published_at") or "–",
-            "elapsed": duration_text(wall.get("elapsed_seconds")), "cell_time": duration_text(wall.get("cell_seconds")),
-            "statuses": m.get("statuses") or {}, "missing": len(m.get("missing") or []),
-            "cells": len(m.get("cells") or {}), "note": m.get("note") or "",
-            "state": state.label, "stale": state.stale, "failed": state.failed}
-
-
-def cell_provenance(store: str | Path, cell_id: str) -> dict | None:
-    """A cell page's "Reproduce" section: the commands, and the study's facts; None outside a study."""
-    from pflbench.store import SUMMARY, read_json_dict
-
-    facts = study_facts(store)
-    if facts is None:
-        return None
-    try:
-        summary = read_json_dict(Path(store) / cell_id / SUMMARY)
-    except (OSError, ValueError):
-        summary = {}
-    machine = machine_text(summary) if summary.get("cpu_model") else None
-    return {**reproduce_commands(store, cell_id), "study": facts, "machine": machine}
+from pflbench.reports.provenance import study_facts
 
 
 def _environment() -> Environment:
