@@ -81,7 +81,8 @@ from typing import Literal
 import torch
 from pydantic import Field
 
-from pflbench.steps import finite, loss_and_grads, per_client, rows_where, sgd_step, step_ids
+from pflbench.steps import (finite, keep_inactive, loss_and_grads, per_client, restore_inactive, rows_where,
+                            sgd_step, step_ids)
 from pflbench.algorithm import ALGORITHMS, Algorithm, Hyperparams
 from pflbench.training import Diverged, weighted_mean
 
@@ -129,7 +130,7 @@ class PerFedAvg(Algorithm):
         momenta = {n: torch.zeros_like(p) for n, p in params.items()} if fed.sgd.momentum else {}
         for step in range(int(counts.max()) if len(counts) else 0):
             active = counts > step
-            kept = {n: b.clone() for n, b in buffers.items()} if not active.all() else None
+            kept = keep_inactive(buffers, active)
             loss, grads = loss_and_grads(fed, params, buffers, plans[0][0][:, step])
             w_tmp = {n: params[n] - hp.alpha * grads[n] for n in params}
             meta_loss, g = loss_and_grads(fed, w_tmp, _clone(buffers), plans[1][0][:, step])
@@ -142,9 +143,7 @@ class PerFedAvg(Algorithm):
             if bad.any():
                 raise Diverged(f"non-finite Per-FedAvg loss for clients {clients[bad].tolist()} at local step {step}")
             sgd_step(params, g, momenta, fed.sgd, self.beta, active)
-            if kept is not None:
-                for n in buffers:
-                    buffers[n] = rows_where(active, buffers[n], kept[n])
+            restore_inactive(buffers, kept, active)
         trained = {**params, **buffers}
         if not finite(trained).all():
             raise Diverged(f"non-finite Per-FedAvg parameters for clients {clients.tolist()}")

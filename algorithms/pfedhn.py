@@ -65,7 +65,8 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import Tensor, nn
 
-from pflbench.steps import finite, loss_and_grads, per_client, rows_where, sgd_step, step_ids
+from pflbench.steps import (finite, keep_inactive, loss_and_grads, per_client, restore_inactive, rows_where,
+                            sgd_step, step_ids)
 from pflbench.algorithm import ALGORITHMS, Algorithm, Hyperparams
 from pflbench.training import SGD, Diverged
 
@@ -200,7 +201,7 @@ class PFedHN(Algorithm):
         momenta = {n: torch.zeros_like(p) for n, p in params.items()}
         for step in range(int(counts.max()) if len(counts) else 0):
             active = counts > step
-            kept = {n: b.clone() for n, b in buffers.items()} if not active.all() else None
+            kept = keep_inactive(buffers, active)
             loss, grads = loss_and_grads(fed, params, buffers, ids[:, step])
             if (active & ~torch.isfinite(loss)).any():
                 raise Diverged(f"non-finite pFedHN inner loss for clients {clients[active & ~torch.isfinite(loss)].tolist()}")
@@ -209,9 +210,7 @@ class PFedHN(Algorithm):
             scale = torch.clamp(self.OFFICIAL_INNER_CLIP / (norm + 1e-6), max=1.0)
             grads = {n: g * scale.to(g.dtype).view(-1, *([1] * (g.dim() - 1))) for n, g in grads.items()}
             sgd_step(params, grads, momenta, sgd, sgd.lr, active)
-            if kept is not None:
-                for n in buffers:
-                    buffers[n] = rows_where(active, buffers[n], kept[n])
+            restore_inactive(buffers, kept, active)
         trained = {**params, **buffers}
         if not finite(trained).all():
             raise Diverged(f"non-finite pFedHN parameters for clients {clients.tolist()}")
@@ -273,12 +272,12 @@ class PFedHN(Algorithm):
         ids, counts = step_ids(fed, rnd, everyone, salt=self.NEWCOMER_SALT, epochs=self.NEWCOMER_EPOCHS)
         for step in range(int(counts.max()) if len(counts) else 0):
             active = counts > step
-            kept = {n: b.clone() for n, b in buffers.items()} if not active.all() else None
+            kept = keep_inactive(buffers, active)
             leaf = embedding.detach().requires_grad_(True)
             leaves = {n: t.detach().requires_grad_(True) for n, t in own.items()}
             model = {**self.hypernet.generate(leaf), **leaves, **buffers}
-            logits = fed.model.forward(model, fed.features[ids[:, step]], train=True)
-            labels = fed.labels[ids[:, step]]
+            x, labels = fed.data(ids[:, step])
+            logits = fed.model.forward(model, x, train=True)
             losses = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="none").view(labels.shape).mean(1)
             if (active & ~torch.isfinite(losses)).any():
                 raise Diverged(f"non-finite pFedHN newcomer loss for newcomers {everyone[active & ~torch.isfinite(losses)].tolist()}")
@@ -288,9 +287,7 @@ class PFedHN(Algorithm):
                 embedding = rows_where(active, embedding - hp.hn_lr * velocity, embedding)
                 own = {n: t.detach() for n, t in leaves.items()}
                 sgd_step(own, dict(zip(leaves, grads[1:])), momenta, fed.sgd, fed.sgd.lr, active)
-            if kept is not None:
-                for n in buffers:
-                    buffers[n] = rows_where(active, buffers[n], kept[n])
+            restore_inactive(buffers, kept, active)
         with torch.no_grad():
             generated = self.hypernet.generate(embedding)
         self.newcomer_embeddings = embedding  # for inspection (tests)

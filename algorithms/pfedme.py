@@ -76,7 +76,8 @@ from typing import Literal
 import torch
 from pydantic import Field
 
-from pflbench.steps import finite, loss_and_grads, per_client, rows_where, sgd_step, step_ids
+from pflbench.steps import (finite, keep_inactive, loss_and_grads, per_client, restore_inactive, rows_where,
+                            sgd_step, step_ids)
 from pflbench.algorithm import ALGORITHMS, Algorithm, Hyperparams
 from pflbench.training import Diverged, weighted_mean
 
@@ -151,7 +152,7 @@ class PFedMe(Algorithm):
         momenta = {n: torch.zeros_like(p) for n, p in w.items()} if fed.sgd.momentum else {}
         for step in range(int(counts.max()) if len(counts) else 0):
             active = counts > step
-            kept = {n: b.clone() for n, b in buffers.items()} if not active.all() else None
+            kept = keep_inactive(buffers, active)
             start = {n: t.clone() for n, t in theta.items()}
             for _ in range(hp.k):  # K gradient steps on f(theta; D) + lam/2 ||theta - w||^2 (+ mu/2 ||theta||^2), same batch
                 loss, grads = loss_and_grads(fed, theta, buffers, ids[:, step])
@@ -164,9 +165,7 @@ class PFedMe(Algorithm):
                 theta = {n: rows_where(active, theta[n], start[n]) for n in names}
                 pull = {n: hp.lam * (w[n] - theta[n]) for n in names}  # eta * pull = eta * lam * (w - theta)
             sgd_step(w, pull, momenta, fed.sgd, fed.cell.lr, active)
-            if kept is not None:
-                for n in buffers:
-                    buffers[n] = rows_where(active, buffers[n], kept[n])
+            restore_inactive(buffers, kept, active)
         local, personal = {**w, **buffers}, {**theta, **buffers}
         if not (finite(local).all() and finite(personal).all()):
             raise Diverged(f"non-finite pFedMe parameters for clients {clients.tolist()}")

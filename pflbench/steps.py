@@ -54,6 +54,20 @@ def rows_where(active: Tensor, new: Tensor, old: Tensor) -> Tensor:
     return torch.where(active.view(-1, *([1] * (new.dim() - 1))), new, old)
 
 
+def keep_inactive(buffers: State, active: Tensor) -> State | None:
+    """Copies of `buffers` (BatchNorm statistics, which a training-mode forward updates for every
+    row) to give back to the clients not `active` after the step (`restore_inactive`); None when
+    every client is active."""
+    return None if bool(active.all()) else {n: b.clone() for n, b in buffers.items()}
+
+
+def restore_inactive(buffers: State, kept: State | None, active: Tensor) -> None:
+    """The clients not `active` get their buffers from `kept` (`keep_inactive`) back, in `buffers`."""
+    if kept is not None:
+        for n in buffers:
+            buffers[n] = rows_where(active, buffers[n], kept[n])
+
+
 def sgd_step(params: State, grads: State, momenta: State, sgd: SGD, lr: float, active: Tensor) -> None:
     """The engine's SGD rule (`SGD.apply`) with step size `lr`, in place, on the active clients
     only ([K] bool); `momenta` ({} without momentum) holds one buffer per parameter."""
