@@ -19,6 +19,22 @@ ROUND_COLUMNS = ["round", "clients", "bytes_down", "bytes_up", "wall_time", "ada
                  "train_time", "server_time", "eval_time"]  # seconds per round: local training,
 # the other hooks (configure/receive/send/aggregate), forming and scoring the personalized models
 
+# Summary keys that record how and where a run went, not what it computed: timings, the store's own
+# records, peak memory and the machine (pflbench.cost), checkpoints (pflbench.checkpoint). Two runs of one
+# cell (in-process or on Ray, resumed or not) agree on every other key; tests and `pflbench verify` compare
+# summaries without these (and without any `*_time_total`).
+RUN_RECORD_KEYS = frozenset({
+    "wall_time", "completed_at", "files", "runner", "compile_seconds",
+    "peak_host_bytes", "host_start_bytes", "peak_host_method", "peak_gpu_bytes", "cpu_model", "cpu_cores",
+    "gpu_model", "code_commit", "code_dirty",
+    "checkpoint_seconds", "checkpoints_written", "checkpoint_bytes", "resumed_from_round", "checkpoint_error"})
+
+
+def is_run_record(key: str) -> bool:
+    """Whether a summary key records how the run went (RUN_RECORD_KEYS, timings), not a result."""
+    return key in RUN_RECORD_KEYS or key.endswith("_time_total")
+
+
 SELECTIONS = ("final", "bestval")  # the round selections a summary holds (besttest: `best_accuracy`)
 NEWCOMERS = "_newcomers"  # suffix of the newcomers' own summaries (pflbench.newcomers)
 

@@ -9,13 +9,13 @@ import numpy as np
 import pandas as pd
 import torch
 
+from pflbench.metrics import RUN_RECORD_KEYS
 from pflbench.checkpoint import CheckpointPolicy, Checkpointer
 from pflbench.rounds import run_cell
 
 # Columns and summary keys that are timings or records of how the run went, not results.
 TIMING_COLUMNS = {"wall_time", "adapt_time", "train_time", "server_time", "eval_time"}
-EXECUTION_KEYS = {"wall_time", "compile_seconds", "checkpoint_seconds", "checkpoints_written",
-                  "checkpoint_bytes", "resumed_from_round", "newcomer_time_total"}
+EXECUTION_KEYS = RUN_RECORD_KEYS | {"newcomer_time_total"}
 
 
 class Interrupted(Exception):

@@ -15,6 +15,7 @@ import pandas as pd
 import pytest
 
 from checkpoint_helpers import TIMING_COLUMNS
+from pflbench.metrics import RUN_RECORD_KEYS
 from pflbench.checkpoint import CHECKPOINT, CheckpointProblem, read_header
 
 PFLBENCH = [sys.executable, "-c", "import sys; from pflbench.cli import main; sys.exit(main(sys.argv[1:]))"]
@@ -104,8 +105,7 @@ def assert_same_result(folder: Path, reference: Path) -> None:
         columns = [c for c in a.columns if c not in TIMING_COLUMNS]
         pd.testing.assert_frame_equal(a[columns], b[columns], check_exact=True)
     one, other = (json.loads((f / "summary.json").read_text()) for f in (folder, reference))
-    execution = {"wall_time", "completed_at", "runner", "files", "compile_seconds", "checkpoint_seconds",
-                 "checkpoints_written", "checkpoint_bytes", "resumed_from_round"}
+    execution = RUN_RECORD_KEYS
     keys = {k for k in one if k not in execution and not k.endswith("_time_total")}
     assert {k: one[k] for k in keys} == {k: other.get(k) for k in keys}
 

@@ -23,12 +23,12 @@ from pathlib import Path
 import pytest
 import yaml
 
+from pflbench.metrics import RUN_RECORD_KEYS
 from pflbench.spec import load_spec
 from pflbench.store import Store
 
 # Timings and where they were measured differ between the runs; everything else must not.
-VOLATILE = {"wall_time", "completed_at", "files", "runner", "train_time_total", "server_time_total",
-            "eval_time_total", "compile_seconds", "peak_host_bytes", "host_start_bytes"}  # timings, memory
+VOLATILE = RUN_RECORD_KEYS | {"train_time_total", "server_time_total", "eval_time_total"}  # timings, memory
 
 CLUSTER_SCRIPT = """
 set -e

@@ -6,6 +6,7 @@ import math
 import pytest
 from rich.console import Console
 
+from pflbench.metrics import RUN_RECORD_KEYS
 from pflbench.execution import ExecutionOptions
 from pflbench.algorithm import ALGORITHMS, Algorithm
 from pflbench.config import cell_hash
@@ -110,9 +111,7 @@ def test_ray_gives_the_in_process_summaries(local_ray, options, tmp_path):
     report = run_plan(the_plan, on_ray, quiet())
     assert report.exit_code == 0 and report.ran == len(the_plan.cells) == 8
     # timings differ (and so do the checksums of the files holding them); everything else must not
-    volatile = {"wall_time", "completed_at", "files", "runner",
-                "train_time_total", "server_time_total", "eval_time_total", "compile_seconds",  # timings
-                "peak_host_bytes", "host_start_bytes"}  # a Ray worker's RSS is not the driver's (pflbench/cost.py)
+    volatile = RUN_RECORD_KEYS | {"train_time_total", "server_time_total", "eval_time_total"}  # timings, memory
     for cell in the_plan.cells:
         here, there = Store(options.results).summary(cell), Store(on_ray.results).summary(cell)
         assert here["status"] == "finished" and here["hash"] == cell_hash(cell)

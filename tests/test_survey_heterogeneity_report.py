@@ -67,15 +67,18 @@ def test_survey_spec_is_the_papers_setting_and_its_quick_scale_runs_on_cifar10_j
 
 
 def test_heterogeneity_spec_turns_on_one_knob_at_a_time():
-    """6 algorithms x (every knob off + each of the 5 knobs alone); the selector axis (eval_every)
-    is reset to 5 for every cell, so cells differ only in their knobs."""
+    """6 algorithms x 9 variants (the `variants` axis): every knob off, each of the 5 knobs alone, and
+    the privacy knob at three more budgets/clips; every cell at eval_every 5, so cells differ only in
+    their knobs."""
     knobs = ("feature_shift", "concept_shift", "system", "privacy", "unseen_fraction")
     plan = load_spec(BENCHMARKS / "heterogeneity.yaml")
-    assert len(plan.cells) == 36 and {c.eval_every for c in plan.cells} == {5}
+    assert len(plan.cells) == 54 and {c.eval_every for c in plan.cells} == {5}
     for algorithm in ("local", "fedavg", "fedrep", "ditto", "pfedhn", "pfedla"):
         mine = [c for c in plan.cells if c.algorithm == algorithm]
         on = sorted(tuple(k for k in knobs if getattr(c, k)) for c in mine)
-        assert on == sorted([(), *((k,) for k in knobs)])
+        assert on == sorted([(), *((k,) for k in knobs), *[("privacy",)] * 3])
+        privacy = sorted((c.privacy["epsilon"], c.privacy.get("clip", 1.0)) for c in mine if c.privacy)
+        assert privacy == [(8, 0.1), (8, 1.0), (64, 0.1), (64, 0.3)]
 
 
 # ---- who copes with what -----------------------------------------------------------------------------
