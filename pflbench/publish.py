@@ -348,7 +348,7 @@ def study_state(path: str | Path) -> StudyState | None:
 def reproduce_commands(study: str | Path, cell_id: str) -> dict:
     """What a cell page shows to re-run the cell: `rerun` always, `run` (spec + --set) where known."""
     manifest = read_manifest(study) or {}
-    out = {"rerun": f"pflbench rerun {cell_id}"}
+    out = {"rerun": f"pflbench rerun {cell_id}", "run": None}  # None: no --set form narrows the spec to it
     sets = ((manifest.get("cells") or {}).get(cell_id) or {}).get("sets")
     if manifest.get("spec") and sets is not None:
         out["run"] = command_text(manifest["spec"], manifest.get("scale"), list(manifest.get("sets") or []) + sets)

@@ -258,3 +258,24 @@ def test_peak_memory_counts_what_the_cell_held_at_its_peak_not_before():
     if small["peak_host_method"] != "process":  # a lifetime peak cannot be reset (not Linux)
         assert small["peak_host_bytes"] - small["host_start_bytes"] < 50 * 2**20
     assert big["cpu_model"] and big["cpu_cores"] >= 1 and "gpu_model" not in big
+
+
+def test_a_cell_without_a_narrowed_spec_form_still_gets_its_page(made, tmp_path, monkeypatch):
+    """A spec whose cells no `--set` narrows to one (a `variants` axis, say) leaves a cell's manifest entry
+    without `sets`: its page shows the `rerun` command alone (this crashed the leaderboard before)."""
+    import json
+
+    from pflbench.reports.studies import build_leaderboard
+
+    tmp, spec, _ = made
+    monkeypatch.setenv("PFLBENCH_DATA", str(tmp / "data"))
+    published = tmp_path / "published"
+    study = publish(str(spec), "bundled", tmp / "store", out=published, allow_dirty=True)
+    manifest = json.loads((study / "manifest.json").read_text())
+    for entry in manifest["cells"].values():
+        entry.pop("sets", None)
+    (study / "manifest.json").write_text(json.dumps(manifest))
+    build_leaderboard(published, tmp_path / "site", options=ReportOptions(figures=False))
+    page = next((tmp_path / "site" / "bundled" / "cells").glob("*.html"))
+    text = page.read_text()
+    assert f"pflbench rerun {page.stem}" in text and "narrowed to this cell" not in text
