@@ -13,7 +13,6 @@ retrainings. The top-up is done turn by turn, each turn `local_epochs` epochs wi
 at round r is the same whichever rounds were evaluated before (until issue 29 a top-up used the
 evaluating round's batch orders for all its epochs, so the scores depended on `eval_every`).
 """
-import torch
 
 from pflbench.algorithm import ALGORITHMS, Algorithm
 
