@@ -4,16 +4,13 @@ Installed, this folder is the package `pflbench.algorithms` (setup.py). Imported
 from a checkout (`import algorithms`, `from algorithms.fedavg import FedAvg`: code written before the
 mapping), it stands for `pflbench.algorithms` instead of loading every module a second time (which
 would register every algorithm twice)."""
-import sys
 from importlib import import_module
 from pathlib import Path
 
 if __name__ == "algorithms":
-    _package = import_module("pflbench.algorithms")
-    sys.modules[__name__] = _package
-    for _name, _module in list(sys.modules.items()):
-        if _name.startswith("pflbench.algorithms."):
-            sys.modules["algorithms." + _name.removeprefix("pflbench.algorithms.")] = _module
+    from pflbench.resources import stand_for
+
+    stand_for(__name__, "pflbench.algorithms")
 else:
     for _module in sorted(Path(__file__).parent.glob("[!_]*.py")):
         import_module(f"{__name__}.{_module.stem}")

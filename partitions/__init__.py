@@ -2,14 +2,9 @@
 
 Installed, this folder is the package `pflbench.partitions` (setup.py); imported by its folder name
 from a checkout (`import partitions`), it stands for `pflbench.partitions` (see algorithms/__init__.py)."""
-import sys
-from importlib import import_module
-
 if __name__ == "partitions":
-    _package = import_module("pflbench.partitions")
-    sys.modules[__name__] = _package
-    for _name, _module in list(sys.modules.items()):
-        if _name.startswith("pflbench.partitions."):
-            sys.modules["partitions." + _name.removeprefix("pflbench.partitions.")] = _module
+    from pflbench.resources import stand_for
+
+    stand_for(__name__, "pflbench.partitions")
 else:
     from pflbench.partitions import dirichlet, dominant, flower, iid, imported, pathological  # noqa: F401

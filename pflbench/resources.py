@@ -46,3 +46,16 @@ def resolve_spec_argument(args) -> None:
     if isinstance(value, (str, Path)):
         resolved = resolve_spec(str(value))
         args.spec = type(value)(resolved) if isinstance(value, Path) else resolved
+
+
+def stand_for(alias: str, package: str) -> None:
+    """Make the checkout folder imported as `alias` (`algorithms`, `partitions`) be the installed package
+    `package` (`pflbench.algorithms`, ...), its loaded submodules too, instead of loading every module a
+    second time under a second name (which would register every entry twice)."""
+    import sys
+    from importlib import import_module
+
+    sys.modules[alias] = import_module(package)
+    for name, module in list(sys.modules.items()):
+        if name.startswith(package + "."):
+            sys.modules[alias + "." + name.removeprefix(package + ".")] = module
