@@ -147,6 +147,7 @@ class CellRecord:
         self.newcomer_time = 0.0
         self.last_eval: dict | None = None
         self.flags = {} if fed.newcomers is None else {"newcomer": False}
+        self.sizes = fed.split_sizes("test").tolist(), fed.split_sizes("val").tolist()  # per client, fixed
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.start
@@ -249,8 +250,8 @@ def evaluate_round(fed: Federation, algorithm: Algorithm, rnd: int, clients: Ten
         record.round_rows[-1]["adapt_time"] = time.perf_counter() - adapt_start
     del personal
     bytes_down, bytes_up = (dict(zip(clients.tolist(), values.tolist())) for values in sent)  # by position
-    record.add_clients(client_rows(rnd, fed.client_ids, scores, adapted, fed.split_sizes("test").tolist(),
-                                   fed.split_sizes("val").tolist(), bytes_down, bytes_up, **record.flags))
+    record.add_clients(client_rows(rnd, fed.client_ids, scores, adapted, *record.sizes, bytes_down, bytes_up,
+                                   **record.flags))
     if fed.newcomers is not None:  # unseen clients: their models scored apart (pflbench.newcomers)
         rows, seconds = score_newcomers(algorithm, fed.newcomers, rnd, evaluate, fed.cell.finetune_epochs)
         record.add_clients(rows)
