@@ -14,7 +14,9 @@ caller (the runner records it as failed).
 """
 from __future__ import annotations
 
+import hashlib
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -80,10 +82,26 @@ def run_cell(cell: CellConfig, *, data_root=None, mirror=None, execution: Execut
     cell = ensure_resolved(cell)
     algorithm_cls = get_algorithm(cell.algorithm)
     dataset, splits = prepare_cell(cell, data_root, mirror)
-    fed = Federation(cell, dataset, splits, execution, algorithm_cls.batched, withhold_test="test" not in evaluate)
-    algorithm = algorithm_cls(fed, algorithm_cls.parse_hyperparams(cell.hp))
-    return run_rounds(fed, algorithm, on_round=on_round, evaluate=evaluate, checkpointer=checkpointer, provenance={
-        "dataset_checksum": dataset.checksum, "torch": torch.__version__, "device": fed.device.type})
+    with cell_global_rng(cell.seed, torch.device(execution.device or "cpu")):  # as Federation decides
+        fed = Federation(cell, dataset, splits, execution, algorithm_cls.batched, withhold_test="test" not in evaluate)
+        algorithm = algorithm_cls(fed, algorithm_cls.parse_hyperparams(cell.hp))
+        return run_rounds(fed, algorithm, on_round=on_round, evaluate=evaluate, checkpointer=checkpointer,
+                          provenance={"dataset_checksum": dataset.checksum, "torch": torch.__version__,
+                                      "device": fed.device.type})
+
+
+@contextmanager
+def cell_global_rng(seed: int, device: torch.device):
+    """torch's global generator seeded from the cell's seed for the cell's run, the caller's state
+    restored after it. What draws from it (dropout layers: MobileNetV3, VGG8) then draws the same in any
+    process, whatever ran there before: a Ray worker runs cell after cell, `--no-ray` runs a whole plan
+    in one process, and `pflbench rerun`/`verify` run one cell alone. Everything else random is drawn
+    from generators derived from (seed, round, client) already."""
+    digest = hashlib.sha256(f"{seed}/global-rng".encode()).digest()
+    devices = [device.index or 0] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(int.from_bytes(digest[:8], "little"))
+        yield
 
 
 def run_round(algorithm: Algorithm, rnd: int, clients: Tensor, timing: dict | None = None) -> tuple[State, State]:
