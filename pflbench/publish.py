@@ -107,14 +107,19 @@ def narrowing_sets(cell, spec: str, scale: str | None, sets: list[str], cells: l
 
     mine = _axis_values(cell)
     varying = [k for k in mine if len({_axis_values(c)[k] for c in cells}) > 1]
-    for keys in dict.fromkeys([tuple(varying), tuple(mine)]):
-        narrowing = [mine[k] for k in keys]
-        try:
-            plan = load_spec(spec, parse_sets(sets + narrowing), scale=scale)
-        except (SpecError, ValueError):
-            continue
-        if [cell_hash(c) for c in plan.cells] == [cell_hash(cell)]:
-            return narrowing
+    try:  # a spec with a variants axis: a cell's variant is named with `--set variant=NAME`
+        variants = [[f"variant={name}"] for name in load_spec(spec, parse_sets(sets), scale=scale).variants]
+    except (SpecError, ValueError):
+        variants = []
+    for variant in variants or [[]]:
+        for keys in dict.fromkeys([tuple(varying), tuple(mine)]):
+            narrowing = variant + [mine[k] for k in keys]
+            try:
+                plan = load_spec(spec, parse_sets(sets + narrowing), scale=scale)
+            except (SpecError, ValueError):
+                continue
+            if [cell_hash(c) for c in plan.cells] == [cell_hash(cell)]:
+                return narrowing
     return None
 
 

@@ -44,6 +44,7 @@ DICT_FIELDS = ("dataset_options", "partition_params", "hp", "feature_shift", "co
 # Matrix axes with their own entry syntax; every other settable key can be an axis of plain values.
 STRUCTURED_AXES = ("algorithm", "dataset", "partition", "clients")
 SPEC_KEYS = ("name", "description", "plugins", "matrix", "defaults", "overrides", "resources", "scales", "tuned")
+VARIANT_SELECTOR = "variant"  # `--set variant=NAME`: one entry of the variants axis, by its name
 FULL_SCALE = "full"  # the spec as written; every other scale is a block under `scales:`
 TUNED_DIR = "tuned"  # default folder of tuned configurations, next to the spec file (benchmarks/tuned)
 
@@ -233,6 +234,7 @@ class Plan:
     scale: str = FULL_SCALE
     scales: tuple[str, ...] = (FULL_SCALE,)  # every scale the spec offers
     tuned: dict[str, str] = field(default_factory=dict)  # algorithm -> the tuned file its cells use
+    variants: tuple[str, ...] = ()  # the names of the `variants` axis (`--set variant=NAME` picks one)
 
 
 @dataclass(frozen=True)
@@ -348,7 +350,9 @@ def parse_spec(data: Any, source: str = "<spec>", sets: dict[str, Any] | None = 
     if problems:
         raise SpecError(source, list(problems.items))
     return Plan(spec.name or default_name, source, spec.description, cells, resources, frozenset(optional),
-                scale=scale, scales=(FULL_SCALE, *spec.scales), tuned=tuned)
+                scale=scale, scales=(FULL_SCALE, *spec.scales), tuned=tuned,
+                variants=tuple(e.get("name") for e in _listify(data["matrix"].get(VARIANTS_AXIS))
+                               if isinstance(e, dict)))
 
 
 def resolve_cell(values: dict[str, Any], source: str = "<cell>") -> CellConfig:
@@ -458,10 +462,24 @@ def _tuned_rules(setting: TunedSetting, algorithms: list[str], base_dir, problem
     return rules, used
 
 
+def _chosen_variants(entries, names) -> list:
+    """The entries of a spec's `variants` axis named by `--set variant=NAME` (or a list of names), in
+    the spec's order: the one way to narrow a variants axis to a cell from the command line."""
+    wanted = [str(n) for n in _listify(names)]
+    offered = [e.get("name") for e in _listify(entries) if isinstance(e, dict)]
+    if not offered:
+        raise SpecError("--set", [(VARIANT_SELECTOR, f"this spec has no matrix.{VARIANTS_AXIS} axis to choose from")])
+    unknown = [n for n in wanted if n not in offered]
+    if unknown or not wanted:
+        raise SpecError("--set", [(VARIANT_SELECTOR, unknown_message("variant", unknown[0] if unknown else "", offered))])
+    return [e for e in _listify(entries) if isinstance(e, dict) and e.get("name") in wanted]
+
+
 def _split_sets(sets: dict[str, Any], data: dict, origins: dict[str, str]) -> dict[str, Any]:
     """`--set` of a matrix axis, of a structured axis or with a list value replaces (or adds) that
     axis; `resources.*` sets a resource; anything else becomes a final, unconditional override
-    (returned). Replaced axes are noted in `origins`. `KEY+=VALUES` adds values to the matrix axis
+    (returned). Replaced axes are noted in `origins`. `variant=NAME` keeps the named entries of the
+    `variants` axis. `KEY+=VALUES` adds values to the matrix axis
     KEY (`--set 'algorithm+=[mine]'`: a plugin's method beside a spec's rows; `all` stays all)."""
     command_line = {}
     for key, value in sets.items():
@@ -476,6 +494,9 @@ def _split_sets(sets: dict[str, Any], data: dict, origins: dict[str, str]) -> di
         elif key.startswith("resources."):
             data["resources"][key.removeprefix("resources.")] = value
             origins["resources"] = "--set resources"
+        elif key == VARIANT_SELECTOR:
+            data["matrix"][VARIANTS_AXIS] = _chosen_variants(data["matrix"].get(VARIANTS_AXIS), value)
+            origins[VARIANTS_AXIS] = f"--set {VARIANT_SELECTOR}"
         elif key in STRUCTURED_AXES or key in data["matrix"] or isinstance(value, list):
             data["matrix"][key] = value
             origins[key] = f"--set {key}"

@@ -377,6 +377,18 @@ def test_overrides_see_a_variants_settings():
     assert {(c.rounds, c.lr) for c in cells} == {(10, 0.01), (7, 0.2)}
 
 
+def test_set_variant_picks_entries_of_the_variants_axis_by_name():
+    spec = _with_variants([{"name": "plain"}, {"name": "slow run", "set": {"rounds": 3}}, {"name": "c", "set": {"rounds": 4}}])
+    everything = {cell_hash(c) for c in parse_spec(spec).cells}
+    slow = parse_spec(spec, sets={"variant": "slow run", "algorithm": "local"}).cells
+    assert [(c.algorithm, c.rounds) for c in slow] == [("local", 3)] and cell_hash(slow[0]) in everything
+    assert {c.rounds for c in parse_spec(spec, sets={"variant": ["c", "plain"]}).cells} == {10, 4}
+    with pytest.raises(SpecError, match=r"variant: unknown variant 'slow' \(did you mean 'slow run'\?\); allowed: plain, slow run, c"):
+        parse_spec(spec, sets={"variant": "slow"})
+    with pytest.raises(SpecError, match=r"variant: this spec has no matrix\.variants axis"):
+        parse_spec({"name": "x", "matrix": {"algorithm": ["fedavg"], "dataset": ["synthetic"]}}, sets={"variant": "a"})
+
+
 @pytest.mark.parametrize("variants, matrix, expected", [
     ([{"name": "a", "set": {"lrr": 0.1}}], {}, r"matrix\.variants\[0\]\.set\.lrr: unknown key 'lrr'"),
     ([{"name": "a", "set": {"rounds": "many"}}], {}, r"matrix\.variants\[0\]\.set\.rounds: .*integer"),
