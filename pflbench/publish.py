@@ -95,7 +95,9 @@ def _axis_values(cell) -> dict[str, str]:
     dataset = {"name": cell.dataset, "options": cell.dataset_options} if cell.dataset_options else cell.dataset
     return {"algorithm": f"algorithm={cell.algorithm}", "dataset": f"dataset={yaml_value(dataset)}",
             "partition": f"partition={yaml_value({'scheme': cell.partition, 'params': cell.partition_params})}",
-            "clients": f"clients={cell.clients}", "seed": f"seed={cell.seed}"}
+            "clients": f"clients={cell.clients}" if cell.participation == 1.0 else  # the axis's entry form
+                       f"clients={yaml_value({'clients': cell.clients, 'participation': cell.participation})}",
+            "seed": f"seed={cell.seed}"}
 
 
 def narrowing_sets(cell, spec: str, scale: str | None, sets: list[str], cells: list) -> list[str] | None:

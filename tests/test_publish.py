@@ -281,18 +281,20 @@ def test_a_cell_without_a_narrowed_spec_form_still_gets_its_page(made, tmp_path,
     assert f"pflbench rerun {page.stem}" in text and "narrowed to this cell" not in text
 
 
-def test_a_variants_cell_is_narrowed_by_its_variant_name(tmp_path):
-    """Each cell of a spec with a `variants` axis gets the `--set variant=NAME` form that expands the
-    spec to exactly that cell (issue 31: every published cell one command from re-running)."""
+def test_every_cell_is_narrowed_by_its_variant_name_and_client_entry(tmp_path):
+    """Each cell of a spec with a `variants` axis gets the `--set variant=NAME` form, and a clients entry
+    with a participation its `clients={...}` form, that expand the spec to exactly that cell (issue 31:
+    every published cell one command from re-running; both had only the rerun command)."""
     from pflbench.config import cell_hash
     from pflbench.publish import narrowing_sets
     from pflbench.spec import load_spec, parse_sets
 
     spec = tmp_path / "v.yaml"
-    spec.write_text("name: v\nmatrix:\n  algorithm: [fedavg, local]\n  dataset: [synthetic]\n  variants:\n"
+    spec.write_text("name: v\nmatrix:\n  algorithm: [fedavg, local]\n  dataset: [synthetic]\n"
+                    "  clients: [5, {clients: 6, participation: 0.5}]\n  variants:\n"
                     "    - {name: plain}\n    - {name: 'slow, short', set: {lr: 0.001, rounds: 3}}\n")
     cells = load_spec(spec).cells
-    assert len(cells) == 4
+    assert len(cells) == 8
     for cell in cells:
         sets = narrowing_sets(cell, str(spec), None, [], cells)
         assert sets is not None and sets[0].startswith("variant=")
