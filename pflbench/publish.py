@@ -32,7 +32,8 @@ Staleness (`study_state`): a study is stale when the current code no longer give
 they were stored under: a stored configuration resolved again (`pflbench.spec.resolve_cell`) hashes
 differently (a hyperparameter added or removed, a configuration field changed), or the study's
 command expanded again plans other cells (an algorithm's default changed, the spec changed). A study
-is failed when a cell failed or a planned cell has no result.
+is failed when a cell failed, incomplete when planned cells have no result yet (a long study published
+cell by cell as it runs).
 """
 from __future__ import annotations
 
@@ -298,11 +299,13 @@ class StudyState:
     manifest: dict
     stale: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
+    incomplete: list[str] = field(default_factory=list)  # planned cells not run yet (a study published as it runs)
     commit_now: str | None = None
 
     @property
     def label(self) -> str:
-        return "stale" if self.stale else ("failed" if self.failed else "current")
+        return ("stale" if self.stale else "failed" if self.failed else "incomplete" if self.incomplete
+                else "current")
 
 
 @lru_cache(maxsize=64)
@@ -348,7 +351,9 @@ def study_state(path: str | Path) -> StudyState | None:
     if statuses.get("failed"):
         state.failed.append(f"{statuses['failed']} cells failed")
     if manifest.get("missing"):
-        state.failed.append(f"{len(manifest['missing'])} planned cells have no result")
+        planned = len(manifest["missing"]) + len(stored)
+        state.incomplete.append(f"{len(stored)} of the {planned} cells its command plans are published; "
+                                f"{len(manifest['missing'])} still to run")
     return state
 
 

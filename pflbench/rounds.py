@@ -69,8 +69,8 @@ def check_evaluated(evaluate: tuple[str, ...]) -> tuple[str, ...]:
 
 def run_cell(cell: CellConfig, *, data_root=None, mirror=None, execution: ExecutionOptions = ExecutionOptions(),
              on_round: Callable[[dict], None] | None = None, evaluate: tuple[str, ...] = EVALUATED,
-             checkpointer=None) -> CellResult:
-    """Run one cell to the end. A cell from a spec is resolved already (`pflbench.resolve`); any other
+             checkpointer=None, stop_after: int | None = None) -> CellResult:
+    """Run one cell to the end (or its first `stop_after` rounds: `run_rounds`). A cell from a spec is resolved already (`pflbench.resolve`); any other
     is resolved here first, through the same checks (a ValueError names what is wrong).
 
     `evaluate` lists the splits evaluated every eval round; without "test" (hyperparameter tuning:
@@ -86,7 +86,7 @@ def run_cell(cell: CellConfig, *, data_root=None, mirror=None, execution: Execut
         fed = Federation(cell, dataset, splits, execution, algorithm_cls.batched, withhold_test="test" not in evaluate)
         algorithm = algorithm_cls(fed, algorithm_cls.parse_hyperparams(cell.hp))
         return run_rounds(fed, algorithm, on_round=on_round, evaluate=evaluate, checkpointer=checkpointer,
-                          provenance={"dataset_checksum": dataset.checksum, "torch": torch.__version__,
+                          stop_after=stop_after, provenance={"dataset_checksum": dataset.checksum, "torch": torch.__version__,
                                       "device": fed.device.type})
 
 
@@ -196,7 +196,7 @@ class CellRecord:
 
 
 def run_rounds(fed: Federation, algorithm: Algorithm, on_round=None, provenance: dict | None = None,
-               evaluate: tuple[str, ...] = EVALUATED, checkpointer=None) -> CellResult:
+               evaluate: tuple[str, ...] = EVALUATED, checkpointer=None, stop_after: int | None = None) -> CellResult:
     """The cell's rounds, with every client's personalized model evaluated on the `evaluate` splits
     every eval_every rounds (columns of a split not evaluated are NaN). With the cell's
     `finetune_epochs` > 0 the same models are also scored after local adaptation (`*_adapted`
@@ -204,7 +204,10 @@ def run_rounds(fed: Federation, algorithm: Algorithm, on_round=None, provenance:
     apart (`adapt_time`), not in the round's `wall_time`. `on_round` gets, after each round,
     {round, rounds, mean_accuracy, mean_val_accuracy} (the latest evaluation, or None).
     `checkpointer` (pflbench.checkpoint): asked once for a checkpoint to resume from, told at the end
-    of every round (it writes one when due)."""
+    of every round (it writes one when due). `stop_after`: run only rounds 1..stop_after of the cell
+    as configured (nothing else changes: its schedule, evaluation rounds and privacy plan are the full
+    run's), so their metrics are the full run's first rounds (`pflbench verify --rounds`); the summary
+    says `stopped_after`."""
     evaluate = check_evaluated(evaluate)
     cell = fed.cell
     algorithm.setup()
@@ -214,7 +217,8 @@ def run_rounds(fed: Federation, algorithm: Algorithm, on_round=None, provenance:
     if resumed is not None:  # continue after the checkpoint's round, with what the loop had recorded
         first_round = resumed.round + 1
         record.restore(resumed.loop, resumed.elapsed)
-    for rnd in range(first_round, cell.rounds + 1):
+    last_round = cell.rounds if stop_after is None else max(0, min(cell.rounds, stop_after))
+    for rnd in range(first_round, last_round + 1):
         round_start = time.perf_counter()
         clients = torch.as_tensor(fed.schedule[rnd - 1], device=fed.device)
         timing: dict = {}
@@ -236,7 +240,8 @@ def run_rounds(fed: Federation, algorithm: Algorithm, on_round=None, provenance:
     rounds = pd.DataFrame(record.round_rows, columns=ROUND_COLUMNS)
     facts = {"model": fed.model_name, "client_batching": "batched" if fed.batched else "loop",
              **(provenance or {}), **cell_facts(fed, algorithm, rounds, record, evaluate),
-             **(checkpointer.summary() if checkpointer is not None else {})}
+             **(checkpointer.summary() if checkpointer is not None else {}),
+             **({"stopped_after": last_round} if last_round < cell.rounds else {})}
     summary = summarize(metrics, rounds, record.status, record.diverged_round, record.elapsed(), facts)
     return CellResult(record.status, metrics, rounds, summary, record.artifacts, record.error)
 

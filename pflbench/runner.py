@@ -104,10 +104,13 @@ def cell_checkpointer(cell: CellConfig, options: RunOptions, note: Callable[[str
 
 
 def execute_cell(cell: CellConfig, resources: Resources, options: RunOptions,
-                 report: Callable[[dict], None] | None = None, note: Callable[[str], None] | None = None):
+                 report: Callable[[dict], None] | None = None, note: Callable[[str], None] | None = None,
+                 checkpoints: bool = True, stop_after: int | None = None):
     """Run one cell here (the driver or a Ray worker) with torch limited to the cell's CPU share,
     continuing from its checkpoint if it has one (`note` gets "resumed at round R of N" and the like).
-    Returns a CellResult; an exception becomes a "failed" result carrying its traceback."""
+    Returns a CellResult; an exception becomes a "failed" result carrying its traceback.
+    `checkpoints=False`: from round 1, no checkpoint read or written (a rerun that checks the stored
+    result must not trust, or leave, one); `stop_after`: only the first rounds (`run_rounds`)."""
     import torch
 
     from pflbench.rounds import run_cell
@@ -123,7 +126,7 @@ def execute_cell(cell: CellConfig, resources: Resources, options: RunOptions,
         execution = options.execution.on("cuda" if resources.gpus > 0 else "cpu")
         return measured(execution.device, lambda: run_cell(  # peak memory and machine (pflbench/cost.py)
             cell, data_root=options.data_root, mirror=options.mirror, execution=execution, on_round=report,
-            checkpointer=cell_checkpointer(cell, options, note)))
+            checkpointer=cell_checkpointer(cell, options, note) if checkpoints else None, stop_after=stop_after))
     except Exception:
         return failed_result(traceback.format_exc())
     finally:

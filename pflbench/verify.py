@@ -15,6 +15,11 @@ ran it, so the same code on the same kind of machine repeats it bit for bit.
     (communication does not depend on kernels), and each evaluated round's mean accuracy over clients
     (test, validation, after adaptation) within ACCURACY_TOLERANCE. That number is measured, not
     chosen: the comment at ACCURACY_TOLERANCE says how it was measured.
+`--rounds R` (a paper-scale cell takes an hour): the rerun stops after the first R rounds, rounded up
+to the cell's next evaluation round (`rounds_to_run`), and the comparison keeps the stored rows of
+those rounds; everything about the rounds that ran is the full run's (`run_rounds(stop_after=)`), so
+the comparison is as strict as above. A rerun never reads or writes a round checkpoint: it starts
+from round 1, whatever a store holds for the cell.
 A cell whose stored configuration the current code resolves to another id (`resolve_cell`) is reported
 as such (its code or defaults changed); a cell folder whose files fail their checksums (`pflbench store
 check`) is reported as damaged and still compared, so that the numbers that changed are named.
@@ -66,6 +71,7 @@ class CellCheck:
     stored_curve: list[float] = field(default_factory=list)  # mean test accuracy per eval round
     rerun_curve: list[float] = field(default_factory=list)
     seconds: float | None = None
+    rounds: int | None = None               # the first rounds compared (None: the whole run)
     rerun_result: object = None
     label: str = ""                         # algorithm · dataset · scheme · clients · seed
 
@@ -104,9 +110,20 @@ def execution_options(summary: dict, cpus: float = 1.0) -> tuple[dict, float]:
     return options, cpus
 
 
+def rounds_to_run(cell: dict, rounds: int | None) -> int | None:
+    """The rounds a `--rounds` rerun runs: `rounds` rounded up to the cell's next evaluation round, at
+    most the cell's rounds; None (the whole run) where that is every round."""
+    if rounds is None:
+        return None
+    total, every = int(cell["rounds"]), max(1, int(cell.get("eval_every") or 1))
+    upto = min(total, -(-max(1, rounds) // every) * every)
+    return None if upto >= total else upto
+
+
 def rerun(folder: str | Path, *, cpus: float | None = None, device: str | None = None,
-          data_root=None, mirror=None):
-    """Run the stored cell at `folder` again (module doc); returns its CellResult."""
+          data_root=None, mirror=None, rounds: int | None = None):
+    """Run the stored cell at `folder` again (module doc), its first `rounds` rounds only if given
+    (exactly those: `rounds_to_run` rounds up); returns its CellResult."""
     import torch
 
     from pflbench.config import CellConfig
@@ -126,7 +143,8 @@ def rerun(folder: str | Path, *, cpus: float | None = None, device: str | None =
         device = recorded if not recorded.startswith("cuda") or torch.cuda.is_available() else "cpu"
     run_options = RunOptions(data_root=resolve_root(data_root), mirror=data_mirror(mirror), use_ray=False,
                              execution=ExecutionOptions(device=device, **options))
-    return execute_cell(cell, Resources(cpus=cell_cpus, gpus=1.0 if device.startswith("cuda") else 0.0), run_options)
+    return execute_cell(cell, Resources(cpus=cell_cpus, gpus=1.0 if device.startswith("cuda") else 0.0), run_options,
+                        checkpoints=False, stop_after=rounds)
 
 
 def per_round_means(metrics: pd.DataFrame, column: str) -> pd.Series:
@@ -168,19 +186,26 @@ def _frame_differences(name: str, stored: pd.DataFrame, rerun: pd.DataFrame, col
     return found
 
 
-def compare(folder: str | Path, result, exact: bool) -> list[Difference]:
-    """How the rerun `result` differs from the cell stored at `folder` (module doc); [] if it does not."""
+def compare(folder: str | Path, result, exact: bool, rounds: int | None = None) -> list[Difference]:
+    """How the rerun `result` differs from the cell stored at `folder` (module doc); [] if it does not.
+    `rounds`: the rerun ran only the first `rounds` rounds; the stored rows after them are left out."""
     folder = Path(folder)
     summary = read_json_dict(folder / SUMMARY)
     found = []
-    if summary.get("status") != result.status:
-        found.append(Difference("status", f"stored {summary.get('status')!r}, rerun {result.status!r}"
+    stored_status = summary.get("status")
+    if rounds is not None and not (stored_status == "diverged" and (summary.get("diverged_round") or 0) <= rounds):
+        stored_status = "finished"  # the stored run went on past these rounds
+    if stored_status != result.status:
+        found.append(Difference("status", f"stored {stored_status!r}, rerun {result.status!r}"
                                 + (f" ({result.error.strip().splitlines()[-1]})" if result.error else "")))
     try:
         stored_metrics = pd.read_parquet(folder / METRICS)
         stored_rounds = pd.read_parquet(folder / ROUNDS)
     except Exception as error:  # pyarrow raises several types for a damaged file
         return found + [Difference("stored files", f"unreadable ({type(error).__name__}: {error})")]
+    if rounds is not None:
+        stored_metrics = stored_metrics[stored_metrics["round"] <= rounds].reset_index(drop=True)
+        stored_rounds = stored_rounds[stored_rounds["round"] <= rounds].reset_index(drop=True)
     found += _frame_differences("rounds.parquet", stored_rounds, result.rounds, ROUND_COLUMNS)
     if exact:
         columns = [c for c in dict.fromkeys([*stored_metrics.columns, *result.metrics.columns]) if c not in IGNORED_METRICS]
@@ -205,8 +230,9 @@ def compare(folder: str | Path, result, exact: bool) -> list[Difference]:
 
 
 def check_cell(folder: str | Path, *, cpus: float | None = None, data_root=None, mirror=None,
-               force_tolerance: bool = False) -> CellCheck:
-    """Re-run the stored cell at `folder` and compare (module doc)."""
+               force_tolerance: bool = False, rounds: int | None = None) -> CellCheck:
+    """Re-run the stored cell at `folder` and compare (module doc); only its first `rounds` rounds
+    (rounded up to an evaluation round) if given."""
     import time
 
     from pflbench.config import cell_hash
@@ -230,8 +256,9 @@ def check_cell(folder: str | Path, *, cpus: float | None = None, data_root=None,
         now = f"none ({str(error).splitlines()[-1][:200]})"
     if now != folder.name:
         check.notes.append(f"stale: the current code resolves this stored configuration to cell id {now}")
+    check.rounds = rounds_to_run(config["cell"], rounds)
     started = time.perf_counter()
-    result = rerun(folder, cpus=cpus, data_root=data_root, mirror=mirror)
+    result = rerun(folder, cpus=cpus, data_root=data_root, mirror=mirror, rounds=check.rounds)
     check.seconds = time.perf_counter() - started
     check.rerun_result = result
     import torch
@@ -245,9 +272,12 @@ def check_cell(folder: str | Path, *, cpus: float | None = None, data_root=None,
         check.why_tolerance = ("forced" if not differing else
                                "another kind of machine: " + ", ".join(f"{k} {then.get(k)!r} then, {here.get(k)!r} now"
                                                                        for k in differing))
-    check.differences = compare(folder, result, exact=check.mode == "exact")
+    check.differences = compare(folder, result, exact=check.mode == "exact", rounds=check.rounds)
     try:
-        check.stored_curve = per_round_means(pd.read_parquet(folder / METRICS), "accuracy").tolist()
+        stored = pd.read_parquet(folder / METRICS)
+        if check.rounds is not None:
+            stored = stored[stored["round"] <= check.rounds]
+        check.stored_curve = per_round_means(stored, "accuracy").tolist()
     except Exception:
         pass
     check.rerun_curve = per_round_means(result.metrics, "accuracy").tolist() if len(result.metrics) else []
@@ -255,9 +285,10 @@ def check_cell(folder: str | Path, *, cpus: float | None = None, data_root=None,
 
 
 def sample_cells(study: str | Path, k: int | None, seed: int, max_seconds: float | None = None,
-                 cells: list[str] | None = None) -> list[Path]:
+                 cells: list[str] | None = None, rounds: int | None = None) -> list[Path]:
     """`k` cell folders of `study` drawn at random with `seed` (all with k None), among those whose
-    stored wall time is at most `max_seconds`; or the cells named."""
+    stored wall time is at most `max_seconds` (with `rounds`: the stored wall time's share of the
+    rounds a `--rounds` rerun runs); or the cells named."""
     study = Path(study)
     folders = sorted(p for p in study.iterdir() if (p / SUMMARY).is_file())
     if cells:
@@ -269,10 +300,14 @@ def sample_cells(study: str | Path, k: int | None, seed: int, max_seconds: float
     if max_seconds is not None:
         def seconds(p):
             try:
-                value = read_json_dict(p / SUMMARY).get("wall_time")
-            except (OSError, ValueError):
+                summary = read_json_dict(p / SUMMARY)
+                value, done = summary.get("wall_time"), summary.get("rounds_completed")
+                upto = rounds_to_run(read_json_dict(p / CONFIG)["cell"], rounds) if rounds is not None else None
+            except (OSError, ValueError, KeyError, TypeError):
                 return math.inf
-            return float(value) if isinstance(value, (int, float)) else math.inf
+            if not isinstance(value, (int, float)):
+                return math.inf
+            return float(value) * (min(1.0, upto / done) if upto and isinstance(done, int) and done > 0 else 1.0)
         folders = [p for p in folders if seconds(p) <= max_seconds]
     if k is None or k >= len(folders):
         return folders

@@ -172,7 +172,26 @@ def test_a_study_with_a_failed_cell_is_failed(study):
     study_state.cache_clear()
     state = study_state(study)
     assert state.label == "failed" and state.stale == []
-    assert state.failed == ["1 cells failed", "1 planned cells have no result"]
+    assert state.failed == ["1 cells failed"]
+    assert state.incomplete == ["1 of the 2 cells its command plans are published; 1 still to run"]
+
+
+def test_a_study_published_before_all_its_cells_ran_is_incomplete(study, tmp_path):
+    """A paper-scale study is published cell by cell as they finish: it is shown as incomplete (apart
+    from the current ones), not as failed, and says how many cells are still to come."""
+    from pflbench.reports.studies import build_leaderboard
+
+    manifest = read_manifest(study)
+    gone = cell_folders(study)[0]
+    shutil.rmtree(gone)
+    write_json(study / MANIFEST, {**manifest, "statuses": {"finished": 1}, "missing": [gone.name]})
+    study_state.cache_clear()
+    state = study_state(study)
+    assert state.label == "incomplete" and state.failed == [] and state.stale == []
+    index = build_leaderboard(study.parent, tmp_path / "site", options=ReportOptions(figures=False)).read_text()
+    assert 'id="studies-incomplete"' in index and 'data-state="incomplete"' in index
+    assert "1 not run yet" in index and "1 of the 2 cells its command plans are published" in index
+    assert "incomplete: 1 of the 2" in (tmp_path / "site" / "tiny" / "index.html").read_text()
 
 
 def test_sampling_is_seeded_and_respects_max_seconds(study):
@@ -299,3 +318,30 @@ def test_every_cell_is_narrowed_by_its_variant_name_and_client_entry(tmp_path):
         sets = narrowing_sets(cell, str(spec), None, [], cells)
         assert sets is not None and sets[0].startswith("variant=")
         assert [cell_hash(c) for c in load_spec(spec, parse_sets(sets)).cells] == [cell_hash(cell)]
+
+
+def test_verify_rounds_reruns_the_first_rounds_only_and_compares_those(study, tmp_path, monkeypatch, capsys):
+    """`verify --rounds R` (a paper-scale cell in minutes): the rerun stops after R rounds, everything it
+    ran is compared exactly, later stored rounds are not; no checkpoint of the cell is read or written."""
+    from pflbench.verify import rounds_to_run
+
+    assert rounds_to_run({"rounds": 600, "eval_every": 10}, 1) == 10  # up to the next evaluation round
+    assert rounds_to_run({"rounds": 600, "eval_every": 10}, 25) == 30
+    assert rounds_to_run({"rounds": 20, "eval_every": 10}, 15) is None  # that is the whole run
+    target = cell_folders(study)[0]
+    monkeypatch.chdir(tmp_path)  # a store in the working directory holding a (broken) checkpoint of the cell
+    planted = tmp_path / "results" / target.name / "checkpoint.pt"
+    planted.parent.mkdir(parents=True)
+    planted.write_bytes(b"not a checkpoint")
+    check = check_cell(target, rounds=1)
+    assert check.ok and check.rounds == 1 and check.verdict == "identical"
+    assert set(check.rerun_result.metrics["round"]) == {1} and check.rerun_result.summary["stopped_after"] == 1
+    assert planted.read_bytes() == b"not a checkpoint" and not (tmp_path / "results" / "_damaged").exists()
+    tamper(target, fix_checksum=True)  # the last round's accuracy: after the rounds compared
+    assert check_cell(target, rounds=1).ok
+    metrics = pd.read_parquet(target / METRICS)
+    metrics.loc[0, "accuracy"] = 1.0 - metrics.loc[0, "accuracy"]  # round 1: compared
+    metrics.to_parquet(target / METRICS, index=False)
+    assert [d.what for d in check_cell(target, rounds=1).differences] == ["metrics.parquet accuracy"]
+    assert main(["verify", str(study), "--cell", target.name, "--rounds", "1"]) == 1
+    assert f"{target.name} (" in capsys.readouterr().out

@@ -59,6 +59,9 @@ def add_parser(subparsers) -> None:
     verify.add_argument("--max-seconds", type=float,
                         help="draw only among cells whose stored wall time is at most this (cheap cells, for CI)")
     verify.add_argument("--cell", dest="cells", action="append", metavar="ID", help="verify this cell (repeatable)")
+    verify.add_argument("--rounds", type=int, metavar="R",
+                        help="re-run only each cell's first R rounds (up to its next evaluation round) and compare "
+                             "those: a paper-scale cell checked in minutes (--max-seconds then counts their share)")
     verify.add_argument("--tolerance", action="store_true",
                         help="compare within the tolerance even on the same kind of machine")
     add_data_options(verify)
@@ -109,7 +112,8 @@ def _curve_text(values: list[float]) -> str:
 
 
 def print_check(check) -> None:
-    print(f"{check.cell_id}" + (f" ({check.label})" if check.label else "") + f": {check.verdict}"
+    print(f"{check.cell_id}" + (f" ({check.label})" if check.label else "")
+          + (f", first {check.rounds} rounds" if check.rounds is not None else "") + f": {check.verdict}"
           + (f" ({check.why_tolerance})" if check.mode == "tolerance" else "")
           + (f" [{check.seconds:.1f} s]" if check.seconds is not None else ""))
     print(f"  mean test accuracy per eval round, stored: {_curve_text(check.stored_curve)}")
@@ -152,13 +156,17 @@ def cmd_verify(args) -> int:
     if args.sample < 0:
         print("verify: --sample must be 0 (all cells) or more", file=sys.stderr)
         return 2
+    if args.rounds is not None and args.rounds < 1:
+        print("verify: --rounds must be 1 or more (the first rounds to re-run)", file=sys.stderr)
+        return 2
     try:
-        folders = sample_cells(args.study, args.sample or None, args.seed, args.max_seconds, args.cells)
+        folders = sample_cells(args.study, args.sample or None, args.seed, args.max_seconds, args.cells, args.rounds)
     except ValueError as error:
         print(f"verify: {error}", file=sys.stderr)
         return 2
     if not folders and args.max_seconds is not None:  # CI's cheap sample: a study of costly cells only
-        print(f"verify: no cell of {args.study} took at most {args.max_seconds:g} s: nothing verified")
+        print(f"verify: no cell of {args.study} took at most {args.max_seconds:g} s"
+              + (f" for its first {args.rounds} rounds" if args.rounds else "") + ": nothing verified")
         return 0
     if not folders:
         print(f"verify: {args.study} has no cells", file=sys.stderr)
@@ -169,7 +177,8 @@ def cmd_verify(args) -> int:
           f"within ±{ACCURACY_TOLERANCE * 100:g} percentage points")
     checks = []
     for folder in folders:
-        check = check_cell(folder, data_root=args.root, mirror=args.mirror, force_tolerance=args.tolerance)
+        check = check_cell(folder, data_root=args.root, mirror=args.mirror, force_tolerance=args.tolerance,
+                           rounds=args.rounds)
         print_check(check)
         checks.append(check)
     bad = [c.cell_id for c in checks if not c.ok]

@@ -44,7 +44,8 @@ def study_facts(store: str | Path) -> dict | None:
             "elapsed": duration_text(wall.get("elapsed_seconds")), "cell_time": duration_text(wall.get("cell_seconds")),
             "statuses": m.get("statuses") or {}, "missing": len(m.get("missing") or []),
             "cells": len(m.get("cells") or {}), "note": m.get("note") or "",
-            "state": state.label, "stale": state.stale, "failed": state.failed}
+            "state": state.label, "stale": state.stale, "failed": state.failed,
+            "incomplete": state.incomplete}
 
 
 def cell_provenance(store: str | Path, cell_id: str) -> dict | None:

@@ -47,9 +47,9 @@ def build_leaderboard(published: str | Path, out: str | Path, extra: dict[str, P
                      "state": "unpublished", "command": "", "commit_short": "this checkout", "machines": [],
                      "date": "–", "elapsed": "–", "cell_time": "–", "statuses": _statuses(store), "missing": 0,
                      "cells": sum(_statuses(store).values()), "note": f"the store {store} (not published)",
-                     "stale": [], "failed": [], "dirty": False, "same_commit": True, "versions": {},
+                     "stale": [], "failed": [], "incomplete": [], "dirty": False, "same_commit": True, "versions": {},
                      "published_at": "–", "notes": report.notes})
-    order = {"current": 0, "unpublished": 1, "failed": 2, "stale": 3}
+    order = {"current": 0, "incomplete": 1, "unpublished": 2, "failed": 3, "stale": 4}
     rows.sort(key=lambda r: (order.get(r["state"], 9), r["name"]))
     index = out / "index.html"
     index.write_text(_environment().get_template("studies.html").render(
