@@ -45,6 +45,11 @@ SPLITS = ("train", "val", "test")
 EVALUATED = ("test", "val")  # what a benchmark run evaluates; a tuning run evaluates ("val",) only
 
 
+def federation_device(execution: ExecutionOptions) -> torch.device:
+    """The torch device a cell's Federation runs on (the runner decides `execution.device` first)."""
+    return torch.device(execution.device or "cpu")
+
+
 class Federation:
     """What an algorithm may use about the simulated clients of one cell.
 
@@ -55,7 +60,7 @@ class Federation:
                  algorithm_batched: bool = True, withhold_test: bool = False):
         self.cell = cell
         self.execution = execution
-        self.device = torch.device(execution.device or "cpu")
+        self.device = federation_device(execution)
         # Normalisation statistics of the trained clients' train splits (pflbench.data.normalization).
         dataset = normalized_for_cell(dataset, cell.normalization, splits,
                                       seen_ids(cell.unseen_fraction, splits.num_clients, cell.seed))

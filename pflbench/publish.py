@@ -101,27 +101,24 @@ def _axis_values(cell) -> dict[str, str]:
             "seed": f"seed={cell.seed}"}
 
 
-def narrowing_sets(cell, spec: str, scale: str | None, sets: list[str], cells: list) -> list[str] | None:
-    """`--set`s that, added to the study's command, expand the spec to exactly `cell`: the axes on
-    which the study's `cells` differ, set to this cell's values (all five axes where that is not
-    enough); None if neither form gives exactly this cell (checked by expanding the spec)."""
+def narrowing_sets(cell, spec: str, scale: str | None, sets: list[str], plan) -> list[str] | None:
+    """`--set`s that, added to the study's command (whose expansion is `plan`), expand the spec to
+    exactly `cell`: its variant's name where the spec has a variants axis, the axes on which the plan's
+    cells differ, set to this cell's values (all five axes where that is not enough); None if no such
+    form gives exactly this cell (checked by expanding the spec)."""
     from pflbench.config import cell_hash
     from pflbench.spec import SpecError, load_spec, parse_sets
 
     mine = _axis_values(cell)
-    varying = [k for k in mine if len({_axis_values(c)[k] for c in cells}) > 1]
-    try:  # a spec with a variants axis: a cell's variant is named with `--set variant=NAME`
-        variants = [[f"variant={name}"] for name in load_spec(spec, parse_sets(sets), scale=scale).variants]
-    except (SpecError, ValueError):
-        variants = []
-    for variant in variants or [[]]:
+    varying = [k for k in mine if len({_axis_values(c)[k] for c in plan.cells}) > 1]
+    for variant in [[f"variant={name}"] for name in plan.variants] or [[]]:
         for keys in dict.fromkeys([tuple(varying), tuple(mine)]):
             narrowing = variant + [mine[k] for k in keys]
             try:
-                plan = load_spec(spec, parse_sets(sets + narrowing), scale=scale)
+                narrowed = load_spec(spec, parse_sets(sets + narrowing), scale=scale)
             except (SpecError, ValueError):
                 continue
-            if [cell_hash(c) for c in plan.cells] == [cell_hash(cell)]:
+            if [cell_hash(c) for c in narrowed.cells] == [cell_hash(cell)]:
                 return narrowing
     return None
 
@@ -205,7 +202,7 @@ def publish(spec: str, study: str, results: str | Path, *, scale: str | None = N
         "machines": machines_of(summaries), **run_times(summaries),
         "published_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "resources": {"cpus": plan.resources.cpus, "gpus": plan.resources.gpus},
-        "cells": {h: {"sets": narrowing_sets(cells_by_hash[h], spec, scale, sets, plan.cells)} for h in found},
+        "cells": {h: {"sets": narrowing_sets(cells_by_hash[h], spec, scale, sets, plan)} for h in found},
         "statuses": dict(Counter(s.get("status", "?") for s in summaries)),
         "missing": [h for h in planned if h not in intact],
         "artifacts_kept": list(REPORTED_ARTIFACTS),

@@ -29,7 +29,7 @@ from torch import Tensor
 from pflbench.algorithm import Algorithm, get_algorithm
 from pflbench.config import CellConfig
 from pflbench.execution import ExecutionOptions
-from pflbench.federation import EVALUATED, Federation
+from pflbench.federation import EVALUATED, Federation, federation_device
 from pflbench.metrics import METRIC_COLUMNS, ROUND_COLUMNS, client_rows, summarize
 from pflbench.newcomers import score_newcomers
 from pflbench.privacy import privatize_upload
@@ -70,8 +70,9 @@ def check_evaluated(evaluate: tuple[str, ...]) -> tuple[str, ...]:
 def run_cell(cell: CellConfig, *, data_root=None, mirror=None, execution: ExecutionOptions = ExecutionOptions(),
              on_round: Callable[[dict], None] | None = None, evaluate: tuple[str, ...] = EVALUATED,
              checkpointer=None, stop_after: int | None = None) -> CellResult:
-    """Run one cell to the end (or its first `stop_after` rounds: `run_rounds`). A cell from a spec is resolved already (`pflbench.resolve`); any other
-    is resolved here first, through the same checks (a ValueError names what is wrong).
+    """Run one cell to the end (or its first `stop_after` rounds: `run_rounds`). A cell from a spec is
+    resolved already (`pflbench.resolve`); any other is resolved here first, through the same checks (a
+    ValueError names what is wrong).
 
     `evaluate` lists the splits evaluated every eval round; without "test" (hyperparameter tuning:
     `evaluate=("val",)`) the test indices are withheld from the run altogether (see `Federation`).
@@ -82,12 +83,12 @@ def run_cell(cell: CellConfig, *, data_root=None, mirror=None, execution: Execut
     cell = ensure_resolved(cell)
     algorithm_cls = get_algorithm(cell.algorithm)
     dataset, splits = prepare_cell(cell, data_root, mirror)
-    with cell_global_rng(cell.seed, torch.device(execution.device or "cpu")):  # as Federation decides
+    with cell_global_rng(cell.seed, federation_device(execution)):
         fed = Federation(cell, dataset, splits, execution, algorithm_cls.batched, withhold_test="test" not in evaluate)
         algorithm = algorithm_cls(fed, algorithm_cls.parse_hyperparams(cell.hp))
         return run_rounds(fed, algorithm, on_round=on_round, evaluate=evaluate, checkpointer=checkpointer,
-                          stop_after=stop_after, provenance={"dataset_checksum": dataset.checksum, "torch": torch.__version__,
-                                      "device": fed.device.type})
+                          stop_after=stop_after, provenance={"dataset_checksum": dataset.checksum,
+                                                             "torch": torch.__version__, "device": fed.device.type})
 
 
 @contextmanager

@@ -351,8 +351,7 @@ def parse_spec(data: Any, source: str = "<spec>", sets: dict[str, Any] | None = 
         raise SpecError(source, list(problems.items))
     return Plan(spec.name or default_name, source, spec.description, cells, resources, frozenset(optional),
                 scale=scale, scales=(FULL_SCALE, *spec.scales), tuned=tuned,
-                variants=tuple(e.get("name") for e in _listify(data["matrix"].get(VARIANTS_AXIS))
-                               if isinstance(e, dict)))
+                variants=tuple(_variant_names(data["matrix"].get(VARIANTS_AXIS))))
 
 
 def resolve_cell(values: dict[str, Any], source: str = "<cell>") -> CellConfig:
@@ -462,11 +461,16 @@ def _tuned_rules(setting: TunedSetting, algorithms: list[str], base_dir, problem
     return rules, used
 
 
+def _variant_names(entries) -> list[str]:
+    """The names of a `variants` axis's entries, in the spec's order."""
+    return [e.get("name") for e in _listify(entries) if isinstance(e, dict)]
+
+
 def _chosen_variants(entries, names) -> list:
     """The entries of a spec's `variants` axis named by `--set variant=NAME` (or a list of names), in
     the spec's order: the one way to narrow a variants axis to a cell from the command line."""
     wanted = [str(n) for n in _listify(names)]
-    offered = [e.get("name") for e in _listify(entries) if isinstance(e, dict)]
+    offered = _variant_names(entries)
     if not offered:
         raise SpecError("--set", [(VARIANT_SELECTOR, f"this spec has no matrix.{VARIANTS_AXIS} axis to choose from")])
     unknown = [n for n in wanted if n not in offered]

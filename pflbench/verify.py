@@ -186,6 +186,11 @@ def _frame_differences(name: str, stored: pd.DataFrame, rerun: pd.DataFrame, col
     return found
 
 
+def first_rounds(frame: pd.DataFrame, rounds: int | None) -> pd.DataFrame:
+    """The rows of rounds 1..`rounds` (all with None): what a `--rounds` rerun is compared on."""
+    return frame if rounds is None else frame[frame["round"] <= rounds].reset_index(drop=True)
+
+
 def compare(folder: str | Path, result, exact: bool, rounds: int | None = None) -> list[Difference]:
     """How the rerun `result` differs from the cell stored at `folder` (module doc); [] if it does not.
     `rounds`: the rerun ran only the first `rounds` rounds; the stored rows after them are left out."""
@@ -203,9 +208,7 @@ def compare(folder: str | Path, result, exact: bool, rounds: int | None = None) 
         stored_rounds = pd.read_parquet(folder / ROUNDS)
     except Exception as error:  # pyarrow raises several types for a damaged file
         return found + [Difference("stored files", f"unreadable ({type(error).__name__}: {error})")]
-    if rounds is not None:
-        stored_metrics = stored_metrics[stored_metrics["round"] <= rounds].reset_index(drop=True)
-        stored_rounds = stored_rounds[stored_rounds["round"] <= rounds].reset_index(drop=True)
+    stored_metrics, stored_rounds = first_rounds(stored_metrics, rounds), first_rounds(stored_rounds, rounds)
     found += _frame_differences("rounds.parquet", stored_rounds, result.rounds, ROUND_COLUMNS)
     if exact:
         columns = [c for c in dict.fromkeys([*stored_metrics.columns, *result.metrics.columns]) if c not in IGNORED_METRICS]
@@ -274,10 +277,8 @@ def check_cell(folder: str | Path, *, cpus: float | None = None, data_root=None,
                                                                        for k in differing))
     check.differences = compare(folder, result, exact=check.mode == "exact", rounds=check.rounds)
     try:
-        stored = pd.read_parquet(folder / METRICS)
-        if check.rounds is not None:
-            stored = stored[stored["round"] <= check.rounds]
-        check.stored_curve = per_round_means(stored, "accuracy").tolist()
+        check.stored_curve = per_round_means(first_rounds(pd.read_parquet(folder / METRICS), check.rounds),
+                                             "accuracy").tolist()
     except Exception:
         pass
     check.rerun_curve = per_round_means(result.metrics, "accuracy").tolist() if len(result.metrics) else []

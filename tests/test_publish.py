@@ -312,10 +312,10 @@ def test_every_cell_is_narrowed_by_its_variant_name_and_client_entry(tmp_path):
     spec.write_text("name: v\nmatrix:\n  algorithm: [fedavg, local]\n  dataset: [synthetic]\n"
                     "  clients: [5, {clients: 6, participation: 0.5}]\n  variants:\n"
                     "    - {name: plain}\n    - {name: 'slow, short', set: {lr: 0.001, rounds: 3}}\n")
-    cells = load_spec(spec).cells
-    assert len(cells) == 8
-    for cell in cells:
-        sets = narrowing_sets(cell, str(spec), None, [], cells)
+    plan = load_spec(spec)
+    assert len(plan.cells) == 8
+    for cell in plan.cells:
+        sets = narrowing_sets(cell, str(spec), None, [], plan)
         assert sets is not None and sets[0].startswith("variant=")
         assert [cell_hash(c) for c in load_spec(spec, parse_sets(sets)).cells] == [cell_hash(cell)]
 
