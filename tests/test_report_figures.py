@@ -86,3 +86,21 @@ def test_communication_label_distribution_and_generic_artifacts(tmp_path):
     routing = np.arange(24, dtype=float).reshape(2, 3, 4)
     np.testing.assert_array_equal(fig.array_figure(routing, tmp_path / "routing", formats=("png",)), routing)
     assert fig.array_figure(np.array(["a", "b"]), tmp_path / "names") is None
+
+
+def test_curves_after_adaptation_are_drawn_from_the_adapted_cells_only(tmp_path):
+    from pflbench.reports.build import ReportOptions, build_reports, curve_of
+    from pflbench.reports.cells import load_cells
+
+    root = tmp_path / "results"
+    write_cell(root, algorithm="fedavg", accuracies=(0.6, 0.8), adapted=(0.9, 0.7), rounds=4)
+    write_cell(root, algorithm="local", accuracies=(0.5, 0.7), rounds=4)   # no local adaptation
+    cells = load_cells(root).set_index("algorithm")
+    adapted = curve_of(cells.loc["fedavg"], "accuracy_adapted")
+    assert adapted["round"].tolist() == [1, 2, 3, 4] and adapted["accuracy"].iloc[-1] == pytest.approx(0.8)
+    assert curve_of(cells.loc["local"], "accuracy_adapted").empty
+    report = build_reports(root, tmp_path / "out", ReportOptions(formats=("png",), partitions=False))
+    shown = dict(report.figures)
+    adapted_png = shown["Learning curves after local adaptation: fmnist, 10 clients, pathological"]
+    assert (tmp_path / "out" / adapted_png).stat().st_size > 1000
+    assert (tmp_path / "out" / shown["Learning curves: fmnist, 10 clients, pathological"]).exists()

@@ -120,11 +120,14 @@ def build_reports(results: str | Path, out: str | Path, options: ReportOptions =
     return report
 
 
-def curve_of(cell: pd.Series) -> pd.DataFrame:
+def curve_of(cell: pd.Series, column: str = "accuracy") -> pd.DataFrame:
+    """The cell's mean client `column` per evaluated round, as column "accuracy" (rounds where it was
+    not measured, e.g. no local adaptation, are left out)."""
     metrics = read_metrics(cell["path"])
-    if metrics.empty:
+    if metrics.empty or column not in metrics:
         return pd.DataFrame(columns=["round", "accuracy"])
-    return metrics.groupby("round", as_index=False)["accuracy"].mean()
+    curve = metrics.groupby("round", as_index=False)[column].mean().dropna()
+    return curve.rename(columns={column: "accuracy"})
 
 
 def _knobs_off(group: pd.DataFrame, title: str) -> tuple[pd.DataFrame, str]:
@@ -157,11 +160,12 @@ def group_figures(cells: pd.DataFrame, comm, out: Path, options: ReportOptions, 
         title = f"{column.label}, {scheme}"
         group, title = _knobs_off(group, title)
         plotted = {cell["row"].label for _, cell in group.iterrows()}
-        curves, accuracies, worst10 = [], {}, {}
+        curves, adapted_curves, accuracies, worst10 = [], [], {}, {}
         for _, cell in group.iterrows():
-            curve = curve_of(cell)
-            if len(curve):
-                curves.append(curve.assign(label=cell["row"].label, seed=cell["seed"]))
+            for found, column in ((curves, "accuracy"), (adapted_curves, "accuracy_adapted")):
+                curve = curve_of(cell, column)
+                if len(curve):
+                    found.append(curve.assign(label=cell["row"].label, seed=cell["seed"]))
             if cell["status"] == "finished":
                 metrics = read_metrics(cell["path"])
                 if len(metrics):
@@ -174,6 +178,12 @@ def group_figures(cells: pd.DataFrame, comm, out: Path, options: ReportOptions, 
             fig.learning_curves(pd.concat(curves, ignore_index=True), out / "figures" / f"curves_{stem}",
                                 title=f"learning curves: {title}", formats=options.formats)
             report.figures.append((f"Learning curves: {title}", f"figures/curves_{stem}.png"))
+        if adapted_curves:  # the protocol of pFedLA's tables: does the ranking after adaptation move with rounds?
+            fig.learning_curves(pd.concat(adapted_curves, ignore_index=True), out / "figures" / f"curves_adapted_{stem}",
+                                title=f"learning curves after local adaptation: {title}", formats=options.formats,
+                                ylabel="mean client test accuracy after adaptation (%)")
+            report.figures.append((f"Learning curves after local adaptation: {title}",
+                                   f"figures/curves_adapted_{stem}.png"))
         if accuracies:
             fig.client_accuracy_distribution(accuracies, out / "figures" / f"clients_{stem}",
                                              title=f"per-client final accuracy: {title}", formats=options.formats,

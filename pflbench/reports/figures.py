@@ -170,7 +170,8 @@ def integer_rounds(axes) -> None:
     axes.xaxis.set_major_locator(MaxNLocator(integer=True, nbins=8, steps=[1, 2, 5, 10]))
 
 
-def learning_curves(curves: pd.DataFrame, stem, *, title: str = "", formats=FORMATS) -> pd.DataFrame:
+def learning_curves(curves: pd.DataFrame, stem, *, title: str = "", formats=FORMATS,
+                    ylabel: str = "mean client test accuracy (%)") -> pd.DataFrame:
     """Mean client test accuracy vs round, one line per `label`, a band of ± one std over seeds; one
     panel per family of methods (each class's `family`) with the baselines (Local, FedAvg) repeated in grey in
     every panel, so each line is told apart by color, dash and marker. Integer round ticks.
@@ -209,7 +210,7 @@ def learning_curves(curves: pd.DataFrame, stem, *, title: str = "", formats=FORM
         integer_rounds(axes)
         axes.grid(alpha=0.3)
         if k % cols == 0:
-            axes.set_ylabel("mean client test accuracy (%)")
+            axes.set_ylabel(ylabel)
         axes.legend(fontsize=9, loc="lower right")
     for k in range(len(panels), rows * cols):
         grid[k // cols][k % cols].set_visible(False)
