@@ -7,4 +7,4 @@ if __name__ == "partitions":
 
     stand_for(__name__, "pflbench.partitions")
 else:
-    from pflbench.partitions import dirichlet, dominant, flower, iid, imported, pathological  # noqa: F401
+    from pflbench.partitions import dirichlet, dominant, flower, iid, imported, pathological, random_classes  # noqa: F401

@@ -42,17 +42,29 @@ class Pathological(Partitioner):
 
     def assign(self, labels, num_classes, num_clients, rng) -> list[np.ndarray]:
         amounts = self._amounts_per_class(num_clients, num_classes, np.bincount(labels, minlength=num_classes))
-        choice = balanced_class_choice(num_clients, num_classes, self.params.classes_per_client, rng)
+        choice = self.choose_classes(num_clients, num_classes, self.params.classes_per_client, rng)
         counts = np.zeros((num_clients, num_classes), dtype=np.int64)
         counts[np.arange(num_clients)[:, None], choice] = amounts
         return draw(labels, counts, rng)
+
+    def choose_classes(self, num_clients: int, num_classes: int, k: int, rng: np.random.Generator) -> np.ndarray:
+        """[num_clients, k] distinct classes per client: balanced (module doc)."""
+        return balanced_class_choice(num_clients, num_classes, k, rng)
+
+    def most_holders(self, num_clients: int, num_classes: int, k: int) -> int:
+        """The most clients `choose_classes` can give one class: what the amounts are sized for."""
+        return most_clients_per_class(num_clients, num_classes, k)
+
+    def most_clients(self, num_classes: int, k: int, per_class: int) -> int:
+        """The most clients this choice can serve when a class can give `per_class` clients a share."""
+        return num_classes * per_class // k
 
     def _amounts_per_class(self, num_clients: int, num_classes: int, class_counts: np.ndarray) -> np.ndarray:
         """The samples a client takes of each of its k classes (the same for every client)."""
         k = self.params.classes_per_client
         if k > num_classes:
             raise self.error("classes_per_client", k, f"allowed: 1..{num_classes} (the dataset's number of classes)")
-        holders = most_clients_per_class(num_clients, num_classes, k)
+        holders = self.most_holders(num_clients, num_classes, k)
         smallest = int(class_counts.min())
         largest_amount = smallest // holders  # what the smallest class can give each of its holders
         if largest_amount * k < 2:  # a client needs a train and a test sample
@@ -62,7 +74,7 @@ class Pathological(Partitioner):
                 num_clients,
                 f"with classes_per_client={k} each class is held by up to {holders} clients but the smallest "
                 f"class has {smallest} samples; allowed: at most "
-                f"{num_classes * (smallest // per_class_needed) // k} clients",
+                f"{self.most_clients(num_classes, k, smallest // per_class_needed)} clients",
             )
         wanted = self.params.samples_per_client
         if wanted is None:

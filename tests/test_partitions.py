@@ -79,6 +79,20 @@ def test_pathological_gives_k_classes_in_equal_amounts(num_clients, k):
     assert holders.max() - holders.min() <= 1  # every class is held by about the same number of clients
 
 
+@pytest.mark.parametrize("seed", [0, 1])
+def test_random_classes_draws_k_classes_per_client_independently(seed):
+    counts = split("random-classes", {"classes_per_client": 4, "samples_per_client": 700}, num_clients=10,
+                   seed=seed, labels=FMNIST_LIKE).label_counts(FMNIST_LIKE, NUM_CLASSES)
+    held = counts > 0
+    assert (held.sum(axis=1) == 4).all() and (counts[held] == 175).all()
+    balanced = split("pathological", {"classes_per_client": 4, "samples_per_client": 700}, num_clients=10,
+                     seed=seed, labels=FMNIST_LIKE).label_counts(FMNIST_LIKE, NUM_CLASSES) > 0
+    assert (balanced.sum(axis=0) == 4).all()       # balanced: every class held by 4 of the 10 clients
+    assert (held.sum(axis=0) != 4).any()           # independent draws: some class by more, some by fewer
+    shared = (held[:, None, :] & held[None, :, :]).sum(-1)[np.triu_indices(10, 1)]
+    assert shared.max() >= 3
+
+
 def test_pathological_samples_per_client_fixes_the_size():
     counts = split("pathological", {"samples_per_client": 302}, num_clients=20).label_counts(LABELS, NUM_CLASSES)
     assert (counts.sum(axis=1) == 302).all()
@@ -217,6 +231,8 @@ def test_save_load_keeps_empty_splits(tmp_path):
         ("pathological", {"classes_per_client": 12}, 10, LABELS, ["classes_per_client=12", "1..10"]),
         ("pathological", {"samples_per_client": 5000}, 10, LABELS, ["samples_per_client=5000", "4..700"]),
         ("pathological", {}, 30, np.arange(100) % 10, ["num_clients=30", "at most 25"]),
+        ("random-classes", {}, 30, np.arange(100) % 10, ["num_clients=30", "at most 10"]),
+        ("random-classes", {"samples_per_client": 300}, 10, LABELS, ["samples_per_client=300", "4..280"]),
         ("dominant", {"dominant_classes": 10}, 10, LABELS, ["dominant_classes=10", "1..9"]),
         ("dominant", {"dominant_share": 0.2}, 10, LABELS, ["dominant_share=0.2", "0.2 < dominant_share < 1"]),
         ("dominant", {"samples_per_client": 5000}, 10, LABELS, ["samples_per_client=5000", "at most 700"]),
@@ -244,7 +260,7 @@ def test_invalid_param_values_and_fractions():
 
 
 def test_unknown_scheme_lists_the_registered_names():
-    with pytest.raises(UnknownNameError, match=r"'patho'.*allowed: dirichlet, dominant, flwr, iid, imported, pathological"):
+    with pytest.raises(UnknownNameError, match=r"'patho'.*allowed: dirichlet, dominant, flwr, iid, imported, pathological, random-classes"):
         make_partitioner("patho", {})
 
 
