@@ -12,6 +12,8 @@ def test_list_shows_registered_names(capsys):
     assert main(["list", "partitions"]) == 0
     out = capsys.readouterr().out
     assert "pathological" in out and "classes_per_client=4" in out and "dirichlet" in out
+    # a name longer than the usual column still leaves a gap before its parameters
+    assert {line.split()[0]: line.split()[1] for line in out.splitlines()}["random-classes"] == "classes_per_client=4,"
     assert main(["list", "datasets"]) == 0
     assert "cifar10-jpeg" in capsys.readouterr().out
 

@@ -125,28 +125,35 @@ def field_default(field):
     return field.get_default(call_default_factory=True)
 
 
+def name_column(names, least: int) -> int:
+    """Width of `pflbench list`'s name column: `least`, or wider where a name (a plugin's too) needs it."""
+    return max([least, *(len(n) + 2 for n in names)])
+
+
 def cmd_list(args) -> int:
     if args.what == "algorithms":
         from pflbench.algorithm import ALGORITHMS, get_algorithm
 
         get_algorithm("fedavg")  # imports the algorithms package
+        width = name_column(ALGORITHMS.names(), 14)
         for name, cls in ALGORITHMS.items():
             fields = ", ".join(f"{k}={field_default(f)!r}" for k, f in cls.Hyperparams.model_fields.items())
             path = "" if cls.batched else "  [client loop only]"
             plugin = f"  [plugin {ALGORITHMS.origin(name)}]" if ALGORITHMS.origin(name) else ""
-            print(f"{name:<14}{fields or '-'}{path}{plugin}")
+            print(f"{name:<{width}}{fields or '-'}{path}{plugin}")
             if cls.paper:
-                print(f"{'':<14}paper: {cls.paper}")
+                print(f"{'':<{width}}paper: {cls.paper}")
             if cls.personalizes:
-                print(f"{'':<14}personalizes: {cls.personalizes}")
+                print(f"{'':<{width}}personalizes: {cls.personalizes}")
     elif args.what == "datasets":
         from pflbench.data import DATASETS, data_mirror, data_root
 
         root, mirror = data_root(args.root), data_mirror(args.mirror)
         where = dataset_locations(root, mirror)
+        width = name_column(DATASETS.names(), 18)
         for name, source in DATASETS.items():  # the registry itself: plugins' datasets too
             plugin = f"  [plugin {DATASETS.origin(name)}]" if DATASETS.origin(name) else ""
-            print(f"{name:<18}{where[name]:<22}{source.summary()}{plugin}")
+            print(f"{name:<{width}}{where[name]:<22}{source.summary()}{plugin}")
         print(f"(data root {root}; mirror {mirror or 'none: $PFLBENCH_DATA_MIRROR is not set'}; "
               f"`pflbench data prepare` places and decodes what the mirror has)")
     elif args.what == "partitions":
@@ -155,12 +162,13 @@ def cmd_list(args) -> int:
 
         load_builtins()
 
+        width = name_column(PARTITIONS.names(), 14)
         for name, cls in PARTITIONS.items():
             fields = ", ".join(f"{k}={field_default(f)!r}" if not f.is_required() else f"{k} (required)"
                                for k, f in cls.Params.model_fields.items())
             extra = ", any keyword of the partitioner" if cls.Params.model_config.get("extra") == "allow" else ""
             plugin = f"  [plugin {PARTITIONS.origin(name)}]" if PARTITIONS.origin(name) else ""
-            print(f"{name:<14}{fields or '-'}{extra}{plugin}")
+            print(f"{name:<{width}}{fields or '-'}{extra}{plugin}")
     else:
         from pflbench.models import MODELS
         from pflbench.plugins import load_builtins
