@@ -90,15 +90,15 @@ def test_communication_label_distribution_and_generic_artifacts(tmp_path):
 
 def test_curves_after_adaptation_are_drawn_from_the_adapted_cells_only(tmp_path):
     from pflbench.reports.build import ReportOptions, build_reports, curve_of
-    from pflbench.reports.cells import load_cells
+    from pflbench.reports.cells import load_cells, read_metrics
 
     root = tmp_path / "results"
     write_cell(root, algorithm="fedavg", accuracies=(0.6, 0.8), adapted=(0.9, 0.7), rounds=4)
     write_cell(root, algorithm="local", accuracies=(0.5, 0.7), rounds=4)   # no local adaptation
     cells = load_cells(root).set_index("algorithm")
-    adapted = curve_of(cells.loc["fedavg"], "accuracy_adapted")
+    adapted = curve_of(read_metrics(cells.loc["fedavg", "path"]), "accuracy_adapted")
     assert adapted["round"].tolist() == [1, 2, 3, 4] and adapted["accuracy"].iloc[-1] == pytest.approx(0.8)
-    assert curve_of(cells.loc["local"], "accuracy_adapted").empty
+    assert curve_of(read_metrics(cells.loc["local", "path"]), "accuracy_adapted").empty
     report = build_reports(root, tmp_path / "out", ReportOptions(formats=("png",), partitions=False))
     shown = dict(report.figures)
     adapted_png = shown["Learning curves after local adaptation: fmnist, 10 clients, pathological"]

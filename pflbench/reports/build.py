@@ -120,10 +120,9 @@ def build_reports(results: str | Path, out: str | Path, options: ReportOptions =
     return report
 
 
-def curve_of(cell: pd.Series, column: str = "accuracy") -> pd.DataFrame:
-    """The cell's mean client `column` per evaluated round, as column "accuracy" (rounds where it was
-    not measured, e.g. no local adaptation, are left out)."""
-    metrics = read_metrics(cell["path"])
+def curve_of(metrics: pd.DataFrame, column: str = "accuracy") -> pd.DataFrame:
+    """A cell's mean client `column` per evaluated round (`metrics`: its metrics.parquet), as column
+    "accuracy" (rounds where it was not measured, e.g. no local adaptation, are left out)."""
     if metrics.empty or column not in metrics:
         return pd.DataFrame(columns=["round", "accuracy"])
     curve = metrics.groupby("round", as_index=False)[column].mean().dropna()
@@ -162,18 +161,17 @@ def group_figures(cells: pd.DataFrame, comm, out: Path, options: ReportOptions, 
         plotted = {cell["row"].label for _, cell in group.iterrows()}
         curves, adapted_curves, accuracies, worst10 = [], [], {}, {}
         for _, cell in group.iterrows():
+            metrics = read_metrics(cell["path"])  # once per cell: its curves and final accuracies
             for found, column in ((curves, "accuracy"), (adapted_curves, "accuracy_adapted")):
-                curve = curve_of(cell, column)
+                curve = curve_of(metrics, column)
                 if len(curve):
                     found.append(curve.assign(label=cell["row"].label, seed=cell["seed"]))
-            if cell["status"] == "finished":
-                metrics = read_metrics(cell["path"])
-                if len(metrics):
-                    last = metrics[metrics["round"] == metrics["round"].max()]["accuracy"].to_numpy()
-                    label = cell["row"].label
-                    accuracies[label] = np.concatenate([accuracies.get(label, np.zeros(0)), last])
-                    if not pd.isna(cell.get("final_worst10_accuracy")):  # as the tables: per seed, then the mean
-                        worst10.setdefault(label, []).append(float(cell["final_worst10_accuracy"]))
+            if cell["status"] == "finished" and len(metrics):
+                last = metrics[metrics["round"] == metrics["round"].max()]["accuracy"].to_numpy()
+                label = cell["row"].label
+                accuracies[label] = np.concatenate([accuracies.get(label, np.zeros(0)), last])
+                if not pd.isna(cell.get("final_worst10_accuracy")):  # as the tables: per seed, then the mean
+                    worst10.setdefault(label, []).append(float(cell["final_worst10_accuracy"]))
         if curves:
             fig.learning_curves(pd.concat(curves, ignore_index=True), out / "figures" / f"curves_{stem}",
                                 title=f"learning curves: {title}", formats=options.formats)
