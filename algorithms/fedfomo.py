@@ -119,7 +119,7 @@ class FedFomo(Algorithm):
         self.uploaded = torch.zeros(n, dtype=torch.bool)
         self.affinity = torch.zeros(n, n, dtype=torch.float64)
         self.last_weights = torch.zeros(n, n, dtype=torch.float64)
-        has_val = all(len(i) > 0 for i in self.fed.splits["val"])
+        has_val = bool((self.fed.split_sizes("val") > 0).all())
         self.eval_split = "val" if has_val else "train"
         self._chosen: torch.Tensor | None = None
         self._raw: torch.Tensor | None = None

@@ -75,6 +75,9 @@ class Row:
     algorithm: str
     variant: str = ""    # "retain_layers=1" when the algorithm's cells differ in hyperparameters
     tuned: bool = False
+    # The heterogeneity knob setting ("unseen_fraction=0.2"; "" when off), also part of `variant`: rows
+    # of different settings are different experiments, ranked apart (`mark_best`).
+    setting: str = field(default="", compare=False)
 
     @property
     def key(self) -> tuple:
@@ -317,9 +320,11 @@ def row_of_cells(cells: pd.DataFrame, knobs: bool = True) -> pd.Series:
             variant = ", ".join(f"{c.removeprefix('hp.')}={format_value(cell[c])}" for c in varying
                                 if not pd.isna(cell[c]))
             setting = knob_setting(cell, knob_cols) if knob_cols else OFF
-            if setting != OFF:
+            if setting == OFF:
+                setting = ""
+            else:
                 variant = ", ".join(filter(None, [variant, setting]))
-            rows[index] = Row(str(algorithm), variant, tuned)
+            rows[index] = Row(str(algorithm), variant, tuned, setting)
     return rows
 
 
@@ -564,14 +569,18 @@ def shown(value: float, digits: int = 2) -> float:
 
 
 def mark_best(table, column: Column, rows: list) -> None:
-    """Bold every entry tied with the column's best at the displayed precision; reference rows
-    (Centralized) and entries repeating another row's results are not ranked."""
-    ranked = [e for r in rows if not r.reference and (e := table.entry(r, column)) is not None
-              and e.mean is not None and e.same_as is None]
-    if len(ranked) > 1:
-        top = max(shown(e.mean) for e in ranked)
-        for e in ranked:
-            e.best = shown(e.mean) >= top
+    """Bold every entry tied with the column's best at the displayed precision, among the rows of one
+    heterogeneity knob setting (a knob-on row, e.g. pFedLA with a fifth of its clients unseen and its
+    accuracy over the rest, is another experiment than the knob-off rows: it is ranked with its own
+    setting's rows only); reference rows (Centralized) and entries repeating another row's results
+    are not ranked."""
+    for setting in dict.fromkeys(r.setting for r in rows):
+        ranked = [e for r in rows if r.setting == setting and not r.reference
+                  and (e := table.entry(r, column)) is not None and e.mean is not None and e.same_as is None]
+        if len(ranked) > 1:
+            top = max(shown(e.mean) for e in ranked)
+            for e in ranked:
+                e.best = shown(e.mean) >= top
 
 
 def mean_or_none(values: list[float]) -> float | None:

@@ -164,8 +164,8 @@ def markdown_report(tables: list[Table], worst: list[Table], comm: list[CommTabl
              f"Cells: {counts}. Entries: the test accuracy of each client's personalized model on its own test "
              f"split, in %: mean ± std over seeds (up to {seeds} per entry), under the protocol each table's "
              f"caption names (the model scored, the round selected, the averaging); shown: "
-             f"{'; '.join(shown)}. Best of each column in bold; failed or diverged cells are counted beside "
-             f"the entry, never averaged."]
+             f"{'; '.join(shown)}. Best of each column in bold (rows of a heterogeneity knob setting ranked among "
+             f"themselves); failed or diverged cells are counted beside the entry, never averaged."]
     parts += notice
     sources = sorted({s for t in tables for s in t.sources})
     for section, group in (("Accuracy", tables), ("Worst 10% of clients", worst)):
