@@ -84,6 +84,12 @@ class HostPeak:
             self.peak = max(self.peak, self.current())
 
     def stop(self) -> int:
+        """The peak; never below the RSS at the start, which the span includes (the kernel's RSS
+        counters are cached per thread and can lag a page behind, so a VmHWM reset just before the
+        start reading once came out 4 KiB under it)."""
+        return max(self._peak_reading(), self.start_bytes)
+
+    def _peak_reading(self) -> int:
         if self.method == "vmhwm":
             return (_status_kib("VmHWM") or 0) * 1024
         if self._thread is not None:

@@ -279,6 +279,20 @@ def test_peak_memory_counts_what_the_cell_held_at_its_peak_not_before():
     assert big["cpu_model"] and big["cpu_cores"] >= 1 and "gpu_model" not in big
 
 
+def test_a_peak_reading_that_lags_the_start_reading_still_reports_at_least_the_start(monkeypatch):
+    """The kernel's RSS counters are cached per thread: a VmHWM read after the reset once came out a page
+    under the VmRSS read at the start (CI, 2026-11-25). The span includes its start, so the peak cannot be less."""
+    from pflbench import cost
+
+    host = cost.HostPeak()
+    host.stop()  # ends the sampler thread where this machine uses one
+    host.method, host.start_bytes, host._thread = "vmhwm", 1_301_348_352, None
+    monkeypatch.setattr(cost, "_status_kib", lambda field: 1_301_344_256 // 1024)  # 4 KiB under the start
+    assert host.stop() == 1_301_348_352
+    monkeypatch.setattr(cost, "_status_kib", lambda field: 2_000_000)  # a real peak above the start is kept
+    assert host.stop() == 2_000_000 * 1024
+
+
 def test_a_cell_without_a_narrowed_spec_form_still_gets_its_page(made, tmp_path, monkeypatch):
     """A spec whose cells no `--set` narrows to one (a `variants` axis, say) leaves a cell's manifest entry
     without `sets`: its page shows the `rerun` command alone (this crashed the leaderboard before)."""
