@@ -285,13 +285,6 @@ def check_cell(folder: str | Path, *, cpus: float | None = None, data_root=None,
     return check
 
 
-def _stored_status(folder: Path) -> str | None:
-    try:
-        return read_json_dict(folder / SUMMARY).get("status")
-    except (OSError, ValueError):
-        return None
-
-
 def sample_cells(study: str | Path, k: int | None, seed: int, max_seconds: float | None = None,
                  cells: list[str] | None = None, rounds: int | None = None) -> list[Path]:
     """`k` cell folders of `study` drawn at random with `seed` (all with k None), among those whose
@@ -309,6 +302,11 @@ def sample_cells(study: str | Path, k: int | None, seed: int, max_seconds: float
         def seconds(p):
             try:
                 summary = read_json_dict(p / SUMMARY)
+                # A drawn sample checks reproducibility, and a divergence is not reproducible across
+                # CPU kinds (the float order decides where a blow-up happens): such cells are
+                # verified only by name.
+                if summary.get("status") == "diverged":
+                    return math.inf
                 value, done = summary.get("wall_time"), summary.get("rounds_completed")
                 upto = rounds_to_run(read_json_dict(p / CONFIG)["cell"], rounds) if rounds is not None else None
             except (OSError, ValueError, KeyError, TypeError):
@@ -317,9 +315,6 @@ def sample_cells(study: str | Path, k: int | None, seed: int, max_seconds: float
                 return math.inf
             return float(value) * (min(1.0, upto / done) if upto and isinstance(done, int) and done > 0 else 1.0)
         folders = [p for p in folders if seconds(p) <= max_seconds]
-        # A drawn sample checks reproducibility, and a divergence is not reproducible across CPU kinds
-        # (the float order decides where a blow-up happens): diverged cells are verified only by name.
-        folders = [p for p in folders if _stored_status(p) != "diverged"]
     if k is None or k >= len(folders):
         return folders
     return sorted(random.Random(seed).sample(folders, k))

@@ -15,7 +15,7 @@ from pflbench.publish import MANIFEST, publish, read_manifest, study_state
 from pflbench.reports import ReportOptions
 from pflbench.runner import RunOptions, run_plan
 from pflbench.store import METRICS, SUMMARY, check_folder, file_record, read_json_dict, write_json
-from pflbench.verify import check_cell, compare, rerun
+from pflbench.verify import check_cell, compare, rerun, sample_cells
 
 SPEC = """
 name: tiny
@@ -364,10 +364,8 @@ def test_verify_rounds_reruns_the_first_rounds_only_and_compares_those(study, tm
 def test_a_drawn_verify_sample_leaves_out_diverged_cells(tmp_path):
     # A divergence is not reproducible across CPU kinds: CI's drawn sample skips such cells; by name
     # they are still verified.
-    import json
-    from pflbench.verify import sample_cells
     for name, status in (("aaaa", "finished"), ("bbbb", "diverged")):
         (tmp_path / name).mkdir()
-        (tmp_path / name / "summary.json").write_text(json.dumps({"status": status, "wall_time": 1.0}))
+        (tmp_path / name / SUMMARY).write_text(json.dumps({"status": status, "wall_time": 1.0}))
     assert [p.name for p in sample_cells(tmp_path, 2, seed=0, max_seconds=5)] == ["aaaa"]
     assert [p.name for p in sample_cells(tmp_path, None, seed=0, cells=["bbbb"])] == ["bbbb"]
