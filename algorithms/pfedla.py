@@ -128,6 +128,13 @@ class PFedLA(Algorithm):
         hn_lr: float = Field(1e-2, gt=0)          # hypernetwork and embedding learning rate (Adam)
         hn_optimizer: Literal["adam", "sgd"] = "adam"
         head_init: Literal["uniform", "random"] = "uniform"  # uniform: alpha starts exactly 1/N
+        # How a head's outputs become one layer's weights (each summing to 1): relu then normalise (the
+        # reconstructions'; a weight at exactly 0 gets no gradient again), softmax, or softplus then
+        # normalise (neither reaches exactly 0)
+        head: Literal["relu", "softmax", "softplus"] = "relu"
+        # descend: the step lowers the client's loss (Eq. 10-11 read as a gradient step; checked by a
+        # finite-difference test); ascend: the public reconstructions' sign, for comparison only
+        hn_sign: Literal["descend", "ascend"] = "descend"
         embed_dim: int = Field(100, ge=1)
         hidden_dim: int = Field(100, ge=1)
         hidden_layers: int = Field(3, ge=1)       # Linear + ReLU blocks before the heads
@@ -185,7 +192,10 @@ class PFedLA(Algorithm):
         h = hn["embedding"][rows]
         for i in range(self.hp.hidden_layers):
             h = F.relu(torch.einsum("kd,kod->ko", h, hn[f"mlp{i}.weight"][rows]) + hn[f"mlp{i}.bias"][rows])
-        raw = F.relu(torch.einsum("kd,kljd->klj", h, hn["heads.weight"][rows]) + hn["heads.bias"][rows])
+        logits = torch.einsum("kd,kljd->klj", h, hn["heads.weight"][rows]) + hn["heads.bias"][rows]
+        if self.hp.head == "softmax":
+            return torch.softmax(logits, dim=-1)
+        raw = F.softplus(logits) if self.hp.head == "softplus" else F.relu(logits)
         total = raw.sum(-1, keepdim=True)
         own = F.one_hot(rows, self.fed.num_clients).to(raw.dtype)[:, None, :].expand_as(raw)
         return torch.where(total > 0, raw / total.clamp_min(1e-12), own)
@@ -246,7 +256,7 @@ class PFedLA(Algorithm):
             # -delta is the descent signal for theta_bar (Eq. 10-11). A retained layer did not come from
             # alpha this round (the client trained its own copy), so it gives the hypernetwork none.
             aggregated = (~keep[:, self.layer_of[p]]).to(upload[p].dtype).view(-1, *[1] * (upload[p].dim() - 1))
-            signal[p] = -upload[p] * aggregated
+            signal[p] = (1 if self.hp.hn_sign == "ascend" else -1) * upload[p] * aggregated
         grads = self.hypernetwork_grads(clients, signal)
         with torch.no_grad():
             self.hypernetwork_step(clients, grads)

@@ -42,6 +42,11 @@ OPTIONAL_AT_DEFAULT = {"finetune_epochs": 0, "feature_shift": {}, "concept_shift
                        # cells keep their ids as `pool` cells and every default cell has a new one
                        # (pflbench.data.normalization)
                        "normalization": "pool"}
+# Hyperparameters added to an algorithm after cells of it were stored: the value a stored cell's missing
+# entry stands for (how the method ran before the option existed). As with OPTIONAL_AT_DEFAULT, `stored`
+# fills it in and the hash leaves it out at that value, so the cells stored before keep their ids.
+HP_ADDED_LATER: dict[str, dict[str, Any]] = {"pfedla": {"head": "relu", "hn_sign": "descend"},
+                                             "heurpfedla": {"head": "relu", "hn_sign": "descend"}}
 # The heterogeneity knobs beyond label skew (benchmarks/README.md, "Heterogeneity"): all off by default.
 HETEROGENEITY_FIELDS = ("feature_shift", "concept_shift", "system", "privacy", "unseen_fraction")
 
@@ -92,7 +97,11 @@ class CellConfig(BaseModel):
     def stored(cls, data: dict[str, Any]) -> "CellConfig":
         """A configuration as a store recorded it: a field it lacks was added later, and the cell ran
         with the value that field's absence stands for (OPTIONAL_AT_DEFAULT), not today's default."""
-        return cls(**{**{k: v for k, v in OPTIONAL_AT_DEFAULT.items() if k not in data}, **data})
+        data = {**{k: v for k, v in OPTIONAL_AT_DEFAULT.items() if k not in data}, **data}
+        added = HP_ADDED_LATER.get(data.get("algorithm"), {})
+        if added and isinstance(data.get("hp"), dict):
+            data["hp"] = {**{k: v for k, v in added.items() if k not in data["hp"]}, **data["hp"]}
+        return cls(**data)
 
     def canonical_json(self) -> str:
         data = self.model_dump(mode="json")
@@ -101,6 +110,9 @@ class CellConfig(BaseModel):
         for key in OPTIONAL_AT_DEFAULT:  # likewise: fields added later leave the hash alone at their default
             if data[key] == OPTIONAL_AT_DEFAULT[key]:
                 del data[key]
+        for key, value in HP_ADDED_LATER.get(data["algorithm"], {}).items():
+            if data["hp"].get(key, value) == value:
+                data["hp"].pop(key, None)
         params = data["partition_params"]
         if params.get("sha256") and "path" in params:
             # A partition read from a file is identified by the file's content: where it lies (an absolute

@@ -46,9 +46,10 @@ def _train_heads(alg, seed=0):
         w += 0.1 * torch.randn(w.shape, generator=gen, dtype=w.dtype)
 
 
-def test_pfedla_hypernetwork_gradient_matches_finite_differences(tmp_path):
+@pytest.mark.parametrize("head", ["relu", "softmax", "softplus"])
+def test_pfedla_hypernetwork_gradient_matches_finite_differences(tmp_path, head):
     fed = _federation(_cell(), tmp_path)
-    alg = _setup(PFedLA, fed)
+    alg = _setup(PFedLA, fed, {"head": head})
     _double(alg)
     _spread_clients(alg)
     _train_heads(alg)
@@ -83,11 +84,12 @@ def test_pfedla_hypernetwork_gradient_matches_finite_differences(tmp_path):
     assert torch.isclose(predicted, measured, rtol=1e-5), (float(predicted), float(measured))
 
 
-def test_pfedla_update_descends_the_clients_loss(tmp_path):
+@pytest.mark.parametrize("head", ["relu", "softmax", "softplus"])
+def test_pfedla_update_descends_the_clients_loss(tmp_path, head):
     """A client whose data want another client's parameters: the rounds' update (delta = one gradient
     step of the client's quadratic loss) lowers that loss, by moving alpha toward the other client."""
     fed = _federation(_cell(), tmp_path)
-    alg = _setup(PFedLA, fed)  # the defaults
+    alg = _setup(PFedLA, fed, {"head": head})
     _spread_clients(alg)
     client, wanted = torch.tensor([0]), 3
     target = {p: t[wanted].clone() for p, t in alg.server_params.items()}
@@ -114,6 +116,59 @@ def test_pfedla_update_descends_the_clients_loss(tmp_path):
     assert (alpha[:, wanted] > 0.5).all(), alpha
 
 
+def test_pfedla_reconstructions_sign_ascends_the_clients_loss(tmp_path):
+    """`hn_sign="ascend"` (the public reconstructions' step) moves the same client's loss up."""
+    fed = _federation(_cell(), tmp_path)
+    alg = _setup(PFedLA, fed, {"hn_sign": "ascend", "head": "softmax"})
+    _spread_clients(alg)
+    client, wanted = torch.tensor([0]), 3
+    target = {p: t[wanted].clone() for p, t in alg.server_params.items()}
+    server_before = {p: t.clone() for p, t in alg.server_params.items()}
+
+    def client_loss():
+        with torch.no_grad():
+            theta = alg.aggregate_params(alg.alphas(client))
+        return float(sum(((theta[p][0] - target[p]) ** 2).sum() for p in theta) / 2)
+
+    first = client_loss()
+    for rnd in range(1, 11):
+        state = alg.receive(rnd, client, alg.configure(rnd, client))
+        for p in target:
+            state[p] = state[p] - 0.5 * (state[p] - target[p])
+        alg.aggregate(rnd, client, alg.send(rnd, client, state))
+        for p in target:
+            alg.server_params[p].copy_(server_before[p])
+    assert client_loss() > first
+
+
+@pytest.mark.parametrize("head", ["relu", "softmax", "softplus"])
+def test_pfedla_a_weight_at_zero_is_a_trap_only_for_relu_heads(tmp_path, head):
+    """Heads whose raw output for one source is far below zero: ReLU gives that source a weight of
+    exactly 0 and a gradient of exactly 0 (it can never come back); softmax and softplus give it a
+    small positive weight and a non-zero gradient."""
+    fed = _federation(_cell(), tmp_path)
+    alg = _setup(PFedLA, fed, {"head": head})
+    _double(alg)
+    _spread_clients(alg)
+    _train_heads(alg)
+    dead = 4
+    with torch.no_grad():
+        alg.hypernet["heads.bias"][:, :, dead] = -5.0
+        alg.hypernet["heads.weight"][:, :, dead] = 0.0
+    client = torch.tensor([0])
+    alpha = alg.alphas(client).detach()
+    gen = torch.Generator().manual_seed(2)
+    signal = {p: torch.randn(1, *t.shape[1:], generator=gen, dtype=t.dtype) for p, t in alg.server_params.items()}
+    grads = alg.hypernetwork_grads(client, signal)
+    torch.testing.assert_close(alpha.sum(-1), torch.ones_like(alpha.sum(-1)))
+    if head == "relu":
+        assert (alpha[..., dead] == 0).all()
+        assert (grads["heads.bias"][0, :, dead] == 0).all()
+    else:
+        assert (alpha[..., dead] > 0).all()
+        assert (grads["heads.bias"][0, :, dead] != 0).all()
+
+
 # ---- pFedLA: the aggregation weights --------------------------------------------------------------------
 def _two_group_federation(tmp_path, clients=6):
     """Clients 0-2 hold classes 0-4, clients 3-5 classes 5-9 (pFedLA's Section 4.3 in miniature)."""
@@ -129,12 +184,13 @@ def _two_group_federation(tmp_path, clients=6):
     return Federation(cell, dataset, ClientSplits(train, val, test))
 
 
-def test_pfedla_alpha_starts_uniform_and_round_one_carries_no_signal(tmp_path):
+@pytest.mark.parametrize("head", ["relu", "softmax", "softplus"])
+def test_pfedla_alpha_starts_uniform_and_round_one_carries_no_signal(tmp_path, head):
     """At the defaults every client starts at FedAvg's weights, exactly 1/N; in round 1 all server
     copies are the same model, so the update has nothing to tell apart and alpha stays put; from
     round 2 on (the copies differ) it moves."""
     fed = _federation(_cell(), tmp_path)
-    alg = _setup(PFedLA, fed)
+    alg = _setup(PFedLA, fed, {"head": head})
     n = fed.num_clients
     assert torch.equal(alg.all_alphas(), torch.full((n, len(alg.layer_params), n), 1 / n))
     before = {k: t.detach().clone() for k, t in alg.hypernet.items()}
