@@ -10,7 +10,7 @@ ifneq ($(MIRROR),)
 export PFLBENCH_DATA_MIRROR ?= $(MIRROR)
 endif
 
-.PHONY: install test demo bench report leaderboard reproduce-table1 reproduce-table2 sweep clean
+.PHONY: install test demo bench report leaderboard reproduce-table1 reproduce-table2 sweep clean gpu-kit gpu-rehearse
 
 install: $(VENV)/.installed
 
@@ -62,6 +62,17 @@ report: install
 LEADERBOARD ?= $(REPORTS)/leaderboard
 leaderboard: install
 	$(BIN)/pflbench leaderboard --published results/published --out $(LEADERBOARD) $(LEADERBOARD_ARGS)
+
+# The GPU check (README, "GPU"): the kit (.gpu-kit/: wheels the device image lacks and Fashion-MNIST; it
+# needs the network and ../shared/data), then `bash benchmarks/gpu/check.sh OUT` on the GPU machine.
+# gpu-rehearse runs the same steps on this CPU at tiny sizes, in an environment of the device image's
+# packages plus the kit (GPU_OUT: where check.json and check.log go).
+GPU_OUT ?= reports/gpu-rehearsal
+gpu-kit: install
+	$(BIN)/python benchmarks/gpu/kit.py
+
+gpu-rehearse: gpu-kit
+	PYTHON=$(BIN)/python bash benchmarks/gpu/check.sh $(GPU_OUT) --rehearse
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache

@@ -93,16 +93,20 @@ def training_flops_per_sample(model: str, shape: tuple[int, ...], num_classes: i
     return counter.get_total_flops() / batch_size
 
 
-def matmul_peak(size: int = 1024, repeats: int = 5, calls: int = 4) -> float:
-    """The machine's float32 peak as measured here: best GFLOP/s of `size`^3 matmuls (threads as set)."""
-    a, b = torch.randn(size, size), torch.randn(size, size)
-    out = torch.empty(size, size)
+def matmul_peak(size: int = 1024, repeats: int = 5, calls: int = 4, device: str | torch.device = "cpu") -> float:
+    """The device's float32 peak as measured here: best GFLOP/s of `size`^3 matmuls (on CPU with the
+    threads as set; on CUDA with torch's float32 matmul precision as the training runs it)."""
+    device = torch.device(device)
+    a, b = torch.randn(size, size, device=device), torch.randn(size, size, device=device)
+    out = torch.empty(size, size, device=device)
     torch.mm(a, b, out=out)  # warm-up
     best = math.inf
     for _ in range(repeats):
+        _sync(device)
         start = time.perf_counter()
         for _ in range(calls):
             torch.mm(a, b, out=out)
+        _sync(device)
         best = min(best, (time.perf_counter() - start) / calls)
     return 2 * size ** 3 / best / 1e9
 
@@ -178,7 +182,8 @@ def run_bench(clients: int = 10, samples: int = 512, batch_size: int = 32,
     load_before = load_average()
     device = torch.device(device)
     flops_per_sample = training_flops_per_sample(model, shape, num_classes, batch_size)
-    peak = matmul_peak() if device.type == "cpu" else None
+    # a GPU's matmuls are too short at 1024 to reach its peak: 4096 there (about 0.14 TFLOP per call)
+    peak = matmul_peak(device=device) if device.type == "cpu" else matmul_peak(4096, repeats=5, calls=10, device=device)
     say(f"training step {flops_per_sample / 1e6:.2f} MFLOP per sample"
         + (f"; measured matmul peak {peak:.1f} GFLOP/s" if peak else ""))
     engines = {name: _bench_federation(clients, samples, batch_size, shape, num_classes, model, options, seed)

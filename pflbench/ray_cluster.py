@@ -77,3 +77,10 @@ def ray_capacity(cluster: dict, resources) -> int:
     if resources.gpus > 0:
         fits.append(int(cluster.get("GPU", 0) // resources.gpus))
     return max(0, min(fits))
+
+
+def task_resources(resources) -> dict:
+    """What a cell's Ray task asks for: its CPUs and its GPU fraction (8 cells of 1/8 share one GPU;
+    Ray sets each task's CUDA_VISIBLE_DEVICES to the GPU it was given, so the cell's "cuda" is that GPU).
+    Retries are the runner's own (max_retries=0), so that each is said and bounded."""
+    return {"num_cpus": resources.cpus, "num_gpus": resources.gpus, "max_retries": 0}

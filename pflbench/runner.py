@@ -36,7 +36,7 @@ from pflbench.checkpoint import DEFAULT_MINUTES, CheckpointPolicy, Checkpointer
 from pflbench.config import CellConfig, cell_hash
 from pflbench.display import PROBLEMS, Display, label, make_console, print_summary
 from pflbench.execution import ExecutionOptions
-from pflbench.ray_cluster import ClusterError, connect_ray, ray_capacity
+from pflbench.ray_cluster import ClusterError, connect_ray, ray_capacity, task_resources
 from pflbench.spec import Plan, Resources, describe_partition
 from pflbench.store import COMPLETE, DAMAGED, HEARTBEAT, SET_ASIDE, Store
 
@@ -239,8 +239,7 @@ def run_on_ray(cells: list[CellConfig], plan: Plan, options: RunOptions, store: 
                                f"none; run with --set resources.gpus=0")
         board = ray.remote(num_cpus=0)(ProgressBoard).remote()
         # A lost worker's cell is retried here, not by Ray, so that each retry is said and bounded.
-        task = ray.remote(_ray_task).options(num_cpus=plan.resources.cpus, num_gpus=plan.resources.gpus,
-                                             max_retries=0)
+        task = ray.remote(_ray_task).options(**task_resources(plan.resources))
         attempts: dict[str, int] = {}
         waiting = list(cells)
         # Claim cells only as they can start, so that runners sharing the store split the matrix.

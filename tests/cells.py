@@ -23,10 +23,10 @@ def federation(cell: CellConfig, data_root) -> Federation:
     return Federation(cell, dataset, splits, algorithm_batched=get_algorithm(cell.algorithm).batched)
 
 
-def assert_batched_matches_loop(cell: CellConfig, data_root) -> None:
+def assert_batched_matches_loop(cell: CellConfig, data_root, device: str | None = None) -> None:
     """The batched path and the client loop give the same run (up to float rounding) and the same bytes."""
-    on = run_cell(cell, data_root=data_root, execution=ExecutionOptions(client_batching="on"))
-    off = run_cell(cell, data_root=data_root, execution=ExecutionOptions(client_batching="off"))
+    on = run_cell(cell, data_root=data_root, execution=ExecutionOptions(device=device, client_batching="on"))
+    off = run_cell(cell, data_root=data_root, execution=ExecutionOptions(device=device, client_batching="off"))
     assert on.summary["client_batching"] == "batched" and off.summary["client_batching"] == "loop"
     np.testing.assert_allclose(on.metrics["accuracy"], off.metrics["accuracy"], atol=0.02)
     np.testing.assert_allclose(on.metrics["loss"], off.metrics["loss"], rtol=1e-3)

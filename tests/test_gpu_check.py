@@ -1,0 +1,53 @@
+"""The GPU check's step runner (benchmarks/gpu/check.py): a failing or overrunning step is recorded and
+the next one still runs; a spent budget skips the rest; figures a step writes land in check.json. The
+whole check is rehearsed on the CPU by CI (`make gpu-rehearse`, .ci/run)."""
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "gpu"))
+import check  # noqa: E402
+
+
+def test_a_failing_step_is_recorded_and_the_next_one_runs(tmp_path, monkeypatch):
+    figures = tmp_path / "figures.json"
+    steps = [check.Step("fails", [sys.executable, "-c", "import sys; print('boom'); sys.exit(4)"], 30),
+             check.Step("hangs", [sys.executable, "-c", "import time; time.sleep(60)"], 6),
+             check.Step("works", [sys.executable, "-c",
+                                  f"import json; open({str(figures)!r}, 'w').write(json.dumps({{'x': 1}})); "
+                                  "print('FIGURES ' + json.dumps({'y': 2}))"], 30, figures)]
+    monkeypatch.setattr(check, "steps", lambda device, rehearse, work: steps)
+    assert check.main(["--out", str(tmp_path / "out"), "--device", "cpu", "--budget", "60"]) == 1
+    result = json.loads((tmp_path / "out" / "check.json").read_text())
+    status = {name: step["status"] for name, step in result["steps"].items()}
+    assert status == {"fails": "failed", "hangs": "timeout", "works": "ok"}, status
+    assert result["steps"]["fails"]["returncode"] == 4 and "boom" in result["steps"]["fails"]["last_lines"]
+    assert result["steps"]["works"]["figures"] == {"x": 1}  # the step's file wins over its FIGURES line
+    assert result["all_ok"] is False
+    log = (tmp_path / "out" / "check.log").read_text()
+    assert "===== fails: failed" in log and "===== hangs: timeout" in log
+
+
+def test_a_spent_budget_skips_the_remaining_steps(tmp_path, monkeypatch):
+    steps = [check.Step("slow", [sys.executable, "-c", "import time; time.sleep(3)"], 30),
+             check.Step("next", [sys.executable, "-c", "pass"], 30)]
+    monkeypatch.setattr(check, "steps", lambda device, rehearse, work: steps)
+    assert check.main(["--out", str(tmp_path), "--device", "cpu", "--budget", "6"]) == 1
+    result = json.loads((tmp_path / "check.json").read_text())
+    assert result["steps"]["slow"]["status"] == "ok"
+    assert result["steps"]["next"]["status"] == "skipped"
+
+
+def test_only_names_known_steps(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        check.main(["--out", str(tmp_path), "--device", "cpu", "--only", "bench_10,nope"])
+    assert "unknown step(s) nope" in capsys.readouterr().err
+
+
+def test_the_device_steps_fit_the_budget():
+    """The device's command limit is 10 minutes and a second run must fit the 15 lent: every step's
+    box together stays inside the default budget."""
+    total = sum(step.timeout for step in check.steps("cuda", False, Path("/tmp")))
+    assert total <= 420, total
