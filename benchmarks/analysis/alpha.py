@@ -1,0 +1,111 @@
+"""What pFedLA's aggregation weights did in a stored cell: the figures behind benchmarks/README.md.
+
+For each pFedLA / HeurpFedLA cell folder given (a results store's `<hash>/`, published or not):
+- the mean self-weight alpha[i, l, i] per layer at chosen rounds;
+- the fraction of alpha entries that are exactly 0 or exactly 1 (a ReLU head's weight at 0 gets no
+  gradient again) at chosen rounds;
+- the first round from which alpha is bit-identical to the last stored round (frozen weights);
+- the mean weight one client gives another by the number of classes the two share in their train
+  splits (0, 1, 2, ...), and Pearson's r between weight and shared classes over the ordered pairs
+  (the paper's Figures 5-6: similar clients weigh more), at the last round, per layer.
+
+    python benchmarks/analysis/alpha.py results/published/table1-full/3cc0b2ea0143 [--rounds 10,100,600] [--json OUT]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+
+def load_alphas(folder: Path) -> tuple[dict[int, np.ndarray], list[str]]:
+    arrays = np.load(folder / "artifacts" / "arrays.npz")
+    alphas, layers = {}, []
+    for key in arrays.files:
+        name, _, rnd = key.rpartition("_round")
+        if name == "alpha":
+            alphas[int(rnd)] = arrays[key]
+        elif name == "alpha_layers" and not layers:
+            layers = [str(x) for x in arrays[key]]
+    return dict(sorted(alphas.items())), layers
+
+
+def shared_classes(folder: Path) -> np.ndarray:
+    """[N, N] classes two clients' train splits have in common (the cell's own partition)."""
+    from pflbench.config import CellConfig
+    from pflbench.rounds import prepare_cell
+
+    cell = CellConfig.stored(json.loads((folder / "config.json").read_text())["cell"])
+    dataset, splits = prepare_cell(cell)
+    labels = dataset.labels.numpy()
+    sets = [set(np.unique(labels[np.asarray(train)]).tolist()) for train in splits.train]
+    return np.array([[len(a & b) for b in sets] for a in sets])
+
+
+def frozen_since(alphas: dict[int, np.ndarray]) -> int | None:
+    """The first stored round from which every later alpha equals the last one bit for bit."""
+    rounds = list(alphas)
+    last = alphas[rounds[-1]]
+    since = None
+    for rnd in reversed(rounds):
+        if np.array_equal(alphas[rnd], last):
+            since = rnd
+        else:
+            break
+    return since
+
+
+def describe(folder: Path, rounds: list[int] | None) -> dict:
+    alphas, layers = load_alphas(folder)
+    if not alphas:
+        raise SystemExit(f"alpha.py: {folder} has no stored alpha (not a pFedLA cell?)")
+    n = next(iter(alphas.values())).shape[0]
+    eye = np.arange(n)
+    chosen = [r for r in (rounds or [min(alphas), max(alphas)]) if r in alphas]
+    out: dict = {"cell": folder.name, "layers": layers, "rounds_stored": [min(alphas), max(alphas)],
+                 "frozen_since": frozen_since(alphas), "self_weight": {}, "exact_0_or_1": {}}
+    for rnd in chosen:
+        a = alphas[rnd]
+        out["self_weight"][rnd] = [round(float(a[eye, l, eye].mean()), 3) for l in range(a.shape[1])]
+        out["exact_0_or_1"][rnd] = round(float(((a == 0) | (a == 1)).mean()), 3)
+    shared = shared_classes(folder)
+    off = ~np.eye(n, dtype=bool)
+    last = alphas[max(alphas)]
+    by_layer = {}
+    for l, name in enumerate(layers):
+        weights = last[:, l, :][off]
+        common = shared[off]
+        means = {int(k): round(float(weights[common == k].mean()), 3) for k in np.unique(common)}
+        r = float(np.corrcoef(weights, common)[0, 1]) if weights.std() > 0 and common.std() > 0 else float("nan")
+        by_layer[name] = {"mean_weight_by_shared_classes": means, "pearson_r": round(r, 2)}
+    out["by_shared_classes_last_round"] = by_layer
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("cells", nargs="+", help="cell folders (a store's <hash>/)")
+    parser.add_argument("--rounds", default=None, help="comma-separated rounds (default: the first and last stored)")
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args(argv)
+    rounds = [int(r) for r in args.rounds.split(",")] if args.rounds else None
+    results = [describe(Path(folder), rounds) for folder in args.cells]
+    for r in results:
+        print(f"{r['cell']}: layers {', '.join(r['layers'])}; alpha frozen (bit-identical to the last) from round "
+              f"{r['frozen_since']}")
+        for rnd, weights in r["self_weight"].items():
+            print(f"  round {rnd}: mean self-weight per layer {weights}; entries exactly 0 or 1: "
+                  f"{100 * r['exact_0_or_1'][rnd]:.1f}%")
+        for layer, facts in r["by_shared_classes_last_round"].items():
+            print(f"  last round, {layer}: mean weight to a client sharing k classes "
+                  f"{facts['mean_weight_by_shared_classes']}, r = {facts['pearson_r']}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
