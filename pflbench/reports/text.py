@@ -2,11 +2,12 @@
 for each format; a missing entry is "–", a failed or diverged one says so. Every table's caption
 names its protocol (protocols.py); a paper number without a Δ carries a footnote [n] saying why
 (protocol or settings differ); a paper number under another protocol is shown in parentheses;
-reference rows (Centralized) come last, in italics, never bold."""
+reference rows (Centralized) come last, in italics, never bold. Bold and the tie mark ≈ are decided by
+paired tests (tables.mark_best, stats.py), and every accuracy table's caption names the test."""
 from __future__ import annotations
 
 from pflbench.reports.protocols import Protocol
-from pflbench.reports.tables import DATA_DIFFER, TUNED, CommTable, Entry, Row, Table, mean_or_none, payload_text
+from pflbench.reports.tables import DATA_DIFFER, TIED, TUNED, CommTable, Entry, Row, Table, mean_or_none, payload_text
 
 MISSING = "–"
 
@@ -97,7 +98,11 @@ def markdown_table(table: Table) -> str:
 
 def markdown_caption(table: Table) -> str:
     budget = f" {md_escape(table.budget)}" if table.budget else ""
-    return f"*{md_escape(table.caption)} Mean ± std over seeds, in %.{budget}*"
+    return f"*{md_escape(table.caption)} Mean ± std over seeds, in %. {md_escape(table.marks)}{budget}*"
+
+
+def untested_lines(table) -> list[str]:
+    return [f"No best marked on {md_escape(line)}." for line in getattr(table, "untested", [])]
 
 
 def identical_lines(table) -> list[str]:
@@ -164,8 +169,10 @@ def markdown_report(tables: list[Table], worst: list[Table], comm: list[CommTabl
              f"Cells: {counts}. Entries: the test accuracy of each client's personalized model on its own test "
              f"split, in %: mean ± std over seeds (up to {seeds} per entry), under the protocol each table's "
              f"caption names (the model scored, the round selected, the averaging); shown: "
-             f"{'; '.join(shown)}. Best of each column in bold (rows of a heterogeneity knob setting ranked among "
-             f"themselves); failed or diverged cells are counted beside the entry, never averaged."]
+             f"{'; '.join(shown)}. Bold: the best of a column, only where a paired test on the clients' test splits "
+             f"separates it from every other row; {TIED}: rows the test cannot tell from the best (each caption names "
+             f"the test and its level; rows of a heterogeneity knob setting are ranked among themselves); failed or "
+             f"diverged cells are counted beside the entry, never averaged."]
     parts += notice
     sources = sorted({s for t in tables for s in t.sources})
     for section, group in (("Accuracy", tables), ("Worst 10% of clients", worst)):
@@ -177,6 +184,8 @@ def markdown_report(tables: list[Table], worst: list[Table], comm: list[CommTabl
                     parts += ["", *[f"- {md_escape(line)}" for line in footnote_lines(table.footnotes)]]
                 if table.identical:
                     parts += ["", *[f"- {line}" for line in identical_lines(table)]]
+                if table.untested:
+                    parts += ["", *[f"- {line}" for line in untested_lines(table)]]
                 if table.notes:
                     parts += ["", "Note: " + "; ".join(md_escape(n) for n in table.notes) + "."]
     if comm:
@@ -249,8 +258,8 @@ def latex_table(table: Table) -> str:
         rules.append(rf"\cmidrule(lr){{{start}-{start + span - 1}}}")
         start += span
     lines = [r"\begin{table}[t]", r"\centering", r"\small",
-             rf"\caption{{{tex_text(table.title)}: mean $\pm$ std over seeds (\%). {tex_text(table.caption)}"
-             rf"{(' ' + tex_text(table.budget)) if table.budget else ''}}}",
+             rf"\caption{{{tex_text(table.title)}: mean $\pm$ std over seeds (\%). {tex_text(table.caption)} "
+             rf"{tex_text(table.marks)}{(' ' + tex_text(table.budget)) if table.budget else ''}}}",
              rf"\begin{{tabular}}{{{spec}}}", r"\toprule", " & ".join(top) + r" \\"]
     if any(s > 1 for s in spans):
         lines += [" ".join(rules), " & ".join(second) + r" \\"]
@@ -267,7 +276,8 @@ def latex_table(table: Table) -> str:
         lines.append(" & ".join(cells) + r" \\")
     lines += [r"\bottomrule", r"\end{tabular}"]
     notes = (legend([table], table.sources) + footnote_lines(table.footnotes)
-             + [f"= {line}." for line in table.identical] + list(table.notes))
+             + [f"= {line}." for line in table.identical] + [f"No best marked on {line}." for line in table.untested]
+             + list(table.notes))
     if notes:
         lines.append(r"\par\smallskip\footnotesize " + r" \\ ".join(tex_text(n).replace("`", "") for n in notes))
     lines.append(r"\end{table}")
