@@ -148,6 +148,31 @@ def markdown_comm_table(table: CommTable) -> str:
     return "\n".join(lines)
 
 
+def markdown_differences(view) -> str:
+    """A difference view (differences.py) as a Markdown table: a line per (row, column)."""
+    several = view.several_columns
+    header = ["algorithm"] + (["column"] if several else []) + [
+        f"− {md_escape(view.baseline_label)} (pp, ± s.e.)", f"{100 * (1 - view.table.level):g}% CI",
+        "clients up / down / equal", "p", "paired on"]
+    lines = ["| " + " | ".join(header) + " |", "|---|" + ("---|" if several else "") + "---:|---:|---:|---:|---|"]
+    for d in view.lines:
+        label = md_label(d.row) + (f" {md_escape(d.entry.same_text())}" if d.entry.same_as is not None else "")
+        mean = d.mean_text()
+        cells = [label] + ([md_escape(d.column.label)] if several else []) + [
+            f"**{mean}**" if d.separated else mean, d.interval_text(), d.counts_text(), d.p_text(),
+            md_escape(d.units_text())]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def markdown_difference_section(view) -> list[str]:
+    parts = ["", f"#### {md_escape(view.title)}", "", markdown_differences(view), "",
+             f"*{md_escape(view.caption)} Bold: the test separates the two at level {view.table.level:g}.*"]
+    if view.missing:
+        parts += ["", f"No {md_escape(view.baseline_label)} row on: {md_escape(', '.join(view.missing))}."]
+    return parts
+
+
 def by_protocol(tables: list[Table]) -> list[tuple[Protocol, list[Table]]]:
     groups: dict[Protocol, list[Table]] = {}
     for table in tables:
@@ -156,9 +181,13 @@ def by_protocol(tables: list[Table]) -> list[tuple[Protocol, list[Table]]]:
 
 
 def markdown_report(tables: list[Table], worst: list[Table], comm: list[CommTable], *, seeds: int,
-                    statuses: dict[str, int], figures: list[tuple[str, str]] = (), notices: list[str] = ()) -> str:
+                    statuses: dict[str, int], figures: list[tuple[str, str]] = (), notices: list[str] = (),
+                    differences: dict | None = None, ranks: list = ()) -> str:
     """`tables` and `worst`: the accuracy and worst-10% tables of every protocol shown, in order;
-    `notices`: what the tables do not show (datasets left out, cells still running), listed first."""
+    `notices`: what the tables do not show (datasets left out, cells still running), listed first;
+    `differences`: the difference view of a table, by its id (differences.py), shown below it;
+    `ranks`: the ranks across the study, per protocol (ranks.py)."""
+    differences = differences or {}
     notice = ["", "## Not in these tables", "", *[f"- {md_escape(n)}" for n in notices]] if notices else []
     if not tables:
         return "\n".join(["# pflbench results", "", "The store has no results yet: run `pflbench run SPEC` first.",
@@ -188,6 +217,8 @@ def markdown_report(tables: list[Table], worst: list[Table], comm: list[CommTabl
                     parts += ["", *[f"- {line}" for line in untested_lines(table)]]
                 if table.notes:
                     parts += ["", "Note: " + "; ".join(md_escape(n) for n in table.notes) + "."]
+                if table.id in differences:
+                    parts += markdown_difference_section(differences[table.id])
     if comm:
         parts += ["", "## Communication", "",
                   f"Bytes sent down and up over the whole run (finished cells), in MB; accuracy "
