@@ -36,6 +36,7 @@ from pflbench.reports.progress import progress_text, skipped_datasets, skipped_t
 from pflbench.reports.protocols import available, report_protocols
 from pflbench.reports.reference import default_reference_dir, load_references
 from pflbench.reports.differences import DEFAULT_BASELINE, UnknownBaseline, difference_tables
+from pflbench.reports.ranks import study_ranks
 from pflbench.reports.stats import LEVEL
 from pflbench.reports.tables import accuracy_tables, communication_tables, mean_or_none
 from pflbench.reports.document import Report, safe_name
@@ -98,6 +99,11 @@ def build_reports(results: str | Path, out: str | Path, options: ReportOptions =
         differences = {}
     report = Report(out, out / "report.md", out / "report.tex")
     report.differences = differences
+    report.ranks = [r for _, board in boards if (r := study_ranks(board, options.level)) is not None]
+    if options.figures:  # the critical-difference diagram of each protocol report.md shows
+        for ranks in report.ranks:
+            if ranks.protocol in shown or ranks.protocol.worst10 and ranks.protocol.selection == "final":
+                rank_figure(ranks, out, options)
     report.notes += version_notes
     if options.figures and not cells.empty:
         group_figures(cells, comm, out, options, report)
@@ -113,6 +119,7 @@ def build_reports(results: str | Path, out: str | Path, options: ReportOptions =
     statuses = cells["status"].value_counts().to_dict() if len(cells) else {}
     report.markdown.write_text(markdown_report(tables, worst, comm, seeds=seeds, statuses=statuses,
                                                figures=report.figures, differences=differences,
+                                               ranks=[r for r in report.ranks if r.protocol in shown],
                                                notices=[*([report.progress] if report.progress else []),
                                                         *map(skipped_text, report.skipped), *version_notes]))
     problems = store_problems(results)
@@ -131,6 +138,16 @@ def build_reports(results: str | Path, out: str | Path, options: ReportOptions =
                             + ("\n" + heterogeneity_latex(report.heterogeneity) if report.heterogeneity else ""))
     report.index = write_site(cells, boards, comm, references, report, Path(results))
     return report
+
+
+def rank_figure(ranks, out: Path, options: ReportOptions) -> None:
+    """The critical-difference diagram of one protocol's ranks (ranks.py), at figures/cd_<protocol>."""
+    stem = f"figures/cd_{safe_name(ranks.protocol.name)}"
+    fig.critical_difference(dict(zip(ranks.methods, ranks.ranks.tolist())), ranks.cd,
+                            [[ranks.methods[i] for i in group] for group in ranks.groups], out / stem,
+                            title=f"average ranks over {len(ranks.blocks)} columns, {ranks.protocol.label}",
+                            formats=options.formats)
+    ranks.figure = f"{stem}.png"
 
 
 def curve_of(metrics: pd.DataFrame, column: str = "accuracy") -> pd.DataFrame:

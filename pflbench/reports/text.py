@@ -173,6 +173,23 @@ def markdown_difference_section(view) -> list[str]:
     return parts
 
 
+def markdown_ranks(ranks) -> list[str]:
+    """The ranks across a study under one protocol (ranks.py): a table by average rank, the Friedman
+    test, the critical difference and its groups, and the diagram."""
+    lines = ["| method | average rank | best in columns |", "|---|---:|---:|"]
+    for i in ranks.order:
+        lines.append(f"| {md_escape(ranks.methods[i])} | {ranks.ranks[i]:.2f} | {ranks.best_block_count(i)} |")
+    parts = ["", f"## Ranks across the study: {md_escape(ranks.protocol.label)}", "", *lines, "",
+             f"*{md_escape(ranks.caption)}*", "",
+             f"Not told apart (within CD = {ranks.cd:.2f}): {md_escape(ranks.group_text())}.",
+             "", f"Columns: {md_escape('; '.join(ranks.blocks))}."]
+    if ranks.left_out:
+        parts += ["", f"Not ranked: {md_escape('; '.join(ranks.left_out))}."]
+    if ranks.figure:
+        parts += ["", f"![critical-difference diagram]({ranks.figure})"]
+    return parts
+
+
 def by_protocol(tables: list[Table]) -> list[tuple[Protocol, list[Table]]]:
     groups: dict[Protocol, list[Table]] = {}
     for table in tables:
@@ -230,6 +247,8 @@ def markdown_report(tables: list[Table], worst: list[Table], comm: list[CommTabl
             if table.footnotes:
                 parts += ["", *[f"- {md_escape(line)}" for line in footnote_lines(table.footnotes)]]
         sources += sorted({e.paper.source for t in comm for r, _ in t.rows if (e := t.papered(r))} - set(sources))
+    for ranking in ranks:
+        parts += markdown_ranks(ranking)
     lines = legend([*tables, *comm], sources)
     if lines:
         parts += ["", "## Legend", "", *[f"- {line}" for line in lines]]
