@@ -82,8 +82,8 @@ class DifferenceTable:
     @property
     def caption(self) -> str:
         level = self.table.level
-        return (f"Each row minus {self.baseline_label} on the same clients' test splits, under the table's protocol "
-                f"({self.table.protocol.label}): the mean per-client difference in percentage points ± one standard "
+        return (f"Protocol {self.table.protocol.label}: each row minus {self.baseline_label} on the same clients' "
+                f"test splits: the mean per-client difference in percentage points ± one standard "
                 f"error, its {100 * (1 - level):g}% t-interval, the clients above / below / level with "
                 f"{self.baseline_label} (level: the same accuracy), and the two-sided Wilcoxon signed-rank test's p. "
                 f"Seeds: the shared ones, their (seed, client) pairs pooled; from 6 shared seeds on, per-seed means.")

@@ -66,9 +66,9 @@ class StudyRanks:
 
     @property
     def caption(self) -> str:
-        return (f"Average rank of each method over {len(self.blocks)} columns (1 = the highest mean of a column; ties "
-                f"share their mean rank; a column where a method diverged ranks it last), under the protocol "
-                f"{self.protocol.label}. {self.friedman_text()}. Nemenyi critical difference at level {self.level:g}: "
+        return (f"Protocol {self.protocol.label}: average rank of each method over {len(self.blocks)} columns (1 = the "
+                f"highest mean of a column; ties share their mean rank; a column where a method diverged ranks it "
+                f"last). {self.friedman_text()}. Nemenyi critical difference at level {self.level:g}: "
                 f"CD = {self.cd:.2f} ({len(self.methods)} methods, {len(self.blocks)} columns; Demšar 2006): methods "
                 f"whose average ranks differ by less than CD are not told apart.")
 
