@@ -39,6 +39,7 @@ from pflbench.execution import ExecutionOptions
 from pflbench.ray_cluster import ClusterError, connect_ray, ray_capacity, task_resources
 from pflbench.spec import Plan, Resources, describe_partition
 from pflbench.store import COMPLETE, DAMAGED, HEARTBEAT, SET_ASIDE, Store
+from pflbench.trackers import TrackerOptions, cell_tracking
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,7 @@ class RunOptions:
     checkpoint_minutes: float = DEFAULT_MINUTES  # at most this much wall time between checkpoints (0: not by time)
     keep_checkpoints: bool = False  # leave a finished cell's last checkpoint in the store
     retries: int = 2               # Ray: reruns of a cell whose worker was lost (it resumes from its checkpoint)
+    trackers: TrackerOptions = TrackerOptions()  # stream each cell's rounds to TensorBoard/W&B/MLflow (trackers.py)
 
     def __post_init__(self):
         CheckpointPolicy(self.checkpoint_every, self.checkpoint_minutes)  # ValueError before any work
@@ -121,16 +123,24 @@ def execute_cell(cell: CellConfig, resources: Resources, options: RunOptions,
     # 2-core machine that made a small cell 10-100x slower.
     threads = torch.get_num_threads()
     torch.set_num_threads(options.execution.threads or max(1, int(resources.cpus)))
+    # Trackers (trackers.py), here: on the Ray worker or in this process, the cell's run continued on resume.
+    tracking = cell_tracking(cell, options.trackers, Path(options.results), note) if checkpoints else None
+    on_round = report if tracking is None else (
+        lambda info: (tracking.on_round(info), report(info) if report is not None else None))
+    result = None
     try:
         activate(options.plugins, cell)  # a Ray worker loads the user's plugins (the driver has them)
         execution = options.execution.on("cuda" if resources.gpus > 0 else "cpu")
-        return measured(execution.device, lambda: run_cell(  # peak memory and machine (pflbench/cost.py)
-            cell, data_root=options.data_root, mirror=options.mirror, execution=execution, on_round=report,
+        result = measured(execution.device, lambda: run_cell(  # peak memory and machine (pflbench/cost.py)
+            cell, data_root=options.data_root, mirror=options.mirror, execution=execution, on_round=on_round,
             checkpointer=cell_checkpointer(cell, options, note) if checkpoints else None, stop_after=stop_after))
     except Exception:
-        return failed_result(traceback.format_exc())
+        result = failed_result(traceback.format_exc())
     finally:
         torch.set_num_threads(threads)
+        if tracking is not None and result is not None:
+            tracking.finish(result)
+    return result
 
 
 # ---- executors ----------------------------------------------------------------------------------

@@ -32,7 +32,7 @@ def test_identical_entries_are_flagged_with_their_reason_and_not_ranked(tmp_path
     found = entries(table)
     assert found["fedbn"].same_as is not None and found["fedbn"].same_as.algorithm == "fedavg"
     assert found["fedavg"].same_as is None and found["local"].same_as is None and found["fedprox"].same_as is None
-    assert found["fedavg"].best and not found["fedbn"].best          # one result, ranked once
+    assert found["fedavg"].top and not found["fedbn"].top and not found["fedbn"].tied   # one result, ranked once
     assert "(= FedAvg)" in found["fedbn"].text()
     assert len(table.identical) == 1 and "bit-identical to FedAvg" in table.identical[0]
     assert "BatchNorm" in table.identical[0]                          # the known reason
@@ -50,14 +50,20 @@ def test_a_different_seed_set_or_a_failed_cell_is_not_identical(tmp_path):
     assert found["fedbn"].same_as is None and found["fedfomo"].same_as is None
 
 
-def test_ties_at_the_displayed_precision_are_all_bold_and_references_never(tmp_path):
+def test_rows_the_test_cannot_separate_are_tied_and_references_never_ranked(tmp_path):
+    """Two clients cannot separate anything (stats.py: a signed-rank test on 2 pairs): no bold, the
+    highest mean and every other ranked row marked ≈; the reference row (Centralized) is neither."""
     write_cell(tmp_path, algorithm="fedavg", accuracies=(0.70001, 0.7))
-    write_cell(tmp_path, algorithm="local", accuracies=(0.70004, 0.7))   # 70.00 as displayed: a tie
+    write_cell(tmp_path, algorithm="local", accuracies=(0.70004, 0.7))   # 70.00 as displayed
     write_cell(tmp_path, algorithm="pfedla", accuracies=(0.69, 0.7))
     write_cell(tmp_path, algorithm="centralized", accuracies=(0.9, 0.9))
-    found = entries(accuracy_tables(load_cells(tmp_path))[0])
-    assert found["fedavg"].best and found["local"].best
-    assert not found["pfedla"].best and not found["centralized"].best
+    table = accuracy_tables(load_cells(tmp_path))[0]
+    found = entries(table)
+    assert found["local"].top and found["local"].tied and not found["local"].best
+    assert found["fedavg"].tied and found["pfedla"].tied and not found["fedavg"].best
+    assert not any((found["centralized"].best, found["centralized"].top, found["centralized"].tied))
+    assert found["fedavg"].versus.algorithm == "local" and "p = " in found["fedavg"].test_title()
+    assert "Wilcoxon signed-rank" in table.marks and "level 0.05" in table.marks
 
 
 def test_budget_caption_names_rounds_epochs_lr_samples_clients_and_exceptions(tmp_path):

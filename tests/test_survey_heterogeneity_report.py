@@ -244,7 +244,7 @@ def test_accuracy_tables_rank_each_knob_setting_among_its_own_rows(tmp_path):
 
     table = accuracy_tables(load_cells(_store(tmp_path)))[0]
     column = next(c for c in table.columns if c.dataset == "synthetic")
-    best = {(r.algorithm, r.setting): e.best for r in table.rows
+    best = {(r.algorithm, r.setting): e.top for r in table.rows
             if (e := table.entry(r, column)) is not None and e.mean is not None}
     assert best[("fedavg", "")] and not best[("local", "")]
     assert best[("local", "concept_shift.clusters=4")] and not best[("fedavg", "concept_shift.clusters=4")]

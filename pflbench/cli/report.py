@@ -26,6 +26,12 @@ def add_parser(subparsers) -> None:
     report.add_argument("--target-client", type=int, default=0, help="pFedLA Figures 5 and 7: the client (default: 0)")
     report.add_argument("--root", type=Path, help="data root, for the label distributions (default: $PFLBENCH_DATA or ./data)")
     report.add_argument("--from", dest="mirror", type=Path, help="offline data mirror (default: $PFLBENCH_DATA_MIRROR)")
+    report.add_argument("--baseline", metavar="ROW",
+                        help="the difference view's reference row: an algorithm's name (local, fedavg, ...) or a row's "
+                             "label as the tables show it (default: local, where the store has it)")
+    report.add_argument("--level", type=float, default=0.05,
+                        help="level of the paired tests behind bold, the ≈ tie marks, the intervals and the ranks "
+                             "(default 0.05)")
     report.add_argument("--quiet", action="store_true", help="do not print the Markdown tables")
     report.set_defaults(func=cmd_report)
 
@@ -35,18 +41,27 @@ def cmd_report(args) -> int:
     bad = [f for f in formats if f not in ("png", "svg", "pdf")]
     if bad or not formats:
         raise SystemExit(f"--formats: unknown format(s) {', '.join(bad) or '(none)'}; allowed: png, svg, pdf")
+    if not 0 < args.level < 1:
+        raise SystemExit(f"--level must be a probability strictly between 0 and 1 (e.g. 0.05), got {args.level}")
     if not args.results.is_dir():
         print(f"report: no results store at {args.results} (no such folder); give the folder `pflbench run` "
               f"wrote with --results DIR (default: results)", file=sys.stderr)
         return 2
     from pflbench.reports import ReportOptions, build_reports
+    from pflbench.reports.differences import DEFAULT_BASELINE, UnknownBaseline
 
     options = ReportOptions(reference=args.reference, figures=not args.no_figures,
                             cell_figures=not args.no_cell_figures, partitions=not args.no_partitions,
                             formats=("png", *[f for f in formats if f != "png"]),  # pages show the PNGs
                             alpha_layer=args.alpha_layer, alpha_round=args.alpha_round,
-                            target_client=args.target_client, data_root=args.root, mirror=args.mirror)
-    report = build_reports(args.results, args.out, options)
+                            target_client=args.target_client, data_root=args.root, mirror=args.mirror,
+                            level=args.level, baseline=args.baseline or DEFAULT_BASELINE,
+                            baseline_required=args.baseline is not None)
+    try:
+        report = build_reports(args.results, args.out, options)
+    except UnknownBaseline as error:
+        print(f"report: --baseline: {error}", file=sys.stderr)
+        return 2
     if not args.quiet:
         print(report.markdown.read_text())
     for note in report.notes:

@@ -34,6 +34,13 @@ def add_parser(subparsers) -> None:
     run.add_argument("--force", action="store_true", help="rerun cells that already have a result")
     add_execution_arguments(run, device_help="torch device for every cell (default: cuda for cells given GPUs, else cpu)")
     add_checkpoint_options(run, retried="Ray: rerun a cell")
+    run.add_argument("--tracker", dest="trackers", action="append", nargs="?", const="tensorboard", default=[],
+                     metavar="KIND", help="stream each cell's per-round metrics, configuration and id to an experiment "
+                     "tracker: tensorboard (the default KIND: event files, no server), wandb (offline mode) or mlflow "
+                     "(a local file store); repeatable; each needs its package (pip install 'pflbench[KIND]')")
+    run.add_argument("--tracker-dir", type=Path, metavar="DIR",
+                     help="where the trackers write: DIR/tensorboard/<cell id>/, DIR/wandb/, DIR/mlruns "
+                          "(default: the results store)")
     add_data_options(run)
     run.set_defaults(func=cmd_run)
 
@@ -85,6 +92,12 @@ def cmd_run(args) -> int:
         raise SystemExit("--json goes with --dry-run")
     if checkpoint_problem(args):
         raise SystemExit(checkpoint_problem(args))
+    from pflbench.trackers import TrackerOptions
+    from pflbench.trackers import problems as tracker_problems
+
+    if tracker_problems(args.trackers):  # before anything runs
+        raise SystemExit("; ".join(tracker_problems(args.trackers)))
+    trackers = TrackerOptions(tuple(args.trackers), args.tracker_dir.absolute() if args.tracker_dir else None)
     from rich.markup import escape
 
     from pflbench.display import make_console, print_plan
@@ -112,7 +125,7 @@ def cmd_run(args) -> int:
                          workers=args.workers, ray_address=args.ray_address, force=args.force,
                          execution=execution_options(args), checkpoint_every=args.checkpoint_every,
                          checkpoint_minutes=args.checkpoint_minutes, keep_checkpoints=args.keep_checkpoints,
-                         retries=args.retries)
+                         retries=args.retries, trackers=trackers)
     try:
         return run_plan(plan, options, console).exit_code
     except PrepareError as error:

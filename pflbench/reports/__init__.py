@@ -10,6 +10,9 @@ One idea per module, each reading only what the one before it produced:
     tables.py     pFedLA's table layout (algorithms x (dataset, clients) per scheme), one per protocol,
                   and Table 3's accuracy/communication layout, as data: entries with mean, std, status,
                   paper number and its comparison
+    stats.py      which differences are real: the paired test behind each table's bold and ≈ marks,
+                  paired differences, Friedman + Nemenyi ranks (scipy.stats)
+    samples.py    an entry's per-client accuracies under a protocol, for those tests
     text.py       those tables as Markdown and LaTeX (booktabs)
     figures.py    matplotlib figures (PNG and SVG); each returns the data it drew
     site.py       the self-contained HTML leaderboard (Jinja2 templates in templates/)

@@ -35,6 +35,9 @@ from pflbench.reports.heterogeneity import markdown_section as heterogeneity_mar
 from pflbench.reports.progress import progress_text, skipped_datasets, skipped_text, store_progress
 from pflbench.reports.protocols import available, report_protocols
 from pflbench.reports.reference import default_reference_dir, load_references
+from pflbench.reports.differences import DEFAULT_BASELINE, UnknownBaseline, difference_tables
+from pflbench.reports.ranks import study_ranks
+from pflbench.reports.stats import LEVEL
 from pflbench.reports.tables import accuracy_tables, communication_tables, mean_or_none
 from pflbench.reports.document import Report, safe_name
 from pflbench.reports.text import latex_report, markdown_report
@@ -56,6 +59,9 @@ class ReportOptions:
     data_root: Path | None = None
     mirror: Path | None = None
     protocols: tuple[str, ...] | None = None  # report.md/.tex's protocols (names); None: see report_protocols
+    level: float = LEVEL                  # the paired tests' level (stats.py): tie marks, intervals, ranks
+    baseline: str = DEFAULT_BASELINE      # the difference view's reference row (differences.py)
+    baseline_required: bool = False       # a store without that row is an error (else: no difference view)
 
 
 def group_stem(dataset, scheme, clients, params="") -> str:
@@ -74,7 +80,7 @@ def build_reports(results: str | Path, out: str | Path, options: ReportOptions =
 
     def tables_of(protocol):
         if protocol not in made:
-            made[protocol] = accuracy_tables(cells, references, protocol)
+            made[protocol] = accuracy_tables(cells, references, protocol, options.level)
         return made[protocol]
 
     shown = report_protocols(cells, options.protocols)
@@ -84,7 +90,20 @@ def build_reports(results: str | Path, out: str | Path, options: ReportOptions =
     worst += [t for p in shown if p.worst10 for t in tables_of(p)]
     boards = [(p, tables_of(p)) for p in dict.fromkeys([*available(cells), *shown]) if tables_of(p)]
     comm = communication_tables(cells, references)
+    try:  # every accuracy table against the reference row (Local), on the leaderboard and in report.md
+        differences = {d.table.id: d for d in difference_tables(
+            [t for _, board in boards for t in board if not t.protocol.worst10], options.baseline)}
+    except UnknownBaseline:
+        if options.baseline_required:
+            raise
+        differences = {}
     report = Report(out, out / "report.md", out / "report.tex")
+    report.differences = differences
+    report.ranks = [r for _, board in boards if (r := study_ranks(board, options.level)) is not None]
+    if options.figures:  # the critical-difference diagram of each protocol report.md shows
+        for ranks in report.ranks:
+            if ranks.protocol in shown or ranks.protocol.worst10 and ranks.protocol.selection == "final":
+                rank_figure(ranks, out, options)
     report.notes += version_notes
     if options.figures and not cells.empty:
         group_figures(cells, comm, out, options, report)
@@ -99,7 +118,8 @@ def build_reports(results: str | Path, out: str | Path, options: ReportOptions =
     seeds = int(cells.groupby(["algorithm", "dataset", "partition", "clients"])["seed"].nunique().max()) if len(cells) else 0
     statuses = cells["status"].value_counts().to_dict() if len(cells) else {}
     report.markdown.write_text(markdown_report(tables, worst, comm, seeds=seeds, statuses=statuses,
-                                               figures=report.figures,
+                                               figures=report.figures, differences=differences,
+                                               ranks=[r for r in report.ranks if r.protocol in shown],
                                                notices=[*([report.progress] if report.progress else []),
                                                         *map(skipped_text, report.skipped), *version_notes]))
     problems = store_problems(results)
@@ -118,6 +138,16 @@ def build_reports(results: str | Path, out: str | Path, options: ReportOptions =
                             + ("\n" + heterogeneity_latex(report.heterogeneity) if report.heterogeneity else ""))
     report.index = write_site(cells, boards, comm, references, report, Path(results))
     return report
+
+
+def rank_figure(ranks, out: Path, options: ReportOptions) -> None:
+    """The critical-difference diagram of one protocol's ranks (ranks.py), at figures/cd_<protocol>."""
+    stem = f"figures/cd_{safe_name(ranks.protocol.name)}"
+    fig.critical_difference(dict(zip(ranks.methods, ranks.ranks.tolist())), ranks.cd,
+                            [[ranks.methods[i] for i in group] for group in ranks.groups], out / stem,
+                            title=f"average ranks over {len(ranks.blocks)} columns, {ranks.protocol.label}",
+                            formats=options.formats)
+    ranks.figure = f"{stem}.png"
 
 
 def curve_of(metrics: pd.DataFrame, column: str = "accuracy") -> pd.DataFrame:

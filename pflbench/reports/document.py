@@ -21,6 +21,8 @@ class Report:
     skipped: list[dict] = field(default_factory=list)   # datasets the run left out (progress.py)
     progress: str = ""                                  # cells still running or unfinished, in words
     heterogeneity: list = field(default_factory=list)   # who copes with what (heterogeneity.py), per study
+    differences: dict = field(default_factory=dict)     # table id -> its difference view (differences.py)
+    ranks: list = field(default_factory=list)           # ranks across the study, per protocol (ranks.py)
 
 
 def safe_name(text: str) -> str:

@@ -406,3 +406,50 @@ def label_counts_figure(counts: np.ndarray, title: str = ""):
     if title:
         axes.set_title("\n".join(textwrap.wrap(title, 70)), fontsize=10)
     return figure
+
+
+def critical_difference(ranks: dict[str, float], cd: float, groups: Sequence[Sequence[str]], stem, *,
+                        title: str = "", formats=FORMATS) -> dict:
+    """Demšar's critical-difference diagram: the methods on an axis of average rank (1, the best, on the
+    left), the better half labelled on the left and the rest on the right, a bar of length CD, and a
+    thick line joining each group of methods that the Nemenyi test cannot tell apart. Returns what it
+    drew: {"ranks", "cd", "groups"}."""
+    names = sorted(ranks, key=lambda n: ranks[n])
+    k = len(names)
+    low, high = 1, max(k, 2)
+    half = (k + 1) // 2
+    rows = max(half, k - half)
+    label_inches = 0.075 * max(len(f"{n} (0.00)") for n in names) + 0.3   # one side's labels, fontsize 9
+    width = max(8.0, 2 * label_inches + 4.0)
+    margin = label_inches * (high - low) / (width - 2 * label_inches)       # the labels' room, in rank units
+    height = 1.3 + 0.28 * (rows + len(groups))
+    figure = new_figure(width, height)
+    axes = figure.add_subplot()
+    axes.set_xlim(low - margin - 0.1, high + margin + 0.1)
+    axes.set_ylim(-(rows + len(groups)) * 0.28 - 0.6, 0.9)
+    axes.axis("off")
+    axes.hlines(0, low, high, color="black", linewidth=1)
+    for tick in range(low, high + 1):
+        axes.vlines(tick, 0, 0.12, color="black", linewidth=1)
+        axes.text(tick, 0.18, str(tick), ha="center", va="bottom", fontsize=9)
+    # the CD bar, above the axis at the left
+    axes.hlines(0.62, low, low + cd, color="#b22222", linewidth=2)
+    axes.vlines([low, low + cd], 0.55, 0.69, color="#b22222", linewidth=1)
+    axes.text(low + cd / 2, 0.72, f"CD = {cd:.2f}", ha="center", va="bottom", fontsize=9, color="#b22222")
+    group_rows = len(groups)
+    for i, name in enumerate(names):
+        left = i < half
+        line = (i if left else k - 1 - i) + 1
+        y = -(group_rows * 0.28 + 0.1) - line * 0.28
+        x_end = low - 0.35 if left else high + 0.35
+        axes.plot([ranks[name], ranks[name], x_end], [0, y, y], color="#333333", linewidth=0.9)
+        axes.text(x_end + (-0.05 if left else 0.05), y, f"{name} ({ranks[name]:.2f})", fontsize=9, va="center",
+                  ha="right" if left else "left")
+    for j, group in enumerate(groups):
+        values = [ranks[n] for n in group]
+        y = -0.14 - j * 0.28
+        axes.hlines(y, min(values) - 0.03, max(values) + 0.03, color="black", linewidth=3.5)
+    if title:
+        axes.set_title(title, fontsize=10)
+    save(figure, stem, formats)
+    return {"ranks": dict(ranks), "cd": cd, "groups": [tuple(g) for g in groups]}

@@ -160,7 +160,7 @@ def write_site(cells: pd.DataFrame, boards, comm, references, report: Report, re
     index.write_text(env.get_template("index.html").render(
         root="", boards=boards, default_protocol=boards[0][0].name if boards else DEFAULT.name, comm=comm, cells=rows, statuses=statuses, figures=figures,
         alpha_figures=alpha_cells, references=references, notes=report.notes,
-        copes=site_tables(report.heterogeneity),
+        copes=site_tables(report.heterogeneity), differences=report.differences, ranks=report.ranks,
         skipped=report.skipped, progress=report.progress,
         datasets=options_of(cells, "dataset"), schemes=options_of(cells, "partition"),
         clients=options_of(cells, "clients"), algorithms=options_of(cells, "algorithm"), **common))

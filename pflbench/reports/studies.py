@@ -1,7 +1,8 @@
 """The leaderboard of all published studies (`pflbench leaderboard`, `make leaderboard`):
 
     out/index.html        one row per study: what ran (command), on which commit and machine, when, how
-                          long, its cells' statuses, and whether it is current, stale or failed
+                          long, its cells' statuses, the methods' average ranks over its columns (ranks.py;
+                          studies of several columns), and whether it is current, stale or failed
                           (pflbench/publish.py, `study_state`); stale and failed studies are listed apart
     out/<study>/          that study's report, exactly as `pflbench report` makes it (tables under every
                           protocol, figures, a page per cell); each page carries the study's provenance
@@ -39,7 +40,8 @@ def build_leaderboard(published: str | Path, out: str | Path, extra: dict[str, P
         name = safe_name(folder.name)
         report = build_reports(folder, out / name, options)
         facts = study_facts(folder)
-        rows.append({**facts, "url": f"{name}/index.html", "notes": report.notes, "published": True})
+        rows.append({**facts, "url": f"{name}/index.html", "notes": report.notes, "published": True,
+                     "ranks": _first_ranks(report)})
     for name, store in (extra or {}).items():
         report = build_reports(store, out / safe_name(name), options)
         manifest = read_manifest(store)
@@ -48,7 +50,7 @@ def build_leaderboard(published: str | Path, out: str | Path, extra: dict[str, P
                      "date": "–", "elapsed": "–", "cell_time": "–", "statuses": _statuses(store), "missing": 0,
                      "cells": sum(_statuses(store).values()), "note": f"the store {store} (not published)",
                      "stale": [], "failed": [], "incomplete": [], "dirty": False, "same_commit": True, "versions": {},
-                     "published_at": "–", "notes": report.notes})
+                     "published_at": "–", "notes": report.notes, "ranks": _first_ranks(report)})
     order = {"current": 0, "incomplete": 1, "unpublished": 2, "failed": 3, "stale": 4}
     rows.sort(key=lambda r: (order.get(r["state"], 9), r["name"]))
     index = out / "index.html"
@@ -56,6 +58,15 @@ def build_leaderboard(published: str | Path, out: str | Path, extra: dict[str, P
         studies=rows, generated=datetime.datetime.now().isoformat(timespec="seconds"),
         published=str(published), root="", results=str(published), study=None))
     return index
+
+
+def _first_ranks(report):
+    """The study's ranks under the default protocol (as delivered, final round, mean over clients) when
+    it has them (ranks.py: at least 2 columns), else under the first protocol that has them; or None."""
+    from pflbench.reports.protocols import DEFAULT
+
+    ranks = sorted(report.ranks, key=lambda r: r.protocol != DEFAULT)
+    return ranks[0] if ranks else None
 
 
 def _statuses(store: Path) -> dict:

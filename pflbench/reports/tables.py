@@ -4,9 +4,11 @@
 the averaging; it names the summary key read), per partition scheme (Table 1 = pathological, Table 2 =
 dominant), a row per algorithm and a column per (dataset, number of clients); each entry is that
 protocol's accuracy in %, mean ± sample std over the seeds of its finished cells, with the counts of
-failed and diverged cells beside it (never averaged as zeros), the best of a column marked (reference
-algorithms such as `centralized` excluded: they are listed last and never bold), and the paper's
-number for that entry where a reference file has one. A paper number gets a Δ (ours − paper) only
+failed and diverged cells beside it (never averaged as zeros), and the paper's number for that entry
+where a reference file has one. Which differences are real (`mark_best`, stats.py): the column's
+highest mean is bold only where a paired test on the clients' test splits separates it from every
+other row, and each row the test cannot tell from it is marked tied (≈); reference algorithms such as
+`centralized` are listed last and never ranked. A paper number gets a Δ (ours − paper) only
 when the table's protocol is the one the reference declares and the cells' settings equal every one
 the reference declares (rounds, local epochs, clients, participation, lr, samples per client,
 train/validation fractions, batch size, momentum, weight decay, the resolved model and the exact
@@ -39,10 +41,13 @@ from pflbench.reports.identical import describe as describe_identical
 from pflbench.reports.identical import identical_groups
 from pflbench.reports.protocols import ADAPTED, DEFAULT, Protocol
 from pflbench.reports.reference import Comparison, PaperValue, Reference, compare, find_paper_value
+from pflbench.reports.samples import entry_sample
+from pflbench.reports.stats import LEVEL, SEED_UNITS, Paired, Sample, check_level, paired, test_text
 
 CONFIG_COLUMNS = tuple(CellConfig.model_fields) + ("hp_source", "finetune_epochs")
 TUNED = "†"
 DATA_DIFFER = "‡"
+TIED = "≈"   # not told apart from the column's highest mean by the paired test (stats.py)
 
 
 @dataclass(frozen=True)
@@ -119,6 +124,11 @@ class Entry:
     client_down: list[float] = field(default_factory=list)     # bytes to one taking-part client per round
     client_up: list[float] = field(default_factory=list)       # bytes from one taking-part client per round
     same_as: "Row | None" = None   # another row whose cells this entry's equal bit for bit (identical.py)
+    sample: Sample | None = None   # per-client accuracies by seed, for the paired tests (samples.py)
+    top: bool = False              # the highest mean of its column (among the rows ranked with it)
+    tied: bool = False             # the paired test cannot tell it from the top (the top too, when some row is)
+    versus: "Row | None" = None    # the top row this entry was tested against
+    test: Paired | None = None     # this entry against the top (None: the top itself, or untestable)
 
     @property
     def mean(self) -> float | None:
@@ -158,7 +168,21 @@ class Entry:
     def value_text(self) -> str:
         if self.mean is None:
             return ""
-        return f"{self.mean:.2f}" + (f" ± {self.std:.2f}" if self.std is not None else "")
+        return (f"{self.mean:.2f}" + (f" ± {self.std:.2f}" if self.std is not None else "")
+                + (f" {TIED}" if self.tied else ""))
+
+    def test_title(self) -> str:
+        """The test behind this entry's mark, for a tooltip: "p = 0.23 against FedAvg (10 clients)"."""
+        if self.top and self.best:
+            return "ahead of every other row of its column by more than chance"
+        if self.top and self.tied:
+            return "the highest mean of its column, but some row cannot be told from it"
+        if self.versus is None:
+            return ""
+        if self.test is None or self.test.p is None:
+            return f"not testable against {self.versus.label} (no shared clients or too few seeds): counted as tied"
+        what = "tied with" if self.tied else "below"
+        return f"{what} {self.versus.label}: p = {self.test.p:.3g} ({self.test.unit_text})"
 
     def problem_text(self) -> str:
         if not self.values:  # nothing finished: the statuses are the entry
@@ -211,6 +235,20 @@ class Table:
     footnotes: list[str] = field(default_factory=list)  # [n] -> why entries marked [n] have no Δ
     budget: str = ""                 # the training budget of its cells (budget.py), for the caption
     identical: list[str] = field(default_factory=list)  # entries that repeat another row's results
+    level: float = LEVEL             # the paired tests' level (stats.py)
+    untested: list[str] = field(default_factory=list)   # columns where no pair could be tested, and why
+
+    @property
+    def marks(self) -> str:
+        """What bold and ≈ mean and how they were decided, for the caption."""
+        if self.protocol.worst10:
+            how = (f"two-sided Wilcoxon signed-rank test on per-seed values (the worst 10% are different clients "
+                   f"for each method: no per-client pairing), from {SEED_UNITS} shared seeds on, level {self.level:g}")
+        else:
+            how = test_text(self.level)
+        return (f"Bold: the column's highest mean, ahead of every other row by more than chance; {TIED}: "
+                f"cannot be told from the highest mean (the highest itself carries {TIED} when some row is tied "
+                f"with it). Test: {how}.")
 
     @property
     def metric(self) -> str:
@@ -410,12 +448,14 @@ def attach_paper(entry: Entry, references, protocol: Protocol, *, algorithm: str
 
 
 def accuracy_tables(cells: pd.DataFrame, references: list[Reference] = (),
-                    protocol: Protocol | str = DEFAULT) -> list[Table]:
+                    protocol: Protocol | str = DEFAULT, level: float = LEVEL) -> list[Table]:
     """One Table per partition scheme (schemes alphabetically: dominant, ..., pathological) of
     `protocol`'s numbers. Paper numbers: in tables of their own protocol (with a Δ where the settings
     match), and in the default table (as delivered, final round) greyed, without Δ; never in
-    worst-10% tables (the papers' numbers are means)."""
+    worst-10% tables (the papers' numbers are means). Best and ties: paired tests at `level`
+    (`mark_best`)."""
     protocol = Protocol.parse(protocol)
+    level = check_level(level)
     tables = []
     if cells.empty:
         return tables
@@ -436,7 +476,8 @@ def accuracy_tables(cells: pd.DataFrame, references: list[Reference] = (),
         several = columns[0].show_params if columns else False
         rows = sorted(set(scheme_cells["row"]), key=row_order)
         params = scheme_cells["params"].unique()
-        table = Table(str(scheme), protocol, columns, rows, {}, params=params[0] if len(params) == 1 else "")
+        table = Table(str(scheme), protocol, columns, rows, {}, params=params[0] if len(params) == 1 else "",
+                      level=level)
         for column in columns:
             selected = scheme_cells[(scheme_cells["dataset"] == column.dataset) & (scheme_cells["clients"] == column.clients)]
             if several:
@@ -446,6 +487,7 @@ def accuracy_tables(cells: pd.DataFrame, references: list[Reference] = (),
                 if group.empty:
                     continue
                 entry = make_entry(group, metric)
+                entry.sample = entry_sample(group, protocol)
                 if not protocol.worst10:
                     attach_paper(entry, references, protocol, algorithm=row.algorithm, column=column,
                                  scheme=str(scheme), group=group, show_other=protocol == DEFAULT)
@@ -456,7 +498,7 @@ def accuracy_tables(cells: pd.DataFrame, references: list[Reference] = (),
                 if mixed:
                     table.notes.append(f"{row.label} on {column.label}: its cells also differ in {', '.join(mixed)}")
             mark_identical(table, column, rows, selected)
-            mark_best(table, column, rows)
+            mark_best(table, column, rows, level)
         table.budget = table_budget(columns, lambda c: column_cells(scheme_cells, c))
         for row in rows:     # footnotes numbered in reading order
             for column in columns:
@@ -564,23 +606,44 @@ def mark_identical(table: Table, column: Column, rows: list[Row], selected: pd.D
 
 
 def shown(value: float, digits: int = 2) -> float:
-    """A mean as the tables display it, so ties are judged on what the reader sees."""
+    """A mean as the tables display it."""
     return round(value + 0.0, digits)
 
 
-def mark_best(table, column: Column, rows: list) -> None:
-    """Bold every entry tied with the column's best at the displayed precision, among the rows of one
-    heterogeneity knob setting (a knob-on row, e.g. pFedLA with a fifth of its clients unseen and its
-    accuracy over the rest, is another experiment than the knob-off rows: it is ranked with its own
-    setting's rows only); reference rows (Centralized) and entries repeating another row's results
-    are not ranked."""
+def mark_best(table, column: Column, rows: list, level: float = LEVEL) -> None:
+    """Among the rows of one heterogeneity knob setting (a knob-on row, e.g. pFedLA with a fifth of its
+    clients unseen and its accuracy over the rest, is another experiment than the knob-off rows: it is
+    ranked with its own setting's rows only), find the highest mean and test it against every other
+    row (stats.paired: the same clients' test splits, shared seeds): bold where every test separates
+    it, ≈ on each row that its test cannot (an untestable pair counts as tied) and on the top when
+    some row is. Reference rows (Centralized) and entries repeating another row's results are not
+    ranked. Where no pair of a column can be tested (no per-client metrics, a worst-10% column with
+    too few seeds), nothing is marked and the table says so."""
+    level = check_level(level)
     for setting in dict.fromkeys(r.setting for r in rows):
-        ranked = [e for r in rows if r.setting == setting and not r.reference
+        ranked = [(r, e) for r in rows if r.setting == setting and not r.reference
                   and (e := table.entry(r, column)) is not None and e.mean is not None and e.same_as is None]
-        if len(ranked) > 1:
-            top = max(shown(e.mean) for e in ranked)
-            for e in ranked:
-                e.best = shown(e.mean) >= top
+        if len(ranked) < 2:
+            continue
+        top_row, top = max(ranked, key=lambda pair: (shown(pair[1].mean), pair[1].mean))
+        tests = {}
+        for row, entry in ranked:
+            if entry is not top:
+                found = paired(top.sample, entry.sample, level) if top.sample and entry.sample else None
+                tests[row] = found if found is not None and found.p is not None else None
+        if all(t is None for t in tests.values()):
+            where = column.label + (f" ({setting})" if setting else "")
+            table.untested.append(f"{where} (no pair of rows could be tested: no per-client metrics shared, or "
+                                  f"fewer than {SEED_UNITS} shared seeds for a number without clients)")
+            continue
+        top.top = True
+        for row, entry in ranked:
+            if entry is top:
+                continue
+            entry.versus, entry.test = top_row, tests[row]
+            entry.tied = tests[row] is None or not tests[row].separated
+        top.tied = any(e.tied for r, e in ranked if e is not top)
+        top.best = not top.tied
 
 
 def mean_or_none(values: list[float]) -> float | None:

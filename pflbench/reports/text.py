@@ -2,11 +2,12 @@
 for each format; a missing entry is "–", a failed or diverged one says so. Every table's caption
 names its protocol (protocols.py); a paper number without a Δ carries a footnote [n] saying why
 (protocol or settings differ); a paper number under another protocol is shown in parentheses;
-reference rows (Centralized) come last, in italics, never bold."""
+reference rows (Centralized) come last, in italics, never bold. Bold and the tie mark ≈ are decided by
+paired tests (tables.mark_best, stats.py), and every accuracy table's caption names the test."""
 from __future__ import annotations
 
 from pflbench.reports.protocols import Protocol
-from pflbench.reports.tables import DATA_DIFFER, TUNED, CommTable, Entry, Row, Table, mean_or_none, payload_text
+from pflbench.reports.tables import DATA_DIFFER, TIED, TUNED, CommTable, Entry, Row, Table, mean_or_none, payload_text
 
 MISSING = "–"
 
@@ -97,7 +98,11 @@ def markdown_table(table: Table) -> str:
 
 def markdown_caption(table: Table) -> str:
     budget = f" {md_escape(table.budget)}" if table.budget else ""
-    return f"*{md_escape(table.caption)} Mean ± std over seeds, in %.{budget}*"
+    return f"*{md_escape(table.caption)} Mean ± std over seeds, in %. {md_escape(table.marks)}{budget}*"
+
+
+def untested_lines(table) -> list[str]:
+    return [f"No best marked on {md_escape(line)}." for line in getattr(table, "untested", [])]
 
 
 def identical_lines(table) -> list[str]:
@@ -143,6 +148,48 @@ def markdown_comm_table(table: CommTable) -> str:
     return "\n".join(lines)
 
 
+def markdown_differences(view) -> str:
+    """A difference view (differences.py) as a Markdown table: a line per (row, column)."""
+    several = view.several_columns
+    header = ["algorithm"] + (["column"] if several else []) + [
+        f"− {md_escape(view.baseline_label)} (pp, ± s.e.)", f"{100 * (1 - view.table.level):g}% CI",
+        "clients up / down / equal", "p", "paired on"]
+    lines = ["| " + " | ".join(header) + " |", "|---|" + ("---|" if several else "") + "---:|---:|---:|---:|---|"]
+    for d in view.lines:
+        label = md_label(d.row) + (f" {md_escape(d.entry.same_text())}" if d.entry.same_as is not None else "")
+        mean = d.mean_text()
+        cells = [label] + ([md_escape(d.column.label)] if several else []) + [
+            f"**{mean}**" if d.separated else mean, d.interval_text(), d.counts_text(), d.p_text(),
+            md_escape(d.units_text())]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def markdown_difference_section(view) -> list[str]:
+    parts = ["", f"#### {md_escape(view.title)}", "", markdown_differences(view), "",
+             f"*{md_escape(view.caption)} Bold: the test separates the two at level {view.table.level:g}.*"]
+    if view.missing:
+        parts += ["", f"No {md_escape(view.baseline_label)} row on: {md_escape(', '.join(view.missing))}."]
+    return parts
+
+
+def markdown_ranks(ranks) -> list[str]:
+    """The ranks across a study under one protocol (ranks.py): a table by average rank, the Friedman
+    test, the critical difference and its groups, and the diagram."""
+    lines = ["| method | average rank | best in columns |", "|---|---:|---:|"]
+    for i in ranks.order:
+        lines.append(f"| {md_escape(ranks.methods[i])} | {ranks.ranks[i]:.2f} | {ranks.best_block_count(i)} |")
+    parts = ["", f"## Ranks across the study: {md_escape(ranks.protocol.label)}", "", *lines, "",
+             f"*{md_escape(ranks.caption)}*", "",
+             f"Not told apart (within CD = {ranks.cd:.2f}): {md_escape(ranks.group_text())}.",
+             "", f"Columns: {md_escape('; '.join(ranks.blocks))}."]
+    if ranks.left_out:
+        parts += ["", f"Not ranked: {md_escape('; '.join(ranks.left_out))}."]
+    if ranks.figure:
+        parts += ["", f"![critical-difference diagram]({ranks.figure})"]
+    return parts
+
+
 def by_protocol(tables: list[Table]) -> list[tuple[Protocol, list[Table]]]:
     groups: dict[Protocol, list[Table]] = {}
     for table in tables:
@@ -151,9 +198,13 @@ def by_protocol(tables: list[Table]) -> list[tuple[Protocol, list[Table]]]:
 
 
 def markdown_report(tables: list[Table], worst: list[Table], comm: list[CommTable], *, seeds: int,
-                    statuses: dict[str, int], figures: list[tuple[str, str]] = (), notices: list[str] = ()) -> str:
+                    statuses: dict[str, int], figures: list[tuple[str, str]] = (), notices: list[str] = (),
+                    differences: dict | None = None, ranks: list = ()) -> str:
     """`tables` and `worst`: the accuracy and worst-10% tables of every protocol shown, in order;
-    `notices`: what the tables do not show (datasets left out, cells still running), listed first."""
+    `notices`: what the tables do not show (datasets left out, cells still running), listed first;
+    `differences`: the difference view of a table, by its id (differences.py), shown below it;
+    `ranks`: the ranks across the study, per protocol (ranks.py)."""
+    differences = differences or {}
     notice = ["", "## Not in these tables", "", *[f"- {md_escape(n)}" for n in notices]] if notices else []
     if not tables:
         return "\n".join(["# pflbench results", "", "The store has no results yet: run `pflbench run SPEC` first.",
@@ -164,8 +215,10 @@ def markdown_report(tables: list[Table], worst: list[Table], comm: list[CommTabl
              f"Cells: {counts}. Entries: the test accuracy of each client's personalized model on its own test "
              f"split, in %: mean ± std over seeds (up to {seeds} per entry), under the protocol each table's "
              f"caption names (the model scored, the round selected, the averaging); shown: "
-             f"{'; '.join(shown)}. Best of each column in bold (rows of a heterogeneity knob setting ranked among "
-             f"themselves); failed or diverged cells are counted beside the entry, never averaged."]
+             f"{'; '.join(shown)}. Bold: the best of a column, only where a paired test on the clients' test splits "
+             f"separates it from every other row; {TIED}: rows the test cannot tell from the best (each caption names "
+             f"the test and its level; rows of a heterogeneity knob setting are ranked among themselves); failed or "
+             f"diverged cells are counted beside the entry, never averaged."]
     parts += notice
     sources = sorted({s for t in tables for s in t.sources})
     for section, group in (("Accuracy", tables), ("Worst 10% of clients", worst)):
@@ -177,8 +230,12 @@ def markdown_report(tables: list[Table], worst: list[Table], comm: list[CommTabl
                     parts += ["", *[f"- {md_escape(line)}" for line in footnote_lines(table.footnotes)]]
                 if table.identical:
                     parts += ["", *[f"- {line}" for line in identical_lines(table)]]
+                if table.untested:
+                    parts += ["", *[f"- {line}" for line in untested_lines(table)]]
                 if table.notes:
                     parts += ["", "Note: " + "; ".join(md_escape(n) for n in table.notes) + "."]
+                if table.id in differences:
+                    parts += markdown_difference_section(differences[table.id])
     if comm:
         parts += ["", "## Communication", "",
                   f"Bytes sent down and up over the whole run (finished cells), in MB; accuracy "
@@ -190,6 +247,8 @@ def markdown_report(tables: list[Table], worst: list[Table], comm: list[CommTabl
             if table.footnotes:
                 parts += ["", *[f"- {md_escape(line)}" for line in footnote_lines(table.footnotes)]]
         sources += sorted({e.paper.source for t in comm for r, _ in t.rows if (e := t.papered(r))} - set(sources))
+    for ranking in ranks:
+        parts += markdown_ranks(ranking)
     lines = legend([*tables, *comm], sources)
     if lines:
         parts += ["", "## Legend", "", *[f"- {line}" for line in lines]]
@@ -249,8 +308,8 @@ def latex_table(table: Table) -> str:
         rules.append(rf"\cmidrule(lr){{{start}-{start + span - 1}}}")
         start += span
     lines = [r"\begin{table}[t]", r"\centering", r"\small",
-             rf"\caption{{{tex_text(table.title)}: mean $\pm$ std over seeds (\%). {tex_text(table.caption)}"
-             rf"{(' ' + tex_text(table.budget)) if table.budget else ''}}}",
+             rf"\caption{{{tex_text(table.title)}: mean $\pm$ std over seeds (\%). {tex_text(table.caption)} "
+             rf"{tex_text(table.marks)}{(' ' + tex_text(table.budget)) if table.budget else ''}}}",
              rf"\begin{{tabular}}{{{spec}}}", r"\toprule", " & ".join(top) + r" \\"]
     if any(s > 1 for s in spans):
         lines += [" ".join(rules), " & ".join(second) + r" \\"]
@@ -267,7 +326,8 @@ def latex_table(table: Table) -> str:
         lines.append(" & ".join(cells) + r" \\")
     lines += [r"\bottomrule", r"\end{tabular}"]
     notes = (legend([table], table.sources) + footnote_lines(table.footnotes)
-             + [f"= {line}." for line in table.identical] + list(table.notes))
+             + [f"= {line}." for line in table.identical] + [f"No best marked on {line}." for line in table.untested]
+             + list(table.notes))
     if notes:
         lines.append(r"\par\smallskip\footnotesize " + r" \\ ".join(tex_text(n).replace("`", "") for n in notes))
     lines.append(r"\end{table}")
