@@ -243,6 +243,7 @@ def run_on_ray(cells: list[CellConfig], plan: Plan, options: RunOptions, store: 
                                              max_retries=0)
         attempts: dict[str, int] = {}
         waiting = list(cells)
+        by_key = {cell_hash(cell): cell for cell in cells}
         # Claim cells only as they can start, so that runners sharing the store split the matrix.
         limit = options.workers or ray_capacity(ray.cluster_resources(), plan.resources) or len(cells)
         while waiting or running:
@@ -265,8 +266,7 @@ def run_on_ray(cells: list[CellConfig], plan: Plan, options: RunOptions, store: 
                     result = failed_result(f"Ray: {type(error).__name__} (after {options.retries} retries): {error}")
                 record(cell, result, store, options, display)
             latest, notes = ray.get(board.snapshot.remote())
-            by_key = {cell_hash(cell): cell for cell in running.values()}
-            for key, text in notes:
+            for key, text in notes:  # a cell that finished since it posted still gets its note
                 if key in by_key:
                     display.note(by_key[key], text)
             for cell in running.values():
