@@ -77,3 +77,26 @@ def ray_capacity(cluster: dict, resources) -> int:
     if resources.gpus > 0:
         fits.append(int(cluster.get("GPU", 0) // resources.gpus))
     return max(0, min(fits))
+
+
+def on_driver_node():
+    """A scheduling strategy that places an actor on this process's (the driver's) node and nowhere
+    else: the runner's progress board and checkpoint keeper must not live, and die, on a worker node."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    return NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
+
+
+def this_node() -> str:
+    """This process's machine, for messages: host name and Ray node address where Ray runs here."""
+    import socket
+
+    try:
+        import ray
+
+        address = ray.util.get_node_ip_address() if ray.is_initialized() else None
+    except Exception:  # not in a Ray process
+        address = None
+    host = socket.gethostname()
+    return f"{host} ({address})" if address else host

@@ -152,3 +152,37 @@ def test_a_lost_ray_worker_is_retried_and_resumes_from_its_checkpoint(tmp_path, 
         columns = [c for c in a.columns if c not in TIMING_COLUMNS]
         pd.testing.assert_frame_equal(a[columns], b[columns], check_exact=True)
     assert not store.checkpoint_path(cell).exists()
+
+
+# ---- the keeper (pflbench/checkpoint_relay.py), as a plain object: what it writes and what it refuses ----
+
+def test_the_keeper_writes_only_the_open_attempt_of_a_cell_and_only_whole_checkpoints(tmp_path):
+    from pflbench.checkpoint import CheckpointProblem, encode_checkpoint, read_header
+    from pflbench.checkpoint_relay import CheckpointKeeper, StaleAttempt
+
+    keeper = CheckpointKeeper(str(tmp_path / "store"))
+    data = encode_checkpoint({"hash": "cell", "round": 2}, {"round": 2, "weights": list(range(1000))})
+    with pytest.raises(StaleAttempt, match="attempt 0 is not the cell's current one \\(closed\\)"):
+        keeper.write("cell", 0, data)
+    keeper.open("cell", 0)
+    keeper.write("cell", 0, data)
+    path = tmp_path / "store" / "cell" / "checkpoint.pt"
+    assert path.read_bytes() == data and read_header(path)["round"] == 2 and keeper.read("cell") == data
+    assert [p.name for p in path.parent.iterdir()] == ["checkpoint.pt"]  # no temporary file left
+    with pytest.raises(CheckpointProblem, match="arrived damaged: checksum differs; nothing written"):
+        keeper.write("cell", 0, data[:-1] + bytes([data[-1] ^ 1]))
+    with pytest.raises(CheckpointProblem, match="arrived damaged: 5 bytes of payload"):
+        keeper.write("cell", 0, data[:data.index(b"\n") + 6])
+    keeper.open("other", 0)
+    with pytest.raises(CheckpointProblem, match="a checkpoint of cell cell sent as cell other's"):
+        keeper.write("other", 0, data)
+    keeper.open("cell", 1)  # a retry: the lost attempt 0 may write no more
+    with pytest.raises(StaleAttempt, match="attempt 0 is not the cell's current one \\(1\\)"):
+        keeper.write("cell", 0, data)
+    kept = keeper.set_aside("cell", 1, "damaged: for the test")
+    assert kept.split(":", 1)[1].startswith(str(tmp_path / "store" / "_damaged" / "cell-checkpoint-"))
+    assert keeper.read("cell") is None
+    keeper.close("cell")  # the result is being recorded: nothing may land after it
+    with pytest.raises(StaleAttempt, match="closed"):
+        keeper.write("cell", 1, data)
+    assert not path.exists()
