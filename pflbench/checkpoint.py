@@ -20,13 +20,16 @@ version, the execution path, the round, the payload's size and SHA-256, who wrot
 the previous checkpoint or the new one; only the latest is kept. A checkpoint that is damaged
 (checksum, truncation), from another configuration, code version, dataset content or execution path
 (device, batched or loop path, compiled step, memory layout: each gives other float rounding) is
-set aside into `<store>/_damaged/` with one line saying why, and the cell starts over.
+set aside into `<store>/_damaged/` with one line saying why, and the cell starts over. A cell on a Ray
+worker keeps it in the driver's store, through the driver's node (`Checkpointer(files=...)`,
+pflbench/checkpoint_relay.py): the same bytes, checks and atomic write.
 
 When: every `every` rounds, and at least every `minutes` of wall time (defaults: by time only, every
 5 minutes, so a cell that takes under a minute never writes one, and the write's cost stays a small
 share of a long cell's time: measured in the README). The last round writes none (the result follows).
-The code version is a hash of the engine's and the algorithm's source files (reports excluded) and of
-the torch / numpy / Python versions: any change to the code that runs a cell retires its checkpoints.
+The code version is a hash of the engine's and the algorithm's source files (reports excluded; their
+names inside the checkout and their contents, so a node whose checkout lives elsewhere resumes too) and
+of the torch / numpy / Python versions: any change to the code that runs a cell retires its checkpoints.
 The payload is unpickled with `weights_only=False` after its checksum is verified: it is this
 store's own file (a store from elsewhere is as trusted as the code you run it with).
 """
@@ -94,31 +97,47 @@ class Resumed:
 # ---- the code version and the execution path a checkpoint belongs to ---------------------------------
 
 @functools.lru_cache(maxsize=None)
-def _source_digest(files: tuple[str, ...]) -> str:
+def _source_digest(files: tuple[tuple[str, str], ...]) -> str:
     digest = hashlib.sha256()
-    for name in files:
-        digest.update(name.encode() + b"\0" + Path(name).read_bytes() + b"\0")
+    for name, path in files:
+        digest.update(name.encode() + b"\0" + Path(path).read_bytes() + b"\0")
     return digest.hexdigest()
 
 
-def code_version(algorithm_cls: type) -> str:
-    """A hash of the source that runs a cell: pflbench (reports excluded), the built-in algorithms, the
-    algorithm's own classes wherever they live, and the torch / numpy / Python versions."""
-    import numpy as np
-    import torch
-
+def source_files(algorithm_cls: type) -> dict[str, Path]:
+    """The source files that run a cell of `algorithm_cls`, by a name that does not depend on where the
+    checkout lives ("pflbench/runner.py", "algorithms/fedavg.py", a plugin's file name): a checkpoint
+    written on one node resumes on another whose checkout is elsewhere."""
     import pflbench.algorithms as algorithms
     import pflbench
 
-    engine = Path(pflbench.__file__).parent
-    files = {p for p in engine.rglob("*.py") if "reports" not in p.relative_to(engine).parts}
-    files |= set(Path(algorithms.__file__).parent.rglob("*.py"))
+    roots = {"pflbench": Path(pflbench.__file__).parent.resolve(),
+             "algorithms": Path(algorithms.__file__).parent.resolve()}
+    paths = {p.resolve() for p in roots["pflbench"].rglob("*.py") if "reports" not in p.relative_to(roots["pflbench"]).parts}
+    paths |= {p.resolve() for p in roots["algorithms"].rglob("*.py")}
     for cls in inspect.getmro(algorithm_cls):
         try:
-            files.add(Path(inspect.getfile(cls)))
+            paths.add(Path(inspect.getfile(cls)).resolve())
         except TypeError:  # builtins
             pass
-    digest = _source_digest(tuple(sorted(str(p.resolve()) for p in files if p.suffix == ".py")))
+    named = {}
+    for path in paths:
+        if path.suffix != ".py":
+            continue
+        root = next((f"{name}/{path.relative_to(folder).as_posix()}" for name, folder in roots.items()
+                     if path.is_relative_to(folder)), None)
+        named[root or path.name] = path
+    return named
+
+
+def code_version(algorithm_cls: type) -> str:
+    """A hash of the source that runs a cell (`source_files`: pflbench without its reports, the built-in
+    algorithms, the algorithm's own classes wherever they live; names and contents, not where the
+    checkout is) and of the torch / numpy / Python versions."""
+    import numpy as np
+    import torch
+
+    digest = _source_digest(tuple(sorted((name, str(path)) for name, path in source_files(algorithm_cls).items())))
     return f"{digest[:16]}-torch{torch.__version__}-numpy{np.__version__}-py{platform.python_version()}"
 
 

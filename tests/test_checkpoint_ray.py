@@ -186,3 +186,14 @@ def test_the_keeper_writes_only_the_open_attempt_of_a_cell_and_only_whole_checkp
     with pytest.raises(StaleAttempt, match="closed"):
         keeper.write("cell", 1, data)
     assert not path.exists()
+
+
+def test_the_code_version_names_source_files_without_the_checkouts_place():
+    """A retry on another node resumes only if that node's code version is the writer's: the hash covers
+    the files' names inside the checkout and their contents, never where the checkout lives."""
+    from pflbench.algorithm import ALGORITHMS
+    from pflbench.checkpoint import source_files
+
+    names = source_files(ALGORITHMS.get("fedavg"))
+    assert {"pflbench/runner.py", "pflbench/checkpoint.py", "algorithms/fedavg.py"} <= set(names)
+    assert not any(name.startswith("/") or "reports/" in name for name in names), sorted(names)
