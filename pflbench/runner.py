@@ -300,7 +300,10 @@ def run_on_ray(cells: list[CellConfig], plan: Plan, options: RunOptions, store: 
                         start(cell)
                         continue
                     result = failed_result(f"Ray: {type(error).__name__} (after {options.retries} retries): {error}")
-                ray.get(keeper.close.remote(cell_hash(cell)))  # no late write of a lost attempt after this
+                try:
+                    ray.get(keeper.close.remote(cell_hash(cell)))  # no late write of a lost attempt after this
+                except ray.exceptions.RayError:  # the keeper is gone: nothing can write through it either
+                    pass
                 record(cell, result, store, options, display)
             latest, notes = ray.get(board.snapshot.remote())
             for key, text in notes:  # a cell that finished since it posted still gets its note

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -289,7 +290,8 @@ def test_a_node_lost_mid_matrix_loses_nothing(tmp_path, monkeypatch):
         assert sorted(r for s, r, _ in trace["pfl-head"] if s == seed) == list(range(GATE_ROUND, ROUNDS + 1))
     resumed = [line.strip() for line in run_log.splitlines() if "resumed at round" in line]
     assert run_log.count(f"resumed at round {GATE_ROUND - 1} of {ROUNDS}") == len(lost), run_log
-    assert run_log.count("retry 1 of 2") == len(lost), run_log
+    assert run_log.count("retry 1 of 2") == len(lost) and "retry 2 of 2" not in run_log, run_log
+    assert len(re.findall(r"^finished gated-fedavg", run_log, re.MULTILINE)) == len(SEEDS), run_log  # once each
 
     # The same spec in this process: identical metrics and summaries, cell by cell.
     monkeypatch.setenv("PFLBENCH_DATA_MIRROR", str(tmp_path / "no-mirror"))
