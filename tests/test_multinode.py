@@ -111,7 +111,8 @@ WORKER_SCRIPT = """
 mount -t tmpfs -o size=64m pfl-worker-private "$STORE"  # no shared results folder
 mount -t tmpfs -o size=64m pfl-worker-private "$DATA"   # nor the driver's data root
 """ + COMMON + """
-for i in $(seq 1200); do [ -e "$LOGS/head-ready" ] && break; sleep 0.1; done
+# As soon as the head's GCS listens (the head's own start goes on meanwhile)
+for i in $(seq 600); do timeout 1 bash -c 'exec 3<>"/dev/tcp/$HEAD_IP/$PORT"' 2>/dev/null && break; sleep 0.1; done
 "$PYTHON" -m ray.scripts.scripts start --address "$HEAD_IP:$PORT" --node-ip-address "$IP" --temp-dir "$RAY_DIR" --num-cpus 2 \\
     --disable-usage-stats > "$LOGS/worker-start.log" 2>&1
 touch "$LOGS/worker-ready"
@@ -120,9 +121,11 @@ exec sleep 300
 
 
 def namespaces_unavailable() -> str | None:
-    if sys.platform != "linux" or not shutil.which("unshare") or not shutil.which("ip"):
+    if sys.platform != "linux" or os.geteuid() != 0:
+        return "needs root on Linux (network, PID and mount namespaces, a veth pair)"
+    if not shutil.which("unshare") or not shutil.which("ip"):
         return "needs Linux with unshare and ip (util-linux, iproute2)"
-    probe = subprocess.run(["unshare", "--net", "--pid", "--uts", "--fork", "--mount-proc", "sh", "-c",
+    probe = subprocess.run(["unshare", "--net", "--pid", "--uts", "--fork", "--mount-proc", "--kill-child", "sh", "-c",
                             "ip link set lo up && mount -t tmpfs probe /mnt"], capture_output=True, timeout=30)
     if probe.returncode != 0:
         return f"cannot make network/PID/mount namespaces here: {probe.stderr.decode().strip()[:200]}"
@@ -230,9 +233,10 @@ def test_a_node_lost_mid_matrix_loses_nothing(tmp_path, monkeypatch):
         subprocess.run(["ip", "link", "add", veth_head, "type", "veth", "peer", "name", veth_worker], check=True)
         subprocess.run(["ip", "link", "set", veth_head, "netns", str(nodes[0].pid)], check=True)
         subprocess.run(["ip", "link", "set", veth_worker, "netns", str(nodes[1].pid)], check=True)
-        wait_until(lambda: (logs / "worker-ready").exists() or any(n.poll() is not None for n in nodes),
-                   "worker node", deadline)
-        assert (logs / "worker-ready").exists(), "a node did not start"
+        ready = [logs / "head-ready", logs / "worker-ready"]
+        wait_until(lambda: all(p.exists() for p in ready) or any(n.poll() is not None for n in nodes),
+                   "both nodes", deadline)
+        assert all(p.exists() for p in ready), "a node did not start"
         (logs / "go").touch()
         moments = {"nodes up": time.monotonic() - started}
 
