@@ -20,13 +20,16 @@ version, the execution path, the round, the payload's size and SHA-256, who wrot
 the previous checkpoint or the new one; only the latest is kept. A checkpoint that is damaged
 (checksum, truncation), from another configuration, code version, dataset content or execution path
 (device, batched or loop path, compiled step, memory layout: each gives other float rounding) is
-set aside into `<store>/_damaged/` with one line saying why, and the cell starts over.
+set aside into `<store>/_damaged/` with one line saying why, and the cell starts over. A cell on a Ray
+worker keeps it in the driver's store, through the driver's node (`Checkpointer(files=...)`,
+pflbench/checkpoint_relay.py): the same bytes, checks and atomic write.
 
 When: every `every` rounds, and at least every `minutes` of wall time (defaults: by time only, every
 5 minutes, so a cell that takes under a minute never writes one, and the write's cost stays a small
 share of a long cell's time: measured in the README). The last round writes none (the result follows).
-The code version is a hash of the engine's and the algorithm's source files (reports excluded) and of
-the torch / numpy / Python versions: any change to the code that runs a cell retires its checkpoints.
+The code version is a hash of the engine's and the algorithm's source files (reports excluded; their
+names inside the checkout and their contents, so a node whose checkout lives elsewhere resumes too) and
+of the torch / numpy / Python versions: any change to the code that runs a cell retires its checkpoints.
 The payload is unpickled with `weights_only=False` after its checksum is verified: it is this
 store's own file (a store from elsewhere is as trusted as the code you run it with).
 """
@@ -94,31 +97,47 @@ class Resumed:
 # ---- the code version and the execution path a checkpoint belongs to ---------------------------------
 
 @functools.lru_cache(maxsize=None)
-def _source_digest(files: tuple[str, ...]) -> str:
+def _source_digest(files: tuple[tuple[str, str], ...]) -> str:
     digest = hashlib.sha256()
-    for name in files:
-        digest.update(name.encode() + b"\0" + Path(name).read_bytes() + b"\0")
+    for name, path in files:
+        digest.update(name.encode() + b"\0" + Path(path).read_bytes() + b"\0")
     return digest.hexdigest()
 
 
-def code_version(algorithm_cls: type) -> str:
-    """A hash of the source that runs a cell: pflbench (reports excluded), the built-in algorithms, the
-    algorithm's own classes wherever they live, and the torch / numpy / Python versions."""
-    import numpy as np
-    import torch
-
+def source_files(algorithm_cls: type) -> dict[str, Path]:
+    """The source files that run a cell of `algorithm_cls`, by a name that does not depend on where the
+    checkout lives ("pflbench/runner.py", "algorithms/fedavg.py", a plugin's file name): a checkpoint
+    written on one node resumes on another whose checkout is elsewhere."""
     import pflbench.algorithms as algorithms
     import pflbench
 
-    engine = Path(pflbench.__file__).parent
-    files = {p for p in engine.rglob("*.py") if "reports" not in p.relative_to(engine).parts}
-    files |= set(Path(algorithms.__file__).parent.rglob("*.py"))
+    roots = {"pflbench": Path(pflbench.__file__).parent.resolve(),
+             "algorithms": Path(algorithms.__file__).parent.resolve()}
+    paths = {p.resolve() for p in roots["pflbench"].rglob("*.py") if "reports" not in p.relative_to(roots["pflbench"]).parts}
+    paths |= {p.resolve() for p in roots["algorithms"].rglob("*.py")}
     for cls in inspect.getmro(algorithm_cls):
         try:
-            files.add(Path(inspect.getfile(cls)))
+            paths.add(Path(inspect.getfile(cls)).resolve())
         except TypeError:  # builtins
             pass
-    digest = _source_digest(tuple(sorted(str(p.resolve()) for p in files if p.suffix == ".py")))
+    named = {}
+    for path in paths:
+        if path.suffix != ".py":
+            continue
+        root = next((f"{name}/{path.relative_to(folder).as_posix()}" for name, folder in roots.items()
+                     if path.is_relative_to(folder)), None)
+        named[root or path.name] = path
+    return named
+
+
+def code_version(algorithm_cls: type) -> str:
+    """A hash of the source that runs a cell (`source_files`: pflbench without its reports, the built-in
+    algorithms, the algorithm's own classes wherever they live; names and contents, not where the
+    checkout is) and of the torch / numpy / Python versions."""
+    import numpy as np
+    import torch
+
+    digest = _source_digest(tuple(sorted((name, str(path)) for name, path in source_files(algorithm_cls).items())))
     return f"{digest[:16]}-torch{torch.__version__}-numpy{np.__version__}-py{platform.python_version()}"
 
 
@@ -172,32 +191,39 @@ def load_federation_state(fed, state: dict) -> None:
 
 # ---- the file ----------------------------------------------------------------------------------------
 
-def write_checkpoint(path: Path, header: dict, payload: dict) -> int:
-    """Write atomically (temporary file in the same folder, fsync, rename); returns the file's bytes."""
+def encode_checkpoint(header: dict, payload: dict) -> bytes:
+    """The checkpoint file's bytes: one header line (with the payload's size and SHA-256), then the payload."""
     import torch
-
 
     buffer = io.BytesIO()
     torch.save(payload, buffer)
     body = buffer.getvalue()
     header = {**header, "format": FORMAT, "bytes": len(body), "sha256": hashlib.sha256(body).hexdigest()}
-    head = MAGIC + b" " + json.dumps(header, sort_keys=True).encode() + b"\n"
+    return MAGIC + b" " + json.dumps(header, sort_keys=True).encode() + b"\n" + body
+
+
+def write_checkpoint_bytes(path: Path, data: bytes) -> None:
+    """Write a checkpoint's bytes atomically (temporary file in the same folder, fsync, rename)."""
 
     def write(tmp: Path) -> None:
         with open(tmp, "wb") as file:
-            file.write(head)
-            file.write(body)
+            file.write(data)
             file.flush()
             os.fsync(file.fileno())  # the rename must never expose a file the disk does not hold yet
 
-    atomic_write(path, write)
-    return len(head) + len(body)
+    atomic_write(Path(path), write)
 
 
-def read_header(path: Path) -> dict:
-    """The header of a checkpoint file; CheckpointProblem (one line) if it is not one."""
-    with open(path, "rb") as file:
-        line = file.readline(1 << 16)
+def write_checkpoint(path: Path, header: dict, payload: dict) -> int:
+    """Write atomically (temporary file in the same folder, fsync, rename); returns the file's bytes."""
+    data = encode_checkpoint(header, payload)
+    write_checkpoint_bytes(path, data)
+    return len(data)
+
+
+def parse_header(line: bytes) -> dict:
+    """The header of a checkpoint from its first line (newline included); CheckpointProblem (one line)
+    if it is not one."""
     if not line.startswith(MAGIC + b" ") or not line.endswith(b"\n"):
         raise CheckpointProblem("damaged: no checkpoint header")
     try:
@@ -211,19 +237,35 @@ def read_header(path: Path) -> dict:
     return header
 
 
-def read_checkpoint(path: Path, device: "torch.device | str" = "cpu") -> tuple[dict, dict]:
-    """Header and payload (tensors on `device`, loaded there directly so that tensors sharing
-    storage still share it), the payload's size and checksum verified; CheckpointProblem otherwise."""
-    import torch
-
-    header = read_header(path)
+def read_header(path: Path) -> dict:
+    """The header of a checkpoint file; CheckpointProblem (one line) if it is not one."""
     with open(path, "rb") as file:
-        file.seek(header["header_bytes"])
-        body = file.read()
+        return parse_header(file.readline(1 << 16))
+
+
+def decode_header(data: bytes) -> dict:
+    """The header of a checkpoint given as bytes (`encode_checkpoint`'s); CheckpointProblem if none."""
+    end = data.find(b"\n", 0, 1 << 16)
+    return parse_header(data[:end + 1] if end >= 0 else data[:1 << 16])
+
+
+def verify_checkpoint(data: bytes) -> tuple[dict, bytes]:
+    """Header and payload bytes of a checkpoint, its size and checksum verified; CheckpointProblem otherwise."""
+    header = decode_header(data)
+    body = data[header["header_bytes"]:]
     if len(body) != header.get("bytes"):
         raise CheckpointProblem(f"damaged: {len(body)} bytes of payload, the header says {header.get('bytes')}")
     if hashlib.sha256(body).hexdigest() != header.get("sha256"):
         raise CheckpointProblem("damaged: checksum differs")
+    return header, body
+
+
+def decode_checkpoint(data: bytes, device: "torch.device | str" = "cpu") -> tuple[dict, dict]:
+    """Header and payload of a checkpoint given as bytes (tensors on `device`, loaded there directly so
+    that tensors sharing storage still share it), verified (`verify_checkpoint`); CheckpointProblem otherwise."""
+    import torch
+
+    header, body = verify_checkpoint(data)
     try:
         payload = torch.load(io.BytesIO(body), map_location=device, weights_only=False)
     except Exception as err:  # unpickling a damaged payload raises many types
@@ -231,18 +273,61 @@ def read_checkpoint(path: Path, device: "torch.device | str" = "cpu") -> tuple[d
     return header, payload
 
 
+def read_checkpoint(path: Path, device: "torch.device | str" = "cpu") -> tuple[dict, dict]:
+    """Header and payload of a checkpoint file, verified (`decode_checkpoint`); CheckpointProblem otherwise."""
+    return decode_checkpoint(Path(path).read_bytes(), device)
+
+
+class CheckpointFile:
+    """Where one cell's checkpoint is kept: `path`, in a folder this process can write (the store's
+    own folder when the cell runs where the store is). The Checkpointer reads, writes and sets aside
+    through these four methods only, so that a cell on a Ray worker of another machine can keep its
+    checkpoint in the driver's store instead (pflbench/checkpoint_relay.py)."""
+
+    def __init__(self, path: Path, set_aside_dir: Path):
+        self.path, self.set_aside_dir = Path(path), Path(set_aside_dir)
+
+    def read(self) -> bytes | None:
+        """The checkpoint's bytes, or None where there is none. A temporary file left by a write that
+        a kill cut is removed first (it never is a checkpoint)."""
+        for stale in self.path.parent.glob(f".{self.path.name}.*.tmp"):
+            stale.unlink(missing_ok=True)
+        try:
+            return self.path.read_bytes()
+        except FileNotFoundError:
+            return None
+
+    def write(self, data: bytes) -> None:
+        write_checkpoint_bytes(self.path, data)
+
+    def set_aside(self, reason: str) -> str:
+        """Move the checkpoint into `set_aside_dir` (never deleted), with its reason beside it; where it went."""
+        stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
+        target = self.set_aside_dir / f"{self.path.parent.name}-checkpoint-{stamp}.pt"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(self.path, target)
+        target.with_suffix(".why.txt").write_text(reason + "\n")
+        return str(target)
+
+    def remove(self) -> None:
+        self.path.unlink(missing_ok=True)
+
+
 # ---- the round loop's side ---------------------------------------------------------------------------
 
 class Checkpointer:
     """The checkpoint of one cell at `folder/checkpoint.pt` (module doc). `note` receives the lines a
-    user should see (resumed, set aside); `set_aside_dir` is where unusable checkpoints are kept."""
+    user should see (resumed, set aside); `set_aside_dir` is where unusable checkpoints are kept.
+    `files`: where the checkpoint is read and written (default: `CheckpointFile(folder/checkpoint.pt,
+    set_aside_dir)`, this machine's files; a Ray worker gets the driver's store, pflbench/checkpoint_relay.py)."""
 
     def __init__(self, folder: Path, cell: CellConfig, policy: CheckpointPolicy = CheckpointPolicy(),
                  set_aside_dir: Path | None = None, note: Callable[[str], None] | None = None,
-                 clock: Callable[[], float] = time.perf_counter):
+                 clock: Callable[[], float] = time.perf_counter, files: "CheckpointFile | None" = None):
         self.folder, self.cell, self.policy = Path(folder), cell, policy
         self.path = self.folder / CHECKPOINT
         self.set_aside_dir = Path(set_aside_dir) if set_aside_dir is not None else self.folder.parent / "_damaged"
+        self.files = files if files is not None else CheckpointFile(self.path, self.set_aside_dir)
         self.note = note or (lambda text: None)
         self.clock = clock
         self.seconds = 0.0      # spent writing checkpoints, over the runs of this cell (a resumed run adds to them)
@@ -261,13 +346,12 @@ class Checkpointer:
         under the same name is another run)."""
         self._last = self.clock()
         self.dataset_checksum = (provenance or {}).get("dataset_checksum")
-        for stale in self.folder.glob(f".{CHECKPOINT}.*.tmp"):  # a write cut by a kill: never a checkpoint
-            stale.unlink(missing_ok=True)
-        if not self.path.exists():
+        data = self.files.read()
+        if data is None:
             return None
         before = set(vars(algorithm))
         try:
-            return self._load(fed, algorithm)
+            return self._load(data, fed, algorithm)
         except CheckpointProblem as problem:
             reason = str(problem)
         except Exception as err:  # a payload that does not fit this algorithm (StateError, KeyError, ...)
@@ -279,8 +363,8 @@ class Checkpointer:
         self.note(f"checkpoint set aside ({reason}); kept as {kept}; the cell starts over")
         return None
 
-    def _load(self, fed, algorithm) -> Resumed:
-        header = read_header(self.path)
+    def _load(self, data: bytes, fed, algorithm) -> Resumed:
+        header = decode_header(data)
         if header.get("hash") != cell_hash(self.cell):
             raise CheckpointProblem(f"from another configuration ({header.get('hash')})")
         version = code_version(type(algorithm))
@@ -294,7 +378,7 @@ class Checkpointer:
                                     f"this run {self.dataset_checksum})")
         if not isinstance(header.get("round"), int) or not 1 <= header["round"] < self.cell.rounds:
             raise CheckpointProblem(f"damaged: round {header.get('round')!r} of {self.cell.rounds}")
-        header, payload = read_checkpoint(self.path, fed.device)
+        header, payload = decode_checkpoint(data, fed.device)
         if payload.get("round") != header["round"]:
             raise CheckpointProblem("damaged: header and payload disagree on the round")
         algorithm.load_state_dict(payload["algorithm"])
@@ -330,7 +414,9 @@ class Checkpointer:
                   "dataset_checksum": self.dataset_checksum, "host": socket.gethostname(),
                   "pid": os.getpid(),
                   "written_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
-        self.last_bytes = write_checkpoint(self.path, header, payload)
+        data = encode_checkpoint(header, payload)
+        self.files.write(data)
+        self.last_bytes = len(data)
         self.written += 1
         self._last = self.clock()
         self.seconds += self._last - start
@@ -344,17 +430,12 @@ class Checkpointer:
                 **({"checkpoint_error": self.error} if self.error else {})}
 
     # -- housekeeping --
-    def set_aside(self, reason: str) -> Path:
-        """Move the checkpoint into `set_aside_dir` (never deleted), with its reason beside it."""
-        stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
-        target = self.set_aside_dir / f"{self.folder.name}-checkpoint-{stamp}.pt"
-        target.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(self.path, target)
-        target.with_suffix(".why.txt").write_text(reason + "\n")
-        return target
+    def set_aside(self, reason: str) -> str:
+        """Move the checkpoint into the set-aside folder (never deleted), with its reason beside it."""
+        return self.files.set_aside(reason)
 
     def remove(self) -> None:
-        self.path.unlink(missing_ok=True)
+        self.files.remove()
 
 
 def describe_checkpoints(results_dir: str | Path) -> list[str]:

@@ -84,3 +84,26 @@ def task_resources(resources) -> dict:
     Ray sets each task's CUDA_VISIBLE_DEVICES to the GPU it was given, so the cell's "cuda" is that GPU).
     Retries are the runner's own (max_retries=0), so that each is said and bounded."""
     return {"num_cpus": resources.cpus, "num_gpus": resources.gpus, "max_retries": 0}
+
+
+def on_driver_node():
+    """A scheduling strategy that places an actor on this process's (the driver's) node and nowhere
+    else: the runner's progress board and checkpoint keeper must not live, and die, on a worker node."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    return NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
+
+
+def this_node() -> str:
+    """This process's machine, for messages: host name and Ray node address where Ray runs here."""
+    import socket
+
+    try:
+        import ray
+
+        address = ray.util.get_node_ip_address() if ray.is_initialized() else None
+    except Exception:  # not in a Ray process
+        address = None
+    host = socket.gethostname()
+    return f"{host} ({address})" if address else host

@@ -3,20 +3,22 @@ instance by default, an existing cluster with --ray-address/RAY_ADDRESS) or in t
 (--no-ray, --workers 1), with a live progress display, and record each cell in the results store.
 
 One cell never stops the others: an exception is recorded as "failed" with its traceback, a NaN as
-"diverged". Results are written by this process only (the driver), so a cluster needs no shared
-results folder; the data root must be visible to every worker (each loads the cell's dataset and
-partition from it). Ctrl-C cancels the running cells and exits; their results are simply absent,
-and the next run starts them again.
+"diverged". Results and round checkpoints are written into the driver's store only, so a cluster
+needs no shared results folder (pflbench/checkpoint_relay.py). Every node needs the data: a worker on
+another node than the driver's checks that it has the dataset and partition the driver prepared, and
+its cell fails with one message naming the node and the path where it does not (pflbench/node_data.py;
+a worker never downloads). Ctrl-C cancels the running cells and exits; their results are simply
+absent, and the next run starts them again.
 
 Round checkpoints (pflbench/checkpoint.py): a running cell writes `<results>/<hash>/checkpoint.pt`
 by the `checkpoint_every` / `checkpoint_minutes` policy, and a run that finds one continues the cell
 from it ("resumed at round R of N"): after a kill, a Ctrl-C, a runner taking over an abandoned claim,
-or a Ray worker that was lost. A lost worker's cell is retried up to `retries` times (then it is
-"failed") and resumes from its checkpoint. On Ray the worker writes the checkpoint at the store's
-path as the worker sees it: on one machine that is the store; on a cluster without a shared results
-folder a retry resumes only where it lands on the machine that wrote it (elsewhere it starts over).
-A finished or diverged cell's checkpoint is removed once its result is written (`keep_checkpoints`
-keeps it); a failed cell's is kept, so the next run continues it.
+or a Ray worker or node that was lost. A lost worker's cell is retried up to `retries` times (then it
+is "failed") and resumes from its checkpoint. On Ray a cell's checkpoints go through a keeper actor on
+the driver's node into the driver's store (pflbench/checkpoint_relay.py), so a retry resumes from the
+last one on whichever node it lands, the lost node's included. A finished or diverged cell's checkpoint
+is removed once its result is written (`keep_checkpoints` keeps it); a failed cell's is kept, so the
+next run continues it.
 """
 from __future__ import annotations
 
@@ -36,7 +38,8 @@ from pflbench.checkpoint import DEFAULT_MINUTES, CheckpointPolicy, Checkpointer
 from pflbench.config import CellConfig, cell_hash
 from pflbench.display import PROBLEMS, Display, label, make_console, print_summary
 from pflbench.execution import ExecutionOptions
-from pflbench.ray_cluster import ClusterError, connect_ray, ray_capacity, task_resources
+from pflbench.node_data import DataFingerprint, NodeDataError, check_node_data, fingerprint
+from pflbench.ray_cluster import ClusterError, connect_ray, on_driver_node, ray_capacity, task_resources, this_node
 from pflbench.spec import Plan, Resources, describe_partition
 from pflbench.store import COMPLETE, DAMAGED, HEARTBEAT, SET_ASIDE, Store
 from pflbench.trackers import TrackerOptions, cell_tracking
@@ -98,21 +101,24 @@ def failed_result(error: str):
     return CellResult("failed", pd.DataFrame(), pd.DataFrame(), {"status": "failed"}, {}, error)
 
 
-def cell_checkpointer(cell: CellConfig, options: RunOptions, note: Callable[[str], None] | None = None) -> Checkpointer:
-    """The cell's round checkpoints, next to its results in the store."""
+def cell_checkpointer(cell: CellConfig, options: RunOptions, note: Callable[[str], None] | None = None,
+                      files=None) -> Checkpointer:
+    """The cell's round checkpoints, next to its results in the store (`files`: read and written
+    elsewhere than this machine's files, e.g. the driver's store from a Ray worker)."""
     root = Path(options.results)
     return Checkpointer(root / cell_hash(cell), cell, options.checkpoint_policy, set_aside_dir=root / SET_ASIDE,
-                        note=note)
+                        note=note, files=files)
 
 
 def execute_cell(cell: CellConfig, resources: Resources, options: RunOptions,
                  report: Callable[[dict], None] | None = None, note: Callable[[str], None] | None = None,
-                 checkpoints: bool = True, stop_after: int | None = None):
+                 checkpoints: bool = True, stop_after: int | None = None, checkpoint_files=None):
     """Run one cell here (the driver or a Ray worker) with torch limited to the cell's CPU share,
     continuing from its checkpoint if it has one (`note` gets "resumed at round R of N" and the like).
     Returns a CellResult; an exception becomes a "failed" result carrying its traceback.
     `checkpoints=False`: from round 1, no checkpoint read or written (a rerun that checks the stored
-    result must not trust, or leave, one); `stop_after`: only the first rounds (`run_rounds`)."""
+    result must not trust, or leave, one); `stop_after`: only the first rounds (`run_rounds`);
+    `checkpoint_files`: where the checkpoint is kept, if not in the store's folder on this machine."""
     import torch
 
     from pflbench.rounds import run_cell
@@ -133,7 +139,8 @@ def execute_cell(cell: CellConfig, resources: Resources, options: RunOptions,
         execution = options.execution.on("cuda" if resources.gpus > 0 else "cpu")
         result = measured(execution.device, lambda: run_cell(  # peak memory and machine (pflbench/cost.py)
             cell, data_root=options.data_root, mirror=options.mirror, execution=execution, on_round=on_round,
-            checkpointer=cell_checkpointer(cell, options, note) if checkpoints else None, stop_after=stop_after))
+            checkpointer=cell_checkpointer(cell, options, note, checkpoint_files) if checkpoints else None,
+            stop_after=stop_after))
     except Exception:
         result = failed_result(traceback.format_exc())
     finally:
@@ -227,15 +234,31 @@ class ProgressBoard:
         return self.latest, notes
 
 
-def _ray_task(cell: CellConfig, resources: Resources, options: RunOptions, board):
+def _ray_task(cell: CellConfig, resources: Resources, options: RunOptions, board, checkpoint_files,
+              data: DataFingerprint | None):
+    """One attempt of a cell on a Ray worker: its progress to `board`, its checkpoints through
+    `checkpoint_files` (the driver's store), its data checked first where this is not the driver's node."""
+    import ray
+
     key = cell_hash(cell)
     board.post.remote(key, {"round": 0})
+    if data is not None and data.driver_node != ray.get_runtime_context().get_node_id():
+        try:
+            check_node_data(cell, data, this_node())
+        except NodeDataError as error:
+            return failed_result(str(error))
+        except Exception:
+            return failed_result(traceback.format_exc())
     return execute_cell(cell, resources, options, report=lambda info: board.post.remote(key, info),
-                        note=lambda text: board.note.remote(key, text))
+                        note=lambda text: board.note.remote(key, text), checkpoint_files=checkpoint_files)
 
 
-def run_on_ray(cells: list[CellConfig], plan: Plan, options: RunOptions, store: Store, display: Display) -> None:
+def run_on_ray(cells: list[CellConfig], plan: Plan, options: RunOptions, store: Store, display: Display,
+               data: dict[str, DataFingerprint] | None = None) -> None:
+    """Run `cells` as Ray tasks (`data`: each cell's DataFingerprint by hash, checked on other nodes)."""
     import ray
+
+    from pflbench.checkpoint_relay import RelayedCheckpointFile, start_keeper
 
     try:
         owned = connect_ray(options.ray_address, options.workers, plan.resources.cpus)
@@ -247,18 +270,32 @@ def run_on_ray(cells: list[CellConfig], plan: Plan, options: RunOptions, store: 
         if plan.resources.gpus > 0 and not ray.cluster_resources().get("GPU", 0):
             raise PrepareError(f"the spec asks for {plan.resources.gpus:g} GPU per cell but the Ray cluster has "
                                f"none; run with --set resources.gpus=0")
-        board = ray.remote(num_cpus=0)(ProgressBoard).remote()
+        # On the driver's node, as the store: a lost node must take neither with it.
+        board = ray.remote(num_cpus=0)(ProgressBoard).options(scheduling_strategy=on_driver_node()).remote()
+        keeper = start_keeper(worker_options.results)
+        driver_node = ray.get_runtime_context().get_node_id()
+        data = {key: replace(value, driver_node=driver_node) for key, value in (data or {}).items()}
         # A lost worker's cell is retried here, not by Ray, so that each retry is said and bounded.
         task = ray.remote(_ray_task).options(**task_resources(plan.resources))
         attempts: dict[str, int] = {}
         waiting = list(cells)
+        by_key = {cell_hash(cell): cell for cell in cells}
+
+        def start(cell: CellConfig) -> None:
+            """Open the cell's next attempt with the keeper (only it may write the checkpoint), then run it."""
+            key = cell_hash(cell)
+            attempt = attempts.get(key, 0)
+            ray.get(keeper.open.remote(key, attempt))
+            files = RelayedCheckpointFile(keeper, key, attempt)
+            running[task.remote(cell, plan.resources, worker_options, board, files, data.get(key))] = cell
+
         # Claim cells only as they can start, so that runners sharing the store split the matrix.
         limit = options.workers or ray_capacity(ray.cluster_resources(), plan.resources) or len(cells)
         while waiting or running:
             while waiting and len(running) < limit:
                 cell = waiting.pop(0)
                 if take(cell, store, options, display):
-                    running[task.remote(cell, plan.resources, worker_options, board)] = cell
+                    start(cell)
             done, _ = ray.wait(list(running), num_returns=1, timeout=0.5)
             for ref in done:
                 cell = running.pop(ref)
@@ -269,13 +306,16 @@ def run_on_ray(cells: list[CellConfig], plan: Plan, options: RunOptions, store: 
                     if tried <= options.retries:
                         display.note(cell, f"Ray worker lost ({type(error).__name__}); retry {tried} of "
                                            f"{options.retries}, from its checkpoint where it has one")
-                        running[task.remote(cell, plan.resources, worker_options, board)] = cell
+                        start(cell)
                         continue
                     result = failed_result(f"Ray: {type(error).__name__} (after {options.retries} retries): {error}")
+                try:
+                    ray.get(keeper.close.remote(cell_hash(cell)))  # no late write of a lost attempt after this
+                except ray.exceptions.RayError:  # the keeper is gone: nothing can write through it either
+                    pass
                 record(cell, result, store, options, display)
             latest, notes = ray.get(board.snapshot.remote())
-            by_key = {cell_hash(cell): cell for cell in running.values()}
-            for key, text in notes:
+            for key, text in notes:  # a cell that finished since it posted still gets its note
                 if key in by_key:
                     display.note(by_key[key], text)
             for cell in running.values():
@@ -293,28 +333,35 @@ def run_on_ray(cells: list[CellConfig], plan: Plan, options: RunOptions, store: 
 # ---- preparation ----------------------------------------------------------------------------------
 
 def prepare_partitions(cells: list[CellConfig], plan: Plan, options: RunOptions,
-                       console: Console) -> tuple[list[CellConfig], dict[str, int]]:
+                       console: Console) -> tuple[list[CellConfig], dict[str, int], dict[str, DataFingerprint]]:
     """Build every distinct partition once, before any training: workers then find it in the cache,
     and an impossible partition stops the run before it starts. Cells of an optional dataset that
-    cannot be loaded here are left out; returns the cells to run and {dataset: cells left out}."""
+    cannot be loaded here are left out; returns the cells to run, {dataset: cells left out} and each
+    cell's DataFingerprint by hash (what a worker on another node checks: pflbench/node_data.py)."""
     from pflbench.data import DatasetNotFoundError
     from pflbench.rounds import prepare_cell
 
     groups: dict[tuple, CellConfig] = {}
+    group_of: dict[str, tuple] = {}
     for cell in cells:
         key = (cell.dataset, json.dumps(cell.dataset_options, sort_keys=True), cell.partition,
                json.dumps(cell.partition_params, sort_keys=True), cell.clients, cell.seed,
                cell.train_fraction, cell.val_fraction)
         groups.setdefault(key, cell)
+        group_of[cell_hash(cell)] = key
+    prints: dict[tuple, DataFingerprint] = {}
+    driver = this_node()
     missing: set[str] = set()
     with console.status("") as status:
-        for i, cell in enumerate(groups.values(), 1):
+        for i, (key, cell) in enumerate(groups.items(), 1):
             if cell.dataset in missing:
                 continue
             status.update(f"preparing partitions {i}/{len(groups)}: {cell.dataset} {describe_partition(cell)} "
                           f"{cell.clients} clients seed {cell.seed}")
             try:
-                prepare_cell(cell, options.data_root, options.mirror)
+                dataset, splits = prepare_cell(cell, options.data_root, options.mirror)
+                prints[key] = fingerprint(dataset, splits, options.data_root, options.mirror, driver)
+                del dataset, splits
             except DatasetNotFoundError as error:
                 if cell.dataset not in plan.optional_datasets:
                     raise PrepareError(str(error)) from None
@@ -322,7 +369,8 @@ def prepare_partitions(cells: list[CellConfig], plan: Plan, options: RunOptions,
             except ValueError as error:  # PartitionError, a bad dataset option
                 raise PrepareError(f"{label(cell)}: {error}") from None
     skipped = Counter(cell.dataset for cell in cells if cell.dataset in missing)
-    return [cell for cell in cells if cell.dataset not in missing], dict(skipped)
+    kept = [cell for cell in cells if cell.dataset not in missing]
+    return kept, dict(skipped), {cell_hash(cell): prints[group_of[cell_hash(cell)]] for cell in kept}
 
 
 # ---- the run ------------------------------------------------------------------------------------
@@ -354,7 +402,7 @@ def run_plan(plan: Plan, options: RunOptions = RunOptions(), console: Console | 
     if not todo:
         print_summary(console, plan, store, report, 0.0)
         return report
-    todo, report.skipped_datasets = prepare_partitions(todo, plan, options, console)
+    todo, report.skipped_datasets, data = prepare_partitions(todo, plan, options, console)
     notes = skipped_dataset_notes(report.skipped_datasets, options)
     record_skipped_datasets(store, plan, notes)
     for dataset, note in notes.items():
@@ -372,7 +420,10 @@ def run_plan(plan: Plan, options: RunOptions = RunOptions(), console: Console | 
     started = time.perf_counter()
     with Display(console, len(todo)) as display, Heartbeat(store):
         try:
-            (run_in_process if in_process else run_on_ray)(todo, plan, options, store, display)
+            if in_process:
+                run_in_process(todo, plan, options, store, display)
+            else:
+                run_on_ray(todo, plan, options, store, display, data)
         except KeyboardInterrupt:
             report.interrupted = True
     report.ran = sum(display.counts.values())

@@ -6,7 +6,7 @@ and everything it started dies with the namespace when the script ends. The run 
 the summaries an in-process run of the same spec gives. The machine's Ray token is not used: the
 cluster's home holds a token of its own, so the cluster asks for token authentication, the case where
 Ray's client failed unless RAY_AUTH_MODE=token was set by hand; no such variable is set here.
-Skipped where namespaces cannot be made (not root, no `unshare`) or Ray's command line is missing.
+Skipped where namespaces cannot be made (not root, no `unshare`) or Ray is missing.
 """
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ VOLATILE = RUN_RECORD_KEYS | {"train_time_total", "server_time_total", "eval_tim
 CLUSTER_SCRIPT = """
 set -e
 ip link set lo up
-"$RAY" start --head --node-ip-address 127.0.0.1 --port "$PORT" --temp-dir "$RAY_DIR" --num-cpus 2 \\
+"$PYTHON" -m ray.scripts.scripts start --head --node-ip-address 127.0.0.1 --port "$PORT" --temp-dir "$RAY_DIR" --num-cpus 2 \\
     --include-dashboard false --disable-usage-stats > "$LOGS/ray-start.log" 2>&1
 set +e
 timeout 4 "$PYTHON" -c "import ray; ray.init(address='127.0.0.1:$PORT', log_to_driver=False)" > "$LOGS/bare-init.log" 2>&1
@@ -41,7 +41,7 @@ echo "exit $?" >> "$LOGS/bare-init.log"
 "$PYTHON" -m pflbench.cli run "$SPEC" --ray-address "127.0.0.1:$PORT" --results "$RESULTS" --root "$ROOT" \\
     > "$LOGS/run.log" 2>&1
 code=$?
-"$RAY" stop > "$LOGS/ray-stop.log" 2>&1
+"$PYTHON" -m ray.scripts.scripts stop > "$LOGS/ray-stop.log" 2>&1
 exit $code
 """
 
@@ -56,8 +56,11 @@ def namespaces_unavailable() -> str | None:
 
 
 def ray_command() -> str | None:
-    beside = Path(sys.executable).with_name("ray")
-    return str(beside) if beside.exists() else shutil.which("ray")
+    """Ray's command line as the cluster runs it: by this interpreter, so that the nodes' workers run
+    this checkout's code (a `ray` script on PATH may belong to another environment); None without Ray."""
+    import importlib.util
+
+    return f"{sys.executable} -m ray.scripts.scripts" if importlib.util.find_spec("ray") else None
 
 
 def free_port() -> int:  # free on the host; the cluster's namespace has a loopback of its own
