@@ -69,6 +69,7 @@ import numpy as np
 import torch
 from pydantic import Field
 
+from pflbench import streams
 from pflbench.algorithm import ALGORITHMS, Algorithm, Hyperparams
 
 
@@ -129,7 +130,7 @@ class FedFomo(Algorithm):
 
     def choose(self, rnd: int, clients: torch.Tensor) -> torch.Tensor:
         """The models each client downloads: [K, M'] client ids, epsilon-greedy on the affinity."""
-        rng = np.random.default_rng([self.fed.cell.seed, rnd, 0xF0F0])
+        rng = streams.generator(self.fed.cell.seed, "fedfomo.explore", rnd, kind="numpy")
         uploaded = self.uploaded.numpy()
         candidates = [[n for n in np.flatnonzero(uploaded) if n != c] for c in clients.tolist()]
         count = min([self.hp.models, *map(len, candidates)])

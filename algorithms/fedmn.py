@@ -77,6 +77,7 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import Tensor, nn
 
+from pflbench import streams
 from pflbench.algorithm import ALGORITHMS, Algorithm, Hyperparams
 from pflbench.steps import step_ids
 from pflbench.training import SGD, Diverged
@@ -227,8 +228,7 @@ class FedMN(Algorithm):
     def setup(self) -> None:
         fed, hp = self.fed, self.hp
         shape = fed.input_shape
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(fed.cell.seed)
+        with streams.torch_global(fed.cell.seed, "fedmn.init"):
             self.net = ModularNet(shape, fed.num_classes, hp.modules_per_layer, hp.dims, hp.encoder_hidden,
                                   hp.dropout).to(fed.device)
             self.router = Router(shape, fed.num_classes, self.net.gate_count(), hp.router_x_dim,
@@ -307,7 +307,7 @@ class FedMN(Algorithm):
     @torch.no_grad()
     def _fixed_routing(self, client: int, router_state: dict[str, Tensor]) -> Tensor:
         self.router.load_state_dict(router_state)
-        x, y = self._client_data(client, torch.Generator().manual_seed(client))
+        x, y = self._client_data(client, streams.generator(self.fed.cell.seed, "fedmn.router-samples", client=client))
         return self.gates(self.router(x, y), self.hp.tau_min, train=False)
 
     # ---- the round -------------------------------------------------------------------------------
@@ -329,8 +329,8 @@ class FedMN(Algorithm):
     def local_train(self, rnd: int, clients: Tensor, states: list[dict]) -> list[dict]:
         fed, hp, sgd = self.fed, self.hp, self.fed.sgd
         ids = clients.tolist()
-        noise_generators = fed.batch_generators(rnd, clients, salt=0xF3D)
-        batches, counts = step_ids(fed, rnd, clients, salt=0)  # a straggler's share of the round's work
+        noise_generators = fed.batch_generators(rnd, clients, stream="fedmn.noise")
+        batches, counts = step_ids(fed, rnd, clients)  # a straggler's share of the round's work
         for k, c in enumerate(ids):
             self.net.load_state_dict(self.client_pool[c])
             self.router.load_state_dict(states[k]["router"])
@@ -341,7 +341,7 @@ class FedMN(Algorithm):
             self.net.train()
             gates = None
             with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(int(noise_generators[k].initial_seed()) % (2 ** 63))  # dropout
+                streams.seed_torch_global(fed.cell.seed, "fedmn.dropout", rnd, int(fed.client_ids[c]))  # dropout
                 for step in range(int(counts[k])):
                     tau = max(hp.tau_init * math.exp(-hp.tau_rate * self.steps_done[c]), hp.tau_min)
                     if hp.code_compat:
@@ -434,13 +434,13 @@ class FedMN(Algorithm):
         the result carries the scores, which `evaluate` returns."""
         fed, sgd = self.fed, self.fed.sgd
         everyone = torch.arange(fed.num_clients, device=fed.device)
-        batches, counts = step_ids(fed, rnd + 1, everyone, salt=0, epochs=epochs)
+        batches, counts = step_ids(fed, rnd + 1, everyone, epochs=epochs)
         splits = [name for name in ("test", "val") if name in fed.split_names]
         scores = {name: (torch.zeros(fed.num_clients, device=fed.device),
                          torch.zeros(fed.num_clients, device=fed.device)) for name in splits}
         with torch.random.fork_rng(devices=[]):  # dropout draws must not move the training's stream
             for c in range(fed.num_clients):
-                torch.manual_seed(fed.cell.seed * 1_000_003 + rnd * 1009 + c)
+                streams.seed_torch_global(fed.cell.seed, "fedmn.adapt-dropout", rnd, c)
                 self.net.load_state_dict(personal["pool"])
                 gates = personal["routing"][c]
                 params = list(self.net.parameters())

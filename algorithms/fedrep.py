@@ -29,7 +29,7 @@ Where the paper is silent / what was chosen here:
   final accuracy): 87.22% / 86.71% with 2 body epochs, 83.56% / 83.68% with 1 (20 / 30 rounds are
   few for a body trained one epoch per round; the paper's 600 / 2500 rounds are not).
 - Both phases use the cell's optimizer settings (lr, momentum, weight decay, batch size); the head
-  phase uses its own batch order (salt `HEAD_SALT`), the body phase the engine's default one.
+  phase uses its own batch order (stream `HEAD_STREAM`), the body phase the engine's default one.
   BatchNorm statistics follow both phases' forward passes.
 - Every client's head starts from the common initial model's head; clients not sampled keep theirs.
 - Aggregation of the body: the engine's sample-size-weighted mean (the official code weights by
@@ -57,7 +57,7 @@ class FedRep(Algorithm):
     row_order = 6  # pFedLA's Tables 1-2 row order
     paper = "Collins, Hassani, Mokhtari & Shakkottai, ICML 2021"
     personalizes = "the head (classifier), trained first with the shared representation fixed"
-    HEAD_SALT = 0xFE0E
+    HEAD_STREAM = "fedrep.head"
 
     class Hyperparams(Hyperparams):
         head_epochs: int = Field(10, ge=0)
@@ -83,6 +83,6 @@ class FedRep(Algorithm):
     def local_train(self, rnd, clients, state):
         if self.hp.head_epochs:
             state = self.fed.train(rnd, clients, state, trainable=self._head_params,
-                                   epochs=self.hp.head_epochs, salt=self.HEAD_SALT).state
+                                   epochs=self.hp.head_epochs, stream=self.HEAD_STREAM).state
         return self.fed.train(rnd, clients, state, trainable=self._body_params,
                               epochs=self.hp.body_epochs).state

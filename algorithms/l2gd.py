@@ -44,12 +44,13 @@ import numpy as np
 
 from pydantic import Field
 
+from pflbench import streams
 from pflbench.algorithm import ALGORITHMS, Algorithm, Hyperparams
 
 
 def coin_flips(seed: int, rounds: int, p: float) -> np.ndarray:
     """The communication coin of every round (index rnd - 1): True with probability p."""
-    rng = np.random.default_rng([seed, 0x1260])
+    rng = streams.generator(seed, "l2gd.coins", kind="numpy")
     return rng.random(rounds) < p
 
 

@@ -17,7 +17,7 @@ alpha on its own data, w - alpha * grad f_i(w; D).
 Where the paper is silent / what was chosen here:
 - Steps per round: tau is identified with the cell's local epochs: a round makes as many meta
   steps as plain local SGD would make batches (ceil(n / B) per epoch). D follows the engine's
-  default batch order (salt 0); D' and D'' come from their own shuffles (salts below), all at the
+  default batch order (stream "batches"); D' and D'' come from their own shuffles (`STREAMS`), all at the
   cell's batch size.
 - Step sizes. `beta` (the meta step, the one that moves the shared model) defaults to 1e-3, a
   fixed value independent of the cell's lr. The paper fixes its step sizes per experiment (Section 5);
@@ -52,7 +52,7 @@ Where the paper is silent / what was chosen here:
   there. The module default stays the references' 1e-3 (the full scale's 600 rounds x 10 epochs,
   where a small meta step has the rounds to move the model; not re-measured).
 - Evaluation: the adaptation step uses one mini-batch (the cell's batch size) of the client's own
-  *training* split, drawn with a fixed batch order (round 0, `ADAPT_SALT`) so the result does not
+  *training* split, drawn with a fixed batch order (round 0, `ADAPT_STREAM`) so the result does not
   depend on when it is evaluated. Only the parameters take the step; BatchNorm statistics stay the
   global model's. It is computed for every client (not only the sampled ones) and cached until the
   next aggregation.
@@ -86,8 +86,8 @@ from pflbench.steps import (finite, keep_inactive, loss_and_grads, per_client, r
 from pflbench.algorithm import ALGORITHMS, Algorithm, Hyperparams
 from pflbench.training import Diverged, weighted_mean
 
-SALTS = (0, 0x9EF1, 0x9EF2)  # batch orders of D, D' and D''
-ADAPT_SALT = 0x9EFA           # batch order of the evaluation-time adaptation step
+STREAMS = ("batches", "perfedavg.d-prime", "perfedavg.d-second")  # batch orders of D, D' and D''
+ADAPT_STREAM = "perfedavg.adapt"  # batch order of the evaluation-time adaptation step
 
 
 @ALGORITHMS.register("perfedavg")
@@ -98,7 +98,7 @@ class PerFedAvg(Algorithm):
     row_order = 2  # pFedLA's Tables 1-2 row order
     paper = "Fallah, Mokhtari & Ozdaglar, NeurIPS 2020"
     personalizes = "the whole model, by one local gradient step from a MAML-trained global model"
-    ADAPT_SALT = ADAPT_SALT
+    ADAPT_STREAM = ADAPT_STREAM
 
     class Hyperparams(Hyperparams):
         variant: Literal["fo", "hf"] = "fo"            # first-order or Hessian-free
@@ -125,7 +125,7 @@ class PerFedAvg(Algorithm):
         fed, hp = self.fed, self.hp
         params = {n: state[n].detach().clone() for n in fed.model.param_names}
         buffers = {n: state[n].detach().clone() for n in fed.model.buffer_names}
-        plans = [step_ids(fed, rnd, clients, salt=salt) for salt in SALTS[: 3 if hp.variant == "hf" else 2]]
+        plans = [step_ids(fed, rnd, clients, stream=stream) for stream in STREAMS[: 3 if hp.variant == "hf" else 2]]
         counts = plans[0][1]
         momenta = {n: torch.zeros_like(p) for n, p in params.items()} if fed.sgd.momentum else {}
         for step in range(int(counts.max()) if len(counts) else 0):
@@ -160,7 +160,7 @@ class PerFedAvg(Algorithm):
         """One step of SGD with step alpha on one mini-batch of each client's training data (of
         `fed`'s clients: the cell's trained clients by default, or its newcomers)."""
         fed = fed or self.fed
-        ids, counts = step_ids(fed, 0, clients, salt=ADAPT_SALT, steps=1)
+        ids, counts = step_ids(fed, 0, clients, stream=ADAPT_STREAM, steps=1)
         params = {n: state[n] for n in fed.model.param_names}
         buffers = {n: state[n] for n in fed.model.buffer_names}
         if ids.shape[1] == 0:

@@ -67,6 +67,7 @@ from torch import Tensor, nn
 
 from pflbench.steps import (finite, keep_inactive, loss_and_grads, per_client, restore_inactive, rows_where,
                             sgd_step, step_ids)
+from pflbench import streams
 from pflbench.algorithm import ALGORITHMS, Algorithm, Hyperparams
 from pflbench.training import SGD, Diverged
 
@@ -144,8 +145,7 @@ class PFedHN(Algorithm):
         else:
             self.generated = list(params)
         shapes = {p: self.client_state[p].shape[1:] for p in self.generated}
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(fed.cell.seed * 7919 + 29)
+        with streams.torch_global(fed.cell.seed, "pfedhn.hypernet"):
             self.hypernet = HyperNetwork(n, shapes, hp.embed_dim or int(1 + n / 4), hp.hidden_dim,
                                          hp.hidden_layers).to(fed.device)
         self.optimizer = torch.optim.SGD(self.hypernet.body(), lr=hp.hn_lr, momentum=hp.hn_momentum,
@@ -197,7 +197,7 @@ class PFedHN(Algorithm):
         fed, sgd = self.fed, self.OFFICIAL_INNER
         params = {n: state[n].detach().clone() for n in fed.model.param_names}
         buffers = {n: state[n].detach().clone() for n in fed.model.buffer_names}
-        ids, counts = step_ids(fed, rnd, clients, salt=0, steps=self.hp.inner_steps)
+        ids, counts = step_ids(fed, rnd, clients, steps=self.hp.inner_steps)
         momenta = {n: torch.zeros_like(p) for n, p in params.items()}
         for step in range(int(counts.max()) if len(counts) else 0):
             active = counts > step
@@ -256,7 +256,7 @@ class PFedHN(Algorithm):
         return {n: generated.get(n, self.client_state[n]) for n in self.fed.model.names}
 
     NEWCOMER_EPOCHS = 5
-    NEWCOMER_SALT = 0x0E3E
+    NEWCOMER_STREAM = "pfedhn.newcomers"
 
     def newcomer_models(self, rnd, newcomers):
         """Frozen hypernetwork, a fitted embedding per newcomer (see the module docstring)."""
@@ -269,7 +269,7 @@ class PFedHN(Algorithm):
         embedding = self.hypernet.embedding.detach().mean(0, keepdim=True).repeat(count, 1)
         velocity = torch.zeros_like(embedding)
         momenta = {n: torch.zeros_like(t) for n, t in own.items()} if fed.sgd.momentum else {}
-        ids, counts = step_ids(fed, rnd, everyone, salt=self.NEWCOMER_SALT, epochs=self.NEWCOMER_EPOCHS)
+        ids, counts = step_ids(fed, rnd, everyone, stream=self.NEWCOMER_STREAM, epochs=self.NEWCOMER_EPOCHS)
         for step in range(int(counts.max()) if len(counts) else 0):
             active = counts > step
             kept = keep_inactive(buffers, active)

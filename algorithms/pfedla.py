@@ -108,6 +108,7 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import Tensor
 
+from pflbench import streams
 from pflbench.algorithm import ALGORITHMS, Algorithm, Hyperparams
 from pflbench.newcomers import fit_batchnorm_statistics
 
@@ -161,7 +162,7 @@ class PFedLA(Algorithm):
         if hp.retain_layers >= len(self.layer_params):
             raise ValueError(f"retain_layers={hp.retain_layers} keeps every one of the model's "
                              f"{len(self.layer_params)} layers local; choose fewer")
-        gen = torch.Generator().manual_seed(fed.cell.seed * 7919 + 17)
+        gen = streams.generator(fed.cell.seed, "pfedla.hypernet")
 
         def linear(fan_in: int, fan_out: int) -> tuple[Tensor, Tensor]:
             bound = 1 / fan_in ** 0.5  # nn.Linear's default initialization, one draw per client

@@ -15,7 +15,7 @@ lambda = 15, K = 5, personal_lr = 0.09, beta = 1 (beta = 2 also reported), R = 2
 
 Where the paper is silent / what was chosen here:
 - R is identified with the cell's local epochs: a round makes as many outer steps as plain local SGD
-  would make batches (ceil(n / B) per epoch), with the engine's default batch order (salt 0) and the
+  would make batches (ceil(n / B) per epoch), with the engine's default batch order (stream "batches") and the
   cell's batch size; eta is the cell's lr.
 - Starting point of the inner solver: the paper does not say. `warm_start="global"` (default, as the
   official code) starts theta from the downloaded global model at the start of a round and from the
@@ -148,7 +148,7 @@ class PFedMe(Algorithm):
         w = {n: state[n].detach().clone() for n in names}
         theta = {n: theta_start[n].detach().clone() for n in names}
         buffers = {n: theta_start[n].detach().clone() for n in buffer_names}  # theta's statistics
-        ids, counts = step_ids(fed, rnd, clients, salt=0)
+        ids, counts = step_ids(fed, rnd, clients)
         momenta = {n: torch.zeros_like(p) for n, p in w.items()} if fed.sgd.momentum else {}
         for step in range(int(counts.max()) if len(counts) else 0):
             active = counts > step

@@ -49,7 +49,6 @@ class StateError(TypeError):
     """An algorithm attribute that `Algorithm.state_dict()` cannot capture (see the module doc)."""
 
 
-NEWCOMER_FIT_SALT = 0x0E3D  # batch orders of fitting a newcomer's model (pflbench.newcomers)
 # What the reports show of a method, each the class's own (`register` fills in what a class leaves out,
 # never inheriting it: a method derived from FedAvg is not shown as FedAvg). See `Algorithm`.
 PRESENTATION = {"display_name": NAME, "family": "other", "reference": False, "paper": "", "row_order": None,
@@ -267,7 +266,7 @@ class Algorithm:
         if not trainable or not epochs:
             return start
         everyone = torch.arange(count, device=newcomers.device)
-        return newcomers.train(rnd, everyone, start, trainable=trainable, epochs=epochs, salt=NEWCOMER_FIT_SALT).state
+        return newcomers.train(rnd, everyone, start, trainable=trainable, epochs=epochs, stream="batches.newcomer-fit").state
 
     # ---- checkpoints (module doc; pflbench.checkpoint) ---------------------------------------------
     def state_dict(self) -> dict:

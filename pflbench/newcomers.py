@@ -6,7 +6,7 @@ training. What was chosen where the issue left it open:
 
 - The partition is made over all `clients` exactly as without the knob, so the seen clients' splits
   are the same as in the cell without newcomers. Which clients are newcomers is drawn once from the
-  cell seed with this module's own salt (`newcomer_ids`): the same for every algorithm, and never
+  cell seed on its own stream ("newcomers", `newcomer_ids`): the same for every algorithm, and never
   from the training RNG.
 - The cell's `Federation` holds only the seen clients (positions 0..S-1; `fed.client_ids[pos]` is
   the partition id). So nothing of training can see a newcomer: the sampling schedule draws among
@@ -34,9 +34,9 @@ import time
 import numpy as np
 import torch
 
+from pflbench import streams
 from pflbench.metrics import client_rows
 
-NEWCOMER_SALT = 0x0E3C  # the draw of which clients are newcomers
 
 
 def newcomer_count(unseen_fraction: float, clients: int) -> int:
@@ -48,7 +48,7 @@ def newcomer_ids(unseen_fraction: float, clients: int, seed: int) -> np.ndarray:
     count = newcomer_count(unseen_fraction, clients)
     if count == 0:
         return np.zeros(0, dtype=np.int64)
-    rng = np.random.default_rng([seed, NEWCOMER_SALT])
+    rng = streams.generator(seed, "newcomers", kind="numpy")
     return np.sort(rng.choice(clients, count, replace=False)).astype(np.int64)
 
 

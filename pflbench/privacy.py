@@ -62,14 +62,13 @@ FedAvg-shaped model (no client's statistics reach the server).
 - integer tensors pass un-noised (they carry no gradient): BatchNorm's step counter
   (`num_batches_tracked`, counting the client's local batches, so its data size) did so before the
   statistics stayed local; any integer tensor an algorithm uploads still would;
-- the noise is drawn from generators keyed by (seed, round, client) and this module's salt: anyone
+- the noise is drawn from generators of the stream "privacy.noise" keyed by (seed, round, client): anyone
   who knows the cell's seed (it is in the public configuration) can subtract it. It makes runs
   reproducible and the same for every algorithm; a deployment would draw it from secret randomness.
   The same holds for the sampling schedule that central DP's amplification assumes hidden.
 """
 from __future__ import annotations
 
-import hashlib
 import math
 from functools import lru_cache
 from typing import Any, Literal
@@ -78,9 +77,9 @@ import numpy as np
 import torch
 from pydantic import Field, ValidationError, field_validator, model_validator
 
+from pflbench import streams
 from pflbench.system import KnobParams, knob_problem
 
-SALT = 0xD1F  # this module's stream of the cell's seed
 CENTRAL = -1  # the generator key of the server's noise (no client has id -1)
 ACCOUNTANT = "rdp"  # Opacus's Renyi-DP accountant (Mironov 2017; Mironov, Talwar & Zhang 2019)
 # Renyi orders tried by the accountant: Opacus's defaults (1.1 .. 63) widened at both ends, because
@@ -191,7 +190,7 @@ class PrivacyPlan:
                  kept_local: frozenset[str] = frozenset()):
         self.params, self.seed, self.kept_local = params, seed, kept_local
         budgets = params.epsilon if isinstance(params.epsilon, list) else [params.epsilon]
-        order = np.random.default_rng([seed, SALT]).permutation(clients)
+        order = streams.generator(seed, "privacy.budgets", kind="numpy").permutation(clients)
         self.budget: list[float | None] = [None] * clients
         for budget, members in zip(budgets, np.array_split(order, len(budgets))):
             for c in members.tolist():
@@ -215,8 +214,7 @@ class PrivacyPlan:
         return cls(params, cell.clients, schedule, cell.seed, kept)
 
     def _generator(self, rnd: int, client: int) -> torch.Generator:
-        digest = hashlib.sha256(f"{self.seed}/{rnd}/{client}/{SALT}".encode()).digest()
-        return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little"))
+        return streams.generator(self.seed, "privacy.noise", rnd, client)
 
     def _noised(self, rnd: int, key: int, update: dict[str, torch.Tensor], std: float) -> dict[str, torch.Tensor]:
         """`update` plus N(0, std^2) on every coordinate of its floating tensors."""

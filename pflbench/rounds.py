@@ -14,7 +14,6 @@ caller (the runner records it as failed).
 """
 from __future__ import annotations
 
-import hashlib
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -26,6 +25,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
+from pflbench import streams
 from pflbench.algorithm import Algorithm, get_algorithm
 from pflbench.config import CellConfig
 from pflbench.execution import ExecutionOptions
@@ -97,11 +97,9 @@ def cell_global_rng(seed: int, device: torch.device):
     restored after it. What draws from it (dropout layers: MobileNetV3, VGG8) then draws the same in any
     process, whatever ran there before: a Ray worker runs cell after cell, `--no-ray` runs a whole plan
     in one process, and `pflbench rerun`/`verify` run one cell alone. Everything else random is drawn
-    from generators derived from (seed, round, client) already."""
-    digest = hashlib.sha256(f"{seed}/global-rng".encode()).digest()
-    devices = [device.index or 0] if device.type == "cuda" else []
-    with torch.random.fork_rng(devices=devices):
-        torch.manual_seed(int.from_bytes(digest[:8], "little"))
+    from named streams of the cell's seed (pflbench.streams; this one is "global")."""
+    devices = (device.index or 0,) if device.type == "cuda" else ()
+    with streams.torch_global(seed, "global", devices=devices):
         yield
 
 

@@ -62,6 +62,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call, grad_and_value, vmap
 
+from pflbench import streams
 from pflbench.batching import set_conv_layout, stacked_twin
 
 State = dict[str, Tensor]  # name -> tensor with a leading client dimension
@@ -226,8 +227,7 @@ class ClientModel:
 
     def init(self, num_clients: int, seed: int, device: torch.device | str = "cpu") -> State:
         """Every client starts from the same initial model, drawn from `seed`."""
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
+        with streams.torch_global(seed, "model.init"):
             fresh = copy.deepcopy(self._module)
             for module in fresh.modules():
                 if hasattr(module, "reset_parameters") and module is not fresh:
