@@ -355,7 +355,7 @@ class MHpFedHN(Algorithm):
     def check_newcomers(cls, cell) -> None:
         super().check_newcomers(cell)
         from pflbench.models import client_groups, is_heterogeneous
-        from pflbench.newcomers import newcomer_ids
+        from pflbench.newcomers.ids import newcomer_ids
 
         held = set(newcomer_ids(cell.unseen_fraction, cell.clients, cell.seed).tolist())
         groups = client_groups(cell.model, cell.clients) if is_heterogeneous(cell.model) else [(cell.model, range(cell.clients))]

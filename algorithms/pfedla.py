@@ -110,7 +110,7 @@ from torch import Tensor
 
 from pflbench import streams
 from pflbench.algorithm import ALGORITHMS, Algorithm, Hyperparams
-from pflbench.newcomers import fit_batchnorm_statistics
+from pflbench.newcomers.batchnorm import fit_batchnorm_statistics
 
 
 @ALGORITHMS.register("pfedla")

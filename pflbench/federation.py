@@ -19,7 +19,7 @@ from pflbench.config import CellConfig
 from pflbench.execution import ExecutionOptions
 from pflbench.data.normalization import normalized_for_cell
 from pflbench.models import build_model, client_groups, default_model, is_heterogeneous
-from pflbench.newcomers import newcomer_ids, seen_ids
+from pflbench.newcomers.ids import newcomer_ids, seen_ids
 from pflbench.privacy import PrivacyPlan
 from pflbench.system import SystemPlan
 from pflbench.training import (SGD, ClientModel, Objective, State, batch_plan, cross_entropy,

@@ -41,7 +41,7 @@ def resolve(values: dict[str, Any] | CellConfig, base_dir: str | Path | None = N
     from pflbench import shifts
     from pflbench.algorithm import get_algorithm
     from pflbench.data.sources import make_source
-    from pflbench.newcomers import check_unseen
+    from pflbench.newcomers.check import check_unseen
     from pflbench.partitioning import make_partitioner
     from pflbench.plugins import plugin_hashes
     from pflbench.privacy import parse_privacy

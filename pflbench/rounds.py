@@ -31,7 +31,7 @@ from pflbench.config import CellConfig
 from pflbench.execution import ExecutionOptions
 from pflbench.federation import EVALUATED, Federation, federation_device
 from pflbench.metrics import METRIC_COLUMNS, ROUND_COLUMNS, client_rows, summarize
-from pflbench.newcomers import score_newcomers
+from pflbench.newcomers.scoring import score_newcomers
 from pflbench.privacy import privatize_upload
 from pflbench.training import Diverged, State, payload_bytes
 
@@ -199,7 +199,7 @@ def run_rounds(fed: Federation, algorithm: Algorithm, on_round=None, provenance:
     """The cell's rounds, with every client's personalized model evaluated on the `evaluate` splits
     every eval_every rounds (columns of a split not evaluated are NaN). With the cell's
     `finetune_epochs` > 0 the same models are also scored after local adaptation (`*_adapted`
-    columns; `Algorithm.adapt`), which never feeds back into training; its seconds are counted
+    columns; `Algorithm.adapt_locally`), which never feeds back into training; its seconds are counted
     apart (`adapt_time`), not in the round's `wall_time`. `on_round` gets, after each round,
     {round, rounds, mean_accuracy, mean_val_accuracy} (the latest evaluation, or None).
     `checkpointer` (pflbench.checkpoint): asked once for a checkpoint to resume from, told at the end

@@ -100,10 +100,6 @@ class SystemParams(KnobParams):
             raise ValueError("straggler_work is set but stragglers is 0 (give the share of straggling clients)")
         return self
 
-    @property
-    def has_dropout(self) -> bool:
-        return any(np.atleast_1d(np.asarray(self.dropout, dtype=float)) > 0)
-
 
 def parse_system(values: dict[str, Any], clients: int) -> dict[str, Any]:
     """The cell's `system` entries validated, with only those that differ from the defaults kept (so

@@ -1,4 +1,4 @@
-"""Unseen clients (`unseen_fraction`, pflbench/newcomers.py): newcomers never take part in training,
+"""Unseen clients (`unseen_fraction`, pflbench/newcomers/): newcomers never take part in training,
 every algorithm serves them a model or is refused before any work, and the knob at 0 changes nothing."""
 import numpy as np
 import pytest
