@@ -47,7 +47,7 @@ import torch.nn.functional as F
 
 from pydantic import Field
 
-from pflbench.algorithm import ALGORITHMS, Algorithm, Hyperparams
+from pflbench.algorithm import ALGORITHMS, Algorithm, Card, Hyperparams
 from pflbench.steps import step_ids
 from pflbench.training import cross_entropy
 
@@ -56,13 +56,12 @@ def _scale(alpha: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return alpha.view(-1, *([1] * (like.dim() - 1))).to(like.dtype)
 
 
-@ALGORITHMS.register("apfl")
+@ALGORITHMS.register("apfl", card=Card(
+    display_name="APFL",
+    family="regularized and meta-learned",
+    paper="Deng, Kamani & Mahdavi, arXiv 2020 (Adaptive Personalized Federated Learning)",
+    personalizes="a local model per client, mixed with the global one by a learned per-client weight alpha_i"))
 class APFL(Algorithm):
-    name = "apfl"
-    display_name = "APFL"
-    family = "regularized and meta-learned"
-    paper = "Deng, Kamani & Mahdavi, arXiv 2020 (Adaptive Personalized Federated Learning)"
-    personalizes = "a local model per client, mixed with the global one by a learned per-client weight alpha_i"
     PERSONAL_STREAM = "apfl.personal"
     ALPHA_STREAM = "apfl.alpha"
 

@@ -36,17 +36,16 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from pflbench.algorithm import ALGORITHMS, Algorithm, Hyperparams
+from pflbench.algorithm import ALGORITHMS, Algorithm, Card, Hyperparams
 from pflbench.training import cross_entropy
 
 
-@ALGORITHMS.register("ditto")
+@ALGORITHMS.register("ditto", card=Card(
+    display_name="Ditto",
+    family="regularized and meta-learned",
+    paper="Li, Hu, Beirami & Smith, ICML 2021",
+    personalizes="a whole personal model per client, trained with a proximal pull toward the FedAvg global model"))
 class Ditto(Algorithm):
-    name = "ditto"
-    display_name = "Ditto"
-    family = "regularized and meta-learned"
-    paper = "Li, Hu, Beirami & Smith, ICML 2021"
-    personalizes = "a whole personal model per client, trained with a proximal pull toward the FedAvg global model"
     # Batch-order stream of the personal model's local training (the global copy: "batches", as FedAvg).
     PERSONAL_STREAM = "ditto.personal"
 

@@ -29,20 +29,20 @@ from typing import Literal
 import torch
 from pydantic import Field
 
-from pflbench.algorithm import ALGORITHMS, Algorithm, Hyperparams
+from pflbench.algorithm import ALGORITHMS, Algorithm, Card, Hyperparams
 from pflbench.training import Diverged
 
 
 FINETUNE_STREAM = "fedbabu.finetune"  # batch order of the evaluation-time fine-tuning, distinct from the rounds'
 
 
-@ALGORITHMS.register("fedbabu")
+@ALGORITHMS.register("fedbabu", card=Card(
+    display_name="FedBABU",
+    family="personal layers",
+    paper="Oh, Kim & Yun, ICLR 2022",
+    personalizes="the whole model, by local fine-tuning of the federated body (trained with a fixed random head)"))
 class FedBABU(Algorithm):
-    name = "fedbabu"
-    display_name = "FedBABU"
-    family = "personal layers"
-    paper = "Oh, Kim & Yun, ICLR 2022"
-    personalizes = "the whole model, by local fine-tuning of the federated body (trained with a fixed random head)"
+    quick_hp = {"finetune_epochs": 1}  # small smoke cells (tests)
 
     class Hyperparams(Hyperparams):
         finetune_epochs: int = Field(5, ge=0)

@@ -70,7 +70,7 @@ import torch
 from pydantic import Field
 
 from pflbench import streams
-from pflbench.algorithm import ALGORITHMS, Algorithm, Hyperparams
+from pflbench.algorithm import ALGORITHMS, Algorithm, Capabilities, Card, Hyperparams
 
 
 def fomo_weights(own_loss: torch.Tensor, cand_loss: torch.Tensor, distance: torch.Tensor) -> torch.Tensor:
@@ -90,19 +90,19 @@ def normalize_weights(raw: torch.Tensor) -> torch.Tensor:
                        torch.zeros_like(positive))
 
 
-@ALGORITHMS.register("fedfomo")
-class FedFomo(Algorithm):
-    name = "fedfomo"
-    display_name = "FedFomo"
-    family = "hypernetworks and layer-wise aggregation"
-    row_order = 7  # pFedLA's Tables 1-2 row order
-    reduces_to = {"local": (
+@ALGORITHMS.register("fedfomo", card=Card(
+    display_name="FedFomo",
+    family="hypernetworks and layer-wise aggregation",
+    row_order=7,
+    paper="Zhang, Sapra, Fidler, Yeung & Alvarez, ICLR 2021",
+    personalizes="the whole model: each client combines other clients' models by first-order weights on its own validation data",
+    reduces_to={"local": (
         "FedFomo weights other clients' models by how much they lower a client's validation loss;"
-        " here none did, so every client kept its own model: Local")}
-    paper = "Zhang, Sapra, Fidler, Yeung & Alvarez, ICLR 2021"
-    personalizes = "the whole model: each client combines other clients' models by first-order weights on its own validation data"
-    refused_knobs = {"privacy": "its upload is the whole model plus first-order weights computed on the client's "
-                                "validation data, with no single downloaded model to form an update against"}
+        " here none did, so every client kept its own model: Local")}))
+class FedFomo(Algorithm):
+    capabilities = Capabilities(refused_knobs={
+        "privacy": "its upload is the whole model plus first-order weights computed on the client's "
+                   "validation data, with no single downloaded model to form an update against"})
 
     class Hyperparams(Hyperparams):
         models: int = Field(8, ge=1)                       # M, models downloaded per client

@@ -78,7 +78,7 @@ from pydantic import Field
 from torch import Tensor, nn
 
 from pflbench import streams
-from pflbench.algorithm import ALGORITHMS, Algorithm, Hyperparams
+from pflbench.algorithm import ALGORITHMS, Algorithm, Capabilities, Card, Hyperparams
 from pflbench.steps import step_ids
 from pflbench.training import SGD, Diverged
 
@@ -189,20 +189,21 @@ class Router(nn.Module):
         return self.out(torch.relu(F.normalize(z, dim=1))).mean(0)
 
 
-@ALGORITHMS.register("fedmn")
+@ALGORITHMS.register("fedmn", card=Card(
+    display_name="FedMN",
+    family="hypernetworks and layer-wise aggregation",
+    paper="T. Wang, Cheng, Luo, Yu, Ni, Tong, Chen & X. Zhang, ICDM 2022",
+    personalizes="the architecture: a routing hypernetwork picks each client's modules from a shared pool"))
 class FedMN(Algorithm):
     """A module pool shared by all clients; each client's routing hypernetwork output picks its modules."""
 
-    name = "fedmn"
-    display_name = "FedMN"
-    family = "hypernetworks and layer-wise aggregation"
-    paper = "T. Wang, Cheng, Luo, Yu, Ni, Tong, Chen & X. Zhang, ICDM 2022"
-    personalizes = "the architecture: a routing hypernetwork picks each client's modules from a shared pool"
-    batched = False
+    capabilities = Capabilities(batched=False, refused_knobs={
+        "privacy": "its upload is the router and the modules its routing picks after local training, "
+                   "which may differ from the modules it downloaded: no update to clip"})
     # Checkpoints: the module pool and the routing net that local training loads each client into.
     state_objects = ("net", "router")
-    refused_knobs = {"privacy": "its upload is the router and the modules its routing picks after local training, "
-                                "which may differ from the modules it downloaded: no update to clip"}
+
+    quick_hp = {"dims": [16, 8], "encoder_hidden": 16, "router_x_dim": 8, "router_y_dim": 4, "router_samples": 16}  # small smoke cells (tests)
 
     class Hyperparams(Hyperparams):
         modules_per_layer: list[int] = Field(default_factory=lambda: [2, 2, 2], min_length=2)

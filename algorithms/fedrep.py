@@ -46,18 +46,19 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from pflbench.algorithm import ALGORITHMS, Algorithm, Hyperparams
+from pflbench.algorithm import ALGORITHMS, Algorithm, Card, Hyperparams
 
 
-@ALGORITHMS.register("fedrep")
+@ALGORITHMS.register("fedrep", card=Card(
+    display_name="FedRep",
+    family="personal layers",
+    row_order=6,
+    paper="Collins, Hassani, Mokhtari & Shakkottai, ICML 2021",
+    personalizes="the head (classifier), trained first with the shared representation fixed"))
 class FedRep(Algorithm):
-    name = "fedrep"
-    display_name = "FedRep"
-    family = "personal layers"
-    row_order = 6  # pFedLA's Tables 1-2 row order
-    paper = "Collins, Hassani, Mokhtari & Shakkottai, ICML 2021"
-    personalizes = "the head (classifier), trained first with the shared representation fixed"
     HEAD_STREAM = "fedrep.head"
+
+    quick_hp = {"head_epochs": 1}  # small smoke cells (tests)
 
     class Hyperparams(Hyperparams):
         head_epochs: int = Field(10, ge=0)

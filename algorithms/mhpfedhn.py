@@ -59,7 +59,7 @@ from pydantic import Field
 from torch import Tensor, nn
 
 from pflbench import streams
-from pflbench.algorithm import ALGORITHMS, Algorithm, Hyperparams
+from pflbench.algorithm import ALGORITHMS, Algorithm, Capabilities, Card, Hyperparams, Refusal
 from pflbench.models import ModelName, build_model
 from pflbench.steps import step_ids
 from pflbench.training import ClientModel, Diverged, State
@@ -150,28 +150,29 @@ def distillation(alpha: float, temperature: float):
     return objective
 
 
-@ALGORITHMS.register("mh-pfedhn")
+@ALGORITHMS.register("mh-pfedhn", card=Card(
+    display_name="MH-pFedHN",
+    family="hypernetworks and layer-wise aggregation",
+    paper="C. Zhang, H. Li, X. Liu, L. Jiang et al., arXiv 2507.22330, 2025 (IJCAI 2026)",
+    personalizes="the whole model, generated per client by a multi-head hypernetwork; architectures may differ"))
 class MHpFedHN(Algorithm):
     """Multi-head hypernetwork generating each client's whole model; clients may differ in architecture."""
 
-    name = "mh-pfedhn"
-    display_name = "MH-pFedHN"
-    family = "hypernetworks and layer-wise aggregation"
-    paper = "C. Zhang, H. Li, X. Liu, L. Jiang et al., arXiv 2507.22330, 2025 (IJCAI 2026)"
-    personalizes = "the whole model, generated per client by a multi-head hypernetwork; architectures may differ"
-    heterogeneous_models = True
+    capabilities = Capabilities(heterogeneous_models=True, refused_knobs={
+        "privacy.mode": "central DP hands the server one noised sum of the updates, and MH-pFedHN's "
+                        "server steps the hypernetwork with each client's own update"})
     # Checkpoints: the hypernetwork, then its optimizer's moments; the architectures (ClientModels)
     # carry no weights and setup() takes them from the cell again.
     state_objects = ("hnet", "optimizer")
     state_rebuilt = ("group_models", "global_model")
     global_distillation = False
-    refused_knobs = {"privacy.mode": "central DP hands the server one noised sum of the updates, and MH-pFedHN's "
-                                     "server steps the hypernetwork with each client's own update"}
 
     @property
     def dp_upload(self) -> str:
         """per_round: the engine privatizes the uploaded deltas; per_client: each delta, as it steps the server."""
         return "update" if self.hp.server_updates == "per_round" else "self"
+
+    quick_hp = {"hidden_dim": 4, "embedding_dim": 8}  # small smoke cells (tests)
 
     class Hyperparams(Hyperparams):
         embedding_dim: int = Field(64, ge=1)
@@ -352,8 +353,8 @@ class MHpFedHN(Algorithm):
     NEWCOMER_STREAM = "mh-pfedhn.newcomers"
 
     @classmethod
-    def check_newcomers(cls, cell) -> None:
-        super().check_newcomers(cell)
+    def cell_refusal(cls, cell) -> Refusal | None:
+        """A newcomer is served from the trained embeddings of its architecture: one must train."""
         from pflbench.models import client_groups, is_heterogeneous
         from pflbench.newcomers.ids import newcomer_ids
 
@@ -361,9 +362,11 @@ class MHpFedHN(Algorithm):
         groups = client_groups(cell.model, cell.clients) if is_heterogeneous(cell.model) else [(cell.model, range(cell.clients))]
         for name, ids in groups:
             if len(ids) and set(ids) <= held:
-                raise ValueError(f"unseen_fraction: algorithm {cls.name!r} serves a newcomer from the trained embeddings "
-                                 f"of its architecture, but every client with architecture {name!r} (clients "
-                                 f"{list(ids)}) is a newcomer; use more clients, another seed or a smaller unseen_fraction")
+                return Refusal(("unseen_fraction", "clients", "algorithm"), (
+                    f"unseen_fraction: algorithm {cls.name!r} serves a newcomer from the trained embeddings "
+                    f"of its architecture, but every client with architecture {name!r} (clients "
+                    f"{list(ids)}) is a newcomer; use more clients, another seed or a smaller unseen_fraction"))
+        return None
 
     def newcomer_models(self, rnd, newcomers):
         hnet, fed = self.hnet, newcomers
@@ -402,20 +405,20 @@ class MHpFedHN(Algorithm):
         return {"heads": np.array([self.hnet.head_key(c) for c in range(self.fed.num_clients)])}
 
 
-@ALGORITHMS.register("mh-pfedhngd")
+@ALGORITHMS.register("mh-pfedhngd", card=Card(
+    display_name="MH-pFedHNGD",
+    family="hypernetworks and layer-wise aggregation",
+    paper="C. Zhang, H. Li, X. Liu, L. Jiang et al., arXiv 2507.22330, 2025 (IJCAI 2026)",
+    personalizes="as MH-pFedHN, plus a generated global model distilled into every client"))
 class MHpFedHNGD(MHpFedHN):
     """MH-pFedHN with a hypernetwork-generated global model of the smallest architecture, used as a
     distillation teacher on the clients (alpha, T) and trained by every client each round."""
 
-    name = "mh-pfedhngd"
-    display_name = "MH-pFedHNGD"
-    family = "hypernetworks and layer-wise aggregation"
-    paper = "C. Zhang, H. Li, X. Liu, L. Jiang et al., arXiv 2507.22330, 2025 (IJCAI 2026)"
-    personalizes = "as MH-pFedHN, plus a generated global model distilled into every client"
-    refused_knobs = {"system.dropout": "every sampled client's global-model update reaches the server during local "
-                                       "training (the global phase), before an upload could be lost",
-                     "privacy": "the global phase's updates reach the server during local training, outside "
-                                "the privatized upload"}
+    capabilities = Capabilities(heterogeneous_models=True, refused_knobs={
+        "system.dropout": "every sampled client's global-model update reaches the server during local "
+                          "training (the global phase), before an upload could be lost",
+        "privacy": "the global phase's updates reach the server during local training, outside "
+                   "the privatized upload"})
     global_distillation = True
 
     class Hyperparams(MHpFedHN.Hyperparams):

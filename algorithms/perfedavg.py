@@ -83,21 +83,20 @@ from pydantic import Field
 
 from pflbench.steps import (finite, keep_inactive, loss_and_grads, per_client, restore_inactive, rows_where,
                             sgd_step, step_ids)
-from pflbench.algorithm import ALGORITHMS, Algorithm, Hyperparams
+from pflbench.algorithm import ALGORITHMS, Algorithm, Card, Hyperparams
 from pflbench.training import Diverged, weighted_mean
 
 STREAMS = ("batches", "perfedavg.d-prime", "perfedavg.d-second")  # batch orders of D, D' and D''
 ADAPT_STREAM = "perfedavg.adapt"  # batch order of the evaluation-time adaptation step
 
 
-@ALGORITHMS.register("perfedavg")
+@ALGORITHMS.register("perfedavg", card=Card(
+    display_name="Per-FedAvg",
+    family="regularized and meta-learned",
+    row_order=2,
+    paper="Fallah, Mokhtari & Ozdaglar, NeurIPS 2020",
+    personalizes="the whole model, by one local gradient step from a MAML-trained global model"))
 class PerFedAvg(Algorithm):
-    name = "perfedavg"
-    display_name = "Per-FedAvg"
-    family = "regularized and meta-learned"
-    row_order = 2  # pFedLA's Tables 1-2 row order
-    paper = "Fallah, Mokhtari & Ozdaglar, NeurIPS 2020"
-    personalizes = "the whole model, by one local gradient step from a MAML-trained global model"
     ADAPT_STREAM = ADAPT_STREAM
 
     class Hyperparams(Hyperparams):

@@ -68,7 +68,7 @@ from torch import Tensor, nn
 from pflbench.steps import (finite, keep_inactive, loss_and_grads, per_client, restore_inactive, rows_where,
                             sgd_step, step_ids)
 from pflbench import streams
-from pflbench.algorithm import ALGORITHMS, Algorithm, Hyperparams
+from pflbench.algorithm import ALGORITHMS, Algorithm, Capabilities, Card, Hyperparams
 from pflbench.training import SGD, Diverged
 
 
@@ -99,18 +99,20 @@ class HyperNetwork(nn.Module):
                 for (name, shape), head in zip(self.shapes.items(), self.heads)}
 
 
-@ALGORITHMS.register("pfedhn")
+@ALGORITHMS.register("pfedhn", card=Card(
+    display_name="pFedHN",
+    family="hypernetworks and layer-wise aggregation",
+    row_order=4,
+    paper="Shamsian, Navon, Fetaya & Chechik, ICML 2021",
+    personalizes="the whole model, generated per client by a server hypernetwork from a learned client embedding"))
 class PFedHN(Algorithm):
-    name = "pfedhn"
+    capabilities = Capabilities(refused_knobs={
+        "privacy.mode": "central DP hands the server one noised sum of the updates, and pFedHN's "
+                        "server steps the hypernetwork with each client's own update"})
     state_objects = ("hypernet", "optimizer")  # checkpoints: the hypernetwork, then its momentum
-    display_name = "pFedHN"
-    family = "hypernetworks and layer-wise aggregation"
-    row_order = 4  # pFedLA's Tables 1-2 row order
-    paper = "Shamsian, Navon, Fetaya & Chechik, ICML 2021"
-    personalizes = "the whole model, generated per client by a server hypernetwork from a learned client embedding"
     personal_classifier = False
-    refused_knobs = {"privacy.mode": "central DP hands the server one noised sum of the updates, and pFedHN's "
-                                     "server steps the hypernetwork with each client's own update"}
+
+    quick_hp = {"inner_steps": 3}  # small smoke cells (tests)
 
     class Hyperparams(Hyperparams):
         hn_lr: float = Field(1e-2, gt=0)
@@ -297,13 +299,12 @@ class PFedHN(Algorithm):
         return {"embeddings": self.hypernet.embedding.detach().cpu().numpy().astype(np.float32)}
 
 
-@ALGORITHMS.register("pfedhn-pc")
+@ALGORITHMS.register("pfedhn-pc", card=Card(
+    display_name="pFedHN-PC",
+    family="hypernetworks and layer-wise aggregation",
+    paper="Shamsian, Navon, Fetaya & Chechik, ICML 2021",
+    personalizes="the feature extractor, generated per client by a hypernetwork, and a personal classifier kept on the client"))
 class PFedHNPC(PFedHN):
     """pFedHN-PC: the hypernetwork generates the body; each client's classifier is its own."""
 
-    name = "pfedhn-pc"
-    display_name = "pFedHN-PC"
-    family = "hypernetworks and layer-wise aggregation"
-    paper = "Shamsian, Navon, Fetaya & Chechik, ICML 2021"
-    personalizes = "the feature extractor, generated per client by a hypernetwork, and a personal classifier kept on the client"
     personal_classifier = True

@@ -109,21 +109,21 @@ from pydantic import Field
 from torch import Tensor
 
 from pflbench import streams
-from pflbench.algorithm import ALGORITHMS, Algorithm, Hyperparams
+from pflbench.algorithm import ALGORITHMS, Algorithm, Capabilities, Card, Hyperparams
 from pflbench.newcomers.batchnorm import fit_batchnorm_statistics
 
 
-@ALGORITHMS.register("pfedla")
+@ALGORITHMS.register("pfedla", card=Card(
+    display_name="pFedLA",
+    family="hypernetworks and layer-wise aggregation",
+    row_order=8,
+    paper="Ma, Zhang, Guo & Xu, CVPR 2022",
+    personalizes="the aggregation: per client and per layer, weights over all clients' models learned by a server hypernetwork"))
 class PFedLA(Algorithm):
-    name = "pfedla"
-    display_name = "pFedLA"
-    family = "hypernetworks and layer-wise aggregation"
-    row_order = 8  # pFedLA's Tables 1-2 row order
-    paper = "Ma, Zhang, Guo & Xu, CVPR 2022"
-    personalizes = "the aggregation: per client and per layer, weights over all clients' models learned by a server hypernetwork"
+    capabilities = Capabilities(refused_knobs={
+        "privacy.mode": "central DP hands the server one noised sum of the updates, and pFedLA's "
+                        "server steps each client's hypernetwork with that client's own update"})
     dp_upload = "update"  # the upload is delta theta_i
-    refused_knobs = {"privacy.mode": "central DP hands the server one noised sum of the updates, and pFedLA's "
-                                     "server steps each client's hypernetwork with that client's own update"}
 
     class Hyperparams(Hyperparams):
         hn_lr: float = Field(1e-2, gt=0)          # hypernetwork and embedding learning rate (Adam)
@@ -359,18 +359,17 @@ class PFedLA(Algorithm):
                 "alpha_layers": np.array(self.layer_names)}
 
 
-@ALGORITHMS.register("heurpfedla")
+@ALGORITHMS.register("heurpfedla", card=Card(
+    display_name="HeurpFedLA",
+    family="hypernetworks and layer-wise aggregation",
+    row_order=9,
+    paper="Ma, Zhang, Guo & Xu, CVPR 2022",
+    personalizes="as pFedLA, and each client keeps its k most self-weighted layers without downloading them",
+    reduces_to={"pfedla": (
+        "HeurpFedLA equals pFedLA when no layer is retained")}))
 class HeurPFedLA(PFedLA):
     """HeurpFedLA: pFedLA whose clients keep their k most self-weighted layers (k = 1 in Tables 1-2)."""
 
-    name = "heurpfedla"
-    display_name = "HeurpFedLA"
-    family = "hypernetworks and layer-wise aggregation"
-    row_order = 9  # pFedLA's Tables 1-2 row order
-    reduces_to = {"pfedla": (
-        "HeurpFedLA equals pFedLA when no layer is retained")}
-    paper = "Ma, Zhang, Guo & Xu, CVPR 2022"
-    personalizes = "as pFedLA, and each client keeps its k most self-weighted layers without downloading them"
 
     class Hyperparams(PFedLA.Hyperparams):
         retain_layers: int = Field(1, ge=1)

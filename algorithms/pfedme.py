@@ -78,19 +78,17 @@ from pydantic import Field
 
 from pflbench.steps import (finite, keep_inactive, loss_and_grads, per_client, restore_inactive, rows_where,
                             sgd_step, step_ids)
-from pflbench.algorithm import ALGORITHMS, Algorithm, Hyperparams
+from pflbench.algorithm import ALGORITHMS, Algorithm, Card, Hyperparams
 from pflbench.training import Diverged, weighted_mean
 
 
-@ALGORITHMS.register("pfedme")
+@ALGORITHMS.register("pfedme", card=Card(
+    display_name="pFedMe",
+    family="regularized and meta-learned",
+    row_order=3,
+    paper="T. Dinh, Tran & Nguyen, NeurIPS 2020",
+    personalizes="a whole personal model per client, the Moreau-envelope solution regularized toward the local copy of the global model"))
 class PFedMe(Algorithm):
-    name = "pfedme"
-    display_name = "pFedMe"
-    family = "regularized and meta-learned"
-    row_order = 3  # pFedLA's Tables 1-2 row order
-    paper = "T. Dinh, Tran & Nguyen, NeurIPS 2020"
-    personalizes = "a whole personal model per client, the Moreau-envelope solution regularized toward the local copy of the global model"
-
     class Hyperparams(Hyperparams):
         lam: float = Field(15.0, ge=0.0)                 # lambda, the Moreau-envelope regularization
         personal_lr: float = Field(0.09, gt=0.0)         # step size of the inner solve

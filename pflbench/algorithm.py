@@ -32,14 +32,18 @@ mixing, regularized objectives) override the hooks they need. See `algorithms/RE
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING, Any, ClassVar
+import dataclasses
+import warnings
+from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, ValidationError
 from torch import Tensor
 
-from pflbench.registry import NAME, Registry
+from pflbench.capabilities import LEGACY_CAPABILITY_ATTRIBUTES, Capabilities, Refusal, refusal
+from pflbench.card import FAMILIES, LEGACY_CARD_ATTRIBUTES, Card
+from pflbench.registry import Registry
 from pflbench.training import State, weighted_mean
 
 if TYPE_CHECKING:
@@ -49,14 +53,67 @@ class StateError(TypeError):
     """An algorithm attribute that `Algorithm.state_dict()` cannot capture (see the module doc)."""
 
 
-# What the reports show of a method, each the class's own (`register` fills in what a class leaves out,
-# never inheriting it: a method derived from FedAvg is not shown as FedAvg). See `Algorithm`.
-PRESENTATION = {"display_name": NAME, "family": "other", "reference": False, "paper": "", "row_order": None,
-                "reduces_to": {}}
-ALGORITHMS: Registry[type["Algorithm"]] = Registry("algorithm", own_attributes=PRESENTATION)
-# Families of methods, in the order of the reports' panels; a family not listed here comes after them.
-# "baselines" are drawn in grey in every panel as context.
-FAMILIES = ("baselines", "hypernetworks and layer-wise aggregation", "personal layers", "regularized and meta-learned")
+__all__ = ["ALGORITHMS", "FAMILIES", "Algorithm", "Capabilities", "Card", "Hyperparams", "Refusal", "StateError",
+           "get_algorithm"]
+
+
+class AlgorithmRegistry(Registry[type["Algorithm"]]):
+    """The algorithms' registry: `register(name, card=Card(...))` sets the class's `name` and `card`
+    (its own, never inherited) and settles its `capabilities`. A class written against the API before
+    cards (presentation and capability class attributes: display_name, family, batched, refused_knobs,
+    ...) still registers, for one release, with a DeprecationWarning naming the new form."""
+
+    def register(self, name: str, card: Card | None = None, **attributes: Any) -> Callable[[type["Algorithm"]], type["Algorithm"]]:
+        add = super().register(name, **attributes)
+
+        def decorator(cls: type[Algorithm]) -> type[Algorithm]:
+            cls.card = _card_of(cls, name, card)
+            cls.capabilities = _capabilities_of(cls, name)
+            # Deprecated mirrors, for code that still reads them (one release): cls.display_name, cls.batched, ...
+            for attribute in LEGACY_CARD_ATTRIBUTES:
+                setattr(cls, attribute, getattr(cls.card, attribute))
+            for attribute, field in LEGACY_CAPABILITY_ATTRIBUTES.items():
+                setattr(cls, attribute, getattr(cls.capabilities, field))
+            return add(cls)
+
+        return decorator
+
+
+def _card_of(cls: type, name: str, card: Card | None) -> Card:
+    own = cls.__dict__
+    if card is None and isinstance(own.get("card"), Card):
+        card = own["card"]
+    legacy = {k: own[k] for k in LEGACY_CARD_ATTRIBUTES if k in own}
+    if legacy and card is None:
+        fields = ", ".join(f"{k}={v!r}" for k, v in legacy.items())
+        warnings.warn(f"algorithm {name!r}: the class attributes {', '.join(legacy)} are deprecated; register the "
+                      f"method's card instead: @ALGORITHMS.register({name!r}, card=Card({fields})) "
+                      f"(from pflbench.algorithm import Card)", DeprecationWarning, stacklevel=4)
+        card = Card(**{k: v for k, v in legacy.items()})
+    return (card or Card()).named(name)
+
+
+def _capabilities_of(cls: type, name: str) -> Capabilities:
+    legacy: dict[str, Any] = {}
+    for klass in cls.__mro__:  # a class's own, then its bases', up to the first that declares Capabilities
+        if "capabilities" in klass.__dict__:
+            inherited = klass.__dict__["capabilities"]
+            break
+        for attribute, field in LEGACY_CAPABILITY_ATTRIBUTES.items():
+            if attribute in klass.__dict__ and field not in legacy:
+                legacy[field] = klass.__dict__[attribute]
+    else:
+        inherited = Capabilities()
+    if not legacy:
+        return inherited
+    fields = ", ".join(f"{k}={v!r}" for k, v in legacy.items())
+    warnings.warn(f"algorithm {name!r}: the class attributes {', '.join(legacy)} are deprecated; declare "
+                  f"capabilities = Capabilities({fields}) (from pflbench.algorithm import Capabilities)",
+                  DeprecationWarning, stacklevel=4)
+    return dataclasses.replace(inherited, **legacy)
+
+
+ALGORITHMS: AlgorithmRegistry = AlgorithmRegistry("algorithm")
 
 
 class Hyperparams(BaseModel):
@@ -66,39 +123,22 @@ class Hyperparams(BaseModel):
 
 
 class Algorithm:
+    name: ClassVar[str] = ""  # the registered name (set by `ALGORITHMS.register`)
+    # How reports show the method (pflbench.card): the class's own, set by `ALGORITHMS.register`.
+    card: ClassVar[Card] = Card()
+    # What it can run (pflbench.capabilities), inherited; a cell it cannot run is refused (`check_cell`).
+    capabilities: ClassVar[Capabilities] = Capabilities()
     Hyperparams: ClassVar[type[Hyperparams]] = Hyperparams
     # Sweep ranges for Ray Tune, by hyperparameter: ("loguniform"|"uniform", low, high),
     # ("int", low, high) or ("choice", [values]).
     search_space: ClassVar[dict[str, tuple]] = {}
-    # Whether local training may run batched across clients (False: the engine loops, and says so).
-    batched: ClassVar[bool] = True
-    # Whether the algorithm works when clients have different architectures (a cell whose `model`
-    # is a group spec such as "hetero5"); those that need one shared model reject such cells.
-    heterogeneous_models: ClassVar[bool] = False
-    name: ClassVar[str] = ""  # the registered name (set by `ALGORITHMS.register`)
-    # For `pflbench list algorithms`: the paper (authors, venue, year) and, in one line, what the
-    # method personalizes (which part of the model or objective is each client's own).
-    paper: ClassVar[str] = ""
-    personalizes: ClassVar[str] = ""
-    # How the reports show the method (everything they need: nothing in pflbench/reports/ names
-    # algorithms). Each is the class's own; `register` fills in a missing one with the default.
-    display_name: ClassVar[str] = ""  # the row label, e.g. "Per-FedAvg" (default: the registered name)
-    family: ClassVar[str] = "other"  # the figures' panel (FAMILIES, or a family of your own)
-    reference: ClassVar[bool] = False  # a reference row (bounds the methods, never ranked among them)
-    row_order: ClassVar[int | None] = None  # position among the tables' rows (None: after those with one, by name)
-    # Algorithms this one can reduce to on some cells, with why: {"fedavg": "FedBN is FedAvg when ..."};
-    # where the two give bit-identical results the tables flag the row ("= FedAvg") with that reason.
-    reduces_to: ClassVar[dict[str, str]] = {}
-    # System and privacy heterogeneity (pflbench/system.py, pflbench/privacy.py). `dp_upload`: how the
-    # engine privatizes this algorithm's uploads: "model" (the update is upload - download), "update"
-    # (the upload already is an update), "self" (the algorithm calls `fed.privatize` where its update
-    # leaves the client). `refused_knobs`: the knobs ("system.dropout", "privacy", ...) it cannot
-    # honour, with why; a cell asking for one is refused before any work (`check_knobs`).
+    # Hyperparameters that make the method small for smoke cells (the registry-wide tests): a slow method
+    # names them here, so a new method needs no entry in any test.
+    quick_hp: ClassVar[dict[str, Any]] = {}
+    # Privacy (pflbench/privacy.py): how the engine privatizes this algorithm's uploads: "model" (the
+    # update is upload - download), "update" (the upload already is an update), "self" (the algorithm
+    # calls `fed.privatize` where its update leaves the client).
     dp_upload: ClassVar[str] = "model"
-    refused_knobs: ClassVar[dict[str, str]] = {}
-    # Unseen clients (`unseen_fraction`): why this algorithm cannot give a newcomer a model, or ""
-    # where it can (`newcomer_models`); a cell with newcomers is refused before any work otherwise.
-    newcomers_refused: ClassVar[str] = ""
     # Checkpoints (module doc): attributes whose objects carry their own state, saved and restored
     # through it (nn.Module / optimizer: state_dict; generators: their state), in this order (a
     # module before the optimizer that steps it); and attributes `setup()` rebuilds unchanged from
@@ -121,36 +161,38 @@ class Algorithm:
                              f"(allowed, with defaults: {allowed})") from None
 
     @classmethod
-    def check_models(cls, model: str) -> None:
-        """ValueError before anything runs if the cell's `model` gives clients different
-        architectures and this algorithm needs one shared architecture."""
-        from pflbench.models import is_heterogeneous
+    def check_cell(cls, cell) -> None:
+        """`Refusal` (a ValueError naming the cell's fields involved and the algorithms that can) before
+        anything runs if this algorithm cannot run `cell`: its declared `capabilities`, then
+        `cell_refusal`."""
+        problem = refusal(cls.name, cls.capabilities, cell, ((n, c.capabilities) for n, c in ALGORITHMS.items()))
+        problem = problem or cls.cell_refusal(cell)
+        if problem is not None:
+            raise problem
 
-        if is_heterogeneous(model) and not cls.heterogeneous_models:
-            allowed = [name for name, c in ALGORITHMS.items() if c.heterogeneous_models]
-            raise ValueError(
-                f"algorithm {cls.name!r} needs one architecture shared by all clients, but model {model!r} "
-                f"gives clients different architectures; algorithms for heterogeneous models: "
-                f"{', '.join(allowed) or 'none'} (or give a single model name)")
+    @classmethod
+    def cell_refusal(cls, cell) -> Refusal | None:
+        """A refusal that depends on the cell beyond the declared capabilities (default: none)."""
+        return None
+
+    # Before `check_cell` (one release): each checked one capability.
+    @classmethod
+    def check_models(cls, model: str) -> None:
+        _deprecated("Algorithm.check_models(model)", "Algorithm.check_cell(cell)")
+        problem = refusal(cls.name, dataclasses.replace(cls.capabilities, refused_knobs={}, newcomers=""),
+                          _ModelOnly(model), ((n, c.capabilities) for n, c in ALGORITHMS.items()))
+        if problem is not None:
+            raise problem
 
     @classmethod
     def check_knobs(cls, cell) -> None:
-        """ValueError before anything runs if the cell turns on a knob this algorithm refuses."""
-        for knob, why in cls.refused_knobs.items():
-            group, _, entry = knob.partition(".")
-            if (getattr(cell, group).get(entry) if entry else getattr(cell, group)):
-                able = [name for name, c in ALGORITHMS.items() if knob not in c.refused_knobs and group not in c.refused_knobs]
-                raise ValueError(f"algorithm {cls.name!r} cannot run with {knob}: {why} "
-                                 f"(algorithms that can: {', '.join(able)})")
+        _deprecated("Algorithm.check_knobs(cell)", "Algorithm.check_cell(cell)")
+        cls.check_cell(cell.model_copy(update={"unseen_fraction": 0.0, "model": "auto"}))
 
     @classmethod
     def check_newcomers(cls, cell) -> None:
-        """ValueError before anything runs if this algorithm cannot serve the cell's unseen clients."""
-        if cls.newcomers_refused:
-            allowed = [name for name, c in ALGORITHMS.items() if not c.newcomers_refused]
-            raise ValueError(f"unseen_fraction: algorithm {cls.name!r} cannot give unseen clients a model: "
-                             f"{cls.newcomers_refused}; algorithms that can: {', '.join(allowed)} "
-                             f"(or unseen_fraction 0)")
+        _deprecated("Algorithm.check_newcomers(cell)", "Algorithm.check_cell(cell)")
+        cls.check_cell(cell.model_copy(update={"system": {}, "privacy": {}, "model": "auto"}))
 
     # ---- state ---------------------------------------------------------------------------------
     def setup(self) -> None:
@@ -354,6 +396,17 @@ def load_object_state(owner, name: str, saved) -> None:
         obj.bit_generator.state = saved
     else:
         obj.load_state_dict(saved)
+
+
+class _ModelOnly:
+    """A cell that sets only `model` (for the deprecated check_models)."""
+
+    def __init__(self, model: str):
+        self.model, self.system, self.privacy, self.unseen_fraction = model, {}, {}, 0.0
+
+
+def _deprecated(old: str, new: str) -> None:
+    warnings.warn(f"{old} is deprecated: use {new}", DeprecationWarning, stacklevel=3)
 
 
 def get_algorithm(name: str) -> type[Algorithm]:

@@ -44,6 +44,7 @@ class CellResult:
     summary: dict
     artifacts: dict[str, np.ndarray] = field(default_factory=dict)
     error: str | None = None
+    card: dict | None = None  # the algorithm's card (pflbench.card), stored with the result
 
 
 def prepare_cell(cell: CellConfig, data_root=None, mirror=None):
@@ -84,7 +85,7 @@ def run_cell(cell: CellConfig, *, data_root=None, mirror=None, execution: Execut
     algorithm_cls = get_algorithm(cell.algorithm)
     dataset, splits = prepare_cell(cell, data_root, mirror)
     with cell_global_rng(cell.seed, federation_device(execution)):
-        fed = Federation(cell, dataset, splits, execution, algorithm_cls.batched, withhold_test="test" not in evaluate)
+        fed = Federation(cell, dataset, splits, execution, algorithm_cls.capabilities.batched, withhold_test="test" not in evaluate)
         algorithm = algorithm_cls(fed, algorithm_cls.parse_hyperparams(cell.hp))
         return run_rounds(fed, algorithm, on_round=on_round, evaluate=evaluate, checkpointer=checkpointer,
                           stop_after=stop_after, provenance={"dataset_checksum": dataset.checksum,
@@ -242,7 +243,8 @@ def run_rounds(fed: Federation, algorithm: Algorithm, on_round=None, provenance:
              **(checkpointer.summary() if checkpointer is not None else {}),
              **({"stopped_after": last_round} if last_round < cell.rounds else {})}
     summary = summarize(metrics, rounds, record.status, record.diverged_round, record.elapsed(), facts)
-    return CellResult(record.status, metrics, rounds, summary, record.artifacts, record.error)
+    return CellResult(record.status, metrics, rounds, summary, record.artifacts, record.error,
+                      type(algorithm).card.as_dict())
 
 
 def evaluate_round(fed: Federation, algorithm: Algorithm, rnd: int, clients: Tensor, sent, evaluate,

@@ -6,10 +6,8 @@ from pflbench.newcomers.ids import newcomer_count
 
 def check_unseen(cell) -> None:
     """ValueError (one message naming the field and what is allowed) if the cell's unseen_fraction
-    cannot be run: it must hold out at least one client and keep at least one for training, and the
-    algorithm must be able to serve newcomers."""
-    from pflbench.algorithm import get_algorithm
-
+    cannot be run: it must hold out at least one client and keep at least one for training (whether the
+    algorithm can serve newcomers is its capability: `Algorithm.check_cell`)."""
     fraction, clients = cell.unseen_fraction, cell.clients
     if not fraction:
         return
@@ -20,4 +18,3 @@ def check_unseen(cell) -> None:
     if count > clients - 1:
         raise ValueError(f"unseen_fraction {fraction} of {clients} clients holds out all {count} of them; "
                          f"at least one client must train (at most {(clients - 1.5) / clients:.3g})")
-    get_algorithm(cell.algorithm).check_newcomers(cell)
