@@ -35,8 +35,8 @@ How this implementation maps it onto the engine (and where the paper is silent):
   learned anything. (FedRep's repository runs a fixed alpha 0.75, `utils/options.py` line 43; this
   module's default before issue 15 was 0.25, the smallest grid value.) Note: FedTorch takes the
   alpha step once per round (at the first local step), not once per local step as the paper and
-  this module do. Each v_i starts from the common initial model. Measured on the quick table's
-  fmnist column (10 / 100 clients): 85.11% / 80.48% starting at 0.25, 84.89% / 82.40% at 0.5.
+  this module do. Each v_i starts from the common initial model. (Measured against 0.25:
+  docs/algorithms/apfl.md.)
 - Communication: exactly FedAvg's; v_i and alpha_i stay on the client.
 """
 from __future__ import annotations

@@ -38,11 +38,8 @@ Where the paper is silent / what was chosen here:
   note the official 'l2' option returns the *squared* distance, which no option here reproduces).
   The L1 norm of a difference is larger than its L2 norm (by up to sqrt(#parameters)), so the raw
   weights and the affinity matrix are on a smaller scale with L1; the normalized weights differ
-  only through the ratios between candidates. (Before issue 15 the default was "l2". Measured on the
-  quick table's fmnist column, 10 / 100 clients: 84.78% / 62.63% with L2, 84.78% / 62.10% with L1;
-  at 10 clients both equal Local's 84.8%: on these 4-class splits the downloaded models lose to the
-  client's own on its validation data (the run's affinity matrix has no positive entry and every
-  recorded weight is 0), so FedFomo keeps each client's model and trains locally.)
+  only through the ratios between candidates. (Before issue 15 the default was "l2"; the two
+  measured, and why FedFomo is Local on the quick table's 10-client cells: docs/algorithms/fedfomo.md.)
 - The update mixes parameters and floating BatchNorm statistics; integer counters stay the
   client's. The personalized model is the client's own model after local training; clients not
   sampled keep theirs.

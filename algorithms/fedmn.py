@@ -15,7 +15,8 @@ the logits are sum_k g_k h_k / sum_k g_k. The routing hypernetwork reads the cli
 training set (x and one-hot y) as one set: s = mean_i Linear(ReLU(L2norm([phi_x(x_i); phi_y(y_i)])))
 (DeepSets mean pooling; phi_x -> 128, phi_y = Linear(C, 64)) [C]; phi_x is a small conv net here
 (the code uses the pretrained encoder type) [INF]. It is recomputed at every local step [C]
-(`router_samples` > 0 subsamples the set, for speed [INF]).
+(`router_samples` > 0 subsamples the set, for speed [INF], from the cell seed's stream
+"fedmn.router-samples": until issue 44 the subsample ignored the seed).
 
 Faithful version [INF, the spec's recommendation]: binary-concrete gates sigmoid((s + logistic noise)/tau),
 straight-through hard gates (forward 0/1, gradient of the soft gate) trained end to end with the
@@ -51,9 +52,7 @@ the pool starts from scratch, and two choices matter (both off in `code_compat`)
   tau = 1), as in the code, and the router learns to switch modules off. With logits near 0 every
   training step draws each gate by a fair coin (tau ~ 1 for the first ~10^4 steps): each step trains a
   random sub-network (whole modules dropped with probability 1/2) and the loss stays high.
-Measured (fmnist, pathological 2 classes/client, 500 samples/client, 10 clients, batch 32, SGD lr 0.01
-momentum 0.9, 1 epoch, seed 0, router_samples 64; mean test accuracy at round 5): both 0.59, He only
-(bias 0) 0.32, bias only (PyTorch init) 0.16, neither (the first version) 0.12 (loss 2.29); FedAvg's CNN 0.29.
+(Measured, each choice on and off: docs/algorithms/fedmn.md.)
 
 `code_compat=True` reproduces the official code's behaviour for comparison: the routing is detached
 (`.item()`: the routing net never learns), soft 2-way Gumbel-softmax gates at tau = 1 (the annealing

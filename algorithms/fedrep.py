@@ -25,9 +25,7 @@ Where the paper is silent / what was chosen here:
   `local_epochs` therefore does not set FedRep's local work (as in the official code, where the head
   and body epochs are FedRep's own); `body_epochs: null` trains the body for the cell's
   `local_epochs` instead (this module's default before issue 15, which gave the body 10 epochs in
-  Table 1 and 2 in the quick table). Measured on the quick table's fmnist column (10 / 100 clients,
-  final accuracy): 87.22% / 86.71% with 2 body epochs, 83.56% / 83.68% with 1 (20 / 30 rounds are
-  few for a body trained one epoch per round; the paper's 600 / 2500 rounds are not).
+  Table 1 and 2 in the quick table; measured: docs/algorithms/fedrep.md).
 - Both phases use the cell's optimizer settings (lr, momentum, weight decay, batch size); the head
   phase uses its own batch order (stream `HEAD_STREAM`), the body phase the engine's default one.
   BatchNorm statistics follow both phases' forward passes.
@@ -39,8 +37,7 @@ Where the paper is silent / what was chosen here:
 - Unseen clients: a newcomer gets the global body and fits its own head on its train split with
   the body frozen, for `head_epochs` (the paper's procedure for new clients, Section 5).
 - Cost: a round makes head_epochs + body_epochs passes over the client's data (the head phase's
-  backward stops at the head). Measured on the demo's Fashion-MNIST cells (300 samples per client,
-  10 clients, 5 rounds, shared 2-core CPU): about 22-35 s per cell, `local` about 8 s.
+  backward stops at the head; measured: docs/algorithms/fedrep.md).
 """
 from __future__ import annotations
 

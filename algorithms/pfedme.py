@@ -33,15 +33,13 @@ Where the paper is silent / what was chosen here:
 - Stability: the inner iteration needs personal_lr * lambda < 2 and the outer one lr * lambda < 2
   (both contract toward the anchor); outside that the run diverges and is recorded as diverged
   (non-finite loss or parameter -> `Diverged`). The official personal_lr 0.09 was tuned on MNIST
-  MLPs: with the pFedHN CNN on fmnist (pathological k=4, 700 samples per client, lr 0.005) it
-  diverged at round 5, while 0.01 trained stably (validation accuracy rising to 62% by round 6), so
-  benchmarks/table{1,2}.yaml set `hp.personal_lr: 0.01`; the default stays the official value.
+  MLPs and diverges with the pFedHN CNN on fmnist, so benchmarks/table{1,2}.yaml set
+  `hp.personal_lr: 0.01`; the default stays the official value (docs/algorithms/pfedme.md).
 - Batched: yes; K inner steps on one batch then one outer step cannot be written as the engine's
   single-objective `fed.train`, so the module drives its own steps on the engine's batched model
   (or one client at a time where the engine loops), same results either way.
-- Cost: K forward/backward passes per batch, so about K times `local`'s compute (measured on the
-  demo's Fashion-MNIST cells, 300 samples per client, 10 clients, 5 rounds, shared 2-core CPU:
-  about 31 s per cell, `local` about 8 s).
+- Cost: K forward/backward passes per batch, so about K times `local`'s compute (measured:
+  docs/algorithms/pfedme.md).
 - Aggregation weights: uniform over the sampled clients (Algorithm 1); the official code weights by
   training-set size (`serverbase.py` `persionalized_aggregate_parameters`, the uniform line commented
   out). Equal for equal client sizes, as in pFedLA's tables.
