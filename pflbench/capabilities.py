@@ -3,6 +3,7 @@
 A cell asking for something its algorithm cannot do is refused before any work (`check_cell`), with
 an error that names the fields involved and the algorithms that can.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
@@ -26,8 +27,12 @@ class Capabilities:
 
 
 # Capability fields as classes declared them before `Capabilities` (read for one release).
-LEGACY_CAPABILITY_ATTRIBUTES = {"batched": "batched", "heterogeneous_models": "heterogeneous_models",
-                                "refused_knobs": "refused_knobs", "newcomers_refused": "newcomers"}
+LEGACY_CAPABILITY_ATTRIBUTES = {
+    "batched": "batched",
+    "heterogeneous_models": "heterogeneous_models",
+    "refused_knobs": "refused_knobs",
+    "newcomers_refused": "newcomers",
+}
 
 
 class Refusal(ValueError):
@@ -38,8 +43,9 @@ class Refusal(ValueError):
         self.fields = fields
 
 
-def refusal(name: str, capabilities: Capabilities, cell: Any,
-            others: Iterable[tuple[str, Capabilities]]) -> Refusal | None:
+def refusal(
+    name: str, capabilities: Capabilities, cell: Any, others: Iterable[tuple[str, Capabilities]]
+) -> Refusal | None:
     """Why the algorithm `name` with `capabilities` cannot run `cell` (None: it can). `others`: every
     registered algorithm's (name, capabilities), for the list of those that can."""
     from pflbench.models import is_heterogeneous
@@ -50,18 +56,30 @@ def refusal(name: str, capabilities: Capabilities, cell: Any,
         return ", ".join(n for n, c in others if test(c)) or "none"
 
     if is_heterogeneous(cell.model) and not capabilities.heterogeneous_models:
-        return Refusal(("algorithm", "model"), (
-            f"algorithm {name!r} needs one architecture shared by all clients, but model {cell.model!r} gives "
-            f"clients different architectures; algorithms for heterogeneous models: "
-            f"{able(lambda c: c.heterogeneous_models)} (or give a single model name)"))
+        return Refusal(
+            ("algorithm", "model"),
+            (
+                f"algorithm {name!r} needs one architecture shared by all clients, but model {cell.model!r} gives "
+                f"clients different architectures; algorithms for heterogeneous models: "
+                f"{able(lambda c: c.heterogeneous_models)} (or give a single model name)"
+            ),
+        )
     for knob, why in capabilities.refused_knobs.items():
         group, _, entry = knob.partition(".")
         if getattr(cell, group).get(entry) if entry else getattr(cell, group):
-            return Refusal(("algorithm", "system", "privacy"), (
-                f"algorithm {name!r} cannot run with {knob}: {why} (algorithms that can: "
-                f"{able(lambda c: knob not in c.refused_knobs and group not in c.refused_knobs)})"))
+            return Refusal(
+                ("algorithm", "system", "privacy"),
+                (
+                    f"algorithm {name!r} cannot run with {knob}: {why} (algorithms that can: "
+                    f"{able(lambda c: knob not in c.refused_knobs and group not in c.refused_knobs)})"
+                ),
+            )
     if cell.unseen_fraction and capabilities.newcomers:
-        return Refusal(("unseen_fraction", "clients", "algorithm"), (
-            f"unseen_fraction: algorithm {name!r} cannot give unseen clients a model: {capabilities.newcomers}; "
-            f"algorithms that can: {able(lambda c: not c.newcomers)} (or unseen_fraction 0)"))
+        return Refusal(
+            ("unseen_fraction", "clients", "algorithm"),
+            (
+                f"unseen_fraction: algorithm {name!r} cannot give unseen clients a model: {capabilities.newcomers}; "
+                f"algorithms that can: {able(lambda c: not c.newcomers)} (or unseen_fraction 0)"
+            ),
+        )
     return None

@@ -5,6 +5,7 @@ never inherited (a method derived from FedAvg is not shown as FedAvg), and store
 result (config.json, `card`), so a report built from the store alone shows a plugin's method by its
 display name and family, and a published table does not change when the code's card does.
 """
+
 from __future__ import annotations
 
 import dataclasses

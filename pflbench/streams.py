@@ -20,6 +20,7 @@ seeding outside this module). Batch orders use the ``"batches"`` family: ``"batc
 engine's default order, ``"batches.<purpose>"`` another order of the same samples
 (`pflbench.federation.Federation.local_plans(..., stream=...)`).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -45,7 +46,7 @@ class Derivation:
     """How a legacy stream turned (seed, round, client) into a generator's seed: `entropy` gives an
     int (torch and numpy) or a list of ints / a SeedSequence (numpy only)."""
 
-    entropy: Callable[[int, int | None, int | None], int | list[int] | np.random.SeedSequence]
+    entropy: Callable[[int, int | None, int | None], "Entropy"]
     kind: Kind | None = None  # the one kind it was drawn as (None: either)
 
 
@@ -57,8 +58,12 @@ def _salted_round(salt: int) -> Derivation:  # numpy default_rng([seed, round, s
     return Derivation(lambda s, r, c: [s, _need(r, "round"), salt], "numpy")
 
 
+def _batch_seed(salt: int, s: int, r: int | None, c: int | None) -> int:
+    return _sha_int(f"{s}/{_need(r, 'round')}/{_need(c, 'client')}/{salt}")
+
+
 def _batch_order(salt: int) -> Derivation:  # torch, sha256 over (seed, round, client, salt)
-    return Derivation(lambda s, r, c: _sha_int(f"{s}/{_need(r, 'round')}/{_need(c, 'client')}/{salt}"), "torch")
+    return Derivation(lambda s, r, c: _batch_seed(salt, s, r, c), "torch")
 
 
 def _spawned(index: int) -> Derivation:
@@ -74,7 +79,7 @@ def _need(value: int | None, what: str) -> int:
 # Batch-order salts of the streams that existed before names (the value is part of the derivation).
 BATCH_SALTS = {
     "batches": 0,
-    "batches.newcomer-fit": 0x0E3D,    # fitting a newcomer's local part (Algorithm.newcomer_models)
+    "batches.newcomer-fit": 0x0E3D,  # fitting a newcomer's local part (Algorithm.newcomer_models)
     "ditto.personal": 0xD1770,
     "apfl.personal": 0xA9F1,
     "apfl.alpha": 0xA9F2,
@@ -92,14 +97,14 @@ BATCH_SALTS = {
 
 LEGACY: dict[str, Derivation] = {
     # once per cell (numpy)
-    "schedule": _salted_cell(0x5A3),          # the sampled clients of every round (Federation)
-    "newcomers": _salted_cell(0x0E3C),        # which clients are held out (pflbench.newcomers)
-    "system": _salted_cell(0x5E7),            # stragglers and dropped uploads (pflbench.system)
-    "privacy.budgets": _salted_cell(0xD1F),   # who gets which privacy budget (pflbench.privacy)
-    "shift.feature": _salted_cell(0xF5),      # pflbench.shifts
+    "schedule": _salted_cell(0x5A3),  # the sampled clients of every round (Federation)
+    "newcomers": _salted_cell(0x0E3C),  # which clients are held out (pflbench.newcomers)
+    "system": _salted_cell(0x5E7),  # stragglers and dropped uploads (pflbench.system)
+    "privacy.budgets": _salted_cell(0xD1F),  # who gets which privacy budget (pflbench.privacy)
+    "shift.feature": _salted_cell(0xF5),  # pflbench.shifts
     "shift.concept": _salted_cell(0xC5),
-    "partition.assign": _spawned(0),          # the partition scheme's draw (pflbench.partitioning)
-    "partition.split": _spawned(1),           # each client's train/val/test split
+    "partition.assign": _spawned(0),  # the partition scheme's draw (pflbench.partitioning)
+    "partition.split": _spawned(1),  # each client's train/val/test split
     "l2gd.coins": _salted_cell(0x1260),
     # per round (numpy)
     "fedfomo.explore": _salted_round(0xF0F0),
@@ -108,21 +113,25 @@ LEGACY: dict[str, Derivation] = {
     **{name: _batch_order(salt) for name, salt in BATCH_SALTS.items()},
     # integer seeds, mostly of torch's global generator (module initialization, dropout)
     "global": Derivation(lambda s, r, c: _sha_int(f"{s}/global-rng"), "torch"),  # the cell's global generator
-    "model.init": Derivation(lambda s, r, c: s, "torch"),     # the initial client model (ClientModel.init)
+    "model.init": Derivation(lambda s, r, c: s, "torch"),  # the initial client model (ClientModel.init)
     "fedmn.init": Derivation(lambda s, r, c: s, "torch"),
     "mh-pfedhn.init": Derivation(lambda s, r, c: s, "torch"),
     "pfedla.hypernet": Derivation(lambda s, r, c: s * 7919 + 17, "torch"),
     "pfedhn.hypernet": Derivation(lambda s, r, c: s * 7919 + 29, "torch"),
-    "fedmn.dropout": Derivation(lambda s, r, c: LEGACY["fedmn.noise"].entropy(s, r, c) % (2 ** 63), "torch"),
-    "fedmn.adapt-dropout": Derivation(lambda s, r, c: s * 1_000_003 + _need(r, "round") * 1009 + _need(c, "client"),
-                                      "torch"),
+    "fedmn.dropout": Derivation(lambda s, r, c: _batch_seed(0xF3D, s, r, c) % (2**63), "torch"),
+    "fedmn.adapt-dropout": Derivation(
+        lambda s, r, c: s * 1_000_003 + _need(r, "round") * 1009 + _need(c, "client"), "torch"
+    ),
     # FedMN's router samples once drew from the client alone (the same at every seed); seed 0 keeps those
     # draws. torch seeds its CPU generator with the low 32 bits: an odd multiplier keeps seeds apart there.
     "fedmn.router-samples": Derivation(lambda s, r, c: _need(c, "client") + s * 0x9E3779B1, "torch"),
 }
 
 
-def _entropy(cell_seed: int, stream: str, round: int | None, client: int | None):
+Entropy = int | list[int] | np.random.SeedSequence
+
+
+def _entropy(cell_seed: int, stream: str, round: int | None, client: int | None) -> tuple[Entropy, Kind | None]:
     legacy = LEGACY.get(stream)
     if legacy is not None:
         return legacy.entropy(int(cell_seed), round, client), legacy.kind
@@ -138,13 +147,21 @@ def seed(cell_seed: int, stream: str, round: int | None = None, client: int | No
 
 
 @overload
-def generator(cell_seed: int, stream: str, round: int | None = None, client: int | None = None, *,
-              kind: Literal["torch"] = "torch") -> torch.Generator: ...
+def generator(
+    cell_seed: int,
+    stream: str,
+    round: int | None = None,
+    client: int | None = None,
+    *,
+    kind: Literal["torch"] = "torch",
+) -> torch.Generator: ...
 @overload
-def generator(cell_seed: int, stream: str, round: int | None = None, client: int | None = None, *,
-              kind: Literal["numpy"]) -> np.random.Generator: ...
-def generator(cell_seed: int, stream: str, round: int | None = None, client: int | None = None, *,
-              kind: Kind = "torch") -> torch.Generator | np.random.Generator:
+def generator(
+    cell_seed: int, stream: str, round: int | None = None, client: int | None = None, *, kind: Literal["numpy"]
+) -> np.random.Generator: ...
+def generator(
+    cell_seed: int, stream: str, round: int | None = None, client: int | None = None, *, kind: Kind = "torch"
+) -> torch.Generator | np.random.Generator:
     """A fresh generator of `stream` for the cell's seed (and `round`, `client` where the stream is
     drawn per round or per client): a CPU `torch.Generator`, or with kind="numpy" a
     `numpy.random.Generator`."""
@@ -153,6 +170,8 @@ def generator(cell_seed: int, stream: str, round: int | None = None, client: int
         raise ValueError(f"stream {stream!r} is drawn with {legacy_kind} (kind={legacy_kind!r})")
     if kind == "numpy":
         return np.random.default_rng(entropy)
+    if not isinstance(entropy, int):  # a numpy-only derivation with no declared kind
+        raise ValueError(f"stream {stream!r} is drawn with numpy (kind='numpy')")
     return torch.Generator().manual_seed(entropy)
 
 
@@ -163,8 +182,9 @@ def seed_torch_global(cell_seed: int, stream: str, round: int | None = None, cli
 
 
 @contextmanager
-def torch_global(cell_seed: int, stream: str, round: int | None = None, client: int | None = None,
-                 devices: tuple[int, ...] = ()) -> Iterator[None]:
+def torch_global(
+    cell_seed: int, stream: str, round: int | None = None, client: int | None = None, devices: tuple[int, ...] = ()
+) -> Iterator[None]:
     """While the block runs, torch's global generator is `stream`'s (e.g. to initialize an nn.Module);
     its state before the block (on the CPU and the CUDA `devices`) is restored after it."""
     with torch.random.fork_rng(devices=list(devices)):
@@ -177,8 +197,12 @@ def batch_stream(stream: str | None, salt: int | None) -> str:
     if salt is None:
         return BATCHES if stream is None else stream
     named = {v: k for k, v in BATCH_SALTS.items()}.get(salt)
-    warnings.warn(f"salt={salt:#x} is deprecated: pass stream={named or 'batches.<purpose>'!r} "
-                  f"(a named stream, pflbench.streams)", DeprecationWarning, stacklevel=3)
+    warnings.warn(
+        f"salt={salt:#x} is deprecated: pass stream={named or 'batches.<purpose>'!r} "
+        f"(a named stream, pflbench.streams)",
+        DeprecationWarning,
+        stacklevel=3,
+    )
     if stream is not None and stream != BATCHES:
         raise ValueError("give stream= or the deprecated salt=, not both")
     if named is None:  # a plugin's own salt: its old derivation, under a name of its own

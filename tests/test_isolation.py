@@ -16,6 +16,7 @@ from pydantic import ValidationError
 
 from pflbench.algorithm import ALGORITHMS, get_algorithm
 from pflbench.config import CellConfig, cell_hash
+from pflbench.data.dataset import Dataset
 from pflbench.data.normalization import normalized_for_cell
 from pflbench.federation import Federation
 from pflbench.metrics import trained_rows

@@ -263,7 +263,7 @@ def test_a_key_written_twice_is_refused_with_its_line(tmp_path):
 def test_a_boolean_is_not_a_seed_or_a_count():
     base = {"matrix": {"algorithm": ["fedavg"], "dataset": ["synthetic"]}}
     for key in ("seed", "rounds", "lr"):
-        with pytest.raises(SpecError, match=f"expected a number, got the boolean True"):
+        with pytest.raises(SpecError, match="expected a number, got the boolean True"):
             parse_spec({**base, "defaults": {key: True}})
 
 
