@@ -169,7 +169,7 @@ class MHpFedHN(Algorithm):
 
     @property
     def dp_upload(self) -> str:
-        """per_round: the engine privatizes the uploaded deltas; per_client: each delta, as it steps the server."""
+        """per_round: the privacy wrapper privatizes the uploaded deltas; per_client: each delta, as it steps the server."""
         return "update" if self.hp.server_updates == "per_round" else "self"
 
     quick_hp = {"hidden_dim": 4, "embedding_dim": 8}  # small smoke cells (tests)

@@ -160,9 +160,9 @@ class Algorithm:
     # Hyperparameters that make the method small for smoke cells (the registry-wide tests): a slow method
     # names them here, so a new method needs no entry in any test.
     quick_hp: ClassVar[dict[str, Any]] = {}
-    # Privacy (pflbench/privacy.py): how the engine privatizes this algorithm's uploads: "model" (the
-    # update is upload - download), "update" (the upload already is an update), "self" (the algorithm
-    # calls `fed.privatize` where its update leaves the client).
+    # Privacy (pflbench/privacy.py): what this algorithm uploads, for the privacy knob's wrapper
+    # (`PrivateUploads`): "model" (the update is upload - download), "update" (the upload already is an
+    # update), "self" (not wrapped: the algorithm calls `fed.privatize` where its update leaves the client).
     dp_upload: ClassVar[str] = "model"
     # Checkpoints (module doc): attributes whose objects carry their own state, saved and restored
     # through it (nn.Module / optimizer: state_dict; generators: their state), in this order (a

@@ -5,7 +5,9 @@ round by round on a built `Federation` (`pflbench bench` and tests call it and `
 A round, as driven here (the hooks are `pflbench.algorithm.Algorithm`'s):
 
     download = configure; state = receive; state = local_train; upload = send;
-    aggregate (or aggregate_arrived: only the uploads that reached the server, noised under DP)
+    aggregate (or aggregate_arrived: only the uploads that reached the server). Under the privacy knob
+    the rounds drive the algorithm wrapped in `pflbench.privacy.PrivateUploads` (its uploads leave the
+    clients noised); the driver itself knows nothing of privacy.
     every eval_every rounds (and the last): score personalized() on the evaluated splits, after local
     adaptation too (finetune_epochs), and the newcomers' models in a cell with unseen clients.
 
@@ -32,8 +34,8 @@ from pflbench.execution import ExecutionOptions
 from pflbench.federation import EVALUATED, Federation, federation_device
 from pflbench.metrics import METRIC_COLUMNS, ROUND_COLUMNS, client_rows, summarize
 from pflbench.newcomers.scoring import score_newcomers
-from pflbench.privacy import privatize_upload
-from pflbench.training import Diverged, State, payload_bytes
+from pflbench.privacy import with_privacy
+from pflbench.training import Diverged, State, payload_bytes, restack
 
 
 @dataclass
@@ -121,24 +123,12 @@ def run_round(algorithm: Algorithm, rnd: int, clients: Tensor, timing: dict | No
         timing["train"] = time.perf_counter() - train_start
     upload = algorithm.send(rnd, clients, state)
     arrived = fed.arrived(rnd, clients)
-    engine_dp = fed.privacy is not None and algorithm.dp_upload in ("model", "update")
-    if arrived is None and not engine_dp:
+    if arrived is None:
         algorithm.aggregate(rnd, clients, upload)
         return download, upload
-    received = (privatize_upload(fed.privacy, algorithm.dp_upload, rnd,
-                                 torch.as_tensor(fed.client_ids)[clients.cpu()], download, upload, arrived)
-                if engine_dp else [u if arrived is None or arrived[k] else {}
-                                   for k, u in enumerate(_per_client(upload, len(clients)))])
-    positions = torch.arange(len(clients), device=clients.device)
-    if arrived is not None:
-        positions = positions[arrived]
-    if isinstance(upload, dict):  # restack what arrived, as the algorithm's aggregate expects (without
-        # the tensors that never leave a client under DP: pflbench.privacy, BatchNorm statistics)
-        stacked = {n: torch.stack([received[k][n] for k in positions.tolist()]) if len(positions)
-                   else t[:0] for n, t in upload.items() if not len(positions) or n in received[int(positions[0])]}
-    else:
-        stacked = [received[k] for k in positions.tolist()]
-    algorithm.aggregate_arrived(rnd, clients, stacked, positions)
+    received = [u if arrived[k] else {} for k, u in enumerate(_per_client(upload, len(clients)))]
+    positions = torch.arange(len(clients), device=clients.device)[arrived]
+    algorithm.aggregate_arrived(rnd, clients, restack(upload, received, positions), positions)
     return download, received
 
 
@@ -218,12 +208,13 @@ def run_rounds(fed: Federation, algorithm: Algorithm, on_round=None, provenance:
         first_round = resumed.round + 1
         record.restore(resumed.loop, resumed.elapsed)
     last_round = cell.rounds if stop_after is None else max(0, min(cell.rounds, stop_after))
+    rounds_of = with_privacy(algorithm)  # the privacy knob wraps the method's uploads (pflbench.privacy)
     for rnd in range(first_round, last_round + 1):
         round_start = time.perf_counter()
         clients = torch.as_tensor(fed.schedule[rnd - 1], device=fed.device)
         timing: dict = {}
         try:
-            download, upload = run_round(algorithm, rnd, clients, timing)
+            download, upload = run_round(rounds_of, rnd, clients, timing)
         except Diverged as err:
             record.diverged(rnd, err)
             break

@@ -311,6 +311,17 @@ def state_bytes(state: State) -> Tensor:
     return total
 
 
+def restack(upload: State | list[State], received: list[State], positions: Tensor) -> State | list[State]:
+    """What reached the server (`received[k]` for the clients at `positions`), in the form the algorithm
+    uploaded: a stacked State again where `upload` was one (without the tensors that did not leave the
+    clients, e.g. BatchNorm statistics under the privacy knob), else the list of their dicts."""
+    kept = positions.tolist()
+    if not isinstance(upload, dict):
+        return [received[k] for k in kept]
+    return {n: torch.stack([received[k][n] for k in kept]) if kept else t[:0]
+            for n, t in upload.items() if not kept or n in received[kept[0]]}
+
+
 def payload_bytes(payload: State | list[State]) -> Tensor:
     """Bytes per client of what a hook sends: a stacked `State` (every client the same tensors), or
     a list with one dict of unstacked tensors per client (payloads that differ between clients:
