@@ -10,7 +10,7 @@ ifneq ($(MIRROR),)
 export PFLBENCH_DATA_MIRROR ?= $(MIRROR)
 endif
 
-.PHONY: install test demo bench report leaderboard reproduce-table1 reproduce-table2 sweep clean gpu-kit gpu-rehearse
+.PHONY: install test lint demo bench report leaderboard reproduce-table1 reproduce-table2 sweep clean gpu-kit gpu-rehearse
 
 install: $(VENV)/.installed
 
@@ -23,6 +23,14 @@ $(VENV)/.installed: pyproject.toml
 
 test: install
 	$(BIN)/python -m pytest -q
+
+# Lint: ruff's checks everywhere; ruff's formatting and mypy on the public method API (pyproject.toml).
+PUBLIC_API := pflbench/algorithm.py pflbench/card.py pflbench/capabilities.py pflbench/streams.py
+lint: install
+	$(BIN)/pip install --disable-pip-version-check -q -e ".[lint]"
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check $(PUBLIC_API)
+	$(BIN)/mypy
 
 # The report is written even when a cell failed or diverged; the run's exit status is kept.
 demo: install

@@ -20,8 +20,8 @@ How this implementation maps it onto the engine (and where the paper is silent):
   the objective alpha_i^2 * CE (one batched `fed.train` call; momentum scales the same way) and
   v_i is recovered as v_i + (m_new - m_old) / alpha_i (unchanged where alpha_i = 0, where its
   gradient is 0). Weight decay, if the cell sets any, then acts on the mixture, not on v_i.
-- The global copy w trains with the engine's default batch order (salt 0), so APFL's global model
-  is bit-identical to FedAvg's; v_i uses its own order (salt `PERSONAL_SALT`), alpha_i a third.
+- The global copy w trains with the engine's default batch order (stream "batches"), so APFL's global model
+  is bit-identical to FedAvg's; v_i uses its own order (stream `PERSONAL_STREAM`), alpha_i a third (`ALPHA_STREAM`).
 - alpha_i update (`learn_alpha`): the paper takes one alpha step per local step with the models'
   learning rate. Here, after the round's v_i steps, alpha_i takes as many SGD steps (one mini-batch
   each, same batch size) as v_i took, with rate `alpha_lr` (default None = the cell's lr), on the
@@ -35,8 +35,8 @@ How this implementation maps it onto the engine (and where the paper is silent):
   learned anything. (FedRep's repository runs a fixed alpha 0.75, `utils/options.py` line 43; this
   module's default before issue 15 was 0.25, the smallest grid value.) Note: FedTorch takes the
   alpha step once per round (at the first local step), not once per local step as the paper and
-  this module do. Each v_i starts from the common initial model. Measured on the quick table's
-  fmnist column (10 / 100 clients): 85.11% / 80.48% starting at 0.25, 84.89% / 82.40% at 0.5.
+  this module do. Each v_i starts from the common initial model. (Measured against 0.25:
+  docs/algorithms/apfl.md.)
 - Communication: exactly FedAvg's; v_i and alpha_i stay on the client.
 """
 from __future__ import annotations
@@ -47,7 +47,7 @@ import torch.nn.functional as F
 
 from pydantic import Field
 
-from pflbench.algorithm import ALGORITHMS, Algorithm, Hyperparams
+from pflbench.algorithm import ALGORITHMS, Algorithm, Card, Hyperparams
 from pflbench.steps import step_ids
 from pflbench.training import cross_entropy
 
@@ -56,15 +56,14 @@ def _scale(alpha: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return alpha.view(-1, *([1] * (like.dim() - 1))).to(like.dtype)
 
 
-@ALGORITHMS.register("apfl")
+@ALGORITHMS.register("apfl", card=Card(
+    display_name="APFL",
+    family="regularized and meta-learned",
+    paper="Deng, Kamani & Mahdavi, arXiv 2020 (Adaptive Personalized Federated Learning)",
+    personalizes="a local model per client, mixed with the global one by a learned per-client weight alpha_i"))
 class APFL(Algorithm):
-    name = "apfl"
-    display_name = "APFL"
-    family = "regularized and meta-learned"
-    paper = "Deng, Kamani & Mahdavi, arXiv 2020 (Adaptive Personalized Federated Learning)"
-    personalizes = "a local model per client, mixed with the global one by a learned per-client weight alpha_i"
-    PERSONAL_SALT = 0xA9F1
-    ALPHA_SALT = 0xA9F2
+    PERSONAL_STREAM = "apfl.personal"
+    ALPHA_STREAM = "apfl.alpha"
 
     class Hyperparams(Hyperparams):
         alpha: float = Field(0.5, ge=0.0, le=1.0)          # initial (or, with learn_alpha=False, fixed) mixing weight
@@ -99,7 +98,7 @@ class APFL(Algorithm):
             return aux["alpha2"] * cross_entropy(logits, labels, model_state, aux)
 
         trained = self.fed.train(rnd, clients, mixed, objective=objective, aux={"alpha2": weight},
-                                 salt=self.PERSONAL_SALT).state
+                                 stream=self.PERSONAL_STREAM).state
         params = set(self.fed.model.param_names)
         for n in local:
             if n in params:
@@ -119,7 +118,7 @@ class APFL(Algorithm):
         fed = self.fed
         lr = self.hp.alpha_lr if self.hp.alpha_lr is not None else fed.cell.lr
         local = {n: t[clients] for n, t in self.local_state.items()}
-        ids, counts = step_ids(fed, rnd, clients, salt=self.ALPHA_SALT)  # a straggler's share of the round's work
+        ids, counts = step_ids(fed, rnd, clients, stream=self.ALPHA_STREAM)  # a straggler's share of the round's work
         alpha = alpha.clone()
         for step in range(ids.shape[1]):
             active = counts > step

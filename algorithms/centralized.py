@@ -9,18 +9,18 @@ is. So it bounds what a global model can reach on the cell's split and budget: w
 It moves raw data, not models, so no model bytes are counted: its communication is not comparable
 with the federated methods'.
 """
-from pflbench.algorithm import ALGORITHMS, Algorithm
+from pflbench.algorithm import ALGORITHMS, Algorithm, Capabilities, Card
 
 
-@ALGORITHMS.register("centralized")
+@ALGORITHMS.register("centralized", card=Card(
+    display_name="Centralized (reference)",
+    family="baselines",
+    reference=True,
+    personalizes="nothing: one model trained on the pooled data of the round's clients (a reference, not FL)"))
 class Centralized(Algorithm):
-    name = "centralized"
-    display_name = "Centralized (reference)"
-    family = "baselines"
-    reference = True  # bounds what one global model reaches; never ranked among the methods
-    personalizes = "nothing: one model trained on the pooled data of the round's clients (a reference, not FL)"
-    refused_knobs = {"system": "the server trains on the pooled data itself: no client does local work or uploads",
-                     "privacy": "nothing is uploaded: the server trains on the pooled raw data"}
+    capabilities = Capabilities(refused_knobs={
+        "system": "the server trains on the pooled data itself: no client does local work or uploads",
+        "privacy": "nothing is uploaded: the server trains on the pooled raw data"})
 
     def configure(self, rnd, clients):
         return {}

@@ -14,21 +14,18 @@ Where the paper is silent / what was chosen here:
 - Personal steps per round: the paper counts "local iterations" for both models without fixing a
   ratio. Here the personal model trains `personal_epochs` epochs (default: None = the cell's
   `local_epochs`, i.e. as much as the global model), so a round costs twice FedAvg's compute.
-- Batch order: the global copy trains with the engine's default batch order (salt 0, the same as
+- Batch order: the global copy trains with the engine's default batch order (stream "batches", the same as
   FedAvg, so Ditto's global model is bit-identical to FedAvg's under the same seed); the personal
-  model draws its own order (salt `PERSONAL_SALT`). With lambda = 0 the personal model is therefore
-  exactly `local` training run with that salt (the tests check this bit for bit).
+  model draws its own order (stream `PERSONAL_STREAM`). With lambda = 0 the personal model is therefore
+  exactly `local` training run with that stream (the tests check this bit for bit).
 - The proximal term covers the parameters only; BatchNorm statistics of v_k follow its own data.
 - Every personal model starts from the cell's common initial model; clients that are not sampled
   keep their personal model unchanged.
 - Default lambda = 1: the official code's Fashion-MNIST runs (litian96/ditto,
   `run_fashion_clean_ditto_lam1.sh` and `run_fashion_a1_50_ditto_lam1.sh`: `--lam=1`; also the vehicle
   scripts), FedRep's re-implementation (lgcollins/FedRep `utils/options.py` line 48: `--lam_ditto`
-  default 1) and FL-bench (`src/server/ditto.py`: `--lamda` default 1) all use 1. (Before issue 15 the
-  default was 0.1; measured on the quick table's fmnist column, 10 / 100 clients: 84.89% / 60.53%
-  with 0.1, 83.67% / 74.81% with 1: at 100 clients with 10% joining, a client trains its personal
-  model about three times in 30 rounds, and the stronger pull toward the global model helps.)
-  Search space log-uniform [1e-3, 10].
+  default 1) and FL-bench (`src/server/ditto.py`: `--lamda` default 1) all use 1 (the measurement
+  against this module's earlier 0.1: docs/algorithms/ditto.md). Search space log-uniform [1e-3, 10].
 - Communication: exactly FedAvg's (the global model down and up); the personal model is never sent.
 """
 from __future__ import annotations
@@ -36,19 +33,18 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from pflbench.algorithm import ALGORITHMS, Algorithm, Hyperparams
+from pflbench.algorithm import ALGORITHMS, Algorithm, Card, Hyperparams
 from pflbench.training import cross_entropy
 
 
-@ALGORITHMS.register("ditto")
+@ALGORITHMS.register("ditto", card=Card(
+    display_name="Ditto",
+    family="regularized and meta-learned",
+    paper="Li, Hu, Beirami & Smith, ICML 2021",
+    personalizes="a whole personal model per client, trained with a proximal pull toward the FedAvg global model"))
 class Ditto(Algorithm):
-    name = "ditto"
-    display_name = "Ditto"
-    family = "regularized and meta-learned"
-    paper = "Li, Hu, Beirami & Smith, ICML 2021"
-    personalizes = "a whole personal model per client, trained with a proximal pull toward the FedAvg global model"
-    # Batch-order salt of the personal model's local training (the global copy uses 0, as FedAvg).
-    PERSONAL_SALT = 0xD1770
+    # Batch-order stream of the personal model's local training (the global copy: "batches", as FedAvg).
+    PERSONAL_STREAM = "ditto.personal"
 
     class Hyperparams(Hyperparams):
         lam: float = Field(1.0, ge=0.0)  # lambda of the proximal term, >= 0 (official fmnist scripts: 1)
@@ -74,7 +70,7 @@ class Ditto(Algorithm):
 
         personal = {n: t[clients] for n, t in self.personal_state.items()}
         personal = self.fed.train(rnd, clients, personal, objective=objective, aux=anchor,
-                                  epochs=self.hp.personal_epochs, salt=self.PERSONAL_SALT).state
+                                  epochs=self.hp.personal_epochs, stream=self.PERSONAL_STREAM).state
         for n, t in personal.items():
             self.personal_state[n][clients] = t
         return global_update

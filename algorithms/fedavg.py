@@ -5,14 +5,14 @@ global one — the baseline every pFL method must beat.
 BatchNorm statistics, when the model has them, are averaged like parameters (FedAvg averages the
 whole state dict); FedBN is the variant that keeps them local.
 """
-from pflbench.algorithm import ALGORITHMS, Algorithm
+from pflbench.algorithm import ALGORITHMS, Algorithm, Card
 
 
-@ALGORITHMS.register("fedavg")
+@ALGORITHMS.register("fedavg", card=Card(
+    display_name="FedAvg",
+    family="baselines",
+    row_order=1,
+    paper="McMahan, Moore, Ramage, Hampson & Agüera y Arcas, AISTATS 2017",
+    personalizes="nothing: one global model for every client (the baseline)"))
 class FedAvg(Algorithm):
-    name = "fedavg"
-    display_name = "FedAvg"
-    family = "baselines"
-    row_order = 1  # pFedLA's Tables 1-2 row order
-    paper = "McMahan, Moore, Ramage, Hampson & Agüera y Arcas, AISTATS 2017"
-    personalizes = "nothing: one global model for every client (the baseline)"
+    """The default behaviour of `pflbench.algorithm.Algorithm`, registered under its own name."""

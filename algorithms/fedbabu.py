@@ -15,7 +15,7 @@ Chosen here:
 - `finetune_epochs` default 5 (the paper's tau_f), search int 1..10; `finetune` default "full"
   (the paper's choice), or "head" for head-only fine-tuning. lr/momentum/batch size: the cell's.
 - Fine-tuning runs in `personalized()` on ALL clients (not only the ones sampled that round), from the
-  current global body with the initial head, with a fixed batch order (round 0, a fixed salt) so that
+  current global body with the initial head, with a fixed batch order (round 0, its own stream) so that
   it does not depend on when it is evaluated; it never touches the global or client state (what is
   federated stays body-only). Its result is cached until the next aggregation, so asking twice costs
   nothing. Cost: finetune_epochs local epochs on every client per evaluation (`eval_every`).
@@ -29,20 +29,20 @@ from typing import Literal
 import torch
 from pydantic import Field
 
-from pflbench.algorithm import ALGORITHMS, Algorithm, Hyperparams
+from pflbench.algorithm import ALGORITHMS, Algorithm, Card, Hyperparams
 from pflbench.training import Diverged
 
 
-FINETUNE_SALT = 0xBAB0  # batch order of the evaluation-time fine-tuning, distinct from the rounds'
+FINETUNE_STREAM = "fedbabu.finetune"  # batch order of the evaluation-time fine-tuning, distinct from the rounds'
 
 
-@ALGORITHMS.register("fedbabu")
+@ALGORITHMS.register("fedbabu", card=Card(
+    display_name="FedBABU",
+    family="personal layers",
+    paper="Oh, Kim & Yun, ICLR 2022",
+    personalizes="the whole model, by local fine-tuning of the federated body (trained with a fixed random head)"))
 class FedBABU(Algorithm):
-    name = "fedbabu"
-    display_name = "FedBABU"
-    family = "personal layers"
-    paper = "Oh, Kim & Yun, ICLR 2022"
-    personalizes = "the whole model, by local fine-tuning of the federated body (trained with a fixed random head)"
+    quick_hp = {"finetune_epochs": 1}  # small smoke cells (tests)
 
     class Hyperparams(Hyperparams):
         finetune_epochs: int = Field(5, ge=0)
@@ -84,7 +84,7 @@ class FedBABU(Algorithm):
                      else [n for n in fed.model.param_names if n in self._head])
         try:
             return fed.train(0, everyone, start, trainable=trainable,
-                             epochs=self.hp.finetune_epochs, salt=FINETUNE_SALT).state
+                             epochs=self.hp.finetune_epochs, stream=FINETUNE_STREAM).state
         except Diverged:
             return {n: torch.full_like(t, float("nan")) if t.is_floating_point() else t
                     for n, t in start.items()}

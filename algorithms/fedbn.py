@@ -3,20 +3,18 @@ their running statistics — stay on each client and are never sent or averaged.
 BatchNorm (pFedLA's EMNIST/FashionMNIST CNN) it is exactly FedAvg, which is why pFedLA's tables
 leave those columns empty.
 """
-from pflbench.algorithm import ALGORITHMS, Algorithm
+from pflbench.algorithm import ALGORITHMS, Algorithm, Card
 
 
-@ALGORITHMS.register("fedbn")
-class FedBN(Algorithm):
-    name = "fedbn"
-    display_name = "FedBN"
-    family = "personal layers"
-    row_order = 5  # pFedLA's Tables 1-2 row order
-    reduces_to = {"fedavg": (
+@ALGORITHMS.register("fedbn", card=Card(
+    display_name="FedBN",
+    family="personal layers",
+    row_order=5,
+    paper="Li, Jiang, Zhang, Kamp & Dou, ICLR 2021",
+    personalizes="the BatchNorm layers (affine parameters and running statistics); the rest is FedAvg",
+    reduces_to={"fedavg": (
         "FedBN keeps BatchNorm layers local and averages the rest; this model has no BatchNorm, "
-        "so FedBN is FedAvg")}
-    paper = "Li, Jiang, Zhang, Kamp & Dou, ICLR 2021"
-    personalizes = "the BatchNorm layers (affine parameters and running statistics); the rest is FedAvg"
-
+        "so FedBN is FedAvg")}))
+class FedBN(Algorithm):
     def is_local(self, name: str) -> bool:
         return name in self.fed.model.batchnorm_names

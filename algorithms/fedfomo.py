@@ -38,11 +38,8 @@ Where the paper is silent / what was chosen here:
   note the official 'l2' option returns the *squared* distance, which no option here reproduces).
   The L1 norm of a difference is larger than its L2 norm (by up to sqrt(#parameters)), so the raw
   weights and the affinity matrix are on a smaller scale with L1; the normalized weights differ
-  only through the ratios between candidates. (Before issue 15 the default was "l2". Measured on the
-  quick table's fmnist column, 10 / 100 clients: 84.78% / 62.63% with L2, 84.78% / 62.10% with L1;
-  at 10 clients both equal Local's 84.8%: on these 4-class splits the downloaded models lose to the
-  client's own on its validation data (the run's affinity matrix has no positive entry and every
-  recorded weight is 0), so FedFomo keeps each client's model and trains locally.)
+  only through the ratios between candidates. (Before issue 15 the default was "l2"; the two
+  measured, and why FedFomo is Local on the quick table's 10-client cells: docs/algorithms/fedfomo.md.)
 - The update mixes parameters and floating BatchNorm statistics; integer counters stay the
   client's. The personalized model is the client's own model after local training; clients not
   sampled keep theirs.
@@ -69,7 +66,8 @@ import numpy as np
 import torch
 from pydantic import Field
 
-from pflbench.algorithm import ALGORITHMS, Algorithm, Hyperparams
+from pflbench import streams
+from pflbench.algorithm import ALGORITHMS, Algorithm, Capabilities, Card, Hyperparams
 
 
 def fomo_weights(own_loss: torch.Tensor, cand_loss: torch.Tensor, distance: torch.Tensor) -> torch.Tensor:
@@ -89,19 +87,19 @@ def normalize_weights(raw: torch.Tensor) -> torch.Tensor:
                        torch.zeros_like(positive))
 
 
-@ALGORITHMS.register("fedfomo")
-class FedFomo(Algorithm):
-    name = "fedfomo"
-    display_name = "FedFomo"
-    family = "hypernetworks and layer-wise aggregation"
-    row_order = 7  # pFedLA's Tables 1-2 row order
-    reduces_to = {"local": (
+@ALGORITHMS.register("fedfomo", card=Card(
+    display_name="FedFomo",
+    family="hypernetworks and layer-wise aggregation",
+    row_order=7,
+    paper="Zhang, Sapra, Fidler, Yeung & Alvarez, ICLR 2021",
+    personalizes="the whole model: each client combines other clients' models by first-order weights on its own validation data",
+    reduces_to={"local": (
         "FedFomo weights other clients' models by how much they lower a client's validation loss;"
-        " here none did, so every client kept its own model: Local")}
-    paper = "Zhang, Sapra, Fidler, Yeung & Alvarez, ICLR 2021"
-    personalizes = "the whole model: each client combines other clients' models by first-order weights on its own validation data"
-    refused_knobs = {"privacy": "its upload is the whole model plus first-order weights computed on the client's "
-                                "validation data, with no single downloaded model to form an update against"}
+        " here none did, so every client kept its own model: Local")}))
+class FedFomo(Algorithm):
+    capabilities = Capabilities(refused_knobs={
+        "privacy": "its upload is the whole model plus first-order weights computed on the client's "
+                   "validation data, with no single downloaded model to form an update against"})
 
     class Hyperparams(Hyperparams):
         models: int = Field(8, ge=1)                       # M, models downloaded per client
@@ -129,7 +127,7 @@ class FedFomo(Algorithm):
 
     def choose(self, rnd: int, clients: torch.Tensor) -> torch.Tensor:
         """The models each client downloads: [K, M'] client ids, epsilon-greedy on the affinity."""
-        rng = np.random.default_rng([self.fed.cell.seed, rnd, 0xF0F0])
+        rng = streams.generator(self.fed.cell.seed, "fedfomo.explore", rnd, kind="numpy")
         uploaded = self.uploaded.numpy()
         candidates = [[n for n in np.flatnonzero(uploaded) if n != c] for c in clients.tolist()]
         count = min([self.hp.models, *map(len, candidates)])

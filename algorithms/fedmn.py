@@ -15,7 +15,8 @@ the logits are sum_k g_k h_k / sum_k g_k. The routing hypernetwork reads the cli
 training set (x and one-hot y) as one set: s = mean_i Linear(ReLU(L2norm([phi_x(x_i); phi_y(y_i)])))
 (DeepSets mean pooling; phi_x -> 128, phi_y = Linear(C, 64)) [C]; phi_x is a small conv net here
 (the code uses the pretrained encoder type) [INF]. It is recomputed at every local step [C]
-(`router_samples` > 0 subsamples the set, for speed [INF]).
+(`router_samples` > 0 subsamples the set, for speed [INF], from the cell seed's stream
+"fedmn.router-samples": until issue 44 the subsample ignored the seed).
 
 Faithful version [INF, the spec's recommendation]: binary-concrete gates sigmoid((s + logistic noise)/tau),
 straight-through hard gates (forward 0/1, gradient of the soft gate) trained end to end with the
@@ -51,9 +52,7 @@ the pool starts from scratch, and two choices matter (both off in `code_compat`)
   tau = 1), as in the code, and the router learns to switch modules off. With logits near 0 every
   training step draws each gate by a fair coin (tau ~ 1 for the first ~10^4 steps): each step trains a
   random sub-network (whole modules dropped with probability 1/2) and the loss stays high.
-Measured (fmnist, pathological 2 classes/client, 500 samples/client, 10 clients, batch 32, SGD lr 0.01
-momentum 0.9, 1 epoch, seed 0, router_samples 64; mean test accuracy at round 5): both 0.59, He only
-(bias 0) 0.32, bias only (PyTorch init) 0.16, neither (the first version) 0.12 (loss 2.29); FedAvg's CNN 0.29.
+(Measured, each choice on and off: docs/algorithms/fedmn.md.)
 
 `code_compat=True` reproduces the official code's behaviour for comparison: the routing is detached
 (`.item()`: the routing net never learns), soft 2-way Gumbel-softmax gates at tau = 1 (the annealing
@@ -77,7 +76,8 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import Tensor, nn
 
-from pflbench.algorithm import ALGORITHMS, Algorithm, Hyperparams
+from pflbench import streams
+from pflbench.algorithm import ALGORITHMS, Algorithm, Capabilities, Card, Hyperparams
 from pflbench.steps import step_ids
 from pflbench.training import SGD, Diverged
 
@@ -188,20 +188,21 @@ class Router(nn.Module):
         return self.out(torch.relu(F.normalize(z, dim=1))).mean(0)
 
 
-@ALGORITHMS.register("fedmn")
+@ALGORITHMS.register("fedmn", card=Card(
+    display_name="FedMN",
+    family="hypernetworks and layer-wise aggregation",
+    paper="T. Wang, Cheng, Luo, Yu, Ni, Tong, Chen & X. Zhang, ICDM 2022",
+    personalizes="the architecture: a routing hypernetwork picks each client's modules from a shared pool"))
 class FedMN(Algorithm):
     """A module pool shared by all clients; each client's routing hypernetwork output picks its modules."""
 
-    name = "fedmn"
-    display_name = "FedMN"
-    family = "hypernetworks and layer-wise aggregation"
-    paper = "T. Wang, Cheng, Luo, Yu, Ni, Tong, Chen & X. Zhang, ICDM 2022"
-    personalizes = "the architecture: a routing hypernetwork picks each client's modules from a shared pool"
-    batched = False
+    capabilities = Capabilities(batched=False, refused_knobs={
+        "privacy": "its upload is the router and the modules its routing picks after local training, "
+                   "which may differ from the modules it downloaded: no update to clip"})
     # Checkpoints: the module pool and the routing net that local training loads each client into.
     state_objects = ("net", "router")
-    refused_knobs = {"privacy": "its upload is the router and the modules its routing picks after local training, "
-                                "which may differ from the modules it downloaded: no update to clip"}
+
+    quick_hp = {"dims": [16, 8], "encoder_hidden": 16, "router_x_dim": 8, "router_y_dim": 4, "router_samples": 16}  # small smoke cells (tests)
 
     class Hyperparams(Hyperparams):
         modules_per_layer: list[int] = Field(default_factory=lambda: [2, 2, 2], min_length=2)
@@ -227,8 +228,7 @@ class FedMN(Algorithm):
     def setup(self) -> None:
         fed, hp = self.fed, self.hp
         shape = fed.input_shape
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(fed.cell.seed)
+        with streams.torch_global(fed.cell.seed, "fedmn.init"):
             self.net = ModularNet(shape, fed.num_classes, hp.modules_per_layer, hp.dims, hp.encoder_hidden,
                                   hp.dropout).to(fed.device)
             self.router = Router(shape, fed.num_classes, self.net.gate_count(), hp.router_x_dim,
@@ -307,7 +307,7 @@ class FedMN(Algorithm):
     @torch.no_grad()
     def _fixed_routing(self, client: int, router_state: dict[str, Tensor]) -> Tensor:
         self.router.load_state_dict(router_state)
-        x, y = self._client_data(client, torch.Generator().manual_seed(client))
+        x, y = self._client_data(client, streams.generator(self.fed.cell.seed, "fedmn.router-samples", client=client))
         return self.gates(self.router(x, y), self.hp.tau_min, train=False)
 
     # ---- the round -------------------------------------------------------------------------------
@@ -329,8 +329,8 @@ class FedMN(Algorithm):
     def local_train(self, rnd: int, clients: Tensor, states: list[dict]) -> list[dict]:
         fed, hp, sgd = self.fed, self.hp, self.fed.sgd
         ids = clients.tolist()
-        noise_generators = fed.batch_generators(rnd, clients, salt=0xF3D)
-        batches, counts = step_ids(fed, rnd, clients, salt=0)  # a straggler's share of the round's work
+        noise_generators = fed.batch_generators(rnd, clients, stream="fedmn.noise")
+        batches, counts = step_ids(fed, rnd, clients)  # a straggler's share of the round's work
         for k, c in enumerate(ids):
             self.net.load_state_dict(self.client_pool[c])
             self.router.load_state_dict(states[k]["router"])
@@ -341,7 +341,7 @@ class FedMN(Algorithm):
             self.net.train()
             gates = None
             with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(int(noise_generators[k].initial_seed()) % (2 ** 63))  # dropout
+                streams.seed_torch_global(fed.cell.seed, "fedmn.dropout", rnd, int(fed.client_ids[c]))  # dropout
                 for step in range(int(counts[k])):
                     tau = max(hp.tau_init * math.exp(-hp.tau_rate * self.steps_done[c]), hp.tau_min)
                     if hp.code_compat:
@@ -434,13 +434,13 @@ class FedMN(Algorithm):
         the result carries the scores, which `evaluate` returns."""
         fed, sgd = self.fed, self.fed.sgd
         everyone = torch.arange(fed.num_clients, device=fed.device)
-        batches, counts = step_ids(fed, rnd + 1, everyone, salt=0, epochs=epochs)
+        batches, counts = step_ids(fed, rnd + 1, everyone, epochs=epochs)
         splits = [name for name in ("test", "val") if name in fed.split_names]
         scores = {name: (torch.zeros(fed.num_clients, device=fed.device),
                          torch.zeros(fed.num_clients, device=fed.device)) for name in splits}
         with torch.random.fork_rng(devices=[]):  # dropout draws must not move the training's stream
             for c in range(fed.num_clients):
-                torch.manual_seed(fed.cell.seed * 1_000_003 + rnd * 1009 + c)
+                streams.seed_torch_global(fed.cell.seed, "fedmn.adapt-dropout", rnd, c)
                 self.net.load_state_dict(personal["pool"])
                 gates = personal["routing"][c]
                 params = list(self.net.parameters())

@@ -18,17 +18,15 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from pflbench.algorithm import ALGORITHMS, Algorithm, Hyperparams
+from pflbench.algorithm import ALGORITHMS, Algorithm, Card, Hyperparams
 
 
-@ALGORITHMS.register("fedper")
+@ALGORITHMS.register("fedper", card=Card(
+    display_name="FedPer",
+    family="personal layers",
+    paper="Arivazhagan, Aggarwal, Singh & Choudhary, arXiv 2019",
+    personalizes="the top layers (personalization layers, default the classifier); the base is FedAvg"))
 class FedPer(Algorithm):
-    name = "fedper"
-    display_name = "FedPer"
-    family = "personal layers"
-    paper = "Arivazhagan, Aggarwal, Singh & Choudhary, arXiv 2019"
-    personalizes = "the top layers (personalization layers, default the classifier); the base is FedAvg"
-
     class Hyperparams(Hyperparams):
         personal_layers: int = Field(1, ge=0)
 

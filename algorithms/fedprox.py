@@ -16,20 +16,18 @@ Where it was silent / what was chosen here:
 
 from pydantic import Field
 
-from pflbench.algorithm import ALGORITHMS, Algorithm, Hyperparams
+from pflbench.algorithm import ALGORITHMS, Algorithm, Card, Hyperparams
 from pflbench.training import cross_entropy
 
 
-@ALGORITHMS.register("fedprox")
+@ALGORITHMS.register("fedprox", card=Card(
+    display_name="FedProx",
+    family="baselines",
+    paper="Li, Sahu, Zaheer, Sanjabi, Talwalkar & Smith, MLSys 2020",
+    personalizes="nothing: one global model, trained with a proximal term against client drift",
+    reduces_to={"fedavg": (
+        "FedProx's proximal term (mu) changed none of the evaluated numbers: FedAvg")}))
 class FedProx(Algorithm):
-    name = "fedprox"
-    display_name = "FedProx"
-    family = "baselines"
-    reduces_to = {"fedavg": (
-        "FedProx's proximal term (mu) changed none of the evaluated numbers: FedAvg")}
-    paper = "Li, Sahu, Zaheer, Sanjabi, Talwalkar & Smith, MLSys 2020"
-    personalizes = "nothing: one global model, trained with a proximal term against client drift"
-
     class Hyperparams(Hyperparams):
         mu: float = Field(0.01, ge=0.0)
 

@@ -25,11 +25,9 @@ Where the paper is silent / what was chosen here:
   `local_epochs` therefore does not set FedRep's local work (as in the official code, where the head
   and body epochs are FedRep's own); `body_epochs: null` trains the body for the cell's
   `local_epochs` instead (this module's default before issue 15, which gave the body 10 epochs in
-  Table 1 and 2 in the quick table). Measured on the quick table's fmnist column (10 / 100 clients,
-  final accuracy): 87.22% / 86.71% with 2 body epochs, 83.56% / 83.68% with 1 (20 / 30 rounds are
-  few for a body trained one epoch per round; the paper's 600 / 2500 rounds are not).
+  Table 1 and 2 in the quick table; measured: docs/algorithms/fedrep.md).
 - Both phases use the cell's optimizer settings (lr, momentum, weight decay, batch size); the head
-  phase uses its own batch order (salt `HEAD_SALT`), the body phase the engine's default one.
+  phase uses its own batch order (stream `HEAD_STREAM`), the body phase the engine's default one.
   BatchNorm statistics follow both phases' forward passes.
 - Every client's head starts from the common initial model's head; clients not sampled keep theirs.
 - Aggregation of the body: the engine's sample-size-weighted mean (the official code weights by
@@ -39,25 +37,25 @@ Where the paper is silent / what was chosen here:
 - Unseen clients: a newcomer gets the global body and fits its own head on its train split with
   the body frozen, for `head_epochs` (the paper's procedure for new clients, Section 5).
 - Cost: a round makes head_epochs + body_epochs passes over the client's data (the head phase's
-  backward stops at the head). Measured on the demo's Fashion-MNIST cells (300 samples per client,
-  10 clients, 5 rounds, shared 2-core CPU): about 22-35 s per cell, `local` about 8 s.
+  backward stops at the head; measured: docs/algorithms/fedrep.md).
 """
 from __future__ import annotations
 
 from pydantic import Field
 
-from pflbench.algorithm import ALGORITHMS, Algorithm, Hyperparams
+from pflbench.algorithm import ALGORITHMS, Algorithm, Card, Hyperparams
 
 
-@ALGORITHMS.register("fedrep")
+@ALGORITHMS.register("fedrep", card=Card(
+    display_name="FedRep",
+    family="personal layers",
+    row_order=6,
+    paper="Collins, Hassani, Mokhtari & Shakkottai, ICML 2021",
+    personalizes="the head (classifier), trained first with the shared representation fixed"))
 class FedRep(Algorithm):
-    name = "fedrep"
-    display_name = "FedRep"
-    family = "personal layers"
-    row_order = 6  # pFedLA's Tables 1-2 row order
-    paper = "Collins, Hassani, Mokhtari & Shakkottai, ICML 2021"
-    personalizes = "the head (classifier), trained first with the shared representation fixed"
-    HEAD_SALT = 0xFE0E
+    HEAD_STREAM = "fedrep.head"
+
+    quick_hp = {"head_epochs": 1}  # small smoke cells (tests)
 
     class Hyperparams(Hyperparams):
         head_epochs: int = Field(10, ge=0)
@@ -83,6 +81,6 @@ class FedRep(Algorithm):
     def local_train(self, rnd, clients, state):
         if self.hp.head_epochs:
             state = self.fed.train(rnd, clients, state, trainable=self._head_params,
-                                   epochs=self.hp.head_epochs, salt=self.HEAD_SALT).state
+                                   epochs=self.hp.head_epochs, stream=self.HEAD_STREAM).state
         return self.fed.train(rnd, clients, state, trainable=self._body_params,
                               epochs=self.hp.body_epochs).state

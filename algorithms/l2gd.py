@@ -44,27 +44,27 @@ import numpy as np
 
 from pydantic import Field
 
-from pflbench.algorithm import ALGORITHMS, Algorithm, Hyperparams
+from pflbench import streams
+from pflbench.algorithm import ALGORITHMS, Algorithm, Capabilities, Card, Hyperparams
 
 
 def coin_flips(seed: int, rounds: int, p: float) -> np.ndarray:
     """The communication coin of every round (index rnd - 1): True with probability p."""
-    rng = np.random.default_rng([seed, 0x1260])
+    rng = streams.generator(seed, "l2gd.coins", kind="numpy")
     return rng.random(rounds) < p
 
 
-@ALGORITHMS.register("l2gd")
+@ALGORITHMS.register("l2gd", card=Card(
+    display_name="L2GD",
+    family="regularized and meta-learned",
+    paper="Hanzely & Richtárik, arXiv 2020 (Federated Learning of a Mixture of Global and Local Models)",
+    personalizes="a whole local model per client, pulled toward the average on randomly chosen communication rounds"))
 class L2GD(Algorithm):
-    name = "l2gd"
-    display_name = "L2GD"
-    family = "regularized and meta-learned"
-    paper = "Hanzely & Richtárik, arXiv 2020 (Federated Learning of a Mixture of Global and Local Models)"
-    personalizes = "a whole local model per client, pulled toward the average on randomly chosen communication rounds"
-    refused_knobs = {
+    capabilities = Capabilities(refused_knobs={
         "system.dropout": "the server averages the sampled clients' models when it configures an aggregation "
                           "round (before they train), so an upload lost at the end of the round cannot be left out",
         "privacy": "its upload is the client's whole model, averaged before the round's step, not an update of "
-                   "what it downloaded"}
+                   "what it downloaded"})
 
     class Hyperparams(Hyperparams):
         lam: float = Field(10.0, ge=0.0)   # lambda, weight of the distance-to-average penalty

@@ -18,18 +18,16 @@ training samples, like every FedAvg-based method here (the original code average
 """
 from pydantic import Field
 
-from pflbench.algorithm import ALGORITHMS, Algorithm, Hyperparams
+from pflbench.algorithm import ALGORITHMS, Algorithm, Card, Hyperparams
 
 
 
-@ALGORITHMS.register("lg-fedavg")
+@ALGORITHMS.register("lg-fedavg", card=Card(
+    display_name="LG-FedAvg",
+    family="personal layers",
+    paper="Liang, Liu, Ziyin, Allen, Auerbach, Brent, Salakhutdinov & Morency, arXiv 2020 (Think Locally, Act Globally)",
+    personalizes="the lower layers (local representations); the top layers are FedAvg"))
 class LGFedAvg(Algorithm):
-    name = "lg-fedavg"
-    display_name = "LG-FedAvg"
-    family = "personal layers"
-    paper = "Liang, Liu, Ziyin, Allen, Auerbach, Brent, Salakhutdinov & Morency, arXiv 2020 (Think Locally, Act Globally)"
-    personalizes = "the lower layers (local representations); the top layers are FedAvg"
-
     class Hyperparams(Hyperparams):
         global_layers: int = Field(2, ge=0)
 

@@ -14,17 +14,16 @@ at round r is the same whichever rounds were evaluated before (until issue 29 a 
 evaluating round's batch orders for all its epochs, so the scores depended on `eval_every`).
 """
 
-from pflbench.algorithm import ALGORITHMS, Algorithm
+from pflbench.algorithm import ALGORITHMS, Algorithm, Capabilities, Card
 
 
-@ALGORITHMS.register("local")
+@ALGORITHMS.register("local", card=Card(
+    display_name="Local",
+    family="baselines",
+    row_order=0,
+    personalizes="everything: each client trains alone, nothing is shared (the baseline)"))
 class Local(Algorithm):
-    name = "local"
-    display_name = "Local"
-    family = "baselines"
-    row_order = 0  # pFedLA's Tables 1-2 row order
-    personalizes = "everything: each client trains alone, nothing is shared (the baseline)"
-    heterogeneous_models = True
+    capabilities = Capabilities(heterogeneous_models=True)
 
     def is_local(self, name: str) -> bool:
         return True  # nothing is shared: no bytes up or down, nothing to aggregate

@@ -17,7 +17,7 @@ alpha on its own data, w - alpha * grad f_i(w; D).
 Where the paper is silent / what was chosen here:
 - Steps per round: tau is identified with the cell's local epochs: a round makes as many meta
   steps as plain local SGD would make batches (ceil(n / B) per epoch). D follows the engine's
-  default batch order (salt 0); D' and D'' come from their own shuffles (salts below), all at the
+  default batch order (stream "batches"); D' and D'' come from their own shuffles (`STREAMS`), all at the
   cell's batch size.
 - Step sizes. `beta` (the meta step, the one that moves the shared model) defaults to 1e-3, a
   fixed value independent of the cell's lr. The paper fixes its step sizes per experiment (Section 5);
@@ -35,33 +35,18 @@ Where the paper is silent / what was chosen here:
   and `variant` (default "fo", the cheaper one) is a choice. Note for tables: with beta fixed, the
   cell's lr does not move Per-FedAvg's shared model at all, so a table that raises every method's lr
   (e.g. the quick scale's 10x) leaves Per-FedAvg at the references' meta step unless the spec sets
-  `hp.beta`. The quick scale's beta, on validation data (issue 29, item 8; it had been set to 0.01
-  by analogy with the 10x rates and checked on test accuracy): the quick table's fmnist 10-client
-  cell (table1.yaml --scale quick: pathological k=4, 300 samples per client, 20 rounds x 2 local
-  epochs, lr 0.05, batch 32, 10% validation split = 210 validation samples), seed 0, criterion =
-  mean client validation accuracy at the final round as delivered (the sweep's objective; for
-  Per-FedAvg the delivered model already is the one-step adapted one), 2026-11-24, two cells at a
-  time on the shared 2-core machine, load average 11-19 (270-340 s a cell):
-      beta              1e-3    1e-2    5e-2 (= lr)   1.5e-1
-      val % delivered   10.95   65.71   80.48         73.81
-      (after adaptation 39.52   56.19   81.90         88.10)
-  5e-2 is best as delivered, 14.8 points above 1e-2 (a binomial standard error is about 3 points
-  here), and 1.5e-1 is past the peak on that criterion (after a further epoch of adaptation it
-  scores higher: a reading the criterion does not use). So the quick scales of table1/table2.yaml
-  set beta 0.05 (was 0.01); the 100-client column and cifar10-jpeg use the same value, not measured
-  there. The module default stays the references' 1e-3 (the full scale's 600 rounds x 10 epochs,
-  where a small meta step has the rounds to move the model; not re-measured).
+  `hp.beta`. The quick scales of table1/table2.yaml set beta 0.05, chosen on validation data; the
+  module default stays the references' 1e-3 (measurements: docs/algorithms/perfedavg.md).
 - Evaluation: the adaptation step uses one mini-batch (the cell's batch size) of the client's own
-  *training* split, drawn with a fixed batch order (round 0, `ADAPT_SALT`) so the result does not
+  *training* split, drawn with a fixed batch order (round 0, `ADAPT_STREAM`) so the result does not
   depend on when it is evaluated. Only the parameters take the step; BatchNorm statistics stay the
   global model's. It is computed for every client (not only the sampled ones) and cached until the
   next aggregation.
 - Unseen clients: a newcomer gets the meta-model after the same adaptation step on its own
   training data (the paper's new user).
 - HF with ReLU networks: the finite difference equals the Hessian-vector product only while the
-  +-delta g perturbation crosses no ReLU kink; when it does, d can be far off (measured on the
-  generated dataset: relative error about 5e-5 on most clients, several times the norm on one).
-  That is the method as published (it assumes a smooth loss); FO has no such term.
+  +-delta g perturbation crosses no ReLU kink; when it does, d can be far off (measured:
+  docs/algorithms/perfedavg.md). That is the method as published (it assumes a smooth loss); FO has no such term.
 - BatchNorm statistics during local training follow the forward passes at w on D (the passes at
   w_tmp and at w +- delta g use throw-away copies).
 - Divergence: a non-finite loss or parameter in any local step raises `Diverged` (the cell is
@@ -83,22 +68,21 @@ from pydantic import Field
 
 from pflbench.steps import (finite, keep_inactive, loss_and_grads, per_client, restore_inactive, rows_where,
                             sgd_step, step_ids)
-from pflbench.algorithm import ALGORITHMS, Algorithm, Hyperparams
+from pflbench.algorithm import ALGORITHMS, Algorithm, Card, Hyperparams
 from pflbench.training import Diverged, weighted_mean
 
-SALTS = (0, 0x9EF1, 0x9EF2)  # batch orders of D, D' and D''
-ADAPT_SALT = 0x9EFA           # batch order of the evaluation-time adaptation step
+STREAMS = ("batches", "perfedavg.d-prime", "perfedavg.d-second")  # batch orders of D, D' and D''
+ADAPT_STREAM = "perfedavg.adapt"  # batch order of the evaluation-time adaptation step
 
 
-@ALGORITHMS.register("perfedavg")
+@ALGORITHMS.register("perfedavg", card=Card(
+    display_name="Per-FedAvg",
+    family="regularized and meta-learned",
+    row_order=2,
+    paper="Fallah, Mokhtari & Ozdaglar, NeurIPS 2020",
+    personalizes="the whole model, by one local gradient step from a MAML-trained global model"))
 class PerFedAvg(Algorithm):
-    name = "perfedavg"
-    display_name = "Per-FedAvg"
-    family = "regularized and meta-learned"
-    row_order = 2  # pFedLA's Tables 1-2 row order
-    paper = "Fallah, Mokhtari & Ozdaglar, NeurIPS 2020"
-    personalizes = "the whole model, by one local gradient step from a MAML-trained global model"
-    ADAPT_SALT = ADAPT_SALT
+    ADAPT_STREAM = ADAPT_STREAM
 
     class Hyperparams(Hyperparams):
         variant: Literal["fo", "hf"] = "fo"            # first-order or Hessian-free
@@ -125,7 +109,7 @@ class PerFedAvg(Algorithm):
         fed, hp = self.fed, self.hp
         params = {n: state[n].detach().clone() for n in fed.model.param_names}
         buffers = {n: state[n].detach().clone() for n in fed.model.buffer_names}
-        plans = [step_ids(fed, rnd, clients, salt=salt) for salt in SALTS[: 3 if hp.variant == "hf" else 2]]
+        plans = [step_ids(fed, rnd, clients, stream=stream) for stream in STREAMS[: 3 if hp.variant == "hf" else 2]]
         counts = plans[0][1]
         momenta = {n: torch.zeros_like(p) for n, p in params.items()} if fed.sgd.momentum else {}
         for step in range(int(counts.max()) if len(counts) else 0):
@@ -160,7 +144,7 @@ class PerFedAvg(Algorithm):
         """One step of SGD with step alpha on one mini-batch of each client's training data (of
         `fed`'s clients: the cell's trained clients by default, or its newcomers)."""
         fed = fed or self.fed
-        ids, counts = step_ids(fed, 0, clients, salt=ADAPT_SALT, steps=1)
+        ids, counts = step_ids(fed, 0, clients, stream=ADAPT_STREAM, steps=1)
         params = {n: state[n] for n in fed.model.param_names}
         buffers = {n: state[n] for n in fed.model.buffer_names}
         if ids.shape[1] == 0:

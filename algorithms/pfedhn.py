@@ -67,7 +67,8 @@ from torch import Tensor, nn
 
 from pflbench.steps import (finite, keep_inactive, loss_and_grads, per_client, restore_inactive, rows_where,
                             sgd_step, step_ids)
-from pflbench.algorithm import ALGORITHMS, Algorithm, Hyperparams
+from pflbench import streams
+from pflbench.algorithm import ALGORITHMS, Algorithm, Capabilities, Card, Hyperparams
 from pflbench.training import SGD, Diverged
 
 
@@ -98,18 +99,20 @@ class HyperNetwork(nn.Module):
                 for (name, shape), head in zip(self.shapes.items(), self.heads)}
 
 
-@ALGORITHMS.register("pfedhn")
+@ALGORITHMS.register("pfedhn", card=Card(
+    display_name="pFedHN",
+    family="hypernetworks and layer-wise aggregation",
+    row_order=4,
+    paper="Shamsian, Navon, Fetaya & Chechik, ICML 2021",
+    personalizes="the whole model, generated per client by a server hypernetwork from a learned client embedding"))
 class PFedHN(Algorithm):
-    name = "pfedhn"
+    capabilities = Capabilities(refused_knobs={
+        "privacy.mode": "central DP hands the server one noised sum of the updates, and pFedHN's "
+                        "server steps the hypernetwork with each client's own update"})
     state_objects = ("hypernet", "optimizer")  # checkpoints: the hypernetwork, then its momentum
-    display_name = "pFedHN"
-    family = "hypernetworks and layer-wise aggregation"
-    row_order = 4  # pFedLA's Tables 1-2 row order
-    paper = "Shamsian, Navon, Fetaya & Chechik, ICML 2021"
-    personalizes = "the whole model, generated per client by a server hypernetwork from a learned client embedding"
     personal_classifier = False
-    refused_knobs = {"privacy.mode": "central DP hands the server one noised sum of the updates, and pFedHN's "
-                                     "server steps the hypernetwork with each client's own update"}
+
+    quick_hp = {"inner_steps": 3}  # small smoke cells (tests)
 
     class Hyperparams(Hyperparams):
         hn_lr: float = Field(1e-2, gt=0)
@@ -144,8 +147,7 @@ class PFedHN(Algorithm):
         else:
             self.generated = list(params)
         shapes = {p: self.client_state[p].shape[1:] for p in self.generated}
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(fed.cell.seed * 7919 + 29)
+        with streams.torch_global(fed.cell.seed, "pfedhn.hypernet"):
             self.hypernet = HyperNetwork(n, shapes, hp.embed_dim or int(1 + n / 4), hp.hidden_dim,
                                          hp.hidden_layers).to(fed.device)
         self.optimizer = torch.optim.SGD(self.hypernet.body(), lr=hp.hn_lr, momentum=hp.hn_momentum,
@@ -154,7 +156,7 @@ class PFedHN(Algorithm):
 
     @property
     def dp_upload(self) -> str:
-        """per_round: the engine privatizes the uploaded deltas; per_client: each delta, as it steps the server."""
+        """per_round: the privacy wrapper privatizes the uploaded deltas; per_client: each delta, as it steps the server."""
         return "update" if self.hp.server_updates == "per_round" else "self"
 
     def configure(self, rnd, clients):
@@ -197,7 +199,7 @@ class PFedHN(Algorithm):
         fed, sgd = self.fed, self.OFFICIAL_INNER
         params = {n: state[n].detach().clone() for n in fed.model.param_names}
         buffers = {n: state[n].detach().clone() for n in fed.model.buffer_names}
-        ids, counts = step_ids(fed, rnd, clients, salt=0, steps=self.hp.inner_steps)
+        ids, counts = step_ids(fed, rnd, clients, steps=self.hp.inner_steps)
         momenta = {n: torch.zeros_like(p) for n, p in params.items()}
         for step in range(int(counts.max()) if len(counts) else 0):
             active = counts > step
@@ -256,7 +258,7 @@ class PFedHN(Algorithm):
         return {n: generated.get(n, self.client_state[n]) for n in self.fed.model.names}
 
     NEWCOMER_EPOCHS = 5
-    NEWCOMER_SALT = 0x0E3E
+    NEWCOMER_STREAM = "pfedhn.newcomers"
 
     def newcomer_models(self, rnd, newcomers):
         """Frozen hypernetwork, a fitted embedding per newcomer (see the module docstring)."""
@@ -269,7 +271,7 @@ class PFedHN(Algorithm):
         embedding = self.hypernet.embedding.detach().mean(0, keepdim=True).repeat(count, 1)
         velocity = torch.zeros_like(embedding)
         momenta = {n: torch.zeros_like(t) for n, t in own.items()} if fed.sgd.momentum else {}
-        ids, counts = step_ids(fed, rnd, everyone, salt=self.NEWCOMER_SALT, epochs=self.NEWCOMER_EPOCHS)
+        ids, counts = step_ids(fed, rnd, everyone, stream=self.NEWCOMER_STREAM, epochs=self.NEWCOMER_EPOCHS)
         for step in range(int(counts.max()) if len(counts) else 0):
             active = counts > step
             kept = keep_inactive(buffers, active)
@@ -297,13 +299,12 @@ class PFedHN(Algorithm):
         return {"embeddings": self.hypernet.embedding.detach().cpu().numpy().astype(np.float32)}
 
 
-@ALGORITHMS.register("pfedhn-pc")
+@ALGORITHMS.register("pfedhn-pc", card=Card(
+    display_name="pFedHN-PC",
+    family="hypernetworks and layer-wise aggregation",
+    paper="Shamsian, Navon, Fetaya & Chechik, ICML 2021",
+    personalizes="the feature extractor, generated per client by a hypernetwork, and a personal classifier kept on the client"))
 class PFedHNPC(PFedHN):
     """pFedHN-PC: the hypernetwork generates the body; each client's classifier is its own."""
 
-    name = "pfedhn-pc"
-    display_name = "pFedHN-PC"
-    family = "hypernetworks and layer-wise aggregation"
-    paper = "Shamsian, Navon, Fetaya & Chechik, ICML 2021"
-    personalizes = "the feature extractor, generated per client by a hypernetwork, and a personal classifier kept on the client"
     personal_classifier = True

@@ -4,96 +4,45 @@ learned by one hypernetwork per client on the server.
 What the paper says (Section 3, Algorithms 1-2):
 - The server keeps every client's latest parameters theta_j and, per client i, an embedding v_i and
   a hypernetwork HN_i(v_i; psi_i) of "several fully connected layers" whose output alpha_i holds one
-  weight per (layer, source client), each layer's weights summing to 1 (Eq. 3). It is "trained to
-  identify the mutual contribution factors": "clients with similar data distribution should have
-  high aggregation weights"; Figure 5: weights from dissimilar clients fall during training.
+  weight per (layer, source client), each layer's weights summing to 1 (Eq. 3).
 - Client i receives the layer-wise aggregate theta_bar_i^l = sum_j alpha_i^{l,j} theta_j^l
   (Eq. 5-6), trains it for some local epochs and returns delta_i = theta_i - theta_bar_i.
 - The server sets theta_i = theta_bar_i + delta_i and updates v_i and psi_i through the chain rule
   (Eq. 10-11): Delta psi_i = (d theta_bar_i / d psi_i)^T delta_i. Sign: local SGD moves along
   -grad L_i, so delta_i ~ -eta * grad L_i and the rule descends L_i (as pFedHN's official code does;
-  the public pFedLA reconstructions ascend it). Here it is the gradient of <theta_bar_i, -delta_i>,
-  exact (a test checks it against finite differences and that the client's loss goes down).
+  the public pFedLA reconstructions ascend it: `hn_sign`). Here it is the gradient of
+  <theta_bar_i, -delta_i>, exact (a test checks it against finite differences).
 - Not given (the supplement with the hypernetwork's structure is not public): the heads'
-  initialization, the optimizer and its step ("Initialize ... hypernetworks parameters").
+  initialization, the optimizer and its step.
 - HeurpFedLA: each round client i keeps the k layers with the largest self-weight alpha_i^{l,i}
-  (k = 1 in Tables 1-2; Eq. 12) and is not sent them (Algorithm 2, lines 7 and 12-13). It returns
-  Delta theta_i = theta_i - {Heur theta_bar_i, theta_i^retain} (line 16): every layer, the retained
-  ones included; Section 3.3 puts the saving "from the server to the clients direction, i.e. the
-  server can save the costs of transmitting the parameters of the retained layers".
+  (k = 1 in Tables 1-2; Eq. 12) and is not sent them (Algorithm 2); it returns Delta theta_i of every
+  layer, so the saving is download-only (Section 3.3).
 
-What was chosen, and why (quick table = benchmarks/table1.yaml --scale quick, fmnist, seed 0):
+What was chosen (the measurements behind each: docs/algorithms/pfedla.md):
 - Structure, as the public reconstructions have it: embedding (dim 100) -> 3 x [Linear(100), ReLU]
-  -> one head per layer Linear(100 -> N), ReLU, normalization per layer; a layer whose outputs are
-  all zero falls back to the client's own parameters.
+  -> one head per layer Linear(100 -> N), a head activation (`head`, default ReLU), normalization per
+  layer; a layer whose outputs are all zero falls back to the client's own parameters.
 - Heads start at zero weights and bias 1 (`head_init="uniform"`): alpha starts at exactly 1/N
-  (FedAvg over the server copies, from where Figure 5's weights move). The reconstructions'
-  U(0, 1) weights (`head_init="random"`) make every raw output about the same large sum, so the
-  normalization over N divides every change by it: with their plain SGD at lr 5e-3 the quick 10-client
-  cell's mean self-weight went 0.1018 -> 0.1020 in 20 rounds, max |alpha - 1/N| stayed at the
-  initialization's spread (0.029), and pFedLA was uniform averaging (70.0%; 51.1% at 100 clients).
-- Adam per client on the hypernetwork and embedding (`hn_optimizer="adam"`, lr `hn_lr` = 1e-2; each
-  client has its own moments and step count and steps only when it trains). The chain-rule gradient
-  is Delta theta . theta divided by the normalization's total: its scale changes by orders of
-  magnitude between layers, datasets, learning rates and rounds, so no fixed SGD rate fits (the old
-  default needed ~20 to move). Adam's steps do not depend on that scale.
-  The value 1e-2, on validation data (issue 29, item 8; it had been read off test accuracy): the
-  quick table's fmnist 10-client cell (table1.yaml --scale quick: pathological k=4, 300 samples per
-  client, 20 rounds x 2 local epochs, lr 0.05, batch 32, 10% validation split = 21 samples per client,
-  210 in all), seeds 0 and 1, criterion = mean client validation accuracy at the final round as
-  delivered (the sweep's objective), pflbench 2eaedce + this branch, 2026-11-24, two cells at a time
-  on the shared 2-core machine, load average 10-17 (wall 130-150 s a cell):
-      hn_lr   val% seed 0 / 1   mean   (after adaptation: mean)   mean self-weight r10 / r20
-      1e-3    86.2 / 79.5       82.9   (82.6)                       0.12 / 0.33
-      1e-2    83.3 / 83.8       83.6   (85.5)                       0.77 / 0.89
-      3e-2    84.3 / 84.3       84.3   (85.9)                       0.81 / 0.89
-  1e-2 and 3e-2 are within 0.7 points, well inside the noise of 420 validation samples (binomial
-  standard error of a mean about 1.8 points), and 1e-3 barely moves alpha in 20 rounds: validation
-  does not call for a change, so the default stays 1e-2 (reproduce: `pflbench run benchmarks/
-  table1.yaml --scale quick --set clients=10 --set dataset=fmnist --set algorithm=pfedla --set
-  hp.hn_lr=[0.001,0.01,0.03] --set seed=[0,1]`). At 100 clients (30 rounds) the earlier test-scored
-  runs of 1e-2 .. 3e-1 were within 2.5 points of each other; not re-measured on validation.
-  `search_space` spans 1e-3 .. 3e-1, where alpha moves without collapsing in the first rounds.
-  `hn_optimizer="sgd"` is plain SGD at `hn_lr`.
-- The signal is taken relative to one server copy (theta_j - theta_0 in the contraction): each
-  layer's alphas sum to 1, so this shifts every d/d alpha_i^{l,j} by the same amount and leaves the
-  gradient unchanged, but identical copies (round 1: every client starts from the same model) give
-  exactly zero instead of rounding noise that Adam would blow up; a client with a zero gradient
-  does not step.
-- ReLU heads can reach exactly 0 and then get no gradient: a client dropped from a layer stays
-  dropped. On the quick 10-client cell the classifier layers end at self-weight 1 (Local, the best
-  row there), the first conv layer at about 0.7 with the rest mostly on clients that share classes.
-- 100 clients, 10% joining: a client's hypernetwork steps only in the rounds it trains (3 times on
-  average in the quick table's 30 rounds), and its aggregate averages server copies uploaded up to
-  ~30 rounds earlier (never-uploaded ones are the initial model), so pFedLA starts far behind FedAvg
-  (20% vs 52% at round 5) and catches up as the weights learn to drop initial, stale and dissimilar
-  copies: 65.4% vs 67.2% at round 30, ahead from round 45 in a 60-round run (77.3% vs 75.3% at 60).
+  (FedAvg over the server copies); the reconstructions' U(0, 1) heads (`head_init="random"`) leave
+  alpha at uniform averaging.
+- Adam per client on the hypernetwork and embedding (`hn_optimizer="adam"`, `hn_lr` 1e-2; each client
+  has its own moments and steps only when it trains): the chain-rule gradient's scale varies by orders
+  of magnitude, which no fixed SGD rate fits. `hn_optimizer="sgd"` is plain SGD at `hn_lr`.
+- The signal is taken relative to one server copy (theta_j - theta_0 in the contraction): this leaves
+  the gradient unchanged (each layer's alphas sum to 1) but gives exactly zero for identical copies
+  instead of rounding noise that Adam would blow up; a client with a zero gradient does not step.
 - What a "layer" is: `layer="block"` (default) uses the engine's layer groups (a conv or linear
-  module together with the BatchNorm that follows it: 5 layers for the pFedHN CNN); `layer="tensor"`
-  gives every parameter tensor (weights and biases apart) its own weights.
-- BatchNorm statistics (buffers) are never aggregated: they stay on the client (the paper's Table
-  setting; the survey's FedBN argument).
-- The personalized model evaluated for client i is theta_bar_i formed from the current
-  hypernetwork: the model the server would send it now (for HeurpFedLA, with its own retained
-  layers). A client never sampled has an untrained hypernetwork, so its model is the uniform mean of
-  all server copies, the never-uploaded initial ones included (like a lagging FedAvg model).
-- Unseen clients: the same for a newcomer (it has no hypernetwork of its own): the uniform mean of
-  all server copies. Its BatchNorm statistics are estimated on its own train split with those
-  parameters frozen (pflbench.newcomers.fit_batchnorm_statistics): the clients' statistics never leave
-  them, so the server cannot average them (until issue 29 the newcomer got their mean).
-- HeurpFedLA: ties in the self-weights (all of them at the uniform start, until the weights
-  separate) go to the later layers, the classifier first (the layer FedRep/FedPer keep local; the
-  paper's Section 4.4 finds it the most self-weighted on EMNIST); torch's topk breaks ties by
-  implementation (it kept fc1, the largest layer). The download leaves out each client's retained
-  layers (one dict per client, so the bytes counted are each client's own); the upload is Delta
-  theta of every layer, as pFedLA's, and the server adds it to what the client started from (its
-  copy of the client's own layer for a retained one), so the copy other clients aggregate is the
-  client's latest. The retained layers give the hypernetwork no signal: they did not come from
-  alpha this round (the exact chain rule is zero there), so their heads move only through the
-  shared MLP and embedding. Quick table, 10 clients: 84.1% (pFedLA 83.7%), 62.2 MB down vs
-  pFedLA's 68.7 MB, the same 68.7 MB up; 100 clients: 65.5% (pFedLA 65.4%), 97.9 vs 103.0 MB down.
-- Everything is batched across clients: each sampled client's hypernetwork row, the aggregation
-  (one contraction per tensor over the stacked parameters of all clients) and the update.
+  module with the BatchNorm after it); `layer="tensor"` gives every parameter tensor its own weights.
+- BatchNorm statistics are never aggregated: they stay on the client.
+- The personalized model of client i is theta_bar_i from the current hypernetwork (the model the
+  server would send it now). A client never sampled, and a newcomer, gets the uniform mean of all
+  server copies; a newcomer's BatchNorm statistics are fitted on its own train split
+  (pflbench.newcomers.batchnorm).
+- HeurpFedLA: ties in the self-weights go to the later layers (the classifier first); the server adds
+  Delta theta to what the client started from (its copy of a retained layer), and retained layers
+  give the hypernetwork no signal this round.
+- Everything is batched across clients: hypernetwork rows, the aggregation (one contraction per
+  tensor) and the update.
 
 Artifacts: `alpha` [N, L, N] (client i's weights over source clients j for layer l) and
 `alpha_layers` (the L layer names), every evaluation round.
@@ -108,21 +57,22 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import Tensor
 
-from pflbench.algorithm import ALGORITHMS, Algorithm, Hyperparams
-from pflbench.newcomers import fit_batchnorm_statistics
+from pflbench import streams
+from pflbench.algorithm import ALGORITHMS, Algorithm, Capabilities, Card, Hyperparams
+from pflbench.newcomers.batchnorm import fit_batchnorm_statistics
 
 
-@ALGORITHMS.register("pfedla")
+@ALGORITHMS.register("pfedla", card=Card(
+    display_name="pFedLA",
+    family="hypernetworks and layer-wise aggregation",
+    row_order=8,
+    paper="Ma, Zhang, Guo & Xu, CVPR 2022",
+    personalizes="the aggregation: per client and per layer, weights over all clients' models learned by a server hypernetwork"))
 class PFedLA(Algorithm):
-    name = "pfedla"
-    display_name = "pFedLA"
-    family = "hypernetworks and layer-wise aggregation"
-    row_order = 8  # pFedLA's Tables 1-2 row order
-    paper = "Ma, Zhang, Guo & Xu, CVPR 2022"
-    personalizes = "the aggregation: per client and per layer, weights over all clients' models learned by a server hypernetwork"
+    capabilities = Capabilities(refused_knobs={
+        "privacy.mode": "central DP hands the server one noised sum of the updates, and pFedLA's "
+                        "server steps each client's hypernetwork with that client's own update"})
     dp_upload = "update"  # the upload is delta theta_i
-    refused_knobs = {"privacy.mode": "central DP hands the server one noised sum of the updates, and pFedLA's "
-                                     "server steps each client's hypernetwork with that client's own update"}
 
     class Hyperparams(Hyperparams):
         hn_lr: float = Field(1e-2, gt=0)          # hypernetwork and embedding learning rate (Adam)
@@ -161,7 +111,7 @@ class PFedLA(Algorithm):
         if hp.retain_layers >= len(self.layer_params):
             raise ValueError(f"retain_layers={hp.retain_layers} keeps every one of the model's "
                              f"{len(self.layer_params)} layers local; choose fewer")
-        gen = torch.Generator().manual_seed(fed.cell.seed * 7919 + 17)
+        gen = streams.generator(fed.cell.seed, "pfedla.hypernet")
 
         def linear(fan_in: int, fan_out: int) -> tuple[Tensor, Tensor]:
             bound = 1 / fan_in ** 0.5  # nn.Linear's default initialization, one draw per client
@@ -358,18 +308,17 @@ class PFedLA(Algorithm):
                 "alpha_layers": np.array(self.layer_names)}
 
 
-@ALGORITHMS.register("heurpfedla")
+@ALGORITHMS.register("heurpfedla", card=Card(
+    display_name="HeurpFedLA",
+    family="hypernetworks and layer-wise aggregation",
+    row_order=9,
+    paper="Ma, Zhang, Guo & Xu, CVPR 2022",
+    personalizes="as pFedLA, and each client keeps its k most self-weighted layers without downloading them",
+    reduces_to={"pfedla": (
+        "HeurpFedLA equals pFedLA when no layer is retained")}))
 class HeurPFedLA(PFedLA):
     """HeurpFedLA: pFedLA whose clients keep their k most self-weighted layers (k = 1 in Tables 1-2)."""
 
-    name = "heurpfedla"
-    display_name = "HeurpFedLA"
-    family = "hypernetworks and layer-wise aggregation"
-    row_order = 9  # pFedLA's Tables 1-2 row order
-    reduces_to = {"pfedla": (
-        "HeurpFedLA equals pFedLA when no layer is retained")}
-    paper = "Ma, Zhang, Guo & Xu, CVPR 2022"
-    personalizes = "as pFedLA, and each client keeps its k most self-weighted layers without downloading them"
 
     class Hyperparams(PFedLA.Hyperparams):
         retain_layers: int = Field(1, ge=1)

@@ -15,7 +15,7 @@ lambda = 15, K = 5, personal_lr = 0.09, beta = 1 (beta = 2 also reported), R = 2
 
 Where the paper is silent / what was chosen here:
 - R is identified with the cell's local epochs: a round makes as many outer steps as plain local SGD
-  would make batches (ceil(n / B) per epoch), with the engine's default batch order (salt 0) and the
+  would make batches (ceil(n / B) per epoch), with the engine's default batch order (stream "batches") and the
   cell's batch size; eta is the cell's lr.
 - Starting point of the inner solver: the paper does not say. `warm_start="global"` (default, as the
   official code) starts theta from the downloaded global model at the start of a round and from the
@@ -33,15 +33,13 @@ Where the paper is silent / what was chosen here:
 - Stability: the inner iteration needs personal_lr * lambda < 2 and the outer one lr * lambda < 2
   (both contract toward the anchor); outside that the run diverges and is recorded as diverged
   (non-finite loss or parameter -> `Diverged`). The official personal_lr 0.09 was tuned on MNIST
-  MLPs: with the pFedHN CNN on fmnist (pathological k=4, 700 samples per client, lr 0.005) it
-  diverged at round 5, while 0.01 trained stably (validation accuracy rising to 62% by round 6), so
-  benchmarks/table{1,2}.yaml set `hp.personal_lr: 0.01`; the default stays the official value.
+  MLPs and diverges with the pFedHN CNN on fmnist, so benchmarks/table{1,2}.yaml set
+  `hp.personal_lr: 0.01`; the default stays the official value (docs/algorithms/pfedme.md).
 - Batched: yes; K inner steps on one batch then one outer step cannot be written as the engine's
   single-objective `fed.train`, so the module drives its own steps on the engine's batched model
   (or one client at a time where the engine loops), same results either way.
-- Cost: K forward/backward passes per batch, so about K times `local`'s compute (measured on the
-  demo's Fashion-MNIST cells, 300 samples per client, 10 clients, 5 rounds, shared 2-core CPU:
-  about 31 s per cell, `local` about 8 s).
+- Cost: K forward/backward passes per batch, so about K times `local`'s compute (measured:
+  docs/algorithms/pfedme.md).
 - Aggregation weights: uniform over the sampled clients (Algorithm 1); the official code weights by
   training-set size (`serverbase.py` `persionalized_aggregate_parameters`, the uniform line commented
   out). Equal for equal client sizes, as in pFedLA's tables.
@@ -78,19 +76,17 @@ from pydantic import Field
 
 from pflbench.steps import (finite, keep_inactive, loss_and_grads, per_client, restore_inactive, rows_where,
                             sgd_step, step_ids)
-from pflbench.algorithm import ALGORITHMS, Algorithm, Hyperparams
+from pflbench.algorithm import ALGORITHMS, Algorithm, Card, Hyperparams
 from pflbench.training import Diverged, weighted_mean
 
 
-@ALGORITHMS.register("pfedme")
+@ALGORITHMS.register("pfedme", card=Card(
+    display_name="pFedMe",
+    family="regularized and meta-learned",
+    row_order=3,
+    paper="T. Dinh, Tran & Nguyen, NeurIPS 2020",
+    personalizes="a whole personal model per client, the Moreau-envelope solution regularized toward the local copy of the global model"))
 class PFedMe(Algorithm):
-    name = "pfedme"
-    display_name = "pFedMe"
-    family = "regularized and meta-learned"
-    row_order = 3  # pFedLA's Tables 1-2 row order
-    paper = "T. Dinh, Tran & Nguyen, NeurIPS 2020"
-    personalizes = "a whole personal model per client, the Moreau-envelope solution regularized toward the local copy of the global model"
-
     class Hyperparams(Hyperparams):
         lam: float = Field(15.0, ge=0.0)                 # lambda, the Moreau-envelope regularization
         personal_lr: float = Field(0.09, gt=0.0)         # step size of the inner solve
@@ -148,7 +144,7 @@ class PFedMe(Algorithm):
         w = {n: state[n].detach().clone() for n in names}
         theta = {n: theta_start[n].detach().clone() for n in names}
         buffers = {n: theta_start[n].detach().clone() for n in buffer_names}  # theta's statistics
-        ids, counts = step_ids(fed, rnd, clients, salt=0)
+        ids, counts = step_ids(fed, rnd, clients)
         momenta = {n: torch.zeros_like(p) for n, p in w.items()} if fed.sgd.momentum else {}
         for step in range(int(counts.max()) if len(counts) else 0):
             active = counts > step

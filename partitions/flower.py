@@ -62,7 +62,7 @@ class Flower(Partitioner):
     def __init__(self, **params):
         super().__init__(**params)
         if self.params.partitioner not in SUPPORTED:
-            raise PartitionError(f"partition scheme 'flwr': " + unknown_message(
+            raise PartitionError("partition scheme 'flwr': " + unknown_message(
                 "Flower Datasets partitioner", self.params.partitioner, list(SUPPORTED)))
         for name in _SET_HERE:
             if name in self.kwargs:
@@ -126,7 +126,7 @@ class Flower(Partitioner):
         allowed = [name for name in signature.parameters if name not in ("self", *_SET_HERE)]
         for name in self.kwargs:
             if name not in allowed:
-                raise PartitionError(f"partition scheme 'flwr': " + unknown_message(
+                raise PartitionError("partition scheme 'flwr': " + unknown_message(
                     f"keyword argument of {self.params.partitioner}", name, allowed))
         try:
             signature.bind(None, **self._full_kwargs(cls, 2))

@@ -29,9 +29,13 @@ client. With nothing local this is FedAvg; with BatchNorm local it is FedBN; wit
 is FedPer; with everything local it is Local training. Methods that do more (hypernetworks, model
 mixing, regularized objectives) override the hooks they need. See `algorithms/README.md`.
 """
+
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import warnings
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
@@ -39,25 +43,99 @@ import torch
 from pydantic import BaseModel, ConfigDict, ValidationError
 from torch import Tensor
 
-from pflbench.registry import NAME, Registry
+from pflbench.capabilities import LEGACY_CAPABILITY_ATTRIBUTES, Capabilities, Refusal, refusal
+from pflbench.card import FAMILIES, LEGACY_CARD_ATTRIBUTES, Card
+from pflbench.registry import Registry
 from pflbench.training import State, weighted_mean
 
 if TYPE_CHECKING:
+    from pflbench.config import CellConfig
     from pflbench.federation import Federation
+
 
 class StateError(TypeError):
     """An algorithm attribute that `Algorithm.state_dict()` cannot capture (see the module doc)."""
 
 
-NEWCOMER_FIT_SALT = 0x0E3D  # batch orders of fitting a newcomer's model (pflbench.newcomers)
-# What the reports show of a method, each the class's own (`register` fills in what a class leaves out,
-# never inheriting it: a method derived from FedAvg is not shown as FedAvg). See `Algorithm`.
-PRESENTATION = {"display_name": NAME, "family": "other", "reference": False, "paper": "", "row_order": None,
-                "reduces_to": {}}
-ALGORITHMS: Registry[type["Algorithm"]] = Registry("algorithm", own_attributes=PRESENTATION)
-# Families of methods, in the order of the reports' panels; a family not listed here comes after them.
-# "baselines" are drawn in grey in every panel as context.
-FAMILIES = ("baselines", "hypernetworks and layer-wise aggregation", "personal layers", "regularized and meta-learned")
+__all__ = [
+    "ALGORITHMS",
+    "FAMILIES",
+    "Algorithm",
+    "Capabilities",
+    "Card",
+    "Hyperparams",
+    "Refusal",
+    "StateError",
+    "get_algorithm",
+]
+
+
+class AlgorithmRegistry(Registry[type["Algorithm"]]):
+    """The algorithms' registry: `register(name, card=Card(...))` sets the class's `name` and `card`
+    (its own, never inherited) and settles its `capabilities`. A class written against the API before
+    cards (presentation and capability class attributes: display_name, family, batched, refused_knobs,
+    ...) still registers, for one release, with a DeprecationWarning naming the new form."""
+
+    def register(
+        self, name: str, card: Card | None = None, **attributes: Any
+    ) -> Callable[[type["Algorithm"]], type["Algorithm"]]:
+        add = super().register(name, **attributes)
+
+        def decorator(cls: type[Algorithm]) -> type[Algorithm]:
+            cls.card = _card_of(cls, name, card)
+            cls.capabilities = _capabilities_of(cls, name)
+            # Deprecated mirrors, for code that still reads them (one release): cls.display_name, cls.batched, ...
+            for attribute in LEGACY_CARD_ATTRIBUTES:
+                setattr(cls, attribute, getattr(cls.card, attribute))
+            for attribute, field in LEGACY_CAPABILITY_ATTRIBUTES.items():
+                setattr(cls, attribute, getattr(cls.capabilities, field))
+            return add(cls)
+
+        return decorator
+
+
+def _card_of(cls: type, name: str, card: Card | None) -> Card:
+    own = cls.__dict__
+    if card is None and isinstance(own.get("card"), Card):
+        card = own["card"]
+    legacy = {k: own[k] for k in LEGACY_CARD_ATTRIBUTES if k in own}
+    if legacy and card is None:
+        fields = ", ".join(f"{k}={v!r}" for k, v in legacy.items())
+        warnings.warn(
+            f"algorithm {name!r}: the class attributes {', '.join(legacy)} are deprecated; register the "
+            f"method's card instead: @ALGORITHMS.register({name!r}, card=Card({fields})) "
+            f"(from pflbench.algorithm import Card)",
+            DeprecationWarning,
+            stacklevel=4,
+        )
+        card = Card(**{k: v for k, v in legacy.items()})
+    return (card or Card()).named(name)
+
+
+def _capabilities_of(cls: type, name: str) -> Capabilities:
+    legacy: dict[str, Any] = {}
+    for klass in cls.__mro__:  # a class's own, then its bases', up to the first that declares Capabilities
+        if "capabilities" in klass.__dict__:
+            inherited = klass.__dict__["capabilities"]
+            break
+        for attribute, field in LEGACY_CAPABILITY_ATTRIBUTES.items():
+            if attribute in klass.__dict__ and field not in legacy:
+                legacy[field] = klass.__dict__[attribute]
+    else:
+        inherited = Capabilities()
+    if not legacy:
+        return inherited
+    fields = ", ".join(f"{k}={v!r}" for k, v in legacy.items())
+    warnings.warn(
+        f"algorithm {name!r}: the class attributes {', '.join(legacy)} are deprecated; declare "
+        f"capabilities = Capabilities({fields}) (from pflbench.algorithm import Capabilities)",
+        DeprecationWarning,
+        stacklevel=4,
+    )
+    return dataclasses.replace(inherited, **legacy)
+
+
+ALGORITHMS: AlgorithmRegistry = AlgorithmRegistry("algorithm")
 
 
 class Hyperparams(BaseModel):
@@ -66,40 +144,26 @@ class Hyperparams(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+_Hyperparams = Hyperparams  # the base class, for annotations inside Algorithm (whose `Hyperparams` is a ClassVar)
+
+
 class Algorithm:
+    name: ClassVar[str] = ""  # the registered name (set by `ALGORITHMS.register`)
+    # How reports show the method (pflbench.card): the class's own, set by `ALGORITHMS.register`.
+    card: ClassVar[Card] = Card()
+    # What it can run (pflbench.capabilities), inherited; a cell it cannot run is refused (`check_cell`).
+    capabilities: ClassVar[Capabilities] = Capabilities()
     Hyperparams: ClassVar[type[Hyperparams]] = Hyperparams
     # Sweep ranges for Ray Tune, by hyperparameter: ("loguniform"|"uniform", low, high),
     # ("int", low, high) or ("choice", [values]).
     search_space: ClassVar[dict[str, tuple]] = {}
-    # Whether local training may run batched across clients (False: the engine loops, and says so).
-    batched: ClassVar[bool] = True
-    # Whether the algorithm works when clients have different architectures (a cell whose `model`
-    # is a group spec such as "hetero5"); those that need one shared model reject such cells.
-    heterogeneous_models: ClassVar[bool] = False
-    name: ClassVar[str] = ""  # the registered name (set by `ALGORITHMS.register`)
-    # For `pflbench list algorithms`: the paper (authors, venue, year) and, in one line, what the
-    # method personalizes (which part of the model or objective is each client's own).
-    paper: ClassVar[str] = ""
-    personalizes: ClassVar[str] = ""
-    # How the reports show the method (everything they need: nothing in pflbench/reports/ names
-    # algorithms). Each is the class's own; `register` fills in a missing one with the default.
-    display_name: ClassVar[str] = ""  # the row label, e.g. "Per-FedAvg" (default: the registered name)
-    family: ClassVar[str] = "other"  # the figures' panel (FAMILIES, or a family of your own)
-    reference: ClassVar[bool] = False  # a reference row (bounds the methods, never ranked among them)
-    row_order: ClassVar[int | None] = None  # position among the tables' rows (None: after those with one, by name)
-    # Algorithms this one can reduce to on some cells, with why: {"fedavg": "FedBN is FedAvg when ..."};
-    # where the two give bit-identical results the tables flag the row ("= FedAvg") with that reason.
-    reduces_to: ClassVar[dict[str, str]] = {}
-    # System and privacy heterogeneity (pflbench/system.py, pflbench/privacy.py). `dp_upload`: how the
-    # engine privatizes this algorithm's uploads: "model" (the update is upload - download), "update"
-    # (the upload already is an update), "self" (the algorithm calls `fed.privatize` where its update
-    # leaves the client). `refused_knobs`: the knobs ("system.dropout", "privacy", ...) it cannot
-    # honour, with why; a cell asking for one is refused before any work (`check_knobs`).
+    # Hyperparameters that make the method small for smoke cells (the registry-wide tests): a slow method
+    # names them here, so a new method needs no entry in any test.
+    quick_hp: ClassVar[dict[str, Any]] = {}
+    # Privacy (pflbench/privacy.py): what this algorithm uploads, for the privacy knob's wrapper
+    # (`PrivateUploads`): "model" (the update is upload - download), "update" (the upload already is an
+    # update), "self" (not wrapped: the algorithm calls `fed.privatize` where its update leaves the client).
     dp_upload: ClassVar[str] = "model"
-    refused_knobs: ClassVar[dict[str, str]] = {}
-    # Unseen clients (`unseen_fraction`): why this algorithm cannot give a newcomer a model, or ""
-    # where it can (`newcomer_models`); a cell with newcomers is refused before any work otherwise.
-    newcomers_refused: ClassVar[str] = ""
     # Checkpoints (module doc): attributes whose objects carry their own state, saved and restored
     # through it (nn.Module / optimizer: state_dict; generators: their state), in this order (a
     # module before the optimizer that steps it); and attributes `setup()` rebuilds unchanged from
@@ -107,51 +171,58 @@ class Algorithm:
     state_objects: ClassVar[tuple[str, ...]] = ()
     state_rebuilt: ClassVar[tuple[str, ...]] = ()
 
-    def __init__(self, fed: "Federation", hp: Hyperparams):
+    def __init__(self, fed: "Federation", hp: _Hyperparams):
         self.fed = fed
         self.hp = hp
 
     @classmethod
-    def parse_hyperparams(cls, values: dict[str, Any]) -> Hyperparams:
+    def parse_hyperparams(cls, values: dict[str, Any]) -> _Hyperparams:
         try:
             return cls.Hyperparams(**values)
         except ValidationError as err:
             allowed = ", ".join(f"{k}={f.default!r}" for k, f in cls.Hyperparams.model_fields.items()) or "none"
             problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in err.errors())
-            raise ValueError(f"bad hyperparameters for algorithm {cls.name!r}: {problems} "
-                             f"(allowed, with defaults: {allowed})") from None
+            raise ValueError(
+                f"bad hyperparameters for algorithm {cls.name!r}: {problems} (allowed, with defaults: {allowed})"
+            ) from None
 
+    @classmethod
+    def check_cell(cls, cell: CellConfig) -> None:
+        """`Refusal` (a ValueError naming the cell's fields involved and the algorithms that can) before
+        anything runs if this algorithm cannot run `cell`: its declared `capabilities`, then
+        `cell_refusal`."""
+        problem = refusal(cls.name, cls.capabilities, cell, ((n, c.capabilities) for n, c in ALGORITHMS.items()))
+        problem = problem or cls.cell_refusal(cell)
+        if problem is not None:
+            raise problem
+
+    @classmethod
+    def cell_refusal(cls, cell: CellConfig) -> Refusal | None:
+        """A refusal that depends on the cell beyond the declared capabilities (default: none)."""
+        return None
+
+    # Before `check_cell` (one release): each checked one capability.
     @classmethod
     def check_models(cls, model: str) -> None:
-        """ValueError before anything runs if the cell's `model` gives clients different
-        architectures and this algorithm needs one shared architecture."""
-        from pflbench.models import is_heterogeneous
-
-        if is_heterogeneous(model) and not cls.heterogeneous_models:
-            allowed = [name for name, c in ALGORITHMS.items() if c.heterogeneous_models]
-            raise ValueError(
-                f"algorithm {cls.name!r} needs one architecture shared by all clients, but model {model!r} "
-                f"gives clients different architectures; algorithms for heterogeneous models: "
-                f"{', '.join(allowed) or 'none'} (or give a single model name)")
-
-    @classmethod
-    def check_knobs(cls, cell) -> None:
-        """ValueError before anything runs if the cell turns on a knob this algorithm refuses."""
-        for knob, why in cls.refused_knobs.items():
-            group, _, entry = knob.partition(".")
-            if (getattr(cell, group).get(entry) if entry else getattr(cell, group)):
-                able = [name for name, c in ALGORITHMS.items() if knob not in c.refused_knobs and group not in c.refused_knobs]
-                raise ValueError(f"algorithm {cls.name!r} cannot run with {knob}: {why} "
-                                 f"(algorithms that can: {', '.join(able)})")
+        _deprecated("Algorithm.check_models(model)", "Algorithm.check_cell(cell)")
+        problem = refusal(
+            cls.name,
+            dataclasses.replace(cls.capabilities, refused_knobs={}, newcomers=""),
+            _ModelOnly(model),
+            ((n, c.capabilities) for n, c in ALGORITHMS.items()),
+        )
+        if problem is not None:
+            raise problem
 
     @classmethod
-    def check_newcomers(cls, cell) -> None:
-        """ValueError before anything runs if this algorithm cannot serve the cell's unseen clients."""
-        if cls.newcomers_refused:
-            allowed = [name for name, c in ALGORITHMS.items() if not c.newcomers_refused]
-            raise ValueError(f"unseen_fraction: algorithm {cls.name!r} cannot give unseen clients a model: "
-                             f"{cls.newcomers_refused}; algorithms that can: {', '.join(allowed)} "
-                             f"(or unseen_fraction 0)")
+    def check_knobs(cls, cell: CellConfig) -> None:
+        _deprecated("Algorithm.check_knobs(cell)", "Algorithm.check_cell(cell)")
+        cls.check_cell(cell.model_copy(update={"unseen_fraction": 0.0, "model": "auto"}))
+
+    @classmethod
+    def check_newcomers(cls, cell: CellConfig) -> None:
+        _deprecated("Algorithm.check_newcomers(cell)", "Algorithm.check_cell(cell)")
+        cls.check_cell(cell.model_copy(update={"system": {}, "privacy": {}, "model": "auto"}))
 
     # ---- state ---------------------------------------------------------------------------------
     def setup(self) -> None:
@@ -175,13 +246,13 @@ class Algorithm:
     # ---- the round's hooks -----------------------------------------------------------------------
     def configure(self, rnd: int, clients: Tensor) -> State:
         """What the server sends each sampled client: by default the global model's shared part."""
-        return {n: self.global_state[n].expand(len(clients), *self.global_state[n].shape[1:])
-                for n in self.shared_names()}
+        return {
+            n: self.global_state[n].expand(len(clients), *self.global_state[n].shape[1:]) for n in self.shared_names()
+        }
 
     def receive(self, rnd: int, clients: Tensor, download: State) -> State:
         """The model each client trains: the download, completed by the client's own local part."""
-        return {n: download[n] if n in download else self.client_state[n][clients]
-                for n in self.fed.model.names}
+        return {n: download[n] if n in download else self.client_state[n][clients] for n in self.fed.model.names}
 
     def local_train(self, rnd: int, clients: Tensor, state: State) -> State:
         return self.fed.train(rnd, clients, state).state
@@ -199,7 +270,7 @@ class Algorithm:
         for n, t in upload.items():
             self.global_state[n] = weighted_mean(t, weights).unsqueeze(0)
 
-    def aggregate_arrived(self, rnd: int, clients: Tensor, upload, positions: Tensor) -> None:
+    def aggregate_arrived(self, rnd: int, clients: Tensor, upload: Any, positions: Tensor) -> None:
         """Aggregate the uploads that reached the server (`system.dropout`; with `privacy`, noised):
         `upload` holds only those, from `clients[positions]`. When none arrived the server keeps its
         state. Override where `aggregate` reads round state kept by position (e.g. FedFomo)."""
@@ -209,16 +280,21 @@ class Algorithm:
     def personalized(self) -> State:
         """Every client's personalized model [N, ...]: the global shared part with its local part."""
         n_clients = self.fed.num_clients
-        return {n: (self.client_state[n] if self.stays_on_client(n)
-                    else self.global_state[n].expand(n_clients, *self.global_state[n].shape[1:]))
-                for n in self.fed.model.names}
+        return {
+            n: (
+                self.client_state[n]
+                if self.stays_on_client(n)
+                else self.global_state[n].expand(n_clients, *self.global_state[n].shape[1:])
+            )
+            for n in self.fed.model.names
+        }
 
-    def evaluate(self, personal, split: str) -> tuple[Tensor, Tensor]:
+    def evaluate(self, personal: Any, split: str) -> tuple[Tensor, Tensor]:
         """Accuracy and loss [N] of every client's personalized model on its own `split`. Override
         only for models the engine cannot call (e.g. FedMN's routed module pool)."""
         return self.fed.evaluate_personalized(personal, split)
 
-    def evaluate_splits(self, personal, splits: tuple[str, ...]) -> dict[str, tuple[Tensor, Tensor]]:
+    def evaluate_splits(self, personal: Any, splits: tuple[str, ...]) -> dict[str, tuple[Tensor, Tensor]]:
         """`evaluate` on each of `splits` (split -> (accuracy, loss)): in one pass over each client's
         samples where the engine scores the models, split by split where the algorithm overrides
         `evaluate`."""
@@ -226,7 +302,7 @@ class Algorithm:
             return {split: self.evaluate(personal, split) for split in splits}
         return self.fed.evaluate_personalized_splits(personal, splits)
 
-    def adapt_locally(self, personal, rnd: int, epochs: int):
+    def adapt_locally(self, personal: Any, rnd: int, epochs: int) -> Any:
         """Every client's personalized model after `epochs` of plain local SGD on its own train split
         (the after-local-adaptation protocol), as a new object: nothing is written back into the
         algorithm's state. Override only where `personalized()` is not a model the engine can train
@@ -245,7 +321,7 @@ class Algorithm:
         return self.fit_local_part(rnd, newcomers, self.fed.cell.local_epochs)
 
     @contextlib.contextmanager
-    def serving(self, newcomers: "Federation"):
+    def serving(self, newcomers: "Federation") -> Iterator["Federation"]:
         """While the block runs, `self.fed` is the newcomers' Federation, so that hooks written for
         the trained clients (`evaluate`, `adapt_locally`, helpers reading `self.fed`) work on the
         newcomers' splits. Used to score newcomers' models; nothing of training runs meanwhile."""
@@ -255,7 +331,9 @@ class Algorithm:
         finally:
             self.fed = trained
 
-    def fit_local_part(self, rnd: int, newcomers: "Federation", epochs: int, trainable=None) -> State:
+    def fit_local_part(
+        self, rnd: int, newcomers: "Federation", epochs: int, trainable: list[str] | None = None
+    ) -> State:
         """The global shared part with the initial local part, that local part (or `trainable`)
         trained for `epochs` on each newcomer's train split."""
         count = newcomers.num_clients
@@ -267,7 +345,9 @@ class Algorithm:
         if not trainable or not epochs:
             return start
         everyone = torch.arange(count, device=newcomers.device)
-        return newcomers.train(rnd, everyone, start, trainable=trainable, epochs=epochs, salt=NEWCOMER_FIT_SALT).state
+        return newcomers.train(
+            rnd, everyone, start, trainable=trainable, epochs=epochs, stream="batches.newcomer-fit"
+        ).state
 
     # ---- checkpoints (module doc; pflbench.checkpoint) ---------------------------------------------
     def state_dict(self) -> dict:
@@ -280,18 +360,24 @@ class Algorithm:
             if name not in skipped:
                 check_capturable(value, f"{type(self).__name__}.{name}")
                 values[name] = value
-        return {"attributes": values,
-                "objects": {name: object_state(getattr(self, name, None), f"{type(self).__name__}.{name}")
-                            for name in self.state_objects}}
+        return {
+            "attributes": values,
+            "objects": {
+                name: object_state(getattr(self, name, None), f"{type(self).__name__}.{name}")
+                for name in self.state_objects
+            },
+        }
 
     def load_state_dict(self, state: dict) -> None:
         """Make this instance, after `setup()`, the one `state_dict()` was taken from."""
         skipped = {"fed", "hp", *self.state_rebuilt, *self.state_objects}
         missing = [n for n in vars(self) if n not in skipped and n not in state["attributes"]]
         if missing or set(state["objects"]) != set(self.state_objects):
-            raise StateError(f"the state was not taken from a {type(self).__name__}: it lacks "
-                             f"{', '.join(missing) or 'nothing setup() creates'}; its objects are "
-                             f"{sorted(state['objects'])}, this class's {sorted(self.state_objects)}")
+            raise StateError(
+                f"the state was not taken from a {type(self).__name__}: it lacks "
+                f"{', '.join(missing) or 'nothing setup() creates'}; its objects are "
+                f"{sorted(state['objects'])}, this class's {sorted(self.state_objects)}"
+            )
         for name, value in state["attributes"].items():
             setattr(self, name, value)
         for name in self.state_objects:
@@ -304,11 +390,24 @@ class Algorithm:
 
 # ---- what the generic state contract captures ------------------------------------------------------
 
-PLAIN_TYPES = (type(None), bool, int, float, complex, str, bytes, torch.Tensor, np.ndarray, np.generic,
-               torch.dtype, torch.device, torch.Size)
+PLAIN_TYPES = (
+    type(None),
+    bool,
+    int,
+    float,
+    complex,
+    str,
+    bytes,
+    torch.Tensor,
+    np.ndarray,
+    np.generic,
+    torch.dtype,
+    torch.device,
+    torch.Size,
+)
 
 
-def check_capturable(value, where: str) -> None:
+def check_capturable(value: Any, where: str) -> None:
     """StateError unless `value` is tensors / arrays / plain values in lists, tuples, sets and dicts."""
     if isinstance(value, PLAIN_TYPES):
         return
@@ -325,10 +424,11 @@ def check_capturable(value, where: str) -> None:
         f"{where} holds a {type(value).__module__}.{type(value).__qualname__}, which a checkpoint cannot capture "
         f"generically (tensors, numpy arrays, plain values and lists/tuples/dicts of them): name the attribute in "
         f"`state_objects` if it is an nn.Module, an optimizer or a random generator, in `state_rebuilt` if setup() "
-        f"rebuilds it unchanged from the cell, or extend state_dict()/load_state_dict() (pflbench/algorithm.py)")
+        f"rebuilds it unchanged from the cell, or extend state_dict()/load_state_dict() (pflbench/algorithm.py)"
+    )
 
 
-def object_state(obj, where: str):
+def object_state(obj: Any, where: str) -> Any:
     """The state of a `state_objects` attribute: state_dict() of a module or optimizer, a generator's state."""
     if obj is None:
         return None
@@ -338,16 +438,20 @@ def object_state(obj, where: str):
         return obj.bit_generator.state
     if callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None)):
         return obj.state_dict()
-    raise StateError(f"{where} is in `state_objects` but a {type(obj).__qualname__} has no state_dict()/"
-                     f"load_state_dict() and is not a random generator")
+    raise StateError(
+        f"{where} is in `state_objects` but a {type(obj).__qualname__} has no state_dict()/"
+        f"load_state_dict() and is not a random generator"
+    )
 
 
-def load_object_state(owner, name: str, saved) -> None:
+def load_object_state(owner: Any, name: str, saved: Any) -> None:
     obj = getattr(owner, name, None)
     if saved is None or obj is None:
         if (saved is None) != (obj is None):
-            raise StateError(f"{type(owner).__name__}.{name}: the checkpoint has "
-                             f"{'none' if saved is None else 'one'}, this instance {'none' if obj is None else 'one'}")
+            raise StateError(
+                f"{type(owner).__name__}.{name}: the checkpoint has "
+                f"{'none' if saved is None else 'one'}, this instance {'none' if obj is None else 'one'}"
+            )
         return
     if isinstance(obj, torch.Generator):
         obj.set_state(saved.cpu())  # a generator's state is a CPU tensor, wherever the payload was loaded
@@ -357,7 +461,19 @@ def load_object_state(owner, name: str, saved) -> None:
         obj.load_state_dict(saved)
 
 
+class _ModelOnly:
+    """A cell that sets only `model` (for the deprecated check_models)."""
+
+    def __init__(self, model: str):
+        self.model, self.unseen_fraction = model, 0.0
+        self.system: dict[str, Any] = {}
+        self.privacy: dict[str, Any] = {}
+
+
+def _deprecated(old: str, new: str) -> None:
+    warnings.warn(f"{old} is deprecated: use {new}", DeprecationWarning, stacklevel=3)
+
+
 def get_algorithm(name: str) -> type[Algorithm]:
     """The registered algorithm `name` (the registry loads the built-ins and plugins first)."""
     return ALGORITHMS.get(name)
-

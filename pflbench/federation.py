@@ -8,19 +8,18 @@ and privacy knobs' per-client plans. The round driver that calls the hooks is `p
 from __future__ import annotations
 
 import copy
-import hashlib
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from pflbench import shifts
+from pflbench import shifts, streams
 from pflbench.config import CellConfig
 from pflbench.execution import ExecutionOptions
 from pflbench.data.normalization import normalized_for_cell
 from pflbench.models import build_model, client_groups, default_model, is_heterogeneous
-from pflbench.newcomers import newcomer_ids, seen_ids
+from pflbench.newcomers.ids import newcomer_ids, seen_ids
 from pflbench.privacy import PrivacyPlan
 from pflbench.system import SystemPlan
 from pflbench.training import (SGD, ClientModel, Objective, State, batch_plan, cross_entropy,
@@ -37,7 +36,7 @@ def sample_schedule(num_clients: int, participation: float, rounds: int, seed: i
     """The sampled clients of every round, drawn once from the seed: [rounds, per_round], sorted.
     Every algorithm run with the same seed sees the same clients in the same rounds."""
     per_round = max(1, round(participation * num_clients))
-    rng = np.random.default_rng([seed, 0x5A3])
+    rng = streams.generator(seed, "schedule", kind="numpy")
     return np.stack([np.sort(rng.choice(num_clients, per_round, replace=False)) for _ in range(rounds)])
 
 
@@ -155,27 +154,29 @@ class Federation:
             return self.model.init(num, self.cell.seed, self.device)
         return self.models[group].init(num, self.cell.seed, self.device)
 
-    def batch_generators(self, rnd: int, clients: Tensor, salt: int = 0) -> list[torch.Generator]:
-        """One generator per client for its batch order in round `rnd`: the same for every algorithm
-        and for both training paths."""
-        gens = []
-        for c in clients.tolist():
-            c = int(self.client_ids[c]) if c >= 0 else c  # keyed by partition id (-1: pooled data)
-            digest = hashlib.sha256(f"{self.cell.seed}/{rnd}/{c}/{salt}".encode()).digest()
-            gens.append(torch.Generator().manual_seed(int.from_bytes(digest[:8], "little")))
-        return gens
+    def batch_generators(self, rnd: int, clients: Tensor, salt: int | None = None, *,
+                         stream: str | None = None) -> list[torch.Generator]:
+        """One generator per client of the random `stream` (default "batches": the batch order) in round
+        `rnd`, keyed by partition id: the same for every algorithm and for both training paths.
+        (`salt` is the deprecated form of `stream`.)"""
+        stream = streams.batch_stream(stream, salt)
+        # keyed by partition id (-1: pooled data)
+        return [streams.generator(self.cell.seed, stream, rnd, int(self.client_ids[c]) if c >= 0 else c)
+                for c in clients.tolist()]
 
     def train(self, rnd: int, clients: Tensor, state: State, *, objective: Objective = cross_entropy,
               aux: State | None = None, trainable=None, epochs: int | None = None,
-              steps: int | None = None, split: str = "train", salt: int = 0,
-              model: ClientModel | None = None, targets: Tensor | None = None) -> TrainResult:
+              steps: int | None = None, split: str = "train", stream: str | None = None,
+              model: ClientModel | None = None, targets: Tensor | None = None, salt: int | None = None) -> TrainResult:
         """Local SGD of the sampled clients from `state` ([len(clients), ...]) on their own data:
         `epochs` (None: the cell's local_epochs; 0: no step) or a fixed number of `steps`, on the
         batch plan of `local_plans`. `model` trains another architecture than the clients' own (e.g. a
         shared global model in a heterogeneous cell); `targets`, a per-sample table indexed like the
         dataset's labels, is what the objective receives instead of the labels (e.g. labels with a
-        teacher's logits, for distillation)."""
-        plans = self.local_plans(rnd, clients, epochs=epochs, steps=steps, split=split, salt=salt)
+        teacher's logits, for distillation). `stream`: the batch order's random stream (default
+        "batches"; `salt` is its deprecated form)."""
+        plans = self.local_plans(rnd, clients, epochs=epochs, steps=steps, split=split,
+                                 stream=streams.batch_stream(stream, salt))
         return self._train_on([self.splits[split][c] for c in clients.tolist()], plans,
                               model or self.model_of(clients), state, objective=objective, aux=aux,
                               trainable=trainable, targets=targets)
@@ -199,17 +200,18 @@ class Federation:
         return TrainResult(new_state, loss)
 
     def local_plans(self, rnd: int, clients: Tensor, *, epochs: int | None = None, steps: int | None = None,
-                    split: str = "train", salt: int = 0) -> list[Tensor]:
+                    split: str = "train", stream: str | None = None, salt: int | None = None) -> list[Tensor]:
         """The engine's batch plan of each of `clients` in round `rnd`: positions into the client's
         `split` sample ids, [steps, batch_size] (`pflbench.training.batch_plan`), for `epochs` (None:
         the cell's local_epochs; 0: no step) or a fixed number of `steps`, in the batch order of
-        `batch_generators(rnd, clients, salt)`. When this is round `rnd`'s local training, each
+        `batch_generators(rnd, clients, stream=stream)` (default "batches"; `salt`: its deprecated form). When this is round `rnd`'s local training, each
         straggler's plan is already cut to its share of the work (`system.stragglers`); otherwise
         (evaluation's adaptation, newcomers' fits, a knob that is off) nothing is cut.
         Every trainer plans here: `train`, the custom steps of `pflbench.steps`, and algorithms with
         their own training loops."""
         plans = self._plans([len(self.splits[split][c]) for c in clients.tolist()],
-                            self.batch_generators(rnd, clients, salt), epochs, steps)
+                            self.batch_generators(rnd, clients, stream=streams.batch_stream(stream, salt)),
+                            epochs, steps)
         if self.system is None or self.local_round != rnd:
             return plans
         return self.system.cut(rnd, [int(self.client_ids[c]) for c in clients.tolist()], plans)  # keyed by partition id

@@ -30,11 +30,6 @@ RUN_RECORD_KEYS = frozenset({
     "checkpoint_seconds", "checkpoints_written", "checkpoint_bytes", "resumed_from_round", "checkpoint_error"})
 
 
-def is_run_record(key: str) -> bool:
-    """Whether a summary key records how the run went (RUN_RECORD_KEYS, timings), not a result."""
-    return key in RUN_RECORD_KEYS or key.endswith("_time_total")
-
-
 SELECTIONS = ("final", "bestval")  # the round selections a summary holds (besttest: `best_accuracy`)
 NEWCOMERS = "_newcomers"  # suffix of the newcomers' own summaries (pflbench.newcomers)
 

@@ -20,6 +20,7 @@ from typing import ClassVar, Sequence
 import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from pflbench import streams
 from pflbench.registry import NAME, Registry, echo
 
 # `scheme`, `display_name` and `paper` are each scheme class's own (`register` fills in what it leaves out).
@@ -198,7 +199,7 @@ def make_splits(
 
     partitioner.check(num_clients, num_classes, np.bincount(labels, minlength=num_classes))
     # Separate streams: changing the split fractions does not change which samples each client holds.
-    assign_rng, split_rng = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(2))
+    assign_rng, split_rng = (streams.generator(seed, name, kind="numpy") for name in ("partition.assign", "partition.split"))
     given = partitioner.given_splits(labels, num_classes, num_clients)
     train, val, test = [], [], []
     if given is not None:  # the scheme's own train/test; val carved from train where the scheme gives none

@@ -31,6 +31,12 @@ over the rounds that released an aggregate. Algorithms whose server uses each cl
 own (pFedHN, pFedLA, MH-pFedHN: a per-client hypernetwork step or aggregation) cannot be given a noised
 sum and refuse central DP (`refused_knobs["privacy.mode"]`).
 
+**A wrapper, not a branch of the rounds**: `with_privacy(algorithm)` wraps a method whose upload is a
+model or an update (`Algorithm.dp_upload`) in `PrivateUploads` (as Flower's
+`DifferentialPrivacyServerSideFixedClipping(strategy, ...)` wraps a strategy); the round driver runs
+the wrapper like any algorithm. A method that privatizes where its update leaves the client
+(`dp_upload = "self"`) is not wrapped; one that cannot be privatized refuses the knob.
+
 **Neighbouring relation** (`relation`), the sensitivity S of one client's contribution:
 `add_remove` (default): a client's data present or absent, i.e. its update replaced by the zero
 update: S = clip. `replace`: a client's data replaced by any other (the usual definition of local DP
@@ -62,14 +68,13 @@ FedAvg-shaped model (no client's statistics reach the server).
 - integer tensors pass un-noised (they carry no gradient): BatchNorm's step counter
   (`num_batches_tracked`, counting the client's local batches, so its data size) did so before the
   statistics stayed local; any integer tensor an algorithm uploads still would;
-- the noise is drawn from generators keyed by (seed, round, client) and this module's salt: anyone
+- the noise is drawn from generators of the stream "privacy.noise" keyed by (seed, round, client): anyone
   who knows the cell's seed (it is in the public configuration) can subtract it. It makes runs
   reproducible and the same for every algorithm; a deployment would draw it from secret randomness.
   The same holds for the sampling schedule that central DP's amplification assumes hidden.
 """
 from __future__ import annotations
 
-import hashlib
 import math
 from functools import lru_cache
 from typing import Any, Literal
@@ -78,9 +83,9 @@ import numpy as np
 import torch
 from pydantic import Field, ValidationError, field_validator, model_validator
 
+from pflbench import streams
 from pflbench.system import KnobParams, knob_problem
 
-SALT = 0xD1F  # this module's stream of the cell's seed
 CENTRAL = -1  # the generator key of the server's noise (no client has id -1)
 ACCOUNTANT = "rdp"  # Opacus's Renyi-DP accountant (Mironov 2017; Mironov, Talwar & Zhang 2019)
 # Renyi orders tried by the accountant: Opacus's defaults (1.1 .. 63) widened at both ends, because
@@ -191,7 +196,7 @@ class PrivacyPlan:
                  kept_local: frozenset[str] = frozenset()):
         self.params, self.seed, self.kept_local = params, seed, kept_local
         budgets = params.epsilon if isinstance(params.epsilon, list) else [params.epsilon]
-        order = np.random.default_rng([seed, SALT]).permutation(clients)
+        order = streams.generator(seed, "privacy.budgets", kind="numpy").permutation(clients)
         self.budget: list[float | None] = [None] * clients
         for budget, members in zip(budgets, np.array_split(order, len(budgets))):
             for c in members.tolist():
@@ -215,8 +220,7 @@ class PrivacyPlan:
         return cls(params, cell.clients, schedule, cell.seed, kept)
 
     def _generator(self, rnd: int, client: int) -> torch.Generator:
-        digest = hashlib.sha256(f"{self.seed}/{rnd}/{client}/{SALT}".encode()).digest()
-        return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little"))
+        return streams.generator(self.seed, "privacy.noise", rnd, client)
 
     def _noised(self, rnd: int, key: int, update: dict[str, torch.Tensor], std: float) -> dict[str, torch.Tensor]:
         """`update` plus N(0, std^2) on every coordinate of its floating tensors."""
@@ -341,3 +345,51 @@ def privatize_upload(plan: PrivacyPlan, mode: str, rnd: int, clients: torch.Tens
         else:
             out[k] = {n: reference[n].to(t.dtype) + t if t.is_floating_point() else t for n, t in update.items()}
     return out
+
+
+class PrivateUploads:
+    """A method whose uploads leave each client privatized (the `privacy` knob): it wraps any algorithm
+    whose upload is a model (`dp_upload = "model"`: the update is upload - download) or an update
+    (`"update"`), and stands for it in the round (every other attribute is the algorithm's). `send`
+    returns what the server receives, one dict per client ({} for an upload lost to `system.dropout`,
+    which is never released); `aggregate` / `aggregate_arrived` hand the algorithm those uploads in the
+    form it sent them. Algorithms that privatize where their update leaves the client (`"self"`:
+    `Federation.privatize`) are not wrapped; those that cannot be privatized refuse the knob
+    (`Capabilities.refused_knobs`)."""
+
+    def __init__(self, algorithm: Any):
+        self.algorithm = algorithm
+        self._download: Any = None
+        self._upload: Any = None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.algorithm, name)
+
+    def configure(self, rnd: int, clients: torch.Tensor) -> Any:
+        self._download = self.algorithm.configure(rnd, clients)
+        return self._download
+
+    def send(self, rnd: int, clients: torch.Tensor, state: Any) -> list[dict[str, torch.Tensor]]:
+        fed = self.algorithm.fed
+        self._upload = self.algorithm.send(rnd, clients, state)
+        return privatize_upload(fed.privacy, self.algorithm.dp_upload, rnd,
+                                torch.as_tensor(fed.client_ids)[clients.cpu()], self._download, self._upload,
+                                fed.arrived(rnd, clients))
+
+    def aggregate(self, rnd: int, clients: torch.Tensor, upload: list[dict[str, torch.Tensor]]) -> None:
+        self.aggregate_arrived(rnd, clients, upload, torch.arange(len(clients), device=clients.device))
+
+    def aggregate_arrived(self, rnd: int, clients: torch.Tensor, upload: list[dict[str, torch.Tensor]],
+                          positions: torch.Tensor) -> None:
+        from pflbench.training import restack
+
+        received = dict(zip(positions.tolist(), upload))
+        self.algorithm.aggregate_arrived(rnd, clients, restack(self._upload, received, positions), positions)
+
+
+def with_privacy(algorithm: Any) -> Any:
+    """`algorithm` as its rounds run under the cell's privacy knob: wrapped in `PrivateUploads` where the
+    knob is on and the algorithm's upload is a model or an update; itself otherwise."""
+    if algorithm.fed.privacy is None or algorithm.dp_upload not in ("model", "update"):
+        return algorithm
+    return PrivateUploads(algorithm)

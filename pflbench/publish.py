@@ -87,7 +87,7 @@ def command_text(spec: str, scale: str | None, sets: list[str]) -> str:
 
 def yaml_value(value) -> str:
     """A value as `--set` reads it (YAML; JSON is YAML)."""
-    return value if isinstance(value, str) and value.strip() == value and value and not value[0] in "[{\"'" \
+    return value if isinstance(value, str) and value.strip() == value and value and value[0] not in "[{\"'" \
         else json.dumps(value)
 
 

@@ -40,8 +40,9 @@ def resolve(values: dict[str, Any] | CellConfig, base_dir: str | Path | None = N
     `base_dir`: where a relative path in the partition parameters (an imported file) is read from."""
     from pflbench import shifts
     from pflbench.algorithm import get_algorithm
+    from pflbench.capabilities import Refusal
     from pflbench.data.sources import make_source
-    from pflbench.newcomers import check_unseen
+    from pflbench.newcomers.check import check_unseen
     from pflbench.partitioning import make_partitioner
     from pflbench.plugins import plugin_hashes
     from pflbench.privacy import parse_privacy
@@ -62,10 +63,6 @@ def resolve(values: dict[str, Any] | CellConfig, base_dir: str | Path | None = N
         hp = algorithm.parse_hyperparams(cell.hp)
     except ValueError as error:
         raise _failing(("algorithm", "hp"), error) from None
-    try:  # a heterogeneous `model` needs an algorithm that supports it
-        algorithm.check_models(cell.model)
-    except ValueError as error:
-        raise _failing(("algorithm", "model"), error) from None
     try:  # an imported file's path (relative: to base_dir, the spec's folder) and sha256 enter the cell
         scheme = make_partitioner(cell.partition, cell.partition_params).resolved(base_dir)
     except ValueError as error:
@@ -86,14 +83,14 @@ def resolve(values: dict[str, Any] | CellConfig, base_dir: str | Path | None = N
             cell = cell.model_copy(update={knob: parse(getattr(cell, knob))})
         except ValueError as error:
             raise _failing((knob,), error) from None
-    try:
-        algorithm.check_knobs(cell)
-    except ValueError as error:
-        raise _failing(("algorithm", "system", "privacy"), error) from None
-    try:  # unseen clients: at least one held out and one trained, an algorithm that can serve them
+    try:  # unseen clients: at least one held out and one trained
         check_unseen(cell)
     except ValueError as error:
         raise _failing(("unseen_fraction", "clients", "algorithm"), error) from None
+    try:  # what the algorithm can run: heterogeneous models, the knobs, newcomers (pflbench.capabilities)
+        algorithm.check_cell(cell)
+    except Refusal as refusal:
+        raise _failing(refusal.fields, refusal) from None
     resolved = cell.model_copy(update={"hp": hp.model_dump(mode="json"), "dataset_options": options,
                                        "partition_params": scheme.params.model_dump(mode="json"), **shifted,
                                        # the source hashes of the user's plugins the cell uses: in its id

@@ -19,11 +19,6 @@ def benchmarks_dir() -> Path:
     return Path(pflbench.benchmarks.__file__).parent
 
 
-def shipped_specs() -> list[str]:
-    """Names of the specs shipped with pflbench (`pflbench run NAME`)."""
-    return sorted(p.stem for p in benchmarks_dir().glob("*.yaml"))
-
-
 def resolve_spec(text: str) -> str:
     """`text` where that file exists; else the shipped spec it names (`table1`, `table1.yaml`,
     `benchmarks/sweeps/default.yaml`); else `text` unchanged (loading it then says what is missing)."""
@@ -47,15 +42,3 @@ def resolve_spec_argument(args) -> None:
         resolved = resolve_spec(str(value))
         args.spec = type(value)(resolved) if isinstance(value, Path) else resolved
 
-
-def stand_for(alias: str, package: str) -> None:
-    """Make the checkout folder imported as `alias` (`algorithms`, `partitions`) be the installed package
-    `package` (`pflbench.algorithms`, ...), its loaded submodules too, instead of loading every module a
-    second time under a second name (which would register every entry twice)."""
-    import sys
-    from importlib import import_module
-
-    sys.modules[alias] = import_module(package)
-    for name, module in list(sys.modules.items()):
-        if name.startswith(package + "."):
-            sys.modules[alias + "." + name.removeprefix(package + ".")] = module

@@ -5,7 +5,9 @@ round by round on a built `Federation` (`pflbench bench` and tests call it and `
 A round, as driven here (the hooks are `pflbench.algorithm.Algorithm`'s):
 
     download = configure; state = receive; state = local_train; upload = send;
-    aggregate (or aggregate_arrived: only the uploads that reached the server, noised under DP)
+    aggregate (or aggregate_arrived: only the uploads that reached the server). Under the privacy knob
+    the rounds drive the algorithm wrapped in `pflbench.privacy.PrivateUploads` (its uploads leave the
+    clients noised); the driver itself knows nothing of privacy.
     every eval_every rounds (and the last): score personalized() on the evaluated splits, after local
     adaptation too (finetune_epochs), and the newcomers' models in a cell with unseen clients.
 
@@ -14,7 +16,6 @@ caller (the runner records it as failed).
 """
 from __future__ import annotations
 
-import hashlib
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -26,14 +27,15 @@ import pandas as pd
 import torch
 from torch import Tensor
 
+from pflbench import streams
 from pflbench.algorithm import Algorithm, get_algorithm
 from pflbench.config import CellConfig
 from pflbench.execution import ExecutionOptions
 from pflbench.federation import EVALUATED, Federation, federation_device
 from pflbench.metrics import METRIC_COLUMNS, ROUND_COLUMNS, client_rows, summarize
-from pflbench.newcomers import score_newcomers
-from pflbench.privacy import privatize_upload
-from pflbench.training import Diverged, State, payload_bytes
+from pflbench.newcomers.scoring import score_newcomers
+from pflbench.privacy import with_privacy
+from pflbench.training import Diverged, State, payload_bytes, restack
 
 
 @dataclass
@@ -44,6 +46,7 @@ class CellResult:
     summary: dict
     artifacts: dict[str, np.ndarray] = field(default_factory=dict)
     error: str | None = None
+    card: dict | None = None  # the algorithm's card (pflbench.card), stored with the result
 
 
 def prepare_cell(cell: CellConfig, data_root=None, mirror=None):
@@ -84,7 +87,7 @@ def run_cell(cell: CellConfig, *, data_root=None, mirror=None, execution: Execut
     algorithm_cls = get_algorithm(cell.algorithm)
     dataset, splits = prepare_cell(cell, data_root, mirror)
     with cell_global_rng(cell.seed, federation_device(execution)):
-        fed = Federation(cell, dataset, splits, execution, algorithm_cls.batched, withhold_test="test" not in evaluate)
+        fed = Federation(cell, dataset, splits, execution, algorithm_cls.capabilities.batched, withhold_test="test" not in evaluate)
         algorithm = algorithm_cls(fed, algorithm_cls.parse_hyperparams(cell.hp))
         return run_rounds(fed, algorithm, on_round=on_round, evaluate=evaluate, checkpointer=checkpointer,
                           stop_after=stop_after, provenance={"dataset_checksum": dataset.checksum,
@@ -97,11 +100,9 @@ def cell_global_rng(seed: int, device: torch.device):
     restored after it. What draws from it (dropout layers: MobileNetV3, VGG8) then draws the same in any
     process, whatever ran there before: a Ray worker runs cell after cell, `--no-ray` runs a whole plan
     in one process, and `pflbench rerun`/`verify` run one cell alone. Everything else random is drawn
-    from generators derived from (seed, round, client) already."""
-    digest = hashlib.sha256(f"{seed}/global-rng".encode()).digest()
-    devices = [device.index or 0] if device.type == "cuda" else []
-    with torch.random.fork_rng(devices=devices):
-        torch.manual_seed(int.from_bytes(digest[:8], "little"))
+    from named streams of the cell's seed (pflbench.streams; this one is "global")."""
+    devices = (device.index or 0,) if device.type == "cuda" else ()
+    with streams.torch_global(seed, "global", devices=devices):
         yield
 
 
@@ -122,24 +123,12 @@ def run_round(algorithm: Algorithm, rnd: int, clients: Tensor, timing: dict | No
         timing["train"] = time.perf_counter() - train_start
     upload = algorithm.send(rnd, clients, state)
     arrived = fed.arrived(rnd, clients)
-    engine_dp = fed.privacy is not None and algorithm.dp_upload in ("model", "update")
-    if arrived is None and not engine_dp:
+    if arrived is None:
         algorithm.aggregate(rnd, clients, upload)
         return download, upload
-    received = (privatize_upload(fed.privacy, algorithm.dp_upload, rnd,
-                                 torch.as_tensor(fed.client_ids)[clients.cpu()], download, upload, arrived)
-                if engine_dp else [u if arrived is None or arrived[k] else {}
-                                   for k, u in enumerate(_per_client(upload, len(clients)))])
-    positions = torch.arange(len(clients), device=clients.device)
-    if arrived is not None:
-        positions = positions[arrived]
-    if isinstance(upload, dict):  # restack what arrived, as the algorithm's aggregate expects (without
-        # the tensors that never leave a client under DP: pflbench.privacy, BatchNorm statistics)
-        stacked = {n: torch.stack([received[k][n] for k in positions.tolist()]) if len(positions)
-                   else t[:0] for n, t in upload.items() if not len(positions) or n in received[int(positions[0])]}
-    else:
-        stacked = [received[k] for k in positions.tolist()]
-    algorithm.aggregate_arrived(rnd, clients, stacked, positions)
+    received = [u if arrived[k] else {} for k, u in enumerate(_per_client(upload, len(clients)))]
+    positions = torch.arange(len(clients), device=clients.device)[arrived]
+    algorithm.aggregate_arrived(rnd, clients, restack(upload, received, positions), positions)
     return download, received
 
 
@@ -201,7 +190,7 @@ def run_rounds(fed: Federation, algorithm: Algorithm, on_round=None, provenance:
     """The cell's rounds, with every client's personalized model evaluated on the `evaluate` splits
     every eval_every rounds (columns of a split not evaluated are NaN). With the cell's
     `finetune_epochs` > 0 the same models are also scored after local adaptation (`*_adapted`
-    columns; `Algorithm.adapt`), which never feeds back into training; its seconds are counted
+    columns; `Algorithm.adapt_locally`), which never feeds back into training; its seconds are counted
     apart (`adapt_time`), not in the round's `wall_time`. `on_round` gets, after each round,
     {round, rounds, mean_accuracy, mean_val_accuracy} (the latest evaluation, or None).
     `checkpointer` (pflbench.checkpoint): asked once for a checkpoint to resume from, told at the end
@@ -219,12 +208,13 @@ def run_rounds(fed: Federation, algorithm: Algorithm, on_round=None, provenance:
         first_round = resumed.round + 1
         record.restore(resumed.loop, resumed.elapsed)
     last_round = cell.rounds if stop_after is None else max(0, min(cell.rounds, stop_after))
+    rounds_of = with_privacy(algorithm)  # the privacy knob wraps the method's uploads (pflbench.privacy)
     for rnd in range(first_round, last_round + 1):
         round_start = time.perf_counter()
         clients = torch.as_tensor(fed.schedule[rnd - 1], device=fed.device)
         timing: dict = {}
         try:
-            download, upload = run_round(algorithm, rnd, clients, timing)
+            download, upload = run_round(rounds_of, rnd, clients, timing)
         except Diverged as err:
             record.diverged(rnd, err)
             break
@@ -244,7 +234,8 @@ def run_rounds(fed: Federation, algorithm: Algorithm, on_round=None, provenance:
              **(checkpointer.summary() if checkpointer is not None else {}),
              **({"stopped_after": last_round} if last_round < cell.rounds else {})}
     summary = summarize(metrics, rounds, record.status, record.diverged_round, record.elapsed(), facts)
-    return CellResult(record.status, metrics, rounds, summary, record.artifacts, record.error)
+    return CellResult(record.status, metrics, rounds, summary, record.artifacts, record.error,
+                      type(algorithm).card.as_dict())
 
 
 def evaluate_round(fed: Federation, algorithm: Algorithm, rnd: int, clients: Tensor, sent, evaluate,

@@ -1,7 +1,7 @@
 """Statistical heterogeneity beyond label skew: feature shift and concept shift (cell fields
 `feature_shift` and `concept_shift`; benchmarks/README.md, "Heterogeneity beyond label skew").
 
-Both are drawn once from the cell's seed (each with its own salt, never from the training RNG), for
+Both are drawn once from the cell's seed (each on its own stream, "shift.feature" and "shift.concept", never from the training RNG), for
 every client of the partition, keyed by partition client id; so every algorithm of a matrix sees the
 same shifted clients, and a client held out of training (a newcomer) carries its own shift. They are
 applied once, when the Federation is built, to the feature tensor and the per-sample label table
@@ -25,7 +25,7 @@ Feature shift (`feature_shift.kind`), per client:
   possible, in an order shuffled from the seed.
 
 Concept shift (`concept_shift.clusters: k`, default 1 = off): clients are dealt into k clusters the
-same way (another salt); cluster j relabels y -> s^-1((s(y) + j) mod C), with s a permutation of the
+same way (on its own stream); cluster j relabels y -> s^-1((s(y) + j) mod C), with s a permutation of the
 C classes drawn from the seed. Cluster 0 keeps the labels, and any two clusters disagree on every
 label (a cyclic shift in a shuffled order), so no single model can fit two clusters: the same x
 means a different y in each. Needs k <= C.
@@ -42,11 +42,10 @@ import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from torch import Tensor
 
+from pflbench import streams
 from pflbench.config import reject_boolean
 from pflbench.registry import echo
 
-# Salts of the draws (the sampling schedule uses 0x5A3): each knob its own stream.
-FEATURE_SALT, CONCEPT_SALT = 0xF5, 0xC5
 CHUNK = 4096  # samples transformed at once (bounds the rotation grid's memory)
 
 
@@ -174,7 +173,7 @@ def draw(cell, num_clients: int, input_shape: tuple[int, ...], num_classes: int)
         raise ShiftError(f"concept_shift.clusters={concept.clusters} exceeds the {num_classes} classes of "
                          f"{cell.dataset!r} (each cluster needs its own label for every class); "
                          f"allowed: 1 to {num_classes}")
-    rng = np.random.default_rng([cell.seed, FEATURE_SALT])
+    rng = streams.generator(cell.seed, "shift.feature", kind="numpy")
     k = feature.clusters
     count = k or num_clients  # transforms to draw
     transform = deal(num_clients, k, rng) if k else np.arange(num_clients)
@@ -196,7 +195,7 @@ def draw(cell, num_clients: int, input_shape: tuple[int, ...], num_classes: int)
         permutations = np.stack([rng.permutation(positions) for _ in range(count)])
         if k:
             permutations[0] = np.arange(positions)
-    rng = np.random.default_rng([cell.seed, CONCEPT_SALT])
+    rng = streams.generator(cell.seed, "shift.concept", kind="numpy")
     order = rng.permutation(num_classes)  # s^-1: position -> class
     rank = np.argsort(order)              # s: class -> position
     label_maps = np.stack([order[(rank + j) % num_classes] for j in range(concept.clusters)])

@@ -241,6 +241,10 @@ class Plan:
 class Rule:
     condition: Condition
     assignments: Assignments
+    unless: Condition | None = None  # an override's `unless:`: the cells it leaves alone
+
+    def applies(self, flat: Assignments) -> bool:
+        return self.condition.matches(flat) and not (self.unless is not None and self.unless.matches(flat))
 
 
 def parse_sets(items: list[str]) -> dict[str, Any]:
@@ -330,7 +334,8 @@ def parse_spec(data: Any, source: str = "<spec>", sets: dict[str, Any] | None = 
         defaults.update(_assignments_of(chosen.defaults, f"{where}.defaults", problems))
         override_blocks.append((f"{where}.overrides", chosen.overrides))
     rules = [Rule(_condition_of(o.when, f"{block}[{i}].when", problems),
-                  _assignments_of(o.assign, f"{block}[{i}].set", problems))
+                  _assignments_of(o.assign, f"{block}[{i}].set", problems),
+                  _condition_of(o.unless, f"{block}[{i}].unless", problems) if o.unless else None)
              for block, overrides in override_blocks for i, o in enumerate(overrides)]
     if problems:
         raise SpecError(source, list(problems.items))
@@ -612,7 +617,7 @@ def _expand(axes, defaults: Assignments, rules: list[Rule], problems: Problems, 
         for entry in combination:
             flat.update(entry)
         for rule in rules:
-            if rule.condition.matches(flat):
+            if rule.applies(flat):
                 flat.update(rule.assignments)
         cell = _build_cell(flat, problems, base_dir)
         if cell is not None:

@@ -156,6 +156,7 @@ AXIS_TYPES: dict[str, TypeAdapter] = {
 
 class Override(SpecModel):
     when: dict[str, Any] = Field(default_factory=dict)
+    unless: dict[str, Any] = Field(default_factory=dict)  # the cells `when` matches, but not these
     assign: dict[str, Any] = Field(alias="set")
 
 

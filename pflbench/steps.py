@@ -16,17 +16,20 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from pflbench import streams
 from pflbench.training import SGD, State
 
 
-def step_ids(fed, rnd: int, clients: Tensor, *, salt: int, epochs: int | None = None,
-             steps: int | None = None, split: str = "train") -> tuple[Tensor, Tensor]:
+def step_ids(fed, rnd: int, clients: Tensor, *, stream: str | None = None, epochs: int | None = None,
+             steps: int | None = None, split: str = "train", salt: int | None = None) -> tuple[Tensor, Tensor]:
     """The engine's batch plan for `clients` (`Federation.local_plans`: stragglers already cut) as
     sample ids [K, S, B] (S = the longest plan) and the number of real steps per client [K]. Past
     its last step a client repeats its last batch (the caller masks those steps out); a client
-    without samples gets sample 0 and 0 steps."""
+    without samples gets sample 0 and 0 steps. `stream`: the batch order's random stream (default
+    "batches", the engine's; `salt` is its deprecated form)."""
     indices = [fed.splits[split][c] for c in clients.tolist()]
-    plans = fed.local_plans(rnd, clients, epochs=epochs, steps=steps, split=split, salt=salt)
+    plans = fed.local_plans(rnd, clients, epochs=epochs, steps=steps, split=split,
+                            stream=streams.batch_stream(stream, salt))
     counts = torch.tensor([len(p) for p in plans], device=fed.device)
     longest = int(counts.max()) if len(plans) else 0
     ids = torch.zeros(len(plans), longest, fed.cell.batch_size, dtype=torch.long, device=fed.device)

@@ -256,6 +256,7 @@ class Store:
             "versions": {"pflbench": version("pflbench"), "torch": result.summary.get("torch", version("torch")),
                          "python": platform.python_version()},
             "dataset_checksum": result.summary.get("dataset_checksum"),
+            **({"card": result.card} if getattr(result, "card", None) else {}),
         })
         written = [CONFIG]
         if result.error:
@@ -391,7 +392,7 @@ def load_store(results_dir: str | Path) -> pd.DataFrame:
             if key == "files":
                 continue
             row[f"resolved_{key}" if key in config["cell"] else key] = value
-        row.update(pflbench=config.get("versions", {}).get("pflbench"), path=str(folder))
+        row.update(pflbench=config.get("versions", {}).get("pflbench"), path=str(folder), card=config.get("card"))
         rows.append(row)
     if not rows:
         return pd.DataFrame(columns=["hash", "status"])

@@ -14,7 +14,7 @@
   is counted as not sent: `bytes_up` counts what reached the server (the failure is modelled as the
   client disappearing before it uploads), the download it received is counted.
 
-Everything is drawn once from the cell's seed with this module's own salt, as arrays over (round,
+Everything is drawn once from the cell's seed on its own stream ("system", pflbench.streams), as arrays over (round,
 client) for every client, never from the training generators: the sampling schedule
 (`federation.sample_schedule`) is untouched, and every algorithm run with the same seed meets the same
 stragglers, work fractions and dropouts.
@@ -28,9 +28,9 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from pflbench import streams
 from pflbench.config import reject_boolean
 
-SALT = 0x5E7  # this module's stream of the cell's seed
 
 
 def knob_problem(knob: str, error: dict) -> str:
@@ -100,10 +100,6 @@ class SystemParams(KnobParams):
             raise ValueError("straggler_work is set but stragglers is 0 (give the share of straggling clients)")
         return self
 
-    @property
-    def has_dropout(self) -> bool:
-        return any(np.atleast_1d(np.asarray(self.dropout, dtype=float)) > 0)
-
 
 def parse_system(values: dict[str, Any], clients: int) -> dict[str, Any]:
     """The cell's `system` entries validated, with only those that differ from the defaults kept (so
@@ -130,7 +126,7 @@ class SystemPlan:
     """The stragglers' work fractions and the dropped uploads of a cell, drawn once from its seed."""
 
     def __init__(self, params: SystemParams, clients: int, rounds: int, seed: int):
-        rng = np.random.default_rng([seed, SALT])
+        rng = streams.generator(seed, "system", kind="numpy")
         # Fixed draws for every (round, client), whatever the knob's values: raising the dropout
         # probability only adds dropped uploads, and the stragglers are a prefix of one permutation.
         order = rng.permutation(clients)

@@ -62,6 +62,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call, grad_and_value, vmap
 
+from pflbench import streams
 from pflbench.batching import set_conv_layout, stacked_twin
 
 State = dict[str, Tensor]  # name -> tensor with a leading client dimension
@@ -226,8 +227,7 @@ class ClientModel:
 
     def init(self, num_clients: int, seed: int, device: torch.device | str = "cpu") -> State:
         """Every client starts from the same initial model, drawn from `seed`."""
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
+        with streams.torch_global(seed, "model.init"):
             fresh = copy.deepcopy(self._module)
             for module in fresh.modules():
                 if hasattr(module, "reset_parameters") and module is not fresh:
@@ -309,6 +309,17 @@ def state_bytes(state: State) -> Tensor:
     for t in state.values():
         total += t[0].numel() * t.element_size()
     return total
+
+
+def restack(upload: State | list[State], received: list[State], positions: Tensor) -> State | list[State]:
+    """What reached the server (`received[k]` for the clients at `positions`), in the form the algorithm
+    uploaded: a stacked State again where `upload` was one (without the tensors that did not leave the
+    clients, e.g. BatchNorm statistics under the privacy knob), else the list of their dicts."""
+    kept = positions.tolist()
+    if not isinstance(upload, dict):
+        return [received[k] for k in kept]
+    return {n: torch.stack([received[k][n] for k in kept]) if kept else t[:0]
+            for n, t in upload.items() if not kept or n in received[kept[0]]}
 
 
 def payload_bytes(payload: State | list[State]) -> Tensor:

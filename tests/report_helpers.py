@@ -8,7 +8,6 @@ before local adaptation and protocols existed: no `*_adapted`, `test_samples`, `
 no `bestval_*`, `*_pooled`, `*_adapted` keys, no `finetune_epochs` in config.json."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np

@@ -11,7 +11,7 @@ from pflbench.algorithms.apfl import APFL
 from pflbench.algorithms.ditto import Ditto
 from pflbench.algorithms.fedfomo import FedFomo, fomo_weights
 from pflbench.algorithms.fedrep import FedRep
-from pflbench.algorithms.perfedavg import SALTS, PerFedAvg
+from pflbench.algorithms.perfedavg import STREAMS, PerFedAvg
 from pflbench.algorithms.pfedhn import PFedHN
 from pflbench.algorithms.pfedme import PFedMe
 from pflbench.rounds import run_cell, run_round
@@ -68,7 +68,7 @@ def test_fedrep_trains_the_body_one_epoch_whatever_the_cells_local_epochs(tmp_pa
     head = ["fc3.weight", "fc3.bias"]
     body = [n for n in fed.model.param_names if n not in head]
     assert calls == [(10, len(head)), (1, len(body))]  # 10 head epochs, then 1 body epoch (not the cell's 3)
-    after_head = fed.train(1, clients, start, trainable=head, epochs=10, salt=FedRep.HEAD_SALT).state
+    after_head = fed.train(1, clients, start, trainable=head, epochs=10, stream=FedRep.HEAD_STREAM).state
     one = fed.train(1, clients, after_head, trainable=body, epochs=1).state
     three = fed.train(1, clients, after_head, trainable=body, epochs=3).state
     for n in fed.model.param_names:
@@ -106,7 +106,7 @@ def test_perfedavg_meta_step_is_beta_1e_3_and_not_the_cells_lr(tmp_path):
         alg = _make(PerFedAvg, fed, hp)
         clients = torch.arange(fed.num_clients)
         trained[(lr, "beta" in hp)] = alg.local_train(1, clients, _start(alg, 1, clients))
-    ids = [step_ids(fed, 1, clients, salt=s) for s in SALTS[:2]]
+    ids = [step_ids(fed, 1, clients, stream=s) for s in STREAMS[:2]]
     assert all((counts == 1).all() for _, counts in ids)
     w0 = {n: t[0] for n, t in fed.init_state(1).items()}
     names = fed.model.param_names
@@ -167,7 +167,7 @@ def test_pfedme_mu_adds_the_official_l2_term_to_the_inner_step(tmp_path):
     fed = _federation(cell, tmp_path)
     clients = torch.arange(fed.num_clients)
     w0 = {n: t[0] for n, t in fed.init_state(1).items()}
-    ids, counts = step_ids(fed, 1, clients, salt=0)
+    ids, counts = step_ids(fed, 1, clients)
     assert (counts == 1).all()
     for mu in (0.0, 0.5):
         alg = _make(PFedMe, fed, {"k": 1, "personal_lr": 0.05, "mu": mu})
@@ -183,7 +183,7 @@ def test_pfedme_mu_adds_the_official_l2_term_to_the_inner_step(tmp_path):
 def _official_by_hand(fed, rnd, client, start, steps, clip):
     """torch.optim.SGD(lr 5e-3, momentum 0.9, weight decay 5e-5) with clip_grad_norm_(clip), as the
     official trainer, on the engine's batch plan for `client`."""
-    ids, _ = step_ids(fed, rnd, torch.tensor([client]), salt=0, steps=steps)
+    ids, _ = step_ids(fed, rnd, torch.tensor([client]), steps=steps)
     params = {n: start[n][0].detach().clone().requires_grad_(True) for n in fed.model.param_names}
     opt = torch.optim.SGD(list(params.values()), lr=5e-3, momentum=0.9, weight_decay=5e-5)
     for step in range(steps):

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 from pflbench.steps import step_ids
 from pflbench.algorithms.fedfomo import FedFomo, fomo_weights, normalize_weights
-from pflbench.algorithms.perfedavg import SALTS, PerFedAvg
+from pflbench.algorithms.perfedavg import STREAMS, PerFedAvg
 from pflbench.algorithms.pfedme import PFedMe
 from pflbench.algorithm import get_algorithm
 from pflbench.rounds import run_cell, run_round
@@ -86,7 +86,7 @@ def test_fedrep_trains_the_head_first_then_the_body_with_that_head(tmp_path):
     clients = torch.as_tensor(fed.schedule[0])
     start = alg.receive(1, clients, alg.configure(1, clients))
     head, body = ["fc3.weight", "fc3.bias"], [n for n in fed.model.param_names if not n.startswith("fc3")]
-    after_head = fed.train(1, clients, start, trainable=head, epochs=3, salt=alg.HEAD_SALT).state
+    after_head = fed.train(1, clients, start, trainable=head, epochs=3, stream=alg.HEAD_STREAM).state
     expected = fed.train(1, clients, after_head, trainable=body).state
     got = alg.local_train(1, clients, start)
     for n in fed.model.param_names:
@@ -215,7 +215,7 @@ def test_perfedavg_personalized_model_is_the_global_one_after_one_adaptation_ste
     alg, _ = _run(PerFedAvg, fed, {"variant": variant, "alpha": 0.05})
     personal = alg.personalized()
     everyone = torch.arange(fed.num_clients)
-    gens = fed.batch_generators(0, everyone, PerFedAvg.ADAPT_SALT)
+    gens = fed.batch_generators(0, everyone, stream=PerFedAvg.ADAPT_STREAM)
     plans = batch_plan([len(fed.splits["train"][c]) for c in range(fed.num_clients)], fed.cell.batch_size,
                        1, 1, gens)
     glob = {n: t[0] for n, t in alg.global_state.items()}
@@ -240,7 +240,7 @@ def test_perfedavg_meta_step_first_order_and_hessian_free(tmp_path):
         alg = PerFedAvg(fed, PerFedAvg.parse_hyperparams({"variant": variant, "alpha": alpha, "beta": beta}))
         alg.setup()
         trained[variant] = alg.local_train(1, clients, alg.receive(1, clients, alg.configure(1, clients)))
-    ids = [step_ids(fed, 1, clients, salt=s) for s in SALTS]
+    ids = [step_ids(fed, 1, clients, stream=s) for s in STREAMS]
     assert all((counts == 1).all() for _, counts in ids)
     w0 = {n: t[0] for n, t in fed.init_state(1).items()}
     names = fed.model.param_names

@@ -21,12 +21,12 @@ def _run(alg_cls, fed, hp=None):
     return alg, sent
 
 
-def _local_with_salt(fed, salt):
-    """Pure local training of every client from the common initial model, with batch order `salt`."""
+def _local_with_stream(fed, stream):
+    """Pure local training of every client from the common initial model, with batch order `stream`."""
     state = fed.init_state(fed.num_clients)
     for rnd in range(1, fed.cell.rounds + 1):
         clients = torch.as_tensor(fed.schedule[rnd - 1])
-        trained = fed.train(rnd, clients, {n: t[clients] for n, t in state.items()}, salt=salt).state
+        trained = fed.train(rnd, clients, {n: t[clients] for n, t in state.items()}, stream=stream).state
         for n, t in trained.items():
             state[n][clients] = t
     return state
@@ -40,7 +40,7 @@ def _distance(a, b, names):
 def test_ditto_lambda_zero_is_local_training_and_global_is_fedavg(tmp_path):
     fed = _federation(_cell(participation=0.6), tmp_path)  # partial participation: unsampled keep theirs
     ditto, _ = _run(Ditto, fed, {"lam": 0.0})
-    reference = _local_with_salt(fed, Ditto.PERSONAL_SALT)
+    reference = _local_with_stream(fed, Ditto.PERSONAL_STREAM)
     fedavg, _ = _run(Algorithm, fed)
     for n in fed.model.names:
         assert torch.equal(ditto.personalized()[n], reference[n]), n
@@ -81,7 +81,7 @@ def test_apfl_alpha_one_evaluates_the_local_model(tmp_path):
     fed = _federation(_cell(), tmp_path)
     apfl, _ = _run(APFL, fed, {"alpha": 1.0, "learn_alpha": False})
     personal = apfl.personalized()
-    reference = _local_with_salt(fed, APFL.PERSONAL_SALT)
+    reference = _local_with_stream(fed, APFL.PERSONAL_STREAM)
     for n in fed.model.names:
         assert torch.equal(personal[n], apfl.local_state[n]), n  # evaluated model == v_i exactly
         torch.testing.assert_close(apfl.local_state[n], reference[n], atol=1e-5, rtol=1e-5, msg=n)

@@ -17,18 +17,13 @@ from pflbench.checkpoint import (CHECKPOINT, CheckpointPolicy, Checkpointer, lis
 from pflbench.rounds import run_cell
 
 get_algorithm("fedavg")  # registers the built-in algorithms
-# Small local work and models for the slow methods (the state they carry is the same).
-QUICK_HP = {"pfedhn": {"inner_steps": 3}, "pfedhn-pc": {"inner_steps": 3}, "fedrep": {"head_epochs": 1},
-            "fedbabu": {"finetune_epochs": 1}, "pfedme": {"inner_steps": 2},
-            "mh-pfedhn": {"hidden_dim": 4, "embedding_dim": 8}, "mh-pfedhngd": {"hidden_dim": 4, "embedding_dim": 8},
-            "fedmn": {"dims": [16, 8], "encoder_hidden": 16, "router_x_dim": 8, "router_y_dim": 4, "router_samples": 16}}
-BATCHED = sorted(name for name, cls in ALGORITHMS.items() if cls.batched)
+BATCHED = sorted(name for name, cls in ALGORITHMS.items() if cls.capabilities.batched)
 IMAGES = dict(dataset="synthetic-images", dataset_options={"num_samples": 200, "channels": 3, "size": 32})
 
 
 def _hp(name: str) -> dict:
-    cls = ALGORITHMS.get(name)
-    return {k: v for k, v in QUICK_HP.get(name, {}).items() if k in cls.Hyperparams.model_fields}
+    """Small local work and models for the slow methods (each declares its own: `Algorithm.quick_hp`)."""
+    return dict(ALGORITHMS.get(name).quick_hp)
 
 
 def assert_resumes_bit_identical(cell, tmp_path, at: int, **run):

@@ -192,11 +192,11 @@ def test_list_algorithms_shows_each_paper_and_what_it_personalizes(capsys):
 
     get_algorithm("fedavg")
     for name, cls in ALGORITHMS.items():
-        assert cls.personalizes, name
+        assert cls.card.personalizes, name
         if name not in ("local", "centralized"):  # baselines, no paper
-            assert re.search(r", (arXiv|[A-Z][A-Za-z]+) .*20\d\d", cls.paper), (name, cls.paper)
-    assert "CVPR 2022" in ALGORITHMS.get("pfedla").paper and "ICML 2021" in ALGORITHMS.get("pfedhn").paper
-    assert "AISTATS 2017" in ALGORITHMS.get("fedavg").paper and "NeurIPS 2020" in ALGORITHMS.get("pfedme").paper
+            assert re.search(r", (arXiv|[A-Z][A-Za-z]+) .*20\d\d", cls.card.paper), (name, cls.card.paper)
+    assert "CVPR 2022" in ALGORITHMS.get("pfedla").card.paper and "ICML 2021" in ALGORITHMS.get("pfedhn").card.paper
+    assert "AISTATS 2017" in ALGORITHMS.get("fedavg").card.paper and "NeurIPS 2020" in ALGORITHMS.get("pfedme").card.paper
     assert main(["list", "algorithms"]) == 0
     out = capsys.readouterr().out
     assert "paper: Ma, Zhang, Guo & Xu, CVPR 2022" in out and "personalizes: the BatchNorm layers" in out

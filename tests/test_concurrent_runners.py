@@ -8,7 +8,6 @@ import re
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import yaml
 from rich.console import Console

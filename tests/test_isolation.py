@@ -16,6 +16,7 @@ from pydantic import ValidationError
 
 from pflbench.algorithm import ALGORITHMS, get_algorithm
 from pflbench.config import CellConfig, cell_hash
+from pflbench.data.dataset import Dataset
 from pflbench.data.normalization import normalized_for_cell
 from pflbench.federation import Federation
 from pflbench.metrics import trained_rows
@@ -46,8 +47,8 @@ def _setting(name: str) -> tuple[CellConfig, str]:
                       partition="pathological", partition_params={"classes_per_client": 3}, clients=8,
                       participation=0.5, unseen_fraction=0.25, finetune_epochs=1, rounds=ROUNDS, local_epochs=1,
                       batch_size=16, lr=0.05, seed=1, eval_every=1, hp=QUICK_HP.get(name, {}))
-    if cls.newcomers_refused:  # said, not skipped: the rest of the setting still runs
-        return cell.model_copy(update={"unseen_fraction": 0.0}), f"no newcomers: {cls.newcomers_refused}"
+    if cls.capabilities.newcomers:  # said, not skipped: the rest of the setting still runs
+        return cell.model_copy(update={"unseen_fraction": 0.0}), f"no newcomers: {cls.capabilities.newcomers}"
     return cell, ""
 
 

@@ -1,5 +1,7 @@
-"""Unseen clients (`unseen_fraction`, pflbench/newcomers.py): newcomers never take part in training,
+"""Unseen clients (`unseen_fraction`, pflbench/newcomers/): newcomers never take part in training,
 every algorithm serves them a model or is refused before any work, and the knob at 0 changes nothing."""
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -14,8 +16,8 @@ from pflbench.newcomers import newcomer_ids
 from pflbench.spec import SpecError, parse_spec
 
 get_algorithm("fedavg")  # registers the built-in algorithms
-SERVED = sorted(name for name, cls in ALGORITHMS.items() if not cls.newcomers_refused)
-REFUSED = sorted(name for name, cls in ALGORITHMS.items() if cls.newcomers_refused)
+SERVED = sorted(name for name, cls in ALGORITHMS.items() if not cls.capabilities.newcomers)
+REFUSED = sorted(name for name, cls in ALGORITHMS.items() if cls.capabilities.newcomers)
 # Small local work and models for the slow methods, so the whole registry runs in a few seconds.
 MH = {"hidden_dim": 4, "embedding_dim": 8, "server_updates": "per_round"}
 QUICK_HP = {"pfedhn": {"inner_steps": 2}, "pfedhn-pc": {"inner_steps": 2}, "fedrep": {"head_epochs": 1},
@@ -80,7 +82,8 @@ def test_an_algorithm_that_cannot_serve_newcomers_is_refused_before_any_work(tmp
     """Every built-in algorithm serves newcomers today (REFUSED is empty); the refusal path is
     exercised on FedAvg marked as refusing."""
     assert REFUSED == []
-    monkeypatch.setattr(ALGORITHMS.get("fedavg"), "newcomers_refused", "no newcomer model (test)")
+    fedavg = ALGORITHMS.get("fedavg")
+    monkeypatch.setattr(fedavg, "capabilities", dataclasses.replace(fedavg.capabilities, newcomers="no newcomer model (test)"))
     with pytest.raises(ValueError, match="unseen_fraction: algorithm 'fedavg' cannot give unseen clients a model: "
                                          "no newcomer model"):
         run_cell(_cell(), data_root=tmp_path / "nothing")

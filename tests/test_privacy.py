@@ -215,3 +215,23 @@ def test_report_captions_state_the_relation_where_privacy_columns_are_shown():
     caption = CopeTable("ctx", ["off", "privacy.epsilon=8.0"], []).caption
     assert "neighbouring relation add/remove (sensitivity = clip)" in caption and "privacy.mode=central" in caption
     assert "neighbouring" not in CopeTable("ctx", ["off", "system.dropout=0.3"], []).caption
+
+
+def test_privacy_is_a_wrapper_and_the_round_driver_has_no_privacy_branch(tmp_path):
+    """The rounds drive `PrivateUploads(algorithm)` under the knob; run_round never names privacy."""
+    import inspect
+
+    from pflbench import rounds
+    from pflbench.algorithm import get_algorithm
+    from pflbench.privacy import PrivateUploads, with_privacy
+
+    assert "privacy" not in inspect.getsource(rounds.run_round)
+    on = make_federation(small_cell(privacy={"epsilon": 8.0}), tmp_path)
+    off = make_federation(small_cell(), tmp_path)
+    fedavg, pfedhn = get_algorithm("fedavg"), get_algorithm("pfedhn")
+    wrapped = with_privacy(fedavg(on, fedavg.parse_hyperparams({})))
+    assert isinstance(wrapped, PrivateUploads) and wrapped.dp_upload == "model"
+    assert not isinstance(with_privacy(fedavg(off, fedavg.parse_hyperparams({}))), PrivateUploads)
+    per_client = pfedhn(on, pfedhn.parse_hyperparams({"server_updates": "per_client"}))
+    if per_client.dp_upload == "self":  # privatizes where each update leaves the client: not wrapped
+        assert with_privacy(per_client) is per_client

@@ -84,7 +84,7 @@ def test_pages_are_well_formed_and_escape_store_values(site):
     pages = [out / "index.html", *(out / "cells").glob("*.html"), *(out / "algorithms").glob("*.html")]
     assert len(pages) == 1 + 7 + 5
     for page in pages:
-        checker = check(page)
+        check(page)
         assert "<script>alert" not in page.read_text()
     index = check(out / "index.html")
     assert HOSTILE in "".join(index.text)  # shown, as text

@@ -169,7 +169,7 @@ def test_algorithm_all_means_every_registered_one():
     (spec(overrides=[{"when": {"dataset": "fmnsit"}, "set": {"lr": 0.1}}]), None,
      "bench.yaml: overrides[0].when.dataset: unknown dataset 'fmnsit' (did you mean 'fmnist'?)"),
     (spec(overrides=[{"when": {"dataset": "fmnist"}, "sett": {"lr": 0.1}}]), None,
-     "bench.yaml: overrides[0]: unknown key 'sett' (did you mean 'set'?); allowed: when, set"),
+     "bench.yaml: overrides[0]: unknown key 'sett' (did you mean 'set'?); allowed: when, unless, set"),
     (spec(overrides=[{"when": {"algorithm": "fedavg"}, "set": {"hp.mu": 0.1}}]), None,
      "bench.yaml: overrides[0].set.hp.mu: no algorithm of this spec (fedavg) has the hyperparameter 'mu'; "
      "declared: fedavg: none"),
@@ -263,7 +263,7 @@ def test_a_key_written_twice_is_refused_with_its_line(tmp_path):
 def test_a_boolean_is_not_a_seed_or_a_count():
     base = {"matrix": {"algorithm": ["fedavg"], "dataset": ["synthetic"]}}
     for key in ("seed", "rounds", "lr"):
-        with pytest.raises(SpecError, match=f"expected a number, got the boolean True"):
+        with pytest.raises(SpecError, match="expected a number, got the boolean True"):
             parse_spec({**base, "defaults": {key: True}})
 
 
@@ -423,3 +423,13 @@ def test_a_resolved_cell_resolves_to_itself(path):
         pytest.skip("reads FL-bench's split from ../shared/crosscheck beside the checkout")
     for cell in load_spec(path).cells[:20]:
         assert resolve(cell, path.parent) == cell, (path.name, cell_hash(cell))
+
+
+def test_an_override_with_unless_leaves_the_cells_it_matches_alone():
+    plan = parse_spec({"name": "x", "matrix": {"algorithm": ["fedavg", "local", "fedprox"], "dataset": ["synthetic"]},
+                       "overrides": [{"when": {"dataset": "synthetic"}, "unless": {"algorithm": ["local"]},
+                                      "set": {"rounds": 3}}]})
+    assert {c.algorithm: c.rounds for c in plan.cells} == {"fedavg": 3, "local": 10, "fedprox": 3}
+    with pytest.raises(SpecError, match=r"overrides\[0\]\.unless\.algorithmm"):
+        parse_spec({"name": "x", "matrix": {"algorithm": ["fedavg"], "dataset": ["synthetic"]},
+                    "overrides": [{"when": {}, "unless": {"algorithmm": "x"}, "set": {"rounds": 3}}]})

@@ -10,7 +10,7 @@ from pflbench.config import CellConfig
 from pflbench.models import build_model
 from pflbench.reports.cells import load_cells
 from pflbench.reports.heterogeneity import NEWCOMER_KEY, OFF, cope_tables, markdown_section
-from pflbench.spec import SpecError, load_spec, parse_spec, read_yaml
+from pflbench.spec import load_spec
 from pflbench.store import Store
 from pflbench.training import SGD, ClientModel, batch_plan, train_clients
 from tests.report_helpers import cell_result

@@ -159,7 +159,7 @@ def test_the_registry_cells_meet_a_round_where_every_upload_is_lost(tmp_path):
 @pytest.mark.parametrize("name", sorted(name for name, _ in ALGORITHMS.items()))
 def test_every_algorithm_copes_with_stragglers_and_dropout_or_refuses(name, tmp_path):
     cell = small_cell(algorithm=name, system=SYSTEM, **TINY)
-    refusal = get_algorithm(name).refused_knobs
+    refusal = get_algorithm(name).capabilities.refused_knobs
     if any(k in refusal for k in ("system", "system.dropout")):
         with pytest.raises(ValueError, match=f"algorithm '{name}' cannot run with system"):
             run_cell(cell, data_root=tmp_path)
@@ -172,7 +172,7 @@ def test_every_algorithm_copes_with_stragglers_and_dropout_or_refuses(name, tmp_
 @pytest.mark.parametrize("name", sorted(name for name, _ in ALGORITHMS.items()))
 def test_every_algorithm_privatizes_its_uploads_or_refuses(name, tmp_path):
     cell = small_cell(algorithm=name, privacy={"epsilon": 8.0}, system={"dropout": 0.3}, **TINY)
-    refusal = get_algorithm(name).refused_knobs
+    refusal = get_algorithm(name).capabilities.refused_knobs
     if any(k in refusal for k in ("privacy", "system", "system.dropout")):
         with pytest.raises(ValueError, match=f"algorithm '{name}' cannot run with"):
             run_cell(cell, data_root=tmp_path)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import importlib.util
 import struct
-from dataclasses import replace
 from pathlib import Path
 
 import pytest

@@ -34,7 +34,7 @@ def test_zero_epochs_train_nothing_and_none_is_the_cells_epochs(tmp_path):
     assert torch.equal(trained.loss, torch.zeros(fed.num_clients))
     moved = fed.train(1, clients, start)  # the default still trains
     assert not torch.equal(moved.state[fed.model.param_names[0]], start[fed.model.param_names[0]])
-    ids, counts = step_ids(fed, 1, clients, salt=0, epochs=0)
+    ids, counts = step_ids(fed, 1, clients, epochs=0)
     assert ids.shape[1] == 0 and (counts == 0).all()
 
 
@@ -47,7 +47,7 @@ def test_the_plan_is_cut_for_stragglers_in_their_local_round_only(tmp_path):
     try:
         cut = fed.local_plans(1, clients)
         later = [len(p) for p in fed.local_plans(2, clients)]  # e.g. adaptation's batch order of round 2
-        ids, counts = step_ids(fed, 1, clients, salt=0)
+        ids, counts = step_ids(fed, 1, clients)
     finally:
         fed.local_round = None
     slow = SystemPlan(SystemParams(**system), fed.num_clients, 1, seed=fed.cell.seed).straggler[fed.client_ids]

@@ -16,7 +16,6 @@ import os
 import shutil
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 from pflbench.config import cell_hash

@@ -84,7 +84,7 @@ def main() -> int:
                  "after": ExecutionOptions(), "compiled": ExecutionOptions(compiled_training="on")}
     engines = {}
     for mode in modes:
-        fed = Federation(cell, dataset, splits, execution[mode], FedAvg.batched)
+        fed = Federation(cell, dataset, splits, execution[mode], FedAvg.capabilities.batched)
         algorithm = FedAvg(fed, FedAvg.Hyperparams())
         algorithm.setup()
         engines[mode] = (fed, algorithm)

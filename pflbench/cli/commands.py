@@ -138,13 +138,13 @@ def cmd_list(args) -> int:
         width = name_column(ALGORITHMS.names(), 14)
         for name, cls in ALGORITHMS.items():
             fields = ", ".join(f"{k}={field_default(f)!r}" for k, f in cls.Hyperparams.model_fields.items())
-            path = "" if cls.batched else "  [client loop only]"
+            path = "" if cls.capabilities.batched else "  [client loop only]"
             plugin = f"  [plugin {ALGORITHMS.origin(name)}]" if ALGORITHMS.origin(name) else ""
             print(f"{name:<{width}}{fields or '-'}{path}{plugin}")
-            if cls.paper:
-                print(f"{'':<{width}}paper: {cls.paper}")
-            if cls.personalizes:
-                print(f"{'':<{width}}personalizes: {cls.personalizes}")
+            if cls.card.paper:
+                print(f"{'':<{width}}paper: {cls.card.paper}")
+            if cls.card.personalizes:
+                print(f"{'':<{width}}personalizes: {cls.card.personalizes}")
     elif args.what == "datasets":
         from pflbench.data import DATASETS, data_mirror, data_root
 

@@ -19,10 +19,37 @@ from pflbench.store import ARTIFACTS, CONFIG, ERROR, METRICS, ROUNDS, load_store
 
 
 
-# How a method or dataset is shown comes from its class (pflbench.algorithm.Algorithm's display_name,
-# family, reference, row_order, reduces_to; pflbench.data.sources.DATASETS' attributes), built-in or
-# plugin alike: nothing here names an algorithm. A name no registry knows (a plugin not loaded for this
-# report) is shown as it is, after the known ones.
+# How a method is shown comes from its card (pflbench.card.Card: display_name, family, reference,
+# row_order, reduces_to): the card stored with its cells' results first (so a report built from the store
+# alone shows a plugin's method by its card, and a published table keeps the card it was published
+# with), else its registered class's. A dataset is shown by its class (pflbench.data.sources.DATASETS'
+# attributes). Built-in or plugin alike: nothing here names an algorithm. A method no store and no
+# registry knows is shown by its name, after the known ones.
+STORED_CARDS: dict[str, dict] = {}  # algorithm -> the card its stored cells carry (`remember_cards`)
+
+
+def remember_cards(cells: pd.DataFrame) -> None:
+    """Take the cards stored with `cells`' results (the latest finished, per algorithm), in place of
+    those of the store read before."""
+    STORED_CARDS.clear()
+    if "card" not in cells or cells.empty:
+        return
+    stored = cells[cells["card"].map(lambda c: isinstance(c, dict))]
+    if "completed_at" in stored:
+        stored = stored.sort_values("completed_at", na_position="first", kind="stable")
+    for algorithm, card in zip(stored["algorithm"], stored["card"]):
+        STORED_CARDS[str(algorithm)] = card
+
+
+def card(algorithm: str):
+    """The card `algorithm` is shown by: stored with its results, else its class's, else its name alone."""
+    from pflbench.card import Card
+
+    if algorithm in STORED_CARDS:
+        return Card.from_dict(STORED_CARDS[algorithm]).named(algorithm)
+    cls = algorithm_class(algorithm)
+    return cls.card if cls is not None else Card().named(algorithm)
+
 
 def algorithm_class(algorithm: str):
     """The registered class of `algorithm`, or None (e.g. a plugin's, not loaded here)."""
@@ -42,12 +69,12 @@ def dataset_class(dataset: str):
 
 
 def display_names() -> dict[str, str]:
-    """Every registered algorithm's display name, by name."""
+    """Every known algorithm's display name (registered or stored), by name."""
     from pflbench.algorithm import ALGORITHMS
     from pflbench.plugins import load_builtins
 
     load_builtins()
-    return {name: cls.display_name for name, cls in ALGORITHMS.items()}
+    return {name: card(name).display_name for name in sorted({*ALGORITHMS.names(), *STORED_CARDS})}
 
 
 class _DatasetAliases(Mapping):
@@ -83,26 +110,22 @@ NUMERIC_COLUMNS = ("final_accuracy", "final_worst10_accuracy", "best_accuracy", 
 
 
 def display_name(algorithm: str) -> str:
-    cls = algorithm_class(algorithm)
-    return cls.display_name if cls is not None else algorithm
+    return card(algorithm).display_name
 
 
 def is_reference(algorithm: str) -> bool:
     """A reference row (bounds or calibrates the methods, never ranked among them)."""
-    cls = algorithm_class(algorithm)
-    return bool(cls is not None and cls.reference)
+    return bool(card(algorithm).reference)
 
 
 def family(algorithm: str) -> str:
-    """The figures' panel of `algorithm` ("other" when it declares none or is not registered here)."""
-    cls = algorithm_class(algorithm)
-    return cls.family if cls is not None else "other"
+    """The figures' panel of `algorithm` ("other" when its card declares none or it is unknown)."""
+    return card(algorithm).family
 
 
 def reduces_to(algorithm: str) -> dict[str, str]:
-    """{algorithm it can reduce to: why} as the class declares it."""
-    cls = algorithm_class(algorithm)
-    return dict(cls.reduces_to) if cls is not None else {}
+    """{algorithm it can reduce to: why} as its card declares it."""
+    return dict(card(algorithm).reduces_to)
 
 
 def _ordered(row_order) -> float:
@@ -112,8 +135,8 @@ def _ordered(row_order) -> float:
 def algorithm_rank(algorithm: str) -> tuple:
     """Sort key: reference algorithms last, then the classes' `row_order` (pFedLA's order for its
     rows), then by name."""
-    cls = algorithm_class(algorithm)
-    return (is_reference(algorithm), _ordered(cls.row_order if cls is not None else None), algorithm)
+    shown = card(algorithm)
+    return (bool(shown.reference), _ordered(shown.row_order), algorithm)
 
 
 def dataset_rank(dataset: str) -> tuple:
@@ -159,6 +182,7 @@ def load_cells(results: str | Path) -> pd.DataFrame:
         cells[column] = pd.to_numeric(cells[column], errors="coerce")
     cells["finetune_epochs"] = pd.to_numeric(cells["finetune_epochs"], errors="coerce").fillna(0).astype(int)
     cells, notes = current_plugin_versions(cells)
+    remember_cards(cells)
     order = cells.apply(lambda r: (algorithm_rank(str(r["algorithm"])), dataset_rank(str(r["dataset"])),
                                    str(r["partition"]), r["clients"], r["seed"]), axis=1)
     cells = cells.iloc[sorted(range(len(cells)), key=lambda i: order.iloc[i])].reset_index(drop=True)
