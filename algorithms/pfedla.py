@@ -61,7 +61,10 @@ What was chosen, and why (quick table = benchmarks/table1.yaml --scale quick, fm
   exactly zero instead of rounding noise that Adam would blow up; a client with a zero gradient
   does not step.
 - ReLU heads can reach exactly 0 and then get no gradient: a client dropped from a layer stays
-  dropped. On the quick 10-client cell the classifier layers end at self-weight 1 (Local, the best
+  dropped. `head="softmax"` / `"softplus"` cannot reach 0 in exact arithmetic but do in float32 once
+  Adam has driven the logits apart; on validation none of the three differs (benchmarks/README.md,
+  "pFedLA's heads"), so the default stays `relu`. `hn_sign="ascend"`: the reconstructions' step sign,
+  for comparison only. On the quick 10-client cell the classifier layers end at self-weight 1 (Local, the best
   row there), the first conv layer at about 0.7 with the rest mostly on clients that share classes.
 - 100 clients, 10% joining: a client's hypernetwork steps only in the rounds it trains (3 times on
   average in the quick table's 30 rounds), and its aggregate averages server copies uploaded up to
