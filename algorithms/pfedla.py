@@ -31,6 +31,10 @@ What was chosen (the measurements behind each: docs/algorithms/pfedla.md):
 - The signal is taken relative to one server copy (theta_j - theta_0 in the contraction): this leaves
   the gradient unchanged (each layer's alphas sum to 1) but gives exactly zero for identical copies
   instead of rounding noise that Adam would blow up; a client with a zero gradient does not step.
+- ReLU heads can reach exactly 0 and then get no gradient again; `head="softmax"` / `"softplus"`
+  cannot in exact arithmetic but do in float32 once Adam has driven the logits apart. On validation
+  the three do not differ (docs/algorithms/pfedla.md), so the default stays `relu`. `hn_sign="ascend"`:
+  the reconstructions' step sign, for comparison only.
 - What a "layer" is: `layer="block"` (default) uses the engine's layer groups (a conv or linear
   module with the BatchNorm after it); `layer="tensor"` gives every parameter tensor its own weights.
 - BatchNorm statistics are never aggregated: they stay on the client.
