@@ -98,4 +98,4 @@ def test_the_installed_pflbench_runs_a_spec_and_a_plugin_from_an_empty_directory
     assert "family: my family" in (here / "reports" / "algorithms" / "my-avg.html").read_text()
     assert len(list((here / "results").iterdir())) >= 3  # fedavg, local, my-avg
     run([pflbench, "new", "algorithm", "my-prox", "--from", "fedprox"], here, env)
-    assert "@ALGORITHMS.register(\"my-prox\")" in (here / "my_prox.py").read_text()
+    assert "@ALGORITHMS.register(\"my-prox\", card=Card(" in (here / "my_prox.py").read_text()
