@@ -192,7 +192,9 @@ def run_rounds(fed: Federation, algorithm: Algorithm, on_round=None, provenance:
     `finetune_epochs` > 0 the same models are also scored after local adaptation (`*_adapted`
     columns; `Algorithm.adapt_locally`), which never feeds back into training; its seconds are counted
     apart (`adapt_time`), not in the round's `wall_time`. `on_round` gets, after each round,
-    {round, rounds, mean_accuracy, mean_val_accuracy} (the latest evaluation, or None).
+    {round, rounds, mean_accuracy, mean_val_accuracy} (the latest evaluation, or None), the round's row
+    (`round_row`: bytes, seconds) and the per-client rows this round's evaluation added (`client_rows`:
+    empty between evaluations) — the same rows the result's tables will hold.
     `checkpointer` (pflbench.checkpoint): asked once for a checkpoint to resume from, told at the end
     of every round (it writes one when due). `stop_after`: run only rounds 1..stop_after of the cell
     as configured (nothing else changes: its schedule, evaluation rounds and privacy plan are the full
@@ -219,12 +221,14 @@ def run_rounds(fed: Federation, algorithm: Algorithm, on_round=None, provenance:
             record.diverged(rnd, err)
             break
         sent = record.add_round(rnd, clients, download, upload, time.perf_counter() - round_start, timing["train"])
+        scored = len(record.metric_rows)
         if (rnd % cell.eval_every == 0 or rnd == cell.rounds) and not evaluate_round(
                 fed, algorithm, rnd, clients, sent, evaluate, record):
             break
         if on_round is not None:
             on_round({"round": rnd, "rounds": cell.rounds,
-                      **(record.last_eval or {"mean_accuracy": None, "mean_val_accuracy": None})})
+                      **(record.last_eval or {"mean_accuracy": None, "mean_val_accuracy": None}),
+                      "round_row": dict(record.round_rows[-1]), "client_rows": record.metric_rows[scored:]})
         if checkpointer is not None:
             checkpointer.after_round(rnd, fed, algorithm, record.loop_state(), record.elapsed())
     metrics = pd.DataFrame(record.metric_rows, columns=METRIC_COLUMNS + list(record.flags))

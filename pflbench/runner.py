@@ -249,8 +249,17 @@ def _ray_task(cell: CellConfig, resources: Resources, options: RunOptions, board
             return failed_result(str(error))
         except Exception:
             return failed_result(traceback.format_exc())
-    return execute_cell(cell, resources, options, report=lambda info: board.post.remote(key, info),
+    return execute_cell(cell, resources, options, report=lambda info: board.post.remote(key, progress_of(info)),
                         note=lambda text: board.note.remote(key, text), checkpoint_files=checkpoint_files)
+
+
+def progress_of(info: dict) -> dict:
+    """What the driver's progress display needs of a round's report (not its rows: those stay with the
+    cell's trackers, on the worker)."""
+    return {key: info[key] for key in PROGRESS_KEYS if key in info}
+
+
+PROGRESS_KEYS = ("round", "rounds", "mean_accuracy", "mean_val_accuracy")
 
 
 def run_on_ray(cells: list[CellConfig], plan: Plan, options: RunOptions, store: Store, display: Display,

@@ -43,7 +43,8 @@ from pflbench.spec_schema import (AXIS_TYPES, NAME_CHECKS, VARIANTS_AXIS, VARIAN
 DICT_FIELDS = ("dataset_options", "partition_params", "hp", "feature_shift", "concept_shift", "system", "privacy")
 # Matrix axes with their own entry syntax; every other settable key can be an axis of plain values.
 STRUCTURED_AXES = ("algorithm", "dataset", "partition", "clients")
-SPEC_KEYS = ("name", "description", "plugins", "matrix", "defaults", "overrides", "resources", "scales", "tuned")
+SPEC_KEYS = ("name", "description", "plugins", "matrix", "defaults", "overrides", "resources", "scales", "tuned",
+             "trackers")
 VARIANT_SELECTOR = "variant"  # `--set variant=NAME`: one entry of the variants axis, by its name
 FULL_SCALE = "full"  # the spec as written; every other scale is a block under `scales:`
 TUNED_DIR = "tuned"  # default folder of tuned configurations, next to the spec file (benchmarks/tuned)
@@ -235,6 +236,7 @@ class Plan:
     scales: tuple[str, ...] = (FULL_SCALE,)  # every scale the spec offers
     tuned: dict[str, str] = field(default_factory=dict)  # algorithm -> the tuned file its cells use
     variants: tuple[str, ...] = ()  # the names of the `variants` axis (`--set variant=NAME` picks one)
+    trackers: tuple[str, ...] = ()  # the spec's `trackers:` (pflbench/trackers.py); `--tracker` adds more
 
 
 @dataclass(frozen=True)
@@ -356,7 +358,7 @@ def parse_spec(data: Any, source: str = "<spec>", sets: dict[str, Any] | None = 
         raise SpecError(source, list(problems.items))
     return Plan(spec.name or default_name, source, spec.description, cells, resources, frozenset(optional),
                 scale=scale, scales=(FULL_SCALE, *spec.scales), tuned=tuned,
-                variants=tuple(_variant_names(data["matrix"].get(VARIANTS_AXIS))))
+                variants=tuple(_variant_names(data["matrix"].get(VARIANTS_AXIS))), trackers=tuple(spec.trackers))
 
 
 def resolve_cell(values: dict[str, Any], source: str = "<cell>") -> CellConfig:

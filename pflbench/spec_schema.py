@@ -213,6 +213,17 @@ class TunedFile(SpecModel):
     tuned_on: dict[str, Any] = Field(default_factory=dict)
 
 
+def _tracker_kind(value: Any) -> str:
+    from pflbench.trackers import KINDS
+
+    if value not in KINDS:
+        raise ValueError(unknown_message("tracker", value, list(KINDS)))
+    return value
+
+
+TrackerKind = Annotated[str, AfterValidator(_tracker_kind)]
+
+
 class SpecFile(SpecModel):
     name: str | None = None
     description: str = ""
@@ -223,6 +234,8 @@ class SpecFile(SpecModel):
     resources: dict[str, Any] = Field(default_factory=dict)
     scales: dict[str, Scale] = Field(default_factory=dict)
     tuned: TunedSetting | None = None
+    # stream every cell's rounds to these trackers (pflbench/trackers.py), besides any `--tracker`
+    trackers: Annotated[list[TrackerKind], BeforeValidator(_listify)] = Field(default_factory=list)
 
     @model_validator(mode="before")
     @classmethod

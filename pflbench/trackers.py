@@ -14,15 +14,16 @@ DIR is `--tracker-dir`, by default the results store. None of the packages is re
 package is missing is refused before anything runs (`problems`), naming the extra to install.
 
 What is logged, against the round as the step (accuracies in %; the names carry the protocol, as the
-reports' protocols do, protocols.py):
+reports' protocols do, protocols.py), as the cell runs — from the rows the round loop's `on_round`
+callback hands over, the same rows the cell's result will hold:
 
-- while the cell runs, at every evaluation round (what the round loop's `on_round` callback reports):
-  `accuracy/delivered-clients` (each client's model as delivered, test accuracy, mean over clients) and
-  `val_accuracy/delivered-clients` (the same on the validation split);
-- when the cell ends, the rest of its per-round record, every round of it, from its result: `accuracy/adapted-clients`,
-  `accuracy/{delivered,adapted}-worst10`, `accuracy/delivered-pooled`, `loss/{delivered,adapted}-clients`,
-  `communication/mb_down`, `communication/mb_up`, `time/round_s`; and its final numbers under every
-  protocol it has, `final/<protocol>` (e.g. `final/adapted-final-clients`), with its status;
+- after every round: `communication/mb_down`, `communication/mb_up`, `time/round_s`;
+- at every evaluation round: `accuracy/delivered-clients` (each client's model as delivered, test
+  accuracy, mean over clients), `val_accuracy/delivered-clients` (the same on the validation split),
+  `accuracy/adapted-clients` (after the cell's local adaptation), `accuracy/{delivered,adapted}-worst10`,
+  `accuracy/delivered-pooled`, `loss/{delivered,adapted}-clients` — each where the cell has it;
+- when the cell ends: its final numbers under every protocol it has, `final/<protocol>` (e.g.
+  `final/adapted-final-clients`), and its status;
 - once, at the start: the cell's configuration (flattened: `cell.lr`, `cell.hp.mu`, ...), its id
   (`cell_id`: the hash that names its folder in the store) and what each metric name means
   (`metrics.<name>`: the protocol label).
@@ -57,7 +58,6 @@ CELL_TAG = "pflbench.cell"
 FINAL_KEYS = {f"{model}-{selection}-{averaging}": accuracy_key(selection, model == "adapted", averaging)
               for selection in ("final", "bestval") for model in ("delivered", "adapted")
               for averaging in ("clients", "pooled", "worst10")} | {"delivered-besttest-clients": accuracy_key("besttest")}
-STREAMED = {"accuracy/delivered-clients": "mean_accuracy", "val_accuracy/delivered-clients": "mean_val_accuracy"}
 LABELS = {
     "accuracy/delivered-clients": "test accuracy (%), each client's model as delivered, mean over clients",
     "val_accuracy/delivered-clients": "validation accuracy (%), each client's model as delivered, mean over clients",
@@ -264,68 +264,24 @@ class CellTracking:
             self.opened, self.first_round = True, first_round
             self._each("opening", lambda b: b.open(first_round))
 
-    def evaluated(self, rnd: int) -> bool:
-        return rnd % self.cell.eval_every == 0 or rnd == self.cell.rounds
-
     def on_round(self, info: dict) -> None:
-        """The round loop's report ({round, rounds, mean_accuracy, mean_val_accuracy}): logged at the
-        rounds that evaluated (between them it repeats the last evaluation)."""
+        """The round loop's report after a round ({round, rounds, round_row, client_rows, ...}): the
+        round's values, logged now."""
         rnd = int(info.get("round") or 0)
         if rnd < 1:
             return
         self._open(rnd)
-        if not self.evaluated(rnd):
-            return
-        values = {name: v * 100 for name, key in STREAMED.items() if (v := _finite(info.get(key))) is not None}
+        values = round_values(info.get("client_rows") or [], info.get("round_row") or {})
         if values:
             self._each(f"round {rnd}", lambda b: b.log(rnd, values))
 
     def finish(self, result) -> None:
-        """The rest of the cell's per-round record and its final numbers, then close every run."""
+        """The cell's final numbers, then close every run."""
         self._open(self.first_round or 1)
-        for step, values in sorted(self.record(result).items()):
-            self._each(f"round {step}", lambda b: b.log(step, values))
         step, final = self.final(result)
         if final:
             self._each("final numbers", lambda b: b.log(step, final))
         self._each("closing", lambda b: b.close(result.status))
-
-    def record(self, result) -> dict[int, dict[str, float]]:
-        """{round: values} of what was not streamed, for every round of the cell's result (a resumed
-        cell's result holds the rounds before its checkpoint too; a killed attempt logged none of these)."""
-        import numpy as np
-
-        from pflbench.metrics import trained_rows
-
-        out: dict[int, dict[str, float]] = {}
-        metrics = trained_rows(result.metrics) if len(result.metrics) else result.metrics
-        if len(metrics) and "round" in metrics:
-            for rnd, rows in metrics.groupby("round"):
-                values = {}
-                for model in ("delivered", "adapted"):
-                    suffix = "_adapted" if model == "adapted" else ""
-                    if f"accuracy{suffix}" not in rows or rows[f"accuracy{suffix}"].isna().any():
-                        continue
-                    acc = rows[f"accuracy{suffix}"].to_numpy(dtype=float)
-                    if model == "adapted":
-                        values["accuracy/adapted-clients"] = float(acc.mean()) * 100
-                    worst = np.sort(acc)[:max(1, math.ceil(0.1 * len(acc)))]
-                    values[f"accuracy/{model}-worst10"] = float(worst.mean()) * 100
-                    if f"loss{suffix}" in rows and rows[f"loss{suffix}"].notna().all():
-                        values[f"loss/{model}-clients"] = float(rows[f"loss{suffix}"].mean())
-                    if model == "delivered" and "test_samples" in rows and rows["test_samples"].sum() > 0:
-                        weights = rows["test_samples"].to_numpy(dtype=float)
-                        values["accuracy/delivered-pooled"] = float((acc * weights).sum() / weights.sum()) * 100
-                out[int(rnd)] = values
-        rounds = result.rounds
-        if len(rounds) and "round" in rounds:
-            for _, row in rounds.iterrows():
-                values = out.setdefault(int(row["round"]), {})
-                for name, key, scale in (("communication/mb_down", "bytes_down", 1e-6),
-                                         ("communication/mb_up", "bytes_up", 1e-6), ("time/round_s", "wall_time", 1.0)):
-                    if key in row and (v := _finite(row[key])) is not None:
-                        values[name] = v * scale
-        return {k: v for k, v in out.items() if v}
 
     def final(self, result) -> tuple[int, dict[str, float]]:
         """(the last round, {final/<protocol>: the cell's number in %}) from its summary."""
@@ -333,6 +289,39 @@ class CellTracking:
         final = {f"final/{name}": v * 100 for name, key in FINAL_KEYS.items()
                  if (v := _finite(summary.get(key))) is not None}
         return int(_finite(summary.get("rounds_completed")) or 0), final
+
+
+def round_values(client_rows: list[dict], round_row: dict) -> dict[str, float]:
+    """A round's tracked values: its communication and time (`round_row`, a row of the result's rounds
+    table) and, at an evaluation round, the trained clients' accuracies and losses (`client_rows`, its
+    rows of the metrics table; a newcomer's rows are not the trained clients')."""
+    values: dict[str, float] = {}
+    for name, key, scale in (("communication/mb_down", "bytes_down", 1e-6),
+                             ("communication/mb_up", "bytes_up", 1e-6), ("time/round_s", "wall_time", 1.0)):
+        if (v := _finite(round_row.get(key))) is not None:
+            values[name] = v * scale
+    rows = [row for row in client_rows if not row.get("newcomer")]
+    if not rows:
+        return values
+    for model in ("delivered", "adapted"):
+        suffix = "_adapted" if model == "adapted" else ""
+        accuracy = [_finite(row.get(f"accuracy{suffix}")) for row in rows]
+        if None in accuracy:   # not scored this way (no adaptation), or a model that diverged when adapted
+            continue
+        values[f"accuracy/{model}-clients"] = math.fsum(accuracy) / len(accuracy) * 100
+        worst = sorted(accuracy)[:max(1, math.ceil(0.1 * len(accuracy)))]
+        values[f"accuracy/{model}-worst10"] = math.fsum(worst) / len(worst) * 100
+        losses = [_finite(row.get(f"loss{suffix}")) for row in rows]
+        if None not in losses:
+            values[f"loss/{model}-clients"] = math.fsum(losses) / len(losses)
+        if model == "delivered":
+            weights = [_finite(row.get("test_samples")) or 0.0 for row in rows]
+            if sum(weights) > 0:
+                values["accuracy/delivered-pooled"] = math.fsum(a * w for a, w in zip(accuracy, weights)) / math.fsum(weights) * 100
+    validation = [_finite(row.get("val_accuracy")) for row in rows]
+    if None not in validation:
+        values["val_accuracy/delivered-clients"] = math.fsum(validation) / len(validation) * 100
+    return values
 
 
 def cell_tracking(cell, options: TrackerOptions, results: Path,

@@ -87,6 +87,69 @@ def test_tensorboard_streams_rounds_and_a_resumed_cell_continues_its_log(tmp_pat
     assert "metrics.accuracy/adapted-clients" in config and "after local adaptation" in config
 
 
+def test_tensorboard_has_every_metric_while_the_cell_runs(tmp_path):
+    """What a researcher watches mid-run: the killed attempt (it never reached `finish`) has logged
+    every round's adapted, worst-10% and pooled accuracies, losses, bytes and seconds up to its death,
+    with the values of the rows its result would have held."""
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    cell = small_cell(rounds=ROUNDS, eval_every=1, finetune_epochs=1, clients=10)
+    options = RunOptions(results=tmp_path / "results", data_root=tmp_path / "data", use_ray=False,
+                         checkpoint_every=1, trackers=TrackerOptions(("tensorboard",)))
+    first = execute_cell(cell, Resources(), options, report=kill_in_round_3)
+    assert first.status == "failed"
+    events = EventAccumulator(str(options.results / "tensorboard" / cell_hash(cell)), size_guidance={"scalars": 0})
+    events.Reload()
+    steps = {tag: [e.step for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+    for tag in ("accuracy/delivered-clients", "val_accuracy/delivered-clients", "accuracy/adapted-clients",
+                "accuracy/delivered-worst10", "accuracy/adapted-worst10", "accuracy/delivered-pooled",
+                "loss/delivered-clients", "loss/adapted-clients", "communication/mb_down", "communication/mb_up",
+                "time/round_s"):
+        assert steps[tag] == [1, 2, 3], tag
+    assert not any(tag.startswith("final/") for tag in steps)      # the end never came
+    # the same numbers as the finished cell's tables (a run of the cell from scratch: bit-identical rounds)
+    done = execute_cell(cell, Resources(), RunOptions(results=tmp_path / "again", data_root=tmp_path / "data",
+                                                      use_ray=False))
+    rows = done.metrics[done.metrics["round"] == 2]
+    logged = {tag: events.Scalars(tag)[1].value for tag in steps if not tag.startswith("time")}
+    assert logged["accuracy/adapted-clients"] == pytest.approx(rows["accuracy_adapted"].mean() * 100, rel=1e-5)
+    assert logged["accuracy/delivered-worst10"] == pytest.approx(rows["accuracy"].min() * 100, rel=1e-5)  # 1 of 10
+    pooled = (rows["accuracy"] * rows["test_samples"]).sum() / rows["test_samples"].sum()
+    assert logged["accuracy/delivered-pooled"] == pytest.approx(pooled * 100, rel=1e-5)
+    assert logged["communication/mb_up"] == pytest.approx(done.rounds["bytes_up"].iloc[1] * 1e-6, rel=1e-5)
+
+
+def test_a_spec_names_its_trackers(tmp_path, monkeypatch, capsys):
+    """`trackers:` in a spec streams every cell like `--tracker`; an unknown kind is a spec error, a
+    missing package stops the run before anything runs (a dry run only warns)."""
+    from pflbench.cli import main
+    from pflbench.spec import SpecError, parse_spec
+
+    spec = {"name": "t", "trackers": "tensorboard",
+            "matrix": {"algorithm": ["fedavg"], "dataset": ["synthetic"], "seed": [0],
+                       "partition": [{"scheme": "pathological", "params": {"classes_per_client": 2}}]},
+            "defaults": {"clients": 3, "rounds": 2, "lr": 0.05, "dataset_options": {"num_samples": 300}}}
+    assert parse_spec(spec).trackers == ("tensorboard",)
+    with pytest.raises(SpecError, match="trackers.0.*unknown tracker 'neptune'.*tensorboard, wandb, mlflow"):
+        parse_spec({**spec, "trackers": ["neptune"]})
+    import yaml
+
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    monkeypatch.setenv("PFLBENCH_DATA_MIRROR", str(tmp_path / "no-mirror"))
+    args = ["run", str(path), "--results", str(tmp_path / "r"), "--root", str(tmp_path / "data"), "--no-ray"]
+    if importlib.util.find_spec("tensorboard") is not None:
+        assert main(args) == 0
+        assert list((tmp_path / "r" / "tensorboard" / cell_hash(parse_spec(spec).cells[0])).glob("events.*"))
+    monkeypatch.setattr("pflbench.trackers.importlib.util.find_spec", lambda name: None)
+    assert main([*args, "--dry-run"]) == 0
+    assert "warning: the spec's trackers: tensorboard: the package tensorboard is not installed" in capsys.readouterr().err
+    assert main([*args[:3], str(tmp_path / "r2"), *args[4:]]) == 2
+    assert "nothing was run: the spec's trackers: tensorboard" in capsys.readouterr().err
+    assert not (tmp_path / "r2").exists()
+
+
 def wandb_records(path: Path) -> list:
     """The records of a W&B offline run file (run-<id>.wandb): a LevelDB-style log of Record protos."""
     from wandb.proto import wandb_internal_pb2 as pb

@@ -97,7 +97,6 @@ def cmd_run(args) -> int:
 
     if tracker_problems(args.trackers):  # before anything runs
         raise SystemExit("; ".join(tracker_problems(args.trackers)))
-    trackers = TrackerOptions(tuple(args.trackers), args.tracker_dir.absolute() if args.tracker_dir else None)
     from rich.markup import escape
 
     from pflbench.display import make_console, print_plan
@@ -112,15 +111,18 @@ def cmd_run(args) -> int:
     except SpecError as error:
         print(error, file=sys.stderr)
         return 2
+    kinds = tuple(dict.fromkeys((*plan.trackers, *args.trackers)))  # the spec's trackers, and --tracker's
+    tracker_problem = "; ".join(p.replace("--tracker ", "the spec's trackers: ") for p in tracker_problems(kinds))
     gpu_problem = missing_gpus(plan, args.ray_address or os.environ.get("RAY_ADDRESS"), args.device)
     if args.dry_run:
         print_plan(console, plan, Store(args.results), as_json=args.json)
-        if gpu_problem:
-            make_console(stderr=True).print(f"[yellow]warning:[/] {escape(gpu_problem)}", highlight=False)
+        for problem in filter(None, (gpu_problem, tracker_problem)):
+            make_console(stderr=True).print(f"[yellow]warning:[/] {escape(problem)}", highlight=False)
         return 0
-    if gpu_problem:
-        print(f"cannot run {args.spec}, nothing was run: {gpu_problem}", file=sys.stderr)
+    if gpu_problem or tracker_problem:
+        print(f"cannot run {args.spec}, nothing was run: {gpu_problem or tracker_problem}", file=sys.stderr)
         return 2
+    trackers = TrackerOptions(kinds, args.tracker_dir.absolute() if args.tracker_dir else None)
     options = RunOptions(results=args.results, data_root=args.root, mirror=args.mirror, use_ray=not args.no_ray,
                          workers=args.workers, ray_address=args.ray_address, force=args.force,
                          execution=execution_options(args), checkpoint_every=args.checkpoint_every,
