@@ -5,9 +5,12 @@ For each pFedLA / HeurpFedLA cell folder given (a results store's `<hash>/`, pub
 - the fraction of alpha entries that are exactly 0 or exactly 1 (a ReLU head's weight at 0 gets no
   gradient again) at chosen rounds;
 - the first round from which alpha is bit-identical to the last stored round (frozen weights);
-- the mean weight one client gives another by the number of classes the two share in their train
-  splits (0, 1, 2, ...), and Pearson's r between weight and shared classes over the ordered pairs
-  (the paper's Figures 5-6: similar clients weigh more), at the last round, per layer.
+- the mean weight one client gives another by the number of main classes the two share in their
+  train splits (0, 1, 2, ...), and Pearson's r between weight and shared classes over the ordered
+  pairs (the paper's Figures 5-6: similar clients weigh more), at the last round, per layer. A
+  client's main classes are those holding more than the uniform share (1/C) of its train split: the
+  classes it has at all under `pathological` (k classes, 1/k each), its dominant classes under
+  `dominant` (Table 2: two classes at 30% each, the other eight at 5%).
 
     python benchmarks/analysis/alpha.py results/published/table1-full/3cc0b2ea0143 [--rounds 10,100,600] [--json OUT]
 """
@@ -34,14 +37,17 @@ def load_alphas(folder: Path) -> tuple[dict[int, np.ndarray], list[str]]:
 
 
 def shared_classes(folder: Path) -> np.ndarray:
-    """[N, N] classes two clients' train splits have in common (the cell's own partition)."""
+    """[N, N] main classes (module doc) two clients' train splits have in common (the cell's own partition)."""
     from pflbench.config import CellConfig
     from pflbench.rounds import prepare_cell
 
     cell = CellConfig.stored(json.loads((folder / "config.json").read_text())["cell"])
     dataset, splits = prepare_cell(cell)
     labels = dataset.labels.numpy()
-    sets = [set(np.unique(labels[np.asarray(train)]).tolist()) for train in splits.train]
+    sets = []
+    for train in splits.train:
+        counts = np.bincount(labels[np.asarray(train)], minlength=dataset.num_classes)
+        sets.append(set(np.flatnonzero(counts > counts.sum() / dataset.num_classes).tolist()))
     return np.array([[len(a & b) for b in sets] for a in sets])
 
 
