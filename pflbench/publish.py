@@ -272,6 +272,39 @@ def studies(root: str | Path = PUBLISHED) -> list[Path]:
                   if p.is_dir() and not p.name.startswith(".") and (p / MANIFEST).is_file())
 
 
+LEADERBOARD = "leaderboard.yaml"  # beside the study folders: how the leaderboard presents them (`beside_studies`)
+
+
+def beside_studies(root: str | Path = PUBLISHED) -> dict[str, list[Path]]:
+    """{study: the study folders shown beside it on its leaderboard page}, from `<root>/leaderboard.yaml`:
+
+        beside:
+          table1-full: [table1-full-pfedhn-official, table1-pfedla-server]   # variants of the column
+
+    A variant study's rows then sit in the column's tables, labelled by what differs (pflbench.reports);
+    each study keeps its own page too. No file: nothing beside anything. A name that is no published
+    study is a PublishError naming the studies there."""
+    import yaml
+
+    path = Path(root) / LEADERBOARD
+    if not path.is_file():
+        return {}
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as error:
+        raise PublishError(f"{path}: not valid YAML: {str(error).splitlines()[0]}") from None
+    known = {folder.name: folder for folder in studies(root)}
+    beside = data.get("beside") if isinstance(data, dict) else None
+    if not isinstance(data, dict) or set(data) - {"beside"} or not isinstance(beside, dict) or not all(
+            isinstance(v, list) and all(isinstance(x, str) for x in v) for v in beside.values()):
+        raise PublishError(f"{path}: expected `beside: {{STUDY: [STUDY, ...]}}`")
+    unknown = sorted({name for study, others in beside.items() for name in (study, *others)} - set(known))
+    if unknown:
+        raise PublishError(f"{path}: no published study {', '.join(map(repr, unknown))} "
+                           f"(published: {', '.join(sorted(known)) or 'none'})")
+    return {study: [known[name] for name in others if name != study] for study, others in beside.items()}
+
+
 def find_cell(cell_id: str, roots: list[Path]) -> Path:
     """The folder of cell `cell_id` in one of the stores or published roots `roots` (a root holding
     studies is searched study by study); FileNotFoundError naming where it looked."""

@@ -11,7 +11,7 @@ from rich.console import Console
 
 from pflbench.algorithm import get_algorithm
 from pflbench.cli import main
-from pflbench.publish import MANIFEST, publish, read_manifest, study_state
+from pflbench.publish import MANIFEST, PublishError, publish, read_manifest, study_state
 from pflbench.reports import ReportOptions
 from pflbench.runner import RunOptions, run_plan
 from pflbench.store import METRICS, SUMMARY, check_folder, file_record, read_json_dict, write_json
@@ -252,6 +252,38 @@ def test_leaderboard_renders_several_studies_and_marks_a_stale_one(made, tmp_pat
     assert "--set algorithm=fedavg" in page  # the spec + --set form
     stale_page = (tmp_path / "site" / "both" / "index.html").read_text()
     assert 'class="state-stale">stale</span>' in stale_page and "peak host MB" in stale_page
+
+
+def test_leaderboard_shows_a_studys_variants_beside_it(made, tmp_path, monkeypatch, capsys):
+    """results/published/leaderboard.yaml puts one study's rows beside another's on its page (each cell
+    page keeping its own study's reproduce commands); a name that is no study is one clear error."""
+    from pflbench.cli import main
+    from pflbench.publish import LEADERBOARD, beside_studies
+    from pflbench.reports.studies import build_leaderboard
+
+    tmp, spec, _ = made
+    monkeypatch.setenv("PFLBENCH_DATA", str(tmp / "data"))
+    published = tmp_path / "published"
+    publish(str(spec), "column", tmp / "store", sets=["algorithm=fedavg"], out=published, allow_dirty=True)
+    publish(str(spec), "variants", tmp / "store", sets=["algorithm=local"], out=published, allow_dirty=True)
+    assert beside_studies(published) == {}
+    (published / LEADERBOARD).write_text("beside:\n  column: [variants]\n")
+    assert beside_studies(published) == {"column": [published / "variants"]}
+    build_leaderboard(published, tmp_path / "site", options=ReportOptions(figures=False, partitions=False))
+    column = (tmp_path / "site" / "column" / "index.html").read_text()
+    variants = (tmp_path / "site" / "variants" / "index.html").read_text()
+    assert 'data-algorithm="local"' in column and 'data-algorithm="fedavg"' in column and "beside this store" in column
+    assert 'data-algorithm="fedavg"' not in variants          # the variants' own page is as before
+    pages = {p.stem: p.read_text() for p in (tmp_path / "site" / "column" / "cells").glob("*.html")}
+    local = next(text for text in pages.values() if "--set algorithm=local" in text)
+    reproduce = local.split('id="reproduce"')[1]
+    assert "This cell is from the study variants</strong>, shown beside column" in reproduce
+    assert "--set algorithm=fedavg" not in reproduce      # its own study's commands, not the column's
+    (published / LEADERBOARD).write_text("beside:\n  column: [variant]\n")
+    with pytest.raises(PublishError, match="no published study 'variant' \\(published: column, variants\\)"):
+        beside_studies(published)
+    assert main(["leaderboard", "--published", str(published), "--out", str(tmp_path / "site2"), "--no-figures"]) == 2
+    assert "leaderboard: " in capsys.readouterr().err
 
 
 def test_peak_memory_counts_what_the_cell_held_at_its_peak_not_before():

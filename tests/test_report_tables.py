@@ -142,6 +142,43 @@ def test_a_hyperparameter_chosen_per_dataset_is_one_row(tmp_path):
     assert [r.label for r in table.rows] == ["FedProx"]
 
 
+def test_cells_of_one_method_with_other_budgets_are_other_rows_never_seeds(tmp_path):
+    """A 100-round validation run beside the 600-round cell (or an MLP beside the CNN) is another row,
+    labelled by what differs; cells differing only in their seed are one entry."""
+    write_cell(tmp_path, algorithm="perfedavg", rounds=3, accuracies=(0.9, 0.9))
+    write_cell(tmp_path, algorithm="perfedavg", rounds=3, seed=1, accuracies=(0.8, 0.8))
+    write_cell(tmp_path, algorithm="perfedavg", rounds=2, config={"val_fraction": 0.0}, accuracies=(0.5, 0.5))
+    (table,) = accuracy_tables(load_cells(tmp_path))
+    (column,) = table.columns
+    entries = {row.label: table.entries[(row.key, column.key)] for row in table.rows}
+    assert set(entries) == {"Per-FedAvg (rounds=2, val_fraction=0)", "Per-FedAvg (rounds=3, val_fraction=0.1)"}
+    assert entries["Per-FedAvg (rounds=3, val_fraction=0.1)"].values == pytest.approx([90.0, 80.0])   # two seeds
+    assert entries["Per-FedAvg (rounds=2, val_fraction=0)"].values == pytest.approx([50.0])
+
+
+def test_stores_beside_join_the_tables_and_keep_their_own_provenance(tmp_path):
+    """`beside` stores (pflbench report --beside, the leaderboard's leaderboard.yaml): their cells join
+    the tables as rows told apart by what differs; a cell id in both stores is one cell."""
+    from pflbench.reports import ReportOptions, build_reports
+
+    main, variants = tmp_path / "column", tmp_path / "variants"
+    write_cell(main, algorithm="local", accuracies=(0.9, 0.9))
+    write_cell(main, algorithm="pfedhn", hp={"inner_optimizer": "cell"}, accuracies=(0.8, 0.8))
+    shared = write_cell(variants, algorithm="local", accuracies=(0.9, 0.9))   # the same cell, stored twice
+    write_cell(variants, algorithm="pfedhn", hp={"inner_optimizer": "official"}, accuracies=(0.95, 0.95))
+    cells = load_cells(main, beside=[variants])
+    assert len(cells) == 3 and (cells["hash"] == shared).sum() == 1
+    assert cells.loc[cells["hash"] == shared, "path"].item().startswith(str(main))   # the first store's
+    (table,) = accuracy_tables(cells)
+    assert [row.label for row in table.rows] == [
+        "Local", "pFedHN (inner_optimizer=cell)", "pFedHN (inner_optimizer=official)"]
+    report = build_reports(main, tmp_path / "out", ReportOptions(figures=False, partitions=False, beside=(variants,)))
+    assert any("beside this store's cells: 1 cell of variants" in note for note in report.notes)
+    assert "pFedHN (inner\\_optimizer=official) | 95.00" in report.markdown.read_text()
+    alone = build_reports(main, tmp_path / "alone", ReportOptions(figures=False, partitions=False))
+    assert "official" not in alone.markdown.read_text()
+
+
 def test_an_empty_store_reports_that_it_is_empty(tmp_path):
     from pflbench.reports import ReportOptions, build_reports
 

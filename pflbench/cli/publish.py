@@ -201,8 +201,14 @@ def cmd_leaderboard(args) -> int:
     from pflbench.reports import ReportOptions
     from pflbench.reports.studies import build_leaderboard
 
+    from pflbench.publish import PublishError
+
     options = ReportOptions(figures=not args.no_figures, partitions=not args.no_partitions,
                             data_root=args.root, mirror=args.mirror)
-    index = build_leaderboard(args.published, args.out, extra, options)
+    try:
+        index = build_leaderboard(args.published, args.out, extra, options)
+    except PublishError as error:
+        print(f"leaderboard: {error}", file=sys.stderr)
+        return 2
     print(f"written: {index} (open it in a browser)")
     return 0

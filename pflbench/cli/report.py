@@ -32,6 +32,9 @@ def add_parser(subparsers) -> None:
     report.add_argument("--level", type=float, default=0.05,
                         help="level of the paired tests behind bold, the ≈ tie marks, the intervals and the ranks "
                              "(default 0.05)")
+    report.add_argument("--beside", type=Path, action="append", default=[], metavar="STORE",
+                        help="another store (e.g. a published study of variants) whose cells join this one's "
+                             "tables, their rows told apart by what differs (repeatable)")
     report.add_argument("--quiet", action="store_true", help="do not print the Markdown tables")
     report.set_defaults(func=cmd_report)
 
@@ -47,6 +50,10 @@ def cmd_report(args) -> int:
         print(f"report: no results store at {args.results} (no such folder); give the folder `pflbench run` "
               f"wrote with --results DIR (default: results)", file=sys.stderr)
         return 2
+    for store in args.beside:
+        if not store.is_dir():
+            print(f"report: --beside {store}: no such results store (folder)", file=sys.stderr)
+            return 2
     from pflbench.reports import ReportOptions, build_reports
     from pflbench.reports.differences import DEFAULT_BASELINE, UnknownBaseline
 
@@ -56,7 +63,7 @@ def cmd_report(args) -> int:
                             alpha_layer=args.alpha_layer, alpha_round=args.alpha_round,
                             target_client=args.target_client, data_root=args.root, mirror=args.mirror,
                             level=args.level, baseline=args.baseline or DEFAULT_BASELINE,
-                            baseline_required=args.baseline is not None)
+                            baseline_required=args.baseline is not None, beside=tuple(args.beside))
     try:
         report = build_reports(args.results, args.out, options)
     except UnknownBaseline as error:

@@ -62,6 +62,15 @@ class ReportOptions:
     level: float = LEVEL                  # the paired tests' level (stats.py): tie marks, intervals, ranks
     baseline: str = DEFAULT_BASELINE      # the difference view's reference row (differences.py)
     baseline_required: bool = False       # a store without that row is an error (else: no difference view)
+    beside: tuple[Path, ...] = ()         # other stores whose cells are shown beside this one's (cells.load_cells)
+
+
+def beside_text(store: Path, cells) -> str:
+    """The note naming a store shown beside the report's own, and how many of its cells the tables hold."""
+    count = int(cells["path"].map(lambda p: Path(p).parent == Path(store)).sum()) if len(cells) else 0
+    return (f"beside this store's cells: {count} cell{'' if count == 1 else 's'} of {Path(store).name} (rows told "
+            f"apart by what differs; "
+            f"each cell's page says where it comes from and how to re-run it)")
 
 
 def group_stem(dataset, scheme, clients, params="") -> str:
@@ -73,7 +82,7 @@ def build_reports(results: str | Path, out: str | Path, options: ReportOptions =
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    cells = load_cells(results)
+    cells = load_cells(results, options.beside)
     version_notes = list(cells.attrs.get("notes", []))  # cells of a user's plugin's other versions left out
     references = load_references(options.reference or default_reference_dir())
     made: dict = {}
@@ -105,6 +114,7 @@ def build_reports(results: str | Path, out: str | Path, options: ReportOptions =
             if ranks.protocol in shown or ranks.protocol.worst10 and ranks.protocol.selection == "final":
                 rank_figure(ranks, out, options)
     report.notes += version_notes
+    report.notes += [beside_text(store, cells) for store in options.beside]
     if options.figures and not cells.empty:
         group_figures(cells, comm, out, options, report)
         if options.partitions:
@@ -121,7 +131,8 @@ def build_reports(results: str | Path, out: str | Path, options: ReportOptions =
                                                figures=report.figures, differences=differences,
                                                ranks=[r for r in report.ranks if r.protocol in shown],
                                                notices=[*([report.progress] if report.progress else []),
-                                                        *map(skipped_text, report.skipped), *version_notes]))
+                                                        *map(skipped_text, report.skipped), *version_notes,
+                                                        *(beside_text(store, cells) for store in options.beside)]))
     problems = store_problems(results)
     if problems:  # damaged or foreign folders: never read as results, but never hidden either
         report.notes += [f"not read as a result: {problem} (see `pflbench store check`)" for problem in problems]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from pathlib import Path
 
@@ -162,10 +162,17 @@ def params_label(row: pd.Series, prefix: str = "partition_params.") -> str:
     return ", ".join(f"{k}={format_value(v)}" for k, v in sorted(items.items()))
 
 
-def load_cells(results: str | Path) -> pd.DataFrame:
+def load_cells(results: str | Path, beside: Sequence[str | Path] = ()) -> pd.DataFrame:
     """One row per cell with a result (see `pflbench.store.load_store`), every column the reports use
-    present, plus `params` (the partition parameters as text) and `mbytes` (down + up, in MB)."""
+    present, plus `params` (the partition parameters as text) and `mbytes` (down + up, in MB). The cells
+    of the `beside` stores join those of `results` (a cell id found twice is one cell: the first store's);
+    their rows are told apart in the tables by what differs (an algorithm's hyperparameters, the
+    budget), and each keeps its own store (`path`)."""
     cells = load_store(results)
+    if beside:
+        frames = [frame for frame in (cells, *(load_store(store) for store in beside)) if len(frame)]
+        cells = pd.concat(frames, ignore_index=True) if frames else cells
+        cells = cells.drop_duplicates("hash", keep="first").reset_index(drop=True)
     for column, default in SUMMARY_COLUMNS.items():
         if column not in cells:
             cells[column] = default

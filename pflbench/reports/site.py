@@ -186,7 +186,7 @@ def write_site(cells: pd.DataFrame, boards, comm, references, report: Report, re
             scores=protocol_scores(cell), finetune_epochs=int(cell.get("finetune_epochs") or 0),
             adapt_time=None if pd.isna(cell.get("adapt_time_total", np.nan)) else float(cell["adapt_time_total"]),
             timing=timing_breakdown(rounds, cell.get("compile_seconds")), execution=execution_text(summary),
-            provenance=cell_provenance(results, cell["hash"]), **common))
+            provenance=cell_provenance(Path(cell["path"]).parent, cell["hash"]), **common))
 
     (out / "algorithms").mkdir(exist_ok=True)
     template = env.get_template("algorithm.html")

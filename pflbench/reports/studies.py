@@ -6,7 +6,10 @@
                           (pflbench/publish.py, `study_state`); stale and failed studies are listed apart
     out/<study>/          that study's report, exactly as `pflbench report` makes it (tables under every
                           protocol, figures, a page per cell); each page carries the study's provenance
-                          (`study_facts`) and each cell page the commands that reproduce it
+                          (`study_facts`) and each cell page the commands that reproduce it. The studies
+                          that results/published/leaderboard.yaml puts beside it (its variants:
+                          `pflbench.publish.beside_studies`) have their rows in its tables too, as
+                          `pflbench report --beside` shows them
 
 Besides the published studies, `extra` stores (e.g. CI's fresh run of benchmarks/ci.yaml) are shown as
 unpublished studies: made by the code being tested, with no manifest.
@@ -14,11 +17,12 @@ unpublished studies: made by the code being tested, with no manifest.
 from __future__ import annotations
 
 import datetime
+from dataclasses import replace
 from pathlib import Path
 
 from jinja2 import Environment, PackageLoader, StrictUndefined
 
-from pflbench.publish import read_manifest, studies, study_state
+from pflbench.publish import beside_studies, read_manifest, studies, study_state
 from pflbench.reports.build import ReportOptions, build_reports
 from pflbench.reports.document import safe_name
 from pflbench.reports.provenance import study_facts
@@ -36,9 +40,10 @@ def build_leaderboard(published: str | Path, out: str | Path, extra: dict[str, P
     out.mkdir(parents=True, exist_ok=True)
     rows = []
     study_state.cache_clear()  # the code may have changed since the last build in this process
+    beside = beside_studies(published)
     for folder in studies(published):
         name = safe_name(folder.name)
-        report = build_reports(folder, out / name, options)
+        report = build_reports(folder, out / name, replace(options, beside=tuple(beside.get(folder.name, ()))))
         facts = study_facts(folder)
         rows.append({**facts, "url": f"{name}/index.html", "notes": report.notes, "published": True,
                      "ranks": _first_ranks(report)})

@@ -339,21 +339,35 @@ class CommTable:
         return any(e.tuned for _, e in self.rows)
 
 
+# Cell fields of the budget and protocol: where one algorithm's cells of one column differ in one of
+# them (a 100-round validation run beside a 600-round cell, an MLP beside the CNN), they are different
+# rows, never seeds of one entry.
+BUDGET_FIELDS = ("rounds", "local_epochs", "batch_size", "lr", "momentum", "weight_decay", "train_fraction",
+                 "val_fraction", "finetune_epochs", "participation", "model", "normalization")
+
+
 def row_of_cells(cells: pd.DataFrame, knobs: bool = True) -> pd.Series:
-    """The Row of each cell: algorithm, its varying hyperparameters (default-hp cells only), tuned;
-    with `knobs`, also its heterogeneity knob setting where an algorithm's cells differ in it (a
-    knob-on cell is another experiment, never one more seed of the knob-off one)."""
+    """The Row of each cell: algorithm, its varying hyperparameters (default-hp cells only) and budget
+    fields (`BUDGET_FIELDS`), tuned; with `knobs`, also its heterogeneity knob setting where an
+    algorithm's cells differ in it (a knob-on cell is another experiment, never one more seed of the
+    knob-off one)."""
     from pflbench.reports.knobs import OFF, knob_columns, knob_setting
 
     rows = pd.Series(index=cells.index, dtype=object)
     hp_columns = [c for c in cells.columns if c.startswith("hp.")]
+    budget_columns = [c for c in BUDGET_FIELDS if c in cells.columns]
     knob_cols = knob_columns(cells) if knobs else []
+
+    def differs(group: pd.DataFrame, column: str) -> bool:
+        # Only values that differ within one (dataset, clients, scheme parameters) make rows: a value
+        # chosen per dataset (e.g. by a spec's override) is one setting, not several.
+        return group.groupby(["dataset", "clients", "params"])[column].agg(
+            lambda s: s.dropna().astype(str).nunique()).max() > 1
+
     for (algorithm, source), group in cells.groupby(["algorithm", "hp_source"], dropna=False):
         tuned = source == "tuned"
-        # Only hyperparameters that differ within one (dataset, clients) make rows: a value chosen per
-        # dataset (e.g. by a spec's override) is one setting, not several.
-        varying = [] if tuned else [c for c in hp_columns if group.groupby(["dataset", "clients", "params"])[c]
-                                    .agg(lambda s: s.dropna().astype(str).nunique()).max() > 1]
+        varying = [] if tuned else [c for c in hp_columns if differs(group, c)]
+        varying += [c for c in budget_columns if differs(group, c)]
         for index, cell in group.iterrows():
             variant = ", ".join(f"{c.removeprefix('hp.')}={format_value(cell[c])}" for c in varying
                                 if not pd.isna(cell[c]))
