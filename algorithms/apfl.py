@@ -85,7 +85,8 @@ class APFL(Algorithm):
                     if local[n].is_floating_point() else glob[n].clone())
                 for n in local}
 
-    def local_train(self, rnd, clients, state):
+    def local_train(self, rnd, state):
+        clients = rnd.clients
         anchor = {n: t.detach().clone() for n, t in state.items()}  # w-bar, as downloaded
         global_update = self.fed.train(rnd, clients, state).state
 

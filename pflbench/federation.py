@@ -20,7 +20,8 @@ from pflbench.data.normalization import normalized_for_cell
 from pflbench.models import build_model, client_groups, default_model, is_heterogeneous
 from pflbench.newcomers.ids import newcomer_ids, seen_ids
 from pflbench.privacy import PrivacyPlan
-from pflbench.system import SystemPlan
+from pflbench.round_context import Round, round_number, work_of
+from pflbench.system import SystemPlan, cut
 from pflbench.training import (SGD, ClientModel, Objective, State, batch_plan, cross_entropy,
                                evaluate_client_splits, to_channels_last, train_clients)
 
@@ -160,7 +161,6 @@ class Federation:
         self.group_names, self._partition_groups, self.models = data.group_names, data._partition_groups, data.models
         self.sgd, self.batched, self.compiled = data.sgd, data.batched, data.compiled
         self.channels_last, self.client_threads, self.system = data.channels_last, data.client_threads, data.system
-        self.local_round: int | None = None  # the round whose local training is running (stragglers)
         self._hold(splits, client_ids)
 
     def _hold(self, splits, client_ids: np.ndarray) -> None:
@@ -209,17 +209,24 @@ class Federation:
             return self.model.init(num, self.cell.seed, self.device)
         return self.models[group].init(num, self.cell.seed, self.device)
 
-    def batch_generators(self, rnd: int, clients: Tensor, salt: int | None = None, *,
+    def round(self, number: int, clients: Tensor) -> Round:
+        """Round `number`'s context for the sampled `clients` (what the engine hands the hooks): with
+        the system knob, every client's share of its local work this round (`system.stragglers`)."""
+        work = None if self.system is None else tuple(self.system.work[number - 1, self.client_ids].tolist())
+        return Round(number, clients, work)
+
+    def batch_generators(self, rnd: int | Round, clients: Tensor, salt: int | None = None, *,
                          stream: str | None = None) -> list[torch.Generator]:
         """One generator per client of the random `stream` (default "batches": the batch order) in round
         `rnd`, keyed by partition id: the same for every algorithm and for both training paths.
         (`salt` is the deprecated form of `stream`.)"""
         stream = streams.batch_stream(stream, salt)
+        number = round_number(rnd)
         # keyed by partition id (-1: pooled data)
-        return [streams.generator(self.cell.seed, stream, rnd, int(self.client_ids[c]) if c >= 0 else c)
+        return [streams.generator(self.cell.seed, stream, number, int(self.client_ids[c]) if c >= 0 else c)
                 for c in clients.tolist()]
 
-    def train(self, rnd: int, clients: Tensor, state: State, *, objective: Objective = cross_entropy,
+    def train(self, rnd: int | Round, clients: Tensor, state: State, *, objective: Objective = cross_entropy,
               aux: State | None = None, trainable=None, epochs: int | None = None,
               steps: int | None = None, split: str = "train", stream: str | None = None,
               model: ClientModel | None = None, targets: Tensor | None = None, salt: int | None = None) -> TrainResult:
@@ -229,14 +236,15 @@ class Federation:
         shared global model in a heterogeneous cell); `targets`, a per-sample table indexed like the
         dataset's labels, is what the objective receives instead of the labels (e.g. labels with a
         teacher's logits, for distillation). `stream`: the batch order's random stream (default
-        "batches"; `salt` is its deprecated form)."""
+        "batches"; `salt` is its deprecated form). `rnd`: the round's context (`Round`) for a round's
+        local training, whose stragglers do their share of the work; a round number otherwise."""
         plans = self.local_plans(rnd, clients, epochs=epochs, steps=steps, split=split,
                                  stream=streams.batch_stream(stream, salt))
         return self._train_on([self.splits[split][c] for c in clients.tolist()], plans,
                               model or self.model_of(clients), state, objective=objective, aux=aux,
                               trainable=trainable, targets=targets)
 
-    def train_pooled(self, rnd: int, clients: Tensor, state: State, *, epochs: int | None = None) -> TrainResult:
+    def train_pooled(self, rnd: int | Round, clients: Tensor, state: State, *, epochs: int | None = None) -> TrainResult:
         """One model (`state`, [1, ...]) trained on the union of `clients`' train splits, shuffled
         together: centralized training of the samples those clients hold (the `centralized` reference)."""
         pooled = [torch.cat([self.splits["train"][c] for c in clients.tolist()])]
@@ -254,22 +262,21 @@ class Federation:
                                         threads=self.client_threads)
         return TrainResult(new_state, loss)
 
-    def local_plans(self, rnd: int, clients: Tensor, *, epochs: int | None = None, steps: int | None = None,
+    def local_plans(self, rnd: int | Round, clients: Tensor, *, epochs: int | None = None, steps: int | None = None,
                     split: str = "train", stream: str | None = None, salt: int | None = None) -> list[Tensor]:
         """The engine's batch plan of each of `clients` in round `rnd`: positions into the client's
         `split` sample ids, [steps, batch_size] (`pflbench.training.batch_plan`), for `epochs` (None:
         the cell's local_epochs; 0: no step) or a fixed number of `steps`, in the batch order of
-        `batch_generators(rnd, clients, stream=stream)` (default "batches"; `salt`: its deprecated form). When this is round `rnd`'s local training, each
-        straggler's plan is already cut to its share of the work (`system.stragglers`); otherwise
-        (evaluation's adaptation, newcomers' fits, a knob that is off) nothing is cut.
-        Every trainer plans here: `train`, the custom steps of `pflbench.steps`, and algorithms with
-        their own training loops."""
+        `batch_generators(rnd, clients, stream=stream)` (default "batches"; `salt`: its deprecated
+        form). Given the round's context (`Round`: a round's local training), each straggler's plan is
+        cut to its share of the work (`system.stragglers`); given a round number (evaluation's
+        adaptation, newcomers' fits, ...) nothing is cut. Every trainer plans here: `train`, the custom
+        steps of `pflbench.steps`, and algorithms with their own training loops."""
         plans = self._plans([len(self.splits[split][c]) for c in clients.tolist()],
                             self.batch_generators(rnd, clients, stream=streams.batch_stream(stream, salt)),
                             epochs, steps)
-        if self.system is None or self.local_round != rnd:
-            return plans
-        return self.system.cut(rnd, [int(self.client_ids[c]) for c in clients.tolist()], plans)  # keyed by partition id
+        work = work_of(rnd, clients)
+        return plans if work is None else cut(plans, work)
 
     def sample_ids(self, client: int, split: str = "train") -> Tensor:
         """Client `client`'s (a position) sample ids in `split`, for `data`."""
@@ -296,14 +303,18 @@ class Federation:
         epochs = self.cell.local_epochs if epochs is None else epochs
         return batch_plan(sizes, self.cell.batch_size, epochs, steps, generators)
 
-    def arrived(self, rnd: int, clients: Tensor) -> Tensor | None:
+    def arrived(self, rnd: int | Round, clients: Tensor) -> Tensor | None:
         """[K] bool: whose upload reaches the server in round `rnd` (None: every upload, no dropout)."""
-        return None if self.system is None else self.system.arrived(rnd, torch.as_tensor(self.client_ids, device=clients.device)[clients])
+        if self.system is None:
+            return None
+        return self.system.arrived(round_number(rnd), torch.as_tensor(self.client_ids, device=clients.device)[clients])
 
-    def privatize(self, rnd: int, client: int, update: State) -> State:
+    def privatize(self, rnd: int | Round, client: int, update: State) -> State:
         """For algorithms with `dp_upload = "self"`: one client's update (unstacked tensors) as it
         leaves the client under the `privacy` knob (clipped and noised); unchanged when it is off."""
-        return update if self.privacy is None else self.privacy.privatize(rnd, int(self.client_ids[client]), update)
+        if self.privacy is None:
+            return update
+        return self.privacy.privatize(round_number(rnd), int(self.client_ids[client]), update)
 
     def adapt_locally(self, personal: State | list[State], rnd: int, epochs: int) -> State | list[State]:
         """Every client's model in `personal` after `epochs` of local SGD on its own train split: the
