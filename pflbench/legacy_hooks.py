@@ -14,7 +14,8 @@ DeprecationWarning naming the new form when it is defined, and runs as it did:
   `self.fed` standing for the newcomers' Federation for the call (as `Algorithm.serving` did);
 - its calls in the old form (`super().configure(rnd, clients)`, ...) reach new-form hooks translated
   back, so it may subclass any built-in;
-- `aggregate_arrived`, where a class overrides it, receives the arrived uploads as before.
+- `aggregate_arrived`, where a class overrides it, receives the arrived uploads as before, and an
+  override of `evaluate_splits(personal, splits)` scores the models as before.
 
 Every hook of every algorithm class passes through `LegacyHooks.__init_subclass__`; new-form hooks get
 only the translation of old-form calls (one isinstance per call).
@@ -27,6 +28,8 @@ import inspect
 import warnings
 from contextlib import contextmanager
 from typing import Any, Callable
+
+import torch
 
 from pflbench.payload import Payload
 from pflbench.round_context import Round, RoundNumber
@@ -81,13 +84,11 @@ def as_payload(value: Any, clients: Any) -> Payload:
 
 def _owners(clients: Any, count: int) -> Any:
     """Rows beyond the sampled clients (one message per client of the cell, e.g.): positions 0.. after them."""
-    import torch
-
     extra = torch.arange(count - len(clients), device=clients.device)
     return torch.cat([clients, extra])
 
 
-def _round_of(algorithm: Any, rnd: Any, clients: Any) -> Round:
+def _round_of(rnd: Any, clients: Any) -> Round:
     """The Round an old-form call means: the one a `RoundNumber` carries (for `clients`), else a round
     outside the engine's local training (nothing cut), as a plain number meant before."""
     if isinstance(rnd, RoundNumber):
@@ -143,7 +144,7 @@ def _call_new(name: str, self: Any, new: Callable, *args: Any, **kwargs: Any) ->
     values = _bind(name, args, kwargs)
     if name in ("configure", "receive", "local_train", "send", "aggregate"):
         clients = values["clients"]
-        rnd = _round_of(self, values["rnd"], clients)
+        rnd = _round_of(values["rnd"], clients)
         if name == "configure":
             return old_form(new(self, rnd))
         if name == "receive":
@@ -222,6 +223,19 @@ def _routing_aggregate(inherited: Callable) -> Callable:
     return aggregate
 
 
+def _evaluating_splits(old: Callable) -> Callable:
+    """`evaluate` of a class that overrides the old `evaluate_splits(personal, splits)`: the engine's
+    scoring reaches it, with `self.fed` the population served for the call."""
+
+    @functools.wraps(old)
+    def evaluate(self: Any, serving: Any, models: Any, splits: tuple[str, ...]) -> Any:
+        with _serving(self, serving.clients):
+            return old(self, models, splits)
+
+    evaluate.__pflbench_hook__ = "old"  # type: ignore[attr-defined]
+    return evaluate
+
+
 class LegacyHooks:
     """What keeps the old form working (module doc): the hooks' translation, and the old methods."""
 
@@ -245,6 +259,10 @@ class LegacyHooks:
                           f"(upload.clients, and upload.positions among rnd.clients) {WHERE}",
                           DeprecationWarning, stacklevel=2)
             cls.aggregate = _routing_aggregate(cls.aggregate)  # type: ignore[method-assign]
+        if inspect.isfunction(cls.__dict__.get("evaluate_splits")):
+            warnings.warn(f"algorithm class {cls.__qualname__}: evaluate_splits is deprecated; the engine calls "
+                          f"{NEW_FORM['evaluate']} with every split {WHERE}", DeprecationWarning, stacklevel=2)
+            cls.evaluate = _evaluating_splits(cls.__dict__["evaluate_splits"])  # type: ignore[method-assign]
 
     # ---- the old methods, for one release ------------------------------------------------------------
     def aggregate_arrived(self, rnd: Any, clients: Any, upload: Any, positions: Any) -> None:

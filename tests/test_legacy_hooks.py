@@ -164,3 +164,15 @@ def test_the_old_methods_still_answer_with_a_warning(tmp_path):
     assert alg.fed is fed
     old_call = alg.evaluate(personal, "test")  # an old-form call of the new hook
     assert torch.equal(old_call[1], scores["test"][1])
+
+
+def test_an_old_evaluate_splits_override_still_scores_the_models(tmp_path, monkeypatch):
+    asked = []
+    with pytest.warns(DeprecationWarning, match="evaluate_splits is deprecated"):
+        class OldSplits(ALGORITHMS.get("fedavg")):
+            def evaluate_splits(self, personal, splits):
+                asked.append(splits)
+                return self.fed.evaluate_personalized_splits(personal, splits)
+
+    result = _run(OldSplits, monkeypatch, tmp_path, rounds=2)
+    assert asked == [("test", "val")] * 2 and _same(result, run_cell(small_cell(rounds=2), data_root=tmp_path))
