@@ -9,7 +9,8 @@ newcomers)`. A class that still defines a hook in that form (told apart by its p
 DeprecationWarning naming the new form when it is defined, and runs as it did:
 
 - the engine's calls reach its old-form hooks translated: the round as a `RoundNumber` (an int that
-  carries its Round, so its `fed.train(rnd, ...)` is still cut to the stragglers' share), payloads as
+  carries its Round, so that its `local_train`'s `fed.train(rnd, ...)` is still cut to the stragglers'
+  share, and nothing else it trains is, as before), payloads as
   the dict (stacked) or list (per client) it returned, its `evaluate`/`adapt_locally` on newcomers with
   `self.fed` standing for the newcomers' Federation for the call (as `Algorithm.serving` did);
 - its calls in the old form (`super().configure(rnd, clients)`, ...) reach new-form hooks translated
@@ -111,22 +112,28 @@ def _serving(algorithm: Any, fed: Any):
 
 # ---- the engine's (new-form) call of an old-form hook -----------------------------------------------
 
+def _number(rnd: Round, local: bool = False) -> RoundNumber:
+    """The round number an old-form hook receives: carrying the Round, its work shares only in
+    `local_train` (where the old engine cut a straggler's plans, and nowhere else)."""
+    return RoundNumber(rnd if local else dataclasses.replace(rnd, work=None))
+
+
 def _call_old(name: str, self: Any, old: Callable, *args: Any) -> Any:
     if name == "configure":
         (rnd,) = args
-        return as_payload(old(self, RoundNumber(rnd), rnd.clients), rnd.clients)
+        return as_payload(old(self, _number(rnd), rnd.clients), rnd.clients)
     if name == "receive":
         rnd, download = args
-        return old(self, RoundNumber(rnd), rnd.clients, old_form(download))
+        return old(self, _number(rnd), rnd.clients, old_form(download))
     if name == "local_train":
         rnd, state = args
-        return old(self, RoundNumber(rnd), rnd.clients, state)
+        return old(self, _number(rnd, local=True), rnd.clients, state)
     if name == "send":
         rnd, state = args
-        return as_payload(old(self, RoundNumber(rnd), rnd.clients, state), rnd.clients)
+        return as_payload(old(self, _number(rnd), rnd.clients, state), rnd.clients)
     if name == "aggregate":
         rnd, upload = args
-        return old(self, RoundNumber(rnd), upload.clients, old_form(upload))
+        return old(self, _number(rnd), upload.clients, old_form(upload))
     serving = args[0]
     if name == "evaluate":
         models, splits = args[1:]
@@ -216,7 +223,7 @@ def _routing_aggregate(inherited: Callable) -> Callable:
     def aggregate(self: Any, *args: Any, **kwargs: Any) -> Any:
         if len(args) == 2 and isinstance(args[0], Round) and len(args[1]) < len(args[0].clients):
             rnd, upload = args
-            return self.aggregate_arrived(RoundNumber(rnd), rnd.clients, old_form(upload), upload.positions)
+            return self.aggregate_arrived(_number(rnd), rnd.clients, old_form(upload), upload.positions)
         return inherited(self, *args, **kwargs)
 
     aggregate.__pflbench_hook__ = "routed"  # type: ignore[attr-defined]

@@ -176,3 +176,23 @@ def test_an_old_evaluate_splits_override_still_scores_the_models(tmp_path, monke
 
     result = _run(OldSplits, monkeypatch, tmp_path, rounds=2)
     assert asked == [("test", "val")] * 2 and _same(result, run_cell(small_cell(rounds=2), data_root=tmp_path))
+
+
+def test_an_old_form_round_number_cuts_the_stragglers_plans_in_local_train_only(tmp_path, monkeypatch):
+    """As the old engine did (a field set around local_train): elsewhere the same number plans in full."""
+    plans = {}
+    with pytest.warns(DeprecationWarning):
+        class OldPlans(ALGORITHMS.get("fedavg")):
+            def configure(self, rnd, clients):
+                plans.setdefault("configure", [len(p) for p in self.fed.local_plans(rnd, clients)])
+                return super().configure(rnd, clients)
+
+            def local_train(self, rnd, clients, state):
+                plans.setdefault("local_train", [len(p) for p in self.fed.local_plans(rnd, clients)])
+                plans.setdefault("full", [len(p) for p in self.fed.local_plans(int(rnd), clients)])
+                return super().local_train(rnd, clients, state)
+
+    cell = dict(participation=1.0, rounds=1, local_epochs=2, system={"stragglers": 0.4, "straggler_work": 0.3})
+    assert _same(_run(OldPlans, monkeypatch, tmp_path, **cell), run_cell(small_cell(**cell), data_root=tmp_path))
+    assert plans["configure"] == plans["full"] != plans["local_train"]
+    assert all(cut <= full for cut, full in zip(plans["local_train"], plans["full"]))
