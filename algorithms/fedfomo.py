@@ -67,7 +67,7 @@ import torch
 from pydantic import Field
 
 from pflbench import streams
-from pflbench.algorithm import ALGORITHMS, Algorithm, Capabilities, Card, Hyperparams, Payload, Round
+from pflbench.algorithm import ALGORITHMS, Algorithm, Capabilities, Card, Hyperparams, Payload, Round, Serving
 
 MODELS = "models"  # the download's header: [K, M] the clients whose models each client is sent
 WEIGHTS = "fomo_weights"  # each client's raw weights of the models it was sent [K, M], uploaded
@@ -203,7 +203,7 @@ class FedFomo(Algorithm):
             out[n] = t + (w * (cand - t.unsqueeze(1))).sum(1)
         return out
 
-    def newcomer_models(self, serving):
+    def newcomer_models(self, serving: Serving):
         newcomers = serving.clients
         count = newcomers.num_clients
         own = newcomers.init_state(count)

@@ -16,7 +16,7 @@ Where it was silent / what was chosen here:
 
 from pydantic import Field
 
-from pflbench.algorithm import ALGORITHMS, Algorithm, Card, Hyperparams
+from pflbench.algorithm import ALGORITHMS, Algorithm, Card, Hyperparams, Round
 from pflbench.training import cross_entropy
 
 
@@ -33,7 +33,7 @@ class FedProx(Algorithm):
 
     search_space = {"mu": ("loguniform", 1e-3, 1.0)}
 
-    def local_train(self, rnd, state):
+    def local_train(self, rnd: Round, state):
         mu = float(self.hp.mu)
         if mu == 0.0:  # exactly FedAvg: no extra term, not even a zero one
             return super().local_train(rnd, state)

@@ -59,7 +59,7 @@ from pydantic import Field
 from torch import Tensor, nn
 
 from pflbench import streams
-from pflbench.algorithm import ALGORITHMS, Algorithm, Capabilities, Card, Hyperparams, Payload, Refusal, Round
+from pflbench.algorithm import ALGORITHMS, Algorithm, Capabilities, Card, Hyperparams, Payload, Refusal, Round, Serving
 from pflbench.models import ModelName, build_model
 from pflbench.steps import step_ids
 from pflbench.training import ClientModel, Diverged, State
@@ -372,7 +372,7 @@ class MHpFedHN(Algorithm):
                     f"{list(ids)}) is a newcomer; use more clients, another seed or a smaller unseen_fraction"))
         return None
 
-    def newcomer_models(self, serving):
+    def newcomer_models(self, serving: Serving):
         hnet, fed, rnd = self.hnet, serving.clients, serving.round
         groups = []
         for g, ids in enumerate(fed.group_clients):

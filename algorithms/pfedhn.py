@@ -68,7 +68,7 @@ from torch import Tensor, nn
 from pflbench.steps import (finite, keep_inactive, loss_and_grads, per_client, restore_inactive, rows_where,
                             sgd_step, step_ids)
 from pflbench import streams
-from pflbench.algorithm import ALGORITHMS, Algorithm, Capabilities, Card, Hyperparams, Payload, Round
+from pflbench.algorithm import ALGORITHMS, Algorithm, Capabilities, Card, Hyperparams, Payload, Round, Serving
 from pflbench.training import SGD, Diverged, State
 
 
@@ -271,7 +271,7 @@ class PFedHN(Algorithm):
     NEWCOMER_EPOCHS = 5
     NEWCOMER_STREAM = "pfedhn.newcomers"
 
-    def newcomer_models(self, serving):
+    def newcomer_models(self, serving: Serving):
         """Frozen hypernetwork, a fitted embedding per newcomer (see the module docstring)."""
         fed, hp, rnd = serving.clients, self.hp, serving.round
         count = fed.num_clients

@@ -62,7 +62,7 @@ from pydantic import Field
 from torch import Tensor
 
 from pflbench import streams
-from pflbench.algorithm import ALGORITHMS, Algorithm, Capabilities, Card, Hyperparams, Payload, Round
+from pflbench.algorithm import ALGORITHMS, Algorithm, Capabilities, Card, Hyperparams, Payload, Round, Serving
 from pflbench.newcomers.batchnorm import fit_batchnorm_statistics
 
 RETAINED = "retained"  # the download's header: [K, L] bool, the layers each client keeps (not sent)
@@ -307,7 +307,7 @@ class PFedLA(Algorithm):
                     theta[p][own] = self.client_state[p][own]
         return {name: theta.get(name, self.client_state[name]) for name in self.fed.model.names}
 
-    def newcomer_models(self, serving):
+    def newcomer_models(self, serving: Serving):
         """A newcomer has no hypernetwork of its own (pFedLA keeps one per client and the paper does
         not serve new clients): it gets the uniform aggregate, alpha = 1/N for every layer, which
         is where every client's aggregation weights start (the default `head_init`). BatchNorm

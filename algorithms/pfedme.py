@@ -76,7 +76,7 @@ from pydantic import Field
 
 from pflbench.steps import (finite, keep_inactive, loss_and_grads, per_client, restore_inactive, rows_where,
                             sgd_step, step_ids)
-from pflbench.algorithm import ALGORITHMS, Algorithm, Card, Hyperparams, Payload
+from pflbench.algorithm import ALGORITHMS, Algorithm, Card, Hyperparams, Payload, Round
 from pflbench.training import Diverged, weighted_mean
 
 
@@ -103,7 +103,7 @@ class PFedMe(Algorithm):
         super().setup()
         self.personal_state = self.fed.init_state(self.fed.num_clients)  # theta_i, never sent
 
-    def configure(self, rnd):
+    def configure(self, rnd: Round) -> Payload:
         """The global model for each sampled client; with `train_all_clients`, one message per client
         (the sampled ones first, in order, then the others), so the bytes of the N downloads are
         counted."""
@@ -114,7 +114,7 @@ class PFedMe(Algorithm):
         return Payload.from_rows([{n: self.global_state[n][0] for n in self.fed.model.names} for _ in range(len(everyone))],
                                  everyone)
 
-    def receive(self, rnd, download):
+    def receive(self, rnd: Round, download: Payload):
         if len(download) > len(rnd.clients):  # train_all_clients: the sampled clients' messages come first
             rows = download.rows[: len(rnd.clients)]
             download = Payload.from_state({n: torch.stack([m[n] for m in rows]) for n in rows[0]}, rnd.clients)
@@ -126,7 +126,7 @@ class PFedMe(Algorithm):
         mask[clients] = False
         return torch.nonzero(mask).flatten()
 
-    def local_train(self, rnd, state):
+    def local_train(self, rnd: Round, state):
         clients = rnd.clients
         k = len(clients)
         if self.hp.train_all_clients:  # the unsampled clients train too, from the same global model
@@ -170,7 +170,7 @@ class PFedMe(Algorithm):
             raise Diverged(f"non-finite pFedMe parameters for clients {clients.tolist()}")
         return local, personal
 
-    def aggregate(self, rnd, upload):
+    def aggregate(self, rnd: Round, upload: Payload) -> None:
         """w <- (1 - beta) w + beta * (uniform mean of the sampled clients' w)."""
         weights = torch.full((len(upload),), 1.0 / len(upload), device=self.fed.device)
         beta = self.hp.beta
