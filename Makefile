@@ -25,7 +25,8 @@ test: install
 	$(BIN)/python -m pytest -q
 
 # Lint: ruff's checks everywhere; ruff's formatting and mypy on the public method API (pyproject.toml).
-PUBLIC_API := pflbench/algorithm.py pflbench/card.py pflbench/capabilities.py pflbench/streams.py
+PUBLIC_API := pflbench/algorithm.py pflbench/card.py pflbench/capabilities.py pflbench/streams.py \
+              pflbench/round_context.py pflbench/payload.py pflbench/serving.py
 lint: install
 	$(BIN)/pip install --disable-pip-version-check -q -e ".[lint]"
 	$(BIN)/ruff check .

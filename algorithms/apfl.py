@@ -47,7 +47,7 @@ import torch.nn.functional as F
 
 from pydantic import Field
 
-from pflbench.algorithm import ALGORITHMS, Algorithm, Card, Hyperparams
+from pflbench.algorithm import ALGORITHMS, Algorithm, Card, Hyperparams, Round
 from pflbench.steps import step_ids
 from pflbench.training import cross_entropy
 
@@ -85,7 +85,8 @@ class APFL(Algorithm):
                     if local[n].is_floating_point() else glob[n].clone())
                 for n in local}
 
-    def local_train(self, rnd, clients, state):
+    def local_train(self, rnd: Round, state):
+        clients = rnd.clients
         anchor = {n: t.detach().clone() for n, t in state.items()}  # w-bar, as downloaded
         global_update = self.fed.train(rnd, clients, state).state
 

@@ -9,7 +9,7 @@ is. So it bounds what a global model can reach on the cell's split and budget: w
 It moves raw data, not models, so no model bytes are counted: its communication is not comparable
 with the federated methods'.
 """
-from pflbench.algorithm import ALGORITHMS, Algorithm, Capabilities, Card
+from pflbench.algorithm import ALGORITHMS, Algorithm, Capabilities, Card, Payload, Round
 
 
 @ALGORITHMS.register("centralized", card=Card(
@@ -22,18 +22,18 @@ class Centralized(Algorithm):
         "system": "the server trains on the pooled data itself: no client does local work or uploads",
         "privacy": "nothing is uploaded: the server trains on the pooled raw data"})
 
-    def configure(self, rnd, clients):
+    def configure(self, rnd: Round) -> Payload:
+        return Payload.empty(rnd.clients)
+
+    def receive(self, rnd: Round, download: Payload) -> dict:
         return {}
 
-    def receive(self, rnd, clients, download):
+    def local_train(self, rnd: Round, state: dict) -> dict:
+        self.global_state = self.fed.train_pooled(rnd.number, rnd.clients, self.global_state).state
         return {}
 
-    def local_train(self, rnd, clients, state):
-        self.global_state = self.fed.train_pooled(rnd, clients, self.global_state).state
-        return {}
+    def send(self, rnd: Round, state: dict) -> Payload:
+        return Payload.empty(rnd.clients)
 
-    def send(self, rnd, clients, state):
-        return {}
-
-    def aggregate(self, rnd, clients, upload):
+    def aggregate(self, rnd: Round, upload: Payload) -> None:
         pass  # the server trained the model itself

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from pflbench.algorithm import ALGORITHMS, Algorithm, Card, Hyperparams
+from pflbench.algorithm import ALGORITHMS, Algorithm, Card, Hyperparams, Round
 from pflbench.training import cross_entropy
 
 
@@ -57,7 +57,8 @@ class Ditto(Algorithm):
         # Every client's personal model v_k [N, ...]; never sent.
         self.personal_state = self.fed.init_state(self.fed.num_clients)
 
-    def local_train(self, rnd, clients, state):
+    def local_train(self, rnd: Round, state):
+        clients = rnd.clients
         params = self.fed.model.param_names
         # w^t: the downloaded global model, the anchor of the personal objective.
         anchor = {f"global.{n}": state[n].detach().clone() for n in params}

@@ -29,7 +29,7 @@ from typing import Literal
 import torch
 from pydantic import Field
 
-from pflbench.algorithm import ALGORITHMS, Algorithm, Card, Hyperparams
+from pflbench.algorithm import ALGORITHMS, Algorithm, Card, Hyperparams, Payload, Round, Serving
 from pflbench.training import Diverged
 
 
@@ -60,11 +60,11 @@ class FedBABU(Algorithm):
     def is_local(self, name: str) -> bool:
         return name in self._head  # the frozen head: never sent, never aggregated
 
-    def local_train(self, rnd, clients, state):
-        return self.fed.train(rnd, clients, state, trainable=self._body_params).state
+    def local_train(self, rnd: Round, state):
+        return self.fed.train(rnd, rnd.clients, state, trainable=self._body_params).state
 
-    def aggregate(self, rnd, clients, upload) -> None:
-        super().aggregate(rnd, clients, upload)
+    def aggregate(self, rnd: Round, upload: Payload) -> None:
+        super().aggregate(rnd, upload)
         self._version += 1
 
     def personalized(self):
@@ -89,5 +89,5 @@ class FedBABU(Algorithm):
             return {n: torch.full_like(t, float("nan")) if t.is_floating_point() else t
                     for n, t in start.items()}
 
-    def newcomer_models(self, rnd, newcomers):
-        return self.finetune(newcomers, self.fit_local_part(rnd, newcomers, 0))  # global body + initial head
+    def newcomer_models(self, serving: Serving):
+        return self.finetune(serving.clients, self.fit_local_part(serving, 0))  # global body + initial head

@@ -67,7 +67,10 @@ import torch
 from pydantic import Field
 
 from pflbench import streams
-from pflbench.algorithm import ALGORITHMS, Algorithm, Capabilities, Card, Hyperparams
+from pflbench.algorithm import ALGORITHMS, Algorithm, Capabilities, Card, Hyperparams, Payload, Round, Serving
+
+MODELS = "models"  # the download's header: [K, M] the clients whose models each client is sent
+WEIGHTS = "fomo_weights"  # each client's raw weights of the models it was sent [K, M], uploaded
 
 
 def fomo_weights(own_loss: torch.Tensor, cand_loss: torch.Tensor, distance: torch.Tensor) -> torch.Tensor:
@@ -119,8 +122,6 @@ class FedFomo(Algorithm):
         self.last_weights = torch.zeros(n, n, dtype=torch.float64)
         has_val = bool((self.fed.split_sizes("val") > 0).all())
         self.eval_split = "val" if has_val else "train"
-        self._chosen: torch.Tensor | None = None
-        self._raw: torch.Tensor | None = None
 
     def epsilon_at(self, rnd: int) -> float:
         return max(0.0, self.hp.epsilon - self.hp.epsilon_decay * (rnd - 1))
@@ -148,32 +149,39 @@ class FedFomo(Algorithm):
             chosen.append(picks)
         return torch.tensor(chosen, dtype=torch.long).view(len(clients), count)
 
-    def configure(self, rnd, clients):
-        self._chosen = self.choose(rnd, clients.cpu())
-        device_ids = self._chosen.to(self.fed.device)
-        return {f"model{m}.{n}": t[device_ids[:, m]]
-                for m in range(self._chosen.shape[1]) for n, t in self.server_models.items()}
+    def configure(self, rnd: Round) -> Payload:
+        """Each client's M chosen models (`choose`); the download's header names whose they are."""
+        chosen = self.choose(rnd.number, rnd.clients.cpu())
+        device_ids = chosen.to(self.fed.device)
+        return Payload.from_state({f"model{m}.{n}": t[device_ids[:, m]]
+                                   for m in range(chosen.shape[1]) for n, t in self.server_models.items()},
+                                  rnd.clients, header={MODELS: chosen})
 
-    def receive(self, rnd, clients, download):
+    def receive(self, rnd: Round, download: Payload):
+        """The client's own model moved toward the downloaded ones by their first-order weights on its
+        validation split; the raw weights ride along in the state, to be uploaded (`send`)."""
+        clients = rnd.clients
         own = {n: t[clients].clone() for n, t in self.client_state.items()}
-        count = self._chosen.shape[1] if self._chosen is not None else 0
-        if not download or count == 0:
-            self._raw = torch.zeros(len(clients), 0)
-            return own
+        count = download.header[MODELS].shape[1]
+        sent = download.state
+        if not sent or count == 0:
+            return {**own, WEIGHTS: torch.zeros(len(clients), 0)}
         names = self.fed.model.names
         k = len(clients)
         # candidates stacked [K * M, ...]: row k * M + m is client k's m-th download
-        stacked = {n: torch.stack([download[f"model{m}.{n}"] for m in range(count)], 1).flatten(0, 1)
+        stacked = {n: torch.stack([sent[f"model{m}.{n}"] for m in range(count)], 1).flatten(0, 1)
                    for n in names}
         _, own_loss = self.fed.evaluate(own, self.eval_split, clients)
         _, cand_loss = self.fed.evaluate(stacked, self.eval_split, clients.repeat_interleave(count))
         cand_loss = cand_loss.view(k, count)
         distance = self.distance(own, stacked, k, count).to(own_loss.dtype)
         raw = fomo_weights(own_loss, cand_loss, distance)
-        weights = normalize_weights(raw)
-        self._raw = raw.detach().cpu()
-        self._weights = weights.detach().cpu()
-        return self.combine(own, stacked, weights)
+        return {**self.combine(own, stacked, normalize_weights(raw)), WEIGHTS: raw.detach().cpu()}
+
+    def local_train(self, rnd: Round, state):
+        """The combined model's local SGD; the weights are carried on to `send`."""
+        model = {n: t for n, t in state.items() if n != WEIGHTS}
+        return {**self.fed.train(rnd, rnd.clients, model).state, WEIGHTS: state[WEIGHTS]}
 
     def distance(self, own, stacked, k, count):
         total = torch.zeros(k, count, dtype=torch.float64, device=self.fed.device)
@@ -195,7 +203,8 @@ class FedFomo(Algorithm):
             out[n] = t + (w * (cand - t.unsqueeze(1))).sum(1)
         return out
 
-    def newcomer_models(self, rnd, newcomers):
+    def newcomer_models(self, serving: Serving):
+        newcomers = serving.clients
         count = newcomers.num_clients
         own = newcomers.init_state(count)
         pool = torch.nonzero(self.uploaded).flatten().to(newcomers.device)
@@ -216,31 +225,28 @@ class FedFomo(Algorithm):
         weights = normalize_weights(fomo_weights(own_loss, loss.gather(1, picked), distance))
         return self.combine(own, stacked, weights)
 
-    def send(self, rnd, clients, state):
-        for n, t in state.items():
-            self.client_state[n][clients] = t
-        return {**{n: state[n] for n in self.fed.model.names},
-                "fomo_weights": self._raw.to(torch.float32).to(self.fed.device)}
+    def send(self, rnd: Round, state) -> Payload:
+        names = self.fed.model.names
+        for n in names:
+            self.client_state[n][rnd.clients] = state[n]
+        return Payload.from_state({**{n: state[n] for n in names},
+                                   WEIGHTS: state[WEIGHTS].to(torch.float32).to(self.fed.device)}, rnd.clients)
 
-    def aggregate(self, rnd, clients, upload):
+    def aggregate(self, rnd: Round, upload: Payload) -> None:
+        """Keep each arrived client's model; add its raw weights to its affinity for the models it was
+        sent (the round's download header, at the arrived clients' positions)."""
+        clients, sent = upload.clients, upload.state
         for n in self.fed.model.names:
-            self.server_models[n][clients] = upload[n]
+            self.server_models[n][clients] = sent[n]
         cpu_clients = clients.cpu()
         self.uploaded[cpu_clients] = True
         self.last_weights.zero_()
-        if self._chosen is not None and self._chosen.shape[1]:
-            raw = upload["fomo_weights"].cpu().double()
-            rows = cpu_clients.unsqueeze(1).expand_as(self._chosen)
-            self.affinity.index_put_((rows, self._chosen), raw, accumulate=True)
-            self.last_weights[rows, self._chosen] = self._weights.double()
-
-    def aggregate_arrived(self, rnd, clients, upload, positions):
-        """Dropped uploads: the round's candidate choices and weights of the clients that arrived."""
-        if self._chosen is not None:
-            self._chosen = self._chosen[positions.cpu()]
-            if getattr(self, "_weights", None) is not None and len(self._weights) == len(clients):
-                self._weights = self._weights[positions.cpu()]
-        super().aggregate_arrived(rnd, clients, upload, positions)
+        chosen = rnd.download.header[MODELS][upload.positions.cpu()]
+        if chosen.shape[1]:
+            raw = sent[WEIGHTS].cpu().double()
+            rows = cpu_clients.unsqueeze(1).expand_as(chosen)
+            self.affinity.index_put_((rows, chosen), raw, accumulate=True)
+            self.last_weights[rows, chosen] = normalize_weights(sent[WEIGHTS]).cpu().double()
 
     def personalized(self):
         return self.client_state

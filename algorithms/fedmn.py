@@ -77,7 +77,8 @@ from pydantic import Field
 from torch import Tensor, nn
 
 from pflbench import streams
-from pflbench.algorithm import ALGORITHMS, Algorithm, Capabilities, Card, Hyperparams
+from pflbench.algorithm import (ALGORITHMS, Algorithm, Capabilities, Card, Hyperparams, Payload, Round, Scored, Scores,
+                                Serving)
 from pflbench.steps import step_ids
 from pflbench.training import SGD, Diverged
 
@@ -298,27 +299,29 @@ class FedMN(Algorithm):
             g_out[s_out.masked_fill(~active, float("-inf")).argmax()] = 1
         return hard
 
-    def _client_data(self, client: int, generator: torch.Generator | None = None):
-        idx = self.fed.sample_ids(client)
+    def _client_data(self, fed, client: int, generator: torch.Generator | None = None):
+        """Client `client`'s (a position of `fed`) router inputs: its train samples, or a draw of them."""
+        idx = fed.sample_ids(client)
         if self.hp.router_samples and len(idx) > self.hp.router_samples:
             idx = idx[torch.randperm(len(idx), generator=generator)[: self.hp.router_samples].to(idx.device)]
-        return self.fed.data(idx)
+        return fed.data(idx)
 
     @torch.no_grad()
-    def _fixed_routing(self, client: int, router_state: dict[str, Tensor]) -> Tensor:
+    def _fixed_routing(self, fed, client: int, router_state: dict[str, Tensor]) -> Tensor:
+        """The routing `router_state` fixes for client `client` of `fed` (trained clients or newcomers)."""
         self.router.load_state_dict(router_state)
-        x, y = self._client_data(client, streams.generator(self.fed.cell.seed, "fedmn.router-samples", client=client))
+        x, y = self._client_data(fed, client, streams.generator(fed.cell.seed, "fedmn.router-samples", client=client))
         return self.gates(self.router(x, y), self.hp.tau_min, train=False)
 
     # ---- the round -------------------------------------------------------------------------------
-    def configure(self, rnd: int, clients: Tensor) -> list[dict[str, Tensor]]:
-        return [{**{f"router.{n}": t for n, t in self.server_router.items()},
-                 **self._module_tensors(self.server_pool, self.routed_modules(self.routing[c]))}
-                for c in clients.tolist()]
+    def configure(self, rnd: Round) -> Payload:
+        return Payload.from_rows([{**{f"router.{n}": t for n, t in self.server_router.items()},
+                                   **self._module_tensors(self.server_pool, self.routed_modules(self.routing[c]))}
+                                  for c in rnd.clients.tolist()], rnd.clients)
 
-    def receive(self, rnd: int, clients: Tensor, download: list[dict[str, Tensor]]) -> list[dict[str, Tensor]]:
+    def receive(self, rnd: Round, download: Payload) -> list[dict[str, Tensor]]:
         states = []
-        for c, received in zip(clients.tolist(), download):
+        for c, received in zip(rnd.clients.tolist(), download.rows):
             for name, t in received.items():
                 if name.startswith("pool."):
                     self.client_pool[c][name.removeprefix("pool.")] = t.clone()
@@ -326,8 +329,9 @@ class FedMN(Algorithm):
                                       if n.startswith("router.")}})
         return states
 
-    def local_train(self, rnd: int, clients: Tensor, states: list[dict]) -> list[dict]:
+    def local_train(self, rnd: Round, states: list[dict]) -> list[dict]:
         fed, hp, sgd = self.fed, self.hp, self.fed.sgd
+        clients = rnd.clients
         ids = clients.tolist()
         noise_generators = fed.batch_generators(rnd, clients, stream="fedmn.noise")
         batches, counts = step_ids(fed, rnd, clients)  # a straggler's share of the round's work
@@ -341,12 +345,12 @@ class FedMN(Algorithm):
             self.net.train()
             gates = None
             with torch.random.fork_rng(devices=[]):
-                streams.seed_torch_global(fed.cell.seed, "fedmn.dropout", rnd, int(fed.client_ids[c]))  # dropout
+                streams.seed_torch_global(fed.cell.seed, "fedmn.dropout", rnd.number, int(fed.client_ids[c]))  # dropout
                 for step in range(int(counts[k])):
                     tau = max(hp.tau_init * math.exp(-hp.tau_rate * self.steps_done[c]), hp.tau_min)
                     if hp.code_compat:
                         tau = hp.tau_init  # the annealing test in the code never fires
-                    scores = self.router(*self._client_data(c, noise_generators[k]))
+                    scores = self.router(*self._client_data(fed, c, noise_generators[k]))
                     gates = self.gates(scores, tau, train=True, generator=noise_generators[k])
                     x, y = fed.data(batches[k, step])
                     logits = self.net(x, gates, tied=hp.code_compat)
@@ -371,16 +375,17 @@ class FedMN(Algorithm):
             if hp.code_compat and gates is not None:
                 self.routing[c] = gates.detach().clone()  # the last batch's gates, frozen
             else:
-                self.routing[c] = self._fixed_routing(c, router_state)
+                self.routing[c] = self._fixed_routing(fed, c, router_state)
             states[k] = {"router": router_state}
         return states
 
-    def send(self, rnd: int, clients: Tensor, states: list[dict]) -> list[dict[str, Tensor]]:
-        return [{**{f"router.{n}": t for n, t in state["router"].items()},
-                 **self._module_tensors(self.client_pool[c], self.routed_modules(self.routing[c]))}
-                for c, state in zip(clients.tolist(), states)]
+    def send(self, rnd: Round, states: list[dict]) -> Payload:
+        return Payload.from_rows([{**{f"router.{n}": t for n, t in state["router"].items()},
+                                   **self._module_tensors(self.client_pool[c], self.routed_modules(self.routing[c]))}
+                                  for c, state in zip(rnd.clients.tolist(), states)], rnd.clients)
 
-    def aggregate(self, rnd: int, clients: Tensor, upload: list[dict[str, Tensor]]) -> None:
+    def aggregate(self, rnd: Round, upload: Payload) -> None:
+        upload = upload.rows
         for name in self.server_router:  # the routing net: unweighted mean over the round's clients
             self.server_router[name] = torch.stack([u[f"router.{name}"] for u in upload]).float().mean(0).to(
                 self.server_router[name].dtype)
@@ -395,24 +400,26 @@ class FedMN(Algorithm):
         it is scored with the routing the server's routing net fixes from its data now, made for this
         evaluation only and never kept in `self.routing`, which `configure` reads to decide what to
         send (evaluation must not write what training reads; issue 29)."""
-        routing = [fixed if fixed is not None else self._fixed_routing(c, self.server_router)
+        routing = [fixed if fixed is not None else self._fixed_routing(self.fed, c, self.server_router)
                    for c, fixed in enumerate(self.routing)]
         return {"pool": self.server_pool, "routing": torch.stack(routing)}
 
-    def evaluate(self, personal, split: str):
-        if "scores" in personal:  # adapted models, scored as they were made (see `adapt_locally`)
-            return personal["scores"][split]
-        self.net.load_state_dict(personal["pool"])
-        accuracy = torch.zeros(self.fed.num_clients, device=self.fed.device)
-        loss = torch.zeros(self.fed.num_clients, device=self.fed.device)
-        for c in range(self.fed.num_clients):
-            accuracy[c], loss[c] = self._score(c, personal["routing"][c], split)
-        return accuracy, loss
+    def evaluate(self, serving: Serving, models, splits: tuple[str, ...]) -> Scores:
+        """Each client's routed pool scored on its own splits (the engine cannot call this model)."""
+        fed = serving.clients
+        self.net.load_state_dict(models["pool"])
+        scores = {}
+        for split in splits:
+            accuracy = torch.zeros(fed.num_clients, device=fed.device)
+            loss = torch.zeros(fed.num_clients, device=fed.device)
+            for c in range(fed.num_clients):
+                accuracy[c], loss[c] = self._score(fed, c, models["routing"][c], split)
+            scores[split] = (accuracy, loss)
+        return scores
 
     @torch.no_grad()
-    def _score(self, client: int, gates: Tensor, split: str) -> tuple[float, float]:
-        """Accuracy and loss of `self.net` (as loaded) with `gates` on the client's own `split`."""
-        fed = self.fed
+    def _score(self, fed, client: int, gates: Tensor, split: str) -> tuple[float, float]:
+        """Accuracy and loss of `self.net` (as loaded) with `gates` on client `client`'s own `split` (of `fed`)."""
         idx = fed.sample_ids(client, split)
         if not len(idx):
             return float("nan"), float("nan")
@@ -425,24 +432,24 @@ class FedMN(Algorithm):
             correct += (logits.argmax(1) == y).sum().item()
         return correct / len(idx), total / len(idx)
 
-    def adapt_locally(self, personal, rnd: int, epochs: int):
+    def adapt_locally(self, serving: Serving, models) -> Scored:
         """The after-local-adaptation protocol for a routed pool: each client trains its copy of the
         aggregated modules through its own frozen routing (cross-entropy, the cell's SGD, the batch
-        order of round rnd + 1, as `Federation.adapt_locally`; the routing net is not adapted). A pool per
-        client would not fit in memory at 100 clients (FedMN's modules are large), so each client's
-        adapted pool is scored on every evaluated split as soon as it is trained and then dropped:
-        the result carries the scores, which `evaluate` returns."""
-        fed, sgd = self.fed, self.fed.sgd
+        order of the round after `serving.round`, as `Federation.adapt_locally`; the routing net is not
+        adapted). A pool per client would not fit in memory at 100 clients (FedMN's modules are large),
+        so each client's adapted pool is scored on every evaluated split as soon as it is trained and
+        then dropped: the result is `Scored`, which the engine takes as the adapted models' scores."""
+        fed, sgd, rnd = serving.clients, serving.clients.sgd, serving.round
         everyone = torch.arange(fed.num_clients, device=fed.device)
-        batches, counts = step_ids(fed, rnd + 1, everyone, epochs=epochs)
+        batches, counts = step_ids(fed, rnd + 1, everyone, epochs=serving.adapt_epochs)
         splits = [name for name in ("test", "val") if name in fed.split_names]
         scores = {name: (torch.zeros(fed.num_clients, device=fed.device),
                          torch.zeros(fed.num_clients, device=fed.device)) for name in splits}
         with torch.random.fork_rng(devices=[]):  # dropout draws must not move the training's stream
             for c in range(fed.num_clients):
                 streams.seed_torch_global(fed.cell.seed, "fedmn.adapt-dropout", rnd, c)
-                self.net.load_state_dict(personal["pool"])
-                gates = personal["routing"][c]
+                self.net.load_state_dict(models["pool"])
+                gates = models["routing"][c]
                 params = list(self.net.parameters())
                 momenta = sgd.momenta(params)
                 self.net.train()
@@ -456,12 +463,12 @@ class FedMN(Algorithm):
                     loss.backward()
                     _sgd_step(sgd, params, momenta)
                 for name in splits:
-                    scores[name][0][c], scores[name][1][c] = self._score(c, gates, name)
-        return {"routing": personal["routing"], "scores": scores}
+                    scores[name][0][c], scores[name][1][c] = self._score(fed, c, gates, name)
+        return Scored(scores)
 
-    def newcomer_models(self, rnd, newcomers):
-        with self.serving(newcomers):
-            routing = [self._fixed_routing(c, self.server_router) for c in range(newcomers.num_clients)]
+    def newcomer_models(self, serving: Serving):
+        routing = [self._fixed_routing(serving.clients, c, self.server_router)
+                   for c in range(serving.clients.num_clients)]
         return {"pool": self.server_pool, "routing": torch.stack(routing)}
 
     def artifacts(self) -> dict[str, np.ndarray]:

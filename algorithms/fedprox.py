@@ -16,7 +16,7 @@ Where it was silent / what was chosen here:
 
 from pydantic import Field
 
-from pflbench.algorithm import ALGORITHMS, Algorithm, Card, Hyperparams
+from pflbench.algorithm import ALGORITHMS, Algorithm, Card, Hyperparams, Round
 from pflbench.training import cross_entropy
 
 
@@ -33,10 +33,10 @@ class FedProx(Algorithm):
 
     search_space = {"mu": ("loguniform", 1e-3, 1.0)}
 
-    def local_train(self, rnd, clients, state):
+    def local_train(self, rnd: Round, state):
         mu = float(self.hp.mu)
         if mu == 0.0:  # exactly FedAvg: no extra term, not even a zero one
-            return super().local_train(rnd, clients, state)
+            return super().local_train(rnd, state)
         names = self.fed.model.param_names
         # The downloaded global model rides along as `aux`, stacked like the state (one row per client).
         anchor = {f"global.{n}": state[n].detach().clone() for n in names}
@@ -45,4 +45,4 @@ class FedProx(Algorithm):
             prox = sum(((params[n] - aux[f"global.{n}"]) ** 2).flatten(1).sum(1) for n in names)
             return cross_entropy(logits, labels, params, aux) + 0.5 * mu * prox
 
-        return self.fed.train(rnd, clients, state, objective=objective, aux=anchor).state
+        return self.fed.train(rnd, rnd.clients, state, objective=objective, aux=anchor).state

@@ -43,7 +43,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from pflbench.algorithm import ALGORITHMS, Algorithm, Card, Hyperparams
+from pflbench.algorithm import ALGORITHMS, Algorithm, Card, Hyperparams, Round, Serving
 
 
 @ALGORITHMS.register("fedrep", card=Card(
@@ -75,10 +75,11 @@ class FedRep(Algorithm):
     def is_local(self, name: str) -> bool:
         return name in self._head
 
-    def newcomer_models(self, rnd, newcomers):
-        return self.fit_local_part(rnd, newcomers, self.hp.head_epochs, trainable=self._head_params)
+    def newcomer_models(self, serving: Serving):
+        return self.fit_local_part(serving, self.hp.head_epochs, trainable=self._head_params)
 
-    def local_train(self, rnd, clients, state):
+    def local_train(self, rnd: Round, state):
+        clients = rnd.clients
         if self.hp.head_epochs:
             state = self.fed.train(rnd, clients, state, trainable=self._head_params,
                                    epochs=self.hp.head_epochs, stream=self.HEAD_STREAM).state

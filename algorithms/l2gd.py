@@ -41,11 +41,12 @@ How it maps onto the engine's rounds (the adaptation):
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 from pydantic import Field
 
 from pflbench import streams
-from pflbench.algorithm import ALGORITHMS, Algorithm, Capabilities, Card, Hyperparams
+from pflbench.algorithm import ALGORITHMS, Algorithm, Capabilities, Card, Hyperparams, Payload, Round
 
 
 def coin_flips(seed: int, rounds: int, p: float) -> np.ndarray:
@@ -75,7 +76,6 @@ class L2GD(Algorithm):
     def setup(self) -> None:
         super().setup()
         self.coins = coin_flips(self.fed.cell.seed, self.fed.cell.rounds, self.hp.p)
-        self._uploaded = None
 
     @property
     def theta(self) -> float:
@@ -86,39 +86,42 @@ class L2GD(Algorithm):
     def communicates(self, rnd: int) -> bool:
         return bool(self.coins[rnd - 1])
 
-    def configure(self, rnd, clients):
-        if not self.communicates(rnd):
-            return {}
-        # The sampled clients' current models (what they upload, see `send`) and their mean.
-        self._uploaded = {n: t[clients].clone() for n, t in self.client_state.items()}
-        k = len(clients)
+    def configure(self, rnd: Round) -> Payload:
+        if not self.communicates(rnd.number):
+            return Payload.empty(rnd.clients)
+        # The mean of the sampled clients' current models (what they upload, see `send`).
+        k = len(rnd.clients)
         self.global_state = {
             n: (t.mean(0, keepdim=True) if t.is_floating_point() else t.max(0, keepdim=True).values)
-            for n, t in self._uploaded.items()}
-        return {n: t.expand(k, *t.shape[1:]) for n, t in self.global_state.items()}
+            for n, t in self._current(rnd.clients).items()}
+        return Payload.from_state({n: t.expand(k, *t.shape[1:]) for n, t in self.global_state.items()}, rnd.clients)
 
-    def receive(self, rnd, clients, download):
-        own = {n: t[clients] for n, t in self.client_state.items()}
-        if not download:
+    def _current(self, clients: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The clients' models as they stand (a communicating round's upload, averaged when it begins)."""
+        return {n: t[clients].clone() for n, t in self.client_state.items()}
+
+    def receive(self, rnd: Round, download: Payload):
+        own = {n: t[rnd.clients] for n, t in self.client_state.items()}
+        sent = download.state
+        if not sent:
             return own
         theta = self.theta
-        return {n: (x - theta * (x - download[n]) if x.is_floating_point() else download[n].clone())
+        return {n: (x - theta * (x - sent[n]) if x.is_floating_point() else sent[n].clone())
                 for n, x in own.items()}
 
-    def local_train(self, rnd, clients, state):
-        if self.communicates(rnd):
+    def local_train(self, rnd: Round, state):
+        if self.communicates(rnd.number):
             return state  # the aggregation step makes no gradient step
-        return self.fed.train(rnd, clients, state).state
+        return self.fed.train(rnd, rnd.clients, state).state
 
-    def send(self, rnd, clients, state):
+    def send(self, rnd: Round, state) -> Payload:
+        communicates = self.communicates(rnd.number)
+        uploaded = self._current(rnd.clients) if communicates else {}  # the models the round began with
         for n, t in state.items():
-            self.client_state[n][clients] = t
-        if not self.communicates(rnd):
-            return {}
-        uploaded, self._uploaded = self._uploaded, None
-        return uploaded
+            self.client_state[n][rnd.clients] = t
+        return Payload.from_state(uploaded, rnd.clients)
 
-    def aggregate(self, rnd, clients, upload):
+    def aggregate(self, rnd: Round, upload: Payload) -> None:
         pass  # the average was formed in `configure`; nothing else to do
 
     def personalized(self):

@@ -14,7 +14,7 @@ at round r is the same whichever rounds were evaluated before (until issue 29 a 
 evaluating round's batch orders for all its epochs, so the scores depended on `eval_every`).
 """
 
-from pflbench.algorithm import ALGORITHMS, Algorithm, Capabilities, Card
+from pflbench.algorithm import ALGORITHMS, Algorithm, Capabilities, Card, Payload, Round, Serving
 
 
 @ALGORITHMS.register("local", card=Card(
@@ -37,33 +37,34 @@ class Local(Algorithm):
         for ids in self.fed.group_clients:
             self.row.update({c: r for r, c in enumerate(ids.tolist())})
 
-    def configure(self, rnd, clients):
-        return {} if self.fed.heterogeneous else super().configure(rnd, clients)
+    def configure(self, rnd: Round) -> Payload:
+        return Payload.empty(rnd.clients) if self.fed.heterogeneous else super().configure(rnd)
 
-    def receive(self, rnd, clients, download):
-        return {} if self.fed.heterogeneous else super().receive(rnd, clients, download)
+    def receive(self, rnd: Round, download: Payload):
+        return {} if self.fed.heterogeneous else super().receive(rnd, download)
 
-    def local_train(self, rnd, clients, state):
+    def local_train(self, rnd: Round, state):
         if not self.fed.heterogeneous:
-            return super().local_train(rnd, clients, state)
-        for g, positions in self.fed.by_group(clients):
-            members = clients[positions]
+            return super().local_train(rnd, state)
+        for g, positions in self.fed.by_group(rnd.clients):
+            members = rnd.clients[positions]
             rows = [self.row[c] for c in members.tolist()]
             own = {n: t[rows] for n, t in self.group_state[g].items()}
             for n, t in self.fed.train(rnd, members, own).state.items():
                 self.group_state[g][n][rows] = t
         return {}
 
-    def send(self, rnd, clients, state):
-        return {} if self.fed.heterogeneous else super().send(rnd, clients, state)
+    def send(self, rnd: Round, state) -> Payload:
+        return Payload.empty(rnd.clients) if self.fed.heterogeneous else super().send(rnd, state)
 
     def personalized(self):
         return self.group_state if self.fed.heterogeneous else super().personalized()
 
-    def newcomer_models(self, rnd, newcomers):
+    def newcomer_models(self, serving: Serving):
         """Trained from scratch on the newcomers' own data, with the average trained client's epochs."""
+        newcomers = serving.clients
         per_round = self.fed.schedule.shape[1]
-        turns = round(rnd * per_round / self.fed.num_clients)  # a trained client's expected turns by now
+        turns = round(serving.round * per_round / self.fed.num_clients)  # a trained client's expected turns by now
         if getattr(self, "_newcomer_state", None) is None:
             self._newcomer_state = [newcomers.init_state(len(ids), g) for g, ids in enumerate(newcomers.group_clients)]
             self._newcomer_turns = 0

@@ -68,7 +68,7 @@ from pydantic import Field
 
 from pflbench.steps import (finite, keep_inactive, loss_and_grads, per_client, restore_inactive, rows_where,
                             sgd_step, step_ids)
-from pflbench.algorithm import ALGORITHMS, Algorithm, Card, Hyperparams
+from pflbench.algorithm import ALGORITHMS, Algorithm, Card, Hyperparams, Payload, Round, Serving
 from pflbench.training import Diverged, weighted_mean
 
 STREAMS = ("batches", "perfedavg.d-prime", "perfedavg.d-second")  # batch orders of D, D' and D''
@@ -102,8 +102,8 @@ class PerFedAvg(Algorithm):
     def beta(self) -> float:
         return self.hp.beta if self.hp.beta is not None else self.fed.cell.lr
 
-    def local_train(self, rnd, clients, state):
-        return per_client(self.fed, clients, partial(self._meta_train, rnd), state)
+    def local_train(self, rnd: Round, state):
+        return per_client(self.fed, rnd.clients, partial(self._meta_train, rnd), state)
 
     def _meta_train(self, rnd, clients, state):
         fed, hp = self.fed, self.hp
@@ -133,10 +133,10 @@ class PerFedAvg(Algorithm):
             raise Diverged(f"non-finite Per-FedAvg parameters for clients {clients.tolist()}")
         return trained
 
-    def aggregate(self, rnd, clients, upload):
-        """Uniform mean over the sampled clients (the paper's Algorithm 1)."""
-        weights = torch.full((len(clients),), 1.0 / len(clients), device=self.fed.device)
-        for n, t in upload.items():
+    def aggregate(self, rnd: Round, upload: Payload) -> None:
+        """Uniform mean over the sampled clients' uploads (the paper's Algorithm 1)."""
+        weights = torch.full((len(upload),), 1.0 / len(upload), device=self.fed.device)
+        for n, t in upload.state.items():
             self.global_state[n] = weighted_mean(t, weights).unsqueeze(0)
         self._version += 1
 
@@ -165,9 +165,10 @@ class PerFedAvg(Algorithm):
         self._cached = (self._version, adapted)
         return adapted
 
-    def newcomer_models(self, rnd, newcomers):
+    def newcomer_models(self, serving: Serving):
         """The meta-model after the same one-step adaptation on each newcomer's own training data:
         the paper's evaluation of a new user is exactly this."""
+        newcomers = serving.clients
         n = newcomers.num_clients
         start = {k: t.expand(n, *t.shape[1:]).clone() for k, t in self.global_state.items()}
         everyone = torch.arange(n, device=newcomers.device)

@@ -57,7 +57,7 @@ from __future__ import annotations
 
 import math
 from functools import partial
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import numpy as np
 import torch
@@ -68,8 +68,16 @@ from torch import Tensor, nn
 from pflbench.steps import (finite, keep_inactive, loss_and_grads, per_client, restore_inactive, rows_where,
                             sgd_step, step_ids)
 from pflbench import streams
-from pflbench.algorithm import ALGORITHMS, Algorithm, Capabilities, Card, Hyperparams
-from pflbench.training import SGD, Diverged
+from pflbench.algorithm import ALGORITHMS, Algorithm, Capabilities, Card, Hyperparams, Payload, Round, Serving
+from pflbench.training import SGD, Diverged, State
+
+
+class Trained(NamedTuple):
+    """The sampled clients after local training (`state`), with the generated models each started
+    from (`started`): its upload is the difference."""
+
+    state: State
+    started: State
 
 
 class HyperNetwork(nn.Module):
@@ -159,20 +167,21 @@ class PFedHN(Algorithm):
         """per_round: the privacy wrapper privatizes the uploaded deltas; per_client: each delta, as it steps the server."""
         return "update" if self.hp.server_updates == "per_round" else "self"
 
-    def configure(self, rnd, clients):
+    def configure(self, rnd: Round) -> Payload:
         with torch.no_grad():
-            self._generated = self.hypernet(clients)
-        return dict(self._generated)
+            return Payload.from_state(dict(self.hypernet(rnd.clients)), rnd.clients)
 
-    def local_train(self, rnd, clients, state):
+    def local_train(self, rnd: Round, state) -> Trained:
+        """The clients' training from the generated models, with what each started from (`Trained`)."""
+        clients = rnd.clients
         if self.hp.server_updates == "per_round":
-            return self.inner_train(rnd, clients, state)
+            return Trained(self.inner_train(rnd, clients, state), rnd.download.state)
         # The official loop: each client trains the model the hypernetwork generates after the
         # previous client's update, and its update reaches the server before the next one trains
         # (training several clients on one round-start model and then stepping for each in turn
         # applies stale updates; with momentum that blew up at lr 0.05). Same sizes as configured.
         trained = []
-        self._generated = {n: t.clone() for n, t in self._generated.items()}  # becomes what each started from
+        started = {n: t.clone() for n, t in rnd.download.state.items()}  # becomes what each started from
         for k, client in enumerate(clients.tolist()):
             row = clients[k:k + 1]
             with torch.no_grad():
@@ -184,9 +193,9 @@ class PFedHN(Algorithm):
                 update = self.fed.privatize(rnd, client, {n: (generated[n] - after[n])[0] for n in self.generated})
                 self.hypernetwork_step(row, {n: update[n].unsqueeze(0) for n in self.generated})
             for n in self.generated:  # what this client started from, for its upload
-                self._generated[n][k] = generated[n][0]
+                started[n][k] = generated[n][0]
             trained.append(after)
-        return {n: torch.cat([t[n] for t in trained]) for n in state}
+        return Trained({n: torch.cat([t[n] for t in trained]) for n in state}, started)
 
     def inner_train(self, rnd, clients, state):
         """The clients' local training from the generated models `state`: the engine's SGD with the
@@ -218,16 +227,18 @@ class PFedHN(Algorithm):
             raise Diverged(f"non-finite pFedHN parameters for clients {clients.tolist()}")
         return trained
 
-    def send(self, rnd, clients, state):
+    def send(self, rnd: Round, trained: Trained) -> Payload:
+        """Keep the tensors the hypernetwork does not generate (buffers, pFedHN-PC's classifier) on the
+        client; upload theta_after - theta_start of the generated ones."""
+        state, started = trained
         for n, t in state.items():
-            if n not in self._generated:
-                self.client_state[n][clients] = t
-        return {n: state[n] - self._generated[n] for n in self.generated}
+            if n not in started:
+                self.client_state[n][rnd.clients] = t
+        return Payload.from_state({n: state[n] - started[n] for n in self.generated}, rnd.clients)
 
-    def aggregate(self, rnd, clients, upload):
+    def aggregate(self, rnd: Round, upload: Payload) -> None:
         if self.hp.server_updates == "per_round":
-            self.hypernetwork_step(clients, {n: -t for n, t in upload.items()})
-        self._generated = None
+            self.hypernetwork_step(upload.clients, {n: -t for n, t in upload.state.items()})
 
     def hypernetwork_step(self, clients: Tensor, grad_theta: dict[str, Tensor]) -> None:
         """One optimizer step on sum_k <h(v_k; phi), grad_theta_k> (grad_theta = theta_before -
@@ -260,9 +271,9 @@ class PFedHN(Algorithm):
     NEWCOMER_EPOCHS = 5
     NEWCOMER_STREAM = "pfedhn.newcomers"
 
-    def newcomer_models(self, rnd, newcomers):
+    def newcomer_models(self, serving: Serving):
         """Frozen hypernetwork, a fitted embedding per newcomer (see the module docstring)."""
-        fed, hp = newcomers, self.hp
+        fed, hp, rnd = serving.clients, self.hp, serving.round
         count = fed.num_clients
         everyone = torch.arange(count, device=fed.device)
         start = fed.init_state(count)

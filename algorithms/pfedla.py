@@ -62,8 +62,10 @@ from pydantic import Field
 from torch import Tensor
 
 from pflbench import streams
-from pflbench.algorithm import ALGORITHMS, Algorithm, Capabilities, Card, Hyperparams
+from pflbench.algorithm import ALGORITHMS, Algorithm, Capabilities, Card, Hyperparams, Payload, Round, Serving
 from pflbench.newcomers.batchnorm import fit_batchnorm_statistics
+
+RETAINED = "retained"  # the download's header: [K, L] bool, the layers each client keeps (not sent)
 
 
 @ALGORITHMS.register("pfedla", card=Card(
@@ -172,63 +174,74 @@ class PFedLA(Algorithm):
         return keep
 
     # ---- the round -------------------------------------------------------------------------------
-    def configure(self, rnd, clients):
+    def configure(self, rnd: Round) -> Payload:
+        """Each client's aggregated model theta_bar (Eq. 6) from its alpha; with HeurpFedLA's retained
+        layers, one dict per client without its own (the header says which: `RETAINED`)."""
         with torch.no_grad():
-            alpha = self.alphas(clients)
-            self._keep = self.retained(alpha, clients)           # [K, L]
-            self._theta_bar = self.aggregate_params(alpha)
-        return self._download(self._theta_bar, self._keep)
-
-    def _download(self, tensors: dict[str, Tensor], keep: Tensor) -> dict | list[dict]:
-        """Every parameter tensor; with retained layers, one dict per client without its own."""
+            alpha = self.alphas(rnd.clients)
+            keep = self.retained(alpha, rnd.clients)           # [K, L]
+            theta_bar = self.aggregate_params(alpha)
         if not self.hp.retain_layers:
-            return dict(tensors)
-        return [{p: t[k] for p, t in tensors.items() if not keep[k, self.layer_of[p]]}
-                for k in range(len(keep))]
+            return Payload.from_state(dict(theta_bar), rnd.clients, header={RETAINED: keep})
+        return Payload.from_rows([{p: t[k] for p, t in theta_bar.items() if not keep[k, self.layer_of[p]]}
+                                  for k in range(len(keep))], rnd.clients, header={RETAINED: keep})
 
-    def receive(self, rnd, clients, download):
-        state = {name: own[clients] for name, own in self.client_state.items()}  # buffers: the client's own
-        for p in self.fed.model.param_names:
-            if isinstance(download, dict):
-                state[p] = download[p]
-            else:  # retained layers: the client's own parameters
-                state[p] = torch.stack([own.get(p, mine) for own, mine in zip(download, state[p])])
-        self._start = {p: state[p].clone() for p in self.fed.model.param_names}  # what each client trains from
+    def _started(self, rnd: Round, download: Payload) -> dict[str, Tensor]:
+        """Each client's parameters at the start of its training: the download, and its own where it
+        retained a layer (read before `send` stores the trained ones)."""
+        params = self.fed.model.param_names
+        if download.is_stacked:
+            sent = download.state
+            return {p: sent[p] for p in params}
+        rows = download.rows
+        return {p: torch.stack([row.get(p, mine) for row, mine in zip(rows, self.client_state[p][rnd.clients])])
+                for p in params}
+
+    def receive(self, rnd: Round, download: Payload):
+        state = {name: own[rnd.clients] for name, own in self.client_state.items()}  # buffers: the client's own
+        state.update(self._started(rnd, download))
         return state
 
-    def send(self, rnd, clients, state):
+    def send(self, rnd: Round, state) -> Payload:
+        start = self._started(rnd, rnd.download)
         for name, t in state.items():
-            self.client_state[name][clients] = t
+            self.client_state[name][rnd.clients] = t
         # Delta theta_i of every layer, retained ones included (Algorithm 2, line 16): the same upload as
         # pFedLA's; HeurpFedLA saves only on the download.
-        return {p: state[p] - self._start[p] for p in self.fed.model.param_names}
+        return Payload.from_state({p: state[p] - start[p] for p in self.fed.model.param_names}, rnd.clients)
 
-    def aggregate(self, rnd, clients, upload):
-        keep = self._keep
+    def aggregate(self, rnd: Round, upload: Payload) -> None:
+        """The hypernetworks of the arrived clients step on their deltas (chain rule through theta_bar);
+        the server's copy of each arrived client becomes what it started from plus its delta."""
+        clients, delta = upload.clients, upload.state
+        download = rnd.download
+        keep = download.header[RETAINED][upload.positions]
         signal = {}
         for p in self.fed.model.param_names:
             # -delta is the descent signal for theta_bar (Eq. 10-11). A retained layer did not come from
             # alpha this round (the client trained its own copy), so it gives the hypernetwork none.
-            aggregated = (~keep[:, self.layer_of[p]]).to(upload[p].dtype).view(-1, *[1] * (upload[p].dim() - 1))
-            signal[p] = (1 if self.hp.hn_sign == "ascend" else -1) * upload[p] * aggregated
+            aggregated = (~keep[:, self.layer_of[p]]).to(delta[p].dtype).view(-1, *[1] * (delta[p].dim() - 1))
+            signal[p] = (1 if self.hp.hn_sign == "ascend" else -1) * delta[p] * aggregated
         grads = self.hypernetwork_grads(clients, signal)
         with torch.no_grad():
             self.hypernetwork_step(clients, grads)
+            sent = self._sent(download, upload.positions)
             for p in self.fed.model.param_names:  # theta_i = (what client i started from) + delta_i
-                own = keep[:, self.layer_of[p]].view(-1, *[1] * (upload[p].dim() - 1))
-                start = torch.where(own, self.server_params[p][clients], self._theta_bar[p])
-                self.server_params[p][clients] = start + upload[p]
-        self._theta_bar = self._keep = self._start = None
+                own = keep[:, self.layer_of[p]].view(-1, *[1] * (delta[p].dim() - 1))
+                start = torch.where(own, self.server_params[p][clients], sent[p])
+                self.server_params[p][clients] = start + delta[p]
         self._alpha_cache = None
 
-    def aggregate_arrived(self, rnd, clients, upload, positions):
-        """Dropped uploads: the round's retained layers and aggregated models of the clients that arrived."""
-        self._keep = self._keep[positions]
-        self._theta_bar = {p: t[positions] for p, t in self._theta_bar.items()}
-        if len(positions):
-            self.aggregate(rnd, clients[positions], upload)
-        else:
-            self._theta_bar = self._keep = self._start = None
+    def _sent(self, download: Payload, positions: Tensor) -> dict[str, Tensor]:
+        """theta_bar of the clients at `positions`, as downloaded (rows of a retained layer: the
+        server's copy, which `aggregate` takes there instead)."""
+        if download.is_stacked:
+            sent = download.state
+            return sent if len(positions) == len(download) else {p: t[positions] for p, t in sent.items()}
+        rows = [download.row(k) for k in positions.tolist()]
+        clients = download.clients[positions]
+        return {p: torch.stack([row.get(p, mine) for row, mine in zip(rows, self.server_params[p][clients])])
+                for p in self.fed.model.param_names}
 
     def hypernetwork_step(self, clients: Tensor, grads: dict[str, Tensor]) -> None:
         """One step of each client's hypernetwork on its gradient (Adam per client, or plain SGD).
@@ -294,12 +307,13 @@ class PFedLA(Algorithm):
                     theta[p][own] = self.client_state[p][own]
         return {name: theta.get(name, self.client_state[name]) for name in self.fed.model.names}
 
-    def newcomer_models(self, rnd, newcomers):
+    def newcomer_models(self, serving: Serving):
         """A newcomer has no hypernetwork of its own (pFedLA keeps one per client and the paper does
         not serve new clients): it gets the uniform aggregate, alpha = 1/N for every layer, which
         is where every client's aggregation weights start (the default `head_init`). BatchNorm
         statistics never leave the clients, so the server has none to give: the newcomer's are
         estimated on its own train split (`fit_batchnorm_statistics`)."""
+        newcomers = serving.clients
         count = newcomers.num_clients
         with torch.no_grad():
             uniform = {p: t.mean(0, keepdim=True) for p, t in self.server_params.items()}  # the server's theta_j

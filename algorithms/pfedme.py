@@ -76,7 +76,7 @@ from pydantic import Field
 
 from pflbench.steps import (finite, keep_inactive, loss_and_grads, per_client, restore_inactive, rows_where,
                             sgd_step, step_ids)
-from pflbench.algorithm import ALGORITHMS, Algorithm, Card, Hyperparams
+from pflbench.algorithm import ALGORITHMS, Algorithm, Card, Hyperparams, Payload, Round
 from pflbench.training import Diverged, weighted_mean
 
 
@@ -103,20 +103,22 @@ class PFedMe(Algorithm):
         super().setup()
         self.personal_state = self.fed.init_state(self.fed.num_clients)  # theta_i, never sent
 
-    def configure(self, rnd, clients):
+    def configure(self, rnd: Round) -> Payload:
         """The global model for each sampled client; with `train_all_clients`, one message per client
         (the sampled ones first, in order, then the others), so the bytes of the N downloads are
         counted."""
-        download = super().configure(rnd, clients)
+        download = super().configure(rnd)
         if not self.hp.train_all_clients:
             return download
-        everyone = len(clients) + len(self._others(clients))
-        return [{n: self.global_state[n][0] for n in self.fed.model.names} for _ in range(everyone)]
+        everyone = torch.cat([rnd.clients, self._others(rnd.clients)])
+        return Payload.from_rows([{n: self.global_state[n][0] for n in self.fed.model.names} for _ in range(len(everyone))],
+                                 everyone)
 
-    def receive(self, rnd, clients, download):
-        if isinstance(download, list):  # train_all_clients: the sampled clients' messages come first
-            download = {n: torch.stack([m[n] for m in download[: len(clients)]]) for n in download[0]}
-        return super().receive(rnd, clients, download)
+    def receive(self, rnd: Round, download: Payload):
+        if len(download) > len(rnd.clients):  # train_all_clients: the sampled clients' messages come first
+            rows = download.rows[: len(rnd.clients)]
+            download = Payload.from_state({n: torch.stack([m[n] for m in rows]) for n in rows[0]}, rnd.clients)
+        return super().receive(rnd, download)
 
     def _others(self, clients):
         """The clients not sampled this round (ascending)."""
@@ -124,7 +126,8 @@ class PFedMe(Algorithm):
         mask[clients] = False
         return torch.nonzero(mask).flatten()
 
-    def local_train(self, rnd, clients, state):
+    def local_train(self, rnd: Round, state):
+        clients = rnd.clients
         k = len(clients)
         if self.hp.train_all_clients:  # the unsampled clients train too, from the same global model
             others = self._others(clients)
@@ -167,11 +170,11 @@ class PFedMe(Algorithm):
             raise Diverged(f"non-finite pFedMe parameters for clients {clients.tolist()}")
         return local, personal
 
-    def aggregate(self, rnd, clients, upload):
+    def aggregate(self, rnd: Round, upload: Payload) -> None:
         """w <- (1 - beta) w + beta * (uniform mean of the sampled clients' w)."""
-        weights = torch.full((len(clients),), 1.0 / len(clients), device=self.fed.device)
+        weights = torch.full((len(upload),), 1.0 / len(upload), device=self.fed.device)
         beta = self.hp.beta
-        for n, t in upload.items():
+        for n, t in upload.state.items():
             mean = weighted_mean(t, weights).unsqueeze(0)
             old = self.global_state[n]
             self.global_state[n] = (1 - beta) * old + beta * mean if t.is_floating_point() else mean

@@ -1,15 +1,26 @@
 """The algorithm API: one class per method, one hook per concern (after Flower's Strategy).
 
-A round, as the engine (`pflbench.rounds.run_rounds`) drives it:
+A round, as the engine (`pflbench.rounds.run_round`) drives it, with `rnd` the round's context
+(`pflbench.round_context.Round`: its number, the sampled clients `rnd.clients`, their share of the
+local work, and from `receive` on what the server sent, `rnd.download`):
 
-    download = alg.configure(rnd, clients)                 # server -> each sampled client   (bytes down)
-    state    = alg.receive(rnd, clients, download)         # client: the model it will train
-    state    = alg.local_train(rnd, clients, state)        # client: local SGD (batched across clients)
-    upload   = alg.send(rnd, clients, state)               # client -> server; keeps its local part (bytes up)
-    alg.aggregate(rnd, clients, upload)                    # server
-    ... every eval_every rounds: alg.personalized() is evaluated on every client's test split
-        (and, with the cell's finetune_epochs > 0, alg.adapt_locally(...) of it too: the adapted protocol)
-        and, in a cell with unseen clients, alg.newcomer_models(rnd, fed.newcomers) on theirs
+    download = alg.configure(rnd)                 # server -> each sampled client: a Payload  (bytes down)
+    state    = alg.receive(rnd, download)         # client: the model it will train
+    state    = alg.local_train(rnd, state)        # client: local SGD (batched across clients)
+    upload   = alg.send(rnd, state)               # client -> server, keeps its local part: a Payload (bytes up)
+    alg.aggregate(rnd, upload.arrived())          # server: the uploads that reached it (system.dropout)
+    ... every eval_every rounds, with `serving` the evaluation's context (`pflbench.serving.Serving`:
+        the clients served, the round, the adaptation epochs): alg.personalized() scored by
+        alg.evaluate(serving, models, splits) on every client's own splits, after
+        alg.adapt_locally(serving, models) too (the adapted protocol), and, in a cell with unseen clients,
+        alg.newcomer_models(serving) for the newcomers, served through their own Serving
+
+No hook reads what another hook left in a shared field: what a hook needs of the round comes in its
+arguments (frozen), what it sends is its return value. What crosses the network is a
+`pflbench.payload.Payload` (per-client tensors, stacked or one dict per client): the engine counts the
+bytes of exactly these, so an algorithm's communication is whatever its hooks exchange — nothing to
+declare separately. (Hooks written in the form before the round context still work for one release,
+with a DeprecationWarning: pflbench.legacy_hooks.)
 
 State for checkpoints (`pflbench.checkpoint`): `state_dict()` / `load_state_dict()` capture everything
 a cell needs to continue after round r. The base class walks the instance's attributes (all but `fed`
@@ -18,10 +29,6 @@ dicts, are captured as they are; an attribute holding an object with its own sta
 optimizer, a torch or numpy random generator) must be named in `state_objects`, and anything else
 fails loudly (`StateError`) until the algorithm extends the contract — so a method added later with
 state the contract cannot see fails the registry-wide resume test instead of resuming wrongly.
-
-Every tensor that crosses the network is a `State`: a dict of tensors stacked along a leading client
-dimension (row j belongs to `clients[j]`). The engine counts the bytes of exactly these dicts, so an
-algorithm's communication is whatever its hooks exchange — nothing to declare separately.
 
 The base class is FedAvg-shaped partial personalization: the server keeps one global model, each
 client keeps its own copy of everything, and `is_local(name)` says which tensors never leave the
@@ -32,20 +39,22 @@ mixing, regularized objectives) override the hooks they need. See `algorithms/RE
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, ValidationError
-from torch import Tensor
 
 from pflbench.capabilities import LEGACY_CAPABILITY_ATTRIBUTES, Capabilities, Refusal, refusal
 from pflbench.card import FAMILIES, LEGACY_CARD_ATTRIBUTES, Card
+from pflbench.legacy_hooks import LegacyHooks
+from pflbench.payload import Payload
 from pflbench.registry import Registry
+from pflbench.round_context import Round
+from pflbench.serving import Models, Scored, Scores, Serving
 from pflbench.training import State, weighted_mean
 
 if TYPE_CHECKING:
@@ -64,7 +73,13 @@ __all__ = [
     "Capabilities",
     "Card",
     "Hyperparams",
+    "Models",
+    "Payload",
     "Refusal",
+    "Round",
+    "Scored",
+    "Scores",
+    "Serving",
     "StateError",
     "get_algorithm",
 ]
@@ -147,7 +162,7 @@ class Hyperparams(BaseModel):
 _Hyperparams = Hyperparams  # the base class, for annotations inside Algorithm (whose `Hyperparams` is a ClassVar)
 
 
-class Algorithm:
+class Algorithm(LegacyHooks):
     name: ClassVar[str] = ""  # the registered name (set by `ALGORITHMS.register`)
     # How reports show the method (pflbench.card): the class's own, set by `ALGORITHMS.register`.
     card: ClassVar[Card] = Card()
@@ -243,42 +258,53 @@ class Algorithm:
     def shared_names(self) -> list[str]:
         return [n for n in self.fed.model.names if not self.stays_on_client(n)]
 
-    # ---- the round's hooks -----------------------------------------------------------------------
-    def configure(self, rnd: int, clients: Tensor) -> State:
-        """What the server sends each sampled client: by default the global model's shared part."""
-        return {
-            n: self.global_state[n].expand(len(clients), *self.global_state[n].shape[1:]) for n in self.shared_names()
-        }
+    # ---- the round's hooks (module doc; each receives the round's context `rnd`) -----------------
+    def configure(self, rnd: Round) -> Payload:
+        """Server, at the start of round `rnd`: what it sends each sampled client (`rnd.clients`), the
+        round's download. Default: the global model's shared part, stacked once per client."""
+        count = len(rnd.clients)
+        return Payload.from_state(
+            {n: self.global_state[n].expand(count, *self.global_state[n].shape[1:]) for n in self.shared_names()},
+            rnd.clients,
+        )
 
-    def receive(self, rnd: int, clients: Tensor, download: State) -> State:
-        """The model each client trains: the download, completed by the client's own local part."""
-        return {n: download[n] if n in download else self.client_state[n][clients] for n in self.fed.model.names}
+    def receive(self, rnd: Round, download: Payload) -> Any:
+        """Client, on receiving `download` (`configure`'s, also `rnd.download`): the state each sampled
+        client trains, whatever `local_train` takes. Default: the downloaded model, completed by the
+        client's own local part, stacked [K, ...]."""
+        sent = download.state
+        return {n: sent[n] if n in sent else self.client_state[n][rnd.clients] for n in self.fed.model.names}
 
-    def local_train(self, rnd: int, clients: Tensor, state: State) -> State:
-        return self.fed.train(rnd, clients, state).state
+    def local_train(self, rnd: Round, state: Any) -> Any:
+        """Client: local training of the sampled clients from `state` (`receive`'s); returns what `send`
+        takes. Train through the Federation with the round itself (`self.fed.train(rnd, rnd.clients,
+        state)`, `local_plans(rnd, ...)`, `pflbench.steps.step_ids(fed, rnd, ...)`): a straggler's plan
+        is then cut to its share of the work (`system.stragglers`). Default: the cell's local epochs of
+        SGD, batched across clients."""
+        return self.fed.train(rnd, rnd.clients, state).state
 
-    def send(self, rnd: int, clients: Tensor, state: State) -> State:
-        """Keep the trained model on the client; upload its shared part."""
+    def send(self, rnd: Round, state: Any) -> Payload:
+        """Client, after training: keeps what stays on the client and returns the upload. Default: the
+        trained model is the client's; its shared part is uploaded."""
         for n, t in state.items():
-            self.client_state[n][clients] = t
-        return {n: state[n] for n in self.shared_names()}
+            self.client_state[n][rnd.clients] = t
+        return Payload.from_state({n: state[n] for n in self.shared_names()}, rnd.clients)
 
-    def aggregate(self, rnd: int, clients: Tensor, upload: State) -> None:
-        """Sample-size-weighted average of the uploads (FedAvg)."""
-        weights = self.fed.train_sizes[clients].float()
+    def aggregate(self, rnd: Round, upload: Payload) -> None:
+        """Server, at the end of the round: the uploads that reached it (`upload.clients`; under
+        `system.dropout` some are missing, and `upload.positions` are the arrived ones' places among
+        `rnd.clients`). Not called when none arrived: the server keeps its state. Default: the
+        sample-size-weighted average of the uploads (FedAvg)."""
+        weights = self.fed.train_sizes[upload.clients].float()
         weights = weights / weights.sum()
-        for n, t in upload.items():
+        for n, t in upload.state.items():
             self.global_state[n] = weighted_mean(t, weights).unsqueeze(0)
 
-    def aggregate_arrived(self, rnd: int, clients: Tensor, upload: Any, positions: Tensor) -> None:
-        """Aggregate the uploads that reached the server (`system.dropout`; with `privacy`, noised):
-        `upload` holds only those, from `clients[positions]`. When none arrived the server keeps its
-        state. Override where `aggregate` reads round state kept by position (e.g. FedFomo)."""
-        if len(positions):
-            self.aggregate(rnd, clients[positions], upload)
-
-    def personalized(self) -> State:
-        """Every client's personalized model [N, ...]: the global shared part with its local part."""
+    # ---- evaluation's hooks (each receives the population it serves, `serving`) ---------------------
+    def personalized(self) -> Models:
+        """Every trained client's personalized model, as it stands after the last aggregation (called at
+        every evaluation, between rounds): a State [N, ...], in a heterogeneous cell one State per group
+        (rows: `fed.group_clients[g]`). Default: the global shared part with each client's local part."""
         n_clients = self.fed.num_clients
         return {
             n: (
@@ -289,53 +315,36 @@ class Algorithm:
             for n in self.fed.model.names
         }
 
-    def evaluate(self, personal: Any, split: str) -> tuple[Tensor, Tensor]:
-        """Accuracy and loss [N] of every client's personalized model on its own `split`. Override
-        only for models the engine cannot call (e.g. FedMN's routed module pool)."""
-        return self.fed.evaluate_personalized(personal, split)
+    def evaluate(self, serving: Serving, models: Models, splits: tuple[str, ...]) -> Scores:
+        """split -> (accuracy [N], loss [N]) of `models` (`personalized`'s, `adapt_locally`'s or
+        `newcomer_models`', one per client of `serving.clients`) on each client's own `splits`. Called
+        at every evaluation. Default: the engine scores them, every split in one pass over each client's
+        samples; override only for models the engine cannot call (e.g. FedMN's routed module pool)."""
+        return serving.clients.evaluate_personalized_splits(models, splits)
 
-    def evaluate_splits(self, personal: Any, splits: tuple[str, ...]) -> dict[str, tuple[Tensor, Tensor]]:
-        """`evaluate` on each of `splits` (split -> (accuracy, loss)): in one pass over each client's
-        samples where the engine scores the models, split by split where the algorithm overrides
-        `evaluate`."""
-        if type(self).evaluate is not Algorithm.evaluate:
-            return {split: self.evaluate(personal, split) for split in splits}
-        return self.fed.evaluate_personalized_splits(personal, splits)
-
-    def adapt_locally(self, personal: Any, rnd: int, epochs: int) -> Any:
-        """Every client's personalized model after `epochs` of plain local SGD on its own train split
-        (the after-local-adaptation protocol), as a new object: nothing is written back into the
-        algorithm's state. Override only where `personalized()` is not a model the engine can train
-        (e.g. FedMN's routed module pool)."""
-        return self.fed.adapt_locally(personal, rnd, epochs)
+    def adapt_locally(self, serving: Serving, models: Models) -> Models:
+        """The clients' `models` after `serving.adapt_epochs` of plain local SGD on each one's own train
+        split (the after-local-adaptation protocol; called at evaluations of a cell with finetune_epochs
+        > 0), as new objects: nothing is written back into the algorithm's state. Models returned as
+        `pflbench.serving.Scored` are taken as scored. Override only where `personalized()` is not a
+        model the engine can train (e.g. FedMN's routed module pool)."""
+        return serving.clients.adapt_locally(models, serving.round, serving.adapt_epochs)
 
     # ---- unseen clients ----------------------------------------------------------------------------
-    def newcomer_models(self, rnd: int, newcomers: "Federation") -> State:
-        """The models [U, ...] this algorithm gives clients it has never seen (`newcomers`, a
-        Federation over them: fit on its splits only), as a new object; nothing is written back.
-        Default (FedAvg-shaped): the global model's shared part; a local part, where there is one,
-        starts from the initial model and is trained on the newcomer's train split for the cell's
-        `local_epochs` with the shared part frozen (FedRep's procedure for new clients). So FedAvg,
-        FedProx, Ditto, APFL, L2GD, pFedMe get the global model; FedPer, LG-FedAvg, FedBN fit their
-        personal layers."""
-        return self.fit_local_part(rnd, newcomers, self.fed.cell.local_epochs)
+    def newcomer_models(self, serving: Serving) -> Models:
+        """The models this algorithm gives clients it has never seen (`serving.clients`, the newcomers'
+        Federation: fit on its splits only), at evaluations of a cell with unseen clients, as new
+        objects; nothing is written back. Default (FedAvg-shaped): the global model's shared part; a
+        local part, where there is one, starts from the initial model and is trained on the newcomer's
+        train split for the cell's `local_epochs` with the shared part frozen (FedRep's procedure for new
+        clients). So FedAvg, FedProx, Ditto, APFL, L2GD, pFedMe get the global model; FedPer, LG-FedAvg,
+        FedBN fit their personal layers."""
+        return self.fit_local_part(serving, self.fed.cell.local_epochs)
 
-    @contextlib.contextmanager
-    def serving(self, newcomers: "Federation") -> Iterator["Federation"]:
-        """While the block runs, `self.fed` is the newcomers' Federation, so that hooks written for
-        the trained clients (`evaluate`, `adapt_locally`, helpers reading `self.fed`) work on the
-        newcomers' splits. Used to score newcomers' models; nothing of training runs meanwhile."""
-        trained, self.fed = self.fed, newcomers
-        try:
-            yield newcomers
-        finally:
-            self.fed = trained
-
-    def fit_local_part(
-        self, rnd: int, newcomers: "Federation", epochs: int, trainable: list[str] | None = None
-    ) -> State:
+    def fit_local_part(self, serving: Serving, epochs: int, trainable: list[str] | None = None) -> State:
         """The global shared part with the initial local part, that local part (or `trainable`)
-        trained for `epochs` on each newcomer's train split."""
+        trained for `epochs` on each of `serving.clients`' train split."""
+        newcomers = serving.clients
         count = newcomers.num_clients
         start = newcomers.init_state(count)
         for n in self.shared_names():
@@ -346,7 +355,7 @@ class Algorithm:
             return start
         everyone = torch.arange(count, device=newcomers.device)
         return newcomers.train(
-            rnd, everyone, start, trainable=trainable, epochs=epochs, stream="batches.newcomer-fit"
+            serving.round, everyone, start, trainable=trainable, epochs=epochs, stream="batches.newcomer-fit"
         ).state
 
     # ---- checkpoints (module doc; pflbench.checkpoint) ---------------------------------------------

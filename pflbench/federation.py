@@ -7,7 +7,6 @@ and privacy knobs' per-client plans. The round driver that calls the hooks is `p
 """
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,7 +20,8 @@ from pflbench.data.normalization import normalized_for_cell
 from pflbench.models import build_model, client_groups, default_model, is_heterogeneous
 from pflbench.newcomers.ids import newcomer_ids, seen_ids
 from pflbench.privacy import PrivacyPlan
-from pflbench.system import SystemPlan
+from pflbench.round_context import Round, round_number, work_of
+from pflbench.system import SystemPlan, cut
 from pflbench.training import (SGD, ClientModel, Objective, State, batch_plan, cross_entropy,
                                evaluate_client_splits, to_channels_last, train_clients)
 
@@ -49,64 +49,119 @@ def federation_device(execution: ExecutionOptions) -> torch.device:
     return torch.device(execution.device or "cpu")
 
 
+@dataclass
+class CellData:
+    """What every population of one cell shares — the trained clients' Federation and the newcomers'
+    (pflbench.newcomers): the cell's data on the device (normalised, shifted), its models, its
+    optimizer, how it runs, and the system knob's plan. Built once per cell (`cell_data`); a
+    Federation holds one population of it (`Federation.of_clients`)."""
+
+    cell: CellConfig
+    execution: ExecutionOptions
+    device: torch.device
+    features: Tensor
+    labels: Tensor
+    shifts: object
+    num_classes: int
+    input_shape: tuple
+    _split_names: list[str]
+    heterogeneous: bool
+    model_name: str
+    _model: ClientModel | None
+    group_names: list[str]
+    _partition_groups: list  # each group's partition ids; a Federation maps them to its positions
+    models: list[ClientModel]
+    sgd: SGD
+    batched: bool
+    compiled: bool
+    channels_last: bool
+    client_threads: int
+    system: SystemPlan | None
+
+
+def cell_data(cell: CellConfig, dataset, splits, execution: ExecutionOptions = ExecutionOptions(),
+              algorithm_batched: bool = True, withhold_test: bool = False) -> CellData:
+    """The cell's `CellData` (see `Federation` for the arguments)."""
+    device = federation_device(execution)
+    # Normalisation statistics of the trained clients' train splits (pflbench.data.normalization).
+    dataset = normalized_for_cell(dataset, cell.normalization, splits,
+                                  seen_ids(cell.unseen_fraction, splits.num_clients, cell.seed))
+    # Feature and concept shift (pflbench.shifts), applied once to every partition client's samples.
+    features, labels, applied = shifts.apply(cell, dataset, splits, dataset.normalized(device),
+                                             dataset.labels.to(device))
+    heterogeneous = is_heterogeneous(cell.model)
+    if not heterogeneous:
+        model_name = default_model(dataset.input_shape) if cell.model == "auto" else cell.model
+        model = ClientModel(build_model(model_name, dataset.input_shape, dataset.num_classes))
+        groups = [(model_name, list(range(splits.num_clients)))]
+    else:  # one architecture per group of clients (pflbench.models.client_groups)
+        model_name, model = cell.model, None
+        groups = client_groups(cell.model, splits.num_clients)
+    # Model heterogeneity: group g's clients share architecture `models[g]`; a homogeneous cell
+    # is one group. Algorithms train and evaluate one group at a time (`by_group`).
+    group_names = [name for name, _ in groups]
+    models = [model] if model is not None else [
+        ClientModel(build_model(name, dataset.input_shape, dataset.num_classes)) for name in group_names]
+    # How it runs (pflbench.execution): none of it changes what the cell computes.
+    channels_last = execution.use_channels_last(device, any(m.has_conv for m in models))
+    for m in models:
+        m.channels_last = channels_last
+    if channels_last and features.dim() == 4:  # batches gathered from it keep the order
+        features = to_channels_last(features)
+    return CellData(
+        cell=cell, execution=execution, device=device, features=features, labels=labels, shifts=applied,
+        num_classes=dataset.num_classes, input_shape=tuple(features.shape[1:]),  # one sample, as models receive it
+        _split_names=[name for name in SPLITS if not (withhold_test and name == "test")],
+        heterogeneous=heterogeneous, model_name=model_name, _model=model, group_names=group_names,
+        _partition_groups=[ids for _, ids in groups], models=models,
+        sgd=SGD(cell.lr, cell.momentum, cell.weight_decay), batched=execution.batched(device, algorithm_batched),
+        compiled=execution.compiled(), channels_last=channels_last,
+        client_threads=execution.side_by_side(device, torch.get_num_threads()),
+        # System heterogeneity: drawn once from the seed over partition ids (None when off).
+        system=SystemPlan.from_cell(cell))
+
+
 class Federation:
     """What an algorithm may use about the simulated clients of one cell.
 
     `withhold_test=True` (tuning) leaves the clients' test indices out entirely: they are never read
-    from `splits`, and `fed.splits` has no "test" entry, so nothing in the run can look at them."""
+    from `splits`, and `fed.splits` has no "test" entry, so nothing in the run can look at them.
+
+    Unseen clients (pflbench.newcomers): this Federation holds the seen clients only, and `newcomers`
+    (None without the knob) is a Federation of its own over the held-out ones, for evaluation alone,
+    made from the same `CellData` (`of_clients`)."""
 
     def __init__(self, cell: CellConfig, dataset, splits, execution: ExecutionOptions = ExecutionOptions(),
                  algorithm_batched: bool = True, withhold_test: bool = False):
-        self.cell = cell
-        self.execution = execution
-        self.device = federation_device(execution)
-        # Normalisation statistics of the trained clients' train splits (pflbench.data.normalization).
-        dataset = normalized_for_cell(dataset, cell.normalization, splits,
-                                      seen_ids(cell.unseen_fraction, splits.num_clients, cell.seed))
-        # Feature and concept shift (pflbench.shifts), applied once to every partition client's samples.
-        self.features, self.labels, self.shifts = shifts.apply(cell, dataset, splits, dataset.normalized(self.device),
-                                                               dataset.labels.to(self.device))
-        self.num_classes = dataset.num_classes
-        self.input_shape = tuple(self.features.shape[1:])  # one sample's input, as models receive it
-        self._split_names = [name for name in SPLITS if not (withhold_test and name == "test")]
-        self.heterogeneous = is_heterogeneous(cell.model)
-        if not self.heterogeneous:
-            model_name = default_model(dataset.input_shape) if cell.model == "auto" else cell.model
-            self.model_name = model_name
-            self._model = ClientModel(build_model(model_name, dataset.input_shape, dataset.num_classes))
-            groups = [(model_name, list(range(splits.num_clients)))]
-        else:  # one architecture per group of clients (pflbench.models.client_groups)
-            self.model_name = cell.model
-            self._model = None
-            groups = client_groups(cell.model, splits.num_clients)
-        # Model heterogeneity: group g's clients share architecture `models[g]`; a homogeneous cell
-        # is one group. Algorithms train and evaluate one group at a time (`by_group`).
-        self.group_names = [name for name, _ in groups]
-        self._partition_groups = [ids for _, ids in groups]  # by partition id; `_hold` maps them to positions
-        self.models = [self._model] if self._model is not None else [
-            ClientModel(build_model(name, dataset.input_shape, dataset.num_classes)) for name in self.group_names]
-        self.sgd = SGD(cell.lr, cell.momentum, cell.weight_decay)
-        # How it runs (pflbench.execution): none of it changes what the cell computes.
-        self.batched = execution.batched(self.device, algorithm_batched)
-        self.compiled = execution.compiled()
-        self.channels_last = execution.use_channels_last(self.device, any(model.has_conv for model in self.models))
-        for model in self.models:
-            model.channels_last = self.channels_last
-        if self.channels_last and self.features.dim() == 4:  # batches gathered from it keep the order
-            self.features = to_channels_last(self.features)
-        self.client_threads = execution.side_by_side(self.device, torch.get_num_threads())
-        # Unseen clients (pflbench.newcomers): this Federation holds the seen clients only, and
-        # `newcomers` (None without the knob) the held-out ones, for evaluation alone.
-        self._hold(splits, seen_ids(cell.unseen_fraction, splits.num_clients, cell.seed))
-        # System and privacy heterogeneity: drawn once from the seed over partition ids (None when off),
-        # for the trained clients' schedule; the newcomers' copy shares them and never trains a round.
-        self.system = SystemPlan.from_cell(cell)
+        data = cell_data(cell, dataset, splits, execution, algorithm_batched, withhold_test)
+        self._serve(data, splits, seen_ids(cell.unseen_fraction, splits.num_clients, cell.seed))
+        # Privacy heterogeneity: drawn once from the seed over partition ids (None when off), for the
+        # trained clients' schedule; the newcomers share it and never train a round.
         self.privacy = PrivacyPlan.from_cell(cell, self.client_ids[self.schedule], self.num_clients, self.models)
-        self.local_round: int | None = None  # the round whose local training is running (stragglers)
         self.newcomers: Federation | None = None
         if cell.unseen_fraction:
-            self.newcomers = copy.copy(self)
-            self.newcomers._hold(splits, newcomer_ids(cell.unseen_fraction, splits.num_clients, cell.seed))
+            self.newcomers = Federation.of_clients(
+                data, splits, newcomer_ids(cell.unseen_fraction, splits.num_clients, cell.seed), self.privacy)
+
+    @classmethod
+    def of_clients(cls, data: CellData, splits, client_ids: np.ndarray, privacy: PrivacyPlan | None) -> "Federation":
+        """A Federation over the partition's clients `client_ids` of the cell whose `data` it shares."""
+        fed = cls.__new__(cls)
+        fed._serve(data, splits, client_ids)
+        fed.privacy, fed.newcomers = privacy, None
+        return fed
+
+    def _serve(self, data: CellData, splits, client_ids: np.ndarray) -> None:
+        """This Federation: the cell's `data` for the clients `client_ids`."""
+        self.cell_data = data
+        self.cell, self.execution, self.device = data.cell, data.execution, data.device
+        self.features, self.labels, self.shifts = data.features, data.labels, data.shifts
+        self.num_classes, self.input_shape, self._split_names = data.num_classes, data.input_shape, data._split_names
+        self.heterogeneous, self.model_name, self._model = data.heterogeneous, data.model_name, data._model
+        self.group_names, self._partition_groups, self.models = data.group_names, data._partition_groups, data.models
+        self.sgd, self.batched, self.compiled = data.sgd, data.batched, data.compiled
+        self.channels_last, self.client_threads, self.system = data.channels_last, data.client_threads, data.system
+        self._hold(splits, client_ids)
 
     def _hold(self, splits, client_ids: np.ndarray) -> None:
         """Make this Federation hold the partition's clients `client_ids` (positions 0..len-1)."""
@@ -154,17 +209,24 @@ class Federation:
             return self.model.init(num, self.cell.seed, self.device)
         return self.models[group].init(num, self.cell.seed, self.device)
 
-    def batch_generators(self, rnd: int, clients: Tensor, salt: int | None = None, *,
+    def round(self, number: int, clients: Tensor) -> Round:
+        """Round `number`'s context for the sampled `clients` (what the engine hands the hooks): with
+        the system knob, every client's share of its local work this round (`system.stragglers`)."""
+        work = None if self.system is None else tuple(self.system.work[number - 1, self.client_ids].tolist())
+        return Round(number, clients, work)
+
+    def batch_generators(self, rnd: int | Round, clients: Tensor, salt: int | None = None, *,
                          stream: str | None = None) -> list[torch.Generator]:
         """One generator per client of the random `stream` (default "batches": the batch order) in round
         `rnd`, keyed by partition id: the same for every algorithm and for both training paths.
         (`salt` is the deprecated form of `stream`.)"""
         stream = streams.batch_stream(stream, salt)
+        number = round_number(rnd)
         # keyed by partition id (-1: pooled data)
-        return [streams.generator(self.cell.seed, stream, rnd, int(self.client_ids[c]) if c >= 0 else c)
+        return [streams.generator(self.cell.seed, stream, number, int(self.client_ids[c]) if c >= 0 else c)
                 for c in clients.tolist()]
 
-    def train(self, rnd: int, clients: Tensor, state: State, *, objective: Objective = cross_entropy,
+    def train(self, rnd: int | Round, clients: Tensor, state: State, *, objective: Objective = cross_entropy,
               aux: State | None = None, trainable=None, epochs: int | None = None,
               steps: int | None = None, split: str = "train", stream: str | None = None,
               model: ClientModel | None = None, targets: Tensor | None = None, salt: int | None = None) -> TrainResult:
@@ -174,14 +236,15 @@ class Federation:
         shared global model in a heterogeneous cell); `targets`, a per-sample table indexed like the
         dataset's labels, is what the objective receives instead of the labels (e.g. labels with a
         teacher's logits, for distillation). `stream`: the batch order's random stream (default
-        "batches"; `salt` is its deprecated form)."""
+        "batches"; `salt` is its deprecated form). `rnd`: the round's context (`Round`) for a round's
+        local training, whose stragglers do their share of the work; a round number otherwise."""
         plans = self.local_plans(rnd, clients, epochs=epochs, steps=steps, split=split,
                                  stream=streams.batch_stream(stream, salt))
         return self._train_on([self.splits[split][c] for c in clients.tolist()], plans,
                               model or self.model_of(clients), state, objective=objective, aux=aux,
                               trainable=trainable, targets=targets)
 
-    def train_pooled(self, rnd: int, clients: Tensor, state: State, *, epochs: int | None = None) -> TrainResult:
+    def train_pooled(self, rnd: int | Round, clients: Tensor, state: State, *, epochs: int | None = None) -> TrainResult:
         """One model (`state`, [1, ...]) trained on the union of `clients`' train splits, shuffled
         together: centralized training of the samples those clients hold (the `centralized` reference)."""
         pooled = [torch.cat([self.splits["train"][c] for c in clients.tolist()])]
@@ -199,22 +262,21 @@ class Federation:
                                         threads=self.client_threads)
         return TrainResult(new_state, loss)
 
-    def local_plans(self, rnd: int, clients: Tensor, *, epochs: int | None = None, steps: int | None = None,
+    def local_plans(self, rnd: int | Round, clients: Tensor, *, epochs: int | None = None, steps: int | None = None,
                     split: str = "train", stream: str | None = None, salt: int | None = None) -> list[Tensor]:
         """The engine's batch plan of each of `clients` in round `rnd`: positions into the client's
         `split` sample ids, [steps, batch_size] (`pflbench.training.batch_plan`), for `epochs` (None:
         the cell's local_epochs; 0: no step) or a fixed number of `steps`, in the batch order of
-        `batch_generators(rnd, clients, stream=stream)` (default "batches"; `salt`: its deprecated form). When this is round `rnd`'s local training, each
-        straggler's plan is already cut to its share of the work (`system.stragglers`); otherwise
-        (evaluation's adaptation, newcomers' fits, a knob that is off) nothing is cut.
-        Every trainer plans here: `train`, the custom steps of `pflbench.steps`, and algorithms with
-        their own training loops."""
+        `batch_generators(rnd, clients, stream=stream)` (default "batches"; `salt`: its deprecated
+        form). Given the round's context (`Round`: a round's local training), each straggler's plan is
+        cut to its share of the work (`system.stragglers`); given a round number (evaluation's
+        adaptation, newcomers' fits, ...) nothing is cut. Every trainer plans here: `train`, the custom
+        steps of `pflbench.steps`, and algorithms with their own training loops."""
         plans = self._plans([len(self.splits[split][c]) for c in clients.tolist()],
                             self.batch_generators(rnd, clients, stream=streams.batch_stream(stream, salt)),
                             epochs, steps)
-        if self.system is None or self.local_round != rnd:
-            return plans
-        return self.system.cut(rnd, [int(self.client_ids[c]) for c in clients.tolist()], plans)  # keyed by partition id
+        work = work_of(rnd, clients)
+        return plans if work is None else cut(plans, work)
 
     def sample_ids(self, client: int, split: str = "train") -> Tensor:
         """Client `client`'s (a position) sample ids in `split`, for `data`."""
@@ -241,14 +303,18 @@ class Federation:
         epochs = self.cell.local_epochs if epochs is None else epochs
         return batch_plan(sizes, self.cell.batch_size, epochs, steps, generators)
 
-    def arrived(self, rnd: int, clients: Tensor) -> Tensor | None:
+    def arrived(self, rnd: int | Round, clients: Tensor) -> Tensor | None:
         """[K] bool: whose upload reaches the server in round `rnd` (None: every upload, no dropout)."""
-        return None if self.system is None else self.system.arrived(rnd, torch.as_tensor(self.client_ids, device=clients.device)[clients])
+        if self.system is None:
+            return None
+        return self.system.arrived(round_number(rnd), torch.as_tensor(self.client_ids, device=clients.device)[clients])
 
-    def privatize(self, rnd: int, client: int, update: State) -> State:
+    def privatize(self, rnd: int | Round, client: int, update: State) -> State:
         """For algorithms with `dp_upload = "self"`: one client's update (unstacked tensors) as it
         leaves the client under the `privacy` knob (clipped and noised); unchanged when it is off."""
-        return update if self.privacy is None else self.privacy.privatize(rnd, int(self.client_ids[client]), update)
+        if self.privacy is None:
+            return update
+        return self.privacy.privatize(round_number(rnd), int(self.client_ids[client]), update)
 
     def adapt_locally(self, personal: State | list[State], rnd: int, epochs: int) -> State | list[State]:
         """Every client's model in `personal` after `epochs` of local SGD on its own train split: the

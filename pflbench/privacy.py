@@ -34,7 +34,9 @@ sum and refuse central DP (`refused_knobs["privacy.mode"]`).
 **A wrapper, not a branch of the rounds**: `with_privacy(algorithm)` wraps a method whose upload is a
 model or an update (`Algorithm.dp_upload`) in `PrivateUploads` (as Flower's
 `DifferentialPrivacyServerSideFixedClipping(strategy, ...)` wraps a strategy); the round driver runs
-the wrapper like any algorithm. A method that privatizes where its update leaves the client
+the wrapper like any algorithm. The wrapper only changes `send`: the update is formed against the
+round's download (`Round.download`), and the algorithm's `aggregate` receives the privatized uploads
+as it would receive its own. A method that privatizes where its update leaves the client
 (`dp_upload = "self"`) is not wrapped; one that cannot be privatized refuses the knob.
 
 **Neighbouring relation** (`relation`), the sensitivity S of one client's contribution:
@@ -84,6 +86,8 @@ import torch
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from pflbench import streams
+from pflbench.payload import Payload
+from pflbench.round_context import Round
 from pflbench.system import KnobParams, knob_problem
 
 CENTRAL = -1  # the generator key of the server's noise (no client has id -1)
@@ -307,19 +311,14 @@ def privacy_caption(settings: list[str]) -> str:
             "privacy.relation=replace (sensitivity 2 x clip).")
 
 
-def rows(upload, k: int) -> dict[str, torch.Tensor]:
-    """Client k's part of an upload: row k of a stacked State, or item k of a list of States."""
-    return upload[k] if isinstance(upload, list) else {n: t[k] for n, t in upload.items()}
-
-
-def privatize_upload(plan: PrivacyPlan, mode: str, rnd: int, clients: torch.Tensor, download, upload,
-                     arrived: torch.Tensor | None) -> list[dict[str, torch.Tensor]]:
+def privatize_upload(plan: PrivacyPlan, mode: str, rnd: int, clients: torch.Tensor, download: Payload | None,
+                     upload: Payload, arrived: torch.Tensor | None) -> list[dict[str, torch.Tensor]]:
     """The round's uploads as the server receives them, one dict per client: with `mode` "model" the
     update is upload - download (tensor by tensor), with "update" the upload itself. Dropped uploads
     (`arrived` False) never leave and come back as {}; the tensors in `plan.kept_local` never leave."""
     out, updates = [], {}
     for k, c in enumerate(clients.tolist()):
-        mine = {} if arrived is not None and not bool(arrived[k]) else rows(upload, k)
+        mine = {} if arrived is not None and not bool(arrived[k]) else upload.row(k)
         mine = {n: t for n, t in mine.items() if n not in plan.kept_local}
         out.append({})
         if not mine:  # dropped, or nothing leaves this client (e.g. Local): no release
@@ -327,7 +326,7 @@ def privatize_upload(plan: PrivacyPlan, mode: str, rnd: int, clients: torch.Tens
         if mode == "update" or (plan.mode == "local" and plan.budget[c] is None):
             updates[k] = (mine, None)  # already an update, or no DP: the upload leaves as it is
             continue
-        reference = rows(download, k) if download else {}
+        reference = download.row(k) if download is not None else {}
         missing = [n for n in mine if n not in reference]
         if missing:
             raise ValueError(f"privacy: upload tensors {missing[:3]} have no downloaded counterpart, so the "
@@ -349,42 +348,28 @@ def privatize_upload(plan: PrivacyPlan, mode: str, rnd: int, clients: torch.Tens
 
 class PrivateUploads:
     """A method whose uploads leave each client privatized (the `privacy` knob): it wraps any algorithm
-    whose upload is a model (`dp_upload = "model"`: the update is upload - download) or an update
-    (`"update"`), and stands for it in the round (every other attribute is the algorithm's). `send`
-    returns what the server receives, one dict per client ({} for an upload lost to `system.dropout`,
-    which is never released); `aggregate` / `aggregate_arrived` hand the algorithm those uploads in the
-    form it sent them. Algorithms that privatize where their update leaves the client (`"self"`:
+    whose upload is a model (`dp_upload = "model"`: the update is upload - download, the download
+    being the round's, `rnd.download`) or an update (`"update"`), and stands for it in the round (every
+    other attribute is the algorithm's). Its `send` returns what the server receives: the privatized
+    uploads, one per client, in the algorithm's form (read stacked where the algorithm's upload was),
+    the ones lost to `system.dropout` never released; the algorithm's `aggregate` receives them as any
+    upload. Algorithms that privatize where their update leaves the client (`"self"`:
     `Federation.privatize`) are not wrapped; those that cannot be privatized refuse the knob
     (`Capabilities.refused_knobs`)."""
 
     def __init__(self, algorithm: Any):
         self.algorithm = algorithm
-        self._download: Any = None
-        self._upload: Any = None
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.algorithm, name)
 
-    def configure(self, rnd: int, clients: torch.Tensor) -> Any:
-        self._download = self.algorithm.configure(rnd, clients)
-        return self._download
-
-    def send(self, rnd: int, clients: torch.Tensor, state: Any) -> list[dict[str, torch.Tensor]]:
+    def send(self, rnd: Round, state: Any) -> Payload:
         fed = self.algorithm.fed
-        self._upload = self.algorithm.send(rnd, clients, state)
-        return privatize_upload(fed.privacy, self.algorithm.dp_upload, rnd,
-                                torch.as_tensor(fed.client_ids)[clients.cpu()], self._download, self._upload,
-                                fed.arrived(rnd, clients))
-
-    def aggregate(self, rnd: int, clients: torch.Tensor, upload: list[dict[str, torch.Tensor]]) -> None:
-        self.aggregate_arrived(rnd, clients, upload, torch.arange(len(clients), device=clients.device))
-
-    def aggregate_arrived(self, rnd: int, clients: torch.Tensor, upload: list[dict[str, torch.Tensor]],
-                          positions: torch.Tensor) -> None:
-        from pflbench.training import restack
-
-        received = dict(zip(positions.tolist(), upload))
-        self.algorithm.aggregate_arrived(rnd, clients, restack(self._upload, received, positions), positions)
+        upload = self.algorithm.send(rnd, state)
+        arrived = fed.arrived(rnd, rnd.clients)
+        received = privatize_upload(fed.privacy, self.algorithm.dp_upload, rnd.number,
+                                    torch.as_tensor(fed.client_ids)[rnd.clients.cpu()], rnd.download, upload, arrived)
+        return Payload.from_rows(received, rnd.clients, upload.header, stacked=upload.is_stacked).delivered(arrived)
 
 
 def with_privacy(algorithm: Any) -> Any:

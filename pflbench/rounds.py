@@ -2,14 +2,16 @@
 
 `run_cell` is what the runner, the sweep and the tests call; `run_rounds` drives an algorithm's hooks
 round by round on a built `Federation` (`pflbench bench` and tests call it and `run_round` directly).
-A round, as driven here (the hooks are `pflbench.algorithm.Algorithm`'s):
+A round, as driven here (`run_round`; the hooks are `pflbench.algorithm.Algorithm`'s, each given the
+round's context, a frozen `pflbench.round_context.Round` made by `Federation.round`):
 
-    download = configure; state = receive; state = local_train; upload = send;
-    aggregate (or aggregate_arrived: only the uploads that reached the server). Under the privacy knob
+    download = configure; state = receive; state = local_train; upload = send (a Payload whose uploads
+    lost to system.dropout are marked); aggregate on the uploads that arrived. Under the privacy knob
     the rounds drive the algorithm wrapped in `pflbench.privacy.PrivateUploads` (its uploads leave the
     clients noised); the driver itself knows nothing of privacy.
     every eval_every rounds (and the last): score personalized() on the evaluated splits, after local
-    adaptation too (finetune_epochs), and the newcomers' models in a cell with unseen clients.
+    adaptation too (finetune_epochs), and the newcomers' models in a cell with unseen clients, each
+    population through its own `pflbench.serving.Serving`.
 
 Divergence is a result (status "diverged"), not an exception; any other exception propagates to the
 caller (the runner records it as failed).
@@ -35,7 +37,9 @@ from pflbench.federation import EVALUATED, Federation, federation_device
 from pflbench.metrics import METRIC_COLUMNS, ROUND_COLUMNS, client_rows, summarize
 from pflbench.newcomers.scoring import score_newcomers
 from pflbench.privacy import with_privacy
-from pflbench.training import Diverged, State, payload_bytes, restack
+from pflbench.payload import Payload
+from pflbench.serving import Serving, score
+from pflbench.training import Diverged
 
 
 @dataclass
@@ -106,37 +110,25 @@ def cell_global_rng(seed: int, device: torch.device):
         yield
 
 
-def run_round(algorithm: Algorithm, rnd: int, clients: Tensor, timing: dict | None = None) -> tuple[State, State]:
-    """One round of the algorithm's hooks; returns what was sent down and what reached the server
-    (with dropped uploads or DP, one dict per client, {} for a dropped one). `timing`, if given, gets
-    the seconds of local training ("train"); the other hooks are the server's share."""
+def run_round(algorithm: Algorithm, rnd: int, clients: Tensor, timing: dict | None = None) -> tuple[Payload, Payload]:
+    """One round of the algorithm's hooks, each given the round's context (`Federation.round`); returns
+    what was sent down and what the clients sent up (the uploads lost to `system.dropout` marked, and
+    counted 0 bytes). Only the uploads that arrived are aggregated, and nothing when none did. `timing`,
+    if given, gets the seconds of local training ("train"); the other hooks are the server's share."""
     fed = algorithm.fed
-    download = algorithm.configure(rnd, clients)
-    state = algorithm.receive(rnd, clients, download)
-    fed.local_round = rnd  # stragglers cut this round's local work
+    context = fed.round(rnd, clients)
+    download = algorithm.configure(context)
+    context = context.with_download(download)
+    state = algorithm.receive(context, download)
     train_start = time.perf_counter()
-    try:
-        state = algorithm.local_train(rnd, clients, state)
-    finally:
-        fed.local_round = None
+    state = algorithm.local_train(context, state)
     if timing is not None:
         timing["train"] = time.perf_counter() - train_start
-    upload = algorithm.send(rnd, clients, state)
-    arrived = fed.arrived(rnd, clients)
-    if arrived is None:
-        algorithm.aggregate(rnd, clients, upload)
-        return download, upload
-    received = [u if arrived[k] else {} for k, u in enumerate(_per_client(upload, len(clients)))]
-    positions = torch.arange(len(clients), device=clients.device)[arrived]
-    algorithm.aggregate_arrived(rnd, clients, restack(upload, received, positions), positions)
-    return download, received
-
-
-def _per_client(upload, count: int) -> list:
-    """An upload as one dict per client (rows of a stacked State, or the list it already is)."""
-    if isinstance(upload, list):
-        return upload
-    return [{n: t[k] for n, t in upload.items()} for k in range(count)]
+    upload = algorithm.send(context, state).delivered(fed.arrived(rnd, clients))
+    arrived = upload.arrived()
+    if len(arrived):
+        algorithm.aggregate(context, arrived)
+    return download, upload
 
 
 class CellRecord:
@@ -172,8 +164,9 @@ class CellRecord:
     def diverged(self, rnd: int, why) -> None:
         self.status, self.diverged_round, self.error = "diverged", rnd, f"round {rnd}: {why}"
 
-    def add_round(self, rnd: int, clients: Tensor, download, upload, seconds: float, train_seconds: float):
-        bytes_down, bytes_up = payload_bytes(download), payload_bytes(upload)
+    def add_round(self, rnd: int, clients: Tensor, download: Payload, upload: Payload, seconds: float,
+                  train_seconds: float):
+        bytes_down, bytes_up = download.nbytes, upload.nbytes
         self.round_rows.append({"round": rnd, "clients": len(clients), "bytes_down": int(bytes_down.sum()),
                                 "bytes_up": int(bytes_up.sum()), "wall_time": seconds, "adapt_time": 0.0,
                                 "train_time": train_seconds, "eval_time": 0.0,
@@ -247,23 +240,23 @@ def evaluate_round(fed: Federation, algorithm: Algorithm, rnd: int, clients: Ten
     """Score every client's personalized model at round `rnd` (and after adaptation, and the
     newcomers'), into `record`; False when the cell diverged here."""
     eval_start = time.perf_counter()
+    serving = Serving(rnd, fed, adapt_epochs=fed.cell.finetune_epochs)  # the trained clients
     try:  # forming personalized models may train too (e.g. FedBABU's fine-tuning)
         personal = algorithm.personalized()
     except Diverged as err:
         record.diverged(rnd, err)
         return False
-    scores = algorithm.evaluate_splits(personal, evaluate)
+    scores = score(algorithm, serving, personal, evaluate)
     watched = evaluate[0]  # the test loss; the val loss where only val is evaluated (tuning)
     if not torch.isfinite(scores[watched][1]).all():
         record.diverged(rnd, f"non-finite {watched} loss")
         return False
     record.round_rows[-1]["eval_time"] = time.perf_counter() - eval_start
     adapted = {}
-    if fed.cell.finetune_epochs:
+    if serving.adapt_epochs:
         adapt_start = time.perf_counter()
         try:  # a model that diverges when adapted leaves that round's adapted scores NaN
-            tuned = algorithm.adapt_locally(personal, rnd, fed.cell.finetune_epochs)
-            adapted = algorithm.evaluate_splits(tuned, evaluate)
+            adapted = score(algorithm, serving, algorithm.adapt_locally(serving, personal), evaluate)
         except Diverged:
             record.adapt_diverged.append(rnd)
         record.round_rows[-1]["adapt_time"] = time.perf_counter() - adapt_start
@@ -271,8 +264,9 @@ def evaluate_round(fed: Federation, algorithm: Algorithm, rnd: int, clients: Ten
     bytes_down, bytes_up = (dict(zip(clients.tolist(), values.tolist())) for values in sent)  # by position
     record.add_clients(client_rows(rnd, fed.client_ids, scores, adapted, *record.sizes, bytes_down, bytes_up,
                                    **record.flags))
-    if fed.newcomers is not None:  # unseen clients: their models scored apart (pflbench.newcomers)
-        rows, seconds = score_newcomers(algorithm, fed.newcomers, rnd, evaluate, fed.cell.finetune_epochs)
+    if fed.newcomers is not None:  # unseen clients: served through their own context (pflbench.newcomers)
+        newcomers = Serving(rnd, fed.newcomers, newcomers=True, adapt_epochs=fed.cell.finetune_epochs)
+        rows, seconds = score_newcomers(algorithm, newcomers, evaluate)
         record.add_clients(rows)
         record.newcomer_time += seconds
     for key, value in algorithm.artifacts().items():

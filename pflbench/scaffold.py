@@ -27,6 +27,7 @@ class Base:
     search_space: str
     imports: str
     body: str           # the hooks, overridden with the base method's behaviour
+    api: str = ""       # more names from pflbench.algorithm the hooks' signatures use
 
 
 BASES = {
@@ -36,19 +37,22 @@ BASES = {
         personalizes="nothing yet: one global model (FedAvg)",
         hyperparams="        pass  # e.g. strength: float = Field(0.1, ge=0.0)",
         search_space="{}  # e.g. {\"strength\": (\"loguniform\", 1e-3, 1.0)}",
-        imports="from pflbench.training import weighted_mean\n",
+        imports="from pflbench.training import State, weighted_mean\n",
+        api=", Payload, Round",
         body='''
-    def local_train(self, rnd, clients, state):
-        """Local SGD of the round's sampled clients; `state` holds their models stacked [clients, ...].
-        `self.fed.train` runs the cell's local epochs (batched across clients); `objective=` replaces
+    def local_train(self, rnd: Round, state: State) -> State:
+        """Client: local SGD of the round's sampled clients (`rnd.clients`); `state` holds their models
+        stacked [clients, ...]. `self.fed.train` runs the cell's local epochs (batched across clients);
+        given the round `rnd`, a straggler does only its share (the system knob). `objective=` replaces
         the loss (see `--from fedprox`)."""
-        return self.fed.train(rnd, clients, state).state
+        return self.fed.train(rnd, rnd.clients, state).state
 
-    def aggregate(self, rnd, clients, upload):
-        """The server: the uploads averaged, weighted by each client's training samples (FedAvg)."""
-        weights = self.fed.train_sizes[clients].float()
+    def aggregate(self, rnd: Round, upload: Payload) -> None:
+        """Server: the uploads that reached it (`upload.clients`; under system.dropout some are lost),
+        averaged, weighted by each client's training samples (FedAvg)."""
+        weights = self.fed.train_sizes[upload.clients].float()
         weights = weights / weights.sum()
-        for n, t in upload.items():
+        for n, t in upload.state.items():
             self.global_state[n] = weighted_mean(t, weights).unsqueeze(0)
 '''),
     "fedprox": Base(
@@ -56,11 +60,12 @@ BASES = {
         personalizes="nothing yet: one global model, trained with a proximal term (FedProx)",
         hyperparams="        mu: float = Field(0.01, ge=0.0)  # weight of the proximal term",
         search_space="{\"mu\": (\"loguniform\", 1e-3, 1.0)}",
-        imports="from pflbench.training import cross_entropy\n",
+        imports="from pflbench.training import State, cross_entropy\n",
+        api=", Round",
         body='''
-    def local_train(self, rnd, clients, state):
-        """Local SGD on cross-entropy + mu/2 * ||w - w_global||^2 (w_global: the model downloaded this
-        round). The objective is computed per client: params[n] is [clients, ...]."""
+    def local_train(self, rnd: Round, state: State) -> State:
+        """Client: local SGD on cross-entropy + mu/2 * ||w - w_global||^2 (w_global: the model
+        downloaded this round). The objective is computed per client: params[n] is [clients, ...]."""
         mu = float(self.hp.mu)
         names = self.fed.model.param_names
         # The downloaded model rides along as `aux`, stacked like the state (one row per client).
@@ -70,7 +75,7 @@ BASES = {
             prox = sum(((params[n] - aux[f"global.{n}"]) ** 2).flatten(1).sum(1) for n in names)
             return cross_entropy(logits, labels, params, aux) + 0.5 * mu * prox
 
-        return self.fed.train(rnd, clients, state, objective=objective, aux=anchor).state
+        return self.fed.train(rnd, rnd.clients, state, objective=objective, aux=anchor).state
 '''),
     "fedper": Base(
         text="FedPer: the top layers are each client's own (never sent); the base is averaged as in FedAvg",
@@ -79,12 +84,12 @@ BASES = {
         search_space="{\"personal_layers\": (\"choice\", [1, 2, 3])}",
         imports="",
         body='''
-    def setup(self):
+    def setup(self) -> None:
         """Server and client state (every client starts from the same model); which tensors are personal."""
         super().setup()
         _, self._personal = self.fed.model.split_layers(self.hp.personal_layers)
 
-    def is_local(self, name):
+    def is_local(self, name: str) -> bool:
         """Whether the tensor `name` stays on the client: never sent, never averaged. The base class
         then keeps each client's own copy and evaluates the global rest with it."""
         return name in self._personal
@@ -166,7 +171,7 @@ def write_scaffold(kind: str, name: str, out: Path, base: str = "fedavg", force:
         chosen = BASES[base]
         values.update(base=base, base_text=chosen.text, personalizes=chosen.personalizes,
                       hyperparams=chosen.hyperparams, search_space=chosen.search_space, imports=chosen.imports,
-                      body=chosen.body)
+                      body=chosen.body, api=chosen.api)
     Path(out).mkdir(parents=True, exist_ok=True)
     plugin.write_text(Template((TEMPLATES / f"{kind}.py.tmpl").read_text()).substitute(values))
     test.write_text(Template((TEMPLATES / f"{kind}_test.py.tmpl").read_text()).substitute(values))

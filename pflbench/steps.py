@@ -17,14 +17,15 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from pflbench import streams
+from pflbench.round_context import Round
 from pflbench.training import SGD, State
 
 
-def step_ids(fed, rnd: int, clients: Tensor, *, stream: str | None = None, epochs: int | None = None,
+def step_ids(fed, rnd: int | Round, clients: Tensor, *, stream: str | None = None, epochs: int | None = None,
              steps: int | None = None, split: str = "train", salt: int | None = None) -> tuple[Tensor, Tensor]:
-    """The engine's batch plan for `clients` (`Federation.local_plans`: stragglers already cut) as
-    sample ids [K, S, B] (S = the longest plan) and the number of real steps per client [K]. Past
-    its last step a client repeats its last batch (the caller masks those steps out); a client
+    """The engine's batch plan for `clients` (`Federation.local_plans`: for the round's context `rnd`,
+    stragglers already cut) as sample ids [K, S, B] (S = the longest plan) and the number of real
+    steps per client [K]. Past its last step a client repeats its last batch (the caller masks those steps out); a client
     without samples gets sample 0 and 0 steps. `stream`: the batch order's random stream (default
     "batches", the engine's; `salt` is its deprecated form)."""
     indices = [fed.splits[split][c] for c in clients.tolist()]

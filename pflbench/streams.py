@@ -33,6 +33,8 @@ from typing import Literal, overload
 import numpy as np
 import torch
 
+from pflbench.round_context import Round, RoundNumber
+
 Kind = Literal["torch", "numpy"]
 BATCHES = "batches"  # the engine's default batch order (what `fed.train` draws without a stream)
 
@@ -132,6 +134,10 @@ Entropy = int | list[int] | np.random.SeedSequence
 
 
 def _entropy(cell_seed: int, stream: str, round: int | None, client: int | None) -> tuple[Entropy, Kind | None]:
+    if isinstance(round, Round):
+        raise TypeError(f"stream {stream!r}: give the round's number (rnd.number), not its context")
+    if isinstance(round, RoundNumber):  # an old-form hook's round number: the plain int it stands for
+        round = int(round)
     legacy = LEGACY.get(stream)
     if legacy is not None:
         return legacy.entropy(int(cell_seed), round, client), legacy.kind

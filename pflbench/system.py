@@ -5,12 +5,15 @@
   local batch plan (epochs or steps, whatever the algorithm asked for) is cut to its first
   ceil(fraction * length) steps, so a straggler always takes at least one step. `straggler_work` is
   one number, or `[low, high]`: the fraction is drawn uniformly per (round, straggler). The cut
-  applies to the local training of a round only (`Algorithm.local_train`), not to the work done to
-  form or adapt the evaluated models.
+  applies to the local training of a round only: the round's context (`pflbench.round_context.Round`,
+  made by `Federation.round`) carries every client's share, and a plan made for it is cut
+  (`Federation.local_plans`); the work done to form or adapt the evaluated models is planned with a
+  round number and is not.
 - **Dropout**: every sampled client fails to return its upload with probability `dropout` (one
   number, or one per client). The client did train: whatever the algorithm keeps on the client
   (its personal layers, its local model) it keeps; the server aggregates only the uploads that
-  arrived (`Algorithm.aggregate_arrived`), and when none arrived it keeps its state. A dropped upload
+  arrived (the upload `pflbench.payload.Payload` marks the lost ones; `Algorithm.aggregate` receives
+  its arrived part), and when none arrived it keeps its state. A dropped upload
   is counted as not sent: `bytes_up` counts what reached the server (the failure is modelled as the
   client disappearing before it uploads), the download it received is counted.
 
@@ -151,7 +154,8 @@ class SystemPlan:
         """[K] bool: whether each of round `rnd`'s clients' upload reaches the server."""
         return torch.as_tensor(~self.dropped[rnd - 1, clients.cpu().numpy()], device=clients.device)
 
-    def cut(self, rnd: int, clients: list[int], plans: list[torch.Tensor]) -> list[torch.Tensor]:
-        """The batch plans of `clients` in round `rnd`, each cut to its client's share of the work."""
-        return [plan[: math.ceil(self.work[rnd - 1, c] * len(plan) - 1e-9)] if self.work[rnd - 1, c] < 1 else plan
-                for c, plan in zip(clients, plans)]
+
+def cut(plans: list[torch.Tensor], work: list[float]) -> list[torch.Tensor]:
+    """Batch plans, each cut to its client's share of the work (`work`, aligned with `plans`): its first
+    ceil(share * length) steps, so a straggler takes at least one step."""
+    return [plan[: math.ceil(share * len(plan) - 1e-9)] if share < 1 else plan for share, plan in zip(work, plans)]

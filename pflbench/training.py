@@ -303,35 +303,6 @@ def weighted_mean(stacked: Tensor, weights: Tensor) -> Tensor:
     return torch.tensordot(weights.to(stacked.dtype), stacked, dims=1)
 
 
-def state_bytes(state: State) -> Tensor:
-    """Bytes per client row of a stacked state: what one client sends or receives."""
-    total = torch.zeros(next(iter(state.values())).shape[0] if state else 0, dtype=torch.long)
-    for t in state.values():
-        total += t[0].numel() * t.element_size()
-    return total
-
-
-def restack(upload: State | list[State], received: list[State], positions: Tensor) -> State | list[State]:
-    """What reached the server (`received[k]` for the clients at `positions`), in the form the algorithm
-    uploaded: a stacked State again where `upload` was one (without the tensors that did not leave the
-    clients, e.g. BatchNorm statistics under the privacy knob), else the list of their dicts."""
-    kept = positions.tolist()
-    if not isinstance(upload, dict):
-        return [received[k] for k in kept]
-    return {n: torch.stack([received[k][n] for k in kept]) if kept else t[:0]
-            for n, t in upload.items() if not kept or n in received[kept[0]]}
-
-
-def payload_bytes(payload: State | list[State]) -> Tensor:
-    """Bytes per client of what a hook sends: a stacked `State` (every client the same tensors), or
-    a list with one dict of unstacked tensors per client (payloads that differ between clients:
-    different architectures, routed modules, ...)."""
-    if isinstance(payload, (list, tuple)):
-        return torch.tensor([sum(t.numel() * t.element_size() for t in own.values()) for own in payload],
-                            dtype=torch.long)
-    return state_bytes(payload)
-
-
 def batch_plan(num_samples: list[int], batch_size: int, epochs: int, steps: int | None,
                generators: list[torch.Generator]) -> list[Tensor]:
     """Per client, positions into its own sample list: [steps_i, batch_size] (see module doc).

@@ -32,3 +32,12 @@ def assert_batched_matches_loop(cell: CellConfig, data_root, device: str | None 
     np.testing.assert_allclose(on.metrics["loss"], off.metrics["loss"], rtol=1e-3)
     assert on.rounds["bytes_up"].equals(off.rounds["bytes_up"])
     assert on.rounds["bytes_down"].equals(off.rounds["bytes_down"])
+
+
+def received(alg, rnd: int, clients):
+    """Round `rnd`'s context (as the engine makes it) once `alg` has configured it, and the state its
+    clients received: what `local_train` starts from."""
+    context = alg.fed.round(rnd, clients)
+    download = alg.configure(context)
+    context = context.with_download(download)
+    return context, alg.receive(context, download)

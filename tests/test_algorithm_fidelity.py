@@ -9,14 +9,14 @@ import torch.nn.functional as F
 from pflbench.steps import step_ids
 from pflbench.algorithms.apfl import APFL
 from pflbench.algorithms.ditto import Ditto
-from pflbench.algorithms.fedfomo import FedFomo, fomo_weights
+from pflbench.algorithms.fedfomo import MODELS, WEIGHTS, FedFomo, fomo_weights
 from pflbench.algorithms.fedrep import FedRep
 from pflbench.algorithms.perfedavg import STREAMS, PerFedAvg
 from pflbench.algorithms.pfedhn import PFedHN
 from pflbench.algorithms.pfedme import PFedMe
 from pflbench.rounds import run_cell, run_round
-from pflbench.training import state_bytes
-from cells import assert_batched_matches_loop, federation as _federation, small_cell as _cell
+from pflbench.payload import Payload
+from cells import assert_batched_matches_loop, federation as _federation, received, small_cell as _cell
 
 
 def _make(alg_cls, fed, hp=None):
@@ -44,7 +44,13 @@ def _distance(a, b, names):
 
 
 def _start(alg, rnd, clients):
-    return alg.receive(rnd, clients, alg.configure(rnd, clients))
+    """What the clients train from in round `rnd` (`receive`'s state)."""
+    return received(alg, rnd, clients)[1]
+
+
+def _local_train(alg, rnd, clients):
+    """Round `rnd`'s local training of `clients`, from what they received."""
+    return alg.local_train(*received(alg, rnd, clients))
 
 
 # ---- FedRep: 10 head epochs, then 1 body epoch (lgcollins/FedRep --local_rep_ep 1) -------------------
@@ -63,7 +69,7 @@ def test_fedrep_trains_the_body_one_epoch_whatever_the_cells_local_epochs(tmp_pa
         return result
 
     fed.train = counting
-    got = alg.local_train(1, clients, start)
+    got = alg.local_train(fed.round(1, clients), start)
     fed.train = train
     head = ["fc3.weight", "fc3.bias"]
     body = [n for n in fed.model.param_names if n not in head]
@@ -75,7 +81,7 @@ def test_fedrep_trains_the_body_one_epoch_whatever_the_cells_local_epochs(tmp_pa
         assert torch.equal(got[n], one[n]), n
     assert not torch.equal(got[body[0]], three[body[0]])
     # body_epochs: null gives the body the cell's local_epochs (the old default)
-    old = _make(FedRep, fed, {"body_epochs": None}).local_train(1, clients, start)
+    old = _make(FedRep, fed, {"body_epochs": None}).local_train(fed.round(1, clients), start)
     assert all(torch.equal(old[n], three[n]) for n in fed.model.param_names)
 
 
@@ -90,8 +96,8 @@ def test_ditto_default_lambda_is_one_and_pulls_harder_than_the_old_default(tmp_p
     for n in fed.model.names:
         assert torch.equal(default.personal_state[n], explicit.personal_state[n]), n
     # v_k ends closer to the w^t it downloaded than with lambda = 0.1 (all clients sampled every round)
-    near = _distance(default.personal_state, sent[-1][0], params)
-    far = _distance(old.personal_state, sent_old[-1][0], params)
+    near = _distance(default.personal_state, sent[-1][0].state, params)
+    far = _distance(old.personal_state, sent_old[-1][0].state, params)
     assert (near < far).all(), (near, far)
 
 
@@ -105,7 +111,7 @@ def test_perfedavg_meta_step_is_beta_1e_3_and_not_the_cells_lr(tmp_path):
         fed = _federation(cell, tmp_path)
         alg = _make(PerFedAvg, fed, hp)
         clients = torch.arange(fed.num_clients)
-        trained[(lr, "beta" in hp)] = alg.local_train(1, clients, _start(alg, 1, clients))
+        trained[(lr, "beta" in hp)] = _local_train(alg, 1, clients)
     ids = [step_ids(fed, 1, clients, stream=s) for s in STREAMS[:2]]
     assert all((counts == 1).all() for _, counts in ids)
     w0 = {n: t[0] for n, t in fed.init_state(1).items()}
@@ -141,18 +147,18 @@ def test_pfedme_trains_only_sampled_clients_by_default_and_every_client_with_the
     # the sampled clients' training and uploads do not depend on the option (same start, same batches)
     for n in fed.model.names:
         torch.testing.assert_close(on.personal_state[n][sampled], off.personal_state[n][sampled], atol=1e-6, rtol=1e-5)
-        torch.testing.assert_close(sent_on[0][1][n], sent_off[0][1][n], atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(sent_on[0][1].state[n], sent_off[0][1].state[n], atol=1e-6, rtol=1e-5)
     # an unsampled client's theta is what a sampled client's would be: train it alone, sampled
     solo = PFedMe(fed, PFedMe.parse_hyperparams(cell.hp))
     solo.setup()
     row = torch.tensor([others[0]])
-    solo.local_train(1, row, _start(solo, 1, row))
+    _local_train(solo, 1, row)
     for n in fed.model.names:
         torch.testing.assert_close(on.personal_state[n][others[0]], solo.personal_state[n][others[0]],
                                    atol=1e-6, rtol=1e-5)
 
     # honest communication: the option downloads to every client, uploads from the sampled ones only
-    model_bytes = int(state_bytes(fed.init_state(1))[0])
+    model_bytes = int(Payload.from_state(fed.init_state(1), torch.zeros(1)).nbytes[0])
     res_off = run_cell(cell.model_copy(update={"rounds": 2}), data_root=tmp_path)
     res_on = run_cell(cell.model_copy(update={"rounds": 2, "hp": {**cell.hp, "train_all_clients": True}}),
                       data_root=tmp_path)
@@ -171,7 +177,7 @@ def test_pfedme_mu_adds_the_official_l2_term_to_the_inner_step(tmp_path):
     assert (counts == 1).all()
     for mu in (0.0, 0.5):
         alg = _make(PFedMe, fed, {"k": 1, "personal_lr": 0.05, "mu": mu})
-        alg.local_train(1, clients, _start(alg, 1, clients))
+        _local_train(alg, 1, clients)
         for c in range(fed.num_clients):
             g = _grad(fed, w0, ids[c, 0])
             for n in fed.model.param_names:
@@ -230,10 +236,10 @@ def test_fedfomo_weights_divide_by_the_l1_distance_by_default(tmp_path):
     fed = _federation(_cell(algorithm="fedfomo", rounds=2, hp={"models": 2}), tmp_path)
     alg, _ = _run(FedFomo, fed, {"models": 2}, rounds=1)  # everyone has uploaded once
     clients = torch.as_tensor(fed.schedule[1])
-    download = alg.configure(2, clients)
     own = {n: t[clients].clone() for n, t in alg.client_state.items()}
-    alg.receive(2, clients, download)
-    k, count = alg._chosen.shape
+    rnd, state = received(alg, 2, clients)
+    download, raw = rnd.download.state, state[WEIGHTS]
+    k, count = rnd.download.header[MODELS].shape
     assert count == 2
     _, own_loss = fed.evaluate(own, alg.eval_split, clients)
     l1 = torch.zeros(k, count, dtype=torch.float64)
@@ -247,11 +253,11 @@ def test_fedfomo_weights_divide_by_the_l1_distance_by_default(tmp_path):
             l1[:, m] += diff.abs().sum(1)
             l2[:, m] += (diff ** 2).sum(1)
     expected = fomo_weights(own_loss, cand_loss, l1.to(own_loss.dtype))
-    torch.testing.assert_close(alg._raw, expected.cpu(), atol=1e-6, rtol=1e-4)
-    assert (alg._raw != 0).any()
+    torch.testing.assert_close(raw, expected.cpu(), atol=1e-6, rtol=1e-4)
+    assert (raw != 0).any()
     # and not the L2 weights (the old default), which are larger by ||d||_1 / ||d||_2 > 1
     with_l2 = fomo_weights(own_loss, cand_loss, l2.sqrt().to(own_loss.dtype))
-    assert not torch.allclose(alg._raw, with_l2.cpu())
+    assert not torch.allclose(raw, with_l2.cpu())
 
 
 # ---- APFL: alpha starts at 0.5 (FedTorch, FL-bench) --------------------------------------------------

@@ -6,14 +6,14 @@ import torch
 import torch.nn.functional as F
 
 from pflbench.steps import step_ids
-from pflbench.algorithms.fedfomo import FedFomo, fomo_weights, normalize_weights
+from pflbench.algorithms.fedfomo import MODELS, WEIGHTS, FedFomo, fomo_weights, normalize_weights
 from pflbench.algorithms.perfedavg import STREAMS, PerFedAvg
 from pflbench.algorithms.pfedme import PFedMe
-from pflbench.algorithm import get_algorithm
+from pflbench.algorithm import Payload, get_algorithm
 from pflbench.rounds import run_cell, run_round
 from pflbench.models import build_model
 from pflbench.training import ClientModel, batch_plan
-from cells import assert_batched_matches_loop, federation as _federation, small_cell as _cell
+from cells import assert_batched_matches_loop, federation as _federation, received, small_cell as _cell
 
 
 def _run(alg_cls, fed, hp=None, rounds=None):
@@ -67,7 +67,7 @@ def test_fedrep_head_never_leaves_the_client_and_the_body_is_shared(tmp_path):
     alg, sent = _run(get_algorithm("fedrep"), fed, cell.hp)
     init = fed.init_state(fed.num_clients)
     for download, upload in sent:  # exactly the body goes down and up, never the head
-        assert set(download) == set(upload) == set(body)
+        assert set(download.state) == set(upload.state) == set(body)
     personal = alg.personalized()
     for n in body:  # one body for everyone: the aggregated one
         assert torch.equal(personal[n], alg.global_state[n].expand_as(personal[n])), n
@@ -84,11 +84,11 @@ def test_fedrep_trains_the_head_first_then_the_body_with_that_head(tmp_path):
     alg = get_algorithm("fedrep")(fed, get_algorithm("fedrep").parse_hyperparams({"head_epochs": 3}))
     alg.setup()
     clients = torch.as_tensor(fed.schedule[0])
-    start = alg.receive(1, clients, alg.configure(1, clients))
+    rnd, start = received(alg, 1, clients)
     head, body = ["fc3.weight", "fc3.bias"], [n for n in fed.model.param_names if not n.startswith("fc3")]
     after_head = fed.train(1, clients, start, trainable=head, epochs=3, stream=alg.HEAD_STREAM).state
     expected = fed.train(1, clients, after_head, trainable=body).state
-    got = alg.local_train(1, clients, start)
+    got = alg.local_train(rnd, start)
     for n in fed.model.param_names:
         assert torch.equal(got[n], expected[n]), n
     for n in head:  # the body phase left the head where the head phase put it
@@ -123,21 +123,24 @@ def test_fedfomo_client_seeing_only_worse_models_keeps_its_own_and_takes_a_bette
     alg, _ = _run(FedFomo, fed, rounds=2)
     clients = torch.arange(fed.num_clients)
     own = {n: t.clone() for n, t in alg.client_state.items()}
-    alg._chosen = torch.zeros(fed.num_clients, 2, dtype=torch.long)  # two downloads per client
+    two = {MODELS: torch.zeros(fed.num_clients, 2, dtype=torch.long)}  # two downloads per client
+
+    def receive(models):
+        download = Payload.from_state(models, clients, header=two)
+        return alg.receive(fed.round(3, clients).with_download(download), download)
+
     # Only worse models: all-zero parameters predict uniformly (loss ln 10), worse than any client's own.
-    worse = {f"model{m}.{n}": torch.zeros_like(t) for m in range(2) for n, t in own.items()}
-    kept = alg.receive(3, clients, worse)
+    kept = receive({f"model{m}.{n}": torch.zeros_like(t) for m in range(2) for n, t in own.items()})
     for n in fed.model.names:
         assert torch.equal(kept[n], own[n]), n
-    assert (alg._weights == 0).all() and (alg._raw < 0).all()
+    assert (kept[WEIGHTS] < 0).all() and (normalize_weights(kept[WEIGHTS]) == 0).all()
     # One better model (each client's own, trained 5 more epochs on its data) among worse ones:
     # it takes the whole weight, and the update moves the client exactly onto it.
     better = fed.train(3, clients, own, epochs=5).state
-    mixed = {**{f"model0.{n}": torch.zeros_like(t) for n, t in own.items()},
-             **{f"model1.{n}": better[n] for n in own}}
-    updated = alg.receive(3, clients, mixed)
-    assert (alg._raw[:, 1] > 0).all()
-    torch.testing.assert_close(alg._weights, torch.tensor([[0.0, 1.0]]).expand(fed.num_clients, 2))
+    updated = receive({**{f"model0.{n}": torch.zeros_like(t) for n, t in own.items()},
+                       **{f"model1.{n}": better[n] for n in own}})
+    assert (updated[WEIGHTS][:, 1] > 0).all()
+    torch.testing.assert_close(normalize_weights(updated[WEIGHTS]), torch.tensor([[0.0, 1.0]]).expand(fed.num_clients, 2))
     for n in fed.model.param_names:
         torch.testing.assert_close(updated[n], better[n])
 
@@ -198,7 +201,7 @@ def test_pfedme_large_lambda_pulls_personalized_models_to_the_global_one(tmp_pat
     to_local, to_global = {}, {}
     for lam in (0.01, 1.0, 30.0):  # personal_lr * lam and lr * lam stay below 2 (stable)
         alg, sent = _run(PFedMe, fed, {"lam": lam, "personal_lr": 0.05})
-        upload = sent[-1][1]  # each client's w after its last round (all clients sampled)
+        upload = sent[-1][1].state  # each client's w after its last round (all clients sampled)
         glob = {n: t.expand(fed.num_clients, *t.shape[1:]) for n, t in alg.global_state.items()}
         to_local[lam] = _distance(alg.personal_state, upload, params)
         to_global[lam] = _distance(alg.personal_state, glob, params)
@@ -239,7 +242,7 @@ def test_perfedavg_meta_step_first_order_and_hessian_free(tmp_path):
     for variant in ("fo", "hf"):
         alg = PerFedAvg(fed, PerFedAvg.parse_hyperparams({"variant": variant, "alpha": alpha, "beta": beta}))
         alg.setup()
-        trained[variant] = alg.local_train(1, clients, alg.receive(1, clients, alg.configure(1, clients)))
+        trained[variant] = alg.local_train(*received(alg, 1, clients))
     ids = [step_ids(fed, 1, clients, stream=s) for s in STREAMS]
     assert all((counts == 1).all() for _, counts in ids)
     w0 = {n: t[0] for n, t in fed.init_state(1).items()}

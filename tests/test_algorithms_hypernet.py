@@ -5,12 +5,11 @@ import pytest
 import torch
 
 from pflbench.algorithms.pfedhn import PFedHN, PFedHNPC
-from pflbench.algorithms.pfedla import HeurPFedLA, PFedLA
+from pflbench.algorithms.pfedla import RETAINED, HeurPFedLA, PFedLA
 from pflbench.federation import Federation
 from pflbench.rounds import prepare_cell, run_cell, run_round
 from pflbench.partitioning import ClientSplits
-from pflbench.training import payload_bytes
-from cells import federation as _federation, small_cell
+from cells import federation as _federation, received, small_cell
 
 
 def _cell(**overrides):
@@ -99,10 +98,10 @@ def _pull_toward_another_client(alg, rounds: int, wanted: int = 3) -> list[float
 
     losses = [client_loss()]
     for rnd in range(1, rounds + 1):
-        state = alg.receive(rnd, client, alg.configure(rnd, client))
+        context, state = received(alg, rnd, client)
         for p in target:
             state[p] = state[p] - 0.5 * (state[p] - target[p])
-        alg.aggregate(rnd, client, alg.send(rnd, client, state))
+        alg.aggregate(context, alg.send(context, state))
         for p in target:  # keep the other clients' parameters fixed: a pure hypernetwork test
             alg.server_params[p].copy_(server_before[p])
         losses.append(client_loss())
@@ -251,9 +250,9 @@ def test_heurpfedla_saves_exactly_the_retained_layers_bytes_on_the_download_only
                                     for group in heur.layer_params])
         retained_bytes = (keep.long() * layer_bytes).sum(1)
         assert (keep.sum(1) == 1).all() and (retained_bytes > 0).all()
-        assert torch.equal(payload_bytes(down_full) - payload_bytes(down_heur), retained_bytes)
-        assert torch.equal(payload_bytes(up_heur), payload_bytes(up_full))
-        assert set(up_heur) == set(fed.model.param_names)
+        assert torch.equal(down_full.nbytes - down_heur.nbytes, retained_bytes)
+        assert torch.equal(up_heur.nbytes, up_full.nbytes)
+        assert set(up_heur.state) == set(fed.model.param_names)
 
 
 def test_heurpfedla_clients_keep_their_retained_layer_and_upload_it(tmp_path):
@@ -263,18 +262,19 @@ def test_heurpfedla_clients_keep_their_retained_layer_and_upload_it(tmp_path):
     run_round(heur, 1, clients)
     with torch.no_grad():
         keep = heur.retained(heur.alphas(clients), clients)
-    download = heur.configure(2, clients)
-    state = heur.receive(2, clients, download)
+    context, state = received(heur, 2, clients)
+    download = context.download
+    assert torch.equal(download.header[RETAINED], keep)  # the download says which layers it leaves out
     for k in range(5):
         for layer, group in enumerate(heur.layer_params):
             for p in group:
                 if keep[k, layer]:
-                    assert p not in download[k]
+                    assert p not in download.row(k)
                     assert torch.equal(state[p][k], heur.client_state[p][k])
                 else:
-                    assert torch.equal(state[p][k], download[k][p])
-    state = heur.local_train(2, clients, state)
-    heur.aggregate(2, clients, heur.send(2, clients, state))
+                    assert torch.equal(state[p][k], download.row(k)[p])
+    state = heur.local_train(context, state)
+    heur.aggregate(context, heur.send(context, state))
     assert torch.equal(keep[:, -1], torch.ones(5, dtype=torch.bool))  # alpha still uniform: the classifier
     # The server's copy of every layer, retained ones included, is the client's latest model: what
     # other clients aggregate is never stale.
@@ -290,14 +290,13 @@ def test_heurpfedla_retained_layers_give_the_hypernetwork_no_signal(tmp_path):
     heur = _setup(HeurPFedLA, fed, {"retain_layers": 1})
     clients = torch.arange(5)
     run_round(heur, 1, clients)  # the copies differ from here on
-    download = heur.configure(2, clients)
-    keep = heur._keep.clone()
-    state = heur.local_train(2, clients, heur.receive(2, clients, download))
-    upload = heur.send(2, clients, state)
+    context, state = received(heur, 2, clients)
+    keep = context.download.header[RETAINED]
+    upload = heur.send(context, heur.local_train(context, state))
     seen = {}
     step = heur.hypernetwork_step
     heur.hypernetwork_step = lambda rows, grads: (seen.update(grads), step(rows, grads))
-    heur.aggregate(2, clients, upload)
+    heur.aggregate(context, upload)
     head = seen["heads.bias"]  # [N, L, N]
     for k in range(5):
         for layer in range(len(heur.layer_params)):
@@ -360,7 +359,7 @@ def test_pfedhn_pc_keeps_the_classifier_on_the_client(tmp_path):
     alg = _setup(PFedHNPC, fed, {"inner_steps": 5})
     _, head = fed.model.split_layers(1)
     clients = torch.arange(5)
-    download, upload = run_round(alg, 1, clients)
+    download, upload = (p.state for p in run_round(alg, 1, clients))
     assert not head & set(download) and not head & set(upload)
     assert set(upload) == set(fed.model.param_names) - head
     personal = alg.personalized()

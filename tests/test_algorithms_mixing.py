@@ -55,7 +55,7 @@ def test_ditto_large_lambda_keeps_personal_model_at_the_global_one(tmp_path):
     distances = {}
     for lam in (0.0, 30.0):  # lr * lam = 1.5 < 2: the proximal pull is stable
         alg, sent = _run(Ditto, fed, {"lam": lam})
-        downloaded = sent[-1][0]  # w-bar of the last round (all clients sampled)
+        downloaded = sent[-1][0].state  # w-bar of the last round (all clients sampled)
         distances[lam] = _distance(alg.personal_state, downloaded, params)
     assert (distances[30.0] < 0.1 * distances[0.0]).all(), distances
 
@@ -138,7 +138,7 @@ def test_l2gd_aggregation_step_pulls_toward_the_average(tmp_path):
         for rnd in (1, 2):
             run_round(alg, rnd, clients)
         before = {n: t.clone() for n, t in alg.client_state.items()}
-        download, upload = run_round(alg, 3, clients)
+        download, upload = (p.state for p in run_round(alg, 3, clients))
         for n in fed.model.param_names:
             mean = before[n].mean(0, keepdim=True)
             torch.testing.assert_close(download[n], mean.expand_as(before[n]))

@@ -7,7 +7,7 @@ from pflbench.algorithms.fedmn import FedMN
 from pflbench.config import CellConfig
 from pflbench.federation import Federation
 from pflbench.rounds import prepare_cell, run_cell, run_round
-from pflbench.training import payload_bytes
+from pflbench.serving import Serving
 
 SMALL = {"dims": [16, 8], "encoder_hidden": 16, "router_x_dim": 8, "router_y_dim": 4, "router_samples": 16}
 
@@ -86,16 +86,16 @@ def test_modules_nobody_used_keep_their_values_and_only_routed_modules_travel(tm
 
     router = 4 * sum(t.numel() for t in alg.server_router.values())
     everything = router + size(alg.server_pool)
-    assert payload_bytes(download).tolist() == [everything] * 3  # round 1: the whole pool
-    for c, sent in enumerate(upload):
+    assert download.nbytes.tolist() == [everything] * 3  # round 1: the whole pool
+    for c, sent in enumerate(upload.rows):
         routed = alg.routed_modules(alg.routing[c])
         assert (0, 1) not in routed and (0, 0) in routed
         assert set(sent) == {f"router.{n}" for n in alg.server_router} | {
             f"pool.{n}" for m in routed for n in alg.module_names[m]}
-        assert payload_bytes(upload)[c] == router + size([n for m in routed for n in alg.module_names[m]])
-        assert payload_bytes(upload)[c] < everything
+        assert upload.nbytes[c] == router + size([n for m in routed for n in alg.module_names[m]])
+        assert upload.nbytes[c] < everything
     download, _ = run_round(alg, 2, clients)  # round 2: each client gets its routed modules only
-    for c, received in enumerate(download):
+    for c, received in enumerate(download.rows):
         assert not any(f"pool.{n}" in received for n in unused)
 
 
@@ -123,11 +123,11 @@ def test_a_few_local_steps_lower_the_training_loss(tmp_path):
     alg.setup()
     personal = alg.personalized()
     assert len(alg.routed_modules(personal["routing"][0])) == 6  # every gate starts on
-    _, before = alg.evaluate(personal, "train")
+    _, before = alg.evaluate(Serving(0, fed), personal, ("train",))["train"]
     run_round(alg, 1, torch.tensor([0]))
     routing = alg.personalized()["routing"]  # client 0's own routing; the others' made for evaluation
     assert torch.equal(routing[0], alg.routing[0])
-    accuracy, after = alg.evaluate({"pool": alg.client_pool[0], "routing": routing}, "train")
+    accuracy, after = alg.evaluate(Serving(1, fed), {"pool": alg.client_pool[0], "routing": routing}, ("train",))["train"]
     # Two classes (chance 0.5). Measured, 76 train samples: loss 2.51 -> 0.89, accuracy 0.70 with the
     # trained clients' normalisation statistics; 2.52 -> 0.99, 0.88 with the pool's (before issue 29).
     assert after[0] < 0.5 * before[0] and accuracy[0] > 0.65, (before[0], after[0], accuracy[0])

@@ -11,7 +11,7 @@ from pflbench.federation import Federation
 from pflbench.rounds import prepare_cell, run_cell
 from pflbench.models import MODEL_GROUPS, build_model, check_model_spec, client_groups, is_heterogeneous
 from pflbench.spec import SpecError, parse_spec
-from pflbench.training import payload_bytes
+from pflbench.payload import Payload
 
 
 def _cell(**overrides):
@@ -93,8 +93,9 @@ def test_federation_groups_clients_by_architecture(tmp_path):
 
 def test_bytes_are_each_clients_own_tensors():
     small, large = torch.zeros(3), torch.zeros(5, 2, dtype=torch.float64)
-    assert payload_bytes([{"a": small}, {"a": small, "b": large}, {}]).tolist() == [12, 12 + 80, 0]
-    assert payload_bytes({"a": torch.zeros(4, 3)}).tolist() == [12] * 4  # stacked: as before
+    rows = [{"a": small}, {"a": small, "b": large}, {}]
+    assert Payload.from_rows(rows, torch.arange(3)).nbytes.tolist() == [12, 12 + 80, 0]
+    assert Payload.from_state({"a": torch.zeros(4, 3)}, torch.arange(4)).nbytes.tolist() == [12] * 4  # stacked
 
 
 def test_local_runs_a_heterogeneous_cell(tmp_path):

@@ -22,6 +22,7 @@ from pflbench.federation import Federation
 from pflbench.metrics import trained_rows
 from pflbench.newcomers import newcomer_ids
 from pflbench.rounds import prepare_cell, run_cell, run_rounds
+from pflbench.serving import Serving
 
 get_algorithm("fedavg")  # registers the built-in algorithms
 REGISTRY = sorted(ALGORITHMS.names())
@@ -197,10 +198,10 @@ def test_pfedla_newcomer_batchnorm_statistics_are_its_own(tmp_path):
     run_rounds(fed, algorithm)
     buffers = [n for n in fed.model.buffer_names if "running" in n]
     assert buffers  # cnn-bn
-    served = algorithm.newcomer_models(cell.rounds, fed.newcomers)
+    served = algorithm.newcomer_models(Serving(cell.rounds, fed.newcomers, newcomers=True))
     for n in buffers:  # the clients' statistics, whatever they are, do not reach the newcomer
         algorithm.client_state[n].mul_(3.0).add_(1.0)
-    again = algorithm.newcomer_models(cell.rounds, fed.newcomers)
+    again = algorithm.newcomer_models(Serving(cell.rounds, fed.newcomers, newcomers=True))
     assert all(torch.equal(served[n], again[n]) for n in served)
     for p in fed.model.param_names:
         assert torch.equal(served[p][0], algorithm.server_params[p].mean(0))
@@ -220,13 +221,13 @@ def test_fedfomo_newcomer_weights_are_fitted_on_train_never_on_validation(tmp_pa
     fed = Federation(cell, *prepare_cell(cell, tmp_path))
     algorithm = get_algorithm("fedfomo")(fed, get_algorithm("fedfomo").parse_hyperparams({}))
     run_rounds(fed, algorithm)
-    served = algorithm.newcomer_models(cell.rounds, fed.newcomers)
+    served = algorithm.newcomer_models(Serving(cell.rounds, fed.newcomers, newcomers=True))
     labels = fed.newcomers.labels.clone()
     for split, changes in (("val", False), ("train", True)):
         garbled = labels.clone()
         ids = torch.cat(fed.newcomers.splits[split])
         garbled[ids] = (garbled[ids] + 1 + torch.arange(len(ids)) % (fed.num_classes - 1)) % fed.num_classes
         fed.newcomers.labels = garbled
-        other = algorithm.newcomer_models(cell.rounds, fed.newcomers)
+        other = algorithm.newcomer_models(Serving(cell.rounds, fed.newcomers, newcomers=True))
         fed.newcomers.labels = labels
         assert changes == any(not torch.equal(served[n], other[n]) for n in served), split

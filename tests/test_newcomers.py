@@ -11,6 +11,7 @@ from pflbench.config import CellConfig, cell_hash
 from pflbench.federation import Federation
 from pflbench.metrics import METRIC_COLUMNS, protocol_summary
 from pflbench.rounds import prepare_cell, run_cell, run_rounds
+from pflbench.serving import Serving
 from pflbench.metrics import trained_rows
 from pflbench.newcomers import newcomer_ids
 from pflbench.spec import SpecError, parse_spec
@@ -52,7 +53,7 @@ def test_newcomers_are_never_sampled_and_keep_their_partition_ids(tmp_path):
     seen_by_hooks = []
     algorithm = get_algorithm("fedavg")(fed, get_algorithm("fedavg").parse_hyperparams({}))
     configure = algorithm.configure
-    algorithm.configure = lambda rnd, clients: seen_by_hooks.extend(fed.client_ids[clients.numpy()]) or configure(rnd, clients)
+    algorithm.configure = lambda rnd: seen_by_hooks.extend(fed.client_ids[rnd.clients.numpy()]) or configure(rnd)
     result = run_rounds(fed, algorithm)
     assert seen_by_hooks and not set(seen_by_hooks) & set(held.tolist())
     newcomer_rows = result.metrics[result.metrics["newcomer"]]
@@ -108,7 +109,7 @@ def test_pfedhn_newcomer_fits_its_embedding_with_the_hypernetwork_frozen(tmp_pat
     algorithm = get_algorithm("pfedhn")(fed, get_algorithm("pfedhn").parse_hyperparams(cell.hp))
     run_rounds(fed, algorithm)
     before = {n: p.detach().clone() for n, p in algorithm.hypernet.named_parameters()}
-    models = algorithm.newcomer_models(cell.rounds, fed.newcomers)
+    models = algorithm.newcomer_models(Serving(cell.rounds, fed.newcomers, newcomers=True))
     assert all(torch.equal(before[n], p) for n, p in algorithm.hypernet.named_parameters())  # table too
     start = before["embedding"].mean(0)
     moved = (algorithm.newcomer_embeddings - start).norm(dim=1)
@@ -155,7 +156,7 @@ def test_mh_pfedhn_newcomer_fits_a_new_embedding_matrix_with_the_hypernetwork_fr
     algorithm = get_algorithm("mh-pfedhn")(fed, get_algorithm("mh-pfedhn").parse_hyperparams(cell.hp))
     run_rounds(fed, algorithm)
     before = {n: p.detach().clone() for n, p in algorithm.hnet.named_parameters()}
-    models = algorithm.newcomer_models(cell.rounds, fed.newcomers)
+    models = algorithm.newcomer_models(Serving(cell.rounds, fed.newcomers, newcomers=True))
     assert all(torch.equal(before[n], p) for n, p in algorithm.hnet.named_parameters())
     size = fed.model.numel(fed.model.param_names)
     start = torch.stack([e.detach() for e in algorithm.hnet.embeddings[:fed.num_clients]]).mean(0)

@@ -10,7 +10,7 @@ from pflbench.config import cell_hash
 from pflbench.rounds import run_cell
 from pflbench.privacy import ALPHAS, CentralPrivacyPlan, PrivacyParams, PrivacyPlan
 from pflbench.spec import SpecError, parse_spec
-from pflbench.training import payload_bytes
+from pflbench.payload import Payload
 
 get_algorithm("fedavg")  # registers the built-in algorithms
 # Generated 32x32 RGB images: the reproduction (FedAvg, epsilon 15, clip 1) on a small pool.
@@ -34,9 +34,9 @@ def test_batchnorm_statistics_stay_on_the_clients_under_dp(mode, tmp_path, monke
     arrived, servers = [], []
     original = fedavg.aggregate
 
-    def aggregate(self, rnd, clients, upload):
-        arrived.append(upload)
-        original(self, rnd, clients, upload)
+    def aggregate(self, rnd, upload):
+        arrived.append(upload.state)
+        original(self, rnd, upload)
         servers.append({n: self.global_state[n].clone() for n in STATISTICS})
         clients_own.append({n: self.client_state[n].clone() for n in ("bn1.running_var",)})
 
@@ -51,7 +51,7 @@ def test_batchnorm_statistics_stay_on_the_clients_under_dp(mode, tmp_path, monke
     assert not names & STATISTICS and {"bn1.weight", "bn1.bias", "conv1.weight"} <= names
     fed = make_federation(cell, tmp_path)
     shared = {n: t[:1] for n, t in fed.init_state(1).items() if n not in STATISTICS}
-    per_client = int(payload_bytes(shared).sum())
+    per_client = int(Payload.from_state(shared, torch.zeros(1)).nbytes.sum())
     assert (result.rounds["bytes_up"] == per_client * result.rounds["clients"]).all()
     assert sorted(result.summary["privacy_kept_on_clients"]) == sorted(STATISTICS)
     # the server's copy never moves; each client's model keeps the statistics of its own data
@@ -142,8 +142,8 @@ def test_central_dp_accounts_the_subsampled_gaussian_and_every_client_receives_o
     fedavg = get_algorithm("fedavg")
     uploads = []
     original = fedavg.aggregate
-    monkeypatch.setattr(fedavg, "aggregate", lambda self, rnd, clients, upload: (uploads.append(upload),
-                                                                                  original(self, rnd, clients, upload)))
+    monkeypatch.setattr(fedavg, "aggregate", lambda self, rnd, upload: (uploads.append(upload.state),
+                                                                         original(self, rnd, upload)))
     cell = small_cell(rounds=4, participation=0.6, privacy={"epsilon": 3.0, "mode": "central"},
                       system={"dropout": 0.3})
     result = run_cell(cell, data_root=tmp_path)
@@ -171,12 +171,12 @@ def test_the_servers_model_gets_the_noise_of_one_mechanism_not_of_every_client(t
     moved = {}
     original = fedavg.aggregate
 
-    def aggregate(self, rnd, clients, upload):
+    def aggregate(self, rnd, upload):
         before = {n: t.clone() for n, t in self.global_state.items()}
-        original(self, rnd, clients, upload)
+        original(self, rnd, upload)
         moved[self.fed.privacy.mode] = torch.cat([(self.global_state[n] - before[n]).flatten()
-                                                  for n in upload if before[n].is_floating_point()])
-        weights = self.fed.train_sizes[clients].double()
+                                                  for n in upload.state if before[n].is_floating_point()])
+        weights = self.fed.train_sizes[upload.clients].double()
         moved["weights"] = weights / weights.sum()
 
     monkeypatch.setattr(fedavg, "aggregate", aggregate)

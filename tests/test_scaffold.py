@@ -37,3 +37,28 @@ def test_a_scaffold_refuses_a_taken_or_malformed_name_and_existing_files(tmp_pat
     assert "exists; nothing was written" in capsys.readouterr().err
     assert (tmp_path / "stripes.py").read_text() == before
     assert not list(tmp_path.glob("*.pyc")) and not (tmp_path / "stripes").exists()
+
+
+def test_the_scaffold_writes_the_hooks_in_their_current_form(tmp_path):
+    """The written methods use the round's context (no DeprecationWarning when loaded) and annotate it."""
+    import inspect
+    import warnings
+
+    from pflbench import plugins
+    from pflbench.algorithm import ALGORITHMS, Round
+    from pflbench.scaffold import BASES, write_scaffold
+
+    for base in BASES:
+        path, _ = write_scaffold("algorithm", f"current-{base}", tmp_path, base=base)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", DeprecationWarning)
+            plugins.load([str(path)])
+        try:
+            cls = ALGORITHMS.get(f"current-{base}")
+            for hook in ("configure", "receive", "local_train", "send", "aggregate"):
+                if hook in vars(cls):
+                    first = list(inspect.signature(vars(cls)[hook]).parameters.values())[1]
+                    assert first.name == "rnd" and first.annotation in ("Round", Round), (base, hook)
+                    assert vars(cls)[hook].__pflbench_hook__ == "new"
+        finally:
+            plugins.unload(path.name)  # a plugin's id is its file name

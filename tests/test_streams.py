@@ -132,11 +132,11 @@ def test_fedmn_routing_draws_its_samples_from_the_cell_seed(tmp_path, monkeypatc
         seen = []
         original = FedMN._client_data
 
-        def spy(self, client, generator=None):
+        def spy(self, fed, client, generator=None):
             seen.append(generator.get_state())
-            return original(self, client, generator)
+            return original(self, fed, client, generator)
         monkeypatch.setattr(FedMN, "_client_data", spy)
-        alg._fixed_routing(0, alg.server_router)
+        alg._fixed_routing(fed, 0, alg.server_router)
         monkeypatch.undo()
         drawn[seed] = seen[0]
     assert not torch.equal(drawn[0], drawn[1])

@@ -111,8 +111,7 @@ def test_a_client_that_always_drops_never_reaches_the_server(tmp_path, monkeypat
     fedavg = get_algorithm("fedavg")
     original = fedavg.aggregate
     monkeypatch.setattr(fedavg, "aggregate",
-                        lambda self, rnd, clients, upload: (seen.append(clients.tolist()),
-                                                            original(self, rnd, clients, upload)))
+                        lambda self, rnd, upload: (seen.append(upload.clients.tolist()), original(self, rnd, upload)))
     cell = small_cell(system={"dropout": [1.0, 0, 0, 0, 0]}, rounds=4, participation=0.6)
     result = run_cell(cell, data_root=tmp_path)
     sampled = make_federation(cell, tmp_path).schedule

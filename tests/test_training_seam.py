@@ -38,24 +38,24 @@ def test_zero_epochs_train_nothing_and_none_is_the_cells_epochs(tmp_path):
     assert ids.shape[1] == 0 and (counts == 0).all()
 
 
-def test_the_plan_is_cut_for_stragglers_in_their_local_round_only(tmp_path):
+def test_the_plan_is_cut_for_stragglers_when_given_the_rounds_context_only(tmp_path):
     system = {"stragglers": 0.4, "straggler_work": 0.2}
     fed = make_federation(small_cell(participation=1.0, local_epochs=2, system=system), tmp_path)
     clients = torch.arange(fed.num_clients)
     full = [len(p) for p in fed.local_plans(1, clients)]
-    fed.local_round = 1
-    try:
-        cut = fed.local_plans(1, clients)
-        later = [len(p) for p in fed.local_plans(2, clients)]  # e.g. adaptation's batch order of round 2
-        ids, counts = step_ids(fed, 1, clients)
-    finally:
-        fed.local_round = None
+    rnd = fed.round(1, clients)  # the round's context, as the engine hands it to the hooks
+    cut = fed.local_plans(rnd, clients)
+    later = [len(p) for p in fed.local_plans(rnd.number + 1, clients)]  # e.g. adaptation's batch order of round 2
+    ids, counts = step_ids(fed, rnd, clients)
     slow = SystemPlan(SystemParams(**system), fed.num_clients, 1, seed=fed.cell.seed).straggler[fed.client_ids]
     assert slow.any() and [len(p) for p in cut] == [math.ceil(0.2 * n - 1e-9) if s else n for n, s in zip(full, slow)]
     assert later == [len(p) for p in fed.local_plans(2, clients)] and counts.tolist() == [len(p) for p in cut]
+    assert [len(p) for p in fed.local_plans(1, clients)] == full  # a round number alone: nothing is cut
     for k, plan in enumerate(cut):  # the cut plan is a prefix of the full one, as sample ids
         own = fed.sample_ids(k)
         assert torch.equal(ids[k, : len(plan)], own[plan]) and torch.equal(plan, fed.local_plans(1, clients)[k][: len(plan)])
+    row = clients[1:3]  # a subset trained with the round (one client at a time, pFedHN's loop): its own shares
+    assert [len(p) for p in fed.local_plans(rnd, row)] == [len(p) for p in cut[1:3]]
 
 
 # ---- one SGD rule --------------------------------------------------------------------------------------

@@ -42,13 +42,14 @@ def load_split(path: str):
 
 def timed_round(fed, algorithm, rnd: int) -> dict:
     from pflbench.rounds import run_round
+    from pflbench.serving import Serving
 
     clients = torch.arange(fed.num_clients)
     timing: dict = {}
     start = time.perf_counter()
     run_round(algorithm, rnd, clients, timing)
     trained = time.perf_counter()
-    accuracy, _ = algorithm.evaluate(algorithm.personalized(), "test")
+    accuracy, _ = algorithm.evaluate(Serving(rnd, fed), algorithm.personalized(), ("test",))["test"]
     end = time.perf_counter()
     return {"train": timing["train"], "server": trained - start - timing["train"], "eval": end - trained,
             "round": end - start, "accuracy": float(accuracy.mean())}

@@ -12,9 +12,11 @@ training. What was chosen where the issue left it open:
   the partition id). So nothing of training can see a newcomer: the sampling schedule draws among
   the seen clients (participation applies to them), FedAvg's size weights, pFedLA's per-client
   hypernetworks, FedFomo's weights all have S rows. `fed.newcomers` is a second Federation over the
-  newcomers (same dataset tensors, same model), which only the evaluation touches: it asks the
-  algorithm for the newcomers' models (`Algorithm.newcomer_models(rnd, fed.newcomers)`), fitted
-  only on the newcomers' own train split where the method fits something.
+  newcomers (made from the cell's shared data: same dataset tensors, same model;
+  `Federation.of_clients`), which only the evaluation touches: it asks the algorithm for the
+  newcomers' models (`Algorithm.newcomer_models(serving)`, `serving` the newcomers' own
+  `pflbench.serving.Serving`), fitted only on the newcomers' own train split where the method fits
+  something, and scores them through the same context (`evaluate`, `adapt_locally`).
 - Batch orders are keyed by partition id, so a client's batches do not depend on which other
   clients are held out.
 - Scores: metrics rows of newcomers carry `newcomer=True` (the column exists only in cells with

@@ -1,0 +1,78 @@
+"""The round's context: what a method's round hooks know about the round they run in (`Round`).
+
+The engine (`pflbench.rounds.run_round`) makes one `Round` per round and hands it to every hook of
+the round (`pflbench.algorithm.Algorithm`): its number, the sampled clients, each client's share of
+its local work (the `system.stragglers` knob), and, once the server has configured the round, what it
+sent down (`download`). A Round is frozen: no hook can change what another hook of the round reads,
+and what a hook computes depends only on its arguments and the method's own state.
+
+Local training is cut to the stragglers' share where the Federation is given the Round itself
+(`fed.train(rnd, clients, state)`, `fed.local_plans(rnd, ...)`, `pflbench.steps.step_ids(fed, rnd, ...)`);
+given a plain round number (`rnd.number`, `rnd.number + 1`, ...) nothing is cut: the work done to
+form, adapt or serve models is never a straggler's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from torch import Tensor
+
+from pflbench.payload import Payload
+
+
+@dataclass(frozen=True, eq=False)
+class Round:
+    """One round, as its hooks see it."""
+
+    number: int  # 1, 2, ... (the cell's rounds)
+    clients: Tensor  # [K] the sampled clients (positions in the Federation), ascending
+    # The share of its local work each client does this round, by position in the Federation (every
+    # client's, so a method that trains more than the sampled clients cuts theirs too); None: all of it.
+    work: tuple[float, ...] | None = None
+    # What the server sent down this round (`configure`'s payload); None inside `configure`.
+    download: Payload | None = None
+
+    def work_of(self, clients: Tensor) -> list[float] | None:
+        """The share of their local work `clients` do this round (None: all of it, for every client)."""
+        if self.work is None:
+            return None
+        return [self.work[c] for c in clients.tolist()]
+
+    def with_download(self, download: Payload) -> Round:
+        """This round once the server has sent `download` (what `receive`, `local_train`, `send` and
+        `aggregate` see)."""
+        return dataclasses.replace(self, download=download)
+
+    def __repr__(self) -> str:
+        stragglers = "" if self.work is None else f", {sum(w < 1 for w in self.work)} stragglers"
+        return f"Round({self.number}, clients={self.clients.tolist()}{stragglers})"
+
+
+class RoundNumber(int):
+    """The round number as a hook written against the old API receives it (`configure(self, rnd,
+    clients)`, ...): an int carrying its `Round`, so that such a hook's `fed.train(rnd, ...)` is still
+    cut to the stragglers' share (pflbench.legacy_hooks). Arithmetic on it gives plain ints."""
+
+    round: Round
+
+    def __new__(cls, round: Round) -> RoundNumber:
+        number = super().__new__(cls, round.number)
+        number.round = round
+        return number
+
+
+def round_number(rnd: int | Round) -> int:
+    """The round's number, from a Round or a number."""
+    return rnd.number if isinstance(rnd, Round) else int(rnd)
+
+
+def work_of(rnd: int | Round, clients: Tensor) -> list[float] | None:
+    """The share of their local work `clients` do when trained for `rnd`: a Round's (or an old-API
+    hook's `RoundNumber`'s) straggler work; None (all of it) for a plain round number."""
+    if isinstance(rnd, RoundNumber):
+        return rnd.round.work_of(clients)
+    if isinstance(rnd, Round):
+        return rnd.work_of(clients)
+    return None

@@ -1,0 +1,198 @@
+"""Plugins written against the API before the round context keep working for one release
+(pflbench/legacy_hooks.py): their old-form hooks are warned about when the class is defined, with the
+new form named, and run as before — bit for bit, stragglers, lost uploads, privacy and newcomers
+included; old-form calls of new-form hooks (super(), a built-in's) are translated back."""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from cells import small_cell
+from pflbench import rounds
+from pflbench.algorithm import ALGORITHMS, Algorithm
+from pflbench.rounds import run_cell
+from pflbench.training import weighted_mean
+
+KNOBS = dict(clients=8, participation=0.6, rounds=4, eval_every=2,
+             system={"stragglers": 0.4, "straggler_work": [0.3, 0.8], "dropout": 0.3})
+
+
+def _old_fedavg():
+    """FedAvg as a plugin wrote it before the round context: every round hook in the old form."""
+
+    class OldAvg(Algorithm):
+        def configure(self, rnd, clients):
+            return super().configure(rnd, clients)
+
+        def receive(self, rnd, clients, download):
+            return {n: download[n] if n in download else self.client_state[n][clients] for n in self.fed.model.names}
+
+        def local_train(self, rnd, clients, state):
+            return self.fed.train(rnd, clients, state).state  # its round number still cuts the stragglers' plans
+
+        def send(self, rnd, clients, state):
+            for n, t in state.items():
+                self.client_state[n][clients] = t
+            return {n: state[n] for n in self.shared_names()}
+
+        def aggregate(self, rnd, clients, upload):
+            weights = self.fed.train_sizes[clients].float()
+            weights = weights / weights.sum()
+            for n, t in upload.items():
+                self.global_state[n] = weighted_mean(t, weights).unsqueeze(0)
+
+        def newcomer_models(self, rnd, newcomers):
+            return super().newcomer_models(rnd, newcomers)
+
+    return OldAvg
+
+
+def _run(cls, monkeypatch, tmp_path, **cell):
+    monkeypatch.setattr(rounds, "get_algorithm", lambda name: cls)
+    result = run_cell(small_cell(**cell), data_root=tmp_path)
+    monkeypatch.undo()
+    return result
+
+
+def _same(a, b) -> bool:
+    columns = [c for c in a.metrics.columns if c != "wall_time"]
+    return (a.status == b.status and a.metrics[columns].equals(b.metrics[columns])
+            and a.rounds[["bytes_up", "bytes_down"]].equals(b.rounds[["bytes_up", "bytes_down"]]))
+
+
+def test_each_old_form_hook_is_warned_about_naming_its_new_form():
+    with pytest.warns(DeprecationWarning) as caught:
+        _old_fedavg()
+    messages = [str(w.message) for w in caught]
+    for new in ("configure(self, rnd: Round) -> Payload", "receive(self, rnd: Round, download: Payload)",
+                "local_train(self, rnd: Round, state)", "send(self, rnd: Round, state) -> Payload",
+                "aggregate(self, rnd: Round, upload: Payload) -> None", "newcomer_models(self, serving: Serving)"):
+        assert any(new in m and "old form" in m for m in messages), new
+    assert len(messages) == 6
+
+
+def test_a_new_form_class_is_not_warned_about_and_no_built_in_hook_is_in_the_old_form():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)
+
+        class New(Algorithm):
+            def local_train(self, rnd, state):
+                return super().local_train(rnd, state)
+
+            def evaluate(self, serving, models, splits):
+                return super().evaluate(serving, models, splits)
+
+    assert New.local_train.__pflbench_hook__ == "new"
+    for name, cls in ALGORITHMS.items():
+        for klass in cls.__mro__:
+            for hook, fn in vars(klass).items():
+                assert getattr(fn, "__pflbench_hook__", "new") == "new", (name, klass.__name__, hook)
+
+
+@pytest.mark.parametrize("knobs", [KNOBS, dict(KNOBS, privacy={"epsilon": 8.0}),
+                                   dict(clients=8, rounds=2, unseen_fraction=0.25, finetune_epochs=1)],
+                         ids=["system", "privacy", "newcomers"])
+def test_an_old_form_plugin_runs_bit_identical_to_the_built_in_it_restates(knobs, tmp_path, monkeypatch):
+    with pytest.warns(DeprecationWarning):
+        old = _old_fedavg()
+    assert _same(_run(old, monkeypatch, tmp_path, **knobs), run_cell(small_cell(**knobs), data_root=tmp_path))
+
+
+def test_old_form_evaluation_hooks_serve_the_newcomers_as_before(tmp_path, monkeypatch):
+    served = []
+    with pytest.warns(DeprecationWarning, match="evaluate|adapt_locally"):
+        class OldScoring(ALGORITHMS.get("fedavg")):
+            def evaluate(self, personal, split):
+                served.append(self.fed)
+                return self.fed.evaluate_personalized(personal, split)
+
+            def adapt_locally(self, personal, rnd, epochs):
+                return self.fed.adapt_locally(personal, rnd, epochs)
+
+    knobs = dict(clients=8, rounds=2, unseen_fraction=0.25, finetune_epochs=1)
+    old = _run(OldScoring, monkeypatch, tmp_path, **knobs)
+    new = run_cell(small_cell(**knobs), data_root=tmp_path)
+    columns = ["accuracy", "loss", "val_accuracy", "accuracy_adapted", "val_loss_adapted"]
+    assert old.metrics["newcomer"].equals(new.metrics["newcomer"]) and old.metrics["client"].equals(new.metrics["client"])
+    torch.testing.assert_close(torch.tensor(old.metrics[columns].to_numpy()), torch.tensor(new.metrics[columns].to_numpy()),
+                               atol=1e-6, rtol=1e-5)  # split by split (its own) against one pass (the engine's)
+    assert len({id(fed) for fed in served}) == 2  # the trained clients' Federation, then the newcomers' for the call
+
+
+def test_an_old_form_subclass_of_a_built_in_calls_it_in_the_old_form(tmp_path, monkeypatch):
+    fedprox = ALGORITHMS.get("fedprox")
+    with pytest.warns(DeprecationWarning, match="local_train"):
+        class OldProx(fedprox):
+            def local_train(self, rnd, clients, state):
+                assert isinstance(rnd, int) and rnd == rnd.round.number
+                return super().local_train(rnd, clients, state)  # the built-in's new-form hook
+
+    knobs = dict(KNOBS, hp={"mu": 0.1})
+    old = _run(OldProx, monkeypatch, tmp_path, algorithm="fedprox", **knobs)
+    assert _same(old, run_cell(small_cell(algorithm="fedprox", **knobs), data_root=tmp_path))
+
+
+def test_an_old_aggregate_arrived_override_receives_the_arrived_uploads(tmp_path, monkeypatch):
+    arrived = []
+    with pytest.warns(DeprecationWarning, match="aggregate_arrived is deprecated"):
+        class OldArrived(ALGORITHMS.get("fedavg")):
+            def aggregate_arrived(self, rnd, clients, upload, positions):
+                arrived.append((clients.tolist(), positions.tolist(), sorted(upload)))
+                super().aggregate_arrived(rnd, clients, upload, positions)
+
+    result = _run(OldArrived, monkeypatch, tmp_path, **KNOBS)
+    assert _same(result, run_cell(small_cell(**KNOBS), data_root=tmp_path))
+    assert arrived and all(len(p) < len(c) for c, p, _ in arrived)  # called where uploads were lost
+    assert all(names and "fc1.weight" in names for _, _, names in arrived)  # the stacked dict it sent
+
+
+def test_the_old_methods_still_answer_with_a_warning(tmp_path):
+    from cells import federation
+
+    fed = federation(small_cell(clients=8, unseen_fraction=0.25), tmp_path)
+    alg = ALGORITHMS.get("fedavg")(fed, ALGORITHMS.get("fedavg").parse_hyperparams({}))
+    alg.setup()
+    personal = alg.personalized()
+    with pytest.warns(DeprecationWarning, match=r"evaluate_splits.*evaluate\(self, serving: Serving"):
+        scores = alg.evaluate_splits(personal, ("test",))
+    assert torch.equal(scores["test"][0], fed.evaluate_personalized(personal, "test")[0])
+    with pytest.warns(DeprecationWarning, match=r"serving\(newcomers\)"):
+        with alg.serving(fed.newcomers) as newcomers:
+            assert alg.fed is newcomers is fed.newcomers
+    assert alg.fed is fed
+    old_call = alg.evaluate(personal, "test")  # an old-form call of the new hook
+    assert torch.equal(old_call[1], scores["test"][1])
+
+
+def test_an_old_evaluate_splits_override_still_scores_the_models(tmp_path, monkeypatch):
+    asked = []
+    with pytest.warns(DeprecationWarning, match="evaluate_splits is deprecated"):
+        class OldSplits(ALGORITHMS.get("fedavg")):
+            def evaluate_splits(self, personal, splits):
+                asked.append(splits)
+                return self.fed.evaluate_personalized_splits(personal, splits)
+
+    result = _run(OldSplits, monkeypatch, tmp_path, rounds=2)
+    assert asked == [("test", "val")] * 2 and _same(result, run_cell(small_cell(rounds=2), data_root=tmp_path))
+
+
+def test_an_old_form_round_number_cuts_the_stragglers_plans_in_local_train_only(tmp_path, monkeypatch):
+    """As the old engine did (a field set around local_train): elsewhere the same number plans in full."""
+    plans = {}
+    with pytest.warns(DeprecationWarning):
+        class OldPlans(ALGORITHMS.get("fedavg")):
+            def configure(self, rnd, clients):
+                plans.setdefault("configure", [len(p) for p in self.fed.local_plans(rnd, clients)])
+                return super().configure(rnd, clients)
+
+            def local_train(self, rnd, clients, state):
+                plans.setdefault("local_train", [len(p) for p in self.fed.local_plans(rnd, clients)])
+                plans.setdefault("full", [len(p) for p in self.fed.local_plans(int(rnd), clients)])
+                return super().local_train(rnd, clients, state)
+
+    cell = dict(participation=1.0, rounds=1, local_epochs=2, system={"stragglers": 0.4, "straggler_work": 0.3})
+    assert _same(_run(OldPlans, monkeypatch, tmp_path, **cell), run_cell(small_cell(**cell), data_root=tmp_path))
+    assert plans["configure"] == plans["full"] != plans["local_train"]
+    assert all(cut <= full for cut, full in zip(plans["local_train"], plans["full"]))
