@@ -139,7 +139,7 @@ def test_verify_detects_a_cell_whose_code_changed(study, monkeypatch):
     fedavg = get_algorithm("fedavg")
     folder = next(p for p in cell_folders(study) if "fedavg" in (p / "config.json").read_text())
     assert check_cell(folder).ok
-    monkeypatch.setattr(fedavg, "aggregate", lambda self, rnd, clients, upload: None)  # the server stops averaging
+    monkeypatch.setattr(fedavg, "aggregate", lambda self, rnd, upload: None)  # the server stops averaging
     check = check_cell(folder)
     assert not check.ok and any(d.what == "metrics.parquet accuracy" for d in check.differences)
     assert check.notes == []  # its id did not change: only the rerun can tell
