@@ -114,7 +114,8 @@ def build_reports(results: str | Path, out: str | Path, options: ReportOptions =
             if ranks.protocol in shown or ranks.protocol.worst10 and ranks.protocol.selection == "final":
                 rank_figure(ranks, out, options)
     report.notes += version_notes
-    report.notes += [beside_text(store, cells) for store in options.beside]
+    beside_notes = [beside_text(store, cells) for store in options.beside]
+    report.notes += beside_notes
     if options.figures and not cells.empty:
         group_figures(cells, comm, out, options, report)
         if options.partitions:
@@ -132,7 +133,7 @@ def build_reports(results: str | Path, out: str | Path, options: ReportOptions =
                                                ranks=[r for r in report.ranks if r.protocol in shown],
                                                notices=[*([report.progress] if report.progress else []),
                                                         *map(skipped_text, report.skipped), *version_notes,
-                                                        *(beside_text(store, cells) for store in options.beside)]))
+                                                        *beside_notes]))
     problems = store_problems(results)
     if problems:  # damaged or foreign folders: never read as results, but never hidden either
         report.notes += [f"not read as a result: {problem} (see `pflbench store check`)" for problem in problems]
