@@ -43,6 +43,21 @@ def test_identical_clients_are_equal_and_never_separated():
     assert signed_rank_p([0.0, 0.0]) == 1.0 and signed_rank_p([1.0]) is None
 
 
+@pytest.mark.parametrize("d", [
+    [1.0, 0.0, 0.0, 2.0, -1.0, 3.0, 1.0, 0.5, 2.0, -0.5],                  # zeros and ties, 10 clients
+    [0.48, -0.48, 0.95, 0.95, 1.43, 0.0, -0.95, 0.48, 2.86, 0.48],           # k/210 steps, as on table1-full
+    [2.0, 1.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0, 12.0, 0.0],   # 13 with a zero: every flip
+    [1.0, 1.0, -1.0],                                                       # ties only
+    [0.5, 2.0, -1.0, 3.0, 4.0],                                             # neither: scipy's exact branch
+    [1.0, 0.0, 2.0, 2.0, 3.0, -1.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 1.0, 2.0],  # 14 with ties: asymptotic
+])
+def test_signed_rank_p_is_scipys_wilcoxon_to_the_bit(d):
+    """The exact permutation branch computes the statistic for all sign flips at once; its p is the one
+    scipy's wilcoxon gives (zsplit, two-sided) on the same differences, exactly."""
+    from scipy import stats as sps
+    assert signed_rank_p(d) == float(sps.wilcoxon(d, zero_method="zsplit", alternative="two-sided").pvalue)
+
+
 def test_seeds_pooled_below_six_and_the_unit_from_six_shared_seeds_on():
     a = {s: [80 + s, 81, 82] for s in range(SEED_UNITS)}
     b = {s: [79 + s, 81, 81] for s in range(SEED_UNITS)}

@@ -360,7 +360,10 @@ def row_of_cells(cells: pd.DataFrame, knobs: bool = True) -> pd.Series:
 
     def differs(group: pd.DataFrame, column: str) -> bool:
         # Only values that differ within one (dataset, clients, scheme parameters) make rows: a value
-        # chosen per dataset (e.g. by a spec's override) is one setting, not several.
+        # chosen per dataset (e.g. by a spec's override) is one setting, not several. Most columns
+        # hold one value at most (another algorithm's hyperparameter, a fixed budget): no grouping then.
+        if group[column].dropna().astype(str).nunique() <= 1:
+            return False
         return group.groupby(["dataset", "clients", "params"])[column].agg(
             lambda s: s.dropna().astype(str).nunique()).max() > 1
 
