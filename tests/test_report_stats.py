@@ -7,6 +7,7 @@ import math
 
 import numpy as np
 import pytest
+from scipy import stats as sps
 from report_helpers import write_cell
 
 from pflbench.reports.cells import load_cells
@@ -54,7 +55,6 @@ def test_identical_clients_are_equal_and_never_separated():
 def test_signed_rank_p_is_scipys_wilcoxon_to_the_bit(d):
     """The exact permutation branch computes the statistic for all sign flips at once; its p is the one
     scipy's wilcoxon gives (zsplit, two-sided) on the same differences, exactly."""
-    from scipy import stats as sps
     assert signed_rank_p(d) == float(sps.wilcoxon(d, zero_method="zsplit", alternative="two-sided").pvalue)
 
 

@@ -129,6 +129,9 @@ class Paired:
         return f"{self.n} clients" + (f" × seeds pooled ({seeds} seeds)" if seeds > 1 else "")
 
 
+EXACT_FLIPS = 13  # scipy's wilcoxon: up to 13 differences with zeros or ties, every sign flip is tried
+
+
 def signed_rank_p(differences) -> float | None:
     """Two-sided p of the Wilcoxon signed-rank test of `differences` against 0 (zeros split between the
     signs); 1.0 when every difference is zero; None with fewer than 2 differences."""
@@ -145,9 +148,6 @@ def signed_rank_p(differences) -> float | None:
         return float(sps.permutation_test((d,), _zsplit_rank_sum, permutation_type="samples",
                                           vectorized=True, alternative="two-sided", axis=-1).pvalue)
     return float(sps.wilcoxon(d, zero_method="zsplit", alternative="two-sided").pvalue)
-
-
-EXACT_FLIPS = 13  # scipy's wilcoxon: up to 13 differences with zeros or ties, every sign flip is tried
 
 
 def _zsplit_rank_sum(d: np.ndarray, axis: int = -1) -> np.ndarray:
