@@ -24,7 +24,8 @@ store that run wrote into a store of its own, slimmed, with a `manifest.json` be
     note         free text (e.g. "a demonstration study")
 
 Slimming: each cell keeps config.json, summary.json, metrics.parquet, rounds.parquet, error.txt, and of
-its artifacts only the arrays the reports draw (`REPORTED_ARTIFACTS`: pFedLA's α for Figures 5-7);
+its artifacts only the arrays the reports draw or benchmarks/README.md reads (`REPORTED_ARTIFACTS`:
+pFedLA's α for Figures 5-7, FedFomo's affinity matrix and aggregation weights, tens of KB a cell);
 where arrays were dropped, the copy's summary records the new artifact file's size and checksum, so the
 published store passes `pflbench store check` like any other.
 
@@ -56,7 +57,7 @@ MANIFEST = "manifest.json"
 PUBLISHED = Path("results") / "published"
 KEPT_FILES = (CONFIG, METRICS, ROUNDS, ERROR)  # the summary is written last, after the artifacts
 # Artifact names (without their _roundNNNNN suffix) that the reports read: pflbench/reports/build.py.
-REPORTED_ARTIFACTS = ("alpha", "alpha_layers")
+REPORTED_ARTIFACTS = ("alpha", "alpha_layers", "affinity", "weights")
 CODE_DIRS = ("pflbench", "algorithms", "partitions")
 REPO = Path(__file__).resolve().parents[1]  # the checkout this pflbench runs from
 

@@ -82,6 +82,22 @@ def test_publish_writes_a_slim_study_with_its_manifest_and_the_cells_peak_memory
     assert {p.name for p in study.iterdir()} == {MANIFEST, *manifest["cells"]}
 
 
+def test_the_slimmed_artifacts_keep_what_reports_and_the_readme_read(tmp_path):
+    """pFedLA's alpha and FedFomo's affinity and weights stay (every round); other arrays go."""
+    import numpy as np
+
+    from pflbench.publish import _slim_artifacts
+    source = tmp_path / "arrays.npz"
+    arrays = {f"{name}_round{r:05d}": np.full((2, 2), r, dtype=np.float32)
+              for name in ("alpha", "affinity", "weights", "embeddings") for r in (10, 20)}
+    np.savez(source, alpha_layers=np.array(["conv1"]), **arrays)
+    record = _slim_artifacts(source, tmp_path / "slim" / "arrays.npz")
+    with np.load(tmp_path / "slim" / "arrays.npz") as kept:
+        assert sorted(kept.files) == sorted(["alpha_layers"] + [n for n in arrays if not n.startswith("embeddings")])
+        assert kept["weights_round00020"][0, 0] == 20
+    assert record["bytes"] == (tmp_path / "slim" / "arrays.npz").stat().st_size
+
+
 def test_rerun_of_a_stored_cell_gives_its_stored_metrics(study):
     for folder in cell_folders(study):
         result = rerun(folder)
