@@ -67,7 +67,8 @@ def test_alpha_summary_reads_the_self_weights_and_shared_classes(cells):
     assert list(alphas) == [2, 4] and layers
     shared = alpha.shared_classes(folder)
     assert shared.shape == (5, 5) and (np.diag(shared) == 3).all()  # 3 classes each, all above 1/C
-    found = alpha.describe(folder, [2, 4])
+    found = alpha.describe(folder, [2, 4], shared_rounds=[2])
+    assert found["by_shared_classes"][2] == alpha.by_shared_classes(alphas[2], layers, shared)
     last, eye, off = alphas[4], np.arange(5), ~np.eye(5, dtype=bool)
     assert last.shape == (5, len(layers), 5)
     for a in alphas.values():  # each client's weights over sources sum to 1 per layer

@@ -74,6 +74,27 @@ def test_client_distribution_marks_the_worst_ten_percent(tmp_path):
     written(tmp_path / "dist", ("png",))
 
 
+def test_client_distribution_lays_out_many_long_variant_labels(tmp_path):
+    """Thirteen rows, three of them a variant's long label (a study with its variants beside it): the
+    layout holds (matplotlib warns when constrained layout collapses the axes) and every label is on
+    its row, wrapped."""
+    import warnings
+
+    labels = ["Local", "FedAvg", "Per-FedAvg", "pFedMe", "FedBN", "FedRep", "FedFomo", "HeurpFedLA",
+              "pFedHN (inner_optimizer=official, batch_size=64)", "pFedHN (inner_optimizer=cell, batch_size=32)",
+              "pFedLA (head_init=uniform, hn_lr=0.01, hn_optimizer=adam, hn_sign=ascend)",
+              "pFedLA (head_init=random, hn_lr=0.005, hn_optimizer=sgd, hn_sign=descend)", "pFedLA"]
+    values = {label: np.linspace(0.7, 0.95, 10) for label in labels}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        drawn = fig.client_accuracy_distribution(values, tmp_path / "dist", formats=("png",))
+    assert list(drawn) == labels
+    wrapped = fig.wrapped_labels(labels)
+    assert wrapped[0] == "Local" and [w.replace("\n", " ") for w in wrapped] == labels
+    assert wrapped[10].count("\n") == 2 and max(len(line) for line in wrapped[10].split("\n")) <= 36
+    written(tmp_path / "dist", ("png",))
+
+
 def test_communication_label_distribution_and_generic_artifacts(tmp_path):
     points = pd.DataFrame({"label": ["FedAvg", "HeurpFedLA (retain_layers=1)"], "mb_per_round": [2.0, 1.0], "accuracy": [80.0, 85.0],
                            "accuracy_std": [1.0, 0.5]})

@@ -179,6 +179,20 @@ def test_stores_beside_join_the_tables_and_keep_their_own_provenance(tmp_path):
     assert "official" not in alone.markdown.read_text()
 
 
+def test_a_hyperparameter_equal_in_every_cell_is_not_a_variant_when_its_column_types_differ(tmp_path):
+    """100 read from a store where the column also has gaps (a float column) and 100 from one where it
+    has none (an int column) are one value: only what really differs names the rows."""
+    main, variants, others = tmp_path / "column", tmp_path / "variants", tmp_path / "others"
+    write_cell(main, algorithm="local", accuracies=(0.9, 0.9))          # no embed_dim: that column has a gap
+    write_cell(main, algorithm="pfedla", hp={"embed_dim": 100, "hn_lr": 0.01}, accuracies=(0.9, 0.9))
+    write_cell(variants, algorithm="pfedla", hp={"embed_dim": 100, "hn_lr": 0.005}, accuracies=(0.8, 0.8))
+    write_cell(others, algorithm="pfedhn", hp={"embed_dim": None}, accuracies=(0.9, 0.9))  # an empty column
+    cells = load_cells(main, beside=[variants, others])
+    assert sorted(map(repr, cells.loc[cells["algorithm"] == "pfedla", "hp.embed_dim"])) == ["100", "100.0"]
+    (table,) = accuracy_tables(cells)
+    assert [row.label for row in table.rows] == ["Local", "pFedHN", "pFedLA (hn_lr=0.005)", "pFedLA (hn_lr=0.01)"]
+
+
 def test_an_empty_store_reports_that_it_is_empty(tmp_path):
     from pflbench.reports import ReportOptions, build_reports
 

@@ -12,7 +12,8 @@ For each pFedLA / HeurpFedLA cell folder given (a results store's `<hash>/`, pub
   classes it has at all under `pathological` (k classes, 1/k each), its dominant classes under
   `dominant` (Table 2: two classes at 30% each, the other eight at 5%).
 
-    python benchmarks/analysis/alpha.py results/published/table1-full/3cc0b2ea0143 [--rounds 10,100,600] [--json OUT]
+    python benchmarks/analysis/alpha.py results/published/table1-full/3cc0b2ea0143 [--rounds 10,100,600]
+        [--shared-rounds 10] [--json OUT]
 """
 from __future__ import annotations
 
@@ -64,7 +65,22 @@ def frozen_since(alphas: dict[int, np.ndarray]) -> int | None:
     return since
 
 
-def describe(folder: Path, rounds: list[int] | None) -> dict:
+def by_shared_classes(alpha: np.ndarray, layers: list[str], shared: np.ndarray) -> dict:
+    """Per layer: the mean weight a client gives another by the main classes the two share, and
+    Pearson's r between weight and shared classes over the ordered pairs."""
+    n = alpha.shape[0]
+    off = ~np.eye(n, dtype=bool)
+    by_layer = {}
+    for l, name in enumerate(layers):
+        weights = alpha[:, l, :][off]
+        common = shared[off]
+        means = {int(k): round(float(weights[common == k].mean()), 3) for k in np.unique(common)}
+        r = float(np.corrcoef(weights, common)[0, 1]) if weights.std() > 0 and common.std() > 0 else float("nan")
+        by_layer[name] = {"mean_weight_by_shared_classes": means, "pearson_r": round(r, 2)}
+    return by_layer
+
+
+def describe(folder: Path, rounds: list[int] | None, shared_rounds: list[int] | None = None) -> dict:
     alphas, layers = load_alphas(folder)
     if not alphas:
         raise SystemExit(f"alpha.py: {folder} has no stored alpha (not a pFedLA cell?)")
@@ -78,16 +94,9 @@ def describe(folder: Path, rounds: list[int] | None) -> dict:
         out["self_weight"][rnd] = [round(float(a[eye, l, eye].mean()), 3) for l in range(a.shape[1])]
         out["exact_0_or_1"][rnd] = round(float(((a == 0) | (a == 1)).mean()), 3)
     shared = shared_classes(folder)
-    off = ~np.eye(n, dtype=bool)
-    last = alphas[max(alphas)]
-    by_layer = {}
-    for l, name in enumerate(layers):
-        weights = last[:, l, :][off]
-        common = shared[off]
-        means = {int(k): round(float(weights[common == k].mean()), 3) for k in np.unique(common)}
-        r = float(np.corrcoef(weights, common)[0, 1]) if weights.std() > 0 and common.std() > 0 else float("nan")
-        by_layer[name] = {"mean_weight_by_shared_classes": means, "pearson_r": round(r, 2)}
-    out["by_shared_classes_last_round"] = by_layer
+    out["by_shared_classes_last_round"] = by_shared_classes(alphas[max(alphas)], layers, shared)
+    out["by_shared_classes"] = {rnd: by_shared_classes(alphas[rnd], layers, shared)
+                                for rnd in (shared_rounds or []) if rnd in alphas}
     return out
 
 
@@ -95,19 +104,24 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("cells", nargs="+", help="cell folders (a store's <hash>/)")
     parser.add_argument("--rounds", default=None, help="comma-separated rounds (default: the first and last stored)")
+    parser.add_argument("--shared-rounds", default=None,
+                        help="comma-separated rounds at which to also show the weights by shared classes")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     rounds = [int(r) for r in args.rounds.split(",")] if args.rounds else None
-    results = [describe(Path(folder), rounds) for folder in args.cells]
+    shared_rounds = [int(r) for r in args.shared_rounds.split(",")] if args.shared_rounds else None
+    results = [describe(Path(folder), rounds, shared_rounds) for folder in args.cells]
     for r in results:
         print(f"{r['cell']}: layers {', '.join(r['layers'])}; alpha frozen (bit-identical to the last) from round "
               f"{r['frozen_since']}")
         for rnd, weights in r["self_weight"].items():
             print(f"  round {rnd}: mean self-weight per layer {weights}; entries exactly 0 or 1: "
                   f"{100 * r['exact_0_or_1'][rnd]:.1f}%")
-        for layer, facts in r["by_shared_classes_last_round"].items():
-            print(f"  last round, {layer}: mean weight to a client sharing k classes "
-                  f"{facts['mean_weight_by_shared_classes']}, r = {facts['pearson_r']}")
+        for when, by_layer in [*((f"round {rnd}", b) for rnd, b in r["by_shared_classes"].items()),
+                               ("last round", r["by_shared_classes_last_round"])]:
+            for layer, facts in by_layer.items():
+                print(f"  {when}, {layer}: mean weight to a client sharing k classes "
+                      f"{facts['mean_weight_by_shared_classes']}, r = {facts['pearson_r']}")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
     return 0

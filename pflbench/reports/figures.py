@@ -7,6 +7,7 @@ weight client i gives to client j's layer l (each row i, l sums to 1).
 """
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 from typing import Sequence
 
@@ -226,19 +227,33 @@ def worst_fraction_threshold(values: np.ndarray, fraction: float = 0.1) -> tuple
     return float(ordered[count - 1]), float(ordered[:count].mean())
 
 
+CHAR_WIDTH, LINE_HEIGHT = 0.075, 0.18      # inches per character and per text line at fontsize 10
+
+
+def wrapped_labels(labels: Sequence[str], width: int = 36) -> list[str]:
+    """Labels broken into lines of at most `width` characters at spaces (a variant's label names its
+    hyperparameters: "pFedLA (head_init=random, hn_lr=0.005, hn_optimizer=sgd)")."""
+    return ["\n".join(textwrap.wrap(label, width, break_long_words=False)) or label for label in labels]
+
+
 def client_accuracy_distribution(accuracies: dict[str, np.ndarray], stem, *, title: str = "",
                                  formats=FORMATS, worst10: dict[str, float] | None = None) -> dict[str, dict]:
-    """Per-client final accuracies (%) per label as box + points; the worst 10% of clients in red and
-    their mean as a red bar. `worst10` ({label: value in [0, 1]}): the worst-10% number as the tables
-    compute it (per seed, the mean of the worst ceil(10%) clients, then the mean over seeds), drawn as
-    the bar instead of the pooled clients' worst 10%. Returns {label: {"values", "worst10_threshold",
-    "worst10_mean"}}."""
+    """Per-client final accuracies (%) per label as a horizontal box + points, one row per label (top
+    to bottom in the given order; long labels wrapped beside their row and the figure sized to them,
+    so that any number of variants fits); the worst 10% of clients in red and their mean as a red bar.
+    `worst10` ({label: value in [0, 1]}): the worst-10% number as the tables compute it (per seed, the
+    mean of the worst ceil(10%) clients, then the mean over seeds), drawn as the bar instead of the
+    pooled clients' worst 10%. Returns {label: {"values", "worst10_threshold", "worst10_mean"}}."""
     labels = list(accuracies)
-    figure = new_figure(max(6.5, 0.55 * len(labels) + 2.5), 4.6)
+    ticks = wrapped_labels(labels)
+    label_width = max((len(line) for tick in ticks for line in tick.split("\n")), default=0) * CHAR_WIDTH
+    width = 6.0 + label_width
+    height = 1.6 + max(2.0, sum(max(0.42, (tick.count("\n") + 1) * LINE_HEIGHT + 0.1) for tick in ticks))
+    figure = new_figure(width, height)
     axes = figure.add_subplot()
     out = {}
     rng = np.random.default_rng(0)
-    for x, label in enumerate(labels):
+    for y, label in enumerate(labels):
         values = np.asarray(accuracies[label], dtype=float) * 100
         if values.size == 0:
             continue
@@ -246,20 +261,21 @@ def client_accuracy_distribution(accuracies: dict[str, np.ndarray], stem, *, tit
         if worst10 and worst10.get(label) is not None:
             worst_mean = float(worst10[label]) * 100
         out[label] = {"values": values, "worst10_threshold": threshold, "worst10_mean": worst_mean}
-        axes.boxplot([values], positions=[x], widths=0.5, showfliers=False)
+        axes.boxplot([values], positions=[y], widths=0.5, showfliers=False, orientation="horizontal")
         jitter = rng.uniform(-0.15, 0.15, values.size)
         worst = values <= threshold
-        axes.scatter(x + jitter[~worst], values[~worst], s=8, color="tab:blue", alpha=0.6)
-        axes.scatter(x + jitter[worst], values[worst], s=12, color="tab:red", label="worst 10%" if x == 0 else None)
-        axes.hlines(worst_mean, x - 0.3, x + 0.3, color="tab:red", lw=2,
-                    label="worst-10% mean (as in the tables)" if x == 0 else None)
-    axes.set_xticks(range(len(labels)), labels, rotation=40 if len(labels) > 4 else 0,
-                    ha="right" if len(labels) > 4 else "center", fontsize=10)
-    axes.grid(axis="y", alpha=0.3)
+        axes.scatter(values[~worst], y + jitter[~worst], s=8, color="tab:blue", alpha=0.6)
+        axes.scatter(values[worst], y + jitter[worst], s=12, color="tab:red", label="worst 10%" if y == 0 else None)
+        axes.vlines(worst_mean, y - 0.3, y + 0.3, color="tab:red", lw=2,
+                    label="worst-10% mean (as in the tables)" if y == 0 else None)
+    axes.set_yticks(range(len(labels)), ticks, fontsize=10)
+    axes.set_ylim(len(labels) - 0.5, -0.5)                            # the first label on top
+    axes.grid(axis="x", alpha=0.3)
     if labels:
-        axes.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    axes.set_ylabel("client test accuracy (%)")
-    axes.set_title(title or "per-client final accuracy (red: worst 10% of clients and their mean)")
+        axes.legend(fontsize=8, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncols=2, frameon=False)
+    axes.set_xlabel("client test accuracy (%)")
+    title = title or "per-client final accuracy (red: worst 10% of clients and their mean)"
+    figure.suptitle("\n".join(textwrap.wrap(title, max(30, int(width / (CHAR_WIDTH * 1.25))))), fontsize=11)
     save(figure, stem, formats)
     return out
 

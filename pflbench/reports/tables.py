@@ -362,10 +362,11 @@ def row_of_cells(cells: pd.DataFrame, knobs: bool = True) -> pd.Series:
         # Only values that differ within one (dataset, clients, scheme parameters) make rows: a value
         # chosen per dataset (e.g. by a spec's override) is one setting, not several. Most columns
         # hold one value at most (another algorithm's hyperparameter, a fixed budget): no grouping then.
-        if group[column].dropna().astype(str).nunique() <= 1:
+        # Values compare as the labels print them: 100 and 100.0 (an int column read beside a float one) are one value.
+        if group[column].dropna().map(format_value).nunique() <= 1:
             return False
         return group.groupby(["dataset", "clients", "params"])[column].agg(
-            lambda s: s.dropna().astype(str).nunique()).max() > 1
+            lambda s: s.dropna().map(format_value).nunique()).max() > 1
 
     for (algorithm, source), group in cells.groupby(["algorithm", "hp_source"], dropna=False):
         tuned = source == "tuned"
