@@ -383,11 +383,14 @@ def load_store(results_dir: str | Path) -> pd.DataFrame:
     """One row per intact cell with a result: `hash`, the configuration's columns flattened
     (`algorithm`, ..., `partition_params.alpha`, `hp.mu`), the summary's columns (`status`,
     `final_accuracy`, ...; a summary key that is also a config key, like `model`, becomes
-    `resolved_model`), `pflbench` (version) and `path`. Cells without a summary (running or killed)
-    are not included, nor damaged or foreign folders (`store_problems` lists those)."""
+    `resolved_model`), `pflbench` (version), `path` and `null_fields` (the flattened configuration
+    keys set to None, comma-separated: a frame shows None and an absent key alike, as NaN, where
+    `hp.inner_steps: null` is a setting of its own). Cells without a summary (running or killed) are
+    not included, nor damaged or foreign folders (`store_problems` lists those)."""
     rows = []
     for folder, config, summary in scan_store(results_dir)[0]:
         row = {"hash": folder.name, **flatten(config["cell"])}
+        row["null_fields"] = ",".join(key for key, value in row.items() if value is None)
         for key, value in summary.items():
             if key == "files":
                 continue

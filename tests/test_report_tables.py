@@ -193,6 +193,23 @@ def test_a_hyperparameter_equal_in_every_cell_is_not_a_variant_when_its_column_t
     assert [row.label for row in table.rows] == ["Local", "pFedHN", "pFedLA (hn_lr=0.005)", "pFedLA (hn_lr=0.01)"]
 
 
+def test_a_hyperparameter_set_to_none_is_a_setting_of_its_own(tmp_path):
+    """`hp.inner_steps: null` (pFedHN's 10 local epochs instead of 50 steps) is not the 50-step cell's
+    seed: it gets its own row, in one store (where the frame shows None as NaN) and beside another;
+    a key a cell's configuration lacks (an option added later) still names no row."""
+    one, other = tmp_path / "one", tmp_path / "other"
+    write_cell(one, algorithm="pfedhn", hp={"inner_steps": 50}, accuracies=(0.9, 0.9))
+    write_cell(one, algorithm="pfedhn", hp={"inner_steps": None}, accuracies=(0.8, 0.8))
+    write_cell(other, algorithm="pfedhn", hp={"inner_steps": None}, accuracies=(0.8, 0.8))
+    write_cell(other, algorithm="pfedla", accuracies=(0.7, 0.7))                         # no hn_sign
+    write_cell(other, algorithm="pfedla", seed=1, hp={"hn_sign": "descend"}, accuracies=(0.7, 0.7))
+    (table,) = accuracy_tables(load_cells(one))
+    assert [row.label for row in table.rows] == ["pFedHN (inner_steps=50)", "pFedHN (inner_steps=null)"]
+    assert entry(table, "pfedhn", "fmnist", variant="inner_steps=null").mean == pytest.approx(80.0)
+    (table,) = accuracy_tables(load_cells(tmp_path / "none", beside=[other, one]))
+    assert [row.label for row in table.rows] == ["pFedHN (inner_steps=50)", "pFedHN (inner_steps=null)", "pFedLA"]
+
+
 def test_an_empty_store_reports_that_it_is_empty(tmp_path):
     from pflbench.reports import ReportOptions, build_reports
 

@@ -358,23 +358,38 @@ def row_of_cells(cells: pd.DataFrame, knobs: bool = True) -> pd.Series:
     budget_columns = [c for c in BUDGET_FIELDS if c in cells.columns]
     knob_cols = knob_columns(cells) if knobs else []
 
+    nulls = cells["null_fields"].fillna("").str.split(",") if "null_fields" in cells else None
+
+    def shown(column: str) -> pd.Series:
+        # The values as the labels print them (100 and 100.0, an int column read beside a float one,
+        # are one value); a key set to None is the value "null" (`hp.inner_steps: null`, a setting of
+        # its own), a key the cell's configuration lacks is no value (NaN).
+        text = cells[column].map(lambda v: math.nan if v is None or (isinstance(v, float) and math.isnan(v))
+                                 else format_value(v))
+        if nulls is not None:
+            text = text.mask(nulls.map(lambda fields: column in fields), "null")
+        return text
+
+    texts = pd.DataFrame({c: shown(c) for c in hp_columns + budget_columns}, index=cells.index)
+    context = cells[["dataset", "clients", "params"]]
+
     def differs(group: pd.DataFrame, column: str) -> bool:
         # Only values that differ within one (dataset, clients, scheme parameters) make rows: a value
         # chosen per dataset (e.g. by a spec's override) is one setting, not several. Most columns
         # hold one value at most (another algorithm's hyperparameter, a fixed budget): no grouping then.
-        # Values compare as the labels print them: 100 and 100.0 (an int column read beside a float one) are one value.
-        if group[column].dropna().map(format_value).nunique() <= 1:
+        values = texts.loc[group.index, column]
+        if values.dropna().nunique() <= 1:
             return False
-        return group.groupby(["dataset", "clients", "params"])[column].agg(
-            lambda s: s.dropna().map(format_value).nunique()).max() > 1
+        return values.groupby([context.loc[group.index, k] for k in context]).agg(
+            lambda s: s.dropna().nunique()).max() > 1
 
     for (algorithm, source), group in cells.groupby(["algorithm", "hp_source"], dropna=False):
         tuned = source == "tuned"
         varying = [] if tuned else [c for c in hp_columns if differs(group, c)]
         varying += [c for c in budget_columns if differs(group, c)]
         for index, cell in group.iterrows():
-            variant = ", ".join(f"{c.removeprefix('hp.')}={format_value(cell[c])}" for c in varying
-                                if not pd.isna(cell[c]))
+            variant = ", ".join(f"{c.removeprefix('hp.')}={texts.at[index, c]}" for c in varying
+                                if not pd.isna(texts.at[index, c]))
             setting = knob_setting(cell, knob_cols) if knob_cols else OFF
             if setting == OFF:
                 setting = ""
