@@ -1,6 +1,6 @@
 """benchmarks/analysis/: the scripts behind benchmarks/README.md's sentences on pFedLA's weights
-(alpha.py) and FedFomo's exchange (fedfomo.py), run on small cells made here and checked against the
-raw arrays they summarize."""
+(alpha.py), FedFomo's exchange (fedfomo.py) and each cell against Local (versus_local.py), run on
+small cells made here and checked against the raw arrays they summarize."""
 from __future__ import annotations
 
 import io
@@ -17,11 +17,12 @@ from pflbench.runner import RunOptions, run_plan
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "analysis"))
 import alpha  # noqa: E402
 import fedfomo  # noqa: E402
+import versus_local  # noqa: E402
 
 SPEC = """
 name: analysis
 matrix:
-  algorithm: [fedfomo, pfedla]
+  algorithm: [fedfomo, pfedla, local]
   dataset:
     - {name: synthetic, options: {num_samples: 600}}
   partition:
@@ -79,3 +80,22 @@ def test_alpha_summary_reads_the_self_weights_and_shared_classes(cells):
         for k, mean in by_shared.items():
             assert mean == round(float(last[:, layer, :][off][shared[off] == k].mean()), 3)
     assert found["exact_0_or_1"][2] == round(float(((alphas[2] == 0) | (alphas[2] == 1)).mean()), 3)
+
+
+def test_versus_local_pairs_each_cell_with_local_client_by_client(cells):
+    import pandas as pd
+
+    store = cells["local"].parent
+    local = versus_local.find_local(json.loads((cells["pfedla"] / "config.json").read_text())["cell"], [store])
+    assert local == cells["local"]
+    metrics = {name: pd.read_parquet(cells[name] / "metrics.parquet") for name in ("pfedla", "local")}
+    last = {name: m[m["round"] == 4].set_index("client")["accuracy"] * 100 for name, m in metrics.items()}
+    found = versus_local.versus(cells["pfedla"], local, "accuracy")
+    expected = (last["pfedla"] - last["local"]).to_numpy()
+    assert found.mean == pytest.approx(expected.mean()) and found.se == pytest.approx(expected.std(ddof=1) / np.sqrt(5))
+    table = versus_local.table([cells["pfedla"], cells["local"]], [store], [2, 4])
+    pfedla_row, local_row = table.splitlines()[2:]
+    share = alpha.describe(cells["pfedla"], [4])["exact_0_or_1"][4]
+    assert pfedla_row.endswith(f" / {100 * share:.1f}% |") and "| pfedla | 0 | defaults |" in pfedla_row
+    assert f"{found.mean:+.2f} ± {found.se:.2f}" in pfedla_row
+    assert "| local | 0 | val_fraction" not in local_row and local_row.count("| – |") == 3  # no difference to itself
