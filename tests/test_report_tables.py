@@ -196,7 +196,7 @@ def test_a_hyperparameter_equal_in_every_cell_is_not_a_variant_when_its_column_t
 def test_a_hyperparameter_set_to_none_is_a_setting_of_its_own(tmp_path):
     """`hp.inner_steps: null` (pFedHN's 10 local epochs instead of 50 steps) is not the 50-step cell's
     seed: it gets its own row, in one store (where the frame shows None as NaN) and beside another;
-    a key a cell's configuration lacks (an option added later) still names no row."""
+    a key a cell's configuration lacks (an option added later) is the algorithm's default."""
     one, other = tmp_path / "one", tmp_path / "other"
     write_cell(one, algorithm="pfedhn", hp={"inner_steps": 50}, accuracies=(0.9, 0.9))
     write_cell(one, algorithm="pfedhn", hp={"inner_steps": None}, accuracies=(0.8, 0.8))
@@ -208,6 +208,12 @@ def test_a_hyperparameter_set_to_none_is_a_setting_of_its_own(tmp_path):
     assert entry(table, "pfedhn", "fmnist", variant="inner_steps=null").mean == pytest.approx(80.0)
     (table,) = accuracy_tables(load_cells(tmp_path / "none", beside=[other, one]))
     assert [row.label for row in table.rows] == ["pFedHN (inner_steps=50)", "pFedHN (inner_steps=null)", "pFedLA"]
+    # beside a cell that does set it otherwise, the lacking key reads as the default (as `pflbench
+    # rerun` resolves it): the cells without it and with the default are seeds of one row
+    write_cell(other, algorithm="pfedla", hp={"hn_sign": "ascend"}, accuracies=(0.5, 0.5))
+    (table,) = accuracy_tables(load_cells(other))
+    assert [row.label for row in table.rows] == ["pFedHN", "pFedLA (hn_sign=ascend)", "pFedLA (hn_sign=descend)"]
+    assert len(entry(table, "pfedla", "fmnist", variant="hn_sign=descend").seeds) == 2
 
 
 def test_an_empty_store_reports_that_it_is_empty(tmp_path):

@@ -346,6 +346,18 @@ BUDGET_FIELDS = ("rounds", "local_epochs", "batch_size", "lr", "momentum", "weig
                  "val_fraction", "finetune_epochs", "participation", "model", "normalization")
 
 
+def current_defaults(algorithm: str) -> dict[str, str]:
+    """{"hp.<name>": the default as the labels print it} of a registered algorithm ({} when it is not
+    registered here, e.g. a plugin not loaded, or has no defaults for every hyperparameter)."""
+    from pflbench.algorithm import get_algorithm
+
+    try:
+        values = get_algorithm(algorithm).parse_hyperparams({}).model_dump()
+    except (ValueError, KeyError):
+        return {}
+    return {f"hp.{k}": "null" if v is None else format_value(v) for k, v in values.items()}
+
+
 def row_of_cells(cells: pd.DataFrame, knobs: bool = True) -> pd.Series:
     """The Row of each cell: algorithm, its varying hyperparameters (default-hp cells only) and budget
     fields (`BUDGET_FIELDS`), tuned; with `knobs`, also its heterogeneity knob setting where an
@@ -360,14 +372,20 @@ def row_of_cells(cells: pd.DataFrame, knobs: bool = True) -> pd.Series:
 
     nulls = cells["null_fields"].fillna("").str.split(",") if "null_fields" in cells else None
 
+    defaults = {name: current_defaults(str(name)) for name in cells["algorithm"].dropna().unique()}
+
     def shown(column: str) -> pd.Series:
         # The values as the labels print them (100 and 100.0, an int column read beside a float one,
         # are one value); a key set to None is the value "null" (`hp.inner_steps: null`, a setting of
-        # its own), a key the cell's configuration lacks is no value (NaN).
+        # its own). A hyperparameter the cell's configuration lacks (an option added after the cell
+        # ran) is the algorithm's default, as `pflbench rerun` resolves it; another key it lacks
+        # (a budget field, another algorithm's option) is no value (NaN).
         text = cells[column].map(lambda v: math.nan if v is None or (isinstance(v, float) and math.isnan(v))
                                  else format_value(v))
         if nulls is not None:
             text = text.mask(nulls.map(lambda fields: column in fields), "null")
+        if column.startswith("hp."):
+            text = text.fillna(cells["algorithm"].map(lambda name: defaults.get(name, {}).get(column, math.nan)))
         return text
 
     texts = pd.DataFrame({c: shown(c) for c in hp_columns + budget_columns}, index=cells.index)
