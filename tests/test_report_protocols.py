@@ -290,6 +290,21 @@ def test_an_old_store_renders_without_adapted_tables(tmp_path):
         {"local": "failed", "pfedla": "60.00"}
 
 
+
+def test_a_cell_without_a_validation_split_is_no_entry_of_the_best_validation_tables(tmp_path):
+    """A diverged cell that had no validation split could never have had a best-validation number:
+    it is listed as diverged in the final-round tables only (not as a bare "Per-FedAvg: diverged"
+    beside the cells that hold validation data)."""
+    write_cell(tmp_path, algorithm="fedfomo", accuracies=(0.6, 0.6), config={"val_fraction": 0.1})
+    write_cell(tmp_path, algorithm="perfedavg", status="diverged", error="round 2: nan", config={"val_fraction": 0.0})
+    write_cell(tmp_path, algorithm="local", status="diverged", error="round 2: nan", config={"val_fraction": 0.1})
+    final, = accuracy_tables(load_cells(tmp_path), [], "delivered-final-clients")
+    assert {r.algorithm: final.entry(r, final.columns[0]).text() for r in final.rows} == \
+        {"local": "diverged", "perfedavg": "diverged", "fedfomo": "60.00"}
+    bestval, = accuracy_tables(load_cells(tmp_path), [], "delivered-bestval-clients")
+    assert {r.algorithm: bestval.entry(r, bestval.columns[0]).text() for r in bestval.rows} == \
+        {"local": "diverged", "fedfomo": "60.00"}
+
 NODE = shutil.which("node") or shutil.which("nodejs")
 SHIM = r"""
 const fs = require("fs");

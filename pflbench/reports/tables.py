@@ -517,6 +517,8 @@ def accuracy_tables(cells: pd.DataFrame, references: list[Reference] = (),
             return tables
     if metric not in cells:
         cells = cells.assign(**{metric: float("nan")})
+    if protocol.selection == "bestval" and "val_fraction" in cells:  # no validation split: never an entry,
+        cells = cells[cells["val_fraction"].fillna(0) > 0]            # failed or diverged neither
     if protocol != DEFAULT:  # finished cells without this protocol's number (older stores) are not entries
         cells = cells[~((cells["status"] == "finished") & cells[metric].isna())]
         if cells.empty:
