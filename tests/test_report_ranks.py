@@ -14,7 +14,8 @@ from pflbench.reports.cells import load_cells
 from pflbench.reports.protocols import ADAPTED
 from pflbench.reports.ranks import method_of, study_ranks
 from pflbench.reports.studies import build_leaderboard
-from pflbench.reports.tables import Row, accuracy_tables
+from pflbench.reports.rows import Row
+from pflbench.reports.tables import accuracy_tables
 
 TABLE1_QUICK = Path(__file__).resolve().parents[1] / "results" / "published" / "table1-quick"
 FAST = ReportOptions(figures=False)

@@ -7,6 +7,7 @@ One idea per module, each reading only what the one before it produced:
                   x (averaging clients|pooled|worst10) -> the summary key, label and caption
     reference.py  papers' numbers transcribed into benchmarks/reference/*.csv, each with its protocol
                   and settings; `compare` says whether a cell may get a Δ against one
+    rows.py       what makes a row: an algorithm, the setting its cells differ in (labelled by it), tuned
     tables.py     pFedLA's table layout (algorithms x (dataset, clients) per scheme), one per protocol,
                   and Table 3's accuracy/communication layout, as data: entries with mean, std, status,
                   paper number and its comparison

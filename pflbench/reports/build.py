@@ -187,7 +187,7 @@ def _knobs_off(group: pd.DataFrame, title: str) -> tuple[pd.DataFrame, str]:
 
 
 def group_figures(cells: pd.DataFrame, comm, out: Path, options: ReportOptions, report: Report) -> None:
-    from pflbench.reports.tables import row_of_cells
+    from pflbench.reports.rows import row_of_cells
 
     for table in comm:
         column, scheme = table.column, table.scheme

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 
 from pflbench.reports.cells import display_name
 from pflbench.reports.stats import Paired, paired
-from pflbench.reports.tables import Column, Entry, Row, Table
+from pflbench.reports.rows import Row
+from pflbench.reports.tables import Column, Entry, Table
 
 DEFAULT_BASELINE = "local"
 

@@ -39,7 +39,8 @@ from pflbench.config import HETEROGENEITY_FIELDS
 from pflbench.privacy import privacy_caption
 from pflbench.reports.cells import is_reference
 from pflbench.reports.knobs import OFF, knob_columns, knob_setting, show_value as _show  # noqa: F401 (OFF: read by others)
-from pflbench.reports.tables import CONFIG_COLUMNS, Row, row_of_cells, row_order
+from pflbench.reports.rows import Row, row_of_cells, row_order
+from pflbench.reports.tables import CONFIG_COLUMNS
 
 TOLERANCE = 5.0  # percentage points lost against the knob-off cell that still count as coping
 ACCURACY_KEY = "final_accuracy"

@@ -20,7 +20,8 @@ import numpy as np
 from pflbench.reports.cells import display_name
 from pflbench.reports.protocols import Protocol
 from pflbench.reports.stats import LEVEL, average_ranks, cliques, friedman, nemenyi_cd
-from pflbench.reports.tables import TUNED, Entry, Row, Table
+from pflbench.reports.rows import TUNED, Row
+from pflbench.reports.tables import Entry, Table
 
 DIVERGED = -math.inf
 

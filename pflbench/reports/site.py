@@ -24,7 +24,8 @@ from pflbench.reports.cells import (algorithm_class, display_name, execution_tex
 from pflbench.reports.heterogeneity import site_tables
 from pflbench.reports.protocols import AVERAGINGS, DEFAULT, MODELS, SELECTIONS, Protocol
 from pflbench.reports.provenance import cell_provenance, study_facts
-from pflbench.reports.tables import DATA_DIFFER, TUNED, mean_or_none, payload_text
+from pflbench.reports.rows import TUNED
+from pflbench.reports.tables import DATA_DIFFER, mean_or_none, payload_text
 from pflbench.store import flatten
 
 CELL_COLUMNS = [  # (title, key, numeric)

@@ -7,7 +7,8 @@ paired tests (tables.mark_best, stats.py), and every accuracy table's caption na
 from __future__ import annotations
 
 from pflbench.reports.protocols import Protocol
-from pflbench.reports.tables import DATA_DIFFER, TIED, TUNED, CommTable, Entry, Row, Table, mean_or_none, payload_text
+from pflbench.reports.rows import TUNED, Row
+from pflbench.reports.tables import DATA_DIFFER, TIED, CommTable, Entry, Table, mean_or_none, payload_text
 
 MISSING = "–"
 
