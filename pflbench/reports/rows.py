@@ -89,7 +89,7 @@ def row_of_cells(cells: pd.DataFrame, knobs: bool = True) -> pd.Series:
         # ran) is the algorithm's default, as `pflbench rerun` resolves it; another key it lacks
         # (a budget field, another algorithm's option) is no value (NaN).
         text = cells[column].map(lambda v: math.nan if v is None or (isinstance(v, float) and math.isnan(v))
-                                 else format_value(v))
+                                 else format_value(v)).astype(object)
         if nulls is not None:
             text = text.mask(nulls.map(lambda fields: column in fields), "null")
         if column.startswith("hp."):
