@@ -24,17 +24,19 @@ from pathlib import Path
 
 import numpy as np
 
+from pflbench.reports.cells import read_artifacts
+
 
 def load_alphas(folder: Path) -> tuple[dict[int, np.ndarray], list[str]]:
-    arrays = np.load(folder / "artifacts" / "arrays.npz")
-    alphas, layers = {}, []
-    for key in arrays.files:
-        name, _, rnd = key.rpartition("_round")
-        if name == "alpha":
-            alphas[int(rnd)] = arrays[key]
-        elif name == "alpha_layers" and not layers:
-            layers = [str(x) for x in arrays[key]]
-    return dict(sorted(alphas.items())), layers
+    """{round: alpha [N, layers, N]} and the layer names, from the cell's stored artifacts."""
+    artifacts = read_artifacts(folder)
+    layer_names = next(iter(artifacts.get("alpha_layers", {}).values()), [])
+    return artifacts.get("alpha", {}), [str(x) for x in layer_names]
+
+
+def exact_share(alpha: np.ndarray) -> float:
+    """The fraction of alpha's entries that are exactly 0 or exactly 1."""
+    return float(((alpha == 0) | (alpha == 1)).mean())
 
 
 def shared_classes(folder: Path) -> np.ndarray:
@@ -92,7 +94,7 @@ def describe(folder: Path, rounds: list[int] | None, shared_rounds: list[int] | 
     for rnd in chosen:
         a = alphas[rnd]
         out["self_weight"][rnd] = [round(float(a[eye, l, eye].mean()), 3) for l in range(a.shape[1])]
-        out["exact_0_or_1"][rnd] = round(float(((a == 0) | (a == 1)).mean()), 3)
+        out["exact_0_or_1"][rnd] = round(exact_share(a), 3)
     shared = shared_classes(folder)
     out["by_shared_classes_last_round"] = by_shared_classes(alphas[max(alphas)], layers, shared)
     out["by_shared_classes"] = {rnd: by_shared_classes(alphas[rnd], layers, shared)

@@ -25,15 +25,12 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from alpha import shared_classes  # noqa: E402  (this folder's sibling script)
 
+from pflbench.reports.cells import read_artifacts  # noqa: E402
+
 
 def load(folder: Path, name: str) -> dict[int, np.ndarray]:
-    arrays = np.load(folder / "artifacts" / "arrays.npz")
-    found = {}
-    for key in arrays.files:
-        stem, _, rnd = key.rpartition("_round")
-        if stem == name:
-            found[int(rnd)] = arrays[key]
-    return dict(sorted(found.items()))
+    """{round: array} of one stored artifact of the cell."""
+    return read_artifacts(folder).get(name, {})
 
 
 def describe(folder: Path) -> dict:

@@ -19,11 +19,12 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from alpha import load_alphas  # noqa: E402
+from alpha import exact_share, load_alphas  # noqa: E402
 
+from pflbench.reports.cells import format_value, read_config, read_metrics  # noqa: E402
+from pflbench.reports.rows import current_defaults  # noqa: E402
 from pflbench.reports.stats import Paired, Sample, paired  # noqa: E402
 
 BUDGET = ("rounds", "local_epochs", "batch_size", "lr", "momentum", "weight_decay", "train_fraction",
@@ -31,12 +32,12 @@ BUDGET = ("rounds", "local_epochs", "batch_size", "lr", "momentum", "weight_deca
 
 
 def read_cell(folder: Path) -> tuple[dict, dict]:
-    return json.loads((folder / "config.json").read_text())["cell"], json.loads((folder / "summary.json").read_text())
+    return read_config(folder)["cell"], json.loads((folder / "summary.json").read_text())
 
 
 def last_round_clients(folder: Path, column: str) -> dict[int, float]:
-    """{client: accuracy in %} at the last evaluated round."""
-    metrics = pd.read_parquet(folder / "metrics.parquet", columns=["round", "client", column])
+    """{client: accuracy in %} at the last evaluated round (the trained clients: read_metrics)."""
+    metrics = read_metrics(folder)
     last = metrics[metrics["round"] == metrics["round"].max()]
     return {int(c): float(a) * 100 for c, a in zip(last["client"], last[column])}
 
@@ -57,10 +58,9 @@ def find_local(cell: dict, stores: list[Path]) -> Path | None:
 def departures(cell: dict, local: dict | None) -> str:
     """The hyperparameters that differ from the algorithm's current defaults, and the budget fields
     that differ from Local's cell."""
-    from pflbench.algorithm import get_algorithm
-
-    defaults = get_algorithm(cell["algorithm"]).parse_hyperparams({}).model_dump()
-    changed = [f"{k}={v}" for k, v in sorted(cell.get("hp", {}).items()) if k in defaults and defaults[k] != v]
+    defaults = current_defaults(cell["algorithm"])   # as the report's row labels print them
+    changed = [f"{k}={v}" for k, v in sorted(cell.get("hp", {}).items())
+               if f"hp.{k}" in defaults and defaults[f"hp.{k}"] != ("null" if v is None else format_value(v))]
     if local is not None:
         changed += [f"{k}={cell.get(k)}" for k in BUDGET if cell.get(k) != local.get(k)]
     return ", ".join(changed) or "defaults"
@@ -90,14 +90,11 @@ def text(p: Paired | None) -> str:
     return f"{p.mean:+.2f} ± {p.se:.2f} ({p.up} up, {p.down} down)" if p.se is not None else f"{p.mean:+.2f}"
 
 
-def exact_share(folder: Path, rounds: list[int]) -> str:
-    if not (folder / "artifacts" / "arrays.npz").exists():
-        return "–"
+def exact_shares(folder: Path, rounds: list[int]) -> str:
     alphas, _ = load_alphas(folder)
     if not alphas:
         return "–"
-    shares = [f"{100 * float(((alphas[r] == 0) | (alphas[r] == 1)).mean()):.1f}%" if r in alphas else "–"
-              for r in rounds]
+    shares = [f"{100 * exact_share(alphas[r]):.1f}%" if r in alphas else "–" for r in rounds]
     return " / ".join(shares)
 
 
@@ -119,7 +116,7 @@ def table(cells: list[Path], stores: list[Path], alpha_rounds: list[int]) -> str
             f"| {folder.parent.name} | {folder.name} | {cell['algorithm']} | {cell['seed']} | {settings} | "
             f"{percent(summary.get('final_accuracy'))} | {percent(summary.get('final_accuracy_adapted'))} | {local_text} | "
             f"{text(versus(folder, local, 'accuracy'))} | {text(versus(folder, local, 'accuracy_adapted'))} | "
-            f"{summary.get('wall_time', float('nan')):.0f} | {exact_share(folder, alpha_rounds)} |")
+            f"{summary.get('wall_time', float('nan')):.0f} | {exact_shares(folder, alpha_rounds)} |")
     return "\n".join(lines)
 
 
