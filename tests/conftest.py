@@ -11,3 +11,15 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def fresh_plugins():
+    """Plugins a test loads are forgotten afterwards (test files that load plugins use it for every test)."""
+    from pflbench import plugins
+
+    before = {p.source.id for p in plugins.loaded()}
+    yield
+    for loaded in plugins.loaded():
+        if loaded.source.id not in before:
+            plugins.unload(loaded.source.id)

@@ -28,14 +28,7 @@ class HeldoutProx(FedAvg):
     capabilities = Capabilities(refused_knobs={"privacy": "not yet"})
 '''
 
-
-@pytest.fixture(autouse=True)
-def fresh_plugins():
-    before = {p.source.id for p in plugins.loaded()}
-    yield
-    for loaded in plugins.loaded():
-        if loaded.source.id not in before:
-            plugins.unload(loaded.source.id)
+pytestmark = pytest.mark.usefixtures("fresh_plugins")
 
 
 def _registry() -> Registry:

@@ -97,15 +97,7 @@ def tiny_mlp(input_shape, num_classes):
 
 SMALL = {"rounds": 2, "clients": 4, "batch_size": 16, "lr": 0.05, "eval_every": 1}
 
-
-@pytest.fixture(autouse=True)
-def fresh_plugins():
-    """Each test loads its own plugins; what it loaded is forgotten afterwards."""
-    before = {p.source.id for p in plugins.loaded()}
-    yield
-    for loaded in plugins.loaded():
-        if loaded.source.id not in before:
-            plugins.unload(loaded.source.id)
+pytestmark = pytest.mark.usefixtures("fresh_plugins")
 
 
 @pytest.fixture

@@ -242,3 +242,16 @@ def test_a_table_mixing_training_paths_or_devices_says_so(tmp_path):
     notes = " ".join(accuracy_tables(load_cells(tmp_path))[0].notes)
     assert "different memory layouts (channels-last or not) (1 False, 1 True)" in notes
     assert "different client-thread counts (1 1, 1 2)" in notes
+
+
+def test_a_setting_is_mixed_only_where_its_printed_values_differ():
+    """100 (an int column) beside 100.0 (a float column with gaps elsewhere) is one setting, as the row
+    labels print it; another value, or a cell lacking the field, is a difference the table notes."""
+    import pandas as pd
+
+    from pflbench.reports.tables import mixed_columns
+
+    group = pd.DataFrame({"partition_params.samples_per_client": pd.Series([100, 100.0], dtype=object),
+                          "rounds": [600, 600], "lr": [0.01, 0.005], "batch_size": [32.0, float("nan")],
+                          "seed": [0, 1], "hp.beta": [1e-3, 5e-3], "accuracy": [0.8, 0.9]})
+    assert mixed_columns(group) == ["lr", "batch_size"]
