@@ -152,6 +152,17 @@ def format_value(value) -> str:
     return json.dumps(value)
 
 
+def printed_value(value) -> str | None:
+    """A configuration value as the report prints it (100 and 100.0 alike: "100"), None where the cell
+    has none (None or NaN); a value JSON cannot write (an array read back from parquet) as str() gives it."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return None
+    try:
+        return format_value(value)
+    except TypeError:
+        return str(value)
+
+
 def params_label(row: pd.Series, prefix: str = "partition_params.") -> str:
     """"alpha=0.3, min_samples=10" from a row's `partition_params.*` (or other prefix) columns."""
     items = {}

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from pflbench.reports.cells import algorithm_rank, display_name, format_value, is_reference
+from pflbench.reports.cells import algorithm_rank, display_name, format_value, is_reference, printed_value
 
 TUNED = "†"
 
@@ -88,8 +88,7 @@ def row_of_cells(cells: pd.DataFrame, knobs: bool = True) -> pd.Series:
         # its own). A hyperparameter the cell's configuration lacks (an option added after the cell
         # ran) is the algorithm's default, as `pflbench rerun` resolves it; another key it lacks
         # (a budget field, another algorithm's option) is no value (NaN).
-        text = cells[column].map(lambda v: math.nan if v is None or (isinstance(v, float) and math.isnan(v))
-                                 else format_value(v)).astype(object)
+        text = cells[column].astype(object).map(printed_value)
         if nulls is not None:
             text = text.mask(nulls.map(lambda fields: column in fields), "null")
         if column.startswith("hp."):

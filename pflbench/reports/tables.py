@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from pflbench.config import CellConfig
-from pflbench.reports.cells import DATASET_ALIASES, dataset_rank, format_value
+from pflbench.reports.cells import DATASET_ALIASES, dataset_rank, printed_value
 from pflbench.reports.budget import table_budget
 from pflbench.reports.identical import describe as describe_identical
 from pflbench.reports.identical import identical_groups
@@ -371,17 +371,9 @@ def mixed_columns(group: pd.DataFrame) -> list[str]:
     """Configuration columns (other than the seed and hyperparameters) in which an entry's cells differ,
     values compared as printed (100 and 100.0, an int column read beside a float one, are one value);
     a value missing from some cells is a difference."""
-    def printed(value) -> str:
-        if value is None or (isinstance(value, float) and math.isnan(value)):
-            return ""
-        try:
-            return format_value(value)
-        except TypeError:   # e.g. a list read back from parquet as an array
-            return str(value)
-
     return [c for c in group.columns
             if c.split(".")[0] in CONFIG_COLUMNS and c not in ("seed", "hp_source") and not c.startswith("hp.")
-            and group[c].astype(object).map(printed).nunique() > 1]
+            and group[c].astype(object).map(printed_value).nunique(dropna=False) > 1]
 
 
 def columns_of(cells: pd.DataFrame) -> list[Column]:
