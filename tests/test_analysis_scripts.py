@@ -1,5 +1,6 @@
 """benchmarks/analysis/: the scripts behind benchmarks/README.md's sentences on pFedLA's weights
-(alpha.py), FedFomo's exchange (fedfomo.py) and each cell against Local (versus_local.py), run on
+(alpha.py), FedFomo's exchange (fedfomo.py), each cell against Local (versus_local.py) and a cell
+branched from its checkpoint (branch.py), run on
 small cells made here and checked against the raw arrays they summarize."""
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 from rich.console import Console
 
@@ -16,6 +18,7 @@ from pflbench.runner import RunOptions, run_plan
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "analysis"))
 import alpha  # noqa: E402
+import branch  # noqa: E402
 import fedfomo  # noqa: E402
 import versus_local  # noqa: E402
 
@@ -99,3 +102,94 @@ def test_versus_local_pairs_each_cell_with_local_client_by_client(cells):
     assert pfedla_row.endswith(f" / {100 * share:.1f}% |") and "| pfedla | 0 | defaults |" in pfedla_row
     assert f"{found.mean:+.2f} ± {found.se:.2f}" in pfedla_row
     assert "| local | 0 | val_fraction" not in local_row and local_row.count("| – |") == 3  # no difference to itself
+
+
+BRANCH_SPEC = """
+name: branch
+matrix:
+  algorithm: [perfedavg]
+  dataset:
+    - {name: synthetic, options: {num_samples: 400}}
+  partition:
+    - {scheme: pathological, params: {classes_per_client: 3}}
+  clients: [4]
+  seed: [0]
+defaults: {rounds: 6, eval_every: 2, batch_size: 16, lr: 0.05, finetune_epochs: 1, hp: {beta: 0.05}}
+resources: {cpus: 1, gpus: 0}
+"""
+
+
+@pytest.fixture(scope="module")
+def branched(tmp_path_factory):
+    """A Per-FedAvg cell run to the end with its round-3 checkpoint kept (checkpoint_every 3: rounds 3
+    and 6, and the last round writes none)."""
+    from pflbench.spec import load_spec
+
+    tmp = tmp_path_factory.mktemp("branch")
+    (tmp / "spec.yaml").write_text(BRANCH_SPEC)
+    options = RunOptions(results=tmp / "store", data_root=tmp / "data", use_ray=False, checkpoint_every=3,
+                         keep_checkpoints=True)
+    assert run_plan(load_spec(tmp / "spec.yaml"), options, Console(file=io.StringIO())).exit_code == 0
+    folder = next(f for f in (tmp / "store").iterdir() if (f / "summary.json").is_file())
+    return tmp, folder
+
+
+def _branch(tmp, folder, name, *extra):
+    out = tmp / f"{name}.json"
+    assert branch.main([str(folder / "checkpoint.pt"), "--config", str(folder / "config.json"), "--out", str(out),
+                        "--data-root", str(tmp / "data"), "--check", str(folder), "--probe-every", "1",
+                        "--power-steps", "30", *extra]) == 0
+    return json.loads(out.read_text())
+
+
+def test_a_branch_without_changes_repeats_the_stored_rounds(branched):
+    tmp, folder = branched
+    found = _branch(tmp, folder, "same")
+    assert found["checkpoint"]["round"] == 3 and found["ended"] == "ran to the end"
+    assert [e["round"] for e in found["evaluations"]] == [4, 6]
+    assert found["differences"] == []
+    assert [p["round"] for p in found["probes"]] == [3, 4, 5, 6]
+    assert found["probes"][0]["moved"] == 0.0 and all(p["moved"] > 0 for p in found["probes"][1:])
+    # the delivered models are the shared one after one step of alpha: the stored evaluation's accuracy
+    stored = pd.read_parquet(folder / "metrics.parquet").groupby("round")["accuracy"].mean()
+    assert found["probes"][1]["delivered_test_accuracy"] == pytest.approx(float(stored[4]), abs=1e-6)
+    changed = _branch(tmp, folder, "beta", "--set", "hp.beta=0.01")
+    assert changed["changes"] == ["hp.beta=0.01"] and len(changed["differences"]) >= 1
+
+
+def test_the_curvature_probe_finds_the_hessians_top_eigenvalue(branched):
+    """Against the exact Hessian of one client's train loss (the synthetic cell's small model)."""
+    import torch
+    import torch.nn.functional as F
+
+    from pflbench.execution import ExecutionOptions
+    from pflbench.rounds import cell_global_rng
+
+    tmp, folder = branched
+    cell = branch.branch_cell(json.loads((folder / "config.json").read_text()), [])
+    with cell_global_rng(cell.seed, torch.device("cpu")):
+        fed, algorithm = branch.federation_of(cell, ExecutionOptions(device="cpu", threads=1), tmp / "data")
+        algorithm.setup()
+    state = {k: t.expand(fed.num_clients, *t.shape[1:]).clone() for k, t in algorithm.global_state.items()}
+    grad_norm, top = branch.curvature(fed, state, steps=200)
+    names = fed.model.param_names
+    length = min(len(fed.splits["train"][c]) for c in range(fed.num_clients))
+    ids = fed.splits["train"][0][:length]
+    shapes = [state[n][:1].shape for n in names]
+
+    def loss(vector):
+        params, at = {}, 0
+        for n, shape in zip(names, shapes):
+            params[n] = vector[at:at + shape.numel()].view(shape)
+            at += shape.numel()
+        logits = fed.model.forward(params, fed.features[ids][None], train=True)
+        return F.cross_entropy(logits[0], fed.labels[ids])
+
+    w = torch.cat([state[n][0].flatten() for n in names]).double().float()
+    hessian = torch.autograd.functional.hessian(loss, w)
+    exact = torch.linalg.eigvalsh(hessian.double())
+    grad = torch.autograd.grad(loss(w.requires_grad_(True)), w)[0]
+    assert float(grad_norm[0]) == pytest.approx(float(grad.norm()), rel=1e-4)
+    # power iteration finds the eigenvalue largest in size (here the top one: the loss is convex in the
+    # last layer and the rest is flatter)
+    assert float(top[0]) == pytest.approx(float(exact[-1]), rel=0.02)

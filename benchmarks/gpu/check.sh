@@ -34,17 +34,5 @@ else
         exit 3
     fi
 fi
-SITE="$WORK/site"
-start=$(date +%s)
-# The kit's wheels, without dependencies, next to the image's own packages (torch included)
-"$PY" -m pip install -q --disable-pip-version-check --no-index --no-deps --no-compile --find-links "$KIT/wheels" \
-    --target "$SITE" -r benchmarks/gpu/kit-requirements.txt || { echo "check.sh: installing the kit failed" >&2; exit 2; }
-# pflbench from this tree, laid out as installed (setup.py maps algorithms/, partitions/, benchmarks/ into it)
-mkdir -p "$SITE/pflbench" "$SITE/pflbench-0.1.0.dist-info"
-cp -r pflbench/. "$SITE/pflbench/"
-for folder in algorithms partitions benchmarks; do cp -r "$folder" "$SITE/pflbench/$folder"; done
-printf 'Metadata-Version: 2.1\nName: pflbench\nVersion: 0.1.0\n' > "$SITE/pflbench-0.1.0.dist-info/METADATA"
-echo "check.sh: kit installed in $(( $(date +%s) - start )) s" >&2
-# The site first; the current folder never on sys.path (it holds pflbench/ without the mapped folders)
-export PYTHONPATH="$SITE" PYTHONSAFEPATH=1 PYTHONUNBUFFERED=1 PFLBENCH_DATA_MIRROR="$KIT/data" PFLBENCH_DATA="$WORK/data"
+source "$REPO/benchmarks/gpu/kit_env.sh"
 exec "$PY" benchmarks/gpu/check.py --out "$OUT" --work "$WORK" $REHEARSE

@@ -1,0 +1,15 @@
+# Sourced (bash) by check.sh and in_kit.sh: installs the kit's wheels (without dependencies, beside the
+# Python's own packages: the device image's torch) and pflbench from this tree, laid out as installed,
+# into $WORK/site, and exports the environment that runs pflbench from there. Needs REPO, KIT, PY, WORK.
+SITE="$WORK/site"
+kit_start=$(date +%s)
+"$PY" -m pip install -q --disable-pip-version-check --no-index --no-deps --no-compile --find-links "$KIT/wheels" \
+    --target "$SITE" -r "$REPO/benchmarks/gpu/kit-requirements.txt" || { echo "installing the kit failed" >&2; exit 2; }
+# pflbench from this tree, laid out as installed (setup.py maps algorithms/, partitions/, benchmarks/ into it)
+mkdir -p "$SITE/pflbench" "$SITE/pflbench-0.1.0.dist-info"
+cp -r "$REPO/pflbench/." "$SITE/pflbench/"
+for folder in algorithms partitions benchmarks; do cp -r "$REPO/$folder" "$SITE/pflbench/$folder"; done
+printf 'Metadata-Version: 2.1\nName: pflbench\nVersion: 0.1.0\n' > "$SITE/pflbench-0.1.0.dist-info/METADATA"
+echo "kit installed in $(( $(date +%s) - kit_start )) s" >&2
+# The site first; the current folder never on sys.path (it holds pflbench/ without the mapped folders)
+export PYTHONPATH="$SITE" PYTHONSAFEPATH=1 PYTHONUNBUFFERED=1 PFLBENCH_DATA_MIRROR="$KIT/data" PFLBENCH_DATA="$WORK/data"
