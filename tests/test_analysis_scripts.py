@@ -153,6 +153,19 @@ def test_a_branch_without_changes_repeats_the_stored_rounds(branched):
     # the delivered models are the shared one after one step of alpha: the stored evaluation's accuracy
     stored = pd.read_parquet(folder / "metrics.parquet").groupby("round")["accuracy"].mean()
     assert found["probes"][1]["delivered_test_accuracy"] == pytest.approx(float(stored[4]), abs=1e-6)
+    # a light checkpoint (without Per-FedAvg's cache of delivered models) branches to the same rounds,
+    # and a snapshot of the shared model alone probes as the whole checkpoint does
+    assert branch.main([str(folder / "checkpoint.pt"), "--write-light", str(tmp / "light.pt")]) == 0
+    assert branch.main([str(tmp / "light.pt"), "--config", str(folder / "config.json"), "--out", str(tmp / "light.json"),
+                        "--data-root", str(tmp / "data"), "--check", str(folder), "--power-steps", "30"]) == 0
+    light = json.loads((tmp / "light.json").read_text())
+    assert light["differences"] == [] and light["evaluations"] == found["evaluations"]
+    assert branch.main(["--write-snapshots", str(folder / "checkpoint.pt"), "--out", str(tmp / "snapshots")]) == 0
+    assert branch.main(["--config", str(folder / "config.json"), "--out", str(tmp / "snapshots.json"), "--data-root",
+                        str(tmp / "data"), "--power-steps", "30", "--snapshots", str(tmp / "snapshots" / "snapshot-0003.pt")]) == 0
+    probed = json.loads((tmp / "snapshots.json").read_text())["probes"]
+    assert len(probed) == 1 and {k: v for k, v in probed[0].items() if k not in ("seconds", "moved")} == {
+        k: v for k, v in found["probes"][0].items() if k not in ("seconds", "moved")}
     changed = _branch(tmp, folder, "beta", "--set", "hp.beta=0.01")
     assert changed["changes"] == ["hp.beta=0.01"] and len(changed["differences"]) >= 1
 

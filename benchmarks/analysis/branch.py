@@ -25,6 +25,11 @@ Rows are written to `--out` (JSON) after every probe, so a branch cut short keep
     python benchmarks/analysis/branch.py CHECKPOINT --config STORE/HASH/config.json --out OUT.json
         [--until 600] [--set hp.beta=5e-4 ...] [--device cuda] [--tf32 on|off] [--probe-every 2]
         [--power-steps 15] [--deadline SECONDS] [--check STORE/HASH]
+    python benchmarks/analysis/branch.py --config ... --out OUT.json --snapshots SNAPSHOT...   # probes only
+    python benchmarks/analysis/branch.py --write-snapshots CHECKPOINT... --out FOLDER
+    python benchmarks/analysis/branch.py CHECKPOINT --write-light OUT   # without Per-FedAvg's cache
+A snapshot (`write_snapshot`) keeps only the shared model of a checkpoint, so that many of a run's
+checkpoints travel to a GPU where whole ones weigh too much.
 """
 from __future__ import annotations
 
@@ -212,6 +217,47 @@ def curvature(fed, state: dict, steps: int) -> tuple[torch.Tensor, torch.Tensor]
     return per_client(fed, everyone, probe, params, buffers, ids, start.to(fed.device))
 
 
+# ---- snapshots: the shared model alone, to probe a run's trajectory where whole checkpoints weigh too much ----
+
+SNAPSHOT_ATTRIBUTES = ("global_state", "_version")  # the shared model; Per-FedAvg's cache key
+
+
+def write_snapshot(checkpoint: Path, folder: Path) -> Path:
+    """`folder/snapshot-<round>.pt`: the checkpoint's round and the algorithm attributes the probes
+    read (`SNAPSHOT_ATTRIBUTES`; about 0.35 MB for Table 2's CNN where its checkpoint is 7.3 MB)."""
+    from pflbench.checkpoint import read_checkpoint
+
+    header, payload = read_checkpoint(checkpoint)
+    attributes = payload["algorithm"]["attributes"]
+    path = Path(folder) / f"snapshot-{header['round']:04d}.pt"
+    torch.save({"round": header["round"], "hash": header["hash"],
+                "attributes": {k: attributes[k] for k in SNAPSHOT_ATTRIBUTES if k in attributes}}, path)
+    return path
+
+
+def write_light(checkpoint: Path, out: Path) -> None:
+    """The checkpoint without Per-FedAvg's cache of delivered models (`_cached`: recomputed from the
+    shared model at the next evaluation, keyed by the model's version), half its size, same header."""
+    from pflbench.checkpoint import decode_header, encode_checkpoint, read_checkpoint
+
+    data = Path(checkpoint).read_bytes()
+    header = {k: v for k, v in decode_header(data).items() if k not in ("header_bytes", "bytes", "sha256", "format")}
+    _, payload = read_checkpoint(checkpoint)
+    if "_cached" in payload["algorithm"]["attributes"]:
+        payload["algorithm"]["attributes"]["_cached"] = None
+    Path(out).write_bytes(encode_checkpoint(header, payload))
+
+
+def probe_snapshots(paths: list[Path], fed, algorithm, probe: "Probe") -> None:
+    """Probe each snapshot's shared model at its round, in round order (no round is run)."""
+    algorithm.setup()
+    for path in sorted(paths):
+        snapshot = torch.load(path, map_location=fed.device, weights_only=False)
+        for name, value in snapshot["attributes"].items():
+            setattr(algorithm, name, value)
+        probe.probe(snapshot["round"], fed, algorithm)
+
+
 def check_against(store_cell: Path, evals: list[dict]) -> list[str]:
     """Where the branch's evaluations differ from the stored cell's (mean accuracy per round)."""
     stored = pd.read_parquet(store_cell / "metrics.parquet").groupby("round")["accuracy"].mean()
@@ -221,9 +267,15 @@ def check_against(store_cell: Path, evals: list[dict]) -> list[str]:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("checkpoint", type=Path)
-    parser.add_argument("--config", type=Path, required=True, help="the stored cell's config.json")
-    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("checkpoint", type=Path, nargs="?", help="the round checkpoint to branch from")
+    parser.add_argument("--snapshots", type=Path, nargs="+", default=None,
+                        help="probe these snapshots (write_snapshot's files) instead of running rounds")
+    parser.add_argument("--write-snapshots", type=Path, nargs="+", default=None, metavar="CHECKPOINT",
+                        help="write a snapshot of each checkpoint into --out (a folder), and nothing else")
+    parser.add_argument("--write-light", type=Path, default=None, metavar="OUT",
+                        help="write the checkpoint without Per-FedAvg's cache to OUT, and nothing else")
+    parser.add_argument("--config", type=Path, help="the stored cell's config.json")
+    parser.add_argument("--out", type=Path, help="the JSON written (a folder with --write-snapshots)")
     parser.add_argument("--until", type=int, default=None, help="the last round to run (default: the cell's)")
     parser.add_argument("--set", dest="changes", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--device", default="cpu")
@@ -235,6 +287,18 @@ def main(argv=None) -> int:
     parser.add_argument("--data-root", default=None, help="pflbench's data folder (default: as `pflbench run`)")
     parser.add_argument("--check", type=Path, default=None, help="a stored cell folder: compare evaluations")
     args = parser.parse_args(argv)
+    if args.write_snapshots:
+        if args.out is None:
+            parser.error("--write-snapshots needs --out FOLDER")
+        args.out.mkdir(parents=True, exist_ok=True)
+        for checkpoint in args.write_snapshots:
+            print(write_snapshot(checkpoint, args.out))
+        return 0
+    if args.write_light:
+        write_light(args.checkpoint, args.write_light)
+        return 0
+    if args.config is None or args.out is None or (args.checkpoint is None) == (args.snapshots is None):
+        parser.error("give --config, --out and either a checkpoint or --snapshots")
 
     from pflbench.algorithm import get_algorithm
     from pflbench.checkpoint import code_version
@@ -252,6 +316,11 @@ def main(argv=None) -> int:
     probe = Probe(args.checkpoint, args.probe_every, args.power_steps, args.out, args.deadline, meta)
     with cell_global_rng(cell.seed, torch.device(args.device)):
         fed, algorithm = federation_of(cell, ExecutionOptions(device=args.device, threads=args.threads), args.data_root)
+        if args.snapshots:
+            probe_snapshots(args.snapshots, fed, algorithm, probe)
+            meta["ended"] = f"probed {len(args.snapshots)} snapshots"
+            probe.write()
+            return 0
         try:
             run_rounds(fed, algorithm, on_round=probe.on_round, checkpointer=probe, stop_after=args.until)
             meta["ended"] = "ran to the end"

@@ -7,14 +7,16 @@
 #   early       EARLY checkpoint, the cell as stored, full float32: a longer trajectory of other rounding
 #   beta-half   LATE checkpoint, meta step beta 5e-4 instead of 1e-3
 #   alpha-half  LATE checkpoint, inner / personalization step alpha 0.005 instead of 0.01
-# Does the break come back when only the float rounding differs, and with smaller steps? The probes
-# (shared model's loss, each client's Hessian top eigenvalue against 2/alpha) say what moves before it.
+# and a sixth process probes the re-run's own trajectory through the break (SNAPSHOTS: a folder of
+# `branch.py --write-snapshots` files of its checkpoints). Does the break come back when only the float
+# rounding differs, and with smaller steps? The probes (shared model's loss, each client's Hessian top
+# eigenvalue against 2/alpha) say what moves before it.
 #
-#   bash benchmarks/gpu/in_kit.sh bash benchmarks/analysis/perfedavg_break.sh OUT CONFIG LATE EARLY [SECONDS]
+#   bash benchmarks/gpu/in_kit.sh bash benchmarks/analysis/perfedavg_break.sh OUT CONFIG LATE EARLY SNAPSHOTS [SECONDS]
 # DEVICE (default cuda), UNTIL (default: the cell's last round) and POWER_STEPS (20) are read from the environment.
 set -uo pipefail
-OUT=${1:?usage: perfedavg_break.sh OUT CONFIG LATE_CHECKPOINT EARLY_CHECKPOINT [SECONDS]}
-CONFIG=$2 LATE=$3 EARLY=$4 SECONDS_EACH=${5:-360}
+OUT=${1:?usage: perfedavg_break.sh OUT CONFIG LATE_CHECKPOINT EARLY_CHECKPOINT SNAPSHOTS [SECONDS]}
+CONFIG=$2 LATE=$3 EARLY=$4 SNAPSHOTS=$5 SECONDS_EACH=${6:-360}
 DEVICE=${DEVICE:-cuda}
 PY=${PY:-python3}
 mkdir -p "$OUT"
@@ -31,6 +33,9 @@ branch same-tf32 "$LATE" on &
 branch early "$EARLY" off &
 branch beta-half "$LATE" off --set hp.beta=5e-4 &
 branch alpha-half "$LATE" off --set hp.alpha=0.005 &
+{ "$PY" benchmarks/analysis/branch.py --config "$CONFIG" --out "$OUT/trajectory.json" --device "$DEVICE" \
+      --power-steps "${POWER_STEPS:-20}" --snapshots "$SNAPSHOTS"/snapshot-*.pt > "$OUT/.branch-trajectory.log" 2>&1
+  echo "== trajectory: exit $? $(date +%T)" >> "$OUT/.branch-trajectory.log"; } &
 if command -v nvidia-smi >/dev/null; then
     sleep 60; nvidia-smi --query-gpu=name,utilization.gpu,memory.used --format=csv > "$OUT/.nvidia-smi.txt"
 fi

@@ -92,7 +92,8 @@ def row_of_cells(cells: pd.DataFrame, knobs: bool = True) -> pd.Series:
         if nulls is not None:
             text = text.mask(nulls.map(lambda fields: column in fields), "null")
         if column.startswith("hp."):
-            text = text.fillna(cells["algorithm"].map(lambda name: defaults.get(name, {}).get(column, math.nan)))
+            default = cells["algorithm"].map(lambda name: defaults.get(name, {}).get(column, math.nan))
+            text = text.fillna(default.astype(text.dtype))  # both str (pandas 3 refuses an object filler)
         return text
 
     texts = pd.DataFrame({c: shown(c) for c in hp_columns + budget_columns}, index=cells.index)
