@@ -23,7 +23,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from alpha import exact_share, load_alphas  # noqa: E402
 
-from pflbench.reports.cells import format_value, read_config, read_metrics  # noqa: E402
+from pflbench.reports.cells import printed_value, read_config, read_metrics  # noqa: E402
 from pflbench.reports.rows import current_defaults  # noqa: E402
 from pflbench.reports.stats import Paired, Sample, paired  # noqa: E402
 
@@ -55,12 +55,18 @@ def find_local(cell: dict, stores: list[Path]) -> Path | None:
     return None
 
 
+def _printed(value) -> str:
+    """A hyperparameter's value as the row labels print it (a value of None: "null")."""
+    text = printed_value(value)
+    return "null" if text is None else text
+
+
 def departures(cell: dict, local: dict | None) -> str:
     """The hyperparameters that differ from the algorithm's current defaults, and the budget fields
     that differ from Local's cell."""
     defaults = current_defaults(cell["algorithm"])   # as the report's row labels print them
     changed = [f"{k}={v}" for k, v in sorted(cell.get("hp", {}).items())
-               if f"hp.{k}" in defaults and defaults[f"hp.{k}"] != ("null" if v is None else format_value(v))]
+               if f"hp.{k}" in defaults and defaults[f"hp.{k}"] != _printed(v)]
     if local is not None:
         changed += [f"{k}={cell.get(k)}" for k in BUDGET if cell.get(k) != local.get(k)]
     return ", ".join(changed) or "defaults"
