@@ -24,6 +24,10 @@ set aside into `<store>/_damaged/` with one line saying why, and the cell starts
 worker keeps it in the driver's store, through the driver's node (`Checkpointer(files=...)`,
 pflbench/checkpoint_relay.py): the same bytes, checks and atomic write.
 
+Kept copies: with `keep_from` = r > 0, every checkpoint written at round r or later is also copied to
+`<store>/_kept/<hash>/round-NNNN.pt` (the same bytes; never removed by pflbench), to go back to the
+models of chosen rounds (e.g. `benchmarks/analysis/branch.py`); the store's cells ignore that folder.
+
 When: every `every` rounds, and at least every `minutes` of wall time (defaults: by time only, every
 5 minutes, so a cell that takes under a minute never writes one, and the write's cost stays a small
 share of a long cell's time: measured in the README). The last round writes none (the result follows).
@@ -53,7 +57,7 @@ from typing import TYPE_CHECKING, Callable
 if TYPE_CHECKING:
     import torch
 
-from pflbench.store import CHECKPOINT, atomic_write
+from pflbench.store import CHECKPOINT, KEPT, atomic_write
 from pflbench.config import CellConfig, cell_hash
 
 MAGIC = b"PFLBENCH-CHECKPOINT"
@@ -69,16 +73,20 @@ class CheckpointProblem(ValueError):
 class CheckpointPolicy:
     """When a running cell writes a checkpoint (module doc). `every`: rounds between checkpoints (0:
     by time only); `minutes`: at most this much wall time between checkpoints (0: not by time);
-    `keep`: leave the last checkpoint in place when the cell finishes."""
+    `keep`: leave the last checkpoint in place when the cell finishes; `keep_from`: also keep a copy of
+    every checkpoint written at this round or later (0: none; module doc)."""
     every: int = 0
     minutes: float = DEFAULT_MINUTES
     keep: bool = False
+    keep_from: int = 0
 
     def __post_init__(self):
         if not isinstance(self.every, int) or self.every < 0:
             raise ValueError(f"checkpoint every must be a whole number of rounds >= 0 (0: by time only), got {self.every!r}")
         if not self.minutes >= 0:
             raise ValueError(f"checkpoint minutes must be >= 0 (0: not by time), got {self.minutes!r}")
+        if not isinstance(self.keep_from, int) or isinstance(self.keep_from, bool) or self.keep_from < 0:
+            raise ValueError(f"keep checkpoints from must be a round >= 1 (0: keep none), got {self.keep_from!r}")
 
     def due(self, rnd: int, rounds: int, since_last: float) -> bool:
         if rnd >= rounds:
@@ -280,8 +288,8 @@ def read_checkpoint(path: Path, device: "torch.device | str" = "cpu") -> tuple[d
 
 class CheckpointFile:
     """Where one cell's checkpoint is kept: `path`, in a folder this process can write (the store's
-    own folder when the cell runs where the store is). The Checkpointer reads, writes and sets aside
-    through these four methods only, so that a cell on a Ray worker of another machine can keep its
+    own folder when the cell runs where the store is). The Checkpointer reads, writes, keeps copies and
+    sets aside through these five methods only, so that a cell on a Ray worker of another machine can keep its
     checkpoint in the driver's store instead (pflbench/checkpoint_relay.py)."""
 
     def __init__(self, path: Path, set_aside_dir: Path):
@@ -299,6 +307,13 @@ class CheckpointFile:
 
     def write(self, data: bytes) -> None:
         write_checkpoint_bytes(self.path, data)
+
+    def keep(self, rnd: int, data: bytes) -> str:
+        """A copy of a checkpoint's bytes as `<store>/_kept/<hash>/round-NNNN.pt` (module doc); its path."""
+        target = self.path.parent.parent / KEPT / self.path.parent.name / f"round-{rnd:04d}.pt"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        write_checkpoint_bytes(target, data)
+        return str(target)
 
     def set_aside(self, reason: str) -> str:
         """Move the checkpoint into `set_aside_dir` (never deleted), with its reason beside it; where it went."""
@@ -416,6 +431,8 @@ class Checkpointer:
                   "written_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
         data = encode_checkpoint(header, payload)
         self.files.write(data)
+        if self.policy.keep_from and rnd >= self.policy.keep_from:
+            self.files.keep(rnd, data)
         self.last_bytes = len(data)
         self.written += 1
         self._last = self.clock()

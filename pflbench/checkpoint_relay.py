@@ -77,6 +77,10 @@ class CheckpointKeeper:
             raise CheckpointProblem(f"a checkpoint of cell {header.get('hash')} sent as cell {key}'s; nothing written")
         self._file(key).write(data)
 
+    def keep(self, key: str, attempt: int, rnd: int, data: bytes) -> str:
+        self._check(key, attempt)
+        return f"{self.host}:{self._file(key).keep(rnd, data)}"
+
     def set_aside(self, key: str, attempt: int, reason: str) -> str:
         self._check(key, attempt)
         return f"{self.host}:{self._file(key).set_aside(reason)}"
@@ -111,6 +115,11 @@ class RelayedCheckpointFile:
         import ray
 
         ray.get(self.keeper.write.remote(self.key, self.attempt, data))
+
+    def keep(self, rnd: int, data: bytes) -> str:
+        import ray
+
+        return ray.get(self.keeper.keep.remote(self.key, self.attempt, rnd, data))
 
     def set_aside(self, reason: str) -> str:
         import ray

@@ -58,17 +58,19 @@ class RunOptions:
     checkpoint_every: int = 0      # rounds between round checkpoints (0: by time only)
     checkpoint_minutes: float = DEFAULT_MINUTES  # at most this much wall time between checkpoints (0: not by time)
     keep_checkpoints: bool = False  # leave a finished cell's last checkpoint in the store
+    keep_checkpoints_from: int = 0  # also keep a copy of every checkpoint from this round on (<store>/_kept/; 0: none)
     retries: int = 2               # Ray: reruns of a cell whose worker was lost (it resumes from its checkpoint)
     trackers: TrackerOptions = TrackerOptions()  # stream each cell's rounds to TensorBoard/W&B/MLflow (trackers.py)
 
     def __post_init__(self):
-        CheckpointPolicy(self.checkpoint_every, self.checkpoint_minutes)  # ValueError before any work
+        CheckpointPolicy(self.checkpoint_every, self.checkpoint_minutes, keep_from=self.keep_checkpoints_from)  # ValueError before any work
         if not isinstance(self.retries, int) or self.retries < 0:
             raise ValueError(f"retries must be a whole number >= 0, got {self.retries!r}")
 
     @property
     def checkpoint_policy(self) -> CheckpointPolicy:
-        return CheckpointPolicy(self.checkpoint_every, self.checkpoint_minutes, self.keep_checkpoints)
+        return CheckpointPolicy(self.checkpoint_every, self.checkpoint_minutes, self.keep_checkpoints,
+                                self.keep_checkpoints_from)
     plugins: tuple = ()            # the plugins the cells use, shipped to Ray workers (pflbench.plugins)
 
 

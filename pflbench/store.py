@@ -58,6 +58,7 @@ ARTIFACTS = Path("artifacts") / "arrays.npz"
 # so resuming skips them; "failed" (a crash, a lost worker) is retried.
 COMPLETE = ("finished", "diverged")
 DAMAGED = "damaged"  # a status of our own: the summary exists but the cell's files do not hold up
+KEPT = "_kept"  # round checkpoints kept on request (`pflbench run --keep-checkpoints-from`): <store>/_kept/<hash>/
 SET_ASIDE = "_damaged"  # where `run` moves a damaged cell's folder before running the cell again
 CLAIM = "claim.json"
 HEARTBEAT = 30.0     # seconds between refreshes of a running cell's claim

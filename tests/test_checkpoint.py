@@ -261,6 +261,27 @@ def test_checkpoints_keep_only_the_latest_and_record_their_cost(tmp_path):
     assert [(e["hash"], e["round"], e["rounds"], e["problem"]) for e in listed] == [("cell", 4, 5, "from another configuration")]
 
 
+def test_checkpoints_from_a_chosen_round_are_kept_beside_the_store_cells(tmp_path):
+    """`keep_from`: every checkpoint written from that round on is also copied, byte for byte, to
+    <store>/_kept/<hash>/round-NNNN.pt, and stays after the cell finished; the store's cells ignore it."""
+    from pflbench.runner import RunOptions, cell_checkpointer
+    from pflbench.store import KEPT, Store, load_store, store_problems
+
+    cell = small_cell(rounds=6)
+    options = RunOptions(results=tmp_path / "store", checkpoint_every=1, checkpoint_minutes=0, keep_checkpoints_from=3)
+    store = Store(options.results)
+    checkpointer = cell_checkpointer(cell, options)
+    result = run_cell(cell, data_root=tmp_path, checkpointer=checkpointer)
+    store.write(cell, result)
+    kept = tmp_path / "store" / KEPT / store.cell_dir(cell).name
+    assert sorted(p.name for p in kept.iterdir()) == ["round-0003.pt", "round-0004.pt", "round-0005.pt"]
+    assert [read_header(kept / f"round-000{r}.pt")["round"] for r in (3, 4, 5)] == [3, 4, 5]
+    assert (kept / "round-0005.pt").read_bytes() == store.checkpoint_path(cell).read_bytes()  # the latest, copied
+    assert list(load_store(tmp_path / "store")["hash"]) == [store.cell_dir(cell).name] and not store_problems(tmp_path / "store")
+    with pytest.raises(ValueError, match="keep checkpoints from must be a round >= 1"):
+        CheckpointPolicy(keep_from=-1)
+
+
 def test_store_check_lists_the_cells_with_a_checkpoint_and_its_round(tmp_path, capsys):
     from pflbench.cli import main
     from pflbench.store import Store
@@ -281,7 +302,8 @@ def test_run_refuses_bad_checkpoint_options_before_any_work(tmp_path, capsys):
     from pflbench.cli import main
 
     for option, value, message in (("--checkpoint-every", "-2", "--checkpoint-every must be 0"),
-                                   ("--checkpoint-minutes", "-1", "--checkpoint-minutes must be >= 0")):
+                                   ("--checkpoint-minutes", "-1", "--checkpoint-minutes must be >= 0"),
+                                   ("--keep-checkpoints-from", "-1", "--keep-checkpoints-from must be a round")):
         with pytest.raises(SystemExit, match=message):
             main(["run", "benchmarks/demo.yaml", "--results", str(tmp_path / "r"), option, value])
     assert not (tmp_path / "r").exists()

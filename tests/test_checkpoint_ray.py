@@ -179,6 +179,11 @@ def test_the_keeper_writes_only_the_open_attempt_of_a_cell_and_only_whole_checkp
     keeper.open("cell", 1)  # a retry: the lost attempt 0 may write no more
     with pytest.raises(StaleAttempt, match="attempt 0 is not the cell's current one \\(1\\)"):
         keeper.write("cell", 0, data)
+    copy = keeper.keep("cell", 1, 2, data)  # a kept copy (--keep-checkpoints-from), on the driver's node
+    assert copy.split(":", 1)[1] == str(tmp_path / "store" / "_kept" / "cell" / "round-0002.pt")
+    assert (tmp_path / "store" / "_kept" / "cell" / "round-0002.pt").read_bytes() == data
+    with pytest.raises(StaleAttempt, match="attempt 0 is not the cell's current one"):
+        keeper.keep("cell", 0, 2, data)
     kept = keeper.set_aside("cell", 1, "damaged: for the test")
     assert kept.split(":", 1)[1].startswith(str(tmp_path / "store" / "_damaged" / "cell-checkpoint-"))
     assert keeper.read("cell") is None

@@ -34,6 +34,9 @@ def add_parser(subparsers) -> None:
     run.add_argument("--force", action="store_true", help="rerun cells that already have a result")
     add_execution_arguments(run, device_help="torch device for every cell (default: cuda for cells given GPUs, else cpu)")
     add_checkpoint_options(run, retried="Ray: rerun a cell")
+    run.add_argument("--keep-checkpoints-from", type=int, default=0, metavar="ROUND",
+                     help="also keep a copy of every checkpoint written at ROUND or later, in <results>/_kept/<cell>/ "
+                          "(e.g. to branch a cell from chosen rounds: benchmarks/analysis/branch.py; default 0: none)")
     run.add_argument("--tracker", dest="trackers", action="append", nargs="?", const="tensorboard", default=[],
                      metavar="KIND", help="stream each cell's per-round metrics, configuration and id to an experiment "
                      "tracker: tensorboard (the default KIND: event files, no server), wandb (offline mode) or mlflow "
@@ -65,6 +68,8 @@ def checkpoint_problem(args) -> str | None:
         return f"--checkpoint-every must be 0 (by time only) or a number of rounds >= 1, got {args.checkpoint_every}"
     if not args.checkpoint_minutes >= 0:
         return f"--checkpoint-minutes must be >= 0 (0: not by time), got {args.checkpoint_minutes}"
+    if getattr(args, "keep_checkpoints_from", 0) < 0:
+        return f"--keep-checkpoints-from must be a round >= 1 (0: keep none), got {args.keep_checkpoints_from}"
     if getattr(args, "retries", 0) < 0:
         return f"--retries must be >= 0, got {args.retries}"
     return None
@@ -127,7 +132,7 @@ def cmd_run(args) -> int:
                          workers=args.workers, ray_address=args.ray_address, force=args.force,
                          execution=execution_options(args), checkpoint_every=args.checkpoint_every,
                          checkpoint_minutes=args.checkpoint_minutes, keep_checkpoints=args.keep_checkpoints,
-                         retries=args.retries, trackers=trackers)
+                         keep_checkpoints_from=args.keep_checkpoints_from, retries=args.retries, trackers=trackers)
     try:
         return run_plan(plan, options, console).exit_code
     except PrepareError as error:
