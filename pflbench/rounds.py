@@ -88,14 +88,21 @@ def run_cell(cell: CellConfig, *, data_root=None, mirror=None, execution: Execut
 
     evaluate = check_evaluated(evaluate)
     cell = ensure_resolved(cell)
-    algorithm_cls = get_algorithm(cell.algorithm)
     dataset, splits = prepare_cell(cell, data_root, mirror)
     with cell_global_rng(cell.seed, federation_device(execution)):
-        fed = Federation(cell, dataset, splits, execution, algorithm_cls.capabilities.batched, withhold_test="test" not in evaluate)
-        algorithm = algorithm_cls(fed, algorithm_cls.parse_hyperparams(cell.hp))
+        fed, algorithm = build_cell(cell, dataset, splits, execution, withhold_test="test" not in evaluate)
         return run_rounds(fed, algorithm, on_round=on_round, evaluate=evaluate, checkpointer=checkpointer,
                           stop_after=stop_after, provenance={"dataset_checksum": dataset.checksum,
                                                              "torch": torch.__version__, "device": fed.device.type})
+
+
+def build_cell(cell: CellConfig, dataset, splits, execution: ExecutionOptions,
+               withhold_test: bool = False) -> tuple[Federation, Algorithm]:
+    """The cell's Federation and its algorithm (with the cell's hyperparameters), from `prepare_cell`'s
+    data; call it inside `cell_global_rng`, as `run_cell` does."""
+    algorithm_cls = get_algorithm(cell.algorithm)
+    fed = Federation(cell, dataset, splits, execution, algorithm_cls.capabilities.batched, withhold_test=withhold_test)
+    return fed, algorithm_cls(fed, algorithm_cls.parse_hyperparams(cell.hp))
 
 
 @contextmanager

@@ -63,7 +63,7 @@ class RunOptions:
     trackers: TrackerOptions = TrackerOptions()  # stream each cell's rounds to TensorBoard/W&B/MLflow (trackers.py)
 
     def __post_init__(self):
-        CheckpointPolicy(self.checkpoint_every, self.checkpoint_minutes, keep_from=self.keep_checkpoints_from)  # ValueError before any work
+        _ = self.checkpoint_policy  # ValueError before any work
         if not isinstance(self.retries, int) or self.retries < 0:
             raise ValueError(f"retries must be a whole number >= 0, got {self.retries!r}")
 

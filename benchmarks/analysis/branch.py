@@ -71,16 +71,11 @@ def branch_cell(config: dict, changes: list[str]):
 
 
 def federation_of(cell, execution, data_root=None):
-    """The cell's Federation and algorithm, built as `pflbench.rounds.run_cell` builds them (call it
-    inside `cell_global_rng`, as run_cell does)."""
-    from pflbench.algorithm import get_algorithm
-    from pflbench.federation import Federation
-    from pflbench.rounds import prepare_cell
+    """The cell's Federation and algorithm, as `pflbench.rounds.run_cell` builds them (call it inside
+    `cell_global_rng`, as run_cell does)."""
+    from pflbench.rounds import build_cell, prepare_cell
 
-    algorithm_cls = get_algorithm(cell.algorithm)
-    dataset, splits = prepare_cell(cell, data_root)
-    fed = Federation(cell, dataset, splits, execution, algorithm_cls.capabilities.batched)
-    return fed, algorithm_cls(fed, algorithm_cls.parse_hyperparams(cell.hp))
+    return build_cell(cell, *prepare_cell(cell, data_root), execution)
 
 
 def flat(state: dict, names) -> torch.Tensor:
@@ -94,7 +89,7 @@ class Probe:
     def __init__(self, checkpoint: Path, every: int, power_steps: int, out: Path, deadline: float, meta: dict):
         self.checkpoint, self.every, self.power_steps, self.out = checkpoint, every, power_steps, out
         self.deadline, self.meta, self.rows, self.evals = deadline, meta, [], []
-        self.started, self.previous, self.resumed_from = time.perf_counter(), None, None
+        self.started, self.previous = time.perf_counter(), None
 
     # -- the round loop's checkpointer calls --
     def resume(self, fed, algorithm, provenance=None):
@@ -104,7 +99,6 @@ class Probe:
         algorithm.load_state_dict(payload["algorithm"])
         load_federation_state(fed, payload["federation"])
         set_random_state(payload["random"])
-        self.resumed_from = header["round"]
         self.meta["checkpoint"] = {k: header.get(k) for k in ("round", "hash", "code", "execution", "written_at")}
         self.previous = self._shared(algorithm)
         self.probe(header["round"], fed, algorithm)
@@ -238,11 +232,10 @@ def write_snapshot(checkpoint: Path, folder: Path) -> Path:
 def write_light(checkpoint: Path, out: Path) -> None:
     """The checkpoint without Per-FedAvg's cache of delivered models (`_cached`: recomputed from the
     shared model at the next evaluation, keyed by the model's version), half its size, same header."""
-    from pflbench.checkpoint import decode_header, encode_checkpoint, read_checkpoint
+    from pflbench.checkpoint import decode_checkpoint, encode_checkpoint
 
-    data = Path(checkpoint).read_bytes()
-    header = {k: v for k, v in decode_header(data).items() if k not in ("header_bytes", "bytes", "sha256", "format")}
-    _, payload = read_checkpoint(checkpoint)
+    header, payload = decode_checkpoint(Path(checkpoint).read_bytes())
+    header = {k: v for k, v in header.items() if k not in ("header_bytes", "bytes", "sha256", "format")}
     if "_cached" in payload["algorithm"]["attributes"]:
         payload["algorithm"]["attributes"]["_cached"] = None
     Path(out).write_bytes(encode_checkpoint(header, payload))
