@@ -49,15 +49,15 @@ GATE = Path({gate!r})
 
 @ALGORITHMS.register("gated-fedavg")
 class GatedFedAvg(FedAvg):
-    def configure(self, rnd, clients):
-        if rnd == {gate_round} and (GATE / "armed").exists():
+    def configure(self, rnd):
+        if rnd.number == {gate_round} and (GATE / "armed").exists():
             (GATE / f"waiting-{{os.getpid()}}").touch()
             deadline = time.monotonic() + {wait}
             while not (GATE / "open").exists():
                 if time.monotonic() > deadline:
                     raise RuntimeError("the test never killed this worker nor opened the gate")
                 time.sleep(0.05)
-        return super().configure(rnd, clients)
+        return super().configure(rnd)
 '''
 
 

@@ -67,18 +67,18 @@ GATE = Path({gate!r})
 
 @ALGORITHMS.register("gated-fedavg")
 class GatedFedAvg(FedAvg):
-    def configure(self, rnd, clients):
+    def configure(self, rnd):
         host, seed = socket.gethostname(), self.fed.cell.seed
         if host.startswith("pfl-"):
             with open(GATE / f"trace-{{host}}.txt", "a") as trace:
-                trace.write(f"{{seed}} {{rnd}} {{os.getpid()}}\\n")
-        if host == "pfl-worker" and rnd == {gate_round}:
+                trace.write(f"{{seed}} {{rnd.number}} {{os.getpid()}}\\n")
+        if host == "pfl-worker" and rnd.number == {gate_round}:
             (GATE / f"waiting-{{seed}}-{{os.getpid()}}").touch()
             deadline = time.monotonic() + {wait}
             while time.monotonic() < deadline:  # the test kills this node meanwhile
                 time.sleep(0.1)
             raise RuntimeError("the test never killed this node")
-        return super().configure(rnd, clients)
+        return super().configure(rnd)
 '''
 
 # A node's address sits on its own loopback, with a route to the other node through its end of the veth
