@@ -41,14 +41,20 @@ def step_ids(fed, rnd: int | Round, clients: Tensor, *, stream: str | None = Non
     return ids, counts
 
 
-def loss_and_grads(fed, params: State, buffers: State, ids: Tensor) -> tuple[Tensor, State]:
-    """Mean cross-entropy of each client's batch `ids` [K, B] and its gradient with respect to
-    `params` ([K, ...] each). The forward runs in training mode, so BatchNorm statistics in
-    `buffers` are updated in place (pass clones to discard them)."""
-    leaves = {n: t.detach().requires_grad_(True) for n, t in params.items()}
-    logits = fed.model.forward({**leaves, **buffers}, fed.features[ids], train=True)
+def batch_losses(fed, params: State, buffers: State, ids: Tensor) -> Tensor:
+    """Mean cross-entropy of each client's batch `ids` [K, B] under `params` ([K, ...] each), [K],
+    differentiable with respect to `params`. The forward runs in training mode, so BatchNorm
+    statistics in `buffers` are updated in place (pass clones to discard them)."""
+    logits = fed.model.forward({**params, **buffers}, fed.features[ids], train=True)
     labels = fed.labels[ids]
-    losses = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="none").view(labels.shape).mean(1)
+    return F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="none").view(labels.shape).mean(1)
+
+
+def loss_and_grads(fed, params: State, buffers: State, ids: Tensor) -> tuple[Tensor, State]:
+    """`batch_losses` of each client's batch `ids` [K, B] and its gradient with respect to `params`
+    ([K, ...] each); BatchNorm statistics in `buffers` are updated in place."""
+    leaves = {n: t.detach().requires_grad_(True) for n, t in params.items()}
+    losses = batch_losses(fed, leaves, buffers, ids)
     grads = torch.autograd.grad(losses.sum(), list(leaves.values()), allow_unused=True)
     return losses.detach(), {n: torch.zeros_like(t) if g is None else g for (n, t), g in zip(leaves.items(), grads)}
 

@@ -178,9 +178,7 @@ def curvature(fed, state: dict, steps: int) -> tuple[torch.Tensor, torch.Tensor]
     """Each client's gradient norm on its whole train split and the eigenvalue largest in size of its
     train loss's Hessian at `state` ([N, ...] rows), by `steps` power iterations on exact
     Hessian-vector products (double backward; a ReLU's second derivative is 0, as autograd takes it)."""
-    import torch.nn.functional as F
-
-    from pflbench.steps import per_client
+    from pflbench.steps import batch_losses, per_client
 
     names = fed.model.param_names
     length = min(len(fed.splits["train"][c]) for c in range(fed.num_clients))
@@ -191,10 +189,7 @@ def curvature(fed, state: dict, steps: int) -> tuple[torch.Tensor, torch.Tensor]
 
     def probe(clients, params, buffers, rows, v):
         leaves = {n: t.detach().requires_grad_(True) for n, t in params.items()}
-        logits = fed.model.forward({**leaves, **{k: t.clone() for k, t in buffers.items()}}, fed.features[rows],
-                                   train=True)
-        labels = fed.labels[rows]
-        losses = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="none").view(labels.shape).mean(1)
+        losses = batch_losses(fed, leaves, {k: t.clone() for k, t in buffers.items()}, rows)
         grads = torch.autograd.grad(losses.sum(), list(leaves.values()), create_graph=True)
         g = torch.cat([t.flatten(1) for t in grads], 1)
         v = v / v.norm(dim=1, keepdim=True)
