@@ -128,9 +128,9 @@ def test_state_left_out_of_the_checkpoint_is_caught_by_the_resume_comparison(tmp
             super().setup()
             self.counter = 0
 
-        def local_train(self, rnd, clients, state):
+        def local_train(self, rnd, state):
             self.counter += 1
-            return self.fed.train(rnd, clients, state, epochs=self.counter).state
+            return self.fed.train(rnd, rnd.clients, state, epochs=self.counter).state
 
     import pflbench.rounds as federation_module
 

@@ -21,14 +21,13 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
 
-MY_AVG = '''from pflbench.algorithm import ALGORITHMS
+MY_AVG = '''from pflbench.algorithm import ALGORITHMS, Card
 from pflbench.algorithms.fedavg import FedAvg
 
 
-@ALGORITHMS.register("my-avg")
+@ALGORITHMS.register("my-avg", card=Card(display_name="My Average", family="my family"))
 class MyAvg(FedAvg):
-    display_name = "My Average"
-    family = "my family"
+    pass
 '''
 
 

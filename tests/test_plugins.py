@@ -28,15 +28,13 @@ REPO = Path(__file__).resolve().parents[1]
 
 MY_AVG = '''
 """A user's method: FedAvg under another name, with the reports' attributes."""
-from pflbench.algorithm import ALGORITHMS
+from pflbench.algorithm import ALGORITHMS, Card
 from pflbench.algorithms.fedavg import FedAvg
 
 
-@ALGORITHMS.register("my-avg")
+@ALGORITHMS.register("my-avg", card=Card(display_name="My Average", family="my family", paper="Me & You, 2026"))
 class MyAvg(FedAvg):
-    display_name = "My Average"
-    family = "my family"
-    paper = "Me & You, 2026"
+    pass
 
 
 @ALGORITHMS.register("my-plain")
@@ -149,7 +147,7 @@ def test_a_plugin_algorithm_runs_in_process_and_shows_in_the_reports_under_its_n
 
     assert family_of("My Average") == "my family" and family_of("my-plain") == "other"
     assert family_order(["my family", "baselines", "other"]) == ["baselines", "my family", "other"]
-    assert ALGORITHMS.get("my-plain").display_name == "my-plain"  # not FedAvg's, though it derives from it
+    assert ALGORITHMS.get("my-plain").card.display_name == "my-plain"  # not FedAvg's, though it derives from it
 
 
 def test_editing_the_plugin_gives_its_cells_new_ids_and_leaves_the_built_ins_alone(my_avg, tmp_path):
@@ -157,13 +155,13 @@ def test_editing_the_plugin_gives_its_cells_new_ids_and_leaves_the_built_ins_alo
     results = tmp_path / "results"
     assert main(["run", str(spec), "--no-ray", "--results", str(results), "--root", str(tmp_path / "data")]) == 0
     before = by_algorithm(load_spec(spec).cells)
-    my_avg.write_text(MY_AVG.replace('paper = "Me & You, 2026"', 'paper = "Me & You, 2027"'))
+    my_avg.write_text(MY_AVG.replace('paper="Me & You, 2026"', 'paper="Me & You, 2027"'))
     after = by_algorithm(load_spec(spec).cells)
     assert cell_hash(after["fedavg"]) == cell_hash(before["fedavg"])
     for name in ("my-avg", "my-plain"):
         assert cell_hash(after[name]) != cell_hash(before[name])
         assert after[name].plugin_hashes == {"my_avg.py": hashlib.sha256(my_avg.read_bytes()).hexdigest()}
-    assert ALGORITHMS.get("my-avg").paper == "Me & You, 2027"  # the new code is what runs
+    assert ALGORITHMS.get("my-avg").card.paper == "Me & You, 2027"  # the new code is what runs
     store = Store(results)
     assert not store.summary(after["my-avg"])  # no result yet: never the old code's
     assert main(["run", str(spec), "--no-ray", "--results", str(results), "--root", str(tmp_path / "data")]) == 0
@@ -270,7 +268,7 @@ def test_a_worker_without_the_file_loads_the_shipped_source(my_avg, tmp_path):
         from pflbench.plugins import activate
         from pflbench.algorithm import ALGORITHMS
         activate([pickle.load(open({str(shipped)!r}, "rb"))])
-        print(ALGORITHMS.get("my-avg").display_name, ALGORITHMS.origin("my-avg"))
+        print(ALGORITHMS.get("my-avg").card.display_name, ALGORITHMS.origin("my-avg"))
     """)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]

@@ -18,10 +18,10 @@ from pflbench.store import Store, load_store
 class Raises(Algorithm):
     name = "test-runner-raises"
 
-    def local_train(self, rnd, clients, state):
-        if rnd == 2:
+    def local_train(self, rnd, state):
+        if rnd.number == 2:
             raise RuntimeError("boom in round 2")
-        return super().local_train(rnd, clients, state)
+        return super().local_train(rnd, state)
 
 
 class InjectsNaN(Algorithm):
@@ -29,8 +29,8 @@ class InjectsNaN(Algorithm):
 
     name = "test-runner-nan"
 
-    def local_train(self, rnd, clients, state):
-        state = super().local_train(rnd, clients, state)
+    def local_train(self, rnd, state):
+        state = super().local_train(rnd, state)
         return {k: v * math.nan if v.is_floating_point() else v for k, v in state.items()}
 
 
@@ -39,7 +39,7 @@ class RaisesMarkup(Algorithm):
 
     name = "test-runner-[/x]-markup"
 
-    def local_train(self, rnd, clients, state):
+    def local_train(self, rnd, state):
         raise RuntimeError("[/x] closing tag with nothing open [bold]")
 
 
