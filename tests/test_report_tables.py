@@ -244,6 +244,23 @@ def test_a_table_mixing_training_paths_or_devices_says_so(tmp_path):
     assert "different client-thread counts (1 1, 1 2)" in notes
 
 
+def test_execution_settings_are_compared_within_a_column_not_across_columns(tmp_path):
+    """A CNN column run channels-last beside an MLP column run without (the demo's fmnist and synthetic)
+    compares no cell of one with a cell of the other: no note. A column whose own cells differ is named."""
+    from pflbench.reports.cells import load_cells
+
+    for algorithm in ("fedavg", "local"):
+        write_cell(tmp_path, algorithm=algorithm, dataset="fmnist", accuracies=(0.6, 0.6), summary={"channels_last": True})
+        write_cell(tmp_path, algorithm=algorithm, dataset="synthetic", accuracies=(0.6, 0.6),
+                   summary={"channels_last": False})
+    (table,) = accuracy_tables(load_cells(tmp_path))
+    assert len(table.columns) == 2 and not any("mixes" in note or "different" in note for note in table.notes)
+    write_cell(tmp_path, algorithm="pfedla", dataset="fmnist", accuracies=(0.7, 0.7), summary={"channels_last": False})
+    (table,) = accuracy_tables(load_cells(tmp_path))
+    [note] = [note for note in table.notes if "memory layouts" in note]
+    assert note.startswith("fmnist, 10 clients: its cells were run on different memory layouts") and "(1 False, 2 True)" in note
+
+
 def test_a_setting_is_mixed_only_where_its_printed_values_differ():
     """100 (an int column) beside 100.0 (a float column with gaps elsewhere) is one setting, as the row
     labels print it; another value, or a cell lacking the field, is a difference the table notes."""

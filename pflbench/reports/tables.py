@@ -453,13 +453,13 @@ def accuracy_tables(cells: pd.DataFrame, references: list[Reference] = (),
             for column in columns:
                 if (e := table.entry(row, column)) is not None:
                     add_footnote(table.footnotes, e)
-        table.notes += execution_notes(scheme_cells)
+        table.notes += execution_notes(scheme_cells, columns)
         tables.append(table)
     return tables
 
 
-# How a cell was executed: not part of its hash (the results agree up to float rounding), but a table
-# that mixes them should say so. Older stores lack `device`.
+# How a cell was executed: not part of its hash (the results agree up to float rounding), but a column
+# whose cells mix them should say so. Older stores lack `device`.
 # Unseen clients (pflbench.newcomers): the newcomers' served model, as delivered, final round, mean over newcomers.
 NEWCOMERS_KEY = "final_accuracy_newcomers"
 
@@ -475,19 +475,24 @@ def _setting_text(value) -> str:
     return str(value)
 
 
-def execution_notes(cells: pd.DataFrame) -> list[str]:
-    """A note per execution setting on which the table's finished cells differ (e.g. some cells
-    trained batched and others in a client loop, or on different devices)."""
+def execution_notes(cells: pd.DataFrame, columns: list[Column]) -> list[str]:
+    """A note per column and execution setting on which the column's finished cells differ (e.g. some
+    trained batched and others in a client loop, or on different devices). The cells of a column are
+    compared with each other (ranks, paired tests); columns apart are not, so cells of other datasets
+    run another way (a CNN channels-last beside an MLP) need no note."""
     notes = []
     finished = cells[cells["status"] == "finished"] if "status" in cells else cells
-    for key, what in EXECUTION.items():
-        if key not in finished:
-            continue
-        counts = finished[key].dropna().map(_setting_text).value_counts()
-        if len(counts) > 1:
-            listing = ", ".join(f"{n} {value}" for value, n in sorted(counts.items()))
-            notes.append(f"this table mixes cells run on different {what} ({listing}): their numbers agree up to "
-                         f"float rounding, not bit for bit")
+    for column in columns:
+        selected = column_cells(finished, column)
+        where = "this table mixes cells" if len(columns) == 1 else f"{column.label}: its cells were"
+        for key, what in EXECUTION.items():
+            if key not in selected:
+                continue
+            counts = selected[key].dropna().map(_setting_text).value_counts()
+            if len(counts) > 1:
+                listing = ", ".join(f"{n} {value}" for value, n in sorted(counts.items()))
+                notes.append(f"{where} run on different {what} ({listing}): their numbers agree up to "
+                             f"float rounding, not bit for bit")
     return notes
 
 
