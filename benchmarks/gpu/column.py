@@ -20,8 +20,8 @@ every process's output.
         --spec benchmarks/table1.yaml --set dataset=fmnist --set clients=10 --set seed=0 \\
         --algorithms local,fedavg,pfedla,heurpfedla,fedbn,fedrep,fedfomo,pfedhn,perfedavg,pfedme
 
-Rehearsed on the CPU at tiny sizes (`--device cpu` and `--set`s that shrink the cells) by
-tests/test_gpu_column.py.
+tests/test_gpu_column.py runs it on the CPU (`--device cpu`) on a tiny spec: a cell that finishes, one killed
+at the deadline with its checkpoint in the archive and resumed from it by the next call, the archive in parts.
 """
 from __future__ import annotations
 
@@ -126,6 +126,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--deadline", type=float, required=True, help="seconds from the start: kill and pack")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--checkpoint-minutes", type=float, default=1.0)
+    parser.add_argument("--checkpoint-every", type=int, default=0, help="rounds (0: by time only)")
+    parser.add_argument("--start-margin", type=float, default=30.0,
+                        help="no cell starts later than this many seconds before the deadline")
     parser.add_argument("--store", type=Path, default=Path("/tmp/pflbench-column/store"))
     parser.add_argument("--resume", nargs="*", default=[], help="the previous loan's store.tar.gz (or its parts)")
     args = parser.parse_args(argv)
@@ -150,7 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     def start(algorithm: str) -> None:
         command = [sys.executable, "-m", "pflbench.cli", "run", args.spec, *[x for s in args.sets for x in ("--set", s)],
                    "--set", f"algorithm={algorithm}", "--results", str(args.store), "--no-ray",
-                   "--device", args.device, "--checkpoint-minutes", str(args.checkpoint_minutes)]
+                   "--device", args.device, "--checkpoint-minutes", str(args.checkpoint_minutes),
+                   "--checkpoint-every", str(args.checkpoint_every)]
         handle = open(args.out / f".{algorithm}.log", "w")
         running[algorithm] = (subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT,
                                                start_new_session=True), time.time())
@@ -163,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{time.time() - began:6.0f} s  {algorithm}: {state} after {seconds[algorithm]:.0f} s", flush=True)
 
     while queue or running:
-        while queue and len(running) < args.parallel and time.time() - began < args.deadline - 30:
+        while queue and len(running) < args.parallel and time.time() - began < args.deadline - args.start_margin:
             start(queue.pop(0))
         for algorithm in [a for a, (p, _) in running.items() if p.poll() is not None]:
             reap(algorithm, killed=False)
@@ -173,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
                 process.wait()
                 reap(algorithm, killed=True)
             break
-        if not running and (not queue or time.time() - began >= args.deadline - 30):
+        if not running and (not queue or time.time() - began >= args.deadline - args.start_margin):
             break
         time.sleep(1)
     for algorithm in algorithms:

@@ -1,0 +1,59 @@
+"""A paper-scale column across GPU loans (benchmarks/gpu/column.py), on the CPU with a tiny spec: a cell that
+finishes is in the archive as a result; a cell still running at the deadline is killed and comes back as its
+checkpoint, and the next call, given the archive, resumes it from there; an archive over the part size is
+split and put back together byte for byte."""
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "gpu"))
+import column  # noqa: E402
+
+SPEC = """
+name: tiny-column
+matrix:
+  algorithm: [fedavg, local]
+  dataset: [{name: synthetic, options: {num_samples: 600}}]
+  partition: [{scheme: pathological, params: {classes_per_client: 4, samples_per_client: 40}}]
+  clients: [4]
+  seed: [0]
+defaults: {rounds: 100000, eval_every: 100000, local_epochs: 1, batch_size: 16, lr: 0.05}
+overrides:
+  - when: {algorithm: fedavg}
+    set: {rounds: 2, eval_every: 1}
+resources: {cpus: 1, gpus: 0}
+"""
+
+
+def run(tmp_path, out: str, deadline: int, *resume: Path) -> dict:
+    argv = ["--out", str(tmp_path / out), "--spec", str(tmp_path / "tiny.yaml"), "--algorithms", "fedavg,local",
+            "--device", "cpu", "--parallel", "2", "--deadline", str(deadline), "--start-margin", "0",
+            "--checkpoint-every", "1", "--store", str(tmp_path / out / "work" / "store")]
+    if resume:
+        argv += ["--resume", *map(str, resume)]
+    assert column.main(argv) == 0
+    return json.loads((tmp_path / out / "column.json").read_text())
+
+
+def test_a_column_finishes_what_it_can_and_the_next_loan_resumes_the_rest(tmp_path, monkeypatch):
+    (tmp_path / "tiny.yaml").write_text(SPEC)
+    first = run(tmp_path, "loan1", 20)["cells"]
+    assert first["fedavg"]["after"]["state"] == "finished" and first["fedavg"]["after"]["rounds"] == 2
+    killed = first["local"]["after"]
+    assert killed["state"] == "checkpoint" and killed["round"] >= 1, killed
+    second = run(tmp_path, "loan2", 20, tmp_path / "loan1" / "store.tar.gz")["cells"]
+    assert second["fedavg"]["before"]["state"] == "finished" and second["fedavg"]["seconds_this_loan"] == 0
+    assert second["local"]["before"] == killed
+    assert second["local"]["after"]["state"] == "checkpoint" and second["local"]["after"]["round"] > killed["round"]
+    assert f"resumed at round {killed['round']} of 100000" in (tmp_path / "loan2" / "column.log").read_text()
+
+    store = tmp_path / "loan2" / "work" / "store"
+    monkeypatch.setattr(column, "PART_BYTES", 4096)
+    (tmp_path / "parts").mkdir()
+    names = column.pack(store, tmp_path / "parts")
+    assert len(names) > 1 and all((tmp_path / "parts" / n).stat().st_size <= 4096 for n in names)
+    column.unpack([str(tmp_path / "parts" / n) for n in names], tmp_path / "back" / "store")
+    files = sorted(p.relative_to(store) for p in store.rglob("*") if p.is_file() and "_damaged" not in str(p))
+    assert files and files == sorted(p.relative_to(tmp_path / "back" / "store")
+                                     for p in (tmp_path / "back" / "store").rglob("*") if p.is_file())
+    assert all((store / f).read_bytes() == (tmp_path / "back" / "store" / f).read_bytes() for f in files)
