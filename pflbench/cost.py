@@ -110,9 +110,17 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine() or "unknown"
 
 
+def cpu_capability() -> str:
+    """The vector instruction set torch's CPU kernels dispatch to here (e.g. AVX2, AVX512): two CPUs of
+    one model name (a cloud's "AMD EPYC") can differ in it, and with it in their float rounding."""
+    import torch
+
+    return torch.backends.cpu.get_cpu_capability()
+
+
 def machine(device: str | None = None) -> dict:
-    """cpu_model, cpu_cores (logical) and, for a CUDA device, gpu_model."""
-    facts = {"cpu_model": cpu_model(), "cpu_cores": os.cpu_count()}
+    """cpu_model, cpu_capability, cpu_cores (logical) and, for a CUDA device, gpu_model."""
+    facts = {"cpu_model": cpu_model(), "cpu_capability": cpu_capability(), "cpu_cores": os.cpu_count()}
     if device is not None and str(device).startswith("cuda"):
         import torch
 

@@ -25,7 +25,7 @@ ROUND_COLUMNS = ["round", "clients", "bytes_down", "bytes_up", "wall_time", "ada
 # summaries without these (and without any `*_time_total`).
 RUN_RECORD_KEYS = frozenset({
     "wall_time", "completed_at", "files", "runner", "compile_seconds",
-    "peak_host_bytes", "host_start_bytes", "peak_host_method", "peak_gpu_bytes", "cpu_model", "cpu_cores",
+    "peak_host_bytes", "host_start_bytes", "peak_host_method", "peak_gpu_bytes", "cpu_model", "cpu_capability", "cpu_cores",
     "gpu_model", "code_commit", "code_dirty",
     "checkpoint_seconds", "checkpoints_written", "checkpoint_bytes", "resumed_from_round", "checkpoint_error"})
 

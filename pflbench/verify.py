@@ -48,7 +48,7 @@ ACCURACY_TOLERANCE = 0.10
 IGNORED_METRICS = ("wall_time",)  # seconds: never repeat
 ROUND_COLUMNS = ("round", "clients", "bytes_down", "bytes_up")  # rounds.parquet's columns that must repeat
 MEAN_COLUMNS = ("accuracy", "val_accuracy", "accuracy_adapted", "val_accuracy_adapted")
-KIND_KEYS = ("cpu_model", "device", "gpu_model", "torch")
+KIND_KEYS = ("cpu_model", "cpu_capability", "device", "gpu_model", "torch")
 
 
 @dataclass
@@ -89,9 +89,11 @@ class CellCheck:
 
 
 def machine_kind(summary: dict, versions: dict | None = None) -> dict:
-    """What must be equal for a rerun to repeat a cell exactly."""
-    return {"cpu_model": summary.get("cpu_model"), "device": summary.get("device"),
-            "gpu_model": summary.get("gpu_model"), "torch": (versions or {}).get("torch", summary.get("torch"))}
+    """What must be equal for a rerun to repeat a cell exactly (cpu_capability: where the cell records it;
+    cells from before that record are compared on the model name alone)."""
+    return {"cpu_model": summary.get("cpu_model"), "cpu_capability": summary.get("cpu_capability"),
+            "device": summary.get("device"), "gpu_model": summary.get("gpu_model"),
+            "torch": (versions or {}).get("torch", summary.get("torch"))}
 
 
 def execution_options(summary: dict, cpus: float = 1.0) -> tuple[dict, float]:
@@ -239,7 +241,7 @@ def check_cell(folder: str | Path, *, cpus: float | None = None, data_root=None,
     import time
 
     from pflbench.config import cell_hash
-    from pflbench.cost import cpu_model
+    from pflbench.cost import cpu_capability, cpu_model
     from pflbench.spec import SpecError, resolve_cell
 
     folder = Path(folder)
@@ -266,10 +268,10 @@ def check_cell(folder: str | Path, *, cpus: float | None = None, data_root=None,
     check.rerun_result = result
     import torch
 
-    here = {"cpu_model": cpu_model(), "device": result.summary.get("device", "cpu"),
+    here = {"cpu_model": cpu_model(), "cpu_capability": cpu_capability(), "device": result.summary.get("device", "cpu"),
             "gpu_model": result.summary.get("gpu_model"), "torch": torch.__version__}
     then = machine_kind(summary, config.get("versions"))
-    differing = [k for k in KIND_KEYS if then.get(k) != here.get(k)]
+    differing = [k for k in KIND_KEYS if then.get(k) != here.get(k) and (k != "cpu_capability" or then.get(k))]
     if differing or force_tolerance:
         check.mode = "tolerance"
         check.why_tolerance = ("forced" if not differing else

@@ -67,6 +67,27 @@ def add_parser(subparsers) -> None:
     add_data_options(verify)
     verify.set_defaults(func=cmd_verify)
 
+    watch = subparsers.add_parser(
+        "watch", help="re-run the first evaluation of a share of all published cells (CI: pflbench/watch.py)",
+        description="Re-runs the first evaluation of published cells, from every study: a fixed slice of them "
+                    "(--slice K/N: N consecutive slices cover every cell once), the cheapest cell of each "
+                    "algorithm, model and client path (--representatives), or cells named. Each is compared "
+                    "with the fingerprint recorded for this kind of machine (bit for bit), else with the stored "
+                    "metrics as `verify` compares them. Exit 1, naming cell, study and commit, when one moved.")
+    watch.add_argument("--published", type=Path, default=PUBLISHED, help="published studies (default: results/published)")
+    watch.add_argument("--slice", metavar="K/N", help="the cells of slice K of N (CI: K = commits on main mod N)")
+    watch.add_argument("--representatives", action="store_true",
+                       help="the cheapest finished CPU cell of each (algorithm, model, client path)")
+    watch.add_argument("--max-seconds", type=float, default=120.0,
+                       help="representatives: at most this first-evaluation time as stored (default: 120)")
+    watch.add_argument("--cell", dest="cells", action="append", default=[], metavar="STUDY/ID")
+    watch.add_argument("--record", action="store_true",
+                       help="file this machine kind's fingerprint of each cell that repeats its stored metrics")
+    watch.add_argument("--fingerprints", type=Path, help="fingerprint file (default: PUBLISHED/fingerprints.json)")
+    watch.add_argument("--commit", help="the commit to name (default: the checkout's)")
+    add_data_options(watch)
+    watch.set_defaults(func=cmd_watch)
+
     board = subparsers.add_parser(
         "leaderboard", help="the site of all published studies: an index, and each study's report",
         description="Writes OUT/index.html (the studies: commit, machine, date, wall time, stale or failed) and "
@@ -185,6 +206,59 @@ def cmd_verify(args) -> int:
     print(f"verify: {len(checks) - len(bad)} of {len(checks)} cells repeat their stored metrics"
           + (f"; differ or have problems: {', '.join(bad)}" if bad else ""))
     return 1 if bad else 0
+
+
+def cmd_watch(args) -> int:
+    from pflbench.publish import git_commit
+    from pflbench.watch import FINGERPRINTS, FingerprintBook, machine_key, published_cells, representatives, slice_of, watch_cell
+
+    if not args.published.is_dir():
+        print(f"watch: no published studies at {args.published}", file=sys.stderr)
+        return 2
+    cells = published_cells(args.published)
+    chosen: dict[str, object] = {}
+    if args.slice:
+        try:
+            k, n = (int(x) for x in args.slice.split("/"))
+            if not 0 <= k < n:
+                raise ValueError
+        except ValueError:
+            print(f"watch: --slice {args.slice!r}: expected K/N with 0 <= K < N (e.g. 3/10)", file=sys.stderr)
+            return 2
+        chosen.update((c.name, c) for c in cells if slice_of(c.name, n) == k)
+    if args.representatives:
+        chosen.update((c.name, c) for c in representatives(cells, args.max_seconds))
+    by_name = {c.name: c for c in cells}
+    for name in args.cells:
+        if name not in by_name:
+            print(f"watch: no published cell {name!r} (write STUDY/CELL_ID, e.g. table1-quick/0a1b2c3d4e5f)",
+                  file=sys.stderr)
+            return 2
+        chosen[name] = by_name[name]
+    if not chosen:
+        print("watch: nothing chosen: give --slice K/N, --representatives or --cell STUDY/ID", file=sys.stderr)
+        return 2 if not (args.slice or args.representatives) else 0
+    commit = args.commit or git_commit()[0]
+    book = FingerprintBook(args.fingerprints or args.published / FINGERPRINTS)
+    kind = machine_key()
+    estimate = sum(c.first_eval_seconds for c in chosen.values())
+    print(f"watch: {len(chosen)} of {len(cells)} published cells, their first evaluation (about {estimate / 60:.0f} min "
+          f"as stored), at commit {str(commit)[:10]} on {kind}")
+    failed = []
+    for cell in sorted(chosen.values(), key=lambda c: c.name):
+        watched = watch_cell(cell, book, kind, record=args.record, commit=commit, data_root=args.root, mirror=args.mirror)
+        print(f"  {watched.outcome:<24} {cell.name} ({cell.algorithm}, {cell.model}) {watched.seconds:.0f} s"
+              + (" [fingerprint recorded]" if watched.recorded else "") + (f": {watched.detail}" if watched.detail else ""),
+              flush=True)
+        if watched.recorded:
+            book.save()  # as it goes: a long recording run that is stopped keeps what it filed
+        if not watched.ok:
+            failed.append(watched)
+    for watched in failed:
+        print(f"{watched.outcome}: cell {watched.cell.folder.name} of study {watched.cell.study} at commit "
+              f"{commit}: {watched.detail}", file=sys.stderr)
+    print(f"watch: {len(chosen) - len(failed)} of {len(chosen)} cells repeat" + (f"; {len(failed)} do not" if failed else ""))
+    return 1 if failed else 0
 
 
 def cmd_leaderboard(args) -> int:

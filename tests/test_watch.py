@@ -1,0 +1,112 @@
+"""CI's watch over every published cell (pflbench/watch.py, `pflbench watch`): the slices cover every cell once
+in N commits; the representatives are the cheapest cell of each algorithm, model and client path; and a one-ulp
+change planted in a model's forward is caught by the fingerprint filed for this kind of machine, with the cell,
+study and commit named, although it stays within `verify`'s tolerance against a cell that ran elsewhere."""
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from rich.console import Console
+
+from pflbench import models
+from pflbench.cli import main
+from pflbench.publish import publish
+from pflbench.runner import RunOptions, run_plan
+from pflbench.store import SUMMARY, read_json_dict, write_json
+from pflbench.watch import FINGERPRINTS, PublishedCell, machine_key, representatives, slice_of
+
+SPEC = """
+name: tiny
+matrix:
+  algorithm: [fedavg]
+  dataset:
+    - {name: synthetic, options: {num_samples: 600}}
+  partition:
+    - {scheme: pathological, params: {classes_per_client: 3}}
+  clients: [4]
+  seed: [0]
+defaults: {rounds: 4, eval_every: 2, batch_size: 16, lr: 0.05}
+resources: {cpus: 1, gpus: 0}
+"""
+
+
+def test_n_consecutive_slices_cover_every_cell_once():
+    names = [f"study{s}/{i:012x}" for s in range(5) for i in range(40)]
+    slices = [{n for n in names if slice_of(n, 10) == k} for k in range(10)]
+    assert sum(len(s) for s in slices) == len(names) and set().union(*slices) == set(names)
+    assert all(slices), "every slice holds some of 200 cells"
+    assert [slice_of(n, 10) for n in names] == [slice_of(n, 10) for n in names]  # fixed by the name
+
+
+def test_representatives_are_the_cheapest_finished_cpu_cell_of_each_algorithm_model_and_path():
+    def cell(study, name, algorithm, seconds, status="finished", device="cpu", model="cnn"):
+        return PublishedCell(study, Path(study) / name, algorithm, model, "loop", device, status, seconds)
+
+    cells = [cell("a", "1", "fedavg", 9.0), cell("b", "2", "fedavg", 3.0), cell("c", "3", "fedavg", 1.0, "diverged"),
+             cell("d", "4", "fedavg", 0.5, device="cuda"), cell("e", "5", "fedavg", 2.0, model="mlp"),
+             cell("f", "6", "pfedme", 500.0), cell("g", "7", "local", 4.0)]
+    chosen = {c.name for c in representatives(cells, max_seconds=120)}
+    assert chosen == {"b/2", "e/5", "g/7"}  # pfedme's only cell is over the cap
+
+
+@pytest.fixture
+def published(tmp_path, monkeypatch):
+    """A one-cell study published from this machine, its summary then saying it ran on another CPU (as
+    most published cells did, for the machine CI runs on)."""
+    from pflbench.spec import load_spec
+
+    monkeypatch.setenv("PFLBENCH_DATA", str(tmp_path / "data"))
+    spec = tmp_path / "tiny.yaml"
+    spec.write_text(SPEC)
+    options = RunOptions(results=tmp_path / "store", data_root=tmp_path / "data", use_ray=False)
+    assert run_plan(load_spec(spec), options, Console(file=open(tmp_path / "log", "w"))).exit_code == 0
+    study = publish(str(spec), "tiny", tmp_path / "store", out=tmp_path / "published", allow_dirty=True)
+    (cell,) = [p for p in study.iterdir() if (p / SUMMARY).is_file()]
+    summary = read_json_dict(cell / SUMMARY)
+    write_json(cell / SUMMARY, {**summary, "cpu_model": "Another CPU", "cpu_capability": "AVX2"})
+    return tmp_path / "published", cell
+
+
+def one_ulp_up(monkeypatch):
+    """Every output of the MLP's forward one ulp higher (gradients unchanged)."""
+    forward = models.MLP.forward
+
+    def planted(self, x):
+        out = forward(self, x)
+        return out + (torch.nextafter(out, torch.full_like(out, float("inf"))) - out).detach()
+
+    monkeypatch.setattr(models.MLP, "forward", planted)
+
+
+def test_a_one_ulp_change_in_a_model_is_caught_by_this_machines_fingerprint(published, monkeypatch, capsys):
+    root, cell = published
+    watch = ["watch", "--published", str(root), "--cell", f"tiny/{cell.name}", "--commit", "c0ffee"]
+    assert main([*watch, "--record"]) == 0
+    out = capsys.readouterr().out
+    assert "within tolerance" in out and "[fingerprint recorded]" in out
+    book = json.loads((root / FINGERPRINTS).read_text())
+    ((kind, cells),) = book.items()
+    assert kind == machine_key()
+    assert cells[f"tiny/{cell.name}"]["commit"] == "c0ffee" and cells[f"tiny/{cell.name}"]["rounds"] == 2
+
+    assert main(watch) == 0  # unchanged code: the same bits
+    assert "identical (fingerprint)" in capsys.readouterr().out
+
+    one_ulp_up(monkeypatch)
+    assert main(watch) == 1
+    err = capsys.readouterr().err
+    assert f"MOVED: cell {cell.name} of study tiny at commit c0ffee" in err
+    assert "recorded on this kind of machine at commit c0ffee" in err
+
+    (root / FINGERPRINTS).unlink()  # without it, only verify's comparison with a cell run elsewhere is left
+    assert main(watch) == 0
+    assert "within tolerance" in capsys.readouterr().out
+
+
+def test_watch_refuses_a_bad_slice_and_an_unknown_cell(published, capsys):
+    root, _ = published
+    assert main(["watch", "--published", str(root), "--slice", "10/10"]) == 2
+    assert "expected K/N with 0 <= K < N" in capsys.readouterr().err
+    assert main(["watch", "--published", str(root), "--cell", "tiny/000000000000"]) == 2
+    assert "no published cell 'tiny/000000000000'" in capsys.readouterr().err
