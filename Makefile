@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 RESULTS ?= results
 REPORTS ?= reports
-# The offline dataset mirror of this workplace, used when present (see README: Datasets).
+# The offline dataset mirror of this workplace, used when present (docs/howto/datasets.md).
 MIRROR := $(abspath $(wildcard ../shared/data))
 ifneq ($(MIRROR),)
 export PFLBENCH_DATA_MIRROR ?= $(MIRROR)
@@ -72,7 +72,7 @@ LEADERBOARD ?= $(REPORTS)/leaderboard
 leaderboard: install
 	$(BIN)/pflbench leaderboard --published results/published --out $(LEADERBOARD) $(LEADERBOARD_ARGS)
 
-# The GPU check (README, "GPU"): the kit (.gpu-kit/: wheels the device image lacks and Fashion-MNIST; it
+# The GPU check (docs/howto/gpu.md): the kit (.gpu-kit/: wheels the device image lacks and Fashion-MNIST; it
 # needs the network and ../shared/data), then `bash benchmarks/gpu/check.sh OUT` on the GPU machine.
 # gpu-rehearse runs the same steps on this CPU at tiny sizes, in an environment of the device image's
 # packages plus the kit (GPU_OUT: where check.json and check.log go).
