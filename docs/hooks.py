@@ -32,7 +32,7 @@ def site_path(target: Path) -> Path | None:
     """The docs/ file that shows `target` on the site, if any."""
     if target.is_dir() and not any((target / name).is_file() for name in ("index.md", "README.md")):
         return None  # a folder of data files: no page shows it
-    if target.is_relative_to(DOCS) and not target.is_relative_to(DOCS / "repo"):
+    if target.is_relative_to(DOCS) and target.exists():
         return target
     mirrored = DOCS / "repo" / target.relative_to(ROOT) if target.is_relative_to(ROOT) else None
     if mirrored is not None and mirrored.exists():
