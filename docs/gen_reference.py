@@ -23,6 +23,8 @@ import argparse
 import inspect
 import shutil
 import sys
+import types
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +48,9 @@ def cell(value: Any) -> str:
 
 
 def text(value: str) -> str:
-    return " ".join(str(value).split()).replace("|", "\\|")
+    """One line for a table cell: `|` escaped, and `<` outside code spans (else Markdown reads a tag)."""
+    parts = " ".join(str(value).split()).replace("|", "\\|").split("`")
+    return "`".join(part if i % 2 else part.replace("<", "&lt;") for i, part in enumerate(parts))
 
 
 def field_default(field) -> Any:
@@ -54,8 +58,22 @@ def field_default(field) -> Any:
 
 
 def type_name(annotation) -> str:
-    name = getattr(annotation, "__name__", None) if isinstance(annotation, type) else None
-    return name or str(annotation).replace("typing.", "")
+    """A field's type as a reader writes it: `list[str]`, `float | None`, `Literal['train', 'pool']`."""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is typing.Annotated:
+        return type_name(args[0])
+    if origin is typing.Literal:
+        return f"Literal[{', '.join(map(repr, args))}]"
+    if origin in (typing.Union, types.UnionType):
+        return " | ".join("None" if a is type(None) else type_name(a) for a in args)
+    if origin is not None:
+        name = getattr(origin, "__name__", str(origin))
+        return f"{name}[{', '.join(type_name(a) for a in args)}]" if args else name
+    if annotation is typing.Any:
+        return "Any"
+    if annotation is type(None):
+        return "None"
+    return getattr(annotation, "__name__", str(annotation).replace("typing.", ""))
 
 
 def bounds(field) -> str:
@@ -78,18 +96,26 @@ def model_table(model, comments: dict[str, str] | None = None) -> list[str]:
 
 
 def trailing_comments(cls) -> dict[str, str]:
-    """`name: type = value  # comment` lines of a class's source: the comment of each field."""
-    comments = {}
+    """Each field's comment in the class's source: `name: type = value  # comment`, or the `#` lines just
+    above the field."""
+    comments: dict[str, str] = {}
     try:
         source = inspect.getsource(cls)
     except OSError:
         return comments
+    above: list[str] = []
     for line in source.splitlines():
         stripped = line.strip()
-        if ":" in stripped and "#" in stripped and not stripped.startswith(("#", "def ", "@")):
-            name = stripped.split(":", 1)[0].strip()
-            if name.isidentifier():
+        if stripped.startswith("#"):
+            above.append(stripped.lstrip("#").strip())
+            continue
+        name = stripped.split(":", 1)[0].strip() if ":" in stripped else ""
+        if name.isidentifier() and not stripped.startswith(("def ", "class ", "@", "return")):
+            if "#" in stripped:
                 comments[name] = stripped.split("#", 1)[1].strip()
+            elif above:
+                comments[name] = " ".join(above)
+        above = []
     return comments
 
 
