@@ -4,13 +4,13 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 RESULTS ?= results
 REPORTS ?= reports
-# The offline dataset mirror of this workplace, used when present (see README: Datasets).
+# The offline dataset mirror of this workplace, used when present (docs/howto/datasets.md).
 MIRROR := $(abspath $(wildcard ../shared/data))
 ifneq ($(MIRROR),)
 export PFLBENCH_DATA_MIRROR ?= $(MIRROR)
 endif
 
-.PHONY: install test lint demo bench report leaderboard reproduce-table1 reproduce-table2 sweep clean gpu-kit gpu-rehearse
+.PHONY: install test lint demo bench report leaderboard reproduce-table1 reproduce-table2 sweep clean gpu-kit gpu-rehearse docs
 
 install: $(VENV)/.installed
 
@@ -72,7 +72,19 @@ LEADERBOARD ?= $(REPORTS)/leaderboard
 leaderboard: install
 	$(BIN)/pflbench leaderboard --published results/published --out $(LEADERBOARD) $(LEADERBOARD_ARGS)
 
-# The GPU check (README, "GPU"): the kit (.gpu-kit/: wheels the device image lacks and Fashion-MNIST; it
+# The documentation site (MkDocs + Material, mkdocs.yml) in site/: open site/index.html, or publish the folder
+# as static files (GitHub Pages) like the leaderboard. The reference pages (spec keys, CLI, algorithms,
+# partitions, datasets, studies, method API) are written from the code first by a plain script,
+# docs/gen_reference.py, rather than by the mkdocs-gen-files plugin: the tests run the same generator
+# without MkDocs (tests/test_docs_site.py), and its output can be read and diffed as Markdown. --strict: a
+# broken link, anchor or docstring reference fails the build (docs/hooks.py maps repository links).
+docs: install
+	$(BIN)/pip install --disable-pip-version-check -q -e ".[docs]"
+	$(BIN)/python docs/gen_reference.py
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+	@echo "documentation: $(abspath site)/index.html"
+
+# The GPU check (docs/howto/gpu.md): the kit (.gpu-kit/: wheels the device image lacks and Fashion-MNIST; it
 # needs the network and ../shared/data), then `bash benchmarks/gpu/check.sh OUT` on the GPU machine.
 # gpu-rehearse runs the same steps on this CPU at tiny sizes, in an environment of the device image's
 # packages plus the kit (GPU_OUT: where check.json and check.log go).
@@ -84,4 +96,4 @@ gpu-rehearse: gpu-kit
 	PYTHON=$(BIN)/python bash benchmarks/gpu/check.sh $(GPU_OUT) --rehearse
 
 clean:
-	rm -rf $(VENV) *.egg-info .pytest_cache
+	rm -rf $(VENV) *.egg-info .pytest_cache site docs/reference docs/repo

@@ -30,7 +30,7 @@ models of chosen rounds (e.g. `benchmarks/analysis/branch.py`); the store's cell
 
 When: every `every` rounds, and at least every `minutes` of wall time (defaults: by time only, every
 5 minutes, so a cell that takes under a minute never writes one, and the write's cost stays a small
-share of a long cell's time: measured in the README). The last round writes none (the result follows).
+share of a long cell's time: measured in docs/measurements/index.md). The last round writes none (the result follows).
 The code version is a hash of the engine's and the algorithm's source files (reports excluded; their
 names inside the checkout and their contents, so a node whose checkout lives elsewhere resumes too) and
 of the torch / numpy / Python versions: any change to the code that runs a cell retires its checkpoints.

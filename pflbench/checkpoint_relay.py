@@ -18,8 +18,8 @@ Why through Ray rather than a storage location given by URI (pyarrow.fs / fsspec
   what was encoded), then writes atomically with fsync; a resuming worker verifies them again, and a
   damaged checkpoint is set aside with its reason;
 - the price is the checkpoint's bytes crossing to the driver's node, once per checkpoint, and the
-  write is synchronous (when `save` returns, the checkpoint is on the driver's disk): measured in the
-  README's cluster section.
+  write is synchronous (when `save` returns, the checkpoint is on the driver's disk): measured in
+  docs/measurements/index.md.
 What it does not cover: losing the driver's node, which holds the store (and ends the run anyway). A
 storage URI would cover that too, at the price of the infrastructure above.
 

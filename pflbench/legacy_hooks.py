@@ -52,7 +52,7 @@ NEW_FORM = {
     "newcomer_models": "newcomer_models(self, serving: Serving) -> models",
 }
 WHERE = ("(Round: pflbench.round_context, Payload: pflbench.payload, Serving: pflbench.serving; "
-         "README, 'Benchmark your own method')")
+         "docs/howto/own-method.md)")
 
 
 def _parameters(fn: Callable) -> int | None:

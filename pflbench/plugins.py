@@ -377,7 +377,7 @@ PLUGIN_COMMANDS = ("run", "sweep", "report", "list")
 def add_plugin_option(parser) -> None:
     parser.add_argument("--plugin", dest="plugins", action="append", default=[], metavar="FILE_OR_MODULE",
                         help="load your own algorithms, datasets, partition schemes or models from a .py file or "
-                             "a module before anything else (repeatable; README: Benchmark your own method)")
+                             "a module before anything else (repeatable; docs/howto/own-method.md)")
 
 
 def load_requested(args) -> str | None:

@@ -126,7 +126,7 @@ def cmd_new(args) -> int:
         return 2
     plugin, test = written
     print(f"written: {plugin}, {test}")
-    print(f"next: edit {plugin.name}; check it with `pytest {test}`; then (README: Benchmark your own method)")
+    print(f"next: edit {plugin.name}; check it with `pytest {test}`; then (docs/howto/own-method.md)")
     if args.new_kind == "algorithm":
         print(f"  pflbench run table1 --scale quick --plugin {plugin} --set 'algorithm+=[{args.name}]'")
     else:

@@ -36,7 +36,7 @@ pytestmark = [
 def full_float32():
     """Convolutions in full float32: PyTorch runs cuDNN convolutions in TF32 by default on Ampere and
     later GPUs, and the batched path (grouped convolutions) and the loop (one convolution per client)
-    then round differently, by about 1e-3 (measured on an H100: README, "GPU"). The tests compare the
+    then round differently, by about 1e-3 (measured on an H100: docs/howto/gpu.md; measured: docs/measurements/gpu.md). The tests compare the
     paths' arithmetic, so they turn TF32 off; cells run with PyTorch's default."""
     before = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
     torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False

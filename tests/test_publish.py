@@ -265,9 +265,23 @@ def test_leaderboard_renders_several_studies_and_marks_a_stale_one(made, tmp_pat
     page = next((tmp_path / "site" / "fedavg-only" / "cells").glob("*.html")).read_text()
     cell_id = next((tmp_path / "site" / "fedavg-only" / "cells").glob("*.html")).stem
     assert f"pflbench rerun {cell_id}" in page and 'id="study-provenance"' in page
+    assert '<details class="history"><summary>How it was made' in page  # the command, commit, history: folded
     assert "--set algorithm=fedavg" in page  # the spec + --set form
     stale_page = (tmp_path / "site" / "both" / "index.html").read_text()
     assert 'class="state-stale">stale</span>' in stale_page and "peak host MB" in stale_page
+
+
+def test_a_study_page_leads_with_what_the_study_is_and_folds_the_history():
+    """Issue 61: a study's page opens with the first sentence of its manifest's note; the rest (resumes,
+    loads, worktrees) goes into the folded provenance."""
+    from pflbench.reports.provenance import lead_sentence
+
+    note = ("pFedLA Table 2 (dominant), 10 clients (issue 41; from commit 2729b7c. on 2 cores). Local: rounds "
+            "1-387 ran on 2026-11-26. FedAvg: 6505 s.")
+    assert lead_sentence(note) == ("pFedLA Table 2 (dominant), 10 clients (issue 41; from commit 2729b7c. on 2 cores).",
+                                   "Local: rounds 1-387 ran on 2026-11-26. FedAvg: 6505 s.")
+    assert lead_sentence("one line, no history") == ("one line, no history", "")
+    assert lead_sentence("") == ("", "")
 
 
 def test_leaderboard_shows_a_studys_variants_beside_it(made, tmp_path, monkeypatch, capsys):

@@ -1,4 +1,4 @@
-"""The README's cluster path, as written: `ray start --head`, then `pflbench run SPEC --ray-address ADDR`.
+"""The cluster path as docs/howto/cluster.md writes it: `ray start --head`, then `pflbench run SPEC --ray-address ADDR`.
 
 The cluster lives in fresh network and PID namespaces (`unshare`) that have nothing but loopback, so it
 can only ever talk to 127.0.0.1 (on the host, `ray start` would advertise the machine's own address),

@@ -2,7 +2,7 @@
 
 Runs the cells of one `pflbench run` command (a spec and its `--set`s, narrowed by algorithm) as separate
 `pflbench run --no-ray --device DEVICE` processes, `--parallel` at a time (Table 1's Fashion-MNIST cells
-on an H100: 4 processes give 3.56x one alone, 8 give 3.69x; README, "GPU"), in the order given, each
+on an H100: 4 processes give 3.56x one alone, 8 give 3.69x; docs/howto/gpu.md; measured: docs/measurements/gpu.md), in the order given, each
 writing a round checkpoint at least every `--checkpoint-minutes`. At `--deadline` seconds from the start
 every process still running is killed (the store is written atomically, so a kill leaves its last
 checkpoint), and the whole store goes back as `OUT/store.tar.gz` (split in parts under 15 MiB where

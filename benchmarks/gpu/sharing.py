@@ -3,7 +3,7 @@ Table 1's Fashion-MNIST 10-client cell (FedAvg, the paper's settings: 700 sample
 epochs, batch 32, lr 0.005) in-process. Per process: training samples per second over its rounds after
 the first (warm-up: CUDA context, kernels) and its peak GPU memory (allocated by torch, and reserved
 by its caching allocator); per count: the total throughput while they run together, against one
-process alone. What `resources.gpus` fractions should be follows from it (README, "GPU").
+process alone. What `resources.gpus` fractions should be follows from it (docs/howto/gpu.md; measured: docs/measurements/gpu.md).
 
     python benchmarks/gpu/sharing.py --device cuda --processes 1,4,8 --rounds 5 --json out.json
 """

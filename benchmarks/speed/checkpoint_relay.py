@@ -1,8 +1,8 @@
 """Round checkpoints on Ray, where they go: the driver's store through the keeper actor (now,
 pflbench/checkpoint_relay.py) against the worker's own disk (before issue 45), on the same cell, run
 alternately as Ray tasks of one local Ray instance. Prints, per run: checkpoints written, bytes per
-checkpoint, seconds per checkpoint and their share of the cell's wall time. The README's cluster
-section quotes:
+checkpoint, seconds per checkpoint and their share of the cell's wall time. docs/measurements/index.md
+("A Ray cluster: cost of a checkpoint") quotes:
 
     python benchmarks/speed/checkpoint_relay.py benchmarks/table1.yaml --set dataset=fmnist \
         --set clients=10 --set algorithm=fedavg --set seed=0 --set resources.gpus=0 \

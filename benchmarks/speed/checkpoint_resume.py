@@ -1,7 +1,7 @@
 """Round checkpoints on a real cell: run one cell of a spec with the runner's checkpointer, printing a
 line per round (round, the cell's wall time, seconds spent writing checkpoints, checkpoints written,
 bytes of the last), so that a `kill -9` from outside shows how many rounds were lost and a rerun
-shows where it resumed. The numbers in the README ("Round checkpoints") were measured with:
+shows where it resumed. The numbers in docs/measurements/index.md ("Round checkpoints") were measured with:
 
     python benchmarks/speed/checkpoint_resume.py benchmarks/table1.yaml --set dataset=fmnist \
         --set clients=10 --set algorithm=fedavg --set seed=0 --set resources.gpus=0 \

@@ -80,7 +80,8 @@ def add_parser(subparsers) -> None:
                        help="the cheapest finished CPU cell of each (algorithm, model, client path)")
     watch.add_argument("--max-seconds", type=float, default=120.0,
                        help="representatives: at most this first-evaluation time as stored (default: 120)")
-    watch.add_argument("--cell", dest="cells", action="append", default=[], metavar="STUDY/ID")
+    watch.add_argument("--cell", dest="cells", action="append", default=[], metavar="STUDY/ID",
+                       help="watch this published cell (e.g. table1-quick/064736ea5376; repeatable)")
     watch.add_argument("--record", action="store_true",
                        help="file this machine kind's fingerprint of each cell that repeats its stored metrics")
     watch.add_argument("--fingerprints", type=Path, help="fingerprint file (default: PUBLISHED/fingerprints.json)")

@@ -27,6 +27,17 @@ def duration_text(seconds) -> str:
                                                     else f"{seconds / 3600:.1f} h")
 
 
+def lead_sentence(note: str) -> tuple[str, str]:
+    """A manifest's note as (what the study is, the rest): its first sentence, outside parentheses, and the
+    history that follows (resumes, loads, worktrees), which a study's pages fold away."""
+    depth = 0
+    for i, char in enumerate(note):
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        if char == "." and depth <= 0 and (i + 1 == len(note) or note[i + 1] == " ") and i >= 20:
+            return note[:i + 1], note[i + 1:].strip()
+    return note, ""
+
+
 def study_facts(store: str | Path) -> dict | None:
     """What every page of a published study shows about it; None for a store that is not one."""
     state = study_state(Path(store).resolve())
@@ -44,6 +55,7 @@ def study_facts(store: str | Path) -> dict | None:
             "elapsed": duration_text(wall.get("elapsed_seconds")), "cell_time": duration_text(wall.get("cell_seconds")),
             "statuses": m.get("statuses") or {}, "missing": len(m.get("missing") or []),
             "cells": len(m.get("cells") or {}), "note": m.get("note") or "",
+            "note_lead": lead_sentence(m.get("note") or "")[0], "note_rest": lead_sentence(m.get("note") or "")[1],
             "state": state.label, "stale": state.stale, "failed": state.failed,
             "incomplete": state.incomplete}
 
