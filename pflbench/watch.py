@@ -8,7 +8,8 @@ mostly compare within that tolerance. This module closes both gaps:
 
 Fingerprints. A cell's first evaluation re-run on a kind of machine gives metrics that repeat bit for bit
 on that kind; their digest (`fingerprint`: every metrics column but the wall times, in round and client
-order) is recorded per kind of machine in `results/published/fingerprints.json` (`--record`, after the
+order) is recorded per kind of machine (`machine_key`: CPU model, family and model numbers, torch's vector
+dispatch, torch) in `results/published/fingerprints.json` (`--record`, after the
 rerun matched the stored cell: exactly on the cell's own kind, within the tolerance elsewhere). A later
 rerun on that kind must give the same digest: one changed bit anywhere in the cell's first evaluation
 fails, wherever the cell first ran. A kind without a fingerprint for the cell falls back to `verify`'s
@@ -104,13 +105,27 @@ def fingerprint(metrics: pd.DataFrame) -> str:
     return digest.hexdigest()
 
 
+def cpu_generation() -> str:
+    """The CPU's family and model numbers (/proc/cpuinfo): a cloud's model name ("Intel(R) Xeon(R)
+    Processor") covers several generations whose math libraries pick different kernels."""
+    import re
+
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return "family ? model ?"
+    found = {key: re.search(rf"^{key}\s*:\s*(\S+)", text, re.MULTILINE) for key in ("cpu family", "model")}
+    return "family {} model {}".format(*(m.group(1) if m else "?" for m in found.values()))
+
+
 def machine_key(device: str = "cpu") -> str:
-    """This machine's kind, as fingerprints are filed: CPU model, its vector ISA, torch (and the GPU)."""
+    """This machine's kind, as fingerprints are filed: CPU model and generation, torch's vector dispatch,
+    torch (and the GPU). Finer than `verify`'s kind: a fingerprint must never be compared across kernels."""
     import torch
 
     from pflbench.cost import cpu_capability, cpu_model
 
-    parts = [cpu_model(), cpu_capability(), f"torch {torch.__version__}"]
+    parts = [cpu_model(), cpu_generation(), cpu_capability(), f"torch {torch.__version__}"]
     if device.startswith("cuda"):
         parts.append(torch.cuda.get_device_name(torch.device(device)))
     return " | ".join(parts)
