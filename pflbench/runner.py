@@ -7,8 +7,14 @@ One cell never stops the others: an exception is recorded as "failed" with its t
 needs no shared results folder (pflbench/checkpoint_relay.py). Every node needs the data: a worker on
 another node than the driver's checks that it has the dataset and partition the driver prepared, and
 its cell fails with one message naming the node and the path where it does not (pflbench/node_data.py;
-a worker never downloads). Ctrl-C cancels the running cells and exits; their results are simply
-absent, and the next run starts them again.
+a worker never downloads).
+
+Preemption (pflbench/preemption.py): SIGTERM or a first Ctrl-C stops an in-process run at the end of
+the round in progress, with a checkpoint of that round (or at once when the round has not ended
+within `grace_seconds`; that round's work is lost), starts no new cell, and ends the run with
+`PREEMPTED_EXIT` and one line naming the cell and the round the next run resumes at. A second Ctrl-C
+cancels the running cells and exits at once (130); their results are simply absent, and the next run
+starts them again from their last checkpoints.
 
 Round checkpoints (pflbench/checkpoint.py): a running cell writes `<results>/<hash>/checkpoint.pt`
 by the `checkpoint_every` / `checkpoint_minutes` policy, and a run that finds one continues the cell
@@ -38,6 +44,7 @@ from pflbench.checkpoint import DEFAULT_MINUTES, CheckpointPolicy, Checkpointer
 from pflbench.config import CellConfig, cell_hash
 from pflbench.display import PROBLEMS, Display, label, make_console, print_summary
 from pflbench.execution import ExecutionOptions
+from pflbench.preemption import DEFAULT_GRACE_SECONDS, PREEMPTED_EXIT, Preempted, Preemption
 from pflbench.node_data import DataFingerprint, NodeDataError, check_node_data, fingerprint
 from pflbench.ray_cluster import ClusterError, connect_ray, on_driver_node, ray_capacity, task_resources, this_node
 from pflbench.spec import Plan, Resources, describe_partition
@@ -61,9 +68,12 @@ class RunOptions:
     keep_checkpoints_from: int = 0  # also keep a copy of every checkpoint from this round on (<store>/_kept/; 0: none)
     retries: int = 2               # Ray: reruns of a cell whose worker was lost (it resumes from its checkpoint)
     trackers: TrackerOptions = TrackerOptions()  # stream each cell's rounds to TensorBoard/W&B/MLflow (trackers.py)
+    grace_seconds: float = DEFAULT_GRACE_SECONDS  # after SIGTERM: how long the round in progress may take (preemption.py)
 
     def __post_init__(self):
         _ = self.checkpoint_policy  # ValueError before any work
+        if not self.grace_seconds >= 0:
+            raise ValueError(f"grace seconds must be >= 0, got {self.grace_seconds!r}")
         if not isinstance(self.retries, int) or self.retries < 0:
             raise ValueError(f"retries must be a whole number >= 0, got {self.retries!r}")
 
@@ -81,11 +91,14 @@ class RunReport:
     elsewhere: int = 0  # cells another runner sharing the store had finished or was running
     skipped_datasets: dict[str, int] = field(default_factory=dict)  # optional dataset -> cells left out
     interrupted: bool = False
+    stopped: str | None = None  # why the run stopped before its last cell (preempted): one line
 
     @property
     def exit_code(self) -> int:
         if self.interrupted:
             return 130
+        if self.stopped is not None:
+            return PREEMPTED_EXIT
         return 1 if any(status in PROBLEMS for status in self.outcomes.values()) else 0
 
 
@@ -104,23 +117,27 @@ def failed_result(error: str):
 
 
 def cell_checkpointer(cell: CellConfig, options: RunOptions, note: Callable[[str], None] | None = None,
-                      files=None) -> Checkpointer:
+                      files=None, preemption: Preemption | None = None) -> Checkpointer:
     """The cell's round checkpoints, next to its results in the store (`files`: read and written
-    elsewhere than this machine's files, e.g. the driver's store from a Ray worker)."""
+    elsewhere than this machine's files, e.g. the driver's store from a Ray worker; `preemption`: where
+    a stop is asked for, pflbench/preemption.py)."""
     root = Path(options.results)
     return Checkpointer(root / cell_hash(cell), cell, options.checkpoint_policy, set_aside_dir=root / SET_ASIDE,
-                        note=note, files=files)
+                        note=note, files=files, preemption=preemption)
 
 
 def execute_cell(cell: CellConfig, resources: Resources, options: RunOptions,
                  report: Callable[[dict], None] | None = None, note: Callable[[str], None] | None = None,
-                 checkpoints: bool = True, stop_after: int | None = None, checkpoint_files=None):
+                 checkpoints: bool = True, stop_after: int | None = None, checkpoint_files=None,
+                 preemption: Preemption | None = None):
     """Run one cell here (the driver or a Ray worker) with torch limited to the cell's CPU share,
     continuing from its checkpoint if it has one (`note` gets "resumed at round R of N" and the like).
     Returns a CellResult; an exception becomes a "failed" result carrying its traceback.
     `checkpoints=False`: from round 1, no checkpoint read or written (a rerun that checks the stored
     result must not trust, or leave, one); `stop_after`: only the first rounds (`run_rounds`);
-    `checkpoint_files`: where the checkpoint is kept, if not in the store's folder on this machine."""
+    `checkpoint_files`: where the checkpoint is kept, if not in the store's folder on this machine;
+    `preemption`: a stop on SIGTERM / Ctrl-C raises `Preempted` (with the rounds done and the round the
+    next run resumes at), never a failed result (pflbench/preemption.py)."""
     import torch
 
     from pflbench.rounds import run_cell
@@ -136,13 +153,17 @@ def execute_cell(cell: CellConfig, resources: Resources, options: RunOptions,
     on_round = report if tracking is None else (
         lambda info: (tracking.on_round(info), report(info) if report is not None else None))
     result = None
+    checkpointer = cell_checkpointer(cell, options, note, checkpoint_files, preemption) if checkpoints else None
     try:
         activate(options.plugins, cell)  # a Ray worker loads the user's plugins (the driver has them)
         execution = options.execution.on("cuda" if resources.gpus > 0 else "cpu")
         result = measured(execution.device, lambda: run_cell(  # peak memory and machine (pflbench/cost.py)
             cell, data_root=options.data_root, mirror=options.mirror, execution=execution, on_round=on_round,
-            checkpointer=cell_checkpointer(cell, options, note, checkpoint_files) if checkpoints else None,
-            stop_after=stop_after))
+            checkpointer=checkpointer, stop_after=stop_after))
+    except Preempted as stop:
+        if stop.in_round and checkpointer is not None:  # stopped by the deadline: what the checkpointer knows
+            stop.rounds_done, stop.resumes_at = checkpointer.rounds_done, checkpointer.latest_round
+        raise
     except Exception:
         result = failed_result(traceback.format_exc())
     finally:
@@ -154,19 +175,53 @@ def execute_cell(cell: CellConfig, resources: Resources, options: RunOptions,
 
 # ---- executors ----------------------------------------------------------------------------------
 
-def run_in_process(cells: list[CellConfig], plan: Plan, options: RunOptions, store: Store, display: Display) -> None:
+class RunStopped(Exception):
+    """The run stopped before its last cell; `line` says why, where and how it continues (one line)."""
+
+    def __init__(self, line: str):
+        super().__init__(line)
+        self.line = line
+
+
+def preempted_line(stop: Preempted, cell: CellConfig | None, grace_seconds: float) -> str:
+    """The one line a preempted run ends with: the cell, the round, where the next run resumes."""
+    if cell is None:
+        return f"preempted ({stop.signal}) between cells: no cell was running; run the same command again to continue"
+    rounds = cell.rounds
+    where = (f"the next run resumes at round {stop.resumes_at} of {rounds}" if stop.resumes_at is not None
+             else "the next run starts it from round 1 (it has no checkpoint)")
+    if stop.in_round:
+        done = f"round {(stop.rounds_done or 0) + 1} of {rounds} had not ended {grace_seconds:g} s after the signal"
+    elif stop.checkpoint_error:
+        done = f"stopped after round {stop.rounds_done} of {rounds} without a checkpoint ({stop.checkpoint_error})"
+    else:
+        done = f"checkpoint written after round {stop.rounds_done} of {rounds}"
+    return f"preempted ({stop.signal}): cell {cell_hash(cell)} ({label(cell)}): {done}; {where}"
+
+
+def run_in_process(cells: list[CellConfig], plan: Plan, options: RunOptions, store: Store, display: Display,
+                   preemption: Preemption | None = None) -> None:
+    """The cells one by one in this process; `RunStopped` when `preemption` stops the run (module doc)."""
     import torch
 
     if plan.resources.gpus > 0 and not torch.cuda.is_available():
         raise PrepareError(f"the spec asks for {plan.resources.gpus:g} GPU per cell but this machine has none; "
                            f"run with --set resources.gpus=0")
+    preemption = preemption or Preemption()
     for cell in cells:
+        if preemption.requested:
+            raise RunStopped(preempted_line(Preempted(preemption.signal), None, preemption.grace_seconds))
         if not take(cell, store, options, display):
             continue
         display.update(cell, {"round": 0})
-        result = execute_cell(cell, plan.resources, options,
-                              report=lambda info, cell=cell: display.update(cell, info),
-                              note=lambda text, cell=cell: display.note(cell, text))
+        try:
+            with preemption.cell_running():
+                result = execute_cell(cell, plan.resources, options,
+                                      report=lambda info, cell=cell: display.update(cell, info),
+                                      note=lambda text, cell=cell: display.note(cell, text), preemption=preemption)
+        except Preempted as stop:
+            store.release(cell)  # no result: the next run continues it from its checkpoint
+            raise RunStopped(preempted_line(stop, cell, preemption.grace_seconds)) from None
         record(cell, result, store, options, display)
 
 
@@ -265,8 +320,10 @@ PROGRESS_KEYS = ("round", "rounds", "mean_accuracy", "mean_val_accuracy")
 
 
 def run_on_ray(cells: list[CellConfig], plan: Plan, options: RunOptions, store: Store, display: Display,
-               data: dict[str, DataFingerprint] | None = None) -> None:
-    """Run `cells` as Ray tasks (`data`: each cell's DataFingerprint by hash, checked on other nodes)."""
+               data: dict[str, DataFingerprint] | None = None, preemption: Preemption | None = None) -> None:
+    """Run `cells` as Ray tasks (`data`: each cell's DataFingerprint by hash, checked on other nodes).
+    A stop asked for through `preemption` cancels the running cells (they continue from their last
+    checkpoints on the next run; not yet at the end of their round) and raises `RunStopped`."""
     import ray
 
     from pflbench.checkpoint_relay import RelayedCheckpointFile, start_keeper
@@ -303,6 +360,10 @@ def run_on_ray(cells: list[CellConfig], plan: Plan, options: RunOptions, store: 
         # Claim cells only as they can start, so that runners sharing the store split the matrix.
         limit = options.workers or ray_capacity(ray.cluster_resources(), plan.resources) or len(cells)
         while waiting or running:
+            if preemption is not None and preemption.requested:
+                for ref in running:
+                    ray.cancel(ref, force=True)
+                raise RunStopped(ray_preempted_line(preemption.signal, list(running.values()), store))
             while waiting and len(running) < limit:
                 cell = waiting.pop(0)
                 if take(cell, store, options, display):
@@ -339,6 +400,20 @@ def run_on_ray(cells: list[CellConfig], plan: Plan, options: RunOptions, store: 
     finally:
         if owned:
             ray.shutdown()
+
+
+def ray_preempted_line(signal_name: str, cells: list[CellConfig], store: Store) -> str:
+    """The one line a preempted Ray run ends with: each running cell and the round it resumes at."""
+    from pflbench.checkpoint import CheckpointProblem, read_header
+
+    def resumes(cell: CellConfig) -> str:
+        try:
+            return f"round {read_header(store.checkpoint_path(cell))['round']}"
+        except (OSError, CheckpointProblem):
+            return "round 1"
+    where = "; ".join(f"cell {cell_hash(cell)} ({label(cell)}) resumes at {resumes(cell)}" for cell in cells)
+    return (f"preempted ({signal_name}) on Ray: {len(cells)} running cells stopped at once"
+            + (f": {where}" if where else "") + "; run the same command again to continue")
 
 
 # ---- preparation ----------------------------------------------------------------------------------
@@ -429,12 +504,15 @@ def run_plan(plan: Plan, options: RunOptions = RunOptions(), console: Console | 
     console.print(f"running {len(todo)} cells {where}, {plan.resources.cpus:g} CPU"
                   + (f" and {plan.resources.gpus:g} GPU" if plan.resources.gpus else "") + " each", highlight=False)
     started = time.perf_counter()
-    with Display(console, len(todo)) as display, Heartbeat(store):
+    preemption = Preemption(options.grace_seconds, on_request=lambda name: acknowledge(name, options.grace_seconds))
+    with Display(console, len(todo)) as display, Heartbeat(store), preemption.installed():
         try:
             if in_process:
-                run_in_process(todo, plan, options, store, display)
+                run_in_process(todo, plan, options, store, display, preemption)
             else:
-                run_on_ray(todo, plan, options, store, display, data)
+                run_on_ray(todo, plan, options, store, display, data, preemption)
+        except RunStopped as stop:
+            report.stopped = stop.line
         except KeyboardInterrupt:
             report.interrupted = True
     report.ran = sum(display.counts.values())
@@ -445,7 +523,19 @@ def run_plan(plan: Plan, options: RunOptions = RunOptions(), console: Console | 
                       highlight=False)
     report.outcomes.update({cell_hash(c): store.status(c) for c in todo})
     print_summary(console, plan, store, report, time.perf_counter() - started)
+    if report.stopped is not None:
+        console.print(f"[yellow]{escape(report.stopped)}[/]", highlight=False, soft_wrap=True)
     return report
+
+
+def acknowledge(signal_name: str, grace_seconds: float) -> None:
+    """The line a first SIGTERM / Ctrl-C gets at once (from the signal handler: one unbuffered write)."""
+    text = (f"{signal_name}: stopping at the end of the round in progress (at most {grace_seconds:g} s), with a "
+            f"checkpoint; Ctrl-C again to stop at once\n")
+    try:
+        os.write(2, text.encode())
+    except OSError:
+        pass
 
 
 NOTES = "_notes.json"  # in the store: what a run left out (read by `pflbench report`)
