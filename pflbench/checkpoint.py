@@ -61,7 +61,7 @@ from typing import TYPE_CHECKING, Callable
 if TYPE_CHECKING:
     import torch
 
-from pflbench.store import CHECKPOINT, KEPT, atomic_write
+from pflbench.store import CHECKPOINT, KEPT, DiskFull, atomic_write
 from pflbench.config import CellConfig, cell_hash
 from pflbench.preemption import Preempted, Preemption
 
@@ -216,7 +216,8 @@ def encode_checkpoint(header: dict, payload: dict) -> bytes:
 
 
 def write_checkpoint_bytes(path: Path, data: bytes) -> None:
-    """Write a checkpoint's bytes atomically (temporary file in the same folder, fsync, rename)."""
+    """Write a checkpoint's bytes atomically (temporary file in the same folder, fsync, rename); for lack
+    of space, `DiskFull` (pflbench/store.py) with the bytes needed, the previous checkpoint untouched."""
 
     def write(tmp: Path) -> None:
         with open(tmp, "wb") as file:
@@ -224,7 +225,10 @@ def write_checkpoint_bytes(path: Path, data: bytes) -> None:
             file.flush()
             os.fsync(file.fileno())  # the rename must never expose a file the disk does not hold yet
 
-    atomic_write(Path(path), write)
+    try:
+        atomic_write(Path(path), write)
+    except DiskFull as full:
+        raise full.needing(len(data)) from None
 
 
 def write_checkpoint(path: Path, header: dict, payload: dict) -> int:

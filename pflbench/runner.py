@@ -16,6 +16,12 @@ within `grace_seconds`; that round's work is lost), starts no new cell, and ends
 cancels the running cells and exits at once (130); their results are simply absent, and the next run
 starts them again from their last checkpoints.
 
+A full disk (pflbench/store.py's `DiskFull`: a checkpoint, a result or a claim that cannot be written for
+lack of space): the cell being run or recorded stops without a result (its previous checkpoint, if
+any, stays whole), no further cell is started, and the run ends with `DISK_FULL_EXIT` and one line
+naming the file, the bytes it needed, the bytes free and the round the next run resumes the cell at.
+Finished cells stay as they are; a run after space is freed continues.
+
 Round checkpoints (pflbench/checkpoint.py): a running cell writes `<results>/<hash>/checkpoint.pt`
 by the `checkpoint_every` / `checkpoint_minutes` policy, and a run that finds one continues the cell
 from it ("resumed at round R of N"): after a kill, a Ctrl-C, a runner taking over an abandoned claim,
@@ -48,7 +54,7 @@ from pflbench.preemption import DEFAULT_GRACE_SECONDS, PREEMPTED_EXIT, Preempted
 from pflbench.node_data import DataFingerprint, NodeDataError, check_node_data, fingerprint
 from pflbench.ray_cluster import ClusterError, connect_ray, on_driver_node, ray_capacity, task_resources, this_node
 from pflbench.spec import Plan, Resources, describe_partition
-from pflbench.store import COMPLETE, DAMAGED, HEARTBEAT, SET_ASIDE, Store
+from pflbench.store import COMPLETE, DAMAGED, HEARTBEAT, SET_ASIDE, DiskFull, Store
 from pflbench.trackers import TrackerOptions, cell_tracking
 
 
@@ -91,14 +97,14 @@ class RunReport:
     elsewhere: int = 0  # cells another runner sharing the store had finished or was running
     skipped_datasets: dict[str, int] = field(default_factory=dict)  # optional dataset -> cells left out
     interrupted: bool = False
-    stopped: str | None = None  # why the run stopped before its last cell (preempted): one line
+    stopped: "RunStopped | None" = None  # why the run stopped before its last cell (preempted, disk full)
 
     @property
     def exit_code(self) -> int:
         if self.interrupted:
             return 130
         if self.stopped is not None:
-            return PREEMPTED_EXIT
+            return self.stopped.exit_code
         return 1 if any(status in PROBLEMS for status in self.outcomes.values()) else 0
 
 
@@ -164,6 +170,8 @@ def execute_cell(cell: CellConfig, resources: Resources, options: RunOptions,
         if stop.in_round and checkpointer is not None:  # stopped by the deadline: what the checkpointer knows
             stop.rounds_done, stop.resumes_at = checkpointer.rounds_done, checkpointer.latest_round
         raise
+    except DiskFull:  # not the cell's failure: the machine's (its result could not be written either)
+        raise
     except Exception:
         result = failed_result(traceback.format_exc())
     finally:
@@ -175,12 +183,34 @@ def execute_cell(cell: CellConfig, resources: Resources, options: RunOptions,
 
 # ---- executors ----------------------------------------------------------------------------------
 
-class RunStopped(Exception):
-    """The run stopped before its last cell; `line` says why, where and how it continues (one line)."""
+DISK_FULL_EXIT = 74  # sysexits' EX_IOERR: a write failed for lack of space; free some and run again
 
-    def __init__(self, line: str):
+
+class RunStopped(Exception):
+    """The run stopped before its last cell; `line` says why, where and how it continues (one line);
+    `exit_code`: PREEMPTED_EXIT or DISK_FULL_EXIT."""
+
+    def __init__(self, line: str, exit_code: int):
         super().__init__(line)
-        self.line = line
+        self.line, self.exit_code = line, exit_code
+
+
+def disk_full_line(full: DiskFull, cell: CellConfig | None, store: Store) -> str:
+    """The one line a run stopped by a full disk ends with (module doc)."""
+    line = f"{full}; the run stopped starting cells"
+    if cell is not None:
+        line += f"; cell {cell_hash(cell)} ({label(cell)}) has no result and the next run {resumes(cell, store)}"
+    return line + "; free space and run the same command again"
+
+
+def resumes(cell: CellConfig, store: Store) -> str:
+    """Where the next run continues `cell`, from the checkpoint in the store ("resumes it at round 4 of 12")."""
+    from pflbench.checkpoint import CheckpointProblem, read_header
+
+    try:
+        return f"resumes it at round {read_header(store.checkpoint_path(cell))['round']} of {cell.rounds}"
+    except (OSError, CheckpointProblem):
+        return "starts it from round 1 (it has no checkpoint)"
 
 
 def preempted_line(stop: Preempted, cell: CellConfig | None, grace_seconds: float) -> str:
@@ -210,19 +240,23 @@ def run_in_process(cells: list[CellConfig], plan: Plan, options: RunOptions, sto
     preemption = preemption or Preemption()
     for cell in cells:
         if preemption.requested:
-            raise RunStopped(preempted_line(Preempted(preemption.signal), None, preemption.grace_seconds))
-        if not take(cell, store, options, display):
-            continue
-        display.update(cell, {"round": 0})
+            raise RunStopped(preempted_line(Preempted(preemption.signal), None, preemption.grace_seconds),
+                             PREEMPTED_EXIT)
         try:
+            if not take(cell, store, options, display):
+                continue
+            display.update(cell, {"round": 0})
             with preemption.cell_running():
                 result = execute_cell(cell, plan.resources, options,
                                       report=lambda info, cell=cell: display.update(cell, info),
                                       note=lambda text, cell=cell: display.note(cell, text), preemption=preemption)
+            record(cell, result, store, options, display)
         except Preempted as stop:
             store.release(cell)  # no result: the next run continues it from its checkpoint
-            raise RunStopped(preempted_line(stop, cell, preemption.grace_seconds)) from None
-        record(cell, result, store, options, display)
+            raise RunStopped(preempted_line(stop, cell, preemption.grace_seconds), PREEMPTED_EXIT) from None
+        except DiskFull as full:
+            store.release(cell)
+            raise RunStopped(disk_full_line(full, cell, store), DISK_FULL_EXIT) from None
 
 
 def record(cell: CellConfig, result, store: Store, options: RunOptions, display: "Display") -> None:
@@ -363,7 +397,7 @@ def run_on_ray(cells: list[CellConfig], plan: Plan, options: RunOptions, store: 
             if preemption is not None and preemption.requested:
                 for ref in running:
                     ray.cancel(ref, force=True)
-                raise RunStopped(ray_preempted_line(preemption.signal, list(running.values()), store))
+                raise RunStopped(ray_preempted_line(preemption.signal, list(running.values()), store), PREEMPTED_EXIT)
             while waiting and len(running) < limit:
                 cell = waiting.pop(0)
                 if take(cell, store, options, display):
@@ -385,7 +419,13 @@ def run_on_ray(cells: list[CellConfig], plan: Plan, options: RunOptions, store: 
                     ray.get(keeper.close.remote(cell_hash(cell)))  # no late write of a lost attempt after this
                 except ray.exceptions.RayError:  # the keeper is gone: nothing can write through it either
                     pass
-                record(cell, result, store, options, display)
+                try:
+                    record(cell, result, store, options, display)
+                except DiskFull as full:
+                    store.release(cell)
+                    for ref in running:
+                        ray.cancel(ref, force=True)
+                    raise RunStopped(disk_full_line(full, cell, store), DISK_FULL_EXIT) from None
             latest, notes = ray.get(board.snapshot.remote())
             for key, text in notes:  # a cell that finished since it posted still gets its note
                 if key in by_key:
@@ -404,14 +444,7 @@ def run_on_ray(cells: list[CellConfig], plan: Plan, options: RunOptions, store: 
 
 def ray_preempted_line(signal_name: str, cells: list[CellConfig], store: Store) -> str:
     """The one line a preempted Ray run ends with: each running cell and the round it resumes at."""
-    from pflbench.checkpoint import CheckpointProblem, read_header
-
-    def resumes(cell: CellConfig) -> str:
-        try:
-            return f"round {read_header(store.checkpoint_path(cell))['round']}"
-        except (OSError, CheckpointProblem):
-            return "round 1"
-    where = "; ".join(f"cell {cell_hash(cell)} ({label(cell)}) resumes at {resumes(cell)}" for cell in cells)
+    where = "; ".join(f"cell {cell_hash(cell)} ({label(cell)}): the next run {resumes(cell, store)}" for cell in cells)
     return (f"preempted ({signal_name}) on Ray: {len(cells)} running cells stopped at once"
             + (f": {where}" if where else "") + "; run the same command again to continue")
 
@@ -512,7 +545,7 @@ def run_plan(plan: Plan, options: RunOptions = RunOptions(), console: Console | 
             else:
                 run_on_ray(todo, plan, options, store, display, data, preemption)
         except RunStopped as stop:
-            report.stopped = stop.line
+            report.stopped = stop
         except KeyboardInterrupt:
             report.interrupted = True
     report.ran = sum(display.counts.values())
@@ -524,7 +557,7 @@ def run_plan(plan: Plan, options: RunOptions = RunOptions(), console: Console | 
     report.outcomes.update({cell_hash(c): store.status(c) for c in todo})
     print_summary(console, plan, store, report, time.perf_counter() - started)
     if report.stopped is not None:
-        console.print(f"[yellow]{escape(report.stopped)}[/]", highlight=False, soft_wrap=True)
+        console.print(f"[yellow]{escape(report.stopped.line)}[/]", highlight=False, soft_wrap=True)
     return report
 
 

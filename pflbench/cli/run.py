@@ -114,7 +114,7 @@ def cmd_run(args) -> int:
     from pflbench.execution import execution_options
     from pflbench.runner import PrepareError, RunOptions, run_plan
     from pflbench.spec import SpecError, load_spec, parse_sets
-    from pflbench.store import Store
+    from pflbench.store import DiskFull, Store
 
     console = make_console()
     try:
@@ -145,3 +145,6 @@ def cmd_run(args) -> int:
     except PrepareError as error:
         print(f"cannot run {args.spec}, nothing was run:\n{error}", file=sys.stderr)
         return 2
+    except DiskFull as full:  # before any cell ran (the runner stops on one while cells run: DISK_FULL_EXIT)
+        print(f"{full}; free space and run the same command again", file=sys.stderr)
+        return 74
