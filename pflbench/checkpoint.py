@@ -63,7 +63,7 @@ if TYPE_CHECKING:
 
 from pflbench.store import CHECKPOINT, KEPT, DiskFull, atomic_write
 from pflbench.config import CellConfig, cell_hash
-from pflbench.preemption import Preempted, Preemption
+from pflbench.preemption import Preempted, StopRequest
 
 MAGIC = b"PFLBENCH-CHECKPOINT"
 FORMAT = 1
@@ -349,7 +349,7 @@ class Checkpointer:
     def __init__(self, folder: Path, cell: CellConfig, policy: CheckpointPolicy = CheckpointPolicy(),
                  set_aside_dir: Path | None = None, note: Callable[[str], None] | None = None,
                  clock: Callable[[], float] = time.perf_counter, files: "CheckpointFile | None" = None,
-                 preemption: Preemption | None = None):
+                 preemption: StopRequest | None = None):
         self.folder, self.cell, self.policy = Path(folder), cell, policy
         self.path = self.folder / CHECKPOINT
         self.set_aside_dir = Path(set_aside_dir) if set_aside_dir is not None else self.folder.parent / "_damaged"

@@ -15,8 +15,16 @@ A scheduler that preempts a job sends SIGTERM and kills it a grace period later 
 - a second SIGINT (Ctrl-C again) stops at once (KeyboardInterrupt, as before: exit 130), as does a
   SIGTERM while a stop is already asked for.
 
-Nothing here knows about cells or the store: the checkpointer asks `requested` at the end of each
-round and calls `round_ended`; the runner wraps a running cell in `cell_running()`.
+On Ray the driver holds the `Preemption` (Ray's own SIGTERM handler, which exits, is replaced again
+after `ray.init`: `take_signals`) and passes the stop on to the running cells through its progress
+board; a worker's Checkpointer reads it there (pflbench/runner.py's `BoardStop`). The cells that have
+not ended their round `grace_seconds` after the signal are cancelled (their round's work is lost).
+A SIGTERM that reaches the Ray workers themselves (a scheduler signalling every process of the job)
+ends them at once, as Ray's workers do: their cells resume from their last checkpoints.
+
+Nothing here knows about cells or the store: the checkpointer asks a `StopRequest` (`requested`,
+`signal`) at the end of each round and calls `round_ended`; the runner wraps a running cell in
+`cell_running()` and makes its stop request `current()` for the cell's run (`running_cell`).
 """
 from __future__ import annotations
 
@@ -24,7 +32,7 @@ import signal
 import threading
 import time
 from contextlib import contextmanager
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Protocol
 
 PREEMPTED_EXIT = 75  # sysexits' EX_TEMPFAIL: the run stopped on request; running it again continues it
 DEFAULT_GRACE_SECONDS = 25.0
@@ -40,6 +48,43 @@ class Preempted(Exception):
         super().__init__(f"preempted by {signal_name}")
         self.signal, self.rounds_done, self.resumes_at = signal_name, rounds_done, resumes_at
         self.in_round, self.checkpoint_error = in_round, checkpoint_error
+
+    def __reduce__(self):  # a Ray worker hands it back to the driver as a value
+        return Preempted, (self.signal, self.rounds_done, self.resumes_at, self.in_round, self.checkpoint_error)
+
+
+class StopRequest(Protocol):
+    """What a Checkpointer asks at the end of every round: whether a stop was asked for, by which
+    signal, and that the round ended (`Preemption` in the driver's process; `BoardStop` on a Ray worker)."""
+
+    signal: str | None
+
+    @property
+    def requested(self) -> bool: ...
+
+    def round_ended(self) -> None: ...
+
+
+_current: list[StopRequest] = []
+
+
+def current() -> StopRequest | None:
+    """The stop request of the cell running in this process (None outside a cell): for a plugin or a
+    test that must wait until a stop reached its cell."""
+    return _current[-1] if _current else None
+
+
+@contextmanager
+def running_cell(stop: StopRequest | None) -> Iterator[None]:
+    """`stop` is `current()` during a cell's run."""
+    if stop is None:
+        yield
+        return
+    _current.append(stop)
+    try:
+        yield
+    finally:
+        _current.remove(stop)
 
 
 class Preemption:
@@ -71,15 +116,21 @@ class Preemption:
             yield self
             return
         previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGALRM)}
-        signal.signal(signal.SIGTERM, self._on_signal)
-        signal.signal(signal.SIGINT, self._on_signal)
-        signal.signal(signal.SIGALRM, self._on_deadline)
+        self.take_signals()
         try:
             yield self
         finally:
             self._disarm()
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+
+    def take_signals(self) -> None:
+        """(Re)install this object's handlers, e.g. after `ray.init` installed its own SIGTERM handler
+        (main thread only; `installed` restores the handlers from before it)."""
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._on_signal)
+            signal.signal(signal.SIGINT, self._on_signal)
+            signal.signal(signal.SIGALRM, self._on_deadline)
 
     def _on_signal(self, signum: int, frame) -> None:
         if self.requested:  # the second one: stop now

@@ -9,10 +9,11 @@ another node than the driver's checks that it has the dataset and partition the 
 its cell fails with one message naming the node and the path where it does not (pflbench/node_data.py;
 a worker never downloads).
 
-Preemption (pflbench/preemption.py): SIGTERM or a first Ctrl-C stops an in-process run at the end of
-the round in progress, with a checkpoint of that round (or at once when the round has not ended
+Preemption (pflbench/preemption.py): SIGTERM or a first Ctrl-C stops a run's running cells at the end
+of the round in progress, with a checkpoint of that round (or at once when the round has not ended
 within `grace_seconds`; that round's work is lost), starts no new cell, and ends the run with
-`PREEMPTED_EXIT` and one line naming the cell and the round the next run resumes at. A second Ctrl-C
+`PREEMPTED_EXIT` and one line naming each stopped cell and the round the next run resumes at. On Ray
+the driver passes the stop to its cells through the progress board (`BoardStop`). A second Ctrl-C
 cancels the running cells and exits at once (130); their results are simply absent, and the next run
 starts them again from their last checkpoints.
 
@@ -50,7 +51,7 @@ from pflbench.checkpoint import DEFAULT_MINUTES, CheckpointPolicy, Checkpointer
 from pflbench.config import CellConfig, cell_hash
 from pflbench.display import PROBLEMS, Display, label, make_console, print_summary
 from pflbench.execution import ExecutionOptions
-from pflbench.preemption import DEFAULT_GRACE_SECONDS, PREEMPTED_EXIT, Preempted, Preemption
+from pflbench.preemption import DEFAULT_GRACE_SECONDS, PREEMPTED_EXIT, Preempted, Preemption, StopRequest, running_cell
 from pflbench.node_data import DataFingerprint, NodeDataError, check_node_data, fingerprint
 from pflbench.ray_cluster import ClusterError, connect_ray, on_driver_node, ray_capacity, task_resources, this_node
 from pflbench.spec import Plan, Resources, describe_partition
@@ -123,7 +124,7 @@ def failed_result(error: str):
 
 
 def cell_checkpointer(cell: CellConfig, options: RunOptions, note: Callable[[str], None] | None = None,
-                      files=None, preemption: Preemption | None = None) -> Checkpointer:
+                      files=None, preemption: StopRequest | None = None) -> Checkpointer:
     """The cell's round checkpoints, next to its results in the store (`files`: read and written
     elsewhere than this machine's files, e.g. the driver's store from a Ray worker; `preemption`: where
     a stop is asked for, pflbench/preemption.py)."""
@@ -135,7 +136,7 @@ def cell_checkpointer(cell: CellConfig, options: RunOptions, note: Callable[[str
 def execute_cell(cell: CellConfig, resources: Resources, options: RunOptions,
                  report: Callable[[dict], None] | None = None, note: Callable[[str], None] | None = None,
                  checkpoints: bool = True, stop_after: int | None = None, checkpoint_files=None,
-                 preemption: Preemption | None = None):
+                 preemption: StopRequest | None = None):
     """Run one cell here (the driver or a Ray worker) with torch limited to the cell's CPU share,
     continuing from its checkpoint if it has one (`note` gets "resumed at round R of N" and the like).
     Returns a CellResult; an exception becomes a "failed" result carrying its traceback.
@@ -163,9 +164,10 @@ def execute_cell(cell: CellConfig, resources: Resources, options: RunOptions,
     try:
         activate(options.plugins, cell)  # a Ray worker loads the user's plugins (the driver has them)
         execution = options.execution.on("cuda" if resources.gpus > 0 else "cpu")
-        result = measured(execution.device, lambda: run_cell(  # peak memory and machine (pflbench/cost.py)
-            cell, data_root=options.data_root, mirror=options.mirror, execution=execution, on_round=on_round,
-            checkpointer=checkpointer, stop_after=stop_after))
+        with running_cell(preemption):
+            result = measured(execution.device, lambda: run_cell(  # peak memory and machine (pflbench/cost.py)
+                cell, data_root=options.data_root, mirror=options.mirror, execution=execution, on_round=on_round,
+                checkpointer=checkpointer, stop_after=stop_after))
     except Preempted as stop:
         if stop.in_round and checkpointer is not None:  # stopped by the deadline: what the checkpointer knows
             stop.rounds_done, stop.resumes_at = checkpointer.rounds_done, checkpointer.latest_round
@@ -205,28 +207,31 @@ def disk_full_line(full: DiskFull, cell: CellConfig | None, store: Store) -> str
 
 def resumes(cell: CellConfig, store: Store) -> str:
     """Where the next run continues `cell`, from the checkpoint in the store ("resumes it at round 4 of 12")."""
-    from pflbench.checkpoint import CheckpointProblem, read_header
-
-    try:
-        return f"resumes it at round {read_header(store.checkpoint_path(cell))['round']} of {cell.rounds}"
-    except (OSError, CheckpointProblem):
-        return "starts it from round 1 (it has no checkpoint)"
+    at = checkpoint_round(cell, store)
+    return f"resumes it at round {at} of {cell.rounds}" if at is not None else "starts it from round 1 (it has no checkpoint)"
 
 
 def preempted_line(stop: Preempted, cell: CellConfig | None, grace_seconds: float) -> str:
     """The one line a preempted run ends with: the cell, the round, where the next run resumes."""
     if cell is None:
         return f"preempted ({stop.signal}) between cells: no cell was running; run the same command again to continue"
+    return f"preempted ({stop.signal}): {stopped_cell(stop, cell, grace_seconds)}"
+
+
+def stopped_cell(stop: Preempted, cell: CellConfig, grace_seconds: float) -> str:
+    """One preempted cell, in words: the round it stopped at, where the next run resumes it."""
     rounds = cell.rounds
     where = (f"the next run resumes at round {stop.resumes_at} of {rounds}" if stop.resumes_at is not None
              else "the next run starts it from round 1 (it has no checkpoint)")
-    if stop.in_round:
-        done = f"round {(stop.rounds_done or 0) + 1} of {rounds} had not ended {grace_seconds:g} s after the signal"
+    if stop.in_round and stop.rounds_done is None:
+        done = f"still in a round {grace_seconds:g} s after the signal, stopped at once"
+    elif stop.in_round:
+        done = f"round {stop.rounds_done + 1} of {rounds} had not ended {grace_seconds:g} s after the signal"
     elif stop.checkpoint_error:
         done = f"stopped after round {stop.rounds_done} of {rounds} without a checkpoint ({stop.checkpoint_error})"
     else:
         done = f"checkpoint written after round {stop.rounds_done} of {rounds}"
-    return f"preempted ({stop.signal}): cell {cell_hash(cell)} ({label(cell)}): {done}; {where}"
+    return f"cell {cell_hash(cell)} ({label(cell)}): {done}; {where}"
 
 
 def run_in_process(cells: list[CellConfig], plan: Plan, options: RunOptions, store: Store, display: Display,
@@ -312,6 +317,7 @@ class ProgressBoard:
     def __init__(self):
         self.latest: dict[str, dict] = {}
         self.notes: list[tuple[str, str]] = []
+        self.stop: str | None = None  # the signal the driver was stopped by (pflbench/preemption.py)
 
     def post(self, key: str, info: dict) -> None:
         self.latest[key] = info
@@ -323,6 +329,35 @@ class ProgressBoard:
         """The latest round of every cell, and the notes posted since the last snapshot."""
         notes, self.notes = self.notes, []
         return self.latest, notes
+
+    def request_stop(self, signal_name: str) -> None:
+        """The driver was asked to stop (pflbench/preemption.py): its cells stop at the end of their round."""
+        self.stop = signal_name
+
+    def stop_requested(self) -> str | None:
+        return self.stop
+
+
+class BoardStop:
+    """A Ray worker's `StopRequest`: the driver's stop, read from the progress board (at most every
+    `every` seconds, so a cell of short rounds does not wait on the board each round)."""
+
+    def __init__(self, board, every: float = 0.5, clock: Callable[[], float] = time.monotonic):
+        self.board, self.every, self.clock = board, every, clock
+        self.signal: str | None = None
+        self._asked = float("-inf")
+
+    @property
+    def requested(self) -> bool:
+        import ray
+
+        if self.signal is None and self.clock() - self._asked >= self.every:
+            self._asked = self.clock()
+            self.signal = ray.get(self.board.stop_requested.remote())
+        return self.signal is not None
+
+    def round_ended(self) -> None:
+        pass
 
 
 def _ray_task(cell: CellConfig, resources: Resources, options: RunOptions, board, checkpoint_files,
@@ -340,8 +375,12 @@ def _ray_task(cell: CellConfig, resources: Resources, options: RunOptions, board
             return failed_result(str(error))
         except Exception:
             return failed_result(traceback.format_exc())
-    return execute_cell(cell, resources, options, report=lambda info: board.post.remote(key, progress_of(info)),
-                        note=lambda text: board.note.remote(key, text), checkpoint_files=checkpoint_files)
+    try:
+        return execute_cell(cell, resources, options, report=lambda info: board.post.remote(key, progress_of(info)),
+                            note=lambda text: board.note.remote(key, text), checkpoint_files=checkpoint_files,
+                            preemption=BoardStop(board))
+    except Preempted as stop:  # handed back as a value: the driver records no result
+        return stop
 
 
 def progress_of(info: dict) -> dict:
@@ -356,8 +395,9 @@ PROGRESS_KEYS = ("round", "rounds", "mean_accuracy", "mean_val_accuracy")
 def run_on_ray(cells: list[CellConfig], plan: Plan, options: RunOptions, store: Store, display: Display,
                data: dict[str, DataFingerprint] | None = None, preemption: Preemption | None = None) -> None:
     """Run `cells` as Ray tasks (`data`: each cell's DataFingerprint by hash, checked on other nodes).
-    A stop asked for through `preemption` cancels the running cells (they continue from their last
-    checkpoints on the next run; not yet at the end of their round) and raises `RunStopped`."""
+    A stop asked for through `preemption` reaches the running cells through the board: they stop at the
+    end of their round with a checkpoint, or are cancelled `grace_seconds` after the signal; no other
+    cell starts, and `RunStopped` says where each stopped cell resumes (module doc)."""
     import ray
 
     from pflbench.checkpoint_relay import RelayedCheckpointFile, start_keeper
@@ -366,6 +406,8 @@ def run_on_ray(cells: list[CellConfig], plan: Plan, options: RunOptions, store: 
         owned = connect_ray(options.ray_address, options.workers, plan.resources.cpus)
     except ClusterError as error:
         raise PrepareError(str(error)) from None
+    if preemption is not None:
+        preemption.take_signals()  # ray.init replaced SIGTERM's handler with one that exits
     running: dict = {}
     worker_options = replace(options, results=Path(options.results).absolute())  # checkpoints, from any cwd
     try:
@@ -393,11 +435,31 @@ def run_on_ray(cells: list[CellConfig], plan: Plan, options: RunOptions, store: 
 
         # Claim cells only as they can start, so that runners sharing the store split the matrix.
         limit = options.workers or ray_capacity(ray.cluster_resources(), plan.resources) or len(cells)
+        stopping_since: float | None = None
+        stopped: list[str] = []  # the preempted cells, in words
+
+        def stop(cell: CellConfig, why: Preempted) -> None:
+            """A preempted cell: no result; its claim and its keeper's attempt closed."""
+            try:
+                ray.get(keeper.close.remote(cell_hash(cell)))
+            except ray.exceptions.RayError:
+                pass
+            store.release(cell)
+            if why.in_round:
+                why.resumes_at = checkpoint_round(cell, store)
+            stopped.append(stopped_cell(why, cell, options.grace_seconds))
+
         while waiting or running:
-            if preemption is not None and preemption.requested:
-                for ref in running:
+            if preemption is not None and preemption.requested and stopping_since is None:
+                stopping_since = time.monotonic()
+                waiting.clear()
+                ray.get(board.request_stop.remote(preemption.signal))
+            if stopping_since is not None and time.monotonic() - stopping_since > options.grace_seconds:
+                for ref, cell in list(running.items()):
                     ray.cancel(ref, force=True)
-                raise RunStopped(ray_preempted_line(preemption.signal, list(running.values()), store), PREEMPTED_EXIT)
+                    stop(cell, Preempted(preemption.signal, in_round=True))
+                running.clear()
+                break
             while waiting and len(running) < limit:
                 cell = waiting.pop(0)
                 if take(cell, store, options, display):
@@ -408,6 +470,9 @@ def run_on_ray(cells: list[CellConfig], plan: Plan, options: RunOptions, store: 
                 try:
                     result = ray.get(ref)
                 except ray.exceptions.RayError as error:  # the worker died, was killed, ran out of memory
+                    if stopping_since is not None:  # a worker ended by the same signal: no retry now
+                        stop(cell, Preempted(preemption.signal, in_round=True))
+                        continue
                     tried = attempts[cell_hash(cell)] = attempts.get(cell_hash(cell), 0) + 1
                     if tried <= options.retries:
                         display.note(cell, f"Ray worker lost ({type(error).__name__}); retry {tried} of "
@@ -415,6 +480,9 @@ def run_on_ray(cells: list[CellConfig], plan: Plan, options: RunOptions, store: 
                         start(cell)
                         continue
                     result = failed_result(f"Ray: {type(error).__name__} (after {options.retries} retries): {error}")
+                if isinstance(result, Preempted):
+                    stop(cell, result)
+                    continue
                 try:
                     ray.get(keeper.close.remote(cell_hash(cell)))  # no late write of a lost attempt after this
                 except ray.exceptions.RayError:  # the keeper is gone: nothing can write through it either
@@ -433,6 +501,10 @@ def run_on_ray(cells: list[CellConfig], plan: Plan, options: RunOptions, store: 
             for cell in running.values():
                 if cell_hash(cell) in latest:
                     display.update(cell, latest[cell_hash(cell)])
+        if stopping_since is not None:
+            raise RunStopped(f"preempted ({preemption.signal}) on Ray: "
+                             + ("; ".join(stopped) if stopped else "no cell was running")
+                             + "; run the same command again to continue", PREEMPTED_EXIT)
     except KeyboardInterrupt:
         for ref in running:
             ray.cancel(ref, force=True)
@@ -442,11 +514,14 @@ def run_on_ray(cells: list[CellConfig], plan: Plan, options: RunOptions, store: 
             ray.shutdown()
 
 
-def ray_preempted_line(signal_name: str, cells: list[CellConfig], store: Store) -> str:
-    """The one line a preempted Ray run ends with: each running cell and the round it resumes at."""
-    where = "; ".join(f"cell {cell_hash(cell)} ({label(cell)}): the next run {resumes(cell, store)}" for cell in cells)
-    return (f"preempted ({signal_name}) on Ray: {len(cells)} running cells stopped at once"
-            + (f": {where}" if where else "") + "; run the same command again to continue")
+def checkpoint_round(cell: CellConfig, store: Store) -> int | None:
+    """The round of the cell's checkpoint in the store (None: none, or unreadable)."""
+    from pflbench.checkpoint import CheckpointProblem, read_header
+
+    try:
+        return read_header(store.checkpoint_path(cell))["round"]
+    except (OSError, CheckpointProblem):
+        return None
 
 
 # ---- preparation ----------------------------------------------------------------------------------

@@ -170,3 +170,71 @@ def test_disk_full_names_a_quota_and_an_unknown_size():
     assert str(DiskFull("/x/y", None, 10, errno.EDQUOT)) == (
         "disk quota exceeded: cannot write /x/y (it needs an unknown number of bytes; free there: 10 bytes)")
     assert store_module.no_space(OSError(errno.EACCES, "denied"), Path("/x")) is None
+
+
+# ---- a real full disk: a small tmpfs in a mount namespace of its own (no root needed where user
+# namespaces are allowed; skipped with the reason where they are not) ----------------------------------
+
+SPEC = f"""
+name: full
+matrix:
+  algorithm: [fedavg]
+  dataset: [synthetic]
+  partition: [{{scheme: pathological, params: {{classes_per_client: 3}}}}]
+  seed: [0, 1, 2]
+defaults: {{clients: 5, rounds: {ROUNDS}, lr: 0.05, eval_every: 2, dataset_options: {{num_samples: 600}}}}
+"""
+# In the namespace: the first cell on a roomy tmpfs; then the tmpfs filled but for 8 KiB (a claim fits, a
+# checkpoint does not) and the whole spec run; then the filler removed and the spec run again.
+ON_TMPFS = """
+set -u
+mount -t tmpfs -o size=32m tmpfs "$MNT" || exit 90
+run() { "$PYTHON" -m pflbench.cli run "$SPEC" --results "$MNT/store" --no-ray --checkpoint-every 2 \
+        --checkpoint-minutes 0 "$@"; }
+run --set seed=0 > "$OUT/first.txt" 2>&1; echo $? > "$OUT/first.rc"
+"$PYTHON" -c "import os; s = os.statvfs('$MNT'); open('$MNT/filler', 'wb').write(b'x' * (s.f_bavail * s.f_frsize - 8192))"
+run > "$OUT/full.txt" 2>&1; echo $? > "$OUT/full.rc"
+cp -r "$MNT/store" "$OUT/after-full"
+rm "$MNT/filler"
+run > "$OUT/freed.txt" 2>&1; echo $? > "$OUT/freed.rc"
+cp -r "$MNT/store" "$OUT/after-freed"
+"""
+
+
+def test_a_real_full_tmpfs_stops_the_run_with_one_line_and_a_run_after_space_is_freed_finishes(reference, tmp_path):
+    import shutil
+    import subprocess
+    import sys
+
+    if shutil.which("unshare") is None:
+        pytest.skip("no unshare(1) here to mount a tmpfs in a namespace of its own")
+    probe = subprocess.run(["unshare", "-rm", "sh", "-c", f"mount -t tmpfs -o size=1m tmpfs {tmp_path}"],
+                           capture_output=True, text=True)
+    if probe.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs in a user and mount namespace here: {probe.stderr.strip()}")
+    (tmp_path / "spec.yaml").write_text(SPEC)
+    mount, out = tmp_path / "mnt", tmp_path / "out"
+    mount.mkdir()
+    out.mkdir()
+    env = {**os.environ, "MNT": str(mount), "OUT": str(out), "SPEC": str(tmp_path / "spec.yaml"),
+           "PYTHON": sys.executable, "PFLBENCH_DATA": str(reference.data_root), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(["unshare", "-rm", "bash", "-c", ON_TMPFS], env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    text = {name: (out / f"{name}.txt").read_text() for name in ("first", "full", "freed")}
+    codes = {name: int((out / f"{name}.rc").read_text()) for name in text}
+    assert codes == {"first": 0, "full": DISK_FULL_EXIT, "freed": 0}, text
+    second = cell_hash(the_plan().cells[1])
+    line = the_line(text["full"])
+    assert re.fullmatch(rf"disk full: cannot write {re.escape(str(mount / 'store' / second / CHECKPOINT))} \(it needs "
+                        rf"[\d,]+ bytes; free there: [\d,]+ bytes\); the run stopped starting cells; cell {second} "
+                        rf"\(.*\) has no result and the next run starts it from round 1 \(it has no checkpoint\); "
+                        rf"free space and run the same command again", line), line
+    assert "Traceback" not in text["full"]
+    stopped = out / "after-full"
+    assert_stopped_cleanly(stopped)
+    assert not (stopped / second / CHECKPOINT).exists()
+    assert "3 finished" in text["freed"]
+    ours, theirs = folders(out / "after-freed"), folders(reference.results)
+    for seed in (0, 1, 2):
+        assert_same_result(ours[seed], theirs[seed])
