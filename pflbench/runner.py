@@ -23,6 +23,14 @@ any, stays whole), no further cell is started, and the run ends with `DISK_FULL_
 naming the file, the bytes it needed, the bytes free and the round the next run resumes the cell at.
 Finished cells stay as they are; a run after space is freed continues.
 
+Out of memory: a cell that raises MemoryError, and a Ray worker that Ray's memory monitor kills
+(`ray.exceptions.OutOfMemoryError`), are reported as "out of memory (peak N MB)" with the cell (the
+peak: the process's largest resident set, as the cell's last round reported it on Ray); a Ray cell is
+retried at most `retries` times like any lost worker, then recorded as failed with that reason. A
+worker the kernel's OOM killer ends is, to Ray, a worker that died (WorkerCrashedError): it is retried
+the same way and its line carries the last peak the cell reported, but it cannot be told from another
+sudden death.
+
 Round checkpoints (pflbench/checkpoint.py): a running cell writes `<results>/<hash>/checkpoint.pt`
 by the `checkpoint_every` / `checkpoint_minutes` policy, and a run that finds one continues the cell
 from it ("resumed at round R of N"): after a kill, a Ctrl-C, a runner taking over an abandoned claim,
@@ -115,6 +123,18 @@ class PrepareError(RuntimeError):
 
 # ---- one cell, wherever it runs -----------------------------------------------------------------
 
+def peak_mb() -> int:
+    """This process's largest resident set so far, in MB (Linux reports ru_maxrss in KiB)."""
+    import resource
+
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+
+
+def out_of_memory(peak: int | None) -> str:
+    """The reason a cell that ran out of memory is given (one line)."""
+    return f"out of memory (peak {peak} MB)" if peak is not None else "out of memory (peak not reported)"
+
+
 def failed_result(error: str):
     import pandas as pd
 
@@ -174,6 +194,8 @@ def execute_cell(cell: CellConfig, resources: Resources, options: RunOptions,
         raise
     except DiskFull:  # not the cell's failure: the machine's (its result could not be written either)
         raise
+    except MemoryError:  # the traceback, then the reason as its last line (the summary's "error")
+        result = failed_result(f"{traceback.format_exc()}{out_of_memory(peak_mb())}\n")
     except Exception:
         result = failed_result(traceback.format_exc())
     finally:
@@ -386,7 +408,7 @@ def _ray_task(cell: CellConfig, resources: Resources, options: RunOptions, board
 def progress_of(info: dict) -> dict:
     """What the driver's progress display needs of a round's report (not its rows: those stay with the
     cell's trackers, on the worker)."""
-    return {key: info[key] for key in PROGRESS_KEYS if key in info}
+    return {**{key: info[key] for key in PROGRESS_KEYS if key in info}, "peak_mb": peak_mb()}
 
 
 PROGRESS_KEYS = ("round", "rounds", "mean_accuracy", "mean_val_accuracy")
@@ -436,6 +458,7 @@ def run_on_ray(cells: list[CellConfig], plan: Plan, options: RunOptions, store: 
         # Claim cells only as they can start, so that runners sharing the store split the matrix.
         limit = options.workers or ray_capacity(ray.cluster_resources(), plan.resources) or len(cells)
         stopping_since: float | None = None
+        latest_peak: dict[str, int] = {}  # each cell's worker's peak memory, as its last round reported it
         stopped: list[str] = []  # the preempted cells, in words
 
         def stop(cell: CellConfig, why: Preempted) -> None:
@@ -474,12 +497,14 @@ def run_on_ray(cells: list[CellConfig], plan: Plan, options: RunOptions, store: 
                         stop(cell, Preempted(preemption.signal, in_round=True))
                         continue
                     tried = attempts[cell_hash(cell)] = attempts.get(cell_hash(cell), 0) + 1
+                    why = worker_lost(error, latest_peak.get(cell_hash(cell)))
                     if tried <= options.retries:
-                        display.note(cell, f"Ray worker lost ({type(error).__name__}); retry {tried} of "
-                                           f"{options.retries}, from its checkpoint where it has one")
+                        display.note(cell, f"{why}; retry {tried} of {options.retries}, from its checkpoint where "
+                                           f"it has one")
                         start(cell)
                         continue
-                    result = failed_result(f"Ray: {type(error).__name__} (after {options.retries} retries): {error}")
+                    result = failed_result(f"Ray: {type(error).__name__}: {error}\n"
+                                           f"{why} (after {options.retries} retries)\n")
                 if isinstance(result, Preempted):
                     stop(cell, result)
                     continue
@@ -495,6 +520,7 @@ def run_on_ray(cells: list[CellConfig], plan: Plan, options: RunOptions, store: 
                         ray.cancel(ref, force=True)
                     raise RunStopped(disk_full_line(full, cell, store), DISK_FULL_EXIT) from None
             latest, notes = ray.get(board.snapshot.remote())
+            latest_peak.update({key: info["peak_mb"] for key, info in latest.items() if "peak_mb" in info})
             for key, text in notes:  # a cell that finished since it posted still gets its note
                 if key in by_key:
                     display.note(by_key[key], text)
@@ -512,6 +538,15 @@ def run_on_ray(cells: list[CellConfig], plan: Plan, options: RunOptions, store: 
     finally:
         if owned:
             ray.shutdown()
+
+
+def worker_lost(error: Exception, peak: int | None) -> str:
+    """Why a cell's Ray worker was lost, in words: out of memory (Ray's memory monitor killed it) or lost."""
+    import ray
+
+    if isinstance(error, ray.exceptions.OutOfMemoryError):
+        return out_of_memory(peak)
+    return f"Ray worker lost ({type(error).__name__}" + (f"; last reported peak {peak} MB)" if peak is not None else ")")
 
 
 def checkpoint_round(cell: CellConfig, store: Store) -> int | None:
