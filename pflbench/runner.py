@@ -493,6 +493,11 @@ def run_on_ray(cells: list[CellConfig], plan: Plan, options: RunOptions, store: 
                 try:
                     result = ray.get(ref)
                 except ray.exceptions.RayError as error:  # the worker died, was killed, ran out of memory
+                    if isinstance(error, DiskFull):  # the keeper could not write its checkpoint: as in process
+                        store.release(cell)
+                        for other in running:
+                            ray.cancel(other, force=True)
+                        raise RunStopped(disk_full_line(cause_of(error), cell, store), DISK_FULL_EXIT) from None
                     if stopping_since is not None:  # a worker ended by the same signal: no retry now
                         stop(cell, Preempted(preemption.signal, in_round=True))
                         continue
@@ -547,6 +552,14 @@ def worker_lost(error: Exception, peak: int | None) -> str:
     if isinstance(error, ray.exceptions.OutOfMemoryError):
         return out_of_memory(peak)
     return f"Ray worker lost ({type(error).__name__}" + (f"; last reported peak {peak} MB)" if peak is not None else ")")
+
+
+def cause_of(error: Exception) -> Exception:
+    """The exception a Ray error wraps, through every task and actor it crossed (a RayTaskError's
+    text is its traceback; the cause's is the one line)."""
+    while getattr(error, "cause", None) is not None and error.cause is not error:
+        error = error.cause
+    return error
 
 
 def checkpoint_round(cell: CellConfig, store: Store) -> int | None:

@@ -119,6 +119,9 @@ class DiskFull(OSError):
         super().__init__(code, os.strerror(code), str(path))
         self.path, self.needed, self.free = Path(path), needed, free
 
+    def __reduce__(self):  # crosses from a Ray actor (the checkpoint keeper) with its fields
+        return DiskFull, (self.path, self.needed, self.free, self.errno)
+
     def needing(self, needed: int) -> "DiskFull":
         """The same failure, the bytes the write needed now known."""
         return DiskFull(self.path, needed, self.free, self.errno)

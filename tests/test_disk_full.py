@@ -238,3 +238,12 @@ def test_a_real_full_tmpfs_stops_the_run_with_one_line_and_a_run_after_space_is_
     ours, theirs = folders(out / "after-freed"), folders(reference.results)
     for seed in (0, 1, 2):
         assert_same_result(ours[seed], theirs[seed])
+
+
+def test_disk_full_crosses_a_process_boundary_whole():
+    """A Ray actor (the checkpoint keeper) raising it hands the driver the same fields."""
+    import pickle
+
+    full = DiskFull("/store/abc/checkpoint.pt", 2298037, 36864)
+    again = pickle.loads(pickle.dumps(full))
+    assert isinstance(again, DiskFull) and str(again) == str(full) and again.errno == errno.ENOSPC
