@@ -23,7 +23,8 @@ any, stays whole), no further cell is started, and the run ends with `DISK_FULL_
 naming the file, the bytes it needed, the bytes free and the round the next run resumes the cell at.
 Finished cells stay as they are; a run after space is freed continues.
 
-Out of memory: a cell that raises MemoryError, and a Ray worker that Ray's memory monitor kills
+Out of memory: a cell that cannot allocate (MemoryError; torch's CPU allocator failing, "can't
+allocate memory"; torch.OutOfMemoryError on a GPU), and a Ray worker that Ray's memory monitor kills
 (`ray.exceptions.OutOfMemoryError`), are reported as "out of memory (peak N MB)" with the cell (the
 peak: the process's largest resident set, as the cell's last round reported it on Ray); a Ray cell is
 retried at most `retries` times like any lost worker, then recorded as failed with that reason. A
@@ -135,6 +136,15 @@ def out_of_memory(peak: int | None) -> str:
     return f"out of memory (peak {peak} MB)" if peak is not None else "out of memory (peak not reported)"
 
 
+def is_out_of_memory(error: BaseException) -> bool:
+    """Whether `error` is an allocation that failed: MemoryError, torch's OutOfMemoryError (CUDA) or its
+    CPU allocator's RuntimeError (what a memory limit, e.g. RLIMIT_AS or an overcommit policy, gives)."""
+    import torch
+
+    return (isinstance(error, (MemoryError, torch.OutOfMemoryError))
+            or (isinstance(error, RuntimeError) and "can't allocate memory" in str(error)))
+
+
 def failed_result(error: str):
     import pandas as pd
 
@@ -194,10 +204,9 @@ def execute_cell(cell: CellConfig, resources: Resources, options: RunOptions,
         raise
     except DiskFull:  # not the cell's failure: the machine's (its result could not be written either)
         raise
-    except MemoryError:  # the traceback, then the reason as its last line (the summary's "error")
-        result = failed_result(f"{traceback.format_exc()}{out_of_memory(peak_mb())}\n")
-    except Exception:
-        result = failed_result(traceback.format_exc())
+    except Exception as error:  # out of memory: the traceback, then the reason as its last line (the summary's "error")
+        oom = f"{out_of_memory(peak_mb())}\n" if is_out_of_memory(error) else ""
+        result = failed_result(traceback.format_exc() + oom)
     finally:
         torch.set_num_threads(threads)
         if tracking is not None and result is not None:

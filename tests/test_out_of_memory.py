@@ -7,10 +7,11 @@ import io
 import re
 
 import pytest
+import torch
 from rich.console import Console
 
 from pflbench.algorithm import ALGORITHMS
-from pflbench.runner import RunOptions, out_of_memory, run_plan, worker_lost
+from pflbench.runner import RunOptions, is_out_of_memory, out_of_memory, run_plan, worker_lost
 from pflbench.spec import parse_spec
 from pflbench.store import Store
 
@@ -18,13 +19,14 @@ FedAvg = ALGORITHMS.get("fedavg")
 
 
 class RunsOutOfMemory(FedAvg):
-    """FedAvg whose second round cannot allocate what it needs."""
+    """FedAvg whose second round asks torch's CPU allocator for 256 TiB (a real allocation that fails,
+    as it does under a memory limit)."""
 
     name = "test-oom-fedavg"
 
     def local_train(self, rnd, state):
         if rnd.number == 2:
-            raise MemoryError
+            torch.empty(2 ** 48, dtype=torch.uint8)
         return super().local_train(rnd, state)
 
 
@@ -45,7 +47,12 @@ def test_a_cell_out_of_memory_is_failed_with_its_peak_and_the_others_go_on(tmp_p
     failing, other = plan.cells
     assert store.status(failing) == "failed" and store.status(other) == "finished"
     assert re.fullmatch(r"out of memory \(peak \d+ MB\)", store.summary(failing)["error"])
-    assert "MemoryError" in (store.cell_dir(failing) / "error.txt").read_text()  # the traceback, above it
+    assert "DefaultCPUAllocator: can't allocate memory" in (store.cell_dir(failing) / "error.txt").read_text()
+
+
+def test_what_counts_as_out_of_memory():
+    assert is_out_of_memory(MemoryError()) and is_out_of_memory(torch.OutOfMemoryError("CUDA out of memory"))
+    assert not is_out_of_memory(RuntimeError("shape mismatch")) and not is_out_of_memory(ValueError("x"))
 
 
 def test_a_ray_worker_killed_for_memory_is_named_out_of_memory_with_the_last_peak_its_cell_reported():
