@@ -31,6 +31,10 @@ models of chosen rounds (e.g. `benchmarks/analysis/branch.py`); the store's cell
 When: every `every` rounds, and at least every `minutes` of wall time (defaults: by time only, every
 5 minutes, so a cell that takes under a minute never writes one, and the write's cost stays a small
 share of a long cell's time: measured in docs/measurements/index.md). The last round writes none (the result follows).
+Preemption (pflbench/preemption.py): given a `Preemption`, the end of every round asks whether a
+SIGTERM or Ctrl-C arrived; if so, a checkpoint of that round is written whatever the policy says, and
+`Preempted` is raised (the runner stops there; the next run resumes at that round). At the last round
+no checkpoint is written: the cell finishes and its result is written as usual.
 The code version is a hash of the engine's and the algorithm's source files (reports excluded; their
 names inside the checkout and their contents, so a node whose checkout lives elsewhere resumes too) and
 of the torch / numpy / Python versions: any change to the code that runs a cell retires its checkpoints.
@@ -57,8 +61,9 @@ from typing import TYPE_CHECKING, Callable
 if TYPE_CHECKING:
     import torch
 
-from pflbench.store import CHECKPOINT, KEPT, atomic_write
+from pflbench.store import CHECKPOINT, KEPT, DiskFull, atomic_write
 from pflbench.config import CellConfig, cell_hash
+from pflbench.preemption import Preempted, StopRequest
 
 MAGIC = b"PFLBENCH-CHECKPOINT"
 FORMAT = 1
@@ -211,7 +216,8 @@ def encode_checkpoint(header: dict, payload: dict) -> bytes:
 
 
 def write_checkpoint_bytes(path: Path, data: bytes) -> None:
-    """Write a checkpoint's bytes atomically (temporary file in the same folder, fsync, rename)."""
+    """Write a checkpoint's bytes atomically (temporary file in the same folder, fsync, rename); for lack
+    of space, `DiskFull` (pflbench/store.py) with the bytes needed, the previous checkpoint untouched."""
 
     def write(tmp: Path) -> None:
         with open(tmp, "wb") as file:
@@ -219,7 +225,10 @@ def write_checkpoint_bytes(path: Path, data: bytes) -> None:
             file.flush()
             os.fsync(file.fileno())  # the rename must never expose a file the disk does not hold yet
 
-    atomic_write(Path(path), write)
+    try:
+        atomic_write(Path(path), write)
+    except DiskFull as full:
+        raise full.needing(len(data)) from None
 
 
 def write_checkpoint(path: Path, header: dict, payload: dict) -> int:
@@ -334,11 +343,13 @@ class Checkpointer:
     """The checkpoint of one cell at `folder/checkpoint.pt` (module doc). `note` receives the lines a
     user should see (resumed, set aside); `set_aside_dir` is where unusable checkpoints are kept.
     `files`: where the checkpoint is read and written (default: `CheckpointFile(folder/checkpoint.pt,
-    set_aside_dir)`, this machine's files; a Ray worker gets the driver's store, pflbench/checkpoint_relay.py)."""
+    set_aside_dir)`, this machine's files; a Ray worker gets the driver's store, pflbench/checkpoint_relay.py).
+    `preemption`: where a stop on SIGTERM / Ctrl-C is asked for (module doc; None: never)."""
 
     def __init__(self, folder: Path, cell: CellConfig, policy: CheckpointPolicy = CheckpointPolicy(),
                  set_aside_dir: Path | None = None, note: Callable[[str], None] | None = None,
-                 clock: Callable[[], float] = time.perf_counter, files: "CheckpointFile | None" = None):
+                 clock: Callable[[], float] = time.perf_counter, files: "CheckpointFile | None" = None,
+                 preemption: StopRequest | None = None):
         self.folder, self.cell, self.policy = Path(folder), cell, policy
         self.path = self.folder / CHECKPOINT
         self.set_aside_dir = Path(set_aside_dir) if set_aside_dir is not None else self.folder.parent / "_damaged"
@@ -351,6 +362,9 @@ class Checkpointer:
         self.resumed_from: int | None = None
         self.dataset_checksum: str | None = None  # the cell's data, from `resume`
         self.error: str | None = None  # why this cell cannot be checkpointed (StateError), once found
+        self.preemption = preemption
+        self.rounds_done = 0  # the last round that ended (or the round resumed at)
+        self.latest_round: int | None = None  # the round of the checkpoint a next run would resume from
         self._last = clock()
 
     # -- start of the cell --
@@ -399,7 +413,7 @@ class Checkpointer:
         algorithm.load_state_dict(payload["algorithm"])
         load_federation_state(fed, payload["federation"])
         set_random_state(payload["random"])  # last: nothing after it draws before round r + 1
-        self.resumed_from = header["round"]
+        self.resumed_from = self.rounds_done = self.latest_round = header["round"]
         self.seconds, self.written = payload["checkpoint_seconds"], payload["checkpoints_written"]
         self.note(f"resumed at round {header['round']} of {self.cell.rounds}")
         return Resumed(header["round"], float(payload["elapsed"]), payload["loop"])
@@ -410,6 +424,11 @@ class Checkpointer:
         records so far (handed back by `resume`); `elapsed`: the cell's wall time so far."""
         from pflbench.algorithm import StateError
 
+        self.rounds_done = rnd
+        if self.preemption is not None and self.preemption.requested:
+            self.preemption.round_ended()
+            if rnd < self.cell.rounds:
+                self._preempted(rnd, fed, algorithm, loop, elapsed)
         now = self.clock()
         if self.error is not None or not self.policy.due(rnd, self.cell.rounds, now - self._last):
             return
@@ -418,6 +437,18 @@ class Checkpointer:
         except StateError as err:  # the algorithm breaks the state contract: say so, and run on without
             self.error = str(err)
             self.note(f"no checkpoints for this cell: {err}")
+
+    def _preempted(self, rnd: int, fed, algorithm, loop: dict, elapsed: float) -> None:
+        """A stop was asked for (module doc): a checkpoint of round `rnd`, then `Preempted`."""
+        from pflbench.algorithm import StateError
+
+        if self.error is None:
+            try:
+                self.save(rnd, fed, algorithm, loop, elapsed)
+            except StateError as err:
+                self.error = str(err)
+        raise Preempted(self.preemption.signal or "signal", rounds_done=rnd, resumes_at=self.latest_round,
+                        checkpoint_error=self.error)
 
     def save(self, rnd: int, fed, algorithm, loop: dict, elapsed: float) -> None:
         start = self.clock()
@@ -434,6 +465,7 @@ class Checkpointer:
         if self.policy.keep_from and rnd >= self.policy.keep_from:
             self.files.keep(rnd, data)
         self.last_bytes = len(data)
+        self.latest_round = rnd
         self.written += 1
         self._last = self.clock()
         self.seconds += self._last - start

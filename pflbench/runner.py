@@ -7,8 +7,30 @@ One cell never stops the others: an exception is recorded as "failed" with its t
 needs no shared results folder (pflbench/checkpoint_relay.py). Every node needs the data: a worker on
 another node than the driver's checks that it has the dataset and partition the driver prepared, and
 its cell fails with one message naming the node and the path where it does not (pflbench/node_data.py;
-a worker never downloads). Ctrl-C cancels the running cells and exits; their results are simply
-absent, and the next run starts them again.
+a worker never downloads).
+
+Preemption (pflbench/preemption.py): SIGTERM or a first Ctrl-C stops a run's running cells at the end
+of the round in progress, with a checkpoint of that round (or at once when the round has not ended
+within `grace_seconds`; that round's work is lost), starts no new cell, and ends the run with
+`PREEMPTED_EXIT` and one line naming each stopped cell and the round the next run resumes at. On Ray
+the driver passes the stop to its cells through the progress board (`BoardStop`). A second Ctrl-C
+cancels the running cells and exits at once (130); their results are simply absent, and the next run
+starts them again from their last checkpoints.
+
+A full disk (pflbench/store.py's `DiskFull`: a checkpoint, a result or a claim that cannot be written for
+lack of space): the cell being run or recorded stops without a result (its previous checkpoint, if
+any, stays whole), no further cell is started, and the run ends with `DISK_FULL_EXIT` and one line
+naming the file, the bytes it needed, the bytes free and the round the next run resumes the cell at.
+Finished cells stay as they are; a run after space is freed continues.
+
+Out of memory: a cell that cannot allocate (MemoryError; torch's CPU allocator failing, "can't
+allocate memory"; torch.OutOfMemoryError on a GPU), and a Ray worker that Ray's memory monitor kills
+(`ray.exceptions.OutOfMemoryError`), are reported as "out of memory (peak N MB)" with the cell (the
+peak: the process's largest resident set, as the cell's last round reported it on Ray); a Ray cell is
+retried at most `retries` times like any lost worker, then recorded as failed with that reason. A
+worker the kernel's OOM killer ends is, to Ray, a worker that died (WorkerCrashedError): it is retried
+the same way and its line carries the last peak the cell reported, but it cannot be told from another
+sudden death.
 
 Round checkpoints (pflbench/checkpoint.py): a running cell writes `<results>/<hash>/checkpoint.pt`
 by the `checkpoint_every` / `checkpoint_minutes` policy, and a run that finds one continues the cell
@@ -38,10 +60,11 @@ from pflbench.checkpoint import DEFAULT_MINUTES, CheckpointPolicy, Checkpointer
 from pflbench.config import CellConfig, cell_hash
 from pflbench.display import PROBLEMS, Display, label, make_console, print_summary
 from pflbench.execution import ExecutionOptions
+from pflbench.preemption import DEFAULT_GRACE_SECONDS, PREEMPTED_EXIT, Preempted, Preemption, StopRequest, running_cell
 from pflbench.node_data import DataFingerprint, NodeDataError, check_node_data, fingerprint
 from pflbench.ray_cluster import ClusterError, connect_ray, on_driver_node, ray_capacity, task_resources, this_node
 from pflbench.spec import Plan, Resources, describe_partition
-from pflbench.store import COMPLETE, DAMAGED, HEARTBEAT, SET_ASIDE, Store
+from pflbench.store import COMPLETE, DAMAGED, HEARTBEAT, SET_ASIDE, DiskFull, Store
 from pflbench.trackers import TrackerOptions, cell_tracking
 
 
@@ -61,9 +84,12 @@ class RunOptions:
     keep_checkpoints_from: int = 0  # also keep a copy of every checkpoint from this round on (<store>/_kept/; 0: none)
     retries: int = 2               # Ray: reruns of a cell whose worker was lost (it resumes from its checkpoint)
     trackers: TrackerOptions = TrackerOptions()  # stream each cell's rounds to TensorBoard/W&B/MLflow (trackers.py)
+    grace_seconds: float = DEFAULT_GRACE_SECONDS  # after SIGTERM: how long the round in progress may take (preemption.py)
 
     def __post_init__(self):
         _ = self.checkpoint_policy  # ValueError before any work
+        if not self.grace_seconds >= 0:
+            raise ValueError(f"grace seconds must be >= 0, got {self.grace_seconds!r}")
         if not isinstance(self.retries, int) or self.retries < 0:
             raise ValueError(f"retries must be a whole number >= 0, got {self.retries!r}")
 
@@ -81,11 +107,14 @@ class RunReport:
     elsewhere: int = 0  # cells another runner sharing the store had finished or was running
     skipped_datasets: dict[str, int] = field(default_factory=dict)  # optional dataset -> cells left out
     interrupted: bool = False
+    stopped: "RunStopped | None" = None  # why the run stopped before its last cell (preempted, disk full)
 
     @property
     def exit_code(self) -> int:
         if self.interrupted:
             return 130
+        if self.stopped is not None:
+            return self.stopped.exit_code
         return 1 if any(status in PROBLEMS for status in self.outcomes.values()) else 0
 
 
@@ -94,6 +123,27 @@ class PrepareError(RuntimeError):
 
 
 # ---- one cell, wherever it runs -----------------------------------------------------------------
+
+def peak_mb() -> int:
+    """This process's largest resident set so far, in MB (Linux reports ru_maxrss in KiB)."""
+    import resource
+
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+
+
+def out_of_memory(peak: int | None) -> str:
+    """The reason a cell that ran out of memory is given (one line)."""
+    return f"out of memory (peak {peak} MB)" if peak is not None else "out of memory (peak not reported)"
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """Whether `error` is an allocation that failed: MemoryError, torch's OutOfMemoryError (CUDA) or its
+    CPU allocator's RuntimeError (what a memory limit, e.g. RLIMIT_AS or an overcommit policy, gives)."""
+    import torch
+
+    return (isinstance(error, (MemoryError, torch.OutOfMemoryError))
+            or (isinstance(error, RuntimeError) and "can't allocate memory" in str(error)))
+
 
 def failed_result(error: str):
     import pandas as pd
@@ -104,23 +154,27 @@ def failed_result(error: str):
 
 
 def cell_checkpointer(cell: CellConfig, options: RunOptions, note: Callable[[str], None] | None = None,
-                      files=None) -> Checkpointer:
+                      files=None, preemption: StopRequest | None = None) -> Checkpointer:
     """The cell's round checkpoints, next to its results in the store (`files`: read and written
-    elsewhere than this machine's files, e.g. the driver's store from a Ray worker)."""
+    elsewhere than this machine's files, e.g. the driver's store from a Ray worker; `preemption`: where
+    a stop is asked for, pflbench/preemption.py)."""
     root = Path(options.results)
     return Checkpointer(root / cell_hash(cell), cell, options.checkpoint_policy, set_aside_dir=root / SET_ASIDE,
-                        note=note, files=files)
+                        note=note, files=files, preemption=preemption)
 
 
 def execute_cell(cell: CellConfig, resources: Resources, options: RunOptions,
                  report: Callable[[dict], None] | None = None, note: Callable[[str], None] | None = None,
-                 checkpoints: bool = True, stop_after: int | None = None, checkpoint_files=None):
+                 checkpoints: bool = True, stop_after: int | None = None, checkpoint_files=None,
+                 preemption: StopRequest | None = None):
     """Run one cell here (the driver or a Ray worker) with torch limited to the cell's CPU share,
     continuing from its checkpoint if it has one (`note` gets "resumed at round R of N" and the like).
     Returns a CellResult; an exception becomes a "failed" result carrying its traceback.
     `checkpoints=False`: from round 1, no checkpoint read or written (a rerun that checks the stored
     result must not trust, or leave, one); `stop_after`: only the first rounds (`run_rounds`);
-    `checkpoint_files`: where the checkpoint is kept, if not in the store's folder on this machine."""
+    `checkpoint_files`: where the checkpoint is kept, if not in the store's folder on this machine;
+    `preemption`: a stop on SIGTERM / Ctrl-C raises `Preempted` (with the rounds done and the round the
+    next run resumes at), never a failed result (pflbench/preemption.py)."""
     import torch
 
     from pflbench.rounds import run_cell
@@ -136,15 +190,23 @@ def execute_cell(cell: CellConfig, resources: Resources, options: RunOptions,
     on_round = report if tracking is None else (
         lambda info: (tracking.on_round(info), report(info) if report is not None else None))
     result = None
+    checkpointer = cell_checkpointer(cell, options, note, checkpoint_files, preemption) if checkpoints else None
     try:
         activate(options.plugins, cell)  # a Ray worker loads the user's plugins (the driver has them)
         execution = options.execution.on("cuda" if resources.gpus > 0 else "cpu")
-        result = measured(execution.device, lambda: run_cell(  # peak memory and machine (pflbench/cost.py)
-            cell, data_root=options.data_root, mirror=options.mirror, execution=execution, on_round=on_round,
-            checkpointer=cell_checkpointer(cell, options, note, checkpoint_files) if checkpoints else None,
-            stop_after=stop_after))
-    except Exception:
-        result = failed_result(traceback.format_exc())
+        with running_cell(preemption):
+            result = measured(execution.device, lambda: run_cell(  # peak memory and machine (pflbench/cost.py)
+                cell, data_root=options.data_root, mirror=options.mirror, execution=execution, on_round=on_round,
+                checkpointer=checkpointer, stop_after=stop_after))
+    except Preempted as stop:
+        if stop.in_round and checkpointer is not None:  # stopped by the deadline: what the checkpointer knows
+            stop.rounds_done, stop.resumes_at = checkpointer.rounds_done, checkpointer.latest_round
+        raise
+    except DiskFull:  # not the cell's failure: the machine's (its result could not be written either)
+        raise
+    except Exception as error:  # out of memory: the traceback, then the reason as its last line (the summary's "error")
+        oom = f"{out_of_memory(peak_mb())}\n" if is_out_of_memory(error) else ""
+        result = failed_result(traceback.format_exc() + oom)
     finally:
         torch.set_num_threads(threads)
         if tracking is not None and result is not None:
@@ -154,20 +216,83 @@ def execute_cell(cell: CellConfig, resources: Resources, options: RunOptions,
 
 # ---- executors ----------------------------------------------------------------------------------
 
-def run_in_process(cells: list[CellConfig], plan: Plan, options: RunOptions, store: Store, display: Display) -> None:
+DISK_FULL_EXIT = 74  # sysexits' EX_IOERR: a write failed for lack of space; free some and run again
+
+
+class RunStopped(Exception):
+    """The run stopped before its last cell; `line` says why, where and how it continues (one line);
+    `exit_code`: PREEMPTED_EXIT or DISK_FULL_EXIT."""
+
+    def __init__(self, line: str, exit_code: int):
+        super().__init__(line)
+        self.line, self.exit_code = line, exit_code
+
+
+def disk_full_line(full: DiskFull, cell: CellConfig | None, store: Store) -> str:
+    """The one line a run stopped by a full disk ends with (module doc)."""
+    line = f"{full}; the run stopped starting cells"
+    if cell is not None:
+        line += f"; cell {cell_hash(cell)} ({label(cell)}) has no result and the next run {resumes(cell, store)}"
+    return line + "; free space and run the same command again"
+
+
+def resumes(cell: CellConfig, store: Store) -> str:
+    """Where the next run continues `cell`, from the checkpoint in the store ("resumes it at round 4 of 12")."""
+    at = checkpoint_round(cell, store)
+    return f"resumes it at round {at} of {cell.rounds}" if at is not None else "starts it from round 1 (it has no checkpoint)"
+
+
+def preempted_line(stop: Preempted, cell: CellConfig | None, grace_seconds: float) -> str:
+    """The one line a preempted run ends with: the cell, the round, where the next run resumes."""
+    if cell is None:
+        return f"preempted ({stop.signal}) between cells: no cell was running; run the same command again to continue"
+    return f"preempted ({stop.signal}): {stopped_cell(stop, cell, grace_seconds)}"
+
+
+def stopped_cell(stop: Preempted, cell: CellConfig, grace_seconds: float) -> str:
+    """One preempted cell, in words: the round it stopped at, where the next run resumes it."""
+    rounds = cell.rounds
+    where = (f"the next run resumes at round {stop.resumes_at} of {rounds}" if stop.resumes_at is not None
+             else "the next run starts it from round 1 (it has no checkpoint)")
+    if stop.in_round and stop.rounds_done is None:
+        done = f"still in a round {grace_seconds:g} s after the signal, stopped at once"
+    elif stop.in_round:
+        done = f"round {stop.rounds_done + 1} of {rounds} had not ended {grace_seconds:g} s after the signal"
+    elif stop.checkpoint_error:
+        done = f"stopped after round {stop.rounds_done} of {rounds} without a checkpoint ({stop.checkpoint_error})"
+    else:
+        done = f"checkpoint written after round {stop.rounds_done} of {rounds}"
+    return f"cell {cell_hash(cell)} ({label(cell)}): {done}; {where}"
+
+
+def run_in_process(cells: list[CellConfig], plan: Plan, options: RunOptions, store: Store, display: Display,
+                   preemption: Preemption | None = None) -> None:
+    """The cells one by one in this process; `RunStopped` when `preemption` stops the run (module doc)."""
     import torch
 
     if plan.resources.gpus > 0 and not torch.cuda.is_available():
         raise PrepareError(f"the spec asks for {plan.resources.gpus:g} GPU per cell but this machine has none; "
                            f"run with --set resources.gpus=0")
+    preemption = preemption or Preemption()
     for cell in cells:
-        if not take(cell, store, options, display):
-            continue
-        display.update(cell, {"round": 0})
-        result = execute_cell(cell, plan.resources, options,
-                              report=lambda info, cell=cell: display.update(cell, info),
-                              note=lambda text, cell=cell: display.note(cell, text))
-        record(cell, result, store, options, display)
+        if preemption.requested:
+            raise RunStopped(preempted_line(Preempted(preemption.signal), None, preemption.grace_seconds),
+                             PREEMPTED_EXIT)
+        try:
+            if not take(cell, store, options, display):
+                continue
+            display.update(cell, {"round": 0})
+            with preemption.cell_running():
+                result = execute_cell(cell, plan.resources, options,
+                                      report=lambda info, cell=cell: display.update(cell, info),
+                                      note=lambda text, cell=cell: display.note(cell, text), preemption=preemption)
+            record(cell, result, store, options, display)
+        except Preempted as stop:
+            store.release(cell)  # no result: the next run continues it from its checkpoint
+            raise RunStopped(preempted_line(stop, cell, preemption.grace_seconds), PREEMPTED_EXIT) from None
+        except DiskFull as full:
+            store.release(cell)
+            raise RunStopped(disk_full_line(full, cell, store), DISK_FULL_EXIT) from None
 
 
 def record(cell: CellConfig, result, store: Store, options: RunOptions, display: "Display") -> None:
@@ -223,6 +348,7 @@ class ProgressBoard:
     def __init__(self):
         self.latest: dict[str, dict] = {}
         self.notes: list[tuple[str, str]] = []
+        self.stop: str | None = None  # the signal the driver was stopped by (pflbench/preemption.py)
 
     def post(self, key: str, info: dict) -> None:
         self.latest[key] = info
@@ -234,6 +360,35 @@ class ProgressBoard:
         """The latest round of every cell, and the notes posted since the last snapshot."""
         notes, self.notes = self.notes, []
         return self.latest, notes
+
+    def request_stop(self, signal_name: str) -> None:
+        """The driver was asked to stop (pflbench/preemption.py): its cells stop at the end of their round."""
+        self.stop = signal_name
+
+    def stop_requested(self) -> str | None:
+        return self.stop
+
+
+class BoardStop:
+    """A Ray worker's `StopRequest`: the driver's stop, read from the progress board (at most every
+    `every` seconds, so a cell of short rounds does not wait on the board each round)."""
+
+    def __init__(self, board, every: float = 0.5, clock: Callable[[], float] = time.monotonic):
+        self.board, self.every, self.clock = board, every, clock
+        self.signal: str | None = None
+        self._asked = float("-inf")
+
+    @property
+    def requested(self) -> bool:
+        import ray
+
+        if self.signal is None and self.clock() - self._asked >= self.every:
+            self._asked = self.clock()
+            self.signal = ray.get(self.board.stop_requested.remote())
+        return self.signal is not None
+
+    def round_ended(self) -> None:
+        pass
 
 
 def _ray_task(cell: CellConfig, resources: Resources, options: RunOptions, board, checkpoint_files,
@@ -251,22 +406,29 @@ def _ray_task(cell: CellConfig, resources: Resources, options: RunOptions, board
             return failed_result(str(error))
         except Exception:
             return failed_result(traceback.format_exc())
-    return execute_cell(cell, resources, options, report=lambda info: board.post.remote(key, progress_of(info)),
-                        note=lambda text: board.note.remote(key, text), checkpoint_files=checkpoint_files)
+    try:
+        return execute_cell(cell, resources, options, report=lambda info: board.post.remote(key, progress_of(info)),
+                            note=lambda text: board.note.remote(key, text), checkpoint_files=checkpoint_files,
+                            preemption=BoardStop(board))
+    except Preempted as stop:  # handed back as a value: the driver records no result
+        return stop
 
 
 def progress_of(info: dict) -> dict:
     """What the driver's progress display needs of a round's report (not its rows: those stay with the
     cell's trackers, on the worker)."""
-    return {key: info[key] for key in PROGRESS_KEYS if key in info}
+    return {**{key: info[key] for key in PROGRESS_KEYS if key in info}, "peak_mb": peak_mb()}
 
 
 PROGRESS_KEYS = ("round", "rounds", "mean_accuracy", "mean_val_accuracy")
 
 
 def run_on_ray(cells: list[CellConfig], plan: Plan, options: RunOptions, store: Store, display: Display,
-               data: dict[str, DataFingerprint] | None = None) -> None:
-    """Run `cells` as Ray tasks (`data`: each cell's DataFingerprint by hash, checked on other nodes)."""
+               data: dict[str, DataFingerprint] | None = None, preemption: Preemption | None = None) -> None:
+    """Run `cells` as Ray tasks (`data`: each cell's DataFingerprint by hash, checked on other nodes).
+    A stop asked for through `preemption` reaches the running cells through the board: they stop at the
+    end of their round with a checkpoint, or are cancelled `grace_seconds` after the signal; no other
+    cell starts, and `RunStopped` says where each stopped cell resumes (module doc)."""
     import ray
 
     from pflbench.checkpoint_relay import RelayedCheckpointFile, start_keeper
@@ -275,6 +437,8 @@ def run_on_ray(cells: list[CellConfig], plan: Plan, options: RunOptions, store: 
         owned = connect_ray(options.ray_address, options.workers, plan.resources.cpus)
     except ClusterError as error:
         raise PrepareError(str(error)) from None
+    if preemption is not None:
+        preemption.take_signals()  # ray.init replaced SIGTERM's handler with one that exits
     running: dict = {}
     worker_options = replace(options, results=Path(options.results).absolute())  # checkpoints, from any cwd
     try:
@@ -302,7 +466,32 @@ def run_on_ray(cells: list[CellConfig], plan: Plan, options: RunOptions, store: 
 
         # Claim cells only as they can start, so that runners sharing the store split the matrix.
         limit = options.workers or ray_capacity(ray.cluster_resources(), plan.resources) or len(cells)
+        stopping_since: float | None = None
+        latest_peak: dict[str, int] = {}  # each cell's worker's peak memory, as its last round reported it
+        stopped: list[str] = []  # the preempted cells, in words
+
+        def stop(cell: CellConfig, why: Preempted) -> None:
+            """A preempted cell: no result; its claim and its keeper's attempt closed."""
+            try:
+                ray.get(keeper.close.remote(cell_hash(cell)))
+            except ray.exceptions.RayError:
+                pass
+            store.release(cell)
+            if why.in_round:
+                why.resumes_at = checkpoint_round(cell, store)
+            stopped.append(stopped_cell(why, cell, options.grace_seconds))
+
         while waiting or running:
+            if preemption is not None and preemption.requested and stopping_since is None:
+                stopping_since = time.monotonic()
+                waiting.clear()
+                ray.get(board.request_stop.remote(preemption.signal))
+            if stopping_since is not None and time.monotonic() - stopping_since > options.grace_seconds:
+                for ref, cell in list(running.items()):
+                    ray.cancel(ref, force=True)
+                    stop(cell, Preempted(preemption.signal, in_round=True))
+                running.clear()
+                break
             while waiting and len(running) < limit:
                 cell = waiting.pop(0)
                 if take(cell, store, options, display):
@@ -313,25 +502,49 @@ def run_on_ray(cells: list[CellConfig], plan: Plan, options: RunOptions, store: 
                 try:
                     result = ray.get(ref)
                 except ray.exceptions.RayError as error:  # the worker died, was killed, ran out of memory
+                    if isinstance(error, DiskFull):  # the keeper could not write its checkpoint: as in process
+                        store.release(cell)
+                        for other in running:
+                            ray.cancel(other, force=True)
+                        raise RunStopped(disk_full_line(cause_of(error), cell, store), DISK_FULL_EXIT) from None
+                    if stopping_since is not None:  # a worker ended by the same signal: no retry now
+                        stop(cell, Preempted(preemption.signal, in_round=True))
+                        continue
                     tried = attempts[cell_hash(cell)] = attempts.get(cell_hash(cell), 0) + 1
+                    why = worker_lost(error, latest_peak.get(cell_hash(cell)))
                     if tried <= options.retries:
-                        display.note(cell, f"Ray worker lost ({type(error).__name__}); retry {tried} of "
-                                           f"{options.retries}, from its checkpoint where it has one")
+                        display.note(cell, f"{why}; retry {tried} of {options.retries}, from its checkpoint where "
+                                           f"it has one")
                         start(cell)
                         continue
-                    result = failed_result(f"Ray: {type(error).__name__} (after {options.retries} retries): {error}")
+                    result = failed_result(f"Ray: {type(error).__name__}: {error}\n"
+                                           f"{why} (after {options.retries} retries)\n")
+                if isinstance(result, Preempted):
+                    stop(cell, result)
+                    continue
                 try:
                     ray.get(keeper.close.remote(cell_hash(cell)))  # no late write of a lost attempt after this
                 except ray.exceptions.RayError:  # the keeper is gone: nothing can write through it either
                     pass
-                record(cell, result, store, options, display)
+                try:
+                    record(cell, result, store, options, display)
+                except DiskFull as full:
+                    store.release(cell)
+                    for ref in running:
+                        ray.cancel(ref, force=True)
+                    raise RunStopped(disk_full_line(full, cell, store), DISK_FULL_EXIT) from None
             latest, notes = ray.get(board.snapshot.remote())
+            latest_peak.update({key: info["peak_mb"] for key, info in latest.items() if "peak_mb" in info})
             for key, text in notes:  # a cell that finished since it posted still gets its note
                 if key in by_key:
                     display.note(by_key[key], text)
             for cell in running.values():
                 if cell_hash(cell) in latest:
                     display.update(cell, latest[cell_hash(cell)])
+        if stopping_since is not None:
+            raise RunStopped(f"preempted ({preemption.signal}) on Ray: "
+                             + ("; ".join(stopped) if stopped else "no cell was running")
+                             + "; run the same command again to continue", PREEMPTED_EXIT)
     except KeyboardInterrupt:
         for ref in running:
             ray.cancel(ref, force=True)
@@ -339,6 +552,33 @@ def run_on_ray(cells: list[CellConfig], plan: Plan, options: RunOptions, store: 
     finally:
         if owned:
             ray.shutdown()
+
+
+def worker_lost(error: Exception, peak: int | None) -> str:
+    """Why a cell's Ray worker was lost, in words: out of memory (Ray's memory monitor killed it) or lost."""
+    import ray
+
+    if isinstance(error, ray.exceptions.OutOfMemoryError):
+        return out_of_memory(peak)
+    return f"Ray worker lost ({type(error).__name__}" + (f"; last reported peak {peak} MB)" if peak is not None else ")")
+
+
+def cause_of(error: Exception) -> Exception:
+    """The exception a Ray error wraps, through every task and actor it crossed (a RayTaskError's
+    text is its traceback; the cause's is the one line)."""
+    while getattr(error, "cause", None) is not None and error.cause is not error:
+        error = error.cause
+    return error
+
+
+def checkpoint_round(cell: CellConfig, store: Store) -> int | None:
+    """The round of the cell's checkpoint in the store (None: none, or unreadable)."""
+    from pflbench.checkpoint import CheckpointProblem, read_header
+
+    try:
+        return read_header(store.checkpoint_path(cell))["round"]
+    except (OSError, CheckpointProblem):
+        return None
 
 
 # ---- preparation ----------------------------------------------------------------------------------
@@ -429,12 +669,15 @@ def run_plan(plan: Plan, options: RunOptions = RunOptions(), console: Console | 
     console.print(f"running {len(todo)} cells {where}, {plan.resources.cpus:g} CPU"
                   + (f" and {plan.resources.gpus:g} GPU" if plan.resources.gpus else "") + " each", highlight=False)
     started = time.perf_counter()
-    with Display(console, len(todo)) as display, Heartbeat(store):
+    preemption = Preemption(options.grace_seconds, on_request=lambda name: acknowledge(name, options.grace_seconds))
+    with Display(console, len(todo)) as display, Heartbeat(store), preemption.installed():
         try:
             if in_process:
-                run_in_process(todo, plan, options, store, display)
+                run_in_process(todo, plan, options, store, display, preemption)
             else:
-                run_on_ray(todo, plan, options, store, display, data)
+                run_on_ray(todo, plan, options, store, display, data, preemption)
+        except RunStopped as stop:
+            report.stopped = stop
         except KeyboardInterrupt:
             report.interrupted = True
     report.ran = sum(display.counts.values())
@@ -445,7 +688,19 @@ def run_plan(plan: Plan, options: RunOptions = RunOptions(), console: Console | 
                       highlight=False)
     report.outcomes.update({cell_hash(c): store.status(c) for c in todo})
     print_summary(console, plan, store, report, time.perf_counter() - started)
+    if report.stopped is not None:
+        console.print(f"[yellow]{escape(report.stopped.line)}[/]", highlight=False, soft_wrap=True)
     return report
+
+
+def acknowledge(signal_name: str, grace_seconds: float) -> None:
+    """The line a first SIGTERM / Ctrl-C gets at once (from the signal handler: one unbuffered write)."""
+    text = (f"{signal_name}: stopping at the end of the round in progress (at most {grace_seconds:g} s), with a "
+            f"checkpoint; Ctrl-C again to stop at once\n")
+    try:
+        os.write(2, text.encode())
+    except OSError:
+        pass
 
 
 NOTES = "_notes.json"  # in the store: what a run left out (read by `pflbench report`)

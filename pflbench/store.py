@@ -13,6 +13,12 @@ Every file is written atomically (temporary file in the same folder, then os.rep
 summary.json is written last and removed first: a cell has a result exactly when its summary exists,
 so a kill at any moment leaves a readable store in which an interrupted cell simply has no result.
 
+A full disk (ENOSPC, or EDQUOT: a quota): a write that fails for lack of space removes its temporary
+file and raises `DiskFull`, whose one line names the file, the bytes it needed and the bytes free
+there; `Store.write` checks the result's size against the free space before it touches the cell's
+folder. So a partial file never becomes a result (nor a checkpoint: pflbench/checkpoint.py writes
+through `atomic_write` too), and `pflbench run` stops starting cells (pflbench/runner.py).
+
 Integrity: the summary lists every other file of the cell with its size and SHA-256 (`files`), so a
 result counts only while each of them is there, whole and unchanged (`Store.check`). A cell folder
 whose files were truncated, garbled or deleted is *damaged*; a folder whose name is not the hash of
@@ -30,7 +36,9 @@ whose owner process is gone (same host), is taken over.
 from __future__ import annotations
 
 import datetime
+import errno
 import hashlib
+import io
 import json
 import os
 import platform
@@ -100,21 +108,81 @@ def read_json_dict(path: Path) -> dict:
     return data
 
 
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT)  # no space left on the device; the user's disk quota exceeded
+
+
+class DiskFull(OSError):
+    """A write failed for lack of space (module doc): `path` the file, `needed` the bytes it needed
+    (None: not known), `free` the bytes free on that file system (None: not known)."""
+
+    def __init__(self, path: str | Path, needed: int | None, free: int | None, code: int = errno.ENOSPC):
+        super().__init__(code, os.strerror(code), str(path))
+        self.path, self.needed, self.free = Path(path), needed, free
+
+    def __reduce__(self):  # crosses from a Ray actor (the checkpoint keeper) with its fields
+        return DiskFull, (self.path, self.needed, self.free, self.errno)
+
+    def needing(self, needed: int) -> "DiskFull":
+        """The same failure, the bytes the write needed now known."""
+        return DiskFull(self.path, needed, self.free, self.errno)
+
+    def __str__(self) -> str:
+        what = "disk quota exceeded" if self.errno == errno.EDQUOT else "disk full"
+        needed = "an unknown number of bytes" if self.needed is None else f"{self.needed:,} bytes"
+        free = "unknown" if self.free is None else f"{self.free:,} bytes"
+        return f"{what}: cannot write {self.path} (it needs {needed}; free there: {free})"
+
+
+def free_bytes(path: Path) -> int | None:
+    """The bytes free to this user on the file system holding `path` (its nearest existing folder)."""
+    path = Path(path).absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    try:
+        return shutil.disk_usage(path).free
+    except OSError:
+        return None
+
+
+def no_space(err: BaseException, path: Path, needed: int | None = None) -> DiskFull | None:
+    """`err` as a DiskFull about `path` if it is a failure for lack of space, else None."""
+    if isinstance(err, DiskFull):
+        return err if needed is None else err.needing(needed)
+    if isinstance(err, OSError) and err.errno in NO_SPACE:
+        return DiskFull(path, needed, free_bytes(path), err.errno)
+    return None
+
+
 def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
-    """`write(tmp)` then rename over `path`: readers see the old file or the whole new one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
+    """`write(tmp)` then rename over `path`: readers see the old file or the whole new one. A failure
+    for lack of space raises `DiskFull` (the temporary file removed, like on any failure)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        os.close(fd)
+    except OSError as err:
+        raise (no_space(err, path) or err) from None
     try:
         write(Path(tmp))
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as err:
         Path(tmp).unlink(missing_ok=True)
-        raise
+        full = no_space(err, path)
+        if full is None:
+            raise
+        raise full from None
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """`data` written atomically (`atomic_write`); a `DiskFull` says how many bytes it needed."""
+    try:
+        atomic_write(path, lambda tmp: tmp.write_bytes(data))
+    except DiskFull as full:
+        raise full.needing(len(data)) from None
 
 
 def write_json(path: Path, data: dict) -> None:
-    atomic_write(path, lambda tmp: tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n"))
+    atomic_write_bytes(path, json_bytes(data))
 
 
 class Store:
@@ -126,9 +194,13 @@ class Store:
 
     # ---- claims: runners sharing a store split its cells (see the module doc) -------------------
     def claim(self, cell: CellConfig) -> bool:
-        """Take the cell for this runner: True, or False if another live runner holds it."""
+        """Take the cell for this runner: True, or False if another live runner holds it (`DiskFull`
+        where the claim cannot be written for lack of space)."""
         folder = self.cell_dir(cell)
-        folder.mkdir(parents=True, exist_ok=True)
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise (no_space(err, folder) or err) from None
         path = folder / CLAIM
         for _ in range(3):
             try:
@@ -146,9 +218,13 @@ class Store:
                     return False
                 taken.unlink(missing_ok=True)
                 continue
-            with os.fdopen(fd, "w") as file:
-                json.dump({"owner": self.owner, "host": self.host, "pid": self.pid,
-                           "since": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}, file)
+            try:
+                with os.fdopen(fd, "w") as file:
+                    json.dump({"owner": self.owner, "host": self.host, "pid": self.pid,
+                               "since": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}, file)
+            except OSError as err:  # no claim at all rather than an unreadable one that blocks the cell
+                path.unlink(missing_ok=True)
+                raise (no_space(err, path) or err) from None
             self.claimed.add(path)
             return True
         return False
@@ -241,8 +317,14 @@ class Store:
         self.checkpoint_path(cell).unlink(missing_ok=True)
 
     def write(self, cell: CellConfig, result) -> Path:
-        """Record a `CellResult` (status finished, diverged or failed); replaces an earlier result."""
+        """Record a `CellResult` (status finished, diverged or failed); replaces an earlier result.
+        `DiskFull` before anything is touched where the free space is less than the result's files need
+        (and, where a write runs out of space all the same, with no result left: module doc)."""
         folder = self.cell_dir(cell)
+        files = result_files(cell, result)
+        needed, free = sum(map(len, files.values())), free_bytes(folder)
+        if free is not None and free < needed:
+            raise DiskFull(folder, needed, free)
         (folder / SUMMARY).unlink(missing_ok=True)  # from here until the new summary: no result
         for stale in (ERROR, METRICS, ROUNDS, *(p.name for p in folder.glob(".*.tmp"))):  # tmp: left by a kill
             (folder / stale).unlink(missing_ok=True)
@@ -251,32 +333,48 @@ class Store:
                        completed_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
         if result.error:
             summary["error"] = result.error.strip().splitlines()[-1]
-        write_json(folder / CONFIG, {
-            "hash": cell_hash(cell),
-            "cell": cell.model_dump(mode="json"),
-            "versions": {"pflbench": version("pflbench"), "torch": result.summary.get("torch", version("torch")),
-                         "python": platform.python_version()},
-            "dataset_checksum": result.summary.get("dataset_checksum"),
-            **({"card": result.card} if getattr(result, "card", None) else {}),
-        })
-        written = [CONFIG]
-        if result.error:
-            atomic_write(folder / ERROR, lambda tmp: tmp.write_text(result.error))
-            written.append(ERROR)
-        atomic_write(folder / METRICS, lambda tmp: result.metrics.to_parquet(tmp, index=False))
-        atomic_write(folder / ROUNDS, lambda tmp: result.rounds.to_parquet(tmp, index=False))
-        written += [METRICS, ROUNDS]
-        if result.artifacts:
-            atomic_write(folder / ARTIFACTS, lambda tmp: _save_npz(tmp, result.artifacts))
-            written.append(ARTIFACTS.as_posix())
-        summary["files"] = {name: file_record(folder / name) for name in written}
+        for name, data in files.items():
+            atomic_write_bytes(folder / name, data)
+        summary["files"] = {name: {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+                            for name, data in files.items()}  # as file_record reads them back
         write_json(folder / SUMMARY, summary)  # last: the cell now has a result
         return folder
 
 
-def _save_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
-    with open(path, "wb") as file:  # a file object: np.savez would append ".npz" to a path
-        np.savez_compressed(file, **arrays)
+def result_files(cell: CellConfig, result) -> dict[str, bytes]:
+    """The files of a cell's result but its summary, by name in the cell's folder, as bytes (their
+    size known before anything is written)."""
+    config = {
+        "hash": cell_hash(cell),
+        "cell": cell.model_dump(mode="json"),
+        "versions": {"pflbench": version("pflbench"), "torch": result.summary.get("torch", version("torch")),
+                     "python": platform.python_version()},
+        "dataset_checksum": result.summary.get("dataset_checksum"),
+        **({"card": result.card} if getattr(result, "card", None) else {}),
+    }
+    files = {CONFIG: json_bytes(config)}
+    if result.error:
+        files[ERROR] = result.error.encode()
+    files[METRICS], files[ROUNDS] = _parquet(result.metrics), _parquet(result.rounds)
+    if result.artifacts:
+        files[ARTIFACTS.as_posix()] = _npz(result.artifacts)
+    return files
+
+
+def json_bytes(data: dict) -> bytes:
+    return (json.dumps(data, indent=2, sort_keys=True, default=str) + "\n").encode()
+
+
+def _parquet(frame: pd.DataFrame) -> bytes:
+    buffer = io.BytesIO()
+    frame.to_parquet(buffer, index=False)
+    return buffer.getvalue()
+
+
+def _npz(arrays: dict[str, np.ndarray]) -> bytes:
+    buffer = io.BytesIO()  # a file object: np.savez would append ".npz" to a path
+    np.savez_compressed(buffer, **arrays)
+    return buffer.getvalue()
 
 
 def flatten(data: dict, prefix: str = "") -> dict:

@@ -2,8 +2,10 @@
 uninterrupted run (shared by tests/test_checkpoint.py and the kill tests)."""
 from __future__ import annotations
 
+import json
 import math
 import random
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -95,3 +97,14 @@ def differences(one, other) -> list[str]:
                   if not np.array_equal(one.artifacts[k], other.artifacts[k],
                                         equal_nan=one.artifacts[k].dtype.kind in "fc")]
     return found
+
+
+def assert_same_result(folder: Path, reference: Path) -> None:
+    """Two stored cells (store folders) hold the same result bit for bit, timings and run records excepted."""
+    for name in ("metrics.parquet", "rounds.parquet"):
+        a, b = pd.read_parquet(folder / name), pd.read_parquet(reference / name)
+        columns = [c for c in a.columns if c not in TIMING_COLUMNS]
+        pd.testing.assert_frame_equal(a[columns], b[columns], check_exact=True)
+    one, other = (json.loads((f / "summary.json").read_text()) for f in (folder, reference))
+    keys = {k for k in one if k not in RUN_RECORD_KEYS and not k.endswith("_time_total")}
+    assert {k: one[k] for k in keys} == {k: other.get(k) for k in keys}

@@ -11,11 +11,9 @@ import textwrap
 import time
 from pathlib import Path
 
-import pandas as pd
 import pytest
 
-from checkpoint_helpers import TIMING_COLUMNS
-from pflbench.metrics import RUN_RECORD_KEYS
+from checkpoint_helpers import assert_same_result
 from pflbench.checkpoint import CHECKPOINT, CheckpointProblem, read_header
 
 PFLBENCH = [sys.executable, "-c", "import sys; from pflbench.cli import main; sys.exit(main(sys.argv[1:]))"]
@@ -97,17 +95,6 @@ def checkpoint_round(store: Path) -> int | None:
         except (OSError, CheckpointProblem):
             return None
     return None
-
-
-def assert_same_result(folder: Path, reference: Path) -> None:
-    for name in ("metrics.parquet", "rounds.parquet"):
-        a, b = pd.read_parquet(folder / name), pd.read_parquet(reference / name)
-        columns = [c for c in a.columns if c not in TIMING_COLUMNS]
-        pd.testing.assert_frame_equal(a[columns], b[columns], check_exact=True)
-    one, other = (json.loads((f / "summary.json").read_text()) for f in (folder, reference))
-    execution = RUN_RECORD_KEYS
-    keys = {k for k in one if k not in execution and not k.endswith("_time_total")}
-    assert {k: one[k] for k in keys} == {k: other.get(k) for k in keys}
 
 
 def test_a_killed_cell_resumes_from_its_checkpoint_and_gives_the_uninterrupted_result(setup):

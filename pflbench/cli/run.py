@@ -34,6 +34,10 @@ def add_parser(subparsers) -> None:
     run.add_argument("--force", action="store_true", help="rerun cells that already have a result")
     add_execution_arguments(run, device_help="torch device for every cell (default: cuda for cells given GPUs, else cpu)")
     add_checkpoint_options(run, retried="Ray: rerun a cell")
+    run.add_argument("--grace-seconds", type=float, default=25.0, metavar="S",
+                     help="on SIGTERM (preemption) or a first Ctrl-C: the running cell stops at the end of its round "
+                          "with a checkpoint, or at once if that round has not ended S seconds after the signal "
+                          "(default 25); the run exits with status 75 and the next run resumes it")
     run.add_argument("--keep-checkpoints-from", type=int, default=0, metavar="ROUND",
                      help="also keep a copy of every checkpoint written at ROUND or later, in <results>/_kept/<cell>/ "
                           "(e.g. to branch a cell from chosen rounds: benchmarks/analysis/branch.py; default 0: none)")
@@ -72,6 +76,8 @@ def checkpoint_problem(args) -> str | None:
         return f"--keep-checkpoints-from must be a round >= 1 (0: keep none), got {args.keep_checkpoints_from}"
     if getattr(args, "retries", 0) < 0:
         return f"--retries must be >= 0, got {args.retries}"
+    if not getattr(args, "grace_seconds", 0) >= 0:
+        return f"--grace-seconds must be >= 0, got {args.grace_seconds}"
     return None
 
 
@@ -108,7 +114,7 @@ def cmd_run(args) -> int:
     from pflbench.execution import execution_options
     from pflbench.runner import PrepareError, RunOptions, run_plan
     from pflbench.spec import SpecError, load_spec, parse_sets
-    from pflbench.store import Store
+    from pflbench.store import DiskFull, Store
 
     console = make_console()
     try:
@@ -132,9 +138,13 @@ def cmd_run(args) -> int:
                          workers=args.workers, ray_address=args.ray_address, force=args.force,
                          execution=execution_options(args), checkpoint_every=args.checkpoint_every,
                          checkpoint_minutes=args.checkpoint_minutes, keep_checkpoints=args.keep_checkpoints,
-                         keep_checkpoints_from=args.keep_checkpoints_from, retries=args.retries, trackers=trackers)
+                         keep_checkpoints_from=args.keep_checkpoints_from, retries=args.retries, trackers=trackers,
+                         grace_seconds=args.grace_seconds)
     try:
         return run_plan(plan, options, console).exit_code
     except PrepareError as error:
         print(f"cannot run {args.spec}, nothing was run:\n{error}", file=sys.stderr)
         return 2
+    except DiskFull as full:  # before any cell ran (the runner stops on one while cells run: DISK_FULL_EXIT)
+        print(f"{full}; free space and run the same command again", file=sys.stderr)
+        return 74

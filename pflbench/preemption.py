@@ -1,0 +1,178 @@
+"""Preemption: SIGTERM (SLURM, Kubernetes, spot instances) or a first Ctrl-C stops a run cleanly.
+
+A scheduler that preempts a job sends SIGTERM and kills it a grace period later (often 30 s). While a
+`Preemption` is installed (`Preemption.installed()`, the main thread of `pflbench run`):
+
+- the first SIGTERM or SIGINT asks the running cell to stop at the end of the round in progress: its
+  Checkpointer (pflbench/checkpoint.py) writes a round checkpoint there and raises `Preempted`; the
+  runner starts no new cell, and `pflbench run` exits with `PREEMPTED_EXIT` (75, "temporary failure,
+  run again") and one line naming the cell and the round. The next run resumes there ("resumed at
+  round N of M"), bit-identical to an uninterrupted run (a round checkpoint is taken between rounds only);
+- if the round in progress has not ended `grace_seconds` after the signal, the cell stops at once
+  (SIGALRM raises `Preempted` in the main thread, between two Python bytecodes: one long torch
+  operation delays it): that round's work is lost, and the next run resumes from the cell's last
+  checkpoint (a checkpoint taken in the middle of a round could not continue bit for bit);
+- a second SIGINT (Ctrl-C again) stops at once (KeyboardInterrupt, as before: exit 130), as does a
+  SIGTERM while a stop is already asked for.
+
+On Ray the driver holds the `Preemption` (Ray's own SIGTERM handler, which exits, is replaced again
+after `ray.init`: `take_signals`) and passes the stop on to the running cells through its progress
+board; a worker's Checkpointer reads it there (pflbench/runner.py's `BoardStop`). The cells that have
+not ended their round `grace_seconds` after the signal are cancelled (their round's work is lost).
+A SIGTERM that reaches the Ray workers themselves (a scheduler signalling every process of the job)
+ends them at once, as Ray's workers do: their cells resume from their last checkpoints.
+
+Nothing here knows about cells or the store: the checkpointer asks a `StopRequest` (`requested`,
+`signal`) at the end of each round and calls `round_ended`; the runner wraps a running cell in
+`cell_running()` and makes its stop request `current()` for the cell's run (`running_cell`).
+"""
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from contextlib import contextmanager
+from typing import Callable, Iterator, Protocol
+
+PREEMPTED_EXIT = 75  # sysexits' EX_TEMPFAIL: the run stopped on request; running it again continues it
+DEFAULT_GRACE_SECONDS = 25.0
+
+
+class Preempted(Exception):
+    """A cell stopped on a preemption signal (module doc). `signal`: its name ("SIGTERM");
+    `rounds_done`: rounds the cell had finished; `resumes_at`: the round of the checkpoint the next run
+    continues from (None: from round 1); `in_round`: stopped at the grace deadline inside a round."""
+
+    def __init__(self, signal_name: str, rounds_done: int | None = None, resumes_at: int | None = None,
+                 in_round: bool = False, checkpoint_error: str | None = None):
+        super().__init__(f"preempted by {signal_name}")
+        self.signal, self.rounds_done, self.resumes_at = signal_name, rounds_done, resumes_at
+        self.in_round, self.checkpoint_error = in_round, checkpoint_error
+
+    def __reduce__(self):  # a Ray worker hands it back to the driver as a value
+        return Preempted, (self.signal, self.rounds_done, self.resumes_at, self.in_round, self.checkpoint_error)
+
+
+class StopRequest(Protocol):
+    """What a Checkpointer asks at the end of every round: whether a stop was asked for, by which
+    signal, and that the round ended (`Preemption` in the driver's process; `BoardStop` on a Ray worker)."""
+
+    signal: str | None
+
+    @property
+    def requested(self) -> bool: ...
+
+    def round_ended(self) -> None: ...
+
+
+_current: list[StopRequest] = []
+
+
+def current() -> StopRequest | None:
+    """The stop request of the cell running in this process (None outside a cell): for a plugin or a
+    test that must wait until a stop reached its cell."""
+    return _current[-1] if _current else None
+
+
+@contextmanager
+def running_cell(stop: StopRequest | None) -> Iterator[None]:
+    """`stop` is `current()` during a cell's run."""
+    if stop is None:
+        yield
+        return
+    _current.append(stop)
+    try:
+        yield
+    finally:
+        _current.remove(stop)
+
+
+class Preemption:
+    """The stop requested by a signal (module doc). `grace_seconds`: how long the round in progress
+    may take after the first signal before the cell stops at once (0: at once). `on_request`: told the
+    signal's name when the first one arrives (to print a line)."""
+
+    def __init__(self, grace_seconds: float = DEFAULT_GRACE_SECONDS,
+                 on_request: Callable[[str], None] | None = None):
+        if not grace_seconds >= 0:
+            raise ValueError(f"grace seconds must be >= 0, got {grace_seconds!r}")
+        self.grace_seconds = grace_seconds
+        self.on_request = on_request or (lambda name: None)
+        self.signal: str | None = None   # the first signal's name, once one arrived
+        self.requested_at: float | None = None
+        self._running = False            # a cell's rounds are under way (the deadline may stop them)
+        self._armed = False
+
+    @property
+    def requested(self) -> bool:
+        return self.signal is not None
+
+    # -- the signals --
+    @contextmanager
+    def installed(self) -> Iterator["Preemption"]:
+        """SIGTERM, SIGINT and SIGALRM handled as the module doc says, the previous handlers restored
+        after. Outside the main thread (where Python cannot handle signals) nothing is installed."""
+        if threading.current_thread() is not threading.main_thread():
+            yield self
+            return
+        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGALRM)}
+        self.take_signals()
+        try:
+            yield self
+        finally:
+            self._disarm()
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def take_signals(self) -> None:
+        """(Re)install this object's handlers, e.g. after `ray.init` installed its own SIGTERM handler
+        (main thread only; `installed` restores the handlers from before it)."""
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._on_signal)
+            signal.signal(signal.SIGINT, self._on_signal)
+            signal.signal(signal.SIGALRM, self._on_deadline)
+
+    def _on_signal(self, signum: int, frame) -> None:
+        if self.requested:  # the second one: stop now
+            raise KeyboardInterrupt
+        self.signal, self.requested_at = signal.Signals(signum).name, time.monotonic()
+        if self._running:
+            self._arm()
+        self.on_request(self.signal)
+
+    def _on_deadline(self, signum: int, frame) -> None:
+        self._armed = False
+        if self._running and self.requested:
+            self._running = False  # once: nothing after this raise is stopped again
+            raise Preempted(self.signal or "signal", in_round=True)
+
+    def _arm(self) -> None:
+        if self.grace_seconds <= 0:
+            self._on_deadline(signal.SIGALRM, None)
+            return
+        self._armed = True
+        signal.setitimer(signal.ITIMER_REAL, self.grace_seconds)
+
+    def _disarm(self) -> None:
+        if self._armed:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            self._armed = False
+
+    # -- what the runner and the checkpointer call --
+    @contextmanager
+    def cell_running(self) -> Iterator[None]:
+        """Around a cell's run: the deadline stops the cell only inside it."""
+        self._running = True
+        try:
+            if self.requested:
+                self._arm()
+            yield
+        finally:
+            self._running = False
+            self._disarm()
+
+    def round_ended(self) -> None:
+        """The round in progress ended (the checkpointer writes the checkpoint next): the deadline no
+        longer applies."""
+        self._running = False
+        self._disarm()
