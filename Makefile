@@ -69,8 +69,10 @@ report: install
 # with their commit, machine, date and state (current, stale, failed) and each study's report, at
 # $(LEADERBOARD)/index.html. LEADERBOARD_ARGS passes more options (e.g. --store ci=results/ci).
 LEADERBOARD ?= $(REPORTS)/leaderboard
+# The documentation site (make docs: site/) as linked from the leaderboard's pages, relative to its index.html
+DOCS_URL ?= ../../site/index.html
 leaderboard: install
-	$(BIN)/pflbench leaderboard --published results/published --out $(LEADERBOARD) $(LEADERBOARD_ARGS)
+	$(BIN)/pflbench leaderboard --published results/published --out $(LEADERBOARD) --docs-url $(DOCS_URL) $(LEADERBOARD_ARGS)
 
 # The documentation site (MkDocs + Material, mkdocs.yml) in site/: open site/index.html, or publish the folder
 # as static files (GitHub Pages) like the leaderboard. The reference pages (spec keys, CLI, algorithms,

@@ -2,7 +2,9 @@
 its metrics; a tampered file or changed code is caught), staleness, the peak memory of a cell, and the
 leaderboard of several studies with a stale one marked."""
 import json
+import re
 import shutil
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -431,3 +433,30 @@ def test_a_drawn_verify_sample_leaves_out_diverged_cells(tmp_path):
         (tmp_path / name / SUMMARY).write_text(json.dumps({"status": status, "wall_time": 1.0}))
     assert [p.name for p in sample_cells(tmp_path, 2, seed=0, max_seconds=5)] == ["aaaa"]
     assert [p.name for p in sample_cells(tmp_path, None, seed=0, cells=["bbbb"])] == ["bbbb"]
+
+
+def test_the_leaderboard_links_every_page_to_the_docs_site(made, tmp_path, monkeypatch):
+    """`pflbench leaderboard --docs-url`: the index, each study's page and each cell page link to the
+    documentation; a relative URL (make leaderboard: ../../site/index.html) is taken from the index, so the
+    link climbs out of a study's folder and its cells/ folder; an absolute one is used as given."""
+    import os
+
+    from pflbench.reports.studies import build_leaderboard
+
+    tmp, spec, published = made
+    monkeypatch.setenv("PFLBENCH_DATA", str(tmp / "data"))
+    site = tmp_path / "reports" / "leaderboard"
+    build_leaderboard(published.parent, site, options=ReportOptions(figures=False, partitions=False,
+                                                                      docs_url="../../site/index.html"))
+    docs = (tmp_path / "site" / "index.html").resolve()
+    pages = [site / "index.html", site / "tiny" / "index.html", next((site / "tiny" / "cells").glob("*.html"))]
+    for page in pages:
+        links = re.findall(r'<a href="([^"]+)">documentation</a>', page.read_text())
+        assert len(links) == 1, page
+        assert Path(os.path.normpath(page.parent / links[0])) == docs, (page, links)
+    build_leaderboard(published.parent, tmp_path / "other", options=ReportOptions(
+        figures=False, partitions=False, docs_url="https://example.org/pflbench/"))
+    cell_page = next((tmp_path / "other" / "tiny" / "cells").glob("*.html")).read_text()
+    assert '<a href="https://example.org/pflbench/">documentation</a>' in cell_page
+    build_leaderboard(published.parent, tmp_path / "none", options=ReportOptions(figures=False, partitions=False))
+    assert ">documentation</a>" not in (tmp_path / "none" / "index.html").read_text()

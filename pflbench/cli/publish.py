@@ -99,6 +99,9 @@ def add_parser(subparsers) -> None:
     board.add_argument("--store", action="append", default=[], metavar="NAME=DIR",
                        help="also show an unpublished store as a study (e.g. ci=results/ci: this CI run); repeatable")
     board.add_argument("--no-figures", action="store_true", help="tables and pages only (fastest)")
+    board.add_argument("--docs-url", metavar="URL",
+                       help="the documentation site, linked from every page; a relative URL is taken from the "
+                            "leaderboard's index.html (make leaderboard: ../../site/index.html, where make docs builds it)")
     board.add_argument("--no-partitions", action="store_true",
                        help="skip the label-distribution figures (they load each partition's dataset)")
     add_data_options(board)
@@ -279,7 +282,7 @@ def cmd_leaderboard(args) -> int:
     from pflbench.publish import PublishError
 
     options = ReportOptions(figures=not args.no_figures, partitions=not args.no_partitions,
-                            data_root=args.root, mirror=args.mirror)
+                            data_root=args.root, mirror=args.mirror, docs_url=args.docs_url)
     try:
         index = build_leaderboard(args.published, args.out, extra, options)
     except PublishError as error:

@@ -63,6 +63,8 @@ class ReportOptions:
     baseline: str = DEFAULT_BASELINE      # the difference view's reference row (differences.py)
     baseline_required: bool = False       # a store without that row is an error (else: no difference view)
     beside: tuple[Path, ...] = ()         # other stores whose cells are shown beside this one's (cells.load_cells)
+    docs_url: str | None = None           # the documentation site, linked from every page (a relative URL is
+                                          # taken from the leaderboard's index: `pflbench leaderboard --docs-url`)
 
 
 def beside_text(store: Path, cells) -> str:
@@ -148,7 +150,7 @@ def build_reports(results: str | Path, out: str | Path, options: ReportOptions =
             markdown.write("\n" + heterogeneity_markdown(report.heterogeneity))
     report.latex.write_text(latex_report(tables, worst, comm)
                             + ("\n" + heterogeneity_latex(report.heterogeneity) if report.heterogeneity else ""))
-    report.index = write_site(cells, boards, comm, references, report, Path(results))
+    report.index = write_site(cells, boards, comm, references, report, Path(results), docs_url=options.docs_url)
     return report
 
 

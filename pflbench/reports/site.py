@@ -11,6 +11,7 @@ rounds)."""
 from __future__ import annotations
 
 import datetime
+import re
 import json
 from pathlib import Path
 
@@ -146,14 +147,16 @@ def protocol_scores(cell: pd.Series) -> list[dict]:
     return rows
 
 
-def write_site(cells: pd.DataFrame, boards, comm, references, report: Report, results: Path) -> Path:
+def write_site(cells: pd.DataFrame, boards, comm, references, report: Report, results: Path,
+               docs_url: str | None = None) -> Path:
     """`boards`: [(protocol, [Table per scheme])], the leaderboard's protocols in the select's order
     (the first is shown on opening)."""
     env = environment()
     out = report.out
     rows = cell_rows(cells)
     common = {"generated": datetime.datetime.now().isoformat(timespec="seconds"), "results": str(results),
-              "cell_columns": CELL_COLUMNS, "study": study_facts(results)}  # a published study's provenance
+              "cell_columns": CELL_COLUMNS, "study": study_facts(results),  # a published study's provenance
+              "docs_url": docs_url, "docs_relative": bool(docs_url) and not re.match(r"^[a-z]+:|/", docs_url)}
     statuses = cells["status"].value_counts().to_dict() if len(cells) else {}
     figures = [{"title": t, "path": p} for t, p in report.figures]
     alpha_cells = [(r, f) for r in rows for f in report.cell_figures.get(r["hash"], []) if f["kind"] == "alpha"]

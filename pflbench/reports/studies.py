@@ -61,7 +61,8 @@ def build_leaderboard(published: str | Path, out: str | Path, extra: dict[str, P
     index = out / "index.html"
     index.write_text(_environment().get_template("studies.html").render(
         studies=rows, generated=datetime.datetime.now().isoformat(timespec="seconds"),
-        published=str(published), root="", results=str(published), study=None))
+        published=str(published), root="", results=str(published), study=None, docs_url=options.docs_url,
+        docs_relative=False))
     return index
 
 
