@@ -11,8 +11,9 @@ ran it, so the same code on the same kind of machine repeats it bit for bit.
     round, clients, bytes_down and bytes_up, must be equal value for value (NaN equals NaN);
   - within tolerance, elsewhere: another CPU's vector kernels, a GPU or another torch round floats
     differently, and SGD carries a last-bit difference on through the rounds, so per-client numbers
-    cannot match. Then the status, the rounds completed and the bytes sent must still be equal
-    (communication does not depend on kernels), and each evaluated round's mean accuracy over clients
+    cannot match. Then the status and the rounds completed (and who joined them) must still be equal
+    (the bytes sent are not: a method whose messages follow learned values, HeurpFedLA, sends other bytes
+    when rounding tips one of its decisions), and each evaluated round's mean accuracy over clients
     (test, validation, after adaptation) within ACCURACY_TOLERANCE. That number is measured, not
     chosen: the comment at ACCURACY_TOLERANCE says how it was measured.
 `--rounds R` (a paper-scale cell takes an hour): the rerun stops after the first R rounds, rounded up
@@ -211,12 +212,14 @@ def compare(folder: str | Path, result, exact: bool, rounds: int | None = None) 
     except Exception as error:  # pyarrow raises several types for a damaged file
         return found + [Difference("stored files", f"unreadable ({type(error).__name__}: {error})")]
     stored_metrics, stored_rounds = first_rounds(stored_metrics, rounds), first_rounds(stored_rounds, rounds)
-    found += _frame_differences("rounds.parquet", stored_rounds, result.rounds, ROUND_COLUMNS)
     if exact:
+        found += _frame_differences("rounds.parquet", stored_rounds, result.rounds, ROUND_COLUMNS)
         columns = [c for c in dict.fromkeys([*stored_metrics.columns, *result.metrics.columns]) if c not in IGNORED_METRICS]
         return found + _frame_differences("metrics.parquet", stored_metrics, result.metrics, columns)
-    for column in ("bytes_down", "bytes_up"):
-        found += _frame_differences("metrics.parquet", stored_metrics, result.metrics, [column])
+    # Across kinds of machines the bytes sent are not required equal: a method whose messages follow learned
+    # values (HeurpFedLA sends a layer only when its aggregation weights say so) sends other bytes when the
+    # float rounding tips a decision (table1-quick's HeurpFedLA cell 1d25597801be: 2 of 10 rounds, 8.5 % more).
+    found += _frame_differences("rounds.parquet", stored_rounds, result.rounds, ("round", "clients"))
     for column in MEAN_COLUMNS:
         a, b = per_round_means(stored_metrics, column), per_round_means(result.metrics, column)
         if list(a.index) != list(b.index):
