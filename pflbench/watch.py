@@ -39,6 +39,7 @@ from pathlib import Path
 import pandas as pd
 
 from pflbench.store import CONFIG, SUMMARY, read_json_dict, write_json
+from pflbench.verify import rounds_to_run
 
 FINGERPRINTS = "fingerprints.json"
 IGNORED = ("wall_time",)
@@ -66,9 +67,8 @@ def published_cells(root: str | Path) -> list[PublishedCell]:
     for manifest in sorted(Path(root).glob("*/manifest.json")):
         for folder in sorted(p for p in manifest.parent.iterdir() if (p / SUMMARY).is_file()):
             summary, cell = read_json_dict(folder / SUMMARY), read_json_dict(folder / CONFIG)["cell"]
-            rounds, every = int(cell["rounds"]), max(1, int(cell.get("eval_every") or 1))
-            done = summary.get("rounds_completed") or rounds
-            share = min(rounds, every) / max(1, min(done, rounds))
+            done = summary.get("rounds_completed") or int(cell["rounds"])
+            share = (rounds_to_run(cell, 1) or done) / max(1, done)  # as `verify --rounds 1` counts it
             cells.append(PublishedCell(manifest.parent.name, folder, cell["algorithm"], str(cell.get("model")),
                                        str(summary.get("client_batching")), str(summary.get("device") or "cpu"),
                                        str(summary.get("status")), float(summary.get("wall_time") or 0.0) * min(1.0, share)))
