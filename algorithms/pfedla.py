@@ -35,6 +35,12 @@ What was chosen (the measurements behind each: docs/algorithms/pfedla.md):
   cannot in exact arithmetic but do in float32 once Adam has driven the logits apart. On validation
   the three do not differ (docs/algorithms/pfedla.md), so the default stays `relu`. `hn_sign="ascend"`:
   the reconstructions' step sign, for comparison only.
+- Weights that stay alive (`logit_bound`, off by default): every Adam run drives the heads' outputs apart
+  until alpha is one-hot in float32 (docs/algorithms/pfedla.md); b * tanh(z / b) on the logits keeps every
+  softmax or softplus weight strictly between 0 and 1. `alpha_rule="shared_classes"` is not pFedLA but a
+  fixed reference row for what layer-wise weights could gain: self-weight 1/2, the other half over the
+  clients in proportion to the classes they share with the client (the server is told every client's
+  classes: an oracle), no hypernetwork step.
 - What a "layer" is: `layer="block"` (default) uses the engine's layer groups (a conv or linear
   module with the BatchNorm after it); `layer="tensor"` gives every parameter tensor its own weights.
 - BatchNorm statistics are never aggregated: they stay on the client.
@@ -88,6 +94,14 @@ class PFedLA(Algorithm):
         # reconstructions'; a weight at exactly 0 gets no gradient again), softmax, or softplus then
         # normalise (neither reaches exactly 0)
         head: Literal["relu", "softmax", "softplus"] = "relu"
+        # Logits squashed into (-b, b) by b * tanh(z / b) before the head (0: unbounded). With softmax or
+        # softplus heads no weight can then reach exactly 0 or 1 (softmax: each weight stays within
+        # e^(-2b) of every other's scale), however far Adam drives the raw outputs
+        logit_bound: float = Field(0.0, ge=0)
+        # learned: the hypernetworks (the paper); shared_classes: a fixed reference, not pFedLA: self-weight
+        # 1/2 in every layer, the other half over the other clients in proportion to the number of classes
+        # each shares with the client (an oracle: the server is told every client's classes), no server step
+        alpha_rule: Literal["learned", "shared_classes"] = "learned"
         # descend: the step lowers the client's loss (Eq. 10-11 read as a gradient step; checked by a
         # finite-difference test); ascend: the public reconstructions' sign, for comparison only
         hn_sign: Literal["descend", "ascend"] = "descend"
@@ -141,14 +155,34 @@ class PFedLA(Algorithm):
         self._moments = {k: (torch.zeros_like(t), torch.zeros_like(t)) for k, t in self.hypernet.items()}
         self._steps = torch.zeros(n, dtype=torch.long, device=fed.device)
         self._alpha_cache: Tensor | None = None
+        self._fixed = self.shared_class_alphas() if hp.alpha_rule == "shared_classes" else None
+
+    def shared_class_alphas(self) -> Tensor:
+        """[N, L, N] weights of the `shared_classes` reference: 1/2 on the client itself, 1/2 over the others
+        in proportion to the classes of its train split that each holds too (all of it on itself where no
+        other client shares a class)."""
+        fed, n = self.fed, self.fed.num_clients
+        labels = [fed.data(fed.sample_ids(c, "train"))[1] for c in range(n)]
+        classes = int(max(int(y.max()) for y in labels if len(y))) + 1
+        held = torch.stack([torch.bincount(y, minlength=classes) > 0 for y in labels]).double()  # [N, C]
+        shared = (held @ held.T).fill_diagonal_(0)                                          # [N, N]
+        others = shared.sum(1, keepdim=True)
+        weights = torch.where(others > 0, 0.5 * shared / others.clamp_min(1), torch.zeros_like(shared))
+        weights += torch.diag(torch.where(others[:, 0] > 0, 0.5, 1.0).to(weights.dtype))
+        dtype = next(iter(self.server_params.values())).dtype
+        return weights.to(dtype)[:, None, :].expand(n, len(self.layer_params), n).contiguous().to(fed.device)
 
     def alphas(self, rows: Tensor) -> Tensor:
         """Aggregation weights of clients `rows`: [K, L, N], non-negative, each (k, l) summing to 1."""
+        if self._fixed is not None:
+            return self._fixed[rows]
         hn = self.hypernet
         h = hn["embedding"][rows]
         for i in range(self.hp.hidden_layers):
             h = F.relu(torch.einsum("kd,kod->ko", h, hn[f"mlp{i}.weight"][rows]) + hn[f"mlp{i}.bias"][rows])
         logits = torch.einsum("kd,kljd->klj", h, hn["heads.weight"][rows]) + hn["heads.bias"][rows]
+        if self.hp.logit_bound:
+            logits = self.hp.logit_bound * torch.tanh(logits / self.hp.logit_bound)
         if self.hp.head == "softmax":
             return torch.softmax(logits, dim=-1)
         raw = F.softplus(logits) if self.hp.head == "softplus" else F.relu(logits)
@@ -222,9 +256,10 @@ class PFedLA(Algorithm):
             # alpha this round (the client trained its own copy), so it gives the hypernetwork none.
             aggregated = (~keep[:, self.layer_of[p]]).to(delta[p].dtype).view(-1, *[1] * (delta[p].dim() - 1))
             signal[p] = (1 if self.hp.hn_sign == "ascend" else -1) * delta[p] * aggregated
-        grads = self.hypernetwork_grads(clients, signal)
+        grads = None if self._fixed is not None else self.hypernetwork_grads(clients, signal)
         with torch.no_grad():
-            self.hypernetwork_step(clients, grads)
+            if grads is not None:
+                self.hypernetwork_step(clients, grads)
             sent = self._sent(download, upload.positions)
             for p in self.fed.model.param_names:  # theta_i = (what client i started from) + delta_i
                 own = keep[:, self.layer_of[p]].view(-1, *[1] * (delta[p].dim() - 1))

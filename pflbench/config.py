@@ -45,8 +45,8 @@ OPTIONAL_AT_DEFAULT = {"finetune_epochs": 0, "feature_shift": {}, "concept_shift
 # Hyperparameters added to an algorithm after cells of it were stored: the value a stored cell's missing
 # entry stands for (how the method ran before the option existed). As with OPTIONAL_AT_DEFAULT, `stored`
 # fills it in and the hash leaves it out at that value, so the cells stored before keep their ids.
-HP_ADDED_LATER: dict[str, dict[str, Any]] = {"pfedla": {"head": "relu", "hn_sign": "descend"},
-                                             "heurpfedla": {"head": "relu", "hn_sign": "descend"}}
+_PFEDLA_ADDED = {"head": "relu", "hn_sign": "descend", "logit_bound": 0.0, "alpha_rule": "learned"}
+HP_ADDED_LATER: dict[str, dict[str, Any]] = {"pfedla": _PFEDLA_ADDED, "heurpfedla": _PFEDLA_ADDED}
 # The heterogeneity knobs beyond label skew (benchmarks/README.md, "Heterogeneity"): all off by default.
 HETEROGENEITY_FIELDS = ("feature_shift", "concept_shift", "system", "privacy", "unseen_fraction")
 

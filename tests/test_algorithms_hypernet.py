@@ -219,6 +219,46 @@ def test_pfedla_groups_find_each_other_at_the_defaults(tmp_path):
     assert peer > 5 * cross, history
 
 
+def test_pfedla_bounded_logits_keep_every_weight_strictly_between_0_and_1(tmp_path):
+    """`logit_bound` b: raw head outputs pushed to +-1000 (where an unbounded softmax is one-hot in
+    float32) give weights within exp(+-2b) of each other, none exactly 0 or 1, and a non-zero gradient."""
+    fed = _federation(_cell(), tmp_path)
+    n, b = fed.num_clients, 2.0
+    alphas = {}
+    for bound in (0.0, b):
+        alg = _setup(PFedLA, fed, {"head": "softmax", "logit_bound": bound})
+        _spread_clients(alg)
+        with torch.no_grad():
+            alg.hypernet["heads.bias"][:, :, 0] = 1000.0
+            alg.hypernet["heads.bias"][:, :, 1] = -1000.0
+        alphas[bound] = alg.alphas(torch.arange(n)).detach()
+    assert (alphas[0.0][..., 0] == 1).all() and (alphas[0.0][..., 1:] == 0).all()
+    bounded = alphas[b]
+    assert ((bounded > 0) & (bounded < 1)).all()
+    ratio = bounded.amax(-1) / bounded.amin(-1)
+    assert (ratio <= torch.exp(torch.tensor(2 * b)) * (1 + 1e-5)).all()
+    torch.testing.assert_close(bounded.sum(-1), torch.ones_like(bounded.sum(-1)))
+
+
+def test_pfedla_shared_classes_reference_is_fixed_and_follows_shared_classes(tmp_path):
+    """`alpha_rule="shared_classes"`: half on the client itself, half over the clients that share its
+    classes in proportion to how many (here: two groups with disjoint classes, so all of it in-group),
+    the same in every layer, and it never moves; the server copies still take the clients' updates."""
+    fed = _two_group_federation(tmp_path)
+    alg = _setup(PFedLA, fed, {"alpha_rule": "shared_classes"})
+    n = fed.num_clients
+    expected = torch.tensor([[0.5 if i == j else (0.25 if i // 3 == j // 3 else 0.0) for j in range(n)]
+                             for i in range(n)])
+    alpha = alg.all_alphas()
+    torch.testing.assert_close(alpha, expected[:, None, :].expand_as(alpha).to(alpha.dtype))
+    copies = {p: t.clone() for p, t in alg.server_params.items()}
+    everyone = torch.arange(n)
+    for rnd in (1, 2):
+        run_round(alg, rnd, everyone)
+    assert torch.equal(alg.all_alphas(), alpha)
+    assert any(not torch.equal(copies[p], alg.server_params[p]) for p in copies)
+
+
 def test_pfedla_layer_option_and_artifacts(tmp_path):
     fed = _federation(_cell(), tmp_path)
     block = _setup(PFedLA, fed)
