@@ -40,7 +40,6 @@ mixing, regularized objectives) override the hooks they need. See `algorithms/RE
 from __future__ import annotations
 
 import dataclasses
-import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -48,6 +47,7 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from pflbench import deprecation
 from pflbench.capabilities import LEGACY_CAPABILITY_ATTRIBUTES, Capabilities, Refusal, refusal
 from pflbench.card import FAMILIES, LEGACY_CARD_ATTRIBUTES, Card
 from pflbench.legacy_hooks import LegacyHooks
@@ -116,12 +116,13 @@ def _card_of(cls: type, name: str, card: Card | None) -> Card:
     legacy = {k: own[k] for k in LEGACY_CARD_ATTRIBUTES if k in own}
     if legacy and card is None:
         fields = ", ".join(f"{k}={v!r}" for k, v in legacy.items())
-        warnings.warn(
+        deprecation.warn(
             f"algorithm {name!r}: the class attributes {', '.join(legacy)} are deprecated; register the "
             f"method's card instead: @ALGORITHMS.register({name!r}, card=Card({fields})) "
             f"(from pflbench.algorithm import Card)",
-            DeprecationWarning,
-            stacklevel=4,
+            old=f"{cls.__name__}: class attributes {', '.join(legacy)}",
+            new=f"@ALGORITHMS.register({name!r}, card=Card({fields}))",
+            owner=cls,
         )
         card = Card(**{k: v for k, v in legacy.items()})
     return (card or Card()).named(name)
@@ -141,11 +142,12 @@ def _capabilities_of(cls: type, name: str) -> Capabilities:
     if not legacy:
         return inherited
     fields = ", ".join(f"{k}={v!r}" for k, v in legacy.items())
-    warnings.warn(
+    deprecation.warn(
         f"algorithm {name!r}: the class attributes {', '.join(legacy)} are deprecated; declare "
         f"capabilities = Capabilities({fields}) (from pflbench.algorithm import Capabilities)",
-        DeprecationWarning,
-        stacklevel=4,
+        old=f"{cls.__name__}: class attributes {', '.join(legacy)}",
+        new=f"capabilities = Capabilities({fields})",
+        owner=cls,
     )
     return dataclasses.replace(inherited, **legacy)
 
@@ -480,7 +482,7 @@ class _ModelOnly:
 
 
 def _deprecated(old: str, new: str) -> None:
-    warnings.warn(f"{old} is deprecated: use {new}", DeprecationWarning, stacklevel=3)
+    deprecation.warn(f"{old} is deprecated: use {new}", old=old, new=new)
 
 
 def get_algorithm(name: str) -> type[Algorithm]:
