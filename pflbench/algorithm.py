@@ -34,7 +34,9 @@ The base class is FedAvg-shaped partial personalization: the server keeps one gl
 client keeps its own copy of everything, and `is_local(name)` says which tensors never leave the
 client. With nothing local this is FedAvg; with BatchNorm local it is FedBN; with the head local it
 is FedPer; with everything local it is Local training. Methods that do more (hypernetworks, model
-mixing, regularized objectives) override the hooks they need. See `algorithms/README.md`.
+mixing, regularized objectives) override the hooks they need; one that changes only the server's step
+(server momentum, FedAvgM) starts from `weighted_mean(upload)`, FedAvg's average of the uploads. See
+`algorithms/README.md`.
 """
 
 from __future__ import annotations
@@ -296,11 +298,25 @@ class Algorithm(LegacyHooks):
         """Server, at the end of the round: the uploads that reached it (`upload.clients`; under
         `system.dropout` some are missing, and `upload.positions` are the arrived ones' places among
         `rnd.clients`). Not called when none arrived: the server keeps its state. Default: the
-        sample-size-weighted average of the uploads (FedAvg)."""
-        weights = self.fed.train_sizes[upload.clients].float()
+        global model becomes the uploads' `weighted_mean` (FedAvg)."""
+        self.global_state.update(self.weighted_mean(upload))
+
+    def weighted_mean(self, upload: Payload, weights: torch.Tensor | None = None) -> State:
+        """FedAvg's average of a stacked `upload` (e.g. `aggregate`'s): each tensor averaged over the
+        uploading clients (`upload.clients`), weighted by their training samples, or by `weights`
+        ([len(upload.clients)], normalized here to sum to 1); integer tensors (BatchNorm's batch
+        counters) take the maximum. Shaped like `global_state` ([1, ...] per tensor) and new tensors:
+        the algorithm's state is not changed. A server step of its own (server momentum, a server
+        learning rate) starts from it:
+
+            def aggregate(self, rnd: Round, upload: Payload) -> None:
+                average = self.weighted_mean(upload)
+                ...  # the step from self.global_state towards `average`
+        """
+        if weights is None:
+            weights = self.fed.train_sizes[upload.clients].float()
         weights = weights / weights.sum()
-        for n, t in upload.state.items():
-            self.global_state[n] = weighted_mean(t, weights).unsqueeze(0)
+        return {n: weighted_mean(t, weights).unsqueeze(0) for n, t in upload.state.items()}
 
     # ---- evaluation's hooks (each receives the population it serves, `serving`) ---------------------
     def personalized(self) -> Models:
