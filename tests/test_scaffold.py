@@ -1,10 +1,12 @@
 """`pflbench new algorithm|partition`: the files it writes are plugins that load, and the tests it
 writes pass (run by pytest as a user would, outside this repository); they pass the repository's own
 `ruff check` and override only what their starting point changes; the method is named as the user spells
-it or as the built-ins spell its words; bad names are refused."""
+it or as the built-ins spell its words; bad names are refused. The README's FedAvgM, written from the
+scaffold's output, passes the same lint and runs."""
 from __future__ import annotations
 
 import importlib.util
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -139,3 +141,33 @@ def test_the_method_is_named_as_spelled_or_as_the_built_ins_spell_its_words(tmp_
     assert main(["new", "algorithm", "odd", "--display-name", 'Say "hi"', "--out", str(tmp_path)]) == 0
     assert ruff_problems(tmp_path) == ""  # a display name with quotes is still a valid literal
 
+
+def readme_fedavgm() -> str:
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("## Benchmark your own method"):]
+    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+
+
+def test_the_readmes_fedavgm_passes_the_lint_and_reuses_fedavgs_weighted_mean(tmp_path):
+    """The README's example: the scaffold's imports and registration, one hook over `weighted_mean`; at
+    momentum 0 and server_lr 1 it is FedAvg (up to rounding: w - (w - mean) is not always mean)."""
+    from pflbench import plugins
+    from pflbench.algorithm import ALGORITHMS
+    from pflbench.rounds import run_cell
+
+    code = readme_fedavgm()
+    assert len(code.splitlines()) <= 30 and "self.weighted_mean(upload)" in code and "train_sizes" not in code
+    path = tmp_path / "fedavgm.py"
+    path.write_text(code)
+    assert ruff_problems(tmp_path) == ""
+    plugins.load([str(path)])
+    try:
+        assert ALGORITHMS.get("fedavgm").card.display_name == "FedAvgM"
+        momentum = run_cell(_tiny_cell("fedavgm"), data_root=tmp_path)
+        assert momentum.status == "finished", momentum.error
+        plain = run_cell(_tiny_cell("fedavgm", momentum=0.0), data_root=tmp_path)
+        fedavg = run_cell(_tiny_cell("fedavg"), data_root=tmp_path)
+        assert abs(plain.summary["final_accuracy"] - fedavg.summary["final_accuracy"]) < 0.02
+        assert momentum.summary["final_accuracy"] != fedavg.summary["final_accuracy"]
+    finally:
+        plugins.unload(path.name)
