@@ -26,7 +26,7 @@ test: install
 
 # Lint: ruff's checks everywhere; ruff's formatting and mypy on the public method API (pyproject.toml).
 PUBLIC_API := pflbench/algorithm.py pflbench/card.py pflbench/capabilities.py pflbench/streams.py \
-              pflbench/round_context.py pflbench/payload.py pflbench/serving.py
+              pflbench/round_context.py pflbench/payload.py pflbench/serving.py pflbench/deprecation.py
 lint: install
 	$(BIN)/pip install --disable-pip-version-check -q -e ".[lint]"
 	$(BIN)/ruff check .

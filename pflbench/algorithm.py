@@ -34,13 +34,14 @@ The base class is FedAvg-shaped partial personalization: the server keeps one gl
 client keeps its own copy of everything, and `is_local(name)` says which tensors never leave the
 client. With nothing local this is FedAvg; with BatchNorm local it is FedBN; with the head local it
 is FedPer; with everything local it is Local training. Methods that do more (hypernetworks, model
-mixing, regularized objectives) override the hooks they need. See `algorithms/README.md`.
+mixing, regularized objectives) override the hooks they need; one that changes only the server's step
+(server momentum, FedAvgM) starts from `weighted_mean(upload)`, FedAvg's average of the uploads. See
+`algorithms/README.md`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -48,6 +49,7 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from pflbench import deprecation
 from pflbench.capabilities import LEGACY_CAPABILITY_ATTRIBUTES, Capabilities, Refusal, refusal
 from pflbench.card import FAMILIES, LEGACY_CARD_ATTRIBUTES, Card
 from pflbench.legacy_hooks import LegacyHooks
@@ -116,12 +118,13 @@ def _card_of(cls: type, name: str, card: Card | None) -> Card:
     legacy = {k: own[k] for k in LEGACY_CARD_ATTRIBUTES if k in own}
     if legacy and card is None:
         fields = ", ".join(f"{k}={v!r}" for k, v in legacy.items())
-        warnings.warn(
+        deprecation.warn(
             f"algorithm {name!r}: the class attributes {', '.join(legacy)} are deprecated; register the "
             f"method's card instead: @ALGORITHMS.register({name!r}, card=Card({fields})) "
             f"(from pflbench.algorithm import Card)",
-            DeprecationWarning,
-            stacklevel=4,
+            old=f"{cls.__name__}: class attributes {', '.join(legacy)}",
+            new=f"@ALGORITHMS.register({name!r}, card=Card({fields}))",
+            owner=cls,
         )
         card = Card(**{k: v for k, v in legacy.items()})
     return (card or Card()).named(name)
@@ -141,11 +144,12 @@ def _capabilities_of(cls: type, name: str) -> Capabilities:
     if not legacy:
         return inherited
     fields = ", ".join(f"{k}={v!r}" for k, v in legacy.items())
-    warnings.warn(
+    deprecation.warn(
         f"algorithm {name!r}: the class attributes {', '.join(legacy)} are deprecated; declare "
         f"capabilities = Capabilities({fields}) (from pflbench.algorithm import Capabilities)",
-        DeprecationWarning,
-        stacklevel=4,
+        old=f"{cls.__name__}: class attributes {', '.join(legacy)}",
+        new=f"capabilities = Capabilities({fields})",
+        owner=cls,
     )
     return dataclasses.replace(inherited, **legacy)
 
@@ -294,11 +298,25 @@ class Algorithm(LegacyHooks):
         """Server, at the end of the round: the uploads that reached it (`upload.clients`; under
         `system.dropout` some are missing, and `upload.positions` are the arrived ones' places among
         `rnd.clients`). Not called when none arrived: the server keeps its state. Default: the
-        sample-size-weighted average of the uploads (FedAvg)."""
-        weights = self.fed.train_sizes[upload.clients].float()
+        global model becomes the uploads' `weighted_mean` (FedAvg)."""
+        self.global_state.update(self.weighted_mean(upload))
+
+    def weighted_mean(self, upload: Payload, weights: torch.Tensor | None = None) -> State:
+        """FedAvg's average of a stacked `upload` (e.g. `aggregate`'s): each tensor averaged over the
+        uploading clients (`upload.clients`), weighted by their training samples, or by `weights`
+        ([len(upload.clients)], normalized here to sum to 1); integer tensors (BatchNorm's batch
+        counters) take the maximum. Shaped like `global_state` ([1, ...] per tensor) and new tensors:
+        the algorithm's state is not changed. A server step of its own (server momentum, a server
+        learning rate) starts from it:
+
+            def aggregate(self, rnd: Round, upload: Payload) -> None:
+                average = self.weighted_mean(upload)
+                ...  # the step from self.global_state towards `average`
+        """
+        if weights is None:
+            weights = self.fed.train_sizes[upload.clients].float()
         weights = weights / weights.sum()
-        for n, t in upload.state.items():
-            self.global_state[n] = weighted_mean(t, weights).unsqueeze(0)
+        return {n: weighted_mean(t, weights).unsqueeze(0) for n, t in upload.state.items()}
 
     # ---- evaluation's hooks (each receives the population it serves, `serving`) ---------------------
     def personalized(self) -> Models:
@@ -480,7 +498,7 @@ class _ModelOnly:
 
 
 def _deprecated(old: str, new: str) -> None:
-    warnings.warn(f"{old} is deprecated: use {new}", DeprecationWarning, stacklevel=3)
+    deprecation.warn(f"{old} is deprecated: use {new}", old=old, new=new)
 
 
 def get_algorithm(name: str) -> type[Algorithm]:

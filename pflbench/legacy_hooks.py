@@ -6,7 +6,8 @@ dicts or lists of dicts: `configure(self, rnd, clients)`, `receive(self, rnd, cl
 clients, upload)`, `aggregate_arrived(self, rnd, clients, upload, positions)`, `evaluate(self,
 personal, split)`, `adapt_locally(self, personal, rnd, epochs)`, `newcomer_models(self, rnd,
 newcomers)`. A class that still defines a hook in that form (told apart by its parameter count) gets a
-DeprecationWarning naming the new form when it is defined, and runs as it did:
+DeprecationWarning naming the new form when it is defined, at the hook's line of the user's file (and on
+the command line one line per file: pflbench.deprecation), and runs as it did:
 
 - the engine's calls reach its old-form hooks translated: the round as a `RoundNumber` (an int that
   carries its Round, so that its `local_train`'s `fed.train(rnd, ...)` is still cut to the stragglers'
@@ -26,12 +27,12 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
-import warnings
 from contextlib import contextmanager
 from typing import Any, Callable
 
 import torch
 
+from pflbench import deprecation
 from pflbench.payload import Payload
 from pflbench.round_context import Round, RoundNumber
 from pflbench.serving import Serving
@@ -254,21 +255,25 @@ class LegacyHooks:
                 continue
             count = _parameters(fn)
             if count == old_count and old_count != new_count:
-                warnings.warn(f"algorithm class {cls.__qualname__}: {name}({', '.join(OLD_PARAMETERS[name])}) is "
-                              f"the old form of the hook, deprecated; write {NEW_FORM[name]} {WHERE}",
-                              DeprecationWarning, stacklevel=2)
+                form = f"{name}({', '.join(OLD_PARAMETERS[name])})"
+                deprecation.warn(f"algorithm class {cls.__qualname__}: {form} is the old form of the hook, "
+                                 f"deprecated; write {NEW_FORM[name]} {WHERE}",
+                                 old=f"{cls.__name__}.{form}", new=NEW_FORM[name], where=deprecation.location_of(fn))
                 setattr(cls, name, _old_form_hook(name, fn))
             elif count == new_count:
                 setattr(cls, name, _new_form_hook(name, fn))
         if inspect.isfunction(cls.__dict__.get("aggregate_arrived")):
-            warnings.warn(f"algorithm class {cls.__qualname__}: aggregate_arrived is deprecated; "
-                          f"{NEW_FORM['aggregate']} receives only the uploads that reached the server "
-                          f"(upload.clients, and upload.positions among rnd.clients) {WHERE}",
-                          DeprecationWarning, stacklevel=2)
+            deprecation.warn(f"algorithm class {cls.__qualname__}: aggregate_arrived is deprecated; "
+                             f"{NEW_FORM['aggregate']} receives only the uploads that reached the server "
+                             f"(upload.clients, and upload.positions among rnd.clients) {WHERE}",
+                             old=f"{cls.__name__}.aggregate_arrived(rnd, clients, upload, positions)",
+                             new=NEW_FORM["aggregate"], where=deprecation.location_of(cls.__dict__["aggregate_arrived"]))
             cls.aggregate = _routing_aggregate(cls.aggregate)  # type: ignore[method-assign]
         if inspect.isfunction(cls.__dict__.get("evaluate_splits")):
-            warnings.warn(f"algorithm class {cls.__qualname__}: evaluate_splits is deprecated; the engine calls "
-                          f"{NEW_FORM['evaluate']} with every split {WHERE}", DeprecationWarning, stacklevel=2)
+            deprecation.warn(f"algorithm class {cls.__qualname__}: evaluate_splits is deprecated; the engine calls "
+                             f"{NEW_FORM['evaluate']} with every split {WHERE}",
+                             old=f"{cls.__name__}.evaluate_splits(personal, splits)", new=NEW_FORM["evaluate"],
+                             where=deprecation.location_of(cls.__dict__["evaluate_splits"]))
             cls.evaluate = _evaluating_splits(cls.__dict__["evaluate_splits"])  # type: ignore[method-assign]
 
     # ---- the old methods, for one release ------------------------------------------------------------
@@ -294,4 +299,4 @@ class LegacyHooks:
 
 
 def _deprecated(old: str, new: str) -> None:
-    warnings.warn(f"{old} is deprecated: use {new} {WHERE}", DeprecationWarning, stacklevel=3)
+    deprecation.warn(f"{old} is deprecated: use {new} {WHERE}", old=old, new=new)

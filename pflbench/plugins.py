@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
+from pflbench import deprecation
 from pflbench.registry import NameClashError, fill_with, loading
 
 ENTRY_POINT_GROUP = "pflbench.plugins"
@@ -237,7 +238,7 @@ def _activate_file(source: PluginSource) -> PluginSource:
     module.__file__ = source.location
     sys.modules[source.module] = module
     try:
-        with loading(source.id):
+        with loading(source.id), deprecation.gathering():  # its deprecated forms: one line, after the import
             exec(compile(dict(source.files)[source.id], source.location, "exec"), module.__dict__)  # noqa: S102
     except BaseException as error:  # noqa: BLE001 (a plugin may raise anything, SystemExit included)
         sys.modules.pop(source.module, None)
@@ -256,7 +257,7 @@ def _load_module(name: str, kind: str = "module", call: str = "") -> PluginSourc
                           f"PYTHONPATH; give a .py file's path (ending in .py) or an importable module name")
     before = _snapshot()
     try:
-        with loading(name):
+        with loading(name), deprecation.gathering():
             module = importlib.import_module(name)
             if call:
                 getattr(module, call)()

@@ -1,67 +1,67 @@
 """`pflbench new algorithm NAME [--from fedavg|fedprox|fedper]` and `pflbench new partition NAME`:
 a documented starting file for the user's own method or non-IID scheme, and a pytest file that runs
 it on the generated dataset. The file is a plugin (pflbench/plugins.py): `--plugin FILE` or a spec's
-`plugins:` puts it beside the built-ins. The templates are in pflbench/scaffold_templates/.
+`plugins:` puts it beside the built-ins. The templates are in pflbench/scaffold_templates.
+
+The written algorithm overrides only the hooks its starting point changes from the base class (which is
+FedAvg), imports exactly the names it uses (it passes the repository's `ruff check`), and is named as
+the user spells it: `new algorithm FedAvgM` registers `fedavgm`, class FedAvgM, shown as FedAvgM; a
+lowercase name takes the built-ins' spelling of its words (fedavgm: FedAvgM); `--display-name` sets it.
 
 Only the standard library is imported here (every `pflbench --help` builds this parser).
 """
 from __future__ import annotations
 
+import json
+import keyword
 import re
 import sys
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 from string import Template
 
 TEMPLATES = Path(__file__).parent / "scaffold_templates"
-NAME = re.compile(r"^[a-z][a-z0-9]*(-[a-z0-9]+)*$")  # like the built-ins: fedavg, lg-fedavg, mh-pfedhn
+# Registered in lowercase, like the built-ins (fedavg, lg-fedavg, mh-pfedhn): FedAvgM is registered as fedavgm.
+NAME = re.compile(r"^[A-Za-z][A-Za-z0-9]*(-[A-Za-z0-9]+)*$")
 
 
 @dataclass(frozen=True)
 class Base:
-    """A built-in method a new algorithm may start from, written out (not subclassed) so it can be edited."""
+    """A built-in method a new algorithm may start from, written out (not subclassed) so it can be
+    edited: the hooks in which it differs from the base class (`pflbench.algorithm.Algorithm`, FedAvg)."""
 
     text: str           # what the starting point does, for the file's docstring
     personalizes: str
     hyperparams: str    # the Hyperparams class body
     search_space: str
-    imports: str
-    body: str           # the hooks, overridden with the base method's behaviour
-    api: str = ""       # more names from pflbench.algorithm the hooks' signatures use
+    body: str           # the hooks it overrides (none for FedAvg: the base class is FedAvg)
+    api: tuple[str, ...] = ()       # more names from pflbench.algorithm that the hooks' signatures use
+    training: tuple[str, ...] = ()  # names from pflbench.training that the hooks use
 
 
 BASES = {
     "fedavg": Base(
         text="FedAvg: clients train the global model locally, the server averages the results weighted by "
-             "each client's training samples",
+             "each client's training samples (the base class's hooks: none is written out)",
         personalizes="nothing yet: one global model (FedAvg)",
-        hyperparams="        pass  # e.g. strength: float = Field(0.1, ge=0.0)",
-        search_space="{}  # e.g. {\"strength\": (\"loguniform\", 1e-3, 1.0)}",
-        imports="from pflbench.training import State, weighted_mean\n",
-        api=", Payload, Round",
+        hyperparams="        pass  # e.g. momentum: float = Field(0.9, ge=0.0, lt=1.0)  (from pydantic import Field)",
+        search_space="{}  # e.g. {\"momentum\": (\"uniform\", 0.0, 0.99)}",
         body='''
-    def local_train(self, rnd: Round, state: State) -> State:
-        """Client: local SGD of the round's sampled clients (`rnd.clients`); `state` holds their models
-        stacked [clients, ...]. `self.fed.train` runs the cell's local epochs (batched across clients);
-        given the round `rnd`, a straggler does only its share (the system knob). `objective=` replaces
-        the loss (see `--from fedprox`)."""
-        return self.fed.train(rnd, rnd.clients, state).state
-
-    def aggregate(self, rnd: Round, upload: Payload) -> None:
-        """Server: the uploads that reached it (`upload.clients`; under system.dropout some are lost),
-        averaged, weighted by each client's training samples (FedAvg)."""
-        weights = self.fed.train_sizes[upload.clients].float()
-        weights = weights / weights.sum()
-        for n, t in upload.state.items():
-            self.global_state[n] = weighted_mean(t, weights).unsqueeze(0)
+    # The hooks are the base class's, FedAvg's (pflbench/algorithm.py): override only those your method
+    # changes. E.g. a server step of its own, from FedAvg's average of the uploads that arrived:
+    #
+    #     def aggregate(self, rnd: Round, upload: Payload) -> None:  # Round, Payload: pflbench.algorithm
+    #         average = self.weighted_mean(upload)  # {tensor name: [1, ...]}, weighted by training samples
+    #         self.global_state.update(average)     # FedAvg's step; yours goes from self.global_state
 '''),
     "fedprox": Base(
         text="FedProx: FedAvg whose local objective adds mu/2 * ||w - w_global||^2 against client drift",
         personalizes="nothing yet: one global model, trained with a proximal term (FedProx)",
         hyperparams="        mu: float = Field(0.01, ge=0.0)  # weight of the proximal term",
         search_space="{\"mu\": (\"loguniform\", 1e-3, 1.0)}",
-        imports="from pflbench.training import State, cross_entropy\n",
-        api=", Round",
+        api=("Round",),
+        training=("State", "cross_entropy"),
         body='''
     def local_train(self, rnd: Round, state: State) -> State:
         """Client: local SGD on cross-entropy + mu/2 * ||w - w_global||^2 (w_global: the model
@@ -82,7 +82,6 @@ BASES = {
         personalizes="the top `personal_layers` layers (default: the classifier); the base is FedAvg",
         hyperparams="        personal_layers: int = Field(1, ge=0)  # layers, from the top, that stay on the client",
         search_space="{\"personal_layers\": (\"choice\", [1, 2, 3])}",
-        imports="",
         body='''
     def setup(self) -> None:
         """Server and client state (every client starts from the same model); which tensors are personal."""
@@ -96,6 +95,20 @@ BASES = {
 '''),
 }
 
+# What every written algorithm imports from pflbench.algorithm (a class named like an import is refused).
+ALGORITHM_API = ("ALGORITHMS", "Algorithm", "Capabilities", "Card", "Hyperparams")
+
+
+def imports_of(base: Base) -> str:
+    """The written file's imports: exactly the names it uses (so the repository's `ruff check` passes)."""
+    lines = []
+    if "Field(" in base.hyperparams.split("#")[0]:
+        lines += ["from pydantic import Field", ""]
+    lines.append(f"from pflbench.algorithm import {', '.join(ALGORITHM_API + base.api)}")
+    if base.training:
+        lines.append(f"from pflbench.training import {', '.join(base.training)}")
+    return "\n".join(lines)
+
 
 class ScaffoldError(ValueError):
     pass
@@ -106,12 +119,15 @@ def add_parser(subparsers) -> None:
                                             "algorithm or partition scheme")
     kinds = new.add_subparsers(dest="new_kind", required=True, metavar="KIND")
     algorithm = kinds.add_parser("algorithm", help="a new algorithm: NAME.py (a plugin) and test_NAME.py")
-    algorithm.add_argument("name", help="its registered name: lowercase letters, digits and dashes (e.g. my-avg)")
+    algorithm.add_argument("name", help="its name as reports show it (FedAvgM) or in lowercase (fedavgm): letters, "
+                                        "digits and dashes; it is registered in lowercase")
     algorithm.add_argument("--from", dest="base", choices=sorted(BASES), default="fedavg",
                            help="the method written out as the starting point (default: fedavg)")
     partition = kinds.add_parser("partition", help="a new non-IID scheme: NAME.py (a plugin) and test_NAME.py")
-    partition.add_argument("name", help="its registered name: lowercase letters, digits and dashes")
+    partition.add_argument("name", help="its name: letters, digits and dashes; it is registered in lowercase")
     for parser in (algorithm, partition):
+        parser.add_argument("--display-name", help="how reports show it (default: NAME as spelled; an algorithm's "
+                                                   "lowercase NAME in the built-ins' spelling, fedavgm: FedAvgM)")
         parser.add_argument("--out", type=Path, default=Path("."), help="folder to write into (default: here)")
         parser.add_argument("--force", action="store_true", help="overwrite files that exist")
     new.set_defaults(func=cmd_new)
@@ -120,58 +136,115 @@ def add_parser(subparsers) -> None:
 def cmd_new(args) -> int:
     try:
         written = write_scaffold(args.new_kind, args.name, args.out, base=getattr(args, "base", "fedavg"),
-                                 force=args.force)
+                                 force=args.force, display_name=args.display_name)
     except ScaffoldError as error:
         print(f"new {args.new_kind}: {error}", file=sys.stderr)
         return 2
     plugin, test = written
+    name = args.name.lower()
     print(f"written: {plugin}, {test}")
     print(f"next: edit {plugin.name}; check it with `pytest {test}`; then (docs/howto/own-method.md)")
     if args.new_kind == "algorithm":
-        print(f"  pflbench run table1 --scale quick --plugin {plugin} --set 'algorithm+=[{args.name}]'")
+        print(f"  {try_command(plugin, name)}   # against FedAvg, about a minute")
     else:
-        print(f"  pflbench run SPEC --plugin {plugin} --set partition={args.name}")
+        print(f"  pflbench run SPEC --plugin {plugin} --set partition={name}")
     return 0
 
 
-def identifiers(name: str) -> dict[str, str]:
-    stem = name.replace("-", "_")
-    return {"name": name, "module_file": f"{stem}.py", "test_file": f"test_{stem}.py",
-            "class_name": "".join(part.capitalize() for part in re.split(r"[-_]", name)),
-            "display_name": "".join(part.capitalize() for part in re.split(r"[-_]", name))}
+def try_command(plugin: Path | str, name: str) -> str:
+    """A new algorithm's first run: the shipped spec benchmarks/quickstart.yaml (FedAvg on generated data,
+    3 seeds, about a minute on 2 cores) with the method added."""
+    return f"pflbench run quickstart --plugin {plugin} --set 'algorithm+=[{name}]' --no-ray"
+
+
+def identifiers(name: str, kind: str = "algorithm", display_name: str | None = None) -> dict[str, str]:
+    """The registered name (`name` in lowercase), the files, the display name (`display_name`; else
+    `name` as spelled where it has capitals; else, for an algorithm, in the built-ins' spelling:
+    fedavgm -> FedAvgM, lg-fedavgm -> LGFedAvgM) and the class name (the display name as an identifier)."""
+    registered = name.lower()
+    stem = registered.replace("-", "_")
+    parts = registered.split("-")
+    if display_name is None or not display_name.strip():
+        if name != registered:
+            display_name = name
+        elif kind == "algorithm":
+            words = known_spellings()
+            display_name = "".join(spelled(part, words) for part in parts)
+        else:
+            display_name = "".join(part.capitalize() for part in parts)
+    display_name = display_name.strip()
+    class_name = "".join(word[:1].upper() + word[1:] for word in re.split(r"\W+", display_name) if word)
+    if not class_name.isidentifier() or keyword.iskeyword(class_name):
+        class_name = "".join(part.capitalize() for part in parts)
+    return {"name": registered, "module_file": f"{stem}.py", "test_file": f"test_{stem}.py",
+            "class_name": class_name, "display_name": display_name,
+            # in the written code: a Python string literal; in its docstrings: text that cannot end them
+            "display_literal": json.dumps(display_name, ensure_ascii=False),
+            "display_text": display_name.replace('"', "'").replace("\\", "/")}
+
+
+def known_spellings() -> dict[str, str]:
+    """lowercase -> spelling of the words in the registered algorithms' display names that are not just
+    capitalized (FedAvg, pFedHN, LG, APFL; not Local or Per): how a lowercase name's words are spelled."""
+    from pflbench.algorithm import ALGORITHMS
+
+    words: dict[str, str] = {}
+    for _, cls in ALGORITHMS.items():
+        for word in re.split(r"[^0-9A-Za-z]+", cls.card.display_name):
+            if word != word.capitalize():
+                words.setdefault(word.lower(), word)
+    return words
+
+
+def spelled(part: str, words: dict[str, str]) -> str:
+    """A lowercase word in the built-ins' spelling: its longest known prefix (of 3 letters or more, or the
+    whole word) as spelled there, the rest likewise, an unknown rest capitalized (fedavgm -> FedAvgM)."""
+    out = ""
+    while part:
+        known = [w for w in words if part.startswith(w) and (len(w) >= 3 or w == part)]
+        if not known:
+            return out + part[:1].upper() + part[1:]
+        word = max(known, key=len)
+        out, part = out + words[word], part[len(word):]
+    return out
 
 
 def check_name(kind: str, name: str) -> None:
     if not NAME.match(name):
-        raise ScaffoldError(f"name {name!r} is not allowed: lowercase letters, digits and single dashes, starting "
-                            f"with a letter (e.g. my-avg)")
+        raise ScaffoldError(f"name {name!r} is not allowed: letters, digits and single dashes, starting with a "
+                            f"letter (e.g. my-avg, or FedAvgM: registered as fedavgm, shown as FedAvgM)")
     from pflbench.plugins import load_builtins, registries
 
     load_builtins()
     registry = registries()[kind]
+    name = name.lower()
     if name in registry:
         who = registry.origin(name)
         raise ScaffoldError(f"{registry.kind} {name!r} already exists ({'built-in' if who is None else 'plugin ' + who}); "
                             f"choose another name (taken: {', '.join(registry.names())})")
 
 
-def write_scaffold(kind: str, name: str, out: Path, base: str = "fedavg", force: bool = False) -> tuple[Path, Path]:
+def write_scaffold(kind: str, name: str, out: Path, base: str = "fedavg", force: bool = False,
+                   display_name: str | None = None) -> tuple[Path, Path]:
     """Write the plugin file and its test into `out`; (plugin path, test path)."""
     if kind not in ("algorithm", "partition"):
         raise ScaffoldError(f"unknown kind {kind!r}; allowed: algorithm, partition")
     if kind == "algorithm" and base not in BASES:
         raise ScaffoldError(f"--from {base!r} is not a starting point; allowed: {', '.join(sorted(BASES))}")
     check_name(kind, name)
-    values = identifiers(name)
+    values = identifiers(name, kind, display_name)
     plugin, test = Path(out) / values["module_file"], Path(out) / values["test_file"]
     existing = [str(p) for p in (plugin, test) if p.exists()]
     if existing and not force:
         raise ScaffoldError(f"{', '.join(existing)} exists; nothing was written (--force overwrites)")
     if kind == "algorithm":
         chosen = BASES[base]
-        values.update(base=base, base_text=chosen.text, personalizes=chosen.personalizes,
-                      hyperparams=chosen.hyperparams, search_space=chosen.search_space, imports=chosen.imports,
-                      body=chosen.body, api=chosen.api)
+        if values["class_name"] in (*ALGORITHM_API, *chosen.api, *chosen.training, "Field"):
+            raise ScaffoldError(f"the class {values['class_name']} would hide the name it imports from pflbench; "
+                                f"choose another name or --display-name")
+        values.update(base=base, base_text=textwrap.fill(chosen.text, 104), personalizes=chosen.personalizes,
+                      hyperparams=chosen.hyperparams, search_space=chosen.search_space, imports=imports_of(chosen),
+                      body=chosen.body, try_command=try_command(values["module_file"], values["name"]))
     Path(out).mkdir(parents=True, exist_ok=True)
     plugin.write_text(Template((TEMPLATES / f"{kind}.py.tmpl").read_text()).substitute(values))
     test.write_text(Template((TEMPLATES / f"{kind}_test.py.tmpl").read_text()).substitute(values))

@@ -24,7 +24,6 @@ engine's default order, ``"batches.<purpose>"`` another order of the same sample
 from __future__ import annotations
 
 import hashlib
-import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -33,6 +32,7 @@ from typing import Literal, overload
 import numpy as np
 import torch
 
+from pflbench import deprecation
 from pflbench.round_context import Round, RoundNumber
 
 Kind = Literal["torch", "numpy"]
@@ -203,11 +203,11 @@ def batch_stream(stream: str | None, salt: int | None) -> str:
     if salt is None:
         return BATCHES if stream is None else stream
     named = {v: k for k, v in BATCH_SALTS.items()}.get(salt)
-    warnings.warn(
+    deprecation.warn(
         f"salt={salt:#x} is deprecated: pass stream={named or 'batches.<purpose>'!r} "
         f"(a named stream, pflbench.streams)",
-        DeprecationWarning,
-        stacklevel=3,
+        old=f"salt={salt:#x}",
+        new=f"stream={named or 'batches.<purpose>'!r}",
     )
     if stream is not None and stream != BATCHES:
         raise ValueError("give stream= or the deprecated salt=, not both")

@@ -196,3 +196,67 @@ def test_an_old_form_round_number_cuts_the_stragglers_plans_in_local_train_only(
     assert _same(_run(OldPlans, monkeypatch, tmp_path, **cell), run_cell(small_cell(**cell), data_root=tmp_path))
     assert plans["configure"] == plans["full"] != plans["local_train"]
     assert all(cut <= full for cut, full in zip(plans["local_train"], plans["full"]))
+
+
+# The old-form FedAvg above as a user's plugin file, registered with a class attribute of the form before cards.
+OLD_PLUGIN = '''from pflbench.algorithm import ALGORITHMS, Algorithm
+from pflbench.training import weighted_mean
+
+
+@ALGORITHMS.register("old-avg")
+class OldAvg(Algorithm):
+    display_name = "OldAvg"
+
+    def configure(self, rnd, clients):
+        return super().configure(rnd, clients)
+
+    def local_train(self, rnd, clients, state):
+        return self.fed.train(rnd, clients, state).state
+
+    def aggregate(self, rnd, clients, upload):
+        weights = self.fed.train_sizes[clients].float()
+        weights = weights / weights.sum()
+        for n, t in upload.items():
+            self.global_state[n] = weighted_mean(t, weights).unsqueeze(0)
+'''
+
+
+def test_an_old_form_plugins_warnings_name_its_file_and_line_not_pflbenchs(tmp_path):
+    from pflbench import plugins
+
+    path = tmp_path / "old_avg.py"
+    path.write_text(OLD_PLUGIN)
+    with pytest.warns(DeprecationWarning) as caught:
+        plugins.load([str(path)])
+    try:
+        assert {w.filename for w in caught} == {str(path)}
+        lines = OLD_PLUGIN.splitlines()
+        for w in caught:  # the hook's `def`, or the class's registration
+            assert lines[w.lineno - 1].lstrip().startswith(("def ", "@ALGORITHMS.register")), (w.lineno, w.message)
+        assert len(caught) == 4
+    finally:
+        plugins.unload(path.name)
+
+
+@pytest.mark.slow
+def test_an_old_form_plugin_runs_on_the_command_line_with_one_line_naming_its_file(tmp_path):
+    """Python's default filters hide DeprecationWarnings outside __main__: the command prints its own line."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "old_avg.py"
+    path.write_text(OLD_PLUGIN)
+    done = subprocess.run([sys.executable, "-m", "pflbench.cli", "run", "quickstart", "--plugin", path.name,
+                           "--set", "algorithm=[old-avg]", "--set", "seed=0", "--set", "rounds=1", "--no-ray",
+                           "--results", str(tmp_path / "results")],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    notices = [line for line in done.stderr.splitlines() if "old form" in line or "eprecat" in line]
+    assert len(notices) == 1, done.stderr
+    line = notices[0]
+    assert line.startswith(f"pflbench: {path} uses the method API's old form")
+    for new in ("configure(self, rnd: Round) -> Payload", "local_train(self, rnd: Round, state) -> state",
+                "aggregate(self, rnd: Round, upload: Payload) -> None", "card=Card(display_name='OldAvg')"):
+        assert new in line, new
+    assert "pflbench/" not in line.replace("docs/howto/own-method.md", "")  # none of pflbench's own files
+    assert "1 finished" in done.stdout

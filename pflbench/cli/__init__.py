@@ -30,6 +30,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from pflbench import deprecation
+
+    with deprecation.command_line():  # a plugin's deprecated forms: one line on stderr per file
+        return _run(args)
+
+
+def _run(args) -> int:
     from pflbench.plugins import load_requested
     from pflbench.resources import resolve_spec_argument
 
