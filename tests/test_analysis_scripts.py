@@ -1,6 +1,6 @@
 """benchmarks/analysis/: the scripts behind benchmarks/README.md's sentences on pFedLA's weights
-(alpha.py), FedFomo's exchange (fedfomo.py), each cell against Local (versus_local.py) and a cell
-branched from its checkpoint (branch.py), run on
+(alpha.py), FedFomo's exchange (fedfomo.py), each cell against Local (versus_local.py), a column's
+table against the paper (column_table.py) and a cell branched from its checkpoint (branch.py), run on
 small cells made here and checked against the raw arrays they summarize."""
 from __future__ import annotations
 
@@ -14,11 +14,13 @@ import pandas as pd
 import pytest
 from rich.console import Console
 
+from pflbench.reports.reference import load_references
 from pflbench.runner import RunOptions, run_plan
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "analysis"))
 import alpha  # noqa: E402
 import branch  # noqa: E402
+import column_table  # noqa: E402
 import fedfomo  # noqa: E402
 import versus_local  # noqa: E402
 
@@ -102,6 +104,49 @@ def test_versus_local_pairs_each_cell_with_local_client_by_client(cells):
     assert pfedla_row.endswith(f" / {100 * share:.1f}% |") and "| pfedla | 0 | defaults |" in pfedla_row
     assert f"{found.mean:+.2f} ± {found.se:.2f}" in pfedla_row
     assert "| local | 0 | val_fraction" not in local_row and local_row.count("| – |") == 3  # no difference to itself
+
+
+def test_column_table_takes_every_delta_from_unrounded_means(tmp_path):
+    """Means 90.666... (clients 90, 91, 91) against the paper's 94.83: Δ −4.16, not the −4.13 of a
+    mean rounded to 90.7 first; a second seed in another store makes the row a mean ± SD over seeds,
+    its difference to Local pooled over (seed, client) pairs."""
+    from report_helpers import write_cell
+
+    (tmp_path / "reference").mkdir()
+    (tmp_path / "reference" / "paper.csv").write_text(
+        "algorithm,dataset,partition,clients,protocol,mean,std\n"
+        "pfedhn,fmnist,pathological,3,adapted-final-clients,94.83,0.33\n")
+    references = load_references(tmp_path / "reference")
+    local = {0: (0.90, 0.92, 0.94), 1: (0.88, 0.90, 0.95)}
+    ours = {0: ((0.90, 0.91, 0.91), (0.92, 0.95, 0.95)), 1: ((0.89, 0.93, 0.93), (0.90, 0.94, 0.97))}
+    for seed in (0, 1):
+        store = tmp_path / f"seed{seed}"
+        write_cell(store, algorithm="local", clients=3, seed=seed, accuracies=local[seed], adapted=local[seed])
+        write_cell(store, algorithm="pfedhn", clients=3, seed=seed, accuracies=ours[seed][0], adapted=ours[seed][1])
+
+    one = column_table.table([tmp_path / "seed0"], references).splitlines()
+    local_row, row = (next(line for line in one if line.startswith(f"| {name} |")) for name in ("Local", "pFedHN"))
+    cells = [c.strip() for c in row.split("|")[1:-1]]
+    delivered, adapted = np.mean(ours[0][0]) * 100, np.mean(ours[0][1]) * 100
+    assert cells[3:8] == [f"{delivered:.2f}", f"{adapted:.2f}", "94.83", "\u22124.16",
+                          f"{adapted - 94.83:+.2f}".replace("-", "\u2212")]
+    assert round(delivered, 1) - 94.83 == pytest.approx(-4.13)  # what a rounded mean would have printed
+    differences = (np.array(ours[0][1]) - np.array(local[0])) * 100
+    assert cells[9] == (f"{differences.mean():+.2f} ± {differences.std(ddof=1) / np.sqrt(3):.2f} (3 up, 0 down)"
+                        .replace("-", "\u2212"))
+    assert local_row.split("|")[6].strip() == "–" and local_row.split("|")[10].strip() == "–"  # no paper, no − Local
+
+    both = column_table.table([tmp_path / "seed0", tmp_path / "seed1"], references).splitlines()
+    cells = [c.strip() for c in next(line for line in both if line.startswith("| pFedHN |")).split("|")[1:-1]]
+    per_seed = [np.mean(ours[s][1]) * 100 for s in (0, 1)]
+    assert cells[2] == "0, 1" and cells[1] == "`seed0` / `seed1`"
+    assert cells[4] == f"{np.mean(per_seed):.2f} ± {np.std(per_seed, ddof=1):.2f} (seeds {per_seed[0]:.2f} / {per_seed[1]:.2f})"
+    assert cells[7] == (f"{np.mean(per_seed) - 94.83:+.2f} (seeds {per_seed[0] - 94.83:+.2f} / {per_seed[1] - 94.83:+.2f})"
+                        .replace("-", "\u2212"))
+    pooled = np.concatenate([(np.array(ours[s][1]) - np.array(local[s])) * 100 for s in (0, 1)])
+    seeds = [((np.array(ours[s][1]) - np.array(local[s])) * 100).mean() for s in (0, 1)]
+    assert cells[9].startswith(f"{pooled.mean():+.2f} ± {pooled.std(ddof=1) / np.sqrt(6):.2f} (")
+    assert cells[9].endswith(f"; over seeds {np.mean(seeds):+.2f} ± {np.std(seeds, ddof=1):.2f} SD".replace("-", "\u2212"))
 
 
 BRANCH_SPEC = """

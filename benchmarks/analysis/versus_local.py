@@ -65,7 +65,7 @@ def departures(cell: dict, local: dict | None) -> str:
     """The hyperparameters that differ from the algorithm's current defaults, and the budget fields
     that differ from Local's cell."""
     defaults = current_defaults(cell["algorithm"])   # as the report's row labels print them
-    changed = [f"{k}={v}" for k, v in sorted(cell.get("hp", {}).items())
+    changed = [f"{k}={_printed(v)}" for k, v in sorted(cell.get("hp", {}).items())
                if f"hp.{k}" in defaults and defaults[f"hp.{k}"] != _printed(v)]
     if local is not None:
         changed += [f"{k}={cell.get(k)}" for k in BUDGET if cell.get(k) != local.get(k)]
