@@ -27,6 +27,13 @@ Attempts: the runner opens each attempt of a cell (`open`) before starting it an
 (`close`) before recording its result. The keeper writes (or sets aside) only for the cell's open
 attempt: a late write from a lost attempt (a call still in flight when its worker died, a worker cut
 off from the cluster) can neither replace a newer round nor leave a checkpoint behind a finished cell.
+
+A sweep's trials (pflbench/sweep.py) keep theirs in the same keeper, started by `pflbench sweep` on its
+driver's node over `<sweep folder>/checkpoints/`, by trial id. Ray Tune, not the driver's code, restarts
+a trial whose worker or node was lost, so each start of a trial opens its own attempt (`begin`): the
+latest start owns the trial's checkpoint, and an earlier, lost one's late write is refused the same way.
+A trial's id is not its cell's hash (two trials may sample the same values), so `begin` names the hash
+its checkpoints must carry.
 """
 from __future__ import annotations
 
@@ -47,7 +54,9 @@ class CheckpointKeeper:
     def __init__(self, store_root: str):
         self.root = Path(store_root)
         self.host = socket.gethostname()
-        self.attempts: dict[str, int] = {}  # cell hash -> the attempt allowed to write
+        self.attempts: dict[str, int] = {}  # cell hash (or trial id) -> the attempt allowed to write
+        self.begun: dict[str, int] = {}  # trial id -> the last attempt `begin` opened
+        self.cells: dict[str, str] = {}  # trial id -> the cell hash its checkpoints carry (a cell's key is its hash)
 
     def _file(self, key: str) -> CheckpointFile:
         return CheckpointFile(self.root / key / CHECKPOINT, self.root / SET_ASIDE)
@@ -61,6 +70,14 @@ class CheckpointKeeper:
     def open(self, key: str, attempt: int) -> None:
         self.attempts[key] = attempt
 
+    def begin(self, key: str, cell: str) -> int:
+        """Open the next attempt of `key` (a sweep's trial, module doc), whose checkpoints carry cell hash
+        `cell`, and return its number: from now on only this attempt writes `key`'s checkpoint."""
+        attempt = self.begun[key] = self.begun.get(key, -1) + 1
+        self.cells[key] = cell
+        self.open(key, attempt)
+        return attempt
+
     def close(self, key: str) -> None:
         self.attempts.pop(key, None)
 
@@ -73,8 +90,9 @@ class CheckpointKeeper:
             header, _ = verify_checkpoint(data)
         except CheckpointProblem as problem:
             raise CheckpointProblem(f"checkpoint of cell {key} arrived {problem}; nothing written") from None
-        if header.get("hash") != key:
-            raise CheckpointProblem(f"a checkpoint of cell {header.get('hash')} sent as cell {key}'s; nothing written")
+        if header.get("hash") != self.cells.get(key, key):
+            sent_as = f"trial {key}'s (cell {self.cells[key]})" if key in self.cells else f"cell {key}'s"
+            raise CheckpointProblem(f"a checkpoint of cell {header.get('hash')} sent as {sent_as}; nothing written")
         self._file(key).write(data)
 
     def keep(self, key: str, attempt: int, rnd: int, data: bytes) -> str:

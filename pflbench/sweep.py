@@ -17,11 +17,26 @@ and ASHA early stopping on rounds, on the clients' validation splits only.
 - ASHA (`time_attr="round"`) stops poor trials early; the best trial is the one with the highest
   final validation accuracy among those that ran every round.
 
-Written: `<results>/sweeps/<algo>-<base hash>-<time>/` (sweep.json: settings, space, every trial's
-outcome and the best; trials.parquet: every reported (trial, round, val_accuracy); ray/: Tune's own
-files) and the best configuration `<out>/<algo>.yaml` (default benchmarks/tuned/), which a spec uses
-with `tuned: true` (benchmarks/README.md). Tuning runs are kept apart from benchmark results: they
-never evaluated the test split, so they must not be taken for (or resume) a benchmark cell.
+Checkpoints (issue 60): a trial writes round checkpoints by the `--checkpoint-every/-minutes` policy
+through the driver's checkpoint keeper (pflbench/checkpoint_relay.py: the actor `pflbench run` uses for
+its cells, started by the sweep on its driver's node), into `<sweep folder>/checkpoints/<trial id>/`
+on the driver's disk, never on the worker's. A trial Tune restarts after its worker or node was lost
+(`--retries` times) resumes from its last checkpoint wherever it lands, bit for bit (the same
+validation accuracy at every round as an uninterrupted trial), and its outcome says "resumed at round
+R"; a resumed trial reports again, from its checkpoint, the rounds up to it (`TrialCheckpointer`).
+A sweep whose driver stopped (killed, preempted, or every retry of a trial spent) is continued by
+the same command with `--resume <sweep folder>` (Tune restores its trials, sampler and scheduler;
+unfinished and errored trials restart under their ids and resume from their checkpoints). A trial's
+checkpoint is removed when it completes, diverges or ASHA stops it (`--keep-checkpoints` keeps them),
+and kept while it can still be resumed.
+
+Written: `<results>/sweeps/<algo>-<base hash>-<time>/` (settings.json: what `--resume` checks;
+sweep.json: settings, space, every trial's outcome and the best; trials.parquet: every reported
+(trial, round, val_accuracy, val_loss: the clients' mean), once per round; checkpoints/: the trials'
+checkpoints while they can be resumed; ray/: Tune's own files) and the best configuration
+`<out>/<algo>.yaml` (default benchmarks/tuned/), which a spec uses with `tuned: true`
+(benchmarks/README.md). Tuning runs are kept apart from benchmark results: they never evaluated the
+test split, so they must not be taken for (or resume) a benchmark cell.
 """
 from __future__ import annotations
 
@@ -29,12 +44,14 @@ import datetime
 import json
 import math
 import os
+import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import yaml
 
+from pflbench.checkpoint import Checkpointer
 from pflbench.config import CellConfig, cell_hash
 from pflbench.execution import ExecutionOptions
 from pflbench.spec import Resources, load_spec, resolve_cell, tuned_path
@@ -63,12 +80,14 @@ class SweepOptions:
     data_root: Path | None = None
     mirror: Path | None = None
     execution: ExecutionOptions = ExecutionOptions()  # how trials run (device None: cuda for cells given GPUs)
-    # Round checkpoints of the trials (pflbench/checkpoint.py) in <sweep folder>/checkpoints/<trial>/:
-    # a trial whose worker is lost is rerun by Tune up to `retries` times and resumes from its checkpoint.
+    # Round checkpoints of the trials (pflbench/checkpoint.py), kept by the driver's keeper in <sweep
+    # folder>/checkpoints/<trial id>/: a trial whose worker or node is lost is rerun by Tune up to
+    # `retries` times and resumes from its checkpoint.
     checkpoint_every: int = 0
     checkpoint_minutes: float = 5.0
     keep_checkpoints: bool = False
     retries: int = 2
+    resume: Path | None = None  # a sweep folder to continue (module doc) instead of starting a new sweep
 
 
 @dataclass
@@ -161,11 +180,18 @@ def trial_cell(base: CellConfig, config: dict) -> CellConfig:
 
 # ---- one trial (a Ray Tune function trainable) ---------------------------------------------------
 
+CHECKPOINTS = "checkpoints"  # <sweep folder>/checkpoints/<trial id>/checkpoint.pt, kept by the driver's keeper
+SETTINGS = "settings.json"
+
+
 def run_trial(config: dict, *, base: dict, cpus: float, data_root: str | None, mirror: str | None,
-              execution: ExecutionOptions, checkpoints: dict | None = None, plugins: tuple = ()) -> None:
+              execution: ExecutionOptions, checkpoints: dict | None = None, keeper=None, plugins: tuple = ()) -> None:
     """Run the base cell with the trial's values, validation split only, reporting
-    {round, val_accuracy} to Tune at every evaluated round (ASHA may stop it there). `checkpoints`:
-    {folder, every, minutes, keep}: the trial's round checkpoints, resumed from when Tune retries it."""
+    {round, val_accuracy, val_loss} to Tune at every evaluated round (ASHA may stop it there).
+    `checkpoints`: {folder, every, minutes, keep}: the trial's round checkpoints, resumed from when Tune
+    restarts it; kept through `keeper` (the driver's CheckpointKeeper actor, pflbench/checkpoint_relay.py)
+    under the trial's id, or, without one, in `folder/<trial id>/` on this machine (a trial run outside
+    a sweep). A resumed trial first reports again what it reported up to its checkpoint (`TrialCheckpointer`)."""
     import torch
     from ray import tune
 
@@ -175,31 +201,101 @@ def run_trial(config: dict, *, base: dict, cpus: float, data_root: str | None, m
     activate(plugins)  # the user's plugins, in this Ray worker, before the trial's cell is resolved
     cell = trial_cell(CellConfig(**base), config)
     torch.set_num_threads(execution.threads or max(1, int(cpus)))
-    reported = []
+    reports: list[dict] = []  # what this trial reported, round by round (a resumed one: from round 1)
+    notes: list[str] = []
+    checkpointer = None
 
     def report(info: dict) -> None:
         rnd = info["round"]
         if (rnd % cell.eval_every == 0 or rnd == cell.rounds) and info.get("mean_val_accuracy") is not None:
-            reported.append(rnd)
-            tune.report({"round": rnd, METRIC: info["mean_val_accuracy"], "status": "running"})
+            losses = [row["val_loss"] for row in info.get("client_rows", ()) if row.get("val_loss") is not None]
+            reports.append({"round": rnd, METRIC: info["mean_val_accuracy"],
+                            "val_loss": sum(losses) / len(losses) if losses else None})
+            tune.report({**reports[-1], "status": "running", **progress()})
 
-    checkpointer = None
+    def replay(earlier: list[dict]) -> None:
+        reports.extend(earlier)
+        for metrics in earlier:
+            tune.report({**metrics, "status": "running", **progress()})
+
+    def progress() -> dict:
+        resumed = checkpointer.resumed_from if checkpointer is not None else None
+        return {"resumed_from_round": -1 if resumed is None else resumed, "notes": "; ".join(notes)}
+
     if checkpoints is not None:
-        from pflbench.checkpoint import CheckpointPolicy, Checkpointer
+        from pflbench.checkpoint import CheckpointPolicy
+        from pflbench.store import SET_ASIDE
 
-        trial = Path(checkpoints["folder"]) / tune.get_context().get_trial_id()
-        checkpointer = Checkpointer(trial, cell, CheckpointPolicy(checkpoints["every"], checkpoints["minutes"]),
-                                    set_aside_dir=Path(checkpoints["folder"]) / "_set_aside")
+        trial = tune.get_context().get_trial_id()
+        folder = Path(checkpoints["folder"])
+        files = None
+        if keeper is not None:  # this start of the trial owns its checkpoint from now on
+            import ray
+
+            from pflbench.checkpoint_relay import RelayedCheckpointFile
+
+            files = RelayedCheckpointFile(keeper, trial, ray.get(keeper.begin.remote(trial, cell_hash(cell))))
+        checkpointer = TrialCheckpointer(folder / trial, cell, CheckpointPolicy(checkpoints["every"],
+                                                                                 checkpoints["minutes"]),
+                                         set_aside_dir=folder / SET_ASIDE, note=notes.append, files=files,
+                                         reports=reports, replay=replay)
     result = run_cell(cell, data_root=data_root, mirror=mirror, execution=execution, on_round=report,
                       evaluate=("val",), checkpointer=checkpointer)
     if checkpointer is not None and not checkpoints["keep"]:
         checkpointer.remove()
     if result.status != "finished":  # diverged: the worst objective, at the round it happened
-        rnd = result.summary.get("diverged_round") or (reported[-1] if reported else 1)
-        tune.report({"round": rnd, METRIC: 0.0, "status": result.status, "error": result.error or ""})
+        rnd = result.summary.get("diverged_round") or (reports[-1]["round"] if reports else 1)
+        tune.report({"round": rnd, METRIC: 0.0, "status": result.status, "error": result.error or "", **progress()})
+
+
+class TrialCheckpointer(Checkpointer):
+    """A trial's Checkpointer: each checkpoint also carries what the trial reported to Tune so far
+    (`reports`, beside the round loop's records), and a trial resumed from one hands those to `replay`
+    first, so Tune holds every round of it, exactly as reported: Tune's own records of them may be lost
+    (a sweep continued with --resume after its driver was killed restores Tune's last saved state).
+    Tune's scheduler takes a round it has seen again as seen (ASHA records a trial once per rung);
+    `finish_sweep` keeps one row per round."""
+    REPORTS = "sweep_reports"
+
+    def __init__(self, *args, reports: list, replay: Callable[[list], None], **kwargs):
+        super().__init__(*args, **kwargs)
+        self.reports, self.replay = reports, replay
+
+    def after_round(self, rnd, fed, algorithm, loop, elapsed):
+        super().after_round(rnd, fed, algorithm, {**loop, self.REPORTS: list(self.reports)}, elapsed)
+
+    def resume(self, fed, algorithm, provenance=None):
+        resumed = super().resume(fed, algorithm, provenance)
+        if resumed is not None:
+            self.replay(resumed.loop.get(self.REPORTS, []))
+        return resumed
 
 
 # ---- the sweep ----------------------------------------------------------------------------------
+
+def sweep_folder(algorithm: str, base: CellConfig, options: SweepOptions) -> Path:
+    """A new sweep's folder, or the one `options.resume` names (checked: a sweep of this algorithm and
+    base cell that Tune can restore)."""
+    if options.resume is None:
+        stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+        return (Path(options.results) / "sweeps" / f"{algorithm}-{cell_hash(base)}-{stamp}").resolve()
+    from ray import tune
+
+    folder = Path(options.resume).resolve()
+    settings_file = folder / SETTINGS
+    if not settings_file.is_file():
+        raise SweepError(f"--resume {options.resume}: not a sweep folder (no {SETTINGS}; a sweep's folder is "
+                         f"<results>/sweeps/<algo>-<base hash>-<time>/)")
+    settings = json.loads(settings_file.read_text())
+    if settings.get("algorithm") != algorithm or settings.get("base_hash") != cell_hash(base):
+        raise SweepError(f"--resume {options.resume}: a sweep of {settings.get('algorithm')} on base cell "
+                         f"{settings.get('base_hash')}, not of {algorithm} on base cell {cell_hash(base)}: "
+                         f"give the command that started it (the same --algo, --spec, --set, --scale and shortcuts)")
+    if not tune.Tuner.can_restore(str(folder / "ray")):
+        raise SweepError(f"--resume {options.resume}: Ray Tune saved no state there to continue from "
+                         f"(the sweep stopped before its first trial started); start it again without --resume")
+    return folder
+
 
 def run_sweep(algorithm: str, base: CellConfig, resources: Resources, options: SweepOptions = SweepOptions(),
               log=print) -> SweepResult:
@@ -208,6 +304,7 @@ def run_sweep(algorithm: str, base: CellConfig, resources: Resources, options: S
     from ray.tune.schedulers import ASHAScheduler
     from ray.tune.search.optuna import OptunaSearch
 
+    from pflbench.checkpoint_relay import start_keeper
     from pflbench.data import data_mirror, data_root
     from pflbench.ray_cluster import ClusterError, connect_ray
     from pflbench.rounds import prepare_cell
@@ -217,74 +314,122 @@ def run_sweep(algorithm: str, base: CellConfig, resources: Resources, options: S
         raise SweepError("--trials must be at least 1")
     space = search_space(algorithm, base, options.tune_lr)
     options = replace(options, data_root=data_root(options.data_root), mirror=data_mirror(options.mirror))
+    folder = sweep_folder(algorithm, base, options)
     prepare_cell(base, options.data_root, options.mirror)  # the dataset and partition, once, before any trial
-    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    folder = (Path(options.results) / "sweeps" / f"{algorithm}-{cell_hash(base)}-{stamp}").resolve()
-    folder.mkdir(parents=True, exist_ok=True)
+    if options.resume is not None:  # the sweep's own budget, sampler and scheduler, as Tune restores them
+        settings = json.loads((folder / SETTINGS).read_text())
+        options = replace(options, trials=settings["trials"], seed=settings["seed"],
+                          reduction_factor=settings["reduction_factor"])
+        grace = settings["grace_rounds"]
+        space = {name: tuple(entry) for name, entry in settings["search_space"].items()}
+        log(f"sweep {algorithm}: resuming {folder} ({options.trials} trials; its unfinished and errored trials "
+            f"continue from their checkpoints)")
+    else:
+        folder.mkdir(parents=True, exist_ok=True)
+        grace = options.grace_rounds or max(base.eval_every, base.rounds // 4)  # at least one evaluation first
+        write_json(folder / SETTINGS, {"algorithm": algorithm, "base_hash": cell_hash(base), "trials": options.trials,
+                                       "seed": options.seed, "grace_rounds": grace,
+                                       "reduction_factor": options.reduction_factor,
+                                       "search_space": {k: list(v) for k, v in space.items()}})
+        log(f"sweep {algorithm}: {options.trials} trials of {base.rounds} rounds on {base.dataset} "
+            f"{base.partition} {base.clients} clients (base cell {cell_hash(base)}); objective: mean client "
+            f"validation accuracy; ASHA grace {grace} rounds; space: "
+            + ", ".join(f"{k}={v[0]}{list(v[1:])}" for k, v in space.items()))
     execution = options.execution.on("cuda" if resources.gpus > 0 else "cpu")
-    grace = options.grace_rounds or max(base.eval_every, base.rounds // 4)  # at least one evaluation first
-    log(f"sweep {algorithm}: {options.trials} trials of {base.rounds} rounds on {base.dataset} "
-        f"{base.partition} {base.clients} clients (base cell {cell_hash(base)}); objective: mean client "
-        f"validation accuracy; ASHA grace {grace} rounds; space: "
-        + ", ".join(f"{k}={v[0]}{list(v[1:])}" for k, v in space.items()))
 
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     try:  # a wrong address fails within seconds, with the run command's message
         owned = connect_ray(options.ray_address, options.workers, resources.cpus)
     except ClusterError as error:
         raise SweepError(str(error)) from None
+    keeper = None
     try:
         if resources.gpus > 0 and not ray.cluster_resources().get("GPU", 0):
             raise SweepError(f"the base spec asks for {resources.gpus:g} GPU per cell but Ray has none; "
                              f"use --set resources.gpus=0")
+        keeper = start_keeper(folder / CHECKPOINTS)  # on this (the driver's) node: a lost node loses no checkpoint
         trainable = tune.with_resources(
             tune.with_parameters(run_trial, base=base.model_dump(mode="json"), cpus=resources.cpus,
                                  data_root=str(options.data_root), mirror=str(options.mirror) if options.mirror else None,
                                  execution=execution,
-                                 checkpoints={"folder": str(folder / "checkpoints"), "every": options.checkpoint_every,
+                                 checkpoints={"folder": str(folder / CHECKPOINTS), "every": options.checkpoint_every,
                                               "minutes": options.checkpoint_minutes, "keep": options.keep_checkpoints},
-                                 plugins=sources_for([base])),
+                                 keeper=keeper, plugins=sources_for([base])),
             {"cpu": resources.cpus, "gpu": resources.gpus})
-        tuner = tune.Tuner(
-            trainable,
-            param_space=tune_space(space),
-            tune_config=tune.TuneConfig(
-                metric=METRIC, mode="max", num_samples=options.trials, max_concurrent_trials=options.workers,
-                search_alg=OptunaSearch(seed=options.seed),
-                scheduler=ASHAScheduler(time_attr="round", max_t=base.rounds, grace_period=min(grace, base.rounds),
-                                        reduction_factor=options.reduction_factor)),
-            run_config=tune.RunConfig(name="ray", storage_path=str(folder), verbose=0,
-                                      failure_config=tune.FailureConfig(max_failures=options.retries)))
-        grid = tuner.fit()
+        if options.resume is not None:
+            tuner = tune.Tuner.restore(str(folder / "ray"), trainable, resume_unfinished=True, resume_errored=True)
+        else:
+            tuner = tune.Tuner(
+                trainable,
+                param_space=tune_space(space),
+                tune_config=tune.TuneConfig(
+                    metric=METRIC, mode="max", num_samples=options.trials, max_concurrent_trials=options.workers,
+                    search_alg=OptunaSearch(seed=options.seed),
+                    scheduler=ASHAScheduler(time_attr="round", max_t=base.rounds, grace_period=min(grace, base.rounds),
+                                            reduction_factor=options.reduction_factor)),
+                run_config=tune.RunConfig(name="ray", storage_path=str(folder), verbose=0,
+                                          failure_config=tune.FailureConfig(max_failures=options.retries)))
+        with warnings.catch_warnings():  # a restarted trial's iterations count from 1 again: Optuna says so per step
+            warnings.filterwarnings("ignore", message="The reported value is ignored because this `step=")
+            grid = tuner.fit()
     finally:
+        if keeper is not None and not owned:  # a Ray instance that outlives the sweep (a test's) keeps no keeper
+            ray.kill(keeper)
         if owned:
             ray.shutdown()
     return finish_sweep(algorithm, base, space, options, folder, grid, grace, log)
 
 
+def trial_states(grid) -> dict[str, str]:
+    """Tune's last status of each trial, by trial id (TERMINATED; ERROR; PENDING or RUNNING where the
+    sweep was interrupted); empty where this Ray version does not say."""
+    try:
+        return {trial.trial_id: str(trial.status) for trial in grid._experiment_analysis.trials}
+    except AttributeError:
+        return {}
+
+
 def finish_sweep(algorithm, base, space, options, folder, grid, grace, log) -> SweepResult:
     import pandas as pd
 
-    if not options.keep_checkpoints:  # trials stopped early by ASHA leave theirs (set-aside ones are kept)
-        for path in (folder / "checkpoints").glob("*/checkpoint.pt"):
-            path.unlink(missing_ok=True)
-    trials, rows = [], []
+    states = trial_states(grid)
+    trials, rows, resumable = [], [], []
     for i, result in enumerate(grid):
         history = result.metrics_dataframe if result.metrics_dataframe is not None else pd.DataFrame()
         last = result.metrics or {}
+        trial_id = last.get("trial_id") or (result.config or {}).get("trial_id")
         status = last.get("status", "running")
         if result.error is not None:
             status = "error"
+        elif states.get(trial_id, "TERMINATED") not in ("TERMINATED", "ERROR"):
+            status = "interrupted"
         values = trial_values({k: v for k, v in (result.config or {}).items()})
         rounds = int(last.get("round", 0) or 0)
         if status == "running":
             status = "completed" if rounds >= base.rounds else "stopped early"
-        trials.append({"trial": i, "values": values, "status": status, "rounds": rounds,
-                       METRIC: last.get(METRIC), "error": str(result.error).strip().splitlines()[-1]
+        resumed = (sorted({int(r) for r in history["resumed_from_round"].dropna() if r >= 0})
+                   if "resumed_from_round" in history else [])
+        trials.append({"trial": i, "trial_id": trial_id, "values": values, "status": status, "rounds": rounds,
+                       METRIC: last.get(METRIC), "resumed_at_rounds": resumed,
+                       "error": str(result.error).strip().splitlines()[-1]
                        if result.error is not None else last.get("error") or None})
+        for rnd in resumed:
+            log(f"trial {i} ({trial_id}): resumed at round {rnd} of {base.rounds} from its checkpoint")
+        checkpoint = folder / CHECKPOINTS / str(trial_id) / "checkpoint.pt"
+        if status in ("error", "interrupted"):  # `--resume` continues it from there
+            if checkpoint.exists():
+                resumable.append(trial_id)
+        elif not options.keep_checkpoints:  # ASHA stopped it (a finished trial removed its own)
+            checkpoint.unlink(missing_ok=True)
+            if checkpoint.parent.is_dir() and not any(checkpoint.parent.iterdir()):
+                checkpoint.parent.rmdir()
+        # A round reported again after a resume (evaluated after the checkpoint it resumed from) is the same row.
+        seen = {}
         for _, row in history.iterrows() if len(history) else []:
-            rows.append({"trial": i, "round": int(row["round"]), METRIC: float(row[METRIC]),
-                         **{f"param.{k}": v for k, v in _flat(values).items()}})
+            seen[int(row["round"])] = {"trial": i, "round": int(row["round"]), METRIC: float(row[METRIC]),
+                                       "val_loss": float(row["val_loss"]) if "val_loss" in row else math.nan,
+                                       **{f"param.{k}": v for k, v in _flat(values).items()}}
+        rows.extend(seen[rnd] for rnd in sorted(seen))
     atomic_write(folder / "trials.parquet", lambda tmp: pd.DataFrame(rows).to_parquet(tmp, index=False))
     completed = [t for t in trials if t["status"] == "completed" and t[METRIC] is not None]
     best = max(completed, key=lambda t: (t[METRIC], -t["trial"]), default=None)
@@ -298,12 +443,18 @@ def finish_sweep(algorithm, base, space, options, folder, grid, grace, log) -> S
         "outcomes": trials, "best": best,
     }
     write_json(folder / "sweep.json", summary)
-    counts = {s: sum(t["status"] == s for t in trials) for s in ("completed", "stopped early", "diverged", "error")}
+    counts = {s: sum(t["status"] == s for t in trials)
+              for s in ("completed", "stopped early", "diverged", "error", "interrupted")}
     log(f"{len(trials)} trials: " + ", ".join(f"{n} {s}" for s, n in counts.items() if n) + f"; results in {folder}")
+    if resumable:
+        log(f"{len(resumable)} trials did not end and keep their checkpoints ({', '.join(resumable)}): "
+            f"the same command with --resume {folder} continues them")
     if best is None:
         errors = sorted({t["error"] for t in trials if t["error"]})
         raise SweepError(f"no trial of {algorithm} ran every round"
-                         + (f"; errors: {'; '.join(errors)[:2000]}" if errors else "") + f" (see {folder})")
+                         + (f"; errors: {'; '.join(errors)[:2000]}" if errors else "") + f" (see {folder}"
+                         + (f"; --resume {folder} continues its trials from their checkpoints" if resumable else "")
+                         + ")")
     log(f"best: trial {best['trial']}, validation accuracy {best[METRIC]:.2%}, {_describe(best['values'])}")
     tuned_file = None
     if options.out is not None:

@@ -328,9 +328,14 @@ def test_a_sweep_trial_writes_checkpoints_and_a_retried_trial_resumes_from_them(
                   checkpoints={"folder": str(folder), "every": 2, "minutes": 0, "keep": True})
     run_trial({"lr": 0.03}, **kwargs)
     assert read_header(folder / "trial_1" / CHECKPOINT)["round"] == 2
-    first = [r["round"] for r in reports]
+    first = list(reports)
     reports.clear()
     run_trial({"lr": 0.03}, **kwargs)
-    assert first == [1, 2, 3, 4] and [r["round"] for r in reports] == [3, 4]
+    assert [r["round"] for r in first] == [1, 2, 3, 4] and [r["resumed_from_round"] for r in first] == [-1] * 4
+    # Resumed at round 2: the rounds up to the checkpoint reported again from it (Tune's records of them
+    # may be lost with a killed driver), then rounds 3 and 4, computed anew; all as the first run's.
+    assert [r["round"] for r in reports] == [1, 2, 3, 4] and [r["resumed_from_round"] for r in reports] == [2] * 4
+    for column in ("round", "val_accuracy", "val_loss"):
+        assert [r[column] for r in reports] == [r[column] for r in first]
     run_trial({"lr": 0.03}, **{**kwargs, "checkpoints": {**kwargs["checkpoints"], "keep": False}})
     assert not (folder / "trial_1" / CHECKPOINT).exists()

@@ -22,6 +22,13 @@ the veth pair with them: the test kills both namespaces in `finally`, removes th
 never moved, and every wait is bounded. Skipped where namespaces cannot be made (not root, no `ip`
 or `unshare`). Ray's command line runs as `python -m ray.scripts.scripts` with this interpreter, so
 both nodes' workers run this checkout's code.
+
+The same cluster runs a sweep (issue 60, part 4): `pflbench sweep` of the gated FedAvg, four trials at
+once (one CPU each: two on each node), no early stopping. The worker node's two trials stop at the gate
+with their checkpoints of round GATE_ROUND - 1 kept by the sweep's keeper in the driver's sweep folder;
+the node is killed, Tune restarts the lost trials on the head and they resume there from the driver's
+copies ("resumed at round 2 of 5"); every trial reports, round by round, the validation accuracy and
+loss an uninterrupted trial of its values reports in this process, bit for bit.
 """
 from __future__ import annotations
 
@@ -35,6 +42,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -53,10 +61,12 @@ VOLATILE = RUN_RECORD_KEYS | {"train_time_total", "server_time_total", "eval_tim
 
 GATED_AVG = '''
 """FedAvg that, on the node named pfl-worker, stops at the start of round {gate_round} (bounded) after
-writing {gate}/waiting-<seed>-<pid>; every round it runs is traced to {gate}/trace-<host>.txt."""
+writing {gate}/waiting-<key>-<pid> (key: the cell's {ident}); every round it runs is traced to
+{gate}/trace-<host>.txt."""
 import os
 import socket
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from pflbench.algorithm import ALGORITHMS
@@ -68,7 +78,7 @@ GATE = Path({gate!r})
 @ALGORITHMS.register("gated-fedavg")
 class GatedFedAvg(FedAvg):
     def configure(self, rnd):
-        host, seed = socket.gethostname(), self.fed.cell.seed
+        host, seed = socket.gethostname(), {ident}
         if host.startswith("pfl-"):
             with open(GATE / f"trace-{{host}}.txt", "a") as trace:
                 trace.write(f"{{seed}} {{rnd.number}} {{os.getpid()}}\\n")
@@ -100,7 +110,7 @@ HEAD_SCRIPT = COMMON + """
 touch "$LOGS/head-ready"
 for i in $(seq 1200); do [ -e "$LOGS/go" ] && break; sleep 0.1; done
 set +e
-"$PYTHON" -m pflbench.cli run "$SPEC" --ray-address "$IP:$PORT" --results "$STORE" --root "$DATA" \\
+"$PYTHON" -m pflbench.cli $DRIVER --ray-address "$IP:$PORT" --results "$STORE" --root "$DATA" \\
     --checkpoint-every 1 --checkpoint-minutes 0 > "$LOGS/run.log" 2>&1
 code=$?
 "$PYTHON" -m ray.scripts.scripts stop --force > "$LOGS/head-stop.log" 2>&1
@@ -177,34 +187,35 @@ def kill_node(unshare: subprocess.Popen) -> dict[int, str]:
     return victims
 
 
-def test_a_node_lost_mid_matrix_loses_nothing(tmp_path, monkeypatch):
-    why = namespaces_unavailable()
-    if why:
-        pytest.skip(why)
-    from pflbench.checkpoint import read_checkpoint
-    from pflbench.cli import main
-    from pflbench.spec import load_spec
-    from pflbench.store import Store
+@dataclass
+class LostNodeRun:
+    """What `run_and_lose_the_worker_node` saw: the driver's exit status, the gate's files when the node
+    was killed (`waiting`), what `at_kill` read from the head's store just before, the processes killed."""
+    code: int | None
+    seconds: float
+    moments: dict
+    waiting: list
+    at_kill: object
+    killed: dict
+    leftovers: list
+    nodes: list
+    run_log: str
+    logs_text: str
 
-    logs, gate, store, data = (tmp_path / name for name in ("logs", "gate", "store", "data"))
-    for folder in (logs, gate, store, data):
-        folder.mkdir()
-    plugin = tmp_path / "gated_avg.py"
-    plugin.write_text(GATED_AVG.format(gate=str(gate), gate_round=GATE_ROUND, wait=DEADLINE))
-    spec = tmp_path / "multinode.yaml"
-    spec.write_text(yaml.safe_dump({
-        "name": "multinode", "plugins": [str(plugin)],
-        "matrix": {"algorithm": ["gated-fedavg"], "dataset": ["synthetic"], "seed": SEEDS},
-        "defaults": {"rounds": ROUNDS, "clients": 3, "local_epochs": 1, "eval_every": 1,
-                     "dataset_options": {"num_samples": 300}},
-        "resources": {"cpus": 1}}))
+
+def run_and_lose_the_worker_node(tmp_path: Path, driver: str, ready, at_kill) -> LostNodeRun:
+    """Start the two nodes; run `pflbench <driver> --ray-address HEAD --results STORE --root DATA
+    --checkpoint-every 1 --checkpoint-minutes 0` on the head; when `ready()` returns the gate's waiting
+    files (the worker node's work at the gate, the rest finished), call `at_kill()` and kill -9 every
+    process of the worker node; wait for the driver to end; take both namespaces down."""
+    logs, store, data = (tmp_path / name for name in ("logs", "store", "data"))
     tag = secrets.token_hex(3)
     veth_head, veth_worker = f"pflh{tag}", f"pflw{tag}"
     ray_dirs = [Path(tempfile.mkdtemp(prefix=f"pflmn{tag}{node}-", dir="/tmp")) for node in "hw"]  # short: unix sockets
     home = tmp_path / "home"  # no Ray token: this cluster asks for none
     home.mkdir()
     env = {key: value for key, value in os.environ.items() if not key.startswith("RAY_")}
-    env.update(HOME=str(home), PYTHON=sys.executable, PORT="6379", LOGS=str(logs), SPEC=str(spec),
+    env.update(HOME=str(home), PYTHON=sys.executable, PORT="6379", LOGS=str(logs), DRIVER=driver,
                STORE=str(store), DATA=str(data), HEAD_IP=HEAD_IP, RAY_USAGE_STATS_ENABLED="0",
                PFLBENCH_DATA_MIRROR=str(tmp_path / "no-mirror"), OMP_NUM_THREADS="1",
                PYTHONPATH=str(Path(__file__).resolve().parents[1]),
@@ -218,6 +229,7 @@ def test_a_node_lost_mid_matrix_loses_nothing(tmp_path, monkeypatch):
     killed: dict[int, str] = {}
     waiting: list[Path] = []
     moments: dict[str, float] = {}
+    inspected = None
     code = None
     try:
         for name, script, ip, peer, veth, ray_dir in (
@@ -233,31 +245,22 @@ def test_a_node_lost_mid_matrix_loses_nothing(tmp_path, monkeypatch):
         subprocess.run(["ip", "link", "add", veth_head, "type", "veth", "peer", "name", veth_worker], check=True)
         subprocess.run(["ip", "link", "set", veth_head, "netns", str(nodes[0].pid)], check=True)
         subprocess.run(["ip", "link", "set", veth_worker, "netns", str(nodes[1].pid)], check=True)
-        ready = [logs / "head-ready", logs / "worker-ready"]
-        wait_until(lambda: all(p.exists() for p in ready) or any(n.poll() is not None for n in nodes),
+        up = [logs / "head-ready", logs / "worker-ready"]
+        wait_until(lambda: all(p.exists() for p in up) or any(n.poll() is not None for n in nodes),
                    "both nodes", deadline)
-        assert all(p.exists() for p in ready), "a node did not start"
+        assert all(p.exists() for p in up), "a node did not start"
         (logs / "go").touch()
         moments = {"nodes up": time.monotonic() - started}
 
-        # Every other cell finished on the head, the worker node's cells waiting at the gate: kill the node.
-        def worker_cells_stuck():
-            stuck = sorted(gate.glob("waiting-*"))
-            finished = [p for p in store.glob("*/summary.json")]
-            return stuck if stuck and len(stuck) + len(finished) == len(SEEDS) else None
-
-        waiting = wait_until(lambda: worker_cells_stuck() or nodes[0].poll() is not None, "cells at the gate",
-                             deadline)
-        assert waiting is not True and nodes[0].poll() is None, "the run ended before any cell reached the gate"
-        checkpoints = {}
-        for path in store.glob("*/checkpoint.pt"):
-            header, payload = read_checkpoint(path)  # whole: header, size, checksum, payload
-            checkpoints[path.parent.name] = (header["host"], header["round"], payload["round"])
-        moments["cells at the gate"] = time.monotonic() - started
+        # Every other cell or trial finished on the head, the worker node's waiting at the gate: kill the node.
+        waiting = wait_until(lambda: ready() or nodes[0].poll() is not None, "work at the gate", deadline)
+        assert waiting is not True and nodes[0].poll() is None, "the driver ended before anything reached the gate"
+        inspected = at_kill()
+        moments["at the gate"] = time.monotonic() - started
         killed = kill_node(nodes[1])
         moments["node killed"] = time.monotonic() - started
         code = nodes[0].wait(timeout=max(1.0, deadline - time.monotonic()))
-        moments["run ended"] = time.monotonic() - started
+        moments["driver ended"] = time.monotonic() - started
     finally:
         for node in nodes:
             if node.poll() is None:
@@ -278,18 +281,75 @@ def test_a_node_lost_mid_matrix_loses_nothing(tmp_path, monkeypatch):
     seconds = time.monotonic() - started
     run_log = (logs / "run.log").read_text() if (logs / "run.log").exists() else "(no run.log)"
     logs_text = "\n".join(f"--- {p.name}\n{p.read_text()[-2500:]}" for p in sorted(logs.glob("*.log")) + sorted(logs.glob("*.out")))
-    assert code == 0, f"the run ended with {code} after {seconds:.0f} s\n{logs_text}"
-    assert not leftovers, f"processes of the cluster survived it: {leftovers}"
-    assert not any(netns(node.pid) for node in nodes)
+    return LostNodeRun(code, seconds, moments, waiting, inspected, killed, leftovers, nodes, run_log, logs_text)
 
-    # What ran where: the gate's trace (seed, round, pid) per node.
-    trace = {node: [tuple(map(int, line.split())) for line in (gate / f"trace-{node}.txt").read_text().splitlines()]
-             for node in ("pfl-head", "pfl-worker") if (gate / f"trace-{node}.txt").exists()}
-    lost = sorted(int(p.name.split("-")[1]) for p in waiting)
+
+def gated_plugin(tmp_path: Path, ident: str) -> tuple[Path, Path]:
+    """The gated FedAvg plugin (GATED_AVG) naming its cells by `ident`, and its gate folder; the run's
+    folders (logs, store, data) made."""
+    for name in ("logs", "gate", "store", "data"):
+        (tmp_path / name).mkdir()
+    plugin = tmp_path / "gated_avg.py"
+    plugin.write_text(GATED_AVG.format(gate=str(tmp_path / "gate"), gate_round=GATE_ROUND, wait=DEADLINE, ident=ident))
+    return plugin, tmp_path / "gate"
+
+
+def gate_trace(gate: Path, key=int) -> dict[str, list[tuple]]:
+    """What ran where: the gate's trace (key, round, pid) per node."""
+    return {node: [(key(k), int(r), int(pid)) for k, r, pid in
+                   (line.split() for line in (gate / f"trace-{node}.txt").read_text().splitlines())]
+            for node in ("pfl-head", "pfl-worker") if (gate / f"trace-{node}.txt").exists()}
+
+
+def assert_the_cluster_went_down(run: LostNodeRun) -> None:
+    assert run.code == 0, f"the driver ended with {run.code} after {run.seconds:.0f} s\n{run.logs_text}"
+    assert not run.leftovers, f"processes of the cluster survived it: {run.leftovers}"
+    assert not any(netns(node.pid) for node in run.nodes)
+    assert any(name.startswith(f"{sys.executable} ") or "ray::" in name or "raylet" in name
+               for name in run.killed.values())
+
+
+def test_a_node_lost_mid_matrix_loses_nothing(tmp_path, monkeypatch, fresh_plugins):
+    why = namespaces_unavailable()
+    if why:
+        pytest.skip(why)
+    from pflbench.checkpoint import read_checkpoint
+    from pflbench.cli import main
+    from pflbench.spec import load_spec
+    from pflbench.store import Store
+
+    plugin, gate = gated_plugin(tmp_path, "self.fed.cell.seed")
+    store = tmp_path / "store"
+    spec = tmp_path / "multinode.yaml"
+    spec.write_text(yaml.safe_dump({
+        "name": "multinode", "plugins": [str(plugin)],
+        "matrix": {"algorithm": ["gated-fedavg"], "dataset": ["synthetic"], "seed": SEEDS},
+        "defaults": {"rounds": ROUNDS, "clients": 3, "local_epochs": 1, "eval_every": 1,
+                     "dataset_options": {"num_samples": 300}},
+        "resources": {"cpus": 1}}))
+
+    def worker_cells_stuck():
+        stuck = sorted(gate.glob("waiting-*"))
+        finished = [p for p in store.glob("*/summary.json")]
+        return stuck if stuck and len(stuck) + len(finished) == len(SEEDS) else None
+
+    def checkpoints_in_the_store():
+        found = {}
+        for path in store.glob("*/checkpoint.pt"):
+            header, payload = read_checkpoint(path)  # whole: header, size, checksum, payload
+            found[path.parent.name] = (header["host"], header["round"], payload["round"])
+        return found
+
+    run = run_and_lose_the_worker_node(tmp_path, f"run {spec}", worker_cells_stuck, checkpoints_in_the_store)
+    started = time.monotonic() - run.seconds
+    assert_the_cluster_went_down(run)
+    run_log, checkpoints, killed = run.run_log, run.at_kill, run.killed
+
+    trace = gate_trace(gate)
+    lost = sorted(int(p.name.split("-")[1]) for p in run.waiting)
     assert lost and set(seed for seed, _, _ in trace["pfl-worker"]) == set(lost)
     assert all(host == "pfl-worker" and header_round == payload_round == GATE_ROUND - 1
                for host, header_round, payload_round in checkpoints.values()) and len(checkpoints) == len(lost)
-    assert any(name.startswith(f"{sys.executable} ") or "ray::" in name or "raylet" in name for name in killed.values())
     for seed in lost:  # resumed on the head from the round after the checkpoint, not from round 1
         assert sorted(r for s, r, _ in trace["pfl-head"] if s == seed) == list(range(GATE_ROUND, ROUNDS + 1))
     resumed = [line.strip() for line in run_log.splitlines() if "resumed at round" in line]
@@ -323,5 +383,88 @@ def test_a_node_lost_mid_matrix_loses_nothing(tmp_path, monkeypatch):
         "killed": {"processes": len(killed),
                    "commands": sorted({name.split()[0].rsplit("/", 1)[-1] for name in killed.values()})},
         "checkpoints_at_kill": {key[:8]: list(value) for key, value in checkpoints.items()},
-        "resumed": resumed, "lost_seeds": lost, "seconds": {k: round(v, 1) for k, v in moments.items()},
-        "reference_and_checks_s": round(time.monotonic() - started - seconds, 1), "load": os.getloadavg()}))
+        "resumed": resumed, "lost_seeds": lost, "seconds": {k: round(v, 1) for k, v in run.moments.items()},
+        "reference_and_checks_s": round(time.monotonic() - started - run.seconds, 1), "load": os.getloadavg()}))
+
+
+TRIALS = 4  # at once, one CPU each: two on each node
+
+
+@pytest.mark.slow
+def test_a_sweep_whose_worker_node_is_lost_resumes_its_trials_from_the_drivers_keeper(tmp_path, fresh_plugins):
+    why = namespaces_unavailable()
+    if why:
+        pytest.skip(why)
+    from ray import tune
+
+    from pflbench.checkpoint import read_checkpoint
+    from pflbench.execution import ExecutionOptions
+    from pflbench.plugins import sources_for
+    from pflbench.sweep import base_cell, run_trial
+
+    plugin, gate = gated_plugin(tmp_path, "repr(self.fed.cell.lr)")
+    store = tmp_path / "store"
+    spec = tmp_path / "sweep-base.yaml"
+    spec.write_text(yaml.safe_dump({
+        "name": "multinode-sweep", "plugins": [str(plugin)],
+        "matrix": {"algorithm": ["gated-fedavg"], "dataset": ["synthetic"]},
+        "defaults": {"rounds": ROUNDS, "clients": 3, "local_epochs": 1, "eval_every": 1, "lr": 0.05,
+                     "dataset_options": {"num_samples": 300}},
+        "resources": {"cpus": 1}}))
+    driver = (f"sweep --algo gated-fedavg --spec {spec} --trials {TRIALS} --workers {TRIALS} "
+              f"--grace-rounds {ROUNDS} --out {tmp_path / 'tuned'}")  # grace = rounds: ASHA stops no trial
+
+    def worker_trials_stuck():
+        stuck = sorted(gate.glob("waiting-*"))
+        trace = gate_trace(gate, key=str) if stuck else {}
+        finished = {k for k, r, _ in trace.get("pfl-head", []) if r == ROUNDS}
+        return stuck if stuck and len(stuck) + len(finished) == TRIALS else None
+
+    def checkpoints_in_the_drivers_sweep_folder():
+        found = {}
+        for path in store.glob("sweeps/*/checkpoints/*/checkpoint.pt"):
+            header, payload = read_checkpoint(path)  # whole: header, size, checksum, payload
+            found[path.parent.name] = (header["host"], header["round"], payload["round"])
+        return found
+
+    run = run_and_lose_the_worker_node(tmp_path, driver, worker_trials_stuck, checkpoints_in_the_drivers_sweep_folder)
+    assert_the_cluster_went_down(run)
+    checkpoints = run.at_kill
+
+    [folder] = (store / "sweeps").iterdir()
+    outcomes = json.loads((folder / "sweep.json").read_text())["outcomes"]
+    assert len(outcomes) == TRIALS and all(t["status"] == "completed" for t in outcomes), outcomes
+    trace = gate_trace(gate, key=str)
+    lost = {p.name.split("-")[1] for p in run.waiting}
+    assert lost and {k for k, _, _ in trace["pfl-worker"]} == lost
+    lost_ids = {t["trial_id"] for t in outcomes if repr(t["values"]["lr"]) in lost}
+    assert len(lost_ids) == len(lost), (lost, outcomes)
+    # At the kill, the lost trials' checkpoints (written on the worker node, round GATE_ROUND - 1) were in
+    # the driver's sweep folder, kept by its keeper; the worker node's own disk is gone with it.
+    assert set(checkpoints) >= lost_ids, checkpoints
+    assert all(checkpoints[i] == ("pfl-worker", GATE_ROUND - 1, GATE_ROUND - 1) for i in lost_ids), checkpoints
+    for key in lost:  # resumed on the head from the round after the checkpoint, not from round 1
+        assert sorted(r for k, r, _ in trace["pfl-head"] if k == key) == list(range(GATE_ROUND, ROUNDS + 1))
+    for trial in outcomes:
+        assert trial["resumed_at_rounds"] == ([GATE_ROUND - 1] if trial["trial_id"] in lost_ids else []), trial
+        assert (f"({trial['trial_id']}): resumed at round {GATE_ROUND - 1} of {ROUNDS} from its checkpoint"
+                in run.run_log) == (trial["trial_id"] in lost_ids), run.run_log
+    assert not list(folder.glob("checkpoints/*/checkpoint.pt"))  # every trial finished: none left
+
+    # Each trial's values run here without interruption: the same validation accuracy and loss every round.
+    stored = pd.read_parquet(folder / "trials.parquet")
+    base, _ = base_cell("gated-fedavg", spec)
+    for i, trial in enumerate(outcomes):
+        reports = []
+        real, tune.report = tune.report, lambda metrics, **_: reports.append(metrics)
+        try:
+            run_trial(trial["values"], base=base.model_dump(mode="json"), cpus=1, data_root=str(tmp_path / "ref-data"),
+                      mirror=None, execution=ExecutionOptions(device="cpu"), plugins=sources_for([base]))
+        finally:
+            tune.report = real
+        mine = stored[stored["trial"] == i]
+        assert list(mine["round"]) == [r["round"] for r in reports] == list(range(1, ROUNDS + 1))
+        assert list(mine["val_accuracy"]) == [r["val_accuracy"] for r in reports]
+        assert list(mine["val_loss"]) == [r["val_loss"] for r in reports] and mine["val_loss"].notna().all()
+    print(json.dumps({"lost_trials": sorted(lost_ids), "checkpoints_at_kill": checkpoints,
+                      "seconds": {k: round(v, 1) for k, v in run.moments.items()}, "load": os.getloadavg()}))

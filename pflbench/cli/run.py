@@ -52,18 +52,20 @@ def add_parser(subparsers) -> None:
     run.set_defaults(func=cmd_run)
 
 
-def add_checkpoint_options(parser, retried: str) -> None:
+def add_checkpoint_options(parser, retried: str, unit: str = "cell",
+                           resumed: str = "a killed cell continues from its last checkpoint on the next run") -> None:
     """Round checkpoints (pflbench/checkpoint.py) and retries of a lost worker's cell (`retried`: what is
-    rerun, in words): execution options, not part of a cell's identity."""
+    rerun, in words; `unit`: what writes checkpoints, a cell or a sweep's trial; `resumed`: how a killed
+    one continues): execution options, not part of a cell's identity."""
     parser.add_argument("--retries", type=int, default=2, metavar="N",
                         help=f"{retried} whose worker was lost up to N times, from its checkpoint (default 2)")
     parser.add_argument("--checkpoint-every", type=int, default=0, metavar="ROUNDS",
-                        help="write a running cell's checkpoint every ROUNDS rounds (default 0: by time only)")
+                        help=f"write a running {unit}'s checkpoint every ROUNDS rounds (default 0: by time only)")
     parser.add_argument("--checkpoint-minutes", type=float, default=5.0, metavar="M",
-                        help="and at least every M minutes of a cell's wall time (default 5; 0: not by time); "
-                             "a killed cell continues from its last checkpoint on the next run")
+                        help=f"and at least every M minutes of a {unit}'s wall time (default 5; 0: not by time); "
+                             f"{resumed}")
     parser.add_argument("--keep-checkpoints", action="store_true",
-                        help="keep a cell's last checkpoint after it finished (default: removed)")
+                        help=f"keep a {unit}'s last checkpoint after it finished (default: removed)")
 
 
 def checkpoint_problem(args) -> str | None:

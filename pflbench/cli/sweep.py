@@ -38,7 +38,13 @@ def add_parser(subparsers) -> None:
     sweep.add_argument("--workers", type=int, help="trials at once (default: as many as Ray's CPUs allow)")
     sweep.add_argument("--ray-address", help="an existing Ray cluster (default: $RAY_ADDRESS, else a local instance)")
     add_execution_arguments(sweep, device_help="torch device (default: cuda for cells given GPUs, else cpu)")
-    add_checkpoint_options(sweep, retried="rerun a trial")
+    add_checkpoint_options(sweep, retried="rerun a trial", unit="trial",
+                           resumed="kept on the driver's disk (whichever node runs the trial), so a retried trial, "
+                                   "or one continued by --resume, resumes from its last checkpoint")
+    sweep.add_argument("--resume", type=Path, metavar="FOLDER",
+                       help="continue the sweep in FOLDER (RESULTS/sweeps/<algo>-<hash>-<time>/, stopped or with "
+                            "errored trials), given the command that started it: its trials, sampler and scheduler "
+                            "as saved; unfinished and errored trials resume from their checkpoints")
     add_data_options(sweep)
     sweep.set_defaults(func=cmd_sweep)
 
@@ -62,7 +68,7 @@ def cmd_sweep(args) -> int:
                                ray_address=args.ray_address, data_root=args.root, mirror=args.mirror,
                                execution=execution_options(args), checkpoint_every=args.checkpoint_every,
                                checkpoint_minutes=args.checkpoint_minutes, keep_checkpoints=args.keep_checkpoints,
-                               retries=args.retries)
+                               retries=args.retries, resume=args.resume)
         run_sweep(args.algo, base, resources, options)
     except (ValueError, FileNotFoundError) as error:  # SpecError, SweepError, a partition or dataset problem
         print(f"sweep: {error}", file=sys.stderr)

@@ -1,0 +1,264 @@
+"""A sweep's trials keep their round checkpoints through the driver's keeper (issue 60, part 4): a trial
+whose worker is killed is restarted by Ray Tune and resumes from its checkpoint, and a sweep that ended
+with an errored trial is continued by `--resume`; either way the trial reports, round by round, the
+same validation accuracy and loss, bit for bit, as an uninterrupted trial of the same values.
+
+The kill is real (SIGKILL to the trial's own worker process, from a plugin algorithm at the start of a
+chosen round, once): its moment is fixed by the round, not by a sleep. The two-node version (the trial's
+whole node lost) is in tests/test_multinode.py.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from pflbench.checkpoint_relay import CheckpointKeeper, StaleAttempt
+from pflbench.execution import ExecutionOptions
+from pflbench.spec import parse_spec
+
+ROUNDS = 5
+KILL_ROUND = 3  # the worker dies at the start of this round, after the checkpoint of the round before
+
+DYING_AVG = '''
+"""FedAvg whose trial, at the start of round {kill_round}, once per {gate} (the file `stopped` says it
+happened) and never in the test's own process, {what}; every round is traced."""
+import os
+import signal
+import time
+from pathlib import Path
+
+from pflbench.algorithm import ALGORITHMS
+from pflbench.algorithms.fedavg import FedAvg
+
+GATE = Path({gate!r})
+
+
+@ALGORITHMS.register("dying-fedavg")
+class DyingFedAvg(FedAvg):
+    def configure(self, rnd):
+        with open(GATE / "trace.txt", "a") as trace:
+            trace.write(f"{{rnd.number}} {{os.getpid()}}\\n")
+        if rnd.number == {kill_round} and os.getpid() != {test_pid} and not (GATE / "stopped").exists():
+            (GATE / "stopped").touch()
+            {action}
+        return super().configure(rnd)
+'''
+KILL = "os.kill(os.getpid(), signal.SIGKILL)"
+WAIT = ("deadline = time.monotonic() + 180  # the test kills the sweep's driver meanwhile\n"
+        "            while time.monotonic() < deadline:\n"
+        "                time.sleep(0.1)\n"
+        "            raise RuntimeError('the test never killed the driver')")
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    """One local Ray instance for this file's sweeps (each would start and stop its own otherwise)."""
+    ray = pytest.importorskip("ray")
+    if ray.is_initialized():
+        ray.shutdown()
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, logging_level="WARNING")
+    yield ray
+    ray.shutdown()
+
+
+def dying_sweep_base(tmp_path: Path, action: str = KILL):
+    """The base cell (and its resources) of a sweep of the dying FedAvg, its spec written to
+    tmp_path/base.yaml, and its gate folder."""
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    plugin = tmp_path / "dying_avg.py"
+    what = "kills its own process (SIGKILL)" if action == KILL else "waits for the test to kill the sweep's driver"
+    plugin.write_text(DYING_AVG.format(gate=str(gate), kill_round=KILL_ROUND, test_pid=os.getpid(), what=what,
+                                       action=action))
+    spec = {"name": "dying", "plugins": [str(plugin)],
+            "matrix": {"algorithm": "dying-fedavg", "dataset": "synthetic"},
+            "defaults": {"clients": 3, "rounds": ROUNDS, "eval_every": 1, "local_epochs": 1,
+                         "lr": 0.05, "dataset_options": {"num_samples": 300}},
+            "resources": {"cpus": 1}}
+    (tmp_path / "base.yaml").write_text(yaml.safe_dump(spec))
+    plan = parse_spec(spec)
+    return plan.cells[0], plan.resources, gate
+
+
+def trace_of(gate: Path) -> list[tuple[int, int]]:
+    """(round, pid) of every round the trial started, in order."""
+    return [tuple(map(int, line.split())) for line in (gate / "trace.txt").read_text().splitlines()]
+
+
+def uninterrupted_reports(base, values: dict, data_root: Path) -> pd.DataFrame:
+    """The trial of `values` run here, without checkpoints or interruption: what it reports, per round."""
+    from ray import tune
+
+    from pflbench.plugins import sources_for
+    from pflbench.sweep import run_trial
+
+    reports = []
+    real = tune.report
+    tune.report = lambda metrics, **_: reports.append(metrics)
+    try:
+        run_trial(values, base=base.model_dump(mode="json"), cpus=1, data_root=str(data_root), mirror=None,
+                  execution=ExecutionOptions(device="cpu"), plugins=sources_for([base]))
+    finally:
+        tune.report = real
+    return pd.DataFrame([{"round": r["round"], "val_accuracy": r["val_accuracy"], "val_loss": r["val_loss"]}
+                         for r in reports])
+
+
+def assert_same_reports(folder: Path, reference: pd.DataFrame) -> None:
+    """The sweep's trials.parquet holds the uninterrupted trial's rounds, exactly (each round once)."""
+    stored = pd.read_parquet(folder / "trials.parquet")
+    assert list(stored["round"]) == list(range(1, ROUNDS + 1)) and stored["val_loss"].notna().all()
+    columns = ["round", "val_accuracy", "val_loss"]
+    pd.testing.assert_frame_equal(stored[columns].reset_index(drop=True), reference[columns], check_exact=True)
+
+
+def test_the_keeper_gives_a_trials_checkpoint_to_its_latest_start_only(tmp_path):
+    """`begin`: each start of a trial (which Tune restarts, not the driver) opens the next attempt; an
+    earlier start's late write is refused, and the checkpoint must carry the trial's cell hash."""
+    from pflbench.checkpoint import CheckpointProblem, encode_checkpoint
+
+    keeper = CheckpointKeeper(str(tmp_path / "checkpoints"))
+    data = encode_checkpoint({"hash": "cellhash", "round": 2, "rounds": 5}, {"round": 2})
+    first = keeper.begin("trial_1", "cellhash")
+    keeper.write("trial_1", first, data)
+    assert keeper.read("trial_1") == data == (tmp_path / "checkpoints" / "trial_1" / "checkpoint.pt").read_bytes()
+    second = keeper.begin("trial_1", "cellhash")  # Tune restarted the trial
+    assert second == first + 1
+    with pytest.raises(StaleAttempt, match="attempt 0 is not the cell's current one"):
+        keeper.write("trial_1", first, data)
+    with pytest.raises(CheckpointProblem, match="a checkpoint of cell other sent as trial trial_1's \\(cell cellhash\\)"):
+        keeper.write("trial_1", second, encode_checkpoint({"hash": "other", "round": 2}, {"round": 2}))
+    keeper.remove("trial_1", second)
+    assert keeper.read("trial_1") is None
+
+
+@pytest.mark.slow
+def test_a_trial_whose_worker_is_killed_resumes_from_its_kept_checkpoint_bit_for_bit(tmp_path, local_ray,
+                                                                                      fresh_plugins):
+    from pflbench.sweep import SweepOptions, run_sweep
+
+    base, resources, gate = dying_sweep_base(tmp_path)
+    lines: list[str] = []
+    result = run_sweep("dying-fedavg", base, resources,
+                       SweepOptions(trials=1, results=tmp_path / "results", out=None, data_root=tmp_path / "data",
+                                    workers=1, checkpoint_every=1, checkpoint_minutes=0, retries=2),
+                       log=lines.append)
+    [trial] = result.trials
+    assert (gate / "stopped").exists(), "the worker was never killed"
+    assert trial["status"] == "completed" and trial["error"] is None, trial
+    assert trial["resumed_at_rounds"] == [KILL_ROUND - 1], trial
+    assert f"trial 0 ({trial['trial_id']}): resumed at round {KILL_ROUND - 1} of {ROUNDS} from its checkpoint" in lines
+    # Rounds 1..KILL_ROUND started in the first worker (killed at the start of KILL_ROUND); the retry, in
+    # another process, started at KILL_ROUND: nothing before the checkpoint ran twice.
+    trace = trace_of(gate)
+    killed_pid = trace[0][1]
+    assert trace[:KILL_ROUND] == [(r, killed_pid) for r in range(1, KILL_ROUND + 1)]
+    assert [r for r, _ in trace[KILL_ROUND:]] == list(range(KILL_ROUND, ROUNDS + 1))
+    assert len({pid for _, pid in trace[KILL_ROUND:]}) == 1 and trace[KILL_ROUND][1] != killed_pid
+    # The finished trial removed its checkpoint from the driver's keeper; nothing else is left there.
+    assert not list((result.folder / "checkpoints").rglob("*.pt"))
+    assert_same_reports(result.folder, uninterrupted_reports(base, trial["values"], tmp_path / "data"))
+
+
+@pytest.mark.slow
+def test_a_sweep_rerun_with_resume_continues_an_errored_trial_from_its_checkpoint(tmp_path, local_ray, fresh_plugins):
+    """No retries: the killed trial errors and the sweep ends without a result, keeping the trial's
+    checkpoint; the same sweep with --resume restarts the trial under its id, from that checkpoint."""
+    from pflbench.checkpoint import read_header
+    from pflbench.sweep import SweepError, SweepOptions, run_sweep
+
+    base, resources, gate = dying_sweep_base(tmp_path)
+    options = SweepOptions(trials=1, results=tmp_path / "results", out=tmp_path / "tuned", data_root=tmp_path / "data",
+                           workers=1, checkpoint_every=1, checkpoint_minutes=0, retries=0)
+    lines: list[str] = []
+    with pytest.raises(SweepError, match="no trial of dying-fedavg ran every round.*--resume .* continues its trials"):
+        run_sweep("dying-fedavg", base, resources, options, log=lines.append)
+    [folder] = (tmp_path / "results" / "sweeps").iterdir()
+    [checkpoint] = (folder / "checkpoints").glob("*/checkpoint.pt")
+    assert read_header(checkpoint)["round"] == KILL_ROUND - 1
+    assert any(f"the same command with --resume {folder} continues them" in line for line in lines), lines
+    assert not (tmp_path / "tuned").exists()
+
+    with pytest.raises(SweepError, match="not of fedavg on base cell"):  # another sweep's folder is refused
+        run_sweep("fedavg", base.model_copy(update={"algorithm": "fedavg"}), resources,
+                  replace(options, resume=folder), log=lines.append)
+    lines.clear()
+    result = run_sweep("dying-fedavg", base, resources, replace(options, resume=folder),
+                       log=lines.append)
+    assert result.folder == folder
+    [trial] = result.trials
+    assert trial["trial_id"] == checkpoint.parent.name  # the same trial, restarted by Tune's restore
+    assert trial["status"] == "completed" and trial["resumed_at_rounds"] == [KILL_ROUND - 1], trial
+    assert f"trial 0 ({trial['trial_id']}): resumed at round {KILL_ROUND - 1} of {ROUNDS} from its checkpoint" in lines
+    assert [r for r, _ in trace_of(gate)] == list(range(1, KILL_ROUND + 1)) + list(range(KILL_ROUND, ROUNDS + 1))
+    assert not checkpoint.exists() and (tmp_path / "tuned" / "dying-fedavg.yaml").is_file()
+    assert_same_reports(folder, uninterrupted_reports(base, trial["values"], tmp_path / "data"))
+
+
+@pytest.mark.slow
+def test_a_sweep_whose_driver_is_killed_is_continued_by_resume_from_its_kept_checkpoint(tmp_path, local_ray,
+                                                                                         fresh_plugins):
+    """`pflbench sweep` (another process, on this file's Ray) is killed -9 with its trial waiting at the
+    start of round KILL_ROUND (once Tune's saved state names the trial: a trial it never saved is sampled
+    anew); Ray ends the trial with its driver. The same sweep with --resume restores Tune's saved state
+    and the trial, under its id, resumes from the checkpoint the driver's keeper wrote; trials.parquet
+    holds every round once, equal to an uninterrupted trial's."""
+    from pflbench.checkpoint import read_header
+    from pflbench.sweep import SweepOptions, run_sweep
+
+    base, resources, gate = dying_sweep_base(tmp_path, action=WAIT)
+    results = tmp_path / "results"
+    command = [sys.executable, "-m", "pflbench.cli", "sweep", "--algo", "dying-fedavg", "--spec", str(tmp_path / "base.yaml"),
+               "--trials", "1", "--workers", "1", "--grace-rounds", str(ROUNDS), "--results", str(results),
+               "--out", str(tmp_path / "tuned"), "--root", str(tmp_path / "data"), "--checkpoint-every", "1",
+               "--checkpoint-minutes", "0", "--ray-address", local_ray.get_runtime_context().gcs_address]
+    deadline = time.monotonic() + 240
+
+    def trial_saved_by_tune():
+        """The trial waits at the gate, its checkpoint written, and Tune's saved state names it."""
+        found = list(results.glob("sweeps/*/checkpoints/*/checkpoint.pt"))
+        if not (gate / "stopped").exists() or not found:
+            return None
+        states = list(found[0].parents[2].glob("ray/experiment_state-*.json"))
+        return found[0] if states and found[0].parent.name in states[0].read_text() else None
+
+    with open(tmp_path / "driver.log", "w") as log:
+        driver = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        checkpoint = None
+        while checkpoint is None and driver.poll() is None and time.monotonic() < deadline:
+            checkpoint = trial_saved_by_tune()
+            time.sleep(0.2)
+        assert checkpoint is not None, f"no trial at the gate: {(tmp_path / 'driver.log').read_text()[-3000:]}"
+        os.killpg(driver.pid, signal.SIGKILL)  # the driver and anything it started
+        driver.wait(timeout=30)
+    finally:
+        if driver.poll() is None:
+            os.killpg(driver.pid, signal.SIGKILL)
+            driver.wait(timeout=30)
+    assert read_header(checkpoint)["round"] == KILL_ROUND - 1
+    folder = checkpoint.parents[2]
+    assert not (folder / "sweep.json").exists()
+
+    lines: list[str] = []
+    result = run_sweep("dying-fedavg", base, resources,
+                       SweepOptions(trials=1, results=results, out=tmp_path / "tuned", data_root=tmp_path / "data",
+                                    workers=1, checkpoint_every=1, checkpoint_minutes=0, resume=folder),
+                       log=lines.append)
+    [trial] = result.trials
+    assert trial["trial_id"] == checkpoint.parent.name and trial["status"] == "completed", trial
+    assert trial["resumed_at_rounds"] == [KILL_ROUND - 1], trial
+    assert f"trial 0 ({trial['trial_id']}): resumed at round {KILL_ROUND - 1} of {ROUNDS} from its checkpoint" in lines
+    resumed_pids = {pid for r, pid in trace_of(gate)[KILL_ROUND:]}
+    assert [r for r, _ in trace_of(gate)] == list(range(1, KILL_ROUND + 1)) + list(range(KILL_ROUND, ROUNDS + 1))
+    assert trace_of(gate)[0][1] not in resumed_pids
+    assert_same_reports(folder, uninterrupted_reports(base, trial["values"], tmp_path / "data"))
