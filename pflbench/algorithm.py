@@ -299,7 +299,9 @@ class Algorithm(LegacyHooks):
         `system.dropout` some are missing, and `upload.positions` are the arrived ones' places among
         `rnd.clients`). Not called when none arrived: the server keeps its state. Default: the
         global model becomes the uploads' `weighted_mean` (FedAvg)."""
-        self.global_state.update(self.weighted_mean(upload))
+        average = self.weighted_mean(upload)
+        if average:  # an empty upload (everything local, e.g. Local across architectures) leaves no global model
+            self.global_state.update(average)
 
     def weighted_mean(self, upload: Payload, weights: torch.Tensor | None = None) -> State:
         """FedAvg's average of a stacked `upload` (e.g. `aggregate`'s): each tensor averaged over the
