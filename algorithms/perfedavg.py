@@ -50,7 +50,9 @@ Where the paper is silent / what was chosen here:
 - BatchNorm statistics during local training follow the forward passes at w on D (the passes at
   w_tmp and at w +- delta g use throw-away copies).
 - Divergence: a non-finite loss or parameter in any local step raises `Diverged` (the cell is
-  recorded as diverged at that round); a non-finite adapted model makes the evaluated test loss
+  recorded as diverged at that round; the losses are checked once after the round's steps, which
+  keeps the steps free of host synchronisation, and the error names the first step with a
+  non-finite loss and its clients); a non-finite adapted model makes the evaluated test loss
   non-finite, which the engine records the same way.
 - Batched: yes. The meta step needs two or three forward/backward passes per step on different
   batches, which the engine's single-objective `fed.train` cannot express, so this module drives
@@ -65,9 +67,10 @@ from typing import Literal
 
 import torch
 from pydantic import Field
+from torch import Tensor
 
-from pflbench.steps import (finite, keep_inactive, loss_and_grads, per_client, restore_inactive, rows_where,
-                            sgd_step, step_ids)
+from pflbench.steps import (LossCheck, clone_state, finite, keep_inactive, loss_and_grads, per_client,
+                            restore_inactive, rows_where, sgd_step, step_ids, step_plan)
 from pflbench.algorithm import ALGORITHMS, Algorithm, Card, Hyperparams, Payload, Round, Serving
 from pflbench.training import Diverged, weighted_mean
 
@@ -106,28 +109,38 @@ class PerFedAvg(Algorithm):
         return per_client(self.fed, rnd.clients, partial(self._meta_train, rnd), state)
 
     def _meta_train(self, rnd, clients, state):
+        """The round's meta steps of `clients`: their trained state. Free of host synchronisation
+        between its first and its last step (`pflbench.steps`)."""
         fed, hp = self.fed, self.hp
-        params = {n: state[n].detach().clone() for n in fed.model.param_names}
+        names = fed.model.param_names
+        params = {n: state[n].detach().clone() for n in names}
         buffers = {n: state[n].detach().clone() for n in fed.model.buffer_names}
-        plans = [step_ids(fed, rnd, clients, stream=stream) for stream in STREAMS[: 3 if hp.variant == "hf" else 2]]
-        counts = plans[0][1]
+        plans = [step_plan(fed, rnd, clients, stream=stream) for stream in STREAMS[: 3 if hp.variant == "hf" else 2]]
         momenta = {n: torch.zeros_like(p) for n, p in params.items()} if fed.sgd.momentum else {}
-        for step in range(int(counts.max()) if len(counts) else 0):
-            active = counts > step
+        losses = LossCheck()
+        for step in range(plans[0].steps):
+            active = plans[0].active(step)
             kept = keep_inactive(buffers, active)
-            loss, grads = loss_and_grads(fed, params, buffers, plans[0][0][:, step])
-            w_tmp = {n: params[n] - hp.alpha * grads[n] for n in params}
-            meta_loss, g = loss_and_grads(fed, w_tmp, _clone(buffers), plans[1][0][:, step])
+            loss, grads = loss_and_grads(fed, params, buffers, plans[0].ids[:, step])
+            w = [params[n] for n in names]
+            w_tmp = dict(zip(names, minus_scaled(w, [grads[n] for n in names], hp.alpha)))
+            meta_loss, g = loss_and_grads(fed, w_tmp, clone_state(buffers), plans[1].ids[:, step])
             if hp.variant == "hf":
-                ids = plans[2][0][:, step]
-                _, plus = loss_and_grads(fed, {n: params[n] + hp.delta * g[n] for n in params}, _clone(buffers), ids)
-                _, minus = loss_and_grads(fed, {n: params[n] - hp.delta * g[n] for n in params}, _clone(buffers), ids)
-                g = {n: g[n] - hp.alpha * (plus[n] - minus[n]) / (2 * hp.delta) for n in params}
-            bad = active & ~(torch.isfinite(loss) & torch.isfinite(meta_loss))
-            if bad.any():
-                raise Diverged(f"non-finite Per-FedAvg loss for clients {clients[bad].tolist()} at local step {step}")
+                ids = plans[2].ids[:, step]
+                g = [g[n] for n in names]
+                shift = scaled(g, hp.delta)  # delta * g, once for both points
+                with torch.no_grad():
+                    up, down = torch._foreach_add(w, shift), torch._foreach_sub(w, shift)
+                _, plus = loss_and_grads(fed, dict(zip(names, up)), clone_state(buffers), ids)
+                _, minus = loss_and_grads(fed, dict(zip(names, down)), clone_state(buffers), ids)
+                g = dict(zip(names, hessian_free(g, [plus[n] for n in names], [minus[n] for n in names], hp.alpha, hp.delta)))
+            losses.add(active, loss, meta_loss)
             sgd_step(params, g, momenta, fed.sgd, self.beta, active)
             restore_inactive(buffers, kept, active)
+        failure = losses.first_failure()
+        if failure is not None:
+            step, bad = failure
+            raise Diverged(f"non-finite Per-FedAvg loss for clients {clients[bad.to(clients.device)].tolist()} at local step {step}")
         trained = {**params, **buffers}
         if not finite(trained).all():
             raise Diverged(f"non-finite Per-FedAvg parameters for clients {clients.tolist()}")
@@ -149,9 +162,11 @@ class PerFedAvg(Algorithm):
         buffers = {n: state[n] for n in fed.model.buffer_names}
         if ids.shape[1] == 0:
             return dict(state)
-        _, grads = loss_and_grads(fed, params, _clone(buffers), ids[:, 0])
+        _, grads = loss_and_grads(fed, params, clone_state(buffers), ids[:, 0])
+        names = list(params)
+        moved = minus_scaled([params[n] for n in names], [grads[n] for n in names], self.hp.alpha)
         with torch.no_grad():
-            stepped = {n: rows_where(counts > 0, p - self.hp.alpha * grads[n], p) for n, p in params.items()}
+            stepped = {n: rows_where(counts > 0, new, params[n]) for n, new in zip(names, moved)}
         return {**stepped, **buffers}
 
     def personalized(self):
@@ -175,5 +190,25 @@ class PerFedAvg(Algorithm):
         return per_client(newcomers, everyone, partial(self.adapt, fed=newcomers), start)
 
 
-def _clone(state):
-    return {n: t.clone() for n, t in state.items()}
+def scaled(xs: list[Tensor], scale: float) -> list[Tensor]:
+    """scale * x for each x, new tensors (one foreach kernel)."""
+    with torch.no_grad():
+        return torch._foreach_mul(xs, scale)
+
+
+def minus_scaled(xs: list[Tensor], ys: list[Tensor], scale: float) -> list[Tensor]:
+    """x - scale * y for each pair, new tensors: the product rounded, then the difference, as the
+    per-tensor expression computes it (foreach kernels; one `add(alpha=-scale)` would round once and
+    give other bits)."""
+    with torch.no_grad():
+        return torch._foreach_sub(xs, torch._foreach_mul(ys, scale))
+
+
+def hessian_free(g: list[Tensor], plus: list[Tensor], minus: list[Tensor], alpha: float, delta: float) -> list[Tensor]:
+    """g - alpha * (plus - minus) / (2 delta), new tensors, in that order of operations. The division
+    stays one per tensor: on CUDA a tensor divided by a Python number is a multiplication by its
+    reciprocal, which torch's foreach division does not do, so fusing it would move the last bit."""
+    with torch.no_grad():
+        difference = torch._foreach_sub(plus, minus)
+        torch._foreach_mul_(difference, alpha)
+        return torch._foreach_sub(g, [d / (2 * delta) for d in difference])

@@ -32,7 +32,8 @@ Where the paper is silent / what was chosen here:
   before its first round a client's theta_i is the common initial model.
 - Stability: the inner iteration needs personal_lr * lambda < 2 and the outer one lr * lambda < 2
   (both contract toward the anchor); outside that the run diverges and is recorded as diverged
-  (non-finite loss or parameter -> `Diverged`). The official personal_lr 0.09 was tuned on MNIST
+  (non-finite loss or parameter -> `Diverged`, checked once after the round's steps so that they
+  run without host synchronisation; the round recorded is the same). The official personal_lr 0.09 was tuned on MNIST
   MLPs and diverges with the pFedHN CNN on fmnist, so benchmarks/table{1,2}.yaml set
   `hp.personal_lr: 0.01`; the default stays the official value (docs/algorithms/pfedme.md).
 - Batched: yes; K inner steps on one batch then one outer step cannot be written as the engine's
@@ -73,9 +74,10 @@ from typing import Literal
 
 import torch
 from pydantic import Field
+from torch import Tensor
 
-from pflbench.steps import (finite, keep_inactive, loss_and_grads, per_client, restore_inactive, rows_where,
-                            sgd_step, step_ids)
+from pflbench.steps import (LossCheck, finite, keep_inactive, loss_and_grads, per_client, restore_inactive,
+                            rows_where, sgd_step, step_plan)
 from pflbench.algorithm import ALGORITHMS, Algorithm, Card, Hyperparams, Payload, Round
 from pflbench.training import Diverged, weighted_mean
 
@@ -142,31 +144,34 @@ class PFedMe(Algorithm):
         return {n: t[:k] for n, t in local.items()}  # only the sampled clients' w is uploaded
 
     def _train(self, rnd, clients, state, theta_start):
+        """The round's local training of `clients`: (w, theta), each with theta's statistics. Free
+        of host synchronisation between its first and its last step (`pflbench.steps`)."""
         fed, hp = self.fed, self.hp
         names, buffer_names = fed.model.param_names, fed.model.buffer_names
         w = {n: state[n].detach().clone() for n in names}
         theta = {n: theta_start[n].detach().clone() for n in names}
         buffers = {n: theta_start[n].detach().clone() for n in buffer_names}  # theta's statistics
-        ids, counts = step_ids(fed, rnd, clients)
+        plan = step_plan(fed, rnd, clients)
         momenta = {n: torch.zeros_like(p) for n, p in w.items()} if fed.sgd.momentum else {}
-        for step in range(int(counts.max()) if len(counts) else 0):
-            active = counts > step
+        losses = LossCheck()
+        for step in range(plan.steps):
+            active = plan.active(step)
             kept = keep_inactive(buffers, active)
-            start = {n: t.clone() for n, t in theta.items()}
+            start = theta  # the inner steps make new tensors: these stay as they are
             for _ in range(hp.k):  # K gradient steps on f(theta; D) + lam/2 ||theta - w||^2 (+ mu/2 ||theta||^2), same batch
-                loss, grads = loss_and_grads(fed, theta, buffers, ids[:, step])
-                if (active & ~torch.isfinite(loss)).any():
-                    raise Diverged(f"non-finite pFedMe loss for clients {clients[active & ~torch.isfinite(loss)].tolist()}")
-                with torch.no_grad():
-                    theta = {n: theta[n] - hp.personal_lr * (grads[n] + hp.lam * (theta[n] - w[n]) + hp.mu * theta[n])
-                             for n in names}
-            with torch.no_grad():
-                theta = {n: rows_where(active, theta[n], start[n]) for n in names}
-                pull = {n: hp.lam * (w[n] - theta[n]) for n in names}  # eta * pull = eta * lam * (w - theta)
-            sgd_step(w, pull, momenta, fed.sgd, fed.cell.lr, active)
+                loss, grads = loss_and_grads(fed, theta, buffers, plan.ids[:, step])
+                losses.add(active, loss)
+                theta = dict(zip(names, inner_step([theta[n] for n in names], [grads[n] for n in names],
+                                                   [w[n] for n in names], hp.lam, hp.personal_lr, hp.mu)))
+            theta = {n: rows_where(active, theta[n], start[n]) for n in names}
+            sgd_step(w, dict(zip(names, pull([w[n] for n in names], [theta[n] for n in names], hp.lam))),
+                     momenta, fed.sgd, fed.cell.lr, active)  # eta * pull = eta * lam * (w - theta)
             restore_inactive(buffers, kept, active)
+        failure = losses.first_failure()
+        if failure is not None:
+            raise Diverged(f"non-finite pFedMe loss for clients {clients[failure[1].to(clients.device)].tolist()}")
         local, personal = {**w, **buffers}, {**theta, **buffers}
-        if not (finite(local).all() and finite(personal).all()):
+        if not (finite(local) & finite(personal)).all():
             raise Diverged(f"non-finite pFedMe parameters for clients {clients.tolist()}")
         return local, personal
 
@@ -181,3 +186,27 @@ class PFedMe(Algorithm):
 
     def personalized(self):
         return self.personal_state
+
+
+def inner_step(theta: list[Tensor], grads: list[Tensor], w: list[Tensor], lam: float, lr: float,
+               mu: float) -> list[Tensor]:
+    """One inner gradient step, new tensors: theta - lr * (grads + lam * (theta - w) + mu * theta),
+    each operation as the per-tensor expression computes it, in its order, with foreach kernels (a
+    few launches for all tensors, where the per-tensor form makes seven per tensor). The mu term is
+    computed even at mu = 0, as the expression does (0 * theta adds -0.0 or NaN where theta is
+    negative or not finite)."""
+    with torch.no_grad():
+        step = torch._foreach_sub(theta, w)
+        torch._foreach_mul_(step, lam)
+        step = torch._foreach_add(grads, step)
+        torch._foreach_add_(step, torch._foreach_mul(theta, mu))
+        torch._foreach_mul_(step, lr)
+        return torch._foreach_sub(theta, step)
+
+
+def pull(w: list[Tensor], theta: list[Tensor], lam: float) -> list[Tensor]:
+    """lam * (w - theta), new tensors (foreach kernels; the per-tensor expression's values)."""
+    with torch.no_grad():
+        difference = torch._foreach_sub(w, theta)
+        torch._foreach_mul_(difference, lam)
+        return difference

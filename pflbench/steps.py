@@ -1,15 +1,31 @@
 """Custom local steps: the engine's pieces for algorithms whose local update is not SGD on a single
 per-batch objective (Per-FedAvg's meta step on two or three batches, pFedMe's inner solve on one
 batch, pFedHN's official inner optimizer and newcomer fits): per-client batch plans as one padded id
-tensor (`step_ids`, from the engine's plan), per-client gradients of a stacked state, the engine's
-SGD rule for the clients still active (`sgd_step`), and the engine's choice between one batched call
-and a loop over clients (`per_client`).
+tensor with the step counts on the host (`step_plan`, from the engine's plan; `step_ids`), which
+clients take each step (`Active`), per-client gradients of a stacked state, the engine's SGD rule for
+the clients still active (`sgd_step`), the round's losses checked once after its steps
+(`LossCheck`), and the engine's choice between one batched call and a loop over clients
+(`per_client`).
 
 Everything here works on stacked states ([K, ...], row k = client k), so one call serves the batched
 path (all sampled clients at once) and the loop path (K = 1) alike.
+
+No host synchronisation inside the steps. On a GPU a step of these small models is launches and
+Python: a step that waits for the device (`.item()`, `bool(t)`, `.tolist()`, `torch.nonzero`, a
+blocking copy to or from it) empties the launch queue, and the GPU idles while the host catches up.
+So what a step decides (how many steps, which clients take this one, whether all do) is read from the
+batch plan, which is built on the host; what the device needs of it (sample ids, the active clients'
+masks and rows) goes over in one copy per round each; and the losses are checked for finiteness once,
+after the round's steps (`LossCheck`), naming the same clients and step as a check at every step
+would. The state updates use torch's foreach kernels (one launch for all tensors where a per-tensor
+loop makes one each), which compute what the per-tensor operations compute, element by element: on a
+CPU they are those very operations. Callers that pass a device mask where an `Active` is expected
+(pFedHN's steps) still work, reading the mask on the host as before.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from functools import cached_property
 from typing import Callable
 
 import torch
@@ -21,24 +37,85 @@ from pflbench.round_context import Round
 from pflbench.training import SGD, State
 
 
-def step_ids(fed, rnd: int | Round, clients: Tensor, *, stream: str | None = None, epochs: int | None = None,
-             steps: int | None = None, split: str = "train", salt: int | None = None) -> tuple[Tensor, Tensor]:
+@dataclass(frozen=True)
+class Active:
+    """The clients that take one local step, as known on the host from the batch plan: `everyone`
+    (all K clients), `mask` ([K] bool, on the device) and, unless everyone is active, `rows` (their
+    indices in ascending order, on the device)."""
+
+    everyone: bool
+    mask: Tensor
+    rows: Tensor | None = None
+
+
+class StepPlan:
+    """A round's batch plan for K clients (`step_plan`): `ids` [K, S, B], the sample ids of each step
+    on the device (S = the longest plan; past its last step a client repeats its last batch, which the
+    caller masks out; a client without samples gets sample 0), and `counts` [K], each client's number
+    of real steps, on the host."""
+
+    def __init__(self, ids: Tensor, counts: Tensor):
+        self.ids, self.counts = ids, counts
+
+    @property
+    def steps(self) -> int:
+        return self.ids.shape[1]
+
+    def active(self, step: int) -> Active:
+        """The clients with a real step `step` (counts > step)."""
+        return self._actives[step]
+
+    @cached_property
+    def _actives(self) -> list[Active]:
+        """Every step's `Active`, made once: the steps where every client is active share one mask; the
+        masks and rows of the others (the tail after the shortest plan) reach the device in one copy."""
+        counts, device = self.counts.tolist(), self.ids.device
+        everyone = Active(True, torch.ones(len(counts), dtype=torch.bool, device=device))
+        shortest = min(counts, default=0)
+        tail = range(shortest, self.steps)
+        if not tail:
+            return [everyone] * self.steps
+        masks = [[c > step for c in counts] for step in tail]
+        rows = [[k for k, on in enumerate(mask) if on] for mask in masks]
+        packed = torch.tensor([int(on) for mask in masks for on in mask] + [k for r in rows for k in r],
+                              dtype=torch.long).to(device)  # one copy for the whole tail
+        cut = len(tail) * len(counts)
+        on_device = packed[:cut].view(len(tail), len(counts)).bool()
+        tail_rows = packed[cut:].split([len(r) for r in rows])
+        return [everyone] * shortest + [Active(False, on_device[i], tail_rows[i]) for i in range(len(tail))]
+
+
+def step_plan(fed, rnd: int | Round, clients: Tensor, *, stream: str | None = None, epochs: int | None = None,
+              steps: int | None = None, split: str = "train", salt: int | None = None) -> StepPlan:
     """The engine's batch plan for `clients` (`Federation.local_plans`: for the round's context `rnd`,
-    stragglers already cut) as sample ids [K, S, B] (S = the longest plan) and the number of real
-    steps per client [K]. Past its last step a client repeats its last batch (the caller masks those steps out); a client
-    without samples gets sample 0 and 0 steps. `stream`: the batch order's random stream (default
-    "batches", the engine's; `salt` is its deprecated form)."""
+    stragglers already cut) as a `StepPlan`. `stream`: the batch order's random stream (default
+    "batches", the engine's; `salt` is its deprecated form). The sample ids reach the device in one
+    copy (positions padded on the host, then one gather from the clients' concatenated sample ids)."""
     indices = [fed.splits[split][c] for c in clients.tolist()]
     plans = fed.local_plans(rnd, clients, epochs=epochs, steps=steps, split=split,
                             stream=streams.batch_stream(stream, salt))
-    counts = torch.tensor([len(p) for p in plans], device=fed.device)
+    counts = torch.tensor([len(p) for p in plans], dtype=torch.long)
     longest = int(counts.max()) if len(plans) else 0
-    ids = torch.zeros(len(plans), longest, fed.cell.batch_size, dtype=torch.long, device=fed.device)
+    batch = fed.cell.batch_size
+    # Positions into the concatenation of the clients' sample ids, with one more id at the end (sample
+    # 0) for the clients without samples.
+    positions = torch.empty(len(plans), longest, batch, dtype=torch.long)
+    offset = 0
     for k, (plan, idx) in enumerate(zip(plans, indices)):
         if len(plan):
-            ids[k, : len(plan)] = idx[plan.to(idx.device)]
-            ids[k, len(plan):] = ids[k, len(plan) - 1]
-    return ids, counts
+            positions[k, : len(plan)] = plan + offset
+            positions[k, len(plan):] = plan[-1] + offset
+        offset += len(idx)
+    positions[counts == 0] = offset
+    pool = torch.cat([*indices, torch.zeros(1, dtype=torch.long, device=fed.device)])
+    return StepPlan(pool[positions.to(fed.device)], counts)
+
+
+def step_ids(fed, rnd: int | Round, clients: Tensor, *, stream: str | None = None, epochs: int | None = None,
+             steps: int | None = None, split: str = "train", salt: int | None = None) -> tuple[Tensor, Tensor]:
+    """`step_plan`'s sample ids [K, S, B] and step counts [K], both on the device."""
+    plan = step_plan(fed, rnd, clients, stream=stream, epochs=epochs, steps=steps, split=split, salt=salt)
+    return plan.ids, plan.counts.to(plan.ids.device)
 
 
 def batch_losses(fed, params: State, buffers: State, ids: Tensor) -> Tensor:
@@ -59,35 +136,94 @@ def loss_and_grads(fed, params: State, buffers: State, ids: Tensor) -> tuple[Ten
     return losses.detach(), {n: torch.zeros_like(t) if g is None else g for (n, t), g in zip(leaves.items(), grads)}
 
 
-def rows_where(active: Tensor, new: Tensor, old: Tensor) -> Tensor:
-    """`new` for the clients in `active` ([K] bool), `old` for the others."""
+def rows_where(active: Tensor | Active, new: Tensor, old: Tensor) -> Tensor:
+    """`new` for the clients in `active` (an `Active`, or a [K] bool mask), `old` for the others."""
+    if isinstance(active, Active):
+        if active.everyone:
+            return new
+        active = active.mask
     return torch.where(active.view(-1, *([1] * (new.dim() - 1))), new, old)
 
 
-def keep_inactive(buffers: State, active: Tensor) -> State | None:
+def keep_inactive(buffers: State, active: Tensor | Active) -> State | None:
     """Copies of `buffers` (BatchNorm statistics, which a training-mode forward updates for every
     row) to give back to the clients not `active` after the step (`restore_inactive`); None when
     every client is active."""
-    return None if bool(active.all()) else {n: b.clone() for n, b in buffers.items()}
+    return None if _everyone(active) else clone_state(buffers)
 
 
-def restore_inactive(buffers: State, kept: State | None, active: Tensor) -> None:
+def restore_inactive(buffers: State, kept: State | None, active: Tensor | Active) -> None:
     """The clients not `active` get their buffers from `kept` (`keep_inactive`) back, in `buffers`."""
     if kept is not None:
         for n in buffers:
             buffers[n] = rows_where(active, buffers[n], kept[n])
 
 
-def sgd_step(params: State, grads: State, momenta: State, sgd: SGD, lr: float, active: Tensor) -> None:
+def sgd_step(params: State, grads: State, momenta: State, sgd: SGD, lr: float, active: Tensor | Active) -> None:
     """The engine's SGD rule (`SGD.apply`) with step size `lr`, in place, on the active clients
-    only ([K] bool); `momenta` ({} without momentum) holds one buffer per parameter."""
+    only (an `Active`, or a [K] bool mask, read on the host); `momenta` ({} without momentum) holds
+    one buffer per parameter."""
     names = list(params)
     tensors, gradients = [params[n] for n in names], [grads[n] for n in names]
     buffers = [momenta[n] for n in names] if sgd.momentum else None
-    if bool(active.all()):
+    if isinstance(active, Active):
+        if active.everyone:
+            sgd.apply(tensors, gradients, buffers, lr)
+        else:
+            sgd.apply_rows(tensors, gradients, buffers, active.rows, lr)
+    elif bool(active.all()):
         sgd.apply(tensors, gradients, buffers, lr)
     elif bool(active.any()):
         sgd.apply_rows(tensors, gradients, buffers, torch.nonzero(active).flatten(), lr)
+
+
+def _everyone(active: Tensor | Active) -> bool:
+    return active.everyone if isinstance(active, Active) else bool(active.all())
+
+
+def clone_state(state: State) -> State:
+    """Copies of `state`'s tensors (one foreach copy for all)."""
+    copies = [torch.empty_like(t) for t in state.values()]
+    if copies:
+        torch._foreach_copy_(copies, list(state.values()))
+    return dict(zip(state, copies))
+
+
+class LossCheck:
+    """Finiteness of a round's local losses, checked once after the steps: one host synchronisation a
+    round instead of one a step. Each `add` is one check, of one or more losses ([K] each) of the
+    clients `active` at that point; `first_failure` finds the first check where an active client's
+    loss was not finite, and its clients: what a check made at that point would have found (the steps
+    after a non-finite loss only carry it on; the caller keeps its results to itself until it has
+    asked)."""
+
+    def __init__(self) -> None:
+        self._losses: list[Tensor] = []
+        self._masks: list[Tensor] = []
+        self._width: int | None = None
+
+    def add(self, active: Tensor | Active, *losses: Tensor) -> None:
+        """Queue one check (on the device: nothing is read here). Every check has as many losses."""
+        if self._width is None:
+            self._width = len(losses)
+        elif len(losses) != self._width:
+            raise ValueError(f"a check has {self._width} losses; got {len(losses)}")
+        self._losses.extend(losses)
+        self._masks.append(active.mask if isinstance(active, Active) else active)
+
+    def first_failure(self) -> tuple[int, Tensor] | None:
+        """(index of the first check with a non-finite loss of an active client, [K] bool mask of
+        those clients, on the device), or None when every active client's loss was finite. Reads one
+        flag from the device (more only when a check failed)."""
+        if not self._masks:
+            return None
+        checks = len(self._masks)
+        bad = (~torch.isfinite(torch.stack(self._losses))).view(checks, self._width, -1).any(1) & torch.stack(self._masks)
+        failed = bad.any(1)
+        if not bool(failed.any()):
+            return None
+        first = int(torch.nonzero(failed)[0])
+        return first, bad[first]
 
 
 def per_client(fed, clients: Tensor, fn: Callable, *stacked):

@@ -114,7 +114,8 @@ class SGD:
     def apply_rows(self, params: list[Tensor], grads: list[Tensor], momenta: list[Tensor] | None,
                    rows: Tensor, lr: float | None = None) -> None:
         """`apply` to the clients `rows` (indices into the leading client dimension) of stacked
-        tensors; the other clients keep their parameters and momentum."""
+        tensors; the other clients keep their parameters and momentum. The gathers and scatters
+        around the fused update stay one per tensor: torch has no foreach form of indexing."""
         with torch.no_grad():
             chosen = [p[rows] for p in params]
             chosen_momenta = None if momenta is None else [m[rows] for m in momenta]
