@@ -163,7 +163,7 @@ class PFedLA(Algorithm):
         other client shares a class)."""
         fed, n = self.fed, self.fed.num_clients
         labels = [fed.data(fed.sample_ids(c, "train"))[1] for c in range(n)]
-        classes = int(max(int(y.max()) for y in labels if len(y))) + 1
+        classes = max(int(y.max()) for y in labels if len(y)) + 1
         held = torch.stack([torch.bincount(y, minlength=classes) > 0 for y in labels]).double()  # [N, C]
         shared = (held @ held.T).fill_diagonal_(0)                                          # [N, N]
         others = shared.sum(1, keepdim=True)
