@@ -251,9 +251,12 @@ def preempted_line(stop: Preempted, cell: CellConfig | None, grace_seconds: floa
 
 def stopped_cell(stop: Preempted, cell: CellConfig, grace_seconds: float) -> str:
     """One preempted cell, in words: the round it stopped at, where the next run resumes it."""
-    rounds = cell.rounds
-    where = (f"the next run resumes at round {stop.resumes_at} of {rounds}" if stop.resumes_at is not None
-             else "the next run starts it from round 1 (it has no checkpoint)")
+    return f"cell {cell_hash(cell)} ({label(cell)}): {stopped_at(stop, cell.rounds, grace_seconds)}"
+
+
+def stopped_at(stop: Preempted, rounds: int, grace_seconds: float) -> str:
+    """Where a preempted cell or sweep trial of `rounds` rounds stopped and where the next run resumes it."""
+    where = next_run(stop.resumes_at, rounds)
     if stop.in_round and stop.rounds_done is None:
         done = f"still in a round {grace_seconds:g} s after the signal, stopped at once"
     elif stop.in_round:
@@ -262,7 +265,13 @@ def stopped_cell(stop: Preempted, cell: CellConfig, grace_seconds: float) -> str
         done = f"stopped after round {stop.rounds_done} of {rounds} without a checkpoint ({stop.checkpoint_error})"
     else:
         done = f"checkpoint written after round {stop.rounds_done} of {rounds}"
-    return f"cell {cell_hash(cell)} ({label(cell)}): {done}; {where}"
+    return f"{done}; {where}"
+
+
+def next_run(resumes_at: int | None, rounds: int) -> str:
+    """Where the next run continues a stopped cell or trial whose checkpoint is of round `resumes_at`."""
+    return (f"the next run resumes at round {resumes_at} of {rounds}" if resumes_at is not None
+            else "the next run starts it from round 1 (it has no checkpoint)")
 
 
 def run_in_process(cells: list[CellConfig], plan: Plan, options: RunOptions, store: Store, display: Display,
@@ -369,6 +378,13 @@ class ProgressBoard:
         return self.stop
 
 
+def start_board():
+    """A ProgressBoard as a Ray actor on the driver's node (no CPU): a lost node must not take it along."""
+    import ray
+
+    return ray.remote(num_cpus=0)(ProgressBoard).options(scheduling_strategy=on_driver_node()).remote()
+
+
 class BoardStop:
     """A Ray worker's `StopRequest`: the driver's stop, read from the progress board (at most every
     `every` seconds, so a cell of short rounds does not wait on the board each round)."""
@@ -446,7 +462,7 @@ def run_on_ray(cells: list[CellConfig], plan: Plan, options: RunOptions, store: 
             raise PrepareError(f"the spec asks for {plan.resources.gpus:g} GPU per cell but the Ray cluster has "
                                f"none; run with --set resources.gpus=0")
         # On the driver's node, as the store: a lost node must take neither with it.
-        board = ray.remote(num_cpus=0)(ProgressBoard).options(scheduling_strategy=on_driver_node()).remote()
+        board = start_board()
         keeper = start_keeper(worker_options.results)
         driver_node = ray.get_runtime_context().get_node_id()
         data = {key: replace(value, driver_node=driver_node) for key, value in (data or {}).items()}
@@ -573,10 +589,15 @@ def cause_of(error: Exception) -> Exception:
 
 def checkpoint_round(cell: CellConfig, store: Store) -> int | None:
     """The round of the cell's checkpoint in the store (None: none, or unreadable)."""
+    return round_of_checkpoint(store.checkpoint_path(cell))
+
+
+def round_of_checkpoint(path: Path) -> int | None:
+    """The round of the checkpoint at `path` (None: none, or unreadable)."""
     from pflbench.checkpoint import CheckpointProblem, read_header
 
     try:
-        return read_header(store.checkpoint_path(cell))["round"]
+        return read_header(path)["round"]
     except (OSError, CheckpointProblem):
         return None
 
