@@ -28,9 +28,11 @@ allocate memory"; torch.OutOfMemoryError on a GPU), and a Ray worker that Ray's 
 (`ray.exceptions.OutOfMemoryError`), are reported as "out of memory (peak N MB)" with the cell (the
 peak: the process's largest resident set, as the cell's last round reported it on Ray); a Ray cell is
 retried at most `retries` times like any lost worker, then recorded as failed with that reason. A
-worker the kernel's OOM killer ends is, to Ray, a worker that died (WorkerCrashedError): it is retried
-the same way and its line carries the last peak the cell reported, but it cannot be told from another
-sudden death.
+worker the kernel's OOM killer ends (a cgroup's memory limit) is, to Ray, a worker that died
+(WorkerCrashedError): it is told apart by the kernel's count of OOM kills of the worker's memory
+cgroup, which rose since the cell's last round (pflbench/oom_kills.py), and named and retried the same
+way ("out of memory (peak N MB): the kernel's OOM killer ended its worker"); the peak is the one the
+cell's last round reported.
 
 Round checkpoints (pflbench/checkpoint.py): a running cell writes `<results>/<hash>/checkpoint.pt`
 by the `checkpoint_every` / `checkpoint_minutes` policy, and a run that finds one continues the cell
@@ -365,6 +367,9 @@ class ProgressBoard:
     def note(self, key: str, text: str) -> None:
         self.notes.append((key, text))
 
+    def latest_of(self, key: str) -> dict | None:
+        return self.latest.get(key)
+
     def snapshot(self) -> tuple[dict[str, dict], list[tuple[str, str]]]:
         """The latest round of every cell, and the notes posted since the last snapshot."""
         notes, self.notes = self.notes, []
@@ -413,8 +418,10 @@ def _ray_task(cell: CellConfig, resources: Resources, options: RunOptions, board
     `checkpoint_files` (the driver's store), its data checked first where this is not the driver's node."""
     import ray
 
+    from pflbench.oom_kills import OomKills
+
     key = cell_hash(cell)
-    board.post.remote(key, {"round": 0})
+    board.post.remote(key, {"round": 0, "oom_kills": OomKills.here()})  # the count a death in round 1 is judged by
     if data is not None and data.driver_node != ray.get_runtime_context().get_node_id():
         try:
             check_node_data(cell, data, this_node())
@@ -432,8 +439,12 @@ def _ray_task(cell: CellConfig, resources: Resources, options: RunOptions, board
 
 def progress_of(info: dict) -> dict:
     """What the driver's progress display needs of a round's report (not its rows: those stay with the
-    cell's trackers, on the worker)."""
-    return {**{key: info[key] for key in PROGRESS_KEYS if key in info}, "peak_mb": peak_mb()}
+    cell's trackers, on the worker), and what tells a worker killed for memory (its peak, the kernel's
+    count of OOM kills: pflbench/oom_kills.py)."""
+    from pflbench.oom_kills import OomKills
+
+    return {**{key: info[key] for key in PROGRESS_KEYS if key in info}, "peak_mb": peak_mb(),
+            "oom_kills": OomKills.here()}
 
 
 PROGRESS_KEYS = ("round", "rounds", "mean_accuracy", "mean_val_accuracy")
@@ -477,6 +488,7 @@ def run_on_ray(cells: list[CellConfig], plan: Plan, options: RunOptions, store: 
             key = cell_hash(cell)
             attempt = attempts.get(key, 0)
             ray.get(keeper.open.remote(key, attempt))
+            board.post.remote(key, {"round": 0})  # nothing of an earlier attempt is taken for this one's
             files = RelayedCheckpointFile(keeper, key, attempt)
             running[task.remote(cell, plan.resources, worker_options, board, files, data.get(key))] = cell
 
@@ -527,7 +539,11 @@ def run_on_ray(cells: list[CellConfig], plan: Plan, options: RunOptions, store: 
                         stop(cell, Preempted(preemption.signal, in_round=True))
                         continue
                     tried = attempts[cell_hash(cell)] = attempts.get(cell_hash(cell), 0) + 1
-                    why = worker_lost(error, latest_peak.get(cell_hash(cell)))
+                    last = ray.get(board.latest_of.remote(cell_hash(cell))) or {}  # what this attempt posted last
+                    oom = last.get("oom_kills")
+                    why = worker_lost(error, last.get("peak_mb", latest_peak.get(cell_hash(cell))),
+                                      oom_killed=oom is not None and not isinstance(error, ray.exceptions.OutOfMemoryError)
+                                      and oom.rose())
                     if tried <= options.retries:
                         display.note(cell, f"{why}; retry {tried} of {options.retries}, from its checkpoint where "
                                            f"it has one")
@@ -570,12 +586,15 @@ def run_on_ray(cells: list[CellConfig], plan: Plan, options: RunOptions, store: 
             ray.shutdown()
 
 
-def worker_lost(error: Exception, peak: int | None) -> str:
-    """Why a cell's Ray worker was lost, in words: out of memory (Ray's memory monitor killed it) or lost."""
+def worker_lost(error: Exception, peak: int | None, oom_killed: bool = False) -> str:
+    """Why a cell's Ray worker was lost, in words: out of memory (Ray's memory monitor killed it, or,
+    `oom_killed`, the kernel's OOM killer: pflbench/oom_kills.py) or lost."""
     import ray
 
     if isinstance(error, ray.exceptions.OutOfMemoryError):
         return out_of_memory(peak)
+    if oom_killed:
+        return f"{out_of_memory(peak)}: the kernel's OOM killer ended its worker ({type(error).__name__})"
     return f"Ray worker lost ({type(error).__name__}" + (f"; last reported peak {peak} MB)" if peak is not None else ")")
 
 
