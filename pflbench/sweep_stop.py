@@ -10,8 +10,9 @@
 - the driver ends the Tune run once every trial that was running at the signal has stopped or ended,
   or `grace_seconds` after the signal (`TrialStops`), the way Tune ends a run on a user's Ctrl-C:
   SIGUSR1, whose handler Tune installs for that. Tune then saves its state with those trials still
-  running, that is unfinished, and ends their actors (after at most 5 s, its own cleanup's wait); a
-  trial still in its round loses that round's work and resumes from its last checkpoint;
+  running, that is unfinished, and ends their actors (its cleanup gives each 10 s to stop before it
+  kills it: the checkpoints and Tune's state are written before that wait); a trial still in its round
+  loses that round's work and resumes from its last checkpoint;
 - the sweep exits with PREEMPTED_EXIT and one line naming each trial, the round it resumes at, and
   `--resume <sweep folder>`, which restarts the unfinished trials under their ids: each resumes from
   its checkpoint, bit for bit as if uninterrupted.
@@ -26,6 +27,7 @@ only when a sweep runs.
 """
 from __future__ import annotations
 
+import logging
 import signal
 import time
 from contextlib import contextmanager
@@ -110,14 +112,19 @@ class TrialStops:
 _active: list[TrialStops] = []
 
 
+TUNE_LOG = logging.getLogger("ray.tune.tune")  # says how to continue with Tune's API: the line says --resume
+
+
 @contextmanager
 def active(stops: TrialStops) -> Iterator[TrialStops]:
     """`stops` is what `EndTuneRun` acts on while the sweep's Tune run runs in this process."""
     _active.append(stops)
+    level = TUNE_LOG.level
     try:
         yield stops
     finally:
         _active.remove(stops)
+        TUNE_LOG.setLevel(level)
 
 
 class EndTuneRun(tune.Callback):
@@ -132,4 +139,5 @@ class EndTuneRun(tune.Callback):
         if _active and _active[-1].step([trial.trial_id for trial in trials if trial.status == "RUNNING"]):
             if not callable(signal.getsignal(signal.SIGUSR1)):  # not Tune's: SIGUSR1 would end the driver
                 raise RuntimeError("Ray Tune's SIGUSR1 handler is missing: the sweep cannot end its run")
+            TUNE_LOG.setLevel(logging.ERROR)  # not Tune's words for a Ctrl-C ("Tuner.restore(...)"): ours follow
             signal.raise_signal(signal.SIGUSR1)
