@@ -47,6 +47,7 @@ import torch.nn.functional as F
 
 from pydantic import Field
 
+from pflbench import streams
 from pflbench.algorithm import ALGORITHMS, Algorithm, Card, Hyperparams, Round
 from pflbench.steps import step_ids
 from pflbench.training import cross_entropy
@@ -62,8 +63,8 @@ def _scale(alpha: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     paper="Deng, Kamani & Mahdavi, arXiv 2020 (Adaptive Personalized Federated Learning)",
     personalizes="a local model per client, mixed with the global one by a learned per-client weight alpha_i"))
 class APFL(Algorithm):
-    PERSONAL_STREAM = "apfl.personal"
-    ALPHA_STREAM = "apfl.alpha"
+    PERSONAL_STREAM = streams.salted_batches("apfl.personal", 0xA9F1)
+    ALPHA_STREAM = streams.salted_batches("apfl.alpha", 0xA9F2)
 
     class Hyperparams(Hyperparams):
         alpha: float = Field(0.5, ge=0.0, le=1.0)          # initial (or, with learn_alpha=False, fixed) mixing weight

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
+from pflbench import streams
 from pflbench.algorithm import ALGORITHMS, Algorithm, Card, Hyperparams, Round
 from pflbench.training import cross_entropy
 
@@ -44,7 +45,7 @@ from pflbench.training import cross_entropy
     personalizes="a whole personal model per client, trained with a proximal pull toward the FedAvg global model"))
 class Ditto(Algorithm):
     # Batch-order stream of the personal model's local training (the global copy: "batches", as FedAvg).
-    PERSONAL_STREAM = "ditto.personal"
+    PERSONAL_STREAM = streams.salted_batches("ditto.personal", 0xD1770)
 
     class Hyperparams(Hyperparams):
         lam: float = Field(1.0, ge=0.0)  # lambda of the proximal term, >= 0 (official fmnist scripts: 1)

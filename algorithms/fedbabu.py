@@ -29,11 +29,12 @@ from typing import Literal
 import torch
 from pydantic import Field
 
+from pflbench import streams
 from pflbench.algorithm import ALGORITHMS, Algorithm, Card, Hyperparams, Payload, Round, Serving
 from pflbench.training import Diverged
 
 
-FINETUNE_STREAM = "fedbabu.finetune"  # batch order of the evaluation-time fine-tuning, distinct from the rounds'
+FINETUNE_STREAM = streams.salted_batches("fedbabu.finetune", 0xBAB0)  # batch order of the evaluation-time fine-tuning, distinct from the rounds'
 
 
 @ALGORITHMS.register("fedbabu", card=Card(

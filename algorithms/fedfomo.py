@@ -69,6 +69,8 @@ from pydantic import Field
 from pflbench import streams
 from pflbench.algorithm import ALGORITHMS, Algorithm, Capabilities, Card, Hyperparams, Payload, Round, Serving
 
+EXPLORE = streams.salted_round("fedfomo.explore", 0xF0F0)  # which models a client explores, per round
+
 MODELS = "models"  # the download's header: [K, M] the clients whose models each client is sent
 WEIGHTS = "fomo_weights"  # each client's raw weights of the models it was sent [K, M], uploaded
 
@@ -128,7 +130,7 @@ class FedFomo(Algorithm):
 
     def choose(self, rnd: int, clients: torch.Tensor) -> torch.Tensor:
         """The models each client downloads: [K, M'] client ids, epsilon-greedy on the affinity."""
-        rng = streams.generator(self.fed.cell.seed, "fedfomo.explore", rnd, kind="numpy")
+        rng = streams.generator(self.fed.cell.seed, EXPLORE, rnd, kind="numpy")
         uploaded = self.uploaded.numpy()
         candidates = [[n for n in np.flatnonzero(uploaded) if n != c] for c in clients.tolist()]
         count = min([self.hp.models, *map(len, candidates)])

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
+from pflbench import streams
 from pflbench.algorithm import ALGORITHMS, Algorithm, Card, Hyperparams, Round, Serving
 
 
@@ -53,7 +54,7 @@ from pflbench.algorithm import ALGORITHMS, Algorithm, Card, Hyperparams, Round, 
     paper="Collins, Hassani, Mokhtari & Shakkottai, ICML 2021",
     personalizes="the head (classifier), trained first with the shared representation fixed"))
 class FedRep(Algorithm):
-    HEAD_STREAM = "fedrep.head"
+    HEAD_STREAM = streams.salted_batches("fedrep.head", 0xFE0E)
 
     quick_hp = {"head_epochs": 1}  # small smoke cells (tests)
 

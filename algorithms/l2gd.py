@@ -48,10 +48,12 @@ from pydantic import Field
 from pflbench import streams
 from pflbench.algorithm import ALGORITHMS, Algorithm, Capabilities, Card, Hyperparams, Payload, Round
 
+COINS = streams.salted_cell("l2gd.coins", 0x1260)  # the coin flips of every round, drawn once per cell
+
 
 def coin_flips(seed: int, rounds: int, p: float) -> np.ndarray:
     """The communication coin of every round (index rnd - 1): True with probability p."""
-    rng = streams.generator(seed, "l2gd.coins", kind="numpy")
+    rng = streams.generator(seed, COINS, kind="numpy")
     return rng.random(rounds) < p
 
 

@@ -64,6 +64,12 @@ from pflbench.models import ModelName, build_model
 from pflbench.steps import step_ids
 from pflbench.training import ClientModel, Diverged, State
 
+# Random streams (pflbench.streams), with the derivations they had before streams had names.
+INIT_STREAM = streams.Stream("mh-pfedhn.init", lambda s, r, c: s, "torch")  # the hypernetwork's initialization
+CLIENT_ORDER_STREAM = streams.salted_round("mh-pfedhn.client-order", 0x3E7)  # the order clients update the server
+GLOBAL_STREAM = streams.salted_batches("mh-pfedhn.global", 0x6D)  # batch order of the shared global model
+NEWCOMER_STREAM = streams.salted_batches("mh-pfedhn.newcomers", 0x0E3F)  # batch order of a newcomer's fit
+
 
 class MultiHeadHypernetwork(nn.Module):
     """Embeddings (one matrix per client), the shared extractor and one head per chunk count.
@@ -203,7 +209,7 @@ class MHpFedHN(Algorithm):
             self.global_model = ClientModel(build_model(name, fed.input_shape, fed.num_classes))
             sizes.append(self.global_model.numel(self.global_model.param_names))
         hp = self.hp
-        with streams.torch_global(fed.cell.seed, "mh-pfedhn.init"):
+        with streams.torch_global(fed.cell.seed, INIT_STREAM):
             self.hnet = MultiHeadHypernetwork(sizes, hp.embedding_dim, hp.hidden_dim, hp.hidden_layers,
                                               hp.chunk_size, hp.embedding_std).to(fed.device)
         optimizer = torch.optim.AdamW if hp.server_optimizer == "adamw" else torch.optim.Adam
@@ -264,7 +270,7 @@ class MHpFedHN(Algorithm):
             objective, targets = self._teacher_targets(clients, round_global)
         extra = {} if objective is None else {"objective": objective, "targets": targets}
         if self.hp.server_updates == "per_client":
-            order = streams.generator(self.fed.cell.seed, "mh-pfedhn.client-order", rnd.number,
+            order = streams.generator(self.fed.cell.seed, CLIENT_ORDER_STREAM, rnd.number,
                                       kind="numpy").permutation(len(ids))
             for k in order.tolist():
                 c = ids[k]
@@ -312,7 +318,7 @@ class MHpFedHN(Algorithm):
         stacked = {n: t.unsqueeze(0).expand(len(clients), *t.shape).clone()
                    for n, t in unflatten(model, start).items()}
         stacked.update({n: t.expand(len(clients), *t.shape[1:]).clone() for n, t in self.global_buffers.items()})
-        trained = self.fed.train(rnd, clients, stacked, model=model, stream="mh-pfedhn.global").state
+        trained = self.fed.train(rnd, clients, stacked, model=model, stream=GLOBAL_STREAM).state
         deltas = start.unsqueeze(0) - flatten(model, trained)
         weights = self.fed.train_sizes[clients].float()
         weights = weights / weights.sum()
@@ -354,7 +360,7 @@ class MHpFedHN(Algorithm):
 
     # ---- unseen clients -------------------------------------------------------------------------------
     NEWCOMER_EPOCHS = 5
-    NEWCOMER_STREAM = "mh-pfedhn.newcomers"
+    NEWCOMER_STREAM = NEWCOMER_STREAM
 
     @classmethod
     def cell_refusal(cls, cell) -> Refusal | None:

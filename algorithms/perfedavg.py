@@ -71,11 +71,16 @@ from torch import Tensor
 
 from pflbench.steps import (LossCheck, clone_state, finite, keep_inactive, loss_and_grads, per_client,
                             restore_inactive, rows_where, sgd_step, step_ids, step_plan)
+from pflbench import streams
 from pflbench.algorithm import ALGORITHMS, Algorithm, Card, Hyperparams, Payload, Round, Serving
 from pflbench.training import Diverged, weighted_mean
 
-STREAMS = ("batches", "perfedavg.d-prime", "perfedavg.d-second")  # batch orders of D, D' and D''
-ADAPT_STREAM = "perfedavg.adapt"  # batch order of the evaluation-time adaptation step
+STREAMS = (  # batch orders of D, D' and D''
+    streams.BATCHES,
+    streams.salted_batches("perfedavg.d-prime", 0x9EF1),
+    streams.salted_batches("perfedavg.d-second", 0x9EF2),
+)
+ADAPT_STREAM = streams.salted_batches("perfedavg.adapt", 0x9EFA)  # batch order of the evaluation-time adaptation step
 
 
 @ALGORITHMS.register("perfedavg", card=Card(

@@ -71,6 +71,9 @@ from pflbench import streams
 from pflbench.algorithm import ALGORITHMS, Algorithm, Capabilities, Card, Hyperparams, Payload, Round, Serving
 from pflbench.training import SGD, Diverged, State
 
+# The hypernetwork's initialization (torch's global generator), with the seed it had before streams had names.
+HYPERNET_STREAM = streams.Stream("pfedhn.hypernet", lambda s, r, c: s * 7919 + 29, "torch")
+
 
 class Trained(NamedTuple):
     """The sampled clients after local training (`state`), with the generated models each started
@@ -155,7 +158,7 @@ class PFedHN(Algorithm):
         else:
             self.generated = list(params)
         shapes = {p: self.client_state[p].shape[1:] for p in self.generated}
-        with streams.torch_global(fed.cell.seed, "pfedhn.hypernet"):
+        with streams.torch_global(fed.cell.seed, HYPERNET_STREAM):
             self.hypernet = HyperNetwork(n, shapes, hp.embed_dim or int(1 + n / 4), hp.hidden_dim,
                                          hp.hidden_layers).to(fed.device)
         self.optimizer = torch.optim.SGD(self.hypernet.body(), lr=hp.hn_lr, momentum=hp.hn_momentum,
@@ -269,7 +272,7 @@ class PFedHN(Algorithm):
         return {n: generated.get(n, self.client_state[n]) for n in self.fed.model.names}
 
     NEWCOMER_EPOCHS = 5
-    NEWCOMER_STREAM = "pfedhn.newcomers"
+    NEWCOMER_STREAM = streams.salted_batches("pfedhn.newcomers", 0x0E3E)
 
     def newcomer_models(self, serving: Serving):
         """Frozen hypernetwork, a fitted embedding per newcomer (see the module docstring)."""

@@ -71,6 +71,9 @@ from pflbench import streams
 from pflbench.algorithm import ALGORITHMS, Algorithm, Capabilities, Card, Hyperparams, Payload, Round, Serving
 from pflbench.newcomers.batchnorm import fit_batchnorm_statistics
 
+# The hypernetwork's initialization, with the seed it had before streams had names.
+HYPERNET_STREAM = streams.Stream("pfedla.hypernet", lambda s, r, c: s * 7919 + 17, "torch")
+
 RETAINED = "retained"  # the download's header: [K, L] bool, the layers each client keeps (not sent)
 
 
@@ -131,7 +134,7 @@ class PFedLA(Algorithm):
         if hp.retain_layers >= len(self.layer_params):
             raise ValueError(f"retain_layers={hp.retain_layers} keeps every one of the model's "
                              f"{len(self.layer_params)} layers local; choose fewer")
-        gen = streams.generator(fed.cell.seed, "pfedla.hypernet")
+        gen = streams.generator(fed.cell.seed, HYPERNET_STREAM)
 
         def linear(fan_in: int, fan_out: int) -> tuple[Tensor, Tensor]:
             bound = 1 / fan_in ** 0.5  # nn.Linear's default initialization, one draw per client

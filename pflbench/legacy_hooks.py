@@ -27,12 +27,13 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import sys
 from contextlib import contextmanager
 from typing import Any, Callable
 
 import torch
 
-from pflbench import deprecation
+from pflbench import deprecation, streams
 from pflbench.payload import Payload
 from pflbench.round_context import Round, RoundNumber
 from pflbench.serving import Serving
@@ -300,3 +301,38 @@ class LegacyHooks:
 
 def _deprecated(old: str, new: str) -> None:
     deprecation.warn(f"{old} is deprecated: use {new} {WHERE}", old=old, new=new)
+
+
+# ---- the deprecated `salt=` of the engine's training calls ---------------------------------------------
+
+def batch_stream(stream: streams.StreamLike | None, salt: int | None) -> streams.StreamLike:
+    """The batch-order stream of a call that may still pass the deprecated `salt=` (one release)."""
+    if salt is None:
+        return streams.BATCHES if stream is None else stream
+    declared = _declared_batch_orders().get(salt)
+    named = declared.name if declared is not None else "batches.<purpose>"
+    deprecation.warn(
+        f"salt={salt:#x} is deprecated: pass stream={named!r} (a named stream, pflbench.streams)",
+        old=f"salt={salt:#x}",
+        new=f"stream={named!r}",
+    )
+    if stream is not None and str(stream) != streams.BATCHES.name:
+        raise ValueError("give stream= or the deprecated salt=, not both")
+    # a plugin's own salt: its old derivation, under a name of its own
+    return declared if declared is not None else streams.salted_batches(f"batches.salt-{salt:#x}", salt)
+
+
+def _declared_batch_orders() -> dict[int, streams.Stream]:
+    """salt -> the batch-order stream declared with it: the engine's, and those the registered algorithms'
+    classes and modules declare (pflbench.streams), to name a deprecated salt's stream."""
+    from pflbench.algorithm import ALGORITHMS
+
+    found = {s.salt: s for s in streams.ENGINE.values() if s.salt is not None}
+    for _, cls in ALGORITHMS.items():
+        for owner in (*cls.__mro__, sys.modules.get(cls.__module__)):
+            for value in vars(owner).values() if owner is not None else ():
+                for item in value if isinstance(value, (tuple, list)) else (value,):
+                    if isinstance(item, streams.Stream) and item.salt is not None:
+                        found.setdefault(item.salt, item)
+    return found
+

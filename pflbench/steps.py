@@ -32,7 +32,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from pflbench import streams
+from pflbench.legacy_hooks import batch_stream
+from pflbench.streams import StreamLike
 from pflbench.round_context import Round
 from pflbench.training import SGD, State
 
@@ -85,7 +86,7 @@ class StepPlan:
         return [everyone] * shortest + [Active(False, on_device[i], tail_rows[i]) for i in range(len(tail))]
 
 
-def step_plan(fed, rnd: int | Round, clients: Tensor, *, stream: str | None = None, epochs: int | None = None,
+def step_plan(fed, rnd: int | Round, clients: Tensor, *, stream: StreamLike | None = None, epochs: int | None = None,
               steps: int | None = None, split: str = "train", salt: int | None = None) -> StepPlan:
     """The engine's batch plan for `clients` (`Federation.local_plans`: for the round's context `rnd`,
     stragglers already cut) as a `StepPlan`. `stream`: the batch order's random stream (default
@@ -93,7 +94,7 @@ def step_plan(fed, rnd: int | Round, clients: Tensor, *, stream: str | None = No
     copy (positions padded on the host, then one gather from the clients' concatenated sample ids)."""
     indices = [fed.splits[split][c] for c in clients.tolist()]
     plans = fed.local_plans(rnd, clients, epochs=epochs, steps=steps, split=split,
-                            stream=streams.batch_stream(stream, salt))
+                            stream=batch_stream(stream, salt))
     counts = torch.tensor([len(p) for p in plans], dtype=torch.long)
     longest = int(counts.max()) if len(plans) else 0
     batch = fed.cell.batch_size
@@ -111,7 +112,7 @@ def step_plan(fed, rnd: int | Round, clients: Tensor, *, stream: str | None = No
     return StepPlan(pool[positions.to(fed.device)], counts)
 
 
-def step_ids(fed, rnd: int | Round, clients: Tensor, *, stream: str | None = None, epochs: int | None = None,
+def step_ids(fed, rnd: int | Round, clients: Tensor, *, stream: StreamLike | None = None, epochs: int | None = None,
              steps: int | None = None, split: str = "train", salt: int | None = None) -> tuple[Tensor, Tensor]:
     """`step_plan`'s sample ids [K, S, B] and step counts [K], both on the device."""
     plan = step_plan(fed, rnd, clients, stream=stream, epochs=epochs, steps=steps, split=split, salt=salt)
