@@ -8,7 +8,6 @@ import io
 import pkgutil
 import re
 import tokenize
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -19,10 +18,8 @@ from cells import federation, small_cell
 import pflbench.algorithms
 from pflbench import streams
 from pflbench.algorithms import fedmn
-from pflbench.algorithms.ditto import Ditto
 from pflbench.algorithms.fedfomo import EXPLORE
 from pflbench.algorithms.pfedla import HYPERNET_STREAM as PFEDLA_HYPERNET
-from pflbench.steps import step_ids
 
 ROOT = Path(__file__).resolve().parents[1]
 SEEDING = re.compile(r"manual_seed\(|default_rng\(|Generator\(|SeedSequence\(|RandomState\(|np\.random\.seed\(|"
@@ -249,22 +246,3 @@ def test_fedmn_routing_draws_its_samples_from_the_cell_seed(tmp_path, monkeypatc
         monkeypatch.undo()
         drawn[seed] = seen[0]
     assert not torch.equal(drawn[0], drawn[1])
-
-
-def test_the_deprecated_salt_still_works_and_names_the_stream(tmp_path):
-    fed = federation(small_cell(), tmp_path)
-    clients = torch.arange(3)
-    named, _ = step_ids(fed, 1, clients, stream=Ditto.PERSONAL_STREAM)
-    with pytest.warns(DeprecationWarning, match="stream='ditto.personal'"):
-        salted, _ = step_ids(fed, 1, clients, salt=0xD1770)
-    assert torch.equal(named, salted)
-    with pytest.warns(DeprecationWarning, match="batches.<purpose>"):
-        own, _ = step_ids(fed, 1, clients, salt=0x1234)
-    with pytest.warns(DeprecationWarning):
-        generators = fed.batch_generators(1, clients, 0x1234)
-    assert [g.initial_seed() for g in generators] == [_sha_seed(f"0/1/{int(fed.client_ids[c])}/{0x1234}")
-                                                      for c in range(3)]
-    assert not torch.equal(own, named)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        step_ids(fed, 1, clients)  # the default stream warns nothing
