@@ -208,12 +208,30 @@ class Router(nn.Module):
         return self.out(torch.relu(F.normalize(z, dim=1))).mean(0)
 
 
+class FedMNHP(Hyperparams):
+    modules_per_layer: list[int] = Field(default_factory=lambda: [2, 2, 2], min_length=2)
+    dims: list[int] = Field(default_factory=lambda: [512, 256])
+    encoder_hidden: int = Field(2048, ge=0)     # LeNet encoder's hidden fc (0: none)
+    dropout: float = Field(0.5, ge=0.0, lt=1.0)
+    router_x_dim: int = Field(128, ge=1)
+    router_y_dim: int = Field(64, ge=1)
+    router_samples: int = Field(0, ge=0)        # 0: the whole local training set at every step [C]
+    tau_init: float = Field(1.0, gt=0)
+    tau_min: float = Field(0.5, gt=0)
+    tau_rate: float = Field(3e-5, ge=0)
+    sparsity: float = Field(0.0, ge=0)          # lambda of the optional mean-gate penalty [INF]
+    gate_bias_init: float = 2.0                 # initial gate logit: gates start on [INF, see doc]
+    he_init: bool = True                        # He init of the modules' ReLU layers [INF, see doc]
+    send_routed_only: bool = True               # the communication-efficient interaction
+    code_compat: bool = False                   # the official code's behaviour (see module doc)
+
+
 @ALGORITHMS.register("fedmn", card=Card(
     display_name="FedMN",
     family="hypernetworks and layer-wise aggregation",
     paper="T. Wang, Cheng, Luo, Yu, Ni, Tong, Chen & X. Zhang, ICDM 2022",
     personalizes="the architecture: a routing hypernetwork picks each client's modules from a shared pool"))
-class FedMN(Algorithm):
+class FedMN(Algorithm[FedMNHP]):
     """A module pool shared by all clients; each client's routing hypernetwork output picks its modules."""
 
     capabilities = Capabilities(batched=False, refused_knobs={
@@ -223,23 +241,6 @@ class FedMN(Algorithm):
     state_objects = ("net", "router")
 
     quick_hp = {"dims": [16, 8], "encoder_hidden": 16, "router_x_dim": 8, "router_y_dim": 4, "router_samples": 16}  # small smoke cells (tests)
-
-    class Hyperparams(Hyperparams):
-        modules_per_layer: list[int] = Field(default_factory=lambda: [2, 2, 2], min_length=2)
-        dims: list[int] = Field(default_factory=lambda: [512, 256])
-        encoder_hidden: int = Field(2048, ge=0)     # LeNet encoder's hidden fc (0: none)
-        dropout: float = Field(0.5, ge=0.0, lt=1.0)
-        router_x_dim: int = Field(128, ge=1)
-        router_y_dim: int = Field(64, ge=1)
-        router_samples: int = Field(0, ge=0)        # 0: the whole local training set at every step [C]
-        tau_init: float = Field(1.0, gt=0)
-        tau_min: float = Field(0.5, gt=0)
-        tau_rate: float = Field(3e-5, ge=0)
-        sparsity: float = Field(0.0, ge=0)          # lambda of the optional mean-gate penalty [INF]
-        gate_bias_init: float = 2.0                 # initial gate logit: gates start on [INF, see doc]
-        he_init: bool = True                        # He init of the modules' ReLU layers [INF, see doc]
-        send_routed_only: bool = True               # the communication-efficient interaction
-        code_compat: bool = False                   # the official code's behaviour (see module doc)
 
     search_space = {"tau_min": ("uniform", 0.1, 1.0), "tau_rate": ("loguniform", 1e-5, 1e-2),
                     "sparsity": ("loguniform", 1e-4, 1e-1), "gate_bias_init": ("uniform", 0.0, 4.0)}

@@ -156,12 +156,24 @@ def distillation(alpha: float, temperature: float):
     return objective
 
 
+class MHpFedHNHP(Hyperparams):
+    embedding_dim: int = Field(64, ge=1)
+    hidden_dim: int = Field(128, ge=1)          # `hidm`
+    hidden_layers: int = Field(3, ge=1)
+    chunk_size: int = Field(3072, ge=1)         # `hnet_output_size`
+    embedding_std: float = Field(0.002, gt=0)   # `norm_var` (a standard deviation)
+    server_lr: float = Field(2e-4, gt=0)
+    server_optimizer: Literal["adam", "adamw"] = "adam"
+    server_clip: float = Field(50.0, gt=0)
+    server_updates: Literal["per_client", "per_round"] = "per_client"
+
+
 @ALGORITHMS.register("mh-pfedhn", card=Card(
     display_name="MH-pFedHN",
     family="hypernetworks and layer-wise aggregation",
     paper="C. Zhang, H. Li, X. Liu, L. Jiang et al., arXiv 2507.22330, 2025 (IJCAI 2026)",
     personalizes="the whole model, generated per client by a multi-head hypernetwork; architectures may differ"))
-class MHpFedHN(Algorithm):
+class MHpFedHN(Algorithm[MHpFedHNHP]):
     """Multi-head hypernetwork generating each client's whole model; clients may differ in architecture."""
 
     capabilities = Capabilities(heterogeneous_models=True, refused_knobs={
@@ -179,17 +191,6 @@ class MHpFedHN(Algorithm):
         return "update" if self.hp.server_updates == "per_round" else "self"
 
     quick_hp = {"hidden_dim": 4, "embedding_dim": 8}  # small smoke cells (tests)
-
-    class Hyperparams(Hyperparams):
-        embedding_dim: int = Field(64, ge=1)
-        hidden_dim: int = Field(128, ge=1)          # `hidm`
-        hidden_layers: int = Field(3, ge=1)
-        chunk_size: int = Field(3072, ge=1)         # `hnet_output_size`
-        embedding_std: float = Field(0.002, gt=0)   # `norm_var` (a standard deviation)
-        server_lr: float = Field(2e-4, gt=0)
-        server_optimizer: Literal["adam", "adamw"] = "adam"
-        server_clip: float = Field(50.0, gt=0)
-        server_updates: Literal["per_client", "per_round"] = "per_client"
 
     search_space = {"server_lr": ("loguniform", 1e-5, 1e-2), "embedding_dim": ("choice", [16, 32, 64, 128]),
                     "hidden_dim": ("choice", [32, 64, 128])}
@@ -415,6 +416,12 @@ class MHpFedHN(Algorithm):
         return {"heads": np.array([self.hnet.head_key(c) for c in range(self.fed.num_clients)])}
 
 
+class MHpFedHNGDHP(MHpFedHNHP):
+    alpha: float = Field(0.2, ge=0.0, le=1.0)
+    temperature: float = Field(15.0, gt=0)
+    global_model: ModelName = "auto"  # the smallest client architecture, or a model name
+
+
 @ALGORITHMS.register("mh-pfedhngd", card=Card(
     display_name="MH-pFedHNGD",
     family="hypernetworks and layer-wise aggregation",
@@ -431,10 +438,8 @@ class MHpFedHNGD(MHpFedHN):
                    "the privatized upload"})
     global_distillation = True
 
-    class Hyperparams(MHpFedHN.Hyperparams):
-        alpha: float = Field(0.2, ge=0.0, le=1.0)
-        temperature: float = Field(15.0, gt=0)
-        global_model: ModelName = "auto"  # the smallest client architecture, or a model name
+    Hyperparams = MHpFedHNGDHP
+    hp: MHpFedHNGDHP
 
     search_space = {**MHpFedHN.search_space, "alpha": ("uniform", 0.0, 0.5),
                     "temperature": ("choice", [1.0, 5.0, 10.0, 15.0, 20.0])}

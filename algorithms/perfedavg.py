@@ -83,20 +83,21 @@ STREAMS = (  # batch orders of D, D' and D''
 ADAPT_STREAM = streams.salted_batches("perfedavg.adapt", 0x9EFA)  # batch order of the evaluation-time adaptation step
 
 
+class PerFedAvgHP(Hyperparams):
+    variant: Literal["fo", "hf"] = "fo"            # first-order or Hessian-free
+    alpha: float = Field(0.01, gt=0.0)             # inner / personalization step size
+    beta: float | None = Field(1e-3, gt=0.0)       # meta step size (references: 1e-3); None: the cell's lr
+    delta: float = Field(0.001, gt=0.0)            # HF finite-difference radius
+
+
 @ALGORITHMS.register("perfedavg", card=Card(
     display_name="Per-FedAvg",
     family="regularized and meta-learned",
     row_order=2,
     paper="Fallah, Mokhtari & Ozdaglar, NeurIPS 2020",
     personalizes="the whole model, by one local gradient step from a MAML-trained global model"))
-class PerFedAvg(Algorithm):
+class PerFedAvg(Algorithm[PerFedAvgHP]):
     ADAPT_STREAM = ADAPT_STREAM
-
-    class Hyperparams(Hyperparams):
-        variant: Literal["fo", "hf"] = "fo"            # first-order or Hessian-free
-        alpha: float = Field(0.01, gt=0.0)             # inner / personalization step size
-        beta: float | None = Field(1e-3, gt=0.0)       # meta step size (references: 1e-3); None: the cell's lr
-        delta: float = Field(0.001, gt=0.0)            # HF finite-difference radius
 
     search_space = {"alpha": ("loguniform", 1e-4, 0.3), "beta": ("loguniform", 1e-4, 0.1),
                     "variant": ("choice", ["fo", "hf"])}

@@ -44,11 +44,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, get_args, get_origin
 
 import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, ValidationError
+from typing_extensions import TypeVar
 
 from pflbench import deprecation, legacy_hooks
 from pflbench.capabilities import LEGACY_CAPABILITY_ATTRIBUTES, Capabilities, Refusal, refusal
@@ -87,23 +88,25 @@ __all__ = [
 ]
 
 
-class AlgorithmRegistry(Registry[type["Algorithm"]]):
+A = TypeVar("A", bound="type[Algorithm[Any]]")  # an algorithm class, as registered
+
+
+class AlgorithmRegistry(Registry[type["Algorithm[Any]"]]):
     """The algorithms' registry: `register(name, card=Card(...))` sets the class's `name` and `card`
     (its own, never inherited) and settles its `capabilities`. A class written against the API before
     (presentation and capability class attributes: display_name, family, batched, refused_knobs, ...;
     hooks in the old form) still registers, for one release, with a DeprecationWarning naming the new
     form, as its adapted subclass (pflbench.legacy_hooks); any other class is registered as it is."""
 
-    def register(
-        self, name: str, card: Card | None = None, **attributes: Any
-    ) -> Callable[[type["Algorithm"]], type["Algorithm"]]:
+    def register(self, name: str, card: Card | None = None, **attributes: Any) -> Callable[[A], A]:
         add = super().register(name, **attributes)
 
-        def decorator(cls: type[Algorithm]) -> type[Algorithm]:
+        def decorator(cls: A) -> A:
             own_card, capabilities = _card_of(cls, name, card), _capabilities_of(cls, name)
             cls = legacy_hooks.adapt(cls, own_card, capabilities)  # `cls` itself unless it uses an old form
             cls.card, cls.capabilities = own_card, capabilities
-            return add(cls)
+            add(cls)
+            return cls
 
         return decorator
 
@@ -161,9 +164,14 @@ class Hyperparams(BaseModel):
 
 
 _Hyperparams = Hyperparams  # the base class, for annotations inside Algorithm (whose `Hyperparams` is a ClassVar)
+HP = TypeVar("HP", bound=Hyperparams, default=Hyperparams)  # an algorithm's own Hyperparams class
 
 
-class Algorithm:
+class Algorithm(Generic[HP]):
+    """A method: its hooks (module doc), generic over its hyperparameters' class, so that `self.hp` is
+    typed (`class Ditto(Algorithm[DittoHP])`: `self.hp.lam` is a float); the class is also its
+    `Hyperparams`, what the cell's `hp` is parsed into."""
+
     name: ClassVar[str] = ""  # the registered name (set by `ALGORITHMS.register`)
     # How reports show the method (pflbench.card): the class's own, set by `ALGORITHMS.register`.
     card: ClassVar[Card] = Card()
@@ -187,9 +195,19 @@ class Algorithm:
     state_objects: ClassVar[tuple[str, ...]] = ()
     state_rebuilt: ClassVar[tuple[str, ...]] = ()
 
-    def __init__(self, fed: "Federation", hp: _Hyperparams):
+    def __init__(self, fed: "Federation", hp: HP):
         self.fed = fed
-        self.hp = hp
+        self.hp: HP = hp
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """`Algorithm[XHP]`'s XHP is the class's `Hyperparams` (unless the class declares its own)."""
+        super().__init_subclass__(**kwargs)
+        if "Hyperparams" in cls.__dict__:
+            return
+        for base in cls.__dict__.get("__orig_bases__", ()):
+            origin, args = get_origin(base), get_args(base)
+            if isinstance(origin, type) and issubclass(origin, Algorithm) and args and isinstance(args[0], type):
+                cls.Hyperparams = args[0]
 
     @classmethod
     def parse_hyperparams(cls, values: dict[str, Any]) -> _Hyperparams:
@@ -464,6 +482,6 @@ def load_object_state(owner: Any, name: str, saved: Any) -> None:
         obj.load_state_dict(saved)
 
 
-def get_algorithm(name: str) -> type[Algorithm]:
+def get_algorithm(name: str) -> type[Algorithm[Any]]:
     """The registered algorithm `name` (the registry loads the built-ins and plugins first)."""
     return ALGORITHMS.get(name)

@@ -48,7 +48,7 @@ import inspect
 import re
 import sys
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator, cast
 
 import torch
 
@@ -60,7 +60,7 @@ from pflbench.round_context import Round, RoundNumber
 from pflbench.serving import Serving
 
 if TYPE_CHECKING:
-    from pflbench.algorithm import Algorithm
+    from pflbench.algorithm import A
     from pflbench.capabilities import Capabilities
     from pflbench.card import Card
 
@@ -155,7 +155,7 @@ def old_forms(cls: type) -> OldForms:
 
 # ---- the adapter ----------------------------------------------------------------------------------------
 
-def adapt(cls: type[Algorithm], card: Card | None = None, capabilities: Capabilities | None = None) -> type[Algorithm]:
+def adapt(cls: A, card: Card | None = None, capabilities: Capabilities | None = None) -> A:
     """`cls` itself where it uses no old form; else its adapted subclass (module doc), the old forms of
     its hooks said at their lines. `card` and `capabilities` (the registry's) give the mirror attributes."""
     uses = old_forms(cls)
@@ -192,7 +192,7 @@ def adapt(cls: type[Algorithm], card: Card | None = None, capabilities: Capabili
     splits = next((k.__dict__["evaluate_splits"] for k, name in uses.methods if name == "evaluate_splits"), None)
     if splits is not None:
         namespace["evaluate"] = _evaluating_splits(splits)
-    adapted_box: list[type] = []
+    adapted_box: list[Any] = []
     if uses.salt:
 
         def __init__(self: Any, fed: Any, hp: Any) -> None:
@@ -202,7 +202,7 @@ def adapt(cls: type[Algorithm], card: Card | None = None, capabilities: Capabili
         _salted_steps(cls)
     adapted = type(cls.__name__, (cls, old_base), namespace)
     adapted_box.append(adapted)
-    return adapted
+    return cast("A", adapted)
 
 
 def _mirrors(card: Card | None, capabilities: Capabilities | None) -> dict[str, Any]:
