@@ -217,9 +217,10 @@ class Federation:
         return Round(number, clients, work)
 
     def batch_generators(self, rnd: int | Round, clients: Tensor, *,
-                         stream: StreamLike = streams.BATCHES) -> list[torch.Generator]:
+                         stream: StreamLike | None = None) -> list[torch.Generator]:
         """One generator per client of the random `stream` (default "batches": the batch order) in round
         `rnd`, keyed by partition id: the same for every algorithm and for both training paths."""
+        stream = streams.BATCHES if stream is None else stream
         number = round_number(rnd)
         # keyed by partition id (-1: pooled data)
         return [streams.generator(self.cell.seed, stream, number, int(self.client_ids[c]) if c >= 0 else c)
@@ -227,7 +228,7 @@ class Federation:
 
     def train(self, rnd: int | Round, clients: Tensor, state: State, *, objective: Objective = cross_entropy,
               aux: State | None = None, trainable=None, epochs: int | None = None,
-              steps: int | None = None, split: str = "train", stream: StreamLike = streams.BATCHES,
+              steps: int | None = None, split: str = "train", stream: StreamLike | None = None,
               model: ClientModel | None = None, targets: Tensor | None = None) -> TrainResult:
         """Local SGD of the sampled clients from `state` ([len(clients), ...]) on their own data:
         `epochs` (None: the cell's local_epochs; 0: no step) or a fixed number of `steps`, on the
@@ -262,7 +263,7 @@ class Federation:
         return TrainResult(new_state, loss)
 
     def local_plans(self, rnd: int | Round, clients: Tensor, *, epochs: int | None = None, steps: int | None = None,
-                    split: str = "train", stream: StreamLike = streams.BATCHES) -> list[Tensor]:
+                    split: str = "train", stream: StreamLike | None = None) -> list[Tensor]:
         """The engine's batch plan of each of `clients` in round `rnd`: positions into the client's
         `split` sample ids, [steps, batch_size] (`pflbench.training.batch_plan`), for `epochs` (None:
         the cell's local_epochs; 0: no step) or a fixed number of `steps`, in the batch order of

@@ -32,7 +32,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from pflbench import streams
 from pflbench.streams import StreamLike
 from pflbench.round_context import Round
 from pflbench.training import SGD, State
@@ -86,7 +85,7 @@ class StepPlan:
         return [everyone] * shortest + [Active(False, on_device[i], tail_rows[i]) for i in range(len(tail))]
 
 
-def step_plan(fed, rnd: int | Round, clients: Tensor, *, stream: StreamLike = streams.BATCHES,
+def step_plan(fed, rnd: int | Round, clients: Tensor, *, stream: StreamLike | None = None,
               epochs: int | None = None, steps: int | None = None, split: str = "train") -> StepPlan:
     """The engine's batch plan for `clients` (`Federation.local_plans`: for the round's context `rnd`,
     stragglers already cut) as a `StepPlan`. `stream`: the batch order's random stream (default
@@ -112,7 +111,7 @@ def step_plan(fed, rnd: int | Round, clients: Tensor, *, stream: StreamLike = st
     return StepPlan(pool[positions.to(fed.device)], counts)
 
 
-def step_ids(fed, rnd: int | Round, clients: Tensor, *, stream: StreamLike = streams.BATCHES,
+def step_ids(fed, rnd: int | Round, clients: Tensor, *, stream: StreamLike | None = None,
              epochs: int | None = None, steps: int | None = None, split: str = "train") -> tuple[Tensor, Tensor]:
     """`step_plan`'s sample ids [K, S, B] and step counts [K], both on the device."""
     plan = step_plan(fed, rnd, clients, stream=stream, epochs=epochs, steps=steps, split=split)
