@@ -7,13 +7,17 @@ engine's default path for the device (batched across clients on CUDA), each for 
 `--max-seconds-each`. Per algorithm: seconds per round after the first (warm-up), and seconds per
 sample-epoch (one sample through one local step, adaptation included).
 
-The projection: every cell of `make reproduce-table1` at full scale (benchmarks/table1.yaml: 10 rows x
-4 datasets x 2 client counts x 3 seeds) costs its sample-epochs (rounds x joining clients x train
-samples x local epochs, plus every evaluation's adaptation of all clients) times its algorithm's
-measured seconds per sample-epoch (FedAvg's for a row not measured), times the ratio of its model's
-training FLOPs per sample to the Fashion-MNIST CNN's (a GPU runs a larger model closer to its peak,
-so this overestimates the CIFAR cells); divided by the measured throughput gain of 8 cells sharing
-the GPU (`--sharing`: the sharing step's JSON; 1 where not given).
+The projection: every cell of `make reproduce-table1` (or `--spec table2`) at full scale (10 rows x 4
+datasets x 2 client counts x 3 seeds) costs its work times its row's measured seconds per unit of work
+(FedAvg's for a row not measured), times the ratio of its model's training FLOPs per sample to the
+Fashion-MNIST CNN's (a GPU runs a larger model closer to its peak, so this overestimates the CIFAR
+cells); divided by the measured throughput gain of 8 cells sharing the GPU (`--sharing`: the sharing
+step's JSON; 1 where not given). A cell's work is counted, per row and setting, by step_count.py
+(`--counts`, default step_counts.json beside this file): samples through a training step, plus a third
+of the samples scored without one (a forward is about a third of a training step), over its rounds
+(joining clients) and its evaluations (every client adapted and scored). A setting without a count
+falls back to its sample-epochs (rounds x joining clients x train samples x local epochs, plus every
+evaluation's adaptation of all clients), and the projection lists it as uncounted.
 
     python benchmarks/gpu/paper_slice.py --device cuda --rounds 20 --sharing sharing.json --json out.json
 """
@@ -28,6 +32,10 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # sharing.py's table1_cell (PYTHONSAFEPATH leaves the script's folder out)
 from sharing import REPO  # noqa: E402
+from step_count import at_epochs, setting_key  # noqa: E402
+
+COUNTS = HERE / "step_counts.json"
+FORWARD_SHARE = 1 / 3  # a forward without autograd, in training steps (forward + backward ~ 3 forwards)
 
 # Table 1's datasets without loading them (EMNIST and CIFAR-100 are not on offline machines):
 # (sample shape, classes); EMNIST is the `balanced` split, as table1.yaml sets it.
@@ -61,6 +69,26 @@ def sample_epochs(cell, rounds: float, train_per_client: float) -> float:
     if cell.finetune_epochs:
         work += rounds / cell.eval_every * cell.clients * train_per_client * cell.finetune_epochs
     return work
+
+
+def load_counts(path: str | Path | None) -> dict:
+    """step_count.py's counts by setting (empty where the file is missing)."""
+    path = Path(path) if path else COUNTS
+    return json.loads(path.read_text())["counts"] if path.exists() else {}
+
+
+def counted_work(cell, rounds: float, counts: dict, evaluations: float | None = None) -> float | None:
+    """`rounds` rounds of `cell` with `evaluations` evaluations (default: one every `eval_every` rounds) in
+    training steps of one sample (module doc); None: no count for its setting."""
+    count = counts.get(setting_key(cell))
+    if count is None:
+        return None
+    joining = max(1, round(cell.clients * cell.participation))
+    local, adapt = cell.local_epochs, cell.finetune_epochs
+    per_round = at_epochs(count["round_grad"], local) + FORWARD_SHARE * at_epochs(count["round_forward"], local)
+    per_eval = at_epochs(count["eval_grad"], adapt) + FORWARD_SHARE * at_epochs(count["eval_forward"], adapt)
+    evaluations = rounds / cell.eval_every if evaluations is None else evaluations
+    return rounds * joining * per_round + evaluations * cell.clients * per_eval
 
 
 def train_samples(cell) -> float:
@@ -97,19 +125,25 @@ def measure(algorithm: str, args) -> dict:
     seconds = stamps[-1] - stamps[0]
     per_round = seconds / rounds
     work = sample_epochs(cell, rounds, train_samples(cell))
+    # rounds 2..len(stamps) timed: the evaluations among them
+    counted = counted_work(cell, rounds, load_counts(args.counts), len(stamps) // cell.eval_every)
     return {"rounds_timed": rounds, "seconds": seconds, "seconds_per_round": per_round,
             "projected_cell_seconds": per_round * cell.rounds, "seconds_per_sample_epoch": seconds / work,
+            "seconds_per_step_sample": None if counted is None else seconds / counted,
             "first_round_seconds": stamps[0] - began, "path": path, "cell_rounds": cell.rounds}
 
 
-def project(measured: dict, speedup: float, device: str) -> dict:
-    """The whole of table1.yaml at full scale from the measured costs (module doc)."""
+def project(measured: dict, speedup: float, device: str, spec: str = "table1", counts: dict | None = None) -> dict:
+    """The whole of `spec` (table1 or table2) at full scale from the measured costs (module doc)."""
     from pflbench.bench import training_flops_per_sample
     from pflbench.spec import load_spec
 
-    plan = load_spec(REPO / "benchmarks" / "table1.yaml")
+    plan = load_spec(REPO / "benchmarks" / f"{spec}.yaml")
+    counts = load_counts(None) if counts is None else counts
     base = measured["fedavg"]["seconds_per_sample_epoch"]
+    base_counted = measured["fedavg"].get("seconds_per_step_sample")
     flops: dict = {}
+    uncounted: set[str] = set()
 
     def flops_of(cell) -> float:
         shape, classes = SHAPES[cell.dataset]
@@ -125,8 +159,14 @@ def project(measured: dict, speedup: float, device: str) -> dict:
     for cell in plan.cells:
         if reference is None:
             reference = flops_of(table1_cell("fedavg", None, None))
-        cost = measured.get(cell.algorithm, {}).get("seconds_per_sample_epoch", base)
-        seconds = sample_epochs(cell, cell.rounds, train_samples(cell)) * cost * flops_of(cell) / reference
+        row = measured.get(cell.algorithm, {})
+        work = counted_work(cell, cell.rounds, counts)
+        if work is not None and base_counted is not None:
+            seconds = work * (row.get("seconds_per_step_sample") or base_counted)
+        else:
+            uncounted.add(setting_key(cell))
+            seconds = sample_epochs(cell, cell.rounds, train_samples(cell)) * row.get("seconds_per_sample_epoch", base)
+        seconds *= flops_of(cell) / reference
         total += seconds
         for axis, key in (("algorithm", cell.algorithm), ("dataset", cell.dataset), ("clients", str(cell.clients))):
             seconds_by[axis][key] = seconds_by[axis].get(key, 0.0) + seconds
@@ -134,8 +174,36 @@ def project(measured: dict, speedup: float, device: str) -> dict:
              for axis, values in seconds_by.items()}
     return {"cells": len(plan.cells), "device": device, "sharing_speedup": speedup,
             "hours_one_cell_at_a_time": round(total / 3600, 2), "hours": round(total / speedup / 3600, 2),
-            "hours_by": hours, "unmeasured_rows_take": "fedavg",
-            "measured_rows": sorted(measured)}
+            "hours_by": hours, "unmeasured_rows_take": "fedavg", "spec": spec, "seeds": sorted({c.seed for c in plan.cells}),
+            "measured_rows": sorted(measured), "uncounted_settings": sorted(uncounted)}
+
+
+def reproject(path: str, counts: dict) -> dict:
+    """A stored slice's rows (its JSON, or a GPU check's whose `paper_slice` step holds it) projected again
+    with `counts`: each row's seconds per counted unit of work from its timed rounds (2..rounds_timed + 1,
+    at the spec's settings), then both tables."""
+    stored = json.loads(Path(path).read_text())
+    if "steps" in stored:  # a GPU check's JSON
+        stored = stored["steps"]["paper_slice"]["figures"]
+    rows = {}
+    for algorithm, row in stored["rows"].items():
+        cell = table1_cell(algorithm, None, None)
+        last = row["rounds_timed"] + 1
+        work = counted_work(cell, row["rounds_timed"], counts, last // cell.eval_every)
+        rows[algorithm] = {**row, "seconds_per_step_sample": None if work is None else row["seconds"] / work}
+    speedup = stored["projection"]["sharing_speedup"]
+    return {"device": stored["device"], "from": str(path), "rows": rows,
+            "projection": project(rows, speedup, stored["device"], "table1", counts),
+            "projection_table2": project(rows, speedup, stored["device"], "table2", counts)}
+
+
+def summary_line(p: dict, device: str) -> str:
+    seeds = len(p["seeds"])
+    return (f"make reproduce-{p['spec']} ({p['cells']} cells, {seeds} seeds) on this {device}: {p['hours']} h with cells "
+            f"sharing it ({p['sharing_speedup']:.2f}x; {p['hours'] / seeds:.2f} h a seed), "
+            f"{p['hours_one_cell_at_a_time']} h one at a time; by algorithm {p['hours_by']['algorithm']}; by dataset "
+            f"{p['hours_by']['dataset']}; by clients {p['hours_by']['clients']}; settings without a step count: "
+            f"{len(p['uncounted_settings'])}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -148,8 +216,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--samples", type=int, default=None, help="samples per client (default: the spec's)")
     parser.add_argument("--epochs", type=int, default=None, help="local epochs (default: the spec's)")
     parser.add_argument("--sharing", default=None, help="the sharing step's JSON (8 processes' speedup)")
+    parser.add_argument("--counts", default=None, help="step_count.py's JSON (default: step_counts.json here)")
+    parser.add_argument("--reproject", default=None, metavar="JSON",
+                        help="run nothing: project a stored slice (its JSON or a GPU check's) again with the counts")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
+    if args.reproject:
+        result = reproject(args.reproject, load_counts(args.counts))
+        if args.json:
+            Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+        for p in (result["projection"], result["projection_table2"]):
+            print(summary_line(p, result["device"]))
+        return 0
     speedup = 1.0
     if args.sharing and Path(args.sharing).exists():
         runs = json.loads(Path(args.sharing).read_text())["runs"]
@@ -164,13 +242,12 @@ def main(argv: list[str] | None = None) -> int:
         m = measured[algorithm]
         print(f"{algorithm}: {m['seconds_per_round']:.3f} s a round ({m['path']}), the 600-round cell in "
               f"{m['projected_cell_seconds'] / 60:.1f} min", flush=True)
-        result["projection"] = project(measured, speedup, args.device)
+        result["projection"] = project(measured, speedup, args.device, counts=load_counts(args.counts))
+        result["projection_table2"] = project(measured, speedup, args.device, "table2", load_counts(args.counts))
         if args.json:
             Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
-    p = result["projection"]
-    print(f"make reproduce-table1 ({p['cells']} cells) on this {args.device}: {p['hours']} h with cells sharing it "
-          f"({p['sharing_speedup']:.2f}x), {p['hours_one_cell_at_a_time']} h one at a time; by dataset "
-          f"{p['hours_by']['dataset']}, by clients {p['hours_by']['clients']}")
+    for p in (result["projection"], result["projection_table2"]):
+        print(summary_line(p, args.device))
     return 0
 
 
