@@ -44,7 +44,6 @@ rendezvous (lock-step), so a group is best formed of cells of one algorithm (GUI
 from __future__ import annotations
 
 import threading
-import time
 import traceback
 import weakref
 from contextlib import contextmanager
@@ -290,18 +289,22 @@ def draws_global_generator(fed, algorithm) -> bool:
 class GroupRun:
     """Per cell of a group (in the given order): its result, and how its training calls went."""
 
-    results: list
+    results: list  # a CellResult, or None for a cell stopped by one of `passthrough`'s exceptions
     stats: list[GroupStats | None] = field(default_factory=list)
     alone: list[bool] = field(default_factory=list)  # run alone, before the group (see module doc)
+    stopped: list[BaseException | None] = field(default_factory=list)  # `passthrough`'s exception per cell
 
 
 def run_group(cells: list, *, data_root=None, mirror=None, execution=None, evaluate: tuple[str, ...] | None = None,
               checkpointers: list | None = None, on_round: list[Callable[[dict], None] | None] | None = None,
-              stop_after: int | None = None) -> GroupRun:
+              stop_after: int | None = None, passthrough: tuple[type[BaseException], ...] = ()) -> GroupRun:
     """Run `cells` as one group in this process, each on its own thread; per cell the `CellResult`
     `pflbench.rounds.run_cell` would give (a failed cell: status "failed" with its traceback, as the
     runner records one; a diverging cell: "diverged"). A cell that fails or diverges leaves the group and
-    the others go on. `checkpointers[i]`, `on_round[i]`: cell i's, as `run_cell` takes them."""
+    the others go on. `checkpointers[i]`, `on_round[i]`: cell i's, as `run_cell` takes them. An exception
+    of a `passthrough` type (the runner's: preemption, a full disk) is not a failure: it stops that cell
+    (`GroupRun.stopped`), and the caller decides. Each cell's summary gets `cell_group_*` keys: the
+    group's size, the cell's training calls and how many shared a step, and their mean width."""
     from pflbench.execution import ExecutionOptions
     from pflbench.federation import EVALUATED, federation_device
     from pflbench.resolve import ensure_resolved
@@ -313,6 +316,7 @@ def run_group(cells: list, *, data_root=None, mirror=None, execution=None, evalu
     checkpointers = checkpointers or [None] * count
     on_round = on_round or [None] * count
     results: list = [None] * count
+    stopped: list[BaseException | None] = [None] * count
     alone = [False] * count
     group = CellGroup()
     jobs = []
@@ -332,6 +336,9 @@ def run_group(cells: list, *, data_root=None, mirror=None, execution=None, evalu
                                             evaluate=evaluate, checkpointer=checkpointers[i],
                                             stop_after=stop_after, set_up=True)
                     continue
+        except passthrough as stop:
+            stopped[i] = stop
+            continue
         except Exception:
             results[i] = _failed(traceback.format_exc())
             continue
@@ -343,11 +350,14 @@ def run_group(cells: list, *, data_root=None, mirror=None, execution=None, evalu
                 results[i] = run_rounds(fed, algorithm, on_round=on_round[i], provenance=provenance,
                                         evaluate=evaluate, checkpointer=checkpointers[i], stop_after=stop_after,
                                         set_up=True)
+            except passthrough as stop:
+                stopped[i] = stop
             except Exception:
                 results[i] = _failed(traceback.format_exc())
 
-    threads = [threading.Thread(target=run, args=job, name=f"pflbench-cell-{job[0]}") for job in jobs]
-    began = time.perf_counter()
+    # Daemon threads: a preemption's deadline raised in this (the main) thread ends the process without
+    # waiting for cells still inside a round (their checkpoints are written atomically).
+    threads = [threading.Thread(target=run, args=job, name=f"pflbench-cell-{job[0]}", daemon=True) for job in jobs]
     with torch.random.fork_rng(devices=[]):  # the caller's global generator, as it was
         for thread in threads:
             thread.start()
@@ -357,9 +367,36 @@ def run_group(cells: list, *, data_root=None, mirror=None, execution=None, evalu
     for i, *_, member in jobs:
         stats[i] = member.stats
         if results[i] is not None and results[i].summary is not None:
-            results[i].summary["cell_group"] = {"cells": len(jobs), **member.stats.as_dict(),
-                                                "group_seconds": time.perf_counter() - began}
-    return GroupRun(results, stats, alone)
+            results[i].summary.update({"cell_group_cells": len(jobs), "cell_group_calls": member.stats.calls,
+                                       "cell_group_merged_calls": member.stats.merged,
+                                       "cell_group_mean_width": member.stats.as_dict()["mean_merged_width"]})
+    return GroupRun(results, stats, alone, stopped)
+
+
+# The summary keys a grouped cell's run adds (how it ran, not what it computed: pflbench.metrics).
+SUMMARY_KEYS = ("cell_group_cells", "cell_group_calls", "cell_group_merged_calls", "cell_group_mean_width")
+GROUP_LIMIT = 32  # cells in one group at most (`form_groups`): threads, and every cell's data held at once
+
+
+def architecture_key(cell) -> tuple:
+    """Cells with equal keys build the same model architecture: the same dataset (its options give the
+    input shape and the classes) and the same model name."""
+    options = tuple(sorted((k, repr(v)) for k, v in (cell.dataset_options or {}).items()))
+    return (cell.dataset, options, cell.model)
+
+
+def form_groups(cells: list, limit: int = GROUP_LIMIT) -> list[list]:
+    """`cells` as cell groups of at most `limit` cells that share a model architecture, in the order the
+    cells come (a group is placed where its first cell was)."""
+    groups: dict[tuple, list[list]] = {}
+    order: list[list] = []
+    for cell in cells:
+        chunks = groups.setdefault(architecture_key(cell), [])
+        if not chunks or len(chunks[-1]) >= limit:
+            chunks.append([])
+            order.append(chunks[-1])
+        chunks[-1].append(cell)
+    return order
 
 
 def _failed(error: str):
