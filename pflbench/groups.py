@@ -35,7 +35,9 @@ Randomness. Nothing in a round may draw from torch's global generator while othe
 threads of the same process: `pflbench.streams.torch_global` blocks (model initialization) are
 serialized by a lock, and a cell whose models draw from the global generator while training (dropout:
 `ClientModel.stochastic`, or such a module held by the algorithm, as FedMN's) is run alone, before
-the group, exactly as `run_cell` runs it.
+the group, exactly as `run_cell` runs it. (So a round must not train inside a `torch_global` block:
+holding the lock at the rendezvous would stall a cell that waits for it. The built-in methods use
+those blocks to initialize modules in `setup`, which `run_group` runs before the threads start.)
 
 What stays per cell and is not batched: the custom steps of `pflbench.steps` (pFedMe, Per-FedAvg) and
 algorithms' own training loops run on their cell's thread; while they run, the others wait at the
@@ -269,7 +271,9 @@ class CellGroup:
             if bad:
                 results.append(Diverged(f"non-finite local loss for clients {bad}"))
             else:
-                results.append(({name: t[start:stop] for name, t in new_state.items()}, losses[start:stop]))
+                # copies: a cell keeping its rows must not keep the whole class's tensors alive
+                results.append(({name: t[start:stop].clone() for name, t in new_state.items()},
+                                losses[start:stop].clone()))
             start = stop
         return results
 
