@@ -274,3 +274,16 @@ def test_the_runner_records_grouped_cells_as_it_records_cells_alone(tmp_path, fa
                        for store in (runs["off"], runs["on"])]
             pd.testing.assert_frame_equal(*metrics)
     assert sorted(statuses) == ["diverged"] * 2 + ["failed"] * 2 + ["finished"] * 4
+
+
+def test_a_cell_drawing_from_the_global_generator_runs_alone_before_the_group(tmp_path):
+    """VGG8 has dropout layers, which draw from torch's global generator: that cell runs alone, in its
+    own generator as run_cell runs it, and gives run_cell's numbers; the others are grouped."""
+    cells = [small_cell(model="vgg8", rounds=1, **{k: v for k, v in IMAGES.items() if k != "rounds"}),
+             small_cell(seed=0), small_cell(seed=1)]
+    solo, group = solo_and_grouped(cells, tmp_path)
+    assert group.alone == [True, False, False] and group.stats[0] is None
+    for one, grouped in zip(solo, group.results):
+        assert one.status == "finished"
+        assert_identical(one, grouped)
+    assert group.stats[1].merged == group.stats[1].calls == 3
