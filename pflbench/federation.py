@@ -17,6 +17,7 @@ from pflbench import shifts, streams
 from pflbench.streams import StreamLike
 from pflbench.config import CellConfig
 from pflbench.execution import ExecutionOptions
+from pflbench.groups import membership
 from pflbench.data.normalization import normalized_for_cell
 from pflbench.models import build_model, client_groups, default_model, is_heterogeneous
 from pflbench.newcomers.ids import newcomer_ids, seen_ids
@@ -256,10 +257,11 @@ class Federation:
                   targets: Tensor | None = None) -> TrainResult:
         """SGD of the models in `state` (row k on the sample ids `indices[k]`, following `plans[k]`):
         what `train` and `train_pooled` share."""
-        new_state, loss = train_clients(model, state, self.features, self.labels if targets is None else targets,
-                                        indices, plans, self.sgd, objective=objective, aux=aux,
-                                        trainable=trainable, batched=self.batched, compiled=self.compiled,
-                                        threads=self.client_threads)
+        member = membership()  # a cell of a group trains through its rendezvous (pflbench.groups)
+        train = train_clients if member is None else member.train_clients
+        new_state, loss = train(model, state, self.features, self.labels if targets is None else targets,
+                                indices, plans, self.sgd, objective=objective, aux=aux, trainable=trainable,
+                                batched=self.batched, compiled=self.compiled, threads=self.client_threads)
         return TrainResult(new_state, loss)
 
     def local_plans(self, rnd: int | Round, clients: Tensor, *, epochs: int | None = None, steps: int | None = None,

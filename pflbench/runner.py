@@ -276,15 +276,72 @@ def next_run(resumes_at: int | None, rounds: int) -> str:
             else "the next run starts it from round 1 (it has no checkpoint)")
 
 
+def execute_group(cells: list[CellConfig], resources: Resources, options: RunOptions, display: Display,
+                  preemption: StopRequest | None = None):
+    """Run `cells` here as one cell group (pflbench.groups), each continuing from its checkpoint if it
+    has one, with torch limited to one cell's CPU share (in lock-step one cell computes at a time).
+    Returns a `pflbench.groups.GroupRun`: per cell what `execute_cell` would return (a failed cell
+    carries its traceback), or, for a cell stopped by a preemption or a full disk, that exception
+    (`stopped`). The group's peak memory and machine are recorded in each cell's summary."""
+    import torch
+
+    from pflbench.cost import measured
+    from pflbench.groups import GroupRun, run_group
+    from pflbench.plugins import activate
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(options.execution.threads or max(1, int(resources.cpus)))
+    execution = options.execution.on("cuda" if resources.gpus > 0 else "cpu")
+    trackings = [cell_tracking(cell, options.trackers, Path(options.results), lambda text, c=cell: display.note(c, text))
+                 for cell in cells]
+    reports = [(lambda info, c=cell, t=tracking: (t.on_round(info) if t is not None else None, display.update(c, info)))
+               for cell, tracking in zip(cells, trackings)]
+    checkpointers = [cell_checkpointer(cell, options, lambda text, c=cell: display.note(c, text), None, preemption)
+                     for cell in cells]
+    outcome: GroupRun | None = None
+    try:
+        for cell in cells:
+            activate(options.plugins, cell)
+        with running_cell(preemption):
+            def group_run():
+                nonlocal outcome
+                outcome = run_group(cells, data_root=options.data_root, mirror=options.mirror, execution=execution,
+                                    checkpointers=checkpointers, on_round=reports, passthrough=(Preempted, DiskFull))
+                return probe
+
+            probe = failed_result("")  # carries what `measured` adds: the group's peak memory, the machine
+            measured(execution.device, group_run)
+        machine = {key: value for key, value in probe.summary.items() if key not in ("status", "wall_time")}
+        for result in outcome.results:
+            if result is not None:
+                result.summary.update(machine)
+    except (Preempted, DiskFull):  # the grace deadline (raised in this thread), a full disk: the caller's
+        raise
+    except Exception as error:  # the group itself could not run (a plugin, the machine): each cell fails alike
+        oom = f"{out_of_memory(peak_mb())}\n" if is_out_of_memory(error) else ""
+        failed = failed_result(traceback.format_exc() + oom)
+        outcome = GroupRun([failed] * len(cells), [None] * len(cells), [False] * len(cells), [None] * len(cells))
+    finally:
+        torch.set_num_threads(threads)
+        for tracking, result in zip(trackings, outcome.results if outcome is not None else [None] * len(cells)):
+            if tracking is not None and result is not None:
+                tracking.finish(result)
+    return outcome
+
+
 def run_in_process(cells: list[CellConfig], plan: Plan, options: RunOptions, store: Store, display: Display,
                    preemption: Preemption | None = None) -> None:
-    """The cells one by one in this process; `RunStopped` when `preemption` stops the run (module doc)."""
+    """The cells one by one in this process, or as cell groups where the execution options form them
+    (`run_groups_in_process`); `RunStopped` when `preemption` stops the run (module doc)."""
     import torch
 
     if plan.resources.gpus > 0 and not torch.cuda.is_available():
         raise PrepareError(f"the spec asks for {plan.resources.gpus:g} GPU per cell but this machine has none; "
                            f"run with --set resources.gpus=0")
     preemption = preemption or Preemption()
+    if options.execution.grouped(options.execution.device or ("cuda" if plan.resources.gpus > 0 else "cpu")):
+        run_groups_in_process(cells, plan, options, store, display, preemption)
+        return
     for cell in cells:
         if preemption.requested:
             raise RunStopped(preempted_line(Preempted(preemption.signal), None, preemption.grace_seconds),
@@ -304,6 +361,57 @@ def run_in_process(cells: list[CellConfig], plan: Plan, options: RunOptions, sto
         except DiskFull as full:
             store.release(cell)
             raise RunStopped(disk_full_line(full, cell, store), DISK_FULL_EXIT) from None
+
+
+def run_groups_in_process(cells: list[CellConfig], plan: Plan, options: RunOptions, store: Store, display: Display,
+                          preemption: Preemption) -> None:
+    """`run_in_process` with cell groups (pflbench.groups.form_groups): a group's cells are claimed
+    together, run together and recorded each as a cell alone is. On a preemption every running cell
+    stops at the end of its round with a checkpoint (the first cell to end its round ends the grace
+    deadline for the others, which end theirs in lock-step), and the run ends with one line naming each."""
+    from pflbench.groups import form_groups
+
+    for group in form_groups(cells):
+        if preemption.requested:
+            raise RunStopped(preempted_line(Preempted(preemption.signal), None, preemption.grace_seconds),
+                             PREEMPTED_EXIT)
+        taken: list[CellConfig] = []
+        try:
+            taken = [cell for cell in group if take(cell, store, options, display)]
+            if not taken:
+                continue
+            for cell in taken:
+                display.update(cell, {"round": 0})
+            with preemption.cell_running():
+                outcome = execute_group(taken, plan.resources, options, display, preemption)
+        except Preempted as stop:  # the grace deadline, inside a round: no cell of the group has a result
+            for cell in taken:
+                store.release(cell)
+            raise RunStopped(f"preempted ({stop.signal}): " + "; ".join(stopped_cell(stop, cell, preemption.grace_seconds)
+                                                                        for cell in taken), PREEMPTED_EXIT) from None
+        except DiskFull as full:
+            for cell in taken:
+                store.release(cell)
+            raise RunStopped(disk_full_line(full, taken[0] if taken else None, store), DISK_FULL_EXIT) from None
+        preempted, full = [], None
+        for i, (cell, result, stop) in enumerate(zip(taken, outcome.results, outcome.stopped)):
+            if stop is not None:
+                store.release(cell)  # no result: the next run continues it from its checkpoint
+                if isinstance(stop, Preempted):
+                    preempted.append(stopped_cell(stop, cell, preemption.grace_seconds))
+                else:
+                    full = full or (stop, cell)
+                continue
+            try:
+                record(cell, result, store, options, display)
+            except DiskFull as error:
+                for rest in taken[i:]:
+                    store.release(rest)
+                raise RunStopped(disk_full_line(error, cell, store), DISK_FULL_EXIT) from None
+        if full is not None:
+            raise RunStopped(disk_full_line(full[0], full[1], store), DISK_FULL_EXIT)
+        if preempted:
+            raise RunStopped(f"preempted ({preemption.signal}): " + "; ".join(preempted), PREEMPTED_EXIT)
 
 
 def record(cell: CellConfig, result, store: Store, options: RunOptions, display: "Display") -> None:

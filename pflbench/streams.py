@@ -35,6 +35,7 @@ this module. Batch orders use the ``"batches"`` family: ``"batches"`` is the eng
 from __future__ import annotations
 
 import hashlib
+import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -190,6 +191,9 @@ def seed_torch_global(cell_seed: int, stream: StreamLike, round: int | None = No
     torch.manual_seed(seed(cell_seed, stream, round, client))
 
 
+_global_lock = threading.RLock()
+
+
 @contextmanager
 def torch_global(
     cell_seed: int,
@@ -199,7 +203,8 @@ def torch_global(
     devices: tuple[int, ...] = (),
 ) -> Iterator[None]:
     """While the block runs, torch's global generator is `stream`'s (e.g. to initialize an nn.Module);
-    its state before the block (on the CPU and the CUDA `devices`) is restored after it."""
-    with torch.random.fork_rng(devices=list(devices)):
+    its state before the block (on the CPU and the CUDA `devices`) is restored after it. One block at
+    a time in a process: the cells of a group run on threads of one process (pflbench.groups)."""
+    with _global_lock, torch.random.fork_rng(devices=list(devices)):
         seed_torch_global(cell_seed, stream, round, client)
         yield

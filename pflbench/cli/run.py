@@ -32,7 +32,8 @@ def add_parser(subparsers) -> None:
     run.add_argument("--ray-address", help="an existing Ray cluster (default: $RAY_ADDRESS, else a local instance)")
     run.add_argument("--no-ray", action="store_true", help="run the cells one by one in this process")
     run.add_argument("--force", action="store_true", help="rerun cells that already have a result")
-    add_execution_arguments(run, device_help="torch device for every cell (default: cuda for cells given GPUs, else cpu)")
+    add_execution_arguments(run, device_help="torch device for every cell (default: cuda for cells given GPUs, else cpu)",
+                            cell_groups=True)
     add_checkpoint_options(run, retried="Ray: rerun a cell")
     add_grace_option(run, "the running cells stop", "the next run resumes them")
     run.add_argument("--keep-checkpoints-from", type=int, default=0, metavar="ROUND",
