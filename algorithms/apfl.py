@@ -47,6 +47,7 @@ import torch.nn.functional as F
 
 from pydantic import Field
 
+from pflbench import streams
 from pflbench.algorithm import ALGORITHMS, Algorithm, Card, Hyperparams, Round
 from pflbench.steps import step_ids
 from pflbench.training import cross_entropy
@@ -56,19 +57,20 @@ def _scale(alpha: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return alpha.view(-1, *([1] * (like.dim() - 1))).to(like.dtype)
 
 
+class APFLHP(Hyperparams):
+    alpha: float = Field(0.5, ge=0.0, le=1.0)          # initial (or, with learn_alpha=False, fixed) mixing weight
+    learn_alpha: bool = True     # the paper's adaptive alpha
+    alpha_lr: float | None = Field(None, gt=0.0)  # None: the cell's lr
+
+
 @ALGORITHMS.register("apfl", card=Card(
     display_name="APFL",
     family="regularized and meta-learned",
     paper="Deng, Kamani & Mahdavi, arXiv 2020 (Adaptive Personalized Federated Learning)",
     personalizes="a local model per client, mixed with the global one by a learned per-client weight alpha_i"))
-class APFL(Algorithm):
-    PERSONAL_STREAM = "apfl.personal"
-    ALPHA_STREAM = "apfl.alpha"
-
-    class Hyperparams(Hyperparams):
-        alpha: float = Field(0.5, ge=0.0, le=1.0)          # initial (or, with learn_alpha=False, fixed) mixing weight
-        learn_alpha: bool = True     # the paper's adaptive alpha
-        alpha_lr: float | None = Field(None, gt=0.0)  # None: the cell's lr
+class APFL(Algorithm[APFLHP]):
+    PERSONAL_STREAM = streams.salted_batches("apfl.personal", 0xA9F1)
+    ALPHA_STREAM = streams.salted_batches("apfl.alpha", 0xA9F2)
 
     search_space = {"alpha": ("uniform", 0.0, 1.0), "learn_alpha": ("choice", [True, False])}
 

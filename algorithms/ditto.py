@@ -33,8 +33,14 @@ from __future__ import annotations
 
 from pydantic import Field
 
+from pflbench import streams
 from pflbench.algorithm import ALGORITHMS, Algorithm, Card, Hyperparams, Round
 from pflbench.training import cross_entropy
+
+
+class DittoHP(Hyperparams):
+    lam: float = Field(1.0, ge=0.0)  # lambda of the proximal term, >= 0 (official fmnist scripts: 1)
+    personal_epochs: int | None = Field(None, ge=1)  # None: the cell's local_epochs
 
 
 @ALGORITHMS.register("ditto", card=Card(
@@ -42,13 +48,9 @@ from pflbench.training import cross_entropy
     family="regularized and meta-learned",
     paper="Li, Hu, Beirami & Smith, ICML 2021",
     personalizes="a whole personal model per client, trained with a proximal pull toward the FedAvg global model"))
-class Ditto(Algorithm):
+class Ditto(Algorithm[DittoHP]):
     # Batch-order stream of the personal model's local training (the global copy: "batches", as FedAvg).
-    PERSONAL_STREAM = "ditto.personal"
-
-    class Hyperparams(Hyperparams):
-        lam: float = Field(1.0, ge=0.0)  # lambda of the proximal term, >= 0 (official fmnist scripts: 1)
-        personal_epochs: int | None = Field(None, ge=1)  # None: the cell's local_epochs
+    PERSONAL_STREAM = streams.salted_batches("ditto.personal", 0xD1770)
 
     search_space = {"lam": ("loguniform", 1e-3, 10.0), "personal_epochs": ("int", 1, 5)}
 

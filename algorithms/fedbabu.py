@@ -29,11 +29,17 @@ from typing import Literal
 import torch
 from pydantic import Field
 
+from pflbench import streams
 from pflbench.algorithm import ALGORITHMS, Algorithm, Card, Hyperparams, Payload, Round, Serving
 from pflbench.training import Diverged
 
 
-FINETUNE_STREAM = "fedbabu.finetune"  # batch order of the evaluation-time fine-tuning, distinct from the rounds'
+FINETUNE_STREAM = streams.salted_batches("fedbabu.finetune", 0xBAB0)  # batch order of the evaluation-time fine-tuning, distinct from the rounds'
+
+
+class FedBABUHP(Hyperparams):
+    finetune_epochs: int = Field(5, ge=0)
+    finetune: Literal["full", "head"] = "full"
 
 
 @ALGORITHMS.register("fedbabu", card=Card(
@@ -41,12 +47,8 @@ FINETUNE_STREAM = "fedbabu.finetune"  # batch order of the evaluation-time fine-
     family="personal layers",
     paper="Oh, Kim & Yun, ICLR 2022",
     personalizes="the whole model, by local fine-tuning of the federated body (trained with a fixed random head)"))
-class FedBABU(Algorithm):
+class FedBABU(Algorithm[FedBABUHP]):
     quick_hp = {"finetune_epochs": 1}  # small smoke cells (tests)
-
-    class Hyperparams(Hyperparams):
-        finetune_epochs: int = Field(5, ge=0)
-        finetune: Literal["full", "head"] = "full"
 
     search_space = {"finetune_epochs": ("int", 1, 10)}
 

@@ -69,6 +69,8 @@ from pydantic import Field
 from pflbench import streams
 from pflbench.algorithm import ALGORITHMS, Algorithm, Capabilities, Card, Hyperparams, Payload, Round, Serving
 
+EXPLORE = streams.salted_round("fedfomo.explore", 0xF0F0)  # which models a client explores, per round
+
 MODELS = "models"  # the download's header: [K, M] the clients whose models each client is sent
 WEIGHTS = "fomo_weights"  # each client's raw weights of the models it was sent [K, M], uploaded
 
@@ -90,6 +92,13 @@ def normalize_weights(raw: torch.Tensor) -> torch.Tensor:
                        torch.zeros_like(positive))
 
 
+class FedFomoHP(Hyperparams):
+    models: int = Field(8, ge=1)                       # M, models downloaded per client
+    epsilon: float = Field(0.3, ge=0.0, le=1.0)        # initial exploration probability
+    epsilon_decay: float = Field(0.05, ge=0.0)         # subtracted every round
+    norm: Literal["l1", "l2"] = "l1"          # official --model_delta_norm
+
+
 @ALGORITHMS.register("fedfomo", card=Card(
     display_name="FedFomo",
     family="hypernetworks and layer-wise aggregation",
@@ -99,16 +108,10 @@ def normalize_weights(raw: torch.Tensor) -> torch.Tensor:
     reduces_to={"local": (
         "FedFomo weights other clients' models by how much they lower a client's validation loss;"
         " here none did, so every client kept its own model: Local")}))
-class FedFomo(Algorithm):
+class FedFomo(Algorithm[FedFomoHP]):
     capabilities = Capabilities(refused_knobs={
         "privacy": "its upload is the whole model plus first-order weights computed on the client's "
                    "validation data, with no single downloaded model to form an update against"})
-
-    class Hyperparams(Hyperparams):
-        models: int = Field(8, ge=1)                       # M, models downloaded per client
-        epsilon: float = Field(0.3, ge=0.0, le=1.0)        # initial exploration probability
-        epsilon_decay: float = Field(0.05, ge=0.0)         # subtracted every round
-        norm: Literal["l1", "l2"] = "l1"          # official --model_delta_norm
 
     search_space = {"models": ("int", 1, 10), "epsilon": ("uniform", 0.0, 0.5),
                     "epsilon_decay": ("uniform", 0.0, 0.1)}
@@ -128,7 +131,7 @@ class FedFomo(Algorithm):
 
     def choose(self, rnd: int, clients: torch.Tensor) -> torch.Tensor:
         """The models each client downloads: [K, M'] client ids, epsilon-greedy on the affinity."""
-        rng = streams.generator(self.fed.cell.seed, "fedfomo.explore", rnd, kind="numpy")
+        rng = streams.generator(self.fed.cell.seed, EXPLORE, rnd, kind="numpy")
         uploaded = self.uploaded.numpy()
         candidates = [[n for n in np.flatnonzero(uploaded) if n != c] for c in clients.tolist()]
         count = min([self.hp.models, *map(len, candidates)])

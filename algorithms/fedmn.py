@@ -82,6 +82,25 @@ from pflbench.algorithm import (ALGORITHMS, Algorithm, Capabilities, Card, Hyper
 from pflbench.steps import step_ids
 from pflbench.training import SGD, Diverged
 
+# Random streams (pflbench.streams), with the derivations they had before streams had names.
+INIT_STREAM = streams.Stream("fedmn.init", lambda s, r, c: s, "torch")  # the module pool's and router's initialization
+NOISE_STREAM = streams.salted_batches("fedmn.noise", 0xF3D)  # the routing noise, per round and client
+# dropout in the local training (torch's global generator), per round and client
+DROPOUT_STREAM = streams.Stream(
+    "fedmn.dropout", lambda s, r, c: streams.batch_seed(0xF3D, s, r, c) % (2**63), "torch"
+)
+# dropout in the evaluation-time adaptation, per round and client
+ADAPT_DROPOUT_STREAM = streams.Stream(
+    "fedmn.adapt-dropout",
+    lambda s, r, c: s * 1_000_003 + streams.need(r, "round") * 1009 + streams.need(c, "client"),
+    "torch",
+)
+# The router's samples once drew from the client alone (the same at every seed); seed 0 keeps those draws.
+# torch seeds its CPU generator with the low 32 bits: an odd multiplier keeps seeds apart there.
+ROUTER_SAMPLES_STREAM = streams.Stream(
+    "fedmn.router-samples", lambda s, r, c: streams.need(c, "client") + s * 0x9E3779B1, "torch"
+)
+
 
 def _sgd_step(sgd: SGD, params: list[nn.Parameter], momenta: list[Tensor] | None) -> None:
     """The engine's SGD rule on the parameters that have a gradient this step; the others (modules
@@ -189,12 +208,30 @@ class Router(nn.Module):
         return self.out(torch.relu(F.normalize(z, dim=1))).mean(0)
 
 
+class FedMNHP(Hyperparams):
+    modules_per_layer: list[int] = Field(default_factory=lambda: [2, 2, 2], min_length=2)
+    dims: list[int] = Field(default_factory=lambda: [512, 256])
+    encoder_hidden: int = Field(2048, ge=0)     # LeNet encoder's hidden fc (0: none)
+    dropout: float = Field(0.5, ge=0.0, lt=1.0)
+    router_x_dim: int = Field(128, ge=1)
+    router_y_dim: int = Field(64, ge=1)
+    router_samples: int = Field(0, ge=0)        # 0: the whole local training set at every step [C]
+    tau_init: float = Field(1.0, gt=0)
+    tau_min: float = Field(0.5, gt=0)
+    tau_rate: float = Field(3e-5, ge=0)
+    sparsity: float = Field(0.0, ge=0)          # lambda of the optional mean-gate penalty [INF]
+    gate_bias_init: float = 2.0                 # initial gate logit: gates start on [INF, see doc]
+    he_init: bool = True                        # He init of the modules' ReLU layers [INF, see doc]
+    send_routed_only: bool = True               # the communication-efficient interaction
+    code_compat: bool = False                   # the official code's behaviour (see module doc)
+
+
 @ALGORITHMS.register("fedmn", card=Card(
     display_name="FedMN",
     family="hypernetworks and layer-wise aggregation",
     paper="T. Wang, Cheng, Luo, Yu, Ni, Tong, Chen & X. Zhang, ICDM 2022",
     personalizes="the architecture: a routing hypernetwork picks each client's modules from a shared pool"))
-class FedMN(Algorithm):
+class FedMN(Algorithm[FedMNHP]):
     """A module pool shared by all clients; each client's routing hypernetwork output picks its modules."""
 
     capabilities = Capabilities(batched=False, refused_knobs={
@@ -205,23 +242,6 @@ class FedMN(Algorithm):
 
     quick_hp = {"dims": [16, 8], "encoder_hidden": 16, "router_x_dim": 8, "router_y_dim": 4, "router_samples": 16}  # small smoke cells (tests)
 
-    class Hyperparams(Hyperparams):
-        modules_per_layer: list[int] = Field(default_factory=lambda: [2, 2, 2], min_length=2)
-        dims: list[int] = Field(default_factory=lambda: [512, 256])
-        encoder_hidden: int = Field(2048, ge=0)     # LeNet encoder's hidden fc (0: none)
-        dropout: float = Field(0.5, ge=0.0, lt=1.0)
-        router_x_dim: int = Field(128, ge=1)
-        router_y_dim: int = Field(64, ge=1)
-        router_samples: int = Field(0, ge=0)        # 0: the whole local training set at every step [C]
-        tau_init: float = Field(1.0, gt=0)
-        tau_min: float = Field(0.5, gt=0)
-        tau_rate: float = Field(3e-5, ge=0)
-        sparsity: float = Field(0.0, ge=0)          # lambda of the optional mean-gate penalty [INF]
-        gate_bias_init: float = 2.0                 # initial gate logit: gates start on [INF, see doc]
-        he_init: bool = True                        # He init of the modules' ReLU layers [INF, see doc]
-        send_routed_only: bool = True               # the communication-efficient interaction
-        code_compat: bool = False                   # the official code's behaviour (see module doc)
-
     search_space = {"tau_min": ("uniform", 0.1, 1.0), "tau_rate": ("loguniform", 1e-5, 1e-2),
                     "sparsity": ("loguniform", 1e-4, 1e-1), "gate_bias_init": ("uniform", 0.0, 4.0)}
 
@@ -229,7 +249,7 @@ class FedMN(Algorithm):
     def setup(self) -> None:
         fed, hp = self.fed, self.hp
         shape = fed.input_shape
-        with streams.torch_global(fed.cell.seed, "fedmn.init"):
+        with streams.torch_global(fed.cell.seed, INIT_STREAM):
             self.net = ModularNet(shape, fed.num_classes, hp.modules_per_layer, hp.dims, hp.encoder_hidden,
                                   hp.dropout).to(fed.device)
             self.router = Router(shape, fed.num_classes, self.net.gate_count(), hp.router_x_dim,
@@ -310,7 +330,7 @@ class FedMN(Algorithm):
     def _fixed_routing(self, fed, client: int, router_state: dict[str, Tensor]) -> Tensor:
         """The routing `router_state` fixes for client `client` of `fed` (trained clients or newcomers)."""
         self.router.load_state_dict(router_state)
-        x, y = self._client_data(fed, client, streams.generator(fed.cell.seed, "fedmn.router-samples", client=client))
+        x, y = self._client_data(fed, client, streams.generator(fed.cell.seed, ROUTER_SAMPLES_STREAM, client=client))
         return self.gates(self.router(x, y), self.hp.tau_min, train=False)
 
     # ---- the round -------------------------------------------------------------------------------
@@ -333,7 +353,7 @@ class FedMN(Algorithm):
         fed, hp, sgd = self.fed, self.hp, self.fed.sgd
         clients = rnd.clients
         ids = clients.tolist()
-        noise_generators = fed.batch_generators(rnd, clients, stream="fedmn.noise")
+        noise_generators = fed.batch_generators(rnd, clients, stream=NOISE_STREAM)
         batches, counts = step_ids(fed, rnd, clients)  # a straggler's share of the round's work
         for k, c in enumerate(ids):
             self.net.load_state_dict(self.client_pool[c])
@@ -345,7 +365,7 @@ class FedMN(Algorithm):
             self.net.train()
             gates = None
             with torch.random.fork_rng(devices=[]):
-                streams.seed_torch_global(fed.cell.seed, "fedmn.dropout", rnd.number, int(fed.client_ids[c]))  # dropout
+                streams.seed_torch_global(fed.cell.seed, DROPOUT_STREAM, rnd.number, int(fed.client_ids[c]))  # dropout
                 for step in range(int(counts[k])):
                     tau = max(hp.tau_init * math.exp(-hp.tau_rate * self.steps_done[c]), hp.tau_min)
                     if hp.code_compat:
@@ -447,7 +467,7 @@ class FedMN(Algorithm):
                          torch.zeros(fed.num_clients, device=fed.device)) for name in splits}
         with torch.random.fork_rng(devices=[]):  # dropout draws must not move the training's stream
             for c in range(fed.num_clients):
-                streams.seed_torch_global(fed.cell.seed, "fedmn.adapt-dropout", rnd, c)
+                streams.seed_torch_global(fed.cell.seed, ADAPT_DROPOUT_STREAM, rnd, c)
                 self.net.load_state_dict(models["pool"])
                 gates = models["routing"][c]
                 params = list(self.net.parameters())

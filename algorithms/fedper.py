@@ -21,14 +21,16 @@ from pydantic import Field
 from pflbench.algorithm import ALGORITHMS, Algorithm, Card, Hyperparams
 
 
+class FedPerHP(Hyperparams):
+    personal_layers: int = Field(1, ge=0)
+
+
 @ALGORITHMS.register("fedper", card=Card(
     display_name="FedPer",
     family="personal layers",
     paper="Arivazhagan, Aggarwal, Singh & Choudhary, arXiv 2019",
     personalizes="the top layers (personalization layers, default the classifier); the base is FedAvg"))
-class FedPer(Algorithm):
-    class Hyperparams(Hyperparams):
-        personal_layers: int = Field(1, ge=0)
+class FedPer(Algorithm[FedPerHP]):
 
     search_space = {"personal_layers": ("choice", [1, 2, 3])}
 

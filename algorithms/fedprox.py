@@ -20,6 +20,10 @@ from pflbench.algorithm import ALGORITHMS, Algorithm, Card, Hyperparams, Round
 from pflbench.training import cross_entropy
 
 
+class FedProxHP(Hyperparams):
+    mu: float = Field(0.01, ge=0.0)
+
+
 @ALGORITHMS.register("fedprox", card=Card(
     display_name="FedProx",
     family="baselines",
@@ -27,9 +31,7 @@ from pflbench.training import cross_entropy
     personalizes="nothing: one global model, trained with a proximal term against client drift",
     reduces_to={"fedavg": (
         "FedProx's proximal term (mu) changed none of the evaluated numbers: FedAvg")}))
-class FedProx(Algorithm):
-    class Hyperparams(Hyperparams):
-        mu: float = Field(0.01, ge=0.0)
+class FedProx(Algorithm[FedProxHP]):
 
     search_space = {"mu": ("loguniform", 1e-3, 1.0)}
 

@@ -43,7 +43,14 @@ from __future__ import annotations
 
 from pydantic import Field
 
+from pflbench import streams
 from pflbench.algorithm import ALGORITHMS, Algorithm, Card, Hyperparams, Round, Serving
+
+
+class FedRepHP(Hyperparams):
+    head_epochs: int = Field(10, ge=0)
+    body_epochs: int | None = Field(1, ge=1)      # official --local_rep_ep; None: the cell's local_epochs
+    personal_layers: int = Field(1, ge=1)
 
 
 @ALGORITHMS.register("fedrep", card=Card(
@@ -52,15 +59,10 @@ from pflbench.algorithm import ALGORITHMS, Algorithm, Card, Hyperparams, Round, 
     row_order=6,
     paper="Collins, Hassani, Mokhtari & Shakkottai, ICML 2021",
     personalizes="the head (classifier), trained first with the shared representation fixed"))
-class FedRep(Algorithm):
-    HEAD_STREAM = "fedrep.head"
+class FedRep(Algorithm[FedRepHP]):
+    HEAD_STREAM = streams.salted_batches("fedrep.head", 0xFE0E)
 
     quick_hp = {"head_epochs": 1}  # small smoke cells (tests)
-
-    class Hyperparams(Hyperparams):
-        head_epochs: int = Field(10, ge=0)
-        body_epochs: int | None = Field(1, ge=1)      # official --local_rep_ep; None: the cell's local_epochs
-        personal_layers: int = Field(1, ge=1)
 
     search_space = {"head_epochs": ("int", 1, 15), "body_epochs": ("int", 1, 5),
                     "personal_layers": ("choice", [1, 2])}

@@ -48,11 +48,18 @@ from pydantic import Field
 from pflbench import streams
 from pflbench.algorithm import ALGORITHMS, Algorithm, Capabilities, Card, Hyperparams, Payload, Round
 
+COINS = streams.salted_cell("l2gd.coins", 0x1260)  # the coin flips of every round, drawn once per cell
+
 
 def coin_flips(seed: int, rounds: int, p: float) -> np.ndarray:
     """The communication coin of every round (index rnd - 1): True with probability p."""
-    rng = streams.generator(seed, "l2gd.coins", kind="numpy")
+    rng = streams.generator(seed, COINS, kind="numpy")
     return rng.random(rounds) < p
+
+
+class L2GDHP(Hyperparams):
+    lam: float = Field(10.0, ge=0.0)   # lambda, weight of the distance-to-average penalty
+    p: float = Field(0.2, gt=0.0, lt=1.0)      # probability that a round communicates (aggregation step)
 
 
 @ALGORITHMS.register("l2gd", card=Card(
@@ -60,16 +67,12 @@ def coin_flips(seed: int, rounds: int, p: float) -> np.ndarray:
     family="regularized and meta-learned",
     paper="Hanzely & Richtárik, arXiv 2020 (Federated Learning of a Mixture of Global and Local Models)",
     personalizes="a whole local model per client, pulled toward the average on randomly chosen communication rounds"))
-class L2GD(Algorithm):
+class L2GD(Algorithm[L2GDHP]):
     capabilities = Capabilities(refused_knobs={
         "system.dropout": "the server averages the sampled clients' models when it configures an aggregation "
                           "round (before they train), so an upload lost at the end of the round cannot be left out",
         "privacy": "its upload is the client's whole model, averaged before the round's step, not an update of "
                    "what it downloaded"})
-
-    class Hyperparams(Hyperparams):
-        lam: float = Field(10.0, ge=0.0)   # lambda, weight of the distance-to-average penalty
-        p: float = Field(0.2, gt=0.0, lt=1.0)      # probability that a round communicates (aggregation step)
 
     search_space = {"lam": ("loguniform", 0.1, 1000.0), "p": ("uniform", 0.05, 0.9)}
 

@@ -22,14 +22,16 @@ from pflbench.algorithm import ALGORITHMS, Algorithm, Card, Hyperparams
 
 
 
+class LGFedAvgHP(Hyperparams):
+    global_layers: int = Field(2, ge=0)
+
+
 @ALGORITHMS.register("lg-fedavg", card=Card(
     display_name="LG-FedAvg",
     family="personal layers",
     paper="Liang, Liu, Ziyin, Allen, Auerbach, Brent, Salakhutdinov & Morency, arXiv 2020 (Think Locally, Act Globally)",
     personalizes="the lower layers (local representations); the top layers are FedAvg"))
-class LGFedAvg(Algorithm):
-    class Hyperparams(Hyperparams):
-        global_layers: int = Field(2, ge=0)
+class LGFedAvg(Algorithm[LGFedAvgHP]):
 
     search_space = {"global_layers": ("choice", [1, 2, 3])}
 

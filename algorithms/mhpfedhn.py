@@ -64,6 +64,12 @@ from pflbench.models import ModelName, build_model
 from pflbench.steps import step_ids
 from pflbench.training import ClientModel, Diverged, State
 
+# Random streams (pflbench.streams), with the derivations they had before streams had names.
+INIT_STREAM = streams.Stream("mh-pfedhn.init", lambda s, r, c: s, "torch")  # the hypernetwork's initialization
+CLIENT_ORDER_STREAM = streams.salted_round("mh-pfedhn.client-order", 0x3E7)  # the order clients update the server
+GLOBAL_STREAM = streams.salted_batches("mh-pfedhn.global", 0x6D)  # batch order of the shared global model
+NEWCOMER_STREAM = streams.salted_batches("mh-pfedhn.newcomers", 0x0E3F)  # batch order of a newcomer's fit
+
 
 class MultiHeadHypernetwork(nn.Module):
     """Embeddings (one matrix per client), the shared extractor and one head per chunk count.
@@ -150,12 +156,24 @@ def distillation(alpha: float, temperature: float):
     return objective
 
 
+class MHpFedHNHP(Hyperparams):
+    embedding_dim: int = Field(64, ge=1)
+    hidden_dim: int = Field(128, ge=1)          # `hidm`
+    hidden_layers: int = Field(3, ge=1)
+    chunk_size: int = Field(3072, ge=1)         # `hnet_output_size`
+    embedding_std: float = Field(0.002, gt=0)   # `norm_var` (a standard deviation)
+    server_lr: float = Field(2e-4, gt=0)
+    server_optimizer: Literal["adam", "adamw"] = "adam"
+    server_clip: float = Field(50.0, gt=0)
+    server_updates: Literal["per_client", "per_round"] = "per_client"
+
+
 @ALGORITHMS.register("mh-pfedhn", card=Card(
     display_name="MH-pFedHN",
     family="hypernetworks and layer-wise aggregation",
     paper="C. Zhang, H. Li, X. Liu, L. Jiang et al., arXiv 2507.22330, 2025 (IJCAI 2026)",
     personalizes="the whole model, generated per client by a multi-head hypernetwork; architectures may differ"))
-class MHpFedHN(Algorithm):
+class MHpFedHN(Algorithm[MHpFedHNHP]):
     """Multi-head hypernetwork generating each client's whole model; clients may differ in architecture."""
 
     capabilities = Capabilities(heterogeneous_models=True, refused_knobs={
@@ -173,17 +191,6 @@ class MHpFedHN(Algorithm):
         return "update" if self.hp.server_updates == "per_round" else "self"
 
     quick_hp = {"hidden_dim": 4, "embedding_dim": 8}  # small smoke cells (tests)
-
-    class Hyperparams(Hyperparams):
-        embedding_dim: int = Field(64, ge=1)
-        hidden_dim: int = Field(128, ge=1)          # `hidm`
-        hidden_layers: int = Field(3, ge=1)
-        chunk_size: int = Field(3072, ge=1)         # `hnet_output_size`
-        embedding_std: float = Field(0.002, gt=0)   # `norm_var` (a standard deviation)
-        server_lr: float = Field(2e-4, gt=0)
-        server_optimizer: Literal["adam", "adamw"] = "adam"
-        server_clip: float = Field(50.0, gt=0)
-        server_updates: Literal["per_client", "per_round"] = "per_client"
 
     search_space = {"server_lr": ("loguniform", 1e-5, 1e-2), "embedding_dim": ("choice", [16, 32, 64, 128]),
                     "hidden_dim": ("choice", [32, 64, 128])}
@@ -203,7 +210,7 @@ class MHpFedHN(Algorithm):
             self.global_model = ClientModel(build_model(name, fed.input_shape, fed.num_classes))
             sizes.append(self.global_model.numel(self.global_model.param_names))
         hp = self.hp
-        with streams.torch_global(fed.cell.seed, "mh-pfedhn.init"):
+        with streams.torch_global(fed.cell.seed, INIT_STREAM):
             self.hnet = MultiHeadHypernetwork(sizes, hp.embedding_dim, hp.hidden_dim, hp.hidden_layers,
                                               hp.chunk_size, hp.embedding_std).to(fed.device)
         optimizer = torch.optim.AdamW if hp.server_optimizer == "adamw" else torch.optim.Adam
@@ -264,7 +271,7 @@ class MHpFedHN(Algorithm):
             objective, targets = self._teacher_targets(clients, round_global)
         extra = {} if objective is None else {"objective": objective, "targets": targets}
         if self.hp.server_updates == "per_client":
-            order = streams.generator(self.fed.cell.seed, "mh-pfedhn.client-order", rnd.number,
+            order = streams.generator(self.fed.cell.seed, CLIENT_ORDER_STREAM, rnd.number,
                                       kind="numpy").permutation(len(ids))
             for k in order.tolist():
                 c = ids[k]
@@ -312,7 +319,7 @@ class MHpFedHN(Algorithm):
         stacked = {n: t.unsqueeze(0).expand(len(clients), *t.shape).clone()
                    for n, t in unflatten(model, start).items()}
         stacked.update({n: t.expand(len(clients), *t.shape[1:]).clone() for n, t in self.global_buffers.items()})
-        trained = self.fed.train(rnd, clients, stacked, model=model, stream="mh-pfedhn.global").state
+        trained = self.fed.train(rnd, clients, stacked, model=model, stream=GLOBAL_STREAM).state
         deltas = start.unsqueeze(0) - flatten(model, trained)
         weights = self.fed.train_sizes[clients].float()
         weights = weights / weights.sum()
@@ -354,7 +361,7 @@ class MHpFedHN(Algorithm):
 
     # ---- unseen clients -------------------------------------------------------------------------------
     NEWCOMER_EPOCHS = 5
-    NEWCOMER_STREAM = "mh-pfedhn.newcomers"
+    NEWCOMER_STREAM = NEWCOMER_STREAM
 
     @classmethod
     def cell_refusal(cls, cell) -> Refusal | None:
@@ -409,6 +416,12 @@ class MHpFedHN(Algorithm):
         return {"heads": np.array([self.hnet.head_key(c) for c in range(self.fed.num_clients)])}
 
 
+class MHpFedHNGDHP(MHpFedHNHP):
+    alpha: float = Field(0.2, ge=0.0, le=1.0)
+    temperature: float = Field(15.0, gt=0)
+    global_model: ModelName = "auto"  # the smallest client architecture, or a model name
+
+
 @ALGORITHMS.register("mh-pfedhngd", card=Card(
     display_name="MH-pFedHNGD",
     family="hypernetworks and layer-wise aggregation",
@@ -425,10 +438,8 @@ class MHpFedHNGD(MHpFedHN):
                    "the privatized upload"})
     global_distillation = True
 
-    class Hyperparams(MHpFedHN.Hyperparams):
-        alpha: float = Field(0.2, ge=0.0, le=1.0)
-        temperature: float = Field(15.0, gt=0)
-        global_model: ModelName = "auto"  # the smallest client architecture, or a model name
+    Hyperparams = MHpFedHNGDHP
+    hp: MHpFedHNGDHP
 
     search_space = {**MHpFedHN.search_space, "alpha": ("uniform", 0.0, 0.5),
                     "temperature": ("choice", [1.0, 5.0, 10.0, 15.0, 20.0])}

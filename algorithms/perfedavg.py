@@ -71,11 +71,23 @@ from torch import Tensor
 
 from pflbench.steps import (LossCheck, clone_state, finite, keep_inactive, loss_and_grads, per_client,
                             restore_inactive, rows_where, sgd_step, step_ids, step_plan)
+from pflbench import streams
 from pflbench.algorithm import ALGORITHMS, Algorithm, Card, Hyperparams, Payload, Round, Serving
 from pflbench.training import Diverged, weighted_mean
 
-STREAMS = ("batches", "perfedavg.d-prime", "perfedavg.d-second")  # batch orders of D, D' and D''
-ADAPT_STREAM = "perfedavg.adapt"  # batch order of the evaluation-time adaptation step
+STREAMS = (  # batch orders of D, D' and D''
+    streams.BATCHES,
+    streams.salted_batches("perfedavg.d-prime", 0x9EF1),
+    streams.salted_batches("perfedavg.d-second", 0x9EF2),
+)
+ADAPT_STREAM = streams.salted_batches("perfedavg.adapt", 0x9EFA)  # batch order of the evaluation-time adaptation step
+
+
+class PerFedAvgHP(Hyperparams):
+    variant: Literal["fo", "hf"] = "fo"            # first-order or Hessian-free
+    alpha: float = Field(0.01, gt=0.0)             # inner / personalization step size
+    beta: float | None = Field(1e-3, gt=0.0)       # meta step size (references: 1e-3); None: the cell's lr
+    delta: float = Field(0.001, gt=0.0)            # HF finite-difference radius
 
 
 @ALGORITHMS.register("perfedavg", card=Card(
@@ -84,14 +96,8 @@ ADAPT_STREAM = "perfedavg.adapt"  # batch order of the evaluation-time adaptatio
     row_order=2,
     paper="Fallah, Mokhtari & Ozdaglar, NeurIPS 2020",
     personalizes="the whole model, by one local gradient step from a MAML-trained global model"))
-class PerFedAvg(Algorithm):
+class PerFedAvg(Algorithm[PerFedAvgHP]):
     ADAPT_STREAM = ADAPT_STREAM
-
-    class Hyperparams(Hyperparams):
-        variant: Literal["fo", "hf"] = "fo"            # first-order or Hessian-free
-        alpha: float = Field(0.01, gt=0.0)             # inner / personalization step size
-        beta: float | None = Field(1e-3, gt=0.0)       # meta step size (references: 1e-3); None: the cell's lr
-        delta: float = Field(0.001, gt=0.0)            # HF finite-difference radius
 
     search_space = {"alpha": ("loguniform", 1e-4, 0.3), "beta": ("loguniform", 1e-4, 0.1),
                     "variant": ("choice", ["fo", "hf"])}

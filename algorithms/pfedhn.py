@@ -71,6 +71,9 @@ from pflbench import streams
 from pflbench.algorithm import ALGORITHMS, Algorithm, Capabilities, Card, Hyperparams, Payload, Round, Serving
 from pflbench.training import SGD, Diverged, State
 
+# The hypernetwork's initialization (torch's global generator), with the seed it had before streams had names.
+HYPERNET_STREAM = streams.Stream("pfedhn.hypernet", lambda s, r, c: s * 7919 + 29, "torch")
+
 
 class Trained(NamedTuple):
     """The sampled clients after local training (`state`), with the generated models each started
@@ -107,13 +110,30 @@ class HyperNetwork(nn.Module):
                 for (name, shape), head in zip(self.shapes.items(), self.heads)}
 
 
+class PFedHNHP(Hyperparams):
+    hn_lr: float = Field(1e-2, gt=0)
+    hn_momentum: float = Field(0.9, ge=0, lt=1)
+    hn_weight_decay: float = Field(1e-3, ge=0)
+    embed_dim: int | None = Field(None, ge=1)   # None: int(1 + N / 4), the official rule
+    hidden_dim: int = Field(100, ge=1)
+    hidden_layers: int = Field(3, ge=0)
+    inner_steps: int | None = Field(50, ge=1)   # None: the cell's local epochs
+    clip: float = Field(50.0, gt=0)
+    # "per_client": the official sequence (a client trains, the server steps, the next trains);
+    # "per_round": the round's clients train at once (batched), then one step on their mean.
+    server_updates: Literal["per_client", "per_round"] = "per_client"
+    # "cell": the cell's lr / momentum / weight decay (the tables' shared-optimizer rule);
+    # "official": SGD lr 5e-3, momentum 0.9, weight decay 5e-5, gradient-norm clip 50.
+    inner_optimizer: Literal["cell", "official"] = "cell"
+
+
 @ALGORITHMS.register("pfedhn", card=Card(
     display_name="pFedHN",
     family="hypernetworks and layer-wise aggregation",
     row_order=4,
     paper="Shamsian, Navon, Fetaya & Chechik, ICML 2021",
     personalizes="the whole model, generated per client by a server hypernetwork from a learned client embedding"))
-class PFedHN(Algorithm):
+class PFedHN(Algorithm[PFedHNHP]):
     capabilities = Capabilities(refused_knobs={
         "privacy.mode": "central DP hands the server one noised sum of the updates, and pFedHN's "
                         "server steps the hypernetwork with each client's own update"})
@@ -121,22 +141,6 @@ class PFedHN(Algorithm):
     personal_classifier = False
 
     quick_hp = {"inner_steps": 3}  # small smoke cells (tests)
-
-    class Hyperparams(Hyperparams):
-        hn_lr: float = Field(1e-2, gt=0)
-        hn_momentum: float = Field(0.9, ge=0, lt=1)
-        hn_weight_decay: float = Field(1e-3, ge=0)
-        embed_dim: int | None = Field(None, ge=1)   # None: int(1 + N / 4), the official rule
-        hidden_dim: int = Field(100, ge=1)
-        hidden_layers: int = Field(3, ge=0)
-        inner_steps: int | None = Field(50, ge=1)   # None: the cell's local epochs
-        clip: float = Field(50.0, gt=0)
-        # "per_client": the official sequence (a client trains, the server steps, the next trains);
-        # "per_round": the round's clients train at once (batched), then one step on their mean.
-        server_updates: Literal["per_client", "per_round"] = "per_client"
-        # "cell": the cell's lr / momentum / weight decay (the tables' shared-optimizer rule);
-        # "official": SGD lr 5e-3, momentum 0.9, weight decay 5e-5, gradient-norm clip 50.
-        inner_optimizer: Literal["cell", "official"] = "cell"
 
     OFFICIAL_INNER = SGD(lr=5e-3, momentum=0.9, weight_decay=5e-5)
     OFFICIAL_INNER_CLIP = 50.0
@@ -155,7 +159,7 @@ class PFedHN(Algorithm):
         else:
             self.generated = list(params)
         shapes = {p: self.client_state[p].shape[1:] for p in self.generated}
-        with streams.torch_global(fed.cell.seed, "pfedhn.hypernet"):
+        with streams.torch_global(fed.cell.seed, HYPERNET_STREAM):
             self.hypernet = HyperNetwork(n, shapes, hp.embed_dim or int(1 + n / 4), hp.hidden_dim,
                                          hp.hidden_layers).to(fed.device)
         self.optimizer = torch.optim.SGD(self.hypernet.body(), lr=hp.hn_lr, momentum=hp.hn_momentum,
@@ -269,7 +273,7 @@ class PFedHN(Algorithm):
         return {n: generated.get(n, self.client_state[n]) for n in self.fed.model.names}
 
     NEWCOMER_EPOCHS = 5
-    NEWCOMER_STREAM = "pfedhn.newcomers"
+    NEWCOMER_STREAM = streams.salted_batches("pfedhn.newcomers", 0x0E3E)
 
     def newcomer_models(self, serving: Serving):
         """Frozen hypernetwork, a fitted embedding per newcomer (see the module docstring)."""

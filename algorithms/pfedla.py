@@ -71,7 +71,36 @@ from pflbench import streams
 from pflbench.algorithm import ALGORITHMS, Algorithm, Capabilities, Card, Hyperparams, Payload, Round, Serving
 from pflbench.newcomers.batchnorm import fit_batchnorm_statistics
 
+# The hypernetwork's initialization, with the seed it had before streams had names.
+HYPERNET_STREAM = streams.Stream("pfedla.hypernet", lambda s, r, c: s * 7919 + 17, "torch")
+
 RETAINED = "retained"  # the download's header: [K, L] bool, the layers each client keeps (not sent)
+
+
+class PFedLAHP(Hyperparams):
+    hn_lr: float = Field(1e-2, gt=0)          # hypernetwork and embedding learning rate (Adam)
+    hn_optimizer: Literal["adam", "sgd"] = "adam"
+    head_init: Literal["uniform", "random"] = "uniform"  # uniform: alpha starts exactly 1/N
+    # How a head's outputs become one layer's weights (each summing to 1): relu then normalise (the
+    # reconstructions'; a weight at exactly 0 gets no gradient again), softmax, or softplus then
+    # normalise (neither reaches exactly 0)
+    head: Literal["relu", "softmax", "softplus"] = "relu"
+    # Logits squashed into (-b, b) by b * tanh(z / b) before the head (0: unbounded). With softmax or
+    # softplus heads no weight can then reach exactly 0 or 1 (softmax: each weight stays within
+    # e^(-2b) of every other's scale), however far Adam drives the raw outputs
+    logit_bound: float = Field(0.0, ge=0)
+    # learned: the hypernetworks (the paper); shared_classes: a fixed reference, not pFedLA: self-weight
+    # 1/2 in every layer, the other half over the other clients in proportion to the number of classes
+    # each shares with the client (an oracle: the server is told every client's classes), no server step
+    alpha_rule: Literal["learned", "shared_classes"] = "learned"
+    # descend: the step lowers the client's loss (Eq. 10-11 read as a gradient step; checked by a
+    # finite-difference test); ascend: the public reconstructions' sign, for comparison only
+    hn_sign: Literal["descend", "ascend"] = "descend"
+    embed_dim: int = Field(100, ge=1)
+    hidden_dim: int = Field(100, ge=1)
+    hidden_layers: int = Field(3, ge=1)       # Linear + ReLU blocks before the heads
+    layer: Literal["block", "tensor"] = "block"
+    retain_layers: int = Field(0, ge=0)       # k of HeurpFedLA: layers kept local each round
 
 
 @ALGORITHMS.register("pfedla", card=Card(
@@ -80,36 +109,11 @@ RETAINED = "retained"  # the download's header: [K, L] bool, the layers each cli
     row_order=8,
     paper="Ma, Zhang, Guo & Xu, CVPR 2022",
     personalizes="the aggregation: per client and per layer, weights over all clients' models learned by a server hypernetwork"))
-class PFedLA(Algorithm):
+class PFedLA(Algorithm[PFedLAHP]):
     capabilities = Capabilities(refused_knobs={
         "privacy.mode": "central DP hands the server one noised sum of the updates, and pFedLA's "
                         "server steps each client's hypernetwork with that client's own update"})
     dp_upload = "update"  # the upload is delta theta_i
-
-    class Hyperparams(Hyperparams):
-        hn_lr: float = Field(1e-2, gt=0)          # hypernetwork and embedding learning rate (Adam)
-        hn_optimizer: Literal["adam", "sgd"] = "adam"
-        head_init: Literal["uniform", "random"] = "uniform"  # uniform: alpha starts exactly 1/N
-        # How a head's outputs become one layer's weights (each summing to 1): relu then normalise (the
-        # reconstructions'; a weight at exactly 0 gets no gradient again), softmax, or softplus then
-        # normalise (neither reaches exactly 0)
-        head: Literal["relu", "softmax", "softplus"] = "relu"
-        # Logits squashed into (-b, b) by b * tanh(z / b) before the head (0: unbounded). With softmax or
-        # softplus heads no weight can then reach exactly 0 or 1 (softmax: each weight stays within
-        # e^(-2b) of every other's scale), however far Adam drives the raw outputs
-        logit_bound: float = Field(0.0, ge=0)
-        # learned: the hypernetworks (the paper); shared_classes: a fixed reference, not pFedLA: self-weight
-        # 1/2 in every layer, the other half over the other clients in proportion to the number of classes
-        # each shares with the client (an oracle: the server is told every client's classes), no server step
-        alpha_rule: Literal["learned", "shared_classes"] = "learned"
-        # descend: the step lowers the client's loss (Eq. 10-11 read as a gradient step; checked by a
-        # finite-difference test); ascend: the public reconstructions' sign, for comparison only
-        hn_sign: Literal["descend", "ascend"] = "descend"
-        embed_dim: int = Field(100, ge=1)
-        hidden_dim: int = Field(100, ge=1)
-        hidden_layers: int = Field(3, ge=1)       # Linear + ReLU blocks before the heads
-        layer: Literal["block", "tensor"] = "block"
-        retain_layers: int = Field(0, ge=0)       # k of HeurpFedLA: layers kept local each round
 
     search_space = {"hn_lr": ("loguniform", 1e-3, 3e-1), "hidden_layers": ("int", 1, 4)}
 
@@ -131,7 +135,7 @@ class PFedLA(Algorithm):
         if hp.retain_layers >= len(self.layer_params):
             raise ValueError(f"retain_layers={hp.retain_layers} keeps every one of the model's "
                              f"{len(self.layer_params)} layers local; choose fewer")
-        gen = streams.generator(fed.cell.seed, "pfedla.hypernet")
+        gen = streams.generator(fed.cell.seed, HYPERNET_STREAM)
 
         def linear(fan_in: int, fan_out: int) -> tuple[Tensor, Tensor]:
             bound = 1 / fan_in ** 0.5  # nn.Linear's default initialization, one draw per client
@@ -361,6 +365,10 @@ class PFedLA(Algorithm):
                 "alpha_layers": np.array(self.layer_names)}
 
 
+class HeurPFedLAHP(PFedLAHP):
+    retain_layers: int = Field(1, ge=1)
+
+
 @ALGORITHMS.register("heurpfedla", card=Card(
     display_name="HeurpFedLA",
     family="hypernetworks and layer-wise aggregation",
@@ -372,8 +380,7 @@ class PFedLA(Algorithm):
 class HeurPFedLA(PFedLA):
     """HeurpFedLA: pFedLA whose clients keep their k most self-weighted layers (k = 1 in Tables 1-2)."""
 
-
-    class Hyperparams(PFedLA.Hyperparams):
-        retain_layers: int = Field(1, ge=1)
+    Hyperparams = HeurPFedLAHP
+    hp: HeurPFedLAHP
 
     search_space = {**PFedLA.search_space, "retain_layers": ("int", 1, 2)}

@@ -82,21 +82,23 @@ from pflbench.algorithm import ALGORITHMS, Algorithm, Card, Hyperparams, Payload
 from pflbench.training import Diverged, weighted_mean
 
 
+class PFedMeHP(Hyperparams):
+    lam: float = Field(15.0, ge=0.0)                 # lambda, the Moreau-envelope regularization
+    personal_lr: float = Field(0.09, gt=0.0)         # step size of the inner solve
+    k: int = Field(5, ge=1)                          # inner steps per batch
+    beta: float = Field(1.0, gt=0.0)                 # server mixing (1: plain averaging)
+    warm_start: Literal["global", "personal"] = "global"
+    train_all_clients: bool = False                  # official code: every client trains every round
+    mu: float = Field(0.0, ge=0.0)                   # L2 term of the inner step (official code: 1e-3)
+
+
 @ALGORITHMS.register("pfedme", card=Card(
     display_name="pFedMe",
     family="regularized and meta-learned",
     row_order=3,
     paper="T. Dinh, Tran & Nguyen, NeurIPS 2020",
     personalizes="a whole personal model per client, the Moreau-envelope solution regularized toward the local copy of the global model"))
-class PFedMe(Algorithm):
-    class Hyperparams(Hyperparams):
-        lam: float = Field(15.0, ge=0.0)                 # lambda, the Moreau-envelope regularization
-        personal_lr: float = Field(0.09, gt=0.0)         # step size of the inner solve
-        k: int = Field(5, ge=1)                          # inner steps per batch
-        beta: float = Field(1.0, gt=0.0)                 # server mixing (1: plain averaging)
-        warm_start: Literal["global", "personal"] = "global"
-        train_all_clients: bool = False                  # official code: every client trains every round
-        mu: float = Field(0.0, ge=0.0)                   # L2 term of the inner step (official code: 1e-3)
+class PFedMe(Algorithm[PFedMeHP]):
 
     search_space = {"lam": ("loguniform", 0.1, 20.0), "personal_lr": ("loguniform", 1e-3, 0.1),
                     "k": ("int", 1, 10), "beta": ("uniform", 1.0, 2.0)}  # train_all_clients, mu: protocol choices, not tuned

@@ -19,8 +19,9 @@ No hook reads what another hook left in a shared field: what a hook needs of the
 arguments (frozen), what it sends is its return value. What crosses the network is a
 `pflbench.payload.Payload` (per-client tensors, stacked or one dict per client): the engine counts the
 bytes of exactly these, so an algorithm's communication is whatever its hooks exchange — nothing to
-declare separately. (Hooks written in the form before the round context still work for one release,
-with a DeprecationWarning: pflbench.legacy_hooks.)
+declare separately. (A plugin written in the forms before, its hooks or its attributes, still works for
+one release, with a deprecation notice, through an adapter applied to its class alone when it is
+registered: pflbench.legacy_hooks.)
 
 State for checkpoints (`pflbench.checkpoint`): `state_dict()` / `load_state_dict()` capture everything
 a cell needs to continue after round r. The base class walks the instance's attributes (all but `fed`
@@ -43,16 +44,16 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, get_args, get_origin
 
 import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, ValidationError
+from typing_extensions import TypeVar
 
-from pflbench import deprecation
+from pflbench import deprecation, legacy_hooks
 from pflbench.capabilities import LEGACY_CAPABILITY_ATTRIBUTES, Capabilities, Refusal, refusal
 from pflbench.card import FAMILIES, LEGACY_CARD_ATTRIBUTES, Card
-from pflbench.legacy_hooks import LegacyHooks
 from pflbench.payload import Payload
 from pflbench.registry import Registry
 from pflbench.round_context import Round
@@ -87,26 +88,25 @@ __all__ = [
 ]
 
 
-class AlgorithmRegistry(Registry[type["Algorithm"]]):
+A = TypeVar("A", bound="type[Algorithm[Any]]")  # an algorithm class, as registered
+
+
+class AlgorithmRegistry(Registry[type["Algorithm[Any]"]]):
     """The algorithms' registry: `register(name, card=Card(...))` sets the class's `name` and `card`
     (its own, never inherited) and settles its `capabilities`. A class written against the API before
-    cards (presentation and capability class attributes: display_name, family, batched, refused_knobs,
-    ...) still registers, for one release, with a DeprecationWarning naming the new form."""
+    (presentation and capability class attributes: display_name, family, batched, refused_knobs, ...;
+    hooks in the old form) still registers, for one release, with a DeprecationWarning naming the new
+    form, as its adapted subclass (pflbench.legacy_hooks); any other class is registered as it is."""
 
-    def register(
-        self, name: str, card: Card | None = None, **attributes: Any
-    ) -> Callable[[type["Algorithm"]], type["Algorithm"]]:
+    def register(self, name: str, card: Card | None = None, **attributes: Any) -> Callable[[A], A]:
         add = super().register(name, **attributes)
 
-        def decorator(cls: type[Algorithm]) -> type[Algorithm]:
-            cls.card = _card_of(cls, name, card)
-            cls.capabilities = _capabilities_of(cls, name)
-            # Deprecated mirrors, for code that still reads them (one release): cls.display_name, cls.batched, ...
-            for attribute in LEGACY_CARD_ATTRIBUTES:
-                setattr(cls, attribute, getattr(cls.card, attribute))
-            for attribute, field in LEGACY_CAPABILITY_ATTRIBUTES.items():
-                setattr(cls, attribute, getattr(cls.capabilities, field))
-            return add(cls)
+        def decorator(cls: A) -> A:
+            own_card, capabilities = _card_of(cls, name, card), _capabilities_of(cls, name)
+            cls = legacy_hooks.adapt(cls, own_card, capabilities)  # `cls` itself unless it uses an old form
+            cls.card, cls.capabilities = own_card, capabilities
+            add(cls)
+            return cls
 
         return decorator
 
@@ -164,9 +164,14 @@ class Hyperparams(BaseModel):
 
 
 _Hyperparams = Hyperparams  # the base class, for annotations inside Algorithm (whose `Hyperparams` is a ClassVar)
+HP = TypeVar("HP", bound=Hyperparams, default=Hyperparams)  # an algorithm's own Hyperparams class
 
 
-class Algorithm(LegacyHooks):
+class Algorithm(Generic[HP]):
+    """A method: its hooks (module doc), generic over its hyperparameters' class, so that `self.hp` is
+    typed (`class Ditto(Algorithm[DittoHP])`: `self.hp.lam` is a float); the class is also its
+    `Hyperparams`, what the cell's `hp` is parsed into."""
+
     name: ClassVar[str] = ""  # the registered name (set by `ALGORITHMS.register`)
     # How reports show the method (pflbench.card): the class's own, set by `ALGORITHMS.register`.
     card: ClassVar[Card] = Card()
@@ -190,9 +195,19 @@ class Algorithm(LegacyHooks):
     state_objects: ClassVar[tuple[str, ...]] = ()
     state_rebuilt: ClassVar[tuple[str, ...]] = ()
 
-    def __init__(self, fed: "Federation", hp: _Hyperparams):
+    def __init__(self, fed: "Federation", hp: HP):
         self.fed = fed
-        self.hp = hp
+        self.hp: HP = hp
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """`Algorithm[XHP]`'s XHP is the class's `Hyperparams` (unless the class declares its own)."""
+        super().__init_subclass__(**kwargs)
+        if "Hyperparams" in cls.__dict__:
+            return
+        for base in cls.__dict__.get("__orig_bases__", ()):
+            origin, args = get_origin(base), get_args(base)
+            if isinstance(origin, type) and issubclass(origin, Algorithm) and args and isinstance(args[0], type):
+                cls.Hyperparams = args[0]
 
     @classmethod
     def parse_hyperparams(cls, values: dict[str, Any]) -> _Hyperparams:
@@ -219,29 +234,6 @@ class Algorithm(LegacyHooks):
     def cell_refusal(cls, cell: CellConfig) -> Refusal | None:
         """A refusal that depends on the cell beyond the declared capabilities (default: none)."""
         return None
-
-    # Before `check_cell` (one release): each checked one capability.
-    @classmethod
-    def check_models(cls, model: str) -> None:
-        _deprecated("Algorithm.check_models(model)", "Algorithm.check_cell(cell)")
-        problem = refusal(
-            cls.name,
-            dataclasses.replace(cls.capabilities, refused_knobs={}, newcomers=""),
-            _ModelOnly(model),
-            ((n, c.capabilities) for n, c in ALGORITHMS.items()),
-        )
-        if problem is not None:
-            raise problem
-
-    @classmethod
-    def check_knobs(cls, cell: CellConfig) -> None:
-        _deprecated("Algorithm.check_knobs(cell)", "Algorithm.check_cell(cell)")
-        cls.check_cell(cell.model_copy(update={"unseen_fraction": 0.0, "model": "auto"}))
-
-    @classmethod
-    def check_newcomers(cls, cell: CellConfig) -> None:
-        _deprecated("Algorithm.check_newcomers(cell)", "Algorithm.check_cell(cell)")
-        cls.check_cell(cell.model_copy(update={"system": {}, "privacy": {}, "model": "auto"}))
 
     # ---- state ---------------------------------------------------------------------------------
     def setup(self) -> None:
@@ -490,19 +482,6 @@ def load_object_state(owner: Any, name: str, saved: Any) -> None:
         obj.load_state_dict(saved)
 
 
-class _ModelOnly:
-    """A cell that sets only `model` (for the deprecated check_models)."""
-
-    def __init__(self, model: str):
-        self.model, self.unseen_fraction = model, 0.0
-        self.system: dict[str, Any] = {}
-        self.privacy: dict[str, Any] = {}
-
-
-def _deprecated(old: str, new: str) -> None:
-    deprecation.warn(f"{old} is deprecated: use {new}", old=old, new=new)
-
-
-def get_algorithm(name: str) -> type[Algorithm]:
+def get_algorithm(name: str) -> type[Algorithm[Any]]:
     """The registered algorithm `name` (the registry loads the built-ins and plugins first)."""
     return ALGORITHMS.get(name)

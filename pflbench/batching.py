@@ -80,12 +80,16 @@ class StackedBatchNorm(nn.Module):
         batch = x.shape[0] // clients
         folded = x.view(clients, batch, *x.shape[1:]).transpose(0, 1).reshape(batch, -1, *x.shape[2:])
         use_batch_stats = self.training or not self.track_running_stats
-        if self.training and self.track_running_stats:
+        updates = self.training and self.track_running_stats
+        if updates:
             self.num_batches_tracked.add_(1)
+        # Updated in place when training: a view of the stacked buffers. Read only otherwise, where the
+        # stacked state may be a broadcast (a global model `expand`ed over the clients): a copy serves.
+        flat = (lambda t: t.view(-1)) if updates else (lambda t: t.reshape(-1))
         out = F.batch_norm(
             folded,
-            None if self.running_mean is None else self.running_mean.view(-1),
-            None if self.running_var is None else self.running_var.view(-1),
+            None if self.running_mean is None else flat(self.running_mean),
+            None if self.running_var is None else flat(self.running_var),
             None if self.weight is None else self.weight.reshape(-1),
             None if self.bias is None else self.bias.reshape(-1),
             use_batch_stats, self.momentum, self.eps)

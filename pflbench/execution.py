@@ -16,6 +16,11 @@ change how fast a cell runs, never what it computes beyond float rounding.
   where oneDNN's channels-last kernels train the CNN 1.3-1.5x faster; off on CUDA (not measured there).
 - `client_threads`: the loop path trains and evaluates clients side by side on the cell's CPU threads,
   one intra-op thread each. `auto`: on for a CPU with more than one torch thread; off on CUDA.
+- `cell_groups`: cells that share a model architecture run as a cell group in one process, their
+  concurrent local training one batched step (pflbench.groups). `auto`: on CUDA, where a step is host
+  overhead and a wider one costs little more; off on a CPU, whose default client loop has nothing to
+  merge (`on` forms groups there too). Grouping changes no number of a cell beyond float rounding (the
+  batched step's: bit for bit on a CPU, tests/test_cell_groups.py). `pflbench run --no-ray` only, so far.
 - `device`: torch device (None: "cuda" for cells given GPUs, else "cpu"; decided by the runner).
 - `threads`: torch threads of the cell (None: the runner sets them from the cell's CPUs).
 """
@@ -27,8 +32,9 @@ CLIENT_BATCHING = ("auto", "on", "off")
 COMPILED_TRAINING = ("auto", "on", "off")
 CHANNELS_LAST = ("auto", "on", "off")
 CLIENT_THREADS = ("auto", "off")
+CELL_GROUPS = ("auto", "on", "off")
 CHOICES = {"client_batching": CLIENT_BATCHING, "compiled_training": COMPILED_TRAINING,
-           "channels_last": CHANNELS_LAST, "client_threads": CLIENT_THREADS}
+           "channels_last": CHANNELS_LAST, "client_threads": CLIENT_THREADS, "cell_groups": CELL_GROUPS}
 
 
 @dataclass(frozen=True)
@@ -39,6 +45,7 @@ class ExecutionOptions:
     channels_last: str = "auto"
     client_threads: str = "auto"
     threads: int | None = None
+    cell_groups: str = "auto"
 
     def __post_init__(self):
         for name, allowed in CHOICES.items():
@@ -67,13 +74,19 @@ class ExecutionOptions:
         wanted = device.type == "cpu" if self.channels_last == "auto" else self.channels_last == "on"
         return wanted and has_conv
 
+    def grouped(self, device) -> bool:
+        """Whether cells run as cell groups on `device` (a torch device or its type's name)."""
+        if self.cell_groups == "auto":
+            return getattr(device, "type", str(device).split(":")[0]) == "cuda"
+        return self.cell_groups == "on"
+
     def side_by_side(self, device, torch_threads: int) -> int:
         """How many clients the loop path runs side by side (1: one after another)."""
         return torch_threads if self.client_threads == "auto" and device.type == "cpu" else 1
 
 
-def add_execution_arguments(parser, *, device_help: str) -> None:
-    """The execution options as command-line arguments (`run`, `sweep`)."""
+def add_execution_arguments(parser, *, device_help: str, cell_groups: bool = False) -> None:
+    """The execution options as command-line arguments (`run`, `sweep`; `cell_groups`: `run` only)."""
     parser.add_argument("--device", help=device_help)
     parser.add_argument("--client-batching", choices=CLIENT_BATCHING, default="auto",
                         help="local training batched across clients (auto: on CUDA, a client loop on CPU)")
@@ -85,10 +98,14 @@ def add_execution_arguments(parser, *, device_help: str) -> None:
     parser.add_argument("--client-threads", choices=CLIENT_THREADS, default="auto",
                         help="train and evaluate a cell's clients side by side on its CPU threads, one torch "
                              "thread each (auto: on CPU when the cell has more than one thread)")
+    if cell_groups:
+        parser.add_argument("--cell-groups", choices=CELL_GROUPS, default="auto",
+                            help="run cells that share a model architecture as cell groups in one process, their "
+                                 "local training one batched step (auto: on CUDA; with --no-ray)")
 
 
 def execution_options(args) -> ExecutionOptions:
     """The ExecutionOptions given on a command line built with `add_execution_arguments`."""
     return ExecutionOptions(device=args.device, client_batching=args.client_batching,
                             compiled_training=args.compiled_training, channels_last=args.channels_last,
-                            client_threads=args.client_threads)
+                            client_threads=args.client_threads, cell_groups=getattr(args, "cell_groups", "auto"))

@@ -14,8 +14,10 @@ import torch
 from torch import Tensor
 
 from pflbench import shifts, streams
+from pflbench.streams import StreamLike
 from pflbench.config import CellConfig
 from pflbench.execution import ExecutionOptions
+from pflbench.groups import membership
 from pflbench.data.normalization import normalized_for_cell
 from pflbench.models import build_model, client_groups, default_model, is_heterogeneous
 from pflbench.newcomers.ids import newcomer_ids, seen_ids
@@ -215,12 +217,11 @@ class Federation:
         work = None if self.system is None else tuple(self.system.work[number - 1, self.client_ids].tolist())
         return Round(number, clients, work)
 
-    def batch_generators(self, rnd: int | Round, clients: Tensor, salt: int | None = None, *,
-                         stream: str | None = None) -> list[torch.Generator]:
+    def batch_generators(self, rnd: int | Round, clients: Tensor, *,
+                         stream: StreamLike | None = None) -> list[torch.Generator]:
         """One generator per client of the random `stream` (default "batches": the batch order) in round
-        `rnd`, keyed by partition id: the same for every algorithm and for both training paths.
-        (`salt` is the deprecated form of `stream`.)"""
-        stream = streams.batch_stream(stream, salt)
+        `rnd`, keyed by partition id: the same for every algorithm and for both training paths."""
+        stream = streams.BATCHES if stream is None else stream
         number = round_number(rnd)
         # keyed by partition id (-1: pooled data)
         return [streams.generator(self.cell.seed, stream, number, int(self.client_ids[c]) if c >= 0 else c)
@@ -228,18 +229,18 @@ class Federation:
 
     def train(self, rnd: int | Round, clients: Tensor, state: State, *, objective: Objective = cross_entropy,
               aux: State | None = None, trainable=None, epochs: int | None = None,
-              steps: int | None = None, split: str = "train", stream: str | None = None,
-              model: ClientModel | None = None, targets: Tensor | None = None, salt: int | None = None) -> TrainResult:
+              steps: int | None = None, split: str = "train", stream: StreamLike | None = None,
+              model: ClientModel | None = None, targets: Tensor | None = None) -> TrainResult:
         """Local SGD of the sampled clients from `state` ([len(clients), ...]) on their own data:
         `epochs` (None: the cell's local_epochs; 0: no step) or a fixed number of `steps`, on the
         batch plan of `local_plans`. `model` trains another architecture than the clients' own (e.g. a
         shared global model in a heterogeneous cell); `targets`, a per-sample table indexed like the
         dataset's labels, is what the objective receives instead of the labels (e.g. labels with a
         teacher's logits, for distillation). `stream`: the batch order's random stream (default
-        "batches"; `salt` is its deprecated form). `rnd`: the round's context (`Round`) for a round's
+        "batches", pflbench.streams). `rnd`: the round's context (`Round`) for a round's
         local training, whose stragglers do their share of the work; a round number otherwise."""
         plans = self.local_plans(rnd, clients, epochs=epochs, steps=steps, split=split,
-                                 stream=streams.batch_stream(stream, salt))
+                                 stream=stream)
         return self._train_on([self.splits[split][c] for c in clients.tolist()], plans,
                               model or self.model_of(clients), state, objective=objective, aux=aux,
                               trainable=trainable, targets=targets)
@@ -256,24 +257,25 @@ class Federation:
                   targets: Tensor | None = None) -> TrainResult:
         """SGD of the models in `state` (row k on the sample ids `indices[k]`, following `plans[k]`):
         what `train` and `train_pooled` share."""
-        new_state, loss = train_clients(model, state, self.features, self.labels if targets is None else targets,
-                                        indices, plans, self.sgd, objective=objective, aux=aux,
-                                        trainable=trainable, batched=self.batched, compiled=self.compiled,
-                                        threads=self.client_threads)
+        member = membership()  # a cell of a group trains through its rendezvous (pflbench.groups)
+        train = train_clients if member is None else member.train_clients
+        new_state, loss = train(model, state, self.features, self.labels if targets is None else targets,
+                                indices, plans, self.sgd, objective=objective, aux=aux, trainable=trainable,
+                                batched=self.batched, compiled=self.compiled, threads=self.client_threads)
         return TrainResult(new_state, loss)
 
     def local_plans(self, rnd: int | Round, clients: Tensor, *, epochs: int | None = None, steps: int | None = None,
-                    split: str = "train", stream: str | None = None, salt: int | None = None) -> list[Tensor]:
+                    split: str = "train", stream: StreamLike | None = None) -> list[Tensor]:
         """The engine's batch plan of each of `clients` in round `rnd`: positions into the client's
         `split` sample ids, [steps, batch_size] (`pflbench.training.batch_plan`), for `epochs` (None:
         the cell's local_epochs; 0: no step) or a fixed number of `steps`, in the batch order of
-        `batch_generators(rnd, clients, stream=stream)` (default "batches"; `salt`: its deprecated
-        form). Given the round's context (`Round`: a round's local training), each straggler's plan is
+        `batch_generators(rnd, clients, stream=stream)` (default "batches"). Given the round's
+        context (`Round`: a round's local training), each straggler's plan is
         cut to its share of the work (`system.stragglers`); given a round number (evaluation's
         adaptation, newcomers' fits, ...) nothing is cut. Every trainer plans here: `train`, the custom
         steps of `pflbench.steps`, and algorithms with their own training loops."""
         plans = self._plans([len(self.splits[split][c]) for c in clients.tolist()],
-                            self.batch_generators(rnd, clients, stream=streams.batch_stream(stream, salt)),
+                            self.batch_generators(rnd, clients, stream=stream),
                             epochs, steps)
         work = work_of(rnd, clients)
         return plans if work is None else cut(plans, work)

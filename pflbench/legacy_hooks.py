@@ -1,41 +1,68 @@
-"""The hooks' old form, kept working for one release (the method API is public: GUIDE, "Contracts").
+"""The method API's old forms, kept working for one release, for the classes that use them.
 
-Before the round context, the hooks took the round number and the sampled clients and exchanged
-dicts or lists of dicts: `configure(self, rnd, clients)`, `receive(self, rnd, clients, download)`,
-`local_train(self, rnd, clients, state)`, `send(self, rnd, clients, state)`, `aggregate(self, rnd,
-clients, upload)`, `aggregate_arrived(self, rnd, clients, upload, positions)`, `evaluate(self,
-personal, split)`, `adapt_locally(self, personal, rnd, epochs)`, `newcomer_models(self, rnd,
-newcomers)`. A class that still defines a hook in that form (told apart by its parameter count) gets a
-DeprecationWarning naming the new form when it is defined, at the hook's line of the user's file (and on
-the command line one line per file: pflbench.deprecation), and runs as it did:
+The old forms (GUIDE, "Contracts": a plugin written against the documented API keeps working for one
+release after a change, with one visible warning naming the user's file and the new form):
 
-- the engine's calls reach its old-form hooks translated: the round as a `RoundNumber` (an int that
-  carries its Round, so that its `local_train`'s `fed.train(rnd, ...)` is still cut to the stragglers'
-  share, and nothing else it trains is, as before), payloads as
-  the dict (stacked) or list (per client) it returned, its `evaluate`/`adapt_locally` on newcomers with
-  `self.fed` standing for the newcomers' Federation for the call (as `Algorithm.serving` did);
-- its calls in the old form (`super().configure(rnd, clients)`, ...) reach new-form hooks translated
-  back, so it may subclass any built-in;
-- `aggregate_arrived`, where a class overrides it, receives the arrived uploads as before, and an
-  override of `evaluate_splits(personal, splits)` scores the models as before.
+- the hooks before the round context, which took the round number and the sampled clients and exchanged
+  dicts or lists of dicts: `configure(self, rnd, clients)`, `receive(self, rnd, clients, download)`,
+  `local_train(self, rnd, clients, state)`, `send(self, rnd, clients, state)`, `aggregate(self, rnd,
+  clients, upload)`, `evaluate(self, personal, split)`, `adapt_locally(self, personal, rnd, epochs)`,
+  `newcomer_models(self, rnd, newcomers)` (told apart by their parameter count), and the methods
+  `aggregate_arrived`, `evaluate_splits` and `serving(newcomers)`;
+- the card's and the capabilities' fields as class attributes (`display_name = ...`, `batched = ...`;
+  pflbench.algorithm reads them into the card), and read back from the class (`self.display_name`);
+- `check_models` / `check_knobs` / `check_newcomers` (now `Algorithm.check_cell`);
+- `salt=` where a batch order is asked for (`fed.train`, `fed.local_plans`, `fed.batch_generators`,
+  `pflbench.steps.step_plan` / `step_ids`): now `stream=` (pflbench.streams).
 
-Every hook of every algorithm class passes through `LegacyHooks.__init_subclass__`; new-form hooks get
-only the translation of old-form calls (one isinstance per call).
+`adapt(cls)` runs when a class is registered (`ALGORITHMS.register`). A class that uses none of them
+(every built-in) is returned as it is: nothing of this module wraps or touches it. A class that uses one
+(its hooks' forms, its attributes, and for the calls its source) is registered as an adapted
+subclass, `cls` between two classes of this module, its method resolution order
+
+    [Adapted, cls and the user's classes above it, OldFormBase, the first built-in base, ..., Algorithm]
+
+- `Adapted`'s hooks take the engine's calls (the round's `Round`, a `Payload`, the evaluation's
+  `Serving`) to the user's old-form hooks translated: the round as a `RoundNumber` (an int that carries
+  its Round, so that a `local_train`'s `fed.train(rnd, ...)` is still cut to the stragglers' share, and
+  nothing else it trains is, as before), payloads as the dict (stacked) or list (per client) it
+  exchanged, its `evaluate`/`adapt_locally` on newcomers with `self.fed` standing for the newcomers'
+  Federation for the call; an `aggregate_arrived` override receives the arrived uploads, an
+  `evaluate_splits` override scores the models;
+- `OldFormBase`'s hooks take the user's old-form calls (`super().configure(rnd, clients)`, ...) to the
+  built-in's new-form hooks, so it may subclass any built-in; it holds the old methods (warning when
+  called) and the mirror attributes (`display_name`, `batched`, ...);
+- where it passes `salt=`, its `fed` accepts it (`SaltedFederation`), and so do `step_plan` /
+  `step_ids` as its module calls them.
+
+Each old form is said once, at the user's file and line (pflbench.deprecation: a DeprecationWarning, and
+on the command line one line per file): the hooks' and the attributes' when the class is registered, a
+call's (salt=, check_*, ...) when it is made.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import functools
 import inspect
+import re
+import sys
 from contextlib import contextmanager
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterator, cast
 
 import torch
 
-from pflbench import deprecation
+from pflbench import deprecation, steps, streams
+from pflbench.capabilities import LEGACY_CAPABILITY_ATTRIBUTES, refusal
+from pflbench.card import LEGACY_CARD_ATTRIBUTES
 from pflbench.payload import Payload
 from pflbench.round_context import Round, RoundNumber
 from pflbench.serving import Serving
+
+if TYPE_CHECKING:
+    from pflbench.algorithm import A
+    from pflbench.capabilities import Capabilities
+    from pflbench.card import Card
 
 # hook -> (parameters of the old form, of the new form), `self` not counted
 FORMS = {
@@ -52,8 +79,32 @@ NEW_FORM = {
     "adapt_locally": "adapt_locally(self, serving: Serving, models) -> models",
     "newcomer_models": "newcomer_models(self, serving: Serving) -> models",
 }
+OLD_PARAMETERS = {
+    "configure": ("rnd", "clients"), "receive": ("rnd", "clients", "download"),
+    "local_train": ("rnd", "clients", "state"), "send": ("rnd", "clients", "state"),
+    "aggregate": ("rnd", "clients", "upload"), "evaluate": ("personal", "split"),
+    "adapt_locally": ("personal", "rnd", "epochs"), "newcomer_models": ("rnd", "newcomers"),
+}
 WHERE = ("(Round: pflbench.round_context, Payload: pflbench.payload, Serving: pflbench.serving; "
          "docs/howto/own-method.md)")
+MIRRORS = (*LEGACY_CARD_ATTRIBUTES, *LEGACY_CAPABILITY_ATTRIBUTES)
+# Old forms found in a module's source: what makes a class that is otherwise current need the adapter.
+OLD_CALLS = re.compile(r"\bsalt\s*=|\.(check_models|check_knobs|check_newcomers|serving|aggregate_arrived|"
+                       r"evaluate_splits)\(")
+MIRROR_READS = re.compile(r"\b(self|cls|type\(self\))\.(" + "|".join(MIRRORS) + r")\b(?!\s*=[^=])")
+
+
+# ---- what a class uses of the old forms ----------------------------------------------------------------
+
+def _is_built_in(klass: type) -> bool:
+    return klass.__module__ == "pflbench" or klass.__module__.startswith("pflbench.") or klass is object
+
+
+def _user_classes(cls: type) -> list[type]:
+    """`cls` and the classes above it that are the user's (before the first of pflbench's own)."""
+    mro = cls.__mro__
+    first = next(i for i, klass in enumerate(mro) if _is_built_in(klass))
+    return list(mro[:first])
 
 
 def _parameters(fn: Callable) -> int | None:
@@ -64,8 +115,158 @@ def _parameters(fn: Callable) -> int | None:
     return sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params)
 
 
+def _is_old_hook(name: str, fn: Any) -> bool:
+    old_count, new_count = FORMS[name]
+    return inspect.isfunction(fn) and old_count != new_count and _parameters(fn) == old_count
+
+
+def _source(klass: type) -> str:
+    try:
+        return inspect.getsource(klass)
+    except (OSError, TypeError):
+        return ""
+
+
+@dataclasses.dataclass
+class OldForms:
+    """What a class uses of the old forms (module doc)."""
+
+    hooks: list[tuple[type, str]]  # (the user's class, hook) defined in the old form
+    methods: list[tuple[type, str]]  # (the user's class, "aggregate_arrived" | "evaluate_splits") overridden
+    attributes: bool  # declares card or capability fields as class attributes
+    calls: bool  # its source calls an old form (salt=, check_*, serving, ...) or reads a mirror
+    salt: bool  # its source passes salt=
+
+    def __bool__(self) -> bool:
+        return bool(self.hooks or self.methods or self.attributes or self.calls)
+
+
+def old_forms(cls: type) -> OldForms:
+    users = _user_classes(cls)
+    hooks = [(k, name) for k in users for name in FORMS if _is_old_hook(name, k.__dict__.get(name))]
+    methods = [(k, name) for k in users for name in ("aggregate_arrived", "evaluate_splits")
+               if inspect.isfunction(k.__dict__.get(name))]
+    attributes = any(name in k.__dict__ for k in users for name in MIRRORS)
+    sources = [_source(k) for k in users]
+    calls = any(OLD_CALLS.search(s) or MIRROR_READS.search(s) for s in sources)
+    salt = any(re.search(r"\bsalt\s*=", s) for s in sources)
+    return OldForms(hooks, methods, attributes, calls, salt)
+
+
+# ---- the adapter ----------------------------------------------------------------------------------------
+
+def adapt(cls: A, card: Card | None = None, capabilities: Capabilities | None = None) -> A:
+    """`cls` itself where it uses no old form; else its adapted subclass (module doc), the old forms of
+    its hooks said at their lines. `card` and `capabilities` (the registry's) give the mirror attributes."""
+    uses = old_forms(cls)
+    if not uses:
+        return cls
+    for klass, name in uses.hooks:
+        form = f"{name}({', '.join(OLD_PARAMETERS[name])})"
+        deprecation.warn(f"algorithm class {klass.__qualname__}: {form} is the old form of the hook, "
+                         f"deprecated; write {NEW_FORM[name]} {WHERE}",
+                         old=f"{klass.__name__}.{form}", new=NEW_FORM[name],
+                         where=deprecation.location_of(klass.__dict__[name]))
+    for klass, name in uses.methods:
+        hook = "aggregate" if name == "aggregate_arrived" else "evaluate"
+        why = ("receives only the uploads that reached the server (upload.clients, and upload.positions among "
+               "rnd.clients)" if hook == "aggregate" else "is called with every split")
+        deprecation.warn(f"algorithm class {klass.__qualname__}: {name} is deprecated; {NEW_FORM[hook]} {why} "
+                         f"{WHERE}", old=f"{klass.__name__}.{name}", new=NEW_FORM[hook],
+                         where=deprecation.location_of(klass.__dict__[name]))
+    _say_mirror_reads(cls)
+    base = cls.__mro__[len(_user_classes(cls))]
+    box: list[type] = []  # OldFormBase, for its hooks' super()
+    old_base = type(f"{base.__name__}OldForm", (base,), {
+        "__module__": __name__, "__doc__": "The old forms' base (pflbench.legacy_hooks)",
+        **{name: _old_call_of_new(name, box) for name in FORMS}, **_OLD_METHODS,
+        **_mirrors(card, capabilities),
+    })
+    box.append(old_base)
+    namespace: dict[str, Any] = {"__module__": cls.__module__, "__qualname__": cls.__qualname__,
+                                 "__doc__": cls.__doc__, "__pflbench_adapted__": cls}
+    for name in FORMS:
+        namespace[name] = _dispatch(name, getattr(cls, name))
+    if any(name == "aggregate_arrived" for _, name in uses.methods):
+        namespace["aggregate"] = _routing_aggregate(namespace["aggregate"])
+    splits = next((k.__dict__["evaluate_splits"] for k, name in uses.methods if name == "evaluate_splits"), None)
+    if splits is not None:
+        namespace["evaluate"] = _evaluating_splits(splits)
+    adapted_box: list[Any] = []
+    if uses.salt:
+
+        def __init__(self: Any, fed: Any, hp: Any) -> None:
+            super(adapted_box[0], self).__init__(SaltedFederation(_federation(fed)), hp)
+
+        namespace["__init__"] = __init__
+        _salted_steps(cls)
+    adapted = type(cls.__name__, (cls, old_base), namespace)
+    adapted_box.append(adapted)
+    return cast("A", adapted)
+
+
+def _mirrors(card: Card | None, capabilities: Capabilities | None) -> dict[str, Any]:
+    """The card's and the capabilities' fields as the class attributes they were before cards."""
+    values: dict[str, Any] = {}
+    if card is not None:
+        values.update({name: getattr(card, name) for name in LEGACY_CARD_ATTRIBUTES})
+    if capabilities is not None:
+        values.update({name: getattr(capabilities, field) for name, field in LEGACY_CAPABILITY_ATTRIBUTES.items()})
+    return values
+
+
+def _say_mirror_reads(cls: type) -> None:
+    for klass in _user_classes(cls):
+        try:
+            lines, first = inspect.getsourcelines(klass)
+        except (OSError, TypeError):
+            continue
+        filename = inspect.getsourcefile(klass) or ""
+        for offset, line in enumerate(lines):
+            for match in MIRROR_READS.finditer(line.split("#", 1)[0]):
+                attribute = match.group(2)
+                field = LEGACY_CAPABILITY_ATTRIBUTES.get(attribute)
+                new = f"self.capabilities.{field}" if field else f"self.card.{attribute}"
+                deprecation.warn(f"algorithm class {klass.__qualname__}: {match.group(0)} is deprecated; read {new}",
+                                 old=match.group(0), new=new, where=(filename, first + offset))
+
+
 def _is_context(value: Any) -> bool:
     return isinstance(value, (Round, Serving))
+
+
+def _new_call(args: tuple, kwargs: dict) -> bool:
+    """Whether a hook was called in the new form (a Round or Serving first, or no argument at all)."""
+    first = args[0] if args else kwargs.get("rnd", kwargs.get("serving"))
+    return _is_context(first) or not (args or kwargs)
+
+
+def _dispatch(name: str, impl: Callable) -> Callable:
+    """`Adapted`'s hook: a call in either form reaches `impl` (the class's own) in its form."""
+    old = getattr(impl, "__pflbench_adapted__", None) is None and _is_old_hook(name, impl)
+
+    @functools.wraps(impl)
+    def hook(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if _new_call(args, kwargs) == old:  # a new-form call of an old hook, or an old-form call of a new one
+            return _call_old(name, self, impl, *args) if old else _call_new(name, self, impl, *args, **kwargs)
+        return impl(self, *args, **kwargs)
+
+    hook.__pflbench_adapted__ = True  # type: ignore[attr-defined]
+    return hook
+
+
+def _old_call_of_new(name: str, box: list[type]) -> Callable:
+    """`OldFormBase`'s hook: the user's `super().<hook>(...)` in the old form reaches the built-in's."""
+
+    def hook(self: Any, *args: Any, **kwargs: Any) -> Any:
+        new = getattr(super(box[0], self), name)
+        if _new_call(args, kwargs):
+            return new(*args, **kwargs)
+        return _call_new(name, self, lambda _self, *a, **k: new(*a, **k), *args, **kwargs)
+
+    hook.__name__ = hook.__qualname__ = name
+    hook.__pflbench_adapted__ = True  # type: ignore[attr-defined]
+    return hook
 
 
 def old_form(payload: Payload) -> Any:
@@ -99,12 +300,13 @@ def _round_of(rnd: Any, clients: Any) -> Round:
 
 
 @contextmanager
-def _serving(algorithm: Any, fed: Any):
+def _serving(algorithm: Any, fed: Any) -> Iterator[None]:
     """`algorithm.fed` is `fed` while an old-form evaluation hook serves another population."""
-    if fed is algorithm.fed:
+    if fed is algorithm.fed or fed is getattr(algorithm.fed, "federation", None):
         yield
         return
-    trained, algorithm.fed = algorithm.fed, fed
+    trained = algorithm.fed
+    algorithm.fed = SaltedFederation(fed) if isinstance(trained, SaltedFederation) else fed
     try:
         yield
     finally:
@@ -163,23 +365,15 @@ def _call_new(name: str, self: Any, new: Callable, *args: Any, **kwargs: Any) ->
         if name == "send":
             return old_form(new(self, rnd, values["state"]))
         return new(self, rnd, as_payload(values["upload"], clients))
-    fed = self.fed
+    fed = _federation(self.fed)
     if name == "evaluate":
         split = values["split"]
         serving = Serving(0, fed, adapt_epochs=fed.cell.finetune_epochs)
         return new(self, serving, values["personal"], (split,))[split]
     if name == "adapt_locally":
         return new(self, Serving(int(values["rnd"]), fed, adapt_epochs=values["epochs"]), values["personal"])
-    return new(self, Serving(int(values["rnd"]), values["newcomers"], newcomers=True,
+    return new(self, Serving(int(values["rnd"]), _federation(values["newcomers"]), newcomers=True,
                              adapt_epochs=fed.cell.finetune_epochs))
-
-
-OLD_PARAMETERS = {
-    "configure": ("rnd", "clients"), "receive": ("rnd", "clients", "download"),
-    "local_train": ("rnd", "clients", "state"), "send": ("rnd", "clients", "state"),
-    "aggregate": ("rnd", "clients", "upload"), "evaluate": ("personal", "split"),
-    "adapt_locally": ("personal", "rnd", "epochs"), "newcomer_models": ("rnd", "newcomers"),
-}
 
 
 def _bind(name: str, args: tuple, kwargs: dict) -> dict:
@@ -189,31 +383,6 @@ def _bind(name: str, args: tuple, kwargs: dict) -> dict:
     values = dict(zip(names, args))
     values.update(kwargs)
     return values
-
-
-# ---- wrapping the hooks of each class -----------------------------------------------------------------
-
-def _old_form_hook(name: str, old: Callable) -> Callable:
-    @functools.wraps(old)
-    def hook(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if args and _is_context(args[0]):
-            return _call_old(name, self, old, *args)
-        return old(self, *args, **kwargs)
-
-    hook.__pflbench_hook__ = "old"  # type: ignore[attr-defined]
-    return hook
-
-
-def _new_form_hook(name: str, new: Callable) -> Callable:
-    @functools.wraps(new)
-    def hook(self: Any, *args: Any, **kwargs: Any) -> Any:
-        first = args[0] if args else kwargs.get("rnd", kwargs.get("serving"))
-        if _is_context(first) or not (args or kwargs):
-            return new(self, *args, **kwargs)
-        return _call_new(name, self, new, *args, **kwargs)
-
-    hook.__pflbench_hook__ = "new"  # type: ignore[attr-defined]
-    return hook
 
 
 def _routing_aggregate(inherited: Callable) -> Callable:
@@ -227,7 +396,6 @@ def _routing_aggregate(inherited: Callable) -> Callable:
             return self.aggregate_arrived(_number(rnd), rnd.clients, old_form(upload), upload.positions)
         return inherited(self, *args, **kwargs)
 
-    aggregate.__pflbench_hook__ = "routed"  # type: ignore[attr-defined]
     return aggregate
 
 
@@ -240,63 +408,148 @@ def _evaluating_splits(old: Callable) -> Callable:
         with _serving(self, serving.clients):
             return old(self, models, splits)
 
-    evaluate.__pflbench_hook__ = "old"  # type: ignore[attr-defined]
     return evaluate
 
 
-class LegacyHooks:
-    """What keeps the old form working (module doc): the hooks' translation, and the old methods."""
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        for name, (old_count, new_count) in FORMS.items():
-            fn = cls.__dict__.get(name)
-            if not inspect.isfunction(fn) or hasattr(fn, "__pflbench_hook__"):
-                continue
-            count = _parameters(fn)
-            if count == old_count and old_count != new_count:
-                form = f"{name}({', '.join(OLD_PARAMETERS[name])})"
-                deprecation.warn(f"algorithm class {cls.__qualname__}: {form} is the old form of the hook, "
-                                 f"deprecated; write {NEW_FORM[name]} {WHERE}",
-                                 old=f"{cls.__name__}.{form}", new=NEW_FORM[name], where=deprecation.location_of(fn))
-                setattr(cls, name, _old_form_hook(name, fn))
-            elif count == new_count:
-                setattr(cls, name, _new_form_hook(name, fn))
-        if inspect.isfunction(cls.__dict__.get("aggregate_arrived")):
-            deprecation.warn(f"algorithm class {cls.__qualname__}: aggregate_arrived is deprecated; "
-                             f"{NEW_FORM['aggregate']} receives only the uploads that reached the server "
-                             f"(upload.clients, and upload.positions among rnd.clients) {WHERE}",
-                             old=f"{cls.__name__}.aggregate_arrived(rnd, clients, upload, positions)",
-                             new=NEW_FORM["aggregate"], where=deprecation.location_of(cls.__dict__["aggregate_arrived"]))
-            cls.aggregate = _routing_aggregate(cls.aggregate)  # type: ignore[method-assign]
-        if inspect.isfunction(cls.__dict__.get("evaluate_splits")):
-            deprecation.warn(f"algorithm class {cls.__qualname__}: evaluate_splits is deprecated; the engine calls "
-                             f"{NEW_FORM['evaluate']} with every split {WHERE}",
-                             old=f"{cls.__name__}.evaluate_splits(personal, splits)", new=NEW_FORM["evaluate"],
-                             where=deprecation.location_of(cls.__dict__["evaluate_splits"]))
-            cls.evaluate = _evaluating_splits(cls.__dict__["evaluate_splits"])  # type: ignore[method-assign]
-
-    # ---- the old methods, for one release ------------------------------------------------------------
-    def aggregate_arrived(self, rnd: Any, clients: Any, upload: Any, positions: Any) -> None:
-        """Deprecated: `aggregate(rnd, upload)` receives only the uploads that arrived."""
-        _deprecated("Algorithm.aggregate_arrived(rnd, clients, upload, positions)", NEW_FORM["aggregate"])
-        if len(positions):
-            self.aggregate(rnd, clients[positions], upload)  # type: ignore[attr-defined]
-
-    def evaluate_splits(self, personal: Any, splits: tuple[str, ...]) -> Any:
-        """Deprecated: `evaluate(serving, models, splits)` scores every split."""
-        _deprecated("Algorithm.evaluate_splits(personal, splits)", NEW_FORM["evaluate"])
-        fed = self.fed  # type: ignore[attr-defined]
-        return self.evaluate(Serving(0, fed, adapt_epochs=fed.cell.finetune_epochs), personal,  # type: ignore[attr-defined]
-                             tuple(splits))
-
-    @contextmanager
-    def serving(self, newcomers: Any):
-        """Deprecated: the evaluation hooks receive the population they serve (`Serving.clients`)."""
-        _deprecated("Algorithm.serving(newcomers)", "the Serving the evaluation hooks receive (serving.clients)")
-        with _serving(self, newcomers):
-            yield newcomers
-
+# ---- the old methods (OldFormBase's), for one release ------------------------------------------------------
 
 def _deprecated(old: str, new: str) -> None:
     deprecation.warn(f"{old} is deprecated: use {new} {WHERE}", old=old, new=new)
+
+
+def aggregate_arrived(self: Any, rnd: Any, clients: Any, upload: Any, positions: Any) -> None:
+    """Deprecated: `aggregate(rnd, upload)` receives only the uploads that arrived."""
+    _deprecated("Algorithm.aggregate_arrived(rnd, clients, upload, positions)", NEW_FORM["aggregate"])
+    if len(positions):
+        self.aggregate(rnd, clients[positions], upload)
+
+
+def evaluate_splits(self: Any, personal: Any, splits: tuple[str, ...]) -> Any:
+    """Deprecated: `evaluate(serving, models, splits)` scores every split."""
+    _deprecated("Algorithm.evaluate_splits(personal, splits)", NEW_FORM["evaluate"])
+    fed = _federation(self.fed)
+    return self.evaluate(Serving(0, fed, adapt_epochs=fed.cell.finetune_epochs), personal, tuple(splits))
+
+
+@contextmanager
+def serving(self: Any, newcomers: Any) -> Iterator[Any]:
+    """Deprecated: the evaluation hooks receive the population they serve (`Serving.clients`)."""
+    _deprecated("Algorithm.serving(newcomers)", "the Serving the evaluation hooks receive (serving.clients)")
+    with _serving(self, newcomers):
+        yield self.fed
+
+
+class _ModelOnly:
+    """A cell that sets only `model` (for check_models)."""
+
+    def __init__(self, model: str):
+        self.model, self.unseen_fraction = model, 0.0
+        self.system: dict[str, Any] = {}
+        self.privacy: dict[str, Any] = {}
+
+
+def check_models(cls: Any, model: str) -> None:
+    from pflbench.algorithm import ALGORITHMS
+
+    _deprecated("Algorithm.check_models(model)", "Algorithm.check_cell(cell)")
+    problem = refusal(cls.name, dataclasses.replace(cls.capabilities, refused_knobs={}, newcomers=""),
+                      _ModelOnly(model), ((n, c.capabilities) for n, c in ALGORITHMS.items()))
+    if problem is not None:
+        raise problem
+
+
+def check_knobs(cls: Any, cell: Any) -> None:
+    _deprecated("Algorithm.check_knobs(cell)", "Algorithm.check_cell(cell)")
+    cls.check_cell(cell.model_copy(update={"unseen_fraction": 0.0, "model": "auto"}))
+
+
+def check_newcomers(cls: Any, cell: Any) -> None:
+    _deprecated("Algorithm.check_newcomers(cell)", "Algorithm.check_cell(cell)")
+    cls.check_cell(cell.model_copy(update={"system": {}, "privacy": {}, "model": "auto"}))
+
+
+_OLD_METHODS: dict[str, Any] = {
+    "aggregate_arrived": aggregate_arrived, "evaluate_splits": evaluate_splits, "serving": serving,
+    "check_models": classmethod(check_models), "check_knobs": classmethod(check_knobs),
+    "check_newcomers": classmethod(check_newcomers),
+}
+
+
+# ---- salt= ------------------------------------------------------------------------------------------------
+
+def batch_stream(stream: streams.StreamLike | None, salt: int | None) -> streams.StreamLike:
+    """The batch-order stream of a call that still passes the deprecated `salt=`."""
+    if salt is None:
+        return streams.BATCHES if stream is None else stream
+    declared = _declared_batch_orders().get(salt)
+    named = declared.name if declared is not None else "batches.<purpose>"
+    deprecation.warn(
+        f"salt={salt:#x} is deprecated: pass stream={named!r} (a named stream, pflbench.streams)",
+        old=f"salt={salt:#x}",
+        new=f"stream={named!r}",
+    )
+    if stream is not None and str(stream) != streams.BATCHES.name:
+        raise ValueError("give stream= or the deprecated salt=, not both")
+    # a plugin's own salt: its old derivation, under a name of its own
+    return declared if declared is not None else streams.salted_batches(f"batches.salt-{salt:#x}", salt)
+
+
+def _declared_batch_orders() -> dict[int, streams.Stream]:
+    """salt -> the batch-order stream declared with it: the engine's, and those the registered algorithms'
+    classes and modules declare (pflbench.streams), to name a deprecated salt's stream."""
+    from pflbench.algorithm import ALGORITHMS
+
+    found = {s.salt: s for s in streams.ENGINE.values() if s.salt is not None}
+    for _, cls in ALGORITHMS.items():
+        for owner in (*cls.__mro__, sys.modules.get(cls.__module__)):
+            for value in vars(owner).values() if owner is not None else ():
+                for item in value if isinstance(value, (tuple, list)) else (value,):
+                    if isinstance(item, streams.Stream) and item.salt is not None:
+                        found.setdefault(item.salt, item)
+    return found
+
+
+class SaltedFederation:
+    """The Federation as an old-form plugin that passes `salt=` uses it: `train`, `local_plans` and
+    `batch_generators` take it (with a deprecation notice); everything else is the Federation's."""
+
+    def __init__(self, federation: Any):
+        object.__setattr__(self, "federation", federation)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.federation, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self.federation, name, value)
+
+    def batch_generators(self, rnd: Any, clients: Any, salt: int | None = None, *, stream: Any = None) -> Any:
+        return self.federation.batch_generators(rnd, clients, stream=batch_stream(stream, salt))
+
+    def train(self, *args: Any, salt: int | None = None, stream: Any = None, **kwargs: Any) -> Any:
+        return self.federation.train(*args, stream=batch_stream(stream, salt), **kwargs)
+
+    def local_plans(self, *args: Any, salt: int | None = None, stream: Any = None, **kwargs: Any) -> Any:
+        return self.federation.local_plans(*args, stream=batch_stream(stream, salt), **kwargs)
+
+
+def _federation(fed: Any) -> Any:
+    return fed.federation if isinstance(fed, SaltedFederation) else fed
+
+
+def step_plan(fed: Any, *args: Any, salt: int | None = None, stream: Any = None, **kwargs: Any) -> Any:
+    """`pflbench.steps.step_plan`, taking the deprecated `salt=` (in a module that passes it)."""
+    return steps.step_plan(_federation(fed), *args, stream=batch_stream(stream, salt), **kwargs)
+
+
+def step_ids(fed: Any, *args: Any, salt: int | None = None, stream: Any = None, **kwargs: Any) -> Any:
+    """`pflbench.steps.step_ids`, taking the deprecated `salt=` (in a module that passes it)."""
+    return steps.step_ids(_federation(fed), *args, stream=batch_stream(stream, salt), **kwargs)
+
+
+def _salted_steps(cls: type) -> None:
+    """In the modules of `cls`'s classes that imported them, `step_plan` / `step_ids` take `salt=`."""
+    for klass in _user_classes(cls):
+        module = sys.modules.get(klass.__module__)
+        for name, salted in (("step_plan", step_plan), ("step_ids", step_ids)):
+            if module is not None and vars(module).get(name) is getattr(steps, name):
+                setattr(module, name, salted)

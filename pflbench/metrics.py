@@ -27,7 +27,9 @@ RUN_RECORD_KEYS = frozenset({
     "wall_time", "completed_at", "files", "runner", "compile_seconds",
     "peak_host_bytes", "host_start_bytes", "peak_host_method", "peak_gpu_bytes", "cpu_model", "cpu_capability", "cpu_cores",
     "gpu_model", "code_commit", "code_dirty",
-    "checkpoint_seconds", "checkpoints_written", "checkpoint_bytes", "resumed_from_round", "checkpoint_error"})
+    "checkpoint_seconds", "checkpoints_written", "checkpoint_bytes", "resumed_from_round", "checkpoint_error",
+    # a cell run in a cell group (pflbench.groups.SUMMARY_KEYS)
+    "cell_group_cells", "cell_group_calls", "cell_group_merged_calls", "cell_group_mean_width"})
 
 
 SELECTIONS = ("final", "bestval")  # the round selections a summary holds (besttest: `best_accuracy`)

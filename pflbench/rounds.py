@@ -112,8 +112,10 @@ def cell_global_rng(seed: int, device: torch.device):
     process, whatever ran there before: a Ray worker runs cell after cell, `--no-ray` runs a whole plan
     in one process, and `pflbench rerun`/`verify` run one cell alone. Everything else random is drawn
     from named streams of the cell's seed (pflbench.streams; this one is "global")."""
-    devices = (device.index or 0,) if device.type == "cuda" else ()
-    with streams.torch_global(seed, "global", devices=devices):
+    devices = [device.index or 0] if device.type == "cuda" else []
+    # `streams.torch_global`'s fork without its lock: the cell holds this generator for its whole run
+    with torch.random.fork_rng(devices=devices):
+        streams.seed_torch_global(seed, "global")
         yield
 
 
@@ -186,7 +188,8 @@ class CellRecord:
 
 
 def run_rounds(fed: Federation, algorithm: Algorithm, on_round=None, provenance: dict | None = None,
-               evaluate: tuple[str, ...] = EVALUATED, checkpointer=None, stop_after: int | None = None) -> CellResult:
+               evaluate: tuple[str, ...] = EVALUATED, checkpointer=None, stop_after: int | None = None,
+               set_up: bool = False) -> CellResult:
     """The cell's rounds, with every client's personalized model evaluated on the `evaluate` splits
     every eval_every rounds (columns of a split not evaluated are NaN). With the cell's
     `finetune_epochs` > 0 the same models are also scored after local adaptation (`*_adapted`
@@ -199,10 +202,11 @@ def run_rounds(fed: Federation, algorithm: Algorithm, on_round=None, provenance:
     of every round (it writes one when due). `stop_after`: run only rounds 1..stop_after of the cell
     as configured (nothing else changes: its schedule, evaluation rounds and privacy plan are the full
     run's), so their metrics are the full run's first rounds (`pflbench verify --rounds`); the summary
-    says `stopped_after`."""
+    says `stopped_after`. `set_up`: the algorithm's `setup` has run already (`pflbench.groups`)."""
     evaluate = check_evaluated(evaluate)
     cell = fed.cell
-    algorithm.setup()
+    if not set_up:
+        algorithm.setup()
     record = CellRecord(fed)
     first_round = 1
     resumed = checkpointer.resume(fed, algorithm, provenance) if checkpointer is not None else None

@@ -28,9 +28,11 @@ allocate memory"; torch.OutOfMemoryError on a GPU), and a Ray worker that Ray's 
 (`ray.exceptions.OutOfMemoryError`), are reported as "out of memory (peak N MB)" with the cell (the
 peak: the process's largest resident set, as the cell's last round reported it on Ray); a Ray cell is
 retried at most `retries` times like any lost worker, then recorded as failed with that reason. A
-worker the kernel's OOM killer ends is, to Ray, a worker that died (WorkerCrashedError): it is retried
-the same way and its line carries the last peak the cell reported, but it cannot be told from another
-sudden death.
+worker the kernel's OOM killer ends (a cgroup's memory limit) is, to Ray, a worker that died
+(WorkerCrashedError): it is told apart by the kernel's count of OOM kills of the worker's memory
+cgroup, which rose since the cell's last round (pflbench/oom_kills.py), and named and retried the same
+way ("out of memory (peak N MB): the kernel's OOM killer ended its worker"); the peak is the one the
+cell's last round reported.
 
 Round checkpoints (pflbench/checkpoint.py): a running cell writes `<results>/<hash>/checkpoint.pt`
 by the `checkpoint_every` / `checkpoint_minutes` policy, and a run that finds one continues the cell
@@ -251,9 +253,12 @@ def preempted_line(stop: Preempted, cell: CellConfig | None, grace_seconds: floa
 
 def stopped_cell(stop: Preempted, cell: CellConfig, grace_seconds: float) -> str:
     """One preempted cell, in words: the round it stopped at, where the next run resumes it."""
-    rounds = cell.rounds
-    where = (f"the next run resumes at round {stop.resumes_at} of {rounds}" if stop.resumes_at is not None
-             else "the next run starts it from round 1 (it has no checkpoint)")
+    return f"cell {cell_hash(cell)} ({label(cell)}): {stopped_at(stop, cell.rounds, grace_seconds)}"
+
+
+def stopped_at(stop: Preempted, rounds: int, grace_seconds: float) -> str:
+    """Where a preempted cell or sweep trial of `rounds` rounds stopped and where the next run resumes it."""
+    where = next_run(stop.resumes_at, rounds)
     if stop.in_round and stop.rounds_done is None:
         done = f"still in a round {grace_seconds:g} s after the signal, stopped at once"
     elif stop.in_round:
@@ -262,18 +267,81 @@ def stopped_cell(stop: Preempted, cell: CellConfig, grace_seconds: float) -> str
         done = f"stopped after round {stop.rounds_done} of {rounds} without a checkpoint ({stop.checkpoint_error})"
     else:
         done = f"checkpoint written after round {stop.rounds_done} of {rounds}"
-    return f"cell {cell_hash(cell)} ({label(cell)}): {done}; {where}"
+    return f"{done}; {where}"
+
+
+def next_run(resumes_at: int | None, rounds: int) -> str:
+    """Where the next run continues a stopped cell or trial whose checkpoint is of round `resumes_at`."""
+    return (f"the next run resumes at round {resumes_at} of {rounds}" if resumes_at is not None
+            else "the next run starts it from round 1 (it has no checkpoint)")
+
+
+def execute_group(cells: list[CellConfig], resources: Resources, options: RunOptions, display: Display,
+                  preemption: StopRequest | None = None):
+    """Run `cells` here as one cell group (pflbench.groups), each continuing from its checkpoint if it
+    has one, with torch limited to one cell's CPU share (in lock-step one cell computes at a time).
+    Returns a `pflbench.groups.GroupRun`: per cell what `execute_cell` would return (a failed cell
+    carries its traceback), or, for a cell stopped by a preemption or a full disk, that exception
+    (`stopped`). The group's peak memory and machine are recorded in each cell's summary."""
+    import torch
+
+    from pflbench.cost import measured
+    from pflbench.groups import GroupRun, run_group
+    from pflbench.plugins import activate
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(options.execution.threads or max(1, int(resources.cpus)))
+    execution = options.execution.on("cuda" if resources.gpus > 0 else "cpu")
+    trackings = [cell_tracking(cell, options.trackers, Path(options.results), lambda text, c=cell: display.note(c, text))
+                 for cell in cells]
+    reports = [(lambda info, c=cell, t=tracking: (t.on_round(info) if t is not None else None, display.update(c, info)))
+               for cell, tracking in zip(cells, trackings)]
+    checkpointers = [cell_checkpointer(cell, options, lambda text, c=cell: display.note(c, text), None, preemption)
+                     for cell in cells]
+    outcome: GroupRun | None = None
+    try:
+        for cell in cells:
+            activate(options.plugins, cell)
+        with running_cell(preemption):
+            def group_run():
+                nonlocal outcome
+                outcome = run_group(cells, data_root=options.data_root, mirror=options.mirror, execution=execution,
+                                    checkpointers=checkpointers, on_round=reports, passthrough=(Preempted, DiskFull))
+                return probe
+
+            probe = failed_result("")  # carries what `measured` adds: the group's peak memory, the machine
+            measured(execution.device, group_run)
+        machine = {key: value for key, value in probe.summary.items() if key not in ("status", "wall_time")}
+        for result in outcome.results:
+            if result is not None:
+                result.summary.update(machine)
+    except (Preempted, DiskFull):  # the grace deadline (raised in this thread), a full disk: the caller's
+        raise
+    except Exception as error:  # the group itself could not run (a plugin, the machine): each cell fails alike
+        oom = f"{out_of_memory(peak_mb())}\n" if is_out_of_memory(error) else ""
+        failed = failed_result(traceback.format_exc() + oom)
+        outcome = GroupRun([failed] * len(cells), [None] * len(cells), [False] * len(cells), [None] * len(cells))
+    finally:
+        torch.set_num_threads(threads)
+        for tracking, result in zip(trackings, outcome.results if outcome is not None else [None] * len(cells)):
+            if tracking is not None and result is not None:
+                tracking.finish(result)
+    return outcome
 
 
 def run_in_process(cells: list[CellConfig], plan: Plan, options: RunOptions, store: Store, display: Display,
                    preemption: Preemption | None = None) -> None:
-    """The cells one by one in this process; `RunStopped` when `preemption` stops the run (module doc)."""
+    """The cells one by one in this process, or as cell groups where the execution options form them
+    (`run_groups_in_process`); `RunStopped` when `preemption` stops the run (module doc)."""
     import torch
 
     if plan.resources.gpus > 0 and not torch.cuda.is_available():
         raise PrepareError(f"the spec asks for {plan.resources.gpus:g} GPU per cell but this machine has none; "
                            f"run with --set resources.gpus=0")
     preemption = preemption or Preemption()
+    if options.execution.grouped(options.execution.device or ("cuda" if plan.resources.gpus > 0 else "cpu")):
+        run_groups_in_process(cells, plan, options, store, display, preemption)
+        return
     for cell in cells:
         if preemption.requested:
             raise RunStopped(preempted_line(Preempted(preemption.signal), None, preemption.grace_seconds),
@@ -293,6 +361,57 @@ def run_in_process(cells: list[CellConfig], plan: Plan, options: RunOptions, sto
         except DiskFull as full:
             store.release(cell)
             raise RunStopped(disk_full_line(full, cell, store), DISK_FULL_EXIT) from None
+
+
+def run_groups_in_process(cells: list[CellConfig], plan: Plan, options: RunOptions, store: Store, display: Display,
+                          preemption: Preemption) -> None:
+    """`run_in_process` with cell groups (pflbench.groups.form_groups): a group's cells are claimed
+    together, run together and recorded each as a cell alone is. On a preemption every running cell
+    stops at the end of its round with a checkpoint (the first cell to end its round ends the grace
+    deadline for the others, which end theirs in lock-step), and the run ends with one line naming each."""
+    from pflbench.groups import form_groups
+
+    for group in form_groups(cells):
+        if preemption.requested:
+            raise RunStopped(preempted_line(Preempted(preemption.signal), None, preemption.grace_seconds),
+                             PREEMPTED_EXIT)
+        taken: list[CellConfig] = []
+        try:
+            taken = [cell for cell in group if take(cell, store, options, display)]
+            if not taken:
+                continue
+            for cell in taken:
+                display.update(cell, {"round": 0})
+            with preemption.cell_running():
+                outcome = execute_group(taken, plan.resources, options, display, preemption)
+        except Preempted as stop:  # the grace deadline, inside a round: no cell of the group has a result
+            for cell in taken:
+                store.release(cell)
+            raise RunStopped(f"preempted ({stop.signal}): " + "; ".join(stopped_cell(stop, cell, preemption.grace_seconds)
+                                                                        for cell in taken), PREEMPTED_EXIT) from None
+        except DiskFull as full:
+            for cell in taken:
+                store.release(cell)
+            raise RunStopped(disk_full_line(full, taken[0] if taken else None, store), DISK_FULL_EXIT) from None
+        preempted, full = [], None
+        for i, (cell, result, stop) in enumerate(zip(taken, outcome.results, outcome.stopped)):
+            if stop is not None:
+                store.release(cell)  # no result: the next run continues it from its checkpoint
+                if isinstance(stop, Preempted):
+                    preempted.append(stopped_cell(stop, cell, preemption.grace_seconds))
+                else:
+                    full = full or (stop, cell)
+                continue
+            try:
+                record(cell, result, store, options, display)
+            except DiskFull as error:
+                for rest in taken[i:]:
+                    store.release(rest)
+                raise RunStopped(disk_full_line(error, cell, store), DISK_FULL_EXIT) from None
+        if full is not None:
+            raise RunStopped(disk_full_line(full[0], full[1], store), DISK_FULL_EXIT)
+        if preempted:
+            raise RunStopped(f"preempted ({preemption.signal}): " + "; ".join(preempted), PREEMPTED_EXIT)
 
 
 def record(cell: CellConfig, result, store: Store, options: RunOptions, display: "Display") -> None:
@@ -356,6 +475,9 @@ class ProgressBoard:
     def note(self, key: str, text: str) -> None:
         self.notes.append((key, text))
 
+    def latest_of(self, key: str) -> dict | None:
+        return self.latest.get(key)
+
     def snapshot(self) -> tuple[dict[str, dict], list[tuple[str, str]]]:
         """The latest round of every cell, and the notes posted since the last snapshot."""
         notes, self.notes = self.notes, []
@@ -367,6 +489,13 @@ class ProgressBoard:
 
     def stop_requested(self) -> str | None:
         return self.stop
+
+
+def start_board():
+    """A ProgressBoard as a Ray actor on the driver's node (no CPU): a lost node must not take it along."""
+    import ray
+
+    return ray.remote(num_cpus=0)(ProgressBoard).options(scheduling_strategy=on_driver_node()).remote()
 
 
 class BoardStop:
@@ -397,8 +526,10 @@ def _ray_task(cell: CellConfig, resources: Resources, options: RunOptions, board
     `checkpoint_files` (the driver's store), its data checked first where this is not the driver's node."""
     import ray
 
+    from pflbench.oom_kills import OomKills
+
     key = cell_hash(cell)
-    board.post.remote(key, {"round": 0})
+    board.post.remote(key, {"round": 0, "oom_kills": OomKills.here()})  # the count a death in round 1 is judged by
     if data is not None and data.driver_node != ray.get_runtime_context().get_node_id():
         try:
             check_node_data(cell, data, this_node())
@@ -416,8 +547,12 @@ def _ray_task(cell: CellConfig, resources: Resources, options: RunOptions, board
 
 def progress_of(info: dict) -> dict:
     """What the driver's progress display needs of a round's report (not its rows: those stay with the
-    cell's trackers, on the worker)."""
-    return {**{key: info[key] for key in PROGRESS_KEYS if key in info}, "peak_mb": peak_mb()}
+    cell's trackers, on the worker), and what tells a worker killed for memory (its peak, the kernel's
+    count of OOM kills: pflbench/oom_kills.py)."""
+    from pflbench.oom_kills import OomKills
+
+    return {**{key: info[key] for key in PROGRESS_KEYS if key in info}, "peak_mb": peak_mb(),
+            "oom_kills": OomKills.here()}
 
 
 PROGRESS_KEYS = ("round", "rounds", "mean_accuracy", "mean_val_accuracy")
@@ -446,7 +581,7 @@ def run_on_ray(cells: list[CellConfig], plan: Plan, options: RunOptions, store: 
             raise PrepareError(f"the spec asks for {plan.resources.gpus:g} GPU per cell but the Ray cluster has "
                                f"none; run with --set resources.gpus=0")
         # On the driver's node, as the store: a lost node must take neither with it.
-        board = ray.remote(num_cpus=0)(ProgressBoard).options(scheduling_strategy=on_driver_node()).remote()
+        board = start_board()
         keeper = start_keeper(worker_options.results)
         driver_node = ray.get_runtime_context().get_node_id()
         data = {key: replace(value, driver_node=driver_node) for key, value in (data or {}).items()}
@@ -461,6 +596,7 @@ def run_on_ray(cells: list[CellConfig], plan: Plan, options: RunOptions, store: 
             key = cell_hash(cell)
             attempt = attempts.get(key, 0)
             ray.get(keeper.open.remote(key, attempt))
+            board.post.remote(key, {"round": 0})  # nothing of an earlier attempt is taken for this one's
             files = RelayedCheckpointFile(keeper, key, attempt)
             running[task.remote(cell, plan.resources, worker_options, board, files, data.get(key))] = cell
 
@@ -511,7 +647,11 @@ def run_on_ray(cells: list[CellConfig], plan: Plan, options: RunOptions, store: 
                         stop(cell, Preempted(preemption.signal, in_round=True))
                         continue
                     tried = attempts[cell_hash(cell)] = attempts.get(cell_hash(cell), 0) + 1
-                    why = worker_lost(error, latest_peak.get(cell_hash(cell)))
+                    last = ray.get(board.latest_of.remote(cell_hash(cell))) or {}  # what this attempt posted last
+                    oom = last.get("oom_kills")
+                    why = worker_lost(error, last.get("peak_mb", latest_peak.get(cell_hash(cell))),
+                                      oom_killed=oom is not None and not isinstance(error, ray.exceptions.OutOfMemoryError)
+                                      and oom.rose())
                     if tried <= options.retries:
                         display.note(cell, f"{why}; retry {tried} of {options.retries}, from its checkpoint where "
                                            f"it has one")
@@ -554,12 +694,15 @@ def run_on_ray(cells: list[CellConfig], plan: Plan, options: RunOptions, store: 
             ray.shutdown()
 
 
-def worker_lost(error: Exception, peak: int | None) -> str:
-    """Why a cell's Ray worker was lost, in words: out of memory (Ray's memory monitor killed it) or lost."""
+def worker_lost(error: Exception, peak: int | None, oom_killed: bool = False) -> str:
+    """Why a cell's Ray worker was lost, in words: out of memory (Ray's memory monitor killed it, or,
+    `oom_killed`, the kernel's OOM killer: pflbench/oom_kills.py) or lost."""
     import ray
 
     if isinstance(error, ray.exceptions.OutOfMemoryError):
         return out_of_memory(peak)
+    if oom_killed:
+        return f"{out_of_memory(peak)}: the kernel's OOM killer ended its worker ({type(error).__name__})"
     return f"Ray worker lost ({type(error).__name__}" + (f"; last reported peak {peak} MB)" if peak is not None else ")")
 
 
@@ -573,10 +716,15 @@ def cause_of(error: Exception) -> Exception:
 
 def checkpoint_round(cell: CellConfig, store: Store) -> int | None:
     """The round of the cell's checkpoint in the store (None: none, or unreadable)."""
+    return round_of_checkpoint(store.checkpoint_path(cell))
+
+
+def round_of_checkpoint(path: Path) -> int | None:
+    """The round of the checkpoint at `path` (None: none, or unreadable)."""
     from pflbench.checkpoint import CheckpointProblem, read_header
 
     try:
-        return read_header(store.checkpoint_path(cell))["round"]
+        return read_header(path)["round"]
     except (OSError, CheckpointProblem):
         return None
 

@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from pflbench import streams
+from pflbench.streams import StreamLike
 from pflbench.round_context import Round
 from pflbench.training import SGD, State
 
@@ -85,15 +85,15 @@ class StepPlan:
         return [everyone] * shortest + [Active(False, on_device[i], tail_rows[i]) for i in range(len(tail))]
 
 
-def step_plan(fed, rnd: int | Round, clients: Tensor, *, stream: str | None = None, epochs: int | None = None,
-              steps: int | None = None, split: str = "train", salt: int | None = None) -> StepPlan:
+def step_plan(fed, rnd: int | Round, clients: Tensor, *, stream: StreamLike | None = None,
+              epochs: int | None = None, steps: int | None = None, split: str = "train") -> StepPlan:
     """The engine's batch plan for `clients` (`Federation.local_plans`: for the round's context `rnd`,
     stragglers already cut) as a `StepPlan`. `stream`: the batch order's random stream (default
-    "batches", the engine's; `salt` is its deprecated form). The sample ids reach the device in one
+    "batches", the engine's). The sample ids reach the device in one
     copy (positions padded on the host, then one gather from the clients' concatenated sample ids)."""
     indices = [fed.splits[split][c] for c in clients.tolist()]
     plans = fed.local_plans(rnd, clients, epochs=epochs, steps=steps, split=split,
-                            stream=streams.batch_stream(stream, salt))
+                            stream=stream)
     counts = torch.tensor([len(p) for p in plans], dtype=torch.long)
     longest = int(counts.max()) if len(plans) else 0
     batch = fed.cell.batch_size
@@ -111,10 +111,10 @@ def step_plan(fed, rnd: int | Round, clients: Tensor, *, stream: str | None = No
     return StepPlan(pool[positions.to(fed.device)], counts)
 
 
-def step_ids(fed, rnd: int | Round, clients: Tensor, *, stream: str | None = None, epochs: int | None = None,
-             steps: int | None = None, split: str = "train", salt: int | None = None) -> tuple[Tensor, Tensor]:
+def step_ids(fed, rnd: int | Round, clients: Tensor, *, stream: StreamLike | None = None,
+             epochs: int | None = None, steps: int | None = None, split: str = "train") -> tuple[Tensor, Tensor]:
     """`step_plan`'s sample ids [K, S, B] and step counts [K], both on the device."""
-    plan = step_plan(fed, rnd, clients, stream=stream, epochs=epochs, steps=steps, split=split, salt=salt)
+    plan = step_plan(fed, rnd, clients, stream=stream, epochs=epochs, steps=steps, split=split)
     return plan.ids, plan.counts.to(plan.ids.device)
 
 

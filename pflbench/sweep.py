@@ -24,6 +24,10 @@ on the driver's disk, never on the worker's. A trial Tune restarts after its wor
 (`--retries` times) resumes from its last checkpoint wherever it lands, bit for bit (the same
 validation accuracy at every round as an uninterrupted trial), and its outcome says "resumed at round
 R"; a resumed trial reports again, from its checkpoint, the rounds up to it (`TrialCheckpointer`).
+SIGTERM (preemption) or a first Ctrl-C stops a sweep as it stops `pflbench run` on Ray
+(pflbench/sweep_stop.py): each running trial writes its checkpoint at the end of the round in
+progress (or is ended `--grace-seconds` after the signal, from its last checkpoint), Tune saves its
+state, and the sweep exits with status 75 and one line naming each trial and `--resume <folder>`.
 A sweep whose driver stopped (killed, preempted, or every retry of a trial spent) is continued by
 the same command with `--resume <sweep folder>` (Tune restores its trials, sampler and scheduler;
 unfinished and errored trials restart under their ids and resume from their checkpoints). A trial's
@@ -54,6 +58,7 @@ import yaml
 from pflbench.checkpoint import Checkpointer
 from pflbench.config import CellConfig, cell_hash
 from pflbench.execution import ExecutionOptions
+from pflbench.preemption import DEFAULT_GRACE_SECONDS, PREEMPTED_EXIT, Preempted, Preemption, running_cell
 from pflbench.spec import Resources, load_spec, resolve_cell, tuned_path
 from pflbench.store import atomic_write, write_json
 
@@ -88,6 +93,12 @@ class SweepOptions:
     keep_checkpoints: bool = False
     retries: int = 2
     resume: Path | None = None  # a sweep folder to continue (module doc) instead of starting a new sweep
+    # After SIGTERM / a first Ctrl-C: how long the running trials' rounds in progress may take (module doc).
+    grace_seconds: float = DEFAULT_GRACE_SECONDS
+
+    def __post_init__(self):
+        if not self.grace_seconds >= 0:
+            raise ValueError(f"grace seconds must be >= 0, got {self.grace_seconds!r}")
 
 
 @dataclass
@@ -185,18 +196,23 @@ SETTINGS = "settings.json"
 
 
 def run_trial(config: dict, *, base: dict, cpus: float, data_root: str | None, mirror: str | None,
-              execution: ExecutionOptions, checkpoints: dict | None = None, keeper=None, plugins: tuple = ()) -> None:
+              execution: ExecutionOptions, checkpoints: dict | None = None, keeper=None, plugins: tuple = (),
+              board=None, stop_wait: float = 600.0) -> None:
     """Run the base cell with the trial's values, validation split only, reporting
     {round, val_accuracy, val_loss} to Tune at every evaluated round (ASHA may stop it there).
     `checkpoints`: {folder, every, minutes, keep}: the trial's round checkpoints, resumed from when Tune
     restarts it; kept through `keeper` (the driver's CheckpointKeeper actor, pflbench/checkpoint_relay.py)
     under the trial's id, or, without one, in `folder/<trial id>/` on this machine (a trial run outside
-    a sweep). A resumed trial first reports again what it reported up to its checkpoint (`TrialCheckpointer`)."""
+    a sweep). A resumed trial first reports again what it reported up to its checkpoint (`TrialCheckpointer`).
+    `board`: the sweep driver's ProgressBoard (pflbench/runner.py), where a stop on SIGTERM / Ctrl-C is
+    asked for: the trial then writes its checkpoint at the end of its round and waits, at most
+    `stop_wait` seconds, for the driver to end it (with checkpoints only; pflbench/sweep_stop.py)."""
     import torch
     from ray import tune
 
     from pflbench.rounds import run_cell
     from pflbench.plugins import activate
+    from pflbench.runner import BoardStop
 
     activate(plugins)  # the user's plugins, in this Ray worker, before the trial's cell is resolved
     cell = trial_cell(CellConfig(**base), config)
@@ -204,6 +220,7 @@ def run_trial(config: dict, *, base: dict, cpus: float, data_root: str | None, m
     reports: list[dict] = []  # what this trial reported, round by round (a resumed one: from round 1)
     notes: list[str] = []
     checkpointer = None
+    stop = BoardStop(board) if board is not None and checkpoints is not None else None
 
     def report(info: dict) -> None:
         rnd = info["round"]
@@ -238,9 +255,15 @@ def run_trial(config: dict, *, base: dict, cpus: float, data_root: str | None, m
         checkpointer = TrialCheckpointer(folder / trial, cell, CheckpointPolicy(checkpoints["every"],
                                                                                  checkpoints["minutes"]),
                                          set_aside_dir=folder / SET_ASIDE, note=notes.append, files=files,
-                                         reports=reports, replay=replay)
-    result = run_cell(cell, data_root=data_root, mirror=mirror, execution=execution, on_round=report,
-                      evaluate=("val",), checkpointer=checkpointer)
+                                         reports=reports, replay=replay, preemption=stop)
+    try:
+        with running_cell(stop):
+            result = run_cell(cell, data_root=data_root, mirror=mirror, execution=execution, on_round=report,
+                              evaluate=("val",), checkpointer=checkpointer)
+    except Preempted as stopped:
+        from pflbench.sweep_stop import stopped_trial
+
+        stopped_trial(board, tune.get_context().get_trial_id(), stopped, stop_wait)
     if checkpointer is not None and not checkpoints["keep"]:
         checkpointer.remove()
     if result.status != "finished":  # diverged: the worst objective, at the round it happened
@@ -299,16 +322,14 @@ def sweep_folder(algorithm: str, base: CellConfig, options: SweepOptions) -> Pat
 
 def run_sweep(algorithm: str, base: CellConfig, resources: Resources, options: SweepOptions = SweepOptions(),
               log=print) -> SweepResult:
-    import ray
-    from ray import tune
-    from ray.tune.schedulers import ASHAScheduler
-    from ray.tune.search.optuna import OptunaSearch
-
-    from pflbench.checkpoint_relay import start_keeper
+    """Run the sweep (module doc). SIGTERM or a first Ctrl-C stops it as `pflbench run` on Ray stops
+    its cells: each running trial writes its checkpoint at the end of its round (or is ended
+    `grace_seconds` after the signal), Tune saves its state, and `RunStopped` (PREEMPTED_EXIT) says in
+    one line where each trial stopped and that `--resume <folder>` continues the sweep."""
     from pflbench.data import data_mirror, data_root
     from pflbench.ray_cluster import ClusterError, connect_ray
     from pflbench.rounds import prepare_cell
-    from pflbench.plugins import sources_for
+    from pflbench.runner import RunStopped, acknowledge
 
     if options.trials < 1:
         raise SweepError("--trials must be at least 1")
@@ -338,23 +359,48 @@ def run_sweep(algorithm: str, base: CellConfig, resources: Resources, options: S
     execution = options.execution.on("cuda" if resources.gpus > 0 else "cpu")
 
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
-    try:  # a wrong address fails within seconds, with the run command's message
-        owned = connect_ray(options.ray_address, options.workers, resources.cpus)
-    except ClusterError as error:
-        raise SweepError(str(error)) from None
-    keeper = None
+    preemption = Preemption(options.grace_seconds, on_request=lambda name: acknowledge(name, options.grace_seconds))
+    with preemption.installed():
+        try:  # a wrong address fails within seconds, with the run command's message
+            owned = connect_ray(options.ray_address, options.workers, resources.cpus)
+        except ClusterError as error:
+            raise SweepError(str(error)) from None
+        preemption.take_signals()  # ray.init replaced SIGTERM's handler with one that exits
+        stops, grid = run_tune(algorithm, base, resources, options, folder, space, grace, execution, owned,
+                               preemption)
+    if stops.ended:  # its trials' checkpoints are written, Tune's state saved: --resume continues it
+        raise RunStopped(stops.line(folder), PREEMPTED_EXIT)
+    return finish_sweep(algorithm, base, space, options, folder, grid, grace, log)
+
+
+def run_tune(algorithm, base, resources, options, folder, space, grace, execution, owned, preemption):
+    """The Tune run of `run_sweep` on the Ray it connected to (`owned`: stopped here after), with the
+    trials' keeper and the board that passes a stop on `preemption` to them: (the TrialStops, the grid)."""
+    import ray
+    from ray import tune
+    from ray.tune.schedulers import ASHAScheduler
+    from ray.tune.search.optuna import OptunaSearch
+
+    from pflbench.checkpoint_relay import start_keeper
+    from pflbench.plugins import sources_for
+    from pflbench.runner import start_board
+    from pflbench.sweep_stop import EndTuneRun, TrialStops, active
+
+    keeper = board = None
     try:
         if resources.gpus > 0 and not ray.cluster_resources().get("GPU", 0):
             raise SweepError(f"the base spec asks for {resources.gpus:g} GPU per cell but Ray has none; "
                              f"use --set resources.gpus=0")
         keeper = start_keeper(folder / CHECKPOINTS)  # on this (the driver's) node: a lost node loses no checkpoint
+        board = start_board()  # where the trials read a stop (SIGTERM, Ctrl-C) and say they stopped
+        stops = TrialStops(preemption, board, folder / CHECKPOINTS, base.rounds)
         trainable = tune.with_resources(
             tune.with_parameters(run_trial, base=base.model_dump(mode="json"), cpus=resources.cpus,
                                  data_root=str(options.data_root), mirror=str(options.mirror) if options.mirror else None,
                                  execution=execution,
                                  checkpoints={"folder": str(folder / CHECKPOINTS), "every": options.checkpoint_every,
                                               "minutes": options.checkpoint_minutes, "keep": options.keep_checkpoints},
-                                 keeper=keeper, plugins=sources_for([base])),
+                                 keeper=keeper, plugins=sources_for([base]), board=board),
             {"cpu": resources.cpus, "gpu": resources.gpus})
         if options.resume is not None:
             tuner = tune.Tuner.restore(str(folder / "ray"), trainable, resume_unfinished=True, resume_errored=True)
@@ -368,16 +414,19 @@ def run_sweep(algorithm: str, base: CellConfig, resources: Resources, options: S
                     scheduler=ASHAScheduler(time_attr="round", max_t=base.rounds, grace_period=min(grace, base.rounds),
                                             reduction_factor=options.reduction_factor)),
                 run_config=tune.RunConfig(name="ray", storage_path=str(folder), verbose=0,
-                                          failure_config=tune.FailureConfig(max_failures=options.retries)))
-        with warnings.catch_warnings():  # a restarted trial's iterations count from 1 again: Optuna says so per step
+                                          failure_config=tune.FailureConfig(max_failures=options.retries),
+                                          callbacks=[EndTuneRun()]))  # saved with Tune's state: restored by --resume
+        with warnings.catch_warnings(), active(stops):  # `stops`: what EndTuneRun acts on
+            # A restarted trial's iterations count from 1 again: Optuna says so per step.
             warnings.filterwarnings("ignore", message="The reported value is ignored because this `step=")
             grid = tuner.fit()
     finally:
-        if keeper is not None and not owned:  # a Ray instance that outlives the sweep (a test's) keeps no keeper
-            ray.kill(keeper)
+        for actor in (keeper, board):  # a Ray instance that outlives the sweep (a test's) keeps neither
+            if actor is not None and not owned:
+                ray.kill(actor)
         if owned:
             ray.shutdown()
-    return finish_sweep(algorithm, base, space, options, folder, grid, grace, log)
+    return stops, grid
 
 
 def trial_states(grid) -> dict[str, str]:

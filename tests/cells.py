@@ -20,7 +20,7 @@ def small_cell(**overrides) -> CellConfig:
 def federation(cell: CellConfig, data_root) -> Federation:
     """The cell's federation, batched or looped as its algorithm allows."""
     dataset, splits = prepare_cell(cell, data_root)
-    return Federation(cell, dataset, splits, algorithm_batched=get_algorithm(cell.algorithm).batched)
+    return Federation(cell, dataset, splits, algorithm_batched=get_algorithm(cell.algorithm).capabilities.batched)
 
 
 def assert_batched_matches_loop(cell: CellConfig, data_root, device: str | None = None) -> None:

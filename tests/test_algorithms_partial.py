@@ -21,7 +21,7 @@ def _algorithm(cell, data_root):
     """The algorithm object of a cell, set up, with its federation (to drive rounds by hand)."""
     dataset, splits = prepare_cell(cell, data_root)
     cls = get_algorithm(cell.algorithm)
-    fed = Federation(cell, dataset, splits, algorithm_batched=cls.batched)
+    fed = Federation(cell, dataset, splits, algorithm_batched=cls.capabilities.batched)
     alg = cls(fed, cls.parse_hyperparams(cell.hp))
     alg.setup()
     return fed, alg

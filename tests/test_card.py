@@ -91,8 +91,10 @@ def test_the_api_before_cards_still_registers_with_warnings_naming_the_new_form(
 
     assert Old.card == Card(display_name="Old", family="f") and Old.display_name == "Old"
     assert Older.capabilities == Capabilities(batched=False, newcomers="no") and Older.batched is False
+    assert Old.paper == "" and Older.family == Card().family  # the adapter's mirrors of the rest of the card
     with pytest.warns(DeprecationWarning, match="check_cell"):
-        ALGORITHMS.get("fedavg").check_knobs(CellConfig(algorithm="fedavg", dataset="synthetic"))
+        Old.check_knobs(CellConfig(algorithm="fedavg", dataset="synthetic"))
+    assert not hasattr(ALGORITHMS.get("fedavg"), "check_knobs")  # a current-form class has no old method
 
 
 def test_every_quick_hp_is_a_valid_setting_of_its_algorithm():

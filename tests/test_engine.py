@@ -212,6 +212,28 @@ def test_grouped_convolution_twin_equals_convolution_loop():
     torch.testing.assert_close(grads[0], grads[1], atol=1e-3, rtol=1e-3)
 
 
+def test_the_stacked_twin_evaluates_a_global_model_broadcast_over_the_clients():
+    """FedAvg's personalized models are its global model `expand`ed over the clients (stride 0): the
+    BatchNorm twin reads such running statistics in evaluation (it used to refuse them: `view` of a
+    broadcast), and gives each client the one model's output."""
+    from torch.func import functional_call
+
+    from pflbench.batching import stacked_twin
+
+    module = build_model("cnn-bn", (3, 32, 32), 10)
+    one = ClientModel(module).init(1, seed=0)
+    one = {k: v + 0.1 * torch.rand_like(v) if v.is_floating_point() else v for k, v in one.items()}
+    broadcast = {k: v.expand(4, *v.shape[1:]) for k, v in one.items()}
+    x = torch.randn(8, 3, 32, 32)
+    for grouped in (False, True):
+        twin = stacked_twin(module, grouped).eval()
+        with torch.no_grad():
+            out = functional_call(twin, broadcast, (x.repeat(4, 1, 1, 1),))
+            alone = functional_call(module.eval(), {k: v[0] for k, v in one.items()}, (x,))
+        for k in range(4):
+            torch.testing.assert_close(out[8 * k: 8 * (k + 1)], alone, atol=1e-4, rtol=1e-4)
+
+
 @pytest.mark.parametrize("algorithm,hp,field", [("l2gd", {"p": 1.5}, "p"), ("ditto", {"lam": -1}, "lam"),
                                                  ("apfl", {"alpha": 2.0}, "alpha"), ("fedprox", {"mu": -0.1}, "mu")])
 def test_out_of_range_hyperparameter_is_refused_before_any_work(algorithm, hp, field):

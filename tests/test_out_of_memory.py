@@ -1,16 +1,22 @@
 """Out of memory (pflbench/runner.py): a cell that runs out of memory is recorded as failed with the reason
 "out of memory (peak N MB)" while the others go on; a Ray worker that Ray's memory monitor killed is
-named the same way in the retry note and the failed result."""
+named the same way in the retry note and the failed result (from constructed Ray errors), and so is a
+real Ray worker that the kernel's OOM killer ends under a memory cgroup's limit (pflbench/oom_kills.py;
+that test needs root and a memory cgroup, and says why it skips otherwise)."""
 from __future__ import annotations
 
 import io
+import os
 import re
+import time
+from pathlib import Path
 
 import pytest
 import torch
 from rich.console import Console
 
 from pflbench.algorithm import ALGORITHMS
+from pflbench.config import cell_hash
 from pflbench.runner import RunOptions, is_out_of_memory, out_of_memory, run_plan, worker_lost
 from pflbench.spec import parse_spec
 from pflbench.store import Store
@@ -61,4 +67,147 @@ def test_a_ray_worker_killed_for_memory_is_named_out_of_memory_with_the_last_pea
                        812) == "out of memory (peak 812 MB)"
     assert worker_lost(exceptions.WorkerCrashedError(), 812) == "Ray worker lost (WorkerCrashedError; last reported peak 812 MB)"
     assert worker_lost(exceptions.WorkerCrashedError(), None) == "Ray worker lost (WorkerCrashedError)"
+    assert worker_lost(exceptions.WorkerCrashedError(), 812, oom_killed=True) == (
+        "out of memory (peak 812 MB): the kernel's OOM killer ended its worker (WorkerCrashedError)")
     assert out_of_memory(None) == "out of memory (peak not reported)"
+
+
+def test_the_kernels_count_of_oom_kills_is_read_from_cgroup_v1_v2_and_vmstat_files(tmp_path):
+    from pflbench.oom_kills import count_file, read_count
+
+    files = {"memory.oom_control": "oom_kill_disable 0\nunder_oom 0\noom_kill 3\n",  # cgroup v1
+             "memory.events": "low 0\nhigh 0\nmax 12\noom 2\noom_kill 2\noom_group_kill 0\n",  # v2
+             "vmstat": "pgfault 10\noom_kill 7\n", "nothing": "low 0\n"}
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    assert [read_count(tmp_path / name) for name in files] == [3, 2, 7, None]
+    assert read_count(tmp_path / "missing") is None
+    assert count_file() is None or read_count(count_file()) is not None  # this process's, where this machine has one
+
+
+# ---- a real Ray worker under a memory limit, ended by the kernel's OOM killer -----------------------
+
+GREEDY_AVG = '''
+"""FedAvg whose Ray worker, at the start of round 1, moves itself into a new memory cgroup under {parent}
+that allows it {limit_mb} MB more than it holds, and at the start of round 2 asks for {ask_mb} MB and
+touches them: the kernel's OOM killer ends it. Never in the test's own process."""
+import os
+from pathlib import Path
+
+import ray
+
+from pflbench.algorithm import ALGORITHMS
+from pflbench.algorithms.fedavg import FedAvg
+from pflbench.preemption import current
+
+PARENT = Path({parent!r})
+
+
+@ALGORITHMS.register("greedy-fedavg")
+class GreedyFedAvg(FedAvg):
+    def configure(self, rnd):
+        if os.getpid() != {test_pid} and rnd.number == 1:
+            group = PARENT / f"{prefix}{{os.getpid()}}"
+            group.mkdir()
+            (group / {limit_file!r}).write_text(str({limit_mb} * 2 ** 20))
+            (group / "cgroup.procs").write_text(str(os.getpid()))
+        if os.getpid() != {test_pid} and rnd.number == 2:
+            # Round 1's report (with the new cgroup's count of OOM kills) has reached the driver's board:
+            # the board runs one caller's calls in order.
+            ray.get(current().board.stop_requested.remote())
+            hog = bytearray({ask_mb} * 2 ** 20)  # zero-filled: every page is touched
+            del hog
+        return super().configure(rnd)
+'''
+PREFIX = "pflbench-oom-test-"
+
+
+def memory_cgroup() -> tuple[Path, str]:
+    """A memory cgroup this process may make children in (this process's own: cgroup v1's memory
+    hierarchy, or v2 with the memory controller given to its children) and the name of a child's limit
+    file; skips the test, saying why, where there is none (not root, no writable cgroup, a container)."""
+    from pflbench.oom_kills import CGROUP_ROOT
+
+    lines = Path("/proc/self/cgroup").read_text().splitlines()
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if "memory" in controllers.split(","):
+            parent, limit_file = CGROUP_ROOT / "memory" / path.lstrip("/"), "memory.limit_in_bytes"
+            break
+    else:
+        path = next((line.split(":", 2)[2] for line in lines if line.startswith("0::")), None)
+        parent, limit_file = CGROUP_ROOT / (path or "").lstrip("/"), "memory.max"
+        if path is None or "memory" not in (parent / "cgroup.subtree_control").read_text().split():
+            pytest.skip("no memory cgroup to limit a worker in: neither cgroup v1's memory hierarchy nor v2 with "
+                        "the memory controller enabled for this process's cgroup's children")
+    probe = parent / f"{PREFIX}probe-{os.getpid()}"
+    try:
+        probe.mkdir()
+        (probe / limit_file).write_text(str(2 ** 30))
+    except OSError as error:
+        pytest.skip(f"cannot make a memory-limited cgroup under {parent} ({error.strerror}): needs root, or a "
+                    f"cgroup delegated to this user")
+    finally:
+        if probe.exists():
+            probe.rmdir()
+    return parent, limit_file
+
+
+def remove_cgroups(parent: Path) -> list[Path]:
+    """The test's cgroups under `parent`, removed (a killed worker's is empty once it is gone); returns them."""
+    groups = sorted(parent.glob(f"{PREFIX}*"))
+    for group in groups:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                group.rmdir()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+    return groups
+
+
+@pytest.mark.slow
+def test_a_ray_worker_that_the_kernels_oom_killer_ends_is_out_of_memory_retried_then_failed_and_the_other_cell_finishes(
+        tmp_path, monkeypatch, fresh_plugins):
+    """A real worker under a real memory limit (a memory cgroup made by this test, which needs root): the
+    kernel's OOM killer ends it (SIGKILL; Ray sees a worker that died); the runner tells it from another
+    death by the cgroup's count of OOM kills, says so in the retry note with the cell's id, retries it
+    `retries` times (each attempt is killed again: one cgroup each) and then records it as failed with
+    that reason; the other cell finishes."""
+    ray = pytest.importorskip("ray")
+    parent, limit_file = memory_cgroup()
+    monkeypatch.setenv("PFLBENCH_DATA_MIRROR", str(tmp_path / "no-mirror"))
+    plugin = tmp_path / "greedy_avg.py"
+    plugin.write_text(GREEDY_AVG.format(parent=str(parent), limit_mb=256, ask_mb=4096, test_pid=os.getpid(),
+                                        prefix=PREFIX, limit_file=limit_file))
+    plan = parse_spec({
+        "name": "oom-killed", "plugins": [str(plugin)],
+        "matrix": {"algorithm": ["greedy-fedavg", "fedavg"], "dataset": ["synthetic"],
+                   "partition": [{"scheme": "pathological", "params": {"classes_per_client": 3}}], "seed": [0]},
+        "defaults": {"clients": 5, "rounds": 3, "lr": 0.05, "dataset_options": {"num_samples": 600}},
+        "resources": {"cpus": 1},  # one cell at a time on this Ray's one CPU: the other cell after the greedy one's tries
+    })
+    options = RunOptions(results=tmp_path / "results", data_root=tmp_path / "data", use_ray=True, retries=1,
+                         checkpoint_minutes=0)
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, logging_level="WARNING")
+    output = io.StringIO()
+    try:
+        report = run_plan(plan, options, Console(file=output, width=400))
+    finally:
+        ray.shutdown()
+        groups = remove_cgroups(parent)
+    text = output.getvalue()
+    greedy, other = plan.cells
+    store = Store(options.results)
+    assert report.exit_code == 1, text
+    assert store.status(other) == "finished", text
+    assert store.status(greedy) == "failed", text
+    why = (r"out of memory \(peak \d+ MB\): the kernel's OOM killer ended its worker "
+           r"\(\w+Error\)")  # WorkerCrashedError in Ray 2.60
+    assert re.search(rf"note: greedy-fedavg .*{cell_hash(greedy)}: {why}; retry 1 of 1, from its checkpoint where "
+                     rf"it has one", text), text
+    assert re.fullmatch(rf"{why} \(after 1 retries\)", store.summary(greedy)["error"]), store.summary(greedy)["error"]
+    assert len(groups) == 2  # the first attempt and its one retry, each killed in its own cgroup

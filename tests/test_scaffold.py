@@ -52,7 +52,7 @@ def test_the_scaffold_writes_the_hooks_in_their_current_form(tmp_path):
     import inspect
     import warnings
 
-    from pflbench import plugins
+    from pflbench import legacy_hooks, plugins
     from pflbench.algorithm import ALGORITHMS, Round
     from pflbench.scaffold import BASES, write_scaffold
 
@@ -67,7 +67,7 @@ def test_the_scaffold_writes_the_hooks_in_their_current_form(tmp_path):
                 if hook in vars(cls):
                     first = list(inspect.signature(vars(cls)[hook]).parameters.values())[1]
                     assert first.name == "rnd" and first.annotation in ("Round", Round), (base, hook)
-                    assert vars(cls)[hook].__pflbench_hook__ == "new"
+            assert not legacy_hooks.old_forms(cls) and cls.__module__ != "pflbench.legacy_hooks"  # not adapted
         finally:
             plugins.unload(path.name)  # a plugin's id is its file name
 

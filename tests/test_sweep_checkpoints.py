@@ -1,10 +1,13 @@
 """A sweep's trials keep their round checkpoints through the driver's keeper (issue 60, part 4): a trial
 whose worker is killed is restarted by Ray Tune and resumes from its checkpoint, and a sweep that ended
 with an errored trial is continued by `--resume`; either way the trial reports, round by round, the
-same validation accuracy and loss, bit for bit, as an uninterrupted trial of the same values.
+same validation accuracy and loss, bit for bit, as an uninterrupted trial of the same values. A sweep
+whose driver gets SIGTERM (preemption) checkpoints its trial at the end of the round in progress,
+exits with status 75 and one line, and `--resume` continues the trial from that round.
 
 The kill is real (SIGKILL to the trial's own worker process, from a plugin algorithm at the start of a
-chosen round, once): its moment is fixed by the round, not by a sleep. The two-node version (the trial's
+chosen round, once), and so is the signal (SIGTERM to the sweep's driver, from the trial at the start of
+a chosen round): their moment is fixed by the round, not by a sleep. The two-node version (the trial's
 whole node lost) is in tests/test_multinode.py.
 """
 from __future__ import annotations
@@ -57,6 +60,15 @@ WAIT = ("deadline = time.monotonic() + 180  # the test kills the sweep's driver 
         "            while time.monotonic() < deadline:\n"
         "                time.sleep(0.1)\n"
         "            raise RuntimeError('the test never killed the driver')")
+# SIGTERM to the sweep's driver (this test's process), then wait, bounded, until the driver's stop reached
+# this trial: the end of this round is where the trial must stop.
+SIGTERM_DRIVER = ("from pflbench.preemption import current\n"
+                  "            os.kill({driver}, signal.SIGTERM)\n"
+                  "            deadline = time.monotonic() + 120\n"
+                  "            while not current().requested:\n"
+                  "                if time.monotonic() > deadline:\n"
+                  "                    raise RuntimeError('the driver\\'s stop never reached this trial')\n"
+                  "                time.sleep(0.05)")
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +88,8 @@ def dying_sweep_base(tmp_path: Path, action: str = KILL):
     gate = tmp_path / "gate"
     gate.mkdir()
     plugin = tmp_path / "dying_avg.py"
-    what = "kills its own process (SIGKILL)" if action == KILL else "waits for the test to kill the sweep's driver"
+    what = {KILL: "kills its own process (SIGKILL)", WAIT: "waits for the test to kill the sweep's driver"}.get(
+        action, "sends SIGTERM to the sweep's driver")
     plugin.write_text(DYING_AVG.format(gate=str(gate), kill_round=KILL_ROUND, test_pid=os.getpid(), what=what,
                                        action=action))
     spec = {"name": "dying", "plugins": [str(plugin)],
@@ -262,3 +275,106 @@ def test_a_sweep_whose_driver_is_killed_is_continued_by_resume_from_its_kept_che
     assert [r for r, _ in trace_of(gate)] == list(range(1, KILL_ROUND + 1)) + list(range(KILL_ROUND, ROUNDS + 1))
     assert trace_of(gate)[0][1] not in resumed_pids
     assert_same_reports(folder, uninterrupted_reports(base, trial["values"], tmp_path / "data"))
+
+
+@pytest.mark.slow
+def test_a_sweep_whose_driver_gets_sigterm_checkpoints_its_trial_at_the_end_of_the_round_and_resume_continues_it(
+        tmp_path, local_ray, fresh_plugins, capfd):
+    """`pflbench sweep` (here, in this process, on this file's Ray) gets SIGTERM from its trial at the start
+    of round KILL_ROUND; the trial ends that round, writes its checkpoint through the driver's keeper and
+    stops; the sweep exits with PREEMPTED_EXIT and one line naming the trial, the round and `--resume`.
+    The same command with --resume continues the trial at that round, in another worker, and
+    trials.parquet equals the uninterrupted trial's, round by round."""
+    import json
+    import re
+    import signal as signals
+
+    from pflbench.checkpoint import read_header
+    from pflbench.cli import main
+    from pflbench.preemption import PREEMPTED_EXIT
+
+    base, _, gate = dying_sweep_base(tmp_path, action=SIGTERM_DRIVER.format(driver=os.getpid()))
+    results = tmp_path / "results"
+    command = ["sweep", "--algo", "dying-fedavg", "--spec", str(tmp_path / "base.yaml"), "--trials", "1",
+               "--workers", "1", "--grace-rounds", str(ROUNDS), "--results", str(results), "--out",
+               str(tmp_path / "tuned"), "--root", str(tmp_path / "data"), "--checkpoint-minutes", "0",
+               "--retries", "0"]  # no checkpoint but the preempted round's; an error would end the sweep
+    handlers = {sig: signals.getsignal(sig) for sig in (signals.SIGTERM, signals.SIGINT)}
+    assert main(command) == PREEMPTED_EXIT, capfd.readouterr()
+    out, err = capfd.readouterr()
+    assert {sig: signals.getsignal(sig) for sig in handlers} == handlers  # the sweep's handlers are gone
+    assert ("SIGTERM: stopping at the end of the round in progress (at most 25 s), with a checkpoint; "
+            "Ctrl-C again to stop at once") in err
+    [folder] = (results / "sweeps").iterdir()
+    [checkpoint] = (folder / "checkpoints").glob("*/checkpoint.pt")
+    trial_id = checkpoint.parent.name
+    assert re.search(rf"^preempted \(SIGTERM\): sweep {folder.name}: trial {trial_id}: checkpoint written after "
+                     rf"round {KILL_ROUND} of {ROUNDS}; the next run resumes at round {KILL_ROUND} of {ROUNDS}; the "
+                     rf"same command with --resume {re.escape(str(folder))} continues it$", err, re.M), err
+    assert read_header(checkpoint)["round"] == KILL_ROUND
+    assert not (folder / "sweep.json").exists() and not (tmp_path / "tuned").exists()
+    assert [r for r, _ in trace_of(gate)] == list(range(1, KILL_ROUND + 1))
+
+    assert main([*command, "--resume", str(folder)]) == 0, capfd.readouterr()
+    out, err = capfd.readouterr()
+    [trial] = json.loads((folder / "sweep.json").read_text())["outcomes"]
+    assert trial["trial_id"] == trial_id and trial["status"] == "completed", trial
+    assert trial["resumed_at_rounds"] == [KILL_ROUND], trial
+    assert f"trial 0 ({trial_id}): resumed at round {KILL_ROUND} of {ROUNDS} from its checkpoint" in out
+    # Rounds 1..KILL_ROUND ran in the first worker; the resumed trial, in another, started after KILL_ROUND.
+    trace = trace_of(gate)
+    assert [r for r, _ in trace] == list(range(1, ROUNDS + 1))
+    assert trace[KILL_ROUND][1] != trace[0][1]
+    assert not checkpoint.exists() and (tmp_path / "tuned" / "dying-fedavg.yaml").is_file()
+    assert_same_reports(folder, uninterrupted_reports(base, trial["values"], tmp_path / "data"))
+
+
+def test_a_stopping_sweep_waits_for_the_trials_running_at_the_signal_at_most_the_grace_seconds(tmp_path, local_ray):
+    """The driver's side of a sweep's stop (TrialStops, on a real board, the clock the test's): the stop
+    reaches the board at the first step after the signal; the Tune run ends once every trial running then
+    has stopped or ended (a trial started later is not waited for), or after the grace seconds, once;
+    the line says where each trial stopped and that --resume continues the sweep."""
+    import signal as signals
+
+    from pflbench.checkpoint import encode_checkpoint
+    from pflbench.preemption import Preempted, Preemption
+    from pflbench.runner import start_board
+    from pflbench.sweep_stop import STOPPED, TrialStops
+
+    def stopping(running_at_signal: list[str]):
+        clock = [0.0]
+        board = start_board()
+        preemption = Preemption(grace_seconds=10)
+        stops = TrialStops(preemption, board, tmp_path / "checkpoints", rounds=12, clock=lambda: clock[0])
+        assert not stops.step(running_at_signal)  # no signal yet: nothing asked of the board
+        assert local_ray.get(board.stop_requested.remote()) is None
+        with preemption.installed():
+            signals.raise_signal(signals.SIGTERM)
+        assert not stops.step(running_at_signal)
+        assert local_ray.get(board.stop_requested.remote()) == "SIGTERM"
+        return stops, board, clock
+
+    # Every trial running at the signal stops (or completes) within the grace seconds: the run ends then.
+    stops, board, clock = stopping(["a", "b"])
+    local_ray.get(board.post.remote("a", {STOPPED: Preempted("SIGTERM", rounds_done=4, resumes_at=4)}))
+    clock[0] = 3.0
+    assert not stops.step(["a", "b", "c"])  # b still in its round; c started after the signal
+    assert stops.step(["a", "c"])  # b completed
+    assert not stops.step(["a", "c"])  # once
+    assert stops.line(tmp_path / "sweep-x") == (
+        "preempted (SIGTERM): sweep sweep-x: trial a: checkpoint written after round 4 of 12; the next run resumes "
+        "at round 4 of 12; trial c: started as the sweep stopped, ended; the next run starts it from round 1 (it "
+        f"has no checkpoint); the same command with --resume {tmp_path / 'sweep-x'} continues it")
+
+    # A trial still in its round at the grace deadline is ended with the run, from its last checkpoint.
+    (tmp_path / "checkpoints" / "b").mkdir(parents=True)
+    (tmp_path / "checkpoints" / "b" / "checkpoint.pt").write_bytes(
+        encode_checkpoint({"hash": "cell", "round": 2, "rounds": 12}, {"round": 2}))
+    stops, board, clock = stopping(["b"])
+    clock[0] = 10.0
+    assert not stops.step(["b"])
+    clock[0] = 10.5
+    assert stops.step(["b"])
+    assert stops.line(tmp_path / "sweep-y") == (
+        "preempted (SIGTERM): sweep sweep-y: trial b: still in a round 10 s after the signal, stopped at once; the "
+        f"next run resumes at round 2 of 12; the same command with --resume {tmp_path / 'sweep-y'} continues it")

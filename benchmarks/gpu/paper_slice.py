@@ -116,7 +116,7 @@ def measure(algorithm: str, args) -> dict:
     from pflbench.algorithm import get_algorithm
 
     execution = ExecutionOptions(device=args.device)
-    path = "batched" if execution.batched(torch.device(args.device), get_algorithm(algorithm).batched) else "loop"
+    path = "batched" if execution.batched(torch.device(args.device), get_algorithm(algorithm).capabilities.batched) else "loop"
     try:
         run_cell(cell, execution=execution, on_round=on_round, stop_after=args.rounds)
     except Enough:

@@ -32,12 +32,10 @@ def add_parser(subparsers) -> None:
     run.add_argument("--ray-address", help="an existing Ray cluster (default: $RAY_ADDRESS, else a local instance)")
     run.add_argument("--no-ray", action="store_true", help="run the cells one by one in this process")
     run.add_argument("--force", action="store_true", help="rerun cells that already have a result")
-    add_execution_arguments(run, device_help="torch device for every cell (default: cuda for cells given GPUs, else cpu)")
+    add_execution_arguments(run, device_help="torch device for every cell (default: cuda for cells given GPUs, else cpu)",
+                            cell_groups=True)
     add_checkpoint_options(run, retried="Ray: rerun a cell")
-    run.add_argument("--grace-seconds", type=float, default=25.0, metavar="S",
-                     help="on SIGTERM (preemption) or a first Ctrl-C: the running cell stops at the end of its round "
-                          "with a checkpoint, or at once if that round has not ended S seconds after the signal "
-                          "(default 25); the run exits with status 75 and the next run resumes it")
+    add_grace_option(run, "the running cells stop", "the next run resumes them")
     run.add_argument("--keep-checkpoints-from", type=int, default=0, metavar="ROUND",
                      help="also keep a copy of every checkpoint written at ROUND or later, in <results>/_kept/<cell>/ "
                           "(e.g. to branch a cell from chosen rounds: benchmarks/analysis/branch.py; default 0: none)")
@@ -66,6 +64,14 @@ def add_checkpoint_options(parser, retried: str, unit: str = "cell",
                              f"{resumed}")
     parser.add_argument("--keep-checkpoints", action="store_true",
                         help=f"keep a {unit}'s last checkpoint after it finished (default: removed)")
+
+
+def add_grace_option(parser, who: str, continued: str) -> None:
+    """--grace-seconds (pflbench/preemption.py): `who` stops on a signal, in words; `continued`: how after."""
+    parser.add_argument("--grace-seconds", type=float, default=25.0, metavar="S",
+                        help=f"on SIGTERM (preemption) or a first Ctrl-C: {who} at the end of the round in progress "
+                             f"with a checkpoint, or at once where that round has not ended S seconds after the "
+                             f"signal (default 25); exit status 75 and {continued}")
 
 
 def checkpoint_problem(args) -> str | None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from pflbench.cli.run import add_checkpoint_options, checkpoint_problem
+from pflbench.cli.run import add_checkpoint_options, add_grace_option, checkpoint_problem
 
 DEFAULT_BASE = Path("benchmarks/sweeps/default.yaml")  # pflbench.sweep.DEFAULT_BASE
 
@@ -41,6 +41,7 @@ def add_parser(subparsers) -> None:
     add_checkpoint_options(sweep, retried="rerun a trial", unit="trial",
                            resumed="kept on the driver's disk (whichever node runs the trial), so a retried trial, "
                                    "or one continued by --resume, resumes from its last checkpoint")
+    add_grace_option(sweep, "the running trials stop", "--resume <sweep folder> continues them")
     sweep.add_argument("--resume", type=Path, metavar="FOLDER",
                        help="continue the sweep in FOLDER (RESULTS/sweeps/<algo>-<hash>-<time>/, stopped or with "
                             "errored trials), given the command that started it: its trials, sampler and scheduler "
@@ -51,6 +52,7 @@ def add_parser(subparsers) -> None:
 
 def cmd_sweep(args) -> int:
     from pflbench.execution import execution_options
+    from pflbench.runner import RunStopped
     from pflbench.spec import parse_sets
     from pflbench.sweep import SweepOptions, base_cell, run_sweep
 
@@ -68,8 +70,11 @@ def cmd_sweep(args) -> int:
                                ray_address=args.ray_address, data_root=args.root, mirror=args.mirror,
                                execution=execution_options(args), checkpoint_every=args.checkpoint_every,
                                checkpoint_minutes=args.checkpoint_minutes, keep_checkpoints=args.keep_checkpoints,
-                               retries=args.retries, resume=args.resume)
+                               retries=args.retries, resume=args.resume, grace_seconds=args.grace_seconds)
         run_sweep(args.algo, base, resources, options)
+    except RunStopped as stop:  # preempted: the one line says where each trial stopped and how to continue
+        print(stop.line, file=sys.stderr)
+        return stop.exit_code
     except (ValueError, FileNotFoundError) as error:  # SpecError, SweepError, a partition or dataset problem
         print(f"sweep: {error}", file=sys.stderr)
         return 2

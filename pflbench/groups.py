@@ -1,0 +1,411 @@
+"""Cell groups: cells that share a model architecture run in lock-step in one process, and the local
+training they ask of the engine at the same time is one batched step across all of them.
+
+Design. Each cell of a group runs its own rounds on its own thread (`run_group`), exactly the code a
+cell alone runs (`pflbench.rounds.run_rounds`): its server step, aggregation, random streams,
+evaluation, metrics and checkpoints stay its own, and nothing in an algorithm knows it is grouped.
+The one seam is the engine's plain training call: `Federation._train_on` asks the thread's group
+membership (`membership()`; None for a cell not in a group, which trains exactly as before) instead of
+calling `pflbench.training.train_clients`. That call is a rendezvous (`CellGroup`): a request waits
+until every live cell of the group is either waiting there too or has left the group (finished,
+failed, diverged); then the last one to arrive becomes the leader, sorts the waiting requests into
+classes that can share one step (`_merge_key`: the same model structure and memory layout, the same
+objective function and aux layout, the same trainable set, the same SGD rule, the same batch size and
+device, the batched eager path) and runs each class of two or more requests as one `_train_group`
+call over the concatenated clients (states and aux concatenated along the client dimension; the
+samples of each request index its own cell's features, so the features and labels of the class are
+concatenated once and each request's sample ids shifted by its offset). A request alone in its class,
+or one that asks for the loop path or the compiled step, is handed back to its own thread, which makes
+exactly the call it would make outside a group. Why threads rather than an event loop or a
+re-written round driver: the algorithms' hooks are ordinary sequential Python that may train several
+times a round (FedRep's two phases, adaptation during evaluation, pFedHN's per-client loop), so a
+thread per cell keeps every method unchanged and needs no hook of its own; torch releases the GIL
+in its kernels, and in lock-step only the leader computes while the others wait. Lock-step is
+deterministic: which requests meet depends only on each cell's own sequence of training calls, never
+on timing, so a grouped run gives the same numbers every time.
+
+Equality (tests/test_cell_groups.py). Every client's arithmetic in the batched step is its own (the
+stacked layers run one convolution per client on a CPU, one batched matmul, BatchNorm per client
+channel; the loss of the sum has gradient 1 for each client), so a request merged with others gets,
+bit for bit, what the batched path gives it alone when it has two or more clients. A one-client
+request alone takes the unstacked path (`_train_group`'s `single`); merged, it trains stacked:
+the same arithmetic in another float order, equal within the tolerance the tests state.
+
+Randomness. Nothing in a round may draw from torch's global generator while other cells run on
+threads of the same process: `pflbench.streams.torch_global` blocks (model initialization) are
+serialized by a lock, and a cell whose models draw from the global generator while training (dropout:
+`ClientModel.stochastic`, or such a module held by the algorithm, as FedMN's) is run alone, before
+the group, exactly as `run_cell` runs it. (So a round must not train inside a `torch_global` block:
+holding the lock at the rendezvous would stall a cell that waits for it. The built-in methods use
+those blocks to initialize modules in `setup`, which `run_group` runs before the threads start.)
+
+What stays per cell and is not batched: the custom steps of `pflbench.steps` (pFedMe, Per-FedAvg) and
+algorithms' own training loops run on their cell's thread; while they run, the others wait at the
+rendezvous (lock-step), so a group is best formed of cells of one algorithm (GUIDE, "Speed").
+"""
+from __future__ import annotations
+
+import threading
+import traceback
+import weakref
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+import torch
+from torch import Tensor, nn
+
+from pflbench.training import SGD, ClientModel, Diverged, State, _train_group, cross_entropy, train_clients
+
+_local = threading.local()
+
+
+def membership() -> "Member | None":
+    """The calling thread's membership of a cell group (None: the thread's cell is not grouped)."""
+    return getattr(_local, "member", None)
+
+
+@dataclass
+class _Request:
+    model: ClientModel
+    state: State
+    features: Tensor
+    labels: Tensor
+    client_indices: list[Tensor]
+    plans: list[Tensor]
+    sgd: SGD
+    kwargs: dict
+
+    @property
+    def rows(self) -> int:
+        return len(self.plans)
+
+
+_ALONE = object()  # outcome: the request's own thread makes the ungrouped call
+_signatures: "weakref.WeakKeyDictionary[ClientModel, tuple]" = weakref.WeakKeyDictionary()
+
+
+def _structure(model: ClientModel) -> tuple:
+    """What makes two cells' models the same computation: the module (its repr names every layer and
+    its settings), every tensor's name and shape, the memory layout."""
+    if model not in _signatures:
+        _signatures[model] = (type(model._module).__qualname__, repr(model._module),
+                              tuple((name, tuple(shape)) for name, shape in model.shapes.items()))
+    return (_signatures[model], model.channels_last, model.stochastic)
+
+
+def _merge_key(request: _Request):
+    """The class of requests `request` can share one batched step with; None: it runs as asked."""
+    kw = request.kwargs
+    if not kw.get("batched", True) or kw.get("compiled", False) or request.model.stochastic or not request.rows:
+        return None
+    aux = kw.get("aux") or {}
+    trainable = kw.get("trainable")
+    trainable = frozenset(request.model.param_names if trainable is None else trainable)
+    return (_structure(request.model), kw.get("objective", cross_entropy),
+            tuple((name, t.dtype, tuple(t.shape[1:])) for name, t in sorted(aux.items())), trainable, request.sgd,
+            int(request.plans[0].shape[1]), request.features.device, request.features.dtype,
+            tuple(request.features.shape[1:]), request.labels.dtype, tuple(request.labels.shape[1:]),
+            tuple((name, t.dtype) for name, t in request.state.items()))
+
+
+@dataclass
+class GroupStats:
+    """How a cell's training calls went in its group: calls made, calls that shared a step with
+    other cells' calls, and the clients of those shared steps (summed)."""
+
+    calls: int = 0
+    merged: int = 0
+    merged_width: int = 0
+
+    def as_dict(self) -> dict:
+        return {"calls": self.calls, "merged_calls": self.merged,
+                "mean_merged_width": self.merged_width / self.merged if self.merged else 0.0}
+
+
+class Member:
+    """One cell's place in a `CellGroup`: its thread's training calls go through `train_clients`."""
+
+    def __init__(self, group: "CellGroup", name: str):
+        self.group, self.name = group, name
+        self.stats = GroupStats()
+
+    def train_clients(self, model: ClientModel, state: State, features: Tensor, labels: Tensor,
+                      client_indices: list[Tensor], plans: list[Tensor], sgd: SGD, **kwargs) -> tuple[State, Tensor]:
+        """`pflbench.training.train_clients`, as a rendezvous with the group's other cells."""
+        self.stats.calls += 1
+        request = _Request(model, state, features, labels, client_indices, plans, sgd, kwargs)
+        outcome = self.group._rendezvous(self, request)
+        if outcome is _ALONE:
+            return train_clients(model, state, features, labels, client_indices, plans, sgd, **kwargs)
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
+
+    def leave(self) -> None:
+        self.group._leave(self)
+
+    @contextmanager
+    def joined(self) -> Iterator["Member"]:
+        """While the block runs, the calling thread trains through this membership; it leaves the
+        group when the block ends, however it ends."""
+        _local.member = self
+        try:
+            yield self
+        finally:
+            _local.member = None
+            self.leave()
+
+
+class CellGroup:
+    """The rendezvous of a group's cells (module doc)."""
+
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._live: set[Member] = set()
+        self._waiting: dict[Member, _Request] = {}
+        self._outcomes: dict[Member, object] = {}
+        self._tables: dict[tuple, tuple[list[Tensor], Tensor, Tensor, list[int]]] = {}
+
+    def member(self, name: str = "") -> Member:
+        member = Member(self, name)
+        with self._cond:
+            self._live.add(member)
+        return member
+
+    def _leave(self, member: Member) -> None:
+        with self._cond:
+            self._live.discard(member)
+            self._waiting.pop(member, None)
+            self._cond.notify_all()  # the others may all be waiting now
+
+    def _rendezvous(self, member: Member, request: _Request):
+        with self._cond:
+            self._waiting[member] = request
+            while member not in self._outcomes:
+                if self._live <= self._waiting.keys():  # every live cell waits here: this one leads
+                    batch, self._waiting = self._waiting, {}
+                    break
+                self._cond.wait()
+            else:
+                return self._outcomes.pop(member)
+        outcomes: dict[Member, object] = {}
+        try:
+            outcomes = self._run(batch)
+        except Exception:  # an error of the leader's own making: every request runs as asked, on its own thread
+            outcomes = {}
+        finally:
+            with self._cond:
+                self._outcomes.update({m: outcomes.get(m, _ALONE) for m in batch})
+                self._cond.notify_all()
+        with self._cond:
+            return self._outcomes.pop(member)
+
+    def _run(self, batch: dict[Member, _Request]) -> dict[Member, object]:
+        classes: dict[object, list[Member]] = {}
+        outcomes: dict[Member, object] = {}
+        for member, request in batch.items():
+            key = _merge_key(request)
+            if key is None:
+                outcomes[member] = _ALONE
+            else:
+                classes.setdefault(key, []).append(member)
+        for members in classes.values():
+            if len(members) == 1:
+                outcomes[members[0]] = _ALONE
+                continue
+            try:
+                results = self._merged([batch[m] for m in members])
+            except Exception:  # not a divergence (that is per request): each runs alone, and fails alone
+                results = [_ALONE] * len(members)
+            for m, result in zip(members, results):
+                outcomes[m] = result
+                if result is not _ALONE:
+                    m.stats.merged += 1
+                    m.stats.merged_width += sum(batch[o].rows for o in members)
+        return outcomes
+
+    def _table(self, requests: list[_Request]) -> tuple[Tensor, Tensor, list[int]]:
+        """The requests' features and labels as one table, and each request's offset into it. Requests
+        of one cell share its tensors; a class's concatenation is made once and kept while its
+        tensors live (the few latest)."""
+        sources: list[tuple[Tensor, Tensor]] = []
+        for r in requests:
+            if not any(f is r.features and y is r.labels for f, y in sources):
+                sources.append((r.features, r.labels))
+        if len(sources) == 1:
+            return sources[0][0], sources[0][1], [0] * len(requests)
+        key = tuple((id(f), id(y)) for f, y in sources)
+        if key not in self._tables:
+            if len(self._tables) >= 4:
+                self._tables.pop(next(iter(self._tables)))
+            starts = [0]
+            for f, _ in sources[:-1]:
+                starts.append(starts[-1] + len(f))
+            # The source tensors are kept with the table, so their ids stay theirs while it is cached.
+            self._tables[key] = ([t for pair in sources for t in pair], torch.cat([f for f, _ in sources]),
+                                 torch.cat([y for _, y in sources]), starts)
+        kept, features, labels, starts = self._tables[key]
+        where = [next(i for i, (f, y) in enumerate(sources) if f is r.features and y is r.labels) for r in requests]
+        return features, labels, [starts[i] for i in where]
+
+    def _merged(self, requests: list[_Request]) -> list[object]:
+        """One `_train_group` over the requests' clients; per request its (state, loss) or `Diverged`."""
+        first = requests[0]
+        features, labels, offsets = self._table(requests)
+        indices = [idx + offset if offset else idx for r, offset in zip(requests, offsets) for idx in r.client_indices]
+        plans = [plan for r in requests for plan in r.plans]
+        state = {name: torch.cat([r.state[name] for r in requests]) for name in first.state}
+        auxes = [r.kwargs.get("aux") or {} for r in requests]
+        aux = {name: torch.cat([a[name] for a in auxes]) for name in auxes[0]}
+        trainable = first.kwargs.get("trainable")
+        trainable = set(first.model.param_names if trainable is None else trainable)
+        new_state, losses = _train_group(first.model, state, features, labels, indices, plans, first.sgd,
+                                         first.kwargs.get("objective", cross_entropy), aux, trainable, False)
+        finite = torch.isfinite(losses).tolist()  # one host sync for the class, as `train_clients` has one
+        results: list[object] = []
+        start = 0
+        for r in requests:
+            stop = start + r.rows
+            bad = [k for k, ok in enumerate(finite[start:stop]) if not ok]
+            if bad:
+                results.append(Diverged(f"non-finite local loss for clients {bad}"))
+            else:
+                # copies: a cell keeping its rows must not keep the whole class's tensors alive
+                results.append(({name: t[start:stop].clone() for name, t in new_state.items()},
+                                losses[start:stop].clone()))
+            start = stop
+        return results
+
+
+# ---- the in-process group runner -----------------------------------------------------------------
+
+def draws_global_generator(fed, algorithm) -> bool:
+    """Whether the cell's training draws from torch's global generator (dropout and the like: in the
+    cell's models or in a module the algorithm holds), so that it cannot share a process's threads."""
+    if any(m.stochastic for m in fed.models):
+        return True
+    modules = [v for v in vars(algorithm).values() if isinstance(v, nn.Module)]
+    return any(isinstance(m, (nn.modules.dropout._DropoutNd, nn.RReLU)) for module in modules for m in module.modules())
+
+
+@dataclass
+class GroupRun:
+    """Per cell of a group (in the given order): its result, and how its training calls went."""
+
+    results: list  # a CellResult, or None for a cell stopped by one of `passthrough`'s exceptions
+    stats: list[GroupStats | None] = field(default_factory=list)
+    alone: list[bool] = field(default_factory=list)  # run alone, before the group (see module doc)
+    stopped: list[BaseException | None] = field(default_factory=list)  # `passthrough`'s exception per cell
+
+
+def run_group(cells: list, *, data_root=None, mirror=None, execution=None, evaluate: tuple[str, ...] | None = None,
+              checkpointers: list | None = None, on_round: list[Callable[[dict], None] | None] | None = None,
+              stop_after: int | None = None, passthrough: tuple[type[BaseException], ...] = ()) -> GroupRun:
+    """Run `cells` as one group in this process, each on its own thread; per cell the `CellResult`
+    `pflbench.rounds.run_cell` would give (a failed cell: status "failed" with its traceback, as the
+    runner records one; a diverging cell: "diverged"). A cell that fails or diverges leaves the group and
+    the others go on. `checkpointers[i]`, `on_round[i]`: cell i's, as `run_cell` takes them. An exception
+    of a `passthrough` type (the runner's: preemption, a full disk) is not a failure: it stops that cell
+    (`GroupRun.stopped`), and the caller decides. Each cell's summary gets `cell_group_*` keys: the
+    group's size, the cell's training calls and how many shared a step, and their mean width."""
+    from pflbench.execution import ExecutionOptions
+    from pflbench.federation import EVALUATED, federation_device
+    from pflbench.resolve import ensure_resolved
+    from pflbench.rounds import build_cell, cell_global_rng, check_evaluated, prepare_cell, run_rounds
+
+    execution = execution or ExecutionOptions()
+    evaluate = check_evaluated(evaluate or EVALUATED)
+    count = len(cells)
+    checkpointers = checkpointers or [None] * count
+    on_round = on_round or [None] * count
+    results: list = [None] * count
+    stopped: list[BaseException | None] = [None] * count
+    alone = [False] * count
+    group = CellGroup()
+    jobs = []
+    # Built and set up one after another here, each inside its own global generator as run_cell does.
+    for i, cell in enumerate(cells):
+        try:
+            cell = ensure_resolved(cell)
+            dataset, splits = prepare_cell(cell, data_root, mirror)
+            provenance = {"dataset_checksum": dataset.checksum, "torch": torch.__version__,
+                          "device": federation_device(execution).type}
+            with cell_global_rng(cell.seed, federation_device(execution)):
+                fed, algorithm = build_cell(cell, dataset, splits, execution, withhold_test="test" not in evaluate)
+                algorithm.setup()
+                if draws_global_generator(fed, algorithm):  # alone, here, in its own generator
+                    alone[i] = True
+                    results[i] = run_rounds(fed, algorithm, on_round=on_round[i], provenance=provenance,
+                                            evaluate=evaluate, checkpointer=checkpointers[i],
+                                            stop_after=stop_after, set_up=True)
+                    continue
+        except passthrough as stop:
+            stopped[i] = stop
+            continue
+        except Exception:
+            results[i] = _failed(traceback.format_exc())
+            continue
+        jobs.append((i, fed, algorithm, provenance, group.member(str(i))))
+
+    def run(i, fed, algorithm, provenance, member) -> None:
+        with member.joined():
+            try:
+                results[i] = run_rounds(fed, algorithm, on_round=on_round[i], provenance=provenance,
+                                        evaluate=evaluate, checkpointer=checkpointers[i], stop_after=stop_after,
+                                        set_up=True)
+            except passthrough as stop:
+                stopped[i] = stop
+            except Exception:
+                results[i] = _failed(traceback.format_exc())
+
+    # Daemon threads: a preemption's deadline raised in this (the main) thread ends the process without
+    # waiting for cells still inside a round (their checkpoints are written atomically).
+    threads = [threading.Thread(target=run, args=job, name=f"pflbench-cell-{job[0]}", daemon=True) for job in jobs]
+    with torch.random.fork_rng(devices=[]):  # the caller's global generator, as it was
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    stats: list[GroupStats | None] = [None] * count
+    for i, *_, member in jobs:
+        stats[i] = member.stats
+        if results[i] is not None and results[i].summary is not None:
+            results[i].summary.update({"cell_group_cells": len(jobs), "cell_group_calls": member.stats.calls,
+                                       "cell_group_merged_calls": member.stats.merged,
+                                       "cell_group_mean_width": member.stats.as_dict()["mean_merged_width"]})
+    return GroupRun(results, stats, alone, stopped)
+
+
+# The summary keys a grouped cell's run adds (how it ran, not what it computed: pflbench.metrics).
+SUMMARY_KEYS = ("cell_group_cells", "cell_group_calls", "cell_group_merged_calls", "cell_group_mean_width")
+GROUP_LIMIT = 32  # cells in one group at most (`form_groups`): threads, and every cell's data held at once
+
+
+def architecture_key(cell) -> tuple:
+    """Cells with equal keys build the same model architecture: the same dataset (its options give the
+    input shape and the classes) and the same model name."""
+    options = tuple(sorted((k, repr(v)) for k, v in (cell.dataset_options or {}).items()))
+    return (cell.dataset, options, cell.model)
+
+
+def form_groups(cells: list, limit: int = GROUP_LIMIT) -> list[list]:
+    """`cells` as cell groups of at most `limit` cells that share a model architecture, in the order the
+    cells come (a group is placed where its first cell was)."""
+    groups: dict[tuple, list[list]] = {}
+    order: list[list] = []
+    for cell in cells:
+        chunks = groups.setdefault(architecture_key(cell), [])
+        if not chunks or len(chunks[-1]) >= limit:
+            chunks.append([])
+            order.append(chunks[-1])
+        chunks[-1].append(cell)
+    return order
+
+
+def _failed(error: str):
+    import pandas as pd
+
+    from pflbench.rounds import CellResult
+
+    return CellResult("failed", pd.DataFrame(), pd.DataFrame(), {"status": "failed"}, {}, error)

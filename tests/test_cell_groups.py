@@ -1,0 +1,289 @@
+"""Cell groups (pflbench.groups): a group of cells gives, per cell, what the same cells give run one by
+one — bit for bit where the float order is the same (every request of two or more clients, and on
+models without BatchNorm every request), within the stated tolerance where it is not (a one-client
+request of a BatchNorm model, merged with others, trains stacked instead of unstacked). A cell that
+diverges or fails leaves the group and the others go on.
+
+The grouped runs batch across clients (client_batching "on", what CUDA uses by default); the cells run
+one by one are run the same way, so the only difference is the group."""
+import threading
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from cells import small_cell
+from pflbench import plugins
+from pflbench.execution import ExecutionOptions
+from pflbench.groups import CellGroup, membership, run_group
+from pflbench.rounds import run_cell
+from pflbench.training import cross_entropy, train_clients
+
+BATCHED = ExecutionOptions(client_batching="on")
+PLAIN_ROWS = ["local", "fedavg", "fedbn", "pfedla", "heurpfedla", "fedrep", "fedfomo"]
+OWN_STEPS = ["pfedme", "perfedavg", "pfedhn"]
+IMAGES = {"dataset": "synthetic-images", "dataset_options": {"num_samples": 300, "channels": 1, "size": 28},
+          "rounds": 2}  # the grey CNN, channels-last on a CPU
+BN_IMAGES = {**IMAGES, "dataset_options": {"num_samples": 300, "channels": 3, "size": 32}}  # the BatchNorm CNN
+
+
+def solo_and_grouped(cells, root, execution=BATCHED):
+    solo = [run_cell(cell, data_root=root, execution=execution) for cell in cells]
+    return solo, run_group(cells, data_root=root, execution=execution)
+
+
+def assert_identical(solo, grouped):
+    """Everything a cell computed, bit for bit (wall times aside)."""
+    assert grouped.status == solo.status and grouped.error == solo.error
+    for column in ("round", "client", "accuracy", "loss", "val_accuracy", "val_loss", "test_samples", "bytes_down",
+                   "bytes_up"):
+        assert np.array_equal(solo.metrics[column].to_numpy(), grouped.metrics[column].to_numpy(), equal_nan=True), column
+    for column in ("bytes_up", "bytes_down", "clients"):
+        assert solo.rounds[column].equals(grouped.rounds[column]), column
+    assert solo.artifacts.keys() == grouped.artifacts.keys()
+    for key, value in solo.artifacts.items():
+        assert np.array_equal(value, grouped.artifacts[key], equal_nan=value.dtype.kind == "f"), key
+
+
+@pytest.mark.parametrize("algorithm", PLAIN_ROWS)
+def test_a_row_grouped_over_seeds_is_bit_identical_and_every_call_is_merged(tmp_path, algorithm):
+    cells = [small_cell(algorithm=algorithm, seed=seed) for seed in (0, 1, 2)]
+    solo, group = solo_and_grouped(cells, tmp_path)
+    for one, grouped, stats in zip(solo, group.results, group.stats):
+        assert one.status == "finished"
+        assert_identical(one, grouped)
+        # every training call shared its step with the two other seeds' (5 clients each)
+        assert stats.calls > 0 and stats.merged == stats.calls and stats.merged_width == 15 * stats.calls
+        assert grouped.summary["cell_group_cells"] == 3 and grouped.summary["cell_group_merged_calls"] == stats.calls
+
+
+@pytest.mark.parametrize("algorithm", OWN_STEPS)
+def test_rows_with_their_own_steps_are_identical_in_a_group(tmp_path, algorithm):
+    """pFedMe and Per-FedAvg train through their own steps (on their cell's thread, not merged); pFedHN
+    trains one client at a time through the plain step: those one-client calls are merged across the
+    seeds, and on this model (no BatchNorm) the stacked step is the unstacked one's arithmetic."""
+    cells = [small_cell(algorithm=algorithm, seed=seed) for seed in (0, 1)]
+    solo, group = solo_and_grouped(cells, tmp_path)
+    for one, grouped, stats in zip(solo, group.results, group.stats):
+        assert one.status == "finished"
+        assert_identical(one, grouped)
+        if algorithm == "pfedhn":
+            assert stats.calls > 0 and stats.merged == stats.calls and stats.merged_width == 2 * stats.calls
+        else:
+            assert stats.merged == 0
+
+
+def test_a_group_mixing_algorithms_and_datasets(tmp_path):
+    """Rows of several algorithms (own steps among them), two partitions, CNN cells beside MLP cells:
+    each request merges with those of its kind (same model, objective, trainable set, SGD rule),
+    the rest run alone; every cell is what it is alone."""
+    cells = [small_cell(algorithm="fedavg"), small_cell(algorithm="local", seed=1),
+             small_cell(algorithm="fedrep"), small_cell(algorithm="pfedme"),
+             small_cell(algorithm="fedavg", partition="dirichlet", partition_params={"alpha": 0.5}, seed=3),
+             small_cell(algorithm="fedavg", **IMAGES), small_cell(algorithm="fedrep", seed=1, **IMAGES),
+             small_cell(algorithm="local", seed=2, **IMAGES),
+             small_cell(algorithm="fedavg", lr=0.02)]  # another SGD rule: never merged
+    solo, group = solo_and_grouped(cells, tmp_path)
+    for one, grouped in zip(solo, group.results):
+        assert one.status == "finished"
+        assert_identical(one, grouped)
+    stats = group.stats
+    assert stats[0].merged == stats[0].calls  # with local and the other partition's fedavg
+    assert stats[3].calls == 0  # pFedMe: its own steps
+    assert stats[5].merged == stats[5].calls  # the CNN fedavg with the CNN local (fedrep trains parts)
+    assert stats[8].calls == 3 and stats[8].merged == 0
+
+
+def test_batchnorm_cells_grouped_are_bit_identical(tmp_path):
+    cells = [small_cell(algorithm=algorithm, seed=seed, **BN_IMAGES)
+             for algorithm in ("fedbn", "local", "pfedla") for seed in (0, 1)]
+    solo, group = solo_and_grouped(cells, tmp_path)
+    for one, grouped, stats in zip(solo, group.results, group.stats):
+        assert one.status == "finished"
+        assert_identical(one, grouped)
+        assert stats.merged == stats.calls > 0
+
+
+def test_cells_on_the_client_loop_run_their_own_calls_identically(tmp_path):
+    """The loop path (a CPU's default) is never merged: each call is the cell's own, as outside a group."""
+    cells = [small_cell(algorithm="fedavg", seed=seed) for seed in (0, 1)]
+    solo, group = solo_and_grouped(cells, tmp_path, ExecutionOptions())
+    for one, grouped, stats in zip(solo, group.results, group.stats):
+        assert one.summary["client_batching"] == "loop"
+        assert_identical(one, grouped)
+        assert stats.calls == 3 and stats.merged == 0
+
+
+def test_a_one_client_batchnorm_request_merged_is_within_float_rounding(tmp_path):
+    """The one case whose float order changes: a one-client request trains unstacked alone and stacked
+    when merged. Measured here (5 epochs, 10 steps of the BatchNorm CNN, two cells' client 0): the
+    largest difference of any tensor 9.4e-7 and 2.5e-6 (bn2's running mean; the weights 1e-7 or less),
+    of the mean losses 2.4e-7 and 1.2e-7; asserted below 1e-5 and 1e-6."""
+    from cells import federation
+
+    feds = [federation(small_cell(seed=seed, **BN_IMAGES), tmp_path) for seed in (0, 1)]
+    one = torch.tensor([0])
+
+    def request(fed):
+        return (fed.model, fed.init_state(1), fed.features, fed.labels, [fed.splits["train"][0]],
+                fed.local_plans(1, one, epochs=5), fed.sgd)
+
+    alone = [train_clients(*request(fed), batched=True) for fed in feds]
+    group = CellGroup()
+    members = [group.member(str(i)) for i in range(2)]
+    merged: list = [None, None]
+
+    def run(i):
+        with members[i].joined():
+            assert membership() is members[i]
+            merged[i] = members[i].train_clients(*request(feds[i]), objective=cross_entropy, batched=True)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert membership() is None
+    assert all(m.stats.merged == 1 and m.stats.merged_width == 2 for m in members)
+    for (state, loss), (state_merged, loss_merged) in zip(alone, merged):
+        torch.testing.assert_close(loss_merged, loss, rtol=0, atol=1e-6)
+        for name, tensor in state.items():
+            torch.testing.assert_close(state_merged[name], tensor, rtol=0, atol=1e-5)
+
+
+# ---- cells leaving the group ---------------------------------------------------------------------
+
+FAULTY = '''
+from pflbench.algorithm import ALGORITHMS
+from pflbench.algorithms.fedavg import FedAvg
+
+
+@ALGORITHMS.register("test-poisoned-fedavg")
+class PoisonedFedAvg(FedAvg):
+    """FedAvg whose client 2 gets NaN features from round 2 on: its cell diverges in round 2."""
+
+    def configure(self, rnd):
+        if rnd.number == 2:
+            features = self.fed.features.clone()
+            features[self.fed.splits["train"][2]] = float("nan")
+            self.fed.features = features
+        return super().configure(rnd)
+
+
+@ALGORITHMS.register("test-crashing-fedavg")
+class CrashingFedAvg(FedAvg):
+    """FedAvg whose server crashes in round 2."""
+
+    def aggregate(self, rnd, upload):
+        if rnd.number == 2:
+            raise RuntimeError("the server of this cell crashed")
+        return super().aggregate(rnd, upload)
+'''
+
+
+@pytest.fixture
+def faulty_algorithms(tmp_path, fresh_plugins):
+    """Two FedAvg variants that diverge or crash in round 2, as a plugin (unloaded after the test)."""
+    plugin = tmp_path / "faulty_fedavg.py"
+    plugin.write_text(FAULTY)
+    plugins.load([str(plugin)])
+
+
+def test_a_diverging_cell_leaves_the_group_and_the_others_go_on(tmp_path, faulty_algorithms):
+    """The poisoned cell's requests merge with the others' (same model, objective and SGD rule): its
+    non-finite losses are its own Diverged, the others' clients in the same step are untouched, and
+    round 3 runs without it."""
+    cells = [small_cell(algorithm="fedavg", rounds=4), small_cell(algorithm="test-poisoned-fedavg", rounds=4),
+             small_cell(algorithm="local", seed=1, rounds=4)]
+    solo, group = solo_and_grouped(cells, tmp_path)
+    assert [r.status for r in solo] == ["finished", "diverged", "finished"]
+    assert solo[1].summary["diverged_round"] == 2 and "non-finite local loss for clients [2]" in solo[1].error
+    for one, grouped in zip(solo, group.results):
+        assert_identical(one, grouped)
+    assert group.results[1].summary["diverged_round"] == 2
+    assert group.stats[1].calls == group.stats[1].merged == 2
+    assert group.stats[0].merged == group.stats[0].calls == 4
+    assert group.stats[0].merged_width == 3 * 5 * 2 + 2 * 5 * 2  # rounds 1-2 three cells wide, then two
+
+
+def test_a_failing_cell_leaves_the_group_with_its_traceback(tmp_path, faulty_algorithms):
+    cells = [small_cell(algorithm="fedavg"), small_cell(algorithm="test-crashing-fedavg"),
+             small_cell(algorithm="fedavg", seed=1)]
+    group = run_group(cells, data_root=tmp_path, execution=BATCHED)
+    failed = group.results[1]
+    assert failed.status == "failed"
+    assert "RuntimeError: the server of this cell crashed" in failed.error and "Traceback" in failed.error
+    for i in (0, 2):
+        assert_identical(run_cell(cells[i], data_root=tmp_path, execution=BATCHED), group.results[i])
+    assert group.stats[1].calls == 2 and group.stats[0].calls == 3
+
+
+# ---- the runner: `pflbench run --cell-groups` ------------------------------------------------------
+
+def test_cell_groups_option_auto_is_cuda_only():
+    assert ExecutionOptions().grouped("cuda") and ExecutionOptions().grouped(torch.device("cuda", 1))
+    assert not ExecutionOptions().grouped("cpu") and not ExecutionOptions(cell_groups="off").grouped("cuda")
+    assert ExecutionOptions(cell_groups="on").grouped("cpu")
+    with pytest.raises(ValueError, match="cell_groups must be one of"):
+        ExecutionOptions(cell_groups="always")
+
+
+def test_form_groups_by_architecture_in_order():
+    from pflbench.groups import form_groups
+
+    cells = [small_cell(seed=0), small_cell(**IMAGES), small_cell(algorithm="local"), small_cell(seed=1, **IMAGES),
+             small_cell(dataset_options={"num_samples": 500})]
+    assert form_groups(cells) == [[cells[0], cells[2]], [cells[1], cells[3]], [cells[4]]]
+    assert form_groups(cells[:1] * 5, limit=2) == [cells[:1] * 2, cells[:1] * 2, cells[:1]]
+
+
+def test_the_runner_records_grouped_cells_as_it_records_cells_alone(tmp_path, faulty_algorithms):
+    """`pflbench run --no-ray` with groups: one group of 8 cells (a failing and a diverging one among
+    them), each cell's result in the store as the ungrouped run writes it, the group recorded."""
+    from pflbench.metrics import RUN_RECORD_KEYS
+    from pflbench.runner import RunOptions, run_plan
+    from pflbench.spec import parse_spec
+    from pflbench.store import Store
+    from rich.console import Console
+
+    the_plan = parse_spec({
+        "name": "t", "plugins": [str(tmp_path / "faulty_fedavg.py")],
+        "matrix": {"algorithm": ["fedavg", "test-crashing-fedavg", "test-poisoned-fedavg", "local"],
+                   "dataset": ["synthetic"], "partition": [{"scheme": "pathological", "params": {"classes_per_client": 3}}],
+                   "seed": [0, 1]},
+        "defaults": {"clients": 5, "rounds": 3, "lr": 0.05, "batch_size": 16, "dataset_options": {"num_samples": 1000}}})
+    runs = {}
+    for groups in ("off", "on"):
+        options = RunOptions(results=tmp_path / groups, data_root=tmp_path / "data", use_ray=False,
+                             execution=ExecutionOptions(client_batching="on", cell_groups=groups))
+        report = run_plan(the_plan, options, Console(file=open("/dev/null", "w"), width=160))
+        assert report.exit_code == 1 and report.ran == 8
+        runs[groups] = Store(options.results)
+    volatile = RUN_RECORD_KEYS | {"train_time_total", "server_time_total", "eval_time_total"}
+    statuses = []
+    for cell in the_plan.cells:
+        alone, grouped = runs["off"].summary(cell), runs["on"].summary(cell)
+        statuses.append(grouped["status"])
+        assert {k: v for k, v in alone.items() if k not in volatile} == \
+               {k: v for k, v in grouped.items() if k not in volatile}
+        assert "cell_group_cells" not in alone
+        if grouped["status"] != "failed":
+            assert grouped["cell_group_cells"] == 8 and grouped["peak_host_bytes"] > 0
+            metrics = [pd.read_parquet(store.cell_dir(cell) / "metrics.parquet").drop(columns="wall_time")
+                       for store in (runs["off"], runs["on"])]
+            pd.testing.assert_frame_equal(*metrics)
+    assert sorted(statuses) == ["diverged"] * 2 + ["failed"] * 2 + ["finished"] * 4
+
+
+def test_a_cell_drawing_from_the_global_generator_runs_alone_before_the_group(tmp_path):
+    """VGG8 has dropout layers, which draw from torch's global generator: that cell runs alone, in its
+    own generator as run_cell runs it, and gives run_cell's numbers; the others are grouped."""
+    cells = [small_cell(model="vgg8", rounds=1, **{k: v for k, v in IMAGES.items() if k != "rounds"}),
+             small_cell(seed=0), small_cell(seed=1)]
+    solo, group = solo_and_grouped(cells, tmp_path)
+    assert group.alone == [True, False, False] and group.stats[0] is None
+    for one, grouped in zip(solo, group.results):
+        assert one.status == "finished"
+        assert_identical(one, grouped)
+    assert group.stats[1].merged == group.stats[1].calls == 3
