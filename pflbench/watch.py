@@ -28,6 +28,13 @@ Which cells a commit re-runs (each its first evaluation, `verify --rounds 1`):
   store's first evaluations (about 3.4 hours of one core today) for any engine change; the slices re-run
   each of them within N commits.
 A moved cell fails CI with its study, cell id and the commit named.
+
+A cell whose stored run differs beyond `verify`'s tolerance from a rerun on another kind of machine (a cell
+at the edge of divergence: NaN on one CPU, finite on another) gets this kind's fingerprint only from a
+reference: `--reference STORE`, a store holding the same cell re-run on this kind of machine at the commit
+the cell was published from (`pflbench run` in a checkout of that commit). The rerun must repeat that
+reference exactly, which shows that the code since has not moved it on this kind; the fingerprint is then
+recorded like any other.
 """
 from __future__ import annotations
 
@@ -163,11 +170,25 @@ class Watched:
         return self.outcome not in ("MOVED", "DIFFERS", "PROBLEM")
 
 
+def reference_problem(cell: PublishedCell, reference: Path) -> str | None:
+    """Why `reference` (a cell folder) cannot stand in for `cell`'s stored run on this kind of machine, or None."""
+    if not (reference / SUMMARY).is_file():
+        return f"no finished cell {cell.folder.name} in the reference store"
+    stored, ran = read_json_dict(cell.folder / SUMMARY), read_json_dict(reference / SUMMARY)
+    if not stored.get("code_commit") or ran.get("code_commit") != stored.get("code_commit"):
+        return (f"the reference ran commit {str(ran.get('code_commit'))[:10]}, the cell was published from "
+                f"{str(stored.get('code_commit'))[:10]}")
+    if ran.get("code_dirty"):
+        return "the reference ran from a checkout with uncommitted changes"
+    return None  # whether it ran on this kind of machine: `verify`'s rule, through check_cell's mode
+
+
 def watch_cell(cell: PublishedCell, book: FingerprintBook, kind: str, *, record: bool, commit: str | None,
-               data_root=None, mirror=None) -> Watched:
+               data_root=None, mirror=None, reference: Path | None = None) -> Watched:
     """Re-run `cell`'s first evaluation and judge it: against this kind's fingerprint where one is recorded,
-    else against the stored metrics (`pflbench.verify.check_cell`); with `record`, file the fingerprint of
-    a rerun that matched (module doc)."""
+    else against the stored metrics (`pflbench.verify.check_cell`), or where those differ against the
+    `reference` store's run of the cell (module doc); with `record`, file the fingerprint of a rerun that
+    matched."""
     from pflbench.verify import check_cell
 
     check = check_cell(cell.folder, rounds=1, data_root=data_root, mirror=mirror)
@@ -184,9 +205,26 @@ def watch_cell(cell: PublishedCell, book: FingerprintBook, kind: str, *, record:
             detail += "; against the stored metrics: " + "; ".join(map(str, check.differences[:3]))
         return Watched(cell, "MOVED", detail, check.seconds)
     if check.differences:
-        return Watched(cell, "DIFFERS", f"{check.verdict}: " + "; ".join(map(str, check.differences[:3])), check.seconds)
-    watched = Watched(cell, "identical" if check.mode == "exact" else "within tolerance",
-                      "" if check.mode == "exact" else check.why_tolerance, check.seconds)
+        detail = f"{check.verdict}: " + "; ".join(map(str, check.differences[:3]))
+        if reference is None:
+            return Watched(cell, "DIFFERS", detail, check.seconds)
+        problem = reference_problem(cell, reference / cell.folder.name)
+        if problem is not None:
+            return Watched(cell, "DIFFERS", f"{detail}; reference not usable: {problem}", check.seconds)
+        against = check_cell(reference / cell.folder.name, rounds=1, data_root=data_root, mirror=mirror)
+        seconds = check.seconds + against.seconds
+        if against.mode != "exact":
+            return Watched(cell, "DIFFERS", f"{detail}; reference not usable: it ran on another kind of machine "
+                           f"({against.why_tolerance})", seconds)
+        if against.differences or fingerprint(against.rerun_result.metrics) != value:
+            return Watched(cell, "DIFFERS", f"{detail}; and against the reference run of its commit on this kind "
+                           f"of machine: {against.verdict}", seconds)
+        watched = Watched(cell, "identical to the reference",
+                          f"the stored run (another kind of machine) differs: {detail}; this kind's run of the "
+                          f"published commit is repeated exactly", seconds)
+    else:
+        watched = Watched(cell, "identical" if check.mode == "exact" else "within tolerance",
+                          "" if check.mode == "exact" else check.why_tolerance, check.seconds)
     if record:
         book.record(kind, cell.name, value, check.rounds, commit)
         watched.recorded = True

@@ -13,7 +13,7 @@ from pflbench import models
 from pflbench.cli import main
 from pflbench.publish import publish
 from pflbench.runner import RunOptions, run_plan
-from pflbench.store import SUMMARY, read_json_dict, write_json
+from pflbench.store import SUMMARY, file_record, read_json_dict, write_json
 from pflbench.watch import FINGERPRINTS, PublishedCell, machine_key, representatives, slice_of
 
 SPEC = """
@@ -110,3 +110,33 @@ def test_watch_refuses_a_bad_slice_and_an_unknown_cell(published, capsys):
     assert "expected K/N with 0 <= K < N" in capsys.readouterr().err
     assert main(["watch", "--published", str(root), "--cell", "tiny/000000000000"]) == 2
     assert "no published cell 'tiny/000000000000'" in capsys.readouterr().err
+
+
+def test_a_cell_that_differs_across_machines_gets_this_kinds_fingerprint_from_a_rerun_of_its_commit(published, capsys):
+    """A stored run from another kind of machine beyond the tolerance (here its accuracies zeroed, as a cell
+    that diverged there and not here) is judged against the same cell run here at its published commit
+    (`--reference STORE`); only such a reference is taken."""
+    import pandas as pd
+
+    root, cell = published
+    store = root.parent / "store"
+    metrics = pd.read_parquet(cell / "metrics.parquet")
+    metrics.assign(accuracy=0.0).to_parquet(cell / "metrics.parquet")
+    summary = read_json_dict(cell / SUMMARY)  # its file record as the other machine's store wrote it
+    write_json(cell / SUMMARY, {**summary, "files": {**summary["files"], "metrics.parquet": file_record(cell / "metrics.parquet")}})
+    for folder in (cell, store / cell.name):
+        write_json(folder / SUMMARY, {**read_json_dict(folder / SUMMARY), "code_commit": "c0ffee", "code_dirty": False})
+    watch = ["watch", "--published", str(root), "--cell", f"tiny/{cell.name}", "--record"]
+    assert main(watch) == 1
+    assert "DIFFERS: cell" in capsys.readouterr().err
+    assert not (root / FINGERPRINTS).exists()
+
+    assert main([*watch, "--reference", str(store)]) == 0
+    assert "identical to the reference" in capsys.readouterr().out
+    assert f"tiny/{cell.name}" in json.loads((root / FINGERPRINTS).read_text())[machine_key()]
+
+    ran = store / cell.name
+    write_json(ran / SUMMARY, {**read_json_dict(ran / SUMMARY), "code_commit": "beef"})
+    (root / FINGERPRINTS).unlink()
+    assert main([*watch, "--reference", str(store)]) == 1
+    assert "reference not usable: the reference ran commit beef" in capsys.readouterr().err

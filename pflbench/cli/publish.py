@@ -86,6 +86,9 @@ def add_parser(subparsers) -> None:
                        help="file this machine kind's fingerprint of each cell that repeats its stored metrics")
     watch.add_argument("--fingerprints", type=Path, help="fingerprint file (default: PUBLISHED/fingerprints.json)")
     watch.add_argument("--commit", help="the commit to name (default: the checkout's)")
+    watch.add_argument("--reference", type=Path, metavar="STORE",
+                       help="a store with cells re-run on this kind of machine at their published commit: a cell "
+                            "whose stored run (from another kind) differs is compared with its run there instead")
     add_data_options(watch)
     watch.set_defaults(func=cmd_watch)
 
@@ -250,7 +253,8 @@ def cmd_watch(args) -> int:
           f"as stored), at commit {str(commit)[:10]} on {kind}")
     failed = []
     for cell in sorted(chosen.values(), key=lambda c: c.name):
-        watched = watch_cell(cell, book, kind, record=args.record, commit=commit, data_root=args.root, mirror=args.mirror)
+        watched = watch_cell(cell, book, kind, record=args.record, commit=commit, data_root=args.root, mirror=args.mirror,
+                             reference=args.reference)
         print(f"  {watched.outcome:<24} {cell.name} ({cell.algorithm}, {cell.model}) {watched.seconds:.0f} s"
               + (" [fingerprint recorded]" if watched.recorded else "") + (f": {watched.detail}" if watched.detail else ""),
               flush=True)
