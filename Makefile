@@ -24,7 +24,8 @@ $(VENV)/.installed: pyproject.toml
 test: install
 	$(BIN)/python -m pytest -q
 
-# Lint: ruff's checks everywhere; ruff's formatting and mypy on the public method API (pyproject.toml).
+# Lint: ruff's checks everywhere; ruff's formatting on the public method API; mypy on the public method
+# API and the built-in algorithms (algorithms/; pyproject.toml's [tool.mypy] files).
 PUBLIC_API := pflbench/algorithm.py pflbench/card.py pflbench/capabilities.py pflbench/streams.py \
               pflbench/round_context.py pflbench/payload.py pflbench/serving.py pflbench/deprecation.py
 lint: install

@@ -48,9 +48,11 @@ import torch.nn.functional as F
 from pydantic import Field
 
 from pflbench import streams
-from pflbench.algorithm import ALGORITHMS, Algorithm, Card, Hyperparams, Round
+from torch import Tensor
+
+from pflbench.algorithm import ALGORITHMS, Algorithm, Card, ClientRound, Hyperparams
 from pflbench.steps import step_ids
-from pflbench.training import cross_entropy
+from pflbench.training import State, cross_entropy
 
 
 def _scale(alpha: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -80,14 +82,14 @@ class APFL(Algorithm[APFLHP]):
         self.local_state = self.fed.init_state(n)  # v_i
         self.alpha = torch.full((n,), float(self.hp.alpha), device=self.fed.device)
 
-    def mix(self, alpha: torch.Tensor, local, glob):
+    def mix(self, alpha: Tensor, local: State, glob: State) -> State:
         """alpha * v + (1 - alpha) * w for floating tensors; integer buffers (BatchNorm counters)
         taken from the global model."""
         return {n: (_scale(alpha, local[n]) * local[n] + (1 - _scale(alpha, local[n])) * glob[n]
                     if local[n].is_floating_point() else glob[n].clone())
                 for n in local}
 
-    def local_train(self, rnd: Round, state):
+    def local_train(self, rnd: ClientRound, state: State) -> State:
         clients = rnd.clients
         anchor = {n: t.detach().clone() for n, t in state.items()}  # w-bar, as downloaded
         global_update = self.fed.train(rnd, clients, state).state
@@ -97,7 +99,7 @@ class APFL(Algorithm[APFLHP]):
         mixed = self.mix(alpha, local, anchor)
         weight = alpha ** 2
 
-        def objective(logits, labels, model_state, aux):
+        def objective(logits: Tensor, labels: Tensor, model_state: State, aux: State) -> Tensor:
             return aux["alpha2"] * cross_entropy(logits, labels, model_state, aux)
 
         trained = self.fed.train(rnd, clients, mixed, objective=objective, aux={"alpha2": weight},
@@ -115,7 +117,7 @@ class APFL(Algorithm[APFLHP]):
             self.alpha[clients] = self._update_alpha(rnd, clients, alpha, anchor)
         return global_update
 
-    def _update_alpha(self, rnd, clients, alpha, glob):
+    def _update_alpha(self, rnd: ClientRound, clients: Tensor, alpha: Tensor, glob: State) -> Tensor:
         """SGD on alpha_i of CE(alpha_i v_i + (1 - alpha_i) w-bar), v_i and w-bar fixed; one step per
         local step of the round, projected onto [0, 1]."""
         fed = self.fed
@@ -140,9 +142,9 @@ class APFL(Algorithm[APFLHP]):
                 alpha = torch.where(active, (alpha - lr * grad).clamp(0.0, 1.0), alpha)
         return alpha.detach()
 
-    def personalized(self):
+    def personalized(self) -> State:
         glob = Algorithm.personalized(self)  # the global model (with the statistics that stay on a client)
         return self.mix(self.alpha, self.local_state, glob)
 
-    def artifacts(self):
+    def artifacts(self) -> dict[str, np.ndarray]:
         return {"alpha": self.alpha.detach().cpu().numpy().astype(np.float32)}

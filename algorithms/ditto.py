@@ -32,10 +32,11 @@ from __future__ import annotations
 
 
 from pydantic import Field
+from torch import Tensor
 
 from pflbench import streams
-from pflbench.algorithm import ALGORITHMS, Algorithm, Card, Hyperparams, Round
-from pflbench.training import cross_entropy
+from pflbench.algorithm import ALGORITHMS, Algorithm, Card, ClientRound, Hyperparams
+from pflbench.training import State, cross_entropy
 
 
 class DittoHP(Hyperparams):
@@ -59,7 +60,7 @@ class Ditto(Algorithm[DittoHP]):
         # Every client's personal model v_k [N, ...]; never sent.
         self.personal_state = self.fed.init_state(self.fed.num_clients)
 
-    def local_train(self, rnd: Round, state):
+    def local_train(self, rnd: ClientRound, state: State) -> State:
         clients = rnd.clients
         params = self.fed.model.param_names
         # w^t: the downloaded global model, the anchor of the personal objective.
@@ -67,7 +68,7 @@ class Ditto(Algorithm[DittoHP]):
         global_update = self.fed.train(rnd, clients, state).state
         lam = self.hp.lam
 
-        def objective(logits, labels, model_state, aux):
+        def objective(logits: Tensor, labels: Tensor, model_state: State, aux: State) -> Tensor:
             prox = sum(((model_state[n] - aux[f"global.{n}"]) ** 2).flatten(1).sum(1) for n in params)
             return cross_entropy(logits, labels, model_state, aux) + 0.5 * lam * prox
 
@@ -78,5 +79,5 @@ class Ditto(Algorithm[DittoHP]):
             self.personal_state[n][clients] = t
         return global_update
 
-    def personalized(self):
+    def personalized(self) -> State:
         return self.personal_state

@@ -24,14 +24,19 @@ Chosen here:
 - A fine-tuning that diverges makes the evaluated models non-finite, so the engine records the
   cell as diverged at that round instead of failing.
 """
-from typing import Literal
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Literal
 
 import torch
 from pydantic import Field
 
 from pflbench import streams
-from pflbench.algorithm import ALGORITHMS, Algorithm, Card, Hyperparams, Payload, Round, Serving
-from pflbench.training import Diverged
+from pflbench.algorithm import ALGORITHMS, Algorithm, Card, ClientRound, Hyperparams, Payload, Serving
+from pflbench.training import Diverged, State
+
+if TYPE_CHECKING:
+    from pflbench.federation import Federation
 
 
 FINETUNE_STREAM = streams.salted_batches("fedbabu.finetune", 0xBAB0)  # batch order of the evaluation-time fine-tuning, distinct from the rounds'
@@ -57,19 +62,19 @@ class FedBABU(Algorithm[FedBABUHP]):
         _, self._head = self.fed.model.split_layers(1)
         self._body_params = [n for n in self.fed.model.param_names if n not in self._head]
         self._version = 0
-        self._cached: tuple[int, dict] | None = None
+        self._cached: tuple[int, State] | None = None
 
     def is_local(self, name: str) -> bool:
         return name in self._head  # the frozen head: never sent, never aggregated
 
-    def local_train(self, rnd: Round, state):
+    def local_train(self, rnd: ClientRound, state: State) -> State:
         return self.fed.train(rnd, rnd.clients, state, trainable=self._body_params).state
 
-    def aggregate(self, rnd: Round, upload: Payload) -> None:
+    def aggregate(self, rnd: ClientRound, upload: Payload) -> None:
         super().aggregate(rnd, upload)
         self._version += 1
 
-    def personalized(self):
+    def personalized(self) -> State:
         if self._cached is not None and self._cached[0] == self._version:
             return self._cached[1]
         start = super().personalized()  # global body + each client's (initial) head
@@ -77,7 +82,7 @@ class FedBABU(Algorithm[FedBABUHP]):
         self._cached = (self._version, tuned)
         return tuned
 
-    def finetune(self, fed, start):
+    def finetune(self, fed: Federation, start: State) -> State:
         """`start`'s models fine-tuned on `fed`'s clients' train splits (NaN where that diverged)."""
         if self.hp.finetune_epochs == 0:
             return start
@@ -91,5 +96,5 @@ class FedBABU(Algorithm[FedBABUHP]):
             return {n: torch.full_like(t, float("nan")) if t.is_floating_point() else t
                     for n, t in start.items()}
 
-    def newcomer_models(self, serving: Serving):
+    def newcomer_models(self, serving: Serving) -> State:
         return self.finetune(serving.clients, self.fit_local_part(serving, 0))  # global body + initial head

@@ -67,7 +67,9 @@ import torch
 from pydantic import Field
 
 from pflbench import streams
-from pflbench.algorithm import ALGORITHMS, Algorithm, Capabilities, Card, Hyperparams, Payload, Round, Serving
+from pflbench.algorithm import (ALGORITHMS, Algorithm, Capabilities, Card, ClientRound, Hyperparams, Payload, Round,
+                                Serving)
+from pflbench.training import State
 
 EXPLORE = streams.salted_round("fedfomo.explore", 0xF0F0)  # which models a client explores, per round
 
@@ -133,7 +135,7 @@ class FedFomo(Algorithm[FedFomoHP]):
         """The models each client downloads: [K, M'] client ids, epsilon-greedy on the affinity."""
         rng = streams.generator(self.fed.cell.seed, EXPLORE, rnd, kind="numpy")
         uploaded = self.uploaded.numpy()
-        candidates = [[n for n in np.flatnonzero(uploaded) if n != c] for c in clients.tolist()]
+        candidates = [[n for n in np.flatnonzero(uploaded).tolist() if n != c] for c in clients.tolist()]
         count = min([self.hp.models, *map(len, candidates)])
         eps = self.epsilon_at(rnd)
         chosen = []
@@ -160,7 +162,7 @@ class FedFomo(Algorithm[FedFomoHP]):
                                    for m in range(chosen.shape[1]) for n, t in self.server_models.items()},
                                   rnd.clients, header={MODELS: chosen})
 
-    def receive(self, rnd: Round, download: Payload):
+    def receive(self, rnd: ClientRound, download: Payload) -> State:
         """The client's own model moved toward the downloaded ones by their first-order weights on its
         validation split; the raw weights ride along in the state, to be uploaded (`send`)."""
         clients = rnd.clients
@@ -181,22 +183,22 @@ class FedFomo(Algorithm[FedFomoHP]):
         raw = fomo_weights(own_loss, cand_loss, distance)
         return {**self.combine(own, stacked, normalize_weights(raw)), WEIGHTS: raw.detach().cpu()}
 
-    def local_train(self, rnd: Round, state):
+    def local_train(self, rnd: ClientRound, state: State) -> State:
         """The combined model's local SGD; the weights are carried on to `send`."""
         model = {n: t for n, t in state.items() if n != WEIGHTS}
         return {**self.fed.train(rnd, rnd.clients, model).state, WEIGHTS: state[WEIGHTS]}
 
-    def distance(self, own, stacked, k, count):
+    def distance(self, own: State, stacked: State, k: int, count: int) -> torch.Tensor:
         total = torch.zeros(k, count, dtype=torch.float64, device=self.fed.device)
         for n in self.fed.model.param_names:
             diff = (stacked[n].view(k, count, -1) - own[n].view(k, 1, -1)).double()
             total += diff.abs().sum(-1) if self.hp.norm == "l1" else (diff ** 2).sum(-1)
         return total if self.hp.norm == "l1" else total.sqrt()
 
-    def combine(self, own, stacked, weights):
+    def combine(self, own: State, stacked: State, weights: torch.Tensor) -> State:
         """theta_i + sum_m w_m (theta_m - theta_i), per client; integer buffers stay the client's."""
         k, count = weights.shape
-        out = {}
+        out: State = {}
         for n, t in own.items():
             if not t.is_floating_point():
                 out[n] = t
@@ -206,7 +208,7 @@ class FedFomo(Algorithm[FedFomoHP]):
             out[n] = t + (w * (cand - t.unsqueeze(1))).sum(1)
         return out
 
-    def newcomer_models(self, serving: Serving):
+    def newcomer_models(self, serving: Serving) -> State:
         newcomers = serving.clients
         count = newcomers.num_clients
         own = newcomers.init_state(count)
@@ -228,14 +230,14 @@ class FedFomo(Algorithm[FedFomoHP]):
         weights = normalize_weights(fomo_weights(own_loss, loss.gather(1, picked), distance))
         return self.combine(own, stacked, weights)
 
-    def send(self, rnd: Round, state) -> Payload:
+    def send(self, rnd: ClientRound, state: State) -> Payload:
         names = self.fed.model.names
         for n in names:
             self.client_state[n][rnd.clients] = state[n]
         return Payload.from_state({**{n: state[n] for n in names},
                                    WEIGHTS: state[WEIGHTS].to(torch.float32).to(self.fed.device)}, rnd.clients)
 
-    def aggregate(self, rnd: Round, upload: Payload) -> None:
+    def aggregate(self, rnd: ClientRound, upload: Payload) -> None:
         """Keep each arrived client's model; add its raw weights to its affinity for the models it was
         sent (the round's download header, at the arrived clients' positions)."""
         clients, sent = upload.clients, upload.state
@@ -251,9 +253,9 @@ class FedFomo(Algorithm[FedFomoHP]):
             self.affinity.index_put_((rows, chosen), raw, accumulate=True)
             self.last_weights[rows, chosen] = normalize_weights(sent[WEIGHTS]).cpu().double()
 
-    def personalized(self):
+    def personalized(self) -> State:
         return self.client_state
 
-    def artifacts(self):
+    def artifacts(self) -> dict[str, np.ndarray]:
         return {"affinity": self.affinity.numpy().astype(np.float32),
                 "weights": self.last_weights.numpy().astype(np.float32)}

@@ -69,6 +69,8 @@ Local training is a loop over clients (`batched = False`): every client runs its
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 import torch
@@ -77,10 +79,16 @@ from pydantic import Field
 from torch import Tensor, nn
 
 from pflbench import streams
-from pflbench.algorithm import (ALGORITHMS, Algorithm, Capabilities, Card, Hyperparams, Payload, Round, Scored, Scores,
-                                Serving)
+from pflbench.algorithm import (ALGORITHMS, Algorithm, Capabilities, Card, ClientRound, Hyperparams, Models, Payload,
+                                Round, Scored, Scores, Serving)
 from pflbench.steps import step_ids
-from pflbench.training import SGD, Diverged
+from pflbench.training import SGD, Diverged, State
+
+if TYPE_CHECKING:
+    from pflbench.federation import Federation
+
+# What a client trains in a round (`receive`'s, `local_train`'s): its copy of the routing net, by client.
+RouterStates = list[dict[str, State]]
 
 # Random streams (pflbench.streams), with the derivations they had before streams had names.
 INIT_STREAM = streams.Stream("fedmn.init", lambda s, r, c: s, "torch")  # the module pool's and router's initialization
@@ -102,22 +110,22 @@ ROUTER_SAMPLES_STREAM = streams.Stream(
 )
 
 
-def _sgd_step(sgd: SGD, params: list[nn.Parameter], momenta: list[Tensor] | None) -> None:
+def _sgd_step(sgd: SGD, params: list[Tensor], momenta: list[Tensor] | None) -> None:
     """The engine's SGD rule on the parameters that have a gradient this step; the others (modules
     routed off, a detached router) keep their values and momentum, as torch.optim.SGD leaves
     parameters without a gradient."""
-    live = [i for i, p in enumerate(params) if p.grad is not None]
-    sgd.apply([params[i] for i in live], [params[i].grad for i in live],
-              None if momenta is None else [momenta[i] for i in live])
+    live = [(i, p.grad) for i, p in enumerate(params) if p.grad is not None]
+    sgd.apply([params[i] for i, _ in live], [grad for _, grad in live],
+              None if momenta is None else [momenta[i] for i, _ in live])
 
 
-def _encoder(input_shape: tuple[int, ...], hidden: int, out: int, channels=(32, 64)) -> nn.Sequential:
+def _encoder(input_shape: tuple[int, ...], hidden: int, out: int, channels: tuple[int, int] = (32, 64)) -> nn.Sequential:
     """LeNet-style conv encoder for images (C, H, W), else an MLP; ends in ReLU(Linear(hidden, out))
     when `hidden`, else Linear(., out)."""
     if len(input_shape) == 3:
         c, h, w = input_shape
         side_h, side_w = ((h - 4) // 2 - 4) // 2, ((w - 4) // 2 - 4) // 2
-        body = [nn.Conv2d(c, channels[0], 5), nn.ReLU(), nn.MaxPool2d(2),
+        body: list[nn.Module] = [nn.Conv2d(c, channels[0], 5), nn.ReLU(), nn.MaxPool2d(2),
                 nn.Conv2d(channels[0], channels[1], 5), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten()]
         flat = channels[1] * side_h * side_w
     else:
@@ -130,7 +138,7 @@ def _encoder(input_shape: tuple[int, ...], hidden: int, out: int, channels=(32, 
 class ModularNet(nn.Module):
     """The module pool: `layers[l][j]` is module j of layer l."""
 
-    def __init__(self, input_shape, num_classes: int, modules_per_layer: list[int], dims: list[int],
+    def __init__(self, input_shape: tuple[int, ...], num_classes: int, modules_per_layer: list[int], dims: list[int],
                  encoder_hidden: int, dropout: float):
         super().__init__()
         if len(dims) != len(modules_per_layer) - 1:
@@ -155,7 +163,12 @@ class ModularNet(nn.Module):
             for m in layer.modules():
                 if isinstance(m, (nn.Linear, nn.Conv2d)):
                     nn.init.kaiming_normal_(m.weight, nonlinearity="relu")
-                    nn.init.zeros_(m.bias)
+                    if m.bias is not None:  # every layer of the pool has one
+                        nn.init.zeros_(m.bias)
+
+    def module(self, l: int, j: int) -> nn.Module:
+        """Module j of layer l."""
+        return cast(nn.ModuleList, self.layers[l])[j]  # a ModuleList of ModuleLists (torch types items as Module)
 
     def gate_count(self) -> int:
         m = self.sizes
@@ -182,13 +195,13 @@ class ModularNet(nn.Module):
     def forward(self, x: Tensor, gates: Tensor, tied: bool = False) -> Tensor:
         g0, matrices, g_out = self.split(gates)
         flags = self.active(gates)
-        h = [self.layers[0][0 if tied else j](x) * g0[j] for j in range(self.sizes[0])]
+        h = [self.module(0, 0 if tied else j)(x) * g0[j] for j in range(self.sizes[0])]
         for l, a in enumerate(matrices, start=1):
             total = a.sum(1)
             denominator = torch.where(total.detach() > 0, total, torch.ones_like(total))
             stacked = torch.stack(h)  # [M_{l-1}, B, D]
             inputs = torch.einsum("kj,jbd->kbd", a, stacked) / denominator[:, None, None]
-            h = [self.layers[l][0 if tied else k](inputs[k]) * flags[l][k].float() for k in range(self.sizes[l])]
+            h = [self.module(l, 0 if tied else k)(inputs[k]) * flags[l][k].float() for k in range(self.sizes[l])]
         total = g_out.sum()
         return sum(g * out for g, out in zip(g_out, h)) / torch.where(total.detach() > 0, total, torch.ones_like(total))
 
@@ -196,7 +209,7 @@ class ModularNet(nn.Module):
 class Router(nn.Module):
     """The routing hypernetwork: a set encoder over (x, one-hot y) pairs, mean-pooled into gate logits."""
 
-    def __init__(self, input_shape, num_classes: int, gates: int, x_dim: int = 128, y_dim: int = 64):
+    def __init__(self, input_shape: tuple[int, ...], num_classes: int, gates: int, x_dim: int = 128, y_dim: int = 64):
         super().__init__()
         self.phi_x = _encoder(input_shape, 0, x_dim, channels=(16, 32))
         self.phi_y = nn.Linear(num_classes, y_dim)
@@ -260,7 +273,7 @@ class FedMN(Algorithm[FedMNHP]):
                 with torch.no_grad():
                     self.router.out.bias.add_(hp.gate_bias_init)
         self.net.threshold = 0.0 if hp.code_compat else 0.5
-        self.module_names = {}  # (layer, module) -> its tensor names
+        self.module_names: dict[tuple[int, int], list[str]] = {}  # (layer, module) -> its tensor names
         for name in self.net.state_dict():
             _, l, j, _ = name.split(".", 3)
             self.module_names.setdefault((int(l), int(j)), []).append(name)
@@ -278,7 +291,7 @@ class FedMN(Algorithm[FedMNHP]):
             return list(self.module_names)
         return [(l, j) for l, flags in enumerate(self.net.active(gates)) for j in range(len(flags)) if flags[j]]
 
-    def _module_tensors(self, pool: dict[str, Tensor], modules) -> dict[str, Tensor]:
+    def _module_tensors(self, pool: State, modules: Iterable[tuple[int, int]]) -> State:
         return {f"pool.{n}": pool[n] for m in modules for n in self.module_names[m]}
 
     # ---- gates -----------------------------------------------------------------------------------
@@ -319,7 +332,8 @@ class FedMN(Algorithm[FedMNHP]):
             g_out[s_out.masked_fill(~active, float("-inf")).argmax()] = 1
         return hard
 
-    def _client_data(self, fed, client: int, generator: torch.Generator | None = None):
+    def _client_data(self, fed: Federation, client: int,
+                     generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
         """Client `client`'s (a position of `fed`) router inputs: its train samples, or a draw of them."""
         idx = fed.sample_ids(client)
         if self.hp.router_samples and len(idx) > self.hp.router_samples:
@@ -327,7 +341,7 @@ class FedMN(Algorithm[FedMNHP]):
         return fed.data(idx)
 
     @torch.no_grad()
-    def _fixed_routing(self, fed, client: int, router_state: dict[str, Tensor]) -> Tensor:
+    def _fixed_routing(self, fed: Federation, client: int, router_state: State) -> Tensor:
         """The routing `router_state` fixes for client `client` of `fed` (trained clients or newcomers)."""
         self.router.load_state_dict(router_state)
         x, y = self._client_data(fed, client, streams.generator(fed.cell.seed, ROUTER_SAMPLES_STREAM, client=client))
@@ -339,8 +353,8 @@ class FedMN(Algorithm[FedMNHP]):
                                    **self._module_tensors(self.server_pool, self.routed_modules(self.routing[c]))}
                                   for c in rnd.clients.tolist()], rnd.clients)
 
-    def receive(self, rnd: Round, download: Payload) -> list[dict[str, Tensor]]:
-        states = []
+    def receive(self, rnd: ClientRound, download: Payload) -> RouterStates:
+        states: RouterStates = []
         for c, received in zip(rnd.clients.tolist(), download.rows):
             for name, t in received.items():
                 if name.startswith("pool."):
@@ -349,7 +363,7 @@ class FedMN(Algorithm[FedMNHP]):
                                       if n.startswith("router.")}})
         return states
 
-    def local_train(self, rnd: Round, states: list[dict]) -> list[dict]:
+    def local_train(self, rnd: ClientRound, states: RouterStates) -> RouterStates:
         fed, hp, sgd = self.fed, self.hp, self.fed.sgd
         clients = rnd.clients
         ids = clients.tolist()
@@ -358,7 +372,7 @@ class FedMN(Algorithm[FedMNHP]):
         for k, c in enumerate(ids):
             self.net.load_state_dict(self.client_pool[c])
             self.router.load_state_dict(states[k]["router"])
-            params = list(self.net.parameters()) + list(self.router.parameters())
+            params: list[Tensor] = [*self.net.parameters(), *self.router.parameters()]
             momenta = sgd.momenta(params)
             module_params = {m: [p for n, p in self.net.named_parameters() if n in set(names)]
                              for m, names in self.module_names.items()}
@@ -399,23 +413,23 @@ class FedMN(Algorithm[FedMNHP]):
             states[k] = {"router": router_state}
         return states
 
-    def send(self, rnd: Round, states: list[dict]) -> Payload:
+    def send(self, rnd: ClientRound, states: RouterStates) -> Payload:
         return Payload.from_rows([{**{f"router.{n}": t for n, t in state["router"].items()},
                                    **self._module_tensors(self.client_pool[c], self.routed_modules(self.routing[c]))}
                                   for c, state in zip(rnd.clients.tolist(), states)], rnd.clients)
 
-    def aggregate(self, rnd: Round, upload: Payload) -> None:
-        upload = upload.rows
+    def aggregate(self, rnd: ClientRound, upload: Payload) -> None:
+        rows = upload.rows
         for name in self.server_router:  # the routing net: unweighted mean over the round's clients
-            self.server_router[name] = torch.stack([u[f"router.{name}"] for u in upload]).float().mean(0).to(
+            self.server_router[name] = torch.stack([u[f"router.{name}"] for u in rows]).float().mean(0).to(
                 self.server_router[name].dtype)
         for name in self.server_pool:  # each module: mean over the clients that sent it, else kept
-            sent = [u[f"pool.{name}"] for u in upload if f"pool.{name}" in u]
+            sent = [u[f"pool.{name}"] for u in rows if f"pool.{name}" in u]
             if sent:
                 self.server_pool[name] = torch.stack(sent).float().mean(0).to(self.server_pool[name].dtype)
 
     # ---- evaluation and artifacts ---------------------------------------------------------------------
-    def personalized(self):
+    def personalized(self) -> Models:
         """The aggregated pool and every client's frozen routing. A client not trained yet has none:
         it is scored with the routing the server's routing net fixes from its data now, made for this
         evaluation only and never kept in `self.routing`, which `configure` reads to decide what to
@@ -424,11 +438,11 @@ class FedMN(Algorithm[FedMNHP]):
                    for c, fixed in enumerate(self.routing)]
         return {"pool": self.server_pool, "routing": torch.stack(routing)}
 
-    def evaluate(self, serving: Serving, models, splits: tuple[str, ...]) -> Scores:
+    def evaluate(self, serving: Serving, models: Models, splits: tuple[str, ...]) -> Scores:
         """Each client's routed pool scored on its own splits (the engine cannot call this model)."""
         fed = serving.clients
         self.net.load_state_dict(models["pool"])
-        scores = {}
+        scores: Scores = {}
         for split in splits:
             accuracy = torch.zeros(fed.num_clients, device=fed.device)
             loss = torch.zeros(fed.num_clients, device=fed.device)
@@ -438,7 +452,7 @@ class FedMN(Algorithm[FedMNHP]):
         return scores
 
     @torch.no_grad()
-    def _score(self, fed, client: int, gates: Tensor, split: str) -> tuple[float, float]:
+    def _score(self, fed: Federation, client: int, gates: Tensor, split: str) -> tuple[float, float]:
         """Accuracy and loss of `self.net` (as loaded) with `gates` on client `client`'s own `split` (of `fed`)."""
         idx = fed.sample_ids(client, split)
         if not len(idx):
@@ -452,7 +466,7 @@ class FedMN(Algorithm[FedMNHP]):
             correct += (logits.argmax(1) == y).sum().item()
         return correct / len(idx), total / len(idx)
 
-    def adapt_locally(self, serving: Serving, models) -> Scored:
+    def adapt_locally(self, serving: Serving, models: Models) -> Scored:
         """The after-local-adaptation protocol for a routed pool: each client trains its copy of the
         aggregated modules through its own frozen routing (cross-entropy, the cell's SGD, the batch
         order of the round after `serving.round`, as `Federation.adapt_locally`; the routing net is not
@@ -470,7 +484,7 @@ class FedMN(Algorithm[FedMNHP]):
                 streams.seed_torch_global(fed.cell.seed, ADAPT_DROPOUT_STREAM, rnd, c)
                 self.net.load_state_dict(models["pool"])
                 gates = models["routing"][c]
-                params = list(self.net.parameters())
+                params: list[Tensor] = list(self.net.parameters())
                 momenta = sgd.momenta(params)
                 self.net.train()
                 for step in range(int(counts[c])):
@@ -486,7 +500,7 @@ class FedMN(Algorithm[FedMNHP]):
                     scores[name][0][c], scores[name][1][c] = self._score(fed, c, gates, name)
         return Scored(scores)
 
-    def newcomer_models(self, serving: Serving):
+    def newcomer_models(self, serving: Serving) -> Models:
         routing = [self._fixed_routing(serving.clients, c, self.server_router)
                    for c in range(serving.clients.num_clients)]
         return {"pool": self.server_pool, "routing": torch.stack(routing)}

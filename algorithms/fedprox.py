@@ -16,8 +16,10 @@ Where it was silent / what was chosen here:
 
 from pydantic import Field
 
-from pflbench.algorithm import ALGORITHMS, Algorithm, Card, Hyperparams, Round
-from pflbench.training import cross_entropy
+from torch import Tensor
+
+from pflbench.algorithm import ALGORITHMS, Algorithm, Card, ClientRound, Hyperparams
+from pflbench.training import State, cross_entropy
 
 
 class FedProxHP(Hyperparams):
@@ -35,7 +37,7 @@ class FedProx(Algorithm[FedProxHP]):
 
     search_space = {"mu": ("loguniform", 1e-3, 1.0)}
 
-    def local_train(self, rnd: Round, state):
+    def local_train(self, rnd: ClientRound, state: State) -> State:
         mu = float(self.hp.mu)
         if mu == 0.0:  # exactly FedAvg: no extra term, not even a zero one
             return super().local_train(rnd, state)
@@ -43,7 +45,7 @@ class FedProx(Algorithm[FedProxHP]):
         # The downloaded global model rides along as `aux`, stacked like the state (one row per client).
         anchor = {f"global.{n}": state[n].detach().clone() for n in names}
 
-        def objective(logits, labels, params, aux):
+        def objective(logits: Tensor, labels: Tensor, params: State, aux: State) -> Tensor:
             prox = sum(((params[n] - aux[f"global.{n}"]) ** 2).flatten(1).sum(1) for n in names)
             return cross_entropy(logits, labels, params, aux) + 0.5 * mu * prox
 

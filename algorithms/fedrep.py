@@ -44,7 +44,8 @@ from __future__ import annotations
 from pydantic import Field
 
 from pflbench import streams
-from pflbench.algorithm import ALGORITHMS, Algorithm, Card, Hyperparams, Round, Serving
+from pflbench.algorithm import ALGORITHMS, Algorithm, Card, ClientRound, Hyperparams, Serving
+from pflbench.training import State
 
 
 class FedRepHP(Hyperparams):
@@ -77,10 +78,10 @@ class FedRep(Algorithm[FedRepHP]):
     def is_local(self, name: str) -> bool:
         return name in self._head
 
-    def newcomer_models(self, serving: Serving):
+    def newcomer_models(self, serving: Serving) -> State:
         return self.fit_local_part(serving, self.hp.head_epochs, trainable=self._head_params)
 
-    def local_train(self, rnd: Round, state):
+    def local_train(self, rnd: ClientRound, state: State) -> State:
         clients = rnd.clients
         if self.hp.head_epochs:
             state = self.fed.train(rnd, clients, state, trainable=self._head_params,

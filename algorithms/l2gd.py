@@ -46,7 +46,8 @@ import torch
 from pydantic import Field
 
 from pflbench import streams
-from pflbench.algorithm import ALGORITHMS, Algorithm, Capabilities, Card, Hyperparams, Payload, Round
+from pflbench.algorithm import ALGORITHMS, Algorithm, Capabilities, Card, ClientRound, Hyperparams, Payload, Round
+from pflbench.training import State
 
 COINS = streams.salted_cell("l2gd.coins", 0x1260)  # the coin flips of every round, drawn once per cell
 
@@ -99,11 +100,11 @@ class L2GD(Algorithm[L2GDHP]):
             for n, t in self._current(rnd.clients).items()}
         return Payload.from_state({n: t.expand(k, *t.shape[1:]) for n, t in self.global_state.items()}, rnd.clients)
 
-    def _current(self, clients: torch.Tensor) -> dict[str, torch.Tensor]:
+    def _current(self, clients: torch.Tensor) -> State:
         """The clients' models as they stand (a communicating round's upload, averaged when it begins)."""
         return {n: t[clients].clone() for n, t in self.client_state.items()}
 
-    def receive(self, rnd: Round, download: Payload):
+    def receive(self, rnd: ClientRound, download: Payload) -> State:
         own = {n: t[rnd.clients] for n, t in self.client_state.items()}
         sent = download.state
         if not sent:
@@ -112,23 +113,23 @@ class L2GD(Algorithm[L2GDHP]):
         return {n: (x - theta * (x - sent[n]) if x.is_floating_point() else sent[n].clone())
                 for n, x in own.items()}
 
-    def local_train(self, rnd: Round, state):
+    def local_train(self, rnd: ClientRound, state: State) -> State:
         if self.communicates(rnd.number):
             return state  # the aggregation step makes no gradient step
         return self.fed.train(rnd, rnd.clients, state).state
 
-    def send(self, rnd: Round, state) -> Payload:
+    def send(self, rnd: ClientRound, state: State) -> Payload:
         communicates = self.communicates(rnd.number)
         uploaded = self._current(rnd.clients) if communicates else {}  # the models the round began with
         for n, t in state.items():
             self.client_state[n][rnd.clients] = t
         return Payload.from_state(uploaded, rnd.clients)
 
-    def aggregate(self, rnd: Round, upload: Payload) -> None:
+    def aggregate(self, rnd: ClientRound, upload: Payload) -> None:
         pass  # the average was formed in `configure`; nothing else to do
 
-    def personalized(self):
+    def personalized(self) -> State:
         return self.client_state
 
-    def artifacts(self):
+    def artifacts(self) -> dict[str, np.ndarray]:
         return {"communicated": self.coins.astype(np.int8)}

@@ -14,7 +14,8 @@ at round r is the same whichever rounds were evaluated before (until issue 29 a 
 evaluating round's batch orders for all its epochs, so the scores depended on `eval_every`).
 """
 
-from pflbench.algorithm import ALGORITHMS, Algorithm, Capabilities, Card, Payload, Round, Serving
+from pflbench.algorithm import ALGORITHMS, Algorithm, Capabilities, Card, ClientRound, Models, Payload, Round, Serving
+from pflbench.training import State
 
 
 @ALGORITHMS.register("local", card=Card(
@@ -33,17 +34,17 @@ class Local(Algorithm):
         if not self.fed.heterogeneous:
             return super().setup()
         self.group_state = [self.fed.init_state(len(ids), g) for g, ids in enumerate(self.fed.group_clients)]
-        self.row = {}  # client -> row within its group's state
+        self.row: dict[int, int] = {}  # client -> row within its group's state
         for ids in self.fed.group_clients:
             self.row.update({c: r for r, c in enumerate(ids.tolist())})
 
     def configure(self, rnd: Round) -> Payload:
         return Payload.empty(rnd.clients) if self.fed.heterogeneous else super().configure(rnd)
 
-    def receive(self, rnd: Round, download: Payload):
+    def receive(self, rnd: ClientRound, download: Payload) -> State:
         return {} if self.fed.heterogeneous else super().receive(rnd, download)
 
-    def local_train(self, rnd: Round, state):
+    def local_train(self, rnd: ClientRound, state: State) -> State:
         if not self.fed.heterogeneous:
             return super().local_train(rnd, state)
         for g, positions in self.fed.by_group(rnd.clients):
@@ -54,13 +55,13 @@ class Local(Algorithm):
                 self.group_state[g][n][rows] = t
         return {}
 
-    def send(self, rnd: Round, state) -> Payload:
+    def send(self, rnd: ClientRound, state: State) -> Payload:
         return Payload.empty(rnd.clients) if self.fed.heterogeneous else super().send(rnd, state)
 
-    def personalized(self):
+    def personalized(self) -> Models:
         return self.group_state if self.fed.heterogeneous else super().personalized()
 
-    def newcomer_models(self, serving: Serving):
+    def newcomer_models(self, serving: Serving) -> Models:
         """Trained from scratch on the newcomers' own data, with the average trained client's epochs."""
         newcomers = serving.clients
         per_round = self.fed.schedule.shape[1]

@@ -50,7 +50,7 @@ on small machines.
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 import numpy as np
 import torch
@@ -59,10 +59,14 @@ from pydantic import Field
 from torch import Tensor, nn
 
 from pflbench import streams
-from pflbench.algorithm import ALGORITHMS, Algorithm, Capabilities, Card, Hyperparams, Payload, Refusal, Round, Serving
+from pflbench.algorithm import (ALGORITHMS, Algorithm, Capabilities, Card, ClientRound, Hyperparams, Models, Payload,
+                                Refusal, Round, Serving)
 from pflbench.models import ModelName, build_model
 from pflbench.steps import step_ids
-from pflbench.training import ClientModel, Diverged, State
+from pflbench.training import ClientModel, Diverged, Objective, State, cross_entropy
+
+if TYPE_CHECKING:
+    from pflbench.config import CellConfig
 
 # Random streams (pflbench.streams), with the derivations they had before streams had names.
 INIT_STREAM = streams.Stream("mh-pfedhn.init", lambda s, r, c: s, "torch")  # the hypernetwork's initialization
@@ -119,7 +123,8 @@ class MultiHeadHypernetwork(nn.Module):
 
 def unflatten(model: ClientModel, theta: Tensor) -> State:
     """A flat parameter vector as the model's parameters (named_parameters order), unstacked."""
-    out, start = {}, 0
+    out: State = {}
+    start = 0
     for name in model.param_names:
         count = math.prod(model.shapes[name])
         out[name] = theta[start:start + count].view(model.shapes[name])
@@ -142,7 +147,7 @@ def hypernetwork_step(hnet: nn.Module, optimizer: torch.optim.Optimizer, generat
     optimizer.step()
 
 
-def distillation(alpha: float, temperature: float):
+def distillation(alpha: float, temperature: float) -> Objective:
     """alpha T^2 KL(teacher || student) at temperature T + (1 - alpha) CE, per client. The
     objective's `labels` are the targets table: column 0 the label, the rest the teacher's logits."""
     def objective(logits: Tensor, targets: Tensor, state: State, aux: State) -> Tensor:
@@ -182,7 +187,7 @@ class MHpFedHN(Algorithm[MHpFedHNHP]):
     # Checkpoints: the hypernetwork, then its optimizer's moments; the architectures (ClientModels)
     # carry no weights and setup() takes them from the cell again.
     state_objects = ("hnet", "optimizer")
-    state_rebuilt = ("group_models", "global_model")
+    state_rebuilt: ClassVar[tuple[str, ...]] = ("group_models",)  # MH-pFedHNGD: and its global model
     global_distillation = False
 
     @property
@@ -201,14 +206,7 @@ class MHpFedHN(Algorithm[MHpFedHNHP]):
         self.group_models = fed.models
         self.sizes = [fed.models[int(fed.group_of[c])].numel(fed.models[int(fed.group_of[c])].param_names)
                       for c in range(fed.num_clients)]
-        sizes = list(self.sizes)
-        if self.global_distillation:
-            name = self.hp.global_model
-            if name == "auto":  # the smallest client architecture (the official CNN in hetero5)
-                sizes_by_group = [m.numel(m.param_names) for m in fed.models]
-                name = fed.group_names[sizes_by_group.index(min(sizes_by_group))]
-            self.global_model = ClientModel(build_model(name, fed.input_shape, fed.num_classes))
-            sizes.append(self.global_model.numel(self.global_model.param_names))
+        sizes = self._generated_sizes()
         hp = self.hp
         with streams.torch_global(fed.cell.seed, INIT_STREAM):
             self.hnet = MultiHeadHypernetwork(sizes, hp.embedding_dim, hp.hidden_dim, hp.hidden_layers,
@@ -216,15 +214,17 @@ class MHpFedHN(Algorithm[MHpFedHNHP]):
         optimizer = torch.optim.AdamW if hp.server_optimizer == "adamw" else torch.optim.Adam
         self.optimizer = optimizer(self.hnet.parameters(), lr=hp.server_lr)
         # BatchNorm statistics never leave the clients: one stacked buffer state per group.
-        self.buffers = []
-        self.row = {}
+        self.buffers: list[State] = []
+        self.row: dict[int, int] = {}
         for g, ids in enumerate(fed.group_clients):
             init = fed.init_state(len(ids), g if fed.heterogeneous else None)
             self.buffers.append({n: init[n] for n in fed.models[g].buffer_names})
             self.row.update({c: r for r, c in enumerate(ids.tolist())})
-        if self.global_distillation:
-            init = self.global_model.init(1, fed.cell.seed, fed.device)
-            self.global_buffers = {n: init[n] for n in self.global_model.buffer_names}
+
+    def _generated_sizes(self) -> list[int]:
+        """The sizes of the vectors the hypernetwork generates: each client's model (MH-pFedHNGD: and
+        its global model's, last)."""
+        return list(self.sizes)
 
     def _model(self, client: int) -> ClientModel:
         return self.fed.models[int(self.fed.group_of[client])]
@@ -257,19 +257,14 @@ class MHpFedHN(Algorithm[MHpFedHNHP]):
                 item["global"] = round_global
         return Payload.from_rows(download, rnd.clients)
 
-    def receive(self, rnd: Round, download: Payload) -> list[State]:
+    def receive(self, rnd: ClientRound, download: Payload) -> list[State]:
         return download.rows
 
-    def local_train(self, rnd: Round, download: list[State]) -> list[State]:
+    def local_train(self, rnd: ClientRound, download: list[State]) -> list[State]:
         clients = rnd.clients
         ids = clients.tolist()
-        upload = [{} for _ in ids]
-        objective = None
-        if self.global_distillation:
-            round_global = download[0]["global"]  # the same for every client
-            self._global_phase(rnd, clients, round_global, upload)
-            objective, targets = self._teacher_targets(clients, round_global)
-        extra = {} if objective is None else {"objective": objective, "targets": targets}
+        upload: list[State] = [{} for _ in ids]
+        objective, targets = self._client_objective(rnd, download, upload)
         if self.hp.server_updates == "per_client":
             order = streams.generator(self.fed.cell.seed, CLIENT_ORDER_STREAM, rnd.number,
                                       kind="numpy").permutation(len(ids))
@@ -277,7 +272,7 @@ class MHpFedHN(Algorithm[MHpFedHNHP]):
                 c = ids[k]
                 theta = self.hnet(c)  # generated by the hypernetwork as updated by the previous clients
                 state = self._client_state(c, theta.detach())
-                trained = self.fed.train(rnd, clients[k:k + 1], state, **extra).state
+                trained = self.fed.train(rnd, clients[k:k + 1], state, objective=objective, targets=targets).state
                 self._store_buffers([c], trained)
                 delta = theta.detach() - flatten(self._model(c), trained)[0]
                 arrived = self.fed.arrived(rnd, clients[k:k + 1])
@@ -295,59 +290,33 @@ class MHpFedHN(Algorithm[MHpFedHNHP]):
             model = self.fed.models[g]
             states = [self._client_state(c, thetas_all[p]) for c, p in zip(members, positions.tolist())]
             stacked = {n: torch.cat([s[n] for s in states]) for n in states[0]}
-            trained = self.fed.train(rnd, clients[positions], stacked, **extra).state
+            trained = self.fed.train(rnd, clients[positions], stacked, objective=objective, targets=targets).state
             self._store_buffers(members, trained)
             thetas = torch.stack([thetas_all[p] for p in positions.tolist()])
             for p, delta in zip(positions.tolist(), thetas - flatten(model, trained)):
                 upload[p]["delta"] = delta
         return upload
 
-    def send(self, rnd: Round, upload: list[State]) -> Payload:
+    def _client_objective(self, rnd: ClientRound, download: list[State],
+                          upload: list[State]) -> tuple[Objective, Tensor | None]:
+        """The clients' objective and its targets table (`Federation.train`'s): cross-entropy on the
+        labels; MH-pFedHNGD runs its global phase first and distills its global model."""
+        return cross_entropy, None
+
+    def send(self, rnd: ClientRound, upload: list[State]) -> Payload:
         return Payload.from_rows(upload, rnd.clients)
 
-    def aggregate(self, rnd: Round, upload: Payload) -> None:
+    def aggregate(self, rnd: ClientRound, upload: Payload) -> None:
         if self.hp.server_updates == "per_client":
             return  # applied as each client finished (sequential protocol)
         ids = upload.clients.tolist()
         self._server_step([self.hnet(c) for c in ids], [u["delta"] for u in upload.rows])
 
-    # ---- MH-pFedHNGD's global model ------------------------------------------------------------------
-    def _global_phase(self, rnd: Round, clients: Tensor, start: Tensor, upload: list[State]) -> None:
-        """Phase A: every client trains a copy of the global model (`start`, as downloaded;
-        cross-entropy); one server step on the train-size-weighted sum of the vector-Jacobian products."""
-        model = self.global_model
-        stacked = {n: t.unsqueeze(0).expand(len(clients), *t.shape).clone()
-                   for n, t in unflatten(model, start).items()}
-        stacked.update({n: t.expand(len(clients), *t.shape[1:]).clone() for n, t in self.global_buffers.items()})
-        trained = self.fed.train(rnd, clients, stacked, model=model, stream=GLOBAL_STREAM).state
-        deltas = start.unsqueeze(0) - flatten(model, trained)
-        weights = self.fed.train_sizes[clients].float()
-        weights = weights / weights.sum()
-        for k, delta in enumerate(deltas):
-            upload[k]["global_delta"] = delta
-        theta_g = self.hnet(len(self.sizes))
-        self._server_step([theta_g], [torch.tensordot(weights, deltas, dims=1)])
-
-    def _teacher_targets(self, clients: Tensor, round_global: Tensor):
-        """Labels with the round-start global model's logits, for the sampled clients' train samples
-        (the only rows of the table that their training reads; the others stay 0)."""
-        fed, model = self.fed, self.global_model
-        teacher = {n: t.unsqueeze(0) for n, t in unflatten(model, round_global).items()}
-        teacher.update(self.global_buffers)
-        targets = torch.zeros(fed.num_samples, 1 + fed.num_classes, device=fed.device)
-        with torch.no_grad():
-            for c in clients.tolist():
-                for part in fed.sample_ids(c).split(2048):
-                    x, y = fed.data(part)
-                    targets[part, 0] = y.float()
-                    targets[part, 1:] = model.forward(teacher, x.unsqueeze(0), train=False)[0]
-        return distillation(self.hp.alpha, self.hp.temperature), targets
-
     # ---- evaluation and artifacts ---------------------------------------------------------------------
     @torch.no_grad()
-    def personalized(self):
+    def personalized(self) -> Models:
         """Every client's generated model with its own BatchNorm statistics, one State per group."""
-        groups = []
+        groups: list[State] = []
         for g, ids in enumerate(self.fed.group_clients):
             model = self.fed.models[g]
             if not len(ids):
@@ -364,13 +333,14 @@ class MHpFedHN(Algorithm[MHpFedHNHP]):
     NEWCOMER_STREAM = NEWCOMER_STREAM
 
     @classmethod
-    def cell_refusal(cls, cell) -> Refusal | None:
+    def cell_refusal(cls, cell: CellConfig) -> Refusal | None:
         """A newcomer is served from the trained embeddings of its architecture: one must train."""
         from pflbench.models import client_groups, is_heterogeneous
         from pflbench.newcomers.ids import newcomer_ids
 
         held = set(newcomer_ids(cell.unseen_fraction, cell.clients, cell.seed).tolist())
-        groups = client_groups(cell.model, cell.clients) if is_heterogeneous(cell.model) else [(cell.model, range(cell.clients))]
+        groups = (client_groups(cell.model, cell.clients) if is_heterogeneous(cell.model)
+                  else [(cell.model, list(range(cell.clients)))])
         for name, ids in groups:
             if len(ids) and set(ids) <= held:
                 return Refusal(("unseen_fraction", "clients", "algorithm"), (
@@ -379,9 +349,9 @@ class MHpFedHN(Algorithm[MHpFedHNHP]):
                     f"{list(ids)}) is a newcomer; use more clients, another seed or a smaller unseen_fraction"))
         return None
 
-    def newcomer_models(self, serving: Serving):
+    def newcomer_models(self, serving: Serving) -> Models:
         hnet, fed, rnd = self.hnet, serving.clients, serving.round
-        groups = []
+        groups: list[State] = []
         for g, ids in enumerate(fed.group_clients):
             model = fed.models[g]
             if not len(ids):
@@ -440,6 +410,61 @@ class MHpFedHNGD(MHpFedHN):
 
     Hyperparams = MHpFedHNGDHP
     hp: MHpFedHNGDHP
+    state_rebuilt = (*MHpFedHN.state_rebuilt, "global_model")
 
     search_space = {**MHpFedHN.search_space, "alpha": ("uniform", 0.0, 0.5),
                     "temperature": ("choice", [1.0, 5.0, 10.0, 15.0, 20.0])}
+
+    def setup(self) -> None:
+        """The base's, with the global model (built before the hypernetwork, which also generates it)
+        and its BatchNorm statistics."""
+        fed = self.fed
+        name = self.hp.global_model
+        if name == "auto":  # the smallest client architecture (the official CNN in hetero5)
+            sizes_by_group = [m.numel(m.param_names) for m in fed.models]
+            name = fed.group_names[sizes_by_group.index(min(sizes_by_group))]
+        self.global_model = ClientModel(build_model(name, fed.input_shape, fed.num_classes))
+        super().setup()
+        init = self.global_model.init(1, fed.cell.seed, fed.device)
+        self.global_buffers = {n: init[n] for n in self.global_model.buffer_names}
+
+    def _generated_sizes(self) -> list[int]:
+        return [*self.sizes, self.global_model.numel(self.global_model.param_names)]
+
+    def _client_objective(self, rnd: ClientRound, download: list[State],
+                          upload: list[State]) -> tuple[Objective, Tensor | None]:
+        round_global = download[0]["global"]  # the same for every client
+        self._global_phase(rnd, rnd.clients, round_global, upload)
+        return self._teacher_targets(rnd.clients, round_global)
+
+    # ---- MH-pFedHNGD's global model ------------------------------------------------------------------
+    def _global_phase(self, rnd: ClientRound, clients: Tensor, start: Tensor, upload: list[State]) -> None:
+        """Phase A: every client trains a copy of the global model (`start`, as downloaded;
+        cross-entropy); one server step on the train-size-weighted sum of the vector-Jacobian products."""
+        model = self.global_model
+        stacked = {n: t.unsqueeze(0).expand(len(clients), *t.shape).clone()
+                   for n, t in unflatten(model, start).items()}
+        stacked.update({n: t.expand(len(clients), *t.shape[1:]).clone() for n, t in self.global_buffers.items()})
+        trained = self.fed.train(rnd, clients, stacked, model=model, stream=GLOBAL_STREAM).state
+        deltas = start.unsqueeze(0) - flatten(model, trained)
+        weights = self.fed.train_sizes[clients].float()
+        weights = weights / weights.sum()
+        for k, delta in enumerate(deltas):
+            upload[k]["global_delta"] = delta
+        theta_g = self.hnet(len(self.sizes))
+        self._server_step([theta_g], [torch.tensordot(weights, deltas, dims=1)])
+
+    def _teacher_targets(self, clients: Tensor, round_global: Tensor) -> tuple[Objective, Tensor]:
+        """Labels with the round-start global model's logits, for the sampled clients' train samples
+        (the only rows of the table that their training reads; the others stay 0)."""
+        fed, model = self.fed, self.global_model
+        teacher = {n: t.unsqueeze(0) for n, t in unflatten(model, round_global).items()}
+        teacher.update(self.global_buffers)
+        targets = torch.zeros(fed.num_samples, 1 + fed.num_classes, device=fed.device)
+        with torch.no_grad():
+            for c in clients.tolist():
+                for part in fed.sample_ids(c).split(2048):
+                    x, y = fed.data(part)
+                    targets[part, 0] = y.float()
+                    targets[part, 1:] = model.forward(teacher, x.unsqueeze(0), train=False)[0]
+        return distillation(self.hp.alpha, self.hp.temperature), targets

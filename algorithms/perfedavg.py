@@ -63,7 +63,7 @@ Where the paper is silent / what was chosen here:
 from __future__ import annotations
 
 from functools import partial
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 from pydantic import Field
@@ -72,8 +72,11 @@ from torch import Tensor
 from pflbench.steps import (LossCheck, clone_state, finite, keep_inactive, loss_and_grads, per_client,
                             restore_inactive, rows_where, sgd_step, step_ids, step_plan)
 from pflbench import streams
-from pflbench.algorithm import ALGORITHMS, Algorithm, Card, Hyperparams, Payload, Round, Serving
-from pflbench.training import Diverged, weighted_mean
+from pflbench.algorithm import ALGORITHMS, Algorithm, Card, ClientRound, Hyperparams, Payload, Serving
+from pflbench.training import Diverged, State, weighted_mean
+
+if TYPE_CHECKING:
+    from pflbench.federation import Federation
 
 STREAMS = (  # batch orders of D, D' and D''
     streams.BATCHES,
@@ -105,16 +108,16 @@ class PerFedAvg(Algorithm[PerFedAvgHP]):
     def setup(self) -> None:
         super().setup()
         self._version = 0
-        self._cached = None
+        self._cached: tuple[int, State] | None = None
 
     @property
     def beta(self) -> float:
         return self.hp.beta if self.hp.beta is not None else self.fed.cell.lr
 
-    def local_train(self, rnd: Round, state):
+    def local_train(self, rnd: ClientRound, state: State) -> State:
         return per_client(self.fed, rnd.clients, partial(self._meta_train, rnd), state)
 
-    def _meta_train(self, rnd, clients, state):
+    def _meta_train(self, rnd: ClientRound, clients: Tensor, state: State) -> State:
         """The round's meta steps of `clients`: their trained state. Free of host synchronisation
         between its first and its last step (`pflbench.steps`)."""
         fed, hp = self.fed, self.hp
@@ -133,13 +136,13 @@ class PerFedAvg(Algorithm[PerFedAvgHP]):
             meta_loss, g = loss_and_grads(fed, w_tmp, clone_state(buffers), plans[1].ids[:, step])
             if hp.variant == "hf":
                 ids = plans[2].ids[:, step]
-                g = [g[n] for n in names]
-                shift = scaled(g, hp.delta)  # delta * g, once for both points
+                g_list = [g[n] for n in names]
+                shift = scaled(g_list, hp.delta)  # delta * g, once for both points
                 with torch.no_grad():
                     up, down = torch._foreach_add(w, shift), torch._foreach_sub(w, shift)
                 _, plus = loss_and_grads(fed, dict(zip(names, up)), clone_state(buffers), ids)
                 _, minus = loss_and_grads(fed, dict(zip(names, down)), clone_state(buffers), ids)
-                g = dict(zip(names, hessian_free(g, [plus[n] for n in names], [minus[n] for n in names], hp.alpha, hp.delta)))
+                g = dict(zip(names, hessian_free(g_list, [plus[n] for n in names], [minus[n] for n in names], hp.alpha, hp.delta)))
             losses.add(active, loss, meta_loss)
             sgd_step(params, g, momenta, fed.sgd, self.beta, active)
             restore_inactive(buffers, kept, active)
@@ -152,14 +155,14 @@ class PerFedAvg(Algorithm[PerFedAvgHP]):
             raise Diverged(f"non-finite Per-FedAvg parameters for clients {clients.tolist()}")
         return trained
 
-    def aggregate(self, rnd: Round, upload: Payload) -> None:
+    def aggregate(self, rnd: ClientRound, upload: Payload) -> None:
         """Uniform mean over the sampled clients' uploads (the paper's Algorithm 1)."""
         weights = torch.full((len(upload),), 1.0 / len(upload), device=self.fed.device)
         for n, t in upload.state.items():
             self.global_state[n] = weighted_mean(t, weights).unsqueeze(0)
         self._version += 1
 
-    def adapt(self, clients, state, fed=None):
+    def adapt(self, clients: Tensor, state: State, fed: Federation | None = None) -> State:
         """One step of SGD with step alpha on one mini-batch of each client's training data (of
         `fed`'s clients: the cell's trained clients by default, or its newcomers)."""
         fed = fed or self.fed
@@ -175,7 +178,7 @@ class PerFedAvg(Algorithm[PerFedAvgHP]):
             stepped = {n: rows_where(counts > 0, new, params[n]) for n, new in zip(names, moved)}
         return {**stepped, **buffers}
 
-    def personalized(self):
+    def personalized(self) -> State:
         if self._cached is not None and self._cached[0] == self._version:
             return self._cached[1]
         n = self.fed.num_clients
@@ -186,7 +189,7 @@ class PerFedAvg(Algorithm[PerFedAvgHP]):
         self._cached = (self._version, adapted)
         return adapted
 
-    def newcomer_models(self, serving: Serving):
+    def newcomer_models(self, serving: Serving) -> State:
         """The meta-model after the same one-step adaptation on each newcomer's own training data:
         the paper's evaluation of a new user is exactly this."""
         newcomers = serving.clients
@@ -199,7 +202,7 @@ class PerFedAvg(Algorithm[PerFedAvgHP]):
 def scaled(xs: list[Tensor], scale: float) -> list[Tensor]:
     """scale * x for each x, new tensors (one foreach kernel)."""
     with torch.no_grad():
-        return torch._foreach_mul(xs, scale)
+        return list(torch._foreach_mul(xs, scale))
 
 
 def minus_scaled(xs: list[Tensor], ys: list[Tensor], scale: float) -> list[Tensor]:
@@ -207,7 +210,7 @@ def minus_scaled(xs: list[Tensor], ys: list[Tensor], scale: float) -> list[Tenso
     per-tensor expression computes it (foreach kernels; one `add(alpha=-scale)` would round once and
     give other bits)."""
     with torch.no_grad():
-        return torch._foreach_sub(xs, torch._foreach_mul(ys, scale))
+        return list(torch._foreach_sub(xs, torch._foreach_mul(ys, scale)))
 
 
 def hessian_free(g: list[Tensor], plus: list[Tensor], minus: list[Tensor], alpha: float, delta: float) -> list[Tensor]:
@@ -217,4 +220,4 @@ def hessian_free(g: list[Tensor], plus: list[Tensor], minus: list[Tensor], alpha
     with torch.no_grad():
         difference = torch._foreach_sub(plus, minus)
         torch._foreach_mul_(difference, alpha)
-        return torch._foreach_sub(g, [d / (2 * delta) for d in difference])
+        return list(torch._foreach_sub(g, [d / (2 * delta) for d in difference]))

@@ -57,7 +57,7 @@ from __future__ import annotations
 
 import math
 from functools import partial
-from typing import Literal, NamedTuple
+from typing import Literal, NamedTuple, cast
 
 import numpy as np
 import torch
@@ -68,7 +68,8 @@ from torch import Tensor, nn
 from pflbench.steps import (finite, keep_inactive, loss_and_grads, per_client, restore_inactive, rows_where,
                             sgd_step, step_ids)
 from pflbench import streams
-from pflbench.algorithm import ALGORITHMS, Algorithm, Capabilities, Card, Hyperparams, Payload, Round, Serving
+from pflbench.algorithm import (ALGORITHMS, Algorithm, Capabilities, Card, ClientRound, Hyperparams, Payload, Round,
+                                Serving)
 from pflbench.training import SGD, Diverged, State
 
 # The hypernetwork's initialization (torch's global generator), with the seed it had before streams had names.
@@ -175,7 +176,7 @@ class PFedHN(Algorithm[PFedHNHP]):
         with torch.no_grad():
             return Payload.from_state(dict(self.hypernet(rnd.clients)), rnd.clients)
 
-    def local_train(self, rnd: Round, state) -> Trained:
+    def local_train(self, rnd: ClientRound, state: State) -> Trained:
         """The clients' training from the generated models, with what each started from (`Trained`)."""
         clients = rnd.clients
         if self.hp.server_updates == "per_round":
@@ -184,7 +185,7 @@ class PFedHN(Algorithm[PFedHNHP]):
         # previous client's update, and its update reaches the server before the next one trains
         # (training several clients on one round-start model and then stepping for each in turn
         # applies stale updates; with momentum that blew up at lr 0.05). Same sizes as configured.
-        trained = []
+        trained: list[State] = []
         started = {n: t.clone() for n, t in rnd.download.state.items()}  # becomes what each started from
         for k, client in enumerate(clients.tolist()):
             row = clients[k:k + 1]
@@ -201,14 +202,14 @@ class PFedHN(Algorithm[PFedHNHP]):
             trained.append(after)
         return Trained({n: torch.cat([t[n] for t in trained]) for n in state}, started)
 
-    def inner_train(self, rnd, clients, state):
+    def inner_train(self, rnd: ClientRound, clients: Tensor, state: State) -> State:
         """The clients' local training from the generated models `state`: the engine's SGD with the
         cell's optimizer, or the official inner optimizer (`inner_optimizer="official"`)."""
         if self.hp.inner_optimizer == "cell":
             return self.fed.train(rnd, clients, state, steps=self.hp.inner_steps).state
         return per_client(self.fed, clients, partial(self._official_inner, rnd), state)
 
-    def _official_inner(self, rnd, clients, state):
+    def _official_inner(self, rnd: ClientRound, clients: Tensor, state: State) -> State:
         fed, sgd = self.fed, self.OFFICIAL_INNER
         params = {n: state[n].detach().clone() for n in fed.model.param_names}
         buffers = {n: state[n].detach().clone() for n in fed.model.buffer_names}
@@ -221,7 +222,8 @@ class PFedHN(Algorithm[PFedHNHP]):
             if (active & ~torch.isfinite(loss)).any():
                 raise Diverged(f"non-finite pFedHN inner loss for clients {clients[active & ~torch.isfinite(loss)].tolist()}")
             # clip_grad_norm_(50) per client, over all its parameter gradients
-            norm = torch.sqrt(sum((g.flatten(1).double() ** 2).sum(1) for g in grads.values()))
+            squares = sum((g.flatten(1).double() ** 2).sum(1) for g in grads.values())  # the model has parameters
+            norm = torch.sqrt(cast(Tensor, squares))
             scale = torch.clamp(self.OFFICIAL_INNER_CLIP / (norm + 1e-6), max=1.0)
             grads = {n: g * scale.to(g.dtype).view(-1, *([1] * (g.dim() - 1))) for n, g in grads.items()}
             sgd_step(params, grads, momenta, sgd, sgd.lr, active)
@@ -231,7 +233,7 @@ class PFedHN(Algorithm[PFedHNHP]):
             raise Diverged(f"non-finite pFedHN parameters for clients {clients.tolist()}")
         return trained
 
-    def send(self, rnd: Round, trained: Trained) -> Payload:
+    def send(self, rnd: ClientRound, trained: Trained) -> Payload:
         """Keep the tensors the hypernetwork does not generate (buffers, pFedHN-PC's classifier) on the
         client; upload theta_after - theta_start of the generated ones."""
         state, started = trained
@@ -240,7 +242,7 @@ class PFedHN(Algorithm[PFedHNHP]):
                 self.client_state[n][rnd.clients] = t
         return Payload.from_state({n: state[n] - started[n] for n in self.generated}, rnd.clients)
 
-    def aggregate(self, rnd: Round, upload: Payload) -> None:
+    def aggregate(self, rnd: ClientRound, upload: Payload) -> None:
         if self.hp.server_updates == "per_round":
             self.hypernetwork_step(upload.clients, {n: -t for n, t in upload.state.items()})
 
@@ -267,7 +269,7 @@ class PFedHN(Algorithm[PFedHNHP]):
             self.embedding_momentum[clients] = hp.hn_momentum * self.embedding_momentum[clients] + g
             self.hypernet.embedding[clients] = v - hp.hn_lr * self.embedding_momentum[clients]
 
-    def personalized(self):
+    def personalized(self) -> State:
         with torch.no_grad():
             generated = self.hypernet(torch.arange(self.fed.num_clients, device=self.fed.device))
         return {n: generated.get(n, self.client_state[n]) for n in self.fed.model.names}
@@ -275,7 +277,7 @@ class PFedHN(Algorithm[PFedHNHP]):
     NEWCOMER_EPOCHS = 5
     NEWCOMER_STREAM = streams.salted_batches("pfedhn.newcomers", 0x0E3E)
 
-    def newcomer_models(self, serving: Serving):
+    def newcomer_models(self, serving: Serving) -> State:
         """Frozen hypernetwork, a fitted embedding per newcomer (see the module docstring)."""
         fed, hp, rnd = serving.clients, self.hp, serving.round
         count = fed.num_clients
@@ -310,7 +312,7 @@ class PFedHN(Algorithm[PFedHNHP]):
         self.newcomer_embeddings = embedding  # for inspection (tests)
         return {n: generated[n] if n in generated else {**own, **buffers}[n] for n in fed.model.names}
 
-    def artifacts(self):
+    def artifacts(self) -> dict[str, np.ndarray]:
         return {"embeddings": self.hypernet.embedding.detach().cpu().numpy().astype(np.float32)}
 
 

@@ -68,8 +68,10 @@ from pydantic import Field
 from torch import Tensor
 
 from pflbench import streams
-from pflbench.algorithm import ALGORITHMS, Algorithm, Capabilities, Card, Hyperparams, Payload, Round, Serving
+from pflbench.algorithm import (ALGORITHMS, Algorithm, Capabilities, Card, ClientRound, Hyperparams, Payload, Round,
+                                Serving)
 from pflbench.newcomers.batchnorm import fit_batchnorm_statistics
+from pflbench.training import State
 
 # The hypernetwork's initialization, with the seed it had before streams had names.
 HYPERNET_STREAM = streams.Stream("pfedla.hypernet", lambda s, r, c: s * 7919 + 17, "torch")
@@ -194,7 +196,7 @@ class PFedLA(Algorithm[PFedLAHP]):
         own = F.one_hot(rows, self.fed.num_clients).to(raw.dtype)[:, None, :].expand_as(raw)
         return torch.where(total > 0, raw / total.clamp_min(1e-12), own)
 
-    def aggregate_params(self, alpha: Tensor, names=None) -> dict[str, Tensor]:
+    def aggregate_params(self, alpha: Tensor, names: list[str] | None = None) -> dict[str, Tensor]:
         """theta_bar[k] per parameter tensor: sum_j alpha[k, layer, j] * theta_j (Eq. 6)."""
         names = self.fed.model.param_names if names is None else names
         return {p: torch.einsum("kj,j...->k...", alpha[:, self.layer_of[p]], self.server_params[p])
@@ -235,12 +237,12 @@ class PFedLA(Algorithm[PFedLAHP]):
         return {p: torch.stack([row.get(p, mine) for row, mine in zip(rows, self.client_state[p][rnd.clients])])
                 for p in params}
 
-    def receive(self, rnd: Round, download: Payload):
+    def receive(self, rnd: ClientRound, download: Payload) -> State:
         state = {name: own[rnd.clients] for name, own in self.client_state.items()}  # buffers: the client's own
         state.update(self._started(rnd, download))
         return state
 
-    def send(self, rnd: Round, state) -> Payload:
+    def send(self, rnd: ClientRound, state: State) -> Payload:
         start = self._started(rnd, rnd.download)
         for name, t in state.items():
             self.client_state[name][rnd.clients] = t
@@ -248,13 +250,13 @@ class PFedLA(Algorithm[PFedLAHP]):
         # pFedLA's; HeurpFedLA saves only on the download.
         return Payload.from_state({p: state[p] - start[p] for p in self.fed.model.param_names}, rnd.clients)
 
-    def aggregate(self, rnd: Round, upload: Payload) -> None:
+    def aggregate(self, rnd: ClientRound, upload: Payload) -> None:
         """The hypernetworks of the arrived clients step on their deltas (chain rule through theta_bar);
         the server's copy of each arrived client becomes what it started from plus its delta."""
         clients, delta = upload.clients, upload.state
         download = rnd.download
         keep = download.header[RETAINED][upload.positions]
-        signal = {}
+        signal: State = {}
         for p in self.fed.model.param_names:
             # -delta is the descent signal for theta_bar (Eq. 10-11). A retained layer did not come from
             # alpha this round (the client trained its own copy), so it gives the hypernetwork none.
@@ -334,7 +336,7 @@ class PFedLA(Algorithm[PFedLAHP]):
                 self._alpha_cache = self.alphas(torch.arange(self.fed.num_clients, device=self.fed.device))
         return self._alpha_cache
 
-    def personalized(self):
+    def personalized(self) -> State:
         everyone = torch.arange(self.fed.num_clients, device=self.fed.device)
         with torch.no_grad():
             alpha = self.all_alphas()
@@ -346,7 +348,7 @@ class PFedLA(Algorithm[PFedLAHP]):
                     theta[p][own] = self.client_state[p][own]
         return {name: theta.get(name, self.client_state[name]) for name in self.fed.model.names}
 
-    def newcomer_models(self, serving: Serving):
+    def newcomer_models(self, serving: Serving) -> State:
         """A newcomer has no hypernetwork of its own (pFedLA keeps one per client and the paper does
         not serve new clients): it gets the uniform aggregate, alpha = 1/N for every layer, which
         is where every client's aggregation weights start (the default `head_init`). BatchNorm
@@ -360,7 +362,7 @@ class PFedLA(Algorithm[PFedLAHP]):
         models.update({p: t.expand(count, *t.shape[1:]).clone() for p, t in uniform.items()})
         return fit_batchnorm_statistics(newcomers, models)
 
-    def artifacts(self):
+    def artifacts(self) -> dict[str, np.ndarray]:
         return {"alpha": self.all_alphas().cpu().numpy().astype(np.float32),
                 "alpha_layers": np.array(self.layer_names)}
 

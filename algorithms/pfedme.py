@@ -78,8 +78,8 @@ from torch import Tensor
 
 from pflbench.steps import (LossCheck, finite, keep_inactive, loss_and_grads, per_client, restore_inactive,
                             rows_where, sgd_step, step_plan)
-from pflbench.algorithm import ALGORITHMS, Algorithm, Card, Hyperparams, Payload, Round
-from pflbench.training import Diverged, weighted_mean
+from pflbench.algorithm import ALGORITHMS, Algorithm, Card, ClientRound, Hyperparams, Payload, Round
+from pflbench.training import Diverged, State, weighted_mean
 
 
 class PFedMeHP(Hyperparams):
@@ -118,19 +118,19 @@ class PFedMe(Algorithm[PFedMeHP]):
         return Payload.from_rows([{n: self.global_state[n][0] for n in self.fed.model.names} for _ in range(len(everyone))],
                                  everyone)
 
-    def receive(self, rnd: Round, download: Payload):
+    def receive(self, rnd: ClientRound, download: Payload) -> State:
         if len(download) > len(rnd.clients):  # train_all_clients: the sampled clients' messages come first
             rows = download.rows[: len(rnd.clients)]
             download = Payload.from_state({n: torch.stack([m[n] for m in rows]) for n in rows[0]}, rnd.clients)
         return super().receive(rnd, download)
 
-    def _others(self, clients):
+    def _others(self, clients: Tensor) -> Tensor:
         """The clients not sampled this round (ascending)."""
         mask = torch.ones(self.fed.num_clients, dtype=torch.bool, device=clients.device)
         mask[clients] = False
         return torch.nonzero(mask).flatten()
 
-    def local_train(self, rnd: Round, state):
+    def local_train(self, rnd: ClientRound, state: State) -> State:
         clients = rnd.clients
         k = len(clients)
         if self.hp.train_all_clients:  # the unsampled clients train too, from the same global model
@@ -145,7 +145,7 @@ class PFedMe(Algorithm[PFedMeHP]):
             self.personal_state[n][clients] = t
         return {n: t[:k] for n, t in local.items()}  # only the sampled clients' w is uploaded
 
-    def _train(self, rnd, clients, state, theta_start):
+    def _train(self, rnd: ClientRound, clients: Tensor, state: State, theta_start: State) -> tuple[State, State]:
         """The round's local training of `clients`: (w, theta), each with theta's statistics. Free
         of host synchronisation between its first and its last step (`pflbench.steps`)."""
         fed, hp = self.fed, self.hp
@@ -177,7 +177,7 @@ class PFedMe(Algorithm[PFedMeHP]):
             raise Diverged(f"non-finite pFedMe parameters for clients {clients.tolist()}")
         return local, personal
 
-    def aggregate(self, rnd: Round, upload: Payload) -> None:
+    def aggregate(self, rnd: ClientRound, upload: Payload) -> None:
         """w <- (1 - beta) w + beta * (uniform mean of the sampled clients' w)."""
         weights = torch.full((len(upload),), 1.0 / len(upload), device=self.fed.device)
         beta = self.hp.beta
@@ -186,7 +186,7 @@ class PFedMe(Algorithm[PFedMeHP]):
             old = self.global_state[n]
             self.global_state[n] = (1 - beta) * old + beta * mean if t.is_floating_point() else mean
 
-    def personalized(self):
+    def personalized(self) -> State:
         return self.personal_state
 
 
@@ -203,7 +203,7 @@ def inner_step(theta: list[Tensor], grads: list[Tensor], w: list[Tensor], lam: f
         step = torch._foreach_add(grads, step)
         torch._foreach_add_(step, torch._foreach_mul(theta, mu))
         torch._foreach_mul_(step, lr)
-        return torch._foreach_sub(theta, step)
+        return list(torch._foreach_sub(theta, step))
 
 
 def pull(w: list[Tensor], theta: list[Tensor], lam: float) -> list[Tensor]:
@@ -211,4 +211,4 @@ def pull(w: list[Tensor], theta: list[Tensor], lam: float) -> list[Tensor]:
     with torch.no_grad():
         difference = torch._foreach_sub(w, theta)
         torch._foreach_mul_(difference, lam)
-        return difference
+        return list(difference)

@@ -2,7 +2,7 @@
 
 A round, as the engine (`pflbench.rounds.run_round`) drives it, with `rnd` the round's context
 (`pflbench.round_context.Round`: its number, the sampled clients `rnd.clients`, their share of the
-local work, and from `receive` on what the server sent, `rnd.download`):
+local work; from `receive` on a `ClientRound`, the same round with what the server sent, `rnd.download`):
 
     download = alg.configure(rnd)                 # server -> each sampled client: a Payload  (bytes down)
     state    = alg.receive(rnd, download)         # client: the model it will train
@@ -56,7 +56,7 @@ from pflbench.capabilities import LEGACY_CAPABILITY_ATTRIBUTES, Capabilities, Re
 from pflbench.card import FAMILIES, LEGACY_CARD_ATTRIBUTES, Card
 from pflbench.payload import Payload
 from pflbench.registry import Registry
-from pflbench.round_context import Round
+from pflbench.round_context import ClientRound, Round
 from pflbench.serving import Models, Scored, Scores, Serving
 from pflbench.training import State, weighted_mean
 
@@ -75,6 +75,7 @@ __all__ = [
     "Algorithm",
     "Capabilities",
     "Card",
+    "ClientRound",
     "Hyperparams",
     "Models",
     "Payload",
@@ -184,10 +185,6 @@ class Algorithm(Generic[HP]):
     # Hyperparameters that make the method small for smoke cells (the registry-wide tests): a slow method
     # names them here, so a new method needs no entry in any test.
     quick_hp: ClassVar[dict[str, Any]] = {}
-    # Privacy (pflbench/privacy.py): what this algorithm uploads, for the privacy knob's wrapper
-    # (`PrivateUploads`): "model" (the update is upload - download), "update" (the upload already is an
-    # update), "self" (not wrapped: the algorithm calls `fed.privatize` where its update leaves the client).
-    dp_upload: ClassVar[str] = "model"
     # Checkpoints (module doc): attributes whose objects carry their own state, saved and restored
     # through it (nn.Module / optimizer: state_dict; generators: their state), in this order (a
     # module before the optimizer that steps it); and attributes `setup()` rebuilds unchanged from
@@ -245,6 +242,15 @@ class Algorithm(Generic[HP]):
         """Whether the tensor `name` stays on the client (never sent, never aggregated)."""
         return False
 
+    @property
+    def dp_upload(self) -> str:
+        """Privacy (pflbench/privacy.py): what this algorithm uploads, for the privacy knob's wrapper
+        (`PrivateUploads`): "model" (the update is upload - download), "update" (the upload already is
+        an update), "self" (not wrapped: the algorithm calls `fed.privatize` where its update leaves
+        the client). Read-only: a method overrides it with a class attribute (`dp_upload = "update"`)
+        or, where it depends on the hyperparameters, a property."""
+        return "model"
+
     def stays_on_client(self, name: str) -> bool:
         """`is_local`, or a tensor that never leaves a client under the privacy knob (BatchNorm
         statistics, `pflbench.privacy`): each client's model keeps its own."""
@@ -264,14 +270,14 @@ class Algorithm(Generic[HP]):
             rnd.clients,
         )
 
-    def receive(self, rnd: Round, download: Payload) -> Any:
+    def receive(self, rnd: ClientRound, download: Payload) -> Any:
         """Client, on receiving `download` (`configure`'s, also `rnd.download`): the state each sampled
         client trains, whatever `local_train` takes. Default: the downloaded model, completed by the
         client's own local part, stacked [K, ...]."""
         sent = download.state
         return {n: sent[n] if n in sent else self.client_state[n][rnd.clients] for n in self.fed.model.names}
 
-    def local_train(self, rnd: Round, state: Any) -> Any:
+    def local_train(self, rnd: ClientRound, state: Any) -> Any:
         """Client: local training of the sampled clients from `state` (`receive`'s); returns what `send`
         takes. Train through the Federation with the round itself (`self.fed.train(rnd, rnd.clients,
         state)`, `local_plans(rnd, ...)`, `pflbench.steps.step_ids(fed, rnd, ...)`): a straggler's plan
@@ -279,14 +285,14 @@ class Algorithm(Generic[HP]):
         SGD, batched across clients."""
         return self.fed.train(rnd, rnd.clients, state).state
 
-    def send(self, rnd: Round, state: Any) -> Payload:
+    def send(self, rnd: ClientRound, state: Any) -> Payload:
         """Client, after training: keeps what stays on the client and returns the upload. Default: the
         trained model is the client's; its shared part is uploaded."""
         for n, t in state.items():
             self.client_state[n][rnd.clients] = t
         return Payload.from_state({n: state[n] for n in self.shared_names()}, rnd.clients)
 
-    def aggregate(self, rnd: Round, upload: Payload) -> None:
+    def aggregate(self, rnd: ClientRound, upload: Payload) -> None:
         """Server, at the end of the round: the uploads that reached it (`upload.clients`; under
         `system.dropout` some are missing, and `upload.positions` are the arrived ones' places among
         `rnd.clients`). Not called when none arrived: the server keeps its state. Default: the
@@ -303,7 +309,7 @@ class Algorithm(Generic[HP]):
         the algorithm's state is not changed. A server step of its own (server momentum, a server
         learning rate) starts from it:
 
-            def aggregate(self, rnd: Round, upload: Payload) -> None:
+            def aggregate(self, rnd: ClientRound, upload: Payload) -> None:
                 average = self.weighted_mean(upload)
                 ...  # the step from self.global_state towards `average`
         """

@@ -292,8 +292,10 @@ def _owners(clients: Any, count: int) -> Any:
 
 
 def _round_of(rnd: Any, clients: Any) -> Round:
-    """The Round an old-form call means: the one a `RoundNumber` carries (for `clients`), else a round
-    outside the engine's local training (nothing cut), as a plain number meant before."""
+    """The Round an old-form call means: the one a `RoundNumber` carries (for `clients`; the engine's
+    `ClientRound`, with its download, where the call comes from a client-side hook), else a round
+    outside the engine's local training (nothing cut, no download: a plain `Round`), as a plain number
+    meant before."""
     if isinstance(rnd, RoundNumber):
         return dataclasses.replace(rnd.round, clients=clients)
     return Round(int(rnd), clients)

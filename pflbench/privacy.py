@@ -87,7 +87,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from pflbench import streams
 from pflbench.payload import Payload
-from pflbench.round_context import Round
+from pflbench.round_context import ClientRound
 from pflbench.system import KnobParams, knob_problem
 
 CENTRAL = -1  # the generator key of the server's noise (no client has id -1)
@@ -363,7 +363,7 @@ class PrivateUploads:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.algorithm, name)
 
-    def send(self, rnd: Round, state: Any) -> Payload:
+    def send(self, rnd: ClientRound, state: Any) -> Payload:
         fed = self.algorithm.fed
         upload = self.algorithm.send(rnd, state)
         arrived = fed.arrived(rnd, rnd.clients)

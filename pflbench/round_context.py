@@ -10,6 +10,11 @@ Local training is cut to the stragglers' share where the Federation is given the
 (`fed.train(rnd, clients, state)`, `fed.local_plans(rnd, ...)`, `pflbench.steps.step_ids(fed, rnd, ...)`);
 given a plain round number (`rnd.number`, `rnd.number + 1`, ...) nothing is cut: the work done to
 form, adapt or serve models is never a straggler's.
+
+The hooks after `configure` (`receive`, `local_train`, `send`, `aggregate`) receive the round once the
+server has sent its download: a `ClientRound`, the same Round whose `download` is always there (typed
+`Payload`, not Optional), so a hook reads `rnd.download.state` without a None check. Only `configure`
+sees a plain `Round` (its download is what it returns).
 """
 
 from __future__ import annotations
@@ -40,14 +45,23 @@ class Round:
             return None
         return [self.work[c] for c in clients.tolist()]
 
-    def with_download(self, download: Payload) -> Round:
+    def with_download(self, download: Payload) -> ClientRound:
         """This round once the server has sent `download` (what `receive`, `local_train`, `send` and
         `aggregate` see)."""
-        return dataclasses.replace(self, download=download)
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return ClientRound(**{**fields, "download": download})
 
     def __repr__(self) -> str:
         stragglers = "" if self.work is None else f", {sum(w < 1 for w in self.work)} stragglers"
         return f"Round({self.number}, clients={self.clients.tolist()}{stragglers})"
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class ClientRound(Round):
+    """A round once the server has configured it (module doc): what `receive`, `local_train`, `send`
+    and `aggregate` receive. Its `download` (`configure`'s payload) is always there."""
+
+    download: Payload = dataclasses.field(kw_only=True)
 
 
 class RoundNumber(int):

@@ -127,16 +127,16 @@ def run_round(algorithm: Algorithm, rnd: int, clients: Tensor, timing: dict | No
     fed = algorithm.fed
     context = fed.round(rnd, clients)
     download = algorithm.configure(context)
-    context = context.with_download(download)
-    state = algorithm.receive(context, download)
+    configured = context.with_download(download)
+    state = algorithm.receive(configured, download)
     train_start = time.perf_counter()
-    state = algorithm.local_train(context, state)
+    state = algorithm.local_train(configured, state)
     if timing is not None:
         timing["train"] = time.perf_counter() - train_start
-    upload = algorithm.send(context, state).delivered(fed.arrived(rnd, clients))
+    upload = algorithm.send(configured, state).delivered(fed.arrived(rnd, clients))
     arrived = upload.arrived()
     if len(arrived):
-        algorithm.aggregate(context, arrived)
+        algorithm.aggregate(configured, arrived)
     return download, upload
 
 

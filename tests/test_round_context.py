@@ -13,7 +13,7 @@ import torch
 
 from cells import federation as make_federation, received, small_cell
 from pflbench import rounds
-from pflbench.algorithm import ALGORITHMS, Payload, Round, Scored, Serving
+from pflbench.algorithm import ALGORITHMS, ClientRound, Payload, Round, Scored, Serving
 from pflbench.rounds import run_cell, run_round
 from pflbench.system import SystemParams, SystemPlan
 
@@ -56,6 +56,8 @@ def test_every_hook_of_a_round_receives_one_frozen_round_with_the_download_once_
     assert hooks[:4] == ["configure", "receive", "local_train", "send"]
     configured, later = seen[0][1], [entry[1] for entry in seen[1:]]
     assert configured.download is None and all(r.download is download for r in later)
+    # the client side's round: a ClientRound, whose download is always there; configure's is a plain Round
+    assert not isinstance(configured, ClientRound) and all(isinstance(r, ClientRound) for r in later)
     assert all(r.number == 1 and torch.equal(r.clients, clients) for r in [configured, *later])
     assert seen[1][2] is download  # receive's download is the round's
     plan = SystemPlan(SystemParams(**fed.cell.system), fed.cell.clients, fed.cell.rounds, fed.cell.seed)
