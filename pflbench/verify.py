@@ -237,6 +237,22 @@ def compare(folder: str | Path, result, exact: bool, rounds: int | None = None) 
     return found
 
 
+def kind_differences(folder: str | Path, result) -> list[str]:
+    """How the machine that ran the stored cell at `folder` differs in kind from the one that produced
+    `result` here ("cpu_model 'A' then, 'B' now", ...); empty: the same kind, so the bits must repeat."""
+    import torch
+
+    from pflbench.cost import cpu_capability, cpu_model
+
+    folder = Path(folder)
+    config, summary = read_json_dict(folder / CONFIG), read_json_dict(folder / SUMMARY)
+    here = {"cpu_model": cpu_model(), "cpu_capability": cpu_capability(), "device": result.summary.get("device", "cpu"),
+            "gpu_model": result.summary.get("gpu_model"), "torch": torch.__version__}
+    then = machine_kind(summary, config.get("versions"))
+    return [f"{k} {then.get(k)!r} then, {here.get(k)!r} now" for k in KIND_KEYS
+            if then.get(k) != here.get(k) and (k != "cpu_capability" or then.get(k))]
+
+
 def check_cell(folder: str | Path, *, cpus: float | None = None, data_root=None, mirror=None,
                force_tolerance: bool = False, rounds: int | None = None) -> CellCheck:
     """Re-run the stored cell at `folder` and compare (module doc); only its first `rounds` rounds
@@ -244,7 +260,6 @@ def check_cell(folder: str | Path, *, cpus: float | None = None, data_root=None,
     import time
 
     from pflbench.config import cell_hash
-    from pflbench.cost import cpu_capability, cpu_model
     from pflbench.spec import SpecError, resolve_cell
 
     folder = Path(folder)
@@ -257,7 +272,8 @@ def check_cell(folder: str | Path, *, cpus: float | None = None, data_root=None,
         pass
     for problem in check_folder(folder):
         check.notes.append(f"damaged: {problem.file}: {problem.what}")
-    config, summary = read_json_dict(folder / CONFIG), read_json_dict(folder / SUMMARY)
+    config = read_json_dict(folder / CONFIG)
+    read_json_dict(folder / SUMMARY)  # readable before any rerun (kind_differences reads it after)
     try:
         now = cell_hash(resolve_cell(config["cell"]))
     except (SpecError, ValueError, KeyError, TypeError) as error:
@@ -269,17 +285,10 @@ def check_cell(folder: str | Path, *, cpus: float | None = None, data_root=None,
     result = rerun(folder, cpus=cpus, data_root=data_root, mirror=mirror, rounds=check.rounds)
     check.seconds = time.perf_counter() - started
     check.rerun_result = result
-    import torch
-
-    here = {"cpu_model": cpu_model(), "cpu_capability": cpu_capability(), "device": result.summary.get("device", "cpu"),
-            "gpu_model": result.summary.get("gpu_model"), "torch": torch.__version__}
-    then = machine_kind(summary, config.get("versions"))
-    differing = [k for k in KIND_KEYS if then.get(k) != here.get(k) and (k != "cpu_capability" or then.get(k))]
+    differing = kind_differences(folder, result)
     if differing or force_tolerance:
         check.mode = "tolerance"
-        check.why_tolerance = ("forced" if not differing else
-                               "another kind of machine: " + ", ".join(f"{k} {then.get(k)!r} then, {here.get(k)!r} now"
-                                                                       for k in differing))
+        check.why_tolerance = "forced" if not differing else "another kind of machine: " + ", ".join(differing)
     check.differences = compare(folder, result, exact=check.mode == "exact", rounds=check.rounds)
     try:
         check.stored_curve = per_round_means(first_rounds(pd.read_parquet(folder / METRICS), check.rounds),

@@ -189,7 +189,7 @@ def watch_cell(cell: PublishedCell, book: FingerprintBook, kind: str, *, record:
     else against the stored metrics (`pflbench.verify.check_cell`), or where those differ against the
     `reference` store's run of the cell (module doc); with `record`, file the fingerprint of a rerun that
     matched."""
-    from pflbench.verify import check_cell
+    from pflbench.verify import check_cell, compare, kind_differences
 
     check = check_cell(cell.folder, rounds=1, data_root=data_root, mirror=mirror)
     if check.notes:  # a stale id or damaged files: as `pflbench verify` reports them
@@ -211,17 +211,18 @@ def watch_cell(cell: PublishedCell, book: FingerprintBook, kind: str, *, record:
         problem = reference_problem(cell, reference / cell.folder.name)
         if problem is not None:
             return Watched(cell, "DIFFERS", f"{detail}; reference not usable: {problem}", check.seconds)
-        against = check_cell(reference / cell.folder.name, rounds=1, data_root=data_root, mirror=mirror)
-        seconds = check.seconds + against.seconds
-        if against.mode != "exact":
+        ran = reference / cell.folder.name
+        other_kind = kind_differences(ran, check.rerun_result)
+        if other_kind:
             return Watched(cell, "DIFFERS", f"{detail}; reference not usable: it ran on another kind of machine "
-                           f"({against.why_tolerance})", seconds)
-        if against.differences or fingerprint(against.rerun_result.metrics) != value:
+                           f"({', '.join(other_kind)})", check.seconds)
+        against = compare(ran, check.rerun_result, exact=True, rounds=check.rounds)  # the same rerun, no second one
+        if against:
             return Watched(cell, "DIFFERS", f"{detail}; and against the reference run of its commit on this kind "
-                           f"of machine: {against.verdict}", seconds)
+                           f"of machine: " + "; ".join(map(str, against[:3])), check.seconds)
         watched = Watched(cell, "identical to the reference",
                           f"the stored run (another kind of machine) differs: {detail}; this kind's run of the "
-                          f"published commit is repeated exactly", seconds)
+                          f"published commit is repeated exactly", check.seconds)
     else:
         watched = Watched(cell, "identical" if check.mode == "exact" else "within tolerance",
                           "" if check.mode == "exact" else check.why_tolerance, check.seconds)
