@@ -460,3 +460,85 @@ def test_a_killed_group_on_ray_resumes_each_cell_from_its_own_checkpoint(tmp_pat
             columns = [c for c in a.columns if c not in TIMING_COLUMNS]
             pd.testing.assert_frame_equal(a[columns], b[columns], check_exact=True)
         assert not store.checkpoint_path(cell).exists()
+
+
+SIGNALLING = '''
+import os
+import signal
+import time
+from pathlib import Path
+
+from pflbench.algorithm import ALGORITHMS
+from pflbench.algorithms.fedavg import FedAvg
+from pflbench.preemption import current
+
+GATE = Path({gate!r})
+
+
+@ALGORITHMS.register("test-signalling-group-fedavg")
+class SignallingFedAvg(FedAvg):
+    """FedAvg whose seed-0 cell, while GATE/armed exists, sends SIGTERM to the process named in it at the
+    start of round {round} and waits until the stop reaches this worker; results are FedAvg's."""
+
+    def configure(self, rnd):
+        if rnd.number == {round} and self.fed.cell.seed == 0 and (GATE / "armed").exists():
+            os.kill(int((GATE / "armed").read_text()), signal.SIGTERM)
+            deadline = time.monotonic() + 120
+            while not current().requested:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the driver's stop never reached this worker")
+                time.sleep(0.05)
+        return super().configure(rnd)
+'''
+
+
+def test_sigterm_stops_a_group_on_ray_at_the_end_of_its_round_and_the_rerun_resumes_each_cell(
+        tmp_path, local_ray, monkeypatch, fresh_plugins):
+    """SIGTERM to the driver while a group of two cells runs on a Ray worker: both cells end the round in
+    progress with a checkpoint, the run exits with PREEMPTED_EXIT naming each, and the next run resumes
+    each from its checkpoint, equal to the in-process run one by one."""
+    import io
+    import os
+    import re
+
+    from checkpoint_helpers import assert_same_result
+    from pflbench.checkpoint import CHECKPOINT, read_header
+    from pflbench.config import cell_hash
+    from pflbench.preemption import PREEMPTED_EXIT
+    from pflbench.runner import RunOptions, run_plan
+    from pflbench.spec import parse_spec
+    from rich.console import Console
+
+    monkeypatch.setenv("PFLBENCH_DATA_MIRROR", str(tmp_path / "no-mirror"))
+    gate, rounds, at = tmp_path / "gate", 6, 3
+    gate.mkdir()
+    plugin = tmp_path / "signalling_group.py"
+    plugin.write_text(SIGNALLING.format(gate=str(gate), round=at))
+    plan = parse_spec({
+        "name": "group-preempt", "plugins": [str(plugin)],
+        "matrix": {"algorithm": ["test-signalling-group-fedavg"], "dataset": ["synthetic"],
+                   "partition": [{"scheme": "pathological", "params": {"classes_per_client": 3}}], "seed": [0, 1]},
+        "defaults": {"clients": 5, "rounds": rounds, "lr": 0.05, "eval_every": 2, "dataset_options": {"num_samples": 600}},
+    })
+    common = dict(data_root=tmp_path / "data", checkpoint_minutes=0)
+    reference = RunOptions(results=tmp_path / "alone", use_ray=False, execution=ExecutionOptions(client_batching="on"),
+                           **common)
+    assert run_plan(plan, reference, Console(file=io.StringIO())).exit_code == 0
+    on_ray = RunOptions(results=tmp_path / "ray", use_ray=True, workers=2,
+                        execution=ExecutionOptions(client_batching="on", cell_groups="on"), **common)
+    (gate / "armed").write_text(str(os.getpid()))
+    output = io.StringIO()
+    report = run_plan(plan, on_ray, Console(file=output, width=600))
+    (gate / "armed").unlink()
+    text = output.getvalue()
+    assert report.exit_code == PREEMPTED_EXIT, text
+    for cell in plan.cells:
+        assert re.search(rf"cell {cell_hash(cell)} \(test-signalling-group-fedavg [^)]*\): checkpoint written after "
+                         rf"round {at} of {rounds}; the next run resumes at round {at} of {rounds}", text), text
+        assert read_header(on_ray.results / cell_hash(cell) / CHECKPOINT)["round"] == at
+        assert not (on_ray.results / cell_hash(cell) / "summary.json").exists()
+    again = io.StringIO()
+    assert run_plan(plan, on_ray, Console(file=again, width=400)).exit_code == 0, again.getvalue()
+    assert again.getvalue().count(f"resumed at round {at} of {rounds}") == 2, again.getvalue()
+    for cell in plan.cells:
+        assert_same_result(on_ray.results / cell_hash(cell), reference.results / cell_hash(cell))

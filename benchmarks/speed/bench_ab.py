@@ -8,7 +8,9 @@ its own virtual environment). One worker process per checkout builds the bench's
 default execution options) and times one whole round (`_time_federated`) each time the driver asks;
 the driver asks them in turn, A B A B ..., so that both see the same machine load, after one warm-up
 round each. Printed: per checkout the best, median and worst round in seconds and samples/s, the
-ratios after/before of the best and of the medians, and the load average before and after. Only the
+ratios after/before (speed) of the best and of the medians, the median of the pairs' ratios (each
+pair ran back to back: the least disturbed comparison on a busy machine) and how many pairs the
+second checkout won, and the load average before and after. Only the
 default way is timed (the full `pflbench bench` times five ways and takes ten times as long on a busy
 machine).
 """
@@ -73,6 +75,9 @@ def main() -> int:
     result["ratio_best_after_over_before"] = result["after"]["best_samples_per_s"] / result["before"]["best_samples_per_s"]
     result["ratio_median_after_over_before"] = (result["after"]["median_samples_per_s"]
                                                 / result["before"]["median_samples_per_s"])
+    pairs = [b / a for b, a in zip(times["before"], times["after"])]  # each pair ran back to back
+    result["pair_ratios_median"] = statistics.median(pairs)
+    result["pairs_after_faster"] = sum(r > 1 for r in pairs)
     result["load_average_before"] = [round(x, 2) for x in load_before]
     result["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
     result["times_s"] = times
