@@ -124,7 +124,8 @@ class PerFedAvg(Algorithm[PerFedAvgHP]):
         names = fed.model.param_names
         params = {n: state[n].detach().clone() for n in names}
         buffers = {n: state[n].detach().clone() for n in fed.model.buffer_names}
-        plans = [step_plan(fed, rnd, clients, stream=stream) for stream in STREAMS[: 3 if hp.variant == "hf" else 2]]
+        on_host = clients.cpu()  # one read of the clients for the round's plans
+        plans = [step_plan(fed, rnd, on_host, stream=stream) for stream in STREAMS[: 3 if hp.variant == "hf" else 2]]
         momenta = {n: torch.zeros_like(p) for n, p in params.items()} if fed.sgd.momentum else {}
         losses = LossCheck()
         for step in range(plans[0].steps):
@@ -146,12 +147,12 @@ class PerFedAvg(Algorithm[PerFedAvgHP]):
             losses.add(active, loss, meta_loss)
             sgd_step(params, g, momenta, fed.sgd, self.beta, active)
             restore_inactive(buffers, kept, active)
-        failure = losses.first_failure()
+        trained = {**params, **buffers}
+        failure, ok = losses.verdict(finite(trained))  # one read of the device for both
         if failure is not None:
             step, bad = failure
             raise Diverged(f"non-finite Per-FedAvg loss for clients {clients[bad.to(clients.device)].tolist()} at local step {step}")
-        trained = {**params, **buffers}
-        if not finite(trained).all():
+        if not ok:
             raise Diverged(f"non-finite Per-FedAvg parameters for clients {clients.tolist()}")
         return trained
 

@@ -169,11 +169,11 @@ class PFedMe(Algorithm[PFedMeHP]):
             sgd_step(w, dict(zip(names, pull([w[n] for n in names], [theta[n] for n in names], hp.lam))),
                      momenta, fed.sgd, fed.cell.lr, active)  # eta * pull = eta * lam * (w - theta)
             restore_inactive(buffers, kept, active)
-        failure = losses.first_failure()
+        local, personal = {**w, **buffers}, {**theta, **buffers}
+        failure, ok = losses.verdict(finite(local) & finite(personal))  # one read of the device for both
         if failure is not None:
             raise Diverged(f"non-finite pFedMe loss for clients {clients[failure[1].to(clients.device)].tolist()}")
-        local, personal = {**w, **buffers}, {**theta, **buffers}
-        if not (finite(local) & finite(personal)).all():
+        if not ok:
             raise Diverged(f"non-finite pFedMe parameters for clients {clients.tolist()}")
         return local, personal
 

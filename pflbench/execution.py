@@ -20,7 +20,8 @@ change how fast a cell runs, never what it computes beyond float rounding.
   concurrent local training one batched step (pflbench.groups). `auto`: on CUDA, where a step is host
   overhead and a wider one costs little more; off on a CPU, whose default client loop has nothing to
   merge (`on` forms groups there too). Grouping changes no number of a cell beyond float rounding (the
-  batched step's: bit for bit on a CPU, tests/test_cell_groups.py). `pflbench run --no-ray` only, so far.
+  batched step's: bit for bit on a CPU, tests/test_cell_groups.py). On Ray a group is one task, with one
+  cell's CPUs and the cells' GPU fractions summed up to one GPU (`pflbench.groups.group_resources`).
 - `device`: torch device (None: "cuda" for cells given GPUs, else "cpu"; decided by the runner).
 - `threads`: torch threads of the cell (None: the runner sets them from the cell's CPUs).
 """
@@ -101,7 +102,7 @@ def add_execution_arguments(parser, *, device_help: str, cell_groups: bool = Fal
     if cell_groups:
         parser.add_argument("--cell-groups", choices=CELL_GROUPS, default="auto",
                             help="run cells that share a model architecture as cell groups in one process, their "
-                                 "local training one batched step (auto: on CUDA; with --no-ray)")
+                                 "local training one batched step; on Ray one task per group (auto: on CUDA)")
 
 
 def execution_options(args) -> ExecutionOptions:

@@ -389,6 +389,15 @@ def architecture_key(cell) -> tuple:
     return (cell.dataset, options, cell.model)
 
 
+def group_resources(resources, cells: int):
+    """What a group of `cells` cells, each asking `resources` (a spec's `Resources`), asks of Ray as one
+    task: one cell's CPUs, since in lock-step one cell computes at a time on that many torch threads
+    (`pflbench.runner.execute_group`); and the cells' GPU fractions summed, at most one whole GPU, since
+    the group trains in one process on one device (a cell asking for whole GPUs: the same GPUs)."""
+    gpus = resources.gpus if resources.gpus >= 1 else min(1.0, round(resources.gpus * cells, 4))
+    return resources.model_copy(update={"gpus": gpus})
+
+
 def form_groups(cells: list, limit: int = GROUP_LIMIT) -> list[list]:
     """`cells` as cell groups of at most `limit` cells that share a model architecture, in the order the
     cells come (a group is placed where its first cell was)."""

@@ -276,13 +276,16 @@ def next_run(resumes_at: int | None, rounds: int) -> str:
             else "the next run starts it from round 1 (it has no checkpoint)")
 
 
-def execute_group(cells: list[CellConfig], resources: Resources, options: RunOptions, display: Display,
-                  preemption: StopRequest | None = None):
-    """Run `cells` here as one cell group (pflbench.groups), each continuing from its checkpoint if it
-    has one, with torch limited to one cell's CPU share (in lock-step one cell computes at a time).
-    Returns a `pflbench.groups.GroupRun`: per cell what `execute_cell` would return (a failed cell
-    carries its traceback), or, for a cell stopped by a preemption or a full disk, that exception
-    (`stopped`). The group's peak memory and machine are recorded in each cell's summary."""
+def execute_group(cells: list[CellConfig], resources: Resources, options: RunOptions,
+                  reports: list[Callable[[dict], None] | None], notes: list[Callable[[str], None] | None],
+                  preemption: StopRequest | None = None, checkpoint_files: list | None = None):
+    """Run `cells` here (the driver or a Ray worker) as one cell group (pflbench.groups), each
+    continuing from its checkpoint if it has one, with torch limited to one cell's CPU share
+    `resources` (in lock-step one cell computes at a time). `reports[i]`, `notes[i]`,
+    `checkpoint_files[i]`: cell i's, as `execute_cell` takes them. Returns a `pflbench.groups.GroupRun`:
+    per cell what `execute_cell` would return (a failed cell carries its traceback), or, for a cell
+    stopped by a preemption or a full disk, that exception (`stopped`). The group's peak memory and
+    machine are recorded in each cell's summary."""
     import torch
 
     from pflbench.cost import measured
@@ -292,12 +295,13 @@ def execute_group(cells: list[CellConfig], resources: Resources, options: RunOpt
     threads = torch.get_num_threads()
     torch.set_num_threads(options.execution.threads or max(1, int(resources.cpus)))
     execution = options.execution.on("cuda" if resources.gpus > 0 else "cpu")
-    trackings = [cell_tracking(cell, options.trackers, Path(options.results), lambda text, c=cell: display.note(c, text))
-                 for cell in cells]
-    reports = [(lambda info, c=cell, t=tracking: (t.on_round(info) if t is not None else None, display.update(c, info)))
-               for cell, tracking in zip(cells, trackings)]
-    checkpointers = [cell_checkpointer(cell, options, lambda text, c=cell: display.note(c, text), None, preemption)
-                     for cell in cells]
+    checkpoint_files = checkpoint_files or [None] * len(cells)
+    trackings = [cell_tracking(cell, options.trackers, Path(options.results), note) for cell, note in zip(cells, notes)]
+    on_round = [(lambda info, t=tracking, r=report: (t.on_round(info) if t is not None else None,
+                                                      r(info) if r is not None else None))
+                for tracking, report in zip(trackings, reports)]
+    checkpointers = [cell_checkpointer(cell, options, note, files, preemption)
+                     for cell, note, files in zip(cells, notes, checkpoint_files)]
     outcome: GroupRun | None = None
     try:
         for cell in cells:
@@ -306,7 +310,7 @@ def execute_group(cells: list[CellConfig], resources: Resources, options: RunOpt
             def group_run():
                 nonlocal outcome
                 outcome = run_group(cells, data_root=options.data_root, mirror=options.mirror, execution=execution,
-                                    checkpointers=checkpointers, on_round=reports, passthrough=(Preempted, DiskFull))
+                                    checkpointers=checkpointers, on_round=on_round, passthrough=(Preempted, DiskFull))
                 return probe
 
             probe = failed_result("")  # carries what `measured` adds: the group's peak memory, the machine
@@ -383,7 +387,9 @@ def run_groups_in_process(cells: list[CellConfig], plan: Plan, options: RunOptio
             for cell in taken:
                 display.update(cell, {"round": 0})
             with preemption.cell_running():
-                outcome = execute_group(taken, plan.resources, options, display, preemption)
+                outcome = execute_group(taken, plan.resources, options,
+                                        [lambda info, c=cell: display.update(c, info) for cell in taken],
+                                        [lambda text, c=cell: display.note(c, text) for cell in taken], preemption)
         except Preempted as stop:  # the grace deadline, inside a round: no cell of the group has a result
             for cell in taken:
                 store.release(cell)
@@ -524,25 +530,65 @@ def _ray_task(cell: CellConfig, resources: Resources, options: RunOptions, board
               data: DataFingerprint | None):
     """One attempt of a cell on a Ray worker: its progress to `board`, its checkpoints through
     `checkpoint_files` (the driver's store), its data checked first where this is not the driver's node."""
-    import ray
-
     from pflbench.oom_kills import OomKills
 
     key = cell_hash(cell)
     board.post.remote(key, {"round": 0, "oom_kills": OomKills.here()})  # the count a death in round 1 is judged by
-    if data is not None and data.driver_node != ray.get_runtime_context().get_node_id():
-        try:
-            check_node_data(cell, data, this_node())
-        except NodeDataError as error:
-            return failed_result(str(error))
-        except Exception:
-            return failed_result(traceback.format_exc())
+    missing = node_data_problem(cell, data)
+    if missing is not None:
+        return missing
     try:
         return execute_cell(cell, resources, options, report=lambda info: board.post.remote(key, progress_of(info)),
                             note=lambda text: board.note.remote(key, text), checkpoint_files=checkpoint_files,
                             preemption=BoardStop(board))
     except Preempted as stop:  # handed back as a value: the driver records no result
         return stop
+
+
+def node_data_problem(cell: CellConfig, data: DataFingerprint | None):
+    """On a Ray worker on another node than the driver's: the failed result of a cell whose data this
+    node lacks (one message naming the node and the path), else None."""
+    import ray
+
+    if data is None or data.driver_node == ray.get_runtime_context().get_node_id():
+        return None
+    try:
+        check_node_data(cell, data, this_node())
+    except NodeDataError as error:
+        return failed_result(str(error))
+    except Exception:
+        return failed_result(traceback.format_exc())
+    return None
+
+
+def _ray_group_task(cells: list[CellConfig], resources: Resources, options: RunOptions, board,
+                    checkpoint_files: list, data: list[DataFingerprint | None]) -> list:
+    """One attempt of a cell group on a Ray worker (`_ray_task` for each of its cells, in one process as
+    `execute_group` runs them): per cell, in order, its result, or the `Preempted` / `DiskFull` that
+    stopped it (handed back as values: the driver records no result for it). A cell whose data this
+    node lacks fails alone; the others run as the group."""
+    from pflbench.oom_kills import OomKills
+
+    keys = [cell_hash(cell) for cell in cells]
+    kills = OomKills.here()
+    for key in keys:
+        board.post.remote(key, {"round": 0, "oom_kills": kills})  # the count a death in round 1 is judged by
+    outcomes: list = [node_data_problem(cell, fingerprint) for cell, fingerprint in zip(cells, data)]
+    runnable = [i for i, outcome in enumerate(outcomes) if outcome is None]
+    if not runnable:
+        return outcomes
+    try:
+        run = execute_group([cells[i] for i in runnable], resources, options,
+                            [lambda info, key=keys[i]: board.post.remote(key, progress_of(info)) for i in runnable],
+                            [lambda text, key=keys[i]: board.note.remote(key, text) for i in runnable],
+                            preemption=BoardStop(board), checkpoint_files=[checkpoint_files[i] for i in runnable])
+    except (Preempted, DiskFull) as stop:  # the whole group's: every cell stops without a result
+        for i in runnable:
+            outcomes[i] = stop
+        return outcomes
+    for i, result, stop in zip(runnable, run.results, run.stopped):
+        outcomes[i] = stop if stop is not None else result
+    return outcomes
 
 
 def progress_of(info: dict) -> dict:
@@ -560,13 +606,17 @@ PROGRESS_KEYS = ("round", "rounds", "mean_accuracy", "mean_val_accuracy")
 
 def run_on_ray(cells: list[CellConfig], plan: Plan, options: RunOptions, store: Store, display: Display,
                data: dict[str, DataFingerprint] | None = None, preemption: Preemption | None = None) -> None:
-    """Run `cells` as Ray tasks (`data`: each cell's DataFingerprint by hash, checked on other nodes).
+    """Run `cells` as Ray tasks (`data`: each cell's DataFingerprint by hash, checked on other nodes), one
+    task per cell, or per cell group where the execution options form groups (pflbench.groups: one task
+    with `group_resources`; a lost group is retried as a group, each cell from its own checkpoint; its
+    cells' results are recorded when the task ends; `workers` then counts groups).
     A stop asked for through `preemption` reaches the running cells through the board: they stop at the
     end of their round with a checkpoint, or are cancelled `grace_seconds` after the signal; no other
     cell starts, and `RunStopped` says where each stopped cell resumes (module doc)."""
     import ray
 
     from pflbench.checkpoint_relay import RelayedCheckpointFile, start_keeper
+    from pflbench.groups import form_groups, group_resources
 
     try:
         owned = connect_ray(options.ray_address, options.workers, plan.resources.cpus)
@@ -587,21 +637,35 @@ def run_on_ray(cells: list[CellConfig], plan: Plan, options: RunOptions, store: 
         data = {key: replace(value, driver_node=driver_node) for key, value in (data or {}).items()}
         # A lost worker's cell is retried here, not by Ray, so that each retry is said and bounded.
         task = ray.remote(_ray_task).options(**task_resources(plan.resources))
+        # Units of work: a cell alone, or a cell group (pflbench.groups) where the execution options form
+        # them; a group is one task with the resources the group needs (`group_resources`).
+        grouped = options.execution.grouped(options.execution.device or ("cuda" if plan.resources.gpus > 0 else "cpu"))
+        waiting = form_groups(cells) if grouped else [[cell] for cell in cells]
         attempts: dict[str, int] = {}
-        waiting = list(cells)
         by_key = {cell_hash(cell): cell for cell in cells}
 
-        def start(cell: CellConfig) -> None:
-            """Open the cell's next attempt with the keeper (only it may write the checkpoint), then run it."""
-            key = cell_hash(cell)
-            attempt = attempts.get(key, 0)
-            ray.get(keeper.open.remote(key, attempt))
-            board.post.remote(key, {"round": 0})  # nothing of an earlier attempt is taken for this one's
-            files = RelayedCheckpointFile(keeper, key, attempt)
-            running[task.remote(cell, plan.resources, worker_options, board, files, data.get(key))] = cell
+        def start(unit: list[CellConfig]) -> None:
+            """Open each cell's next attempt with the keeper (only it may write the cell's checkpoint),
+            then run the cell, or the group, as one task."""
+            files = []
+            for cell in unit:
+                key = cell_hash(cell)
+                attempt = attempts.get(key, 0)
+                ray.get(keeper.open.remote(key, attempt))
+                board.post.remote(key, {"round": 0})  # nothing of an earlier attempt is taken for this one's
+                files.append(RelayedCheckpointFile(keeper, key, attempt))
+            if len(unit) == 1:
+                ref = task.remote(unit[0], plan.resources, worker_options, board, files[0], data.get(cell_hash(unit[0])))
+            else:
+                group_task = ray.remote(_ray_group_task).options(
+                    **task_resources(group_resources(plan.resources, len(unit))))
+                ref = group_task.remote(unit, plan.resources, worker_options, board, files,
+                                        [data.get(cell_hash(cell)) for cell in unit])
+            running[ref] = unit
 
         # Claim cells only as they can start, so that runners sharing the store split the matrix.
-        limit = options.workers or ray_capacity(ray.cluster_resources(), plan.resources) or len(cells)
+        widest = group_resources(plan.resources, max(map(len, waiting), default=1)) if grouped else plan.resources
+        limit = options.workers or ray_capacity(ray.cluster_resources(), widest) or len(waiting)
         stopping_since: float | None = None
         latest_peak: dict[str, int] = {}  # each cell's worker's peak memory, as its last round reported it
         stopped: list[str] = []  # the preempted cells, in words
@@ -617,70 +681,90 @@ def run_on_ray(cells: list[CellConfig], plan: Plan, options: RunOptions, store: 
                 why.resumes_at = checkpoint_round(cell, store)
             stopped.append(stopped_cell(why, cell, options.grace_seconds))
 
+        def disk_full(full: BaseException, cell: CellConfig, unit: list[CellConfig]) -> RunStopped:
+            """A full disk: the unit's cells released, every other running task cancelled."""
+            for other in unit:
+                store.release(other)
+            for ref in running:
+                ray.cancel(ref, force=True)
+            return RunStopped(disk_full_line(cause_of(full), cell, store), DISK_FULL_EXIT)
+
         while waiting or running:
             if preemption is not None and preemption.requested and stopping_since is None:
                 stopping_since = time.monotonic()
                 waiting.clear()
                 ray.get(board.request_stop.remote(preemption.signal))
             if stopping_since is not None and time.monotonic() - stopping_since > options.grace_seconds:
-                for ref, cell in list(running.items()):
+                for ref, unit in list(running.items()):
                     ray.cancel(ref, force=True)
-                    stop(cell, Preempted(preemption.signal, in_round=True))
+                    for cell in unit:
+                        stop(cell, Preempted(preemption.signal, in_round=True))
                 running.clear()
                 break
             while waiting and len(running) < limit:
-                cell = waiting.pop(0)
-                if take(cell, store, options, display):
-                    start(cell)
+                taken = [cell for cell in waiting.pop(0) if take(cell, store, options, display)]
+                if taken:
+                    start(taken)
             done, _ = ray.wait(list(running), num_returns=1, timeout=0.5)
             for ref in done:
-                cell = running.pop(ref)
+                unit = running.pop(ref)
                 try:
-                    result = ray.get(ref)
+                    value = ray.get(ref)
                 except ray.exceptions.RayError as error:  # the worker died, was killed, ran out of memory
                     if isinstance(error, DiskFull):  # the keeper could not write its checkpoint: as in process
-                        store.release(cell)
-                        for other in running:
-                            ray.cancel(other, force=True)
-                        raise RunStopped(disk_full_line(cause_of(error), cell, store), DISK_FULL_EXIT) from None
+                        raise disk_full(error, unit[0], unit) from None
                     if stopping_since is not None:  # a worker ended by the same signal: no retry now
-                        stop(cell, Preempted(preemption.signal, in_round=True))
+                        for cell in unit:
+                            stop(cell, Preempted(preemption.signal, in_round=True))
                         continue
-                    tried = attempts[cell_hash(cell)] = attempts.get(cell_hash(cell), 0) + 1
-                    last = ray.get(board.latest_of.remote(cell_hash(cell))) or {}  # what this attempt posted last
-                    oom = last.get("oom_kills")
-                    why = worker_lost(error, last.get("peak_mb", latest_peak.get(cell_hash(cell))),
-                                      oom_killed=oom is not None and not isinstance(error, ray.exceptions.OutOfMemoryError)
-                                      and oom.rose())
+                    whys = []
+                    for cell in unit:  # a group's cells were lost together: each is retried, from its checkpoint
+                        key = cell_hash(cell)
+                        attempts[key] = attempts.get(key, 0) + 1
+                        last = ray.get(board.latest_of.remote(key)) or {}  # what this attempt posted last
+                        oom = last.get("oom_kills")
+                        killed = (oom is not None and not isinstance(error, ray.exceptions.OutOfMemoryError)
+                                  and oom.rose())
+                        whys.append(worker_lost(error, last.get("peak_mb", latest_peak.get(key)), oom_killed=killed))
+                    tried = max(attempts[cell_hash(cell)] for cell in unit)
                     if tried <= options.retries:
-                        display.note(cell, f"{why}; retry {tried} of {options.retries}, from its checkpoint where "
-                                           f"it has one")
-                        start(cell)
+                        for cell, why in zip(unit, whys):
+                            display.note(cell, f"{why}; retry {tried} of {options.retries}, from its checkpoint "
+                                               f"where it has one" + (f" (its group of {len(unit)} cells again)"
+                                                                      if len(unit) > 1 else ""))
+                        start(unit)
                         continue
-                    result = failed_result(f"Ray: {type(error).__name__}: {error}\n"
-                                           f"{why} (after {options.retries} retries)\n")
-                if isinstance(result, Preempted):
-                    stop(cell, result)
-                    continue
-                try:
-                    ray.get(keeper.close.remote(cell_hash(cell)))  # no late write of a lost attempt after this
-                except ray.exceptions.RayError:  # the keeper is gone: nothing can write through it either
-                    pass
-                try:
-                    record(cell, result, store, options, display)
-                except DiskFull as full:
-                    store.release(cell)
-                    for ref in running:
-                        ray.cancel(ref, force=True)
-                    raise RunStopped(disk_full_line(full, cell, store), DISK_FULL_EXIT) from None
+                    value = [failed_result(f"Ray: {type(error).__name__}: {error}\n"
+                                           f"{why} (after {options.retries} retries)\n") for why in whys]
+                    value = value if len(unit) > 1 else value[0]
+                full = None
+                for i, (cell, result) in enumerate(zip(unit, value if len(unit) > 1 else [value])):
+                    if isinstance(result, Preempted):
+                        stop(cell, result)
+                        continue
+                    try:
+                        ray.get(keeper.close.remote(cell_hash(cell)))  # no late write of a lost attempt after this
+                    except ray.exceptions.RayError:  # the keeper is gone: nothing can write through it either
+                        pass
+                    if isinstance(result, DiskFull):  # a group's cell stopped by a full disk: no result
+                        store.release(cell)
+                        full = full or (result, cell)
+                        continue
+                    try:
+                        record(cell, result, store, options, display)
+                    except DiskFull as error:
+                        raise disk_full(error, cell, unit[i:]) from None
+                if full is not None:
+                    raise disk_full(full[0], full[1], []) from None
             latest, notes = ray.get(board.snapshot.remote())
             latest_peak.update({key: info["peak_mb"] for key, info in latest.items() if "peak_mb" in info})
             for key, text in notes:  # a cell that finished since it posted still gets its note
                 if key in by_key:
                     display.note(by_key[key], text)
-            for cell in running.values():
-                if cell_hash(cell) in latest:
-                    display.update(cell, latest[cell_hash(cell)])
+            for unit in running.values():
+                for cell in unit:
+                    if cell_hash(cell) in latest:
+                        display.update(cell, latest[cell_hash(cell)])
         if stopping_since is not None:
             raise RunStopped(f"preempted ({preemption.signal}) on Ray: "
                              + ("; ".join(stopped) if stopped else "no cell was running")

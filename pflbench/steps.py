@@ -89,8 +89,11 @@ def step_plan(fed, rnd: int | Round, clients: Tensor, *, stream: StreamLike | No
               epochs: int | None = None, steps: int | None = None, split: str = "train") -> StepPlan:
     """The engine's batch plan for `clients` (`Federation.local_plans`: for the round's context `rnd`,
     stragglers already cut) as a `StepPlan`. `stream`: the batch order's random stream (default
-    "batches", the engine's). The sample ids reach the device in one
-    copy (positions padded on the host, then one gather from the clients' concatenated sample ids)."""
+    "batches", the engine's). `clients` are read from the device once (none where they are on the
+    host already: a caller making several plans of one round copies them once). The sample ids reach
+    the device in one copy (positions padded on the host, then one gather from the clients'
+    concatenated sample ids)."""
+    clients = clients.cpu()  # the plan's every read of the clients, on the host
     indices = [fed.splits[split][c] for c in clients.tolist()]
     plans = fed.local_plans(rnd, clients, epochs=epochs, steps=steps, split=split,
                             stream=stream)
@@ -215,15 +218,28 @@ class LossCheck:
         """(index of the first check with a non-finite loss of an active client, [K] bool mask of
         those clients, on the device), or None when every active client's loss was finite. Reads one
         flag from the device (more only when a check failed)."""
-        if not self._masks:
-            return None
-        checks = len(self._masks)
-        bad = (~torch.isfinite(torch.stack(self._losses))).view(checks, self._width, -1).any(1) & torch.stack(self._masks)
-        failed = bad.any(1)
-        if not bool(failed.any()):
-            return None
-        first = int(torch.nonzero(failed)[0])
-        return first, bad[first]
+        return self.verdict()[0]
+
+    def verdict(self, rows_ok: Tensor | None = None) -> tuple[tuple[int, Tensor] | None, bool]:
+        """`first_failure`, and whether every entry of `rows_ok` (e.g. `finite` of the trained state,
+        [K] bool on the device; None: nothing more) is True, read from the device together: the
+        round's one host synchronisation where both are checked (more only when a check failed)."""
+        flags: list[Tensor] = []
+        bad = None
+        if self._masks:
+            checks = len(self._masks)
+            bad = (~torch.isfinite(torch.stack(self._losses))).view(checks, self._width, -1).any(1) & torch.stack(self._masks)
+            flags.append(bad.any(1).any())
+        if rows_ok is not None:
+            flags.append(rows_ok.all())
+        if not flags:
+            return None, True
+        read = torch.stack(flags).tolist()
+        failed, ok = (read[0] if bad is not None else False), (read[-1] if rows_ok is not None else True)
+        if not failed:
+            return None, ok
+        first = int(torch.nonzero(bad.any(1))[0])
+        return (first, bad[first]), ok
 
 
 def per_client(fed, clients: Tensor, fn: Callable, *stacked):

@@ -287,3 +287,258 @@ def test_a_cell_drawing_from_the_global_generator_runs_alone_before_the_group(tm
         assert one.status == "finished"
         assert_identical(one, grouped)
     assert group.stats[1].merged == group.stats[1].calls == 3
+
+
+# ---- groups on Ray --------------------------------------------------------------------------------
+
+@pytest.fixture
+def local_ray():
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+def test_group_resources_one_cells_cpus_and_the_gpu_fractions_summed_up_to_one_gpu():
+    from pflbench.groups import group_resources
+    from pflbench.spec_schema import Resources
+
+    assert group_resources(Resources(cpus=2, gpus=0), 8) == Resources(cpus=2, gpus=0)
+    assert group_resources(Resources(cpus=1, gpus=0.125), 4) == Resources(cpus=1, gpus=0.5)
+    assert group_resources(Resources(cpus=1, gpus=0.1), 3).gpus == 0.3  # rounded: Ray's resolution
+    assert group_resources(Resources(cpus=1, gpus=0.25), 10) == Resources(cpus=1, gpus=1.0)
+    assert group_resources(Resources(cpus=1, gpus=2), 3) == Resources(cpus=1, gpus=2)
+
+
+def test_groups_on_ray_give_the_one_by_one_summaries(tmp_path, faulty_algorithms, local_ray, monkeypatch):
+    """`pflbench run` on Ray with cell groups: two groups (two dataset shapes), a failing and a diverging
+    cell in one of them; every cell's summary and metrics are those of the in-process run one by one,
+    and each grouped cell records its group."""
+    from pflbench.metrics import RUN_RECORD_KEYS
+    from pflbench.runner import RunOptions, run_plan
+    from pflbench.spec import parse_spec
+    from pflbench.store import Store
+    from rich.console import Console
+
+    monkeypatch.setenv("PFLBENCH_DATA_MIRROR", str(tmp_path / "no-mirror"))
+    the_plan = parse_spec({
+        "name": "t", "plugins": [str(tmp_path / "faulty_fedavg.py")],
+        "matrix": {"algorithm": ["fedavg", "test-crashing-fedavg", "test-poisoned-fedavg", "local"],
+                   "dataset": [{"name": "synthetic", "options": {"num_samples": 1000}},
+                               {"name": "synthetic-images", "options": IMAGES["dataset_options"]}],
+                   "partition": [{"scheme": "pathological", "params": {"classes_per_client": 3}}], "seed": [0]},
+        "defaults": {"clients": 5, "rounds": 3, "lr": 0.05, "batch_size": 16}})
+    runs = {}
+    for where, groups, ray in (("alone", "off", False), ("ray", "on", True)):
+        options = RunOptions(results=tmp_path / where, data_root=tmp_path / "data", use_ray=ray, workers=2 if ray else 1,
+                             execution=ExecutionOptions(client_batching="on", cell_groups=groups))
+        report = run_plan(the_plan, options, Console(file=open("/dev/null", "w"), width=160))
+        assert report.exit_code == 1 and report.ran == 8
+        runs[where] = Store(options.results)
+    volatile = RUN_RECORD_KEYS | {"train_time_total", "server_time_total", "eval_time_total"}
+    statuses = []
+    for cell in the_plan.cells:
+        alone, grouped = runs["alone"].summary(cell), runs["ray"].summary(cell)
+        statuses.append(grouped["status"])
+        assert {k: v for k, v in alone.items() if k not in volatile} == \
+               {k: v for k, v in grouped.items() if k not in volatile}
+        if grouped["status"] != "failed":
+            assert grouped["cell_group_cells"] == 4 and grouped["cell_group_merged_calls"] > 0
+            metrics = [pd.read_parquet(store.cell_dir(cell) / "metrics.parquet").drop(columns="wall_time")
+                       for store in (runs["alone"], runs["ray"])]
+            pd.testing.assert_frame_equal(*metrics)
+    assert sorted(statuses) == ["diverged"] * 2 + ["failed"] * 2 + ["finished"] * 4
+
+
+GATE_ROUND = 4  # the first attempt of the gated group stops before this round: it resumes at GATE_ROUND - 1
+GATED = '''
+import os
+import time
+from pathlib import Path
+
+from pflbench.algorithm import ALGORITHMS
+from pflbench.algorithms.fedavg import FedAvg
+
+GATE = Path({gate!r})
+
+
+@ALGORITHMS.register("test-gated-group-fedavg")
+class GatedFedAvg(FedAvg):
+    """FedAvg that stops at the start of round {round} while GATE/armed exists and GATE/open does not,
+    after writing GATE/waiting-<pid>-<seed> (the test kills the process there); results are FedAvg's."""
+
+    def configure(self, rnd):
+        if rnd.number == {round} and (GATE / "armed").exists():
+            (GATE / f"waiting-{{os.getpid()}}-{{self.fed.cell.seed}}").touch()
+            deadline = time.monotonic() + 180
+            while not (GATE / "open").exists():
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the test never killed this worker nor opened the gate")
+                time.sleep(0.05)
+        return super().configure(rnd)
+'''
+
+
+def test_a_killed_group_on_ray_resumes_each_cell_from_its_own_checkpoint(tmp_path, local_ray, monkeypatch,
+                                                                         fresh_plugins):
+    """A group of two cells on one Ray worker, killed (SIGKILL) once both wrote their checkpoint of round
+    3 and wait at round 4: the group is retried, each cell resumes from its own checkpoint, and both end
+    with the results of the uninterrupted in-process run one by one."""
+    import io
+    import os
+    import signal
+    import time
+
+    from checkpoint_helpers import TIMING_COLUMNS
+    from pflbench.checkpoint import read_checkpoint
+    from pflbench.runner import RunOptions, run_plan
+    from pflbench.spec import parse_spec
+    from pflbench.store import Store
+    from rich.console import Console
+
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    plugin = tmp_path / "gated_group.py"
+    plugin.write_text(GATED.format(gate=str(gate), round=GATE_ROUND))
+    monkeypatch.setenv("PFLBENCH_DATA_MIRROR", str(tmp_path / "no-mirror"))
+
+    def plan():
+        return parse_spec({
+            "name": "group-retry", "plugins": [str(plugin)],
+            "matrix": {"algorithm": ["test-gated-group-fedavg"], "dataset": ["synthetic"],
+                       "partition": [{"scheme": "pathological", "params": {"classes_per_client": 3}}], "seed": [0, 1]},
+            "defaults": {"clients": 5, "rounds": 6, "lr": 0.05, "eval_every": 3, "dataset_options": {"num_samples": 1000}},
+        })
+
+    batched = ExecutionOptions(client_batching="on")
+    reference = RunOptions(results=tmp_path / "alone", data_root=tmp_path / "data", use_ray=False, execution=batched)
+    assert run_plan(plan(), reference, Console(file=io.StringIO())).exit_code == 0  # the gate is not armed
+    (gate / "armed").touch()
+    options = RunOptions(results=tmp_path / "ray", data_root=tmp_path / "data", use_ray=True, workers=2,
+                         checkpoint_every=1, checkpoint_minutes=0, retries=1,
+                         execution=ExecutionOptions(client_batching="on", cell_groups="on"))
+    killed: list = []
+    errors: list = []
+
+    def killer():
+        try:
+            deadline = time.monotonic() + 180
+            while len(waiting := list(gate.glob("waiting-*"))) < 2:
+                assert time.monotonic() < deadline, "the gated group never arrived"
+                time.sleep(0.05)
+            [pid] = {int(path.name.split("-")[1]) for path in waiting}  # one process: the group's
+            assert pid != os.getpid(), "the group ran in this process, not on a Ray worker"
+            rounds = []
+            for path in (tmp_path / "ray").glob("*/checkpoint.pt"):
+                header, payload = read_checkpoint(path)  # whole: header, size and checksum
+                assert header["pid"] == pid, header
+                rounds.append(payload["round"])
+            assert rounds == [GATE_ROUND - 1] * 2, rounds
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+        except BaseException as error:  # reported by the test, not lost in the thread
+            errors.append(error)
+        finally:
+            (gate / "open").touch()
+
+    thread = threading.Thread(target=killer, daemon=True)
+    thread.start()
+    output = io.StringIO()
+    report = run_plan(plan(), options, Console(file=output, width=300))
+    thread.join(timeout=200)
+    text = output.getvalue()
+    assert not errors, f"{errors[0]!r}\n{text}"
+    assert killed and report.exit_code == 0, text
+    assert "retry 1 of 1" in text and "its group of 2 cells again" in text, text
+    store, alone = Store(tmp_path / "ray"), Store(reference.results)
+    for cell in plan().cells:
+        summary = store.summary(cell)
+        assert summary["resumed_from_round"] == GATE_ROUND - 1 and summary["cell_group_cells"] == 2
+        for name in ("metrics.parquet", "rounds.parquet"):
+            a = pd.read_parquet(store.cell_dir(cell) / name)
+            b = pd.read_parquet(alone.cell_dir(cell) / name)
+            columns = [c for c in a.columns if c not in TIMING_COLUMNS]
+            pd.testing.assert_frame_equal(a[columns], b[columns], check_exact=True)
+        assert not store.checkpoint_path(cell).exists()
+
+
+SIGNALLING = '''
+import os
+import signal
+import time
+from pathlib import Path
+
+from pflbench.algorithm import ALGORITHMS
+from pflbench.algorithms.fedavg import FedAvg
+from pflbench.preemption import current
+
+GATE = Path({gate!r})
+
+
+@ALGORITHMS.register("test-signalling-group-fedavg")
+class SignallingFedAvg(FedAvg):
+    """FedAvg whose seed-0 cell, while GATE/armed exists, sends SIGTERM to the process named in it at the
+    start of round {round} and waits until the stop reaches this worker; results are FedAvg's."""
+
+    def configure(self, rnd):
+        if rnd.number == {round} and self.fed.cell.seed == 0 and (GATE / "armed").exists():
+            os.kill(int((GATE / "armed").read_text()), signal.SIGTERM)
+            deadline = time.monotonic() + 120
+            while not current().requested:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the driver's stop never reached this worker")
+                time.sleep(0.05)
+        return super().configure(rnd)
+'''
+
+
+def test_sigterm_stops_a_group_on_ray_at_the_end_of_its_round_and_the_rerun_resumes_each_cell(
+        tmp_path, local_ray, monkeypatch, fresh_plugins):
+    """SIGTERM to the driver while a group of two cells runs on a Ray worker: both cells end the round in
+    progress with a checkpoint, the run exits with PREEMPTED_EXIT naming each, and the next run resumes
+    each from its checkpoint, equal to the in-process run one by one."""
+    import io
+    import os
+    import re
+
+    from checkpoint_helpers import assert_same_result
+    from pflbench.checkpoint import CHECKPOINT, read_header
+    from pflbench.config import cell_hash
+    from pflbench.preemption import PREEMPTED_EXIT
+    from pflbench.runner import RunOptions, run_plan
+    from pflbench.spec import parse_spec
+    from rich.console import Console
+
+    monkeypatch.setenv("PFLBENCH_DATA_MIRROR", str(tmp_path / "no-mirror"))
+    gate, rounds, at = tmp_path / "gate", 6, 3
+    gate.mkdir()
+    plugin = tmp_path / "signalling_group.py"
+    plugin.write_text(SIGNALLING.format(gate=str(gate), round=at))
+    plan = parse_spec({
+        "name": "group-preempt", "plugins": [str(plugin)],
+        "matrix": {"algorithm": ["test-signalling-group-fedavg"], "dataset": ["synthetic"],
+                   "partition": [{"scheme": "pathological", "params": {"classes_per_client": 3}}], "seed": [0, 1]},
+        "defaults": {"clients": 5, "rounds": rounds, "lr": 0.05, "eval_every": 2, "dataset_options": {"num_samples": 600}},
+    })
+    common = dict(data_root=tmp_path / "data", checkpoint_minutes=0)
+    reference = RunOptions(results=tmp_path / "alone", use_ray=False, execution=ExecutionOptions(client_batching="on"),
+                           **common)
+    assert run_plan(plan, reference, Console(file=io.StringIO())).exit_code == 0
+    on_ray = RunOptions(results=tmp_path / "ray", use_ray=True, workers=2,
+                        execution=ExecutionOptions(client_batching="on", cell_groups="on"), **common)
+    (gate / "armed").write_text(str(os.getpid()))
+    output = io.StringIO()
+    report = run_plan(plan, on_ray, Console(file=output, width=600))
+    (gate / "armed").unlink()
+    text = output.getvalue()
+    assert report.exit_code == PREEMPTED_EXIT, text
+    for cell in plan.cells:
+        assert re.search(rf"cell {cell_hash(cell)} \(test-signalling-group-fedavg [^)]*\): checkpoint written after "
+                         rf"round {at} of {rounds}; the next run resumes at round {at} of {rounds}", text), text
+        assert read_header(on_ray.results / cell_hash(cell) / CHECKPOINT)["round"] == at
+        assert not (on_ray.results / cell_hash(cell) / "summary.json").exists()
+    again = io.StringIO()
+    assert run_plan(plan, on_ray, Console(file=again, width=400)).exit_code == 0, again.getvalue()
+    assert again.getvalue().count(f"resumed at round {at} of {rounds}") == 2, again.getvalue()
+    for cell in plan.cells:
+        assert_same_result(on_ray.results / cell_hash(cell), reference.results / cell_hash(cell))

@@ -339,7 +339,8 @@ def test_the_steps_read_nothing_from_the_device_however_many_there_are(tmp_path,
             alg.local_train(context, state)
         reads[epochs] = counter.count
     # the per-step form read 7 values a step for pFedMe (k = 5) and 3 for Per-FedAvg, 2 more in tail
-    # steps; now a round reads the same few (the clients' ids, the plan's counts, the two final checks)
+    # steps; now a round reads the same few (the clients' ids, the plan's counts, the final check of
+    # the losses and the parameters, one read: `LossCheck.verdict`)
     assert steps[3] >= 3 * steps[1] - 1 and reads[1] == reads[3], (steps, reads)
 
 
@@ -383,3 +384,26 @@ def test_loss_check_finds_the_first_failing_check_and_ignores_inactive_clients()
     with pytest.raises(ValueError):
         check.add(everyone, torch.zeros(3))
     assert LossCheck().first_failure() is None
+
+
+def test_the_losses_and_the_trained_rows_are_checked_in_one_read_of_the_device():
+    """`LossCheck.verdict`: `first_failure` and whether every trained row is finite, one read where no
+    check failed (the round's only one at its end), and the same answers as the two separate checks."""
+    nan = float("nan")
+    everyone = Active(True, torch.ones(3, dtype=torch.bool))
+    for losses, rows in (([1.0, 2.0, 3.0], [True, True, True]), ([1.0, 2.0, 3.0], [True, False, True]),
+                         ([1.0, nan, 3.0], [True, True, True]), ([nan, 2.0, nan], [False, True, True])):
+        check = LossCheck()
+        check.add(everyone, torch.tensor([1.0, 1.0, 1.0]))
+        check.add(everyone, torch.tensor(losses))
+        with Reads() as reads:
+            failure, ok = check.verdict(torch.tensor(rows))
+        assert ok == all(rows)
+        separate = check.first_failure()
+        if separate is None:
+            assert failure is None and reads.count == 1
+        else:
+            assert failure[0] == separate[0] == 1 and failure[1].tolist() == separate[1].tolist()
+            assert failure[1].tolist() == [x != x for x in losses]
+    assert LossCheck().verdict() == (None, True)
+    assert LossCheck().verdict(torch.tensor([True, False])) == (None, False)
