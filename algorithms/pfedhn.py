@@ -150,7 +150,7 @@ class PFedHN(Algorithm[PFedHNHP]):
                     "embed_dim": ("int", 2, 64)}
 
     def setup(self) -> None:
-        fed, hp = self.fed, self.hp
+        fed, hp = self.engine, self.hp
         n = fed.num_clients
         self.client_state = fed.init_state(n)   # buffers, and pFedHN-PC's personal classifiers
         params = fed.model.param_names
@@ -160,7 +160,7 @@ class PFedHN(Algorithm[PFedHNHP]):
         else:
             self.generated = list(params)
         shapes = {p: self.client_state[p].shape[1:] for p in self.generated}
-        with streams.torch_global(fed.cell.seed, HYPERNET_STREAM):
+        with fed.torch_global(HYPERNET_STREAM):
             self.hypernet = HyperNetwork(n, shapes, hp.embed_dim or int(1 + n / 4), hp.hidden_dim,
                                          hp.hidden_layers).to(fed.device)
         self.optimizer = torch.optim.SGD(self.hypernet.body(), lr=hp.hn_lr, momentum=hp.hn_momentum,
@@ -193,9 +193,9 @@ class PFedHN(Algorithm[PFedHNHP]):
                 generated = self.hypernet(row)
             start = {n: generated[n] if n in generated else t[k:k + 1] for n, t in state.items()}
             after = self.inner_train(rnd, row, start)
-            arrived = self.fed.arrived(rnd, row)
+            arrived = self.engine.arrived(rnd, row)
             if arrived is None or bool(arrived[0]):  # a dropped client's update never reaches the server
-                update = self.fed.privatize(rnd, client, {n: (generated[n] - after[n])[0] for n in self.generated})
+                update = self.engine.privatize(rnd, client, {n: (generated[n] - after[n])[0] for n in self.generated})
                 self.hypernetwork_step(row, {n: update[n].unsqueeze(0) for n in self.generated})
             for n in self.generated:  # what this client started from, for its upload
                 started[n][k] = generated[n][0]
@@ -206,11 +206,11 @@ class PFedHN(Algorithm[PFedHNHP]):
         """The clients' local training from the generated models `state`: the engine's SGD with the
         cell's optimizer, or the official inner optimizer (`inner_optimizer="official"`)."""
         if self.hp.inner_optimizer == "cell":
-            return self.fed.train(rnd, clients, state, steps=self.hp.inner_steps).state
-        return per_client(self.fed, clients, partial(self._official_inner, rnd), state)
+            return self.engine.train(rnd, clients, state, steps=self.hp.inner_steps).state
+        return per_client(self.engine, clients, partial(self._official_inner, rnd), state)
 
     def _official_inner(self, rnd: ClientRound, clients: Tensor, state: State) -> State:
-        fed, sgd = self.fed, self.OFFICIAL_INNER
+        fed, sgd = self.engine, self.OFFICIAL_INNER
         params = {n: state[n].detach().clone() for n in fed.model.param_names}
         buffers = {n: state[n].detach().clone() for n in fed.model.buffer_names}
         ids, counts = step_ids(fed, rnd, clients, steps=self.hp.inner_steps)
@@ -271,8 +271,8 @@ class PFedHN(Algorithm[PFedHNHP]):
 
     def personalized(self) -> State:
         with torch.no_grad():
-            generated = self.hypernet(torch.arange(self.fed.num_clients, device=self.fed.device))
-        return {n: generated.get(n, self.client_state[n]) for n in self.fed.model.names}
+            generated = self.hypernet(torch.arange(self.engine.num_clients, device=self.engine.device))
+        return {n: generated.get(n, self.client_state[n]) for n in self.engine.model.names}
 
     NEWCOMER_EPOCHS = 5
     NEWCOMER_STREAM = streams.salted_batches("pfedhn.newcomers", 0x0E3E)

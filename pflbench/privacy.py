@@ -357,14 +357,14 @@ class PrivateUploads:
     `Federation.privatize`) are not wrapped; those that cannot be privatized refuse the knob
     (`Capabilities.refused_knobs`)."""
 
-    def __init__(self, algorithm: Any):
-        self.algorithm = algorithm
+    def __init__(self, algorithm: Any, fed: Any):
+        self.algorithm, self.federation = algorithm, fed  # the method, and the cell's Federation (the knob's plan)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.algorithm, name)
 
     def send(self, rnd: ClientRound, state: Any) -> Payload:
-        fed = self.algorithm.fed
+        fed = self.federation
         upload = self.algorithm.send(rnd, state)
         arrived = fed.arrived(rnd, rnd.clients)
         received = privatize_upload(fed.privacy, self.algorithm.dp_upload, rnd.number,
@@ -372,9 +372,11 @@ class PrivateUploads:
         return Payload.from_rows(received, rnd.clients, upload.header, stacked=upload.is_stacked).delivered(arrived)
 
 
-def with_privacy(algorithm: Any) -> Any:
+def with_privacy(algorithm: Any, fed: Any = None) -> Any:
     """`algorithm` as its rounds run under the cell's privacy knob: wrapped in `PrivateUploads` where the
-    knob is on and the algorithm's upload is a model or an update; itself otherwise."""
-    if algorithm.fed.privacy is None or algorithm.dp_upload not in ("model", "update"):
+    knob is on and the algorithm's upload is a model or an update; itself otherwise. `fed`: the cell's
+    Federation (default: the one the algorithm was built with)."""
+    fed = fed if fed is not None else algorithm.engine
+    if fed.privacy is None or algorithm.dp_upload not in ("model", "update"):
         return algorithm
-    return PrivateUploads(algorithm)
+    return PrivateUploads(algorithm, fed)

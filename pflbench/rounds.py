@@ -22,7 +22,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, cast
 
 import numpy as np
 import pandas as pd
@@ -119,12 +119,14 @@ def cell_global_rng(seed: int, device: torch.device):
         yield
 
 
-def run_round(algorithm: Algorithm, rnd: int, clients: Tensor, timing: dict | None = None) -> tuple[Payload, Payload]:
+def run_round(algorithm: Algorithm, rnd: int, clients: Tensor, timing: dict | None = None,
+              fed: Federation | None = None) -> tuple[Payload, Payload]:
     """One round of the algorithm's hooks, each given the round's context (`Federation.round`); returns
     what was sent down and what the clients sent up (the uploads lost to `system.dropout` marked, and
     counted 0 bytes). Only the uploads that arrived are aggregated, and nothing when none did. `timing`,
-    if given, gets the seconds of local training ("train"); the other hooks are the server's share."""
-    fed = algorithm.fed
+    if given, gets the seconds of local training ("train"); the other hooks are the server's share.
+    `fed`: the cell's Federation (default: the one the algorithm was built with, its `engine`)."""
+    fed = fed if fed is not None else cast(Federation, algorithm.engine)
     context = fed.round(rnd, clients)
     download = algorithm.configure(context)
     configured = context.with_download(download)
@@ -214,13 +216,13 @@ def run_rounds(fed: Federation, algorithm: Algorithm, on_round=None, provenance:
         first_round = resumed.round + 1
         record.restore(resumed.loop, resumed.elapsed)
     last_round = cell.rounds if stop_after is None else max(0, min(cell.rounds, stop_after))
-    rounds_of = with_privacy(algorithm)  # the privacy knob wraps the method's uploads (pflbench.privacy)
+    rounds_of = with_privacy(algorithm, fed)  # the privacy knob wraps the method's uploads (pflbench.privacy)
     for rnd in range(first_round, last_round + 1):
         round_start = time.perf_counter()
         clients = torch.as_tensor(fed.schedule[rnd - 1], device=fed.device)
         timing: dict = {}
         try:
-            download, upload = run_round(rounds_of, rnd, clients, timing)
+            download, upload = run_round(rounds_of, rnd, clients, timing, fed)
         except Diverged as err:
             record.diverged(rnd, err)
             break

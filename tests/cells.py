@@ -37,7 +37,7 @@ def assert_batched_matches_loop(cell: CellConfig, data_root, device: str | None 
 def received(alg, rnd: int, clients):
     """Round `rnd`'s context (as the engine makes it) once `alg` has configured it, and the state its
     clients received: what `local_train` starts from."""
-    context = alg.fed.round(rnd, clients)
+    context = alg.engine.round(rnd, clients)
     download = alg.configure(context)
     context = context.with_download(download)
     return context, alg.receive(context, download)

@@ -54,8 +54,8 @@ SIGNALLING = textwrap.dedent("""
         return end_of_round(self, rnd, fed, algorithm, loop, elapsed)
 
     def in_round(algorithm, rnd, clients, timing=None):
-        signals(rnd, "in-round", algorithm.fed.cell)
-        if any(at.endswith(f"{rnd}:in-round") for _, at in plan) and algorithm.fed.cell.seed == 0:
+        signals(rnd, "in-round", algorithm.engine.cell)
+        if any(at.endswith(f"{rnd}:in-round") for _, at in plan) and algorithm.engine.cell.seed == 0:
             time.sleep(600)  # a round that does not end: the grace deadline stops it
         return run_round(algorithm, rnd, clients, timing)
 

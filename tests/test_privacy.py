@@ -174,9 +174,9 @@ def test_the_servers_model_gets_the_noise_of_one_mechanism_not_of_every_client(t
     def aggregate(self, rnd, upload):
         before = {n: t.clone() for n, t in self.global_state.items()}
         original(self, rnd, upload)
-        moved[self.fed.privacy.mode] = torch.cat([(self.global_state[n] - before[n]).flatten()
+        moved[self.engine.privacy.mode] = torch.cat([(self.global_state[n] - before[n]).flatten()
                                                   for n in upload.state if before[n].is_floating_point()])
-        weights = self.fed.train_sizes[upload.clients].double()
+        weights = self.engine.train_sizes[upload.clients].double()
         moved["weights"] = weights / weights.sum()
 
     monkeypatch.setattr(fedavg, "aggregate", aggregate)
