@@ -103,7 +103,7 @@ class APFL(Algorithm[APFLHP]):
             return aux["alpha2"] * cross_entropy(logits, labels, model_state, aux)
 
         trained = self.engine.train(rnd, clients, mixed, objective=objective, aux={"alpha2": weight},
-                                 stream=self.PERSONAL_STREAM).state
+                                    stream=self.PERSONAL_STREAM).state
         params = set(self.engine.model.param_names)
         for n in local:
             if n in params:

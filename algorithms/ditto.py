@@ -74,7 +74,7 @@ class Ditto(Algorithm[DittoHP]):
 
         personal = {n: t[clients] for n, t in self.personal_state.items()}
         personal = self.engine.train(rnd, clients, personal, objective=objective, aux=anchor,
-                                  epochs=self.hp.personal_epochs, stream=self.PERSONAL_STREAM).state
+                                     epochs=self.hp.personal_epochs, stream=self.PERSONAL_STREAM).state
         for n, t in personal.items():
             self.personal_state[n][clients] = t
         return global_update

@@ -85,6 +85,6 @@ class FedRep(Algorithm[FedRepHP]):
         clients = rnd.clients
         if self.hp.head_epochs:
             state = self.engine.train(rnd, clients, state, trainable=self._head_params,
-                                   epochs=self.hp.head_epochs, stream=self.HEAD_STREAM).state
+                                      epochs=self.hp.head_epochs, stream=self.HEAD_STREAM).state
         return self.engine.train(rnd, clients, state, trainable=self._body_params,
-                              epochs=self.hp.body_epochs).state
+                                 epochs=self.hp.body_epochs).state

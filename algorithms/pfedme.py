@@ -115,8 +115,8 @@ class PFedMe(Algorithm[PFedMeHP]):
         if not self.hp.train_all_clients:
             return download
         everyone = torch.cat([rnd.clients, self._others(rnd.clients)])
-        return Payload.from_rows([{n: self.global_state[n][0] for n in self.engine.model.names} for _ in range(len(everyone))],
-                                 everyone)
+        names = self.engine.model.names
+        return Payload.from_rows([{n: self.global_state[n][0] for n in names} for _ in range(len(everyone))], everyone)
 
     def receive(self, rnd: ClientRound, download: Payload) -> State:
         if len(download) > len(rnd.clients):  # train_all_clients: the sampled clients' messages come first
