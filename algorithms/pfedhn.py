@@ -167,10 +167,12 @@ class PFedHN(Algorithm[PFedHNHP]):
                                          weight_decay=hp.hn_weight_decay)
         self.embedding_momentum = torch.zeros_like(self.hypernet.embedding)
 
+    dp_upload = "update"  # the upload is delta theta_i (per_client: each delta as it is delivered)
+
     @property
-    def dp_upload(self) -> str:
-        """per_round: the privacy wrapper privatizes the uploaded deltas; per_client: each delta, as it steps the server."""
-        return "update" if self.hp.server_updates == "per_round" else "self"
+    def updates_per_client(self) -> bool:
+        """per_client: the server steps on each client's update before the next client trains."""
+        return self.hp.server_updates == "per_client"
 
     def configure(self, rnd: Round) -> Payload:
         with torch.no_grad():
@@ -182,21 +184,19 @@ class PFedHN(Algorithm[PFedHNHP]):
         if self.hp.server_updates == "per_round":
             return Trained(self.inner_train(rnd, clients, state), rnd.download.state)
         # The official loop: each client trains the model the hypernetwork generates after the
-        # previous client's update, and its update reaches the server before the next one trains
-        # (training several clients on one round-start model and then stepping for each in turn
-        # applies stale updates; with momentum that blew up at lr 0.05). Same sizes as configured.
+        # previous client's update, and its update reaches the server (`aggregate_client`, through
+        # the engine: dropout, privacy) before the next one trains (training several clients on one
+        # round-start model and then stepping for each in turn applies stale updates; with momentum
+        # that blew up at lr 0.05). Same sizes as configured.
         trained: list[State] = []
         started = {n: t.clone() for n, t in rnd.download.state.items()}  # becomes what each started from
-        for k, client in enumerate(clients.tolist()):
+        for k in range(len(clients)):
             row = clients[k:k + 1]
             with torch.no_grad():
                 generated = self.hypernet(row)
             start = {n: generated[n] if n in generated else t[k:k + 1] for n, t in state.items()}
             after = self.inner_train(rnd, row, start)
-            arrived = self.engine.arrived(rnd, row)
-            if arrived is None or bool(arrived[0]):  # a dropped client's update never reaches the server
-                update = self.engine.privatize(rnd, client, {n: (generated[n] - after[n])[0] for n in self.generated})
-                self.hypernetwork_step(row, {n: update[n].unsqueeze(0) for n in self.generated})
+            rnd.deliver(Payload.from_state({n: generated[n] - after[n] for n in self.generated}, row))
             for n in self.generated:  # what this client started from, for its upload
                 started[n][k] = generated[n][0]
             trained.append(after)
@@ -245,6 +245,10 @@ class PFedHN(Algorithm[PFedHNHP]):
     def aggregate(self, rnd: ClientRound, upload: Payload) -> None:
         if self.hp.server_updates == "per_round":
             self.hypernetwork_step(upload.clients, {n: -t for n, t in upload.state.items()})
+
+    def aggregate_client(self, rnd: ClientRound, upload: Payload) -> None:
+        """per_client: the server's step on one client's update theta_start - theta_after, as it arrives."""
+        self.hypernetwork_step(upload.clients, upload.state)
 
     def hypernetwork_step(self, clients: Tensor, grad_theta: dict[str, Tensor]) -> None:
         """One optimizer step on sum_k <h(v_k; phi), grad_theta_k> (grad_theta = theta_before -

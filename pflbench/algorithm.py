@@ -14,6 +14,11 @@ local work; from `receive` on a `ClientRound`, the same round with what the serv
     state    = alg.local_train(rnd, state)        # client: local SGD (batched across clients)
     upload   = alg.send(rnd, state)               # client -> server, keeps its local part: a Payload (bytes up)
     alg.aggregate(rnd, upload.arrived())          # server: the uploads that reached it (system.dropout)
+
+A server that updates after each client (pFedHN, MH-pFedHN; `updates_per_client`) takes each client's
+upload as it is made: `local_train` hands it over with `rnd.deliver(upload)`, and the engine calls
+`alg.aggregate_client(rnd, upload)` with what arrived (privatized under the privacy knob) before the
+next client trains; the round's `aggregate` then has nothing left to do.
     ... every eval_every rounds, with `serving` the evaluation's context (`pflbench.serving.Serving`:
         the clients served, the round, the adaptation epochs): alg.personalized() scored by
         alg.evaluate(serving, models, splits) on every client's own splits, after
@@ -273,8 +278,9 @@ class Algorithm(Generic[HP]):
     def dp_upload(self) -> str:
         """Privacy (pflbench/privacy.py): what this algorithm uploads, for the privacy knob's wrapper
         (`PrivateUploads`): "model" (the update is upload - download), "update" (the upload already is
-        an update), "self" (not wrapped: the algorithm calls `engine.privatize` where its update leaves
-        the client). Read-only: a method overrides it with a class attribute (`dp_upload = "update"`)
+        an update; also each upload a server that updates after each client receives), "self" (not
+        wrapped: the method privatizes its uploads itself, outside the engine interface; the form
+        before `rnd.deliver`). Read-only: a method overrides it with a class attribute (`dp_upload = "update"`)
         or, where it depends on the hyperparameters, a property."""
         return "model"
 
@@ -327,6 +333,24 @@ class Algorithm(Generic[HP]):
         average = self.weighted_mean(upload)
         if average:  # an empty upload (everything local, e.g. Local across architectures) leaves no global model
             self.global_state.update(average)
+
+    @property
+    def updates_per_client(self) -> bool:
+        """Whether the server updates after each client (`aggregate_client`, each upload handed over with
+        `rnd.deliver` in `local_train`) rather than once a round (`aggregate`). Read-only, like
+        `dp_upload`: a class attribute, or a property where it depends on the hyperparameters."""
+        return False
+
+    def aggregate_client(self, rnd: ClientRound, upload: Payload) -> None:
+        """Server, during the round, for a method whose server updates after each client
+        (`updates_per_client`): one client's upload (`upload.clients`, one row) as it reached the server,
+        before the next client trains. The engine calls it for each upload `local_train` hands over with
+        `rnd.deliver(upload)`, once `system.dropout` has let it through and the privacy knob has
+        privatized it. Default: such a method must say what its server does with it."""
+        raise NotImplementedError(
+            f"{type(self).__name__} delivers uploads during local training (rnd.deliver) but does not "
+            f"define aggregate_client(self, rnd: ClientRound, upload: Payload) -> None"
+        )
 
     def weighted_mean(self, upload: Payload, weights: torch.Tensor | None = None) -> State:
         """FedAvg's average of a stacked `upload` (e.g. `aggregate`'s): each tensor averaged over the

@@ -20,9 +20,12 @@ are an `Engine`. It offers
   `evaluate_personalized_splits`);
 - named random streams of the cell's seed (`generator`, `torch_global`, `seed_torch_global`;
   pflbench.streams), so a method draws nothing that is not reproducible;
-- the system and privacy knobs, for a method that handles its own uploads: whose upload reaches the
-  server (`arrived`), an update as it leaves a client (`privatize`), the tensors that never leave one
-  (`kept_local`).
+- the tensors that never leave a client whatever the method (`kept_local`: the privacy knob's).
+
+What the clients upload reaches the server through the engine, never through a method's own check:
+the round's upload when `send` returns it, or, for a server that updates after each client, each
+client's upload as `local_train` hands it over (`rnd.deliver`, pflbench.round_context); the engine
+applies the system and privacy knobs to both.
 
 The cell's configuration is not handed over: what a method needs of it is a typed value here (the
 budget, the optimizer, the streams), and the rest is the engine's (the schedule, the knobs' plans, the
@@ -282,16 +285,7 @@ class Engine(Protocol):
         """Seed torch's global generator from `stream` (for draws that read it: dropout layers)."""
         ...
 
-    # ---- the system and privacy knobs --------------------------------------------------------------
-    def arrived(self, rnd: int | Round, clients: Tensor) -> Tensor | None:
-        """[K] bool: whose upload reaches the server in round `rnd` (None: every upload)."""
-        ...
-
-    def privatize(self, rnd: int | Round, client: int, update: State) -> State:
-        """One client's update (unstacked tensors) as it leaves the client under the privacy knob
-        (clipped and noised; unchanged when the knob is off): for methods with `dp_upload = "self"`."""
-        ...
-
+    # ---- the privacy knob -------------------------------------------------------------------------
     @property
     def kept_local(self) -> frozenset[str]:
         """Tensors that never leave a client whatever the method (the privacy knob's BatchNorm statistics)."""

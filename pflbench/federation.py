@@ -335,7 +335,7 @@ class Federation:
         return self.system.arrived(round_number(rnd), torch.as_tensor(self.client_ids, device=clients.device)[clients])
 
     def privatize(self, rnd: int | Round, client: int, update: State) -> State:
-        """For algorithms with `dp_upload = "self"`: one client's update (unstacked tensors) as it
+        """One client's update (unstacked tensors) as it
         leaves the client under the `privacy` knob (clipped and noised); unchanged when it is off."""
         if self.privacy is None:
             return update

@@ -18,6 +18,7 @@ caller (the runner records it as failed).
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -38,6 +39,7 @@ from pflbench.metrics import METRIC_COLUMNS, ROUND_COLUMNS, client_rows, summari
 from pflbench.newcomers.scoring import score_newcomers
 from pflbench.privacy import with_privacy
 from pflbench.payload import Payload
+from pflbench.round_context import ClientRound
 from pflbench.serving import Serving, score
 from pflbench.training import Diverged
 
@@ -129,7 +131,7 @@ def run_round(algorithm: Algorithm, rnd: int, clients: Tensor, timing: dict | No
     fed = fed if fed is not None else cast(Federation, algorithm.engine)
     context = fed.round(rnd, clients)
     download = algorithm.configure(context)
-    configured = context.with_download(download)
+    configured = with_server(algorithm, fed, context.with_download(download))
     state = algorithm.receive(configured, download)
     train_start = time.perf_counter()
     state = algorithm.local_train(configured, state)
@@ -140,6 +142,23 @@ def run_round(algorithm: Algorithm, rnd: int, clients: Tensor, timing: dict | No
     if len(arrived):
         algorithm.aggregate(configured, arrived)
     return download, upload
+
+
+def with_server(algorithm: Algorithm, fed: Federation, rnd: ClientRound) -> ClientRound:
+    """`rnd` with the engine's channel to the server (`ClientRound.deliver`): one client's upload, handed
+    over during local training, reaches `algorithm.aggregate_client` unless `system.dropout` loses it;
+    `deliver` returns what arrived (None: lost). `algorithm` is the method as the round runs it (a
+    wrapper, pflbench.privacy, changes what leaves the client on the way)."""
+
+    def deliver(upload: Payload) -> Payload | None:
+        arrived = upload.delivered(fed.arrived(served, upload.clients)).arrived()
+        if not len(arrived):
+            return None
+        algorithm.aggregate_client(served, arrived)
+        return arrived
+
+    served = dataclasses.replace(rnd, deliver=deliver)
+    return served
 
 
 class CellRecord:

@@ -32,11 +32,11 @@ DOCUMENTED = (
     "train", "train_pooled", "local_plans", "batch_generators", "adapt_locally",
     "evaluate", "evaluate_personalized_splits",
     "generator", "torch_global", "seed_torch_global",
-    "arrived", "privatize", "kept_local",
+    "kept_local",
 )
 # The engine's own, never handed to a method.
 ENGINES_OWN = {"cell", "cell_data", "execution", "features", "labels", "splits", "schedule", "system", "privacy",
-               "newcomers", "round", "shifts", "compiled", "channels_last", "client_threads"}
+               "newcomers", "round", "shifts", "compiled", "channels_last", "client_threads", "arrived", "privatize"}
 
 
 class Narrow:
