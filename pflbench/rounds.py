@@ -6,7 +6,10 @@ A round, as driven here (`run_round`; the hooks are `pflbench.algorithm.Algorith
 round's context, a frozen `pflbench.round_context.Round` made by `Federation.round`):
 
     download = configure; state = receive; state = local_train; upload = send (a Payload whose uploads
-    lost to system.dropout are marked); aggregate on the uploads that arrived. Under the privacy knob
+    lost to system.dropout are marked); aggregate on the uploads that arrived. A server that updates
+    after each client gets each client's upload during local_train instead: the method hands it over
+    with `rnd.deliver` (the round's channel to the server, `with_server`), and aggregate_client
+    receives it unless dropout lost it. Under the privacy knob
     the rounds drive the algorithm wrapped in `pflbench.privacy.PrivateUploads` (its uploads leave the
     clients noised); the driver itself knows nothing of privacy.
     every eval_every rounds (and the last): score personalized() on the evaluated splits, after local
@@ -148,7 +151,7 @@ def with_server(algorithm: Algorithm, fed: Federation, rnd: ClientRound) -> Clie
     """`rnd` with the engine's channel to the server (`ClientRound.deliver`): one client's upload, handed
     over during local training, reaches `algorithm.aggregate_client` unless `system.dropout` loses it;
     `deliver` returns what arrived (None: lost). `algorithm` is the method as the round runs it (a
-    wrapper, pflbench.privacy, changes what leaves the client on the way)."""
+    knob's wrapper may change what leaves the client on the way)."""
 
     def deliver(upload: Payload) -> Payload | None:
         arrived = upload.delivered(fed.arrived(served, upload.clients)).arrived()
