@@ -27,7 +27,8 @@ test: install
 # Lint: ruff's checks everywhere; ruff's formatting on the public method API; mypy on the public method
 # API and the built-in algorithms (algorithms/; pyproject.toml's [tool.mypy] files).
 PUBLIC_API := pflbench/algorithm.py pflbench/card.py pflbench/capabilities.py pflbench/streams.py \
-              pflbench/round_context.py pflbench/payload.py pflbench/serving.py pflbench/deprecation.py
+              pflbench/round_context.py pflbench/payload.py pflbench/serving.py pflbench/deprecation.py \
+              pflbench/engine.py
 lint: install
 	$(BIN)/pip install --disable-pip-version-check -q -e ".[lint]"
 	$(BIN)/ruff check .

@@ -78,9 +78,9 @@ class APFL(Algorithm[APFLHP]):
 
     def setup(self) -> None:
         super().setup()
-        n = self.fed.num_clients
-        self.local_state = self.fed.init_state(n)  # v_i
-        self.alpha = torch.full((n,), float(self.hp.alpha), device=self.fed.device)
+        n = self.engine.num_clients
+        self.local_state = self.engine.init_state(n)  # v_i
+        self.alpha = torch.full((n,), float(self.hp.alpha), device=self.engine.device)
 
     def mix(self, alpha: Tensor, local: State, glob: State) -> State:
         """alpha * v + (1 - alpha) * w for floating tensors; integer buffers (BatchNorm counters)
@@ -92,7 +92,7 @@ class APFL(Algorithm[APFLHP]):
     def local_train(self, rnd: ClientRound, state: State) -> State:
         clients = rnd.clients
         anchor = {n: t.detach().clone() for n, t in state.items()}  # w-bar, as downloaded
-        global_update = self.fed.train(rnd, clients, state).state
+        global_update = self.engine.train(rnd, clients, state).state
 
         alpha = self.alpha[clients]
         local = {n: t[clients] for n, t in self.local_state.items()}
@@ -102,9 +102,9 @@ class APFL(Algorithm[APFLHP]):
         def objective(logits: Tensor, labels: Tensor, model_state: State, aux: State) -> Tensor:
             return aux["alpha2"] * cross_entropy(logits, labels, model_state, aux)
 
-        trained = self.fed.train(rnd, clients, mixed, objective=objective, aux={"alpha2": weight},
-                                 stream=self.PERSONAL_STREAM).state
-        params = set(self.fed.model.param_names)
+        trained = self.engine.train(rnd, clients, mixed, objective=objective, aux={"alpha2": weight},
+                                    stream=self.PERSONAL_STREAM).state
+        params = set(self.engine.model.param_names)
         for n in local:
             if n in params:
                 a = _scale(alpha, local[n])
@@ -120,8 +120,8 @@ class APFL(Algorithm[APFLHP]):
     def _update_alpha(self, rnd: ClientRound, clients: Tensor, alpha: Tensor, glob: State) -> Tensor:
         """SGD on alpha_i of CE(alpha_i v_i + (1 - alpha_i) w-bar), v_i and w-bar fixed; one step per
         local step of the round, projected onto [0, 1]."""
-        fed = self.fed
-        lr = self.hp.alpha_lr if self.hp.alpha_lr is not None else fed.cell.lr
+        fed = self.engine
+        lr = self.hp.alpha_lr if self.hp.alpha_lr is not None else fed.sgd.lr
         local = {n: t[clients] for n, t in self.local_state.items()}
         ids, counts = step_ids(fed, rnd, clients, stream=self.ALPHA_STREAM)  # a straggler's share of the round's work
         alpha = alpha.clone()
@@ -134,8 +134,8 @@ class APFL(Algorithm[APFLHP]):
             # inputs of the evaluation-mode forward, which autograd cannot differentiate through
             for name in fed.model.buffer_names:
                 mixed[name] = mixed[name].detach()
-            logits = fed.model.forward(mixed, fed.features[batch], train=False)
-            y = fed.labels[batch]
+            x, y = fed.data(batch)
+            logits = fed.model.forward(mixed, x, train=False)
             loss = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none").view(y.shape).mean(1)
             (grad,) = torch.autograd.grad(loss.sum(), leaf)
             with torch.no_grad():

@@ -29,7 +29,7 @@ class Centralized(Algorithm):
         return {}
 
     def local_train(self, rnd: Round, state: dict) -> dict:
-        self.global_state = self.fed.train_pooled(rnd.number, rnd.clients, self.global_state).state
+        self.global_state = self.engine.train_pooled(rnd.number, rnd.clients, self.global_state).state
         return {}
 
     def send(self, rnd: Round, state: dict) -> Payload:

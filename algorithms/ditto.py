@@ -58,14 +58,14 @@ class Ditto(Algorithm[DittoHP]):
     def setup(self) -> None:
         super().setup()
         # Every client's personal model v_k [N, ...]; never sent.
-        self.personal_state = self.fed.init_state(self.fed.num_clients)
+        self.personal_state = self.engine.init_state(self.engine.num_clients)
 
     def local_train(self, rnd: ClientRound, state: State) -> State:
         clients = rnd.clients
-        params = self.fed.model.param_names
+        params = self.engine.model.param_names
         # w^t: the downloaded global model, the anchor of the personal objective.
         anchor = {f"global.{n}": state[n].detach().clone() for n in params}
-        global_update = self.fed.train(rnd, clients, state).state
+        global_update = self.engine.train(rnd, clients, state).state
         lam = self.hp.lam
 
         def objective(logits: Tensor, labels: Tensor, model_state: State, aux: State) -> Tensor:
@@ -73,8 +73,8 @@ class Ditto(Algorithm[DittoHP]):
             return cross_entropy(logits, labels, model_state, aux) + 0.5 * lam * prox
 
         personal = {n: t[clients] for n, t in self.personal_state.items()}
-        personal = self.fed.train(rnd, clients, personal, objective=objective, aux=anchor,
-                                  epochs=self.hp.personal_epochs, stream=self.PERSONAL_STREAM).state
+        personal = self.engine.train(rnd, clients, personal, objective=objective, aux=anchor,
+                                     epochs=self.hp.personal_epochs, stream=self.PERSONAL_STREAM).state
         for n, t in personal.items():
             self.personal_state[n][clients] = t
         return global_update

@@ -36,7 +36,7 @@ from pflbench.algorithm import ALGORITHMS, Algorithm, Card, ClientRound, Hyperpa
 from pflbench.training import Diverged, State
 
 if TYPE_CHECKING:
-    from pflbench.federation import Federation
+    from pflbench.engine import Engine
 
 
 FINETUNE_STREAM = streams.salted_batches("fedbabu.finetune", 0xBAB0)  # batch order of the evaluation-time fine-tuning, distinct from the rounds'
@@ -59,8 +59,8 @@ class FedBABU(Algorithm[FedBABUHP]):
 
     def setup(self) -> None:
         super().setup()
-        _, self._head = self.fed.model.split_layers(1)
-        self._body_params = [n for n in self.fed.model.param_names if n not in self._head]
+        _, self._head = self.engine.model.split_layers(1)
+        self._body_params = [n for n in self.engine.model.param_names if n not in self._head]
         self._version = 0
         self._cached: tuple[int, State] | None = None
 
@@ -68,7 +68,7 @@ class FedBABU(Algorithm[FedBABUHP]):
         return name in self._head  # the frozen head: never sent, never aggregated
 
     def local_train(self, rnd: ClientRound, state: State) -> State:
-        return self.fed.train(rnd, rnd.clients, state, trainable=self._body_params).state
+        return self.engine.train(rnd, rnd.clients, state, trainable=self._body_params).state
 
     def aggregate(self, rnd: ClientRound, upload: Payload) -> None:
         super().aggregate(rnd, upload)
@@ -78,11 +78,11 @@ class FedBABU(Algorithm[FedBABUHP]):
         if self._cached is not None and self._cached[0] == self._version:
             return self._cached[1]
         start = super().personalized()  # global body + each client's (initial) head
-        tuned = self.finetune(self.fed, start)
+        tuned = self.finetune(self.engine, start)
         self._cached = (self._version, tuned)
         return tuned
 
-    def finetune(self, fed: Federation, start: State) -> State:
+    def finetune(self, fed: Engine, start: State) -> State:
         """`start`'s models fine-tuned on `fed`'s clients' train splits (NaN where that diverged)."""
         if self.hp.finetune_epochs == 0:
             return start

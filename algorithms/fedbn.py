@@ -17,4 +17,4 @@ from pflbench.algorithm import ALGORITHMS, Algorithm, Card
         "so FedBN is FedAvg")}))
 class FedBN(Algorithm):
     def is_local(self, name: str) -> bool:
-        return name in self.fed.model.batchnorm_names
+        return name in self.engine.model.batchnorm_names

@@ -120,12 +120,12 @@ class FedFomo(Algorithm[FedFomoHP]):
 
     def setup(self) -> None:
         super().setup()
-        n = self.fed.num_clients
-        self.server_models = self.fed.init_state(n)  # latest upload of every client
+        n = self.engine.num_clients
+        self.server_models = self.engine.init_state(n)  # latest upload of every client
         self.uploaded = torch.zeros(n, dtype=torch.bool)
         self.affinity = torch.zeros(n, n, dtype=torch.float64)
         self.last_weights = torch.zeros(n, n, dtype=torch.float64)
-        has_val = bool((self.fed.split_sizes("val") > 0).all())
+        has_val = bool((self.engine.split_sizes("val") > 0).all())
         self.eval_split = "val" if has_val else "train"
 
     def epsilon_at(self, rnd: int) -> float:
@@ -133,7 +133,7 @@ class FedFomo(Algorithm[FedFomoHP]):
 
     def choose(self, rnd: int, clients: torch.Tensor) -> torch.Tensor:
         """The models each client downloads: [K, M'] client ids, epsilon-greedy on the affinity."""
-        rng = streams.generator(self.fed.cell.seed, EXPLORE, rnd, kind="numpy")
+        rng = self.engine.generator(EXPLORE, rnd, kind="numpy")
         uploaded = self.uploaded.numpy()
         candidates = [[n for n in np.flatnonzero(uploaded).tolist() if n != c] for c in clients.tolist()]
         count = min([self.hp.models, *map(len, candidates)])
@@ -157,7 +157,7 @@ class FedFomo(Algorithm[FedFomoHP]):
     def configure(self, rnd: Round) -> Payload:
         """Each client's M chosen models (`choose`); the download's header names whose they are."""
         chosen = self.choose(rnd.number, rnd.clients.cpu())
-        device_ids = chosen.to(self.fed.device)
+        device_ids = chosen.to(self.engine.device)
         return Payload.from_state({f"model{m}.{n}": t[device_ids[:, m]]
                                    for m in range(chosen.shape[1]) for n, t in self.server_models.items()},
                                   rnd.clients, header={MODELS: chosen})
@@ -171,13 +171,13 @@ class FedFomo(Algorithm[FedFomoHP]):
         sent = download.state
         if not sent or count == 0:
             return {**own, WEIGHTS: torch.zeros(len(clients), 0)}
-        names = self.fed.model.names
+        names = self.engine.model.names
         k = len(clients)
         # candidates stacked [K * M, ...]: row k * M + m is client k's m-th download
         stacked = {n: torch.stack([sent[f"model{m}.{n}"] for m in range(count)], 1).flatten(0, 1)
                    for n in names}
-        _, own_loss = self.fed.evaluate(own, self.eval_split, clients)
-        _, cand_loss = self.fed.evaluate(stacked, self.eval_split, clients.repeat_interleave(count))
+        _, own_loss = self.engine.evaluate(own, self.eval_split, clients)
+        _, cand_loss = self.engine.evaluate(stacked, self.eval_split, clients.repeat_interleave(count))
         cand_loss = cand_loss.view(k, count)
         distance = self.distance(own, stacked, k, count).to(own_loss.dtype)
         raw = fomo_weights(own_loss, cand_loss, distance)
@@ -186,11 +186,11 @@ class FedFomo(Algorithm[FedFomoHP]):
     def local_train(self, rnd: ClientRound, state: State) -> State:
         """The combined model's local SGD; the weights are carried on to `send`."""
         model = {n: t for n, t in state.items() if n != WEIGHTS}
-        return {**self.fed.train(rnd, rnd.clients, model).state, WEIGHTS: state[WEIGHTS]}
+        return {**self.engine.train(rnd, rnd.clients, model).state, WEIGHTS: state[WEIGHTS]}
 
     def distance(self, own: State, stacked: State, k: int, count: int) -> torch.Tensor:
-        total = torch.zeros(k, count, dtype=torch.float64, device=self.fed.device)
-        for n in self.fed.model.param_names:
+        total = torch.zeros(k, count, dtype=torch.float64, device=self.engine.device)
+        for n in self.engine.model.param_names:
             diff = (stacked[n].view(k, count, -1) - own[n].view(k, 1, -1)).double()
             total += diff.abs().sum(-1) if self.hp.norm == "l1" else (diff ** 2).sum(-1)
         return total if self.hp.norm == "l1" else total.sqrt()
@@ -231,17 +231,17 @@ class FedFomo(Algorithm[FedFomoHP]):
         return self.combine(own, stacked, weights)
 
     def send(self, rnd: ClientRound, state: State) -> Payload:
-        names = self.fed.model.names
+        names = self.engine.model.names
         for n in names:
             self.client_state[n][rnd.clients] = state[n]
         return Payload.from_state({**{n: state[n] for n in names},
-                                   WEIGHTS: state[WEIGHTS].to(torch.float32).to(self.fed.device)}, rnd.clients)
+                                   WEIGHTS: state[WEIGHTS].to(torch.float32).to(self.engine.device)}, rnd.clients)
 
     def aggregate(self, rnd: ClientRound, upload: Payload) -> None:
         """Keep each arrived client's model; add its raw weights to its affinity for the models it was
         sent (the round's download header, at the arrived clients' positions)."""
         clients, sent = upload.clients, upload.state
-        for n in self.fed.model.names:
+        for n in self.engine.model.names:
             self.server_models[n][clients] = sent[n]
         cpu_clients = clients.cpu()
         self.uploaded[cpu_clients] = True

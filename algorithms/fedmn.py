@@ -85,7 +85,7 @@ from pflbench.steps import step_ids
 from pflbench.training import SGD, Diverged, State
 
 if TYPE_CHECKING:
-    from pflbench.federation import Federation
+    from pflbench.engine import Engine
 
 # What a client trains in a round (`receive`'s, `local_train`'s): its copy of the routing net, by client.
 RouterStates = list[dict[str, State]]
@@ -260,9 +260,9 @@ class FedMN(Algorithm[FedMNHP]):
 
     # ---- state -----------------------------------------------------------------------------------
     def setup(self) -> None:
-        fed, hp = self.fed, self.hp
+        fed, hp = self.engine, self.hp
         shape = fed.input_shape
-        with streams.torch_global(fed.cell.seed, INIT_STREAM):
+        with fed.torch_global(INIT_STREAM):
             self.net = ModularNet(shape, fed.num_classes, hp.modules_per_layer, hp.dims, hp.encoder_hidden,
                                   hp.dropout).to(fed.device)
             self.router = Router(shape, fed.num_classes, self.net.gate_count(), hp.router_x_dim,
@@ -332,7 +332,7 @@ class FedMN(Algorithm[FedMNHP]):
             g_out[s_out.masked_fill(~active, float("-inf")).argmax()] = 1
         return hard
 
-    def _client_data(self, fed: Federation, client: int,
+    def _client_data(self, fed: Engine, client: int,
                      generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
         """Client `client`'s (a position of `fed`) router inputs: its train samples, or a draw of them."""
         idx = fed.sample_ids(client)
@@ -341,10 +341,10 @@ class FedMN(Algorithm[FedMNHP]):
         return fed.data(idx)
 
     @torch.no_grad()
-    def _fixed_routing(self, fed: Federation, client: int, router_state: State) -> Tensor:
+    def _fixed_routing(self, fed: Engine, client: int, router_state: State) -> Tensor:
         """The routing `router_state` fixes for client `client` of `fed` (trained clients or newcomers)."""
         self.router.load_state_dict(router_state)
-        x, y = self._client_data(fed, client, streams.generator(fed.cell.seed, ROUTER_SAMPLES_STREAM, client=client))
+        x, y = self._client_data(fed, client, fed.generator(ROUTER_SAMPLES_STREAM, client=client))
         return self.gates(self.router(x, y), self.hp.tau_min, train=False)
 
     # ---- the round -------------------------------------------------------------------------------
@@ -364,7 +364,7 @@ class FedMN(Algorithm[FedMNHP]):
         return states
 
     def local_train(self, rnd: ClientRound, states: RouterStates) -> RouterStates:
-        fed, hp, sgd = self.fed, self.hp, self.fed.sgd
+        fed, hp, sgd = self.engine, self.hp, self.engine.sgd
         clients = rnd.clients
         ids = clients.tolist()
         noise_generators = fed.batch_generators(rnd, clients, stream=NOISE_STREAM)
@@ -379,7 +379,7 @@ class FedMN(Algorithm[FedMNHP]):
             self.net.train()
             gates = None
             with torch.random.fork_rng(devices=[]):
-                streams.seed_torch_global(fed.cell.seed, DROPOUT_STREAM, rnd.number, int(fed.client_ids[c]))  # dropout
+                fed.seed_torch_global(DROPOUT_STREAM, rnd.number, int(fed.client_ids[c]))  # dropout
                 for step in range(int(counts[k])):
                     tau = max(hp.tau_init * math.exp(-hp.tau_rate * self.steps_done[c]), hp.tau_min)
                     if hp.code_compat:
@@ -434,7 +434,7 @@ class FedMN(Algorithm[FedMNHP]):
         it is scored with the routing the server's routing net fixes from its data now, made for this
         evaluation only and never kept in `self.routing`, which `configure` reads to decide what to
         send (evaluation must not write what training reads; issue 29)."""
-        routing = [fixed if fixed is not None else self._fixed_routing(self.fed, c, self.server_router)
+        routing = [fixed if fixed is not None else self._fixed_routing(self.engine, c, self.server_router)
                    for c, fixed in enumerate(self.routing)]
         return {"pool": self.server_pool, "routing": torch.stack(routing)}
 
@@ -452,7 +452,7 @@ class FedMN(Algorithm[FedMNHP]):
         return scores
 
     @torch.no_grad()
-    def _score(self, fed: Federation, client: int, gates: Tensor, split: str) -> tuple[float, float]:
+    def _score(self, fed: Engine, client: int, gates: Tensor, split: str) -> tuple[float, float]:
         """Accuracy and loss of `self.net` (as loaded) with `gates` on client `client`'s own `split` (of `fed`)."""
         idx = fed.sample_ids(client, split)
         if not len(idx):
@@ -469,7 +469,7 @@ class FedMN(Algorithm[FedMNHP]):
     def adapt_locally(self, serving: Serving, models: Models) -> Scored:
         """The after-local-adaptation protocol for a routed pool: each client trains its copy of the
         aggregated modules through its own frozen routing (cross-entropy, the cell's SGD, the batch
-        order of the round after `serving.round`, as `Federation.adapt_locally`; the routing net is not
+        order of the round after `serving.round`, as `Engine.adapt_locally`; the routing net is not
         adapted). A pool per client would not fit in memory at 100 clients (FedMN's modules are large),
         so each client's adapted pool is scored on every evaluated split as soon as it is trained and
         then dropped: the result is `Scored`, which the engine takes as the adapted models' scores."""
@@ -481,7 +481,7 @@ class FedMN(Algorithm[FedMNHP]):
                          torch.zeros(fed.num_clients, device=fed.device)) for name in splits}
         with torch.random.fork_rng(devices=[]):  # dropout draws must not move the training's stream
             for c in range(fed.num_clients):
-                streams.seed_torch_global(fed.cell.seed, ADAPT_DROPOUT_STREAM, rnd, c)
+                fed.seed_torch_global(ADAPT_DROPOUT_STREAM, rnd, c)
                 self.net.load_state_dict(models["pool"])
                 gates = models["routing"][c]
                 params: list[Tensor] = list(self.net.parameters())

@@ -36,7 +36,7 @@ class FedPer(Algorithm[FedPerHP]):
 
     def setup(self) -> None:
         super().setup()
-        _, self._personal = self.fed.model.split_layers(self.hp.personal_layers)
+        _, self._personal = self.engine.model.split_layers(self.hp.personal_layers)
 
     def is_local(self, name: str) -> bool:
         return name in self._personal

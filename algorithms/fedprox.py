@@ -41,7 +41,7 @@ class FedProx(Algorithm[FedProxHP]):
         mu = float(self.hp.mu)
         if mu == 0.0:  # exactly FedAvg: no extra term, not even a zero one
             return super().local_train(rnd, state)
-        names = self.fed.model.param_names
+        names = self.engine.model.param_names
         # The downloaded global model rides along as `aux`, stacked like the state (one row per client).
         anchor = {f"global.{n}": state[n].detach().clone() for n in names}
 
@@ -49,4 +49,4 @@ class FedProx(Algorithm[FedProxHP]):
             prox = sum(((params[n] - aux[f"global.{n}"]) ** 2).flatten(1).sum(1) for n in names)
             return cross_entropy(logits, labels, params, aux) + 0.5 * mu * prox
 
-        return self.fed.train(rnd, rnd.clients, state, objective=objective, aux=anchor).state
+        return self.engine.train(rnd, rnd.clients, state, objective=objective, aux=anchor).state

@@ -70,8 +70,8 @@ class FedRep(Algorithm[FedRepHP]):
 
     def setup(self) -> None:
         super().setup()
-        _, self._head = self.fed.model.split_layers(self.hp.personal_layers)
-        params = self.fed.model.param_names
+        _, self._head = self.engine.model.split_layers(self.hp.personal_layers)
+        params = self.engine.model.param_names
         self._head_params = [n for n in params if n in self._head]
         self._body_params = [n for n in params if n not in self._head]
 
@@ -84,7 +84,7 @@ class FedRep(Algorithm[FedRepHP]):
     def local_train(self, rnd: ClientRound, state: State) -> State:
         clients = rnd.clients
         if self.hp.head_epochs:
-            state = self.fed.train(rnd, clients, state, trainable=self._head_params,
-                                   epochs=self.hp.head_epochs, stream=self.HEAD_STREAM).state
-        return self.fed.train(rnd, clients, state, trainable=self._body_params,
-                              epochs=self.hp.body_epochs).state
+            state = self.engine.train(rnd, clients, state, trainable=self._head_params,
+                                      epochs=self.hp.head_epochs, stream=self.HEAD_STREAM).state
+        return self.engine.train(rnd, clients, state, trainable=self._body_params,
+                                 epochs=self.hp.body_epochs).state

@@ -52,9 +52,9 @@ from pflbench.training import State
 COINS = streams.salted_cell("l2gd.coins", 0x1260)  # the coin flips of every round, drawn once per cell
 
 
-def coin_flips(seed: int, rounds: int, p: float) -> np.ndarray:
-    """The communication coin of every round (index rnd - 1): True with probability p."""
-    rng = streams.generator(seed, COINS, kind="numpy")
+def coin_flips(rng: np.random.Generator, rounds: int, p: float) -> np.ndarray:
+    """The communication coin of every round (index rnd - 1), drawn from `rng` (the cell's stream
+    `COINS`): True with probability p."""
     return rng.random(rounds) < p
 
 
@@ -79,13 +79,13 @@ class L2GD(Algorithm[L2GDHP]):
 
     def setup(self) -> None:
         super().setup()
-        self.coins = coin_flips(self.fed.cell.seed, self.fed.cell.rounds, self.hp.p)
+        self.coins = coin_flips(self.engine.generator(COINS, kind="numpy"), self.engine.budget.rounds, self.hp.p)
 
     @property
     def theta(self) -> float:
         """The aggregation step's pull toward the average, alpha lambda / (n p), at most 1."""
         p = self.hp.p
-        return min(1.0, self.fed.cell.lr * self.hp.lam * (1.0 - p) / p)
+        return min(1.0, self.engine.sgd.lr * self.hp.lam * (1.0 - p) / p)
 
     def communicates(self, rnd: int) -> bool:
         return bool(self.coins[rnd - 1])
@@ -116,7 +116,7 @@ class L2GD(Algorithm[L2GDHP]):
     def local_train(self, rnd: ClientRound, state: State) -> State:
         if self.communicates(rnd.number):
             return state  # the aggregation step makes no gradient step
-        return self.fed.train(rnd, rnd.clients, state).state
+        return self.engine.train(rnd, rnd.clients, state).state
 
     def send(self, rnd: ClientRound, state: State) -> Payload:
         communicates = self.communicates(rnd.number)

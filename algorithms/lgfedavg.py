@@ -37,7 +37,7 @@ class LGFedAvg(Algorithm[LGFedAvgHP]):
 
     def setup(self) -> None:
         super().setup()
-        self._local, _ = self.fed.model.split_layers(self.hp.global_layers)
+        self._local, _ = self.engine.model.split_layers(self.hp.global_layers)
 
     def is_local(self, name: str) -> bool:
         return name in self._local

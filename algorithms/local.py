@@ -31,41 +31,41 @@ class Local(Algorithm):
 
     # ---- heterogeneous cells: one stacked state per architecture group ---------------------------
     def setup(self) -> None:
-        if not self.fed.heterogeneous:
+        if not self.engine.heterogeneous:
             return super().setup()
-        self.group_state = [self.fed.init_state(len(ids), g) for g, ids in enumerate(self.fed.group_clients)]
+        self.group_state = [self.engine.init_state(len(ids), g) for g, ids in enumerate(self.engine.group_clients)]
         self.row: dict[int, int] = {}  # client -> row within its group's state
-        for ids in self.fed.group_clients:
+        for ids in self.engine.group_clients:
             self.row.update({c: r for r, c in enumerate(ids.tolist())})
 
     def configure(self, rnd: Round) -> Payload:
-        return Payload.empty(rnd.clients) if self.fed.heterogeneous else super().configure(rnd)
+        return Payload.empty(rnd.clients) if self.engine.heterogeneous else super().configure(rnd)
 
     def receive(self, rnd: ClientRound, download: Payload) -> State:
-        return {} if self.fed.heterogeneous else super().receive(rnd, download)
+        return {} if self.engine.heterogeneous else super().receive(rnd, download)
 
     def local_train(self, rnd: ClientRound, state: State) -> State:
-        if not self.fed.heterogeneous:
+        if not self.engine.heterogeneous:
             return super().local_train(rnd, state)
-        for g, positions in self.fed.by_group(rnd.clients):
+        for g, positions in self.engine.by_group(rnd.clients):
             members = rnd.clients[positions]
             rows = [self.row[c] for c in members.tolist()]
             own = {n: t[rows] for n, t in self.group_state[g].items()}
-            for n, t in self.fed.train(rnd, members, own).state.items():
+            for n, t in self.engine.train(rnd, members, own).state.items():
                 self.group_state[g][n][rows] = t
         return {}
 
     def send(self, rnd: ClientRound, state: State) -> Payload:
-        return Payload.empty(rnd.clients) if self.fed.heterogeneous else super().send(rnd, state)
+        return Payload.empty(rnd.clients) if self.engine.heterogeneous else super().send(rnd, state)
 
     def personalized(self) -> Models:
-        return self.group_state if self.fed.heterogeneous else super().personalized()
+        return self.group_state if self.engine.heterogeneous else super().personalized()
 
     def newcomer_models(self, serving: Serving) -> Models:
         """Trained from scratch on the newcomers' own data, with the average trained client's epochs."""
         newcomers = serving.clients
-        per_round = self.fed.schedule.shape[1]
-        turns = round(serving.round * per_round / self.fed.num_clients)  # a trained client's expected turns by now
+        per_round = self.engine.budget.clients_per_round
+        turns = round(serving.round * per_round / self.engine.num_clients)  # a trained client's expected turns by now
         if getattr(self, "_newcomer_state", None) is None:
             self._newcomer_state = [newcomers.init_state(len(ids), g) for g, ids in enumerate(newcomers.group_clients)]
             self._newcomer_turns = 0

@@ -76,7 +76,7 @@ from pflbench.algorithm import ALGORITHMS, Algorithm, Card, ClientRound, Hyperpa
 from pflbench.training import Diverged, State, weighted_mean
 
 if TYPE_CHECKING:
-    from pflbench.federation import Federation
+    from pflbench.engine import Engine
 
 STREAMS = (  # batch orders of D, D' and D''
     streams.BATCHES,
@@ -112,15 +112,15 @@ class PerFedAvg(Algorithm[PerFedAvgHP]):
 
     @property
     def beta(self) -> float:
-        return self.hp.beta if self.hp.beta is not None else self.fed.cell.lr
+        return self.hp.beta if self.hp.beta is not None else self.engine.sgd.lr
 
     def local_train(self, rnd: ClientRound, state: State) -> State:
-        return per_client(self.fed, rnd.clients, partial(self._meta_train, rnd), state)
+        return per_client(self.engine, rnd.clients, partial(self._meta_train, rnd), state)
 
     def _meta_train(self, rnd: ClientRound, clients: Tensor, state: State) -> State:
         """The round's meta steps of `clients`: their trained state. Free of host synchronisation
         between its first and its last step (`pflbench.steps`)."""
-        fed, hp = self.fed, self.hp
+        fed, hp = self.engine, self.hp
         names = fed.model.param_names
         params = {n: state[n].detach().clone() for n in names}
         buffers = {n: state[n].detach().clone() for n in fed.model.buffer_names}
@@ -158,15 +158,15 @@ class PerFedAvg(Algorithm[PerFedAvgHP]):
 
     def aggregate(self, rnd: ClientRound, upload: Payload) -> None:
         """Uniform mean over the sampled clients' uploads (the paper's Algorithm 1)."""
-        weights = torch.full((len(upload),), 1.0 / len(upload), device=self.fed.device)
+        weights = torch.full((len(upload),), 1.0 / len(upload), device=self.engine.device)
         for n, t in upload.state.items():
             self.global_state[n] = weighted_mean(t, weights).unsqueeze(0)
         self._version += 1
 
-    def adapt(self, clients: Tensor, state: State, fed: Federation | None = None) -> State:
+    def adapt(self, clients: Tensor, state: State, fed: Engine | None = None) -> State:
         """One step of SGD with step alpha on one mini-batch of each client's training data (of
         `fed`'s clients: the cell's trained clients by default, or its newcomers)."""
-        fed = fed or self.fed
+        fed = fed or self.engine
         ids, counts = step_ids(fed, 0, clients, stream=ADAPT_STREAM, steps=1)
         params = {n: state[n] for n in fed.model.param_names}
         buffers = {n: state[n] for n in fed.model.buffer_names}
@@ -182,11 +182,11 @@ class PerFedAvg(Algorithm[PerFedAvgHP]):
     def personalized(self) -> State:
         if self._cached is not None and self._cached[0] == self._version:
             return self._cached[1]
-        n = self.fed.num_clients
+        n = self.engine.num_clients
         # the meta-model (with the statistics that stay on a client under DP: `stays_on_client`)
         start = {k: t.clone() for k, t in Algorithm.personalized(self).items()}
-        everyone = torch.arange(n, device=self.fed.device)
-        adapted = per_client(self.fed, everyone, self.adapt, start)
+        everyone = torch.arange(n, device=self.engine.device)
+        adapted = per_client(self.engine, everyone, self.adapt, start)
         self._cached = (self._version, adapted)
         return adapted
 

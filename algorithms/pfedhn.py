@@ -150,7 +150,7 @@ class PFedHN(Algorithm[PFedHNHP]):
                     "embed_dim": ("int", 2, 64)}
 
     def setup(self) -> None:
-        fed, hp = self.fed, self.hp
+        fed, hp = self.engine, self.hp
         n = fed.num_clients
         self.client_state = fed.init_state(n)   # buffers, and pFedHN-PC's personal classifiers
         params = fed.model.param_names
@@ -160,17 +160,19 @@ class PFedHN(Algorithm[PFedHNHP]):
         else:
             self.generated = list(params)
         shapes = {p: self.client_state[p].shape[1:] for p in self.generated}
-        with streams.torch_global(fed.cell.seed, HYPERNET_STREAM):
+        with fed.torch_global(HYPERNET_STREAM):
             self.hypernet = HyperNetwork(n, shapes, hp.embed_dim or int(1 + n / 4), hp.hidden_dim,
                                          hp.hidden_layers).to(fed.device)
         self.optimizer = torch.optim.SGD(self.hypernet.body(), lr=hp.hn_lr, momentum=hp.hn_momentum,
                                          weight_decay=hp.hn_weight_decay)
         self.embedding_momentum = torch.zeros_like(self.hypernet.embedding)
 
+    dp_upload = "update"  # the upload is delta theta_i (per_client: each delta as it is delivered)
+
     @property
-    def dp_upload(self) -> str:
-        """per_round: the privacy wrapper privatizes the uploaded deltas; per_client: each delta, as it steps the server."""
-        return "update" if self.hp.server_updates == "per_round" else "self"
+    def updates_per_client(self) -> bool:
+        """per_client: the server steps on each client's update before the next client trains."""
+        return self.hp.server_updates == "per_client"
 
     def configure(self, rnd: Round) -> Payload:
         with torch.no_grad():
@@ -182,21 +184,19 @@ class PFedHN(Algorithm[PFedHNHP]):
         if self.hp.server_updates == "per_round":
             return Trained(self.inner_train(rnd, clients, state), rnd.download.state)
         # The official loop: each client trains the model the hypernetwork generates after the
-        # previous client's update, and its update reaches the server before the next one trains
-        # (training several clients on one round-start model and then stepping for each in turn
-        # applies stale updates; with momentum that blew up at lr 0.05). Same sizes as configured.
+        # previous client's update, and its update reaches the server (`aggregate_client`, through
+        # the engine: dropout, privacy) before the next one trains (training several clients on one
+        # round-start model and then stepping for each in turn applies stale updates; with momentum
+        # that blew up at lr 0.05). Same sizes as configured.
         trained: list[State] = []
         started = {n: t.clone() for n, t in rnd.download.state.items()}  # becomes what each started from
-        for k, client in enumerate(clients.tolist()):
+        for k in range(len(clients)):
             row = clients[k:k + 1]
             with torch.no_grad():
                 generated = self.hypernet(row)
             start = {n: generated[n] if n in generated else t[k:k + 1] for n, t in state.items()}
             after = self.inner_train(rnd, row, start)
-            arrived = self.fed.arrived(rnd, row)
-            if arrived is None or bool(arrived[0]):  # a dropped client's update never reaches the server
-                update = self.fed.privatize(rnd, client, {n: (generated[n] - after[n])[0] for n in self.generated})
-                self.hypernetwork_step(row, {n: update[n].unsqueeze(0) for n in self.generated})
+            rnd.deliver(Payload.from_state({n: generated[n] - after[n] for n in self.generated}, row))
             for n in self.generated:  # what this client started from, for its upload
                 started[n][k] = generated[n][0]
             trained.append(after)
@@ -206,11 +206,11 @@ class PFedHN(Algorithm[PFedHNHP]):
         """The clients' local training from the generated models `state`: the engine's SGD with the
         cell's optimizer, or the official inner optimizer (`inner_optimizer="official"`)."""
         if self.hp.inner_optimizer == "cell":
-            return self.fed.train(rnd, clients, state, steps=self.hp.inner_steps).state
-        return per_client(self.fed, clients, partial(self._official_inner, rnd), state)
+            return self.engine.train(rnd, clients, state, steps=self.hp.inner_steps).state
+        return per_client(self.engine, clients, partial(self._official_inner, rnd), state)
 
     def _official_inner(self, rnd: ClientRound, clients: Tensor, state: State) -> State:
-        fed, sgd = self.fed, self.OFFICIAL_INNER
+        fed, sgd = self.engine, self.OFFICIAL_INNER
         params = {n: state[n].detach().clone() for n in fed.model.param_names}
         buffers = {n: state[n].detach().clone() for n in fed.model.buffer_names}
         ids, counts = step_ids(fed, rnd, clients, steps=self.hp.inner_steps)
@@ -246,6 +246,10 @@ class PFedHN(Algorithm[PFedHNHP]):
         if self.hp.server_updates == "per_round":
             self.hypernetwork_step(upload.clients, {n: -t for n, t in upload.state.items()})
 
+    def aggregate_client(self, rnd: ClientRound, upload: Payload) -> None:
+        """per_client: the server's step on one client's update theta_start - theta_after, as it arrives."""
+        self.hypernetwork_step(upload.clients, upload.state)
+
     def hypernetwork_step(self, clients: Tensor, grad_theta: dict[str, Tensor]) -> None:
         """One optimizer step on sum_k <h(v_k; phi), grad_theta_k> (grad_theta = theta_before -
         theta_after, stacked over `clients`): the shared body takes the mean over the clients, each
@@ -271,8 +275,8 @@ class PFedHN(Algorithm[PFedHNHP]):
 
     def personalized(self) -> State:
         with torch.no_grad():
-            generated = self.hypernet(torch.arange(self.fed.num_clients, device=self.fed.device))
-        return {n: generated.get(n, self.client_state[n]) for n in self.fed.model.names}
+            generated = self.hypernet(torch.arange(self.engine.num_clients, device=self.engine.device))
+        return {n: generated.get(n, self.client_state[n]) for n in self.engine.model.names}
 
     NEWCOMER_EPOCHS = 5
     NEWCOMER_STREAM = streams.salted_batches("pfedhn.newcomers", 0x0E3E)

@@ -121,7 +121,7 @@ class PFedLA(Algorithm[PFedLAHP]):
 
     # ---- the hypernetworks: one per client, stacked along the client dimension -------------------
     def setup(self) -> None:
-        fed, hp = self.fed, self.hp
+        fed, hp = self.engine, self.hp
         n = fed.num_clients
         self.client_state = fed.init_state(n)          # what each client holds (incl. BN statistics)
         params = fed.model.param_names
@@ -137,7 +137,7 @@ class PFedLA(Algorithm[PFedLAHP]):
         if hp.retain_layers >= len(self.layer_params):
             raise ValueError(f"retain_layers={hp.retain_layers} keeps every one of the model's "
                              f"{len(self.layer_params)} layers local; choose fewer")
-        gen = streams.generator(fed.cell.seed, HYPERNET_STREAM)
+        gen = fed.generator(HYPERNET_STREAM)
 
         def linear(fan_in: int, fan_out: int) -> tuple[Tensor, Tensor]:
             bound = 1 / fan_in ** 0.5  # nn.Linear's default initialization, one draw per client
@@ -167,7 +167,7 @@ class PFedLA(Algorithm[PFedLAHP]):
         """[N, L, N] weights of the `shared_classes` reference: 1/2 on the client itself, 1/2 over the others
         in proportion to the classes of its train split that each holds too (all of it on itself where no
         other client shares a class)."""
-        fed, n = self.fed, self.fed.num_clients
+        fed, n = self.engine, self.engine.num_clients
         labels = [fed.data(fed.sample_ids(c, "train"))[1] for c in range(n)]
         classes = max(int(y.max()) for y in labels if len(y)) + 1
         held = torch.stack([torch.bincount(y, minlength=classes) > 0 for y in labels]).double()  # [N, C]
@@ -193,12 +193,12 @@ class PFedLA(Algorithm[PFedLAHP]):
             return torch.softmax(logits, dim=-1)
         raw = F.softplus(logits) if self.hp.head == "softplus" else F.relu(logits)
         total = raw.sum(-1, keepdim=True)
-        own = F.one_hot(rows, self.fed.num_clients).to(raw.dtype)[:, None, :].expand_as(raw)
+        own = F.one_hot(rows, self.engine.num_clients).to(raw.dtype)[:, None, :].expand_as(raw)
         return torch.where(total > 0, raw / total.clamp_min(1e-12), own)
 
     def aggregate_params(self, alpha: Tensor, names: list[str] | None = None) -> dict[str, Tensor]:
         """theta_bar[k] per parameter tensor: sum_j alpha[k, layer, j] * theta_j (Eq. 6)."""
-        names = self.fed.model.param_names if names is None else names
+        names = self.engine.model.param_names if names is None else names
         return {p: torch.einsum("kj,j...->k...", alpha[:, self.layer_of[p]], self.server_params[p])
                 for p in names}
 
@@ -229,7 +229,7 @@ class PFedLA(Algorithm[PFedLAHP]):
     def _started(self, rnd: Round, download: Payload) -> dict[str, Tensor]:
         """Each client's parameters at the start of its training: the download, and its own where it
         retained a layer (read before `send` stores the trained ones)."""
-        params = self.fed.model.param_names
+        params = self.engine.model.param_names
         if download.is_stacked:
             sent = download.state
             return {p: sent[p] for p in params}
@@ -248,7 +248,7 @@ class PFedLA(Algorithm[PFedLAHP]):
             self.client_state[name][rnd.clients] = t
         # Delta theta_i of every layer, retained ones included (Algorithm 2, line 16): the same upload as
         # pFedLA's; HeurpFedLA saves only on the download.
-        return Payload.from_state({p: state[p] - start[p] for p in self.fed.model.param_names}, rnd.clients)
+        return Payload.from_state({p: state[p] - start[p] for p in self.engine.model.param_names}, rnd.clients)
 
     def aggregate(self, rnd: ClientRound, upload: Payload) -> None:
         """The hypernetworks of the arrived clients step on their deltas (chain rule through theta_bar);
@@ -257,7 +257,7 @@ class PFedLA(Algorithm[PFedLAHP]):
         download = rnd.download
         keep = download.header[RETAINED][upload.positions]
         signal: State = {}
-        for p in self.fed.model.param_names:
+        for p in self.engine.model.param_names:
             # -delta is the descent signal for theta_bar (Eq. 10-11). A retained layer did not come from
             # alpha this round (the client trained its own copy), so it gives the hypernetwork none.
             aggregated = (~keep[:, self.layer_of[p]]).to(delta[p].dtype).view(-1, *[1] * (delta[p].dim() - 1))
@@ -267,7 +267,7 @@ class PFedLA(Algorithm[PFedLAHP]):
             if grads is not None:
                 self.hypernetwork_step(clients, grads)
             sent = self._sent(download, upload.positions)
-            for p in self.fed.model.param_names:  # theta_i = (what client i started from) + delta_i
+            for p in self.engine.model.param_names:  # theta_i = (what client i started from) + delta_i
                 own = keep[:, self.layer_of[p]].view(-1, *[1] * (delta[p].dim() - 1))
                 start = torch.where(own, self.server_params[p][clients], sent[p])
                 self.server_params[p][clients] = start + delta[p]
@@ -282,7 +282,7 @@ class PFedLA(Algorithm[PFedLAHP]):
         rows = [download.row(k) for k in positions.tolist()]
         clients = download.clients[positions]
         return {p: torch.stack([row.get(p, mine) for row, mine in zip(rows, self.server_params[p][clients])])
-                for p in self.fed.model.param_names}
+                for p in self.engine.model.param_names}
 
     def hypernetwork_step(self, clients: Tensor, grads: dict[str, Tensor]) -> None:
         """One step of each client's hypernetwork on its gradient (Adam per client, or plain SGD).
@@ -316,7 +316,7 @@ class PFedLA(Algorithm[PFedLAHP]):
         leaves the gradient unchanged): one contraction per tensor."""
         num_layers = len(self.layer_params)
         dtype = next(iter(self.server_params.values())).dtype
-        g_alpha = torch.zeros(len(clients), num_layers, self.fed.num_clients, dtype=dtype, device=self.fed.device)
+        g_alpha = torch.zeros(len(clients), num_layers, self.engine.num_clients, dtype=dtype, device=self.engine.device)
         for p, g in grad_theta.items():
             # Relative to one copy: each layer's alphas sum to 1, so subtracting a copy shifts every
             # d/d alpha[k, l, :] by the same amount and leaves the gradient unchanged, while identical
@@ -333,11 +333,11 @@ class PFedLA(Algorithm[PFedLAHP]):
     def all_alphas(self) -> Tensor:
         if self._alpha_cache is None:
             with torch.no_grad():
-                self._alpha_cache = self.alphas(torch.arange(self.fed.num_clients, device=self.fed.device))
+                self._alpha_cache = self.alphas(torch.arange(self.engine.num_clients, device=self.engine.device))
         return self._alpha_cache
 
     def personalized(self) -> State:
-        everyone = torch.arange(self.fed.num_clients, device=self.fed.device)
+        everyone = torch.arange(self.engine.num_clients, device=self.engine.device)
         with torch.no_grad():
             alpha = self.all_alphas()
             theta = self.aggregate_params(alpha)
@@ -346,7 +346,7 @@ class PFedLA(Algorithm[PFedLAHP]):
                 own = keep[:, self.layer_of[p]]
                 if own.any():
                     theta[p][own] = self.client_state[p][own]
-        return {name: theta.get(name, self.client_state[name]) for name in self.fed.model.names}
+        return {name: theta.get(name, self.client_state[name]) for name in self.engine.model.names}
 
     def newcomer_models(self, serving: Serving) -> State:
         """A newcomer has no hypernetwork of its own (pFedLA keeps one per client and the paper does

@@ -105,7 +105,7 @@ class PFedMe(Algorithm[PFedMeHP]):
 
     def setup(self) -> None:
         super().setup()
-        self.personal_state = self.fed.init_state(self.fed.num_clients)  # theta_i, never sent
+        self.personal_state = self.engine.init_state(self.engine.num_clients)  # theta_i, never sent
 
     def configure(self, rnd: Round) -> Payload:
         """The global model for each sampled client; with `train_all_clients`, one message per client
@@ -115,8 +115,8 @@ class PFedMe(Algorithm[PFedMeHP]):
         if not self.hp.train_all_clients:
             return download
         everyone = torch.cat([rnd.clients, self._others(rnd.clients)])
-        return Payload.from_rows([{n: self.global_state[n][0] for n in self.fed.model.names} for _ in range(len(everyone))],
-                                 everyone)
+        names = self.engine.model.names
+        return Payload.from_rows([{n: self.global_state[n][0] for n in names} for _ in range(len(everyone))], everyone)
 
     def receive(self, rnd: ClientRound, download: Payload) -> State:
         if len(download) > len(rnd.clients):  # train_all_clients: the sampled clients' messages come first
@@ -126,7 +126,7 @@ class PFedMe(Algorithm[PFedMeHP]):
 
     def _others(self, clients: Tensor) -> Tensor:
         """The clients not sampled this round (ascending)."""
-        mask = torch.ones(self.fed.num_clients, dtype=torch.bool, device=clients.device)
+        mask = torch.ones(self.engine.num_clients, dtype=torch.bool, device=clients.device)
         mask[clients] = False
         return torch.nonzero(mask).flatten()
 
@@ -140,7 +140,7 @@ class PFedMe(Algorithm[PFedMeHP]):
                      for n, t in state.items()}
         theta = ({n: t[clients] for n, t in self.personal_state.items()} if self.hp.warm_start == "personal"
                  else {n: t.clone() for n, t in state.items()})
-        local, theta = per_client(self.fed, clients, partial(self._train, rnd), state, theta)
+        local, theta = per_client(self.engine, clients, partial(self._train, rnd), state, theta)
         for n, t in theta.items():
             self.personal_state[n][clients] = t
         return {n: t[:k] for n, t in local.items()}  # only the sampled clients' w is uploaded
@@ -148,7 +148,7 @@ class PFedMe(Algorithm[PFedMeHP]):
     def _train(self, rnd: ClientRound, clients: Tensor, state: State, theta_start: State) -> tuple[State, State]:
         """The round's local training of `clients`: (w, theta), each with theta's statistics. Free
         of host synchronisation between its first and its last step (`pflbench.steps`)."""
-        fed, hp = self.fed, self.hp
+        fed, hp = self.engine, self.hp
         names, buffer_names = fed.model.param_names, fed.model.buffer_names
         w = {n: state[n].detach().clone() for n in names}
         theta = {n: theta_start[n].detach().clone() for n in names}
@@ -167,7 +167,7 @@ class PFedMe(Algorithm[PFedMeHP]):
                                                    [w[n] for n in names], hp.lam, hp.personal_lr, hp.mu)))
             theta = {n: rows_where(active, theta[n], start[n]) for n in names}
             sgd_step(w, dict(zip(names, pull([w[n] for n in names], [theta[n] for n in names], hp.lam))),
-                     momenta, fed.sgd, fed.cell.lr, active)  # eta * pull = eta * lam * (w - theta)
+                     momenta, fed.sgd, fed.sgd.lr, active)  # eta * pull = eta * lam * (w - theta)
             restore_inactive(buffers, kept, active)
         local, personal = {**w, **buffers}, {**theta, **buffers}
         failure, ok = losses.verdict(finite(local) & finite(personal))  # one read of the device for both
@@ -179,7 +179,7 @@ class PFedMe(Algorithm[PFedMeHP]):
 
     def aggregate(self, rnd: ClientRound, upload: Payload) -> None:
         """w <- (1 - beta) w + beta * (uniform mean of the sampled clients' w)."""
-        weights = torch.full((len(upload),), 1.0 / len(upload), device=self.fed.device)
+        weights = torch.full((len(upload),), 1.0 / len(upload), device=self.engine.device)
         beta = self.hp.beta
         for n, t in upload.state.items():
             mean = weighted_mean(t, weights).unsqueeze(0)

@@ -1,5 +1,10 @@
 """The algorithm API: one class per method, one hook per concern (after Flower's Strategy).
 
+A method asks the engine for what it needs through `self.engine`, the narrow engine interface
+(`pflbench.engine.Engine`: train these clients from this state with this objective, evaluate, the
+model's layout and initial state, the clients' sizes, named random streams, the budget); nothing else
+of the engine, and not the cell's configuration, is handed to it.
+
 A round, as the engine (`pflbench.rounds.run_round`) drives it, with `rnd` the round's context
 (`pflbench.round_context.Round`: its number, the sampled clients `rnd.clients`, their share of the
 local work; from `receive` on a `ClientRound`, the same round with what the server sent, `rnd.download`):
@@ -9,6 +14,11 @@ local work; from `receive` on a `ClientRound`, the same round with what the serv
     state    = alg.local_train(rnd, state)        # client: local SGD (batched across clients)
     upload   = alg.send(rnd, state)               # client -> server, keeps its local part: a Payload (bytes up)
     alg.aggregate(rnd, upload.arrived())          # server: the uploads that reached it (system.dropout)
+
+A server that updates after each client (pFedHN, MH-pFedHN; `updates_per_client`) takes each client's
+upload as it is made: `local_train` hands it over with `rnd.deliver(upload)`, and the engine calls
+`alg.aggregate_client(rnd, upload)` with what arrived (privatized under the privacy knob) before the
+next client trains; the round's `aggregate` then has nothing left to do.
     ... every eval_every rounds, with `serving` the evaluation's context (`pflbench.serving.Serving`:
         the clients served, the round, the adaptation epochs): alg.personalized() scored by
         alg.evaluate(serving, models, splits) on every client's own splits, after
@@ -24,8 +34,8 @@ one release, with a deprecation notice, through an adapter applied to its class 
 registered: pflbench.legacy_hooks.)
 
 State for checkpoints (`pflbench.checkpoint`): `state_dict()` / `load_state_dict()` capture everything
-a cell needs to continue after round r. The base class walks the instance's attributes (all but `fed`
-and `hp`): tensors, States, numpy arrays and plain Python values, in any nesting of lists, tuples and
+a cell needs to continue after round r. The base class walks the instance's attributes (all but
+`engine` and `hp`): tensors, States, numpy arrays and plain Python values, in any nesting of lists, tuples and
 dicts, are captured as they are; an attribute holding an object with its own state (an nn.Module, an
 optimizer, a torch or numpy random generator) must be named in `state_objects`, and anything else
 fails loudly (`StateError`) until the algorithm extends the contract — so a method added later with
@@ -54,6 +64,7 @@ from typing_extensions import TypeVar
 from pflbench import deprecation, legacy_hooks
 from pflbench.capabilities import LEGACY_CAPABILITY_ATTRIBUTES, Capabilities, Refusal, refusal
 from pflbench.card import FAMILIES, LEGACY_CARD_ATTRIBUTES, Card
+from pflbench.engine import Budget, Engine
 from pflbench.payload import Payload
 from pflbench.registry import Registry
 from pflbench.round_context import ClientRound, Round
@@ -62,7 +73,6 @@ from pflbench.training import State, weighted_mean
 
 if TYPE_CHECKING:
     from pflbench.config import CellConfig
-    from pflbench.federation import Federation
 
 
 class StateError(TypeError):
@@ -73,9 +83,11 @@ __all__ = [
     "ALGORITHMS",
     "FAMILIES",
     "Algorithm",
+    "Budget",
     "Capabilities",
     "Card",
     "ClientRound",
+    "Engine",
     "Hyperparams",
     "Models",
     "Payload",
@@ -188,13 +200,33 @@ class Algorithm(Generic[HP]):
     # Checkpoints (module doc): attributes whose objects carry their own state, saved and restored
     # through it (nn.Module / optimizer: state_dict; generators: their state), in this order (a
     # module before the optimizer that steps it); and attributes `setup()` rebuilds unchanged from
-    # the cell (e.g. references to the Federation's models), which are not saved.
+    # the cell (e.g. references to the engine's models), which are not saved.
     state_objects: ClassVar[tuple[str, ...]] = ()
     state_rebuilt: ClassVar[tuple[str, ...]] = ()
 
-    def __init__(self, fed: "Federation", hp: HP):
-        self.fed = fed
+    def __init__(self, engine: Engine, hp: HP):
+        self.engine: Engine = engine  # what the method may ask of the engine (pflbench.engine)
         self.hp: HP = hp
+
+    @property
+    def fed(self) -> Engine:
+        """The engine under its name before the engine interface (deprecated: `self.engine`); it works for
+        one release, with one deprecation notice per class naming the user's file."""
+        cls = type(self)
+        if cls not in _FED_READERS:
+            _FED_READERS.add(cls)
+            deprecation.warn(
+                f"algorithm class {cls.__qualname__}: self.fed is deprecated; a method asks the engine through "
+                f"self.engine (pflbench.engine.Engine: train, evaluate, init_state, budget, generator, ...)",
+                old="self.fed",
+                new="self.engine",
+                owner=cls,
+            )
+        return self.engine
+
+    @fed.setter
+    def fed(self, engine: Engine) -> None:
+        self.engine = engine
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         """`Algorithm[XHP]`'s XHP is the class's `Hyperparams` (unless the class declares its own)."""
@@ -235,8 +267,8 @@ class Algorithm(Generic[HP]):
     # ---- state ---------------------------------------------------------------------------------
     def setup(self) -> None:
         """Create server and client state. Every client starts from the same initial model."""
-        self.global_state = self.fed.init_state(1)
-        self.client_state = self.fed.init_state(self.fed.num_clients)
+        self.global_state = self.engine.init_state(1)
+        self.client_state = self.engine.init_state(self.engine.num_clients)
 
     def is_local(self, name: str) -> bool:
         """Whether the tensor `name` stays on the client (never sent, never aggregated)."""
@@ -246,19 +278,20 @@ class Algorithm(Generic[HP]):
     def dp_upload(self) -> str:
         """Privacy (pflbench/privacy.py): what this algorithm uploads, for the privacy knob's wrapper
         (`PrivateUploads`): "model" (the update is upload - download), "update" (the upload already is
-        an update), "self" (not wrapped: the algorithm calls `fed.privatize` where its update leaves
-        the client). Read-only: a method overrides it with a class attribute (`dp_upload = "update"`)
+        an update; also each upload a server that updates after each client receives), "self" (not
+        wrapped: the method privatizes its uploads itself, outside the engine interface; the form
+        before `rnd.deliver`). Read-only: a method overrides it with a class attribute (`dp_upload = "update"`)
         or, where it depends on the hyperparameters, a property."""
         return "model"
 
     def stays_on_client(self, name: str) -> bool:
         """`is_local`, or a tensor that never leaves a client under the privacy knob (BatchNorm
-        statistics, `pflbench.privacy`): each client's model keeps its own."""
-        privacy = self.fed.privacy
-        return self.is_local(name) or (privacy is not None and name in privacy.kept_local)
+        statistics, `pflbench.privacy`: `engine.kept_local`): each client's model keeps its own."""
+        return self.is_local(name) or name in self.engine.kept_local
 
     def shared_names(self) -> list[str]:
-        return [n for n in self.fed.model.names if not self.stays_on_client(n)]
+        """The model's tensors that leave the clients (not `stays_on_client`), in the model's order."""
+        return [n for n in self.engine.model.names if not self.stays_on_client(n)]
 
     # ---- the round's hooks (module doc; each receives the round's context `rnd`) -----------------
     def configure(self, rnd: Round) -> Payload:
@@ -275,15 +308,15 @@ class Algorithm(Generic[HP]):
         client trains, whatever `local_train` takes. Default: the downloaded model, completed by the
         client's own local part, stacked [K, ...]."""
         sent = download.state
-        return {n: sent[n] if n in sent else self.client_state[n][rnd.clients] for n in self.fed.model.names}
+        return {n: sent[n] if n in sent else self.client_state[n][rnd.clients] for n in self.engine.model.names}
 
     def local_train(self, rnd: ClientRound, state: Any) -> Any:
         """Client: local training of the sampled clients from `state` (`receive`'s); returns what `send`
-        takes. Train through the Federation with the round itself (`self.fed.train(rnd, rnd.clients,
-        state)`, `local_plans(rnd, ...)`, `pflbench.steps.step_ids(fed, rnd, ...)`): a straggler's plan
+        takes. Train through the engine with the round itself (`self.engine.train(rnd, rnd.clients,
+        state)`, `local_plans(rnd, ...)`, `pflbench.steps.step_ids(engine, rnd, ...)`): a straggler's plan
         is then cut to its share of the work (`system.stragglers`). Default: the cell's local epochs of
         SGD, batched across clients."""
-        return self.fed.train(rnd, rnd.clients, state).state
+        return self.engine.train(rnd, rnd.clients, state).state
 
     def send(self, rnd: ClientRound, state: Any) -> Payload:
         """Client, after training: keeps what stays on the client and returns the upload. Default: the
@@ -301,6 +334,24 @@ class Algorithm(Generic[HP]):
         if average:  # an empty upload (everything local, e.g. Local across architectures) leaves no global model
             self.global_state.update(average)
 
+    @property
+    def updates_per_client(self) -> bool:
+        """Whether the server updates after each client (`aggregate_client`, each upload handed over with
+        `rnd.deliver` in `local_train`) rather than once a round (`aggregate`). Read-only, like
+        `dp_upload`: a class attribute, or a property where it depends on the hyperparameters."""
+        return False
+
+    def aggregate_client(self, rnd: ClientRound, upload: Payload) -> None:
+        """Server, during the round, for a method whose server updates after each client
+        (`updates_per_client`): one client's upload (`upload.clients`, one row) as it reached the server,
+        before the next client trains. The engine calls it for each upload `local_train` hands over with
+        `rnd.deliver(upload)`, once `system.dropout` has let it through and the privacy knob has
+        privatized it. Default: such a method must say what its server does with it."""
+        raise NotImplementedError(
+            f"{type(self).__name__} delivers uploads during local training (rnd.deliver) but does not "
+            f"define aggregate_client(self, rnd: ClientRound, upload: Payload) -> None"
+        )
+
     def weighted_mean(self, upload: Payload, weights: torch.Tensor | None = None) -> State:
         """FedAvg's average of a stacked `upload` (e.g. `aggregate`'s): each tensor averaged over the
         uploading clients (`upload.clients`), weighted by their training samples, or by `weights`
@@ -314,7 +365,7 @@ class Algorithm(Generic[HP]):
                 ...  # the step from self.global_state towards `average`
         """
         if weights is None:
-            weights = self.fed.train_sizes[upload.clients].float()
+            weights = self.engine.train_sizes[upload.clients].float()
         weights = weights / weights.sum()
         return {n: weighted_mean(t, weights).unsqueeze(0) for n, t in upload.state.items()}
 
@@ -322,15 +373,15 @@ class Algorithm(Generic[HP]):
     def personalized(self) -> Models:
         """Every trained client's personalized model, as it stands after the last aggregation (called at
         every evaluation, between rounds): a State [N, ...], in a heterogeneous cell one State per group
-        (rows: `fed.group_clients[g]`). Default: the global shared part with each client's local part."""
-        n_clients = self.fed.num_clients
+        (rows: `engine.group_clients[g]`). Default: the global shared part with each client's local part."""
+        n_clients = self.engine.num_clients
         return {
             n: (
                 self.client_state[n]
                 if self.stays_on_client(n)
                 else self.global_state[n].expand(n_clients, *self.global_state[n].shape[1:])
             )
-            for n in self.fed.model.names
+            for n in self.engine.model.names
         }
 
     def evaluate(self, serving: Serving, models: Models, splits: tuple[str, ...]) -> Scores:
@@ -351,13 +402,13 @@ class Algorithm(Generic[HP]):
     # ---- unseen clients ----------------------------------------------------------------------------
     def newcomer_models(self, serving: Serving) -> Models:
         """The models this algorithm gives clients it has never seen (`serving.clients`, the newcomers'
-        Federation: fit on its splits only), at evaluations of a cell with unseen clients, as new
+        population: fit on its splits only), at evaluations of a cell with unseen clients, as new
         objects; nothing is written back. Default (FedAvg-shaped): the global model's shared part; a
         local part, where there is one, starts from the initial model and is trained on the newcomer's
         train split for the cell's `local_epochs` with the shared part frozen (FedRep's procedure for new
         clients). So FedAvg, FedProx, Ditto, APFL, L2GD, pFedMe get the global model; FedPer, LG-FedAvg,
         FedBN fit their personal layers."""
-        return self.fit_local_part(serving, self.fed.cell.local_epochs)
+        return self.fit_local_part(serving, self.engine.budget.local_epochs)
 
     def fit_local_part(self, serving: Serving, epochs: int, trainable: list[str] | None = None) -> State:
         """The global shared part with the initial local part, that local part (or `trainable`)
@@ -368,7 +419,7 @@ class Algorithm(Generic[HP]):
         for n in self.shared_names():
             start[n] = self.global_state[n].expand(count, *self.global_state[n].shape[1:]).clone()
         if trainable is None:
-            trainable = [n for n in self.fed.model.param_names if self.is_local(n)]
+            trainable = [n for n in self.engine.model.param_names if self.is_local(n)]
         if not trainable or not epochs:
             return start
         everyone = torch.arange(count, device=newcomers.device)
@@ -381,7 +432,7 @@ class Algorithm(Generic[HP]):
         """Everything this instance holds that rounds change, for a checkpoint taken between rounds.
         The values are the live objects (not copies): serialize them (torch.save) before the
         algorithm runs on. StateError names an attribute the contract cannot capture."""
-        skipped = {"fed", "hp", *self.state_rebuilt, *self.state_objects}
+        skipped = {"engine", "hp", *self.state_rebuilt, *self.state_objects}
         values = {}
         for name, value in vars(self).items():
             if name not in skipped:
@@ -397,7 +448,7 @@ class Algorithm(Generic[HP]):
 
     def load_state_dict(self, state: dict) -> None:
         """Make this instance, after `setup()`, the one `state_dict()` was taken from."""
-        skipped = {"fed", "hp", *self.state_rebuilt, *self.state_objects}
+        skipped = {"engine", "hp", *self.state_rebuilt, *self.state_objects}
         missing = [n for n in vars(self) if n not in skipped and n not in state["attributes"]]
         if missing or set(state["objects"]) != set(self.state_objects):
             raise StateError(
@@ -413,6 +464,9 @@ class Algorithm(Generic[HP]):
     def artifacts(self) -> dict[str, np.ndarray]:
         """Arrays worth keeping from this round (e.g. aggregation weights); saved every eval_every rounds."""
         return {}
+
+
+_FED_READERS: set[type] = set()  # the classes told that `self.fed` is now `self.engine`
 
 
 # ---- what the generic state contract captures ------------------------------------------------------

@@ -7,6 +7,7 @@ and privacy knobs' per-client plans. The round driver that calls the hooks is `p
 """
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 import numpy as np
@@ -16,6 +17,7 @@ from torch import Tensor
 from pflbench import shifts, streams
 from pflbench.streams import StreamLike
 from pflbench.config import CellConfig
+from pflbench.engine import Budget
 from pflbench.execution import ExecutionOptions
 from pflbench.groups import membership
 from pflbench.data.normalization import normalized_for_cell
@@ -124,7 +126,8 @@ def cell_data(cell: CellConfig, dataset, splits, execution: ExecutionOptions = E
 
 
 class Federation:
-    """What an algorithm may use about the simulated clients of one cell.
+    """The simulated clients of one cell: the engine's side of what a method may ask of it
+    (`pflbench.engine.Engine`, which it implements; a method is handed this object as that interface).
 
     `withhold_test=True` (tuning) leaves the clients' test indices out entirely: they are never read
     from `splits`, and `fed.splits` has no "test" entry, so nothing in the run can look at them.
@@ -180,6 +183,7 @@ class Federation:
             self.group_of[ids] = g
         sampled_from = self.num_clients if self.cell.unseen_fraction else self.cell.clients
         self.schedule = sample_schedule(sampled_from, self.cell.participation, self.cell.rounds, self.cell.seed)
+        self.budget = Budget(self.cell.rounds, self.schedule.shape[1], self.cell.local_epochs, self.cell.batch_size)
 
     @property
     def model(self) -> ClientModel:
@@ -204,12 +208,31 @@ class Federation:
         groups = self.group_of[clients]
         return [(g, torch.nonzero(groups == g).flatten()) for g in torch.unique(groups).tolist()]
 
-    def init_state(self, num: int, group: int | None = None) -> State:
+    def init_state(self, num: int, group: int | None = None, model: ClientModel | None = None) -> State:
         """`num` copies of the initial model (drawn from the cell's seed), stacked; in a heterogeneous
-        cell, of group `group`'s architecture."""
-        if group is None:
-            return self.model.init(num, self.cell.seed, self.device)
-        return self.models[group].init(num, self.cell.seed, self.device)
+        cell, of group `group`'s architecture; of `model` where given (a method's own)."""
+        if model is None:
+            model = self.model if group is None else self.models[group]
+        return model.init(num, self.cell.seed, self.device)
+
+    def generator(self, stream: StreamLike, round: int | None = None, client: int | None = None, *,
+                  kind: str = "torch"):
+        """A fresh generator of the cell's random `stream` (`pflbench.streams.generator`)."""
+        return streams.generator(self.cell.seed, stream, round, client, kind=kind)
+
+    def torch_global(self, stream: StreamLike, round: int | None = None,
+                     client: int | None = None) -> AbstractContextManager[None]:
+        """torch's global generator as the cell's `stream`'s for a block (`pflbench.streams.torch_global`)."""
+        return streams.torch_global(self.cell.seed, stream, round, client)
+
+    def seed_torch_global(self, stream: StreamLike, round: int | None = None, client: int | None = None) -> None:
+        """Seed torch's global generator from the cell's `stream` (`pflbench.streams.seed_torch_global`)."""
+        streams.seed_torch_global(self.cell.seed, stream, round, client)
+
+    @property
+    def kept_local(self) -> frozenset[str]:
+        """Tensors that never leave a client under the privacy knob (none when it is off)."""
+        return frozenset() if self.privacy is None else self.privacy.kept_local
 
     def round(self, number: int, clients: Tensor) -> Round:
         """Round `number`'s context for the sampled `clients` (what the engine hands the hooks): with
@@ -312,7 +335,7 @@ class Federation:
         return self.system.arrived(round_number(rnd), torch.as_tensor(self.client_ids, device=clients.device)[clients])
 
     def privatize(self, rnd: int | Round, client: int, update: State) -> State:
-        """For algorithms with `dp_upload = "self"`: one client's update (unstacked tensors) as it
+        """One client's update (unstacked tensors) as it
         leaves the client under the `privacy` knob (clipped and noised); unchanged when it is off."""
         if self.privacy is None:
             return update

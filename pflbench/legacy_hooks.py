@@ -27,11 +27,12 @@ subclass, `cls` between two classes of this module, its method resolution order
   its Round, so that a `local_train`'s `fed.train(rnd, ...)` is still cut to the stragglers' share, and
   nothing else it trains is, as before), payloads as the dict (stacked) or list (per client) it
   exchanged, its `evaluate`/`adapt_locally` on newcomers with `self.fed` standing for the newcomers'
-  Federation for the call; an `aggregate_arrived` override receives the arrived uploads, an
+  engine for the call; an `aggregate_arrived` override receives the arrived uploads, an
   `evaluate_splits` override scores the models;
 - `OldFormBase`'s hooks take the user's old-form calls (`super().configure(rnd, clients)`, ...) to the
   built-in's new-form hooks, so it may subclass any built-in; it holds the old methods (warning when
-  called) and the mirror attributes (`display_name`, `batched`, ...);
+  called), the mirror attributes (`display_name`, `batched`, ...) and `self.fed`, the engine interface
+  (`self.engine`) under its old name, without a notice of its own;
 - where it passes `salt=`, its `fed` accepts it (`SaltedFederation`), and so do `step_plan` /
   `step_ids` as its module calls them.
 
@@ -180,7 +181,7 @@ def adapt(cls: A, card: Card | None = None, capabilities: Capabilities | None = 
     old_base = type(f"{base.__name__}OldForm", (base,), {
         "__module__": __name__, "__doc__": "The old forms' base (pflbench.legacy_hooks)",
         **{name: _old_call_of_new(name, box) for name in FORMS}, **_OLD_METHODS,
-        **_mirrors(card, capabilities),
+        **_mirrors(card, capabilities), "fed": _FED,
     })
     box.append(old_base)
     namespace: dict[str, Any] = {"__module__": cls.__module__, "__qualname__": cls.__qualname__,
@@ -203,6 +204,19 @@ def adapt(cls: A, card: Card | None = None, capabilities: Capabilities | None = 
     adapted = type(cls.__name__, (cls, old_base), namespace)
     adapted_box.append(adapted)
     return cast("A", adapted)
+
+
+def _engine(self: Any) -> Any:
+    return self.engine
+
+
+def _set_engine(self: Any, engine: Any) -> None:
+    self.engine = engine
+
+
+# An old-form class's `self.fed`: the engine interface (`self.engine`), under its old name, without a
+# notice of its own (the class's old forms are said already).
+_FED = property(_engine, _set_engine, doc="The engine (`self.engine`), under the name an old-form class uses.")
 
 
 def _mirrors(card: Card | None, capabilities: Capabilities | None) -> dict[str, Any]:

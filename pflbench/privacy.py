@@ -77,6 +77,7 @@ FedAvg-shaped model (no client's statistics reach the server).
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from functools import lru_cache
 from typing import Any, Literal
@@ -353,28 +354,48 @@ class PrivateUploads:
     other attribute is the algorithm's). Its `send` returns what the server receives: the privatized
     uploads, one per client, in the algorithm's form (read stacked where the algorithm's upload was),
     the ones lost to `system.dropout` never released; the algorithm's `aggregate` receives them as any
-    upload. Algorithms that privatize where their update leaves the client (`"self"`:
-    `Federation.privatize`) are not wrapped; those that cannot be privatized refuse the knob
-    (`Capabilities.refused_knobs`)."""
+    upload. For a server that updates after each client (`Algorithm.updates_per_client`) the uploads
+    leave one by one during local training (`rnd.deliver`): each is privatized there, as it leaves its
+    client (`Federation.privatize`), and the round's upload is not privatized again. Algorithms that
+    privatize where their update leaves the client themselves (`"self"`) are not wrapped; those that
+    cannot be privatized refuse the knob (`Capabilities.refused_knobs`)."""
 
-    def __init__(self, algorithm: Any):
-        self.algorithm = algorithm
+    def __init__(self, algorithm: Any, fed: Any):
+        self.algorithm, self.federation = algorithm, fed  # the method, and the cell's Federation (the knob's plan)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.algorithm, name)
 
+    def local_train(self, rnd: ClientRound, state: Any) -> Any:
+        if not self.algorithm.updates_per_client:
+            return self.algorithm.local_train(rnd, state)
+        fed, server = self.federation, rnd.deliver
+
+        def deliver(upload: Payload) -> Payload | None:
+            """Each arrived row privatized as it leaves its client, then on to the server."""
+            arrived = fed.arrived(rnd, upload.clients)
+            rows = [upload.row(k) if arrived is not None and not bool(arrived[k]) else fed.privatize(rnd, c, upload.row(k))
+                    for k, c in enumerate(upload.clients.tolist())]
+            return server(Payload.from_rows(rows, upload.clients, upload.header, stacked=upload.is_stacked))
+
+        return self.algorithm.local_train(dataclasses.replace(rnd, deliver=deliver), state)
+
     def send(self, rnd: ClientRound, state: Any) -> Payload:
-        fed = self.algorithm.fed
+        fed = self.federation
         upload = self.algorithm.send(rnd, state)
+        if self.algorithm.updates_per_client:  # privatized as each left its client (local_train)
+            return upload
         arrived = fed.arrived(rnd, rnd.clients)
         received = privatize_upload(fed.privacy, self.algorithm.dp_upload, rnd.number,
                                     torch.as_tensor(fed.client_ids)[rnd.clients.cpu()], rnd.download, upload, arrived)
         return Payload.from_rows(received, rnd.clients, upload.header, stacked=upload.is_stacked).delivered(arrived)
 
 
-def with_privacy(algorithm: Any) -> Any:
+def with_privacy(algorithm: Any, fed: Any = None) -> Any:
     """`algorithm` as its rounds run under the cell's privacy knob: wrapped in `PrivateUploads` where the
-    knob is on and the algorithm's upload is a model or an update; itself otherwise."""
-    if algorithm.fed.privacy is None or algorithm.dp_upload not in ("model", "update"):
+    knob is on and the algorithm's upload is a model or an update; itself otherwise. `fed`: the cell's
+    Federation (default: the one the algorithm was built with)."""
+    fed = fed if fed is not None else algorithm.engine
+    if fed.privacy is None or algorithm.dp_upload not in ("model", "update"):
         return algorithm
-    return PrivateUploads(algorithm)
+    return PrivateUploads(algorithm, fed)

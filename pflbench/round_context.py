@@ -15,11 +15,18 @@ The hooks after `configure` (`receive`, `local_train`, `send`, `aggregate`) rece
 server has sent its download: a `ClientRound`, the same Round whose `download` is always there (typed
 `Payload`, not Optional), so a hook reads `rnd.download.state` without a None check. Only `configure`
 sees a plain `Round` (its download is what it returns).
+
+A server that updates after each client (pFedHN, MH-pFedHN: the next client trains the model the
+updated server gives it) hands each client's upload to the engine as it is made, in `local_train`:
+`rnd.deliver(upload)`, the engine's channel to the server. The engine drops what `system.dropout`
+loses, the privacy knob privatizes what leaves the client, and the server's hook for it,
+`Algorithm.aggregate_client`, receives what arrived (`deliver` returns it; None when it was lost).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from torch import Tensor
@@ -48,7 +55,7 @@ class Round:
     def with_download(self, download: Payload) -> ClientRound:
         """This round once the server has sent `download` (what `receive`, `local_train`, `send` and
         `aggregate` see)."""
-        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(Round)}
         return ClientRound(**{**fields, "download": download})
 
     def __repr__(self) -> str:
@@ -56,12 +63,26 @@ class Round:
         return f"Round({self.number}, clients={self.clients.tolist()}{stragglers})"
 
 
+Deliver = Callable[[Payload], "Payload | None"]  # one client's upload -> what reached the server (None: lost)
+
+
+def no_server(upload: Payload) -> Payload | None:
+    """`deliver` of a round the engine does not drive: there is no server to deliver to."""
+    raise RuntimeError(
+        "rnd.deliver: this round has no server to deliver to; the engine gives a round its channel to "
+        "the server when it drives it (pflbench.rounds.run_round, or pflbench.rounds.with_server)"
+    )
+
+
 @dataclass(frozen=True, eq=False, repr=False)
 class ClientRound(Round):
     """A round once the server has configured it (module doc): what `receive`, `local_train`, `send`
-    and `aggregate` receive. Its `download` (`configure`'s payload) is always there."""
+    and `aggregate` receive. Its `download` (`configure`'s payload) is always there; `deliver` hands
+    one client's upload to the server during `local_train`, for a server that updates after each
+    client (`Algorithm.aggregate_client`)."""
 
     download: Payload = dataclasses.field(kw_only=True)
+    deliver: Deliver = dataclasses.field(default=no_server, kw_only=True)
 
 
 class RoundNumber(int):

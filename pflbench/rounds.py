@@ -6,7 +6,10 @@ A round, as driven here (`run_round`; the hooks are `pflbench.algorithm.Algorith
 round's context, a frozen `pflbench.round_context.Round` made by `Federation.round`):
 
     download = configure; state = receive; state = local_train; upload = send (a Payload whose uploads
-    lost to system.dropout are marked); aggregate on the uploads that arrived. Under the privacy knob
+    lost to system.dropout are marked); aggregate on the uploads that arrived. A server that updates
+    after each client gets each client's upload during local_train instead: the method hands it over
+    with `rnd.deliver` (the round's channel to the server, `with_server`), and aggregate_client
+    receives it unless dropout lost it. Under the privacy knob
     the rounds drive the algorithm wrapped in `pflbench.privacy.PrivateUploads` (its uploads leave the
     clients noised); the driver itself knows nothing of privacy.
     every eval_every rounds (and the last): score personalized() on the evaluated splits, after local
@@ -18,11 +21,12 @@ caller (the runner records it as failed).
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, cast
 
 import numpy as np
 import pandas as pd
@@ -38,6 +42,7 @@ from pflbench.metrics import METRIC_COLUMNS, ROUND_COLUMNS, client_rows, summari
 from pflbench.newcomers.scoring import score_newcomers
 from pflbench.privacy import with_privacy
 from pflbench.payload import Payload
+from pflbench.round_context import ClientRound
 from pflbench.serving import Serving, score
 from pflbench.training import Diverged
 
@@ -119,15 +124,17 @@ def cell_global_rng(seed: int, device: torch.device):
         yield
 
 
-def run_round(algorithm: Algorithm, rnd: int, clients: Tensor, timing: dict | None = None) -> tuple[Payload, Payload]:
+def run_round(algorithm: Algorithm, rnd: int, clients: Tensor, timing: dict | None = None,
+              fed: Federation | None = None) -> tuple[Payload, Payload]:
     """One round of the algorithm's hooks, each given the round's context (`Federation.round`); returns
     what was sent down and what the clients sent up (the uploads lost to `system.dropout` marked, and
     counted 0 bytes). Only the uploads that arrived are aggregated, and nothing when none did. `timing`,
-    if given, gets the seconds of local training ("train"); the other hooks are the server's share."""
-    fed = algorithm.fed
+    if given, gets the seconds of local training ("train"); the other hooks are the server's share.
+    `fed`: the cell's Federation (default: the one the algorithm was built with, its `engine`)."""
+    fed = fed if fed is not None else cast(Federation, algorithm.engine)
     context = fed.round(rnd, clients)
     download = algorithm.configure(context)
-    configured = context.with_download(download)
+    configured = with_server(algorithm, fed, context.with_download(download))
     state = algorithm.receive(configured, download)
     train_start = time.perf_counter()
     state = algorithm.local_train(configured, state)
@@ -138,6 +145,23 @@ def run_round(algorithm: Algorithm, rnd: int, clients: Tensor, timing: dict | No
     if len(arrived):
         algorithm.aggregate(configured, arrived)
     return download, upload
+
+
+def with_server(algorithm: Algorithm, fed: Federation, rnd: ClientRound) -> ClientRound:
+    """`rnd` with the engine's channel to the server (`ClientRound.deliver`): one client's upload, handed
+    over during local training, reaches `algorithm.aggregate_client` unless `system.dropout` loses it;
+    `deliver` returns what arrived (None: lost). `algorithm` is the method as the round runs it (a
+    knob's wrapper may change what leaves the client on the way)."""
+
+    def deliver(upload: Payload) -> Payload | None:
+        arrived = upload.delivered(fed.arrived(served, upload.clients)).arrived()
+        if not len(arrived):
+            return None
+        algorithm.aggregate_client(served, arrived)
+        return arrived
+
+    served = dataclasses.replace(rnd, deliver=deliver)
+    return served
 
 
 class CellRecord:
@@ -214,13 +238,13 @@ def run_rounds(fed: Federation, algorithm: Algorithm, on_round=None, provenance:
         first_round = resumed.round + 1
         record.restore(resumed.loop, resumed.elapsed)
     last_round = cell.rounds if stop_after is None else max(0, min(cell.rounds, stop_after))
-    rounds_of = with_privacy(algorithm)  # the privacy knob wraps the method's uploads (pflbench.privacy)
+    rounds_of = with_privacy(algorithm, fed)  # the privacy knob wraps the method's uploads (pflbench.privacy)
     for rnd in range(first_round, last_round + 1):
         round_start = time.perf_counter()
         clients = torch.as_tensor(fed.schedule[rnd - 1], device=fed.device)
         timing: dict = {}
         try:
-            download, upload = run_round(rounds_of, rnd, clients, timing)
+            download, upload = run_round(rounds_of, rnd, clients, timing, fed)
         except Diverged as err:
             record.diverged(rnd, err)
             break

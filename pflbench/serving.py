@@ -3,10 +3,10 @@
 Every eval_every rounds the engine scores each client's personalized model on its own splits, after
 local adaptation too (the cell's `finetune_epochs`), and, in a cell with unseen clients, the models
 the method gives the newcomers. The evaluation hooks (`Algorithm.evaluate`, `adapt_locally`,
-`newcomer_models`) receive the population they serve as a `Serving`: the trained clients' Federation,
-or the newcomers' own (pflbench.newcomers), never the method's `self.fed` swapped for another. What a
-hook reads of the clients it serves comes from `serving.clients`; what it reads of the method's
-training, from the method's own state.
+`newcomer_models`) receive the population they serve as a `Serving`: the engine interface
+(`pflbench.engine.Engine`) of the trained clients, or of the newcomers (pflbench.newcomers), never the
+method's `self.engine` swapped for another. What a hook reads of the clients it serves comes from
+`serving.clients`; what it reads of the method's training, from the method's own state.
 
 `Scored` is what an evaluation hook returns for models it scored as it made them (FedMN's adapted
 module pools, too large to keep one per client): the engine takes its scores instead of calling
@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 from torch import Tensor
 
 if TYPE_CHECKING:
-    from pflbench.federation import Federation
+    from pflbench.engine import Engine
 
 # A method's models for a population: a stacked State [N, ...] of the engine's model, one such State per
 # architecture group in a heterogeneous cell, or the method's own form (FedMN's pool and routings).
@@ -35,7 +35,7 @@ class Serving:
     """The models of `clients` after round `round`, scored on their own splits."""
 
     round: int  # the last finished round (a newcomer's fit and an adaptation draw its batches from it)
-    clients: Federation  # whom the models are for: the trained clients' Federation, or the newcomers'
+    clients: Engine  # whom the models are for: the trained clients, or the newcomers (the engine interface)
     newcomers: bool = False  # True: clients the method never saw in training
     adapt_epochs: int = 0  # epochs of local adaptation of the after-adaptation protocol (finetune_epochs)
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 import torch.nn.functional as F
@@ -35,6 +35,9 @@ from torch import Tensor
 from pflbench.streams import StreamLike
 from pflbench.round_context import Round
 from pflbench.training import SGD, State
+
+if TYPE_CHECKING:
+    from pflbench.engine import Engine
 
 
 @dataclass(frozen=True)
@@ -85,21 +88,21 @@ class StepPlan:
         return [everyone] * shortest + [Active(False, on_device[i], tail_rows[i]) for i in range(len(tail))]
 
 
-def step_plan(fed, rnd: int | Round, clients: Tensor, *, stream: StreamLike | None = None,
+def step_plan(fed: Engine, rnd: int | Round, clients: Tensor, *, stream: StreamLike | None = None,
               epochs: int | None = None, steps: int | None = None, split: str = "train") -> StepPlan:
-    """The engine's batch plan for `clients` (`Federation.local_plans`: for the round's context `rnd`,
+    """The engine's batch plan for `clients` (`Engine.local_plans`: for the round's context `rnd`,
     stragglers already cut) as a `StepPlan`. `stream`: the batch order's random stream (default
     "batches", the engine's). `clients` are read from the device once (none where they are on the
     host already: a caller making several plans of one round copies them once). The sample ids reach
     the device in one copy (positions padded on the host, then one gather from the clients'
     concatenated sample ids)."""
     clients = clients.cpu()  # the plan's every read of the clients, on the host
-    indices = [fed.splits[split][c] for c in clients.tolist()]
+    indices = [fed.sample_ids(c, split) for c in clients.tolist()]
     plans = fed.local_plans(rnd, clients, epochs=epochs, steps=steps, split=split,
                             stream=stream)
     counts = torch.tensor([len(p) for p in plans], dtype=torch.long)
     longest = int(counts.max()) if len(plans) else 0
-    batch = fed.cell.batch_size
+    batch = fed.budget.batch_size
     # Positions into the concatenation of the clients' sample ids, with one more id at the end (sample
     # 0) for the clients without samples.
     positions = torch.empty(len(plans), longest, batch, dtype=torch.long)
@@ -114,23 +117,23 @@ def step_plan(fed, rnd: int | Round, clients: Tensor, *, stream: StreamLike | No
     return StepPlan(pool[positions.to(fed.device)], counts)
 
 
-def step_ids(fed, rnd: int | Round, clients: Tensor, *, stream: StreamLike | None = None,
+def step_ids(fed: Engine, rnd: int | Round, clients: Tensor, *, stream: StreamLike | None = None,
              epochs: int | None = None, steps: int | None = None, split: str = "train") -> tuple[Tensor, Tensor]:
     """`step_plan`'s sample ids [K, S, B] and step counts [K], both on the device."""
     plan = step_plan(fed, rnd, clients, stream=stream, epochs=epochs, steps=steps, split=split)
     return plan.ids, plan.counts.to(plan.ids.device)
 
 
-def batch_losses(fed, params: State, buffers: State, ids: Tensor) -> Tensor:
+def batch_losses(fed: Engine, params: State, buffers: State, ids: Tensor) -> Tensor:
     """Mean cross-entropy of each client's batch `ids` [K, B] under `params` ([K, ...] each), [K],
     differentiable with respect to `params`. The forward runs in training mode, so BatchNorm
     statistics in `buffers` are updated in place (pass clones to discard them)."""
-    logits = fed.model.forward({**params, **buffers}, fed.features[ids], train=True)
-    labels = fed.labels[ids]
+    inputs, labels = fed.data(ids)
+    logits = fed.model.forward({**params, **buffers}, inputs, train=True)
     return F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="none").view(labels.shape).mean(1)
 
 
-def loss_and_grads(fed, params: State, buffers: State, ids: Tensor) -> tuple[Tensor, State]:
+def loss_and_grads(fed: Engine, params: State, buffers: State, ids: Tensor) -> tuple[Tensor, State]:
     """`batch_losses` of each client's batch `ids` [K, B] and its gradient with respect to `params`
     ([K, ...] each); BatchNorm statistics in `buffers` are updated in place."""
     leaves = {n: t.detach().requires_grad_(True) for n, t in params.items()}
@@ -242,7 +245,7 @@ class LossCheck:
         return (first, bad[first]), ok
 
 
-def per_client(fed, clients: Tensor, fn: Callable, *stacked):
+def per_client(fed: Engine, clients: Tensor, fn: Callable, *stacked):
     """`fn(clients, *stacked)` once for all clients where the engine batches, else once per client
     (rows k:k+1 of every stacked argument), outputs concatenated along the client dimension. `fn`
     returns a State, a Tensor or a tuple of them."""

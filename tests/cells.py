@@ -6,7 +6,7 @@ from pflbench.execution import ExecutionOptions
 from pflbench.algorithm import get_algorithm
 from pflbench.config import CellConfig
 from pflbench.federation import Federation
-from pflbench.rounds import prepare_cell, run_cell
+from pflbench.rounds import prepare_cell, run_cell, with_server
 
 SMALL_CELL = dict(algorithm="fedavg", dataset="synthetic", dataset_options={"num_samples": 1000},
                   partition="pathological", partition_params={"classes_per_client": 3}, clients=5, rounds=3,
@@ -35,9 +35,9 @@ def assert_batched_matches_loop(cell: CellConfig, data_root, device: str | None 
 
 
 def received(alg, rnd: int, clients):
-    """Round `rnd`'s context (as the engine makes it) once `alg` has configured it, and the state its
-    clients received: what `local_train` starts from."""
-    context = alg.fed.round(rnd, clients)
+    """Round `rnd`'s context (as the engine makes it, with its channel to the server) once `alg` has
+    configured it, and the state its clients received: what `local_train` starts from."""
+    context = alg.engine.round(rnd, clients)
     download = alg.configure(context)
-    context = context.with_download(download)
+    context = with_server(alg, alg.engine, context.with_download(download))
     return context, alg.receive(context, download)

@@ -5,7 +5,8 @@ import torch
 
 from pflbench.algorithms.apfl import APFL
 from pflbench.algorithms.ditto import Ditto
-from pflbench.algorithms.l2gd import L2GD, coin_flips
+from pflbench import streams
+from pflbench.algorithms.l2gd import COINS, L2GD, coin_flips
 from pflbench.algorithm import Algorithm
 from pflbench.rounds import run_cell, run_round
 from cells import assert_batched_matches_loop, federation as _federation, small_cell as _cell
@@ -113,7 +114,7 @@ def test_apfl_learns_alpha_on_a_model_with_batchnorm(tmp_path):
 # ---- L2GD ------------------------------------------------------------------------------------------
 def test_l2gd_sends_nothing_on_local_rounds_and_the_model_on_communicating_rounds(tmp_path):
     cell = _cell(algorithm="l2gd", rounds=4, hp={"p": 0.5})
-    coins = coin_flips(cell.seed, cell.rounds, 0.5)
+    coins = coin_flips(streams.generator(cell.seed, COINS, kind="numpy"), cell.rounds, 0.5)
     assert coins.any() and not coins.all()  # this seed gives both kinds of round
     result = run_cell(cell, data_root=tmp_path)
     fedavg = run_cell(_cell(rounds=4), data_root=tmp_path)

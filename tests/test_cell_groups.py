@@ -165,9 +165,9 @@ class PoisonedFedAvg(FedAvg):
 
     def configure(self, rnd):
         if rnd.number == 2:
-            features = self.fed.features.clone()
-            features[self.fed.splits["train"][2]] = float("nan")
-            self.fed.features = features
+            features = self.engine.features.clone()
+            features[self.engine.splits["train"][2]] = float("nan")
+            self.engine.features = features
         return super().configure(rnd)
 
 

@@ -98,7 +98,7 @@ def test_state_the_contract_cannot_capture_fails_loudly(cls, attribute, tmp_path
     alg.setup()
     with pytest.raises(StateError, match=rf"{cls.__name__}\.{attribute} holds a .*state_objects"):
         alg.state_dict()
-    declared = type("Declared", (cls,), {"state_objects": (attribute,)})(alg.fed, alg.hp)
+    declared = type("Declared", (cls,), {"state_objects": (attribute,)})(alg.engine, alg.hp)
     declared.setup()
     assert attribute in declared.state_dict()["objects"]
 
@@ -130,7 +130,7 @@ def test_state_left_out_of_the_checkpoint_is_caught_by_the_resume_comparison(tmp
 
         def local_train(self, rnd, state):
             self.counter += 1
-            return self.fed.train(rnd, rnd.clients, state, epochs=self.counter).state
+            return self.engine.train(rnd, rnd.clients, state, epochs=self.counter).state
 
     import pflbench.rounds as federation_module
 

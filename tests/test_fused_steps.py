@@ -138,7 +138,7 @@ def restore(buffers, kept, active):
 def pfedme_per_step(alg, rnd, clients, state, theta_start):
     """pFedMe's round as it was written before the fused, sync-free form: per-tensor updates, the loss
     checked (read on the host) at every inner step."""
-    fed, hp = alg.fed, alg.hp
+    fed, hp = alg.engine, alg.hp
     names, buffer_names = fed.model.param_names, fed.model.buffer_names
     w = {n: state[n].detach().clone() for n in names}
     theta = {n: theta_start[n].detach().clone() for n in names}
@@ -169,7 +169,7 @@ def pfedme_per_step(alg, rnd, clients, state, theta_start):
 
 def perfedavg_per_step(alg, rnd, clients, state):
     """Per-FedAvg's round as it was written before the fused, sync-free form."""
-    fed, hp = alg.fed, alg.hp
+    fed, hp = alg.engine, alg.hp
     params = {n: state[n].detach().clone() for n in fed.model.param_names}
     buffers = {n: state[n].detach().clone() for n in fed.model.buffer_names}
     plans = [plan_by_hand(fed, rnd, clients, stream) for stream in STREAMS[: 3 if hp.variant == "hf" else 2]]
@@ -200,7 +200,7 @@ def perfedavg_per_step(alg, rnd, clients, state):
 
 def adapt_per_tensor(alg, clients, state):
     """Per-FedAvg's adaptation step as it was written before the fused form."""
-    fed = alg.fed
+    fed = alg.engine
     ids, counts = plan_by_hand(fed, 0, clients, stream=PerFedAvg.ADAPT_STREAM, steps=1)
     params = {n: state[n] for n in fed.model.param_names}
     buffers = {n: state[n] for n in fed.model.buffer_names}
@@ -230,7 +230,7 @@ def make(alg_cls, cell_config, tmp_path, batching):
 
 def finish_round(alg, context, clients, trained) -> None:
     """The round's upload and aggregation, as `run_round` does them."""
-    upload = alg.send(context, trained).delivered(alg.fed.arrived(context.number, clients)).arrived()
+    upload = alg.send(context, trained).delivered(alg.engine.arrived(context.number, clients)).arrived()
     if len(upload):
         alg.aggregate(context, upload)
 
@@ -248,7 +248,7 @@ CASES = [("mlp", "on"), ("mlp", "off"), ("bn", "on"), ("bn", "off")]
 @pytest.mark.parametrize("hp", [{"k": 2, "personal_lr": 0.05, "mu": 0.01}, {"k": 2, "personal_lr": 0.05, "warm_start": "personal"}])
 def test_pfedme_round_is_its_per_step_form_to_the_bit(tmp_path, data, batching, hp):
     alg = make(PFedMe, cell("pfedme", hp, data), tmp_path, batching)
-    fed = alg.fed
+    fed = alg.engine
     assert fed.batched == (batching == "on") and bool(fed.model.buffer_names) == (data == "bn")
     clients = torch.arange(fed.num_clients)
     counts = [len(p) for p in fed.local_plans(fed.round(1, clients), clients)]
@@ -268,7 +268,7 @@ def test_pfedme_round_is_its_per_step_form_to_the_bit(tmp_path, data, batching, 
 @pytest.mark.parametrize("variant", ["fo", "hf"])
 def test_perfedavg_round_is_its_per_step_form_to_the_bit(tmp_path, data, batching, variant):
     alg = make(PerFedAvg, cell("perfedavg", {"variant": variant, "beta": 0.05}, data), tmp_path, batching)
-    fed = alg.fed
+    fed = alg.engine
     clients = torch.arange(fed.num_clients)
     for rnd in (1, 2):
         context, state = received(alg, rnd, clients)
@@ -284,7 +284,7 @@ def test_perfedavg_round_is_its_per_step_form_to_the_bit(tmp_path, data, batchin
 
 def test_step_plan_is_the_engines_plan_with_counts_on_the_host_and_the_tail_masked(tmp_path):
     alg = make(PFedMe, cell("pfedme", {}, "mlp", clients=6), tmp_path, "on")
-    fed = alg.fed
+    fed = alg.engine
     clients = torch.tensor([0, 2, 3, 5])
     context = fed.round(1, clients)
     plan, (ids, counts) = step_plan(fed, context, clients), plan_by_hand(fed, context, clients)
@@ -332,9 +332,9 @@ def test_the_steps_read_nothing_from_the_device_however_many_there_are(tmp_path,
     for epochs in (1, 3):
         alg = make(PFedMe if algorithm == "pfedme" else PerFedAvg,
                    cell(algorithm, hp, "mlp", local_epochs=epochs, rounds=1), tmp_path, "on")
-        clients = torch.arange(alg.fed.num_clients)
+        clients = torch.arange(alg.engine.num_clients)
         context, state = received(alg, 1, clients)
-        steps[epochs] = max(len(p) for p in alg.fed.local_plans(context, clients))
+        steps[epochs] = max(len(p) for p in alg.engine.local_plans(context, clients))
         with Reads() as counter:
             alg.local_train(context, state)
         reads[epochs] = counter.count
@@ -350,7 +350,7 @@ def test_the_steps_read_nothing_from_the_device_however_many_there_are(tmp_path,
 def test_a_nan_loss_raises_diverged_naming_the_client_as_before(tmp_path, batching, algorithm):
     alg_cls = PFedMe if algorithm == "pfedme" else PerFedAvg
     alg = make(alg_cls, cell(algorithm, {}, "mlp"), tmp_path, batching)
-    fed = alg.fed
+    fed = alg.engine
     fed.features = fed.features.clone()  # (not the dataset's cached tensor)
     fed.features[fed.splits["train"][3]] = float("nan")  # client 3's training data
     clients = torch.arange(fed.num_clients)

@@ -53,11 +53,11 @@ SIGNALLING = textwrap.dedent("""
         signals(rnd, "end", self.cell)
         return end_of_round(self, rnd, fed, algorithm, loop, elapsed)
 
-    def in_round(algorithm, rnd, clients, timing=None):
-        signals(rnd, "in-round", algorithm.fed.cell)
-        if any(at.endswith(f"{rnd}:in-round") for _, at in plan) and algorithm.fed.cell.seed == 0:
+    def in_round(algorithm, rnd, clients, timing=None, fed=None):
+        signals(rnd, "in-round", fed.cell)
+        if any(at.endswith(f"{rnd}:in-round") for _, at in plan) and fed.cell.seed == 0:
             time.sleep(600)  # a round that does not end: the grace deadline stops it
-        return run_round(algorithm, rnd, clients, timing)
+        return run_round(algorithm, rnd, clients, timing, fed)
 
     checkpoint.Checkpointer.after_round = after_round
     rounds.run_round = in_round

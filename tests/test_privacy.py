@@ -174,9 +174,9 @@ def test_the_servers_model_gets_the_noise_of_one_mechanism_not_of_every_client(t
     def aggregate(self, rnd, upload):
         before = {n: t.clone() for n, t in self.global_state.items()}
         original(self, rnd, upload)
-        moved[self.fed.privacy.mode] = torch.cat([(self.global_state[n] - before[n]).flatten()
+        moved[self.engine.privacy.mode] = torch.cat([(self.global_state[n] - before[n]).flatten()
                                                   for n in upload.state if before[n].is_floating_point()])
-        weights = self.fed.train_sizes[upload.clients].double()
+        weights = self.engine.train_sizes[upload.clients].double()
         moved["weights"] = weights / weights.sum()
 
     monkeypatch.setattr(fedavg, "aggregate", aggregate)
@@ -233,5 +233,5 @@ def test_privacy_is_a_wrapper_and_the_round_driver_has_no_privacy_branch(tmp_pat
     assert isinstance(wrapped, PrivateUploads) and wrapped.dp_upload == "model"
     assert not isinstance(with_privacy(fedavg(off, fedavg.parse_hyperparams({}))), PrivateUploads)
     per_client = pfedhn(on, pfedhn.parse_hyperparams({"server_updates": "per_client"}))
-    if per_client.dp_upload == "self":  # privatizes where each update leaves the client: not wrapped
-        assert with_privacy(per_client) is per_client
+    assert per_client.updates_per_client and isinstance(with_privacy(per_client), PrivateUploads)
+    assert "privacy" not in inspect.getsource(rounds.with_server)  # each upload delivered mid-round too

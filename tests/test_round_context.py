@@ -163,20 +163,20 @@ def test_the_engine_hands_aggregate_only_the_arrived_uploads_and_counts_lost_one
 
 
 # ---- evaluation: whom the models serve ---------------------------------------------------------------------
-def test_newcomers_are_served_through_their_own_context_and_self_fed_stays_the_trained_clients(tmp_path, monkeypatch):
+def test_newcomers_are_served_through_their_own_context_and_self_engine_stays_the_trained_clients(tmp_path, monkeypatch):
     calls = []
 
     class Watches(FedAvg):
         def evaluate(self, serving, models, splits):
-            calls.append(("evaluate", serving, self.fed))
+            calls.append(("evaluate", serving, self.engine))
             return super().evaluate(serving, models, splits)
 
         def adapt_locally(self, serving, models):
-            calls.append(("adapt_locally", serving, self.fed))
+            calls.append(("adapt_locally", serving, self.engine))
             return super().adapt_locally(serving, models)
 
         def newcomer_models(self, serving):
-            calls.append(("newcomer_models", serving, self.fed))
+            calls.append(("newcomer_models", serving, self.engine))
             return super().newcomer_models(serving)
 
     made = []
@@ -196,7 +196,7 @@ def test_newcomers_are_served_through_their_own_context_and_self_fed_stays_the_t
     assert {c[0] for c in newcomers} == {"evaluate", "adapt_locally", "newcomer_models"}
     assert {c[0] for c in trained} == {"evaluate", "adapt_locally"}
     assert all(c[1].clients is fed.newcomers for c in newcomers) and all(c[1].clients is fed for c in trained)
-    assert all(c[2] is fed for c in calls)  # the algorithm's own Federation is never swapped
+    assert all(c[2] is fed for c in calls)  # the algorithm's own engine (the Federation) is never swapped
     assert all(c[1].adapt_epochs == 1 and c[1].round in (1, 2) for c in calls)
     # the newcomers' Federation shares the cell's data and models, and holds only its own clients
     assert fed.newcomers.cell_data is fed.cell_data and fed.newcomers.features is fed.features
@@ -227,7 +227,7 @@ def test_scored_models_are_taken_as_scored_and_evaluate_scores_every_other_model
 
 # ---- nothing swapped, copied or re-stacked by type -----------------------------------------------------------
 def test_no_hidden_round_state_no_swapped_federation_and_no_upload_restacked_by_type():
-    hidden = re.compile(r"local_round|copy\.copy\(|\.serving\(|\bself\.fed\s*=(?!=)|type\(self\)\.evaluate|"
+    hidden = re.compile(r"local_round|copy\.copy\(|\.serving\(|\bself\.(fed|engine)\s*(:[^=]*)?=(?!=)|type\(self\)\.evaluate|"
                         r"restack|payload_bytes|\"scores\" in")
     found = []
     for path in [*(ROOT / "pflbench").rglob("*.py"), *(ROOT / "algorithms").glob("*.py")]:
@@ -236,9 +236,11 @@ def test_no_hidden_round_state_no_swapped_federation_and_no_upload_restacked_by_
         for number, line in enumerate(path.read_text().splitlines(), 1):
             if hidden.search(line) and not line.lstrip().startswith("#"):
                 found.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
-    allowed = {"pflbench/algorithm.py"}  # Algorithm.__init__ stores the trained clients' Federation, once
+    # Algorithm.__init__ stores the trained clients' engine, once; `fed`, its deprecated name, sets it
+    allowed = {"pflbench/algorithm.py"}
     assert [f for f in found if f.split(":")[0] not in allowed] == []
-    assert sum("self.fed =" in f for f in found) == 1
+    assert [f.split(": ", 1)[1] for f in found] == ["self.engine: Engine = engine  # what the method may ask of the "
+                                                    "engine (pflbench.engine)", "self.engine = engine"]
 
 
 def test_the_public_round_types_are_exported_by_the_contract():

@@ -1,14 +1,19 @@
 """A newcomer's BatchNorm statistics, fitted on its own train split (pflbench.newcomers)."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
+
+if TYPE_CHECKING:
+    from pflbench.engine import Engine
 
 
 BATCHNORM_CHUNK = 256  # samples per forward pass when a newcomer's BatchNorm statistics are estimated
 
 
 @torch.no_grad()
-def fit_batchnorm_statistics(newcomers, state: dict) -> dict:
+def fit_batchnorm_statistics(newcomers: Engine, state: dict) -> dict:
     """`state` [U, ...] (one model per newcomer) with every BatchNorm layer's running statistics
     estimated afresh on that newcomer's own train split: reset, then the cumulative average of the
     statistics of chunks of BATCHNORM_CHUNK samples (torch's momentum=None), one pass in sample
@@ -22,7 +27,7 @@ def fit_batchnorm_statistics(newcomers, state: dict) -> dict:
     out = {n: t.clone() for n, t in state.items()}
     for k in range(newcomers.num_clients):
         mine = {n: t[k] for n, t in out.items()}  # views: the statistics land in `out`
-        idx = newcomers.splits["train"][k]
+        idx = newcomers.sample_ids(k, "train")
         with model.bound(mine, train=False) as net:
             norms = [m for m in net.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
             momenta = [m.momentum for m in norms]
@@ -32,7 +37,7 @@ def fit_batchnorm_statistics(newcomers, state: dict) -> dict:
                 m.reset_running_stats()
             try:
                 for part in idx.split(BATCHNORM_CHUNK):
-                    net(newcomers.features[part])
+                    net(newcomers.data(part)[0])
             finally:
                 for m, momentum in zip(norms, momenta):
                     m.momentum = momentum
