@@ -1,6 +1,16 @@
 """Suite-wide settings."""
+import os
+
 import pytest
 import torch
+
+# Ray lowers its workers to niceness 15 (its default `worker_niceness`), so that on a machine whose
+# cores other work keeps busy at niceness 0 a cell on a Ray worker gets ~1/30 of a core (CFS weights
+# 36 vs 1024): tests that wait for a Ray worker took minutes and ran past their bounds (a lost-worker
+# test: 95 s at niceness 0, over 400 s at 15, pinned to one core beside one busy loop). The suite's
+# workers run at the suite's own priority. Set before any Ray starts: the raylet and its workers
+# inherit it, and the tests that start clusters with `ray start` keep it in their environment.
+os.environ.setdefault("RAY_worker_niceness", "0")
 
 
 @pytest.fixture(autouse=True)

@@ -214,7 +214,8 @@ def run_and_lose_the_worker_node(tmp_path: Path, driver: str, ready, at_kill) ->
     ray_dirs = [Path(tempfile.mkdtemp(prefix=f"pflmn{tag}{node}-", dir="/tmp")) for node in "hw"]  # short: unix sockets
     home = tmp_path / "home"  # no Ray token: this cluster asks for none
     home.mkdir()
-    env = {key: value for key, value in os.environ.items() if not key.startswith("RAY_")}
+    env = {key: value for key, value in os.environ.items()
+           if not key.startswith("RAY_") or key == "RAY_worker_niceness"}  # conftest.py
     env.update(HOME=str(home), PYTHON=sys.executable, PORT="6379", LOGS=str(logs), DRIVER=driver,
                STORE=str(store), DATA=str(data), HEAD_IP=HEAD_IP, RAY_USAGE_STATS_ENABLED="0",
                PFLBENCH_DATA_MIRROR=str(tmp_path / "no-mirror"), OMP_NUM_THREADS="1",

@@ -89,8 +89,10 @@ def test_the_kernels_count_of_oom_kills_is_read_from_cgroup_v1_v2_and_vmstat_fil
 
 GREEDY_AVG = '''
 """FedAvg whose Ray worker, at the start of round 1, moves itself into a new memory cgroup under {parent}
-that allows it {limit_mb} MB more than it holds, and at the start of round 2 asks for {ask_mb} MB and
-touches them: the kernel's OOM killer ends it. Never in the test's own process."""
+(no limit yet: what round 1 allocates never presses on one), and at the start of round 2 limits that
+cgroup to what it holds plus {margin_mb} MB and asks for {ask_mb} MB, touching them: the kernel's OOM
+killer ends it within that margin and the cgroup's reclaimable page cache. Never in the test's own
+process."""
 import os
 from pathlib import Path
 
@@ -106,26 +108,28 @@ PARENT = Path({parent!r})
 @ALGORITHMS.register("greedy-fedavg")
 class GreedyFedAvg(FedAvg):
     def configure(self, rnd):
+        group = PARENT / f"{prefix}{{os.getpid()}}"
         if os.getpid() != {test_pid} and rnd.number == 1:
-            group = PARENT / f"{prefix}{{os.getpid()}}"
             group.mkdir()
-            (group / {limit_file!r}).write_text(str({limit_mb} * 2 ** 20))
             (group / "cgroup.procs").write_text(str(os.getpid()))
         if os.getpid() != {test_pid} and rnd.number == 2:
             # Round 1's report (with the new cgroup's count of OOM kills) has reached the driver's board:
             # the board runs one caller's calls in order.
             ray.get(current().board.stop_requested.remote())
+            held = int((group / {usage_file!r}).read_text())
+            (group / {limit_file!r}).write_text(str(held + {margin_mb} * 2 ** 20))
             hog = bytearray({ask_mb} * 2 ** 20)  # zero-filled: every page is touched
             del hog
         return super().configure(rnd)
 '''
-PREFIX = "pflbench-oom-test-"
+PREFIX = f"pflbench-oom-test-{os.getpid()}-"  # this test process's cgroups only: suites may run side by side
 
 
-def memory_cgroup() -> tuple[Path, str]:
+def memory_cgroup() -> tuple[Path, str, str]:
     """A memory cgroup this process may make children in (this process's own: cgroup v1's memory
-    hierarchy, or v2 with the memory controller given to its children) and the name of a child's limit
-    file; skips the test, saying why, where there is none (not root, no writable cgroup, a container)."""
+    hierarchy, or v2 with the memory controller given to its children) and the names of a child's limit
+    and usage files; skips the test, saying why, where there is none (not root, no writable cgroup, a
+    container)."""
     from pflbench.oom_kills import CGROUP_ROOT
 
     lines = Path("/proc/self/cgroup").read_text().splitlines()
@@ -133,10 +137,11 @@ def memory_cgroup() -> tuple[Path, str]:
         _, controllers, path = line.split(":", 2)
         if "memory" in controllers.split(","):
             parent, limit_file = CGROUP_ROOT / "memory" / path.lstrip("/"), "memory.limit_in_bytes"
+            usage_file = "memory.usage_in_bytes"
             break
     else:
         path = next((line.split(":", 2)[2] for line in lines if line.startswith("0::")), None)
-        parent, limit_file = CGROUP_ROOT / (path or "").lstrip("/"), "memory.max"
+        parent, limit_file, usage_file = CGROUP_ROOT / (path or "").lstrip("/"), "memory.max", "memory.current"
         if path is None or "memory" not in (parent / "cgroup.subtree_control").read_text().split():
             pytest.skip("no memory cgroup to limit a worker in: neither cgroup v1's memory hierarchy nor v2 with "
                         "the memory controller enabled for this process's cgroup's children")
@@ -150,7 +155,7 @@ def memory_cgroup() -> tuple[Path, str]:
     finally:
         if probe.exists():
             probe.rmdir()
-    return parent, limit_file
+    return parent, limit_file, usage_file
 
 
 def remove_cgroups(parent: Path) -> list[Path]:
@@ -178,11 +183,11 @@ def test_a_ray_worker_that_the_kernels_oom_killer_ends_is_out_of_memory_retried_
     `retries` times (each attempt is killed again: one cgroup each) and then records it as failed with
     that reason; the other cell finishes."""
     ray = pytest.importorskip("ray")
-    parent, limit_file = memory_cgroup()
+    parent, limit_file, usage_file = memory_cgroup()
     monkeypatch.setenv("PFLBENCH_DATA_MIRROR", str(tmp_path / "no-mirror"))
     plugin = tmp_path / "greedy_avg.py"
-    plugin.write_text(GREEDY_AVG.format(parent=str(parent), limit_mb=256, ask_mb=4096, test_pid=os.getpid(),
-                                        prefix=PREFIX, limit_file=limit_file))
+    plugin.write_text(GREEDY_AVG.format(parent=str(parent), margin_mb=64, ask_mb=1024, test_pid=os.getpid(),
+                                        prefix=PREFIX, limit_file=limit_file, usage_file=usage_file))
     plan = parse_spec({
         "name": "oom-killed", "plugins": [str(plugin)],
         "matrix": {"algorithm": ["greedy-fedavg", "fedavg"], "dataset": ["synthetic"],

@@ -242,7 +242,8 @@ def test_a_plugin_algorithm_runs_on_a_cluster_joined_with_ray_address(my_avg, tm
     home = tmp_path / "home"
     (home / ".ray").mkdir(parents=True)
     (home / ".ray" / "auth_token").write_text(secrets.token_hex(32))
-    env = {key: value for key, value in os.environ.items() if not key.startswith("RAY_")}
+    env = {key: value for key, value in os.environ.items()
+           if not key.startswith("RAY_") or key == "RAY_worker_niceness"}  # conftest.py
     env.update(HOME=str(home), RAY=ray, PYTHON=sys.executable, PORT=str(cluster.free_port()), RAY_DIR=str(ray_dir),
                LOGS=str(tmp_path), SPEC=str(spec), RESULTS=str(tmp_path / "on-cluster"), ROOT=str(tmp_path / "data"),
                RAY_USAGE_STATS_ENABLED="0", PYTHONPATH=str(REPO))

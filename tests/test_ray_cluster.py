@@ -87,7 +87,8 @@ def test_a_cluster_started_with_ray_start_runs_the_matrix_as_in_process(tmp_path
     home = tmp_path / "home"
     (home / ".ray").mkdir(parents=True)
     (home / ".ray" / "auth_token").write_text(secrets.token_hex(32))  # the cluster's, not the machine's
-    env = {key: value for key, value in os.environ.items() if not key.startswith("RAY_")}
+    env = {key: value for key, value in os.environ.items()
+           if not key.startswith("RAY_") or key == "RAY_worker_niceness"}  # conftest.py
     env.update(HOME=str(home), RAY=ray, PYTHON=sys.executable, PORT=str(free_port()), RAY_DIR=str(ray_dir),
                LOGS=str(tmp_path), SPEC=str(spec), RESULTS=str(tmp_path / "on-cluster"), ROOT=str(root),
                RAY_USAGE_STATS_ENABLED="0", PYTHONPATH=str(Path(__file__).resolve().parents[1]))

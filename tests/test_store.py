@@ -63,7 +63,7 @@ SPEC = {
     "name": "resume",
     "matrix": {"algorithm": ["fedavg", "local"], "dataset": ["synthetic"], "seed": [0, 1, 2, 3]},
     "defaults": {"partition": "pathological", "partition_params": {"classes_per_client": 2, "samples_per_client": 40},
-                 "clients": 4, "rounds": 25, "dataset_options": {"num_samples": 800}},
+                 "clients": 4, "rounds": 10, "dataset_options": {"num_samples": 800}},
 }
 
 
@@ -84,8 +84,7 @@ def test_resume_after_sigkill(tmp_path):
     assert len(expected) == 8
 
     first = run_cli(spec, results, data)
-    deadline = time.monotonic() + 90
-    while len(summaries(results)) < 3 and first.poll() is None and time.monotonic() < deadline:
+    while len(summaries(results)) < 3 and first.poll() is None:  # however long a loaded machine takes
         time.sleep(0.02)
     first.send_signal(signal.SIGKILL)
     first.wait()
@@ -104,4 +103,5 @@ def test_resume_after_sigkill(tmp_path):
     table = load_store(results)
     assert len(table) == 8 and table["hash"].is_unique and set(table["status"]) == {"finished"}
     assert not list(results.rglob("*.tmp"))
-    assert all(len(pd.read_parquet(Path(p) / "metrics.parquet")) == 25 * 4 for p in table["path"])
+    assert all(len(pd.read_parquet(Path(p) / "metrics.parquet")) == SPEC["defaults"]["rounds"] * 4
+               for p in table["path"])
