@@ -301,7 +301,7 @@ class CheckpointFile:
     sets aside through these five methods only, so that a cell on a Ray worker of another machine can keep its
     checkpoint in the driver's store instead (pflbench/checkpoint_relay.py)."""
 
-    def __init__(self, path: Path, set_aside_dir: Path):
+    def __init__(self, path: Path, set_aside_dir: Path) -> None:
         self.path, self.set_aside_dir = Path(path), Path(set_aside_dir)
 
     def read(self) -> bytes | None:
@@ -349,7 +349,7 @@ class Checkpointer:
     def __init__(self, folder: Path, cell: CellConfig, policy: CheckpointPolicy = CheckpointPolicy(),
                  set_aside_dir: Path | None = None, note: Callable[[str], None] | None = None,
                  clock: Callable[[], float] = time.perf_counter, files: "CheckpointFile | None" = None,
-                 preemption: StopRequest | None = None):
+                 preemption: StopRequest | None = None) -> None:
         self.folder, self.cell, self.policy = Path(folder), cell, policy
         self.path = self.folder / CHECKPOINT
         self.set_aside_dir = Path(set_aside_dir) if set_aside_dir is not None else self.folder.parent / "_damaged"

@@ -51,7 +51,7 @@ class StaleAttempt(RuntimeError):
 class CheckpointKeeper:
     """The driver node's side (a Ray actor): the checkpoints of a store's cells, by cell hash."""
 
-    def __init__(self, store_root: str):
+    def __init__(self, store_root: str) -> None:
         self.root = Path(store_root)
         self.host = socket.gethostname()
         self.attempts: dict[str, int] = {}  # cell hash (or trial id) -> the attempt allowed to write
@@ -121,7 +121,7 @@ def start_keeper(store_root: Path):
 class RelayedCheckpointFile:
     """The worker's side: one attempt of one cell, `CheckpointFile`'s interface over the keeper."""
 
-    def __init__(self, keeper, key: str, attempt: int):
+    def __init__(self, keeper, key: str, attempt: int) -> None:
         self.keeper, self.key, self.attempt = keeper, key, attempt
 
     def read(self) -> bytes | None:

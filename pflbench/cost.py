@@ -58,7 +58,7 @@ def reset_high_water_mark() -> bool:
 class HostPeak:
     """The peak RSS of this process from `start()` to `stop()`, by the best method available here."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.method = "vmhwm" if reset_high_water_mark() else ("sampled" if _status_kib("VmRSS") is not None
                                                                else "process")
         self.start_bytes = self.current()

@@ -43,7 +43,7 @@ class Display:
     since the start per finished cell, times the cells left; with cells in parallel the pace already
     counts them)."""
 
-    def __init__(self, console: Console, total: int, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, console: Console, total: int, clock: Callable[[], float] = time.monotonic) -> None:
         self.console = console
         self.total = total
         self.clock = clock
@@ -60,7 +60,7 @@ class Display:
         self.progress.start()
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc) -> None:
         self.progress.stop()
 
     def update(self, cell: CellConfig, info: dict) -> None:

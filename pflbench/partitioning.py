@@ -50,7 +50,7 @@ class Partitioner(ABC):
     scheme: ClassVar[str]  # the registered name, used in error messages
     Params: ClassVar[type[SchemeParams]] = SchemeParams
 
-    def __init__(self, **params):
+    def __init__(self, **params) -> None:
         try:
             self.params = self.Params(**params)
         except ValidationError as exc:

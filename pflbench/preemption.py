@@ -44,7 +44,7 @@ class Preempted(Exception):
     continues from (None: from round 1); `in_round`: stopped at the grace deadline inside a round."""
 
     def __init__(self, signal_name: str, rounds_done: int | None = None, resumes_at: int | None = None,
-                 in_round: bool = False, checkpoint_error: str | None = None):
+                 in_round: bool = False, checkpoint_error: str | None = None) -> None:
         super().__init__(f"preempted by {signal_name}")
         self.signal, self.rounds_done, self.resumes_at = signal_name, rounds_done, resumes_at
         self.in_round, self.checkpoint_error = in_round, checkpoint_error
@@ -93,7 +93,7 @@ class Preemption:
     signal's name when the first one arrives (to print a line)."""
 
     def __init__(self, grace_seconds: float = DEFAULT_GRACE_SECONDS,
-                 on_request: Callable[[str], None] | None = None):
+                 on_request: Callable[[str], None] | None = None) -> None:
         if not grace_seconds >= 0:
             raise ValueError(f"grace seconds must be >= 0, got {grace_seconds!r}")
         self.grace_seconds = grace_seconds

@@ -54,7 +54,7 @@ class StepPlan:
     caller masks out; a client without samples gets sample 0), and `counts` [K], each client's number
     of real steps, on the host."""
 
-    def __init__(self, ids: Tensor, counts: Tensor):
+    def __init__(self, ids: Tensor, counts: Tensor) -> None:
         self.ids, self.counts = ids, counts
 
     @property

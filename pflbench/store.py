@@ -115,7 +115,7 @@ class DiskFull(OSError):
     """A write failed for lack of space (module doc): `path` the file, `needed` the bytes it needed
     (None: not known), `free` the bytes free on that file system (None: not known)."""
 
-    def __init__(self, path: str | Path, needed: int | None, free: int | None, code: int = errno.ENOSPC):
+    def __init__(self, path: str | Path, needed: int | None, free: int | None, code: int = errno.ENOSPC) -> None:
         super().__init__(code, os.strerror(code), str(path))
         self.path, self.needed, self.free = Path(path), needed, free
 
@@ -186,7 +186,7 @@ def write_json(path: Path, data: dict) -> None:
 
 
 class Store:
-    def __init__(self, root: str | Path):
+    def __init__(self, root: str | Path) -> None:
         self.root = Path(root)
         self.host, self.pid = socket.gethostname(), os.getpid()
         self.owner = f"{self.host}:{self.pid}:{uuid.uuid4().hex[:8]}"  # this runner, in claims

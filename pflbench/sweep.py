@@ -280,11 +280,11 @@ class TrialCheckpointer(Checkpointer):
     `finish_sweep` keeps one row per round."""
     REPORTS = "sweep_reports"
 
-    def __init__(self, *args, reports: list, replay: Callable[[list], None], **kwargs):
+    def __init__(self, *args, reports: list, replay: Callable[[list], None], **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.reports, self.replay = reports, replay
 
-    def after_round(self, rnd, fed, algorithm, loop, elapsed):
+    def after_round(self, rnd, fed, algorithm, loop, elapsed) -> None:
         super().after_round(rnd, fed, algorithm, {**loop, self.REPORTS: list(self.reports)}, elapsed)
 
     def resume(self, fed, algorithm, provenance=None):

@@ -62,7 +62,7 @@ class TrialStops:
     and how to continue the sweep. `checkpoints`: the keeper's folder (<sweep folder>/checkpoints)."""
 
     def __init__(self, preemption: Preemption, board, checkpoints: Path, rounds: int,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.preemption, self.board, self.checkpoints, self.rounds = preemption, board, checkpoints, rounds
         self.clock = clock
         self.since: float | None = None  # when the driver passed the stop on
@@ -131,7 +131,7 @@ class EndTuneRun(tune.Callback):
     """Given to Tune's RunConfig (module doc): takes SIGTERM and SIGINT back from Tune when its run starts
     and ends the run when the active TrialStops says so. Outside a sweep's run it does nothing."""
 
-    def setup(self, **info):
+    def setup(self, **info) -> None:
         if _active:
             _active[-1].preemption.take_signals()
 

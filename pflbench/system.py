@@ -128,7 +128,7 @@ def parse_system(values: dict[str, Any], clients: int) -> dict[str, Any]:
 class SystemPlan:
     """The stragglers' work fractions and the dropped uploads of a cell, drawn once from its seed."""
 
-    def __init__(self, params: SystemParams, clients: int, rounds: int, seed: int):
+    def __init__(self, params: SystemParams, clients: int, rounds: int, seed: int) -> None:
         rng = streams.generator(seed, "system", kind="numpy")
         # Fixed draws for every (round, client), whatever the knob's values: raising the dropout
         # probability only adds dropped uploads, and the stragglers are a prefix of one permutation.

@@ -141,7 +141,7 @@ def machine_key(device: str = "cpu") -> str:
 class FingerprintBook:
     """results/published/fingerprints.json: {machine kind: {study/cell: {fingerprint, rounds, commit, date}}}."""
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self.kinds: dict[str, dict[str, dict]] = read_json_dict(self.path) if self.path.is_file() else {}
 

@@ -22,7 +22,7 @@ class Source(ABC):
     description: ClassVar[str]
     OPTIONS: ClassVar[dict[str, Option]] = {}
 
-    def __init__(self, name: str, options: dict[str, Any]):
+    def __init__(self, name: str, options: dict[str, Any]) -> None:
         self.name = name
         self.options = options
 

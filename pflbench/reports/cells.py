@@ -94,7 +94,7 @@ class _DatasetAliases(Mapping):
     def __iter__(self):
         return iter(self._table())
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self._table())
 
 
