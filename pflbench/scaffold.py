@@ -13,6 +13,7 @@ Only the standard library is imported here (every `pflbench --help` builds this 
 """
 from __future__ import annotations
 
+import argparse
 import json
 import keyword
 import re
@@ -167,7 +168,7 @@ class ScaffoldError(ValueError):
     pass
 
 
-def add_parser(subparsers) -> None:
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     new = subparsers.add_parser("new", help="write a documented starting file (and its test) for your own "
                                             "algorithm or partition scheme")
     kinds = new.add_subparsers(dest="new_kind", required=True, metavar="KIND")
@@ -186,7 +187,7 @@ def add_parser(subparsers) -> None:
     new.set_defaults(func=cmd_new)
 
 
-def cmd_new(args) -> int:
+def cmd_new(args: argparse.Namespace) -> int:
     try:
         written = write_scaffold(args.new_kind, args.name, args.out, base=getattr(args, "base", "fedavg"),
                                  force=args.force, display_name=args.display_name)
