@@ -113,7 +113,7 @@ class ClientSplits:
     val: list[np.ndarray]
     test: list[np.ndarray]
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if not len(self.train) == len(self.val) == len(self.test):
             raise ValueError("train, val and test must list the same number of clients")
         for name in SPLITS:

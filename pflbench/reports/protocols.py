@@ -58,7 +58,7 @@ class Protocol:
     selection: str = "final"
     averaging: str = "clients"
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         for value, allowed, what in ((self.model, MODELS, "model"), (self.selection, SELECTIONS, "selection"),
                                      (self.averaging, AVERAGINGS, "averaging")):
             if value not in allowed:
