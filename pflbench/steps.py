@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -35,6 +35,9 @@ from torch import Tensor
 from pflbench.streams import StreamLike
 from pflbench.round_context import Round
 from pflbench.training import SGD, State
+
+if TYPE_CHECKING:
+    from pflbench.federation import Federation
 
 
 @dataclass(frozen=True)
@@ -85,7 +88,7 @@ class StepPlan:
         return [everyone] * shortest + [Active(False, on_device[i], tail_rows[i]) for i in range(len(tail))]
 
 
-def step_plan(fed, rnd: int | Round, clients: Tensor, *, stream: StreamLike | None = None,
+def step_plan(fed: Federation, rnd: int | Round, clients: Tensor, *, stream: StreamLike | None = None,
               epochs: int | None = None, steps: int | None = None, split: str = "train") -> StepPlan:
     """The engine's batch plan for `clients` (`Federation.local_plans`: for the round's context `rnd`,
     stragglers already cut) as a `StepPlan`. `stream`: the batch order's random stream (default
@@ -111,14 +114,14 @@ def step_plan(fed, rnd: int | Round, clients: Tensor, *, stream: StreamLike | No
     return StepPlan(pool[positions.to(fed.device)], counts)
 
 
-def step_ids(fed, rnd: int | Round, clients: Tensor, *, stream: StreamLike | None = None,
+def step_ids(fed: Federation, rnd: int | Round, clients: Tensor, *, stream: StreamLike | None = None,
              epochs: int | None = None, steps: int | None = None, split: str = "train") -> tuple[Tensor, Tensor]:
     """`step_plan`'s sample ids [K, S, B] and step counts [K], both on the device."""
     plan = step_plan(fed, rnd, clients, stream=stream, epochs=epochs, steps=steps, split=split)
     return plan.ids, plan.counts.to(plan.ids.device)
 
 
-def batch_losses(fed, params: State, buffers: State, ids: Tensor) -> Tensor:
+def batch_losses(fed: Federation, params: State, buffers: State, ids: Tensor) -> Tensor:
     """Mean cross-entropy of each client's batch `ids` [K, B] under `params` ([K, ...] each), [K],
     differentiable with respect to `params`. The forward runs in training mode, so BatchNorm
     statistics in `buffers` are updated in place (pass clones to discard them)."""
@@ -127,7 +130,7 @@ def batch_losses(fed, params: State, buffers: State, ids: Tensor) -> Tensor:
     return F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="none").view(labels.shape).mean(1)
 
 
-def loss_and_grads(fed, params: State, buffers: State, ids: Tensor) -> tuple[Tensor, State]:
+def loss_and_grads(fed: Federation, params: State, buffers: State, ids: Tensor) -> tuple[Tensor, State]:
     """`batch_losses` of each client's batch `ids` [K, B] and its gradient with respect to `params`
     ([K, ...] each); BatchNorm statistics in `buffers` are updated in place."""
     leaves = {n: t.detach().requires_grad_(True) for n, t in params.items()}
@@ -170,6 +173,7 @@ def sgd_step(params: State, grads: State, momenta: State, sgd: SGD, lr: float, a
         if active.everyone:
             sgd.apply(tensors, gradients, buffers, lr)
         else:
+            assert active.rows is not None  # given unless everyone is active
             sgd.apply_rows(tensors, gradients, buffers, active.rows, lr)
     elif bool(active.all()):
         sgd.apply(tensors, gradients, buffers, lr)
@@ -217,8 +221,9 @@ class LossCheck:
         flag from the device (more only when a check failed)."""
         if not self._masks:
             return None
-        checks = len(self._masks)
-        bad = (~torch.isfinite(torch.stack(self._losses))).view(checks, self._width, -1).any(1) & torch.stack(self._masks)
+        checks, width = len(self._masks), self._width
+        assert width is not None  # set by the first `add`
+        bad = (~torch.isfinite(torch.stack(self._losses))).view(checks, width, -1).any(1) & torch.stack(self._masks)
         failed = bad.any(1)
         if not bool(failed.any()):
             return None
@@ -226,7 +231,7 @@ class LossCheck:
         return first, bad[first]
 
 
-def per_client(fed, clients: Tensor, fn: Callable, *stacked):
+def per_client(fed: Federation, clients: Tensor, fn: Callable[..., Any], *stacked: Any) -> Any:
     """`fn(clients, *stacked)` once for all clients where the engine batches, else once per client
     (rows k:k+1 of every stacked argument), outputs concatenated along the client dimension. `fn`
     returns a State, a Tensor or a tuple of them."""
@@ -236,13 +241,13 @@ def per_client(fed, clients: Tensor, fn: Callable, *stacked):
     return _concat(outputs)
 
 
-def _rows(value, k: int):
+def _rows(value: Any, k: int) -> Any:
     if isinstance(value, dict):
         return {n: t[k:k + 1] for n, t in value.items()}
     return value[k:k + 1]
 
 
-def _concat(outputs: list):
+def _concat(outputs: list[Any]) -> Any:
     first = outputs[0]
     if isinstance(first, tuple):
         return tuple(_concat([o[i] for o in outputs]) for i in range(len(first)))
@@ -253,9 +258,10 @@ def _concat(outputs: list):
 
 def finite(state: State) -> Tensor:
     """Per client [K]: whether every floating tensor of its row is finite."""
-    ok = None
+    ok: Tensor | None = None
     for t in state.values():
         if t.is_floating_point():
             row = torch.isfinite(t.flatten(1)).all(1)
             ok = row if ok is None else ok & row
+    assert ok is not None, "a state without floating tensors"  # (a model's parameters are floating)
     return ok
