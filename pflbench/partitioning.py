@@ -78,7 +78,7 @@ class Partitioner(ABC):
     ) -> list[np.ndarray]:
         """Sample indices held by each client (disjoint; a scheme may leave samples unused)."""
 
-    def resolved(self, base_dir: Path | None = None) -> Partitioner:
+    def resolved(self, base_dir: str | Path | None = None) -> Partitioner:
         """This scheme with parameters that pin down everything it reads, for a cell's identity (an
         imported file: its absolute path, `base_dir` resolving a relative one, and its content hash).
         Schemes that read nothing return themselves."""

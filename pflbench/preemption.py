@@ -32,7 +32,8 @@ import signal
 import threading
 import time
 from contextlib import contextmanager
-from typing import Callable, Iterator, Protocol
+from types import FrameType
+from typing import Any, Callable, Iterator, Protocol
 
 PREEMPTED_EXIT = 75  # sysexits' EX_TEMPFAIL: the run stopped on request; running it again continues it
 DEFAULT_GRACE_SECONDS = 25.0
@@ -49,7 +50,7 @@ class Preempted(Exception):
         self.signal, self.rounds_done, self.resumes_at = signal_name, rounds_done, resumes_at
         self.in_round, self.checkpoint_error = in_round, checkpoint_error
 
-    def __reduce__(self):  # a Ray worker hands it back to the driver as a value
+    def __reduce__(self) -> tuple[type[Preempted], tuple[Any, ...]]:  # a Ray worker hands it back to the driver as a value
         return Preempted, (self.signal, self.rounds_done, self.resumes_at, self.in_round, self.checkpoint_error)
 
 
@@ -132,7 +133,7 @@ class Preemption:
             signal.signal(signal.SIGINT, self._on_signal)
             signal.signal(signal.SIGALRM, self._on_deadline)
 
-    def _on_signal(self, signum: int, frame) -> None:
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         if self.requested:  # the second one: stop now
             raise KeyboardInterrupt
         self.signal, self.requested_at = signal.Signals(signum).name, time.monotonic()
@@ -140,7 +141,7 @@ class Preemption:
             self._arm()
         self.on_request(self.signal)
 
-    def _on_deadline(self, signum: int, frame) -> None:
+    def _on_deadline(self, signum: int, frame: FrameType | None) -> None:
         self._armed = False
         if self._running and self.requested:
             self._running = False  # once: nothing after this raise is stopped again

@@ -144,7 +144,7 @@ class Registry(Generic[T]):
         _fill()
         return sorted(self._entries)
 
-    def items(self):
+    def items(self) -> list[tuple[str, T]]:
         _fill()
         return sorted(self._entries.items())
 

@@ -1,14 +1,19 @@
 """A newcomer's BatchNorm statistics, fitted on its own train split (pflbench.newcomers)."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
+
+if TYPE_CHECKING:
+    from pflbench.federation import Federation
 
 
 BATCHNORM_CHUNK = 256  # samples per forward pass when a newcomer's BatchNorm statistics are estimated
 
 
 @torch.no_grad()
-def fit_batchnorm_statistics(newcomers, state: dict) -> dict:
+def fit_batchnorm_statistics(newcomers: Federation, state: dict) -> dict:
     """`state` [U, ...] (one model per newcomer) with every BatchNorm layer's running statistics
     estimated afresh on that newcomer's own train split: reset, then the cumulative average of the
     statistics of chunks of BATCHNORM_CHUNK samples (torch's momentum=None), one pass in sample
