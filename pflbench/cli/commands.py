@@ -172,10 +172,10 @@ def cmd_list(args: argparse.Namespace) -> int:
         load_builtins()
 
         width = name_column(PARTITIONS.names(), 14)
-        for name, cls in PARTITIONS.items():
+        for name, scheme in PARTITIONS.items():
             fields = ", ".join(f"{k}={field_default(f)!r}" if not f.is_required() else f"{k} (required)"
-                               for k, f in cls.Params.model_fields.items())
-            extra = ", any keyword of the partitioner" if cls.Params.model_config.get("extra") == "allow" else ""
+                               for k, f in scheme.Params.model_fields.items())
+            extra = ", any keyword of the partitioner" if scheme.Params.model_config.get("extra") == "allow" else ""
             plugin = f"  [plugin {PARTITIONS.origin(name)}]" if PARTITIONS.origin(name) else ""
             print(f"{name:<{width}}{fields or '-'}{extra}{plugin}")
     else:

@@ -176,6 +176,7 @@ def cmd_rerun(args: argparse.Namespace) -> int:
     from pflbench.store import Store, read_json_dict
 
     cell = CellConfig.stored(read_json_dict(folder / "config.json")["cell"])
+    assert check.rerun_result is not None  # the check ran the cell (no notes)
     written = Store(args.out).write(cell, check.rerun_result)
     print(f"written: {written}")
     return 0 if check.ok else 1
