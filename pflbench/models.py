@@ -67,17 +67,17 @@ class MLP(nn.Module):
 
 
 @MODELS.register("cnn")
-def cnn(input_shape, num_classes):
+def cnn(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     return CNN(input_shape, num_classes, batch_norm=False)
 
 
 @MODELS.register("cnn-bn")
-def cnn_bn(input_shape, num_classes):
+def cnn_bn(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     return CNN(input_shape, num_classes, batch_norm=True)
 
 
 @MODELS.register("mlp")
-def mlp(input_shape, num_classes):
+def mlp(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     return MLP(input_shape, num_classes)
 
 
@@ -99,7 +99,7 @@ def mlp(input_shape, num_classes):
 # random draws under vmap (randomness='error').
 
 
-def mobilenet_v3_large_32(input_shape, num_classes):
+def mobilenet_v3_large_32(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     from torchvision.models import mobilenet_v3_large
 
     channels, _, _ = _image_shape(input_shape, "mobilenetv3-large")
@@ -227,17 +227,21 @@ def _image_shape(input_shape: tuple[int, ...], name: str) -> tuple[int, int, int
 
 
 @MODELS.register("mh-cnn")
-def mh_cnn(input_shape, num_classes):
+def mh_cnn(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     return MHCNN(input_shape, num_classes)
 
 
 @MODELS.register("vgg8")
-def vgg8(input_shape, num_classes):
+def vgg8(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     return VGG8(input_shape, num_classes)
 
 
+def _resnet(depth: int) -> ModelBuilder:
+    return lambda input_shape, num_classes: ResNet(input_shape, num_classes, depth)
+
+
 for _depth in RESNET_WIDTHS:
-    MODELS.register(f"resnet{_depth}")(lambda input_shape, num_classes, _d=_depth: ResNet(input_shape, num_classes, _d))
+    MODELS.register(f"resnet{_depth}")(_resnet(_depth))
 
 
 # ---- heterogeneous cells: which client gets which architecture ------------------------------------
