@@ -293,7 +293,7 @@ def beside_studies(root: str | Path = PUBLISHED) -> dict[str, list[Path]]:
     A variant study's rows then sit in the column's tables, labelled by what differs (pflbench.reports);
     each study keeps its own page too. No file: nothing beside anything. A name that is no published
     study is a PublishError naming the studies there."""
-    import yaml  # type: ignore[import-untyped]  # no stubs: types-PyYAML is not a dependency
+    import yaml
 
     path = Path(root) / LEADERBOARD
     if not path.is_file():

@@ -32,7 +32,7 @@ from pathlib import Path
 from collections.abc import Iterator
 from typing import Annotated, Any
 
-import yaml  # type: ignore[import-untyped]  # no stubs: types-PyYAML is not a dependency
+import yaml
 from pydantic import AfterValidator, BeforeValidator, TypeAdapter, ValidationError
 
 from pflbench.config import CellConfig, reject_boolean

@@ -53,7 +53,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-import yaml  # type: ignore[import-untyped]  # no stubs: types-PyYAML is not a dependency
+import yaml
 
 from pflbench.checkpoint import Checkpointer
 from pflbench.config import CellConfig, cell_hash
