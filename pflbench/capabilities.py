@@ -38,7 +38,7 @@ LEGACY_CAPABILITY_ATTRIBUTES = {
 class Refusal(ValueError):
     """A cell its algorithm cannot run; `fields` are the cell's fields involved."""
 
-    def __init__(self, fields: tuple[str, ...], message: str) -> None:
+    def __init__(self, fields: tuple[str, ...], message: str):
         super().__init__(message)
         self.fields = fields
 

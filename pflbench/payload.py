@@ -42,7 +42,7 @@ class Payload:
         header: Mapping[str, Tensor] | None = None,
         lost: Tensor | None = None,
         positions: Tensor | None = None,
-    ) -> None:
+    ):
         if (state is None) == (rows is None):
             raise ValueError("a Payload is made from a stacked state or from per-client rows (one of them)")
         if rows is not None and len(rows) != len(clients):
