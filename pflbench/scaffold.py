@@ -48,7 +48,7 @@ BASES = {
         text="FedAvg: clients train the global model locally, the server averages the results weighted by "
              "each client's training samples (the base class's hooks: none is written out)",
         personalizes="nothing yet: one global model (FedAvg)",
-        hyperparams="    pass  # e.g. momentum: float = Field(0.9, ge=0.0, lt=1.0)  (from pydantic import Field)",
+        hyperparams="    # none yet; e.g. momentum: float = Field(0.9, ge=0.0, lt=1.0)  (from pydantic import Field)",
         search_space="{}  # e.g. {\"momentum\": (\"uniform\", 0.0, 0.99)}",
         body='''
     # The hooks are the base class's, FedAvg's (pflbench/algorithm.py): override only those your method

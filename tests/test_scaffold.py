@@ -234,7 +234,7 @@ def test_the_readmes_fedavgm_is_the_scaffolds_output_filled_in_and_passes_the_li
     code = readme_block("python")
     scaffold, _ = write_scaffold("algorithm", "FedAvgM", tmp_path / "scaffold")
     written = scaffold.read_text()
-    filled_in = ("family=", "paper=", "personalizes=", "pass", "search_space =", "from pflbench.algorithm import")
+    filled_in = ("family=", "paper=", "personalizes=", "search_space =", "from pflbench.algorithm import")
     kept = [line for line in code_lines(written) if not line.startswith(filled_in)]
     readme_lines = iter(code_lines(code))
     missing = [line for line in kept if line not in readme_lines]  # in order: `in` consumes the iterator
