@@ -29,8 +29,9 @@ import os
 import platform
 import statistics
 import time
+from functools import partial
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 import torch
@@ -38,6 +39,10 @@ import torch
 from pflbench.config import CellConfig
 from pflbench.execution import ExecutionOptions
 from pflbench.models import build_model
+
+if TYPE_CHECKING:
+    from pflbench.algorithm import Algorithm
+    from pflbench.federation import Federation
 
 
 # A way whose median measurement is this much slower than its best was disturbed by something else on
@@ -59,7 +64,8 @@ def _sync(device: torch.device) -> None:
 
 
 def _bench_federation(clients: int, samples: int, batch_size: int, shape: tuple[int, ...],
-                      num_classes: int, model: str, execution: ExecutionOptions, seed: int):
+                      num_classes: int, model: str, execution: ExecutionOptions,
+                      seed: int) -> tuple[Federation, Algorithm[Any]]:
     """A FedAvg Federation over generated data that runs as `execution` says (one per way)."""
     from pflbench.algorithms.fedavg import FedAvg
     from pflbench.data.dataset import Dataset
@@ -73,8 +79,8 @@ def _bench_federation(clients: int, samples: int, batch_size: int, shape: tuple[
                             checksum="bench")
     ids = np.arange(total).reshape(clients, samples)
     splits = ClientSplits(train=list(ids), val=[np.empty(0, np.int64)] * clients, test=[np.empty(0, np.int64)] * clients)
-    cell = CellConfig(algorithm="fedavg", dataset="bench", clients=clients, batch_size=batch_size,
-                      local_epochs=1, lr=0.01, model=model, seed=seed)
+    cell = CellConfig.model_validate(dict(algorithm="fedavg", dataset="bench", clients=clients, batch_size=batch_size,
+                                          local_epochs=1, lr=0.01, model=model, seed=seed))
     fed = Federation(cell, dataset, splits, execution)
     algorithm = FedAvg(fed, FedAvg.Hyperparams())
     algorithm.setup()
@@ -111,7 +117,7 @@ def matmul_peak(size: int = 1024, repeats: int = 5, calls: int = 4, device: str 
     return 2 * size ** 3 / best / 1e9
 
 
-def _time_federated(fed, algorithm, rounds: int) -> float:
+def _time_federated(fed: Federation, algorithm: Algorithm[Any], rounds: int) -> float:
     """Seconds of `rounds` whole FedAvg rounds of every client, as `fed` runs them."""
     from pflbench.rounds import run_round
 
@@ -124,7 +130,7 @@ def _time_federated(fed, algorithm, rounds: int) -> float:
     return time.perf_counter() - start
 
 
-def _time_centralized(fed, batch_size: int, rounds: int) -> float:
+def _time_centralized(fed: Federation, batch_size: int, rounds: int) -> float:
     """One plain nn.Module with torch.optim.SGD over all clients' samples, shuffled each epoch, in the
     engine's own memory layout (channels-last convolutions where `fed`, the default way, uses them)."""
     module = build_model(fed.model_name, tuple(fed.features.shape[1:]), fed.num_classes).to(fed.device)
@@ -157,10 +163,11 @@ def engine_ways(device: str, compiled: bool) -> dict[str, ExecutionOptions]:
             "batched": ExecutionOptions(device=device, client_batching="on")}
 
 
-def _measure(ways: dict[str, Callable[[], float]], repeats: int, work: int, say) -> tuple[dict, dict]:
+def _measure(ways: dict[str, Callable[[], float]], repeats: int, work: int,
+             say: Callable[[str], None]) -> tuple[dict[str, float], dict[str, list[float]]]:
     """One warm-up of each way (allocator, kernels, vmap tracing, compilation), then `repeats` rounds of
     measurements, the ways interleaved: (warm-up seconds, measured seconds per way)."""
-    warmup = {}
+    warmup: dict[str, float] = {}
     for name, way in ways.items():
         warmup[name] = way()
         say(f"warm-up {name}: {warmup[name]:.2f} s")
@@ -175,7 +182,7 @@ def _measure(ways: dict[str, Callable[[], float]], repeats: int, work: int, say)
 
 def run_bench(clients: int = 10, samples: int = 512, batch_size: int = 32,
               shape: tuple[int, ...] = (3, 32, 32), num_classes: int = 10, model: str = "cnn",
-              rounds: int = 1, repeats: int = 8, device: str = "cpu", seed: int = 0, compiled: bool = True,
+              rounds: int = 1, repeats: int = 8, device: str | torch.device = "cpu", seed: int = 0, compiled: bool = True,
               progress: Callable[[str], None] | None = None) -> dict:
     """`progress`, if given, gets one line per measurement (and per warm-up) while they run."""
     say = progress or (lambda line: None)
@@ -190,21 +197,25 @@ def run_bench(clients: int = 10, samples: int = 512, batch_size: int = 32,
                for name, options in engine_ways(str(device), compiled).items()}
     fed = engines["default"][0]
     combined = clients * batch_size
-    ways = {**{name: (lambda engine=engine: _time_federated(*engine, rounds)) for name, engine in engines.items()},
+    ways: dict[str, Callable[[], float]] = {
+            **{name: partial(_time_federated, engine_fed, engine_algorithm, rounds)
+               for name, (engine_fed, engine_algorithm) in engines.items()},
             f"centralized_batch{batch_size}": lambda: _time_centralized(fed, batch_size, rounds),
             f"centralized_batch{combined}": lambda: _time_centralized(fed, combined, rounds)}
     work = rounds * clients * samples
     warmup, times = _measure(ways, repeats, work, say)
-    compiled_model = engines["compiled"][0].model if compiled else None
-    compile_seconds = compiled_model.compile_seconds if compiled else 0.0
-    compiled_ran = compiled and bool(compiled_model._compiled) and all(v is not None for v in compiled_model._compiled.values())
+    compile_seconds, compiled_ran = 0.0, False
+    if compiled:
+        compiled_model = engines["compiled"][0].model
+        compile_seconds = compiled_model.compile_seconds
+        compiled_ran = bool(compiled_model._compiled) and all(v is not None for v in compiled_model._compiled.values())
     best = {name: min(values) if values else math.inf for name, values in times.items()}
     spread = {name: {"min": min(values), "median": statistics.median(values), "max": max(values),
                      "relative": statistics.median(values) / min(values) - 1}
               for name, values in times.items() if values}
     noisy_ways = [name for name, s in spread.items() if s["relative"] > NOISY_SPREAD]
     throughput = {name: work / seconds for name, seconds in best.items()}
-    limit_way = max((f"centralized_batch{batch_size}", f"centralized_batch{combined}"), key=throughput.get)
+    limit_way = max((f"centralized_batch{batch_size}", f"centralized_batch{combined}"), key=lambda way: throughput[way])
     limit = throughput[limit_way]
     gflops = {name: value * flops_per_sample / 1e9 for name, value in throughput.items()}
     return {

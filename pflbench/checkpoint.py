@@ -56,10 +56,13 @@ import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 if TYPE_CHECKING:
     import torch
+
+    from pflbench.algorithm import Algorithm
+    from pflbench.federation import Federation
 
 from pflbench.store import CHECKPOINT, KEPT, DiskFull, atomic_write
 from pflbench.config import CellConfig, cell_hash
@@ -85,7 +88,7 @@ class CheckpointPolicy:
     keep: bool = False
     keep_from: int = 0
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if not isinstance(self.every, int) or self.every < 0:
             raise ValueError(f"checkpoint every must be a whole number of rounds >= 0 (0: by time only), got {self.every!r}")
         if not self.minutes >= 0:
@@ -154,7 +157,7 @@ def code_version(algorithm_cls: type) -> str:
     return f"{digest[:16]}-torch{torch.__version__}-numpy{np.__version__}-py{platform.python_version()}"
 
 
-def execution_path(fed) -> dict:
+def execution_path(fed: Federation) -> dict[str, Any]:
     """The execution settings that change a run's float rounding (not part of the cell's hash)."""
     return {"device": fed.device.type, "batched": bool(fed.batched), "compiled": bool(fed.compiled),
             "channels_last": bool(fed.channels_last), "client_threads": int(fed.client_threads)}
@@ -183,7 +186,7 @@ def set_random_state(state: dict) -> None:
         torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
 
 
-def federation_state(fed) -> dict:
+def federation_state(fed: Federation) -> dict[str, Any]:
     """What rounds change in the Federation: the privacy plan's counters (its other fields too, all
     drawn from the seed; small)."""
     from pflbench.algorithm import check_capturable
@@ -195,7 +198,7 @@ def federation_state(fed) -> dict:
     return {"privacy": values}
 
 
-def load_federation_state(fed, state: dict) -> None:
+def load_federation_state(fed: Federation, state: dict[str, Any]) -> None:
     if ("privacy" in state) != (fed.privacy is not None):
         raise CheckpointProblem("its privacy knob does not match this cell's")
     for key, value in state.get("privacy", {}).items():
@@ -301,7 +304,7 @@ class CheckpointFile:
     sets aside through these five methods only, so that a cell on a Ray worker of another machine can keep its
     checkpoint in the driver's store instead (pflbench/checkpoint_relay.py)."""
 
-    def __init__(self, path: Path, set_aside_dir: Path):
+    def __init__(self, path: Path, set_aside_dir: Path) -> None:
         self.path, self.set_aside_dir = Path(path), Path(set_aside_dir)
 
     def read(self) -> bytes | None:
@@ -349,7 +352,7 @@ class Checkpointer:
     def __init__(self, folder: Path, cell: CellConfig, policy: CheckpointPolicy = CheckpointPolicy(),
                  set_aside_dir: Path | None = None, note: Callable[[str], None] | None = None,
                  clock: Callable[[], float] = time.perf_counter, files: "CheckpointFile | None" = None,
-                 preemption: StopRequest | None = None):
+                 preemption: StopRequest | None = None) -> None:
         self.folder, self.cell, self.policy = Path(folder), cell, policy
         self.path = self.folder / CHECKPOINT
         self.set_aside_dir = Path(set_aside_dir) if set_aside_dir is not None else self.folder.parent / "_damaged"
@@ -368,7 +371,7 @@ class Checkpointer:
         self._last = clock()
 
     # -- start of the cell --
-    def resume(self, fed, algorithm, provenance: dict | None = None) -> Resumed | None:
+    def resume(self, fed: Federation, algorithm: Algorithm[Any], provenance: dict | None = None) -> Resumed | None:
         """After `algorithm.setup()`: load the checkpoint into `algorithm` and `fed` and return the
         loop's records, or None to start from round 1 (no checkpoint, or one set aside).
         `provenance["dataset_checksum"]`, where given, must match the checkpoint's (data re-prepared
@@ -392,7 +395,7 @@ class Checkpointer:
         self.note(f"checkpoint set aside ({reason}); kept as {kept}; the cell starts over")
         return None
 
-    def _load(self, data: bytes, fed, algorithm) -> Resumed:
+    def _load(self, data: bytes, fed: Federation, algorithm: Algorithm[Any]) -> Resumed:
         header = decode_header(data)
         if header.get("hash") != cell_hash(self.cell):
             raise CheckpointProblem(f"from another configuration ({header.get('hash')})")
@@ -419,7 +422,7 @@ class Checkpointer:
         return Resumed(header["round"], float(payload["elapsed"]), payload["loop"])
 
     # -- end of each round --
-    def after_round(self, rnd: int, fed, algorithm, loop: dict, elapsed: float) -> None:
+    def after_round(self, rnd: int, fed: Federation, algorithm: Algorithm[Any], loop: dict, elapsed: float) -> None:
         """Write a checkpoint after round `rnd` if the policy says it is due. `loop`: the loop's
         records so far (handed back by `resume`); `elapsed`: the cell's wall time so far."""
         from pflbench.algorithm import StateError
@@ -438,7 +441,7 @@ class Checkpointer:
             self.error = str(err)
             self.note(f"no checkpoints for this cell: {err}")
 
-    def _preempted(self, rnd: int, fed, algorithm, loop: dict, elapsed: float) -> None:
+    def _preempted(self, rnd: int, fed: Federation, algorithm: Algorithm[Any], loop: dict, elapsed: float) -> None:
         """A stop was asked for (module doc): a checkpoint of round `rnd`, then `Preempted`."""
         from pflbench.algorithm import StateError
 
@@ -447,10 +450,11 @@ class Checkpointer:
                 self.save(rnd, fed, algorithm, loop, elapsed)
             except StateError as err:
                 self.error = str(err)
-        raise Preempted(self.preemption.signal or "signal", rounds_done=rnd, resumes_at=self.latest_round,
+        signal = self.preemption.signal if self.preemption is not None else None  # asked for: `after_round` saw it
+        raise Preempted(signal or "signal", rounds_done=rnd, resumes_at=self.latest_round,
                         checkpoint_error=self.error)
 
-    def save(self, rnd: int, fed, algorithm, loop: dict, elapsed: float) -> None:
+    def save(self, rnd: int, fed: Federation, algorithm: Algorithm[Any], loop: dict, elapsed: float) -> None:
         start = self.clock()
         payload = {"round": rnd, "algorithm": algorithm.state_dict(), "federation": federation_state(fed),
                    "loop": loop, "elapsed": elapsed, "random": random_state(fed.device),
@@ -503,7 +507,7 @@ def list_checkpoints(results_dir: str | Path) -> list[dict]:
     """The cells of a store with a checkpoint: {hash, round, rounds, written_at, bytes, problem}
     (`pflbench store check`); only headers are read."""
     root = Path(results_dir)
-    found = []
+    found: list[dict[str, Any]] = []
     if not root.is_dir():
         return found
     for path in sorted(root.glob(f"*/{CHECKPOINT}")):

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import socket
 from pathlib import Path
+from typing import Any
 
 from pflbench.checkpoint import CheckpointFile, CheckpointProblem, verify_checkpoint
 from pflbench.store import CHECKPOINT, SET_ASIDE
@@ -51,7 +52,7 @@ class StaleAttempt(RuntimeError):
 class CheckpointKeeper:
     """The driver node's side (a Ray actor): the checkpoints of a store's cells, by cell hash."""
 
-    def __init__(self, store_root: str):
+    def __init__(self, store_root: str) -> None:
         self.root = Path(store_root)
         self.host = socket.gethostname()
         self.attempts: dict[str, int] = {}  # cell hash (or trial id) -> the attempt allowed to write
@@ -108,7 +109,7 @@ class CheckpointKeeper:
         self._file(key).remove()
 
 
-def start_keeper(store_root: Path):
+def start_keeper(store_root: Path) -> Any:  # an actor handle
     """The keeper of `store_root` (absolute: the driver's store) as a Ray actor on the driver's node."""
     import ray
 
@@ -121,7 +122,7 @@ def start_keeper(store_root: Path):
 class RelayedCheckpointFile:
     """The worker's side: one attempt of one cell, `CheckpointFile`'s interface over the keeper."""
 
-    def __init__(self, keeper, key: str, attempt: int):
+    def __init__(self, keeper: Any, key: str, attempt: int) -> None:
         self.keeper, self.key, self.attempt = keeper, key, attempt
 
     def read(self) -> bytes | None:

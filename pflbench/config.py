@@ -27,7 +27,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
-def reject_boolean(value):
+def reject_boolean(value: Any) -> Any:
     """`seed: true` is a mistake, not seed 1: pydantic's lax mode would take a bool as a number.
     Used by CellConfig's number fields and by the spec's per-key checks."""
     if isinstance(value, bool):
@@ -90,7 +90,7 @@ class CellConfig(BaseModel):
                      "weight_decay", "eval_every", "train_fraction", "val_fraction", "finetune_epochs",
                      "unseen_fraction", mode="before")
     @classmethod
-    def _no_booleans_for_numbers(cls, value):
+    def _no_booleans_for_numbers(cls, value: Any) -> Any:
         return reject_boolean(value)
 
     @classmethod
@@ -98,7 +98,7 @@ class CellConfig(BaseModel):
         """A configuration as a store recorded it: a field it lacks was added later, and the cell ran
         with the value that field's absence stands for (OPTIONAL_AT_DEFAULT), not today's default."""
         data = {**{k: v for k, v in OPTIONAL_AT_DEFAULT.items() if k not in data}, **data}
-        added = HP_ADDED_LATER.get(data.get("algorithm"), {})
+        added = HP_ADDED_LATER.get(str(data.get("algorithm")), {})
         if added and isinstance(data.get("hp"), dict):
             data["hp"] = {**{k: v for k, v in added.items() if k not in data["hp"]}, **data["hp"]}
         return cls(**data)

@@ -30,7 +30,10 @@ import threading
 import time
 from functools import lru_cache
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
+
+if TYPE_CHECKING:
+    from pflbench.rounds import CellResult
 
 SAMPLE_SECONDS = 0.01  # the fallback sampler's period ("sampled")
 STATUS, CLEAR_REFS = Path("/proc/self/status"), Path("/proc/self/clear_refs")
@@ -58,7 +61,7 @@ def reset_high_water_mark() -> bool:
 class HostPeak:
     """The peak RSS of this process from `start()` to `stop()`, by the best method available here."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.method = "vmhwm" if reset_high_water_mark() else ("sampled" if _status_kib("VmRSS") is not None
                                                                else "process")
         self.start_bytes = self.current()
@@ -137,7 +140,7 @@ def code_version() -> dict:
     return {} if commit is None else {"code_commit": commit, "code_dirty": dirty}
 
 
-def measured(device: str, run: Callable):
+def measured(device: str, run: Callable[[], CellResult]) -> CellResult:
     """`run()`'s CellResult with the cell's peak memory and machine added to its summary."""
     cuda = str(device).startswith("cuda")
     if cuda:

@@ -7,16 +7,21 @@ import shutil
 import sys
 import time
 from collections import Counter
-from typing import Callable
+from typing import TYPE_CHECKING, Callable, Self
 
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TaskID, TextColumn,
+                           TimeElapsedColumn)
 from rich.table import Table
 
 from pflbench.config import CellConfig, cell_hash
 from pflbench.spec import Plan
 from pflbench.store import Store
+
+if TYPE_CHECKING:
+    from pflbench.rounds import CellResult
+    from pflbench.runner import RunReport
 
 PROBLEMS = ("failed", "diverged")
 
@@ -43,7 +48,7 @@ class Display:
     since the start per finished cell, times the cells left; with cells in parallel the pace already
     counts them)."""
 
-    def __init__(self, console: Console, total: int, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, console: Console, total: int, clock: Callable[[], float] = time.monotonic) -> None:
         self.console = console
         self.total = total
         self.clock = clock
@@ -52,15 +57,15 @@ class Display:
                                  MofNCompleteColumn(), TextColumn("{task.fields[info]}"), TimeElapsedColumn(),
                                  console=console, disable=not console.is_terminal)
         self.overall = self.progress.add_task("cells", total=total, info="")
-        self.running: dict[str, int] = {}
+        self.running: dict[str, TaskID] = {}
         self.counts: Counter = Counter()
         self.elsewhere = 0  # cells skipped because another runner sharing the store has them
 
-    def __enter__(self):
+    def __enter__(self) -> Self:
         self.progress.start()
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.progress.stop()
 
     def update(self, cell: CellConfig, info: dict) -> None:
@@ -70,7 +75,7 @@ class Display:
         except Exception as err:  # the display is not worth a cell: report and go on
             self._display_failed(err)
 
-    def done(self, cell: CellConfig, result) -> None:
+    def done(self, cell: CellConfig, result: CellResult) -> None:
         try:
             self._done(cell, result)
         except Exception as err:
@@ -98,7 +103,7 @@ class Display:
                              info="" if accuracy is None else f"acc {accuracy:.1%}")
         self._update_overall()
 
-    def _done(self, cell: CellConfig, result) -> None:
+    def _done(self, cell: CellConfig, result: CellResult) -> None:
         self.counts[result.status] += 1  # first: the run's outcome counts never depend on the display
         task = self.running.pop(cell_hash(cell), None)
         if task is not None:
@@ -134,7 +139,7 @@ class Display:
 
 # ---- the end of a run ------------------------------------------------------------------------------
 
-def print_summary(console: Console, plan: Plan, store: Store, report, seconds: float) -> None:
+def print_summary(console: Console, plan: Plan, store: Store, report: RunReport, seconds: float) -> None:
     """The run's outcome (`report`: a runner.RunReport): counts, left-out datasets, cells with problems."""
     counts = Counter(status or "no result" for status in report.outcomes.values())
     parts = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
@@ -170,7 +175,7 @@ def _named(cells: list[CellConfig], name_field: str) -> tuple[list[str], list[st
     varying = {name: [k for k in dicts[0] if len({json.dumps(d.get(k)) for d in dicts}) > 1]
                for name, dicts in by_name.items()}
 
-    def text(name: str, entries: dict, keys) -> str:
+    def text(name: str, entries: dict, keys: list[str]) -> str:
         return f"{name}({', '.join(f'{k}={json.dumps(entries[k])}' for k in keys)})" if keys else name
 
     per_cell = [text(getattr(c, name_field), getattr(c, settings), varying[getattr(c, name_field)]) for c in cells]

@@ -31,6 +31,7 @@ import json
 import pickle
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Callable
 
 import numpy as np
 
@@ -50,7 +51,7 @@ _PICKLE_GLOBALS = {
 
 
 class _ArraysOnlyUnpickler(pickle.Unpickler):
-    def find_class(self, module, name):
+    def find_class(self, module: str, name: str) -> Any:
         if (module, name) not in _PICKLE_GLOBALS:
             raise pickle.UnpicklingError(
                 f"it names {module}.{name}; a partition file may hold only dicts, lists, numbers, strings "
@@ -133,7 +134,7 @@ def _read_flbench(path: Path, content: bytes) -> PartitionFile:
     return PartitionFile(path, "flbench", splits, label_counts=counts)
 
 
-def _flbench_stats(stats_path: Path, num_clients: int, error) -> np.ndarray | None:
+def _flbench_stats(stats_path: Path, num_clients: int, error: Callable[[str], PartitionError]) -> np.ndarray | None:
     """FL-bench's per-client label counts ({"0": {"x": n, "y": {label: count}}, ...}) when present."""
     if not stats_path.is_file():
         return None
@@ -179,9 +180,9 @@ def _read_json(path: Path, content: bytes) -> PartitionFile:
     return PartitionFile(path, "json", splits, num_samples=num_samples, label_counts=counts)
 
 
-def _splits_of(clients: list, error) -> ClientSplits:
+def _splits_of(clients: list, error: Callable[[str], PartitionError]) -> ClientSplits:
     """Per-client train/val/test integer arrays from dicts of index sequences, checked for form."""
-    parts = {name: [] for name in SPLITS}
+    parts: dict[str, list[np.ndarray]] = {name: [] for name in SPLITS}
     for client, entry in enumerate(clients):
         if not isinstance(entry, dict) or not {"train", "test"} <= set(entry):
             raise error(f"client {client} must be a dict with 'train', 'test' (and optionally 'val') index lists, "
@@ -209,7 +210,7 @@ def _splits_of(clients: list, error) -> ClientSplits:
     return splits
 
 
-def _check_disjoint(splits: ClientSplits, error) -> None:
+def _check_disjoint(splits: ClientSplits, error: Callable[[str], PartitionError]) -> None:
     """No sample index in two places (two clients, or two splits of one client)."""
     places = [(client, name) for client in range(splits.num_clients) for name in SPLITS]
     arrays = [getattr(splits, name)[client] for client, name in places]
@@ -257,7 +258,7 @@ def write_partition(splits: ClientSplits, path: str | Path, fmt: str, *, labels:
     return path
 
 
-def _kind(value) -> str:
+def _kind(value: Any) -> str:
     if isinstance(value, (dict, list)):
         return f"a {type(value).__name__} of {len(value)}"
     if isinstance(value, np.ndarray):

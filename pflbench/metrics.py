@@ -8,6 +8,8 @@ functions rather than spelling them again.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -57,9 +59,9 @@ def round_key(selection: str, adapted: bool = False) -> str | None:
     return None
 
 
-def client_rows(rnd: int, client_ids, scores: dict, adapted: dict, test_samples: list[int],
+def client_rows(rnd: int, client_ids: Sequence[int] | np.ndarray, scores: dict, adapted: dict, test_samples: list[int],
                 val_samples: list[int], bytes_down: dict | None = None, bytes_up: dict | None = None,
-                **flags) -> list[dict]:
+                **flags: Any) -> list[dict]:
     """One metrics row per client of an evaluation round. `scores`/`adapted`: split -> (accuracy,
     loss) per client position (a split not evaluated is NaN); `client_ids`: position -> partition id;
     bytes by position (absent: 0); `flags`: extra columns (e.g. `newcomer`). No `wall_time`: the
@@ -80,7 +82,7 @@ def client_rows(rnd: int, client_ids, scores: dict, adapted: dict, test_samples:
             for k in range(count)]
 
 
-def _lists(pair, missing) -> tuple[list[float], list[float]]:
+def _lists(pair: Any, missing: tuple[list[float], list[float]]) -> tuple[list[float], list[float]]:
     if pair is None:
         return missing
     return [float(v) for v in pair[0].tolist()], [float(v) for v in pair[1].tolist()]
@@ -106,7 +108,7 @@ def newcomer_summary(metrics: pd.DataFrame) -> dict:
     return out
 
 
-def summarize(metrics: pd.DataFrame, rounds: pd.DataFrame, status: str, diverged_round, wall_time: float,
+def summarize(metrics: pd.DataFrame, rounds: pd.DataFrame, status: str, diverged_round: int | None, wall_time: float,
               facts: dict) -> dict:
     """A finished (or diverged) cell's summary: status, totals, `facts` (how and where it ran), and the
     protocol summaries of its trained clients and of its newcomers."""

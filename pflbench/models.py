@@ -28,7 +28,7 @@ class CNN(nn.Module):
     `batch_norm=True` puts BatchNorm after each convolution (pFedLA's CIFAR variant).
     """
 
-    def __init__(self, input_shape: tuple[int, ...], num_classes: int, batch_norm: bool = False):
+    def __init__(self, input_shape: tuple[int, ...], num_classes: int, batch_norm: bool = False) -> None:
         super().__init__()
         if len(input_shape) != 3:
             raise ValueError(f"the CNN needs image inputs (C, H, W), got shape {tuple(input_shape)}")
@@ -53,7 +53,7 @@ class CNN(nn.Module):
 class MLP(nn.Module):
     """Two hidden layers for vector data (e.g. the Synthetic dataset's 60 features)."""
 
-    def __init__(self, input_shape: tuple[int, ...], num_classes: int, hidden: int = 64):
+    def __init__(self, input_shape: tuple[int, ...], num_classes: int, hidden: int = 64) -> None:
         super().__init__()
         features = math.prod(input_shape)
         self.fc1 = nn.Linear(features, hidden)
@@ -67,17 +67,17 @@ class MLP(nn.Module):
 
 
 @MODELS.register("cnn")
-def cnn(input_shape, num_classes):
+def cnn(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     return CNN(input_shape, num_classes, batch_norm=False)
 
 
 @MODELS.register("cnn-bn")
-def cnn_bn(input_shape, num_classes):
+def cnn_bn(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     return CNN(input_shape, num_classes, batch_norm=True)
 
 
 @MODELS.register("mlp")
-def mlp(input_shape, num_classes):
+def mlp(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     return MLP(input_shape, num_classes)
 
 
@@ -99,7 +99,7 @@ def mlp(input_shape, num_classes):
 # random draws under vmap (randomness='error').
 
 
-def mobilenet_v3_large_32(input_shape, num_classes):
+def mobilenet_v3_large_32(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     from torchvision.models import mobilenet_v3_large
 
     channels, _, _ = _image_shape(input_shape, "mobilenetv3-large")
@@ -141,7 +141,7 @@ def _flat_side(side: int, pools: int) -> int:
 class MHCNN(nn.Module):
     """conv3x3(16, pad 1) -> pool -> conv3x3(32, pad 1) -> pool -> FC108 -> FC64 -> FC(classes)."""
 
-    def __init__(self, input_shape: tuple[int, ...], num_classes: int):
+    def __init__(self, input_shape: tuple[int, ...], num_classes: int) -> None:
         super().__init__()
         channels, height, width = _image_shape(input_shape, "mh-cnn")
         self.conv1 = nn.Conv2d(channels, 16, 3, padding=1)
@@ -162,7 +162,7 @@ class VGG8(nn.Module):
     """Six 3x3 convolutions (16,16 | 32,32 | 64,64, a pool after each pair), FC180 -> FC64 -> FC(classes),
     dropout 0.5 before the last two."""
 
-    def __init__(self, input_shape: tuple[int, ...], num_classes: int):
+    def __init__(self, input_shape: tuple[int, ...], num_classes: int) -> None:
         super().__init__()
         channels, height, width = _image_shape(input_shape, "vgg8")
         layers: list[nn.Module] = []
@@ -181,7 +181,7 @@ class VGG8(nn.Module):
 class ResNetBlock(nn.Module):
     """Two 3x3 conv + BN; where the width changes, stride 2 and a 1x1 stride-2 conv shortcut."""
 
-    def __init__(self, width_in: int, width_out: int):
+    def __init__(self, width_in: int, width_out: int) -> None:
         super().__init__()
         stride = 1 if width_in == width_out else 2
         self.shortcut = nn.Identity() if stride == 1 else nn.Conv2d(width_in, width_out, 1, stride=2)
@@ -206,7 +206,7 @@ RESNET_WIDTHS = {
 class ResNet(nn.Module):
     """Stem conv3x3(16) + BN, basic blocks of widths RESNET_WIDTHS[depth], global average pool, FC."""
 
-    def __init__(self, input_shape: tuple[int, ...], num_classes: int, depth: int):
+    def __init__(self, input_shape: tuple[int, ...], num_classes: int, depth: int) -> None:
         super().__init__()
         channels, _, _ = _image_shape(input_shape, f"resnet{depth}")
         self.conv1 = nn.Conv2d(channels, 16, 3, padding=1)
@@ -227,17 +227,21 @@ def _image_shape(input_shape: tuple[int, ...], name: str) -> tuple[int, int, int
 
 
 @MODELS.register("mh-cnn")
-def mh_cnn(input_shape, num_classes):
+def mh_cnn(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     return MHCNN(input_shape, num_classes)
 
 
 @MODELS.register("vgg8")
-def vgg8(input_shape, num_classes):
+def vgg8(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     return VGG8(input_shape, num_classes)
 
 
+def _resnet(depth: int) -> ModelBuilder:
+    return lambda input_shape, num_classes: ResNet(input_shape, num_classes, depth)
+
+
 for _depth in RESNET_WIDTHS:
-    MODELS.register(f"resnet{_depth}")(lambda input_shape, num_classes, _d=_depth: ResNet(input_shape, num_classes, _d))
+    MODELS.register(f"resnet{_depth}")(_resnet(_depth))
 
 
 # ---- heterogeneous cells: which client gets which architecture ------------------------------------
@@ -286,7 +290,7 @@ ModelName = Annotated[str, AfterValidator(check_model_name)]
 
 
 class UnknownModelError(ValueError):
-    def __init__(self, name: str):
+    def __init__(self, name: str) -> None:
         from pflbench.registry import unknown_message
 
         super().__init__(unknown_message("model", name, ["auto", *MODELS.names(), *MODEL_GROUPS,

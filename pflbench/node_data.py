@@ -30,6 +30,11 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pflbench.data.dataset import Dataset
+    from pflbench.partitioning import ClientSplits
 
 from pflbench.config import CellConfig
 
@@ -50,7 +55,7 @@ class DataFingerprint:
     driver_node: str | None = None  # its Ray node id (set once Ray is joined): nothing is checked there
 
 
-def splits_digest(splits) -> str:
+def splits_digest(splits: ClientSplits) -> str:
     """SHA-256 over every client's train, val and test indices (int64), in order."""
     digest = hashlib.sha256()
     for name in ("train", "val", "test"):
@@ -62,7 +67,7 @@ def splits_digest(splits) -> str:
     return "sha256:" + digest.hexdigest()
 
 
-def fingerprint(dataset, splits, data_root: Path, mirror: Path | None, driver: str) -> DataFingerprint:
+def fingerprint(dataset: Dataset, splits: ClientSplits, data_root: Path, mirror: Path | None, driver: str) -> DataFingerprint:
     return DataFingerprint(dataset.name, dataset.checksum, splits_digest(splits), str(data_root),
                            None if mirror is None else str(mirror), driver)
 

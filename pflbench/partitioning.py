@@ -15,7 +15,7 @@ import tempfile
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar, Sequence
+from typing import Any, ClassVar, Sequence
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -50,7 +50,7 @@ class Partitioner(ABC):
     scheme: ClassVar[str]  # the registered name, used in error messages
     Params: ClassVar[type[SchemeParams]] = SchemeParams
 
-    def __init__(self, **params):
+    def __init__(self, **params: Any) -> None:
         try:
             self.params = self.Params(**params)
         except ValidationError as exc:
@@ -78,7 +78,7 @@ class Partitioner(ABC):
     ) -> list[np.ndarray]:
         """Sample indices held by each client (disjoint; a scheme may leave samples unused)."""
 
-    def resolved(self, base_dir: Path | None = None) -> Partitioner:
+    def resolved(self, base_dir: str | Path | None = None) -> Partitioner:
         """This scheme with parameters that pin down everything it reads, for a cell's identity (an
         imported file: its absolute path, `base_dir` resolving a relative one, and its content hash).
         Schemes that read nothing return themselves."""
@@ -89,7 +89,7 @@ class Partitioner(ABC):
         `make_splits` splits the clients `assign` gives, stratified by class."""
         return None
 
-    def error(self, param: str, value, reason: str) -> PartitionError:
+    def error(self, param: str, value: Any, reason: str) -> PartitionError:
         return _request_error(self.scheme, param, value, reason)
 
     def _describe(self, exc: ValidationError) -> str:
@@ -113,7 +113,7 @@ class ClientSplits:
     val: list[np.ndarray]
     test: list[np.ndarray]
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if not len(self.train) == len(self.val) == len(self.test):
             raise ValueError("train, val and test must list the same number of clients")
         for name in SPLITS:
@@ -134,9 +134,9 @@ class ClientSplits:
                 counts[client] += np.bincount(labels[indices], minlength=num_classes)
         return counts
 
-    def save(self, path) -> None:
+    def save(self, path: str | Path) -> None:
         """Write an .npz (each split as one flat array plus client offsets), atomically."""
-        arrays = {}
+        arrays: dict[str, Any] = {}  # (Any: numpy's stubs take **arrays for its own keywords)
         for name in SPLITS:
             parts = getattr(self, name)
             arrays[name] = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
@@ -154,7 +154,7 @@ class ClientSplits:
             raise
 
     @classmethod
-    def load(cls, path) -> ClientSplits:
+    def load(cls, path: str | Path) -> ClientSplits:
         with np.load(path, allow_pickle=False) as data:
             return cls(**{name: np.split(data[name], data[f"{name}_offsets"][1:-1]) for name in SPLITS})
 
@@ -243,11 +243,12 @@ def _check_fractions(scheme: str, train_fraction: float, val_fraction: float) ->
         raise _request_error(scheme, "val_fraction", val_fraction, "allowed: 0 <= val_fraction < 1")
 
 
-def _request_error(scheme: str, param: str, value, reason: str) -> PartitionError:
+def _request_error(scheme: str, param: str, value: Any, reason: str) -> PartitionError:
     return PartitionError(f"partition scheme {scheme!r}: {param}={echo(value)} is not possible: {reason}")
 
 
-def _cache_key(labels, num_classes, partitioner, num_clients, seed, train_fraction, val_fraction, dataset_key) -> str:
+def _cache_key(labels: np.ndarray, num_classes: int, partitioner: Partitioner, num_clients: int, seed: int,
+               train_fraction: float, val_fraction: float, dataset_key: str) -> str:
     request = {
         "version": SPLITS_FORMAT_VERSION,
         "dataset_key": dataset_key,
@@ -279,7 +280,8 @@ def _check_assignment(partitioner: Partitioner, clients: list[np.ndarray], num_c
         )
 
 
-def _carve_val(train: np.ndarray, labels: np.ndarray, val_fraction: float, rng: np.random.Generator):
+def _carve_val(train: np.ndarray, labels: np.ndarray, val_fraction: float,
+               rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     """(val, train): `val_fraction` of a client's train split, stratified, at least one sample when
     val_fraction > 0 and the client has two or more."""
     min_val = 1 if val_fraction > 0 and len(train) >= 2 else 0
@@ -327,7 +329,7 @@ def format_label_counts(counts: np.ndarray, class_names: Sequence[str] | None = 
     if len(names) != counts.shape[1]:
         raise ValueError(f"{len(names)} class names for {counts.shape[1]} classes")
 
-    def row(label, values) -> list[str]:
+    def row(label: str, values: Sequence[Any] | np.ndarray) -> list[str]:
         return [label, *(str(v) if v else "." for v in values), str(int(np.sum(values)))]
 
     header = ["client", *names, "total"]

@@ -32,6 +32,7 @@ a name that a built-in or another plugin already registered, two different files
 """
 from __future__ import annotations
 
+import argparse
 import hashlib
 import importlib
 import importlib.util
@@ -41,10 +42,13 @@ import traceback
 import types
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 from pflbench import deprecation
 from pflbench.registry import NameClashError, fill_with, loading
+
+if TYPE_CHECKING:
+    from pflbench.config import CellConfig
 
 ENTRY_POINT_GROUP = "pflbench.plugins"
 # The built-ins: importing each registers its algorithms, datasets, models or partition schemes.
@@ -285,7 +289,7 @@ def load_entry_points() -> list[PluginSource]:
 
 # ---- cells ---------------------------------------------------------------------------------------
 
-def plugin_hashes(cell) -> dict[str, str]:
+def plugin_hashes(cell: CellConfig) -> dict[str, str]:
     """{plugin id: source hash} of the plugins providing the cell's algorithm, dataset, partition
     scheme or models; {} for a cell of built-ins only."""
     from pflbench.models import group_names
@@ -298,13 +302,13 @@ def plugin_hashes(cell) -> dict[str, str]:
     return {pid: _LOADED[pid].source.sha256 for pid in sorted(p for p in used if p is not None)}
 
 
-def sources_for(cells) -> tuple[PluginSource, ...]:
+def sources_for(cells: Iterable[CellConfig]) -> tuple[PluginSource, ...]:
     """The loaded plugins the cells use (what a Ray worker must load to run them)."""
     wanted = {pid for cell in cells for pid in getattr(cell, "plugin_hashes", {})}
     return tuple(_LOADED[pid].source for pid in sorted(wanted) if pid in _LOADED)
 
 
-def activate(sources: Iterable[PluginSource], cell=None) -> None:
+def activate(sources: Iterable[PluginSource], cell: CellConfig | None = None) -> None:
     """Make `sources` loaded in this process (a Ray worker, or the driver where they are already),
     then check that `cell`'s plugins are loaded with the hashes it was planned with."""
     load_builtins()
@@ -320,7 +324,7 @@ def activate(sources: Iterable[PluginSource], cell=None) -> None:
         check_cell(cell)
 
 
-def check_cell(cell) -> None:
+def check_cell(cell: CellConfig) -> None:
     """PluginError unless every plugin the cell was planned with is loaded here with the same hash."""
     for pid, sha in getattr(cell, "plugin_hashes", {}).items():
         known = _LOADED.get(pid)
@@ -375,13 +379,13 @@ def loaded() -> list[Loaded]:
 PLUGIN_COMMANDS = ("run", "sweep", "report", "list")
 
 
-def add_plugin_option(parser) -> None:
+def add_plugin_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plugin", dest="plugins", action="append", default=[], metavar="FILE_OR_MODULE",
                         help="load your own algorithms, datasets, partition schemes or models from a .py file or "
                              "a module before anything else (repeatable; docs/howto/own-method.md)")
 
 
-def load_requested(args) -> str | None:
+def load_requested(args: argparse.Namespace) -> str | None:
     """Load the command's `--plugin`s (and the installed entry points); the error message, or None."""
     try:
         load(getattr(args, "plugins", None) or [])

@@ -32,7 +32,8 @@ import signal
 import threading
 import time
 from contextlib import contextmanager
-from typing import Callable, Iterator, Protocol
+from types import FrameType
+from typing import Any, Callable, Iterator, Protocol
 
 PREEMPTED_EXIT = 75  # sysexits' EX_TEMPFAIL: the run stopped on request; running it again continues it
 DEFAULT_GRACE_SECONDS = 25.0
@@ -44,12 +45,12 @@ class Preempted(Exception):
     continues from (None: from round 1); `in_round`: stopped at the grace deadline inside a round."""
 
     def __init__(self, signal_name: str, rounds_done: int | None = None, resumes_at: int | None = None,
-                 in_round: bool = False, checkpoint_error: str | None = None):
+                 in_round: bool = False, checkpoint_error: str | None = None) -> None:
         super().__init__(f"preempted by {signal_name}")
         self.signal, self.rounds_done, self.resumes_at = signal_name, rounds_done, resumes_at
         self.in_round, self.checkpoint_error = in_round, checkpoint_error
 
-    def __reduce__(self):  # a Ray worker hands it back to the driver as a value
+    def __reduce__(self) -> tuple[type[Preempted], tuple[Any, ...]]:  # a Ray worker hands it back to the driver as a value
         return Preempted, (self.signal, self.rounds_done, self.resumes_at, self.in_round, self.checkpoint_error)
 
 
@@ -93,7 +94,7 @@ class Preemption:
     signal's name when the first one arrives (to print a line)."""
 
     def __init__(self, grace_seconds: float = DEFAULT_GRACE_SECONDS,
-                 on_request: Callable[[str], None] | None = None):
+                 on_request: Callable[[str], None] | None = None) -> None:
         if not grace_seconds >= 0:
             raise ValueError(f"grace seconds must be >= 0, got {grace_seconds!r}")
         self.grace_seconds = grace_seconds
@@ -132,7 +133,7 @@ class Preemption:
             signal.signal(signal.SIGINT, self._on_signal)
             signal.signal(signal.SIGALRM, self._on_deadline)
 
-    def _on_signal(self, signum: int, frame) -> None:
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         if self.requested:  # the second one: stop now
             raise KeyboardInterrupt
         self.signal, self.requested_at = signal.Signals(signum).name, time.monotonic()
@@ -140,7 +141,7 @@ class Preemption:
             self._arm()
         self.on_request(self.signal)
 
-    def _on_deadline(self, signum: int, frame) -> None:
+    def _on_deadline(self, signum: int, frame: FrameType | None) -> None:
         self._armed = False
         if self._running and self.requested:
             self._running = False  # once: nothing after this raise is stopped again

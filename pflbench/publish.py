@@ -50,8 +50,15 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib.metadata import version
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from pflbench.store import ARTIFACTS, CONFIG, ERROR, METRICS, ROUNDS, SUMMARY, file_record, read_json_dict, write_json
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from pflbench.config import CellConfig
+    from pflbench.spec import Plan
 
 MANIFEST = "manifest.json"
 PUBLISHED = Path("results") / "published"
@@ -86,13 +93,13 @@ def command_text(spec: str, scale: str | None, sets: list[str]) -> str:
     return shlex.join(parts)
 
 
-def yaml_value(value) -> str:
+def yaml_value(value: Any) -> str:
     """A value as `--set` reads it (YAML; JSON is YAML)."""
     return value if isinstance(value, str) and value.strip() == value and value and value[0] not in "[{\"'" \
         else json.dumps(value)
 
 
-def _axis_values(cell) -> dict[str, str]:
+def _axis_values(cell: CellConfig) -> dict[str, str]:
     """The `--set` items that put each matrix axis of the structured kind at `cell`'s value."""
     dataset = {"name": cell.dataset, "options": cell.dataset_options} if cell.dataset_options else cell.dataset
     return {"algorithm": f"algorithm={cell.algorithm}", "dataset": f"dataset={yaml_value(dataset)}",
@@ -102,7 +109,8 @@ def _axis_values(cell) -> dict[str, str]:
             "seed": f"seed={cell.seed}"}
 
 
-def narrowing_sets(cell, spec: str, scale: str | None, sets: list[str], plan) -> list[str] | None:
+def narrowing_sets(cell: CellConfig, spec: str, scale: str | None, sets: Sequence[str],
+                   plan: Plan) -> list[str] | None:
     """`--set`s that, added to the study's command (whose expansion is `plan`), expand the spec to
     exactly `cell`: its variant's name where the spec has a variants axis, the axes on which the plan's
     cells differ, set to this cell's values (all five axes where that is not enough); None if no such
@@ -116,7 +124,7 @@ def narrowing_sets(cell, spec: str, scale: str | None, sets: list[str], plan) ->
         for keys in dict.fromkeys([tuple(varying), tuple(mine)]):
             narrowing = variant + [mine[k] for k in keys]
             try:
-                narrowed = load_spec(spec, parse_sets(sets + narrowing), scale=scale)
+                narrowed = load_spec(spec, parse_sets([*sets, *narrowing]), scale=scale)
             except (SpecError, ValueError):
                 continue
             if [cell_hash(c) for c in narrowed.cells] == [cell_hash(cell)]:
@@ -166,7 +174,7 @@ def copy_cell(folder: Path, target: Path) -> None:
     write_json(target / SUMMARY, summary)
 
 
-def publish(spec: str, study: str, results: str | Path, *, scale: str | None = None, sets: list[str] = (),
+def publish(spec: str, study: str, results: str | Path, *, scale: str | None = None, sets: Sequence[str] = (),
             out: str | Path = PUBLISHED, note: str | None = None, replace: bool = False,
             allow_dirty: bool = False) -> Path:
     """Copy the cells of `pflbench run SPEC [--scale] [--set ...]` from the store `results` into

@@ -4,6 +4,12 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from pflbench.spec_schema import Resources
 
 
 class ClusterError(RuntimeError):
@@ -37,7 +43,7 @@ def join_cluster(address: str, settings: dict) -> None:
     if "RAY_AUTH_MODE" not in os.environ and (os.environ.get("RAY_AUTH_TOKEN") or token_file.is_file()):
         os.environ["RAY_AUTH_MODE"] = "token"
         try:  # Ray read its configuration at import: make it see the mode (what Ray's own CLI does)
-            from ray._raylet import Config
+            from ray._raylet import Config  # type: ignore[attr-defined]  # compiled: its stub lacks Config
 
             Config.initialize("")
         except Exception:  # a Ray without this hook: the environment variable is all we can do
@@ -61,7 +67,7 @@ def connect_ray(address: str | None, workers: int | None, cpus_per_cell: float) 
 
     if ray.is_initialized():
         return False
-    settings = dict(log_to_driver=False, logging_level=logging.WARNING)  # cell output lives in the store
+    settings: dict[str, Any] = dict(log_to_driver=False, logging_level=logging.WARNING)  # cell output lives in the store
     address = address or os.environ.get("RAY_ADDRESS")
     if address:
         join_cluster(address, settings)
@@ -71,7 +77,7 @@ def connect_ray(address: str | None, workers: int | None, cpus_per_cell: float) 
     return True
 
 
-def ray_capacity(cluster: dict, resources) -> int:
+def ray_capacity(cluster: dict, resources: Resources) -> int:
     """How many cells of `resources` the cluster can run at once (0 if it says nothing)."""
     fits = [int(cluster.get("CPU", 0) // resources.cpus)]
     if resources.gpus > 0:
@@ -79,14 +85,14 @@ def ray_capacity(cluster: dict, resources) -> int:
     return max(0, min(fits))
 
 
-def task_resources(resources) -> dict:
+def task_resources(resources: Resources) -> dict[str, Any]:
     """What a cell's Ray task asks for: its CPUs and its GPU fraction (8 cells of 1/8 share one GPU;
     Ray sets each task's CUDA_VISIBLE_DEVICES to the GPU it was given, so the cell's "cuda" is that GPU).
     Retries are the runner's own (max_retries=0), so that each is said and bounded."""
     return {"num_cpus": resources.cpus, "num_gpus": resources.gpus, "max_retries": 0}
 
 
-def on_driver_node():
+def on_driver_node() -> NodeAffinitySchedulingStrategy:
     """A scheduling strategy that places an actor on this process's (the driver's) node and nowhere
     else: the runner's progress board and checkpoint keeper must not live, and die, on a worker node."""
     import ray

@@ -88,7 +88,7 @@ def _fill() -> None:
 
 
 class Registry(Generic[T]):
-    def __init__(self, kind: str, own_attributes: dict[str, Any] | None = None):
+    def __init__(self, kind: str, own_attributes: dict[str, Any] | None = None) -> None:
         self.kind = kind
         self._entries: dict[str, T] = {}
         self._origins: dict[str, str | None] = {}
@@ -144,7 +144,7 @@ class Registry(Generic[T]):
         _fill()
         return sorted(self._entries)
 
-    def items(self):
+    def items(self) -> list[tuple[str, T]]:
         _fill()
         return sorted(self._entries.items())
 

@@ -25,7 +25,7 @@ class CellError(ValueError):
     """A cell that cannot run. `problems`: (the cell fields at fault, message) pairs; `error`: the
     first underlying exception (its own type, for callers that catch e.g. a ShiftError)."""
 
-    def __init__(self, problems: list[tuple[tuple[str, ...], str]], error: Exception):
+    def __init__(self, problems: list[tuple[tuple[str, ...], str]], error: Exception) -> None:
         self.problems = problems
         self.error = error
         super().__init__("; ".join(message for _, message in problems))

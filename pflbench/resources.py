@@ -7,6 +7,7 @@ given is always used first.
 """
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 SHIPPED_PREFIX = "benchmarks"
@@ -35,7 +36,7 @@ def resolve_spec(text: str) -> str:
     return str(candidate) if candidate.is_file() else text
 
 
-def resolve_spec_argument(args) -> None:
+def resolve_spec_argument(args: argparse.Namespace) -> None:
     """A command's `spec` argument (run's positional, sweep's --spec), resolved by `resolve_spec`."""
     value = getattr(args, "spec", None)
     if isinstance(value, (str, Path)):

@@ -1,10 +1,11 @@
-"""`pflbench new algorithm NAME [--from fedavg|fedprox|fedper]` and `pflbench new partition NAME`:
+"""`pflbench new algorithm NAME [--from fedavg|fedprox|fedper|ditto]` and `pflbench new partition NAME`:
 a documented starting file for the user's own method or non-IID scheme, and a pytest file that runs
 it on the generated dataset. The file is a plugin (pflbench/plugins.py): `--plugin FILE` or a spec's
 `plugins:` puts it beside the built-ins. The templates are in pflbench/scaffold_templates.
 
 The written algorithm overrides only the hooks its starting point changes from the base class (which is
-FedAvg), imports exactly the names it uses (it passes the repository's `ruff check`), and is named as
+FedAvg), imports exactly the names it uses and is typed (it passes the repository's `ruff check` and `mypy`: its
+hyperparameters are a module-level class `<Class>HP`, `class <Class>(Algorithm[<Class>HP])`), and is named as
 the user spells it: `new algorithm FedAvgM` registers `fedavgm`, class FedAvgM, shown as FedAvgM; a
 lowercase name takes the built-ins' spelling of its words (fedavgm: FedAvgM); `--display-name` sets it.
 
@@ -12,6 +13,7 @@ Only the standard library is imported here (every `pflbench --help` builds this 
 """
 from __future__ import annotations
 
+import argparse
 import json
 import keyword
 import re
@@ -33,11 +35,12 @@ class Base:
 
     text: str           # what the starting point does, for the file's docstring
     personalizes: str
-    hyperparams: str    # the Hyperparams class body
+    hyperparams: str    # the body of the module-level hyperparameters class (`<Class>HP(Hyperparams)`)
     search_space: str
     body: str           # the hooks it overrides (none for FedAvg: the base class is FedAvg)
     api: tuple[str, ...] = ()       # more names from pflbench.algorithm that the hooks' signatures use
     training: tuple[str, ...] = ()  # names from pflbench.training that the hooks use
+    torch: tuple[str, ...] = ()     # names from torch that the hooks use
 
 
 BASES = {
@@ -45,33 +48,34 @@ BASES = {
         text="FedAvg: clients train the global model locally, the server averages the results weighted by "
              "each client's training samples (the base class's hooks: none is written out)",
         personalizes="nothing yet: one global model (FedAvg)",
-        hyperparams="        pass  # e.g. momentum: float = Field(0.9, ge=0.0, lt=1.0)  (from pydantic import Field)",
+        hyperparams="    # none yet; e.g. momentum: float = Field(0.9, ge=0.0, lt=1.0)  (from pydantic import Field)",
         search_space="{}  # e.g. {\"momentum\": (\"uniform\", 0.0, 0.99)}",
         body='''
     # The hooks are the base class's, FedAvg's (pflbench/algorithm.py): override only those your method
     # changes. E.g. a server step of its own, from FedAvg's average of the uploads that arrived:
     #
-    #     def aggregate(self, rnd: Round, upload: Payload) -> None:  # Round, Payload: pflbench.algorithm
+    #     def aggregate(self, rnd: ClientRound, upload: Payload) -> None:  # both from pflbench.algorithm
     #         average = self.weighted_mean(upload)  # {tensor name: [1, ...]}, weighted by training samples
     #         self.global_state.update(average)     # FedAvg's step; yours goes from self.global_state
 '''),
     "fedprox": Base(
         text="FedProx: FedAvg whose local objective adds mu/2 * ||w - w_global||^2 against client drift",
         personalizes="nothing yet: one global model, trained with a proximal term (FedProx)",
-        hyperparams="        mu: float = Field(0.01, ge=0.0)  # weight of the proximal term",
+        hyperparams="    mu: float = Field(0.01, ge=0.0)  # weight of the proximal term",
         search_space="{\"mu\": (\"loguniform\", 1e-3, 1.0)}",
-        api=("Round",),
+        api=("ClientRound",),
         training=("State", "cross_entropy"),
+        torch=("Tensor",),
         body='''
-    def local_train(self, rnd: Round, state: State) -> State:
+    def local_train(self, rnd: ClientRound, state: State) -> State:
         """Client: local SGD on cross-entropy + mu/2 * ||w - w_global||^2 (w_global: the model
         downloaded this round). The objective is computed per client: params[n] is [clients, ...]."""
-        mu = float(self.hp.mu)
+        mu = self.hp.mu
         names = self.fed.model.param_names
         # The downloaded model rides along as `aux`, stacked like the state (one row per client).
         anchor = {f"global.{n}": state[n].detach().clone() for n in names}
 
-        def objective(logits, labels, params, aux):
+        def objective(logits: Tensor, labels: Tensor, params: State, aux: State) -> Tensor:
             prox = sum(((params[n] - aux[f"global.{n}"]) ** 2).flatten(1).sum(1) for n in names)
             return cross_entropy(logits, labels, params, aux) + 0.5 * mu * prox
 
@@ -80,7 +84,7 @@ BASES = {
     "fedper": Base(
         text="FedPer: the top layers are each client's own (never sent); the base is averaged as in FedAvg",
         personalizes="the top `personal_layers` layers (default: the classifier); the base is FedAvg",
-        hyperparams="        personal_layers: int = Field(1, ge=0)  # layers, from the top, that stay on the client",
+        hyperparams="    personal_layers: int = Field(1, ge=0)  # layers, from the top, that stay on the client",
         search_space="{\"personal_layers\": (\"choice\", [1, 2, 3])}",
         body='''
     def setup(self) -> None:
@@ -93,6 +97,51 @@ BASES = {
         then keeps each client's own copy and evaluates the global rest with it."""
         return name in self._personal
 '''),
+    "ditto": Base(
+        text="Ditto: FedAvg for the global model, plus one personal model per client trained on its own "
+             "loss + lam/2 * ||v - w_global||^2 (never sent; the model each client is scored with)",
+        personalizes="a whole personal model per client, pulled toward the FedAvg global model (Ditto)",
+        hyperparams="    lam: float = Field(1.0, ge=0.0)  # lambda of the proximal term (0: local training)\n"
+                    "    personal_epochs: int | None = Field(None, ge=1)  # None: the cell's local_epochs",
+        search_space="{\"lam\": (\"loguniform\", 1e-3, 10.0), \"personal_epochs\": (\"int\", 1, 5)}",
+        api=("ClientRound",),
+        training=("State", "cross_entropy"),
+        torch=("Tensor",),
+        body='''
+    # The batch order of the personal model's training: a stream of its own (a name), so that the global
+    # copy keeps the engine's default order ("batches") and is FedAvg's model.
+    PERSONAL_STREAM = "batches.$name.personal"
+
+    def setup(self) -> None:
+        """FedAvg's models; then every client's personal model v_k [N, ...], from the same initial model."""
+        super().setup()
+        self.personal_state = self.fed.init_state(self.fed.num_clients)
+
+    def local_train(self, rnd: ClientRound, state: State) -> State:
+        """Client: FedAvg's local training of the downloaded model w (what is sent), then the personal
+        models' training on cross-entropy + lam/2 * ||v - w||^2 (objective per client: [clients, ...])."""
+        clients = rnd.clients
+        names = self.fed.model.param_names
+        # w: the downloaded global model, the anchor of the personal objective (rides along as `aux`).
+        anchor = {f"global.{n}": state[n].detach().clone() for n in names}
+        global_update = self.fed.train(rnd, clients, state).state
+        lam = self.hp.lam
+
+        def objective(logits: Tensor, labels: Tensor, params: State, aux: State) -> Tensor:
+            prox = sum(((params[n] - aux[f"global.{n}"]) ** 2).flatten(1).sum(1) for n in names)
+            return cross_entropy(logits, labels, params, aux) + 0.5 * lam * prox
+
+        personal = {n: t[clients] for n, t in self.personal_state.items()}
+        personal = self.fed.train(rnd, clients, personal, objective=objective, aux=anchor,
+                                  epochs=self.hp.personal_epochs, stream=self.PERSONAL_STREAM).state
+        for n, t in personal.items():
+            self.personal_state[n][clients] = t
+        return global_update
+
+    def personalized(self) -> State:
+        """The model each client is scored with: its personal model."""
+        return self.personal_state
+'''),
 }
 
 # What every written algorithm imports from pflbench.algorithm (a class named like an import is refused).
@@ -102,9 +151,14 @@ ALGORITHM_API = ("ALGORITHMS", "Algorithm", "Capabilities", "Card", "Hyperparams
 def imports_of(base: Base) -> str:
     """The written file's imports: exactly the names it uses (so the repository's `ruff check` passes)."""
     lines = []
-    if "Field(" in base.hyperparams.split("#")[0]:
-        lines += ["from pydantic import Field", ""]
-    lines.append(f"from pflbench.algorithm import {', '.join(ALGORITHM_API + base.api)}")
+    if any("Field(" in line.split("#")[0] for line in base.hyperparams.splitlines()):
+        lines.append("from pydantic import Field")
+    if base.torch:
+        lines.append(f"from torch import {', '.join(base.torch)}")
+    if lines:
+        lines.append("")
+    names = sorted(ALGORITHM_API + base.api, key=lambda name: (not name.isupper(), name))  # as isort orders them
+    lines.append(f"from pflbench.algorithm import {', '.join(names)}")
     if base.training:
         lines.append(f"from pflbench.training import {', '.join(base.training)}")
     return "\n".join(lines)
@@ -114,7 +168,7 @@ class ScaffoldError(ValueError):
     pass
 
 
-def add_parser(subparsers) -> None:
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     new = subparsers.add_parser("new", help="write a documented starting file (and its test) for your own "
                                             "algorithm or partition scheme")
     kinds = new.add_subparsers(dest="new_kind", required=True, metavar="KIND")
@@ -133,7 +187,7 @@ def add_parser(subparsers) -> None:
     new.set_defaults(func=cmd_new)
 
 
-def cmd_new(args) -> int:
+def cmd_new(args: argparse.Namespace) -> int:
     try:
         written = write_scaffold(args.new_kind, args.name, args.out, base=getattr(args, "base", "fedavg"),
                                  force=args.force, display_name=args.display_name)
@@ -239,12 +293,15 @@ def write_scaffold(kind: str, name: str, out: Path, base: str = "fedavg", force:
         raise ScaffoldError(f"{', '.join(existing)} exists; nothing was written (--force overwrites)")
     if kind == "algorithm":
         chosen = BASES[base]
-        if values["class_name"] in (*ALGORITHM_API, *chosen.api, *chosen.training, "Field"):
-            raise ScaffoldError(f"the class {values['class_name']} would hide the name it imports from pflbench; "
+        hp_class = values["class_name"] + "HP"
+        imported = (*ALGORITHM_API, *chosen.api, *chosen.training, *chosen.torch, "Field")
+        if values["class_name"] in imported or hp_class in imported:
+            raise ScaffoldError(f"the class {values['class_name']} would hide a name it imports; "
                                 f"choose another name or --display-name")
         values.update(base=base, base_text=textwrap.fill(chosen.text, 104), personalizes=chosen.personalizes,
-                      hyperparams=chosen.hyperparams, search_space=chosen.search_space, imports=imports_of(chosen),
-                      body=chosen.body, try_command=try_command(values["module_file"], values["name"]))
+                      hp_class=hp_class, hyperparams=chosen.hyperparams, search_space=chosen.search_space,
+                      imports=imports_of(chosen), body=Template(chosen.body).safe_substitute(name=values["name"]),
+                      try_command=try_command(values["module_file"], values["name"]))
     Path(out).mkdir(parents=True, exist_ok=True)
     plugin.write_text(Template((TEMPLATES / f"{kind}.py.tmpl").read_text()).substitute(values))
     test.write_text(Template((TEMPLATES / f"{kind}_test.py.tmpl").read_text()).substitute(values))

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Self, TypeVar
 
 import numpy as np
 import torch
@@ -45,6 +45,11 @@ from torch import Tensor
 from pflbench import streams
 from pflbench.config import reject_boolean
 from pflbench.registry import echo
+
+if TYPE_CHECKING:
+    from pflbench.config import CellConfig
+    from pflbench.data.dataset import Dataset
+    from pflbench.partitioning import ClientSplits
 
 CHUNK = 4096  # samples transformed at once (bounds the rotation grid's memory)
 
@@ -64,7 +69,7 @@ class FeatureShift(BaseModel):
     _no_booleans = field_validator("max_degrees", "strength", "clusters", mode="before")(reject_boolean)
 
     @model_validator(mode="after")
-    def _entries_fit_the_kind(self):
+    def _entries_fit_the_kind(self) -> Self:
         # An entry at its default may be written anywhere (it changes nothing); another value must fit the kind.
         changed = {name for name in self.model_fields_set - {"kind"}
                    if getattr(self, name) != type(self).model_fields[name].default}
@@ -97,7 +102,10 @@ class ConceptShift(BaseModel):
         return self.clusters > 1
 
 
-def _parse(model: type[BaseModel], field: str, values: dict[str, Any]) -> BaseModel:
+Parsed = TypeVar("Parsed", bound=BaseModel)
+
+
+def _parse(model: type[Parsed], field: str, values: dict[str, Any]) -> Parsed:
     try:
         return model(**values)
     except ValidationError as error:
@@ -160,7 +168,7 @@ def deal(num_clients: int, clusters: int, rng: np.random.Generator) -> np.ndarra
     return cluster
 
 
-def draw(cell, num_clients: int, input_shape: tuple[int, ...], num_classes: int) -> ClientShifts:
+def draw(cell: CellConfig, num_clients: int, input_shape: tuple[int, ...], num_classes: int) -> ClientShifts:
     """Every partition client's shifts, from the cell's seed alone (the same for every algorithm)."""
     feature, concept = parse_feature_shift(cell.feature_shift), parse_concept_shift(cell.concept_shift)
     is_image = len(input_shape) == 3
@@ -204,7 +212,7 @@ def draw(cell, num_clients: int, input_shape: tuple[int, ...], num_classes: int)
                         label_maps)
 
 
-def apply(cell, dataset, splits, features: Tensor, labels: Tensor) -> tuple[Tensor, Tensor, ClientShifts | None]:
+def apply(cell: CellConfig, dataset: Dataset, splits: ClientSplits, features: Tensor, labels: Tensor) -> tuple[Tensor, Tensor, ClientShifts | None]:
     """The Federation's features and labels with the cell's shifts applied to every partition client's
     samples (train, val and test alike); the inputs themselves when both knobs are off. `features` are
     `dataset`'s normalised inputs (its per-channel mean/std) and may be modified in place."""
@@ -231,10 +239,11 @@ def apply(cell, dataset, splits, features: Tensor, labels: Tensor) -> tuple[Tens
     return features, labels, shifts
 
 
-def _transform(x: Tensor, shifts: ClientShifts, t: int, mean, std) -> Tensor:
+def _transform(x: Tensor, shifts: ClientShifts, t: int, mean: tuple[float, ...], std: tuple[float, ...]) -> Tensor:
     """Transform number `t` applied to a batch of normalised samples."""
     kind = shifts.feature.kind
     if kind == "permutation":
+        assert shifts.permutations is not None  # drawn for this kind (`draw`), as the others below
         perm = torch.as_tensor(shifts.permutations[t], device=x.device)
         return x.flatten(2)[:, :, perm].view_as(x) if x.dim() == 4 else x[:, perm]
     shape = (1, -1, 1, 1)
@@ -242,10 +251,12 @@ def _transform(x: Tensor, shifts: ClientShifts, t: int, mean, std) -> Tensor:
     s = torch.tensor(std, dtype=x.dtype, device=x.device).view(shape)
     if kind == "color":
         pixels = x * s + m
+        assert shifts.contrast is not None and shifts.offset is not None
         contrast = float(shifts.contrast[t])
         offset = torch.as_tensor(shifts.offset[t], dtype=x.dtype, device=x.device).view(shape)
         pixels = (contrast * (pixels - 0.5) + 0.5 + offset).clamp(0.0, 1.0)
         return (pixels - m) / s
+    assert shifts.angles is not None
     return rotate(x, float(shifts.angles[t]), fill=-m / s)
 
 

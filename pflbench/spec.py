@@ -29,6 +29,7 @@ import json
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Annotated, Any
 
 import yaml
@@ -53,7 +54,7 @@ TUNED_DIR = "tuned"  # default folder of tuned configurations, next to the spec 
 class SpecError(ValueError):
     """A spec that cannot run: every problem, one per line, each naming its file and field."""
 
-    def __init__(self, source: str, problems: list[tuple[str, str]]):
+    def __init__(self, source: str, problems: list[tuple[str, str]]) -> None:
         self.source = source
         self.problems = problems
         lines = [_shortened(f"{source}: {where}: {message}") for where, message in problems]
@@ -126,12 +127,13 @@ class Assigned:
 
 
 Assignments = dict[str, Assigned]
+Axes = list[tuple[str, list[Assignments]]]  # matrix axes in file order: (key, its entries)
 
 
 class Problems:
     """Collects (where, message) pairs, without repeats, in the order found."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.items: dict[tuple[str, str], None] = {}
 
     def add(self, where: str, message: str) -> None:
@@ -146,7 +148,7 @@ class Problems:
                 message = f"{e['msg']} (got {echo(e['input'])})"
             self.add(where + loc, message)
 
-    def check(self, adapter: TypeAdapter, value, where: str):
+    def check(self, adapter: TypeAdapter[Any], value: Any, where: str) -> Any:
         """`value` validated by `adapter`; None (and a problem) when it is not valid."""
         try:
             return adapter.validate_python(value)
@@ -268,7 +270,7 @@ class _UniqueKeyLoader(yaml.SafeLoader):
     """YAML's safe loader, except that a key written twice in one mapping is an error (YAML keeps
     the last one silently, so a spec would run something else than what it seems to say)."""
 
-    def construct_mapping(self, node, deep=False):
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: dict[Any, int] = {}
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=deep)
@@ -382,7 +384,7 @@ def resolve_cell(values: dict[str, Any], source: str = "<cell>") -> CellConfig:
     return cell
 
 
-def _load_plugins(entries: Any, source: str, base_dir) -> None:
+def _load_plugins(entries: Any, source: str, base_dir: str | Path | None) -> None:
     """The spec's `plugins:` (paths relative to the spec's folder, or module names), loaded now."""
     from pflbench.plugins import PluginError, load_one, load_builtins
 
@@ -403,7 +405,7 @@ def _apply_scale(data: dict, scale: str, source: str) -> tuple[Scale | None, dic
     "full") and, per replaced axis (and "resources"), where its value was written."""
     origins: dict[str, str] = {}
     try:
-        scales = TypeAdapter(dict[str, Scale]).validate_python(data.get("scales") or {})
+        scales: dict[str, Scale] = TypeAdapter(dict[str, Scale]).validate_python(data.get("scales") or {})
     except ValidationError as error:
         problems = Problems()
         problems.add_validation("scales", error)
@@ -425,7 +427,7 @@ def _apply_scale(data: dict, scale: str, source: str) -> tuple[Scale | None, dic
     return chosen, origins
 
 
-def _spec_algorithms(axes, defaults: Assignments, rules: list[Rule]) -> list[str]:
+def _spec_algorithms(axes: Axes, defaults: Assignments, rules: list[Rule]) -> list[str]:
     return sorted({a.value for assignments, _ in _all_assignments(axes, defaults, rules)
                    for k, a in assignments.items() if k == "algorithm" and a.value})
 
@@ -434,13 +436,15 @@ def tuned_path(directory: str | Path, algorithm: str) -> Path:
     return Path(directory) / f"{algorithm}.yaml"
 
 
-def _tuned_rules(setting: TunedSetting, algorithms: list[str], base_dir, problems: Problems):
+def _tuned_rules(setting: TunedSetting, algorithms: list[str], base_dir: str | Path | None,
+                 problems: Problems) -> tuple[list[Rule], dict[str, str]]:
     """One rule per algorithm with a tuned configuration: `when: {algorithm: NAME}`, set the tuned
     values and `hp_source: tuned`."""
     directory = Path(setting.dir) if setting.dir else Path(TUNED_DIR)
     if not directory.is_absolute():
         directory = Path(base_dir or ".") / directory
-    rules, used = [], {}
+    rules: list[Rule] = []
+    used: dict[str, str] = {}
     wanted = algorithms if setting.algorithms is None else setting.algorithms
     for i, name in enumerate(wanted):
         where = "tuned" if setting.algorithms is None else f"tuned.algorithms[{i}]"
@@ -468,12 +472,12 @@ def _tuned_rules(setting: TunedSetting, algorithms: list[str], base_dir, problem
     return rules, used
 
 
-def _variant_names(entries) -> list[str]:
+def _variant_names(entries: Any) -> list[Any]:
     """The names of a `variants` axis's entries, in the spec's order."""
     return [e.get("name") for e in _listify(entries) if isinstance(e, dict)]
 
 
-def _chosen_variants(entries, names) -> list:
+def _chosen_variants(entries: Any, names: Any) -> list[Any]:
     """The entries of a spec's `variants` axis named by `--set variant=NAME` (or a list of names), in
     the spec's order: the one way to narrow a variants axis to a cell from the command line."""
     wanted = [str(n) for n in _listify(names)]
@@ -516,7 +520,7 @@ def _split_sets(sets: dict[str, Any], data: dict, origins: dict[str, str]) -> di
     return command_line
 
 
-def _variant_entries(raw, where: str, problems: Problems) -> list[Assignments] | None:
+def _variant_entries(raw: Any, where: str, problems: Problems) -> list[Assignments] | None:
     """The `variants` axis: named bundles of settings, each entry's settings checked like an override's."""
     entries = problems.check(VARIANTS_TYPE, raw, where)
     if entries is None:
@@ -528,9 +532,9 @@ def _variant_entries(raw, where: str, problems: Problems) -> list[Assignments] |
     return [_assignments_of(entry.assign, f"{where}[{i}].set", problems) for i, entry in enumerate(entries)]
 
 
-def _parse_axes(matrix: dict[str, Any], origins: dict[str, str], problems: Problems):
+def _parse_axes(matrix: dict[str, Any], origins: dict[str, str], problems: Problems) -> tuple[Axes, set[str]]:
     """Matrix axes, in file order, each a list of flat assignments; and the optional datasets."""
-    axes: list[tuple[str, list[Assignments]]] = []
+    axes: Axes = []
     optional: set[str] = set()
     assigned_by: dict[str, str] = {}
     for key, raw in matrix.items():
@@ -574,7 +578,8 @@ def _parse_axes(matrix: dict[str, Any], origins: dict[str, str], problems: Probl
     return axes, optional
 
 
-def _all_assignments(axes, defaults: Assignments, rules: list[Rule]):
+def _all_assignments(axes: Axes, defaults: Assignments,
+                     rules: list[Rule]) -> Iterator[tuple[Assignments, tuple[Any, ...] | None]]:
     """Every (assignments, algorithms the assignments are restricted to or None) of the spec."""
     yield defaults, None
     for _, entries in axes:
@@ -584,14 +589,14 @@ def _all_assignments(axes, defaults: Assignments, rules: list[Rule]):
         yield rule.assignments, rule.condition.values.get("algorithm")
 
 
-def _check_required(axes, defaults: Assignments, rules: list[Rule], problems: Problems) -> None:
+def _check_required(axes: Axes, defaults: Assignments, rules: list[Rule], problems: Problems) -> None:
     given = set(defaults) | {k for _, entries in axes for entry in entries for k in entry}
     for key in ("algorithm", "dataset"):
         if key not in given:
             problems.add(f"matrix.{key}", f"missing: every cell needs a {key} (give matrix.{key} or defaults.{key})")
 
 
-def _check_hyperparameter_names(axes, defaults: Assignments, rules: list[Rule], problems: Problems) -> None:
+def _check_hyperparameter_names(axes: Axes, defaults: Assignments, rules: list[Rule], problems: Problems) -> None:
     """An `hp.NAME` applies to the cells whose algorithm declares NAME, so it must be declared by one
     of the spec's algorithms (by the `when`'s algorithms, in an override that names them)."""
     spec_algorithms = _spec_algorithms(axes, defaults, rules)
@@ -611,7 +616,8 @@ def _check_hyperparameter_names(axes, defaults: Assignments, rules: list[Rule], 
                                               f"hyperparameter {echo(name)}{hint}; declared: {listing}")
 
 
-def _expand(axes, defaults: Assignments, rules: list[Rule], problems: Problems, base_dir=None) -> list[CellConfig]:
+def _expand(axes: Axes, defaults: Assignments, rules: list[Rule], problems: Problems,
+            base_dir: str | Path | None = None) -> list[CellConfig]:
     """The cross product of the axes in file order, resolved and checked; identical cells once."""
     cells: dict[str, CellConfig] = {}
     for combination in itertools.product(*(entries for _, entries in axes)):
@@ -627,7 +633,7 @@ def _expand(axes, defaults: Assignments, rules: list[Rule], problems: Problems, 
     return list(cells.values())
 
 
-def _build_cell(flat: Assignments, problems: Problems, base_dir=None) -> CellConfig | None:
+def _build_cell(flat: Assignments, problems: Problems, base_dir: str | Path | None = None) -> CellConfig | None:
     """One resolved cell (`pflbench.resolve`); problems are reported at the place each offending value
     was written."""
     from pflbench.resolve import CellError, resolve

@@ -3,16 +3,19 @@ key is an error with a "did you mean"), the structured matrix axes and the names
 the registries. How a spec becomes cells is `pflbench.spec`."""
 from __future__ import annotations
 
-from typing import Annotated, Any, Callable
+from typing import TYPE_CHECKING, Annotated, Any, Callable, Self
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, model_validator
 
 from pflbench.registry import unknown_message
 
+if TYPE_CHECKING:
+    from pflbench.algorithm import AlgorithmRegistry
+
 
 # ---- registries (imported lazily: they pull in torch) -------------------------------------------
 
-def _algorithms():
+def _algorithms() -> AlgorithmRegistry:
     from pflbench.algorithm import ALGORITHMS
     from pflbench.plugins import load_builtins
 
@@ -66,7 +69,7 @@ class SpecModel(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _known_keys(cls, data):
+    def _known_keys(cls, data: Any) -> Any:
         if isinstance(data, dict):
             allowed = [f.alias or name for name, f in cls.model_fields.items()]
             for key in data:
@@ -75,7 +78,7 @@ class SpecModel(BaseModel):
         return data
 
 
-def _listify(value):
+def _listify(value: Any) -> list[Any]:
     return value if isinstance(value, list) else [value]
 
 
@@ -93,11 +96,11 @@ class DatasetEntry(SpecModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _from_name(cls, data):
+    def _from_name(cls, data: Any) -> Any:
         return {"name": data} if isinstance(data, str) else data
 
     @model_validator(mode="after")
-    def _options(self):
+    def _options(self) -> Self:
         from pflbench.data.sources import make_source
 
         make_source(self.name, self.options)  # ValueError naming the option and the allowed ones
@@ -113,11 +116,11 @@ class PartitionEntry(SpecModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _from_name(cls, data):
+    def _from_name(cls, data: Any) -> Any:
         return {"scheme": data} if isinstance(data, str) else data
 
     @model_validator(mode="after")
-    def _params(self):
+    def _params(self) -> Self:
         from pflbench.partitioning import make_partitioner
 
         make_partitioner(self.scheme, self.params)  # PartitionError naming the parameter
@@ -133,14 +136,14 @@ class ClientSetting(SpecModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _from_number(cls, data):
+    def _from_number(cls, data: Any) -> Any:
         return {"clients": data} if isinstance(data, int) and not isinstance(data, bool) else data
 
     def assignments(self) -> dict[str, Any]:
         return self.model_dump(exclude_none=True)
 
 
-def _algorithm_axis(value):
+def _algorithm_axis(value: Any) -> list[Any]:
     """`all` means every registered algorithm, so a spec picks up new ones without edits."""
     return _algorithms().names() if value == "all" else _listify(value)
 
@@ -170,7 +173,7 @@ class Variant(SpecModel):
 
 
 VARIANTS_AXIS = "variants"
-VARIANTS_TYPE = TypeAdapter(Annotated[list[Variant], BeforeValidator(_listify), Field(min_length=1)])
+VARIANTS_TYPE: TypeAdapter[list[Variant]] = TypeAdapter(Annotated[list[Variant], BeforeValidator(_listify), Field(min_length=1)])
 
 
 class Scale(SpecModel):
@@ -193,7 +196,7 @@ class TunedSetting(SpecModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _short_forms(cls, data):
+    def _short_forms(cls, data: Any) -> Any:
         if data is True:
             return {}
         if isinstance(data, (list, str)):
@@ -239,7 +242,7 @@ class SpecFile(SpecModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _tuned_off(cls, data):
+    def _tuned_off(cls, data: Any) -> Any:
         if isinstance(data, dict) and data.get("tuned") is False:
             return {**data, "tuned": None}
         return data

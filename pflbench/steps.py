@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -57,7 +57,7 @@ class StepPlan:
     caller masks out; a client without samples gets sample 0), and `counts` [K], each client's number
     of real steps, on the host."""
 
-    def __init__(self, ids: Tensor, counts: Tensor):
+    def __init__(self, ids: Tensor, counts: Tensor) -> None:
         self.ids, self.counts = ids, counts
 
     @property
@@ -176,6 +176,7 @@ def sgd_step(params: State, grads: State, momenta: State, sgd: SGD, lr: float, a
         if active.everyone:
             sgd.apply(tensors, gradients, buffers, lr)
         else:
+            assert active.rows is not None  # given unless everyone is active
             sgd.apply_rows(tensors, gradients, buffers, active.rows, lr)
     elif bool(active.all()):
         sgd.apply(tensors, gradients, buffers, lr)
@@ -230,8 +231,9 @@ class LossCheck:
         flags: list[Tensor] = []
         bad = None
         if self._masks:
-            checks = len(self._masks)
-            bad = (~torch.isfinite(torch.stack(self._losses))).view(checks, self._width, -1).any(1) & torch.stack(self._masks)
+            checks, width = len(self._masks), self._width
+            assert width is not None  # set by the first `add`
+            bad = (~torch.isfinite(torch.stack(self._losses))).view(checks, width, -1).any(1) & torch.stack(self._masks)
             flags.append(bad.any(1).any())
         if rows_ok is not None:
             flags.append(rows_ok.all())
@@ -239,13 +241,13 @@ class LossCheck:
             return None, True
         read = torch.stack(flags).tolist()
         failed, ok = (read[0] if bad is not None else False), (read[-1] if rows_ok is not None else True)
-        if not failed:
+        if not failed or bad is None:
             return None, ok
         first = int(torch.nonzero(bad.any(1))[0])
         return (first, bad[first]), ok
 
 
-def per_client(fed: Engine, clients: Tensor, fn: Callable, *stacked):
+def per_client(fed: Engine, clients: Tensor, fn: Callable[..., Any], *stacked: Any) -> Any:
     """`fn(clients, *stacked)` once for all clients where the engine batches, else once per client
     (rows k:k+1 of every stacked argument), outputs concatenated along the client dimension. `fn`
     returns a State, a Tensor or a tuple of them."""
@@ -255,13 +257,13 @@ def per_client(fed: Engine, clients: Tensor, fn: Callable, *stacked):
     return _concat(outputs)
 
 
-def _rows(value, k: int):
+def _rows(value: Any, k: int) -> Any:
     if isinstance(value, dict):
         return {n: t[k:k + 1] for n, t in value.items()}
     return value[k:k + 1]
 
 
-def _concat(outputs: list):
+def _concat(outputs: list[Any]) -> Any:
     first = outputs[0]
     if isinstance(first, tuple):
         return tuple(_concat([o[i] for o in outputs]) for i in range(len(first)))
@@ -272,9 +274,10 @@ def _concat(outputs: list):
 
 def finite(state: State) -> Tensor:
     """Per client [K]: whether every floating tensor of its row is finite."""
-    ok = None
+    ok: Tensor | None = None
     for t in state.values():
         if t.is_floating_point():
             row = torch.isfinite(t.flatten(1)).all(1)
             ok = row if ok is None else ok & row
+    assert ok is not None, "a state without floating tensors"  # (a model's parameters are floating)
     return ok

@@ -51,12 +51,15 @@ import zipfile
 from dataclasses import dataclass
 from importlib.metadata import version
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 import pandas as pd
 
 from pflbench.config import CellConfig, cell_hash
+
+if TYPE_CHECKING:
+    from pflbench.rounds import CellResult
 
 CONFIG, SUMMARY, ERROR = "config.json", "summary.json", "error.txt"
 METRICS, ROUNDS = "metrics.parquet", "rounds.parquet"
@@ -115,16 +118,16 @@ class DiskFull(OSError):
     """A write failed for lack of space (module doc): `path` the file, `needed` the bytes it needed
     (None: not known), `free` the bytes free on that file system (None: not known)."""
 
-    def __init__(self, path: str | Path, needed: int | None, free: int | None, code: int = errno.ENOSPC):
+    def __init__(self, path: str | Path, needed: int | None, free: int | None, code: int = errno.ENOSPC) -> None:
         super().__init__(code, os.strerror(code), str(path))
         self.path, self.needed, self.free = Path(path), needed, free
 
-    def __reduce__(self):  # crosses from a Ray actor (the checkpoint keeper) with its fields
+    def __reduce__(self) -> tuple[type[DiskFull], tuple[Any, ...]]:  # crosses from a Ray actor (the checkpoint keeper) with its fields
         return DiskFull, (self.path, self.needed, self.free, self.errno)
 
     def needing(self, needed: int) -> "DiskFull":
         """The same failure, the bytes the write needed now known."""
-        return DiskFull(self.path, needed, self.free, self.errno)
+        return DiskFull(self.path, needed, self.free, self.errno or errno.ENOSPC)  # (always set)
 
     def __str__(self) -> str:
         what = "disk quota exceeded" if self.errno == errno.EDQUOT else "disk full"
@@ -153,7 +156,7 @@ def no_space(err: BaseException, path: Path, needed: int | None = None) -> DiskF
     return None
 
 
-def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
+def atomic_write(path: Path, write: Callable[[Path], object]) -> None:
     """`write(tmp)` then rename over `path`: readers see the old file or the whole new one. A failure
     for lack of space raises `DiskFull` (the temporary file removed, like on any failure)."""
     try:
@@ -186,7 +189,7 @@ def write_json(path: Path, data: dict) -> None:
 
 
 class Store:
-    def __init__(self, root: str | Path):
+    def __init__(self, root: str | Path) -> None:
         self.root = Path(root)
         self.host, self.pid = socket.gethostname(), os.getpid()
         self.owner = f"{self.host}:{self.pid}:{uuid.uuid4().hex[:8]}"  # this runner, in claims
@@ -316,7 +319,7 @@ class Store:
     def remove_checkpoint(self, cell: CellConfig) -> None:
         self.checkpoint_path(cell).unlink(missing_ok=True)
 
-    def write(self, cell: CellConfig, result) -> Path:
+    def write(self, cell: CellConfig, result: CellResult) -> Path:
         """Record a `CellResult` (status finished, diverged or failed); replaces an earlier result.
         `DiskFull` before anything is touched where the free space is less than the result's files need
         (and, where a write runs out of space all the same, with no result left: module doc)."""
@@ -341,7 +344,7 @@ class Store:
         return folder
 
 
-def result_files(cell: CellConfig, result) -> dict[str, bytes]:
+def result_files(cell: CellConfig, result: CellResult) -> dict[str, bytes]:
     """The files of a cell's result but its summary, by name in the cell's folder, as bytes (their
     size known before anything is written)."""
     config = {
@@ -373,7 +376,7 @@ def _parquet(frame: pd.DataFrame) -> bytes:
 
 def _npz(arrays: dict[str, np.ndarray]) -> bytes:
     buffer = io.BytesIO()  # a file object: np.savez would append ".npz" to a path
-    np.savez_compressed(buffer, **arrays)
+    np.savez_compressed(buffer, **arrays)  # type: ignore[arg-type]  # numpy's stubs: **arrays as its allow_pickle
     return buffer.getvalue()
 
 
@@ -454,7 +457,8 @@ def _check_by_reading(folder: Path, summary: dict) -> list[Problem]:
 def scan_store(results_dir: str | Path) -> tuple[list[tuple[Path, dict, dict]], list[Problem]]:
     """Every folder of the store with a summary: the intact ones as (folder, config, summary) and the
     problems of the others. Folders without a summary (a cell running, or killed) are neither."""
-    intact, problems = [], []
+    intact: list[tuple[Path, dict, dict]] = []
+    problems: list[Problem] = []
     root = Path(results_dir)
     if not root.is_dir():
         return intact, problems

@@ -51,7 +51,7 @@ import os
 import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import yaml
 
@@ -61,6 +61,11 @@ from pflbench.execution import ExecutionOptions
 from pflbench.preemption import DEFAULT_GRACE_SECONDS, PREEMPTED_EXIT, Preempted, Preemption, running_cell
 from pflbench.spec import Resources, load_spec, resolve_cell, tuned_path
 from pflbench.store import atomic_write, write_json
+
+if TYPE_CHECKING:
+    from pflbench.algorithm import Algorithm
+    from pflbench.checkpoint import Resumed
+    from pflbench.federation import Federation
 
 DEFAULT_BASE = Path("benchmarks/sweeps/default.yaml")
 METRIC = "val_accuracy"
@@ -96,7 +101,7 @@ class SweepOptions:
     # After SIGTERM / a first Ctrl-C: how long the running trials' rounds in progress may take (module doc).
     grace_seconds: float = DEFAULT_GRACE_SECONDS
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if not self.grace_seconds >= 0:
             raise ValueError(f"grace seconds must be >= 0, got {self.grace_seconds!r}")
 
@@ -196,8 +201,8 @@ SETTINGS = "settings.json"
 
 
 def run_trial(config: dict, *, base: dict, cpus: float, data_root: str | None, mirror: str | None,
-              execution: ExecutionOptions, checkpoints: dict | None = None, keeper=None, plugins: tuple = (),
-              board=None, stop_wait: float = 600.0) -> None:
+              execution: ExecutionOptions, checkpoints: dict | None = None, keeper: Any = None, plugins: tuple = (),
+              board: Any = None, stop_wait: float = 600.0) -> None:
     """Run the base cell with the trial's values, validation split only, reporting
     {round, val_accuracy, val_loss} to Tune at every evaluated round (ASHA may stop it there).
     `checkpoints`: {folder, every, minutes, keep}: the trial's round checkpoints, resumed from when Tune
@@ -264,7 +269,7 @@ def run_trial(config: dict, *, base: dict, cpus: float, data_root: str | None, m
         from pflbench.sweep_stop import stopped_trial
 
         stopped_trial(board, tune.get_context().get_trial_id(), stopped, stop_wait)
-    if checkpointer is not None and not checkpoints["keep"]:
+    if checkpointer is not None and checkpoints is not None and not checkpoints["keep"]:  # (a checkpointer: given)
         checkpointer.remove()
     if result.status != "finished":  # diverged: the worst objective, at the round it happened
         rnd = result.summary.get("diverged_round") or (reports[-1]["round"] if reports else 1)
@@ -280,14 +285,14 @@ class TrialCheckpointer(Checkpointer):
     `finish_sweep` keeps one row per round."""
     REPORTS = "sweep_reports"
 
-    def __init__(self, *args, reports: list, replay: Callable[[list], None], **kwargs):
+    def __init__(self, *args: Any, reports: list, replay: Callable[[list], None], **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.reports, self.replay = reports, replay
 
-    def after_round(self, rnd, fed, algorithm, loop, elapsed):
+    def after_round(self, rnd: int, fed: Federation, algorithm: Algorithm[Any], loop: dict, elapsed: float) -> None:
         super().after_round(rnd, fed, algorithm, {**loop, self.REPORTS: list(self.reports)}, elapsed)
 
-    def resume(self, fed, algorithm, provenance=None):
+    def resume(self, fed: Federation, algorithm: Algorithm[Any], provenance: dict | None = None) -> Resumed | None:
         resumed = super().resume(fed, algorithm, provenance)
         if resumed is not None:
             self.replay(resumed.loop.get(self.REPORTS, []))
@@ -321,7 +326,7 @@ def sweep_folder(algorithm: str, base: CellConfig, options: SweepOptions) -> Pat
 
 
 def run_sweep(algorithm: str, base: CellConfig, resources: Resources, options: SweepOptions = SweepOptions(),
-              log=print) -> SweepResult:
+              log: Callable[[str], None] = print) -> SweepResult:
     """Run the sweep (module doc). SIGTERM or a first Ctrl-C stops it as `pflbench run` on Ray stops
     its cells: each running trial writes its checkpoint at the end of its round (or is ended
     `grace_seconds` after the signal), Tune saves its state, and `RunStopped` (PREEMPTED_EXIT) says in
@@ -373,7 +378,9 @@ def run_sweep(algorithm: str, base: CellConfig, resources: Resources, options: S
     return finish_sweep(algorithm, base, space, options, folder, grid, grace, log)
 
 
-def run_tune(algorithm, base, resources, options, folder, space, grace, execution, owned, preemption):
+def run_tune(algorithm: str, base: CellConfig, resources: Resources, options: SweepOptions, folder: Path,
+             space: dict[str, Any], grace: int, execution: ExecutionOptions, owned: bool,
+             preemption: Preemption) -> tuple[Any, Any]:
     """The Tune run of `run_sweep` on the Ray it connected to (`owned`: stopped here after), with the
     trials' keeper and the board that passes a stop on `preemption` to them: (the TrialStops, the grid)."""
     import ray
@@ -429,7 +436,7 @@ def run_tune(algorithm, base, resources, options, folder, space, grace, executio
     return stops, grid
 
 
-def trial_states(grid) -> dict[str, str]:
+def trial_states(grid: Any) -> dict[str, str]:  # a ray.tune ResultGrid
     """Tune's last status of each trial, by trial id (TERMINATED; ERROR; PENDING or RUNNING where the
     sweep was interrupted); empty where this Ray version does not say."""
     try:
@@ -438,11 +445,14 @@ def trial_states(grid) -> dict[str, str]:
         return {}
 
 
-def finish_sweep(algorithm, base, space, options, folder, grid, grace, log) -> SweepResult:
+def finish_sweep(algorithm: str, base: CellConfig, space: dict[str, Any], options: SweepOptions, folder: Path,
+                 grid: Any, grace: int, log: Callable[[str], None]) -> SweepResult:
     import pandas as pd
 
     states = trial_states(grid)
-    trials, rows, resumable = [], [], []
+    trials: list[dict[str, Any]] = []
+    rows: list[dict[str, Any]] = []
+    resumable: list[str] = []
     for i, result in enumerate(grid):
         history = result.metrics_dataframe if result.metrics_dataframe is not None else pd.DataFrame()
         last = result.metrics or {}
@@ -450,7 +460,7 @@ def finish_sweep(algorithm, base, space, options, folder, grid, grace, log) -> S
         status = last.get("status", "running")
         if result.error is not None:
             status = "error"
-        elif states.get(trial_id, "TERMINATED") not in ("TERMINATED", "ERROR"):
+        elif states.get(str(trial_id), "TERMINATED") not in ("TERMINATED", "ERROR"):
             status = "interrupted"
         values = trial_values({k: v for k, v in (result.config or {}).items()})
         rounds = int(last.get("round", 0) or 0)
@@ -467,13 +477,13 @@ def finish_sweep(algorithm, base, space, options, folder, grid, grace, log) -> S
         checkpoint = folder / CHECKPOINTS / str(trial_id) / "checkpoint.pt"
         if status in ("error", "interrupted"):  # `--resume` continues it from there
             if checkpoint.exists():
-                resumable.append(trial_id)
+                resumable.append(str(trial_id))
         elif not options.keep_checkpoints:  # ASHA stopped it (a finished trial removed its own)
             checkpoint.unlink(missing_ok=True)
             if checkpoint.parent.is_dir() and not any(checkpoint.parent.iterdir()):
                 checkpoint.parent.rmdir()
         # A round reported again after a resume (evaluated after the checkpoint it resumed from) is the same row.
-        seen = {}
+        seen: dict[int, dict[str, Any]] = {}
         for _, row in history.iterrows() if len(history) else []:
             seen[int(row["round"])] = {"trial": i, "round": int(row["round"]), METRIC: float(row[METRIC]),
                                        "val_loss": float(row["val_loss"]) if "val_loss" in row else math.nan,
@@ -522,7 +532,7 @@ def _describe(values: dict) -> str:
     return ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v!r}" for k, v in _flat(values).items())
 
 
-def _plain(value):
+def _plain(value: Any) -> Any:
     """numpy scalars -> Python values, for YAML."""
     if hasattr(value, "item"):
         return value.item()
@@ -552,5 +562,8 @@ def write_tuned(out: Path, algorithm: str, best: dict, summary: dict, folder: Pa
     header = (f"# Written by `pflbench sweep --algo {algorithm}`: the best configuration found, applied to "
               f"{algorithm}'s cells by a spec with\n# `tuned: true` (benchmarks/README.md). Only `set` is used.\n")
     path = tuned_path(out, algorithm)
-    atomic_write(path, lambda tmp: tmp.write_text(header + yaml.safe_dump(data, sort_keys=False)))
+    def write(tmp: Path) -> None:
+        tmp.write_text(header + yaml.safe_dump(data, sort_keys=False))
+
+    atomic_write(path, write)
     return path

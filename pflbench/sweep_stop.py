@@ -32,7 +32,7 @@ import signal
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator, NoReturn
 
 from ray import tune
 
@@ -41,7 +41,7 @@ from pflbench.preemption import Preempted, Preemption
 STOPPED = "preempted"  # a trial's entry on the board once it stopped on the driver's request: its Preempted
 
 
-def stopped_trial(board, trial: str, stopped: Preempted, wait: float):
+def stopped_trial(board: Any, trial: str, stopped: Preempted, wait: float) -> NoReturn:  # board: an actor
     """A trial stopped on the sweep driver's request, its checkpoint written (module doc): tell the driver
     (`board`), then wait for it to end the Tune run, which ends this trial's actor. A driver that has not
     ended it `wait` seconds later is gone or stuck: the trial then errors, and a retry or `--resume`
@@ -61,8 +61,8 @@ class TrialStops:
     ended, or `grace_seconds` after the signal. `line` then says, in one line, where each trial stopped
     and how to continue the sweep. `checkpoints`: the keeper's folder (<sweep folder>/checkpoints)."""
 
-    def __init__(self, preemption: Preemption, board, checkpoints: Path, rounds: int,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(self, preemption: Preemption, board: Any, checkpoints: Path, rounds: int,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.preemption, self.board, self.checkpoints, self.rounds = preemption, board, checkpoints, rounds
         self.clock = clock
         self.since: float | None = None  # when the driver passed the stop on
@@ -131,11 +131,12 @@ class EndTuneRun(tune.Callback):
     """Given to Tune's RunConfig (module doc): takes SIGTERM and SIGINT back from Tune when its run starts
     and ends the run when the active TrialStops says so. Outside a sweep's run it does nothing."""
 
-    def setup(self, **info):
+    def setup(self, stop: Any = None, num_samples: int | None = None, total_num_samples: int | None = None,
+              **info: Any) -> None:
         if _active:
             _active[-1].preemption.take_signals()
 
-    def on_step_end(self, iteration, trials, **info):
+    def on_step_end(self, iteration: int, trials: list[Any], **info: Any) -> None:
         if _active and _active[-1].step([trial.trial_id for trial in trials if trial.status == "RUNNING"]):
             if not callable(signal.getsignal(signal.SIGUSR1)):  # not Tune's: SIGUSR1 would end the driver
                 raise RuntimeError("Ray Tune's SIGUSR1 handler is missing: the sweep cannot end its run")

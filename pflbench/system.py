@@ -25,7 +25,7 @@ stragglers, work fractions and dropouts.
 from __future__ import annotations
 
 import math
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 import numpy as np
 import torch
@@ -34,16 +34,21 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pflbench import streams
 from pflbench.config import reject_boolean
 
+if TYPE_CHECKING:
+    from pydantic_core import ErrorDetails
+
+    from pflbench.config import CellConfig
 
 
-def knob_problem(knob: str, error: dict) -> str:
+
+def knob_problem(knob: str, error: ErrorDetails) -> str:
     """One pydantic error of a knob's entries as `knob.entry: message`."""
     message = error["msg"].removeprefix("Value error, ")
     entry = str(error["loc"][0]) if error["loc"] else ""
     return f"{knob}.{entry}: {message}" if entry else f"{knob}.{message}"
 
 
-def reject_booleans(values):
+def reject_booleans(values: Any) -> Any:
     """`dropout: true` is a mistake, not probability 1 (pydantic's lax mode would take it as 1.0):
     `config.reject_boolean` for every entry of a knob, and every item of a list entry."""
     if isinstance(values, dict):
@@ -65,7 +70,7 @@ class KnobParams(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _no_booleans(cls, values):
+    def _no_booleans(cls, values: Any) -> Any:
         if isinstance(values, dict):
             reject_booleans({k: v for k, v in values.items() if k not in cls.text_entries})
             return values
@@ -81,7 +86,7 @@ class SystemParams(KnobParams):
 
     @field_validator("straggler_work")
     @classmethod
-    def _work_in_range(cls, value):
+    def _work_in_range(cls, value: float | tuple[float, float]) -> float | tuple[float, float]:
         values = [value] if isinstance(value, (int, float)) else list(value)
         if any(isinstance(v, bool) or not 0.0 < v <= 1.0 for v in values):
             raise ValueError(f"must be a fraction in (0, 1] or [low, high] of such fractions, got {value!r}")
@@ -91,14 +96,14 @@ class SystemParams(KnobParams):
 
     @field_validator("dropout")
     @classmethod
-    def _probabilities(cls, value):
+    def _probabilities(cls, value: float | list[float]) -> float | list[float]:
         values = [value] if isinstance(value, (int, float)) else list(value)
         if not values or any(isinstance(v, bool) or not 0.0 <= v <= 1.0 for v in values):
             raise ValueError(f"must be a probability in [0, 1] or one per client, got {value!r}")
         return value
 
     @model_validator(mode="after")
-    def _work_needs_stragglers(self):
+    def _work_needs_stragglers(self) -> Self:
         if self.stragglers == 0 and "straggler_work" in self.model_fields_set and self.straggler_work != 0.5:
             raise ValueError("straggler_work is set but stragglers is 0 (give the share of straggling clients)")
         return self
@@ -119,7 +124,7 @@ def parse_system(values: dict[str, Any], clients: int) -> dict[str, Any]:
         raise ValueError(f"system.dropout: a list needs one probability per client ({clients}), "
                          f"got {len(params.dropout)}")
     data = params.model_dump(mode="json")
-    defaults = SystemParams().model_dump(mode="json")
+    defaults = SystemParams.model_validate({}).model_dump(mode="json")
     if params.stragglers == 0:
         data.pop("straggler_work")  # meaningless without stragglers
     return {k: v for k, v in data.items() if v != defaults[k]}
@@ -128,7 +133,7 @@ def parse_system(values: dict[str, Any], clients: int) -> dict[str, Any]:
 class SystemPlan:
     """The stragglers' work fractions and the dropped uploads of a cell, drawn once from its seed."""
 
-    def __init__(self, params: SystemParams, clients: int, rounds: int, seed: int):
+    def __init__(self, params: SystemParams, clients: int, rounds: int, seed: int) -> None:
         rng = streams.generator(seed, "system", kind="numpy")
         # Fixed draws for every (round, client), whatever the knob's values: raising the dropout
         # probability only adds dropped uploads, and the stragglers are a prefix of one permutation.
@@ -145,7 +150,7 @@ class SystemPlan:
         self.dropped = drop_u < p[None, :]  # [rounds, clients]
 
     @classmethod
-    def from_cell(cls, cell) -> "SystemPlan | None":
+    def from_cell(cls, cell: CellConfig) -> "SystemPlan | None":
         if not cell.system:
             return None
         return cls(SystemParams(**cell.system), cell.clients, cell.rounds, cell.seed)

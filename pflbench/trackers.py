@@ -44,9 +44,13 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from pflbench.metrics import accuracy_key
+
+if TYPE_CHECKING:
+    from pflbench.config import CellConfig
+    from pflbench.rounds import CellResult
 
 KINDS = ("tensorboard", "wandb", "mlflow")
 DEFAULT_KIND = "tensorboard"
@@ -81,7 +85,7 @@ class TrackerOptions:
     kinds: tuple[str, ...] = ()
     dir: Path | None = None
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         unknown = [k for k in self.kinds if k not in KINDS]
         if unknown:
             raise ValueError(f"tracker {', '.join(map(repr, unknown))}: allowed {', '.join(KINDS)}")
@@ -92,7 +96,7 @@ class TrackerOptions:
         return Path(self.dir if self.dir is not None else results).absolute()
 
 
-def problems(kinds) -> list[str]:
+def problems(kinds: tuple[str, ...] | list[str]) -> list[str]:
     """Why some of `kinds` cannot stream here: an unknown kind, or its package not installed."""
     found = []
     for kind in kinds:
@@ -104,7 +108,7 @@ def problems(kinds) -> list[str]:
     return found
 
 
-def flat_config(cell, cell_id: str) -> dict:
+def flat_config(cell: CellConfig, cell_id: str) -> dict[str, Any]:
     """The cell's configuration flattened (`cell.lr`, `cell.hp.mu`), its id and the metrics' labels."""
     from pflbench.store import flatten
 
@@ -125,8 +129,9 @@ class Backend:
 class TensorBoard(Backend):
     kind = "tensorboard"
 
-    def __init__(self, folder: Path, cell_id: str, config: dict):
-        self.path, self.cell_id, self.config, self.writer = folder / "tensorboard" / cell_id, cell_id, config, None
+    def __init__(self, folder: Path, cell_id: str, config: dict[str, Any]) -> None:
+        self.path, self.cell_id, self.config = folder / "tensorboard" / cell_id, cell_id, config
+        self.writer: Any = None  # a SummaryWriter once open
 
     def open(self, first_round: int) -> None:
         from torch.utils.tensorboard import SummaryWriter
@@ -150,8 +155,9 @@ class TensorBoard(Backend):
 class WandB(Backend):
     kind = "wandb"
 
-    def __init__(self, folder: Path, cell_id: str, config: dict, name: str):
-        self.folder, self.cell_id, self.config, self.name, self.run = folder, cell_id, config, name, None
+    def __init__(self, folder: Path, cell_id: str, config: dict[str, Any], name: str) -> None:
+        self.folder, self.cell_id, self.config, self.name = folder, cell_id, config, name
+        self.run: Any = None  # a wandb Run once open
 
     def open(self, first_round: int) -> None:
         import wandb
@@ -176,9 +182,10 @@ class WandB(Backend):
 class MLflow(Backend):
     kind = "mlflow"
 
-    def __init__(self, folder: Path, cell_id: str, config: dict, name: str):
+    def __init__(self, folder: Path, cell_id: str, config: dict[str, Any], name: str) -> None:
         self.folder, self.cell_id, self.config, self.name = folder, cell_id, config, name
-        self.client = self.run_id = None
+        self.client: Any = None  # an MlflowClient once open
+        self.run_id: str | None = None
 
     def uri(self) -> str:
         return os.environ.get("MLFLOW_TRACKING_URI") or (self.folder / "mlruns").as_uri()
@@ -222,7 +229,7 @@ class MLflow(Backend):
 
 # ---- one cell's tracking -------------------------------------------------------------------------------
 
-def _finite(value) -> float | None:
+def _finite(value: Any) -> float | None:
     try:
         value = float(value)
     except (TypeError, ValueError):
@@ -234,7 +241,8 @@ class CellTracking:
     """The trackers of one cell: `on_round` for the round loop's callback, `finish` with its result.
     A backend that raises is stopped and noted; the cell never sees the error."""
 
-    def __init__(self, cell, options: TrackerOptions, results: Path, note: Callable[[str], None] | None = None):
+    def __init__(self, cell: CellConfig, options: TrackerOptions, results: Path,
+                 note: Callable[[str], None] | None = None) -> None:
         from pflbench.config import cell_hash
 
         self.cell_id = cell_hash(cell)
@@ -250,7 +258,7 @@ class CellTracking:
         self.opened = False
         self.first_round: int | None = None
 
-    def _each(self, what: str, call) -> None:
+    def _each(self, what: str, call: Callable[[Backend], None]) -> None:
         for backend in list(self.backends):
             try:
                 call(backend)
@@ -275,7 +283,7 @@ class CellTracking:
         if values:
             self._each(f"round {rnd}", lambda b: b.log(rnd, values))
 
-    def finish(self, result) -> None:
+    def finish(self, result: CellResult) -> None:
         """The cell's final numbers, then close every run."""
         self._open(self.first_round or 1)
         step, final = self.final(result)
@@ -283,7 +291,7 @@ class CellTracking:
             self._each("final numbers", lambda b: b.log(step, final))
         self._each("closing", lambda b: b.close(result.status))
 
-    def final(self, result) -> tuple[int, dict[str, float]]:
+    def final(self, result: CellResult) -> tuple[int, dict[str, float]]:
         """(the last round, {final/<protocol>: the cell's number in %}) from its summary."""
         summary = result.summary or {}
         final = {f"final/{name}": v * 100 for name, key in FINAL_KEYS.items()
@@ -305,26 +313,27 @@ def round_values(client_rows: list[dict], round_row: dict) -> dict[str, float]:
         return values
     for model in ("delivered", "adapted"):
         suffix = "_adapted" if model == "adapted" else ""
-        accuracy = [_finite(row.get(f"accuracy{suffix}")) for row in rows]
-        if None in accuracy:   # not scored this way (no adaptation), or a model that diverged when adapted
+        scored = [_finite(row.get(f"accuracy{suffix}")) for row in rows]
+        accuracy = [a for a in scored if a is not None]
+        if len(accuracy) < len(scored):  # not scored this way (no adaptation), or a model that diverged when adapted
             continue
         values[f"accuracy/{model}-clients"] = math.fsum(accuracy) / len(accuracy) * 100
         worst = sorted(accuracy)[:max(1, math.ceil(0.1 * len(accuracy)))]
         values[f"accuracy/{model}-worst10"] = math.fsum(worst) / len(worst) * 100
-        losses = [_finite(row.get(f"loss{suffix}")) for row in rows]
-        if None not in losses:
+        losses = [loss for row in rows if (loss := _finite(row.get(f"loss{suffix}"))) is not None]
+        if len(losses) == len(rows):
             values[f"loss/{model}-clients"] = math.fsum(losses) / len(losses)
         if model == "delivered":
             weights = [_finite(row.get("test_samples")) or 0.0 for row in rows]
             if sum(weights) > 0:
                 values["accuracy/delivered-pooled"] = math.fsum(a * w for a, w in zip(accuracy, weights)) / math.fsum(weights) * 100
-    validation = [_finite(row.get("val_accuracy")) for row in rows]
-    if None not in validation:
+    validation = [v for row in rows if (v := _finite(row.get("val_accuracy"))) is not None]
+    if len(validation) == len(rows):
         values["val_accuracy/delivered-clients"] = math.fsum(validation) / len(validation) * 100
     return values
 
 
-def cell_tracking(cell, options: TrackerOptions, results: Path,
+def cell_tracking(cell: CellConfig, options: TrackerOptions, results: Path,
                   note: Callable[[str], None] | None = None) -> CellTracking | None:
     """The tracking of one cell (None when no tracker is asked for)."""
     if not options.kinds:

@@ -31,11 +31,16 @@ import math
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
 from pflbench.store import CONFIG, METRICS, ROUNDS, SUMMARY, check_folder, read_json_dict
+
+if TYPE_CHECKING:
+    from pflbench.rounds import CellResult
 
 # Each evaluated round's mean accuracy over clients, absolute (0.01 = 1 percentage point), where kernels
 # differ. Measured with benchmarks/verify_tolerance.py (the same cells through the client loop with
@@ -73,7 +78,7 @@ class CellCheck:
     rerun_curve: list[float] = field(default_factory=list)
     seconds: float | None = None
     rounds: int | None = None               # the first rounds compared (None: the whole run)
-    rerun_result: object = None
+    rerun_result: CellResult | None = None
     label: str = ""                         # algorithm · dataset · scheme · clients · seed
 
     @property
@@ -99,14 +104,14 @@ def machine_kind(summary: dict, versions: dict | None = None) -> dict:
 
 def execution_options(summary: dict, cpus: float = 1.0) -> tuple[dict, float]:
     """ExecutionOptions fields and the CPUs per cell that repeat how the cell was executed."""
-    def on_off(value):
+    def on_off(value: object) -> str:
         return "auto" if value is None else ("on" if value else "off")
 
     batching = summary.get("client_batching")
     threads = summary.get("client_threads")
     if isinstance(threads, (int, float)) and threads > 1:
         cpus = float(threads)
-    options = {"client_batching": {"batched": "on", "loop": "off"}.get(batching, "auto"),
+    options = {"client_batching": {"batched": "on", "loop": "off"}.get(str(batching), "auto"),
                "compiled_training": on_off(summary.get("compiled_training")),
                "channels_last": on_off(summary.get("channels_last")),
                "client_threads": "auto" if isinstance(threads, (int, float)) and threads > 1 else "off"}
@@ -124,7 +129,8 @@ def rounds_to_run(cell: dict, rounds: int | None) -> int | None:
 
 
 def rerun(folder: str | Path, *, cpus: float | None = None, device: str | None = None,
-          data_root=None, mirror=None, rounds: int | None = None):
+          data_root: str | Path | None = None, mirror: str | Path | None = None,
+          rounds: int | None = None) -> CellResult:
     """Run the stored cell at `folder` again (module doc), its first `rounds` rounds only if given
     (exactly those: `rounds_to_run` rounds up); returns its CellResult."""
     import torch
@@ -163,7 +169,8 @@ def _equal(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return same
 
 
-def _frame_differences(name: str, stored: pd.DataFrame, rerun: pd.DataFrame, columns) -> list[Difference]:
+def _frame_differences(name: str, stored: pd.DataFrame, rerun: pd.DataFrame,
+                       columns: Iterable[str]) -> list[Difference]:
     found = []
     if len(stored) != len(rerun):
         return [Difference(name, f"{len(stored)} rows stored, {len(rerun)} in the rerun")]
@@ -194,7 +201,7 @@ def first_rounds(frame: pd.DataFrame, rounds: int | None) -> pd.DataFrame:
     return frame if rounds is None else frame[frame["round"] <= rounds].reset_index(drop=True)
 
 
-def compare(folder: str | Path, result, exact: bool, rounds: int | None = None) -> list[Difference]:
+def compare(folder: str | Path, result: CellResult, exact: bool, rounds: int | None = None) -> list[Difference]:
     """How the rerun `result` differs from the cell stored at `folder` (module doc); [] if it does not.
     `rounds`: the rerun ran only the first `rounds` rounds; the stored rows after them are left out."""
     folder = Path(folder)
@@ -237,7 +244,7 @@ def compare(folder: str | Path, result, exact: bool, rounds: int | None = None) 
     return found
 
 
-def kind_differences(folder: str | Path, result) -> list[str]:
+def kind_differences(folder: str | Path, result: CellResult) -> list[str]:
     """How the machine that ran the stored cell at `folder` differs in kind from the one that produced
     `result` here ("cpu_model 'A' then, 'B' now", ...); empty: the same kind, so the bits must repeat."""
     import torch
@@ -253,7 +260,8 @@ def kind_differences(folder: str | Path, result) -> list[str]:
             if then.get(k) != here.get(k) and (k != "cpu_capability" or then.get(k))]
 
 
-def check_cell(folder: str | Path, *, cpus: float | None = None, data_root=None, mirror=None,
+def check_cell(folder: str | Path, *, cpus: float | None = None, data_root: str | Path | None = None,
+               mirror: str | Path | None = None,
                force_tolerance: bool = False, rounds: int | None = None) -> CellCheck:
     """Re-run the stored cell at `folder` and compare (module doc); only its first `rounds` rounds
     (rounded up to an evaluation round) if given."""
@@ -313,7 +321,7 @@ def sample_cells(study: str | Path, k: int | None, seed: int, max_seconds: float
             raise ValueError(f"no cell {', '.join(unknown)} in {study}")
         return [by_name[c] for c in cells]
     if max_seconds is not None:
-        def seconds(p):
+        def seconds(p: Path) -> float:
             try:
                 summary = read_json_dict(p / SUMMARY)
                 # A drawn sample checks reproducibility, and a divergence is not reproducible across

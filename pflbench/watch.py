@@ -141,7 +141,7 @@ def machine_key(device: str = "cpu") -> str:
 class FingerprintBook:
     """results/published/fingerprints.json: {machine kind: {study/cell: {fingerprint, rounds, commit, date}}}."""
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self.kinds: dict[str, dict[str, dict]] = read_json_dict(self.path) if self.path.is_file() else {}
 
@@ -162,7 +162,7 @@ class Watched:
     cell: PublishedCell
     outcome: str  # "identical (fingerprint)", "identical", "within tolerance"; or MOVED, DIFFERS, PROBLEM
     detail: str = ""
-    seconds: float = 0.0
+    seconds: float | None = 0.0  # the rerun's (None: not measured)
     recorded: bool = False
 
     @property
@@ -184,7 +184,8 @@ def reference_problem(cell: PublishedCell, reference: Path) -> str | None:
 
 
 def watch_cell(cell: PublishedCell, book: FingerprintBook, kind: str, *, record: bool, commit: str | None,
-               data_root=None, mirror=None, reference: Path | None = None) -> Watched:
+               data_root: str | Path | None = None, mirror: str | Path | None = None,
+               reference: Path | None = None) -> Watched:
     """Re-run `cell`'s first evaluation and judge it: against this kind's fingerprint where one is recorded,
     else against the stored metrics (`pflbench.verify.check_cell`), or where those differ against the
     `reference` store's run of the cell (module doc); with `record`, file the fingerprint of a rerun that
@@ -194,6 +195,7 @@ def watch_cell(cell: PublishedCell, book: FingerprintBook, kind: str, *, record:
     check = check_cell(cell.folder, rounds=1, data_root=data_root, mirror=mirror)
     if check.notes:  # a stale id or damaged files: as `pflbench verify` reports them
         return Watched(cell, "PROBLEM", "; ".join(check.notes), check.seconds)
+    assert check.rerun_result is not None  # a check without notes ran the cell
     value = fingerprint(check.rerun_result.metrics)
     known = book.get(kind, cell.name)
     if known is not None and known.get("rounds") == check.rounds:

@@ -1,13 +1,17 @@
 """`pflbench new algorithm|partition`: the files it writes are plugins that load, and the tests it
 writes pass (run by pytest as a user would, outside this repository); they pass the repository's own
-`ruff check` and override only what their starting point changes; the method is named as the user spells
-it or as the built-ins spell its words; bad names are refused. The README's FedAvgM, written from the
-scaffold's output, passes the same lint and runs."""
+`ruff check` and `mypy` and override only what their starting point changes; the method is named as the
+user spells it or as the built-ins spell its words; bad names are refused. The README's FedAvgM is the
+scaffold's output filled in, passes the same lint, and its commands run as written."""
 from __future__ import annotations
 
+import ast
 import importlib.util
+import io
 import re
+import shlex
 import subprocess
+import tokenize
 import sys
 from pathlib import Path
 
@@ -18,18 +22,18 @@ from pflbench.cli import main
 
 @pytest.mark.slow
 def test_every_scaffold_writes_a_plugin_whose_own_test_passes(tmp_path, capsys):
-    for base in ("fedavg", "fedprox", "fedper"):
+    for base in ("fedavg", "fedprox", "fedper", "ditto"):
         assert main(["new", "algorithm", f"my-{base}", "--from", base, "--out", str(tmp_path)]) == 0
     assert main(["new", "partition", "my-shards", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "--plugin" in out and "algorithm+=[my-fedprox]" in out
     assert sorted(p.name for p in tmp_path.glob("*.py")) == [
-        "my_fedavg.py", "my_fedper.py", "my_fedprox.py", "my_shards.py",
-        "test_my_fedavg.py", "test_my_fedper.py", "test_my_fedprox.py", "test_my_shards.py"]
+        "my_ditto.py", "my_fedavg.py", "my_fedper.py", "my_fedprox.py", "my_shards.py",
+        "test_my_ditto.py", "test_my_fedavg.py", "test_my_fedper.py", "test_my_fedprox.py", "test_my_shards.py"]
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
                           cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-4000:]
-    assert "8 passed" in done.stdout
+    assert "10 passed" in done.stdout
 
 
 def test_a_scaffold_refuses_a_taken_or_malformed_name_and_existing_files(tmp_path, capsys):
@@ -48,13 +52,14 @@ def test_a_scaffold_refuses_a_taken_or_malformed_name_and_existing_files(tmp_pat
 
 
 def test_the_scaffold_writes_the_hooks_in_their_current_form(tmp_path):
-    """The written methods use the round's context (no DeprecationWarning when loaded) and annotate it."""
+    """The written methods use the round's context (no DeprecationWarning when loaded) and annotate it;
+    their hyperparameters are the class's generic argument (`self.hp` is typed)."""
     import inspect
     import warnings
 
     from pflbench import legacy_hooks, plugins
-    from pflbench.algorithm import ALGORITHMS, Round
-    from pflbench.scaffold import BASES, write_scaffold
+    from pflbench.algorithm import ALGORITHMS, ClientRound, Round
+    from pflbench.scaffold import BASES, identifiers, write_scaffold
 
     for base in BASES:
         path, _ = write_scaffold("algorithm", f"current-{base}", tmp_path, base=base)
@@ -66,7 +71,10 @@ def test_the_scaffold_writes_the_hooks_in_their_current_form(tmp_path):
             for hook in ("configure", "receive", "local_train", "send", "aggregate"):
                 if hook in vars(cls):
                     first = list(inspect.signature(vars(cls)[hook]).parameters.values())[1]
-                    assert first.name == "rnd" and first.annotation in ("Round", Round), (base, hook)
+                    assert first.name == "rnd" and first.annotation in ("Round", "ClientRound", Round,
+                                                                        ClientRound), (base, hook)
+            hp_class = identifiers(f"current-{base}")["class_name"] + "HP"  # e.g. CurrentFedAvgHP
+            assert cls.Hyperparams.__name__ == hp_class  # Algorithm[XHP] made XHP its Hyperparams
             assert not legacy_hooks.old_forms(cls) and cls.__module__ != "pflbench.legacy_hooks"  # not adapted
         finally:
             plugins.unload(path.name)  # a plugin's id is its file name
@@ -84,6 +92,31 @@ def ruff_problems(folder: Path) -> str:
     done = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "--config",
                            str(ROOT / "pyproject.toml"), str(folder)], capture_output=True, text=True, timeout=120)
     return "" if done.returncode == 0 else done.stdout + done.stderr
+
+
+def mypy_problems(*files: Path) -> str:
+    """`mypy` with the repository's settings (pyproject.toml's [tool.mypy]) on `files`: its report, "" when
+    clean. Its cache is the repository's (warm after `make lint`: seconds; cold: a minute or two)."""
+    if importlib.util.find_spec("mypy") is None:
+        pytest.skip("mypy is not installed (pip install -e '.[lint]', as `make lint` does)")
+    done = subprocess.run([sys.executable, "-m", "mypy", "--config-file", str(ROOT / "pyproject.toml"),
+                           "--python-executable", sys.executable, *map(str, files)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    return "" if done.returncode == 0 else done.stdout + done.stderr
+
+
+def code_lines(source: str) -> list[str]:
+    """The code of `source`, line by line and stripped: no comments, docstrings or blank lines."""
+    docstrings = {line for node in ast.walk(ast.parse(source))
+                  if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+                  and isinstance(node.value.value, str)
+                  for line in range(node.lineno, (node.end_lineno or node.lineno) + 1)}
+    lines = source.splitlines()
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type == tokenize.COMMENT:
+            row, col = token.start
+            lines[row - 1] = lines[row - 1][:col]
+    return [line.strip() for number, line in enumerate(lines, 1) if number not in docstrings and line.strip()]
 
 
 def _tiny_cell(name: str, **hp):
@@ -136,30 +169,103 @@ def test_the_method_is_named_as_spelled_or_as_the_built_ins_spell_its_words(tmp_
     out = capsys.readouterr().out
     assert "pflbench run quickstart --plugin" in out and "algorithm+=[fedavgm]" in out
     text = (tmp_path / "fedavgm.py").read_text()
-    assert '@ALGORITHMS.register("fedavgm"' in text and "class FedAvgM(Algorithm):" in text
+    assert '@ALGORITHMS.register("fedavgm"' in text and "class FedAvgM(Algorithm[FedAvgMHP]):" in text
+    assert "class FedAvgMHP(Hyperparams):" in text
     assert 'display_name="FedAvgM"' in text and (tmp_path / "test_fedavgm.py").is_file()
     assert main(["new", "algorithm", "odd", "--display-name", 'Say "hi"', "--out", str(tmp_path)]) == 0
     assert ruff_problems(tmp_path) == ""  # a display name with quotes is still a valid literal
 
 
-def readme_fedavgm() -> str:
+def test_every_starting_point_passes_ruff_and_mypy_and_runs_a_cell(tmp_path):
+    """From FedAvg (no hook), Ditto (a personal model and a custom objective) and FedProx (a custom
+    objective) and FedPer: the method and its test pass the repository's ruff and mypy (typed `self.hp`,
+    annotated objectives), and the method runs one tiny cell."""
+    from pflbench import plugins
+    from pflbench.rounds import run_cell
+    from pflbench.scaffold import BASES, identifiers, write_scaffold
+
+    assert {"fedavg", "ditto", "fedprox"} <= set(BASES)
+    written = [path for base in BASES for path in write_scaffold("algorithm", f"typed-{base}", tmp_path, base=base)]
+    assert ruff_problems(tmp_path) == ""
+    assert mypy_problems(*written) == ""
+    for base in BASES:
+        path = tmp_path / f"typed_{base}.py"
+        text = path.read_text()
+        hp = identifiers(f"typed-{base}")["class_name"] + "HP"  # e.g. TypedFedAvgHP
+        assert f"class {hp}(Hyperparams):" in text and f"(Algorithm[{hp}]):" in text
+        assert "    class Hyperparams" not in text  # the nested form mypy cannot resolve
+        plugins.load([str(path)])
+        try:
+            result = run_cell(_tiny_cell(f"typed-{base}"), data_root=tmp_path)
+            assert result.status == "finished", (base, result.error)
+            assert 0.0 <= result.summary["final_accuracy"] <= 1.0
+        finally:
+            plugins.unload(path.name)
+
+
+def test_mypy_sees_a_wrong_hyperparameter_in_a_written_method(tmp_path):
+    """The check above is not vacuous: a hook reading a field its hyperparameters do not have fails mypy."""
+    from pflbench.scaffold import write_scaffold
+
+    path, _ = write_scaffold("algorithm", "typo-prox", tmp_path, base="fedprox")
+    path.write_text(path.read_text().replace("mu = self.hp.mu", "mu = self.hp.nu"))
+    assert '"TypoProxHP" has no attribute "nu"' in mypy_problems(path)
+
+
+def readme_section() -> str:
     text = (ROOT / "README.md").read_text()
-    section = text[text.index("## Benchmark your own method"):]
-    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    start = text.index("## Benchmark your own method")
+    return text[start:text.index("\n## ", start + 1)]
 
 
-def test_the_readmes_fedavgm_passes_the_lint_and_reuses_fedavgs_weighted_mean(tmp_path):
-    """The README's example: the scaffold's imports and registration, one hook over `weighted_mean`; at
-    momentum 0 and server_lr 1 it is FedAvg (up to rounding: w - (w - mean) is not always mean)."""
+def readme_block(language: str) -> str:
+    block = re.search(rf"```{language}\n(.*?)```", readme_section(), re.S)
+    assert block is not None, f"no {language} block in the README's 'Benchmark your own method'"
+    return block.group(1)
+
+
+def test_the_readmes_fedavgm_is_the_scaffolds_output_filled_in_and_passes_the_lint(tmp_path):
+    """Every code line `pflbench new algorithm FedAvgM` writes is in the README's file, in order, but those
+    a user fills in (the card's texts, the hyperparameters, the search space, the imports the new hook
+    needs); the commented-out hook it shows is the one the README fills in, over `weighted_mean`. The
+    README's file passes ruff and mypy."""
+    from pflbench.scaffold import write_scaffold
+
+    code = readme_block("python")
+    scaffold, _ = write_scaffold("algorithm", "FedAvgM", tmp_path / "scaffold")
+    written = scaffold.read_text()
+    filled_in = ("family=", "paper=", "personalizes=", "search_space =", "from pflbench.algorithm import")
+    kept = [line for line in code_lines(written) if not line.startswith(filled_in)]
+    readme_lines = iter(code_lines(code))
+    missing = [line for line in kept if line not in readme_lines]  # in order: `in` consumes the iterator
+    assert not missing, f"the README's FedAvgM drifted from the scaffold's output: {missing}"
+    lines = written.splitlines()
+    start = next(i for i, line in enumerate(lines) if re.match(r"\s*#\s+def ", line))  # the commented hook
+    hook = [line.strip().lstrip("#").split("  #")[0].strip() for line in lines[start:start + 3]]
+    assert hook[:2] == ["def aggregate(self, rnd: ClientRound, upload: Payload) -> None:",
+                        "average = self.weighted_mean(upload)"]
+    assert all(line in code_lines(code) for line in hook[:2]) and "train_sizes" not in code
+    imported = re.search(r"^from pflbench.algorithm import (.*)$", written, re.M)
+    assert imported is not None and f"from pflbench.algorithm import {imported.group(1)}" not in code
+    assert set(imported.group(1).split(", ")) < set(re.search(r"^from pflbench.algorithm import (.*)$", code,
+                                                              re.M).group(1).split(", "))
+    (tmp_path / "readme").mkdir()
+    path = tmp_path / "readme" / "fedavgm.py"
+    path.write_text(code)
+    assert ruff_problems(path.parent) == ""
+    assert mypy_problems(path) == ""
+    assert len(code_lines(code)) <= 30  # the method, its hyperparameters and card: one screen
+
+
+def test_the_readmes_fedavgm_at_zero_momentum_is_fedavg(tmp_path):
+    """At momentum 0 and server_lr 1 the README's method is FedAvg (up to rounding: w - (w - mean) is not
+    always mean); with momentum it differs."""
     from pflbench import plugins
     from pflbench.algorithm import ALGORITHMS
     from pflbench.rounds import run_cell
 
-    code = readme_fedavgm()
-    assert len(code.splitlines()) <= 30 and "self.weighted_mean(upload)" in code and "train_sizes" not in code
     path = tmp_path / "fedavgm.py"
-    path.write_text(code)
-    assert ruff_problems(tmp_path) == ""
+    path.write_text(readme_block("python"))
     plugins.load([str(path)])
     try:
         assert ALGORITHMS.get("fedavgm").card.display_name == "FedAvgM"
@@ -171,3 +277,28 @@ def test_the_readmes_fedavgm_passes_the_lint_and_reuses_fedavgs_weighted_mean(tm
         assert momentum.summary["final_accuracy"] != fedavg.summary["final_accuracy"]
     finally:
         plugins.unload(path.name)
+
+
+@pytest.mark.slow
+def test_the_readmes_commands_run_as_written(tmp_path, monkeypatch, capsys):
+    """The README's file and its two commands, exactly, in a fresh folder: the quickstart spec with the
+    method added runs 6 cells (FedAvg and FedAvgM x 3 seeds), every one finished, and the report ranks both."""
+    from pflbench import plugins
+
+    (tmp_path / "fedavgm.py").write_text(readme_block("python"))
+    commands = [line.split("  #")[0] for line in readme_block("bash").splitlines() if line.strip()]
+    assert [shlex.split(c)[:2] for c in commands] == [["pflbench", "run"], ["pflbench", "report"]]
+    monkeypatch.chdir(tmp_path)
+    try:
+        for command in commands:
+            assert main(shlex.split(command)[1:]) == 0, command
+    finally:
+        plugins.unload("fedavgm.py")
+    from pflbench.store import load_store
+
+    cells = load_store(tmp_path / "results")
+    assert sorted(zip(cells["algorithm"], cells["seed"])) == [
+        (algorithm, seed) for algorithm in ("fedavg", "fedavgm") for seed in (0, 1, 2)]
+    assert set(cells["status"]) == {"finished"}
+    report = (tmp_path / "reports" / "report.md").read_text()
+    assert "FedAvgM" in report and "FedAvg " in report

@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
         return _run(args)
 
 
-def _run(args) -> int:
+def _run(args: argparse.Namespace) -> int:
     from pflbench.plugins import load_requested
     from pflbench.resources import resolve_spec_argument
 

@@ -8,9 +8,18 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
+
+if TYPE_CHECKING:
+    from pydantic.fields import FieldInfo
+
+    from pflbench.data.dataset import Dataset
+    from pflbench.partitioning import ClientSplits
 
 
-def add_parser(subparsers) -> None:
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     listing = subparsers.add_parser("list", help="list registered algorithms, datasets, partitions or models")
     listing.add_argument("what", choices=["algorithms", "datasets", "partitions", "models"],
                          help="algorithms: hyperparameters with defaults, paper, what each personalizes; "
@@ -78,7 +87,7 @@ def add_parser(subparsers) -> None:
     check.set_defaults(func=cmd_store_check)
 
 
-def cmd_store_check(args) -> int:
+def cmd_store_check(args: argparse.Namespace) -> int:
     """Exit 0 when every cell folder with a summary is an intact result, 1 otherwise."""
     from pathlib import Path
 
@@ -102,7 +111,7 @@ def cmd_store_check(args) -> int:
     return 1 if problems else 0
 
 
-def add_partition_options(parser, example: str) -> None:
+def add_partition_options(parser: argparse.ArgumentParser, example: str) -> None:
     """The dataset and partition a `data show` / `data export` works on."""
     parser.add_argument("dataset", help="a dataset name (pflbench list datasets)")
     parser.add_argument("--partition", default="pathological",
@@ -120,17 +129,17 @@ def add_data_options(parser: argparse.ArgumentParser, what: str = "") -> None:
                         help=f"offline mirror folder (default: $PFLBENCH_DATA_MIRROR){suffix}")
 
 
-def field_default(field):
+def field_default(field: FieldInfo) -> Any:
     """A pydantic field's default, including one given by a default_factory (e.g. a list)."""
     return field.get_default(call_default_factory=True)
 
 
-def name_column(names, least: int) -> int:
+def name_column(names: Iterable[str], least: int) -> int:
     """Width of `pflbench list`'s name column: `least`, or wider where a name (a plugin's too) needs it."""
     return max([least, *(len(n) + 2 for n in names)])
 
 
-def cmd_list(args) -> int:
+def cmd_list(args: argparse.Namespace) -> int:
     if args.what == "algorithms":
         from pflbench.algorithm import ALGORITHMS, get_algorithm
 
@@ -163,10 +172,10 @@ def cmd_list(args) -> int:
         load_builtins()
 
         width = name_column(PARTITIONS.names(), 14)
-        for name, cls in PARTITIONS.items():
+        for name, scheme in PARTITIONS.items():
             fields = ", ".join(f"{k}={field_default(f)!r}" if not f.is_required() else f"{k} (required)"
-                               for k, f in cls.Params.model_fields.items())
-            extra = ", any keyword of the partitioner" if cls.Params.model_config.get("extra") == "allow" else ""
+                               for k, f in scheme.Params.model_fields.items())
+            extra = ", any keyword of the partitioner" if scheme.Params.model_config.get("extra") == "allow" else ""
             plugin = f"  [plugin {PARTITIONS.origin(name)}]" if PARTITIONS.origin(name) else ""
             print(f"{name:<{width}}{fields or '-'}{extra}{plugin}")
     else:
@@ -179,23 +188,25 @@ def cmd_list(args) -> int:
     return 0
 
 
-def dataset_locations(root, mirror) -> dict[str, str]:
+def dataset_locations(root: Path, mirror: Path | None) -> dict[str, str]:
     """Per dataset name, where it would load from here without network, in a few words; checks that
     files exist (the data-source code's own checks), decodes nothing."""
     from pflbench.data import DATASETS
     from pflbench.data.cache import cache_path
-    from pflbench.data.sources import GeneratedSource, make_source
+    from pflbench.data.sources import FileSource, GeneratedSource, make_source
 
     where = {}
     for name in DATASETS.names():
         source = make_source(name, {})
         if isinstance(source, GeneratedSource):
             where[name] = "available (generated)"
-        elif cache_path(root, source.cache_key()).is_file():
+            continue
+        files = cast(FileSource, source)  # the others read files: FileSource's methods (a plugin's: its own)
+        if cache_path(root, files.cache_key()).is_file():
             where[name] = "available (cached)"
-        elif source.present(root):
+        elif files.present(root):
             where[name] = "available (data root)"
-        elif mirror is not None and source.in_mirror(mirror):
+        elif mirror is not None and files.in_mirror(mirror):
             where[name] = "available (mirror)"
         else:
             where[name] = "not here"
@@ -216,7 +227,7 @@ def check_dataset_names(names: list[str]) -> None:
         DATASETS.get(name)
 
 
-def cmd_data_prepare(args) -> int:
+def cmd_data_prepare(args: argparse.Namespace) -> int:
     from pflbench.data import DatasetNotFoundError, prepare
 
     try:
@@ -228,7 +239,7 @@ def cmd_data_prepare(args) -> int:
     return 0
 
 
-def parse_value(text: str):
+def parse_value(text: str) -> Any:
     """A command-line value as JSON where it parses (numbers, booleans, lists), else a string."""
     try:
         return json.loads(text)
@@ -236,7 +247,7 @@ def parse_value(text: str):
         return text
 
 
-def parse_assignments(items: list[str]) -> dict:
+def parse_assignments(items: list[str]) -> dict[str, Any]:
     result = {}
     for item in items:
         key, sep, value = item.partition("=")
@@ -246,7 +257,7 @@ def parse_assignments(items: list[str]) -> dict:
     return result
 
 
-def _partition_of(args, **fractions):
+def _partition_of(args: argparse.Namespace, **fractions: Any) -> tuple[Dataset, ClientSplits]:
     """The dataset named by `args` and its partition (`data show`, `data export`); a wrong name or
     parameter, a missing dataset or an impossible partition raises before or instead of the work."""
     from pflbench.data import load_dataset
@@ -264,7 +275,7 @@ def _partition_of(args, **fractions):
     return dataset, splits
 
 
-def cmd_data_show(args) -> int:
+def cmd_data_show(args: argparse.Namespace) -> int:
     from pflbench.data import DatasetNotFoundError
     from pflbench.partitioning import format_label_counts
     from pflbench.reports.figures import plot_label_counts
@@ -282,7 +293,7 @@ def cmd_data_show(args) -> int:
     return 0
 
 
-def cmd_data_export(args) -> int:
+def cmd_data_export(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from pflbench.data import DatasetNotFoundError
@@ -303,7 +314,7 @@ def cmd_data_export(args) -> int:
     return 0
 
 
-def cmd_bench(args) -> int:
+def cmd_bench(args: argparse.Namespace) -> int:
     import torch
 
     from pflbench.bench import format_bench, run_bench, write_json

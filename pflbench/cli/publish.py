@@ -5,13 +5,19 @@ Only the standard library is imported here (see COMMAND_MODULES in pflbench/cli/
 """
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 PUBLISHED = Path("results") / "published"  # pflbench.publish.PUBLISHED, without importing it
 
+if TYPE_CHECKING:
+    from pflbench.verify import CellCheck
+    from pflbench.watch import PublishedCell
 
-def add_parser(subparsers) -> None:
+
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from pflbench.cli.commands import add_data_options
 
     publish = subparsers.add_parser(
@@ -111,7 +117,7 @@ def add_parser(subparsers) -> None:
     board.set_defaults(func=cmd_leaderboard)
 
 
-def cmd_publish(args) -> int:
+def cmd_publish(args: argparse.Namespace) -> int:
     from pflbench.publish import PublishError, publish
     from pflbench.spec import SpecError
 
@@ -128,6 +134,7 @@ def cmd_publish(args) -> int:
     from pflbench.publish import read_manifest
 
     manifest = read_manifest(target)
+    assert manifest is not None, target  # publish wrote it
     size = sum(p.stat().st_size for p in target.rglob("*") if p.is_file())
     print(f"published {len(manifest['cells'])} cells to {target} ({size / 1e6:.2f} MB); "
           f"statuses {manifest['statuses']}" + (f"; {len(manifest['missing'])} planned cells have no result"
@@ -139,7 +146,7 @@ def _curve_text(values: list[float]) -> str:
     return " ".join(f"{v * 100:.2f}" for v in values)
 
 
-def print_check(check) -> None:
+def print_check(check: CellCheck) -> None:
     print(f"{check.cell_id}" + (f" ({check.label})" if check.label else "")
           + (f", first {check.rounds} rounds" if check.rounds is not None else "") + f": {check.verdict}"
           + (f" ({check.why_tolerance})" if check.mode == "tolerance" else "")
@@ -152,7 +159,7 @@ def print_check(check) -> None:
         print(f"  differs: {difference}")
 
 
-def cmd_rerun(args) -> int:
+def cmd_rerun(args: argparse.Namespace) -> int:
     from pflbench.publish import find_cell
     from pflbench.verify import check_cell
 
@@ -169,12 +176,13 @@ def cmd_rerun(args) -> int:
     from pflbench.store import Store, read_json_dict
 
     cell = CellConfig.stored(read_json_dict(folder / "config.json")["cell"])
+    assert check.rerun_result is not None  # the check ran the cell (no notes)
     written = Store(args.out).write(cell, check.rerun_result)
     print(f"written: {written}")
     return 0 if check.ok else 1
 
 
-def cmd_verify(args) -> int:
+def cmd_verify(args: argparse.Namespace) -> int:
     from pflbench.publish import read_manifest
     from pflbench.verify import ACCURACY_TOLERANCE, check_cell, sample_cells
 
@@ -215,7 +223,7 @@ def cmd_verify(args) -> int:
     return 1 if bad else 0
 
 
-def cmd_watch(args) -> int:
+def cmd_watch(args: argparse.Namespace) -> int:
     from pflbench.publish import git_commit
     from pflbench.watch import FINGERPRINTS, FingerprintBook, machine_key, published_cells, representatives, slice_of, watch_cell
 
@@ -223,7 +231,7 @@ def cmd_watch(args) -> int:
         print(f"watch: no published studies at {args.published}", file=sys.stderr)
         return 2
     cells = published_cells(args.published)
-    chosen: dict[str, object] = {}
+    chosen: dict[str, PublishedCell] = {}
     if args.slice:
         try:
             k, n = (int(x) for x in args.slice.split("/"))
@@ -269,7 +277,7 @@ def cmd_watch(args) -> int:
     return 1 if failed else 0
 
 
-def cmd_leaderboard(args) -> int:
+def cmd_leaderboard(args: argparse.Namespace) -> int:
     extra = {}
     for item in args.store:
         name, sep, path = item.partition("=")

@@ -3,11 +3,12 @@
 and matplotlib, which `pflbench --help` should not wait for; this module is the subcommand)."""
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
 
-def add_parser(subparsers) -> None:
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     report = subparsers.add_parser(
         "report", help="tables (Markdown, LaTeX), figures and the HTML leaderboard of a results store",
         description="Writes OUT/report.md, OUT/report.tex, OUT/index.html (open it in a browser: no server "
@@ -39,7 +40,7 @@ def add_parser(subparsers) -> None:
     report.set_defaults(func=cmd_report)
 
 
-def cmd_report(args) -> int:
+def cmd_report(args: argparse.Namespace) -> int:
     formats = tuple(f.strip().lower() for f in args.formats.split(",") if f.strip())
     bad = [f for f in formats if f not in ("png", "svg", "pdf")]
     if bad or not formats:

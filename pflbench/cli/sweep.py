@@ -2,6 +2,7 @@
 Ray Tune and Optuna when a sweep runs; building this parser imports only the standard library)."""
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -10,7 +11,7 @@ from pflbench.cli.run import add_checkpoint_options, add_grace_option, checkpoin
 DEFAULT_BASE = Path("benchmarks/sweeps/default.yaml")  # pflbench.sweep.DEFAULT_BASE
 
 
-def add_parser(subparsers) -> None:
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from pflbench.cli.commands import add_data_options
     from pflbench.execution import add_execution_arguments
 
@@ -50,7 +51,7 @@ def add_parser(subparsers) -> None:
     sweep.set_defaults(func=cmd_sweep)
 
 
-def cmd_sweep(args) -> int:
+def cmd_sweep(args: argparse.Namespace) -> int:
     from pflbench.execution import execution_options
     from pflbench.runner import RunStopped
     from pflbench.spec import parse_sets

@@ -49,7 +49,8 @@ class CifarSource(FileSource):
             extract_archive(archive, scratch)  # torchvision's own extraction
             return scratch / base_folder
 
-        source = place_folder(root / base_folder, *self.mirror_paths(mirror), unpack)
+        archive, extracted = self.mirror_paths(mirror)
+        source = place_folder(root / base_folder, archive, extracted, unpack)
         return f"{self.name}: placed {root / base_folder} from {source}"
 
     def decode(self, root: Path, download: bool) -> Dataset:

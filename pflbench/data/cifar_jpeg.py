@@ -54,7 +54,8 @@ class Cifar10JpegSource(FileSource):
                 z.extractall(scratch)
             return _layout_top(scratch)
 
-        source = place_folder(root / FOLDER, *self.mirror_paths(mirror), unpack)
+        archive, extracted = self.mirror_paths(mirror)
+        source = place_folder(root / FOLDER, archive, extracted, unpack)
         return f"{self.name}: extracted {source} into {root / FOLDER}"
 
     def decode(self, root: Path, download: bool) -> Dataset:
@@ -82,7 +83,7 @@ class Cifar10JpegSource(FileSource):
             self.name,
             torch.cat(inputs),
             torch.cat(labels),
-            num_classes=len(classes),
+            num_classes=len(classes or ()),  # (set by the first split)
             checksum=digest.result(),
             source_split=torch.cat(source_split),
             classes=classes,

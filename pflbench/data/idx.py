@@ -10,7 +10,7 @@ import shutil
 import zipfile
 from contextlib import ExitStack, contextmanager
 from pathlib import Path, PurePosixPath
-from typing import BinaryIO, ClassVar, Iterator
+from typing import BinaryIO, ClassVar, Iterator, cast
 
 import torch
 from torchvision.datasets import EMNIST, MNIST, FashionMNIST
@@ -115,12 +115,13 @@ def _open_decompressed(where: MirrorFile) -> Iterator[BinaryIO]:
     """The decompressed bytes of a mirror file (gunzipped when its name ends in .gz)."""
     path, member = where
     with ExitStack() as stack:
+        stream: BinaryIO  # (each a binary file object; typeshed types a zip member and a GzipFile otherwise)
         if member is None:
             stream = stack.enter_context(open(path, "rb"))
         else:
-            stream = stack.enter_context(stack.enter_context(zipfile.ZipFile(path)).open(member))
+            stream = cast(BinaryIO, stack.enter_context(stack.enter_context(zipfile.ZipFile(path)).open(member)))
         if (member or path.name).endswith(".gz"):
-            stream = stack.enter_context(gzip.open(stream))
+            stream = cast(BinaryIO, stack.enter_context(gzip.open(stream)))
         yield stream
 
 

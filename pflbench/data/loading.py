@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from pflbench.data.cache import cache_path, read_cache, write_cache
 from pflbench.data.dataset import Dataset
@@ -34,7 +34,7 @@ def load_dataset(
     source = make_source(name, options)
     if isinstance(source, GeneratedSource):
         return source.generate()
-    dataset, _ = _load_files(source, data_root(root), data_mirror(mirror))
+    dataset, _ = _load_files(cast(FileSource, source), data_root(root), data_mirror(mirror))
     return dataset
 
 
@@ -55,11 +55,12 @@ def prepare(
             if names is not None:
                 lines.append(f"{name}: generated on demand, nothing to prepare")
             continue
-        if names is None and not _obtainable_offline(source, root_path, mirror_path):
+        files = cast(FileSource, source)  # not generated: it reads files (FileSource's interface)
+        if names is None and not _obtainable_offline(files, root_path, mirror_path):
             lines.append(f"{name}: skipped, not in {root_path}" + (f" or {mirror_path}" if mirror_path else ""))
             continue
         started = time.perf_counter()
-        dataset, steps = _load_files(source, root_path, mirror_path)
+        dataset, steps = _load_files(files, root_path, mirror_path)
         lines.extend(steps)
         lines.append(
             f"{name}: ready, {len(dataset)} samples of shape {dataset.input_shape}, {dataset.num_classes} classes "
@@ -75,7 +76,8 @@ def available(root: str | Path | None = None, mirror: str | Path | None = None) 
     result = {}
     for name in DATASETS.names():
         source = make_source(name, {})
-        result[name] = isinstance(source, GeneratedSource) or _obtainable_offline(source, root_path, mirror_path)
+        result[name] = isinstance(source, GeneratedSource) or _obtainable_offline(cast(FileSource, source), root_path,
+                                                                                  mirror_path)
     return result
 
 

@@ -33,22 +33,26 @@ What this does to the rest:
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from pflbench.data.dataset import Dataset, statistics
 
+if TYPE_CHECKING:
+    from pflbench.partitioning import ClientSplits
+
 NORMALIZATIONS = ("train", "pool")
 
 
-def trained_train_indices(splits, trained: np.ndarray) -> torch.Tensor:
+def trained_train_indices(splits: ClientSplits, trained: np.ndarray) -> torch.Tensor:
     """Sample ids of the train splits of clients `trained` (partition ids), concatenated."""
     parts = [np.asarray(splits.train[int(c)], dtype=np.int64) for c in trained]
     return torch.from_numpy(np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64))
 
 
-def normalized_for_cell(dataset: Dataset, how: str, splits, trained: np.ndarray) -> Dataset:
+def normalized_for_cell(dataset: Dataset, how: str, splits: ClientSplits, trained: np.ndarray) -> Dataset:
     """`dataset` with the mean/std a cell normalises with (see the module doc): `how` is the cell's
     `normalization`, `trained` the partition ids of the clients that train (the newcomers left out).
     A copy for `train` (the cached Dataset keeps the pool's statistics); `dataset` itself for `pool`."""

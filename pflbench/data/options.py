@@ -12,7 +12,7 @@ class Option:
     """One option a dataset accepts."""
 
     default: Any
-    type: type  # bool, int, float or str
+    type: type[Any]  # bool, int, float or str
     help: str
     choices: tuple[Any, ...] | None = None
     minimum: float | None = None

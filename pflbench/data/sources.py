@@ -21,8 +21,14 @@ class Source(ABC):
 
     description: ClassVar[str]
     OPTIONS: ClassVar[dict[str, Option]] = {}
+    # How the reports show it (DATASETS below): set by `register` where the class does not declare them.
+    display_name: ClassVar[str]
+    paper: ClassVar[str]
+    row_order: ClassVar[int | None]
+    paper_dataset: ClassVar[str]
+    paper_dataset_note: ClassVar[str]
 
-    def __init__(self, name: str, options: dict[str, Any]):
+    def __init__(self, name: str, options: dict[str, Any]) -> None:
         self.name = name
         self.options = options
 

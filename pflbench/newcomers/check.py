@@ -1,10 +1,15 @@
 """The cell check of unseen clients: a cell whose `unseen_fraction` cannot run is refused before any work."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from pflbench.newcomers.ids import newcomer_count
 
+if TYPE_CHECKING:
+    from pflbench.config import CellConfig
 
-def check_unseen(cell) -> None:
+
+def check_unseen(cell: CellConfig) -> None:
     """ValueError (one message naming the field and what is allowed) if the cell's unseen_fraction
     cannot be run: it must hold out at least one client and keep at least one for training (whether the
     algorithm can serve newcomers is its capability: `Algorithm.check_cell`)."""

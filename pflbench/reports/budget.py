@@ -6,16 +6,21 @@ override), the caption gives the common value and the exceptions by algorithm, o
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
 from pflbench.reports.cells import display_name, format_value
 
+if TYPE_CHECKING:
+    from pflbench.reports.tables import Column
+
 SAMPLE_KEYS = (("partition_params.samples_per_client", "{} samples per client"),
                ("partition_params.mean_samples_per_client", "{} samples per client on average"))
 
 
-def _plain(value):
+def _plain(value: Any) -> Any:
     if value is None or (isinstance(value, float) and value != value):
         return None
     if isinstance(value, float) and value.is_integer():
@@ -23,15 +28,15 @@ def _plain(value):
     return value
 
 
-def _text(value) -> str:
+def _text(value: Any) -> str:
     return format_value(float(value)) if isinstance(value, float) else str(value)
 
 
-def _plural(n, word: str) -> str:
+def _plural(n: Any, word: str) -> str:
     return f"{_text(n)} {word}" + ("" if n == 1 else "s")
 
 
-def _participation(clients, participation) -> str:
+def _participation(clients: Any, participation: Any) -> str:
     if participation is None or participation >= 1:
         return f"{_text(clients)} clients, all in every round"
     return f"{_text(clients)} clients, {participation * 100:g}% per round"
@@ -39,7 +44,7 @@ def _participation(clients, participation) -> str:
 
 # (what, how one value reads); each reads a value per cell (None: not stated)
 def _fields(cell: pd.Series) -> dict[str, str | None]:
-    def get(key):
+    def get(key: str) -> Any:
         return _plain(cell.get(key)) if key in cell.index else None
 
     samples = None
@@ -101,7 +106,7 @@ def budget_text(cells: pd.DataFrame) -> str:
     return ", ".join(parts)
 
 
-def table_budget(columns, cells_of_column) -> str:
+def table_budget(columns: Sequence[Column], cells_of_column: Callable[[Column], pd.DataFrame]) -> str:
     """A table's budget caption: one line when every column shares it, else one per column.
     `cells_of_column(column)` returns that column's cells."""
     texts = [(column, budget_text(cells_of_column(column))) for column in columns]

@@ -33,12 +33,12 @@ from pflbench.reports.heterogeneity import cope_tables
 from pflbench.reports.heterogeneity import latex_section as heterogeneity_latex
 from pflbench.reports.heterogeneity import markdown_section as heterogeneity_markdown
 from pflbench.reports.progress import progress_text, skipped_datasets, skipped_text, store_progress
-from pflbench.reports.protocols import available, report_protocols
+from pflbench.reports.protocols import Protocol, available, report_protocols
 from pflbench.reports.reference import default_reference_dir, load_references
 from pflbench.reports.differences import DEFAULT_BASELINE, UnknownBaseline, difference_tables
-from pflbench.reports.ranks import study_ranks
+from pflbench.reports.ranks import StudyRanks, study_ranks
 from pflbench.reports.stats import LEVEL
-from pflbench.reports.tables import accuracy_tables, communication_tables, mean_or_none
+from pflbench.reports.tables import CommTable, Table, accuracy_tables, communication_tables, mean_or_none
 from pflbench.reports.document import Report, safe_name
 from pflbench.reports.text import latex_report, markdown_report
 from pflbench.store import store_problems
@@ -67,7 +67,7 @@ class ReportOptions:
                                           # taken from the leaderboard's index: `pflbench leaderboard --docs-url`)
 
 
-def beside_text(store: Path, cells) -> str:
+def beside_text(store: Path, cells: pd.DataFrame) -> str:
     """The note naming a store shown beside the report's own, and how many of its cells the tables hold."""
     count = int(cells["path"].map(lambda p: Path(p).parent == Path(store)).sum()) if len(cells) else 0
     return (f"beside this store's cells: {count} cell{'' if count == 1 else 's'} of {Path(store).name} (rows told "
@@ -75,7 +75,7 @@ def beside_text(store: Path, cells) -> str:
             f"each cell's page says where it comes from and how to re-run it)")
 
 
-def group_stem(dataset, scheme, clients, params="") -> str:
+def group_stem(dataset: str, scheme: str, clients: int, params: str = "") -> str:
     return safe_name(f"{dataset}_{scheme}_{clients}" + (f"_{params}" if params else ""))
 
 
@@ -87,9 +87,9 @@ def build_reports(results: str | Path, out: str | Path, options: ReportOptions =
     cells = load_cells(results, options.beside)
     version_notes = list(cells.attrs.get("notes", []))  # cells of a user's plugin's other versions left out
     references = load_references(options.reference or default_reference_dir())
-    made: dict = {}
+    made: dict[Protocol, list[Table]] = {}
 
-    def tables_of(protocol):
+    def tables_of(protocol: Protocol) -> list[Table]:
         if protocol not in made:
             made[protocol] = accuracy_tables(cells, references, protocol, options.level)
         return made[protocol]
@@ -154,7 +154,7 @@ def build_reports(results: str | Path, out: str | Path, options: ReportOptions =
     return report
 
 
-def rank_figure(ranks, out: Path, options: ReportOptions) -> None:
+def rank_figure(ranks: StudyRanks, out: Path, options: ReportOptions) -> None:
     """The critical-difference diagram of one protocol's ranks (ranks.py), at figures/cd_<protocol>."""
     stem = f"figures/cd_{safe_name(ranks.protocol.name)}"
     fig.critical_difference(dict(zip(ranks.methods, ranks.ranks.tolist())), ranks.cd,
@@ -188,7 +188,7 @@ def _knobs_off(group: pd.DataFrame, title: str) -> tuple[pd.DataFrame, str]:
     return group[off], f"{title} (heterogeneity knobs off)"
 
 
-def group_figures(cells: pd.DataFrame, comm, out: Path, options: ReportOptions, report: Report) -> None:
+def group_figures(cells: pd.DataFrame, comm: list[CommTable], out: Path, options: ReportOptions, report: Report) -> None:
     from pflbench.reports.rows import row_of_cells
 
     for table in comm:
@@ -203,11 +203,14 @@ def group_figures(cells: pd.DataFrame, comm, out: Path, options: ReportOptions, 
         title = f"{column.label}, {scheme}"
         group, title = _knobs_off(group, title)
         plotted = {cell["row"].label for _, cell in group.iterrows()}
-        curves, adapted_curves, accuracies, worst10 = [], [], {}, {}
+        curves: list[pd.DataFrame] = []
+        adapted_curves: list[pd.DataFrame] = []
+        accuracies: dict[str, np.ndarray] = {}
+        worst10: dict[str, list[float]] = {}
         for _, cell in group.iterrows():
             metrics = read_metrics(cell["path"])  # once per cell: its curves and final accuracies
-            for found, column in ((curves, "accuracy"), (adapted_curves, "accuracy_adapted")):
-                curve = curve_of(metrics, column)
+            for found, metric in ((curves, "accuracy"), (adapted_curves, "accuracy_adapted")):
+                curve = curve_of(metrics, metric)
                 if len(curve):
                     found.append(curve.assign(label=cell["row"].label, seed=cell["seed"]))
             if cell["status"] == "finished" and len(metrics):
@@ -234,8 +237,9 @@ def group_figures(cells: pd.DataFrame, comm, out: Path, options: ReportOptions, 
         points = [{"label": row.label, "mb_per_round": mean_or_none(e.mbytes_per_round), "accuracy": e.mean,
                    "accuracy_std": e.std or 0.0} for row, e in table.rows
                   if e.mean is not None and e.mbytes_per_round and row.label in plotted]
-        paper = [{"label": row.label, "comm_mbytes": e.paper.comm_mbytes, "accuracy": e.paper.mean}
-                 for row, _ in table.rows if (e := table.papered(row)) is not None and e.paper.comm_mbytes is not None]
+        paper = [{"label": row.label, "comm_mbytes": value.comm_mbytes, "accuracy": value.mean}
+                 for row, _ in table.rows if (e := table.papered(row)) is not None and (value := e.paper) is not None
+                 and value.comm_mbytes is not None]
         if points:
             fig.communication_vs_accuracy(pd.DataFrame(points), out / "figures" / f"comm_{stem}",
                                           paper=pd.DataFrame(paper) if paper else None,
@@ -268,14 +272,14 @@ def partition_figures(cells: pd.DataFrame, out: Path, options: ReportOptions, re
                                        title=f"label distribution: {config.get('dataset')}, {config.get('partition')}"
                                              + (f" ({params})" if params else "")
                                              + f", {config.get('clients')} clients, seed {config.get('seed')}")
-                done[digest] = f"figures/partitions/{digest}.png"
+                done[digest] = figure = f"figures/partitions/{digest}.png"
                 report.figures.append((f"Label distribution: {config.get('dataset')}, {config.get('partition')}, "
-                                       f"{config.get('clients')} clients, seed {config.get('seed')}", done[digest]))
+                                       f"{config.get('clients')} clients, seed {config.get('seed')}", figure))
             except Exception as err:  # a dataset not available here: the report goes on without the figure
                 report.notes.append(f"no label distribution for {config.get('dataset')}/{config.get('partition')} "
                                     f"seed {config.get('seed')}: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")
-        if done[digest]:
-            report.partition_figures[cell["hash"]] = done[digest]
+        if (drawn := done[digest]) is not None:
+            report.partition_figures[cell["hash"]] = drawn
 
 
 def cell_figures(cell: pd.Series, out: Path, options: ReportOptions, report: Report) -> list[dict]:

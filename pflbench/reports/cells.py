@@ -10,12 +10,20 @@ import re
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 
 from pflbench.reports.protocols import ALL_KEYS, ROUND_KEYS
 from pflbench.store import ARTIFACTS, CONFIG, ERROR, METRICS, ROUNDS, load_store
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from pflbench.algorithm import Algorithm
+    from pflbench.card import Card
+    from pflbench.data.sources import Source
 
 
 
@@ -41,7 +49,7 @@ def remember_cards(cells: pd.DataFrame) -> None:
         STORED_CARDS[str(algorithm)] = card
 
 
-def card(algorithm: str):
+def card(algorithm: str) -> Card:
     """The card `algorithm` is shown by: stored with its results, else its class's, else its name alone."""
     from pflbench.card import Card
 
@@ -51,7 +59,7 @@ def card(algorithm: str):
     return cls.card if cls is not None else Card().named(algorithm)
 
 
-def algorithm_class(algorithm: str):
+def algorithm_class(algorithm: str) -> type[Algorithm[Any]] | None:
     """The registered class of `algorithm`, or None (e.g. a plugin's, not loaded here)."""
     from pflbench.algorithm import ALGORITHMS
     from pflbench.plugins import load_builtins
@@ -60,7 +68,7 @@ def algorithm_class(algorithm: str):
     return ALGORITHMS.get(algorithm) if algorithm in ALGORITHMS else None
 
 
-def dataset_class(dataset: str):
+def dataset_class(dataset: str) -> type[Source] | None:
     from pflbench.data.sources import DATASETS
     from pflbench.plugins import load_builtins
 
@@ -77,7 +85,7 @@ def display_names() -> dict[str, str]:
     return {name: card(name).display_name for name in sorted({*ALGORITHMS.names(), *STORED_CARDS})}
 
 
-class _DatasetAliases(Mapping):
+class _DatasetAliases(Mapping[str, tuple[str, str]]):
     """Our dataset -> (the paper's dataset its cells are compared with, the footnote saying they differ),
     from the datasets' `paper_dataset` / `paper_dataset_note`; read like a dict."""
 
@@ -88,13 +96,13 @@ class _DatasetAliases(Mapping):
         load_builtins()
         return {name: (cls.paper_dataset, cls.paper_dataset_note) for name, cls in DATASETS.items() if cls.paper_dataset}
 
-    def __getitem__(self, key):
+    def __getitem__(self, key: str) -> tuple[str, str]:
         return self._table()[key]
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[str]:
         return iter(self._table())
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self._table())
 
 
@@ -128,7 +136,7 @@ def reduces_to(algorithm: str) -> dict[str, str]:
     return dict(card(algorithm).reduces_to)
 
 
-def _ordered(row_order) -> float:
+def _ordered(row_order: float | None) -> float:
     return math.inf if row_order is None else float(row_order)
 
 
@@ -144,7 +152,7 @@ def dataset_rank(dataset: str) -> tuple:
     return (_ordered(cls.row_order if cls is not None else None), dataset)
 
 
-def format_value(value) -> str:
+def format_value(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:g}"
     if isinstance(value, str):
@@ -152,7 +160,7 @@ def format_value(value) -> str:
     return json.dumps(value)
 
 
-def printed_value(value) -> str | None:
+def printed_value(value: Any) -> str | None:
     """A configuration value as the report prints it (100 and 100.0 alike: "100"), None where the cell
     has none (None or NaN); a value JSON cannot write (an array read back from parquet) as str() gives it."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
@@ -305,7 +313,7 @@ TIMING_PARTS = (("train", "local training"), ("server", "server (configure, rece
 def execution_text(summary: dict) -> str | None:
     """How the cell was executed, in words (device, training path, memory layout, client threads,
     compiled or eager step); None for stores written before these were recorded."""
-    def known(key):
+    def known(key: str) -> Any:
         value = summary.get(key)
         return None if value is None or (isinstance(value, float) and pd.isna(value)) else value
 
@@ -323,7 +331,7 @@ def execution_text(summary: dict) -> str | None:
     return "Ran " + ", ".join(parts) + "."
 
 
-def timing_breakdown(rounds: pd.DataFrame, compile_seconds=None) -> list[dict] | None:
+def timing_breakdown(rounds: pd.DataFrame, compile_seconds: float | None = None) -> list[dict] | None:
     """Seconds per round of each part of a round (rounds.parquet's `*_time` columns): one row per part
     with its mean per round and total, and the seconds spent compiling the training step (part of
     local training; summary `compile_seconds`). None for stores written before the breakdown existed."""

@@ -123,6 +123,7 @@ def difference_table(table: Table, baseline: str = DEFAULT_BASELINE) -> Differen
                 if row.setting != setting or row == reference or entry is None or entry.mean is None:
                     continue
                 test = paired(entry.sample, base.sample, table.level) if entry.sample and base.sample else None
+                assert reference is not None  # (a base entry was found for it)
                 result.lines.append(Difference(row, column, reference, entry, test))
     return result if found_any else None
 

@@ -9,21 +9,26 @@ from __future__ import annotations
 
 import textwrap
 from pathlib import Path
-from typing import Sequence
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 import pandas as pd
 
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
 FORMATS = ("png", "svg")
 
 
-def new_figure(width: float = 6.4, height: float = 4.0):
+def new_figure(width: float = 6.4, height: float = 4.0) -> Figure:
     from matplotlib.figure import Figure
 
     return Figure(figsize=(width, height), layout="constrained")
 
 
-def save(figure, stem: str | Path, formats: Sequence[str] = FORMATS) -> list[Path]:
+def save(figure: Figure, stem: str | Path, formats: Sequence[str] = FORMATS) -> list[Path]:
     stem = Path(stem)
     stem.parent.mkdir(parents=True, exist_ok=True)
     paths = []
@@ -49,12 +54,12 @@ def layer_index(layer: int | str | None, layer_names: Sequence[str] | None, num_
     return index % num_layers
 
 
-def _names(layer_names, count: int) -> list[str]:
+def _names(layer_names: Sequence[str] | None, count: int) -> list[str]:
     return [str(n) for n in layer_names] if layer_names is not None and len(layer_names) == count else [str(i) for i in range(count)]
 
 
-def alpha_heatmap(alpha: np.ndarray, stem, *, layer: int | str | None = None, layer_names=None,
-                  title: str = "", formats=FORMATS) -> np.ndarray:
+def alpha_heatmap(alpha: np.ndarray, stem: str | Path, *, layer: int | str | None = None, layer_names: Sequence[str] | None = None,
+                  title: str = "", formats: Sequence[str] = FORMATS) -> np.ndarray:
     """Figure 6: the clients x clients aggregation weights of one layer, α[:, layer, :]."""
     alpha = np.asarray(alpha, dtype=float)
     index = layer_index(layer, layer_names, alpha.shape[1])
@@ -79,8 +84,8 @@ def alpha_heatmap(alpha: np.ndarray, stem, *, layer: int | str | None = None, la
     return matrix
 
 
-def alpha_evolution(alphas: dict[int, np.ndarray], stem, *, client: int = 0, layer_names=None,
-                    title: str = "", formats=FORMATS) -> np.ndarray:
+def alpha_evolution(alphas: dict[int, np.ndarray], stem: str | Path, *, client: int = 0, layer_names: Sequence[str] | None = None,
+                    title: str = "", formats: Sequence[str] = FORMATS) -> np.ndarray:
     """Figure 5: a target client's weights on every source client over rounds, one panel per layer.
     Returns [rounds, layers, clients] = α_r[client, :, :] stacked over the sorted rounds."""
     rounds = sorted(alphas)
@@ -113,8 +118,8 @@ def alpha_evolution(alphas: dict[int, np.ndarray], stem, *, client: int = 0, lay
     return data
 
 
-def client_layer_weights(alpha: np.ndarray, stem, *, client: int = 0, layer_names=None, title: str = "",
-                         formats=FORMATS) -> np.ndarray:
+def client_layer_weights(alpha: np.ndarray, stem: str | Path, *, client: int = 0, layer_names: Sequence[str] | None = None, title: str = "",
+                         formats: Sequence[str] = FORMATS) -> np.ndarray:
     """Figure 7: one client's weights for every layer (rows) over source clients (columns): α[client]."""
     matrix = np.asarray(alpha, dtype=float)[client]  # [L, N]
     layers, clients = matrix.shape
@@ -131,7 +136,7 @@ def client_layer_weights(alpha: np.ndarray, stem, *, client: int = 0, layer_name
     return matrix
 
 
-def _client_colors(count: int):
+def _client_colors(count: int) -> np.ndarray:
     import matplotlib
 
     return matplotlib.colormaps["tab10" if count <= 10 else "tab20" if count <= 20 else "viridis"].resampled(count)(np.arange(count))
@@ -158,20 +163,20 @@ def family_of(label: str) -> str:
     return family(algorithm)
 
 
-def family_order(families) -> list[str]:
+def family_order(families: Iterable[str]) -> list[str]:
     """`families` in panel order: pflbench.algorithm.FAMILIES first, others by name, "other" last."""
     from pflbench.algorithm import FAMILIES
 
     return sorted(set(families), key=lambda f: (f == "other", FAMILIES.index(f) if f in FAMILIES else len(FAMILIES), f))
 
 
-def integer_rounds(axes) -> None:
+def integer_rounds(axes: Axes) -> None:
     from matplotlib.ticker import MaxNLocator
 
     axes.xaxis.set_major_locator(MaxNLocator(integer=True, nbins=8, steps=[1, 2, 5, 10]))
 
 
-def learning_curves(curves: pd.DataFrame, stem, *, title: str = "", formats=FORMATS,
+def learning_curves(curves: pd.DataFrame, stem: str | Path, *, title: str = "", formats: Sequence[str] = FORMATS,
                     ylabel: str = "mean client test accuracy (%)") -> pd.DataFrame:
     """Mean client test accuracy vs round, one line per `label`, a band of ± one std over seeds; one
     panel per family of methods (each class's `family`) with the baselines (Local, FedAvg) repeated in grey in
@@ -236,8 +241,8 @@ def wrapped_labels(labels: Sequence[str], width: int = 36) -> list[str]:
     return ["\n".join(textwrap.wrap(label, width, break_long_words=False)) or label for label in labels]
 
 
-def client_accuracy_distribution(accuracies: dict[str, np.ndarray], stem, *, title: str = "",
-                                 formats=FORMATS, worst10: dict[str, float] | None = None) -> dict[str, dict]:
+def client_accuracy_distribution(accuracies: dict[str, np.ndarray], stem: str | Path, *, title: str = "",
+                                 formats: Sequence[str] = FORMATS, worst10: dict[str, float] | None = None) -> dict[str, dict]:
     """Per-client final accuracies (%) per label as a horizontal box + points, one row per label (top
     to bottom in the given order; long labels wrapped beside their row and the figure sized to them,
     so that any number of variants fits); the worst 10% of clients in red and their mean as a red bar.
@@ -266,8 +271,8 @@ def client_accuracy_distribution(accuracies: dict[str, np.ndarray], stem, *, tit
         worst = values <= threshold
         axes.scatter(values[~worst], y + jitter[~worst], s=8, color="tab:blue", alpha=0.6)
         axes.scatter(values[worst], y + jitter[worst], s=12, color="tab:red", label="worst 10%" if y == 0 else None)
-        axes.vlines(worst_mean, y - 0.3, y + 0.3, color="tab:red", lw=2,
-                    label="worst-10% mean (as in the tables)" if y == 0 else None)
+        axes.vlines(worst_mean, y - 0.3, y + 0.3, color="tab:red", lw=2,  # label None: none (the stubs say str)
+                    label="worst-10% mean (as in the tables)" if y == 0 else None)  # type: ignore[arg-type]
     axes.set_yticks(range(len(labels)), ticks, fontsize=10)
     axes.set_ylim(len(labels) - 0.5, -0.5)                            # the first label on top
     axes.grid(axis="x", alpha=0.3)
@@ -280,8 +285,8 @@ def client_accuracy_distribution(accuracies: dict[str, np.ndarray], stem, *, tit
     return out
 
 
-def communication_vs_accuracy(points: pd.DataFrame, stem, *, paper: pd.DataFrame | None = None, title: str = "",
-                              formats=FORMATS) -> pd.DataFrame:
+def communication_vs_accuracy(points: pd.DataFrame, stem: str | Path, *, paper: pd.DataFrame | None = None, title: str = "",
+                              formats: Sequence[str] = FORMATS) -> pd.DataFrame:
     """MB per round (down + up) against final accuracy (%), one point per label with error bars over
     seeds. `points`: label, mb_per_round, accuracy (mean, %), accuracy_std. `paper` (optional): label,
     comm_mbytes, accuracy — e.g. pFedLA's Table 3 — drawn on a twin x axis, since the paper's
@@ -328,14 +333,14 @@ def communication_vs_accuracy(points: pd.DataFrame, stem, *, paper: pd.DataFrame
     return points
 
 
-def label_distribution(counts: np.ndarray, stem, formats=FORMATS, title: str = "") -> np.ndarray:
+def label_distribution(counts: np.ndarray, stem: str | Path, formats: Sequence[str] = FORMATS, title: str = "") -> np.ndarray:
     """The partition's per-client label counts ([clients, classes]) as stacked bars, titled."""
     counts = np.asarray(counts)
     save(label_counts_figure(counts, title or "label distribution over clients"), stem, formats)
     return counts
 
 
-def array_figure(array: np.ndarray, stem, *, title: str = "", formats=FORMATS) -> np.ndarray | None:
+def array_figure(array: np.ndarray, stem: str | Path, *, title: str = "", formats: Sequence[str] = FORMATS) -> np.ndarray | None:
     """A generic artifact: a 1-D array as bars, a 2-D one as a heatmap, a 3-D one as heatmaps of its
     slices along the middle axis (at most 8). Returns what was drawn (None: not drawable)."""
     array = np.asarray(array)
@@ -368,7 +373,7 @@ def array_figure(array: np.ndarray, stem, *, title: str = "", formats=FORMATS) -
     return drawn
 
 
-def plot_label_counts(counts: np.ndarray, path) -> None:
+def plot_label_counts(counts: np.ndarray, path: str | Path) -> None:
     """Stacked bar chart of samples per class for each client, written as PNG or SVG (by suffix)."""
     path = Path(path)
     if path.suffix.lower() not in (".png", ".svg"):
@@ -378,7 +383,7 @@ def plot_label_counts(counts: np.ndarray, path) -> None:
     figure.savefig(path, dpi=120)
 
 
-def label_counts_figure(counts: np.ndarray, title: str = ""):
+def label_counts_figure(counts: np.ndarray, title: str = "") -> Figure:
     """The stacked bars of samples per class for each client ([clients, classes]) as a matplotlib
     Figure (no pyplot state), titled when `title` is given; `pflbench data show --plot` and the reports save it."""
     import textwrap
@@ -406,7 +411,8 @@ def label_counts_figure(counts: np.ndarray, title: str = ""):
 
     figure = Figure(figsize=(min(max(6.0, 0.12 * num_clients + 2.5), 24.0), 4.0), layout="constrained")
     axes = figure.add_subplot()
-    axes.add_collection(PolyCollection(corners, facecolors=colors[cls], linewidths=0))
+    # matplotlib's stubs say a sequence of polygons; a [N, 4, 2] array is accepted and is its fast path
+    axes.add_collection(PolyCollection(corners, facecolors=colors[cls], linewidths=0))  # type: ignore[arg-type]
     axes.set_xlim(-0.5, num_clients - 0.5)
     axes.set_ylim(0, max(int(tops[:, -1].max()), 1) * 1.02)
     if num_clients <= 30:
@@ -424,8 +430,8 @@ def label_counts_figure(counts: np.ndarray, title: str = ""):
     return figure
 
 
-def critical_difference(ranks: dict[str, float], cd: float, groups: Sequence[Sequence[str]], stem, *,
-                        title: str = "", formats=FORMATS) -> dict:
+def critical_difference(ranks: dict[str, float], cd: float, groups: Sequence[Sequence[str]], stem: str | Path, *,
+                        title: str = "", formats: Sequence[str] = FORMATS) -> dict:
     """Demšar's critical-difference diagram: the methods on an axis of average rank (1, the best, on the
     left), the better half labelled on the left and the rest on the right, a bar of length CD, and a
     thick line joining each group of methods that the Nemenyi test cannot tell apart. Returns what it

@@ -30,6 +30,7 @@ cause (a global model under concept shift with 4 clusters loses tens of points).
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -152,7 +153,7 @@ def _value(cell: pd.Series, key: str) -> float | None:
     return None if value is None or pd.isna(value) else float(value) * 100
 
 
-def same_clients_accuracy(off_cell: pd.Series, client_ids) -> float | None:
+def same_clients_accuracy(off_cell: pd.Series, client_ids: Iterable[int]) -> float | None:
     """The knob-off cell's mean accuracy (%) over `client_ids` (partition ids) at its final evaluation
     round, from its per-client metrics; None when any of them has no scored row there."""
     from pflbench.reports.cells import read_metrics

@@ -14,8 +14,13 @@ from __future__ import annotations
 
 import hashlib
 from functools import lru_cache
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
+
+if TYPE_CHECKING:
+    from pflbench.reports.rows import Row
 
 from pflbench.reports.cells import algorithm_rank, display_name, read_metrics, reduces_to
 
@@ -32,10 +37,8 @@ def _signature(path: str, stamp: float) -> str | None:
     return hashlib.sha1(pd.util.hash_pandas_object(frame, index=False).values.tobytes()).hexdigest()
 
 
-def cell_signature(path) -> str | None:
+def cell_signature(path: str | Path) -> str | None:
     """A digest of a cell's per-round, per-client metrics (None: none stored)."""
-    from pathlib import Path
-
     from pflbench.store import METRICS
 
     file = Path(path) / METRICS
@@ -73,7 +76,7 @@ def identical_groups(entries: dict) -> dict:
     return same
 
 
-def describe(row, same_as) -> str:
+def describe(row: Row, same_as: Row) -> str:
     why = reason(row.algorithm, same_as.algorithm)
     return (f"{row.label} is bit-identical to {same_as.label} (per-client metrics equal at every round and seed)"
             + (f": {why}" if why else ""))

@@ -3,6 +3,8 @@ store's columns: shared by the accuracy tables (a knob-on cell is a row of its o
 report (pflbench/reports/heterogeneity.py)."""
 from __future__ import annotations
 
+from typing import Any
+
 import pandas as pd
 
 from pflbench.config import HETEROGENEITY_FIELDS
@@ -29,6 +31,6 @@ def knob_setting(cell: pd.Series, columns: list[str]) -> str:
     return ", ".join(items) or OFF
 
 
-def show_value(value) -> str:
+def show_value(value: Any) -> str:
     """A store value as text (numpy scalars from DataFrame columns as plain numbers)."""
     return format_value(value.item() if hasattr(value, "item") and not isinstance(value, (list, dict)) else value)

@@ -15,6 +15,7 @@ A report sees only the store. Two things it cannot see there are written for it:
 from __future__ import annotations
 
 import json
+from collections.abc import Set
 from pathlib import Path
 
 NOTES = "_notes.json"
@@ -31,11 +32,11 @@ def read_notes(results: str | Path) -> dict:
     return data if isinstance(data, dict) else {}
 
 
-def skipped_datasets(results: str | Path, present: set[str] = frozenset()) -> list[dict]:
+def skipped_datasets(results: str | Path, present: Set[str] = frozenset()) -> list[dict]:
     """The datasets a run left out, as {dataset, cells, reason, looked_in, how_to_provide}; a dataset
     that has results in the store now (provided and run since) is not listed."""
     skipped = read_notes(results).get("skipped_datasets") or {}
-    out = []
+    out: list[dict] = []
     if not isinstance(skipped, dict):
         return out
     for dataset, info in sorted(skipped.items()):

@@ -29,9 +29,14 @@ benchmarks/reference/*.csv declare in their `protocol` column.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from pflbench.metrics import accuracy_key, round_key
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 MODELS = {"delivered": "as delivered", "adapted": "after local adaptation"}
 SELECTIONS = {"final": "final round", "bestval": "best validation round",
@@ -58,7 +63,7 @@ class Protocol:
     selection: str = "final"
     averaging: str = "clients"
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         for value, allowed, what in ((self.model, MODELS, "model"), (self.selection, SELECTIONS, "selection"),
                                      (self.averaging, AVERAGINGS, "averaging")):
             if value not in allowed:
@@ -128,26 +133,26 @@ ALL_KEYS = tuple(p.key for p in PROTOCOLS)
 ROUND_KEYS = tuple(dict.fromkeys(p.round_key for p in PROTOCOLS if p.round_key))
 
 
-def _has_values(cells, protocol: Protocol) -> bool:
+def _has_values(cells: pd.DataFrame, protocol: Protocol) -> bool:
     if protocol.key not in cells or "status" not in cells:
         return False
     values = cells.loc[cells["status"] == "finished", protocol.key]
     return any(_finite(v) for v in values)
 
 
-def _finite(value) -> bool:
+def _finite(value: Any) -> bool:
     try:
         return math.isfinite(float(value))
     except (TypeError, ValueError):
         return False
 
 
-def available(cells) -> list[Protocol]:
+def available(cells: pd.DataFrame) -> list[Protocol]:
     """The protocols some finished cell has a number for, in PROTOCOLS order; the default always."""
     return [p for p in PROTOCOLS if p == DEFAULT or _has_values(cells, p)]
 
 
-def report_protocols(cells, names=None) -> list[Protocol]:
+def report_protocols(cells: pd.DataFrame, names: Sequence[str] | None = None) -> list[Protocol]:
     """The accuracy tables a report shows (mean over clients): `names` if given, else as delivered at
     the final round, then after local adaptation and at the best validation round where the store
     has those numbers. (The leaderboard offers every available protocol.)"""

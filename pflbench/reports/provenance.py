@@ -17,7 +17,7 @@ def machine_text(machine: dict) -> str:
     return ", ".join(parts)
 
 
-def duration_text(seconds) -> str:
+def duration_text(seconds: float | None) -> str:
     if seconds is None:
         return "–"
     seconds = float(seconds)

@@ -20,7 +20,9 @@ the summary's `model`, the store's `resolved_model` column).
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 from pathlib import Path
 
 import numpy as np
@@ -106,7 +108,7 @@ class Comparison:
         return "; ".join(parts)
 
 
-def _text(value) -> str:
+def _text(value: Any) -> str:
     if isinstance(value, (float, np.floating)):
         return f"{float(value):g}"
     return str(value)
@@ -133,7 +135,7 @@ def setting_differences(paper: PaperValue, cells: pd.DataFrame) -> tuple[str, ..
     return tuple(differences)
 
 
-def _setting_value(cell: pd.Series, columns: tuple[str, ...]):
+def _setting_value(cell: pd.Series, columns: tuple[str, ...]) -> Any:
     """A cell's value of a setting: its first column that is present and set (None: unset)."""
     for column in columns:
         value = cell.get(column)
@@ -184,7 +186,7 @@ def load_references(folder: str | Path | None) -> list[Reference]:
     return [read_reference(p) for p in sorted(Path(folder).glob("*.csv"))]
 
 
-def _equal(wanted, have) -> bool:
+def _equal(wanted: Any, have: Any) -> bool:
     if have is None or (np.isscalar(have) and pd.isna(have)):
         return False
     try:
@@ -193,7 +195,7 @@ def _equal(wanted, have) -> bool:
         return str(wanted) == str(have)
 
 
-def find_paper_value(references: list[Reference], *, algorithm: str, dataset: str, partition: str, clients: int,
+def find_paper_value(references: Sequence[Reference], *, algorithm: str, dataset: str, partition: str, clients: int,
                      cells: pd.DataFrame, communication: bool = False) -> PaperValue | None:
     """The first reference row for this entry whose constraints every one of its `cells` meets."""
     for ref in references:

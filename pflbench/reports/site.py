@@ -13,7 +13,9 @@ from __future__ import annotations
 import datetime
 import re
 import json
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -26,7 +28,8 @@ from pflbench.reports.heterogeneity import site_tables
 from pflbench.reports.protocols import AVERAGINGS, DEFAULT, MODELS, SELECTIONS, Protocol
 from pflbench.reports.provenance import cell_provenance, study_facts
 from pflbench.reports.rows import TUNED
-from pflbench.reports.tables import DATA_DIFFER, mean_or_none, payload_text
+from pflbench.reports.reference import Reference
+from pflbench.reports.tables import DATA_DIFFER, CommTable, Table, mean_or_none, payload_text
 from pflbench.store import flatten
 
 CELL_COLUMNS = [  # (title, key, numeric)
@@ -51,19 +54,19 @@ def environment() -> Environment:
     return env
 
 
-def _num(value, digits: int = 2) -> str:
+def _num(value: Any, digits: int = 2) -> str:
     if value is None or (isinstance(value, float) and np.isnan(value)):
         return "–"
     return f"{value:.{digits}f}" if isinstance(value, (float, np.floating)) else str(value)
 
 
-def _sortval(value) -> str:
+def _sortval(value: Any) -> str:
     if value is None or (isinstance(value, (float, np.floating)) and np.isnan(value)):
         return ""
     return str(value)
 
 
-def summary_value(key: str, value) -> str:
+def summary_value(key: str, value: Any) -> str:
     """A summary value as a reader wants it: accuracies in %, bytes in MB, times in s, floats short."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
         return str(value)
@@ -107,7 +110,7 @@ def options_of(cells: pd.DataFrame, column: str) -> list[str]:
     return [str(v) for v in sorted(values, key=lambda v: (isinstance(v, str), v))]
 
 
-def artifact_list(path) -> list[dict]:
+def artifact_list(path: str | Path) -> list[dict]:
     out = []
     for name, rounds in read_artifacts(path).items():
         last = rounds[max(rounds)]
@@ -119,11 +122,11 @@ def artifact_list(path) -> list[dict]:
 def protocol_scores(cell: pd.Series) -> list[dict]:
     """A cell's numbers under every protocol it has: a row per (model, selection) with the mean over
     clients, pooled and worst-10% accuracy (%) and the round the selection chose."""
-    def value(key):
+    def value(key: str) -> float | None:
         v = cell.get(key)
         return None if v is None or pd.isna(v) else float(v)
 
-    rows = []
+    rows: list[dict[str, Any]] = []
     if cell["status"] != "finished":
         return rows
     for model in MODELS:
@@ -147,7 +150,8 @@ def protocol_scores(cell: pd.Series) -> list[dict]:
     return rows
 
 
-def write_site(cells: pd.DataFrame, boards, comm, references, report: Report, results: Path,
+def write_site(cells: pd.DataFrame, boards: list[tuple[Protocol, list[Table]]], comm: list[CommTable],
+               references: Sequence[Reference], report: Report, results: Path,
                docs_url: str | None = None) -> Path:
     """`boards`: [(protocol, [Table per scheme])], the leaderboard's protocols in the select's order
     (the first is shown on opening)."""
@@ -156,7 +160,7 @@ def write_site(cells: pd.DataFrame, boards, comm, references, report: Report, re
     rows = cell_rows(cells)
     common = {"generated": datetime.datetime.now().isoformat(timespec="seconds"), "results": str(results),
               "cell_columns": CELL_COLUMNS, "study": study_facts(results),  # a published study's provenance
-              "docs_url": docs_url, "docs_relative": bool(docs_url) and not re.match(r"^[a-z]+:|/", docs_url)}
+              "docs_url": docs_url, "docs_relative": docs_url is not None and bool(docs_url) and not re.match(r"^[a-z]+:|/", docs_url)}
     statuses = cells["status"].value_counts().to_dict() if len(cells) else {}
     figures = [{"title": t, "path": p} for t, p in report.figures]
     alpha_cells = [(r, f) for r in rows for f in report.cell_figures.get(r["hash"], []) if f["kind"] == "alpha"]

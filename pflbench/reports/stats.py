@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Hashable, Mapping
+from typing import Hashable, Mapping, Sequence
 
 import numpy as np
 from scipy import stats as sps
@@ -132,7 +132,7 @@ class Paired:
 EXACT_FLIPS = 13  # scipy's wilcoxon: up to 13 differences with zeros or ties, every sign flip is tried
 
 
-def signed_rank_p(differences) -> float | None:
+def signed_rank_p(differences: Sequence[float] | np.ndarray) -> float | None:
     """Two-sided p of the Wilcoxon signed-rank test of `differences` against 0 (zeros split between the
     signs); 1.0 when every difference is zero; None with fewer than 2 differences."""
     d = np.asarray(differences, dtype=float)
@@ -210,7 +210,7 @@ def nemenyi_cd(methods: int, blocks: int, level: float = LEVEL) -> float:
     return q * math.sqrt(methods * (methods + 1) / (6.0 * blocks))
 
 
-def cliques(ranks, cd: float) -> list[tuple[int, ...]]:
+def cliques(ranks: Sequence[float] | np.ndarray, cd: float) -> list[tuple[int, ...]]:
     """The maximal groups of methods (indices into `ranks`) whose average ranks all lie within `cd` of
     each other: the bars of a critical-difference diagram. Groups of one are left out."""
     order = sorted(range(len(ranks)), key=lambda i: ranks[i])

@@ -24,7 +24,8 @@ from jinja2 import Environment, PackageLoader, StrictUndefined
 
 from pflbench.publish import beside_studies, read_manifest, studies, study_state
 from pflbench.reports.build import ReportOptions, build_reports
-from pflbench.reports.document import safe_name
+from pflbench.reports.document import Report, safe_name
+from pflbench.reports.ranks import StudyRanks
 from pflbench.reports.provenance import study_facts
 
 
@@ -45,6 +46,7 @@ def build_leaderboard(published: str | Path, out: str | Path, extra: dict[str, P
         name = safe_name(folder.name)
         report = build_reports(folder, out / name, replace(options, beside=tuple(beside.get(folder.name, ()))))
         facts = study_facts(folder)
+        assert facts is not None, folder  # a published study's folder
         rows.append({**facts, "url": f"{name}/index.html", "notes": report.notes, "published": True,
                      "ranks": _first_ranks(report)})
     for name, store in (extra or {}).items():
@@ -66,7 +68,7 @@ def build_leaderboard(published: str | Path, out: str | Path, extra: dict[str, P
     return index
 
 
-def _first_ranks(report):
+def _first_ranks(report: Report) -> StudyRanks | None:
     """The study's ranks under the default protocol (as delivered, final round, mean over clients) when
     it has them (ranks.py: at least 2 columns), else under the first protocol that has them; or None."""
     from pflbench.reports.protocols import DEFAULT

@@ -30,7 +30,9 @@ seed are listed in the table's notes.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import pandas as pd
 
@@ -111,7 +113,7 @@ class Entry:
         """Sample standard deviation over seeds (None with fewer than two finished cells)."""
         if len(self.values) < 2:
             return None
-        mean = self.mean
+        mean = sum(self.values) / len(self.values)  # self.mean, of two or more values
         return math.sqrt(sum((v - mean) ** 2 for v in self.values) / (len(self.values) - 1))
 
     @property
@@ -244,7 +246,7 @@ class Table:
         return self.entries.get((row.key, column.key))
 
     def has_paper(self, column: Column) -> bool:
-        return any(self.entry(r, column) is not None and self.entry(r, column).paper is not None for r in self.rows)
+        return any((e := self.entry(r, column)) is not None and e.paper is not None for r in self.rows)
 
     @property
     def title(self) -> str:
@@ -299,7 +301,7 @@ class CommTable:
 
     @property
     def paper_protocol(self) -> Protocol | None:
-        protocols = {e.paper.protocol for r, _ in self.rows if (e := self.papered(r)) is not None}
+        protocols = {e.paper.protocol for r, _ in self.rows if (e := self.papered(r)) is not None and e.paper is not None}
         return next(iter(protocols)) if len(protocols) == 1 else None
 
     @property
@@ -362,6 +364,7 @@ def payload_text(entry: "Entry") -> tuple[str, str, str]:
     if not entry.client_down:
         return model, "–", "–"
     down, up = mean_or_none(entry.client_down), mean_or_none(entry.client_up)
+    assert down is not None and up is not None  # (client_down and client_up: one value per seed)
     params = down / 4  # float32
     count = f"{params / 1e6:.2f}M" if params >= 1e6 else f"{params / 1e3:.1f}k" if params >= 1e3 else f"{params:.0f}"
     return model, f"≈ {count}" if params else "0", f"{down / 1e3:.1f} / {up / 1e3:.1f}"
@@ -383,7 +386,7 @@ def columns_of(cells: pd.DataFrame) -> list[Column]:
     return [Column(d, c, p, bool(several)) for d, c, p in keys]
 
 
-def attach_paper(entry: Entry, references, protocol: Protocol, *, algorithm: str, column: Column, scheme: str,
+def attach_paper(entry: Entry, references: Sequence[Reference], protocol: Protocol, *, algorithm: str, column: Column, scheme: str,
                  group: pd.DataFrame, show_other: bool = True, communication: bool = False) -> None:
     """The paper's number for this entry and how it compares; one declared under another protocol is
     attached (shown apart, no Δ) only where `show_other`."""
@@ -394,7 +397,7 @@ def attach_paper(entry: Entry, references, protocol: Protocol, *, algorithm: str
     entry.paper, entry.comparison = paper, compare(paper, group, protocol)
 
 
-def accuracy_tables(cells: pd.DataFrame, references: list[Reference] = (),
+def accuracy_tables(cells: pd.DataFrame, references: Sequence[Reference] = (),
                     protocol: Protocol | str = DEFAULT, level: float = LEVEL) -> list[Table]:
     """One Table per partition scheme (schemes alphabetically: dominant, ..., pathological) of
     `protocol`'s numbers. Paper numbers: in tables of their own protocol (with a Δ where the settings
@@ -403,7 +406,7 @@ def accuracy_tables(cells: pd.DataFrame, references: list[Reference] = (),
     (`mark_best`)."""
     protocol = Protocol.parse(protocol)
     level = check_level(level)
-    tables = []
+    tables: list[Table] = []
     if cells.empty:
         return tables
     metric = protocol.key
@@ -468,7 +471,7 @@ EXECUTION = {"client_batching": "training paths", "device": "devices",
              "compiled_training": "training steps (compiled or not)"}
 
 
-def _setting_text(value) -> str:
+def _setting_text(value: Any) -> str:
     """A setting as written: a count kept as a float by pandas (a column with gaps) shown as an integer."""
     if isinstance(value, float) and value.is_integer():
         return str(int(value))
@@ -496,8 +499,8 @@ def execution_notes(cells: pd.DataFrame, columns: list[Column]) -> list[str]:
     return notes
 
 
-def communication_tables(cells: pd.DataFrame, references: list[Reference] = ()) -> list[CommTable]:
-    tables = []
+def communication_tables(cells: pd.DataFrame, references: Sequence[Reference] = ()) -> list[CommTable]:
+    tables: list[CommTable] = []
     if cells.empty:
         return tables
     for scheme, scheme_cells in cells.groupby("partition", sort=True):
@@ -564,7 +567,7 @@ def shown(value: float, digits: int = 2) -> float:
     return round(value + 0.0, digits)
 
 
-def mark_best(table, column: Column, rows: list, level: float = LEVEL) -> None:
+def mark_best(table: Table, column: Column, rows: list[Row], level: float = LEVEL) -> None:
     """Among the rows of one heterogeneity knob setting (a knob-on row, e.g. pFedLA with a fifth of its
     clients unseen and its accuracy over the rest, is another experiment than the knob-off rows: it is
     ranked with its own setting's rows only), find the highest mean and test it against every other
@@ -579,8 +582,8 @@ def mark_best(table, column: Column, rows: list, level: float = LEVEL) -> None:
                   and (e := table.entry(r, column)) is not None and e.mean is not None and e.same_as is None]
         if len(ranked) < 2:
             continue
-        top_row, top = max(ranked, key=lambda pair: (shown(pair[1].mean), pair[1].mean))
-        tests = {}
+        top_row, top = max(ranked, key=lambda pair: (shown(pair[1].mean or 0.0), pair[1].mean or 0.0))  # (not None)
+        tests: dict[Row, Paired | None] = {}
         for row, entry in ranked:
             if entry is not top:
                 found = paired(top.sample, entry.sample, level) if top.sample and entry.sample else None
@@ -595,7 +598,8 @@ def mark_best(table, column: Column, rows: list, level: float = LEVEL) -> None:
             if entry is top:
                 continue
             entry.versus, entry.test = top_row, tests[row]
-            entry.tied = tests[row] is None or not tests[row].separated
+            test = tests[row]
+            entry.tied = test is None or not test.separated
         top.tied = any(e.tied for r, e in ranked if e is not top)
         top.best = not top.tied
 

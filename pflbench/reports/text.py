@@ -6,9 +6,16 @@ reference rows (Centralized) come last, in italics, never bold. Bold and the tie
 paired tests (tables.mark_best, stats.py), and every accuracy table's caption names the test."""
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING
+
 from pflbench.reports.protocols import Protocol
 from pflbench.reports.rows import TUNED, Row
-from pflbench.reports.tables import DATA_DIFFER, TIED, CommTable, Entry, Table, mean_or_none, payload_text
+from pflbench.reports.tables import DATA_DIFFER, TIED, Column, CommTable, Entry, Table, mean_or_none, payload_text
+
+if TYPE_CHECKING:
+    from pflbench.reports.differences import DifferenceTable
+    from pflbench.reports.ranks import StudyRanks
 
 MISSING = "–"
 
@@ -20,7 +27,7 @@ def md_escape(text: str) -> str:
             .replace("<", "&lt;").replace(">", "&gt;").replace("*", "\\*").replace("_", "\\_"))
 
 
-def column_header(table: Table, column) -> str:
+def column_header(table: Table, column: Column) -> str:
     mark = f" {DATA_DIFFER}" if column.data_note and table.has_paper(column) else ""
     return column.label.replace(f"{column.dataset},", f"{column.dataset}{mark},", 1)
 
@@ -55,7 +62,7 @@ def footnote_lines(footnotes: list[str]) -> list[str]:
     return [f"[{n}] no Δ: {reason}." for n, reason in enumerate(footnotes, 1)]
 
 
-def legend(tables, sources: list[str]) -> list[str]:
+def legend(tables: Sequence[Table | CommTable], sources: list[str]) -> list[str]:
     lines = []
     if sources:
         lines.append(f"paper: the number reported in {', '.join(sources)} (benchmarks/reference/); "
@@ -69,7 +76,7 @@ def legend(tables, sources: list[str]) -> list[str]:
                      "model rather than a federated method; listed last, never counted as best.")
     if any(t.any_tuned for t in tables):
         lines.append(f"{TUNED} tuned hyperparameters (`hp_source: tuned`); unmarked entries use the paper defaults.")
-    notes = {}
+    notes: dict[str, str] = {}
     for table in tables:
         notes.update(getattr(table, "data_notes", {}))
     for dataset, note in notes.items():
@@ -102,11 +109,11 @@ def markdown_caption(table: Table) -> str:
     return f"*{md_escape(table.caption)} Mean ± std over seeds, in %. {md_escape(table.marks)}{budget}*"
 
 
-def untested_lines(table) -> list[str]:
+def untested_lines(table: Table) -> list[str]:
     return [f"No best marked on {md_escape(line)}." for line in getattr(table, "untested", [])]
 
 
-def identical_lines(table) -> list[str]:
+def identical_lines(table: Table) -> list[str]:
     return [f"= {md_escape(line)}." for line in getattr(table, "identical", [])]
 
 
@@ -124,7 +131,7 @@ def comm_paper_text(table: CommTable, row: Row) -> tuple[str, str]:
     entry = table.papered(row)
     if entry is None:
         return MISSING, MISSING
-    return entry.paper_text() + entry.mark(), fmt(entry.paper.comm_mbytes)
+    return entry.paper_text() + entry.mark(), fmt(entry.paper.comm_mbytes if entry.paper is not None else None)
 
 
 def markdown_comm_table(table: CommTable) -> str:
@@ -149,7 +156,7 @@ def markdown_comm_table(table: CommTable) -> str:
     return "\n".join(lines)
 
 
-def markdown_differences(view) -> str:
+def markdown_differences(view: DifferenceTable) -> str:
     """A difference view (differences.py) as a Markdown table: a line per (row, column)."""
     several = view.several_columns
     header = ["algorithm"] + (["column"] if several else []) + [
@@ -166,7 +173,7 @@ def markdown_differences(view) -> str:
     return "\n".join(lines)
 
 
-def markdown_difference_section(view) -> list[str]:
+def markdown_difference_section(view: DifferenceTable) -> list[str]:
     parts = ["", f"#### {md_escape(view.title)}", "", markdown_differences(view), "",
              f"*{md_escape(view.caption)} Bold: the test separates the two at level {view.table.level:g}.*"]
     if view.missing:
@@ -174,7 +181,7 @@ def markdown_difference_section(view) -> list[str]:
     return parts
 
 
-def markdown_ranks(ranks) -> list[str]:
+def markdown_ranks(ranks: StudyRanks) -> list[str]:
     """The ranks across a study under one protocol (ranks.py): a table by average rank, the Friedman
     test, the critical difference and its groups, and the diagram."""
     lines = ["| method | average rank | best in columns |", "|---|---:|---:|"]
@@ -199,8 +206,8 @@ def by_protocol(tables: list[Table]) -> list[tuple[Protocol, list[Table]]]:
 
 
 def markdown_report(tables: list[Table], worst: list[Table], comm: list[CommTable], *, seeds: int,
-                    statuses: dict[str, int], figures: list[tuple[str, str]] = (), notices: list[str] = (),
-                    differences: dict | None = None, ranks: list = ()) -> str:
+                    statuses: dict[str, int], figures: Sequence[tuple[str, str]] = (), notices: Sequence[str] = (),
+                    differences: dict[str, DifferenceTable] | None = None, ranks: Sequence[StudyRanks] = ()) -> str:
     """`tables` and `worst`: the accuracy and worst-10% tables of every protocol shown, in order;
     `notices`: what the tables do not show (datasets left out, cells still running), listed first;
     `differences`: the difference view of a table, by its id (differences.py), shown below it;
@@ -241,13 +248,14 @@ def markdown_report(tables: list[Table], worst: list[Table], comm: list[CommTabl
         parts += ["", "## Communication", "",
                   f"Bytes sent down and up over the whole run (finished cells), in MB; accuracy "
                   f"{md_escape(comm[0].caption.removeprefix('Accuracy: '))}"]
-        for table in comm:
-            budget = f" {md_escape(table.budget)}" if table.budget else ""
-            parts += ["", f"### {md_escape(table.title)}", "", markdown_comm_table(table), "",
-                      f"*{md_escape(table.caption)}{budget}*"]
-            if table.footnotes:
-                parts += ["", *[f"- {md_escape(line)}" for line in footnote_lines(table.footnotes)]]
-        sources += sorted({e.paper.source for t in comm for r, _ in t.rows if (e := t.papered(r))} - set(sources))
+        for comm_table in comm:
+            budget = f" {md_escape(comm_table.budget)}" if comm_table.budget else ""
+            parts += ["", f"### {md_escape(comm_table.title)}", "", markdown_comm_table(comm_table), "",
+                      f"*{md_escape(comm_table.caption)}{budget}*"]
+            if comm_table.footnotes:
+                parts += ["", *[f"- {md_escape(line)}" for line in footnote_lines(comm_table.footnotes)]]
+        sources += sorted({e.paper.source for t in comm for r, _ in t.rows
+                           if (e := t.papered(r)) and e.paper is not None} - set(sources))
     for ranking in ranks:
         parts += markdown_ranks(ranking)
     lines = legend([*tables, *comm], sources)
@@ -290,7 +298,7 @@ def tex_label(row: Row) -> str:
     return rf"\textit{{{tex_text(row.label)}}}" if row.reference else tex_text(row.label)
 
 
-def tex_rows(rows):
+def tex_rows(rows: Iterable[Row]) -> Iterator[tuple[Row, bool]]:
     r"""Rows with a \midrule before the first reference row (Centralized: apart from the methods)."""
     previous = None
     for row in rows:
