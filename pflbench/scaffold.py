@@ -71,7 +71,7 @@ BASES = {
         """Client: local SGD on cross-entropy + mu/2 * ||w - w_global||^2 (w_global: the model
         downloaded this round). The objective is computed per client: params[n] is [clients, ...]."""
         mu = self.hp.mu
-        names = self.fed.model.param_names
+        names = self.engine.model.param_names
         # The downloaded model rides along as `aux`, stacked like the state (one row per client).
         anchor = {f"global.{n}": state[n].detach().clone() for n in names}
 
@@ -79,7 +79,7 @@ BASES = {
             prox = sum(((params[n] - aux[f"global.{n}"]) ** 2).flatten(1).sum(1) for n in names)
             return cross_entropy(logits, labels, params, aux) + 0.5 * mu * prox
 
-        return self.fed.train(rnd, rnd.clients, state, objective=objective, aux=anchor).state
+        return self.engine.train(rnd, rnd.clients, state, objective=objective, aux=anchor).state
 '''),
     "fedper": Base(
         text="FedPer: the top layers are each client's own (never sent); the base is averaged as in FedAvg",
@@ -90,7 +90,7 @@ BASES = {
     def setup(self) -> None:
         """Server and client state (every client starts from the same model); which tensors are personal."""
         super().setup()
-        _, self._personal = self.fed.model.split_layers(self.hp.personal_layers)
+        _, self._personal = self.engine.model.split_layers(self.hp.personal_layers)
 
     def is_local(self, name: str) -> bool:
         """Whether the tensor `name` stays on the client: never sent, never averaged. The base class
@@ -115,16 +115,16 @@ BASES = {
     def setup(self) -> None:
         """FedAvg's models; then every client's personal model v_k [N, ...], from the same initial model."""
         super().setup()
-        self.personal_state = self.fed.init_state(self.fed.num_clients)
+        self.personal_state = self.engine.init_state(self.engine.num_clients)
 
     def local_train(self, rnd: ClientRound, state: State) -> State:
         """Client: FedAvg's local training of the downloaded model w (what is sent), then the personal
         models' training on cross-entropy + lam/2 * ||v - w||^2 (objective per client: [clients, ...])."""
         clients = rnd.clients
-        names = self.fed.model.param_names
+        names = self.engine.model.param_names
         # w: the downloaded global model, the anchor of the personal objective (rides along as `aux`).
         anchor = {f"global.{n}": state[n].detach().clone() for n in names}
-        global_update = self.fed.train(rnd, clients, state).state
+        global_update = self.engine.train(rnd, clients, state).state
         lam = self.hp.lam
 
         def objective(logits: Tensor, labels: Tensor, params: State, aux: State) -> Tensor:
@@ -132,7 +132,7 @@ BASES = {
             return cross_entropy(logits, labels, params, aux) + 0.5 * lam * prox
 
         personal = {n: t[clients] for n, t in self.personal_state.items()}
-        personal = self.fed.train(rnd, clients, personal, objective=objective, aux=anchor,
+        personal = self.engine.train(rnd, clients, personal, objective=objective, aux=anchor,
                                   epochs=self.hp.personal_epochs, stream=self.PERSONAL_STREAM).state
         for n, t in personal.items():
             self.personal_state[n][clients] = t
