@@ -73,7 +73,10 @@ def connect_ray(address: str | None, workers: int | None, cpus_per_cell: float) 
         join_cluster(address, settings)
     else:
         cpus = None if workers is None else max(1, int(workers * cpus_per_cell + 0.999))
-        ray.init(num_cpus=cpus, include_dashboard=False, **settings)
+        # Workers at the driver's priority, not Ray's default niceness 15: beside other work at niceness 0
+        # (a shared machine) a cell on a worker at 15 gets ~1/30 of a core, while the same cell run
+        # in-process (--no-ray) gets its share (docs/faults.md, "Ray workers' priority").
+        ray.init(num_cpus=cpus, include_dashboard=False, _system_config={"worker_niceness": 0}, **settings)
     return True
 
 

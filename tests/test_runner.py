@@ -187,3 +187,24 @@ def test_a_dataset_left_out_is_recorded_with_where_it_was_looked_for_and_how_to_
     text = log.read_text()
     assert "--from" in text and "data prepare" in text and str(options.data_root) in text
     assert list(load_store(options.results)["dataset"]) == ["synthetic"]  # the note is not a cell
+
+
+def test_a_local_ray_instance_runs_its_workers_at_the_drivers_priority(tmp_path):
+    """Ray's default lowers workers to niceness 15, where beside other work at niceness 0 a cell gets
+    ~1/30 of a core; the local instance `connect_ray` starts keeps them at 0 (the suite's conftest sets
+    RAY_worker_niceness=0 for its own Ray: the probe runs without it, in a process of its own)."""
+    import os
+    import subprocess
+    import sys
+
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "import os, ray\n"
+        "from pflbench.ray_cluster import connect_ray\n"
+        "assert connect_ray(None, 1, 1.0)\n"
+        "print('niceness', ray.get(ray.remote(num_cpus=1)(lambda: os.nice(0)).remote()))\n"
+        "ray.shutdown()\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_worker_niceness", "RAY_ADDRESS")}
+    out = subprocess.run([sys.executable, str(probe)], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert f"niceness {os.nice(0)}" in out.stdout
