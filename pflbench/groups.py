@@ -48,7 +48,7 @@ from __future__ import annotations
 import threading
 import traceback
 import weakref
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,7 +64,7 @@ if TYPE_CHECKING:
     from pflbench.config import CellConfig
     from pflbench.execution import ExecutionOptions
     from pflbench.federation import Federation
-    from pflbench.rounds import CellResult
+    from pflbench.rounds import CellResult, RoundCheckpointer
 
 _local = threading.local()
 
@@ -310,7 +310,7 @@ class GroupRun:
 
 def run_group(cells: list[CellConfig], *, data_root: str | Path | None = None, mirror: str | Path | None = None,
               execution: ExecutionOptions | None = None, evaluate: tuple[str, ...] | None = None,
-              checkpointers: list | None = None, on_round: list[Callable[[dict], None] | None] | None = None,
+              checkpointers: Sequence[RoundCheckpointer | None] | None = None, on_round: list[Callable[[dict], None] | None] | None = None,
               stop_after: int | None = None, passthrough: tuple[type[BaseException], ...] = ()) -> GroupRun:
     """Run `cells` as one group in this process, each on its own thread; per cell the `CellResult`
     `pflbench.rounds.run_cell` would give (a failed cell: status "failed" with its traceback, as the
