@@ -89,8 +89,9 @@ class CellData:
     system: SystemPlan | None
 
 
-def cell_data(cell: CellConfig, dataset: Dataset, splits: ClientSplits, execution: ExecutionOptions = ExecutionOptions(),
-              algorithm_batched: bool = True, withhold_test: bool = False) -> CellData:
+def cell_data(cell: CellConfig, dataset: Dataset, splits: ClientSplits,
+              execution: ExecutionOptions = ExecutionOptions(), algorithm_batched: bool = True,
+              withhold_test: bool = False) -> CellData:
     """The cell's `CellData` (see `Federation` for the arguments)."""
     device = federation_device(execution)
     # Normalisation statistics of the trained clients' train splits (pflbench.data.normalization).
@@ -156,7 +157,8 @@ class Federation:
                 data, splits, newcomer_ids(cell.unseen_fraction, splits.num_clients, cell.seed), self.privacy)
 
     @classmethod
-    def of_clients(cls, data: CellData, splits: ClientSplits, client_ids: np.ndarray, privacy: PrivacyPlan | None) -> "Federation":
+    def of_clients(cls, data: CellData, splits: ClientSplits, client_ids: np.ndarray,
+                   privacy: PrivacyPlan | None) -> "Federation":
         """A Federation over the partition's clients `client_ids` of the cell whose `data` it shares."""
         fed = cls.__new__(cls)
         fed._serve(data, splits, client_ids)

@@ -140,7 +140,8 @@ class Member:
         self.stats = GroupStats()
 
     def train_clients(self, model: ClientModel, state: State, features: Tensor, labels: Tensor,
-                      client_indices: list[Tensor], plans: list[Tensor], sgd: SGD, **kwargs: Any) -> tuple[State, Tensor]:
+                      client_indices: list[Tensor], plans: list[Tensor], sgd: SGD,
+                      **kwargs: Any) -> tuple[State, Tensor]:
         """`pflbench.training.train_clients`, as a rendezvous with the group's other cells."""
         self.stats.calls += 1
         request = _Request(model, state, features, labels, client_indices, plans, sgd, kwargs)
@@ -310,8 +311,9 @@ class GroupRun:
 
 def run_group(cells: list[CellConfig], *, data_root: str | Path | None = None, mirror: str | Path | None = None,
               execution: ExecutionOptions | None = None, evaluate: tuple[str, ...] | None = None,
-              checkpointers: Sequence[RoundCheckpointer | None] | None = None, on_round: list[Callable[[dict], None] | None] | None = None,
-              stop_after: int | None = None, passthrough: tuple[type[BaseException], ...] = ()) -> GroupRun:
+              checkpointers: Sequence[RoundCheckpointer | None] | None = None,
+              on_round: list[Callable[[dict], None] | None] | None = None, stop_after: int | None = None,
+              passthrough: tuple[type[BaseException], ...] = ()) -> GroupRun:
     """Run `cells` as one group in this process, each on its own thread; per cell the `CellResult`
     `pflbench.rounds.run_cell` would give (a failed cell: status "failed" with its traceback, as the
     runner records one; a diverging cell: "diverged"). A cell that fails or diverges leaves the group and

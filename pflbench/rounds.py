@@ -103,7 +103,8 @@ def check_evaluated(evaluate: tuple[str, ...]) -> tuple[str, ...]:
 
 def run_cell(cell: CellConfig, *, data_root: str | Path | None = None, mirror: str | Path | None = None,
              execution: ExecutionOptions = ExecutionOptions(), on_round: Callable[[dict], None] | None = None,
-             evaluate: tuple[str, ...] = EVALUATED, checkpointer: RoundCheckpointer | None = None, stop_after: int | None = None) -> CellResult:
+             evaluate: tuple[str, ...] = EVALUATED, checkpointer: RoundCheckpointer | None = None,
+             stop_after: int | None = None) -> CellResult:
     """Run one cell to the end (or its first `stop_after` rounds: `run_rounds`). A cell from a spec is
     resolved already (`pflbench.resolve`); any other is resolved here first, through the same checks (a
     ValueError names what is wrong).

@@ -206,8 +206,8 @@ def execute_cell(cell: CellConfig, resources: Resources, options: RunOptions,
         activate(options.plugins, cell)  # a Ray worker loads the user's plugins (the driver has them)
         execution = options.execution.on("cuda" if resources.gpus > 0 else "cpu")
         with running_cell(preemption):
-            # the device is decided (`on`): a str
-            result = measured(cast(str, execution.device), lambda: run_cell(  # peak memory and machine (pflbench/cost.py)
+            # peak memory and machine (pflbench/cost.py); the device is decided (`on`): a str
+            result = measured(cast(str, execution.device), lambda: run_cell(
                 cell, data_root=options.data_root, mirror=options.mirror, execution=execution, on_round=on_round,
                 checkpointer=checkpointer, stop_after=stop_after))
     except Preempted as stop:
