@@ -17,6 +17,7 @@ to torch.func.vmap, which batches anything (more slowly on CPU).
 from __future__ import annotations
 
 import copy
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -71,7 +72,8 @@ class StackedBatchNorm(nn.Module):
         self.weight, self.bias = layer.weight, layer.bias
         self.running_mean, self.running_var = layer.running_mean, layer.running_var
         self.num_batches_tracked = layer.num_batches_tracked
-        self.momentum, self.eps = layer.momentum, layer.eps
+        # a twin is made only for a layer with a momentum (_twin_layer), so never None here
+        self.momentum, self.eps = cast(float, layer.momentum), layer.eps
         self.track_running_stats = layer.track_running_stats
 
     def forward(self, x: Tensor) -> Tensor:
@@ -82,6 +84,7 @@ class StackedBatchNorm(nn.Module):
         use_batch_stats = self.training or not self.track_running_stats
         updates = self.training and self.track_running_stats
         if updates:
+            assert self.num_batches_tracked is not None  # tracked running stats: the layer has the counter
             self.num_batches_tracked.add_(1)
         # Updated in place when training: a view of the stacked buffers. Read only otherwise, where the
         # stacked state may be a broadcast (a global model `expand`ed over the clients): a copy serves.
@@ -128,5 +131,5 @@ def _twin_layer(layer: nn.Module, grouped_conv: bool) -> nn.Module | None:
     if type(layer) is nn.Conv2d and layer.padding_mode == "zeros":
         return StackedConv2d(layer, grouped_conv)
     if type(layer) in (nn.BatchNorm1d, nn.BatchNorm2d) and layer.momentum is not None:
-        return StackedBatchNorm(layer)
+        return StackedBatchNorm(cast(nn.modules.batchnorm._BatchNorm, layer))  # its type was just checked
     return None

@@ -27,7 +27,12 @@ change how fast a cell runs, never what it computes beyond float rounding.
 """
 from __future__ import annotations
 
+import argparse
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # annotations only: at run time this module imports the standard library alone
+    import torch
 
 CLIENT_BATCHING = ("auto", "on", "off")
 COMPILED_TRAINING = ("auto", "on", "off")
@@ -48,7 +53,7 @@ class ExecutionOptions:
     threads: int | None = None
     cell_groups: str = "auto"
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         for name, allowed in CHOICES.items():
             value = getattr(self, name)
             if value not in allowed:
@@ -61,7 +66,7 @@ class ExecutionOptions:
         return self if self.device else ExecutionOptions(**{**asdict(self), "device": device})
 
     # -- the engine's choices, given the device and the models (each documented in the module doc) --
-    def batched(self, device, algorithm_batched: bool) -> bool:
+    def batched(self, device: torch.device, algorithm_batched: bool) -> bool:
         if not algorithm_batched:
             return False
         if self.client_batching == "auto":
@@ -71,22 +76,22 @@ class ExecutionOptions:
     def compiled(self) -> bool:
         return self.compiled_training == "on"
 
-    def use_channels_last(self, device, has_conv: bool) -> bool:
+    def use_channels_last(self, device: torch.device, has_conv: bool) -> bool:
         wanted = device.type == "cpu" if self.channels_last == "auto" else self.channels_last == "on"
         return wanted and has_conv
 
-    def grouped(self, device) -> bool:
+    def grouped(self, device: torch.device | str) -> bool:
         """Whether cells run as cell groups on `device` (a torch device or its type's name)."""
         if self.cell_groups == "auto":
             return getattr(device, "type", str(device).split(":")[0]) == "cuda"
         return self.cell_groups == "on"
 
-    def side_by_side(self, device, torch_threads: int) -> int:
+    def side_by_side(self, device: torch.device, torch_threads: int) -> int:
         """How many clients the loop path runs side by side (1: one after another)."""
         return torch_threads if self.client_threads == "auto" and device.type == "cpu" else 1
 
 
-def add_execution_arguments(parser, *, device_help: str, cell_groups: bool = False) -> None:
+def add_execution_arguments(parser: argparse.ArgumentParser, *, device_help: str, cell_groups: bool = False) -> None:
     """The execution options as command-line arguments (`run`, `sweep`; `cell_groups`: `run` only)."""
     parser.add_argument("--device", help=device_help)
     parser.add_argument("--client-batching", choices=CLIENT_BATCHING, default="auto",
@@ -105,7 +110,7 @@ def add_execution_arguments(parser, *, device_help: str, cell_groups: bool = Fal
                                  "local training one batched step; on Ray one task per group (auto: on CUDA)")
 
 
-def execution_options(args) -> ExecutionOptions:
+def execution_options(args: argparse.Namespace) -> ExecutionOptions:
     """The ExecutionOptions given on a command line built with `add_execution_arguments`."""
     return ExecutionOptions(device=args.device, client_batching=args.client_batching,
                             compiled_training=args.compiled_training, channels_last=args.channels_last,

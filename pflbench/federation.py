@@ -7,15 +7,17 @@ and privacy knobs' per-client plans. The round driver that calls the hooks is `p
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal, cast, overload
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from pflbench import shifts, streams
-from pflbench.streams import StreamLike
+from pflbench.streams import Kind, StreamLike
 from pflbench.config import CellConfig
 from pflbench.engine import Budget
 from pflbench.execution import ExecutionOptions
@@ -28,6 +30,10 @@ from pflbench.round_context import Round, round_number, work_of
 from pflbench.system import SystemPlan, cut
 from pflbench.training import (SGD, ClientModel, Objective, State, batch_plan, cross_entropy,
                                evaluate_client_splits, to_channels_last, train_clients)
+
+if TYPE_CHECKING:
+    from pflbench.data.dataset import Dataset
+    from pflbench.partitioning import ClientSplits
 
 
 @dataclass
@@ -83,8 +89,9 @@ class CellData:
     system: SystemPlan | None
 
 
-def cell_data(cell: CellConfig, dataset, splits, execution: ExecutionOptions = ExecutionOptions(),
-              algorithm_batched: bool = True, withhold_test: bool = False) -> CellData:
+def cell_data(cell: CellConfig, dataset: Dataset, splits: ClientSplits,
+              execution: ExecutionOptions = ExecutionOptions(), algorithm_batched: bool = True,
+              withhold_test: bool = False) -> CellData:
     """The cell's `CellData` (see `Federation` for the arguments)."""
     device = federation_device(execution)
     # Normalisation statistics of the trained clients' train splits (pflbench.data.normalization).
@@ -136,8 +143,9 @@ class Federation:
     (None without the knob) is a Federation of its own over the held-out ones, for evaluation alone,
     made from the same `CellData` (`of_clients`)."""
 
-    def __init__(self, cell: CellConfig, dataset, splits, execution: ExecutionOptions = ExecutionOptions(),
-                 algorithm_batched: bool = True, withhold_test: bool = False):
+    def __init__(self, cell: CellConfig, dataset: Dataset, splits: ClientSplits,
+                 execution: ExecutionOptions = ExecutionOptions(), algorithm_batched: bool = True,
+                 withhold_test: bool = False) -> None:
         data = cell_data(cell, dataset, splits, execution, algorithm_batched, withhold_test)
         self._serve(data, splits, seen_ids(cell.unseen_fraction, splits.num_clients, cell.seed))
         # Privacy heterogeneity: drawn once from the seed over partition ids (None when off), for the
@@ -149,14 +157,15 @@ class Federation:
                 data, splits, newcomer_ids(cell.unseen_fraction, splits.num_clients, cell.seed), self.privacy)
 
     @classmethod
-    def of_clients(cls, data: CellData, splits, client_ids: np.ndarray, privacy: PrivacyPlan | None) -> "Federation":
+    def of_clients(cls, data: CellData, splits: ClientSplits, client_ids: np.ndarray,
+                   privacy: PrivacyPlan | None) -> "Federation":
         """A Federation over the partition's clients `client_ids` of the cell whose `data` it shares."""
         fed = cls.__new__(cls)
         fed._serve(data, splits, client_ids)
         fed.privacy, fed.newcomers = privacy, None
         return fed
 
-    def _serve(self, data: CellData, splits, client_ids: np.ndarray) -> None:
+    def _serve(self, data: CellData, splits: ClientSplits, client_ids: np.ndarray) -> None:
         """This Federation: the cell's `data` for the clients `client_ids`."""
         self.cell_data = data
         self.cell, self.execution, self.device = data.cell, data.execution, data.device
@@ -168,7 +177,7 @@ class Federation:
         self.channels_last, self.client_threads, self.system = data.channels_last, data.client_threads, data.system
         self._hold(splits, client_ids)
 
-    def _hold(self, splits, client_ids: np.ndarray) -> None:
+    def _hold(self, splits: ClientSplits, client_ids: np.ndarray) -> None:
         """Make this Federation hold the partition's clients `client_ids` (positions 0..len-1)."""
         self.client_ids = client_ids  # position -> partition client id
         self.num_clients = len(client_ids)
@@ -215,8 +224,14 @@ class Federation:
             model = self.model if group is None else self.models[group]
         return model.init(num, self.cell.seed, self.device)
 
+    @overload
     def generator(self, stream: StreamLike, round: int | None = None, client: int | None = None, *,
-                  kind: str = "torch"):
+                  kind: Literal["torch"] = "torch") -> torch.Generator: ...
+    @overload
+    def generator(self, stream: StreamLike, round: int | None = None, client: int | None = None, *,
+                  kind: Literal["numpy"]) -> np.random.Generator: ...
+    def generator(self, stream: StreamLike, round: int | None = None, client: int | None = None, *,
+                  kind: Kind = "torch") -> torch.Generator | np.random.Generator:
         """A fresh generator of the cell's random `stream` (`pflbench.streams.generator`)."""
         return streams.generator(self.cell.seed, stream, round, client, kind=kind)
 
@@ -251,7 +266,7 @@ class Federation:
                 for c in clients.tolist()]
 
     def train(self, rnd: int | Round, clients: Tensor, state: State, *, objective: Objective = cross_entropy,
-              aux: State | None = None, trainable=None, epochs: int | None = None,
+              aux: State | None = None, trainable: Iterable[str] | None = None, epochs: int | None = None,
               steps: int | None = None, split: str = "train", stream: StreamLike | None = None,
               model: ClientModel | None = None, targets: Tensor | None = None) -> TrainResult:
         """Local SGD of the sampled clients from `state` ([len(clients), ...]) on their own data:
@@ -276,8 +291,8 @@ class Federation:
         return self._train_on(pooled, self._plans([len(pooled[0])], generators, epochs, None), self.model, state)
 
     def _train_on(self, indices: list[Tensor], plans: list[Tensor], model: ClientModel, state: State, *,
-                  objective: Objective = cross_entropy, aux: State | None = None, trainable=None,
-                  targets: Tensor | None = None) -> TrainResult:
+                  objective: Objective = cross_entropy, aux: State | None = None,
+                  trainable: Iterable[str] | None = None, targets: Tensor | None = None) -> TrainResult:
         """SGD of the models in `state` (row k on the sample ids `indices[k]`, following `plans[k]`):
         what `train` and `train_pooled` share."""
         member = membership()  # a cell of a group trains through its rendezvous (pflbench.groups)
@@ -350,11 +365,12 @@ class Federation:
         The batch order is the one each client would draw in round `rnd + 1`, so for plain local
         training the adapted model of round r is exactly the model of round r + 1. Returns new
         tensors; `personal` (possibly the algorithm's own state) is not modified."""
+        # a homogeneous cell's `personal` is one State, a heterogeneous cell's a list of them
         if not self.heterogeneous:
             everyone = torch.arange(self.num_clients, device=self.device)
-            return self.train(rnd + 1, everyone, personal, epochs=epochs).state
+            return self.train(rnd + 1, everyone, cast(State, personal), epochs=epochs).state
         return [self.train(rnd + 1, ids, state, epochs=epochs).state if len(ids) else state
-                for ids, state in zip(self.group_clients, personal)]
+                for ids, state in zip(self.group_clients, cast("list[State]", personal))]
 
     def split_sizes(self, split: str) -> Tensor:
         """Samples per client in `split` ([N]; zeros for a withheld split)."""
@@ -384,14 +400,15 @@ class Federation:
     def evaluate_personalized_splits(self, personal: State | list[State],
                                      splits: tuple[str, ...]) -> dict[str, tuple[Tensor, Tensor]]:
         """`evaluate_personalized` on several splits in one pass: split -> (accuracy, loss)."""
-        if not self.heterogeneous:
-            return self.evaluate_splits(personal, splits)
+        if not self.heterogeneous:  # one State; a heterogeneous cell's: a list of them
+            return self.evaluate_splits(cast(State, personal), splits)
         results = {}
         for split in splits:
             accuracy = torch.full((self.num_clients,), float("nan"), device=self.device)
             results[split] = (accuracy, accuracy.clone())
         for g, ids in enumerate(self.group_clients):
             if len(ids):
-                for split, (accuracy, loss) in self.evaluate_splits(personal[g], splits, ids).items():
+                for split, (accuracy, loss) in self.evaluate_splits(cast("list[State]", personal)[g], splits,
+                                                                    ids).items():
                     results[split][0][ids], results[split][1][ids] = accuracy, loss
         return results

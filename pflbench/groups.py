@@ -48,14 +48,23 @@ from __future__ import annotations
 import threading
 import traceback
 import weakref
+from collections.abc import Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Protocol, TypeVar, cast
 
 import torch
 from torch import Tensor, nn
 
 from pflbench.training import SGD, ClientModel, Diverged, State, _train_group, cross_entropy, train_clients
+
+if TYPE_CHECKING:
+    from pflbench.algorithm import Algorithm
+    from pflbench.config import CellConfig
+    from pflbench.execution import ExecutionOptions
+    from pflbench.federation import Federation
+    from pflbench.rounds import CellResult, RoundCheckpointer
 
 _local = threading.local()
 
@@ -94,7 +103,7 @@ def _structure(model: ClientModel) -> tuple:
     return (_signatures[model], model.channels_last, model.stochastic)
 
 
-def _merge_key(request: _Request):
+def _merge_key(request: _Request) -> tuple | None:
     """The class of requests `request` can share one batched step with; None: it runs as asked."""
     kw = request.kwargs
     if not kw.get("batched", True) or kw.get("compiled", False) or request.model.stochastic or not request.rows:
@@ -131,7 +140,8 @@ class Member:
         self.stats = GroupStats()
 
     def train_clients(self, model: ClientModel, state: State, features: Tensor, labels: Tensor,
-                      client_indices: list[Tensor], plans: list[Tensor], sgd: SGD, **kwargs) -> tuple[State, Tensor]:
+                      client_indices: list[Tensor], plans: list[Tensor], sgd: SGD,
+                      **kwargs: Any) -> tuple[State, Tensor]:
         """`pflbench.training.train_clients`, as a rendezvous with the group's other cells."""
         self.stats.calls += 1
         request = _Request(model, state, features, labels, client_indices, plans, sgd, kwargs)
@@ -140,7 +150,7 @@ class Member:
             return train_clients(model, state, features, labels, client_indices, plans, sgd, **kwargs)
         if isinstance(outcome, BaseException):
             raise outcome
-        return outcome
+        return cast("tuple[State, Tensor]", outcome)  # a merged request's outcome (CellGroup._merged)
 
     def leave(self) -> None:
         self.group._leave(self)
@@ -160,7 +170,7 @@ class Member:
 class CellGroup:
     """The rendezvous of a group's cells (module doc)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._cond = threading.Condition()
         self._live: set[Member] = set()
         self._waiting: dict[Member, _Request] = {}
@@ -179,7 +189,7 @@ class CellGroup:
             self._waiting.pop(member, None)
             self._cond.notify_all()  # the others may all be waiting now
 
-    def _rendezvous(self, member: Member, request: _Request):
+    def _rendezvous(self, member: Member, request: _Request) -> object:
         with self._cond:
             self._waiting[member] = request
             while member not in self._outcomes:
@@ -280,7 +290,7 @@ class CellGroup:
 
 # ---- the in-process group runner -----------------------------------------------------------------
 
-def draws_global_generator(fed, algorithm) -> bool:
+def draws_global_generator(fed: Federation, algorithm: Algorithm) -> bool:
     """Whether the cell's training draws from torch's global generator (dropout and the like: in the
     cell's models or in a module the algorithm holds), so that it cannot share a process's threads."""
     if any(m.stochastic for m in fed.models):
@@ -299,9 +309,11 @@ class GroupRun:
     stopped: list[BaseException | None] = field(default_factory=list)  # `passthrough`'s exception per cell
 
 
-def run_group(cells: list, *, data_root=None, mirror=None, execution=None, evaluate: tuple[str, ...] | None = None,
-              checkpointers: list | None = None, on_round: list[Callable[[dict], None] | None] | None = None,
-              stop_after: int | None = None, passthrough: tuple[type[BaseException], ...] = ()) -> GroupRun:
+def run_group(cells: list[CellConfig], *, data_root: str | Path | None = None, mirror: str | Path | None = None,
+              execution: ExecutionOptions | None = None, evaluate: tuple[str, ...] | None = None,
+              checkpointers: Sequence[RoundCheckpointer | None] | None = None,
+              on_round: list[Callable[[dict], None] | None] | None = None, stop_after: int | None = None,
+              passthrough: tuple[type[BaseException], ...] = ()) -> GroupRun:
     """Run `cells` as one group in this process, each on its own thread; per cell the `CellResult`
     `pflbench.rounds.run_cell` would give (a failed cell: status "failed" with its traceback, as the
     runner records one; a diverging cell: "diverged"). A cell that fails or diverges leaves the group and
@@ -348,7 +360,7 @@ def run_group(cells: list, *, data_root=None, mirror=None, execution=None, evalu
             continue
         jobs.append((i, fed, algorithm, provenance, group.member(str(i))))
 
-    def run(i, fed, algorithm, provenance, member) -> None:
+    def run(i: int, fed: Federation, algorithm: Algorithm, provenance: dict[str, Any], member: Member) -> None:
         with member.joined():
             try:
                 results[i] = run_rounds(fed, algorithm, on_round=on_round[i], provenance=provenance,
@@ -382,14 +394,27 @@ SUMMARY_KEYS = ("cell_group_cells", "cell_group_calls", "cell_group_merged_calls
 GROUP_LIMIT = 32  # cells in one group at most (`form_groups`): threads, and every cell's data held at once
 
 
-def architecture_key(cell) -> tuple:
+def architecture_key(cell: CellConfig) -> tuple:
     """Cells with equal keys build the same model architecture: the same dataset (its options give the
     input shape and the classes) and the same model name."""
     options = tuple(sorted((k, repr(v)) for k, v in (cell.dataset_options or {}).items()))
     return (cell.dataset, options, cell.model)
 
 
-def group_resources(resources, cells: int):
+class _Resources(Protocol):
+    """What `group_resources` uses of a spec's `pflbench.spec_schema.Resources` (not imported here, even
+    for type checking: that would close an import circle through pflbench.algorithm)."""
+
+    @property
+    def gpus(self) -> float: ...
+
+    def model_copy(self: _R, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> _R: ...
+
+
+_R = TypeVar("_R", bound=_Resources)
+
+
+def group_resources(resources: _R, cells: int) -> _R:
     """What a group of `cells` cells, each asking `resources` (a spec's `Resources`), asks of Ray as one
     task: one cell's CPUs, since in lock-step one cell computes at a time on that many torch threads
     (`pflbench.runner.execute_group`); and the cells' GPU fractions summed, at most one whole GPU, since
@@ -412,7 +437,7 @@ def form_groups(cells: list, limit: int = GROUP_LIMIT) -> list[list]:
     return order
 
 
-def _failed(error: str):
+def _failed(error: str) -> CellResult:
     import pandas as pd
 
     from pflbench.rounds import CellResult

@@ -79,8 +79,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Iterable
 from functools import lru_cache
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import numpy as np
 import torch
@@ -90,6 +91,10 @@ from pflbench import streams
 from pflbench.payload import Payload
 from pflbench.round_context import ClientRound
 from pflbench.system import KnobParams, knob_problem
+
+if TYPE_CHECKING:
+    from pflbench.config import CellConfig
+    from pflbench.training import ClientModel
 
 CENTRAL = -1  # the generator key of the server's noise (no client has id -1)
 ACCOUNTANT = "rdp"  # Opacus's Renyi-DP accountant (Mironov 2017; Mironov, Talwar & Zhang 2019)
@@ -107,15 +112,15 @@ class PrivacyParams(KnobParams):
     """The `privacy.*` entries of a cell; privacy is on when `epsilon` is given."""
 
     epsilon: float | list[float | None] | None = None  # budget per client, or budgets of groups of clients
-    delta: float = Field(1e-5, gt=0.0, lt=1.0)
-    clip: float = Field(1.0, gt=0.0)  # L2 norm the update is clipped to
+    delta: float = Field(default=1e-5, gt=0.0, lt=1.0)
+    clip: float = Field(default=1.0, gt=0.0)  # L2 norm the update is clipped to
     relation: Literal["add_remove", "replace"] = "add_remove"  # neighbouring datasets (sensitivity clip or 2 clip)
     mode: Literal["local", "central"] = "local"  # who noises: each client its upload, or the server the sum
     text_entries = frozenset({"relation", "mode"})
 
     @field_validator("epsilon")
     @classmethod
-    def _positive(cls, value):
+    def _positive(cls, value: float | list[float | None] | None) -> float | list[float | None] | None:
         values = [value] if not isinstance(value, list) else value
         if isinstance(value, list) and not value:
             raise ValueError("give at least one budget")
@@ -124,7 +129,7 @@ class PrivacyParams(KnobParams):
         return value
 
     @model_validator(mode="after")
-    def _central_has_one_budget(self):
+    def _central_has_one_budget(self) -> PrivacyParams:
         if self.mode == "central" and isinstance(self.epsilon, list):
             raise ValueError(f"epsilon: central DP has one budget for the whole population, got the list "
                              f"{self.epsilon!r} (give one number, or mode local for budgets per group)")
@@ -176,13 +181,14 @@ def epsilon_spent(z: float, releases: int, delta: float, sample_rate: float = 1.
     return float(accountant.get_epsilon(delta, alphas=ALPHAS))
 
 
-def batchnorm_statistics(models) -> frozenset[str]:
+def batchnorm_statistics(models: Iterable[ClientModel]) -> frozenset[str]:
     """The BatchNorm buffers (running mean and variance, step counter) of the cell's models."""
     return frozenset(n for m in models for n in m.buffer_names if n in m.batchnorm_names)
 
 
 def _norm(tensors: list[torch.Tensor]) -> float:
-    return float(torch.sqrt(sum((t.double() ** 2).sum() for t in tensors))) if tensors else 0.0
+    # the sum of tensors is a tensor (never the start 0: `tensors` is not empty there)
+    return float(torch.sqrt(cast(torch.Tensor, sum((t.double() ** 2).sum() for t in tensors)))) if tensors else 0.0
 
 
 def _clipped(update: dict[str, torch.Tensor], clip: float) -> dict[str, torch.Tensor]:
@@ -196,9 +202,12 @@ class PrivacyPlan:
     so far. `kept_local`: the tensors that never leave a client under the knob (BatchNorm statistics)."""
 
     mode = "local"
+    # the noise multipliers: one per client here (an array), one for the population in CentralPrivacyPlan
+    # (a float), which shares this class's noising and summary but not its per-client state
+    z: Any
 
     def __init__(self, params: PrivacyParams, clients: int, schedule: np.ndarray, seed: int,
-                 kept_local: frozenset[str] = frozenset()):
+                 kept_local: frozenset[str] = frozenset()) -> None:
         self.params, self.seed, self.kept_local = params, seed, kept_local
         budgets = params.epsilon if isinstance(params.epsilon, list) else [params.epsilon]
         order = streams.generator(seed, "privacy.budgets", kind="numpy").permutation(clients)
@@ -212,8 +221,8 @@ class PrivacyPlan:
         self.releases = np.zeros(clients, dtype=np.int64)
 
     @classmethod
-    def from_cell(cls, cell, schedule: np.ndarray, population: int | None = None,
-                  models=()) -> "PrivacyPlan | CentralPrivacyPlan | None":
+    def from_cell(cls, cell: CellConfig, schedule: np.ndarray, population: int | None = None,
+                  models: Iterable[ClientModel] = ()) -> "PrivacyPlan | CentralPrivacyPlan | None":
         """The cell's plan (None when the knob is off): `schedule` in partition ids, `population` the
         number of clients the schedule samples from (central DP's sampling rate), `models` the cell's."""
         if not cell.privacy:
@@ -230,7 +239,7 @@ class PrivacyPlan:
     def _noised(self, rnd: int, key: int, update: dict[str, torch.Tensor], std: float) -> dict[str, torch.Tensor]:
         """`update` plus N(0, std^2) on every coordinate of its floating tensors."""
         gen = self._generator(rnd, key)
-        out = {}
+        out: dict[str, torch.Tensor] = {}
         for n, t in update.items():
             if not t.is_floating_point():
                 out[n] = t
@@ -275,14 +284,15 @@ class CentralPrivacyPlan(PrivacyPlan):
     mode = "central"
 
     def __init__(self, params: PrivacyParams, schedule: np.ndarray, population: int, seed: int,
-                 kept_local: frozenset[str] = frozenset()):
+                 kept_local: frozenset[str] = frozenset()) -> None:
         self.params, self.seed, self.kept_local = params, seed, kept_local
         self.rounds = len(schedule)
         self.sample_rate = min(1.0, schedule.shape[1] / population) if self.rounds else 1.0
-        self.z = noise_multiplier(params.epsilon, params.delta, self.rounds, self.sample_rate)
+        # one budget: PrivacyParams refuses a list under central DP
+        self.z = noise_multiplier(cast(float, params.epsilon), params.delta, self.rounds, self.sample_rate)
         self.released_rounds = 0
 
-    def privatize(self, rnd, client, update):
+    def privatize(self, rnd: int, client: int, update: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         raise RuntimeError("privacy.mode central: the server noises the sum of the round's updates; no "
                            "client privatizes its own (the algorithm should have been refused)")
 
@@ -317,7 +327,8 @@ def privatize_upload(plan: PrivacyPlan, mode: str, rnd: int, clients: torch.Tens
     """The round's uploads as the server receives them, one dict per client: with `mode` "model" the
     update is upload - download (tensor by tensor), with "update" the upload itself. Dropped uploads
     (`arrived` False) never leave and come back as {}; the tensors in `plan.kept_local` never leave."""
-    out, updates = [], {}
+    out: list[dict[str, torch.Tensor]] = []
+    updates: dict[int, tuple[dict[str, torch.Tensor], dict[str, torch.Tensor] | None]] = {}
     for k, c in enumerate(clients.tolist()):
         mine = {} if arrived is not None and not bool(arrived[k]) else upload.row(k)
         mine = {n: t for n, t in mine.items() if n not in plan.kept_local}
@@ -335,15 +346,15 @@ def privatize_upload(plan: PrivacyPlan, mode: str, rnd: int, clients: torch.Tens
         updates[k] = ({n: t - reference[n].to(t.dtype) if t.is_floating_point() else t for n, t in mine.items()},
                       reference)
     if plan.mode == "central" and updates:
-        mean = plan.noised_mean(rnd, [u for u, _ in updates.values()])
+        mean = cast(CentralPrivacyPlan, plan).noised_mean(rnd, [u for u, _ in updates.values()])
         updates = {k: (mean, reference) for k, (_, reference) in updates.items()}
-    for k, (update, reference) in updates.items():
+    for k, (update, base) in updates.items():  # base: the download the update is against, or None
         if plan.mode == "local":
             update = plan.privatize(rnd, int(clients[k]), update)
-        if reference is None:
+        if base is None:
             out[k] = update
         else:
-            out[k] = {n: reference[n].to(t.dtype) + t if t.is_floating_point() else t for n, t in update.items()}
+            out[k] = {n: base[n].to(t.dtype) + t if t.is_floating_point() else t for n, t in update.items()}
     return out
 
 

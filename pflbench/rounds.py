@@ -26,7 +26,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, cast
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Protocol, cast
 
 import numpy as np
 import pandas as pd
@@ -46,6 +46,27 @@ from pflbench.round_context import ClientRound
 from pflbench.serving import Serving, score
 from pflbench.training import Diverged
 
+if TYPE_CHECKING:
+    from pflbench.data.dataset import Dataset
+    from pflbench.partitioning import ClientSplits
+
+    # What the round loop asks of its checkpointer: pflbench.checkpoint.Checkpointer, not imported here even
+    # for type checking (that would pull pflbench.checkpoint into the engine's import cycle).
+    class Resumed(Protocol):
+        @property
+        def round(self) -> int: ...
+        @property
+        def elapsed(self) -> float: ...
+        @property
+        def loop(self) -> dict: ...
+
+    class RoundCheckpointer(Protocol):
+        def resume(self, fed: Federation, algorithm: Algorithm[Any],
+                   provenance: dict | None = None) -> Resumed | None: ...
+        def after_round(self, rnd: int, fed: Federation, algorithm: Algorithm[Any], loop: dict,
+                        elapsed: float) -> None: ...
+        def summary(self) -> dict: ...
+
 
 @dataclass
 class CellResult:
@@ -58,7 +79,8 @@ class CellResult:
     card: dict | None = None  # the algorithm's card (pflbench.card), stored with the result
 
 
-def prepare_cell(cell: CellConfig, data_root=None, mirror=None):
+def prepare_cell(cell: CellConfig, data_root: str | Path | None = None,
+                 mirror: str | Path | None = None) -> tuple[Dataset, ClientSplits]:
     """Load the cell's dataset and its (cached, shared) partition. Raises clear errors early."""
     from pflbench.data import data_root as resolve_root, load_dataset
     from pflbench.partitioning import make_splits
@@ -79,9 +101,10 @@ def check_evaluated(evaluate: tuple[str, ...]) -> tuple[str, ...]:
     return evaluate
 
 
-def run_cell(cell: CellConfig, *, data_root=None, mirror=None, execution: ExecutionOptions = ExecutionOptions(),
-             on_round: Callable[[dict], None] | None = None, evaluate: tuple[str, ...] = EVALUATED,
-             checkpointer=None, stop_after: int | None = None) -> CellResult:
+def run_cell(cell: CellConfig, *, data_root: str | Path | None = None, mirror: str | Path | None = None,
+             execution: ExecutionOptions = ExecutionOptions(), on_round: Callable[[dict], None] | None = None,
+             evaluate: tuple[str, ...] = EVALUATED, checkpointer: RoundCheckpointer | None = None,
+             stop_after: int | None = None) -> CellResult:
     """Run one cell to the end (or its first `stop_after` rounds: `run_rounds`). A cell from a spec is
     resolved already (`pflbench.resolve`); any other is resolved here first, through the same checks (a
     ValueError names what is wrong).
@@ -101,7 +124,7 @@ def run_cell(cell: CellConfig, *, data_root=None, mirror=None, execution: Execut
                                                              "torch": torch.__version__, "device": fed.device.type})
 
 
-def build_cell(cell: CellConfig, dataset, splits, execution: ExecutionOptions,
+def build_cell(cell: CellConfig, dataset: Dataset, splits: ClientSplits, execution: ExecutionOptions,
                withhold_test: bool = False) -> tuple[Federation, Algorithm]:
     """The cell's Federation and its algorithm (with the cell's hyperparameters), from `prepare_cell`'s
     data; call it inside `cell_global_rng`, as `run_cell` does."""
@@ -111,7 +134,7 @@ def build_cell(cell: CellConfig, dataset, splits, execution: ExecutionOptions,
 
 
 @contextmanager
-def cell_global_rng(seed: int, device: torch.device):
+def cell_global_rng(seed: int, device: torch.device) -> Iterator[None]:
     """torch's global generator seeded from the cell's seed for the cell's run, the caller's state
     restored after it. What draws from it (dropout layers: MobileNetV3, VGG8) then draws the same in any
     process, whatever ran there before: a Ray worker runs cell after cell, `--no-ray` runs a whole plan
@@ -175,11 +198,15 @@ class CellRecord:
         self.metric_rows: list[dict] = []
         self.round_rows: list[dict] = []
         self.artifacts: dict[str, np.ndarray] = {}
-        self.status, self.diverged_round, self.error = "finished", None, None
+        self.status: str = "finished"
+        self.diverged_round: int | None = None
+        self.error: str | None = None
         self.adapt_diverged: list[int] = []
         self.newcomer_time = 0.0
         self.last_eval: dict | None = None
-        self.flags = {} if fed.newcomers is None else {"newcomer": False}
+        # metrics columns of every row (client_rows's **flags: after *sizes, a dict[str, bool] there
+        # reads to mypy as if it could fill val_samples)
+        self.flags: dict[str, Any] = {} if fed.newcomers is None else {"newcomer": False}
         self.sizes = fed.split_sizes("test").tolist(), fed.split_sizes("val").tolist()  # per client, fixed
 
     def elapsed(self) -> float:
@@ -194,11 +221,11 @@ class CellRecord:
             setattr(self, key, loop[key])
         self.start -= elapsed
 
-    def diverged(self, rnd: int, why) -> None:
+    def diverged(self, rnd: int, why: Exception | str) -> None:
         self.status, self.diverged_round, self.error = "diverged", rnd, f"round {rnd}: {why}"
 
     def add_round(self, rnd: int, clients: Tensor, download: Payload, upload: Payload, seconds: float,
-                  train_seconds: float):
+                  train_seconds: float) -> tuple[Tensor, Tensor]:
         bytes_down, bytes_up = download.nbytes, upload.nbytes
         self.round_rows.append({"round": rnd, "clients": len(clients), "bytes_down": int(bytes_down.sum()),
                                 "bytes_up": int(bytes_up.sum()), "wall_time": seconds, "adapt_time": 0.0,
@@ -211,8 +238,9 @@ class CellRecord:
         self.metric_rows.extend({**row, "wall_time": now} for row in rows)
 
 
-def run_rounds(fed: Federation, algorithm: Algorithm, on_round=None, provenance: dict | None = None,
-               evaluate: tuple[str, ...] = EVALUATED, checkpointer=None, stop_after: int | None = None,
+def run_rounds(fed: Federation, algorithm: Algorithm, on_round: Callable[[dict], None] | None = None,
+               provenance: dict | None = None, evaluate: tuple[str, ...] = EVALUATED,
+               checkpointer: RoundCheckpointer | None = None, stop_after: int | None = None,
                set_up: bool = False) -> CellResult:
     """The cell's rounds, with every client's personalized model evaluated on the `evaluate` splits
     every eval_every rounds (columns of a split not evaluated are NaN). With the cell's
@@ -270,8 +298,8 @@ def run_rounds(fed: Federation, algorithm: Algorithm, on_round=None, provenance:
                       type(algorithm).card.as_dict())
 
 
-def evaluate_round(fed: Federation, algorithm: Algorithm, rnd: int, clients: Tensor, sent, evaluate,
-                   record: CellRecord) -> bool:
+def evaluate_round(fed: Federation, algorithm: Algorithm, rnd: int, clients: Tensor, sent: tuple[Tensor, Tensor],
+                   evaluate: tuple[str, ...], record: CellRecord) -> bool:
     """Score every client's personalized model at round `rnd` (and after adaptation, and the
     newcomers'), into `record`; False when the cell diverged here."""
     eval_start = time.perf_counter()
@@ -314,9 +342,10 @@ def _mean(scores: dict, split: str) -> float | None:
     return float(scores[split][0].mean()) if split in scores else None
 
 
-def cell_facts(fed: Federation, algorithm: Algorithm, rounds: pd.DataFrame, record: CellRecord, evaluate) -> dict:
+def cell_facts(fed: Federation, algorithm: Algorithm, rounds: pd.DataFrame, record: CellRecord,
+               evaluate: tuple[str, ...]) -> dict:
     """How the cell ran and what its knobs did, for the summary."""
-    facts = {} if evaluate == EVALUATED else {"evaluated": list(evaluate)}
+    facts: dict[str, Any] = {} if evaluate == EVALUATED else {"evaluated": list(evaluate)}
     if fed.system is not None:  # what the system knob did, for the report
         ran = fed.client_ids[fed.schedule[: len(rounds)]]  # partition ids
         facts.update({"system_stragglers": np.flatnonzero(fed.system.straggler).tolist(),

@@ -52,13 +52,14 @@ import time
 import traceback
 from collections import Counter
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Any, Callable, cast
 
 from rich.console import Console
 from rich.markup import escape
 
-from pflbench.checkpoint import DEFAULT_MINUTES, CheckpointPolicy, Checkpointer
+from pflbench.checkpoint import DEFAULT_MINUTES, CheckpointFile, CheckpointPolicy, Checkpointer
 from pflbench.config import CellConfig, cell_hash
 from pflbench.display import PROBLEMS, Display, label, make_console, print_summary
 from pflbench.execution import ExecutionOptions
@@ -67,7 +68,16 @@ from pflbench.node_data import DataFingerprint, NodeDataError, check_node_data, 
 from pflbench.ray_cluster import ClusterError, connect_ray, on_driver_node, ray_capacity, task_resources, this_node
 from pflbench.spec import Plan, Resources, describe_partition
 from pflbench.store import COMPLETE, DAMAGED, HEARTBEAT, SET_ASIDE, DiskFull, Store
-from pflbench.trackers import TrackerOptions, cell_tracking
+from pflbench.trackers import CellTracking, TrackerOptions, cell_tracking
+
+if TYPE_CHECKING:
+    from pflbench.checkpoint_relay import RelayedCheckpointFile
+    from pflbench.groups import GroupRun
+    from pflbench.rounds import CellResult
+
+    # Where a cell's checkpoint is read and written: this machine's files, or on a Ray worker the keeper's
+    # (a RelayedCheckpointFile has CheckpointFile's methods; `Checkpointer` names only CheckpointFile).
+    CheckpointFiles = CheckpointFile | RelayedCheckpointFile
 
 
 @dataclass(frozen=True)
@@ -88,7 +98,7 @@ class RunOptions:
     trackers: TrackerOptions = TrackerOptions()  # stream each cell's rounds to TensorBoard/W&B/MLflow (trackers.py)
     grace_seconds: float = DEFAULT_GRACE_SECONDS  # after SIGTERM: how long the round in progress may take (preemption.py)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         _ = self.checkpoint_policy  # ValueError before any work
         if not self.grace_seconds >= 0:
             raise ValueError(f"grace seconds must be >= 0, got {self.grace_seconds!r}")
@@ -147,7 +157,7 @@ def is_out_of_memory(error: BaseException) -> bool:
             or (isinstance(error, RuntimeError) and "can't allocate memory" in str(error)))
 
 
-def failed_result(error: str):
+def failed_result(error: str) -> CellResult:
     import pandas as pd
 
     from pflbench.rounds import CellResult
@@ -156,19 +166,19 @@ def failed_result(error: str):
 
 
 def cell_checkpointer(cell: CellConfig, options: RunOptions, note: Callable[[str], None] | None = None,
-                      files=None, preemption: StopRequest | None = None) -> Checkpointer:
+                      files: CheckpointFiles | None = None, preemption: StopRequest | None = None) -> Checkpointer:
     """The cell's round checkpoints, next to its results in the store (`files`: read and written
     elsewhere than this machine's files, e.g. the driver's store from a Ray worker; `preemption`: where
     a stop is asked for, pflbench/preemption.py)."""
     root = Path(options.results)
     return Checkpointer(root / cell_hash(cell), cell, options.checkpoint_policy, set_aside_dir=root / SET_ASIDE,
-                        note=note, files=files, preemption=preemption)
+                        note=note, files=cast("CheckpointFile | None", files), preemption=preemption)
 
 
 def execute_cell(cell: CellConfig, resources: Resources, options: RunOptions,
                  report: Callable[[dict], None] | None = None, note: Callable[[str], None] | None = None,
-                 checkpoints: bool = True, stop_after: int | None = None, checkpoint_files=None,
-                 preemption: StopRequest | None = None):
+                 checkpoints: bool = True, stop_after: int | None = None,
+                 checkpoint_files: CheckpointFiles | None = None, preemption: StopRequest | None = None) -> CellResult:
     """Run one cell here (the driver or a Ray worker) with torch limited to the cell's CPU share,
     continuing from its checkpoint if it has one (`note` gets "resumed at round R of N" and the like).
     Returns a CellResult; an exception becomes a "failed" result carrying its traceback.
@@ -189,15 +199,15 @@ def execute_cell(cell: CellConfig, resources: Resources, options: RunOptions,
     torch.set_num_threads(options.execution.threads or max(1, int(resources.cpus)))
     # Trackers (trackers.py), here: on the Ray worker or in this process, the cell's run continued on resume.
     tracking = cell_tracking(cell, options.trackers, Path(options.results), note) if checkpoints else None
-    on_round = report if tracking is None else (
-        lambda info: (tracking.on_round(info), report(info) if report is not None else None))
-    result = None
+    on_round = report if tracking is None else _tracked(tracking, report)
+    result: CellResult | None = None
     checkpointer = cell_checkpointer(cell, options, note, checkpoint_files, preemption) if checkpoints else None
     try:
         activate(options.plugins, cell)  # a Ray worker loads the user's plugins (the driver has them)
         execution = options.execution.on("cuda" if resources.gpus > 0 else "cpu")
         with running_cell(preemption):
-            result = measured(execution.device, lambda: run_cell(  # peak memory and machine (pflbench/cost.py)
+            # peak memory and machine (pflbench/cost.py); the device is decided (`on`): a str
+            result = measured(cast(str, execution.device), lambda: run_cell(
                 cell, data_root=options.data_root, mirror=options.mirror, execution=execution, on_round=on_round,
                 checkpointer=checkpointer, stop_after=stop_after))
     except Preempted as stop:
@@ -214,6 +224,27 @@ def execute_cell(cell: CellConfig, resources: Resources, options: RunOptions,
         if tracking is not None and result is not None:
             tracking.finish(result)
     return result
+
+
+def _tracked(tracking: CellTracking | None, report: Callable[[dict], None] | None) -> Callable[[dict], None]:
+    """The round loop's callback: the cell's trackers get each round, then `report` (where given)."""
+    def on_round(info: dict) -> None:
+        if tracking is not None:
+            tracking.on_round(info)
+        if report is not None:
+            report(info)
+
+    return on_round
+
+
+def _posting(board: Any, key: str) -> Callable[[dict], None]:
+    """A Ray cell's round reports, posted to the progress board as the driver's display needs them."""
+    return lambda info: board.post.remote(key, progress_of(info))
+
+
+def _noting(board: Any, key: str) -> Callable[[str], None]:
+    """A Ray cell's notes, posted to the progress board."""
+    return lambda text: board.note.remote(key, text)
 
 
 # ---- executors ----------------------------------------------------------------------------------
@@ -262,6 +293,7 @@ def stopped_at(stop: Preempted, rounds: int, grace_seconds: float) -> str:
     if stop.in_round and stop.rounds_done is None:
         done = f"still in a round {grace_seconds:g} s after the signal, stopped at once"
     elif stop.in_round:
+        assert stop.rounds_done is not None  # (the branch above)
         done = f"round {stop.rounds_done + 1} of {rounds} had not ended {grace_seconds:g} s after the signal"
     elif stop.checkpoint_error:
         done = f"stopped after round {stop.rounds_done} of {rounds} without a checkpoint ({stop.checkpoint_error})"
@@ -278,7 +310,8 @@ def next_run(resumes_at: int | None, rounds: int) -> str:
 
 def execute_group(cells: list[CellConfig], resources: Resources, options: RunOptions,
                   reports: list[Callable[[dict], None] | None], notes: list[Callable[[str], None] | None],
-                  preemption: StopRequest | None = None, checkpoint_files: list | None = None):
+                  preemption: StopRequest | None = None,
+                  checkpoint_files: list[CheckpointFiles | None] | None = None) -> GroupRun:
     """Run `cells` here (the driver or a Ray worker) as one cell group (pflbench.groups), each
     continuing from its checkpoint if it has one, with torch limited to one cell's CPU share
     `resources` (in lock-step one cell computes at a time). `reports[i]`, `notes[i]`,
@@ -297,9 +330,8 @@ def execute_group(cells: list[CellConfig], resources: Resources, options: RunOpt
     execution = options.execution.on("cuda" if resources.gpus > 0 else "cpu")
     checkpoint_files = checkpoint_files or [None] * len(cells)
     trackings = [cell_tracking(cell, options.trackers, Path(options.results), note) for cell, note in zip(cells, notes)]
-    on_round = [(lambda info, t=tracking, r=report: (t.on_round(info) if t is not None else None,
-                                                      r(info) if r is not None else None))
-                for tracking, report in zip(trackings, reports)]
+    on_round: list[Callable[[dict], None] | None] = [_tracked(tracking, report)
+                                                     for tracking, report in zip(trackings, reports)]
     checkpointers = [cell_checkpointer(cell, options, note, files, preemption)
                      for cell, note, files in zip(cells, notes, checkpoint_files)]
     outcome: GroupRun | None = None
@@ -307,15 +339,16 @@ def execute_group(cells: list[CellConfig], resources: Resources, options: RunOpt
         for cell in cells:
             activate(options.plugins, cell)
         with running_cell(preemption):
-            def group_run():
+            def group_run() -> CellResult:
                 nonlocal outcome
                 outcome = run_group(cells, data_root=options.data_root, mirror=options.mirror, execution=execution,
                                     checkpointers=checkpointers, on_round=on_round, passthrough=(Preempted, DiskFull))
                 return probe
 
             probe = failed_result("")  # carries what `measured` adds: the group's peak memory, the machine
-            measured(execution.device, group_run)
+            measured(cast(str, execution.device), group_run)  # the device is decided (`on`): a str
         machine = {key: value for key, value in probe.summary.items() if key not in ("status", "wall_time")}
+        assert outcome is not None  # set by group_run
         for result in outcome.results:
             if result is not None:
                 result.summary.update(machine)
@@ -348,16 +381,15 @@ def run_in_process(cells: list[CellConfig], plan: Plan, options: RunOptions, sto
         return
     for cell in cells:
         if preemption.requested:
-            raise RunStopped(preempted_line(Preempted(preemption.signal), None, preemption.grace_seconds),
-                             PREEMPTED_EXIT)
+            raise RunStopped(preempted_line(Preempted(cast(str, preemption.signal)), None,  # requested: a signal
+                                            preemption.grace_seconds), PREEMPTED_EXIT)
         try:
             if not take(cell, store, options, display):
                 continue
             display.update(cell, {"round": 0})
             with preemption.cell_running():
-                result = execute_cell(cell, plan.resources, options,
-                                      report=lambda info, cell=cell: display.update(cell, info),
-                                      note=lambda text, cell=cell: display.note(cell, text), preemption=preemption)
+                result = execute_cell(cell, plan.resources, options, report=partial(display.update, cell),
+                                      note=partial(display.note, cell), preemption=preemption)
             record(cell, result, store, options, display)
         except Preempted as stop:
             store.release(cell)  # no result: the next run continues it from its checkpoint
@@ -377,8 +409,8 @@ def run_groups_in_process(cells: list[CellConfig], plan: Plan, options: RunOptio
 
     for group in form_groups(cells):
         if preemption.requested:
-            raise RunStopped(preempted_line(Preempted(preemption.signal), None, preemption.grace_seconds),
-                             PREEMPTED_EXIT)
+            raise RunStopped(preempted_line(Preempted(cast(str, preemption.signal)), None,  # requested: a signal
+                                            preemption.grace_seconds), PREEMPTED_EXIT)
         taken: list[CellConfig] = []
         try:
             taken = [cell for cell in group if take(cell, store, options, display)]
@@ -388,8 +420,8 @@ def run_groups_in_process(cells: list[CellConfig], plan: Plan, options: RunOptio
                 display.update(cell, {"round": 0})
             with preemption.cell_running():
                 outcome = execute_group(taken, plan.resources, options,
-                                        [lambda info, c=cell: display.update(c, info) for cell in taken],
-                                        [lambda text, c=cell: display.note(c, text) for cell in taken], preemption)
+                                        [partial(display.update, cell) for cell in taken],
+                                        [partial(display.note, cell) for cell in taken], preemption)
         except Preempted as stop:  # the grace deadline, inside a round: no cell of the group has a result
             for cell in taken:
                 store.release(cell)
@@ -399,14 +431,15 @@ def run_groups_in_process(cells: list[CellConfig], plan: Plan, options: RunOptio
             for cell in taken:
                 store.release(cell)
             raise RunStopped(disk_full_line(full, taken[0] if taken else None, store), DISK_FULL_EXIT) from None
-        preempted, full = [], None
-        for i, (cell, result, stop) in enumerate(zip(taken, outcome.results, outcome.stopped)):
-            if stop is not None:
+        preempted: list[str] = []
+        first_full: tuple[BaseException, CellConfig] | None = None
+        for i, (cell, result, stopped_by) in enumerate(zip(taken, outcome.results, outcome.stopped)):
+            if stopped_by is not None:
                 store.release(cell)  # no result: the next run continues it from its checkpoint
-                if isinstance(stop, Preempted):
-                    preempted.append(stopped_cell(stop, cell, preemption.grace_seconds))
+                if isinstance(stopped_by, Preempted):
+                    preempted.append(stopped_cell(stopped_by, cell, preemption.grace_seconds))
                 else:
-                    full = full or (stop, cell)
+                    first_full = first_full or (stopped_by, cell)
                 continue
             try:
                 record(cell, result, store, options, display)
@@ -414,13 +447,13 @@ def run_groups_in_process(cells: list[CellConfig], plan: Plan, options: RunOptio
                 for rest in taken[i:]:
                     store.release(rest)
                 raise RunStopped(disk_full_line(error, cell, store), DISK_FULL_EXIT) from None
-        if full is not None:
-            raise RunStopped(disk_full_line(full[0], full[1], store), DISK_FULL_EXIT)
+        if first_full is not None:  # a DiskFull (run_group's passthrough: Preempted or DiskFull)
+            raise RunStopped(disk_full_line(cast(DiskFull, first_full[0]), first_full[1], store), DISK_FULL_EXIT)
         if preempted:
             raise RunStopped(f"preempted ({preemption.signal}): " + "; ".join(preempted), PREEMPTED_EXIT)
 
 
-def record(cell: CellConfig, result, store: Store, options: RunOptions, display: "Display") -> None:
+def record(cell: CellConfig, result: CellResult, store: Store, options: RunOptions, display: "Display") -> None:
     """Write a cell's result, then drop its checkpoint (a failed cell keeps it: the next run continues)."""
     store.write(cell, result)
     if result.status in COMPLETE and not options.keep_checkpoints:
@@ -458,11 +491,11 @@ class Heartbeat:
         while not self.stop.wait(HEARTBEAT):
             self.store.heartbeat()
 
-    def __enter__(self):
+    def __enter__(self) -> Heartbeat:
         self.thread.start()
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.stop.set()
         self.store.release_all()  # interrupted or crashed cells are free for the next runner at once
 
@@ -470,7 +503,7 @@ class Heartbeat:
 class ProgressBoard:
     """A Ray actor (no CPU) that running cells post their latest round to; the driver polls it."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.latest: dict[str, dict] = {}
         self.notes: list[tuple[str, str]] = []
         self.stop: str | None = None  # the signal the driver was stopped by (pflbench/preemption.py)
@@ -497,7 +530,7 @@ class ProgressBoard:
         return self.stop
 
 
-def start_board():
+def start_board() -> Any:  # a Ray actor handle of a ProgressBoard
     """A ProgressBoard as a Ray actor on the driver's node (no CPU): a lost node must not take it along."""
     import ray
 
@@ -508,7 +541,7 @@ class BoardStop:
     """A Ray worker's `StopRequest`: the driver's stop, read from the progress board (at most every
     `every` seconds, so a cell of short rounds does not wait on the board each round)."""
 
-    def __init__(self, board, every: float = 0.5, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, board: Any, every: float = 0.5, clock: Callable[[], float] = time.monotonic) -> None:
         self.board, self.every, self.clock = board, every, clock
         self.signal: str | None = None
         self._asked = float("-inf")
@@ -526,8 +559,8 @@ class BoardStop:
         pass
 
 
-def _ray_task(cell: CellConfig, resources: Resources, options: RunOptions, board, checkpoint_files,
-              data: DataFingerprint | None):
+def _ray_task(cell: CellConfig, resources: Resources, options: RunOptions, board: Any,
+              checkpoint_files: CheckpointFiles | None, data: DataFingerprint | None) -> CellResult | Preempted:
     """One attempt of a cell on a Ray worker: its progress to `board`, its checkpoints through
     `checkpoint_files` (the driver's store), its data checked first where this is not the driver's node."""
     from pflbench.oom_kills import OomKills
@@ -545,7 +578,7 @@ def _ray_task(cell: CellConfig, resources: Resources, options: RunOptions, board
         return stop
 
 
-def node_data_problem(cell: CellConfig, data: DataFingerprint | None):
+def node_data_problem(cell: CellConfig, data: DataFingerprint | None) -> CellResult | None:
     """On a Ray worker on another node than the driver's: the failed result of a cell whose data this
     node lacks (one message naming the node and the path), else None."""
     import ray
@@ -561,8 +594,8 @@ def node_data_problem(cell: CellConfig, data: DataFingerprint | None):
     return None
 
 
-def _ray_group_task(cells: list[CellConfig], resources: Resources, options: RunOptions, board,
-                    checkpoint_files: list, data: list[DataFingerprint | None]) -> list:
+def _ray_group_task(cells: list[CellConfig], resources: Resources, options: RunOptions, board: Any,
+                    checkpoint_files: list[CheckpointFiles | None], data: list[DataFingerprint | None]) -> list:
     """One attempt of a cell group on a Ray worker (`_ray_task` for each of its cells, in one process as
     `execute_group` runs them): per cell, in order, its result, or the `Preempted` / `DiskFull` that
     stopped it (handed back as values: the driver records no result for it). A cell whose data this
@@ -579,15 +612,15 @@ def _ray_group_task(cells: list[CellConfig], resources: Resources, options: RunO
         return outcomes
     try:
         run = execute_group([cells[i] for i in runnable], resources, options,
-                            [lambda info, key=keys[i]: board.post.remote(key, progress_of(info)) for i in runnable],
-                            [lambda text, key=keys[i]: board.note.remote(key, text) for i in runnable],
+                            [_posting(board, keys[i]) for i in runnable],
+                            [_noting(board, keys[i]) for i in runnable],
                             preemption=BoardStop(board), checkpoint_files=[checkpoint_files[i] for i in runnable])
     except (Preempted, DiskFull) as stop:  # the whole group's: every cell stops without a result
         for i in runnable:
             outcomes[i] = stop
         return outcomes
-    for i, result, stop in zip(runnable, run.results, run.stopped):
-        outcomes[i] = stop if stop is not None else result
+    for i, result, stopped_by in zip(runnable, run.results, run.stopped):
+        outcomes[i] = stopped_by if stopped_by is not None else result
     return outcomes
 
 
@@ -647,13 +680,14 @@ def run_on_ray(cells: list[CellConfig], plan: Plan, options: RunOptions, store: 
         def start(unit: list[CellConfig]) -> None:
             """Open each cell's next attempt with the keeper (only it may write the cell's checkpoint),
             then run the cell, or the group, as one task."""
-            files = []
+            files: list[CheckpointFiles | None] = []
             for cell in unit:
                 key = cell_hash(cell)
                 attempt = attempts.get(key, 0)
                 ray.get(keeper.open.remote(key, attempt))
                 board.post.remote(key, {"round": 0})  # nothing of an earlier attempt is taken for this one's
                 files.append(RelayedCheckpointFile(keeper, key, attempt))
+            ref: ray.ObjectRef  # of a cell's outcome, or of a group's outcomes (a list)
             if len(unit) == 1:
                 ref = task.remote(unit[0], plan.resources, worker_options, board, files[0], data.get(cell_hash(unit[0])))
             else:
@@ -687,7 +721,8 @@ def run_on_ray(cells: list[CellConfig], plan: Plan, options: RunOptions, store: 
                 store.release(other)
             for ref in running:
                 ray.cancel(ref, force=True)
-            return RunStopped(disk_full_line(cause_of(full), cell, store), DISK_FULL_EXIT)
+            # a DiskFull, here or through the Ray errors that wrapped it
+            return RunStopped(disk_full_line(cast(DiskFull, cause_of(full)), cell, store), DISK_FULL_EXIT)
 
         while waiting or running:
             if preemption is not None and preemption.requested and stopping_since is None:
@@ -698,7 +733,8 @@ def run_on_ray(cells: list[CellConfig], plan: Plan, options: RunOptions, store: 
                 for ref, unit in list(running.items()):
                     ray.cancel(ref, force=True)
                     for cell in unit:
-                        stop(cell, Preempted(preemption.signal, in_round=True))
+                        assert preemption is not None  # stopping: it was requested, so it has a signal
+                        stop(cell, Preempted(cast(str, preemption.signal), in_round=True))
                 running.clear()
                 break
             while waiting and len(running) < limit:
@@ -715,7 +751,8 @@ def run_on_ray(cells: list[CellConfig], plan: Plan, options: RunOptions, store: 
                         raise disk_full(error, unit[0], unit) from None
                     if stopping_since is not None:  # a worker ended by the same signal: no retry now
                         for cell in unit:
-                            stop(cell, Preempted(preemption.signal, in_round=True))
+                            assert preemption is not None  # stopping: it was requested, so it has a signal
+                            stop(cell, Preempted(cast(str, preemption.signal), in_round=True))
                         continue
                     whys = []
                     for cell in unit:  # a group's cells were lost together: each is retried, from its checkpoint
@@ -766,6 +803,7 @@ def run_on_ray(cells: list[CellConfig], plan: Plan, options: RunOptions, store: 
                     if cell_hash(cell) in latest:
                         display.update(cell, latest[cell_hash(cell)])
         if stopping_since is not None:
+            assert preemption is not None  # stopping: it was requested
             raise RunStopped(f"preempted ({preemption.signal}) on Ray: "
                              + ("; ".join(stopped) if stopped else "no cell was running")
                              + "; run the same command again to continue", PREEMPTED_EXIT)
@@ -790,11 +828,11 @@ def worker_lost(error: Exception, peak: int | None, oom_killed: bool = False) ->
     return f"Ray worker lost ({type(error).__name__}" + (f"; last reported peak {peak} MB)" if peak is not None else ")")
 
 
-def cause_of(error: Exception) -> Exception:
+def cause_of(error: BaseException) -> BaseException:
     """The exception a Ray error wraps, through every task and actor it crossed (a RayTaskError's
     text is its traceback; the cause's is the one line)."""
-    while getattr(error, "cause", None) is not None and error.cause is not error:
-        error = error.cause
+    while getattr(error, "cause", None) is not None and getattr(error, "cause") is not error:
+        error = getattr(error, "cause")
     return error
 
 
@@ -843,7 +881,8 @@ def prepare_partitions(cells: list[CellConfig], plan: Plan, options: RunOptions,
                           f"{cell.clients} clients seed {cell.seed}")
             try:
                 dataset, splits = prepare_cell(cell, options.data_root, options.mirror)
-                prints[key] = fingerprint(dataset, splits, options.data_root, options.mirror, driver)
+                # options.data_root: resolved by run_plan
+                prints[key] = fingerprint(dataset, splits, cast(Path, options.data_root), options.mirror, driver)
                 del dataset, splits
             except DatasetNotFoundError as error:
                 if cell.dataset not in plan.optional_datasets:
@@ -961,7 +1000,7 @@ def record_skipped_datasets(store: Store, plan: Plan, notes: dict[str, dict]) ->
         data = read_json_dict(path)
     except (OSError, ValueError):
         data = {}
-    skipped = data.get("skipped_datasets") if isinstance(data.get("skipped_datasets"), dict) else {}
+    skipped: dict = cast(dict, data.get("skipped_datasets")) if isinstance(data.get("skipped_datasets"), dict) else {}
     for dataset in {cell.dataset for cell in plan.cells} - set(notes):
         skipped.pop(dataset, None)
     skipped.update({dataset: {**note, "spec": plan.name} for dataset, note in notes.items()})

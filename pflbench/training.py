@@ -55,7 +55,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Iterator, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -89,7 +89,7 @@ class SGD:
         """Fresh momentum buffers for `params` (zeros), or None when the rule has no momentum."""
         return [torch.zeros_like(p) for p in params] if self.momentum else None
 
-    def apply(self, params: list[Tensor], grads: list[Tensor], momenta: list[Tensor] | None,
+    def apply(self, params: list[Tensor], grads: list[Tensor] | tuple[Tensor, ...], momenta: list[Tensor] | None,
               lr: float | None = None) -> None:
         """One step in place: d = g + weight_decay * p; with momentum m = momentum * m + d and d = m;
         p = p - lr * d. `momenta` (from `momenta`, zeros before the first step: torch.optim's copy of
@@ -106,12 +106,13 @@ class SGD:
             if self.weight_decay:
                 grads = torch._foreach_add(grads, params, alpha=self.weight_decay)
             if self.momentum:
+                assert momenta is not None  # the rule has momentum: `momenta` gave the buffers
                 torch._foreach_mul_(momenta, self.momentum)
                 torch._foreach_add_(momenta, grads)
                 grads = momenta
             torch._foreach_add_(params, grads, alpha=-(self.lr if lr is None else lr))
 
-    def apply_rows(self, params: list[Tensor], grads: list[Tensor], momenta: list[Tensor] | None,
+    def apply_rows(self, params: list[Tensor], grads: list[Tensor] | tuple[Tensor, ...], momenta: list[Tensor] | None,
                    rows: Tensor, lr: float | None = None) -> None:
         """`apply` to the clients `rows` (indices into the leading client dimension) of stacked
         tensors; the other clients keep their parameters and momentum. The gathers and scatters
@@ -232,7 +233,8 @@ class ClientModel:
             fresh = copy.deepcopy(self._module)
             for module in fresh.modules():
                 if hasattr(module, "reset_parameters") and module is not fresh:
-                    module.reset_parameters()
+                    # torch types Module.__getattr__ as Tensor | Module; this is the layer's own method
+                    module.reset_parameters()  # type: ignore[operator]
         single = {**dict(fresh.named_parameters()), **dict(fresh.named_buffers())}
         return {
             name: t.detach().to(device).unsqueeze(0).repeat(num_clients, *([1] * t.dim()))
@@ -261,7 +263,7 @@ class ClientModel:
             return net(x)
 
     @contextlib.contextmanager
-    def bound(self, state: State, train: bool):
+    def bound(self, state: State, train: bool) -> Iterator[nn.Module]:
         """The module with one client's (unstacked) tensors in place of its own, while the block
         runs. Binding once for many steps saves functional_call's per-call swapping, a few percent
         of a small CNN's step on a CPU."""
@@ -386,8 +388,10 @@ def client_pool(workers: int) -> concurrent.futures.ThreadPoolExecutor:
         return _client_pools[workers]
 
 
-def _map_clients(work: Callable[[int], tuple[Tensor, Tensor] | tuple[State, Tensor]], count: int,
-                 threads: int) -> list:
+_T = TypeVar("_T")
+
+
+def _map_clients(work: Callable[[int], _T], count: int, threads: int) -> list[_T]:
     """[work(0), ..., work(count - 1)]: one after another, or on `threads` client threads."""
     if threads <= 1 or count <= 1:
         return [work(k) for k in range(count)]
@@ -398,8 +402,9 @@ def _rows(state: State, k: int) -> State:
     return {name: t[k:k + 1] for name, t in state.items()}
 
 
-def _train_group(model, state, features, labels, client_indices, plans, sgd, objective, aux,
-                 trainable, compiled=False) -> tuple[State, Tensor]:
+def _train_group(model: ClientModel, state: State, features: Tensor, labels: Tensor, client_indices: list[Tensor],
+                 plans: list[Tensor], sgd: SGD, objective: Objective, aux: State, trainable: set[str],
+                 compiled: bool = False) -> tuple[State, Tensor]:
     device = features.device
     num_clients = len(plans)
     steps = torch.tensor([len(p) for p in plans])
@@ -413,6 +418,7 @@ def _train_group(model, state, features, labels, client_indices, plans, sgd, obj
     single = num_clients == 1
     loss_sum = torch.zeros(num_clients, device=device)
     start = {name: (t[0] if single else t) for name, t in state.items()}
+    carried: State | None
     first_step, carried = 0, None
     if compiled and num_clients:  # the steps where every client is active
         done = _compiled_steps(model, start, features, labels, ids[:, : int(steps.min())], sgd, trainable,
@@ -442,12 +448,13 @@ def _train_group(model, state, features, labels, client_indices, plans, sgd, obj
                 batch = ids[rows, step]
             x, y = features[batch], labels[batch]
             if single:
+                assert net is not None  # the bound module (one client)
                 logits = net(x[0]).unsqueeze(0)
                 losses = objective(logits, y, {name: t.unsqueeze(0) for name, t in view.items()}, aux_view)
             else:
                 logits = model.forward(view, x, train=True)
                 losses = objective(logits, y, view, aux_view)
-            grads = torch.autograd.grad(losses.sum(), leaves, allow_unused=True)
+            grads: tuple[Tensor, ...] | list[Tensor] = torch.autograd.grad(losses.sum(), leaves, allow_unused=True)
             grads = [torch.zeros_like(p) if g is None else g for p, g in zip(leaves, grads)]
             with torch.no_grad():
                 if rows is None:
@@ -490,7 +497,9 @@ def _note(message: str) -> None:
         print(f"pflbench: {message}", file=sys.stderr, flush=True)
 
 
-def _make_step(model: ClientModel, trainable: tuple[str, ...], sgd: SGD, single: bool, device_type: str):
+def _make_step(model: ClientModel, trainable: tuple[str, ...], sgd: SGD, single: bool,
+               device_type: str) -> Callable[[State, State, State | None, Tensor, Tensor],
+                                             tuple[State, State | None, Tensor]]:
     """The functional step: (trainable params, frozen params, momenta, x, y) -> (new params, new
     momenta, per-client losses)."""
     compute = copy.deepcopy(model._module) if single else stacked_twin(model.template, device_type == "cuda")
@@ -512,8 +521,9 @@ def _make_step(model: ClientModel, trainable: tuple[str, ...], sgd: SGD, single:
         out = functional_call(compute, state, (x.flatten(0, 1),))
         return out.view(clients, batch, *out.shape[1:])
 
-    def step(params: State, others: State, momenta: State | None, x: Tensor, y: Tensor):
-        def loss_of(p: State):
+    def step(params: State, others: State, momenta: State | None, x: Tensor,
+             y: Tensor) -> tuple[State, State | None, Tensor]:
+        def loss_of(p: State) -> tuple[Tensor, Tensor]:
             losses = cross_entropy(logits_of({**p, **others}, x), y, {}, {})
             return losses.sum(), losses.detach()
 
@@ -529,7 +539,7 @@ def _make_step(model: ClientModel, trainable: tuple[str, ...], sgd: SGD, single:
 
 
 def _compiled_steps(model: ClientModel, start: State, features: Tensor, labels: Tensor, ids: Tensor,
-                    sgd: SGD, trainable: set[str], single: bool, loss_sum: Tensor):
+                    sgd: SGD, trainable: set[str], single: bool, loss_sum: Tensor) -> tuple[State, State | None] | None:
     """Run the steps `ids` ([K, steps, B]) through the compiled step; returns (state, momenta), or
     None (nothing done) where compilation is unavailable or failed."""
     why_not = compile_available()
@@ -549,8 +559,9 @@ def _compiled_steps(model: ClientModel, start: State, features: Tensor, labels: 
         return None
     params = {name: t for name, t in start.items() if name in trainable}
     others = {name: t for name, t in start.items() if name not in trainable}
-    momenta = sgd.momenta(list(params.values()))
-    momenta = None if momenta is None else dict(zip(params, momenta))
+    fresh = sgd.momenta(list(params.values()))
+    momenta = None if fresh is None else dict(zip(params, fresh))
+    del fresh  # the buffers live in `momenta` alone, freed as the steps replace them
     for s in range(ids.shape[1]):
         batch = ids[:, s]
         x, y = features[batch], labels[batch]

@@ -7,12 +7,17 @@ stdout: warnings and notes go to stderr.
 """
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pflbench.spec import Plan
 
 
-def add_parser(subparsers) -> None:
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from pflbench.cli.commands import add_data_options
     from pflbench.execution import add_execution_arguments
 
@@ -50,7 +55,7 @@ def add_parser(subparsers) -> None:
     run.set_defaults(func=cmd_run)
 
 
-def add_checkpoint_options(parser, retried: str, unit: str = "cell",
+def add_checkpoint_options(parser: argparse.ArgumentParser, retried: str, unit: str = "cell",
                            resumed: str = "a killed cell continues from its last checkpoint on the next run") -> None:
     """Round checkpoints (pflbench/checkpoint.py) and retries of a lost worker's cell (`retried`: what is
     rerun, in words; `unit`: what writes checkpoints, a cell or a sweep's trial; `resumed`: how a killed
@@ -66,7 +71,7 @@ def add_checkpoint_options(parser, retried: str, unit: str = "cell",
                         help=f"keep a {unit}'s last checkpoint after it finished (default: removed)")
 
 
-def add_grace_option(parser, who: str, continued: str) -> None:
+def add_grace_option(parser: argparse.ArgumentParser, who: str, continued: str) -> None:
     """--grace-seconds (pflbench/preemption.py): `who` stops on a signal, in words; `continued`: how after."""
     parser.add_argument("--grace-seconds", type=float, default=25.0, metavar="S",
                         help=f"on SIGTERM (preemption) or a first Ctrl-C: {who} at the end of the round in progress "
@@ -74,7 +79,7 @@ def add_grace_option(parser, who: str, continued: str) -> None:
                              f"signal (default 25); exit status 75 and {continued}")
 
 
-def checkpoint_problem(args) -> str | None:
+def checkpoint_problem(args: argparse.Namespace) -> str | None:
     """What is wrong with the checkpoint options, or None (checked before any work)."""
     if args.checkpoint_every < 0:
         return f"--checkpoint-every must be 0 (by time only) or a number of rounds >= 1, got {args.checkpoint_every}"
@@ -89,7 +94,7 @@ def checkpoint_problem(args) -> str | None:
     return None
 
 
-def missing_gpus(plan, ray_address: str | None, device: str | None) -> str | None:
+def missing_gpus(plan: Plan, ray_address: str | None, device: str | None) -> str | None:
     """Why the plan's GPU request cannot be met here (no cluster named, no CUDA device), or None.
     Without this, Ray would wait forever for a GPU and an in-process run would fail cell by cell."""
     if plan.resources.gpus <= 0 or ray_address:
@@ -104,7 +109,7 @@ def missing_gpus(plan, ray_address: str | None, device: str | None) -> str | Non
               "or on a Ray cluster with GPUs (--ray-address)")
 
 
-def cmd_run(args) -> int:
+def cmd_run(args: argparse.Namespace) -> int:
     if args.workers is not None and args.workers < 1:
         raise SystemExit("--workers must be at least 1")
     if args.json and not args.dry_run:
