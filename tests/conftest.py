@@ -33,3 +33,13 @@ def fresh_plugins():
     for loaded in plugins.loaded():
         if loaded.source.id not in before:
             plugins.unload(loaded.source.id)
+
+
+@pytest.fixture
+def local_ray():
+    """A local Ray instance of 2 CPUs for one test. Not module-scoped: a later test must find Ray not
+    initialized (tests that start or join a cluster of their own)."""
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()

@@ -241,7 +241,6 @@ def test_form_groups_by_architecture_in_order():
 def test_the_runner_records_grouped_cells_as_it_records_cells_alone(tmp_path, faulty_algorithms):
     """`pflbench run --no-ray` with groups: one group of 8 cells (a failing and a diverging one among
     them), each cell's result in the store as the ungrouped run writes it, the group recorded."""
-    from pflbench.metrics import RUN_RECORD_KEYS
     from pflbench.runner import RunOptions, run_plan
     from pflbench.spec import parse_spec
     from pflbench.store import Store
@@ -260,20 +259,31 @@ def test_the_runner_records_grouped_cells_as_it_records_cells_alone(tmp_path, fa
         report = run_plan(the_plan, options, Console(file=open("/dev/null", "w"), width=160))
         assert report.exit_code == 1 and report.ran == 8
         runs[groups] = Store(options.results)
-    volatile = RUN_RECORD_KEYS | {"train_time_total", "server_time_total", "eval_time_total"}
-    statuses = []
-    for cell in the_plan.cells:
-        alone, grouped = runs["off"].summary(cell), runs["on"].summary(cell)
-        statuses.append(grouped["status"])
-        assert {k: v for k, v in alone.items() if k not in volatile} == \
-               {k: v for k, v in grouped.items() if k not in volatile}
+    for alone, grouped in same_results(the_plan.cells, runs["off"], runs["on"]):
         assert "cell_group_cells" not in alone
         if grouped["status"] != "failed":
             assert grouped["cell_group_cells"] == 8 and grouped["peak_host_bytes"] > 0
+
+
+def same_results(cells, alone, grouped):
+    """Each cell's summary (timings and run records aside) and metrics (wall time aside) in store `grouped`
+    equal to those in store `alone`; the four faulty-plugin matrix's statuses: 2 diverged, 2 failed, 4
+    finished. Returns (alone's, grouped's) summary per cell, for the caller's own checks."""
+    from pflbench.metrics import RUN_RECORD_KEYS
+
+    volatile = RUN_RECORD_KEYS | {"train_time_total", "server_time_total", "eval_time_total"}
+    pairs = []
+    for cell in cells:
+        one, many = alone.summary(cell), grouped.summary(cell)
+        assert {k: v for k, v in one.items() if k not in volatile} == \
+               {k: v for k, v in many.items() if k not in volatile}
+        if many["status"] != "failed":
             metrics = [pd.read_parquet(store.cell_dir(cell) / "metrics.parquet").drop(columns="wall_time")
-                       for store in (runs["off"], runs["on"])]
+                       for store in (alone, grouped)]
             pd.testing.assert_frame_equal(*metrics)
-    assert sorted(statuses) == ["diverged"] * 2 + ["failed"] * 2 + ["finished"] * 4
+        pairs.append((one, many))
+    assert sorted(many["status"] for _, many in pairs) == ["diverged"] * 2 + ["failed"] * 2 + ["finished"] * 4
+    return pairs
 
 
 def test_a_cell_drawing_from_the_global_generator_runs_alone_before_the_group(tmp_path):
@@ -291,14 +301,6 @@ def test_a_cell_drawing_from_the_global_generator_runs_alone_before_the_group(tm
 
 # ---- groups on Ray --------------------------------------------------------------------------------
 
-@pytest.fixture
-def local_ray():
-    ray = pytest.importorskip("ray")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield ray
-    ray.shutdown()
-
-
 def test_group_resources_one_cells_cpus_and_the_gpu_fractions_summed_up_to_one_gpu():
     from pflbench.groups import group_resources
     from pflbench.spec_schema import Resources
@@ -314,7 +316,6 @@ def test_groups_on_ray_give_the_one_by_one_summaries(tmp_path, faulty_algorithms
     """`pflbench run` on Ray with cell groups: two groups (two dataset shapes), a failing and a diverging
     cell in one of them; every cell's summary and metrics are those of the in-process run one by one,
     and each grouped cell records its group."""
-    from pflbench.metrics import RUN_RECORD_KEYS
     from pflbench.runner import RunOptions, run_plan
     from pflbench.spec import parse_spec
     from pflbench.store import Store
@@ -335,19 +336,9 @@ def test_groups_on_ray_give_the_one_by_one_summaries(tmp_path, faulty_algorithms
         report = run_plan(the_plan, options, Console(file=open("/dev/null", "w"), width=160))
         assert report.exit_code == 1 and report.ran == 8
         runs[where] = Store(options.results)
-    volatile = RUN_RECORD_KEYS | {"train_time_total", "server_time_total", "eval_time_total"}
-    statuses = []
-    for cell in the_plan.cells:
-        alone, grouped = runs["alone"].summary(cell), runs["ray"].summary(cell)
-        statuses.append(grouped["status"])
-        assert {k: v for k, v in alone.items() if k not in volatile} == \
-               {k: v for k, v in grouped.items() if k not in volatile}
+    for _, grouped in same_results(the_plan.cells, runs["alone"], runs["ray"]):
         if grouped["status"] != "failed":
             assert grouped["cell_group_cells"] == 4 and grouped["cell_group_merged_calls"] > 0
-            metrics = [pd.read_parquet(store.cell_dir(cell) / "metrics.parquet").drop(columns="wall_time")
-                       for store in (runs["alone"], runs["ray"])]
-            pd.testing.assert_frame_equal(*metrics)
-    assert sorted(statuses) == ["diverged"] * 2 + ["failed"] * 2 + ["finished"] * 4
 
 
 GATE_ROUND = 4  # the first attempt of the gated group stops before this round: it resumes at GATE_ROUND - 1

@@ -13,7 +13,6 @@ import io
 import os
 import re
 
-import pytest
 from rich.console import Console
 
 from checkpoint_helpers import assert_same_result
@@ -55,14 +54,6 @@ class SignallingFedAvg(FedAvg):
                 time.sleep(0.05)
         return super().configure(rnd)
 '''
-
-
-@pytest.fixture
-def local_ray():
-    ray = pytest.importorskip("ray")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield ray
-    ray.shutdown()
 
 
 def test_sigterm_to_the_driver_checkpoints_the_ray_cell_at_the_end_of_its_round_and_the_rerun_resumes(

@@ -96,14 +96,6 @@ def test_a_failing_and_a_diverging_cell_do_not_stop_the_others(broken_algorithms
     assert len(table) == 8 and table.groupby("status").size().to_dict() == {"diverged": 2, "failed": 2, "finished": 4}
 
 
-@pytest.fixture
-def local_ray():  # not module-scoped: a later test must find Ray not initialized (see the cluster test)
-    ray = pytest.importorskip("ray")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield ray
-    ray.shutdown()
-
-
 def test_ray_gives_the_in_process_summaries(local_ray, options, tmp_path):
     the_plan = plan(["fedavg", "local"], seeds=(0, 1))
     run_plan(the_plan, options, quiet())
