@@ -15,19 +15,21 @@ is stamped after `torch.cuda.synchronize()` (on CUDA), so the GPU's queued work 
 A cell stops at the end of a round after which the next would end past `--seconds` from the start (by the
 last round's length, twice that for the evaluating round); its figures then come from the rounds it timed.
 
-Figures (`--json`), per row: seconds per round (rounds 2..; in lock-step every row moves at the group's
-pace), of which `own`: outside the group's rendezvous (its own steps, as pFedMe's and Per-FedAvg's, its
-server step, evaluation: what it adds to the group's round; the rest is the shared batched step and
-waiting); an evaluation's seconds; the 600 (2500) rounds projected, `rounds x seconds_per_round_with_evaluation`
-(a round plus its share of an evaluation, 1/eval_every); its training calls and how many shared a step.
-For the group: the aggregate training throughput in sample-steps/s, one sample through one local training
-step (forward, backward, update) being one sample-step, summed over the cells over their timed training
-rounds (evaluation apart): per row its round's samples x local steps as step_count.py counted them for the
-row's setting (step_counts.json; a setting without a count: joining clients x train samples x local epochs,
-and `counted` false), divided by its seconds per round; beside it what one cell per process reached (the
-GPU check's `concurrent` step: `--sharing`, and the H100's recorded plateau, 316k samples/s of FedAvg's
-training, its sample-steps); the column's projected wall time (the slowest row's projection: the cells run
-together); the GPU's peak memory.
+Figures (`--json`). The group (`group`): its seconds per round, a round of the group ending when its last
+cell ends it (in lock-step each cell ends one round a group cycle, at its own point in the cycle: one row's
+few rounds are skewed by where that point is, the group's are not); an evaluation's seconds; the paper's
+rounds projected, `rounds x seconds_per_round_with_evaluation` (a round plus its share of an evaluation,
+1/eval_every): the column's projected wall time, its cells running together; and the aggregate training
+throughput in sample-steps/s, one sample through one local training step (forward, backward, update) being
+one sample-step: the cells' sample-steps of a training round (evaluation apart), summed, over the group's
+seconds per round. A row's sample-steps of a round are as step_count.py counted them for its setting
+(step_counts.json; a setting without a count, as the rehearsal's: joining clients x train samples x local
+epochs, and `counted` false). Beside it what one cell per process reached: the GPU check's `concurrent` step
+(`--sharing`) and the H100's recorded plateau (316k samples/s of FedAvg's training: its sample-steps).
+Per row (`rows`): the same from its own stamps (skewed as said), of which `own`: its seconds a round outside
+the group's rendezvous (its own steps, as pFedMe's and Per-FedAvg's, its server step, its evaluation: what
+it adds to the group's round; the rest is the shared batched step and waiting); its training calls and how
+many shared a step; its status. The GPU's peak memory.
 
     python benchmarks/gpu/column_groups.py --device cuda --clients 10 --rounds 5 --seconds 75 --json out.json
 """
@@ -63,8 +65,9 @@ def column_cells(algorithms: list[str], clients: int, rounds: int, evaluation: s
 
     cells = []
     for algorithm in algorithms:
-        sets = {"dataset": "fmnist", "clients": clients, "seed": 0, "algorithm": algorithm, "resources.gpus": 0}
-        cell = load_spec(REPO / "benchmarks" / "table1.yaml", sets=sets).cells[0]
+        # the client count picked from the spec's cells, not set: `--set clients=100` would drop its 10% joining
+        sets = {"dataset": "fmnist", "seed": 0, "algorithm": algorithm, "resources.gpus": 0}
+        [cell] = [c for c in load_spec(REPO / "benchmarks" / "table1.yaml", sets=sets).cells if c.clients == clients]
         update: dict = {"eval_every": rounds if evaluation == "timed" else cell.rounds}
         if samples:
             update["partition_params"] = {**cell.partition_params, "samples_per_client": samples}
@@ -127,6 +130,42 @@ def row_figures(stamps: list[tuple[int, float, float]], evaluated: int | None, p
             "sample_steps_per_evaluation": eval_work, "counted": work["counted"],
             "sample_steps_per_second": round_work / per_round if per_round > 0 else None,
             "first_round_seconds": stamps[0][1]}
+
+
+def group_figures(stamps: list[list[tuple[int, float, float]]], evaluated: int | None, eval_every: int,
+                  rounds: int, round_work: list[float], eval_work: list[float]) -> dict:
+    """The group's pace from its cells' stamps. In lock-step every cell ends one round a group cycle, but
+    where in the cycle its round ends differs by cell (its training call is where it waits), so one cell's
+    few rounds are skewed by that; a round of the group ends when its last cell ends it: T(r) = the latest
+    stamp of round r over the cells that ran rounds 1..r. The pace: (T(last) - T(1)) / (last - 1) over the
+    training rounds every such cell ran; the evaluation: T(evaluated) - T(evaluated - 1) - pace. `round_work`,
+    `eval_work`: per cell, its sample-steps in a round and in an evaluation."""
+    ends: dict[int, list[float]] = {}
+    for stamp in stamps:
+        for r, (rnd, at, _) in enumerate(stamp, 1):
+            if rnd == r:  # rounds 1..r all stamped (a cell that left early stops here)
+                ends.setdefault(rnd, []).append(at)
+    everyone = len([stamp for stamp in stamps if stamp])
+    full = [r for r in sorted(ends) if len(ends[r]) == everyone]
+    timed_eval = evaluated is not None and evaluated in full and evaluated >= 3
+    training = [r for r in full if not (timed_eval and r == evaluated)]
+    if everyone == 0 or len(training) < 2:
+        return {"error": "no group round timed after the warm-up"}
+    T = {r: max(ends[r]) for r in full}
+    pace = (T[training[-1]] - T[1]) / (training[-1] - 1)
+    if timed_eval:
+        assert evaluated is not None  # timed_eval
+        evaluation = max(0.0, T[evaluated] - T[evaluated - 1] - pace)
+        how = "timed"
+    else:
+        evaluation = pace * sum(eval_work) / sum(round_work) if sum(round_work) else 0.0
+        how = "projected from the round by counted work"
+    with_eval = pace + evaluation / eval_every
+    return {"rounds_timed": training[-1] - 1, "seconds_per_round": pace, "evaluation_seconds": evaluation,
+            "evaluation": how, "seconds_per_round_with_evaluation": with_eval, "rounds": rounds,
+            "projected_seconds": rounds * with_eval,
+            "sample_steps_per_round": sum(round_work), "sample_steps_per_second": sum(round_work) / pace if pace else None,
+            "first_round_seconds": T[1]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -217,8 +256,12 @@ def main(argv: list[str] | None = None) -> int:
             failed.append(cell.algorithm)
             row["error"] = (result.error or "").strip().splitlines()[-1:]
         rows[cell.algorithm] = row
-    timed_rows = {name: row for name, row in rows.items() if "seconds_per_round" in row}
-    throughput = sum(row["sample_steps_per_second"] or 0.0 for row in timed_rows.values())
+    works = [work_per_client(cell, counts) for cell, _ in planned]
+    joining = [max(1, round(cell.clients * cell.participation)) for cell, _ in planned]
+    group = group_figures(stamps, args.rounds if args.evaluation == "timed" else None, planned[0][1],
+                          planned[0][0].rounds, [j * w["round"] for j, w in zip(joining, works)],
+                          [cell.clients * w["evaluation"] for (cell, _), w in zip(planned, works)])
+    throughput = group.get("sample_steps_per_second") or 0.0
     sharing, recorded = plateau(args.sharing), plateau(H100)
     figures = {
         "device": args.device, "torch": torch.__version__,
@@ -227,13 +270,13 @@ def main(argv: list[str] | None = None) -> int:
         "rounds": args.rounds, "evaluation": args.evaluation,
         "samples_per_client": cells[0].partition_params.get("samples_per_client"),
         "local_epochs": cells[0].local_epochs, "client_batching": args.client_batching,
-        "rows": rows, "seconds": seconds, "setup_seconds": start - began,
-        "group_seconds_per_round": max((r["seconds_per_round"] for r in timed_rows.values()), default=None),
+        "counted": all(w["counted"] for w in works),
+        "rows": rows, "group": group, "seconds": seconds, "setup_seconds": start - began,
         "sample_steps_per_second": throughput,
         "one_cell_per_process_plateau": sharing, "h100_one_cell_per_process_plateau": recorded,
         "over_plateau": throughput / sharing if sharing else None,
         "over_h100_plateau": throughput / recorded if recorded and cuda else None,
-        "projected_column_seconds": max((r["projected_cell_seconds"] for r in timed_rows.values()), default=None),
+        "projected_column_seconds": group.get("projected_seconds"),
         "peak_gpu_mib": torch.cuda.max_memory_allocated() / 2 ** 20 if cuda else None,
         "failed": failed,
     }
@@ -248,11 +291,14 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print(f"{name:11s} {row.get('error')} ({row['status']})")
     column = figures["projected_column_seconds"]
+    if "seconds_per_round" in group:
+        print(f"the group: {group['seconds_per_round']:.3f} s a round, evaluation {group['evaluation_seconds']:.3f} s "
+              f"({group['evaluation']})")
     print(f"the group: {throughput:.0f} sample-steps/s"
           + (f" ({figures['over_plateau']:.2f}x this check's one-cell-per-process plateau)" if sharing else "")
           + (f", {figures['over_h100_plateau']:.2f}x the H100's {recorded:.0f}" if figures["over_h100_plateau"] else "")
           + (f"; the column's {planned[0][0].rounds} rounds projected at {column / 60:.1f} min" if column else ""))
-    return 1 if failed or not timed_rows else 0
+    return 1 if failed or "seconds_per_round" not in group else 0
 
 
 if __name__ == "__main__":
