@@ -40,9 +40,10 @@ from it ("resumed at round R of N"): after a kill, a Ctrl-C, a runner taking ove
 or a Ray worker or node that was lost. A lost worker's cell is retried up to `retries` times (then it
 is "failed") and resumes from its checkpoint. On Ray a cell's checkpoints go through a keeper actor on
 the driver's node into the driver's store (pflbench/checkpoint_relay.py), so a retry resumes from the
-last one on whichever node it lands, the lost node's included. A finished or diverged cell's checkpoint
-is removed once its result is written (`keep_checkpoints` keeps it); a failed cell's is kept, so the
-next run continues it.
+last one on whichever node it lands, the lost node's included. A cell group's cells (pflbench/groups.py)
+are recorded each as it finishes, their results relayed to the driver while the group's other cells run
+(pflbench/result_relay.py). A finished or diverged cell's checkpoint is removed once its result is
+written (`keep_checkpoints` keeps it); a failed cell's is kept, so the next run continues it.
 """
 from __future__ import annotations
 
