@@ -677,7 +677,7 @@ def run_on_ray(cells: list[CellConfig], plan: Plan, options: RunOptions, store: 
 
     from pflbench.checkpoint_relay import RelayedCheckpointFile, start_keeper
     from pflbench.groups import form_groups, group_resources
-    from pflbench.result_relay import RELAYED, start_relay
+    from pflbench.result_relay import start_relay
 
     try:
         owned = connect_ray(options.ray_address, options.workers, plan.resources.cpus)
@@ -840,13 +840,7 @@ def run_on_ray(cells: list[CellConfig], plan: Plan, options: RunOptions, store: 
                     value = value if len(unit) > 1 else value[0]
                 full = None
                 for i, (cell, result) in enumerate(zip(unit, value if len(unit) > 1 else [value])):
-                    if cell_hash(cell) in recorded:  # recorded as it finished (RELAYED)
-                        continue
-                    if result == RELAYED:  # relayed, then refused: not recorded; the next run continues it
-                        ray.get(keeper.close.remote(cell_hash(cell)))
-                        store.release(cell)
-                        display.note(cell, "its result did not reach the driver; the next run continues it "
-                                           "from its checkpoint")
+                    if cell_hash(cell) in recorded:  # recorded as it finished: its place says RELAYED
                         continue
                     if isinstance(result, Preempted):
                         stop(cell, result)

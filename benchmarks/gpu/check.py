@@ -13,8 +13,8 @@ rewritten after every step so that a check cut short still leaves what it measur
   bench_100     the same at 100 clients
   concurrent    1, 4 and 8 processes sharing the GPU, each running a slice of Table 1's Fashion-MNIST
                 10-client cell: total throughput and each process's peak GPU memory
-  paper_slice   the first rounds of Table 1's Fashion-MNIST 10-client cell (FedAvg, pFedLA, pFedMe, then
-                the other rows while time is left), and from them the projected time of
+  paper_slice   the first rounds of Table 1's Fashion-MNIST 10-client cell (FedAvg, pFedMe, pFedHN,
+                Per-FedAvg, then the other rows while time is left), and from them the projected time of
                 `make reproduce-table1` on this GPU
   column_groups Table 1's whole Fashion-MNIST 10-client column (10 rows, seed 0, the paper's settings) as one
                 cell group: 5 rounds timed (the last with its evaluation), per row seconds a round and the
@@ -120,10 +120,10 @@ def steps(device: str, rehearse: bool, work: Path) -> list[Step]:
                             "--rounds", "5", "--json", str(work / "concurrent.json")], 70, work / "concurrent.json"),
         Step("paper_slice", [py, str(HERE / "paper_slice.py"), "--device", device, "--rounds", "20",
                              "--seconds", "40", "--max-seconds-each", "12", "--sharing", str(work / "concurrent.json"),
-                             "--json", str(work / "paper_slice.json")], 55, work / "paper_slice.json"),
+                             "--json", str(work / "paper_slice.json")], 60, work / "paper_slice.json"),
         Step("column_groups", [py, str(HERE / "column_groups.py"), "--device", device, "--clients", "10",
-                               "--rounds", "5", "--seconds", "75", "--sharing", str(work / "concurrent.json"),
-                               "--json", str(work / "column_groups.json")], 95, work / "column_groups.json"),
+                               "--rounds", "5", "--seconds", "70", "--sharing", str(work / "concurrent.json"),
+                               "--json", str(work / "column_groups.json")], 90, work / "column_groups.json"),
         Step("group_100", [py, str(HERE / "column_groups.py"), "--device", device, "--clients", "100",
                            "--rounds", "3", "--evaluation", "projected", "--seconds", "50",
                            "--sharing", str(work / "concurrent.json"),
