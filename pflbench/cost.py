@@ -28,9 +28,10 @@ import platform
 import re
 import threading
 import time
+from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Iterator
 
 if TYPE_CHECKING:
     from pflbench.rounds import CellResult
@@ -86,6 +87,12 @@ class HostPeak:
         while not self._stop.wait(SAMPLE_SECONDS):
             self.peak = max(self.peak, self.current())
 
+    def so_far(self) -> int:
+        """The peak until now, the sampler left running (`stop` ends it)."""
+        if self.method == "sampled":
+            return max(self.peak, self.current(), self.start_bytes)
+        return max(self._peak_reading(), self.start_bytes)
+
     def stop(self) -> int:
         """The peak; never below the RSS at the start, which the span includes (the kernel's RSS
         counters are cached per thread and can lag a page behind, so a VmHWM reset just before the
@@ -140,8 +147,11 @@ def code_version() -> dict:
     return {} if commit is None else {"code_commit": commit, "code_dirty": dirty}
 
 
-def measured(device: str, run: Callable[[], CellResult]) -> CellResult:
-    """`run()`'s CellResult with the cell's peak memory and machine added to its summary."""
+@contextmanager
+def measuring(device: str) -> Iterator[Callable[[], dict]]:
+    """The facts `measured` adds to a summary, over a span that several results share (a cell group's,
+    pflbench/runner.py's `execute_group`): the function it yields gives them as of the moment it is
+    called, the peaks being the span's so far (a cell that finishes early gets the peak until then)."""
     cuda = str(device).startswith("cuda")
     if cuda:
         import torch
@@ -149,14 +159,25 @@ def measured(device: str, run: Callable[[], CellResult]) -> CellResult:
         torch.cuda.reset_peak_memory_stats(torch.device(device))
     code = code_version()  # before the cell: the code it starts with
     host = HostPeak()
-    started = time.perf_counter()
+
+    def facts() -> dict:
+        found = {"peak_host_bytes": host.so_far(), "host_start_bytes": host.start_bytes,
+                 "peak_host_method": host.method, **machine(device), **code}
+        if cuda:
+            found["peak_gpu_bytes"] = int(torch.cuda.max_memory_allocated(torch.device(device)))
+        return found
+
     try:
-        result = run()
+        yield facts
     finally:
-        peak = host.stop()
-    result.summary.update(peak_host_bytes=peak, host_start_bytes=host.start_bytes, peak_host_method=host.method,
-                          **machine(device), **code)
-    if cuda:
-        result.summary["peak_gpu_bytes"] = int(torch.cuda.max_memory_allocated(torch.device(device)))
+        host.stop()
+
+
+def measured(device: str, run: Callable[[], CellResult]) -> CellResult:
+    """`run()`'s CellResult with the cell's peak memory and machine added to its summary."""
+    started = time.perf_counter()
+    with measuring(device) as facts:
+        result = run()
+        result.summary.update(facts())
     result.summary.setdefault("wall_time", time.perf_counter() - started)
     return result

@@ -313,14 +313,20 @@ def run_group(cells: list[CellConfig], *, data_root: str | Path | None = None, m
               execution: ExecutionOptions | None = None, evaluate: tuple[str, ...] | None = None,
               checkpointers: Sequence[RoundCheckpointer | None] | None = None,
               on_round: list[Callable[[dict], None] | None] | None = None, stop_after: int | None = None,
-              passthrough: tuple[type[BaseException], ...] = ()) -> GroupRun:
+              passthrough: tuple[type[BaseException], ...] = (),
+              on_finished: Callable[[int, CellResult], None] | None = None) -> GroupRun:
     """Run `cells` as one group in this process, each on its own thread; per cell the `CellResult`
     `pflbench.rounds.run_cell` would give (a failed cell: status "failed" with its traceback, as the
     runner records one; a diverging cell: "diverged"). A cell that fails or diverges leaves the group and
     the others go on. `checkpointers[i]`, `on_round[i]`: cell i's, as `run_cell` takes them. An exception
     of a `passthrough` type (the runner's: preemption, a full disk) is not a failure: it stops that cell
     (`GroupRun.stopped`), and the caller decides. Each cell's summary gets `cell_group_*` keys: the
-    group's size, the cell's training calls and how many shared a step, and their mean width."""
+    group's size, the cell's training calls and how many shared a step, and their mean width.
+    `on_finished(i, result)`: called as soon as cell i has its result, complete (its `cell_group_*` keys
+    included), while the others may still run: on cell i's thread, or on this one for a cell that
+    failed to build or ran alone; so a caller can record a cell without waiting for the group's slowest
+    (the Ray runner does: pflbench/result_relay.py). An exception it raises is ignored: the result is
+    still in `GroupRun.results`."""
     from pflbench.execution import ExecutionOptions
     from pflbench.federation import EVALUATED, federation_device
     from pflbench.resolve import ensure_resolved
@@ -335,7 +341,21 @@ def run_group(cells: list[CellConfig], *, data_root: str | Path | None = None, m
     stopped: list[BaseException | None] = [None] * count
     alone = [False] * count
     group = CellGroup()
-    jobs = []
+    jobs: list[tuple[int, Federation, Algorithm, dict[str, Any], Member]] = []
+
+    def finish(i: int, result: CellResult, member: Member | None = None) -> None:
+        """Cell i's result, complete (`member`: its place in the group, whose calls are all made), handed on."""
+        if member is not None and result.summary is not None:
+            result.summary.update({"cell_group_cells": len(jobs), "cell_group_calls": member.stats.calls,
+                                   "cell_group_merged_calls": member.stats.merged,
+                                   "cell_group_mean_width": member.stats.as_dict()["mean_merged_width"]})
+        results[i] = result
+        if on_finished is not None:
+            try:
+                on_finished(i, result)
+            except Exception:  # the caller's problem, not the cell's: the result is still returned
+                pass
+
     # Built and set up one after another here, each inside its own global generator as run_cell does.
     for i, cell in enumerate(cells):
         try:
@@ -348,28 +368,30 @@ def run_group(cells: list[CellConfig], *, data_root: str | Path | None = None, m
                 algorithm.setup()
                 if draws_global_generator(fed, algorithm):  # alone, here, in its own generator
                     alone[i] = True
-                    results[i] = run_rounds(fed, algorithm, on_round=on_round[i], provenance=provenance,
-                                            evaluate=evaluate, checkpointer=checkpointers[i],
-                                            stop_after=stop_after, set_up=True)
+                    ran = run_rounds(fed, algorithm, on_round=on_round[i], provenance=provenance, evaluate=evaluate,
+                                     checkpointer=checkpointers[i], stop_after=stop_after, set_up=True)
+                    finish(i, ran)
                     continue
         except passthrough as stop:
             stopped[i] = stop
             continue
         except Exception:
-            results[i] = _failed(traceback.format_exc())
+            finish(i, _failed(traceback.format_exc()))
             continue
         jobs.append((i, fed, algorithm, provenance, group.member(str(i))))
 
     def run(i: int, fed: Federation, algorithm: Algorithm, provenance: dict[str, Any], member: Member) -> None:
+        result = None
         with member.joined():
             try:
-                results[i] = run_rounds(fed, algorithm, on_round=on_round[i], provenance=provenance,
-                                        evaluate=evaluate, checkpointer=checkpointers[i], stop_after=stop_after,
-                                        set_up=True)
+                result = run_rounds(fed, algorithm, on_round=on_round[i], provenance=provenance, evaluate=evaluate,
+                                    checkpointer=checkpointers[i], stop_after=stop_after, set_up=True)
             except passthrough as stop:
                 stopped[i] = stop
             except Exception:
-                results[i] = _failed(traceback.format_exc())
+                result = _failed(traceback.format_exc())
+        if result is not None:  # out of the group (`joined`): its calls, and their counts, are final
+            finish(i, result, member)
 
     # Daemon threads: a preemption's deadline raised in this (the main) thread ends the process without
     # waiting for cells still inside a round (their checkpoints are written atomically).
@@ -382,10 +404,6 @@ def run_group(cells: list[CellConfig], *, data_root: str | Path | None = None, m
     stats: list[GroupStats | None] = [None] * count
     for i, *_, member in jobs:
         stats[i] = member.stats
-        if results[i] is not None and results[i].summary is not None:
-            results[i].summary.update({"cell_group_cells": len(jobs), "cell_group_calls": member.stats.calls,
-                                       "cell_group_merged_calls": member.stats.merged,
-                                       "cell_group_mean_width": member.stats.as_dict()["mean_merged_width"]})
     return GroupRun(results, stats, alone, stopped)
 
 

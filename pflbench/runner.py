@@ -40,9 +40,10 @@ from it ("resumed at round R of N"): after a kill, a Ctrl-C, a runner taking ove
 or a Ray worker or node that was lost. A lost worker's cell is retried up to `retries` times (then it
 is "failed") and resumes from its checkpoint. On Ray a cell's checkpoints go through a keeper actor on
 the driver's node into the driver's store (pflbench/checkpoint_relay.py), so a retry resumes from the
-last one on whichever node it lands, the lost node's included. A finished or diverged cell's checkpoint
-is removed once its result is written (`keep_checkpoints` keeps it); a failed cell's is kept, so the
-next run continues it.
+last one on whichever node it lands, the lost node's included. A cell group's cells (pflbench/groups.py)
+are recorded each as it finishes, their results relayed to the driver while the group's other cells run
+(pflbench/result_relay.py). A finished or diverged cell's checkpoint is removed once its result is
+written (`keep_checkpoints` keeps it); a failed cell's is kept, so the next run continues it.
 """
 from __future__ import annotations
 
@@ -311,17 +312,19 @@ def next_run(resumes_at: int | None, rounds: int) -> str:
 def execute_group(cells: list[CellConfig], resources: Resources, options: RunOptions,
                   reports: list[Callable[[dict], None] | None], notes: list[Callable[[str], None] | None],
                   preemption: StopRequest | None = None,
-                  checkpoint_files: list[CheckpointFiles | None] | None = None) -> GroupRun:
+                  checkpoint_files: list[CheckpointFiles | None] | None = None,
+                  on_finished: Callable[[int, CellResult], None] | None = None) -> GroupRun:
     """Run `cells` here (the driver or a Ray worker) as one cell group (pflbench.groups), each
     continuing from its checkpoint if it has one, with torch limited to one cell's CPU share
     `resources` (in lock-step one cell computes at a time). `reports[i]`, `notes[i]`,
     `checkpoint_files[i]`: cell i's, as `execute_cell` takes them. Returns a `pflbench.groups.GroupRun`:
     per cell what `execute_cell` would return (a failed cell carries its traceback), or, for a cell
-    stopped by a preemption or a full disk, that exception (`stopped`). The group's peak memory and
-    machine are recorded in each cell's summary."""
+    stopped by a preemption or a full disk, that exception (`stopped`). Each cell's summary gets the
+    group's peak memory until the cell finished, and the machine. `on_finished(i, result)`: cell i's
+    result, complete, as soon as the cell finishes (pflbench.groups.run_group), on the cell's thread."""
     import torch
 
-    from pflbench.cost import measured
+    from pflbench.cost import measuring
     from pflbench.groups import GroupRun, run_group
     from pflbench.plugins import activate
 
@@ -335,23 +338,24 @@ def execute_group(cells: list[CellConfig], resources: Resources, options: RunOpt
     checkpointers = [cell_checkpointer(cell, options, note, files, preemption)
                      for cell, note, files in zip(cells, notes, checkpoint_files)]
     outcome: GroupRun | None = None
+    finished: set[int] = set()  # cells whose trackers are finished (their result handed on)
     try:
         for cell in cells:
             activate(options.plugins, cell)
-        with running_cell(preemption):
-            def group_run() -> CellResult:
-                nonlocal outcome
-                outcome = run_group(cells, data_root=options.data_root, mirror=options.mirror, execution=execution,
-                                    checkpointers=checkpointers, on_round=on_round, passthrough=(Preempted, DiskFull))
-                return probe
+        with running_cell(preemption), measuring(cast(str, execution.device)) as facts:  # the device is decided
 
-            probe = failed_result("")  # carries what `measured` adds: the group's peak memory, the machine
-            measured(cast(str, execution.device), group_run)  # the device is decided (`on`): a str
-        machine = {key: value for key, value in probe.summary.items() if key not in ("status", "wall_time")}
-        assert outcome is not None  # set by group_run
-        for result in outcome.results:
-            if result is not None:
-                result.summary.update(machine)
+            def finish(i: int, result: CellResult) -> None:
+                result.summary.update(facts())  # the group's peak memory so far, and the machine
+                tracking = trackings[i]
+                finished.add(i)
+                if tracking is not None:
+                    tracking.finish(result)
+                if on_finished is not None:
+                    on_finished(i, result)
+
+            outcome = run_group(cells, data_root=options.data_root, mirror=options.mirror, execution=execution,
+                                checkpointers=checkpointers, on_round=on_round, passthrough=(Preempted, DiskFull),
+                                on_finished=finish)
     except (Preempted, DiskFull):  # the grace deadline (raised in this thread), a full disk: the caller's
         raise
     except Exception as error:  # the group itself could not run (a plugin, the machine): each cell fails alike
@@ -360,8 +364,9 @@ def execute_group(cells: list[CellConfig], resources: Resources, options: RunOpt
         outcome = GroupRun([failed] * len(cells), [None] * len(cells), [False] * len(cells), [None] * len(cells))
     finally:
         torch.set_num_threads(threads)
-        for tracking, result in zip(trackings, outcome.results if outcome is not None else [None] * len(cells)):
-            if tracking is not None and result is not None:
+        for i, (tracking, result) in enumerate(zip(trackings, outcome.results if outcome is not None
+                                                   else [None] * len(cells))):
+            if tracking is not None and result is not None and i not in finished:
                 tracking.finish(result)
     return outcome
 
@@ -595,33 +600,54 @@ def node_data_problem(cell: CellConfig, data: DataFingerprint | None) -> CellRes
 
 
 def _ray_group_task(cells: list[CellConfig], resources: Resources, options: RunOptions, board: Any,
-                    checkpoint_files: list[CheckpointFiles | None], data: list[DataFingerprint | None]) -> list:
+                    checkpoint_files: list[CheckpointFiles | None], data: list[DataFingerprint | None],
+                    relay: Any = None, attempts: list[int] | None = None) -> list:
     """One attempt of a cell group on a Ray worker (`_ray_task` for each of its cells, in one process as
     `execute_group` runs them): per cell, in order, its result, or the `Preempted` / `DiskFull` that
     stopped it (handed back as values: the driver records no result for it). A cell whose data this
-    node lacks fails alone; the others run as the group."""
+    node lacks fails alone; the others run as the group. With `relay` (pflbench/result_relay.py) each
+    cell's result goes to the driver as the cell finishes, under its attempt `attempts[i]`, and its
+    place in the returned list says `RELAYED`."""
+    import ray
+
     from pflbench.oom_kills import OomKills
+    from pflbench.result_relay import RELAYED
 
     keys = [cell_hash(cell) for cell in cells]
     kills = OomKills.here()
     for key in keys:
         board.post.remote(key, {"round": 0, "oom_kills": kills})  # the count a death in round 1 is judged by
     outcomes: list = [node_data_problem(cell, fingerprint) for cell, fingerprint in zip(cells, data)]
+    relayed: set[int] = set()
+
+    def hand_on(i: int, result: CellResult) -> None:
+        """Cell i's result to the driver now (cell i of `cells`); kept for the return value where refused."""
+        if relay is not None and attempts is not None:
+            try:
+                accepted = ray.get(relay.put.remote(keys[i], attempts[i], result))
+            except ray.exceptions.RayError:  # the relay is gone (the driver too): the return value carries it
+                accepted = False
+            if accepted:
+                relayed.add(i)
+
+    for i, outcome in enumerate(outcomes):
+        if outcome is not None:
+            hand_on(i, outcome)
     runnable = [i for i, outcome in enumerate(outcomes) if outcome is None]
-    if not runnable:
-        return outcomes
-    try:
-        run = execute_group([cells[i] for i in runnable], resources, options,
-                            [_posting(board, keys[i]) for i in runnable],
-                            [_noting(board, keys[i]) for i in runnable],
-                            preemption=BoardStop(board), checkpoint_files=[checkpoint_files[i] for i in runnable])
-    except (Preempted, DiskFull) as stop:  # the whole group's: every cell stops without a result
-        for i in runnable:
-            outcomes[i] = stop
-        return outcomes
-    for i, result, stopped_by in zip(runnable, run.results, run.stopped):
-        outcomes[i] = stopped_by if stopped_by is not None else result
-    return outcomes
+    if runnable:
+        try:
+            run = execute_group([cells[i] for i in runnable], resources, options,
+                                [_posting(board, keys[i]) for i in runnable],
+                                [_noting(board, keys[i]) for i in runnable],
+                                preemption=BoardStop(board), checkpoint_files=[checkpoint_files[i] for i in runnable],
+                                on_finished=lambda j, result: hand_on(runnable[j], result))
+        except (Preempted, DiskFull) as stop:  # the whole group's: every cell not finished stops without a result
+            for i in runnable:
+                outcomes[i] = stop
+        else:
+            for i, result, stopped_by in zip(runnable, run.results, run.stopped):
+                outcomes[i] = stopped_by if stopped_by is not None else result
+    return [RELAYED if i in relayed else outcome for i, outcome in enumerate(outcomes)]
 
 
 def progress_of(info: dict) -> dict:
@@ -641,8 +667,9 @@ def run_on_ray(cells: list[CellConfig], plan: Plan, options: RunOptions, store: 
                data: dict[str, DataFingerprint] | None = None, preemption: Preemption | None = None) -> None:
     """Run `cells` as Ray tasks (`data`: each cell's DataFingerprint by hash, checked on other nodes), one
     task per cell, or per cell group where the execution options form groups (pflbench.groups: one task
-    with `group_resources`; a lost group is retried as a group, each cell from its own checkpoint; its
-    cells' results are recorded when the task ends; `workers` then counts groups).
+    with `group_resources`; each of its cells is recorded as it finishes, its result relayed to the driver
+    while the others run (pflbench/result_relay.py); a lost group is retried as a group of the cells it
+    had not finished, each from its own checkpoint; `workers` then counts groups).
     A stop asked for through `preemption` reaches the running cells through the board: they stop at the
     end of their round with a checkpoint, or are cancelled `grace_seconds` after the signal; no other
     cell starts, and `RunStopped` says where each stopped cell resumes (module doc)."""
@@ -650,6 +677,7 @@ def run_on_ray(cells: list[CellConfig], plan: Plan, options: RunOptions, store: 
 
     from pflbench.checkpoint_relay import RelayedCheckpointFile, start_keeper
     from pflbench.groups import form_groups, group_resources
+    from pflbench.result_relay import start_relay
 
     try:
         owned = connect_ray(options.ray_address, options.workers, plan.resources.cpus)
@@ -674,8 +702,30 @@ def run_on_ray(cells: list[CellConfig], plan: Plan, options: RunOptions, store: 
         # them; a group is one task with the resources the group needs (`group_resources`).
         grouped = options.execution.grouped(options.execution.device or ("cuda" if plan.resources.gpus > 0 else "cpu"))
         waiting = form_groups(cells) if grouped else [[cell] for cell in cells]
+        relay = start_relay() if grouped else None  # a group's cells' results, as each finishes
+        recorded: set[str] = set()  # the cells of running groups whose results came through the relay
         attempts: dict[str, int] = {}
         by_key = {cell_hash(cell): cell for cell in cells}
+
+        def unfinished(unit: list[CellConfig]) -> list[CellConfig]:
+            """The cells of a running unit whose results have not come through the relay."""
+            return [cell for cell in unit if cell_hash(cell) not in recorded]
+
+        def drain() -> None:
+            """Record each grouped cell whose result the relay received since the last drain."""
+            if relay is None:
+                return
+            for key, result in ray.get(relay.drain.remote()):
+                cell = by_key[key]
+                recorded.add(key)
+                try:
+                    ray.get(keeper.close.remote(key))  # no late write of its checkpoint after this
+                except ray.exceptions.RayError:
+                    pass
+                try:
+                    record(cell, result, store, options, display)
+                except DiskFull as error:
+                    raise disk_full(error, cell, [cell]) from None
 
         def start(unit: list[CellConfig]) -> None:
             """Open each cell's next attempt with the keeper (only it may write the cell's checkpoint),
@@ -685,6 +735,8 @@ def run_on_ray(cells: list[CellConfig], plan: Plan, options: RunOptions, store: 
                 key = cell_hash(cell)
                 attempt = attempts.get(key, 0)
                 ray.get(keeper.open.remote(key, attempt))
+                if relay is not None and len(unit) > 1:
+                    ray.get(relay.open.remote(key, attempt))
                 board.post.remote(key, {"round": 0})  # nothing of an earlier attempt is taken for this one's
                 files.append(RelayedCheckpointFile(keeper, key, attempt))
             ref: ray.ObjectRef  # of a cell's outcome, or of a group's outcomes (a list)
@@ -694,7 +746,8 @@ def run_on_ray(cells: list[CellConfig], plan: Plan, options: RunOptions, store: 
                 group_task = ray.remote(_ray_group_task).options(
                     **task_resources(group_resources(plan.resources, len(unit))))
                 ref = group_task.remote(unit, plan.resources, worker_options, board, files,
-                                        [data.get(cell_hash(cell)) for cell in unit])
+                                        [data.get(cell_hash(cell)) for cell in unit], relay,
+                                        [attempts.get(cell_hash(cell), 0) for cell in unit])
             running[ref] = unit
 
         # Claim cells only as they can start, so that runners sharing the store split the matrix.
@@ -705,9 +758,11 @@ def run_on_ray(cells: list[CellConfig], plan: Plan, options: RunOptions, store: 
         stopped: list[str] = []  # the preempted cells, in words
 
         def stop(cell: CellConfig, why: Preempted) -> None:
-            """A preempted cell: no result; its claim and its keeper's attempt closed."""
+            """A preempted cell: no result; its claim and its attempt (keeper, relay) closed."""
             try:
                 ray.get(keeper.close.remote(cell_hash(cell)))
+                if relay is not None:
+                    ray.get(relay.close.remote(cell_hash(cell)))
             except ray.exceptions.RayError:
                 pass
             store.release(cell)
@@ -730,9 +785,10 @@ def run_on_ray(cells: list[CellConfig], plan: Plan, options: RunOptions, store: 
                 waiting.clear()
                 ray.get(board.request_stop.remote(preemption.signal))
             if stopping_since is not None and time.monotonic() - stopping_since > options.grace_seconds:
+                drain()
                 for ref, unit in list(running.items()):
                     ray.cancel(ref, force=True)
-                    for cell in unit:
+                    for cell in unfinished(unit):
                         assert preemption is not None  # stopping: it was requested, so it has a signal
                         stop(cell, Preempted(cast(str, preemption.signal), in_round=True))
                 running.clear()
@@ -742,11 +798,19 @@ def run_on_ray(cells: list[CellConfig], plan: Plan, options: RunOptions, store: 
                 if taken:
                     start(taken)
             done, _ = ray.wait(list(running), num_returns=1, timeout=0.5)
+            drain()  # before the ended tasks' values: a relayed result has come in by the time its task ends
             for ref in done:
                 unit = running.pop(ref)
                 try:
                     value = ray.get(ref)
                 except ray.exceptions.RayError as error:  # the worker died, was killed, ran out of memory
+                    if relay is not None and len(unit) > 1:  # what the lost group finished is recorded, and only that
+                        for cell in unit:
+                            ray.get(relay.close.remote(cell_hash(cell)))
+                        drain()
+                    unit = unfinished(unit)
+                    if not unit:
+                        continue
                     if isinstance(error, DiskFull):  # the keeper could not write its checkpoint: as in process
                         raise disk_full(error, unit[0], unit) from None
                     if stopping_since is not None:  # a worker ended by the same signal: no retry now
@@ -776,6 +840,8 @@ def run_on_ray(cells: list[CellConfig], plan: Plan, options: RunOptions, store: 
                     value = value if len(unit) > 1 else value[0]
                 full = None
                 for i, (cell, result) in enumerate(zip(unit, value if len(unit) > 1 else [value])):
+                    if cell_hash(cell) in recorded:  # recorded as it finished: its place says RELAYED
+                        continue
                     if isinstance(result, Preempted):
                         stop(cell, result)
                         continue
@@ -799,7 +865,7 @@ def run_on_ray(cells: list[CellConfig], plan: Plan, options: RunOptions, store: 
                 if key in by_key:
                     display.note(by_key[key], text)
             for unit in running.values():
-                for cell in unit:
+                for cell in unfinished(unit):
                     if cell_hash(cell) in latest:
                         display.update(cell, latest[cell_hash(cell)])
         if stopping_since is not None:

@@ -46,8 +46,27 @@ def test_only_names_known_steps(tmp_path, capsys):
     assert "unknown step(s) nope" in capsys.readouterr().err
 
 
-def test_the_device_steps_fit_the_budget():
+def test_the_device_steps_fit_the_budget(tmp_path, monkeypatch):
     """The device's command limit is 10 minutes and a second run must fit the 15 lent: every step's
-    box together stays inside the default budget."""
+    box together stays inside the default budget of 8 minutes, so no step is skipped for lack of it."""
     total = sum(step.timeout for step in check.steps("cuda", False, Path("/tmp")))
-    assert total <= 420, total
+    assert total <= 480, total
+    monkeypatch.setattr(check, "steps", lambda device, rehearse, work: [check.Step("quick", [sys.executable, "-c", ""], 30)])
+    assert check.main(["--out", str(tmp_path), "--device", "cpu"]) == 0
+    assert json.loads((tmp_path / "check.json").read_text())["budget_seconds"] == 480
+
+
+def test_the_device_and_the_rehearsal_run_the_same_steps_with_the_group_steps_last():
+    """Every step the device runs is rehearsed (CI: each must say "ok"); the cell-group steps come after
+    `concurrent`, whose plateau they are compared with, and write their figures into check.json."""
+    device = check.steps("cuda", False, Path("/w"))
+    rehearsal = check.steps("cpu", True, Path("/w"))
+    assert [s.name for s in device] == [s.name for s in rehearsal]
+    names = [s.name for s in device]
+    assert names[-2:] == ["column_groups", "group_100"] and names.index("concurrent") < names.index("column_groups")
+    for step in device[-2:] + rehearsal[-2:]:
+        assert step.figures == Path("/w") / f"{step.name}.json" and str(step.figures) in step.command
+        assert "--sharing" in step.command and str(Path("/w") / "concurrent.json") in step.command
+    ten, hundred = (step.command for step in device[-2:])
+    assert ten[ten.index("--clients") + 1] == "10" and "--samples" not in ten  # the paper's settings on the GPU
+    assert hundred[hundred.index("--clients") + 1] == "100" and "projected" in hundred

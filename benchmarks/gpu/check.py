@@ -13,12 +13,19 @@ rewritten after every step so that a check cut short still leaves what it measur
   bench_100     the same at 100 clients
   concurrent    1, 4 and 8 processes sharing the GPU, each running a slice of Table 1's Fashion-MNIST
                 10-client cell: total throughput and each process's peak GPU memory
-  paper_slice   the first rounds of Table 1's Fashion-MNIST 10-client cell (FedAvg, pFedLA, pFedMe, then
-                the other rows while time is left), and from them the projected time of
+  paper_slice   the first rounds of Table 1's Fashion-MNIST 10-client cell (FedAvg, pFedMe, pFedHN,
+                Per-FedAvg, then the other rows while time is left), and from them the projected time of
                 `make reproduce-table1` on this GPU
+  column_groups Table 1's whole Fashion-MNIST 10-client column (10 rows, seed 0, the paper's settings) as one
+                cell group: 5 rounds timed (the last with its evaluation), per row seconds a round and the
+                600 rounds projected, the column's projected wall time, the group's training throughput in
+                sample-steps/s against the `concurrent` step's one-cell-per-process plateau (column_groups.py)
+  group_100     the same column at 100 clients (10 of them a round) as one cell group: 3 rounds timed, the
+                2500 projected (an evaluation of all 100 projected from the round's counted work)
 `--rehearse` runs every step on the CPU at tiny sizes (CI does: every step must say "ok").
-The whole check keeps inside `--budget` seconds (default 420: a lent device gives 15 minutes in all, its
-start included, and a second, shorter run of the failing steps must still fit).
+The whole check keeps inside `--budget` seconds (default 480: one device command of 8 minutes; a lent
+device gives 15 minutes in all, its start included, and a second, shorter run of the failing steps
+(`--only`) must still fit).
 """
 from __future__ import annotations
 
@@ -89,20 +96,38 @@ def steps(device: str, rehearse: bool, work: Path) -> list[Step]:
                                  "--samples", "50", "--epochs", "1", "--algorithms", "fedavg,pfedla,pfedme",
                                  "--sharing", str(work / "concurrent.json"),
                                  "--json", str(work / "paper_slice.json")], 240, work / "paper_slice.json"),
+            Step("column_groups", [py, str(HERE / "column_groups.py"), "--device", device, "--clients", "10",
+                                   "--rounds", "3", "--samples", "30", "--epochs", "1", "--client-batching", "on",
+                                   "--seconds", "200", "--sharing", str(work / "concurrent.json"),
+                                   "--json", str(work / "column_groups.json")], 240, work / "column_groups.json"),
+            Step("group_100", [py, str(HERE / "column_groups.py"), "--device", device, "--clients", "100",
+                               "--rounds", "3", "--evaluation", "projected", "--samples", "30", "--epochs", "1",
+                               "--client-batching", "on", "--seconds", "200", "--sharing", str(work / "concurrent.json"),
+                               "--json", str(work / "group_100.json")], 240, work / "group_100.json"),
         ]
+    # Boxes: what each step took on an H100 (benchmarks/gpu/h100-2026-11-26.json: 12, 48, 14, 37, 58 and
+    # 67 s) with a margin, and the two group steps (not yet run on a GPU: their own `--seconds` stop
+    # starting rounds well inside their box); 480 s in all.
     return [
-        Step("environment", [py, "-c", ENVIRONMENT], 30),
+        Step("environment", [py, "-c", ENVIRONMENT], 25),
         Step("cuda_tests", [py, "-m", "pytest", "-q", "-m", "cuda", "-p", "no:cacheprovider",
-                            str(REPO / "tests" / "test_cuda.py")], 120, env={"PFLBENCH_TEST_DEVICE": device}),
+                            str(REPO / "tests" / "test_cuda.py")], 90, env={"PFLBENCH_TEST_DEVICE": device}),
         Step("bench_10", [*cli, "bench", "--device", device, "--clients", "10", "--repeats", "3", "--no-compile",
-                          "--json", str(work / "bench_10.json")], 70, work / "bench_10.json"),
+                          "--json", str(work / "bench_10.json")], 30, work / "bench_10.json"),
         Step("bench_100", [*cli, "bench", "--device", device, "--clients", "100", "--repeats", "2", "--no-compile",
-                           "--json", str(work / "bench_100.json")], 50, work / "bench_100.json"),
+                           "--json", str(work / "bench_100.json")], 45, work / "bench_100.json"),
         Step("concurrent", [py, str(HERE / "sharing.py"), "--device", device, "--processes", "1,4,8",
                             "--rounds", "5", "--json", str(work / "concurrent.json")], 70, work / "concurrent.json"),
         Step("paper_slice", [py, str(HERE / "paper_slice.py"), "--device", device, "--rounds", "20",
-                             "--seconds", "60", "--max-seconds-each", "15", "--sharing", str(work / "concurrent.json"),
-                             "--json", str(work / "paper_slice.json")], 80, work / "paper_slice.json"),
+                             "--seconds", "40", "--max-seconds-each", "12", "--sharing", str(work / "concurrent.json"),
+                             "--json", str(work / "paper_slice.json")], 60, work / "paper_slice.json"),
+        Step("column_groups", [py, str(HERE / "column_groups.py"), "--device", device, "--clients", "10",
+                               "--rounds", "5", "--seconds", "70", "--sharing", str(work / "concurrent.json"),
+                               "--json", str(work / "column_groups.json")], 90, work / "column_groups.json"),
+        Step("group_100", [py, str(HERE / "column_groups.py"), "--device", device, "--clients", "100",
+                           "--rounds", "3", "--evaluation", "projected", "--seconds", "50",
+                           "--sharing", str(work / "concurrent.json"),
+                           "--json", str(work / "group_100.json")], 70, work / "group_100.json"),
     ]
 
 
@@ -148,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rehearse", action="store_true", help="every step on the CPU at tiny sizes")
     parser.add_argument("--device", default=None, help="torch device (default: cuda; cpu with --rehearse)")
     parser.add_argument("--budget", type=float, default=None,
-                        help="seconds for the whole check (default: 420 on the device, 900 rehearsing)")
+                        help="seconds for the whole check (default: 480 on the device, 1200 rehearsing)")
     parser.add_argument("--only", default=None, help="comma-separated step names (a second, shorter run)")
     args = parser.parse_args(argv)
     import torch
@@ -162,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     work = Path(args.work) if args.work else out / "work"
     work.mkdir(parents=True, exist_ok=True)
-    budget = args.budget or (900.0 if args.rehearse else 420.0)
+    budget = args.budget or (1200.0 if args.rehearse else 480.0)
     chosen = steps(device, args.rehearse, work)
     if args.only:
         names = args.only.split(",")

@@ -2,7 +2,9 @@
 
 Runs the first `--rounds` rounds of Table 1's Fashion-MNIST 10-client cell (the paper's settings:
 600 rounds x 10 local epochs, evaluation with 10 epochs of adaptation every 10 rounds) for each
-algorithm in turn (FedAvg, pFedLA, pFedMe first, then the other rows while `--seconds` lasts), on the
+algorithm in turn (FedAvg, pFedMe, pFedHN, Per-FedAvg first: the rows whose cost a sample-step differs
+most from FedAvg's batched step, pFedHN's width-1 client loop and the custom steps, which the step count
+cannot carry; then the other rows while `--seconds` lasts), on the
 engine's default path for the device (batched across clients on CUDA), each for at most
 `--max-seconds-each`. Per algorithm: seconds per round after the first (warm-up), and seconds per
 sample-epoch (one sample through one local step, adaptation included).
@@ -41,7 +43,7 @@ FORWARD_SHARE = 1 / 3  # a forward without autograd, in training steps (forward 
 # (sample shape, classes); EMNIST is the `balanced` split, as table1.yaml sets it.
 SHAPES = {"emnist": ((1, 28, 28), 47), "fmnist": ((1, 28, 28), 10), "cifar10": ((3, 32, 32), 10),
           "cifar10-jpeg": ((3, 32, 32), 10), "cifar100": ((3, 32, 32), 100)}
-ORDER = ["fedavg", "pfedla", "pfedme", "local", "pfedhn", "perfedavg", "fedrep", "fedfomo", "heurpfedla", "fedbn"]
+ORDER = ["fedavg", "pfedme", "pfedhn", "perfedavg", "pfedla", "local", "fedrep", "fedfomo", "heurpfedla", "fedbn"]
 
 
 class Enough(Exception):
