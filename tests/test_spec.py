@@ -8,13 +8,14 @@ import pytest
 import yaml
 from pydantic import Field
 
-from pflbench.algorithm import ALGORITHMS, Algorithm
+from pflbench.algorithm import ALGORITHMS
 from pflbench.algorithm import Hyperparams as BaseHyperparams
+from pflbench.algorithms.fedavg import FedAvg
 from pflbench.config import cell_hash
 from pflbench.spec import SpecError, load_spec, parse_sets, parse_spec
 
 
-class ProxLike(Algorithm):
+class ProxLike(FedAvg):
     """Only here to give specs an algorithm with hyperparameters (its training is FedAvg's)."""
 
     name = "test-spec-prox"
