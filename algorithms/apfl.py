@@ -51,7 +51,7 @@ from pflbench import streams
 from torch import Tensor
 
 from pflbench.algorithm import ALGORITHMS, Card, ClientRound, Hyperparams
-from pflbench.algorithms.fedavg import FedAvg
+from pflbench.fedavg import FedAvg
 from pflbench.steps import step_ids
 from pflbench.training import State, cross_entropy
 

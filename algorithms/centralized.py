@@ -10,7 +10,7 @@ It moves raw data, not models, so no model bytes are counted: its communication 
 with the federated methods'.
 """
 from pflbench.algorithm import ALGORITHMS, Capabilities, Card, Payload, Round
-from pflbench.algorithms.fedavg import FedAvg
+from pflbench.fedavg import FedAvg
 
 
 @ALGORITHMS.register("centralized", card=Card(

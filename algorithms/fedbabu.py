@@ -33,7 +33,7 @@ from pydantic import Field
 
 from pflbench import streams
 from pflbench.algorithm import ALGORITHMS, Card, ClientRound, Hyperparams, Payload, Serving
-from pflbench.algorithms.fedavg import FedAvg
+from pflbench.fedavg import FedAvg
 from pflbench.training import Diverged, State
 
 if TYPE_CHECKING:

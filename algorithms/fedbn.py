@@ -4,7 +4,7 @@ BatchNorm (pFedLA's EMNIST/FashionMNIST CNN) it is exactly FedAvg, which is why 
 leave those columns empty.
 """
 from pflbench.algorithm import ALGORITHMS, Card
-from pflbench.algorithms.fedavg import FedAvg
+from pflbench.fedavg import FedAvg
 
 
 @ALGORITHMS.register("fedbn", card=Card(

@@ -19,7 +19,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from pflbench.algorithm import ALGORITHMS, Card, Hyperparams
-from pflbench.algorithms.fedavg import FedAvg
+from pflbench.fedavg import FedAvg
 
 
 class FedPerHP(Hyperparams):

@@ -19,7 +19,7 @@ from pydantic import Field
 from torch import Tensor
 
 from pflbench.algorithm import ALGORITHMS, Card, ClientRound, Hyperparams
-from pflbench.algorithms.fedavg import FedAvg
+from pflbench.fedavg import FedAvg
 from pflbench.training import State, cross_entropy
 
 

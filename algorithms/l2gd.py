@@ -47,7 +47,7 @@ from pydantic import Field
 
 from pflbench import streams
 from pflbench.algorithm import ALGORITHMS, Capabilities, Card, ClientRound, Hyperparams, Payload, Round
-from pflbench.algorithms.fedavg import FedAvg
+from pflbench.fedavg import FedAvg
 from pflbench.training import State
 
 COINS = streams.salted_cell("l2gd.coins", 0x1260)  # the coin flips of every round, drawn once per cell

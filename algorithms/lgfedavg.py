@@ -19,7 +19,7 @@ training samples, like every FedAvg-based method here (the original code average
 from pydantic import Field
 
 from pflbench.algorithm import ALGORITHMS, Card, Hyperparams
-from pflbench.algorithms.fedavg import FedAvg
+from pflbench.fedavg import FedAvg
 
 
 

@@ -15,7 +15,7 @@ evaluating round's batch orders for all its epochs, so the scores depended on `e
 """
 
 from pflbench.algorithm import ALGORITHMS, Capabilities, Card, ClientRound, Models, Payload, Round, Serving
-from pflbench.algorithms.fedavg import FedAvg
+from pflbench.fedavg import FedAvg
 from pflbench.training import State
 
 

@@ -73,7 +73,7 @@ from pflbench.steps import (LossCheck, clone_state, finite, keep_inactive, loss_
                             restore_inactive, rows_where, sgd_step, step_ids, step_plan)
 from pflbench import streams
 from pflbench.algorithm import ALGORITHMS, Card, ClientRound, Hyperparams, Payload, Serving
-from pflbench.algorithms.fedavg import FedAvg
+from pflbench.fedavg import FedAvg
 from pflbench.training import Diverged, State, weighted_mean
 
 if TYPE_CHECKING:

@@ -79,7 +79,7 @@ from torch import Tensor
 from pflbench.steps import (LossCheck, finite, keep_inactive, loss_and_grads, per_client, restore_inactive,
                             rows_where, sgd_step, step_plan)
 from pflbench.algorithm import ALGORITHMS, Card, ClientRound, Hyperparams, Payload, Round
-from pflbench.algorithms.fedavg import FedAvg
+from pflbench.fedavg import FedAvg
 from pflbench.training import Diverged, State, weighted_mean
 
 

@@ -50,7 +50,7 @@ The base class is only the hooks: `setup`, `configure`, `receive`, `send`, `aggr
 `local_train` (the engine's local SGD), `evaluate` and `adapt_locally` (the engine's scoring and
 adaptation) have the engine's defaults; `newcomer_models` is needed only for cells with unseen
 clients (a method without it is refused them before anything runs). FedAvg is one base among others
-(`pflbench.algorithms.fedavg.FedAvg`): a global model, each client's copy of its local part
+(`pflbench.fedavg.FedAvg`): a global model, each client's copy of its local part
 (`is_local`), and the uploads' `weighted_mean`; FedBN, FedPer, Local, FedProx, Ditto, ... extend it,
 pFedHN, pFedLA, FedMN and MH-pFedHN extend `Algorithm` directly. See `algorithms/README.md`.
 """
@@ -445,7 +445,7 @@ def _undefined(algorithm: Algorithm[Any], hook: str) -> NotImplementedError:
     return NotImplementedError(
         f"{type(algorithm).__name__} does not define {hook}: the base class Algorithm is only the hooks; define "
         f"it, or extend a base that does (FedAvg's global model and weighted mean: "
-        f"from pflbench.algorithms.fedavg import FedAvg)"
+        f"from pflbench.fedavg import FedAvg)"
     )
 
 

@@ -18,7 +18,7 @@ release after a change, with one visible warning naming the user's file and the 
   FedAvg defines (`setup`, `configure`, `receive`, `send`, `aggregate`, `personalized`) to it, or calls
   one of FedAvg's helpers (`is_local`, `stays_on_client`, `shared_names`, `weighted_mean`,
   `fit_local_part`) it does not define, when `Algorithm` was FedAvg: now it extends `FedAvg`
-  (pflbench.algorithms.fedavg);
+  (pflbench.fedavg);
 - checkpoint state found by walking the instance's attributes: a class none of whose own classes
   declares `state`, and whose source sets attributes its bases do not declare: now it declares them
   (`state = (*Base.state, "name", ...)`, pflbench.algorithm).
@@ -181,7 +181,7 @@ ASSIGNED = re.compile(r"\bself\.([A-Za-z_]\w*)\s*(?::[^=\n]*)?=(?!=)")  # `self.
 
 
 def _fedavg() -> type:
-    from pflbench.algorithms.fedavg import FedAvg
+    from pflbench.fedavg import FedAvg
 
     return FedAvg
 
@@ -206,7 +206,8 @@ def _walked_state(cls: type, users: list[type], sources: list[str], fedavg: list
     if not users or any("state" in klass.__dict__ for klass in users):
         return None
     bases = [cls, _fedavg()] if fedavg else [cls]
-    declared = {"engine", "hp", "fed", *(n for k in bases for n in (*k.state, *k.state_objects, *k.state_rebuilt))}
+    kinds = ("state", "state_objects", "state_rebuilt")
+    declared = {"engine", "hp", "fed", *(n for k in bases for kind in kinds for n in getattr(k, kind))}
     if not all(sources):
         return []
     assigned = dict.fromkeys(m.group(1) for source in sources for m in ASSIGNED.finditer(source))
@@ -238,7 +239,7 @@ def adapt(cls: A, card: Card | None = None, capabilities: Capabilities | None = 
     if uses.fedavg:
         deprecation.warn(
             f"algorithm class {cls.__qualname__} extends Algorithm, which was FedAvg and is now only the hooks; "
-            f"it relies on FedAvg's {', '.join(uses.fedavg)}: extend FedAvg (from pflbench.algorithms.fedavg "
+            f"it relies on FedAvg's {', '.join(uses.fedavg)}: extend FedAvg (from pflbench.fedavg "
             f"import FedAvg; class {cls.__name__}(FedAvg))",
             old=f"class {cls.__name__}(Algorithm) relying on FedAvg's {', '.join(uses.fedavg)}",
             new=f"class {cls.__name__}(FedAvg)", owner=cls)

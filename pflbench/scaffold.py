@@ -3,7 +3,7 @@ a documented starting file for the user's own method or non-IID scheme, and a py
 it on the generated dataset. The file is a plugin (pflbench/plugins.py): `--plugin FILE` or a spec's
 `plugins:` puts it beside the built-ins. The templates are in pflbench/scaffold_templates.
 
-The written algorithm extends FedAvg (`pflbench.algorithms.fedavg.FedAvg`) and overrides only the hooks its
+The written algorithm extends FedAvg (`pflbench.fedavg.FedAvg`) and overrides only the hooks its
 starting point changes from it, declares the state it adds for checkpoints, imports exactly the names it uses
 and is typed (it passes the repository's `ruff check` and `mypy`: its hyperparameters are a module-level class
 `<Class>HP`, `class <Class>(FedAvg[<Class>HP])`), and is named as
@@ -32,7 +32,7 @@ NAME = re.compile(r"^[A-Za-z][A-Za-z0-9]*(-[A-Za-z0-9]+)*$")
 @dataclass(frozen=True)
 class Base:
     """A built-in method a new algorithm may start from, written out (not subclassed) so it can be
-    edited: the hooks in which it differs from FedAvg (`pflbench.algorithms.fedavg.FedAvg`, which the
+    edited: the hooks in which it differs from FedAvg (`pflbench.fedavg.FedAvg`, which the
     written class extends)."""
 
     text: str           # what the starting point does, for the file's docstring
@@ -53,7 +53,7 @@ BASES = {
         hyperparams="    # none yet; e.g. momentum: float = Field(0.9, ge=0.0, lt=1.0)  (from pydantic import Field)",
         search_space="{}  # e.g. {\"momentum\": (\"uniform\", 0.0, 0.99)}",
         body='''
-    # The hooks are FedAvg's (pflbench/algorithms/fedavg.py): override only those your method changes.
+    # The hooks are FedAvg's (pflbench/fedavg.py): override only those your method changes.
     # E.g. a server step of its own, from FedAvg's average of the uploads that arrived:
     #
     #     def aggregate(self, rnd: ClientRound, upload: Payload) -> None:  # both from pflbench.algorithm
@@ -158,7 +158,7 @@ BASES = {
 # What every written algorithm imports from pflbench.algorithm, and the base it extends (a class named like an
 # import is refused).
 ALGORITHM_API = ("ALGORITHMS", "Capabilities", "Card", "Hyperparams")
-BASE_CLASS = "FedAvg"  # from pflbench.algorithms.fedavg
+BASE_CLASS = "FedAvg"  # from pflbench.fedavg
 
 
 def imports_of(base: Base) -> str:
@@ -172,7 +172,7 @@ def imports_of(base: Base) -> str:
         lines.append("")
     names = sorted(ALGORITHM_API + base.api, key=lambda name: (not name.isupper(), name))  # as isort orders them
     lines.append(f"from pflbench.algorithm import {', '.join(names)}")
-    lines.append(f"from pflbench.algorithms.fedavg import {BASE_CLASS}")
+    lines.append(f"from pflbench.fedavg import {BASE_CLASS}")
     if base.training:
         lines.append(f"from pflbench.training import {', '.join(base.training)}")
     return "\n".join(lines)

@@ -13,7 +13,7 @@ import pytest
 from pflbench import plugins
 from pflbench.algorithm import ALGORITHMS, Algorithm, Capabilities, Card, Refusal
 from pflbench.cli import main
-from pflbench.algorithms.fedavg import FedAvg
+from pflbench.fedavg import FedAvg
 from pflbench.config import CellConfig
 from pflbench.registry import Registry
 
@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 NEW_API = '''
 from pflbench.algorithm import ALGORITHMS, Capabilities, Card
-from pflbench.algorithms.fedavg import FedAvg
+from pflbench.fedavg import FedAvg
 
 
 @ALGORITHMS.register("heldout-prox", card=Card(display_name="Heldout Prox", family="my family", paper="Me, 2026"))

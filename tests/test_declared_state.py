@@ -19,7 +19,7 @@ from cells import federation, small_cell
 from checkpoint_helpers import differences, interrupted_and_resumed, uninterrupted
 from pflbench import legacy_hooks, rounds
 from pflbench.algorithm import ALGORITHMS, StateError, get_algorithm, undeclared_state
-from pflbench.algorithms.fedavg import FedAvg
+from pflbench.fedavg import FedAvg
 from pflbench.checkpoint import CheckpointPolicy, Checkpointer
 from pflbench.rounds import run_cell
 
@@ -186,7 +186,7 @@ class OldMomentum(Algorithm):
 '''
 
 NEW_MOMENTUM = '''from pflbench.algorithm import ALGORITHMS
-from pflbench.algorithms.fedavg import FedAvg
+from pflbench.fedavg import FedAvg
 
 
 @ALGORITHMS.register("new-momentum")

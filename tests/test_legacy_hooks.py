@@ -318,7 +318,7 @@ def test_an_old_form_plugin_runs_on_the_command_line_with_one_line_naming_its_fi
 
 # A plugin that still asks for batch orders with the deprecated salt= (now a named stream, pflbench.streams).
 SALTED_PLUGIN = '''from pflbench.algorithm import ALGORITHMS
-from pflbench.algorithms.fedavg import FedAvg
+from pflbench.fedavg import FedAvg
 from pflbench.steps import step_ids
 
 

@@ -9,7 +9,7 @@ from rich.console import Console
 from pflbench.metrics import RUN_RECORD_KEYS
 from pflbench.execution import ExecutionOptions
 from pflbench.algorithm import ALGORITHMS
-from pflbench.algorithms.fedavg import FedAvg
+from pflbench.fedavg import FedAvg
 from pflbench.config import cell_hash
 from pflbench.runner import RunOptions, run_plan
 from pflbench.spec import parse_spec

@@ -11,7 +11,7 @@ import torch
 from cells import small_cell
 from pflbench import rounds
 from pflbench.algorithm import ClientRound, Payload, get_algorithm
-from pflbench.algorithms.fedavg import FedAvg
+from pflbench.fedavg import FedAvg
 from pflbench.algorithms.mhpfedhn import CLIENT_ORDER_STREAM
 from pflbench.rounds import run_cell
 

@@ -10,7 +10,7 @@ from pydantic import Field
 
 from pflbench.algorithm import ALGORITHMS
 from pflbench.algorithm import Hyperparams as BaseHyperparams
-from pflbench.algorithms.fedavg import FedAvg
+from pflbench.fedavg import FedAvg
 from pflbench.config import cell_hash
 from pflbench.spec import SpecError, load_spec, parse_sets, parse_spec
 
