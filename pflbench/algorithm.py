@@ -42,7 +42,10 @@ object with its own state (an nn.Module, an optimizer, a torch or numpy random g
 through it; `state_rebuilt`, those `setup()` rebuilds unchanged from the cell, not saved. Nothing is
 found by walking the instance: an attribute in none of the three (other than `engine` and `hp`) is a
 `StateError` naming it (`undeclared_state`), so a method that forgets one fails the registry-wide
-resume test instead of resuming wrongly. (A plugin written when the checkpoint walked the instance's
+resume test instead of resuming wrongly. Declared rather than walked, so that what a checkpoint holds
+is read on the class, and a cache or a reference to the engine is never saved by accident; each
+attribute the whole tuple, as `state_objects` was, so that `cls.state` is exactly what is saved (a base's
+names left out are caught as undeclared). (A plugin written when the checkpoint walked the instance's
 attributes keeps that walk for one release, with a deprecation notice: pflbench.legacy_hooks.)
 
 The base class is only the hooks: `setup`, `configure`, `receive`, `send`, `aggregate` and

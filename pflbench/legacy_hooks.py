@@ -21,7 +21,9 @@ release after a change, with one visible warning naming the user's file and the 
   (pflbench.fedavg);
 - checkpoint state found by walking the instance's attributes: a class none of whose own classes
   declares `state`, and whose source sets attributes its bases do not declare: now it declares them
-  (`state = (*Base.state, "name", ...)`, pflbench.algorithm).
+  (`state = (*Base.state, "name", ...)`, pflbench.algorithm). The walk goes on for such a class, rather
+  than an error, because it was the documented contract ("keep your state in attributes and there is
+  nothing to write"), and a documented form keeps working for one release (GUIDE, "Contracts").
 
 `adapt(cls)` runs when a class is registered (`ALGORITHMS.register`). A class that uses none of them
 (every built-in) is returned as it is: nothing of this module wraps or touches it. A class that uses one
@@ -59,8 +61,10 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import io
 import re
 import sys
+import tokenize
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Callable, Iterator, cast
 
@@ -180,6 +184,19 @@ FEDAVG_HELPERS = ("is_local", "stays_on_client", "shared_names", "weighted_mean"
 ASSIGNED = re.compile(r"\bself\.([A-Za-z_]\w*)\s*(?::[^=\n]*)?=(?!=)")  # `self.name = ...`, annotated or not
 
 
+def _uncommented(source: str) -> str:
+    """`source` without its comments (a commented-out example assigns nothing)."""
+    lines = source.splitlines()
+    try:
+        for token in tokenize.generate_tokens(io.StringIO(source).readline):
+            if token.type == tokenize.COMMENT:
+                row, col = token.start
+                lines[row - 1] = lines[row - 1][:col]
+    except (tokenize.TokenError, SyntaxError):  # a class's source cut from its module: keep it as it is
+        return source
+    return "\n".join(lines)
+
+
 def _fedavg() -> type:
     from pflbench.fedavg import FedAvg
 
@@ -210,7 +227,7 @@ def _walked_state(cls: type, users: list[type], sources: list[str], fedavg: list
     declared = {"engine", "hp", "fed", *(n for k in bases for kind in kinds for n in getattr(k, kind))}
     if not all(sources):
         return []
-    assigned = dict.fromkeys(m.group(1) for source in sources for m in ASSIGNED.finditer(source))
+    assigned = dict.fromkeys(m.group(1) for source in sources for m in ASSIGNED.finditer(_uncommented(source)))
     undeclared = [name for name in assigned if name not in declared]
     return undeclared or None
 
