@@ -28,7 +28,7 @@ test: install
 # API and the built-in algorithms (algorithms/; pyproject.toml's [tool.mypy] files).
 PUBLIC_API := pflbench/algorithm.py pflbench/card.py pflbench/capabilities.py pflbench/streams.py \
               pflbench/round_context.py pflbench/payload.py pflbench/serving.py pflbench/deprecation.py \
-              pflbench/engine.py
+              pflbench/engine.py pflbench/fedavg.py
 lint: install
 	$(BIN)/pip install --disable-pip-version-check -q -e ".[lint]"
 	$(BIN)/ruff check .

@@ -50,7 +50,8 @@ from pydantic import Field
 from pflbench import streams
 from torch import Tensor
 
-from pflbench.algorithm import ALGORITHMS, Algorithm, Card, ClientRound, Hyperparams
+from pflbench.algorithm import ALGORITHMS, Card, ClientRound, Hyperparams
+from pflbench.fedavg import FedAvg
 from pflbench.steps import step_ids
 from pflbench.training import State, cross_entropy
 
@@ -70,7 +71,8 @@ class APFLHP(Hyperparams):
     family="regularized and meta-learned",
     paper="Deng, Kamani & Mahdavi, arXiv 2020 (Adaptive Personalized Federated Learning)",
     personalizes="a local model per client, mixed with the global one by a learned per-client weight alpha_i"))
-class APFL(Algorithm[APFLHP]):
+class APFL(FedAvg[APFLHP]):
+    state = (*FedAvg.state, "local_state", "alpha")  # checkpoints: and the local models v_i, their weights
     PERSONAL_STREAM = streams.salted_batches("apfl.personal", 0xA9F1)
     ALPHA_STREAM = streams.salted_batches("apfl.alpha", 0xA9F2)
 
@@ -143,7 +145,7 @@ class APFL(Algorithm[APFLHP]):
         return alpha.detach()
 
     def personalized(self) -> State:
-        glob = Algorithm.personalized(self)  # the global model (with the statistics that stay on a client)
+        glob = FedAvg.personalized(self)  # the global model (with the statistics that stay on a client)
         return self.mix(self.alpha, self.local_state, glob)
 
     def artifacts(self) -> dict[str, np.ndarray]:

@@ -9,7 +9,8 @@ is. So it bounds what a global model can reach on the cell's split and budget: w
 It moves raw data, not models, so no model bytes are counted: its communication is not comparable
 with the federated methods'.
 """
-from pflbench.algorithm import ALGORITHMS, Algorithm, Capabilities, Card, Payload, Round
+from pflbench.algorithm import ALGORITHMS, Capabilities, Card, Payload, Round
+from pflbench.fedavg import FedAvg
 
 
 @ALGORITHMS.register("centralized", card=Card(
@@ -17,7 +18,7 @@ from pflbench.algorithm import ALGORITHMS, Algorithm, Capabilities, Card, Payloa
     family="baselines",
     reference=True,
     personalizes="nothing: one model trained on the pooled data of the round's clients (a reference, not FL)"))
-class Centralized(Algorithm):
+class Centralized(FedAvg):
     capabilities = Capabilities(refused_knobs={
         "system": "the server trains on the pooled data itself: no client does local work or uploads",
         "privacy": "nothing is uploaded: the server trains on the pooled raw data"})

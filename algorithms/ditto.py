@@ -35,7 +35,8 @@ from pydantic import Field
 from torch import Tensor
 
 from pflbench import streams
-from pflbench.algorithm import ALGORITHMS, Algorithm, Card, ClientRound, Hyperparams
+from pflbench.algorithm import ALGORITHMS, Card, ClientRound, Hyperparams
+from pflbench.fedavg import FedAvg
 from pflbench.training import State, cross_entropy
 
 
@@ -49,7 +50,8 @@ class DittoHP(Hyperparams):
     family="regularized and meta-learned",
     paper="Li, Hu, Beirami & Smith, ICML 2021",
     personalizes="a whole personal model per client, trained with a proximal pull toward the FedAvg global model"))
-class Ditto(Algorithm[DittoHP]):
+class Ditto(FedAvg[DittoHP]):
+    state = (*FedAvg.state, "personal_state")  # checkpoints: and every client's personal model
     # Batch-order stream of the personal model's local training (the global copy: "batches", as FedAvg).
     PERSONAL_STREAM = streams.salted_batches("ditto.personal", 0xD1770)
 

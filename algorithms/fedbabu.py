@@ -32,7 +32,8 @@ import torch
 from pydantic import Field
 
 from pflbench import streams
-from pflbench.algorithm import ALGORITHMS, Algorithm, Card, ClientRound, Hyperparams, Payload, Serving
+from pflbench.algorithm import ALGORITHMS, Card, ClientRound, Hyperparams, Payload, Serving
+from pflbench.fedavg import FedAvg
 from pflbench.training import Diverged, State
 
 if TYPE_CHECKING:
@@ -52,7 +53,11 @@ class FedBABUHP(Hyperparams):
     family="personal layers",
     paper="Oh, Kim & Yun, ICLR 2022",
     personalizes="the whole model, by local fine-tuning of the federated body (trained with a fixed random head)"))
-class FedBABU(Algorithm[FedBABUHP]):
+class FedBABU(FedAvg[FedBABUHP]):
+    # Checkpoints: FedAvg's models, the aggregations' count and the fine-tuned models of the last evaluation
+    # (kept while no aggregation followed); the head / body split is the model's.
+    state = (*FedAvg.state, "_version", "_cached")
+    state_rebuilt = ("_head", "_body_params")
     quick_hp = {"finetune_epochs": 1}  # small smoke cells (tests)
 
     search_space = {"finetune_epochs": ("int", 1, 10)}

@@ -3,7 +3,8 @@ their running statistics — stay on each client and are never sent or averaged.
 BatchNorm (pFedLA's EMNIST/FashionMNIST CNN) it is exactly FedAvg, which is why pFedLA's tables
 leave those columns empty.
 """
-from pflbench.algorithm import ALGORITHMS, Algorithm, Card
+from pflbench.algorithm import ALGORITHMS, Card
+from pflbench.fedavg import FedAvg
 
 
 @ALGORITHMS.register("fedbn", card=Card(
@@ -15,6 +16,6 @@ from pflbench.algorithm import ALGORITHMS, Algorithm, Card
     reduces_to={"fedavg": (
         "FedBN keeps BatchNorm layers local and averages the rest; this model has no BatchNorm, "
         "so FedBN is FedAvg")}))
-class FedBN(Algorithm):
+class FedBN(FedAvg):
     def is_local(self, name: str) -> bool:
         return name in self.engine.model.batchnorm_names

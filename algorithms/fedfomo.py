@@ -67,8 +67,8 @@ import torch
 from pydantic import Field
 
 from pflbench import streams
-from pflbench.algorithm import (ALGORITHMS, Algorithm, Capabilities, Card, ClientRound, Hyperparams, Payload, Round,
-                                Serving)
+from pflbench.algorithm import ALGORITHMS, Capabilities, Card, ClientRound, Hyperparams, Payload, Round, Serving
+from pflbench.fedavg import FedAvg
 from pflbench.training import State
 
 EXPLORE = streams.salted_round("fedfomo.explore", 0xF0F0)  # which models a client explores, per round
@@ -110,7 +110,11 @@ class FedFomoHP(Hyperparams):
     reduces_to={"local": (
         "FedFomo weights other clients' models by how much they lower a client's validation loss;"
         " here none did, so every client kept its own model: Local")}))
-class FedFomo(Algorithm[FedFomoHP]):
+class FedFomo(FedAvg[FedFomoHP]):
+    # Checkpoints: FedAvg's models, the server's copies of the uploads, which clients uploaded, the affinities
+    # and the last weights; the split the weights are computed on is the cell's.
+    state = (*FedAvg.state, "server_models", "uploaded", "affinity", "last_weights")
+    state_rebuilt = ("eval_split",)
     capabilities = Capabilities(refused_knobs={
         "privacy": "its upload is the whole model plus first-order weights computed on the client's "
                    "validation data, with no single downloaded model to form an update against"})

@@ -250,8 +250,11 @@ class FedMN(Algorithm[FedMNHP]):
     capabilities = Capabilities(batched=False, refused_knobs={
         "privacy": "its upload is the router and the modules its routing picks after local training, "
                    "which may differ from the modules it downloaded: no update to clip"})
-    # Checkpoints: the module pool and the routing net that local training loads each client into.
+    # Checkpoints: the server's pool and router, each client's copies, routing and step count; the module
+    # pool and the routing net that local training loads each client into; which tensors make each module.
+    state = ("server_pool", "server_router", "client_pool", "routing", "steps_done")
     state_objects = ("net", "router")
+    state_rebuilt = ("module_names",)
 
     quick_hp = {"dims": [16, 8], "encoder_hidden": 16, "router_x_dim": 8, "router_y_dim": 4, "router_samples": 16}  # small smoke cells (tests)
 

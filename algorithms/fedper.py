@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from pflbench.algorithm import ALGORITHMS, Algorithm, Card, Hyperparams
+from pflbench.algorithm import ALGORITHMS, Card, Hyperparams
+from pflbench.fedavg import FedAvg
 
 
 class FedPerHP(Hyperparams):
@@ -30,7 +31,8 @@ class FedPerHP(Hyperparams):
     family="personal layers",
     paper="Arivazhagan, Aggarwal, Singh & Choudhary, arXiv 2019",
     personalizes="the top layers (personalization layers, default the classifier); the base is FedAvg"))
-class FedPer(Algorithm[FedPerHP]):
+class FedPer(FedAvg[FedPerHP]):
+    state_rebuilt = ("_personal",)  # the personalization layers' tensors, from the hyperparameters
 
     search_space = {"personal_layers": ("choice", [1, 2, 3])}
 

@@ -11,14 +11,15 @@ Where it was silent / what was chosen here:
 - The term covers trainable parameters only, not BatchNorm running statistics (they are not weights).
 - Every client runs the cell's full `local_epochs` (no simulated stragglers: that is a system-
   heterogeneity experiment, not part of the algorithm's objective).
-- mu = 0 uses the base class's plain local training, so FedProx(mu=0) is FedAvg bit for bit.
+- mu = 0 uses FedAvg's plain local training, so FedProx(mu=0) is FedAvg bit for bit.
 """
 
 from pydantic import Field
 
 from torch import Tensor
 
-from pflbench.algorithm import ALGORITHMS, Algorithm, Card, ClientRound, Hyperparams
+from pflbench.algorithm import ALGORITHMS, Card, ClientRound, Hyperparams
+from pflbench.fedavg import FedAvg
 from pflbench.training import State, cross_entropy
 
 
@@ -33,7 +34,7 @@ class FedProxHP(Hyperparams):
     personalizes="nothing: one global model, trained with a proximal term against client drift",
     reduces_to={"fedavg": (
         "FedProx's proximal term (mu) changed none of the evaluated numbers: FedAvg")}))
-class FedProx(Algorithm[FedProxHP]):
+class FedProx(FedAvg[FedProxHP]):
 
     search_space = {"mu": ("loguniform", 1e-3, 1.0)}
 

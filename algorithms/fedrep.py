@@ -44,7 +44,8 @@ from __future__ import annotations
 from pydantic import Field
 
 from pflbench import streams
-from pflbench.algorithm import ALGORITHMS, Algorithm, Card, ClientRound, Hyperparams, Serving
+from pflbench.algorithm import ALGORITHMS, Card, ClientRound, Hyperparams, Serving
+from pflbench.fedavg import FedAvg
 from pflbench.training import State
 
 
@@ -60,7 +61,8 @@ class FedRepHP(Hyperparams):
     row_order=6,
     paper="Collins, Hassani, Mokhtari & Shakkottai, ICML 2021",
     personalizes="the head (classifier), trained first with the shared representation fixed"))
-class FedRep(Algorithm[FedRepHP]):
+class FedRep(FedAvg[FedRepHP]):
+    state_rebuilt = ("_head", "_head_params", "_body_params")  # the head / body split, from the hyperparameters
     HEAD_STREAM = streams.salted_batches("fedrep.head", 0xFE0E)
 
     quick_hp = {"head_epochs": 1}  # small smoke cells (tests)

@@ -46,7 +46,8 @@ import torch
 from pydantic import Field
 
 from pflbench import streams
-from pflbench.algorithm import ALGORITHMS, Algorithm, Capabilities, Card, ClientRound, Hyperparams, Payload, Round
+from pflbench.algorithm import ALGORITHMS, Capabilities, Card, ClientRound, Hyperparams, Payload, Round
+from pflbench.fedavg import FedAvg
 from pflbench.training import State
 
 COINS = streams.salted_cell("l2gd.coins", 0x1260)  # the coin flips of every round, drawn once per cell
@@ -68,7 +69,8 @@ class L2GDHP(Hyperparams):
     family="regularized and meta-learned",
     paper="Hanzely & Richtárik, arXiv 2020 (Federated Learning of a Mixture of Global and Local Models)",
     personalizes="a whole local model per client, pulled toward the average on randomly chosen communication rounds"))
-class L2GD(Algorithm[L2GDHP]):
+class L2GD(FedAvg[L2GDHP]):
+    state_rebuilt = ("coins",)  # every round's coin flip, drawn in setup() from the cell's stream
     capabilities = Capabilities(refused_knobs={
         "system.dropout": "the server averages the sampled clients' models when it configures an aggregation "
                           "round (before they train), so an upload lost at the end of the round cannot be left out",

@@ -18,7 +18,8 @@ training samples, like every FedAvg-based method here (the original code average
 """
 from pydantic import Field
 
-from pflbench.algorithm import ALGORITHMS, Algorithm, Card, Hyperparams
+from pflbench.algorithm import ALGORITHMS, Card, Hyperparams
+from pflbench.fedavg import FedAvg
 
 
 
@@ -31,7 +32,8 @@ class LGFedAvgHP(Hyperparams):
     family="personal layers",
     paper="Liang, Liu, Ziyin, Allen, Auerbach, Brent, Salakhutdinov & Morency, arXiv 2020 (Think Locally, Act Globally)",
     personalizes="the lower layers (local representations); the top layers are FedAvg"))
-class LGFedAvg(Algorithm[LGFedAvgHP]):
+class LGFedAvg(FedAvg[LGFedAvgHP]):
+    state_rebuilt = ("_local",)  # the local representation layers' tensors, from the hyperparameters
 
     search_space = {"global_layers": ("choice", [1, 2, 3])}
 

@@ -14,7 +14,8 @@ at round r is the same whichever rounds were evaluated before (until issue 29 a 
 evaluating round's batch orders for all its epochs, so the scores depended on `eval_every`).
 """
 
-from pflbench.algorithm import ALGORITHMS, Algorithm, Capabilities, Card, ClientRound, Models, Payload, Round, Serving
+from pflbench.algorithm import ALGORITHMS, Capabilities, Card, ClientRound, Models, Payload, Round, Serving
+from pflbench.fedavg import FedAvg
 from pflbench.training import State
 
 
@@ -23,8 +24,12 @@ from pflbench.training import State
     family="baselines",
     row_order=0,
     personalizes="everything: each client trains alone, nothing is shared (the baseline)"))
-class Local(Algorithm):
+class Local(FedAvg):
     capabilities = Capabilities(heterogeneous_models=True)
+    # Checkpoints: FedAvg's models, or across architectures one stacked state per group; the newcomers'
+    # models and turns, kept between evaluations. `row` is the clients' places in their group's state.
+    state = (*FedAvg.state, "group_state", "_newcomer_state", "_newcomer_turns")
+    state_rebuilt = ("row",)
 
     def is_local(self, name: str) -> bool:
         return True  # nothing is shared: no bytes up or down, nothing to aggregate

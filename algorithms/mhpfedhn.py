@@ -184,10 +184,11 @@ class MHpFedHN(Algorithm[MHpFedHNHP]):
     capabilities = Capabilities(heterogeneous_models=True, refused_knobs={
         "privacy.mode": "central DP hands the server one noised sum of the updates, and MH-pFedHN's "
                         "server steps the hypernetwork with each client's own update"})
-    # Checkpoints: the hypernetwork, then its optimizer's moments; the architectures (ClientModels)
-    # carry no weights and setup() takes them from the cell again.
+    # Checkpoints: every client's BatchNorm statistics; the hypernetwork, then its optimizer's moments; the
+    # architectures (ClientModels, no weights), the clients' sizes and rows, which setup() takes from the cell.
+    state: ClassVar[tuple[str, ...]] = ("buffers",)  # MH-pFedHNGD: and its global model's statistics
     state_objects = ("hnet", "optimizer")
-    state_rebuilt: ClassVar[tuple[str, ...]] = ("group_models",)  # MH-pFedHNGD: and its global model
+    state_rebuilt: ClassVar[tuple[str, ...]] = ("group_models", "sizes", "row")  # MH-pFedHNGD: and its global model
     global_distillation = False
 
     dp_upload = "update"  # the upload is each client's delta (per_client: each as it is delivered)
@@ -417,6 +418,7 @@ class MHpFedHNGD(MHpFedHN):
 
     Hyperparams = MHpFedHNGDHP
     hp: MHpFedHNGDHP
+    state = (*MHpFedHN.state, "global_buffers")
     state_rebuilt = (*MHpFedHN.state_rebuilt, "global_model")
 
     search_space = {**MHpFedHN.search_space, "alpha": ("uniform", 0.0, 0.5),

@@ -72,7 +72,8 @@ from torch import Tensor
 from pflbench.steps import (LossCheck, clone_state, finite, keep_inactive, loss_and_grads, per_client,
                             restore_inactive, rows_where, sgd_step, step_ids, step_plan)
 from pflbench import streams
-from pflbench.algorithm import ALGORITHMS, Algorithm, Card, ClientRound, Hyperparams, Payload, Serving
+from pflbench.algorithm import ALGORITHMS, Card, ClientRound, Hyperparams, Payload, Serving
+from pflbench.fedavg import FedAvg
 from pflbench.training import Diverged, State, weighted_mean
 
 if TYPE_CHECKING:
@@ -99,7 +100,9 @@ class PerFedAvgHP(Hyperparams):
     row_order=2,
     paper="Fallah, Mokhtari & Ozdaglar, NeurIPS 2020",
     personalizes="the whole model, by one local gradient step from a MAML-trained global model"))
-class PerFedAvg(Algorithm[PerFedAvgHP]):
+class PerFedAvg(FedAvg[PerFedAvgHP]):
+    # Checkpoints: FedAvg's models, the aggregations' count and the adapted models of the last evaluation.
+    state = (*FedAvg.state, "_version", "_cached")
     ADAPT_STREAM = ADAPT_STREAM
 
     search_space = {"alpha": ("loguniform", 1e-4, 0.3), "beta": ("loguniform", 1e-4, 0.1),
@@ -184,7 +187,7 @@ class PerFedAvg(Algorithm[PerFedAvgHP]):
             return self._cached[1]
         n = self.engine.num_clients
         # the meta-model (with the statistics that stay on a client under DP: `stays_on_client`)
-        start = {k: t.clone() for k, t in Algorithm.personalized(self).items()}
+        start = {k: t.clone() for k, t in FedAvg.personalized(self).items()}
         everyone = torch.arange(n, device=self.engine.device)
         adapted = per_client(self.engine, everyone, self.adapt, start)
         self._cached = (self._version, adapted)

@@ -138,7 +138,12 @@ class PFedHN(Algorithm[PFedHNHP]):
     capabilities = Capabilities(refused_knobs={
         "privacy.mode": "central DP hands the server one noised sum of the updates, and pFedHN's "
                         "server steps the hypernetwork with each client's own update"})
-    state_objects = ("hypernet", "optimizer")  # checkpoints: the hypernetwork, then its momentum
+    # Checkpoints: every client's own tensors (buffers; pFedHN-PC's classifier), the embeddings' momentum and
+    # the newcomers' fitted embeddings (once an evaluation made them); the hypernetwork, then its momentum;
+    # which tensors it generates (the variant's).
+    state = ("client_state", "embedding_momentum", "newcomer_embeddings")
+    state_objects = ("hypernet", "optimizer")
+    state_rebuilt = ("generated",)
     personal_classifier = False
 
     quick_hp = {"inner_steps": 3}  # small smoke cells (tests)
@@ -177,6 +182,11 @@ class PFedHN(Algorithm[PFedHNHP]):
     def configure(self, rnd: Round) -> Payload:
         with torch.no_grad():
             return Payload.from_state(dict(self.hypernet(rnd.clients)), rnd.clients)
+
+    def receive(self, rnd: ClientRound, download: Payload) -> State:
+        """The generated model, completed by the client's own tensors (buffers, pFedHN-PC's classifier)."""
+        sent = download.state
+        return {n: sent[n] if n in sent else self.client_state[n][rnd.clients] for n in self.engine.model.names}
 
     def local_train(self, rnd: ClientRound, state: State) -> Trained:
         """The clients' training from the generated models, with what each started from (`Trained`)."""

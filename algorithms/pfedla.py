@@ -112,6 +112,11 @@ class PFedLAHP(Hyperparams):
     paper="Ma, Zhang, Guo & Xu, CVPR 2022",
     personalizes="the aggregation: per client and per layer, weights over all clients' models learned by a server hypernetwork"))
 class PFedLA(Algorithm[PFedLAHP]):
+    # Checkpoints: what each client holds, the server's per-client parameters, the hypernetworks with their
+    # Adam moments and step counts, the alphas' cache; the layer grouping and the fixed alphas (the
+    # `shared_classes` rule: from the clients' data) are the cell's.
+    state = ("client_state", "server_params", "hypernet", "_moments", "_steps", "_alpha_cache")
+    state_rebuilt = ("layer_names", "layer_params", "layer_of", "_fixed")
     capabilities = Capabilities(refused_knobs={
         "privacy.mode": "central DP hands the server one noised sum of the updates, and pFedLA's "
                         "server steps each client's hypernetwork with that client's own update"})

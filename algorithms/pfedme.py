@@ -78,7 +78,8 @@ from torch import Tensor
 
 from pflbench.steps import (LossCheck, finite, keep_inactive, loss_and_grads, per_client, restore_inactive,
                             rows_where, sgd_step, step_plan)
-from pflbench.algorithm import ALGORITHMS, Algorithm, Card, ClientRound, Hyperparams, Payload, Round
+from pflbench.algorithm import ALGORITHMS, Card, ClientRound, Hyperparams, Payload, Round
+from pflbench.fedavg import FedAvg
 from pflbench.training import Diverged, State, weighted_mean
 
 
@@ -98,7 +99,8 @@ class PFedMeHP(Hyperparams):
     row_order=3,
     paper="T. Dinh, Tran & Nguyen, NeurIPS 2020",
     personalizes="a whole personal model per client, the Moreau-envelope solution regularized toward the local copy of the global model"))
-class PFedMe(Algorithm[PFedMeHP]):
+class PFedMe(FedAvg[PFedMeHP]):
+    state = (*FedAvg.state, "personal_state")  # checkpoints: and every client's theta_i
 
     search_space = {"lam": ("loguniform", 0.1, 20.0), "personal_lr": ("loguniform", 1e-3, 0.1),
                     "k": ("int", 1, 10), "beta": ("uniform", 1.0, 2.0)}  # train_all_clients, mu: protocol choices, not tuned

@@ -34,20 +34,28 @@ one release, with a deprecation notice, through an adapter applied to its class 
 registered: pflbench.legacy_hooks.)
 
 State for checkpoints (`pflbench.checkpoint`): `state_dict()` / `load_state_dict()` capture everything
-a cell needs to continue after round r. The base class walks the instance's attributes (all but
-`engine` and `hp`): tensors, States, numpy arrays and plain Python values, in any nesting of lists, tuples and
-dicts, are captured as they are; an attribute holding an object with its own state (an nn.Module, an
-optimizer, a torch or numpy random generator) must be named in `state_objects`, and anything else
-fails loudly (`StateError`) until the algorithm extends the contract — so a method added later with
-state the contract cannot see fails the registry-wide resume test instead of resuming wrongly.
+a cell needs to continue after round r, as each method declares it, in three class attributes (each
+the whole tuple, a subclass extending its base's: `state = (*FedAvg.state, "personal_state")`):
+`state`, the attributes rounds change that hold tensors, States, numpy arrays or plain Python values
+(in any nesting of lists, tuples and dicts), saved as they are; `state_objects`, those holding an
+object with its own state (an nn.Module, an optimizer, a torch or numpy random generator), saved
+through it; `state_rebuilt`, those `setup()` rebuilds unchanged from the cell, not saved. Nothing is
+found by walking the instance: an attribute in none of the three (other than `engine` and `hp`) is a
+`StateError` naming it (`undeclared_state`), so a method that forgets one fails the registry-wide
+resume test instead of resuming wrongly. Declared rather than walked, so that what a checkpoint holds
+is read on the class, and a cache or a reference to the engine is never saved by accident; each
+attribute the whole tuple, as `state_objects` was, so that `cls.state` is exactly what is saved (a base's
+names left out are caught as undeclared). (A plugin written when the checkpoint walked the instance's
+attributes keeps that walk for one release, with a deprecation notice: pflbench.legacy_hooks.)
 
-The base class is FedAvg-shaped partial personalization: the server keeps one global model, each
-client keeps its own copy of everything, and `is_local(name)` says which tensors never leave the
-client. With nothing local this is FedAvg; with BatchNorm local it is FedBN; with the head local it
-is FedPer; with everything local it is Local training. Methods that do more (hypernetworks, model
-mixing, regularized objectives) override the hooks they need; one that changes only the server's step
-(server momentum, FedAvgM) starts from `weighted_mean(upload)`, FedAvg's average of the uploads. See
-`algorithms/README.md`.
+The base class is only the hooks: `setup`, `configure`, `receive`, `send`, `aggregate` and
+`personalized` are the method's to define (each raises NotImplementedError naming itself);
+`local_train` (the engine's local SGD), `evaluate` and `adapt_locally` (the engine's scoring and
+adaptation) have the engine's defaults; `newcomer_models` is needed only for cells with unseen
+clients (a method without it is refused them before anything runs). FedAvg is one base among others
+(`pflbench.fedavg.FedAvg`): a global model, each client's copy of its local part
+(`is_local`), and the uploads' `weighted_mean`; FedBN, FedPer, Local, FedProx, Ditto, ... extend it,
+pFedHN, pFedLA, FedMN and MH-pFedHN extend `Algorithm` directly. See `algorithms/README.md`.
 """
 
 from __future__ import annotations
@@ -69,7 +77,6 @@ from pflbench.payload import Payload
 from pflbench.registry import Registry
 from pflbench.round_context import ClientRound, Round
 from pflbench.serving import Models, Scored, Scores, Serving
-from pflbench.training import State, weighted_mean
 
 if TYPE_CHECKING:
     from pflbench.config import CellConfig
@@ -98,6 +105,7 @@ __all__ = [
     "Serving",
     "StateError",
     "get_algorithm",
+    "undeclared_state",
 ]
 
 
@@ -197,10 +205,14 @@ class Algorithm(Generic[HP]):
     # Hyperparameters that make the method small for smoke cells (the registry-wide tests): a slow method
     # names them here, so a new method needs no entry in any test.
     quick_hp: ClassVar[dict[str, Any]] = {}
-    # Checkpoints (module doc): attributes whose objects carry their own state, saved and restored
-    # through it (nn.Module / optimizer: state_dict; generators: their state), in this order (a
-    # module before the optimizer that steps it); and attributes `setup()` rebuilds unchanged from
-    # the cell (e.g. references to the engine's models), which are not saved.
+    # Checkpoints (module doc): every attribute `setup()` or a hook sets, declared in one of three, each
+    # the whole tuple (a subclass extends its base's: `state = (*FedAvg.state, "personal_state")`):
+    # - `state`: what rounds change, tensors / States / arrays / plain values, saved as they are;
+    # - `state_objects`: objects with their own state, saved through it (nn.Module / optimizer:
+    #   state_dict; generators: their state), in this order (a module before the optimizer that steps it);
+    # - `state_rebuilt`: what `setup()` rebuilds unchanged from the cell (a layer split, references to
+    #   the engine's models), not saved.
+    state: ClassVar[tuple[str, ...]] = ()
     state_objects: ClassVar[tuple[str, ...]] = ()
     state_rebuilt: ClassVar[tuple[str, ...]] = ()
 
@@ -252,10 +264,10 @@ class Algorithm(Generic[HP]):
     @classmethod
     def check_cell(cls, cell: CellConfig) -> None:
         """`Refusal` (a ValueError naming the cell's fields involved and the algorithms that can) before
-        anything runs if this algorithm cannot run `cell`: its declared `capabilities`, then
-        `cell_refusal`."""
+        anything runs if this algorithm cannot run `cell`: its declared `capabilities`, unseen clients
+        for a method without `newcomer_models`, then `cell_refusal`."""
         problem = refusal(cls.name, cls.capabilities, cell, ((n, c.capabilities) for n, c in ALGORITHMS.items()))
-        problem = problem or cls.cell_refusal(cell)
+        problem = problem or _newcomers_refusal(cls, cell) or cls.cell_refusal(cell)
         if problem is not None:
             raise problem
 
@@ -266,13 +278,11 @@ class Algorithm(Generic[HP]):
 
     # ---- state ---------------------------------------------------------------------------------
     def setup(self) -> None:
-        """Create server and client state. Every client starts from the same initial model."""
-        self.global_state = self.engine.init_state(1)
-        self.client_state = self.engine.init_state(self.engine.num_clients)
-
-    def is_local(self, name: str) -> bool:
-        """Whether the tensor `name` stays on the client (never sent, never aggregated)."""
-        return False
+        """Create the method's server and client state from the cell (`self.engine`), and declare each
+        attribute it sets (`state`, `state_objects`, `state_rebuilt`; module doc). Called once before
+        the first round, and again before a checkpoint's state is loaded. The method's own (FedAvg:
+        a global model and every client's copy); a method without state writes `pass`."""
+        raise _undefined(self, "setup(self) -> None")
 
     @property
     def dp_upload(self) -> str:
@@ -284,55 +294,39 @@ class Algorithm(Generic[HP]):
         or, where it depends on the hyperparameters, a property."""
         return "model"
 
-    def stays_on_client(self, name: str) -> bool:
-        """`is_local`, or a tensor that never leaves a client under the privacy knob (BatchNorm
-        statistics, `pflbench.privacy`: `engine.kept_local`): each client's model keeps its own."""
-        return self.is_local(name) or name in self.engine.kept_local
-
-    def shared_names(self) -> list[str]:
-        """The model's tensors that leave the clients (not `stays_on_client`), in the model's order."""
-        return [n for n in self.engine.model.names if not self.stays_on_client(n)]
-
     # ---- the round's hooks (module doc; each receives the round's context `rnd`) -----------------
     def configure(self, rnd: Round) -> Payload:
         """Server, at the start of round `rnd`: what it sends each sampled client (`rnd.clients`), the
-        round's download. Default: the global model's shared part, stacked once per client."""
-        count = len(rnd.clients)
-        return Payload.from_state(
-            {n: self.global_state[n].expand(count, *self.global_state[n].shape[1:]) for n in self.shared_names()},
-            rnd.clients,
-        )
+        round's download (`Payload.empty(rnd.clients)` for nothing). The method's own (FedAvg: the
+        global model's shared part)."""
+        raise _undefined(self, "configure(self, rnd: Round) -> Payload")
 
     def receive(self, rnd: ClientRound, download: Payload) -> Any:
         """Client, on receiving `download` (`configure`'s, also `rnd.download`): the state each sampled
-        client trains, whatever `local_train` takes. Default: the downloaded model, completed by the
-        client's own local part, stacked [K, ...]."""
-        sent = download.state
-        return {n: sent[n] if n in sent else self.client_state[n][rnd.clients] for n in self.engine.model.names}
+        client trains, whatever `local_train` takes. The method's own (FedAvg: the downloaded model
+        completed by the client's own local part, stacked [K, ...])."""
+        raise _undefined(self, "receive(self, rnd: ClientRound, download: Payload) -> state")
 
     def local_train(self, rnd: ClientRound, state: Any) -> Any:
         """Client: local training of the sampled clients from `state` (`receive`'s); returns what `send`
         takes. Train through the engine with the round itself (`self.engine.train(rnd, rnd.clients,
         state)`, `local_plans(rnd, ...)`, `pflbench.steps.step_ids(engine, rnd, ...)`): a straggler's plan
         is then cut to its share of the work (`system.stragglers`). Default: the cell's local epochs of
-        SGD, batched across clients."""
+        SGD on the cross-entropy, batched across clients (`state` a stacked State)."""
         return self.engine.train(rnd, rnd.clients, state).state
 
     def send(self, rnd: ClientRound, state: Any) -> Payload:
-        """Client, after training: keeps what stays on the client and returns the upload. Default: the
-        trained model is the client's; its shared part is uploaded."""
-        for n, t in state.items():
-            self.client_state[n][rnd.clients] = t
-        return Payload.from_state({n: state[n] for n in self.shared_names()}, rnd.clients)
+        """Client, after training: keeps what stays on the client and returns the upload
+        (`Payload.empty(rnd.clients)` for nothing). The method's own (FedAvg: the trained model is the
+        client's; its shared part is uploaded)."""
+        raise _undefined(self, "send(self, rnd: ClientRound, state) -> Payload")
 
     def aggregate(self, rnd: ClientRound, upload: Payload) -> None:
         """Server, at the end of the round: the uploads that reached it (`upload.clients`; under
         `system.dropout` some are missing, and `upload.positions` are the arrived ones' places among
-        `rnd.clients`). Not called when none arrived: the server keeps its state. Default: the
-        global model becomes the uploads' `weighted_mean` (FedAvg)."""
-        average = self.weighted_mean(upload)
-        if average:  # an empty upload (everything local, e.g. Local across architectures) leaves no global model
-            self.global_state.update(average)
+        `rnd.clients`). Not called when none arrived: the server keeps its state. The method's own
+        (FedAvg: the global model becomes the uploads' `weighted_mean`)."""
+        raise _undefined(self, "aggregate(self, rnd: ClientRound, upload: Payload) -> None")
 
     @property
     def updates_per_client(self) -> bool:
@@ -352,37 +346,13 @@ class Algorithm(Generic[HP]):
             f"define aggregate_client(self, rnd: ClientRound, upload: Payload) -> None"
         )
 
-    def weighted_mean(self, upload: Payload, weights: torch.Tensor | None = None) -> State:
-        """FedAvg's average of a stacked `upload` (e.g. `aggregate`'s): each tensor averaged over the
-        uploading clients (`upload.clients`), weighted by their training samples, or by `weights`
-        ([len(upload.clients)], normalized here to sum to 1); integer tensors (BatchNorm's batch
-        counters) take the maximum. Shaped like `global_state` ([1, ...] per tensor) and new tensors:
-        the algorithm's state is not changed. A server step of its own (server momentum, a server
-        learning rate) starts from it:
-
-            def aggregate(self, rnd: ClientRound, upload: Payload) -> None:
-                average = self.weighted_mean(upload)
-                ...  # the step from self.global_state towards `average`
-        """
-        if weights is None:
-            weights = self.engine.train_sizes[upload.clients].float()
-        weights = weights / weights.sum()
-        return {n: weighted_mean(t, weights).unsqueeze(0) for n, t in upload.state.items()}
-
     # ---- evaluation's hooks (each receives the population it serves, `serving`) ---------------------
     def personalized(self) -> Models:
         """Every trained client's personalized model, as it stands after the last aggregation (called at
         every evaluation, between rounds): a State [N, ...], in a heterogeneous cell one State per group
-        (rows: `engine.group_clients[g]`). Default: the global shared part with each client's local part."""
-        n_clients = self.engine.num_clients
-        return {
-            n: (
-                self.client_state[n]
-                if self.stays_on_client(n)
-                else self.global_state[n].expand(n_clients, *self.global_state[n].shape[1:])
-            )
-            for n in self.engine.model.names
-        }
+        (rows: `engine.group_clients[g]`). The method's own (FedAvg: the global shared part with each
+        client's local part)."""
+        raise _undefined(self, "personalized(self) -> Models")
 
     def evaluate(self, serving: Serving, models: Models, splits: tuple[str, ...]) -> Scores:
         """split -> (accuracy [N], loss [N]) of `models` (`personalized`'s, `adapt_locally`'s or
@@ -403,67 +373,95 @@ class Algorithm(Generic[HP]):
     def newcomer_models(self, serving: Serving) -> Models:
         """The models this algorithm gives clients it has never seen (`serving.clients`, the newcomers'
         population: fit on its splits only), at evaluations of a cell with unseen clients, as new
-        objects; nothing is written back. Default (FedAvg-shaped): the global model's shared part; a
-        local part, where there is one, starts from the initial model and is trained on the newcomer's
-        train split for the cell's `local_epochs` with the shared part frozen (FedRep's procedure for new
-        clients). So FedAvg, FedProx, Ditto, APFL, L2GD, pFedMe get the global model; FedPer, LG-FedAvg,
-        FedBN fit their personal layers."""
-        return self.fit_local_part(serving, self.engine.budget.local_epochs)
-
-    def fit_local_part(self, serving: Serving, epochs: int, trainable: list[str] | None = None) -> State:
-        """The global shared part with the initial local part, that local part (or `trainable`)
-        trained for `epochs` on each of `serving.clients`' train split."""
-        newcomers = serving.clients
-        count = newcomers.num_clients
-        start = newcomers.init_state(count)
-        for n in self.shared_names():
-            start[n] = self.global_state[n].expand(count, *self.global_state[n].shape[1:]).clone()
-        if trainable is None:
-            trainable = [n for n in self.engine.model.param_names if self.is_local(n)]
-        if not trainable or not epochs:
-            return start
-        everyone = torch.arange(count, device=newcomers.device)
-        return newcomers.train(
-            serving.round, everyone, start, trainable=trainable, epochs=epochs, stream="batches.newcomer-fit"
-        ).state
+        objects; nothing is written back. A method that does not define it is refused cells with unseen
+        clients (`check_cell`), before anything runs (FedAvg's: the global model's shared part, a local
+        part fitted on each newcomer's train split)."""
+        raise _undefined(self, "newcomer_models(self, serving: Serving) -> Models")
 
     # ---- checkpoints (module doc; pflbench.checkpoint) ---------------------------------------------
     def state_dict(self) -> dict:
-        """Everything this instance holds that rounds change, for a checkpoint taken between rounds.
-        The values are the live objects (not copies): serialize them (torch.save) before the
-        algorithm runs on. StateError names an attribute the contract cannot capture."""
-        skipped = {"engine", "hp", *self.state_rebuilt, *self.state_objects}
-        values = {}
-        for name, value in vars(self).items():
-            if name not in skipped:
-                check_capturable(value, f"{type(self).__name__}.{name}")
-                values[name] = value
-        return {
-            "attributes": values,
-            "objects": {
-                name: object_state(getattr(self, name, None), f"{type(self).__name__}.{name}")
-                for name in self.state_objects
-            },
-        }
+        """What rounds changed in this instance, as its class declares it (`state`, `state_objects`),
+        for a checkpoint taken between rounds. The values are the live objects (not copies): serialize
+        them (torch.save) before the algorithm runs on. StateError names an attribute that is not
+        declared (`undeclared_state`) or that a checkpoint cannot capture."""
+        undeclared = undeclared_state(self)
+        if undeclared:
+            raise StateError(
+                f"{type(self).__name__} sets {', '.join(undeclared)}, declared in none of `state` (what rounds "
+                f"change: tensors, arrays, plain values), `state_objects` (nn.Module, optimizer, random generator) "
+                f"and `state_rebuilt` (what setup() rebuilds unchanged from the cell): declare "
+                f"{'it' if len(undeclared) == 1 else 'each'} on the class (pflbench/algorithm.py, module doc)"
+            )
+        return captured_state(self, type(self).state)
 
     def load_state_dict(self, state: dict) -> None:
         """Make this instance, after `setup()`, the one `state_dict()` was taken from."""
-        skipped = {"engine", "hp", *self.state_rebuilt, *self.state_objects}
-        missing = [n for n in vars(self) if n not in skipped and n not in state["attributes"]]
-        if missing or set(state["objects"]) != set(self.state_objects):
-            raise StateError(
-                f"the state was not taken from a {type(self).__name__}: it lacks "
-                f"{', '.join(missing) or 'nothing setup() creates'}; its objects are "
-                f"{sorted(state['objects'])}, this class's {sorted(self.state_objects)}"
-            )
-        for name, value in state["attributes"].items():
-            setattr(self, name, value)
-        for name in self.state_objects:
-            load_object_state(self, name, state["objects"][name])
+        restore_state(self, state, type(self).state)
 
     def artifacts(self) -> dict[str, np.ndarray]:
         """Arrays worth keeping from this round (e.g. aggregation weights); saved every eval_every rounds."""
         return {}
+
+
+def undeclared_state(algorithm: Algorithm[Any]) -> list[str]:
+    """The attributes `algorithm` holds that its class declares in none of `state`, `state_objects` and
+    `state_rebuilt` (`engine` and `hp` are the base class's): what a checkpoint would lose."""
+    cls = type(algorithm)
+    declared = {"engine", "hp", *cls.state, *cls.state_objects, *cls.state_rebuilt}
+    return [name for name in vars(algorithm) if name not in declared]
+
+
+def captured_state(algorithm: Algorithm[Any], names: tuple[str, ...]) -> dict:
+    """`Algorithm.state_dict()` of the attributes `names` (those the instance has: some are set on first
+    use, e.g. by an evaluation) and of its class's `state_objects`."""
+    where, own = type(algorithm).__name__, vars(algorithm)
+    values = {}
+    for name in names:
+        if name in own:
+            check_capturable(own[name], f"{where}.{name}")
+            values[name] = own[name]
+    objects = {n: object_state(getattr(algorithm, n, None), f"{where}.{n}") for n in type(algorithm).state_objects}
+    return {"attributes": values, "objects": objects}
+
+
+def restore_state(algorithm: Algorithm[Any], state: dict, names: tuple[str, ...]) -> None:
+    """`Algorithm.load_state_dict()`: `state` (`captured_state`'s of `names`) into `algorithm`, after its
+    `setup()`; StateError if it was not taken from such an instance."""
+    cls = type(algorithm)
+    saved = set(state["attributes"])
+    missing = [n for n in names if n in vars(algorithm) and n not in saved]
+    foreign = sorted(saved - set(names))
+    if missing or foreign or set(state["objects"]) != set(cls.state_objects):
+        raise StateError(
+            f"the state was not taken from a {cls.__name__}: it lacks {', '.join(missing) or 'nothing setup() creates'}"
+            f"; it has {', '.join(foreign) or 'nothing undeclared'}; its objects are {sorted(state['objects'])}, "
+            f"this class's {sorted(cls.state_objects)}"
+        )
+    for name, value in state["attributes"].items():
+        setattr(algorithm, name, value)
+    for name in cls.state_objects:
+        load_object_state(algorithm, name, state["objects"][name])
+
+
+def _undefined(algorithm: Algorithm[Any], hook: str) -> NotImplementedError:
+    """The error of a hook the base class leaves to the method (module doc)."""
+    return NotImplementedError(
+        f"{type(algorithm).__name__} does not define {hook}: the base class Algorithm is only the hooks; define "
+        f"it, or extend a base that does (FedAvg's global model and weighted mean: "
+        f"from pflbench.fedavg import FedAvg)"
+    )
+
+
+def _newcomers_refusal(cls: type[Algorithm[Any]], cell: CellConfig) -> Refusal | None:
+    """Cells with unseen clients, for a method that gives newcomers no model (no `newcomer_models`)."""
+    if not cell.unseen_fraction or cls.newcomer_models is not Algorithm.newcomer_models:
+        return None
+    able = ", ".join(n for n, c in ALGORITHMS.items() if c.newcomer_models is not Algorithm.newcomer_models)
+    return Refusal(
+        ("unseen_fraction", "algorithm"),
+        f"algorithm {cls.name!r} gives clients it never saw no model (it does not define newcomer_models), so "
+        f"it cannot run unseen_fraction={cell.unseen_fraction}; algorithms that can: {able or 'none'}",
+    )
 
 
 _FED_READERS: set[type] = set()  # the classes told that `self.fed` is now `self.engine`

@@ -4,8 +4,10 @@ The round loop (`run_rounds`) asks a `Checkpointer` once, after `algorithm.setup
 resume (`resume`), and calls it at the end of every round (`after_round`); nothing else in the loop
 knows about checkpoints. A checkpoint holds everything the rest of the cell depends on:
 
-- the algorithm's whole state (`Algorithm.state_dict()`: models, personal parts, hypernetworks and
-  their optimizer moments, routings, affinities, counters, ...);
+- the algorithm's state, as its class declares it (`Algorithm.state_dict()`: the attributes named in
+  `state`, `state_objects`; models, personal parts, hypernetworks and their optimizer moments, routings,
+  affinities, counters, ...; an attribute declared nowhere makes the cell run on without checkpoints,
+  saying which);
 - the Federation's mutable state (the privacy knob's release counts);
 - what the loop has recorded so far (per-round and per-client rows, artifacts, ...) and the cell's
   wall time so far (the resumed run's clock continues from it);

@@ -13,7 +13,17 @@ release after a change, with one visible warning naming the user's file and the 
   pflbench.algorithm reads them into the card), and read back from the class (`self.display_name`);
 - `check_models` / `check_knobs` / `check_newcomers` (now `Algorithm.check_cell`);
 - `salt=` where a batch order is asked for (`fed.train`, `fed.local_plans`, `fed.batch_generators`,
-  `pflbench.steps.step_plan` / `step_ids`): now `stream=` (pflbench.streams).
+  `pflbench.steps.step_plan` / `step_ids`): now `stream=` (pflbench.streams);
+- FedAvg's behaviour from the base class: a class that extends `Algorithm` and leaves one of the hooks
+  FedAvg defines (`setup`, `configure`, `receive`, `send`, `aggregate`, `personalized`) to it, or calls
+  one of FedAvg's helpers (`is_local`, `stays_on_client`, `shared_names`, `weighted_mean`,
+  `fit_local_part`) it does not define, when `Algorithm` was FedAvg: now it extends `FedAvg`
+  (pflbench.fedavg);
+- checkpoint state found by walking the instance's attributes: a class none of whose own classes
+  declares `state`, and whose source sets attributes its bases do not declare: now it declares them
+  (`state = (*Base.state, "name", ...)`, pflbench.algorithm). The walk goes on for such a class, rather
+  than an error, because it was the documented contract ("keep your state in attributes and there is
+  nothing to write"), and a documented form keeps working for one release (GUIDE, "Contracts").
 
 `adapt(cls)` runs when a class is registered (`ALGORITHMS.register`). A class that uses none of them
 (every built-in) is returned as it is: nothing of this module wraps or touches it. A class that uses one
@@ -21,6 +31,9 @@ release after a change, with one visible warning naming the user's file and the 
 subclass, `cls` between two classes of this module, its method resolution order
 
     [Adapted, cls and the user's classes above it, OldFormBase, the first built-in base, ..., Algorithm]
+
+(FedAvg placed before `Algorithm` where the class relied on it; a class whose only old forms are these
+two is `[Adapted, cls, ..., FedAvg, Algorithm]`, with no hook wrapped):
 
 - `Adapted`'s hooks take the engine's calls (the round's `Round`, a `Payload`, the evaluation's
   `Serving`) to the user's old-form hooks translated: the round as a `RoundNumber` (an int that carries
@@ -34,11 +47,13 @@ subclass, `cls` between two classes of this module, its method resolution order
   called), the mirror attributes (`display_name`, `batched`, ...) and `self.fed`, the engine interface
   (`self.engine`) under its old name, without a notice of its own;
 - where it passes `salt=`, its `fed` accepts it (`SaltedFederation`), and so do `step_plan` /
-  `step_ids` as its module calls them.
+  `step_ids` as its module calls them;
+- where it declares no state, `Adapted.state_dict` / `load_state_dict` walk the instance's attributes
+  (all but `engine`, `hp`, `state_objects` and `state_rebuilt`), as checkpoints did before.
 
 Each old form is said once, at the user's file and line (pflbench.deprecation: a DeprecationWarning, and
-on the command line one line per file): the hooks' and the attributes' when the class is registered, a
-call's (salt=, check_*, ...) when it is made.
+on the command line one line per file): the hooks', the attributes', FedAvg's and the state's when the
+class is registered, a call's (salt=, check_*, ...) when it is made.
 """
 
 from __future__ import annotations
@@ -46,8 +61,10 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import io
 import re
 import sys
+import tokenize
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Callable, Iterator, cast
 
@@ -137,9 +154,16 @@ class OldForms:
     attributes: bool  # declares card or capability fields as class attributes
     calls: bool  # its source calls an old form (salt=, check_*, serving, ...) or reads a mirror
     salt: bool  # its source passes salt=
+    fedavg: list[str] = dataclasses.field(default_factory=list)  # FedAvg's hooks / helpers it relied on
+    walked: list[str] | None = None  # the attributes it sets undeclared, where it declares no state
+
+    @property
+    def hook_forms(self) -> bool:
+        """Whether it uses an old form of the hooks, methods, attributes or calls (`OldFormBase`)."""
+        return bool(self.hooks or self.methods or self.attributes or self.calls)
 
     def __bool__(self) -> bool:
-        return bool(self.hooks or self.methods or self.attributes or self.calls)
+        return self.hook_forms or bool(self.fedavg) or self.walked is not None
 
 
 def old_forms(cls: type) -> OldForms:
@@ -151,7 +175,61 @@ def old_forms(cls: type) -> OldForms:
     sources = [_source(k) for k in users]
     calls = any(OLD_CALLS.search(s) or MIRROR_READS.search(s) for s in sources)
     salt = any(re.search(r"\bsalt\s*=", s) for s in sources)
-    return OldForms(hooks, methods, attributes, calls, salt)
+    fedavg = _fedavg_relied_on(cls, users, sources)
+    return OldForms(hooks, methods, attributes, calls, salt, fedavg, _walked_state(cls, users, sources, fedavg))
+
+
+FEDAVG_HOOKS = ("setup", "configure", "receive", "send", "aggregate", "personalized")
+FEDAVG_HELPERS = ("is_local", "stays_on_client", "shared_names", "weighted_mean", "fit_local_part")
+ASSIGNED = re.compile(r"\bself\.([A-Za-z_]\w*)\s*(?::[^=\n]*)?=(?!=)")  # `self.name = ...`, annotated or not
+
+
+def _uncommented(source: str) -> str:
+    """`source` without its comments (a commented-out example assigns nothing)."""
+    lines = source.splitlines()
+    try:
+        for token in tokenize.generate_tokens(io.StringIO(source).readline):
+            if token.type == tokenize.COMMENT:
+                row, col = token.start
+                lines[row - 1] = lines[row - 1][:col]
+    except (tokenize.TokenError, SyntaxError):  # a class's source cut from its module: keep it as it is
+        return source
+    return "\n".join(lines)
+
+
+def _fedavg() -> type:
+    from pflbench.fedavg import FedAvg
+
+    return FedAvg
+
+
+def _fedavg_relied_on(cls: type, users: list[type], sources: list[str]) -> list[str]:
+    """FedAvg's hooks that `cls` leaves to `Algorithm`, and FedAvg's helpers its source calls without
+    defining them, when it does not extend FedAvg (the hooks' defaults were FedAvg's)."""
+    from pflbench.algorithm import Algorithm
+
+    if not users or issubclass(cls, _fedavg()):
+        return []
+    hooks = [name for name in FEDAVG_HOOKS if getattr(cls, name) is getattr(Algorithm, name)]
+    defined = {name for klass in cls.__mro__ for name in klass.__dict__}
+    helpers = [name for name in FEDAVG_HELPERS if name not in defined
+               and any(re.search(rf"\b(self|super\(\))\.{name}\(", source) for source in sources)]
+    return hooks + helpers
+
+
+def _walked_state(cls: type, users: list[type], sources: list[str], fedavg: list[str]) -> list[str] | None:
+    """Where none of the user's classes declares `state`: the attributes its source sets that its bases
+    (and FedAvg, where it relied on it) do not declare, or [] where its source cannot be read; else None."""
+    if not users or any("state" in klass.__dict__ for klass in users):
+        return None
+    bases = [cls, _fedavg()] if fedavg else [cls]
+    kinds = ("state", "state_objects", "state_rebuilt")
+    declared = {"engine", "hp", "fed", *(n for k in bases for kind in kinds for n in getattr(k, kind))}
+    if not all(sources):
+        return []
+    assigned = dict.fromkeys(m.group(1) for source in sources for m in ASSIGNED.finditer(_uncommented(source)))
+    undeclared = [name for name in assigned if name not in declared]
+    return undeclared or None
 
 
 # ---- the adapter ----------------------------------------------------------------------------------------
@@ -175,8 +253,31 @@ def adapt(cls: A, card: Card | None = None, capabilities: Capabilities | None = 
         deprecation.warn(f"algorithm class {klass.__qualname__}: {name} is deprecated; {NEW_FORM[hook]} {why} "
                          f"{WHERE}", old=f"{klass.__name__}.{name}", new=NEW_FORM[hook],
                          where=deprecation.location_of(klass.__dict__[name]))
+    if uses.fedavg:
+        deprecation.warn(
+            f"algorithm class {cls.__qualname__} extends Algorithm, which was FedAvg and is now only the hooks; "
+            f"it relies on FedAvg's {', '.join(uses.fedavg)}: extend FedAvg (from pflbench.fedavg "
+            f"import FedAvg; class {cls.__name__}(FedAvg))",
+            old=f"class {cls.__name__}(Algorithm) relying on FedAvg's {', '.join(uses.fedavg)}",
+            new=f"class {cls.__name__}(FedAvg)", owner=cls)
+    if uses.walked is not None:
+        names = ", ".join(repr(name) for name in uses.walked) or "..."
+        declared = "FedAvg" if uses.fedavg else cls.__mro__[1].__name__  # whose `state` it extends
+        deprecation.warn(
+            f"algorithm class {cls.__qualname__}: checkpoint state found by walking the instance's attributes is "
+            f"deprecated; declare what rounds change: state = (*{declared}.state, {names}) "
+            f"(pflbench.algorithm: state, state_objects, state_rebuilt)",
+            old=f"{cls.__name__}: undeclared state ({names})",
+            new=f"state = (*{declared}.state, {names})", owner=cls)
     _say_mirror_reads(cls)
-    base = cls.__mro__[len(_user_classes(cls))]
+    base = _fedavg() if uses.fedavg else cls.__mro__[len(_user_classes(cls))]
+    namespace: dict[str, Any] = {"__module__": cls.__module__, "__qualname__": cls.__qualname__,
+                                 "__doc__": cls.__doc__, "__pflbench_adapted__": cls}
+    if uses.walked is not None:
+        namespace.update(state_dict=walked_state_dict, load_state_dict=load_walked_state_dict)
+    if not uses.hook_forms:  # FedAvg's defaults or undeclared state only: no hook wrapped
+        bases = (cls, base) if uses.fedavg else (cls,)
+        return cast("A", type(cls.__name__, bases, namespace))
     box: list[type] = []  # OldFormBase, for its hooks' super()
     old_base = type(f"{base.__name__}OldForm", (base,), {
         "__module__": __name__, "__doc__": "The old forms' base (pflbench.legacy_hooks)",
@@ -184,10 +285,9 @@ def adapt(cls: A, card: Card | None = None, capabilities: Capabilities | None = 
         **_mirrors(card, capabilities), "fed": _FED,
     })
     box.append(old_base)
-    namespace: dict[str, Any] = {"__module__": cls.__module__, "__qualname__": cls.__qualname__,
-                                 "__doc__": cls.__doc__, "__pflbench_adapted__": cls}
-    for name in FORMS:
-        namespace[name] = _dispatch(name, getattr(cls, name))
+    for name in FORMS:  # the user's hook, else the base's (FedAvg's where it relied on it)
+        namespace[name] = _dispatch(name, next(k.__dict__[name] for k in (*_user_classes(cls), *base.__mro__)
+                                               if name in k.__dict__))
     if any(name == "aggregate_arrived" for _, name in uses.methods):
         namespace["aggregate"] = _routing_aggregate(namespace["aggregate"])
     splits = next((k.__dict__["evaluate_splits"] for k, name in uses.methods if name == "evaluate_splits"), None)
@@ -204,6 +304,29 @@ def adapt(cls: A, card: Card | None = None, capabilities: Capabilities | None = 
     adapted = type(cls.__name__, (cls, old_base), namespace)
     adapted_box.append(adapted)
     return cast("A", adapted)
+
+
+# ---- checkpoint state found by walking the instance (a class that declares none) -------------------------
+
+def _walked(algorithm: Any) -> tuple[str, ...]:
+    cls = type(algorithm)
+    skipped = {"engine", "hp", *cls.state_rebuilt, *cls.state_objects}
+    return tuple(name for name in vars(algorithm) if name not in skipped)
+
+
+def walked_state_dict(self: Any) -> dict:
+    """`Algorithm.state_dict()` of a class that declares no state: every attribute but `engine`, `hp`,
+    `state_rebuilt` and `state_objects` (those through their own state), as checkpoints were taken before."""
+    from pflbench.algorithm import captured_state
+
+    return captured_state(self, _walked(self))
+
+
+def load_walked_state_dict(self: Any, state: dict) -> None:
+    """`Algorithm.load_state_dict()` of a class that declares no state (`walked_state_dict`'s)."""
+    from pflbench.algorithm import restore_state
+
+    restore_state(self, state, tuple(dict.fromkeys((*_walked(self), *state["attributes"]))))
 
 
 def _engine(self: Any) -> Any:

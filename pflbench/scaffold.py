@@ -3,9 +3,10 @@ a documented starting file for the user's own method or non-IID scheme, and a py
 it on the generated dataset. The file is a plugin (pflbench/plugins.py): `--plugin FILE` or a spec's
 `plugins:` puts it beside the built-ins. The templates are in pflbench/scaffold_templates.
 
-The written algorithm overrides only the hooks its starting point changes from the base class (which is
-FedAvg), imports exactly the names it uses and is typed (it passes the repository's `ruff check` and `mypy`: its
-hyperparameters are a module-level class `<Class>HP`, `class <Class>(Algorithm[<Class>HP])`), and is named as
+The written algorithm extends FedAvg (`pflbench.fedavg.FedAvg`) and overrides only the hooks its
+starting point changes from it, declares the state it adds for checkpoints, imports exactly the names it uses
+and is typed (it passes the repository's `ruff check` and `mypy`: its hyperparameters are a module-level class
+`<Class>HP`, `class <Class>(FedAvg[<Class>HP])`), and is named as
 the user spells it: `new algorithm FedAvgM` registers `fedavgm`, class FedAvgM, shown as FedAvgM; a
 lowercase name takes the built-ins' spelling of its words (fedavgm: FedAvgM); `--display-name` sets it.
 
@@ -31,13 +32,14 @@ NAME = re.compile(r"^[A-Za-z][A-Za-z0-9]*(-[A-Za-z0-9]+)*$")
 @dataclass(frozen=True)
 class Base:
     """A built-in method a new algorithm may start from, written out (not subclassed) so it can be
-    edited: the hooks in which it differs from the base class (`pflbench.algorithm.Algorithm`, FedAvg)."""
+    edited: the hooks in which it differs from FedAvg (`pflbench.fedavg.FedAvg`, which the
+    written class extends)."""
 
     text: str           # what the starting point does, for the file's docstring
     personalizes: str
     hyperparams: str    # the body of the module-level hyperparameters class (`<Class>HP(Hyperparams)`)
     search_space: str
-    body: str           # the hooks it overrides (none for FedAvg: the base class is FedAvg)
+    body: str           # the hooks it overrides (none for FedAvg: the written class extends FedAvg)
     api: tuple[str, ...] = ()       # more names from pflbench.algorithm that the hooks' signatures use
     training: tuple[str, ...] = ()  # names from pflbench.training that the hooks use
     torch: tuple[str, ...] = ()     # names from torch that the hooks use
@@ -46,17 +48,20 @@ class Base:
 BASES = {
     "fedavg": Base(
         text="FedAvg: clients train the global model locally, the server averages the results weighted by "
-             "each client's training samples (the base class's hooks: none is written out)",
+             "each client's training samples (FedAvg's hooks, which the class extends: none is written out)",
         personalizes="nothing yet: one global model (FedAvg)",
         hyperparams="    # none yet; e.g. momentum: float = Field(0.9, ge=0.0, lt=1.0)  (from pydantic import Field)",
         search_space="{}  # e.g. {\"momentum\": (\"uniform\", 0.0, 0.99)}",
         body='''
-    # The hooks are the base class's, FedAvg's (pflbench/algorithm.py): override only those your method
-    # changes. E.g. a server step of its own, from FedAvg's average of the uploads that arrived:
+    # The hooks are FedAvg's (pflbench/fedavg.py): override only those your method changes.
+    # E.g. a server step of its own, from FedAvg's average of the uploads that arrived:
     #
     #     def aggregate(self, rnd: ClientRound, upload: Payload) -> None:  # both from pflbench.algorithm
     #         average = self.weighted_mean(upload)  # {tensor name: [1, ...]}, weighted by training samples
     #         self.global_state.update(average)     # FedAvg's step; yours goes from self.global_state
+    #
+    # State a round changes goes in an attribute declared for checkpoints (pflbench/algorithm.py):
+    #     state = (*FedAvg.state, "velocity")   # and, in setup(), self.velocity = ... after super().setup()
 '''),
     "fedprox": Base(
         text="FedProx: FedAvg whose local objective adds mu/2 * ||w - w_global||^2 against client drift",
@@ -87,14 +92,18 @@ BASES = {
         hyperparams="    personal_layers: int = Field(1, ge=0)  # layers, from the top, that stay on the client",
         search_space="{\"personal_layers\": (\"choice\", [1, 2, 3])}",
         body='''
+    # Checkpoints: FedAvg's models (`state`, inherited); the personal tensors are rebuilt from the
+    # hyperparameters by setup(), not saved.
+    state_rebuilt = ("_personal",)
+
     def setup(self) -> None:
         """Server and client state (every client starts from the same model); which tensors are personal."""
         super().setup()
         _, self._personal = self.engine.model.split_layers(self.hp.personal_layers)
 
     def is_local(self, name: str) -> bool:
-        """Whether the tensor `name` stays on the client: never sent, never averaged. The base class
-        then keeps each client's own copy and evaluates the global rest with it."""
+        """Whether the tensor `name` stays on the client: never sent, never averaged. FedAvg then keeps
+        each client's own copy and evaluates the global rest with it."""
         return name in self._personal
 '''),
     "ditto": Base(
@@ -111,6 +120,8 @@ BASES = {
     # The batch order of the personal model's training: a stream of its own (a name), so that the global
     # copy keeps the engine's default order ("batches") and is FedAvg's model.
     PERSONAL_STREAM = "batches.$name.personal"
+    # Checkpoints: FedAvg's models and every client's personal model (what rounds change).
+    state = (*FedAvg.state, "personal_state")
 
     def setup(self) -> None:
         """FedAvg's models; then every client's personal model v_k [N, ...], from the same initial model."""
@@ -144,8 +155,10 @@ BASES = {
 '''),
 }
 
-# What every written algorithm imports from pflbench.algorithm (a class named like an import is refused).
-ALGORITHM_API = ("ALGORITHMS", "Algorithm", "Capabilities", "Card", "Hyperparams")
+# What every written algorithm imports from pflbench.algorithm, and the base it extends (a class named like an
+# import is refused).
+ALGORITHM_API = ("ALGORITHMS", "Capabilities", "Card", "Hyperparams")
+BASE_CLASS = "FedAvg"  # from pflbench.fedavg
 
 
 def imports_of(base: Base) -> str:
@@ -159,6 +172,7 @@ def imports_of(base: Base) -> str:
         lines.append("")
     names = sorted(ALGORITHM_API + base.api, key=lambda name: (not name.isupper(), name))  # as isort orders them
     lines.append(f"from pflbench.algorithm import {', '.join(names)}")
+    lines.append(f"from pflbench.fedavg import {BASE_CLASS}")
     if base.training:
         lines.append(f"from pflbench.training import {', '.join(base.training)}")
     return "\n".join(lines)
@@ -294,7 +308,7 @@ def write_scaffold(kind: str, name: str, out: Path, base: str = "fedavg", force:
     if kind == "algorithm":
         chosen = BASES[base]
         hp_class = values["class_name"] + "HP"
-        imported = (*ALGORITHM_API, *chosen.api, *chosen.training, *chosen.torch, "Field")
+        imported = (*ALGORITHM_API, BASE_CLASS, *chosen.api, *chosen.training, *chosen.torch, "Field")
         if values["class_name"] in imported or hp_class in imported:
             raise ScaffoldError(f"the class {values['class_name']} would hide a name it imports; "
                                 f"choose another name or --display-name")

@@ -7,7 +7,7 @@ from pflbench.algorithms.apfl import APFL
 from pflbench.algorithms.ditto import Ditto
 from pflbench import streams
 from pflbench.algorithms.l2gd import COINS, L2GD, coin_flips
-from pflbench.algorithm import Algorithm
+from pflbench.fedavg import FedAvg
 from pflbench.rounds import run_cell, run_round
 from cells import assert_batched_matches_loop, federation as _federation, small_cell as _cell
 
@@ -42,7 +42,7 @@ def test_ditto_lambda_zero_is_local_training_and_global_is_fedavg(tmp_path):
     fed = _federation(_cell(participation=0.6), tmp_path)  # partial participation: unsampled keep theirs
     ditto, _ = _run(Ditto, fed, {"lam": 0.0})
     reference = _local_with_stream(fed, Ditto.PERSONAL_STREAM)
-    fedavg, _ = _run(Algorithm, fed)
+    fedavg, _ = _run(FedAvg, fed)
     for n in fed.model.names:
         assert torch.equal(ditto.personalized()[n], reference[n]), n
         assert torch.equal(ditto.global_state[n], fedavg.global_state[n]), n

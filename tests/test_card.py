@@ -13,6 +13,7 @@ import pytest
 from pflbench import plugins
 from pflbench.algorithm import ALGORITHMS, Algorithm, Capabilities, Card, Refusal
 from pflbench.cli import main
+from pflbench.fedavg import FedAvg
 from pflbench.config import CellConfig
 from pflbench.registry import Registry
 
@@ -20,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 NEW_API = '''
 from pflbench.algorithm import ALGORITHMS, Capabilities, Card
-from pflbench.algorithms.fedavg import FedAvg
+from pflbench.fedavg import FedAvg
 
 
 @ALGORITHMS.register("heldout-prox", card=Card(display_name="Heldout Prox", family="my family", paper="Me, 2026"))
@@ -41,7 +42,7 @@ def test_register_sets_the_name_and_the_card_which_is_never_inherited():
     registry = _registry()
 
     @registry.register("mine", card=Card(display_name="Mine", family="f", row_order=3))
-    class Mine(Algorithm):
+    class Mine(FedAvg):
         pass
 
     @registry.register("derived")
@@ -56,7 +57,7 @@ def test_capabilities_are_inherited_and_checked_by_one_function():
     registry = _registry()
 
     @registry.register("looped")
-    class Looped(Algorithm):
+    class Looped(FedAvg):
         capabilities = Capabilities(batched=False, refused_knobs={"privacy": "no update to clip"})
 
     @registry.register("child")

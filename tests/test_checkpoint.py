@@ -92,12 +92,17 @@ class _WithGenerator(ALGORITHMS.get("fedavg")):
 
 @pytest.mark.parametrize("cls, attribute", [(_WithModule, "extra"), (_WithGenerator, "draws")])
 def test_state_the_contract_cannot_capture_fails_loudly(cls, attribute, tmp_path):
+    """Undeclared, the attribute is named; declared as a plain value, its type is; in state_objects, saved."""
     from cells import federation
 
     alg = cls(federation(small_cell(), tmp_path), cls.parse_hyperparams({}))
     alg.setup()
-    with pytest.raises(StateError, match=rf"{cls.__name__}\.{attribute} holds a .*state_objects"):
+    with pytest.raises(StateError, match=rf"{cls.__name__} sets {attribute}, declared in none of `state`"):
         alg.state_dict()
+    as_value = type("AsValue", (cls,), {"state": (*cls.state, attribute)})(alg.engine, alg.hp)
+    as_value.setup()
+    with pytest.raises(StateError, match=rf"AsValue\.{attribute} holds a .*state_objects"):
+        as_value.state_dict()
     declared = type("Declared", (cls,), {"state_objects": (attribute,)})(alg.engine, alg.hp)
     declared.setup()
     assert attribute in declared.state_dict()["objects"]
@@ -112,8 +117,8 @@ def test_a_cell_whose_algorithm_breaks_the_contract_runs_on_without_checkpoints_
     checkpointer = Checkpointer(tmp_path / "cell", cell, CheckpointPolicy(every=1, minutes=0), note=notes.append)
     result = run_cell(cell, data_root=tmp_path, checkpointer=checkpointer)
     assert result.status == "finished" and result.summary["checkpoints_written"] == 0
-    assert "_WithModule.extra holds a" in result.summary["checkpoint_error"]
-    assert len(notes) == 1 and notes[0].startswith("no checkpoints for this cell: _WithModule.extra")
+    assert "_WithModule sets extra, declared in none of" in result.summary["checkpoint_error"]
+    assert len(notes) == 1 and notes[0].startswith("no checkpoints for this cell: _WithModule sets extra")
 
 
 def test_state_left_out_of_the_checkpoint_is_caught_by_the_resume_comparison(tmp_path, monkeypatch):

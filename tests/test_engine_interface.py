@@ -93,6 +93,8 @@ class EngineOnlyFedAvg(Algorithm):
     """FedAvg written against the engine interface alone: its models from `init_state`, local SGD from
     `train`, the weights from `train_sizes`; every client's model is the global one."""
 
+    state = ("global_state", "client_state")
+
     def __init__(self, engine: Engine, hp):
         super().__init__(Narrow(engine), hp)
 
@@ -161,7 +163,7 @@ def test_every_builtin_asks_the_engine_only_through_the_interface(name, hetero, 
     assert result.metrics["accuracy"].notna().all() and len(result.metrics) >= 2 * cell.clients * (1 - cell.unseen_fraction)
 
 
-class ReadsFed(Algorithm):
+class ReadsFed(ALGORITHMS.get("fedavg")):
     def local_train(self, rnd: ClientRound, state: State) -> State:
         return self.fed.train(rnd, rnd.clients, state).state  # the name before the engine interface
 

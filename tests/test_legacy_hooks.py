@@ -12,7 +12,7 @@ import torch
 
 from cells import small_cell
 from pflbench import legacy_hooks, rounds
-from pflbench.algorithm import ALGORITHMS, Algorithm, AlgorithmRegistry
+from pflbench.algorithm import ALGORITHMS, Algorithm, AlgorithmRegistry, Payload
 from pflbench.rounds import run_cell
 from pflbench.training import weighted_mean
 
@@ -76,22 +76,46 @@ def test_each_old_form_hook_is_warned_about_naming_its_new_form():
                 "local_train(self, rnd: Round, state)", "send(self, rnd: Round, state) -> Payload",
                 "aggregate(self, rnd: Round, upload: Payload) -> None", "newcomer_models(self, serving: Serving)"):
         assert any(new in m and "old form" in m for m in messages), new
-    assert len(messages) == 6
+    # and, as it extends Algorithm for FedAvg's setup, personalized and shared_names: one line naming FedAvg
+    assert any("extend FedAvg" in m and "setup, personalized, shared_names" in m for m in messages)
+    assert len(messages) == 7
 
 
 def test_a_current_form_class_is_registered_unwrapped_and_so_is_every_built_in():
     with warnings.catch_warnings():
         warnings.simplefilter("error", DeprecationWarning)
 
-        class New(Algorithm):
+        class New(ALGORITHMS.get("fedavg")):
             def local_train(self, rnd, state):
                 return super().local_train(rnd, state)
 
             def evaluate(self, serving, models, splits):
                 return super().evaluate(serving, models, splits)
 
-        hooks = dict(vars(New))
-        assert _registered(New) is New and dict(vars(New)).items() >= hooks.items()  # its own functions
+        class Own(Algorithm):  # every hook its own: the base class is only the hooks
+            state = ("model",)
+
+            def setup(self):
+                self.model = self.engine.init_state(self.engine.num_clients)
+
+            def configure(self, rnd):
+                return Payload.empty(rnd.clients)
+
+            def receive(self, rnd, download):
+                return {n: t[rnd.clients] for n, t in self.model.items()}
+
+            def send(self, rnd, state):
+                return Payload.empty(rnd.clients)
+
+            def aggregate(self, rnd, upload):
+                pass
+
+            def personalized(self):
+                return self.model
+
+        for cls in (New, Own):
+            hooks = dict(vars(cls))
+            assert _registered(cls) is cls and dict(vars(cls)).items() >= hooks.items()  # its own functions
     for name, cls in ALGORITHMS.items():
         assert not legacy_hooks.old_forms(cls), name
         assert all(klass.__module__ != "pflbench.legacy_hooks" for klass in cls.__mro__), name
@@ -261,7 +285,8 @@ def test_an_old_form_plugins_warnings_name_its_file_and_line_not_pflbenchs(tmp_p
         lines = OLD_PLUGIN.splitlines()
         for w in caught:  # the hook's `def`, or the class's registration
             assert lines[w.lineno - 1].lstrip().startswith(("def ", "@ALGORITHMS.register")), (w.lineno, w.message)
-        assert len(caught) == 4
+        assert len(caught) == 5  # display_name, three hooks, and FedAvg's setup, receive, send, personalized
+        assert any("extend FedAvg" in str(w.message) for w in caught)
     finally:
         plugins.unload(path.name)
 
@@ -284,7 +309,8 @@ def test_an_old_form_plugin_runs_on_the_command_line_with_one_line_naming_its_fi
     line = notices[0]
     assert line.startswith(f"pflbench: {path} uses the method API's old form")
     for new in ("configure(self, rnd: Round) -> Payload", "local_train(self, rnd: Round, state) -> state",
-                "aggregate(self, rnd: Round, upload: Payload) -> None", "card=Card(display_name='OldAvg')"):
+                "aggregate(self, rnd: Round, upload: Payload) -> None", "card=Card(display_name='OldAvg')",
+                "class OldAvg(FedAvg)"):
         assert new in line, new
     assert "pflbench/" not in line.replace("docs/howto/own-method.md", "")  # none of pflbench's own files
     assert "1 finished" in done.stdout
@@ -292,7 +318,7 @@ def test_an_old_form_plugin_runs_on_the_command_line_with_one_line_naming_its_fi
 
 # A plugin that still asks for batch orders with the deprecated salt= (now a named stream, pflbench.streams).
 SALTED_PLUGIN = '''from pflbench.algorithm import ALGORITHMS
-from pflbench.algorithms.fedavg import FedAvg
+from pflbench.fedavg import FedAvg
 from pflbench.steps import step_ids
 
 

@@ -29,7 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 MY_AVG = '''
 """A user's method: FedAvg under another name, with the reports' attributes."""
 from pflbench.algorithm import ALGORITHMS, Card
-from pflbench.algorithms.fedavg import FedAvg
+from pflbench.fedavg import FedAvg
 
 
 @ALGORITHMS.register("my-avg", card=Card(display_name="My Average", family="my family", paper="Me & You, 2026"))
@@ -331,9 +331,9 @@ def run_fails(args, capsys) -> str:
 
 def test_a_name_that_clashes_with_a_built_in_is_one_error_and_nothing_runs(tmp_path, capsys):
     clash = tmp_path / "clash.py"
-    clash.write_text("from pflbench.algorithm import ALGORITHMS, Algorithm\n\n\n"
-                     "@ALGORITHMS.register('my-ok')\nclass Fine(Algorithm):\n    pass\n\n\n"
-                     "@ALGORITHMS.register('fedavg')\nclass Mine(Algorithm):\n    pass\n")
+    clash.write_text("from pflbench.algorithm import ALGORITHMS\nfrom pflbench.fedavg import FedAvg\n\n\n"
+                     "@ALGORITHMS.register('my-ok')\nclass Fine(FedAvg):\n    pass\n\n\n"
+                     "@ALGORITHMS.register('fedavg')\nclass Mine(FedAvg):\n    pass\n")
     results = tmp_path / "results"
     err = run_fails(["run", "benchmarks/demo.yaml", "--plugin", str(clash), "--results", str(results)], capsys)
     assert "plugin 'clash.py' registers the algorithm 'fedavg'" in err and "pflbench (built-in)" in err
@@ -365,11 +365,11 @@ def test_a_plugin_path_that_does_not_exist_is_one_error(tmp_path, capsys):
 
 def test_a_plugin_that_fails_to_import_is_one_error_naming_its_line(tmp_path, capsys):
     bad = tmp_path / "bad.py"
-    bad.write_text("from pflbench.algorithm import ALGORITHMS, Algorithm\n\n"
-                   "@ALGORITHMS.register('half-done')\nclass Half(Algorithm):\n    pass\n\n"
+    bad.write_text("from pflbench.algorithm import ALGORITHMS\nfrom pflbench.fedavg import FedAvg\n\n"
+                   "@ALGORITHMS.register('half-done')\nclass Half(FedAvg):\n    pass\n\n"
                    "raise RuntimeError('boom')\n")
     err = run_fails(["sweep", "--algo", "half-done", "--plugin", str(bad), "--results", str(tmp_path / "r")], capsys)
-    assert "bad.py failed to import: RuntimeError: boom (bad.py, line 7)" in err and err.count("\n") == 1
+    assert "bad.py failed to import: RuntimeError: boom (bad.py, line 8)" in err and err.count("\n") == 1
     assert "half-done" not in ALGORITHMS and not (tmp_path / "r").exists()
 
 

@@ -8,14 +8,15 @@ from rich.console import Console
 
 from pflbench.metrics import RUN_RECORD_KEYS
 from pflbench.execution import ExecutionOptions
-from pflbench.algorithm import ALGORITHMS, Algorithm
+from pflbench.algorithm import ALGORITHMS
+from pflbench.fedavg import FedAvg
 from pflbench.config import cell_hash
 from pflbench.runner import RunOptions, run_plan
 from pflbench.spec import parse_spec
 from pflbench.store import Store, load_store
 
 
-class Raises(Algorithm):
+class Raises(FedAvg):
     name = "test-runner-raises"
 
     def local_train(self, rnd, state):
@@ -24,7 +25,7 @@ class Raises(Algorithm):
         return super().local_train(rnd, state)
 
 
-class InjectsNaN(Algorithm):
+class InjectsNaN(FedAvg):
     """Uploads NaN weights, as an exploding update would."""
 
     name = "test-runner-nan"
@@ -34,7 +35,7 @@ class InjectsNaN(Algorithm):
         return {k: v * math.nan if v.is_floating_point() else v for k, v in state.items()}
 
 
-class RaisesMarkup(Algorithm):
+class RaisesMarkup(FedAvg):
     """Fails with a message that rich would read as (broken) console markup."""
 
     name = "test-runner-[/x]-markup"

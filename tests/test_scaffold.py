@@ -169,7 +169,7 @@ def test_the_method_is_named_as_spelled_or_as_the_built_ins_spell_its_words(tmp_
     out = capsys.readouterr().out
     assert "pflbench run quickstart --plugin" in out and "algorithm+=[fedavgm]" in out
     text = (tmp_path / "fedavgm.py").read_text()
-    assert '@ALGORITHMS.register("fedavgm"' in text and "class FedAvgM(Algorithm[FedAvgMHP]):" in text
+    assert '@ALGORITHMS.register("fedavgm"' in text and "class FedAvgM(FedAvg[FedAvgMHP]):" in text
     assert "class FedAvgMHP(Hyperparams):" in text
     assert 'display_name="FedAvgM"' in text and (tmp_path / "test_fedavgm.py").is_file()
     assert main(["new", "algorithm", "odd", "--display-name", 'Say "hi"', "--out", str(tmp_path)]) == 0
@@ -192,7 +192,7 @@ def test_every_starting_point_passes_ruff_and_mypy_and_runs_a_cell(tmp_path):
         path = tmp_path / f"typed_{base}.py"
         text = path.read_text()
         hp = identifiers(f"typed-{base}")["class_name"] + "HP"  # e.g. TypedFedAvgHP
-        assert f"class {hp}(Hyperparams):" in text and f"(Algorithm[{hp}]):" in text
+        assert f"class {hp}(Hyperparams):" in text and f"(FedAvg[{hp}]):" in text
         assert "    class Hyperparams" not in text  # the nested form mypy cannot resolve
         plugins.load([str(path)])
         try:

@@ -10,7 +10,8 @@ import torch
 
 from cells import small_cell
 from pflbench import rounds
-from pflbench.algorithm import Algorithm, ClientRound, Payload, get_algorithm
+from pflbench.algorithm import ClientRound, Payload, get_algorithm
+from pflbench.fedavg import FedAvg
 from pflbench.algorithms.mhpfedhn import CLIENT_ORDER_STREAM
 from pflbench.rounds import run_cell
 
@@ -103,7 +104,7 @@ def test_a_round_the_engine_does_not_drive_has_no_server_to_deliver_to(tmp_path)
 
 
 def test_a_method_that_delivers_must_say_what_its_server_does(tmp_path, monkeypatch):
-    class Delivers(Algorithm):
+    class Delivers(FedAvg):
         def local_train(self, rnd: ClientRound, state):
             trained = self.engine.train(rnd, rnd.clients, state).state
             rnd.deliver(Payload.from_state({n: t[:1] for n, t in trained.items()}, rnd.clients[:1]))

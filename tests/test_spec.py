@@ -8,13 +8,14 @@ import pytest
 import yaml
 from pydantic import Field
 
-from pflbench.algorithm import ALGORITHMS, Algorithm
+from pflbench.algorithm import ALGORITHMS
 from pflbench.algorithm import Hyperparams as BaseHyperparams
+from pflbench.fedavg import FedAvg
 from pflbench.config import cell_hash
 from pflbench.spec import SpecError, load_spec, parse_sets, parse_spec
 
 
-class ProxLike(Algorithm):
+class ProxLike(FedAvg):
     """Only here to give specs an algorithm with hyperparameters (its training is FedAvg's)."""
 
     name = "test-spec-prox"
@@ -220,7 +221,7 @@ def test_the_demo_spec_runs_every_algorithm_and_a_representative_set_on_fmnist()
     fmnist = [c for c in plan.cells if c.dataset == "fmnist"]
     assert len(plan.cells) == len(synthetic) + len(fmnist)
     assert {c.algorithm for c in synthetic} == algorithms and len(synthetic) == 2 * len(algorithms)  # 2 seeds
-    builtin = {name for name, cls in ALGORITHMS.items() if cls.__module__.startswith("pflbench.algorithms.")}
+    builtin = {name for name, cls in ALGORITHMS.items() if cls.__module__.startswith("pflbench.")}  # FedAvg: pflbench.fedavg
     # the representative built-ins on fmnist (an algorithm added later runs there too)
     assert {c.algorithm for c in fmnist} & builtin == {"local", "fedavg", "fedbn", "pfedhn", "pfedla", "ditto"}
     assert {c.seed for c in fmnist} == {0} and plan.optional_datasets == {"fmnist"}
