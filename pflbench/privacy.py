@@ -409,7 +409,15 @@ class DifferentiallyPrivate(Algorithm[Any]):
         """The wrapper's class for `method`'s instances: this class with `method`'s class-level
         declarations (`WRAPPED_DECLARATIONS`), so what is read from the class (`type(alg).card`,
         `type(alg).name`) is the method's. One class per method (cached)."""
-        return _wrapper_class(cls, method)
+        made = _WRAPPER_CLASSES.get((cls, method))
+        if made is None:
+            declarations = {name: getattr(method, name) for name in cls.WRAPPED_DECLARATIONS}
+            name = f"{cls.__name__}[{method.__qualname__}]"
+            made = cast("type[DifferentiallyPrivate]", type(name, (cls,), {
+                "__module__": cls.__module__, "__qualname__": name, "__doc__": cls.__doc__, "wrapped": method,
+                **declarations}))
+            _WRAPPER_CLASSES[cls, method] = made
+        return made
 
     # ---- the method's class-level contract ----------------------------------------------------------
     @classmethod
@@ -532,13 +540,8 @@ class DifferentiallyPrivate(Algorithm[Any]):
         return {**self.algorithm.facts(), **self.plan.summary()}
 
 
-@lru_cache(maxsize=None)
-def _wrapper_class(base: type[DifferentiallyPrivate], method: type[Algorithm[Any]]) -> type[DifferentiallyPrivate]:
-    declarations = {name: getattr(method, name) for name in base.WRAPPED_DECLARATIONS}
-    name = f"{base.__name__}[{method.__qualname__}]"
-    made = type(name, (base,), {"__module__": base.__module__, "__qualname__": name, "__doc__": base.__doc__,
-                                "wrapped": method, **declarations})
-    return cast("type[DifferentiallyPrivate]", made)
+# The wrapper's class for each wrapped method's class (`DifferentiallyPrivate.wrapping`).
+_WRAPPER_CLASSES: dict[tuple[type[DifferentiallyPrivate], type[Algorithm[Any]]], type[DifferentiallyPrivate]] = {}
 
 
 def with_privacy(algorithm: Algorithm[Any], fed: Federation | None = None) -> Algorithm[Any]:
