@@ -31,13 +31,19 @@ over the rounds that released an aggregate. Algorithms whose server uses each cl
 own (pFedHN, pFedLA, MH-pFedHN: a per-client hypernetwork step or aggregation) cannot be given a noised
 sum and refuse central DP (`refused_knobs["privacy.mode"]`).
 
-**A wrapper, not a branch of the rounds**: `with_privacy(algorithm)` wraps a method whose upload is a
-model or an update (`Algorithm.dp_upload`) in `PrivateUploads` (as Flower's
-`DifferentialPrivacyServerSideFixedClipping(strategy, ...)` wraps a strategy); the round driver runs
-the wrapper like any algorithm. The wrapper only changes `send`: the update is formed against the
-round's download (`Round.download`), and the algorithm's `aggregate` receives the privatized uploads
-as it would receive its own. A method that privatizes where its update leaves the client
-(`dp_upload = "self"`) is not wrapped; one that cannot be privatized refuses the knob.
+**A method wrapping a method, not a branch of the rounds**: under the knob the cell's method is
+`DifferentiallyPrivate(method)`, itself an `Algorithm` (as Flower's
+`DifferentialPrivacyServerSideFixedClipping(strategy, ...)` is a strategy wrapping a strategy), for a
+method whose upload is a model or an update (`Algorithm.dp_upload`). It is wrapped once, where the
+cell's method is built (`with_privacy`, called by `pflbench.cell_method`); the round driver
+(`pflbench.rounds`) runs it like any method and has no privacy code; the knob's accounting reaches the
+cell's summary through the wrapper's `facts()`. The wrapper changes what leaves the clients: the round's
+upload (`send`: the update formed against the round's download, `Round.download`; the method's
+`aggregate` receives the privatized uploads as it would its own) and, for a server that updates after
+each client, each upload delivered during local training (`local_train`, `rnd.deliver`); every other
+hook is the method's. A method that privatizes where its update leaves the client itself
+(`dp_upload = "self"`; no built-in does) is not wrapped, and reports its own accounting (`facts()`);
+one that cannot be privatized refuses the knob.
 
 **Neighbouring relation** (`relation`), the sensitivity S of one client's contribution:
 `add_remove` (default): a client's data present or absent, i.e. its update replaced by the zero
@@ -48,7 +54,7 @@ so at the same epsilon `replace` adds twice the noise. The relation is stated in
 Poisson sampling under add/remove; the schedule here samples a fixed number of clients per round, the
 usual simplification (Opacus makes it for shuffled batches), stated, not corrected.
 
-**BatchNorm statistics stay on the client under DP** (issue 29, item 2). BatchNorm's running mean and
+**BatchNorm statistics stay on the client under DP.** BatchNorm's running mean and
 variance (and its step counter) are computed from the client's data, so they cannot leave it
 un-noised; noised, the averaged variance goes negative and evaluation gives NaN (FedAvg, cnn-bn,
 generated 32x32 images: "diverged: non-finite test loss"), and, inside the clipped vector, they spend
