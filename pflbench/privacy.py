@@ -370,7 +370,7 @@ def privatize_upload(plan: PrivacyPlan, mode: str, rnd: int, clients: torch.Tens
     return out
 
 
-class DifferentiallyPrivate(Algorithm[Any]):
+class DifferentiallyPrivate(Algorithm[Hyperparams]):
     """A method whose uploads leave each client privatized (the `privacy` knob): an `Algorithm` that
     wraps another, as Flower's `DifferentialPrivacyClientSideFixedClipping(strategy, ...)` wraps a
     strategy. It wraps a method whose upload is a model (`dp_upload = "model"`: the update is upload -
@@ -400,6 +400,9 @@ class DifferentiallyPrivate(Algorithm[Any]):
     state_rebuilt: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, algorithm: Algorithm[Any], fed: Federation) -> None:
+        if type(self).wrapped is Algorithm:
+            raise TypeError("DifferentiallyPrivate wraps a given method's class: build it with "
+                            "with_privacy(algorithm, fed), or DifferentiallyPrivate.wrapping(type(algorithm))")
         if not isinstance(algorithm, type(self).wrapped) or isinstance(algorithm, DifferentiallyPrivate):
             raise TypeError(f"{type(self).__name__} wraps a {type(self).wrapped.__name__}, not a "
                             f"{type(algorithm).__name__}: build it with with_privacy(algorithm, fed)")

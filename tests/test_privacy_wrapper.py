@@ -114,6 +114,8 @@ def test_one_wrapper_class_per_method_and_a_wrapper_wraps_only_its_method(tmp_pa
     fed = make_federation(small_cell(**PRIVATE), tmp_path)
     with pytest.raises(TypeError, match=r"wraps a FedAvg, not a FedProx"):
         DifferentiallyPrivate.wrapping(fedavg)(fedprox(fed, fedprox.parse_hyperparams({})), fed)
+    with pytest.raises(TypeError, match=r"build it with with_privacy\(algorithm, fed\)"):
+        DifferentiallyPrivate(fedavg(fed, fedavg.parse_hyperparams({})), fed)
     off = make_federation(small_cell(), tmp_path)
     with pytest.raises(ValueError, match="privacy knob is off"):
         DifferentiallyPrivate.wrapping(fedavg)(fedavg(off, fedavg.parse_hyperparams({})), off)
