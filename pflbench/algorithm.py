@@ -287,7 +287,7 @@ class Algorithm(Generic[HP]):
     @property
     def dp_upload(self) -> str:
         """Privacy (pflbench/privacy.py): what this algorithm uploads, for the privacy knob's wrapper
-        (`PrivateUploads`): "model" (the update is upload - download), "update" (the upload already is
+        (`DifferentiallyPrivate`): "model" (the update is upload - download), "update" (the upload already is
         an update; also each upload a server that updates after each client receives), "self" (not
         wrapped: the method privatizes its uploads itself, outside the engine interface; the form
         before `rnd.deliver`). Read-only: a method overrides it with a class attribute (`dp_upload = "update"`)
@@ -400,6 +400,11 @@ class Algorithm(Generic[HP]):
 
     def artifacts(self) -> dict[str, np.ndarray]:
         """Arrays worth keeping from this round (e.g. aggregation weights); saved every eval_every rounds."""
+        return {}
+
+    def facts(self) -> dict[str, Any]:
+        """Facts about how the method ran, added to the cell's summary when the cell ends (e.g. the
+        privacy knob's wrapper adds its accounting, `pflbench.privacy.DifferentiallyPrivate`). Default: none."""
         return {}
 
 

@@ -295,8 +295,18 @@ def draws_global_generator(fed: Federation, algorithm: Algorithm) -> bool:
     cell's models or in a module the algorithm holds), so that it cannot share a process's threads."""
     if any(m.stochastic for m in fed.models):
         return True
-    modules = [v for v in vars(algorithm).values() if isinstance(v, nn.Module)]
-    return any(isinstance(m, (nn.modules.dropout._DropoutNd, nn.RReLU)) for module in modules for m in module.modules())
+    return any(isinstance(m, (nn.modules.dropout._DropoutNd, nn.RReLU))
+               for module in held_modules(algorithm) for m in module.modules())
+
+
+def held_modules(algorithm: Algorithm) -> list[nn.Module]:
+    """The nn.Modules `algorithm` holds, and those of a method it wraps (a knob's wrapper holds the cell's
+    method: pflbench.cell_method)."""
+    from pflbench.algorithm import Algorithm
+
+    held = list(vars(algorithm).values())
+    return ([v for v in held if isinstance(v, nn.Module)]
+            + [m for v in held if isinstance(v, Algorithm) for m in held_modules(v)])
 
 
 @dataclass

@@ -31,13 +31,19 @@ over the rounds that released an aggregate. Algorithms whose server uses each cl
 own (pFedHN, pFedLA, MH-pFedHN: a per-client hypernetwork step or aggregation) cannot be given a noised
 sum and refuse central DP (`refused_knobs["privacy.mode"]`).
 
-**A wrapper, not a branch of the rounds**: `with_privacy(algorithm)` wraps a method whose upload is a
-model or an update (`Algorithm.dp_upload`) in `PrivateUploads` (as Flower's
-`DifferentialPrivacyServerSideFixedClipping(strategy, ...)` wraps a strategy); the round driver runs
-the wrapper like any algorithm. The wrapper only changes `send`: the update is formed against the
-round's download (`Round.download`), and the algorithm's `aggregate` receives the privatized uploads
-as it would receive its own. A method that privatizes where its update leaves the client
-(`dp_upload = "self"`) is not wrapped; one that cannot be privatized refuses the knob.
+**A method wrapping a method, not a branch of the rounds**: under the knob the cell's method is
+`DifferentiallyPrivate(method)`, itself an `Algorithm` (as Flower's
+`DifferentialPrivacyServerSideFixedClipping(strategy, ...)` is a strategy wrapping a strategy), for a
+method whose upload is a model or an update (`Algorithm.dp_upload`). It is wrapped once, where the
+cell's method is built (`with_privacy`, called by `pflbench.cell_method`); the round driver
+(`pflbench.rounds`) runs it like any method and has no privacy code; the knob's accounting reaches the
+cell's summary through the wrapper's `facts()`. The wrapper changes what leaves the clients: the round's
+upload (`send`: the update formed against the round's download, `Round.download`; the method's
+`aggregate` receives the privatized uploads as it would its own) and, for a server that updates after
+each client, each upload delivered during local training (`local_train`, `rnd.deliver`); every other
+hook is the method's. A method that privatizes where its update leaves the client itself
+(`dp_upload = "self"`; no built-in does) is not wrapped, and reports its own accounting (`facts()`);
+one that cannot be privatized refuses the knob.
 
 **Neighbouring relation** (`relation`), the sensitivity S of one client's contribution:
 `add_remove` (default): a client's data present or absent, i.e. its update replaced by the zero
@@ -48,7 +54,7 @@ so at the same epsilon `replace` adds twice the noise. The relation is stated in
 Poisson sampling under add/remove; the schedule here samples a fixed number of clients per round, the
 usual simplification (Opacus makes it for shuffled batches), stated, not corrected.
 
-**BatchNorm statistics stay on the client under DP** (issue 29, item 2). BatchNorm's running mean and
+**BatchNorm statistics stay on the client under DP.** BatchNorm's running mean and
 variance (and its step counter) are computed from the client's data, so they cannot leave it
 un-noised; noised, the averaged variance goes negative and evaluation gives NaN (FedAvg, cnn-bn,
 generated 32x32 images: "diverged: non-finite test loss"), and, inside the clipped vector, they spend
@@ -81,19 +87,25 @@ import dataclasses
 import math
 from collections.abc import Iterable
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any, Literal, cast
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, cast
 
 import numpy as np
 import torch
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from pflbench import streams
+from pflbench.algorithm import Algorithm, Hyperparams
+from pflbench.capabilities import Refusal
+from pflbench.engine import Engine
 from pflbench.payload import Payload
-from pflbench.round_context import ClientRound
+from pflbench.round_context import ClientRound, Round
+from pflbench.serving import Models, Scores, Serving
 from pflbench.system import KnobParams, knob_problem
+from pflbench.training import State
 
 if TYPE_CHECKING:
     from pflbench.config import CellConfig
+    from pflbench.federation import Federation
     from pflbench.training import ClientModel
 
 CENTRAL = -1  # the generator key of the server's noise (no client has id -1)
@@ -358,26 +370,113 @@ def privatize_upload(plan: PrivacyPlan, mode: str, rnd: int, clients: torch.Tens
     return out
 
 
-class PrivateUploads:
-    """A method whose uploads leave each client privatized (the `privacy` knob): it wraps any algorithm
-    whose upload is a model (`dp_upload = "model"`: the update is upload - download, the download
-    being the round's, `rnd.download`) or an update (`"update"`), and stands for it in the round (every
-    other attribute is the algorithm's). Its `send` returns what the server receives: the privatized
-    uploads, one per client, in the algorithm's form (read stacked where the algorithm's upload was),
-    the ones lost to `system.dropout` never released; the algorithm's `aggregate` receives them as any
-    upload. For a server that updates after each client (`Algorithm.updates_per_client`) the uploads
-    leave one by one during local training (`rnd.deliver`): each is privatized there, as it leaves its
-    client (`Federation.privatize`), and the round's upload is not privatized again. Algorithms that
-    privatize where their update leaves the client themselves (`"self"`) are not wrapped; those that
-    cannot be privatized refuse the knob (`Capabilities.refused_knobs`)."""
+class DifferentiallyPrivate(Algorithm[Hyperparams]):
+    """A method whose uploads leave each client privatized (the `privacy` knob): an `Algorithm` that
+    wraps another, as Flower's `DifferentialPrivacyClientSideFixedClipping(strategy, ...)` wraps a
+    strategy. It wraps a method whose upload is a model (`dp_upload = "model"`: the update is upload -
+    download, the download being the round's, `rnd.download`) or an update (`"update"`).
 
-    def __init__(self, algorithm: Any, fed: Any):
-        self.algorithm, self.federation = algorithm, fed  # the method, and the cell's Federation (the knob's plan)
+    What it changes: `send` returns what the server receives, the privatized uploads, one per client,
+    in the method's form (read stacked where the method's upload was), the ones lost to
+    `system.dropout` never released; the method's `aggregate` receives them as any upload. For a server
+    that updates after each client (`updates_per_client`) the uploads leave one by one during local
+    training (`rnd.deliver`): `local_train` privatizes each as it leaves its client, and the round's
+    upload is not privatized again. `facts()` adds the knob's accounting to the method's facts.
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.algorithm, name)
+    Everything else is the method's, delegated hook by hook (no attribute lookup falls through):
+    its class-level declarations (`name`, `card`, `capabilities`, `Hyperparams`, `search_space`,
+    `quick_hp`: `WRAPPED_DECLARATIONS`, copied onto the wrapper's class for that method, `wrapping`),
+    its hyperparameters and engine (`hp`, `engine`: the same objects), and every hook of `Algorithm`,
+    checkpoints included. The wrapper holds no state of its own: `state_dict()` is the method's, and the
+    release counts the accountant reads are the privacy plan's, which the engine owns and a checkpoint
+    saves with the Federation (`pflbench.checkpoint.federation_state`), so a wrapped method resumes
+    bit-identical. Build it with `with_privacy`."""
+
+    # The method's class-level declarations the wrapper's class takes over (`wrapping`).
+    WRAPPED_DECLARATIONS: ClassVar[tuple[str, ...]] = (
+        "name", "card", "capabilities", "Hyperparams", "search_space", "quick_hp")
+    wrapped: ClassVar[type[Algorithm[Any]]] = Algorithm  # the wrapped method's class (`wrapping`)
+    state_objects: ClassVar[tuple[str, ...]] = ()  # no state of its own (the class doc)
+    state_rebuilt: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, algorithm: Algorithm[Any], fed: Federation) -> None:
+        if type(self).wrapped is Algorithm:
+            raise TypeError("DifferentiallyPrivate wraps a given method's class: build it with "
+                            "with_privacy(algorithm, fed), or DifferentiallyPrivate.wrapping(type(algorithm))")
+        if not isinstance(algorithm, type(self).wrapped) or isinstance(algorithm, DifferentiallyPrivate):
+            raise TypeError(f"{type(self).__name__} wraps a {type(self).wrapped.__name__}, not a "
+                            f"{type(algorithm).__name__}: build it with with_privacy(algorithm, fed)")
+        if fed.privacy is None:
+            raise ValueError("DifferentiallyPrivate: the cell's privacy knob is off (no privacy plan to apply)")
+        super().__init__(algorithm.engine, algorithm.hp)
+        self.algorithm = algorithm  # the method, as it would run without the knob
+        self.federation = fed  # the cell's Federation: which uploads arrive (system.dropout), the client ids
+        self.plan: PrivacyPlan = fed.privacy  # the knob's plan (its release counts are the engine's state)
+
+    @classmethod
+    def wrapping(cls, method: type[Algorithm[Any]]) -> type[DifferentiallyPrivate]:
+        """The wrapper's class for `method`'s instances: this class with `method`'s class-level
+        declarations (`WRAPPED_DECLARATIONS`), so what is read from the class (`type(alg).card`,
+        `type(alg).name`) is the method's. One class per method (cached)."""
+        made = _WRAPPER_CLASSES.get((cls, method))
+        if made is None:
+            declarations = {name: getattr(method, name) for name in cls.WRAPPED_DECLARATIONS}
+            name = f"{cls.__name__}[{method.__qualname__}]"
+            made = cast("type[DifferentiallyPrivate]", type(name, (cls,), {
+                "__module__": cls.__module__, "__qualname__": name, "__doc__": cls.__doc__, "wrapped": method,
+                **declarations}))
+            _WRAPPER_CLASSES[cls, method] = made
+        return made
+
+    # ---- the method's class-level contract ----------------------------------------------------------
+    @classmethod
+    def parse_hyperparams(cls, values: dict[str, Any]) -> Hyperparams:
+        return cls.wrapped.parse_hyperparams(values)
+
+    @classmethod
+    def check_cell(cls, cell: CellConfig) -> None:
+        cls.wrapped.check_cell(cell)
+
+    @classmethod
+    def cell_refusal(cls, cell: CellConfig) -> Refusal | None:
+        return cls.wrapped.cell_refusal(cell)
+
+    @property
+    def fed(self) -> Engine:
+        """The method's deprecated name for its engine (`Algorithm.fed`), read and set on the method."""
+        return self.algorithm.fed
+
+    @fed.setter
+    def fed(self, engine: Engine) -> None:
+        self.algorithm.fed = engine
+
+    # ---- state and what stays on the client -------------------------------------------------------
+    def setup(self) -> None:
+        self.algorithm.setup()
+
+    def is_local(self, name: str) -> bool:
+        return self.algorithm.is_local(name)
+
+    @property
+    def dp_upload(self) -> str:
+        return self.algorithm.dp_upload
+
+    def stays_on_client(self, name: str) -> bool:
+        return self.algorithm.stays_on_client(name)
+
+    def shared_names(self) -> list[str]:
+        return self.algorithm.shared_names()
+
+    # ---- the round's hooks ---------------------------------------------------------------------------
+    def configure(self, rnd: Round) -> Payload:
+        return self.algorithm.configure(rnd)
+
+    def receive(self, rnd: ClientRound, download: Payload) -> Any:
+        return self.algorithm.receive(rnd, download)
 
     def local_train(self, rnd: ClientRound, state: Any) -> Any:
+        """The method's local training; for a server that updates after each client, each upload it
+        delivers (`rnd.deliver`) privatized as it leaves its client, before it goes on to the server."""
         if not self.algorithm.updates_per_client:
             return self.algorithm.local_train(rnd, state)
         fed, server = self.federation, rnd.deliver
@@ -392,21 +491,75 @@ class PrivateUploads:
         return self.algorithm.local_train(dataclasses.replace(rnd, deliver=deliver), state)
 
     def send(self, rnd: ClientRound, state: Any) -> Payload:
+        """What the server receives of the method's upload: each client's privatized (local DP), or the
+        server's noised mean of the arrived updates (central DP); the lost ones marked, never released."""
         fed = self.federation
         upload = self.algorithm.send(rnd, state)
         if self.algorithm.updates_per_client:  # privatized as each left its client (local_train)
             return upload
         arrived = fed.arrived(rnd, rnd.clients)
-        received = privatize_upload(fed.privacy, self.algorithm.dp_upload, rnd.number,
+        received = privatize_upload(self.plan, self.algorithm.dp_upload, rnd.number,
                                     torch.as_tensor(fed.client_ids)[rnd.clients.cpu()], rnd.download, upload, arrived)
         return Payload.from_rows(received, rnd.clients, upload.header, stacked=upload.is_stacked).delivered(arrived)
 
+    def aggregate(self, rnd: ClientRound, upload: Payload) -> None:
+        self.algorithm.aggregate(rnd, upload)
 
-def with_privacy(algorithm: Any, fed: Any = None) -> Any:
-    """`algorithm` as its rounds run under the cell's privacy knob: wrapped in `PrivateUploads` where the
-    knob is on and the algorithm's upload is a model or an update; itself otherwise. `fed`: the cell's
-    Federation (default: the one the algorithm was built with)."""
-    fed = fed if fed is not None else algorithm.engine
-    if fed.privacy is None or algorithm.dp_upload not in ("model", "update"):
+    @property
+    def updates_per_client(self) -> bool:
+        return self.algorithm.updates_per_client
+
+    def aggregate_client(self, rnd: ClientRound, upload: Payload) -> None:
+        """The method's server step on one client's upload, privatized already (`local_train`)."""
+        self.algorithm.aggregate_client(rnd, upload)
+
+    def weighted_mean(self, upload: Payload, weights: torch.Tensor | None = None) -> State:
+        return self.algorithm.weighted_mean(upload, weights)
+
+    # ---- evaluation's hooks --------------------------------------------------------------------------
+    def personalized(self) -> Models:
+        return self.algorithm.personalized()
+
+    def evaluate(self, serving: Serving, models: Models, splits: tuple[str, ...]) -> Scores:
+        return self.algorithm.evaluate(serving, models, splits)
+
+    def adapt_locally(self, serving: Serving, models: Models) -> Models:
+        return self.algorithm.adapt_locally(serving, models)
+
+    def newcomer_models(self, serving: Serving) -> Models:
+        return self.algorithm.newcomer_models(serving)
+
+    def fit_local_part(self, serving: Serving, epochs: int, trainable: list[str] | None = None) -> State:
+        return self.algorithm.fit_local_part(serving, epochs, trainable)
+
+    # ---- checkpoints, artifacts and facts ----------------------------------------------------------
+    def state_dict(self) -> dict:
+        """The method's state: the wrapper has none of its own (the class doc)."""
+        return self.algorithm.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.algorithm.load_state_dict(state)
+
+    def artifacts(self) -> dict[str, np.ndarray]:
+        return self.algorithm.artifacts()
+
+    def facts(self) -> dict[str, Any]:
+        """The method's facts and the knob's accounting (`PrivacyPlan.summary`: budgets, multipliers,
+        releases, the epsilon spent)."""
+        return {**self.algorithm.facts(), **self.plan.summary()}
+
+
+# The wrapper's class for each wrapped method's class (`DifferentiallyPrivate.wrapping`).
+_WRAPPER_CLASSES: dict[tuple[type[DifferentiallyPrivate], type[Algorithm[Any]]], type[DifferentiallyPrivate]] = {}
+
+
+def with_privacy(algorithm: Algorithm[Any], fed: Federation | None = None) -> Algorithm[Any]:
+    """`algorithm` as a cell runs it under its privacy knob: wrapped in `DifferentiallyPrivate` where the
+    knob is on and the method's upload is a model or an update; itself otherwise (the knob off, a method
+    that privatizes its uploads itself, `dp_upload = "self"`, or one wrapped already). `fed`: the cell's
+    Federation (default: the one the algorithm was built with). Called once, where the cell's method is
+    built (`pflbench.cell_method`)."""
+    fed = fed if fed is not None else cast("Federation", algorithm.engine)
+    if fed.privacy is None or isinstance(algorithm, DifferentiallyPrivate) or algorithm.dp_upload not in ("model", "update"):
         return algorithm
-    return PrivateUploads(algorithm, fed)
+    return DifferentiallyPrivate.wrapping(type(algorithm))(algorithm, fed)

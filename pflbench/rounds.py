@@ -9,9 +9,8 @@ round's context, a frozen `pflbench.round_context.Round` made by `Federation.rou
     lost to system.dropout are marked); aggregate on the uploads that arrived. A server that updates
     after each client gets each client's upload during local_train instead: the method hands it over
     with `rnd.deliver` (the round's channel to the server, `with_server`), and aggregate_client
-    receives it unless dropout lost it. Under the privacy knob
-    the rounds drive the algorithm wrapped in `pflbench.privacy.PrivateUploads` (its uploads leave the
-    clients noised); the driver itself knows nothing of privacy.
+    receives it unless dropout lost it. The method is the cell's as `build_cell` builds it: a knob
+    that acts on the method wraps it there, once (`pflbench.cell_method`); the driver knows no knob.
     every eval_every rounds (and the last): score personalized() on the evaluated splits, after local
     adaptation too (finetune_epochs), and the newcomers' models in a cell with unseen clients, each
     population through its own `pflbench.serving.Serving`.
@@ -35,12 +34,12 @@ from torch import Tensor
 
 from pflbench import streams
 from pflbench.algorithm import Algorithm, get_algorithm
+from pflbench.cell_method import cell_method
 from pflbench.config import CellConfig
 from pflbench.execution import ExecutionOptions
 from pflbench.federation import EVALUATED, Federation, federation_device
 from pflbench.metrics import METRIC_COLUMNS, ROUND_COLUMNS, client_rows, summarize
 from pflbench.newcomers.scoring import score_newcomers
-from pflbench.privacy import with_privacy
 from pflbench.payload import Payload
 from pflbench.round_context import ClientRound
 from pflbench.serving import Serving, score
@@ -126,11 +125,12 @@ def run_cell(cell: CellConfig, *, data_root: str | Path | None = None, mirror: s
 
 def build_cell(cell: CellConfig, dataset: Dataset, splits: ClientSplits, execution: ExecutionOptions,
                withhold_test: bool = False) -> tuple[Federation, Algorithm]:
-    """The cell's Federation and its algorithm (with the cell's hyperparameters), from `prepare_cell`'s
-    data; call it inside `cell_global_rng`, as `run_cell` does."""
+    """The cell's Federation and its method (the algorithm with the cell's hyperparameters, as the cell's
+    knobs run it: `pflbench.cell_method`), from `prepare_cell`'s data; call it inside `cell_global_rng`,
+    as `run_cell` does."""
     algorithm_cls = get_algorithm(cell.algorithm)
     fed = Federation(cell, dataset, splits, execution, algorithm_cls.capabilities.batched, withhold_test=withhold_test)
-    return fed, algorithm_cls(fed, algorithm_cls.parse_hyperparams(cell.hp))
+    return fed, cell_method(algorithm_cls, cell, fed)
 
 
 @contextmanager
@@ -242,7 +242,9 @@ def run_rounds(fed: Federation, algorithm: Algorithm, on_round: Callable[[dict],
                provenance: dict | None = None, evaluate: tuple[str, ...] = EVALUATED,
                checkpointer: RoundCheckpointer | None = None, stop_after: int | None = None,
                set_up: bool = False) -> CellResult:
-    """The cell's rounds, with every client's personalized model evaluated on the `evaluate` splits
+    """The cell's rounds of `algorithm`, the cell's method as `build_cell` builds it (a method built by
+    hand runs without the knobs that wrap a method: `pflbench.cell_method.cell_method` builds it as the
+    cell runs it), with every client's personalized model evaluated on the `evaluate` splits
     every eval_every rounds (columns of a split not evaluated are NaN). With the cell's
     `finetune_epochs` > 0 the same models are also scored after local adaptation (`*_adapted`
     columns; `Algorithm.adapt_locally`), which never feeds back into training; its seconds are counted
@@ -252,7 +254,7 @@ def run_rounds(fed: Federation, algorithm: Algorithm, on_round: Callable[[dict],
     empty between evaluations) — the same rows the result's tables will hold.
     `checkpointer` (pflbench.checkpoint): asked once for a checkpoint to resume from, told at the end
     of every round (it writes one when due). `stop_after`: run only rounds 1..stop_after of the cell
-    as configured (nothing else changes: its schedule, evaluation rounds and privacy plan are the full
+    as configured (nothing else changes: its schedule, evaluation rounds and knobs' plans are the full
     run's), so their metrics are the full run's first rounds (`pflbench verify --rounds`); the summary
     says `stopped_after`. `set_up`: the algorithm's `setup` has run already (`pflbench.groups`)."""
     evaluate = check_evaluated(evaluate)
@@ -266,13 +268,12 @@ def run_rounds(fed: Federation, algorithm: Algorithm, on_round: Callable[[dict],
         first_round = resumed.round + 1
         record.restore(resumed.loop, resumed.elapsed)
     last_round = cell.rounds if stop_after is None else max(0, min(cell.rounds, stop_after))
-    rounds_of = with_privacy(algorithm, fed)  # the privacy knob wraps the method's uploads (pflbench.privacy)
     for rnd in range(first_round, last_round + 1):
         round_start = time.perf_counter()
         clients = torch.as_tensor(fed.schedule[rnd - 1], device=fed.device)
         timing: dict = {}
         try:
-            download, upload = run_round(rounds_of, rnd, clients, timing, fed)
+            download, upload = run_round(algorithm, rnd, clients, timing, fed)
         except Diverged as err:
             record.diverged(rnd, err)
             break
@@ -351,8 +352,7 @@ def cell_facts(fed: Federation, algorithm: Algorithm, rounds: pd.DataFrame, reco
         facts.update({"system_stragglers": np.flatnonzero(fed.system.straggler).tolist(),
                       "system_dropped_uploads": int(np.take_along_axis(fed.system.dropped[: len(ran)], ran, 1).sum()),
                       "system_mean_work": float(np.take_along_axis(fed.system.work[: len(ran)], ran, 1).mean())})
-    if fed.privacy is not None:
-        facts.update(fed.privacy.summary())
+    facts.update(algorithm.facts())  # the method's (a knob's wrapper adds its own: pflbench.cell_method)
     facts.update({f"{part}_time_total": float(rounds[f"{part}_time"].sum()) for part in ("train", "server", "eval")})
     facts.update(compiled_training=fed.compiled, channels_last=fed.channels_last,
                  client_threads=fed.client_threads if not fed.batched else 1,

@@ -221,20 +221,20 @@ def test_report_captions_state_the_relation_where_privacy_columns_are_shown():
 
 
 def test_privacy_is_a_wrapper_and_the_round_driver_has_no_privacy_branch(tmp_path):
-    """The rounds drive `PrivateUploads(algorithm)` under the knob; run_round never names privacy."""
+    """The rounds drive `DifferentiallyPrivate(algorithm)` under the knob; run_round never names privacy."""
     import inspect
 
     from pflbench import rounds
     from pflbench.algorithm import get_algorithm
-    from pflbench.privacy import PrivateUploads, with_privacy
+    from pflbench.privacy import DifferentiallyPrivate, with_privacy
 
     assert "privacy" not in inspect.getsource(rounds.run_round)
     on = make_federation(small_cell(privacy={"epsilon": 8.0}), tmp_path)
     off = make_federation(small_cell(), tmp_path)
     fedavg, pfedhn = get_algorithm("fedavg"), get_algorithm("pfedhn")
     wrapped = with_privacy(fedavg(on, fedavg.parse_hyperparams({})))
-    assert isinstance(wrapped, PrivateUploads) and wrapped.dp_upload == "model"
-    assert not isinstance(with_privacy(fedavg(off, fedavg.parse_hyperparams({}))), PrivateUploads)
+    assert isinstance(wrapped, DifferentiallyPrivate) and wrapped.dp_upload == "model"
+    assert not isinstance(with_privacy(fedavg(off, fedavg.parse_hyperparams({}))), DifferentiallyPrivate)
     per_client = pfedhn(on, pfedhn.parse_hyperparams({"server_updates": "per_client"}))
-    assert per_client.updates_per_client and isinstance(with_privacy(per_client), PrivateUploads)
+    assert per_client.updates_per_client and isinstance(with_privacy(per_client), DifferentiallyPrivate)
     assert "privacy" not in inspect.getsource(rounds.with_server)  # each upload delivered mid-round too
