@@ -64,7 +64,7 @@ left the parameters 0.29-0.41 of theirs). Two fixes were possible:
 clamp the variance after aggregation (post-processing, free under DP), or keep the statistics local.
 Chosen: local, as SiloBN does (Andreux et al., 2020): they are not clipped, noised or uploaded, the
 server's copy never moves, and every client's model keeps its own statistics
-(`Algorithm.stays_on_client`); the clip and the budget go to the learned parameters alone. A clamp
+(`FedAvg.stays_on_client`, `pflbench.fedavg`); the clip and the budget go to the learned parameters alone. A clamp
 would have left evaluation with statistics as noisy as the weights and the clip mostly spent on them.
 Under the knob this holds for every client of the cell (a client without DP included: one rule for
 the cell's models). A newcomer (`unseen_fraction`) under DP gets the initial statistics of a
@@ -101,7 +101,6 @@ from pflbench.payload import Payload
 from pflbench.round_context import ClientRound, Round
 from pflbench.serving import Models, Scores, Serving
 from pflbench.system import KnobParams, knob_problem
-from pflbench.training import State
 
 if TYPE_CHECKING:
     from pflbench.config import CellConfig
@@ -450,22 +449,13 @@ class DifferentiallyPrivate(Algorithm[Hyperparams]):
     def fed(self, engine: Engine) -> None:
         self.algorithm.fed = engine
 
-    # ---- state and what stays on the client -------------------------------------------------------
+    # ---- state and what leaves the client ---------------------------------------------------------
     def setup(self) -> None:
         self.algorithm.setup()
-
-    def is_local(self, name: str) -> bool:
-        return self.algorithm.is_local(name)
 
     @property
     def dp_upload(self) -> str:
         return self.algorithm.dp_upload
-
-    def stays_on_client(self, name: str) -> bool:
-        return self.algorithm.stays_on_client(name)
-
-    def shared_names(self) -> list[str]:
-        return self.algorithm.shared_names()
 
     # ---- the round's hooks ---------------------------------------------------------------------------
     def configure(self, rnd: Round) -> Payload:
@@ -513,9 +503,6 @@ class DifferentiallyPrivate(Algorithm[Hyperparams]):
         """The method's server step on one client's upload, privatized already (`local_train`)."""
         self.algorithm.aggregate_client(rnd, upload)
 
-    def weighted_mean(self, upload: Payload, weights: torch.Tensor | None = None) -> State:
-        return self.algorithm.weighted_mean(upload, weights)
-
     # ---- evaluation's hooks --------------------------------------------------------------------------
     def personalized(self) -> Models:
         return self.algorithm.personalized()
@@ -528,9 +515,6 @@ class DifferentiallyPrivate(Algorithm[Hyperparams]):
 
     def newcomer_models(self, serving: Serving) -> Models:
         return self.algorithm.newcomer_models(serving)
-
-    def fit_local_part(self, serving: Serving, epochs: int, trainable: list[str] | None = None) -> State:
-        return self.algorithm.fit_local_part(serving, epochs, trainable)
 
     # ---- checkpoints, artifacts and facts ----------------------------------------------------------
     def state_dict(self) -> dict:
