@@ -395,14 +395,15 @@ class DifferentiallyPrivate(Algorithm[Hyperparams]):
     WRAPPED_DECLARATIONS: ClassVar[tuple[str, ...]] = (
         "name", "card", "capabilities", "Hyperparams", "search_space", "quick_hp")
     wrapped: ClassVar[type[Algorithm[Any]]] = Algorithm  # the wrapped method's class (`wrapping`)
-    state_objects: ClassVar[tuple[str, ...]] = ()  # no state of its own (the class doc)
+    state: ClassVar[tuple[str, ...]] = ()  # no state of its own (the class doc): `state_dict` is the method's
+    state_objects: ClassVar[tuple[str, ...]] = ()
     state_rebuilt: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, algorithm: Algorithm[Any], fed: Federation) -> None:
         if type(self).wrapped is Algorithm:
             raise TypeError("DifferentiallyPrivate wraps a given method's class: build it with "
                             "with_privacy(algorithm, fed), or DifferentiallyPrivate.wrapping(type(algorithm))")
-        if not isinstance(algorithm, type(self).wrapped) or isinstance(algorithm, DifferentiallyPrivate):
+        if type(algorithm) is not type(self).wrapped:  # its class-level declarations are that class's exactly
             raise TypeError(f"{type(self).__name__} wraps a {type(self).wrapped.__name__}, not a "
                             f"{type(algorithm).__name__}: build it with with_privacy(algorithm, fed)")
         if fed.privacy is None:
