@@ -66,7 +66,18 @@ def unit_of_work(nodeid: str) -> str:
     return nodeid.split("::", 1)[0]
 
 
-@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: a plain `pytest` run without it never calls it
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hooks: a plain `pytest` run without it never calls them
+def pytest_xdist_setupnodes():
+    """The processes start with the environment the suite sees (os.environ). Once imported, readline puts
+    COLUMNS=80 and LINES=24 into the C environment when there is no terminal, which os.environ does not show
+    but new processes inherit: the workers' consoles would wrap at 80 columns where a plain run's do not
+    (pflbench.display.make_console), and the tests reading their lines fail."""
+    for name in ("COLUMNS", "LINES"):
+        if name not in os.environ:
+            os.unsetenv(name)
+
+
+@pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
     """`--dist loadscope` hands out this suite's units of work (unit_of_work), the groups first: they are
     its longest units, and a long unit handed out last would leave the other processes idle at the end.
