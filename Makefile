@@ -21,8 +21,13 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip install --disable-pip-version-check -q --no-deps flwr-datasets==0.6.1
 	touch $@
 
+# The suite in TEST_WORKERS processes (pytest-xdist): a test module runs whole in one of them, the tests
+# that start Ray clusters of their own one after another (tests/conftest.py). Three on two cores: many tests
+# wait on processes they start (Ray, `pflbench` runs), and a third process uses the cores meanwhile.
+# TEST_WORKERS=0: one process, as a plain `pytest`.
+TEST_WORKERS ?= 3
 test: install
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadscope)
 
 # Lint: ruff's checks everywhere; ruff's formatting on the public method API; mypy on the public method
 # API and the built-in algorithms (algorithms/; pyproject.toml's [tool.mypy] files).

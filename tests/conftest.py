@@ -1,4 +1,4 @@
-"""Suite-wide settings."""
+"""Suite-wide settings, and how `make test` spreads the suite over processes (pytest-xdist)."""
 import os
 
 import pytest
@@ -43,3 +43,61 @@ def local_ray():
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield ray
     ray.shutdown()
+
+
+# ---- units of work for pytest-xdist (`make test`: `-n 2 --dist loadscope`) ------------------------------
+# A test module is one unit: it runs whole, in its file's order, in one process, so that its module-scoped
+# fixtures (reference runs, a built wheel, a Ray instance of its own) are built once, as in a plain run.
+# The modules and tests of one group below are one unit too: they run one after another, never at once.
+SERIAL_GROUPS: dict[str, tuple[str, ...]] = {
+    # Ray clusters of their own, started with `ray start` in network namespaces (about ten processes a
+    # node): one at a time, so that their start-ups, gates and deadlines are those of one cluster on the
+    # machine, never of two competing for its cores.
+    "ray-clusters": ("tests/test_multinode.py::", "tests/test_ray_cluster.py::",
+                     "tests/test_plugins.py::test_a_plugin_algorithm_runs_on_a_cluster_joined_with_ray_address"),
+}
+
+
+def unit_of_work(nodeid: str) -> str:
+    """The unit a test belongs to: its group in SERIAL_GROUPS, else its module."""
+    for group, members in SERIAL_GROUPS.items():
+        if nodeid.startswith(members):
+            return group
+    return nodeid.split("::", 1)[0]
+
+
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hooks: a plain `pytest` run without it never calls them
+def pytest_xdist_setupnodes():
+    """The processes start with the environment the suite sees (os.environ). Once imported, readline puts
+    COLUMNS=80 and LINES=24 into the C environment when there is no terminal, which os.environ does not show
+    but new processes inherit: the workers' consoles would wrap at 80 columns where a plain run's do not
+    (pflbench.display.make_console), and the tests reading their lines fail."""
+    for name in ("COLUMNS", "LINES"):
+        if name not in os.environ:
+            os.unsetenv(name)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadscope` hands out this suite's units of work (unit_of_work), the groups first: they are
+    its longest units, and a long unit handed out last would leave the other processes idle at the end.
+    (pytest-xdist's own `xdist_group` marks do not group under pytest 9, whose node ids they cannot amend.)"""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SuiteScheduling(LoadScopeScheduling):
+        groups_first = False
+
+        def _split_scope(self, nodeid: str) -> str:
+            return unit_of_work(nodeid)
+
+        def _assign_work_unit(self, node) -> None:
+            if not self.groups_first:  # the work queue is complete when the first unit is handed out
+                self.groups_first = True
+                for group in reversed(SERIAL_GROUPS):
+                    if group in self.workqueue:
+                        self.workqueue.move_to_end(group, last=False)
+            super()._assign_work_unit(node)
+
+    return SuiteScheduling(config, log)
