@@ -47,6 +47,7 @@ STRUCTURED_AXES = ("algorithm", "dataset", "partition", "clients")
 SPEC_KEYS = ("name", "description", "plugins", "matrix", "defaults", "overrides", "resources", "scales", "tuned",
              "trackers")
 VARIANT_SELECTOR = "variant"  # `--set variant=NAME`: one entry of the variants axis, by its name
+CLIENTS_AXIS = "clients"  # `--set clients=N` picks the axis's entries for N clients (participation and all)
 FULL_SCALE = "full"  # the spec as written; every other scale is a block under `scales:`
 TUNED_DIR = "tuned"  # default folder of tuned configurations, next to the spec file (benchmarks/tuned)
 
@@ -490,11 +491,32 @@ def _chosen_variants(entries: Any, names: Any) -> list[Any]:
     return [e for e in _listify(entries) if isinstance(e, dict) and e.get("name") in wanted]
 
 
+def _client_count(entry: Any) -> Any:
+    """The client count an entry of a `clients` axis (`10` or `{clients: 100, participation: 0.1}`) sets."""
+    return entry.get(CLIENTS_AXIS) if isinstance(entry, dict) else entry
+
+
+def _chosen_client_settings(entries: Any, value: Any) -> list[Any]:
+    """`--set clients=N` (or a list of counts): per count, the spec's own entries of the `clients`
+    axis with that count, whole (a paper's "100 clients" is its setting with 10% joining, not 100
+    clients training every round); a count the spec does not have is a new entry, as written (the
+    usual way to shrink a spec: `--set clients=4`). A mapping is always an entry as written
+    (`--set 'clients={clients: 100, participation: 1.0}'`)."""
+    offered = _listify(entries) if entries is not None else []
+    chosen: list[Any] = []
+    for wanted in _listify(value):
+        is_count = isinstance(wanted, int) and not isinstance(wanted, bool)
+        matching = [e for e in offered if _client_count(e) == wanted] if is_count else []
+        chosen.extend(matching or [wanted])
+    return chosen
+
+
 def _split_sets(sets: dict[str, Any], data: dict, origins: dict[str, str]) -> dict[str, Any]:
     """`--set` of a matrix axis, of a structured axis or with a list value replaces (or adds) that
     axis; `resources.*` sets a resource; anything else becomes a final, unconditional override
     (returned). Replaced axes are noted in `origins`. `variant=NAME` keeps the named entries of the
-    `variants` axis. `KEY+=VALUES` adds values to the matrix axis
+    `variants` axis; `clients=N` keeps the spec's entries for N clients, participation included
+    (`_chosen_client_settings`). `KEY+=VALUES` adds values to the matrix axis
     KEY (`--set 'algorithm+=[mine]'`: a plugin's method beside a spec's rows; `all` stays all)."""
     command_line = {}
     for key, value in sets.items():
@@ -512,6 +534,9 @@ def _split_sets(sets: dict[str, Any], data: dict, origins: dict[str, str]) -> di
         elif key == VARIANT_SELECTOR:
             data["matrix"][VARIANTS_AXIS] = _chosen_variants(data["matrix"].get(VARIANTS_AXIS), value)
             origins[VARIANTS_AXIS] = f"--set {VARIANT_SELECTOR}"
+        elif key == CLIENTS_AXIS:
+            data["matrix"][key] = _chosen_client_settings(data["matrix"].get(key), value)
+            origins[key] = f"--set {key}"
         elif key in STRUCTURED_AXES or key in data["matrix"] or isinstance(value, list):
             data["matrix"][key] = value
             origins[key] = f"--set {key}"

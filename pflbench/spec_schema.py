@@ -131,6 +131,10 @@ class PartitionEntry(SpecModel):
 
 
 class ClientSetting(SpecModel):
+    """A client count with how many of them join each round. `--set clients=N` keeps the spec's own
+    entries for N clients, participation included (a count the spec has no entry for is a new entry
+    with every client joining; a mapping is taken as written)."""
+
     clients: int = Field(ge=1)
     participation: float | None = Field(None, gt=0.0, le=1.0)
 

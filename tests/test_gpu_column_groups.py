@@ -61,7 +61,7 @@ def test_a_cell_that_left_early_bounds_the_rounds_the_group_timed():
 
 
 def test_the_cells_are_table1s_at_each_client_count():
-    """Picked from the spec, not `--set clients=100` (which drops the 10% joining): the paper's settings."""
+    """Picked from the spec's own cells (the 100-client setting with its 10% joining): the paper's settings."""
     ten = column_groups.column_cells(["fedavg"], 10, 5, "timed", None, None)
     hundred = column_groups.column_cells(["pfedme"], 100, 3, "projected", 30, 1)
     [(cell, every)] = ten

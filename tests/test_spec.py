@@ -348,6 +348,65 @@ def test_long_user_values_are_quoted_short(tmp_path):
         assert len(problem) < 1000
 
 
+# ---- `--set clients=N`: the spec's own client settings --------------------------------------------
+
+def test_set_clients_picks_the_specs_entries_for_that_count_participation_included():
+    everything = parse_spec(BASE).cells
+    six = parse_spec(BASE, sets={"clients": 6}).cells
+    assert {(c.clients, c.participation) for c in six} == {(6, 0.5)}
+    assert sorted(cell_hash(c) for c in six) == sorted(cell_hash(c) for c in everything if c.clients == 6)
+    both = parse_spec(BASE, sets={"clients": [6, 4]}).cells
+    assert sorted(cell_hash(c) for c in both) == sorted(cell_hash(c) for c in everything)
+
+
+def test_set_clients_with_a_count_or_mapping_the_spec_lacks_is_taken_as_written():
+    assert {(c.clients, c.participation) for c in parse_spec(BASE, sets={"clients": 5}).cells} == {(5, 1.0)}
+    written = parse_spec(BASE, sets={"clients": {"clients": 6, "participation": 1.0}}).cells
+    assert {(c.clients, c.participation) for c in written} == {(6, 1.0)}
+    # a later plain `--set participation` applies to the picked entries too
+    full = parse_spec(BASE, sets={"clients": 6, "participation": 1.0}).cells
+    assert sorted(cell_hash(c) for c in full) == sorted(cell_hash(c) for c in written)
+    assert "--set clients[0].clients: Input should be greater than or equal to 1 (got 0)" in errors(BASE, {"clients": 0})
+
+
+@pytest.mark.parametrize("scale", [None, "quick"])
+def test_table1_set_clients_100_plans_its_own_100_client_cells(scale):
+    """The paper's 100-client setting has 10% of the clients joining a round: `--set clients=100` keeps
+    that, so the planned cells are the full plan's 100-client cells, ids and all."""
+    path = Path(__file__).parents[1] / "benchmarks" / "table1.yaml"
+    own = [c for c in load_spec(path, scale=scale).cells if c.clients == 100]
+    picked = load_spec(path, sets={"clients": 100}, scale=scale).cells
+    assert own and {c.participation for c in picked} == {0.1}
+    assert sorted(cell_hash(c) for c in picked) == sorted(cell_hash(c) for c in own)
+
+
+@pytest.mark.parametrize("path", SHIPPED_SPECS, ids=[p.stem for p in SHIPPED_SPECS])
+def test_set_clients_of_each_shipped_count_gives_the_specs_own_cells(path):
+    if path.stem == "crosscheck-flbench" and not (path.parents[2] / "shared" / "crosscheck").is_dir():
+        pytest.skip("reads FL-bench's split from ../shared/crosscheck beside the checkout")
+    cells = load_spec(path).cells
+    for count in sorted({c.clients for c in cells}):
+        picked = load_spec(path, sets={"clients": count}).cells
+        assert sorted(cell_hash(c) for c in picked) == sorted(cell_hash(c) for c in cells if c.clients == count)
+
+
+def test_run_dry_run_set_clients_100_lists_the_10_percent_cells(monkeypatch, capsys):
+    import json
+
+    import torch
+
+    from pflbench.cli import main
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    spec = Path(__file__).resolve().parent.parent / "benchmarks" / "table1.yaml"
+    assert main(["run", str(spec), "--dry-run", "--json", "--results", "/nonexistent-store", "--set", "clients=100",
+                 "--set", "dataset=fmnist", "--set", "seed=0"]) == 0
+    cells = json.loads(capsys.readouterr().out)
+    assert len(cells) == 10
+    assert {(c["config"]["clients"], c["config"]["participation"], c["config"]["rounds"]) for c in cells} == {(100, 0.1, 2500)}
+
+
 # ---- the variants axis ----------------------------------------------------------------------------
 
 def _with_variants(variants, **matrix):

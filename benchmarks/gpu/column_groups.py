@@ -65,7 +65,7 @@ def column_cells(algorithms: list[str], clients: int, rounds: int, evaluation: s
 
     cells = []
     for algorithm in algorithms:
-        # the client count picked from the spec's cells, not set: `--set clients=100` would drop its 10% joining
+        # the client count picked from the spec's own cells (its 100-client setting has 10% joining)
         sets = {"dataset": "fmnist", "seed": 0, "algorithm": algorithm, "resources.gpus": 0}
         [cell] = [c for c in load_spec(REPO / "benchmarks" / "table1.yaml", sets=sets).cells if c.clients == clients]
         update: dict = {"eval_every": rounds if evaluation == "timed" else cell.rounds}

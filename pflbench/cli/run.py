@@ -25,8 +25,10 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     run.add_argument("spec", help="a spec file, e.g. benchmarks/demo.yaml (format: benchmarks/README.md)")
     run.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                      help="override a value for every cell (rounds=2, hp.mu=0.1), replace or add a matrix axis "
-                          "(seed=[0,1], algorithm=fedavg) or set a resource (resources.gpus=0.5); values are "
-                          "YAML; repeatable")
+                          "(seed=[0,1], algorithm=fedavg), pick the spec's entries of its clients axis "
+                          "(clients=100: the spec's 100-client setting, participation included) or of its "
+                          "variants (variant=NAME), or set a resource (resources.gpus=0.5); values are YAML; "
+                          "repeatable")
     run.add_argument("--scale", default=None,
                      help="one of the spec's scales (e.g. quick: benchmarks/README.md); default full, the spec as written")
     run.add_argument("--results", type=Path, default=Path("results"), help="results store (default: results)")
