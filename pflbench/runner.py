@@ -41,8 +41,9 @@ or a Ray worker or node that was lost. A lost worker's cell is retried up to `re
 is "failed") and resumes from its checkpoint. On Ray a cell's checkpoints go through a keeper actor on
 the driver's node into the driver's store (pflbench/checkpoint_relay.py), so a retry resumes from the
 last one on whichever node it lands, the lost node's included. A cell group's cells (pflbench/groups.py)
-are recorded each as it finishes, their results relayed to the driver while the group's other cells run
-(pflbench/result_relay.py). A finished or diverged cell's checkpoint is removed once its result is
+are recorded each as it finishes: on Ray their results are relayed to the driver while the group's
+other cells run (pflbench/result_relay.py); in-process each is written from its own thread
+(`GroupRecorder`). A finished or diverged cell's checkpoint is removed once its result is
 written (`keep_checkpoints` keeps it); a failed cell's is kept, so the next run continues it.
 """
 from __future__ import annotations
@@ -407,9 +408,11 @@ def run_in_process(cells: list[CellConfig], plan: Plan, options: RunOptions, sto
 def run_groups_in_process(cells: list[CellConfig], plan: Plan, options: RunOptions, store: Store, display: Display,
                           preemption: Preemption) -> None:
     """`run_in_process` with cell groups (pflbench.groups.form_groups): a group's cells are claimed
-    together, run together and recorded each as a cell alone is. On a preemption every running cell
-    stops at the end of its round with a checkpoint (the first cell to end its round ends the grace
-    deadline for the others, which end theirs in lock-step), and the run ends with one line naming each."""
+    together, run together and recorded each as a cell alone is, as soon as it finishes (`GroupRecorder`:
+    a cell of few rounds is in the store while its group's slower cells run, and a kill then loses only
+    those). On a preemption every running cell stops at the end of its round with a checkpoint (the
+    first cell to end its round ends the grace deadline for the others, which end theirs in lock-step),
+    and the run ends with one line naming each."""
     from pflbench.groups import form_groups
 
     for group in form_groups(cells):
@@ -417,8 +420,9 @@ def run_groups_in_process(cells: list[CellConfig], plan: Plan, options: RunOptio
             raise RunStopped(preempted_line(Preempted(cast(str, preemption.signal)), None,  # requested: a signal
                                             preemption.grace_seconds), PREEMPTED_EXIT)
         taken: list[CellConfig] = []
+        recorder = GroupRecorder(taken, store, options, display)
         try:
-            taken = [cell for cell in group if take(cell, store, options, display)]
+            taken += [cell for cell in group if take(cell, store, options, display)]
             if not taken:
                 continue
             for cell in taken:
@@ -426,19 +430,24 @@ def run_groups_in_process(cells: list[CellConfig], plan: Plan, options: RunOptio
             with preemption.cell_running():
                 outcome = execute_group(taken, plan.resources, options,
                                         [partial(display.update, cell) for cell in taken],
-                                        [partial(display.note, cell) for cell in taken], preemption)
-        except Preempted as stop:  # the grace deadline, inside a round: no cell of the group has a result
-            for cell in taken:
+                                        [partial(display.note, cell) for cell in taken], preemption,
+                                        on_finished=recorder.finished)
+        except Preempted as stop:  # the grace deadline, inside a round: no cell still running has a result
+            unfinished = recorder.close()
+            for cell in unfinished:
                 store.release(cell)
             raise RunStopped(f"preempted ({stop.signal}): " + "; ".join(stopped_cell(stop, cell, preemption.grace_seconds)
-                                                                        for cell in taken), PREEMPTED_EXIT) from None
+                                                                        for cell in unfinished), PREEMPTED_EXIT) from None
         except DiskFull as full:
-            for cell in taken:
+            for cell in recorder.close():
                 store.release(cell)
             raise RunStopped(disk_full_line(full, taken[0] if taken else None, store), DISK_FULL_EXIT) from None
+        recorder.close()
         preempted: list[str] = []
         first_full: tuple[BaseException, CellConfig] | None = None
         for i, (cell, result, stopped_by) in enumerate(zip(taken, outcome.results, outcome.stopped)):
+            if i in recorder.recorded and recorder.recorded[i] is None:
+                continue  # recorded as it finished
             if stopped_by is not None:
                 store.release(cell)  # no result: the next run continues it from its checkpoint
                 if isinstance(stopped_by, Preempted):
@@ -447,7 +456,10 @@ def run_groups_in_process(cells: list[CellConfig], plan: Plan, options: RunOptio
                     first_full = first_full or (stopped_by, cell)
                 continue
             try:
-                record(cell, result, store, options, display)
+                if i not in recorder.recorded:  # not handed on as it finished (the group itself failed)
+                    record(cell, result, store, options, display)
+                else:
+                    raise cast(Exception, recorder.recorded[i])  # recording it failed, on the cell's thread
             except DiskFull as error:
                 for rest in taken[i:]:
                     store.release(rest)
@@ -456,6 +468,40 @@ def run_groups_in_process(cells: list[CellConfig], plan: Plan, options: RunOptio
             raise RunStopped(disk_full_line(cast(DiskFull, first_full[0]), first_full[1], store), DISK_FULL_EXIT)
         if preempted:
             raise RunStopped(f"preempted ({preemption.signal}): " + "; ".join(preempted), PREEMPTED_EXIT)
+
+
+class GroupRecorder:
+    """Records the cells of an in-process group, each as it finishes (`finished`: `execute_group`'s
+    `on_finished`, on the cell's thread), as `record` records a cell alone: a cell of few rounds is in
+    the store, its checkpoint removed and its claim released while its group's slower cells still run,
+    so a run killed then resumes only those. A recording's error (a full disk) is kept for the caller,
+    which handles it once the group has ended (`recorded[i]`: None, or the error). Once `close`d (the
+    run stops), a cell finishing late is not recorded: its claim is given up and the next run
+    continues it from its checkpoint."""
+
+    def __init__(self, cells: list[CellConfig], store: Store, options: RunOptions, display: "Display") -> None:
+        import threading
+
+        self.cells, self.store, self.options, self.display = cells, store, options, display
+        self.recorded: dict[int, Exception | None] = {}
+        self.lock = threading.Lock()  # one recording at a time; `close` waits for one under way
+        self.closed = False
+
+    def finished(self, i: int, result: CellResult) -> None:
+        with self.lock:
+            if self.closed:
+                return
+            try:
+                record(self.cells[i], result, self.store, self.options, self.display)
+                self.recorded[i] = None
+            except Exception as error:
+                self.recorded[i] = error
+
+    def close(self) -> list[CellConfig]:
+        """No more recordings; the cells not recorded."""
+        with self.lock:
+            self.closed = True
+            return [cell for i, cell in enumerate(self.cells) if i not in self.recorded]
 
 
 def record(cell: CellConfig, result: CellResult, store: Store, options: RunOptions, display: "Display") -> None:

@@ -533,3 +533,135 @@ def test_sigterm_stops_a_group_on_ray_at_the_end_of_its_round_and_the_rerun_resu
     assert again.getvalue().count(f"resumed at round {at} of {rounds}") == 2, again.getvalue()
     for cell in plan.cells:
         assert_same_result(on_ray.results / cell_hash(cell), reference.results / cell_hash(cell))
+
+
+# ---- in-process groups record each cell as it finishes -------------------------------------------
+
+RECORDED_GATE_ROUND = 3  # the slow cell waits at the start of this round (its last checkpoint: the round before)
+FAST_AND_SLOW = '''
+import os
+import time
+from pathlib import Path
+
+from pflbench.algorithm import ALGORITHMS
+from pflbench.algorithms.fedavg import FedAvg
+
+GATE = Path({gate!r})
+
+
+@ALGORITHMS.register("test-in-process-fast-and-slow-fedavg")
+class FastAndSlowFedAvg(FedAvg):
+    """FedAvg that writes GATE/ran-<rounds>-<pid> when it starts round 1 (each time a cell is computed from
+    the start), and, in the cell of more than {round} rounds while GATE/armed exists, waits at the start
+    of round {round} after writing GATE/waiting-<pid> (the test kills the process there)."""
+
+    def configure(self, rnd):
+        rounds = self.engine.budget.rounds
+        if rnd.number == 1:
+            (GATE / f"ran-{{rounds}}-{{os.getpid()}}").touch()
+        if rounds > {round} and rnd.number == {round} and (GATE / "armed").exists():
+            (GATE / f"waiting-{{os.getpid()}}").touch()
+            deadline = time.monotonic() + 120
+            while (GATE / "armed").exists():
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the test never killed this process")
+                time.sleep(0.05)
+        return super().configure(rnd)
+'''
+
+
+def test_an_in_process_group_records_a_finished_cell_before_its_slower_cell_and_a_kill_loses_nothing(
+        tmp_path, fresh_plugins, monkeypatch):
+    """`pflbench run --no-ray --cell-groups on`, a 2-round and a 5-round cell in one group: the 2-round
+    cell's result is in the store while the 5-round one still runs; the process killed (SIGKILL) there,
+    the next run computes only the 5-round cell, from its checkpoint; the finished cell's summary is the
+    one written before the kill, and both cells' numbers are those of the cells run one by one."""
+    import io
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from checkpoint_helpers import TIMING_COLUMNS
+    from pflbench.groups import SUMMARY_KEYS
+    from pflbench.metrics import RUN_RECORD_KEYS
+    from pflbench.runner import RunOptions, run_plan
+    from pflbench.spec import load_spec
+    from pflbench.store import Store
+    from rich.console import Console
+
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    plugin = tmp_path / "fast_and_slow.py"
+    plugin.write_text(FAST_AND_SLOW.format(gate=str(gate), round=RECORDED_GATE_ROUND))
+    spec = tmp_path / "spec.json"  # JSON is YAML
+    spec.write_text(json.dumps({
+        "name": "fast-and-slow", "plugins": [str(plugin)],
+        "matrix": {"algorithm": ["test-in-process-fast-and-slow-fedavg"], "dataset": ["synthetic"],
+                   "partition": [{"scheme": "pathological", "params": {"classes_per_client": 3}}], "seed": [0, 1]},
+        "defaults": {"clients": 4, "rounds": 5, "lr": 0.05, "eval_every": 2, "dataset_options": {"num_samples": 600}},
+        "overrides": [{"when": {"seed": 0}, "set": {"rounds": 2}}]}))
+    env = {**os.environ, "PFLBENCH_DATA": str(tmp_path / "data"), "PFLBENCH_DATA_MIRROR": str(tmp_path / "no-mirror"),
+           "OMP_NUM_THREADS": "1"}
+    monkeypatch.setenv("PFLBENCH_DATA_MIRROR", env["PFLBENCH_DATA_MIRROR"])  # the in-process runs: no mirror either
+    plan = load_spec(spec)
+    fast, slow = sorted(plan.cells, key=lambda cell: cell.seed)
+    assert (fast.rounds, slow.rounds) == (2, 5)
+    reference = RunOptions(results=tmp_path / "alone", data_root=tmp_path / "data", use_ray=False,
+                           execution=ExecutionOptions(client_batching="on", cell_groups="off"))
+    assert run_plan(plan, reference, Console(file=io.StringIO())).exit_code == 0  # the gate is not armed
+    for ran in gate.glob("ran-*"):
+        ran.unlink()
+
+    (gate / "armed").touch()
+    grouped = tmp_path / "grouped"
+    store = Store(grouped)
+    arguments = ["run", str(spec), "--results", str(grouped), "--root", str(tmp_path / "data"), "--no-ray",
+                 "--cell-groups", "on", "--client-batching", "on", "--checkpoint-every", "1",
+                 "--checkpoint-minutes", "0"]
+    process = subprocess.Popen([sys.executable, "-c", "import sys; from pflbench.cli import main; "
+                                "sys.exit(main(sys.argv[1:]))", *arguments],
+                               env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 60
+    try:
+        while not list(gate.glob("waiting-*")) or store.status(fast) != "finished":
+            if time.monotonic() > deadline or process.poll() is not None:
+                break
+            time.sleep(0.05)
+        else:
+            [waiting] = gate.glob("waiting-*")
+            assert int(waiting.name.split("-")[1]) == process.pid
+            fast_summary = (store.cell_dir(fast) / "summary.json").read_bytes()
+            assert store.status(slow) is None and not store.checkpoint_path(fast).exists()
+            ran = sorted(path.name for path in gate.glob("ran-*"))
+            assert ran == [f"ran-{fast.rounds}-{process.pid}", f"ran-{slow.rounds}-{process.pid}"]
+    finally:
+        process.send_signal(signal.SIGKILL)  # no chance to clean up (a no-op where it has ended)
+        printed = process.communicate()[0]
+    if time.monotonic() > deadline or process.returncode != -signal.SIGKILL:
+        pytest.fail(f"the fast cell's result never reached the store while the slow cell waited:\n{printed}")
+    (gate / "armed").unlink()
+
+    again = RunOptions(results=grouped, data_root=tmp_path / "data", use_ray=False, checkpoint_every=1,
+                       checkpoint_minutes=0, execution=ExecutionOptions(client_batching="on", cell_groups="on"))
+    output = io.StringIO()
+    report = run_plan(load_spec(spec), again, Console(file=output, width=300))
+    assert report.exit_code == 0 and report.ran == 1, output.getvalue()
+    assert sorted(path.name for path in gate.glob("ran-*")) == ran  # nothing computed from round 1 again
+    assert (store.cell_dir(fast) / "summary.json").read_bytes() == fast_summary  # written once
+    assert store.summary(slow)["resumed_from_round"] == RECORDED_GATE_ROUND - 1
+    alone = Store(reference.results)
+    volatile = RUN_RECORD_KEYS | {"train_time_total", "server_time_total", "eval_time_total"} | set(SUMMARY_KEYS)
+    for cell in (fast, slow):
+        assert store.status(cell) == "finished" and not store.checkpoint_path(cell).exists()
+        one, grouped_summary = alone.summary(cell), store.summary(cell)
+        assert {k: v for k, v in one.items() if k not in volatile} == \
+               {k: v for k, v in grouped_summary.items() if k not in volatile | {"resumed_from_round"}}
+        for name in ("metrics.parquet", "rounds.parquet"):
+            a = pd.read_parquet(store.cell_dir(cell) / name)
+            b = pd.read_parquet(alone.cell_dir(cell) / name)
+            columns = [c for c in a.columns if c not in TIMING_COLUMNS]
+            pd.testing.assert_frame_equal(a[columns], b[columns], check_exact=True)
+    assert store.summary(fast)["cell_group_cells"] == 2
