@@ -545,6 +545,14 @@ def with_privacy(algorithm: Algorithm[Any], fed: Federation | None = None) -> Al
     Federation (default: the one the algorithm was built with). Called once, where the cell's method is
     built (`pflbench.cell_method`)."""
     fed = fed if fed is not None else cast("Federation", algorithm.engine)
-    if fed.privacy is None or isinstance(algorithm, DifferentiallyPrivate) or algorithm.dp_upload not in ("model", "update"):
+    if not would_wrap(algorithm, fed):
         return algorithm
     return DifferentiallyPrivate.wrapping(type(algorithm))(algorithm, fed)
+
+
+def would_wrap(algorithm: Algorithm[Any], fed: Federation) -> bool:
+    """Whether `with_privacy(algorithm, fed)` wraps `algorithm`: the cell's knob is on, the method's
+    upload is a model or an update, and it is not wrapped already. True for a method built by hand for
+    a cell with privacy: the round driver refuses it (`pflbench.cell_method.check_cell_method`)."""
+    return (fed.privacy is not None and not isinstance(algorithm, DifferentiallyPrivate)
+            and algorithm.dp_upload in ("model", "update"))

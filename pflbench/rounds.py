@@ -34,7 +34,7 @@ from torch import Tensor
 
 from pflbench import streams
 from pflbench.algorithm import Algorithm, get_algorithm
-from pflbench.cell_method import cell_method
+from pflbench.cell_method import cell_method, check_cell_method
 from pflbench.config import CellConfig
 from pflbench.execution import ExecutionOptions
 from pflbench.federation import EVALUATED, Federation, federation_device
@@ -153,8 +153,10 @@ def run_round(algorithm: Algorithm, rnd: int, clients: Tensor, timing: dict | No
     what was sent down and what the clients sent up (the uploads lost to `system.dropout` marked, and
     counted 0 bytes). Only the uploads that arrived are aggregated, and nothing when none did. `timing`,
     if given, gets the seconds of local training ("train"); the other hooks are the server's share.
-    `fed`: the cell's Federation (default: the one the algorithm was built with, its `engine`)."""
+    `fed`: the cell's Federation (default: the one the algorithm was built with, its `engine`). A method
+    that a knob of the cell would wrap, built by hand, is refused (`check_cell_method`, as `run_rounds`)."""
     fed = fed if fed is not None else cast(Federation, algorithm.engine)
+    check_cell_method(algorithm, fed)
     context = fed.round(rnd, clients)
     download = algorithm.configure(context)
     configured = with_server(algorithm, fed, context.with_download(download))
@@ -243,8 +245,8 @@ def run_rounds(fed: Federation, algorithm: Algorithm, on_round: Callable[[dict],
                checkpointer: RoundCheckpointer | None = None, stop_after: int | None = None,
                set_up: bool = False) -> CellResult:
     """The cell's rounds of `algorithm`, the cell's method as `build_cell` builds it (a method built by
-    hand runs without the knobs that wrap a method: `pflbench.cell_method.cell_method` builds it as the
-    cell runs it), with every client's personalized model evaluated on the `evaluate` splits
+    hand that a knob of the cell would wrap is refused before anything runs, naming what builds it as
+    the cell runs it: `pflbench.cell_method.check_cell_method`), with every client's personalized model evaluated on the `evaluate` splits
     every eval_every rounds (columns of a split not evaluated are NaN). With the cell's
     `finetune_epochs` > 0 the same models are also scored after local adaptation (`*_adapted`
     columns; `Algorithm.adapt_locally`), which never feeds back into training; its seconds are counted
@@ -258,6 +260,7 @@ def run_rounds(fed: Federation, algorithm: Algorithm, on_round: Callable[[dict],
     run's), so their metrics are the full run's first rounds (`pflbench verify --rounds`); the summary
     says `stopped_after`. `set_up`: the algorithm's `setup` has run already (`pflbench.groups`)."""
     evaluate = check_evaluated(evaluate)
+    check_cell_method(algorithm, fed)  # a method built by hand that the cell's knobs would wrap: refused
     cell = fed.cell
     if not set_up:
         algorithm.setup()

@@ -215,6 +215,25 @@ def test_a_branch_without_changes_repeats_the_stored_rounds(branched):
     assert changed["changes"] == ["hp.beta=0.01"] and len(changed["differences"]) >= 1
 
 
+def test_a_branch_of_a_privacy_cell_probes_the_wrapped_methods_shared_model(tmp_path):
+    """A cell with privacy runs its method wrapped (pflbench.privacy.DifferentiallyPrivate), which
+    delegates hooks, not attributes: the branch reads `global_state` (and knows Per-FedAvg) through the
+    wrapper, and repeats the stored rounds from the checkpoint, the privacy plan's state included."""
+    from pflbench.spec import load_spec
+
+    (tmp_path / "spec.yaml").write_text(BRANCH_SPEC.replace("hp: {beta: 0.05}}",
+                                                            "hp: {beta: 0.05}, privacy: {epsilon: 8.0, clip: 0.05}}"))
+    options = RunOptions(results=tmp_path / "store", data_root=tmp_path / "data", use_ray=False, checkpoint_every=3,
+                         keep_checkpoints=True)
+    assert run_plan(load_spec(tmp_path / "spec.yaml"), options, Console(file=io.StringIO())).exit_code == 0
+    folder = next(f for f in (tmp_path / "store").iterdir() if (f / "summary.json").is_file())
+    assert json.loads((folder / "config.json").read_text())["cell"]["privacy"]["epsilon"] == 8.0
+    found = _branch(tmp_path, folder, "private", "--power-steps", "2")
+    assert found["differences"] == [] and [e["round"] for e in found["evaluations"]] == [4, 6]
+    assert [p["round"] for p in found["probes"]] == [3, 4, 5, 6]
+    assert all(p["moved"] > 0 for p in found["probes"][1:]) and "delivered_test_accuracy" in found["probes"][0]
+
+
 def test_the_curvature_probe_finds_the_hessians_top_eigenvalue(branched):
     """Against the exact Hessian of one client's train loss (the synthetic cell's small model, 8,714
     parameters): its two extreme eigenvalues by Lanczos (scipy's eigsh) on exact float64 Hessian-vector

@@ -9,6 +9,7 @@ import inspect
 from pathlib import Path
 
 import pytest
+import torch
 from torch import nn
 
 from cells import federation as make_federation, small_cell
@@ -141,6 +142,35 @@ def test_a_method_that_privatizes_itself_is_not_wrapped(tmp_path):
     assert with_privacy(method, fed) is method
     assert cell_method(PrivatizesItself, fed.cell, fed) is not method
     assert type(cell_method(PrivatizesItself, fed.cell, fed)) is PrivatizesItself
+
+
+def test_the_round_driver_refuses_a_hand_built_method_of_a_cell_with_privacy(tmp_path):
+    """A method built by hand (`cls(fed, hp)`) for a cell with privacy would upload unprivatized: the
+    driver refuses it before the method is set up or any round runs, naming what to call instead; the
+    same method built as the cell runs it (`cell_method`) runs, and so does the hand-built one where the
+    knob is off or the method privatizes its uploads itself."""
+    from pflbench.cell_method import NotTheCellsMethod, check_cell_method
+
+    fedavg = get_algorithm("fedavg")
+    fed = make_federation(small_cell(rounds=1, **PRIVATE), tmp_path)
+    by_hand = fedavg(fed, fedavg.parse_hyperparams({}))
+    expected = (r"the cell has privacy on \(privacy\.clip=0\.05, privacy\.epsilon=8\.0\), but its method FedAvg was "
+                r"built without the privacy wrapper, so its uploads would leave the clients unprivatized: build the "
+                r"method with pflbench\.cell_method\.cell_method\(FedAvg, cell, fed\)")
+    with pytest.raises(NotTheCellsMethod, match=expected):
+        rounds.run_rounds(fed, by_hand)
+    assert not hasattr(by_hand, "global_state")  # refused before its setup
+    with pytest.raises(NotTheCellsMethod, match=r"or wrap this one with pflbench\.privacy\.with_privacy\(method, fed\)"):
+        rounds.run_round(by_hand, 1, torch.as_tensor(fed.schedule[0]))  # one round, driven by hand
+    result = rounds.run_rounds(fed, cell_method(fedavg, fed.cell, fed))
+    assert result.status == "finished" and result.summary["privacy_epsilon_max"] is not None
+
+    class PrivatizesItself(fedavg):
+        dp_upload = "self"
+
+    check_cell_method(PrivatizesItself(fed, PrivatizesItself.parse_hyperparams({})), fed)  # not refused
+    off = make_federation(small_cell(rounds=1), tmp_path)
+    assert rounds.run_rounds(off, fedavg(off, fedavg.parse_hyperparams({}))).status == "finished"
 
 
 def test_the_round_driver_imports_nothing_of_privacy():

@@ -123,7 +123,9 @@ class Probe:
     # -- the probes --
     @staticmethod
     def _shared(algorithm) -> dict | None:
-        state = getattr(algorithm, "global_state", None)
+        from pflbench.cell_method import unwrapped
+
+        state = getattr(unwrapped(algorithm), "global_state", None)  # the method's, under a privacy cell's wrapper
         return None if state is None else {n: t.detach().clone() for n, t in state.items()}
 
     def probe(self, rnd: int, fed, algorithm) -> None:
@@ -145,7 +147,9 @@ class Probe:
             grad_norm, sharpness = curvature(fed, expanded, self.power_steps)
         row["grad_norm"] = grad_norm.tolist()
         row["sharpness"] = sharpness.tolist()
-        if type(algorithm).__name__ == "PerFedAvg":
+        from pflbench.cell_method import unwrapped
+
+        if type(unwrapped(algorithm)).__name__ == "PerFedAvg":
             delivered = algorithm.personalized()
             row["step_norm"] = (flat(delivered, names) - flat(expanded, names)).norm(dim=1).tolist()
             for split in ("train", "test"):
@@ -238,11 +242,14 @@ def write_light(checkpoint: Path, out: Path) -> None:
 
 def probe_snapshots(paths: list[Path], fed, algorithm, probe: "Probe") -> None:
     """Probe each snapshot's shared model at its round, in round order (no round is run)."""
+    from pflbench.cell_method import unwrapped
+
     algorithm.setup()
+    method = unwrapped(algorithm)  # the attributes are the method's, under a privacy cell's wrapper
     for path in sorted(paths):
         snapshot = torch.load(path, map_location=fed.device, weights_only=False)
         for name, value in snapshot["attributes"].items():
-            setattr(algorithm, name, value)
+            setattr(method, name, value)
         probe.probe(snapshot["round"], fed, algorithm)
 
 
