@@ -30,7 +30,7 @@ test: install
 	$(BIN)/python -m pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadscope)
 
 # Lint: ruff's checks everywhere; ruff's formatting on the public method API; mypy on the public method
-# API and the built-in algorithms (algorithms/; pyproject.toml's [tool.mypy] files).
+# API and the built-in algorithms (pflbench/algorithms/; pyproject.toml's [tool.mypy] files).
 PUBLIC_API := pflbench/algorithm.py pflbench/card.py pflbench/capabilities.py pflbench/streams.py \
               pflbench/round_context.py pflbench/payload.py pflbench/serving.py pflbench/deprecation.py \
               pflbench/engine.py pflbench/fedavg.py
