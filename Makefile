@@ -29,8 +29,8 @@ TEST_WORKERS ?= 3
 test: install
 	$(BIN)/python -m pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadscope)
 
-# Lint: ruff's checks everywhere; ruff's formatting on the public method API; mypy on the public method
-# API and the built-in algorithms (algorithms/; pyproject.toml's [tool.mypy] files).
+# Lint: ruff's checks everywhere; ruff's formatting on the public method API; mypy on the whole package,
+# pflbench/ (the built-in algorithms and partition schemes included; pyproject.toml's [tool.mypy]).
 PUBLIC_API := pflbench/algorithm.py pflbench/card.py pflbench/capabilities.py pflbench/streams.py \
               pflbench/round_context.py pflbench/payload.py pflbench/serving.py pflbench/deprecation.py \
               pflbench/engine.py pflbench/fedavg.py

@@ -1,2 +1,2 @@
-"""The specs shipped with pflbench: this folder is installed as the package data of
-`pflbench.benchmarks` (see setup.py); `pflbench.resources` finds a spec here by name."""
+"""The specs shipped with pflbench: this folder is installed as the data package `pflbench.benchmarks`
+(pyproject.toml's [tool.setuptools]); `pflbench.resources` finds a spec here by name."""

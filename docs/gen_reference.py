@@ -14,7 +14,7 @@ Each page is made from what pflbench itself reads at run time:
 - studies.md     every published study (results/published/*/manifest.json);
 - api.md         the public method API (mkdocstrings renders the modules' docstrings).
 
-It also copies the repository's other write-ups (benchmarks/README.md, algorithms/README.md, ...) under
+It also copies the repository's other write-ups (benchmarks/README.md, pflbench/algorithms/README.md, ...) under
 docs/repo/ (git-ignored too), so the site shows them as they are in the repository.
 """
 from __future__ import annotations
@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 # Markdown files of the repository shown on the site as they are (their links are rewritten by docs/hooks.py).
 MIRRORED = ("benchmarks/README.md", "benchmarks/speed/README.md", "benchmarks/reference/README.md",
-            "algorithms/README.md")
+            "pflbench/algorithms/README.md")
 # The public method API (the Makefile's PUBLIC_API): what a plugin subclasses and may call.
 PUBLIC_MODULES = ("pflbench.algorithm", "pflbench.engine", "pflbench.card", "pflbench.capabilities",
                   "pflbench.round_context", "pflbench.payload", "pflbench.serving", "pflbench.streams",
@@ -364,7 +364,7 @@ def api_page() -> str:
     out = [HEADER + "# The method API", "",
            "What a method (a built-in or your plugin) subclasses and may call: these modules' docstrings, "
            "rendered. Anything else of the engine is not handed to a method. A worked example: "
-           "[algorithms/README.md](../repo/algorithms/README.md).", ""]
+           "[pflbench/algorithms/README.md](../repo/pflbench/algorithms/README.md).", ""]
     for module in PUBLIC_MODULES:
         out += [f"## `{module}`", "", f"::: {module}", "    options:", "      show_root_heading: false",
                 "      heading_level: 3", ""]

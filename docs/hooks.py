@@ -1,7 +1,7 @@
 """MkDocs hook: links written for the repository also work on the site, and a broken one fails the build.
 
 The docs pages, and the write-ups copied under docs/repo/ by docs/gen_reference.py, link to files as the
-repository lays them out (`../benchmarks/README.md`, `../../algorithms/pfedla.py`), so they read right on
+repository lays them out (`../benchmarks/README.md`, `../../pflbench/algorithms/pfedla.py`), so they read right on
 GitHub too. Here, each relative link is resolved against the file's place in the repository:
 
 - a page of the site (under docs/, or a write-up mirrored under docs/repo/) becomes a link to that page;

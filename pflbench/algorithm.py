@@ -55,7 +55,7 @@ adaptation) have the engine's defaults; `newcomer_models` is needed only for cel
 clients (a method without it is refused them before anything runs). FedAvg is one base among others
 (`pflbench.fedavg.FedAvg`): a global model, each client's copy of its local part
 (`is_local`), and the uploads' `weighted_mean`; FedBN, FedPer, Local, FedProx, Ditto, ... extend it,
-pFedHN, pFedLA, FedMN and MH-pFedHN extend `Algorithm` directly. See `algorithms/README.md`.
+pFedHN, pFedLA, FedMN and MH-pFedHN extend `Algorithm` directly. See `pflbench/algorithms/README.md`.
 """
 
 from __future__ import annotations

@@ -122,17 +122,22 @@ def _source_digest(files: tuple[tuple[str, str], ...]) -> str:
     return digest.hexdigest()
 
 
+# Folders of pflbench/ whose files are not part of the code version unless the algorithm's classes live there.
+UNVERSIONED = ("reports", "partitions")
+
+
 def source_files(algorithm_cls: type) -> dict[str, Path]:
     """The source files that run a cell of `algorithm_cls`, by a name that does not depend on where the
     checkout lives ("pflbench/runner.py", "algorithms/fedavg.py", a plugin's file name): a checkpoint
-    written on one node resumes on another whose checkout is elsewhere."""
-    import pflbench.algorithms as algorithms
+    written on one node resumes on another whose checkout is elsewhere. The built-in algorithms
+    (pflbench/algorithms/) are named "algorithms/<file>", and the partition schemes are not included,
+    as when those folders were at the repository's top level: the names and so the version of the same
+    code are unchanged, and checkpoints written before the move resume."""
     import pflbench
 
-    roots = {"pflbench": Path(pflbench.__file__).parent.resolve(),
-             "algorithms": Path(algorithms.__file__).parent.resolve()}
-    paths = {p.resolve() for p in roots["pflbench"].rglob("*.py") if "reports" not in p.relative_to(roots["pflbench"]).parts}
-    paths |= {p.resolve() for p in roots["algorithms"].rglob("*.py")}
+    package = Path(pflbench.__file__).parent.resolve()
+    roots = {"algorithms": package / "algorithms", "pflbench": package}  # the first that holds a file names it
+    paths = {p.resolve() for p in package.rglob("*.py") if p.relative_to(package).parts[0] not in UNVERSIONED}
     for cls in inspect.getmro(algorithm_cls):
         try:
             paths.add(Path(inspect.getfile(cls)).resolve())

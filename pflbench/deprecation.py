@@ -51,14 +51,8 @@ _NOTICES = _Notices()
 
 
 def _own_prefixes() -> tuple[str, ...]:
-    """The folders of pflbench's own code: the package and the built-ins (a checkout's algorithms/ and
-    partitions/ are imported as pflbench.algorithms and pflbench.partitions)."""
-    folders = [Path(__file__).resolve().parent]
-    for name in ("pflbench.algorithms", "pflbench.partitions"):
-        location = getattr(sys.modules.get(name), "__file__", None)
-        if location:
-            folders.append(Path(location).resolve().parent)
-    return tuple(str(folder) + "/" for folder in folders)
+    """The folder of pflbench's own code: the package, the built-in algorithms and partitions included."""
+    return (str(Path(__file__).resolve().parent) + "/",)
 
 
 def _is_own(frame: FrameType, own: tuple[str, ...], stdlib: str) -> bool:

@@ -9,7 +9,7 @@ the uploads.
 
 It lives in the engine's package, beside `Algorithm`, because a base a method extends is part of the
 method API (typed, documented, importable as `pflbench.fedavg` wherever pflbench is installed);
-algorithms/fedavg.py registers it under its name, "fedavg", with its card and its paper.
+pflbench/algorithms/fedavg.py registers it under its name, "fedavg", with its card and its paper.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ class FedAvg(Algorithm[HP]):
     """A global model ([1, ...] per tensor, `global_state`), every client's copy ([N, ...],
     `client_state`: its latest trained model, whose `is_local` part it keeps), the sample-weighted mean of
     the uploads (`weighted_mean`). Generic over the hyperparameters like `Algorithm`
-    (`class FedPer(FedAvg[FedPerHP])`). Registered as "fedavg" by algorithms/fedavg.py."""
+    (`class FedPer(FedAvg[FedPerHP])`). Registered as "fedavg" by pflbench/algorithms/fedavg.py."""
 
     # What rounds change (pflbench.algorithm, checkpoints); a subclass extends it: (*FedAvg.state, ...).
     state: ClassVar[tuple[str, ...]] = ("global_state", "client_state")

@@ -1,6 +1,6 @@
 """Non-IID partitions: which samples each client holds, and each client's train/val/test splits.
 
-A scheme (`partitions/<scheme>.py`, registered in `PARTITIONS`) only decides which sample indices each
+A scheme (`pflbench/partitions/<scheme>.py`, registered in `PARTITIONS`) only decides which sample indices each
 client gets (`Partitioner.assign`). Everything shared lives here: parameter validation, the per-client
 stratified train/val/test split, the on-disk cache that makes every algorithm of a matrix see
 identical splits, and the label-count table and plot used to inspect a partition.

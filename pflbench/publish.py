@@ -7,7 +7,7 @@ store that run wrote into a store of its own, slimmed, with a `manifest.json` be
     command      the `pflbench run ...` that made it; spec, scale, sets: its parts
     commit       the pflbench git commit the cells ran with (each cell records it: pflbench/cost.py;
                  for cells from before that record, the checkout's commit when publishing), and `dirty`:
-                 whether pflbench/, algorithms/ or partitions/ had uncommitted changes. Cells run by
+                 whether pflbench/ (the built-in algorithms and partitions included) had uncommitted changes. Cells run by
                  different commits, or by uncommitted code, are refused (--allow-dirty publishes them,
                  and the manifest says so)
     versions     pflbench, torch, Python
@@ -65,7 +65,7 @@ PUBLISHED = Path("results") / "published"
 KEPT_FILES = (CONFIG, METRICS, ROUNDS, ERROR)  # the summary is written last, after the artifacts
 # Artifact names (without their _roundNNNNN suffix) that the reports read: pflbench/reports/build.py.
 REPORTED_ARTIFACTS = ("alpha", "alpha_layers", "affinity", "weights")
-CODE_DIRS = ("pflbench", "algorithms", "partitions")
+CODE_DIRS = ("pflbench",)
 REPO = Path(__file__).resolve().parents[1]  # the checkout this pflbench runs from
 
 

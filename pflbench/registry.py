@@ -1,6 +1,6 @@
 """Name -> object registries filled by decorators (the timm pattern).
 
-`algorithms/`, `partitions/`, datasets and models each keep one `Registry`; `pflbench list` reads them.
+`pflbench/algorithms/`, `pflbench/partitions/`, datasets and models each keep one `Registry`; `pflbench list` reads them.
 
 Built-ins and plugins (a user's own algorithms, datasets, partition schemes and models: pflbench/plugins.py)
 go into the same registries. Each entry remembers where it came from (`origin`: None for a built-in,

@@ -1,7 +1,8 @@
 """Files shipped with pflbench: the specs, reference numbers and tuned configurations of benchmarks/.
 
-In a checkout they are the repository's benchmarks/ folder; installed (a wheel), the same folder is the
-package data of `pflbench.benchmarks` (setup.py). So `pflbench run table1` (a spec by name) and
+They stay in the repository's benchmarks/ folder, where users run them by path and published studies
+name them; that folder is installed as the data package `pflbench.benchmarks` (pyproject.toml's
+[tool.setuptools]: from a checkout's editable install it is the checkout's folder, from a wheel its copy). So `pflbench run table1` (a spec by name) and
 `pflbench run benchmarks/table1.yaml` work from any directory; a spec file that exists where it is
 given is always used first.
 """

@@ -25,6 +25,10 @@ from pathlib import Path
 from string import Template
 
 TEMPLATES = Path(__file__).parent / "scaffold_templates"
+# The built-ins' folders: every module in them is imported as a built-in (a written test file too), so the
+# scaffold's plugin and test go elsewhere; a built-in is added by hand (pflbench/algorithms/README.md).
+BUILTIN_FOLDERS = {Path(__file__).resolve().parent / "algorithms": "algorithms",
+                   Path(__file__).resolve().parent / "partitions": "partition schemes"}
 # Registered in lowercase, like the built-ins (fedavg, lg-fedavg, mh-pfedhn): FedAvgM is registered as fedavgm.
 NAME = re.compile(r"^[A-Za-z][A-Za-z0-9]*(-[A-Za-z0-9]+)*$")
 
@@ -299,6 +303,11 @@ def write_scaffold(kind: str, name: str, out: Path, base: str = "fedavg", force:
         raise ScaffoldError(f"unknown kind {kind!r}; allowed: algorithm, partition")
     if kind == "algorithm" and base not in BASES:
         raise ScaffoldError(f"--from {base!r} is not a starting point; allowed: {', '.join(sorted(BASES))}")
+    builtins = BUILTIN_FOLDERS.get(Path(out).resolve())
+    if builtins is not None:
+        raise ScaffoldError(f"{out} is the folder of pflbench's built-in {builtins}, where every module is imported "
+                            f"as one; write the plugin and its test into a folder of your own (--out, default: here), "
+                            f"or add a built-in by hand (pflbench/algorithms/README.md)")
     check_name(kind, name)
     values = identifiers(name, kind, display_name)
     plugin, test = Path(out) / values["module_file"], Path(out) / values["test_file"]

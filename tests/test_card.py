@@ -104,7 +104,7 @@ def test_every_quick_hp_is_a_valid_setting_of_its_algorithm():
 
 
 def test_the_built_ins_use_the_card_and_name_themselves_once():
-    for path in sorted((ROOT / "algorithms").glob("[!_]*.py")):
+    for path in sorted((ROOT / "pflbench" / "algorithms").glob("[!_]*.py")):
         text = path.read_text()
         assert not re.search(r"^    (name|display_name|family|paper|row_order|batched|refused_knobs) = ", text, re.M), path
 

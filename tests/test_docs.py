@@ -8,7 +8,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_algorithm_docstrings_point_to_their_measurements_and_carry_none():
-    for path in sorted((ROOT / "algorithms").glob("[!_]*.py")):
+    for path in sorted((ROOT / "pflbench" / "algorithms").glob("[!_]*.py")):
         doc = ast.get_docstring(ast.parse(path.read_text())) or ""
         assert not re.search(r"load average|20\d\d-\d\d-\d\d", doc), f"{path.name}: measurements go to docs/algorithms/"
         for page in re.findall(r"docs/algorithms/[\w-]+\.md", doc):

@@ -163,11 +163,11 @@ def test_worked_example_in_algorithms_readme_runs(tmp_path, monkeypatch):
 
     from pflbench.algorithm import ALGORITHMS, get_algorithm
 
-    text = (Path(__file__).parents[1] / "algorithms" / "README.md").read_text()
+    text = (Path(__file__).parents[1] / "pflbench" / "algorithms" / "README.md").read_text()
     code = re.search(r"```python\n(.*?)```", text, re.S).group(1)
     get_algorithm("fedavg")  # the built-ins first, so the copy below holds them
     monkeypatch.setattr(ALGORITHMS, "_entries", dict(ALGORITHMS._entries))  # registration undone after the test
-    exec(compile(code, "algorithms/README.md", "exec"), {})
+    exec(compile(code, "pflbench/algorithms/README.md", "exec"), {})
     fedavg = run_cell(_cell(rounds=2), data_root=tmp_path)
     prox0 = run_cell(_cell(rounds=2, algorithm="myprox", hp={"mu": 0.0}), data_root=tmp_path)
     prox = run_cell(_cell(rounds=2, algorithm="myprox", hp={"mu": 10.0}), data_root=tmp_path)

@@ -1,6 +1,8 @@
 """`pip install` of a built wheel gives a working `pflbench` outside the checkout: the built-in
-algorithms, partitions, specs and report templates come with it, inside the pflbench namespace (no
-top-level `algorithms` or `partitions` in site-packages), and a user's plugin file runs beside them.
+algorithms and partitions (pflbench/algorithms, pflbench/partitions), the specs of benchmarks/ (the data
+package `pflbench.benchmarks`) and the report templates come with it, all inside the pflbench namespace
+(no top-level `algorithms`, `partitions` or `benchmarks` in site-packages), every module of pflbench/ is
+in it (pyproject.toml lists the packages), and a user's plugin file runs beside them.
 
 Offline: the wheel is built without build isolation and installed with `--no-deps --no-index` into a
 fresh virtual environment that sees this environment's packages (torch, Ray, ...) through a .pth
@@ -70,8 +72,14 @@ def test_the_wheel_holds_the_package_and_its_data_inside_the_pflbench_namespace(
     assert tops == {"pflbench", next(t for t in tops if t.endswith(".dist-info"))}, tops
     for shipped in ("pflbench/algorithms/fedavg.py", "pflbench/partitions/dirichlet.py", "pflbench/benchmarks/table1.yaml",
                     "pflbench/benchmarks/sweeps/default.yaml", "pflbench/benchmarks/reference/pfedla_table1.csv",
-                    "pflbench/reports/templates/index.html", "pflbench/scaffold_templates/algorithm.py.tmpl"):
+                    "pflbench/reports/templates/index.html", "pflbench/scaffold_templates/algorithm.py.tmpl",
+                    "pflbench/algorithms/README.md", "pflbench/benchmarks/tuned/README.md"):
         assert shipped in names
+    # every module of the package (a new subpackage must be added to pyproject.toml's list)
+    modules = {p.relative_to(REPO).as_posix() for p in (REPO / "pflbench").rglob("*.py")}
+    assert modules - set(names) == set()
+    # the benchmarks' scripts (gpu/, analysis/, speed/) are not installed
+    assert not [n for n in names if n.startswith(("pflbench/benchmarks/gpu/", "pflbench/benchmarks/analysis/"))]
 
 
 def test_the_installed_pflbench_runs_a_spec_and_a_plugin_from_an_empty_directory(installed, tmp_path):

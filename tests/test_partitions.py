@@ -1,4 +1,4 @@
-"""Partition schemes and the per-client train/val/test splits (pflbench.partitioning, partitions/)."""
+"""Partition schemes and the per-client train/val/test splits (pflbench.partitioning, pflbench/partitions/)."""
 from __future__ import annotations
 
 import time

@@ -51,6 +51,18 @@ def test_a_scaffold_refuses_a_taken_or_malformed_name_and_existing_files(tmp_pat
     assert not list(tmp_path.glob("*.pyc")) and not (tmp_path / "stripes").exists()
 
 
+def test_a_scaffold_refuses_the_built_ins_folders(capsys):
+    """A scaffold is a plugin and its test: in pflbench/algorithms or pflbench/partitions the package would
+    import the test file as a built-in, so the scaffold says so and writes nothing."""
+    package = Path(__file__).resolve().parents[1] / "pflbench"
+    for kind, folder in (("algorithm", "algorithms"), ("partition", "partitions")):
+        before = sorted(p.name for p in (package / folder).iterdir())
+        assert main(["new", kind, "my-thing", "--out", str(package / folder)]) == 2
+        err = capsys.readouterr().err
+        assert f"new {kind}: " in err and "is the folder of pflbench's built-in" in err and "--out" in err
+        assert sorted(p.name for p in (package / folder).iterdir()) == before
+
+
 def test_the_scaffold_writes_the_hooks_in_their_current_form(tmp_path):
     """The written methods use the round's context (no DeprecationWarning when loaded) and annotate it;
     their hyperparameters are the class's generic argument (`self.hp` is typed)."""

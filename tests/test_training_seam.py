@@ -121,7 +121,7 @@ def test_fedmn_steps_by_the_engine_rule_and_leaves_parameters_without_a_gradient
 def test_no_algorithm_plans_batches_or_builds_an_sgd_update_of_its_own():
     """Batch plans come from `Federation.local_plans` (the engine's batch_plan is called there only),
     the SGD rule from `SGD.apply`; FedMN and MH-pFedHN read samples through `sample_ids`/`data`."""
-    for path in (ROOT / "algorithms").glob("*.py"):
+    for path in (ROOT / "pflbench" / "algorithms").glob("*.py"):
         text = path.read_text()
         assert "batch_plan(" not in text, path.name
         # a server's optimizer with its own settings (pFedHN's hypernetwork) is not the cell's local SGD
@@ -129,5 +129,5 @@ def test_no_algorithm_plans_batches_or_builds_an_sgd_update_of_its_own():
     callers = [p.name for p in (ROOT / "pflbench").glob("*.py") if "batch_plan(" in p.read_text()]
     assert sorted(callers) == ["federation.py", "training.py"]
     for name in ("fedmn.py", "mhpfedhn.py"):
-        text = (ROOT / "algorithms" / name).read_text()
+        text = (ROOT / "pflbench" / "algorithms" / name).read_text()
         assert not re.search(r"fed\.(splits|features|labels|_\w+)\b|\._module\b", text), name

@@ -5,11 +5,11 @@ SITE="$WORK/site"
 kit_start=$(date +%s)
 "$PY" -m pip install -q --disable-pip-version-check --no-index --no-deps --no-compile --find-links "$KIT/wheels" \
     --target "$SITE" -r "$REPO/benchmarks/gpu/kit-requirements.txt" || { echo "installing the kit failed" >&2; exit 2; }
-# pflbench from this tree, laid out as installed (setup.py maps algorithms/, partitions/, benchmarks/ into it)
+# pflbench from this tree, laid out as installed (pyproject.toml: benchmarks/ is the data package pflbench.benchmarks)
 mkdir -p "$SITE/pflbench" "$SITE/pflbench-0.1.0.dist-info"
 cp -r "$REPO/pflbench/." "$SITE/pflbench/"
-for folder in algorithms partitions benchmarks; do cp -r "$REPO/$folder" "$SITE/pflbench/$folder"; done
+cp -r "$REPO/benchmarks" "$SITE/pflbench/benchmarks"
 printf 'Metadata-Version: 2.1\nName: pflbench\nVersion: 0.1.0\n' > "$SITE/pflbench-0.1.0.dist-info/METADATA"
 echo "kit installed in $(( $(date +%s) - kit_start )) s" >&2
-# The site first; the current folder never on sys.path (it holds pflbench/ without the mapped folders)
+# The site first; the current folder never on sys.path (it holds pflbench/ without its benchmarks data)
 export PYTHONPATH="$SITE" PYTHONSAFEPATH=1 PYTHONUNBUFFERED=1 PFLBENCH_DATA_MIRROR="$KIT/data" PFLBENCH_DATA="$WORK/data"

@@ -33,7 +33,9 @@ class Dirichlet(Partitioner):
         max_redraws: int = Field(1000, ge=1)
         mean_samples_per_client: int | None = Field(None, ge=2)
 
-    def check(self, num_clients, num_classes, class_counts) -> None:
+    params: Params  # validated by Partitioner.__init__; typed as this scheme's
+
+    def check(self, num_clients: int, num_classes: int, class_counts: np.ndarray) -> None:
         super().check(num_clients, num_classes, class_counts)
         min_samples, total = self.params.min_samples, int(class_counts.sum())
         mean = self.params.mean_samples_per_client
@@ -53,7 +55,8 @@ class Dirichlet(Partitioner):
                 f"allowed: at most {total // num_clients} (or fewer clients)",
             )
 
-    def assign(self, labels, num_classes, num_clients, rng) -> list[np.ndarray]:
+    def assign(self, labels: np.ndarray, num_classes: int, num_clients: int,
+               rng: np.random.Generator) -> list[np.ndarray]:
         class_counts = self._used_class_counts(np.bincount(labels, minlength=num_classes), num_clients)
         alpha, min_samples = self.params.alpha, self.params.min_samples
         for _ in range(self.params.max_redraws):

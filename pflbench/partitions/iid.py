@@ -10,5 +10,6 @@ from pflbench.partitioning import PARTITIONS, Partitioner
 class IID(Partitioner):
     scheme = "iid"
 
-    def assign(self, labels, num_classes, num_clients, rng) -> list[np.ndarray]:
+    def assign(self, labels: np.ndarray, num_classes: int, num_clients: int,
+               rng: np.random.Generator) -> list[np.ndarray]:
         return np.array_split(rng.permutation(len(labels)), num_clients)

@@ -36,11 +36,14 @@ class Pathological(Partitioner):
         classes_per_client: int = Field(4, ge=1)
         samples_per_client: int | None = Field(None, ge=2)
 
-    def check(self, num_clients, num_classes, class_counts) -> None:
+    params: Params  # validated by Partitioner.__init__; typed as this scheme's
+
+    def check(self, num_clients: int, num_classes: int, class_counts: np.ndarray) -> None:
         super().check(num_clients, num_classes, class_counts)
         self._amounts_per_class(num_clients, num_classes, class_counts)
 
-    def assign(self, labels, num_classes, num_clients, rng) -> list[np.ndarray]:
+    def assign(self, labels: np.ndarray, num_classes: int, num_clients: int,
+               rng: np.random.Generator) -> list[np.ndarray]:
         amounts = self._amounts_per_class(num_clients, num_classes, np.bincount(labels, minlength=num_classes))
         choice = self.choose_classes(num_clients, num_classes, self.params.classes_per_client, rng)
         counts = np.zeros((num_clients, num_classes), dtype=np.int64)

@@ -1,6 +1,4 @@
-"""Built-in algorithms, one module each; importing this package registers them all.
-
-Installed, this folder is the package `pflbench.algorithms` (setup.py)."""
+"""Built-in algorithms, one module each; importing this package registers them all."""
 from importlib import import_module
 from pathlib import Path
 

@@ -23,6 +23,9 @@ Flower Datasets"); the partitioners do not use rich.
 from __future__ import annotations
 
 import inspect
+from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 import numpy as np
 from pydantic import ConfigDict, Field
@@ -38,7 +41,7 @@ _SET_HERE = ("num_partitions", "partition_by")
 _INDEX_COLUMN = "pflbench_index"
 
 
-def _library():
+def _library() -> tuple[str, ModuleType]:
     try:
         import flwr_datasets
         import flwr_datasets.partitioner as partitioner_module
@@ -59,7 +62,9 @@ class Flower(Partitioner):
         partitioner: str = Field(min_length=1)
         version: str | None = None  # flwr-datasets' version, filled in by spec resolution
 
-    def __init__(self, **params):
+    params: Params  # validated by Partitioner.__init__; typed as this scheme's
+
+    def __init__(self, **params: Any) -> None:
         super().__init__(**params)
         if self.params.partitioner not in SUPPORTED:
             raise PartitionError("partition scheme 'flwr': " + unknown_message(
@@ -73,7 +78,7 @@ class Flower(Partitioner):
     def kwargs(self) -> dict:
         return dict(self.params.model_extra or {})
 
-    def resolved(self, base_dir=None) -> Flower:
+    def resolved(self, base_dir: str | Path | None = None) -> Flower:
         """The installed library's version recorded (checked against a recorded one); the kwargs checked
         against the partitioner's signature now, before anything runs."""
         version, module = _library()
@@ -84,13 +89,14 @@ class Flower(Partitioner):
         self._signature_check(module)
         return Flower(**{**self.params.model_dump(), "version": version})
 
-    def check(self, num_clients, num_classes, class_counts) -> None:
+    def check(self, num_clients: int, num_classes: int, class_counts: np.ndarray) -> None:
         super().check(num_clients, num_classes, class_counts)
         sizes = self.kwargs.get("partition_sizes")
         if sizes is not None and (not isinstance(sizes, list) or len(sizes) != num_clients):
             raise self.error("partition_sizes", sizes, f"allowed: a list of {num_clients} sizes, one per client")
 
-    def assign(self, labels, num_classes, num_clients, rng) -> list[np.ndarray]:
+    def assign(self, labels: np.ndarray, num_classes: int, num_clients: int,
+               rng: np.random.Generator) -> list[np.ndarray]:
         partitioner = self.build(num_clients)
         partitioner.dataset = in_memory_dataset(labels)
         try:
@@ -100,7 +106,7 @@ class Flower(Partitioner):
             raise PartitionError(f"partition scheme 'flwr' ({self.params.partitioner}, {len(labels)} samples, "
                                  f"{num_clients} clients): flwr-datasets refused: {exc}") from None
 
-    def build(self, num_clients: int):
+    def build(self, num_clients: int) -> Any:
         """The library's partitioner object for `num_clients` clients, not yet given a dataset."""
         _, module = _library()
         cls = getattr(module, self.params.partitioner)
@@ -111,7 +117,7 @@ class Flower(Partitioner):
             raise PartitionError(f"partition scheme 'flwr': {self.params.partitioner}({_shown(kwargs)}) was "
                                  f"refused by flwr-datasets: {exc}") from None
 
-    def _full_kwargs(self, cls, num_clients: int) -> dict:
+    def _full_kwargs(self, cls: Any, num_clients: int) -> dict:  # cls: a flwr-datasets partitioner class
         accepted = inspect.signature(cls.__init__).parameters
         kwargs = self.kwargs
         if "num_partitions" in accepted:
@@ -120,7 +126,7 @@ class Flower(Partitioner):
             kwargs["partition_by"] = "label"
         return kwargs
 
-    def _signature_check(self, module) -> None:
+    def _signature_check(self, module: ModuleType) -> None:
         cls = getattr(module, self.params.partitioner)
         signature = inspect.signature(cls.__init__)
         allowed = [name for name in signature.parameters if name not in ("self", *_SET_HERE)]
@@ -135,7 +141,7 @@ class Flower(Partitioner):
                                  f"arguments: {', '.join(allowed) or 'none'}") from None
 
 
-def in_memory_dataset(labels: np.ndarray):
+def in_memory_dataset(labels: np.ndarray) -> Any:
     """A Hugging Face Dataset of our labels and sample indices, built in memory (no files, no hub)."""
     from datasets import Dataset
 

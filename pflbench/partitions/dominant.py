@@ -44,11 +44,14 @@ class Dominant(Partitioner):
         dominant_share: float = Field(0.6, gt=0.0, lt=1.0)
         samples_per_client: int | None = Field(None, ge=2)
 
-    def check(self, num_clients, num_classes, class_counts) -> None:
+    params: Params  # validated by Partitioner.__init__; typed as this scheme's
+
+    def check(self, num_clients: int, num_classes: int, class_counts: np.ndarray) -> None:
         super().check(num_clients, num_classes, class_counts)
         self._client_size(num_clients, num_classes, class_counts)
 
-    def assign(self, labels, num_classes, num_clients, rng) -> list[np.ndarray]:
+    def assign(self, labels: np.ndarray, num_classes: int, num_clients: int,
+               rng: np.random.Generator) -> list[np.ndarray]:
         size = self._client_size(num_clients, num_classes, np.bincount(labels, minlength=num_classes))
         dominant_amounts, other_amounts = self._composition(size, num_classes)
         dominant = balanced_class_choice(num_clients, num_classes, self.params.dominant_classes, rng)

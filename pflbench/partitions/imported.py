@@ -23,7 +23,7 @@ from __future__ import annotations
 import hashlib
 import math
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import Field
@@ -38,15 +38,17 @@ class Imported(Partitioner):
 
     class Params(SchemeParams):
         path: str = Field(min_length=1)
-        format: Literal[FORMATS]
+        format: Literal[FORMATS]  # type: ignore[valid-type]  # Literal of a tuple: of its names (mypy cannot see it)
         fraction: float = Field(1.0, gt=0.0, le=1.0)
         sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$")  # filled in by spec resolution
 
-    def __init__(self, **params):
+    params: Params  # validated by Partitioner.__init__; typed as this scheme's
+
+    def __init__(self, **params: Any) -> None:
         super().__init__(**params)
         self._file: PartitionFile | None = None
 
-    def resolved(self, base_dir: Path | None = None) -> Imported:
+    def resolved(self, base_dir: str | Path | None = None) -> Imported:
         """The absolute path and the content hash of the file, read and checked for form now, so that a
         wrong path or a broken file is reported before anything runs."""
         path = Path(self.params.path).expanduser()
@@ -63,19 +65,20 @@ class Imported(Partitioner):
         resolved._file = read_partition(path, self.params.format, content)
         return resolved
 
-    def check(self, num_clients, num_classes, class_counts) -> None:
+    def check(self, num_clients: int, num_classes: int, class_counts: np.ndarray) -> None:
         super().check(num_clients, num_classes, class_counts)
         held = self._read().splits.num_clients
         if num_clients != held:
             raise self.error("num_clients", num_clients, f"the file {self.params.path!r} holds {held} clients; "
                                                          f"set clients: {held}")
 
-    def given_splits(self, labels, num_classes, num_clients) -> ClientSplits:
+    def given_splits(self, labels: np.ndarray, num_classes: int, num_clients: int) -> ClientSplits:
         file = self._read()
         file.check_against(labels, num_classes)
         return ClientSplits(**{name: [self._kept(part) for part in getattr(file.splits, name)] for name in SPLITS})
 
-    def assign(self, labels, num_classes, num_clients, rng) -> list[np.ndarray]:
+    def assign(self, labels: np.ndarray, num_classes: int, num_clients: int,
+               rng: np.random.Generator) -> list[np.ndarray]:
         splits = self.given_splits(labels, num_classes, num_clients)
         return [np.sort(np.concatenate(parts)) for parts in zip(splits.train, splits.val, splits.test)]
 
@@ -87,4 +90,5 @@ class Imported(Partitioner):
     def _read(self) -> PartitionFile:
         if self._file is None:
             self._file = self.resolved()._file
+        assert self._file is not None, "Imported.resolved reads the file"
         return self._file
