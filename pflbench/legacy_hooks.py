@@ -25,7 +25,9 @@ release after a change, with one visible warning naming the user's file and the 
   than an error, because it was the documented contract ("keep your state in attributes and there is
   nothing to write"), and a documented form keeps working for one release (GUIDE, "Contracts").
 
-`adapt(cls)` runs when a class is registered (`ALGORITHMS.register`). A class that uses none of them
+`adapt(cls)` runs when a class is registered (`ALGORITHMS.register`, which calls it as the registries'
+adapter that pflbench.plugins installs: this module builds on pflbench.algorithm and pflbench.fedavg, so
+they never import it). A class that uses none of them
 (every built-in) is returned as it is: nothing of this module wraps or touches it. A class that uses one
 (its hooks' forms, its attributes, and for the calls its source) is registered as an adapted
 subclass, `cls` between two classes of this module, its method resolution order
@@ -71,14 +73,16 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, cast
 import torch
 
 from pflbench import deprecation, steps, streams
+from pflbench.algorithm import ALGORITHMS, A, Algorithm
+from pflbench.algorithm_state import captured_state, restore_state
 from pflbench.capabilities import LEGACY_CAPABILITY_ATTRIBUTES, refusal
 from pflbench.card import LEGACY_CARD_ATTRIBUTES
+from pflbench.fedavg import FedAvg
 from pflbench.payload import Payload
 from pflbench.round_context import Round, RoundNumber
 from pflbench.serving import Serving
 
 if TYPE_CHECKING:
-    from pflbench.algorithm import A
     from pflbench.capabilities import Capabilities
     from pflbench.card import Card
 
@@ -197,18 +201,10 @@ def _uncommented(source: str) -> str:
     return "\n".join(lines)
 
 
-def _fedavg() -> type:
-    from pflbench.fedavg import FedAvg
-
-    return FedAvg
-
-
 def _fedavg_relied_on(cls: type, users: list[type], sources: list[str]) -> list[str]:
     """FedAvg's hooks that `cls` leaves to `Algorithm`, and FedAvg's helpers its source calls without
     defining them, when it does not extend FedAvg (the hooks' defaults were FedAvg's)."""
-    from pflbench.algorithm import Algorithm
-
-    if not users or issubclass(cls, _fedavg()):
+    if not users or issubclass(cls, FedAvg):
         return []
     hooks = [name for name in FEDAVG_HOOKS if getattr(cls, name) is getattr(Algorithm, name)]
     defined = {name for klass in cls.__mro__ for name in klass.__dict__}
@@ -222,7 +218,7 @@ def _walked_state(cls: type, users: list[type], sources: list[str], fedavg: list
     (and FedAvg, where it relied on it) do not declare, or [] where its source cannot be read; else None."""
     if not users or any("state" in klass.__dict__ for klass in users):
         return None
-    bases = [cls, _fedavg()] if fedavg else [cls]
+    bases = [cls, FedAvg] if fedavg else [cls]
     kinds = ("state", "state_objects", "state_rebuilt")
     declared = {"engine", "hp", "fed", *(n for k in bases for kind in kinds for n in getattr(k, kind))}
     if not all(sources):
@@ -270,7 +266,7 @@ def adapt(cls: A, card: Card | None = None, capabilities: Capabilities | None = 
             old=f"{cls.__name__}: undeclared state ({names})",
             new=f"state = (*{declared}.state, {names})", owner=cls)
     _say_mirror_reads(cls)
-    base = _fedavg() if uses.fedavg else cls.__mro__[len(_user_classes(cls))]
+    base = FedAvg if uses.fedavg else cls.__mro__[len(_user_classes(cls))]
     namespace: dict[str, Any] = {"__module__": cls.__module__, "__qualname__": cls.__qualname__,
                                  "__doc__": cls.__doc__, "__pflbench_adapted__": cls}
     if uses.walked is not None:
@@ -317,15 +313,11 @@ def _walked(algorithm: Any) -> tuple[str, ...]:
 def walked_state_dict(self: Any) -> dict:
     """`Algorithm.state_dict()` of a class that declares no state: every attribute but `engine`, `hp`,
     `state_rebuilt` and `state_objects` (those through their own state), as checkpoints were taken before."""
-    from pflbench.algorithm import captured_state
-
     return captured_state(self, _walked(self))
 
 
 def load_walked_state_dict(self: Any, state: dict) -> None:
     """`Algorithm.load_state_dict()` of a class that declares no state (`walked_state_dict`'s)."""
-    from pflbench.algorithm import restore_state
-
     restore_state(self, state, tuple(dict.fromkeys((*_walked(self), *state["attributes"]))))
 
 
@@ -588,8 +580,6 @@ class _ModelOnly:
 
 
 def check_models(cls: Any, model: str) -> None:
-    from pflbench.algorithm import ALGORITHMS
-
     _deprecated("Algorithm.check_models(model)", "Algorithm.check_cell(cell)")
     problem = refusal(cls.name, dataclasses.replace(cls.capabilities, refused_knobs={}, newcomers=""),
                       _ModelOnly(model), ((n, c.capabilities) for n, c in ALGORITHMS.items()))
@@ -636,8 +626,6 @@ def batch_stream(stream: streams.StreamLike | None, salt: int | None) -> streams
 def _declared_batch_orders() -> dict[int, streams.Stream]:
     """salt -> the batch-order stream declared with it: the engine's, and those the registered algorithms'
     classes and modules declare (pflbench.streams), to name a deprecated salt's stream."""
-    from pflbench.algorithm import ALGORITHMS
-
     found = {s.salt: s for s in streams.ENGINE.values() if s.salt is not None}
     for _, cls in ALGORITHMS.items():
         for owner in (*cls.__mro__, sys.modules.get(cls.__module__)):

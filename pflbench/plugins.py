@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable
 
 from pflbench import deprecation
-from pflbench.registry import NameClashError, fill_with, loading
+from pflbench.registry import NameClashError, adapt_with, fill_with, loading
 
 if TYPE_CHECKING:
     from pflbench.config import CellConfig
@@ -114,6 +114,18 @@ def load_builtins() -> None:
 
 
 fill_with(load_builtins)
+
+
+def _adapt_old_forms(cls: Any, card: Any, capabilities: Any) -> Any:
+    """An algorithm's class as it registers: itself, or, written against an old form of the method API (a
+    plugin's, for one release), its adapted subclass (`pflbench.legacy_hooks.adapt`). Imported when the
+    first algorithm registers: the adapter builds on the algorithms' module, which must not import it."""
+    from pflbench import legacy_hooks
+
+    return legacy_hooks.adapt(cls, card, capabilities)
+
+
+adapt_with("algorithm", _adapt_old_forms)
 
 
 def _snapshot() -> dict[str, set[str]]:

@@ -87,6 +87,27 @@ def _fill() -> None:
         loader()
 
 
+# What registering does to an entry first, by kind of registry: the algorithms' registries register a class
+# written against an old form of the method API as its adapted subclass (pflbench.legacy_hooks.adapt). The
+# adapter is installed, as the loader is, when pflbench is imported (pflbench.plugins), so a registry's
+# module never imports its adapter, which is free to import that module.
+_ADAPTERS: dict[str, Callable[..., Any]] = {}
+
+
+def adapt_with(kind: str, adapter: Callable[..., Any]) -> None:
+    """Registering an entry in a registry of `kind` first makes it `adapter(entry, ...)`."""
+    _ADAPTERS[kind] = adapter
+
+
+def adapter(kind: str) -> Callable[..., Any]:
+    """The adapter installed for `kind` (`adapt_with`); else one that returns the entry as it is."""
+    return _ADAPTERS.get(kind, _as_it_is)
+
+
+def _as_it_is(entry: Any, *args: Any, **kwargs: Any) -> Any:
+    return entry
+
+
 class Registry(Generic[T]):
     def __init__(self, kind: str, own_attributes: dict[str, Any] | None = None) -> None:
         self.kind = kind
