@@ -30,14 +30,15 @@ applies the system and privacy knobs to both.
 The cell's configuration is not handed over: what a method needs of it is a typed value here (the
 budget, the optimizer, the streams), and the rest is the engine's (the schedule, the knobs' plans, the
 data's splits and shifts, how the cell runs). `pflbench.federation.Federation` implements it; mypy
-checks that it does (`_implements`, below). A method type-checked against `Engine` uses nothing else.
+checks that it does (`_implements`, in pflbench.federation). A method type-checked against `Engine` uses
+nothing else.
 """
 
 from __future__ import annotations
 
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, Protocol, overload
+from typing import Literal, Protocol, overload
 
 import numpy as np
 import torch
@@ -47,10 +48,7 @@ from pflbench.round_context import Round
 from pflbench.streams import StreamLike
 from pflbench.training import SGD, ClientModel, Objective, State, cross_entropy
 
-if TYPE_CHECKING:
-    from pflbench.federation import Federation, TrainResult
-
-__all__ = ["MEMBERS", "Budget", "Engine"]
+__all__ = ["MEMBERS", "Budget", "Engine", "TrainResult"]
 
 
 @dataclass(frozen=True)
@@ -63,6 +61,15 @@ class Budget:
     clients_per_round: int
     local_epochs: int
     batch_size: int
+
+
+@dataclass
+class TrainResult:
+    """What local training gives back (`Engine.train`, `Engine.train_pooled`): the trained `state`
+    ([len(clients), ...], or [1, ...] pooled) and `loss`, the mean local loss per trained client."""
+
+    state: State
+    loss: Tensor  # mean local loss per trained client
 
 
 class Engine(Protocol):
@@ -294,10 +301,3 @@ class Engine(Protocol):
 
 # The interface's members, in the order documented above (tests/test_engine_interface.py checks both).
 MEMBERS: tuple[str, ...] = tuple(name for name in vars(Engine) if not name.startswith("_"))
-
-
-if TYPE_CHECKING:
-
-    def _implements(federation: Federation) -> Engine:
-        """mypy's check that the Federation is an Engine."""
-        return federation

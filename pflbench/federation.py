@@ -19,13 +19,14 @@ from torch import Tensor
 from pflbench import shifts, streams
 from pflbench.streams import Kind, StreamLike
 from pflbench.config import CellConfig
-from pflbench.engine import Budget
+from pflbench.engine import Budget, Engine
+from pflbench.engine import TrainResult as TrainResult  # the engine interface's, importable here as before
 from pflbench.execution import ExecutionOptions
-from pflbench.groups import membership
 from pflbench.data.normalization import normalized_for_cell
 from pflbench.models import build_model, client_groups, default_model, is_heterogeneous
 from pflbench.newcomers.ids import newcomer_ids, seen_ids
 from pflbench.privacy import PrivacyPlan
+from pflbench.rendezvous import membership
 from pflbench.round_context import Round, round_number, work_of
 from pflbench.system import SystemPlan, cut
 from pflbench.training import (SGD, ClientModel, Objective, State, batch_plan, cross_entropy,
@@ -34,12 +35,6 @@ from pflbench.training import (SGD, ClientModel, Objective, State, batch_plan, c
 if TYPE_CHECKING:
     from pflbench.data.dataset import Dataset
     from pflbench.partitioning import ClientSplits
-
-
-@dataclass
-class TrainResult:
-    state: State
-    loss: Tensor  # mean local loss per trained client
 
 
 def sample_schedule(num_clients: int, participation: float, rounds: int, seed: int) -> np.ndarray:
@@ -295,7 +290,7 @@ class Federation:
                   trainable: Iterable[str] | None = None, targets: Tensor | None = None) -> TrainResult:
         """SGD of the models in `state` (row k on the sample ids `indices[k]`, following `plans[k]`):
         what `train` and `train_pooled` share."""
-        member = membership()  # a cell of a group trains through its rendezvous (pflbench.groups)
+        member = membership()  # a cell of a group trains through its rendezvous (pflbench.rendezvous)
         train = train_clients if member is None else member.train_clients
         new_state, loss = train(model, state, self.features, self.labels if targets is None else targets,
                                 indices, plans, self.sgd, objective=objective, aux=aux, trainable=trainable,
@@ -412,3 +407,10 @@ class Federation:
                                                                     ids).items():
                     results[split][0][ids], results[split][1][ids] = accuracy, loss
         return results
+
+
+if TYPE_CHECKING:
+
+    def _implements(federation: Federation) -> Engine:
+        """mypy's check that the Federation is an Engine (pflbench.engine)."""
+        return federation
