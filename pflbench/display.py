@@ -7,7 +7,7 @@ import shutil
 import sys
 import time
 from collections import Counter
-from typing import TYPE_CHECKING, Callable, Self
+from typing import TYPE_CHECKING, Callable, Protocol, Self
 
 from rich.console import Console
 from rich.markup import escape
@@ -21,7 +21,6 @@ from pflbench.store import Store
 
 if TYPE_CHECKING:
     from pflbench.rounds import CellResult
-    from pflbench.runner import RunReport
 
 PROBLEMS = ("failed", "diverged")
 
@@ -139,7 +138,24 @@ class Display:
 
 # ---- the end of a run ------------------------------------------------------------------------------
 
-def print_summary(console: Console, plan: Plan, store: Store, report: RunReport, seconds: float) -> None:
+class RunOutcome(Protocol):
+    """What the summary reads of a run's outcome (`pflbench.runner.RunReport`; named by what it offers,
+    since the runner imports this module)."""
+
+    @property
+    def outcomes(self) -> dict[str, str | None]: ...
+
+    @property
+    def ran(self) -> int: ...
+
+    @property
+    def skipped_datasets(self) -> dict[str, int]: ...
+
+    @property
+    def interrupted(self) -> bool: ...
+
+
+def print_summary(console: Console, plan: Plan, store: Store, report: RunOutcome, seconds: float) -> None:
     """The run's outcome (`report`: a runner.RunReport): counts, left-out datasets, cells with problems."""
     counts = Counter(status or "no result" for status in report.outcomes.values())
     parts = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))

@@ -87,7 +87,7 @@ import dataclasses
 import math
 from collections.abc import Iterable
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, cast
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, cast
 
 import numpy as np
 import torch
@@ -104,7 +104,6 @@ from pflbench.system import KnobParams, knob_problem
 
 if TYPE_CHECKING:
     from pflbench.config import CellConfig
-    from pflbench.federation import Federation
     from pflbench.training import ClientModel
 
 CENTRAL = -1  # the generator key of the server's noise (no client has id -1)
@@ -369,6 +368,22 @@ def privatize_upload(plan: PrivacyPlan, mode: str, rnd: int, clients: torch.Tens
     return out
 
 
+class CellFederation(Protocol):
+    """What the wrapper uses of the cell's Federation (`pflbench.federation.Federation`; named by what it
+    offers, since the Federation imports this module for the knob's `PrivacyPlan`): the plan, the
+    clients' ids, whose uploads arrive (system.dropout), and one client's update privatized."""
+
+    @property
+    def privacy(self) -> PrivacyPlan | None: ...
+
+    @property
+    def client_ids(self) -> np.ndarray: ...
+
+    def arrived(self, rnd: int | Round, clients: torch.Tensor) -> torch.Tensor | None: ...
+
+    def privatize(self, rnd: int | Round, client: int, update: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]: ...
+
+
 class DifferentiallyPrivate(Algorithm[Hyperparams]):
     """A method whose uploads leave each client privatized (the `privacy` knob): an `Algorithm` that
     wraps another, as Flower's `DifferentialPrivacyClientSideFixedClipping(strategy, ...)` wraps a
@@ -399,7 +414,7 @@ class DifferentiallyPrivate(Algorithm[Hyperparams]):
     state_objects: ClassVar[tuple[str, ...]] = ()
     state_rebuilt: ClassVar[tuple[str, ...]] = ()
 
-    def __init__(self, algorithm: Algorithm[Any], fed: Federation) -> None:
+    def __init__(self, algorithm: Algorithm[Any], fed: CellFederation) -> None:
         if type(self).wrapped is Algorithm:
             raise TypeError("DifferentiallyPrivate wraps a given method's class: build it with "
                             "with_privacy(algorithm, fed), or DifferentiallyPrivate.wrapping(type(algorithm))")
@@ -538,19 +553,19 @@ class DifferentiallyPrivate(Algorithm[Hyperparams]):
 _WRAPPER_CLASSES: dict[tuple[type[DifferentiallyPrivate], type[Algorithm[Any]]], type[DifferentiallyPrivate]] = {}
 
 
-def with_privacy(algorithm: Algorithm[Any], fed: Federation | None = None) -> Algorithm[Any]:
+def with_privacy(algorithm: Algorithm[Any], fed: CellFederation | None = None) -> Algorithm[Any]:
     """`algorithm` as a cell runs it under its privacy knob: wrapped in `DifferentiallyPrivate` where the
     knob is on and the method's upload is a model or an update; itself otherwise (the knob off, a method
     that privatizes its uploads itself, `dp_upload = "self"`, or one wrapped already). `fed`: the cell's
     Federation (default: the one the algorithm was built with). Called once, where the cell's method is
     built (`pflbench.cell_method`)."""
-    fed = fed if fed is not None else cast("Federation", algorithm.engine)
+    fed = fed if fed is not None else cast("CellFederation", algorithm.engine)
     if not would_wrap(algorithm, fed):
         return algorithm
     return DifferentiallyPrivate.wrapping(type(algorithm))(algorithm, fed)
 
 
-def would_wrap(algorithm: Algorithm[Any], fed: Federation) -> bool:
+def would_wrap(algorithm: Algorithm[Any], fed: CellFederation) -> bool:
     """Whether `with_privacy(algorithm, fed)` wraps `algorithm`: the cell's knob is on, the method's
     upload is a model or an update, and it is not wrapped already. True for a method built by hand for
     a cell with privacy: the round driver refuses it (`pflbench.cell_method.check_cell_method`)."""

@@ -7,14 +7,12 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pandas as pd
 
 from pflbench.reports.cells import display_name, format_value
-
-if TYPE_CHECKING:
-    from pflbench.reports.tables import Column
+from pflbench.reports.columns import Column
 
 SAMPLE_KEYS = (("partition_params.samples_per_client", "{} samples per client"),
                ("partition_params.mean_samples_per_client", "{} samples per client on average"))

@@ -37,8 +37,9 @@ from typing import Any
 import pandas as pd
 
 from pflbench.config import CellConfig
-from pflbench.reports.cells import DATASET_ALIASES, dataset_rank, printed_value
+from pflbench.reports.cells import dataset_rank, printed_value
 from pflbench.reports.budget import table_budget
+from pflbench.reports.columns import Column
 from pflbench.reports.identical import describe as describe_identical
 from pflbench.reports.identical import identical_groups
 from pflbench.reports.protocols import ADAPTED, DEFAULT, Protocol
@@ -50,31 +51,6 @@ from pflbench.reports.stats import LEVEL, SEED_UNITS, Paired, Sample, check_leve
 CONFIG_COLUMNS = tuple(CellConfig.model_fields) + ("hp_source", "finetune_epochs")
 DATA_DIFFER = "‡"
 TIED = "≈"   # not told apart from the column's highest mean by the paired test (stats.py)
-
-
-@dataclass(frozen=True)
-class Column:
-    dataset: str
-    clients: int
-    params: str = ""
-    show_params: bool = False
-
-    @property
-    def key(self) -> tuple:
-        return (self.dataset, self.clients, self.params)
-
-    @property
-    def paper_dataset(self) -> str:
-        return DATASET_ALIASES.get(self.dataset, (self.dataset, ""))[0]
-
-    @property
-    def data_note(self) -> str:
-        return DATASET_ALIASES.get(self.dataset, ("", ""))[1]
-
-    @property
-    def label(self) -> str:
-        text = f"{self.dataset}, {self.clients} clients"
-        return text + (f" ({self.params})" if self.show_params and self.params else "")
 
 
 @dataclass
