@@ -92,15 +92,15 @@ class RowRates:
         with torch.no_grad():
             directions = list(grads)
             if self.weight_decay is not None:
-                directions = torch._foreach_addcmul(directions, params, _views(self.weight_decay, params))
+                directions = list(torch._foreach_addcmul(directions, params, _views(self.weight_decay, params)))
             new_momenta = None
             if self.momentum is not None:
                 if momenta is None:
                     raise ValueError("rates with momentum need momentum buffers")
-                new_momenta = torch._foreach_mul(momenta, _views(self.momentum, momenta))
+                new_momenta = list(torch._foreach_mul(momenta, _views(self.momentum, momenta)))
                 torch._foreach_add_(new_momenta, directions)
                 directions = new_momenta
-            return torch._foreach_addcmul(params, directions, _views(self.neg_lr, params)), new_momenta
+            return list(torch._foreach_addcmul(params, directions, _views(self.neg_lr, params))), new_momenta
 
     def apply(self, params: list[Tensor], grads: list[Tensor] | tuple[Tensor, ...],
               momenta: list[Tensor] | None) -> None:
@@ -110,7 +110,7 @@ class RowRates:
         with torch.no_grad():
             directions = list(grads)
             if self.weight_decay is not None:
-                directions = torch._foreach_addcmul(directions, params, _views(self.weight_decay, params))
+                directions = list(torch._foreach_addcmul(directions, params, _views(self.weight_decay, params)))
             if self.momentum is not None:
                 if momenta is None:
                     raise ValueError("rates with momentum need momentum buffers")
