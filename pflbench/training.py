@@ -350,6 +350,10 @@ def train_clients(model: ClientModel, state: State, features: Tensor, labels: Te
         new_state, losses = _train_group(model, state, features, labels, client_indices, plans, sgd,
                                          objective, aux, trainable, compiled, static=static)
     else:
+        if static:
+            _note("the static (CUDA-graph) step is not used here (the client loop trains one client at a time); "
+                  "training eagerly")
+
         def one(k: int) -> tuple[State, Tensor]:
             return _train_group(model, _rows(state, k), features, labels, client_indices[k:k + 1],
                                 plans[k:k + 1], sgd, objective, _rows(aux, k), trainable, compiled)
