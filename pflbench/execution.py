@@ -22,6 +22,11 @@ change how fast a cell runs, never what it computes beyond float rounding.
   merge (`on` forms groups there too). Grouping changes no number of a cell beyond float rounding (the
   batched step's: bit for bit on a CPU, tests/test_cell_groups.py). On Ray a group is one task, with one
   cell's CPUs and the cells' GPU fractions summed up to one GPU (`pflbench.groups.group_resources`).
+- `cuda_graphs`: the batched plain local step through static buffers (pflbench.static_step): captured
+  once per shape as a CUDA graph and replayed on CUDA, called eagerly on a CPU (where it gives the eager
+  batched step's numbers bit for bit, tests/test_static_step.py). `auto`: off until the GPU check's
+  `graphs` step has shown graphs on and off equal on a device (`CUDA_GRAPHS_VERIFIED`), then on CUDA;
+  `on` uses the static step on any device (on a CPU only to test it: it is no faster there).
 - `device`: torch device (None: "cuda" for cells given GPUs, else "cpu"; decided by the runner).
 - `threads`: torch threads of the cell (None: the runner sets them from the cell's CPUs).
 """
@@ -39,8 +44,13 @@ COMPILED_TRAINING = ("auto", "on", "off")
 CHANNELS_LAST = ("auto", "on", "off")
 CLIENT_THREADS = ("auto", "off")
 CELL_GROUPS = ("auto", "on", "off")
+CUDA_GRAPHS = ("auto", "on", "off")
 CHOICES = {"client_batching": CLIENT_BATCHING, "compiled_training": COMPILED_TRAINING,
-           "channels_last": CHANNELS_LAST, "client_threads": CLIENT_THREADS, "cell_groups": CELL_GROUPS}
+           "channels_last": CHANNELS_LAST, "client_threads": CLIENT_THREADS, "cell_groups": CELL_GROUPS,
+           "cuda_graphs": CUDA_GRAPHS}
+# Whether `cuda_graphs: auto` turns the captured step on for CUDA: set once a device has shown graphs on and
+# off equal (benchmarks/gpu/check.py's `graphs` step); until then `auto` is off everywhere.
+CUDA_GRAPHS_VERIFIED = False
 
 
 @dataclass(frozen=True)
@@ -52,6 +62,7 @@ class ExecutionOptions:
     client_threads: str = "auto"
     threads: int | None = None
     cell_groups: str = "auto"
+    cuda_graphs: str = "auto"
 
     def __post_init__(self) -> None:
         for name, allowed in CHOICES.items():
@@ -86,6 +97,12 @@ class ExecutionOptions:
             return getattr(device, "type", str(device).split(":")[0]) == "cuda"
         return self.cell_groups == "on"
 
+    def static_step(self, device: torch.device | str) -> bool:
+        """Whether the batched plain step runs through static buffers (a CUDA graph on CUDA) on `device`."""
+        if self.cuda_graphs == "auto":
+            return CUDA_GRAPHS_VERIFIED and getattr(device, "type", str(device).split(":")[0]) == "cuda"
+        return self.cuda_graphs == "on"
+
     def side_by_side(self, device: torch.device, torch_threads: int) -> int:
         """How many clients the loop path runs side by side (1: one after another)."""
         return torch_threads if self.client_threads == "auto" and device.type == "cpu" else 1
@@ -108,10 +125,14 @@ def add_execution_arguments(parser: argparse.ArgumentParser, *, device_help: str
         parser.add_argument("--cell-groups", choices=CELL_GROUPS, default="auto",
                             help="run cells that share a model architecture as cell groups in one process, their "
                                  "local training one batched step; on Ray one task per group (auto: on CUDA)")
+    parser.add_argument("--cuda-graphs", choices=CUDA_GRAPHS, default="auto",
+                        help="the batched local step captured as a CUDA graph and replayed (on: on CUDA, and "
+                             "the same static-buffer step run eagerly on a CPU; auto: off until verified on a GPU)")
 
 
 def execution_options(args: argparse.Namespace) -> ExecutionOptions:
     """The ExecutionOptions given on a command line built with `add_execution_arguments`."""
     return ExecutionOptions(device=args.device, client_batching=args.client_batching,
                             compiled_training=args.compiled_training, channels_last=args.channels_last,
-                            client_threads=args.client_threads, cell_groups=getattr(args, "cell_groups", "auto"))
+                            client_threads=args.client_threads, cell_groups=getattr(args, "cell_groups", "auto"),
+                            cuda_graphs=getattr(args, "cuda_graphs", "auto"))

@@ -82,6 +82,7 @@ class CellData:
     channels_last: bool
     client_threads: int
     system: SystemPlan | None
+    static_step: bool = False  # the batched plain step through static buffers (a CUDA graph on CUDA)
 
 
 def cell_data(cell: CellConfig, dataset: Dataset, splits: ClientSplits,
@@ -124,7 +125,7 @@ def cell_data(cell: CellConfig, dataset: Dataset, splits: ClientSplits,
         compiled=execution.compiled(), channels_last=channels_last,
         client_threads=execution.side_by_side(device, torch.get_num_threads()),
         # System heterogeneity: drawn once from the seed over partition ids (None when off).
-        system=SystemPlan.from_cell(cell))
+        system=SystemPlan.from_cell(cell), static_step=execution.static_step(device))
 
 
 class Federation:
@@ -170,6 +171,7 @@ class Federation:
         self.group_names, self._partition_groups, self.models = data.group_names, data._partition_groups, data.models
         self.sgd, self.batched, self.compiled = data.sgd, data.batched, data.compiled
         self.channels_last, self.client_threads, self.system = data.channels_last, data.client_threads, data.system
+        self.static_step = data.static_step
         self._hold(splits, client_ids)
 
     def _hold(self, splits: ClientSplits, client_ids: np.ndarray) -> None:
@@ -294,7 +296,8 @@ class Federation:
         train = train_clients if member is None else member.train_clients
         new_state, loss = train(model, state, self.features, self.labels if targets is None else targets,
                                 indices, plans, self.sgd, objective=objective, aux=aux, trainable=trainable,
-                                batched=self.batched, compiled=self.compiled, threads=self.client_threads)
+                                batched=self.batched, compiled=self.compiled, threads=self.client_threads,
+                                static=self.static_step)
         return TrainResult(new_state, loss)
 
     def local_plans(self, rnd: int | Round, clients: Tensor, *, epochs: int | None = None, steps: int | None = None,

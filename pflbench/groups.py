@@ -10,9 +10,10 @@ calling `pflbench.training.train_clients`. That call is a rendezvous (`CellGroup
 request waits until every live cell of the group is either waiting there too or has left the group
 (finished, failed, diverged); then the last one to arrive becomes the leader, sorts the waiting requests into
 classes that can share one step (`_merge_key`: the same model structure and memory layout, the same
-objective function and aux layout, the same trainable set, the same SGD rule, the same batch size and
-device, the batched eager path) and runs each class of two or more requests as one `_train_group`
-call over the concatenated clients (states and aux concatenated along the client dimension; the
+objective function and aux layout, the same trainable set, the same SGD structure (momentum or not,
+weight decay or not: the values, learning rates included, are each row's own, `pflbench.row_rates`),
+the same batch size and device, the batched eager path, the static step or not) and runs each class of
+two or more requests as one `_train_group` call over the concatenated clients (states and aux concatenated along the client dimension; the
 samples of each request index its own cell's features, so the features and labels of the class are
 concatenated once and each request's sample ids shifted by its offset). A request alone in its class,
 or one that asks for the loop path or the compiled step, is handed back to its own thread, which makes
@@ -126,12 +127,14 @@ def run_group(cells: list[CellConfig], *, data_root: str | Path | None = None, m
     group = CellGroup()
     jobs: list[tuple[int, Federation, Algorithm, dict[str, Any], Member]] = []
 
-    def finish(i: int, result: CellResult, member: Member | None = None) -> None:
-        """Cell i's result, complete (`member`: its place in the group, whose calls are all made), handed on."""
+    def finish(i: int, result: CellResult, member: Member | None = None, static_step: bool = False) -> None:
+        """Cell i's result, complete (`member`: its place in the group, whose calls are all made; `static_step`:
+        whether its batched steps went through static buffers, a CUDA graph on CUDA), handed on."""
         if member is not None and result.summary is not None:
             result.summary.update({"cell_group_cells": len(jobs), "cell_group_calls": member.stats.calls,
                                    "cell_group_merged_calls": member.stats.merged,
-                                   "cell_group_mean_width": member.stats.as_dict()["mean_merged_width"]})
+                                   "cell_group_mean_width": member.stats.as_dict()["mean_merged_width"],
+                                   "cell_group_static_step": static_step})
         results[i] = result
         if on_finished is not None:
             try:
@@ -174,7 +177,7 @@ def run_group(cells: list[CellConfig], *, data_root: str | Path | None = None, m
             except Exception:
                 result = _failed(traceback.format_exc())
         if result is not None:  # out of the group (`joined`): its calls, and their counts, are final
-            finish(i, result, member)
+            finish(i, result, member, fed.static_step)
 
     # Daemon threads: a preemption's deadline raised in this (the main) thread ends the process without
     # waiting for cells still inside a round (their checkpoints are written atomically).
@@ -191,7 +194,8 @@ def run_group(cells: list[CellConfig], *, data_root: str | Path | None = None, m
 
 
 # The summary keys a grouped cell's run adds (how it ran, not what it computed: pflbench.metrics).
-SUMMARY_KEYS = ("cell_group_cells", "cell_group_calls", "cell_group_merged_calls", "cell_group_mean_width")
+SUMMARY_KEYS = ("cell_group_cells", "cell_group_calls", "cell_group_merged_calls", "cell_group_mean_width",
+                "cell_group_static_step")
 GROUP_LIMIT = 32  # cells in one group at most (`form_groups`): threads, and every cell's data held at once
 
 

@@ -31,7 +31,8 @@ RUN_RECORD_KEYS = frozenset({
     "gpu_model", "code_commit", "code_dirty",
     "checkpoint_seconds", "checkpoints_written", "checkpoint_bytes", "resumed_from_round", "checkpoint_error",
     # a cell run in a cell group (pflbench.groups.SUMMARY_KEYS)
-    "cell_group_cells", "cell_group_calls", "cell_group_merged_calls", "cell_group_mean_width"})
+    "cell_group_cells", "cell_group_calls", "cell_group_merged_calls", "cell_group_mean_width",
+    "cell_group_static_step"})
 
 
 SELECTIONS = ("final", "bestval")  # the round selections a summary holds (besttest: `best_accuracy`)

@@ -17,6 +17,7 @@ from typing import Any, Iterator, cast
 import torch
 from torch import Tensor
 
+from pflbench.row_rates import RowRates, structure
 from pflbench.training import SGD, ClientModel, Diverged, State, _train_group, cross_entropy, train_clients
 
 _local = threading.local()
@@ -65,8 +66,8 @@ def _merge_key(request: _Request) -> tuple | None:
     trainable = kw.get("trainable")
     trainable = frozenset(request.model.param_names if trainable is None else trainable)
     return (_structure(request.model), kw.get("objective", cross_entropy),
-            tuple((name, t.dtype, tuple(t.shape[1:])) for name, t in sorted(aux.items())), trainable, request.sgd,
-            int(request.plans[0].shape[1]), request.features.device, request.features.dtype,
+            tuple((name, t.dtype, tuple(t.shape[1:])) for name, t in sorted(aux.items())), trainable,
+            structure(request.sgd), bool(kw.get("static", False)), int(request.plans[0].shape[1]), request.features.device, request.features.dtype,
             tuple(request.features.shape[1:]), request.labels.dtype, tuple(request.labels.shape[1:]),
             tuple((name, t.dtype) for name, t in request.state.items()))
 
@@ -223,8 +224,14 @@ class CellGroup:
         aux = {name: torch.cat([a[name] for a in auxes]) for name in auxes[0]}
         trainable = first.kwargs.get("trainable")
         trainable = set(first.model.param_names if trainable is None else trainable)
+        # Each row's own SGD values where the requests' rules differ (one learning rate a cell); else the
+        # rule's scalars, as before.
+        rates = (None if all(r.sgd == first.sgd for r in requests) else
+                 RowRates.of([r.sgd for r in requests for _ in range(r.rows)], features.device,
+                             first.state[first.model.param_names[0]].dtype))
         new_state, losses = _train_group(first.model, state, features, labels, indices, plans, first.sgd,
-                                         first.kwargs.get("objective", cross_entropy), aux, trainable, False)
+                                         first.kwargs.get("objective", cross_entropy), aux, trainable, False,
+                                         rates=rates, static=bool(first.kwargs.get("static", False)))
         finite = torch.isfinite(losses).tolist()  # one host sync for the class, as `train_clients` has one
         results: list[object] = []
         start = 0

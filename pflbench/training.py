@@ -64,6 +64,7 @@ from torch.func import functional_call, grad_and_value, vmap
 
 from pflbench import streams
 from pflbench.batching import set_conv_layout, stacked_twin
+from pflbench.row_rates import RowRates
 
 State = dict[str, Tensor]  # name -> tensor with a leading client dimension
 # (logits [K, B, C], labels [K, B], model state [K, ...], aux [K, ...]) -> per-client loss [K]
@@ -186,6 +187,7 @@ class ClientModel:
         self.stochastic = any(isinstance(m, (nn.modules.dropout._DropoutNd, nn.RReLU)) for m in module.modules())
         self._compiled: dict = {}  # (trainable, SGD rule, single, device, layout) -> compiled step; None: failed
         self.compile_seconds = 0.0  # spent compiling steps of this model in this process
+        self.static_steps: dict = {}  # (width, batch, ...) -> pflbench.static_step.StaticStep (its buffers, graph)
 
     @property
     def channels_last(self) -> bool:
@@ -332,21 +334,26 @@ def train_clients(model: ClientModel, state: State, features: Tensor, labels: Te
                   client_indices: list[Tensor], plans: list[Tensor], sgd: SGD, *,
                   objective: Objective = cross_entropy, aux: State | None = None,
                   trainable: Iterable[str] | None = None, batched: bool = True,
-                  compiled: bool = False, threads: int = 1) -> tuple[State, Tensor]:
+                  compiled: bool = False, threads: int = 1, static: bool = False) -> tuple[State, Tensor]:
     """Train K clients from `state` ([K, ...]); returns the new state and each client's mean loss.
 
     `client_indices[k]` are client k's sample ids into `features`/`labels`, `plans[k]` the positions
     within them for each step. Parameters outside `trainable` stay fixed. `compiled` runs the steps
     it can through the compiled step (module doc). `threads` > 1: the loop path trains that many
-    clients side by side (module doc). Raises `Diverged`.
+    clients side by side (module doc). `static`: the batched path trains through the static-buffer step
+    (`pflbench.static_step`: a CUDA graph on CUDA), where it can. Raises `Diverged`.
     """
     aux = aux or {}
     trainable = set(model.param_names if trainable is None else trainable)
     compiled = compiled and objective is cross_entropy and not aux
     if batched:
         new_state, losses = _train_group(model, state, features, labels, client_indices, plans, sgd,
-                                         objective, aux, trainable, compiled)
+                                         objective, aux, trainable, compiled, static=static)
     else:
+        if static:
+            _note("the static (CUDA-graph) step is not used here (the client loop trains one client at a time); "
+                  "training eagerly")
+
         def one(k: int) -> tuple[State, Tensor]:
             return _train_group(model, _rows(state, k), features, labels, client_indices[k:k + 1],
                                 plans[k:k + 1], sgd, objective, _rows(aux, k), trainable, compiled)
@@ -404,7 +411,11 @@ def _rows(state: State, k: int) -> State:
 
 def _train_group(model: ClientModel, state: State, features: Tensor, labels: Tensor, client_indices: list[Tensor],
                  plans: list[Tensor], sgd: SGD, objective: Objective, aux: State, trainable: set[str],
-                 compiled: bool = False) -> tuple[State, Tensor]:
+                 compiled: bool = False, *, rates: RowRates | None = None,
+                 static: bool = False) -> tuple[State, Tensor]:
+    """`train_clients`'s batched path (and, per client, its loop path). `rates`: each row's own SGD
+    values (`pflbench.row_rates`; rows of several cells, `pflbench.groups`), else `sgd`'s for all.
+    `static`: through the static-buffer step where it can (`pflbench.static_step`)."""
     device = features.device
     num_clients = len(plans)
     steps = torch.tensor([len(p) for p in plans])
@@ -420,6 +431,19 @@ def _train_group(model: ClientModel, state: State, features: Tensor, labels: Ten
     start = {name: (t[0] if single else t) for name, t in state.items()}
     carried: State | None
     first_step, carried = 0, None
+    if static and not compiled:  # the steps where two or more clients are active
+        from pflbench.static_step import static_unavailable, train_static
+
+        why_not = static_unavailable(model, objective, aux, num_clients, trainable)
+        if why_not is not None:
+            _note(f"the static (CUDA-graph) step is not used here ({why_not}); training eagerly")
+        else:
+            # Where one client is left, the eager steps below take it on its own (an unstacked forward:
+            # another float order than a stacked row's), so the static step stops there.
+            first_step = sorted(steps.tolist())[-2]
+            if first_step:
+                start, carried = train_static(model, start, features, labels, ids[:, :first_step], steps.tolist(),
+                                              sgd, rates, trainable, loss_sum)
     if compiled and num_clients:  # the steps where every client is active
         done = _compiled_steps(model, start, features, labels, ids[:, : int(steps.min())], sgd, trainable,
                                single, loss_sum)
@@ -459,12 +483,18 @@ def _train_group(model: ClientModel, state: State, features: Tensor, labels: Ten
             with torch.no_grad():
                 if rows is None:
                     loss_sum += losses.detach()
-                    sgd.apply(leaves, grads, momenta)
+                    if rates is None:
+                        sgd.apply(leaves, grads, momenta)
+                    else:
+                        rates.apply(leaves, grads, momenta)
                 else:
                     loss_sum.index_add_(0, rows, losses.detach())
                     for name in model.buffer_names:  # BatchNorm statistics of the gathered copies
                         work[name].index_copy_(0, rows, view[name])
-                    sgd.apply_rows(leaves, grads, momenta, rows)
+                    if rates is None:
+                        sgd.apply_rows(leaves, grads, momenta, rows)
+                    else:
+                        rates.apply_rows(leaves, grads, momenta, rows)
     mean_loss = loss_sum / steps.clamp(min=1).to(device)
     return {name: (t.detach().contiguous().unsqueeze(0) if single else t.detach()) for name, t in work.items()}, mean_loss
 

@@ -76,14 +76,15 @@ def test_rows_with_their_own_steps_are_identical_in_a_group(tmp_path, algorithm)
 
 def test_a_group_mixing_algorithms_and_datasets(tmp_path):
     """Rows of several algorithms (own steps among them), two partitions, CNN cells beside MLP cells:
-    each request merges with those of its kind (same model, objective, trainable set, SGD rule),
+    each request merges with those of its kind (same model, objective, trainable set, SGD structure),
     the rest run alone; every cell is what it is alone."""
     cells = [small_cell(algorithm="fedavg"), small_cell(algorithm="local", seed=1),
              small_cell(algorithm="fedrep"), small_cell(algorithm="pfedme"),
              small_cell(algorithm="fedavg", partition="dirichlet", partition_params={"alpha": 0.5}, seed=3),
              small_cell(algorithm="fedavg", **IMAGES), small_cell(algorithm="fedrep", seed=1, **IMAGES),
              small_cell(algorithm="local", seed=2, **IMAGES),
-             small_cell(algorithm="fedavg", lr=0.02)]  # another SGD rule: never merged
+             small_cell(algorithm="fedavg", lr=0.02),  # another learning rate: merged, its rows' own rate
+             small_cell(algorithm="fedavg", momentum=0.9)]  # another SGD structure (momentum): never merged
     solo, group = solo_and_grouped(cells, tmp_path)
     for one, grouped in zip(solo, group.results):
         assert one.status == "finished"
@@ -92,7 +93,25 @@ def test_a_group_mixing_algorithms_and_datasets(tmp_path):
     assert stats[0].merged == stats[0].calls  # with local and the other partition's fedavg
     assert stats[3].calls == 0  # pFedMe: its own steps
     assert stats[5].merged == stats[5].calls  # the CNN fedavg with the CNN local (fedrep trains parts)
-    assert stats[8].calls == 3 and stats[8].merged == 0
+    assert stats[8].calls == 3 and stats[8].merged == 3
+    assert stats[9].calls == 3 and stats[9].merged == 0
+
+
+@pytest.mark.parametrize("images", [IMAGES, BN_IMAGES], ids=["cnn", "cnn-bn"])
+def test_rows_with_different_learning_rates_share_a_step_bit_for_bit(tmp_path, images):
+    """A column's rows train at their own learning rates (and momenta, weight decays): the merged step
+    carries them per row (pflbench.row_rates), and each cell is what it is alone, to the bit."""
+    cells = [small_cell(algorithm="fedavg", lr=0.05, **images), small_cell(algorithm="local", lr=0.013, **images),
+             small_cell(algorithm="fedbn", lr=0.1, seed=1, **images),
+             small_cell(algorithm="fedavg", lr=0.02, momentum=0.9, weight_decay=1e-3, **images),
+             small_cell(algorithm="local", lr=0.07, momentum=0.5, weight_decay=5e-4, seed=2, **images)]
+    solo, group = solo_and_grouped(cells, tmp_path)
+    for one, grouped, stats in zip(solo, group.results, group.stats):
+        assert one.status == "finished"
+        assert_identical(one, grouped)
+        assert stats.merged == stats.calls > 0
+    assert group.stats[0].merged_width == 15 * group.stats[0].calls  # three plain rules at three rates
+    assert group.stats[3].merged_width == 10 * group.stats[3].calls  # two with momentum and weight decay
 
 
 def test_batchnorm_cells_grouped_are_bit_identical(tmp_path):

@@ -7,6 +7,8 @@ run at all fails here rather than on the device's few minutes.
 - the batched path against the client loop on the device, for an algorithm of every family;
 - a BatchNorm model (cnn-bn) batched and looped;
 - the compiled training step against the eager one;
+- the batched step captured as a CUDA graph (pflbench.static_step) against the eager one, a whole
+  BatchNorm cell with stragglers with `cuda_graphs` on and off;
 - a whole cell through the CLI (`pflbench run --no-ray --device ...`), with its result in the store;
 - a checkpoint written on the device, read back on the CPU (tensors on the CPU), and set aside there
   with its reason (another execution path) by a CPU run of the same cell, which then finishes.
@@ -124,3 +126,43 @@ def _tensors(value):
     elif isinstance(value, (list, tuple)):
         for item in value:
             yield from _tensors(item)
+
+
+def test_the_captured_step_matches_the_eager_step_on_the_device(tmp_path):
+    """On CUDA the static step is captured once (a CUDA graph) and replayed: the same kernels as the eager
+    step, so the same numbers up to the update's form (a tensor learning rate: `addcmul`); on the CPU
+    (the rehearsal) it runs eagerly and gives the eager step's bits."""
+    from pflbench.models import build_model
+    from pflbench.training import SGD, ClientModel, _train_group, batch_plan, cross_entropy
+
+    gen = torch.Generator().manual_seed(0)
+    model = ClientModel(build_model("cnn-bn", (3, 32, 32), 10))
+    sizes = [64, 40, 64, 20]  # rows ending at different steps: the graph's mask, then one row eagerly
+    features = torch.randn(sum(sizes), 3, 32, 32, generator=gen).to(DEVICE)
+    labels = torch.randint(0, 10, (sum(sizes),), generator=gen).to(DEVICE)
+    starts = torch.tensor([0, *sizes]).cumsum(0).tolist()
+    indices = [torch.arange(a, b, device=DEVICE) for a, b in zip(starts[:-1], starts[1:])]
+    plans = batch_plan(sizes, 16, 2, None, [torch.Generator().manual_seed(k) for k in range(len(sizes))])
+    state = model.init(len(sizes), 0, DEVICE)
+    trainable = set(model.param_names)
+    eager = _train_group(model, state, features, labels, indices, plans, SGD(0.05, 0.9), cross_entropy, {}, trainable)
+    for _ in range(2):  # the first call captures, the second replays the cached graph
+        static = _train_group(model, state, features, labels, indices, plans, SGD(0.05, 0.9), cross_entropy, {},
+                              trainable, static=True)
+        for name in state:
+            torch.testing.assert_close(static[0][name], eager[0][name], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(static[1], eager[1], rtol=1e-5, atol=1e-6)
+    [step] = model.static_steps.values()
+    assert (step.graph is not None) == (DEVICE == "cuda")
+    if DEVICE == "cpu":
+        assert all(torch.equal(static[0][n], eager[0][n]) for n in state) and torch.equal(static[1], eager[1])
+
+    cell = small_cell(algorithm="fedbn", model="cnn-bn", dataset="synthetic-images", rounds=2,
+                      dataset_options={"channels": 3, "size": 32, "num_samples": 600},
+                      system={"stragglers": 0.4, "straggler_work": 0.5})
+    off, on = (run_cell(cell, data_root=tmp_path, execution=ExecutionOptions(device=DEVICE, client_batching="on",
+                                                                             cuda_graphs=graphs))
+               for graphs in ("off", "on"))
+    assert off.status == on.status == "finished"
+    torch.testing.assert_close(torch.tensor(on.metrics["loss"].to_numpy()), torch.tensor(off.metrics["loss"].to_numpy()),
+                               rtol=1e-4, atol=1e-5)

@@ -20,12 +20,15 @@ rewritten after every step so that a check cut short still leaves what it measur
                 cell group: 5 rounds timed (the last with its evaluation), per row seconds a round and the
                 600 rounds projected, the column's projected wall time, the group's training throughput in
                 sample-steps/s against the `concurrent` step's one-cell-per-process plateau (column_groups.py)
+  graphs        the batched local step captured as a CUDA graph (pflbench.static_step) against the eager step:
+                max |diff| and seconds per step (CUDA events) at 10, 70 and 100 rows, and Table 1's Fashion-MNIST
+                column's plain rows as one cell group, 2 rounds with graphs off and on (graphs.py)
   group_100     the same column at 100 clients (10 of them a round) as one cell group: 3 rounds timed, the
                 2500 projected (an evaluation of all 100 projected from the round's counted work)
 `--rehearse` runs every step on the CPU at tiny sizes (CI does: every step must say "ok").
-The whole check keeps inside `--budget` seconds (default 480: one device command of 8 minutes; a lent
-device gives 15 minutes in all, its start included, and a second, shorter run of the failing steps
-(`--only`) must still fit).
+The whole check keeps inside `--budget` seconds (default 540: one device command of 9 minutes, inside the
+device's 10-minute limit for a command; a lent device gives 15 minutes in all, its start included, so a
+second run is for a few failing steps (`--only`)).
 """
 from __future__ import annotations
 
@@ -96,6 +99,9 @@ def steps(device: str, rehearse: bool, work: Path) -> list[Step]:
                                  "--samples", "50", "--epochs", "1", "--algorithms", "fedavg,pfedla,pfedme",
                                  "--sharing", str(work / "concurrent.json"),
                                  "--json", str(work / "paper_slice.json")], 240, work / "paper_slice.json"),
+            Step("graphs", [py, str(HERE / "graphs.py"), "--device", device, "--widths", "2,3", "--steps", "2",
+                            "--repeats", "1", "--rows", "fedavg,fedbn", "--rounds", "2", "--samples", "30",
+                            "--epochs", "1", "--json", str(work / "graphs.json")], 240, work / "graphs.json"),
             Step("column_groups", [py, str(HERE / "column_groups.py"), "--device", device, "--clients", "10",
                                    "--rounds", "3", "--samples", "30", "--epochs", "1", "--client-batching", "on",
                                    "--seconds", "200", "--sharing", str(work / "concurrent.json"),
@@ -107,7 +113,8 @@ def steps(device: str, rehearse: bool, work: Path) -> list[Step]:
         ]
     # Boxes: what each step took on an H100 (benchmarks/gpu/h100-2026-11-26.json: 12, 48, 14, 37, 58 and
     # 67 s) with a margin, and the two group steps (not yet run on a GPU: their own `--seconds` stop
-    # starting rounds well inside their box); 480 s in all.
+    # starting rounds well inside their box), and the graphs step (not yet run on a GPU: its timed calls are
+    # a few seconds, its column two runs of 2 rounds of seven rows); 540 s in all.
     return [
         Step("environment", [py, "-c", ENVIRONMENT], 25),
         Step("cuda_tests", [py, "-m", "pytest", "-q", "-m", "cuda", "-p", "no:cacheprovider",
@@ -121,6 +128,8 @@ def steps(device: str, rehearse: bool, work: Path) -> list[Step]:
         Step("paper_slice", [py, str(HERE / "paper_slice.py"), "--device", device, "--rounds", "20",
                              "--seconds", "40", "--max-seconds-each", "12", "--sharing", str(work / "concurrent.json"),
                              "--json", str(work / "paper_slice.json")], 60, work / "paper_slice.json"),
+        Step("graphs", [py, str(HERE / "graphs.py"), "--device", device, "--rounds", "2",
+                        "--json", str(work / "graphs.json")], 60, work / "graphs.json"),
         Step("column_groups", [py, str(HERE / "column_groups.py"), "--device", device, "--clients", "10",
                                "--rounds", "5", "--seconds", "70", "--sharing", str(work / "concurrent.json"),
                                "--json", str(work / "column_groups.json")], 90, work / "column_groups.json"),
@@ -173,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rehearse", action="store_true", help="every step on the CPU at tiny sizes")
     parser.add_argument("--device", default=None, help="torch device (default: cuda; cpu with --rehearse)")
     parser.add_argument("--budget", type=float, default=None,
-                        help="seconds for the whole check (default: 480 on the device, 1200 rehearsing)")
+                        help="seconds for the whole check (default: 540 on the device, 1200 rehearsing)")
     parser.add_argument("--only", default=None, help="comma-separated step names (a second, shorter run)")
     args = parser.parse_args(argv)
     import torch
@@ -187,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     work = Path(args.work) if args.work else out / "work"
     work.mkdir(parents=True, exist_ok=True)
-    budget = args.budget or (1200.0 if args.rehearse else 480.0)
+    budget = args.budget or (1200.0 if args.rehearse else 540.0)
     chosen = steps(device, args.rehearse, work)
     if args.only:
         names = args.only.split(",")

@@ -180,6 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--samples", type=int, default=None, help="samples per client (default: the spec's)")
     parser.add_argument("--epochs", type=int, default=None, help="local and adaptation epochs (default: the spec's)")
     parser.add_argument("--client-batching", choices=("auto", "on", "off"), default="auto")
+    parser.add_argument("--cuda-graphs", choices=("auto", "on", "off"), default="auto",
+                        help="the batched step captured as a CUDA graph (pflbench.static_step)")
     parser.add_argument("--sharing", default=None, help="the concurrent step's JSON (one cell per process)")
     parser.add_argument("--counts", default=None, help="step_count.py's JSON (default: step_counts.json here)")
     parser.add_argument("--json", default=None)
@@ -235,7 +237,8 @@ def main(argv: list[str] | None = None) -> int:
 
     if cuda:
         torch.cuda.reset_peak_memory_stats()
-    run = groups.run_group(cells, execution=ExecutionOptions(device=args.device, client_batching=args.client_batching),
+    run = groups.run_group(cells, execution=ExecutionOptions(device=args.device, client_batching=args.client_batching,
+                                                                cuda_graphs=args.cuda_graphs),
                            on_round=[stamper(i) for i in range(len(cells))], stop_after=args.rounds,
                            passthrough=(Enough,))
     seconds = time.perf_counter() - start
@@ -270,6 +273,7 @@ def main(argv: list[str] | None = None) -> int:
         "rounds": args.rounds, "evaluation": args.evaluation,
         "samples_per_client": cells[0].partition_params.get("samples_per_client"),
         "local_epochs": cells[0].local_epochs, "client_batching": args.client_batching,
+        "cuda_graphs": args.cuda_graphs,
         "counted": all(w["counted"] for w in works),
         "rows": rows, "group": group, "seconds": seconds, "setup_seconds": start - began,
         "sample_steps_per_second": throughput,

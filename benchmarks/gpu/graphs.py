@@ -1,0 +1,210 @@
+"""The batched local step captured as a CUDA graph (pflbench.static_step) against the eager step, on the device:
+equal, and how much faster.
+
+Two parts, each on the same starting state with the option off and on:
+- `step`: the Fashion-MNIST CNN's batched plain step at `--widths` rows (10: one 10-client cell; 70: the
+  column's seven plain rows as one cell group; 100), batch `--batch`, one call of `--steps` steps a client
+  (a row with fewer steps at the tail: a straggler). Per width: max |diff| of the trained parameters and the
+  mean losses between the eager and the static step, whether they are equal to the bit; seconds per step
+  (CUDA events around the call, over its steps; the median of `--repeats` calls after a warm-up call, which
+  captures), the sample-steps/s (rows x batch / seconds per step) of each, their ratio, the capture's seconds.
+- `column`: Table 1's Fashion-MNIST 10-client column's plain rows (`--rows`; seed 0, the paper's settings
+  unless `--samples`/`--epochs` shrink them) as one cell group (`pflbench.groups.run_group`, the batched
+  path), `--rounds` rounds with an evaluation at the last, once with `cuda_graphs` off and once on: per row
+  max |diff| of the evaluated losses and accuracies (test and validation, every client), and the group's
+  seconds (all rounds, data prepared beforehand) of each.
+On a CPU (the rehearsal) nothing is captured: the static step runs eagerly (the "replay" is a call), the
+figures say "no CUDA: capture not exercised", and the two must agree to the bit (tests/test_static_step.py).
+
+    python benchmarks/gpu/graphs.py --device cuda --json graphs.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))  # the scripts beside this one (PYTHONSAFEPATH leaves the script's folder out)
+from column_groups import column_cells  # noqa: E402
+
+PLAIN_ROWS = ["local", "fedavg", "fedbn", "pfedla", "heurpfedla", "fedrep", "fedfomo"]
+
+
+def largest_difference(a: dict, b: dict) -> float:
+    """max |a - b| over the floating tensors of two states (inf where a NaN or inf differs)."""
+    import torch
+
+    worst = 0.0
+    for name, t in a.items():
+        if t.is_floating_point():
+            diff = (t.double() - b[name].double()).abs()
+            worst = max(worst, float(diff.nan_to_num(float("inf")).max()) if diff.numel() else 0.0)
+        elif not torch.equal(t, b[name]):
+            worst = float("inf")
+    return worst
+
+
+def step_part(device: str, widths: list[int], batch: int, steps: int, repeats: int) -> dict:
+    import torch
+
+    from pflbench.models import build_model
+    from pflbench.training import SGD, ClientModel, _train_group, batch_plan, cross_entropy
+
+    cuda = device.startswith("cuda")
+    model = ClientModel(build_model("cnn", (1, 28, 28), 10))
+    model.channels_last = not cuda  # the engine's layout on the device (channels-last on a CPU)
+    figures: dict = {}
+    for width in widths:
+        gen = torch.Generator().manual_seed(width)
+        per_client = steps * batch
+        features = torch.randn(width * per_client, 1, 28, 28, generator=gen).to(device)
+        if model.channels_last:
+            features = features.contiguous(memory_format=torch.channels_last)
+        labels = torch.randint(0, 10, (width * per_client,), generator=gen).to(device)
+        indices = [torch.arange(k * per_client, (k + 1) * per_client, device=device) for k in range(width)]
+        sizes = [per_client] * (width - 1) + [per_client // 2]  # the last row a straggler: half the steps
+        plans = batch_plan(sizes, batch, 1, None, [torch.Generator().manual_seed(k) for k in range(width)])
+        state = {n: t + 0.01 * torch.randn(t.shape, generator=gen).to(device) if t.is_floating_point() else t
+                 for n, t in model.init(width, 0, device).items()}
+        trainable = set(model.param_names)
+        sgd = SGD(0.005)
+
+        def call(static: bool) -> tuple:
+            return _train_group(model, state, features, labels, indices, plans, sgd, cross_entropy, {}, trainable,
+                                static=static)
+
+        def timed(static: bool) -> float:
+            if cuda:
+                begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                begin.record()
+                call(static)
+                end.record()
+                torch.cuda.synchronize()
+                return begin.elapsed_time(end) / 1000 / steps
+            began = time.perf_counter()
+            call(static)
+            return (time.perf_counter() - began) / steps
+
+        eager_result = call(False)
+        captured = time.perf_counter()
+        static_result = call(True)  # the first call captures (on CUDA)
+        if cuda:
+            torch.cuda.synchronize()
+        first_call = time.perf_counter() - captured
+        same = (all(torch.equal(eager_result[0][n], static_result[0][n]) for n in state)
+                and torch.equal(eager_result[1], static_result[1]))
+        eager = statistics.median(timed(False) for _ in range(repeats))
+        static = statistics.median(timed(True) for _ in range(repeats))
+        [static_step] = model.static_steps.values()
+        model.static_steps.clear()  # the next width's buffers and graph only
+        figures[str(width)] = {
+            "rows": width, "batch": batch, "steps": steps,
+            "max_abs_diff_params": largest_difference(eager_result[0], static_result[0]),
+            "max_abs_diff_losses": float((eager_result[1] - static_result[1]).abs().max()),
+            "bit_identical": same, "captured": static_step.graph is not None,
+            "first_static_call_seconds": first_call,
+            "eager_seconds_per_step": eager, "static_seconds_per_step": static,
+            "eager_sample_steps_per_second": width * batch / eager,
+            "static_sample_steps_per_second": width * batch / static,
+            "speedup": eager / static}
+    return figures
+
+
+def column_part(device: str, rows: list[str], rounds: int, samples: int | None, epochs: int | None) -> dict:
+    import numpy as np
+    import torch
+
+    from pflbench import groups
+    from pflbench.execution import ExecutionOptions
+    from pflbench.resolve import resolve
+    from pflbench.rounds import prepare_cell
+
+    cells = [resolve(cell) for cell, _ in column_cells(rows, 10, rounds, "timed", samples, epochs)]
+    for cell in cells:  # decoded, partitioned and cached before the clock starts
+        prepare_cell(cell)
+    runs, seconds = {}, {}
+    for graphs in ("off", "on"):
+        began = time.perf_counter()
+        runs[graphs] = groups.run_group(cells, execution=ExecutionOptions(device=device, client_batching="on",
+                                                                          cuda_graphs=graphs), stop_after=rounds)
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        seconds[graphs] = time.perf_counter() - began
+    per_row: dict = {}
+    for cell, off, on in zip(cells, runs["off"].results, runs["on"].results):
+        row: dict = {"status": [off.status, on.status]}
+        for column in ("loss", "accuracy", "val_loss", "val_accuracy"):
+            if column in off.metrics and len(off.metrics) and len(off.metrics) == len(on.metrics):
+                a, b = off.metrics[column].to_numpy(float), on.metrics[column].to_numpy(float)
+                both = ~(np.isnan(a) & np.isnan(b))
+                row[f"max_abs_diff_{column}"] = float(np.abs(a[both] - b[both]).max()) if both.any() else 0.0
+                row[f"{column}_bit_identical"] = bool(np.array_equal(a, b, equal_nan=True))
+        per_row[cell.algorithm] = row
+    return {"rows": per_row, "rounds": rounds, "seconds_off": seconds["off"], "seconds_on": seconds["on"],
+            "speedup": seconds["off"] / seconds["on"] if seconds["on"] else None,
+            "samples_per_client": cells[0].partition_params.get("samples_per_client"),
+            "local_epochs": cells[0].local_epochs}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--widths", default="10,70,100", help="rows of the timed step, comma-separated")
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--steps", type=int, default=50, help="steps of a timed call")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--rows", default=",".join(PLAIN_ROWS), help="the column's rows (plain-step rows)")
+    parser.add_argument("--rounds", type=int, default=3, help="the column's rounds, the last evaluated")
+    parser.add_argument("--samples", type=int, default=None, help="samples per client (default: the spec's)")
+    parser.add_argument("--epochs", type=int, default=None, help="local and adaptation epochs (default: the spec's)")
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args(argv)
+    import torch
+
+    cuda = args.device.startswith("cuda")
+    if cuda and not torch.cuda.is_available():
+        print("graphs: torch sees no CUDA device", file=sys.stderr)
+        return 3
+    figures: dict = {"device": args.device, "torch": torch.__version__,
+                     "gpu": torch.cuda.get_device_name(0) if cuda else None,
+                     "capture": "CUDA graphs" if cuda else "no CUDA: capture not exercised (the static step eagerly)",
+                     "tf32_convolutions": torch.backends.cudnn.allow_tf32 if cuda else None}
+    failed = False
+    try:
+        figures["step"] = step_part(args.device, [int(w) for w in args.widths.split(",")], args.batch, args.steps,
+                                    args.repeats)
+    except Exception as error:  # recorded; the column still runs
+        figures["step_error"] = f"{type(error).__name__}: {error}"
+        failed = True
+    try:
+        figures["column"] = column_part(args.device, args.rows.split(","), args.rounds, args.samples, args.epochs)
+    except Exception as error:
+        figures["column_error"] = f"{type(error).__name__}: {error}"
+        failed = True
+    if args.json:
+        Path(args.json).write_text(json.dumps(figures, indent=1) + "\n")
+    print(figures["capture"])
+    for width, f in figures.get("step", {}).items():
+        print(f"step at {width:>3} rows: eager {f['eager_seconds_per_step'] * 1e3:.3f} ms, static "
+              f"{f['static_seconds_per_step'] * 1e3:.3f} ms ({f['speedup']:.2f}x; "
+              f"{f['static_sample_steps_per_second']:.0f} sample-steps/s); max |diff| params "
+              f"{f['max_abs_diff_params']:.3g}, losses {f['max_abs_diff_losses']:.3g}; bit-identical {f['bit_identical']}")
+    column = figures.get("column")
+    if column:
+        print(f"column ({len(column['rows'])} rows, {column['rounds']} rounds): off {column['seconds_off']:.2f} s, "
+              f"on {column['seconds_on']:.2f} s ({column['speedup']:.2f}x)")
+        for name, row in column["rows"].items():
+            print(f"  {name:11s} {row}")
+    for key in ("step_error", "column_error"):
+        if key in figures:
+            print(f"{key}: {figures[key]}", file=sys.stderr)
+    statuses = [s for row in (column or {}).get("rows", {}).values() for s in row["status"]]
+    return 1 if failed or any(s != "finished" for s in statuses) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

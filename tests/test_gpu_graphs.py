@@ -1,0 +1,40 @@
+"""The GPU check's `graphs` step (benchmarks/gpu/graphs.py) at the rehearsal's size on the CPU: the static step
+runs eagerly ("no CUDA: capture not exercised") and its figures say the eager and the static step agree to the
+bit — the timed step's parameters and losses at every width, and the column's rows' evaluated losses and
+accuracies with `cuda_graphs` off and on."""
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "gpu"))
+import graphs  # noqa: E402
+from test_gpu_column_groups import fmnist  # noqa: E402, F401  (the fixture: Fashion-MNIST from the mirror)
+
+
+def test_largest_difference_names_any_disagreement():
+    a = {"w": torch.tensor([1.0, 2.0]), "n": torch.tensor([3])}
+    assert graphs.largest_difference(a, {"w": torch.tensor([1.0, 2.5]), "n": torch.tensor([3])}) == 0.5
+    assert graphs.largest_difference(a, {"w": torch.tensor([1.0, float("nan")]), "n": torch.tensor([3])}) == float("inf")
+    assert graphs.largest_difference(a, {"w": a["w"], "n": torch.tensor([4])}) == float("inf")
+
+
+@pytest.mark.usefixtures("fmnist")
+def test_the_rehearsal_reports_bit_identity_and_no_capture(tmp_path):
+    out = tmp_path / "graphs.json"
+    assert graphs.main(["--device", "cpu", "--widths", "2,3", "--steps", "2", "--repeats", "1", "--rows",
+                        "fedavg,fedbn", "--rounds", "2", "--samples", "30", "--epochs", "1", "--json", str(out)]) == 0
+    figures = json.loads(out.read_text())
+    assert figures["capture"].startswith("no CUDA: capture not exercised")
+    assert set(figures["step"]) == {"2", "3"}
+    for width, step in figures["step"].items():
+        assert step["bit_identical"] and step["max_abs_diff_params"] == step["max_abs_diff_losses"] == 0.0
+        assert not step["captured"] and step["eager_seconds_per_step"] > 0 and step["static_seconds_per_step"] > 0
+        assert step["static_sample_steps_per_second"] == int(width) * 32 / step["static_seconds_per_step"]
+    column = figures["column"]
+    assert set(column["rows"]) == {"fedavg", "fedbn"} and column["seconds_off"] > 0 and column["seconds_on"] > 0
+    for row in column["rows"].values():
+        assert row["status"] == ["finished", "finished"]
+        assert row["loss_bit_identical"] and row["accuracy_bit_identical"] and row["max_abs_diff_loss"] == 0.0
