@@ -1,8 +1,7 @@
 """The batched plain local step over static buffers: on CUDA captured once as a CUDA graph and replayed,
 on a CPU the same code called eagerly.
 
-Why. On a GPU a step of these small CNNs is host work (Python, autograd, ~80 launches), not arithmetic
-(issue 56). A CUDA graph replays the step's kernels with one launch; what it needs is that every
+Why. On a GPU a step of these small CNNs is host work (Python, autograd, ~80 launches), not arithmetic. A CUDA graph replays the step's kernels with one launch; what it needs is that every
 tensor the step reads or writes lives at a fixed address and every value that changes (the batch, who
 is active, the learning rates) is in a tensor, not in Python. So the step here is written against
 static buffers, one `StaticStep` per (model, trainable set, width K, batch B, input layout and dtypes,
@@ -36,26 +35,44 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import TYPE_CHECKING, Callable
+from typing import Any, Callable, Protocol
 
 import torch
 from torch import Tensor
 
-from pflbench.row_rates import RowRates, structure
+from pflbench.row_rates import RowRates, Rule, structure
 
-if TYPE_CHECKING:
-    from pflbench.training import SGD, ClientModel, Objective, State
+# What this module needs of `pflbench.training`'s types, named here (training imports this module).
+State = dict[str, Tensor]  # name -> tensor with a leading client dimension
+
+
+class SGD(Rule, Protocol):
+    """The engine's SGD rule (`pflbench.training.SGD`): its values, and fresh momentum buffers."""
+
+    def momenta(self, params: list[Tensor]) -> list[Tensor] | None: ...
+
+
+class ClientModel(Protocol):
+    """The engine's batched model (`pflbench.training.ClientModel`), as far as the static step uses it."""
+
+    param_names: list[str]
+    buffer_names: list[str]
+    static_steps: dict
+    _twins: dict[bool, Any]
+
+    @property
+    def channels_last(self) -> bool: ...
+
+    def forward(self, state: State, x: Tensor, train: bool) -> Tensor: ...
 
 CACHED = 4  # StaticSteps kept per model (each holds its buffers and, on CUDA, its graph's memory)
 WARMUP = 3  # eager steps on a side stream before a capture (lazy initialization of cuBLAS, autograd)
 
 
-def static_unavailable(model: ClientModel, objective: Objective, aux: State, width: int,
-                       trainable: set[str]) -> str | None:
-    """None if a batched call can go through the static step, else why not (one line)."""
-    from pflbench.training import cross_entropy
-
-    if objective is not cross_entropy or aux:
+def static_unavailable(model: ClientModel, plain_objective: bool, width: int, trainable: set[str]) -> str | None:
+    """None if a batched call can go through the static step, else why not (one line). `plain_objective`:
+    the engine's cross-entropy with no aux."""
+    if not plain_objective:
         return "the method's own objective: a fresh function each round"
     if width < 2:
         return "one client trains unstacked"

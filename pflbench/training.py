@@ -65,6 +65,7 @@ from torch.func import functional_call, grad_and_value, vmap
 from pflbench import streams
 from pflbench.batching import set_conv_layout, stacked_twin
 from pflbench.row_rates import RowRates
+from pflbench.static_step import static_unavailable, train_static
 
 State = dict[str, Tensor]  # name -> tensor with a leading client dimension
 # (logits [K, B, C], labels [K, B], model state [K, ...], aux [K, ...]) -> per-client loss [K]
@@ -432,9 +433,7 @@ def _train_group(model: ClientModel, state: State, features: Tensor, labels: Ten
     carried: State | None
     first_step, carried = 0, None
     if static and not compiled:  # the steps where two or more clients are active
-        from pflbench.static_step import static_unavailable, train_static
-
-        why_not = static_unavailable(model, objective, aux, num_clients, trainable)
+        why_not = static_unavailable(model, objective is cross_entropy and not aux, num_clients, trainable)
         if why_not is not None:
             _note(f"the static (CUDA-graph) step is not used here ({why_not}); training eagerly")
         else:
