@@ -13,7 +13,7 @@ evaluation round also scores each client's personalized model after that many ep
 SGD on its own train split (see `pflbench.federation.Federation.adapt_locally`). Like `hp_source` it is left
 out of the hash at its default, so cells without adaptation keep their ids.
 
-`normalization` (issue 29) is the other way round: its default `train` (statistics of the trained
+`normalization` is the other way round: its default `train` (statistics of the trained
 clients' train splits) changed every cell's numbers, so it is in the hash and every such cell has a new
 id; `pool` (the rule before) is left out, so stored cells keep their ids and read as `pool` cells
 (`CellConfig.stored`). See pflbench.data.normalization.

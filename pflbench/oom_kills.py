@@ -1,4 +1,4 @@
-"""Telling a Ray worker that the kernel's OOM killer ended from another sudden death (issue 60).
+"""Telling a Ray worker that the kernel's OOM killer ended from another sudden death.
 
 A memory limit on a shared cluster is a cgroup's (a Kubernetes pod's, a SLURM job's) or the machine's:
 past it, the kernel kills a process (SIGKILL), and Ray reports that worker as it reports any worker that

@@ -17,7 +17,7 @@ and ASHA early stopping on rounds, on the clients' validation splits only.
 - ASHA (`time_attr="round"`) stops poor trials early; the best trial is the one with the highest
   final validation accuracy among those that ran every round.
 
-Checkpoints (issue 60): a trial writes round checkpoints by the `--checkpoint-every/-minutes` policy
+Checkpoints: a trial writes round checkpoints by the `--checkpoint-every/-minutes` policy
 through the driver's checkpoint keeper (pflbench/checkpoint_relay.py: the actor `pflbench run` uses for
 its cells, started by the sweep on its driver's node), into `<sweep folder>/checkpoints/<trial id>/`
 on the driver's disk, never on the worker's. A trial Tune restarts after its worker or node was lost

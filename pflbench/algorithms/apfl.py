@@ -32,11 +32,10 @@ How this implementation maps it onto the engine (and where the paper is silent):
   (MLOPTPSU/FedTorch, `fedtorch/parameters.py`: `--fed_personal_alpha` default 0.5, adaptive off by
   default) and FL-bench (`src/server/apfl.py`: `--alpha` 0.5, `--adaptive_alpha` 1) both start at
   0.5, the middle of the grid, so neither the global model nor v_i is favoured before alpha has
-  learned anything. (FedRep's repository runs a fixed alpha 0.75, `utils/options.py` line 43; this
-  module's default before issue 15 was 0.25, the smallest grid value.) Note: FedTorch takes the
+  learned anything. (FedRep's repository runs a fixed alpha 0.75, `utils/options.py` line 43.) Note: FedTorch takes the
   alpha step once per round (at the first local step), not once per local step as the paper and
-  this module do. Each v_i starts from the common initial model. (Measured against 0.25:
-  docs/algorithms/apfl.md.)
+  this module do. Each v_i starts from the common initial model. (Measured against 0.25, the
+  smallest grid value: docs/algorithms/apfl.md.)
 - Communication: exactly FedAvg's; v_i and alpha_i stay on the client.
 """
 from __future__ import annotations

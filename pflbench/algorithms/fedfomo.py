@@ -38,8 +38,8 @@ Where the paper is silent / what was chosen here:
   note the official 'l2' option returns the *squared* distance, which no option here reproduces).
   The L1 norm of a difference is larger than its L2 norm (by up to sqrt(#parameters)), so the raw
   weights and the affinity matrix are on a smaller scale with L1; the normalized weights differ
-  only through the ratios between candidates. (Before issue 15 the default was "l2"; the two
-  measured, and why FedFomo is Local on the quick table's 10-client cells: docs/algorithms/fedfomo.md.)
+  only through the ratios between candidates. (The two measured, and why FedFomo is Local on the
+  quick table's 10-client cells: docs/algorithms/fedfomo.md.)
 - The update mixes parameters and floating BatchNorm statistics; integer counters stay the
   client's. The personalized model is the client's own model after local training; clients not
   sampled keep theirs.
@@ -53,7 +53,7 @@ Where the paper is silent / what was chosen here:
   with its own weights. No local training follows (the model served is fitted on the newcomer's train
   data only, through its weights). Not its validation split, as a trained client's weights are: that
   split selects the newcomers' best-validation round (`bestval_accuracy_newcomers`), which a model
-  fitted on it would bias (until issue 29 it was the validation split). Its train split is free for
+  fitted on it would bias. Its train split is free for
   this: neither the newcomer's initial model nor any uploaded model was trained on it.
 - Artifacts: the affinity matrix P [N, N] and this round's normalized weights [N, N] (row i: the
   weights client i gave, zero where not downloaded or not sampled), for heatmaps.

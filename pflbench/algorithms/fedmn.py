@@ -16,7 +16,7 @@ training set (x and one-hot y) as one set: s = mean_i Linear(ReLU(L2norm([phi_x(
 (DeepSets mean pooling; phi_x -> 128, phi_y = Linear(C, 64)) [C]; phi_x is a small conv net here
 (the code uses the pretrained encoder type) [INF]. It is recomputed at every local step [C]
 (`router_samples` > 0 subsamples the set, for speed [INF], from the cell seed's stream
-"fedmn.router-samples": until issue 44 the subsample ignored the seed).
+"fedmn.router-samples").
 
 Faithful version [INF, the spec's recommendation]: binary-concrete gates sigmoid((s + logistic noise)/tau),
 straight-through hard gates (forward 0/1, gradient of the soft gate) trained end to end with the
@@ -35,9 +35,8 @@ clients that sent it and keeps the previous value of a module nobody sent (the c
 routing net is averaged (unweighted) over the round's clients. A client evaluates the aggregated
 modules with its own frozen routing. Personalization comes only from routing. A client not trained
 yet is evaluated with the routing the current server routing net fixes from its data, made afresh at
-each evaluation and never kept [INF]: its first download is every module whatever was evaluated before
-(until issue 29 the evaluation's routing was kept and decided that download, so `eval_every` changed
-bytes and training).
+each evaluation and never kept [INF]: its first download is every module whatever was evaluated before (evaluation
+writes nothing training reads, so `eval_every` changes neither bytes nor training).
 
 Initialization [INF, changed after measuring]: the official code warm-starts the encoder modules
 from a FedAvg-pretrained checkpoint (146 rounds) and its soft gates followed by a softmax keep every
@@ -436,7 +435,7 @@ class FedMN(Algorithm[FedMNHP]):
         """The aggregated pool and every client's frozen routing. A client not trained yet has none:
         it is scored with the routing the server's routing net fixes from its data now, made for this
         evaluation only and never kept in `self.routing`, which `configure` reads to decide what to
-        send (evaluation must not write what training reads; issue 29)."""
+        send (evaluation must not write what training reads)."""
         routing = [fixed if fixed is not None else self._fixed_routing(self.engine, c, self.server_router)
                    for c, fixed in enumerate(self.routing)]
         return {"pool": self.server_pool, "routing": torch.stack(routing)}

@@ -24,8 +24,8 @@ Where the paper is silent / what was chosen here:
 - `head_epochs` default 10 and `body_epochs` default 1: the official code's values (above). The cell's
   `local_epochs` therefore does not set FedRep's local work (as in the official code, where the head
   and body epochs are FedRep's own); `body_epochs: null` trains the body for the cell's
-  `local_epochs` instead (this module's default before issue 15, which gave the body 10 epochs in
-  Table 1 and 2 in the quick table; measured: docs/algorithms/fedrep.md).
+  `local_epochs` instead (10 body epochs in Table 1, 2 in the quick table; measured:
+  docs/algorithms/fedrep.md).
 - Both phases use the cell's optimizer settings (lr, momentum, weight decay, batch size); the head
   phase uses its own batch order (stream `HEAD_STREAM`), the body phase the engine's default one.
   BatchNorm statistics follow both phases' forward passes.

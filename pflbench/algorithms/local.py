@@ -10,8 +10,8 @@ the initial model, as an unsampled client has). The newcomers' models are kept b
 and trained on by the difference, so the cost over a run is one client's, not a triangle of
 retrainings. The top-up is done turn by turn, each turn `local_epochs` epochs with fresh momentum
 (as a trained client's round) and the batch orders keyed by the turn's number, so a newcomer's model
-at round r is the same whichever rounds were evaluated before (until issue 29 a top-up used the
-evaluating round's batch orders for all its epochs, so the scores depended on `eval_every`).
+at round r is the same whichever rounds were evaluated before (its scores do not depend on
+`eval_every`).
 """
 
 from pflbench.algorithm import ALGORITHMS, Capabilities, Card, ClientRound, Models, Payload, Round, Serving

@@ -27,8 +27,8 @@ Where the paper is silent / what was chosen here:
   README's Per-FedAvg runs `--learning_rate 0.005 --beta 0.001`; `userperavg.py` steps with
   `learning_rate` first and with `beta` second) and FL-bench (`src/server/perfedavg.py`: `--beta`
   default 1e-3, with the inner step = the client optimizer's lr, default 0.01). `beta: null` uses the
-  cell's lr (this module's default before issue 15, which made the meta step 10-50x larger than
-  the references': 0.005 in Table 1, 0.05 in the quick table). The cell's momentum and weight decay
+  cell's lr, which makes the meta step 10-50x larger than the references' (0.005 in Table 1, 0.05 in
+  the quick table). The cell's momentum and weight decay
   apply to the meta step (the engine's SGD rule). The inner and adaptation step `alpha` is its own
   hyperparameter, default 0.01 (FL-bench's inner step; pFedMe's repository uses 0.005; FLGo 0.01),
   and delta = 0.001 for HF (FL-bench, FLGo). Both step sizes are in the search space (log-uniform),

@@ -1,13 +1,13 @@
 """Which samples a cell's normalisation statistics (per-channel mean and std) come from.
 
 The cell field `normalization`:
-- `train` (the default since issue 29): the trained clients' train splits only. No validation or
+- `train` (the default): the trained clients' train splits only. No validation or
   test sample of any client and no sample of a newcomer (`unseen_fraction`) enters the statistics,
   so nothing a model is selected or scored on, and nothing of a client held out of training, shapes
   the inputs training sees. (Validation splits are left out too: they select rounds and tune.)
 - `pool`: the whole pooled dataset, torchvision's train and test sets together, every client's
-  every split and the newcomers' included: the rule before issue 29, kept so that results stored
-  before it stay readable under their ids, and for comparison.
+  every split and the newcomers' included: the rule before `train` became the default, kept so that
+  results stored before stay readable under their ids, and for comparison.
 
 What this does to the rest:
 - A cell's normalisation depends on its partition: the dataset, the scheme and its parameters, the

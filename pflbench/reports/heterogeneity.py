@@ -15,7 +15,7 @@ metrics at its final round), not its mean over all clients. The partition is the
 without the knob (pflbench.newcomers) and the newcomers are drawn from the seed, so the pair differs
 only in whether those clients took part in training. Against the all-client mean, a method that
 serves newcomers exactly as it trains everyone (Local) was marked as not coping whenever the drawn
-clients happened to be harder than average (issue 29, item 3: -5.6 points on the heterogeneity study).
+clients happened to be harder than average (-5.6 points on the heterogeneity study).
 Where the knob-off cell has no per-client row for every newcomer, the entry is not judged.
 
 The rule for "copes" (stated in every caption): an algorithm copes with a knob setting when it loses
