@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from cells import small_cell
+from gate_plugins import write_gated_fedavg
 from pflbench import plugins
 from pflbench.execution import ExecutionOptions
 from pflbench.groups import CellGroup, membership, run_group
@@ -361,32 +362,6 @@ def test_groups_on_ray_give_the_one_by_one_summaries(tmp_path, faulty_algorithms
 
 
 GATE_ROUND = 4  # the first attempt of the gated group stops before this round: it resumes at GATE_ROUND - 1
-GATED = '''
-import os
-import time
-from pathlib import Path
-
-from pflbench.algorithm import ALGORITHMS
-from pflbench.algorithms.fedavg import FedAvg
-
-GATE = Path({gate!r})
-
-
-@ALGORITHMS.register("test-gated-group-fedavg")
-class GatedFedAvg(FedAvg):
-    """FedAvg that stops at the start of round {round} while GATE/armed exists and GATE/open does not,
-    after writing GATE/waiting-<pid>-<seed> (the test kills the process there); results are FedAvg's."""
-
-    def configure(self, rnd):
-        if rnd.number == {round} and (GATE / "armed").exists():
-            (GATE / f"waiting-{{os.getpid()}}-{{self.fed.cell.seed}}").touch()
-            deadline = time.monotonic() + 180
-            while not (GATE / "open").exists():
-                if time.monotonic() > deadline:
-                    raise RuntimeError("the test never killed this worker nor opened the gate")
-                time.sleep(0.05)
-        return super().configure(rnd)
-'''
 
 
 def test_a_killed_group_on_ray_resumes_each_cell_from_its_own_checkpoint(tmp_path, local_ray, monkeypatch,
@@ -407,9 +382,7 @@ def test_a_killed_group_on_ray_resumes_each_cell_from_its_own_checkpoint(tmp_pat
     from rich.console import Console
 
     gate = tmp_path / "gate"
-    gate.mkdir()
-    plugin = tmp_path / "gated_group.py"
-    plugin.write_text(GATED.format(gate=str(gate), round=GATE_ROUND))
+    plugin = write_gated_fedavg(tmp_path / "gated_group.py", gate, "test-gated-group-fedavg", GATE_ROUND)
     monkeypatch.setenv("PFLBENCH_DATA_MIRROR", str(tmp_path / "no-mirror"))
 
     def plan():
@@ -557,36 +530,6 @@ def test_sigterm_stops_a_group_on_ray_at_the_end_of_its_round_and_the_rerun_resu
 # ---- in-process groups record each cell as it finishes -------------------------------------------
 
 RECORDED_GATE_ROUND = 3  # the slow cell waits at the start of this round (its last checkpoint: the round before)
-FAST_AND_SLOW = '''
-import os
-import time
-from pathlib import Path
-
-from pflbench.algorithm import ALGORITHMS
-from pflbench.algorithms.fedavg import FedAvg
-
-GATE = Path({gate!r})
-
-
-@ALGORITHMS.register("test-in-process-fast-and-slow-fedavg")
-class FastAndSlowFedAvg(FedAvg):
-    """FedAvg that writes GATE/ran-<rounds>-<pid> when it starts round 1 (each time a cell is computed from
-    the start), and, in the cell of more than {round} rounds while GATE/armed exists, waits at the start
-    of round {round} after writing GATE/waiting-<pid> (the test kills the process there)."""
-
-    def configure(self, rnd):
-        rounds = self.engine.budget.rounds
-        if rnd.number == 1:
-            (GATE / f"ran-{{rounds}}-{{os.getpid()}}").touch()
-        if rounds > {round} and rnd.number == {round} and (GATE / "armed").exists():
-            (GATE / f"waiting-{{os.getpid()}}").touch()
-            deadline = time.monotonic() + 120
-            while (GATE / "armed").exists():
-                if time.monotonic() > deadline:
-                    raise RuntimeError("the test never killed this process")
-                time.sleep(0.05)
-        return super().configure(rnd)
-'''
 
 
 def test_an_in_process_group_records_a_finished_cell_before_its_slower_cell_and_a_kill_loses_nothing(
@@ -612,9 +555,8 @@ def test_an_in_process_group_records_a_finished_cell_before_its_slower_cell_and_
     from rich.console import Console
 
     gate = tmp_path / "gate"
-    gate.mkdir()
-    plugin = tmp_path / "fast_and_slow.py"
-    plugin.write_text(FAST_AND_SLOW.format(gate=str(gate), round=RECORDED_GATE_ROUND))
+    plugin = write_gated_fedavg(tmp_path / "fast_and_slow.py", gate, "test-in-process-fast-and-slow-fedavg",
+                                RECORDED_GATE_ROUND, seconds=120)
     spec = tmp_path / "spec.json"  # JSON is YAML
     spec.write_text(json.dumps({
         "name": "fast-and-slow", "plugins": [str(plugin)],

@@ -10,40 +10,10 @@ import time
 
 import pandas as pd
 
+from gate_plugins import write_gated_fedavg
 from pflbench.execution import ExecutionOptions
 
 SLOW_ROUND = 3  # the slow cell waits at the start of this round (its checkpoint: the round before)
-GATED = '''
-import os
-import time
-from pathlib import Path
-
-from pflbench.algorithm import ALGORITHMS
-from pflbench.algorithms.fedavg import FedAvg
-
-GATE = Path({gate!r})
-
-
-@ALGORITHMS.register("test-fast-and-slow-fedavg")
-class FastAndSlowFedAvg(FedAvg):
-    """FedAvg that writes GATE/ran-<rounds>-<pid> when it starts round 1 (each time a cell is computed from
-    the start), and, in the cell of more than {round} rounds while GATE/armed exists, waits at the start
-    of round {round} until GATE/open exists, after writing GATE/waiting-<pid> (the test kills the
-    process there)."""
-
-    def configure(self, rnd):
-        rounds = self.engine.budget.rounds
-        if rnd.number == 1:
-            (GATE / f"ran-{{rounds}}-{{os.getpid()}}").touch()
-        if rounds > {round} and rnd.number == {round} and (GATE / "armed").exists():
-            (GATE / f"waiting-{{os.getpid()}}").touch()
-            deadline = time.monotonic() + 180
-            while not (GATE / "open").exists():
-                if time.monotonic() > deadline:
-                    raise RuntimeError("the test never killed this worker nor opened the gate")
-                time.sleep(0.05)
-        return super().configure(rnd)
-'''
 
 
 def test_a_finished_cell_is_recorded_while_its_group_runs_and_not_recomputed_after_a_lost_worker(
@@ -56,9 +26,7 @@ def test_a_finished_cell_is_recorded_while_its_group_runs_and_not_recomputed_aft
     from rich.console import Console
 
     gate = tmp_path / "gate"
-    gate.mkdir()
-    plugin = tmp_path / "fast_and_slow.py"
-    plugin.write_text(GATED.format(gate=str(gate), round=SLOW_ROUND))
+    plugin = write_gated_fedavg(tmp_path / "fast_and_slow.py", gate, "test-fast-and-slow-fedavg", SLOW_ROUND)
     monkeypatch.setenv("PFLBENCH_DATA_MIRROR", str(tmp_path / "no-mirror"))
     plan = parse_spec({
         "name": "fast-and-slow", "plugins": [str(plugin)],
