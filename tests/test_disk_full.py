@@ -247,3 +247,29 @@ def test_disk_full_crosses_a_process_boundary_whole():
     full = DiskFull("/store/abc/checkpoint.pt", 2298037, 36864)
     again = pickle.loads(pickle.dumps(full))
     assert isinstance(again, DiskFull) and str(again) == str(full) and again.errno == errno.ENOSPC
+
+
+def test_a_claim_that_does_not_fit_releases_the_claims_its_cell_group_already_took(reference, tmp_path, monkeypatch):
+    """In-process cell groups claim a group's cells one after another: when the third claim meets a full
+    disk, the run stops with the one line and the two cells already claimed are released (no claim.json
+    left to block the next run), and nothing ran."""
+    from pflbench.execution import ExecutionOptions
+
+    options = RunOptions(results=tmp_path / "store", data_root=reference.data_root, use_ray=False,
+                         checkpoint_every=2, checkpoint_minutes=0,
+                         execution=ExecutionOptions(client_batching="on", cell_groups="on"))
+    real, claims = Store.claim, []
+
+    def claim(self, cell):
+        claims.append(cell.seed)
+        if len(claims) == 3:
+            raise DiskFull(str(self.cell_dir(cell) / "claim.json"), None, 0, errno.ENOSPC)
+        return real(self, cell)
+
+    monkeypatch.setattr(Store, "claim", claim)
+    report, output = run(options)
+    assert report.exit_code == DISK_FULL_EXIT, output
+    assert "disk full" in the_line(output)
+    assert claims == [0, 1, 2]  # one group of the three cells, claimed in turn
+    assert list(options.results.rglob("claim.json")) == []
+    assert not list(options.results.rglob("summary.json")) and not list(options.results.rglob(CHECKPOINT))
