@@ -31,11 +31,11 @@ rewritten after every step so that a check cut short still leaves what it measur
                 the grouped form and to today's path, and each form's distance from a float64 CPU reference of
                 the same step (kernels.py)
 `--rehearse` runs every step on the CPU at tiny sizes (CI does: every step must say "ok"), `kernels` included.
-Why `kernels` is a call of its own: the steps above fill the 540 s, each box sized from what it measured on an
-H100; the kernels comparison (144 combinations, each captured and timed, ~100-150 s) fits none of them without
-dropping what it compares, and it decides one engine change rather than being repeated by every check. So a
-plain run leaves it out; `--only kernels` runs it alone in its 180 s box, as the second call of a loan whose
-check finished with ~4 minutes left, or on a loan of its own.
+Why `kernels` is a call of its own: the steps above fill the 540 s, each box sized to what it measures; the
+kernels comparison (120 combinations, each timed, most also captured: ~90-130 s on the device, estimated) fits
+none of them without dropping what it compares, and it decides one engine change once rather than being
+repeated by every check. So a plain run leaves it out and `--only kernels` runs it alone, in a 180 s box: on a
+loan of its own, or as a loan's second call where a check left 4 minutes of the loan.
 The whole check keeps inside `--budget` seconds (default 540: one device command of 9 minutes, inside the
 device's 10-minute limit for a command; a lent device gives 15 minutes in all, its start included, so a
 second run is for a few failing steps (`--only`)).
@@ -151,7 +151,7 @@ def steps(device: str, rehearse: bool, work: Path) -> list[Step]:
                            "--rounds", "3", "--evaluation", "projected", "--seconds", "50",
                            "--sharing", str(work / "concurrent.json"),
                            "--json", str(work / "group_100.json")], 70, work / "group_100.json"),
-        # A call of its own (module doc): 144 combinations; none starts after 150 s, the last ends well inside 180.
+        # A call of its own (module doc): 120 combinations; none starts after 150 s, the last ends well inside 180.
         Step("kernels", [py, str(HERE / "kernels.py"), "--device", device, "--seconds", "150",
                          "--json", str(work / "kernels.json")], 180, work / "kernels.json", separate=True),
     ]

@@ -11,14 +11,16 @@ engine's step) for each combination of
   form    grouped: the clients folded into the channels, one grouped convolution (cuDNN) a layer; in
                    channels-first order this is `pflbench.batching.StackedConv2d` itself (today's CUDA path);
           unfold:  im2col per client, then one batched matmul (`bmm`) over the clients: the convolution as GEMMs;
-          loop:    one ordinary cuDNN convolution per client (`StackedConv2d` unfolded), fair only when the
-                   step is captured (hundreds of launches a step otherwise);
+          loop:    one ordinary cuDNN convolution per client (`StackedConv2d` unfolded), on CUDA only captured
+                   (eager it is hundreds of launches a step: host time, which the graph is there to remove);
   layout  first (NCHW) or last (NHWC, channels-last): input, activations and weights; BatchNorm keeps the
           order (its clients folded into NHWC channels here; the engine's StackedBatchNorm makes NCHW copies);
   tf32    default: torch's defaults (matmuls in IEEE float32, cuDNN convolutions in TF32: today's engine);
           tf32: both in TF32; ieee: both in IEEE float32 (`torch.backends.cuda.matmul.allow_tf32`,
           `torch.backends.cudnn.allow_tf32`); the unfold form's convolutions are matmuls, the others' cuDNN;
-  capture eager (the step's code called) or captured (one CUDA graph of the whole step, replayed).
+  capture eager (the step's code called) or captured (one CUDA graph of the whole step, replayed);
+  cuDNN's algorithm choice by its heuristics (`torch.backends.cudnn.benchmark` off, as the engine runs;
+          `--cudnn-benchmark` turns it on for the whole run, recorded in the figures).
 The forms (b) unfold and (c) loop live here as measurement code: the engine changes once the device has
 said which wins.
 
@@ -435,7 +437,7 @@ def measure(device: str, models: list[str], widths: list[int], batch: int, forms
             for width in widths:
                 for layout in layouts:
                     for form in forms:
-                        for captured in captures:
+                        for captured in ([True] if cuda and form == "loop" else captures):
                             case: dict = {"model": model, "input": list(MODELS[model][0]), "width": width,
                                           "batch": batch, "form": form, "layout": layout, "tf32": setting,
                                           **applied, "capture": "graph" if captured else "eager"}
@@ -486,6 +488,8 @@ def fastest(cases: list[dict]) -> dict:
 
 
 def print_table(figures: dict) -> None:
+    """One line per (model, width, TF32, layout, form): eager and captured ms a step; the ratios and the
+    distances from the reference of the captured step where it ran, else of the eager one."""
     print(figures["capture_note"])
     print(f"{'model':7s} {'K':>4s} {'tf32':7s} {'layout':6s} {'form':8s} {'eager ms':>9s} {'graph ms':>9s} "
           f"{'/grouped':>8s} {'/today':>7s} {'grad.err':>9s} {'max|dp|':>9s}")
@@ -527,6 +531,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=20, help="steps a timed repeat")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--seconds", type=float, default=150.0, help="no combination starts after this")
+    parser.add_argument("--cudnn-benchmark", action="store_true", help="let cuDNN time its algorithms (engine: off)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
 
@@ -542,6 +547,7 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:
             parser.error(f"--{what}: unknown {', '.join(unknown)}; the choices: {', '.join(allowed[what])}")
     batch = args.batch or table_batch_size()
+    torch.backends.cudnn.benchmark = args.cudnn_benchmark
     figures: dict = {
         "device": args.device, "torch": torch.__version__,
         "gpu": torch.cuda.get_device_name(0) if cuda else None,
