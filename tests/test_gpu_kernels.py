@@ -3,6 +3,7 @@ batched CNN step the engine computes. On a CPU nothing is captured and TF32 does
 float32 arithmetic in another order, and the stated tolerances are float32's (measured here: gradients within
 ~6e-7 relative of the float64 reference, parameters after a step within ~6e-8, losses within ~3e-7)."""
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -132,3 +133,31 @@ def test_the_batch_is_table_1s():
     import yaml
 
     assert kernels.table_batch_size() == yaml.safe_load(kernels.TABLE1.read_text())["defaults"]["batch_size"] == 32
+
+
+def test_the_device_plan_measures_every_form_layout_and_tf32_setting_most_important_first():
+    """What the device runs (nothing here has CUDA, so the plan is checked instead): 120 combinations at the
+    paper's widths, each form in both layouts eager and captured, the per-client loop captured only; today's
+    TF32 setting first and IEEE last, so that a run cut by its time loses the least important."""
+    cases = kernels.plan(list(kernels.MODELS), [10, 100], 32, list(kernels.FORMS), list(kernels.LAYOUTS),
+                         list(kernels.TF32), cuda=True)
+    assert len(cases) == 120 and len({kernels._key(c) for c in cases}) == 120
+    assert {c["capture"] for c in cases if c["form"] == "loop"} == {"graph"}
+    assert {c["capture"] for c in cases if c["form"] != "loop"} == {"eager", "graph"}
+    assert [c["tf32"] for c in cases[::40]] == ["default", "tf32", "ieee"]
+    assert {c["capture"] for c in kernels.plan(["cnn"], [2], 4, list(kernels.FORMS), ["first"], ["default"],
+                                               cuda=False)} == {"eager"}
+
+
+def test_tf32_settings_set_both_flags():
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    try:
+        assert kernels.set_tf32("tf32") == {"matmul_tf32": True, "cudnn_tf32": True}
+        assert kernels.set_tf32("ieee") == {"matmul_tf32": False, "cudnn_tf32": False}
+        assert kernels.set_tf32("default") == {"matmul_tf32": False, "cudnn_tf32": True}
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+    fresh = subprocess.run([sys.executable, "-c", "import torch; b = torch.backends; "
+                            "print(b.cuda.matmul.allow_tf32, b.cudnn.allow_tf32)"],
+                           capture_output=True, text=True, check=True).stdout.split()
+    assert fresh == [str(v) for v in kernels.TF32["default"]]  # `default` is what a fresh torch has (the engine's)

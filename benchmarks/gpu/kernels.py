@@ -415,12 +415,29 @@ def table_batch_size() -> int:
     return int(yaml.safe_load(TABLE1.read_text())["defaults"]["batch_size"])
 
 
+def plan(models: list[str], widths: list[int], batch: int, forms: list[str], layouts: list[str], tf32: list[str],
+         cuda: bool) -> list[dict]:
+    """The combinations to measure, in order of importance: the TF32 settings as given (default first), then
+    model, width, layout, form, eager before captured. On CUDA the loop form only captured; on a CPU nothing
+    captured."""
+    cases = []
+    for setting in tf32:
+        for model in models:
+            for width in widths:
+                for layout in layouts:
+                    for form in forms:
+                        captures = ([True] if form == "loop" else [False, True]) if cuda else [False]
+                        cases += [{"model": model, "input": list(MODELS[model][0]), "width": width, "batch": batch,
+                                   "form": form, "layout": layout, "tf32": setting,
+                                   "capture": "graph" if captured else "eager"} for captured in captures]
+    return cases
+
+
 def measure(device: str, models: list[str], widths: list[int], batch: int, forms: list[str], layouts: list[str],
             tf32: list[str], steps: int, repeats: int, seconds: float) -> dict:
-    """Every combination (module doc), in order of importance, none started after `seconds`."""
+    """Every combination of `plan`, none started after `seconds`."""
     cuda = device.startswith("cuda")
     deadline = time.monotonic() + seconds
-    captures = [False, True] if cuda else [False]
     problems = {}
     for model in models:
         for width in widths:
@@ -430,26 +447,18 @@ def measure(device: str, models: list[str], widths: list[int], batch: int, forms
             problems[(model, width)] = p
             print(f"kernels: float64 reference of {model} at {width} rows in {time.perf_counter() - began:.1f} s",
                   flush=True)
-    cases: list[dict] = []
-    for setting in tf32:
-        applied = set_tf32(setting) if cuda else {"matmul_tf32": None, "cudnn_tf32": None}
-        for model in models:
-            for width in widths:
-                for layout in layouts:
-                    for form in forms:
-                        for captured in ([True] if cuda and form == "loop" else captures):
-                            case: dict = {"model": model, "input": list(MODELS[model][0]), "width": width,
-                                          "batch": batch, "form": form, "layout": layout, "tf32": setting,
-                                          **applied, "capture": "graph" if captured else "eager"}
-                            if time.monotonic() > deadline:
-                                case["status"] = "not run (time)"
-                            else:
-                                try:
-                                    case.update(run_case(problems[(model, width)], form, layout, captured, device,
-                                                         steps, repeats), status="ok")
-                                except Exception as error:  # recorded; the next combination runs
-                                    case.update(status="failed", error=f"{type(error).__name__}: {error}")
-                            cases.append(case)
+    cases = plan(models, widths, batch, forms, layouts, tf32, cuda)
+    for case in cases:
+        if time.monotonic() > deadline:
+            case["status"] = "not run (time)"
+            continue
+        case.update(set_tf32(case["tf32"]) if cuda else {"matmul_tf32": None, "cudnn_tf32": None})
+        try:
+            case.update(run_case(problems[(case["model"], case["width"])], case["form"], case["layout"],
+                                 case["capture"] == "graph", device, steps, repeats),
+                        status="ok")
+        except Exception as error:  # recorded; the next combination runs
+            case.update(status="failed", error=f"{type(error).__name__}: {error}")
     if cuda:
         set_tf32("default")
     ratios(cases)
