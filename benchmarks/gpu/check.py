@@ -201,7 +201,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget", type=float, default=None,
                         help="seconds for the whole check (default: 540 on the device, 1200 rehearsing)")
     parser.add_argument("--only", default=None,
-                        help="comma-separated step names (a second, shorter run; `kernels` runs only so)")
+                        help="comma-separated step names (a second, shorter run; a step of its own call, `kernels`, "
+                             "runs on the device only when named)")
     args = parser.parse_args(argv)
     import torch
 
