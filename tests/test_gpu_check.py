@@ -47,10 +47,12 @@ def test_only_names_known_steps(tmp_path, capsys):
 
 
 def test_the_device_steps_fit_the_budget(tmp_path, monkeypatch):
-    """The device's command limit is 10 minutes: every step's box together stays inside the default
-    budget of 9 minutes, so no step is skipped for lack of it."""
-    total = sum(step.timeout for step in check.steps("cuda", False, Path("/tmp")))
+    """The device's command limit is 10 minutes: the boxes of a plain run's steps together stay inside the
+    default budget of 9 minutes, so no step is skipped for lack of it; a step of its own call fits alone."""
+    device = check.steps("cuda", False, Path("/tmp"))
+    total = sum(step.timeout for step in device if not step.separate)
     assert total <= 540, total
+    assert all(step.timeout <= 540 for step in device if step.separate)
     monkeypatch.setattr(check, "steps", lambda device, rehearse, work: [check.Step("quick", [sys.executable, "-c", ""], 30)])
     assert check.main(["--out", str(tmp_path), "--device", "cpu"]) == 0
     assert json.loads((tmp_path / "check.json").read_text())["budget_seconds"] == 540
@@ -62,6 +64,8 @@ def test_the_device_and_the_rehearsal_run_the_same_steps_with_the_group_steps_la
     device = check.steps("cuda", False, Path("/w"))
     rehearsal = check.steps("cpu", True, Path("/w"))
     assert [s.name for s in device] == [s.name for s in rehearsal]
+    device = [s for s in device if not s.separate]
+    rehearsal = [s for s in rehearsal if not s.separate]
     names = [s.name for s in device]
     assert names[-2:] == ["column_groups", "group_100"] and names.index("concurrent") < names.index("column_groups")
     for step in device[-2:] + rehearsal[-2:]:
@@ -84,3 +88,32 @@ def test_the_graphs_step_compares_graphs_on_and_off_at_the_paper_sizes_on_the_de
         assert str(check.HERE / "graphs.py") in step.command
     assert "--samples" not in device["graphs"].command and "--samples" in rehearsal["graphs"].command
     assert device["graphs"].timeout <= 60
+
+def test_a_separate_step_runs_only_when_named_or_rehearsed(tmp_path, monkeypatch):
+    """A step of its own call (`kernels`) is left out of a plain device run, runs alone under `--only`,
+    and runs with the others in the rehearsal (CI: every step, this one too, must say "ok")."""
+    steps = [check.Step("plain", [sys.executable, "-c", ""], 30),
+             check.Step("own", [sys.executable, "-c", ""], 30, separate=True)]
+    monkeypatch.setattr(check, "steps", lambda device, rehearse, work: steps)
+    ran = {}
+    for name, extra in (("plain", []), ("only", ["--only", "own"]), ("rehearse", ["--rehearse"])):
+        assert check.main(["--out", str(tmp_path / name), "--device", "cpu", *extra]) == 0
+        ran[name] = list(json.loads((tmp_path / name / "check.json").read_text())["steps"])
+    assert ran == {"plain": ["plain"], "only": ["own"], "rehearse": ["plain", "own"]}
+
+
+def test_the_kernels_step_is_a_call_of_its_own_that_ends_inside_its_box():
+    """kernels.py at the device's sizes (Table 1's models, widths 10 and 100, every TF32 setting: its defaults)
+    in a call of its own, starting no combination after 150 s of its 180 s box; tiny sizes in the rehearsal."""
+    device = {s.name: s for s in check.steps("cuda", False, Path("/w"))}
+    rehearsal = {s.name: s for s in check.steps("cpu", True, Path("/w"))}
+    assert [name for name, s in device.items() if s.separate] == ["kernels"]
+    assert rehearsal["kernels"].separate
+    for step in (device["kernels"], rehearsal["kernels"]):
+        assert str(check.HERE / "kernels.py") in step.command
+        assert step.figures == Path("/w") / "kernels.json" and str(step.figures) in step.command
+    command = device["kernels"].command
+    assert not {"--widths", "--batch", "--tf32", "--models"} & set(command)  # the paper's sizes, every setting
+    assert float(command[command.index("--seconds") + 1]) + 25 <= device["kernels"].timeout <= 180
+    tiny = rehearsal["kernels"].command
+    assert tiny[tiny.index("--widths") + 1] == "2,3" and tiny[tiny.index("--batch") + 1] == "4"

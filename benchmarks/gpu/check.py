@@ -25,7 +25,17 @@ rewritten after every step so that a check cut short still leaves what it measur
                 column's plain rows as one cell group, 2 rounds with graphs off and on (graphs.py)
   group_100     the same column at 100 clients (10 of them a round) as one cell group: 3 rounds timed, the
                 2500 projected (an evaluation of all 100 projected from the round's counted work)
-`--rehearse` runs every step on the CPU at tiny sizes (CI does: every step must say "ok").
+  kernels       (a call of its own: `--only kernels`) the batched training step of Table 1's two CNNs at 10 and
+                100 rows with each convolution form (grouped, unfold + bmm, a per-client loop), channels-first
+                and -last, TF32 default/on/off, eager and captured: seconds per step (CUDA events), the ratio to
+                the grouped form and to today's path, and each form's distance from a float64 CPU reference of
+                the same step (kernels.py)
+`--rehearse` runs every step on the CPU at tiny sizes (CI does: every step must say "ok"), `kernels` included.
+Why `kernels` is a call of its own: the steps above fill the 540 s, each box sized to what it measures; the
+kernels comparison (120 combinations, each timed, most also captured: ~90-130 s on the device, estimated) fits
+none of them without dropping what it compares, and it decides one engine change once rather than being
+repeated by every check. So a plain run leaves it out and `--only kernels` runs it alone, in a 180 s box: on a
+loan of its own, or as a loan's second call where a check left 4 minutes of the loan.
 The whole check keeps inside `--budget` seconds (default 540: one device command of 9 minutes, inside the
 device's 10-minute limit for a command; a lent device gives 15 minutes in all, its start included, so a
 second run is for a few failing steps (`--only`)).
@@ -77,6 +87,7 @@ class Step:
     timeout: float                      # seconds at most (less where the budget has less left)
     figures: Path | None = None         # a JSON file the step writes, folded into check.json
     env: dict[str, str] = field(default_factory=dict)
+    separate: bool = False              # runs on the device only when `--only` names it (a call of its own)
 
 
 def steps(device: str, rehearse: bool, work: Path) -> list[Step]:
@@ -110,6 +121,9 @@ def steps(device: str, rehearse: bool, work: Path) -> list[Step]:
                                "--rounds", "3", "--evaluation", "projected", "--samples", "30", "--epochs", "1",
                                "--client-batching", "on", "--seconds", "200", "--sharing", str(work / "concurrent.json"),
                                "--json", str(work / "group_100.json")], 240, work / "group_100.json"),
+            Step("kernels", [py, str(HERE / "kernels.py"), "--device", device, "--widths", "2,3", "--batch", "4",
+                             "--steps", "2", "--repeats", "1", "--json", str(work / "kernels.json")], 240,
+                 work / "kernels.json", separate=True),
         ]
     # Boxes: what each step took on an H100 (benchmarks/gpu/h100-2026-11-26.json: 12, 48, 14, 37, 58 and
     # 67 s) with a margin, and the two group steps (not yet run on a GPU: their own `--seconds` stop
@@ -137,6 +151,9 @@ def steps(device: str, rehearse: bool, work: Path) -> list[Step]:
                            "--rounds", "3", "--evaluation", "projected", "--seconds", "50",
                            "--sharing", str(work / "concurrent.json"),
                            "--json", str(work / "group_100.json")], 70, work / "group_100.json"),
+        # A call of its own (module doc): 120 combinations; none starts after 150 s, the last ends well inside 180.
+        Step("kernels", [py, str(HERE / "kernels.py"), "--device", device, "--seconds", "150",
+                         "--json", str(work / "kernels.json")], 180, work / "kernels.json", separate=True),
     ]
 
 
@@ -183,7 +200,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default=None, help="torch device (default: cuda; cpu with --rehearse)")
     parser.add_argument("--budget", type=float, default=None,
                         help="seconds for the whole check (default: 540 on the device, 1200 rehearsing)")
-    parser.add_argument("--only", default=None, help="comma-separated step names (a second, shorter run)")
+    parser.add_argument("--only", default=None,
+                        help="comma-separated step names (a second, shorter run; a step of its own call, `kernels`, "
+                             "runs on the device only when named)")
     args = parser.parse_args(argv)
     import torch
 
@@ -204,6 +223,8 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:
             parser.error(f"unknown step(s) {', '.join(unknown)}; the steps: {', '.join(s.name for s in chosen)}")
         chosen = [s for s in chosen if s.name in names]
+    elif not args.rehearse:
+        chosen = [s for s in chosen if not s.separate]
     result = {"device": device, "rehearse": args.rehearse, "budget_seconds": budget, "steps": {},
               "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "loadavg_before": list(os.getloadavg())}
     start = time.monotonic()
