@@ -1,5 +1,5 @@
 """The batched plain local step over static buffers: on CUDA captured once as a CUDA graph and replayed,
-on a CPU the same code called eagerly.
+on a CPU the same code called eagerly (the capture and the cache: `pflbench.captured`).
 
 Why. On a GPU a step of these small CNNs is host work (Python, autograd, ~80 launches), not arithmetic. A CUDA graph replays the step's kernels with one launch; what it needs is that every
 tensor the step reads or writes lives at a fixed address and every value that changes (the batch, who

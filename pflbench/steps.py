@@ -4,8 +4,10 @@ batch, pFedHN's official inner optimizer and newcomer fits): per-client batch pl
 tensor with the step counts on the host (`step_plan`, from the engine's plan; `step_ids`), which
 clients take each step (`Active`), per-client gradients of a stacked state, the engine's SGD rule for
 the clients still active (`sgd_step`), the round's losses checked once after its steps
-(`LossCheck`), and the engine's choice between one batched call and a loop over clients
-(`per_client`).
+(`LossCheck`), the engine's choice between one batched call and a loop over clients
+(`per_client`), and the steps' driver (`run_steps`): a method writes one step as a function of what it
+carries from step to step, and the engine runs it eagerly or over static buffers (a CUDA graph on CUDA,
+`pflbench.captured`; the `cuda_graphs` execution option).
 
 Everything here works on stacked states ([K, ...], row k = client k), so one call serves the batched
 path (all sampled clients at once) and the loop path (K = 1) alike.

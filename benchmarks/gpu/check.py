@@ -22,7 +22,8 @@ rewritten after every step so that a check cut short still leaves what it measur
                 sample-steps/s against the `concurrent` step's one-cell-per-process plateau (column_groups.py)
   graphs        the batched local step captured as a CUDA graph (pflbench.static_step) against the eager step:
                 max |diff| and seconds per step (CUDA events) at 10, 70 and 100 rows, and Table 1's Fashion-MNIST
-                column's plain rows as one cell group, 2 rounds with graphs off and on (graphs.py)
+                column's plain rows as one cell group, 2 rounds with graphs off and on, and the methods' own steps
+                (pFedMe, Per-FedAvg, pFedHN's official optimizer) eager vs captured, ms a step (graphs.py)
   group_100     the same column at 100 clients (10 of them a round) as one cell group: 3 rounds timed, the
                 2500 projected (an evaluation of all 100 projected from the round's counted work)
 `--rehearse` runs every step on the CPU at tiny sizes (CI does: every step must say "ok").

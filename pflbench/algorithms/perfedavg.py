@@ -57,7 +57,9 @@ Where the paper is silent / what was chosen here:
 - Batched: yes. The meta step needs two or three forward/backward passes per step on different
   batches, which the engine's single-objective `fed.train` cannot express, so this module drives
   its own steps with the engine's batched model (all sampled clients in one call, or one client at
-  a time where the engine loops); results are the same either way.
+  a time where the engine loops); results are the same either way. One meta step is one function
+  (`_meta_step`), which the engine runs eagerly or captured as a CUDA graph
+  (`pflbench.steps.run_steps`, the `cuda_graphs` option; the same bits on a CPU).
 - Communication: FedAvg's (the whole model down and up).
 """
 from __future__ import annotations

@@ -33,7 +33,10 @@ Adapted to rounds of sampled clients (what this module chooses):
     anew for every step of the server; line 160 `clip_grad_norm_(net.parameters(), 50)`; lines 272
     and 275 `--inner-lr` 5e-3, `--inner-wd` 5e-5). The batch size stays the cell's (official 64). The
     steps are driven with `pflbench/steps.py` (per-client gradients on the engine's batched
-    model, the engine's SGD rule), batched across clients for `server_updates="per_round"`.
+    model, the engine's SGD rule), batched across clients for `server_updates="per_round"`, one
+    function a step (`_official_step`), run eagerly or captured as a CUDA graph
+    (`pflbench.steps.run_steps`, the `cuda_graphs` option), without a host read between the first and
+    the last step (the losses are checked once at the end, naming the first failing step's clients).
 - The embedding's momentum and weight decay touch only the sampled client's row (its issue tracker
   notes that momentum on the whole table moves every client's embedding, also the unsampled ones).
 - BatchNorm statistics (the CIFAR model's) are not generated: they stay on the client.

@@ -38,7 +38,9 @@ Where the paper is silent / what was chosen here:
   `hp.personal_lr: 0.01`; the default stays the official value (docs/algorithms/pfedme.md).
 - Batched: yes; K inner steps on one batch then one outer step cannot be written as the engine's
   single-objective `fed.train`, so the module drives its own steps on the engine's batched model
-  (or one client at a time where the engine loops), same results either way.
+  (or one client at a time where the engine loops), same results either way. One outer step is one
+  function (`_step`), which the engine runs eagerly or captured as a CUDA graph
+  (`pflbench.steps.run_steps`, the `cuda_graphs` option; the same bits on a CPU).
 - Cost: K forward/backward passes per batch, so about K times `local`'s compute (measured:
   docs/algorithms/pfedme.md).
 - Aggregation weights: uniform over the sampled clients (Algorithm 1); the official code weights by
