@@ -27,7 +27,7 @@ def test_the_rehearsal_reports_bit_identity_and_no_capture(tmp_path):
     out = tmp_path / "graphs.json"
     assert graphs.main(["--device", "cpu", "--widths", "2,3", "--steps", "2", "--repeats", "1", "--rows",
                         "fedavg,fedbn", "--rounds", "2", "--samples", "30", "--epochs", "1", "--own-inner-steps", "3",
-                        "--json", str(out)]) == 0
+                        "--own-repeats", "1", "--json", str(out)]) == 0
     figures = json.loads(out.read_text())
     assert figures["capture"].startswith("no CUDA: capture not exercised")
     assert set(figures["step"]) == {"2", "3"}
