@@ -174,3 +174,20 @@ def test_a_model_that_draws_random_numbers_trains_eagerly_with_one_reason(tmp_pa
     alg.local_train(context, state)
     assert not own_steps(fed.model)
     assert "the static (CUDA-graph) step is not used here (the model draws random numbers" in capsys.readouterr().err
+
+
+def test_a_group_of_cells_with_static_own_steps_gives_each_cell_alone(tmp_path, monkeypatch):
+    """Cells of a group run their own steps on their own threads, each over its own model's static buffers:
+    per cell, what the cell gives alone with the option off."""
+    from pflbench.groups import run_group
+
+    cells = [small_cell(algorithm="pfedme", hp={"k": 2, "personal_lr": 0.01}, seed=seed, **IMAGES) for seed in (0, 1)]
+    cells.append(small_cell(algorithm="perfedavg", hp={"variant": "fo"}, **IMAGES))
+    alone = [run_cell(c, data_root=tmp_path, execution=ExecutionOptions(client_batching="on", cuda_graphs="off"))
+             for c in cells]
+    runs = counted_runs(monkeypatch)
+    grouped = run_group(cells, data_root=tmp_path, execution=ExecutionOptions(client_batching="on", cuda_graphs="on"))
+    assert runs
+    for one, member in zip(alone, grouped.results):
+        assert one.status == member.status == "finished"
+        assert_identical(one, member)
