@@ -22,9 +22,10 @@ change how fast a cell runs, never what it computes beyond float rounding.
   merge (`on` forms groups there too). Grouping changes no number of a cell beyond float rounding (the
   batched step's: bit for bit on a CPU, tests/test_cell_groups.py). On Ray a group is one task, with one
   cell's CPUs and the cells' GPU fractions summed up to one GPU (`pflbench.groups.group_resources`).
-- `cuda_graphs`: the batched plain local step through static buffers (pflbench.static_step): captured
-  once per shape as a CUDA graph and replayed on CUDA, called eagerly on a CPU (where it gives the eager
-  batched step's numbers bit for bit, tests/test_static_step.py). `auto`: off until the GPU check's
+- `cuda_graphs`: the batched plain local step through static buffers (pflbench.static_step), and the
+  methods' own steps (pFedMe, Per-FedAvg, pFedHN's official inner optimizer: pflbench.steps.run_steps):
+  captured once per shape as a CUDA graph and replayed on CUDA, called eagerly on a CPU (where they give
+  the eager steps' numbers bit for bit, tests/test_static_step.py, tests/test_captured_steps.py). `auto`: off until the GPU check's
   `graphs` step has shown graphs on and off equal on a device (`CUDA_GRAPHS_VERIFIED`), then on CUDA;
   `on` uses the static step on any device (on a CPU only to test it: it is no faster there).
 - `device`: torch device (None: "cuda" for cells given GPUs, else "cpu"; decided by the runner).
@@ -48,8 +49,9 @@ CUDA_GRAPHS = ("auto", "on", "off")
 CHOICES = {"client_batching": CLIENT_BATCHING, "compiled_training": COMPILED_TRAINING,
            "channels_last": CHANNELS_LAST, "client_threads": CLIENT_THREADS, "cell_groups": CELL_GROUPS,
            "cuda_graphs": CUDA_GRAPHS}
-# Whether `cuda_graphs: auto` turns the captured step on for CUDA: set once a device has shown graphs on and
-# off equal (benchmarks/gpu/check.py's `graphs` step); until then `auto` is off everywhere.
+# Whether `cuda_graphs: auto` turns the captured steps on for CUDA: set once a device has shown graphs on and
+# off equal (benchmarks/gpu/check.py's `graphs` step: the plain step, the column, the methods' own steps);
+# until then `auto` is off everywhere.
 CUDA_GRAPHS_VERIFIED = False
 
 

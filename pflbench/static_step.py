@@ -1,5 +1,5 @@
 """The batched plain local step over static buffers: on CUDA captured once as a CUDA graph and replayed,
-on a CPU the same code called eagerly.
+on a CPU the same code called eagerly (the capture and the cache: `pflbench.captured`).
 
 Why. On a GPU a step of these small CNNs is host work (Python, autograd, ~80 launches), not arithmetic. A CUDA graph replays the step's kernels with one launch; what it needs is that every
 tensor the step reads or writes lives at a fixed address and every value that changes (the batch, who
@@ -33,13 +33,13 @@ and at least two rows is captured; other calls train eagerly with one reason lin
 """
 from __future__ import annotations
 
-import sys
-import time
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
 
+from pflbench.captured import CACHED as CACHED  # static steps kept per model (tests read it here)
+from pflbench.captured import cached, capture
 from pflbench.row_rates import RowRates, Rule, structure
 
 # What this module needs of `pflbench.training`'s types, named here (training imports this module).
@@ -65,8 +65,6 @@ class ClientModel(Protocol):
 
     def forward(self, state: State, x: Tensor, train: bool) -> Tensor: ...
 
-CACHED = 4  # StaticSteps kept per model (each holds its buffers and, on CUDA, its graph's memory)
-WARMUP = 3  # eager steps on a side stream before a capture (lazy initialization of cuBLAS, autograd)
 
 
 def static_unavailable(model: ClientModel, plain_objective: bool, width: int, trainable: set[str]) -> str | None:
@@ -87,7 +85,7 @@ class StaticStep:
     """One batched plain step over static buffers (module doc); `run` replays it (CUDA) or calls it."""
 
     def __init__(self, model: ClientModel, state: State, trainable: set[str], x: Tensor, y: Tensor, sgd: SGD,
-                 capture: bool) -> None:
+                 capture_it: bool) -> None:
         self.model = model
         width = len(y)
         self.state = {name: torch.zeros_like(t) for name, t in state.items()}
@@ -99,9 +97,7 @@ class StaticStep:
         self.active = torch.ones(width, dtype=torch.bool, device=y.device)
         self.rates = RowRates.of([sgd] * width, y.device, self.leaves[0].dtype if self.leaves else torch.float32)
         self.loss_sum = torch.zeros(width, device=y.device)
-        self.graph: torch.cuda.CUDAGraph | None = None
-        if capture:
-            self._capture()
+        self.graph: torch.cuda.CUDAGraph | None = capture(self._step) if capture_it else None
 
     def _step(self) -> None:
         """Forward, loss, backward and the update of the active rows, on the buffers."""
@@ -122,18 +118,6 @@ class StaticStep:
                 _keep_inactive(self.active, list(self.kept.values()), [self.state[n] for n in self.buffers],
                                into=[self.state[n] for n in self.buffers])
             self.loss_sum.copy_(torch.where(self.active, self.loss_sum + losses.detach(), self.loss_sum))
-
-    def _capture(self) -> None:
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(WARMUP):
-                self._step()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, capture_error_mode="thread_local"):  # cell groups' threads launch meanwhile
-            self._step()
-        self.graph = graph
 
     def run(self) -> None:
         if self.graph is not None:
@@ -170,9 +154,8 @@ def train_static(model: ClientModel, state: State, features: Tensor, labels: Ten
     x, y = features[ids[:, 0]], labels[ids[:, 0]]
     key = (tuple(sorted(trainable)), width, tuple(x.shape), x.stride(), x.dtype, y.dtype,
            tuple((n, t.dtype) for n, t in state.items()), structure(sgd), str(device), model.channels_last)
-    step = model.static_steps.get(key)
-    if step is None:
-        step = _made(model, key, lambda: StaticStep(model, state, trainable, x, y, sgd, device.type == "cuda"))
+    step = cached(model.static_steps, key, lambda: StaticStep(model, state, trainable, x, y, sgd, device.type == "cuda"),
+                  f"the batched step ({width} rows, batch {x.shape[1]})")
     step.load(state, rates or RowRates.of([sgd] * width, device, step.rates.neg_lr.dtype))
     shortest = min(counts, default=0)
     masks = _masks(counts, steps, shortest, device)
@@ -201,16 +184,3 @@ def _masks(counts: list[int], steps: int, shortest: int, device: torch.device) -
     (`shortest`..`steps` - 1), in one copy to the device."""
     rows = [[True] * len(counts)] + [[c > s for c in counts] for s in range(shortest, steps)]
     return torch.tensor(rows, dtype=torch.bool).to(device)
-
-
-def _made(model: ClientModel, key: tuple, make: Callable[[], StaticStep]) -> StaticStep:
-    """A new StaticStep for `key`, kept in the model's cache (the oldest dropped past CACHED)."""
-    began = time.perf_counter()
-    step = make()
-    if len(model.static_steps) >= CACHED:
-        model.static_steps.pop(next(iter(model.static_steps)))
-    model.static_steps[key] = step
-    if step.graph is not None:
-        print(f"pflbench: captured the batched step as a CUDA graph ({key[1]} rows, batch {key[2][1]}) in "
-              f"{time.perf_counter() - began:.2f} s", file=sys.stderr, flush=True)
-    return step

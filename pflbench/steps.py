@@ -4,8 +4,10 @@ batch, pFedHN's official inner optimizer and newcomer fits): per-client batch pl
 tensor with the step counts on the host (`step_plan`, from the engine's plan; `step_ids`), which
 clients take each step (`Active`), per-client gradients of a stacked state, the engine's SGD rule for
 the clients still active (`sgd_step`), the round's losses checked once after its steps
-(`LossCheck`), and the engine's choice between one batched call and a loop over clients
-(`per_client`).
+(`LossCheck`), the engine's choice between one batched call and a loop over clients
+(`per_client`), and the steps' driver (`run_steps`): a method writes one step as a function of what it
+carries from step to step, and the engine runs it eagerly or over static buffers (a CUDA graph on CUDA,
+`pflbench.captured`; the `cuda_graphs` execution option).
 
 Everything here works on stacked states ([K, ...], row k = client k), so one call serves the batched
 path (all sampled clients at once) and the loop path (K = 1) alike.
@@ -24,14 +26,16 @@ CPU they are those very operations. Callers that pass a device mask where an `Ac
 """
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Hashable, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from pflbench.captured import Carry, StaticLoop, cached, signature
 from pflbench.streams import StreamLike
 from pflbench.round_context import Round
 from pflbench.training import SGD, State
@@ -44,7 +48,9 @@ if TYPE_CHECKING:
 class Active:
     """The clients that take one local step, as known on the host from the batch plan: `everyone`
     (all K clients), `mask` ([K] bool, on the device) and, unless everyone is active, `rows` (their
-    indices in ascending order, on the device)."""
+    indices in ascending order, on the device). In a static step (`run_steps`) nothing is known on the
+    host: `everyone` is False, `rows` None and `mask` a buffer refilled per step; every row is then
+    computed and the inactive rows keep their values (`torch.where`)."""
 
     everyone: bool
     mask: Tensor
@@ -175,13 +181,29 @@ def sgd_step(params: State, grads: State, momenta: State, sgd: SGD, lr: float, a
     if isinstance(active, Active):
         if active.everyone:
             sgd.apply(tensors, gradients, buffers, lr)
+        elif active.rows is None:  # a static step's mask: every row stepped, the inactive ones kept
+            _apply_where(sgd, tensors, gradients, buffers, lr, active.mask)
         else:
-            assert active.rows is not None  # given unless everyone is active
             sgd.apply_rows(tensors, gradients, buffers, active.rows, lr)
     elif bool(active.all()):
         sgd.apply(tensors, gradients, buffers, lr)
     elif bool(active.any()):
         sgd.apply_rows(tensors, gradients, buffers, torch.nonzero(active).flatten(), lr)
+
+
+def _apply_where(sgd: SGD, params: list[Tensor], grads: list[Tensor], momenta: list[Tensor] | None, lr: float,
+                 mask: Tensor) -> None:
+    """`SGD.apply` on copies of every row, then the rows of `mask` take the new values (in place) and the
+    others keep theirs: `apply_rows`'s values without reading the rows on the host (each element's update
+    is its own, wherever it sits in the tensor)."""
+    with torch.no_grad():
+        new = [p.clone() for p in params]
+        new_momenta = None if momenta is None else [m.clone() for m in momenta]
+        sgd.apply(new, grads, new_momenta, lr)
+        for p, n in zip(params, new):
+            p.copy_(rows_where(mask, n, p))
+        for m, n in zip(momenta or [], new_momenta or []):
+            m.copy_(rows_where(mask, n, m))
 
 
 def _everyone(active: Tensor | Active) -> bool:
@@ -245,6 +267,125 @@ class LossCheck:
             return None, ok
         first = int(torch.nonzero(bad.any(1))[0])
         return (first, bad[first]), ok
+
+
+class DeviceLossCheck(LossCheck):
+    """`LossCheck`'s answers from flags kept on the device and updated in place by each check (the first
+    failing check's index and its clients, and the checks' count): what a static step (`run_steps`) keeps
+    across its replays, where a list of the steps' losses cannot grow. `reset` before a call's steps."""
+
+    def __init__(self, width: int, device: torch.device) -> None:
+        super().__init__()
+        self.count = torch.zeros((), dtype=torch.long, device=device)
+        self.first = torch.full((), -1, dtype=torch.long, device=device)
+        self.bad = torch.zeros(width, dtype=torch.bool, device=device)
+
+    def reset(self) -> None:
+        self.count.zero_()
+        self.first.fill_(-1)
+        self.bad.zero_()
+
+    def add(self, active: Tensor | Active, *losses: Tensor) -> None:
+        if self._width is None:
+            self._width = len(losses)
+        elif len(losses) != self._width:
+            raise ValueError(f"a check has {self._width} losses; got {len(losses)}")
+        with torch.no_grad():
+            bad = ~torch.isfinite(losses[0])
+            for loss in losses[1:]:
+                bad |= ~torch.isfinite(loss)
+            bad &= active.mask if isinstance(active, Active) else active
+            new = bad.any() & (self.first < 0)
+            self.first.copy_(torch.where(new, self.count, self.first))
+            self.bad.copy_(torch.where(new, bad, self.bad))
+            self.count += 1
+
+    def verdict(self, rows_ok: Tensor | None = None) -> tuple[tuple[int, Tensor] | None, bool]:
+        flags = [self.first >= 0] + ([rows_ok.all()] if rows_ok is not None else [])
+        failed, *rest = torch.stack(flags).tolist()
+        ok = rest[0] if rest else True
+        return ((int(self.first), self.bad.clone()) if failed else None), ok
+
+
+# (the step's carried tensors, its inputs this step: one id tensor [K, B] per plan, who is active, the
+# losses' check) -> the carried tensors after the step
+Step = Callable[[Carry, list[Tensor], Active, LossCheck], Carry]
+
+
+def run_steps(fed: Engine, plans: Sequence[StepPlan], carry: Carry, step: Step, key: Hashable) -> tuple[Carry, LossCheck]:
+    """A method's own local steps: for each step s of `plans[0]`, `carry = step(carry, [p.ids[:, s] for p in
+    plans], plans[0].active(s), losses)`; returns the carried tensors after the last step and the check of
+    the losses (`LossCheck.verdict`, the caller's one read of the device).
+
+    Eagerly, as written, unless the engine runs its steps over static buffers (the `cuda_graphs` execution
+    option); then the same `step` runs over the buffers of a `pflbench.captured.StaticLoop` (captured once
+    as a CUDA graph and replayed on CUDA, called on a CPU) cached on the model: the step sees an `Active`
+    without rows (every row computed, the inactive ones kept with `torch.where`) and a `DeviceLossCheck`.
+    `key` names the constants `step` uses (hyperparameters, the SGD rule): a step is kept per key, shapes
+    and layouts, and the first `step` given for it is the one that runs. On a CPU both forms give the
+    same bits (tests/test_captured_steps.py)."""
+    plan = plans[0]
+    why_not = static_unavailable(fed, len(plan.counts)) if plan.steps else ""
+    if why_not is not None:
+        if why_not and why_not not in _noted:
+            _noted.add(why_not)
+            print(f"pflbench: the static (CUDA-graph) step is not used here ({why_not}); training eagerly",
+                  file=sys.stderr, flush=True)
+        losses = LossCheck()
+        for s in range(plan.steps):
+            carry = step(carry, [p.ids[:, s] for p in plans], plan.active(s), losses)
+        return carry, losses
+    model, device = fed.model, plan.ids.device
+    inputs = [p.ids[:, 0] for p in plans] + [plan.active(0).mask]
+    data = tuple(t.data_ptr() for t in (getattr(fed, "features", None), getattr(fed, "labels", None))
+                 if t is not None)  # the tensors the step's gathers read, at their addresses
+    full_key = ("own step", getattr(step, "__qualname__", repr(step)), key, signature(carry, inputs), data,
+                model.channels_last)
+    static = cached(model.static_steps, full_key, lambda: _StaticSteps(carry, inputs, step, device),
+                    f"{getattr(step, '__qualname__', 'a step')} ({len(plan.counts)} rows)")
+    static.check.reset()
+    static.loop.load(carry)
+    shortest = int(plan.counts.min()) if len(plan.counts) else 0
+    for s in range(plan.steps):
+        for i, p in enumerate(plans):
+            static.loop.feed(i, p.ids[:, s])
+        if s == 0 or s >= shortest:  # every row is active until the shortest plan ends
+            static.loop.feed(len(plans), plan.active(s).mask)
+        static.loop.run()
+    return static.loop.result(), static.check
+
+
+_noted: set[str] = set()
+
+
+def static_unavailable(fed: Engine, width: int) -> str | None:
+    """None if `run_steps` runs over static buffers for `width` clients; else why not: "" where the engine
+    does not ask for it (`cuda_graphs` off, or auto before verification), else one line."""
+    if not getattr(fed, "static_step", False) or width == 0:  # the Federation's execution option
+        return ""
+    model = fed.model
+    if model.stochastic:
+        return "the model draws random numbers (dropout)"
+    if width > 1 and (model._twins[True] is None or model._twins[False] is None):
+        return "the model has a layer without a batched twin (vmap)"
+    return None
+
+
+class _StaticSteps:
+    """A method's step over static buffers (`run_steps`): the loop and its losses' check."""
+
+    def __init__(self, carry: Carry, inputs: list[Tensor], step: Step, device: torch.device) -> None:
+        self.check = DeviceLossCheck(len(inputs[-1]), device)
+        check = self.check
+
+        def body(carried: Carry, given: list[Tensor]) -> Carry:
+            return step(carried, given[:-1], Active(False, given[-1]), check)
+
+        self.loop = StaticLoop(carry, inputs, body, device.type == "cuda")
+
+    @property
+    def graph(self) -> torch.cuda.CUDAGraph | None:
+        return self.loop.graph
 
 
 def per_client(fed: Engine, clients: Tensor, fn: Callable[..., Any], *stacked: Any) -> Any:

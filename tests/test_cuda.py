@@ -9,6 +9,8 @@ run at all fails here rather than on the device's few minutes.
 - the compiled training step against the eager one;
 - the batched step captured as a CUDA graph (pflbench.static_step) against the eager one, a whole
   BatchNorm cell with stragglers with `cuda_graphs` on and off;
+- the methods' own steps (pFedMe, Per-FedAvg, pFedHN's official inner optimizer: pflbench.steps.run_steps)
+  captured against the eager ones, whole BatchNorm cells with stragglers and momentum;
 - a whole cell through the CLI (`pflbench run --no-ray --device ...`), with its result in the store;
 - a checkpoint written on the device, read back on the CPU (tensors on the CPU), and set aside there
   with its reason (another execution path) by a CPU run of the same cell, which then finishes.
@@ -166,3 +168,30 @@ def test_the_captured_step_matches_the_eager_step_on_the_device(tmp_path):
     assert off.status == on.status == "finished"
     torch.testing.assert_close(torch.tensor(on.metrics["loss"].to_numpy()), torch.tensor(off.metrics["loss"].to_numpy()),
                                rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("algorithm, hp", [("pfedme", {"k": 2, "personal_lr": 0.01}), ("perfedavg", {"variant": "hf"}),
+                                           ("pfedhn", {"inner_optimizer": "official", "inner_steps": 5})])
+def test_the_methods_own_steps_captured_match_the_eager_ones_on_the_device(tmp_path, monkeypatch, algorithm, hp):
+    """On CUDA each method's own step is captured once per shape and replayed (the eager step's kernels, but
+    for the SGD update of the rows that sit out, kept by `torch.where`); on the CPU it runs eagerly and the
+    cells are equal to the bit."""
+    import numpy as np
+
+    from pflbench import captured
+
+    captures = []
+    capture = captured.capture
+    monkeypatch.setattr(captured, "capture", lambda fn: (captures.append(1), capture(fn))[1])
+    cell = small_cell(algorithm=algorithm, hp=hp, model="cnn-bn", dataset="synthetic-images", rounds=2, momentum=0.9,
+                      dataset_options={"channels": 3, "size": 32, "num_samples": 400},
+                      system={"stragglers": 0.4, "straggler_work": 0.5})
+    off, on = (run_cell(cell, data_root=tmp_path, execution=ExecutionOptions(device=DEVICE, client_batching="on",
+                                                                             cuda_graphs=graphs))
+               for graphs in ("off", "on"))
+    assert off.status == on.status == "finished"
+    assert bool(captures) == (DEVICE == "cuda")
+    torch.testing.assert_close(torch.tensor(on.metrics["loss"].to_numpy()), torch.tensor(off.metrics["loss"].to_numpy()),
+                               rtol=1e-4, atol=1e-5)
+    if DEVICE == "cpu":
+        assert np.array_equal(on.metrics["loss"].to_numpy(), off.metrics["loss"].to_numpy(), equal_nan=True)

@@ -1,7 +1,8 @@
 """The GPU check's `graphs` step (benchmarks/gpu/graphs.py) at the rehearsal's size on the CPU: the static step
 runs eagerly ("no CUDA: capture not exercised") and its figures say the eager and the static step agree to the
-bit — the timed step's parameters and losses at every width, and the column's rows' evaluated losses and
-accuracies with `cuda_graphs` off and on."""
+bit — the timed step's parameters and losses at every width, the column's rows' evaluated losses and
+accuracies with `cuda_graphs` off and on, and the methods' own steps (pFedMe, Per-FedAvg, pFedHN's official
+inner optimizer) at the column's width."""
 import json
 import sys
 from pathlib import Path
@@ -25,7 +26,8 @@ def test_largest_difference_names_any_disagreement():
 def test_the_rehearsal_reports_bit_identity_and_no_capture(tmp_path):
     out = tmp_path / "graphs.json"
     assert graphs.main(["--device", "cpu", "--widths", "2,3", "--steps", "2", "--repeats", "1", "--rows",
-                        "fedavg,fedbn", "--rounds", "2", "--samples", "30", "--epochs", "1", "--json", str(out)]) == 0
+                        "fedavg,fedbn", "--rounds", "2", "--samples", "30", "--epochs", "1", "--own-inner-steps", "3",
+                        "--own-repeats", "1", "--json", str(out)]) == 0
     figures = json.loads(out.read_text())
     assert figures["capture"].startswith("no CUDA: capture not exercised")
     assert set(figures["step"]) == {"2", "3"}
@@ -38,3 +40,17 @@ def test_the_rehearsal_reports_bit_identity_and_no_capture(tmp_path):
     for row in column["rows"].values():
         assert row["status"] == ["finished", "finished"]
         assert row["loss_bit_identical"] and row["accuracy_bit_identical"] and row["max_abs_diff_loss"] == 0.0
+    own = figures["own"]
+    assert set(own) == {"pfedme", "perfedavg", "pfedhn"}
+    for name, row in own.items():
+        assert row["bit_identical"] and row["max_abs_diff"] == 0.0 and not row["captured"], name
+        assert row["rows"] == (1 if name == "pfedhn" else 10) and row["steps"] >= 1
+        assert row["eager_ms_per_step"] > 0 and row["static_ms_per_step"] > 0
+    assert own["pfedhn"]["steps"] == 3
+
+
+def test_bit_identical_sees_signed_zeros_and_nans():
+    a = {"w": torch.tensor([0.0, float("nan")]), "n": torch.tensor([3])}
+    assert graphs.bit_identical(a, {"w": torch.tensor([0.0, float("nan")]), "n": torch.tensor([3])})
+    assert not graphs.bit_identical(a, {"w": torch.tensor([-0.0, float("nan")]), "n": torch.tensor([3])})
+    assert not graphs.bit_identical(a, {"w": a["w"]})

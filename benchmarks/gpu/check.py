@@ -22,7 +22,8 @@ rewritten after every step so that a check cut short still leaves what it measur
                 sample-steps/s against the `concurrent` step's one-cell-per-process plateau (column_groups.py)
   graphs        the batched local step captured as a CUDA graph (pflbench.static_step) against the eager step:
                 max |diff| and seconds per step (CUDA events) at 10, 70 and 100 rows, and Table 1's Fashion-MNIST
-                column's plain rows as one cell group, 2 rounds with graphs off and on (graphs.py)
+                column's plain rows as one cell group, 2 rounds with graphs off and on, and the methods' own steps
+                (pFedMe, Per-FedAvg, pFedHN's official optimizer) eager vs captured, ms a step (graphs.py)
   group_100     the same column at 100 clients (10 of them a round) as one cell group: 3 rounds timed, the
                 2500 projected (an evaluation of all 100 projected from the round's counted work)
   kernels       (a call of its own: `--only kernels`) the batched training step of Table 1's two CNNs at 10 and
@@ -112,7 +113,8 @@ def steps(device: str, rehearse: bool, work: Path) -> list[Step]:
                                  "--json", str(work / "paper_slice.json")], 240, work / "paper_slice.json"),
             Step("graphs", [py, str(HERE / "graphs.py"), "--device", device, "--widths", "2,3", "--steps", "2",
                             "--repeats", "1", "--rows", "fedavg,fedbn", "--rounds", "2", "--samples", "30",
-                            "--epochs", "1", "--json", str(work / "graphs.json")], 240, work / "graphs.json"),
+                            "--epochs", "1", "--own-inner-steps", "3", "--own-repeats", "1",
+                            "--json", str(work / "graphs.json")], 240, work / "graphs.json"),
             Step("column_groups", [py, str(HERE / "column_groups.py"), "--device", device, "--clients", "10",
                                    "--rounds", "3", "--samples", "30", "--epochs", "1", "--client-batching", "on",
                                    "--seconds", "200", "--sharing", str(work / "concurrent.json"),

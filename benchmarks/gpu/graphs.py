@@ -1,7 +1,7 @@
 """The batched local step captured as a CUDA graph (pflbench.static_step) against the eager step, on the device:
 equal, and how much faster.
 
-Two parts, each on the same starting state with the option off and on:
+Three parts, each on the same starting state with the option off and on:
 - `step`: the Fashion-MNIST CNN's batched plain step at `--widths` rows (10: one 10-client cell; 70: the
   column's seven plain rows as one cell group; 100), batch `--batch`, one call of `--steps` steps a client
   (a row with fewer steps at the tail: a straggler). Per width: max |diff| of the trained parameters and the
@@ -13,6 +13,13 @@ Two parts, each on the same starting state with the option off and on:
   path), `--rounds` rounds with an evaluation at the last, once with `cuda_graphs` off and once on: per row
   max |diff| of the evaluated losses and accuracies (test and validation, every client), and the group's
   seconds (all rounds, data prepared beforehand) of each.
+- `own`: the methods' own steps (pflbench.steps.run_steps: pFedMe's inner solve, Per-FedAvg's meta step,
+  pFedHN's official inner optimizer) in Table 1's Fashion-MNIST 10-client column's cells (`--own-rows`; the
+  paper's settings at `--own-epochs` local epochs, `--samples` as for the column): one round's local training
+  of the column's width (its 10 clients; pFedHN: one client, as its per-client server updates train them),
+  eager and over static buffers: max |diff| of what it returns (pFedMe: and theta), whether it is equal to
+  the bit, milliseconds per step of each (CUDA events around the call, the median of `--own-repeats` calls after
+  a warm-up call, the static one capturing) and their ratio.
 On a CPU (the rehearsal) nothing is captured: the static step runs eagerly (the "replay" is a call), the
 figures say "no CUDA: capture not exercised", and the two must agree to the bit (tests/test_static_step.py).
 
@@ -46,6 +53,19 @@ def largest_difference(a: dict, b: dict) -> float:
         elif not torch.equal(t, b[name]):
             worst = float("inf")
     return worst
+
+
+def bit_identical(a: dict, b: dict) -> bool:
+    """Whether two states hold the same bits (NaNs and signed zeros included)."""
+    import torch
+
+    bits = {2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+    def raw(t):
+        return t.view(bits[t.element_size()]) if t.is_floating_point() else t
+
+    return a.keys() == b.keys() and all(a[n].shape == b[n].shape and a[n].dtype == b[n].dtype
+                                        and torch.equal(raw(a[n]), raw(b[n])) for n in a)
 
 
 def step_part(device: str, widths: list[int], batch: int, steps: int, repeats: int) -> dict:
@@ -150,6 +170,85 @@ def column_part(device: str, rows: list[str], rounds: int, samples: int | None, 
             "local_epochs": cells[0].local_epochs}
 
 
+OWN_ROWS = ["pfedme", "perfedavg", "pfedhn"]
+
+
+def own_part(device: str, rows: list[str], repeats: int, samples: int | None, epochs: int,
+             inner_steps: int | None) -> dict:
+    import torch
+
+    from pflbench.algorithm import get_algorithm
+    from pflbench.execution import ExecutionOptions
+    from pflbench.federation import Federation
+    from pflbench.resolve import resolve
+    from pflbench.rounds import prepare_cell, with_server
+
+    cuda = device.startswith("cuda")
+    figures: dict = {}
+    for cell, _ in column_cells(rows, 10, 1, "timed", samples, None):
+        if cell.algorithm == "pfedhn":  # its official inner optimizer (the method's own steps)
+            cell = cell.model_copy(update={"hp": {**cell.hp, "inner_optimizer": "official",
+                                                  **({"inner_steps": inner_steps} if inner_steps else {})}})
+        cell = resolve(cell.model_copy(update={"local_epochs": epochs}))
+        dataset, splits = prepare_cell(cell)
+        fed = Federation(cell, dataset, splits, ExecutionOptions(device=device, client_batching="on"))
+        method = get_algorithm(cell.algorithm)
+        alg = method(fed, method.parse_hyperparams(cell.hp))
+        alg.setup()
+        clients = torch.arange(fed.num_clients, device=fed.device)
+        context = fed.round(1, clients)
+        download = alg.configure(context)
+        context = with_server(alg, fed, context.with_download(download))
+        state = alg.receive(context, download)
+        if cell.algorithm == "pfedhn":
+            one = {n: t[:1] for n, t in state.items()}
+            width, steps = 1, alg.hp.inner_steps or 1
+
+            def train() -> dict:
+                return alg.inner_train(context, clients[:1], one)
+        else:
+            width, steps = len(clients), max(len(p) for p in fed.local_plans(context, clients))
+
+            def train() -> dict:
+                out = dict(alg.local_train(context, state))
+                for n, t in getattr(alg, "personal_state", {}).items():  # pFedMe's theta
+                    out[f"theta.{n}"] = t.clone()
+                return out
+
+        def call(static: bool) -> dict:
+            fed.static_step = static
+            return train()
+
+        def timed(static: bool) -> float:
+            if cuda:
+                begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                begin.record()
+                call(static)
+                end.record()
+                torch.cuda.synchronize()
+                return begin.elapsed_time(end) / 1000 / steps
+            began = time.perf_counter()
+            call(static)
+            return (time.perf_counter() - began) / steps
+
+        eager_result = call(False)
+        began = time.perf_counter()
+        static_result = call(True)  # the first call captures (on CUDA)
+        if cuda:
+            torch.cuda.synchronize()
+        first_call = time.perf_counter() - began
+        same = bit_identical(eager_result, static_result)
+        eager = statistics.median(timed(False) for _ in range(repeats))
+        static = statistics.median(timed(True) for _ in range(repeats))
+        made = [step for key, step in fed.model.static_steps.items() if key[0] == "own step"]
+        figures[cell.algorithm] = {
+            "rows": width, "batch": cell.batch_size, "steps": steps, "local_epochs": cell.local_epochs,
+            "max_abs_diff": largest_difference(eager_result, static_result), "bit_identical": same,
+            "captured": bool(made) and made[0].graph is not None, "first_static_call_seconds": first_call,
+            "eager_ms_per_step": eager * 1e3, "static_ms_per_step": static * 1e3, "speedup": eager / static}
+    return figures
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda")
@@ -161,6 +260,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3, help="the column's rounds, the last evaluated")
     parser.add_argument("--samples", type=int, default=None, help="samples per client (default: the spec's)")
     parser.add_argument("--epochs", type=int, default=None, help="local and adaptation epochs (default: the spec's)")
+    parser.add_argument("--own-rows", default=",".join(OWN_ROWS), help="methods whose own steps are timed ('': none)")
+    parser.add_argument("--own-epochs", type=int, default=1, help="local epochs of the own steps' round")
+    parser.add_argument("--own-repeats", type=int, default=3, help="timed calls of each method's own steps")
+    parser.add_argument("--own-inner-steps", type=int, default=None, help="pFedHN's inner steps (default: the cell's)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     import torch
@@ -174,19 +277,20 @@ def main(argv: list[str] | None = None) -> int:
                      "capture": "CUDA graphs" if cuda else "no CUDA: capture not exercised (the static step eagerly)",
                      "tf32_convolutions": torch.backends.cudnn.allow_tf32 if cuda else None}
     failed = False
-    try:
-        figures["step"] = step_part(args.device, [int(w) for w in args.widths.split(",")], args.batch, args.steps,
-                                    args.repeats)
-    except Exception as error:  # recorded; the column still runs
-        figures["step_error"] = f"{type(error).__name__}: {error}"
-        failed = True
-    try:
-        figures["column"] = column_part(args.device, args.rows.split(","), args.rounds, args.samples, args.epochs)
-    except Exception as error:
-        figures["column_error"] = f"{type(error).__name__}: {error}"
-        failed = True
-    if args.json:
-        Path(args.json).write_text(json.dumps(figures, indent=1) + "\n")
+    parts = [("step", lambda: step_part(args.device, [int(w) for w in args.widths.split(",")], args.batch, args.steps,
+                                        args.repeats)),
+             ("column", lambda: column_part(args.device, args.rows.split(","), args.rounds, args.samples, args.epochs))]
+    if args.own_rows:
+        parts.append(("own", lambda: own_part(args.device, args.own_rows.split(","), args.own_repeats, args.samples,
+                                              args.own_epochs, args.own_inner_steps)))
+    for name, part in parts:
+        try:
+            figures[name] = part()
+        except Exception as error:  # recorded; the next part still runs
+            figures[f"{name}_error"] = f"{type(error).__name__}: {error}"
+            failed = True
+        if args.json:  # after every part: a step cut short by its box keeps what it measured
+            Path(args.json).write_text(json.dumps(figures, indent=1) + "\n")
     print(figures["capture"])
     for width, f in figures.get("step", {}).items():
         print(f"step at {width:>3} rows: eager {f['eager_seconds_per_step'] * 1e3:.3f} ms, static "
@@ -199,7 +303,11 @@ def main(argv: list[str] | None = None) -> int:
               f"on {column['seconds_on']:.2f} s ({column['speedup']:.2f}x)")
         for name, row in column["rows"].items():
             print(f"  {name:11s} {row}")
-    for key in ("step_error", "column_error"):
+    for name, f in figures.get("own", {}).items():
+        print(f"own steps of {name:9s} at {f['rows']:>2} rows: eager {f['eager_ms_per_step']:.3f} ms, static "
+              f"{f['static_ms_per_step']:.3f} ms a step ({f['speedup']:.2f}x); max |diff| {f['max_abs_diff']:.3g}; "
+              f"bit-identical {f['bit_identical']}")
+    for key in ("step_error", "column_error", "own_error"):
         if key in figures:
             print(f"{key}: {figures[key]}", file=sys.stderr)
     statuses = [s for row in (column or {}).get("rows", {}).values() for s in row["status"]]

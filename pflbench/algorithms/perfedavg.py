@@ -57,7 +57,9 @@ Where the paper is silent / what was chosen here:
 - Batched: yes. The meta step needs two or three forward/backward passes per step on different
   batches, which the engine's single-objective `fed.train` cannot express, so this module drives
   its own steps with the engine's batched model (all sampled clients in one call, or one client at
-  a time where the engine loops); results are the same either way.
+  a time where the engine loops); results are the same either way. One meta step is one function
+  (`_meta_step`), which the engine runs eagerly or captured as a CUDA graph
+  (`pflbench.steps.run_steps`, the `cuda_graphs` option; the same bits on a CPU).
 - Communication: FedAvg's (the whole model down and up).
 """
 from __future__ import annotations
@@ -69,8 +71,8 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from pflbench.steps import (LossCheck, clone_state, finite, keep_inactive, loss_and_grads, per_client,
-                            restore_inactive, rows_where, sgd_step, step_ids, step_plan)
+from pflbench.steps import (Active, Carry, LossCheck, clone_state, finite, keep_inactive, loss_and_grads, per_client,
+                            restore_inactive, rows_where, run_steps, sgd_step, step_ids, step_plan)
 from pflbench import streams
 from pflbench.algorithm import ALGORITHMS, Card, ClientRound, Hyperparams, Payload, Serving
 from pflbench.fedavg import FedAvg
@@ -122,35 +124,18 @@ class PerFedAvg(FedAvg[PerFedAvgHP]):
 
     def _meta_train(self, rnd: ClientRound, clients: Tensor, state: State) -> State:
         """The round's meta steps of `clients`: their trained state. Free of host synchronisation
-        between its first and its last step (`pflbench.steps`)."""
+        between its first and its last step (`pflbench.steps`); over static buffers (a CUDA graph)
+        where the engine runs its steps so (`run_steps`)."""
         fed, hp = self.engine, self.hp
         names = fed.model.param_names
-        params = {n: state[n].detach().clone() for n in names}
-        buffers = {n: state[n].detach().clone() for n in fed.model.buffer_names}
         on_host = clients.cpu()  # one read of the clients for the round's plans
         plans = [step_plan(fed, rnd, on_host, stream=stream) for stream in STREAMS[: 3 if hp.variant == "hf" else 2]]
-        momenta = {n: torch.zeros_like(p) for n, p in params.items()} if fed.sgd.momentum else {}
-        losses = LossCheck()
-        for step in range(plans[0].steps):
-            active = plans[0].active(step)
-            kept = keep_inactive(buffers, active)
-            loss, grads = loss_and_grads(fed, params, buffers, plans[0].ids[:, step])
-            w = [params[n] for n in names]
-            w_tmp = dict(zip(names, minus_scaled(w, [grads[n] for n in names], hp.alpha)))
-            meta_loss, g = loss_and_grads(fed, w_tmp, clone_state(buffers), plans[1].ids[:, step])
-            if hp.variant == "hf":
-                ids = plans[2].ids[:, step]
-                g_list = [g[n] for n in names]
-                shift = scaled(g_list, hp.delta)  # delta * g, once for both points
-                with torch.no_grad():
-                    up, down = torch._foreach_add(w, shift), torch._foreach_sub(w, shift)
-                _, plus = loss_and_grads(fed, dict(zip(names, up)), clone_state(buffers), ids)
-                _, minus = loss_and_grads(fed, dict(zip(names, down)), clone_state(buffers), ids)
-                g = dict(zip(names, hessian_free(g_list, [plus[n] for n in names], [minus[n] for n in names], hp.alpha, hp.delta)))
-            losses.add(active, loss, meta_loss)
-            sgd_step(params, g, momenta, fed.sgd, self.beta, active)
-            restore_inactive(buffers, kept, active)
-        trained = {**params, **buffers}
+        carry = {"params": {n: state[n].detach().clone() for n in names},
+                 "buffers": {n: state[n].detach().clone() for n in fed.model.buffer_names},
+                 "momenta": {n: torch.zeros_like(state[n]) for n in names} if fed.sgd.momentum else {}}
+        carry, losses = run_steps(fed, plans, carry, self._meta_step,
+                                  key=(hp.variant, hp.alpha, self.beta, hp.delta, fed.sgd))
+        trained = {**carry["params"], **carry["buffers"]}
         failure, ok = losses.verdict(finite(trained))  # one read of the device for both
         if failure is not None:
             step, bad = failure
@@ -158,6 +143,29 @@ class PerFedAvg(FedAvg[PerFedAvgHP]):
         if not ok:
             raise Diverged(f"non-finite Per-FedAvg parameters for clients {clients.tolist()}")
         return trained
+
+    def _meta_step(self, carry: Carry, ids: list[Tensor], active: Active, losses: LossCheck) -> Carry:
+        """One meta step of the `active` clients on the batches D, D' (and D'') `ids` ([K, B] each)."""
+        fed, hp = self.engine, self.hp
+        names = fed.model.param_names
+        params, buffers, momenta = carry["params"], carry["buffers"], carry["momenta"]
+        kept = keep_inactive(buffers, active)
+        loss, grads = loss_and_grads(fed, params, buffers, ids[0])
+        w = [params[n] for n in names]
+        w_tmp = dict(zip(names, minus_scaled(w, [grads[n] for n in names], hp.alpha)))
+        meta_loss, g = loss_and_grads(fed, w_tmp, clone_state(buffers), ids[1])
+        if hp.variant == "hf":
+            g_list = [g[n] for n in names]
+            shift = scaled(g_list, hp.delta)  # delta * g, once for both points
+            with torch.no_grad():
+                up, down = torch._foreach_add(w, shift), torch._foreach_sub(w, shift)
+            _, plus = loss_and_grads(fed, dict(zip(names, up)), clone_state(buffers), ids[2])
+            _, minus = loss_and_grads(fed, dict(zip(names, down)), clone_state(buffers), ids[2])
+            g = dict(zip(names, hessian_free(g_list, [plus[n] for n in names], [minus[n] for n in names], hp.alpha, hp.delta)))
+        losses.add(active, loss, meta_loss)
+        sgd_step(params, g, momenta, fed.sgd, self.beta, active)
+        restore_inactive(buffers, kept, active)
+        return {"params": params, "buffers": buffers, "momenta": momenta}
 
     def aggregate(self, rnd: ClientRound, upload: Payload) -> None:
         """Uniform mean over the sampled clients' uploads (the paper's Algorithm 1)."""

@@ -33,7 +33,10 @@ Adapted to rounds of sampled clients (what this module chooses):
     anew for every step of the server; line 160 `clip_grad_norm_(net.parameters(), 50)`; lines 272
     and 275 `--inner-lr` 5e-3, `--inner-wd` 5e-5). The batch size stays the cell's (official 64). The
     steps are driven with `pflbench/steps.py` (per-client gradients on the engine's batched
-    model, the engine's SGD rule), batched across clients for `server_updates="per_round"`.
+    model, the engine's SGD rule), batched across clients for `server_updates="per_round"`, one
+    function a step (`_official_step`), run eagerly or captured as a CUDA graph
+    (`pflbench.steps.run_steps`, the `cuda_graphs` option), without a host read between the first and
+    the last step (the losses are checked once at the end, naming the first failing step's clients).
 - The embedding's momentum and weight decay touch only the sampled client's row (its issue tracker
   notes that momentum on the whole table moves every client's embedding, also the unsampled ones).
 - BatchNorm statistics (the CIFAR model's) are not generated: they stay on the client.
@@ -65,8 +68,8 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import Tensor, nn
 
-from pflbench.steps import (finite, keep_inactive, loss_and_grads, per_client, restore_inactive, rows_where,
-                            sgd_step, step_ids)
+from pflbench.steps import (Active, Carry, LossCheck, finite, keep_inactive, loss_and_grads, per_client, restore_inactive,
+                            rows_where, run_steps, sgd_step, step_ids, step_plan)
 from pflbench import streams
 from pflbench.algorithm import (ALGORITHMS, Algorithm, Capabilities, Card, ClientRound, Hyperparams, Payload, Round,
                                 Serving)
@@ -220,28 +223,42 @@ class PFedHN(Algorithm[PFedHNHP]):
         return per_client(self.engine, clients, partial(self._official_inner, rnd), state)
 
     def _official_inner(self, rnd: ClientRound, clients: Tensor, state: State) -> State:
-        fed, sgd = self.engine, self.OFFICIAL_INNER
-        params = {n: state[n].detach().clone() for n in fed.model.param_names}
-        buffers = {n: state[n].detach().clone() for n in fed.model.buffer_names}
-        ids, counts = step_ids(fed, rnd, clients, steps=self.hp.inner_steps)
-        momenta = {n: torch.zeros_like(p) for n, p in params.items()}
-        for step in range(int(counts.max()) if len(counts) else 0):
-            active = counts > step
-            kept = keep_inactive(buffers, active)
-            loss, grads = loss_and_grads(fed, params, buffers, ids[:, step])
-            if (active & ~torch.isfinite(loss)).any():
-                raise Diverged(f"non-finite pFedHN inner loss for clients {clients[active & ~torch.isfinite(loss)].tolist()}")
-            # clip_grad_norm_(50) per client, over all its parameter gradients
-            squares = sum((g.flatten(1).double() ** 2).sum(1) for g in grads.values())  # the model has parameters
-            norm = torch.sqrt(cast(Tensor, squares))
-            scale = torch.clamp(self.OFFICIAL_INNER_CLIP / (norm + 1e-6), max=1.0)
-            grads = {n: g * scale.to(g.dtype).view(-1, *([1] * (g.dim() - 1))) for n, g in grads.items()}
-            sgd_step(params, grads, momenta, sgd, sgd.lr, active)
-            restore_inactive(buffers, kept, active)
-        trained = {**params, **buffers}
-        if not finite(trained).all():
+        """The official inner optimizer's steps (module doc) from the generated models `state`: free of host
+        synchronisation between the first and the last step (the losses checked once at the end, naming
+        the clients of the first step with a non-finite loss); over static buffers (a CUDA graph) where
+        the engine runs its steps so (`pflbench.steps.run_steps`)."""
+        fed = self.engine
+        names = fed.model.param_names
+        carry = {"params": {n: state[n].detach().clone() for n in names},
+                 "buffers": {n: state[n].detach().clone() for n in fed.model.buffer_names},
+                 "momenta": {n: torch.zeros_like(state[n]) for n in names}}
+        plan = step_plan(fed, rnd, clients, steps=self.hp.inner_steps)
+        carry, losses = run_steps(fed, [plan], carry, self._official_step,
+                                  key=(self.OFFICIAL_INNER, self.OFFICIAL_INNER_CLIP))
+        trained = {**carry["params"], **carry["buffers"]}
+        failure, ok = losses.verdict(finite(trained))  # one read of the device for both
+        if failure is not None:
+            raise Diverged(f"non-finite pFedHN inner loss for clients {clients[failure[1].to(clients.device)].tolist()}")
+        if not ok:
             raise Diverged(f"non-finite pFedHN parameters for clients {clients.tolist()}")
         return trained
+
+    def _official_step(self, carry: Carry, ids: list[Tensor], active: Active, losses: LossCheck) -> Carry:
+        """One step of the official inner optimizer on the batch `ids[0]` ([K, B]) of the `active` clients:
+        each client's gradient norm clipped (clip_grad_norm_), then SGD with momentum and weight decay."""
+        sgd = self.OFFICIAL_INNER
+        params, buffers, momenta = carry["params"], carry["buffers"], carry["momenta"]
+        kept = keep_inactive(buffers, active)
+        loss, grads = loss_and_grads(self.engine, params, buffers, ids[0])
+        losses.add(active, loss)
+        # clip_grad_norm_(50) per client, over all its parameter gradients
+        squares = sum((g.flatten(1).double() ** 2).sum(1) for g in grads.values())  # the model has parameters
+        norm = torch.sqrt(cast(Tensor, squares))
+        scale = torch.clamp(self.OFFICIAL_INNER_CLIP / (norm + 1e-6), max=1.0)
+        grads = {n: g * scale.to(g.dtype).view(-1, *([1] * (g.dim() - 1))) for n, g in grads.items()}
+        sgd_step(params, grads, momenta, sgd, sgd.lr, active)
+        restore_inactive(buffers, kept, active)
+        return {"params": params, "buffers": buffers, "momenta": momenta}
 
     def send(self, rnd: ClientRound, trained: Trained) -> Payload:
         """Keep the tensors the hypernetwork does not generate (buffers, pFedHN-PC's classifier) on the

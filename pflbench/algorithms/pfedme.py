@@ -38,7 +38,9 @@ Where the paper is silent / what was chosen here:
   `hp.personal_lr: 0.01`; the default stays the official value (docs/algorithms/pfedme.md).
 - Batched: yes; K inner steps on one batch then one outer step cannot be written as the engine's
   single-objective `fed.train`, so the module drives its own steps on the engine's batched model
-  (or one client at a time where the engine loops), same results either way.
+  (or one client at a time where the engine loops), same results either way. One outer step is one
+  function (`_step`), which the engine runs eagerly or captured as a CUDA graph
+  (`pflbench.steps.run_steps`, the `cuda_graphs` option; the same bits on a CPU).
 - Cost: K forward/backward passes per batch, so about K times `local`'s compute (measured:
   docs/algorithms/pfedme.md).
 - Aggregation weights: uniform over the sampled clients (Algorithm 1); the official code weights by
@@ -76,8 +78,8 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from pflbench.steps import (LossCheck, finite, keep_inactive, loss_and_grads, per_client, restore_inactive,
-                            rows_where, sgd_step, step_plan)
+from pflbench.steps import (Active, Carry, LossCheck, finite, keep_inactive, loss_and_grads, per_client, restore_inactive,
+                            rows_where, run_steps, sgd_step, step_plan)
 from pflbench.algorithm import ALGORITHMS, Card, ClientRound, Hyperparams, Payload, Round
 from pflbench.fedavg import FedAvg
 from pflbench.training import Diverged, State, weighted_mean
@@ -149,35 +151,42 @@ class PFedMe(FedAvg[PFedMeHP]):
 
     def _train(self, rnd: ClientRound, clients: Tensor, state: State, theta_start: State) -> tuple[State, State]:
         """The round's local training of `clients`: (w, theta), each with theta's statistics. Free
-        of host synchronisation between its first and its last step (`pflbench.steps`)."""
+        of host synchronisation between its first and its last step (`pflbench.steps`); over static
+        buffers (a CUDA graph) where the engine runs its steps so (`run_steps`)."""
         fed, hp = self.engine, self.hp
         names, buffer_names = fed.model.param_names, fed.model.buffer_names
-        w = {n: state[n].detach().clone() for n in names}
-        theta = {n: theta_start[n].detach().clone() for n in names}
-        buffers = {n: theta_start[n].detach().clone() for n in buffer_names}  # theta's statistics
-        plan = step_plan(fed, rnd, clients)
-        momenta = {n: torch.zeros_like(p) for n, p in w.items()} if fed.sgd.momentum else {}
-        losses = LossCheck()
-        for step in range(plan.steps):
-            active = plan.active(step)
-            kept = keep_inactive(buffers, active)
-            start = theta  # the inner steps make new tensors: these stay as they are
-            for _ in range(hp.k):  # K gradient steps on f(theta; D) + lam/2 ||theta - w||^2 (+ mu/2 ||theta||^2), same batch
-                loss, grads = loss_and_grads(fed, theta, buffers, plan.ids[:, step])
-                losses.add(active, loss)
-                theta = dict(zip(names, inner_step([theta[n] for n in names], [grads[n] for n in names],
-                                                   [w[n] for n in names], hp.lam, hp.personal_lr, hp.mu)))
-            theta = {n: rows_where(active, theta[n], start[n]) for n in names}
-            sgd_step(w, dict(zip(names, pull([w[n] for n in names], [theta[n] for n in names], hp.lam))),
-                     momenta, fed.sgd, fed.sgd.lr, active)  # eta * pull = eta * lam * (w - theta)
-            restore_inactive(buffers, kept, active)
-        local, personal = {**w, **buffers}, {**theta, **buffers}
+        carry = {"w": {n: state[n].detach().clone() for n in names},
+                 "theta": {n: theta_start[n].detach().clone() for n in names},
+                 "buffers": {n: theta_start[n].detach().clone() for n in buffer_names},  # theta's statistics
+                 "momenta": {n: torch.zeros_like(state[n]) for n in names} if fed.sgd.momentum else {}}
+        carry, losses = run_steps(fed, [step_plan(fed, rnd, clients)], carry, self._step,
+                                  key=(hp.lam, hp.personal_lr, hp.k, hp.mu, fed.sgd))
+        local, personal = {**carry["w"], **carry["buffers"]}, {**carry["theta"], **carry["buffers"]}
         failure, ok = losses.verdict(finite(local) & finite(personal))  # one read of the device for both
         if failure is not None:
             raise Diverged(f"non-finite pFedMe loss for clients {clients[failure[1].to(clients.device)].tolist()}")
         if not ok:
             raise Diverged(f"non-finite pFedMe parameters for clients {clients.tolist()}")
         return local, personal
+
+    def _step(self, carry: Carry, ids: list[Tensor], active: Active, losses: LossCheck) -> Carry:
+        """One outer step on one batch (`ids[0]`, [K, B]) of the `active` clients: K inner steps on
+        f(theta; D) + lam/2 ||theta - w||^2 (+ mu/2 ||theta||^2), then w's step toward theta."""
+        fed, hp = self.engine, self.hp
+        names = fed.model.param_names
+        w, theta, buffers, momenta = carry["w"], carry["theta"], carry["buffers"], carry["momenta"]
+        kept = keep_inactive(buffers, active)
+        start = theta  # the inner steps make new tensors: these stay as they are
+        for _ in range(hp.k):  # the same batch each time
+            loss, grads = loss_and_grads(fed, theta, buffers, ids[0])
+            losses.add(active, loss)
+            theta = dict(zip(names, inner_step([theta[n] for n in names], [grads[n] for n in names],
+                                               [w[n] for n in names], hp.lam, hp.personal_lr, hp.mu)))
+        theta = {n: rows_where(active, theta[n], start[n]) for n in names}
+        sgd_step(w, dict(zip(names, pull([w[n] for n in names], [theta[n] for n in names], hp.lam))),
+                 momenta, fed.sgd, fed.sgd.lr, active)  # eta * pull = eta * lam * (w - theta)
+        restore_inactive(buffers, kept, active)
+        return {"w": w, "theta": theta, "buffers": buffers, "momenta": momenta}
 
     def aggregate(self, rnd: ClientRound, upload: Payload) -> None:
         """w <- (1 - beta) w + beta * (uniform mean of the sampled clients' w)."""
