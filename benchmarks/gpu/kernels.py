@@ -353,7 +353,7 @@ def first_step(p: Problem, form: str, layout: str, captured: bool, device: str) 
     x, y = placed(p.xs[0], device, layout), p.ys[0].to(device)
     sgd = SGD(LR)
     began = time.perf_counter()
-    step = StaticStep(model, state, set(model.param_names), x, y, sgd, capture=captured)
+    step = StaticStep(model, state, set(model.param_names), x, y, sgd, captured)
     if cuda:
         torch.cuda.synchronize()
     built = time.perf_counter() - began
