@@ -231,3 +231,35 @@ def test_fedfomo_newcomer_weights_are_fitted_on_train_never_on_validation(tmp_pa
         other = algorithm.newcomer_models(Serving(cell.rounds, fed.newcomers, newcomers=True))
         fed.newcomers.labels = labels
         assert changes == any(not torch.equal(served[n], other[n]) for n in served), split
+
+
+def test_pfedhn_newcomer_fit_names_the_newcomer_whose_loss_is_not_finite(tmp_path):
+    """A newcomer whose training inputs are NaN: the fit of the newcomers' embeddings raises Diverged
+    naming that newcomer (its losses are checked once, after the fit's steps), and only that one."""
+    from pflbench.training import Diverged
+
+    cell = _images_cell(algorithm="pfedhn")
+    fed = Federation(cell, *prepare_cell(cell, tmp_path))
+    algorithm = get_algorithm("pfedhn")(fed, get_algorithm("pfedhn").parse_hyperparams({}))
+    run_rounds(fed, algorithm)
+    assert fed.newcomers.num_clients >= 2
+    fed.newcomers.features = fed.newcomers.features.clone()
+    fed.newcomers.features[fed.newcomers.splits["train"][1]] = float("nan")
+    with pytest.raises(Diverged, match=r"^non-finite pFedHN newcomer loss for newcomers \[1\]$"):
+        algorithm.newcomer_models(Serving(cell.rounds, fed.newcomers, newcomers=True))
+
+
+def test_pfedhn_newcomer_fit_reads_the_device_as_often_however_many_steps_it_makes(tmp_path, monkeypatch):
+    from test_fused_steps import Reads
+
+    cell = _images_cell(algorithm="pfedhn")
+    fed = Federation(cell, *prepare_cell(cell, tmp_path))
+    algorithm = get_algorithm("pfedhn")(fed, get_algorithm("pfedhn").parse_hyperparams({}))
+    run_rounds(fed, algorithm)
+    reads = {}
+    for epochs in (1, 3):
+        monkeypatch.setattr(type(algorithm), "NEWCOMER_EPOCHS", epochs)
+        with Reads() as counter:
+            algorithm.newcomer_models(Serving(cell.rounds, fed.newcomers, newcomers=True))
+        reads[epochs] = counter.count
+    assert reads[1] == reads[3], reads

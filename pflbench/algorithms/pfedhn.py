@@ -69,7 +69,7 @@ from pydantic import Field
 from torch import Tensor, nn
 
 from pflbench.steps import (Active, Carry, LossCheck, finite, keep_inactive, loss_and_grads, per_client, restore_inactive,
-                            rows_where, run_steps, sgd_step, step_ids, step_plan)
+                            rows_where, run_steps, sgd_step, step_plan)
 from pflbench import streams
 from pflbench.algorithm import (ALGORITHMS, Algorithm, Capabilities, Card, ClientRound, Hyperparams, Payload, Round,
                                 Serving)
@@ -319,18 +319,18 @@ class PFedHN(Algorithm[PFedHNHP]):
         embedding = self.hypernet.embedding.detach().mean(0, keepdim=True).repeat(count, 1)
         velocity = torch.zeros_like(embedding)
         momenta = {n: torch.zeros_like(t) for n, t in own.items()} if fed.sgd.momentum else {}
-        ids, counts = step_ids(fed, rnd, everyone, stream=self.NEWCOMER_STREAM, epochs=self.NEWCOMER_EPOCHS)
-        for step in range(int(counts.max()) if len(counts) else 0):
-            active = counts > step
+        plan = step_plan(fed, rnd, everyone, stream=self.NEWCOMER_STREAM, epochs=self.NEWCOMER_EPOCHS)
+        checked = LossCheck()  # read once, after the steps
+        for step in range(plan.steps):
+            active = plan.active(step)
             kept = keep_inactive(buffers, active)
             leaf = embedding.detach().requires_grad_(True)
             leaves = {n: t.detach().requires_grad_(True) for n, t in own.items()}
             model = {**self.hypernet.generate(leaf), **leaves, **buffers}
-            x, labels = fed.data(ids[:, step])
+            x, labels = fed.data(plan.ids[:, step])
             logits = fed.model.forward(model, x, train=True)
             losses = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="none").view(labels.shape).mean(1)
-            if (active & ~torch.isfinite(losses)).any():
-                raise Diverged(f"non-finite pFedHN newcomer loss for newcomers {everyone[active & ~torch.isfinite(losses)].tolist()}")
+            checked.add(active, losses)
             grads = torch.autograd.grad(losses.sum(), [leaf, *leaves.values()])
             with torch.no_grad():  # only the embedding and the personal classifier move
                 velocity = rows_where(active, hp.hn_momentum * velocity + grads[0], velocity)
@@ -338,6 +338,9 @@ class PFedHN(Algorithm[PFedHNHP]):
                 own = {n: t.detach() for n, t in leaves.items()}
                 sgd_step(own, dict(zip(leaves, grads[1:])), momenta, fed.sgd, fed.sgd.lr, active)
             restore_inactive(buffers, kept, active)
+        failure = checked.first_failure()
+        if failure is not None:
+            raise Diverged(f"non-finite pFedHN newcomer loss for newcomers {everyone[failure[1].to(everyone.device)].tolist()}")
         with torch.no_grad():
             generated = self.hypernet.generate(embedding)
         self.newcomer_embeddings = embedding  # for inspection (tests)
