@@ -37,6 +37,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # the scripts beside this one (PYTHONSAFEPATH leaves the script's folder out)
 from column_groups import column_cells  # noqa: E402
+from timing import seconds_per_step  # noqa: E402
 
 PLAIN_ROWS = ["local", "fedavg", "fedbn", "pfedla", "heurpfedla", "fedrep", "fedfomo"]
 
@@ -98,16 +99,7 @@ def step_part(device: str, widths: list[int], batch: int, steps: int, repeats: i
                                 static=static)
 
         def timed(static: bool) -> float:
-            if cuda:
-                begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                begin.record()
-                call(static)
-                end.record()
-                torch.cuda.synchronize()
-                return begin.elapsed_time(end) / 1000 / steps
-            began = time.perf_counter()
-            call(static)
-            return (time.perf_counter() - began) / steps
+            return seconds_per_step(lambda: call(static), steps, cuda)
 
         eager_result = call(False)
         captured = time.perf_counter()
@@ -220,16 +212,7 @@ def own_part(device: str, rows: list[str], repeats: int, samples: int | None, ep
             return train()
 
         def timed(static: bool) -> float:
-            if cuda:
-                begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                begin.record()
-                call(static)
-                end.record()
-                torch.cuda.synchronize()
-                return begin.elapsed_time(end) / 1000 / steps
-            began = time.perf_counter()
-            call(static)
-            return (time.perf_counter() - began) / steps
+            return seconds_per_step(lambda: call(static), steps, cuda)
 
         eager_result = call(False)
         began = time.perf_counter()

@@ -69,6 +69,8 @@ from pflbench.static_step import StaticStep
 from pflbench.training import SGD
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))  # timing.py beside this one (PYTHONSAFEPATH leaves the script's folder out)
+from timing import seconds_per_step  # noqa: E402
 TABLE1 = HERE.parents[1] / "benchmarks" / "table1.yaml"
 
 FORMS = ("grouped", "unfold", "loop")
@@ -374,20 +376,7 @@ def timed(step: StaticStep, xs: list[Tensor], ys: list[Tensor], steps: int, repe
             step.run()
 
     run(WARMUP)
-    times = []
-    for _ in range(repeats):
-        if cuda:
-            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            begin.record()
-            run(steps)
-            end.record()
-            torch.cuda.synchronize()
-            times.append(begin.elapsed_time(end) / 1000 / steps)
-        else:
-            start = time.perf_counter()
-            run(steps)
-            times.append((time.perf_counter() - start) / steps)
-    return times
+    return [seconds_per_step(lambda: run(steps), steps, cuda) for _ in range(repeats)]
 
 
 def run_case(p: Problem, form: str, layout: str, captured: bool, device: str, steps: int, repeats: int) -> dict:
