@@ -42,6 +42,23 @@ from timing import seconds_per_step  # noqa: E402
 PLAIN_ROWS = ["local", "fedavg", "fedbn", "pfedla", "heurpfedla", "fedrep", "fedfomo"]
 
 
+def eager_and_static(call, steps: int, repeats: int, cuda: bool) -> tuple:
+    """`call(static)` makes `steps` steps eagerly (False) or over static buffers (True): the eager result,
+    the static one (its first call captures on CUDA), that first call's seconds, and the median seconds
+    per step of `repeats` timed calls of each."""
+    eager_result = call(False)
+    began = time.perf_counter()
+    static_result = call(True)
+    if cuda:
+        import torch
+
+        torch.cuda.synchronize()
+    first_call = time.perf_counter() - began
+    eager = statistics.median(seconds_per_step(lambda: call(False), steps, cuda) for _ in range(repeats))
+    static = statistics.median(seconds_per_step(lambda: call(True), steps, cuda) for _ in range(repeats))
+    return eager_result, static_result, first_call, eager, static
+
+
 def largest_difference(a: dict, b: dict) -> float:
     """max |a - b| over the floating tensors of two states (inf where a NaN or inf differs)."""
     import torch
@@ -98,19 +115,9 @@ def step_part(device: str, widths: list[int], batch: int, steps: int, repeats: i
             return _train_group(model, state, features, labels, indices, plans, sgd, cross_entropy, {}, trainable,
                                 static=static)
 
-        def timed(static: bool) -> float:
-            return seconds_per_step(lambda: call(static), steps, cuda)
-
-        eager_result = call(False)
-        captured = time.perf_counter()
-        static_result = call(True)  # the first call captures (on CUDA)
-        if cuda:
-            torch.cuda.synchronize()
-        first_call = time.perf_counter() - captured
+        eager_result, static_result, first_call, eager, static = eager_and_static(call, steps, repeats, cuda)
         same = (all(torch.equal(eager_result[0][n], static_result[0][n]) for n in state)
                 and torch.equal(eager_result[1], static_result[1]))
-        eager = statistics.median(timed(False) for _ in range(repeats))
-        static = statistics.median(timed(True) for _ in range(repeats))
         [static_step] = model.static_steps.values()
         model.static_steps.clear()  # the next width's buffers and graph only
         figures[str(width)] = {
@@ -211,18 +218,8 @@ def own_part(device: str, rows: list[str], repeats: int, samples: int | None, ep
             fed.static_step = static
             return train()
 
-        def timed(static: bool) -> float:
-            return seconds_per_step(lambda: call(static), steps, cuda)
-
-        eager_result = call(False)
-        began = time.perf_counter()
-        static_result = call(True)  # the first call captures (on CUDA)
-        if cuda:
-            torch.cuda.synchronize()
-        first_call = time.perf_counter() - began
+        eager_result, static_result, first_call, eager, static = eager_and_static(call, steps, repeats, cuda)
         same = bit_identical(eager_result, static_result)
-        eager = statistics.median(timed(False) for _ in range(repeats))
-        static = statistics.median(timed(True) for _ in range(repeats))
         made = [step for key, step in fed.model.static_steps.items() if key[0] == "own step"]
         figures[cell.algorithm] = {
             "rows": width, "batch": cell.batch_size, "steps": steps, "local_epochs": cell.local_epochs,
