@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pflbench.data.locations import DatasetNotFoundError
 from pflbench.reports.cells import read_artifacts
 
 
@@ -112,7 +113,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     rounds = [int(r) for r in args.rounds.split(",")] if args.rounds else None
     shared_rounds = [int(r) for r in args.shared_rounds.split(",")] if args.shared_rounds else None
-    results = [describe(Path(folder), rounds, shared_rounds) for folder in args.cells]
+    try:
+        results = [describe(Path(folder), rounds, shared_rounds) for folder in args.cells]
+    except DatasetNotFoundError as error:  # the split is rebuilt from the data: say where it was looked for
+        print(f"alpha.py: {error}", file=sys.stderr)
+        return 2
     for r in results:
         print(f"{r['cell']}: layers {', '.join(r['layers'])}; alpha frozen (bit-identical to the last) from round "
               f"{r['frozen_since']}")
