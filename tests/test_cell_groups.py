@@ -47,6 +47,27 @@ def assert_identical(solo, grouped):
         assert np.array_equal(value, grouped.artifacts[key], equal_nan=value.dtype.kind == "f"), key
 
 
+def assert_within_rounding(solo, grouped):
+    """pFedHN's one-client calls train unstacked alone and stacked (width 2) when merged. On an Intel Xeon
+    (family 6 model 207) the two are bit-identical; on an AMD EPYC (family 26 model 2) the stacked matmuls
+    sum in another order: losses differed by at most 9.5e-7 (2 rounds, 15 client evaluations). Asserted:
+    losses within 1e-5, everything else as assert_identical where it is bit-identical there too."""
+    try:
+        assert_identical(solo, grouped)
+        return
+    except AssertionError:
+        pass
+    assert grouped.status == solo.status and grouped.error == solo.error
+    for column in ("round", "client", "test_samples", "bytes_down", "bytes_up"):
+        assert np.array_equal(solo.metrics[column].to_numpy(), grouped.metrics[column].to_numpy()), column
+    for column in ("loss", "val_loss"):
+        np.testing.assert_allclose(solo.metrics[column].to_numpy(), grouped.metrics[column].to_numpy(),
+                                   rtol=0, atol=1e-5, equal_nan=True, err_msg=column)
+    for column in ("accuracy", "val_accuracy"):  # a near-tie may flip one test sample's prediction
+        np.testing.assert_allclose(solo.metrics[column].to_numpy(), grouped.metrics[column].to_numpy(),
+                                   rtol=0, atol=0.05, equal_nan=True, err_msg=column)
+
+
 @pytest.mark.parametrize("algorithm", PLAIN_ROWS)
 def test_a_row_grouped_over_seeds_is_bit_identical_and_every_call_is_merged(tmp_path, algorithm):
     cells = [small_cell(algorithm=algorithm, seed=seed) for seed in (0, 1, 2)]
@@ -68,7 +89,10 @@ def test_rows_with_their_own_steps_are_identical_in_a_group(tmp_path, algorithm)
     solo, group = solo_and_grouped(cells, tmp_path)
     for one, grouped, stats in zip(solo, group.results, group.stats):
         assert one.status == "finished"
-        assert_identical(one, grouped)
+        if algorithm == "pfedhn":
+            assert_within_rounding(one, grouped)
+        else:
+            assert_identical(one, grouped)
         if algorithm == "pfedhn":
             assert stats.calls > 0 and stats.merged == stats.calls and stats.merged_width == 2 * stats.calls
         else:
