@@ -51,8 +51,8 @@ def assert_within_rounding(solo, grouped):
     """pFedHN's one-client calls train unstacked alone and stacked (width 2) when merged. On an Intel Xeon
     (family 6 model 207) the two are bit-identical; on an AMD EPYC (family 26 model 2) the stacked matmuls
     sum in another order: losses differed by at most 9.5e-7 (2 rounds, 15 client evaluations). Asserted:
-    where the bits differ, losses within 1e-5, accuracies within 0.05, rounds, clients, test samples and bytes
-    exact (the rounds table and the artifacts are not compared on that path)."""
+    where the bits differ, losses within 1e-5, accuracies within 0.05, rounds, clients, test samples, bytes and
+    the rounds table exact, the artifacts' names, shapes and kinds exact and their values within 1e-4."""
     try:
         assert_identical(solo, grouped)
         return
@@ -67,6 +67,16 @@ def assert_within_rounding(solo, grouped):
     for column in ("accuracy", "val_accuracy"):  # a near-tie may flip one test sample's prediction
         np.testing.assert_allclose(solo.metrics[column].to_numpy(), grouped.metrics[column].to_numpy(),
                                    rtol=0, atol=0.05, equal_nan=True, err_msg=column)
+    for column in ("bytes_up", "bytes_down", "clients"):
+        assert solo.rounds[column].equals(grouped.rounds[column]), column
+    assert solo.artifacts.keys() == grouped.artifacts.keys()
+    for key, value in solo.artifacts.items():
+        other = grouped.artifacts[key]
+        assert value.shape == other.shape and value.dtype == other.dtype, key
+        if value.dtype.kind == "f":
+            np.testing.assert_allclose(value, other, rtol=0, atol=1e-4, equal_nan=True, err_msg=key)
+        else:
+            assert np.array_equal(value, other), key
 
 
 @pytest.mark.parametrize("algorithm", PLAIN_ROWS)
