@@ -6,15 +6,16 @@
 #   bash benchmarks/gpu/check.sh OUT                 # on a CUDA machine (refuses clearly without one)
 #   bash benchmarks/gpu/check.sh OUT --rehearse      # the same steps on this CPU, tiny sizes, in an
 #                                                    # environment of the device image's packages + the kit
+#   bash benchmarks/gpu/check.sh OUT [--rehearse] --only graphs,kernels   # further options go to check.py
 # Where the machine has network, `make install` and then `.venv/bin/python benchmarks/gpu/check.py --out OUT`
 # runs the steps in the project's own environment instead.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 REPO=$(pwd)
-OUT=${1:?usage: check.sh OUT [--rehearse]}
+OUT=${1:?usage: check.sh OUT [--rehearse] [options of check.py, e.g. --only graphs,kernels]}
 shift
 REHEARSE=""
-[ "${1:-}" = "--rehearse" ] && REHEARSE="--rehearse"
+if [ "${1:-}" = "--rehearse" ]; then REHEARSE="--rehearse"; shift; fi
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 KIT=${PFLBENCH_GPU_KIT:-$REPO/.gpu-kit}
@@ -35,4 +36,4 @@ else
     fi
 fi
 source "$REPO/benchmarks/gpu/kit_env.sh"
-exec "$PY" benchmarks/gpu/check.py --out "$OUT" --work "$WORK" $REHEARSE
+exec "$PY" benchmarks/gpu/check.py --out "$OUT" --work "$WORK" $REHEARSE "$@"
