@@ -1,6 +1,7 @@
 """benchmarks/analysis/: the scripts behind benchmarks/README.md's sentences on pFedLA's weights
 (alpha.py), FedFomo's exchange (fedfomo.py), each cell against Local (versus_local.py), a column's
-table against the paper (column_table.py) and a cell branched from its checkpoint (branch.py), run on
+table against the paper (column_table.py), a cell's curve (curve.py) and a cell branched from its
+checkpoint (branch.py), run on
 small cells made here and checked against the raw arrays they summarize."""
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "ana
 import alpha  # noqa: E402
 import branch  # noqa: E402
 import column_table  # noqa: E402
+import curve  # noqa: E402
 import fedfomo  # noqa: E402
 import versus_local  # noqa: E402
 
@@ -104,6 +106,21 @@ def test_versus_local_pairs_each_cell_with_local_client_by_client(cells):
     assert pfedla_row.endswith(f" / {100 * share:.1f}% |") and "| pfedla | 0 | defaults |" in pfedla_row
     assert f"{found.mean:+.2f} ± {found.se:.2f}" in pfedla_row
     assert "| local | 0 | val_fraction" not in local_row and local_row.count("| – |") == 3  # no difference to itself
+
+
+def test_curve_reads_each_rounds_mean_and_the_largest_fall(cells, capsys):
+    metrics = pd.read_parquet(cells["local"] / "metrics.parquet")
+    expected = metrics.groupby("round")["accuracy"].mean() * 100
+    found = curve.mean_curve(cells["local"], "accuracy")
+    assert list(found.index) == [2, 4] and np.allclose(found.to_numpy(), expected.to_numpy())
+    falling = pd.Series([80.0, 86.5, 84.0, 75.0, 76.0], index=[10, 20, 30, 40, 50])
+    assert curve.largest_fall(falling) == (30, 40, pytest.approx(9.0))
+    assert curve.main([str(cells["local"]), "--rounds", "2,3,4"]) == 0
+    row = capsys.readouterr().out.splitlines()[2]
+    best = int(expected.idxmax())
+    assert f"| local | 0 | {expected[2]:.2f} | – | {expected[4]:.2f} | {best}: {expected[best]:.2f} |" in row
+    assert curve.main([str(cells["local"]), "--adapted"]) == 0  # no adaptation run here: said, no crash
+    assert capsys.readouterr().out.splitlines()[2].endswith("| no accuracy_adapted scores |")
 
 
 def test_column_table_takes_every_delta_from_unrounded_means(tmp_path):
