@@ -718,12 +718,9 @@ def run_on_ray(cells: list[CellConfig], plan: Plan, options: RunOptions, store: 
     had not finished, each from its own checkpoint; `workers` then counts groups).
     A stop asked for through `preemption` reaches the running cells through the board: they stop at the
     end of their round with a checkpoint, or are cancelled `grace_seconds` after the signal; no other
-    cell starts, and `RunStopped` says where each stopped cell resumes (module doc)."""
+    cell starts, and `RunStopped` says where each stopped cell resumes (module doc). The scheduling
+    itself: `RayRun`."""
     import ray
-
-    from pflbench.checkpoint_relay import RelayedCheckpointFile, start_keeper
-    from pflbench.groups import form_groups, group_resources
-    from pflbench.result_relay import start_relay
 
     try:
         owned = connect_ray(options.ray_address, options.workers, plan.resources.cpus)
@@ -731,194 +728,12 @@ def run_on_ray(cells: list[CellConfig], plan: Plan, options: RunOptions, store: 
         raise PrepareError(str(error)) from None
     if preemption is not None:
         preemption.take_signals()  # ray.init replaced SIGTERM's handler with one that exits
-    running: dict = {}
-    worker_options = replace(options, results=Path(options.results).absolute())  # checkpoints, from any cwd
+    running: dict = {}  # each running unit's task (its ObjectRef) -> the unit's cells
     try:
         if plan.resources.gpus > 0 and not ray.cluster_resources().get("GPU", 0):
             raise PrepareError(f"the spec asks for {plan.resources.gpus:g} GPU per cell but the Ray cluster has "
                                f"none; run with --set resources.gpus=0")
-        # On the driver's node, as the store: a lost node must take neither with it.
-        board = start_board()
-        keeper = start_keeper(worker_options.results)
-        driver_node = ray.get_runtime_context().get_node_id()
-        data = {key: replace(value, driver_node=driver_node) for key, value in (data or {}).items()}
-        # A lost worker's cell is retried here, not by Ray, so that each retry is said and bounded.
-        task = ray.remote(_ray_task).options(**task_resources(plan.resources))
-        # Units of work: a cell alone, or a cell group (pflbench.groups) where the execution options form
-        # them; a group is one task with the resources the group needs (`group_resources`).
-        grouped = options.execution.grouped(options.execution.device or ("cuda" if plan.resources.gpus > 0 else "cpu"))
-        waiting = form_groups(cells) if grouped else [[cell] for cell in cells]
-        relay = start_relay() if grouped else None  # a group's cells' results, as each finishes
-        recorded: set[str] = set()  # the cells of running groups whose results came through the relay
-        attempts: dict[str, int] = {}
-        by_key = {cell_hash(cell): cell for cell in cells}
-
-        def unfinished(unit: list[CellConfig]) -> list[CellConfig]:
-            """The cells of a running unit whose results have not come through the relay."""
-            return [cell for cell in unit if cell_hash(cell) not in recorded]
-
-        def drain() -> None:
-            """Record each grouped cell whose result the relay received since the last drain."""
-            if relay is None:
-                return
-            for key, result in ray.get(relay.drain.remote()):
-                cell = by_key[key]
-                recorded.add(key)
-                try:
-                    ray.get(keeper.close.remote(key))  # no late write of its checkpoint after this
-                except ray.exceptions.RayError:
-                    pass
-                try:
-                    record(cell, result, store, options, display)
-                except DiskFull as error:
-                    raise disk_full(error, cell, [cell]) from None
-
-        def start(unit: list[CellConfig]) -> None:
-            """Open each cell's next attempt with the keeper (only it may write the cell's checkpoint),
-            then run the cell, or the group, as one task."""
-            files: list[CheckpointFiles | None] = []
-            for cell in unit:
-                key = cell_hash(cell)
-                attempt = attempts.get(key, 0)
-                ray.get(keeper.open.remote(key, attempt))
-                if relay is not None and len(unit) > 1:
-                    ray.get(relay.open.remote(key, attempt))
-                board.post.remote(key, {"round": 0})  # nothing of an earlier attempt is taken for this one's
-                files.append(RelayedCheckpointFile(keeper, key, attempt))
-            ref: ray.ObjectRef  # of a cell's outcome, or of a group's outcomes (a list)
-            if len(unit) == 1:
-                ref = task.remote(unit[0], plan.resources, worker_options, board, files[0], data.get(cell_hash(unit[0])))
-            else:
-                group_task = ray.remote(_ray_group_task).options(
-                    **task_resources(group_resources(plan.resources, len(unit))))
-                ref = group_task.remote(unit, plan.resources, worker_options, board, files,
-                                        [data.get(cell_hash(cell)) for cell in unit], relay,
-                                        [attempts.get(cell_hash(cell), 0) for cell in unit])
-            running[ref] = unit
-
-        # Claim cells only as they can start, so that runners sharing the store split the matrix.
-        widest = group_resources(plan.resources, max(map(len, waiting), default=1)) if grouped else plan.resources
-        limit = options.workers or ray_capacity(ray.cluster_resources(), widest) or len(waiting)
-        stopping_since: float | None = None
-        latest_peak: dict[str, int] = {}  # each cell's worker's peak memory, as its last round reported it
-        stopped: list[str] = []  # the preempted cells, in words
-
-        def stop(cell: CellConfig, why: Preempted) -> None:
-            """A preempted cell: no result; its claim and its attempt (keeper, relay) closed."""
-            try:
-                ray.get(keeper.close.remote(cell_hash(cell)))
-                if relay is not None:
-                    ray.get(relay.close.remote(cell_hash(cell)))
-            except ray.exceptions.RayError:
-                pass
-            store.release(cell)
-            if why.in_round:
-                why.resumes_at = checkpoint_round(cell, store)
-            stopped.append(stopped_cell(why, cell, options.grace_seconds))
-
-        def disk_full(full: BaseException, cell: CellConfig, unit: list[CellConfig]) -> RunStopped:
-            """A full disk: the unit's cells released, every other running task cancelled."""
-            for other in unit:
-                store.release(other)
-            for ref in running:
-                ray.cancel(ref, force=True)
-            # a DiskFull, here or through the Ray errors that wrapped it
-            return RunStopped(disk_full_line(cast(DiskFull, cause_of(full)), cell, store), DISK_FULL_EXIT)
-
-        while waiting or running:
-            if preemption is not None and preemption.requested and stopping_since is None:
-                stopping_since = time.monotonic()
-                waiting.clear()
-                ray.get(board.request_stop.remote(preemption.signal))
-            if stopping_since is not None and time.monotonic() - stopping_since > options.grace_seconds:
-                drain()
-                for ref, unit in list(running.items()):
-                    ray.cancel(ref, force=True)
-                    for cell in unfinished(unit):
-                        assert preemption is not None  # stopping: it was requested, so it has a signal
-                        stop(cell, Preempted(cast(str, preemption.signal), in_round=True))
-                running.clear()
-                break
-            while waiting and len(running) < limit:
-                taken = [cell for cell in waiting.pop(0) if take(cell, store, options, display)]
-                if taken:
-                    start(taken)
-            done, _ = ray.wait(list(running), num_returns=1, timeout=0.5)
-            drain()  # before the ended tasks' values: a relayed result has come in by the time its task ends
-            for ref in done:
-                unit = running.pop(ref)
-                try:
-                    value = ray.get(ref)
-                except ray.exceptions.RayError as error:  # the worker died, was killed, ran out of memory
-                    if relay is not None and len(unit) > 1:  # what the lost group finished is recorded, and only that
-                        for cell in unit:
-                            ray.get(relay.close.remote(cell_hash(cell)))
-                        drain()
-                    unit = unfinished(unit)
-                    if not unit:
-                        continue
-                    if isinstance(error, DiskFull):  # the keeper could not write its checkpoint: as in process
-                        raise disk_full(error, unit[0], unit) from None
-                    if stopping_since is not None:  # a worker ended by the same signal: no retry now
-                        for cell in unit:
-                            assert preemption is not None  # stopping: it was requested, so it has a signal
-                            stop(cell, Preempted(cast(str, preemption.signal), in_round=True))
-                        continue
-                    whys = []
-                    for cell in unit:  # a group's cells were lost together: each is retried, from its checkpoint
-                        key = cell_hash(cell)
-                        attempts[key] = attempts.get(key, 0) + 1
-                        last = ray.get(board.latest_of.remote(key)) or {}  # what this attempt posted last
-                        oom = last.get("oom_kills")
-                        killed = (oom is not None and not isinstance(error, ray.exceptions.OutOfMemoryError)
-                                  and oom.rose())
-                        whys.append(worker_lost(error, last.get("peak_mb", latest_peak.get(key)), oom_killed=killed))
-                    tried = max(attempts[cell_hash(cell)] for cell in unit)
-                    if tried <= options.retries:
-                        for cell, why in zip(unit, whys):
-                            display.note(cell, f"{why}; retry {tried} of {options.retries}, from its checkpoint "
-                                               f"where it has one" + (f" (its group of {len(unit)} cells again)"
-                                                                      if len(unit) > 1 else ""))
-                        start(unit)
-                        continue
-                    value = [failed_result(f"Ray: {type(error).__name__}: {error}\n"
-                                           f"{why} (after {options.retries} retries)\n") for why in whys]
-                    value = value if len(unit) > 1 else value[0]
-                full = None
-                for i, (cell, result) in enumerate(zip(unit, value if len(unit) > 1 else [value])):
-                    if cell_hash(cell) in recorded:  # recorded as it finished: its place says RELAYED
-                        continue
-                    if isinstance(result, Preempted):
-                        stop(cell, result)
-                        continue
-                    try:
-                        ray.get(keeper.close.remote(cell_hash(cell)))  # no late write of a lost attempt after this
-                    except ray.exceptions.RayError:  # the keeper is gone: nothing can write through it either
-                        pass
-                    if isinstance(result, DiskFull):  # a group's cell stopped by a full disk: no result
-                        store.release(cell)
-                        full = full or (result, cell)
-                        continue
-                    try:
-                        record(cell, result, store, options, display)
-                    except DiskFull as error:
-                        raise disk_full(error, cell, unit[i:]) from None
-                if full is not None:
-                    raise disk_full(full[0], full[1], []) from None
-            latest, notes = ray.get(board.snapshot.remote())
-            latest_peak.update({key: info["peak_mb"] for key, info in latest.items() if "peak_mb" in info})
-            for key, text in notes:  # a cell that finished since it posted still gets its note
-                if key in by_key:
-                    display.note(by_key[key], text)
-            for unit in running.values():
-                for cell in unfinished(unit):
-                    if cell_hash(cell) in latest:
-                        display.update(cell, latest[cell_hash(cell)])
-        if stopping_since is not None:
-            assert preemption is not None  # stopping: it was requested
-            raise RunStopped(f"preempted ({preemption.signal}) on Ray: "
-                             + ("; ".join(stopped) if stopped else "no cell was running")
-                             + "; run the same command again to continue", PREEMPTED_EXIT)
+        RayRun(cells, plan, options, store, display, data or {}, preemption, running).loop()
     except KeyboardInterrupt:
         for ref in running:
             ray.cancel(ref, force=True)
@@ -926,6 +741,255 @@ def run_on_ray(cells: list[CellConfig], plan: Plan, options: RunOptions, store: 
     finally:
         if owned:
             ray.shutdown()
+
+
+class RayRun:
+    """One `run_on_ray`'s scheduling: the units of work (a cell alone, or a cell group run as one task),
+    the driver-side actors (progress board, checkpoint keeper, result relay), and one method per event of
+    `loop`: a unit started, a grouped cell's result relayed, a unit's task ended or lost, a stop asked for,
+    a full disk."""
+
+    def __init__(self, cells: list[CellConfig], plan: Plan, options: RunOptions, store: Store, display: Display,
+                 data: dict[str, DataFingerprint], preemption: Preemption | None, running: dict) -> None:
+        import ray
+
+        from pflbench.checkpoint_relay import start_keeper
+        from pflbench.groups import form_groups, group_resources
+        from pflbench.result_relay import start_relay
+
+        self.plan, self.options, self.store, self.display, self.preemption = plan, options, store, display, preemption
+        self.running = running
+        self.worker_options = replace(options, results=Path(options.results).absolute())  # checkpoints, from any cwd
+        # On the driver's node, as the store: a lost node must take neither with it.
+        self.board = start_board()
+        self.keeper = start_keeper(self.worker_options.results)
+        driver_node = ray.get_runtime_context().get_node_id()
+        self.data = {key: replace(value, driver_node=driver_node) for key, value in data.items()}
+        # A lost worker's cell is retried here, not by Ray, so that each retry is said and bounded.
+        self.task = ray.remote(_ray_task).options(**task_resources(plan.resources))
+        # Units of work: a cell alone, or a cell group (pflbench.groups) where the execution options form
+        # them; a group is one task with the resources the group needs (`group_resources`).
+        grouped = options.execution.grouped(options.execution.device or ("cuda" if plan.resources.gpus > 0 else "cpu"))
+        self.waiting = form_groups(cells) if grouped else [[cell] for cell in cells]
+        self.relay = start_relay() if grouped else None  # a group's cells' results, as each finishes
+        self.recorded: set[str] = set()  # the cells of running groups whose results came through the relay
+        self.attempts: dict[str, int] = {}
+        self.by_key = {cell_hash(cell): cell for cell in cells}
+        # Claim cells only as they can start, so that runners sharing the store split the matrix.
+        widest = (group_resources(plan.resources, max(map(len, self.waiting), default=1)) if grouped
+                  else plan.resources)
+        self.limit = options.workers or ray_capacity(ray.cluster_resources(), widest) or len(self.waiting)
+        self.stopping_since: float | None = None
+        self.latest_peak: dict[str, int] = {}  # each cell's worker's peak memory, as its last round reported it
+        self.stopped: list[str] = []  # the preempted cells, in words
+
+    def loop(self) -> None:
+        """Start units as capacity allows, record each as it ends, until none waits or runs (or a stop
+        asked for has ended them all)."""
+        import ray
+
+        while self.waiting or self.running:
+            if self.preemption is not None and self.preemption.requested and self.stopping_since is None:
+                self.stopping_since = time.monotonic()
+                self.waiting.clear()
+                ray.get(self.board.request_stop.remote(self.preemption.signal))
+            if self.stopping_since is not None and time.monotonic() - self.stopping_since > self.options.grace_seconds:
+                self.cancel_after_grace()
+                break
+            while self.waiting and len(self.running) < self.limit:
+                taken = [cell for cell in self.waiting.pop(0) if take(cell, self.store, self.options, self.display)]
+                if taken:
+                    self.start(taken)
+            done, _ = ray.wait(list(self.running), num_returns=1, timeout=0.5)
+            self.drain()  # before the ended tasks' values: a relayed result has come in by the time its task ends
+            for ref in done:
+                self.ended(ref)
+            self.show_progress()
+        if self.stopping_since is not None:
+            assert self.preemption is not None  # stopping: it was requested
+            raise RunStopped(f"preempted ({self.preemption.signal}) on Ray: "
+                             + ("; ".join(self.stopped) if self.stopped else "no cell was running")
+                             + "; run the same command again to continue", PREEMPTED_EXIT)
+
+    def unfinished(self, unit: list[CellConfig]) -> list[CellConfig]:
+        """The cells of a running unit whose results have not come through the relay."""
+        return [cell for cell in unit if cell_hash(cell) not in self.recorded]
+
+    def drain(self) -> None:
+        """Record each grouped cell whose result the relay received since the last drain."""
+        import ray
+
+        if self.relay is None:
+            return
+        for key, result in ray.get(self.relay.drain.remote()):
+            cell = self.by_key[key]
+            self.recorded.add(key)
+            try:
+                ray.get(self.keeper.close.remote(key))  # no late write of its checkpoint after this
+            except ray.exceptions.RayError:
+                pass
+            try:
+                record(cell, result, self.store, self.options, self.display)
+            except DiskFull as error:
+                raise self.disk_full(error, cell, [cell]) from None
+
+    def start(self, unit: list[CellConfig]) -> None:
+        """Open each cell's next attempt with the keeper (only it may write the cell's checkpoint), then run
+        the cell, or the group, as one task."""
+        import ray
+
+        from pflbench.checkpoint_relay import RelayedCheckpointFile
+        from pflbench.groups import group_resources
+
+        files: list[CheckpointFiles | None] = []
+        for cell in unit:
+            key = cell_hash(cell)
+            attempt = self.attempts.get(key, 0)
+            ray.get(self.keeper.open.remote(key, attempt))
+            if self.relay is not None and len(unit) > 1:
+                ray.get(self.relay.open.remote(key, attempt))
+            self.board.post.remote(key, {"round": 0})  # nothing of an earlier attempt is taken for this one's
+            files.append(RelayedCheckpointFile(self.keeper, key, attempt))
+        ref: ray.ObjectRef  # of a cell's outcome, or of a group's outcomes (a list)
+        if len(unit) == 1:
+            ref = self.task.remote(unit[0], self.plan.resources, self.worker_options, self.board, files[0],
+                                   self.data.get(cell_hash(unit[0])))
+        else:
+            group_task = ray.remote(_ray_group_task).options(
+                **task_resources(group_resources(self.plan.resources, len(unit))))
+            ref = group_task.remote(unit, self.plan.resources, self.worker_options, self.board, files,
+                                    [self.data.get(cell_hash(cell)) for cell in unit], self.relay,
+                                    [self.attempts.get(cell_hash(cell), 0) for cell in unit])
+        self.running[ref] = unit
+
+    def ended(self, ref: Any) -> None:
+        """A unit's task ended: record each of its cells not yet recorded, or, where its worker was lost,
+        retry the unit or record it failed (`lost`)."""
+        import ray
+
+        unit = self.running.pop(ref)
+        try:
+            value = ray.get(ref)
+        except ray.exceptions.RayError as error:  # the worker died, was killed, ran out of memory
+            outcome = self.lost(unit, error)
+            if outcome is None:
+                return
+            unit, value = outcome
+        full = None
+        for i, (cell, result) in enumerate(zip(unit, value if len(unit) > 1 else [value])):
+            if cell_hash(cell) in self.recorded:  # recorded as it finished: its place says RELAYED
+                continue
+            if isinstance(result, Preempted):
+                self.stop(cell, result)
+                continue
+            try:
+                ray.get(self.keeper.close.remote(cell_hash(cell)))  # no late write of a lost attempt after this
+            except ray.exceptions.RayError:  # the keeper is gone: nothing can write through it either
+                pass
+            if isinstance(result, DiskFull):  # a group's cell stopped by a full disk: no result
+                self.store.release(cell)
+                full = full or (result, cell)
+                continue
+            try:
+                record(cell, result, self.store, self.options, self.display)
+            except DiskFull as error:
+                raise self.disk_full(error, cell, unit[i:]) from None
+        if full is not None:
+            raise self.disk_full(full[0], full[1], []) from None
+
+    def lost(self, unit: list[CellConfig], error: Exception) -> tuple[list[CellConfig], Any] | None:
+        """A unit whose worker was lost: None where nothing is left to record (each cell recorded through
+        the relay, stopped by a stop asked for, or started again: a retry, from its checkpoint), else the
+        cells still to record and their failed results (a list for a group, as a group task returns)."""
+        import ray
+
+        if self.relay is not None and len(unit) > 1:  # what the lost group finished is recorded, and only that
+            for cell in unit:
+                ray.get(self.relay.close.remote(cell_hash(cell)))
+            self.drain()
+        unit = self.unfinished(unit)
+        if not unit:
+            return None
+        if isinstance(error, DiskFull):  # the keeper could not write its checkpoint: as in process
+            raise self.disk_full(error, unit[0], unit) from None
+        if self.stopping_since is not None:  # a worker ended by the same signal: no retry now
+            for cell in unit:
+                assert self.preemption is not None  # stopping: it was requested, so it has a signal
+                self.stop(cell, Preempted(cast(str, self.preemption.signal), in_round=True))
+            return None
+        whys = []
+        for cell in unit:  # a group's cells were lost together: each is retried, from its checkpoint
+            key = cell_hash(cell)
+            self.attempts[key] = self.attempts.get(key, 0) + 1
+            last = ray.get(self.board.latest_of.remote(key)) or {}  # what this attempt posted last
+            oom = last.get("oom_kills")
+            killed = (oom is not None and not isinstance(error, ray.exceptions.OutOfMemoryError)
+                      and oom.rose())
+            whys.append(worker_lost(error, last.get("peak_mb", self.latest_peak.get(key)), oom_killed=killed))
+        tried = max(self.attempts[cell_hash(cell)] for cell in unit)
+        retries = self.options.retries
+        if tried <= retries:
+            for cell, why in zip(unit, whys):
+                self.display.note(cell, f"{why}; retry {tried} of {retries}, from its checkpoint where it has one"
+                                        + (f" (its group of {len(unit)} cells again)" if len(unit) > 1 else ""))
+            self.start(unit)
+            return None
+        value = [failed_result(f"Ray: {type(error).__name__}: {error}\n{why} (after {retries} retries)\n")
+                 for why in whys]
+        return unit, (value if len(unit) > 1 else value[0])
+
+    def stop(self, cell: CellConfig, why: Preempted) -> None:
+        """A preempted cell: no result; its claim and its attempt (keeper, relay) closed."""
+        import ray
+
+        try:
+            ray.get(self.keeper.close.remote(cell_hash(cell)))
+            if self.relay is not None:
+                ray.get(self.relay.close.remote(cell_hash(cell)))
+        except ray.exceptions.RayError:
+            pass
+        self.store.release(cell)
+        if why.in_round:
+            why.resumes_at = checkpoint_round(cell, self.store)
+        self.stopped.append(stopped_cell(why, cell, self.options.grace_seconds))
+
+    def cancel_after_grace(self) -> None:
+        """`grace_seconds` after a stop was asked for: what came through the relay recorded, every running
+        unit cancelled, its unfinished cells stopped (that round's work lost)."""
+        import ray
+
+        self.drain()
+        assert self.preemption is not None  # stopping: it was requested, so it has a signal
+        for ref, unit in list(self.running.items()):
+            ray.cancel(ref, force=True)
+            for cell in self.unfinished(unit):
+                self.stop(cell, Preempted(cast(str, self.preemption.signal), in_round=True))
+        self.running.clear()
+
+    def disk_full(self, full: BaseException, cell: CellConfig, unit: list[CellConfig]) -> RunStopped:
+        """A full disk: the unit's cells released, every other running task cancelled."""
+        import ray
+
+        for other in unit:
+            self.store.release(other)
+        for ref in self.running:
+            ray.cancel(ref, force=True)
+        # a DiskFull, here or through the Ray errors that wrapped it
+        return RunStopped(disk_full_line(cast(DiskFull, cause_of(full)), cell, self.store), DISK_FULL_EXIT)
+
+    def show_progress(self) -> None:
+        """The board's latest round of each running cell on the display, and the notes cells posted."""
+        import ray
+
+        latest, notes = ray.get(self.board.snapshot.remote())
+        self.latest_peak.update({key: info["peak_mb"] for key, info in latest.items() if "peak_mb" in info})
+        for key, text in notes:  # a cell that finished since it posted still gets its note
+            if key in self.by_key:
+                self.display.note(self.by_key[key], text)
+        for unit in self.running.values():
+            for cell in self.unfinished(unit):
+                if cell_hash(cell) in latest:
+                    self.display.update(cell, latest[cell_hash(cell)])
 
 
 def worker_lost(error: Exception, peak: int | None, oom_killed: bool = False) -> str:
