@@ -73,7 +73,7 @@ def test_a_column_finishes_what_it_can_and_the_next_loan_resumes_the_rest(tmp_pa
     killed = first["local"]["after"]
     assert killed["state"] == "checkpoint" and killed["round"] >= 1, killed
     second = run(tmp_path, monkeypatch, "loan2", lambda s: checkpoint_past(s["local"], killed["round"]),
-                 tmp_path / "loan1" / "store.tar.gz")["cells"]
+                 tmp_path / "loan1" / column.ARCHIVE)["cells"]
     assert second["fedavg"]["before"]["state"] == "finished" and second["fedavg"]["seconds_this_loan"] == 0
     assert second["local"]["before"] == killed
     assert second["local"]["after"]["state"] == "checkpoint" and second["local"]["after"]["round"] > killed["round"]
@@ -89,3 +89,59 @@ def test_a_column_finishes_what_it_can_and_the_next_loan_resumes_the_rest(tmp_pa
     assert files and files == sorted(p.relative_to(tmp_path / "back" / "store")
                                      for p in (tmp_path / "back" / "store").rglob("*") if p.is_file())
     assert all((store / f).read_bytes() == (tmp_path / "back" / "store" / f).read_bytes() for f in files)
+
+
+def test_checkpoints_travel_as_byte_planes_and_come_back_byte_for_byte(tmp_path):
+    """pack carries each round checkpoint as byte planes (planes.py) in an xz archive; unpack writes back the
+    very bytes that left and refuses a carried checkpoint whose bytes changed; an earlier loan's tar.gz with
+    checkpoints as they are unpacks too."""
+    import tarfile
+
+    import pytest
+    import torch
+
+    import planes
+    from pflbench.checkpoint import CheckpointProblem, write_checkpoint
+
+    store = tmp_path / "store"
+    (store / "cell").mkdir(parents=True)
+    generator = torch.Generator().manual_seed(0)
+    payload = {"weights": torch.randn(100, 257, generator=generator), "steps": torch.arange(7),
+               "rng": torch.randint(0, 255, (5003,), dtype=torch.uint8, generator=generator), "round": 3}
+    write_checkpoint(store / "cell" / "checkpoint.pt", {"round": 3}, payload)
+    (store / "cell" / "claim.json").write_text("{}")
+    original = (store / "cell" / "checkpoint.pt").read_bytes()
+
+    carried = planes.to_planes(original)
+    assert carried != original and len(carried) == len(original) and planes.from_planes(carried) == original
+    body = original[original.index(b"\n") + 1:]
+    assert sum(length for _, length in planes.storage_ranges(body)) == 100 * 257 * 4 + 7 * 8 + 5003
+
+    (tmp_path / "out").mkdir()
+    names = column.pack(store, tmp_path / "out")
+    assert names == [column.ARCHIVE]
+    with tarfile.open(tmp_path / "out" / column.ARCHIVE) as archive:
+        members = sorted(archive.getnames())
+    assert "store/cell/checkpoint.pt" + column.PLANES in members and "store/cell/checkpoint.pt" not in members
+    column.unpack([str(tmp_path / "out" / column.ARCHIVE)], tmp_path / "back" / "store")
+    back = tmp_path / "back" / "store" / "cell"
+    assert (back / "checkpoint.pt").read_bytes() == original and (back / "claim.json").read_text() == "{}"
+    assert not list(back.glob("*" + column.PLANES))
+
+    # a carried checkpoint damaged on the way is refused, not written back
+    damaged = tmp_path / "damaged"
+    (damaged / "store" / "cell").mkdir(parents=True)
+    wrong = bytearray(carried)
+    wrong[original.index(b"\n") + 1 + planes.storage_ranges(body)[0][0] + 10] ^= 1  # a weight's byte
+    (damaged / "store" / "cell" / ("checkpoint.pt" + column.PLANES)).write_bytes(bytes(wrong))
+    with tarfile.open(damaged / "old.tar.xz", "w:xz") as archive:
+        archive.add(damaged / "store", arcname="store")
+    with pytest.raises(CheckpointProblem):
+        column.unpack([str(damaged / "old.tar.xz")], tmp_path / "refused" / "store")
+    assert not (tmp_path / "refused" / "store" / "cell" / "checkpoint.pt").exists()
+
+    # an earlier loan's archive: tar.gz, the checkpoint as it is
+    with tarfile.open(tmp_path / "store.tar.gz", "w:gz") as archive:
+        archive.add(store, arcname="store")
+    column.unpack([str(tmp_path / "store.tar.gz")], tmp_path / "old" / "store")
+    assert (tmp_path / "old" / "store" / "cell" / "checkpoint.pt").read_bytes() == original

@@ -5,9 +5,9 @@ Runs the cells of one `pflbench run` command (a spec and its `--set`s, narrowed 
 on an H100: 4 processes give 3.56x one alone, 8 give 3.69x; docs/howto/gpu.md; measured: docs/measurements/gpu.md), in the order given, each
 writing a round checkpoint at least every `--checkpoint-minutes`. At `--deadline` seconds from the start
 every process still running is killed (the store is written atomically, so a kill leaves its last
-checkpoint), and the whole store goes back as `OUT/store.tar.gz` (split in parts under 15 MiB where
+checkpoint), and the whole store goes back as `OUT/store.tar.xz` (split in parts under 15 MiB where
 larger: the device returns 8 files of 16 MiB at most): finished cells with their results, unfinished
-ones with their checkpoint. The next loan carries that archive (`--resume FILE...`, the parts in order)
+ones with their checkpoint, carried as byte planes (planes.py), which compress better. The next loan carries that archive (`--resume FILE...`, the parts in order)
 and the same command continues: finished cells are skipped, the others resume from their checkpoints,
 bit for bit (the checkpoint names the code, torch version and execution path: anything else starts the
 cell over, said in its log). docs/inflight.md says what is in flight and the command for the next loan.
@@ -37,7 +37,11 @@ import tarfile
 import time
 from pathlib import Path
 
+from planes import from_planes, to_planes
+
 PART_BYTES = 15 * 2 ** 20  # under the device's 16 MiB a returned file
+ARCHIVE = "store.tar.xz"
+PLANES = ".planes"  # a round checkpoint carried as byte planes (planes.py)
 
 
 def cell_ids(spec: str, sets: list[str], algorithms: list[str]) -> dict[str, str]:
@@ -83,24 +87,49 @@ def cell_state(store: Path, cell_id: str) -> dict:
 
 
 def unpack(parts: list[str], store: Path) -> None:
-    """The previous loan's store (its archive's parts, in order) into `store`."""
+    """The previous loan's store (its archive's parts, in order) into `store`: each checkpoint carried as
+    byte planes (`pack`) written back as it was, its header's SHA-256 checked. An archive of an earlier
+    loan (store.tar.gz, checkpoints as they are) unpacks too."""
+    from pflbench.checkpoint import verify_checkpoint
+
     data = b"".join(Path(part).read_bytes() for part in parts)
-    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as archive:
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:*") as archive:
         archive.extractall(store.parent, filter="data")
+    for carried in sorted(store.rglob("*" + PLANES)):
+        checkpoint = from_planes(carried.read_bytes())
+        verify_checkpoint(checkpoint)  # CheckpointProblem where a byte differs from the one that left
+        carried.with_name(carried.name[:-len(PLANES)]).write_bytes(checkpoint)
+        carried.unlink()
 
 
 def pack(store: Path, out: Path) -> list[str]:
-    """The store as OUT/store.tar.gz, or OUT/store.tar.gz.partNN pieces under PART_BYTES each."""
+    """The store as OUT/store.tar.xz, or OUT/store.tar.xz.partNN pieces under PART_BYTES each; each round
+    checkpoint in it as byte planes (planes.py), which xz compresses better than the checkpoint itself."""
     buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w:gz") as archive:
-        archive.add(store, arcname=store.name, filter=lambda info: None if "_damaged" in info.name else info)
+    checkpoints: list[Path] = []
+
+    def keep(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
+        if "_damaged" in info.name:
+            return None
+        if info.isfile() and info.name.endswith("/checkpoint.pt"):
+            checkpoints.append(store.parent / info.name)
+            return None  # added below, as planes
+        return info
+
+    with tarfile.open(fileobj=buffer, mode="w:xz", preset=6) as archive:
+        archive.add(store, arcname=store.name, filter=keep)
+        for checkpoint in checkpoints:
+            carried = to_planes(checkpoint.read_bytes())
+            info = archive.gettarinfo(str(checkpoint), arcname=str(checkpoint.relative_to(store.parent)) + PLANES)
+            info.size = len(carried)
+            archive.addfile(info, io.BytesIO(carried))
     data = buffer.getvalue()
     if len(data) <= PART_BYTES:
-        (out / "store.tar.gz").write_bytes(data)
-        return ["store.tar.gz"]
+        (out / ARCHIVE).write_bytes(data)
+        return [ARCHIVE]
     names = []
     for index, start in enumerate(range(0, len(data), PART_BYTES)):
-        names.append(f"store.tar.gz.part{index:02d}")
+        names.append(f"{ARCHIVE}.part{index:02d}")
         (out / names[-1]).write_bytes(data[start:start + PART_BYTES])
     return names
 
@@ -130,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--start-margin", type=float, default=30.0,
                         help="no cell starts later than this many seconds before the deadline")
     parser.add_argument("--store", type=Path, default=Path("/tmp/pflbench-column/store"))
-    parser.add_argument("--resume", nargs="*", default=[], help="the previous loan's store.tar.gz (or its parts)")
+    parser.add_argument("--resume", nargs="*", default=[], help="the previous loan's store.tar.xz (or its parts; an earlier store.tar.gz too)")
     args = parser.parse_args(argv)
     began = time.time()
     args.out.mkdir(parents=True, exist_ok=True)
