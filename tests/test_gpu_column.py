@@ -91,17 +91,18 @@ def test_a_column_finishes_what_it_can_and_the_next_loan_resumes_the_rest(tmp_pa
     assert all((store / f).read_bytes() == (tmp_path / "back" / "store" / f).read_bytes() for f in files)
 
 
-def test_checkpoints_travel_as_byte_planes_and_come_back_byte_for_byte(tmp_path):
+def test_checkpoints_travel_as_byte_planes_and_come_back_byte_for_byte(tmp_path, capsys):
     """pack carries each round checkpoint as byte planes (planes.py) in an xz archive; unpack writes back the
-    very bytes that left and refuses a carried checkpoint whose bytes changed; an earlier loan's tar.gz with
-    checkpoints as they are unpacks too."""
+    very bytes that left, and keeps aside (beside the store, said on stderr) a carried checkpoint whose
+    bytes changed, so that its cell starts over; a checkpoint.pt that is not whole travels as it is; an earlier
+    loan's tar.gz with checkpoints as they are unpacks too."""
     import tarfile
 
     import pytest
     import torch
 
     import planes
-    from pflbench.checkpoint import CheckpointProblem, write_checkpoint
+    from pflbench.checkpoint import CheckpointProblem, verify_checkpoint, write_checkpoint
 
     store = tmp_path / "store"
     (store / "cell").mkdir(parents=True)
@@ -136,9 +137,23 @@ def test_checkpoints_travel_as_byte_planes_and_come_back_byte_for_byte(tmp_path)
     (damaged / "store" / "cell" / ("checkpoint.pt" + column.PLANES)).write_bytes(bytes(wrong))
     with tarfile.open(damaged / "old.tar.xz", "w:xz") as archive:
         archive.add(damaged / "store", arcname="store")
-    with pytest.raises(CheckpointProblem):
-        column.unpack([str(damaged / "old.tar.xz")], tmp_path / "refused" / "store")
-    assert not (tmp_path / "refused" / "store" / "cell" / "checkpoint.pt").exists()
+    column.unpack([str(damaged / "old.tar.xz")], tmp_path / "refused" / "store")
+    refused = tmp_path / "refused" / "store" / "cell"
+    assert not (refused / "checkpoint.pt").exists()  # its cell starts over
+    assert not list(refused.glob("*" + column.PLANES))
+    kept = tmp_path / "refused" / column.REFUSED / "cell" / ("checkpoint.pt" + column.PLANES)
+    assert kept.read_bytes() == bytes(wrong)
+    assert "is not the checkpoint that left" in capsys.readouterr().err
+    with pytest.raises(CheckpointProblem):  # what unpack asks of the bytes it got back
+        verify_checkpoint(planes.from_planes(bytes(wrong)))
+
+    # a file named checkpoint.pt that is not a whole checkpoint travels as it is
+    (store / "cell" / "checkpoint.pt").write_bytes(b"torn")
+    (tmp_path / "out2").mkdir()
+    column.pack(store, tmp_path / "out2")
+    column.unpack([str(tmp_path / "out2" / column.ARCHIVE)], tmp_path / "torn" / "store")
+    assert (tmp_path / "torn" / "store" / "cell" / "checkpoint.pt").read_bytes() == b"torn"
+    (store / "cell" / "checkpoint.pt").write_bytes(original)
 
     # an earlier loan's archive: tar.gz, the checkpoint as it is
     with tarfile.open(tmp_path / "store.tar.gz", "w:gz") as archive:

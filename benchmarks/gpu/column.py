@@ -7,8 +7,8 @@ writing a round checkpoint at least every `--checkpoint-minutes`. At `--deadline
 every process still running is killed (the store is written atomically, so a kill leaves its last
 checkpoint), and the whole store goes back as `OUT/store.tar.xz` (split in parts under 15 MiB where
 larger: the device returns 8 files of 16 MiB at most): finished cells with their results, unfinished
-ones with their checkpoint, carried as byte planes (planes.py), which compress better. The next loan carries that archive (`--resume FILE...`, the parts in order)
-and the same command continues: finished cells are skipped, the others resume from their checkpoints,
+ones with their checkpoint, carried as byte planes (planes.py), which compress better. The next loan
+carries that archive (`--resume FILE...`, the parts in order) and the same command continues: finished cells are skipped, the others resume from their checkpoints,
 bit for bit (the checkpoint names the code, torch version and execution path: anything else starts the
 cell over, said in its log). docs/inflight.md says what is in flight and the command for the next loan.
 
@@ -35,6 +35,7 @@ import subprocess
 import sys
 import tarfile
 import time
+import zipfile
 from pathlib import Path
 
 from planes import from_planes, to_planes
@@ -42,6 +43,7 @@ from planes import from_planes, to_planes
 PART_BYTES = 15 * 2 ** 20  # under the device's 16 MiB a returned file
 ARCHIVE = "store.tar.xz"
 PLANES = ".planes"  # a round checkpoint carried as byte planes (planes.py)
+REFUSED = "refused"  # beside the store: the carried checkpoints that did not come back whole
 
 
 def cell_ids(spec: str, sets: list[str], algorithms: list[str]) -> dict[str, str]:
@@ -88,16 +90,26 @@ def cell_state(store: Path, cell_id: str) -> dict:
 
 def unpack(parts: list[str], store: Path) -> None:
     """The previous loan's store (its archive's parts, in order) into `store`: each checkpoint carried as
-    byte planes (`pack`) written back as it was, its header's SHA-256 checked. An archive of an earlier
-    loan (store.tar.gz, checkpoints as they are) unpacks too."""
-    from pflbench.checkpoint import verify_checkpoint
+    byte planes (`pack`) written back as it was, its header's SHA-256 checked (one that fails is kept
+    beside the store, under REFUSED, and its cell starts over). An archive of an earlier loan (store.tar.gz,
+    checkpoints as they are) unpacks too."""
+    from pflbench.checkpoint import CheckpointProblem, verify_checkpoint
 
     data = b"".join(Path(part).read_bytes() for part in parts)
     with tarfile.open(fileobj=io.BytesIO(data), mode="r:*") as archive:
         archive.extractall(store.parent, filter="data")
     for carried in sorted(store.rglob("*" + PLANES)):
-        checkpoint = from_planes(carried.read_bytes())
-        verify_checkpoint(checkpoint)  # CheckpointProblem where a byte differs from the one that left
+        try:
+            checkpoint = from_planes(carried.read_bytes())
+            verify_checkpoint(checkpoint)  # CheckpointProblem where a byte differs from the one that left
+        except (CheckpointProblem, ValueError, zipfile.BadZipFile) as problem:
+            # kept outside the store (its cell's folder must hold only what the cell writes): the cell starts over
+            kept = store.parent / REFUSED / carried.parent.name / carried.name
+            kept.parent.mkdir(parents=True, exist_ok=True)
+            carried.rename(kept)
+            print(f"unpack: {carried} is not the checkpoint that left ({problem}); kept as {kept}, its cell starts "
+                  f"over", file=sys.stderr, flush=True)
+            continue
         carried.with_name(carried.name[:-len(PLANES)]).write_bytes(checkpoint)
         carried.unlink()
 
@@ -119,8 +131,12 @@ def pack(store: Path, out: Path) -> list[str]:
     with tarfile.open(fileobj=buffer, mode="w:xz", preset=6) as archive:
         archive.add(store, arcname=store.name, filter=keep)
         for checkpoint in checkpoints:
-            carried = to_planes(checkpoint.read_bytes())
-            info = archive.gettarinfo(str(checkpoint), arcname=str(checkpoint.relative_to(store.parent)) + PLANES)
+            name = str(checkpoint.relative_to(store.parent))
+            try:
+                carried, name = to_planes(checkpoint.read_bytes()), name + PLANES
+            except (ValueError, zipfile.BadZipFile):  # not a whole checkpoint: carried as it is, for the resume to judge
+                carried = checkpoint.read_bytes()
+            info = archive.gettarinfo(str(checkpoint), arcname=name)
             info.size = len(carried)
             archive.addfile(info, io.BytesIO(carried))
     data = buffer.getvalue()
