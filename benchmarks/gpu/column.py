@@ -8,9 +8,9 @@ every process still running is killed (the store is written atomically, so a kil
 checkpoint), and the whole store goes back as `OUT/store.tar.xz` (split in parts under 15 MiB where
 larger: the device returns 8 files of 16 MiB at most): finished cells with their results, unfinished
 ones with their checkpoint, carried as byte planes (planes.py), which compress better. The next loan
-carries that archive (`--resume FILE...`, the parts in order) and the same command continues: finished cells are skipped, the others resume from their checkpoints,
-bit for bit (the checkpoint names the code, torch version and execution path: anything else starts the
-cell over, said in its log). docs/inflight.md says what is in flight and the command for the next loan.
+carries that archive (`--resume FILE...`, the parts in order) and the same command continues: finished
+cells are skipped, the others resume from their checkpoints, bit for bit (the checkpoint names the code,
+torch version and execution path: anything else starts the cell over, said in its log). docs/inflight.md says what is in flight and the command for the next loan.
 
 OUT/column.json: per cell its algorithm, id, state (finished, diverged, failed, checkpoint at round R,
 not started) and seconds run in this loan; the device, torch, TF32 setting and the load. OUT/column.log:
@@ -131,11 +131,11 @@ def pack(store: Path, out: Path) -> list[str]:
     with tarfile.open(fileobj=buffer, mode="w:xz", preset=6) as archive:
         archive.add(store, arcname=store.name, filter=keep)
         for checkpoint in checkpoints:
-            name = str(checkpoint.relative_to(store.parent))
+            name, carried = str(checkpoint.relative_to(store.parent)), checkpoint.read_bytes()
             try:
-                carried, name = to_planes(checkpoint.read_bytes()), name + PLANES
+                carried, name = to_planes(carried), name + PLANES
             except (ValueError, zipfile.BadZipFile):  # not a whole checkpoint: carried as it is, for the resume to judge
-                carried = checkpoint.read_bytes()
+                pass
             info = archive.gettarinfo(str(checkpoint), arcname=name)
             info.size = len(carried)
             archive.addfile(info, io.BytesIO(carried))
@@ -175,7 +175,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--start-margin", type=float, default=30.0,
                         help="no cell starts later than this many seconds before the deadline")
     parser.add_argument("--store", type=Path, default=Path("/tmp/pflbench-column/store"))
-    parser.add_argument("--resume", nargs="*", default=[], help="the previous loan's store.tar.xz (or its parts; an earlier store.tar.gz too)")
+    parser.add_argument("--resume", nargs="*", default=[],
+                        help="the previous loan's store.tar.xz (or its parts; an earlier store.tar.gz too)")
     args = parser.parse_args(argv)
     began = time.time()
     args.out.mkdir(parents=True, exist_ok=True)

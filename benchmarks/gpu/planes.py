@@ -18,6 +18,8 @@ import zipfile
 
 import numpy as np
 
+from pflbench.checkpoint import decode_header
+
 WIDTH = 4  # bytes a value: float32, the weights' type (other storages are rearranged alike, and put back)
 LOCAL_HEADER = b"PK\x03\x04"
 
@@ -38,9 +40,7 @@ def storage_ranges(body: bytes) -> list[tuple[int, int]]:
 
 
 def _transform(data: bytes, planes: bool) -> bytes:
-    end = data.find(b"\n") + 1  # the checkpoint's header line; the zip follows
-    if end <= 0:
-        raise ValueError("not a checkpoint: no header line")
+    end = decode_header(data)["header_bytes"]  # the checkpoint's header line (CheckpointProblem if none); the zip follows
     out = bytearray(data)
     for start, length in storage_ranges(data[end:]):
         start += end
