@@ -107,3 +107,32 @@ def test_search_works_offline_and_tables_have_room():
     assert config["use_directory_urls"] is False
     css = [DOCS / path for path in config["extra_css"]]
     assert any(re.search(r"\.md-grid\s*\{[^}]*max-width:\s*\d+px", p.read_text()) for p in css)
+
+
+def test_license_and_citation_agree_with_the_package():
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["license"] == {"text": "MIT"}
+    assert (ROOT / "LICENSE").read_text().startswith("MIT License\n")
+    citation = yaml.safe_load((ROOT / "CITATION.cff").read_text())
+    assert citation["cff-version"] == "1.2.0"
+    assert {"message", "title", "authors"} <= set(citation) and citation["authors"]
+    assert citation["version"] == project["version"] and citation["license"] == "MIT"
+
+
+def test_the_readme_states_requirements_times_and_shows_the_leaderboard():
+    import tomllib
+
+    text = (ROOT / "README.md").read_text()
+    python = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["requires-python"]
+    low, high = re.fullmatch(r">=(3\.\d+),<(3\.\d+)", python).groups()
+    assert f"Python {low}" in text and f"`{python}`" in text
+    assert "GPU is optional" in text
+    for command in ("make demo", "make test"):
+        assert re.search(rf"`{command}` [^.]*\d+ minutes", text), f"no time for {command}"
+    picture = re.search(r"!\[[^\]]+\]\((docs/images/[\w.-]+\.png)\)", text)
+    assert picture is not None
+    image = ROOT / picture.group(1)
+    assert image.exists() and image.stat().st_size < 300_000 and image.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "docs/results.md" in text and "LICENSE" in text and "CITATION.cff" in text
