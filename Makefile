@@ -93,7 +93,7 @@ docs: install
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 	@echo "documentation: $(abspath site)/index.html"
 
-# The GPU check (docs/howto/gpu.md): the kit (.gpu-kit/: wheels the device image lacks and Fashion-MNIST; it
+# The GPU check (contributing/gpu-check.md): the kit (.gpu-kit/: wheels the device image lacks and Fashion-MNIST; it
 # needs the network and ../shared/data), then `bash benchmarks/gpu/check.sh OUT` on the GPU machine.
 # gpu-rehearse runs the same steps on this CPU at tiny sizes, in an environment of the device image's
 # packages plus the kit (GPU_OUT: where check.json and check.log go).

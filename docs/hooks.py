@@ -8,6 +8,11 @@ GitHub too. Here, each relative link is resolved against the file's place in the
 - another file of the repository (a source file, a spec) becomes its path in code (the site holds no
   sources);
 - anything else is left as written, and `mkdocs build --strict` fails on it (a broken link).
+
+The generated reference pages quote the published studies' manifest notes, written while the project was
+built; their mentions of the project's own issue numbers (`(issue 40)`, `Issue 58, item 1: ...`) mean
+nothing to a reader of the site, so they are dropped from those pages as shown (`without_issue_numbers`;
+the manifests keep them).
 """
 from __future__ import annotations
 
@@ -70,5 +75,24 @@ def rewrite(markdown: str, src_uri: str) -> str:
     return "\n".join(out)
 
 
+ISSUE_REFS = (
+    (re.compile(r"\s*\([Ii]ssue \d+(?:, item \d+)?\)"), ""),            # "(issue 40)"
+    (re.compile(r"\([Ii]ssue \d+(?:, item \d+)?[;,]\s*"), "("),          # "(issue 40; ..."
+    (re.compile(r",\s*[Ii]ssue \d+(?:, item \d+)?\)"), ")"),             # "..., issue 58, item 3)"
+    (re.compile(r"\b[Ii]ssue \d+'s "), "the "),                           # "issue 29's corrected ..."
+    (re.compile(r"\b[Ii]ssue \d+ control: "), "Control: "),               # "Issue 32 control: ..."
+    (re.compile(r"\b[Ii]ssue \d+(?:, item \d+)?[:,]\s*(\w)"), r"\1"),  # "Issue 58, item 1: Table"
+)
+
+
+def without_issue_numbers(markdown: str) -> str:
+    for pattern, replacement in ISSUE_REFS:
+        markdown = pattern.sub(replacement, markdown)
+    return markdown
+
+
 def on_page_markdown(markdown, page, config, files):
-    return rewrite(markdown, page.file.src_uri)
+    markdown = rewrite(markdown, page.file.src_uri)
+    if page.file.src_uri.startswith("reference/"):
+        markdown = without_issue_numbers(markdown)
+    return markdown

@@ -1,4 +1,4 @@
-"""What pFedLA's aggregation weights did in a stored cell: the figures behind benchmarks/README.md.
+"""What pFedLA's aggregation weights did in a stored cell: the figures behind the reproduction write-ups (docs/reproduction/).
 
 For each pFedLA / HeurpFedLA cell folder given (a results store's `<hash>/`, published or not):
 - the mean self-weight alpha[i, l, i] per layer at chosen rounds;

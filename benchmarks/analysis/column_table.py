@@ -1,5 +1,5 @@
 """One column of pFedLA's Tables 1-2 from published study folders: the Markdown table of a column's
-write-up in benchmarks/README.md, every number from the stored per-client values.
+write-ups in docs/reproduction/, every number from the stored per-client values.
 
 The cells of the stores given (one column: a dataset, partition and client count; several stores may
 hold one column's cells, e.g. a study and its second seed) are grouped into rows: an algorithm and the

@@ -1,4 +1,4 @@
-"""What FedFomo's clients took from each other in a stored cell: the figures behind benchmarks/README.md.
+"""What FedFomo's clients took from each other in a stored cell: the figures behind the reproduction write-ups (docs/reproduction/).
 
 For each FedFomo cell folder given (a results store's `<hash>/`, published or not), over the stored
 rounds (every evaluation round) of its `weights` artifact ([N, N], row i: the normalized weights client

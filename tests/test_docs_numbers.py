@@ -1,0 +1,238 @@
+"""The numbers the documentation's prose keeps about published cells, recomputed from results/published/.
+
+Where a page states a number about a published cell in a sentence (rather than linking the results page,
+which is generated from the stores), the number is written once, and the check here recomputes it from the
+stored per-client metrics or aggregation weights with the reports' own readers and paired test
+(pflbench.reports.stats) and fails if the prose drifts. The two paper-scale columns' tables are the output
+of benchmarks/analysis/column_table.py, compared line by line. Each check is also shown failing on a planted
+change of the page.
+"""
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PUBLISHED = ROOT / "results" / "published"
+DOCS = ROOT / "docs"
+sys.path.insert(0, str(ROOT / "benchmarks" / "analysis"))
+
+from alpha import exact_share, load_alphas  # noqa: E402
+from versus_local import last_round_clients  # noqa: E402
+
+from pflbench.reports.stats import Paired, Sample, paired  # noqa: E402
+
+DELIVERED, ADAPTED = "accuracy", "accuracy_adapted"
+
+
+def cells_of(store: str, algorithm: str, partition: str | None = None, **hp) -> dict[int, Path]:
+    """{seed: cell folder} of a published store's cells of one algorithm (on one partition scheme) whose
+    hyperparameters include `hp`."""
+    found: dict[int, Path] = {}
+    for config in sorted((PUBLISHED / store).glob("*/config.json")):
+        cell = json.loads(config.read_text())["cell"]
+        if cell["algorithm"] != algorithm or not (config.parent / "summary.json").exists():
+            continue
+        if partition is not None and cell["partition"] != partition:
+            continue
+        if all(cell.get("hp", {}).get(k) == v for k, v in hp.items()):
+            assert cell["seed"] not in found, f"{store}: two {algorithm} cells at seed {cell['seed']} match {hp}"
+            found[cell["seed"]] = config.parent
+    return found
+
+
+def sample(folders: dict[int, Path], column: str) -> Sample:
+    per_seed = {seed: last_round_clients(folder, column) for seed, folder in folders.items()}
+    return Sample(per_seed, {seed: float(np.mean(list(v.values()))) for seed, v in per_seed.items()})
+
+
+def difference(a: dict[int, Path], b: dict[int, Path], column: str) -> Paired:
+    result = paired(sample(a, column), sample(b, column))
+    assert result is not None
+    return result
+
+
+def page(relative: str) -> str:
+    return (DOCS / relative).read_text()
+
+
+def said(text: str, phrase: str, where: str) -> list[str]:
+    """The phrase as the page must say it, whitespace-insensitive (the prose is wrapped)."""
+    flat = " ".join(text.split())
+    return [] if " ".join(phrase.split()) in flat else [f"{where}: does not say {phrase!r}"]
+
+
+def pm(p: Paired) -> str:
+    """A paired difference as the pages write it: −1.60 ± 0.35 (a true minus sign)."""
+    return f"{p.mean:+.2f} ± {p.se:.2f}".replace("-", "−")
+
+
+# ---- the checks: each returns the problems it finds in a page's text -----------------------------------
+
+def chain_problems(text: str) -> list[str]:
+    """docs/reproduction/index.md: Table 1's chain Local < FedAvg < pFedLA, over both seeds."""
+    stores = ("table1-full", "table1-full-seed1")
+    local, fedavg, pfedla = ({**cells_of(stores[0], a), **cells_of(stores[1], a)} for a in ("local", "fedavg", "pfedla"))
+    assert len(local) == len(fedavg) == len(pfedla) == 2
+    adapted = difference(pfedla, fedavg, ADAPTED)
+    delivered = difference(fedavg, local, DELIVERED)
+    problems = said(text, f"pFedLA − FedAvg is {pm(adapted)} points per client ({adapted.up} clients up, "
+                          f"{adapted.down} down, over both seeds)", "index.md")
+    problems += said(text, f"FedAvg − Local is {pm(delivered)} (all {delivered.clients} clients down)", "index.md")
+    if not (delivered.down == delivered.clients and adapted.separated and delivered.separated
+            and difference(fedavg, local, ADAPTED).mean > 0):
+        problems.append("index.md: the chain's verdicts changed (FedAvg above Local adapted, below it delivered, "
+                        "pFedLA below FedAvg adapted, each separated)")
+    t2 = {a: cells_of("table2-full", a) for a in ("local", "fedavg", "pfedla")}
+    for column in (DELIVERED, ADAPTED):
+        if not (difference(t2["fedavg"], t2["local"], column).mean > 0 > difference(t2["pfedla"], t2["fedavg"], column).mean):
+            problems.append(f"index.md: Table 2's FedAvg > Local > ... > pFedLA below FedAvg no longer holds ({column})")
+    return problems
+
+
+def samples_175_problems(text: str) -> list[str]:
+    """docs/reproduction/table1-fmnist.md: pFedLA − FedAvg at 175 samples a client, by protocol."""
+    pfedla, fedavg = cells_of("table1-full-175", "pfedla"), cells_of("table1-full-175", "fedavg")
+    adapted, delivered = difference(pfedla, fedavg, ADAPTED), difference(pfedla, fedavg, DELIVERED)
+    return (said(text, f"(pFedLA − FedAvg {pm(adapted)}, {adapted.up} clients up, {adapted.down} down)", "table1-fmnist.md")
+            + said(text, f"({pm(delivered)}, {delivered.up} of {delivered.clients} clients up)", "table1-fmnist.md"))
+
+
+def learned_vs_fixed_problems(text: str) -> list[str]:
+    """docs/reproduction/table2-fmnist.md: learned α (logits within 2) against the fixed shared-classes rule on
+    Table 2's split: not separated under either protocol, and the 95% intervals' upper end the prose gives."""
+    store = "table1-2-full-pfedla-alive"
+    learned = cells_of(store, "pfedla", "dominant", alpha_rule="learned")
+    fixed = cells_of(store, "pfedla", "dominant", alpha_rule="shared_classes")
+    diffs = [difference(learned, fixed, column) for column in (DELIVERED, ADAPTED)]
+    problems = [f"table2-fmnist.md: learned − fixed is separated ({p.mean:+.2f})" for p in diffs if p.separated]
+    top = max(p.interval[1] for p in diffs if p.interval is not None)
+    return problems + said(text, f"intervals reach +{top:.1f} points", "table2-fmnist.md")
+
+
+ALIVE_ROWS = {  # docs/algorithms/pfedla.md's validation table: row label -> the cell's settings
+    "default: ReLU heads, Adam 1e-2": dict(alpha_rule="learned", head="relu", hn_lr=0.01, logit_bound=0.0),
+    "ReLU heads, Adam 1e-3": dict(alpha_rule="learned", head="relu", hn_lr=0.001),
+    "softmax heads, logits within 4": dict(head="softmax", logit_bound=4.0),
+    "softmax heads, logits within 2": dict(head="softmax", logit_bound=2.0),
+    "fixed shared-classes reference (not learned)": dict(alpha_rule="shared_classes"),
+}
+
+
+def alive_table_problems(text: str) -> list[str]:
+    """docs/algorithms/pfedla.md: the share of α entries exactly 0 or 1 at rounds 10 / 50 / 100 / 200 of each
+    candidate in `table1-pfedla-alive`, as the validation table prints it."""
+    problems = []
+    for label, hp in ALIVE_ROWS.items():
+        row = re.search(rf"^\| {re.escape(label)} \| ([^|]*)\|", text, flags=re.M)
+        if row is None:
+            problems.append(f"pfedla.md: no row {label!r}")
+            continue
+        (folder,) = cells_of("table1-pfedla-alive", "pfedla", **hp).values()
+        alphas, _ = load_alphas(folder)
+        shares = [100 * exact_share(alphas[r]) for r in (10, 50, 100, 200)]
+        printed = [float(x) for x in re.findall(r"\d+(?:\.\d+)?", row.group(1).split("%")[0])]
+        if len(printed) != 4 or any(abs(a - b) > 0.05 for a, b in zip(printed, shares)):
+            problems.append(f"pfedla.md: {label}: the page says {printed}, the store {[round(s, 1) for s in shares]}")
+    return problems
+
+
+GPU_ROWS = ("local", "fedavg", "pfedla", "heurpfedla")
+
+
+def gpu_problems(text: str) -> list[str]:
+    """docs/measurements/gpu.md: GPU − CPU per client for the four rows run on both; the largest in standard
+    errors is pFedLA's, as the page gives it, none separated; and what else differs between the cells."""
+    problems, ratios = [], {}
+    for algorithm in GPU_ROWS:
+        (gpu,) = cells_of("table1-full-gpu", algorithm).values()
+        cpu = PUBLISHED / "table1-full" / gpu.name  # the same cell id: the same configuration
+        for column in (DELIVERED, ADAPTED):
+            p = difference({0: gpu}, {0: cpu}, column)
+            ratios[algorithm, column] = abs(p.mean) / p.se if p.se else 0.0
+            if p.separated:
+                problems.append(f"gpu.md: {algorithm} GPU − CPU is separated ({column})")
+    largest = max(ratios, key=ratios.get)
+    if largest[0] != "pfedla":
+        problems.append(f"gpu.md: the largest GPU − CPU difference is {largest}, not pFedLA's")
+    problems += said(text, f"is {ratios['pfedla', DELIVERED]:.2f} standard errors of its per-client difference as "
+                           f"delivered and {ratios['pfedla', ADAPTED]:.2f} adapted", "gpu.md")
+    (gpu,) = cells_of("table1-full-gpu", "pfedla").values()
+    cpu = PUBLISHED / "table1-full" / gpu.name
+    on = {name: (json.loads((f / "config.json").read_text())["versions"], json.loads((f / "summary.json").read_text()))
+          for name, f in (("cpu", cpu), ("gpu", gpu))}
+    torch = [on[k][0]["torch"].split("+")[0] for k in ("cpu", "gpu")]
+    python = [on[k][0]["python"] for k in ("cpu", "gpu")]
+    problems += said(text, f"different PyTorch builds ({torch[0]} against {torch[1]})", "gpu.md")
+    problems += said(text, f"Python versions ({python[0]} against {python[1]})", "gpu.md")
+    problems += said(text, f"(`client_batching: {on['cpu'][1]['client_batching']}`", "gpu.md")
+    problems += said(text, f"(`{on['gpu'][1]['client_batching']}`)", "gpu.md")
+    return problems
+
+
+# ---- the tests -------------------------------------------------------------------------------------------
+
+CHECKS = {
+    "reproduction/index.md": chain_problems,
+    "reproduction/table1-fmnist.md": samples_175_problems,
+    "reproduction/table2-fmnist.md": learned_vs_fixed_problems,
+    "algorithms/pfedla.md": alive_table_problems,
+    "measurements/gpu.md": gpu_problems,
+}
+
+
+@pytest.mark.parametrize("relative", list(CHECKS))
+def test_the_prose_numbers_are_the_stores(relative):
+    assert CHECKS[relative](page(relative)) == []
+
+
+PLANTED = {  # a drifted number in each page: the check must see it
+    "reproduction/index.md": ("−1.60 ± 0.35", "−1.50 ± 0.35"),
+    "reproduction/table1-fmnist.md": ("+7.36 ± 2.24", "+7.63 ± 2.24"),
+    "reproduction/table2-fmnist.md": ("intervals reach +2.7 points", "intervals reach +2.0 points"),
+    "algorithms/pfedla.md": ("| 18.0 / 18.0 / 18.0 / 18.0% ", "| 0 / 0 / 0 / 0% "),
+    "measurements/gpu.md": ("1.30 standard errors", "1.2 standard errors"),
+}
+
+
+@pytest.mark.parametrize("relative", list(PLANTED))
+def test_a_drifted_number_is_caught(relative):
+    old, new = PLANTED[relative]
+    text = page(relative)
+    assert old in text, f"{relative}: the planted number's original is not on the page"
+    assert CHECKS[relative](text.replace(old, new)) != []
+
+
+# The paper-scale columns' tables: benchmarks/analysis/column_table.py's output, as the pages show it.
+COLUMN_TABLES = {
+    "reproduction/table1-fmnist.md": ("table1-full", "table1-full-seed1", "table1-full-pfedhn-official",
+                                      "table1-full-seed1-pfedhn-official", "table1-full-pfedhn-epochs",
+                                      "table1-full-perfedavg-beta", "table1-full-perfedavg-beta-5e-3",
+                                      "table1-pfedla-server"),
+    "reproduction/table2-fmnist.md": ("table2-full", "table2-full-pfedhn-official", "table2-full-centralized",
+                                      "table2-full-seed1", "table2-full-seed1-pfedhn-official", "table2-full-seed2",
+                                      "table2-full-seed2-pfedhn-official"),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("relative", list(COLUMN_TABLES))
+def test_the_column_tables_are_column_tables_output(relative, capsys):
+    import column_table
+
+    text = page(relative)
+    stores = COLUMN_TABLES[relative]
+    command = " ".join(f"results/published/{s}" for s in stores)
+    assert " ".join(command.split()) in " ".join(text.replace("\\\n", " ").split()), \
+        f"{relative}: the regenerating command names other stores"
+    assert column_table.main([str(PUBLISHED / s) for s in stores]) == 0
+    generated = [line for line in capsys.readouterr().out.splitlines() if line.strip()]
+    assert generated, "column_table.py printed nothing"
+    shown = [line for line in text.splitlines() if line.strip()]
+    missing = [line for line in generated if line not in shown]
+    assert missing == [], f"{relative}: lines of column_table.py's output not on the page: {missing[:3]}"
