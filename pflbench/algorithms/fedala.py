@@ -47,13 +47,12 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from pflbench import streams
 from pflbench.algorithm import ALGORITHMS, Card, ClientRound, Hyperparams, Serving
 from pflbench.fedavg import FedAvg
 from pflbench.steps import clone_state, loss_and_grads, per_client
 from pflbench.training import State
 
-ALA_STREAM = streams.salted_batches("fedala.ala", 0xA1A)  # the s% sample of each ALA, per round and client
+ALA_STREAM = "batches.fedala-ala"  # the s% sample of each ALA, per round and client (a stream of its own)
 
 
 class FedALAHP(Hyperparams):

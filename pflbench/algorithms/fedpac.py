@@ -53,13 +53,12 @@ from pydantic import Field
 from scipy.optimize import minimize
 from torch import Tensor, nn
 
-from pflbench import streams
 from pflbench.algorithm import ALGORITHMS, Capabilities, Card, ClientRound, Hyperparams, Payload, Round
 from pflbench.fedavg import FedAvg
 from pflbench.representation import Split
 from pflbench.training import ClientModel, State
 
-HEAD_STREAM = streams.salted_batches("fedpac.head", 0xFBAC)  # the head epoch's batch order
+HEAD_STREAM = "batches.fedpac-head"  # the head epoch's batch order (a stream of its own)
 STATS = ("fedpac.v", "fedpac.h", "fedpac.protos", "fedpac.counts")  # what a client uploads beside its model
 
 
