@@ -66,7 +66,7 @@ class FedALAHP(Hyperparams):
 
 @ALGORITHMS.register("fedala", card=Card(
     display_name="FedALA",
-    family="personal layers",
+    family="hypernetworks and layer-wise aggregation",
     paper="Zhang, Hua, Wang, Song, Xue, Ma & Guan, AAAI 2023",
     personalizes="each client's model: its higher layers aggregate the global model element-wise with "
                  "weights learned on local data (adaptive local aggregation)"))
