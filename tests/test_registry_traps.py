@@ -40,7 +40,7 @@ PERSONAL_STATISTICS = {
 
 def _cell(name: str, **overrides) -> CellConfig:
     cls = get_algorithm(name)
-    base = dict(algorithm=name, dataset="synthetic", dataset_options={"num_samples": 240},
+    base = dict(algorithm=name, dataset="synthetic", dataset_options={"num_samples": 180},
                 partition="pathological", partition_params={"classes_per_client": 3}, clients=3,
                 participation=1.0, rounds=2, local_epochs=1, batch_size=16, lr=0.05, seed=3, eval_every=1,
                 hp=dict(cls.quick_hp))
@@ -64,7 +64,7 @@ def _run(cell: CellConfig, cls: type | None = None, dataset: Dataset | None = No
 
 # ---- 1. BatchNorm statistics go with the weights they normalize ----------------------------------------
 
-IMAGES = dict(dataset="synthetic-images", dataset_options={"num_samples": 180, "channels": 3, "size": 28},
+IMAGES = dict(dataset="synthetic-images", dataset_options={"num_samples": 120, "channels": 3, "size": 28},
               model="cnn-bn", rounds=1)
 
 
