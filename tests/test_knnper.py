@@ -7,7 +7,9 @@ from pathlib import Path
 import torch
 
 from cells import small_cell
-from pflbench.algorithms.knnper import knn_probabilities
+import pytest
+
+from pflbench.algorithms.knnper import KNNPer, knn_probabilities
 from pflbench.rounds import run_cell
 
 FIXTURE = torch.load(Path(__file__).parent / "fixtures" / "official" / "knnper" / "knnper.pt")
@@ -34,3 +36,9 @@ def test_lambda_is_chosen_on_validation_and_training_is_fedavgs(tmp_path):
                                torch.tensor(fedavg.metrics["accuracy"].to_numpy()))
     # the memory helps on pathological splits (3 classes per client)
     assert knn.metrics["accuracy"].mean() > fedavg.metrics["accuracy"].mean()
+
+
+def test_a_cell_without_a_validation_split_must_fix_lambda():
+    with pytest.raises(ValueError, match="chooses each client's lambda on its validation split, but val_fraction is 0"):
+        KNNPer.check_cell(small_cell(algorithm="knn-per", val_fraction=0.0))
+    KNNPer.check_cell(small_cell(algorithm="knn-per", val_fraction=0.0, hp={"weight": 0.5}))

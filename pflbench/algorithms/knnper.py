@@ -15,7 +15,8 @@ IndexFlatL2), the datastore holding every training sample (capacity -1), lambda 
 
 Departures, each for a reason:
 - lambda is chosen per client on its validation split (the best accuracy on the grid, the smallest
-  lambda among ties), never on the test split; the official evaluation scores every lambda of the grid on
+  lambda among ties), never on the test split (a cell with val_fraction 0 must fix `weight`: refused
+  otherwise, before anything runs); the official evaluation scores every lambda of the grid on
   the test split (eval_knnper.py eval_knnper_grid) and reports from those scores. `weight` fixes lambda
   instead.
 - Probabilities are interpolated, as the paper writes. The official `--interpolate_logits` is declared
@@ -36,18 +37,21 @@ Departures, each for a reason:
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 import torch.nn.functional as F
 from pydantic import Field
 from torch import Tensor
 
-from pflbench.algorithm import ALGORITHMS, Card, Hyperparams, Models, Scores, Serving
+from pflbench.algorithm import ALGORITHMS, Card, Hyperparams, Models, Refusal, Scores, Serving
 from pflbench.engine import Engine
 from pflbench.fedavg import FedAvg
 from pflbench.representation import Split
 from pflbench.training import State
+
+if TYPE_CHECKING:
+    from pflbench.config import CellConfig
 
 
 class KNNPerHP(Hyperparams):
@@ -68,6 +72,15 @@ class KNNPer(FedAvg[KNNPerHP]):
     state_rebuilt = ("_split", "_features")
 
     search_space = {"k": ("int", 1, 50), "scale": ("loguniform", 0.1, 10.0)}
+
+    @classmethod
+    def cell_refusal(cls, cell: CellConfig) -> Refusal | None:
+        """lambda is chosen on each client's validation split: a cell without one must fix it."""
+        if cell.val_fraction == 0 and cell.hp.get("weight") is None:
+            return Refusal(("val_fraction", "hp"), (
+                f"algorithm {cls.name!r} chooses each client's lambda on its validation split, but val_fraction is 0; "
+                f"give val_fraction > 0 (e.g. 0.1) or a fixed hp.weight in [0, 1]"))
+        return None
 
     def setup(self) -> None:
         super().setup()
