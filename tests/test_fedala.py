@@ -85,3 +85,22 @@ def test_a_cell_runs_batched_as_looped_and_sends_fedavgs_bytes(tmp_path):
     fedala, fedavg = run_cell(cell, data_root=tmp_path), run_cell(small_cell(rounds=3), data_root=tmp_path)
     assert fedala.rounds["bytes_up"].equals(fedavg.rounds["bytes_up"])
     assert fedala.rounds["bytes_down"].equals(fedavg.rounds["bytes_down"])
+
+
+def test_batchnorm_statistics_are_averaged_and_received_unlike_the_official_code(tmp_path):
+    """The official server averages and sends `parameters()` only (serverALA.py:112-123, ALA.py:85-86):
+    its clients keep their own BatchNorm statistics under averaged weights. Here they are averaged with
+    the weights (and ALA takes them from the global model, with the lower layers)."""
+    from pflbench.rounds import build_cell, prepare_cell, run_rounds
+    from pflbench.execution import ExecutionOptions
+    from pflbench.training import weighted_mean as mean
+
+    cell = small_cell(algorithm="fedala", rounds=1, dataset="synthetic-images", model="cnn-bn", hp=FedALA.quick_hp,
+                      dataset_options={"num_samples": 200, "channels": 3, "size": 28})
+    dataset, splits = prepare_cell(cell, tmp_path)
+    fed, alg = build_cell(cell, dataset, splits, ExecutionOptions())
+    run_rounds(fed, alg)
+    sizes = fed.train_sizes.float()
+    for name in ("bn1.running_mean", "bn2.running_var"):
+        torch.testing.assert_close(alg.global_state[name][0], mean(alg.client_state[name], sizes / sizes.sum()))
+        assert not torch.equal(alg.client_state[name][0], alg.client_state[name][1])

@@ -105,3 +105,23 @@ def test_a_cell_uploads_the_head_and_statistics_and_refuses_privacy(tmp_path):
     assert (fedpac.rounds["bytes_up"] > fedavg.rounds["bytes_up"]).all()  # + prototypes and statistics
     with pytest.raises(ValueError, match="algorithm 'fedpac' cannot run with privacy: FedPAC uploads feature"):
         FedPAC.check_cell(small_cell(algorithm="fedpac", privacy={"epsilon": 8.0}))
+
+
+def test_a_class_no_client_reported_has_no_global_prototype_and_no_error():
+    """The official `update_global_protos` (methods/fedpac.py:101-109) indexes every class of the
+    aggregated prototypes and raises KeyError when no uploading client holds one; here such a class has no
+    global prototype and a client aligns to its own for it."""
+    f = FIXTURE
+    engine = SimpleNamespace(model=SPLIT.model, kept_local=frozenset(), train_sizes=torch.tensor([20, 20, 20]),
+                             num_classes=4, device=torch.device("cpu"))
+    alg = FedPAC(engine, FedPAC.parse_hyperparams({"collaborate": False}))
+    alg._split = SPLIT
+    alg.global_state = {k: v.unsqueeze(0).clone() for k, v in f["starts"][0].items()}
+    alg.client_state = {k: torch.stack([s[k] for s in f["starts"]]) for k in f["starts"][0]}
+    counts = torch.tensor([[8.0, 8, 4, 0], [0, 10, 0, 0], [5, 5, 5, 0]])  # class 3: nobody
+    upload = {k: torch.stack([t[k] for t in f["trained"]]) for k in f["trained"][0]}
+    upload.update({"fedpac.v": f["vars"].float(), "fedpac.h": f["hs"], "fedpac.protos": torch.rand(3, 4, 8),
+                   "fedpac.counts": counts})
+    alg.aggregate(None, Payload.from_state(upload, torch.arange(3)))
+    assert alg.has_proto.tolist() == [True, True, True, False]
+    assert torch.equal(alg.global_protos[3], torch.zeros(8)) and alg.global_protos[:3].abs().sum() > 0
