@@ -88,7 +88,7 @@ def test_a_cell_runs_batched_as_looped_and_sends_fedavgs_bytes(tmp_path):
 
 
 def test_batchnorm_statistics_are_averaged_and_received_unlike_the_official_code(tmp_path):
-    """The official server averages and sends `parameters()` only (serverALA.py:112-123, ALA.py:85-86):
+    """The official server averages and sends `parameters()` only (serverALA.py:111-123, ALA.py:86-87):
     its clients keep their own BatchNorm statistics under averaged weights. Here they are averaged with
     the weights (and ALA takes them from the global model, with the lower layers)."""
     from pflbench.rounds import build_cell, prepare_cell, run_rounds

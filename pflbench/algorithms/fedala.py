@@ -29,10 +29,10 @@ Departures, each for a reason:
   (after send_models) scores every client's post-ALA model. Here a client's personalized model is its
   latest local model, after its last local training.
 - BatchNorm statistics: averaged with the weights (FedAvg) and taken from the global model with the
-  lower layers. The official code aggregates and overwrites `parameters()` only (serverALA.py:112-123,
-  ALA.py:85-86), so its clients keep their own statistics under averaged weights (as PFLlib#260).
+  lower layers. The official code aggregates and overwrites `parameters()` only (serverALA.py:111-123,
+  ALA.py:86-87), so its clients keep their own statistics under averaged weights (as PFLlib#260).
 - The "first round" test is the official one, per client: sum(Theta_0 - theta_i,0) == 0 on the model's
-  first parameter tensor (ALA.py:80-81); such a client keeps its local model and trains it.
+  first parameter tensor (ALA.py:82); such a client keeps its local model and trains it.
 - Newcomers get the global model (a newcomer has no local model to aggregate with).
 - Batched: the weight learning is one batched step over the sampled clients (`pflbench.steps`), each
   client stopping at its own convergence; the same on the client loop.

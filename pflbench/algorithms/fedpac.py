@@ -24,9 +24,9 @@ Departures, each for a reason:
 - Both phases use the cell's optimizer (lr, momentum, weight decay), as every method of a table does; the
   official code fixes SGD with momentum 0.5 and weight decay 5e-4, the head at lr 0.1 and the body at
   `--lr` (0.01).
-- Training runs in training mode. The official code never switches back after its own `local_test`
-  (fedpac.py:178-179 then 195-245: `model.eval()` stays on), so its BatchNorm and dropout layers train in
-  evaluation mode; its CNNs have neither. Statistics and prototypes use evaluation mode, as there.
+- Training runs in training mode. The official `local_training` sets `model.train()` (fedpac.py:165) and
+  then calls `local_test` (:173), which sets `model.eval()` (:69) and nothing sets it back, so its
+  BatchNorm and dropout layers train in evaluation mode; its CNNs have neither. Statistics and prototypes use evaluation mode, as there.
 - The feature alignment's target for a class no client reported yet is the client's own prototype
   before training, as in the official code; at the first round (no global prototype) there is no
   alignment term (official: `round > 0`).
