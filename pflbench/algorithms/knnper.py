@@ -67,7 +67,8 @@ class KNNPerHP(Hyperparams):
     family="personal layers",
     paper="Marfoq, Neglia, Vidal & Kameni, ICML 2022",
     personalizes="the prediction: the FedAvg model's output interpolated with a k-nearest-neighbours "
-                 "classifier over the client's own training representations"))
+                 "classifier over the client's own training representations",
+    reduces_to={"fedavg": "kNN-Per trains FedAvg's model; with lambda 0 on every client it predicts as FedAvg"}))
 class KNNPer(FedAvg[KNNPerHP]):
     state_rebuilt = ("_split", "_features")
 
