@@ -1,0 +1,75 @@
+"""A minimal engine (the few members of pflbench.engine.Engine a method's local update and aggregation read)
+over fixed tensors, for the checks against official code (tests/fixtures/official/<method>/): the clients'
+samples, fixed batch plans per stream, the fixture's initial model, plain SGD."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import torch
+from torch import nn
+
+from pflbench.engine import Budget
+from pflbench.training import SGD, ClientModel
+
+
+class TinyNet(nn.Module):
+    """fc1, ReLU, fc2, ReLU, fc3: the fixtures' model (the official base/head split: base fc1..fc2, head fc3)."""
+
+    def __init__(self, sizes=(6, 5, 4, 3)):
+        super().__init__()
+        self.fc1, self.fc2, self.fc3 = nn.Linear(sizes[0], sizes[1]), nn.Linear(sizes[1], sizes[2]), nn.Linear(sizes[2], sizes[3])
+
+    def forward(self, x):
+        return self.fc3(torch.relu(self.fc2(torch.relu(self.fc1(x)))))
+
+
+@dataclass
+class OfficialEngine:
+    """`plans[stream name or "default"][client]`: positions into the client's samples, [steps, batch]."""
+
+    features: torch.Tensor
+    labels: torch.Tensor
+    sizes: list[int]
+    initial: dict
+    plans: dict
+    lr: float
+    batched: bool = True
+    epochs: int = 1
+
+    def __post_init__(self):
+        self.model = ClientModel(TinyNet())
+        starts = [0, *torch.tensor(self.sizes).cumsum(0).tolist()]
+        self._owned = [torch.arange(starts[k], starts[k + 1]) for k in range(len(self.sizes))]
+        self.device = torch.device("cpu")
+        self.kept_local = frozenset()
+        self.sgd = SGD(self.lr)
+        first = next(iter(self.plans.values()))[0]
+        self.budget = Budget(rounds=1, clients_per_round=len(self.sizes), local_epochs=self.epochs,
+                             batch_size=first.shape[1])
+
+    @property
+    def num_clients(self):
+        return len(self.sizes)
+
+    @property
+    def train_sizes(self):
+        return torch.tensor(self.sizes)
+
+    def init_state(self, num, group=None, model=None):
+        return {n: self.initial[n].unsqueeze(0).repeat(num, *([1] * self.initial[n].dim())) for n in self.model.names}
+
+    def sample_ids(self, client, split="train"):
+        return self._owned[client]
+
+    def local_plans(self, rnd, clients, *, epochs=None, steps=None, split="train", stream=None):
+        table = self.plans.get(str(stream) if stream is not None else "default", self.plans["default"])
+        return [table[int(c)] for c in clients]
+
+    def data(self, ids):
+        return self.features[ids], self.labels[ids]
+
+
+def round_of(clients):
+    """What a local update reads of the round's context: its clients."""
+    return SimpleNamespace(clients=torch.as_tensor(clients))
