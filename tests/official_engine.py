@@ -3,6 +3,7 @@ over fixed tensors, for the checks against official code (tests/fixtures/officia
 samples, fixed batch plans per stream, the fixture's initial model, plain SGD."""
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from types import SimpleNamespace
 
@@ -58,6 +59,13 @@ class OfficialEngine:
 
     def init_state(self, num, group=None, model=None):
         return {n: self.initial[n].unsqueeze(0).repeat(num, *([1] * self.initial[n].dim())) for n in self.model.names}
+
+    @property
+    def num_classes(self):
+        return int(self.labels.max()) + 1
+
+    def torch_global(self, stream, round=None, client=None):
+        return contextlib.nullcontext()  # the fixture sets every value that would be drawn
 
     def sample_ids(self, client, split="train"):
         return self._owned[client]

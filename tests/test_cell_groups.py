@@ -23,7 +23,7 @@ from pflbench.training import cross_entropy, train_clients
 
 BATCHED = ExecutionOptions(client_batching="on")
 PLAIN_ROWS = ["local", "fedavg", "fedbn", "pfedla", "heurpfedla", "fedrep", "fedfomo"]
-OWN_STEPS = ["pfedme", "perfedavg", "pfedhn", "feddbe"]
+OWN_STEPS = ["pfedme", "perfedavg", "pfedhn", "feddbe", "gpfl"]
 IMAGES = {"dataset": "synthetic-images", "dataset_options": {"num_samples": 300, "channels": 1, "size": 28},
           "rounds": 2}  # the grey CNN, channels-last on a CPU
 BN_IMAGES = {**IMAGES, "dataset_options": {"num_samples": 300, "channels": 3, "size": 32}}  # the BatchNorm CNN
@@ -85,7 +85,7 @@ def test_a_row_grouped_over_seeds_is_bit_identical_and_every_call_is_merged(tmp_
 
 @pytest.mark.parametrize("algorithm", OWN_STEPS)
 def test_rows_with_their_own_steps_are_identical_in_a_group(tmp_path, algorithm):
-    """pFedMe, Per-FedAvg and FedDBE train through their own steps (on their cell's thread, not merged); pFedHN
+    """pFedMe, Per-FedAvg, FedDBE and GPFL train through their own steps (on their cell's thread, not merged); pFedHN
     trains one client at a time through the plain step: those one-client calls are merged across the
     seeds; on this model (no BatchNorm) the stacked step is the unstacked one's arithmetic on an Intel Xeon,
     not on an AMD EPYC (assert_within_rounding)."""
