@@ -10,8 +10,8 @@ from types import SimpleNamespace
 import torch
 from torch import nn
 
-from pflbench.engine import Budget
-from pflbench.training import SGD, ClientModel
+from pflbench.engine import Budget, TrainResult
+from pflbench.training import SGD, ClientModel, train_clients
 
 
 class TinyNet(nn.Module):
@@ -74,10 +74,19 @@ class OfficialEngine:
         table = self.plans.get(str(stream) if stream is not None else "default", self.plans["default"])
         return [table[int(c)] for c in clients]
 
+    def train(self, rnd, clients, state, *, epochs=None, stream=None, **unused):
+        """The engine's local SGD (cross-entropy on every parameter) on the fixed plans."""
+        assert not unused, unused
+        clients = [int(c) for c in clients]
+        new, loss = train_clients(self.model, state, self.features, self.labels,
+                                  [self._owned[c] for c in clients], self.local_plans(rnd, clients, stream=stream),
+                                  self.sgd, batched=self.batched)
+        return TrainResult(new, loss)
+
     def data(self, ids):
         return self.features[ids], self.labels[ids]
 
 
-def round_of(clients):
-    """What a local update reads of the round's context: its clients."""
-    return SimpleNamespace(clients=torch.as_tensor(clients))
+def round_of(clients, number=1):
+    """What a round's hooks read of its context: its clients and number."""
+    return SimpleNamespace(clients=torch.as_tensor(clients), number=number)

@@ -22,7 +22,7 @@ from pflbench.rounds import run_cell
 from pflbench.training import cross_entropy, train_clients
 
 BATCHED = ExecutionOptions(client_batching="on")
-PLAIN_ROWS = ["local", "fedavg", "fedbn", "pfedla", "heurpfedla", "fedrep", "fedfomo"]
+PLAIN_ROWS = ["local", "fedavg", "fedbn", "pfedla", "heurpfedla", "fedrep", "fedfomo", "fedcac"]
 OWN_STEPS = ["pfedme", "perfedavg", "pfedhn", "feddbe", "gpfl"]
 IMAGES = {"dataset": "synthetic-images", "dataset_options": {"num_samples": 300, "channels": 1, "size": 28},
           "rounds": 2}  # the grey CNN, channels-last on a CPU
