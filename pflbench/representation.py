@@ -25,7 +25,7 @@ from torch.func import functional_call, vmap
 from pflbench.round_context import Round
 from pflbench.steps import step_plan
 from pflbench.streams import StreamLike
-from pflbench.training import ClientModel, Diverged, State, to_channels_last
+from pflbench.training import SGD, ClientModel, Diverged, State, to_channels_last
 
 if TYPE_CHECKING:
     from pflbench.engine import Engine
@@ -118,14 +118,17 @@ FeatureObjective = Callable[[Tensor, Tensor, Tensor, State, State], tuple[Tensor
 def train_with_features(engine: Engine, rnd: int | Round, clients: Tensor, state: State,
                         objective: FeatureObjective, *, carry: State | None = None,
                         trainable: list[str] | None = None, epochs: int | None = None,
-                        stream: StreamLike | None = None) -> tuple[State, State, Tensor]:
+                        stream: StreamLike | None = None, train: bool = True,
+                        sgd: SGD | None = None) -> tuple[State, State, Tensor]:
     """Local SGD of `clients` from `state` ([K, ...]: the model's tensors and any of the method's own,
     which the objective reads) on `objective` (`FeatureObjective`), `epochs` of the engine's batch plan
     (None: the budget's local epochs; `stream`: its batch order), updating the `trainable` tensors
     (default: the model's parameters and every floating tensor of `state` that is not the model's) by the
-    engine's SGD rule. Returns (state, carry, mean loss per client); raises `Diverged` on a non-finite
-    loss."""
+    engine's SGD rule (or `sgd`). `train`: the model's mode in the forward (False: BatchNorm normalizes
+    with its running statistics and leaves them as they are). Returns (state, carry, mean loss per
+    client); raises `Diverged` on a non-finite loss."""
     model = engine.model
+    rule = engine.sgd if sgd is None else sgd
     extra = [n for n, t in state.items() if n not in model.shapes and t.is_floating_point()]
     names = [n for n in (trainable if trainable is not None else [*model.param_names, *extra]) if n in state]
     plan = step_plan(engine, rnd, clients, stream=stream, epochs=epochs)
@@ -135,7 +138,7 @@ def train_with_features(engine: Engine, rnd: int | Round, clients: Tensor, state
         work = {n: t.detach().clone().requires_grad_(n in names) for n, t in start.items()}
         carried = {n: t.detach().clone() for n, t in carried.items()}
         leaves = [work[n] for n in names]
-        momenta = engine.sgd.momenta(leaves)
+        momenta = rule.momenta(leaves)
         loss_sum = torch.zeros(len(rows), device=ids.device)
         everyone = torch.arange(len(rows))
         for step in range(int(steps.max()) if len(steps) else 0):
@@ -144,20 +147,20 @@ def train_with_features(engine: Engine, rnd: int | Round, clients: Tensor, state
             view = work if active is None else {n: t[active] for n, t in work.items()}
             held = carried if active is None else {n: t[active] for n, t in carried.items()}
             x, y = engine.data(ids[:, step] if active is None else ids[active, step])
-            logits, features = forward_with_features(model, {n: view[n] for n in model.names}, x, train=True)
+            logits, features = forward_with_features(model, {n: view[n] for n in model.names}, x, train=train)
             losses, after = objective(logits, features, y, view, held)
             grads = torch.autograd.grad(losses.sum(), leaves, allow_unused=True)
             grads_list = [torch.zeros_like(p) if g is None else g for p, g in zip(leaves, grads)]
             with torch.no_grad():
                 if active is None:
                     loss_sum += losses.detach()
-                    engine.sgd.apply(leaves, grads_list, momenta)
+                    rule.apply(leaves, grads_list, momenta)
                     carried = {n: t.detach() for n, t in after.items()}
                 else:
                     loss_sum.index_add_(0, active, losses.detach())
                     for n in model.buffer_names:  # BatchNorm statistics of the gathered copies
                         work[n].index_copy_(0, active, view[n])
-                    engine.sgd.apply_rows(leaves, grads_list, momenta, active)
+                    rule.apply_rows(leaves, grads_list, momenta, active)
                     for n, t in after.items():
                         carried[n] = carried[n].index_copy(0, active, t.detach())
         mean = loss_sum / steps.clamp(min=1).to(loss_sum.device)

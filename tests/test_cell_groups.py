@@ -103,6 +103,17 @@ def test_rows_with_their_own_steps_are_identical_in_a_group(tmp_path, algorithm)
             assert stats.merged == 0
 
 
+def test_rows_mixing_their_own_steps_with_the_engines_are_identical_in_a_group(tmp_path):
+    """FedAS aligns through its own steps (not merged) and trains through the plain step (merged across
+    the seeds): every cell is what it is alone."""
+    cells = [small_cell(algorithm="fedas", seed=seed) for seed in (0, 1)]
+    solo, group = solo_and_grouped(cells, tmp_path)
+    for one, grouped, stats in zip(solo, group.results, group.stats):
+        assert one.status == "finished"
+        assert_identical(one, grouped)
+        assert stats.calls > 0 and stats.merged == stats.calls
+
+
 def test_a_group_mixing_algorithms_and_datasets(tmp_path):
     """Rows of several algorithms (own steps among them), two partitions, CNN cells beside MLP cells:
     each request merges with those of its kind (same model, objective, trainable set, SGD structure),
