@@ -60,7 +60,7 @@ def test_one_round_and_the_server_averages_match_the_official_code(batched):
 
 
 def test_batchnorm_statistics_of_the_body_are_averaged_unlike_the_official_server(tmp_path):
-    """The official server averages the feature extractor's parameters only (GPFL servergp.py lines 78-85):
+    """The official server averages the feature extractor's parameters only (GPFL servergp.py lines 72-83):
     each client keeps its own BatchNorm statistics. Here they are the uploads' sample-weighted mean."""
     cell = small_cell(algorithm="gpfl", model="cnn-bn", dataset="synthetic-images", rounds=1,
                       dataset_options={"num_samples": 200, "channels": 3, "size": 32})

@@ -23,9 +23,9 @@ command, system/examples.sh). The Fisher trace is sum over one epoch's batches o
 mean negative log-likelihood||^2 over every parameter, the model in evaluation mode.
 
 Departures and choices, each stated:
-- The official alignment steps the server's global model itself (clientas.py `set_parameters`:
-  `torch.optim.SGD(model.base.parameters(), lr=0.01)` on the `model` the server passes, serveras.py
-  `send_selected_models` passes `self.global_model` to every selected client in turn): each selected
+- The official alignment steps the server's global model itself (clientas.py line 212, in `set_parameters`:
+  `torch.optim.SGD(model.base.parameters(), lr=0.01)` on the `model` the server passes, stepped at line 227;
+  serveras.py line 39 passes `self.global_model` to every selected client in turn): each selected
   client aligns the body the previous one already aligned, so a client's start depends on who came
   before it. Here each client aligns its own copy of the received body (tested: the order of the clients
   changes nothing).
@@ -37,7 +37,7 @@ Departures and choices, each stated:
 - The official code also computes the Fisher trace of every client not selected, which the server never
   reads (it weights the uploads by their own clients' latest trace): not done here.
 - The server averages the bodies with their BatchNorm statistics (the official averages parameters only,
-  serverbase.py `add_parameters`, and its global statistics are the first upload's); the heads, which
+  serverbase.py lines 154-156, `add_parameters`, and its global statistics are the first upload's); the heads, which
   the official server also averages but no client ever takes, are not sent.
 - A client not yet trained is served its initial model (the official code's too); newcomers (unseen
   clients) get the global body with a head fitted on their training data (`FedAvg.newcomer_models`).

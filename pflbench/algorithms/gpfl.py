@@ -39,8 +39,9 @@ Departures, each stated:
   code would move them to the previous global GCE. Before a client first trains, its conditions are 0,
   as the official code's.
 - BatchNorm statistics of the body are averaged with its parameters. The official server averages
-  `parameters()` only (GPFL system/flcore/servers/servergp.py lines 78-85, `aggregate_parameters`, and
-  clientgp.py `set_parameters` copies parameters): there each client keeps its own statistics.
+  `parameters()` only (GPFL system/flcore/servers/servergp.py lines 72-83, `add_parameters` and
+  `aggregate_parameters`; clientgp.py lines 105-108, `set_parameters`, copies parameters): there each
+  client keeps its own statistics.
 - The server's models reach the clients of the round (the official code sends them to every client).
 - The head is the model's last linear layer and the feature its input (`pflbench.representation`); CoV's
   and GCE's initial values are PyTorch's defaults for their layers, drawn from the stream `INIT_STREAM`.
