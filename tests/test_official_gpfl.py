@@ -11,7 +11,7 @@ import torch
 from cells import federation, small_cell
 from official_engine import OfficialEngine, round_of
 from pflbench.algorithms.gpfl import GPFL
-from pflbench.algorithms.gpfl import valve
+from pflbench.algorithms.gpfl import class_shares, valve
 from pflbench.representation import forward_with_features
 from pflbench.rounds import run_round
 from pflbench.serving import Serving
@@ -92,3 +92,16 @@ def test_the_personalized_model_is_scored_through_the_valve(tmp_path):
     _, feats = forward_with_features(fed.model, {n: row[n] for n in fed.model.names}, x, False)
     logits = alg._head.logits(row, valve(row, feats, row["condition"]))[0]
     torch.testing.assert_close(ours[0][c], (logits.argmax(-1) == y[0]).float().mean())
+
+
+def test_a_newcomer_gets_the_global_valve_its_own_condition_and_a_fitted_head(tmp_path):
+    fed = federation(small_cell(algorithm="gpfl", rounds=1), tmp_path)
+    alg = GPFL(fed, GPFL.parse_hyperparams({}))
+    alg.setup()
+    run_round(alg, 1, torch.as_tensor(fed.schedule[0]))
+    models = alg.newcomer_models(Serving(round=1, clients=fed, newcomers=True))
+    shares = class_shares(fed)
+    torch.testing.assert_close(models["condition"], shares @ alg.global_state["gce.embedding"][0])
+    for n in ("fc1.weight", "cov.gamma.weight", "gce.embedding"):
+        torch.testing.assert_close(models[n], alg.global_state[n].expand_as(models[n]))
+    assert not torch.allclose(models["fc3.weight"], fed.init_state(1)["fc3.weight"].expand_as(models["fc3.weight"]))

@@ -46,25 +46,34 @@ Departures, each stated:
 - The head is the model's last linear layer and the feature its input (`pflbench.representation`); CoV's
   and GCE's initial values are PyTorch's defaults for their layers, drawn from the stream `INIT_STREAM`.
 - The after-local-adaptation protocol trains the body and the head (CE on head(CoV(f, p_i)), CoV and the
-  condition fixed), the engine's protocol for the personalized model; unseen clients are refused (a
-  newcomer has neither a head nor a condition of its own).
+  condition fixed), the engine's protocol for the personalized model.
+- Newcomers (unseen clients; the paper has none): the global body, CoV and GCE, the condition p from the
+  newcomer's class shares and the global GCE, and a head from the initial model trained for the cell's
+  local epochs on its training data with everything else fixed (the engine's procedure for personal
+  layers, `FedAvg.newcomer_models`).
 """
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from pydantic import Field
 from torch import Tensor, nn
 
-from pflbench.algorithm import (ALGORITHMS, Capabilities, Card, ClientRound, Hyperparams, Models, Payload, Round,
+from pflbench.algorithm import (ALGORITHMS, Card, ClientRound, Hyperparams, Models, Payload, Round,
                                 Scores, Serving)
 from pflbench.fedavg import FedAvg
 from pflbench.representation import Head, forward_with_features, head_of, train_with_features
 from pflbench.streams import Stream
 from pflbench.training import State
 
+if TYPE_CHECKING:
+    from pflbench.engine import Engine
+
 COV = ("gamma", "beta")  # CoV's two conditional branches: Linear(D, D) -> ReLU -> LayerNorm(D)
 EVAL_CHUNK = 1024  # samples a client scores at once
+NEWCOMER_STREAM = Stream("batches.gpfl-newcomer-fit")  # a newcomer's head fit
 
 
 def cov_names() -> list[str]:
@@ -102,6 +111,16 @@ def conditions(embedding: Tensor, class_share: Tensor) -> tuple[Tensor, Tensor]:
     return embedding.mean(1), torch.bmm(class_share.unsqueeze(1), embedding).squeeze(1)
 
 
+def class_shares(fed: Engine) -> Tensor:
+    """[N, C]: the share of each class in each client's training data."""
+    shares = []
+    for c in range(fed.num_clients):
+        _, labels = fed.data(fed.sample_ids(c, "train"))
+        counts = torch.bincount(labels, minlength=fed.num_classes).float()
+        shares.append(counts / counts.sum().clamp(min=1))
+    return torch.stack(shares).to(fed.device)
+
+
 class GPFLHP(Hyperparams):
     lam: float = Field(0.01, ge=0.0)  # magnitude-level guidance (official run_me.sh: -lam 0.01 for the CNN/MLP)
     mu: float = Field(0.1, ge=0.0)  # CoV's and GCE's weight decay (official run_me.sh: -mu 0.1 for the CNN/MLP)
@@ -117,7 +136,6 @@ class GPFL(FedAvg[GPFLHP]):
     # global_state also holds CoV's and GCE's tensors [1, ...]; each client's conditions [N, D]
     state = (*FedAvg.state, "generic", "personal")
     state_rebuilt = ("_head", "_head_names", "_class_share")
-    capabilities = Capabilities(newcomers="a newcomer has neither a head nor a personalized condition of its own")
     INIT_STREAM = Stream("gpfl.init")  # CoV's and GCE's initial values
 
     search_space = {"lam": ("loguniform", 1e-4, 1.0), "mu": ("loguniform", 1e-3, 1.0)}
@@ -138,12 +156,7 @@ class GPFL(FedAvg[GPFLHP]):
         self.global_state[GCE] = embedding.weight.detach().to(fed.device).unsqueeze(0)
         self.generic = torch.zeros(fed.num_clients, dim, device=fed.device)
         self.personal = torch.zeros(fed.num_clients, dim, device=fed.device)
-        shares = []
-        for c in range(fed.num_clients):
-            _, labels = fed.data(fed.sample_ids(c, "train"))
-            counts = torch.bincount(labels, minlength=classes).float()
-            shares.append(counts / counts.sum().clamp(min=1))
-        self._class_share = torch.stack(shares).to(fed.device)
+        self._class_share = class_shares(fed)
 
     def is_local(self, name: str) -> bool:
         return name in self._head_names
@@ -245,3 +258,26 @@ class GPFL(FedAvg[GPFLHP]):
         adapted, _, _ = train_with_features(fed, serving.round + 1, everyone, start, objective,
                                             trainable=list(fed.model.param_names), epochs=serving.adapt_epochs)
         return adapted
+
+    def newcomer_models(self, serving: Serving) -> Models:
+        """The global body, CoV and GCE; the condition from the newcomer's class shares and the global GCE;
+        a head from the initial model, trained for the cell's local epochs through the valve, the rest fixed."""
+        fed, head = serving.clients, self._head
+        count = fed.num_clients
+        models = {n: t.clone() for n, t in fed.init_state(count).items()}
+        for n in self.server_names():
+            models[n] = self.global_state[n].expand(count, *self.global_state[n].shape[1:]).clone()
+        embedding = models[GCE]
+        models["condition"] = conditions(embedding, class_shares(fed))[1]
+
+        def objective(logits: Tensor, features: Tensor, labels: Tensor, model: State,
+                      carry: State) -> tuple[Tensor, State]:
+            personal = head.logits(model, valve(model, features, model["condition"]))
+            ce = F.cross_entropy(personal.flatten(0, 1), labels.flatten(), reduction="none").view(labels.shape)
+            return ce.mean(1), carry
+
+        everyone = torch.arange(count, device=fed.device)
+        fitted, _, _ = train_with_features(fed, serving.round, everyone, models, objective,
+                                           trainable=[n for n in fed.model.param_names if n in self._head_names],
+                                           stream=NEWCOMER_STREAM)
+        return fitted
