@@ -51,7 +51,7 @@ from torch import Tensor
 
 from pflbench.algorithm import ALGORITHMS, Capabilities, Card, ClientRound, Hyperparams, Models, Payload
 from pflbench.fedavg import FedAvg
-from pflbench.representation import Head, forward_with_features, head_of, train_with_features
+from pflbench.feature_training import Head, forward_with_features, head_of, train_with_features
 from pflbench.round_context import Round
 from pflbench.steps import step_plan
 from pflbench.streams import Stream

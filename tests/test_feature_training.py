@@ -1,4 +1,4 @@
-"""pflbench/representation.py: the representation before a linear head, from one forward, on every path the
+"""pflbench/feature_training.py: the representation before a linear head, from one forward, on every path the
 engine calls a model (one client bound, the natively batched twin, vmap), and local SGD on an objective
 that reads it, batched or one client at a time."""
 import pytest
@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 from cells import federation, small_cell
 from pflbench.models import CNN, MLP
-from pflbench.representation import forward_with_features, head_of, train_with_features
+from pflbench.feature_training import forward_with_features, head_of, train_with_features
 from pflbench.training import ClientModel
 
 
