@@ -22,8 +22,9 @@ from pflbench.rounds import run_cell
 from pflbench.training import cross_entropy, train_clients
 
 BATCHED = ExecutionOptions(client_batching="on")
-PLAIN_ROWS = ["local", "fedavg", "fedbn", "pfedla", "heurpfedla", "fedrep", "fedfomo", "fedrod", "fedala", "fedpac", "knn-per"]
-OWN_STEPS = ["pfedme", "perfedavg", "pfedhn"]
+PLAIN_ROWS = ["local", "fedavg", "fedbn", "pfedla", "heurpfedla", "fedrep", "fedfomo", "fedrod", "fedala", "fedpac",
+              "knn-per", "fedcac"]
+OWN_STEPS = ["pfedme", "perfedavg", "pfedhn", "feddbe", "gpfl"]
 IMAGES = {"dataset": "synthetic-images", "dataset_options": {"num_samples": 300, "channels": 1, "size": 28},
           "rounds": 2}  # the grey CNN, channels-last on a CPU
 BN_IMAGES = {**IMAGES, "dataset_options": {"num_samples": 300, "channels": 3, "size": 32}}  # the BatchNorm CNN
@@ -85,7 +86,7 @@ def test_a_row_grouped_over_seeds_is_bit_identical_and_every_call_is_merged(tmp_
 
 @pytest.mark.parametrize("algorithm", OWN_STEPS)
 def test_rows_with_their_own_steps_are_identical_in_a_group(tmp_path, algorithm):
-    """pFedMe and Per-FedAvg train through their own steps (on their cell's thread, not merged); pFedHN
+    """pFedMe, Per-FedAvg, FedDBE and GPFL train through their own steps (on their cell's thread, not merged); pFedHN
     trains one client at a time through the plain step: those one-client calls are merged across the
     seeds; on this model (no BatchNorm) the stacked step is the unstacked one's arithmetic on an Intel Xeon,
     not on an AMD EPYC (assert_within_rounding)."""
@@ -101,6 +102,17 @@ def test_rows_with_their_own_steps_are_identical_in_a_group(tmp_path, algorithm)
             assert stats.calls > 0 and stats.merged == stats.calls and stats.merged_width == 2 * stats.calls
         else:
             assert stats.merged == 0
+
+
+def test_rows_mixing_their_own_steps_with_the_engines_are_identical_in_a_group(tmp_path):
+    """FedAS aligns through its own steps (not merged) and trains through the plain step (merged across
+    the seeds): every cell is what it is alone."""
+    cells = [small_cell(algorithm="fedas", seed=seed) for seed in (0, 1)]
+    solo, group = solo_and_grouped(cells, tmp_path)
+    for one, grouped, stats in zip(solo, group.results, group.stats):
+        assert one.status == "finished"
+        assert_identical(one, grouped)
+        assert stats.calls > 0 and stats.merged == stats.calls
 
 
 def test_a_group_mixing_algorithms_and_datasets(tmp_path):
