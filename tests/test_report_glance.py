@@ -149,3 +149,50 @@ def test_a_column_on_another_dataset_shows_the_papers_number_greyed_without_delt
     assert "| pFedLA | 94.34 ± 0.29 | – | – | not run |" in page
     assert not partial.chain or partial.chain.verdict("adapted") == "not run"
     assert any("of 9 paper rows" in f.text and "8 not run" in f.text for f in findings(glance))
+
+
+# ---- a reproduction study's page (pflbench/reports/site.py, templates/index.html) ---------------------------
+
+PAPER = dict(rounds=600, local_epochs=10, lr=0.005, samples_per_client=700, partition_params={"classes_per_client": 4},
+             config={"val_fraction": 0.0}, summary={"model": "cnn"})   # pFedLA Table 1's fmnist settings
+
+
+def test_a_reproduction_study_page_opens_on_the_papers_protocol_with_its_title_seeds_fold_best_and_dots(tmp_path):
+    from pflbench.publish import LEADERBOARD
+    from pflbench.reports.build import ReportOptions
+    from pflbench.reports.studies import build_leaderboard, study_groups
+
+    root = tmp_path / "published"
+    column, seeds = root / "table1-full", root / "table1-full-seed1"
+    for algorithm, acc, adapted in (("local", 0.90, 0.91), ("fedavg", 0.80, 0.93), ("pfedla", 0.90, 0.91)):
+        write_cell(column, algorithm=algorithm, accuracies=[acc, acc - 0.02] * 5, adapted=[adapted, adapted - 0.02] * 5,
+                   **PAPER)
+        write_cell(seeds, algorithm=algorithm, seed=1, accuracies=[acc, acc - 0.04] * 5,
+                   adapted=[adapted, adapted - 0.04] * 5, **PAPER)
+    # a variant of pFedLA beside the column (another hyperparameter): folded under pFedLA's row
+    write_cell(seeds, algorithm="pfedla", hp={"hn_lr": 0.005}, accuracies=[0.5, 0.6] * 5, adapted=[0.6, 0.7] * 5, **PAPER)
+    manifest(column, "pflbench run benchmarks/table1.yaml --set dataset=fmnist --set seed=0")
+    manifest(seeds, "pflbench run benchmarks/table1.yaml --set dataset=fmnist --set seed=1")
+    (root / LEADERBOARD).write_text("beside:\n  table1-full: [table1-full-seed1]\n")
+    data = json.loads((column / "manifest.json").read_text())
+    (column / "manifest.json").write_text(json.dumps({**data, "note": "pFedLA Table 1, seed 0. The rest."}))
+
+    index = build_leaderboard(root, tmp_path / "site", options=ReportOptions(figures=False, partitions=False))
+    page = (tmp_path / "site" / "table1-full" / "index.html").read_text()
+    assert "<title>table1-full: pFedLA Table 1, seed 0. · pflbench</title>" in page
+    options = page.split('id="f-protocol"', 1)[1].split("</select>", 1)[0]
+    assert 'data-default="adapted-final-clients"' in options
+    assert options.index('value="adapted-final-clients"') < options.index('value="delivered-final-clients"')
+    assert "Its tables pool seeds 0, 1: seed 0 from this study" in page and "table1-full-seed1" in page
+    adapted = page.split('data-protocol="adapted-final-clients"', 1)[1].split("</section>", 1)[0]
+    assert '<tr class="flt variant" data-algorithm="pfedla">' in adapted and "↳ " in adapted
+    assert adapted.index('<tr class="flt" data-algorithm="pfedla">') < adapted.index('class="flt variant"')
+    assert "variant row" in adapted and "hn_lr=0.005" in adapted
+    assert 'class="best-group">Best on fmnist, 10 clients: <strong>FedAvg</strong>' in adapted
+    assert '<figure class="dots"><svg' in adapted and "ours (± std over seeds)" in adapted
+    assert adapted.count("<circle ") == 4     # Local, FedAvg, pFedLA and its variant (the paper's settings) have a Δ
+    # the index: the results at a glance above the studies, and the studies grouped
+    html = index.read_text()
+    assert html.index('id="results"') < html.index('id="studies"')
+    assert study_groups(root, build_glance(root)) == {"table1-full": "reproduction", "table1-full-seed1": "reproduction"}
+    assert (tmp_path / "site" / "results" / "results_rows.csv").is_file()

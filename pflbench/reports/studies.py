@@ -66,7 +66,7 @@ def build_leaderboard(published: str | Path, out: str | Path, extra: dict[str, P
     for row in rows:
         row["group"] = kinds.get(row["name"], "other")
     rows.sort(key=lambda r: (order.get(r["state"], 9), GROUPS.index(r["group"]), r["name"]))
-    context = {}
+    context: dict = {"glance": None}
     if glance is not None and glance.columns:
         if options.figures:
             write_figures(glance, out / GLANCE_DIR, rel=f"{GLANCE_DIR}/", formats=("png",))
@@ -78,7 +78,7 @@ def build_leaderboard(published: str | Path, out: str | Path, extra: dict[str, P
     index.write_text(_environment().get_template("studies.html").render(
         studies=rows, generated=datetime.datetime.now().isoformat(timespec="seconds"),
         published=str(published), root="", results=str(published), study=None, docs_url=options.docs_url,
-        docs_relative=False, groups=GROUP_TITLES, glance=context.get("glance"), **context))
+        docs_relative=False, groups=GROUP_TITLES, **context))
     return index
 
 
