@@ -28,16 +28,16 @@ class Dot:
 def dot_plot(table: Table, column: Column) -> dict | None:
     """{width, height, dots, ticks, left, right, bottom, top} for one column; None when no row of it has
     both our number and a comparable paper number (a Δ)."""
-    rows = [(row, entry) for row in table.rows
-            if (entry := table.entry(row, column)) is not None and entry.delta is not None and entry.paper is not None
-            and entry.mean is not None]
+    rows = []   # (row, entry, paper mean, paper std, our mean, our std)
+    for row in table.rows:
+        entry = table.entry(row, column)
+        if entry is None or entry.delta is None or entry.paper is None or entry.mean is None:
+            continue
+        rows.append((row, entry, entry.paper.mean, entry.paper.std or 0.0, entry.mean, entry.std or 0.0))
     if not rows:
         return None
-    values = []
-    for _, entry in rows:
-        assert entry.paper is not None and entry.mean is not None
-        values += [entry.paper.mean - (entry.paper.std or 0), entry.paper.mean + (entry.paper.std or 0),
-                   entry.mean - (entry.std or 0), entry.mean + (entry.std or 0)]
+    values = [v for _, _, paper, std, ours, spread in rows
+              for v in (paper - std, paper + std, ours - spread, ours + spread)]
     low, high = min(values), max(values)
     pad = max(1.0, 0.05 * (high - low))
     low, high = low - pad, high + pad
@@ -47,9 +47,7 @@ def dot_plot(table: Table, column: Column) -> dict | None:
         return round(LEFT + (value - low) / (high - low) * (WIDTH - LEFT - RIGHT), 1)
 
     dots = []
-    for k, (row, entry) in enumerate(rows):
-        paper, std = entry.paper.mean, entry.paper.std or 0.0   # (checked above)
-        ours, spread = entry.mean, entry.std or 0.0
+    for k, (row, entry, paper, std, ours, spread) in enumerate(rows):
         title = (f"{row.label}: ours {entry.value_text()}, paper {entry.paper_text()} (Δ {entry.delta_text()})")
         dots.append(Dot(row.label, TOP + ROW * k + ROW / 2, x(paper), x(paper - std), x(paper + std),
                         x(ours), x(ours - spread), x(ours + spread), title))

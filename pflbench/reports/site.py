@@ -162,11 +162,12 @@ def write_site(cells: pd.DataFrame, boards: list[tuple[Protocol, list[Table]]], 
     rows = cell_rows(cells)
     opening = opening_protocol(boards)   # first in the select: the page opens on it
     boards = sorted(boards, key=lambda board: board[0] != opening)
+    study = study_facts(results)  # a published study's provenance, and which seeds its tables pool
+    if study is not None:
+        study = {**study, "shown_seeds": shown_seeds(cells, Path(results))}
     common = {"generated": datetime.datetime.now().isoformat(timespec="seconds"), "results": str(results),
-              "cell_columns": CELL_COLUMNS, "study": study_facts(results),  # a published study's provenance
+              "cell_columns": CELL_COLUMNS, "study": study,
               "docs_url": docs_url, "docs_relative": docs_url is not None and bool(docs_url) and not re.match(r"^[a-z]+:|/", docs_url)}
-    if common["study"] is not None:
-        common["study"] = {**common["study"], "shown_seeds": shown_seeds(cells, Path(results))}
     statuses = cells["status"].value_counts().to_dict() if len(cells) else {}
     figures = [{"title": t, "path": p} for t, p in report.figures]
     tables = [t for _, board in boards for t in board]
