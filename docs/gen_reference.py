@@ -359,7 +359,7 @@ def studies_page() -> str:
         note = text(m.get("note") or "")
         note = note if len(note) <= 300 else note[:300].rsplit(" ", 1)[0] + " …"
         name = m.get('study', manifest.parent.name)
-        out.append(f"| <a id=\"{study_anchor(name)}\"></a>`{name}` | `{text(m.get('command', ''))}` | "
+        out.append(f"| `{name}` | <a id=\"{study_anchor(name)}\"></a>`{text(m.get('command', ''))}` | "
                    f"{str(m.get('published_at', ''))[:10]} | {statuses} | {text(machines)} | {note} |")
     return "\n".join(out)
 
