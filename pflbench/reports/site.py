@@ -171,11 +171,12 @@ def write_site(cells: pd.DataFrame, boards: list[tuple[Protocol, list[Table]]], 
     statuses = cells["status"].value_counts().to_dict() if len(cells) else {}
     figures = [{"title": t, "path": p} for t, p in report.figures]
     tables = [t for _, board in boards for t in board]
+    layouts = {t.id: row_layout(t, Path(results)) for t in tables}
     alpha_cells = [(r, f) for r in rows for f in report.cell_figures.get(r["hash"], []) if f["kind"] == "alpha"]
     index = out / "index.html"
     index.write_text(env.get_template("index.html").render(
         root="", boards=boards, default_protocol=opening.name, comm=comm, cells=rows, statuses=statuses, figures=figures,
-        layouts={t.id: row_layout(t, Path(results)) for t in tables}, best_groups={t.id: best_groups(t) for t in tables},
+        layouts=layouts, best_groups={t.id: best_groups(t, {r.key: label for r, label, _ in layouts[t.id]}) for t in tables},
         dot_plots={t.id: [(c, d) for c in t.columns if (d := dot_plot(t, c)) is not None] for t in tables},
         alpha_figures=alpha_cells, references=references, notes=report.notes,
         copes=site_tables(report.heterogeneity), differences=report.differences, ranks=report.ranks,
@@ -224,12 +225,12 @@ def opening_protocol(boards: list[tuple[Protocol, list[Table]]]) -> Protocol:
     return boards[0][0] if boards else DEFAULT
 
 
-def row_layout(table: Table, results: Path) -> list[tuple[Row, str]]:
-    """The table's rows in display order, each with "" (a base row) or the label it is shown by when it is
-    a variant folded under its base row: among an algorithm's rows of one knob setting (tuned or not), the
-    base holds the most cells of this store (`results`: the study's own, not those beside it), then the
-    shortest label; the others (another hyperparameter, batch, optimizer) follow it, labelled by what
-    they change."""
+def row_layout(table: Table, results: Path) -> list[tuple[Row, str, bool]]:
+    """The table's rows in display order, each with the label it is shown by and whether it is a variant
+    folded under its base row: among an algorithm's rows of one knob setting (tuned or not), the base
+    holds the most cells of this store (`results`: the study's own, not those beside it), then the
+    shortest label, and is shown by the algorithm's name; the others (another hyperparameter, batch,
+    optimizer) follow it, labelled by what they change against it."""
     from pflbench.reports.glance import variant_label
 
     def own(row: Row) -> int:
@@ -239,30 +240,35 @@ def row_layout(table: Table, results: Path) -> list[tuple[Row, str]]:
     groups: dict[tuple, list[Row]] = {}
     for row in table.rows:
         groups.setdefault((row.algorithm, row.setting, row.tuned), []).append(row)
-    out: list[tuple[Row, str]] = []
+    out: list[tuple[Row, str, bool]] = []
     for row in table.rows:
         group = groups[(row.algorithm, row.setting, row.tuned)]
         if len(group) == 1:
-            out.append((row, ""))
+            out.append((row, row.label, False))
             continue
         base = max(group, key=lambda r: (own(r), -len(r.variant)))
         if row is not base:
             continue  # placed after its base
-        out.append((row, ""))
-        out += [(other, variant_label(other, base)) for other in group if other is not base]
+        setting = f" ({row.setting})" if row.setting else ""
+        out.append((row, display_name(row.algorithm) + setting + (f" {TUNED}" if row.tuned else ""), False))
+        out += [(other, variant_label(other, base), True) for other in group if other is not base]
     return out
 
 
-def best_groups(table: Table) -> list[dict]:
-    """Per column: the highest mean's row and the rows the paired test cannot tell from it (tables.mark_best)."""
+def best_groups(table: Table, labels: dict[tuple, str] | None = None) -> list[dict]:
+    """Per column: the highest mean's row and the rows the paired test cannot tell from it (tables.mark_best),
+    by the labels the table shows them with (`labels`: row key -> label; else each row's own)."""
+    def name(row: Row) -> str:
+        return (labels or {}).get(row.key, row.label)
+
     out = []
     for column in table.columns:
         ranked = [(r, e) for r in table.rows if (e := table.entry(r, column)) is not None and e.mean is not None]
         top = next(((r, e) for r, e in ranked if e.top), None)
         if top is None:
             continue
-        out.append({"column": column.label, "top": top[0].label, "separated": top[1].best,
-                    "tied": [r.label for r, e in ranked if e.tied and not e.top]})
+        out.append({"column": column.label, "top": name(top[0]), "separated": top[1].best,
+                    "tied": [name(r) for r, e in ranked if e.tied and not e.top]})
     return out
 
 
