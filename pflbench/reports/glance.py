@@ -92,7 +92,12 @@ class GlanceRow:
     @property
     def missing(self) -> bool:
         """No cell of ours finished for this row under any protocol: not run."""
-        return not self.run and (self.delivered is None or self.delivered.mean is None)
+        return not self.run and not self.failed and (self.delivered is None or self.delivered.mean is None)
+
+    @property
+    def failed(self) -> bool:
+        """Its cells ran but none finished with a number (diverged, failed)."""
+        return self.ours is not None and self.ours.mean is None and bool(self.ours.problems)
 
     @property
     def delta(self) -> float | None:
@@ -107,6 +112,8 @@ class GlanceRow:
     def verdict(self) -> str:
         """Against the paper: within its ±, above, below; or why there is none."""
         if not self.run:
+            if self.failed and self.ours is not None:
+                return self.ours.status          # "diverged", "failed"
             return "not run" if self.missing else "no number under the paper's protocol"
         if self.paper is None:
             return "no paper number"
@@ -121,7 +128,8 @@ class GlanceRow:
         return "above the paper's ±" if delta > 0 else "below the paper's ±"
 
     def rank(self) -> str:
-        """Within our column (paired test against the column's highest mean, tables.mark_best)."""
+        """Within our column (the paired test against the column's highest mean, tables.mark_best; the
+        column names that row: `GlanceColumn.best_text`)."""
         entry = self.ours
         if entry is None or entry.mean is None:
             return ""
@@ -130,13 +138,13 @@ class GlanceRow:
         if entry.best:
             return "best (separated from every row)"
         if entry.top:
-            return "highest mean, not separated"
+            return "highest mean"
         if entry.versus is None:
             return "not ranked"
         if entry.tied:
-            return f"≈ best ({entry.versus.label})"
+            return "≈ best (not separated)"
         p = entry.test.p if entry.test is not None else None
-        return f"below best ({entry.versus.label}, p = {p:.3g})" if p is not None else "below best"
+        return f"below best (p = {p:.2g})" if p is not None else "below best"
 
 
 @dataclass
@@ -270,6 +278,15 @@ class GlanceColumn:
         if self.other_dataset:
             return f"another dataset than the paper's ({self.column.paper_dataset}): not compared"
         return "partial: rows not run" if self.partial else "complete"
+
+    def best_text(self) -> str:
+        """Which row is the highest mean of our column, and whether the paired test separates it."""
+        for row in self.rows:
+            for item in (row, *row.variants):
+                if item.ours is not None and item.ours.top:
+                    how = "separated from every other row" if item.ours.best else "not separated from the rows marked ≈"
+                    return f"highest mean of our column: {item.label} ({how}; paired test, level {LEVEL:g})"
+        return ""
 
     def counts(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -861,6 +878,8 @@ def column_markdown(column: GlanceColumn, study_link: Callable[[str], str]) -> l
     if c.other_dataset:
         out += [f"The paper's numbers are for {c.column.paper_dataset}, ours for {c.column.dataset}: shown "
                 f"*in italics* as another dataset's, with no Δ and no verdict.", ""]
+    if c.best_text():
+        out += [c.best_text()[0].upper() + _cell(c.best_text()[1:]) + ".", ""]
     out += ["| row | paper | ours | Δ | against the paper | in our column | delivered |",
             "|---|---|---|---|---|---|---|"]
     for row in c.rows:
