@@ -4,12 +4,14 @@ grey bar, ours (mean over seeds, ± their std where there are several) as a dot 
 SVG box for the template to draw (the template writes every label, escaped)."""
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pflbench.reports.columns import Column
+from pflbench.reports.rows import Row
 from pflbench.reports.tables import Table
 
-WIDTH, ROW, LEFT, RIGHT, TOP, BOTTOM = 360, 18, 120, 12, 8, 26
+WIDTH, ROW, LEFT, RIGHT, TOP, BOTTOM = 380, 18, 130, 12, 8, 26
 
 
 @dataclass(frozen=True)
@@ -25,18 +27,19 @@ class Dot:
     title: str            # "pFedLA: ours 91.48 ± 1.08, paper 94.34 ± 0.29 (Δ −2.86)"
 
 
-def dot_plot(table: Table, column: Column) -> dict | None:
+def dot_plot(table: Table, column: Column, shown: Sequence[tuple[Row, str]] | None = None) -> dict | None:
     """{width, height, dots, ticks, left, right, bottom, top} for one column; None when no row of it has
-    both our number and a comparable paper number (a Δ)."""
-    rows = []   # (row, entry, paper mean, paper std, our mean, our std)
-    for row in table.rows:
+    both our number and a comparable paper number (a Δ). `shown`: the rows to draw with their labels (the
+    page's base rows; default every row by its own label)."""
+    rows = []   # (row, label, entry, paper mean, paper std, our mean, our std)
+    for row, label in (shown if shown is not None else [(r, r.label) for r in table.rows]):
         entry = table.entry(row, column)
         if entry is None or entry.delta is None or entry.paper is None or entry.mean is None:
             continue
-        rows.append((row, entry, entry.paper.mean, entry.paper.std or 0.0, entry.mean, entry.std or 0.0))
+        rows.append((row, label, entry, entry.paper.mean, entry.paper.std or 0.0, entry.mean, entry.std or 0.0))
     if not rows:
         return None
-    values = [v for _, _, paper, std, ours, spread in rows
+    values = [v for _, _, _, paper, std, ours, spread in rows
               for v in (paper - std, paper + std, ours - spread, ours + spread)]
     low, high = min(values), max(values)
     pad = max(1.0, 0.05 * (high - low))
@@ -47,9 +50,9 @@ def dot_plot(table: Table, column: Column) -> dict | None:
         return round(LEFT + (value - low) / (high - low) * (WIDTH - LEFT - RIGHT), 1)
 
     dots = []
-    for k, (row, entry, paper, std, ours, spread) in enumerate(rows):
-        title = (f"{row.label}: ours {entry.value_text()}, paper {entry.paper_text()} (Δ {entry.delta_text()})")
-        dots.append(Dot(row.label, TOP + ROW * k + ROW / 2, x(paper), x(paper - std), x(paper + std),
+    for k, (row, label, entry, paper, std, ours, spread) in enumerate(rows):
+        title = (f"{label}: ours {entry.value_text()}, paper {entry.paper_text()} (Δ {entry.delta_text()})")
+        dots.append(Dot(label, TOP + ROW * k + ROW / 2, x(paper), x(paper - std), x(paper + std),
                         x(ours), x(ours - spread), x(ours + spread), title))
     step = _step(high - low)
     first = int(low // step + 1) * step

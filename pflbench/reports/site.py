@@ -177,7 +177,9 @@ def write_site(cells: pd.DataFrame, boards: list[tuple[Protocol, list[Table]]], 
     index.write_text(env.get_template("index.html").render(
         root="", boards=boards, default_protocol=opening.name, comm=comm, cells=rows, statuses=statuses, figures=figures,
         layouts=layouts, best_groups={t.id: best_groups(t, {r.key: label for r, label, _ in layouts[t.id]}) for t in tables},
-        dot_plots={t.id: [(c, d) for c in t.columns if (d := dot_plot(t, c)) is not None] for t in tables},
+        dot_plots={t.id: [(c, d) for c in t.columns if (d := dot_plot(t, c, [(r, label) for r, label, variant
+                                                                          in layouts[t.id] if not variant])) is not None]
+                   for t in tables},
         alpha_figures=alpha_cells, references=references, notes=report.notes,
         copes=site_tables(report.heterogeneity), differences=report.differences, ranks=report.ranks,
         skipped=report.skipped, progress=report.progress,
