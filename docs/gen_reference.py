@@ -14,6 +14,9 @@ Each page is made from what pflbench itself reads at run time:
 - studies.md     every published study (results/published/*/manifest.json);
 - api.md         the public method API (mkdocstrings renders the modules' docstrings).
 
+and, beside them, the results page (docs/results.md, its figures and CSV under docs/results/, git-ignored):
+what reproduces of the paper's tables, generated from results/published/ by pflbench.reports.glance.
+
 It also copies the repository's other write-ups (benchmarks/README.md, pflbench/algorithms/README.md, ...) under
 docs/repo/ (git-ignored too), so the site shows them as they are in the repository.
 """
@@ -355,9 +358,35 @@ def studies_page() -> str:
                              for x in m.get("machines", []))
         note = text(m.get("note") or "")
         note = note if len(note) <= 300 else note[:300].rsplit(" ", 1)[0] + " …"
-        out.append(f"| `{m.get('study', manifest.parent.name)}` | `{text(m.get('command', ''))}` | "
+        name = m.get('study', manifest.parent.name)
+        out.append(f"| `{name}` | <a id=\"{study_anchor(name)}\"></a>`{text(m.get('command', ''))}` | "
                    f"{str(m.get('published_at', ''))[:10]} | {statuses} | {text(machines)} | {note} |")
     return "\n".join(out)
+
+
+def study_anchor(name: str) -> str:
+    """The id of a study's row on the published-studies page (the results page links it)."""
+    return "study-" + "".join(c if c.isalnum() or c == "-" else "-" for c in name.lower())
+
+
+def results_page(docs: Path, published: Path = ROOT / "results" / "published") -> Path | None:
+    """docs/results.md with its figures and CSV under docs/results/ (pflbench.reports.glance); None when
+    no reproduced column is published."""
+    from pflbench.reports.glance import build_glance, markdown, write_csv, write_figures
+
+    glance = build_glance(published)
+    if not glance.columns:
+        return None
+    folder = docs / "results"
+    if folder.exists():
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True)
+    write_figures(glance, folder, rel="results/")
+    write_csv(glance, folder)
+    page = docs / "results.md"
+    page.write_text(HEADER.replace("from the code", "from results/published/")
+                    + markdown(glance, lambda study: f"reference/studies.md#{study_anchor(study)}", csv_rel="results/"))
+    return page
 
 
 def api_page() -> str:
@@ -391,7 +420,9 @@ def main(argv: list[str] | None = None) -> int:
     for name, make in PAGES.items():
         (out / name).write_text(make() + "\n")
     mirror(out.parent)
-    print(f"wrote {len(PAGES)} reference pages to {out} and {len(MIRRORED)} write-ups under {out.parent / 'repo'}")
+    results = results_page(out.parent)
+    print(f"wrote {len(PAGES)} reference pages to {out}, {len(MIRRORED)} write-ups under {out.parent / 'repo'}"
+          + (f" and the results page {results}" if results else ""))
     return 0
 
 

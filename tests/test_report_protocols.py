@@ -238,12 +238,13 @@ def test_the_leaderboard_switches_protocol(site):
     parser = Captions()
     parser.feed(html)
     options = dict(parser.options)
-    assert list(options)[0] == "delivered-final-clients"       # shown on opening
+    # shown on opening: the paper's protocol, since this store's FedAvg and Local have a Δ against the paper there
+    assert list(options)[0] == "adapted-final-clients"
     assert {"adapted-final-clients", "delivered-bestval-clients", "adapted-bestval-pooled", "delivered-final-worst10",
             "delivered-besttest-clients"} <= set(options)
     assert options["delivered-besttest-clients"] == "as delivered · best test round (selected on test) · mean over clients"
     assert {p for p, _ in parser.tables} == set(options)        # every option has its tables, and nothing else
-    assert 'data-default="delivered-final-clients"' in html
+    assert 'data-default="adapted-final-clients"' in html
     assert '"protocol"' in html and "data-protocol" in html    # the script filters on it
 
 
@@ -372,13 +373,13 @@ def test_the_protocol_switch_script_shows_one_protocol_at_a_time(site, tmp_path)
         assert done.returncode == 0, done.stderr
         return json.loads(done.stdout)
 
-    opened = run("", choose="adapted-final-clients")
-    assert opened["first"] and set(opened["first"]) == {"delivered-final-clients"}
-    assert set(opened["chosen"]) == {"adapted-final-clients"} and "protocol=adapted-final-clients" in opened["url2"]
+    opened = run("", choose="delivered-final-clients")   # opens on the paper's protocol (a Δ there)
+    assert opened["first"] and set(opened["first"]) == {"adapted-final-clients"}
+    assert set(opened["chosen"]) == {"delivered-final-clients"} and "protocol=delivered-final-clients" in opened["url2"]
     linked = run("#protocol=delivered-bestval-clients&scheme=pathological")
     assert set(linked["first"]) == {"delivered-bestval-clients"}
     unknown = run("#protocol=nonsense")       # an unknown protocol in a link falls back to the default
-    assert set(unknown["first"]) == {"delivered-final-clients"}
+    assert set(unknown["first"]) == {"adapted-final-clients"}
 
 
 # ---- every setting a reference declares must match (issue 29, item 6) ---------------------------------

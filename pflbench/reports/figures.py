@@ -192,7 +192,14 @@ def learning_curves(curves: pd.DataFrame, stem: str | Path, *, title: str = "", 
     panels = [f for f in families if f != BASELINES] or families or ["all"]
     cols = min(2, len(panels))
     rows = -(-len(panels) // cols)
-    figure = new_figure(6.0 * cols + 0.6, 3.6 * rows + 0.6)
+    def legend_lines(panel: str) -> int:  # the height of a panel's legend, in lines (as drawn below)
+        names = [l for l in labels if panel == "all" or family_of(l) == panel or l in baselines]
+        if max((len(n) for n in names), default=0) > 28:
+            return sum(len(textwrap.wrap(n, 46)) or 1 for n in names)
+        return -(-len(names) // 2)
+
+    lines = max([legend_lines(p) for p in panels] or [1])
+    figure = new_figure(6.0 * cols + 0.6, (3.8 + 0.2 * lines) * rows + 0.6)
     grid = figure.subplots(rows, cols, squeeze=False, sharey=True)
     ymin = max(0.0, float((stats["mean"] - stats["std"]).min()) - 3) if len(stats) else 0.0
     ymax = min(100.0, float((stats["mean"] + stats["std"]).max()) + 3) if len(stats) else 100.0
@@ -217,7 +224,11 @@ def learning_curves(curves: pd.DataFrame, stem: str | Path, *, title: str = "", 
         axes.grid(alpha=0.3)
         if k % cols == 0:
             axes.set_ylabel(ylabel)
-        axes.legend(fontsize=9, loc="lower right")
+        # below the panel, off the curves (a legend inside sat on the lines it names); long labels wrapped
+        handles, names = axes.get_legend_handles_labels()
+        wide = max((len(n) for n in names), default=0) > 28
+        axes.legend(handles, wrapped_labels(names, 46) if wide else names, fontsize=8, loc="upper center",
+                    bbox_to_anchor=(0.5, -0.16), ncols=1 if wide else 2, frameon=False)
     for k in range(len(panels), rows * cols):
         grid[k // cols][k % cols].set_visible(False)
     figure.suptitle(title)

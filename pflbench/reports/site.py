@@ -27,7 +27,8 @@ from pflbench.reports.cells import (algorithm_class, display_name, execution_tex
 from pflbench.reports.heterogeneity import site_tables
 from pflbench.reports.protocols import AVERAGINGS, DEFAULT, MODELS, SELECTIONS, Protocol
 from pflbench.reports.provenance import cell_provenance, study_facts
-from pflbench.reports.rows import TUNED
+from pflbench.reports.dotplot import dot_plot
+from pflbench.reports.rows import TUNED, Row
 from pflbench.reports.reference import Reference
 from pflbench.reports.tables import DATA_DIFFER, CommTable, Table, mean_or_none, payload_text
 from pflbench.store import flatten
@@ -153,20 +154,32 @@ def protocol_scores(cell: pd.Series) -> list[dict]:
 def write_site(cells: pd.DataFrame, boards: list[tuple[Protocol, list[Table]]], comm: list[CommTable],
                references: Sequence[Reference], report: Report, results: Path,
                docs_url: str | None = None) -> Path:
-    """`boards`: [(protocol, [Table per scheme])], the leaderboard's protocols in the select's order
-    (the first is shown on opening)."""
+    """`boards`: [(protocol, [Table per scheme])], the leaderboard's protocols in the select's order; the
+    page opens on the paper's protocol where some entry has a Δ against the paper (`opening_protocol`),
+    else on the first."""
     env = environment()
     out = report.out
     rows = cell_rows(cells)
+    opening = opening_protocol(boards)   # first in the select: the page opens on it
+    boards = sorted(boards, key=lambda board: board[0] != opening)
+    study = study_facts(results)  # a published study's provenance, and which seeds its tables pool
+    if study is not None:
+        study = {**study, "shown_seeds": shown_seeds(cells, Path(results))}
     common = {"generated": datetime.datetime.now().isoformat(timespec="seconds"), "results": str(results),
-              "cell_columns": CELL_COLUMNS, "study": study_facts(results),  # a published study's provenance
+              "cell_columns": CELL_COLUMNS, "study": study,
               "docs_url": docs_url, "docs_relative": docs_url is not None and bool(docs_url) and not re.match(r"^[a-z]+:|/", docs_url)}
     statuses = cells["status"].value_counts().to_dict() if len(cells) else {}
     figures = [{"title": t, "path": p} for t, p in report.figures]
+    tables = [t for _, board in boards for t in board]
+    layouts = {t.id: row_layout(t, Path(results)) for t in tables}
     alpha_cells = [(r, f) for r in rows for f in report.cell_figures.get(r["hash"], []) if f["kind"] == "alpha"]
     index = out / "index.html"
     index.write_text(env.get_template("index.html").render(
-        root="", boards=boards, default_protocol=boards[0][0].name if boards else DEFAULT.name, comm=comm, cells=rows, statuses=statuses, figures=figures,
+        root="", boards=boards, default_protocol=opening.name, comm=comm, cells=rows, statuses=statuses, figures=figures,
+        layouts=layouts, best_groups={t.id: best_groups(t, {r.key: label for r, label, _ in layouts[t.id]}) for t in tables},
+        dot_plots={t.id: [(c, d) for c in t.columns if (d := dot_plot(t, c, [(r, label) for r, label, variant
+                                                                          in layouts[t.id] if not variant])) is not None]
+                   for t in tables},
         alpha_figures=alpha_cells, references=references, notes=report.notes,
         copes=site_tables(report.heterogeneity), differences=report.differences, ranks=report.ranks,
         skipped=report.skipped, progress=report.progress,
@@ -203,6 +216,79 @@ def write_site(cells: pd.DataFrame, boards: list[tuple[Protocol, list[Table]]], 
         (out / "algorithms" / f"{safe_name(algorithm)}.html").write_text(template.render(
             root="../", algorithm=algorithm, cells=mine, **common))
     return index
+
+
+def opening_protocol(boards: list[tuple[Protocol, list[Table]]]) -> Protocol:
+    """The protocol a page opens on: the first whose tables compare some entry with the paper (a Δ: the
+    paper's protocol, on a reproduction study), else the first (as delivered, final round)."""
+    for protocol, tables in boards:
+        if any(t.any_delta for t in tables):
+            return protocol
+    return boards[0][0] if boards else DEFAULT
+
+
+def row_layout(table: Table, results: Path) -> list[tuple[Row, str, bool]]:
+    """The table's rows in display order, each with the label it is shown by and whether it is a variant
+    folded under its base row: among an algorithm's rows of one knob setting (tuned or not), the base
+    holds the most cells of this store (`results`: the study's own, not those beside it), then the
+    shortest label, and is shown by the algorithm's name; the others (another hyperparameter, batch,
+    optimizer) follow it, labelled by what they change against it."""
+    from pflbench.reports.glance import variant_label
+
+    def own(row: Row) -> int:
+        return sum(1 for c in table.columns if (e := table.entry(row, c)) is not None
+                   for path in e.paths if Path(path).parent.resolve() == results.resolve())
+
+    groups: dict[tuple, list[Row]] = {}
+    for row in table.rows:
+        groups.setdefault((row.algorithm, row.setting, row.tuned), []).append(row)
+    out: list[tuple[Row, str, bool]] = []
+    for row in table.rows:
+        group = groups[(row.algorithm, row.setting, row.tuned)]
+        if len(group) == 1:
+            out.append((row, row.label, False))
+            continue
+        base = max(group, key=lambda r: (own(r), -len(r.variant)))
+        if row is not base:
+            continue  # placed after its base
+        setting = f" ({row.setting})" if row.setting else ""
+        out.append((row, display_name(row.algorithm) + setting + (f" {TUNED}" if row.tuned else ""), False))
+        out += [(other, variant_label(other, base), True) for other in group if other is not base]
+    return out
+
+
+def best_groups(table: Table, labels: dict[tuple, str] | None = None) -> list[dict]:
+    """Per column: the highest mean's row and the rows the paired test cannot tell from it (tables.mark_best),
+    by the labels the table shows them with (`labels`: row key -> label; else each row's own)."""
+    def name(row: Row) -> str:
+        return (labels or {}).get(row.key, row.label)
+
+    out = []
+    for column in table.columns:
+        ranked = [(r, e) for r in table.rows if (e := table.entry(r, column)) is not None and e.mean is not None]
+        top = next(((r, e) for r, e in ranked if e.top), None)
+        if top is None:
+            continue
+        out.append({"column": column.label, "top": name(top[0]), "separated": top[1].best,
+                    "tied": [name(r) for r, e in ranked if e.tied and not e.top]})
+    return out
+
+
+def shown_seeds(cells: pd.DataFrame, results: Path) -> str:
+    """"" when the tables hold this study's cells only; else what they pool: "seeds 0, 1, 2 (seed 0 from
+    this study; the others from the studies beside it: ...)", so the banner and the tables agree."""
+    if cells.empty or "path" not in cells:
+        return ""
+    stores = cells["path"].map(lambda p: Path(p).parent.name)
+    own = stores == results.name
+    if own.all():
+        return ""
+    seeds = sorted(cells["seed"].dropna().unique().tolist(), key=str)
+    mine = sorted(cells.loc[own, "seed"].dropna().unique().tolist(), key=str)
+    others = sorted(set(stores[~own]))
+    return (f"Its tables pool seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}: "
+            f"seed{'s' if len(mine) > 1 else ''} {', '.join(map(str, mine)) or '–'} from this study, the rest and "
+            f"the variant rows from {len(others)} studies shown beside it ({', '.join(others)}).")
 
 
 def chart(series: dict[str, tuple[list, list]], *, width: int = 520, height: int = 220, ymax: float | None = None) -> dict:

@@ -25,6 +25,8 @@ from jinja2 import Environment, PackageLoader, StrictUndefined
 from pflbench.publish import beside_studies, read_manifest, studies, study_state
 from pflbench.reports.build import ReportOptions, build_reports
 from pflbench.reports.document import Report, safe_name
+from pflbench.reports.glance import (HOW_TO_READ, IDENTIFIED, Glance, build_glance, findings, write_csv,
+                                     write_figures)
 from pflbench.reports.ranks import StudyRanks
 from pflbench.reports.provenance import study_facts
 
@@ -59,13 +61,55 @@ def build_leaderboard(published: str | Path, out: str | Path, extra: dict[str, P
                      "stale": [], "failed": [], "incomplete": [], "dirty": False, "same_commit": True, "versions": {},
                      "published_at": "–", "notes": report.notes, "ranks": _first_ranks(report)})
     order = {"current": 0, "incomplete": 1, "unpublished": 2, "failed": 3, "stale": 4}
-    rows.sort(key=lambda r: (order.get(r["state"], 9), r["name"]))
+    glance = build_glance(published, level=options.level) if studies(published) else None
+    kinds = study_groups(published, glance)
+    for row in rows:
+        row["group"] = kinds.get(row["name"], "other")
+    rows.sort(key=lambda r: (order.get(r["state"], 9), GROUPS.index(r["group"]), r["name"]))
+    context: dict = {"glance": None}
+    if glance is not None and glance.columns:
+        if options.figures:
+            write_figures(glance, out / GLANCE_DIR, rel=f"{GLANCE_DIR}/", formats=("png",))
+        write_csv(glance, out / GLANCE_DIR)
+        context = {"glance": glance, "glance_findings": findings(glance), "glance_dir": f"{GLANCE_DIR}/",
+                   "glance_identified": [line.removeprefix("- ").replace("**", "") for line in IDENTIFIED],
+                   "glance_how": HOW_TO_READ.format(level=glance.level).replace("*", "")}
     index = out / "index.html"
     index.write_text(_environment().get_template("studies.html").render(
         studies=rows, generated=datetime.datetime.now().isoformat(timespec="seconds"),
         published=str(published), root="", results=str(published), study=None, docs_url=options.docs_url,
-        docs_relative=False))
+        docs_relative=False, groups=GROUP_TITLES, **context))
     return index
+
+
+GLANCE_DIR = "results"  # the results page's figures and CSV, beside the index
+GROUPS = ("reproduction", "variant", "other")
+GROUP_TITLES = {"reproduction": "Reproduced columns (the paper's settings, every seed and variant beside them)",
+                "variant": "Variants and controls (the paper's columns at changed settings or methods)",
+                "other": "Other studies"}
+
+
+def study_groups(published: str | Path, glance: "Glance | None") -> dict[str, str]:
+    """{study: "reproduction" | "variant" | "other"}: a reproduced column's study and those beside it;
+    then a study with cells on a reproduced column's dataset, scheme and clients (another setting, a
+    variant method, a control); the rest."""
+    from pflbench.reports.cells import load_cells
+
+    kinds: dict[str, str] = {}
+    if glance is None:
+        return kinds
+    for column in glance.reproduced:
+        for name in column.stores:
+            kinds[name] = "reproduction"
+    keys = {(c.column.dataset, c.scheme, c.column.clients) for c in glance.reproduced}
+    for folder in studies(published):
+        if folder.name in kinds:
+            continue
+        cells = load_cells(folder)
+        if len(cells) and any((str(d), str(p), int(n)) in keys
+                              for d, p, n in zip(cells["dataset"], cells["partition"], cells["clients"])):
+            kinds[folder.name] = "variant"
+    return kinds
 
 
 def _first_ranks(report: Report) -> StudyRanks | None:

@@ -1,0 +1,198 @@
+"""The results page (pflbench/reports/glance.py): generated from the published studies, so a number
+that changes in a store changes on the page; every Table 1/2 Fashion-MNIST row of the paper is on it
+with paper, ours, Δ and a verdict; a column on another dataset than the paper's, or with rows missing,
+says so instead of comparing."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from pflbench.reports.glance import JUDGED, build_glance, findings, markdown, write_csv
+from pflbench.reports.reference import default_reference_dir, load_references
+from tests.report_helpers import write_cell
+
+ROOT = Path(__file__).resolve().parents[1]
+PUBLISHED = ROOT / "results" / "published"
+
+
+def link(study: str) -> str:
+    return f"studies/{study}.html"
+
+
+@pytest.fixture(scope="module")
+def published_glance():
+    return build_glance(PUBLISHED)
+
+
+def paper_rows(table: str):
+    refs = {r.meta["table"][0].split(" (")[0]: r for r in load_references(default_reference_dir())}
+    rows = refs[table].rows
+    return rows[(rows["dataset"] == "fmnist") & (rows["clients"] == 10)]
+
+
+@pytest.mark.parametrize("table, study", [("Table 1", "table1-full"), ("Table 2", "table2-full")])
+def test_every_fashion_mnist_row_of_tables_1_and_2_has_paper_ours_delta_and_verdict(published_glance, table, study):
+    column = next(c for c in published_glance.reproduced if c.study == study)
+    assert column.table == table and column.column.dataset == "fmnist" and column.column.clients == 10
+    assert column.protocol.name == "adapted-final-clients" and not column.partial
+    page = markdown(published_glance, link)
+    expected = paper_rows(table)
+    assert len(expected) == 9
+    for _, paper in expected.iterrows():
+        row = next(r for r in column.rows if r.algorithm == paper["algorithm"])
+        assert row.paper is not None and row.paper.mean == pytest.approx(paper["mean"])
+        assert row.ours is not None and row.ours.mean is not None and row.delta is not None
+        assert row.delta == pytest.approx(row.ours.mean - paper["mean"])
+        verdict = row.verdict()
+        assert verdict in ("within the paper's ±", "above the paper's ±", "below the paper's ±")
+        assert (verdict == "within the paper's ±") == (abs(row.delta) <= paper["std"])
+        std = f" ± {row.ours.std:.2f}" if row.ours.std is not None else ""
+        line = (f"| {row.label} | {paper['mean']:.2f} ± {paper['std']:.2f} | {row.ours.mean:.2f}{std} | "
+                f"{row.delta:+.2f} | {verdict} |")
+        assert line in page, line
+    # the paper's orderings, each judged under every protocol (mixed where a global model meets a personal one)
+    claims = {c.text: c for c in column.claims}
+    assert {"FedAvg > Local", "pFedLA > Local", "pFedLA > FedAvg"} <= set(claims)
+    assert any("pFedHN" in text for text in claims)
+    assert [j.protocol for j in claims["pFedLA > FedAvg"].judgements] == list(JUDGED)
+    assert [j.protocol for j in claims["pFedLA > Local"].judgements] == ["delivered", "adapted"]
+    for claim in column.claims:
+        for judgement in claim.judgements:
+            assert judgement.test is not None and judgement.test.interval is not None
+            assert f"| {judgement.protocol} | {judgement.mean_text()} | {judgement.interval_text()} |" in page
+    assert column.chain is not None and column.chain.text == "Local < FedAvg < pFedLA"
+    assert column.alpha and column.alpha[0].label == "pFedLA"   # default pFedLA's α, then the variants'
+
+
+def test_findings_are_at_most_15_lines_at_the_top_each_with_its_evidence(published_glance):
+    lines = findings(published_glance)
+    assert 0 < len(lines) <= 15
+    page = markdown(published_glance, link)
+    top = page.split("## Findings", 1)[1].split("\n## ", 1)[0]
+    bullets = [line for line in top.splitlines() if line.startswith("- ")]
+    assert len(bullets) == len(lines)
+    anchors = {f"{{#{c.anchor}}}" for c in published_glance.columns} | \
+              {f"{{#claims-{c.anchor}}}" for c in published_glance.columns} | \
+              {f"{{#alpha-{c.anchor}}}" for c in published_glance.columns}
+    for finding, bullet in zip(lines, bullets):
+        assert bullet.endswith(f"[→ evidence]({finding.link})")
+        assert "{" + finding.link + "}" in anchors
+    assert page.index("## Findings") < page.index("## What is identified") < page.index("| row | paper | ours")
+
+
+def copy_study(tmp_path: Path, name: str) -> Path:
+    root = tmp_path / "published"
+    shutil.copytree(PUBLISHED / name, root / name)
+    return root
+
+
+def test_a_planted_change_in_a_stored_metric_changes_the_page(tmp_path):
+    root = copy_study(tmp_path, "table1-full")
+    before = build_glance(root)
+    page = markdown(before, link)
+    fedavg = next(r for r in before.reproduced[0].rows if r.algorithm == "fedavg")
+    cell = next(Path(p) for p in fedavg.ours.paths)
+    summary = json.loads((cell / "summary.json").read_text())
+    summary["final_accuracy_adapted"] += 0.0123   # 1.23 points more after adaptation
+    (cell / "summary.json").write_text(json.dumps(summary))
+
+    after = build_glance(root)
+    changed = markdown(after, link)
+    assert changed != page
+    row = next(r for r in after.reproduced[0].rows if r.algorithm == "fedavg")
+    assert row.ours.mean == pytest.approx(fedavg.ours.mean + 1.23)
+    assert f"| FedAvg | 91.24 ± 0.98 | {row.ours.mean:.2f} | {row.ours.mean - 91.24:+.2f} |" in changed
+    assert f"| FedAvg | 91.24 ± 0.98 | {fedavg.ours.mean:.2f} |" in page and \
+        f"| FedAvg | 91.24 ± 0.98 | {fedavg.ours.mean:.2f} |" not in changed
+    write_csv(after, tmp_path / "csv")
+    assert f"{row.ours.mean:.4f}" in (tmp_path / "csv" / "results_rows.csv").read_text()
+
+
+def manifest(folder: Path, command: str) -> None:
+    cells = {p.name: {"sets": []} for p in folder.iterdir() if p.is_dir()}
+    (folder / "manifest.json").write_text(json.dumps({"command": command, "cells": cells}))
+
+
+def test_a_column_on_another_dataset_shows_the_papers_number_greyed_without_delta_and_a_partial_column(tmp_path):
+    root = tmp_path / "published"
+    jpeg = root / "table1-full-cifar10-jpeg"
+    for algorithm, acc in (("local", 0.6), ("fedavg", 0.5)):
+        write_cell(jpeg, algorithm=algorithm, dataset="cifar10-jpeg", samples_per_client=600,
+                   partition_params={"classes_per_client": 4}, accuracies=[acc, acc + 0.1] * 5,
+                   adapted=[acc + 0.02, acc + 0.12] * 5)
+    manifest(jpeg, "pflbench run benchmarks/table1.yaml --set dataset=cifar10-jpeg")
+    fmnist = root / "table1-full"
+    write_cell(fmnist, algorithm="local", dataset="fmnist", samples_per_client=700,
+               partition_params={"classes_per_client": 4}, accuracies=[0.9, 0.8] * 5, adapted=[0.9, 0.8] * 5)
+    manifest(fmnist, "pflbench run benchmarks/table1.yaml --set dataset=fmnist")
+
+    glance = build_glance(root)
+    columns = {c.study: c for c in glance.reproduced}
+    assert set(columns) == {"table1-full", "table1-full-cifar10-jpeg"}
+    other = columns["table1-full-cifar10-jpeg"]
+    assert other.other_dataset and other.column.paper_dataset == "cifar10"
+    local = next(r for r in other.rows if r.algorithm == "local")
+    assert local.paper is not None and local.paper.mean == pytest.approx(59.44)   # the paper's CIFAR-10
+    assert local.ours.mean == pytest.approx(67.0) and local.delta is None
+    assert local.verdict() == "another dataset: not compared"
+    assert other.partial and next(r for r in other.rows if r.algorithm == "pfedla").verdict() == "not run"
+    page = markdown(glance, link)
+    assert "| Local | *59.44 ± 0.40 (cifar10)* | 67.00 | – | another dataset: not compared |" in page
+    assert "another dataset than the paper's (cifar10)" in page
+
+    partial = columns["table1-full"]
+    assert partial.partial and partial.state == "partial: rows not run"
+    assert [r.algorithm for r in partial.rows if r.run] == ["local"]
+    assert "| pFedLA | 94.34 ± 0.29 | – | – | not run |" in page
+    assert not partial.chain or partial.chain.verdict("adapted") == "not run"
+    assert any("of 9 paper rows" in f.text and "8 not run" in f.text for f in findings(glance))
+
+
+# ---- a reproduction study's page (pflbench/reports/site.py, templates/index.html) ---------------------------
+
+PAPER = dict(rounds=600, local_epochs=10, lr=0.005, samples_per_client=700, partition_params={"classes_per_client": 4},
+             config={"val_fraction": 0.0}, summary={"model": "cnn"})   # pFedLA Table 1's fmnist settings
+
+
+def test_a_reproduction_study_page_opens_on_the_papers_protocol_with_its_title_seeds_fold_best_and_dots(tmp_path):
+    from pflbench.publish import LEADERBOARD
+    from pflbench.reports.build import ReportOptions
+    from pflbench.reports.studies import build_leaderboard, study_groups
+
+    root = tmp_path / "published"
+    column, seeds = root / "table1-full", root / "table1-full-seed1"
+    for algorithm, acc, adapted in (("local", 0.90, 0.91), ("fedavg", 0.80, 0.93), ("pfedla", 0.90, 0.91)):
+        write_cell(column, algorithm=algorithm, accuracies=[acc, acc - 0.02] * 5, adapted=[adapted, adapted - 0.02] * 5,
+                   **PAPER)
+        write_cell(seeds, algorithm=algorithm, seed=1, accuracies=[acc, acc - 0.04] * 5,
+                   adapted=[adapted, adapted - 0.04] * 5, **PAPER)
+    # a variant of pFedLA beside the column (another hyperparameter): folded under pFedLA's row
+    write_cell(seeds, algorithm="pfedla", hp={"hn_lr": 0.005}, accuracies=[0.5, 0.6] * 5, adapted=[0.6, 0.7] * 5, **PAPER)
+    manifest(column, "pflbench run benchmarks/table1.yaml --set dataset=fmnist --set seed=0")
+    manifest(seeds, "pflbench run benchmarks/table1.yaml --set dataset=fmnist --set seed=1")
+    (root / LEADERBOARD).write_text("beside:\n  table1-full: [table1-full-seed1]\n")
+    data = json.loads((column / "manifest.json").read_text())
+    (column / "manifest.json").write_text(json.dumps({**data, "note": "pFedLA Table 1, seed 0. The rest."}))
+
+    index = build_leaderboard(root, tmp_path / "site", options=ReportOptions(figures=False, partitions=False))
+    page = (tmp_path / "site" / "table1-full" / "index.html").read_text()
+    assert "<title>table1-full: pFedLA Table 1, seed 0. · pflbench</title>" in page
+    options = page.split('id="f-protocol"', 1)[1].split("</select>", 1)[0]
+    assert 'data-default="adapted-final-clients"' in options
+    assert options.index('value="adapted-final-clients"') < options.index('value="delivered-final-clients"')
+    assert "Its tables pool seeds 0, 1: seed 0 from this study" in page and "table1-full-seed1" in page
+    adapted = page.split('data-protocol="adapted-final-clients"', 1)[1].split("</section>", 1)[0]
+    assert '<tr class="flt variant" data-algorithm="pfedla">' in adapted and "↳ " in adapted
+    assert adapted.index('<tr class="flt" data-algorithm="pfedla">') < adapted.index('class="flt variant"')
+    assert "variant row" in adapted and "hn_lr=0.005" in adapted
+    assert 'class="best-group">Best on fmnist, 10 clients: <strong>FedAvg</strong>' in adapted
+    assert '<figure class="dots"><svg' in adapted and "ours (± std over seeds)" in adapted
+    assert adapted.count("<circle ") == 3     # Local, FedAvg and pFedLA: the base rows with a Δ (variants folded)
+    # the index: the results at a glance above the studies, and the studies grouped
+    html = index.read_text()
+    assert html.index('id="results"') < html.index('id="studies"')
+    assert study_groups(root, build_glance(root)) == {"table1-full": "reproduction", "table1-full-seed1": "reproduction"}
+    assert (tmp_path / "site" / "results" / "results_rows.csv").is_file()
