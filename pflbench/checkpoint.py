@@ -248,16 +248,26 @@ def code_version(algorithm_cls: type) -> str:
 
 def execution_path(fed: Federation) -> dict[str, Any]:
     """The execution settings that change a run's float rounding (not part of the cell's hash). The static
-    (captured) step is named only where it may: on CUDA until the GPU check's `graphs` verdict has found it
-    bit-identical to the eager step (`pflbench.execution.CUDA_GRAPHS_VERIFIED`); on a CPU it is the eager
-    step bit for bit (tests/test_static_step.py). So setting the verdict keeps carried checkpoints resumable."""
-    from pflbench import execution
-
+    (captured) step is named on CUDA only: on a CPU it is the eager step bit for bit (tests/test_static_step.py);
+    on CUDA the resume ignores it once the GPU check's `graphs` verdict has found it bit-identical to the eager
+    step (`same_path`), so setting that verdict keeps carried checkpoints resumable, either way."""
     path = {"device": fed.device.type, "batched": bool(fed.batched), "compiled": bool(fed.compiled),
             "channels_last": bool(fed.channels_last), "client_threads": int(fed.client_threads)}
-    if getattr(fed, "static_step", False) and fed.device.type == "cuda" and not execution.CUDA_GRAPHS_VERIFIED:
+    if getattr(fed, "static_step", False) and fed.device.type == "cuda":
         path["static_step"] = True
     return path
+
+
+def same_path(written: Any, running: dict[str, Any]) -> bool:
+    """Whether a checkpoint written on execution path `written` resumes on `running` bit for bit: equal, the
+    static step aside where `pflbench.execution.CUDA_GRAPHS_VERIFIED` says it computes what the eager one does."""
+    from pflbench import execution
+
+    if not isinstance(written, dict):
+        return False
+    if execution.CUDA_GRAPHS_VERIFIED:
+        written, running = ({k: v for k, v in p.items() if k != "static_step"} for p in (written, running))
+    return written == running
 
 
 # ---- random state not derived from (seed, round, client) ---------------------------------------------
@@ -500,7 +510,7 @@ class Checkpointer:
         if header.get("code") != version:
             raise CheckpointProblem(f"from another code version ({header.get('code')}, this code {version})")
         path = execution_path(fed)
-        if header.get("execution") != path:
+        if not same_path(header.get("execution"), path):
             raise CheckpointProblem(f"from another execution path ({header.get('execution')}, this run {path})")
         if header.get("dataset_checksum") != self.dataset_checksum:
             raise CheckpointProblem(f"from other data (dataset checksum {header.get('dataset_checksum')}, "

@@ -108,3 +108,19 @@ def test_the_code_version_follows_the_algorithms_imports():
         assert not {"pflbench/runner.py", "pflbench/store.py", "pflbench/cli/run.py", "pflbench/execution.py",
                     "pflbench/publish.py"} & set(names)
         assert not any(name.startswith(("pflbench/reports/", "/")) for name in names)
+
+
+def test_the_captured_step_keeps_a_carried_cell_only_once_verified(monkeypatch):
+    """A checkpoint written on CUDA with the static (captured) step resumes eagerly, and the other way round,
+    only once the `graphs` verdict is set (CUDA_GRAPHS_VERIFIED: captured bit-identical to eager); any other
+    difference of the execution path refuses it either way."""
+    from pflbench.checkpoint import same_path
+
+    eager = {"device": "cuda", "batched": True, "compiled": False, "channels_last": False, "client_threads": 1}
+    captured = {**eager, "static_step": True}
+    monkeypatch.setattr("pflbench.execution.CUDA_GRAPHS_VERIFIED", False)
+    assert same_path(captured, captured) and same_path(eager, eager)
+    assert not same_path(captured, eager) and not same_path(eager, captured)
+    monkeypatch.setattr("pflbench.execution.CUDA_GRAPHS_VERIFIED", True)
+    assert same_path(captured, eager) and same_path(eager, captured)
+    assert not same_path({**captured, "batched": False}, eager) and not same_path(None, eager)
