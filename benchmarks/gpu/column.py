@@ -1,8 +1,9 @@
 """A paper-scale column on a lent GPU, across as many loans as it takes.
 
 Runs the cells of one `pflbench run` command (a spec and its `--set`s, narrowed by algorithm) in the order
-given: `--group-size` algorithms to a `pflbench run --no-ray --device DEVICE --cell-groups on` process (their
-cells one cell group: their clients' local training one batched step), `--parallel` processes at a time,
+given: each comma-separated item of `--algorithms` one `pflbench run --no-ray --device DEVICE --cell-groups on`
+process, `+` joining algorithms into one (their cells one cell group: their clients' local training one
+batched step; `fedbn+fedrep+fedfomo`), `--parallel` processes at a time,
 with `--cuda-graphs` passed on (`on` once the `graphs` verdict has passed: benchmarks/gpu/PLAN.md), each cell
 writing a round checkpoint at least every `--checkpoint-minutes`. At `--deadline` seconds from the start
 every process still running gets SIGTERM (pflbench's preemption: each running cell writes a checkpoint of
@@ -28,7 +29,7 @@ OUT/column.log: every process's output.
 
     bash benchmarks/gpu/in_kit.sh python3 benchmarks/gpu/column.py --out "$OUT" --deadline 420 \\
         --call-seconds 590 --spec benchmarks/table1.yaml --set dataset=fmnist --set clients=10 --set seed=0 \\
-        --algorithms pfedme,perfedavg,fedbn,fedrep,fedfomo --group-size 5 --cuda-graphs on
+        --algorithms pfedme,perfedavg,fedbn+fedrep+fedfomo --parallel 3 --cuda-graphs on
 
 tests/test_gpu_column.py runs it on the CPU (`--device cpu`) on a tiny spec: a cell that finishes, one stopped
 at the deadline with its checkpoint in the archive and resumed from it by the next call, the results
@@ -253,9 +254,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--spec", required=True)
     parser.add_argument("--set", dest="sets", action="append", default=[])
-    parser.add_argument("--algorithms", required=True, help="comma-separated, in the order to start them")
-    parser.add_argument("--group-size", type=int, default=1,
-                        help="algorithms to a process, their cells one cell group (1: a cell a process)")
+    parser.add_argument("--algorithms", required=True,
+                        help="comma-separated processes, in the order to start them; '+' joins algorithms into one "
+                             "process, their cells one cell group (pfedme,fedbn+fedrep)")
     parser.add_argument("--parallel", type=int, default=4, help="processes at a time")
     parser.add_argument("--cuda-graphs", choices=("auto", "on", "off"), default="auto",
                         help="passed to pflbench run (on: once the graphs verdict passed, PLAN.md)")
@@ -284,17 +285,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.resume:
         unpack(args.resume, args.store)
     args.store.mkdir(parents=True, exist_ok=True)
-    algorithms = args.algorithms.split(",")
+    processes = [item.split("+") for item in args.algorithms.split(",")]
+    algorithms = [a for group in processes for a in group]
     ids = cell_ids(args.spec, args.sets, algorithms)
     before = {a: cell_state(args.store, ids[a]) for a in algorithms}
     waiting = [a for a in algorithms if before[a]["state"] in ("checkpoint", "not started")]
     if waiting:  # the dataset decoded and cached once, before the processes that read it start
         prepare(args.spec, [*args.sets, f"algorithm={waiting[0]}"])
-    size = max(1, args.group_size)
-    queue = [waiting[i:i + size] for i in range(0, len(waiting), size)]
+    queue = [[a for a in group if a in waiting] for group in processes]
+    queue = [group for group in queue if group]
     log = (args.out / "column.log").open("w")
     report: dict = {"command": ["pflbench", "run", args.spec, *[x for s in args.sets for x in ("--set", s)]],
-                    "group_size": size, "cuda_graphs": args.cuda_graphs, "facts": device_facts(args.device),
+                    "processes": args.algorithms, "cuda_graphs": args.cuda_graphs, "facts": device_facts(args.device),
                     "loadavg_before": os.getloadavg(), "cells": {}}
     running: dict[str, tuple[subprocess.Popen, float, list[str]]] = {}
     seconds: dict[str, float] = {}

@@ -7,10 +7,13 @@ PYTHONSAFEPATH=1, so a script's folder is not on sys.path; pflbench from the tre
 This script builds that copy in a scratch folder, a Python that sees only the device image's packages
 (rehearse_env.py), and runs in it, through in_kit.sh, each call of the plan at tiny sizes, with its limit:
 
+  verdict  graphs.py as the loan's first call runs it (PLAN.md), at tiny sizes: the captured step against the
+           eager one, and the verdict under graphs.RULE (on a CPU: "no CUDA device", the rest bit-identical)
   column   column.py on benchmarks/gpu/rehearse-column.yaml (two rows as one cell group): a deadline, the
            SIGTERM, the pack (results and checkpoints apart); then a second loan that carries what came back
            (copied into the copy's .gpu-carry/, as the next loan's `carry`) and resumes the stopped cell
-  graphs   check.py --rehearse --only graphs: the captured step against the eager one, and the verdict
+  check    check.py --rehearse (every step at tiny sizes, `--check-only` to name some: the verdict call is
+           `--check-only graphs`), its graphs verdict read back
   cifar    cifar_travel.py unpack --check on the cifar kit (`--cifar-kit`, made by `kit.py --datasets
            cifar10-jpeg`), where one is given: the files rebuilt and the loader's output checked
 
@@ -18,7 +21,7 @@ Every call's returned files are checked against the device's limits (8 files, 16
 two folders deep, plain names). OUT/rehearse.json: each call's status, seconds, output tail, the tree's and
 the returned files' sizes; exit 1 where any call failed or any limit was passed.
 
-    python benchmarks/gpu/rehearse.py --out reports/gpu-rehearsal [--steps column,graphs,cifar]
+    python benchmarks/gpu/rehearse.py --out reports/gpu-rehearsal [--steps verdict,column,check,cifar] [--check-only graphs]
 """
 from __future__ import annotations
 
@@ -130,7 +133,7 @@ def column_loans(tree: Path, python: str, out: Path, work: Path) -> dict:
     """Two loans of column.py: the first stopped at its deadline and packed; the second carrying what came
     back (in the copy's .gpu-carry/) and resuming."""
     spec = "benchmarks/gpu/rehearse-column.yaml"
-    common = ["--spec", spec, "--algorithms", "fedavg,local", "--group-size", "2", "--device", "cpu",
+    common = ["--spec", spec, "--algorithms", "fedavg+local", "--device", "cpu",
               "--checkpoint-every", "1", "--start-margin", "0", "--grace", "60"]
     loans: dict = {}
     for loan, deadline, call in (("loan1", 150, 290), ("loan2", 60, 200)):
@@ -147,6 +150,9 @@ def column_loans(tree: Path, python: str, out: Path, work: Path) -> dict:
         cells = json.loads(report.read_text())["cells"] if report.exists() else {}
         loans[loan]["cells"] = {a: {"before": c["before"], "after": c["after"], "carried": c.get("carried")}
                                 for a, c in cells.items()}
+        if loans[loan]["status"] != "ok":
+            loans["status"] = "failed"
+            return loans
         if loan == "loan1":  # what the next loan carries, carried once: into the ignored .gpu-carry/
             (tree / ".gpu-carry").mkdir(exist_ok=True)
             for path in returned.iterdir():
@@ -169,16 +175,17 @@ def column_loans(tree: Path, python: str, out: Path, work: Path) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=REPO / "reports" / "gpu-rehearsal")
-    parser.add_argument("--steps", default="column,graphs,cifar")
+    parser.add_argument("--steps", default="verdict,column,check,cifar")
+    parser.add_argument("--check-only", default=None, help="check.py's --only (default: every step)")
     parser.add_argument("--kit", default=".gpu-kit", help="the carried kit (made by kit.py)")
     parser.add_argument("--cifar-kit", default=".gpu-kit-cifar",
                         help="the cifar loan's kit (kit.py --kit .gpu-kit-cifar --datasets cifar10-jpeg); skipped if absent")
     parser.add_argument("--work", type=Path, default=None, help="scratch folder (default: a new one under /tmp)")
     args = parser.parse_args(argv)
     steps = args.steps.split(",")
-    unknown = set(steps) - {"column", "graphs", "cifar"}
+    unknown = set(steps) - {"verdict", "column", "check", "cifar"}
     if unknown:
-        parser.error(f"unknown step(s) {', '.join(sorted(unknown))}; the steps: column, graphs, cifar")
+        parser.error(f"unknown step(s) {', '.join(sorted(unknown))}; the steps: verdict, column, check, cifar")
     if not (REPO / args.kit / "wheels").is_dir():
         print(f"rehearse: no kit at {REPO / args.kit}: run 'make gpu-kit' first", file=sys.stderr)
         return 2
@@ -195,11 +202,25 @@ def main(argv: list[str] | None = None) -> int:
     add_rehearsal_wheels(tree)
     result["tree_problems"] = ([f"the tree with the kit is {result['tree_bytes']} bytes (at most {TREE_LIMIT})"]
                                if result["tree_bytes"] > TREE_LIMIT else [])
+    if "verdict" in steps:
+        (out / "verdict").mkdir()
+        call = in_kit(tree, python, ["python3", "benchmarks/gpu/graphs.py", "--device", "cpu", "--widths", "2,3",
+                                     "--steps", "2", "--repeats", "1", "--rows", "fedavg,fedbn", "--rounds", "2",
+                                     "--samples", "30", "--epochs", "1", "--own-inner-steps", "3", "--own-repeats", "1",
+                                     "--json", str(out / "verdict" / "graphs.json")], 300)
+        figures = out / "verdict" / "graphs.json"
+        call["verdict"] = json.loads(figures.read_text()).get("verdict") if figures.exists() else None
+        call["returned"], call["returned_problems"] = sizes(out / "verdict"), returned_problems(out / "verdict")
+        if call["status"] == "ok" and (call["returned_problems"] or not call["verdict"]
+                                       or call["verdict"]["reasons"] != ["no CUDA device: capture not exercised"]):
+            call["status"] = "failed: no verdict, a difference, or returned files over the limits"
+        result["calls"]["verdict"] = call
     if "column" in steps:
         result["calls"]["column"] = column_loans(tree, python, out, work)
-    if "graphs" in steps:
+    if "check" in steps:
+        only = ["--only", args.check_only] if args.check_only else []
         call = in_kit(tree, python, ["python3", "benchmarks/gpu/check.py", "--out", str(out / "check"), "--rehearse",
-                                     "--only", "graphs"], 400)
+                                     *only], 1300)
         figures = out / "check" / "check.json"
         if figures.exists():
             graphs = json.loads(figures.read_text())["steps"].get("graphs", {})
@@ -208,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
         call["returned_problems"] = returned_problems(out / "check")
         if call["returned_problems"]:
             call["status"] = "failed: returned files over the limits"
-        result["calls"]["graphs"] = call
+        result["calls"]["check"] = call
     if "cifar" in steps:
         if (REPO / args.cifar_kit / "wheels").is_dir():
             cifar_tree = work / "tree-cifar"
@@ -228,9 +249,11 @@ def main(argv: list[str] | None = None) -> int:
     result["ok"] = not failed and not result["tree_problems"]
     (out / "rehearse.json").write_text(json.dumps(result, indent=1) + "\n")
     for name, call in result["calls"].items():
-        print(f"rehearse: {name}: {call['status']} ({call.get('seconds', sum(call.get(x, {}).get('seconds', 0) for x in ('loan1', 'loan2')))} s)")
-        if call["status"] != "ok" and "output_tail" in call:
-            print(call["output_tail"][-2000:])
+        seconds = call.get("seconds", sum(call.get(x, {}).get("seconds", 0) for x in ("loan1", "loan2")))
+        print(f"rehearse: {name}: {call['status']} ({seconds} s)")
+        for part in (call, call.get("loan1", {}), call.get("loan2", {})):
+            if part.get("status", "ok") != "ok" and "output_tail" in part:
+                print(part["output_tail"][-2000:])
     print(f"rehearse: the tree as sent with {args.kit}: {result['tree_bytes'] / 2 ** 20:.1f} MiB; "
           f"{'every call ok' if result['ok'] else 'NOT every call ok: ' + ', '.join(failed + result['tree_problems'])}; "
           f"{out / 'rehearse.json'}")
