@@ -220,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     if "check" in steps:
         only = ["--only", args.check_only] if args.check_only else []
         call = in_kit(tree, python, ["python3", "benchmarks/gpu/check.py", "--out", str(out / "check"), "--rehearse",
-                                     *only], 1300)
+                                     "--work", str(work / "check-work"), *only], 1300)  # as check.sh: work outside OUT
         figures = out / "check" / "check.json"
         if figures.exists():
             graphs = json.loads(figures.read_text())["steps"].get("graphs", {})
