@@ -173,7 +173,7 @@ def _imported(path: Path, package: str) -> frozenset[str]:
                 module = node.module or ""
             named.add(module)
             named.update(f"{module}.{alias.name}" for alias in node.names)  # `from pkg import module`
-    found = set()
+    found: set[str] = set()
     for module in named:
         parts = module.split(".")
         found.update(".".join(parts[:i]) for i in range(1, len(parts) + 1))
