@@ -12,6 +12,9 @@ called, so what runs there is what the graph replays, and tests on a CPU compare
 
 - `capture(fn)`: `fn`'s kernels as a CUDA graph (a few eager calls on a side stream first: lazy
   initialization of cuBLAS, cuDNN and autograd must not happen inside the capture).
+- `capture_or_none(fn, what)`: the same, or None with a line on stderr where the capture fails (an op that
+  cannot be captured, a host read, too little memory): the caller then calls `fn` eagerly, the same
+  function on the same buffers, so the cell goes on with the eager step's numbers, only slower.
 - `Captured(fn, capture)`: `run()` replays the graph, or calls `fn` where nothing was captured.
 - `StaticLoop`: a step `body(carry, inputs) -> carry` over static buffers: groups of named tensors carried
   from step to step (a state, momenta, BatchNorm statistics), the step's inputs (sample ids, the active
@@ -51,12 +54,24 @@ def capture(fn: Callable[[], None]) -> torch.cuda.CUDAGraph:
     return graph
 
 
-class Captured:
-    """`fn` as a CUDA graph (`capture=True`) or as itself: `run` replays or calls it."""
+def capture_or_none(fn: Callable[[], None], what: str) -> torch.cuda.CUDAGraph | None:
+    """`capture(fn)`, or None where capturing fails, said on stderr in one line (the caller runs `fn` eagerly:
+    the warm-up calls left the buffers as an eager call would, and the caller fills them before each step)."""
+    try:
+        return capture(fn)
+    except Exception as error:  # noqa: BLE001 (whatever the capture raised, the eager step is the fallback)
+        first = str(error).splitlines()[0][:200] if str(error) else ""
+        print(f"pflbench: capturing {what} as a CUDA graph failed ({type(error).__name__}: {first}); it runs eagerly",
+              file=sys.stderr, flush=True)
+        return None
 
-    def __init__(self, fn: Callable[[], None], capture_it: bool) -> None:
+
+class Captured:
+    """`fn` as a CUDA graph (`capture=True`; eager where the capture fails) or as itself: `run` replays or calls it."""
+
+    def __init__(self, fn: Callable[[], None], capture_it: bool, what: str = "a step") -> None:
         self.fn = fn
-        self.graph: torch.cuda.CUDAGraph | None = capture(fn) if capture_it else None
+        self.graph: torch.cuda.CUDAGraph | None = capture_or_none(fn, what) if capture_it else None
 
     def run(self) -> None:
         if self.graph is not None:
@@ -74,12 +89,12 @@ class StaticLoop:
     for a key is the one every later call runs (replayed on CUDA, called on a CPU)."""
 
     def __init__(self, carry: Carry, inputs: Sequence[Tensor], body: Callable[[Carry, list[Tensor]], Carry],
-                 capture_it: bool) -> None:
+                 capture_it: bool, what: str = "a method's step") -> None:
         with torch.no_grad():
             self.carry = {group: {n: t.detach().clone() for n, t in tensors.items()} for group, tensors in carry.items()}
             self.inputs = [x.clone() for x in inputs]
         self.body = body
-        self.step = Captured(self._step, capture_it)
+        self.step = Captured(self._step, capture_it, what)
 
     @property
     def graph(self) -> torch.cuda.CUDAGraph | None:

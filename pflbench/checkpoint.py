@@ -37,9 +37,15 @@ Preemption (pflbench/preemption.py): given a `Preemption`, the end of every roun
 SIGTERM or Ctrl-C arrived; if so, a checkpoint of that round is written whatever the policy says, and
 `Preempted` is raised (the runner stops there; the next run resumes at that round). At the last round
 no checkpoint is written: the cell finishes and its result is written as usual.
-The code version is a hash of the engine's and the algorithm's source files (reports excluded; their
-names inside the checkout and their contents, so a node whose checkout lives elsewhere resumes too) and
-of the torch / numpy / Python versions: any change to the code that runs a cell retires its checkpoints.
+The code version is a hash of the source files that compute a cell (`source_files`: what the round loop,
+the cell groups' runner and the algorithm import, read from the source; their names inside the checkout
+and their contents, so a node whose checkout lives elsewhere resumes too) and of the torch / numpy /
+Python versions: a change to that code retires its checkpoints, a change to the run machinery alone
+(runner, store, CLI, reports) does not, so a checkpoint carried between machines or GPU loans resumes
+across unrelated commits. Why this and not a worktree pinned for carried cells: a pinned tree would have
+to travel beside the current one (twice the source on a 64 MiB carry) and would run carried cells without
+the fixes and speed-ups made since; the hash keeps the guarantee that matters (resumed = uninterrupted, bit
+for bit) by retiring exactly the checkpoints whose computing code changed.
 The payload is unpickled with `weights_only=False` after its checksum is verified: it is this
 store's own file (a store from elsewhere is as trusted as the code you run it with).
 """
@@ -124,39 +130,115 @@ def _source_digest(files: tuple[tuple[str, str], ...]) -> str:
 
 # Folders of pflbench/ whose files are not part of the code version unless the algorithm's classes live there.
 UNVERSIONED = ("reports", "partitions")
+# Where a cell's computation starts: the round loop and the cell groups' runner (with the algorithm's own
+# classes); the code version follows their imports (`source_files`).
+ENTRY_MODULES = ("pflbench.rounds", "pflbench.groups")
+# Part of the version though no entry module imports it (their own imports not followed): this module, whose
+# resume restores the state a resumed cell computes from.
+ALWAYS_VERSIONED = ("pflbench.checkpoint",)
+# Left out though imported: how a cell runs, never what it computes. What execution.py decides that changes a
+# run's float rounding is in the checkpoint's header (`execution_path`), and compared on resume.
+NOT_VERSIONED = ("pflbench.execution",)
+
+
+def _module_name(path: Path, package: Path) -> str:
+    parts = list(path.relative_to(package.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+@functools.lru_cache(maxsize=None)
+def _modules(package: str) -> dict[str, Path]:
+    """pflbench's modules by name (the UNVERSIONED folders left out)."""
+    folder = Path(package)
+    return {_module_name(p, folder): p.resolve() for p in folder.rglob("*.py")
+            if p.relative_to(folder).parts[0] not in UNVERSIONED}
+
+
+@functools.lru_cache(maxsize=None)
+def _imported(path: Path, package: str) -> frozenset[str]:
+    """The pflbench modules that the file at `path` imports anywhere in it (at the top, inside functions,
+    under TYPE_CHECKING), each with its parent packages (their __init__ runs first). `package`: the
+    package relative imports start from ("" outside pflbench)."""
+    import ast
+
+    named: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_bytes(), str(path))):
+        if isinstance(node, ast.Import):
+            named.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[:len(package.split(".")) - node.level + 1]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            named.add(module)
+            named.update(f"{module}.{alias.name}" for alias in node.names)  # `from pkg import module`
+    found: set[str] = set()
+    for module in named:
+        parts = module.split(".")
+        found.update(".".join(parts[:i]) for i in range(1, len(parts) + 1))
+    return frozenset(found)
+
+
+def _closure(package: Path, roots: list[str], outside: list[Path]) -> set[str]:
+    """The pflbench modules reachable by imports from `roots` (module names) and from the files `outside`
+    the package (plugins); NOT_VERSIONED not followed."""
+    modules = _modules(str(package))
+
+    def follow(path: Path, name: str) -> set[str]:
+        base = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        return {m for m in _imported(path, base) if m in modules and m not in NOT_VERSIONED}
+
+    todo = [r for r in roots if r in modules and r not in NOT_VERSIONED]
+    for path in outside:
+        todo += follow(path, "")
+    seen: set[str] = set()
+    while todo:
+        module = todo.pop()
+        if module not in seen:
+            seen.add(module)
+            todo += follow(modules[module], module) - seen
+    return seen
 
 
 def source_files(algorithm_cls: type) -> dict[str, Path]:
-    """The source files that run a cell of `algorithm_cls`, by a name that does not depend on where the
-    checkout lives ("pflbench/runner.py", "algorithms/fedavg.py", a plugin's file name): a checkpoint
-    written on one node resumes on another whose checkout is elsewhere. The built-in algorithms
-    (pflbench/algorithms/) are named "algorithms/<file>", and the partition schemes are not included,
-    as when those folders were at the repository's top level: the names and so the version of the same
-    code are unchanged, and checkpoints written before the move resume."""
+    """The source files that compute a cell of `algorithm_cls`, by a name that does not depend on where the
+    checkout lives ("pflbench/rounds.py", "algorithms/fedavg.py", a plugin's file name): a checkpoint
+    written on one node resumes on another whose checkout is elsewhere.
+
+    Which files: the modules the round loop, the cell groups' runner and the algorithm's classes import,
+    followed through every import in them (lazy ones too: a static reading of the source, wider than what
+    one run imports), plus ALWAYS_VERSIONED, less NOT_VERSIONED and the UNVERSIONED folders; the algorithm's
+    classes' own files wherever they live. So a change to the run machinery that never touches a cell's
+    numbers (the runner, the store, the CLI, reports, publishing) keeps a checkpoint resumable; a change to
+    anything the computation imports retires it. The built-in algorithms (pflbench/algorithms/) are named
+    "algorithms/<file>", as when that folder was at the repository's top level."""
     import pflbench
 
     package = Path(pflbench.__file__).parent.resolve()
-    roots = {"algorithms": package / "algorithms", "pflbench": package}  # the first that holds a file names it
-    paths = {p.resolve() for p in package.rglob("*.py") if p.relative_to(package).parts[0] not in UNVERSIONED}
+    own = set()
     for cls in inspect.getmro(algorithm_cls):
         try:
-            paths.add(Path(inspect.getfile(cls)).resolve())
+            own.add(Path(inspect.getfile(cls)).resolve())
         except TypeError:  # builtins
             pass
+    own = {p for p in own if p.suffix == ".py"}
+    roots = [*ENTRY_MODULES, *(_module_name(p, package) for p in own if p.is_relative_to(package))]
+    modules = _closure(package, roots, [p for p in own if not p.is_relative_to(package)]) | set(ALWAYS_VERSIONED)
+    paths = {path for name, path in _modules(str(package)).items() if name in modules} | own
+    roots_by_name = {"algorithms": package / "algorithms", "pflbench": package}  # the first that holds a file names it
     named = {}
     for path in paths:
-        if path.suffix != ".py":
-            continue
-        root = next((f"{name}/{path.relative_to(folder).as_posix()}" for name, folder in roots.items()
+        root = next((f"{name}/{path.relative_to(folder).as_posix()}" for name, folder in roots_by_name.items()
                      if path.is_relative_to(folder)), None)
         named[root or path.name] = path
     return named
 
 
 def code_version(algorithm_cls: type) -> str:
-    """A hash of the source that runs a cell (`source_files`: pflbench without its reports, the built-in
-    algorithms, the algorithm's own classes wherever they live; names and contents, not where the
-    checkout is) and of the torch / numpy / Python versions."""
+    """A hash of the source that computes a cell (`source_files`: what the round loop, the cell groups'
+    runner and the algorithm's classes import; names and contents, not where the checkout is) and of the
+    torch / numpy / Python versions."""
     import numpy as np
     import torch
 
@@ -165,9 +247,27 @@ def code_version(algorithm_cls: type) -> str:
 
 
 def execution_path(fed: Federation) -> dict[str, Any]:
-    """The execution settings that change a run's float rounding (not part of the cell's hash)."""
-    return {"device": fed.device.type, "batched": bool(fed.batched), "compiled": bool(fed.compiled),
+    """The execution settings that change a run's float rounding (not part of the cell's hash). The static
+    (captured) step is named on CUDA only: on a CPU it is the eager step bit for bit (tests/test_static_step.py);
+    on CUDA the resume ignores it once the GPU check's `graphs` verdict has found it bit-identical to the eager
+    step (`same_path`), so setting that verdict keeps carried checkpoints resumable, either way."""
+    path = {"device": fed.device.type, "batched": bool(fed.batched), "compiled": bool(fed.compiled),
             "channels_last": bool(fed.channels_last), "client_threads": int(fed.client_threads)}
+    if getattr(fed, "static_step", False) and fed.device.type == "cuda":
+        path["static_step"] = True
+    return path
+
+
+def same_path(written: Any, running: dict[str, Any]) -> bool:
+    """Whether a checkpoint written on execution path `written` resumes on `running` bit for bit: equal, the
+    static step aside where `pflbench.execution.CUDA_GRAPHS_VERIFIED` says it computes what the eager one does."""
+    from pflbench import execution
+
+    if not isinstance(written, dict):
+        return False
+    if execution.CUDA_GRAPHS_VERIFIED:
+        written, running = ({k: v for k, v in p.items() if k != "static_step"} for p in (written, running))
+    return written == running
 
 
 # ---- random state not derived from (seed, round, client) ---------------------------------------------
@@ -410,7 +510,7 @@ class Checkpointer:
         if header.get("code") != version:
             raise CheckpointProblem(f"from another code version ({header.get('code')}, this code {version})")
         path = execution_path(fed)
-        if header.get("execution") != path:
+        if not same_path(header.get("execution"), path):
             raise CheckpointProblem(f"from another execution path ({header.get('execution')}, this run {path})")
         if header.get("dataset_checksum") != self.dataset_checksum:
             raise CheckpointProblem(f"from other data (dataset checksum {header.get('dataset_checksum')}, "

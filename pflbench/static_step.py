@@ -39,7 +39,7 @@ import torch
 from torch import Tensor
 
 from pflbench.captured import CACHED as CACHED  # static steps kept per model (tests read it here)
-from pflbench.captured import cached, capture
+from pflbench.captured import cached, capture_or_none
 from pflbench.row_rates import RowRates, Rule, structure
 
 # What this module needs of `pflbench.training`'s types, named here (training imports this module).
@@ -97,7 +97,8 @@ class StaticStep:
         self.active = torch.ones(width, dtype=torch.bool, device=y.device)
         self.rates = RowRates.of([sgd] * width, y.device, self.leaves[0].dtype if self.leaves else torch.float32)
         self.loss_sum = torch.zeros(width, device=y.device)
-        self.graph: torch.cuda.CUDAGraph | None = capture(self._step) if capture_it else None
+        self.graph: torch.cuda.CUDAGraph | None = (capture_or_none(self._step, "the batched plain step")
+                                                   if capture_it else None)
 
     def _step(self) -> None:
         """Forward, loss, backward and the update of the active rows, on the buffers."""

@@ -204,5 +204,5 @@ def test_the_code_version_names_source_files_without_the_checkouts_place():
     from pflbench.checkpoint import source_files
 
     names = source_files(ALGORITHMS.get("fedavg"))
-    assert {"pflbench/runner.py", "pflbench/checkpoint.py", "algorithms/fedavg.py"} <= set(names)
+    assert {"pflbench/rounds.py", "pflbench/checkpoint.py", "pflbench/fedavg.py"} <= set(names)
     assert not any(name.startswith("/") or "reports/" in name for name in names), sorted(names)

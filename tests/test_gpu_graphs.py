@@ -47,6 +47,27 @@ def test_the_rehearsal_reports_bit_identity_and_no_capture(tmp_path):
         assert row["rows"] == (1 if name == "pfedhn" else 10) and row["steps"] >= 1
         assert row["eager_ms_per_step"] > 0 and row["static_ms_per_step"] > 0
     assert own["pfedhn"]["steps"] == 3
+    assert figures["verdict"] == {"verified": False, "reasons": ["no CUDA device: capture not exercised"],
+                                  "rule": graphs.RULE}
+
+
+def test_the_verdict_asks_every_comparison_to_be_bit_identical_and_captured():
+    """The rule written before any device judged it (graphs.RULE): on CUDA, everything equal to the bit and
+    captured; any difference, however small, a fallback to eager, a failed part or row leaves it unverified."""
+    good = {"step": {"10": {"bit_identical": True, "captured": True}},
+            "column": {"rows": {"fedavg": {"status": ["finished", "finished"], "loss_bit_identical": True,
+                                           "accuracy_bit_identical": True}}},
+            "own": {"pfedme": {"bit_identical": True, "captured": True}}}
+    assert graphs.verdict(good, cuda=True)["verified"]
+    tiny = json.loads(json.dumps(good))
+    tiny["column"]["rows"]["fedavg"]["accuracy_bit_identical"] = False
+    assert graphs.verdict(tiny, cuda=True)["reasons"] == ["column fedavg: not bit-identical in accuracy"]
+    eager = json.loads(json.dumps(good))
+    eager["own"]["pfedme"]["captured"] = False
+    assert graphs.verdict(eager, cuda=True)["reasons"] == ["own steps of pfedme: not captured"]
+    broken = {k: v for k, v in good.items() if k != "own"} | {"own_error": "RuntimeError: boom"}
+    assert graphs.verdict(broken, cuda=True)["reasons"] == ["own_error: RuntimeError: boom"]
+    assert not graphs.verdict({k: v for k, v in good.items() if k != "step"}, cuda=True)["verified"]
 
 
 def test_bit_identical_sees_signed_zeros_and_nans():

@@ -41,6 +41,42 @@ from timing import seconds_per_step  # noqa: E402
 
 PLAIN_ROWS = ["local", "fedavg", "fedbn", "pfedla", "heurpfedla", "fedrep", "fedfomo"]
 
+# The acceptance rule for pflbench.execution.CUDA_GRAPHS_VERIFIED, set before any device has judged it
+# (benchmarks/gpu/PLAN.md says why): bit-identical, no tolerance.
+RULE = ("CUDA_GRAPHS_VERIFIED may become True only from a run on a CUDA device in which every comparison of this "
+        "script is bit-identical (max |diff| exactly 0: the plain step at every width, every row of the column in "
+        "losses and accuracies, every method's own steps), every static step was captured as a CUDA graph (none "
+        "fell back to eager), no part failed and every row finished. Anything else, however small the difference, "
+        "leaves it False: the graph replays the eager step's kernels on the same buffers, so a difference means "
+        "other kernels or a race, and checkpoints resume across the two paths only if they are the same path.")
+
+
+def verdict(figures: dict, cuda: bool) -> dict:
+    """RULE applied to this script's figures: verified or not, and every reason why not."""
+    reasons = [] if cuda else ["no CUDA device: capture not exercised"]
+    reasons += [f"{key}: {figures[key]}" for key in ("step_error", "column_error", "own_error") if key in figures]
+    for part in ("step", "column", "own"):
+        if part not in figures and f"{part}_error" not in figures:
+            reasons.append(f"{part}: not run")
+    for width, f in figures.get("step", {}).items():
+        if not f.get("bit_identical"):
+            reasons.append(f"step at {width} rows: not bit-identical (params {f.get('max_abs_diff_params')}, "
+                           f"losses {f.get('max_abs_diff_losses')})")
+        if cuda and not f.get("captured"):
+            reasons.append(f"step at {width} rows: not captured")
+    for row, f in figures.get("column", {}).get("rows", {}).items():
+        if any(status != "finished" for status in f.get("status", [])):
+            reasons.append(f"column {row}: {f.get('status')}")
+        differing = [k[:-len("_bit_identical")] for k, v in f.items() if k.endswith("_bit_identical") and not v]
+        if differing:
+            reasons.append(f"column {row}: not bit-identical in {', '.join(differing)}")
+    for row, f in figures.get("own", {}).items():
+        if not f.get("bit_identical"):
+            reasons.append(f"own steps of {row}: not bit-identical (max |diff| {f.get('max_abs_diff')})")
+        if cuda and not f.get("captured"):
+            reasons.append(f"own steps of {row}: not captured")
+    return {"verified": not reasons, "reasons": reasons, "rule": RULE}
+
 
 def eager_and_static(call, steps: int, repeats: int, cuda: bool) -> tuple:
     """`call(static)` makes `steps` steps eagerly (False) or over static buffers (True): the eager result,
@@ -271,6 +307,9 @@ def main(argv: list[str] | None = None) -> int:
             failed = True
         if args.json:  # after every part: a step cut short by its box keeps what it measured
             Path(args.json).write_text(json.dumps(figures, indent=1) + "\n")
+    figures["verdict"] = verdict(figures, cuda)
+    if args.json:
+        Path(args.json).write_text(json.dumps(figures, indent=1) + "\n")
     print(figures["capture"])
     for width, f in figures.get("step", {}).items():
         print(f"step at {width:>3} rows: eager {f['eager_seconds_per_step'] * 1e3:.3f} ms, static "
@@ -290,6 +329,9 @@ def main(argv: list[str] | None = None) -> int:
     for key in ("step_error", "column_error", "own_error"):
         if key in figures:
             print(f"{key}: {figures[key]}", file=sys.stderr)
+    judged = figures["verdict"]
+    print(f"verdict: CUDA_GRAPHS_VERIFIED {'may be set True' if judged['verified'] else 'stays False'}"
+          + "".join(f"\n  - {reason}" for reason in judged["reasons"]))
     statuses = [s for row in (column or {}).get("rows", {}).values() for s in row["status"]]
     return 1 if failed or any(s != "finished" for s in statuses) else 0
 

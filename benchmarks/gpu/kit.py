@@ -4,15 +4,20 @@ A lent GPU machine has no network, its own Python (3.12) and PyTorch (2.11), and
 working tree that travels to it (the device tool's README). So the check's dependencies travel as
 wheels, and its data as files:
 
-  .gpu-kit/wheels/   kit-requirements.txt's wheels, for CPython 3.12 manylinux x86-64 (the device) and
-                     for this machine's Python (the rehearsal); `pip download --no-deps --only-binary`
-  .gpu-kit/data/     Fashion-MNIST's four files, in the offline mirror's layout (PFLBENCH_DATA_MIRROR)
+  .gpu-kit/wheels/   kit-requirements.txt's wheels, for CPython 3.12 manylinux x86-64 (the device);
+                     `pip download --no-deps --only-binary`. This machine's Python's own (the rehearsal's),
+                     where it is another version, go to .gpu-rehearsal-wheels/, which does not travel
+  .gpu-kit/data/     the datasets (`--datasets`): Fashion-MNIST's four files, in the offline mirror's layout
+                     (PFLBENCH_DATA_MIRROR), and/or cifar10-jpeg as cifar_travel.py packs it
   .gpu-kit/kit.json  what is in it, and its size
+
+A kit for a cifar10-jpeg loan: `--kit .gpu-kit-cifar --datasets cifar10-jpeg` (Fashion-MNIST and CIFAR
+together do not fit the carry beside the tree).
 
 It prints the kit's size and what would travel in all (tracked and untracked-not-ignored files plus the
 kit), and fails where that passes 64 MiB.
 
-    python benchmarks/gpu/kit.py [--kit .gpu-kit] [--mirror ../shared/data]
+    python benchmarks/gpu/kit.py [--kit .gpu-kit] [--mirror ../shared/data] [--datasets fmnist,cifar10-jpeg]
 """
 from __future__ import annotations
 
@@ -27,6 +32,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 LIMIT = 64 * 2 ** 20  # the device's working-tree limit
+REHEARSAL_WHEELS = REPO / ".gpu-rehearsal-wheels"  # this machine's Python's wheels: the rehearsal's, never carried
+DATASETS = ("fmnist", "cifar10-jpeg")
 DEVICE_PYTHON = "3.12"
 PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64",
              "manylinux1_x86_64"]
@@ -46,6 +53,13 @@ def download(wheels: Path, python_version: str) -> None:
                *[arg for platform in PLATFORMS for arg in ("--platform", platform)], "-d", str(wheels),
                *requirements()]
     subprocess.run(command, check=True)
+
+
+def pack_cifar(mirror: Path, data: Path) -> None:
+    target = data / "cifar10-jpeg.travel"
+    if not target.exists():
+        subprocess.run([sys.executable, str(HERE / "cifar_travel.py"), "pack", "--mirror", str(mirror),
+                        "--out", str(target)], check=True)
 
 
 def copy_data(mirror: Path, data: Path) -> None:
@@ -78,21 +92,34 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kit", default=str(REPO / ".gpu-kit"), help="the kit's folder (default: .gpu-kit)")
     parser.add_argument("--mirror", default=os.environ.get("PFLBENCH_DATA_MIRROR", str(REPO.parent / "shared" / "data")),
                         help="the offline dataset mirror (default: $PFLBENCH_DATA_MIRROR or ../shared/data)")
+    parser.add_argument("--datasets", default="fmnist", help=f"comma-separated, of {', '.join(DATASETS)}")
     args = parser.parse_args(argv)
+    datasets = args.datasets.split(",")
+    if set(datasets) - set(DATASETS):
+        parser.error(f"--datasets: {', '.join(sorted(set(datasets) - set(DATASETS)))} unknown; allowed: {', '.join(DATASETS)}")
     kit = Path(args.kit)
     wheels = kit / "wheels"
     wheels.mkdir(parents=True, exist_ok=True)
+    for stale in wheels.glob("*-cp3*-cp3*"):  # an older kit's rehearsal wheels: not for the device
+        if f"cp{DEVICE_PYTHON.replace('.', '')}" not in stale.name:
+            stale.unlink()
+    download(wheels, DEVICE_PYTHON)
     here = f"{sys.version_info.major}.{sys.version_info.minor}"
-    for version in dict.fromkeys([DEVICE_PYTHON, here]):
-        download(wheels, version)
-    copy_data(Path(args.mirror), kit / "data")
+    if here != DEVICE_PYTHON:
+        REHEARSAL_WHEELS.mkdir(exist_ok=True)
+        download(REHEARSAL_WHEELS, here)
+    if "fmnist" in datasets:
+        copy_data(Path(args.mirror), kit / "data")
+    if "cifar10-jpeg" in datasets:
+        (kit / "data").mkdir(parents=True, exist_ok=True)
+        pack_cifar(Path(args.mirror), kit / "data")
     size = folder_bytes(kit)
     total = travelling_bytes(kit)
     (kit / "kit.json").write_text(json.dumps({
         "requirements": requirements(), "pythons": sorted({DEVICE_PYTHON, here}),
-        "wheels": sorted(p.name for p in wheels.glob("*.whl")), "data": ["fashion-mnist"],
+        "wheels": sorted(p.name for p in wheels.glob("*.whl")), "data": datasets,
         "kit_bytes": size, "travelling_bytes": total, "limit_bytes": LIMIT}, indent=1) + "\n")
-    print(f"gpu-kit: {kit} holds {len(list(wheels.glob('*.whl')))} wheels and Fashion-MNIST, "
+    print(f"gpu-kit: {kit} holds {len(list(wheels.glob('*.whl')))} wheels and {', '.join(datasets)}, "
           f"{size / 2 ** 20:.1f} MiB; with the working tree {total / 2 ** 20:.1f} MiB travel "
           f"(limit {LIMIT / 2 ** 20:.0f} MiB)")
     if total > LIMIT:

@@ -3,7 +3,9 @@
 # into $WORK/site, and exports the environment that runs pflbench from there. Needs REPO, KIT, PY, WORK.
 SITE="$WORK/site"
 kit_start=$(date +%s)
+# (the rehearsal's own Python finds its wheels in .gpu-rehearsal-wheels/, made by kit.py, which never travels)
 "$PY" -m pip install -q --disable-pip-version-check --no-index --no-deps --no-compile --find-links "$KIT/wheels" \
+    $( [ -d "$REPO/.gpu-rehearsal-wheels" ] && echo --find-links "$REPO/.gpu-rehearsal-wheels" ) \
     --target "$SITE" -r "$REPO/benchmarks/gpu/kit-requirements.txt" || { echo "installing the kit failed" >&2; exit 2; }
 # pflbench from this tree, laid out as installed (pyproject.toml: benchmarks/ is the data package pflbench.benchmarks)
 mkdir -p "$SITE/pflbench" "$SITE/pflbench-0.1.0.dist-info"
