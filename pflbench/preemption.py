@@ -19,8 +19,10 @@ On Ray the driver holds the `Preemption` (Ray's own SIGTERM handler, which exits
 after `ray.init`: `take_signals`) and passes the stop on to the running cells through its progress
 board; a worker's Checkpointer reads it there (pflbench/runner.py's `BoardStop`). The cells that have
 not ended their round `grace_seconds` after the signal are cancelled (their round's work is lost).
-A SIGTERM that reaches the Ray workers themselves (a scheduler signalling every process of the job)
-ends them at once, as Ray's workers do: their cells resume from their last checkpoints.
+A SIGTERM that reaches the Ray workers themselves (a scheduler signalling every process of the job:
+`scancel`, a Kubernetes pod's termination) ends them at once, as Ray's workers do, and Ray's own
+processes with them: the driver takes the Ray errors that follow for the job ending, and its one
+"preempted" line says where each cell resumes: from its last checkpoint.
 
 Nothing here knows about cells or the store: the checkpointer asks a `StopRequest` (`requested`,
 `signal`) at the end of each round and calls `round_ended`; the runner wraps a running cell in
