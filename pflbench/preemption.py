@@ -24,6 +24,12 @@ A SIGTERM that reaches the Ray workers themselves (a scheduler signalling every 
 processes with them: the driver takes the Ray errors that follow for the job ending, and its one
 "preempted" line says where each cell resumes: from its last checkpoint.
 
+Start-up (`startup_signals`, the first thing `pflbench run` and `pflbench sweep` do, before their heavy
+imports, the spec, the partitions and Ray's start): a SIGTERM or Ctrl-C before the run's `Preemption` is
+installed stops the command at once with `StartupStop`, which it turns into one line saying nothing was
+started and `PREEMPTED_EXIT`; never a silent exit 143. While Ray starts (`ray.init`), its own SIGTERM
+handler, which exits, is kept out (`keeping_signals`), so that the run's `Preemption` hears the signal.
+
 Nothing here knows about cells or the store: the checkpointer asks a `StopRequest` (`requested`,
 `signal`) at the end of each round and calls `round_ended`; the runner wraps a running cell in
 `cell_running()` and makes its stop request `current()` for the cell's run (`running_cell`).
@@ -54,6 +60,63 @@ class Preempted(Exception):
 
     def __reduce__(self) -> tuple[type[Preempted], tuple[Any, ...]]:  # a Ray worker hands it back to the driver as a value
         return Preempted, (self.signal, self.rounds_done, self.resumes_at, self.in_round, self.checkpoint_error)
+
+
+class StartupStop(BaseException):
+    """A SIGTERM or SIGINT during a command's start-up (module doc). A BaseException, as KeyboardInterrupt:
+    start-up code's `except Exception` does not take it for an error of its own. `started`: the signal
+    came after the command's run had begun and ended (a Preemption was installed and removed again)."""
+
+    def __init__(self, signal_name: str, started: bool = False) -> None:
+        super().__init__(f"{signal_name} during start-up")
+        self.signal, self.started = signal_name, started
+
+
+_run_began: list[bool] = []  # a Preemption was installed in this process since `startup_signals`
+
+
+def _on_startup_signal(signum: int, frame: FrameType | None) -> None:
+    raise StartupStop(signal.Signals(signum).name, started=bool(_run_began))
+
+
+def startup_signals() -> dict[int, Any]:
+    """Install the start-up handlers (module doc) for SIGTERM and SIGINT; returns the previous handlers,
+    for `restore_signals`. Outside the main thread nothing is installed."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    _run_began.clear()
+    previous: dict[int, Any] = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    for sig in previous:
+        signal.signal(sig, _on_startup_signal)
+    return previous
+
+
+def restore_signals(previous: dict[int, Any]) -> None:
+    """The handlers from before `startup_signals`."""
+    for sig, handler in previous.items():
+        signal.signal(sig, handler)
+
+
+@contextmanager
+def keeping_signals() -> Iterator[None]:
+    """Around `ray.init`: Ray's own SIGTERM handler (which exits at once, with no line) is not installed,
+    so that a SIGTERM while Ray starts reaches the handler in place (a Preemption's, or the start-up one).
+    Ray installs it through `ray._private.utils.set_sigterm_handler`; where a Ray version has no such
+    function, nothing is changed and `Preemption.take_signals` after `ray.init` takes the signals back."""
+    try:
+        import ray._private.utils as ray_utils
+    except ImportError:
+        yield
+        return
+    real = getattr(ray_utils, "set_sigterm_handler", None)
+    if real is None or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    ray_utils.set_sigterm_handler = lambda handler: None
+    try:
+        yield
+    finally:
+        ray_utils.set_sigterm_handler = real
 
 
 class StopRequest(Protocol):
@@ -119,6 +182,7 @@ class Preemption:
             yield self
             return
         previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGALRM)}
+        _run_began.append(True)
         self.take_signals()
         try:
             yield self

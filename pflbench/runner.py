@@ -65,7 +65,8 @@ from pflbench.checkpoint import DEFAULT_MINUTES, CheckpointFile, CheckpointPolic
 from pflbench.config import CellConfig, cell_hash
 from pflbench.display import PROBLEMS, Display, label, make_console, print_summary
 from pflbench.execution import ExecutionOptions
-from pflbench.preemption import DEFAULT_GRACE_SECONDS, PREEMPTED_EXIT, Preempted, Preemption, StopRequest, running_cell
+from pflbench.preemption import (DEFAULT_GRACE_SECONDS, PREEMPTED_EXIT, Preempted, Preemption, StopRequest,
+                                 keeping_signals, running_cell)
 from pflbench.node_data import DataFingerprint, NodeDataError, check_node_data, fingerprint
 from pflbench.ray_cluster import ClusterError, connect_ray, on_driver_node, ray_capacity, task_resources, this_node
 from pflbench.spec import Plan, Resources, describe_partition
@@ -723,7 +724,8 @@ def run_on_ray(cells: list[CellConfig], plan: Plan, options: RunOptions, store: 
     import ray
 
     try:
-        owned = connect_ray(options.ray_address, options.workers, plan.resources.cpus)
+        with keeping_signals():  # a SIGTERM while Ray starts reaches `preemption`
+            owned = connect_ray(options.ray_address, options.workers, plan.resources.cpus)
     except ClusterError as error:
         raise PrepareError(str(error)) from None
     if preemption is not None:

@@ -28,12 +28,31 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    from pflbench import deprecation
+# Commands whose start-up a SIGTERM or Ctrl-C ends with one line and exit 75 (pflbench/preemption.py's
+# `startup_signals`), until their run installs its own handlers; the others keep Python's defaults.
+STOPPABLE = ("run", "sweep")
 
-    with deprecation.command_line():  # a plugin's deprecated forms: one line on stderr per file
-        return _run(args)
+
+def main(argv: list[str] | None = None) -> int:
+    from pflbench.preemption import PREEMPTED_EXIT, StartupStop, restore_signals, startup_signals
+
+    previous = startup_signals()  # first: from here on a signal gets its line, never a silent exit 143
+    try:
+        args = build_parser().parse_args(argv)
+        if args.command not in STOPPABLE:
+            restore_signals(previous)
+            previous = {}
+        from pflbench import deprecation
+
+        with deprecation.command_line():  # a plugin's deprecated forms: one line on stderr per file
+            return _run(args)
+    except StartupStop as stop:
+        print(f"{stop.signal} as the command ended: what it ran is in the store; run the same command again to "
+              f"continue anything left" if stop.started else
+              f"{stop.signal} during start-up: nothing was started; run the same command again", file=sys.stderr)
+        return PREEMPTED_EXIT
+    finally:
+        restore_signals(previous)
 
 
 def _run(args: argparse.Namespace) -> int:
