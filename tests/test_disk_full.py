@@ -273,3 +273,66 @@ def test_a_claim_that_does_not_fit_releases_the_claims_its_cell_group_already_to
     assert claims == [0, 1, 2]  # one group of the three cells, claimed in turn
     assert list(options.results.rglob("claim.json")) == []
     assert not list(options.results.rglob("summary.json")) and not list(options.results.rglob(CHECKPOINT))
+
+
+REPORT_ON_TMPFS = """
+mount -t tmpfs -o size=64k tmpfs "$MNT" || exit 99
+"$PYTHON" -c 'import sys; from pflbench.cli import main; sys.exit(main(sys.argv[1:]))' report --results "$STORE" \\
+    --out "$MNT/reports" --quiet --no-partitions > "$OUT/out.txt" 2> "$OUT/err.txt"
+echo $? > "$OUT/rc"
+"""
+
+
+@pytest.fixture
+def small_store(tmp_path):
+    from report_helpers import write_cell
+
+    for seed in (0, 1):
+        for algorithm in ("fedavg", "local"):
+            write_cell(tmp_path / "store", algorithm=algorithm, seed=seed, accuracies=(0.5 + 0.01 * seed, 0.6))
+    return tmp_path / "store"
+
+
+def test_a_report_onto_a_full_disk_ends_with_the_line_run_gives(small_store, tmp_path, monkeypatch, capsys):
+    """`pflbench report` whose writes fail for lack of space (every file opened for writing under --out):
+    one line, as `pflbench run`'s (the file, the bytes free, free space and run again), and DISK_FULL_EXIT."""
+    import builtins
+
+    from pflbench.cli import main
+
+    out = tmp_path / "reports"
+    real_open = builtins.open
+
+    def full_open(file, mode="r", *args, **kwargs):
+        if isinstance(file, (str, os.PathLike)) and set(str(mode)) & set("wax") and Path(file).is_relative_to(out):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(file))
+        return real_open(file, mode, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", full_open)
+    monkeypatch.setattr(io, "open", full_open)
+    assert main(["report", "--results", str(small_store), "--out", str(out), "--quiet", "--no-partitions"]) == DISK_FULL_EXIT
+    err = capsys.readouterr().err
+    assert re.fullmatch(rf"disk full: cannot write {re.escape(str(out))}/\S+ \(it needs an unknown number of bytes; free "
+                        rf"there: [\d,]+ bytes\); free space and run the same command again\n", err), err
+
+
+def test_a_report_onto_a_real_full_tmpfs_ends_with_the_line_run_gives(small_store, tmp_path):
+    import shutil
+    import subprocess
+    import sys
+
+    if shutil.which("unshare") is None:
+        pytest.skip("no unshare(1) here to mount a tmpfs in a namespace of its own")
+    mount, out = tmp_path / "mnt", tmp_path / "out"
+    mount.mkdir()
+    out.mkdir()
+    env = {**os.environ, "MNT": str(mount), "OUT": str(out), "STORE": str(small_store), "PYTHON": sys.executable,
+           "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(["unshare", "-rm", "bash", "-c", REPORT_ON_TMPFS], env=env, capture_output=True, text=True,
+                          timeout=600)
+    if done.returncode == 99 or not (out / "rc").exists():
+        pytest.skip(f"cannot mount a tmpfs in a user and mount namespace here: {done.stderr.strip()}")
+    err = (out / "err.txt").read_text()
+    assert int((out / "rc").read_text()) == DISK_FULL_EXIT, err
+    assert re.fullmatch(rf"disk full: cannot write {re.escape(str(mount))}\S* \(it needs [\w ,]+ bytes; free there: "
+                        rf"[\d,]+ bytes\); free space and run the same command again\n", err), err
