@@ -261,6 +261,10 @@ def run_trial(config: dict, *, base: dict, cpus: float, data_root: str | None, m
                                                                                  checkpoints["minutes"]),
                                          set_aside_dir=folder / SET_ASIDE, note=notes.append, files=files,
                                          reports=reports, replay=replay, preemption=stop)
+    if stop is not None:
+        from pflbench.sweep_stop import started_trial
+
+        started_trial(board, tune.get_context().get_trial_id())
     try:
         with running_cell(stop):
             result = run_cell(cell, data_root=data_root, mirror=mirror, execution=execution, on_round=report,
