@@ -242,3 +242,36 @@ def test_the_dry_run_every_cell_line_holds_only_what_every_cell_has(tmp_path):
     assert "fedprox(mu=" in per_algorithm and "ditto(lam=" in per_algorithm
     per_partition = next(line for line in lines if line.startswith("per partition"))
     assert "pathological(classes_per_client=2" in per_partition and "dirichlet(alpha=0.5" in per_partition
+
+
+# ---- finding one's way (run --help's groups, a mistyped spec name, the version) -----------------------
+
+def test_run_help_shows_its_options_in_groups():
+    text = build_parser()._subparsers._group_actions[0].choices["run"].format_help()
+    headings = [line.rstrip(":") for line in text.splitlines() if line and not line.startswith(" ") and line.endswith(":")]
+    assert headings == ["positional arguments", "options", "what to run", "results and data",
+                        "where and how the cells run", "checkpoints, retries and preemption", "experiment trackers"]
+    groups = {heading: block for heading, block in zip(headings, re.split(r"\n(?=\S[^\n]*:\n)", text)[1:])}
+    assert "--dry-run" in groups["what to run"] and "--grace-seconds" in groups["checkpoints, retries and preemption"]
+    assert "--workers" in groups["where and how the cells run"] and "--from" in groups["results and data"]
+
+
+def test_a_mistyped_spec_name_suggests_the_nearest_and_lists_the_shipped_specs(tmp_path, capsys, monkeypatch):
+    from pflbench.resources import shipped_specs
+
+    monkeypatch.chdir(tmp_path)  # no spec file of that name here
+    assert main(["run", "tabel1", "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown spec file 'tabel1' (did you mean 'table1'?)" in err, err
+    shipped = shipped_specs()
+    assert {"demo", "table1", "table2"} <= set(shipped)
+    assert f"run by name (pflbench run NAME): {', '.join(shipped)}" in err, err
+    assert "Traceback" not in err
+
+
+def test_version_prints_the_installed_version():
+    from importlib.metadata import version
+
+    done = run_cli("--version")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == f"pflbench {version('pflbench')}\n"

@@ -6,6 +6,7 @@ import argparse
 import importlib
 import os
 import sys
+from typing import cast
 
 # Modules that define `add_parser(subparsers)`. They import only
 # the standard library at module level: every `pflbench ... --help` builds all their parsers, so a
@@ -15,8 +16,27 @@ COMMAND_MODULES = ("pflbench.cli.commands", "pflbench.cli.run", "pflbench.cli.re
                    "pflbench.cli.publish", "pflbench.scaffold")
 
 
+class VersionAction(argparse.Action):
+    """`pflbench --version`: the installed distribution's version (read when asked, not at every start)."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: object) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=cast(str, kwargs.get("help")))
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object,
+                 option_string: str | None = None) -> None:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            text = version("pflbench")
+        except PackageNotFoundError:  # run from a checkout that was never installed
+            text = "unknown (not installed: pip install -e .)"
+        print(f"pflbench {text}")
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pflbench", description="Benchmark harness for personalized federated learning.")
+    parser.add_argument("--version", action=VersionAction, help="print pflbench's version and exit")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMAND_MODULES:
         importlib.import_module(name).add_parser(subparsers)
