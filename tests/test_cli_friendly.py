@@ -142,6 +142,54 @@ def test_a_log_gets_n_of_total_and_an_eta_with_every_finished_cell():
                                                                              "1h00m", "1h30m"]
 
 
+def test_a_log_gets_a_progress_line_per_finished_evaluation_at_most_one_per_30_seconds_per_cell():
+    from pflbench.config import CellConfig
+    from pflbench.display import Display
+
+    now = [0.0]
+    log = io.StringIO()
+    console = Console(file=log, width=300, force_terminal=False)
+    cells = [CellConfig(algorithm="fedavg", dataset="synthetic", seed=seed, rounds=10, eval_every=2) for seed in (0, 1)]
+    with Display(console, len(cells), clock=lambda: now[0]) as display:
+        for rnd in range(1, 11):
+            for cell in cells:
+                display.update(cell, {"round": rnd, "rounds": 10, "mean_accuracy": rnd / 20, "mean_val_accuracy": rnd / 25})
+            now[0] += 10.0  # a round every 10 s, an evaluation every 20 s: a line when 30 s have passed since the last
+        result = SimpleNamespace(status="finished", summary={"final_accuracy": 0.5, "wall_time": 100.0}, error=None)
+        for cell in cells:
+            display.done(cell, result)
+    lines = log.getvalue().splitlines()
+    progress = [line for line in lines if line.startswith("progress")]
+    seed0 = [line for line in progress if "seed 0" in line]
+    assert [re.search(r"round (\d+) of 10", line).group(1) for line in seed0] == ["2", "4", "8"], lines  # 4: seen at round 5
+    assert seed0[0] == f"progress fedavg · synthetic · pathological · 10 clients · seed 0 · {cell_id(cells[0])}: round 2 " \
+                       "of 10, acc 10.0%, val 8.0%  [10s]", seed0[0]
+    assert len(progress) == 6 and sum(line.startswith("finished") for line in lines) == 2
+
+
+def cell_id(cell) -> str:
+    from pflbench.config import cell_hash
+
+    return cell_hash(cell)
+
+
+def test_a_multi_cell_run_logged_to_a_file_shows_progress_lines(tmp_path):
+    """`pflbench run` with its output in a file (not a terminal): each cell's evaluations show up as they finish."""
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("name: logged\nmatrix: {algorithm: [fedavg, local], dataset: [synthetic]}\n"
+                    "defaults: {clients: 3, rounds: 4, eval_every: 2, dataset_options: {num_samples: 300}}\n")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PFLBENCH_DATA": str(tmp_path / "data"),
+           "PFLBENCH_DATA_MIRROR": str(tmp_path / "no-mirror"), "OMP_NUM_THREADS": "1"}
+    with (tmp_path / "run.log").open("w") as log:
+        done = subprocess.run([sys.executable, "-m", "pflbench.cli", "run", str(spec), "--no-ray", "--results",
+                               str(tmp_path / "store")], env=env, stdout=log, stderr=subprocess.STDOUT, timeout=600)
+    text = (tmp_path / "run.log").read_text()
+    assert done.returncode == 0, text
+    progress = [line for line in text.splitlines() if line.startswith("progress ")]
+    assert {line.split(" · ")[0] for line in progress} == {"progress fedavg", "progress local"}, text
+    assert all(re.search(r": round [24] of 4, acc [\d.]+%, val [\d.]+%  \[\w+\]$", line) for line in progress), text
+
+
 # ---- bench --------------------------------------------------------------------------------------
 
 def test_bench_prints_progress_and_says_how_noisy_it_was(tmp_path, capsys):
