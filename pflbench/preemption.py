@@ -13,7 +13,9 @@ A scheduler that preempts a job sends SIGTERM and kills it a grace period later 
   operation delays it): that round's work is lost, and the next run resumes from the cell's last
   checkpoint (a checkpoint taken in the middle of a round could not continue bit for bit);
 - a second SIGINT (Ctrl-C again) stops at once (KeyboardInterrupt, as before: exit 130), as does a
-  SIGTERM while a stop is already asked for.
+  SIGTERM while a stop is already asked for; except once the round in progress has ended on the stop
+  (`round_ended`): its checkpoint is then being written and the run ends with it (exit 75), so the
+  signal is only acknowledged.
 
 On Ray the driver holds the `Preemption` (Ray's own SIGTERM handler, which exits, is replaced again
 after `ray.init`: `take_signals`) and passes the stop on to the running cells through its progress
@@ -36,6 +38,7 @@ Nothing here knows about cells or the store: the checkpointer asks a `StopReques
 """
 from __future__ import annotations
 
+import os
 import signal
 import threading
 import time
@@ -168,6 +171,7 @@ class Preemption:
         self.requested_at: float | None = None
         self._running = False            # a cell's rounds are under way (the deadline may stop them)
         self._armed = False
+        self._honoured = False           # a round ended after the stop was asked for: the cell stops there
 
     @property
     def requested(self) -> bool:
@@ -200,6 +204,13 @@ class Preemption:
             signal.signal(signal.SIGALRM, self._on_deadline)
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        if self.requested and self._honoured:  # the round ended on the stop: its checkpoint is written or being
+            try:                               # written, and the run ends with it (stopping now would lose it)
+                os.write(2, f"{signal.Signals(signum).name}: already stopping, the checkpoint of the round "
+                            f"just ended is being kept\n".encode())
+            except OSError:
+                pass
+            return
         if self.requested:  # the second one: stop now
             raise KeyboardInterrupt
         self.signal, self.requested_at = signal.Signals(signum).name, time.monotonic()
@@ -242,4 +253,5 @@ class Preemption:
         """The round in progress ended (the checkpointer writes the checkpoint next): the deadline no
         longer applies."""
         self._running = False
+        self._honoured = self._honoured or self.requested
         self._disarm()
