@@ -350,11 +350,17 @@ class Store:
                        completed_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
         if result.error:
             summary["error"] = result.error.strip().splitlines()[-1]
-        for name, data in files.items():
-            atomic_write_bytes(folder / name, data)
         summary["files"] = {name: {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
                             for name, data in files.items()}  # as file_record reads them back
-        write_json(folder / SUMMARY, summary)  # last: the cell now has a result
+        try:
+            for name, data in files.items():
+                atomic_write_bytes(folder / name, data)
+            write_json(folder / SUMMARY, summary)  # last: the cell now has a result
+        except DiskFull:  # no part of a result is left behind: the folder holds what it held before (a checkpoint)
+            for name in files:
+                (folder / name).unlink(missing_ok=True)
+            shutil.rmtree(folder / ARTIFACTS.parent, ignore_errors=True)
+            raise
         return folder
 
 

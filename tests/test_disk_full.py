@@ -152,6 +152,29 @@ def test_a_result_that_does_not_fit_is_no_result_and_the_cell_resumes_from_its_c
     resume_and_compare(options, reference, at=4)
 
 
+def test_a_result_that_runs_out_of_space_halfway_leaves_no_part_of_it_in_the_cell_folder(reference, tmp_path,
+                                                                                         monkeypatch):
+    """The third of the result's files runs out of space: the two written before it are removed again, so the
+    folder holds only the checkpoint the next run resumes from."""
+    options = RunOptions(results=tmp_path / "store", data_root=reference.data_root, use_ray=False,
+                         checkpoint_every=2, checkpoint_minutes=0)
+    second_cell = cell_hash(the_plan().cells[1])
+    written = []
+
+    def fails(path: Path) -> bool:
+        if path.parent.name == second_cell and path.name != CHECKPOINT:
+            written.append(path.name)
+            return len(written) == 3
+        return False
+
+    fill_disk(monkeypatch, fails)
+    report, output = run(options)
+    assert report.exit_code == DISK_FULL_EXIT, output
+    assert len(written) == 3, written
+    assert sorted(p.name for p in (options.results / second_cell).iterdir()) == [CHECKPOINT], output
+    assert_stopped_cleanly(options.results)
+
+
 def test_a_result_larger_than_the_free_space_is_refused_before_its_folder_is_touched(reference, tmp_path, monkeypatch):
     options = RunOptions(results=tmp_path / "store", data_root=reference.data_root, use_ray=False,
                          checkpoint_every=2, checkpoint_minutes=0)
