@@ -387,6 +387,22 @@ def verify_checkpoint(data: bytes) -> tuple[dict, bytes]:
     return header, body
 
 
+def verify_checkpoint_file(path: Path) -> dict:
+    """The header of the checkpoint file at `path`, its payload's size and checksum verified as
+    `verify_checkpoint` does, reading the file in pieces; CheckpointProblem (one line) otherwise."""
+    digest, size = hashlib.sha256(), 0
+    with open(path, "rb") as file:
+        header = parse_header(file.readline(1 << 16))
+        while piece := file.read(1 << 20):
+            digest.update(piece)
+            size += len(piece)
+    if size != header.get("bytes"):
+        raise CheckpointProblem(f"damaged: {size} bytes of payload, the header says {header.get('bytes')}")
+    if digest.hexdigest() != header.get("sha256"):
+        raise CheckpointProblem("damaged: checksum differs")
+    return header
+
+
 def decode_checkpoint(data: bytes, device: "torch.device | str" = "cpu") -> tuple[dict, dict]:
     """Header and payload of a checkpoint given as bytes (tensors on `device`, loaded there directly so
     that tensors sharing storage still share it), verified (`verify_checkpoint`); CheckpointProblem otherwise."""
@@ -598,10 +614,11 @@ class Checkpointer:
         self.files.remove()
 
 
-def describe_checkpoints(results_dir: str | Path) -> list[str]:
-    """`pflbench store check`'s lines about checkpoints: one per cell that has one."""
+def describe_checkpoints(results_dir: str | Path, entries: list[dict] | None = None) -> list[str]:
+    """`pflbench store check`'s lines about checkpoints: one per cell that has one (`entries`: the store's
+    `list_checkpoints`, where the caller has it)."""
     lines = []
-    for entry in list_checkpoints(results_dir):
+    for entry in list_checkpoints(results_dir) if entries is None else entries:
         if entry["problem"]:
             lines.append(f"checkpoint: {entry['hash']}/{CHECKPOINT}: {entry['problem']} (set aside when the cell runs)")
         else:
@@ -612,7 +629,8 @@ def describe_checkpoints(results_dir: str | Path) -> list[str]:
 
 def list_checkpoints(results_dir: str | Path) -> list[dict]:
     """The cells of a store with a checkpoint: {hash, round, rounds, written_at, bytes, problem}
-    (`pflbench store check`); only headers are read."""
+    (`pflbench store check`); each file is read whole, its size and checksum verified (a checkpoint the
+    next run would set aside has a problem)."""
     root = Path(results_dir)
     found: list[dict[str, Any]] = []
     if not root.is_dir():
@@ -620,7 +638,7 @@ def list_checkpoints(results_dir: str | Path) -> list[dict]:
     for path in sorted(root.glob(f"*/{CHECKPOINT}")):
         entry = {"hash": path.parent.name, "path": str(path), "bytes": path.stat().st_size}
         try:
-            header = read_header(path)
+            header = verify_checkpoint_file(path)
             entry.update(round=header.get("round"), rounds=header.get("rounds"), written_at=header.get("written_at"),
                          problem=None if header.get("hash") == path.parent.name else "from another configuration")
         except (OSError, CheckpointProblem) as err:

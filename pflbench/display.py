@@ -45,7 +45,11 @@ class Display:
     a line per completed cell is printed above it (and is all a non-terminal log gets), ending with
     `[n/total, ETA ...]`: the cells finished so far and the time left at the pace so far (wall time
     since the start per finished cell, times the cells left; with cells in parallel the pace already
-    counts them)."""
+    counts them). A log that is not a terminal also gets a progress line per cell as its evaluations finish
+    (the round, the test and validation accuracy), at most one per `LOG_EVERY` seconds per cell, so that a
+    long run's log shows where it is (a terminal shows it live instead)."""
+
+    LOG_EVERY = 30.0
 
     def __init__(self, console: Console, total: int, clock: Callable[[], float] = time.monotonic) -> None:
         self.console = console
@@ -59,6 +63,7 @@ class Display:
         self.running: dict[str, TaskID] = {}
         self.counts: Counter = Counter()
         self.elsewhere = 0  # cells skipped because another runner sharing the store has them
+        self.logged: dict[str, tuple[int, float]] = {}  # a log's last progress line per cell: (its round, when)
 
     def __enter__(self) -> Self:
         self.progress.start()
@@ -101,10 +106,29 @@ class Display:
         self.progress.update(self.running[key], completed=info.get("round", 0),
                              info="" if accuracy is None else f"acc {accuracy:.1%}")
         self._update_overall()
+        if not self.console.is_terminal:
+            self._log_evaluation(cell, key, info)
+
+    def _log_evaluation(self, cell: CellConfig, key: str, info: dict) -> None:
+        """A log's progress line (class doc) where a newer evaluation than the last line's came in."""
+        rnd = int(info.get("round") or 0)
+        accuracy, val = info.get("mean_accuracy"), info.get("mean_val_accuracy")
+        evaluated = rnd if rnd >= cell.rounds else rnd - rnd % max(1, cell.eval_every)  # the latest evaluation's round
+        if evaluated < 1 or (accuracy is None and val is None):
+            return
+        last_round, last_at = self.logged.get(key, (0, float("-inf")))
+        now = self.clock()
+        if evaluated <= last_round or now - last_at < self.LOG_EVERY:
+            return
+        self.logged[key] = (evaluated, now)
+        scores = ", ".join(f"{name} {value:.1%}" for name, value in (("acc", accuracy), ("val", val)) if value is not None)
+        self.console.print(f"progress {escape(label(cell))}: round {evaluated} of {cell.rounds}, {scores}  "
+                           f"[{format_duration(now - self.started)}]", highlight=False)
 
     def _done(self, cell: CellConfig, result: CellResult) -> None:
         self.counts[result.status] += 1  # first: the run's outcome counts never depend on the display
         task = self.running.pop(cell_hash(cell), None)
+        self.logged.pop(cell_hash(cell), None)
         if task is not None:
             self.progress.remove_task(task)
         self.progress.advance(self.overall)

@@ -150,6 +150,11 @@ def _failure(what: str, error: BaseException, origin: str | None = None) -> Plug
     """`plugin X failed to import: NameError: name 'y' is not defined (my_method.py, line 12)`."""
     if isinstance(error, (NameClashError, PluginError)):
         return PluginError(f"{what}: {error}")
+    if isinstance(error, SyntaxError) and error.filename:  # where the parser stopped, in the user's file,
+        # not the frame that compiled it (pflbench's loader)
+        code = f": {error.text.strip()[:200]}" if error.text and error.text.strip() else ""
+        return PluginError(f"{what} failed to import: {type(error).__name__}: {error.msg} "
+                           f"({Path(error.filename).name}, line {error.lineno}{code})")
     frames = traceback.extract_tb(error.__traceback__)
     mine = [f for f in frames if origin and f.filename == origin] or frames[-1:]
     where = f" ({Path(mine[-1].filename).name}, line {mine[-1].lineno})" if mine else ""

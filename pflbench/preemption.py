@@ -13,14 +13,24 @@ A scheduler that preempts a job sends SIGTERM and kills it a grace period later 
   operation delays it): that round's work is lost, and the next run resumes from the cell's last
   checkpoint (a checkpoint taken in the middle of a round could not continue bit for bit);
 - a second SIGINT (Ctrl-C again) stops at once (KeyboardInterrupt, as before: exit 130), as does a
-  SIGTERM while a stop is already asked for.
+  SIGTERM while a stop is already asked for; except once the round in progress has ended on the stop
+  (`round_ended`): its checkpoint is then being written and the run ends with it (exit 75), so the
+  signal is only acknowledged.
 
 On Ray the driver holds the `Preemption` (Ray's own SIGTERM handler, which exits, is replaced again
 after `ray.init`: `take_signals`) and passes the stop on to the running cells through its progress
 board; a worker's Checkpointer reads it there (pflbench/runner.py's `BoardStop`). The cells that have
 not ended their round `grace_seconds` after the signal are cancelled (their round's work is lost).
-A SIGTERM that reaches the Ray workers themselves (a scheduler signalling every process of the job)
-ends them at once, as Ray's workers do: their cells resume from their last checkpoints.
+A SIGTERM that reaches the Ray workers themselves (a scheduler signalling every process of the job:
+`scancel`, a Kubernetes pod's termination) ends them at once, as Ray's workers do, and Ray's own
+processes with them: the driver takes the Ray errors that follow for the job ending, and its one
+"preempted" line says where each cell resumes: from its last checkpoint.
+
+Start-up (`startup_signals`, the first thing `pflbench run` and `pflbench sweep` do, before their heavy
+imports, the spec, the partitions and Ray's start): a SIGTERM or Ctrl-C before the run's `Preemption` is
+installed stops the command at once with `StartupStop`, which it turns into one line saying nothing was
+started and `PREEMPTED_EXIT`; never a silent exit 143. While Ray starts (`ray.init`), its own SIGTERM
+handler, which exits, is kept out (`keeping_signals`), so that the run's `Preemption` hears the signal.
 
 Nothing here knows about cells or the store: the checkpointer asks a `StopRequest` (`requested`,
 `signal`) at the end of each round and calls `round_ended`; the runner wraps a running cell in
@@ -28,6 +38,7 @@ Nothing here knows about cells or the store: the checkpointer asks a `StopReques
 """
 from __future__ import annotations
 
+import os
 import signal
 import threading
 import time
@@ -52,6 +63,63 @@ class Preempted(Exception):
 
     def __reduce__(self) -> tuple[type[Preempted], tuple[Any, ...]]:  # a Ray worker hands it back to the driver as a value
         return Preempted, (self.signal, self.rounds_done, self.resumes_at, self.in_round, self.checkpoint_error)
+
+
+class StartupStop(BaseException):
+    """A SIGTERM or SIGINT during a command's start-up (module doc). A BaseException, as KeyboardInterrupt:
+    start-up code's `except Exception` does not take it for an error of its own. `started`: the signal
+    came after the command's run had begun and ended (a Preemption was installed and removed again)."""
+
+    def __init__(self, signal_name: str, started: bool = False) -> None:
+        super().__init__(f"{signal_name} during start-up")
+        self.signal, self.started = signal_name, started
+
+
+_run_began: list[bool] = []  # a Preemption was installed in this process since `startup_signals`
+
+
+def _on_startup_signal(signum: int, frame: FrameType | None) -> None:
+    raise StartupStop(signal.Signals(signum).name, started=bool(_run_began))
+
+
+def startup_signals() -> dict[int, Any]:
+    """Install the start-up handlers (module doc) for SIGTERM and SIGINT; returns the previous handlers,
+    for `restore_signals`. Outside the main thread nothing is installed."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    _run_began.clear()
+    previous: dict[int, Any] = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    for sig in previous:
+        signal.signal(sig, _on_startup_signal)
+    return previous
+
+
+def restore_signals(previous: dict[int, Any]) -> None:
+    """The handlers from before `startup_signals`."""
+    for sig, handler in previous.items():
+        signal.signal(sig, handler)
+
+
+@contextmanager
+def keeping_signals() -> Iterator[None]:
+    """Around `ray.init`: Ray's own SIGTERM handler (which exits at once, with no line) is not installed,
+    so that a SIGTERM while Ray starts reaches the handler in place (a Preemption's, or the start-up one).
+    Ray installs it through `ray._private.utils.set_sigterm_handler`; where a Ray version has no such
+    function, nothing is changed and `Preemption.take_signals` after `ray.init` takes the signals back."""
+    try:
+        import ray._private.utils as ray_utils
+    except ImportError:
+        yield
+        return
+    real = getattr(ray_utils, "set_sigterm_handler", None)
+    if real is None or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    ray_utils.set_sigterm_handler = lambda handler: None
+    try:
+        yield
+    finally:
+        ray_utils.set_sigterm_handler = real
 
 
 class StopRequest(Protocol):
@@ -103,6 +171,7 @@ class Preemption:
         self.requested_at: float | None = None
         self._running = False            # a cell's rounds are under way (the deadline may stop them)
         self._armed = False
+        self._honoured = False           # a round ended after the stop was asked for: the cell stops there
 
     @property
     def requested(self) -> bool:
@@ -117,6 +186,7 @@ class Preemption:
             yield self
             return
         previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGALRM)}
+        _run_began.append(True)
         self.take_signals()
         try:
             yield self
@@ -134,6 +204,13 @@ class Preemption:
             signal.signal(signal.SIGALRM, self._on_deadline)
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        if self.requested and self._honoured:  # the round ended on the stop: its checkpoint is written or being
+            try:                               # written, and the run ends with it (stopping now would lose it)
+                os.write(2, f"{signal.Signals(signum).name}: already stopping, the checkpoint of the round "
+                            f"just ended is being kept\n".encode())
+            except OSError:
+                pass
+            return
         if self.requested:  # the second one: stop now
             raise KeyboardInterrupt
         self.signal, self.requested_at = signal.Signals(signum).name, time.monotonic()
@@ -176,4 +253,5 @@ class Preemption:
         """The round in progress ended (the checkpointer writes the checkpoint next): the deadline no
         longer applies."""
         self._running = False
+        self._honoured = self._honoured or self.requested
         self._disarm()

@@ -37,6 +37,30 @@ def resolve_spec(text: str) -> str:
     return str(candidate) if candidate.is_file() else text
 
 
+def shipped_specs() -> list[str]:
+    """The names of the specs shipped with pflbench (`pflbench run NAME`): benchmarks/*.yaml."""
+    return sorted(p.stem for p in benchmarks_dir().glob("*.yaml"))
+
+
+def missing_spec_message(path: Path) -> str:
+    """What to say of a spec file that does not exist: the nearest name (difflib) among the spec files in its
+    folder, where it names one, else among the shipped specs; and the shipped specs."""
+    import difflib
+
+    from pflbench.registry import echo
+
+    folder = path.parent
+    nearby = sorted(str(p) for p in folder.glob("*.yaml")) if str(folder) != "." and folder.is_dir() else []
+    shipped = shipped_specs()
+    short = len(str(path)) <= 200  # difflib is quadratic in the length
+    close = (difflib.get_close_matches(str(path), nearby, n=1) if nearby else
+             difflib.get_close_matches(path.stem, shipped, n=1)) if short else []
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return (f"unknown spec file {echo(str(path))}{hint}"
+            + (f"; spec files in {folder}: {', '.join(nearby)}" if nearby else "")
+            + f"; the specs shipped with pflbench, run by name (pflbench run NAME): {', '.join(shipped) or 'none'}")
+
+
 def resolve_spec_argument(args: argparse.Namespace) -> None:
     """A command's `spec` argument (run's positional, sweep's --spec), resolved by `resolve_spec`."""
     value = getattr(args, "spec", None)

@@ -65,7 +65,8 @@ from pflbench.checkpoint import DEFAULT_MINUTES, CheckpointFile, CheckpointPolic
 from pflbench.config import CellConfig, cell_hash
 from pflbench.display import PROBLEMS, Display, label, make_console, print_summary
 from pflbench.execution import ExecutionOptions
-from pflbench.preemption import DEFAULT_GRACE_SECONDS, PREEMPTED_EXIT, Preempted, Preemption, StopRequest, running_cell
+from pflbench.preemption import (DEFAULT_GRACE_SECONDS, PREEMPTED_EXIT, Preempted, Preemption, StopRequest,
+                                 keeping_signals, running_cell)
 from pflbench.node_data import DataFingerprint, NodeDataError, check_node_data, fingerprint
 from pflbench.ray_cluster import ClusterError, connect_ray, on_driver_node, ray_capacity, task_resources, this_node
 from pflbench.spec import Plan, Resources, describe_partition
@@ -723,7 +724,8 @@ def run_on_ray(cells: list[CellConfig], plan: Plan, options: RunOptions, store: 
     import ray
 
     try:
-        owned = connect_ray(options.ray_address, options.workers, plan.resources.cpus)
+        with keeping_signals():  # a SIGTERM while Ray starts reaches `preemption`
+            owned = connect_ray(options.ray_address, options.workers, plan.resources.cpus)
     except ClusterError as error:
         raise PrepareError(str(error)) from None
     if preemption is not None:
@@ -782,10 +784,58 @@ class RayRun:
         self.stopping_since: float | None = None
         self.latest_peak: dict[str, int] = {}  # each cell's worker's peak memory, as its last round reported it
         self.stopped: list[str] = []  # the preempted cells, in words
+        self.stopped_keys: set[str] = set()  # and their hashes
+        self.in_hand: list[CellConfig] = []  # the unit whose ended task is being handled (out of `running`)
 
     def loop(self) -> None:
         """Start units as capacity allows, record each as it ends, until none waits or runs (or a stop
-        asked for has ended them all)."""
+        asked for has ended them all). Where the signal reached every process of the job at once (a
+        scheduler's `scancel`, a Kubernetes pod's termination), Ray's own processes end with the driver's
+        stop under way: a Ray error then is the job ending, not a fault (`ended_with_the_job`)."""
+        import ray
+
+        try:
+            self.schedule()
+        except (ray.exceptions.RayError, ConnectionError):
+            if not self.signalled():
+                raise
+            self.ended_with_the_job()
+        if self.stopping_since is not None or self.stopped:
+            assert self.preemption is not None  # stopping: it was requested
+            raise RunStopped(f"preempted ({self.preemption.signal}) on Ray: "
+                             + ("; ".join(self.stopped) if self.stopped else "no cell was running")
+                             + "; run the same command again to continue", PREEMPTED_EXIT)
+
+    def signalled(self, wait: float = 2.0) -> bool:
+        """Whether a stop was asked for, allowing the signal `wait` seconds to reach this process after Ray's
+        own processes (signalled at the same moment) were seen ending."""
+        if self.preemption is None:
+            return False
+        deadline = time.monotonic() + wait
+        while not self.preemption.requested and time.monotonic() < deadline:
+            time.sleep(0.05)  # the handler runs here, as soon as the signal arrives
+        return self.preemption.requested
+
+    def ended_with_the_job(self) -> None:
+        """The signal ended Ray's processes (the keeper's and the workers' included): every unfinished cell
+        stops where its last checkpoint in the store is, without another call to Ray (its processes are
+        gone or going; a call could wait for them)."""
+        assert self.preemption is not None and self.preemption.signal is not None  # (signalled)
+        # The dropped tasks' errors are these workers' ends, said below: not Ray's "unhandled error" lines too.
+        os.environ["RAY_IGNORE_UNHANDLED_ERRORS"] = "1"
+        units = [*self.running.values(), self.in_hand]
+        cells = {cell_hash(cell): cell for unit in units for cell in self.unfinished(unit)}
+        for cell in cells.values():
+            if cell_hash(cell) not in self.stopped_keys:
+                self.store.release(cell)
+                self.stopped_keys.add(cell_hash(cell))
+                self.stopped.append(f"cell {cell_hash(cell)} ({label(cell)}): {ENDED_BY_THE_SIGNAL}; "
+                                    f"{next_run(checkpoint_round(cell, self.store), cell.rounds)}")
+        self.running.clear()
+        self.stopping_since = self.stopping_since or time.monotonic()
+
+    def schedule(self) -> None:
+        """`loop`'s work: start, wait, record, show progress."""
         import ray
 
         while self.waiting or self.running:
@@ -805,11 +855,6 @@ class RayRun:
             for ref in done:
                 self.ended(ref)
             self.show_progress()
-        if self.stopping_since is not None:
-            assert self.preemption is not None  # stopping: it was requested
-            raise RunStopped(f"preempted ({self.preemption.signal}) on Ray: "
-                             + ("; ".join(self.stopped) if self.stopped else "no cell was running")
-                             + "; run the same command again to continue", PREEMPTED_EXIT)
 
     def unfinished(self, unit: list[CellConfig]) -> list[CellConfig]:
         """The cells of a running unit whose results have not come through the relay."""
@@ -867,7 +912,7 @@ class RayRun:
         retry the unit or record it failed (`lost`)."""
         import ray
 
-        unit = self.running.pop(ref)
+        unit = self.in_hand = self.running.pop(ref)
         try:
             value = ray.get(ref)
         except ray.exceptions.RayError as error:  # the worker died, was killed, ran out of memory
@@ -912,10 +957,9 @@ class RayRun:
             return None
         if isinstance(error, DiskFull):  # the keeper could not write its checkpoint: as in process
             raise self.disk_full(error, unit[0], unit) from None
-        if self.stopping_since is not None:  # a worker ended by the same signal: no retry now
+        if self.stopping_since is not None or self.signalled(wait=0):  # ended by the same signal: no retry now
             for cell in unit:
-                assert self.preemption is not None  # stopping: it was requested, so it has a signal
-                self.stop(cell, Preempted(cast(str, self.preemption.signal), in_round=True))
+                self.stop(cell, None)
             return None
         whys = []
         for cell in unit:  # a group's cells were lost together: each is retried, from its checkpoint
@@ -938,8 +982,9 @@ class RayRun:
                  for why in whys]
         return unit, (value if len(unit) > 1 else value[0])
 
-    def stop(self, cell: CellConfig, why: Preempted) -> None:
-        """A preempted cell: no result; its claim and its attempt (keeper, relay) closed."""
+    def stop(self, cell: CellConfig, why: Preempted | None) -> None:
+        """A preempted cell (`why`; None: its worker was ended by the signal too): no result; its claim and
+        its attempt (keeper, relay) closed."""
         import ray
 
         try:
@@ -949,6 +994,11 @@ class RayRun:
         except ray.exceptions.RayError:
             pass
         self.store.release(cell)
+        self.stopped_keys.add(cell_hash(cell))
+        if why is None:
+            self.stopped.append(f"cell {cell_hash(cell)} ({label(cell)}): {ENDED_BY_THE_SIGNAL}; "
+                                f"{next_run(checkpoint_round(cell, self.store), cell.rounds)}")
+            return
         if why.in_round:
             why.resumes_at = checkpoint_round(cell, self.store)
         self.stopped.append(stopped_cell(why, cell, self.options.grace_seconds))
@@ -990,6 +1040,9 @@ class RayRun:
             for cell in self.unfinished(unit):
                 if cell_hash(cell) in latest:
                     self.display.update(cell, latest[cell_hash(cell)])
+
+
+ENDED_BY_THE_SIGNAL = "its worker was ended by the same signal"
 
 
 def worker_lost(error: Exception, peak: int | None, oom_killed: bool = False) -> str:

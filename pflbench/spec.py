@@ -297,8 +297,9 @@ def load_spec(path: str | Path, sets: dict[str, Any] | None = None, scale: str |
     the spec's `scales` (None or "full": the spec as written)."""
     path = Path(path)
     if not path.is_file():
-        nearby = sorted(str(p) for p in path.parent.glob("*.yaml")) if path.parent.is_dir() else []
-        raise SpecError(str(path), [("file", unknown_message("spec file", str(path), nearby))])
+        from pflbench.resources import missing_spec_message
+
+        raise SpecError(str(path), [("file", missing_spec_message(path))])
     try:
         data = read_yaml(path.read_bytes().decode("utf-8"))
     except UnicodeDecodeError:

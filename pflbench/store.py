@@ -156,6 +156,20 @@ def no_space(err: BaseException, path: Path, needed: int | None = None) -> DiskF
     return None
 
 
+def disk_full_in(err: BaseException, path: Path) -> DiskFull | None:
+    """The failure for lack of space that `err` is or was raised from (its causes and contexts), as a
+    DiskFull about the file it names, else about `path` (e.g. the folder being written); None if none is."""
+    seen: set[int] = set()
+    cause: BaseException | None = err
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        full = no_space(cause, Path(getattr(cause, "filename", None) or path))
+        if full is not None:
+            return full
+        cause = cause.__cause__ or cause.__context__
+    return None
+
+
 def atomic_write(path: Path, write: Callable[[Path], object]) -> None:
     """`write(tmp)` then rename over `path`: readers see the old file or the whole new one. A failure
     for lack of space raises `DiskFull` (the temporary file removed, like on any failure)."""
@@ -336,11 +350,17 @@ class Store:
                        completed_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
         if result.error:
             summary["error"] = result.error.strip().splitlines()[-1]
-        for name, data in files.items():
-            atomic_write_bytes(folder / name, data)
         summary["files"] = {name: {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
                             for name, data in files.items()}  # as file_record reads them back
-        write_json(folder / SUMMARY, summary)  # last: the cell now has a result
+        try:
+            for name, data in files.items():
+                atomic_write_bytes(folder / name, data)
+            write_json(folder / SUMMARY, summary)  # last: the cell now has a result
+        except DiskFull:  # no part of a result is left behind: the folder holds what it held before (a checkpoint)
+            for name in files:
+                (folder / name).unlink(missing_ok=True)
+            shutil.rmtree(folder / ARTIFACTS.parent, ignore_errors=True)
+            raise
         return folder
 
 

@@ -58,7 +58,7 @@ import yaml
 from pflbench.checkpoint import Checkpointer
 from pflbench.config import CellConfig, cell_hash
 from pflbench.execution import ExecutionOptions
-from pflbench.preemption import DEFAULT_GRACE_SECONDS, PREEMPTED_EXIT, Preempted, Preemption, running_cell
+from pflbench.preemption import DEFAULT_GRACE_SECONDS, PREEMPTED_EXIT, Preempted, Preemption, keeping_signals, running_cell
 from pflbench.spec import Resources, load_spec, resolve_cell, tuned_path
 from pflbench.store import atomic_write, write_json
 
@@ -261,6 +261,10 @@ def run_trial(config: dict, *, base: dict, cpus: float, data_root: str | None, m
                                                                                  checkpoints["minutes"]),
                                          set_aside_dir=folder / SET_ASIDE, note=notes.append, files=files,
                                          reports=reports, replay=replay, preemption=stop)
+    if stop is not None:
+        from pflbench.sweep_stop import started_trial
+
+        started_trial(board, tune.get_context().get_trial_id())
     try:
         with running_cell(stop):
             result = run_cell(cell, data_root=data_root, mirror=mirror, execution=execution, on_round=report,
@@ -367,10 +371,19 @@ def run_sweep(algorithm: str, base: CellConfig, resources: Resources, options: S
     preemption = Preemption(options.grace_seconds, on_request=lambda name: acknowledge(name, options.grace_seconds))
     with preemption.installed():
         try:  # a wrong address fails within seconds, with the run command's message
-            owned = connect_ray(options.ray_address, options.workers, resources.cpus)
+            with keeping_signals():  # a SIGTERM while Ray starts reaches `preemption`
+                owned = connect_ray(options.ray_address, options.workers, resources.cpus)
         except ClusterError as error:
             raise SweepError(str(error)) from None
-        preemption.take_signals()  # ray.init replaced SIGTERM's handler with one that exits
+        preemption.take_signals()  # where ray.init replaced SIGTERM's handler with one that exits
+        if preemption.requested:  # while Ray started: no trial has started
+            if owned:
+                import ray
+
+                ray.shutdown()
+            raise RunStopped(f"preempted ({preemption.signal}) as the sweep started: no trial was started; run the "
+                             f"same command again" + (f" (with --resume {folder})" if options.resume else ""),
+                             PREEMPTED_EXIT)
         stops, grid = run_tune(algorithm, base, resources, options, folder, space, grace, execution, owned,
                                preemption)
     if stops.ended:  # its trials' checkpoints are written, Tune's state saved: --resume continues it

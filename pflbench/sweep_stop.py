@@ -4,7 +4,8 @@
 - the driver holds a `Preemption` (taken back from `ray.init`, whose SIGTERM handler exits, and from
   Ray Tune, which installs its own SIGINT handler when its run starts: `EndTuneRun.setup`) and passes
   the stop to the running trials through a `ProgressBoard` (pflbench/runner.py);
-- each trial reads it there (`BoardStop`) at the end of its round, writes that round's checkpoint
+- each trial says on the board that it started, before its first round (`started_trial`: Tune may not
+  have marked it running yet), and reads the stop there (`BoardStop`) at the end of its round, writes that round's checkpoint
   through the driver's checkpoint keeper (its `Checkpointer`, as a cell's), says so on the board and
   waits (`stopped_trial`);
 - the driver ends the Tune run once every trial that was running at the signal has stopped or ended,
@@ -32,13 +33,23 @@ import signal
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator, NoReturn
+from typing import Any, Callable, Iterator, NoReturn, Sequence
 
 from ray import tune
 
 from pflbench.preemption import Preempted, Preemption
 
 STOPPED = "preempted"  # a trial's entry on the board once it stopped on the driver's request: its Preempted
+STARTED = "started"  # a trial's entry on the board from before its first round (`started_trial`)
+
+
+def started_trial(board: Any, trial: str) -> None:  # board: an actor
+    """A trial's training starts (module doc): said on the board before its first round, so that the driver
+    waits for it on a stop even where Tune has not yet marked it running (Tune marks a trial running when it
+    has processed its actor's start, which can come after the trial's training began, on a busy machine)."""
+    import ray
+
+    ray.get(board.post.remote(trial, {STARTED: True}))
 
 
 def stopped_trial(board: Any, trial: str, stopped: Preempted, wait: float) -> NoReturn:  # board: an actor
@@ -71,8 +82,10 @@ class TrialStops:
         self.late: dict[str, int | None] = {}  # trials started after the stop, ended with the run: their checkpoint's round
         self.ended = False
 
-    def step(self, running: list[str]) -> bool:
-        """True once: when the Tune run is to end now (its trials are ended with it)."""
+    def step(self, running: list[str], pending: Sequence[str] = ()) -> bool:
+        """True once: when the Tune run is to end now (its trials are ended with it). `running`: the trials
+        Tune marks running; `pending`: those it has not started or marked yet (PENDING, PAUSED), of which the
+        ones that said on the board they started (`started_trial`) are running too."""
         import ray
 
         from pflbench.runner import round_of_checkpoint
@@ -80,9 +93,11 @@ class TrialStops:
         if self.ended or not self.preemption.requested:
             return False
         if self.since is None:
-            self.since, self.waited = self.clock(), set(running)
             ray.get(self.board.request_stop.remote(self.preemption.signal))
         latest, _ = ray.get(self.board.snapshot.remote())
+        running = [*running, *(trial for trial in pending if trial in latest)]  # started or stopped: on the board
+        if self.since is None:
+            self.since, self.waited = self.clock(), set(running)
         self.stopped.update({trial: info[STOPPED] for trial, info in latest.items() if STOPPED in info})
         if any(trial not in self.stopped for trial in running if trial in self.waited) and (
                 self.clock() - self.since <= self.preemption.grace_seconds):
@@ -137,7 +152,8 @@ class EndTuneRun(tune.Callback):
             _active[-1].preemption.take_signals()
 
     def on_step_end(self, iteration: int, trials: list[Any], **info: Any) -> None:
-        if _active and _active[-1].step([trial.trial_id for trial in trials if trial.status == "RUNNING"]):
+        if _active and _active[-1].step([trial.trial_id for trial in trials if trial.status == "RUNNING"],
+                                        [trial.trial_id for trial in trials if trial.status in ("PENDING", "PAUSED")]):
             if not callable(signal.getsignal(signal.SIGUSR1)):  # not Tune's: SIGUSR1 would end the driver
                 raise RuntimeError("Ray Tune's SIGUSR1 handler is missing: the sweep cannot end its run")
             TUNE_LOG.setLevel(logging.ERROR)  # not Tune's words for a Ctrl-C ("Tuner.restore(...)"): ours follow

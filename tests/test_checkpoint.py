@@ -303,6 +303,31 @@ def test_store_check_lists_the_cells_with_a_checkpoint_and_its_round(tmp_path, c
     assert "checkpoint:" not in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("damage", ["truncated", "bit flipped"])
+def test_store_check_calls_a_truncated_or_bit_flipped_checkpoint_damaged(tmp_path, capsys, damage):
+    """Its size and checksum are verified (the header alone reads as fine): the next run would set it aside."""
+    from pflbench.cli import main
+    from pflbench.store import Store
+
+    cell = small_cell(rounds=5)
+    store = Store(tmp_path / "results")
+    path = _checkpoint_after(cell, store.cell_dir(cell), tmp_path, at=3)
+    assert main(["store", "check", "--results", str(store.root)]) == 0
+    assert "0 of them damaged" in capsys.readouterr().out
+    data = bytearray(path.read_bytes())
+    if damage == "truncated":
+        del data[len(data) // 2:]
+    else:
+        data[len(data) * 2 // 3] ^= 0x10
+    path.write_bytes(bytes(data))
+    assert read_header(path)["round"] == 3  # the header is intact
+    assert main(["store", "check", "--results", str(store.root)]) == 1
+    out = capsys.readouterr().out
+    reason = "bytes of payload, the header says" if damage == "truncated" else "checksum differs"
+    assert f"checkpoint: {store.cell_dir(cell).name}/{CHECKPOINT}: damaged: " in out and reason in out, out
+    assert "1 round checkpoints, 1 of them damaged" in out, out
+
+
 def test_run_refuses_bad_checkpoint_options_before_any_work(tmp_path, capsys):
     from pflbench.cli import main
 

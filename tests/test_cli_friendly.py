@@ -142,6 +142,54 @@ def test_a_log_gets_n_of_total_and_an_eta_with_every_finished_cell():
                                                                              "1h00m", "1h30m"]
 
 
+def test_a_log_gets_a_progress_line_per_finished_evaluation_at_most_one_per_30_seconds_per_cell():
+    from pflbench.config import CellConfig
+    from pflbench.display import Display
+
+    now = [0.0]
+    log = io.StringIO()
+    console = Console(file=log, width=300, force_terminal=False)
+    cells = [CellConfig(algorithm="fedavg", dataset="synthetic", seed=seed, rounds=10, eval_every=2) for seed in (0, 1)]
+    with Display(console, len(cells), clock=lambda: now[0]) as display:
+        for rnd in range(1, 11):
+            for cell in cells:
+                display.update(cell, {"round": rnd, "rounds": 10, "mean_accuracy": rnd / 20, "mean_val_accuracy": rnd / 25})
+            now[0] += 10.0  # a round every 10 s, an evaluation every 20 s: a line when 30 s have passed since the last
+        result = SimpleNamespace(status="finished", summary={"final_accuracy": 0.5, "wall_time": 100.0}, error=None)
+        for cell in cells:
+            display.done(cell, result)
+    lines = log.getvalue().splitlines()
+    progress = [line for line in lines if line.startswith("progress")]
+    seed0 = [line for line in progress if "seed 0" in line]
+    assert [re.search(r"round (\d+) of 10", line).group(1) for line in seed0] == ["2", "4", "8"], lines  # 4: seen at round 5
+    assert seed0[0] == f"progress fedavg · synthetic · pathological · 10 clients · seed 0 · {cell_id(cells[0])}: round 2 " \
+                       "of 10, acc 10.0%, val 8.0%  [10s]", seed0[0]
+    assert len(progress) == 6 and sum(line.startswith("finished") for line in lines) == 2
+
+
+def cell_id(cell) -> str:
+    from pflbench.config import cell_hash
+
+    return cell_hash(cell)
+
+
+def test_a_multi_cell_run_logged_to_a_file_shows_progress_lines(tmp_path):
+    """`pflbench run` with its output in a file (not a terminal): each cell's evaluations show up as they finish."""
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("name: logged\nmatrix: {algorithm: [fedavg, local], dataset: [synthetic]}\n"
+                    "defaults: {clients: 3, rounds: 4, eval_every: 2, dataset_options: {num_samples: 300}}\n")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PFLBENCH_DATA": str(tmp_path / "data"),
+           "PFLBENCH_DATA_MIRROR": str(tmp_path / "no-mirror"), "OMP_NUM_THREADS": "1"}
+    with (tmp_path / "run.log").open("w") as log:
+        done = subprocess.run([sys.executable, "-m", "pflbench.cli", "run", str(spec), "--no-ray", "--results",
+                               str(tmp_path / "store")], env=env, stdout=log, stderr=subprocess.STDOUT, timeout=600)
+    text = (tmp_path / "run.log").read_text()
+    assert done.returncode == 0, text
+    progress = [line for line in text.splitlines() if line.startswith("progress ")]
+    assert {line.split(" · ")[0] for line in progress} == {"progress fedavg", "progress local"}, text
+    assert all(re.search(r": round [24] of 4, acc [\d.]+%, val [\d.]+%  \[\w+\]$", line) for line in progress), text
+
+
 # ---- bench --------------------------------------------------------------------------------------
 
 def test_bench_prints_progress_and_says_how_noisy_it_was(tmp_path, capsys):
@@ -242,3 +290,36 @@ def test_the_dry_run_every_cell_line_holds_only_what_every_cell_has(tmp_path):
     assert "fedprox(mu=" in per_algorithm and "ditto(lam=" in per_algorithm
     per_partition = next(line for line in lines if line.startswith("per partition"))
     assert "pathological(classes_per_client=2" in per_partition and "dirichlet(alpha=0.5" in per_partition
+
+
+# ---- finding one's way (run --help's groups, a mistyped spec name, the version) -----------------------
+
+def test_run_help_shows_its_options_in_groups():
+    text = build_parser()._subparsers._group_actions[0].choices["run"].format_help()
+    headings = [line.rstrip(":") for line in text.splitlines() if line and not line.startswith(" ") and line.endswith(":")]
+    assert headings == ["positional arguments", "options", "what to run", "results and data",
+                        "where and how the cells run", "checkpoints, retries and preemption", "experiment trackers"]
+    groups = {heading: block for heading, block in zip(headings, re.split(r"\n(?=\S[^\n]*:\n)", text)[1:])}
+    assert "--dry-run" in groups["what to run"] and "--grace-seconds" in groups["checkpoints, retries and preemption"]
+    assert "--workers" in groups["where and how the cells run"] and "--from" in groups["results and data"]
+
+
+def test_a_mistyped_spec_name_suggests_the_nearest_and_lists_the_shipped_specs(tmp_path, capsys, monkeypatch):
+    from pflbench.resources import shipped_specs
+
+    monkeypatch.chdir(tmp_path)  # no spec file of that name here
+    assert main(["run", "tabel1", "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown spec file 'tabel1' (did you mean 'table1'?)" in err, err
+    shipped = shipped_specs()
+    assert {"demo", "table1", "table2"} <= set(shipped)
+    assert f"run by name (pflbench run NAME): {', '.join(shipped)}" in err, err
+    assert "Traceback" not in err
+
+
+def test_version_prints_the_installed_version():
+    from importlib.metadata import version
+
+    done = run_cli("--version")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == f"pflbench {version('pflbench')}\n"

@@ -152,6 +152,29 @@ def test_a_result_that_does_not_fit_is_no_result_and_the_cell_resumes_from_its_c
     resume_and_compare(options, reference, at=4)
 
 
+def test_a_result_that_runs_out_of_space_halfway_leaves_no_part_of_it_in_the_cell_folder(reference, tmp_path,
+                                                                                         monkeypatch):
+    """The third of the result's files runs out of space: the two written before it are removed again, so the
+    folder holds only the checkpoint the next run resumes from."""
+    options = RunOptions(results=tmp_path / "store", data_root=reference.data_root, use_ray=False,
+                         checkpoint_every=2, checkpoint_minutes=0)
+    second_cell = cell_hash(the_plan().cells[1])
+    written = []
+
+    def fails(path: Path) -> bool:
+        if path.parent.name == second_cell and path.name != CHECKPOINT:
+            written.append(path.name)
+            return len(written) == 3
+        return False
+
+    fill_disk(monkeypatch, fails)
+    report, output = run(options)
+    assert report.exit_code == DISK_FULL_EXIT, output
+    assert len(written) == 3, written
+    assert sorted(p.name for p in (options.results / second_cell).iterdir()) == [CHECKPOINT], output
+    assert_stopped_cleanly(options.results)
+
+
 def test_a_result_larger_than_the_free_space_is_refused_before_its_folder_is_touched(reference, tmp_path, monkeypatch):
     options = RunOptions(results=tmp_path / "store", data_root=reference.data_root, use_ray=False,
                          checkpoint_every=2, checkpoint_minutes=0)
@@ -273,3 +296,66 @@ def test_a_claim_that_does_not_fit_releases_the_claims_its_cell_group_already_to
     assert claims == [0, 1, 2]  # one group of the three cells, claimed in turn
     assert list(options.results.rglob("claim.json")) == []
     assert not list(options.results.rglob("summary.json")) and not list(options.results.rglob(CHECKPOINT))
+
+
+REPORT_ON_TMPFS = """
+mount -t tmpfs -o size=64k tmpfs "$MNT" || exit 99
+"$PYTHON" -c 'import sys; from pflbench.cli import main; sys.exit(main(sys.argv[1:]))' report --results "$STORE" \\
+    --out "$MNT/reports" --quiet --no-partitions > "$OUT/out.txt" 2> "$OUT/err.txt"
+echo $? > "$OUT/rc"
+"""
+
+
+@pytest.fixture
+def small_store(tmp_path):
+    from report_helpers import write_cell
+
+    for seed in (0, 1):
+        for algorithm in ("fedavg", "local"):
+            write_cell(tmp_path / "store", algorithm=algorithm, seed=seed, accuracies=(0.5 + 0.01 * seed, 0.6))
+    return tmp_path / "store"
+
+
+def test_a_report_onto_a_full_disk_ends_with_the_line_run_gives(small_store, tmp_path, monkeypatch, capsys):
+    """`pflbench report` whose writes fail for lack of space (every file opened for writing under --out):
+    one line, as `pflbench run`'s (the file, the bytes free, free space and run again), and DISK_FULL_EXIT."""
+    import builtins
+
+    from pflbench.cli import main
+
+    out = tmp_path / "reports"
+    real_open = builtins.open
+
+    def full_open(file, mode="r", *args, **kwargs):
+        if isinstance(file, (str, os.PathLike)) and set(str(mode)) & set("wax") and Path(file).is_relative_to(out):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(file))
+        return real_open(file, mode, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", full_open)
+    monkeypatch.setattr(io, "open", full_open)
+    assert main(["report", "--results", str(small_store), "--out", str(out), "--quiet", "--no-partitions"]) == DISK_FULL_EXIT
+    err = capsys.readouterr().err
+    assert re.fullmatch(rf"disk full: cannot write {re.escape(str(out))}/\S+ \(it needs an unknown number of bytes; free "
+                        rf"there: [\d,]+ bytes\); free space and run the same command again\n", err), err
+
+
+def test_a_report_onto_a_real_full_tmpfs_ends_with_the_line_run_gives(small_store, tmp_path):
+    import shutil
+    import subprocess
+    import sys
+
+    if shutil.which("unshare") is None:
+        pytest.skip("no unshare(1) here to mount a tmpfs in a namespace of its own")
+    mount, out = tmp_path / "mnt", tmp_path / "out"
+    mount.mkdir()
+    out.mkdir()
+    env = {**os.environ, "MNT": str(mount), "OUT": str(out), "STORE": str(small_store), "PYTHON": sys.executable,
+           "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(["unshare", "-rm", "bash", "-c", REPORT_ON_TMPFS], env=env, capture_output=True, text=True,
+                          timeout=600)
+    if done.returncode == 99 or not (out / "rc").exists():
+        pytest.skip(f"cannot mount a tmpfs in a user and mount namespace here: {done.stderr.strip()}")
+    err = (out / "err.txt").read_text()
+    assert int((out / "rc").read_text()) == DISK_FULL_EXIT, err
+    assert re.fullmatch(rf"disk full: cannot write {re.escape(str(mount))}\S* \(it needs [\w ,]+ bytes; free there: "
+                        rf"[\d,]+ bytes\); free space and run the same command again\n", err), err

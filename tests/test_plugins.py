@@ -373,6 +373,15 @@ def test_a_plugin_that_fails_to_import_is_one_error_naming_its_line(tmp_path, ca
     assert "half-done" not in ALGORITHMS and not (tmp_path / "r").exists()
 
 
+def test_a_plugin_with_a_syntax_error_is_one_error_naming_its_file_and_line(tmp_path, capsys):
+    """The line the parser stopped at, in the user's file (not pflbench's loader, which compiled it)."""
+    bad = tmp_path / "typo.py"
+    bad.write_text("from pflbench.algorithm import ALGORITHMS\n\n\ndef broken(:\n    pass\n")
+    err = run_fails(["list", "algorithms", "--plugin", str(bad)], capsys)
+    assert f"plugin {bad} failed to import: SyntaxError: invalid syntax (typo.py, line 4: def broken(:)" in err, err
+    assert "plugins.py" not in err and err.count("\n") == 1
+
+
 @pytest.mark.slow
 def test_a_plugin_algorithm_is_tuned_by_pflbench_sweep_in_ray_tune_workers(tmp_path):
     from pflbench.scaffold import write_scaffold

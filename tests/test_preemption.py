@@ -33,7 +33,8 @@ resources: {{cpus: 1}}
 """
 # The child: `pflbench run` with signals sent from inside the first cell (env SIGNALS: "SIGTERM@5" at the
 # end of round 5, "SIGINT@3,SIGINT@3" twice there, "SIGTERM@7:in-round" inside round 7, which then waits
-# for the grace deadline). Only the first cell (seed 0) sends them.
+# for the grace deadline, "SIGINT@3:saved" once round 3's checkpoint is written). Only the first cell (seed 0)
+# sends them.
 SIGNALLING = textwrap.dedent("""
     import os, signal, sys, time
     import pflbench.checkpoint as checkpoint
@@ -59,7 +60,14 @@ SIGNALLING = textwrap.dedent("""
             time.sleep(600)  # a round that does not end: the grace deadline stops it
         return run_round(algorithm, rnd, clients, timing, fed)
 
+    save = checkpoint.Checkpointer.save
+
+    def saved(self, rnd, fed, algorithm, loop, elapsed):
+        save(self, rnd, fed, algorithm, loop, elapsed)
+        signals(rnd, "saved", self.cell)
+
     checkpoint.Checkpointer.after_round = after_round
+    checkpoint.Checkpointer.save = saved
     rounds.run_round = in_round
     from pflbench.cli import main
     sys.exit(main(sys.argv[1:]))
@@ -145,6 +153,21 @@ def test_a_second_ctrl_c_stops_at_once_and_the_last_checkpoint_is_resumed(setup)
     again = run(root, "ctrl-c", env, extra=["--checkpoint-every", "2"])
     assert again.returncode == 0 and resumed_at(again.stdout) == 2, again.stdout + again.stderr
     assert_same_result(cells(root / "ctrl-c")[0], reference[0])
+
+
+def test_two_quick_ctrl_cs_after_the_round_ended_on_the_first_keep_its_checkpoint_and_exit_75(setup):
+    """The second Ctrl-C comes once the round ended on the first and its checkpoint is written: the run ends as
+    the first asked (exit 75, the next run resumes there), the second only acknowledged."""
+    root, env, reference = setup
+    stopped = run(root, "ctrl-c-twice", env, signals="SIGINT@3,SIGINT@3:saved")
+    assert stopped.returncode == PREEMPTED_EXIT, stopped.stdout + stopped.stderr
+    assert "SIGINT: already stopping, the checkpoint of the round just ended is being kept" in stopped.stderr
+    line = one_line(stopped.stdout, "preempted (SIGINT): cell ")
+    assert line.endswith(f"checkpoint written after round 3 of {ROUNDS}; the next run resumes at round 3 of {ROUNDS}"), line
+    assert read_header(only_folder(root / "ctrl-c-twice") / CHECKPOINT)["round"] == 3
+    again = run(root, "ctrl-c-twice", env)
+    assert again.returncode == 0 and resumed_at(again.stdout) == 3, again.stdout + again.stderr
+    assert_same_result(cells(root / "ctrl-c-twice")[0], reference[0])
 
 
 def test_a_round_that_does_not_end_within_the_grace_period_stops_at_once_and_resumes_from_the_last_checkpoint(setup):

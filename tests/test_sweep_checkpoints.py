@@ -378,3 +378,37 @@ def test_a_stopping_sweep_waits_for_the_trials_running_at_the_signal_at_most_the
     assert stops.line(tmp_path / "sweep-y") == (
         "preempted (SIGTERM): sweep sweep-y: trial b: still in a round 10 s after the signal, stopped at once; the "
         f"next run resumes at round 2 of 12; the same command with --resume {tmp_path / 'sweep-y'} continues it")
+
+
+def test_a_stopping_sweep_waits_for_a_trial_that_started_before_tune_marked_it_running(tmp_path, local_ray):
+    """Tune marks a trial RUNNING when it has processed its actor's start, which on a busy machine comes after
+    the trial's training began (a sweep signalled then said "no trial was running" and its trials restarted
+    from round 1 on --resume). A trial says on the board that it started, before its first round; the driver
+    waits for it though Tune still calls it PENDING, and ends the Tune run (SIGUSR1) once it has stopped."""
+    import signal as signals
+    from types import SimpleNamespace
+
+    from pflbench.preemption import Preempted, Preemption
+    from pflbench.runner import start_board
+    from pflbench.sweep_stop import STOPPED, EndTuneRun, TrialStops, active
+
+    board = start_board()
+    preemption = Preemption(grace_seconds=600)
+    stops = TrialStops(preemption, board, tmp_path / "checkpoints", rounds=12)
+    local_ray.get(board.post.remote("a", {"started": True}))  # what `started_trial` posts, before round 1
+    trials = [SimpleNamespace(trial_id="a", status="PENDING"), SimpleNamespace(trial_id="b", status="PENDING")]
+    ended: list[int] = []
+    previous = signals.signal(signals.SIGUSR1, lambda signum, frame: ended.append(signum))  # Tune's, in a sweep
+    try:
+        with active(stops), preemption.installed():
+            signals.raise_signal(signals.SIGTERM)
+            EndTuneRun().on_step_end(iteration=0, trials=trials)
+            assert not ended  # trial a started: the run waits for it
+            local_ray.get(board.post.remote("a", {STOPPED: Preempted("SIGTERM", rounds_done=3, resumes_at=3)}))
+            EndTuneRun().on_step_end(iteration=1, trials=trials)
+            assert ended == [signals.SIGUSR1]
+    finally:
+        signals.signal(signals.SIGUSR1, previous)
+    assert stops.line(tmp_path / "sweep-z") == (
+        "preempted (SIGTERM): sweep sweep-z: trial a: checkpoint written after round 3 of 12; the next run resumes "
+        f"at round 3 of 12; the same command with --resume {tmp_path / 'sweep-z'} continues it")

@@ -6,6 +6,7 @@ import argparse
 import importlib
 import os
 import sys
+from typing import cast
 
 # Modules that define `add_parser(subparsers)`. They import only
 # the standard library at module level: every `pflbench ... --help` builds all their parsers, so a
@@ -15,8 +16,27 @@ COMMAND_MODULES = ("pflbench.cli.commands", "pflbench.cli.run", "pflbench.cli.re
                    "pflbench.cli.publish", "pflbench.scaffold")
 
 
+class VersionAction(argparse.Action):
+    """`pflbench --version`: the installed distribution's version (read when asked, not at every start)."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: object) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=cast(str, kwargs.get("help")))
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object,
+                 option_string: str | None = None) -> None:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            text = version("pflbench")
+        except PackageNotFoundError:  # run from a checkout that was never installed
+            text = "unknown (not installed: pip install -e .)"
+        print(f"pflbench {text}")
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pflbench", description="Benchmark harness for personalized federated learning.")
+    parser.add_argument("--version", action=VersionAction, help="print pflbench's version and exit")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMAND_MODULES:
         importlib.import_module(name).add_parser(subparsers)
@@ -28,12 +48,31 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    from pflbench import deprecation
+# Commands whose start-up a SIGTERM or Ctrl-C ends with one line and exit 75 (pflbench/preemption.py's
+# `startup_signals`), until their run installs its own handlers; the others keep Python's defaults.
+STOPPABLE = ("run", "sweep")
 
-    with deprecation.command_line():  # a plugin's deprecated forms: one line on stderr per file
-        return _run(args)
+
+def main(argv: list[str] | None = None) -> int:
+    from pflbench.preemption import PREEMPTED_EXIT, StartupStop, restore_signals, startup_signals
+
+    previous = startup_signals()  # first: from here on a signal gets its line, never a silent exit 143
+    try:
+        args = build_parser().parse_args(argv)
+        if args.command not in STOPPABLE:
+            restore_signals(previous)
+            previous = {}
+        from pflbench import deprecation
+
+        with deprecation.command_line():  # a plugin's deprecated forms: one line on stderr per file
+            return _run(args)
+    except StartupStop as stop:
+        print(f"{stop.signal} as the command ended: what it ran is in the store; run the same command again to "
+              f"continue anything left" if stop.started else
+              f"{stop.signal} during start-up: nothing was started; run the same command again", file=sys.stderr)
+        return PREEMPTED_EXIT
+    finally:
+        restore_signals(previous)
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -88,7 +88,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 
 def cmd_store_check(args: argparse.Namespace) -> int:
-    """Exit 0 when every cell folder with a summary is an intact result, 1 otherwise."""
+    """Exit 0 when every cell folder with a summary is an intact result and every round checkpoint is
+    whole (size and checksum) and of its cell, 1 otherwise."""
     from pathlib import Path
 
     from pflbench.store import SET_ASIDE, scan_store
@@ -99,16 +100,19 @@ def cmd_store_check(args: argparse.Namespace) -> int:
     intact, problems = scan_store(args.results)
     for problem in problems:
         print(problem)
-    from pflbench.checkpoint import describe_checkpoints
+    from pflbench.checkpoint import describe_checkpoints, list_checkpoints
 
-    for line in describe_checkpoints(args.results):
+    checkpoints = list_checkpoints(args.results)
+    for line in describe_checkpoints(args.results, checkpoints):
         print(line)
+    bad = sum(1 for entry in checkpoints if entry["problem"])
     aside = Path(args.results) / SET_ASIDE
     kept = len([p for p in aside.iterdir() if p.is_dir()]) if aside.is_dir() else 0
     print(f"{args.results}: {len(intact)} intact cells, {len({p.folder for p in problems if p.kind == 'damaged'})} "
           f"damaged, {len({p.folder for p in problems if p.kind == 'foreign'})} foreign"
+          + (f"; {len(checkpoints)} round checkpoints, {bad} of them damaged or not their cell's" if checkpoints else "")
           + (f"; {kept} damaged folders set aside earlier in {aside}" if kept else ""))
-    return 1 if problems else 0
+    return 1 if problems or bad else 0
 
 
 def add_partition_options(parser: argparse.ArgumentParser, example: str) -> None:

@@ -70,6 +70,15 @@ def cmd_report(args: argparse.Namespace) -> int:
     except UnknownBaseline as error:
         print(f"report: --baseline: {error}", file=sys.stderr)
         return 2
+    except OSError as error:  # a full disk: the line `pflbench run` gives (pflbench/store.py's DiskFull)
+        from pflbench.runner import DISK_FULL_EXIT
+        from pflbench.store import disk_full_in
+
+        full = disk_full_in(error, args.out)
+        if full is None:
+            raise
+        print(f"{full}; free space and run the same command again", file=sys.stderr)
+        return DISK_FULL_EXIT
     if not args.quiet:
         print(report.markdown.read_text())
     for note in report.notes:

@@ -11,7 +11,7 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 if TYPE_CHECKING:
     from pflbench.spec import Plan
@@ -21,43 +21,53 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     from pflbench.cli.commands import add_data_options
     from pflbench.execution import add_execution_arguments
 
-    run = subparsers.add_parser("run", help="run a spec's matrix (resuming: cells with results are skipped)")
-    run.add_argument("spec", help="a spec file, e.g. benchmarks/demo.yaml (format: benchmarks/README.md)")
-    run.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
-                     help="override a value for every cell (rounds=2, hp.mu=0.1), replace or add a matrix axis "
-                          "(seed=[0,1], algorithm=fedavg), pick the spec's entries of its clients axis "
-                          "(clients=100: the spec's 100-client setting, participation included) or of its "
-                          "variants (variant=NAME), or set a resource (resources.gpus=0.5); values are YAML; "
-                          "repeatable")
-    run.add_argument("--scale", default=None,
-                     help="one of the spec's scales (e.g. quick: benchmarks/README.md); default full, the spec as written")
-    run.add_argument("--results", type=Path, default=Path("results"), help="results store (default: results)")
-    run.add_argument("--dry-run", action="store_true", help="print the cells and which have results; run nothing")
-    run.add_argument("--json", action="store_true", help="with --dry-run: the resolved cells as a JSON list")
-    run.add_argument("--workers", type=int,
-                     help="cells at once (default: as many as Ray's CPUs allow); 1 runs in-process")
-    run.add_argument("--ray-address", help="an existing Ray cluster (default: $RAY_ADDRESS, else a local instance)")
-    run.add_argument("--no-ray", action="store_true", help="run the cells one by one in this process")
-    run.add_argument("--force", action="store_true", help="rerun cells that already have a result")
-    add_execution_arguments(run, device_help="torch device for every cell (default: cuda for cells given GPUs, else cpu)",
+    run = subparsers.add_parser("run", help="run a spec's matrix (resuming: cells with results are skipped)",
+                                description="Run every cell of a spec's matrix that has no result yet, in parallel "
+                                            "on Ray (or in this process), and record each in the results store.")
+    run.add_argument("spec", help="a spec file, e.g. benchmarks/demo.yaml, or a shipped spec's name, e.g. demo "
+                                  "(format: benchmarks/README.md)")
+    what = run.add_argument_group("what to run")
+    what.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                      help="override a value for every cell (rounds=2, hp.mu=0.1), replace or add a matrix axis "
+                           "(seed=[0,1], algorithm=fedavg), pick the spec's entries of its clients axis "
+                           "(clients=100: the spec's 100-client setting, participation included) or of its "
+                           "variants (variant=NAME), or set a resource (resources.gpus=0.5); values are YAML; "
+                           "repeatable")
+    what.add_argument("--scale", default=None,
+                      help="one of the spec's scales (e.g. quick: benchmarks/README.md); default full, the spec as written")
+    what.add_argument("--dry-run", action="store_true", help="print the cells and which have results; run nothing")
+    what.add_argument("--json", action="store_true", help="with --dry-run: the resolved cells as a JSON list")
+    what.add_argument("--force", action="store_true", help="rerun cells that already have a result")
+    stored = run.add_argument_group("results and data")
+    stored.add_argument("--results", type=Path, default=Path("results"), help="results store (default: results)")
+    add_data_options(cast(argparse.ArgumentParser, stored))
+    where = run.add_argument_group("where and how the cells run")
+    where.add_argument("--workers", type=int,
+                       help="cells at once (default: as many as Ray's CPUs allow); 1 runs in-process")
+    where.add_argument("--ray-address", help="an existing Ray cluster (default: $RAY_ADDRESS, else a local instance)")
+    where.add_argument("--no-ray", action="store_true", help="run the cells one by one in this process")
+    add_execution_arguments(cast(argparse.ArgumentParser, where),
+                            device_help="torch device for every cell (default: cuda for cells given GPUs, else cpu)",
                             cell_groups=True)
-    add_checkpoint_options(run, retried="Ray: rerun a cell")
-    add_grace_option(run, "the running cells stop", "the next run resumes them")
-    run.add_argument("--keep-checkpoints-from", type=int, default=0, metavar="ROUND",
-                     help="also keep a copy of every checkpoint written at ROUND or later, in <results>/_kept/<cell>/ "
-                          "(e.g. to branch a cell from chosen rounds: benchmarks/analysis/branch.py; default 0: none)")
-    run.add_argument("--tracker", dest="trackers", action="append", nargs="?", const="tensorboard", default=[],
-                     metavar="KIND", help="stream each cell's per-round metrics, configuration and id to an experiment "
-                     "tracker: tensorboard (the default KIND: event files, no server), wandb (offline mode) or mlflow "
-                     "(a local file store); repeatable; each needs its package (pip install 'pflbench[KIND]')")
-    run.add_argument("--tracker-dir", type=Path, metavar="DIR",
-                     help="where the trackers write: DIR/tensorboard/<cell id>/, DIR/wandb/, DIR/mlruns "
-                          "(default: the results store)")
-    add_data_options(run)
+    faults = run.add_argument_group("checkpoints, retries and preemption")
+    add_checkpoint_options(faults, retried="Ray: rerun a cell")
+    add_grace_option(faults, "the running cells stop", "the next run resumes them")
+    faults.add_argument("--keep-checkpoints-from", type=int, default=0, metavar="ROUND",
+                        help="also keep a copy of every checkpoint written at ROUND or later, in <results>/_kept/<cell>/ "
+                             "(e.g. to branch a cell from chosen rounds: benchmarks/analysis/branch.py; default 0: none)")
+    tracking = run.add_argument_group("experiment trackers")
+    tracking.add_argument("--tracker", dest="trackers", action="append", nargs="?", const="tensorboard", default=[],
+                          metavar="KIND", help="stream each cell's per-round metrics, configuration and id to an "
+                          "experiment tracker: tensorboard (the default KIND: event files, no server), wandb (offline "
+                          "mode) or mlflow (a local file store); repeatable; each needs its package "
+                          "(pip install 'pflbench[KIND]')")
+    tracking.add_argument("--tracker-dir", type=Path, metavar="DIR",
+                          help="where the trackers write: DIR/tensorboard/<cell id>/, DIR/wandb/, DIR/mlruns "
+                               "(default: the results store)")
     run.set_defaults(func=cmd_run)
 
 
-def add_checkpoint_options(parser: argparse.ArgumentParser, retried: str, unit: str = "cell",
+def add_checkpoint_options(parser: argparse._ActionsContainer, retried: str, unit: str = "cell",
                            resumed: str = "a killed cell continues from its last checkpoint on the next run") -> None:
     """Round checkpoints (pflbench/checkpoint.py) and retries of a lost worker's cell (`retried`: what is
     rerun, in words; `unit`: what writes checkpoints, a cell or a sweep's trial; `resumed`: how a killed
@@ -73,7 +83,7 @@ def add_checkpoint_options(parser: argparse.ArgumentParser, retried: str, unit: 
                         help=f"keep a {unit}'s last checkpoint after it finished (default: removed)")
 
 
-def add_grace_option(parser: argparse.ArgumentParser, who: str, continued: str) -> None:
+def add_grace_option(parser: argparse._ActionsContainer, who: str, continued: str) -> None:
     """--grace-seconds (pflbench/preemption.py): `who` stops on a signal, in words; `continued`: how after."""
     parser.add_argument("--grace-seconds", type=float, default=25.0, metavar="S",
                         help=f"on SIGTERM (preemption) or a first Ctrl-C: {who} at the end of the round in progress "
