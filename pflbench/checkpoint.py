@@ -501,6 +501,9 @@ class Checkpointer:
         under the same name is another run)."""
         self._last = self.clock()
         self.dataset_checksum = (provenance or {}).get("dataset_checksum")
+        # The code version reads and parses the source (cached): at the start, never first inside a save
+        # that a preemption deadline (SIGALRM raising between bytecodes) may interrupt mid-parse.
+        code_version(type(algorithm))
         data = self.files.read()
         if data is None:
             return None
