@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from pflbench.reports.cells import display_name
-from pflbench.reports.stats import Paired, paired
+from pflbench.reports.stats import Paired, PairedTexts, paired
 from pflbench.reports.rows import Row
 from pflbench.reports.tables import Column, Entry, Table
 
@@ -25,32 +25,16 @@ class UnknownBaseline(ValueError):
 
 
 @dataclass(frozen=True)
-class Difference:
+class Difference(PairedTexts):
     row: Row
     column: Column
     baseline: Row
     entry: Entry
     test: Paired | None      # None: the two share no seed (or no cell finished)
 
-    def mean_text(self) -> str:
-        """"+1.81 ± 0.54" (± one standard error), "+1.81" with a single unit, "–" when untested."""
-        if self.test is None:
-            return "–"
-        se = self.test.se
-        return f"{self.test.mean:+.2f}" + (f" ± {se:.2f}" if se is not None else "")
-
-    def interval_text(self) -> str:
-        interval = None if self.test is None else self.test.interval
-        return "–" if interval is None else f"[{interval[0]:+.2f}, {interval[1]:+.2f}]"
-
     def counts_text(self) -> str:
         """"9 / 1 / 0": clients up / down / equal (seeds, for a number without clients)."""
         return "–" if self.test is None else f"{self.test.up} / {self.test.down} / {self.test.equal}"
-
-    def p_text(self) -> str:
-        if self.test is None or self.test.p is None:
-            return "–"
-        return f"{self.test.p:.3f}" if self.test.p >= 0.001 else "< 0.001"
 
     def units_text(self) -> str:
         return "–" if self.test is None else self.test.unit_text

@@ -52,7 +52,7 @@ from pflbench.reports.columns import Column
 from pflbench.reports.protocols import ADAPTED, DEFAULT, Protocol
 from pflbench.reports.reference import PaperValue, Reference, compare, default_reference_dir, load_references
 from pflbench.reports.rows import Row
-from pflbench.reports.stats import LEVEL, Paired, Sample, paired
+from pflbench.reports.stats import LEVEL, Paired, PairedTexts, Sample, paired
 from pflbench.reports.tables import Entry, Table, accuracy_tables
 
 COLUMN_STUDY = re.compile(r"^table(?P<table>\d+)-full(?:-(?P<dataset>.+))?$")
@@ -148,7 +148,7 @@ class GlanceRow:
 
 
 @dataclass
-class Judgement:
+class Judgement(PairedTexts):
     protocol: str                 # delivered, adapted or mixed
     test: Paired | None
     note: str = ""                # "same as adapted" etc.
@@ -161,23 +161,8 @@ class Judgement:
             return "not separated"
         return "holds" if self.test.mean > 0 else "reversed"
 
-    def mean_text(self) -> str:
-        if self.test is None:
-            return "–"
-        se = self.test.se
-        return f"{self.test.mean:+.2f}" + (f" ± {se:.2f}" if se is not None else "")
-
-    def interval_text(self) -> str:
-        interval = None if self.test is None else self.test.interval
-        return "–" if interval is None else f"[{interval[0]:+.2f}, {interval[1]:+.2f}]"
-
     def counts_text(self) -> str:
         return "–" if self.test is None else f"{self.test.up} up / {self.test.down} down"
-
-    def p_text(self) -> str:
-        if self.test is None or self.test.p is None:
-            return "–"
-        return f"{self.test.p:.3f}" if self.test.p >= 0.001 else "< 0.001"
 
 
 @dataclass

@@ -132,6 +132,29 @@ class Paired:
 EXACT_FLIPS = 13  # scipy's wilcoxon: up to 13 differences with zeros or ties, every sign flip is tried
 
 
+class PairedTexts:
+    """The texts of a paired test `self.test` that may be missing (None: "–"), for the records that hold one
+    (reports.differences.Difference, reports.glance.Judgement)."""
+
+    test: Paired | None
+
+    def mean_text(self) -> str:
+        """"+1.81 ± 0.54" (± one standard error), "+1.81" with a single unit, "–" when untested."""
+        if self.test is None:
+            return "–"
+        se = self.test.se
+        return f"{self.test.mean:+.2f}" + (f" ± {se:.2f}" if se is not None else "")
+
+    def interval_text(self) -> str:
+        interval = None if self.test is None else self.test.interval
+        return "–" if interval is None else f"[{interval[0]:+.2f}, {interval[1]:+.2f}]"
+
+    def p_text(self) -> str:
+        if self.test is None or self.test.p is None:
+            return "–"
+        return f"{self.test.p:.3f}" if self.test.p >= 0.001 else "< 0.001"
+
+
 def signed_rank_p(differences: Sequence[float] | np.ndarray) -> float | None:
     """Two-sided p of the Wilcoxon signed-rank test of `differences` against 0 (zeros split between the
     signs); 1.0 when every difference is zero; None with fewer than 2 differences."""
