@@ -71,7 +71,7 @@ def refusal(
                 ("algorithm", "system", "privacy"),
                 (
                     f"algorithm {name!r} cannot run with {knob}: {why} (algorithms that can: "
-                    f"{able(lambda c: knob not in c.refused_knobs and group not in c.refused_knobs)})"
+                    f"{able(lambda c: knob not in c.refused_knobs and group not in c.refused_knobs)})"  # noqa: B023 (called in this iteration)
                 ),
             )
     if cell.unseen_fraction and capabilities.newcomers:

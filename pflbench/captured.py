@@ -27,7 +27,8 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Callable, Hashable, Sequence, TypeVar
+from typing import TypeVar
+from collections.abc import Callable, Hashable, Sequence
 
 import torch
 from torch import Tensor

@@ -64,7 +64,8 @@ import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
 
 if TYPE_CHECKING:
     import torch
@@ -120,7 +121,7 @@ class Resumed:
 
 # ---- the code version and the execution path a checkpoint belongs to ---------------------------------
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _source_digest(files: tuple[tuple[str, str], ...]) -> str:
     digest = hashlib.sha256()
     for name, path in files:
@@ -146,7 +147,7 @@ def _module_name(path: Path, package: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _modules(package: str) -> dict[str, Path]:
     """pflbench's modules by name (the UNVERSIONED folders left out)."""
     folder = Path(package)
@@ -154,7 +155,7 @@ def _modules(package: str) -> dict[str, Path]:
             if p.relative_to(folder).parts[0] not in UNVERSIONED}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _imported(path: Path, package: str) -> frozenset[str]:
     """The pflbench modules that the file at `path` imports anywhere in it (at the top, inside functions,
     under TYPE_CHECKING), each with its parent packages (their __init__ runs first). `package`: the
@@ -272,7 +273,7 @@ def same_path(written: Any, running: dict[str, Any]) -> bool:
 
 # ---- random state not derived from (seed, round, client) ---------------------------------------------
 
-def random_state(device: "torch.device") -> dict:
+def random_state(device: torch.device) -> dict:
     import numpy as np
     import torch
 
@@ -403,7 +404,7 @@ def verify_checkpoint_file(path: Path) -> dict:
     return header
 
 
-def decode_checkpoint(data: bytes, device: "torch.device | str" = "cpu") -> tuple[dict, dict]:
+def decode_checkpoint(data: bytes, device: torch.device | str = "cpu") -> tuple[dict, dict]:
     """Header and payload of a checkpoint given as bytes (tensors on `device`, loaded there directly so
     that tensors sharing storage still share it), verified (`verify_checkpoint`); CheckpointProblem otherwise."""
     import torch
@@ -416,7 +417,7 @@ def decode_checkpoint(data: bytes, device: "torch.device | str" = "cpu") -> tupl
     return header, payload
 
 
-def read_checkpoint(path: Path, device: "torch.device | str" = "cpu") -> tuple[dict, dict]:
+def read_checkpoint(path: Path, device: torch.device | str = "cpu") -> tuple[dict, dict]:
     """Header and payload of a checkpoint file, verified (`decode_checkpoint`); CheckpointProblem otherwise."""
     return decode_checkpoint(Path(path).read_bytes(), device)
 
@@ -452,7 +453,7 @@ class CheckpointFile:
 
     def set_aside(self, reason: str) -> str:
         """Move the checkpoint into `set_aside_dir` (never deleted), with its reason beside it; where it went."""
-        stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
+        stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%S%fZ")
         target = self.set_aside_dir / f"{self.path.parent.name}-checkpoint-{stamp}.pt"
         target.parent.mkdir(parents=True, exist_ok=True)
         os.replace(self.path, target)
@@ -474,7 +475,7 @@ class Checkpointer:
 
     def __init__(self, folder: Path, cell: CellConfig, policy: CheckpointPolicy = CheckpointPolicy(),
                  set_aside_dir: Path | None = None, note: Callable[[str], None] | None = None,
-                 clock: Callable[[], float] = time.perf_counter, files: "CheckpointFile | None" = None,
+                 clock: Callable[[], float] = time.perf_counter, files: CheckpointFile | None = None,
                  preemption: StopRequest | None = None) -> None:
         self.folder, self.cell, self.policy = Path(folder), cell, policy
         self.path = self.folder / CHECKPOINT
@@ -589,7 +590,7 @@ class Checkpointer:
                   "rounds": self.cell.rounds, "execution": execution_path(fed),
                   "dataset_checksum": self.dataset_checksum, "host": socket.gethostname(),
                   "pid": os.getpid(),
-                  "written_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+                  "written_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
         data = encode_checkpoint(header, payload)
         self.files.write(data)
         if self.policy.keep_from and rnd >= self.policy.keep_from:

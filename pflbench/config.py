@@ -94,7 +94,7 @@ class CellConfig(BaseModel):
         return reject_boolean(value)
 
     @classmethod
-    def stored(cls, data: dict[str, Any]) -> "CellConfig":
+    def stored(cls, data: dict[str, Any]) -> CellConfig:
         """A configuration as a store recorded it: a field it lacks was added later, and the cell ran
         with the value that field's absence stands for (OPTIONAL_AT_DEFAULT), not today's default."""
         data = {**{k: v for k, v in OPTIONAL_AT_DEFAULT.items() if k not in data}, **data}

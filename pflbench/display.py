@@ -7,7 +7,8 @@ import shutil
 import sys
 import time
 from collections import Counter
-from typing import TYPE_CHECKING, Callable, Protocol, Self
+from typing import TYPE_CHECKING, Protocol, Self
+from collections.abc import Callable
 
 from rich.console import Console
 from rich.markup import escape

@@ -74,7 +74,7 @@ class ExecutionOptions:
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"threads must be at least 1, got {self.threads!r}")
 
-    def on(self, device: str) -> "ExecutionOptions":
+    def on(self, device: str) -> ExecutionOptions:
         """These options with the device decided (kept where one was given)."""
         return self if self.device else ExecutionOptions(**{**asdict(self), "device": device})
 

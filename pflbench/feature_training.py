@@ -16,7 +16,8 @@ its calls are the method's own: in a cell group they are not merged with other c
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn

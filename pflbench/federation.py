@@ -154,7 +154,7 @@ class Federation:
 
     @classmethod
     def of_clients(cls, data: CellData, splits: ClientSplits, client_ids: np.ndarray,
-                   privacy: PrivacyPlan | None) -> "Federation":
+                   privacy: PrivacyPlan | None) -> Federation:
         """A Federation over the partition's clients `client_ids` of the cell whose `data` it shares."""
         fed = cls.__new__(cls)
         fed._serve(data, splits, client_ids)

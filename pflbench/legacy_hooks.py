@@ -68,7 +68,8 @@ import re
 import sys
 import tokenize
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Callable, Iterator, cast
+from typing import TYPE_CHECKING, Any, cast
+from collections.abc import Callable, Iterator
 
 import torch
 

@@ -8,7 +8,8 @@ functionally (torch.func), so no architecture needs a hand-written batched twin.
 from __future__ import annotations
 
 import math
-from typing import Annotated, Callable
+from typing import Annotated
+from collections.abc import Callable
 
 import torch
 from pydantic import AfterValidator

@@ -66,7 +66,7 @@ class OomKills:
     count: int
 
     @classmethod
-    def here(cls) -> "OomKills | None":
+    def here(cls) -> OomKills | None:
         """This process's count, now (on a Ray worker or driver)."""
         import ray
 

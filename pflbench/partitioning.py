@@ -15,7 +15,8 @@ import tempfile
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Sequence
+from typing import Any, ClassVar
+from collections.abc import Sequence
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationError

@@ -42,7 +42,8 @@ import traceback
 import types
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable
 
 from pflbench import deprecation
 from pflbench.registry import NameClashError, adapt_with, fill_with, loading

@@ -44,7 +44,8 @@ import threading
 import time
 from contextlib import contextmanager
 from types import FrameType
-from typing import Any, Callable, Iterator, Protocol
+from typing import Any, Protocol
+from collections.abc import Callable, Iterator
 
 PREEMPTED_EXIT = 75  # sysexits' EX_TEMPFAIL: the run stopped on request; running it again continues it
 DEFAULT_GRACE_SECONDS = 25.0
@@ -179,7 +180,7 @@ class Preemption:
 
     # -- the signals --
     @contextmanager
-    def installed(self) -> Iterator["Preemption"]:
+    def installed(self) -> Iterator[Preemption]:
         """SIGTERM, SIGINT and SIGALRM handled as the module doc says, the previous handlers restored
         after. Outside the main thread (where Python cannot handle signals) nothing is installed."""
         if threading.current_thread() is not threading.main_thread():

@@ -86,7 +86,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Iterable
-from functools import lru_cache
+from functools import cache
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, cast
 
 import numpy as np
@@ -170,7 +170,7 @@ def parse_privacy(values: dict[str, Any]) -> dict[str, Any]:
     return kept
 
 
-@lru_cache(maxsize=None)
+@cache
 def noise_multiplier(epsilon: float, delta: float, releases: int, sample_rate: float = 1.0) -> float:
     """z such that `releases` Gaussian mechanisms (subsampled at `sample_rate`) spend at most `epsilon`."""
     from opacus.accountants.utils import get_noise_multiplier
@@ -232,7 +232,7 @@ class PrivacyPlan:
 
     @classmethod
     def from_cell(cls, cell: CellConfig, schedule: np.ndarray, population: int | None = None,
-                  models: Iterable[ClientModel] = ()) -> "PrivacyPlan | CentralPrivacyPlan | None":
+                  models: Iterable[ClientModel] = ()) -> PrivacyPlan | CentralPrivacyPlan | None:
         """The cell's plan (None when the knob is off): `schedule` in partition ids, `population` the
         number of clients the schedule samples from (central DP's sampling rate), `models` the cell's."""
         if not cell.privacy:

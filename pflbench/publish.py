@@ -209,7 +209,7 @@ def publish(spec: str, study: str, results: str | Path, *, scale: str | None = N
         "commit": commit, "dirty": dirty,
         "versions": {"pflbench": version("pflbench"), "torch": version("torch"), "python": platform.python_version()},
         "machines": machines_of(summaries), **run_times(summaries),
-        "published_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "published_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "resources": {"cpus": plan.resources.cpus, "gpus": plan.resources.gpus},
         "cells": {h: {"sets": narrowing_sets(cells_by_hash[h], spec, scale, sets, plan)} for h in found},
         "statuses": dict(Counter(s.get("status", "?") for s in summaries)),

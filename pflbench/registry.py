@@ -15,7 +15,8 @@ from __future__ import annotations
 import contextlib
 import difflib
 import reprlib
-from typing import Any, Callable, Generic, Iterator, TypeVar
+from typing import Any, Generic, TypeVar
+from collections.abc import Callable, Iterator
 
 T = TypeVar("T")
 

@@ -12,7 +12,8 @@ import threading
 import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Iterator, cast
+from typing import Any, cast
+from collections.abc import Iterator
 
 import torch
 from torch import Tensor
@@ -23,7 +24,7 @@ from pflbench.training import SGD, ClientModel, Diverged, State, _train_group, c
 _local = threading.local()
 
 
-def membership() -> "Member | None":
+def membership() -> Member | None:
     """The calling thread's membership of a cell group (None: the thread's cell is not grouped)."""
     return getattr(_local, "member", None)
 
@@ -45,7 +46,7 @@ class _Request:
 
 
 _ALONE = object()  # outcome: the request's own thread makes the ungrouped call
-_signatures: "weakref.WeakKeyDictionary[ClientModel, tuple]" = weakref.WeakKeyDictionary()
+_signatures: weakref.WeakKeyDictionary[ClientModel, tuple] = weakref.WeakKeyDictionary()
 
 
 def _structure(model: ClientModel) -> tuple:
@@ -89,7 +90,7 @@ class GroupStats:
 class Member:
     """One cell's place in a `CellGroup`: its thread's training calls go through `train_clients`."""
 
-    def __init__(self, group: "CellGroup", name: str):
+    def __init__(self, group: CellGroup, name: str):
         self.group, self.name = group, name
         self.stats = GroupStats()
 
@@ -110,7 +111,7 @@ class Member:
         self.group._leave(self)
 
     @contextmanager
-    def joined(self) -> Iterator["Member"]:
+    def joined(self) -> Iterator[Member]:
         """While the block runs, the calling thread trains through this membership; it leaves the
         group when the block ends, however it ends."""
         _local.member = self

@@ -78,7 +78,7 @@ def resolve(values: dict[str, Any] | CellConfig, base_dir: str | Path | None = N
         raise _failing(("feature_shift", "concept_shift"), error) from None
     # System and privacy heterogeneity (pflbench/system.py, pflbench/privacy.py): validated, only the
     # entries that differ from the defaults kept, and refused by algorithms that cannot honour them.
-    for knob, parse in (("system", lambda v: parse_system(v, cell.clients)), ("privacy", parse_privacy)):
+    for knob, parse in (("system", lambda v: parse_system(v, cell.clients)), ("privacy", parse_privacy)):  # noqa: B023 (called in this iteration)
         try:
             cell = cell.model_copy(update={knob: parse(getattr(cell, knob))})
         except ValueError as error:

@@ -25,7 +25,8 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Protocol, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import pandas as pd

@@ -18,7 +18,8 @@ gets, bit for bit, what `SGD.apply` with that row's scalars gives it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Protocol
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor

@@ -56,7 +56,8 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, cast
+from typing import TYPE_CHECKING, Any, cast
+from collections.abc import Callable
 
 from rich.console import Console
 from rich.markup import escape
@@ -122,7 +123,7 @@ class RunReport:
     elsewhere: int = 0  # cells another runner sharing the store had finished or was running
     skipped_datasets: dict[str, int] = field(default_factory=dict)  # optional dataset -> cells left out
     interrupted: bool = False
-    stopped: "RunStopped | None" = None  # why the run stopped before its last cell (preempted, disk full)
+    stopped: RunStopped | None = None  # why the run stopped before its last cell (preempted, disk full)
 
     @property
     def exit_code(self) -> int:
@@ -480,7 +481,7 @@ class GroupRecorder:
     run stops), a cell finishing late is not recorded: its claim is given up and the next run
     continues it from its checkpoint."""
 
-    def __init__(self, cells: list[CellConfig], store: Store, options: RunOptions, display: "Display") -> None:
+    def __init__(self, cells: list[CellConfig], store: Store, options: RunOptions, display: Display) -> None:
         import threading
 
         self.cells, self.store, self.options, self.display = cells, store, options, display
@@ -505,7 +506,7 @@ class GroupRecorder:
             return [cell for i, cell in enumerate(self.cells) if i not in self.recorded]
 
 
-def record(cell: CellConfig, result: CellResult, store: Store, options: RunOptions, display: "Display") -> None:
+def record(cell: CellConfig, result: CellResult, store: Store, options: RunOptions, display: Display) -> None:
     """Write a cell's result, then drop its checkpoint (a failed cell keeps it: the next run continues)."""
     store.write(cell, result)
     if result.status in COMPLETE and not options.keep_checkpoints:
@@ -1060,8 +1061,8 @@ def worker_lost(error: Exception, peak: int | None, oom_killed: bool = False) ->
 def cause_of(error: BaseException) -> BaseException:
     """The exception a Ray error wraps, through every task and actor it crossed (a RayTaskError's
     text is its traceback; the cause's is the one line)."""
-    while getattr(error, "cause", None) is not None and getattr(error, "cause") is not error:
-        error = getattr(error, "cause")
+    while (cause := getattr(error, "cause", None)) is not None and cause is not error:
+        error = cause
     return error
 
 

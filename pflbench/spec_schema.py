@@ -3,7 +3,8 @@ key is an error with a "did you mean"), the structured matrix axes and the names
 the registries. How a spec becomes cells is `pflbench.spec`."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Any, Callable, Self
+from typing import TYPE_CHECKING, Annotated, Any, Self
+from collections.abc import Callable
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, model_validator
 

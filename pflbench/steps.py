@@ -29,7 +29,8 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, Callable, Hashable, Sequence
+from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Hashable, Sequence
 
 import torch
 import torch.nn.functional as F

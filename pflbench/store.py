@@ -51,7 +51,8 @@ import zipfile
 from dataclasses import dataclass
 from importlib.metadata import version
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
 
 import numpy as np
 import pandas as pd
@@ -125,7 +126,7 @@ class DiskFull(OSError):
     def __reduce__(self) -> tuple[type[DiskFull], tuple[Any, ...]]:  # crosses from a Ray actor (the checkpoint keeper) with its fields
         return DiskFull, (self.path, self.needed, self.free, self.errno)
 
-    def needing(self, needed: int) -> "DiskFull":
+    def needing(self, needed: int) -> DiskFull:
         """The same failure, the bytes the write needed now known."""
         return DiskFull(self.path, needed, self.free, self.errno or errno.ENOSPC)  # (always set)
 
@@ -238,7 +239,7 @@ class Store:
             try:
                 with os.fdopen(fd, "w") as file:
                     json.dump({"owner": self.owner, "host": self.host, "pid": self.pid,
-                               "since": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}, file)
+                               "since": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}, file)
             except OSError as err:  # no claim at all rather than an unreadable one that blocks the cell
                 path.unlink(missing_ok=True)
                 raise (no_space(err, path) or err) from None
@@ -319,7 +320,7 @@ class Store:
     def set_aside(self, cell: CellConfig) -> Path:
         """Move a damaged cell's folder to `_damaged/<hash>-<time>/` (kept for the user, never deleted)."""
         folder = self.cell_dir(cell)
-        stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
+        stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%S%fZ")
         target = self.root / SET_ASIDE / f"{folder.name}-{stamp}"
         target.parent.mkdir(parents=True, exist_ok=True)
         os.replace(folder, target)
@@ -347,7 +348,7 @@ class Store:
             (folder / stale).unlink(missing_ok=True)
         shutil.rmtree(folder / ARTIFACTS.parent, ignore_errors=True)
         summary = dict(result.summary, status=result.status, hash=cell_hash(cell), runner=self.owner,
-                       completed_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
+                       completed_at=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"))
         if result.error:
             summary["error"] = result.error.strip().splitlines()[-1]
         summary["files"] = {name: {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}

@@ -33,7 +33,8 @@ import signal
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator, NoReturn, Sequence
+from typing import Any, NoReturn
+from collections.abc import Callable, Iterator, Sequence
 
 from ray import tune
 

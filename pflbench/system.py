@@ -150,7 +150,7 @@ class SystemPlan:
         self.dropped = drop_u < p[None, :]  # [rounds, clients]
 
     @classmethod
-    def from_cell(cls, cell: CellConfig) -> "SystemPlan | None":
+    def from_cell(cls, cell: CellConfig) -> SystemPlan | None:
         if not cell.system:
             return None
         return cls(SystemParams(**cell.system), cell.clients, cell.rounds, cell.seed)

@@ -55,7 +55,8 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator, TypeVar
+from typing import TypeVar
+from collections.abc import Callable, Iterable, Iterator
 
 import torch
 import torch.nn.functional as F

@@ -151,7 +151,7 @@ class FingerprintBook:
     def record(self, kind: str, cell: str, value: str, rounds: int | None, commit: str | None) -> None:
         self.kinds.setdefault(kind, {})[cell] = {
             "fingerprint": value, "rounds": rounds, "commit": commit,
-            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")}
+            "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d")}
 
     def save(self) -> None:
         write_json(self.path, {kind: dict(sorted(cells.items())) for kind, cells in sorted(self.kinds.items())})

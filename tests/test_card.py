@@ -99,7 +99,7 @@ def test_the_api_before_cards_still_registers_with_warnings_naming_the_new_form(
 
 
 def test_every_quick_hp_is_a_valid_setting_of_its_algorithm():
-    for name, cls in ALGORITHMS.items():
+    for _name, cls in ALGORITHMS.items():
         cls.parse_hyperparams(cls.quick_hp)  # a ValueError names the algorithm and the bad field
 
 

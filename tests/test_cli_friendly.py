@@ -128,7 +128,7 @@ def test_a_log_gets_n_of_total_and_an_eta_with_every_finished_cell():
     cells = [CellConfig(algorithm="fedavg", dataset="synthetic", seed=seed) for seed in range(4)]
     result = SimpleNamespace(status="finished", summary={"final_accuracy": 0.5, "wall_time": 20.0}, error=None)
     with Display(console, len(cells), clock=lambda: now[0]) as display:
-        for i, cell in enumerate(cells):
+        for _i, cell in enumerate(cells):
             display.update(cell, {"round": 1, "rounds": 5, "mean_accuracy": 0.4})
             now[0] += 65.0  # each cell takes 65 s
             display.done(cell, result)

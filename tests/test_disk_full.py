@@ -13,7 +13,7 @@ import os
 import re
 from collections import Counter
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 import pytest
 from rich.console import Console

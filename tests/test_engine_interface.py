@@ -137,7 +137,7 @@ def test_a_method_written_only_against_the_interface_runs_a_cell_as_the_builtin_
     columns = ["round", "client", "accuracy", "loss", "val_accuracy", "accuracy_adapted", "bytes_up", "bytes_down"]
     assert mine.metrics[columns].equals(builtin.metrics[columns])
     with pytest.raises(AttributeError, match="not part of the engine interface"):
-        Narrow(federation(cell, tmp_path)).cell
+        _ = Narrow(federation(cell, tmp_path)).cell
 
 
 def _through_the_interface(cls: type) -> type:

@@ -95,7 +95,7 @@ def test_modules_nobody_used_keep_their_values_and_only_routed_modules_travel(tm
         assert upload.nbytes[c] == router + size([n for m in routed for n in alg.module_names[m]])
         assert upload.nbytes[c] < everything
     download, _ = run_round(alg, 2, clients)  # round 2: each client gets its routed modules only
-    for c, received in enumerate(download.rows):
+    for received in download.rows:
         assert not any(f"pool.{n}" in received for n in unused)
 
 

@@ -206,9 +206,8 @@ def test_the_old_methods_still_answer_with_a_warning(tmp_path):
     with pytest.warns(DeprecationWarning, match=r"evaluate_splits.*evaluate\(self, serving: Serving"):
         scores = alg.scores(personal)
     assert torch.equal(scores["test"][0], fed.evaluate_personalized(personal, "test")[0])
-    with pytest.warns(DeprecationWarning, match=r"serving\(newcomers\)"):
-        with alg.newcomers(fed.newcomers) as newcomers:
-            assert alg.fed is newcomers is fed.newcomers
+    with pytest.warns(DeprecationWarning, match=r"serving\(newcomers\)"), alg.newcomers(fed.newcomers) as newcomers:
+        assert alg.fed is newcomers is fed.newcomers
     assert alg.fed is fed
     old_call = alg.evaluate(personal, "test")  # an old-form call of the new hook
     assert torch.equal(old_call[1], scores["test"][1])

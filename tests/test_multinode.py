@@ -242,7 +242,7 @@ def run_and_lose_the_worker_node(tmp_path: Path, driver: str, ready, at_kill) ->
                                               stdout=out, stderr=subprocess.STDOUT, start_new_session=True))
         ours = netns(os.getpid())
         for node in nodes:  # each `unshare` is in its new network namespace before a link is moved there
-            wait_until(lambda: netns(node.pid) not in (None, ours), "network namespace", deadline, 0.02)
+            wait_until(lambda: netns(node.pid) not in (None, ours), "network namespace", deadline, 0.02)  # noqa: B023 (called in this iteration)
         subprocess.run(["ip", "link", "add", veth_head, "type", "veth", "peer", "name", veth_worker], check=True)
         subprocess.run(["ip", "link", "set", veth_head, "netns", str(nodes[0].pid)], check=True)
         subprocess.run(["ip", "link", "set", veth_worker, "netns", str(nodes[1].pid)], check=True)
@@ -457,7 +457,7 @@ def test_a_sweep_whose_worker_node_is_lost_resumes_its_trials_from_the_drivers_k
     base, _ = base_cell("gated-fedavg", spec)
     for i, trial in enumerate(outcomes):
         reports = []
-        real, tune.report = tune.report, lambda metrics, **_: reports.append(metrics)
+        real, tune.report = tune.report, lambda metrics, **_: reports.append(metrics)  # noqa: B023 (called in this iteration)
         try:
             run_trial(trial["values"], base=base.model_dump(mode="json"), cpus=1, data_root=str(tmp_path / "ref-data"),
                       mirror=None, execution=ExecutionOptions(device="cpu"), plugins=sources_for([base]))

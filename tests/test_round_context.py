@@ -111,7 +111,7 @@ def test_a_payload_reads_stacked_or_per_client_and_counts_each_clients_bytes():
                              clients)
     assert not rows.is_stacked and rows.nbytes.tolist() == [8, 8 + 24, 0]
     with pytest.raises(ValueError, match="different tensors per client"):
-        rows.state
+        _ = rows.state
     same = Payload.from_rows([{"a": torch.full((2,), float(k))} for k in range(3)], clients, stacked=True)
     assert torch.equal(same.state["a"], torch.tensor([[0.0, 0.0], [1.0, 1.0], [2.0, 2.0]]))
     assert Payload.empty(clients).nbytes.tolist() == [0, 0, 0] and Payload.empty(clients).state == {}

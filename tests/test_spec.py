@@ -344,7 +344,7 @@ def test_long_user_values_are_quoted_short(tmp_path):
     assert len(message) < 1500, len(message)
     assert "unknown algorithm 'aaaa" in message and "(200,000 characters)" in message
     assert "matrix.lr[0]" in message and "(5,001 characters)" in message
-    for where, problem in caught.value.problems:  # every line stays short whatever the value
+    for _where, problem in caught.value.problems:  # every line stays short whatever the value
         assert len(problem) < 1000
 
 

@@ -237,7 +237,7 @@ def test_fedmn_routing_draws_its_samples_from_the_cell_seed(tmp_path, monkeypatc
         seen = []
         original = FedMN._client_data
 
-        def spy(self, fed, client, generator=None):
+        def spy(self, fed, client, generator=None, seen=seen, original=original):
             seen.append(generator.get_state())
             return original(self, fed, client, generator)
         monkeypatch.setattr(FedMN, "_client_data", spy)

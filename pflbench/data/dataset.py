@@ -47,7 +47,7 @@ class Dataset:
             )
         if self.labels.dtype != torch.int64 or self.source_split.dtype != torch.uint8:
             raise ValueError(f"{self.name}: labels must be int64 and source_split uint8")
-        if n and not (0 <= int(self.labels.min()) and int(self.labels.max()) < self.num_classes):
+        if n and not (int(self.labels.min()) >= 0 and int(self.labels.max()) < self.num_classes):
             raise ValueError(f"{self.name}: labels must lie in 0..{self.num_classes - 1}")
         if len(self.mean) != self.inputs.shape[1] or len(self.std) != self.inputs.shape[1]:
             raise ValueError(f"{self.name}: need one mean/std per channel or feature")

@@ -10,7 +10,8 @@ import shutil
 import zipfile
 from contextlib import ExitStack, contextmanager
 from pathlib import Path, PurePosixPath
-from typing import BinaryIO, ClassVar, Iterator, cast
+from typing import BinaryIO, ClassVar, cast
+from collections.abc import Iterator
 
 import torch
 from torchvision.datasets import EMNIST, MNIST, FashionMNIST

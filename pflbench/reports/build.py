@@ -46,7 +46,7 @@ from pflbench.store import store_problems
 ALPHA, ALPHA_LAYERS = "alpha", "alpha_layers"
 
 
-@dataclass
+@dataclass(frozen=True)
 class ReportOptions:
     reference: Path | None = None        # folder of reference CSVs; None: benchmarks/reference if found
     figures: bool = True

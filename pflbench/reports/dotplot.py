@@ -50,7 +50,7 @@ def dot_plot(table: Table, column: Column, shown: Sequence[tuple[Row, str]] | No
         return round(LEFT + (value - low) / (high - low) * (WIDTH - LEFT - RIGHT), 1)
 
     dots = []
-    for k, (row, label, entry, paper, std, ours, spread) in enumerate(rows):
+    for k, (_row, label, entry, paper, std, ours, spread) in enumerate(rows):
         title = (f"{label}: ours {entry.value_text()}, paper {entry.paper_text()} (Δ {entry.delta_text()})")
         dots.append(Dot(label, TOP + ROW * k + ROW / 2, x(paper), x(paper - std), x(paper + std),
                         x(ours), x(ours - spread), x(ours + spread), title))

@@ -10,7 +10,8 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING
+from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd

@@ -89,7 +89,7 @@ GROUP_TITLES = {"reproduction": "Reproduced columns (the paper's settings, every
                 "other": "Other studies"}
 
 
-def study_groups(published: str | Path, glance: "Glance | None") -> dict[str, str]:
+def study_groups(published: str | Path, glance: Glance | None) -> dict[str, str]:
     """{study: "reproduction" | "variant" | "other"}: a reproduced column's study and those beside it;
     then a study with cells on a reproduced column's dataset, scheme and clients (another setting, a
     variant method, a control); the rest."""

@@ -73,11 +73,11 @@ class Entry:
     models: list[str] = field(default_factory=list)            # the model each finished cell resolved to
     client_down: list[float] = field(default_factory=list)     # bytes to one taking-part client per round
     client_up: list[float] = field(default_factory=list)       # bytes from one taking-part client per round
-    same_as: "Row | None" = None   # another row whose cells this entry's equal bit for bit (identical.py)
+    same_as: Row | None = None   # another row whose cells this entry's equal bit for bit (identical.py)
     sample: Sample | None = None   # per-client accuracies by seed, for the paired tests (samples.py)
     top: bool = False              # the highest mean of its column (among the rows ranked with it)
     tied: bool = False             # the paired test cannot tell it from the top (the top too, when some row is)
-    versus: "Row | None" = None    # the top row this entry was tested against
+    versus: Row | None = None    # the top row this entry was tested against
     test: Paired | None = None     # this entry against the top (None: the top itself, or untestable)
 
     @property
@@ -334,7 +334,7 @@ def client_payload(cell: pd.Series) -> tuple[float, float] | None:
     return down / rounds / taking_part, up / rounds / taking_part
 
 
-def payload_text(entry: "Entry") -> tuple[str, str, str]:
+def payload_text(entry: Entry) -> tuple[str, str, str]:
     """(model, "≈ parameters" received per client per round, "KB down / up per client per round")."""
     model = "/".join(dict.fromkeys(entry.models)) or "–"
     if not entry.client_down:
@@ -427,7 +427,7 @@ def accuracy_tables(cells: pd.DataFrame, references: Sequence[Reference] = (),
                     table.notes.append(f"{row.label} on {column.label}: its cells also differ in {', '.join(mixed)}")
             mark_identical(table, column, rows, selected)
             mark_best(table, column, rows, level)
-        table.budget = table_budget(columns, lambda c: column_cells(scheme_cells, c))
+        table.budget = table_budget(columns, lambda c: column_cells(scheme_cells, c))  # noqa: B023 (called in this iteration)
         for row in rows:     # footnotes numbered in reading order
             for column in columns:
                 if (e := table.entry(row, column)) is not None:
@@ -486,7 +486,7 @@ def communication_tables(cells: pd.DataFrame, references: Sequence[Reference] = 
             if column.show_params:
                 selected = selected[selected["params"] == column.params]
             table = CommTable(column, str(scheme), [])
-            table.budget = table_budget([column], lambda c: selected)
+            table.budget = table_budget([column], lambda c: selected)  # noqa: B023 (called in this iteration)
             with_adapted = ADAPTED.key in selected and selected[ADAPTED.key].notna().any()
             for row in sorted(set(selected["row"]), key=row_order):
                 group = selected[selected["row"] == row]

@@ -79,7 +79,7 @@ def legend(tables: Sequence[Table | CommTable], sources: list[str]) -> list[str]
     notes: dict[str, str] = {}
     for table in tables:
         notes.update(getattr(table, "data_notes", {}))
-    for dataset, note in notes.items():
+    for _dataset, note in notes.items():
         lines.append(f"{DATA_DIFFER} {note}.")
     return lines
 
