@@ -100,6 +100,8 @@ docs: install
 # each call's limit, the pack and the returned files' limits; GPU_OUT: where rehearse.json and what each call
 # returned go), then the test that a sibling import planted in column.py fails it.
 GPU_OUT ?= reports/gpu-rehearsal
+# The calls rehearsed (rehearse.py --steps): every one before a loan; CI leaves out `check` (.ci/run).
+GPU_REHEARSE_STEPS ?= verdict,column,check,cifar
 gpu-kit: install
 	$(BIN)/python benchmarks/gpu/kit.py
 
@@ -107,7 +109,7 @@ gpu-rehearse: gpu-kit
 	# the cifar10-jpeg loan's kit, where the mirror has its archive (rehearse.py skips that call otherwise)
 	if [ -f "$${PFLBENCH_DATA_MIRROR:-../shared/data}/cifar10-jpeg.zip" ]; then \
 	    $(BIN)/python benchmarks/gpu/kit.py --kit .gpu-kit-cifar --datasets cifar10-jpeg; fi
-	PYTHON=$(BIN)/python $(BIN)/python benchmarks/gpu/rehearse.py --out $(GPU_OUT)
+	PYTHON=$(BIN)/python $(BIN)/python benchmarks/gpu/rehearse.py --out $(GPU_OUT) --steps $(GPU_REHEARSE_STEPS)
 	PYTHON=$(BIN)/python $(BIN)/python -m pytest -q -p no:cacheprovider tests/test_gpu_rehearse.py
 
 clean:
