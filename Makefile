@@ -24,10 +24,11 @@ $(VENV)/.installed: pyproject.toml
 # The suite in TEST_WORKERS processes (pytest-xdist): a test module runs whole in one of them, the tests
 # that start Ray clusters of their own one after another (tests/conftest.py). Three on two cores: many tests
 # wait on processes they start (Ray, `pflbench` runs), and a third process uses the cores meanwhile.
-# TEST_WORKERS=0: one process, as a plain `pytest`.
+# TEST_WORKERS=0: one process, as a plain `pytest`. The 25 slowest tests are listed at the end (with the load
+# they ran under in mind: tests/budgets.py), so that a test growing slow shows where the suite's time goes.
 TEST_WORKERS ?= 3
 test: install
-	$(BIN)/python -m pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadscope)
+	$(BIN)/python -m pytest -q --durations=25 $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadscope)
 
 # Lint: ruff's checks everywhere; ruff's formatting on the public method API; mypy on the whole package,
 # pflbench/ (the built-in algorithms and partition schemes included; pyproject.toml's [tool.mypy]).
