@@ -24,10 +24,11 @@ $(VENV)/.installed: pyproject.toml
 # The suite in TEST_WORKERS processes (pytest-xdist): a test module runs whole in one of them, the tests
 # that start Ray clusters of their own one after another (tests/conftest.py). Three on two cores: many tests
 # wait on processes they start (Ray, `pflbench` runs), and a third process uses the cores meanwhile.
-# TEST_WORKERS=0: one process, as a plain `pytest`.
+# TEST_WORKERS=0: one process, as a plain `pytest`. The 25 slowest tests are listed at the end (with the load
+# they ran under in mind: tests/budgets.py), so that a test growing slow shows where the suite's time goes.
 TEST_WORKERS ?= 3
 test: install
-	$(BIN)/python -m pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadscope)
+	$(BIN)/python -m pytest -q --durations=25 $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadscope)
 
 # Lint: ruff's checks everywhere; ruff's formatting on the public method API; mypy on the whole package,
 # pflbench/ (the built-in algorithms and partition schemes included; pyproject.toml's [tool.mypy]).
@@ -100,6 +101,8 @@ docs: install
 # each call's limit, the pack and the returned files' limits; GPU_OUT: where rehearse.json and what each call
 # returned go), then the test that a sibling import planted in column.py fails it.
 GPU_OUT ?= reports/gpu-rehearsal
+# The calls rehearsed (rehearse.py --steps): every one before a loan; CI leaves out `check` (.ci/run).
+GPU_REHEARSE_STEPS ?= verdict,column,check,cifar
 gpu-kit: install
 	$(BIN)/python benchmarks/gpu/kit.py
 
@@ -107,7 +110,7 @@ gpu-rehearse: gpu-kit
 	# the cifar10-jpeg loan's kit, where the mirror has its archive (rehearse.py skips that call otherwise)
 	if [ -f "$${PFLBENCH_DATA_MIRROR:-../shared/data}/cifar10-jpeg.zip" ]; then \
 	    $(BIN)/python benchmarks/gpu/kit.py --kit .gpu-kit-cifar --datasets cifar10-jpeg; fi
-	PYTHON=$(BIN)/python $(BIN)/python benchmarks/gpu/rehearse.py --out $(GPU_OUT)
+	PYTHON=$(BIN)/python $(BIN)/python benchmarks/gpu/rehearse.py --out $(GPU_OUT) --steps $(GPU_REHEARSE_STEPS)
 	PYTHON=$(BIN)/python $(BIN)/python -m pytest -q -p no:cacheprovider tests/test_gpu_rehearse.py
 
 clean:

@@ -30,7 +30,8 @@ Start-up (`startup_signals`, the first thing `pflbench run` and `pflbench sweep`
 imports, the spec, the partitions and Ray's start): a SIGTERM or Ctrl-C before the run's `Preemption` is
 installed stops the command at once with `StartupStop`, which it turns into one line saying nothing was
 started and `PREEMPTED_EXIT`; never a silent exit 143. While Ray starts (`ray.init`), its own SIGTERM
-handler, which exits, is kept out (`keeping_signals`), so that the run's `Preemption` hears the signal.
+handlers (one exits, the other arms an alarm that aborts) are kept out of the driver (`keeping_signals`), so
+that the run's `Preemption` hears the signal.
 
 Nothing here knows about cells or the store: the checkpointer asks a `StopRequest` (`requested`,
 `signal`) at the end of each round and calls `round_ended`; the runner wraps a running cell in
@@ -103,24 +104,38 @@ def restore_signals(previous: dict[int, Any]) -> None:
 
 @contextmanager
 def keeping_signals() -> Iterator[None]:
-    """Around `ray.init`: Ray's own SIGTERM handler (which exits at once, with no line) is not installed,
-    so that a SIGTERM while Ray starts reaches the handler in place (a Preemption's, or the start-up one).
-    Ray installs it through `ray._private.utils.set_sigterm_handler`; where a Ray version has no such
-    function, nothing is changed and `Preemption.take_signals` after `ray.init` takes the signals back."""
+    """Around `ray.init`: neither of Ray's own SIGTERM handlers is installed in this process, so that a
+    SIGTERM while Ray starts reaches the handler in place (a Preemption's, or the start-up one):
+    - Ray's Python one, which exits at once with no line (`ray._private.utils.set_sigterm_handler`);
+    - the C++ failure handler of the driver's core worker (Abseil's), which prints a stack and passes the
+      signal on, but first sets SIGALRM to abort the process and arms a 3-second alarm (against a hang
+      in its own printing): that alarm then killed a run stopping cleanly on the signal, with SIGALRM or
+      SIGABRT (`ray._private.ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER`, read when the core worker
+      starts; the workers Ray starts keep theirs).
+    Where a Ray version has neither name, that part is left as it is (`Preemption.take_signals` after
+    `ray.init` takes the signals back; `Preemption.installed` cancels an alarm left pending at its end)."""
     try:
+        import ray._private.ray_constants as ray_constants
         import ray._private.utils as ray_utils
     except ImportError:
         yield
         return
-    real = getattr(ray_utils, "set_sigterm_handler", None)
-    if real is None or threading.current_thread() is not threading.main_thread():
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
-    ray_utils.set_sigterm_handler = lambda handler: None
+    real = getattr(ray_utils, "set_sigterm_handler", None)
+    failure_handler_off = getattr(ray_constants, "RAY_DISABLE_FAILURE_SIGNAL_HANDLER", None)
+    if real is not None:
+        ray_utils.set_sigterm_handler = lambda handler: None
+    if failure_handler_off is not None:
+        ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER = True
     try:
         yield
     finally:
-        ray_utils.set_sigterm_handler = real
+        if real is not None:
+            ray_utils.set_sigterm_handler = real
+        if failure_handler_off is not None:
+            ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER = failure_handler_off
 
 
 class StopRequest(Protocol):
@@ -193,6 +208,8 @@ class Preemption:
             yield self
         finally:
             self._disarm()
+            if previous[signal.SIGALRM] == signal.SIG_DFL and signal.getitimer(signal.ITIMER_REAL)[0] > 0:
+                signal.setitimer(signal.ITIMER_REAL, 0)  # not this run's (disarmed): it would kill the process now
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
 

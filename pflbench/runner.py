@@ -265,11 +265,14 @@ class RunStopped(Exception):
         self.line, self.exit_code = line, exit_code
 
 
-def disk_full_line(full: DiskFull, cell: CellConfig | None, store: Store) -> str:
-    """The one line a run stopped by a full disk ends with (module doc)."""
+def disk_full_line(full: DiskFull, cell: CellConfig | None, store: Store, others: tuple[CellConfig, ...] = ()) -> str:
+    """The one line a run stopped by a full disk ends with (module doc): `cell`, the one whose write failed,
+    and `others`, the cells stopped with it (on Ray: those running at the time, cancelled)."""
     line = f"{full}; the run stopped starting cells"
     if cell is not None:
         line += f"; cell {cell_hash(cell)} ({label(cell)}) has no result and the next run {resumes(cell, store)}"
+    for other in others:
+        line += f"; cell {cell_hash(other)} ({label(other)}) stopped with it: the next run {resumes(other, store)}"
     return line + "; free space and run the same command again"
 
 
@@ -528,7 +531,14 @@ def take(cell: CellConfig, store: Store, options: RunOptions, display: Display) 
         store.release(cell)
         display.elsewhere += 1
         return False
+    if store.took_over(cell) and checkpoint_round(cell, store) is None:  # else "resumed at round R" follows
+        display.note(cell, NO_CHECKPOINT)
     return True
+
+
+# A cell whose runner was killed (its claim abandoned) before it wrote a checkpoint, e.g. a cell shorter than
+# --checkpoint-minutes (default 5) without --checkpoint-every: said, not restarted silently.
+NO_CHECKPOINT = "no checkpoint: starting from round 1 (an earlier run of this cell was stopped before it wrote one)"
 
 
 class Heartbeat:
@@ -1018,15 +1028,21 @@ class RayRun:
         self.running.clear()
 
     def disk_full(self, full: BaseException, cell: CellConfig, unit: list[CellConfig]) -> RunStopped:
-        """A full disk: the unit's cells released, every other running task cancelled."""
+        """A full disk: the unit's cells released, every other running task cancelled; the line names each
+        cell stopped without a result (the unit's and the cancelled tasks' unfinished cells)."""
         import ray
 
+        stopped = dict.fromkeys(cell_hash(other) for other in unit)
         for other in unit:
             self.store.release(other)
-        for ref in self.running:
+        for ref, running in list(self.running.items()):
             ray.cancel(ref, force=True)
+            for other in self.unfinished(running):
+                self.store.release(other)
+                stopped[cell_hash(other)] = None
+        others = tuple(self.by_key[key] for key in stopped if key != cell_hash(cell))
         # a DiskFull, here or through the Ray errors that wrapped it
-        return RunStopped(disk_full_line(cast(DiskFull, cause_of(full)), cell, self.store), DISK_FULL_EXIT)
+        return RunStopped(disk_full_line(cast(DiskFull, cause_of(full)), cell, self.store, others), DISK_FULL_EXIT)
 
     def show_progress(self) -> None:
         """The board's latest round of each running cell on the display, and the notes cells posted."""

@@ -209,6 +209,7 @@ class Store:
         self.host, self.pid = socket.gethostname(), os.getpid()
         self.owner = f"{self.host}:{self.pid}:{uuid.uuid4().hex[:8]}"  # this runner, in claims
         self.claimed: set[Path] = set()
+        self.taken_over: set[Path] = set()  # the cell folders whose abandoned claim this runner took over
 
     # ---- claims: runners sharing a store split its cells (see the module doc) -------------------
     def claim(self, cell: CellConfig) -> bool:
@@ -235,6 +236,7 @@ class Store:
                     os.replace(taken, path)
                     return False
                 taken.unlink(missing_ok=True)
+                self.taken_over.add(folder)
                 continue
             try:
                 with os.fdopen(fd, "w") as file:
@@ -246,6 +248,10 @@ class Store:
             self.claimed.add(path)
             return True
         return False
+
+    def took_over(self, cell: CellConfig) -> bool:
+        """Whether this runner's claim of `cell` replaced an abandoned one (a runner killed while it ran the cell)."""
+        return self.cell_dir(cell) in self.taken_over
 
     def _abandoned(self, path: Path) -> bool:
         """Whether a claim's owner is gone: no refresh for CLAIM_STALE s, or a dead process here."""

@@ -53,8 +53,7 @@ SERIAL_GROUPS: dict[str, tuple[str, ...]] = {
     # Ray clusters of their own, started with `ray start` in network namespaces (about ten processes a
     # node): one at a time, so that their start-ups, gates and deadlines are those of one cluster on the
     # machine, never of two competing for its cores.
-    "ray-clusters": ("tests/test_multinode.py::", "tests/test_ray_cluster.py::",
-                     "tests/test_plugins.py::test_a_plugin_algorithm_runs_on_a_cluster_joined_with_ray_address"),
+    "ray-clusters": ("tests/test_multinode.py::", "tests/test_ray_cluster.py::"),
 }
 
 

@@ -2,6 +2,7 @@
 a live runner is respected, an abandoned one (dead owner, no heartbeat) is taken over."""
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -67,6 +68,27 @@ def test_a_live_claim_is_respected_and_an_abandoned_one_taken_over(tmp_path, mon
     report = run_plan(plan, options, Console(quiet=True))
     assert report.ran == 2 and report.elsewhere == 0
     assert len(load_store(options.results)) == 8
+
+
+def test_a_cell_taken_over_without_a_checkpoint_says_it_starts_from_round_1(tmp_path):
+    """What `kill -9` of a runner leaves when its cell had no checkpoint yet (a cell shorter than the default
+    5-minute checkpoint policy): the cell's claim, naming a dead process. The next run says that the cell
+    starts over, instead of restarting it silently; a cell nobody had started gets no such line."""
+    from pflbench.config import cell_hash
+    from pflbench.runner import NO_CHECKPOINT
+
+    plan = parse_spec({**SPEC, "matrix": {**SPEC["matrix"], "seed": [0]}, "defaults": {**SPEC["defaults"], "rounds": 2}})
+    options = _options(tmp_path)
+    killed, _ = plan.cells
+    store = Store(options.results)
+    store.cell_dir(killed).mkdir(parents=True)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    (store.cell_dir(killed) / CLAIM).write_text(json.dumps({"owner": "x", "host": store.host, "pid": int(dead.stdout)}))
+    console = Console(record=True, width=400, file=io.StringIO())
+    report = run_plan(plan, options, console)
+    assert report.ran == 2 and report.exit_code == 0
+    notes = [line for line in console.export_text().splitlines() if NO_CHECKPOINT in line]
+    assert len(notes) == 1 and cell_hash(killed) in notes[0], notes
 
 
 def test_a_fresh_claim_from_another_machine_is_not_taken(tmp_path):

@@ -263,6 +263,34 @@ def test_a_real_full_tmpfs_stops_the_run_with_one_line_and_a_run_after_space_is_
         assert_same_result(ours[seed], theirs[seed])
 
 
+def test_on_ray_the_line_names_every_cell_the_full_disk_stopped(tmp_path, monkeypatch):
+    """On Ray a full disk stops the cell whose write failed and cancels the tasks running beside it: the
+    line names each of them and where the next run continues it, and their claims are released (the
+    scheduler's handler alone, on a store of its own: a real full disk under Ray is the in-process case's)."""
+    ray = pytest.importorskip("ray")
+    from pflbench.runner import RayRun
+
+    cells = the_plan().cells[:3]
+    store = Store(tmp_path / "store")
+    assert all(store.claim(cell) for cell in cells)
+    scheduler = RayRun.__new__(RayRun)  # no cluster: only what `disk_full` reads
+    scheduler.store, scheduler.recorded = store, set()
+    scheduler.by_key = {cell_hash(cell): cell for cell in cells}
+    scheduler.running = {"task-b": [cells[1]], "task-c": [cells[2]]}
+    cancelled = []
+    monkeypatch.setattr(ray, "cancel", lambda ref, force: cancelled.append(ref))
+    path = store.cell_dir(cells[0]) / CHECKPOINT
+    stop = scheduler.disk_full(DiskFull(str(path), 2298037, 36864), cells[0], [cells[0]])
+    assert stop.exit_code == DISK_FULL_EXIT and sorted(cancelled) == ["task-b", "task-c"]
+    first, *others = (cell_hash(cell) for cell in cells)
+    assert re.fullmatch(rf"disk full: cannot write {re.escape(str(path))} .*; the run stopped starting cells; "
+                        rf"cell {first} \(fedavg .*\) has no result and the next run starts it from round 1 \(it has "
+                        rf"no checkpoint\); cell {others[0]} \(.*\) stopped with it: the next run starts it from round 1 \(it has no "
+                        rf"checkpoint\); cell {others[1]} \(.*\) stopped with it: the next run starts it from round 1 \(it has no "
+                        rf"checkpoint\); free space and run the same command again", stop.line), stop.line
+    assert all(store.claim_holder(cell) is None for cell in cells)
+
+
 def test_disk_full_crosses_a_process_boundary_whole():
     """A Ray actor (the checkpoint keeper) raising it hands the driver the same fields."""
     import pickle

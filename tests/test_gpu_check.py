@@ -1,11 +1,18 @@
 """The GPU check's step runner (benchmarks/gpu/check.py): a failing or overrunning step is recorded and
 the next one still runs; a spent budget skips the rest; figures a step writes land in check.json. The
-whole check is rehearsed on the CPU by CI (`make gpu-rehearse`, .ci/run)."""
+whole check is rehearsed on the CPU by CI (`make gpu-rehearse`, .ci/run).
+
+No outcome here depends on how fast the machine is: a step that must finish has a box scaled by the load
+(tests/budgets.py), the step that must overrun its box never ends by itself, and the spent budget is
+spent on the check's own clock by the step before (not by a sleep that a busy machine could stretch)."""
 import json
 import sys
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+from budgets import scaled
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "gpu"))
 import check  # noqa: E402
@@ -13,13 +20,14 @@ import check  # noqa: E402
 
 def test_a_failing_step_is_recorded_and_the_next_one_runs(tmp_path, monkeypatch):
     figures = tmp_path / "figures.json"
-    steps = [check.Step("fails", [sys.executable, "-c", "import sys; print('boom'); sys.exit(4)"], 30),
-             check.Step("hangs", [sys.executable, "-c", "import time; time.sleep(60)"], 6),
+    box = scaled(30)  # a Python start, even on a busy machine
+    steps = [check.Step("fails", [sys.executable, "-c", "import sys; print('boom'); sys.exit(4)"], box),
+             check.Step("hangs", [sys.executable, "-c", "import threading; threading.Event().wait()"], 6),
              check.Step("works", [sys.executable, "-c",
                                   f"import json; open({str(figures)!r}, 'w').write(json.dumps({{'x': 1}})); "
-                                  "print('FIGURES ' + json.dumps({'y': 2}))"], 30, figures)]
+                                  "print('FIGURES ' + json.dumps({'y': 2}))"], box, figures)]
     monkeypatch.setattr(check, "steps", lambda device, rehearse, work: steps)
-    assert check.main(["--out", str(tmp_path / "out"), "--device", "cpu", "--budget", "60"]) == 1
+    assert check.main(["--out", str(tmp_path / "out"), "--device", "cpu", "--budget", f"{3 * box + 6:.0f}"]) == 1
     result = json.loads((tmp_path / "out" / "check.json").read_text())
     status = {name: step["status"] for name, step in result["steps"].items()}
     assert status == {"fails": "failed", "hangs": "timeout", "works": "ok"}, status
@@ -31,11 +39,20 @@ def test_a_failing_step_is_recorded_and_the_next_one_runs(tmp_path, monkeypatch)
 
 
 def test_a_spent_budget_skips_the_remaining_steps(tmp_path, monkeypatch):
-    steps = [check.Step("slow", [sys.executable, "-c", "import time; time.sleep(3)"], 30),
-             check.Step("next", [sys.executable, "-c", "pass"], 30)]
+    """The check's clock: the real one plus the seconds the step "slow" says it took (in a file), so that it
+    spends 1000 s of a budget of scaled(30) whatever the machine's load, and finishes ok."""
+    took = tmp_path / "took"
+
+    def monotonic() -> float:
+        return time.monotonic() + (float(took.read_text()) if took.exists() else 0.0)
+
+    monkeypatch.setattr(check, "time", SimpleNamespace(monotonic=monotonic, strftime=time.strftime))
+    box = scaled(30)
+    steps = [check.Step("slow", [sys.executable, "-c", f"open({str(took)!r}, 'w').write('1000')"], box),
+             check.Step("next", [sys.executable, "-c", "pass"], box)]
     monkeypatch.setattr(check, "steps", lambda device, rehearse, work: steps)
-    assert check.main(["--out", str(tmp_path), "--device", "cpu", "--budget", "6"]) == 1
-    result = json.loads((tmp_path / "check.json").read_text())
+    assert check.main(["--out", str(tmp_path / "out"), "--device", "cpu", "--budget", f"{box:.0f}"]) == 1
+    result = json.loads((tmp_path / "out" / "check.json").read_text())
     assert result["steps"]["slow"]["status"] == "ok"
     assert result["steps"]["next"]["status"] == "skipped"
 
@@ -53,7 +70,8 @@ def test_the_device_steps_fit_the_budget(tmp_path, monkeypatch):
     total = sum(step.timeout for step in device if not step.separate)
     assert total <= 540, total
     assert all(step.timeout <= 540 for step in device if step.separate)
-    monkeypatch.setattr(check, "steps", lambda device, rehearse, work: [check.Step("quick", [sys.executable, "-c", ""], 30)])
+    quick = [check.Step("quick", [sys.executable, "-c", ""], scaled(30))]
+    monkeypatch.setattr(check, "steps", lambda device, rehearse, work: quick)
     assert check.main(["--out", str(tmp_path), "--device", "cpu"]) == 0
     assert json.loads((tmp_path / "check.json").read_text())["budget_seconds"] == 540
 
@@ -92,8 +110,8 @@ def test_the_graphs_step_compares_graphs_on_and_off_at_the_paper_sizes_on_the_de
 def test_a_separate_step_runs_only_when_named_or_rehearsed(tmp_path, monkeypatch):
     """A step of its own call (`kernels`) is left out of a plain device run, runs alone under `--only`,
     and runs with the others in the rehearsal (CI: every step, this one too, must say "ok")."""
-    steps = [check.Step("plain", [sys.executable, "-c", ""], 30),
-             check.Step("own", [sys.executable, "-c", ""], 30, separate=True)]
+    steps = [check.Step("plain", [sys.executable, "-c", ""], scaled(30)),
+             check.Step("own", [sys.executable, "-c", ""], scaled(30), separate=True)]
     monkeypatch.setattr(check, "steps", lambda device, rehearse, work: steps)
     ran = {}
     for name, extra in (("plain", []), ("only", ["--only", "own"]), ("rehearse", ["--rehearse"])):

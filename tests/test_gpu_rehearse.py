@@ -29,11 +29,28 @@ def sent(tmp_path_factory):
     return tree, rehearse.rehearsal_python(work / "env")
 
 
+def plan_scripts() -> list[str]:
+    """Every script a call of the plan runs: the calls' own and each step of check.py's (on the device and in
+    its rehearsal), as paths in the tree."""
+    import check
+
+    scripts = {"column.py", "check.py", "graphs.py", "cifar_travel.py"}
+    for step in check.steps("cuda", False, Path("/w")) + check.steps("cpu", True, Path("/w")):
+        scripts |= {Path(part).name for part in step.command if part.startswith(str(rehearse.HERE)) and part.endswith(".py")}
+    return [f"benchmarks/gpu/{name}" for name in sorted(scripts)]
+
+
 def test_the_scripts_of_the_plan_import_in_the_kits_environment(sent):
+    """Each script's imports (its --help), in the kit's environment: what CI checks of check.py's steps, whose
+    end-to-end rehearsal (`rehearse.py --steps check`, 20 minutes on a loaded CPU) is left to the loan's own
+    `make gpu-rehearse`; `pflbench bench` (check.py's bench steps) is pflbench's command line."""
     tree, python = sent
-    for script in ("column.py", "check.py", "graphs.py", "cifar_travel.py"):
-        call = rehearse.in_kit(tree, python, ["python3", f"benchmarks/gpu/{script}", "--help"], 300)
-        assert call["status"] == "ok", (script, call["output_tail"])
+    scripts = plan_scripts()
+    assert {"benchmarks/gpu/sharing.py", "benchmarks/gpu/kernels.py", "benchmarks/gpu/column_groups.py"} <= set(scripts)
+    for command in [["python3", script, "--help"] for script in scripts] + [["python3", "-m", "pflbench.cli", "bench",
+                                                                             "--help"]]:
+        call = rehearse.in_kit(tree, python, command, 300)
+        assert call["status"] == "ok", (command, call["output_tail"])
 
 
 def test_a_planted_sibling_import_fails_the_rehearsal_as_it_would_the_device(sent, tmp_path):

@@ -240,7 +240,7 @@ def test_pfedhn_newcomer_fit_names_the_newcomer_whose_loss_is_not_finite(tmp_pat
 
     cell = _images_cell(algorithm="pfedhn")
     fed = Federation(cell, *prepare_cell(cell, tmp_path))
-    algorithm = get_algorithm("pfedhn")(fed, get_algorithm("pfedhn").parse_hyperparams({}))
+    algorithm = get_algorithm("pfedhn")(fed, get_algorithm("pfedhn").parse_hyperparams(cell.hp))  # 2 inner steps
     run_rounds(fed, algorithm)
     assert fed.newcomers.num_clients >= 2
     fed.newcomers.features = fed.newcomers.features.clone()
@@ -254,7 +254,7 @@ def test_pfedhn_newcomer_fit_reads_the_device_as_often_however_many_steps_it_mak
 
     cell = _images_cell(algorithm="pfedhn")
     fed = Federation(cell, *prepare_cell(cell, tmp_path))
-    algorithm = get_algorithm("pfedhn")(fed, get_algorithm("pfedhn").parse_hyperparams({}))
+    algorithm = get_algorithm("pfedhn")(fed, get_algorithm("pfedhn").parse_hyperparams(cell.hp))  # 2 inner steps
     run_rounds(fed, algorithm)
     reads = {}
     for epochs in (1, 3):

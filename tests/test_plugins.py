@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import pickle
 import subprocess
 import sys
@@ -223,39 +222,8 @@ def test_a_plugin_algorithm_runs_on_ray_as_in_process(my_avg, tmp_path):
         assert {k: v for k, v in here.items() if k not in volatile} == {k: v for k, v in there.items() if k not in volatile}
 
 
-@pytest.mark.slow
-def test_a_plugin_algorithm_runs_on_a_cluster_joined_with_ray_address(my_avg, tmp_path, monkeypatch):
-    import test_ray_cluster as cluster
-
-    why = cluster.namespaces_unavailable()
-    if why:
-        pytest.skip(why)
-    ray = cluster.ray_command()
-    if ray is None:
-        pytest.skip("Ray's command line (`ray`) is not installed")
-    spec = avg_spec(my_avg.parent)
-    import secrets
-    import shutil
-    import tempfile
-
-    ray_dir = Path(tempfile.mkdtemp(prefix="pflray-", dir="/tmp"))
-    home = tmp_path / "home"
-    (home / ".ray").mkdir(parents=True)
-    (home / ".ray" / "auth_token").write_text(secrets.token_hex(32))
-    env = {key: value for key, value in os.environ.items()
-           if not key.startswith("RAY_") or key == "RAY_worker_niceness"}  # conftest.py
-    env.update(HOME=str(home), RAY=ray, PYTHON=sys.executable, PORT=str(cluster.free_port()), RAY_DIR=str(ray_dir),
-               LOGS=str(tmp_path), SPEC=str(spec), RESULTS=str(tmp_path / "on-cluster"), ROOT=str(tmp_path / "data"),
-               RAY_USAGE_STATS_ENABLED="0", PYTHONPATH=str(REPO))
-    try:
-        done = subprocess.run(["unshare", "--net", "--pid", "--fork", "--mount-proc", "bash", "-c",
-                               cluster.CLUSTER_SCRIPT], env=env, timeout=300, capture_output=True, text=True)
-    finally:
-        shutil.rmtree(ray_dir, ignore_errors=True)
-    log = (tmp_path / "run.log").read_text()[-3000:] if (tmp_path / "run.log").exists() else ""
-    assert done.returncode == 0, f"{done.stderr[-2000:]}\n{log}"
-    for cell in load_spec(spec).cells:
-        assert Store(tmp_path / "on-cluster").summary(cell)["status"] == "finished", log
+# On a cluster joined with --ray-address (`ray start`), a plugin method's cells run as in process: the
+# cluster test's matrix includes `my-avg` (tests/test_ray_cluster.py), on the one cluster that test starts.
 
 
 def test_a_worker_without_the_file_loads_the_shipped_source(my_avg, tmp_path):

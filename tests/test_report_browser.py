@@ -10,6 +10,7 @@ import shutil
 import subprocess
 
 import pytest
+from budgets import scaled
 from report_helpers import write_cell
 
 from pflbench.reports import ReportOptions, build_reports
@@ -24,7 +25,7 @@ def chromium(tmp_path, *args: str) -> str:
                f"--user-data-dir={tmp_path / 'profile'}", *args]
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         command.insert(2, "--no-sandbox")  # Chromium refuses to run as root with its sandbox
-    done = subprocess.run(command, capture_output=True, text=True, timeout=90)
+    done = subprocess.run(command, capture_output=True, text=True, timeout=scaled(90))
     assert done.returncode == 0, done.stderr[-2000:]
     return done.stdout
 

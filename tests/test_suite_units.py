@@ -30,7 +30,7 @@ def test_every_member_of_a_serial_group_names_tests_that_exist(group, member):
 
 def test_a_test_is_in_its_group_else_in_its_module():
     assert unit_of_work("tests/test_multinode.py::test_a_node_lost_mid_matrix_loses_nothing") == "ray-clusters"
-    cluster = "tests/test_plugins.py::test_a_plugin_algorithm_runs_on_a_cluster_joined_with_ray_address"
+    cluster = "tests/test_ray_cluster.py::test_a_cluster_started_with_ray_start_runs_the_matrix_as_in_process"
     assert unit_of_work(cluster) == "ray-clusters"
     assert unit_of_work("tests/test_plugins.py::test_a_plugin_algorithm_runs_on_ray_as_in_process") == "tests/test_plugins.py"
     assert unit_of_work("tests/test_privacy.py::test_central_noise_is_on_the_sum[add_remove-1.0]") == "tests/test_privacy.py"
