@@ -240,7 +240,7 @@ def write_light(checkpoint: Path, out: Path) -> None:
     Path(out).write_bytes(encode_checkpoint(header, payload))
 
 
-def probe_snapshots(paths: list[Path], fed, algorithm, probe: "Probe") -> None:
+def probe_snapshots(paths: list[Path], fed, algorithm, probe: Probe) -> None:
     """Probe each snapshot's shared model at its round, in round order (no round is run)."""
     from pflbench.cell_method import unwrapped
 

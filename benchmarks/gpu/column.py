@@ -207,7 +207,7 @@ def pack_checkpoints(store: Path, out: Path, cells: list[tuple[str, str, float]]
     pending = {cell_id: (name, pool.apply_async(checkpoint_archive, (job,))) for cell_id, name, job in jobs}
     sizes: dict[str, tuple[int, float]] = {}
     while pending and time.time() < until:
-        for cell_id, (name, result) in list(pending.items()):
+        for cell_id, (_name, result) in list(pending.items()):
             if result.ready():
                 pending.pop(cell_id)
                 try:
@@ -370,7 +370,7 @@ def main(argv: list[str] | None = None) -> int:
     packed = pack_checkpoints(args.store, args.out, unfinished, args.checkpoint_cap, min(args.checkpoints_bytes, room),
                               RETURNED_FILES - spent, until, os.cpu_count() or 1)
     report["checkpoints_seconds"] = round(time.time() - packing, 1)
-    for algorithm, cell in report["cells"].items():
+    for cell in report["cells"].values():
         if cell["id"] in packed:
             cell["carried"] = packed[cell["id"]]
     report["seconds"] = round(time.time() - began, 1)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 
 def seconds_per_step(call: Callable[[], object], steps: int, cuda: bool) -> float:
