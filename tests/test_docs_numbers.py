@@ -238,6 +238,36 @@ def alive_table_problems(text: str) -> list[str]:
 GPU_ROWS = ("local", "fedavg", "pfedla", "heurpfedla")
 
 
+GPU_LABELS = {"local": "Local", "fedavg": "FedAvg", "pfedla": "pFedLA", "heurpfedla": "HeurpFedLA"}
+
+
+def gpu_table_problems(text: str) -> list[str]:
+    """docs/measurements/gpu.md's table, row by row: the CPU and GPU cells' final means, GPU − CPU per client, the
+    largest gap of the per-round client means (either protocol), seed 1 − seed 0 on the CPU, and the wall times."""
+    from pflbench.reports.cells import read_metrics
+
+    def mean(folder: Path, column: str) -> float:
+        return float(np.mean(list(last_round_clients(folder, column).values())))
+
+    problems = []
+    for algorithm in GPU_ROWS:
+        (gpu,) = cells_of("table1-full-gpu", algorithm).values()
+        cpu = PUBLISHED / "table1-full" / gpu.name
+        cells = []
+        for column in (DELIVERED, ADAPTED):
+            cells.append(f"{mean(cpu, column):.2f} / {mean(gpu, column):.2f}")
+            cells.append(pm(difference({0: gpu}, {0: cpu}, column)))
+        curves = [read_metrics(f).groupby("round")[[DELIVERED, ADAPTED]].mean() * 100 for f in (gpu, cpu)]
+        cells.append(f"{float((curves[0] - curves[1]).abs().max().max()):.2f}")
+        seed1 = cells_of("table1-full-seed1", algorithm)
+        cells.append("–" if not seed1 else " / ".join(
+            f"{mean(seed1[1], column) - mean(cpu, column):+.2f}".replace("-", "−") for column in (DELIVERED, ADAPTED)))
+        walls = [json.loads((f / "summary.json").read_text())["wall_time"] for f in (gpu, cpu)]
+        cells += [f"{w:.0f} s" for w in walls]
+        problems += said(text, f"| {GPU_LABELS[algorithm]} | " + " | ".join(cells) + " |", "gpu.md")
+    return problems
+
+
 def gpu_problems(text: str) -> list[str]:
     """docs/measurements/gpu.md: GPU − CPU per client for the four rows run on both; the largest in standard
     errors is pFedLA's, as the page gives it, none separated; and what else differs between the cells."""
@@ -275,7 +305,7 @@ CHECKS = {
     "reproduction/table1-fmnist.md": table1_problems,
     "reproduction/table2-fmnist.md": table2_problems,
     "algorithms/pfedla.md": alive_table_problems,
-    "measurements/gpu.md": gpu_problems,
+    "measurements/gpu.md": lambda text: gpu_problems(text) + gpu_table_problems(text),
 }
 
 
@@ -294,6 +324,8 @@ PLANTED = [  # a drifted number in each page: the check must see it
     ("reproduction/table2-fmnist.md", "+0.71 ± 0.69 adapted", "+0.71 ± 0.96 adapted"),
     ("algorithms/pfedla.md", "| 18.0 / 18.0 / 18.0 / 18.0% ", "| 0 / 0 / 0 / 0% "),
     ("measurements/gpu.md", "1.30 standard errors", "1.2 standard errors"),
+    ("measurements/gpu.md", "| 92.24 / 92.57 |", "| 92.24 / 92.75 |"),
+    ("measurements/gpu.md", "| 0.52 | −1.52 / −2.14 |", "| 0.25 | −1.52 / −2.14 |"),
 ]
 
 
