@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 
 ISSUE = re.compile(r"\b[Ii]ssues? \d+")
-MACHINE_PATH = re.compile(r"(?<![\w.$])/(?:work|root)/")  # this workplace's (a "/home/me/..." example is no one's)
+MACHINE_PATH = re.compile(r"(?<![\w.$])/(?:work|root|tmp)/")  # this workplace's, a scratch folder's (a "/home/me/..." example is no one's)
 
 
 def load(name: str, path: Path):
@@ -77,9 +77,11 @@ def test_the_files_the_site_copies_name_no_machine_path():
 
 def test_a_planted_issue_number_or_machine_path_is_caught():
     pages = {"docs/x.md": "Measured for issue 58, item 1.\nfine\n", "docs/y.md": "data in /work/shared/data\n",
-             "docs/z.md": "`$OUT/work/kernels.json` and results/published/x: no machine path\n"}
+             "docs/z.md": "`$OUT/work/kernels.json` and results/published/x: no machine path\n",
+             "docs/w.md": "`pflbench report --out /tmp/table1-full`\n"}
     assert process_problems(pages) == ["docs/x.md:1: an issue number: 'issue 58'",
-                                       "docs/y.md:1: a machine's path: 'data in /work/shared/data'"]
+                                       "docs/y.md:1: a machine's path: 'data in /work/shared/data'",
+                                       "docs/w.md:1: a machine's path: '`pflbench report --out /tmp/table1-full`'"]
 
 
 def test_the_generated_studies_page_drops_the_manifests_issue_numbers():

@@ -103,6 +103,38 @@ def samples_175_problems(text: str) -> list[str]:
             + said(text, f"({pm(delivered)}, {delivered.up} of {delivered.clients} clients up)", "table1-fmnist.md"))
 
 
+T1_SEED1_ROWS = {  # docs/reproduction/table1-fmnist.md's variant table: seed-1 row -> (algorithm, store)
+    "FedAvg (`table1-full-seed1`)": ("fedavg", "table1-full-seed1"),
+    "pFedLA (`table1-full-seed1`)": ("pfedla", "table1-full-seed1"),
+    "pFedHN, official inner optimizer (`table1-full-seed1-pfedhn-official`)": ("pfedhn", "table1-full-seed1-pfedhn-official"),
+}
+
+
+def table1_seed1_problems(text: str) -> list[str]:
+    """docs/reproduction/table1-fmnist.md: each seed-1 cell against Local at seed 1 (the variant table), and the
+    paired test's p of FedAvg − Local adapted at seed 1 and over both seeds, and of pFedLA − Local over both."""
+    problems = []
+    local = cells_of("table1-full-seed1", "local")
+    for label, (algorithm, store) in T1_SEED1_ROWS.items():
+        mine = cells_of(store, algorithm)
+        cells = [versus(difference(mine, local, column)) for column in (DELIVERED, ADAPTED)]
+        problems += said(text, f"| {label} | 1 | {cells[0]} | {cells[1]} |", "table1-fmnist.md")
+    both = {a: {**cells_of("table1-full", a), **cells_of("table1-full-seed1", a)} for a in ("local", "fedavg", "pfedla")}
+    seed1 = difference(cells_of("table1-full-seed1", "fedavg"), local, ADAPTED)
+    pooled = difference(both["fedavg"], both["local"], ADAPTED)
+    pfedla = difference(both["pfedla"], both["local"], ADAPTED)
+    problems += said(text, f"not separated on its own (p {seed1.p:.3f})", "table1-fmnist.md")
+    problems += said(text, f"(the column's table; p {pooled.p:.3f})", "table1-fmnist.md")
+    problems += said(text, f"over both seeds not separated from it (p {pfedla.p:.2f})", "table1-fmnist.md")
+    if seed1.separated or not pooled.separated or pfedla.separated:
+        problems.append("table1-fmnist.md: the second seed's verdicts changed")
+    return problems
+
+
+def table1_problems(text: str) -> list[str]:
+    return samples_175_problems(text) + table1_seed1_problems(text)
+
+
 def learned_vs_fixed_problems(text: str) -> list[str]:
     """docs/reproduction/table2-fmnist.md: learned α (logits within 2) against the fixed shared-classes rule on
     Table 2's split: not separated under either protocol, and the 95% intervals' upper end the prose gives."""
@@ -113,6 +145,67 @@ def learned_vs_fixed_problems(text: str) -> list[str]:
     problems = [f"table2-fmnist.md: learned − fixed is separated ({p.mean:+.2f})" for p in diffs if p.separated]
     top = max(p.interval[1] for p in diffs if p.interval is not None)
     return problems + said(text, f"intervals reach +{top:.1f} points", "table2-fmnist.md")
+
+
+T2_LOCAL = ("table2-full", "table2-full-seed1", "table2-full-seed2")
+T2_SEED_ROWS = {  # docs/reproduction/table2-fmnist.md's table of each seed against Local: row -> (algorithm, stores by seed)
+    "FedAvg": ("fedavg", T2_LOCAL),
+    "Per-FedAvg": ("perfedavg", T2_LOCAL),
+    "pFedHN (official optimizer)": ("pfedhn", ("table2-full-pfedhn-official", "table2-full-seed1-pfedhn-official",
+                                               "table2-full-seed2-pfedhn-official")),
+    "pFedLA": ("pfedla", T2_LOCAL),
+}
+
+
+def versus(p: Paired) -> str:
+    """A paired difference as the column tables write it: +5.57 ± 1.13 (10 up, 0 down)."""
+    return f"{pm(p)} ({p.up} up, {p.down} down)"
+
+
+def table2_seeds_problems(text: str) -> list[str]:
+    """docs/reproduction/table2-fmnist.md's seeds: each row against Local at each seed (its table), Per-FedAvg
+    against FedAvg at seed 1, and the share of pFedLA's α entries exactly 0 or 1 at seeds 1 and 2."""
+    problems = []
+    for label, (algorithm, stores) in T2_SEED_ROWS.items():
+        for seed, (store, local_store) in enumerate(zip(stores, T2_LOCAL)):
+            mine, local = cells_of(store, algorithm)[seed], cells_of(local_store, "local")[seed]
+            cells = [versus(difference({seed: mine}, {seed: local}, column)) for column in (DELIVERED, ADAPTED)]
+            problems += said(text, f"| {label} | {seed} | {cells[0]} | {cells[1]} |", "table2-fmnist.md")
+    perfedavg, fedavg = cells_of("table2-full-seed1", "perfedavg"), cells_of("table2-full-seed1", "fedavg")
+    delivered, adapted = (difference(perfedavg, fedavg, column) for column in (DELIVERED, ADAPTED))
+    problems += said(text, f"{pm(delivered)} as delivered and {pm(adapted)} adapted (the paper has Per-FedAvg",
+                     "table2-fmnist.md")
+    shares = []
+    for store in ("table2-full-seed1", "table2-full-seed2"):
+        (folder,) = cells_of(store, "pfedla").values()
+        alphas, _ = load_alphas(folder)
+        at = {100 * exact_share(alphas[r]) for r in (100, 600)}
+        assert len({round(s, 1) for s in at}) == 1, f"{store}: the shares at rounds 100 and 600 differ: {at}"
+        shares.append(at.pop())
+    problems += said(text, f"α is exactly 0 or 1 in {shares[0]:.1f}% (seed 1) and {shares[1]:.1f}% (seed 2) of its "
+                           "entries at rounds 100 and 600", "table2-fmnist.md")
+    return problems
+
+
+def table2_alive_problems(text: str) -> list[str]:
+    """docs/reproduction/table2-fmnist.md: pFedLA with logits within 2 on Table 2's split against the default server,
+    against FedAvg, and learned against the fixed shared-classes rule (both protocols)."""
+    store = "table1-2-full-pfedla-alive"
+    alive = cells_of(store, "pfedla", "dominant", alpha_rule="learned")
+    fixed = cells_of(store, "pfedla", "dominant", alpha_rule="shared_classes")
+    default, fedavg = cells_of("table2-full", "pfedla"), cells_of("table2-full", "fedavg")
+    d = {(name, column): difference(alive, other, column) for name, other in
+         (("default", default), ("fedavg", fedavg), ("fixed", fixed)) for column in (DELIVERED, ADAPTED)}
+    return (said(text, f"give {pm(d['default', DELIVERED])} as delivered and {pm(d['default', ADAPTED])} adapted "
+                       f"({d['default', DELIVERED].up} and {d['default', ADAPTED].up} clients up)", "table2-fmnist.md")
+            + said(text, f"does not: {pm(d['fedavg', ADAPTED])} adapted, and {pm(d['fedavg', DELIVERED])} against "
+                         "FedAvg's global model as delivered", "table2-fmnist.md")
+            + said(text, f"fixed reference ({pm(d['fixed', DELIVERED])} delivered, {pm(d['fixed', ADAPTED])} adapted)",
+                   "table2-fmnist.md"))
+
+
+def table2_problems(text: str) -> list[str]:
+    return learned_vs_fixed_problems(text) + table2_seeds_problems(text) + table2_alive_problems(text)
 
 
 ALIVE_ROWS = {  # docs/algorithms/pfedla.md's validation table: row label -> the cell's settings
@@ -143,6 +236,36 @@ def alive_table_problems(text: str) -> list[str]:
 
 
 GPU_ROWS = ("local", "fedavg", "pfedla", "heurpfedla")
+
+
+GPU_LABELS = {"local": "Local", "fedavg": "FedAvg", "pfedla": "pFedLA", "heurpfedla": "HeurpFedLA"}
+
+
+def gpu_table_problems(text: str) -> list[str]:
+    """docs/measurements/gpu.md's table, row by row: the CPU and GPU cells' final means, GPU − CPU per client, the
+    largest gap of the per-round client means (either protocol), seed 1 − seed 0 on the CPU, and the wall times."""
+    from pflbench.reports.cells import read_metrics
+
+    def mean(folder: Path, column: str) -> float:
+        return float(np.mean(list(last_round_clients(folder, column).values())))
+
+    problems = []
+    for algorithm in GPU_ROWS:
+        (gpu,) = cells_of("table1-full-gpu", algorithm).values()
+        cpu = PUBLISHED / "table1-full" / gpu.name
+        cells = []
+        for column in (DELIVERED, ADAPTED):
+            cells.append(f"{mean(cpu, column):.2f} / {mean(gpu, column):.2f}")
+            cells.append(pm(difference({0: gpu}, {0: cpu}, column)))
+        curves = [read_metrics(f).groupby("round")[[DELIVERED, ADAPTED]].mean() * 100 for f in (gpu, cpu)]
+        cells.append(f"{float((curves[0] - curves[1]).abs().max().max()):.2f}")
+        seed1 = cells_of("table1-full-seed1", algorithm)
+        cells.append("–" if not seed1 else " / ".join(
+            f"{mean(seed1[1], column) - mean(cpu, column):+.2f}".replace("-", "−") for column in (DELIVERED, ADAPTED)))
+        walls = [json.loads((f / "summary.json").read_text())["wall_time"] for f in (gpu, cpu)]
+        cells += [f"{w:.0f} s" for w in walls]
+        problems += said(text, f"| {GPU_LABELS[algorithm]} | " + " | ".join(cells) + " |", "gpu.md")
+    return problems
 
 
 def gpu_problems(text: str) -> list[str]:
@@ -179,10 +302,10 @@ def gpu_problems(text: str) -> list[str]:
 
 CHECKS = {
     "reproduction/index.md": chain_problems,
-    "reproduction/table1-fmnist.md": samples_175_problems,
-    "reproduction/table2-fmnist.md": learned_vs_fixed_problems,
+    "reproduction/table1-fmnist.md": table1_problems,
+    "reproduction/table2-fmnist.md": table2_problems,
     "algorithms/pfedla.md": alive_table_problems,
-    "measurements/gpu.md": gpu_problems,
+    "measurements/gpu.md": lambda text: gpu_problems(text) + gpu_table_problems(text),
 }
 
 
@@ -191,18 +314,23 @@ def test_the_prose_numbers_are_the_stores(relative):
     assert CHECKS[relative](page(relative)) == []
 
 
-PLANTED = {  # a drifted number in each page: the check must see it
-    "reproduction/index.md": ("−1.60 ± 0.35", "−1.50 ± 0.35"),
-    "reproduction/table1-fmnist.md": ("+7.36 ± 2.24", "+7.63 ± 2.24"),
-    "reproduction/table2-fmnist.md": ("intervals reach +2.7 points", "intervals reach +2.0 points"),
-    "algorithms/pfedla.md": ("| 18.0 / 18.0 / 18.0 / 18.0% ", "| 0 / 0 / 0 / 0% "),
-    "measurements/gpu.md": ("1.30 standard errors", "1.2 standard errors"),
-}
+PLANTED = [  # a drifted number in each page: the check must see it
+    ("reproduction/index.md", "−1.60 ± 0.35", "−1.50 ± 0.35"),
+    ("reproduction/table1-fmnist.md", "+7.36 ± 2.24", "+7.63 ± 2.24"),
+    ("reproduction/table1-fmnist.md", "| −0.19 ± 0.20 (3 up, 4 down) | 99.2", "| −0.19 ± 0.20 (3 up, 5 down) | 99.2"),
+    ("reproduction/table2-fmnist.md", "intervals reach +2.7 points", "intervals reach +2.0 points"),
+    ("reproduction/table2-fmnist.md", "| +7.76 ± 0.61 (10 up, 0 down) |", "| +7.67 ± 0.61 (10 up, 0 down) |"),
+    ("reproduction/table2-fmnist.md", "99.6% (seed 2)", "99.2% (seed 2)"),
+    ("reproduction/table2-fmnist.md", "+0.71 ± 0.69 adapted", "+0.71 ± 0.96 adapted"),
+    ("algorithms/pfedla.md", "| 18.0 / 18.0 / 18.0 / 18.0% ", "| 0 / 0 / 0 / 0% "),
+    ("measurements/gpu.md", "1.30 standard errors", "1.2 standard errors"),
+    ("measurements/gpu.md", "| 92.24 / 92.57 |", "| 92.24 / 92.75 |"),
+    ("measurements/gpu.md", "| 0.52 | −1.52 / −2.14 |", "| 0.25 | −1.52 / −2.14 |"),
+]
 
 
-@pytest.mark.parametrize("relative", list(PLANTED))
-def test_a_drifted_number_is_caught(relative):
-    old, new = PLANTED[relative]
+@pytest.mark.parametrize("relative,old,new", PLANTED)
+def test_a_drifted_number_is_caught(relative, old, new):
     text = page(relative)
     assert old in text, f"{relative}: the planted number's original is not on the page"
     assert CHECKS[relative](text.replace(old, new)) != []

@@ -175,11 +175,12 @@ def test_a_reproduction_study_page_opens_on_the_papers_protocol_with_its_title_s
     manifest(seeds, "pflbench run benchmarks/table1.yaml --set dataset=fmnist --set seed=1")
     (root / LEADERBOARD).write_text("beside:\n  table1-full: [table1-full-seed1]\n")
     data = json.loads((column / "manifest.json").read_text())
-    (column / "manifest.json").write_text(json.dumps({**data, "note": "pFedLA Table 1, seed 0. The rest."}))
+    (column / "manifest.json").write_text(json.dumps({**data, "note": "Issue 9, item 1: pFedLA Table 1 (fmnist), seed 0. The rest."}))
 
     index = build_leaderboard(root, tmp_path / "site", options=ReportOptions(figures=False, partitions=False))
     page = (tmp_path / "site" / "table1-full" / "index.html").read_text()
-    assert "<title>table1-full: pFedLA Table 1, seed 0. · pflbench</title>" in page
+    assert "<title>table1-full: pFedLA Table 1, seed 0 · pflbench</title>" in page  # no issue number, no aside
+    assert "<h1>pFedLA Table 1, seed 0 <small><code>table1-full</code></small></h1>" in page
     options = page.split('id="f-protocol"', 1)[1].split("</select>", 1)[0]
     assert 'data-default="adapted-final-clients"' in options
     assert options.index('value="adapted-final-clients"') < options.index('value="delivered-final-clients"')

@@ -109,3 +109,31 @@ def test_the_tutorials_table1_step_prints_what_it_shows(tmp_path):
     run, shown = after(text, "pflbench run table1 --scale quick")
     env = dict(os.environ, PFLBENCH_DATA=str(tmp_path / "data"))
     assert missing_lines(shown, pflbench(run, tmp_path, env)) == []
+
+
+OWN_METHOD = ROOT / "docs" / "howto" / "own-method.md"
+
+
+def old_form_example() -> tuple[str, str, str]:
+    """docs/howto/own-method.md's old-form plugin: its file, the command the page runs it with (in its folder),
+    and the notice the page shows (its wrapped lines joined)."""
+    found = blocks(OWN_METHOD.read_text())
+    (i,) = [i for i, (language, body) in enumerate(found) if language == "python" and "class OldAvg" in body]
+    (language, command), (shown_language, shown) = found[i + 1], found[i + 2]
+    assert (language, shown_language) == ("bash", "text")
+    folder, _, command = command.strip().partition(" && ")
+    assert folder == "cd /home/me", folder
+    return found[i][1], command, " ".join(shown.split())
+
+
+@pytest.mark.slow
+def test_the_old_form_notice_on_the_own_method_page_is_what_the_command_prints(tmp_path):
+    plugin, command, shown = old_form_example()
+    (tmp_path / "old_avg.py").write_text(plugin)
+    output = pflbench(command + f" --results {tmp_path / 'results'}", tmp_path)
+    notices = [line for line in output.splitlines() if "old form" in line]
+    assert len(notices) == 1, output
+    assert shown == notices[0].replace(str(tmp_path), "/home/me")
+    assert re.search(r"finished old-avg .* acc \d", output), output  # the old form runs
+    planted = shown.replace("line 13", "line 12")
+    assert planted != notices[0].replace(str(tmp_path), "/home/me")

@@ -3,6 +3,8 @@ wall time, state) and a cell's "Reproduce" commands. Read by the study index (st
 page of a study's site (site.py)."""
 from __future__ import annotations
 
+import re
+
 from pathlib import Path
 
 from pflbench.publish import reproduce_commands, study_state
@@ -38,6 +40,24 @@ def lead_sentence(note: str) -> tuple[str, str]:
     return note, ""
 
 
+ISSUE_LEAD = re.compile(r"^[Ii]ssue \d+(?:, item \d+)?(?: control)?[,:]?\s*")
+
+
+def heading(lead: str) -> str:
+    """A study's heading from its note's lead: without what is in parentheses and without the project's own
+    issue numbers, which mean nothing to a reader ("pFedLA Table 1, FashionMNIST column, 10 clients, at the
+    paper's settings, seed 0; ...")."""
+    text, depth = "", 0
+    for char in ISSUE_LEAD.sub("", lead):
+        depth += char == "("
+        if depth == 0:
+            text += char
+        depth -= char == ")" and depth > 0
+    text = " ".join(text.split()).replace(" ,", ",").replace(" :", ":").rstrip(".,;: ")
+    first = text.split(" ", 1)[0]
+    return text[:1].upper() + text[1:] if first.islower() else text  # "at 600 rounds", not "pFedLA"
+
+
 def study_facts(store: str | Path) -> dict | None:
     """What every page of a published study shows about it; None for a store that is not one."""
     state = study_state(Path(store).resolve())
@@ -56,6 +76,7 @@ def study_facts(store: str | Path) -> dict | None:
             "statuses": m.get("statuses") or {}, "missing": len(m.get("missing") or []),
             "cells": len(m.get("cells") or {}), "note": m.get("note") or "",
             "note_lead": lead_sentence(m.get("note") or "")[0], "note_rest": lead_sentence(m.get("note") or "")[1],
+            "heading": heading(lead_sentence(m.get("note") or "")[0]),
             "state": state.label, "stale": state.stale, "failed": state.failed,
             "incomplete": state.incomplete}
 
