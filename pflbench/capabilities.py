@@ -26,15 +26,6 @@ class Capabilities:
     newcomers: str = ""
 
 
-# Capability fields as classes declared them before `Capabilities` (read for one release).
-LEGACY_CAPABILITY_ATTRIBUTES = {
-    "batched": "batched",
-    "heterogeneous_models": "heterogeneous_models",
-    "refused_knobs": "refused_knobs",
-    "newcomers_refused": "newcomers",
-}
-
-
 class Refusal(ValueError):
     """A cell its algorithm cannot run; `fields` are the cell's fields involved."""
 

@@ -96,7 +96,6 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from pflbench import streams
 from pflbench.algorithm import Algorithm, Hyperparams
 from pflbench.capabilities import Refusal
-from pflbench.engine import Engine
 from pflbench.payload import Payload
 from pflbench.round_context import ClientRound, Round
 from pflbench.serving import Models, Scores, Serving
@@ -455,15 +454,6 @@ class DifferentiallyPrivate(Algorithm[Hyperparams]):
     @classmethod
     def cell_refusal(cls, cell: CellConfig) -> Refusal | None:
         return cls.wrapped.cell_refusal(cell)
-
-    @property
-    def fed(self) -> Engine:
-        """The method's deprecated name for its engine (`Algorithm.fed`), read and set on the method."""
-        return self.algorithm.fed
-
-    @fed.setter
-    def fed(self, engine: Engine) -> None:
-        self.algorithm.fed = engine
 
     # ---- state and what leaves the client ---------------------------------------------------------
     def setup(self) -> None:

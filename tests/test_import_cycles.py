@@ -97,7 +97,7 @@ def test_the_cycle_finder_finds_a_cycle():
 
 def test_pflbench_imports_no_module_that_imports_it_back():
     modules = _modules()
-    assert {"pflbench.algorithm", "pflbench.legacy_hooks", "pflbench.groups", "pflbench.rendezvous"} <= set(modules)
+    assert {"pflbench.algorithm", "pflbench.retired", "pflbench.groups", "pflbench.rendezvous"} <= set(modules)
     graph = {name: _imports(name, path, modules) for name, path in modules.items()}
     assert "pflbench.algorithm" in graph["pflbench.fedavg"]  # imports are found, lazy ones included
     assert "pflbench.algorithm" in graph["pflbench.plugins"]
