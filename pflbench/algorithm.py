@@ -55,6 +55,16 @@ clients (a method without it is refused them before anything runs). FedAvg is on
 (`pflbench.fedavg.FedAvg`): a global model, each client's copy of its local part
 (`is_local`), and the uploads' `weighted_mean`; FedBN, FedPer, Local, FedProx, Ditto, ... extend it,
 pFedHN, pFedLA, FedMN and MH-pFedHN extend `Algorithm` directly. See `pflbench/algorithms/README.md`.
+
+The method API is closed over itself: this module, pflbench.fedavg, card, capabilities, streams,
+round_context, payload, serving, the engine's Protocol (pflbench.engine) and the types a method names
+(pflbench.api_types: State, SGD, Objective, Diverged, CellResult; config, registry, algorithm_state)
+import only each other (tests/test_import_cycles.py). A method whose step is not the engine's SGD on an
+objective uses the second layer, the custom-step kit, which builds on the API and the engine and which
+the API never imports: pflbench.steps (its own batched steps on the engine's batch plan),
+pflbench.representation (a body and head split of the clients' model) and pflbench.feature_training.
+It stays a second layer rather than one engine call: FedMN, pFedMe and the representation methods each
+step in their own way (routing, an inner problem, features), which one call would have to enumerate.
 """
 
 from __future__ import annotations

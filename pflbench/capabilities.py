@@ -39,7 +39,7 @@ def refusal(
 ) -> Refusal | None:
     """Why the algorithm `name` with `capabilities` cannot run `cell` (None: it can). `others`: every
     registered algorithm's (name, capabilities), for the list of those that can."""
-    from pflbench.models import is_heterogeneous
+    from pflbench.config import is_heterogeneous
 
     others = list(others)
 

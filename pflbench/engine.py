@@ -38,15 +38,18 @@ from __future__ import annotations
 
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Literal, Protocol, overload
+from typing import TYPE_CHECKING, Literal, Protocol, overload
 
 import numpy as np
 import torch
 from torch import Tensor
 
+from pflbench.api_types import SGD, Objective, State, cross_entropy
 from pflbench.round_context import Round
 from pflbench.streams import StreamLike
-from pflbench.training import SGD, ClientModel, Objective, State, cross_entropy
+
+if TYPE_CHECKING:  # the one engine type the interface names: the model's layout (pflbench.training)
+    from pflbench.training import ClientModel
 
 __all__ = ["MEMBERS", "Budget", "Engine", "TrainResult"]
 

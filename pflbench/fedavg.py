@@ -19,7 +19,7 @@ from typing import ClassVar
 import torch
 
 from pflbench.algorithm import HP, Algorithm, ClientRound, Models, Payload, Round, Serving
-from pflbench.training import State, weighted_mean
+from pflbench.api_types import State, weighted_mean
 
 
 class FedAvg(Algorithm[HP]):

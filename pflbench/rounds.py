@@ -23,7 +23,6 @@ from __future__ import annotations
 import dataclasses
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Protocol, cast
 
@@ -44,6 +43,7 @@ from pflbench.payload import Payload
 from pflbench.round_context import ClientRound
 from pflbench.serving import Serving, score
 from pflbench.training import Diverged
+from pflbench.api_types import CellResult as CellResult  # defined with the method API's types
 
 if TYPE_CHECKING:
     from pflbench.data.dataset import Dataset
@@ -65,17 +65,6 @@ if TYPE_CHECKING:
         def after_round(self, rnd: int, fed: Federation, algorithm: Algorithm[Any], loop: dict,
                         elapsed: float) -> None: ...
         def summary(self) -> dict: ...
-
-
-@dataclass
-class CellResult:
-    status: str                       # "finished" | "diverged" | "failed"
-    metrics: pd.DataFrame             # per eval round and client: accuracy, loss, val_accuracy, bytes, ...
-    rounds: pd.DataFrame              # per round: bytes_up, bytes_down, train_loss, wall_time
-    summary: dict
-    artifacts: dict[str, np.ndarray] = field(default_factory=dict)
-    error: str | None = None
-    card: dict | None = None  # the algorithm's card (pflbench.card), stored with the result
 
 
 def prepare_cell(cell: CellConfig, data_root: str | Path | None = None,
