@@ -253,7 +253,12 @@ class Algorithm(Generic[HP]):
         an update; also each upload a server that updates after each client receives), "self" (not
         wrapped: the method privatizes its uploads itself, outside the engine interface; the form
         before `rnd.deliver`). Read-only: a method overrides it with a class attribute (`dp_upload = "update"`)
-        or, where it depends on the hyperparameters, a property."""
+        or, where it depends on the hyperparameters, a property.
+        Extra values in an upload (beside the model: control variates, prototypes, ...) are not told
+        apart: every floating tensor of a client's upload (but the BatchNorm statistics kept on the
+        clients) is clipped together, to one norm, and noised; under "model" each needs a downloaded
+        counterpart (else ValueError). A method whose extra values must not be privatized so refuses the
+        knob: `Capabilities(refused_knobs={"privacy": "why"})`."""
         return "model"
 
     # ---- the round's hooks (module doc; each receives the round's context `rnd`) -----------------

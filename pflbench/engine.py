@@ -69,10 +69,13 @@ class Budget:
 @dataclass
 class TrainResult:
     """What local training gives back (`Engine.train`, `Engine.train_pooled`): the trained `state`
-    ([len(clients), ...], or [1, ...] pooled) and `loss`, the mean local loss per trained client."""
+    ([len(clients), ...], or [1, ...] pooled), `loss`, the mean local loss per trained client, and
+    `steps`, the SGD steps each took (a straggler's fewer: its share of the plan; SCAFFOLD's control
+    variates divide by it)."""
 
     state: State
-    loss: Tensor  # mean local loss per trained client
+    loss: Tensor  # [K]: mean local loss per trained client
+    steps: Tensor  # [K] int64, on the CPU: the steps of each trained client's batch plan
 
 
 class Engine(Protocol):

@@ -176,3 +176,15 @@ def test_self_fed_is_retired_with_one_line_naming_the_users_file_and_self_engine
     clients = torch.arange(2)
     with pytest.raises(AttributeError, match=rf"ReadsFed \({__file__}\): fed was retired.*self\.engine"):
         alg.local_train(fed.round(1, clients).with_download(Payload.empty(clients)), fed.init_state(2))
+
+
+def test_train_returns_the_steps_each_client_took_a_stragglers_fewer(tmp_path):
+    fed = federation(small_cell(clients=4, system={"stragglers": 0.5, "straggler_work": [0.3, 0.3]}), tmp_path)
+    clients = torch.arange(4)
+    rnd = fed.round(1, clients)
+    result = fed.train(rnd, clients, fed.init_state(4))
+    planned = [len(plan) for plan in fed.local_plans(rnd, clients)]
+    full = [len(plan) for plan in fed.local_plans(1, clients)]  # a round number: nothing cut
+    assert result.steps.dtype == torch.int64 and result.steps.tolist() == planned
+    assert any(p < f for p, f in zip(planned, full)) and all(p <= f for p, f in zip(planned, full))
+    assert fed.train(1, clients, fed.init_state(4), steps=3).steps.tolist() == [3] * 4
