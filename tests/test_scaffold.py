@@ -33,7 +33,10 @@ def test_every_scaffold_writes_a_plugin_whose_own_test_passes(tmp_path, capsys):
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
                           cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-4000:]
-    assert "10 passed" in done.stdout
+    assert "14 passed" in done.stdout  # each algorithm's three tests, the resume check among them; the partition's two
+    for base in ("fedavg", "fedprox", "fedper", "ditto"):
+        written = (tmp_path / f"test_my_{base}.py").read_text()
+        assert "from pflbench.testing import check_resume" in written and "check_resume(" in written
 
 
 def test_a_scaffold_refuses_a_taken_or_malformed_name_and_existing_files(tmp_path, capsys):
