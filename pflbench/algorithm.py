@@ -354,6 +354,11 @@ class Algorithm(Generic[HP]):
         check_declared(self)
         return captured_state(self, type(self).state)
 
+    def check_state(self) -> None:
+        """StateError where this instance holds an attribute its class does not declare
+        (`check_declared`); the engine calls it at the end of every round."""
+        check_declared(self)
+
     def load_state_dict(self, state: dict) -> None:
         """Make this instance, after `setup()`, the one `state_dict()` was taken from."""
         restore_state(self, state, type(self).state)
@@ -378,8 +383,8 @@ def undeclared_state(algorithm: Algorithm[Any]) -> list[str]:
 
 def check_declared(algorithm: Algorithm[Any]) -> None:
     """StateError naming the class's file and each attribute `algorithm` holds undeclared
-    (`undeclared_state`): the engine calls it at the end of every round, so a forgotten attribute fails
-    the cell rather than a resume."""
+    (`undeclared_state`): the engine calls it at the end of every round (`Algorithm.check_state`), so a
+    forgotten attribute fails the cell rather than a resume."""
     undeclared = undeclared_state(algorithm)
     if undeclared:
         cls = type(algorithm)

@@ -527,6 +527,9 @@ class DifferentiallyPrivate(Algorithm[Hyperparams]):
         """The method's state: the wrapper has none of its own (the class doc)."""
         return self.algorithm.state_dict()
 
+    def check_state(self) -> None:
+        self.algorithm.check_state()
+
     def load_state_dict(self, state: dict) -> None:
         self.algorithm.load_state_dict(state)
 

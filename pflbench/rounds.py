@@ -32,7 +32,7 @@ import torch
 from torch import Tensor
 
 from pflbench import streams
-from pflbench.algorithm import Algorithm, check_declared, get_algorithm
+from pflbench.algorithm import Algorithm, get_algorithm
 from pflbench.cell_method import cell_method, check_cell_method
 from pflbench.config import CellConfig
 from pflbench.execution import ExecutionOptions
@@ -278,7 +278,7 @@ def run_rounds(fed: Federation, algorithm: Algorithm, on_round: Callable[[dict],
             on_round({"round": rnd, "rounds": cell.rounds,
                       **(record.last_eval or {"mean_accuracy": None, "mean_val_accuracy": None}),
                       "round_row": dict(record.round_rows[-1]), "client_rows": record.metric_rows[scored:]})
-        check_declared(algorithm)  # an attribute a checkpoint would lose fails the cell (pflbench.algorithm)
+        algorithm.check_state()  # an attribute a checkpoint would lose fails the cell (pflbench.algorithm)
         if checkpointer is not None:
             checkpointer.after_round(rnd, fed, algorithm, record.loop_state(), record.elapsed())
     metrics = pd.DataFrame(record.metric_rows, columns=METRIC_COLUMNS + list(record.flags))
