@@ -33,8 +33,8 @@ test: install
 # Lint: ruff's checks everywhere; ruff's formatting on the public method API; mypy on the whole package,
 # pflbench/ (the built-in algorithms and partition schemes included; pyproject.toml's [tool.mypy]).
 PUBLIC_API := pflbench/algorithm.py pflbench/card.py pflbench/capabilities.py pflbench/streams.py \
-              pflbench/round_context.py pflbench/payload.py pflbench/serving.py pflbench/deprecation.py \
-              pflbench/engine.py pflbench/fedavg.py pflbench/representation.py
+              pflbench/round_context.py pflbench/payload.py pflbench/serving.py \
+              pflbench/engine.py pflbench/fedavg.py pflbench/representation.py pflbench/api_types.py
 lint: install
 	$(BIN)/pip install --disable-pip-version-check -q -e ".[lint]"
 	$(BIN)/ruff check .

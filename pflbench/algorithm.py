@@ -29,9 +29,9 @@ No hook reads what another hook left in a shared field: what a hook needs of the
 arguments (frozen), what it sends is its return value. What crosses the network is a
 `pflbench.payload.Payload` (per-client tensors, stacked or one dict per client): the engine counts the
 bytes of exactly these, so an algorithm's communication is whatever its hooks exchange — nothing to
-declare separately. (A plugin written in the forms before, its hooks or its attributes, still works for
-one release, with a deprecation notice, through an adapter applied to its class alone when it is
-registered: pflbench.legacy_hooks.)
+declare separately. (A plugin class written in a retired form, its hooks or its attributes, is refused
+when it registers with one line naming its file and the new form: pflbench.retired, behind the plugin
+loader.)
 
 State for checkpoints (`pflbench.checkpoint`): `state_dict()` / `load_state_dict()` capture everything
 a cell needs to continue after round r, as each method declares it, in three class attributes (each
@@ -45,8 +45,7 @@ found by walking the instance: an attribute in none of the three (other than `en
 resume test instead of resuming wrongly. Declared rather than walked, so that what a checkpoint holds
 is read on the class, and a cache or a reference to the engine is never saved by accident; each
 attribute the whole tuple, as `state_objects` was, so that `cls.state` is exactly what is saved (a base's
-names left out are caught as undeclared). (A plugin written when the checkpoint walked the instance's
-attributes keeps that walk for one release, with a deprecation notice: pflbench.legacy_hooks.)
+names left out are caught as undeclared).
 
 The base class is only the hooks: `setup`, `configure`, `receive`, `send`, `aggregate` and
 `personalized` are the method's to define (each raises NotImplementedError naming itself);
@@ -56,11 +55,21 @@ clients (a method without it is refused them before anything runs). FedAvg is on
 (`pflbench.fedavg.FedAvg`): a global model, each client's copy of its local part
 (`is_local`), and the uploads' `weighted_mean`; FedBN, FedPer, Local, FedProx, Ditto, ... extend it,
 pFedHN, pFedLA, FedMN and MH-pFedHN extend `Algorithm` directly. See `pflbench/algorithms/README.md`.
+
+The method API is closed over itself: this module, pflbench.fedavg, card, capabilities, streams,
+round_context, payload, serving, the engine's Protocol (pflbench.engine) and the types a method names
+(pflbench.api_types: State, SGD, Objective, Diverged, CellResult; config, registry, algorithm_state)
+import only each other (tests/test_import_cycles.py). A method whose step is not the engine's SGD on an
+objective uses the second layer, the custom-step kit, which builds on the API and the engine and which
+the API never imports: pflbench.steps (its own batched steps on the engine's batch plan),
+pflbench.representation (a body and head split of the clients' model) and pflbench.feature_training.
+It stays a second layer rather than one engine call: FedMN, pFedMe and the representation methods each
+step in their own way (routing, an inner problem, features), which one call would have to enumerate.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, get_args, get_origin
 
@@ -68,7 +77,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationError
 from typing_extensions import TypeVar
 
-from pflbench import deprecation, registry
+from pflbench import registry
 from pflbench.algorithm_state import (  # how a checkpoint captures a method, importable from here as before
     PLAIN_TYPES as PLAIN_TYPES,
     StateError,
@@ -78,8 +87,8 @@ from pflbench.algorithm_state import (  # how a checkpoint captures a method, im
     object_state as object_state,
     restore_state,
 )
-from pflbench.capabilities import LEGACY_CAPABILITY_ATTRIBUTES, Capabilities, Refusal, refusal
-from pflbench.card import FAMILIES, LEGACY_CARD_ATTRIBUTES, Card
+from pflbench.capabilities import Capabilities, Refusal, refusal
+from pflbench.card import FAMILIES, Card
 from pflbench.engine import Budget, Engine
 from pflbench.payload import Payload
 from pflbench.registry import Registry
@@ -108,6 +117,7 @@ __all__ = [
     "Scores",
     "Serving",
     "StateError",
+    "check_declared",
     "get_algorithm",
     "undeclared_state",
 ]
@@ -118,17 +128,16 @@ A = TypeVar("A", bound="type[Algorithm[Any]]")  # an algorithm class, as registe
 
 class AlgorithmRegistry(Registry[type["Algorithm[Any]"]]):
     """The algorithms' registry: `register(name, card=Card(...))` sets the class's `name` and `card`
-    (its own, never inherited) and settles its `capabilities`. A class written against the API before
-    (presentation and capability class attributes: display_name, family, batched, refused_knobs, ...;
-    hooks in the old form) still registers, for one release, with a DeprecationWarning naming the new
-    form, as its adapted subclass (pflbench.legacy_hooks); any other class is registered as it is."""
+    (its own, never inherited) and settles its `capabilities`. A class written in a retired form of the
+    API (presentation and capability class attributes, hooks in the old form) is refused with one line
+    (pflbench.retired, installed by the plugin loader); any other class is registered as it is."""
 
     def register(self, name: str, card: Card | None = None, **attributes: Any) -> Callable[[A], A]:
         add = super().register(name, **attributes)
 
         def decorator(cls: A) -> A:
             own_card, capabilities = _card_of(cls, name, card), _capabilities_of(cls, name)
-            # `cls` itself unless it uses an old form (pflbench.legacy_hooks.adapt, installed by pflbench.plugins)
+            # `cls` itself, or an error where it uses a retired form (pflbench.retired, installed by pflbench.plugins)
             cls = registry.adapter("algorithm")(cls, own_card, capabilities)
             cls.card, cls.capabilities = own_card, capabilities
             add(cls)
@@ -138,46 +147,14 @@ class AlgorithmRegistry(Registry[type["Algorithm[Any]"]]):
 
 
 def _card_of(cls: type, name: str, card: Card | None) -> Card:
-    own = cls.__dict__
-    if card is None and isinstance(own.get("card"), Card):
-        card = own["card"]
-    legacy = {k: own[k] for k in LEGACY_CARD_ATTRIBUTES if k in own}
-    if legacy and card is None:
-        fields = ", ".join(f"{k}={v!r}" for k, v in legacy.items())
-        deprecation.warn(
-            f"algorithm {name!r}: the class attributes {', '.join(legacy)} are deprecated; register the "
-            f"method's card instead: @ALGORITHMS.register({name!r}, card=Card({fields})) "
-            f"(from pflbench.algorithm import Card)",
-            old=f"{cls.__name__}: class attributes {', '.join(legacy)}",
-            new=f"@ALGORITHMS.register({name!r}, card=Card({fields}))",
-            owner=cls,
-        )
-        card = Card(**{k: v for k, v in legacy.items()})
+    if card is None and isinstance(cls.__dict__.get("card"), Card):
+        card = cls.__dict__["card"]
     return (card or Card()).named(name)
 
 
 def _capabilities_of(cls: type, name: str) -> Capabilities:
-    legacy: dict[str, Any] = {}
-    for klass in cls.__mro__:  # a class's own, then its bases', up to the first that declares Capabilities
-        if "capabilities" in klass.__dict__:
-            inherited = klass.__dict__["capabilities"]
-            break
-        for attribute, field in LEGACY_CAPABILITY_ATTRIBUTES.items():
-            if attribute in klass.__dict__ and field not in legacy:
-                legacy[field] = klass.__dict__[attribute]
-    else:
-        inherited = Capabilities()
-    if not legacy:
-        return inherited
-    fields = ", ".join(f"{k}={v!r}" for k, v in legacy.items())
-    deprecation.warn(
-        f"algorithm {name!r}: the class attributes {', '.join(legacy)} are deprecated; declare "
-        f"capabilities = Capabilities({fields}) (from pflbench.algorithm import Capabilities)",
-        old=f"{cls.__name__}: class attributes {', '.join(legacy)}",
-        new=f"capabilities = Capabilities({fields})",
-        owner=cls,
-    )
-    return dataclasses.replace(inherited, **legacy)
+    """The class's own `capabilities`, else the nearest base's."""
+    return next((k.__dict__["capabilities"] for k in cls.__mro__ if "capabilities" in k.__dict__), Capabilities())
 
 
 ALGORITHMS: AlgorithmRegistry = AlgorithmRegistry("algorithm")
@@ -224,26 +201,6 @@ class Algorithm(Generic[HP]):
     def __init__(self, engine: Engine, hp: HP):
         self.engine: Engine = engine  # what the method may ask of the engine (pflbench.engine)
         self.hp: HP = hp
-
-    @property
-    def fed(self) -> Engine:
-        """The engine under its name before the engine interface (deprecated: `self.engine`); it works for
-        one release, with one deprecation notice per class naming the user's file."""
-        cls = type(self)
-        if cls not in _FED_READERS:
-            _FED_READERS.add(cls)
-            deprecation.warn(
-                f"algorithm class {cls.__qualname__}: self.fed is deprecated; a method asks the engine through "
-                f"self.engine (pflbench.engine.Engine: train, evaluate, init_state, budget, generator, ...)",
-                old="self.fed",
-                new="self.engine",
-                owner=cls,
-            )
-        return self.engine
-
-    @fed.setter
-    def fed(self, engine: Engine) -> None:
-        self.engine = engine
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         """`Algorithm[XHP]`'s XHP is the class's `Hyperparams` (unless the class declares its own)."""
@@ -296,7 +253,12 @@ class Algorithm(Generic[HP]):
         an update; also each upload a server that updates after each client receives), "self" (not
         wrapped: the method privatizes its uploads itself, outside the engine interface; the form
         before `rnd.deliver`). Read-only: a method overrides it with a class attribute (`dp_upload = "update"`)
-        or, where it depends on the hyperparameters, a property."""
+        or, where it depends on the hyperparameters, a property.
+        Extra values in an upload (beside the model: control variates, prototypes, ...) are not told
+        apart: every floating tensor of a client's upload (but the BatchNorm statistics kept on the
+        clients) is clipped together, to one norm, and noised; under "model" each needs a downloaded
+        counterpart (else ValueError). A method whose extra values must not be privatized so refuses the
+        knob: `Capabilities(refused_knobs={"privacy": "why"})`."""
         return "model"
 
     # ---- the round's hooks (module doc; each receives the round's context `rnd`) -----------------
@@ -389,15 +351,13 @@ class Algorithm(Generic[HP]):
         for a checkpoint taken between rounds. The values are the live objects (not copies): serialize
         them (torch.save) before the algorithm runs on. StateError names an attribute that is not
         declared (`undeclared_state`) or that a checkpoint cannot capture."""
-        undeclared = undeclared_state(self)
-        if undeclared:
-            raise StateError(
-                f"{type(self).__name__} sets {', '.join(undeclared)}, declared in none of `state` (what rounds "
-                f"change: tensors, arrays, plain values), `state_objects` (nn.Module, optimizer, random generator) "
-                f"and `state_rebuilt` (what setup() rebuilds unchanged from the cell): declare "
-                f"{'it' if len(undeclared) == 1 else 'each'} on the class (pflbench/algorithm.py, module doc)"
-            )
+        check_declared(self)
         return captured_state(self, type(self).state)
+
+    def check_state(self) -> None:
+        """StateError where this instance holds an attribute its class does not declare
+        (`check_declared`); the engine calls it at the end of every round."""
+        check_declared(self)
 
     def load_state_dict(self, state: dict) -> None:
         """Make this instance, after `setup()`, the one `state_dict()` was taken from."""
@@ -421,6 +381,24 @@ def undeclared_state(algorithm: Algorithm[Any]) -> list[str]:
     return [name for name in vars(algorithm) if name not in declared]
 
 
+def check_declared(algorithm: Algorithm[Any]) -> None:
+    """StateError naming the class's file and each attribute `algorithm` holds undeclared
+    (`undeclared_state`): the engine calls it at the end of every round (`Algorithm.check_state`), so a
+    forgotten attribute fails the cell rather than a resume."""
+    undeclared = undeclared_state(algorithm)
+    if undeclared:
+        cls = type(algorithm)
+        module = sys.modules.get(cls.__module__)
+        where = getattr(module, "__file__", None) or cls.__module__
+        raise StateError(
+            f"{cls.__name__} ({where}) sets {', '.join(undeclared)}, declared in none of `state` (what rounds "
+            f"change: tensors, arrays, plain values), `state_objects` (nn.Module, optimizer, random generator) "
+            f"and `state_rebuilt` (what setup() rebuilds unchanged from the cell): declare "
+            f"{'it' if len(undeclared) == 1 else 'each'} on the class, e.g. "
+            f"state = (*{cls.__mro__[1].__name__}.state, {', '.join(map(repr, undeclared))})"
+        )
+
+
 def _undefined(algorithm: Algorithm[Any], hook: str) -> NotImplementedError:
     """The error of a hook the base class leaves to the method (module doc)."""
     return NotImplementedError(
@@ -440,9 +418,6 @@ def _newcomers_refusal(cls: type[Algorithm[Any]], cell: CellConfig) -> Refusal |
         f"algorithm {cls.name!r} gives clients it never saw no model (it does not define newcomer_models), so "
         f"it cannot run unseen_fraction={cell.unseen_fraction}; algorithms that can: {able or 'none'}",
     )
-
-
-_FED_READERS: set[type] = set()  # the classes told that `self.fed` is now `self.engine`
 
 
 def get_algorithm(name: str) -> type[Algorithm[Any]]:

@@ -2,8 +2,7 @@
 are, and the objects with their own state (`state_objects`), saved through it (pflbench.algorithm's
 module doc, "State for checkpoints").
 
-The capture itself is generic: any object whose class declares `state_objects` (a method, or a method
-in an old form whose attributes are walked, pflbench.legacy_hooks), and the values it accepts are tensors,
+The capture itself is generic: any object whose class declares `state_objects` (a method), and the values it accepts are tensors,
 arrays and plain values in any nesting of lists, tuples and dicts (`check_capturable`). `Algorithm`
 (pflbench.algorithm) says which attributes; this module says how they are taken and put back.
 """

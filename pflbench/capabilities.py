@@ -26,15 +26,6 @@ class Capabilities:
     newcomers: str = ""
 
 
-# Capability fields as classes declared them before `Capabilities` (read for one release).
-LEGACY_CAPABILITY_ATTRIBUTES = {
-    "batched": "batched",
-    "heterogeneous_models": "heterogeneous_models",
-    "refused_knobs": "refused_knobs",
-    "newcomers_refused": "newcomers",
-}
-
-
 class Refusal(ValueError):
     """A cell its algorithm cannot run; `fields` are the cell's fields involved."""
 
@@ -48,7 +39,7 @@ def refusal(
 ) -> Refusal | None:
     """Why the algorithm `name` with `capabilities` cannot run `cell` (None: it can). `others`: every
     registered algorithm's (name, capabilities), for the list of those that can."""
-    from pflbench.models import is_heterogeneous
+    from pflbench.config import is_heterogeneous
 
     others = list(others)
 

@@ -45,7 +45,3 @@ class Card:
         """A stored card (keys a later version added or dropped are tolerated)."""
         known = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in known})
-
-
-# The attributes a class declared before cards existed, each a card field (read for one release).
-LEGACY_CARD_ATTRIBUTES = ("display_name", "family", "paper", "personalizes", "reference", "row_order", "reduces_to")

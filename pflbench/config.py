@@ -124,3 +124,23 @@ class CellConfig(BaseModel):
 def cell_hash(cell: CellConfig) -> str:
     """Stable content hash: same resolved configuration, same id (12 hex digits)."""
     return hashlib.sha256(cell.canonical_json().encode()).hexdigest()[:12]
+
+
+# ---- heterogeneous cells: which client gets which architecture ------------------------------------
+# A cell's `model` is one name (every client the same), or a group spec: a preset from MODEL_GROUPS
+# or a comma-separated list of names. The clients are split into that many contiguous groups of
+# equal size (the remainder going to the first groups), group g getting the g-th architecture:
+# MH-pFedHN's heterogeneous setting (`--only-cnn False`).
+MODEL_GROUPS = {"hetero5": ("mh-cnn", "vgg8", "resnet10", "resnet12", "resnet18")}
+
+
+def group_names(spec: str) -> tuple[str, ...]:
+    """The architectures a cell's `model` names, in group order (one for a homogeneous cell)."""
+    if spec in MODEL_GROUPS:
+        return MODEL_GROUPS[spec]
+    return tuple(part.strip() for part in spec.split(","))
+
+
+def is_heterogeneous(spec: str) -> bool:
+    """Whether clients may get different architectures (a group spec with two or more groups)."""
+    return len(group_names(spec)) > 1

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING
 from collections.abc import Callable, Iterator
 
 if TYPE_CHECKING:
-    from pflbench.rounds import CellResult
+    from pflbench.api_types import CellResult
 
 SAMPLE_SECONDS = 0.01  # the fallback sampler's period ("sampled")
 STATUS, CLEAR_REFS = Path("/proc/self/status"), Path("/proc/self/clear_refs")

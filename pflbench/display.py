@@ -21,7 +21,7 @@ from pflbench.spec import Plan
 from pflbench.store import Store
 
 if TYPE_CHECKING:
-    from pflbench.rounds import CellResult
+    from pflbench.api_types import CellResult
 
 PROBLEMS = ("failed", "diverged")
 

@@ -38,15 +38,18 @@ from __future__ import annotations
 
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Literal, Protocol, overload
+from typing import TYPE_CHECKING, Literal, Protocol, overload
 
 import numpy as np
 import torch
 from torch import Tensor
 
+from pflbench.api_types import SGD, Objective, State, cross_entropy
 from pflbench.round_context import Round
 from pflbench.streams import StreamLike
-from pflbench.training import SGD, ClientModel, Objective, State, cross_entropy
+
+if TYPE_CHECKING:  # the one engine type the interface names: the model's layout (pflbench.training)
+    from pflbench.training import ClientModel
 
 __all__ = ["MEMBERS", "Budget", "Engine", "TrainResult"]
 
@@ -66,10 +69,13 @@ class Budget:
 @dataclass
 class TrainResult:
     """What local training gives back (`Engine.train`, `Engine.train_pooled`): the trained `state`
-    ([len(clients), ...], or [1, ...] pooled) and `loss`, the mean local loss per trained client."""
+    ([len(clients), ...], or [1, ...] pooled), `loss`, the mean local loss per trained client, and
+    `steps`, the SGD steps each took (a straggler's fewer: its share of the plan; SCAFFOLD's control
+    variates divide by it)."""
 
     state: State
-    loss: Tensor  # mean local loss per trained client
+    loss: Tensor  # [K]: mean local loss per trained client
+    steps: Tensor  # [K] int64, on the CPU: the steps of each trained client's batch plan
 
 
 class Engine(Protocol):

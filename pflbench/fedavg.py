@@ -19,7 +19,7 @@ from typing import ClassVar
 import torch
 
 from pflbench.algorithm import HP, Algorithm, ClientRound, Models, Payload, Round, Serving
-from pflbench.training import State, weighted_mean
+from pflbench.api_types import State, weighted_mean
 
 
 class FedAvg(Algorithm[HP]):
@@ -66,7 +66,12 @@ class FedAvg(Algorithm[HP]):
         return {n: sent[n] if n in sent else self.client_state[n][rnd.clients] for n in self.engine.model.names}
 
     def send(self, rnd: ClientRound, state: State) -> Payload:
-        """The trained model is the client's; its shared part is uploaded."""
+        """The trained model is the client's; its shared part is uploaded. Every key of `state` is kept:
+        each is written into `client_state` (a key `client_state` does not hold is a KeyError), and the
+        upload is the `shared_names()` of it. A method that trains extra values beside the model (e.g.
+        SCAFFOLD's control variates) splits them off `state` before calling this and adds them to the
+        returned Payload itself. Under the privacy knob every floating tensor of the upload is privatized
+        with the model (`Algorithm.dp_upload`)."""
         for n, t in state.items():
             self.client_state[n][rnd.clients] = t
         return Payload.from_state({n: state[n] for n in self.shared_names()}, rnd.clients)

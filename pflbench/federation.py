@@ -298,7 +298,7 @@ class Federation:
                                 indices, plans, self.sgd, objective=objective, aux=aux, trainable=trainable,
                                 batched=self.batched, compiled=self.compiled, threads=self.client_threads,
                                 static=self.static_step)
-        return TrainResult(new_state, loss)
+        return TrainResult(new_state, loss, torch.tensor([len(plan) for plan in plans], dtype=torch.int64))
 
     def local_plans(self, rnd: int | Round, clients: Tensor, *, epochs: int | None = None, steps: int | None = None,
                     split: str = "train", stream: StreamLike | None = None) -> list[Tensor]:

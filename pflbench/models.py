@@ -15,6 +15,9 @@ import torch
 from pydantic import AfterValidator
 from torch import nn
 
+# A cell's model spec (one name, or groups of architectures), importable from here as before.
+from pflbench.config import MODEL_GROUPS as MODEL_GROUPS
+from pflbench.config import group_names as group_names, is_heterogeneous as is_heterogeneous
 from pflbench.registry import NAME, Registry
 
 ModelBuilder = Callable[[tuple[int, ...], int], nn.Module]
@@ -245,25 +248,7 @@ for _depth in RESNET_WIDTHS:
     MODELS.register(f"resnet{_depth}")(_resnet(_depth))
 
 
-# ---- heterogeneous cells: which client gets which architecture ------------------------------------
-# A cell's `model` is one name (every client the same), or a group spec: a preset from MODEL_GROUPS
-# or a comma-separated list of names. The clients are split into that many contiguous groups of
-# equal size (the remainder going to the first groups), group g getting the g-th architecture:
-# MH-pFedHN's heterogeneous setting (`--only-cnn False`).
-MODEL_GROUPS = {"hetero5": ("mh-cnn", "vgg8", "resnet10", "resnet12", "resnet18")}
-
-
-def group_names(spec: str) -> tuple[str, ...]:
-    """The architectures a cell's `model` names, in group order (one for a homogeneous cell)."""
-    if spec in MODEL_GROUPS:
-        return MODEL_GROUPS[spec]
-    return tuple(part.strip() for part in spec.split(","))
-
-
-def is_heterogeneous(spec: str) -> bool:
-    """Whether clients may get different architectures (a group spec with two or more groups)."""
-    return len(group_names(spec)) > 1
-
+# ---- heterogeneous cells: which client gets which architecture (the spec: pflbench.config) -----------------
 
 def check_model_spec(spec: str) -> str:
     """`spec` if every name in it is a registered model, else ValueError naming the allowed ones."""

@@ -45,7 +45,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from collections.abc import Iterable
 
-from pflbench import deprecation
 from pflbench.registry import NameClashError, adapt_with, fill_with, loading
 
 if TYPE_CHECKING:
@@ -117,16 +116,16 @@ def load_builtins() -> None:
 fill_with(load_builtins)
 
 
-def _adapt_old_forms(cls: Any, card: Any, capabilities: Any) -> Any:
-    """An algorithm's class as it registers: itself, or, written against an old form of the method API (a
-    plugin's, for one release), its adapted subclass (`pflbench.legacy_hooks.adapt`). Imported when the
-    first algorithm registers: the adapter builds on the algorithms' module, which must not import it."""
-    from pflbench import legacy_hooks
+def _refuse_old_forms(cls: Any, card: Any, capabilities: Any) -> Any:
+    """An algorithm's class as it registers: itself, or OldFormError where it uses a retired form of the
+    method API (`pflbench.retired.check`). Imported when the first algorithm registers: the check builds
+    on the algorithms' module, which must not import it."""
+    from pflbench import retired
 
-    return legacy_hooks.adapt(cls, card, capabilities)
+    return retired.check(cls, card, capabilities)
 
 
-adapt_with("algorithm", _adapt_old_forms)
+adapt_with("algorithm", _refuse_old_forms)
 
 
 def _snapshot() -> dict[str, set[str]]:
@@ -260,7 +259,7 @@ def _activate_file(source: PluginSource) -> PluginSource:
     module.__file__ = source.location
     sys.modules[source.module] = module
     try:
-        with loading(source.id), deprecation.gathering():  # its deprecated forms: one line, after the import
+        with loading(source.id):
             exec(compile(dict(source.files)[source.id], source.location, "exec"), module.__dict__)  # noqa: S102
     except BaseException as error:  # noqa: BLE001 (a plugin may raise anything, SystemExit included)
         sys.modules.pop(source.module, None)
@@ -279,7 +278,7 @@ def _load_module(name: str, kind: str = "module", call: str = "") -> PluginSourc
                           f"PYTHONPATH; give a .py file's path (ending in .py) or an importable module name")
     before = _snapshot()
     try:
-        with loading(name), deprecation.gathering():
+        with loading(name):
             module = importlib.import_module(name)
             if call:
                 getattr(module, call)()

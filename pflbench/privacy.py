@@ -96,7 +96,6 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from pflbench import streams
 from pflbench.algorithm import Algorithm, Hyperparams
 from pflbench.capabilities import Refusal
-from pflbench.engine import Engine
 from pflbench.payload import Payload
 from pflbench.round_context import ClientRound, Round
 from pflbench.serving import Models, Scores, Serving
@@ -456,15 +455,6 @@ class DifferentiallyPrivate(Algorithm[Hyperparams]):
     def cell_refusal(cls, cell: CellConfig) -> Refusal | None:
         return cls.wrapped.cell_refusal(cell)
 
-    @property
-    def fed(self) -> Engine:
-        """The method's deprecated name for its engine (`Algorithm.fed`), read and set on the method."""
-        return self.algorithm.fed
-
-    @fed.setter
-    def fed(self, engine: Engine) -> None:
-        self.algorithm.fed = engine
-
     # ---- state and what leaves the client ---------------------------------------------------------
     def setup(self) -> None:
         self.algorithm.setup()
@@ -536,6 +526,9 @@ class DifferentiallyPrivate(Algorithm[Hyperparams]):
     def state_dict(self) -> dict:
         """The method's state: the wrapper has none of its own (the class doc)."""
         return self.algorithm.state_dict()
+
+    def check_state(self) -> None:
+        self.algorithm.check_state()
 
     def load_state_dict(self, state: dict) -> None:
         self.algorithm.load_state_dict(state)

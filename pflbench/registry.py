@@ -88,8 +88,8 @@ def _fill() -> None:
         loader()
 
 
-# What registering does to an entry first, by kind of registry: the algorithms' registries register a class
-# written against an old form of the method API as its adapted subclass (pflbench.legacy_hooks.adapt). The
+# What registering does to an entry first, by kind of registry: the algorithms' registries refuse a class
+# written against a retired form of the method API (pflbench.retired.check). The
 # adapter is installed, as the loader is, when pflbench is imported (pflbench.plugins), so a registry's
 # module never imports its adapter, which is free to import that module.
 _ADAPTERS: dict[str, Callable[..., Any]] = {}

@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from pflbench.rounds import CellResult
+    from pflbench.api_types import CellResult
 
 RELAYED = "relayed to the driver"  # a group task's outcome for a cell whose result went through the relay
 

@@ -85,29 +85,14 @@ class ClientRound(Round):
     deliver: Deliver = dataclasses.field(default=no_server, kw_only=True)
 
 
-class RoundNumber(int):
-    """The round number as a hook written against the old API receives it (`configure(self, rnd,
-    clients)`, ...): an int carrying its `Round`, so that such a hook's `fed.train(rnd, ...)` is still
-    cut to the stragglers' share (pflbench.legacy_hooks). Arithmetic on it gives plain ints."""
-
-    round: Round
-
-    def __new__(cls, round: Round) -> RoundNumber:
-        number = super().__new__(cls, round.number)
-        number.round = round
-        return number
-
-
 def round_number(rnd: int | Round) -> int:
     """The round's number, from a Round or a number."""
     return rnd.number if isinstance(rnd, Round) else int(rnd)
 
 
 def work_of(rnd: int | Round, clients: Tensor) -> list[float] | None:
-    """The share of their local work `clients` do when trained for `rnd`: a Round's (or an old-API
-    hook's `RoundNumber`'s) straggler work; None (all of it) for a plain round number."""
-    if isinstance(rnd, RoundNumber):
-        return rnd.round.work_of(clients)
+    """The share of their local work `clients` do when trained for `rnd`: a Round's straggler work;
+    None (all of it) for a plain round number."""
     if isinstance(rnd, Round):
         return rnd.work_of(clients)
     return None

@@ -23,7 +23,6 @@ from __future__ import annotations
 import dataclasses
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, cast
 from collections.abc import Callable, Iterator
@@ -45,6 +44,7 @@ from pflbench.payload import Payload
 from pflbench.round_context import ClientRound
 from pflbench.serving import Serving, score
 from pflbench.training import Diverged
+from pflbench.api_types import CellResult as CellResult  # defined with the method API's types
 
 if TYPE_CHECKING:
     from pflbench.data.dataset import Dataset
@@ -66,17 +66,6 @@ if TYPE_CHECKING:
         def after_round(self, rnd: int, fed: Federation, algorithm: Algorithm[Any], loop: dict,
                         elapsed: float) -> None: ...
         def summary(self) -> dict: ...
-
-
-@dataclass
-class CellResult:
-    status: str                       # "finished" | "diverged" | "failed"
-    metrics: pd.DataFrame             # per eval round and client: accuracy, loss, val_accuracy, bytes, ...
-    rounds: pd.DataFrame              # per round: bytes_up, bytes_down, train_loss, wall_time
-    summary: dict
-    artifacts: dict[str, np.ndarray] = field(default_factory=dict)
-    error: str | None = None
-    card: dict | None = None  # the algorithm's card (pflbench.card), stored with the result
 
 
 def prepare_cell(cell: CellConfig, data_root: str | Path | None = None,
@@ -290,6 +279,7 @@ def run_rounds(fed: Federation, algorithm: Algorithm, on_round: Callable[[dict],
             on_round({"round": rnd, "rounds": cell.rounds,
                       **(record.last_eval or {"mean_accuracy": None, "mean_val_accuracy": None}),
                       "round_row": dict(record.round_rows[-1]), "client_rows": record.metric_rows[scored:]})
+        algorithm.check_state()  # an attribute a checkpoint would lose fails the cell (pflbench.algorithm)
         if checkpointer is not None:
             checkpointer.after_round(rnd, fed, algorithm, record.loop_state(), record.elapsed())
     metrics = pd.DataFrame(record.metric_rows, columns=METRIC_COLUMNS + list(record.flags))

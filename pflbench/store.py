@@ -60,7 +60,7 @@ import pandas as pd
 from pflbench.config import CellConfig, cell_hash
 
 if TYPE_CHECKING:
-    from pflbench.rounds import CellResult
+    from pflbench.api_types import CellResult
 
 CONFIG, SUMMARY, ERROR = "config.json", "summary.json", "error.txt"
 METRICS, ROUNDS = "metrics.parquet", "rounds.parquet"

@@ -45,7 +45,7 @@ from typing import Literal, overload
 import numpy as np
 import torch
 
-from pflbench.round_context import Round, RoundNumber
+from pflbench.round_context import Round
 
 Kind = Literal["torch", "numpy"]
 Entropy = int | list[int] | np.random.SeedSequence
@@ -63,7 +63,7 @@ class Stream:
     name: str
     entropy: Derive | None = None
     kind: Kind | None = None  # the one kind it is drawn as (None: either)
-    salt: int | None = None  # a batch order's salt (what the deprecated `salt=` argument gave)
+    salt: int | None = None  # a batch order's salt (the derivation its draws had before names)
 
     def __str__(self) -> str:
         return self.name
@@ -140,8 +140,6 @@ ENGINE: Mapping[str, Stream] = MappingProxyType(
 def _entropy(cell_seed: int, stream: StreamLike, round: int | None, client: int | None) -> tuple[Entropy, Kind | None]:
     if isinstance(round, Round):
         raise TypeError(f"stream {str(stream)!r}: give the round's number (rnd.number), not its context")
-    if isinstance(round, RoundNumber):  # an old-form hook's round number: the plain int it stands for
-        round = int(round)
     declared = stream if isinstance(stream, Stream) and stream.entropy is not None else ENGINE.get(str(stream))
     if declared is not None and declared.entropy is not None:
         return declared.entropy(int(cell_seed), round, client), declared.kind

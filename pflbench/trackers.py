@@ -51,7 +51,7 @@ from pflbench.metrics import accuracy_key
 
 if TYPE_CHECKING:
     from pflbench.config import CellConfig
-    from pflbench.rounds import CellResult
+    from pflbench.api_types import CellResult
 
 KINDS = ("tensorboard", "wandb", "mlflow")
 DEFAULT_KIND = "tensorboard"

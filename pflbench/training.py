@@ -54,9 +54,8 @@ import os
 import sys
 import threading
 import time
-from dataclasses import dataclass
-from typing import TypeVar
 from collections.abc import Callable, Iterable, Iterator
+from typing import TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -67,74 +66,15 @@ from pflbench import streams
 from pflbench.batching import set_conv_layout, stacked_twin
 from pflbench.row_rates import RowRates
 from pflbench.static_step import static_unavailable, train_static
-
-State = dict[str, Tensor]  # name -> tensor with a leading client dimension
-# (logits [K, B, C], labels [K, B], model state [K, ...], aux [K, ...]) -> per-client loss [K]
-Objective = Callable[[Tensor, Tensor, State, State], Tensor]
-
-
-class Diverged(RuntimeError):
-    """Local training produced a non-finite loss or parameter."""
-
-
-@dataclass(frozen=True)
-class SGD:
-    """PyTorch's SGD rule (weight decay added to the gradient, momentum without dampening): the one
-    update rule of the engine. Every trainer applies it through `apply` or `apply_rows`: the
-    per-batch-objective path (eager and compiled), the custom steps of `pflbench.steps`, and
-    algorithms with their own modules (FedMN)."""
-
-    lr: float
-    momentum: float = 0.0
-    weight_decay: float = 0.0
-
-    def momenta(self, params: list[Tensor]) -> list[Tensor] | None:
-        """Fresh momentum buffers for `params` (zeros), or None when the rule has no momentum."""
-        return [torch.zeros_like(p) for p in params] if self.momentum else None
-
-    def apply(self, params: list[Tensor], grads: list[Tensor] | tuple[Tensor, ...], momenta: list[Tensor] | None,
-              lr: float | None = None) -> None:
-        """One step in place: d = g + weight_decay * p; with momentum m = momentum * m + d and d = m;
-        p = p - lr * d. `momenta` (from `momenta`, zeros before the first step: torch.optim's copy of
-        the first gradient gives the same numbers) is updated in place; `lr` replaces the rule's step
-        size (Per-FedAvg's beta, pFedMe's outer step). Runs under no_grad.
-        The operations are torch.optim.SGD's, in its order (`g.add(p, alpha=wd)`,
-        `m.mul_(momentum).add_(d)`, `p.add_(d, alpha=-lr)`), with torch's foreach kernels (a few
-        launches for all tensors): on a CPU the result is torch.optim.SGD's to the bit. Written as
-        `g + wd * p` and `p - lr * d` instead, it differs in the last bit (a fused multiply-add
-        rounds once)."""
-        if not params:
-            return
-        with torch.no_grad():
-            if self.weight_decay:
-                grads = torch._foreach_add(grads, params, alpha=self.weight_decay)
-            if self.momentum:
-                assert momenta is not None  # the rule has momentum: `momenta` gave the buffers
-                torch._foreach_mul_(momenta, self.momentum)
-                torch._foreach_add_(momenta, grads)
-                grads = momenta
-            torch._foreach_add_(params, grads, alpha=-(self.lr if lr is None else lr))
-
-    def apply_rows(self, params: list[Tensor], grads: list[Tensor] | tuple[Tensor, ...], momenta: list[Tensor] | None,
-                   rows: Tensor, lr: float | None = None) -> None:
-        """`apply` to the clients `rows` (indices into the leading client dimension) of stacked
-        tensors; the other clients keep their parameters and momentum. The gathers and scatters
-        around the fused update stay one per tensor: torch has no foreach form of indexing."""
-        with torch.no_grad():
-            chosen = [p[rows] for p in params]
-            chosen_momenta = None if momenta is None else [m[rows] for m in momenta]
-            self.apply(chosen, [g[rows] for g in grads], chosen_momenta, lr)
-            for p, new in zip(params, chosen):
-                p.index_copy_(0, rows, new)
-            for m, new in zip(momenta or [], chosen_momenta or []):
-                m.index_copy_(0, rows, new)
-
-
-def cross_entropy(logits: Tensor, labels: Tensor, state: State, aux: State) -> Tensor:
-    """Mean cross-entropy of each client's batch: [K]."""
-    per_sample = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="none")
-    return per_sample.view(labels.shape).mean(dim=1)
-
+# The method API's types, defined in pflbench.api_types and importable from here as before.
+from pflbench.api_types import (
+    SGD as SGD,
+    Diverged as Diverged,
+    Objective as Objective,
+    State as State,
+    cross_entropy as cross_entropy,
+    weighted_mean as weighted_mean,
+)
 
 def to_channels_last(t: Tensor) -> Tensor:
     """A 4-D float tensor (a convolution's weight, a batch of images) in channels-last memory order
@@ -300,14 +240,6 @@ class ClientModel:
 
     def numel(self, names: Iterable[str] | None = None) -> int:
         return sum(math.prod(self.shapes[n]) for n in (names or self.names))
-
-
-def weighted_mean(stacked: Tensor, weights: Tensor) -> Tensor:
-    """Average over the leading client dimension with weights summing to 1. Integer tensors
-    (BatchNorm's batch counters) take the maximum, as there is no meaningful mean of a count."""
-    if not stacked.is_floating_point():
-        return stacked.max(dim=0).values
-    return torch.tensordot(weights.to(stacked.dtype), stacked, dims=1)
 
 
 def batch_plan(num_samples: list[int], batch_size: int, epochs: int, steps: int | None,

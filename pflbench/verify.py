@@ -40,7 +40,7 @@ import pandas as pd
 from pflbench.store import CONFIG, METRICS, ROUNDS, SUMMARY, check_folder, read_json_dict
 
 if TYPE_CHECKING:
-    from pflbench.rounds import CellResult
+    from pflbench.api_types import CellResult
 
 # Each evaluated round's mean accuracy over clients, absolute (0.01 = 1 percentage point), where kernels
 # differ. Measured with benchmarks/verify_tolerance.py (the same cells through the client loop with

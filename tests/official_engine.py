@@ -78,10 +78,10 @@ class OfficialEngine:
         """The engine's local SGD (cross-entropy on every parameter) on the fixed plans."""
         assert not unused, unused
         clients = [int(c) for c in clients]
+        plans = self.local_plans(rnd, clients, stream=stream)
         new, loss = train_clients(self.model, state, self.features, self.labels,
-                                  [self._owned[c] for c in clients], self.local_plans(rnd, clients, stream=stream),
-                                  self.sgd, batched=self.batched)
-        return TrainResult(new, loss)
+                                  [self._owned[c] for c in clients], plans, self.sgd, batched=self.batched)
+        return TrainResult(new, loss, torch.tensor([len(plan) for plan in plans], dtype=torch.int64))
 
     def data(self, ids):
         return self.features[ids], self.labels[ids]

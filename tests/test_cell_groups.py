@@ -504,7 +504,7 @@ class SignallingFedAvg(FedAvg):
     start of round {round} and waits until the stop reaches this worker; results are FedAvg's."""
 
     def configure(self, rnd):
-        if rnd.number == {round} and self.fed.cell.seed == 0 and (GATE / "armed").exists():
+        if rnd.number == {round} and self.engine.cell.seed == 0 and (GATE / "armed").exists():
             os.kill(int((GATE / "armed").read_text()), signal.SIGTERM)
             deadline = time.monotonic() + 120
             while not current().requested:

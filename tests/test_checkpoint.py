@@ -97,7 +97,7 @@ def test_state_the_contract_cannot_capture_fails_loudly(cls, attribute, tmp_path
 
     alg = cls(federation(small_cell(), tmp_path), cls.parse_hyperparams({}))
     alg.setup()
-    with pytest.raises(StateError, match=rf"{cls.__name__} sets {attribute}, declared in none of `state`"):
+    with pytest.raises(StateError, match=rf"{cls.__name__} \(.*\) sets {attribute}, declared in none of `state`"):
         alg.state_dict()
     as_value = type("AsValue", (cls,), {"state": (*cls.state, attribute)})(alg.engine, alg.hp)
     as_value.setup()
@@ -108,17 +108,26 @@ def test_state_the_contract_cannot_capture_fails_loudly(cls, attribute, tmp_path
     assert attribute in declared.state_dict()["objects"]
 
 
+class _ModuleAsValue(_WithModule):
+    state = (*_WithModule.state, "extra")  # declared, but as a value: a checkpoint cannot capture it
+
+
 def test_a_cell_whose_algorithm_breaks_the_contract_runs_on_without_checkpoints_and_says_so(tmp_path, monkeypatch):
     import pflbench.rounds as federation_module
 
-    monkeypatch.setattr(federation_module, "get_algorithm", lambda name: _WithModule)
+    monkeypatch.setattr(federation_module, "get_algorithm", lambda name: _ModuleAsValue)
     cell = small_cell(rounds=3)
     notes = []
     checkpointer = Checkpointer(tmp_path / "cell", cell, CheckpointPolicy(every=1, minutes=0), note=notes.append)
     result = run_cell(cell, data_root=tmp_path, checkpointer=checkpointer)
     assert result.status == "finished" and result.summary["checkpoints_written"] == 0
-    assert "_WithModule sets extra, declared in none of" in result.summary["checkpoint_error"]
-    assert len(notes) == 1 and notes[0].startswith("no checkpoints for this cell: _WithModule sets extra")
+    assert "_ModuleAsValue.extra holds a" in result.summary["checkpoint_error"]
+    assert len(notes) == 1 and notes[0].startswith("no checkpoints for this cell: _ModuleAsValue.extra holds a")
+    # undeclared, the attribute fails the cell at the end of the round that set it (pflbench.algorithm)
+    monkeypatch.setattr(federation_module, "get_algorithm", lambda name: _WithModule)
+    with pytest.raises(StateError, match=r"_WithModule \(.*\) sets extra, declared in none of"):
+        run_cell(cell, data_root=tmp_path, checkpointer=Checkpointer(
+            tmp_path / "other", cell, CheckpointPolicy(every=1, minutes=0)))
 
 
 def test_state_left_out_of_the_checkpoint_is_caught_by_the_resume_comparison(tmp_path, monkeypatch):

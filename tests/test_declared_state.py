@@ -1,14 +1,11 @@
 """Checkpoint state is declared by each method (pflbench/algorithm.py: `state`, `state_objects`,
 `state_rebuilt`), not found by walking the instance: declared state round-trips, an undeclared attribute
-is caught by its name, every built-in declares all it sets (and what it calls rebuilt is), and a plugin
-written before declarations (or one that extends `Algorithm` for FedAvg's behaviour) keeps working with
-one deprecation line naming its file."""
+fails the cell at the end of the round that set it, naming it and the class's file, every built-in declares
+all it sets (and what it calls rebuilt is), and a plugin written before declarations (extending `Algorithm`
+for FedAvg's behaviour, walking its attributes) is refused with one line naming its file."""
 from __future__ import annotations
 
 import io
-import subprocess
-import sys
-import warnings
 
 import numpy as np
 import pytest
@@ -17,11 +14,12 @@ from torch import nn
 
 from cells import federation, small_cell
 from checkpoint_helpers import differences, interrupted_and_resumed, uninterrupted
-from pflbench import legacy_hooks, rounds
+from pflbench import rounds
 from pflbench.algorithm import ALGORITHMS, StateError, get_algorithm, undeclared_state
 from pflbench.fedavg import FedAvg
 from pflbench.checkpoint import CheckpointPolicy, Checkpointer
 from pflbench.rounds import run_cell
+from pflbench.store import CHECKPOINT
 
 get_algorithm("fedavg")  # registers the built-in algorithms
 IMAGES = dict(dataset="synthetic-images", dataset_options={"num_samples": 200, "channels": 3, "size": 32})
@@ -95,17 +93,16 @@ def test_an_undeclared_attribute_is_caught_with_its_name(tmp_path, monkeypatch):
     assert undeclared_state(alg) == []
     rounds.run_round(alg, 1, torch.arange(fed.num_clients))
     assert undeclared_state(alg) == ["server_momentum"]
-    with pytest.raises(StateError, match=r"Forgets sets server_momentum, declared in none of `state`"):
+    with pytest.raises(StateError, match=r"Forgets \(.*\) sets server_momentum, declared in none of `state`"):
         alg.state_dict()
-    # in a cell: no checkpoint is written (none would resume it right), and the cell says why
+    # in a cell: it fails at the end of the round that set it, naming the attribute and the class's file
     monkeypatch.setattr(rounds, "get_algorithm", lambda name: Forgets)
-    notes: list[str] = []
     cell = small_cell(rounds=3)
-    result = run_cell(cell, data_root=tmp_path, checkpointer=Checkpointer(
-        tmp_path / "cell", cell, CheckpointPolicy(every=1, minutes=0), note=notes.append))
-    assert result.status == "finished" and result.summary["checkpoints_written"] == 0
-    assert "Forgets sets server_momentum" in result.summary["checkpoint_error"]
-    assert len(notes) == 1 and "server_momentum" in notes[0]
+    with pytest.raises(StateError, match=rf"Forgets \({__file__}\) sets server_momentum.*"
+                                         r"state = \(\*FedAvg\.state, 'server_momentum'\)"):
+        run_cell(cell, data_root=tmp_path, checkpointer=Checkpointer(
+            tmp_path / "cell", cell, CheckpointPolicy(every=1, minutes=0)))
+    assert not (tmp_path / "cell" / CHECKPOINT).exists()
 
 
 # ---- every built-in declares everything it sets, and what it calls rebuilt is rebuilt --------------------
@@ -207,53 +204,27 @@ class NewMomentum(FedAvg):
 '''
 
 
-def test_an_old_plugin_runs_as_its_new_form_and_resumes_with_one_deprecation_line_each(tmp_path, monkeypatch):
+def test_an_old_plugin_is_refused_in_one_line_and_its_new_form_runs_and_resumes(tmp_path, monkeypatch):
     from pflbench import plugins
+    from pflbench.plugins import PluginError
 
     old_file = tmp_path / "old_momentum.py"
     old_file.write_text(OLD_MOMENTUM)
-    with pytest.warns(DeprecationWarning) as caught:
+    with pytest.raises(PluginError) as caught:
         plugins.load([str(old_file)])
+    line = str(caught.value)
+    assert "\n" not in line and str(old_file) in line
+    assert "leaves configure, receive, send, personalized to Algorithm" in line and "class OldMomentum(FedAvg)" in line
+    assert "old-momentum" not in ALGORITHMS.names()
+    new_file = tmp_path / "new_momentum.py"
+    new_file.write_text(NEW_MOMENTUM)
+    plugins.load([str(new_file)])
     try:
-        messages = [str(w.message) for w in caught]
-        assert {w.filename for w in caught} == {str(old_file)}
-        assert len(messages) == 2, messages
-        assert any("extend FedAvg" in m and "relies on FedAvg's configure, receive, send, personalized, weighted_mean" in m
-                   for m in messages)
-        assert any("state = (*FedAvg.state, 'velocity')" in m for m in messages)
-        old = ALGORITHMS.get("old-momentum")
-        assert issubclass(old, FedAvg) and legacy_hooks.old_forms(old.__pflbench_adapted__)
-        new_file = tmp_path / "new_momentum.py"
-        new_file.write_text(NEW_MOMENTUM)
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", DeprecationWarning)
-            plugins.load([str(new_file)])  # the new form: registered as it is, no notice
         new = ALGORITHMS.get("new-momentum")
-        assert not legacy_hooks.old_forms(new) and new.__module__ != "pflbench.legacy_hooks"
         cell = small_cell(rounds=4, eval_every=2)
-        monkeypatch.setattr(rounds, "get_algorithm", lambda name: old)
-        walked = uninterrupted(cell, tmp_path)
-        resumed, notes = interrupted_and_resumed(cell, tmp_path / "old", tmp_path, at=2)
-        assert notes == ["resumed at round 2 of 4"] and differences(walked, resumed) == []
         monkeypatch.setattr(rounds, "get_algorithm", lambda name: new)
         declared = uninterrupted(cell, tmp_path)
-        assert differences(walked, declared) == []  # the old form runs exactly as its new form
+        resumed, notes = interrupted_and_resumed(cell, tmp_path / "new", tmp_path, at=2)
+        assert notes == ["resumed at round 2 of 4"] and differences(declared, resumed) == []
     finally:
-        plugins.unload(old_file.name)
         plugins.unload("new_momentum.py")
-
-
-@pytest.mark.slow
-def test_an_old_plugin_runs_on_the_command_line_with_one_line_naming_its_file_and_both_new_forms(tmp_path):
-    path = tmp_path / "old_momentum.py"
-    path.write_text(OLD_MOMENTUM)
-    done = subprocess.run([sys.executable, "-m", "pflbench.cli", "run", "quickstart", "--plugin", path.name,
-                           "--set", "algorithm=[old-momentum]", "--set", "seed=0", "--set", "rounds=2", "--no-ray",
-                           "--results", str(tmp_path / "results")],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    notices = [line for line in done.stderr.splitlines() if "old form" in line or "eprecat" in line]
-    assert len(notices) == 1, done.stderr
-    assert notices[0].startswith(f"pflbench: {path} uses the method API's old form")
-    assert "class OldMomentum(FedAvg)" in notices[0] and "state = (*FedAvg.state, 'velocity')" in notices[0]
-    assert "1 finished" in done.stdout

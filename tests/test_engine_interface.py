@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import inspect
 import tomllib
-import warnings
 from pathlib import Path
 
 import pytest
@@ -14,8 +13,7 @@ import torch
 
 from cells import federation, small_cell
 from pflbench import engine as engine_module, rounds
-from pflbench.algorithm import ALGORITHMS, Algorithm, ClientRound, Payload, Round, get_algorithm
-from pflbench.deprecation import PluginDeprecationWarning
+from pflbench.algorithm import ALGORITHMS, Algorithm, AlgorithmRegistry, ClientRound, Payload, Round, get_algorithm
 from pflbench.engine import MEMBERS, Budget, Engine
 from pflbench.rounds import run_cell
 from pflbench.serving import Serving
@@ -170,16 +168,23 @@ class ReadsFed(ALGORITHMS.get("fedavg")):
         return self.fed.train(rnd, rnd.clients, state).state  # the name before the engine interface
 
 
-def test_self_fed_still_works_for_one_release_with_one_notice_naming_the_users_file(tmp_path):
+def test_self_fed_is_retired_with_one_line_naming_the_users_file_and_self_engine(tmp_path):
+    cls = AlgorithmRegistry("algorithm").register("reads-fed")(ReadsFed)
     fed = federation(small_cell(), tmp_path)
-    alg = ReadsFed(fed, ReadsFed.parse_hyperparams({}))
+    alg = cls(fed, cls.parse_hyperparams({}))
     alg.setup()
-    with pytest.warns(PluginDeprecationWarning, match=r"self\.fed is deprecated.*self\.engine") as caught:
-        assert alg.fed is fed is alg.engine
-    assert [w.filename for w in caught] == [__file__]
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        clients = torch.arange(2)
-        trained = alg.local_train(fed.round(1, clients).with_download(Payload.empty(clients)),
-                                  fed.init_state(2))  # one notice per class: said already
-    assert set(trained) == set(fed.model.names)
+    clients = torch.arange(2)
+    with pytest.raises(AttributeError, match=rf"ReadsFed \({__file__}\): fed was retired.*self\.engine"):
+        alg.local_train(fed.round(1, clients).with_download(Payload.empty(clients)), fed.init_state(2))
+
+
+def test_train_returns_the_steps_each_client_took_a_stragglers_fewer(tmp_path):
+    fed = federation(small_cell(clients=4, system={"stragglers": 0.5, "straggler_work": [0.3, 0.3]}), tmp_path)
+    clients = torch.arange(4)
+    rnd = fed.round(1, clients)
+    result = fed.train(rnd, clients, fed.init_state(4))
+    planned = [len(plan) for plan in fed.local_plans(rnd, clients)]
+    full = [len(plan) for plan in fed.local_plans(1, clients)]  # a round number: nothing cut
+    assert result.steps.dtype == torch.int64 and result.steps.tolist() == planned
+    assert any(p < f for p, f in zip(planned, full)) and all(p <= f for p, f in zip(planned, full))
+    assert fed.train(1, clients, fed.init_state(4), steps=3).steps.tolist() == [3] * 4

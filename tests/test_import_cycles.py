@@ -19,10 +19,15 @@ def _modules() -> dict[str, Path]:
     return modules
 
 
-def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+def _imports(name: str, path: Path, modules: dict[str, Path], types: bool = True) -> set[str]:
     """The own modules `name` imports anywhere in its source (a package's import of its own submodules
-    counts as an edge too)."""
+    counts as an edge too); without `types`, not those under `if TYPE_CHECKING:`."""
     found: set[str] = set()
+    tree = ast.parse(path.read_text())
+    if not types:
+        for node in ast.walk(tree):
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+                node.body = []
 
     def add(target: str) -> None:
         while target and target not in modules:
@@ -30,7 +35,7 @@ def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
         if target and target != name:
             found.add(target)
 
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for alias in node.names:
                 add(alias.name)
@@ -97,8 +102,42 @@ def test_the_cycle_finder_finds_a_cycle():
 
 def test_pflbench_imports_no_module_that_imports_it_back():
     modules = _modules()
-    assert {"pflbench.algorithm", "pflbench.legacy_hooks", "pflbench.groups", "pflbench.rendezvous"} <= set(modules)
+    assert {"pflbench.algorithm", "pflbench.retired", "pflbench.groups", "pflbench.rendezvous"} <= set(modules)
     graph = {name: _imports(name, path, modules) for name, path in modules.items()}
     assert "pflbench.algorithm" in graph["pflbench.fedavg"]  # imports are found, lazy ones included
     assert "pflbench.algorithm" in graph["pflbench.plugins"]
     assert _cycles(graph) == []
+
+
+# The method API (GUIDE, "Contracts"): what a plugin subclasses, the engine interface it calls, and the types
+# it names (the cell's configuration, the registry, the checkpoint's capture, pflbench.api_types). Its
+# modules import only each other. The custom-step kit (pflbench.steps, pflbench.representation,
+# pflbench.feature_training) is the documented second layer: it builds on the API and the engine, and the
+# API never imports it.
+METHOD_API = {"pflbench.algorithm", "pflbench.algorithm_state", "pflbench.api_types", "pflbench.capabilities",
+              "pflbench.card", "pflbench.config", "pflbench.engine", "pflbench.fedavg", "pflbench.payload",
+              "pflbench.registry", "pflbench.round_context", "pflbench.serving", "pflbench.streams"}
+# The one name it takes from outside, in annotations only: the engine's model layout (`Engine.model`).
+TYPE_ONLY = [("pflbench.engine", "pflbench.training")]
+
+
+def _outside(modules: dict[str, Path], api: set[str], types: bool) -> list[tuple[str, str]]:
+    return sorted((name, target) for name in api for target in _imports(name, modules[name], modules, types)
+                  if target not in api)
+
+
+def test_the_method_api_imports_only_itself():
+    modules = _modules()
+    assert METHOD_API <= set(modules)
+    assert _outside(modules, METHOD_API, types=False) == []  # at run time: nothing outside the API
+    assert _outside(modules, METHOD_API, types=True) == TYPE_ONLY
+    # the check sees a crossing: without api_types, fedavg's State and weighted_mean come from outside
+    assert ("pflbench.fedavg", "pflbench.api_types") in _outside(modules, METHOD_API - {"pflbench.api_types"}, False)
+
+
+def test_the_method_apis_types_are_importable_from_where_they_were():
+    from pflbench import api_types, rounds, training
+
+    for name in ("State", "SGD", "Objective", "Diverged", "cross_entropy", "weighted_mean"):
+        assert getattr(training, name) is getattr(api_types, name)
+    assert rounds.CellResult is api_types.CellResult

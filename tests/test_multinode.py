@@ -323,7 +323,7 @@ def test_a_node_lost_mid_matrix_loses_nothing(tmp_path, monkeypatch, fresh_plugi
     from pflbench.spec import load_spec
     from pflbench.store import Store
 
-    plugin, gate = gated_plugin(tmp_path, "self.fed.cell.seed")
+    plugin, gate = gated_plugin(tmp_path, "self.engine.cell.seed")
     store = tmp_path / "store"
     spec = tmp_path / "multinode.yaml"
     spec.write_text(yaml.safe_dump({
@@ -407,7 +407,7 @@ def test_a_sweep_whose_worker_node_is_lost_resumes_its_trials_from_the_drivers_k
     from pflbench.plugins import sources_for
     from pflbench.sweep import base_cell, run_trial
 
-    plugin, gate = gated_plugin(tmp_path, "repr(self.fed.cell.lr)")
+    plugin, gate = gated_plugin(tmp_path, "repr(self.engine.cell.lr)")
     store = tmp_path / "store"
     spec = tmp_path / "sweep-base.yaml"
     spec.write_text(yaml.safe_dump({

@@ -231,16 +231,14 @@ def test_no_hidden_round_state_no_swapped_federation_and_no_upload_restacked_by_
                         r"restack|payload_bytes|\"scores\" in")
     found = []
     for path in (ROOT / "pflbench").rglob("*.py"):  # the built-in algorithms included
-        if path.name == "legacy_hooks.py":  # the old form, kept for one release
-            continue
         for number, line in enumerate(path.read_text().splitlines(), 1):
             if hidden.search(line) and not line.lstrip().startswith("#"):
                 found.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
-    # Algorithm.__init__ stores the trained clients' engine, once; `fed`, its deprecated name, sets it
+    # Algorithm.__init__ stores the trained clients' engine, once
     allowed = {"pflbench/algorithm.py"}
     assert [f for f in found if f.split(":")[0] not in allowed] == []
     assert [f.split(": ", 1)[1] for f in found] == ["self.engine: Engine = engine  # what the method may ask of the "
-                                                    "engine (pflbench.engine)", "self.engine = engine"]
+                                                    "engine (pflbench.engine)"]
 
 
 def test_the_public_round_types_are_exported_by_the_contract():

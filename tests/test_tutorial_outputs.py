@@ -58,14 +58,14 @@ def missing_lines(shown: str, output: str) -> list[str]:
             if line.strip() and line.strip() != "..." and normalized(line) not in real]
 
 
-def pflbench(command: str, cwd: Path, env: dict | None = None) -> str:
+def pflbench(command: str, cwd: Path, env: dict | None = None, returncode: int = 0) -> str:
     words = shlex.split(command)
     assert words[0] == "pflbench", command
     env = dict(env or os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(ROOT), env.get("PYTHONPATH"))))  # this checkout's pflbench
     done = subprocess.run([sys.executable, "-m", "pflbench.cli", *words[1:]], cwd=cwd, capture_output=True,
                           text=True, timeout=900, env=env)
-    assert done.returncode == 0, f"{command}: {done.stderr[-3000:]}"
+    assert done.returncode == returncode, f"{command}: {done.stderr[-3000:]}"
     return done.stdout + done.stderr
 
 
@@ -127,13 +127,13 @@ def old_form_example() -> tuple[str, str, str]:
 
 
 @pytest.mark.slow
-def test_the_old_form_notice_on_the_own_method_page_is_what_the_command_prints(tmp_path):
+def test_the_old_form_refusal_on_the_own_method_page_is_what_the_command_prints(tmp_path):
     plugin, command, shown = old_form_example()
     (tmp_path / "old_avg.py").write_text(plugin)
-    output = pflbench(command + f" --results {tmp_path / 'results'}", tmp_path)
-    notices = [line for line in output.splitlines() if "old form" in line]
-    assert len(notices) == 1, output
-    assert shown == notices[0].replace(str(tmp_path), "/home/me")
-    assert re.search(r"finished old-avg .* acc \d", output), output  # the old form runs
-    planted = shown.replace("line 13", "line 12")
-    assert planted != notices[0].replace(str(tmp_path), "/home/me")
+    output = pflbench(command + f" --results {tmp_path / 'results'}", tmp_path, returncode=2)
+    refusals = [line for line in output.splitlines() if "retired forms" in line]
+    assert len(refusals) == 1 and len(output.strip().splitlines()) == 1, output  # one line, before any work
+    assert shown == refusals[0].replace(str(tmp_path), "/home/me")
+    assert not (tmp_path / "results").exists() or not any((tmp_path / "results").iterdir()), "nothing may run"
+    planted = shown.replace("old_avg.py:13", "old_avg.py:12")
+    assert planted != refusals[0].replace(str(tmp_path), "/home/me")

@@ -62,10 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command not in STOPPABLE:
             restore_signals(previous)
             previous = {}
-        from pflbench import deprecation
-
-        with deprecation.command_line():  # a plugin's deprecated forms: one line on stderr per file
-            return _run(args)
+        return _run(args)
     except StartupStop as stop:
         print(f"{stop.signal} as the command ended: what it ran is in the store; run the same command again to "
               f"continue anything left" if stop.started else
