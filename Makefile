@@ -30,15 +30,12 @@ TEST_WORKERS ?= 3
 test: install
 	$(BIN)/python -m pytest -q --durations=25 $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadscope)
 
-# Lint: ruff's checks everywhere; ruff's formatting on the public method API; mypy on the whole package,
+# Lint: ruff's checks everywhere; ruff's formatting on the package and its tests; mypy on the whole package,
 # pflbench/ (the built-in algorithms and partition schemes included; pyproject.toml's [tool.mypy]).
-PUBLIC_API := pflbench/algorithm.py pflbench/card.py pflbench/capabilities.py pflbench/streams.py \
-              pflbench/round_context.py pflbench/payload.py pflbench/serving.py \
-              pflbench/engine.py pflbench/fedavg.py pflbench/representation.py pflbench/api_types.py
 lint: install
 	$(BIN)/pip install --disable-pip-version-check -q -e ".[lint]"
 	$(BIN)/ruff check .
-	$(BIN)/ruff format --check $(PUBLIC_API)
+	$(BIN)/ruff format --check pflbench tests
 	$(BIN)/mypy
 
 # The report is written even when a cell failed or diverged; the run's exit status is kept.

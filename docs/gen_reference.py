@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 # Markdown files of the repository shown on the site as they are (their links are rewritten by docs/hooks.py).
 MIRRORED = ("benchmarks/README.md", "benchmarks/speed/README.md", "benchmarks/reference/README.md",
             "pflbench/algorithms/README.md")
-# The public method API (the Makefile's PUBLIC_API): what a plugin subclasses and may call.
+# The public method API: what a plugin subclasses and may call.
 PUBLIC_MODULES = ("pflbench.algorithm", "pflbench.engine", "pflbench.card", "pflbench.capabilities",
                   "pflbench.round_context", "pflbench.payload", "pflbench.serving", "pflbench.streams",
                   "pflbench.fedavg", "pflbench.representation", "pflbench.api_types")

@@ -14,6 +14,7 @@ swapped for a twin whose parameters carry a leading client dimension:
 A model with any other parameter-owning layer is not natively batchable; the engine then falls back
 to torch.func.vmap, which batches anything (more slowly on CPU).
 """
+
 from __future__ import annotations
 
 import copy
@@ -45,7 +46,12 @@ class StackedConv2d(nn.Module):
     def __init__(self, layer: nn.Conv2d, grouped: bool):
         super().__init__()
         self.weight, self.bias = layer.weight, layer.bias
-        self.stride, self.padding, self.dilation, self.groups = layer.stride, layer.padding, layer.dilation, layer.groups
+        self.stride, self.padding, self.dilation, self.groups = (
+            layer.stride,
+            layer.padding,
+            layer.dilation,
+            layer.groups,
+        )
         self.grouped = grouped
         self.channels_last = False  # the per-client loop's weights in channels-last order (set_conv_layout)
 
@@ -53,10 +59,13 @@ class StackedConv2d(nn.Module):
         clients = self.weight.shape[0]
         if not self.grouped:
             biases = self.bias if self.bias is not None else [None] * clients
-            layout = ((lambda w: w.to(memory_format=torch.channels_last)) if self.channels_last
-                      else (lambda w: w))
-            return torch.cat([F.conv2d(part, layout(w), b, self.stride, self.padding, self.dilation, self.groups)
-                              for part, w, b in zip(x.chunk(clients), self.weight, biases)])
+            layout = (lambda w: w.to(memory_format=torch.channels_last)) if self.channels_last else (lambda w: w)
+            return torch.cat(
+                [
+                    F.conv2d(part, layout(w), b, self.stride, self.padding, self.dilation, self.groups)
+                    for part, w, b in zip(x.chunk(clients), self.weight, biases)
+                ]
+            )
         batch = x.shape[0] // clients
         folded = x.view(clients, batch, *x.shape[1:]).transpose(0, 1).reshape(batch, -1, *x.shape[2:])
         weight = self.weight.reshape(-1, *self.weight.shape[2:])
@@ -95,7 +104,10 @@ class StackedBatchNorm(nn.Module):
             None if self.running_var is None else flat(self.running_var),
             None if self.weight is None else self.weight.reshape(-1),
             None if self.bias is None else self.bias.reshape(-1),
-            use_batch_stats, self.momentum, self.eps)
+            use_batch_stats,
+            self.momentum,
+            self.eps,
+        )
         out = out.view(batch, clients, *x.shape[1:]).transpose(0, 1)
         return out.reshape(x.shape)
 
@@ -114,7 +126,9 @@ def stacked_twin(module: nn.Module, grouped_conv: bool) -> nn.Module | None:
     for name, child in list(twin.named_modules()):
         replacement = _twin_layer(child, grouped_conv)
         if replacement is None:
-            owns_state = any(True for _ in child.parameters(recurse=False)) or any(True for _ in child.buffers(recurse=False))
+            owns_state = any(True for _ in child.parameters(recurse=False)) or any(
+                True for _ in child.buffers(recurse=False)
+            )
             if owns_state:
                 return None
             continue

@@ -23,6 +23,7 @@ called, so what runs there is what the graph replays, and tests on a CPU compare
 - `cached(cache, key, make)`: such objects kept per key (the model's cache, `ClientModel.static_steps`),
   the oldest dropped past `CACHED` (each holds its buffers and, on CUDA, its graph's memory).
 """
+
 from __future__ import annotations
 
 import sys
@@ -62,8 +63,11 @@ def capture_or_none(fn: Callable[[], None], what: str) -> torch.cuda.CUDAGraph |
         return capture(fn)
     except Exception as error:  # noqa: BLE001 (whatever the capture raised, the eager step is the fallback)
         first = str(error).splitlines()[0][:200] if str(error) else ""
-        print(f"pflbench: capturing {what} as a CUDA graph failed ({type(error).__name__}: {first}); it runs eagerly",
-              file=sys.stderr, flush=True)
+        print(
+            f"pflbench: capturing {what} as a CUDA graph failed ({type(error).__name__}: {first}); it runs eagerly",
+            file=sys.stderr,
+            flush=True,
+        )
         return None
 
 
@@ -89,10 +93,18 @@ class StaticLoop:
     into the carried buffers. It must be a function of these and of constants only: the first body given
     for a key is the one every later call runs (replayed on CUDA, called on a CPU)."""
 
-    def __init__(self, carry: Carry, inputs: Sequence[Tensor], body: Callable[[Carry, list[Tensor]], Carry],
-                 capture_it: bool, what: str = "a method's step") -> None:
+    def __init__(
+        self,
+        carry: Carry,
+        inputs: Sequence[Tensor],
+        body: Callable[[Carry, list[Tensor]], Carry],
+        capture_it: bool,
+        what: str = "a method's step",
+    ) -> None:
         with torch.no_grad():
-            self.carry = {group: {n: t.detach().clone() for n, t in tensors.items()} for group, tensors in carry.items()}
+            self.carry = {
+                group: {n: t.detach().clone() for n, t in tensors.items()} for group, tensors in carry.items()
+            }
             self.inputs = [x.clone() for x in inputs]
         self.body = body
         self.step = Captured(self._step, capture_it, what)
@@ -135,12 +147,16 @@ def signature(carry: Carry, inputs: Sequence[Tensor]) -> tuple:
     """What a static loop's buffers fix: each carried tensor's name, shape, strides, dtype and device (the
     step computes on these buffers: a loop is reused only for the same layout), each input's shape, dtype
     and device (inputs are copied into their buffers, whatever their strides)."""
+
     def of(t: Tensor) -> tuple:
         return tuple(t.shape), t.dtype, str(t.device)
 
-    return (tuple((group, tuple((n, (*of(t), t.stride())) for n, t in tensors.items()))
-                  for group, tensors in carry.items()),
-            tuple(of(x) for x in inputs))
+    return (
+        tuple(
+            (group, tuple((n, (*of(t), t.stride())) for n, t in tensors.items())) for group, tensors in carry.items()
+        ),
+        tuple(of(x) for x in inputs),
+    )
 
 
 def cached(cache: dict, key: Hashable, make: Callable[[], T], what: str) -> T:
@@ -154,6 +170,9 @@ def cached(cache: dict, key: Hashable, make: Callable[[], T], what: str) -> T:
         cache.pop(next(iter(cache)))
     cache[key] = made
     if getattr(made, "graph", None) is not None:
-        print(f"pflbench: captured {what} as a CUDA graph in {time.perf_counter() - began:.2f} s", file=sys.stderr,
-              flush=True)
+        print(
+            f"pflbench: captured {what} as a CUDA graph in {time.perf_counter() - began:.2f} s",
+            file=sys.stderr,
+            flush=True,
+        )
     return made

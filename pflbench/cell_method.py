@@ -9,6 +9,7 @@ knows no knob: it is built here once, where `rounds.build_cell` builds the cell.
 hand and handed to the driver would run without the knob's wrapper, its uploads leaving the clients
 as they are: the driver asks `check_cell_method` first, which refuses it with what to call instead.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
@@ -43,7 +44,8 @@ def check_cell_method(algorithm: Algorithm[Any], fed: Federation) -> None:
         f"but its method {name} was built without the privacy wrapper, so its uploads would leave the clients "
         f"unprivatized: build the method with pflbench.cell_method.cell_method({name}, cell, fed) (or the "
         f"Federation and method together with pflbench.rounds.build_cell), or wrap this one with "
-        f"pflbench.privacy.with_privacy(method, fed)")
+        f"pflbench.privacy.with_privacy(method, fed)"
+    )
 
 
 def unwrapped(algorithm: Algorithm[Any]) -> Algorithm[Any]:

@@ -49,6 +49,7 @@ for bit) by retiring exactly the checkpoints whose computing code changed.
 The payload is unpickled with `weights_only=False` after its checksum is verified: it is this
 store's own file (a store from elsewhere is as trusted as the code you run it with).
 """
+
 from __future__ import annotations
 
 import datetime
@@ -92,6 +93,7 @@ class CheckpointPolicy:
     by time only); `minutes`: at most this much wall time between checkpoints (0: not by time);
     `keep`: leave the last checkpoint in place when the cell finishes; `keep_from`: also keep a copy of
     every checkpoint written at this round or later (0: none; module doc)."""
+
     every: int = 0
     minutes: float = DEFAULT_MINUTES
     keep: bool = False
@@ -99,7 +101,9 @@ class CheckpointPolicy:
 
     def __post_init__(self) -> None:
         if not isinstance(self.every, int) or self.every < 0:
-            raise ValueError(f"checkpoint every must be a whole number of rounds >= 0 (0: by time only), got {self.every!r}")
+            raise ValueError(
+                f"checkpoint every must be a whole number of rounds >= 0 (0: by time only), got {self.every!r}"
+            )
         if not self.minutes >= 0:
             raise ValueError(f"checkpoint minutes must be >= 0 (0: not by time), got {self.minutes!r}")
         if not isinstance(self.keep_from, int) or isinstance(self.keep_from, bool) or self.keep_from < 0:
@@ -114,12 +118,14 @@ class CheckpointPolicy:
 @dataclass
 class Resumed:
     """What `Checkpointer.resume` hands back to the round loop."""
+
     round: int
     elapsed: float  # the cell's wall time up to the checkpoint
-    loop: dict      # the loop's records, as it gave them to `after_round`
+    loop: dict  # the loop's records, as it gave them to `after_round`
 
 
 # ---- the code version and the execution path a checkpoint belongs to ---------------------------------
+
 
 @functools.cache
 def _source_digest(files: tuple[tuple[str, str], ...]) -> str:
@@ -151,8 +157,11 @@ def _module_name(path: Path, package: Path) -> str:
 def _modules(package: str) -> dict[str, Path]:
     """pflbench's modules by name (the UNVERSIONED folders left out)."""
     folder = Path(package)
-    return {_module_name(p, folder): p.resolve() for p in folder.rglob("*.py")
-            if p.relative_to(folder).parts[0] not in UNVERSIONED}
+    return {
+        _module_name(p, folder): p.resolve()
+        for p in folder.rglob("*.py")
+        if p.relative_to(folder).parts[0] not in UNVERSIONED
+    }
 
 
 @functools.cache
@@ -168,7 +177,7 @@ def _imported(path: Path, package: str) -> frozenset[str]:
             named.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
             if node.level:
-                base = package.split(".")[:len(package.split(".")) - node.level + 1]
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
                 module = ".".join(base + ([node.module] if node.module else []))
             else:
                 module = node.module or ""
@@ -230,8 +239,14 @@ def source_files(algorithm_cls: type) -> dict[str, Path]:
     roots_by_name = {"algorithms": package / "algorithms", "pflbench": package}  # the first that holds a file names it
     named = {}
     for path in paths:
-        root = next((f"{name}/{path.relative_to(folder).as_posix()}" for name, folder in roots_by_name.items()
-                     if path.is_relative_to(folder)), None)
+        root = next(
+            (
+                f"{name}/{path.relative_to(folder).as_posix()}"
+                for name, folder in roots_by_name.items()
+                if path.is_relative_to(folder)
+            ),
+            None,
+        )
         named[root or path.name] = path
     return named
 
@@ -252,8 +267,13 @@ def execution_path(fed: Federation) -> dict[str, Any]:
     (captured) step is named on CUDA only: on a CPU it is the eager step bit for bit (tests/test_static_step.py);
     on CUDA the resume ignores it once the GPU check's `graphs` verdict has found it bit-identical to the eager
     step (`same_path`), so setting that verdict keeps carried checkpoints resumable, either way."""
-    path = {"device": fed.device.type, "batched": bool(fed.batched), "compiled": bool(fed.compiled),
-            "channels_last": bool(fed.channels_last), "client_threads": int(fed.client_threads)}
+    path = {
+        "device": fed.device.type,
+        "batched": bool(fed.batched),
+        "compiled": bool(fed.compiled),
+        "channels_last": bool(fed.channels_last),
+        "client_threads": int(fed.client_threads),
+    }
     if getattr(fed, "static_step", False) and fed.device.type == "cuda":
         path["static_step"] = True
     return path
@@ -272,6 +292,7 @@ def same_path(written: Any, running: dict[str, Any]) -> bool:
 
 
 # ---- random state not derived from (seed, round, client) ---------------------------------------------
+
 
 def random_state(device: torch.device) -> dict:
     import numpy as np
@@ -315,6 +336,7 @@ def load_federation_state(fed: Federation, state: dict[str, Any]) -> None:
 
 # ---- the file ----------------------------------------------------------------------------------------
 
+
 def encode_checkpoint(header: dict, payload: dict) -> bytes:
     """The checkpoint file's bytes: one header line (with the payload's size and SHA-256), then the payload."""
     import torch
@@ -355,12 +377,13 @@ def parse_header(line: bytes) -> dict:
     if not line.startswith(MAGIC + b" ") or not line.endswith(b"\n"):
         raise CheckpointProblem("damaged: no checkpoint header")
     try:
-        header = json.loads(line[len(MAGIC) + 1:])
+        header = json.loads(line[len(MAGIC) + 1 :])
     except (ValueError, UnicodeDecodeError):
         raise CheckpointProblem("damaged: unreadable header") from None
     if not isinstance(header, dict) or header.get("format") != FORMAT:
-        raise CheckpointProblem(f"format {header.get('format') if isinstance(header, dict) else '?'} "
-                                f"is not this code's ({FORMAT})")
+        raise CheckpointProblem(
+            f"format {header.get('format') if isinstance(header, dict) else '?'} is not this code's ({FORMAT})"
+        )
     header["header_bytes"] = len(line)
     return header
 
@@ -374,13 +397,13 @@ def read_header(path: Path) -> dict:
 def decode_header(data: bytes) -> dict:
     """The header of a checkpoint given as bytes (`encode_checkpoint`'s); CheckpointProblem if none."""
     end = data.find(b"\n", 0, 1 << 16)
-    return parse_header(data[:end + 1] if end >= 0 else data[:1 << 16])
+    return parse_header(data[: end + 1] if end >= 0 else data[: 1 << 16])
 
 
 def verify_checkpoint(data: bytes) -> tuple[dict, bytes]:
     """Header and payload bytes of a checkpoint, its size and checksum verified; CheckpointProblem otherwise."""
     header = decode_header(data)
-    body = data[header["header_bytes"]:]
+    body = data[header["header_bytes"] :]
     if len(body) != header.get("bytes"):
         raise CheckpointProblem(f"damaged: {len(body)} bytes of payload, the header says {header.get('bytes')}")
     if hashlib.sha256(body).hexdigest() != header.get("sha256"):
@@ -466,6 +489,7 @@ class CheckpointFile:
 
 # ---- the round loop's side ---------------------------------------------------------------------------
 
+
 class Checkpointer:
     """The checkpoint of one cell at `folder/checkpoint.pt` (module doc). `note` receives the lines a
     user should see (resumed, set aside); `set_aside_dir` is where unusable checkpoints are kept.
@@ -473,17 +497,24 @@ class Checkpointer:
     set_aside_dir)`, this machine's files; a Ray worker gets the driver's store, pflbench/checkpoint_relay.py).
     `preemption`: where a stop on SIGTERM / Ctrl-C is asked for (module doc; None: never)."""
 
-    def __init__(self, folder: Path, cell: CellConfig, policy: CheckpointPolicy = CheckpointPolicy(),
-                 set_aside_dir: Path | None = None, note: Callable[[str], None] | None = None,
-                 clock: Callable[[], float] = time.perf_counter, files: CheckpointFile | None = None,
-                 preemption: StopRequest | None = None) -> None:
+    def __init__(
+        self,
+        folder: Path,
+        cell: CellConfig,
+        policy: CheckpointPolicy = CheckpointPolicy(),
+        set_aside_dir: Path | None = None,
+        note: Callable[[str], None] | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+        files: CheckpointFile | None = None,
+        preemption: StopRequest | None = None,
+    ) -> None:
         self.folder, self.cell, self.policy = Path(folder), cell, policy
         self.path = self.folder / CHECKPOINT
         self.set_aside_dir = Path(set_aside_dir) if set_aside_dir is not None else self.folder.parent / "_damaged"
         self.files = files if files is not None else CheckpointFile(self.path, self.set_aside_dir)
         self.note = note or (lambda text: None)
         self.clock = clock
-        self.seconds = 0.0      # spent writing checkpoints, over the runs of this cell (a resumed run adds to them)
+        self.seconds = 0.0  # spent writing checkpoints, over the runs of this cell (a resumed run adds to them)
         self.written = 0
         self.last_bytes = 0
         self.resumed_from: int | None = None
@@ -533,8 +564,9 @@ class Checkpointer:
         if not same_path(header.get("execution"), path):
             raise CheckpointProblem(f"from another execution path ({header.get('execution')}, this run {path})")
         if header.get("dataset_checksum") != self.dataset_checksum:
-            raise CheckpointProblem(f"from other data (dataset checksum {header.get('dataset_checksum')}, "
-                                    f"this run {self.dataset_checksum})")
+            raise CheckpointProblem(
+                f"from other data (dataset checksum {header.get('dataset_checksum')}, this run {self.dataset_checksum})"
+            )
         if not isinstance(header.get("round"), int) or not 1 <= header["round"] < self.cell.rounds:
             raise CheckpointProblem(f"damaged: round {header.get('round')!r} of {self.cell.rounds}")
         header, payload = decode_checkpoint(data, fed.device)
@@ -578,19 +610,31 @@ class Checkpointer:
             except StateError as err:
                 self.error = str(err)
         signal = self.preemption.signal if self.preemption is not None else None  # asked for: `after_round` saw it
-        raise Preempted(signal or "signal", rounds_done=rnd, resumes_at=self.latest_round,
-                        checkpoint_error=self.error)
+        raise Preempted(signal or "signal", rounds_done=rnd, resumes_at=self.latest_round, checkpoint_error=self.error)
 
     def save(self, rnd: int, fed: Federation, algorithm: Algorithm[Any], loop: dict, elapsed: float) -> None:
         start = self.clock()
-        payload = {"round": rnd, "algorithm": algorithm.state_dict(), "federation": federation_state(fed),
-                   "loop": loop, "elapsed": elapsed, "random": random_state(fed.device),
-                   "checkpoint_seconds": self.seconds, "checkpoints_written": self.written + 1}
-        header = {"hash": cell_hash(self.cell), "code": code_version(type(algorithm)), "round": rnd,
-                  "rounds": self.cell.rounds, "execution": execution_path(fed),
-                  "dataset_checksum": self.dataset_checksum, "host": socket.gethostname(),
-                  "pid": os.getpid(),
-                  "written_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
+        payload = {
+            "round": rnd,
+            "algorithm": algorithm.state_dict(),
+            "federation": federation_state(fed),
+            "loop": loop,
+            "elapsed": elapsed,
+            "random": random_state(fed.device),
+            "checkpoint_seconds": self.seconds,
+            "checkpoints_written": self.written + 1,
+        }
+        header = {
+            "hash": cell_hash(self.cell),
+            "code": code_version(type(algorithm)),
+            "round": rnd,
+            "rounds": self.cell.rounds,
+            "execution": execution_path(fed),
+            "dataset_checksum": self.dataset_checksum,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "written_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        }
         data = encode_checkpoint(header, payload)
         self.files.write(data)
         if self.policy.keep_from and rnd >= self.policy.keep_from:
@@ -605,9 +649,13 @@ class Checkpointer:
         """For the cell's summary: the time checkpoints cost (all runs of the cell up to its result,
         as its wall time counts them; the write of the checkpoint a run resumed from is not counted),
         how many were written, the size of the last, and the round this run resumed at."""
-        return {"checkpoint_seconds": self.seconds, "checkpoints_written": self.written,
-                "checkpoint_bytes": self.last_bytes, "resumed_from_round": self.resumed_from,
-                **({"checkpoint_error": self.error} if self.error else {})}
+        return {
+            "checkpoint_seconds": self.seconds,
+            "checkpoints_written": self.written,
+            "checkpoint_bytes": self.last_bytes,
+            "resumed_from_round": self.resumed_from,
+            **({"checkpoint_error": self.error} if self.error else {}),
+        }
 
     # -- housekeeping --
     def set_aside(self, reason: str) -> str:
@@ -626,8 +674,10 @@ def describe_checkpoints(results_dir: str | Path, entries: list[dict] | None = N
         if entry["problem"]:
             lines.append(f"checkpoint: {entry['hash']}/{CHECKPOINT}: {entry['problem']} (set aside when the cell runs)")
         else:
-            lines.append(f"checkpoint: {entry['hash']} at round {entry['round']} of {entry['rounds']} "
-                         f"({entry['bytes'] / 1e6:.1f} MB, written {entry['written_at']}); the next run continues it")
+            lines.append(
+                f"checkpoint: {entry['hash']} at round {entry['round']} of {entry['rounds']} "
+                f"({entry['bytes'] / 1e6:.1f} MB, written {entry['written_at']}); the next run continues it"
+            )
     return lines
 
 
@@ -643,8 +693,12 @@ def list_checkpoints(results_dir: str | Path) -> list[dict]:
         entry = {"hash": path.parent.name, "path": str(path), "bytes": path.stat().st_size}
         try:
             header = verify_checkpoint_file(path)
-            entry.update(round=header.get("round"), rounds=header.get("rounds"), written_at=header.get("written_at"),
-                         problem=None if header.get("hash") == path.parent.name else "from another configuration")
+            entry.update(
+                round=header.get("round"),
+                rounds=header.get("rounds"),
+                written_at=header.get("written_at"),
+                problem=None if header.get("hash") == path.parent.name else "from another configuration",
+            )
         except (OSError, CheckpointProblem) as err:
             entry.update(round=None, rounds=None, written_at=None, problem=str(err))
         found.append(entry)

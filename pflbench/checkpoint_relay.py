@@ -35,6 +35,7 @@ latest start owns the trial's checkpoint, and an earlier, lost one's late write 
 A trial's id is not its cell's hash (two trials may sample the same values), so `begin` names the hash
 its checkpoints must carry.
 """
+
 from __future__ import annotations
 
 import socket
@@ -65,8 +66,10 @@ class CheckpointKeeper:
     def _check(self, key: str, attempt: int) -> None:
         if self.attempts.get(key) != attempt:
             current = self.attempts.get(key)
-            raise StaleAttempt(f"checkpoint of cell {key}: attempt {attempt} is not the cell's current one "
-                               f"({'closed' if current is None else current}); nothing written")
+            raise StaleAttempt(
+                f"checkpoint of cell {key}: attempt {attempt} is not the cell's current one "
+                f"({'closed' if current is None else current}); nothing written"
+            )
 
     def open(self, key: str, attempt: int) -> None:
         self.attempts[key] = attempt

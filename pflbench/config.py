@@ -18,6 +18,7 @@ clients' train splits) changed every cell's numbers, so it is in the hash and ev
 id; `pool` (the rule before) is left out, so stored cells keep their ids and read as `pool` cells
 (`CellConfig.stored`). See pflbench.data.normalization.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -36,12 +37,19 @@ def reject_boolean(value: Any) -> Any:
 
 
 # Fields added after cells were stored: left out of the hash while they have these values.
-OPTIONAL_AT_DEFAULT = {"finetune_epochs": 0, "feature_shift": {}, "concept_shift": {}, "system": {}, "privacy": {},
-                       "unseen_fraction": 0.0, "plugin_hashes": {},
-                       # the rule every cell stored before the field used; the default is "train", so those
-                       # cells keep their ids as `pool` cells and every default cell has a new one
-                       # (pflbench.data.normalization)
-                       "normalization": "pool"}
+OPTIONAL_AT_DEFAULT = {
+    "finetune_epochs": 0,
+    "feature_shift": {},
+    "concept_shift": {},
+    "system": {},
+    "privacy": {},
+    "unseen_fraction": 0.0,
+    "plugin_hashes": {},
+    # the rule every cell stored before the field used; the default is "train", so those
+    # cells keep their ids as `pool` cells and every default cell has a new one
+    # (pflbench.data.normalization)
+    "normalization": "pool",
+}
 # Hyperparameters added to an algorithm after cells of it were stored: the value a stored cell's missing
 # entry stands for (how the method ran before the option existed). As with OPTIONAL_AT_DEFAULT, `stored`
 # fills it in and the hash leaves it out at that value, so the cells stored before keep their ids.
@@ -86,9 +94,23 @@ class CellConfig(BaseModel):
     # model (set by spec resolution, pflbench/plugins.py): part of the id, so a changed plugin is a new cell.
     plugin_hashes: dict[str, str] = Field(default_factory=dict)
 
-    @field_validator("clients", "participation", "seed", "rounds", "local_epochs", "batch_size", "lr", "momentum",
-                     "weight_decay", "eval_every", "train_fraction", "val_fraction", "finetune_epochs",
-                     "unseen_fraction", mode="before")
+    @field_validator(
+        "clients",
+        "participation",
+        "seed",
+        "rounds",
+        "local_epochs",
+        "batch_size",
+        "lr",
+        "momentum",
+        "weight_decay",
+        "eval_every",
+        "train_fraction",
+        "val_fraction",
+        "finetune_epochs",
+        "unseen_fraction",
+        mode="before",
+    )
     @classmethod
     def _no_booleans_for_numbers(cls, value: Any) -> Any:
         return reject_boolean(value)

@@ -21,6 +21,7 @@
 The runner calls it around `run_cell` (pflbench/runner.py, `execute_cell`); a failed cell's result
 (an exception) carries none of these.
 """
+
 from __future__ import annotations
 
 import os
@@ -64,8 +65,9 @@ class HostPeak:
     """The peak RSS of this process from `start()` to `stop()`, by the best method available here."""
 
     def __init__(self) -> None:
-        self.method = "vmhwm" if reset_high_water_mark() else ("sampled" if _status_kib("VmRSS") is not None
-                                                               else "process")
+        self.method = (
+            "vmhwm" if reset_high_water_mark() else ("sampled" if _status_kib("VmRSS") is not None else "process")
+        )
         self.start_bytes = self.current()
         self.peak = self.start_bytes
         self._stop = threading.Event()
@@ -162,8 +164,13 @@ def measuring(device: str) -> Iterator[Callable[[], dict]]:
     host = HostPeak()
 
     def facts() -> dict:
-        found = {"peak_host_bytes": host.so_far(), "host_start_bytes": host.start_bytes,
-                 "peak_host_method": host.method, **machine(device), **code}
+        found = {
+            "peak_host_bytes": host.so_far(),
+            "host_start_bytes": host.start_bytes,
+            "peak_host_method": host.method,
+            **machine(device),
+            **code,
+        }
         if cuda:
             found["peak_gpu_bytes"] = int(torch.cuda.max_memory_allocated(torch.device(device)))
         return found

@@ -1,5 +1,6 @@
 """What a person sees of a run: the live progress of its cells, the closing summary, the dry run's table
 of cells. Only the console; the run itself is `pflbench.runner`."""
+
 from __future__ import annotations
 
 import json
@@ -12,8 +13,7 @@ from collections.abc import Callable
 
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TaskID, TextColumn,
-                           TimeElapsedColumn)
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from pflbench.config import CellConfig, cell_hash
@@ -27,8 +27,10 @@ PROBLEMS = ("failed", "diverged")
 
 
 def label(cell: CellConfig) -> str:
-    return (f"{cell.algorithm} · {cell.dataset} · {cell.partition} · {cell.clients} clients · seed {cell.seed} "
-            f"· {cell_hash(cell)}")
+    return (
+        f"{cell.algorithm} · {cell.dataset} · {cell.partition} · {cell.clients} clients · seed {cell.seed} "
+        f"· {cell_hash(cell)}"
+    )
 
 
 def format_duration(seconds: float) -> str:
@@ -57,9 +59,16 @@ class Display:
         self.total = total
         self.clock = clock
         self.started = clock()
-        self.progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(bar_width=20),
-                                 MofNCompleteColumn(), TextColumn("{task.fields[info]}"), TimeElapsedColumn(),
-                                 console=console, disable=not console.is_terminal)
+        self.progress = Progress(
+            SpinnerColumn(),
+            TextColumn("{task.description}"),
+            BarColumn(bar_width=20),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[info]}"),
+            TimeElapsedColumn(),
+            console=console,
+            disable=not console.is_terminal,
+        )
         self.overall = self.progress.add_task("cells", total=total, info="")
         self.running: dict[str, TaskID] = {}
         self.counts: Counter = Counter()
@@ -104,8 +113,9 @@ class Display:
         if key not in self.running:
             self.running[key] = self.progress.add_task(escape(label(cell)), total=cell.rounds, info="")
         accuracy = info.get("mean_accuracy")
-        self.progress.update(self.running[key], completed=info.get("round", 0),
-                             info="" if accuracy is None else f"acc {accuracy:.1%}")
+        self.progress.update(
+            self.running[key], completed=info.get("round", 0), info="" if accuracy is None else f"acc {accuracy:.1%}"
+        )
         self._update_overall()
         if not self.console.is_terminal:
             self._log_evaluation(cell, key, info)
@@ -122,9 +132,14 @@ class Display:
         if evaluated <= last_round or now - last_at < self.LOG_EVERY:
             return
         self.logged[key] = (evaluated, now)
-        scores = ", ".join(f"{name} {value:.1%}" for name, value in (("acc", accuracy), ("val", val)) if value is not None)
-        self.console.print(f"progress {escape(label(cell))}: round {evaluated} of {cell.rounds}, {scores}  "
-                           f"[{format_duration(now - self.started)}]", highlight=False)
+        scores = ", ".join(
+            f"{name} {value:.1%}" for name, value in (("acc", accuracy), ("val", val)) if value is not None
+        )
+        self.console.print(
+            f"progress {escape(label(cell))}: round {evaluated} of {cell.rounds}, {scores}  "
+            f"[{format_duration(now - self.started)}]",
+            highlight=False,
+        )
 
     def _done(self, cell: CellConfig, result: CellResult) -> None:
         self.counts[result.status] += 1  # first: the run's outcome counts never depend on the display
@@ -143,9 +158,12 @@ class Display:
             detail += f"  {result.error.strip().splitlines()[-1]}"
         wall = result.summary.get("wall_time")
         style = {"finished": "green", "diverged": "yellow"}.get(result.status, "red")
-        self.console.print(f"[{style}]{result.status:<8}[/] {escape(label(cell))}  {escape(detail)}"
-                           + (f"  ({wall:.1f} s)" if wall is not None else "") + f"  {escape(self.position())}",
-                           highlight=False)
+        self.console.print(
+            f"[{style}]{result.status:<8}[/] {escape(label(cell))}  {escape(detail)}"
+            + (f"  ({wall:.1f} s)" if wall is not None else "")
+            + f"  {escape(self.position())}",
+            highlight=False,
+        )
 
     def position(self) -> str:
         """`[n/total, ETA 2m10s]` after a cell finished (`[n/total, done]` after the last)."""
@@ -162,6 +180,7 @@ class Display:
 
 
 # ---- the end of a run ------------------------------------------------------------------------------
+
 
 class RunOutcome(Protocol):
     """What the summary reads of a run's outcome (`pflbench.runner.RunReport`; named by what it offers,
@@ -186,15 +205,38 @@ def print_summary(console: Console, plan: Plan, store: Store, report: RunOutcome
     parts = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
     console.print(f"{escape(plan.name)}: {parts} ({report.ran} run now, in {seconds:.0f} s)", highlight=False)
     for dataset, count in report.skipped_datasets.items():
-        console.print(f"[yellow]note:[/] {count} cells on {escape(repr(dataset))} were left out: it cannot be loaded here.")
+        console.print(
+            f"[yellow]note:[/] {count} cells on {escape(repr(dataset))} were left out: it cannot be loaded here."
+        )
     problems = [cell for cell in plan.cells if report.outcomes.get(cell_hash(cell)) in PROBLEMS]
     if problems:
-        table = Table("cell", "algorithm", "dataset", "partition", "clients", "seed", "status", "error",
-                      title=escape(f"cells without a finished result (tracebacks: {store.root}/<cell>/error.txt)"))
+        table = Table(
+            "cell",
+            "algorithm",
+            "dataset",
+            "partition",
+            "clients",
+            "seed",
+            "status",
+            "error",
+            title=escape(f"cells without a finished result (tracebacks: {store.root}/<cell>/error.txt)"),
+        )
         for cell in problems:
-            table.add_row(*map(escape, (cell_hash(cell), cell.algorithm, cell.dataset, cell.partition, str(cell.clients),
-                                        str(cell.seed), str(report.outcomes[cell_hash(cell)]),
-                                        str(store.summary(cell).get("error", "")))))
+            table.add_row(
+                *map(
+                    escape,
+                    (
+                        cell_hash(cell),
+                        cell.algorithm,
+                        cell.dataset,
+                        cell.partition,
+                        str(cell.clients),
+                        str(cell.seed),
+                        str(report.outcomes[cell_hash(cell)]),
+                        str(store.summary(cell).get("error", "")),
+                    ),
+                )
+            )
         console.print(table)
     if report.interrupted:
         console.print("[yellow]interrupted:[/] cells that were running have no result; run again to resume.")
@@ -213,15 +255,19 @@ def _named(cells: list[CellConfig], name_field: str) -> tuple[list[str], list[st
     by_name: dict[str, list[dict]] = {}
     for cell in cells:
         by_name.setdefault(getattr(cell, name_field), []).append(getattr(cell, settings))
-    varying = {name: [k for k in dicts[0] if len({json.dumps(d.get(k)) for d in dicts}) > 1]
-               for name, dicts in by_name.items()}
+    varying = {
+        name: [k for k in dicts[0] if len({json.dumps(d.get(k)) for d in dicts}) > 1] for name, dicts in by_name.items()
+    }
 
     def text(name: str, entries: dict, keys: list[str]) -> str:
         return f"{name}({', '.join(f'{k}={json.dumps(entries[k])}' for k in keys)})" if keys else name
 
     per_cell = [text(getattr(c, name_field), getattr(c, settings), varying[getattr(c, name_field)]) for c in cells]
-    fixed = [text(name, dicts[0], [k for k in dicts[0] if k not in varying[name]])
-             for name, dicts in by_name.items() if dicts[0] or len(by_name) == 1]
+    fixed = [
+        text(name, dicts[0], [k for k in dicts[0] if k not in varying[name]])
+        for name, dicts in by_name.items()
+        if dicts[0] or len(by_name) == 1
+    ]
     return per_cell, fixed
 
 
@@ -230,8 +276,15 @@ def print_plan(console: Console, plan: Plan, store: Store, as_json: bool = False
     with what does not; or the fully resolved cells as JSON."""
     statuses = [store.status(cell) or "to run" for cell in plan.cells]
     if as_json:
-        print(json.dumps([{"hash": cell_hash(cell), "status": status, "config": cell.model_dump(mode="json")}
-                          for cell, status in zip(plan.cells, statuses)], indent=2))
+        print(
+            json.dumps(
+                [
+                    {"hash": cell_hash(cell), "status": status, "config": cell.model_dump(mode="json")}
+                    for cell, status in zip(plan.cells, statuses)
+                ],
+                indent=2,
+            )
+        )
         return
     columns, fixed, per_name = {}, [], {}
     for field in CellConfig.model_fields:
@@ -250,8 +303,13 @@ def print_plan(console: Console, plan: Plan, store: Store, as_json: bool = False
         elif field not in NAMED_SETTINGS:
             fixed.append(f"{field}={values[0]}")
     scale = f", scale {plan.scale}" if len(plan.scales) > 1 else ""
-    table = Table("#", "cell", *map(escape, columns), "status",
-                  title=escape(f"{plan.name}: {len(plan.cells)} cells ({plan.source}{scale})"))
+    table = Table(
+        "#",
+        "cell",
+        *map(escape, columns),
+        "status",
+        title=escape(f"{plan.name}: {len(plan.cells)} cells ({plan.source}{scale})"),
+    )
     for i, (cell, status) in enumerate(zip(plan.cells, statuses)):
         table.add_row(str(i + 1), cell_hash(cell), *(escape(values[i]) for values in columns.values()), escape(status))
     console.print(table)
@@ -259,13 +317,18 @@ def print_plan(console: Console, plan: Plan, store: Store, as_json: bool = False
     for field, constant in per_name.items():
         console.print(escape(f"per {field} (each in its own cells only): {', '.join(constant)}"), highlight=False)
     counts = Counter(statuses)
-    console.print(f"resources per cell: {plan.resources.cpus:g} CPU, {plan.resources.gpus:g} GPU; "
-                  + ", ".join(f"{n} {status}" for status, n in sorted(counts.items())), highlight=False)
+    console.print(
+        f"resources per cell: {plan.resources.cpus:g} CPU, {plan.resources.gpus:g} GPU; "
+        + ", ".join(f"{n} {status}" for status, n in sorted(counts.items())),
+        highlight=False,
+    )
     for algorithm, path in sorted(plan.tuned.items()):
         console.print(escape(f"{algorithm}: tuned configuration {path} (hp_source=tuned)"), highlight=False)
     for dataset in sorted(plan.optional_datasets):
-        console.print(escape(f"{dataset}: optional (its cells are left out, with a note, where it cannot be loaded)"),
-                      highlight=False)
+        console.print(
+            escape(f"{dataset}: optional (its cells are left out, with a note, where it cannot be loaded)"),
+            highlight=False,
+        )
 
 
 def make_console(stderr: bool = False) -> Console:

@@ -31,6 +31,7 @@ change how fast a cell runs, never what it computes beyond float rounding.
 - `device`: torch device (None: "cuda" for cells given GPUs, else "cpu"; decided by the runner).
 - `threads`: torch threads of the cell (None: the runner sets them from the cell's CPUs).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -46,9 +47,14 @@ CHANNELS_LAST = ("auto", "on", "off")
 CLIENT_THREADS = ("auto", "off")
 CELL_GROUPS = ("auto", "on", "off")
 CUDA_GRAPHS = ("auto", "on", "off")
-CHOICES = {"client_batching": CLIENT_BATCHING, "compiled_training": COMPILED_TRAINING,
-           "channels_last": CHANNELS_LAST, "client_threads": CLIENT_THREADS, "cell_groups": CELL_GROUPS,
-           "cuda_graphs": CUDA_GRAPHS}
+CHOICES = {
+    "client_batching": CLIENT_BATCHING,
+    "compiled_training": COMPILED_TRAINING,
+    "channels_last": CHANNELS_LAST,
+    "client_threads": CLIENT_THREADS,
+    "cell_groups": CELL_GROUPS,
+    "cuda_graphs": CUDA_GRAPHS,
+}
 # Whether `cuda_graphs: auto` turns the captured steps on for CUDA: set once a device has shown graphs on and
 # off equal (benchmarks/gpu/check.py's `graphs` step: the plain step, the column, the methods' own steps);
 # until then `auto` is off everywhere.
@@ -113,28 +119,57 @@ class ExecutionOptions:
 def add_execution_arguments(parser: argparse.ArgumentParser, *, device_help: str, cell_groups: bool = False) -> None:
     """The execution options as command-line arguments (`run`, `sweep`; `cell_groups`: `run` only)."""
     parser.add_argument("--device", help=device_help)
-    parser.add_argument("--client-batching", choices=CLIENT_BATCHING, default="auto",
-                        help="local training batched across clients (auto: on CUDA, a client loop on CPU)")
-    parser.add_argument("--compiled-training", choices=COMPILED_TRAINING, default="auto",
-                        help="torch.compile the local training step (auto: the eager step, measured faster on "
-                             "CPU with channels-last and client threads; on: compiled)")
-    parser.add_argument("--channels-last", choices=CHANNELS_LAST, default="auto",
-                        help="convolutions in channels-last memory order (auto: on CPU)")
-    parser.add_argument("--client-threads", choices=CLIENT_THREADS, default="auto",
-                        help="train and evaluate a cell's clients side by side on its CPU threads, one torch "
-                             "thread each (auto: on CPU when the cell has more than one thread)")
+    parser.add_argument(
+        "--client-batching",
+        choices=CLIENT_BATCHING,
+        default="auto",
+        help="local training batched across clients (auto: on CUDA, a client loop on CPU)",
+    )
+    parser.add_argument(
+        "--compiled-training",
+        choices=COMPILED_TRAINING,
+        default="auto",
+        help="torch.compile the local training step (auto: the eager step, measured faster on "
+        "CPU with channels-last and client threads; on: compiled)",
+    )
+    parser.add_argument(
+        "--channels-last",
+        choices=CHANNELS_LAST,
+        default="auto",
+        help="convolutions in channels-last memory order (auto: on CPU)",
+    )
+    parser.add_argument(
+        "--client-threads",
+        choices=CLIENT_THREADS,
+        default="auto",
+        help="train and evaluate a cell's clients side by side on its CPU threads, one torch "
+        "thread each (auto: on CPU when the cell has more than one thread)",
+    )
     if cell_groups:
-        parser.add_argument("--cell-groups", choices=CELL_GROUPS, default="auto",
-                            help="run cells that share a model architecture as cell groups in one process, their "
-                                 "local training one batched step; on Ray one task per group (auto: on CUDA)")
-    parser.add_argument("--cuda-graphs", choices=CUDA_GRAPHS, default="auto",
-                        help="the batched local step captured as a CUDA graph and replayed (on: on CUDA, and "
-                             "the same static-buffer step run eagerly on a CPU; auto: off until verified on a GPU)")
+        parser.add_argument(
+            "--cell-groups",
+            choices=CELL_GROUPS,
+            default="auto",
+            help="run cells that share a model architecture as cell groups in one process, their "
+            "local training one batched step; on Ray one task per group (auto: on CUDA)",
+        )
+    parser.add_argument(
+        "--cuda-graphs",
+        choices=CUDA_GRAPHS,
+        default="auto",
+        help="the batched local step captured as a CUDA graph and replayed (on: on CUDA, and "
+        "the same static-buffer step run eagerly on a CPU; auto: off until verified on a GPU)",
+    )
 
 
 def execution_options(args: argparse.Namespace) -> ExecutionOptions:
     """The ExecutionOptions given on a command line built with `add_execution_arguments`."""
-    return ExecutionOptions(device=args.device, client_batching=args.client_batching,
-                            compiled_training=args.compiled_training, channels_last=args.channels_last,
-                            client_threads=args.client_threads, cell_groups=getattr(args, "cell_groups", "auto"),
-                            cuda_graphs=getattr(args, "cuda_graphs", "auto"))
+    return ExecutionOptions(
+        device=args.device,
+        client_batching=args.client_batching,
+        compiled_training=args.compiled_training,
+        channels_last=args.channels_last,
+        client_threads=args.client_threads,
+        cell_groups=getattr(args, "cell_groups", "auto"),
+        cuda_graphs=getattr(args, "cuda_graphs", "auto"),
+    )

@@ -13,6 +13,7 @@ batched or one at a time as the engine trains them, and a carry (per-client tens
 passes from step to step, such as a running mean). It runs eagerly (no compiled or captured step), and
 its calls are the method's own: in a cell group they are not merged with other cells'.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -56,14 +57,17 @@ def head_of(model: ClientModel) -> Head:
     owner = last[0].rpartition(".")[0] if last else ""
     module = model.template.get_submodule(owner) if owner else None
     if not isinstance(module, nn.Linear):
-        raise ValueError(f"this method reads the representation before a linear head, but the model's last layer "
-                         f"({owner or 'none'}) is a {type(module).__name__}: models with a linear last layer: "
-                         f"cnn, cnn-bn, mlp, mobilenetv3-large")
+        raise ValueError(
+            f"this method reads the representation before a linear head, but the model's last layer "
+            f"({owner or 'none'}) is a {type(module).__name__}: models with a linear last layer: "
+            f"cnn, cnn-bn, mlp, mobilenetv3-large"
+        )
     return Head(owner, f"{owner}.weight", f"{owner}.bias" if module.bias is not None else None, module.in_features)
 
 
-def forward_with_features(model: ClientModel, state: State, x: Tensor, train: bool,
-                          head: Head | None = None) -> tuple[Tensor, Tensor]:
+def forward_with_features(
+    model: ClientModel, state: State, x: Tensor, train: bool, head: Head | None = None
+) -> tuple[Tensor, Tensor]:
     """(logits [K, B, C], representation [K, B, D]) of inputs [K, B, ...] under the stacked `state` of
     `model`'s tensors, from one forward (`ClientModel.forward`'s paths; in training mode BatchNorm
     buffers in `state` are updated in place, per client)."""
@@ -92,8 +96,7 @@ def forward_with_features(model: ClientModel, state: State, x: Tensor, train: bo
 
         def call(s: State, xb: Tensor) -> tuple[Tensor, Tensor]:
             got: list[Tensor] = []
-            handle = template.get_submodule(head.module).register_forward_pre_hook(
-                lambda _m, args: got.append(args[0]))
+            handle = template.get_submodule(head.module).register_forward_pre_hook(lambda _m, args: got.append(args[0]))
             try:
                 out = functional_call(template, s, (xb,))
             finally:
@@ -116,11 +119,20 @@ def forward_with_features(model: ClientModel, state: State, x: Tensor, train: bo
 FeatureObjective = Callable[[Tensor, Tensor, Tensor, State, State], tuple[Tensor, State]]
 
 
-def train_with_features(engine: Engine, rnd: int | Round, clients: Tensor, state: State,
-                        objective: FeatureObjective, *, carry: State | None = None,
-                        trainable: list[str] | None = None, epochs: int | None = None,
-                        stream: StreamLike | None = None, train: bool = True,
-                        sgd: SGD | None = None) -> tuple[State, State, Tensor]:
+def train_with_features(
+    engine: Engine,
+    rnd: int | Round,
+    clients: Tensor,
+    state: State,
+    objective: FeatureObjective,
+    *,
+    carry: State | None = None,
+    trainable: list[str] | None = None,
+    epochs: int | None = None,
+    stream: StreamLike | None = None,
+    train: bool = True,
+    sgd: SGD | None = None,
+) -> tuple[State, State, Tensor]:
     """Local SGD of `clients` from `state` ([K, ...]: the model's tensors and any of the method's own,
     which the objective reads) on `objective` (`FeatureObjective`), `epochs` of the engine's batch plan
     (None: the budget's local epochs; `stream`: its batch order), updating the `trainable` tensors
@@ -171,9 +183,16 @@ def train_with_features(engine: Engine, rnd: int | Round, clients: Tensor, state
     if engine.batched or len(clients) <= 1:
         new_state, new_carry, loss = run(clients, state, carry, plan.ids, counts)
     else:  # one client at a time, as the engine's loop path
-        parts = [run(clients[k:k + 1], {n: t[k:k + 1] for n, t in state.items()},
-                     {n: t[k:k + 1] for n, t in carry.items()}, plan.ids[k:k + 1], counts[k:k + 1])
-                 for k in range(len(clients))]
+        parts = [
+            run(
+                clients[k : k + 1],
+                {n: t[k : k + 1] for n, t in state.items()},
+                {n: t[k : k + 1] for n, t in carry.items()},
+                plan.ids[k : k + 1],
+                counts[k : k + 1],
+            )
+            for k in range(len(clients))
+        ]
         new_state = {n: torch.cat([p[0][n] for p in parts]) for n in state}
         new_carry = {n: torch.cat([p[1][n] for p in parts]) for n in carry}
         loss = torch.cat([p[2] for p in parts])

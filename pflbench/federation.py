@@ -5,6 +5,7 @@ schedule, and the engine's services to the algorithm's hooks: local training (ba
 clients), evaluation of every client's model, local adaptation, communication accounting, the system
 and privacy knobs' per-client plans. The round driver that calls the hooks is `pflbench.rounds`.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -29,8 +30,17 @@ from pflbench.privacy import PrivacyPlan
 from pflbench.rendezvous import membership
 from pflbench.round_context import Round, round_number, work_of
 from pflbench.system import SystemPlan, cut
-from pflbench.training import (SGD, ClientModel, Objective, State, batch_plan, cross_entropy,
-                               evaluate_client_splits, to_channels_last, train_clients)
+from pflbench.training import (
+    SGD,
+    ClientModel,
+    Objective,
+    State,
+    batch_plan,
+    cross_entropy,
+    evaluate_client_splits,
+    to_channels_last,
+    train_clients,
+)
 
 if TYPE_CHECKING:
     from pflbench.data.dataset import Dataset
@@ -85,17 +95,24 @@ class CellData:
     static_step: bool = False  # the batched plain step through static buffers (a CUDA graph on CUDA)
 
 
-def cell_data(cell: CellConfig, dataset: Dataset, splits: ClientSplits,
-              execution: ExecutionOptions = ExecutionOptions(), algorithm_batched: bool = True,
-              withhold_test: bool = False) -> CellData:
+def cell_data(
+    cell: CellConfig,
+    dataset: Dataset,
+    splits: ClientSplits,
+    execution: ExecutionOptions = ExecutionOptions(),
+    algorithm_batched: bool = True,
+    withhold_test: bool = False,
+) -> CellData:
     """The cell's `CellData` (see `Federation` for the arguments)."""
     device = federation_device(execution)
     # Normalisation statistics of the trained clients' train splits (pflbench.data.normalization).
-    dataset = normalized_for_cell(dataset, cell.normalization, splits,
-                                  seen_ids(cell.unseen_fraction, splits.num_clients, cell.seed))
+    dataset = normalized_for_cell(
+        dataset, cell.normalization, splits, seen_ids(cell.unseen_fraction, splits.num_clients, cell.seed)
+    )
     # Feature and concept shift (pflbench.shifts), applied once to every partition client's samples.
-    features, labels, applied = shifts.apply(cell, dataset, splits, dataset.normalized(device),
-                                             dataset.labels.to(device))
+    features, labels, applied = shifts.apply(
+        cell, dataset, splits, dataset.normalized(device), dataset.labels.to(device)
+    )
     heterogeneous = is_heterogeneous(cell.model)
     if not heterogeneous:
         model_name = default_model(dataset.input_shape) if cell.model == "auto" else cell.model
@@ -107,8 +124,11 @@ def cell_data(cell: CellConfig, dataset: Dataset, splits: ClientSplits,
     # Model heterogeneity: group g's clients share architecture `models[g]`; a homogeneous cell
     # is one group. Algorithms train and evaluate one group at a time (`by_group`).
     group_names = [name for name, _ in groups]
-    models = [model] if model is not None else [
-        ClientModel(build_model(name, dataset.input_shape, dataset.num_classes)) for name in group_names]
+    models = (
+        [model]
+        if model is not None
+        else [ClientModel(build_model(name, dataset.input_shape, dataset.num_classes)) for name in group_names]
+    )
     # How it runs (pflbench.execution): none of it changes what the cell computes.
     channels_last = execution.use_channels_last(device, any(m.has_conv for m in models))
     for m in models:
@@ -116,16 +136,30 @@ def cell_data(cell: CellConfig, dataset: Dataset, splits: ClientSplits,
     if channels_last and features.dim() == 4:  # batches gathered from it keep the order
         features = to_channels_last(features)
     return CellData(
-        cell=cell, execution=execution, device=device, features=features, labels=labels, shifts=applied,
-        num_classes=dataset.num_classes, input_shape=tuple(features.shape[1:]),  # one sample, as models receive it
+        cell=cell,
+        execution=execution,
+        device=device,
+        features=features,
+        labels=labels,
+        shifts=applied,
+        num_classes=dataset.num_classes,
+        input_shape=tuple(features.shape[1:]),  # one sample, as models receive it
         _split_names=[name for name in SPLITS if not (withhold_test and name == "test")],
-        heterogeneous=heterogeneous, model_name=model_name, _model=model, group_names=group_names,
-        _partition_groups=[ids for _, ids in groups], models=models,
-        sgd=SGD(cell.lr, cell.momentum, cell.weight_decay), batched=execution.batched(device, algorithm_batched),
-        compiled=execution.compiled(), channels_last=channels_last,
+        heterogeneous=heterogeneous,
+        model_name=model_name,
+        _model=model,
+        group_names=group_names,
+        _partition_groups=[ids for _, ids in groups],
+        models=models,
+        sgd=SGD(cell.lr, cell.momentum, cell.weight_decay),
+        batched=execution.batched(device, algorithm_batched),
+        compiled=execution.compiled(),
+        channels_last=channels_last,
         client_threads=execution.side_by_side(device, torch.get_num_threads()),
         # System heterogeneity: drawn once from the seed over partition ids (None when off).
-        system=SystemPlan.from_cell(cell), static_step=execution.static_step(device))
+        system=SystemPlan.from_cell(cell),
+        static_step=execution.static_step(device),
+    )
 
 
 class Federation:
@@ -139,9 +173,15 @@ class Federation:
     (None without the knob) is a Federation of its own over the held-out ones, for evaluation alone,
     made from the same `CellData` (`of_clients`)."""
 
-    def __init__(self, cell: CellConfig, dataset: Dataset, splits: ClientSplits,
-                 execution: ExecutionOptions = ExecutionOptions(), algorithm_batched: bool = True,
-                 withhold_test: bool = False) -> None:
+    def __init__(
+        self,
+        cell: CellConfig,
+        dataset: Dataset,
+        splits: ClientSplits,
+        execution: ExecutionOptions = ExecutionOptions(),
+        algorithm_batched: bool = True,
+        withhold_test: bool = False,
+    ) -> None:
         data = cell_data(cell, dataset, splits, execution, algorithm_batched, withhold_test)
         self._serve(data, splits, seen_ids(cell.unseen_fraction, splits.num_clients, cell.seed))
         # Privacy heterogeneity: drawn once from the seed over partition ids (None when off), for the
@@ -150,11 +190,13 @@ class Federation:
         self.newcomers: Federation | None = None
         if cell.unseen_fraction:
             self.newcomers = Federation.of_clients(
-                data, splits, newcomer_ids(cell.unseen_fraction, splits.num_clients, cell.seed), self.privacy)
+                data, splits, newcomer_ids(cell.unseen_fraction, splits.num_clients, cell.seed), self.privacy
+            )
 
     @classmethod
-    def of_clients(cls, data: CellData, splits: ClientSplits, client_ids: np.ndarray,
-                   privacy: PrivacyPlan | None) -> Federation:
+    def of_clients(
+        cls, data: CellData, splits: ClientSplits, client_ids: np.ndarray, privacy: PrivacyPlan | None
+    ) -> Federation:
         """A Federation over the partition's clients `client_ids` of the cell whose `data` it shares."""
         fed = cls.__new__(cls)
         fed._serve(data, splits, client_ids)
@@ -178,12 +220,19 @@ class Federation:
         """Make this Federation hold the partition's clients `client_ids` (positions 0..len-1)."""
         self.client_ids = client_ids  # position -> partition client id
         self.num_clients = len(client_ids)
-        self.splits = {name: [torch.as_tensor(getattr(splits, name)[c], dtype=torch.long, device=self.device)
-                              for c in client_ids.tolist()] for name in self._split_names}
+        self.splits = {
+            name: [
+                torch.as_tensor(getattr(splits, name)[c], dtype=torch.long, device=self.device)
+                for c in client_ids.tolist()
+            ]
+            for name in self._split_names
+        }
         self.train_sizes = torch.tensor([len(splits.train[c]) for c in client_ids.tolist()], device=self.device)
         position = {c: k for k, c in enumerate(client_ids.tolist())}
-        self.group_clients = [torch.as_tensor([position[c] for c in ids if c in position], dtype=torch.long,
-                                              device=self.device) for ids in self._partition_groups]
+        self.group_clients = [
+            torch.as_tensor([position[c] for c in ids if c in position], dtype=torch.long, device=self.device)
+            for ids in self._partition_groups
+        ]
         self.group_of = torch.zeros(self.num_clients, dtype=torch.long, device=self.device)
         for g, ids in enumerate(self.group_clients):
             self.group_of[ids] = g
@@ -195,8 +244,10 @@ class Federation:
     def model(self) -> ClientModel:
         """The cell's one architecture. A heterogeneous cell has several (`models`, `model_of`)."""
         if self._model is None:
-            raise RuntimeError(f"cell model {self.cell.model!r} gives clients different architectures: "
-                               f"use fed.models[g] / fed.model_of(clients) / fed.by_group(clients)")
+            raise RuntimeError(
+                f"cell model {self.cell.model!r} gives clients different architectures: "
+                f"use fed.models[g] / fed.model_of(clients) / fed.by_group(clients)"
+            )
         return self._model
 
     def model_of(self, clients: Tensor) -> ClientModel:
@@ -205,8 +256,10 @@ class Federation:
             return self._model
         groups = torch.unique(self.group_of[clients])
         if len(groups) != 1:
-            raise ValueError(f"clients {clients.tolist()} have different architectures "
-                             f"({[self.group_names[g] for g in groups.tolist()]}); split them with fed.by_group")
+            raise ValueError(
+                f"clients {clients.tolist()} have different architectures "
+                f"({[self.group_names[g] for g in groups.tolist()]}); split them with fed.by_group"
+            )
         return self.models[int(groups[0])]
 
     def by_group(self, clients: Tensor) -> list[tuple[int, Tensor]]:
@@ -222,18 +275,27 @@ class Federation:
         return model.init(num, self.cell.seed, self.device)
 
     @overload
-    def generator(self, stream: StreamLike, round: int | None = None, client: int | None = None, *,
-                  kind: Literal["torch"] = "torch") -> torch.Generator: ...
+    def generator(
+        self,
+        stream: StreamLike,
+        round: int | None = None,
+        client: int | None = None,
+        *,
+        kind: Literal["torch"] = "torch",
+    ) -> torch.Generator: ...
     @overload
-    def generator(self, stream: StreamLike, round: int | None = None, client: int | None = None, *,
-                  kind: Literal["numpy"]) -> np.random.Generator: ...
-    def generator(self, stream: StreamLike, round: int | None = None, client: int | None = None, *,
-                  kind: Kind = "torch") -> torch.Generator | np.random.Generator:
+    def generator(
+        self, stream: StreamLike, round: int | None = None, client: int | None = None, *, kind: Literal["numpy"]
+    ) -> np.random.Generator: ...
+    def generator(
+        self, stream: StreamLike, round: int | None = None, client: int | None = None, *, kind: Kind = "torch"
+    ) -> torch.Generator | np.random.Generator:
         """A fresh generator of the cell's random `stream` (`pflbench.streams.generator`)."""
         return streams.generator(self.cell.seed, stream, round, client, kind=kind)
 
-    def torch_global(self, stream: StreamLike, round: int | None = None,
-                     client: int | None = None) -> AbstractContextManager[None]:
+    def torch_global(
+        self, stream: StreamLike, round: int | None = None, client: int | None = None
+    ) -> AbstractContextManager[None]:
         """torch's global generator as the cell's `stream`'s for a block (`pflbench.streams.torch_global`)."""
         return streams.torch_global(self.cell.seed, stream, round, client)
 
@@ -252,20 +314,35 @@ class Federation:
         work = None if self.system is None else tuple(self.system.work[number - 1, self.client_ids].tolist())
         return Round(number, clients, work)
 
-    def batch_generators(self, rnd: int | Round, clients: Tensor, *,
-                         stream: StreamLike | None = None) -> list[torch.Generator]:
+    def batch_generators(
+        self, rnd: int | Round, clients: Tensor, *, stream: StreamLike | None = None
+    ) -> list[torch.Generator]:
         """One generator per client of the random `stream` (default "batches": the batch order) in round
         `rnd`, keyed by partition id: the same for every algorithm and for both training paths."""
         stream = streams.BATCHES if stream is None else stream
         number = round_number(rnd)
         # keyed by partition id (-1: pooled data)
-        return [streams.generator(self.cell.seed, stream, number, int(self.client_ids[c]) if c >= 0 else c)
-                for c in clients.tolist()]
+        return [
+            streams.generator(self.cell.seed, stream, number, int(self.client_ids[c]) if c >= 0 else c)
+            for c in clients.tolist()
+        ]
 
-    def train(self, rnd: int | Round, clients: Tensor, state: State, *, objective: Objective = cross_entropy,
-              aux: State | None = None, trainable: Iterable[str] | None = None, epochs: int | None = None,
-              steps: int | None = None, split: str = "train", stream: StreamLike | None = None,
-              model: ClientModel | None = None, targets: Tensor | None = None) -> TrainResult:
+    def train(
+        self,
+        rnd: int | Round,
+        clients: Tensor,
+        state: State,
+        *,
+        objective: Objective = cross_entropy,
+        aux: State | None = None,
+        trainable: Iterable[str] | None = None,
+        epochs: int | None = None,
+        steps: int | None = None,
+        split: str = "train",
+        stream: StreamLike | None = None,
+        model: ClientModel | None = None,
+        targets: Tensor | None = None,
+    ) -> TrainResult:
         """Local SGD of the sampled clients from `state` ([len(clients), ...]) on their own data:
         `epochs` (None: the cell's local_epochs; 0: no step) or a fixed number of `steps`, on the
         batch plan of `local_plans`. `model` trains another architecture than the clients' own (e.g. a
@@ -274,34 +351,71 @@ class Federation:
         teacher's logits, for distillation). `stream`: the batch order's random stream (default
         "batches", pflbench.streams). `rnd`: the round's context (`Round`) for a round's
         local training, whose stragglers do their share of the work; a round number otherwise."""
-        plans = self.local_plans(rnd, clients, epochs=epochs, steps=steps, split=split,
-                                 stream=stream)
-        return self._train_on([self.splits[split][c] for c in clients.tolist()], plans,
-                              model or self.model_of(clients), state, objective=objective, aux=aux,
-                              trainable=trainable, targets=targets)
+        plans = self.local_plans(rnd, clients, epochs=epochs, steps=steps, split=split, stream=stream)
+        return self._train_on(
+            [self.splits[split][c] for c in clients.tolist()],
+            plans,
+            model or self.model_of(clients),
+            state,
+            objective=objective,
+            aux=aux,
+            trainable=trainable,
+            targets=targets,
+        )
 
-    def train_pooled(self, rnd: int | Round, clients: Tensor, state: State, *, epochs: int | None = None) -> TrainResult:
+    def train_pooled(
+        self, rnd: int | Round, clients: Tensor, state: State, *, epochs: int | None = None
+    ) -> TrainResult:
         """One model (`state`, [1, ...]) trained on the union of `clients`' train splits, shuffled
         together: centralized training of the samples those clients hold (the `centralized` reference)."""
         pooled = [torch.cat([self.splits["train"][c] for c in clients.tolist()])]
         generators = self.batch_generators(rnd, torch.tensor([-1]))  # no client has id -1
         return self._train_on(pooled, self._plans([len(pooled[0])], generators, epochs, None), self.model, state)
 
-    def _train_on(self, indices: list[Tensor], plans: list[Tensor], model: ClientModel, state: State, *,
-                  objective: Objective = cross_entropy, aux: State | None = None,
-                  trainable: Iterable[str] | None = None, targets: Tensor | None = None) -> TrainResult:
+    def _train_on(
+        self,
+        indices: list[Tensor],
+        plans: list[Tensor],
+        model: ClientModel,
+        state: State,
+        *,
+        objective: Objective = cross_entropy,
+        aux: State | None = None,
+        trainable: Iterable[str] | None = None,
+        targets: Tensor | None = None,
+    ) -> TrainResult:
         """SGD of the models in `state` (row k on the sample ids `indices[k]`, following `plans[k]`):
         what `train` and `train_pooled` share."""
         member = membership()  # a cell of a group trains through its rendezvous (pflbench.rendezvous)
         train = train_clients if member is None else member.train_clients
-        new_state, loss = train(model, state, self.features, self.labels if targets is None else targets,
-                                indices, plans, self.sgd, objective=objective, aux=aux, trainable=trainable,
-                                batched=self.batched, compiled=self.compiled, threads=self.client_threads,
-                                static=self.static_step)
+        new_state, loss = train(
+            model,
+            state,
+            self.features,
+            self.labels if targets is None else targets,
+            indices,
+            plans,
+            self.sgd,
+            objective=objective,
+            aux=aux,
+            trainable=trainable,
+            batched=self.batched,
+            compiled=self.compiled,
+            threads=self.client_threads,
+            static=self.static_step,
+        )
         return TrainResult(new_state, loss, torch.tensor([len(plan) for plan in plans], dtype=torch.int64))
 
-    def local_plans(self, rnd: int | Round, clients: Tensor, *, epochs: int | None = None, steps: int | None = None,
-                    split: str = "train", stream: StreamLike | None = None) -> list[Tensor]:
+    def local_plans(
+        self,
+        rnd: int | Round,
+        clients: Tensor,
+        *,
+        epochs: int | None = None,
+        steps: int | None = None,
+        split: str = "train",
+        stream: StreamLike | None = None,
+    ) -> list[Tensor]:
         """The engine's batch plan of each of `clients` in round `rnd`: positions into the client's
         `split` sample ids, [steps, batch_size] (`pflbench.training.batch_plan`), for `epochs` (None:
         the cell's local_epochs; 0: no step) or a fixed number of `steps`, in the batch order of
@@ -310,9 +424,12 @@ class Federation:
         cut to its share of the work (`system.stragglers`); given a round number (evaluation's
         adaptation, newcomers' fits, ...) nothing is cut. Every trainer plans here: `train`, the custom
         steps of `pflbench.steps`, and algorithms with their own training loops."""
-        plans = self._plans([len(self.splits[split][c]) for c in clients.tolist()],
-                            self.batch_generators(rnd, clients, stream=stream),
-                            epochs, steps)
+        plans = self._plans(
+            [len(self.splits[split][c]) for c in clients.tolist()],
+            self.batch_generators(rnd, clients, stream=stream),
+            epochs,
+            steps,
+        )
         work = work_of(rnd, clients)
         return plans if work is None else cut(plans, work)
 
@@ -335,8 +452,9 @@ class Federation:
         """The splits this Federation holds ("test" is absent where it is withheld: tuning)."""
         return list(self._split_names)
 
-    def _plans(self, sizes: list[int], generators: list[torch.Generator], epochs: int | None,
-               steps: int | None) -> list[Tensor]:
+    def _plans(
+        self, sizes: list[int], generators: list[torch.Generator], epochs: int | None, steps: int | None
+    ) -> list[Tensor]:
         # None is the only "the cell's default" marker: an explicit 0 means no epoch
         epochs = self.cell.local_epochs if epochs is None else epochs
         return batch_plan(sizes, self.cell.batch_size, epochs, steps, generators)
@@ -367,8 +485,10 @@ class Federation:
         if not self.heterogeneous:
             everyone = torch.arange(self.num_clients, device=self.device)
             return self.train(rnd + 1, everyone, cast(State, personal), epochs=epochs).state
-        return [self.train(rnd + 1, ids, state, epochs=epochs).state if len(ids) else state
-                for ids, state in zip(self.group_clients, cast("list[State]", personal))]
+        return [
+            self.train(rnd + 1, ids, state, epochs=epochs).state if len(ids) else state
+            for ids, state in zip(self.group_clients, cast("list[State]", personal))
+        ]
 
     def split_sizes(self, split: str) -> Tensor:
         """Samples per client in `split` ([N]; zeros for a withheld split)."""
@@ -380,14 +500,21 @@ class Federation:
         """Accuracy and loss of each client's model (rows of `state`) on its own `split`."""
         return self.evaluate_splits(state, (split,), clients)[split]
 
-    def evaluate_splits(self, state: State, splits: tuple[str, ...],
-                        clients: Tensor | None = None) -> dict[str, tuple[Tensor, Tensor]]:
+    def evaluate_splits(
+        self, state: State, splits: tuple[str, ...], clients: Tensor | None = None
+    ) -> dict[str, tuple[Tensor, Tensor]]:
         """`evaluate` on several splits in one pass over each client's samples: split -> (accuracy, loss)."""
         ids = range(self.num_clients) if clients is None else clients.tolist()
         model = self.model if clients is None else self.model_of(clients)
-        results = evaluate_client_splits(model, state, self.features, self.labels,
-                                         [[self.splits[split][c] for c in ids] for split in splits],
-                                         batched=self.batched, threads=self.client_threads)
+        results = evaluate_client_splits(
+            model,
+            state,
+            self.features,
+            self.labels,
+            [[self.splits[split][c] for c in ids] for split in splits],
+            batched=self.batched,
+            threads=self.client_threads,
+        )
         return dict(zip(splits, results))
 
     def evaluate_personalized(self, personal: State | list[State], split: str = "test") -> tuple[Tensor, Tensor]:
@@ -395,8 +522,9 @@ class Federation:
         heterogeneous cell a list with one State per group (rows: `group_clients[g]`)."""
         return self.evaluate_personalized_splits(personal, (split,))[split]
 
-    def evaluate_personalized_splits(self, personal: State | list[State],
-                                     splits: tuple[str, ...]) -> dict[str, tuple[Tensor, Tensor]]:
+    def evaluate_personalized_splits(
+        self, personal: State | list[State], splits: tuple[str, ...]
+    ) -> dict[str, tuple[Tensor, Tensor]]:
         """`evaluate_personalized` on several splits in one pass: split -> (accuracy, loss)."""
         if not self.heterogeneous:  # one State; a heterogeneous cell's: a list of them
             return self.evaluate_splits(cast(State, personal), splits)
@@ -406,8 +534,9 @@ class Federation:
             results[split] = (accuracy, accuracy.clone())
         for g, ids in enumerate(self.group_clients):
             if len(ids):
-                for split, (accuracy, loss) in self.evaluate_splits(cast("list[State]", personal)[g], splits,
-                                                                    ids).items():
+                for split, (accuracy, loss) in self.evaluate_splits(
+                    cast("list[State]", personal)[g], splits, ids
+                ).items():
                     results[split][0][ids], results[split][1][ids] = accuracy, loss
         return results
 

@@ -44,6 +44,7 @@ What stays per cell and is not batched: the custom steps of `pflbench.steps` (pF
 algorithms' own training loops run on their cell's thread; while they run, the others wait at the
 rendezvous (lock-step), so a group is best formed of cells of one algorithm (GUIDE, "Speed").
 """
+
 from __future__ import annotations
 
 import threading
@@ -72,21 +73,26 @@ if TYPE_CHECKING:
 
 # ---- the in-process group runner -----------------------------------------------------------------
 
+
 def draws_global_generator(fed: Federation, algorithm: Algorithm) -> bool:
     """Whether the cell's training draws from torch's global generator (dropout and the like: in the
     cell's models or in a module the algorithm holds), so that it cannot share a process's threads."""
     if any(m.stochastic for m in fed.models):
         return True
-    return any(isinstance(m, (nn.modules.dropout._DropoutNd, nn.RReLU))
-               for module in held_modules(algorithm) for m in module.modules())
+    return any(
+        isinstance(m, (nn.modules.dropout._DropoutNd, nn.RReLU))
+        for module in held_modules(algorithm)
+        for m in module.modules()
+    )
 
 
 def held_modules(algorithm: Algorithm) -> list[nn.Module]:
     """The nn.Modules `algorithm` holds, and those of a method it wraps (a knob's wrapper holds the cell's
     method: pflbench.cell_method)."""
     held = list(vars(algorithm).values())
-    return ([v for v in held if isinstance(v, nn.Module)]
-            + [m for v in held if isinstance(v, Algorithm) for m in held_modules(v)])
+    return [v for v in held if isinstance(v, nn.Module)] + [
+        m for v in held if isinstance(v, Algorithm) for m in held_modules(v)
+    ]
 
 
 @dataclass
@@ -99,12 +105,19 @@ class GroupRun:
     stopped: list[BaseException | None] = field(default_factory=list)  # `passthrough`'s exception per cell
 
 
-def run_group(cells: list[CellConfig], *, data_root: str | Path | None = None, mirror: str | Path | None = None,
-              execution: ExecutionOptions | None = None, evaluate: tuple[str, ...] | None = None,
-              checkpointers: Sequence[RoundCheckpointer | None] | None = None,
-              on_round: list[Callable[[dict], None] | None] | None = None, stop_after: int | None = None,
-              passthrough: tuple[type[BaseException], ...] = (),
-              on_finished: Callable[[int, CellResult], None] | None = None) -> GroupRun:
+def run_group(
+    cells: list[CellConfig],
+    *,
+    data_root: str | Path | None = None,
+    mirror: str | Path | None = None,
+    execution: ExecutionOptions | None = None,
+    evaluate: tuple[str, ...] | None = None,
+    checkpointers: Sequence[RoundCheckpointer | None] | None = None,
+    on_round: list[Callable[[dict], None] | None] | None = None,
+    stop_after: int | None = None,
+    passthrough: tuple[type[BaseException], ...] = (),
+    on_finished: Callable[[int, CellResult], None] | None = None,
+) -> GroupRun:
     """Run `cells` as one group in this process, each on its own thread; per cell the `CellResult`
     `pflbench.rounds.run_cell` would give (a failed cell: status "failed" with its traceback, as the
     runner records one; a diverging cell: "diverged"). A cell that fails or diverges leaves the group and
@@ -132,10 +145,15 @@ def run_group(cells: list[CellConfig], *, data_root: str | Path | None = None, m
         """Cell i's result, complete (`member`: its place in the group, whose calls are all made; `static_step`:
         whether its batched steps went through static buffers, a CUDA graph on CUDA), handed on."""
         if member is not None and result.summary is not None:
-            result.summary.update({"cell_group_cells": len(jobs), "cell_group_calls": member.stats.calls,
-                                   "cell_group_merged_calls": member.stats.merged,
-                                   "cell_group_mean_width": member.stats.as_dict()["mean_merged_width"],
-                                   "cell_group_static_step": static_step})
+            result.summary.update(
+                {
+                    "cell_group_cells": len(jobs),
+                    "cell_group_calls": member.stats.calls,
+                    "cell_group_merged_calls": member.stats.merged,
+                    "cell_group_mean_width": member.stats.as_dict()["mean_merged_width"],
+                    "cell_group_static_step": static_step,
+                }
+            )
         results[i] = result
         if on_finished is not None:
             try:
@@ -148,15 +166,28 @@ def run_group(cells: list[CellConfig], *, data_root: str | Path | None = None, m
         try:
             cell = ensure_resolved(cell)
             dataset, splits = rounds.prepare_cell(cell, data_root, mirror)
-            provenance = {"dataset_checksum": dataset.checksum, "torch": torch.__version__,
-                          "device": federation_device(execution).type}
+            provenance = {
+                "dataset_checksum": dataset.checksum,
+                "torch": torch.__version__,
+                "device": federation_device(execution).type,
+            }
             with rounds.cell_global_rng(cell.seed, federation_device(execution)):
-                fed, algorithm = rounds.build_cell(cell, dataset, splits, execution, withhold_test="test" not in evaluate)
+                fed, algorithm = rounds.build_cell(
+                    cell, dataset, splits, execution, withhold_test="test" not in evaluate
+                )
                 algorithm.setup()
                 if draws_global_generator(fed, algorithm):  # alone, here, in its own generator
                     alone[i] = True
-                    ran = rounds.run_rounds(fed, algorithm, on_round=on_round[i], provenance=provenance, evaluate=evaluate,
-                                     checkpointer=checkpointers[i], stop_after=stop_after, set_up=True)
+                    ran = rounds.run_rounds(
+                        fed,
+                        algorithm,
+                        on_round=on_round[i],
+                        provenance=provenance,
+                        evaluate=evaluate,
+                        checkpointer=checkpointers[i],
+                        stop_after=stop_after,
+                        set_up=True,
+                    )
                     finish(i, ran)
                     continue
         except passthrough as stop:
@@ -171,8 +202,16 @@ def run_group(cells: list[CellConfig], *, data_root: str | Path | None = None, m
         result = None
         with member.joined():
             try:
-                result = rounds.run_rounds(fed, algorithm, on_round=on_round[i], provenance=provenance, evaluate=evaluate,
-                                    checkpointer=checkpointers[i], stop_after=stop_after, set_up=True)
+                result = rounds.run_rounds(
+                    fed,
+                    algorithm,
+                    on_round=on_round[i],
+                    provenance=provenance,
+                    evaluate=evaluate,
+                    checkpointer=checkpointers[i],
+                    stop_after=stop_after,
+                    set_up=True,
+                )
             except passthrough as stop:
                 stopped[i] = stop
             except Exception:
@@ -195,8 +234,13 @@ def run_group(cells: list[CellConfig], *, data_root: str | Path | None = None, m
 
 
 # The summary keys a grouped cell's run adds (how it ran, not what it computed: pflbench.metrics).
-SUMMARY_KEYS = ("cell_group_cells", "cell_group_calls", "cell_group_merged_calls", "cell_group_mean_width",
-                "cell_group_static_step")
+SUMMARY_KEYS = (
+    "cell_group_cells",
+    "cell_group_calls",
+    "cell_group_merged_calls",
+    "cell_group_mean_width",
+    "cell_group_static_step",
+)
 GROUP_LIMIT = 32  # cells in one group at most (`form_groups`): threads, and every cell's data held at once
 
 

@@ -24,6 +24,7 @@ Every file is checked before anything runs: readable, well formed, every client 
 train and one test sample, no index in two places (clients are disjoint); then against the dataset:
 every index in range, and the declared sizes and label counts equal to the dataset's.
 """
+
 from __future__ import annotations
 
 import io
@@ -56,7 +57,8 @@ class _ArraysOnlyUnpickler(pickle.Unpickler):
         if (module, name) not in _PICKLE_GLOBALS:
             raise pickle.UnpicklingError(
                 f"it names {module}.{name}; a partition file may hold only dicts, lists, numbers, strings "
-                f"and numpy arrays (a pickle that names other classes can run code, so it is not loaded)")
+                f"and numpy arrays (a pickle that names other classes can run code, so it is not loaded)"
+            )
         return super().find_class(module, name)
 
 
@@ -75,13 +77,17 @@ class PartitionFile:
         labels = np.asarray(labels)
         size = len(labels)
         if self.num_samples is not None and self.num_samples != size:
-            raise self._error(f"it declares num_samples={self.num_samples} but the dataset has {size} "
-                              f"samples: is the file for another dataset?")
+            raise self._error(
+                f"it declares num_samples={self.num_samples} but the dataset has {size} "
+                f"samples: is the file for another dataset?"
+            )
         for name in SPLITS:
             for client, indices in enumerate(getattr(self.splits, name)):
                 if len(indices) and indices.max() >= size:
-                    raise self._error(f"client {client}'s {name} index {int(indices.max())} is out of range: the "
-                                      f"dataset has {size} samples (0..{size - 1}): is the file for another dataset?")
+                    raise self._error(
+                        f"client {client}'s {name} index {int(indices.max())} is out of range: the "
+                        f"dataset has {size} samples (0..{size - 1}): is the file for another dataset?"
+                    )
         if self.label_counts is not None:
             declared = np.asarray(self.label_counts)
             actual = self.splits.label_counts(labels, num_classes)
@@ -89,9 +95,11 @@ class PartitionFile:
             declared, actual = (np.pad(c, ((0, 0), (0, width - c.shape[1]))) for c in (declared, actual))
             if declared.shape != actual.shape or not np.array_equal(declared, actual):
                 client = _first_difference(declared, actual)
-                raise self._error(f"its label counts do not match the dataset's labels (first at client {client}: "
-                                  f"file {_row(declared, client)}, dataset {_row(actual, client)}): "
-                                  f"is the file for another dataset, or another version of it?")
+                raise self._error(
+                    f"its label counts do not match the dataset's labels (first at client {client}: "
+                    f"file {_row(declared, client)}, dataset {_row(actual, client)}): "
+                    f"is the file for another dataset, or another version of it?"
+                )
 
     def _error(self, reason: str) -> PartitionError:
         return PartitionError(f"partition file {str(self.path)!r} ({self.format}): {reason}")
@@ -111,8 +119,10 @@ def read_partition(path: str | Path, fmt: str, content: bytes | None = None) -> 
 def read_bytes(path: Path) -> bytes:
     if not path.is_file():
         where = "no such file" if not path.exists() else "not a file"
-        raise PartitionError(f"partition file {str(path)!r}: {where} (a relative path is read from the spec "
-                             f"file's folder, or from the current directory outside a spec)")
+        raise PartitionError(
+            f"partition file {str(path)!r}: {where} (a relative path is read from the spec "
+            f"file's folder, or from the current directory outside a spec)"
+        )
     return path.read_bytes()
 
 
@@ -125,8 +135,10 @@ def _read_flbench(path: Path, content: bytes) -> PartitionFile:
     except Exception as exc:  # any failure to unpickle is the same user-facing problem
         raise error(f"not a readable FL-bench partition.pkl: {type(exc).__name__}: {str(exc)[:300]}") from None
     if not isinstance(data, dict) or "data_indices" not in data:
-        raise error("expected a dict with 'data_indices' (one {train, val, test} dict per client) and "
-                    f"'separation', as FL-bench's generate_data.py writes; got {_kind(data)}")
+        raise error(
+            "expected a dict with 'data_indices' (one {train, val, test} dict per client) and "
+            f"'separation', as FL-bench's generate_data.py writes; got {_kind(data)}"
+        )
     clients = data["data_indices"]
     if not isinstance(clients, list) or not clients:
         raise error(f"'data_indices' must be a non-empty list of per-client dicts, got {_kind(clients)}")
@@ -141,11 +153,15 @@ def _flbench_stats(stats_path: Path, num_clients: int, error: Callable[[str], Pa
         return None
     try:
         stats = json.loads(stats_path.read_text())
-        rows = [{int(label): int(count) for label, count in stats[str(client)]["y"].items()}
-                for client in range(num_clients)]
+        rows = [
+            {int(label): int(count) for label, count in stats[str(client)]["y"].items()}
+            for client in range(num_clients)
+        ]
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise error(f"{stats_path.name} beside it is not FL-bench's per-client statistics "
-                    f"({type(exc).__name__}: {str(exc)[:200]})") from None
+        raise error(
+            f"{stats_path.name} beside it is not FL-bench's per-client statistics "
+            f"({type(exc).__name__}: {str(exc)[:200]})"
+        ) from None
     num_classes = 1 + max((label for row in rows for label in row), default=0)
     counts = np.zeros((num_clients, num_classes), dtype=np.int64)
     for client, row in enumerate(rows):
@@ -163,11 +179,15 @@ def _read_json(path: Path, content: bytes) -> PartitionFile:
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise error(f"not valid JSON: {str(exc)[:300]}") from None
     if not isinstance(data, dict) or not isinstance(data.get("clients"), list) or not data["clients"]:
-        raise error('expected an object with "clients": a non-empty list of {"train", "val", "test"} index lists '
-                    f"(see pflbench/interop.py); got {_kind(data)}")
+        raise error(
+            'expected an object with "clients": a non-empty list of {"train", "val", "test"} index lists '
+            f"(see pflbench/interop.py); got {_kind(data)}"
+        )
     if data.get("format", JSON_FORMAT_NAME) != JSON_FORMAT_NAME or data.get("version", 1) != JSON_FORMAT_VERSION:
-        raise error(f"format {data.get('format')!r} version {data.get('version')!r} is not "
-                    f"{JSON_FORMAT_NAME!r} version {JSON_FORMAT_VERSION}")
+        raise error(
+            f"format {data.get('format')!r} version {data.get('version')!r} is not "
+            f"{JSON_FORMAT_NAME!r} version {JSON_FORMAT_VERSION}"
+        )
     splits = _splits_of(data["clients"], error)
     num_samples = data.get("num_samples")
     if num_samples is not None and (not isinstance(num_samples, int) or isinstance(num_samples, bool)):
@@ -176,8 +196,10 @@ def _read_json(path: Path, content: bytes) -> PartitionFile:
     if counts is not None:
         counts = np.asarray(counts)
         if counts.ndim != 2 or counts.shape[0] != splits.num_clients or not np.issubdtype(counts.dtype, np.integer):
-            raise error(f'"label_counts" must be one list of integer counts per client '
-                        f"({splits.num_clients} clients), got shape {counts.shape}")
+            raise error(
+                f'"label_counts" must be one list of integer counts per client '
+                f"({splits.num_clients} clients), got shape {counts.shape}"
+            )
     return PartitionFile(path, "json", splits, num_samples=num_samples, label_counts=counts)
 
 
@@ -186,8 +208,10 @@ def _splits_of(clients: list, error: Callable[[str], PartitionError]) -> ClientS
     parts: dict[str, list[np.ndarray]] = {name: [] for name in SPLITS}
     for client, entry in enumerate(clients):
         if not isinstance(entry, dict) or not {"train", "test"} <= set(entry):
-            raise error(f"client {client} must be a dict with 'train', 'test' (and optionally 'val') index lists, "
-                        f"got {_kind(entry)}")
+            raise error(
+                f"client {client} must be a dict with 'train', 'test' (and optionally 'val') index lists, "
+                f"got {_kind(entry)}"
+            )
         for name in SPLITS:
             values = entry.get(name, [])
             try:
@@ -197,15 +221,18 @@ def _splits_of(clients: list, error: Callable[[str], PartitionError]) -> ClientS
             if array.size == 0:
                 array = np.zeros(0, dtype=np.int64)
             if array.ndim != 1 or not np.issubdtype(array.dtype, np.integer):
-                raise error(f"client {client}'s {name!r} must be a flat list of integer sample indices, "
-                            f"got {_kind(values)}")
+                raise error(
+                    f"client {client}'s {name!r} must be a flat list of integer sample indices, got {_kind(values)}"
+                )
             if len(array) and array.min() < 0:
                 raise error(f"client {client}'s {name} holds the negative index {int(array.min())}")
             parts[name].append(array.astype(np.int64))
         for name in ("train", "test"):
             if not len(parts[name][-1]):
-                raise error(f"client {client} has no {name} samples; every client needs a train and a test split "
-                            f"(FL-bench's split 'user' files, with train-only and test-only clients, are not supported)")
+                raise error(
+                    f"client {client} has no {name} samples; every client needs a train and a test split "
+                    f"(FL-bench's split 'user' files, with train-only and test-only clients, are not supported)"
+                )
     splits = ClientSplits(**parts)
     _check_disjoint(splits, error)
     return splits
@@ -222,13 +249,16 @@ def _check_disjoint(splits: ClientSplits, error: Callable[[str], PartitionError]
     if len(repeated):
         first, second = owner[order[repeated[0]]], owner[order[repeated[0] + 1]]
         (client_a, split_a), (client_b, split_b) = places[first], places[second]
-        raise error(f"sample {int(every[order[repeated[0]]])} is in client {client_a}'s {split_a} and in client "
-                    f"{client_b}'s {split_b} ({len(repeated)} repeated indices in all); clients and their splits "
-                    f"must be disjoint")
+        raise error(
+            f"sample {int(every[order[repeated[0]]])} is in client {client_a}'s {split_a} and in client "
+            f"{client_b}'s {split_b} ({len(repeated)} repeated indices in all); clients and their splits "
+            f"must be disjoint"
+        )
 
 
-def write_partition(splits: ClientSplits, path: str | Path, fmt: str, *, labels: np.ndarray, num_classes: int,
-                    dataset: str = "") -> Path:
+def write_partition(
+    splits: ClientSplits, path: str | Path, fmt: str, *, labels: np.ndarray, num_classes: int, dataset: str = ""
+) -> Path:
     """Write `splits` as a partition file (indices in increasing order per split); returns the path.
 
     `flbench` writes partition.pkl plus FL-bench's all_stats.json beside it (per-client sample and label
@@ -236,23 +266,36 @@ def write_partition(splits: ClientSplits, path: str | Path, fmt: str, *, labels:
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    clients = [{name: np.sort(getattr(splits, name)[client]) for name in SPLITS} for client in range(splits.num_clients)]
+    clients = [
+        {name: np.sort(getattr(splits, name)[client]) for name in SPLITS} for client in range(splits.num_clients)
+    ]
     counts = splits.label_counts(labels, num_classes)
     if fmt == "flbench":
         everyone = list(range(splits.num_clients))
-        partition = {"separation": {"train": everyone, "val": everyone, "test": everyone, "total": splits.num_clients},
-                     "data_indices": clients}
+        partition = {
+            "separation": {"train": everyone, "val": everyone, "test": everyone, "total": splits.num_clients},
+            "data_indices": clients,
+        }
         with open(path, "wb") as file:
             pickle.dump(partition, file)
-        stats = {str(client): {"x": int(counts[client].sum()),
-                               "y": {str(label): int(n) for label, n in enumerate(counts[client]) if n}}
-                 for client in range(splits.num_clients)}
+        stats = {
+            str(client): {
+                "x": int(counts[client].sum()),
+                "y": {str(label): int(n) for label, n in enumerate(counts[client]) if n},
+            }
+            for client in range(splits.num_clients)
+        }
         path.with_name("all_stats.json").write_text(json.dumps(stats, indent=1))
     elif fmt == "json":
-        document = {"format": JSON_FORMAT_NAME, "version": JSON_FORMAT_VERSION, "dataset": dataset,
-                    "num_samples": int(len(labels)), "num_classes": int(num_classes),
-                    "clients": [{name: part.tolist() for name, part in client.items()} for client in clients],
-                    "label_counts": counts.tolist()}
+        document = {
+            "format": JSON_FORMAT_NAME,
+            "version": JSON_FORMAT_VERSION,
+            "dataset": dataset,
+            "num_samples": int(len(labels)),
+            "num_classes": int(num_classes),
+            "clients": [{name: part.tolist() for name, part in client.items()} for client in clients],
+            "label_counts": counts.tolist(),
+        }
         path.write_text(json.dumps(document, separators=(",", ":")))
     else:
         raise PartitionError(f"partition file format {fmt!r} is unknown; allowed: {', '.join(FORMATS)}")

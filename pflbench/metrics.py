@@ -5,6 +5,7 @@ summaries of the evaluation protocols are defined here once (`protocol_summary`,
 `accuracy_key`/`round_key`), and `pflbench.reports.protocols` reads the same keys through those two
 functions rather than spelling them again.
 """
+
 from __future__ import annotations
 
 import math
@@ -14,25 +15,70 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-METRIC_COLUMNS = ["round", "client", "accuracy", "loss", "val_accuracy", "val_loss",
-                  "accuracy_adapted", "loss_adapted", "val_accuracy_adapted", "val_loss_adapted",
-                  "test_samples", "val_samples", "bytes_down", "bytes_up", "wall_time"]
-ROUND_COLUMNS = ["round", "clients", "bytes_down", "bytes_up", "wall_time", "adapt_time",
-                 "train_time", "server_time", "eval_time"]  # seconds per round: local training,
+METRIC_COLUMNS = [
+    "round",
+    "client",
+    "accuracy",
+    "loss",
+    "val_accuracy",
+    "val_loss",
+    "accuracy_adapted",
+    "loss_adapted",
+    "val_accuracy_adapted",
+    "val_loss_adapted",
+    "test_samples",
+    "val_samples",
+    "bytes_down",
+    "bytes_up",
+    "wall_time",
+]
+ROUND_COLUMNS = [
+    "round",
+    "clients",
+    "bytes_down",
+    "bytes_up",
+    "wall_time",
+    "adapt_time",
+    "train_time",
+    "server_time",
+    "eval_time",
+]  # seconds per round: local training,
 # the other hooks (configure/receive/send/aggregate), forming and scoring the personalized models
 
 # Summary keys that record how and where a run went, not what it computed: timings, the store's own
 # records, peak memory and the machine (pflbench.cost), checkpoints (pflbench.checkpoint). Two runs of one
 # cell (in-process or on Ray, resumed or not) agree on every other key; tests and `pflbench verify` compare
 # summaries without these (and without any `*_time_total`).
-RUN_RECORD_KEYS = frozenset({
-    "wall_time", "completed_at", "files", "runner", "compile_seconds",
-    "peak_host_bytes", "host_start_bytes", "peak_host_method", "peak_gpu_bytes", "cpu_model", "cpu_capability", "cpu_cores",
-    "gpu_model", "code_commit", "code_dirty",
-    "checkpoint_seconds", "checkpoints_written", "checkpoint_bytes", "resumed_from_round", "checkpoint_error",
-    # a cell run in a cell group (pflbench.groups.SUMMARY_KEYS)
-    "cell_group_cells", "cell_group_calls", "cell_group_merged_calls", "cell_group_mean_width",
-    "cell_group_static_step"})
+RUN_RECORD_KEYS = frozenset(
+    {
+        "wall_time",
+        "completed_at",
+        "files",
+        "runner",
+        "compile_seconds",
+        "peak_host_bytes",
+        "host_start_bytes",
+        "peak_host_method",
+        "peak_gpu_bytes",
+        "cpu_model",
+        "cpu_capability",
+        "cpu_cores",
+        "gpu_model",
+        "code_commit",
+        "code_dirty",
+        "checkpoint_seconds",
+        "checkpoints_written",
+        "checkpoint_bytes",
+        "resumed_from_round",
+        "checkpoint_error",
+        # a cell run in a cell group (pflbench.groups.SUMMARY_KEYS)
+        "cell_group_cells",
+        "cell_group_calls",
+        "cell_group_merged_calls",
+        "cell_group_mean_width",
+        "cell_group_static_step",
+    }
+)
 
 
 SELECTIONS = ("final", "bestval")  # the round selections a summary holds (besttest: `best_accuracy`)
@@ -60,9 +106,17 @@ def round_key(selection: str, adapted: bool = False) -> str | None:
     return None
 
 
-def client_rows(rnd: int, client_ids: Sequence[int] | np.ndarray, scores: dict, adapted: dict, test_samples: list[int],
-                val_samples: list[int], bytes_down: dict | None = None, bytes_up: dict | None = None,
-                **flags: Any) -> list[dict]:
+def client_rows(
+    rnd: int,
+    client_ids: Sequence[int] | np.ndarray,
+    scores: dict,
+    adapted: dict,
+    test_samples: list[int],
+    val_samples: list[int],
+    bytes_down: dict | None = None,
+    bytes_up: dict | None = None,
+    **flags: Any,
+) -> list[dict]:
     """One metrics row per client of an evaluation round. `scores`/`adapted`: split -> (accuracy,
     loss) per client position (a split not evaluated is NaN); `client_ids`: position -> partition id;
     bytes by position (absent: 0); `flags`: extra columns (e.g. `newcomer`). No `wall_time`: the
@@ -74,13 +128,26 @@ def client_rows(rnd: int, client_ids: Sequence[int] | np.ndarray, scores: dict, 
     accuracy_a, loss_a = _lists(adapted.get("test"), missing)
     val_accuracy_a, val_loss_a = _lists(adapted.get("val"), missing)
     bytes_down, bytes_up = bytes_down or {}, bytes_up or {}
-    return [{"round": rnd, "client": int(client_ids[k]), "accuracy": accuracy[k], "loss": loss[k],
-             "val_accuracy": val_accuracy[k], "val_loss": val_loss[k],
-             "accuracy_adapted": accuracy_a[k], "loss_adapted": loss_a[k],
-             "val_accuracy_adapted": val_accuracy_a[k], "val_loss_adapted": val_loss_a[k],
-             "test_samples": test_samples[k], "val_samples": val_samples[k],
-             "bytes_down": bytes_down.get(k, 0), "bytes_up": bytes_up.get(k, 0), **flags}
-            for k in range(count)]
+    return [
+        {
+            "round": rnd,
+            "client": int(client_ids[k]),
+            "accuracy": accuracy[k],
+            "loss": loss[k],
+            "val_accuracy": val_accuracy[k],
+            "val_loss": val_loss[k],
+            "accuracy_adapted": accuracy_a[k],
+            "loss_adapted": loss_a[k],
+            "val_accuracy_adapted": val_accuracy_a[k],
+            "val_loss_adapted": val_loss_a[k],
+            "test_samples": test_samples[k],
+            "val_samples": val_samples[k],
+            "bytes_down": bytes_down.get(k, 0),
+            "bytes_up": bytes_up.get(k, 0),
+            **flags,
+        }
+        for k in range(count)
+    ]
 
 
 def _lists(pair: Any, missing: tuple[list[float], list[float]]) -> tuple[list[float], list[float]]:
@@ -109,13 +176,20 @@ def newcomer_summary(metrics: pd.DataFrame) -> dict:
     return out
 
 
-def summarize(metrics: pd.DataFrame, rounds: pd.DataFrame, status: str, diverged_round: int | None, wall_time: float,
-              facts: dict) -> dict:
+def summarize(
+    metrics: pd.DataFrame, rounds: pd.DataFrame, status: str, diverged_round: int | None, wall_time: float, facts: dict
+) -> dict:
     """A finished (or diverged) cell's summary: status, totals, `facts` (how and where it ran), and the
     protocol summaries of its trained clients and of its newcomers."""
-    summary = {"status": status, "rounds_completed": int(len(rounds)), "diverged_round": diverged_round,
-               "bytes_down_total": int(rounds["bytes_down"].sum()), "bytes_up_total": int(rounds["bytes_up"].sum()),
-               "wall_time": wall_time, **facts}
+    summary = {
+        "status": status,
+        "rounds_completed": int(len(rounds)),
+        "diverged_round": diverged_round,
+        "bytes_down_total": int(rounds["bytes_down"].sum()),
+        "bytes_up_total": int(rounds["bytes_up"].sum()),
+        "wall_time": wall_time,
+        **facts,
+    }
     everyone, metrics = metrics, trained_rows(metrics)  # newcomers' rows have their own summaries
     summary.update(newcomer_summary(everyone))
     if len(metrics):
@@ -123,8 +197,9 @@ def summarize(metrics: pd.DataFrame, rounds: pd.DataFrame, status: str, diverged
         summary.update(protocol_summary(metrics, "_adapted"))
         per_round = metrics.groupby("round")["accuracy"].mean()
         if per_round.notna().all():  # selection on the test split: kept, and only ever shown labeled so
-            summary.update({accuracy_key("besttest"): float(per_round.max()),
-                            round_key("besttest"): int(per_round.idxmax())})
+            summary.update(
+                {accuracy_key("besttest"): float(per_round.max()), round_key("besttest"): int(per_round.idxmax())}
+            )
     return summary
 
 

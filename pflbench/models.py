@@ -5,6 +5,7 @@ layers); pFedLA adds BatchNorm after each convolution for CIFAR. Every model is 
 the engine trains many clients' copies at once by stacking their parameters and calling the module
 functionally (torch.func), so no architecture needs a hand-written batched twin.
 """
+
 from __future__ import annotations
 
 import math
@@ -109,8 +110,9 @@ def mobilenet_v3_large_32(input_shape: tuple[int, ...], num_classes: int) -> nn.
     channels, _, _ = _image_shape(input_shape, "mobilenetv3-large")
     model = mobilenet_v3_large(num_classes=num_classes)
     stem = model.features[0][0]
-    model.features[0][0] = nn.Conv2d(channels, stem.out_channels, stem.kernel_size, stride=1,
-                                     padding=stem.padding, bias=False)
+    model.features[0][0] = nn.Conv2d(
+        channels, stem.out_channels, stem.kernel_size, stride=1, padding=stem.padding, bias=False
+    )
     return model
 
 
@@ -135,6 +137,7 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int) -> nn
 # (C, H, W) input: 3x32x32 gives exactly the official parameter counts (CIFAR-10: 234,006 /
 # 268,814 / 347,178 / 523,242 / 565,386); 1x28x28 (MNIST-like) only changes the first layer and the
 # flattened size (global average pooling replaces the official AvgPool(8), identical at 32x32).
+
 
 def _flat_side(side: int, pools: int) -> int:
     for _ in range(pools):
@@ -171,12 +174,23 @@ class VGG8(nn.Module):
         channels, height, width = _image_shape(input_shape, "vgg8")
         layers: list[nn.Module] = []
         for width_in, width_out in ((channels, 16), (16, 32), (32, 64)):
-            layers += [nn.Conv2d(width_in, width_out, 3, padding=1), nn.ReLU(),
-                       nn.Conv2d(width_out, width_out, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2)]
+            layers += [
+                nn.Conv2d(width_in, width_out, 3, padding=1),
+                nn.ReLU(),
+                nn.Conv2d(width_out, width_out, 3, padding=1),
+                nn.ReLU(),
+                nn.MaxPool2d(2),
+            ]
         self.features = nn.Sequential(*layers)
         self.classifier = nn.Sequential(
-            nn.Linear(64 * _flat_side(height, 3) * _flat_side(width, 3), 180), nn.ReLU(), nn.Dropout(),
-            nn.Linear(180, 64), nn.ReLU(), nn.Dropout(), nn.Linear(64, num_classes))
+            nn.Linear(64 * _flat_side(height, 3) * _flat_side(width, 3), 180),
+            nn.ReLU(),
+            nn.Dropout(),
+            nn.Linear(180, 64),
+            nn.ReLU(),
+            nn.Dropout(),
+            nn.Linear(64, num_classes),
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.classifier(self.features(x).flatten(1))
@@ -250,6 +264,7 @@ for _depth in RESNET_WIDTHS:
 
 # ---- heterogeneous cells: which client gets which architecture (the spec: pflbench.config) -----------------
 
+
 def check_model_spec(spec: str) -> str:
     """`spec` if every name in it is a registered model, else ValueError naming the allowed ones."""
     names = group_names(spec)
@@ -279,8 +294,9 @@ class UnknownModelError(ValueError):
     def __init__(self, name: str) -> None:
         from pflbench.registry import unknown_message
 
-        super().__init__(unknown_message("model", name, ["auto", *MODELS.names(), *MODEL_GROUPS,
-                                                         "NAME,NAME,... (equal groups)"]))
+        super().__init__(
+            unknown_message("model", name, ["auto", *MODELS.names(), *MODEL_GROUPS, "NAME,NAME,... (equal groups)"])
+        )
 
 
 def client_groups(spec: str, num_clients: int) -> list[tuple[str, list[int]]]:

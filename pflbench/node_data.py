@@ -25,6 +25,7 @@ partition is small, but once the data is verified it is identical by constructio
 that it is the driver's without moving it. The check loads the dataset once more than the cell itself
 does (from the node's decoded cache after the first cell).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -46,12 +47,13 @@ class NodeDataError(RuntimeError):
 @dataclass(frozen=True)
 class DataFingerprint:
     """What the driver prepared for a cell, and where (module doc)."""
+
     dataset: str
-    checksum: str              # the dataset's (`Dataset.checksum`)
-    partition: str             # `splits_digest` of the cell's partition
+    checksum: str  # the dataset's (`Dataset.checksum`)
+    partition: str  # `splits_digest` of the cell's partition
     data_root: str
     mirror: str | None
-    driver: str                # the driver's machine, for messages
+    driver: str  # the driver's machine, for messages
     driver_node: str | None = None  # its Ray node id (set once Ray is joined): nothing is checked there
 
 
@@ -67,9 +69,17 @@ def splits_digest(splits: ClientSplits) -> str:
     return "sha256:" + digest.hexdigest()
 
 
-def fingerprint(dataset: Dataset, splits: ClientSplits, data_root: Path, mirror: Path | None, driver: str) -> DataFingerprint:
-    return DataFingerprint(dataset.name, dataset.checksum, splits_digest(splits), str(data_root),
-                           None if mirror is None else str(mirror), driver)
+def fingerprint(
+    dataset: Dataset, splits: ClientSplits, data_root: Path, mirror: Path | None, driver: str
+) -> DataFingerprint:
+    return DataFingerprint(
+        dataset.name,
+        dataset.checksum,
+        splits_digest(splits),
+        str(data_root),
+        None if mirror is None else str(mirror),
+        driver,
+    )
 
 
 def check_node_data(cell: CellConfig, expected: DataFingerprint, node: str) -> None:
@@ -82,29 +92,38 @@ def check_node_data(cell: CellConfig, expected: DataFingerprint, node: str) -> N
 
     root = Path(expected.data_root)
     mirror = Path(expected.mirror) if expected.mirror else None
-    advice = (f"Give every node the driver's data: the same data root {root}"
-              + (f" or mirror {mirror}" if mirror else "")
-              + f" (`pflbench data prepare {cell.dataset}` on the node, a copy, or a shared mount).")
+    advice = (
+        f"Give every node the driver's data: the same data root {root}"
+        + (f" or mirror {mirror}" if mirror else "")
+        + f" (`pflbench data prepare {cell.dataset}` on the node, a copy, or a shared mount)."
+    )
     source = make_source(cell.dataset, cell.dataset_options)
     if isinstance(source, FileSource):
         cached = cache_path(root, source.cache_key())
         if not (cached.is_file() or source.present(root) or (mirror is not None and source.in_mirror(mirror))):
             looked = [str(cached), *map(str, source.required_paths(root))]
             looked += [str(p) for p in source.mirror_paths(mirror)] if mirror is not None else []
-            raise NodeDataError(f"node {node} has no copy of dataset {cell.dataset!r} (looked at {', '.join(looked)}); "
-                                f"the driver ({expected.driver}) has it, checksum {expected.checksum}. A worker never "
-                                f"downloads a dataset. {advice}")
+            raise NodeDataError(
+                f"node {node} has no copy of dataset {cell.dataset!r} (looked at {', '.join(looked)}); "
+                f"the driver ({expected.driver}) has it, checksum {expected.checksum}. A worker never "
+                f"downloads a dataset. {advice}"
+            )
     try:
         dataset, splits = prepare_cell(cell, root, mirror)
     except DatasetNotFoundError as error:
         raise NodeDataError(f"node {node}: {error} {advice}") from None
     if dataset.checksum != expected.checksum:
-        raise NodeDataError(f"node {node} has another copy of dataset {cell.dataset!r} under {root}"
-                            + (f" or {mirror}" if mirror else "") + f": checksum {dataset.checksum}, the driver's "
-                            f"({expected.driver}) is {expected.checksum}. {advice}")
+        raise NodeDataError(
+            f"node {node} has another copy of dataset {cell.dataset!r} under {root}"
+            + (f" or {mirror}" if mirror else "")
+            + f": checksum {dataset.checksum}, the driver's "
+            f"({expected.driver}) is {expected.checksum}. {advice}"
+        )
     digest = splits_digest(splits)
     if digest != expected.partition:
-        raise NodeDataError(f"node {node} makes another partition of {cell.dataset!r} for this cell than the driver "
-                            f"({expected.driver}) did (digest {digest}, the driver's {expected.partition}; partition "
-                            f"cache {root / 'cache' / 'partitions'}): remove that node's partition cache, and check "
-                            f"that it runs the same code. {advice}")
+        raise NodeDataError(
+            f"node {node} makes another partition of {cell.dataset!r} for this cell than the driver "
+            f"({expected.driver}) did (digest {digest}, the driver's {expected.partition}; partition "
+            f"cache {root / 'cache' / 'partitions'}): remove that node's partition cache, and check "
+            f"that it runs the same code. {advice}"
+        )

@@ -16,6 +16,7 @@ process of its cgroup was), and the cell is "out of memory (peak N MB)". Where n
 window would then be taken for the worker's. A worker that dies before its first round's report, or
 whose node is gone, is not told apart ("Ray worker lost").
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -38,7 +39,10 @@ def count_file() -> Path | None:
         if "memory" in controllers.split(","):  # cgroup v1's memory hierarchy
             candidates.append(CGROUP_ROOT / "memory" / relative / "memory.oom_control")
         elif controllers == "":  # cgroup v2, mounted alone or beside v1 ("unified")
-            candidates += [CGROUP_ROOT / relative / "memory.events", CGROUP_ROOT / "unified" / relative / "memory.events"]
+            candidates += [
+                CGROUP_ROOT / relative / "memory.events",
+                CGROUP_ROOT / "unified" / relative / "memory.events",
+            ]
     for candidate in [*candidates, VMSTAT]:
         if read_count(candidate) is not None:
             return candidate
@@ -88,7 +92,8 @@ class OomKills:
             if not any(node["NodeID"] == self.node and node["Alive"] for node in ray.nodes()):
                 return False
             task = ray.remote(num_cpus=0, max_retries=0)(read_count).options(
-                scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=self.node, soft=False))
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=self.node, soft=False)
+            )
             try:
                 now = ray.get(task.remote(self.path), timeout=timeout)
             except (ray.exceptions.RayError, TimeoutError):

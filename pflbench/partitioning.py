@@ -5,6 +5,7 @@ client gets (`Partitioner.assign`). Everything shared lives here: parameter vali
 stratified train/val/test split, the on-disk cache that makes every algorithm of a matrix see
 identical splits, and the label-count table and plot used to inspect a partition.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -25,8 +26,9 @@ from pflbench import streams
 from pflbench.registry import NAME, Registry, echo
 
 # `scheme`, `display_name` and `paper` are each scheme class's own (`register` fills in what it leaves out).
-PARTITIONS: Registry[type[Partitioner]] = Registry("partition scheme",
-                                                   own_attributes={"scheme": NAME, "display_name": NAME, "paper": ""})
+PARTITIONS: Registry[type[Partitioner]] = Registry(
+    "partition scheme", own_attributes={"scheme": NAME, "display_name": NAME, "paper": ""}
+)
 
 SPLITS = ("train", "val", "test")
 
@@ -191,16 +193,16 @@ def make_splits(
     _check_fractions(scheme, train_fraction, val_fraction)
     cache_path = None
     if cache_dir is not None:
-        key = _cache_key(
-            labels, num_classes, partitioner, num_clients, seed, train_fraction, val_fraction, dataset_key
-        )
+        key = _cache_key(labels, num_classes, partitioner, num_clients, seed, train_fraction, val_fraction, dataset_key)
         cache_path = Path(cache_dir) / f"{key}.npz"
         if cache_path.exists():
             return ClientSplits.load(cache_path)
 
     partitioner.check(num_clients, num_classes, np.bincount(labels, minlength=num_classes))
     # Separate streams: changing the split fractions does not change which samples each client holds.
-    assign_rng, split_rng = (streams.generator(seed, name, kind="numpy") for name in ("partition.assign", "partition.split"))
+    assign_rng, split_rng = (
+        streams.generator(seed, name, kind="numpy") for name in ("partition.assign", "partition.split")
+    )
     given = partitioner.given_splits(labels, num_classes, num_clients)
     train, val, test = [], [], []
     if given is not None:  # the scheme's own train/test; val carved from train where the scheme gives none
@@ -231,8 +233,7 @@ def _checked_labels(labels: np.ndarray, num_classes: int) -> np.ndarray:
         raise PartitionError(f"labels must be a 1-D integer array, got shape {labels.shape} dtype {labels.dtype}")
     if len(labels) and (labels.min() < 0 or labels.max() >= num_classes):
         raise PartitionError(
-            f"labels must lie in 0..{num_classes - 1} (num_classes={num_classes}), "
-            f"got {labels.min()}..{labels.max()}"
+            f"labels must lie in 0..{num_classes - 1} (num_classes={num_classes}), got {labels.min()}..{labels.max()}"
         )
     return labels.astype(np.int64, copy=False)
 
@@ -248,8 +249,16 @@ def _request_error(scheme: str, param: str, value: Any, reason: str) -> Partitio
     return PartitionError(f"partition scheme {scheme!r}: {param}={echo(value)} is not possible: {reason}")
 
 
-def _cache_key(labels: np.ndarray, num_classes: int, partitioner: Partitioner, num_clients: int, seed: int,
-               train_fraction: float, val_fraction: float, dataset_key: str) -> str:
+def _cache_key(
+    labels: np.ndarray,
+    num_classes: int,
+    partitioner: Partitioner,
+    num_clients: int,
+    seed: int,
+    train_fraction: float,
+    val_fraction: float,
+    dataset_key: str,
+) -> str:
     request = {
         "version": SPLITS_FORMAT_VERSION,
         "dataset_key": dataset_key,
@@ -281,8 +290,9 @@ def _check_assignment(partitioner: Partitioner, clients: list[np.ndarray], num_c
         )
 
 
-def _carve_val(train: np.ndarray, labels: np.ndarray, val_fraction: float,
-               rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+def _carve_val(
+    train: np.ndarray, labels: np.ndarray, val_fraction: float, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
     """(val, train): `val_fraction` of a client's train split, stratified, at least one sample when
     val_fraction > 0 and the client has two or more."""
     min_val = 1 if val_fraction > 0 and len(train) >= 2 else 0

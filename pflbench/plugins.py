@@ -30,6 +30,7 @@ Errors, each one message naming what was wrong, before any work: a path that doe
 `.py` file, a module that cannot be found, a plugin that raises while importing (its exception and line),
 a name that a built-in or another plugin already registered, two different files with the same name.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -64,11 +65,11 @@ class PluginError(ValueError):
 class PluginSource:
     """What identifies a plugin and lets another process load exactly the same code."""
 
-    id: str         # how cells name it: "my_method.py" (a file) or "mypkg.methods" (a module)
-    kind: str       # "file" | "module" | "entry point"
-    module: str     # the module it is imported as
-    sha256: str     # of its source (see the module docstring)
-    location: str   # the file, or the top-level package's folder, it was read from
+    id: str  # how cells name it: "my_method.py" (a file) or "mypkg.methods" (a module)
+    kind: str  # "file" | "module" | "entry point"
+    module: str  # the module it is imported as
+    sha256: str  # of its source (see the module docstring)
+    location: str  # the file, or the top-level package's folder, it was read from
     files: tuple[tuple[str, bytes], ...] = ()  # (path relative to the import root, content), for workers
     call: str = ""  # entry points "module:function": the function to call after importing
 
@@ -85,6 +86,7 @@ _BUILTINS_LOADING = False
 
 
 # ---- the registries ----------------------------------------------------------------------------
+
 
 def registries() -> dict[str, Any]:
     """Every registry a plugin may add to, by the cell field that names its entries."""
@@ -153,17 +155,19 @@ def _failure(what: str, error: BaseException, origin: str | None = None) -> Plug
     if isinstance(error, SyntaxError) and error.filename:  # where the parser stopped, in the user's file,
         # not the frame that compiled it (pflbench's loader)
         code = f": {error.text.strip()[:200]}" if error.text and error.text.strip() else ""
-        return PluginError(f"{what} failed to import: {type(error).__name__}: {error.msg} "
-                           f"({Path(error.filename).name}, line {error.lineno}{code})")
+        return PluginError(
+            f"{what} failed to import: {type(error).__name__}: {error.msg} "
+            f"({Path(error.filename).name}, line {error.lineno}{code})"
+        )
     frames = traceback.extract_tb(error.__traceback__)
     mine = [f for f in frames if origin and f.filename == origin] or frames[-1:]
     where = f" ({Path(mine[-1].filename).name}, line {mine[-1].lineno})" if mine else ""
     detail = str(error).strip().splitlines()[0][:500] if str(error).strip() else ""
-    return PluginError(f"{what} failed to import: {type(error).__name__}"
-                       f"{': ' + detail if detail else ''}{where}")
+    return PluginError(f"{what} failed to import: {type(error).__name__}{': ' + detail if detail else ''}{where}")
 
 
 # ---- hashing -------------------------------------------------------------------------------------
+
 
 def digest(files: Iterable[tuple[str, bytes]]) -> str:
     """sha256 over (relative path, content) pairs in path order."""
@@ -202,6 +206,7 @@ def _package_files(module_name: str) -> tuple[str, tuple[tuple[str, bytes], ...]
 
 # ---- loading ------------------------------------------------------------------------------------
 
+
 def load(entries: Iterable[str], base_dir: str | Path | None = None) -> list[PluginSource]:
     """Load plugins named by paths (`.py`, relative to `base_dir`, default the working directory) or
     module names; those already loaded with the same source are not loaded again. PluginError (one
@@ -227,15 +232,27 @@ def _load_file(entry: str, base_dir: str | Path | None) -> PluginSource:
         path = Path(base_dir or Path.cwd()) / path
     path = path.resolve()
     if not path.is_file():
-        relative = f" (relative to {Path(base_dir or Path.cwd()).resolve()})" if not Path(entry).expanduser().is_absolute() else ""
-        raise PluginError(f"plugin {entry!r}: no such file {str(path)!r}{relative}; give the path of a .py file "
-                          f"(relative to the spec file in a spec's plugins:, to the working directory with --plugin) "
-                          f"or an importable module name")
+        relative = (
+            f" (relative to {Path(base_dir or Path.cwd()).resolve()})"
+            if not Path(entry).expanduser().is_absolute()
+            else ""
+        )
+        raise PluginError(
+            f"plugin {entry!r}: no such file {str(path)!r}{relative}; give the path of a .py file "
+            f"(relative to the spec file in a spec's plugins:, to the working directory with --plugin) "
+            f"or an importable module name"
+        )
     if path.suffix != ".py":
         raise PluginError(f"plugin {entry!r}: {str(path)!r} is not a .py file; give a Python file or a module name")
     content = path.read_bytes()
-    source = PluginSource(id=path.name, kind="file", module=FILE_MODULE_PREFIX + _identifier(path.stem),
-                          sha256=file_digest(content), location=str(path), files=((path.name, content),))
+    source = PluginSource(
+        id=path.name,
+        kind="file",
+        module=FILE_MODULE_PREFIX + _identifier(path.stem),
+        sha256=file_digest(content),
+        location=str(path),
+        files=((path.name, content),),
+    )
     return _activate_file(source)
 
 
@@ -249,10 +266,15 @@ def _activate_file(source: PluginSource) -> PluginSource:
     if known is not None:
         if known.source.sha256 == source.sha256 and known.source.location == source.location:
             return known.source
-        if known.source.location != source.location and Path(known.source.location).is_file() \
-                and Path(source.location).is_file():
-            raise PluginError(f"two plugin files named {source.id!r}: {known.source.location} and "
-                              f"{source.location}; cells name a plugin by its file name, so rename one")
+        if (
+            known.source.location != source.location
+            and Path(known.source.location).is_file()
+            and Path(source.location).is_file()
+        ):
+            raise PluginError(
+                f"two plugin files named {source.id!r}: {known.source.location} and "
+                f"{source.location}; cells name a plugin by its file name, so rename one"
+            )
         _forget(source.id)  # the same file, changed (or shipped from elsewhere): load the new code
     before = _snapshot()
     module = types.ModuleType(source.module)
@@ -274,8 +296,10 @@ def _load_module(name: str, kind: str = "module", call: str = "") -> PluginSourc
     if known is not None:
         return known.source
     if importlib.util.find_spec(name.split(".")[0]) is None:
-        raise PluginError(f"plugin {name!r}: no module named {name.split('.')[0]!r} is installed or on "
-                          f"PYTHONPATH; give a .py file's path (ending in .py) or an importable module name")
+        raise PluginError(
+            f"plugin {name!r}: no module named {name.split('.')[0]!r} is installed or on "
+            f"PYTHONPATH; give a .py file's path (ending in .py) or an importable module name"
+        )
     before = _snapshot()
     try:
         with loading(name):
@@ -284,11 +308,15 @@ def _load_module(name: str, kind: str = "module", call: str = "") -> PluginSourc
                 getattr(module, call)()
     except BaseException as error:  # noqa: BLE001
         _forget(name)
-        raise _failure(f"plugin {name!r}" if kind == "module" else f"plugin {name!r} (entry point of group "
-                       f"{ENTRY_POINT_GROUP})", error, getattr(sys.modules.get(name), "__file__", None)) from None
+        raise _failure(
+            f"plugin {name!r}" if kind == "module" else f"plugin {name!r} (entry point of group {ENTRY_POINT_GROUP})",
+            error,
+            getattr(sys.modules.get(name), "__file__", None),
+        ) from None
     location, files = _package_files(name)
-    source = PluginSource(id=name, kind=kind, module=name, sha256=digest(files), location=location, files=files,
-                          call=call)
+    source = PluginSource(
+        id=name, kind=kind, module=name, sha256=digest(files), location=location, files=files, call=call
+    )
     _registered(name, source, before)
     return source
 
@@ -306,6 +334,7 @@ def load_entry_points() -> list[PluginSource]:
 
 # ---- cells ---------------------------------------------------------------------------------------
 
+
 def plugin_hashes(cell: CellConfig) -> dict[str, str]:
     """{plugin id: source hash} of the plugins providing the cell's algorithm, dataset, partition
     scheme or models; {} for a cell of built-ins only."""
@@ -313,9 +342,12 @@ def plugin_hashes(cell: CellConfig) -> dict[str, str]:
 
     load_builtins()
     regs = registries()
-    used = {regs["algorithm"].origin(cell.algorithm), regs["dataset"].origin(cell.dataset),
-            regs["partition"].origin(cell.partition),
-            *(regs["model"].origin(name) for name in group_names(cell.model))}
+    used = {
+        regs["algorithm"].origin(cell.algorithm),
+        regs["dataset"].origin(cell.dataset),
+        regs["partition"].origin(cell.partition),
+        *(regs["model"].origin(name) for name in group_names(cell.model)),
+    }
     return {pid: _LOADED[pid].source.sha256 for pid in sorted(p for p in used if p is not None)}
 
 
@@ -346,11 +378,15 @@ def check_cell(cell: CellConfig) -> None:
     for pid, sha in getattr(cell, "plugin_hashes", {}).items():
         known = _LOADED.get(pid)
         if known is None:
-            raise PluginError(f"the cell uses plugin {pid!r}, which is not loaded in this process; load it with "
-                              f"--plugin or the spec's plugins:")
+            raise PluginError(
+                f"the cell uses plugin {pid!r}, which is not loaded in this process; load it with "
+                f"--plugin or the spec's plugins:"
+            )
         if known.source.sha256 != sha:
-            raise PluginError(f"plugin {pid!r} changed since the cell was planned (source sha256 {sha[:12]}..., "
-                              f"now {known.source.sha256[:12]}...); plan the cells again")
+            raise PluginError(
+                f"plugin {pid!r} changed since the cell was planned (source sha256 {sha[:12]}..., "
+                f"now {known.source.sha256[:12]}...); plan the cells again"
+            )
 
 
 def _activate_module(source: PluginSource) -> None:
@@ -370,7 +406,9 @@ def _activate_module(source: PluginSource) -> None:
         target.parent.mkdir(parents=True, exist_ok=True)
         if not target.is_file() or target.read_bytes() != content:
             target.write_bytes(content)
-    for name in [m for m in sys.modules if m == source.module.split(".")[0] or m.startswith(source.module.split(".")[0] + ".")]:
+    for name in [
+        m for m in sys.modules if m == source.module.split(".")[0] or m.startswith(source.module.split(".")[0] + ".")
+    ]:
         del sys.modules[name]  # an installed copy with other code: the shipped one replaces it
     sys.path.insert(0, str(root))
     importlib.invalidate_caches()
@@ -397,9 +435,15 @@ PLUGIN_COMMANDS = ("run", "sweep", "report", "list")
 
 
 def add_plugin_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--plugin", dest="plugins", action="append", default=[], metavar="FILE_OR_MODULE",
-                        help="load your own algorithms, datasets, partition schemes or models from a .py file or "
-                             "a module before anything else (repeatable; docs/howto/own-method.md)")
+    parser.add_argument(
+        "--plugin",
+        dest="plugins",
+        action="append",
+        default=[],
+        metavar="FILE_OR_MODULE",
+        help="load your own algorithms, datasets, partition schemes or models from a .py file or "
+        "a module before anything else (repeatable; docs/howto/own-method.md)",
+    )
 
 
 def load_requested(args: argparse.Namespace) -> str | None:

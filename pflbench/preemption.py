@@ -37,6 +37,7 @@ Nothing here knows about cells or the store: the checkpointer asks a `StopReques
 `signal`) at the end of each round and calls `round_ended`; the runner wraps a running cell in
 `cell_running()` and makes its stop request `current()` for the cell's run (`running_cell`).
 """
+
 from __future__ import annotations
 
 import os
@@ -57,13 +58,21 @@ class Preempted(Exception):
     `rounds_done`: rounds the cell had finished; `resumes_at`: the round of the checkpoint the next run
     continues from (None: from round 1); `in_round`: stopped at the grace deadline inside a round."""
 
-    def __init__(self, signal_name: str, rounds_done: int | None = None, resumes_at: int | None = None,
-                 in_round: bool = False, checkpoint_error: str | None = None) -> None:
+    def __init__(
+        self,
+        signal_name: str,
+        rounds_done: int | None = None,
+        resumes_at: int | None = None,
+        in_round: bool = False,
+        checkpoint_error: str | None = None,
+    ) -> None:
         super().__init__(f"preempted by {signal_name}")
         self.signal, self.rounds_done, self.resumes_at = signal_name, rounds_done, resumes_at
         self.in_round, self.checkpoint_error = in_round, checkpoint_error
 
-    def __reduce__(self) -> tuple[type[Preempted], tuple[Any, ...]]:  # a Ray worker hands it back to the driver as a value
+    def __reduce__(
+        self,
+    ) -> tuple[type[Preempted], tuple[Any, ...]]:  # a Ray worker hands it back to the driver as a value
         return Preempted, (self.signal, self.rounds_done, self.resumes_at, self.in_round, self.checkpoint_error)
 
 
@@ -177,17 +186,18 @@ class Preemption:
     may take after the first signal before the cell stops at once (0: at once). `on_request`: told the
     signal's name when the first one arrives (to print a line)."""
 
-    def __init__(self, grace_seconds: float = DEFAULT_GRACE_SECONDS,
-                 on_request: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self, grace_seconds: float = DEFAULT_GRACE_SECONDS, on_request: Callable[[str], None] | None = None
+    ) -> None:
         if not grace_seconds >= 0:
             raise ValueError(f"grace seconds must be >= 0, got {grace_seconds!r}")
         self.grace_seconds = grace_seconds
         self.on_request = on_request or (lambda name: None)
-        self.signal: str | None = None   # the first signal's name, once one arrived
+        self.signal: str | None = None  # the first signal's name, once one arrived
         self.requested_at: float | None = None
-        self._running = False            # a cell's rounds are under way (the deadline may stop them)
+        self._running = False  # a cell's rounds are under way (the deadline may stop them)
         self._armed = False
-        self._honoured = False           # a round ended after the stop was asked for: the cell stops there
+        self._honoured = False  # a round ended after the stop was asked for: the cell stops there
 
     @property
     def requested(self) -> bool:
@@ -223,9 +233,12 @@ class Preemption:
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         if self.requested and self._honoured:  # the round ended on the stop: its checkpoint is written or being
-            try:                               # written, and the run ends with it (stopping now would lose it)
-                os.write(2, f"{signal.Signals(signum).name}: already stopping, the checkpoint of the round "
-                            f"just ended is being kept\n".encode())
+            try:  # written, and the run ends with it (stopping now would lose it)
+                os.write(
+                    2,
+                    f"{signal.Signals(signum).name}: already stopping, the checkpoint of the round "
+                    f"just ended is being kept\n".encode(),
+                )
             except OSError:
                 pass
             return

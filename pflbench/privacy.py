@@ -81,6 +81,7 @@ FedAvg-shaped model (no client's statistics reach the server).
   reproducible and the same for every algorithm; a deployment would draw it from secret randomness.
   The same holds for the sampling schedule that central DP's amplification assumes hidden.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -110,8 +111,12 @@ ACCOUNTANT = "rdp"  # Opacus's Renyi-DP accountant (Mironov 2017; Mironov, Talwa
 # Renyi orders tried by the accountant: Opacus's defaults (1.1 .. 63) widened at both ends, because
 # budgets here range from well below 1 to tens over few releases (the defaults then warn that the best
 # order is at their edge, and give a looser bound).
-ALPHAS = [1 + x / 100 for x in range(1, 10)] + [1 + x / 10.0 for x in range(1, 100)] + list(range(12, 64)) \
+ALPHAS = (
+    [1 + x / 100 for x in range(1, 10)]
+    + [1 + x / 10.0 for x in range(1, 100)]
+    + list(range(12, 64))
     + list(range(64, 1025, 16))
+)
 RELATIONS = ("add_remove", "replace")
 MODES = ("local", "central")
 SENSITIVITY = {"add_remove": 1.0, "replace": 2.0}  # one client's contribution, in units of `clip`
@@ -140,8 +145,10 @@ class PrivacyParams(KnobParams):
     @model_validator(mode="after")
     def _central_has_one_budget(self) -> PrivacyParams:
         if self.mode == "central" and isinstance(self.epsilon, list):
-            raise ValueError(f"epsilon: central DP has one budget for the whole population, got the list "
-                             f"{self.epsilon!r} (give one number, or mode local for budgets per group)")
+            raise ValueError(
+                f"epsilon: central DP has one budget for the whole population, got the list "
+                f"{self.epsilon!r} (give one number, or mode local for budgets per group)"
+            )
         return self
 
     @property
@@ -153,9 +160,11 @@ class PrivacyParams(KnobParams):
 def parse_privacy(values: dict[str, Any]) -> dict[str, Any]:
     """The cell's `privacy` entries validated, keeping only those that differ from the defaults (a
     default written out gives the same cell hash as leaving it out). ValueError naming the entry."""
-    allowed = ("epsilon (a positive budget, or a list of budgets for groups of clients, null = no DP), "
-               "delta (default 1e-5), clip (L2 norm of the update, default 1.0), "
-               f"relation ({' | '.join(RELATIONS)}, default add_remove), mode ({' | '.join(MODES)}, default local)")
+    allowed = (
+        "epsilon (a positive budget, or a list of budgets for groups of clients, null = no DP), "
+        "delta (default 1e-5), clip (L2 norm of the update, default 1.0), "
+        f"relation ({' | '.join(RELATIONS)}, default add_remove), mode ({' | '.join(MODES)}, default local)"
+    )
     try:
         params = PrivacyParams(**values)
     except ValidationError as err:
@@ -174,8 +183,16 @@ def noise_multiplier(epsilon: float, delta: float, releases: int, sample_rate: f
     """z such that `releases` Gaussian mechanisms (subsampled at `sample_rate`) spend at most `epsilon`."""
     from opacus.accountants.utils import get_noise_multiplier
 
-    return float(get_noise_multiplier(target_epsilon=epsilon, target_delta=delta, sample_rate=sample_rate,
-                                      steps=releases, accountant=ACCOUNTANT, alphas=ALPHAS))
+    return float(
+        get_noise_multiplier(
+            target_epsilon=epsilon,
+            target_delta=delta,
+            sample_rate=sample_rate,
+            steps=releases,
+            accountant=ACCOUNTANT,
+            alphas=ALPHAS,
+        )
+    )
 
 
 def epsilon_spent(z: float, releases: int, delta: float, sample_rate: float = 1.0) -> float:
@@ -215,8 +232,14 @@ class PrivacyPlan:
     # (a float), which shares this class's noising and summary but not its per-client state
     z: Any
 
-    def __init__(self, params: PrivacyParams, clients: int, schedule: np.ndarray, seed: int,
-                 kept_local: frozenset[str] = frozenset()) -> None:
+    def __init__(
+        self,
+        params: PrivacyParams,
+        clients: int,
+        schedule: np.ndarray,
+        seed: int,
+        kept_local: frozenset[str] = frozenset(),
+    ) -> None:
         self.params, self.seed, self.kept_local = params, seed, kept_local
         budgets = params.epsilon if isinstance(params.epsilon, list) else [params.epsilon]
         order = streams.generator(seed, "privacy.budgets", kind="numpy").permutation(clients)
@@ -225,13 +248,18 @@ class PrivacyPlan:
             for c in members.tolist():
                 self.budget[c] = budget
         self.participations = np.bincount(schedule.ravel(), minlength=clients)
-        self.z = np.array([noise_multiplier(b, params.delta, int(n)) if b is not None and n > 0 else 0.0
-                           for b, n in zip(self.budget, self.participations)])
+        self.z = np.array(
+            [
+                noise_multiplier(b, params.delta, int(n)) if b is not None and n > 0 else 0.0
+                for b, n in zip(self.budget, self.participations)
+            ]
+        )
         self.releases = np.zeros(clients, dtype=np.int64)
 
     @classmethod
-    def from_cell(cls, cell: CellConfig, schedule: np.ndarray, population: int | None = None,
-                  models: Iterable[ClientModel] = ()) -> PrivacyPlan | CentralPrivacyPlan | None:
+    def from_cell(
+        cls, cell: CellConfig, schedule: np.ndarray, population: int | None = None, models: Iterable[ClientModel] = ()
+    ) -> PrivacyPlan | CentralPrivacyPlan | None:
         """The cell's plan (None when the knob is off): `schedule` in partition ids, `population` the
         number of clients the schedule samples from (central DP's sampling rate), `models` the cell's."""
         if not cell.privacy:
@@ -263,27 +291,38 @@ class PrivacyPlan:
         self.releases[client] += 1
         if self.budget[client] is None:
             return update
-        return self._noised(rnd, client, _clipped(update, self.params.clip),
-                            float(self.z[client]) * self.params.sensitivity)
+        return self._noised(
+            rnd, client, _clipped(update, self.params.clip), float(self.z[client]) * self.params.sensitivity
+        )
 
     def _common(self) -> dict:
-        return {"privacy_mode": self.mode, "privacy_relation": self.params.relation,
-                "privacy_delta": self.params.delta, "privacy_clip": self.params.clip,
-                "privacy_sensitivity": self.params.sensitivity,
-                "privacy_kept_on_clients": sorted(self.kept_local)}
+        return {
+            "privacy_mode": self.mode,
+            "privacy_relation": self.params.relation,
+            "privacy_delta": self.params.delta,
+            "privacy_clip": self.params.clip,
+            "privacy_sensitivity": self.params.sensitivity,
+            "privacy_kept_on_clients": sorted(self.kept_local),
+        }
 
     def summary(self) -> dict:
         """Per client: the budget, the multiplier, the uploads released and the epsilon spent at delta
         (None for a client without DP); the cell's max and mean over the clients with DP."""
         delta = self.params.delta
-        spent = [None if b is None else epsilon_spent(float(z), int(r), delta)
-                 for b, z, r in zip(self.budget, self.z, self.releases)]
+        spent = [
+            None if b is None else epsilon_spent(float(z), int(r), delta)
+            for b, z, r in zip(self.budget, self.z, self.releases)
+        ]
         private = [e for e in spent if e is not None]
-        return {**self._common(),
-                "privacy_budget": self.budget, "privacy_noise_multiplier": [float(z) for z in self.z],
-                "privacy_releases": self.releases.tolist(), "privacy_epsilon": spent,
-                "privacy_epsilon_max": max(private) if private else None,
-                "privacy_epsilon_mean": float(np.mean(private)) if private else None}
+        return {
+            **self._common(),
+            "privacy_budget": self.budget,
+            "privacy_noise_multiplier": [float(z) for z in self.z],
+            "privacy_releases": self.releases.tolist(),
+            "privacy_epsilon": spent,
+            "privacy_epsilon_max": max(private) if private else None,
+            "privacy_epsilon_mean": float(np.mean(private)) if private else None,
+        }
 
 
 class CentralPrivacyPlan(PrivacyPlan):
@@ -292,8 +331,14 @@ class CentralPrivacyPlan(PrivacyPlan):
 
     mode = "central"
 
-    def __init__(self, params: PrivacyParams, schedule: np.ndarray, population: int, seed: int,
-                 kept_local: frozenset[str] = frozenset()) -> None:
+    def __init__(
+        self,
+        params: PrivacyParams,
+        schedule: np.ndarray,
+        population: int,
+        seed: int,
+        kept_local: frozenset[str] = frozenset(),
+    ) -> None:
         self.params, self.seed, self.kept_local = params, seed, kept_local
         self.rounds = len(schedule)
         self.sample_rate = min(1.0, schedule.shape[1] / population) if self.rounds else 1.0
@@ -302,23 +347,34 @@ class CentralPrivacyPlan(PrivacyPlan):
         self.released_rounds = 0
 
     def privatize(self, rnd: int, client: int, update: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        raise RuntimeError("privacy.mode central: the server noises the sum of the round's updates; no "
-                           "client privatizes its own (the algorithm should have been refused)")
+        raise RuntimeError(
+            "privacy.mode central: the server noises the sum of the round's updates; no "
+            "client privatizes its own (the algorithm should have been refused)"
+        )
 
     def noised_mean(self, rnd: int, updates: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
         """(sum of the updates, each clipped to `clip`, + N(0, (z S)^2)) / len(updates); one release."""
         self.released_rounds += 1
         clipped = [_clipped(u, self.params.clip) for u in updates]
-        total = {n: torch.stack([u[n] for u in clipped]).sum(0) if t.is_floating_point() else t
-                 for n, t in clipped[0].items()}
+        total = {
+            n: torch.stack([u[n] for u in clipped]).sum(0) if t.is_floating_point() else t
+            for n, t in clipped[0].items()
+        }
         noised = self._noised(rnd, CENTRAL, total, self.z * self.params.sensitivity)
         return {n: t / len(updates) if t.is_floating_point() else t for n, t in noised.items()}
 
     def summary(self) -> dict:
         spent = epsilon_spent(self.z, self.released_rounds, self.params.delta, self.sample_rate)
-        return {**self._common(), "privacy_budget": self.params.epsilon, "privacy_noise_multiplier": self.z,
-                "privacy_sampling_rate": self.sample_rate, "privacy_releases": self.released_rounds,
-                "privacy_epsilon": spent, "privacy_epsilon_max": spent, "privacy_epsilon_mean": spent}
+        return {
+            **self._common(),
+            "privacy_budget": self.params.epsilon,
+            "privacy_noise_multiplier": self.z,
+            "privacy_sampling_rate": self.sample_rate,
+            "privacy_releases": self.released_rounds,
+            "privacy_epsilon": spent,
+            "privacy_epsilon_max": spent,
+            "privacy_epsilon_mean": spent,
+        }
 
 
 def privacy_caption(settings: list[str]) -> str:
@@ -326,13 +382,22 @@ def privacy_caption(settings: list[str]) -> str:
     items of a knob setting): which DP and which neighbouring relation, unless a column says otherwise."""
     if not any("privacy." in setting for setting in settings):
         return ""
-    return (" DP: local (each client noises its upload) unless a column says privacy.mode=central (the server "
-            "noises the sum); neighbouring relation add/remove (sensitivity = clip) unless it says "
-            "privacy.relation=replace (sensitivity 2 x clip).")
+    return (
+        " DP: local (each client noises its upload) unless a column says privacy.mode=central (the server "
+        "noises the sum); neighbouring relation add/remove (sensitivity = clip) unless it says "
+        "privacy.relation=replace (sensitivity 2 x clip)."
+    )
 
 
-def privatize_upload(plan: PrivacyPlan, mode: str, rnd: int, clients: torch.Tensor, download: Payload | None,
-                     upload: Payload, arrived: torch.Tensor | None) -> list[dict[str, torch.Tensor]]:
+def privatize_upload(
+    plan: PrivacyPlan,
+    mode: str,
+    rnd: int,
+    clients: torch.Tensor,
+    download: Payload | None,
+    upload: Payload,
+    arrived: torch.Tensor | None,
+) -> list[dict[str, torch.Tensor]]:
     """The round's uploads as the server receives them, one dict per client: with `mode` "model" the
     update is upload - download (tensor by tensor), with "update" the upload itself. Dropped uploads
     (`arrived` False) never leave and come back as {}; the tensors in `plan.kept_local` never leave."""
@@ -350,10 +415,14 @@ def privatize_upload(plan: PrivacyPlan, mode: str, rnd: int, clients: torch.Tens
         reference = download.row(k) if download is not None else {}
         missing = [n for n in mine if n not in reference]
         if missing:
-            raise ValueError(f"privacy: upload tensors {missing[:3]} have no downloaded counterpart, so the "
-                             f"update upload - download is undefined for this algorithm")
-        updates[k] = ({n: t - reference[n].to(t.dtype) if t.is_floating_point() else t for n, t in mine.items()},
-                      reference)
+            raise ValueError(
+                f"privacy: upload tensors {missing[:3]} have no downloaded counterpart, so the "
+                f"update upload - download is undefined for this algorithm"
+            )
+        updates[k] = (
+            {n: t - reference[n].to(t.dtype) if t.is_floating_point() else t for n, t in mine.items()},
+            reference,
+        )
     if plan.mode == "central" and updates:
         mean = cast(CentralPrivacyPlan, plan).noised_mean(rnd, [u for u, _ in updates.values()])
         updates = {k: (mean, reference) for k, (_, reference) in updates.items()}
@@ -407,7 +476,13 @@ class DifferentiallyPrivate(Algorithm[Hyperparams]):
 
     # The method's class-level declarations the wrapper's class takes over (`wrapping`).
     WRAPPED_DECLARATIONS: ClassVar[tuple[str, ...]] = (
-        "name", "card", "capabilities", "Hyperparams", "search_space", "quick_hp")
+        "name",
+        "card",
+        "capabilities",
+        "Hyperparams",
+        "search_space",
+        "quick_hp",
+    )
     wrapped: ClassVar[type[Algorithm[Any]]] = Algorithm  # the wrapped method's class (`wrapping`)
     state: ClassVar[tuple[str, ...]] = ()  # no state of its own (the class doc): `state_dict` is the method's
     state_objects: ClassVar[tuple[str, ...]] = ()
@@ -415,11 +490,15 @@ class DifferentiallyPrivate(Algorithm[Hyperparams]):
 
     def __init__(self, algorithm: Algorithm[Any], fed: CellFederation) -> None:
         if type(self).wrapped is Algorithm:
-            raise TypeError("DifferentiallyPrivate wraps a given method's class: build it with "
-                            "with_privacy(algorithm, fed), or DifferentiallyPrivate.wrapping(type(algorithm))")
+            raise TypeError(
+                "DifferentiallyPrivate wraps a given method's class: build it with "
+                "with_privacy(algorithm, fed), or DifferentiallyPrivate.wrapping(type(algorithm))"
+            )
         if type(algorithm) is not type(self).wrapped:  # its class-level declarations are that class's exactly
-            raise TypeError(f"{type(self).__name__} wraps a {type(self).wrapped.__name__}, not a "
-                            f"{type(algorithm).__name__}: build it with with_privacy(algorithm, fed)")
+            raise TypeError(
+                f"{type(self).__name__} wraps a {type(self).wrapped.__name__}, not a "
+                f"{type(algorithm).__name__}: build it with with_privacy(algorithm, fed)"
+            )
         if fed.privacy is None:
             raise ValueError("DifferentiallyPrivate: the cell's privacy knob is off (no privacy plan to apply)")
         super().__init__(algorithm.engine, algorithm.hp)
@@ -436,9 +515,20 @@ class DifferentiallyPrivate(Algorithm[Hyperparams]):
         if made is None:
             declarations = {name: getattr(method, name) for name in cls.WRAPPED_DECLARATIONS}
             name = f"{cls.__name__}[{method.__qualname__}]"
-            made = cast("type[DifferentiallyPrivate]", type(name, (cls,), {
-                "__module__": cls.__module__, "__qualname__": name, "__doc__": cls.__doc__, "wrapped": method,
-                **declarations}))
+            made = cast(
+                "type[DifferentiallyPrivate]",
+                type(
+                    name,
+                    (cls,),
+                    {
+                        "__module__": cls.__module__,
+                        "__qualname__": name,
+                        "__doc__": cls.__doc__,
+                        "wrapped": method,
+                        **declarations,
+                    },
+                ),
+            )
             _WRAPPER_CLASSES[cls, method] = made
         return made
 
@@ -480,8 +570,10 @@ class DifferentiallyPrivate(Algorithm[Hyperparams]):
         def deliver(upload: Payload) -> Payload | None:
             """Each arrived row privatized as it leaves its client, then on to the server."""
             arrived = fed.arrived(rnd, upload.clients)
-            rows = [upload.row(k) if arrived is not None and not bool(arrived[k]) else fed.privatize(rnd, c, upload.row(k))
-                    for k, c in enumerate(upload.clients.tolist())]
+            rows = [
+                upload.row(k) if arrived is not None and not bool(arrived[k]) else fed.privatize(rnd, c, upload.row(k))
+                for k, c in enumerate(upload.clients.tolist())
+            ]
             return server(Payload.from_rows(rows, upload.clients, upload.header, stacked=upload.is_stacked))
 
         return self.algorithm.local_train(dataclasses.replace(rnd, deliver=deliver), state)
@@ -494,8 +586,15 @@ class DifferentiallyPrivate(Algorithm[Hyperparams]):
         if self.algorithm.updates_per_client:  # privatized as each left its client (local_train)
             return upload
         arrived = fed.arrived(rnd, rnd.clients)
-        received = privatize_upload(self.plan, self.algorithm.dp_upload, rnd.number,
-                                    torch.as_tensor(fed.client_ids)[rnd.clients.cpu()], rnd.download, upload, arrived)
+        received = privatize_upload(
+            self.plan,
+            self.algorithm.dp_upload,
+            rnd.number,
+            torch.as_tensor(fed.client_ids)[rnd.clients.cpu()],
+            rnd.download,
+            upload,
+            arrived,
+        )
         return Payload.from_rows(received, rnd.clients, upload.header, stacked=upload.is_stacked).delivered(arrived)
 
     def aggregate(self, rnd: ClientRound, upload: Payload) -> None:
@@ -562,5 +661,8 @@ def would_wrap(algorithm: Algorithm[Any], fed: CellFederation) -> bool:
     """Whether `with_privacy(algorithm, fed)` wraps `algorithm`: the cell's knob is on, the method's
     upload is a model or an update, and it is not wrapped already. True for a method built by hand for
     a cell with privacy: the round driver refuses it (`pflbench.cell_method.check_cell_method`)."""
-    return (fed.privacy is not None and not isinstance(algorithm, DifferentiallyPrivate)
-            and algorithm.dp_upload in ("model", "update"))
+    return (
+        fed.privacy is not None
+        and not isinstance(algorithm, DifferentiallyPrivate)
+        and algorithm.dp_upload in ("model", "update")
+    )

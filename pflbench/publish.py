@@ -36,6 +36,7 @@ command expanded again plans other cells (an algorithm's default changed, the sp
 is failed when a cell failed, incomplete when planned cells have no result yet (a long study published
 cell by cell as it runs).
 """
+
 from __future__ import annotations
 
 import datetime
@@ -77,10 +78,15 @@ def git_commit(repo: Path = REPO) -> tuple[str | None, bool]:
     """(commit, dirty): the checkout's HEAD and whether its code folders have uncommitted changes;
     (None, False) outside a git checkout."""
     try:
-        commit = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True,
-                                check=True).stdout.strip()
-        status = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--", *CODE_DIRS],
-                                capture_output=True, text=True, check=True).stdout
+        commit = subprocess.run(
+            ["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        status = subprocess.run(
+            ["git", "-C", str(repo), "status", "--porcelain", "--", *CODE_DIRS],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
     except (OSError, subprocess.CalledProcessError):
         return None, False
     return commit, bool(status.strip())
@@ -95,22 +101,29 @@ def command_text(spec: str, scale: str | None, sets: list[str]) -> str:
 
 def yaml_value(value: Any) -> str:
     """A value as `--set` reads it (YAML; JSON is YAML)."""
-    return value if isinstance(value, str) and value.strip() == value and value and value[0] not in "[{\"'" \
+    return (
+        value
+        if isinstance(value, str) and value.strip() == value and value and value[0] not in "[{\"'"
         else json.dumps(value)
+    )
 
 
 def _axis_values(cell: CellConfig) -> dict[str, str]:
     """The `--set` items that put each matrix axis of the structured kind at `cell`'s value."""
     dataset = {"name": cell.dataset, "options": cell.dataset_options} if cell.dataset_options else cell.dataset
-    return {"algorithm": f"algorithm={cell.algorithm}", "dataset": f"dataset={yaml_value(dataset)}",
-            "partition": f"partition={yaml_value({'scheme': cell.partition, 'params': cell.partition_params})}",
-            "clients": f"clients={cell.clients}" if cell.participation == 1.0 else  # the axis's entry form
-                       f"clients={yaml_value({'clients': cell.clients, 'participation': cell.participation})}",
-            "seed": f"seed={cell.seed}"}
+    return {
+        "algorithm": f"algorithm={cell.algorithm}",
+        "dataset": f"dataset={yaml_value(dataset)}",
+        "partition": f"partition={yaml_value({'scheme': cell.partition, 'params': cell.partition_params})}",
+        "clients": f"clients={cell.clients}"
+        if cell.participation == 1.0
+        # the axis's entry form
+        else f"clients={yaml_value({'clients': cell.clients, 'participation': cell.participation})}",
+        "seed": f"seed={cell.seed}",
+    }
 
 
-def narrowing_sets(cell: CellConfig, spec: str, scale: str | None, sets: Sequence[str],
-                   plan: Plan) -> list[str] | None:
+def narrowing_sets(cell: CellConfig, spec: str, scale: str | None, sets: Sequence[str], plan: Plan) -> list[str] | None:
     """`--set`s that, added to the study's command (whose expansion is `plan`), expand the spec to
     exactly `cell`: its variant's name where the spec has a variants axis, the axes on which the plan's
     cells differ, set to this cell's values (all five axes where that is not enough); None if no such
@@ -141,8 +154,9 @@ def _slim_artifacts(source: Path, target: Path) -> dict | None:
 
     with np.load(source, allow_pickle=False) as data:
         names = list(data.files)
-        kept = [n for n in names if (m := ROUND_KEY.match(n)) and m["name"] in REPORTED_ARTIFACTS
-                or n in REPORTED_ARTIFACTS]
+        kept = [
+            n for n in names if (m := ROUND_KEY.match(n)) and m["name"] in REPORTED_ARTIFACTS or n in REPORTED_ARTIFACTS
+        ]
         if not kept:
             return None
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -174,9 +188,18 @@ def copy_cell(folder: Path, target: Path) -> None:
     write_json(target / SUMMARY, summary)
 
 
-def publish(spec: str, study: str, results: str | Path, *, scale: str | None = None, sets: Sequence[str] = (),
-            out: str | Path = PUBLISHED, note: str | None = None, replace: bool = False,
-            allow_dirty: bool = False) -> Path:
+def publish(
+    spec: str,
+    study: str,
+    results: str | Path,
+    *,
+    scale: str | None = None,
+    sets: Sequence[str] = (),
+    out: str | Path = PUBLISHED,
+    note: str | None = None,
+    replace: bool = False,
+    allow_dirty: bool = False,
+) -> Path:
     """Copy the cells of `pflbench run SPEC [--scale] [--set ...]` from the store `results` into
     `out/<study>/` with a manifest (module doc); returns the study's folder."""
     from pflbench.config import cell_hash
@@ -185,8 +208,7 @@ def publish(spec: str, study: str, results: str | Path, *, scale: str | None = N
 
     sets = list(sets)
     if not study or study != Path(study).name or study.startswith((".", "_")):
-        raise PublishError(f"study name {study!r}: give a plain folder name (letters, digits, '-', '_'), "
-                           f"not a path")
+        raise PublishError(f"study name {study!r}: give a plain folder name (letters, digits, '-', '_'), not a path")
     target = Path(out) / study
     if target.exists() and not replace:
         raise PublishError(f"{target} exists already; pass --replace to publish over it")
@@ -195,8 +217,10 @@ def publish(spec: str, study: str, results: str | Path, *, scale: str | None = N
     planned = [cell_hash(cell) for cell in plan.cells]
     found = [h for h in planned if h in intact]
     if not found:
-        raise PublishError(f"none of the {len(planned)} cells of `{command_text(spec, scale, sets)}` has a result "
-                           f"in {results}: run that command first (with --results {results})")
+        raise PublishError(
+            f"none of the {len(planned)} cells of `{command_text(spec, scale, sets)}` has a result "
+            f"in {results}: run that command first (with --results {results})"
+        )
     commit, dirty = code_of([intact[h][2] for h in found], allow_dirty)
     staging = Path(out) / f".{study}.publishing"
     shutil.rmtree(staging, ignore_errors=True)
@@ -205,10 +229,16 @@ def publish(spec: str, study: str, results: str | Path, *, scale: str | None = N
     summaries = [intact[h][2] for h in found]
     cells_by_hash = {cell_hash(cell): cell for cell in plan.cells}
     manifest = {
-        "study": study, "command": command_text(spec, scale, sets), "spec": spec, "scale": scale, "sets": sets,
-        "commit": commit, "dirty": dirty,
+        "study": study,
+        "command": command_text(spec, scale, sets),
+        "spec": spec,
+        "scale": scale,
+        "sets": sets,
+        "commit": commit,
+        "dirty": dirty,
         "versions": {"pflbench": version("pflbench"), "torch": version("torch"), "python": platform.python_version()},
-        "machines": machines_of(summaries), **run_times(summaries),
+        "machines": machines_of(summaries),
+        **run_times(summaries),
         "published_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "resources": {"cpus": plan.resources.cpus, "gpus": plan.resources.gpus},
         "cells": {h: {"sets": narrowing_sets(cells_by_hash[h], spec, scale, sets, plan)} for h in found},
@@ -234,17 +264,24 @@ def code_of(summaries: list[dict], allow_dirty: bool) -> tuple[str | None, bool]
     commits = sorted({c for c, _ in recorded if c})
     dirty = any(d for _, d in recorded)
     if (len(commits) > 1 or dirty) and not allow_dirty:
-        why = (f"the cells ran with {len(commits)} different commits ({', '.join(c[:10] for c in commits)})"
-               if len(commits) > 1 else f"the cells ran with uncommitted changes in {', '.join(CODE_DIRS)}")
-        raise PublishError(f"{why}: a manifest could not say what made them; run them again with one committed "
-                           f"checkout (or pass --allow-dirty: the manifest then says so)")
+        why = (
+            f"the cells ran with {len(commits)} different commits ({', '.join(c[:10] for c in commits)})"
+            if len(commits) > 1
+            else f"the cells ran with uncommitted changes in {', '.join(CODE_DIRS)}"
+        )
+        raise PublishError(
+            f"{why}: a manifest could not say what made them; run them again with one committed "
+            f"checkout (or pass --allow-dirty: the manifest then says so)"
+        )
     return (commits[0] if len(commits) == 1 else (", ".join(commits) or None)), dirty or len(commits) > 1
 
 
 def machines_of(summaries: list[dict]) -> list[dict]:
     """The distinct machines of the cells' summaries, each with its cell count."""
-    counts = Counter(json.dumps({k: s.get(k) for k in ("cpu_model", "cpu_cores", "gpu_model", "device")},
-                                sort_keys=True) for s in summaries)
+    counts = Counter(
+        json.dumps({k: s.get(k) for k in ("cpu_model", "cpu_cores", "gpu_model", "device")}, sort_keys=True)
+        for s in summaries
+    )
     return [{**json.loads(key), "cells": n} for key, n in counts.most_common()]
 
 
@@ -259,9 +296,13 @@ def run_times(summaries: list[dict]) -> dict:
         ends.append(end)
         starts.append(end - datetime.timedelta(seconds=float(s.get("wall_time") or 0.0)))
     cell_seconds = sum(float(s.get("wall_time") or 0.0) for s in summaries)
-    return {"date": max(ends).isoformat(timespec="seconds") if ends else None,
-            "wall_time": {"elapsed_seconds": (max(ends) - min(starts)).total_seconds() if ends else None,
-                          "cell_seconds": cell_seconds}}
+    return {
+        "date": max(ends).isoformat(timespec="seconds") if ends else None,
+        "wall_time": {
+            "elapsed_seconds": (max(ends) - min(starts)).total_seconds() if ends else None,
+            "cell_seconds": cell_seconds,
+        },
+    }
 
 
 def read_manifest(study: str | Path) -> dict | None:
@@ -277,8 +318,11 @@ def studies(root: str | Path = PUBLISHED) -> list[Path]:
     root = Path(root)
     if not root.is_dir():
         return []
-    return sorted(p for p in root.iterdir()  # not a `.NAME.publishing` folder left by an interrupted publish
-                  if p.is_dir() and not p.name.startswith(".") and (p / MANIFEST).is_file())
+    return sorted(
+        p
+        for p in root.iterdir()  # not a `.NAME.publishing` folder left by an interrupted publish
+        if p.is_dir() and not p.name.startswith(".") and (p / MANIFEST).is_file()
+    )
 
 
 LEADERBOARD = "leaderboard.yaml"  # beside the study folders: how the leaderboard presents them (`beside_studies`)
@@ -304,13 +348,19 @@ def beside_studies(root: str | Path = PUBLISHED) -> dict[str, list[Path]]:
         raise PublishError(f"{path}: not valid YAML: {str(error).splitlines()[0]}") from None
     known = {folder.name: folder for folder in studies(root)}
     beside = data.get("beside") if isinstance(data, dict) else None
-    if not isinstance(data, dict) or set(data) - {"beside"} or not isinstance(beside, dict) or not all(
-            isinstance(v, list) and all(isinstance(x, str) for x in v) for v in beside.values()):
+    if (
+        not isinstance(data, dict)
+        or set(data) - {"beside"}
+        or not isinstance(beside, dict)
+        or not all(isinstance(v, list) and all(isinstance(x, str) for x in v) for v in beside.values())
+    ):
         raise PublishError(f"{path}: expected `beside: {{STUDY: [STUDY, ...]}}`")
     unknown = sorted({name for study, others in beside.items() for name in (study, *others)} - set(known))
     if unknown:
-        raise PublishError(f"{path}: no published study {', '.join(map(repr, unknown))} "
-                           f"(published: {', '.join(sorted(known)) or 'none'})")
+        raise PublishError(
+            f"{path}: no published study {', '.join(map(repr, unknown))} "
+            f"(published: {', '.join(sorted(known)) or 'none'})"
+        )
     return {study: [known[name] for name in others if name != study] for study, others in beside.items()}
 
 
@@ -321,8 +371,10 @@ def find_cell(cell_id: str, roots: list[Path]) -> Path:
         for store in [root, *studies(root)]:
             if (store / cell_id / SUMMARY).is_file():
                 return store / cell_id
-    raise FileNotFoundError(f"no cell {cell_id} in {', '.join(map(str, roots))} (nor in their studies); "
-                            f"give the store that holds it with --results DIR")
+    raise FileNotFoundError(
+        f"no cell {cell_id} in {', '.join(map(str, roots))} (nor in their studies); "
+        f"give the store that holds it with --results DIR"
+    )
 
 
 def spec_path(spec: str) -> Path:
@@ -334,6 +386,7 @@ def spec_path(spec: str) -> Path:
 @dataclass
 class StudyState:
     """What the index says about a study: its manifest, and why it is stale or failed (empty: fine)."""
+
     path: Path
     manifest: dict
     stale: list[str] = field(default_factory=list)
@@ -343,8 +396,7 @@ class StudyState:
 
     @property
     def label(self) -> str:
-        return ("stale" if self.stale else "failed" if self.failed else "incomplete" if self.incomplete
-                else "current")
+        return "stale" if self.stale else "failed" if self.failed else "incomplete" if self.incomplete else "current"
 
 
 @lru_cache(maxsize=64)
@@ -370,29 +422,36 @@ def study_state(path: str | Path) -> StudyState | None:
         if now != folder.name:
             changed.append(f"{folder.name} -> {now}")
     if changed:
-        state.stale.append(f"{len(changed)} of {len(stored)} stored configurations resolve to other cell ids "
-                           f"with the current code: " + "; ".join(changed[:5]) + (" ..." if len(changed) > 5 else ""))
+        state.stale.append(
+            f"{len(changed)} of {len(stored)} stored configurations resolve to other cell ids "
+            f"with the current code: " + "; ".join(changed[:5]) + (" ..." if len(changed) > 5 else "")
+        )
     spec = manifest.get("spec")
     if spec:
         try:
-            plan = load_spec(spec_path(spec), parse_sets(list(manifest.get("sets") or [])),
-                             scale=manifest.get("scale"))
+            plan = load_spec(spec_path(spec), parse_sets(list(manifest.get("sets") or [])), scale=manifest.get("scale"))
             now_ids = {cell_hash(c) for c in plan.cells}
             then_ids = {p.name for p in stored} | set(manifest.get("missing") or [])
             if now_ids != then_ids:
-                state.stale.append(f"`{manifest.get('command')}` now plans {len(now_ids - then_ids)} cells that are "
-                                   f"not in the study and no longer {len(then_ids - now_ids)} that are (an algorithm's "
-                                   f"defaults or the spec changed)")
+                state.stale.append(
+                    f"`{manifest.get('command')}` now plans {len(now_ids - then_ids)} cells that are "
+                    f"not in the study and no longer {len(then_ids - now_ids)} that are (an algorithm's "
+                    f"defaults or the spec changed)"
+                )
         except (SpecError, ValueError) as error:
-            state.stale.append(f"`{manifest.get('command')}` cannot be expanded with the current code: "
-                               f"{str(error).splitlines()[0][:200]}")
+            state.stale.append(
+                f"`{manifest.get('command')}` cannot be expanded with the current code: "
+                f"{str(error).splitlines()[0][:200]}"
+            )
     statuses = manifest.get("statuses") or {}
     if statuses.get("failed"):
         state.failed.append(f"{statuses['failed']} cells failed")
     if manifest.get("missing"):
         planned = len(manifest["missing"]) + len(stored)
-        state.incomplete.append(f"{len(stored)} of the {planned} cells its command plans are published; "
-                                f"{len(manifest['missing'])} still to run")
+        state.incomplete.append(
+            f"{len(stored)} of the {planned} cells its command plans are published; "
+            f"{len(manifest['missing'])} still to run"
+        )
     return state
 
 

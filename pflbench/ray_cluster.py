@@ -1,4 +1,5 @@
 """Joining Ray: a local instance or an existing cluster, for the runner and the sweep alike."""
+
 from __future__ import annotations
 
 import logging
@@ -37,8 +38,10 @@ def join_cluster(address: str, settings: dict) -> None:
         try:
             socket.create_connection((host, int(port)), timeout=RAY_CONNECT_TIMEOUT).close()
         except OSError as err:
-            raise ClusterError(f"cannot reach a Ray cluster at {address} ({err.strerror or err}); start one with "
-                               f"`ray start --head --port={port}` or check --ray-address / $RAY_ADDRESS") from None
+            raise ClusterError(
+                f"cannot reach a Ray cluster at {address} ({err.strerror or err}); start one with "
+                f"`ray start --head --port={port}` or check --ray-address / $RAY_ADDRESS"
+            ) from None
     token_file = Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token")
     if "RAY_AUTH_MODE" not in os.environ and (os.environ.get("RAY_AUTH_TOKEN") or token_file.is_file()):
         os.environ["RAY_AUTH_MODE"] = "token"
@@ -52,9 +55,12 @@ def join_cluster(address: str, settings: dict) -> None:
         ray.init(address=address, **settings)
     except Exception as err:  # Ray raises ConnectionError, AuthenticationError, RuntimeError, ...
         detail = str(err).strip().splitlines()[0][:300] if str(err).strip() else type(err).__name__
-        hint = (" The cluster asks for token authentication: give this runner the cluster's token "
-                "($RAY_AUTH_TOKEN or ~/.ray/auth_token) and RAY_AUTH_MODE=token."
-                if "auth" in type(err).__name__.lower() or "RAY_AUTH" in str(err) else "")
+        hint = (
+            " The cluster asks for token authentication: give this runner the cluster's token "
+            "($RAY_AUTH_TOKEN or ~/.ray/auth_token) and RAY_AUTH_MODE=token."
+            if "auth" in type(err).__name__.lower() or "RAY_AUTH" in str(err)
+            else ""
+        )
         raise ClusterError(f"cannot join the Ray cluster at {address}: {detail}.{hint}") from None
 
 
@@ -67,7 +73,9 @@ def connect_ray(address: str | None, workers: int | None, cpus_per_cell: float) 
 
     if ray.is_initialized():
         return False
-    settings: dict[str, Any] = dict(log_to_driver=False, logging_level=logging.WARNING)  # cell output lives in the store
+    settings: dict[str, Any] = dict(
+        log_to_driver=False, logging_level=logging.WARNING
+    )  # cell output lives in the store
     address = address or os.environ.get("RAY_ADDRESS")
     if address:
         join_cluster(address, settings)

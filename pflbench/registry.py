@@ -10,6 +10,7 @@ attributes a registry declares (`own_attributes`, e.g. an algorithm's `display_n
 from the entry's own definition or the registry's defaults, never inherited from a parent class: a
 method derived from FedAvg is not shown as FedAvg.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -119,6 +120,7 @@ class Registry(Generic[T]):
 
     def register(self, name: str, **attributes: Any) -> Callable[[T], T]:
         """Decorator: register `obj` as `name`; `attributes` are set on it (e.g. a model's display_name)."""
+
         def decorator(obj: T) -> T:
             origin = _LOADING[-1] if _LOADING else None
             if name in self._entries:
@@ -127,7 +129,8 @@ class Registry(Generic[T]):
                 raise NameClashError(
                     f"{_describe_origin(origin)} registers the {self.kind} {name!r}, a name that "
                     f"{_describe_origin(self._origins[name])} already registered; give it another name "
-                    f"(taken: {', '.join(self.names())})")
+                    f"(taken: {', '.join(self.names())})"
+                )
             own = getattr(obj, "__dict__", {})
             for key, default in self.own_attributes.items():
                 if key not in own and key not in attributes:

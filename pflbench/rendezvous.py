@@ -6,6 +6,7 @@ runs; None for a cell not in a group), which `Federation._train_on` asks: the en
 groups. Here, apart from the runner of a group (`pflbench.groups.run_group`), so that the Federation
 asks it without depending on the rounds and cells a group runs.
 """
+
 from __future__ import annotations
 
 import threading
@@ -53,8 +54,11 @@ def _structure(model: ClientModel) -> tuple:
     """What makes two cells' models the same computation: the module (its repr names every layer and
     its settings), every tensor's name and shape, the memory layout."""
     if model not in _signatures:
-        _signatures[model] = (type(model._module).__qualname__, repr(model._module),
-                              tuple((name, tuple(shape)) for name, shape in model.shapes.items()))
+        _signatures[model] = (
+            type(model._module).__qualname__,
+            repr(model._module),
+            tuple((name, tuple(shape)) for name, shape in model.shapes.items()),
+        )
     return (_signatures[model], model.channels_last, model.stochastic)
 
 
@@ -66,11 +70,21 @@ def _merge_key(request: _Request) -> tuple | None:
     aux = kw.get("aux") or {}
     trainable = kw.get("trainable")
     trainable = frozenset(request.model.param_names if trainable is None else trainable)
-    return (_structure(request.model), kw.get("objective", cross_entropy),
-            tuple((name, t.dtype, tuple(t.shape[1:])) for name, t in sorted(aux.items())), trainable,
-            structure(request.sgd), bool(kw.get("static", False)), int(request.plans[0].shape[1]), request.features.device, request.features.dtype,
-            tuple(request.features.shape[1:]), request.labels.dtype, tuple(request.labels.shape[1:]),
-            tuple((name, t.dtype) for name, t in request.state.items()))
+    return (
+        _structure(request.model),
+        kw.get("objective", cross_entropy),
+        tuple((name, t.dtype, tuple(t.shape[1:])) for name, t in sorted(aux.items())),
+        trainable,
+        structure(request.sgd),
+        bool(kw.get("static", False)),
+        int(request.plans[0].shape[1]),
+        request.features.device,
+        request.features.dtype,
+        tuple(request.features.shape[1:]),
+        request.labels.dtype,
+        tuple(request.labels.shape[1:]),
+        tuple((name, t.dtype) for name, t in request.state.items()),
+    )
 
 
 @dataclass
@@ -83,8 +97,11 @@ class GroupStats:
     merged_width: int = 0
 
     def as_dict(self) -> dict:
-        return {"calls": self.calls, "merged_calls": self.merged,
-                "mean_merged_width": self.merged_width / self.merged if self.merged else 0.0}
+        return {
+            "calls": self.calls,
+            "merged_calls": self.merged,
+            "mean_merged_width": self.merged_width / self.merged if self.merged else 0.0,
+        }
 
 
 class Member:
@@ -94,9 +111,17 @@ class Member:
         self.group, self.name = group, name
         self.stats = GroupStats()
 
-    def train_clients(self, model: ClientModel, state: State, features: Tensor, labels: Tensor,
-                      client_indices: list[Tensor], plans: list[Tensor], sgd: SGD,
-                      **kwargs: Any) -> tuple[State, Tensor]:
+    def train_clients(
+        self,
+        model: ClientModel,
+        state: State,
+        features: Tensor,
+        labels: Tensor,
+        client_indices: list[Tensor],
+        plans: list[Tensor],
+        sgd: SGD,
+        **kwargs: Any,
+    ) -> tuple[State, Tensor]:
         """`pflbench.training.train_clients`, as a rendezvous with the group's other cells."""
         self.stats.calls += 1
         request = _Request(model, state, features, labels, client_indices, plans, sgd, kwargs)
@@ -208,8 +233,12 @@ class CellGroup:
             for f, _ in sources[:-1]:
                 starts.append(starts[-1] + len(f))
             # The source tensors are kept with the table, so their ids stay theirs while it is cached.
-            self._tables[key] = ([t for pair in sources for t in pair], torch.cat([f for f, _ in sources]),
-                                 torch.cat([y for _, y in sources]), starts)
+            self._tables[key] = (
+                [t for pair in sources for t in pair],
+                torch.cat([f for f, _ in sources]),
+                torch.cat([y for _, y in sources]),
+                starts,
+            )
         kept, features, labels, starts = self._tables[key]
         where = [next(i for i, (f, y) in enumerate(sources) if f is r.features and y is r.labels) for r in requests]
         return features, labels, [starts[i] for i in where]
@@ -227,12 +256,30 @@ class CellGroup:
         trainable = set(first.model.param_names if trainable is None else trainable)
         # Each row's own SGD values where the requests' rules differ (one learning rate a cell); else the
         # rule's scalars, as before.
-        rates = (None if all(r.sgd == first.sgd for r in requests) else
-                 RowRates.of([r.sgd for r in requests for _ in range(r.rows)], features.device,
-                             first.state[first.model.param_names[0]].dtype))
-        new_state, losses = _train_group(first.model, state, features, labels, indices, plans, first.sgd,
-                                         first.kwargs.get("objective", cross_entropy), aux, trainable, False,
-                                         rates=rates, static=bool(first.kwargs.get("static", False)))
+        rates = (
+            None
+            if all(r.sgd == first.sgd for r in requests)
+            else RowRates.of(
+                [r.sgd for r in requests for _ in range(r.rows)],
+                features.device,
+                first.state[first.model.param_names[0]].dtype,
+            )
+        )
+        new_state, losses = _train_group(
+            first.model,
+            state,
+            features,
+            labels,
+            indices,
+            plans,
+            first.sgd,
+            first.kwargs.get("objective", cross_entropy),
+            aux,
+            trainable,
+            False,
+            rates=rates,
+            static=bool(first.kwargs.get("static", False)),
+        )
         finite = torch.isfinite(losses).tolist()  # one host sync for the class, as `train_clients` has one
         results: list[object] = []
         start = 0
@@ -243,7 +290,8 @@ class CellGroup:
                 results.append(Diverged(f"non-finite local loss for clients {bad}"))
             else:
                 # copies: a cell keeping its rows must not keep the whole class's tensors alive
-                results.append(({name: t[start:stop].clone() for name, t in new_state.items()},
-                                losses[start:stop].clone()))
+                results.append(
+                    ({name: t[start:stop].clone() for name, t in new_state.items()}, losses[start:stop].clone())
+                )
             start = stop
         return results

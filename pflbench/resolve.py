@@ -10,6 +10,7 @@ dataset's options, and only the non-default entries of the heterogeneity knobs.
 Resolution depends on the cell's content alone, so a resolved cell resolves to itself; `run_cell`
 trusts a cell whose content this process has resolved (`ensure_resolved`).
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -53,8 +54,10 @@ def resolve(values: dict[str, Any] | CellConfig, base_dir: str | Path | None = N
     try:
         cell = CellConfig(**values)
     except ValidationError as error:
-        raise CellError([((str(e["loc"][0]),), f"{e['msg']} (got {echo(e['input'])})")
-                         for e in error.errors(include_url=False)], error) from None
+        raise CellError(
+            [((str(e["loc"][0]),), f"{e['msg']} (got {echo(e['input'])})") for e in error.errors(include_url=False)],
+            error,
+        ) from None
     try:
         algorithm = get_algorithm(cell.algorithm)
     except ValueError as error:  # an unknown name: the message lists the registered ones
@@ -91,10 +94,16 @@ def resolve(values: dict[str, Any] | CellConfig, base_dir: str | Path | None = N
         algorithm.check_cell(cell)
     except Refusal as refusal:
         raise _failing(refusal.fields, refusal) from None
-    resolved = cell.model_copy(update={"hp": hp.model_dump(mode="json"), "dataset_options": options,
-                                       "partition_params": scheme.params.model_dump(mode="json"), **shifted,
-                                       # the source hashes of the user's plugins the cell uses: in its id
-                                       "plugin_hashes": plugin_hashes(cell)})
+    resolved = cell.model_copy(
+        update={
+            "hp": hp.model_dump(mode="json"),
+            "dataset_options": options,
+            "partition_params": scheme.params.model_dump(mode="json"),
+            **shifted,
+            # the source hashes of the user's plugins the cell uses: in its id
+            "plugin_hashes": plugin_hashes(cell),
+        }
+    )
     _RESOLVED.add(resolved.canonical_json())
     return resolved
 

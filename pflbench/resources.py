@@ -6,6 +6,7 @@ name them; that folder is installed as the data package `pflbench.benchmarks` (p
 `pflbench run benchmarks/table1.yaml` work from any directory; a spec file that exists where it is
 given is always used first.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -53,12 +54,21 @@ def missing_spec_message(path: Path) -> str:
     nearby = sorted(str(p) for p in folder.glob("*.yaml")) if str(folder) != "." and folder.is_dir() else []
     shipped = shipped_specs()
     short = len(str(path)) <= 200  # difflib is quadratic in the length
-    close = (difflib.get_close_matches(str(path), nearby, n=1) if nearby else
-             difflib.get_close_matches(path.stem, shipped, n=1)) if short else []
+    close = (
+        (
+            difflib.get_close_matches(str(path), nearby, n=1)
+            if nearby
+            else difflib.get_close_matches(path.stem, shipped, n=1)
+        )
+        if short
+        else []
+    )
     hint = f" (did you mean {close[0]!r}?)" if close else ""
-    return (f"unknown spec file {echo(str(path))}{hint}"
-            + (f"; spec files in {folder}: {', '.join(nearby)}" if nearby else "")
-            + f"; the specs shipped with pflbench, run by name (pflbench run NAME): {', '.join(shipped) or 'none'}")
+    return (
+        f"unknown spec file {echo(str(path))}{hint}"
+        + (f"; spec files in {folder}: {', '.join(nearby)}" if nearby else "")
+        + f"; the specs shipped with pflbench, run by name (pflbench run NAME): {', '.join(shipped) or 'none'}"
+    )
 
 
 def resolve_spec_argument(args: argparse.Namespace) -> None:
@@ -67,4 +77,3 @@ def resolve_spec_argument(args: argparse.Namespace) -> None:
     if isinstance(value, (str, Path)):
         resolved = resolve_spec(str(value))
         args.spec = type(value)(resolved) if isinstance(value, Path) else resolved
-

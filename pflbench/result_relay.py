@@ -14,6 +14,7 @@ closes the group's cells (`close`) and drains once more: what came in by then is
 `put` from the lost attempt (a call still in flight when its worker died) is refused, so a cell is
 neither recorded twice nor recomputed once recorded.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any

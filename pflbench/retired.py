@@ -32,13 +32,24 @@ GUIDE = "docs/howto/own-method.md"
 
 # hook -> (positional parameters of the retired form, of the current one), `self` not counted
 FORMS = {
-    "configure": (2, 1), "receive": (3, 2), "local_train": (3, 2), "send": (3, 2), "aggregate": (3, 2),
-    "evaluate": (2, 3), "adapt_locally": (3, 2), "newcomer_models": (2, 1),
+    "configure": (2, 1),
+    "receive": (3, 2),
+    "local_train": (3, 2),
+    "send": (3, 2),
+    "aggregate": (3, 2),
+    "evaluate": (2, 3),
+    "adapt_locally": (3, 2),
+    "newcomer_models": (2, 1),
 }
 OLD_PARAMETERS = {
-    "configure": "rnd, clients", "receive": "rnd, clients, download", "local_train": "rnd, clients, state",
-    "send": "rnd, clients, state", "aggregate": "rnd, clients, upload", "evaluate": "personal, split",
-    "adapt_locally": "personal, rnd, epochs", "newcomer_models": "rnd, newcomers",
+    "configure": "rnd, clients",
+    "receive": "rnd, clients, download",
+    "local_train": "rnd, clients, state",
+    "send": "rnd, clients, state",
+    "aggregate": "rnd, clients, upload",
+    "evaluate": "personal, split",
+    "adapt_locally": "personal, rnd, epochs",
+    "newcomer_models": "rnd, newcomers",
 }
 NEW_FORM = {
     "configure": "configure(self, rnd: Round) -> Payload",
@@ -59,8 +70,12 @@ RETIRED_METHODS = {
     "check_newcomers": "Capabilities(...) and cell_refusal(cls, cell)",
 }
 CARD_ATTRIBUTES = ("display_name", "family", "paper", "personalizes", "reference", "row_order", "reduces_to")
-CAPABILITY_ATTRIBUTES = {"batched": "batched", "heterogeneous_models": "heterogeneous_models",
-                         "refused_knobs": "refused_knobs", "newcomers_refused": "newcomers"}
+CAPABILITY_ATTRIBUTES = {
+    "batched": "batched",
+    "heterogeneous_models": "heterogeneous_models",
+    "refused_knobs": "refused_knobs",
+    "newcomers_refused": "newcomers",
+}
 FEDAVG_HOOKS = ("setup", "configure", "receive", "send", "aggregate", "personalized")
 FEDAVG_HELPERS = ("is_local", "stays_on_client", "shared_names", "weighted_mean", "fit_local_part")
 
@@ -105,33 +120,39 @@ def old_forms(cls: type) -> list[str]:
         for name, (old, new) in FORMS.items():
             fn = own.get(name)
             if inspect.isfunction(fn) and old != new and _positional(fn) == old:
-                found.append(f"{where(klass, fn)}: {klass.__name__}.{name}(self, {OLD_PARAMETERS[name]}) -> "
-                             f"{NEW_FORM[name]}")
+                found.append(
+                    f"{where(klass, fn)}: {klass.__name__}.{name}(self, {OLD_PARAMETERS[name]}) -> {NEW_FORM[name]}"
+                )
         for name, new_form in RETIRED_METHODS.items():
             if name in own:
                 found.append(f"{where(klass, own[name])}: {klass.__name__}.{name} -> {new_form}")
         card = [name for name in CARD_ATTRIBUTES if name in own]
         if card:
             fields = ", ".join(f"{name}={own[name]!r}" for name in card)
-            found.append(f"{where(klass)}: class attributes {', '.join(card)} -> "
-                         f"@ALGORITHMS.register(name, card=Card({fields}))")
+            found.append(
+                f"{where(klass)}: class attributes {', '.join(card)} -> @ALGORITHMS.register(name, card=Card({fields}))"
+            )
         capabilities = [name for name in CAPABILITY_ATTRIBUTES if name in own]
         if capabilities:
             fields = ", ".join(f"{CAPABILITY_ATTRIBUTES[n]}={own[n]!r}" for n in capabilities)
-            found.append(f"{where(klass)}: class attributes {', '.join(capabilities)} -> "
-                         f"capabilities = Capabilities({fields})")
+            found.append(
+                f"{where(klass)}: class attributes {', '.join(capabilities)} -> capabilities = Capabilities({fields})"
+            )
     if _user_classes(cls) and not issubclass(cls, FedAvg):
         left = [name for name in FEDAVG_HOOKS if getattr(cls, name) is getattr(Algorithm, name)]
         if left:
-            found.append(f"{where(cls)}: class {cls.__name__}(Algorithm) leaves {', '.join(left)} to Algorithm, "
-                         f"which is only the hooks -> define them, or class {cls.__name__}(FedAvg) "
-                         f"(from pflbench.fedavg import FedAvg)")
+            found.append(
+                f"{where(cls)}: class {cls.__name__}(Algorithm) leaves {', '.join(left)} to Algorithm, "
+                f"which is only the hooks -> define them, or class {cls.__name__}(FedAvg) "
+                f"(from pflbench.fedavg import FedAvg)"
+            )
     return found
 
 
 def refuse(cls: type, found: list[str]) -> NoReturn:
-    raise OldFormError(f"algorithm class {cls.__qualname__} uses the method API's retired forms "
-                       f"(see {GUIDE}): {'; '.join(found)}")
+    raise OldFormError(
+        f"algorithm class {cls.__qualname__} uses the method API's retired forms (see {GUIDE}): {'; '.join(found)}"
+    )
 
 
 class Retired:
@@ -142,8 +163,10 @@ class Retired:
         self.name, self.new = name, new
 
     def __get__(self, instance: Any, owner: type) -> NoReturn:
-        raise AttributeError(f"algorithm class {owner.__qualname__} ({where(owner)}): {self.name} was retired "
-                             f"from the method API; use {self.new} (see {GUIDE})")
+        raise AttributeError(
+            f"algorithm class {owner.__qualname__} ({where(owner)}): {self.name} was retired "
+            f"from the method API; use {self.new} (see {GUIDE})"
+        )
 
 
 def retired_names(cls: type) -> dict[str, str]:
@@ -170,4 +193,3 @@ def check(cls: Any, card: Any = None, capabilities: Any = None) -> Any:
             if not any(name in klass.__dict__ for klass in cls.__mro__):
                 setattr(cls, name, Retired(name, new))
     return cls
-

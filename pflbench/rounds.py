@@ -18,6 +18,7 @@ round's context, a frozen `pflbench.round_context.Round` made by `Federation.rou
 Divergence is a result (status "diverged"), not an exception; any other exception propagates to the
 caller (the runner records it as failed).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -61,25 +62,35 @@ if TYPE_CHECKING:
         def loop(self) -> dict: ...
 
     class RoundCheckpointer(Protocol):
-        def resume(self, fed: Federation, algorithm: Algorithm[Any],
-                   provenance: dict | None = None) -> Resumed | None: ...
-        def after_round(self, rnd: int, fed: Federation, algorithm: Algorithm[Any], loop: dict,
-                        elapsed: float) -> None: ...
+        def resume(
+            self, fed: Federation, algorithm: Algorithm[Any], provenance: dict | None = None
+        ) -> Resumed | None: ...
+        def after_round(
+            self, rnd: int, fed: Federation, algorithm: Algorithm[Any], loop: dict, elapsed: float
+        ) -> None: ...
         def summary(self) -> dict: ...
 
 
-def prepare_cell(cell: CellConfig, data_root: str | Path | None = None,
-                 mirror: str | Path | None = None) -> tuple[Dataset, ClientSplits]:
+def prepare_cell(
+    cell: CellConfig, data_root: str | Path | None = None, mirror: str | Path | None = None
+) -> tuple[Dataset, ClientSplits]:
     """Load the cell's dataset and its (cached, shared) partition. Raises clear errors early."""
     from pflbench.data import data_root as resolve_root, load_dataset
     from pflbench.partitioning import make_splits
 
     dataset = load_dataset(cell.dataset, root=data_root, mirror=mirror, **cell.dataset_options)
-    splits = make_splits(dataset.labels.numpy(), dataset.num_classes, scheme=cell.partition,
-                         params=cell.partition_params, num_clients=cell.clients, seed=cell.seed,
-                         train_fraction=cell.train_fraction, val_fraction=cell.val_fraction,
-                         cache_dir=Path(resolve_root(data_root)) / "cache" / "partitions",
-                         dataset_key=f"{cell.dataset}-{dataset.checksum}")
+    splits = make_splits(
+        dataset.labels.numpy(),
+        dataset.num_classes,
+        scheme=cell.partition,
+        params=cell.partition_params,
+        num_clients=cell.clients,
+        seed=cell.seed,
+        train_fraction=cell.train_fraction,
+        val_fraction=cell.val_fraction,
+        cache_dir=Path(resolve_root(data_root)) / "cache" / "partitions",
+        dataset_key=f"{cell.dataset}-{dataset.checksum}",
+    )
     return dataset, splits
 
 
@@ -90,10 +101,17 @@ def check_evaluated(evaluate: tuple[str, ...]) -> tuple[str, ...]:
     return evaluate
 
 
-def run_cell(cell: CellConfig, *, data_root: str | Path | None = None, mirror: str | Path | None = None,
-             execution: ExecutionOptions = ExecutionOptions(), on_round: Callable[[dict], None] | None = None,
-             evaluate: tuple[str, ...] = EVALUATED, checkpointer: RoundCheckpointer | None = None,
-             stop_after: int | None = None) -> CellResult:
+def run_cell(
+    cell: CellConfig,
+    *,
+    data_root: str | Path | None = None,
+    mirror: str | Path | None = None,
+    execution: ExecutionOptions = ExecutionOptions(),
+    on_round: Callable[[dict], None] | None = None,
+    evaluate: tuple[str, ...] = EVALUATED,
+    checkpointer: RoundCheckpointer | None = None,
+    stop_after: int | None = None,
+) -> CellResult:
     """Run one cell to the end (or its first `stop_after` rounds: `run_rounds`). A cell from a spec is
     resolved already (`pflbench.resolve`); any other is resolved here first, through the same checks (a
     ValueError names what is wrong).
@@ -108,13 +126,20 @@ def run_cell(cell: CellConfig, *, data_root: str | Path | None = None, mirror: s
     dataset, splits = prepare_cell(cell, data_root, mirror)
     with cell_global_rng(cell.seed, federation_device(execution)):
         fed, algorithm = build_cell(cell, dataset, splits, execution, withhold_test="test" not in evaluate)
-        return run_rounds(fed, algorithm, on_round=on_round, evaluate=evaluate, checkpointer=checkpointer,
-                          stop_after=stop_after, provenance={"dataset_checksum": dataset.checksum,
-                                                             "torch": torch.__version__, "device": fed.device.type})
+        return run_rounds(
+            fed,
+            algorithm,
+            on_round=on_round,
+            evaluate=evaluate,
+            checkpointer=checkpointer,
+            stop_after=stop_after,
+            provenance={"dataset_checksum": dataset.checksum, "torch": torch.__version__, "device": fed.device.type},
+        )
 
 
-def build_cell(cell: CellConfig, dataset: Dataset, splits: ClientSplits, execution: ExecutionOptions,
-               withhold_test: bool = False) -> tuple[Federation, Algorithm]:
+def build_cell(
+    cell: CellConfig, dataset: Dataset, splits: ClientSplits, execution: ExecutionOptions, withhold_test: bool = False
+) -> tuple[Federation, Algorithm]:
     """The cell's Federation and its method (the algorithm with the cell's hyperparameters, as the cell's
     knobs run it: `pflbench.cell_method`), from `prepare_cell`'s data; call it inside `cell_global_rng`,
     as `run_cell` does."""
@@ -137,8 +162,9 @@ def cell_global_rng(seed: int, device: torch.device) -> Iterator[None]:
         yield
 
 
-def run_round(algorithm: Algorithm, rnd: int, clients: Tensor, timing: dict | None = None,
-              fed: Federation | None = None) -> tuple[Payload, Payload]:
+def run_round(
+    algorithm: Algorithm, rnd: int, clients: Tensor, timing: dict | None = None, fed: Federation | None = None
+) -> tuple[Payload, Payload]:
     """One round of the algorithm's hooks, each given the round's context (`Federation.round`); returns
     what was sent down and what the clients sent up (the uploads lost to `system.dropout` marked, and
     counted 0 bytes). Only the uploads that arrived are aggregated, and nothing when none did. `timing`,
@@ -216,13 +242,23 @@ class CellRecord:
     def diverged(self, rnd: int, why: Exception | str) -> None:
         self.status, self.diverged_round, self.error = "diverged", rnd, f"round {rnd}: {why}"
 
-    def add_round(self, rnd: int, clients: Tensor, download: Payload, upload: Payload, seconds: float,
-                  train_seconds: float) -> tuple[Tensor, Tensor]:
+    def add_round(
+        self, rnd: int, clients: Tensor, download: Payload, upload: Payload, seconds: float, train_seconds: float
+    ) -> tuple[Tensor, Tensor]:
         bytes_down, bytes_up = download.nbytes, upload.nbytes
-        self.round_rows.append({"round": rnd, "clients": len(clients), "bytes_down": int(bytes_down.sum()),
-                                "bytes_up": int(bytes_up.sum()), "wall_time": seconds, "adapt_time": 0.0,
-                                "train_time": train_seconds, "eval_time": 0.0,
-                                "server_time": seconds - train_seconds})
+        self.round_rows.append(
+            {
+                "round": rnd,
+                "clients": len(clients),
+                "bytes_down": int(bytes_down.sum()),
+                "bytes_up": int(bytes_up.sum()),
+                "wall_time": seconds,
+                "adapt_time": 0.0,
+                "train_time": train_seconds,
+                "eval_time": 0.0,
+                "server_time": seconds - train_seconds,
+            }
+        )
         return bytes_down, bytes_up
 
     def add_clients(self, rows: list[dict]) -> None:
@@ -230,10 +266,16 @@ class CellRecord:
         self.metric_rows.extend({**row, "wall_time": now} for row in rows)
 
 
-def run_rounds(fed: Federation, algorithm: Algorithm, on_round: Callable[[dict], None] | None = None,
-               provenance: dict | None = None, evaluate: tuple[str, ...] = EVALUATED,
-               checkpointer: RoundCheckpointer | None = None, stop_after: int | None = None,
-               set_up: bool = False) -> CellResult:
+def run_rounds(
+    fed: Federation,
+    algorithm: Algorithm,
+    on_round: Callable[[dict], None] | None = None,
+    provenance: dict | None = None,
+    evaluate: tuple[str, ...] = EVALUATED,
+    checkpointer: RoundCheckpointer | None = None,
+    stop_after: int | None = None,
+    set_up: bool = False,
+) -> CellResult:
     """The cell's rounds of `algorithm`, the cell's method as `build_cell` builds it (a method built by
     hand that a knob of the cell would wrap is refused before anything runs, naming what builds it as
     the cell runs it: `pflbench.cell_method.check_cell_method`), with every client's personalized model evaluated on the `evaluate` splits
@@ -273,28 +315,47 @@ def run_rounds(fed: Federation, algorithm: Algorithm, on_round: Callable[[dict],
         sent = record.add_round(rnd, clients, download, upload, time.perf_counter() - round_start, timing["train"])
         scored = len(record.metric_rows)
         if (rnd % cell.eval_every == 0 or rnd == cell.rounds) and not evaluate_round(
-                fed, algorithm, rnd, clients, sent, evaluate, record):
+            fed, algorithm, rnd, clients, sent, evaluate, record
+        ):
             break
         if on_round is not None:
-            on_round({"round": rnd, "rounds": cell.rounds,
-                      **(record.last_eval or {"mean_accuracy": None, "mean_val_accuracy": None}),
-                      "round_row": dict(record.round_rows[-1]), "client_rows": record.metric_rows[scored:]})
+            on_round(
+                {
+                    "round": rnd,
+                    "rounds": cell.rounds,
+                    **(record.last_eval or {"mean_accuracy": None, "mean_val_accuracy": None}),
+                    "round_row": dict(record.round_rows[-1]),
+                    "client_rows": record.metric_rows[scored:],
+                }
+            )
         algorithm.check_state()  # an attribute a checkpoint would lose fails the cell (pflbench.algorithm)
         if checkpointer is not None:
             checkpointer.after_round(rnd, fed, algorithm, record.loop_state(), record.elapsed())
     metrics = pd.DataFrame(record.metric_rows, columns=METRIC_COLUMNS + list(record.flags))
     rounds = pd.DataFrame(record.round_rows, columns=ROUND_COLUMNS)
-    facts = {"model": fed.model_name, "client_batching": "batched" if fed.batched else "loop",
-             **(provenance or {}), **cell_facts(fed, algorithm, rounds, record, evaluate),
-             **(checkpointer.summary() if checkpointer is not None else {}),
-             **({"stopped_after": last_round} if last_round < cell.rounds else {})}
+    facts = {
+        "model": fed.model_name,
+        "client_batching": "batched" if fed.batched else "loop",
+        **(provenance or {}),
+        **cell_facts(fed, algorithm, rounds, record, evaluate),
+        **(checkpointer.summary() if checkpointer is not None else {}),
+        **({"stopped_after": last_round} if last_round < cell.rounds else {}),
+    }
     summary = summarize(metrics, rounds, record.status, record.diverged_round, record.elapsed(), facts)
-    return CellResult(record.status, metrics, rounds, summary, record.artifacts, record.error,
-                      type(algorithm).card.as_dict())
+    return CellResult(
+        record.status, metrics, rounds, summary, record.artifacts, record.error, type(algorithm).card.as_dict()
+    )
 
 
-def evaluate_round(fed: Federation, algorithm: Algorithm, rnd: int, clients: Tensor, sent: tuple[Tensor, Tensor],
-                   evaluate: tuple[str, ...], record: CellRecord) -> bool:
+def evaluate_round(
+    fed: Federation,
+    algorithm: Algorithm,
+    rnd: int,
+    clients: Tensor,
+    sent: tuple[Tensor, Tensor],
+    evaluate: tuple[str, ...],
+    record: CellRecord,
+) -> bool:
     """Score every client's personalized model at round `rnd` (and after adaptation, and the
     newcomers'), into `record`; False when the cell diverged here."""
     eval_start = time.perf_counter()
@@ -320,8 +381,9 @@ def evaluate_round(fed: Federation, algorithm: Algorithm, rnd: int, clients: Ten
         record.round_rows[-1]["adapt_time"] = time.perf_counter() - adapt_start
     del personal
     bytes_down, bytes_up = (dict(zip(clients.tolist(), values.tolist())) for values in sent)  # by position
-    record.add_clients(client_rows(rnd, fed.client_ids, scores, adapted, *record.sizes, bytes_down, bytes_up,
-                                   **record.flags))
+    record.add_clients(
+        client_rows(rnd, fed.client_ids, scores, adapted, *record.sizes, bytes_down, bytes_up, **record.flags)
+    )
     if fed.newcomers is not None:  # unseen clients: served through their own context (pflbench.newcomers)
         newcomers = Serving(rnd, fed.newcomers, newcomers=True, adapt_epochs=fed.cell.finetune_epochs)
         rows, seconds = score_newcomers(algorithm, newcomers, evaluate)
@@ -337,23 +399,32 @@ def _mean(scores: dict, split: str) -> float | None:
     return float(scores[split][0].mean()) if split in scores else None
 
 
-def cell_facts(fed: Federation, algorithm: Algorithm, rounds: pd.DataFrame, record: CellRecord,
-               evaluate: tuple[str, ...]) -> dict:
+def cell_facts(
+    fed: Federation, algorithm: Algorithm, rounds: pd.DataFrame, record: CellRecord, evaluate: tuple[str, ...]
+) -> dict:
     """How the cell ran and what its knobs did, for the summary."""
     facts: dict[str, Any] = {} if evaluate == EVALUATED else {"evaluated": list(evaluate)}
     if fed.system is not None:  # what the system knob did, for the report
         ran = fed.client_ids[fed.schedule[: len(rounds)]]  # partition ids
-        facts.update({"system_stragglers": np.flatnonzero(fed.system.straggler).tolist(),
-                      "system_dropped_uploads": int(np.take_along_axis(fed.system.dropped[: len(ran)], ran, 1).sum()),
-                      "system_mean_work": float(np.take_along_axis(fed.system.work[: len(ran)], ran, 1).mean())})
+        facts.update(
+            {
+                "system_stragglers": np.flatnonzero(fed.system.straggler).tolist(),
+                "system_dropped_uploads": int(np.take_along_axis(fed.system.dropped[: len(ran)], ran, 1).sum()),
+                "system_mean_work": float(np.take_along_axis(fed.system.work[: len(ran)], ran, 1).mean()),
+            }
+        )
     facts.update(algorithm.facts())  # the method's (a knob's wrapper adds its own: pflbench.cell_method)
     facts.update({f"{part}_time_total": float(rounds[f"{part}_time"].sum()) for part in ("train", "server", "eval")})
-    facts.update(compiled_training=fed.compiled, channels_last=fed.channels_last,
-                 client_threads=fed.client_threads if not fed.batched else 1,
-                 compile_seconds=float(sum(m.compile_seconds for m in fed.models)))
+    facts.update(
+        compiled_training=fed.compiled,
+        channels_last=fed.channels_last,
+        client_threads=fed.client_threads if not fed.batched else 1,
+        compile_seconds=float(sum(m.compile_seconds for m in fed.models)),
+    )
     if fed.cell.finetune_epochs:
-        facts.update({"adapt_time_total": float(rounds["adapt_time"].sum()),
-                      "adapt_diverged_rounds": record.adapt_diverged})
+        facts.update(
+            {"adapt_time_total": float(rounds["adapt_time"].sum()), "adapt_diverged_rounds": record.adapt_diverged}
+        )
     if fed.newcomers is not None:
         facts.update({"newcomers": fed.newcomers.client_ids.tolist(), "newcomer_time_total": record.newcomer_time})
     return facts

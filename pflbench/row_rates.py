@@ -15,6 +15,7 @@ on this CPU at its AVX-512, AVX2 and default kernels, for every parameter shape 
 multiplication and addition stay two operations, as in the scalar rule. So a row of `RowRates.apply`
 gets, bit for bit, what `SGD.apply` with that row's scalars gives it.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -60,7 +61,9 @@ class RowRates:
             raise ValueError("RowRates of no rows")
         shapes = {structure(r) for r in rules}
         if len(shapes) != 1:
-            raise ValueError(f"rows of one step share whether they have momentum and weight decay; got {sorted(shapes)}")
+            raise ValueError(
+                f"rows of one step share whether they have momentum and weight decay; got {sorted(shapes)}"
+            )
         momentum, decay = shapes.pop()
         columns = [[-r.lr for r in rules]]
         columns += [[r.momentum for r in rules]] if momentum else []
@@ -74,20 +77,27 @@ class RowRates:
 
     def rows(self, rows: Tensor) -> RowRates:
         """The rates of rows `rows` (indices into the leading dimension)."""
-        return RowRates(self.neg_lr[rows], None if self.momentum is None else self.momentum[rows],
-                        None if self.weight_decay is None else self.weight_decay[rows])
+        return RowRates(
+            self.neg_lr[rows],
+            None if self.momentum is None else self.momentum[rows],
+            None if self.weight_decay is None else self.weight_decay[rows],
+        )
 
     def fill(self, other: RowRates) -> None:
         """Copy `other`'s values into these tensors in place (a captured step's buffers)."""
-        for mine, theirs in ((self.neg_lr, other.neg_lr), (self.momentum, other.momentum),
-                             (self.weight_decay, other.weight_decay)):
+        for mine, theirs in (
+            (self.neg_lr, other.neg_lr),
+            (self.momentum, other.momentum),
+            (self.weight_decay, other.weight_decay),
+        ):
             if (mine is None) != (theirs is None):
                 raise ValueError("rates of another structure (momentum, weight decay)")
             if mine is not None and theirs is not None:
                 mine.copy_(theirs)
 
-    def updates(self, params: list[Tensor], grads: list[Tensor] | tuple[Tensor, ...],
-                momenta: list[Tensor] | None) -> tuple[list[Tensor], list[Tensor] | None]:
+    def updates(
+        self, params: list[Tensor], grads: list[Tensor] | tuple[Tensor, ...], momenta: list[Tensor] | None
+    ) -> tuple[list[Tensor], list[Tensor] | None]:
         """The rule's new parameters and momenta for every row, out of place (the inputs unchanged):
         d = g + wd * p; with momentum m' = momentum * m + d and d = m'; p' = p - lr * d."""
         with torch.no_grad():
@@ -103,8 +113,9 @@ class RowRates:
                 directions = new_momenta
             return list(torch._foreach_addcmul(params, directions, _views(self.neg_lr, params))), new_momenta
 
-    def apply(self, params: list[Tensor], grads: list[Tensor] | tuple[Tensor, ...],
-              momenta: list[Tensor] | None) -> None:
+    def apply(
+        self, params: list[Tensor], grads: list[Tensor] | tuple[Tensor, ...], momenta: list[Tensor] | None
+    ) -> None:
         """One step of every row in place (`SGD.apply` with each row's own values)."""
         if not params:
             return
@@ -120,8 +131,9 @@ class RowRates:
                 directions = momenta
             torch._foreach_addcmul_(params, directions, _views(self.neg_lr, params))
 
-    def apply_rows(self, params: list[Tensor], grads: list[Tensor] | tuple[Tensor, ...],
-                   momenta: list[Tensor] | None, rows: Tensor) -> None:
+    def apply_rows(
+        self, params: list[Tensor], grads: list[Tensor] | tuple[Tensor, ...], momenta: list[Tensor] | None, rows: Tensor
+    ) -> None:
         """`apply` to rows `rows` only; the others keep their parameters and momenta
         (`SGD.apply_rows`'s gathers and scatters)."""
         with torch.no_grad():

@@ -46,6 +46,7 @@ other cells run (pflbench/result_relay.py); in-process each is written from its 
 (`GroupRecorder`). A finished or diverged cell's checkpoint is removed once its result is
 written (`keep_checkpoints` keeps it); a failed cell's is kept, so the next run continues it.
 """
+
 from __future__ import annotations
 
 import json
@@ -66,8 +67,15 @@ from pflbench.checkpoint import DEFAULT_MINUTES, CheckpointFile, CheckpointPolic
 from pflbench.config import CellConfig, cell_hash
 from pflbench.display import PROBLEMS, Display, label, make_console, print_summary
 from pflbench.execution import ExecutionOptions
-from pflbench.preemption import (DEFAULT_GRACE_SECONDS, PREEMPTED_EXIT, Preempted, Preemption, StopRequest,
-                                 keeping_signals, running_cell)
+from pflbench.preemption import (
+    DEFAULT_GRACE_SECONDS,
+    PREEMPTED_EXIT,
+    Preempted,
+    Preemption,
+    StopRequest,
+    keeping_signals,
+    running_cell,
+)
 from pflbench.node_data import DataFingerprint, NodeDataError, check_node_data, fingerprint
 from pflbench.ray_cluster import ClusterError, connect_ray, on_driver_node, ray_capacity, task_resources, this_node
 from pflbench.spec import Plan, Resources, describe_partition
@@ -88,19 +96,21 @@ if TYPE_CHECKING:
 class RunOptions:
     results: Path = Path("results")
     data_root: Path | None = None  # None: $PFLBENCH_DATA or ./data
-    mirror: Path | None = None     # None: $PFLBENCH_DATA_MIRROR
+    mirror: Path | None = None  # None: $PFLBENCH_DATA_MIRROR
     use_ray: bool = True
-    workers: int | None = None     # cells at once; None: as many as Ray's resources allow
+    workers: int | None = None  # cells at once; None: as many as Ray's resources allow
     ray_address: str | None = None
-    force: bool = False            # rerun cells that already have a result
+    force: bool = False  # rerun cells that already have a result
     execution: ExecutionOptions = ExecutionOptions()  # how cells run (device None: cuda for cells given GPUs)
-    checkpoint_every: int = 0      # rounds between round checkpoints (0: by time only)
+    checkpoint_every: int = 0  # rounds between round checkpoints (0: by time only)
     checkpoint_minutes: float = DEFAULT_MINUTES  # at most this much wall time between checkpoints (0: not by time)
     keep_checkpoints: bool = False  # leave a finished cell's last checkpoint in the store
     keep_checkpoints_from: int = 0  # also keep a copy of every checkpoint from this round on (<store>/_kept/; 0: none)
-    retries: int = 2               # Ray: reruns of a cell whose worker was lost (it resumes from its checkpoint)
+    retries: int = 2  # Ray: reruns of a cell whose worker was lost (it resumes from its checkpoint)
     trackers: TrackerOptions = TrackerOptions()  # stream each cell's rounds to TensorBoard/W&B/MLflow (trackers.py)
-    grace_seconds: float = DEFAULT_GRACE_SECONDS  # after SIGTERM: how long the round in progress may take (preemption.py)
+    grace_seconds: float = (
+        DEFAULT_GRACE_SECONDS  # after SIGTERM: how long the round in progress may take (preemption.py)
+    )
 
     def __post_init__(self) -> None:
         _ = self.checkpoint_policy  # ValueError before any work
@@ -111,9 +121,11 @@ class RunOptions:
 
     @property
     def checkpoint_policy(self) -> CheckpointPolicy:
-        return CheckpointPolicy(self.checkpoint_every, self.checkpoint_minutes, self.keep_checkpoints,
-                                self.keep_checkpoints_from)
-    plugins: tuple = ()            # the plugins the cells use, shipped to Ray workers (pflbench.plugins)
+        return CheckpointPolicy(
+            self.checkpoint_every, self.checkpoint_minutes, self.keep_checkpoints, self.keep_checkpoints_from
+        )
+
+    plugins: tuple = ()  # the plugins the cells use, shipped to Ray workers (pflbench.plugins)
 
 
 @dataclass
@@ -140,6 +152,7 @@ class PrepareError(RuntimeError):
 
 # ---- one cell, wherever it runs -----------------------------------------------------------------
 
+
 def peak_mb() -> int:
     """This process's largest resident set so far, in MB (Linux reports ru_maxrss in KiB)."""
     import resource
@@ -157,8 +170,9 @@ def is_out_of_memory(error: BaseException) -> bool:
     CPU allocator's RuntimeError (what a memory limit, e.g. RLIMIT_AS or an overcommit policy, gives)."""
     import torch
 
-    return (isinstance(error, (MemoryError, torch.OutOfMemoryError))
-            or (isinstance(error, RuntimeError) and "can't allocate memory" in str(error)))
+    return isinstance(error, (MemoryError, torch.OutOfMemoryError)) or (
+        isinstance(error, RuntimeError) and "can't allocate memory" in str(error)
+    )
 
 
 def failed_result(error: str) -> CellResult:
@@ -169,20 +183,39 @@ def failed_result(error: str) -> CellResult:
     return CellResult("failed", pd.DataFrame(), pd.DataFrame(), {"status": "failed"}, {}, error)
 
 
-def cell_checkpointer(cell: CellConfig, options: RunOptions, note: Callable[[str], None] | None = None,
-                      files: CheckpointFiles | None = None, preemption: StopRequest | None = None) -> Checkpointer:
+def cell_checkpointer(
+    cell: CellConfig,
+    options: RunOptions,
+    note: Callable[[str], None] | None = None,
+    files: CheckpointFiles | None = None,
+    preemption: StopRequest | None = None,
+) -> Checkpointer:
     """The cell's round checkpoints, next to its results in the store (`files`: read and written
     elsewhere than this machine's files, e.g. the driver's store from a Ray worker; `preemption`: where
     a stop is asked for, pflbench/preemption.py)."""
     root = Path(options.results)
-    return Checkpointer(root / cell_hash(cell), cell, options.checkpoint_policy, set_aside_dir=root / SET_ASIDE,
-                        note=note, files=cast("CheckpointFile | None", files), preemption=preemption)
+    return Checkpointer(
+        root / cell_hash(cell),
+        cell,
+        options.checkpoint_policy,
+        set_aside_dir=root / SET_ASIDE,
+        note=note,
+        files=cast("CheckpointFile | None", files),
+        preemption=preemption,
+    )
 
 
-def execute_cell(cell: CellConfig, resources: Resources, options: RunOptions,
-                 report: Callable[[dict], None] | None = None, note: Callable[[str], None] | None = None,
-                 checkpoints: bool = True, stop_after: int | None = None,
-                 checkpoint_files: CheckpointFiles | None = None, preemption: StopRequest | None = None) -> CellResult:
+def execute_cell(
+    cell: CellConfig,
+    resources: Resources,
+    options: RunOptions,
+    report: Callable[[dict], None] | None = None,
+    note: Callable[[str], None] | None = None,
+    checkpoints: bool = True,
+    stop_after: int | None = None,
+    checkpoint_files: CheckpointFiles | None = None,
+    preemption: StopRequest | None = None,
+) -> CellResult:
     """Run one cell here (the driver or a Ray worker) with torch limited to the cell's CPU share,
     continuing from its checkpoint if it has one (`note` gets "resumed at round R of N" and the like).
     Returns a CellResult; an exception becomes a "failed" result carrying its traceback.
@@ -211,9 +244,18 @@ def execute_cell(cell: CellConfig, resources: Resources, options: RunOptions,
         execution = options.execution.on("cuda" if resources.gpus > 0 else "cpu")
         with running_cell(preemption):
             # peak memory and machine (pflbench/cost.py); the device is decided (`on`): a str
-            result = measured(cast(str, execution.device), lambda: run_cell(
-                cell, data_root=options.data_root, mirror=options.mirror, execution=execution, on_round=on_round,
-                checkpointer=checkpointer, stop_after=stop_after))
+            result = measured(
+                cast(str, execution.device),
+                lambda: run_cell(
+                    cell,
+                    data_root=options.data_root,
+                    mirror=options.mirror,
+                    execution=execution,
+                    on_round=on_round,
+                    checkpointer=checkpointer,
+                    stop_after=stop_after,
+                ),
+            )
     except Preempted as stop:
         if stop.in_round and checkpointer is not None:  # stopped by the deadline: what the checkpointer knows
             stop.rounds_done, stop.resumes_at = checkpointer.rounds_done, checkpointer.latest_round
@@ -232,6 +274,7 @@ def execute_cell(cell: CellConfig, resources: Resources, options: RunOptions,
 
 def _tracked(tracking: CellTracking | None, report: Callable[[dict], None] | None) -> Callable[[dict], None]:
     """The round loop's callback: the cell's trackers get each round, then `report` (where given)."""
+
     def on_round(info: dict) -> None:
         if tracking is not None:
             tracking.on_round(info)
@@ -279,7 +322,11 @@ def disk_full_line(full: DiskFull, cell: CellConfig | None, store: Store, others
 def resumes(cell: CellConfig, store: Store) -> str:
     """Where the next run continues `cell`, from the checkpoint in the store ("resumes it at round 4 of 12")."""
     at = checkpoint_round(cell, store)
-    return f"resumes it at round {at} of {cell.rounds}" if at is not None else "starts it from round 1 (it has no checkpoint)"
+    return (
+        f"resumes it at round {at} of {cell.rounds}"
+        if at is not None
+        else "starts it from round 1 (it has no checkpoint)"
+    )
 
 
 def preempted_line(stop: Preempted, cell: CellConfig | None, grace_seconds: float) -> str:
@@ -311,15 +358,23 @@ def stopped_at(stop: Preempted, rounds: int, grace_seconds: float) -> str:
 
 def next_run(resumes_at: int | None, rounds: int) -> str:
     """Where the next run continues a stopped cell or trial whose checkpoint is of round `resumes_at`."""
-    return (f"the next run resumes at round {resumes_at} of {rounds}" if resumes_at is not None
-            else "the next run starts it from round 1 (it has no checkpoint)")
+    return (
+        f"the next run resumes at round {resumes_at} of {rounds}"
+        if resumes_at is not None
+        else "the next run starts it from round 1 (it has no checkpoint)"
+    )
 
 
-def execute_group(cells: list[CellConfig], resources: Resources, options: RunOptions,
-                  reports: list[Callable[[dict], None] | None], notes: list[Callable[[str], None] | None],
-                  preemption: StopRequest | None = None,
-                  checkpoint_files: list[CheckpointFiles | None] | None = None,
-                  on_finished: Callable[[int, CellResult], None] | None = None) -> GroupRun:
+def execute_group(
+    cells: list[CellConfig],
+    resources: Resources,
+    options: RunOptions,
+    reports: list[Callable[[dict], None] | None],
+    notes: list[Callable[[str], None] | None],
+    preemption: StopRequest | None = None,
+    checkpoint_files: list[CheckpointFiles | None] | None = None,
+    on_finished: Callable[[int, CellResult], None] | None = None,
+) -> GroupRun:
     """Run `cells` here (the driver or a Ray worker) as one cell group (pflbench.groups), each
     continuing from its checkpoint if it has one, with torch limited to one cell's CPU share
     `resources` (in lock-step one cell computes at a time). `reports[i]`, `notes[i]`,
@@ -339,10 +394,13 @@ def execute_group(cells: list[CellConfig], resources: Resources, options: RunOpt
     execution = options.execution.on("cuda" if resources.gpus > 0 else "cpu")
     checkpoint_files = checkpoint_files or [None] * len(cells)
     trackings = [cell_tracking(cell, options.trackers, Path(options.results), note) for cell, note in zip(cells, notes)]
-    on_round: list[Callable[[dict], None] | None] = [_tracked(tracking, report)
-                                                     for tracking, report in zip(trackings, reports)]
-    checkpointers = [cell_checkpointer(cell, options, note, files, preemption)
-                     for cell, note, files in zip(cells, notes, checkpoint_files)]
+    on_round: list[Callable[[dict], None] | None] = [
+        _tracked(tracking, report) for tracking, report in zip(trackings, reports)
+    ]
+    checkpointers = [
+        cell_checkpointer(cell, options, note, files, preemption)
+        for cell, note, files in zip(cells, notes, checkpoint_files)
+    ]
     outcome: GroupRun | None = None
     finished: set[int] = set()  # cells whose trackers are finished (their result handed on)
     try:
@@ -359,9 +417,16 @@ def execute_group(cells: list[CellConfig], resources: Resources, options: RunOpt
                 if on_finished is not None:
                     on_finished(i, result)
 
-            outcome = run_group(cells, data_root=options.data_root, mirror=options.mirror, execution=execution,
-                                checkpointers=checkpointers, on_round=on_round, passthrough=(Preempted, DiskFull),
-                                on_finished=finish)
+            outcome = run_group(
+                cells,
+                data_root=options.data_root,
+                mirror=options.mirror,
+                execution=execution,
+                checkpointers=checkpointers,
+                on_round=on_round,
+                passthrough=(Preempted, DiskFull),
+                on_finished=finish,
+            )
     except (Preempted, DiskFull):  # the grace deadline (raised in this thread), a full disk: the caller's
         raise
     except Exception as error:  # the group itself could not run (a plugin, the machine): each cell fails alike
@@ -370,37 +435,58 @@ def execute_group(cells: list[CellConfig], resources: Resources, options: RunOpt
         outcome = GroupRun([failed] * len(cells), [None] * len(cells), [False] * len(cells), [None] * len(cells))
     finally:
         torch.set_num_threads(threads)
-        for i, (tracking, result) in enumerate(zip(trackings, outcome.results if outcome is not None
-                                                   else [None] * len(cells))):
+        for i, (tracking, result) in enumerate(
+            zip(trackings, outcome.results if outcome is not None else [None] * len(cells))
+        ):
             if tracking is not None and result is not None and i not in finished:
                 tracking.finish(result)
     return outcome
 
 
-def run_in_process(cells: list[CellConfig], plan: Plan, options: RunOptions, store: Store, display: Display,
-                   preemption: Preemption | None = None) -> None:
+def run_in_process(
+    cells: list[CellConfig],
+    plan: Plan,
+    options: RunOptions,
+    store: Store,
+    display: Display,
+    preemption: Preemption | None = None,
+) -> None:
     """The cells one by one in this process, or as cell groups where the execution options form them
     (`run_groups_in_process`); `RunStopped` when `preemption` stops the run (module doc)."""
     import torch
 
     if plan.resources.gpus > 0 and not torch.cuda.is_available():
-        raise PrepareError(f"the spec asks for {plan.resources.gpus:g} GPU per cell but this machine has none; "
-                           f"run with --set resources.gpus=0")
+        raise PrepareError(
+            f"the spec asks for {plan.resources.gpus:g} GPU per cell but this machine has none; "
+            f"run with --set resources.gpus=0"
+        )
     preemption = preemption or Preemption()
     if options.execution.grouped(options.execution.device or ("cuda" if plan.resources.gpus > 0 else "cpu")):
         run_groups_in_process(cells, plan, options, store, display, preemption)
         return
     for cell in cells:
         if preemption.requested:
-            raise RunStopped(preempted_line(Preempted(cast(str, preemption.signal)), None,  # requested: a signal
-                                            preemption.grace_seconds), PREEMPTED_EXIT)
+            raise RunStopped(
+                preempted_line(
+                    Preempted(cast(str, preemption.signal)),
+                    None,  # requested: a signal
+                    preemption.grace_seconds,
+                ),
+                PREEMPTED_EXIT,
+            )
         try:
             if not take(cell, store, options, display):
                 continue
             display.update(cell, {"round": 0})
             with preemption.cell_running():
-                result = execute_cell(cell, plan.resources, options, report=partial(display.update, cell),
-                                      note=partial(display.note, cell), preemption=preemption)
+                result = execute_cell(
+                    cell,
+                    plan.resources,
+                    options,
+                    report=partial(display.update, cell),
+                    note=partial(display.note, cell),
+                    preemption=preemption,
+                )
             record(cell, result, store, options, display)
         except Preempted as stop:
             store.release(cell)  # no result: the next run continues it from its checkpoint
@@ -410,8 +496,9 @@ def run_in_process(cells: list[CellConfig], plan: Plan, options: RunOptions, sto
             raise RunStopped(disk_full_line(full, cell, store), DISK_FULL_EXIT) from None
 
 
-def run_groups_in_process(cells: list[CellConfig], plan: Plan, options: RunOptions, store: Store, display: Display,
-                          preemption: Preemption) -> None:
+def run_groups_in_process(
+    cells: list[CellConfig], plan: Plan, options: RunOptions, store: Store, display: Display, preemption: Preemption
+) -> None:
     """`run_in_process` with cell groups (pflbench.groups.form_groups): a group's cells are claimed
     together, run together and recorded each as a cell alone is, as soon as it finishes (`GroupRecorder`:
     a cell of few rounds is in the store while its group's slower cells run, and a kill then loses only
@@ -422,8 +509,14 @@ def run_groups_in_process(cells: list[CellConfig], plan: Plan, options: RunOptio
 
     for group in form_groups(cells):
         if preemption.requested:
-            raise RunStopped(preempted_line(Preempted(cast(str, preemption.signal)), None,  # requested: a signal
-                                            preemption.grace_seconds), PREEMPTED_EXIT)
+            raise RunStopped(
+                preempted_line(
+                    Preempted(cast(str, preemption.signal)),
+                    None,  # requested: a signal
+                    preemption.grace_seconds,
+                ),
+                PREEMPTED_EXIT,
+            )
         taken: list[CellConfig] = []
         recorder = GroupRecorder(taken, store, options, display)
         try:
@@ -433,16 +526,24 @@ def run_groups_in_process(cells: list[CellConfig], plan: Plan, options: RunOptio
             for cell in taken:
                 display.update(cell, {"round": 0})
             with preemption.cell_running():
-                outcome = execute_group(taken, plan.resources, options,
-                                        [partial(display.update, cell) for cell in taken],
-                                        [partial(display.note, cell) for cell in taken], preemption,
-                                        on_finished=recorder.finished)
+                outcome = execute_group(
+                    taken,
+                    plan.resources,
+                    options,
+                    [partial(display.update, cell) for cell in taken],
+                    [partial(display.note, cell) for cell in taken],
+                    preemption,
+                    on_finished=recorder.finished,
+                )
         except Preempted as stop:  # the grace deadline, inside a round: no cell still running has a result
             unfinished = recorder.close()
             for cell in unfinished:
                 store.release(cell)
-            raise RunStopped(f"preempted ({stop.signal}): " + "; ".join(stopped_cell(stop, cell, preemption.grace_seconds)
-                                                                        for cell in unfinished), PREEMPTED_EXIT) from None
+            raise RunStopped(
+                f"preempted ({stop.signal}): "
+                + "; ".join(stopped_cell(stop, cell, preemption.grace_seconds) for cell in unfinished),
+                PREEMPTED_EXIT,
+            ) from None
         except DiskFull as full:
             for cell in recorder.close():
                 store.release(cell)
@@ -622,8 +723,14 @@ class BoardStop:
         pass
 
 
-def _ray_task(cell: CellConfig, resources: Resources, options: RunOptions, board: Any,
-              checkpoint_files: CheckpointFiles | None, data: DataFingerprint | None) -> CellResult | Preempted:
+def _ray_task(
+    cell: CellConfig,
+    resources: Resources,
+    options: RunOptions,
+    board: Any,
+    checkpoint_files: CheckpointFiles | None,
+    data: DataFingerprint | None,
+) -> CellResult | Preempted:
     """One attempt of a cell on a Ray worker: its progress to `board`, its checkpoints through
     `checkpoint_files` (the driver's store), its data checked first where this is not the driver's node."""
     from pflbench.oom_kills import OomKills
@@ -634,9 +741,15 @@ def _ray_task(cell: CellConfig, resources: Resources, options: RunOptions, board
     if missing is not None:
         return missing
     try:
-        return execute_cell(cell, resources, options, report=lambda info: board.post.remote(key, progress_of(info)),
-                            note=lambda text: board.note.remote(key, text), checkpoint_files=checkpoint_files,
-                            preemption=BoardStop(board))
+        return execute_cell(
+            cell,
+            resources,
+            options,
+            report=lambda info: board.post.remote(key, progress_of(info)),
+            note=lambda text: board.note.remote(key, text),
+            checkpoint_files=checkpoint_files,
+            preemption=BoardStop(board),
+        )
     except Preempted as stop:  # handed back as a value: the driver records no result
         return stop
 
@@ -657,9 +770,16 @@ def node_data_problem(cell: CellConfig, data: DataFingerprint | None) -> CellRes
     return None
 
 
-def _ray_group_task(cells: list[CellConfig], resources: Resources, options: RunOptions, board: Any,
-                    checkpoint_files: list[CheckpointFiles | None], data: list[DataFingerprint | None],
-                    relay: Any = None, attempts: list[int] | None = None) -> list:
+def _ray_group_task(
+    cells: list[CellConfig],
+    resources: Resources,
+    options: RunOptions,
+    board: Any,
+    checkpoint_files: list[CheckpointFiles | None],
+    data: list[DataFingerprint | None],
+    relay: Any = None,
+    attempts: list[int] | None = None,
+) -> list:
     """One attempt of a cell group on a Ray worker (`_ray_task` for each of its cells, in one process as
     `execute_group` runs them): per cell, in order, its result, or the `Preempted` / `DiskFull` that
     stopped it (handed back as values: the driver records no result for it). A cell whose data this
@@ -694,11 +814,16 @@ def _ray_group_task(cells: list[CellConfig], resources: Resources, options: RunO
     runnable = [i for i, outcome in enumerate(outcomes) if outcome is None]
     if runnable:
         try:
-            run = execute_group([cells[i] for i in runnable], resources, options,
-                                [_posting(board, keys[i]) for i in runnable],
-                                [_noting(board, keys[i]) for i in runnable],
-                                preemption=BoardStop(board), checkpoint_files=[checkpoint_files[i] for i in runnable],
-                                on_finished=lambda j, result: hand_on(runnable[j], result))
+            run = execute_group(
+                [cells[i] for i in runnable],
+                resources,
+                options,
+                [_posting(board, keys[i]) for i in runnable],
+                [_noting(board, keys[i]) for i in runnable],
+                preemption=BoardStop(board),
+                checkpoint_files=[checkpoint_files[i] for i in runnable],
+                on_finished=lambda j, result: hand_on(runnable[j], result),
+            )
         except (Preempted, DiskFull) as stop:  # the whole group's: every cell not finished stops without a result
             for i in runnable:
                 outcomes[i] = stop
@@ -714,15 +839,25 @@ def progress_of(info: dict) -> dict:
     count of OOM kills: pflbench/oom_kills.py)."""
     from pflbench.oom_kills import OomKills
 
-    return {**{key: info[key] for key in PROGRESS_KEYS if key in info}, "peak_mb": peak_mb(),
-            "oom_kills": OomKills.here()}
+    return {
+        **{key: info[key] for key in PROGRESS_KEYS if key in info},
+        "peak_mb": peak_mb(),
+        "oom_kills": OomKills.here(),
+    }
 
 
 PROGRESS_KEYS = ("round", "rounds", "mean_accuracy", "mean_val_accuracy")
 
 
-def run_on_ray(cells: list[CellConfig], plan: Plan, options: RunOptions, store: Store, display: Display,
-               data: dict[str, DataFingerprint] | None = None, preemption: Preemption | None = None) -> None:
+def run_on_ray(
+    cells: list[CellConfig],
+    plan: Plan,
+    options: RunOptions,
+    store: Store,
+    display: Display,
+    data: dict[str, DataFingerprint] | None = None,
+    preemption: Preemption | None = None,
+) -> None:
     """Run `cells` as Ray tasks (`data`: each cell's DataFingerprint by hash, checked on other nodes), one
     task per cell, or per cell group where the execution options form groups (pflbench.groups: one task
     with `group_resources`; each of its cells is recorded as it finishes, its result relayed to the driver
@@ -744,8 +879,10 @@ def run_on_ray(cells: list[CellConfig], plan: Plan, options: RunOptions, store: 
     running: dict = {}  # each running unit's task (its ObjectRef) -> the unit's cells
     try:
         if plan.resources.gpus > 0 and not ray.cluster_resources().get("GPU", 0):
-            raise PrepareError(f"the spec asks for {plan.resources.gpus:g} GPU per cell but the Ray cluster has "
-                               f"none; run with --set resources.gpus=0")
+            raise PrepareError(
+                f"the spec asks for {plan.resources.gpus:g} GPU per cell but the Ray cluster has "
+                f"none; run with --set resources.gpus=0"
+            )
         RayRun(cells, plan, options, store, display, data or {}, preemption, running).loop()
     except KeyboardInterrupt:
         for ref in running:
@@ -762,8 +899,17 @@ class RayRun:
     `loop`: a unit started, a grouped cell's result relayed, a unit's task ended or lost, a stop asked for,
     a full disk."""
 
-    def __init__(self, cells: list[CellConfig], plan: Plan, options: RunOptions, store: Store, display: Display,
-                 data: dict[str, DataFingerprint], preemption: Preemption | None, running: dict) -> None:
+    def __init__(
+        self,
+        cells: list[CellConfig],
+        plan: Plan,
+        options: RunOptions,
+        store: Store,
+        display: Display,
+        data: dict[str, DataFingerprint],
+        preemption: Preemption | None,
+        running: dict,
+    ) -> None:
         import ray
 
         from pflbench.checkpoint_relay import start_keeper
@@ -789,8 +935,7 @@ class RayRun:
         self.attempts: dict[str, int] = {}
         self.by_key = {cell_hash(cell): cell for cell in cells}
         # Claim cells only as they can start, so that runners sharing the store split the matrix.
-        widest = (group_resources(plan.resources, max(map(len, self.waiting), default=1)) if grouped
-                  else plan.resources)
+        widest = group_resources(plan.resources, max(map(len, self.waiting), default=1)) if grouped else plan.resources
         self.limit = options.workers or ray_capacity(ray.cluster_resources(), widest) or len(self.waiting)
         self.stopping_since: float | None = None
         self.latest_peak: dict[str, int] = {}  # each cell's worker's peak memory, as its last round reported it
@@ -813,9 +958,12 @@ class RayRun:
             self.ended_with_the_job()
         if self.stopping_since is not None or self.stopped:
             assert self.preemption is not None  # stopping: it was requested
-            raise RunStopped(f"preempted ({self.preemption.signal}) on Ray: "
-                             + ("; ".join(self.stopped) if self.stopped else "no cell was running")
-                             + "; run the same command again to continue", PREEMPTED_EXIT)
+            raise RunStopped(
+                f"preempted ({self.preemption.signal}) on Ray: "
+                + ("; ".join(self.stopped) if self.stopped else "no cell was running")
+                + "; run the same command again to continue",
+                PREEMPTED_EXIT,
+            )
 
     def signalled(self, wait: float = 2.0) -> bool:
         """Whether a stop was asked for, allowing the signal `wait` seconds to reach this process after Ray's
@@ -840,8 +988,10 @@ class RayRun:
             if cell_hash(cell) not in self.stopped_keys:
                 self.store.release(cell)
                 self.stopped_keys.add(cell_hash(cell))
-                self.stopped.append(f"cell {cell_hash(cell)} ({label(cell)}): {ENDED_BY_THE_SIGNAL}; "
-                                    f"{next_run(checkpoint_round(cell, self.store), cell.rounds)}")
+                self.stopped.append(
+                    f"cell {cell_hash(cell)} ({label(cell)}): {ENDED_BY_THE_SIGNAL}; "
+                    f"{next_run(checkpoint_round(cell, self.store), cell.rounds)}"
+                )
         self.running.clear()
         self.stopping_since = self.stopping_since or time.monotonic()
 
@@ -908,14 +1058,28 @@ class RayRun:
             files.append(RelayedCheckpointFile(self.keeper, key, attempt))
         ref: ray.ObjectRef  # of a cell's outcome, or of a group's outcomes (a list)
         if len(unit) == 1:
-            ref = self.task.remote(unit[0], self.plan.resources, self.worker_options, self.board, files[0],
-                                   self.data.get(cell_hash(unit[0])))
+            ref = self.task.remote(
+                unit[0],
+                self.plan.resources,
+                self.worker_options,
+                self.board,
+                files[0],
+                self.data.get(cell_hash(unit[0])),
+            )
         else:
             group_task = ray.remote(_ray_group_task).options(
-                **task_resources(group_resources(self.plan.resources, len(unit))))
-            ref = group_task.remote(unit, self.plan.resources, self.worker_options, self.board, files,
-                                    [self.data.get(cell_hash(cell)) for cell in unit], self.relay,
-                                    [self.attempts.get(cell_hash(cell), 0) for cell in unit])
+                **task_resources(group_resources(self.plan.resources, len(unit)))
+            )
+            ref = group_task.remote(
+                unit,
+                self.plan.resources,
+                self.worker_options,
+                self.board,
+                files,
+                [self.data.get(cell_hash(cell)) for cell in unit],
+                self.relay,
+                [self.attempts.get(cell_hash(cell), 0) for cell in unit],
+            )
         self.running[ref] = unit
 
     def ended(self, ref: Any) -> None:
@@ -978,19 +1142,22 @@ class RayRun:
             self.attempts[key] = self.attempts.get(key, 0) + 1
             last = ray.get(self.board.latest_of.remote(key)) or {}  # what this attempt posted last
             oom = last.get("oom_kills")
-            killed = (oom is not None and not isinstance(error, ray.exceptions.OutOfMemoryError)
-                      and oom.rose())
+            killed = oom is not None and not isinstance(error, ray.exceptions.OutOfMemoryError) and oom.rose()
             whys.append(worker_lost(error, last.get("peak_mb", self.latest_peak.get(key)), oom_killed=killed))
         tried = max(self.attempts[cell_hash(cell)] for cell in unit)
         retries = self.options.retries
         if tried <= retries:
             for cell, why in zip(unit, whys):
-                self.display.note(cell, f"{why}; retry {tried} of {retries}, from its checkpoint where it has one"
-                                        + (f" (its group of {len(unit)} cells again)" if len(unit) > 1 else ""))
+                self.display.note(
+                    cell,
+                    f"{why}; retry {tried} of {retries}, from its checkpoint where it has one"
+                    + (f" (its group of {len(unit)} cells again)" if len(unit) > 1 else ""),
+                )
             self.start(unit)
             return None
-        value = [failed_result(f"Ray: {type(error).__name__}: {error}\n{why} (after {retries} retries)\n")
-                 for why in whys]
+        value = [
+            failed_result(f"Ray: {type(error).__name__}: {error}\n{why} (after {retries} retries)\n") for why in whys
+        ]
         return unit, (value if len(unit) > 1 else value[0])
 
     def stop(self, cell: CellConfig, why: Preempted | None) -> None:
@@ -1007,8 +1174,10 @@ class RayRun:
         self.store.release(cell)
         self.stopped_keys.add(cell_hash(cell))
         if why is None:
-            self.stopped.append(f"cell {cell_hash(cell)} ({label(cell)}): {ENDED_BY_THE_SIGNAL}; "
-                                f"{next_run(checkpoint_round(cell, self.store), cell.rounds)}")
+            self.stopped.append(
+                f"cell {cell_hash(cell)} ({label(cell)}): {ENDED_BY_THE_SIGNAL}; "
+                f"{next_run(checkpoint_round(cell, self.store), cell.rounds)}"
+            )
             return
         if why.in_round:
             why.resumes_at = checkpoint_round(cell, self.store)
@@ -1071,7 +1240,9 @@ def worker_lost(error: Exception, peak: int | None, oom_killed: bool = False) ->
         return out_of_memory(peak)
     if oom_killed:
         return f"{out_of_memory(peak)}: the kernel's OOM killer ended its worker ({type(error).__name__})"
-    return f"Ray worker lost ({type(error).__name__}" + (f"; last reported peak {peak} MB)" if peak is not None else ")")
+    return f"Ray worker lost ({type(error).__name__}" + (
+        f"; last reported peak {peak} MB)" if peak is not None else ")"
+    )
 
 
 def cause_of(error: BaseException) -> BaseException:
@@ -1099,8 +1270,10 @@ def round_of_checkpoint(path: Path) -> int | None:
 
 # ---- preparation ----------------------------------------------------------------------------------
 
-def prepare_partitions(cells: list[CellConfig], plan: Plan, options: RunOptions,
-                       console: Console) -> tuple[list[CellConfig], dict[str, int], dict[str, DataFingerprint]]:
+
+def prepare_partitions(
+    cells: list[CellConfig], plan: Plan, options: RunOptions, console: Console
+) -> tuple[list[CellConfig], dict[str, int], dict[str, DataFingerprint]]:
     """Build every distinct partition once, before any training: workers then find it in the cache,
     and an impossible partition stops the run before it starts. Cells of an optional dataset that
     cannot be loaded here are left out; returns the cells to run, {dataset: cells left out} and each
@@ -1111,9 +1284,16 @@ def prepare_partitions(cells: list[CellConfig], plan: Plan, options: RunOptions,
     groups: dict[tuple, CellConfig] = {}
     group_of: dict[str, tuple] = {}
     for cell in cells:
-        key = (cell.dataset, json.dumps(cell.dataset_options, sort_keys=True), cell.partition,
-               json.dumps(cell.partition_params, sort_keys=True), cell.clients, cell.seed,
-               cell.train_fraction, cell.val_fraction)
+        key = (
+            cell.dataset,
+            json.dumps(cell.dataset_options, sort_keys=True),
+            cell.partition,
+            json.dumps(cell.partition_params, sort_keys=True),
+            cell.clients,
+            cell.seed,
+            cell.train_fraction,
+            cell.val_fraction,
+        )
         groups.setdefault(key, cell)
         group_of[cell_hash(cell)] = key
     prints: dict[tuple, DataFingerprint] = {}
@@ -1123,8 +1303,10 @@ def prepare_partitions(cells: list[CellConfig], plan: Plan, options: RunOptions,
         for i, (key, cell) in enumerate(groups.items(), 1):
             if cell.dataset in missing:
                 continue
-            status.update(f"preparing partitions {i}/{len(groups)}: {cell.dataset} {describe_partition(cell)} "
-                          f"{cell.clients} clients seed {cell.seed}")
+            status.update(
+                f"preparing partitions {i}/{len(groups)}: {cell.dataset} {describe_partition(cell)} "
+                f"{cell.clients} clients seed {cell.seed}"
+            )
             try:
                 dataset, splits = prepare_cell(cell, options.data_root, options.mirror)
                 # options.data_root: resolved by run_plan
@@ -1143,6 +1325,7 @@ def prepare_partitions(cells: list[CellConfig], plan: Plan, options: RunOptions,
 
 # ---- the run ------------------------------------------------------------------------------------
 
+
 def run_plan(plan: Plan, options: RunOptions = RunOptions(), console: Console | None = None) -> RunReport:
     """Run the plan's cells that have no result yet (all of them with `force`); see the module doc."""
     from pflbench.data import data_mirror, data_root
@@ -1151,8 +1334,12 @@ def run_plan(plan: Plan, options: RunOptions = RunOptions(), console: Console | 
     console = console or make_console()
     # Absolute paths, resolved here once: Ray workers may start elsewhere and without our environment.
     # The user's plugins travel with the cells: a worker loads exactly the code the cells were planned with.
-    options = replace(options, data_root=data_root(options.data_root), mirror=data_mirror(options.mirror),
-                      plugins=sources_for(plan.cells))
+    options = replace(
+        options,
+        data_root=data_root(options.data_root),
+        mirror=data_mirror(options.mirror),
+        plugins=sources_for(plan.cells),
+    )
     store = Store(options.results)
     before = {cell_hash(cell): store.status(cell) for cell in plan.cells}
     for cell in plan.cells:
@@ -1160,13 +1347,19 @@ def run_plan(plan: Plan, options: RunOptions = RunOptions(), console: Console | 
             problems = "; ".join(f"{p.file}: {p.what}" for p in store.check(store.cell_dir(cell)))
             kept = store.set_aside(cell)
             before[cell_hash(cell)] = None
-            console.print(f"[yellow]note:[/] cell {cell_hash(cell)} ({escape(label(cell))}) was damaged ({escape(problems)}); "
-                          f"its files are kept in {escape(str(kept))} and it runs again", highlight=False)
+            console.print(
+                f"[yellow]note:[/] cell {cell_hash(cell)} ({escape(label(cell))}) was damaged ({escape(problems)}); "
+                f"its files are kept in {escape(str(kept))} and it runs again",
+                highlight=False,
+            )
     todo = [cell for cell in plan.cells if options.force or before[cell_hash(cell)] not in COMPLETE]
     report = RunReport(outcomes=dict(before))
     scale = f" (scale {plan.scale})" if len(plan.scales) > 1 else ""
-    console.print(f"{escape(plan.name)}{scale}: {len(plan.cells)} cells, {len(plan.cells) - len(todo)} with results in "
-                  f"{escape(str(options.results))}, {len(todo)} to run", highlight=False)
+    console.print(
+        f"{escape(plan.name)}{scale}: {len(plan.cells)} cells, {len(plan.cells) - len(todo)} with results in "
+        f"{escape(str(options.results))}, {len(todo)} to run",
+        highlight=False,
+    )
     if not todo:
         print_summary(console, plan, store, report, 0.0)
         return report
@@ -1174,17 +1367,33 @@ def run_plan(plan: Plan, options: RunOptions = RunOptions(), console: Console | 
     notes = skipped_dataset_notes(report.skipped_datasets, options)
     record_skipped_datasets(store, plan, notes)
     for dataset, note in notes.items():
-        console.print(f"[yellow]note:[/] dataset {escape(repr(dataset))} cannot be loaded here: {escape(note['reason'])}; "
-                      f"its {note['cells']} cells are left out and the run goes on without it. "
-                      f"{escape(note['how_to_provide'])}", highlight=False)
-        report.outcomes = {k: v for k, v in report.outcomes.items()
-                           if k not in {cell_hash(c) for c in plan.cells if c.dataset == dataset}}
+        console.print(
+            f"[yellow]note:[/] dataset {escape(repr(dataset))} cannot be loaded here: {escape(note['reason'])}; "
+            f"its {note['cells']} cells are left out and the run goes on without it. "
+            f"{escape(note['how_to_provide'])}",
+            highlight=False,
+        )
+        report.outcomes = {
+            k: v
+            for k, v in report.outcomes.items()
+            if k not in {cell_hash(c) for c in plan.cells if c.dataset == dataset}
+        }
     in_process = not options.use_ray or options.workers == 1
-    where = "in this process" if in_process else (
-        f"on Ray ({options.ray_address or os.environ.get('RAY_ADDRESS') or 'local instance'}"
-        + (f", {options.workers} workers" if options.workers else "") + ")")
-    console.print(f"running {len(todo)} cells {where}, {plan.resources.cpus:g} CPU"
-                  + (f" and {plan.resources.gpus:g} GPU" if plan.resources.gpus else "") + " each", highlight=False)
+    where = (
+        "in this process"
+        if in_process
+        else (
+            f"on Ray ({options.ray_address or os.environ.get('RAY_ADDRESS') or 'local instance'}"
+            + (f", {options.workers} workers" if options.workers else "")
+            + ")"
+        )
+    )
+    console.print(
+        f"running {len(todo)} cells {where}, {plan.resources.cpus:g} CPU"
+        + (f" and {plan.resources.gpus:g} GPU" if plan.resources.gpus else "")
+        + " each",
+        highlight=False,
+    )
     started = time.perf_counter()
     preemption = Preemption(options.grace_seconds, on_request=lambda name: acknowledge(name, options.grace_seconds))
     with Display(console, len(todo)) as display, Heartbeat(store), preemption.installed():
@@ -1200,9 +1409,11 @@ def run_plan(plan: Plan, options: RunOptions = RunOptions(), console: Console | 
     report.ran = sum(display.counts.values())
     report.elsewhere = display.elsewhere
     if display.elsewhere:
-        console.print(f"[yellow]note:[/] {display.elsewhere} cells were finished or being run by another runner "
-                      f"sharing {escape(str(options.results))}; run again later to pick up any it did not finish",
-                      highlight=False)
+        console.print(
+            f"[yellow]note:[/] {display.elsewhere} cells were finished or being run by another runner "
+            f"sharing {escape(str(options.results))}; run again later to pick up any it did not finish",
+            highlight=False,
+        )
     report.outcomes.update({cell_hash(c): store.status(c) for c in todo})
     print_summary(console, plan, store, report, time.perf_counter() - started)
     if report.stopped is not None:
@@ -1212,8 +1423,10 @@ def run_plan(plan: Plan, options: RunOptions = RunOptions(), console: Console | 
 
 def acknowledge(signal_name: str, grace_seconds: float) -> None:
     """The line a first SIGTERM / Ctrl-C gets at once (from the signal handler: one unbuffered write)."""
-    text = (f"{signal_name}: stopping at the end of the round in progress (at most {grace_seconds:g} s), with a "
-            f"checkpoint; Ctrl-C again to stop at once\n")
+    text = (
+        f"{signal_name}: stopping at the end of the round in progress (at most {grace_seconds:g} s), with a "
+        f"checkpoint; Ctrl-C again to stop at once\n"
+    )
     try:
         os.write(2, text.encode())
     except OSError:
@@ -1225,15 +1438,19 @@ NOTES = "_notes.json"  # in the store: what a run left out (read by `pflbench re
 
 def skipped_dataset_notes(skipped: dict[str, int], options: RunOptions) -> dict[str, dict]:
     """Why each optional dataset was left out, where it was looked for, and how to provide it."""
-    looked = [f"data root {options.data_root}"] + ([f"mirror {options.mirror}"] if options.mirror else
-                                                    ["no mirror ($PFLBENCH_DATA_MIRROR unset, no --from)"])
-    return {dataset: {
-        "cells": count,
-        "reason": f"no copy found ({'; '.join(looked)}) and it could not be downloaded",
-        "looked_in": [str(options.data_root)] + ([str(options.mirror)] if options.mirror else []),
-        "how_to_provide": "Provide it with `--from DIR` / $PFLBENCH_DATA_MIRROR (an offline mirror folder) or "
-                          f"`pflbench data prepare {dataset}` (download into the data root, where a network is available).",
-    } for dataset, count in skipped.items()}
+    looked = [f"data root {options.data_root}"] + (
+        [f"mirror {options.mirror}"] if options.mirror else ["no mirror ($PFLBENCH_DATA_MIRROR unset, no --from)"]
+    )
+    return {
+        dataset: {
+            "cells": count,
+            "reason": f"no copy found ({'; '.join(looked)}) and it could not be downloaded",
+            "looked_in": [str(options.data_root)] + ([str(options.mirror)] if options.mirror else []),
+            "how_to_provide": "Provide it with `--from DIR` / $PFLBENCH_DATA_MIRROR (an offline mirror folder) or "
+            f"`pflbench data prepare {dataset}` (download into the data root, where a network is available).",
+        }
+        for dataset, count in skipped.items()
+    }
 
 
 def record_skipped_datasets(store: Store, plan: Plan, notes: dict[str, dict]) -> None:
@@ -1252,5 +1469,3 @@ def record_skipped_datasets(store: Store, plan: Plan, notes: dict[str, dict]) ->
     skipped.update({dataset: {**note, "spec": plan.name} for dataset, note in notes.items()})
     if skipped or path.exists():
         write_json(path, {**data, "skipped_datasets": skipped})
-
-

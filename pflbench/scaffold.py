@@ -12,6 +12,7 @@ lowercase name takes the built-ins' spelling of its words (fedavgm: FedAvgM); `-
 
 Only the standard library is imported here (every `pflbench --help` builds this parser).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,8 +28,10 @@ from string import Template
 TEMPLATES = Path(__file__).parent / "scaffold_templates"
 # The built-ins' folders: every module in them is imported as a built-in (a written test file too), so the
 # scaffold's plugin and test go elsewhere; a built-in is added by hand (pflbench/algorithms/README.md).
-BUILTIN_FOLDERS = {Path(__file__).resolve().parent / "algorithms": "algorithms",
-                   Path(__file__).resolve().parent / "partitions": "partition schemes"}
+BUILTIN_FOLDERS = {
+    Path(__file__).resolve().parent / "algorithms": "algorithms",
+    Path(__file__).resolve().parent / "partitions": "partition schemes",
+}
 # Registered in lowercase, like the built-ins (fedavg, lg-fedavg, mh-pfedhn): FedAvgM is registered as fedavgm.
 NAME = re.compile(r"^[A-Za-z][A-Za-z0-9]*(-[A-Za-z0-9]+)*$")
 
@@ -39,24 +42,24 @@ class Base:
     edited: the hooks in which it differs from FedAvg (`pflbench.fedavg.FedAvg`, which the
     written class extends)."""
 
-    text: str           # what the starting point does, for the file's docstring
+    text: str  # what the starting point does, for the file's docstring
     personalizes: str
-    hyperparams: str    # the body of the module-level hyperparameters class (`<Class>HP(Hyperparams)`)
+    hyperparams: str  # the body of the module-level hyperparameters class (`<Class>HP(Hyperparams)`)
     search_space: str
-    body: str           # the hooks it overrides (none for FedAvg: the written class extends FedAvg)
-    api: tuple[str, ...] = ()       # more names from pflbench.algorithm that the hooks' signatures use
+    body: str  # the hooks it overrides (none for FedAvg: the written class extends FedAvg)
+    api: tuple[str, ...] = ()  # more names from pflbench.algorithm that the hooks' signatures use
     training: tuple[str, ...] = ()  # names from pflbench.training that the hooks use
-    torch: tuple[str, ...] = ()     # names from torch that the hooks use
+    torch: tuple[str, ...] = ()  # names from torch that the hooks use
 
 
 BASES = {
     "fedavg": Base(
         text="FedAvg: clients train the global model locally, the server averages the results weighted by "
-             "each client's training samples (FedAvg's hooks, which the class extends: none is written out)",
+        "each client's training samples (FedAvg's hooks, which the class extends: none is written out)",
         personalizes="nothing yet: one global model (FedAvg)",
         hyperparams="    # none yet; e.g. momentum: float = Field(0.9, ge=0.0, lt=1.0)  (from pydantic import Field)",
-        search_space="{}  # e.g. {\"momentum\": (\"uniform\", 0.0, 0.99)}",
-        body='''
+        search_space='{}  # e.g. {"momentum": ("uniform", 0.0, 0.99)}',
+        body="""
     # The hooks are FedAvg's (pflbench/fedavg.py): override only those your method changes.
     # E.g. a server step of its own, from FedAvg's average of the uploads that arrived:
     #
@@ -66,12 +69,13 @@ BASES = {
     #
     # State a round changes goes in an attribute declared for checkpoints (pflbench/algorithm.py):
     #     state = (*FedAvg.state, "velocity")   # and, in setup(), self.velocity = ... after super().setup()
-'''),
+""",
+    ),
     "fedprox": Base(
         text="FedProx: FedAvg whose local objective adds mu/2 * ||w - w_global||^2 against client drift",
         personalizes="nothing yet: one global model, trained with a proximal term (FedProx)",
         hyperparams="    mu: float = Field(0.01, ge=0.0)  # weight of the proximal term",
-        search_space="{\"mu\": (\"loguniform\", 1e-3, 1.0)}",
+        search_space='{"mu": ("loguniform", 1e-3, 1.0)}',
         api=("ClientRound",),
         training=("State", "cross_entropy"),
         torch=("Tensor",),
@@ -89,12 +93,13 @@ BASES = {
             return cross_entropy(logits, labels, params, aux) + 0.5 * mu * prox
 
         return self.engine.train(rnd, rnd.clients, state, objective=objective, aux=anchor).state
-'''),
+''',
+    ),
     "fedper": Base(
         text="FedPer: the top layers are each client's own (never sent); the base is averaged as in FedAvg",
         personalizes="the top `personal_layers` layers (default: the classifier); the base is FedAvg",
         hyperparams="    personal_layers: int = Field(1, ge=0)  # layers, from the top, that stay on the client",
-        search_space="{\"personal_layers\": (\"choice\", [1, 2, 3])}",
+        search_space='{"personal_layers": ("choice", [1, 2, 3])}',
         body='''
     # Checkpoints: FedAvg's models (`state`, inherited); the personal tensors are rebuilt from the
     # hyperparameters by setup(), not saved.
@@ -109,14 +114,15 @@ BASES = {
         """Whether the tensor `name` stays on the client: never sent, never averaged. FedAvg then keeps
         each client's own copy and evaluates the global rest with it."""
         return name in self._personal
-'''),
+''',
+    ),
     "ditto": Base(
         text="Ditto: FedAvg for the global model, plus one personal model per client trained on its own "
-             "loss + lam/2 * ||v - w_global||^2 (never sent; the model each client is scored with)",
+        "loss + lam/2 * ||v - w_global||^2 (never sent; the model each client is scored with)",
         personalizes="a whole personal model per client, pulled toward the FedAvg global model (Ditto)",
         hyperparams="    lam: float = Field(1.0, ge=0.0)  # lambda of the proximal term (0: local training)\n"
-                    "    personal_epochs: int | None = Field(None, ge=1)  # None: the cell's local_epochs",
-        search_space="{\"lam\": (\"loguniform\", 1e-3, 10.0), \"personal_epochs\": (\"int\", 1, 5)}",
+        "    personal_epochs: int | None = Field(None, ge=1)  # None: the cell's local_epochs",
+        search_space='{"lam": ("loguniform", 1e-3, 10.0), "personal_epochs": ("int", 1, 5)}',
         api=("ClientRound",),
         training=("State", "cross_entropy"),
         torch=("Tensor",),
@@ -156,7 +162,8 @@ BASES = {
     def personalized(self) -> State:
         """The model each client is scored with: its personal model."""
         return self.personal_state
-'''),
+''',
+    ),
 }
 
 # What every written algorithm imports from pflbench.algorithm, and the base it extends (a class named like an
@@ -187,19 +194,31 @@ class ScaffoldError(ValueError):
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    new = subparsers.add_parser("new", help="write a documented starting file (and its test) for your own "
-                                            "algorithm or partition scheme")
+    new = subparsers.add_parser(
+        "new", help="write a documented starting file (and its test) for your own algorithm or partition scheme"
+    )
     kinds = new.add_subparsers(dest="new_kind", required=True, metavar="KIND")
     algorithm = kinds.add_parser("algorithm", help="a new algorithm: NAME.py (a plugin) and test_NAME.py")
-    algorithm.add_argument("name", help="its name as reports show it (FedAvgM) or in lowercase (fedavgm): letters, "
-                                        "digits and dashes; it is registered in lowercase")
-    algorithm.add_argument("--from", dest="base", choices=sorted(BASES), default="fedavg",
-                           help="the method written out as the starting point (default: fedavg)")
+    algorithm.add_argument(
+        "name",
+        help="its name as reports show it (FedAvgM) or in lowercase (fedavgm): letters, "
+        "digits and dashes; it is registered in lowercase",
+    )
+    algorithm.add_argument(
+        "--from",
+        dest="base",
+        choices=sorted(BASES),
+        default="fedavg",
+        help="the method written out as the starting point (default: fedavg)",
+    )
     partition = kinds.add_parser("partition", help="a new non-IID scheme: NAME.py (a plugin) and test_NAME.py")
     partition.add_argument("name", help="its name: letters, digits and dashes; it is registered in lowercase")
     for parser in (algorithm, partition):
-        parser.add_argument("--display-name", help="how reports show it (default: NAME as spelled; an algorithm's "
-                                                   "lowercase NAME in the built-ins' spelling, fedavgm: FedAvgM)")
+        parser.add_argument(
+            "--display-name",
+            help="how reports show it (default: NAME as spelled; an algorithm's "
+            "lowercase NAME in the built-ins' spelling, fedavgm: FedAvgM)",
+        )
         parser.add_argument("--out", type=Path, default=Path("."), help="folder to write into (default: here)")
         parser.add_argument("--force", action="store_true", help="overwrite files that exist")
     new.set_defaults(func=cmd_new)
@@ -207,8 +226,14 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 def cmd_new(args: argparse.Namespace) -> int:
     try:
-        written = write_scaffold(args.new_kind, args.name, args.out, base=getattr(args, "base", "fedavg"),
-                                 force=args.force, display_name=args.display_name)
+        written = write_scaffold(
+            args.new_kind,
+            args.name,
+            args.out,
+            base=getattr(args, "base", "fedavg"),
+            force=args.force,
+            display_name=args.display_name,
+        )
     except ScaffoldError as error:
         print(f"new {args.new_kind}: {error}", file=sys.stderr)
         return 2
@@ -248,11 +273,16 @@ def identifiers(name: str, kind: str = "algorithm", display_name: str | None = N
     class_name = "".join(word[:1].upper() + word[1:] for word in re.split(r"\W+", display_name) if word)
     if not class_name.isidentifier() or keyword.iskeyword(class_name):
         class_name = "".join(part.capitalize() for part in parts)
-    return {"name": registered, "module_file": f"{stem}.py", "test_file": f"test_{stem}.py",
-            "class_name": class_name, "display_name": display_name,
-            # in the written code: a Python string literal; in its docstrings: text that cannot end them
-            "display_literal": json.dumps(display_name, ensure_ascii=False),
-            "display_text": display_name.replace('"', "'").replace("\\", "/")}
+    return {
+        "name": registered,
+        "module_file": f"{stem}.py",
+        "test_file": f"test_{stem}.py",
+        "class_name": class_name,
+        "display_name": display_name,
+        # in the written code: a Python string literal; in its docstrings: text that cannot end them
+        "display_literal": json.dumps(display_name, ensure_ascii=False),
+        "display_text": display_name.replace('"', "'").replace("\\", "/"),
+    }
 
 
 def known_spellings() -> dict[str, str]:
@@ -277,14 +307,16 @@ def spelled(part: str, words: dict[str, str]) -> str:
         if not known:
             return out + part[:1].upper() + part[1:]
         word = max(known, key=len)
-        out, part = out + words[word], part[len(word):]
+        out, part = out + words[word], part[len(word) :]
     return out
 
 
 def check_name(kind: str, name: str) -> None:
     if not NAME.match(name):
-        raise ScaffoldError(f"name {name!r} is not allowed: letters, digits and single dashes, starting with a "
-                            f"letter (e.g. my-avg, or FedAvgM: registered as fedavgm, shown as FedAvgM)")
+        raise ScaffoldError(
+            f"name {name!r} is not allowed: letters, digits and single dashes, starting with a "
+            f"letter (e.g. my-avg, or FedAvgM: registered as fedavgm, shown as FedAvgM)"
+        )
     from pflbench.plugins import load_builtins, registries
 
     load_builtins()
@@ -292,12 +324,15 @@ def check_name(kind: str, name: str) -> None:
     name = name.lower()
     if name in registry:
         who = registry.origin(name)
-        raise ScaffoldError(f"{registry.kind} {name!r} already exists ({'built-in' if who is None else 'plugin ' + who}); "
-                            f"choose another name (taken: {', '.join(registry.names())})")
+        raise ScaffoldError(
+            f"{registry.kind} {name!r} already exists ({'built-in' if who is None else 'plugin ' + who}); "
+            f"choose another name (taken: {', '.join(registry.names())})"
+        )
 
 
-def write_scaffold(kind: str, name: str, out: Path, base: str = "fedavg", force: bool = False,
-                   display_name: str | None = None) -> tuple[Path, Path]:
+def write_scaffold(
+    kind: str, name: str, out: Path, base: str = "fedavg", force: bool = False, display_name: str | None = None
+) -> tuple[Path, Path]:
     """Write the plugin file and its test into `out`; (plugin path, test path)."""
     if kind not in ("algorithm", "partition"):
         raise ScaffoldError(f"unknown kind {kind!r}; allowed: algorithm, partition")
@@ -305,9 +340,11 @@ def write_scaffold(kind: str, name: str, out: Path, base: str = "fedavg", force:
         raise ScaffoldError(f"--from {base!r} is not a starting point; allowed: {', '.join(sorted(BASES))}")
     builtins = BUILTIN_FOLDERS.get(Path(out).resolve())
     if builtins is not None:
-        raise ScaffoldError(f"{out} is the folder of pflbench's built-in {builtins}, where every module is imported "
-                            f"as one; write the plugin and its test into a folder of your own (--out, default: here), "
-                            f"or add a built-in by hand (pflbench/algorithms/README.md)")
+        raise ScaffoldError(
+            f"{out} is the folder of pflbench's built-in {builtins}, where every module is imported "
+            f"as one; write the plugin and its test into a folder of your own (--out, default: here), "
+            f"or add a built-in by hand (pflbench/algorithms/README.md)"
+        )
     check_name(kind, name)
     values = identifiers(name, kind, display_name)
     plugin, test = Path(out) / values["module_file"], Path(out) / values["test_file"]
@@ -319,12 +356,20 @@ def write_scaffold(kind: str, name: str, out: Path, base: str = "fedavg", force:
         hp_class = values["class_name"] + "HP"
         imported = (*ALGORITHM_API, BASE_CLASS, *chosen.api, *chosen.training, *chosen.torch, "Field")
         if values["class_name"] in imported or hp_class in imported:
-            raise ScaffoldError(f"the class {values['class_name']} would hide a name it imports; "
-                                f"choose another name or --display-name")
-        values.update(base=base, base_text=textwrap.fill(chosen.text, 104), personalizes=chosen.personalizes,
-                      hp_class=hp_class, hyperparams=chosen.hyperparams, search_space=chosen.search_space,
-                      imports=imports_of(chosen), body=Template(chosen.body).safe_substitute(name=values["name"]),
-                      try_command=try_command(values["module_file"], values["name"]))
+            raise ScaffoldError(
+                f"the class {values['class_name']} would hide a name it imports; choose another name or --display-name"
+            )
+        values.update(
+            base=base,
+            base_text=textwrap.fill(chosen.text, 104),
+            personalizes=chosen.personalizes,
+            hp_class=hp_class,
+            hyperparams=chosen.hyperparams,
+            search_space=chosen.search_space,
+            imports=imports_of(chosen),
+            body=Template(chosen.body).safe_substitute(name=values["name"]),
+            try_command=try_command(values["module_file"], values["name"]),
+        )
     Path(out).mkdir(parents=True, exist_ok=True)
     plugin.write_text(Template((TEMPLATES / f"{kind}.py.tmpl").read_text()).substitute(values))
     test.write_text(Template((TEMPLATES / f"{kind}_test.py.tmpl").read_text()).substitute(values))

@@ -30,6 +30,7 @@ C classes drawn from the seed. Cluster 0 keeps the labels, and any two clusters 
 label (a cyclic shift in a shuffled order), so no single model can fit two clusters: the same x
 means a different y in each. Needs k <= C.
 """
+
 from __future__ import annotations
 
 import math
@@ -71,18 +72,27 @@ class FeatureShift(BaseModel):
     @model_validator(mode="after")
     def _entries_fit_the_kind(self) -> Self:
         # An entry at its default may be written anywhere (it changes nothing); another value must fit the kind.
-        changed = {name for name in self.model_fields_set - {"kind"}
-                   if getattr(self, name) != type(self).model_fields[name].default}
+        changed = {
+            name
+            for name in self.model_fields_set - {"kind"}
+            if getattr(self, name) != type(self).model_fields[name].default
+        }
         if self.kind == "none" and changed:
-            raise ValueError(f"kind is 'none' (off): set kind to one of rotation, color, permutation "
-                             f"to use {', '.join(sorted(changed))}")
+            raise ValueError(
+                f"kind is 'none' (off): set kind to one of rotation, color, permutation "
+                f"to use {', '.join(sorted(changed))}"
+            )
         if self.clusters == 1:
-            raise ValueError("clusters=1 would leave every client unshifted (cluster 0 keeps the original data); "
-                             "allowed: 0 (each client its own transform) or 2 and more")
+            raise ValueError(
+                "clusters=1 would leave every client unshifted (cluster 0 keeps the original data); "
+                "allowed: 0 (each client its own transform) or 2 and more"
+            )
         for entry, kind in (("max_degrees", "rotation"), ("strength", "color")):
             if entry in changed and self.kind != kind:
-                raise ValueError(f"{entry} applies to kind {kind!r} only (kind is {self.kind!r}); in a matrix "
-                                 f"over kinds, set it in an override with `when: {{feature_shift.kind: {kind}}}`")
+                raise ValueError(
+                    f"{entry} applies to kind {kind!r} only (kind is {self.kind!r}); in a matrix "
+                    f"over kinds, set it in an override with `when: {{feature_shift.kind: {kind}}}`"
+                )
         return self
 
     @property
@@ -152,13 +162,13 @@ class ClientShifts:
 
     feature: FeatureShift
     concept: ConceptShift
-    transform: np.ndarray            # index of the client's feature transform (cluster, or client itself)
-    angles: np.ndarray | None        # rotation: degrees per transform
-    contrast: np.ndarray | None      # color: per transform
-    offset: np.ndarray | None        # color: [transforms, channels], pixel units
+    transform: np.ndarray  # index of the client's feature transform (cluster, or client itself)
+    angles: np.ndarray | None  # rotation: degrees per transform
+    contrast: np.ndarray | None  # color: per transform
+    offset: np.ndarray | None  # color: [transforms, channels], pixel units
     permutations: np.ndarray | None  # permutation: [transforms, positions]
-    concept_cluster: np.ndarray      # the client's concept cluster (all 0 when off)
-    label_maps: np.ndarray           # [clusters, classes]: the label of class y in cluster j
+    concept_cluster: np.ndarray  # the client's concept cluster (all 0 when off)
+    label_maps: np.ndarray  # [clusters, classes]: the label of class y in cluster j
 
 
 def deal(num_clients: int, clusters: int, rng: np.random.Generator) -> np.ndarray:
@@ -173,14 +183,18 @@ def draw(cell: CellConfig, num_clients: int, input_shape: tuple[int, ...], num_c
     feature, concept = parse_feature_shift(cell.feature_shift), parse_concept_shift(cell.concept_shift)
     is_image = len(input_shape) == 3
     if feature.kind in ("rotation", "color") and not is_image:
-        raise ShiftError(f"feature_shift.kind={feature.kind!r} needs images and {cell.dataset!r} has vector "
-                         f"inputs {input_shape}; allowed on vector data: permutation")
+        raise ShiftError(
+            f"feature_shift.kind={feature.kind!r} needs images and {cell.dataset!r} has vector "
+            f"inputs {input_shape}; allowed on vector data: permutation"
+        )
     if feature.kind == "rotation" and input_shape[1] != input_shape[2]:
         raise ShiftError(f"feature_shift.kind='rotation' needs square images, {cell.dataset!r} has {input_shape}")
     if concept.clusters > num_classes:
-        raise ShiftError(f"concept_shift.clusters={concept.clusters} exceeds the {num_classes} classes of "
-                         f"{cell.dataset!r} (each cluster needs its own label for every class); "
-                         f"allowed: 1 to {num_classes}")
+        raise ShiftError(
+            f"concept_shift.clusters={concept.clusters} exceeds the {num_classes} classes of "
+            f"{cell.dataset!r} (each cluster needs its own label for every class); "
+            f"allowed: 1 to {num_classes}"
+        )
     rng = streams.generator(cell.seed, "shift.feature", kind="numpy")
     k = feature.clusters
     count = k or num_clients  # transforms to draw
@@ -205,14 +219,17 @@ def draw(cell: CellConfig, num_clients: int, input_shape: tuple[int, ...], num_c
             permutations[0] = np.arange(positions)
     rng = streams.generator(cell.seed, "shift.concept", kind="numpy")
     order = rng.permutation(num_classes)  # s^-1: position -> class
-    rank = np.argsort(order)              # s: class -> position
+    rank = np.argsort(order)  # s: class -> position
     label_maps = np.stack([order[(rank + j) % num_classes] for j in range(concept.clusters)])
     concept_cluster = deal(num_clients, concept.clusters, rng) if concept.on else np.zeros(num_clients, np.int64)
-    return ClientShifts(feature, concept, transform, angles, contrast, offset, permutations, concept_cluster,
-                        label_maps)
+    return ClientShifts(
+        feature, concept, transform, angles, contrast, offset, permutations, concept_cluster, label_maps
+    )
 
 
-def apply(cell: CellConfig, dataset: Dataset, splits: ClientSplits, features: Tensor, labels: Tensor) -> tuple[Tensor, Tensor, ClientShifts | None]:
+def apply(
+    cell: CellConfig, dataset: Dataset, splits: ClientSplits, features: Tensor, labels: Tensor
+) -> tuple[Tensor, Tensor, ClientShifts | None]:
     """The Federation's features and labels with the cell's shifts applied to every partition client's
     samples (train, val and test alike); the inputs themselves when both knobs are off. `features` are
     `dataset`'s normalised inputs (its per-channel mean/std) and may be modified in place."""
@@ -221,8 +238,12 @@ def apply(cell: CellConfig, dataset: Dataset, splits: ClientSplits, features: Te
     num_clients = splits.num_clients
     shifts = draw(cell, num_clients, tuple(features.shape[1:]), dataset.num_classes)
     mean, std = dataset.mean, dataset.std
-    owned = [torch.as_tensor(np.concatenate([splits.train[c], splits.val[c], splits.test[c]]),
-                             dtype=torch.long, device=features.device) for c in range(num_clients)]
+    owned = [
+        torch.as_tensor(
+            np.concatenate([splits.train[c], splits.val[c], splits.test[c]]), dtype=torch.long, device=features.device
+        )
+        for c in range(num_clients)
+    ]
     if shifts.feature.on:
         for t in np.unique(shifts.transform).tolist():
             members = np.flatnonzero(shifts.transform == t)

@@ -21,6 +21,7 @@ the spec's overrides, the scale's overrides, tuned configurations, `--set`.
     plan.cells, plan.resources, plan.optional_datasets
     cell = resolve_cell({"algorithm": "fedprox", "dataset": "synthetic", "hp": {"mu": 0.1}})  # one cell
 """
+
 from __future__ import annotations
 
 import difflib
@@ -37,15 +38,36 @@ from pydantic import AfterValidator, BeforeValidator, TypeAdapter, ValidationErr
 
 from pflbench.config import CellConfig, reject_boolean
 from pflbench.registry import echo, unknown_message  # noqa: F401  (unknown_message: used by others via spec)
-from pflbench.spec_schema import (AXIS_TYPES, NAME_CHECKS, VARIANTS_AXIS, VARIANTS_TYPE, Resources, Scale, SpecFile,
-                                  TunedFile, TunedSetting, _listify, hyperparameters)
+from pflbench.spec_schema import (
+    AXIS_TYPES,
+    NAME_CHECKS,
+    VARIANTS_AXIS,
+    VARIANTS_TYPE,
+    Resources,
+    Scale,
+    SpecFile,
+    TunedFile,
+    TunedSetting,
+    _listify,
+    hyperparameters,
+)
 
 # Dict-valued cell fields: their entries are addressed as `field.entry`.
 DICT_FIELDS = ("dataset_options", "partition_params", "hp", "feature_shift", "concept_shift", "system", "privacy")
 # Matrix axes with their own entry syntax; every other settable key can be an axis of plain values.
 STRUCTURED_AXES = ("algorithm", "dataset", "partition", "clients")
-SPEC_KEYS = ("name", "description", "plugins", "matrix", "defaults", "overrides", "resources", "scales", "tuned",
-             "trackers")
+SPEC_KEYS = (
+    "name",
+    "description",
+    "plugins",
+    "matrix",
+    "defaults",
+    "overrides",
+    "resources",
+    "scales",
+    "tuned",
+    "trackers",
+)
 VARIANT_SELECTOR = "variant"  # `--set variant=NAME`: one entry of the variants axis, by its name
 CLIENTS_AXIS = "clients"  # `--set clients=N` picks the axis's entries for N clients (participation and all)
 FULL_SCALE = "full"  # the spec as written; every other scale is a block under `scales:`
@@ -88,11 +110,20 @@ def count_values(data: Any, limit: int = MAX_SPEC_VALUES) -> int:
 
 def _check_size(data: Any, source: str, where: str) -> None:
     if count_values(data) > MAX_SPEC_VALUES:
-        raise SpecError(source, [(where, f"expands to more than {MAX_SPEC_VALUES:,} values (YAML anchors and "
-                                         f"aliases repeated?); a spec is a few hundred settings at most")])
+        raise SpecError(
+            source,
+            [
+                (
+                    where,
+                    f"expands to more than {MAX_SPEC_VALUES:,} values (YAML anchors and "
+                    f"aliases repeated?); a spec is a few hundred settings at most",
+                )
+            ],
+        )
 
 
 # ---- values of cell fields -----------------------------------------------------------------------
+
 
 @cache
 def _field_type(key: str) -> TypeAdapter:
@@ -185,6 +216,7 @@ def _assignments_of(mapping: dict[str, Any], where: str, problems: Problems) -> 
 
 # ---- conditions ----------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Condition:
     """`when:` of an override: every key must match; a list means any of its values. It sees the
@@ -217,13 +249,16 @@ def _condition_of(when: dict[str, Any], where: str, problems: Problems) -> Condi
             problems.add(f"{where}.{key}", reason)
             continue
         options = _listify(wanted)
-        checked = [problems.check(_field_type(key), v, f"{where}.{key}" + (f"[{i}]" if len(options) > 1 else ""))
-                   for i, v in enumerate(options)]
+        checked = [
+            problems.check(_field_type(key), v, f"{where}.{key}" + (f"[{i}]" if len(options) > 1 else ""))
+            for i, v in enumerate(options)
+        ]
         values[key] = tuple(checked)
     return Condition(values)
 
 
 # ---- the plan ------------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Plan:
@@ -281,8 +316,12 @@ class _UniqueKeyLoader(yaml.SafeLoader):
                 continue  # an unhashable key: SafeLoader reports it itself
             if hashable:
                 raise yaml.constructor.ConstructorError(
-                    None, None, f"key {str(key)[:80]!r} appears twice in one mapping (first on line "
-                                f"{seen[key] + 1}); a spec must say each thing once", key_node.start_mark)
+                    None,
+                    None,
+                    f"key {str(key)[:80]!r} appears twice in one mapping (first on line "
+                    f"{seen[key] + 1}); a spec must say each thing once",
+                    key_node.start_mark,
+                )
             seen[key] = key_node.start_mark.line
         return super().construct_mapping(node, deep=deep)
 
@@ -307,12 +346,17 @@ def load_spec(path: str | Path, sets: dict[str, Any] | None = None, scale: str |
     except yaml.YAMLError as error:
         raise SpecError(str(path), [("file", f"not valid YAML: {str(error)[:1000]}")]) from None
     _check_size(data, str(path), "file")
-    return parse_spec(data, source=str(path), sets=sets, default_name=path.stem, scale=scale,
-                      base_dir=path.parent)
+    return parse_spec(data, source=str(path), sets=sets, default_name=path.stem, scale=scale, base_dir=path.parent)
 
 
-def parse_spec(data: Any, source: str = "<spec>", sets: dict[str, Any] | None = None,
-               default_name: str = "spec", scale: str | None = None, base_dir: str | Path | None = None) -> Plan:
+def parse_spec(
+    data: Any,
+    source: str = "<spec>",
+    sets: dict[str, Any] | None = None,
+    default_name: str = "spec",
+    scale: str | None = None,
+    base_dir: str | Path | None = None,
+) -> Plan:
     """Validate and expand a spec given as data; `base_dir` is where `tuned:` looks for its folder
     (the spec file's folder; default: the current directory)."""
     problems = Problems()
@@ -339,10 +383,15 @@ def parse_spec(data: Any, source: str = "<spec>", sets: dict[str, Any] | None = 
         where = f"scales.{scale}"
         defaults.update(_assignments_of(chosen.defaults, f"{where}.defaults", problems))
         override_blocks.append((f"{where}.overrides", chosen.overrides))
-    rules = [Rule(_condition_of(o.when, f"{block}[{i}].when", problems),
-                  _assignments_of(o.assign, f"{block}[{i}].set", problems),
-                  _condition_of(o.unless, f"{block}[{i}].unless", problems) if o.unless else None)
-             for block, overrides in override_blocks for i, o in enumerate(overrides)]
+    rules = [
+        Rule(
+            _condition_of(o.when, f"{block}[{i}].when", problems),
+            _assignments_of(o.assign, f"{block}[{i}].set", problems),
+            _condition_of(o.unless, f"{block}[{i}].unless", problems) if o.unless else None,
+        )
+        for block, overrides in override_blocks
+        for i, o in enumerate(overrides)
+    ]
     if problems:
         raise SpecError(source, list(problems.items))
     tuned: dict[str, str] = {}
@@ -360,9 +409,19 @@ def parse_spec(data: Any, source: str = "<spec>", sets: dict[str, Any] | None = 
     cells = _expand(axes, defaults, rules, problems, base_dir)
     if problems:
         raise SpecError(source, list(problems.items))
-    return Plan(spec.name or default_name, source, spec.description, cells, resources, frozenset(optional),
-                scale=scale, scales=(FULL_SCALE, *spec.scales), tuned=tuned,
-                variants=tuple(_variant_names(data["matrix"].get(VARIANTS_AXIS))), trackers=tuple(spec.trackers))
+    return Plan(
+        spec.name or default_name,
+        source,
+        spec.description,
+        cells,
+        resources,
+        frozenset(optional),
+        scale=scale,
+        scales=(FULL_SCALE, *spec.scales),
+        tuned=tuned,
+        variants=tuple(_variant_names(data["matrix"].get(VARIANTS_AXIS))),
+        trackers=tuple(spec.trackers),
+    )
 
 
 def resolve_cell(values: dict[str, Any], source: str = "<cell>") -> CellConfig:
@@ -378,8 +437,10 @@ def resolve_cell(values: dict[str, Any], source: str = "<cell>") -> CellConfig:
         declared = hyperparameters(flat["algorithm"].value)
         for key, assigned in flat.items():
             if key.startswith("hp.") and key.removeprefix("hp.") not in declared:
-                problems.add(assigned.origin, unknown_message(f"hyperparameter of {flat['algorithm'].value}",
-                                                              key.removeprefix("hp."), declared))
+                problems.add(
+                    assigned.origin,
+                    unknown_message(f"hyperparameter of {flat['algorithm'].value}", key.removeprefix("hp."), declared),
+                )
     cell = None if problems else _build_cell(flat, problems)
     if problems or cell is None:
         raise SpecError(source, list(problems.items))
@@ -413,8 +474,15 @@ def _apply_scale(data: dict, scale: str, source: str) -> tuple[Scale | None, dic
         problems.add_validation("scales", error)
         raise SpecError(source, list(problems.items)) from None
     if FULL_SCALE in scales:
-        raise SpecError(source, [(f"scales.{FULL_SCALE}", f"{FULL_SCALE!r} is the spec as written; give the "
-                                                          f"full settings in matrix/defaults/overrides")])
+        raise SpecError(
+            source,
+            [
+                (
+                    f"scales.{FULL_SCALE}",
+                    f"{FULL_SCALE!r} is the spec as written; give the full settings in matrix/defaults/overrides",
+                )
+            ],
+        )
     if scale == FULL_SCALE:
         return None, origins
     if scale not in scales:
@@ -430,16 +498,23 @@ def _apply_scale(data: dict, scale: str, source: str) -> tuple[Scale | None, dic
 
 
 def _spec_algorithms(axes: Axes, defaults: Assignments, rules: list[Rule]) -> list[str]:
-    return sorted({a.value for assignments, _ in _all_assignments(axes, defaults, rules)
-                   for k, a in assignments.items() if k == "algorithm" and a.value})
+    return sorted(
+        {
+            a.value
+            for assignments, _ in _all_assignments(axes, defaults, rules)
+            for k, a in assignments.items()
+            if k == "algorithm" and a.value
+        }
+    )
 
 
 def tuned_path(directory: str | Path, algorithm: str) -> Path:
     return Path(directory) / f"{algorithm}.yaml"
 
 
-def _tuned_rules(setting: TunedSetting, algorithms: list[str], base_dir: str | Path | None,
-                 problems: Problems) -> tuple[list[Rule], dict[str, str]]:
+def _tuned_rules(
+    setting: TunedSetting, algorithms: list[str], base_dir: str | Path | None, problems: Problems
+) -> tuple[list[Rule], dict[str, str]]:
     """One rule per algorithm with a tuned configuration: `when: {algorithm: NAME}`, set the tuned
     values and `hp_source: tuned`."""
     directory = Path(setting.dir) if setting.dir else Path(TUNED_DIR)
@@ -456,8 +531,11 @@ def _tuned_rules(setting: TunedSetting, algorithms: list[str], base_dir: str | P
         path = tuned_path(directory, name)
         if not path.is_file():
             if setting.algorithms is not None:
-                problems.add(where, f"no tuned configuration for {name!r}: {path} does not exist "
-                                    f"(write it with `pflbench sweep --algo {name} --out {directory}`)")
+                problems.add(
+                    where,
+                    f"no tuned configuration for {name!r}: {path} does not exist "
+                    f"(write it with `pflbench sweep --algo {name} --out {directory}`)",
+                )
             continue
         try:
             tuned = TunedFile.model_validate(yaml.safe_load(path.read_text()))
@@ -488,7 +566,9 @@ def _chosen_variants(entries: Any, names: Any) -> list[Any]:
         raise SpecError("--set", [(VARIANT_SELECTOR, f"this spec has no matrix.{VARIANTS_AXIS} axis to choose from")])
     unknown = [n for n in wanted if n not in offered]
     if unknown or not wanted:
-        raise SpecError("--set", [(VARIANT_SELECTOR, unknown_message("variant", unknown[0] if unknown else "", offered))])
+        raise SpecError(
+            "--set", [(VARIANT_SELECTOR, unknown_message("variant", unknown[0] if unknown else "", offered))]
+        )
     return [e for e in _listify(entries) if isinstance(e, dict) and e.get("name") in wanted]
 
 
@@ -524,8 +604,9 @@ def _split_sets(sets: dict[str, Any], data: dict, origins: dict[str, str]) -> di
         if key.endswith("+"):
             axis = key[:-1].strip()
             if axis not in data["matrix"]:
-                raise SpecError("--set", [(f"{axis}+=", unknown_message("matrix axis of this spec", axis,
-                                                                        list(data["matrix"])))])
+                raise SpecError(
+                    "--set", [(f"{axis}+=", unknown_message("matrix axis of this spec", axis, list(data["matrix"])))]
+                )
             if data["matrix"][axis] != "all":
                 data["matrix"][axis] = [*_listify(data["matrix"][axis]), *_listify(value)]
             origins[axis] = f"--set {axis}+="
@@ -582,8 +663,11 @@ def _parse_axes(matrix: dict[str, Any], origins: dict[str, str], problems: Probl
             values = [{"algorithm": e} if key == "algorithm" else e.assignments() for e in entries]
             optional |= {e.name for e in entries if key == "dataset" and e.optional}
         else:
-            reason = _settable(key) if key not in DICT_FIELDS else (
-                f"vary single entries, e.g. {key}.NAME: [VALUE, ...], or use a structured axis")
+            reason = (
+                _settable(key)
+                if key not in DICT_FIELDS
+                else (f"vary single entries, e.g. {key}.NAME: [VALUE, ...], or use a structured axis")
+            )
             if reason:
                 problems.add(where, reason)
                 continue
@@ -604,8 +688,9 @@ def _parse_axes(matrix: dict[str, Any], origins: dict[str, str], problems: Probl
     return axes, optional
 
 
-def _all_assignments(axes: Axes, defaults: Assignments,
-                     rules: list[Rule]) -> Iterator[tuple[Assignments, tuple[Any, ...] | None]]:
+def _all_assignments(
+    axes: Axes, defaults: Assignments, rules: list[Rule]
+) -> Iterator[tuple[Assignments, tuple[Any, ...] | None]]:
     """Every (assignments, algorithms the assignments are restricted to or None) of the spec."""
     yield defaults, None
     for _, entries in axes:
@@ -638,12 +723,16 @@ def _check_hyperparameter_names(axes: Axes, defaults: Assignments, rules: list[R
                 listing = "; ".join(f"{a}: {', '.join(f) or 'none'}" for a, f in declared.items())
                 close = difflib.get_close_matches(name, every, n=1) if len(name) <= 200 else []
                 hint = f" (did you mean {close[0]!r}?)" if close else ""
-                problems.add(assigned.origin, f"no algorithm of this spec ({', '.join(candidates)}) has the "
-                                              f"hyperparameter {echo(name)}{hint}; declared: {listing}")
+                problems.add(
+                    assigned.origin,
+                    f"no algorithm of this spec ({', '.join(candidates)}) has the "
+                    f"hyperparameter {echo(name)}{hint}; declared: {listing}",
+                )
 
 
-def _expand(axes: Axes, defaults: Assignments, rules: list[Rule], problems: Problems,
-            base_dir: str | Path | None = None) -> list[CellConfig]:
+def _expand(
+    axes: Axes, defaults: Assignments, rules: list[Rule], problems: Problems, base_dir: str | Path | None = None
+) -> list[CellConfig]:
     """The cross product of the axes in file order, resolved and checked; identical cells once."""
     cells: dict[str, CellConfig] = {}
     for combination in itertools.product(*(entries for _, entries in axes)):

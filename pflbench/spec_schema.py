@@ -1,6 +1,7 @@
 """The structure of a spec file (benchmarks/README.md): its parts as strict pydantic models (an unknown
 key is an error with a "did you mean"), the structured matrix axes and the names they check against
 the registries. How a spec becomes cells is `pflbench.spec`."""
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Annotated, Any, Self
@@ -15,6 +16,7 @@ if TYPE_CHECKING:
 
 
 # ---- registries (imported lazily: they pull in torch) -------------------------------------------
+
 
 def _algorithms() -> AlgorithmRegistry:
     from pflbench.algorithm import ALGORITHMS
@@ -54,7 +56,11 @@ def _check_model(name: str) -> str:
 
 
 NAME_CHECKS: dict[str, Callable[[str], str]] = {
-    "algorithm": _check_algorithm, "dataset": _check_dataset, "partition": _check_scheme, "model": _check_model}
+    "algorithm": _check_algorithm,
+    "dataset": _check_dataset,
+    "partition": _check_scheme,
+    "model": _check_model,
+}
 
 
 def hyperparameters(algorithm: str) -> list[str]:
@@ -62,6 +68,7 @@ def hyperparameters(algorithm: str) -> list[str]:
 
 
 # ---- the file's structure ------------------------------------------------------------------------
+
 
 class SpecModel(BaseModel):
     """Strict parts of a spec: unknown keys are errors with a "did you mean"."""
@@ -154,8 +161,13 @@ def _algorithm_axis(value: Any) -> list[Any]:
 
 
 AXIS_TYPES: dict[str, TypeAdapter] = {
-    "algorithm": TypeAdapter(Annotated[list[Annotated[str, AfterValidator(_check_algorithm)]],
-                                       BeforeValidator(_algorithm_axis), Field(min_length=1)]),
+    "algorithm": TypeAdapter(
+        Annotated[
+            list[Annotated[str, AfterValidator(_check_algorithm)]],
+            BeforeValidator(_algorithm_axis),
+            Field(min_length=1),
+        ]
+    ),
     "dataset": TypeAdapter(Annotated[list[DatasetEntry], BeforeValidator(_listify), Field(min_length=1)]),
     "partition": TypeAdapter(Annotated[list[PartitionEntry], BeforeValidator(_listify), Field(min_length=1)]),
     "clients": TypeAdapter(Annotated[list[ClientSetting], BeforeValidator(_listify), Field(min_length=1)]),
@@ -178,7 +190,9 @@ class Variant(SpecModel):
 
 
 VARIANTS_AXIS = "variants"
-VARIANTS_TYPE: TypeAdapter[list[Variant]] = TypeAdapter(Annotated[list[Variant], BeforeValidator(_listify), Field(min_length=1)])
+VARIANTS_TYPE: TypeAdapter[list[Variant]] = TypeAdapter(
+    Annotated[list[Variant], BeforeValidator(_listify), Field(min_length=1)]
+)
 
 
 class Scale(SpecModel):

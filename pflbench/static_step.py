@@ -31,6 +31,7 @@ Only the plain objective (`cross_entropy`, no aux) with a natively batched model
 and at least two rows is captured; other calls train eagerly with one reason line
 (`static_unavailable`). Finiteness is checked once per call by the caller, as before.
 """
+
 from __future__ import annotations
 
 from typing import Any, Protocol
@@ -66,7 +67,6 @@ class ClientModel(Protocol):
     def forward(self, state: State, x: Tensor, train: bool) -> Tensor: ...
 
 
-
 def static_unavailable(model: ClientModel, plain_objective: bool, width: int, trainable: set[str]) -> str | None:
     """None if a batched call can go through the static step, else why not (one line). `plain_objective`:
     the engine's cross-entropy with no aux."""
@@ -84,8 +84,9 @@ def static_unavailable(model: ClientModel, plain_objective: bool, width: int, tr
 class StaticStep:
     """One batched plain step over static buffers (module doc); `run` replays it (CUDA) or calls it."""
 
-    def __init__(self, model: ClientModel, state: State, trainable: set[str], x: Tensor, y: Tensor, sgd: SGD,
-                 capture_it: bool) -> None:
+    def __init__(
+        self, model: ClientModel, state: State, trainable: set[str], x: Tensor, y: Tensor, sgd: SGD, capture_it: bool
+    ) -> None:
         self.model = model
         width = len(y)
         self.state = {name: torch.zeros_like(t) for name, t in state.items()}
@@ -97,8 +98,9 @@ class StaticStep:
         self.active = torch.ones(width, dtype=torch.bool, device=y.device)
         self.rates = RowRates.of([sgd] * width, y.device, self.leaves[0].dtype if self.leaves else torch.float32)
         self.loss_sum = torch.zeros(width, device=y.device)
-        self.graph: torch.cuda.CUDAGraph | None = (capture_or_none(self._step, "the batched plain step")
-                                                   if capture_it else None)
+        self.graph: torch.cuda.CUDAGraph | None = (
+            capture_or_none(self._step, "the batched plain step") if capture_it else None
+        )
 
     def _step(self) -> None:
         """Forward, loss, backward and the update of the active rows, on the buffers."""
@@ -116,8 +118,12 @@ class StaticStep:
             if self.momenta is not None and new_momenta is not None:
                 _keep_inactive(self.active, self.momenta, new_momenta)
             if self.kept:  # the inactive rows' BatchNorm statistics and counters as they were
-                _keep_inactive(self.active, list(self.kept.values()), [self.state[n] for n in self.buffers],
-                               into=[self.state[n] for n in self.buffers])
+                _keep_inactive(
+                    self.active,
+                    list(self.kept.values()),
+                    [self.state[n] for n in self.buffers],
+                    into=[self.state[n] for n in self.buffers],
+                )
             self.loss_sum.copy_(torch.where(self.active, self.loss_sum + losses.detach(), self.loss_sum))
 
     def run(self) -> None:
@@ -142,9 +148,18 @@ def _keep_inactive(active: Tensor, olds: list[Tensor], news: list[Tensor], into:
         target.copy_(torch.where(active.view(-1, *([1] * (old.dim() - 1))), new, old))
 
 
-def train_static(model: ClientModel, state: State, features: Tensor, labels: Tensor, ids: Tensor,
-                 counts: list[int], sgd: SGD, rates: RowRates | None, trainable: set[str],
-                 loss_sum: Tensor) -> tuple[State, State | None]:
+def train_static(
+    model: ClientModel,
+    state: State,
+    features: Tensor,
+    labels: Tensor,
+    ids: Tensor,
+    counts: list[int],
+    sgd: SGD,
+    rates: RowRates | None,
+    trainable: set[str],
+    loss_sum: Tensor,
+) -> tuple[State, State | None]:
     """The steps `ids` [K, S, B] (sample ids on the device) of `pflbench.training._train_group`'s
     batched path through the static step, from `state`: row k takes the steps before its `counts[k]`
     and sits out the others; `rates` are each row's SGD values (None: `sgd`'s). Adds the rows' losses
@@ -153,10 +168,24 @@ def train_static(model: ClientModel, state: State, features: Tensor, labels: Ten
     width, steps = ids.shape[:2]
     device = features.device
     x, y = features[ids[:, 0]], labels[ids[:, 0]]
-    key = (tuple(sorted(trainable)), width, tuple(x.shape), x.stride(), x.dtype, y.dtype,
-           tuple((n, t.dtype) for n, t in state.items()), structure(sgd), str(device), model.channels_last)
-    step = cached(model.static_steps, key, lambda: StaticStep(model, state, trainable, x, y, sgd, device.type == "cuda"),
-                  f"the batched step ({width} rows, batch {x.shape[1]})")
+    key = (
+        tuple(sorted(trainable)),
+        width,
+        tuple(x.shape),
+        x.stride(),
+        x.dtype,
+        y.dtype,
+        tuple((n, t.dtype) for n, t in state.items()),
+        structure(sgd),
+        str(device),
+        model.channels_last,
+    )
+    step = cached(
+        model.static_steps,
+        key,
+        lambda: StaticStep(model, state, trainable, x, y, sgd, device.type == "cuda"),
+        f"the batched step ({width} rows, batch {x.shape[1]})",
+    )
     step.load(state, rates or RowRates.of([sgd] * width, device, step.rates.neg_lr.dtype))
     shortest = min(counts, default=0)
     masks = _masks(counts, steps, shortest, device)

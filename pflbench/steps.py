@@ -24,6 +24,7 @@ loop makes one each), which compute what the per-tensor operations compute, elem
 CPU they are those very operations. Callers that pass a device mask where an `Active` is expected
 (pFedHN's steps) still work, reading the mask on the host as before.
 """
+
 from __future__ import annotations
 
 import sys
@@ -87,16 +88,25 @@ class StepPlan:
             return [everyone] * self.steps
         masks = [[c > step for c in counts] for step in tail]
         rows = [[k for k, on in enumerate(mask) if on] for mask in masks]
-        packed = torch.tensor([int(on) for mask in masks for on in mask] + [k for r in rows for k in r],
-                              dtype=torch.long).to(device)  # one copy for the whole tail
+        packed = torch.tensor(
+            [int(on) for mask in masks for on in mask] + [k for r in rows for k in r], dtype=torch.long
+        ).to(device)  # one copy for the whole tail
         cut = len(tail) * len(counts)
         on_device = packed[:cut].view(len(tail), len(counts)).bool()
         tail_rows = packed[cut:].split([len(r) for r in rows])
         return [everyone] * shortest + [Active(False, on_device[i], tail_rows[i]) for i in range(len(tail))]
 
 
-def step_plan(fed: Engine, rnd: int | Round, clients: Tensor, *, stream: StreamLike | None = None,
-              epochs: int | None = None, steps: int | None = None, split: str = "train") -> StepPlan:
+def step_plan(
+    fed: Engine,
+    rnd: int | Round,
+    clients: Tensor,
+    *,
+    stream: StreamLike | None = None,
+    epochs: int | None = None,
+    steps: int | None = None,
+    split: str = "train",
+) -> StepPlan:
     """The engine's batch plan for `clients` (`Engine.local_plans`: for the round's context `rnd`,
     stragglers already cut) as a `StepPlan`. `stream`: the batch order's random stream (default
     "batches", the engine's). `clients` are read from the device once (none where they are on the
@@ -105,8 +115,7 @@ def step_plan(fed: Engine, rnd: int | Round, clients: Tensor, *, stream: StreamL
     concatenated sample ids)."""
     clients = clients.cpu()  # the plan's every read of the clients, on the host
     indices = [fed.sample_ids(c, split) for c in clients.tolist()]
-    plans = fed.local_plans(rnd, clients, epochs=epochs, steps=steps, split=split,
-                            stream=stream)
+    plans = fed.local_plans(rnd, clients, epochs=epochs, steps=steps, split=split, stream=stream)
     counts = torch.tensor([len(p) for p in plans], dtype=torch.long)
     longest = int(counts.max()) if len(plans) else 0
     batch = fed.budget.batch_size
@@ -117,15 +126,23 @@ def step_plan(fed: Engine, rnd: int | Round, clients: Tensor, *, stream: StreamL
     for k, (plan, idx) in enumerate(zip(plans, indices)):
         if len(plan):
             positions[k, : len(plan)] = plan + offset
-            positions[k, len(plan):] = plan[-1] + offset
+            positions[k, len(plan) :] = plan[-1] + offset
         offset += len(idx)
     positions[counts == 0] = offset
     pool = torch.cat([*indices, torch.zeros(1, dtype=torch.long, device=fed.device)])
     return StepPlan(pool[positions.to(fed.device)], counts)
 
 
-def step_ids(fed: Engine, rnd: int | Round, clients: Tensor, *, stream: StreamLike | None = None,
-             epochs: int | None = None, steps: int | None = None, split: str = "train") -> tuple[Tensor, Tensor]:
+def step_ids(
+    fed: Engine,
+    rnd: int | Round,
+    clients: Tensor,
+    *,
+    stream: StreamLike | None = None,
+    epochs: int | None = None,
+    steps: int | None = None,
+    split: str = "train",
+) -> tuple[Tensor, Tensor]:
     """`step_plan`'s sample ids [K, S, B] and step counts [K], both on the device."""
     plan = step_plan(fed, rnd, clients, stream=stream, epochs=epochs, steps=steps, split=split)
     return plan.ids, plan.counts.to(plan.ids.device)
@@ -192,8 +209,9 @@ def sgd_step(params: State, grads: State, momenta: State, sgd: SGD, lr: float, a
         sgd.apply_rows(tensors, gradients, buffers, torch.nonzero(active).flatten(), lr)
 
 
-def _apply_where(sgd: SGD, params: list[Tensor], grads: list[Tensor], momenta: list[Tensor] | None, lr: float,
-                 mask: Tensor) -> None:
+def _apply_where(
+    sgd: SGD, params: list[Tensor], grads: list[Tensor], momenta: list[Tensor] | None, lr: float, mask: Tensor
+) -> None:
     """`SGD.apply` on copies of every row, then the rows of `mask` take the new values (in place) and the
     others keep theirs: `apply_rows`'s values without reading the rows on the host (each element's update
     is its own, wherever it sits in the tensor)."""
@@ -313,7 +331,9 @@ class DeviceLossCheck(LossCheck):
 Step = Callable[[Carry, list[Tensor], Active, LossCheck], Carry]
 
 
-def run_steps(fed: Engine, plans: Sequence[StepPlan], carry: Carry, step: Step, key: Hashable) -> tuple[Carry, LossCheck]:
+def run_steps(
+    fed: Engine, plans: Sequence[StepPlan], carry: Carry, step: Step, key: Hashable
+) -> tuple[Carry, LossCheck]:
     """A method's own local steps: for each step s of `plans[0]`, `carry = step(carry, [p.ids[:, s] for p in
     plans], plans[0].active(s), losses)`; returns the carried tensors after the last step and the check of
     the losses (`LossCheck.verdict`, the caller's one read of the device).
@@ -330,20 +350,34 @@ def run_steps(fed: Engine, plans: Sequence[StepPlan], carry: Carry, step: Step, 
     if why_not is not None:
         if why_not and why_not not in _noted:
             _noted.add(why_not)
-            print(f"pflbench: the static (CUDA-graph) step is not used here ({why_not}); training eagerly",
-                  file=sys.stderr, flush=True)
+            print(
+                f"pflbench: the static (CUDA-graph) step is not used here ({why_not}); training eagerly",
+                file=sys.stderr,
+                flush=True,
+            )
         losses = LossCheck()
         for s in range(plan.steps):
             carry = step(carry, [p.ids[:, s] for p in plans], plan.active(s), losses)
         return carry, losses
     model, device = fed.model, plan.ids.device
     inputs = [p.ids[:, 0] for p in plans] + [plan.active(0).mask]
-    data = tuple(t.data_ptr() for t in (getattr(fed, "features", None), getattr(fed, "labels", None))
-                 if t is not None)  # the tensors the step's gathers read, at their addresses
-    full_key = ("own step", getattr(step, "__qualname__", repr(step)), key, signature(carry, inputs), data,
-                model.channels_last)
-    static = cached(model.static_steps, full_key, lambda: _StaticSteps(carry, inputs, step, device),
-                    f"{getattr(step, '__qualname__', 'a step')} ({len(plan.counts)} rows)")
+    data = tuple(
+        t.data_ptr() for t in (getattr(fed, "features", None), getattr(fed, "labels", None)) if t is not None
+    )  # the tensors the step's gathers read, at their addresses
+    full_key = (
+        "own step",
+        getattr(step, "__qualname__", repr(step)),
+        key,
+        signature(carry, inputs),
+        data,
+        model.channels_last,
+    )
+    static = cached(
+        model.static_steps,
+        full_key,
+        lambda: _StaticSteps(carry, inputs, step, device),
+        f"{getattr(step, '__qualname__', 'a step')} ({len(plan.counts)} rows)",
+    )
     static.check.reset()
     static.loop.load(carry)
     shortest = int(plan.counts.min()) if len(plan.counts) else 0
@@ -395,14 +429,14 @@ def per_client(fed: Engine, clients: Tensor, fn: Callable[..., Any], *stacked: A
     returns a State, a Tensor or a tuple of them."""
     if fed.batched or len(clients) <= 1:
         return fn(clients, *stacked)
-    outputs = [fn(clients[k:k + 1], *[_rows(s, k) for s in stacked]) for k in range(len(clients))]
+    outputs = [fn(clients[k : k + 1], *[_rows(s, k) for s in stacked]) for k in range(len(clients))]
     return _concat(outputs)
 
 
 def _rows(value: Any, k: int) -> Any:
     if isinstance(value, dict):
-        return {n: t[k:k + 1] for n, t in value.items()}
-    return value[k:k + 1]
+        return {n: t[k : k + 1] for n, t in value.items()}
+    return value[k : k + 1]
 
 
 def _concat(outputs: list[Any]) -> Any:

@@ -33,6 +33,7 @@ its owner (host, pid) and refreshes its time every `HEARTBEAT` seconds while the
 runner skips a claimed cell. A claim whose owner stopped refreshing it for `CLAIM_STALE` seconds, or
 whose owner process is gone (same host), is taken over.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -73,7 +74,7 @@ DAMAGED = "damaged"  # a status of our own: the summary exists but the cell's fi
 KEPT = "_kept"  # round checkpoints kept on request (`pflbench run --keep-checkpoints-from`): <store>/_kept/<hash>/
 SET_ASIDE = "_damaged"  # where `run` moves a damaged cell's folder before running the cell again
 CLAIM = "claim.json"
-HEARTBEAT = 30.0     # seconds between refreshes of a running cell's claim
+HEARTBEAT = 30.0  # seconds between refreshes of a running cell's claim
 CLAIM_STALE = 180.0  # a claim not refreshed for this long belongs to a runner that died
 
 
@@ -81,6 +82,7 @@ CLAIM_STALE = 180.0  # a claim not refreshed for this long belongs to a runner t
 class Problem:
     """Why a folder of the store is not a result: `kind` "damaged" or "foreign", the folder's name,
     the file at fault (relative to the folder) and what is wrong with it."""
+
     kind: str
     folder: str
     file: str
@@ -123,7 +125,9 @@ class DiskFull(OSError):
         super().__init__(code, os.strerror(code), str(path))
         self.path, self.needed, self.free = Path(path), needed, free
 
-    def __reduce__(self) -> tuple[type[DiskFull], tuple[Any, ...]]:  # crosses from a Ray actor (the checkpoint keeper) with its fields
+    def __reduce__(
+        self,
+    ) -> tuple[type[DiskFull], tuple[Any, ...]]:  # crosses from a Ray actor (the checkpoint keeper) with its fields
         return DiskFull, (self.path, self.needed, self.free, self.errno)
 
     def needing(self, needed: int) -> DiskFull:
@@ -240,8 +244,15 @@ class Store:
                 continue
             try:
                 with os.fdopen(fd, "w") as file:
-                    json.dump({"owner": self.owner, "host": self.host, "pid": self.pid,
-                               "since": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}, file)
+                    json.dump(
+                        {
+                            "owner": self.owner,
+                            "host": self.host,
+                            "pid": self.pid,
+                            "since": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+                        },
+                        file,
+                    )
             except OSError as err:  # no claim at all rather than an unreadable one that blocks the cell
                 path.unlink(missing_ok=True)
                 raise (no_space(err, path) or err) from None
@@ -353,12 +364,18 @@ class Store:
         for stale in (ERROR, METRICS, ROUNDS, *(p.name for p in folder.glob(".*.tmp"))):  # tmp: left by a kill
             (folder / stale).unlink(missing_ok=True)
         shutil.rmtree(folder / ARTIFACTS.parent, ignore_errors=True)
-        summary = dict(result.summary, status=result.status, hash=cell_hash(cell), runner=self.owner,
-                       completed_at=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"))
+        summary = dict(
+            result.summary,
+            status=result.status,
+            hash=cell_hash(cell),
+            runner=self.owner,
+            completed_at=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        )
         if result.error:
             summary["error"] = result.error.strip().splitlines()[-1]
-        summary["files"] = {name: {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-                            for name, data in files.items()}  # as file_record reads them back
+        summary["files"] = {
+            name: {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()} for name, data in files.items()
+        }  # as file_record reads them back
         try:
             for name, data in files.items():
                 atomic_write_bytes(folder / name, data)
@@ -377,8 +394,11 @@ def result_files(cell: CellConfig, result: CellResult) -> dict[str, bytes]:
     config = {
         "hash": cell_hash(cell),
         "cell": cell.model_dump(mode="json"),
-        "versions": {"pflbench": version("pflbench"), "torch": result.summary.get("torch", version("torch")),
-                     "python": platform.python_version()},
+        "versions": {
+            "pflbench": version("pflbench"),
+            "torch": result.summary.get("torch", version("torch")),
+            "python": platform.python_version(),
+        },
         "dataset_checksum": result.summary.get("dataset_checksum"),
         **({"card": result.card} if getattr(result, "card", None) else {}),
     }
@@ -420,6 +440,7 @@ def flatten(data: dict, prefix: str = "") -> dict:
 
 def check_folder(folder: Path) -> list[Problem]:
     """The problems of one cell folder that has a summary (see the module doc); [] if intact."""
+
     def problem(kind: str, file: str, what: str) -> list[Problem]:
         return [Problem(kind, folder.name, file, what)]
 
@@ -441,8 +462,12 @@ def check_folder(folder: Path) -> list[Problem]:
     except (ValueError, KeyError, TypeError) as err:  # pydantic's ValidationError is a ValueError
         return problem(DAMAGED, CONFIG, str(err).splitlines()[0] if str(err) else "not a cell configuration")
     if cell_hash(cell) != folder.name:
-        return problem("foreign", CONFIG, f"the folder's name is not the hash of the configuration inside "
-                                          f"it ({cell_hash(cell)}): a copy or a stray folder, not read as a result")
+        return problem(
+            "foreign",
+            CONFIG,
+            f"the folder's name is not the hash of the configuration inside "
+            f"it ({cell_hash(cell)}): a copy or a stray folder, not read as a result",
+        )
     manifest = summary.get("files")
     if isinstance(manifest, dict):
         found = []
@@ -451,8 +476,12 @@ def check_folder(folder: Path) -> list[Problem]:
             if not path.is_file():
                 found += problem(DAMAGED, name, "missing")
             elif not isinstance(record, dict) or path.stat().st_size != record.get("bytes"):
-                found += problem(DAMAGED, name, f"{path.stat().st_size} bytes, the summary recorded "
-                                                f"{record.get('bytes') if isinstance(record, dict) else '?'}")
+                found += problem(
+                    DAMAGED,
+                    name,
+                    f"{path.stat().st_size} bytes, the summary recorded "
+                    f"{record.get('bytes') if isinstance(record, dict) else '?'}",
+                )
             elif file_record(path)["sha256"] != record.get("sha256"):
                 found += problem(DAMAGED, name, "content changed since it was written (checksum differs)")
         return found

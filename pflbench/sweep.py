@@ -42,6 +42,7 @@ checkpoints while they can be resumed; ray/: Tune's own files) and the best conf
 (benchmarks/README.md). Tuning runs are kept apart from benchmark results: they never evaluated the
 test split, so they must not be taken for (or resume) a benchmark cell.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -59,7 +60,14 @@ import yaml
 from pflbench.checkpoint import Checkpointer
 from pflbench.config import CellConfig, cell_hash
 from pflbench.execution import ExecutionOptions
-from pflbench.preemption import DEFAULT_GRACE_SECONDS, PREEMPTED_EXIT, Preempted, Preemption, keeping_signals, running_cell
+from pflbench.preemption import (
+    DEFAULT_GRACE_SECONDS,
+    PREEMPTED_EXIT,
+    Preempted,
+    Preemption,
+    keeping_signals,
+    running_cell,
+)
 from pflbench.spec import Resources, load_spec, resolve_cell, tuned_path
 from pflbench.store import atomic_write, write_json
 
@@ -117,16 +125,25 @@ class SweepResult:
 
 # ---- the base cell and the search space --------------------------------------------------------
 
-def base_cell(algorithm: str, spec: Path = DEFAULT_BASE, sets: dict[str, Any] | None = None,
-              scale: str | None = None) -> tuple[CellConfig, Resources]:
+
+def base_cell(
+    algorithm: str, spec: Path = DEFAULT_BASE, sets: dict[str, Any] | None = None, scale: str | None = None
+) -> tuple[CellConfig, Resources]:
     """The one cell a sweep varies: the spec's cells for `algorithm` (after `sets` and `scale`),
     which must be exactly one."""
     plan = load_spec(spec, {**(sets or {}), "algorithm": algorithm}, scale=scale)
     if len(plan.cells) != 1:
-        varying = sorted({field for field in CellConfig.model_fields
-                          if len({json.dumps(getattr(c, field), sort_keys=True) for c in plan.cells}) > 1})
-        raise SweepError(f"{spec}: gives {len(plan.cells)} cells for {algorithm}, a sweep needs one; they differ in "
-                         f"{', '.join(varying)}: fix them with --set (e.g. --set seed=0, --dataset, --clients)")
+        varying = sorted(
+            {
+                field
+                for field in CellConfig.model_fields
+                if len({json.dumps(getattr(c, field), sort_keys=True) for c in plan.cells}) > 1
+            }
+        )
+        raise SweepError(
+            f"{spec}: gives {len(plan.cells)} cells for {algorithm}, a sweep needs one; they differ in "
+            f"{', '.join(varying)}: fix them with --set (e.g. --set seed=0, --dataset, --clients)"
+        )
     cell = plan.cells[0]
     if cell.val_fraction <= 0:
         raise SweepError(f"{spec}: val_fraction is 0: a sweep measures its objective on the validation split")
@@ -144,14 +161,18 @@ def search_space(algorithm: str, cell: CellConfig, tune_lr: bool = True) -> dict
         space["lr"] = ("loguniform", cell.lr / 10, cell.lr * 10)
     for name, entry in cls.search_space.items():
         if name not in declared:
-            raise SweepError(f"{algorithm}.search_space names {name!r}, which is not one of its hyperparameters "
-                             f"({', '.join(declared) or 'none'})")
+            raise SweepError(
+                f"{algorithm}.search_space names {name!r}, which is not one of its hyperparameters "
+                f"({', '.join(declared) or 'none'})"
+            )
         space[f"hp.{name}"] = tuple(entry)
     for name, entry in space.items():
         kind = entry[0] if entry else None
         if kind not in SPACE_KINDS or len(entry) != (2 if kind == "choice" else 3):
-            raise SweepError(f"{algorithm}: search space entry {name}={entry!r}; allowed: (loguniform|uniform, low, "
-                             f"high), (int, low, high) or (choice, [values])")
+            raise SweepError(
+                f"{algorithm}: search space entry {name}={entry!r}; allowed: (loguniform|uniform, low, "
+                f"high), (int, low, high) or (choice, [values])"
+            )
     if not space:
         raise SweepError(f"{algorithm} declares no search space and --no-lr leaves nothing to tune")
     return space
@@ -201,9 +222,20 @@ CHECKPOINTS = "checkpoints"  # <sweep folder>/checkpoints/<trial id>/checkpoint.
 SETTINGS = "settings.json"
 
 
-def run_trial(config: dict, *, base: dict, cpus: float, data_root: str | None, mirror: str | None,
-              execution: ExecutionOptions, checkpoints: dict | None = None, keeper: Any = None, plugins: tuple = (),
-              board: Any = None, stop_wait: float = 600.0) -> None:
+def run_trial(
+    config: dict,
+    *,
+    base: dict,
+    cpus: float,
+    data_root: str | None,
+    mirror: str | None,
+    execution: ExecutionOptions,
+    checkpoints: dict | None = None,
+    keeper: Any = None,
+    plugins: tuple = (),
+    board: Any = None,
+    stop_wait: float = 600.0,
+) -> None:
     """Run the base cell with the trial's values, validation split only, reporting
     {round, val_accuracy, val_loss} to Tune at every evaluated round (ASHA may stop it there).
     `checkpoints`: {folder, every, minutes, keep}: the trial's round checkpoints, resumed from when Tune
@@ -232,8 +264,13 @@ def run_trial(config: dict, *, base: dict, cpus: float, data_root: str | None, m
         rnd = info["round"]
         if (rnd % cell.eval_every == 0 or rnd == cell.rounds) and info.get("mean_val_accuracy") is not None:
             losses = [row["val_loss"] for row in info.get("client_rows", ()) if row.get("val_loss") is not None]
-            reports.append({"round": rnd, METRIC: info["mean_val_accuracy"],
-                            "val_loss": sum(losses) / len(losses) if losses else None})
+            reports.append(
+                {
+                    "round": rnd,
+                    METRIC: info["mean_val_accuracy"],
+                    "val_loss": sum(losses) / len(losses) if losses else None,
+                }
+            )
             tune.report({**reports[-1], "status": "running", **progress()})
 
     def replay(earlier: list[dict]) -> None:
@@ -258,18 +295,32 @@ def run_trial(config: dict, *, base: dict, cpus: float, data_root: str | None, m
             from pflbench.checkpoint_relay import RelayedCheckpointFile
 
             files = RelayedCheckpointFile(keeper, trial, ray.get(keeper.begin.remote(trial, cell_hash(cell))))
-        checkpointer = TrialCheckpointer(folder / trial, cell, CheckpointPolicy(checkpoints["every"],
-                                                                                 checkpoints["minutes"]),
-                                         set_aside_dir=folder / SET_ASIDE, note=notes.append, files=files,
-                                         reports=reports, replay=replay, preemption=stop)
+        checkpointer = TrialCheckpointer(
+            folder / trial,
+            cell,
+            CheckpointPolicy(checkpoints["every"], checkpoints["minutes"]),
+            set_aside_dir=folder / SET_ASIDE,
+            note=notes.append,
+            files=files,
+            reports=reports,
+            replay=replay,
+            preemption=stop,
+        )
     if stop is not None:
         from pflbench.sweep_stop import started_trial
 
         started_trial(board, tune.get_context().get_trial_id())
     try:
         with running_cell(stop):
-            result = run_cell(cell, data_root=data_root, mirror=mirror, execution=execution, on_round=report,
-                              evaluate=("val",), checkpointer=checkpointer)
+            result = run_cell(
+                cell,
+                data_root=data_root,
+                mirror=mirror,
+                execution=execution,
+                on_round=report,
+                evaluate=("val",),
+                checkpointer=checkpointer,
+            )
     except Preempted as stopped:
         from pflbench.sweep_stop import stopped_trial
 
@@ -288,6 +339,7 @@ class TrialCheckpointer(Checkpointer):
     (a sweep continued with --resume after its driver was killed restores Tune's last saved state).
     Tune's scheduler takes a round it has seen again as seen (ASHA records a trial once per rung);
     `finish_sweep` keeps one row per round."""
+
     REPORTS = "sweep_reports"
 
     def __init__(self, *args: Any, reports: list, replay: Callable[[list], None], **kwargs: Any) -> None:
@@ -306,6 +358,7 @@ class TrialCheckpointer(Checkpointer):
 
 # ---- the sweep ----------------------------------------------------------------------------------
 
+
 def sweep_folder(algorithm: str, base: CellConfig, options: SweepOptions) -> Path:
     """A new sweep's folder, or the one `options.resume` names (checked: a sweep of this algorithm and
     base cell that Tune can restore)."""
@@ -317,21 +370,32 @@ def sweep_folder(algorithm: str, base: CellConfig, options: SweepOptions) -> Pat
     folder = Path(options.resume).resolve()
     settings_file = folder / SETTINGS
     if not settings_file.is_file():
-        raise SweepError(f"--resume {options.resume}: not a sweep folder (no {SETTINGS}; a sweep's folder is "
-                         f"<results>/sweeps/<algo>-<base hash>-<time>/)")
+        raise SweepError(
+            f"--resume {options.resume}: not a sweep folder (no {SETTINGS}; a sweep's folder is "
+            f"<results>/sweeps/<algo>-<base hash>-<time>/)"
+        )
     settings = json.loads(settings_file.read_text())
     if settings.get("algorithm") != algorithm or settings.get("base_hash") != cell_hash(base):
-        raise SweepError(f"--resume {options.resume}: a sweep of {settings.get('algorithm')} on base cell "
-                         f"{settings.get('base_hash')}, not of {algorithm} on base cell {cell_hash(base)}: "
-                         f"give the command that started it (the same --algo, --spec, --set, --scale and shortcuts)")
+        raise SweepError(
+            f"--resume {options.resume}: a sweep of {settings.get('algorithm')} on base cell "
+            f"{settings.get('base_hash')}, not of {algorithm} on base cell {cell_hash(base)}: "
+            f"give the command that started it (the same --algo, --spec, --set, --scale and shortcuts)"
+        )
     if not tune.Tuner.can_restore(str(folder / "ray")):
-        raise SweepError(f"--resume {options.resume}: Ray Tune saved no state there to continue from "
-                         f"(the sweep stopped before its first trial started); start it again without --resume")
+        raise SweepError(
+            f"--resume {options.resume}: Ray Tune saved no state there to continue from "
+            f"(the sweep stopped before its first trial started); start it again without --resume"
+        )
     return folder
 
 
-def run_sweep(algorithm: str, base: CellConfig, resources: Resources, options: SweepOptions = SweepOptions(),
-              log: Callable[[str], None] = print) -> SweepResult:
+def run_sweep(
+    algorithm: str,
+    base: CellConfig,
+    resources: Resources,
+    options: SweepOptions = SweepOptions(),
+    log: Callable[[str], None] = print,
+) -> SweepResult:
     """Run the sweep (module doc). SIGTERM or a first Ctrl-C stops it as `pflbench run` on Ray stops
     its cells: each running trial writes its checkpoint at the end of its round (or is ended
     `grace_seconds` after the signal), Tune saves its state, and `RunStopped` (PREEMPTED_EXIT) says in
@@ -349,23 +413,36 @@ def run_sweep(algorithm: str, base: CellConfig, resources: Resources, options: S
     prepare_cell(base, options.data_root, options.mirror)  # the dataset and partition, once, before any trial
     if options.resume is not None:  # the sweep's own budget, sampler and scheduler, as Tune restores them
         settings = json.loads((folder / SETTINGS).read_text())
-        options = replace(options, trials=settings["trials"], seed=settings["seed"],
-                          reduction_factor=settings["reduction_factor"])
+        options = replace(
+            options, trials=settings["trials"], seed=settings["seed"], reduction_factor=settings["reduction_factor"]
+        )
         grace = settings["grace_rounds"]
         space = {name: tuple(entry) for name, entry in settings["search_space"].items()}
-        log(f"sweep {algorithm}: resuming {folder} ({options.trials} trials; its unfinished and errored trials "
-            f"continue from their checkpoints)")
+        log(
+            f"sweep {algorithm}: resuming {folder} ({options.trials} trials; its unfinished and errored trials "
+            f"continue from their checkpoints)"
+        )
     else:
         folder.mkdir(parents=True, exist_ok=True)
         grace = options.grace_rounds or max(base.eval_every, base.rounds // 4)  # at least one evaluation first
-        write_json(folder / SETTINGS, {"algorithm": algorithm, "base_hash": cell_hash(base), "trials": options.trials,
-                                       "seed": options.seed, "grace_rounds": grace,
-                                       "reduction_factor": options.reduction_factor,
-                                       "search_space": {k: list(v) for k, v in space.items()}})
-        log(f"sweep {algorithm}: {options.trials} trials of {base.rounds} rounds on {base.dataset} "
+        write_json(
+            folder / SETTINGS,
+            {
+                "algorithm": algorithm,
+                "base_hash": cell_hash(base),
+                "trials": options.trials,
+                "seed": options.seed,
+                "grace_rounds": grace,
+                "reduction_factor": options.reduction_factor,
+                "search_space": {k: list(v) for k, v in space.items()},
+            },
+        )
+        log(
+            f"sweep {algorithm}: {options.trials} trials of {base.rounds} rounds on {base.dataset} "
             f"{base.partition} {base.clients} clients (base cell {cell_hash(base)}); objective: mean client "
             f"validation accuracy; ASHA grace {grace} rounds; space: "
-            + ", ".join(f"{k}={v[0]}{list(v[1:])}" for k, v in space.items()))
+            + ", ".join(f"{k}={v[0]}{list(v[1:])}" for k, v in space.items())
+        )
     execution = options.execution.on("cuda" if resources.gpus > 0 else "cpu")
 
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
@@ -382,19 +459,29 @@ def run_sweep(algorithm: str, base: CellConfig, resources: Resources, options: S
                 import ray
 
                 ray.shutdown()
-            raise RunStopped(f"preempted ({preemption.signal}) as the sweep started: no trial was started; run the "
-                             f"same command again" + (f" (with --resume {folder})" if options.resume else ""),
-                             PREEMPTED_EXIT)
-        stops, grid = run_tune(algorithm, base, resources, options, folder, space, grace, execution, owned,
-                               preemption)
+            raise RunStopped(
+                f"preempted ({preemption.signal}) as the sweep started: no trial was started; run the "
+                f"same command again" + (f" (with --resume {folder})" if options.resume else ""),
+                PREEMPTED_EXIT,
+            )
+        stops, grid = run_tune(algorithm, base, resources, options, folder, space, grace, execution, owned, preemption)
     if stops.ended:  # its trials' checkpoints are written, Tune's state saved: --resume continues it
         raise RunStopped(stops.line(folder), PREEMPTED_EXIT)
     return finish_sweep(algorithm, base, space, options, folder, grid, grace, log)
 
 
-def run_tune(algorithm: str, base: CellConfig, resources: Resources, options: SweepOptions, folder: Path,
-             space: dict[str, Any], grace: int, execution: ExecutionOptions, owned: bool,
-             preemption: Preemption) -> tuple[Any, Any]:
+def run_tune(
+    algorithm: str,
+    base: CellConfig,
+    resources: Resources,
+    options: SweepOptions,
+    folder: Path,
+    space: dict[str, Any],
+    grace: int,
+    execution: ExecutionOptions,
+    owned: bool,
+    preemption: Preemption,
+) -> tuple[Any, Any]:
     """The Tune run of `run_sweep` on the Ray it connected to (`owned`: stopped here after), with the
     trials' keeper and the board that passes a stop on `preemption` to them: (the TrialStops, the grid)."""
     import ray
@@ -410,19 +497,32 @@ def run_tune(algorithm: str, base: CellConfig, resources: Resources, options: Sw
     keeper = board = None
     try:
         if resources.gpus > 0 and not ray.cluster_resources().get("GPU", 0):
-            raise SweepError(f"the base spec asks for {resources.gpus:g} GPU per cell but Ray has none; "
-                             f"use --set resources.gpus=0")
+            raise SweepError(
+                f"the base spec asks for {resources.gpus:g} GPU per cell but Ray has none; use --set resources.gpus=0"
+            )
         keeper = start_keeper(folder / CHECKPOINTS)  # on this (the driver's) node: a lost node loses no checkpoint
         board = start_board()  # where the trials read a stop (SIGTERM, Ctrl-C) and say they stopped
         stops = TrialStops(preemption, board, folder / CHECKPOINTS, base.rounds)
         trainable = tune.with_resources(
-            tune.with_parameters(run_trial, base=base.model_dump(mode="json"), cpus=resources.cpus,
-                                 data_root=str(options.data_root), mirror=str(options.mirror) if options.mirror else None,
-                                 execution=execution,
-                                 checkpoints={"folder": str(folder / CHECKPOINTS), "every": options.checkpoint_every,
-                                              "minutes": options.checkpoint_minutes, "keep": options.keep_checkpoints},
-                                 keeper=keeper, plugins=sources_for([base]), board=board),
-            {"cpu": resources.cpus, "gpu": resources.gpus})
+            tune.with_parameters(
+                run_trial,
+                base=base.model_dump(mode="json"),
+                cpus=resources.cpus,
+                data_root=str(options.data_root),
+                mirror=str(options.mirror) if options.mirror else None,
+                execution=execution,
+                checkpoints={
+                    "folder": str(folder / CHECKPOINTS),
+                    "every": options.checkpoint_every,
+                    "minutes": options.checkpoint_minutes,
+                    "keep": options.keep_checkpoints,
+                },
+                keeper=keeper,
+                plugins=sources_for([base]),
+                board=board,
+            ),
+            {"cpu": resources.cpus, "gpu": resources.gpus},
+        )
         if options.resume is not None:
             tuner = tune.Tuner.restore(str(folder / "ray"), trainable, resume_unfinished=True, resume_errored=True)
         else:
@@ -430,13 +530,26 @@ def run_tune(algorithm: str, base: CellConfig, resources: Resources, options: Sw
                 trainable,
                 param_space=tune_space(space),
                 tune_config=tune.TuneConfig(
-                    metric=METRIC, mode="max", num_samples=options.trials, max_concurrent_trials=options.workers,
+                    metric=METRIC,
+                    mode="max",
+                    num_samples=options.trials,
+                    max_concurrent_trials=options.workers,
                     search_alg=OptunaSearch(seed=options.seed),
-                    scheduler=ASHAScheduler(time_attr="round", max_t=base.rounds, grace_period=min(grace, base.rounds),
-                                            reduction_factor=options.reduction_factor)),
-                run_config=tune.RunConfig(name="ray", storage_path=str(folder), verbose=0,
-                                          failure_config=tune.FailureConfig(max_failures=options.retries),
-                                          callbacks=[EndTuneRun()]))  # saved with Tune's state: restored by --resume
+                    scheduler=ASHAScheduler(
+                        time_attr="round",
+                        max_t=base.rounds,
+                        grace_period=min(grace, base.rounds),
+                        reduction_factor=options.reduction_factor,
+                    ),
+                ),
+                run_config=tune.RunConfig(
+                    name="ray",
+                    storage_path=str(folder),
+                    verbose=0,
+                    failure_config=tune.FailureConfig(max_failures=options.retries),
+                    callbacks=[EndTuneRun()],
+                ),
+            )  # saved with Tune's state: restored by --resume
         with warnings.catch_warnings(), active(stops):  # `stops`: what EndTuneRun acts on
             # A restarted trial's iterations count from 1 again: Optuna says so per step.
             warnings.filterwarnings("ignore", message="The reported value is ignored because this `step=")
@@ -459,8 +572,16 @@ def trial_states(grid: Any) -> dict[str, str]:  # a ray.tune ResultGrid
         return {}
 
 
-def finish_sweep(algorithm: str, base: CellConfig, space: dict[str, Any], options: SweepOptions, folder: Path,
-                 grid: Any, grace: int, log: Callable[[str], None]) -> SweepResult:
+def finish_sweep(
+    algorithm: str,
+    base: CellConfig,
+    space: dict[str, Any],
+    options: SweepOptions,
+    folder: Path,
+    grid: Any,
+    grace: int,
+    log: Callable[[str], None],
+) -> SweepResult:
     import pandas as pd
 
     states = trial_states(grid)
@@ -480,12 +601,25 @@ def finish_sweep(algorithm: str, base: CellConfig, space: dict[str, Any], option
         rounds = int(last.get("round", 0) or 0)
         if status == "running":
             status = "completed" if rounds >= base.rounds else "stopped early"
-        resumed = (sorted({int(r) for r in history["resumed_from_round"].dropna() if r >= 0})
-                   if "resumed_from_round" in history else [])
-        trials.append({"trial": i, "trial_id": trial_id, "values": values, "status": status, "rounds": rounds,
-                       METRIC: last.get(METRIC), "resumed_at_rounds": resumed,
-                       "error": str(result.error).strip().splitlines()[-1]
-                       if result.error is not None else last.get("error") or None})
+        resumed = (
+            sorted({int(r) for r in history["resumed_from_round"].dropna() if r >= 0})
+            if "resumed_from_round" in history
+            else []
+        )
+        trials.append(
+            {
+                "trial": i,
+                "trial_id": trial_id,
+                "values": values,
+                "status": status,
+                "rounds": rounds,
+                METRIC: last.get(METRIC),
+                "resumed_at_rounds": resumed,
+                "error": str(result.error).strip().splitlines()[-1]
+                if result.error is not None
+                else last.get("error") or None,
+            }
+        )
         for rnd in resumed:
             log(f"trial {i} ({trial_id}): resumed at round {rnd} of {base.rounds} from its checkpoint")
         checkpoint = folder / CHECKPOINTS / str(trial_id) / "checkpoint.pt"
@@ -499,35 +633,50 @@ def finish_sweep(algorithm: str, base: CellConfig, space: dict[str, Any], option
         # A round reported again after a resume (evaluated after the checkpoint it resumed from) is the same row.
         seen: dict[int, dict[str, Any]] = {}
         for _, row in history.iterrows() if len(history) else []:
-            seen[int(row["round"])] = {"trial": i, "round": int(row["round"]), METRIC: float(row[METRIC]),
-                                       "val_loss": float(row["val_loss"]) if "val_loss" in row else math.nan,
-                                       **{f"param.{k}": v for k, v in _flat(values).items()}}
+            seen[int(row["round"])] = {
+                "trial": i,
+                "round": int(row["round"]),
+                METRIC: float(row[METRIC]),
+                "val_loss": float(row["val_loss"]) if "val_loss" in row else math.nan,
+                **{f"param.{k}": v for k, v in _flat(values).items()},
+            }
         rows.extend(seen[rnd] for rnd in sorted(seen))
     atomic_write(folder / "trials.parquet", lambda tmp: pd.DataFrame(rows).to_parquet(tmp, index=False))
     completed = [t for t in trials if t["status"] == "completed" and t[METRIC] is not None]
     best = max(completed, key=lambda t: (t[METRIC], -t["trial"]), default=None)
     summary = {
-        "algorithm": algorithm, "base_cell": base.model_dump(mode="json"), "base_hash": cell_hash(base),
+        "algorithm": algorithm,
+        "base_cell": base.model_dump(mode="json"),
+        "base_hash": cell_hash(base),
         "objective": "mean client accuracy on the validation split at the last round (maximised); "
-                     "the test split is withheld from every trial",
-        "search_space": {k: list(v) for k, v in space.items()}, "trials": options.trials,
+        "the test split is withheld from every trial",
+        "search_space": {k: list(v) for k, v in space.items()},
+        "trials": options.trials,
         "sampler": f"optuna TPE (seed {options.seed})",
         "scheduler": f"ASHA on rounds (grace {grace}, reduction factor {options.reduction_factor:g}, max {base.rounds})",
-        "outcomes": trials, "best": best,
+        "outcomes": trials,
+        "best": best,
     }
     write_json(folder / "sweep.json", summary)
-    counts = {s: sum(t["status"] == s for t in trials)
-              for s in ("completed", "stopped early", "diverged", "error", "interrupted")}
+    counts = {
+        s: sum(t["status"] == s for t in trials)
+        for s in ("completed", "stopped early", "diverged", "error", "interrupted")
+    }
     log(f"{len(trials)} trials: " + ", ".join(f"{n} {s}" for s, n in counts.items() if n) + f"; results in {folder}")
     if resumable:
-        log(f"{len(resumable)} trials did not end and keep their checkpoints ({', '.join(resumable)}): "
-            f"the same command with --resume {folder} continues them")
+        log(
+            f"{len(resumable)} trials did not end and keep their checkpoints ({', '.join(resumable)}): "
+            f"the same command with --resume {folder} continues them"
+        )
     if best is None:
         errors = sorted({t["error"] for t in trials if t["error"]})
-        raise SweepError(f"no trial of {algorithm} ran every round"
-                         + (f"; errors: {'; '.join(errors)[:2000]}" if errors else "") + f" (see {folder}"
-                         + (f"; --resume {folder} continues its trials from their checkpoints" if resumable else "")
-                         + ")")
+        raise SweepError(
+            f"no trial of {algorithm} ran every round"
+            + (f"; errors: {'; '.join(errors)[:2000]}" if errors else "")
+            + f" (see {folder}"
+            + (f"; --resume {folder} continues its trials from their checkpoints" if resumable else "")
+            + ")"
+        )
     log(f"best: trial {best['trial']}, validation accuracy {best[METRIC]:.2%}, {_describe(best['values'])}")
     tuned_file = None
     if options.out is not None:
@@ -564,18 +713,25 @@ def write_tuned(out: Path, algorithm: str, best: dict, summary: dict, folder: Pa
         "algorithm": algorithm,
         "set": assign,
         "description": f"best of {summary['trials']} trials by mean client validation accuracy "
-                       f"({best[METRIC]:.4f} after {best['rounds']} rounds)",
+        f"({best[METRIC]:.4f} after {best['rounds']} rounds)",
         "tuned_on": {
-            "cell": base.model_dump(mode="json"), "hash": cell_hash(base),
-            "objective": summary["objective"], "search_space": summary["search_space"],
-            "sampler": summary["sampler"], "scheduler": summary["scheduler"],
-            "val_accuracy": float(best[METRIC]), "sweep": str(folder),
+            "cell": base.model_dump(mode="json"),
+            "hash": cell_hash(base),
+            "objective": summary["objective"],
+            "search_space": summary["search_space"],
+            "sampler": summary["sampler"],
+            "scheduler": summary["scheduler"],
+            "val_accuracy": float(best[METRIC]),
+            "sweep": str(folder),
             "date": datetime.date.today().isoformat(),
         },
     }
-    header = (f"# Written by `pflbench sweep --algo {algorithm}`: the best configuration found, applied to "
-              f"{algorithm}'s cells by a spec with\n# `tuned: true` (benchmarks/README.md). Only `set` is used.\n")
+    header = (
+        f"# Written by `pflbench sweep --algo {algorithm}`: the best configuration found, applied to "
+        f"{algorithm}'s cells by a spec with\n# `tuned: true` (benchmarks/README.md). Only `set` is used.\n"
+    )
     path = tuned_path(out, algorithm)
+
     def write(tmp: Path) -> None:
         tmp.write_text(header + yaml.safe_dump(data, sort_keys=False))
 

@@ -26,6 +26,7 @@ A trial neither returns nor raises after its stop: Tune would record it as compl
 sweep running in this process (`active`). This module imports Ray Tune: pflbench.sweep imports it
 only when a sweep runs.
 """
+
 from __future__ import annotations
 
 import logging
@@ -62,8 +63,10 @@ def stopped_trial(board: Any, trial: str, stopped: Preempted, wait: float) -> No
     deadline = time.monotonic() + wait
     while time.monotonic() < deadline:
         time.sleep(0.5)
-    raise RuntimeError(f"trial {trial} stopped on {stopped.signal} after round {stopped.rounds_done}, but the "
-                       f"sweep's driver did not end it within {wait:g} s")
+    raise RuntimeError(
+        f"trial {trial} stopped on {stopped.signal} after round {stopped.rounds_done}, but the "
+        f"sweep's driver did not end it within {wait:g} s"
+    )
 
 
 class TrialStops:
@@ -73,14 +76,22 @@ class TrialStops:
     ended, or `grace_seconds` after the signal. `line` then says, in one line, where each trial stopped
     and how to continue the sweep. `checkpoints`: the keeper's folder (<sweep folder>/checkpoints)."""
 
-    def __init__(self, preemption: Preemption, board: Any, checkpoints: Path, rounds: int,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        preemption: Preemption,
+        board: Any,
+        checkpoints: Path,
+        rounds: int,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.preemption, self.board, self.checkpoints, self.rounds = preemption, board, checkpoints, rounds
         self.clock = clock
         self.since: float | None = None  # when the driver passed the stop on
         self.waited: set[str] = set()  # the trials running then
         self.stopped: dict[str, Preempted] = {}  # by trial id: where each running trial stopped
-        self.late: dict[str, int | None] = {}  # trials started after the stop, ended with the run: their checkpoint's round
+        self.late: dict[
+            str, int | None
+        ] = {}  # trials started after the stop, ended with the run: their checkpoint's round
         self.ended = False
 
     def step(self, running: list[str], pending: Sequence[str] = ()) -> bool:
@@ -101,7 +112,8 @@ class TrialStops:
             self.since, self.waited = self.clock(), set(running)
         self.stopped.update({trial: info[STOPPED] for trial, info in latest.items() if STOPPED in info})
         if any(trial not in self.stopped for trial in running if trial in self.waited) and (
-                self.clock() - self.since <= self.preemption.grace_seconds):
+            self.clock() - self.since <= self.preemption.grace_seconds
+        ):
             return False
         for trial in running:
             if trial not in self.stopped:
@@ -118,11 +130,15 @@ class TrialStops:
 
         grace = self.preemption.grace_seconds
         trials = [f"trial {trial}: {stopped_at(stop, self.rounds, grace)}" for trial, stop in self.stopped.items()]
-        trials += [f"trial {trial}: started as the sweep stopped, ended; {next_run(at, self.rounds)}"
-                   for trial, at in self.late.items()]
-        return (f"preempted ({self.preemption.signal}): sweep {folder.name}: "
-                + ("; ".join(trials) if trials else "no trial was running")
-                + f"; the same command with --resume {folder} continues it")
+        trials += [
+            f"trial {trial}: started as the sweep stopped, ended; {next_run(at, self.rounds)}"
+            for trial, at in self.late.items()
+        ]
+        return (
+            f"preempted ({self.preemption.signal}): sweep {folder.name}: "
+            + ("; ".join(trials) if trials else "no trial was running")
+            + f"; the same command with --resume {folder} continues it"
+        )
 
 
 _active: list[TrialStops] = []
@@ -147,14 +163,17 @@ class EndTuneRun(tune.Callback):
     """Given to Tune's RunConfig (module doc): takes SIGTERM and SIGINT back from Tune when its run starts
     and ends the run when the active TrialStops says so. Outside a sweep's run it does nothing."""
 
-    def setup(self, stop: Any = None, num_samples: int | None = None, total_num_samples: int | None = None,
-              **info: Any) -> None:
+    def setup(
+        self, stop: Any = None, num_samples: int | None = None, total_num_samples: int | None = None, **info: Any
+    ) -> None:
         if _active:
             _active[-1].preemption.take_signals()
 
     def on_step_end(self, iteration: int, trials: list[Any], **info: Any) -> None:
-        if _active and _active[-1].step([trial.trial_id for trial in trials if trial.status == "RUNNING"],
-                                        [trial.trial_id for trial in trials if trial.status in ("PENDING", "PAUSED")]):
+        if _active and _active[-1].step(
+            [trial.trial_id for trial in trials if trial.status == "RUNNING"],
+            [trial.trial_id for trial in trials if trial.status in ("PENDING", "PAUSED")],
+        ):
             if not callable(signal.getsignal(signal.SIGUSR1)):  # not Tune's: SIGUSR1 would end the driver
                 raise RuntimeError("Ray Tune's SIGUSR1 handler is missing: the sweep cannot end its run")
             TUNE_LOG.setLevel(logging.ERROR)  # not Tune's words for a Ctrl-C ("Tuner.restore(...)"): ours follow

@@ -22,6 +22,7 @@ client) for every client, never from the training generators: the sampling sched
 (`federation.sample_schedule`) is untouched, and every algorithm run with the same seed meets the same
 stragglers, work fractions and dropouts.
 """
+
 from __future__ import annotations
 
 import math
@@ -38,7 +39,6 @@ if TYPE_CHECKING:
     from pydantic_core import ErrorDetails
 
     from pflbench.config import CellConfig
-
 
 
 def knob_problem(knob: str, error: ErrorDetails) -> str:
@@ -113,16 +113,19 @@ def parse_system(values: dict[str, Any], clients: int) -> dict[str, Any]:
     """The cell's `system` entries validated, with only those that differ from the defaults kept (so
     that writing a default explicitly gives the cell the same hash as leaving it out). ValueError
     naming the entry and what is allowed."""
-    allowed = "stragglers (share of clients, 0-1), straggler_work (fraction in (0, 1] or [low, high]), " \
-              "dropout (probability, or a list with one per client)"
+    allowed = (
+        "stragglers (share of clients, 0-1), straggler_work (fraction in (0, 1] or [low, high]), "
+        "dropout (probability, or a list with one per client)"
+    )
     try:
         params = SystemParams(**values)
     except ValidationError as err:
         problems = "; ".join(knob_problem("system", e) for e in err.errors())
         raise ValueError(f"{problems} (allowed: {allowed})") from None
     if isinstance(params.dropout, list) and len(params.dropout) != clients:
-        raise ValueError(f"system.dropout: a list needs one probability per client ({clients}), "
-                         f"got {len(params.dropout)}")
+        raise ValueError(
+            f"system.dropout: a list needs one probability per client ({clients}), got {len(params.dropout)}"
+        )
     data = params.model_dump(mode="json")
     defaults = SystemParams.model_validate({}).model_dump(mode="json")
     if params.stragglers == 0:
@@ -143,8 +146,9 @@ class SystemPlan:
         count = round(params.stragglers * clients)
         self.straggler = np.zeros(clients, dtype=bool)
         self.straggler[order[:count]] = True
-        low, high = ((params.straggler_work,) * 2 if isinstance(params.straggler_work, (int, float))
-                     else params.straggler_work)
+        low, high = (
+            (params.straggler_work,) * 2 if isinstance(params.straggler_work, (int, float)) else params.straggler_work
+        )
         self.work = np.where(self.straggler[None, :], low + (high - low) * work_u, 1.0)  # [rounds, clients]
         p = np.broadcast_to(np.asarray(params.dropout, dtype=float), (clients,))
         self.dropped = drop_u < p[None, :]  # [rounds, clients]

@@ -28,8 +28,14 @@ from pflbench.federation import Federation
 from pflbench.metrics import RUN_RECORD_KEYS
 from pflbench.rounds import run_cell
 
-__all__ = ["Interrupted", "InterruptingCheckpointer", "check_resume", "differences", "interrupted_and_resumed",
-           "uninterrupted"]
+__all__ = [
+    "Interrupted",
+    "InterruptingCheckpointer",
+    "check_resume",
+    "differences",
+    "interrupted_and_resumed",
+    "uninterrupted",
+]
 
 # Columns and summary keys that are timings or records of how the run went, not results.
 TIMING_COLUMNS = {"wall_time", "adapt_time", "train_time", "server_time", "eval_time"}
@@ -68,8 +74,9 @@ def uninterrupted(cell: CellConfig, data_root: str | Path | None, **run: Any) ->
     return run_cell(cell, data_root=data_root, **run)
 
 
-def interrupted_and_resumed(cell: CellConfig, folder: str | Path, data_root: str | Path | None, at: int,
-                            **run: Any) -> tuple[CellResult, list[str]]:
+def interrupted_and_resumed(
+    cell: CellConfig, folder: str | Path, data_root: str | Path | None, at: int, **run: Any
+) -> tuple[CellResult, list[str]]:
     """Run `cell` until the checkpoint after round `at`, then run it again from that checkpoint
     (a new Federation and algorithm, as in a new process). Returns (result, notes)."""
     notes: list[str] = []
@@ -100,11 +107,16 @@ def differences(one: CellResult, other: CellResult) -> list[str]:
             continue
         for column in columns:
             x, y = a[column].to_numpy(), b[column].to_numpy()
-            same = (np.array_equal(x, y, equal_nan=True) if x.dtype.kind == "f"
-                    else bool((pd.Series(x) == pd.Series(y)).all()))
+            same = (
+                np.array_equal(x, y, equal_nan=True)
+                if x.dtype.kind == "f"
+                else bool((pd.Series(x) == pd.Series(y)).all())
+            )
             if not same:
                 found.append(f"{name}.{column} differs")
-    keys = {k for k in set(one.summary) | set(other.summary) if k not in EXECUTION_KEYS and not k.endswith("_time_total")}
+    keys = {
+        k for k in set(one.summary) | set(other.summary) if k not in EXECUTION_KEYS and not k.endswith("_time_total")
+    }
     for key in sorted(keys):
         x, y = one.summary.get(key, "<missing>"), other.summary.get(key, "<missing>")
         if not (x == y or (isinstance(x, float) and isinstance(y, float) and math.isnan(x) and math.isnan(y))):
@@ -112,14 +124,17 @@ def differences(one: CellResult, other: CellResult) -> list[str]:
     if set(one.artifacts) != set(other.artifacts):
         found.append(f"artifacts {sorted(one.artifacts)} != {sorted(other.artifacts)}")
     else:
-        found += [f"artifact {k} differs" for k in one.artifacts
-                  if not np.array_equal(one.artifacts[k], other.artifacts[k],
-                                        equal_nan=one.artifacts[k].dtype.kind in "fc")]
+        found += [
+            f"artifact {k} differs"
+            for k in one.artifacts
+            if not np.array_equal(one.artifacts[k], other.artifacts[k], equal_nan=one.artifacts[k].dtype.kind in "fc")
+        ]
     return found
 
 
-def check_resume(cell: CellConfig, folder: str | Path, data_root: str | Path | None = None, at: int | None = None,
-                 **run: Any) -> CellResult:
+def check_resume(
+    cell: CellConfig, folder: str | Path, data_root: str | Path | None = None, at: int | None = None, **run: Any
+) -> CellResult:
     """AssertionError naming what differs unless `cell`, stopped after the checkpoint of round `at`
     (default: half its rounds) and resumed from it, gives the uninterrupted run's result bit for bit.
     `folder`: where the checkpoint is written (a fresh folder). Returns the uninterrupted result."""
@@ -134,7 +149,9 @@ def check_resume(cell: CellConfig, folder: str | Path, data_root: str | Path | N
         raise AssertionError(f"the second run did not resume from round {at}'s checkpoint: {notes}")
     found = differences(whole, resumed)
     if found:
-        raise AssertionError(f"{cell.algorithm} resumed after round {at} differs from the uninterrupted run: "
-                             f"{'; '.join(found)} (declared state: pflbench.algorithm; named random streams: "
-                             f"pflbench.streams)")
+        raise AssertionError(
+            f"{cell.algorithm} resumed after round {at} differs from the uninterrupted run: "
+            f"{'; '.join(found)} (declared state: pflbench.algorithm; named random streams: "
+            f"pflbench.streams)"
+        )
     return whole

@@ -35,6 +35,7 @@ is a folder of the same run, merged by `wandb sync`), the same MLflow run (found
 steps continuing from the checkpoint's round. A tracker that fails never fails the cell: it is noted
 ("tracker wandb stopped: ...") and the cell goes on.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -55,14 +56,17 @@ if TYPE_CHECKING:
 
 KINDS = ("tensorboard", "wandb", "mlflow")
 DEFAULT_KIND = "tensorboard"
-PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}   # what each imports
+PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}  # what each imports
 PROJECT = "pflbench"
 CELL_TAG = "pflbench.cell"
 
 # The final numbers: protocol name (pflbench.reports.protocols) -> summary key (pflbench.metrics).
-FINAL_KEYS = {f"{model}-{selection}-{averaging}": accuracy_key(selection, model == "adapted", averaging)
-              for selection in ("final", "bestval") for model in ("delivered", "adapted")
-              for averaging in ("clients", "pooled", "worst10")} | {"delivered-besttest-clients": accuracy_key("besttest")}
+FINAL_KEYS = {
+    f"{model}-{selection}-{averaging}": accuracy_key(selection, model == "adapted", averaging)
+    for selection in ("final", "bestval")
+    for model in ("delivered", "adapted")
+    for averaging in ("clients", "pooled", "worst10")
+} | {"delivered-besttest-clients": accuracy_key("besttest")}
 LABELS = {
     "accuracy/delivered-clients": "test accuracy (%), each client's model as delivered, mean over clients",
     "val_accuracy/delivered-clients": "validation accuracy (%), each client's model as delivered, mean over clients",
@@ -83,6 +87,7 @@ LABELS = {
 class TrackerOptions:
     """Which trackers a run streams to (`kinds`, in KINDS) and where they write (`dir`: None, the
     results store)."""
+
     kinds: tuple[str, ...] = ()
     dir: Path | None = None
 
@@ -104,8 +109,9 @@ def problems(kinds: tuple[str, ...] | list[str]) -> list[str]:
         if kind not in KINDS:
             found.append(f"--tracker {kind}: unknown; allowed {', '.join(KINDS)}")
         elif importlib.util.find_spec(PACKAGES[kind]) is None:
-            found.append(f"--tracker {kind}: the package {PACKAGES[kind]} is not installed here; "
-                         f"pip install 'pflbench[{kind}]'")
+            found.append(
+                f"--tracker {kind}: the package {PACKAGES[kind]} is not installed here; pip install 'pflbench[{kind}]'"
+            )
     return found
 
 
@@ -118,6 +124,7 @@ def flat_config(cell: CellConfig, cell_id: str) -> dict[str, Any]:
 
 
 # ---- the backends: each opens lazily at the first round it logs, knows that round ------------------
+
 
 class Backend:
     kind = ""
@@ -164,10 +171,24 @@ class WandB(Backend):
         import wandb
 
         self.folder.mkdir(parents=True, exist_ok=True)
-        self.run = wandb.init(mode="offline", dir=str(self.folder), id=self.cell_id, resume="allow", project=PROJECT,
-                              name=self.name, config=self.config, reinit="create_new",
-                              settings=wandb.Settings(console="off", silent=True, x_disable_stats=True,
-                                                      disable_git=True, save_code=False, x_save_requirements=False))
+        self.run = wandb.init(
+            mode="offline",
+            dir=str(self.folder),
+            id=self.cell_id,
+            resume="allow",
+            project=PROJECT,
+            name=self.name,
+            config=self.config,
+            reinit="create_new",
+            settings=wandb.Settings(
+                console="off",
+                silent=True,
+                x_disable_stats=True,
+                disable_git=True,
+                save_code=False,
+                x_save_requirements=False,
+            ),
+        )
         self.run.define_metric("round")
         self.run.define_metric("*", step_metric="round")
 
@@ -201,19 +222,26 @@ class MLflow(Backend):
         self.client = MlflowClient(tracking_uri=uri)
         experiment = self.client.get_experiment_by_name(PROJECT)
         experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(PROJECT)
-        found = self.client.search_runs([experiment_id], filter_string=f"tags.`{CELL_TAG}` = '{self.cell_id}'",
-                                        max_results=1)
+        found = self.client.search_runs(
+            [experiment_id], filter_string=f"tags.`{CELL_TAG}` = '{self.cell_id}'", max_results=1
+        )
         if found:  # the cell ran before (killed, resumed): its run goes on
             self.run_id = found[0].info.run_id
             self.client.update_run(self.run_id, status="RUNNING")
             return
         tags = {CELL_TAG: self.cell_id, **{k: str(v) for k, v in self.config.items() if k.startswith("metrics.")}}
         self.run_id = self.client.create_run(experiment_id, tags=tags, run_name=self.name).info.run_id
-        params = [Param(k, json.dumps(v) if not isinstance(v, str) else v)
-                  for k, v in self.config.items() if not k.startswith("metrics.")]
+        params = [
+            Param(k, json.dumps(v) if not isinstance(v, str) else v)
+            for k, v in self.config.items()
+            if not k.startswith("metrics.")
+        ]
         for start in range(0, len(params), 100):
-            self.client.log_batch(self.run_id, params=params[start:start + 100],
-                                  tags=[RunTag("mlflow.note.content", f"pflbench cell {self.cell_id}")] if not start else [])
+            self.client.log_batch(
+                self.run_id,
+                params=params[start : start + 100],
+                tags=[RunTag("mlflow.note.content", f"pflbench cell {self.cell_id}")] if not start else [],
+            )
 
     def log(self, step: int, values: dict[str, float]) -> None:
         from mlflow.entities import Metric
@@ -230,6 +258,7 @@ class MLflow(Backend):
 
 # ---- one cell's tracking -------------------------------------------------------------------------------
 
+
 def _finite(value: Any) -> float | None:
     try:
         value = float(value)
@@ -242,8 +271,9 @@ class CellTracking:
     """The trackers of one cell: `on_round` for the round loop's callback, `finish` with its result.
     A backend that raises is stopped and noted; the cell never sees the error."""
 
-    def __init__(self, cell: CellConfig, options: TrackerOptions, results: Path,
-                 note: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self, cell: CellConfig, options: TrackerOptions, results: Path, note: Callable[[str], None] | None = None
+    ) -> None:
         from pflbench.config import cell_hash
 
         self.cell_id = cell_hash(cell)
@@ -252,9 +282,11 @@ class CellTracking:
         folder = options.folder(results)
         config = flat_config(cell, self.cell_id)
         name = f"{cell.algorithm} {cell.dataset} {cell.partition} {cell.clients}c s{cell.seed} {self.cell_id}"
-        make = {"tensorboard": lambda: TensorBoard(folder, self.cell_id, config),
-                "wandb": lambda: WandB(folder, self.cell_id, config, name),
-                "mlflow": lambda: MLflow(folder, self.cell_id, config, name)}
+        make = {
+            "tensorboard": lambda: TensorBoard(folder, self.cell_id, config),
+            "wandb": lambda: WandB(folder, self.cell_id, config, name),
+            "mlflow": lambda: MLflow(folder, self.cell_id, config, name),
+        }
         self.backends: list[Backend] = [make[kind]() for kind in options.kinds]
         self.opened = False
         self.first_round: int | None = None
@@ -265,8 +297,10 @@ class CellTracking:
                 call(backend)
             except Exception as error:  # a tracker must never fail the cell
                 self.backends.remove(backend)
-                self.note(f"tracker {backend.kind} stopped ({what}): {type(error).__name__}: "
-                          f"{str(error).splitlines()[0] if str(error) else ''}")
+                self.note(
+                    f"tracker {backend.kind} stopped ({what}): {type(error).__name__}: "
+                    f"{str(error).splitlines()[0] if str(error) else ''}"
+                )
 
     def _open(self, first_round: int) -> None:
         if not self.opened:
@@ -295,8 +329,9 @@ class CellTracking:
     def final(self, result: CellResult) -> tuple[int, dict[str, float]]:
         """(the last round, {final/<protocol>: the cell's number in %}) from its summary."""
         summary = result.summary or {}
-        final = {f"final/{name}": v * 100 for name, key in FINAL_KEYS.items()
-                 if (v := _finite(summary.get(key))) is not None}
+        final = {
+            f"final/{name}": v * 100 for name, key in FINAL_KEYS.items() if (v := _finite(summary.get(key))) is not None
+        }
         return int(_finite(summary.get("rounds_completed")) or 0), final
 
 
@@ -305,8 +340,11 @@ def round_values(client_rows: list[dict], round_row: dict) -> dict[str, float]:
     table) and, at an evaluation round, the trained clients' accuracies and losses (`client_rows`, its
     rows of the metrics table; a newcomer's rows are not the trained clients')."""
     values: dict[str, float] = {}
-    for name, key, scale in (("communication/mb_down", "bytes_down", 1e-6),
-                             ("communication/mb_up", "bytes_up", 1e-6), ("time/round_s", "wall_time", 1.0)):
+    for name, key, scale in (
+        ("communication/mb_down", "bytes_down", 1e-6),
+        ("communication/mb_up", "bytes_up", 1e-6),
+        ("time/round_s", "wall_time", 1.0),
+    ):
         if (v := _finite(round_row.get(key))) is not None:
             values[name] = v * scale
     rows = [row for row in client_rows if not row.get("newcomer")]
@@ -319,7 +357,7 @@ def round_values(client_rows: list[dict], round_row: dict) -> dict[str, float]:
         if len(accuracy) < len(scored):  # not scored this way (no adaptation), or a model that diverged when adapted
             continue
         values[f"accuracy/{model}-clients"] = math.fsum(accuracy) / len(accuracy) * 100
-        worst = sorted(accuracy)[:max(1, math.ceil(0.1 * len(accuracy)))]
+        worst = sorted(accuracy)[: max(1, math.ceil(0.1 * len(accuracy)))]
         values[f"accuracy/{model}-worst10"] = math.fsum(worst) / len(worst) * 100
         losses = [loss for row in rows if (loss := _finite(row.get(f"loss{suffix}"))) is not None]
         if len(losses) == len(rows):
@@ -327,15 +365,18 @@ def round_values(client_rows: list[dict], round_row: dict) -> dict[str, float]:
         if model == "delivered":
             weights = [_finite(row.get("test_samples")) or 0.0 for row in rows]
             if sum(weights) > 0:
-                values["accuracy/delivered-pooled"] = math.fsum(a * w for a, w in zip(accuracy, weights)) / math.fsum(weights) * 100
+                values["accuracy/delivered-pooled"] = (
+                    math.fsum(a * w for a, w in zip(accuracy, weights)) / math.fsum(weights) * 100
+                )
     validation = [v for row in rows if (v := _finite(row.get("val_accuracy"))) is not None]
     if len(validation) == len(rows):
         values["val_accuracy/delivered-clients"] = math.fsum(validation) / len(validation) * 100
     return values
 
 
-def cell_tracking(cell: CellConfig, options: TrackerOptions, results: Path,
-                  note: Callable[[str], None] | None = None) -> CellTracking | None:
+def cell_tracking(
+    cell: CellConfig, options: TrackerOptions, results: Path, note: Callable[[str], None] | None = None
+) -> CellTracking | None:
     """The tracking of one cell (None when no tracker is asked for)."""
     if not options.kinds:
         return None

@@ -44,6 +44,7 @@ layout) in the process and by inductor on disk (`compile_cache_dir`), so later c
 seconds spent compiling are counted (`compile_seconds`). Where compilation fails, the engine says so
 once and goes on eagerly.
 """
+
 from __future__ import annotations
 
 import concurrent.futures
@@ -66,6 +67,7 @@ from pflbench import streams
 from pflbench.batching import set_conv_layout, stacked_twin
 from pflbench.row_rates import RowRates
 from pflbench.static_step import static_unavailable, train_static
+
 # The method API's types, defined in pflbench.api_types and importable from here as before.
 from pflbench.api_types import (
     SGD as SGD,
@@ -75,6 +77,7 @@ from pflbench.api_types import (
     cross_entropy as cross_entropy,
     weighted_mean as weighted_mean,
 )
+
 
 def to_channels_last(t: Tensor) -> Tensor:
     """A 4-D float tensor (a convolution's weight, a batch of images) in channels-last memory order
@@ -103,8 +106,7 @@ class ClientModel:
     def __init__(self, module: nn.Module, native: bool = True):
         self.template = copy.deepcopy(module).to("meta")
         # Twins for CPU (a loop of convolutions) and CUDA (grouped convolutions); None: use vmap.
-        self._twins = {grouped: stacked_twin(self.template, grouped) if native else None
-                       for grouped in (False, True)}
+        self._twins = {grouped: stacked_twin(self.template, grouped) if native else None for grouped in (False, True)}
         self.param_names = [name for name, _ in module.named_parameters()]
         self.buffer_names = [name for name, _ in module.named_buffers()]
         self.names = self.param_names + self.buffer_names
@@ -113,7 +115,8 @@ class ClientModel:
         self._thread_templates: dict[int, tuple[nn.Module, dict]] = {}  # client threads' own (`_binding`)
         # Parameters and statistics of BatchNorm layers (FedBN keeps these on the client).
         self.batchnorm_names = {
-            f"{module_name}.{name}" for module_name, module in module.named_modules()
+            f"{module_name}.{name}"
+            for module_name, module in module.named_modules()
             if isinstance(module, nn.modules.batchnorm._BatchNorm)
             for name, _ in [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]
         }
@@ -147,6 +150,7 @@ class ClientModel:
         module owning parameters, in parameter order; a BatchNorm module joins the layer before it
         (it normalizes that layer's output) and buffers go with their module. Partial
         personalization (FedPer, LG-FedAvg, FedBABU, ...) splits models by these layers."""
+
         def owner(name: str) -> str:
             return name.rpartition(".")[0]
 
@@ -181,8 +185,7 @@ class ClientModel:
                     module.reset_parameters()  # type: ignore[operator]
         single = {**dict(fresh.named_parameters()), **dict(fresh.named_buffers())}
         return {
-            name: t.detach().to(device).unsqueeze(0).repeat(num_clients, *([1] * t.dim()))
-            for name, t in single.items()
+            name: t.detach().to(device).unsqueeze(0).repeat(num_clients, *([1] * t.dim())) for name, t in single.items()
         }
 
     def forward(self, state: State, x: Tensor, train: bool) -> Tensor:
@@ -242,8 +245,9 @@ class ClientModel:
         return sum(math.prod(self.shapes[n]) for n in (names or self.names))
 
 
-def batch_plan(num_samples: list[int], batch_size: int, epochs: int, steps: int | None,
-               generators: list[torch.Generator]) -> list[Tensor]:
+def batch_plan(
+    num_samples: list[int], batch_size: int, epochs: int, steps: int | None, generators: list[torch.Generator]
+) -> list[Tensor]:
     """Per client, positions into its own sample list: [steps_i, batch_size] (see module doc).
     `epochs` counts when `steps` is None; 0 epochs or 0 steps is an empty plan."""
     plans = []
@@ -254,8 +258,7 @@ def batch_plan(num_samples: list[int], batch_size: int, epochs: int, steps: int 
         if steps is None:  # epochs: each epoch wraps around its own shuffle
             per_epoch = math.ceil(n / batch_size)
             repeats = math.ceil(per_epoch * batch_size / n)
-            chunks = [torch.randperm(n, generator=gen).repeat(repeats)[: per_epoch * batch_size]
-                      for _ in range(epochs)]
+            chunks = [torch.randperm(n, generator=gen).repeat(repeats)[: per_epoch * batch_size] for _ in range(epochs)]
         else:  # a fixed number of steps over a stream of shuffles
             needed = steps * batch_size
             chunks = [torch.randperm(n, generator=gen) for _ in range(math.ceil(needed / n))]
@@ -264,11 +267,23 @@ def batch_plan(num_samples: list[int], batch_size: int, epochs: int, steps: int 
     return plans
 
 
-def train_clients(model: ClientModel, state: State, features: Tensor, labels: Tensor,
-                  client_indices: list[Tensor], plans: list[Tensor], sgd: SGD, *,
-                  objective: Objective = cross_entropy, aux: State | None = None,
-                  trainable: Iterable[str] | None = None, batched: bool = True,
-                  compiled: bool = False, threads: int = 1, static: bool = False) -> tuple[State, Tensor]:
+def train_clients(
+    model: ClientModel,
+    state: State,
+    features: Tensor,
+    labels: Tensor,
+    client_indices: list[Tensor],
+    plans: list[Tensor],
+    sgd: SGD,
+    *,
+    objective: Objective = cross_entropy,
+    aux: State | None = None,
+    trainable: Iterable[str] | None = None,
+    batched: bool = True,
+    compiled: bool = False,
+    threads: int = 1,
+    static: bool = False,
+) -> tuple[State, Tensor]:
     """Train K clients from `state` ([K, ...]); returns the new state and each client's mean loss.
 
     `client_indices[k]` are client k's sample ids into `features`/`labels`, `plans[k]` the positions
@@ -281,16 +296,41 @@ def train_clients(model: ClientModel, state: State, features: Tensor, labels: Te
     trainable = set(model.param_names if trainable is None else trainable)
     compiled = compiled and objective is cross_entropy and not aux
     if batched:
-        new_state, losses = _train_group(model, state, features, labels, client_indices, plans, sgd,
-                                         objective, aux, trainable, compiled, static=static)
+        new_state, losses = _train_group(
+            model,
+            state,
+            features,
+            labels,
+            client_indices,
+            plans,
+            sgd,
+            objective,
+            aux,
+            trainable,
+            compiled,
+            static=static,
+        )
     else:
         if static:
-            _note("the static (CUDA-graph) step is not used here (the client loop trains one client at a time); "
-                  "training eagerly")
+            _note(
+                "the static (CUDA-graph) step is not used here (the client loop trains one client at a time); "
+                "training eagerly"
+            )
 
         def one(k: int) -> tuple[State, Tensor]:
-            return _train_group(model, _rows(state, k), features, labels, client_indices[k:k + 1],
-                                plans[k:k + 1], sgd, objective, _rows(aux, k), trainable, compiled)
+            return _train_group(
+                model,
+                _rows(state, k),
+                features,
+                labels,
+                client_indices[k : k + 1],
+                plans[k : k + 1],
+                sgd,
+                objective,
+                _rows(aux, k),
+                trainable,
+                compiled,
+            )
 
         side_by_side = threads > 1 and len(client_indices) > 1 and not compiled and not model.stochastic
         outputs = _map_clients(one, len(client_indices), threads if side_by_side else 1)
@@ -319,8 +359,9 @@ def client_pool(workers: int) -> concurrent.futures.ThreadPoolExecutor:
                 torch.set_num_threads(1)
                 settled.wait()
 
-            pool = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="pflbench-client",
-                                                         initializer=settle)
+            pool = concurrent.futures.ThreadPoolExecutor(
+                workers, thread_name_prefix="pflbench-client", initializer=settle
+            )
             for _ in range(workers):
                 pool.submit(lambda: None)
             settled.wait()
@@ -340,13 +381,25 @@ def _map_clients(work: Callable[[int], _T], count: int, threads: int) -> list[_T
 
 
 def _rows(state: State, k: int) -> State:
-    return {name: t[k:k + 1] for name, t in state.items()}
+    return {name: t[k : k + 1] for name, t in state.items()}
 
 
-def _train_group(model: ClientModel, state: State, features: Tensor, labels: Tensor, client_indices: list[Tensor],
-                 plans: list[Tensor], sgd: SGD, objective: Objective, aux: State, trainable: set[str],
-                 compiled: bool = False, *, rates: RowRates | None = None,
-                 static: bool = False) -> tuple[State, Tensor]:
+def _train_group(
+    model: ClientModel,
+    state: State,
+    features: Tensor,
+    labels: Tensor,
+    client_indices: list[Tensor],
+    plans: list[Tensor],
+    sgd: SGD,
+    objective: Objective,
+    aux: State,
+    trainable: set[str],
+    compiled: bool = False,
+    *,
+    rates: RowRates | None = None,
+    static: bool = False,
+) -> tuple[State, Tensor]:
     """`train_clients`'s batched path (and, per client, its loop path). `rates`: each row's own SGD
     values (`pflbench.row_rates`; rows of several cells, `pflbench.groups`), else `sgd`'s for all.
     `static`: through the static-buffer step where it can (`pflbench.static_step`)."""
@@ -374,11 +427,13 @@ def _train_group(model: ClientModel, state: State, features: Tensor, labels: Ten
             # another float order than a stacked row's), so the static step stops there.
             first_step = sorted(steps.tolist())[-2]
             if first_step:
-                start, carried = train_static(model, start, features, labels, ids[:, :first_step], steps.tolist(),
-                                              sgd, rates, trainable, loss_sum)
+                start, carried = train_static(
+                    model, start, features, labels, ids[:, :first_step], steps.tolist(), sgd, rates, trainable, loss_sum
+                )
     if compiled and num_clients:  # the steps where every client is active
-        done = _compiled_steps(model, start, features, labels, ids[:, : int(steps.min())], sgd, trainable,
-                               single, loss_sum)
+        done = _compiled_steps(
+            model, start, features, labels, ids[:, : int(steps.min())], sgd, trainable, single, loss_sum
+        )
         if done is not None:
             start, carried = done
             first_step = int(steps.min())
@@ -389,8 +444,10 @@ def _train_group(model: ClientModel, state: State, features: Tensor, labels: Ten
     leaves = [work[name] for name in model.param_names if name in trainable]
     momenta = sgd.momenta(leaves)
     if momenta is not None and carried:
-        momenta = [torch.empty_like(leaf).copy_(carried[name]) for name, leaf in
-                   zip([n for n in model.param_names if n in trainable], leaves)]
+        momenta = [
+            torch.empty_like(leaf).copy_(carried[name])
+            for name, leaf in zip([n for n in model.param_names if n in trainable], leaves)
+        ]
     full = torch.arange(num_clients)
     with model.bound(work, train=True) if single else contextlib.nullcontext() as net:
         for step in range(first_step, max_steps):
@@ -428,17 +485,21 @@ def _train_group(model: ClientModel, state: State, features: Tensor, labels: Ten
                     else:
                         rates.apply_rows(leaves, grads, momenta, rows)
     mean_loss = loss_sum / steps.clamp(min=1).to(device)
-    return {name: (t.detach().contiguous().unsqueeze(0) if single else t.detach()) for name, t in work.items()}, mean_loss
+    return {
+        name: (t.detach().contiguous().unsqueeze(0) if single else t.detach()) for name, t in work.items()
+    }, mean_loss
 
 
 # --- compiled step ------------------------------------------------------------------------------
+
 
 def compile_cache_dir() -> str:
     """Where inductor keeps compiled kernels and FX graphs between processes (its own default is a
     temporary directory that does not survive a reboot): $TORCHINDUCTOR_CACHE_DIR, else
     ~/.cache/pflbench/inductor."""
-    return os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR",
-                                 os.path.join(os.path.expanduser("~"), ".cache", "pflbench", "inductor"))
+    return os.environ.setdefault(
+        "TORCHINDUCTOR_CACHE_DIR", os.path.join(os.path.expanduser("~"), ".cache", "pflbench", "inductor")
+    )
 
 
 def compile_available() -> str | None:
@@ -459,9 +520,9 @@ def _note(message: str) -> None:
         print(f"pflbench: {message}", file=sys.stderr, flush=True)
 
 
-def _make_step(model: ClientModel, trainable: tuple[str, ...], sgd: SGD, single: bool,
-               device_type: str) -> Callable[[State, State, State | None, Tensor, Tensor],
-                                             tuple[State, State | None, Tensor]]:
+def _make_step(
+    model: ClientModel, trainable: tuple[str, ...], sgd: SGD, single: bool, device_type: str
+) -> Callable[[State, State, State | None, Tensor, Tensor], tuple[State, State | None, Tensor]]:
     """The functional step: (trainable params, frozen params, momenta, x, y) -> (new params, new
     momenta, per-client losses)."""
     compute = copy.deepcopy(model._module) if single else stacked_twin(model.template, device_type == "cuda")
@@ -483,8 +544,9 @@ def _make_step(model: ClientModel, trainable: tuple[str, ...], sgd: SGD, single:
         out = functional_call(compute, state, (x.flatten(0, 1),))
         return out.view(clients, batch, *out.shape[1:])
 
-    def step(params: State, others: State, momenta: State | None, x: Tensor,
-             y: Tensor) -> tuple[State, State | None, Tensor]:
+    def step(
+        params: State, others: State, momenta: State | None, x: Tensor, y: Tensor
+    ) -> tuple[State, State | None, Tensor]:
         def loss_of(p: State) -> tuple[Tensor, Tensor]:
             losses = cross_entropy(logits_of({**p, **others}, x), y, {}, {})
             return losses.sum(), losses.detach()
@@ -494,14 +556,22 @@ def _make_step(model: ClientModel, trainable: tuple[str, ...], sgd: SGD, single:
         new_params = [params[name].clone() for name in names]  # the engine's rule, on fresh copies
         new_momenta = None if momenta is None else [momenta[name].clone() for name in names]
         sgd.apply(new_params, [grads[name] for name in names], new_momenta)
-        return (dict(zip(names, new_params)), None if new_momenta is None else dict(zip(names, new_momenta)),
-                losses)
+        return (dict(zip(names, new_params)), None if new_momenta is None else dict(zip(names, new_momenta)), losses)
 
     return torch.compile(step, dynamic=False)
 
 
-def _compiled_steps(model: ClientModel, start: State, features: Tensor, labels: Tensor, ids: Tensor,
-                    sgd: SGD, trainable: set[str], single: bool, loss_sum: Tensor) -> tuple[State, State | None] | None:
+def _compiled_steps(
+    model: ClientModel,
+    start: State,
+    features: Tensor,
+    labels: Tensor,
+    ids: Tensor,
+    sgd: SGD,
+    trainable: set[str],
+    single: bool,
+    loss_sum: Tensor,
+) -> tuple[State, State | None] | None:
     """Run the steps `ids` ([K, steps, B]) through the compiled step; returns (state, momenta), or
     None (nothing done) where compilation is unavailable or failed."""
     why_not = compile_available()
@@ -535,8 +605,10 @@ def _compiled_steps(model: ClientModel, start: State, features: Tensor, labels: 
             if s:
                 raise  # half-way through a client's steps: no safe way to go on
             model._compiled[key] = None
-            _note(f"torch.compile failed ({type(err).__name__}: {str(err).splitlines()[0][:120] if str(err) else ''}); "
-                  f"training eagerly")
+            _note(
+                f"torch.compile failed ({type(err).__name__}: {str(err).splitlines()[0][:120] if str(err) else ''}); "
+                f"training eagerly"
+            )
             return None
         if first:
             step._pflbench_ran = True
@@ -549,9 +621,16 @@ EVAL_CHUNK = {"cpu": 256, "cuda": 4096}
 
 
 @torch.no_grad()
-def evaluate_client_splits(model: ClientModel, state: State, features: Tensor, labels: Tensor,
-                           splits: list[list[Tensor]], batched: bool = True, max_samples: int | None = None,
-                           threads: int = 1) -> list[tuple[Tensor, Tensor]]:
+def evaluate_client_splits(
+    model: ClientModel,
+    state: State,
+    features: Tensor,
+    labels: Tensor,
+    splits: list[list[Tensor]],
+    batched: bool = True,
+    max_samples: int | None = None,
+    threads: int = 1,
+) -> list[tuple[Tensor, Tensor]]:
     """Accuracy and mean loss [K] of each client's model on each of several splits (`splits[s][k]`:
     client k's sample ids in split s), in one pass: a client's samples of every split go through
     its model together, and the sums are kept apart per split.
@@ -562,14 +641,25 @@ def evaluate_client_splits(model: ClientModel, state: State, features: Tensor, l
     max_samples = max_samples or EVAL_CHUNK.get(device.type, EVAL_CHUNK["cuda"])
     num_clients, num_splits = len(splits[0]), len(splits)
     if not batched:  # one client at a time, or `threads` side by side (no randomness in evaluation)
-        results = _map_clients(lambda k: evaluate_client_splits(model, _rows(state, k), features, labels,
-                                                                [split[k:k + 1] for split in splits],
-                                                                batched=True, max_samples=max_samples),
-                               num_clients, threads)
-        return [(torch.cat([r[s][0] for r in results]), torch.cat([r[s][1] for r in results]))
-                for s in range(num_splits)]
-    sizes = torch.tensor([[len(split[k]) for split in splits] for k in range(num_clients)],
-                         device=device).view(num_clients, num_splits)
+        results = _map_clients(
+            lambda k: evaluate_client_splits(
+                model,
+                _rows(state, k),
+                features,
+                labels,
+                [split[k : k + 1] for split in splits],
+                batched=True,
+                max_samples=max_samples,
+            ),
+            num_clients,
+            threads,
+        )
+        return [
+            (torch.cat([r[s][0] for r in results]), torch.cat([r[s][1] for r in results])) for s in range(num_splits)
+        ]
+    sizes = torch.tensor([[len(split[k]) for split in splits] for k in range(num_clients)], device=device).view(
+        num_clients, num_splits
+    )
     totals = sizes.sum(1)
     longest = int(totals.max()) if num_clients else 0
     correct = torch.zeros(num_clients, num_splits, device=device)
@@ -582,12 +672,12 @@ def evaluate_client_splits(model: ClientModel, state: State, features: Tensor, l
         which[k, : int(totals[k])] = torch.repeat_interleave(torch.arange(num_splits, device=device), sizes[k])
     chunk = max(1, max_samples // max(1, num_clients))
     for start in range(0, longest, chunk):
-        batch = ids[:, start:start + chunk]
+        batch = ids[:, start : start + chunk]
         valid = (torch.arange(start, start + batch.shape[1], device=device) < totals[:, None]).float()
         logits = model.forward(state, features[batch], train=False)
         y = labels[batch]
         ce = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none").view(y.shape)
-        part = which[:, start:start + chunk]
+        part = which[:, start : start + chunk]
         correct.scatter_add_(1, part, (logits.argmax(-1) == y).float() * valid)
         loss.scatter_add_(1, part, ce * valid)
     denom = sizes.float()  # a client without samples in a split gets NaN there, not a fake 0

@@ -25,6 +25,7 @@ A cell whose stored configuration the current code resolves to another id (`reso
 as such (its code or defaults changed); a cell folder whose files fail their checksums (`pflbench store
 check`) is reported as damaged and still compared, so that the numbers that changed are named.
 """
+
 from __future__ import annotations
 
 import math
@@ -59,8 +60,8 @@ KIND_KEYS = ("cpu_model", "cpu_capability", "device", "gpu_model", "torch")
 
 @dataclass
 class Difference:
-    what: str      # e.g. "metrics.parquet accuracy"
-    detail: str    # where and by how much
+    what: str  # e.g. "metrics.parquet accuracy"
+    detail: str  # where and by how much
 
     def __str__(self) -> str:
         return f"{self.what}: {self.detail}"
@@ -69,17 +70,18 @@ class Difference:
 @dataclass
 class CellCheck:
     """The outcome of re-running one stored cell."""
+
     cell_id: str
-    mode: str = "exact"                     # "exact" (same kind of machine) or "tolerance"
+    mode: str = "exact"  # "exact" (same kind of machine) or "tolerance"
     why_tolerance: str = ""
     differences: list[Difference] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)       # stale id, damaged files
+    notes: list[str] = field(default_factory=list)  # stale id, damaged files
     stored_curve: list[float] = field(default_factory=list)  # mean test accuracy per eval round
     rerun_curve: list[float] = field(default_factory=list)
     seconds: float | None = None
-    rounds: int | None = None               # the first rounds compared (None: the whole run)
+    rounds: int | None = None  # the first rounds compared (None: the whole run)
     rerun_result: CellResult | None = None
-    label: str = ""                         # algorithm · dataset · scheme · clients · seed
+    label: str = ""  # algorithm · dataset · scheme · clients · seed
 
     @property
     def ok(self) -> bool:
@@ -97,13 +99,18 @@ class CellCheck:
 def machine_kind(summary: dict, versions: dict | None = None) -> dict:
     """What must be equal for a rerun to repeat a cell exactly (cpu_capability: where the cell records it;
     cells from before that record are compared on the model name alone)."""
-    return {"cpu_model": summary.get("cpu_model"), "cpu_capability": summary.get("cpu_capability"),
-            "device": summary.get("device"), "gpu_model": summary.get("gpu_model"),
-            "torch": (versions or {}).get("torch", summary.get("torch"))}
+    return {
+        "cpu_model": summary.get("cpu_model"),
+        "cpu_capability": summary.get("cpu_capability"),
+        "device": summary.get("device"),
+        "gpu_model": summary.get("gpu_model"),
+        "torch": (versions or {}).get("torch", summary.get("torch")),
+    }
 
 
 def execution_options(summary: dict, cpus: float = 1.0) -> tuple[dict, float]:
     """ExecutionOptions fields and the CPUs per cell that repeat how the cell was executed."""
+
     def on_off(value: object) -> str:
         return "auto" if value is None else ("on" if value else "off")
 
@@ -111,10 +118,12 @@ def execution_options(summary: dict, cpus: float = 1.0) -> tuple[dict, float]:
     threads = summary.get("client_threads")
     if isinstance(threads, (int, float)) and threads > 1:
         cpus = float(threads)
-    options = {"client_batching": {"batched": "on", "loop": "off"}.get(str(batching), "auto"),
-               "compiled_training": on_off(summary.get("compiled_training")),
-               "channels_last": on_off(summary.get("channels_last")),
-               "client_threads": "auto" if isinstance(threads, (int, float)) and threads > 1 else "off"}
+    options = {
+        "client_batching": {"batched": "on", "loop": "off"}.get(str(batching), "auto"),
+        "compiled_training": on_off(summary.get("compiled_training")),
+        "channels_last": on_off(summary.get("channels_last")),
+        "client_threads": "auto" if isinstance(threads, (int, float)) and threads > 1 else "off",
+    }
     return options, cpus
 
 
@@ -128,9 +137,15 @@ def rounds_to_run(cell: dict, rounds: int | None) -> int | None:
     return None if upto >= total else upto
 
 
-def rerun(folder: str | Path, *, cpus: float | None = None, device: str | None = None,
-          data_root: str | Path | None = None, mirror: str | Path | None = None,
-          rounds: int | None = None) -> CellResult:
+def rerun(
+    folder: str | Path,
+    *,
+    cpus: float | None = None,
+    device: str | None = None,
+    data_root: str | Path | None = None,
+    mirror: str | Path | None = None,
+    rounds: int | None = None,
+) -> CellResult:
     """Run the stored cell at `folder` again (module doc), its first `rounds` rounds only if given
     (exactly those: `rounds_to_run` rounds up); returns its CellResult."""
     import torch
@@ -150,10 +165,19 @@ def rerun(folder: str | Path, *, cpus: float | None = None, device: str | None =
     recorded = summary.get("device") or "cpu"
     if device is None:
         device = recorded if not recorded.startswith("cuda") or torch.cuda.is_available() else "cpu"
-    run_options = RunOptions(data_root=resolve_root(data_root), mirror=data_mirror(mirror), use_ray=False,
-                             execution=ExecutionOptions(device=device, **options))
-    return execute_cell(cell, Resources(cpus=cell_cpus, gpus=1.0 if device.startswith("cuda") else 0.0), run_options,
-                        checkpoints=False, stop_after=rounds)
+    run_options = RunOptions(
+        data_root=resolve_root(data_root),
+        mirror=data_mirror(mirror),
+        use_ray=False,
+        execution=ExecutionOptions(device=device, **options),
+    )
+    return execute_cell(
+        cell,
+        Resources(cpus=cell_cpus, gpus=1.0 if device.startswith("cuda") else 0.0),
+        run_options,
+        checkpoints=False,
+        stop_after=rounds,
+    )
 
 
 def per_round_means(metrics: pd.DataFrame, column: str) -> pd.Series:
@@ -169,15 +193,18 @@ def _equal(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return same
 
 
-def _frame_differences(name: str, stored: pd.DataFrame, rerun: pd.DataFrame,
-                       columns: Iterable[str]) -> list[Difference]:
+def _frame_differences(
+    name: str, stored: pd.DataFrame, rerun: pd.DataFrame, columns: Iterable[str]
+) -> list[Difference]:
     found = []
     if len(stored) != len(rerun):
         return [Difference(name, f"{len(stored)} rows stored, {len(rerun)} in the rerun")]
     for column in columns:
         if column not in stored or column not in rerun:
             if column in stored or column in rerun:
-                found.append(Difference(f"{name} {column}", f"only in the {'stored' if column in stored else 'rerun'} file"))
+                found.append(
+                    Difference(f"{name} {column}", f"only in the {'stored' if column in stored else 'rerun'} file")
+                )
             continue
         a, b = stored[column].to_numpy(), rerun[column].to_numpy()
         try:
@@ -211,8 +238,13 @@ def compare(folder: str | Path, result: CellResult, exact: bool, rounds: int | N
     if rounds is not None and not (stored_status == "diverged" and (summary.get("diverged_round") or 0) <= rounds):
         stored_status = "finished"  # the stored run went on past these rounds
     if stored_status != result.status:
-        found.append(Difference("status", f"stored {stored_status!r}, rerun {result.status!r}"
-                                + (f" ({result.error.strip().splitlines()[-1]})" if result.error else "")))
+        found.append(
+            Difference(
+                "status",
+                f"stored {stored_status!r}, rerun {result.status!r}"
+                + (f" ({result.error.strip().splitlines()[-1]})" if result.error else ""),
+            )
+        )
     try:
         stored_metrics = pd.read_parquet(folder / METRICS)
         stored_rounds = pd.read_parquet(folder / ROUNDS)
@@ -221,7 +253,9 @@ def compare(folder: str | Path, result: CellResult, exact: bool, rounds: int | N
     stored_metrics, stored_rounds = first_rounds(stored_metrics, rounds), first_rounds(stored_rounds, rounds)
     if exact:
         found += _frame_differences("rounds.parquet", stored_rounds, result.rounds, ROUND_COLUMNS)
-        columns = [c for c in dict.fromkeys([*stored_metrics.columns, *result.metrics.columns]) if c not in IGNORED_METRICS]
+        columns = [
+            c for c in dict.fromkeys([*stored_metrics.columns, *result.metrics.columns]) if c not in IGNORED_METRICS
+        ]
         return found + _frame_differences("metrics.parquet", stored_metrics, result.metrics, columns)
     # Across kinds of machines the bytes sent are not required equal: a method whose messages follow learned
     # values (HeurpFedLA sends a layer only when its aggregation weights say so) sends other bytes when the
@@ -230,17 +264,25 @@ def compare(folder: str | Path, result: CellResult, exact: bool, rounds: int | N
     for column in MEAN_COLUMNS:
         a, b = per_round_means(stored_metrics, column), per_round_means(result.metrics, column)
         if list(a.index) != list(b.index):
-            found.append(Difference(f"metrics.parquet {column}", f"evaluated rounds differ: stored {list(a.index)}, "
-                                                                 f"rerun {list(b.index)}"))
+            found.append(
+                Difference(
+                    f"metrics.parquet {column}",
+                    f"evaluated rounds differ: stored {list(a.index)}, rerun {list(b.index)}",
+                )
+            )
             continue
         gaps = (a - b).abs()
         both_nan = a.isna() & b.isna()
         bad = gaps[~both_nan & ~(gaps <= ACCURACY_TOLERANCE)]
         if len(bad):
             rnd = bad.index[0]
-            found.append(Difference(f"metrics.parquet mean {column}",
-                                    f"{len(bad)} of {len(a)} rounds beyond ±{ACCURACY_TOLERANCE * 100:g} pp; first round "
-                                    f"{rnd}: stored {a[rnd]:.4f}, rerun {b[rnd]:.4f}"))
+            found.append(
+                Difference(
+                    f"metrics.parquet mean {column}",
+                    f"{len(bad)} of {len(a)} rounds beyond ±{ACCURACY_TOLERANCE * 100:g} pp; first round "
+                    f"{rnd}: stored {a[rnd]:.4f}, rerun {b[rnd]:.4f}",
+                )
+            )
     return found
 
 
@@ -253,16 +295,30 @@ def kind_differences(folder: str | Path, result: CellResult) -> list[str]:
 
     folder = Path(folder)
     config, summary = read_json_dict(folder / CONFIG), read_json_dict(folder / SUMMARY)
-    here = {"cpu_model": cpu_model(), "cpu_capability": cpu_capability(), "device": result.summary.get("device", "cpu"),
-            "gpu_model": result.summary.get("gpu_model"), "torch": torch.__version__}
+    here = {
+        "cpu_model": cpu_model(),
+        "cpu_capability": cpu_capability(),
+        "device": result.summary.get("device", "cpu"),
+        "gpu_model": result.summary.get("gpu_model"),
+        "torch": torch.__version__,
+    }
     then = machine_kind(summary, config.get("versions"))
-    return [f"{k} {then.get(k)!r} then, {here.get(k)!r} now" for k in KIND_KEYS
-            if then.get(k) != here.get(k) and (k != "cpu_capability" or then.get(k))]
+    return [
+        f"{k} {then.get(k)!r} then, {here.get(k)!r} now"
+        for k in KIND_KEYS
+        if then.get(k) != here.get(k) and (k != "cpu_capability" or then.get(k))
+    ]
 
 
-def check_cell(folder: str | Path, *, cpus: float | None = None, data_root: str | Path | None = None,
-               mirror: str | Path | None = None,
-               force_tolerance: bool = False, rounds: int | None = None) -> CellCheck:
+def check_cell(
+    folder: str | Path,
+    *,
+    cpus: float | None = None,
+    data_root: str | Path | None = None,
+    mirror: str | Path | None = None,
+    force_tolerance: bool = False,
+    rounds: int | None = None,
+) -> CellCheck:
     """Re-run the stored cell at `folder` and compare (module doc); only its first `rounds` rounds
     (rounded up to an evaluation round) if given."""
     import time
@@ -274,8 +330,10 @@ def check_cell(folder: str | Path, *, cpus: float | None = None, data_root: str 
     check = CellCheck(folder.name)
     try:
         stored = read_json_dict(folder / CONFIG)["cell"]
-        check.label = (f"{stored['algorithm']} · {stored['dataset']} · {stored.get('partition')} · "
-                       f"{stored.get('clients')} clients · seed {stored.get('seed')}")
+        check.label = (
+            f"{stored['algorithm']} · {stored['dataset']} · {stored.get('partition')} · "
+            f"{stored.get('clients')} clients · seed {stored.get('seed')}"
+        )
     except (OSError, ValueError, KeyError, TypeError):
         pass
     for problem in check_folder(folder):
@@ -299,16 +357,23 @@ def check_cell(folder: str | Path, *, cpus: float | None = None, data_root: str 
         check.why_tolerance = "forced" if not differing else "another kind of machine: " + ", ".join(differing)
     check.differences = compare(folder, result, exact=check.mode == "exact", rounds=check.rounds)
     try:
-        check.stored_curve = per_round_means(first_rounds(pd.read_parquet(folder / METRICS), check.rounds),
-                                             "accuracy").tolist()
+        check.stored_curve = per_round_means(
+            first_rounds(pd.read_parquet(folder / METRICS), check.rounds), "accuracy"
+        ).tolist()
     except Exception:
         pass
     check.rerun_curve = per_round_means(result.metrics, "accuracy").tolist() if len(result.metrics) else []
     return check
 
 
-def sample_cells(study: str | Path, k: int | None, seed: int, max_seconds: float | None = None,
-                 cells: list[str] | None = None, rounds: int | None = None) -> list[Path]:
+def sample_cells(
+    study: str | Path,
+    k: int | None,
+    seed: int,
+    max_seconds: float | None = None,
+    cells: list[str] | None = None,
+    rounds: int | None = None,
+) -> list[Path]:
     """`k` cell folders of `study` drawn at random with `seed` (all with k None), among those whose
     stored wall time is at most `max_seconds` (with `rounds`: the stored wall time's share of the
     rounds a `--rounds` rerun runs); or the cells named."""
@@ -321,6 +386,7 @@ def sample_cells(study: str | Path, k: int | None, seed: int, max_seconds: float
             raise ValueError(f"no cell {', '.join(unknown)} in {study}")
         return [by_name[c] for c in cells]
     if max_seconds is not None:
+
         def seconds(p: Path) -> float:
             try:
                 summary = read_json_dict(p / SUMMARY)
@@ -336,6 +402,7 @@ def sample_cells(study: str | Path, k: int | None, seed: int, max_seconds: float
             if not isinstance(value, (int, float)):
                 return math.inf
             return float(value) * (min(1.0, upto / done) if upto and isinstance(done, int) and done > 0 else 1.0)
+
         folders = [p for p in folders if seconds(p) <= max_seconds]
     if k is None or k >= len(folders):
         return folders

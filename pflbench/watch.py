@@ -36,6 +36,7 @@ the cell was published from (`pflbench run` in a checkout of that commit). The r
 reference exactly, which shows that the code since has not moved it on this kind; the fingerprint is then
 recorded like any other.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -58,8 +59,8 @@ class PublishedCell:
     folder: Path
     algorithm: str
     model: str
-    path: str            # client batching: loop or batched
-    device: str          # the device it ran on
+    path: str  # client batching: loop or batched
+    device: str  # the device it ran on
     status: str
     first_eval_seconds: float  # its stored wall time's share of the rounds up to its first evaluation
 
@@ -76,9 +77,18 @@ def published_cells(root: str | Path) -> list[PublishedCell]:
             summary, cell = read_json_dict(folder / SUMMARY), read_json_dict(folder / CONFIG)["cell"]
             done = summary.get("rounds_completed") or int(cell["rounds"])
             share = (rounds_to_run(cell, 1) or done) / max(1, done)  # as `verify --rounds 1` counts it
-            cells.append(PublishedCell(manifest.parent.name, folder, cell["algorithm"], str(cell.get("model")),
-                                       str(summary.get("client_batching")), str(summary.get("device") or "cpu"),
-                                       str(summary.get("status")), float(summary.get("wall_time") or 0.0) * min(1.0, share)))
+            cells.append(
+                PublishedCell(
+                    manifest.parent.name,
+                    folder,
+                    cell["algorithm"],
+                    str(cell.get("model")),
+                    str(summary.get("client_batching")),
+                    str(summary.get("device") or "cpu"),
+                    str(summary.get("status")),
+                    float(summary.get("wall_time") or 0.0) * min(1.0, share),
+                )
+            )
     return cells
 
 
@@ -150,8 +160,11 @@ class FingerprintBook:
 
     def record(self, kind: str, cell: str, value: str, rounds: int | None, commit: str | None) -> None:
         self.kinds.setdefault(kind, {})[cell] = {
-            "fingerprint": value, "rounds": rounds, "commit": commit,
-            "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d")}
+            "fingerprint": value,
+            "rounds": rounds,
+            "commit": commit,
+            "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d"),
+        }
 
     def save(self) -> None:
         write_json(self.path, {kind: dict(sorted(cells.items())) for kind, cells in sorted(self.kinds.items())})
@@ -176,16 +189,26 @@ def reference_problem(cell: PublishedCell, reference: Path) -> str | None:
         return f"no finished cell {cell.folder.name} in the reference store"
     stored, ran = read_json_dict(cell.folder / SUMMARY), read_json_dict(reference / SUMMARY)
     if not stored.get("code_commit") or ran.get("code_commit") != stored.get("code_commit"):
-        return (f"the reference ran commit {str(ran.get('code_commit'))[:10]}, the cell was published from "
-                f"{str(stored.get('code_commit'))[:10]}")
+        return (
+            f"the reference ran commit {str(ran.get('code_commit'))[:10]}, the cell was published from "
+            f"{str(stored.get('code_commit'))[:10]}"
+        )
     if ran.get("code_dirty"):
         return "the reference ran from a checkout with uncommitted changes"
     return None  # whether it ran on this kind of machine: `verify`'s rule, through check_cell's mode
 
 
-def watch_cell(cell: PublishedCell, book: FingerprintBook, kind: str, *, record: bool, commit: str | None,
-               data_root: str | Path | None = None, mirror: str | Path | None = None,
-               reference: Path | None = None) -> Watched:
+def watch_cell(
+    cell: PublishedCell,
+    book: FingerprintBook,
+    kind: str,
+    *,
+    record: bool,
+    commit: str | None,
+    data_root: str | Path | None = None,
+    mirror: str | Path | None = None,
+    reference: Path | None = None,
+) -> Watched:
     """Re-run `cell`'s first evaluation and judge it: against this kind's fingerprint where one is recorded,
     else against the stored metrics (`pflbench.verify.check_cell`), or where those differ against the
     `reference` store's run of the cell (module doc); with `record`, file the fingerprint of a rerun that
@@ -201,8 +224,10 @@ def watch_cell(cell: PublishedCell, book: FingerprintBook, kind: str, *, record:
     if known is not None and known.get("rounds") == check.rounds:
         if known["fingerprint"] == value:
             return Watched(cell, "identical (fingerprint)", seconds=check.seconds)
-        detail = (f"its first evaluation (rounds 1-{check.rounds}) no longer repeats the fingerprint recorded on "
-                  f"this kind of machine at commit {str(known.get('commit'))[:10]} ({known.get('date')})")
+        detail = (
+            f"its first evaluation (rounds 1-{check.rounds}) no longer repeats the fingerprint recorded on "
+            f"this kind of machine at commit {str(known.get('commit'))[:10]} ({known.get('date')})"
+        )
         if check.differences:
             detail += "; against the stored metrics: " + "; ".join(map(str, check.differences[:3]))
         return Watched(cell, "MOVED", detail, check.seconds)
@@ -216,18 +241,35 @@ def watch_cell(cell: PublishedCell, book: FingerprintBook, kind: str, *, record:
         ran = reference / cell.folder.name
         other_kind = kind_differences(ran, check.rerun_result)
         if other_kind:
-            return Watched(cell, "DIFFERS", f"{detail}; reference not usable: it ran on another kind of machine "
-                           f"({', '.join(other_kind)})", check.seconds)
+            return Watched(
+                cell,
+                "DIFFERS",
+                f"{detail}; reference not usable: it ran on another kind of machine ({', '.join(other_kind)})",
+                check.seconds,
+            )
         against = compare(ran, check.rerun_result, exact=True, rounds=check.rounds)  # the same rerun, no second one
         if against:
-            return Watched(cell, "DIFFERS", f"{detail}; and against the reference run of its commit on this kind "
-                           f"of machine: " + "; ".join(map(str, against[:3])), check.seconds)
-        watched = Watched(cell, "identical to the reference",
-                          f"the stored run (another kind of machine) differs: {detail}; this kind's run of the "
-                          f"published commit is repeated exactly", check.seconds)
+            return Watched(
+                cell,
+                "DIFFERS",
+                f"{detail}; and against the reference run of its commit on this kind "
+                f"of machine: " + "; ".join(map(str, against[:3])),
+                check.seconds,
+            )
+        watched = Watched(
+            cell,
+            "identical to the reference",
+            f"the stored run (another kind of machine) differs: {detail}; this kind's run of the "
+            f"published commit is repeated exactly",
+            check.seconds,
+        )
     else:
-        watched = Watched(cell, "identical" if check.mode == "exact" else "within tolerance",
-                          "" if check.mode == "exact" else check.why_tolerance, check.seconds)
+        watched = Watched(
+            cell,
+            "identical" if check.mode == "exact" else "within tolerance",
+            "" if check.mode == "exact" else check.why_tolerance,
+            check.seconds,
+        )
     if record:
         book.record(kind, cell.name, value, check.rounds, commit)
         watched.recorded = True

@@ -1,6 +1,7 @@
 """Time budgets of the tests that must bound a wait on another process (a cluster's start, a subprocess
 that may hang): scaled by the machine's load, so that a busy machine gives a slow but healthy run the time
 it needs, while a hang is still caught. Where a test can wait on an event instead, it does."""
+
 from __future__ import annotations
 
 import os

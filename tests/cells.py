@@ -1,5 +1,6 @@
 """Small cells on the generated Synthetic dataset, shared by the algorithm tests. The defaults are
 the ones the tests' thresholds were measured with; each test file overrides what it needs."""
+
 import numpy as np
 
 from pflbench.execution import ExecutionOptions
@@ -8,9 +9,19 @@ from pflbench.config import CellConfig
 from pflbench.federation import Federation
 from pflbench.rounds import prepare_cell, run_cell, with_server
 
-SMALL_CELL = dict(algorithm="fedavg", dataset="synthetic", dataset_options={"num_samples": 1000},
-                  partition="pathological", partition_params={"classes_per_client": 3}, clients=5, rounds=3,
-                  local_epochs=1, batch_size=16, lr=0.05, seed=0)
+SMALL_CELL = dict(
+    algorithm="fedavg",
+    dataset="synthetic",
+    dataset_options={"num_samples": 1000},
+    partition="pathological",
+    partition_params={"classes_per_client": 3},
+    clients=5,
+    rounds=3,
+    local_epochs=1,
+    batch_size=16,
+    lr=0.05,
+    seed=0,
+)
 
 
 def small_cell(**overrides) -> CellConfig:

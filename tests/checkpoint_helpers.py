@@ -1,6 +1,7 @@
 """Interrupt a cell after a round, resume it in a fresh Federation and algorithm, and compare with the
 uninterrupted run (shared by tests/test_checkpoint.py and the kill tests): pflbench.testing's, and the
 comparison of stored cells."""
+
 from __future__ import annotations
 
 import json
@@ -19,6 +20,7 @@ from pflbench.testing import (  # shipped to plugin authors (pflbench.testing); 
     interrupted_and_resumed as interrupted_and_resumed,
     uninterrupted as uninterrupted,
 )
+
 
 def assert_same_result(folder: Path, reference: Path) -> None:
     """Two stored cells (store folders) hold the same result bit for bit, timings and run records excepted."""

@@ -1,4 +1,5 @@
 """Suite-wide settings, and how `make test` spreads the suite over processes (pytest-xdist)."""
+
 import os
 
 import pytest

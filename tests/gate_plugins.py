@@ -7,6 +7,7 @@ The plugin's cells give FedAvg's results. In the folder GATE it writes:
   while GATE/armed exists (n tells the cells of one process apart); the cell then waits there until
   GATE/open exists or GATE/armed is gone (or the test kills its process).
 """
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -1,6 +1,7 @@
 """A minimal engine (the few members of pflbench.engine.Engine a method's local update and aggregation read)
 over fixed tensors, for the checks against official code (tests/fixtures/official/<method>/): the clients'
 samples, fixed batch plans per stream, the fixture's initial model, plain SGD."""
+
 from __future__ import annotations
 
 import contextlib
@@ -19,7 +20,11 @@ class TinyNet(nn.Module):
 
     def __init__(self, sizes=(6, 5, 4, 3)):
         super().__init__()
-        self.fc1, self.fc2, self.fc3 = nn.Linear(sizes[0], sizes[1]), nn.Linear(sizes[1], sizes[2]), nn.Linear(sizes[2], sizes[3])
+        self.fc1, self.fc2, self.fc3 = (
+            nn.Linear(sizes[0], sizes[1]),
+            nn.Linear(sizes[1], sizes[2]),
+            nn.Linear(sizes[2], sizes[3]),
+        )
 
     def forward(self, x):
         return self.fc3(torch.relu(self.fc2(torch.relu(self.fc1(x)))))
@@ -46,8 +51,9 @@ class OfficialEngine:
         self.kept_local = frozenset()
         self.sgd = SGD(self.lr)
         first = next(iter(self.plans.values()))[0]
-        self.budget = Budget(rounds=1, clients_per_round=len(self.sizes), local_epochs=self.epochs,
-                             batch_size=first.shape[1])
+        self.budget = Budget(
+            rounds=1, clients_per_round=len(self.sizes), local_epochs=self.epochs, batch_size=first.shape[1]
+        )
 
     @property
     def num_clients(self):
@@ -79,8 +85,16 @@ class OfficialEngine:
         assert not unused, unused
         clients = [int(c) for c in clients]
         plans = self.local_plans(rnd, clients, stream=stream)
-        new, loss = train_clients(self.model, state, self.features, self.labels,
-                                  [self._owned[c] for c in clients], plans, self.sgd, batched=self.batched)
+        new, loss = train_clients(
+            self.model,
+            state,
+            self.features,
+            self.labels,
+            [self._owned[c] for c in clients],
+            plans,
+            self.sgd,
+            batched=self.batched,
+        )
         return TrainResult(new, loss, torch.tensor([len(plan) for plan in plans], dtype=torch.int64))
 
     def data(self, ids):

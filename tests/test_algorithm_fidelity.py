@@ -2,6 +2,7 @@
 epochs, Ditto's lambda, Per-FedAvg's meta step, pFedMe's all-clients training and mu, pFedHN's
 official inner optimizer, FedFomo's L1 distance, APFL's initial alpha). Each test checks behaviour,
 not only the default's value: the default run is compared with an explicit computation."""
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -27,8 +28,9 @@ def _make(alg_cls, fed, hp=None):
 
 def _run(alg_cls, fed, hp=None, rounds=None):
     alg = _make(alg_cls, fed, hp)
-    sent = [run_round(alg, rnd, torch.as_tensor(fed.schedule[rnd - 1]))
-            for rnd in range(1, (rounds or fed.cell.rounds) + 1)]
+    sent = [
+        run_round(alg, rnd, torch.as_tensor(fed.schedule[rnd - 1])) for rnd in range(1, (rounds or fed.cell.rounds) + 1)
+    ]
     return alg, sent
 
 
@@ -154,17 +156,21 @@ def test_pfedme_trains_only_sampled_clients_by_default_and_every_client_with_the
     row = torch.tensor([others[0]])
     _local_train(solo, 1, row)
     for n in fed.model.names:
-        torch.testing.assert_close(on.personal_state[n][others[0]], solo.personal_state[n][others[0]],
-                                   atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(
+            on.personal_state[n][others[0]], solo.personal_state[n][others[0]], atol=1e-6, rtol=1e-5
+        )
 
     # honest communication: the option downloads to every client, uploads from the sampled ones only
     model_bytes = int(Payload.from_state(fed.init_state(1), torch.zeros(1)).nbytes[0])
     res_off = run_cell(cell.model_copy(update={"rounds": 2}), data_root=tmp_path)
-    res_on = run_cell(cell.model_copy(update={"rounds": 2, "hp": {**cell.hp, "train_all_clients": True}}),
-                      data_root=tmp_path)
+    res_on = run_cell(
+        cell.model_copy(update={"rounds": 2, "hp": {**cell.hp, "train_all_clients": True}}), data_root=tmp_path
+    )
     assert (res_off.rounds["bytes_down"] == 2 * model_bytes).all()
     assert (res_on.rounds["bytes_down"] == 5 * model_bytes).all()
-    assert (res_on.rounds["bytes_up"] == 2 * model_bytes).all() and res_on.rounds["bytes_up"].equals(res_off.rounds["bytes_up"])
+    assert (res_on.rounds["bytes_up"] == 2 * model_bytes).all() and res_on.rounds["bytes_up"].equals(
+        res_off.rounds["bytes_up"]
+    )
 
 
 def test_pfedme_mu_adds_the_official_l2_term_to_the_inner_step(tmp_path):
@@ -181,8 +187,9 @@ def test_pfedme_mu_adds_the_official_l2_term_to_the_inner_step(tmp_path):
         for c in range(fed.num_clients):
             g = _grad(fed, w0, ids[c, 0])
             for n in fed.model.param_names:
-                torch.testing.assert_close(alg.personal_state[n][c], w0[n] - 0.05 * (g[n] + mu * w0[n]),
-                                           atol=1e-6, rtol=1e-5)
+                torch.testing.assert_close(
+                    alg.personal_state[n][c], w0[n] - 0.05 * (g[n] + mu * w0[n]), atol=1e-6, rtol=1e-5
+                )
 
 
 # ---- pFedHN: the official inner optimizer as an option ---------------------------------------------
@@ -224,9 +231,15 @@ def test_pfedhn_official_inner_optimizer_matches_torch_sgd_with_clipping(tmp_pat
 
 def test_pfedhn_official_inner_optimizer_runs_in_both_server_update_modes(tmp_path):
     for mode in ("per_client", "per_round"):
-        result = run_cell(_cell(algorithm="pfedhn", rounds=2, participation=0.6,
-                                hp={"inner_optimizer": "official", "inner_steps": 10, "server_updates": mode}),
-                          data_root=tmp_path)
+        result = run_cell(
+            _cell(
+                algorithm="pfedhn",
+                rounds=2,
+                participation=0.6,
+                hp={"inner_optimizer": "official", "inner_steps": 10, "server_updates": mode},
+            ),
+            data_root=tmp_path,
+        )
         assert result.status == "finished", result.error
 
 
@@ -251,7 +264,7 @@ def test_fedfomo_weights_divide_by_the_l1_distance_by_default(tmp_path):
         for n in fed.model.param_names:
             diff = (cand[n] - own[n]).flatten(1).double()
             l1[:, m] += diff.abs().sum(1)
-            l2[:, m] += (diff ** 2).sum(1)
+            l2[:, m] += (diff**2).sum(1)
     expected = fomo_weights(own_loss, cand_loss, l1.to(own_loss.dtype))
     torch.testing.assert_close(raw, expected.cpu(), atol=1e-6, rtol=1e-4)
     assert (raw != 0).any()
@@ -275,10 +288,15 @@ def test_apfl_starts_from_alpha_one_half_and_evaluates_that_mixture(tmp_path):
 
 
 # ---- the new options, batched and looped ------------------------------------------------------------
-@pytest.mark.parametrize("algorithm,hp", [
-    ("pfedme", {"train_all_clients": True, "mu": 1e-3}),
-    ("pfedhn", {"inner_optimizer": "official", "inner_steps": 5, "server_updates": "per_round"})])
+@pytest.mark.parametrize(
+    "algorithm,hp",
+    [
+        ("pfedme", {"train_all_clients": True, "mu": 1e-3}),
+        ("pfedhn", {"inner_optimizer": "official", "inner_steps": 5, "server_updates": "per_round"}),
+    ],
+)
 def test_options_batched_path_matches_client_loop(tmp_path, algorithm, hp):
-    cell = _cell(algorithm=algorithm, hp=hp, rounds=2, participation=0.6,
-                 partition="dirichlet", partition_params={"alpha": 0.5})
+    cell = _cell(
+        algorithm=algorithm, hp=hp, rounds=2, participation=0.6, partition="dirichlet", partition_params={"alpha": 0.5}
+    )
     assert_batched_matches_loop(cell, tmp_path)

@@ -1,5 +1,6 @@
 """Per-FedAvg, pFedMe, FedRep, FedFomo: their defining properties, what they send, that they learn,
 and that divergence is a result."""
+
 import numpy as np
 import pytest
 import torch
@@ -51,9 +52,17 @@ def _bytes(model, names):
 
 
 def test_fedrep_head_never_leaves_the_client_and_the_body_is_shared(tmp_path):
-    cell = _cell(algorithm="fedrep", hp={"head_epochs": 2}, dataset="synthetic-images", partition="iid",
-                 partition_params={}, dataset_options={"num_samples": 400, "channels": 3, "size": 32},
-                 model="cnn-bn", participation=0.6, rounds=2)
+    cell = _cell(
+        algorithm="fedrep",
+        hp={"head_epochs": 2},
+        dataset="synthetic-images",
+        partition="iid",
+        partition_params={},
+        dataset_options={"num_samples": 400, "channels": 3, "size": 32},
+        model="cnn-bn",
+        participation=0.6,
+        rounds=2,
+    )
     result = run_cell(cell, data_root=tmp_path)
     model = ClientModel(build_model("cnn-bn", (3, 32, 32), 10))
     head = {"fc3.weight", "fc3.bias"}
@@ -137,10 +146,13 @@ def test_fedfomo_client_seeing_only_worse_models_keeps_its_own_and_takes_a_bette
     # One better model (each client's own, trained 5 more epochs on its data) among worse ones:
     # it takes the whole weight, and the update moves the client exactly onto it.
     better = fed.train(3, clients, own, epochs=5).state
-    updated = receive({**{f"model0.{n}": torch.zeros_like(t) for n, t in own.items()},
-                       **{f"model1.{n}": better[n] for n in own}})
+    updated = receive(
+        {**{f"model0.{n}": torch.zeros_like(t) for n, t in own.items()}, **{f"model1.{n}": better[n] for n in own}}
+    )
     assert (updated[WEIGHTS][:, 1] > 0).all()
-    torch.testing.assert_close(normalize_weights(updated[WEIGHTS]), torch.tensor([[0.0, 1.0]]).expand(fed.num_clients, 2))
+    torch.testing.assert_close(
+        normalize_weights(updated[WEIGHTS]), torch.tensor([[0.0, 1.0]]).expand(fed.num_clients, 2)
+    )
     for n in fed.model.param_names:
         torch.testing.assert_close(updated[n], better[n])
 
@@ -219,8 +231,7 @@ def test_perfedavg_personalized_model_is_the_global_one_after_one_adaptation_ste
     personal = alg.personalized()
     everyone = torch.arange(fed.num_clients)
     gens = fed.batch_generators(0, everyone, stream=PerFedAvg.ADAPT_STREAM)
-    plans = batch_plan([len(fed.splits["train"][c]) for c in range(fed.num_clients)], fed.cell.batch_size,
-                       1, 1, gens)
+    plans = batch_plan([len(fed.splits["train"][c]) for c in range(fed.num_clients)], fed.cell.batch_size, 1, 1, gens)
     glob = {n: t[0] for n, t in alg.global_state.items()}
     for c in range(fed.num_clients):
         ids = fed.splits["train"][c][plans[c][0]]  # one mini-batch of the client's own training data
@@ -275,30 +286,53 @@ def test_perfedavg_meta_step_first_order_and_hessian_free(tmp_path):
 # ---- all four --------------------------------------------------------------------------------------
 # measured (synthetic, 1000 samples, 5 clients x 3 classes, 3 rounds, lr 0.05): perfedavg 0.52 (fo) and
 # 0.52 (hf), pfedme 0.85, fedrep 0.92, fedfomo 0.86; local 0.86, fedavg 0.51; chance 0.10.
-@pytest.mark.parametrize("algorithm,hp,threshold", [
-    # Per-FedAvg with beta = the cell's lr (its default beta, 1e-3, barely moves in 3 rounds)
-    ("perfedavg", {"beta": None}, 0.35), ("perfedavg", {"variant": "hf", "beta": None}, 0.35), ("pfedme", {}, 0.7),
-    ("fedrep", {}, 0.75), ("fedfomo", {}, 0.7)])
+@pytest.mark.parametrize(
+    "algorithm,hp,threshold",
+    [
+        # Per-FedAvg with beta = the cell's lr (its default beta, 1e-3, barely moves in 3 rounds)
+        ("perfedavg", {"beta": None}, 0.35),
+        ("perfedavg", {"variant": "hf", "beta": None}, 0.35),
+        ("pfedme", {}, 0.7),
+        ("fedrep", {}, 0.75),
+        ("fedfomo", {}, 0.7),
+    ],
+)
 def test_above_chance_on_the_generated_dataset(tmp_path, algorithm, hp, threshold):
     result = run_cell(_cell(algorithm=algorithm, hp=hp), data_root=tmp_path)
     assert result.status == "finished"
     assert result.summary["final_accuracy"] >= threshold
 
 
-@pytest.mark.parametrize("algorithm,hp,lr", [
-    ("perfedavg", {"beta": None}, 1e6), ("perfedavg", {"variant": "hf", "beta": None}, 1e6),
-    ("perfedavg", {"alpha": 1e6}, 0.05),
-    ("pfedme", {}, 1e6), ("pfedme", {"lam": 100.0}, 0.05), ("fedrep", {}, 1e6), ("fedfomo", {}, 1e6)])
+@pytest.mark.parametrize(
+    "algorithm,hp,lr",
+    [
+        ("perfedavg", {"beta": None}, 1e6),
+        ("perfedavg", {"variant": "hf", "beta": None}, 1e6),
+        ("perfedavg", {"alpha": 1e6}, 0.05),
+        ("pfedme", {}, 1e6),
+        ("pfedme", {"lam": 100.0}, 0.05),
+        ("fedrep", {}, 1e6),
+        ("fedfomo", {}, 1e6),
+    ],
+)
 def test_divergence_is_recorded_not_raised(tmp_path, algorithm, hp, lr):
     result = run_cell(_cell(algorithm=algorithm, hp=hp, lr=lr), data_root=tmp_path)
     assert result.status == "diverged"
     assert result.summary["diverged_round"] == 1 and result.error.startswith("round 1:")
 
 
-@pytest.mark.parametrize("algorithm,hp", [("perfedavg", {"variant": "hf"}), ("pfedme", {}),
-                                          ("fedrep", {"head_epochs": 2}), ("fedfomo", {})])
+@pytest.mark.parametrize(
+    "algorithm,hp", [("perfedavg", {"variant": "hf"}), ("pfedme", {}), ("fedrep", {"head_epochs": 2}), ("fedfomo", {})]
+)
 def test_batched_path_matches_client_loop(tmp_path, algorithm, hp):
     # Dirichlet: unequal client sizes, so clients finish their local steps at different times.
-    cell = _cell(algorithm=algorithm, hp=hp, rounds=2, participation=0.6, momentum=0.5,
-                 partition="dirichlet", partition_params={"alpha": 0.5})
+    cell = _cell(
+        algorithm=algorithm,
+        hp=hp,
+        rounds=2,
+        participation=0.6,
+        momentum=0.5,
+        partition="dirichlet",
+        partition_params={"alpha": 0.5},
+    )
     assert_batched_matches_loop(cell, tmp_path)

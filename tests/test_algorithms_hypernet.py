@@ -1,5 +1,6 @@
 """pFedLA, HeurpFedLA, pFedHN and pFedHN-PC: the hypernetwork updates (sign, size, effect), the
 aggregation weights, the communication of retained layers, and models for never-sampled clients."""
+
 import numpy as np
 import pytest
 import torch
@@ -200,9 +201,11 @@ def test_pfedla_groups_find_each_other_at_the_defaults(tmp_path):
 
     def weights():
         alpha = alg.all_alphas()  # [N, L, N]
-        return ((alpha * same[:, None, :]).sum(-1).mean().item(),           # own group, self included
-                (alpha * other[:, None, :]).sum(-1).mean().item() / 2,      # per in-group other client
-                (alpha * ~same[:, None, :]).sum(-1).mean().item() / 3)      # per cross-group client
+        return (
+            (alpha * same[:, None, :]).sum(-1).mean().item(),  # own group, self included
+            (alpha * other[:, None, :]).sum(-1).mean().item() / 2,  # per in-group other client
+            (alpha * ~same[:, None, :]).sum(-1).mean().item() / 3,
+        )  # per cross-group client
 
     assert weights() == pytest.approx((0.5, 1 / n, 1 / n))
     everyone = torch.arange(n)
@@ -247,8 +250,9 @@ def test_pfedla_shared_classes_reference_is_fixed_and_follows_shared_classes(tmp
     fed = _two_group_federation(tmp_path)
     alg = _setup(PFedLA, fed, {"alpha_rule": "shared_classes"})
     n = fed.num_clients
-    expected = torch.tensor([[0.5 if i == j else (0.25 if i // 3 == j // 3 else 0.0) for j in range(n)]
-                             for i in range(n)])
+    expected = torch.tensor(
+        [[0.5 if i == j else (0.25 if i // 3 == j // 3 else 0.0) for j in range(n)] for i in range(n)]
+    )
     alpha = alg.all_alphas()
     torch.testing.assert_close(alpha, expected[:, None, :].expand_as(alpha).to(alpha.dtype))
     copies = {p: t.clone() for p, t in alg.server_params.items()}
@@ -286,8 +290,9 @@ def test_heurpfedla_saves_exactly_the_retained_layers_bytes_on_the_download_only
             keep = heur.retained(heur.alphas(clients), clients)  # the layers each client keeps this round
         down_full, up_full = run_round(full, rnd, clients)
         down_heur, up_heur = run_round(heur, rnd, clients)
-        layer_bytes = torch.tensor([sum(fed.model.init(1, 0)[p].numel() * 4 for p in group)
-                                    for group in heur.layer_params])
+        layer_bytes = torch.tensor(
+            [sum(fed.model.init(1, 0)[p].numel() * 4 for p in group) for group in heur.layer_params]
+        )
         retained_bytes = (keep.long() * layer_bytes).sum(1)
         assert (keep.sum(1) == 1).all() and (retained_bytes > 0).all()
         assert torch.equal(down_full.nbytes - down_heur.nbytes, retained_bytes)
@@ -409,8 +414,12 @@ def test_pfedhn_pc_keeps_the_classifier_on_the_client(tmp_path):
 
 def test_hypernetwork_methods_learn_on_the_generated_dataset(tmp_path):
     # Chance is 0.1 (10 classes). pFedHN's 20 inner steps take the paper's small learning rate.
-    for algorithm, lr, hp in [("pfedla", 0.05, {}), ("heurpfedla", 0.05, {}), ("pfedhn", 0.01, {"inner_steps": 20}),
-                              ("pfedhn-pc", 0.01, {"inner_steps": 20})]:
+    for algorithm, lr, hp in [
+        ("pfedla", 0.05, {}),
+        ("heurpfedla", 0.05, {}),
+        ("pfedhn", 0.01, {"inner_steps": 20}),
+        ("pfedhn-pc", 0.01, {"inner_steps": 20}),
+    ]:
         result = run_cell(_cell(algorithm=algorithm, rounds=4, lr=lr, hp=hp), data_root=tmp_path)
         assert result.status == "finished", (algorithm, result.error)
         assert result.summary["final_accuracy"] > 0.3, (algorithm, result.summary["final_accuracy"])

@@ -1,4 +1,5 @@
 """Ditto, APFL and L2GD: their limiting cases, their communication, and that they learn."""
+
 import numpy as np
 import pytest
 import torch
@@ -86,8 +87,10 @@ def test_apfl_alpha_one_evaluates_the_local_model(tmp_path):
     for n in fed.model.names:
         assert torch.equal(personal[n], apfl.local_state[n]), n  # evaluated model == v_i exactly
         torch.testing.assert_close(apfl.local_state[n], reference[n], atol=1e-5, rtol=1e-5, msg=n)
-    assert not torch.equal(personal[fed.model.param_names[0]],
-                           apfl.global_state[fed.model.param_names[0]].expand_as(personal[fed.model.param_names[0]]))
+    assert not torch.equal(
+        personal[fed.model.param_names[0]],
+        apfl.global_state[fed.model.param_names[0]].expand_as(personal[fed.model.param_names[0]]),
+    )
 
 
 def test_apfl_learned_alpha_moves_within_bounds_and_learns(tmp_path):
@@ -102,9 +105,17 @@ def test_apfl_learns_alpha_on_a_model_with_batchnorm(tmp_path):
     # alpha's step once differentiated through BatchNorm's running statistics and crashed (CIFAR's CNN)
     from pflbench.config import CellConfig
 
-    cell = CellConfig(algorithm="apfl", dataset="synthetic-images", model="cnn-bn", clients=4, rounds=2, lr=0.05,
-                      dataset_options={"num_samples": 240, "channels": 3, "size": 32},
-                      partition="pathological", partition_params={"classes_per_client": 3})
+    cell = CellConfig(
+        algorithm="apfl",
+        dataset="synthetic-images",
+        model="cnn-bn",
+        clients=4,
+        rounds=2,
+        lr=0.05,
+        dataset_options={"num_samples": 240, "channels": 3, "size": 32},
+        partition="pathological",
+        partition_params={"classes_per_client": 3},
+    )
     result = run_cell(cell, data_root=tmp_path)
     assert result.status == "finished", result.error
     alphas = result.artifacts["alpha_round00002"]

@@ -1,4 +1,5 @@
 """FedProx, FedPer, LG-FedAvg, FedBABU: exactness, what they send, FedBABU's frozen head, accuracy."""
+
 import pytest
 import torch
 
@@ -11,9 +12,19 @@ from pflbench.training import ClientModel
 
 
 def _cell(**overrides):
-    base = dict(algorithm="fedavg", dataset="synthetic", dataset_options={"num_samples": 1000},
-                partition="pathological", partition_params={"classes_per_client": 4}, clients=5, rounds=2,
-                local_epochs=1, batch_size=16, lr=0.05, seed=0)
+    base = dict(
+        algorithm="fedavg",
+        dataset="synthetic",
+        dataset_options={"num_samples": 1000},
+        partition="pathological",
+        partition_params={"classes_per_client": 4},
+        clients=5,
+        rounds=2,
+        local_epochs=1,
+        batch_size=16,
+        lr=0.05,
+        seed=0,
+    )
     return CellConfig(**{**base, **overrides})
 
 
@@ -34,7 +45,12 @@ def _bytes(model, names):
 def test_layers_are_grouped_by_position_with_batchnorm_joining_the_layer_before():
     groups = ClientModel(build_model("cnn-bn", (3, 32, 32), 10)).layers
     assert [sorted({n.rpartition(".")[0] for n in g}) for g in groups] == [
-        ["bn1", "conv1"], ["bn2", "conv2"], ["fc1"], ["fc2"], ["fc3"]]
+        ["bn1", "conv1"],
+        ["bn2", "conv2"],
+        ["fc1"],
+        ["fc2"],
+        ["fc3"],
+    ]
     assert "bn1.running_mean" in groups[0] and groups[-1] == ["fc3.weight", "fc3.bias"]
     mlp = ClientModel(build_model("mlp", (60,), 10)).layers
     assert mlp == [[f"fc{i}.weight", f"fc{i}.bias"] for i in (1, 2, 3)]
@@ -57,8 +73,9 @@ def test_fedprox_large_mu_keeps_local_models_near_the_global_one(tmp_path):
         fed, alg = _algorithm(_cell(algorithm="fedprox", hp={"mu": mu}, local_epochs=2), tmp_path)
         clients = torch.as_tensor(fed.schedule[0])
         download, upload = (p.state for p in run_round(alg, 1, clients))
-        drift[mu] = sum(((upload[n] - download[n]) ** 2).flatten(1).sum(1)
-                        for n in fed.model.param_names).sqrt().mean().item()
+        drift[mu] = (
+            sum(((upload[n] - download[n]) ** 2).flatten(1).sum(1) for n in fed.model.param_names).sqrt().mean().item()
+        )
     # measured: about 0.80, 0.57 and 0.10 (lr 0.05, 2 epochs); a strong proximal pull cuts the drift
     assert drift[0.0] > drift[1.0] > drift[10.0] > 0
     assert drift[10.0] < 0.4 * drift[0.0]
@@ -76,9 +93,16 @@ LOCAL_PARTS = {
 @pytest.mark.parametrize("key", list(LOCAL_PARTS))
 def test_local_parts_never_appear_in_the_bytes_sent(tmp_path, key):
     hp, local_modules = LOCAL_PARTS[key]
-    cell = _cell(algorithm=key.split("-2")[0], hp=hp, dataset="synthetic-images", partition="iid",
-                 partition_params={}, dataset_options={"num_samples": 400, "channels": 3, "size": 32},
-                 model="cnn-bn", participation=0.6)
+    cell = _cell(
+        algorithm=key.split("-2")[0],
+        hp=hp,
+        dataset="synthetic-images",
+        partition="iid",
+        partition_params={},
+        dataset_options={"num_samples": 400, "channels": 3, "size": 32},
+        model="cnn-bn",
+        participation=0.6,
+    )
     result = run_cell(cell, data_root=tmp_path)
     model = ClientModel(build_model("cnn-bn", (3, 32, 32), 10))
     local = [n for n in model.names if n.rpartition(".")[0] in local_modules]
@@ -104,7 +128,9 @@ def test_fedbabu_head_stays_at_its_initialization_and_evaluation_leaves_the_stat
         assert torch.equal(alg.client_state[n], init[n].expand_as(alg.client_state[n]))
         assert torch.equal(alg.global_state[n], init[n])
     assert not torch.equal(alg.global_state["fc1.weight"], init["fc1.weight"])  # the body did train
-    before = {n: t.clone() for n, t in {**alg.global_state, **{f"c.{k}": v for k, v in alg.client_state.items()}}.items()}
+    before = {
+        n: t.clone() for n, t in {**alg.global_state, **{f"c.{k}": v for k, v in alg.client_state.items()}}.items()
+    }
     personal = alg.personalized()
     after = {**alg.global_state, **{f"c.{k}": v for k, v in alg.client_state.items()}}
     assert all(torch.equal(before[n], after[n]) for n in before)  # fine-tuning touched nothing federated
@@ -115,11 +141,11 @@ def test_fedbabu_head_stays_at_its_initialization_and_evaluation_leaves_the_stat
 
 # measured (synthetic, 1500 samples, 5 clients x 4 classes, 3 rounds): fedprox 0.66, fedper 0.91,
 # lg-fedavg 0.87, fedbabu 0.95; chance is 0.10 overall, 0.25 within a client's 4 classes.
-@pytest.mark.parametrize("algorithm,threshold", [
-    ("fedprox", 0.5), ("fedper", 0.75), ("lg-fedavg", 0.7), ("fedbabu", 0.8)])
+@pytest.mark.parametrize(
+    "algorithm,threshold", [("fedprox", 0.5), ("fedper", 0.75), ("lg-fedavg", 0.7), ("fedbabu", 0.8)]
+)
 def test_above_chance_on_the_generated_dataset(tmp_path, algorithm, threshold):
-    result = run_cell(_cell(algorithm=algorithm, rounds=3, dataset_options={"num_samples": 1500}),
-                      data_root=tmp_path)
+    result = run_cell(_cell(algorithm=algorithm, rounds=3, dataset_options={"num_samples": 1500}), data_root=tmp_path)
     assert result.status == "finished"
     assert result.summary["final_accuracy"] >= threshold
 
@@ -127,8 +153,14 @@ def test_above_chance_on_the_generated_dataset(tmp_path, algorithm, threshold):
 def test_fedbabu_on_generated_images_with_the_cnn(tmp_path):
     # measured: FedBABU 0.61 after 3 rounds (Local 0.59, LG-FedAvg 0.39, FedPer 0.29, FedAvg 0.10 at
     # this lr/momentum); chance within a client's 4 classes is 0.25
-    cell = _cell(algorithm="fedbabu", dataset="synthetic-images", dataset_options={"num_samples": 1000},
-                 rounds=3, local_epochs=2, momentum=0.9)
+    cell = _cell(
+        algorithm="fedbabu",
+        dataset="synthetic-images",
+        dataset_options={"num_samples": 1000},
+        rounds=3,
+        local_epochs=2,
+        momentum=0.9,
+    )
     result = run_cell(cell, data_root=tmp_path)
     assert result.status == "finished" and result.summary["model"] == "cnn"
     assert result.summary["final_accuracy"] >= 0.45

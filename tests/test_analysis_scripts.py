@@ -3,6 +3,7 @@
 table against the paper (column_table.py), a cell's curve (curve.py) and a cell branched from its
 checkpoint (branch.py), run on
 small cells made here and checked against the raw arrays they summarize."""
+
 from __future__ import annotations
 
 import io
@@ -132,7 +133,8 @@ def test_column_table_takes_every_delta_from_unrounded_means(tmp_path):
     (tmp_path / "reference").mkdir()
     (tmp_path / "reference" / "paper.csv").write_text(
         "algorithm,dataset,partition,clients,protocol,mean,std\n"
-        "pfedhn,fmnist,pathological,3,adapted-final-clients,94.83,0.33\n")
+        "pfedhn,fmnist,pathological,3,adapted-final-clients,94.83,0.33\n"
+    )
     references = load_references(tmp_path / "reference")
     local = {0: (0.90, 0.92, 0.94), 1: (0.88, 0.90, 0.95)}
     ours = {0: ((0.90, 0.91, 0.91), (0.92, 0.95, 0.95)), 1: ((0.89, 0.93, 0.93), (0.90, 0.94, 0.97))}
@@ -145,25 +147,39 @@ def test_column_table_takes_every_delta_from_unrounded_means(tmp_path):
     local_row, row = (next(line for line in one if line.startswith(f"| {name} |")) for name in ("Local", "pFedHN"))
     cells = [c.strip() for c in row.split("|")[1:-1]]
     delivered, adapted = np.mean(ours[0][0]) * 100, np.mean(ours[0][1]) * 100
-    assert cells[3:8] == [f"{delivered:.2f}", f"{adapted:.2f}", "94.83", "\u22124.16",
-                          f"{adapted - 94.83:+.2f}".replace("-", "\u2212")]
+    assert cells[3:8] == [
+        f"{delivered:.2f}",
+        f"{adapted:.2f}",
+        "94.83",
+        "\u22124.16",
+        f"{adapted - 94.83:+.2f}".replace("-", "\u2212"),
+    ]
     assert round(delivered, 1) - 94.83 == pytest.approx(-4.13)  # what a rounded mean would have printed
     differences = (np.array(ours[0][1]) - np.array(local[0])) * 100
-    assert cells[9] == (f"{differences.mean():+.2f} ± {differences.std(ddof=1) / np.sqrt(3):.2f} (3 up, 0 down)"
-                        .replace("-", "\u2212"))
+    assert cells[9] == (
+        f"{differences.mean():+.2f} ± {differences.std(ddof=1) / np.sqrt(3):.2f} (3 up, 0 down)".replace("-", "\u2212")
+    )
     assert local_row.split("|")[6].strip() == "–" and local_row.split("|")[10].strip() == "–"  # no paper, no − Local
 
     both = column_table.table([tmp_path / "seed0", tmp_path / "seed1"], references).splitlines()
     cells = [c.strip() for c in next(line for line in both if line.startswith("| pFedHN |")).split("|")[1:-1]]
     per_seed = [np.mean(ours[s][1]) * 100 for s in (0, 1)]
     assert cells[2] == "0, 1" and cells[1] == "`seed0` / `seed1`"
-    assert cells[4] == f"{np.mean(per_seed):.2f} ± {np.std(per_seed, ddof=1):.2f} (seeds {per_seed[0]:.2f} / {per_seed[1]:.2f})"
-    assert cells[7] == (f"{np.mean(per_seed) - 94.83:+.2f} (seeds {per_seed[0] - 94.83:+.2f} / {per_seed[1] - 94.83:+.2f})"
-                        .replace("-", "\u2212"))
+    assert (
+        cells[4]
+        == f"{np.mean(per_seed):.2f} ± {np.std(per_seed, ddof=1):.2f} (seeds {per_seed[0]:.2f} / {per_seed[1]:.2f})"
+    )
+    assert cells[7] == (
+        f"{np.mean(per_seed) - 94.83:+.2f} (seeds {per_seed[0] - 94.83:+.2f} / {per_seed[1] - 94.83:+.2f})".replace(
+            "-", "\u2212"
+        )
+    )
     pooled = np.concatenate([(np.array(ours[s][1]) - np.array(local[s])) * 100 for s in (0, 1)])
     seeds = [((np.array(ours[s][1]) - np.array(local[s])) * 100).mean() for s in (0, 1)]
     assert cells[9].startswith(f"{pooled.mean():+.2f} ± {pooled.std(ddof=1) / np.sqrt(6):.2f} (")
-    assert cells[9].endswith(f"; over seeds {np.mean(seeds):+.2f} ± {np.std(seeds, ddof=1):.2f} SD".replace("-", "\u2212"))
+    assert cells[9].endswith(
+        f"; over seeds {np.mean(seeds):+.2f} ± {np.std(seeds, ddof=1):.2f} SD".replace("-", "\u2212")
+    )
 
 
 BRANCH_SPEC = """
@@ -189,8 +205,9 @@ def branched(tmp_path_factory):
 
     tmp = tmp_path_factory.mktemp("branch")
     (tmp / "spec.yaml").write_text(BRANCH_SPEC)
-    options = RunOptions(results=tmp / "store", data_root=tmp / "data", use_ray=False, checkpoint_every=3,
-                         keep_checkpoints=True)
+    options = RunOptions(
+        results=tmp / "store", data_root=tmp / "data", use_ray=False, checkpoint_every=3, keep_checkpoints=True
+    )
     assert run_plan(load_spec(tmp / "spec.yaml"), options, Console(file=io.StringIO())).exit_code == 0
     folder = next(f for f in (tmp / "store").iterdir() if (f / "summary.json").is_file())
     return tmp, folder
@@ -198,9 +215,27 @@ def branched(tmp_path_factory):
 
 def _branch(tmp, folder, name, *extra):
     out = tmp / f"{name}.json"
-    assert branch.main([str(folder / "checkpoint.pt"), "--config", str(folder / "config.json"), "--out", str(out),
-                        "--data-root", str(tmp / "data"), "--check", str(folder), "--probe-every", "1",
-                        "--power-steps", "30", *extra]) == 0
+    assert (
+        branch.main(
+            [
+                str(folder / "checkpoint.pt"),
+                "--config",
+                str(folder / "config.json"),
+                "--out",
+                str(out),
+                "--data-root",
+                str(tmp / "data"),
+                "--check",
+                str(folder),
+                "--probe-every",
+                "1",
+                "--power-steps",
+                "30",
+                *extra,
+            ]
+        )
+        == 0
+    )
     return json.loads(out.read_text())
 
 
@@ -218,16 +253,48 @@ def test_a_branch_without_changes_repeats_the_stored_rounds(branched):
     # a light checkpoint (without Per-FedAvg's cache of delivered models) branches to the same rounds,
     # and a snapshot of the shared model alone probes as the whole checkpoint does
     assert branch.main([str(folder / "checkpoint.pt"), "--write-light", str(tmp / "light.pt")]) == 0
-    assert branch.main([str(tmp / "light.pt"), "--config", str(folder / "config.json"), "--out", str(tmp / "light.json"),
-                        "--data-root", str(tmp / "data"), "--check", str(folder), "--power-steps", "30"]) == 0
+    assert (
+        branch.main(
+            [
+                str(tmp / "light.pt"),
+                "--config",
+                str(folder / "config.json"),
+                "--out",
+                str(tmp / "light.json"),
+                "--data-root",
+                str(tmp / "data"),
+                "--check",
+                str(folder),
+                "--power-steps",
+                "30",
+            ]
+        )
+        == 0
+    )
     light = json.loads((tmp / "light.json").read_text())
     assert light["differences"] == [] and light["evaluations"] == found["evaluations"]
     assert branch.main(["--write-snapshots", str(folder / "checkpoint.pt"), "--out", str(tmp / "snapshots")]) == 0
-    assert branch.main(["--config", str(folder / "config.json"), "--out", str(tmp / "snapshots.json"), "--data-root",
-                        str(tmp / "data"), "--power-steps", "30", "--snapshots", str(tmp / "snapshots" / "snapshot-0003.pt")]) == 0
+    assert (
+        branch.main(
+            [
+                "--config",
+                str(folder / "config.json"),
+                "--out",
+                str(tmp / "snapshots.json"),
+                "--data-root",
+                str(tmp / "data"),
+                "--power-steps",
+                "30",
+                "--snapshots",
+                str(tmp / "snapshots" / "snapshot-0003.pt"),
+            ]
+        )
+        == 0
+    )
     probed = json.loads((tmp / "snapshots.json").read_text())["probes"]
     assert len(probed) == 1 and {k: v for k, v in probed[0].items() if k not in ("seconds", "moved")} == {
-        k: v for k, v in found["probes"][0].items() if k not in ("seconds", "moved")}
+        k: v for k, v in found["probes"][0].items() if k not in ("seconds", "moved")
+    }
     changed = _branch(tmp, folder, "beta", "--set", "hp.beta=0.01")
     assert changed["changes"] == ["hp.beta=0.01"] and len(changed["differences"]) >= 1
 
@@ -238,10 +305,16 @@ def test_a_branch_of_a_privacy_cell_probes_the_wrapped_methods_shared_model(tmp_
     wrapper, and repeats the stored rounds from the checkpoint, the privacy plan's state included."""
     from pflbench.spec import load_spec
 
-    (tmp_path / "spec.yaml").write_text(BRANCH_SPEC.replace("hp: {beta: 0.05}}",
-                                                            "hp: {beta: 0.05}, privacy: {epsilon: 8.0, clip: 0.05}}"))
-    options = RunOptions(results=tmp_path / "store", data_root=tmp_path / "data", use_ray=False, checkpoint_every=3,
-                         keep_checkpoints=True)
+    (tmp_path / "spec.yaml").write_text(
+        BRANCH_SPEC.replace("hp: {beta: 0.05}}", "hp: {beta: 0.05}, privacy: {epsilon: 8.0, clip: 0.05}}")
+    )
+    options = RunOptions(
+        results=tmp_path / "store",
+        data_root=tmp_path / "data",
+        use_ray=False,
+        checkpoint_every=3,
+        keep_checkpoints=True,
+    )
     assert run_plan(load_spec(tmp_path / "spec.yaml"), options, Console(file=io.StringIO())).exit_code == 0
     folder = next(f for f in (tmp_path / "store").iterdir() if (f / "summary.json").is_file())
     assert json.loads((folder / "config.json").read_text())["cell"]["privacy"]["epsilon"] == 8.0
@@ -280,7 +353,7 @@ def test_the_curvature_probe_finds_the_hessians_top_eigenvalue(branched):
     def loss(vector):
         params, at = {}, 0
         for n, shape in zip(names, shapes):
-            params[n] = vector[at:at + shape.numel()].view(shape)
+            params[n] = vector[at : at + shape.numel()].view(shape)
             at += shape.numel()
         logits = fed.model.forward(params, fed.features[ids][None].to(vector.dtype), train=True)
         return F.cross_entropy(logits[0], fed.labels[ids])

@@ -6,6 +6,7 @@ and whole cells with `cuda_graphs` on and off; one static step is kept per shape
 round; the device flags of `DeviceLossCheck` give `LossCheck`'s answers, so a NaN raises the same `Diverged`;
 no step reads the device (pFedHN's official optimizer included, which read its loss at every step). On CUDA
 (tests/test_cuda.py) the same steps are captured as CUDA graphs and replayed."""
+
 import pytest
 import torch
 
@@ -26,7 +27,11 @@ ALGORITHMS = {  # id: (class, name, hp)
     "pfedme-personal": (PFedMe, "pfedme", {"k": 3, "personal_lr": 0.05, "warm_start": "personal"}),
     "perfedavg-fo": (PerFedAvg, "perfedavg", {"variant": "fo", "beta": 0.05}),
     "perfedavg-hf": (PerFedAvg, "perfedavg", {"variant": "hf", "beta": 0.05}),
-    "pfedhn-official": (PFedHN, "pfedhn", {"inner_optimizer": "official", "inner_steps": 4, "server_updates": "per_round"}),
+    "pfedhn-official": (
+        PFedHN,
+        "pfedhn",
+        {"inner_optimizer": "official", "inner_steps": 4, "server_updates": "per_round"},
+    ),
 }
 
 
@@ -76,16 +81,20 @@ def test_rounds_over_static_buffers_are_todays_rounds_to_the_bit(tmp_path, monke
     assert len(own_steps(static.engine.model)) == 1  # one shape: made once, reused every round (and client)
 
 
-@pytest.mark.parametrize("algorithm, hp, images", [
-    ("pfedme", {"k": 2, "personal_lr": 0.01}, BN_IMAGES),
-    ("perfedavg", {"variant": "hf"}, BN_IMAGES),
-    ("pfedhn", {"inner_optimizer": "official", "inner_steps": 3}, IMAGES),  # per_client: one client at a time
-])
+@pytest.mark.parametrize(
+    "algorithm, hp, images",
+    [
+        ("pfedme", {"k": 2, "personal_lr": 0.01}, BN_IMAGES),
+        ("perfedavg", {"variant": "hf"}, BN_IMAGES),
+        ("pfedhn", {"inner_optimizer": "official", "inner_steps": 3}, IMAGES),  # per_client: one client at a time
+    ],
+)
 def test_whole_cells_with_static_own_steps_are_the_cells_without(tmp_path, monkeypatch, algorithm, hp, images):
     """The CNNs (BatchNorm for pFedMe and Per-FedAvg), stragglers, momentum; evaluation, uploads, the
     server's steps: the option changes nothing a cell computes on a CPU."""
-    config = small_cell(algorithm=algorithm, hp=hp, momentum=0.9, system={"stragglers": 0.4, "straggler_work": 0.5},
-                        **images)
+    config = small_cell(
+        algorithm=algorithm, hp=hp, momentum=0.9, system={"stragglers": 0.4, "straggler_work": 0.5}, **images
+    )
     off = run_cell(config, data_root=tmp_path, execution=ExecutionOptions(client_batching="on", cuda_graphs="off"))
     runs = counted_runs(monkeypatch)
     on = run_cell(config, data_root=tmp_path, execution=ExecutionOptions(client_batching="on", cuda_graphs="on"))
@@ -110,9 +119,11 @@ def test_a_nan_loss_raises_the_same_diverged_over_static_buffers(tmp_path, case)
             alg.local_train(context, state)
         messages.append(str(raised.value))
     assert messages[0] == messages[1]
-    assert messages[0] in ("non-finite pFedMe loss for clients [3]",
-                           "non-finite Per-FedAvg loss for clients [3] at local step 0",
-                           "non-finite pFedHN inner loss for clients [3]")
+    assert messages[0] in (
+        "non-finite pFedMe loss for clients [3]",
+        "non-finite Per-FedAvg loss for clients [3] at local step 0",
+        "non-finite pFedHN inner loss for clients [3]",
+    )
 
 
 @pytest.mark.parametrize("static", [False, True], ids=["eager", "static"])
@@ -142,8 +153,12 @@ def test_the_device_flags_give_the_loss_checks_answers():
     sequences = [
         [],
         [(everyone, [1.0, 2.0, 3.0], [1.0, 1.0, 1.0])],
-        [(everyone, [1.0, 2.0, 3.0], [1.0, 1.0, 1.0]), (some, [1.0, nan, 3.0], [1.0, 1.0, 1.0]),
-         (everyone, [1.0, 2.0, 3.0], [inf, 1.0, nan]), (everyone, [nan, nan, nan], [1.0, 1.0, 1.0])],
+        [
+            (everyone, [1.0, 2.0, 3.0], [1.0, 1.0, 1.0]),
+            (some, [1.0, nan, 3.0], [1.0, 1.0, 1.0]),
+            (everyone, [1.0, 2.0, 3.0], [inf, 1.0, nan]),
+            (everyone, [nan, nan, nan], [1.0, 1.0, 1.0]),
+        ],
         [(some, [nan, 1.0, 1.0], [1.0, nan, 1.0])],
     ]
     for sequence in sequences:
@@ -183,8 +198,10 @@ def test_a_group_of_cells_with_static_own_steps_gives_each_cell_alone(tmp_path, 
 
     cells = [small_cell(algorithm="pfedme", hp={"k": 2, "personal_lr": 0.01}, seed=seed, **IMAGES) for seed in (0, 1)]
     cells.append(small_cell(algorithm="perfedavg", hp={"variant": "fo"}, **IMAGES))
-    alone = [run_cell(c, data_root=tmp_path, execution=ExecutionOptions(client_batching="on", cuda_graphs="off"))
-             for c in cells]
+    alone = [
+        run_cell(c, data_root=tmp_path, execution=ExecutionOptions(client_batching="on", cuda_graphs="off"))
+        for c in cells
+    ]
     runs = counted_runs(monkeypatch)
     grouped = run_group(cells, data_root=tmp_path, execution=ExecutionOptions(client_batching="on", cuda_graphs="on"))
     assert runs

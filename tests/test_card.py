@@ -2,6 +2,7 @@
 once with the class, the card stored with each cell's result (a report from the store alone shows a
 plugin's method by its card), capabilities checked by one function; the API before cards still works
 for one release, with a DeprecationWarning naming the new form."""
+
 from __future__ import annotations
 
 import json
@@ -19,7 +20,7 @@ from pflbench.registry import Registry
 
 ROOT = Path(__file__).resolve().parents[1]
 
-NEW_API = '''
+NEW_API = """
 from pflbench.algorithm import ALGORITHMS, Capabilities, Card
 from pflbench.fedavg import FedAvg
 
@@ -27,7 +28,7 @@ from pflbench.fedavg import FedAvg
 @ALGORITHMS.register("heldout-prox", card=Card(display_name="Heldout Prox", family="my family", paper="Me, 2026"))
 class HeldoutProx(FedAvg):
     capabilities = Capabilities(refused_knobs={"privacy": "not yet"})
-'''
+"""
 
 pytestmark = pytest.mark.usefixtures("fresh_plugins")
 
@@ -70,8 +71,9 @@ def test_capabilities_are_inherited_and_checked_by_one_function():
         ALGORITHMS.get("fedmn").check_cell(cell)
     assert refused.value.fields == ("algorithm", "system", "privacy")
     with pytest.raises(Refusal, match="heterogeneous models: local, mh-pfedhn, mh-pfedhngd") as refused:
-        ALGORITHMS.get("fedavg").check_cell(cell.model_copy(update={"algorithm": "fedavg", "privacy": {},
-                                                                     "model": "hetero5"}))
+        ALGORITHMS.get("fedavg").check_cell(
+            cell.model_copy(update={"algorithm": "fedavg", "privacy": {}, "model": "hetero5"})
+        )
     assert refused.value.fields == ("algorithm", "model")
     ALGORITHMS.get("fedavg").check_cell(cell.model_copy(update={"algorithm": "fedavg"}))
 
@@ -79,12 +81,14 @@ def test_capabilities_are_inherited_and_checked_by_one_function():
 def test_the_api_before_cards_still_registers_with_warnings_naming_the_new_form():
     registry = _registry()
     with pytest.warns(DeprecationWarning, match=r"register\('old', card=Card\(display_name='Old', family='f'\)\)"):
+
         @registry.register("old")
         class Old(Algorithm):
             display_name = "Old"
             family = "f"
 
     with pytest.warns(DeprecationWarning, match=r"capabilities = Capabilities\(batched=False, newcomers='no'\)"):
+
         @registry.register("older")
         class Older(Algorithm):
             batched = False
@@ -106,7 +110,9 @@ def test_every_quick_hp_is_a_valid_setting_of_its_algorithm():
 def test_the_built_ins_use_the_card_and_name_themselves_once():
     for path in sorted((ROOT / "pflbench" / "algorithms").glob("[!_]*.py")):
         text = path.read_text()
-        assert not re.search(r"^    (name|display_name|family|paper|row_order|batched|refused_knobs) = ", text, re.M), path
+        assert not re.search(r"^    (name|display_name|family|paper|row_order|batched|refused_knobs) = ", text, re.M), (
+            path
+        )
 
 
 def test_the_card_is_stored_with_the_result_and_a_report_from_the_store_alone_shows_it(tmp_path):
@@ -115,11 +121,20 @@ def test_the_card_is_stored_with_the_result_and_a_report_from_the_store_alone_sh
     plugin.write_text(NEW_API)
     results, out = tmp_path / "results", tmp_path / "report"
     spec = tmp_path / "outside" / "mine.yaml"
-    spec.write_text(json.dumps({
-        "name": "mine", "plugins": ["heldout_prox.py"],
-        "matrix": {"algorithm": ["fedavg", "heldout-prox"],
-                   "dataset": [{"name": "synthetic", "options": {"num_samples": 400}}], "seed": [0]},
-        "defaults": {"clients": 4, "rounds": 2, "batch_size": 16, "lr": 0.05, "eval_every": 1}}))
+    spec.write_text(
+        json.dumps(
+            {
+                "name": "mine",
+                "plugins": ["heldout_prox.py"],
+                "matrix": {
+                    "algorithm": ["fedavg", "heldout-prox"],
+                    "dataset": [{"name": "synthetic", "options": {"num_samples": 400}}],
+                    "seed": [0],
+                },
+                "defaults": {"clients": 4, "rounds": 2, "batch_size": 16, "lr": 0.05, "eval_every": 1},
+            }
+        )
+    )
     assert main(["run", str(spec), "--no-ray", "--results", str(results), "--root", str(tmp_path / "data")]) == 0
     stored = [json.loads(p.read_text()) for p in results.glob("*/config.json")]
     cards = {c["cell"]["algorithm"]: c["card"] for c in stored}

@@ -6,6 +6,7 @@ diverges or fails leaves the group and the others go on.
 
 The grouped runs batch across clients (client_batching "on", what CUDA uses by default); the cells run
 one by one are run the same way, so the only difference is the group."""
+
 import threading
 
 import numpy as np
@@ -22,11 +23,26 @@ from pflbench.rounds import run_cell
 from pflbench.training import cross_entropy, train_clients
 
 BATCHED = ExecutionOptions(client_batching="on")
-PLAIN_ROWS = ["local", "fedavg", "fedbn", "pfedla", "heurpfedla", "fedrep", "fedfomo", "fedrod", "fedala", "fedpac",
-              "knn-per", "fedcac"]
+PLAIN_ROWS = [
+    "local",
+    "fedavg",
+    "fedbn",
+    "pfedla",
+    "heurpfedla",
+    "fedrep",
+    "fedfomo",
+    "fedrod",
+    "fedala",
+    "fedpac",
+    "knn-per",
+    "fedcac",
+]
 OWN_STEPS = ["pfedme", "perfedavg", "pfedhn", "feddbe", "gpfl"]
-IMAGES = {"dataset": "synthetic-images", "dataset_options": {"num_samples": 300, "channels": 1, "size": 28},
-          "rounds": 2}  # the grey CNN, channels-last on a CPU
+IMAGES = {
+    "dataset": "synthetic-images",
+    "dataset_options": {"num_samples": 300, "channels": 1, "size": 28},
+    "rounds": 2,
+}  # the grey CNN, channels-last on a CPU
 BN_IMAGES = {**IMAGES, "dataset_options": {"num_samples": 300, "channels": 3, "size": 32}}  # the BatchNorm CNN
 
 
@@ -42,10 +58,20 @@ def assert_same(solo, grouped, *, loss_atol=0.0, accuracy_atol=0.0, artifact_ato
     assert grouped.status == solo.status and grouped.error == solo.error
     for column in ("round", "client", "test_samples", "bytes_down", "bytes_up"):
         assert np.array_equal(solo.metrics[column].to_numpy(), grouped.metrics[column].to_numpy()), column
-    for column, atol in (("loss", loss_atol), ("val_loss", loss_atol), ("accuracy", accuracy_atol),
-                         ("val_accuracy", accuracy_atol)):
-        np.testing.assert_allclose(solo.metrics[column].to_numpy(), grouped.metrics[column].to_numpy(),
-                                   rtol=0, atol=atol, equal_nan=True, err_msg=column)
+    for column, atol in (
+        ("loss", loss_atol),
+        ("val_loss", loss_atol),
+        ("accuracy", accuracy_atol),
+        ("val_accuracy", accuracy_atol),
+    ):
+        np.testing.assert_allclose(
+            solo.metrics[column].to_numpy(),
+            grouped.metrics[column].to_numpy(),
+            rtol=0,
+            atol=atol,
+            equal_nan=True,
+            err_msg=column,
+        )
     for column in ("bytes_up", "bytes_down", "clients"):
         assert solo.rounds[column].equals(grouped.rounds[column]), column
     assert solo.artifacts.keys() == grouped.artifacts.keys()
@@ -119,13 +145,18 @@ def test_a_group_mixing_algorithms_and_datasets(tmp_path):
     """Rows of several algorithms (own steps among them), two partitions, CNN cells beside MLP cells:
     each request merges with those of its kind (same model, objective, trainable set, SGD structure),
     the rest run alone; every cell is what it is alone."""
-    cells = [small_cell(algorithm="fedavg"), small_cell(algorithm="local", seed=1),
-             small_cell(algorithm="fedrep"), small_cell(algorithm="pfedme"),
-             small_cell(algorithm="fedavg", partition="dirichlet", partition_params={"alpha": 0.5}, seed=3),
-             small_cell(algorithm="fedavg", **IMAGES), small_cell(algorithm="fedrep", seed=1, **IMAGES),
-             small_cell(algorithm="local", seed=2, **IMAGES),
-             small_cell(algorithm="fedavg", lr=0.02),  # another learning rate: merged, its rows' own rate
-             small_cell(algorithm="fedavg", momentum=0.9)]  # another SGD structure (momentum): never merged
+    cells = [
+        small_cell(algorithm="fedavg"),
+        small_cell(algorithm="local", seed=1),
+        small_cell(algorithm="fedrep"),
+        small_cell(algorithm="pfedme"),
+        small_cell(algorithm="fedavg", partition="dirichlet", partition_params={"alpha": 0.5}, seed=3),
+        small_cell(algorithm="fedavg", **IMAGES),
+        small_cell(algorithm="fedrep", seed=1, **IMAGES),
+        small_cell(algorithm="local", seed=2, **IMAGES),
+        small_cell(algorithm="fedavg", lr=0.02),  # another learning rate: merged, its rows' own rate
+        small_cell(algorithm="fedavg", momentum=0.9),
+    ]  # another SGD structure (momentum): never merged
     solo, group = solo_and_grouped(cells, tmp_path)
     for one, grouped in zip(solo, group.results):
         assert one.status == "finished"
@@ -142,10 +173,13 @@ def test_a_group_mixing_algorithms_and_datasets(tmp_path):
 def test_rows_with_different_learning_rates_share_a_step_bit_for_bit(tmp_path, images):
     """A column's rows train at their own learning rates (and momenta, weight decays): the merged step
     carries them per row (pflbench.row_rates), and each cell is what it is alone, to the bit."""
-    cells = [small_cell(algorithm="fedavg", lr=0.05, **images), small_cell(algorithm="local", lr=0.013, **images),
-             small_cell(algorithm="fedbn", lr=0.1, seed=1, **images),
-             small_cell(algorithm="fedavg", lr=0.02, momentum=0.9, weight_decay=1e-3, **images),
-             small_cell(algorithm="local", lr=0.07, momentum=0.5, weight_decay=5e-4, seed=2, **images)]
+    cells = [
+        small_cell(algorithm="fedavg", lr=0.05, **images),
+        small_cell(algorithm="local", lr=0.013, **images),
+        small_cell(algorithm="fedbn", lr=0.1, seed=1, **images),
+        small_cell(algorithm="fedavg", lr=0.02, momentum=0.9, weight_decay=1e-3, **images),
+        small_cell(algorithm="local", lr=0.07, momentum=0.5, weight_decay=5e-4, seed=2, **images),
+    ]
     solo, group = solo_and_grouped(cells, tmp_path)
     for one, grouped, stats in zip(solo, group.results, group.stats):
         assert one.status == "finished"
@@ -156,8 +190,11 @@ def test_rows_with_different_learning_rates_share_a_step_bit_for_bit(tmp_path, i
 
 
 def test_batchnorm_cells_grouped_are_bit_identical(tmp_path):
-    cells = [small_cell(algorithm=algorithm, seed=seed, **BN_IMAGES)
-             for algorithm in ("fedbn", "local", "pfedla") for seed in (0, 1)]
+    cells = [
+        small_cell(algorithm=algorithm, seed=seed, **BN_IMAGES)
+        for algorithm in ("fedbn", "local", "pfedla")
+        for seed in (0, 1)
+    ]
     solo, group = solo_and_grouped(cells, tmp_path)
     for one, grouped, stats in zip(solo, group.results, group.stats):
         assert one.status == "finished"
@@ -186,8 +223,15 @@ def test_a_one_client_batchnorm_request_merged_is_within_float_rounding(tmp_path
     one = torch.tensor([0])
 
     def request(fed):
-        return (fed.model, fed.init_state(1), fed.features, fed.labels, [fed.splits["train"][0]],
-                fed.local_plans(1, one, epochs=5), fed.sgd)
+        return (
+            fed.model,
+            fed.init_state(1),
+            fed.features,
+            fed.labels,
+            [fed.splits["train"][0]],
+            fed.local_plans(1, one, epochs=5),
+            fed.sgd,
+        )
 
     alone = [train_clients(*request(fed), batched=True) for fed in feds]
     group = CellGroup()
@@ -254,8 +298,11 @@ def test_a_diverging_cell_leaves_the_group_and_the_others_go_on(tmp_path, faulty
     """The poisoned cell's requests merge with the others' (same model, objective and SGD rule): its
     non-finite losses are its own Diverged, the others' clients in the same step are untouched, and
     round 3 runs without it."""
-    cells = [small_cell(algorithm="fedavg", rounds=4), small_cell(algorithm="test-poisoned-fedavg", rounds=4),
-             small_cell(algorithm="local", seed=1, rounds=4)]
+    cells = [
+        small_cell(algorithm="fedavg", rounds=4),
+        small_cell(algorithm="test-poisoned-fedavg", rounds=4),
+        small_cell(algorithm="local", seed=1, rounds=4),
+    ]
     solo, group = solo_and_grouped(cells, tmp_path)
     assert [r.status for r in solo] == ["finished", "diverged", "finished"]
     assert solo[1].summary["diverged_round"] == 2 and "non-finite local loss for clients [2]" in solo[1].error
@@ -268,8 +315,11 @@ def test_a_diverging_cell_leaves_the_group_and_the_others_go_on(tmp_path, faulty
 
 
 def test_a_failing_cell_leaves_the_group_with_its_traceback(tmp_path, faulty_algorithms):
-    cells = [small_cell(algorithm="fedavg"), small_cell(algorithm="test-crashing-fedavg"),
-             small_cell(algorithm="fedavg", seed=1)]
+    cells = [
+        small_cell(algorithm="fedavg"),
+        small_cell(algorithm="test-crashing-fedavg"),
+        small_cell(algorithm="fedavg", seed=1),
+    ]
     group = run_group(cells, data_root=tmp_path, execution=BATCHED)
     failed = group.results[1]
     assert failed.status == "failed"
@@ -280,6 +330,7 @@ def test_a_failing_cell_leaves_the_group_with_its_traceback(tmp_path, faulty_alg
 
 
 # ---- the runner: `pflbench run --cell-groups` ------------------------------------------------------
+
 
 def test_cell_groups_option_auto_is_cuda_only():
     assert ExecutionOptions().grouped("cuda") and ExecutionOptions().grouped(torch.device("cuda", 1))
@@ -292,8 +343,13 @@ def test_cell_groups_option_auto_is_cuda_only():
 def test_form_groups_by_architecture_in_order():
     from pflbench.groups import form_groups
 
-    cells = [small_cell(seed=0), small_cell(**IMAGES), small_cell(algorithm="local"), small_cell(seed=1, **IMAGES),
-             small_cell(dataset_options={"num_samples": 500})]
+    cells = [
+        small_cell(seed=0),
+        small_cell(**IMAGES),
+        small_cell(algorithm="local"),
+        small_cell(seed=1, **IMAGES),
+        small_cell(dataset_options={"num_samples": 500}),
+    ]
     assert form_groups(cells) == [[cells[0], cells[2]], [cells[1], cells[3]], [cells[4]]]
     assert form_groups(cells[:1] * 5, limit=2) == [cells[:1] * 2, cells[:1] * 2, cells[:1]]
 
@@ -306,16 +362,33 @@ def test_the_runner_records_grouped_cells_as_it_records_cells_alone(tmp_path, fa
     from pflbench.store import Store
     from rich.console import Console
 
-    the_plan = parse_spec({
-        "name": "t", "plugins": [str(tmp_path / "faulty_fedavg.py")],
-        "matrix": {"algorithm": ["fedavg", "test-crashing-fedavg", "test-poisoned-fedavg", "local"],
-                   "dataset": ["synthetic"], "partition": [{"scheme": "pathological", "params": {"classes_per_client": 3}}],
-                   "seed": [0, 1]},
-        "defaults": {"clients": 5, "rounds": 3, "lr": 0.05, "batch_size": 16, "dataset_options": {"num_samples": 1000}}})
+    the_plan = parse_spec(
+        {
+            "name": "t",
+            "plugins": [str(tmp_path / "faulty_fedavg.py")],
+            "matrix": {
+                "algorithm": ["fedavg", "test-crashing-fedavg", "test-poisoned-fedavg", "local"],
+                "dataset": ["synthetic"],
+                "partition": [{"scheme": "pathological", "params": {"classes_per_client": 3}}],
+                "seed": [0, 1],
+            },
+            "defaults": {
+                "clients": 5,
+                "rounds": 3,
+                "lr": 0.05,
+                "batch_size": 16,
+                "dataset_options": {"num_samples": 1000},
+            },
+        }
+    )
     runs = {}
     for groups in ("off", "on"):
-        options = RunOptions(results=tmp_path / groups, data_root=tmp_path / "data", use_ray=False,
-                             execution=ExecutionOptions(client_batching="on", cell_groups=groups))
+        options = RunOptions(
+            results=tmp_path / groups,
+            data_root=tmp_path / "data",
+            use_ray=False,
+            execution=ExecutionOptions(client_batching="on", cell_groups=groups),
+        )
         report = run_plan(the_plan, options, Console(file=open("/dev/null", "w"), width=160))
         assert report.exit_code == 1 and report.ran == 8
         runs[groups] = Store(options.results)
@@ -335,11 +408,14 @@ def same_results(cells, alone, grouped):
     pairs = []
     for cell in cells:
         one, many = alone.summary(cell), grouped.summary(cell)
-        assert {k: v for k, v in one.items() if k not in volatile} == \
-               {k: v for k, v in many.items() if k not in volatile}
+        assert {k: v for k, v in one.items() if k not in volatile} == {
+            k: v for k, v in many.items() if k not in volatile
+        }
         if many["status"] != "failed":
-            metrics = [pd.read_parquet(store.cell_dir(cell) / "metrics.parquet").drop(columns="wall_time")
-                       for store in (alone, grouped)]
+            metrics = [
+                pd.read_parquet(store.cell_dir(cell) / "metrics.parquet").drop(columns="wall_time")
+                for store in (alone, grouped)
+            ]
             pd.testing.assert_frame_equal(*metrics)
         pairs.append((one, many))
     assert sorted(many["status"] for _, many in pairs) == ["diverged"] * 2 + ["failed"] * 2 + ["finished"] * 4
@@ -349,8 +425,11 @@ def same_results(cells, alone, grouped):
 def test_a_cell_drawing_from_the_global_generator_runs_alone_before_the_group(tmp_path):
     """VGG8 has dropout layers, which draw from torch's global generator: that cell runs alone, in its
     own generator as run_cell runs it, and gives run_cell's numbers; the others are grouped."""
-    cells = [small_cell(model="vgg8", rounds=1, **{k: v for k, v in IMAGES.items() if k != "rounds"}),
-             small_cell(seed=0), small_cell(seed=1)]
+    cells = [
+        small_cell(model="vgg8", rounds=1, **{k: v for k, v in IMAGES.items() if k != "rounds"}),
+        small_cell(seed=0),
+        small_cell(seed=1),
+    ]
     solo, group = solo_and_grouped(cells, tmp_path)
     assert group.alone == [True, False, False] and group.stats[0] is None
     for one, grouped in zip(solo, group.results):
@@ -360,6 +439,7 @@ def test_a_cell_drawing_from_the_global_generator_runs_alone_before_the_group(tm
 
 
 # ---- groups on Ray --------------------------------------------------------------------------------
+
 
 def test_group_resources_one_cells_cpus_and_the_gpu_fractions_summed_up_to_one_gpu():
     from pflbench.groups import group_resources
@@ -382,17 +462,31 @@ def test_groups_on_ray_give_the_one_by_one_summaries(tmp_path, faulty_algorithms
     from rich.console import Console
 
     monkeypatch.setenv("PFLBENCH_DATA_MIRROR", str(tmp_path / "no-mirror"))
-    the_plan = parse_spec({
-        "name": "t", "plugins": [str(tmp_path / "faulty_fedavg.py")],
-        "matrix": {"algorithm": ["fedavg", "test-crashing-fedavg", "test-poisoned-fedavg", "local"],
-                   "dataset": [{"name": "synthetic", "options": {"num_samples": 1000}},
-                               {"name": "synthetic-images", "options": IMAGES["dataset_options"]}],
-                   "partition": [{"scheme": "pathological", "params": {"classes_per_client": 3}}], "seed": [0]},
-        "defaults": {"clients": 5, "rounds": 3, "lr": 0.05, "batch_size": 16}})
+    the_plan = parse_spec(
+        {
+            "name": "t",
+            "plugins": [str(tmp_path / "faulty_fedavg.py")],
+            "matrix": {
+                "algorithm": ["fedavg", "test-crashing-fedavg", "test-poisoned-fedavg", "local"],
+                "dataset": [
+                    {"name": "synthetic", "options": {"num_samples": 1000}},
+                    {"name": "synthetic-images", "options": IMAGES["dataset_options"]},
+                ],
+                "partition": [{"scheme": "pathological", "params": {"classes_per_client": 3}}],
+                "seed": [0],
+            },
+            "defaults": {"clients": 5, "rounds": 3, "lr": 0.05, "batch_size": 16},
+        }
+    )
     runs = {}
     for where, groups, ray in (("alone", "off", False), ("ray", "on", True)):
-        options = RunOptions(results=tmp_path / where, data_root=tmp_path / "data", use_ray=ray, workers=2 if ray else 1,
-                             execution=ExecutionOptions(client_batching="on", cell_groups=groups))
+        options = RunOptions(
+            results=tmp_path / where,
+            data_root=tmp_path / "data",
+            use_ray=ray,
+            workers=2 if ray else 1,
+            execution=ExecutionOptions(client_batching="on", cell_groups=groups),
+        )
         report = run_plan(the_plan, options, Console(file=open("/dev/null", "w"), width=160))
         assert report.exit_code == 1 and report.ran == 8
         runs[where] = Store(options.results)
@@ -404,8 +498,9 @@ def test_groups_on_ray_give_the_one_by_one_summaries(tmp_path, faulty_algorithms
 GATE_ROUND = 4  # the first attempt of the gated group stops before this round: it resumes at GATE_ROUND - 1
 
 
-def test_a_killed_group_on_ray_resumes_each_cell_from_its_own_checkpoint(tmp_path, local_ray, monkeypatch,
-                                                                         fresh_plugins):
+def test_a_killed_group_on_ray_resumes_each_cell_from_its_own_checkpoint(
+    tmp_path, local_ray, monkeypatch, fresh_plugins
+):
     """A group of two cells on one Ray worker, killed (SIGKILL) once both wrote their checkpoint of round
     3 and wait at round 4: the group is retried, each cell resumes from its own checkpoint, and both end
     with the results of the uninterrupted in-process run one by one."""
@@ -426,20 +521,40 @@ def test_a_killed_group_on_ray_resumes_each_cell_from_its_own_checkpoint(tmp_pat
     monkeypatch.setenv("PFLBENCH_DATA_MIRROR", str(tmp_path / "no-mirror"))
 
     def plan():
-        return parse_spec({
-            "name": "group-retry", "plugins": [str(plugin)],
-            "matrix": {"algorithm": ["test-gated-group-fedavg"], "dataset": ["synthetic"],
-                       "partition": [{"scheme": "pathological", "params": {"classes_per_client": 3}}], "seed": [0, 1]},
-            "defaults": {"clients": 5, "rounds": 6, "lr": 0.05, "eval_every": 3, "dataset_options": {"num_samples": 1000}},
-        })
+        return parse_spec(
+            {
+                "name": "group-retry",
+                "plugins": [str(plugin)],
+                "matrix": {
+                    "algorithm": ["test-gated-group-fedavg"],
+                    "dataset": ["synthetic"],
+                    "partition": [{"scheme": "pathological", "params": {"classes_per_client": 3}}],
+                    "seed": [0, 1],
+                },
+                "defaults": {
+                    "clients": 5,
+                    "rounds": 6,
+                    "lr": 0.05,
+                    "eval_every": 3,
+                    "dataset_options": {"num_samples": 1000},
+                },
+            }
+        )
 
     batched = ExecutionOptions(client_batching="on")
     reference = RunOptions(results=tmp_path / "alone", data_root=tmp_path / "data", use_ray=False, execution=batched)
     assert run_plan(plan(), reference, Console(file=io.StringIO())).exit_code == 0  # the gate is not armed
     (gate / "armed").touch()
-    options = RunOptions(results=tmp_path / "ray", data_root=tmp_path / "data", use_ray=True, workers=2,
-                         checkpoint_every=1, checkpoint_minutes=0, retries=1,
-                         execution=ExecutionOptions(client_batching="on", cell_groups="on"))
+    options = RunOptions(
+        results=tmp_path / "ray",
+        data_root=tmp_path / "data",
+        use_ray=True,
+        workers=2,
+        checkpoint_every=1,
+        checkpoint_minutes=0,
+        retries=1,
+        execution=ExecutionOptions(client_batching="on", cell_groups="on"),
+    )
     killed: list = []
     errors: list = []
 
@@ -516,7 +631,8 @@ class SignallingFedAvg(FedAvg):
 
 
 def test_sigterm_stops_a_group_on_ray_at_the_end_of_its_round_and_the_rerun_resumes_each_cell(
-        tmp_path, local_ray, monkeypatch, fresh_plugins):
+    tmp_path, local_ray, monkeypatch, fresh_plugins
+):
     """SIGTERM to the driver while a group of two cells runs on a Ray worker: both cells end the round in
     progress with a checkpoint, the run exits with PREEMPTED_EXIT naming each, and the next run resumes
     each from its checkpoint, equal to the in-process run one by one."""
@@ -537,18 +653,37 @@ def test_sigterm_stops_a_group_on_ray_at_the_end_of_its_round_and_the_rerun_resu
     gate.mkdir()
     plugin = tmp_path / "signalling_group.py"
     plugin.write_text(SIGNALLING.format(gate=str(gate), round=at))
-    plan = parse_spec({
-        "name": "group-preempt", "plugins": [str(plugin)],
-        "matrix": {"algorithm": ["test-signalling-group-fedavg"], "dataset": ["synthetic"],
-                   "partition": [{"scheme": "pathological", "params": {"classes_per_client": 3}}], "seed": [0, 1]},
-        "defaults": {"clients": 5, "rounds": rounds, "lr": 0.05, "eval_every": 2, "dataset_options": {"num_samples": 600}},
-    })
+    plan = parse_spec(
+        {
+            "name": "group-preempt",
+            "plugins": [str(plugin)],
+            "matrix": {
+                "algorithm": ["test-signalling-group-fedavg"],
+                "dataset": ["synthetic"],
+                "partition": [{"scheme": "pathological", "params": {"classes_per_client": 3}}],
+                "seed": [0, 1],
+            },
+            "defaults": {
+                "clients": 5,
+                "rounds": rounds,
+                "lr": 0.05,
+                "eval_every": 2,
+                "dataset_options": {"num_samples": 600},
+            },
+        }
+    )
     common = dict(data_root=tmp_path / "data", checkpoint_minutes=0)
-    reference = RunOptions(results=tmp_path / "alone", use_ray=False, execution=ExecutionOptions(client_batching="on"),
-                           **common)
+    reference = RunOptions(
+        results=tmp_path / "alone", use_ray=False, execution=ExecutionOptions(client_batching="on"), **common
+    )
     assert run_plan(plan, reference, Console(file=io.StringIO())).exit_code == 0
-    on_ray = RunOptions(results=tmp_path / "ray", use_ray=True, workers=2,
-                        execution=ExecutionOptions(client_batching="on", cell_groups="on"), **common)
+    on_ray = RunOptions(
+        results=tmp_path / "ray",
+        use_ray=True,
+        workers=2,
+        execution=ExecutionOptions(client_batching="on", cell_groups="on"),
+        **common,
+    )
     (gate / "armed").write_text(str(os.getpid()))
     output = io.StringIO()
     report = run_plan(plan, on_ray, Console(file=output, width=600))
@@ -556,8 +691,11 @@ def test_sigterm_stops_a_group_on_ray_at_the_end_of_its_round_and_the_rerun_resu
     text = output.getvalue()
     assert report.exit_code == PREEMPTED_EXIT, text
     for cell in plan.cells:
-        assert re.search(rf"cell {cell_hash(cell)} \(test-signalling-group-fedavg [^)]*\): checkpoint written after "
-                         rf"round {at} of {rounds}; the next run resumes at round {at} of {rounds}", text), text
+        assert re.search(
+            rf"cell {cell_hash(cell)} \(test-signalling-group-fedavg [^)]*\): checkpoint written after "
+            rf"round {at} of {rounds}; the next run resumes at round {at} of {rounds}",
+            text,
+        ), text
         assert read_header(on_ray.results / cell_hash(cell) / CHECKPOINT)["round"] == at
         assert not (on_ray.results / cell_hash(cell) / "summary.json").exists()
     again = io.StringIO()
@@ -573,7 +711,8 @@ RECORDED_GATE_ROUND = 3  # the slow cell waits at the start of this round (its l
 
 
 def test_an_in_process_group_records_a_finished_cell_before_its_slower_cell_and_a_kill_loses_nothing(
-        tmp_path, fresh_plugins, monkeypatch):
+    tmp_path, fresh_plugins, monkeypatch
+):
     """`pflbench run --no-ray --cell-groups on`, a 2-round and a 5-round cell in one group: the 2-round
     cell's result is in the store while the 5-round one still runs; the process killed (SIGKILL) there,
     the next run computes only the 5-round cell, from its checkpoint; the finished cell's summary is the
@@ -595,23 +734,48 @@ def test_an_in_process_group_records_a_finished_cell_before_its_slower_cell_and_
     from rich.console import Console
 
     gate = tmp_path / "gate"
-    plugin = write_gated_fedavg(tmp_path / "fast_and_slow.py", gate, "test-in-process-fast-and-slow-fedavg",
-                                RECORDED_GATE_ROUND, seconds=120)
+    plugin = write_gated_fedavg(
+        tmp_path / "fast_and_slow.py", gate, "test-in-process-fast-and-slow-fedavg", RECORDED_GATE_ROUND, seconds=120
+    )
     spec = tmp_path / "spec.json"  # JSON is YAML
-    spec.write_text(json.dumps({
-        "name": "fast-and-slow", "plugins": [str(plugin)],
-        "matrix": {"algorithm": ["test-in-process-fast-and-slow-fedavg"], "dataset": ["synthetic"],
-                   "partition": [{"scheme": "pathological", "params": {"classes_per_client": 3}}], "seed": [0, 1]},
-        "defaults": {"clients": 4, "rounds": 5, "lr": 0.05, "eval_every": 2, "dataset_options": {"num_samples": 600}},
-        "overrides": [{"when": {"seed": 0}, "set": {"rounds": 2}}]}))
-    env = {**os.environ, "PFLBENCH_DATA": str(tmp_path / "data"), "PFLBENCH_DATA_MIRROR": str(tmp_path / "no-mirror"),
-           "OMP_NUM_THREADS": "1"}
+    spec.write_text(
+        json.dumps(
+            {
+                "name": "fast-and-slow",
+                "plugins": [str(plugin)],
+                "matrix": {
+                    "algorithm": ["test-in-process-fast-and-slow-fedavg"],
+                    "dataset": ["synthetic"],
+                    "partition": [{"scheme": "pathological", "params": {"classes_per_client": 3}}],
+                    "seed": [0, 1],
+                },
+                "defaults": {
+                    "clients": 4,
+                    "rounds": 5,
+                    "lr": 0.05,
+                    "eval_every": 2,
+                    "dataset_options": {"num_samples": 600},
+                },
+                "overrides": [{"when": {"seed": 0}, "set": {"rounds": 2}}],
+            }
+        )
+    )
+    env = {
+        **os.environ,
+        "PFLBENCH_DATA": str(tmp_path / "data"),
+        "PFLBENCH_DATA_MIRROR": str(tmp_path / "no-mirror"),
+        "OMP_NUM_THREADS": "1",
+    }
     monkeypatch.setenv("PFLBENCH_DATA_MIRROR", env["PFLBENCH_DATA_MIRROR"])  # the in-process runs: no mirror either
     plan = load_spec(spec)
     fast, slow = sorted(plan.cells, key=lambda cell: cell.seed)
     assert (fast.rounds, slow.rounds) == (2, 5)
-    reference = RunOptions(results=tmp_path / "alone", data_root=tmp_path / "data", use_ray=False,
-                           execution=ExecutionOptions(client_batching="on", cell_groups="off"))
+    reference = RunOptions(
+        results=tmp_path / "alone",
+        data_root=tmp_path / "data",
+        use_ray=False,
+        execution=ExecutionOptions(client_batching="on", cell_groups="off"),
+    )
     assert run_plan(plan, reference, Console(file=io.StringIO())).exit_code == 0  # the gate is not armed
     for ran in gate.glob("ran-*"):
         ran.unlink()
@@ -619,12 +783,30 @@ def test_an_in_process_group_records_a_finished_cell_before_its_slower_cell_and_
     (gate / "armed").touch()
     grouped = tmp_path / "grouped"
     store = Store(grouped)
-    arguments = ["run", str(spec), "--results", str(grouped), "--root", str(tmp_path / "data"), "--no-ray",
-                 "--cell-groups", "on", "--client-batching", "on", "--checkpoint-every", "1",
-                 "--checkpoint-minutes", "0"]
-    process = subprocess.Popen([sys.executable, "-c", "import sys; from pflbench.cli import main; "
-                                "sys.exit(main(sys.argv[1:]))", *arguments],
-                               env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    arguments = [
+        "run",
+        str(spec),
+        "--results",
+        str(grouped),
+        "--root",
+        str(tmp_path / "data"),
+        "--no-ray",
+        "--cell-groups",
+        "on",
+        "--client-batching",
+        "on",
+        "--checkpoint-every",
+        "1",
+        "--checkpoint-minutes",
+        "0",
+    ]
+    process = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from pflbench.cli import main; sys.exit(main(sys.argv[1:]))", *arguments],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     deadline = time.monotonic() + 60
     try:
         while not list(gate.glob("waiting-*")) or store.status(fast) != "finished":
@@ -645,8 +827,14 @@ def test_an_in_process_group_records_a_finished_cell_before_its_slower_cell_and_
         pytest.fail(f"the fast cell's result never reached the store while the slow cell waited:\n{printed}")
     (gate / "armed").unlink()
 
-    again = RunOptions(results=grouped, data_root=tmp_path / "data", use_ray=False, checkpoint_every=1,
-                       checkpoint_minutes=0, execution=ExecutionOptions(client_batching="on", cell_groups="on"))
+    again = RunOptions(
+        results=grouped,
+        data_root=tmp_path / "data",
+        use_ray=False,
+        checkpoint_every=1,
+        checkpoint_minutes=0,
+        execution=ExecutionOptions(client_batching="on", cell_groups="on"),
+    )
     output = io.StringIO()
     report = run_plan(load_spec(spec), again, Console(file=output, width=300))
     assert report.exit_code == 0 and report.ran == 1, output.getvalue()
@@ -658,8 +846,9 @@ def test_an_in_process_group_records_a_finished_cell_before_its_slower_cell_and_
     for cell in (fast, slow):
         assert store.status(cell) == "finished" and not store.checkpoint_path(cell).exists()
         one, grouped_summary = alone.summary(cell), store.summary(cell)
-        assert {k: v for k, v in one.items() if k not in volatile} == \
-               {k: v for k, v in grouped_summary.items() if k not in volatile | {"resumed_from_round"}}
+        assert {k: v for k, v in one.items() if k not in volatile} == {
+            k: v for k, v in grouped_summary.items() if k not in volatile | {"resumed_from_round"}
+        }
         for name in ("metrics.parquet", "rounds.parquet"):
             a = pd.read_parquet(store.cell_dir(cell) / name)
             b = pd.read_parquet(alone.cell_dir(cell) / name)

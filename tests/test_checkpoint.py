@@ -1,6 +1,7 @@
 """Round checkpoints (pflbench/checkpoint.py, Algorithm.state_dict): a cell interrupted after round k
 and resumed from its checkpoint in a fresh Federation and algorithm gives the uninterrupted run's
 metrics and summary bit for bit, for every registered algorithm; unusable checkpoints are set aside."""
+
 from __future__ import annotations
 
 import json
@@ -13,7 +14,7 @@ from cells import small_cell
 from checkpoint_helpers import differences, interrupted_and_resumed, uninterrupted
 from pflbench.execution import ExecutionOptions
 from pflbench.algorithm import ALGORITHMS, StateError, get_algorithm
-from pflbench.checkpoint import (CHECKPOINT, CheckpointPolicy, Checkpointer, list_checkpoints, read_header)
+from pflbench.checkpoint import CHECKPOINT, CheckpointPolicy, Checkpointer, list_checkpoints, read_header
 from pflbench.rounds import run_cell
 
 get_algorithm("fedavg")  # registers the built-in algorithms
@@ -36,6 +37,7 @@ def assert_resumes_bit_identical(cell, tmp_path, at: int, **run):
 
 
 # ---- the registry-wide test: an algorithm without the state it needs fails here ------------------------
+
 
 @pytest.mark.parametrize("name", ALGORITHMS.names())
 def test_every_algorithm_resumes_bit_identical_on_the_loop_path(name, tmp_path):
@@ -64,9 +66,17 @@ def test_fedmn_on_images_resumes_bit_identical(tmp_path):
 @pytest.mark.parametrize("name", ["fedavg", "pfedhn"])
 def test_system_privacy_and_unseen_clients_resume_bit_identical(name, tmp_path):
     """Dropped uploads, stragglers, DP noise with its release counts, newcomers scored each eval."""
-    cell = small_cell(algorithm=name, clients=8, participation=0.6, rounds=4, eval_every=2, hp=_hp(name),
-                      system={"dropout": 0.3, "stragglers": 0.4, "straggler_work": 0.5},
-                      privacy={"epsilon": 8.0}, unseen_fraction=0.25)
+    cell = small_cell(
+        algorithm=name,
+        clients=8,
+        participation=0.6,
+        rounds=4,
+        eval_every=2,
+        hp=_hp(name),
+        system={"dropout": 0.3, "stragglers": 0.4, "straggler_work": 0.5},
+        privacy={"epsilon": 8.0},
+        unseen_fraction=0.25,
+    )
     assert_resumes_bit_identical(cell, tmp_path, at=3)
 
 
@@ -77,6 +87,7 @@ def test_finetune_epochs_cells_resume_bit_identical(name, tmp_path):
 
 
 # ---- the contract fails loudly, and the registry test has teeth ---------------------------------------
+
 
 class _WithModule(ALGORITHMS.get("fedavg")):
     def setup(self):
@@ -126,8 +137,11 @@ def test_a_cell_whose_algorithm_breaks_the_contract_runs_on_without_checkpoints_
     # undeclared, the attribute fails the cell at the end of the round that set it (pflbench.algorithm)
     monkeypatch.setattr(federation_module, "get_algorithm", lambda name: _WithModule)
     with pytest.raises(StateError, match=r"_WithModule \(.*\) sets extra, declared in none of"):
-        run_cell(cell, data_root=tmp_path, checkpointer=Checkpointer(
-            tmp_path / "other", cell, CheckpointPolicy(every=1, minutes=0)))
+        run_cell(
+            cell,
+            data_root=tmp_path,
+            checkpointer=Checkpointer(tmp_path / "other", cell, CheckpointPolicy(every=1, minutes=0)),
+        )
 
 
 def test_state_left_out_of_the_checkpoint_is_caught_by_the_resume_comparison(tmp_path, monkeypatch):
@@ -156,6 +170,7 @@ def test_state_left_out_of_the_checkpoint_is_caught_by_the_resume_comparison(tmp
 
 
 # ---- the file: set aside when it cannot be used --------------------------------------------------------
+
 
 def _checkpoint_after(cell, folder, tmp_path, at: int):
     from checkpoint_helpers import Interrupted, InterruptingCheckpointer
@@ -191,10 +206,15 @@ def _truncate(path):
     path.write_bytes(path.read_bytes()[:200])
 
 
-@pytest.mark.parametrize("spoil, reason", [(_damage, "damaged: checksum differs"),
-                                           (_truncate, "damaged: "),
-                                           (_other_code, "from another code version"),
-                                           (_other_data, "from other data")])
+@pytest.mark.parametrize(
+    "spoil, reason",
+    [
+        (_damage, "damaged: checksum differs"),
+        (_truncate, "damaged: "),
+        (_other_code, "from another code version"),
+        (_other_data, "from other data"),
+    ],
+)
 def test_an_unusable_checkpoint_is_set_aside_with_its_reason_and_the_cell_starts_over(spoil, reason, tmp_path):
     cell = small_cell(rounds=3)
     folder = tmp_path / "store" / "cell"
@@ -219,7 +239,12 @@ def test_a_checkpoint_of_another_configuration_or_execution_path_is_set_aside(tm
     assert notes[0].startswith("checkpoint set aside (from another configuration")
     _checkpoint_after(cell, folder, tmp_path, at=2)
     notes.clear()
-    run_cell(cell, data_root=tmp_path, execution=ExecutionOptions(client_batching="on"), checkpointer=Checkpointer(folder, cell, note=notes.append))
+    run_cell(
+        cell,
+        data_root=tmp_path,
+        execution=ExecutionOptions(client_batching="on"),
+        checkpointer=Checkpointer(folder, cell, note=notes.append),
+    )
     assert notes[0].startswith("checkpoint set aside (from another execution path")
 
 
@@ -247,6 +272,7 @@ def test_a_state_that_does_not_fit_the_algorithm_is_set_aside_and_the_algorithm_
 
 # ---- when checkpoints are written ----------------------------------------------------------------------
 
+
 def test_the_policy_writes_every_n_rounds_and_by_time_but_never_after_the_last_round():
     by_rounds = CheckpointPolicy(every=2, minutes=0)
     assert [r for r in range(1, 8) if by_rounds.due(r, 7, 0.0)] == [2, 4, 6]
@@ -272,7 +298,9 @@ def test_checkpoints_keep_only_the_latest_and_record_their_cost(tmp_path):
     assert [p.name for p in (tmp_path / "store" / "cell").iterdir()] == [CHECKPOINT]
     assert read_header(tmp_path / "store" / "cell" / CHECKPOINT)["round"] == 4
     listed = list_checkpoints(tmp_path / "store")
-    assert [(e["hash"], e["round"], e["rounds"], e["problem"]) for e in listed] == [("cell", 4, 5, "from another configuration")]
+    assert [(e["hash"], e["round"], e["rounds"], e["problem"]) for e in listed] == [
+        ("cell", 4, 5, "from another configuration")
+    ]
 
 
 def test_checkpoints_from_a_chosen_round_are_kept_beside_the_store_cells(tmp_path):
@@ -291,7 +319,9 @@ def test_checkpoints_from_a_chosen_round_are_kept_beside_the_store_cells(tmp_pat
     assert sorted(p.name for p in kept.iterdir()) == ["round-0003.pt", "round-0004.pt", "round-0005.pt"]
     assert [read_header(kept / f"round-000{r}.pt")["round"] for r in (3, 4, 5)] == [3, 4, 5]
     assert (kept / "round-0005.pt").read_bytes() == store.checkpoint_path(cell).read_bytes()  # the latest, copied
-    assert list(load_store(tmp_path / "store")["hash"]) == [store.cell_dir(cell).name] and not store_problems(tmp_path / "store")
+    assert list(load_store(tmp_path / "store")["hash"]) == [store.cell_dir(cell).name] and not store_problems(
+        tmp_path / "store"
+    )
     with pytest.raises(ValueError, match="keep checkpoints from must be a round >= 1"):
         CheckpointPolicy(keep_from=-1)
 
@@ -325,7 +355,7 @@ def test_store_check_calls_a_truncated_or_bit_flipped_checkpoint_damaged(tmp_pat
     assert "0 of them damaged" in capsys.readouterr().out
     data = bytearray(path.read_bytes())
     if damage == "truncated":
-        del data[len(data) // 2:]
+        del data[len(data) // 2 :]
     else:
         data[len(data) * 2 // 3] ^= 0x10
     path.write_bytes(bytes(data))
@@ -340,9 +370,11 @@ def test_store_check_calls_a_truncated_or_bit_flipped_checkpoint_damaged(tmp_pat
 def test_run_refuses_bad_checkpoint_options_before_any_work(tmp_path, capsys):
     from pflbench.cli import main
 
-    for option, value, message in (("--checkpoint-every", "-2", "--checkpoint-every must be 0"),
-                                   ("--checkpoint-minutes", "-1", "--checkpoint-minutes must be >= 0"),
-                                   ("--keep-checkpoints-from", "-1", "--keep-checkpoints-from must be a round")):
+    for option, value, message in (
+        ("--checkpoint-every", "-2", "--checkpoint-every must be 0"),
+        ("--checkpoint-minutes", "-1", "--checkpoint-minutes must be >= 0"),
+        ("--keep-checkpoints-from", "-1", "--keep-checkpoints-from must be a round"),
+    ):
         with pytest.raises(SystemExit, match=message):
             main(["run", "benchmarks/demo.yaml", "--results", str(tmp_path / "r"), option, value])
     assert not (tmp_path / "r").exists()
@@ -362,9 +394,14 @@ def test_a_sweep_trial_writes_checkpoints_and_a_retried_trial_resumes_from_them(
     monkeypatch.setattr(tune, "get_context", lambda: SimpleNamespace(get_trial_id=lambda: "trial_1"))
     base = small_cell(rounds=4, eval_every=1)
     folder = tmp_path / "sweep" / "checkpoints"
-    kwargs = dict(base=base.model_dump(mode="json"), cpus=1, data_root=str(tmp_path), mirror=None,
-                  execution=ExecutionOptions(device="cpu"),
-                  checkpoints={"folder": str(folder), "every": 2, "minutes": 0, "keep": True})
+    kwargs = dict(
+        base=base.model_dump(mode="json"),
+        cpus=1,
+        data_root=str(tmp_path),
+        mirror=None,
+        execution=ExecutionOptions(device="cpu"),
+        checkpoints={"folder": str(folder), "every": 2, "minutes": 0, "keep": True},
+    )
     run_trial({"lr": 0.03}, **kwargs)
     assert read_header(folder / "trial_1" / CHECKPOINT)["round"] == 2
     first = list(reports)

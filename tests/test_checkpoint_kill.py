@@ -1,5 +1,6 @@
 """kill -9 anywhere: a `pflbench run` process killed (SIGKILL, no chance to clean up) after a round
 checkpoint exists, or while one is being written, is run again and gives the uninterrupted result."""
+
 from __future__ import annotations
 
 import json
@@ -58,16 +59,25 @@ STOP_IN_WRITE = textwrap.dedent("""
 def setup(tmp_path_factory):
     root = tmp_path_factory.mktemp("kill")
     (root / "spec.yaml").write_text(SPEC)
-    env = {**os.environ, "PFLBENCH_DATA": str(root / "data"), "PFLBENCH_DATA_MIRROR": str(root / "no-mirror"),
-           "OMP_NUM_THREADS": "1"}
+    env = {
+        **os.environ,
+        "PFLBENCH_DATA": str(root / "data"),
+        "PFLBENCH_DATA_MIRROR": str(root / "no-mirror"),
+        "OMP_NUM_THREADS": "1",
+    }
     done = run(root, "uninterrupted", env)
     assert done.returncode == 0, done.stdout + done.stderr
     return root, env, cell_folder(root / "uninterrupted")
 
 
 def run(root: Path, store: str, env: dict, extra=()) -> subprocess.CompletedProcess:
-    return subprocess.run([*PFLBENCH, "run", str(root / "spec.yaml"), "--results", str(root / store), *ARGS, *extra],
-                          env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [*PFLBENCH, "run", str(root / "spec.yaml"), "--results", str(root / store), *ARGS, *extra],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def cell_folder(store: Path) -> Path:
@@ -100,8 +110,13 @@ def checkpoint_round(store: Path) -> int | None:
 def test_a_killed_cell_resumes_from_its_checkpoint_and_gives_the_uninterrupted_result(setup):
     root, env, reference = setup
     store = root / "killed"
-    process = subprocess.Popen([*PFLBENCH, "run", str(root / "spec.yaml"), "--results", str(store), *ARGS],
-                               env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    process = subprocess.Popen(
+        [*PFLBENCH, "run", str(root / "spec.yaml"), "--results", str(store), *ARGS],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     at = wait_for(lambda: (checkpoint_round(store) or 0) >= 4 and checkpoint_round(store), process, "checkpoint")
     os.kill(process.pid, signal.SIGKILL)
     process.wait()
@@ -131,10 +146,13 @@ def test_a_kill_while_a_checkpoint_is_written_leaves_the_previous_one_and_the_re
     root, env, reference = setup
     store = root / f"killed-writing-{stop_at_write}"
     signal_file = root / f"writing-{stop_at_write}"
-    process = subprocess.Popen([sys.executable, "-c", STOP_IN_WRITE, "run", str(root / "spec.yaml"),
-                                "--results", str(store), *ARGS],
-                               env={**env, "STOP_AT_WRITE": str(stop_at_write), "SIGNAL_FILE": str(signal_file)},
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    process = subprocess.Popen(
+        [sys.executable, "-c", STOP_IN_WRITE, "run", str(root / "spec.yaml"), "--results", str(store), *ARGS],
+        env={**env, "STOP_AT_WRITE": str(stop_at_write), "SIGNAL_FILE": str(signal_file)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     wait_for(signal_file.exists, process, "checkpoint write")
     os.kill(process.pid, signal.SIGKILL)
     process.wait()

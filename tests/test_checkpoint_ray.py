@@ -12,6 +12,7 @@ the cell before the kill nor be killed before its checkpoint is whole. (Before t
 killed the writer of the first checkpoint it saw; at ~50 ms a round it sometimes saw one only after
 the cell had finished, and there was then nothing to retry: the flake of issue 45.)
 """
+
 from __future__ import annotations
 
 import io
@@ -75,14 +76,27 @@ def gated_plan(tmp_path):
     before = {p.source.id for p in plugins.loaded()}
 
     def plan():
-        return parse_spec({
-            "name": "ray-retry", "plugins": [str(plugin)],
-            "matrix": {"algorithm": ["gated-fedavg"], "dataset": ["synthetic"],
-                       "partition": [{"scheme": "pathological", "params": {"classes_per_client": 3}}], "seed": [0]},
-            "defaults": {"clients": 5, "rounds": ROUNDS, "local_epochs": 2, "lr": 0.05, "eval_every": 5,
-                         "dataset_options": {"num_samples": 1000}},
-            "resources": {"cpus": 1},
-        })
+        return parse_spec(
+            {
+                "name": "ray-retry",
+                "plugins": [str(plugin)],
+                "matrix": {
+                    "algorithm": ["gated-fedavg"],
+                    "dataset": ["synthetic"],
+                    "partition": [{"scheme": "pathological", "params": {"classes_per_client": 3}}],
+                    "seed": [0],
+                },
+                "defaults": {
+                    "clients": 5,
+                    "rounds": ROUNDS,
+                    "local_epochs": 2,
+                    "lr": 0.05,
+                    "eval_every": 5,
+                    "dataset_options": {"num_samples": 1000},
+                },
+                "resources": {"cpus": 1},
+            }
+        )
 
     yield plan, gate
     for loaded in plugins.loaded():
@@ -117,8 +131,15 @@ def test_a_lost_ray_worker_is_retried_and_resumes_from_its_checkpoint(tmp_path, 
     if retries:
         assert run_plan(plan(), reference, Console(file=io.StringIO())).exit_code == 0  # the gate is not armed
     (gate / "armed").touch()
-    options = RunOptions(results=tmp_path / "ray", data_root=data, use_ray=True, workers=2,
-                         checkpoint_every=1, checkpoint_minutes=0, retries=retries)
+    options = RunOptions(
+        results=tmp_path / "ray",
+        data_root=data,
+        use_ray=True,
+        workers=2,
+        checkpoint_every=1,
+        checkpoint_minutes=0,
+        retries=retries,
+    )
     killed: list = []
     errors: list = []
     run_ended = threading.Event()
@@ -160,6 +181,7 @@ def test_a_lost_ray_worker_is_retried_and_resumes_from_its_checkpoint(tmp_path, 
 
 # ---- the keeper (pflbench/checkpoint_relay.py), as a plain object: what it writes and what it refuses ----
 
+
 def test_the_keeper_writes_only_the_open_attempt_of_a_cell_and_only_whole_checkpoints(tmp_path):
     from pflbench.checkpoint import CheckpointProblem, encode_checkpoint, read_header
     from pflbench.checkpoint_relay import CheckpointKeeper, StaleAttempt
@@ -176,7 +198,7 @@ def test_the_keeper_writes_only_the_open_attempt_of_a_cell_and_only_whole_checkp
     with pytest.raises(CheckpointProblem, match="arrived damaged: checksum differs; nothing written"):
         keeper.write("cell", 0, data[:-1] + bytes([data[-1] ^ 1]))
     with pytest.raises(CheckpointProblem, match="arrived damaged: 5 bytes of payload"):
-        keeper.write("cell", 0, data[:data.index(b"\n") + 6])
+        keeper.write("cell", 0, data[: data.index(b"\n") + 6])
     keeper.open("other", 0)
     with pytest.raises(CheckpointProblem, match="a checkpoint of cell cell sent as cell other's"):
         keeper.write("other", 0, data)

@@ -1,4 +1,5 @@
 """The engine's subcommands, run as a user runs them (in-process through `main`)."""
+
 import json
 
 from pflbench.cli import main
@@ -20,8 +21,26 @@ def test_list_shows_registered_names(capsys):
 
 def test_data_show_prints_and_plots_label_counts(tmp_path, capsys):
     plot = tmp_path / "counts.png"
-    assert main(["data", "show", "synthetic-images", "--partition", "pathological", "--param", "classes_per_client=2",
-                 "--clients", "5", "--root", str(tmp_path), "--plot", str(plot)]) == 0
+    assert (
+        main(
+            [
+                "data",
+                "show",
+                "synthetic-images",
+                "--partition",
+                "pathological",
+                "--param",
+                "classes_per_client=2",
+                "--clients",
+                "5",
+                "--root",
+                str(tmp_path),
+                "--plot",
+                str(plot),
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert plot.stat().st_size > 1000 and plot.read_bytes()[:4] == b"\x89PNG"
     # five client rows, each with exactly two non-empty classes
@@ -32,8 +51,29 @@ def test_data_show_prints_and_plots_label_counts(tmp_path, capsys):
 
 def test_bench_writes_the_promised_json(tmp_path, capsys):
     path = tmp_path / "bench.json"
-    assert main(["bench", "--clients", "2", "--samples", "64", "--shape", "1,28,28", "--rounds", "1",
-                 "--repeats", "1", "--device", "cpu", "--no-compile", "--json", str(path)]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "--clients",
+                "2",
+                "--samples",
+                "64",
+                "--shape",
+                "1,28,28",
+                "--rounds",
+                "1",
+                "--repeats",
+                "1",
+                "--device",
+                "cpu",
+                "--no-compile",
+                "--json",
+                str(path),
+            ]
+        )
+        == 0
+    )
     result = json.loads(path.read_text())  # (the compiled way: tests/test_speed.py)
     ways = result["samples_per_second"]
     assert {"default", "plain", "loop", "batched", "centralized_batch32", "centralized_batch64"} == set(ways)

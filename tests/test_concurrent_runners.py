@@ -1,5 +1,6 @@
 """Runners sharing one store split its cells through claims: a cell is computed once, a claim held by
 a live runner is respected, an abandoned one (dead owner, no heartbeat) is taken over."""
+
 from __future__ import annotations
 
 import io
@@ -18,9 +19,16 @@ from pflbench.runner import RunOptions, run_plan
 from pflbench.spec import parse_spec
 from pflbench.store import CLAIM, Store, load_store
 
-SPEC = {"name": "shared", "matrix": {"algorithm": ["fedavg", "local"], "dataset": ["synthetic"], "seed": [0, 1, 2, 3]},
-        "defaults": {"partition_params": {"classes_per_client": 2, "samples_per_client": 40}, "clients": 4,
-                     "rounds": 15, "dataset_options": {"num_samples": 800}}}
+SPEC = {
+    "name": "shared",
+    "matrix": {"algorithm": ["fedavg", "local"], "dataset": ["synthetic"], "seed": [0, 1, 2, 3]},
+    "defaults": {
+        "partition_params": {"classes_per_client": 2, "samples_per_client": 40},
+        "clients": 4,
+        "rounds": 15,
+        "dataset_options": {"num_samples": 800},
+    },
+}
 
 
 def _options(tmp_path) -> RunOptions:
@@ -31,9 +39,20 @@ def test_two_runners_at_once_compute_every_cell_exactly_once(tmp_path):
     spec = tmp_path / "shared.yaml"
     spec.write_text(yaml.safe_dump(SPEC))
     env = {**os.environ, "PFLBENCH_DATA": str(tmp_path / "data"), "PFLBENCH_DATA_MIRROR": str(tmp_path / "none")}
-    command = [sys.executable, "-m", "pflbench.cli", "run", str(spec), "--results", str(tmp_path / "results"), "--no-ray"]
-    runners = [subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-               for _ in range(2)]
+    command = [
+        sys.executable,
+        "-m",
+        "pflbench.cli",
+        "run",
+        str(spec),
+        "--results",
+        str(tmp_path / "results"),
+        "--no-ray",
+    ]
+    runners = [
+        subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for _ in range(2)
+    ]
     outputs = [runner.communicate(timeout=300)[0] for runner in runners]
     assert [runner.returncode for runner in runners] == [0, 0], outputs
     computed = [re.findall(r"^finished .* · ([0-9a-f]{12})", out, re.M) for out in outputs]
@@ -77,7 +96,9 @@ def test_a_cell_taken_over_without_a_checkpoint_says_it_starts_from_round_1(tmp_
     from pflbench.config import cell_hash
     from pflbench.runner import NO_CHECKPOINT
 
-    plan = parse_spec({**SPEC, "matrix": {**SPEC["matrix"], "seed": [0]}, "defaults": {**SPEC["defaults"], "rounds": 2}})
+    plan = parse_spec(
+        {**SPEC, "matrix": {**SPEC["matrix"], "seed": [0]}, "defaults": {**SPEC["defaults"], "rounds": 2}}
+    )
     options = _options(tmp_path)
     killed, _ = plan.cells
     store = Store(options.results)

@@ -4,6 +4,7 @@ The real files are not needed (CIFAR-100 and EMNIST are not even available offli
 is torchvision's own in every case. Nothing is downloaded: a mirror is configured for every test
 (which turns the download default off) and torchvision's download functions fail the test if called.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -202,10 +203,13 @@ def test_data_root_and_mirror_resolution(monkeypatch, tmp_path):
 # ---- torchvision-backed datasets ---------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name, folder, classes", [
-    ("mnist", "MNIST", tv_mnist.MNIST.classes),
-    ("fmnist", "FashionMNIST", tv_mnist.FashionMNIST.classes),
-])
+@pytest.mark.parametrize(
+    "name, folder, classes",
+    [
+        ("mnist", "MNIST", tv_mnist.MNIST.classes),
+        ("fmnist", "FashionMNIST", tv_mnist.FashionMNIST.classes),
+    ],
+)
 def test_mnist_like_load_from_idx_files(tmp_path, name, folder, classes):
     files, images, labels = idx_dataset(("train", "t10k"), range(10), seed=1)
     write_files(tmp_path / folder / "raw", files)
@@ -215,10 +219,13 @@ def test_mnist_like_load_from_idx_files(tmp_path, name, folder, classes):
     assert (tmp_path / "cache" / f"{name}.pt").is_file()
 
 
-@pytest.mark.parametrize("split, file_labels, num_classes, first_classes", [
-    ("balanced", range(0, 47), 47, ["0", "1"]),
-    ("letters", range(1, 27), 26, ["a", "b"]),  # the files label letters 1..26
-])
+@pytest.mark.parametrize(
+    "split, file_labels, num_classes, first_classes",
+    [
+        ("balanced", range(0, 47), 47, ["0", "1"]),
+        ("letters", range(1, 27), 26, ["a", "b"]),  # the files label letters 1..26
+    ],
+)
 def test_emnist_splits_load_with_labels_from_zero(tmp_path, split, file_labels, num_classes, first_classes):
     prefixes = (f"emnist-{split}-train", f"emnist-{split}-test")
     files, images, labels = idx_dataset(prefixes, file_labels, seed=2)
@@ -262,8 +269,9 @@ def test_cifar10_jpeg_is_extracted_from_the_zip_and_decoded(tmp_path):
     ds = load_dataset("cifar10-jpeg", root=tmp_path / "root", mirror=mirror)
     assert ds.name == "cifar10-jpeg" and ds.classes == ["airplane", "cat", "truck"]  # ImageFolder's sorted order
     assert (tmp_path / "root" / "cifar10-jpeg" / "train" / "truck" / "0003.jpg").is_file()
-    order = [f"{split}/{c}/{i:04d}.jpg" for split, n in (("train", 4), ("test", 2))
-             for c in ds.classes for i in range(n)]
+    order = [
+        f"{split}/{c}/{i:04d}.jpg" for split, n in (("train", 4), ("test", 2)) for c in ds.classes for i in range(n)
+    ]
     expected = np.stack([decoded_jpeg(members[m]) for m in order]).transpose(0, 3, 1, 2)
     labels = np.array([ds.classes.index(m.split("/")[1]) for m in order])
     assert_pooled(ds, expected, labels, n_train=12)
@@ -281,7 +289,12 @@ def test_second_load_comes_from_the_cache(tmp_path):
     for field in ("inputs", "labels", "source_split"):
         assert torch.equal(getattr(first, field), getattr(second, field))
     assert (second.mean, second.std, second.checksum, second.classes, second.num_classes) == (
-        first.mean, first.std, first.checksum, first.classes, first.num_classes)
+        first.mean,
+        first.std,
+        first.checksum,
+        first.classes,
+        first.num_classes,
+    )
     assert not list((tmp_path / "cache").glob(".*"))  # no temporary file left behind
 
 
@@ -325,7 +338,13 @@ def test_prepare_places_every_mirror_form_where_torchvision_looks(monkeypatch, t
     assert (root / "cifar10-jpeg" / "test" / "dog" / "0000.jpg").is_file()
     cached = sorted(p.name for p in (root / "cache").iterdir())
     assert cached == [
-        "cifar10-jpeg.pt", "cifar10.pt", "cifar100.pt", "emnist-split=balanced.pt", "fmnist.pt", "mnist.pt"]
+        "cifar10-jpeg.pt",
+        "cifar10.pt",
+        "cifar100.pt",
+        "emnist-split=balanced.pt",
+        "fmnist.pt",
+        "mnist.pt",
+    ]
     assert not [p for p in root.iterdir() if p.name.startswith(".")]  # no temporary folders left behind
     assert torch.equal(load_dataset("mnist", root=root, mirror=mirror).inputs[:, 0], torch.from_numpy(mnist_images))
     again = "\n".join(prepare(["mnist", "cifar10"], root=root, mirror=mirror))
@@ -357,8 +376,12 @@ def test_missing_dataset_error_names_the_dataset_and_every_place_looked(monkeypa
     message = str(caught.value)
     assert isinstance(caught.value, FileNotFoundError)
     assert message.startswith("dataset 'cifar100' is not available here")
-    for path in (root / "cifar-100-python" / "train", root / "cache" / "cifar100.pt",
-                 mirror / "cifar-100-python.tar.gz", mirror / "cifar-100-python"):
+    for path in (
+        root / "cifar-100-python" / "train",
+        root / "cache" / "cifar100.pt",
+        mirror / "cifar-100-python.tar.gz",
+        mirror / "cifar-100-python",
+    ):
         assert str(path) in message
     assert "PFLBENCH_DATA_MIRROR" in message and "pflbench data prepare --from DIR" in message
     assert "download=True" in message
@@ -403,8 +426,14 @@ def test_available_reports_what_loads_offline(tmp_path):
     write_files(root / "MNIST" / "raw", files)
     write_files(mirror / "fashion-mnist", files, gz=True)
     assert available(root, mirror) == {
-        "cifar10": False, "cifar10-jpeg": False, "cifar100": False, "emnist": False,
-        "fmnist": True, "mnist": True, "synthetic": True, "synthetic-images": True,
+        "cifar10": False,
+        "cifar10-jpeg": False,
+        "cifar100": False,
+        "emnist": False,
+        "fmnist": True,
+        "mnist": True,
+        "synthetic": True,
+        "synthetic-images": True,
     }
     assert not (root / "FashionMNIST").exists()  # checking places nothing
 
@@ -440,7 +469,6 @@ def test_synthetic_images_are_seeded_uint8_images(channels, size):
     assert not torch.equal(ds.inputs, other.inputs)
 
 
-
 def test_synthetic_images_are_learnable_but_not_trivial():
     torch.manual_seed(0)
     ds = load_dataset("synthetic-images", num_samples=1000, seed=0)
@@ -449,9 +477,16 @@ def test_synthetic_images_are_learnable_but_not_trivial():
     means = torch.stack([x[train][y[train] == c].mean(0) for c in range(10)]).flatten(1)
     nearest_mean = (torch.cdist(x[test].flatten(1), means).argmin(1) == y[test]).float().mean().item()
     model = torch.nn.Sequential(
-        torch.nn.Conv2d(1, 16, 5), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
-        torch.nn.Conv2d(16, 32, 5), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
-        torch.nn.Flatten(), torch.nn.Linear(512, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10),
+        torch.nn.Conv2d(1, 16, 5),
+        torch.nn.ReLU(),
+        torch.nn.MaxPool2d(2),
+        torch.nn.Conv2d(16, 32, 5),
+        torch.nn.ReLU(),
+        torch.nn.MaxPool2d(2),
+        torch.nn.Flatten(),
+        torch.nn.Linear(512, 64),
+        torch.nn.ReLU(),
+        torch.nn.Linear(64, 10),
     )
     optimizer = torch.optim.Adam(model.parameters(), lr=2e-3)
     for _epoch in range(4):

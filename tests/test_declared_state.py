@@ -3,6 +3,7 @@
 fails the cell at the end of the round that set it, naming it and the class's file, every built-in declares
 all it sets (and what it calls rebuilt is), and a plugin written before declarations (extending `Algorithm`
 for FedAvg's behaviour, walking its attributes) is refused with one line naming its file."""
+
 from __future__ import annotations
 
 import io
@@ -98,14 +99,21 @@ def test_an_undeclared_attribute_is_caught_with_its_name(tmp_path, monkeypatch):
     # in a cell: it fails at the end of the round that set it, naming the attribute and the class's file
     monkeypatch.setattr(rounds, "get_algorithm", lambda name: Forgets)
     cell = small_cell(rounds=3)
-    with pytest.raises(StateError, match=rf"Forgets \({__file__}\) sets server_momentum.*"
-                                         r"state = \(\*FedAvg\.state, 'server_momentum'\)"):
-        run_cell(cell, data_root=tmp_path, checkpointer=Checkpointer(
-            tmp_path / "cell", cell, CheckpointPolicy(every=1, minutes=0)))
+    with pytest.raises(
+        StateError,
+        match=rf"Forgets \({__file__}\) sets server_momentum.*"
+        r"state = \(\*FedAvg\.state, 'server_momentum'\)",
+    ):
+        run_cell(
+            cell,
+            data_root=tmp_path,
+            checkpointer=Checkpointer(tmp_path / "cell", cell, CheckpointPolicy(every=1, minutes=0)),
+        )
     assert not (tmp_path / "cell" / CHECKPOINT).exists()
 
 
 # ---- every built-in declares everything it sets, and what it calls rebuilt is rebuilt --------------------
+
 
 def _same(a, b) -> bool:
     """Equal values: tensors and arrays by content, containers item by item; an object without an equality
@@ -147,12 +155,24 @@ class Inspecting(Checkpointer):
 @pytest.mark.parametrize("name", ALGORITHMS.names())
 def test_every_built_in_declares_all_it_sets(name, tmp_path):
     cls = ALGORITHMS.get(name)
-    cells = [small_cell(algorithm=name, clients=6, rounds=2, eval_every=1, finetune_epochs=1, hp=dict(cls.quick_hp),
-                        unseen_fraction=0.0 if cls.capabilities.newcomers else 0.34,
-                        dataset_options={"num_samples": 400})]
+    cells = [
+        small_cell(
+            algorithm=name,
+            clients=6,
+            rounds=2,
+            eval_every=1,
+            finetune_epochs=1,
+            hp=dict(cls.quick_hp),
+            unseen_fraction=0.0 if cls.capabilities.newcomers else 0.34,
+            dataset_options={"num_samples": 400},
+        )
+    ]
     if cls.capabilities.heterogeneous_models:
-        cells.append(small_cell(algorithm=name, model="mh-cnn,vgg8", clients=4, rounds=2, lr=0.01,
-                                hp=dict(cls.quick_hp), **IMAGES))
+        cells.append(
+            small_cell(
+                algorithm=name, model="mh-cnn,vgg8", clients=4, rounds=2, lr=0.01, hp=dict(cls.quick_hp), **IMAGES
+            )
+        )
     if name == "fedmn":
         cells.append(small_cell(algorithm=name, clients=3, rounds=2, hp=dict(cls.quick_hp), **IMAGES))
     seen: set[str] = set()
@@ -168,7 +188,7 @@ def test_every_built_in_declares_all_it_sets(name, tmp_path):
 
 # A plugin as written when Algorithm was FedAvg and checkpoints walked the attributes: current-form hooks,
 # FedAvg's from the base class, a server velocity it does not declare.
-OLD_MOMENTUM = '''from pflbench.algorithm import ALGORITHMS, Algorithm
+OLD_MOMENTUM = """from pflbench.algorithm import ALGORITHMS, Algorithm
 
 
 @ALGORITHMS.register("old-momentum")
@@ -182,9 +202,9 @@ class OldMomentum(Algorithm):
         for n, mean in average.items():
             self.velocity[n] = 0.5 * self.velocity[n] + (self.global_state[n] - mean)
             self.global_state[n] = self.global_state[n] - self.velocity[n]
-'''
+"""
 
-NEW_MOMENTUM = '''from pflbench.algorithm import ALGORITHMS
+NEW_MOMENTUM = """from pflbench.algorithm import ALGORITHMS
 from pflbench.fedavg import FedAvg
 
 
@@ -201,7 +221,7 @@ class NewMomentum(FedAvg):
         for n, mean in average.items():
             self.velocity[n] = 0.5 * self.velocity[n] + (self.global_state[n] - mean)
             self.global_state[n] = self.global_state[n] - self.velocity[n]
-'''
+"""
 
 
 def test_an_old_plugin_is_refused_in_one_line_and_its_new_form_runs_and_resumes(tmp_path, monkeypatch):

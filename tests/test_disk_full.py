@@ -5,6 +5,7 @@ resumes, bit-identical to an uninterrupted run.
 
 ENOSPC is injected where a real one comes from: inside the write of a store file or checkpoint, after half
 of its bytes reached the temporary file (`atomic_write`'s `write` callback)."""
+
 from __future__ import annotations
 
 import errno
@@ -31,13 +32,24 @@ ROUNDS = 6
 
 
 def the_plan():
-    return parse_spec({
-        "name": "full",
-        "matrix": {"algorithm": ["fedavg"], "dataset": ["synthetic"],
-                   "partition": [{"scheme": "pathological", "params": {"classes_per_client": 3}}], "seed": [0, 1, 2]},
-        "defaults": {"clients": 5, "rounds": ROUNDS, "lr": 0.05, "eval_every": 2,
-                     "dataset_options": {"num_samples": 600}},
-    })
+    return parse_spec(
+        {
+            "name": "full",
+            "matrix": {
+                "algorithm": ["fedavg"],
+                "dataset": ["synthetic"],
+                "partition": [{"scheme": "pathological", "params": {"classes_per_client": 3}}],
+                "seed": [0, 1, 2],
+            },
+            "defaults": {
+                "clients": 5,
+                "rounds": ROUNDS,
+                "lr": 0.05,
+                "eval_every": 2,
+                "dataset_options": {"num_samples": 600},
+            },
+        }
+    )
 
 
 def run(options: RunOptions):
@@ -49,8 +61,9 @@ def run(options: RunOptions):
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     root = tmp_path_factory.mktemp("full")
-    options = RunOptions(results=root / "reference", data_root=root / "data", use_ray=False,
-                         checkpoint_every=2, checkpoint_minutes=0)
+    options = RunOptions(
+        results=root / "reference", data_root=root / "data", use_ray=False, checkpoint_every=2, checkpoint_minutes=0
+    )
     report, output = run(options)
     assert report.exit_code == 0, output
     return options
@@ -68,6 +81,7 @@ def fill_disk(monkeypatch, fails: Callable[[Path], bool]) -> None:
             write(tmp)
             tmp.write_bytes(tmp.read_bytes()[: tmp.stat().st_size // 2])
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(tmp))
+
         return real(path, half_then_full)
 
     monkeypatch.setattr(store_module, "atomic_write", atomic_write)
@@ -104,10 +118,16 @@ def resume_and_compare(options: RunOptions, reference: RunOptions, at: int) -> N
         assert_same_result(ours[seed], theirs[seed])
 
 
-def test_a_checkpoint_that_does_not_fit_stops_the_run_and_the_previous_checkpoint_is_resumed(reference, tmp_path,
-                                                                                              monkeypatch):
-    options = RunOptions(results=tmp_path / "store", data_root=reference.data_root, use_ray=False,
-                         checkpoint_every=2, checkpoint_minutes=0)
+def test_a_checkpoint_that_does_not_fit_stops_the_run_and_the_previous_checkpoint_is_resumed(
+    reference, tmp_path, monkeypatch
+):
+    options = RunOptions(
+        results=tmp_path / "store",
+        data_root=reference.data_root,
+        use_ray=False,
+        checkpoint_every=2,
+        checkpoint_minutes=0,
+    )
     second_cell = cell_hash(the_plan().cells[1])
     writes = Counter()
 
@@ -122,10 +142,13 @@ def test_a_checkpoint_that_does_not_fit_stops_the_run_and_the_previous_checkpoin
     assert report.exit_code == DISK_FULL_EXIT
     line = the_line(output)
     path = options.results / second_cell / CHECKPOINT
-    needed, free = re.fullmatch(rf"disk full: cannot write {re.escape(str(path))} \(it needs ([\d,]+) bytes; free there: "
-                                rf"([\d,]+) bytes\); the run stopped starting cells; cell {second_cell} \(fedavg .*\) has "
-                                rf"no result and the next run resumes it at round 2 of {ROUNDS}; free space and run the "
-                                rf"same command again", line).groups()
+    needed, free = re.fullmatch(
+        rf"disk full: cannot write {re.escape(str(path))} \(it needs ([\d,]+) bytes; free there: "
+        rf"([\d,]+) bytes\); the run stopped starting cells; cell {second_cell} \(fedavg .*\) has "
+        rf"no result and the next run resumes it at round 2 of {ROUNDS}; free space and run the "
+        rf"same command again",
+        line,
+    ).groups()
     assert int(needed.replace(",", "")) > 1000 and int(free.replace(",", "")) > 0
     assert "Traceback" not in output
     assert_stopped_cleanly(options.results)
@@ -135,10 +158,16 @@ def test_a_checkpoint_that_does_not_fit_stops_the_run_and_the_previous_checkpoin
     resume_and_compare(options, reference, at=2)
 
 
-def test_a_result_that_does_not_fit_is_no_result_and_the_cell_resumes_from_its_checkpoint(reference, tmp_path,
-                                                                                          monkeypatch):
-    options = RunOptions(results=tmp_path / "store", data_root=reference.data_root, use_ray=False,
-                         checkpoint_every=2, checkpoint_minutes=0)
+def test_a_result_that_does_not_fit_is_no_result_and_the_cell_resumes_from_its_checkpoint(
+    reference, tmp_path, monkeypatch
+):
+    options = RunOptions(
+        results=tmp_path / "store",
+        data_root=reference.data_root,
+        use_ray=False,
+        checkpoint_every=2,
+        checkpoint_minutes=0,
+    )
     second_cell = cell_hash(the_plan().cells[1])
     fill_disk(monkeypatch, lambda path: path.name == "metrics.parquet" and path.parent.name == second_cell)
     report, output = run(options)
@@ -152,12 +181,18 @@ def test_a_result_that_does_not_fit_is_no_result_and_the_cell_resumes_from_its_c
     resume_and_compare(options, reference, at=4)
 
 
-def test_a_result_that_runs_out_of_space_halfway_leaves_no_part_of_it_in_the_cell_folder(reference, tmp_path,
-                                                                                         monkeypatch):
+def test_a_result_that_runs_out_of_space_halfway_leaves_no_part_of_it_in_the_cell_folder(
+    reference, tmp_path, monkeypatch
+):
     """The third of the result's files runs out of space: the two written before it are removed again, so the
     folder holds only the checkpoint the next run resumes from."""
-    options = RunOptions(results=tmp_path / "store", data_root=reference.data_root, use_ray=False,
-                         checkpoint_every=2, checkpoint_minutes=0)
+    options = RunOptions(
+        results=tmp_path / "store",
+        data_root=reference.data_root,
+        use_ray=False,
+        checkpoint_every=2,
+        checkpoint_minutes=0,
+    )
     second_cell = cell_hash(the_plan().cells[1])
     written = []
 
@@ -176,22 +211,31 @@ def test_a_result_that_runs_out_of_space_halfway_leaves_no_part_of_it_in_the_cel
 
 
 def test_a_result_larger_than_the_free_space_is_refused_before_its_folder_is_touched(reference, tmp_path, monkeypatch):
-    options = RunOptions(results=tmp_path / "store", data_root=reference.data_root, use_ray=False,
-                         checkpoint_every=2, checkpoint_minutes=0)
+    options = RunOptions(
+        results=tmp_path / "store",
+        data_root=reference.data_root,
+        use_ray=False,
+        checkpoint_every=2,
+        checkpoint_minutes=0,
+    )
     first = the_plan().cells[0]
     monkeypatch.setattr(store_module, "free_bytes", lambda path: 1000)
     report, output = run(options)
     assert report.exit_code == DISK_FULL_EXIT
     line = the_line(output)
-    assert re.match(rf"disk full: cannot write {re.escape(str(options.results / cell_hash(first)))} \(it needs [\d,]+ "
-                    rf"bytes; free there: 1,000 bytes\)", line), line
+    assert re.match(
+        rf"disk full: cannot write {re.escape(str(options.results / cell_hash(first)))} \(it needs [\d,]+ "
+        rf"bytes; free there: 1,000 bytes\)",
+        line,
+    ), line
     assert sorted(p.name for p in (options.results / cell_hash(first)).iterdir()) == [CHECKPOINT]
     assert f"resumes it at round 4 of {ROUNDS}" in line
 
 
 def test_disk_full_names_a_quota_and_an_unknown_size():
     assert str(DiskFull("/x/y", None, 10, errno.EDQUOT)) == (
-        "disk quota exceeded: cannot write /x/y (it needs an unknown number of bytes; free there: 10 bytes)")
+        "disk quota exceeded: cannot write /x/y (it needs an unknown number of bytes; free there: 10 bytes)"
+    )
     assert store_module.no_space(OSError(errno.EACCES, "denied"), Path("/x")) is None
 
 
@@ -231,28 +275,40 @@ def test_a_real_full_tmpfs_stops_the_run_with_one_line_and_a_run_after_space_is_
 
     if shutil.which("unshare") is None:
         pytest.skip("no unshare(1) here to mount a tmpfs in a namespace of its own")
-    probe = subprocess.run(["unshare", "-rm", "sh", "-c", f"mount -t tmpfs -o size=1m tmpfs {tmp_path}"],
-                           capture_output=True, text=True)
+    probe = subprocess.run(
+        ["unshare", "-rm", "sh", "-c", f"mount -t tmpfs -o size=1m tmpfs {tmp_path}"], capture_output=True, text=True
+    )
     if probe.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs in a user and mount namespace here: {probe.stderr.strip()}")
     (tmp_path / "spec.yaml").write_text(SPEC)
     mount, out = tmp_path / "mnt", tmp_path / "out"
     mount.mkdir()
     out.mkdir()
-    env = {**os.environ, "MNT": str(mount), "OUT": str(out), "SPEC": str(tmp_path / "spec.yaml"),
-           "PYTHON": sys.executable, "PFLBENCH_DATA": str(reference.data_root), "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(["unshare", "-rm", "bash", "-c", ON_TMPFS], env=env, capture_output=True, text=True,
-                          timeout=600)
+    env = {
+        **os.environ,
+        "MNT": str(mount),
+        "OUT": str(out),
+        "SPEC": str(tmp_path / "spec.yaml"),
+        "PYTHON": sys.executable,
+        "PFLBENCH_DATA": str(reference.data_root),
+        "OMP_NUM_THREADS": "1",
+    }
+    done = subprocess.run(
+        ["unshare", "-rm", "bash", "-c", ON_TMPFS], env=env, capture_output=True, text=True, timeout=600
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     text = {name: (out / f"{name}.txt").read_text() for name in ("first", "full", "freed")}
     codes = {name: int((out / f"{name}.rc").read_text()) for name in text}
     assert codes == {"first": 0, "full": DISK_FULL_EXIT, "freed": 0}, text
     second = cell_hash(the_plan().cells[1])
     line = the_line(text["full"])
-    assert re.fullmatch(rf"disk full: cannot write {re.escape(str(mount / 'store' / second / CHECKPOINT))} \(it needs "
-                        rf"[\d,]+ bytes; free there: [\d,]+ bytes\); the run stopped starting cells; cell {second} "
-                        rf"\(.*\) has no result and the next run starts it from round 1 \(it has no checkpoint\); "
-                        rf"free space and run the same command again", line), line
+    assert re.fullmatch(
+        rf"disk full: cannot write {re.escape(str(mount / 'store' / second / CHECKPOINT))} \(it needs "
+        rf"[\d,]+ bytes; free there: [\d,]+ bytes\); the run stopped starting cells; cell {second} "
+        rf"\(.*\) has no result and the next run starts it from round 1 \(it has no checkpoint\); "
+        rf"free space and run the same command again",
+        line,
+    ), line
     assert "Traceback" not in text["full"]
     stopped = out / "after-full"
     assert_stopped_cleanly(stopped)
@@ -283,11 +339,14 @@ def test_on_ray_the_line_names_every_cell_the_full_disk_stopped(tmp_path, monkey
     stop = scheduler.disk_full(DiskFull(str(path), 2298037, 36864), cells[0], [cells[0]])
     assert stop.exit_code == DISK_FULL_EXIT and sorted(cancelled) == ["task-b", "task-c"]
     first, *others = (cell_hash(cell) for cell in cells)
-    assert re.fullmatch(rf"disk full: cannot write {re.escape(str(path))} .*; the run stopped starting cells; "
-                        rf"cell {first} \(fedavg .*\) has no result and the next run starts it from round 1 \(it has "
-                        rf"no checkpoint\); cell {others[0]} \(.*\) stopped with it: the next run starts it from round 1 \(it has no "
-                        rf"checkpoint\); cell {others[1]} \(.*\) stopped with it: the next run starts it from round 1 \(it has no "
-                        rf"checkpoint\); free space and run the same command again", stop.line), stop.line
+    assert re.fullmatch(
+        rf"disk full: cannot write {re.escape(str(path))} .*; the run stopped starting cells; "
+        rf"cell {first} \(fedavg .*\) has no result and the next run starts it from round 1 \(it has "
+        rf"no checkpoint\); cell {others[0]} \(.*\) stopped with it: the next run starts it from round 1 \(it has no "
+        rf"checkpoint\); cell {others[1]} \(.*\) stopped with it: the next run starts it from round 1 \(it has no "
+        rf"checkpoint\); free space and run the same command again",
+        stop.line,
+    ), stop.line
     assert all(store.claim_holder(cell) is None for cell in cells)
 
 
@@ -306,9 +365,14 @@ def test_a_claim_that_does_not_fit_releases_the_claims_its_cell_group_already_to
     left to block the next run), and nothing ran."""
     from pflbench.execution import ExecutionOptions
 
-    options = RunOptions(results=tmp_path / "store", data_root=reference.data_root, use_ray=False,
-                         checkpoint_every=2, checkpoint_minutes=0,
-                         execution=ExecutionOptions(client_batching="on", cell_groups="on"))
+    options = RunOptions(
+        results=tmp_path / "store",
+        data_root=reference.data_root,
+        use_ray=False,
+        checkpoint_every=2,
+        checkpoint_minutes=0,
+        execution=ExecutionOptions(client_batching="on", cell_groups="on"),
+    )
     real, claims = Store.claim, []
 
     def claim(self, cell):
@@ -361,10 +425,16 @@ def test_a_report_onto_a_full_disk_ends_with_the_line_run_gives(small_store, tmp
 
     monkeypatch.setattr(builtins, "open", full_open)
     monkeypatch.setattr(io, "open", full_open)
-    assert main(["report", "--results", str(small_store), "--out", str(out), "--quiet", "--no-partitions"]) == DISK_FULL_EXIT
+    assert (
+        main(["report", "--results", str(small_store), "--out", str(out), "--quiet", "--no-partitions"])
+        == DISK_FULL_EXIT
+    )
     err = capsys.readouterr().err
-    assert re.fullmatch(rf"disk full: cannot write {re.escape(str(out))}/\S+ \(it needs an unknown number of bytes; free "
-                        rf"there: [\d,]+ bytes\); free space and run the same command again\n", err), err
+    assert re.fullmatch(
+        rf"disk full: cannot write {re.escape(str(out))}/\S+ \(it needs an unknown number of bytes; free "
+        rf"there: [\d,]+ bytes\); free space and run the same command again\n",
+        err,
+    ), err
 
 
 def test_a_report_onto_a_real_full_tmpfs_ends_with_the_line_run_gives(small_store, tmp_path):
@@ -377,13 +447,23 @@ def test_a_report_onto_a_real_full_tmpfs_ends_with_the_line_run_gives(small_stor
     mount, out = tmp_path / "mnt", tmp_path / "out"
     mount.mkdir()
     out.mkdir()
-    env = {**os.environ, "MNT": str(mount), "OUT": str(out), "STORE": str(small_store), "PYTHON": sys.executable,
-           "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(["unshare", "-rm", "bash", "-c", REPORT_ON_TMPFS], env=env, capture_output=True, text=True,
-                          timeout=600)
+    env = {
+        **os.environ,
+        "MNT": str(mount),
+        "OUT": str(out),
+        "STORE": str(small_store),
+        "PYTHON": sys.executable,
+        "OMP_NUM_THREADS": "1",
+    }
+    done = subprocess.run(
+        ["unshare", "-rm", "bash", "-c", REPORT_ON_TMPFS], env=env, capture_output=True, text=True, timeout=600
+    )
     if done.returncode == 99 or not (out / "rc").exists():
         pytest.skip(f"cannot mount a tmpfs in a user and mount namespace here: {done.stderr.strip()}")
     err = (out / "err.txt").read_text()
     assert int((out / "rc").read_text()) == DISK_FULL_EXIT, err
-    assert re.fullmatch(rf"disk full: cannot write {re.escape(str(mount))}\S* \(it needs [\w ,]+ bytes; free there: "
-                        rf"[\d,]+ bytes\); free space and run the same command again\n", err), err
+    assert re.fullmatch(
+        rf"disk full: cannot write {re.escape(str(mount))}\S* \(it needs [\w ,]+ bytes; free there: "
+        rf"[\d,]+ bytes\); free space and run the same command again\n",
+        err,
+    ), err

@@ -1,5 +1,6 @@
 """Code says what it is, history lives in docs: algorithm docstrings carry no measurement logs (load
 averages, dated runs), and every docs/algorithms page a docstring points to exists."""
+
 import ast
 import re
 from pathlib import Path

@@ -7,6 +7,7 @@ for the project's own issue numbers ("issue 58") and for paths of this workplace
 lives in contributing/, outside docs_dir, so the site never builds it. Each check is shown failing on a
 planted line. No MkDocs needed (`make docs` builds the site).
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -20,7 +21,9 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 
 ISSUE = re.compile(r"\b[Ii]ssues? \d+")
-MACHINE_PATH = re.compile(r"(?<![\w.$])/(?:work|root|tmp)/")  # this workplace's, a scratch folder's (a "/home/me/..." example is no one's)
+MACHINE_PATH = re.compile(
+    r"(?<![\w.$])/(?:work|root|tmp)/"
+)  # this workplace's, a scratch folder's (a "/home/me/..." example is no one's)
 
 
 def load(name: str, path: Path):
@@ -35,14 +38,18 @@ def site_pages(tmp_path_factory) -> dict[str, str]:
     """{page: its Markdown as the site renders it}: hand-written, mirrored and generated pages."""
     gen = load("gen_reference", DOCS / "gen_reference.py")
     hooks = load("docs_hooks", DOCS / "hooks.py")
-    pages = {str(p.relative_to(ROOT)): p.read_text() for p in DOCS.rglob("*.md")
-             if p.relative_to(DOCS).parts[0] not in ("reference", "repo")}
+    pages = {
+        str(p.relative_to(ROOT)): p.read_text()
+        for p in DOCS.rglob("*.md")
+        if p.relative_to(DOCS).parts[0] not in ("reference", "repo")
+    }
     pages |= {name: (ROOT / name).read_text() for name in gen.MIRRORED}
     out = tmp_path_factory.mktemp("docs") / "reference"
     assert gen.main([str(out)]) == 0
     for path in out.glob("*.md"):
         pages[f"docs/reference/{path.name}"] = hooks.on_page_markdown(
-            path.read_text(), _Page(f"reference/{path.name}"), None, None)
+            path.read_text(), _Page(f"reference/{path.name}"), None, None
+        )
     return pages
 
 
@@ -68,20 +75,34 @@ def test_the_sites_pages_name_no_issue_and_no_machine_path(site_pages):
 
 
 def test_the_files_the_site_copies_name_no_machine_path():
-    copied = [p for p in DOCS.rglob("*") if p.is_file() and p.suffix in (".log", ".json", ".csv", ".txt", ".css")
-              and p.relative_to(DOCS).parts[0] not in ("reference", "repo")]
-    problems = [f"{p.relative_to(ROOT)}: {m.group(0)}" for p in copied
-                for m in [MACHINE_PATH.search(p.read_text(errors="replace"))] if m]
+    copied = [
+        p
+        for p in DOCS.rglob("*")
+        if p.is_file()
+        and p.suffix in (".log", ".json", ".csv", ".txt", ".css")
+        and p.relative_to(DOCS).parts[0] not in ("reference", "repo")
+    ]
+    problems = [
+        f"{p.relative_to(ROOT)}: {m.group(0)}"
+        for p in copied
+        for m in [MACHINE_PATH.search(p.read_text(errors="replace"))]
+        if m
+    ]
     assert problems == []
 
 
 def test_a_planted_issue_number_or_machine_path_is_caught():
-    pages = {"docs/x.md": "Measured for issue 58, item 1.\nfine\n", "docs/y.md": "data in /work/shared/data\n",
-             "docs/z.md": "`$OUT/work/kernels.json` and results/published/x: no machine path\n",
-             "docs/w.md": "`pflbench report --out /tmp/table1-full`\n"}
-    assert process_problems(pages) == ["docs/x.md:1: an issue number: 'issue 58'",
-                                       "docs/y.md:1: a machine's path: 'data in /work/shared/data'",
-                                       "docs/w.md:1: a machine's path: '`pflbench report --out /tmp/table1-full`'"]
+    pages = {
+        "docs/x.md": "Measured for issue 58, item 1.\nfine\n",
+        "docs/y.md": "data in /work/shared/data\n",
+        "docs/z.md": "`$OUT/work/kernels.json` and results/published/x: no machine path\n",
+        "docs/w.md": "`pflbench report --out /tmp/table1-full`\n",
+    }
+    assert process_problems(pages) == [
+        "docs/x.md:1: an issue number: 'issue 58'",
+        "docs/y.md:1: a machine's path: 'data in /work/shared/data'",
+        "docs/w.md:1: a machine's path: '`pflbench report --out /tmp/table1-full`'",
+    ]
 
 
 def test_the_generated_studies_page_drops_the_manifests_issue_numbers():

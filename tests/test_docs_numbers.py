@@ -7,6 +7,7 @@ stored per-client metrics or aggregation weights with the reports' own readers a
 of benchmarks/analysis/column_table.py, compared line by line. Each check is also shown failing on a planted
 change of the page.
 """
+
 from __future__ import annotations
 
 import json
@@ -74,24 +75,41 @@ def pm(p: Paired) -> str:
 
 # ---- the checks: each returns the problems it finds in a page's text -----------------------------------
 
+
 def chain_problems(text: str) -> list[str]:
     """docs/reproduction/index.md: Table 1's chain Local < FedAvg < pFedLA, over both seeds."""
     stores = ("table1-full", "table1-full-seed1")
-    local, fedavg, pfedla = ({**cells_of(stores[0], a), **cells_of(stores[1], a)} for a in ("local", "fedavg", "pfedla"))
+    local, fedavg, pfedla = (
+        {**cells_of(stores[0], a), **cells_of(stores[1], a)} for a in ("local", "fedavg", "pfedla")
+    )
     assert len(local) == len(fedavg) == len(pfedla) == 2
     adapted = difference(pfedla, fedavg, ADAPTED)
     delivered = difference(fedavg, local, DELIVERED)
-    problems = said(text, f"pFedLA − FedAvg is {pm(adapted)} points per client ({adapted.up} clients up, "
-                          f"{adapted.down} down, over both seeds)", "index.md")
+    problems = said(
+        text,
+        f"pFedLA − FedAvg is {pm(adapted)} points per client ({adapted.up} clients up, "
+        f"{adapted.down} down, over both seeds)",
+        "index.md",
+    )
     problems += said(text, f"FedAvg − Local is {pm(delivered)} (all {delivered.clients} clients down)", "index.md")
-    if not (delivered.down == delivered.clients and adapted.separated and delivered.separated
-            and difference(fedavg, local, ADAPTED).mean > 0):
-        problems.append("index.md: the chain's verdicts changed (FedAvg above Local adapted, below it delivered, "
-                        "pFedLA below FedAvg adapted, each separated)")
+    if not (
+        delivered.down == delivered.clients
+        and adapted.separated
+        and delivered.separated
+        and difference(fedavg, local, ADAPTED).mean > 0
+    ):
+        problems.append(
+            "index.md: the chain's verdicts changed (FedAvg above Local adapted, below it delivered, "
+            "pFedLA below FedAvg adapted, each separated)"
+        )
     t2 = {a: cells_of("table2-full", a) for a in ("local", "fedavg", "pfedla")}
     for column in (DELIVERED, ADAPTED):
-        if not (difference(t2["fedavg"], t2["local"], column).mean > 0 > difference(t2["pfedla"], t2["fedavg"], column).mean):
-            problems.append(f"index.md: Table 2's FedAvg > Local > ... > pFedLA below FedAvg no longer holds ({column})")
+        if not (
+            difference(t2["fedavg"], t2["local"], column).mean > 0 > difference(t2["pfedla"], t2["fedavg"], column).mean
+        ):
+            problems.append(
+                f"index.md: Table 2's FedAvg > Local > ... > pFedLA below FedAvg no longer holds ({column})"
+            )
     return problems
 
 
@@ -99,14 +117,18 @@ def samples_175_problems(text: str) -> list[str]:
     """docs/reproduction/table1-fmnist.md: pFedLA − FedAvg at 175 samples a client, by protocol."""
     pfedla, fedavg = cells_of("table1-full-175", "pfedla"), cells_of("table1-full-175", "fedavg")
     adapted, delivered = difference(pfedla, fedavg, ADAPTED), difference(pfedla, fedavg, DELIVERED)
-    return (said(text, f"(pFedLA − FedAvg {pm(adapted)}, {adapted.up} clients up, {adapted.down} down)", "table1-fmnist.md")
-            + said(text, f"({pm(delivered)}, {delivered.up} of {delivered.clients} clients up)", "table1-fmnist.md"))
+    return said(
+        text, f"(pFedLA − FedAvg {pm(adapted)}, {adapted.up} clients up, {adapted.down} down)", "table1-fmnist.md"
+    ) + said(text, f"({pm(delivered)}, {delivered.up} of {delivered.clients} clients up)", "table1-fmnist.md")
 
 
 T1_SEED1_ROWS = {  # docs/reproduction/table1-fmnist.md's variant table: seed-1 row -> (algorithm, store)
     "FedAvg (`table1-full-seed1`)": ("fedavg", "table1-full-seed1"),
     "pFedLA (`table1-full-seed1`)": ("pfedla", "table1-full-seed1"),
-    "pFedHN, official inner optimizer (`table1-full-seed1-pfedhn-official`)": ("pfedhn", "table1-full-seed1-pfedhn-official"),
+    "pFedHN, official inner optimizer (`table1-full-seed1-pfedhn-official`)": (
+        "pfedhn",
+        "table1-full-seed1-pfedhn-official",
+    ),
 }
 
 
@@ -119,7 +141,9 @@ def table1_seed1_problems(text: str) -> list[str]:
         mine = cells_of(store, algorithm)
         cells = [versus(difference(mine, local, column)) for column in (DELIVERED, ADAPTED)]
         problems += said(text, f"| {label} | 1 | {cells[0]} | {cells[1]} |", "table1-fmnist.md")
-    both = {a: {**cells_of("table1-full", a), **cells_of("table1-full-seed1", a)} for a in ("local", "fedavg", "pfedla")}
+    both = {
+        a: {**cells_of("table1-full", a), **cells_of("table1-full-seed1", a)} for a in ("local", "fedavg", "pfedla")
+    }
     seed1 = difference(cells_of("table1-full-seed1", "fedavg"), local, ADAPTED)
     pooled = difference(both["fedavg"], both["local"], ADAPTED)
     pfedla = difference(both["pfedla"], both["local"], ADAPTED)
@@ -151,8 +175,10 @@ T2_LOCAL = ("table2-full", "table2-full-seed1", "table2-full-seed2")
 T2_SEED_ROWS = {  # docs/reproduction/table2-fmnist.md's table of each seed against Local: row -> (algorithm, stores by seed)
     "FedAvg": ("fedavg", T2_LOCAL),
     "Per-FedAvg": ("perfedavg", T2_LOCAL),
-    "pFedHN (official optimizer)": ("pfedhn", ("table2-full-pfedhn-official", "table2-full-seed1-pfedhn-official",
-                                               "table2-full-seed2-pfedhn-official")),
+    "pFedHN (official optimizer)": (
+        "pfedhn",
+        ("table2-full-pfedhn-official", "table2-full-seed1-pfedhn-official", "table2-full-seed2-pfedhn-official"),
+    ),
     "pFedLA": ("pfedla", T2_LOCAL),
 }
 
@@ -173,8 +199,9 @@ def table2_seeds_problems(text: str) -> list[str]:
             problems += said(text, f"| {label} | {seed} | {cells[0]} | {cells[1]} |", "table2-fmnist.md")
     perfedavg, fedavg = cells_of("table2-full-seed1", "perfedavg"), cells_of("table2-full-seed1", "fedavg")
     delivered, adapted = (difference(perfedavg, fedavg, column) for column in (DELIVERED, ADAPTED))
-    problems += said(text, f"{pm(delivered)} as delivered and {pm(adapted)} adapted (the paper has Per-FedAvg",
-                     "table2-fmnist.md")
+    problems += said(
+        text, f"{pm(delivered)} as delivered and {pm(adapted)} adapted (the paper has Per-FedAvg", "table2-fmnist.md"
+    )
     shares = []
     for store in ("table2-full-seed1", "table2-full-seed2"):
         (folder,) = cells_of(store, "pfedla").values()
@@ -182,8 +209,12 @@ def table2_seeds_problems(text: str) -> list[str]:
         at = {100 * exact_share(alphas[r]) for r in (100, 600)}
         assert len({round(s, 1) for s in at}) == 1, f"{store}: the shares at rounds 100 and 600 differ: {at}"
         shares.append(at.pop())
-    problems += said(text, f"α is exactly 0 or 1 in {shares[0]:.1f}% (seed 1) and {shares[1]:.1f}% (seed 2) of its "
-                           "entries at rounds 100 and 600", "table2-fmnist.md")
+    problems += said(
+        text,
+        f"α is exactly 0 or 1 in {shares[0]:.1f}% (seed 1) and {shares[1]:.1f}% (seed 2) of its "
+        "entries at rounds 100 and 600",
+        "table2-fmnist.md",
+    )
     return problems
 
 
@@ -194,14 +225,30 @@ def table2_alive_problems(text: str) -> list[str]:
     alive = cells_of(store, "pfedla", "dominant", alpha_rule="learned")
     fixed = cells_of(store, "pfedla", "dominant", alpha_rule="shared_classes")
     default, fedavg = cells_of("table2-full", "pfedla"), cells_of("table2-full", "fedavg")
-    d = {(name, column): difference(alive, other, column) for name, other in
-         (("default", default), ("fedavg", fedavg), ("fixed", fixed)) for column in (DELIVERED, ADAPTED)}
-    return (said(text, f"give {pm(d['default', DELIVERED])} as delivered and {pm(d['default', ADAPTED])} adapted "
-                       f"({d['default', DELIVERED].up} and {d['default', ADAPTED].up} clients up)", "table2-fmnist.md")
-            + said(text, f"does not: {pm(d['fedavg', ADAPTED])} adapted, and {pm(d['fedavg', DELIVERED])} against "
-                         "FedAvg's global model as delivered", "table2-fmnist.md")
-            + said(text, f"fixed reference ({pm(d['fixed', DELIVERED])} delivered, {pm(d['fixed', ADAPTED])} adapted)",
-                   "table2-fmnist.md"))
+    d = {
+        (name, column): difference(alive, other, column)
+        for name, other in (("default", default), ("fedavg", fedavg), ("fixed", fixed))
+        for column in (DELIVERED, ADAPTED)
+    }
+    return (
+        said(
+            text,
+            f"give {pm(d['default', DELIVERED])} as delivered and {pm(d['default', ADAPTED])} adapted "
+            f"({d['default', DELIVERED].up} and {d['default', ADAPTED].up} clients up)",
+            "table2-fmnist.md",
+        )
+        + said(
+            text,
+            f"does not: {pm(d['fedavg', ADAPTED])} adapted, and {pm(d['fedavg', DELIVERED])} against "
+            "FedAvg's global model as delivered",
+            "table2-fmnist.md",
+        )
+        + said(
+            text,
+            f"fixed reference ({pm(d['fixed', DELIVERED])} delivered, {pm(d['fixed', ADAPTED])} adapted)",
+            "table2-fmnist.md",
+        )
+    )
 
 
 def table2_problems(text: str) -> list[str]:
@@ -260,8 +307,14 @@ def gpu_table_problems(text: str) -> list[str]:
         curves = [read_metrics(f).groupby("round")[[DELIVERED, ADAPTED]].mean() * 100 for f in (gpu, cpu)]
         cells.append(f"{float((curves[0] - curves[1]).abs().max().max()):.2f}")
         seed1 = cells_of("table1-full-seed1", algorithm)
-        cells.append("–" if not seed1 else " / ".join(
-            f"{mean(seed1[1], column) - mean(cpu, column):+.2f}".replace("-", "−") for column in (DELIVERED, ADAPTED)))
+        cells.append(
+            "–"
+            if not seed1
+            else " / ".join(
+                f"{mean(seed1[1], column) - mean(cpu, column):+.2f}".replace("-", "−")
+                for column in (DELIVERED, ADAPTED)
+            )
+        )
         walls = [json.loads((f / "summary.json").read_text())["wall_time"] for f in (gpu, cpu)]
         cells += [f"{w:.0f} s" for w in walls]
         problems += said(text, f"| {GPU_LABELS[algorithm]} | " + " | ".join(cells) + " |", "gpu.md")
@@ -283,12 +336,18 @@ def gpu_problems(text: str) -> list[str]:
     largest = max(ratios, key=ratios.get)
     if largest[0] != "pfedla":
         problems.append(f"gpu.md: the largest GPU − CPU difference is {largest}, not pFedLA's")
-    problems += said(text, f"is {ratios['pfedla', DELIVERED]:.2f} standard errors of its per-client difference as "
-                           f"delivered and {ratios['pfedla', ADAPTED]:.2f} adapted", "gpu.md")
+    problems += said(
+        text,
+        f"is {ratios['pfedla', DELIVERED]:.2f} standard errors of its per-client difference as "
+        f"delivered and {ratios['pfedla', ADAPTED]:.2f} adapted",
+        "gpu.md",
+    )
     (gpu,) = cells_of("table1-full-gpu", "pfedla").values()
     cpu = PUBLISHED / "table1-full" / gpu.name
-    on = {name: (json.loads((f / "config.json").read_text())["versions"], json.loads((f / "summary.json").read_text()))
-          for name, f in (("cpu", cpu), ("gpu", gpu))}
+    on = {
+        name: (json.loads((f / "config.json").read_text())["versions"], json.loads((f / "summary.json").read_text()))
+        for name, f in (("cpu", cpu), ("gpu", gpu))
+    }
     torch = [on[k][0]["torch"].split("+")[0] for k in ("cpu", "gpu")]
     python = [on[k][0]["python"] for k in ("cpu", "gpu")]
     problems += said(text, f"different PyTorch builds ({torch[0]} against {torch[1]})", "gpu.md")
@@ -338,13 +397,25 @@ def test_a_drifted_number_is_caught(relative, old, new):
 
 # The paper-scale columns' tables: benchmarks/analysis/column_table.py's output, as the pages show it.
 COLUMN_TABLES = {
-    "reproduction/table1-fmnist.md": ("table1-full", "table1-full-seed1", "table1-full-pfedhn-official",
-                                      "table1-full-seed1-pfedhn-official", "table1-full-pfedhn-epochs",
-                                      "table1-full-perfedavg-beta", "table1-full-perfedavg-beta-5e-3",
-                                      "table1-pfedla-server"),
-    "reproduction/table2-fmnist.md": ("table2-full", "table2-full-pfedhn-official", "table2-full-centralized",
-                                      "table2-full-seed1", "table2-full-seed1-pfedhn-official", "table2-full-seed2",
-                                      "table2-full-seed2-pfedhn-official"),
+    "reproduction/table1-fmnist.md": (
+        "table1-full",
+        "table1-full-seed1",
+        "table1-full-pfedhn-official",
+        "table1-full-seed1-pfedhn-official",
+        "table1-full-pfedhn-epochs",
+        "table1-full-perfedavg-beta",
+        "table1-full-perfedavg-beta-5e-3",
+        "table1-pfedla-server",
+    ),
+    "reproduction/table2-fmnist.md": (
+        "table2-full",
+        "table2-full-pfedhn-official",
+        "table2-full-centralized",
+        "table2-full-seed1",
+        "table2-full-seed1-pfedhn-official",
+        "table2-full-seed2",
+        "table2-full-seed2-pfedhn-official",
+    ),
 }
 
 
@@ -356,8 +427,9 @@ def test_the_column_tables_are_column_tables_output(relative, capsys):
     text = page(relative)
     stores = COLUMN_TABLES[relative]
     command = " ".join(f"results/published/{s}" for s in stores)
-    assert " ".join(command.split()) in " ".join(text.replace("\\\n", " ").split()), \
+    assert " ".join(command.split()) in " ".join(text.replace("\\\n", " ").split()), (
         f"{relative}: the regenerating command names other stores"
+    )
     assert column_table.main([str(PUBLISHED / s) for s in stores]) == 0
     generated = [line for line in capsys.readouterr().out.splitlines() if line.strip()]
     assert generated, "column_table.py printed nothing"

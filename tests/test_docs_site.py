@@ -8,6 +8,7 @@ written by hand (README.md, docs/**/*.md) are checked against the code where the
 every study they name one in results/published/, every relative link a file. Each check is also shown
 failing on a planted mismatch. No network, no MkDocs (`make docs` builds the site; CI runs it).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,11 +43,12 @@ def pages(gen, tmp_path_factory):
 
 # ---- the generated reference against the code -------------------------------------------------------
 
+
 def section(page: str, heading: str) -> str:
     """The text of the `## heading` section of a page (up to the next `## `)."""
     start = page.index(f"## {heading}")
     end = page.find("\n## ", start + 1)
-    return page[start:end if end >= 0 else len(page)]
+    return page[start : end if end >= 0 else len(page)]
 
 
 def algorithm_problems(page: str) -> list[str]:
@@ -85,8 +87,20 @@ def test_a_planted_default_mismatch_is_caught(pages):
 def test_every_subcommand_and_option_is_on_the_cli_page(gen, pages):
     page = pages["cli.md"]
     commands = gen.cli_commands()
-    assert {"run", "list", "report", "sweep", "data prepare", "bench", "publish", "verify", "rerun", "watch",
-            "leaderboard", "new algorithm"} <= set(commands)
+    assert {
+        "run",
+        "list",
+        "report",
+        "sweep",
+        "data prepare",
+        "bench",
+        "publish",
+        "verify",
+        "rerun",
+        "watch",
+        "leaderboard",
+        "new algorithm",
+    } <= set(commands)
     for path, parser in commands.items():
         assert f"`pflbench {path}`" in page, path
         for action in parser._actions:
@@ -128,9 +142,11 @@ def test_the_api_page_names_every_public_module(gen, pages):
 
 # ---- the pages written by hand against the code ------------------------------------------------------
 
+
 def hand_written() -> list[Path]:
-    docs = [p for p in (ROOT / "docs").rglob("*.md")
-            if p.relative_to(ROOT / "docs").parts[0] not in ("reference", "repo")]
+    docs = [
+        p for p in (ROOT / "docs").rglob("*.md") if p.relative_to(ROOT / "docs").parts[0] not in ("reference", "repo")
+    ]
     return [ROOT / "README.md", *sorted(docs)]
 
 
@@ -164,7 +180,7 @@ def cli_option_problems(text: str, where: str) -> list[str]:
         for start, token in enumerate(tokens):
             if token.endswith("pflbench") and token.rsplit("/", 1)[-1] == "pflbench":
                 parser, path = top, []
-                rest = tokens[start + 1:]
+                rest = tokens[start + 1 :]
                 while rest:
                     subs = next((a.choices for a in parser._actions if isinstance(a, argparse._SubParsersAction)), {})
                     if rest[0] not in subs:
@@ -205,13 +221,18 @@ STUDY = re.compile(r"`((?:table[12]|demo|survey|crosscheck|heterogeneity)[\w-]*)
 
 def study_problems(text: str, where: str) -> list[str]:
     published = {p.name for p in (ROOT / "results" / "published").iterdir() if p.is_dir()}
-    problems = [f"{where}: results/published/{name}: no such study"
-                for name in re.findall(r"results/published/([\w.-]*\w)", text)
-                if "." not in name and name not in published]  # files there (fingerprints.json) are made by commands
+    problems = [
+        f"{where}: results/published/{name}: no such study"
+        for name in re.findall(r"results/published/([\w.-]*\w)", text)
+        if "." not in name and name not in published
+    ]  # files there (fingerprints.json) are made by commands
     for name in STUDY.findall(text):
         looks_like_study = not re.search(r"\.(ya?ml|py|md|csv)$", name) and name not in ("table1", "table2")
-        if looks_like_study and name not in published and f"{name}.yaml" not in {
-                p.name for p in (ROOT / "benchmarks").glob("*.yaml")}:
+        if (
+            looks_like_study
+            and name not in published
+            and f"{name}.yaml" not in {p.name for p in (ROOT / "benchmarks").glob("*.yaml")}
+        ):
             problems.append(f"{where}: study `{name}` is not in results/published/")
     return problems
 
@@ -220,8 +241,10 @@ def link_problems(text: str, path: Path) -> list[str]:
     problems = []
     for target in re.findall(r"\]\(([^)\s#:]+)(?:#[^)]*)?\)", text):
         resolved = (path.parent / target).resolve()
-        generated = (resolved.is_relative_to(ROOT / "docs" / "reference")  # made by `make docs`
-                     or resolved == ROOT / "docs" / "results.md")          # (docs/gen_reference.py)
+        generated = (
+            resolved.is_relative_to(ROOT / "docs" / "reference")  # made by `make docs`
+            or resolved == ROOT / "docs" / "results.md"
+        )  # (docs/gen_reference.py)
         if not resolved.exists() and not generated:
             where = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
             problems.append(f"{where}: link to {target}, which does not exist")
@@ -239,11 +262,15 @@ def test_hand_written_pages_show_only_options_targets_studies_and_links_that_exi
 
 def test_planted_mismatches_in_a_hand_written_page_are_caught(tmp_path):
     page = tmp_path / "page.md"
-    text = ("```bash\npflbench run SPEC --dry-run --workerz 2\nmake reproduce-table3\n```\n"
-            "The study `demo-ci-synthetic`, see [the guide](missing.md) and `pflbench report --no-such`.\n")
+    text = (
+        "```bash\npflbench run SPEC --dry-run --workerz 2\nmake reproduce-table3\n```\n"
+        "The study `demo-ci-synthetic`, see [the guide](missing.md) and `pflbench report --no-such`.\n"
+    )
     page.write_text(text)
-    assert cli_option_problems(text, "page") == ["page: `pflbench run --workerz`: no such option",
-                                                 "page: `pflbench report --no-such`: no such option"]
+    assert cli_option_problems(text, "page") == [
+        "page: `pflbench run --workerz`: no such option",
+        "page: `pflbench report --no-such`: no such option",
+    ]
     assert make_problems(text, "page") == ["page: `make reproduce-table3`: no such target"]
     assert study_problems(text, "page") == ["page: study `demo-ci-synthetic` is not in results/published/"]
     assert len(link_problems(text, page)) == 1

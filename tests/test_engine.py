@@ -1,4 +1,5 @@
 """The federation engine: batched vs loop training, determinism, accounting, FedAvg/Local/FedBN."""
+
 import numpy as np
 import pytest
 import torch
@@ -16,11 +17,14 @@ def _clients(sizes):
     return [torch.arange(a, b) for a, b in zip(starts[:-1], starts[1:])]
 
 
-@pytest.mark.parametrize("model_name,shape,steps,tolerance", [
-    ("cnn", (1, 28, 28), None, 1e-5),      # two local epochs, momentum and weight decay
-    ("cnn-bn", (3, 32, 32), 3, 1e-4),      # BatchNorm: batch statistics and running buffers
-    ("mlp", (60,), None, 1e-5),
-])
+@pytest.mark.parametrize(
+    "model_name,shape,steps,tolerance",
+    [
+        ("cnn", (1, 28, 28), None, 1e-5),  # two local epochs, momentum and weight decay
+        ("cnn-bn", (3, 32, 32), 3, 1e-4),  # BatchNorm: batch statistics and running buffers
+        ("mlp", (60,), None, 1e-5),
+    ],
+)
 def test_batched_path_matches_client_loop_for_unequal_clients(model_name, shape, steps, tolerance):
     torch.manual_seed(0)
     sizes = [70, 33, 129, 5, 64]  # unequal: clients finish after different numbers of steps
@@ -38,7 +42,9 @@ def test_batched_path_matches_client_loop_for_unequal_clients(model_name, shape,
     batched, loss_b = train_clients(model, start, features, labels, idx, plans(), sgd, batched=True)
     looped, loss_l = train_clients(model, start, features, labels, idx, plans(), sgd, batched=False)
     for name in model.names:
-        assert not torch.equal(batched[name], start[name]) or "num_batches" in name or not start[name].is_floating_point()
+        assert (
+            not torch.equal(batched[name], start[name]) or "num_batches" in name or not start[name].is_floating_point()
+        )
         torch.testing.assert_close(batched[name], looped[name], atol=tolerance, rtol=1e-4, msg=name)
     torch.testing.assert_close(loss_b, loss_l, atol=1e-5, rtol=1e-5)
     acc_b, eval_loss_b = evaluate_client_splits(model, batched, features, labels, [idx], batched=True)[0]
@@ -55,10 +61,26 @@ def test_each_client_gets_exactly_its_own_updates():
     model = ClientModel(build_model("mlp", (60,), 10))
     start = model.init(2, seed=0)
     gens = lambda: [torch.Generator().manual_seed(i) for i in range(2)]  # noqa: E731
-    both, _ = train_clients(model, start, features, labels, _clients(sizes), batch_plan(sizes, 16, 1, None, gens()),
-                            SGD(0.1, 0.5), batched=True)
-    alone, _ = train_clients(model, {k: v[:1] for k, v in start.items()}, features, labels, _clients(sizes)[:1],
-                             batch_plan(sizes, 16, 1, None, gens())[:1], SGD(0.1, 0.5), batched=True)
+    both, _ = train_clients(
+        model,
+        start,
+        features,
+        labels,
+        _clients(sizes),
+        batch_plan(sizes, 16, 1, None, gens()),
+        SGD(0.1, 0.5),
+        batched=True,
+    )
+    alone, _ = train_clients(
+        model,
+        {k: v[:1] for k, v in start.items()},
+        features,
+        labels,
+        _clients(sizes)[:1],
+        batch_plan(sizes, 16, 1, None, gens())[:1],
+        SGD(0.1, 0.5),
+        batched=True,
+    )
     for name in model.names:
         torch.testing.assert_close(both[name][:1], alone[name], atol=1e-6, rtol=1e-5)
 
@@ -81,8 +103,18 @@ def test_sampling_schedule_is_fixed_by_the_seed():
 
 
 def _cell(**overrides):
-    base = dict(algorithm="fedavg", dataset="synthetic", dataset_options={"num_samples": 1500},
-                partition="iid", clients=5, rounds=3, local_epochs=1, batch_size=16, lr=0.05, seed=0)
+    base = dict(
+        algorithm="fedavg",
+        dataset="synthetic",
+        dataset_options={"num_samples": 1500},
+        partition="iid",
+        clients=5,
+        rounds=3,
+        local_epochs=1,
+        batch_size=16,
+        lr=0.05,
+        seed=0,
+    )
     return CellConfig(**{**base, **overrides})
 
 
@@ -95,15 +127,23 @@ def test_same_seed_same_metrics_different_seed_different_partition(tmp_path):
     assert first.metrics[cols].equals(again.metrics[cols])
     assert not first.metrics["accuracy"].equals(other.metrics["accuracy"])
     from pflbench.rounds import prepare_cell
+
     _, splits0 = prepare_cell(_cell(), tmp_path)
     _, splits1 = prepare_cell(_cell(seed=1), tmp_path)
     assert not all(np.array_equal(a, b) for a, b in zip(splits0.train, splits1.train))
 
 
 def test_client_batching_on_and_off_give_the_same_run(tmp_path):
-    cell = _cell(dataset="synthetic-images", dataset_options={"num_samples": 600}, partition="pathological",
-                 partition_params={"classes_per_client": 2}, participation=0.6, rounds=2, algorithm="fedbn",
-                 model="cnn-bn")
+    cell = _cell(
+        dataset="synthetic-images",
+        dataset_options={"num_samples": 600},
+        partition="pathological",
+        partition_params={"classes_per_client": 2},
+        participation=0.6,
+        rounds=2,
+        algorithm="fedbn",
+        model="cnn-bn",
+    )
     on = run_cell(cell, data_root=tmp_path, execution=ExecutionOptions(client_batching="on"))
     off = run_cell(cell, data_root=tmp_path, execution=ExecutionOptions(client_batching="off"))
     assert on.summary["client_batching"] == "batched" and off.summary["client_batching"] == "loop"
@@ -114,8 +154,15 @@ def test_client_batching_on_and_off_give_the_same_run(tmp_path):
 
 def test_fedavg_beats_local_on_iid_data_and_reaches_stated_accuracy(tmp_path):
     # 1000 generated images over 10 clients: 70 training images each, too few for a CNN alone.
-    common = dict(dataset="synthetic-images", dataset_options={"num_samples": 1000}, clients=10, rounds=10,
-                  local_epochs=2, lr=0.02, momentum=0.9)
+    common = dict(
+        dataset="synthetic-images",
+        dataset_options={"num_samples": 1000},
+        clients=10,
+        rounds=10,
+        local_epochs=2,
+        lr=0.02,
+        momentum=0.9,
+    )
     fedavg = run_cell(_cell(algorithm="fedavg", **common), data_root=tmp_path)
     local = run_cell(_cell(algorithm="local", **common), data_root=tmp_path)
     # measured: FedAvg 0.51, Local 0.41 after 10 rounds; chance is 0.10
@@ -125,15 +172,21 @@ def test_fedavg_beats_local_on_iid_data_and_reaches_stated_accuracy(tmp_path):
 
 
 def test_communication_accounting_fedavg_and_fedbn(tmp_path):
-    cell = _cell(dataset="synthetic-images", dataset_options={"num_samples": 400, "channels": 3, "size": 32},
-                 model="cnn-bn", rounds=2, participation=0.6)
+    cell = _cell(
+        dataset="synthetic-images",
+        dataset_options={"num_samples": 400, "channels": 3, "size": 32},
+        model="cnn-bn",
+        rounds=2,
+        participation=0.6,
+    )
     fedavg = run_cell(cell, data_root=tmp_path)
     fedbn = run_cell(cell.model_copy(update={"algorithm": "fedbn"}), data_root=tmp_path)
     model = ClientModel(build_model("cnn-bn", (3, 32, 32), 10))
     full = sum(4 * model.numel([n]) if "num_batches" not in n else 8 for n in model.names)
     bn = sum(4 * model.numel([n]) if "num_batches" not in n else 8 for n in model.batchnorm_names)
-    assert bn > 0 and model.batchnorm_names == {f"bn{i}.{k}" for i in (1, 2) for k in
-                                                ("weight", "bias", "running_mean", "running_var", "num_batches_tracked")}
+    assert bn > 0 and model.batchnorm_names == {
+        f"bn{i}.{k}" for i in (1, 2) for k in ("weight", "bias", "running_mean", "running_var", "num_batches_tracked")
+    }
     per_round = 3  # 60% of 5 clients
     assert (fedavg.rounds["bytes_up"] == per_round * full).all()
     assert (fedavg.rounds["bytes_down"] == per_round * full).all()
@@ -231,11 +284,18 @@ def test_the_stacked_twin_evaluates_a_global_model_broadcast_over_the_clients():
             out = functional_call(twin, broadcast, (x.repeat(4, 1, 1, 1),))
             alone = functional_call(module.eval(), {k: v[0] for k, v in one.items()}, (x,))
         for k in range(4):
-            torch.testing.assert_close(out[8 * k: 8 * (k + 1)], alone, atol=1e-4, rtol=1e-4)
+            torch.testing.assert_close(out[8 * k : 8 * (k + 1)], alone, atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("algorithm,hp,field", [("l2gd", {"p": 1.5}, "p"), ("ditto", {"lam": -1}, "lam"),
-                                                 ("apfl", {"alpha": 2.0}, "alpha"), ("fedprox", {"mu": -0.1}, "mu")])
+@pytest.mark.parametrize(
+    "algorithm,hp,field",
+    [
+        ("l2gd", {"p": 1.5}, "p"),
+        ("ditto", {"lam": -1}, "lam"),
+        ("apfl", {"alpha": 2.0}, "alpha"),
+        ("fedprox", {"mu": -0.1}, "mu"),
+    ],
+)
 def test_out_of_range_hyperparameter_is_refused_before_any_work(algorithm, hp, field):
     from pflbench.algorithm import get_algorithm
 

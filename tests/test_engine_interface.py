@@ -2,6 +2,7 @@
 configuration; the Federation implements every one; and methods that ask the engine only through it
 run cells: every built-in (each hook, newcomers and local adaptation included, with any other attribute
 an error) and a FedAvg written here against the interface alone, which matches the built-in bit for bit."""
+
 from __future__ import annotations
 
 import inspect
@@ -24,18 +25,61 @@ get_algorithm("fedavg")  # registers the built-in algorithms
 
 # What a method may ask of the engine, as documented (pflbench/engine.py's docstring, the reference page).
 DOCUMENTED = (
-    "num_clients", "client_ids", "device", "model", "models", "heterogeneous", "group_names", "group_clients",
-    "group_of", "model_of", "by_group", "init_state", "input_shape", "num_classes",
-    "train_sizes", "split_sizes", "split_names", "sample_ids", "data", "num_samples",
-    "budget", "sgd", "batched",
-    "train", "train_pooled", "local_plans", "batch_generators", "adapt_locally",
-    "evaluate", "evaluate_personalized_splits",
-    "generator", "torch_global", "seed_torch_global",
+    "num_clients",
+    "client_ids",
+    "device",
+    "model",
+    "models",
+    "heterogeneous",
+    "group_names",
+    "group_clients",
+    "group_of",
+    "model_of",
+    "by_group",
+    "init_state",
+    "input_shape",
+    "num_classes",
+    "train_sizes",
+    "split_sizes",
+    "split_names",
+    "sample_ids",
+    "data",
+    "num_samples",
+    "budget",
+    "sgd",
+    "batched",
+    "train",
+    "train_pooled",
+    "local_plans",
+    "batch_generators",
+    "adapt_locally",
+    "evaluate",
+    "evaluate_personalized_splits",
+    "generator",
+    "torch_global",
+    "seed_torch_global",
     "kept_local",
 )
 # The engine's own, never handed to a method.
-ENGINES_OWN = {"cell", "cell_data", "execution", "features", "labels", "splits", "schedule", "system", "privacy",
-               "newcomers", "round", "shifts", "compiled", "channels_last", "client_threads", "arrived", "privatize"}
+ENGINES_OWN = {
+    "cell",
+    "cell_data",
+    "execution",
+    "features",
+    "labels",
+    "splits",
+    "schedule",
+    "system",
+    "privacy",
+    "newcomers",
+    "round",
+    "shifts",
+    "compiled",
+    "channels_last",
+    "client_threads",
+    "arrived",
+    "privatize",
+}
 
 
 class Narrow:
@@ -61,7 +105,7 @@ def test_the_interface_is_exactly_its_documented_members_and_not_the_cell():
         assert f"`{name}`" in engine_module.__doc__, name  # the module doc lists it
         assert inspect.getdoc(getattr(Engine, name)), name  # and it has its own docstring
     # the public method API: formatted, type-checked and rendered with the rest of it
-    assert "pflbench/engine.py" in (ROOT / "Makefile").read_text().split("PUBLIC_API :=")[1].split("lint:")[0]
+    assert "ruff format --check pflbench tests" in (ROOT / "Makefile").read_text()  # the whole package
     checked = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mypy"]["files"]
     assert any(Path("pflbench/engine.py").is_relative_to(entry) for entry in checked), checked
     assert '"pflbench.engine"' in (ROOT / "docs" / "gen_reference.py").read_text()
@@ -104,8 +148,7 @@ class EngineOnlyFedAvg(Algorithm):
 
     def configure(self, rnd: Round) -> Payload:
         count = len(rnd.clients)
-        return Payload.from_state({n: t.expand(count, *t.shape[1:]) for n, t in self.global_state.items()},
-                                  rnd.clients)
+        return Payload.from_state({n: t.expand(count, *t.shape[1:]) for n, t in self.global_state.items()}, rnd.clients)
 
     def receive(self, rnd: ClientRound, download: Payload) -> State:
         return dict(download.state)
@@ -146,21 +189,33 @@ def _through_the_interface(cls: type) -> type:
 IMAGES = dict(dataset="synthetic-images", dataset_options={"num_samples": 200, "channels": 3, "size": 32})
 
 
-@pytest.mark.parametrize("name,hetero", [(name, False) for name in sorted(ALGORITHMS.names())]
-                         + [("local", True), ("mh-pfedhn", True)])
+@pytest.mark.parametrize(
+    "name,hetero", [(name, False) for name in sorted(ALGORITHMS.names())] + [("local", True), ("mh-pfedhn", True)]
+)
 def test_every_builtin_asks_the_engine_only_through_the_interface(name, hetero, tmp_path, monkeypatch):
     cls = get_algorithm(name)
-    cell = small_cell(algorithm=name, clients=8, participation=0.5, rounds=2, eval_every=1, finetune_epochs=1,
-                      unseen_fraction=0.0 if cls.capabilities.newcomers else 0.25, hp=dict(cls.quick_hp),
-                      dataset_options={"num_samples": 600})
+    cell = small_cell(
+        algorithm=name,
+        clients=8,
+        participation=0.5,
+        rounds=2,
+        eval_every=1,
+        finetune_epochs=1,
+        unseen_fraction=0.0 if cls.capabilities.newcomers else 0.25,
+        hp=dict(cls.quick_hp),
+        dataset_options={"num_samples": 600},
+    )
     if hetero:
-        cell = cell.model_copy(update={"model": "mh-cnn,vgg8", "clients": 4, "unseen_fraction": 0.0, "lr": 0.01,
-                                       **IMAGES})
+        cell = cell.model_copy(
+            update={"model": "mh-cnn,vgg8", "clients": 4, "unseen_fraction": 0.0, "lr": 0.01, **IMAGES}
+        )
     monkeypatch.setattr(rounds, "get_algorithm", lambda name: _through_the_interface(cls))
     monkeypatch.setattr(rounds, "Serving", lambda rnd, clients, **kw: Serving(rnd, Narrow(clients), **kw))
     result = run_cell(cell, data_root=tmp_path)
     assert result.status == "finished", result.error
-    assert result.metrics["accuracy"].notna().all() and len(result.metrics) >= 2 * cell.clients * (1 - cell.unseen_fraction)
+    assert result.metrics["accuracy"].notna().all() and len(result.metrics) >= 2 * cell.clients * (
+        1 - cell.unseen_fraction
+    )
 
 
 class ReadsFed(ALGORITHMS.get("fedavg")):

@@ -1,6 +1,7 @@
 """Evaluation protocols: the model scored (as delivered, or after local adaptation), the round
 selected (final, best mean validation accuracy — never the test split) and the averaging (mean over
 clients, pooled over test samples)."""
+
 import math
 
 import numpy as np
@@ -25,8 +26,9 @@ def test_finetune_epochs_at_its_default_keeps_every_existing_cell_id():
         small_cell(finetune_epochs=-1)
 
 
-@pytest.mark.parametrize("algorithm,hp", [("fedavg", {}), ("pfedla", {}), ("ditto", {}), ("fedbabu", {}),
-                                          ("perfedavg", {})])
+@pytest.mark.parametrize(
+    "algorithm,hp", [("fedavg", {}), ("pfedla", {}), ("ditto", {}), ("fedbabu", {}), ("perfedavg", {})]
+)
 def test_adaptation_never_changes_training(tmp_path, algorithm, hp):
     """The as-delivered metrics are bit-identical with and without the adapted evaluation."""
     plain = run_cell(small_cell(algorithm=algorithm, hp=hp), data_root=tmp_path)
@@ -46,10 +48,12 @@ def test_local_adapted_equals_its_next_round(tmp_path):
     cell = small_cell(algorithm="local", rounds=3, local_epochs=1, finetune_epochs=1)
     metrics = run_cell(cell, data_root=tmp_path).metrics.set_index(["round", "client"])
     for rnd in (1, 2):
-        np.testing.assert_allclose(metrics.loc[rnd, "accuracy_adapted"].to_numpy(),
-                                   metrics.loc[rnd + 1, "accuracy"].to_numpy(), atol=1e-6)
-        np.testing.assert_allclose(metrics.loc[rnd, "loss_adapted"].to_numpy(),
-                                   metrics.loc[rnd + 1, "loss"].to_numpy(), rtol=1e-5)
+        np.testing.assert_allclose(
+            metrics.loc[rnd, "accuracy_adapted"].to_numpy(), metrics.loc[rnd + 1, "accuracy"].to_numpy(), atol=1e-6
+        )
+        np.testing.assert_allclose(
+            metrics.loc[rnd, "loss_adapted"].to_numpy(), metrics.loc[rnd + 1, "loss"].to_numpy(), rtol=1e-5
+        )
 
 
 def test_fedavg_adapted_beats_fedavg_as_delivered_on_a_pathological_split(tmp_path):
@@ -58,15 +62,39 @@ def test_fedavg_adapted_beats_fedavg_as_delivered_on_a_pathological_split(tmp_pa
     assert summary["final_accuracy_adapted"] > summary["final_accuracy"] + 0.05, summary
 
 
-@pytest.mark.parametrize("cell", [
-    CellConfig(algorithm="local", dataset="synthetic-images", dataset_options={"num_samples": 240, "channels": 3, "size": 32},
-               partition="pathological", partition_params={"classes_per_client": 3}, clients=4, rounds=1,
-               batch_size=16, lr=0.05, model="mh-cnn,resnet10", finetune_epochs=1),
-    CellConfig(algorithm="fedmn", dataset="synthetic-images", dataset_options={"num_samples": 240},
-               partition="pathological", partition_params={"classes_per_client": 3}, clients=3, rounds=2,
-               batch_size=16, lr=0.05, momentum=0.9, finetune_epochs=1,
-               hp={"dims": [16, 8], "encoder_hidden": 16, "router_x_dim": 8, "router_y_dim": 4, "router_samples": 16}),
-], ids=["heterogeneous-models", "fedmn"])
+@pytest.mark.parametrize(
+    "cell",
+    [
+        CellConfig(
+            algorithm="local",
+            dataset="synthetic-images",
+            dataset_options={"num_samples": 240, "channels": 3, "size": 32},
+            partition="pathological",
+            partition_params={"classes_per_client": 3},
+            clients=4,
+            rounds=1,
+            batch_size=16,
+            lr=0.05,
+            model="mh-cnn,resnet10",
+            finetune_epochs=1,
+        ),
+        CellConfig(
+            algorithm="fedmn",
+            dataset="synthetic-images",
+            dataset_options={"num_samples": 240},
+            partition="pathological",
+            partition_params={"classes_per_client": 3},
+            clients=3,
+            rounds=2,
+            batch_size=16,
+            lr=0.05,
+            momentum=0.9,
+            finetune_epochs=1,
+            hp={"dims": [16, 8], "encoder_hidden": 16, "router_x_dim": 8, "router_y_dim": 4, "router_samples": 16},
+        ),
+    ],
+    ids=["heterogeneous-models", "fedmn"],
+)
 def test_adaptation_works_for_heterogeneous_models_and_fedmn(tmp_path, cell):
     plain = run_cell(cell.model_copy(update={"finetune_epochs": 0}), data_root=tmp_path)
     adapted = run_cell(cell, data_root=tmp_path)
@@ -80,15 +108,27 @@ def _metrics(test_by_round, val_by_round, test_samples=(10, 30)):
     rows = []
     for rnd, (test, val) in enumerate(zip(test_by_round, val_by_round), start=1):
         for client, (t, v) in enumerate(zip(test, val)):
-            rows.append({"round": rnd, "client": client, "accuracy": t, "loss": 1 - t, "val_accuracy": v,
-                         "val_loss": 1 - v, "test_samples": test_samples[client], "val_samples": 5})
+            rows.append(
+                {
+                    "round": rnd,
+                    "client": client,
+                    "accuracy": t,
+                    "loss": 1 - t,
+                    "val_accuracy": v,
+                    "val_loss": 1 - v,
+                    "test_samples": test_samples[client],
+                    "val_samples": 5,
+                }
+            )
     return pd.DataFrame(rows)
 
 
 def test_best_validation_round_is_selected_on_validation_never_on_test():
     # mean test accuracy peaks at round 2, mean validation accuracy at round 3
-    metrics = _metrics(test_by_round=[(0.5, 0.5), (0.9, 0.9), (0.6, 0.7), (0.55, 0.55)],
-                       val_by_round=[(0.4, 0.4), (0.5, 0.5), (0.8, 0.7), (0.6, 0.6)])
+    metrics = _metrics(
+        test_by_round=[(0.5, 0.5), (0.9, 0.9), (0.6, 0.7), (0.55, 0.55)],
+        val_by_round=[(0.4, 0.4), (0.5, 0.5), (0.8, 0.7), (0.6, 0.6)],
+    )
     out = protocol_summary(metrics)
     assert out["bestval_round"] == 3
     assert out["bestval_accuracy"] == pytest.approx(0.65)
@@ -121,8 +161,17 @@ def test_a_run_records_the_protocol_columns_and_summaries(tmp_path):
     result = run_cell(small_cell(rounds=2, finetune_epochs=1), data_root=tmp_path)
     assert list(result.metrics.columns) == METRIC_COLUMNS
     assert (result.metrics["test_samples"] > 0).all()
-    for key in ("final_accuracy", "final_accuracy_pooled", "bestval_accuracy", "bestval_round",
-                "final_accuracy_adapted", "bestval_accuracy_adapted", "bestval_round_adapted",
-                "final_accuracy_adapted_pooled", "best_accuracy", "best_round"):
+    for key in (
+        "final_accuracy",
+        "final_accuracy_pooled",
+        "bestval_accuracy",
+        "bestval_round",
+        "final_accuracy_adapted",
+        "bestval_accuracy_adapted",
+        "bestval_round_adapted",
+        "final_accuracy_adapted_pooled",
+        "best_accuracy",
+        "best_round",
+    ):
         assert key in result.summary, key
     assert result.summary["adapt_time_total"] > 0 and result.summary["adapt_diverged_rounds"] == []

@@ -1,6 +1,7 @@
 """pflbench/feature_training.py: the representation before a linear head, from one forward, on every path the
 engine calls a model (one client bound, the natively batched twin, vmap), and local SGD on an objective
 that reads it, batched or one client at a time."""
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -13,20 +14,29 @@ from pflbench.training import ClientModel
 
 def _stacked(model, clients):
     state = model.init(clients, seed=0)
-    return {n: t + 0.01 * torch.arange(clients, dtype=t.dtype).view(-1, *([1] * (t.dim() - 1)))
-            if t.is_floating_point() else t for n, t in state.items()}
+    return {
+        n: t + 0.01 * torch.arange(clients, dtype=t.dtype).view(-1, *([1] * (t.dim() - 1)))
+        if t.is_floating_point()
+        else t
+        for n, t in state.items()
+    }
 
 
 @pytest.mark.parametrize("clients", [1, 3], ids=["bound", "stacked"])
 @pytest.mark.parametrize("native", [True, False], ids=["twin", "vmap"])
-@pytest.mark.parametrize("net", [lambda: MLP((60,), 10), lambda: CNN((3, 32, 32), 10, batch_norm=True)],
-                         ids=["mlp", "cnn-bn"])
+@pytest.mark.parametrize(
+    "net", [lambda: MLP((60,), 10), lambda: CNN((3, 32, 32), 10, batch_norm=True)], ids=["mlp", "cnn-bn"]
+)
 def test_logits_are_the_models_and_the_representation_is_the_heads_input(net, native, clients):
     model = ClientModel(net(), native=native)
     state = _stacked(model, clients)
     x = torch.randn(clients, 5, *((60,) if isinstance(model._module, MLP) else (3, 32, 32)))
     head = head_of(model)
-    assert (head.weight, head.bias, head.dim) == ("fc3.weight", "fc3.bias", 64 if isinstance(model._module, MLP) else 84)
+    assert (head.weight, head.bias, head.dim) == (
+        "fc3.weight",
+        "fc3.bias",
+        64 if isinstance(model._module, MLP) else 84,
+    )
     logits, features = forward_with_features(model, state, x, train=False)
     torch.testing.assert_close(logits, model.forward(state, x, train=False))
     torch.testing.assert_close(head.logits(state, features), logits, rtol=1e-5, atol=1e-6)
@@ -64,7 +74,9 @@ def test_training_on_the_plain_objective_is_the_engines_training(tmp_path):
     start = fed.init_state(3)
 
     def objective(logits, features, labels, state, carry):
-        return F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="none").view(labels.shape).mean(1), carry
+        return F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="none").view(labels.shape).mean(
+            1
+        ), carry
 
     ours, _, loss = train_with_features(fed, 1, clients, start, objective)
     engines = fed.train(1, clients, start)
@@ -84,7 +96,7 @@ def test_batched_and_one_at_a_time_agree_with_a_carry_and_a_tensor_of_the_method
         shifted = head.logits(state, features + state["shift"].unsqueeze(1))
         ce = F.cross_entropy(shifted.flatten(0, 1), labels.flatten(), reduction="none").view(labels.shape).mean(1)
         mean = 0.5 * carry["mean"] + 0.5 * features.mean(1)
-        return ce + (mean ** 2).mean(1), {"mean": mean}
+        return ce + (mean**2).mean(1), {"mean": mean}
 
     carry = {"mean": torch.zeros(3, dim)}
     batched = train_with_features(fed, 1, clients, start, objective, carry=carry)

@@ -2,6 +2,7 @@
 convergence, and a later one-pass one) and the server's aggregation against the official code's lines
 run on the same tensors (tests/fixtures/official/fedala/: the generator names the repository and
 commit); and a cell, batched and looped alike, with W kept on the client."""
+
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -29,8 +30,7 @@ def _client(fixture):
     """FedALA's `ala` on an engine that holds the fixture's 20 samples, its s% sample the fixture's
     batches in order (the official loader's, with s = 100)."""
     x, y, batch = fixture["x"], fixture["y"], fixture["batch"]
-    engine = SimpleNamespace(model=ClientModel(Tiny()), device=torch.device("cpu"),
-                             data=lambda ids: (x[ids], y[ids]))
+    engine = SimpleNamespace(model=ClientModel(Tiny()), device=torch.device("cpu"), data=lambda ids: (x[ids], y[ids]))
     alg = FedALA(engine, FedALA.parse_hyperparams({}))
     alg._higher = ["fc2.weight", "fc2.bias"]  # official layer_idx=2: the last layer's two tensors
     ids = torch.arange(len(y)).view(1, -1, batch)
@@ -46,15 +46,17 @@ def test_adaptive_local_aggregation_matches_the_official_code():
     f = FIXTURE
     alg = _client(f)
     weights = {"fc2.weight": torch.ones(1, 4, 8), "fc2.bias": torch.ones(1, 4)}
-    model, weights, start = alg.ala(1, torch.tensor([0]), _stacked(f["global1"]), _stacked(f["start"]), weights,
-                                    torch.tensor([True]))
+    model, weights, start = alg.ala(
+        1, torch.tensor([0]), _stacked(f["global1"]), _stacked(f["start"]), weights, torch.tensor([True])
+    )
     assert not bool(start[0])  # its first ALA ran
     for name, reference in f["after_first"].items():
         torch.testing.assert_close(model[name][0], reference, rtol=1e-5, atol=1e-6, msg=name)
     for name, reference in zip(alg._higher, f["weights_first"]):
         torch.testing.assert_close(weights[name][0], reference, rtol=1e-5, atol=1e-6, msg=name)
-    model, weights, _ = alg.ala(2, torch.tensor([0]), _stacked(f["global2"]), _stacked(f["before_second"]),
-                                weights, start)
+    model, weights, _ = alg.ala(
+        2, torch.tensor([0]), _stacked(f["global2"]), _stacked(f["before_second"]), weights, start
+    )
     for name, reference in f["after_second"].items():
         torch.testing.assert_close(model[name][0], reference, rtol=1e-5, atol=1e-6, msg=name)
     for name, reference in zip(alg._higher, f["weights_second"]):
@@ -95,8 +97,14 @@ def test_batchnorm_statistics_are_averaged_and_received_unlike_the_official_code
     from pflbench.execution import ExecutionOptions
     from pflbench.training import weighted_mean as mean
 
-    cell = small_cell(algorithm="fedala", rounds=1, dataset="synthetic-images", model="cnn-bn", hp=FedALA.quick_hp,
-                      dataset_options={"num_samples": 200, "channels": 3, "size": 28})
+    cell = small_cell(
+        algorithm="fedala",
+        rounds=1,
+        dataset="synthetic-images",
+        model="cnn-bn",
+        hp=FedALA.quick_hp,
+        dataset_options={"num_samples": 200, "channels": 3, "size": 28},
+    )
     dataset, splits = prepare_cell(cell, tmp_path)
     fed, alg = build_cell(cell, dataset, splits, ExecutionOptions())
     run_rounds(fed, alg)

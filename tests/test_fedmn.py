@@ -1,5 +1,6 @@
 """FedMN: the routing hypernetwork learns, unused modules keep their values, only routed modules
 travel, and the official code's behaviour is available for comparison."""
+
 import torch
 import torch.nn.functional as F
 
@@ -13,9 +14,20 @@ SMALL = {"dims": [16, 8], "encoder_hidden": 16, "router_x_dim": 8, "router_y_dim
 
 
 def _cell(**overrides):
-    base = dict(algorithm="fedmn", dataset="synthetic-images", dataset_options={"num_samples": 240},
-                partition="pathological", partition_params={"classes_per_client": 3}, clients=3, rounds=2,
-                batch_size=16, lr=0.05, momentum=0.9, seed=0, hp=SMALL)
+    base = dict(
+        algorithm="fedmn",
+        dataset="synthetic-images",
+        dataset_options={"num_samples": 240},
+        partition="pathological",
+        partition_params={"classes_per_client": 3},
+        clients=3,
+        rounds=2,
+        batch_size=16,
+        lr=0.05,
+        momentum=0.9,
+        seed=0,
+        hp=SMALL,
+    )
     return CellConfig(**{**base, **overrides})
 
 
@@ -91,7 +103,8 @@ def test_modules_nobody_used_keep_their_values_and_only_routed_modules_travel(tm
         routed = alg.routed_modules(alg.routing[c])
         assert (0, 1) not in routed and (0, 0) in routed
         assert set(sent) == {f"router.{n}" for n in alg.server_router} | {
-            f"pool.{n}" for m in routed for n in alg.module_names[m]}
+            f"pool.{n}" for m in routed for n in alg.module_names[m]
+        }
         assert upload.nbytes[c] == router + size([n for m in routed for n in alg.module_names[m]])
         assert upload.nbytes[c] < everything
     download, _ = run_round(alg, 2, clients)  # round 2: each client gets its routed modules only
@@ -116,8 +129,13 @@ def test_a_few_local_steps_lower_the_training_loss(tmp_path):
     """Regression: the first version (PyTorch's default init of the 6-layer pool, gate logits near 0 so
     every step trained a random half of the modules) barely moved the loss (2.30 -> 2.19 here), while
     a plain network fits two classes in a few steps. Default sizes, one client, 3 epochs of batch 16."""
-    cell = _cell(dataset_options={"num_samples": 600}, partition_params={"classes_per_client": 2},
-                 local_epochs=3, lr=0.01, hp={"router_samples": 32})
+    cell = _cell(
+        dataset_options={"num_samples": 600},
+        partition_params={"classes_per_client": 2},
+        local_epochs=3,
+        lr=0.01,
+        hp={"router_samples": 32},
+    )
     fed = Federation(cell, *prepare_cell(cell, tmp_path), algorithm_batched=False)
     alg = FedMN(fed, FedMN.parse_hyperparams(cell.hp))
     alg.setup()
@@ -127,7 +145,9 @@ def test_a_few_local_steps_lower_the_training_loss(tmp_path):
     run_round(alg, 1, torch.tensor([0]))
     routing = alg.personalized()["routing"]  # client 0's own routing; the others' made for evaluation
     assert torch.equal(routing[0], alg.routing[0])
-    accuracy, after = alg.evaluate(Serving(1, fed), {"pool": alg.client_pool[0], "routing": routing}, ("train",))["train"]
+    accuracy, after = alg.evaluate(Serving(1, fed), {"pool": alg.client_pool[0], "routing": routing}, ("train",))[
+        "train"
+    ]
     # Two classes (chance 0.5). Measured, 76 train samples: loss 2.51 -> 0.89, accuracy 0.70 with the
     # trained clients' normalisation statistics; 2.52 -> 0.99, 0.88 with the pool's (before issue 29).
     assert after[0] < 0.5 * before[0] and accuracy[0] > 0.65, (before[0], after[0], accuracy[0])

@@ -3,6 +3,7 @@
 statistics, its local update (head epoch, then the body with feature alignment) and prototypes; the
 server's body average, prototype average and classifier collaboration (the QP's weights and the combined
 heads). And a cell: what it sends, and that it refuses the privacy knob."""
+
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -11,8 +12,14 @@ import torch
 from torch import nn
 
 from cells import small_cell
-from pflbench.algorithms.fedpac import (FedPAC, FeaturesAndLogits, aligned_loss, combination_weights,
-                                        feature_statistics, head_loss)
+from pflbench.algorithms.fedpac import (
+    FedPAC,
+    FeaturesAndLogits,
+    aligned_loss,
+    combination_weights,
+    feature_statistics,
+    head_loss,
+)
 from pflbench.payload import Payload
 from pflbench.representation import Split
 from pflbench.rounds import run_cell
@@ -48,13 +55,33 @@ def _local_update(f, i):
     sgd = SGD(lr=f["lr"], momentum=f["momentum"], weight_decay=f["weight_decay"])
     state = SPLIT.to_composite({k: v.unsqueeze(0).clone() for k, v in f["starts"][i].items()})
     _, _, before, _ = _statistics(f["starts"][i], x, y)
-    state, _ = train_clients(net, state, x, y, [torch.arange(len(y))], plan, sgd, objective=head_loss,
-                             aux={"classes": torch.zeros(1, 4)}, trainable=["head.weight", "head.bias"])
+    state, _ = train_clients(
+        net,
+        state,
+        x,
+        y,
+        [torch.arange(len(y))],
+        plan,
+        sgd,
+        objective=head_loss,
+        aux={"classes": torch.zeros(1, 4)},
+        trainable=["head.weight", "head.bias"],
+    )
     has = torch.tensor([k in f["global_protos"] for k in range(4)])
     protos = torch.stack([f["global_protos"].get(k, torch.zeros(8)) for k in range(4)])
     targets = torch.where(has.unsqueeze(-1), protos, before).unsqueeze(0)
-    state, _ = train_clients(net, state, x, y, [torch.arange(len(y))], plan, sgd, objective=aligned_loss,
-                             aux={"targets": targets, "lam": torch.ones(1)}, trainable=["body.fc1.weight", "body.fc1.bias"])
+    state, _ = train_clients(
+        net,
+        state,
+        x,
+        y,
+        [torch.arange(len(y))],
+        plan,
+        sgd,
+        objective=aligned_loss,
+        aux={"targets": targets, "lam": torch.ones(1)},
+        trainable=["body.fc1.weight", "body.fc1.bias"],
+    )
     return {k: v[0] for k, v in SPLIT.from_composite(state).items()}
 
 
@@ -75,16 +102,27 @@ def test_statistics_and_one_client_update_match_the_official_code(i):
 
 def test_one_aggregation_matches_the_official_code():
     f = FIXTURE
-    engine = SimpleNamespace(model=SPLIT.model, kept_local=frozenset(), train_sizes=torch.tensor([20, 20, 20]),
-                             num_classes=4, device=torch.device("cpu"))
+    engine = SimpleNamespace(
+        model=SPLIT.model,
+        kept_local=frozenset(),
+        train_sizes=torch.tensor([20, 20, 20]),
+        num_classes=4,
+        device=torch.device("cpu"),
+    )
     alg = FedPAC(engine, FedPAC.parse_hyperparams({}))
     alg._split = SPLIT
     alg.global_state = {k: v.unsqueeze(0).clone() for k, v in f["starts"][0].items()}
     alg.client_state = {k: torch.stack([s[k] for s in f["starts"]]) for k in f["starts"][0]}
     stats = [_statistics(f["trained"][i], f["xs"][i], f["ys"][i]) for i in range(3)]
     upload = {k: torch.stack([t[k] for t in f["trained"]]) for k in f["trained"][0]}
-    upload.update({"fedpac.v": f["vars"].float(), "fedpac.h": f["hs"], "fedpac.protos": torch.stack([s[2] for s in stats]),
-                   "fedpac.counts": torch.stack([s[3] for s in stats])})
+    upload.update(
+        {
+            "fedpac.v": f["vars"].float(),
+            "fedpac.h": f["hs"],
+            "fedpac.protos": torch.stack([s[2] for s in stats]),
+            "fedpac.counts": torch.stack([s[3] for s in stats]),
+        }
+    )
     alg.aggregate(None, Payload.from_state(upload, torch.arange(3)))
     for name in ("fc1.weight", "fc1.bias"):
         torch.testing.assert_close(alg.global_state[name][0], f["global_body"][name], **CLOSE)
@@ -112,16 +150,27 @@ def test_a_class_no_client_reported_has_no_global_prototype_and_no_error():
     aggregated prototypes and raises KeyError when no uploading client holds one; here such a class has no
     global prototype and a client aligns to its own for it."""
     f = FIXTURE
-    engine = SimpleNamespace(model=SPLIT.model, kept_local=frozenset(), train_sizes=torch.tensor([20, 20, 20]),
-                             num_classes=4, device=torch.device("cpu"))
+    engine = SimpleNamespace(
+        model=SPLIT.model,
+        kept_local=frozenset(),
+        train_sizes=torch.tensor([20, 20, 20]),
+        num_classes=4,
+        device=torch.device("cpu"),
+    )
     alg = FedPAC(engine, FedPAC.parse_hyperparams({"collaborate": False}))
     alg._split = SPLIT
     alg.global_state = {k: v.unsqueeze(0).clone() for k, v in f["starts"][0].items()}
     alg.client_state = {k: torch.stack([s[k] for s in f["starts"]]) for k in f["starts"][0]}
     counts = torch.tensor([[8.0, 8, 4, 0], [0, 10, 0, 0], [5, 5, 5, 0]])  # class 3: nobody
     upload = {k: torch.stack([t[k] for t in f["trained"]]) for k in f["trained"][0]}
-    upload.update({"fedpac.v": f["vars"].float(), "fedpac.h": f["hs"], "fedpac.protos": torch.rand(3, 4, 8),
-                   "fedpac.counts": counts})
+    upload.update(
+        {
+            "fedpac.v": f["vars"].float(),
+            "fedpac.h": f["hs"],
+            "fedpac.protos": torch.rand(3, 4, 8),
+            "fedpac.counts": counts,
+        }
+    )
     alg.aggregate(None, Payload.from_state(upload, torch.arange(3)))
     assert alg.has_proto.tolist() == [True, True, True, False]
     assert torch.equal(alg.global_protos[3], torch.zeros(8)) and alg.global_protos[:3].abs().sum() > 0

@@ -1,6 +1,7 @@
 """FedRoD (pflbench/algorithms/fedrod.py): one client update and one aggregation of ours against PFLlib's
 lines run on the same tensors (tests/fixtures/official/fedrod/: the generator names the repository and
 commit), its personalized model as the sum of the two heads, and what it sends."""
+
 from pathlib import Path
 
 import torch
@@ -28,15 +29,26 @@ def test_one_client_update_matches_pfllib():
     f = FIXTURE
     split = Split.of(ClientModel(Tiny()))
     net = split.composite(RoDNet)
-    start = {**split.to_composite({k: v.unsqueeze(0) for k, v in f["initial"].items()}),
-             "personal.weight": f["initial"]["fc2.weight"].unsqueeze(0),  # PFLlib: a copy of the initial head
-             "personal.bias": f["initial"]["fc2.bias"].unsqueeze(0)}
+    start = {
+        **split.to_composite({k: v.unsqueeze(0) for k, v in f["initial"].items()}),
+        "personal.weight": f["initial"]["fc2.weight"].unsqueeze(0),  # PFLlib: a copy of the initial head
+        "personal.bias": f["initial"]["fc2.bias"].unsqueeze(0),
+    }
     counts = torch.bincount(f["y"], minlength=4).float()
     plan = torch.arange(len(f["y"])).view(-1, f["batch"])  # the fixture's batches, in order
     for batched in (True, False):
-        trained, _ = train_clients(net, {k: v.clone() for k, v in start.items()}, f["x"], f["y"],
-                                   [torch.arange(len(f["y"]))], [plan], SGD(lr=f["lr"]), objective=rod_loss,
-                                   aux={"log_counts": counts.log().unsqueeze(0)}, batched=batched)
+        trained, _ = train_clients(
+            net,
+            {k: v.clone() for k, v in start.items()},
+            f["x"],
+            f["y"],
+            [torch.arange(len(f["y"]))],
+            [plan],
+            SGD(lr=f["lr"]),
+            objective=rod_loss,
+            aux={"log_counts": counts.log().unsqueeze(0)},
+            batched=batched,
+        )
         ours = split.from_composite(trained)
         for name, reference in f["trained"].items():
             torch.testing.assert_close(ours[name][0], reference, rtol=1e-5, atol=1e-6)

@@ -3,6 +3,7 @@ expressions' values bit for bit, pFedMe's and Per-FedAvg's rounds give what thei
 form gave (written out below as it was, syncing at every step), their steps read nothing from the
 device however many there are, and a non-finite loss still raises `Diverged` naming the client (and,
 for Per-FedAvg, the step)."""
+
 from functools import partial
 
 import pytest
@@ -116,7 +117,7 @@ def plan_by_hand(fed, rnd, clients, stream=None, **plan):
     for k, (plan, c) in enumerate(zip(plans, clients.tolist())):
         if len(plan):
             ids[k, : len(plan)] = fed.splits["train"][c][plan]
-            ids[k, len(plan):] = ids[k, len(plan) - 1]
+            ids[k, len(plan) :] = ids[k, len(plan) - 1]
     return ids, counts
 
 
@@ -154,8 +155,10 @@ def pfedme_per_step(alg, rnd, clients, state, theta_start):
             if (active & ~torch.isfinite(loss)).any():
                 raise Diverged(f"non-finite pFedMe loss for clients {clients[active & ~torch.isfinite(loss)].tolist()}")
             with torch.no_grad():
-                theta = {n: theta[n] - hp.personal_lr * (grads[n] + hp.lam * (theta[n] - w[n]) + hp.mu * theta[n])
-                         for n in names}
+                theta = {
+                    n: theta[n] - hp.personal_lr * (grads[n] + hp.lam * (theta[n] - w[n]) + hp.mu * theta[n])
+                    for n in names
+                }
         with torch.no_grad():
             theta = {n: rows_where(active, theta[n], start[n]) for n in names}
             pulled = {n: hp.lam * (w[n] - theta[n]) for n in names}
@@ -213,8 +216,14 @@ def adapt_per_tensor(alg, clients, state):
 def cell(algorithm, hp, data, **overrides):
     """Momentum and weight decay on, stragglers cut some clients' plans (tail steps with some clients
     inactive); "bn": a convolutional model with BatchNorm statistics."""
-    options = dict(algorithm=algorithm, hp=hp, rounds=2, momentum=0.9, weight_decay=1e-3,
-                   system={"stragglers": 0.4, "straggler_work": 0.5})
+    options = dict(
+        algorithm=algorithm,
+        hp=hp,
+        rounds=2,
+        momentum=0.9,
+        weight_decay=1e-3,
+        system={"stragglers": 0.4, "straggler_work": 0.5},
+    )
     if data == "bn":
         options.update(dataset="synthetic-images", dataset_options={"num_samples": 250, "channels": 3, "size": 32})
     return small_cell(**{**options, **overrides})
@@ -245,7 +254,9 @@ CASES = [("mlp", "on"), ("mlp", "off"), ("bn", "on"), ("bn", "off")]
 
 
 @pytest.mark.parametrize("data, batching", CASES)
-@pytest.mark.parametrize("hp", [{"k": 2, "personal_lr": 0.05, "mu": 0.01}, {"k": 2, "personal_lr": 0.05, "warm_start": "personal"}])
+@pytest.mark.parametrize(
+    "hp", [{"k": 2, "personal_lr": 0.05, "mu": 0.01}, {"k": 2, "personal_lr": 0.05, "warm_start": "personal"}]
+)
 def test_pfedme_round_is_its_per_step_form_to_the_bit(tmp_path, data, batching, hp):
     alg = make(PFedMe, cell("pfedme", hp, data), tmp_path, batching)
     fed = alg.engine
@@ -255,8 +266,11 @@ def test_pfedme_round_is_its_per_step_form_to_the_bit(tmp_path, data, batching, 
     assert min(counts) < max(counts)  # some clients sit out the last steps
     for rnd in (1, 2):
         context, state = received(alg, rnd, clients)
-        theta = {n: t.clone() for n, t in state.items()} if alg.hp.warm_start == "global" else \
-            {n: t[clients].clone() for n, t in alg.personal_state.items()}
+        theta = (
+            {n: t.clone() for n, t in state.items()}
+            if alg.hp.warm_start == "global"
+            else {n: t[clients].clone() for n, t in alg.personal_state.items()}
+        )
         local, personal = per_client(fed, clients, partial(pfedme_per_step, alg, context), state, theta)
         trained = alg.local_train(context, state)
         assert_same_state(trained, local)
@@ -278,8 +292,9 @@ def test_perfedavg_round_is_its_per_step_form_to_the_bit(tmp_path, data, batchin
         finish_round(alg, context, clients, trained)
     # the adaptation step (the personalized models), fused the same way
     start = {n: t.expand(fed.num_clients, *t.shape[1:]).clone() for n, t in alg.global_state.items()}
-    assert_same_state(per_client(fed, clients, alg.adapt, start),
-                      per_client(fed, clients, partial(adapt_per_tensor, alg), start))
+    assert_same_state(
+        per_client(fed, clients, alg.adapt, start), per_client(fed, clients, partial(adapt_per_tensor, alg), start)
+    )
 
 
 def test_step_plan_is_the_engines_plan_with_counts_on_the_host_and_the_tail_masked(tmp_path):
@@ -303,6 +318,7 @@ def test_step_plan_is_the_engines_plan_with_counts_on_the_host_and_the_tail_mask
 class Reads(TorchDispatchMode):
     """Counts the operations that read a tensor's value on the host (each one a device synchronisation
     when the tensor lives on a GPU), and `.tolist()` calls."""
+
     READS = {"aten::_local_scalar_dense", "aten::nonzero", "aten::is_nonzero", "aten::equal", "aten::item"}
 
     def __enter__(self):
@@ -312,6 +328,7 @@ class Reads(TorchDispatchMode):
         def tolist(tensor):
             self.count += 1
             return self._tolist(tensor)
+
         torch.Tensor.tolist = tolist
         return super().__enter__()
 
@@ -325,13 +342,18 @@ class Reads(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-@pytest.mark.parametrize("algorithm, hp", [("pfedme", {"k": 5}), ("perfedavg", {"variant": "fo"}),
-                                           ("perfedavg", {"variant": "hf"})])
+@pytest.mark.parametrize(
+    "algorithm, hp", [("pfedme", {"k": 5}), ("perfedavg", {"variant": "fo"}), ("perfedavg", {"variant": "hf"})]
+)
 def test_the_steps_read_nothing_from_the_device_however_many_there_are(tmp_path, algorithm, hp):
     reads, steps = {}, {}
     for epochs in (1, 3):
-        alg = make(PFedMe if algorithm == "pfedme" else PerFedAvg,
-                   cell(algorithm, hp, "mlp", local_epochs=epochs, rounds=1), tmp_path, "on")
+        alg = make(
+            PFedMe if algorithm == "pfedme" else PerFedAvg,
+            cell(algorithm, hp, "mlp", local_epochs=epochs, rounds=1),
+            tmp_path,
+            "on",
+        )
         clients = torch.arange(alg.engine.num_clients)
         context, state = received(alg, 1, clients)
         steps[epochs] = max(len(p) for p in alg.engine.local_plans(context, clients))
@@ -365,8 +387,11 @@ def test_a_nan_loss_raises_diverged_naming_the_client_as_before(tmp_path, batchi
     with pytest.raises(Diverged) as before:
         per_client(fed, clients, reference, *args)
     assert str(now.value) == str(before.value)
-    assert str(now.value) == ("non-finite pFedMe loss for clients [3]" if algorithm == "pfedme" else
-                              "non-finite Per-FedAvg loss for clients [3] at local step 0")
+    assert str(now.value) == (
+        "non-finite pFedMe loss for clients [3]"
+        if algorithm == "pfedme"
+        else "non-finite Per-FedAvg loss for clients [3] at local step 0"
+    )
 
 
 def test_loss_check_finds_the_first_failing_check_and_ignores_inactive_clients():
@@ -374,8 +399,11 @@ def test_loss_check_finds_the_first_failing_check_and_ignores_inactive_clients()
     check = LossCheck()
     everyone = Active(True, torch.ones(3, dtype=torch.bool))
     check.add(everyone, torch.tensor([1.0, 2.0, 3.0]), torch.tensor([1.0, 1.0, 1.0]))
-    check.add(Active(False, torch.tensor([True, False, True]), torch.tensor([0, 2])),
-              torch.tensor([1.0, nan, 3.0]), torch.tensor([1.0, 1.0, 1.0]))  # inactive client 1: ignored
+    check.add(
+        Active(False, torch.tensor([True, False, True]), torch.tensor([0, 2])),
+        torch.tensor([1.0, nan, 3.0]),
+        torch.tensor([1.0, 1.0, 1.0]),
+    )  # inactive client 1: ignored
     assert check.first_failure() is None
     check.add(everyone, torch.tensor([1.0, 2.0, 3.0]), torch.tensor([float("inf"), 1.0, nan]))
     check.add(everyone, torch.tensor([nan, nan, nan]), torch.tensor([1.0, 1.0, 1.0]))
@@ -391,8 +419,12 @@ def test_the_losses_and_the_trained_rows_are_checked_in_one_read_of_the_device()
     check failed (the round's only one at its end), and the same answers as the two separate checks."""
     nan = float("nan")
     everyone = Active(True, torch.ones(3, dtype=torch.bool))
-    for losses, rows in (([1.0, 2.0, 3.0], [True, True, True]), ([1.0, 2.0, 3.0], [True, False, True]),
-                         ([1.0, nan, 3.0], [True, True, True]), ([nan, 2.0, nan], [False, True, True])):
+    for losses, rows in (
+        ([1.0, 2.0, 3.0], [True, True, True]),
+        ([1.0, 2.0, 3.0], [True, False, True]),
+        ([1.0, nan, 3.0], [True, True, True]),
+        ([nan, 2.0, nan], [False, True, True]),
+    ):
         check = LossCheck()
         check.add(everyone, torch.tensor([1.0, 1.0, 1.0]))
         check.add(everyone, torch.tensor(losses))

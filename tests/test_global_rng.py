@@ -1,5 +1,6 @@
 """A cell whose model draws from torch's global generator (dropout) runs the same in any process state:
 `run_cell` seeds that generator from the cell's seed and gives the caller's state back."""
+
 import numpy as np
 import torch
 
@@ -24,6 +25,11 @@ def test_dropout_cell_ignores_what_ran_before(tmp_path):
 
 def test_dropout_draws_differ_between_seeds(tmp_path):
     """The seeding is per cell, not one constant: another seed draws other dropout masks (and data)."""
-    runs = [run_cell(small_cell(algorithm="local", model="vgg8", clients=4, rounds=2, lr=0.01, seed=seed, **IMAGES),
-                     data_root=tmp_path) for seed in (0, 1)]
+    runs = [
+        run_cell(
+            small_cell(algorithm="local", model="vgg8", clients=4, rounds=2, lr=0.01, seed=seed, **IMAGES),
+            data_root=tmp_path,
+        )
+        for seed in (0, 1)
+    ]
     assert not np.array_equal(runs[0].metrics["loss"], runs[1].metrics["loss"])

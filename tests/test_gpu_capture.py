@@ -1,6 +1,7 @@
 """A CUDA-graph capture that fails falls back to the eager step with one line on stderr (pflbench.captured):
 forced on this CPU, where asking for a capture fails (no CUDA), and by a capture that raises as a device's
 would (an op that cannot be captured). The fallback computes what the eager step computes."""
+
 import pytest
 import torch
 

@@ -3,6 +3,7 @@ cell computes (pflbench.checkpoint.source_files: what the round loop, the cell g
 algorithm import), and is refused across one that does: a git checkout of pflbench, a tiny cell stopped by
 SIGTERM after its first round checkpoint, then run again after an unrelated commit (it resumes) and after a
 related one (its checkpoint is set aside, naming the code version, and the cell starts over)."""
+
 import os
 import shutil
 import signal
@@ -27,8 +28,9 @@ resources: {cpus: 1, gpus: 0}
 
 
 def git(tree: Path, *args: str) -> None:
-    subprocess.run(["git", "-C", str(tree), "-c", "user.name=t", "-c", "user.email=t@t", *args], check=True,
-                   capture_output=True)
+    subprocess.run(
+        ["git", "-C", str(tree), "-c", "user.name=t", "-c", "user.email=t@t", *args], check=True, capture_output=True
+    )
 
 
 def commit_change(tree: Path, relative: str) -> None:
@@ -43,9 +45,27 @@ def run_until(tree: Path, tmp: Path, done, seconds: float = 300) -> str:
     env = {**os.environ, "PYTHONPATH": str(tree), "PFLBENCH_DATA": str(tmp / "data"), "PYTHONUNBUFFERED": "1"}
     log = tmp / "run.log"
     with open(log, "w") as handle:
-        process = subprocess.Popen([sys.executable, "-m", "pflbench.cli", "run", str(tmp / "tiny.yaml"), "--no-ray",
-                                    "--device", "cpu", "--results", str(tmp / "store"), "--checkpoint-every", "1"],
-                                   cwd=tmp, env=env, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True)
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "pflbench.cli",
+                "run",
+                str(tmp / "tiny.yaml"),
+                "--no-ray",
+                "--device",
+                "cpu",
+                "--results",
+                str(tmp / "store"),
+                "--checkpoint-every",
+                "1",
+            ],
+            cwd=tmp,
+            env=env,
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         began = time.monotonic()
         try:
             while not done(log.read_text(), tmp / "store"):
@@ -81,8 +101,13 @@ def test_a_carried_cell_resumes_across_an_unrelated_commit_and_is_refused_across
     assert "resumed at round" not in first
 
     # the run machinery, a report and the execution options: nothing the cell computes
-    for unrelated in ("pflbench/runner.py", "pflbench/store.py", "pflbench/cli/run.py", "pflbench/execution.py",
-                      "pflbench/reports/tables.py"):
+    for unrelated in (
+        "pflbench/runner.py",
+        "pflbench/store.py",
+        "pflbench/cli/run.py",
+        "pflbench/execution.py",
+        "pflbench/reports/tables.py",
+    ):
         commit_change(tree, unrelated)
     second = run_until(tree, tmp_path, resumed_or_set_aside)
     assert "resumed at round" in second and "set aside" not in second, second[-3000:]
@@ -102,11 +127,24 @@ def test_the_code_version_follows_the_algorithms_imports():
     pfedme, fedavg = source_files(ALGORITHMS.get("pfedme")), source_files(ALGORITHMS.get("fedavg"))
     assert "algorithms/pfedme.py" in pfedme and "algorithms/pfedme.py" not in fedavg
     for names in (pfedme, fedavg):
-        assert {"pflbench/rounds.py", "pflbench/groups.py", "pflbench/training.py", "pflbench/federation.py",
-                "pflbench/checkpoint.py", "pflbench/static_step.py", "pflbench/captured.py", "pflbench/models.py",
-                "pflbench/data/cifar_jpeg.py"} <= set(names)
-        assert not {"pflbench/runner.py", "pflbench/store.py", "pflbench/cli/run.py", "pflbench/execution.py",
-                    "pflbench/publish.py"} & set(names)
+        assert {
+            "pflbench/rounds.py",
+            "pflbench/groups.py",
+            "pflbench/training.py",
+            "pflbench/federation.py",
+            "pflbench/checkpoint.py",
+            "pflbench/static_step.py",
+            "pflbench/captured.py",
+            "pflbench/models.py",
+            "pflbench/data/cifar_jpeg.py",
+        } <= set(names)
+        assert not {
+            "pflbench/runner.py",
+            "pflbench/store.py",
+            "pflbench/cli/run.py",
+            "pflbench/execution.py",
+            "pflbench/publish.py",
+        } & set(names)
         assert not any(name.startswith(("pflbench/reports/", "/")) for name in names)
 
 

@@ -5,6 +5,7 @@ whole check is rehearsed on the CPU by CI (`make gpu-rehearse`, .ci/run).
 No outcome here depends on how fast the machine is: a step that must finish has a box scaled by the load
 (tests/budgets.py), the step that must overrun its box never ends by itself, and the spent budget is
 spent on the check's own clock by the step before (not by a sleep that a busy machine could stretch)."""
+
 import json
 import sys
 import time
@@ -21,11 +22,21 @@ import check  # noqa: E402
 def test_a_failing_step_is_recorded_and_the_next_one_runs(tmp_path, monkeypatch):
     figures = tmp_path / "figures.json"
     box = scaled(30)  # a Python start, even on a busy machine
-    steps = [check.Step("fails", [sys.executable, "-c", "import sys; print('boom'); sys.exit(4)"], box),
-             check.Step("hangs", [sys.executable, "-c", "import threading; threading.Event().wait()"], 6),
-             check.Step("works", [sys.executable, "-c",
-                                  f"import json; open({str(figures)!r}, 'w').write(json.dumps({{'x': 1}})); "
-                                  "print('FIGURES ' + json.dumps({'y': 2}))"], box, figures)]
+    steps = [
+        check.Step("fails", [sys.executable, "-c", "import sys; print('boom'); sys.exit(4)"], box),
+        check.Step("hangs", [sys.executable, "-c", "import threading; threading.Event().wait()"], 6),
+        check.Step(
+            "works",
+            [
+                sys.executable,
+                "-c",
+                f"import json; open({str(figures)!r}, 'w').write(json.dumps({{'x': 1}})); "
+                "print('FIGURES ' + json.dumps({'y': 2}))",
+            ],
+            box,
+            figures,
+        ),
+    ]
     monkeypatch.setattr(check, "steps", lambda device, rehearse, work: steps)
     assert check.main(["--out", str(tmp_path / "out"), "--device", "cpu", "--budget", f"{3 * box + 6:.0f}"]) == 1
     result = json.loads((tmp_path / "out" / "check.json").read_text())
@@ -48,8 +59,10 @@ def test_a_spent_budget_skips_the_remaining_steps(tmp_path, monkeypatch):
 
     monkeypatch.setattr(check, "time", SimpleNamespace(monotonic=monotonic, strftime=time.strftime))
     box = scaled(30)
-    steps = [check.Step("slow", [sys.executable, "-c", f"open({str(took)!r}, 'w').write('1000')"], box),
-             check.Step("next", [sys.executable, "-c", "pass"], box)]
+    steps = [
+        check.Step("slow", [sys.executable, "-c", f"open({str(took)!r}, 'w').write('1000')"], box),
+        check.Step("next", [sys.executable, "-c", "pass"], box),
+    ]
     monkeypatch.setattr(check, "steps", lambda device, rehearse, work: steps)
     assert check.main(["--out", str(tmp_path / "out"), "--device", "cpu", "--budget", f"{box:.0f}"]) == 1
     result = json.loads((tmp_path / "out" / "check.json").read_text())
@@ -107,11 +120,14 @@ def test_the_graphs_step_compares_graphs_on_and_off_at_the_paper_sizes_on_the_de
     assert "--samples" not in device["graphs"].command and "--samples" in rehearsal["graphs"].command
     assert device["graphs"].timeout <= 60
 
+
 def test_a_separate_step_runs_only_when_named_or_rehearsed(tmp_path, monkeypatch):
     """A step of its own call (`kernels`) is left out of a plain device run, runs alone under `--only`,
     and runs with the others in the rehearsal (CI: every step, this one too, must say "ok")."""
-    steps = [check.Step("plain", [sys.executable, "-c", ""], scaled(30)),
-             check.Step("own", [sys.executable, "-c", ""], scaled(30), separate=True)]
+    steps = [
+        check.Step("plain", [sys.executable, "-c", ""], scaled(30)),
+        check.Step("own", [sys.executable, "-c", ""], scaled(30), separate=True),
+    ]
     monkeypatch.setattr(check, "steps", lambda device, rehearse, work: steps)
     ran = {}
     for name, extra in (("plain", []), ("only", ["--only", "own"]), ("rehearse", ["--rehearse"])):

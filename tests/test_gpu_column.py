@@ -8,6 +8,7 @@ The deadline comes when there is something to show, not after fixed seconds (a l
 to start the cells): column.py's clock is its real one until the loan's condition holds (FedAvg finished and
 Local checkpointed, then Local checkpointed past that round), then it jumps past the deadline; column.py
 then kills, packs and reports as at a real deadline."""
+
 import json
 import sys
 import time
@@ -56,9 +57,26 @@ def run(tmp_path, monkeypatch, out: str, ready, *resume: Path, extra: tuple = ()
         return time.time() + sum(jumped)
 
     monkeypatch.setattr(column, "time", SimpleNamespace(time=clock, sleep=lambda _: time.sleep(0.2)))
-    argv = ["--out", str(tmp_path / out), "--spec", str(tmp_path / "tiny.yaml"), "--algorithms", "fedavg,local",
-            "--device", "cpu", "--parallel", "2", "--deadline", str(DEADLINE), "--start-margin", "0",
-            "--checkpoint-every", "1", "--store", str(store)]
+    argv = [
+        "--out",
+        str(tmp_path / out),
+        "--spec",
+        str(tmp_path / "tiny.yaml"),
+        "--algorithms",
+        "fedavg,local",
+        "--device",
+        "cpu",
+        "--parallel",
+        "2",
+        "--deadline",
+        str(DEADLINE),
+        "--start-margin",
+        "0",
+        "--checkpoint-every",
+        "1",
+        "--store",
+        str(store),
+    ]
     if resume:
         argv += ["--resume", *map(str, resume)]
     argv += extra
@@ -74,16 +92,22 @@ def checkpoint_past(state: dict, round_: int) -> bool:
 
 def test_a_column_finishes_what_it_can_and_the_next_loan_resumes_the_rest(tmp_path, monkeypatch):
     (tmp_path / "tiny.yaml").write_text(SPEC)
-    first = run(tmp_path, monkeypatch, "loan1",
-                lambda s: s["fedavg"]["state"] == "finished" and checkpoint_past(s["local"], 0))["cells"]
+    first = run(
+        tmp_path, monkeypatch, "loan1", lambda s: s["fedavg"]["state"] == "finished" and checkpoint_past(s["local"], 0)
+    )["cells"]
     assert first["fedavg"]["after"]["state"] == "finished" and first["fedavg"]["after"]["rounds"] == 2
     killed = first["local"]["after"]
     assert killed["state"] == "checkpoint" and killed["round"] >= 1, killed
     loan1 = json.loads((tmp_path / "loan1" / "column.json").read_text())
     assert loan1["results"] == [column.RESULTS] and loan1["cells"]["local"]["carried"]["file"].startswith("ckpt-local-")
     assert "carried" not in loan1["cells"]["fedavg"]
-    second = run(tmp_path, monkeypatch, "loan2", lambda s: checkpoint_past(s["local"], killed["round"]),
-                 *returned(tmp_path / "loan1"))["cells"]
+    second = run(
+        tmp_path,
+        monkeypatch,
+        "loan2",
+        lambda s: checkpoint_past(s["local"], killed["round"]),
+        *returned(tmp_path / "loan1"),
+    )["cells"]
     assert second["fedavg"]["before"]["state"] == "finished" and second["fedavg"]["seconds_this_loan"] == 0
     assert second["local"]["before"] == killed
     assert second["local"]["after"]["state"] == "checkpoint" and second["local"]["after"]["round"] > killed["round"]
@@ -94,14 +118,16 @@ def test_a_column_finishes_what_it_can_and_the_next_loan_resumes_the_rest(tmp_pa
     (tmp_path / "parts").mkdir()
     names = column.pack_results(store, tmp_path / "parts")
     ids = column.cell_ids(str(tmp_path / "tiny.yaml"), [], ["local"])
-    packed = column.pack_checkpoints(store, tmp_path / "parts", [("local", ids["local"], 0.0)], 2 ** 20, 2 ** 20, 5,
-                                     float("inf"), 1)
+    packed = column.pack_checkpoints(
+        store, tmp_path / "parts", [("local", ids["local"], 0.0)], 2**20, 2**20, 5, float("inf"), 1
+    )
     assert len(names) > 1 and all((tmp_path / "parts" / n).stat().st_size <= 4096 for n in names)
     column.unpack([str(p) for p in returned(tmp_path / "parts")], tmp_path / "back" / "store")
     assert packed[ids["local"]]["file"] in [p.name for p in returned(tmp_path / "parts")]
     files = sorted(p.relative_to(store) for p in store.rglob("*") if p.is_file() and "_damaged" not in str(p))
-    assert files and files == sorted(p.relative_to(tmp_path / "back" / "store")
-                                     for p in (tmp_path / "back" / "store").rglob("*") if p.is_file())
+    assert files and files == sorted(
+        p.relative_to(tmp_path / "back" / "store") for p in (tmp_path / "back" / "store").rglob("*") if p.is_file()
+    )
     assert all((store / f).read_bytes() == (tmp_path / "back" / "store" / f).read_bytes() for f in files)
 
 
@@ -121,21 +147,26 @@ def test_checkpoints_travel_as_byte_planes_and_come_back_byte_for_byte(tmp_path,
     store = tmp_path / "store"
     (store / "cell").mkdir(parents=True)
     generator = torch.Generator().manual_seed(0)
-    payload = {"weights": torch.randn(100, 257, generator=generator), "steps": torch.arange(7),
-               "rng": torch.randint(0, 255, (5003,), dtype=torch.uint8, generator=generator), "round": 3}
+    payload = {
+        "weights": torch.randn(100, 257, generator=generator),
+        "steps": torch.arange(7),
+        "rng": torch.randint(0, 255, (5003,), dtype=torch.uint8, generator=generator),
+        "round": 3,
+    }
     write_checkpoint(store / "cell" / "checkpoint.pt", {"round": 3}, payload)
     (store / "cell" / "claim.json").write_text("{}")
     original = (store / "cell" / "checkpoint.pt").read_bytes()
 
     carried = planes.to_planes(original)
     assert carried != original and len(carried) == len(original) and planes.from_planes(carried) == original
-    body = original[original.index(b"\n") + 1:]
+    body = original[original.index(b"\n") + 1 :]
     assert sum(length for _, length in planes.storage_ranges(body)) == 100 * 257 * 4 + 7 * 8 + 5003
 
     (tmp_path / "out").mkdir()
     assert column.pack_results(store, tmp_path / "out") == [column.RESULTS]
-    packed = column.pack_checkpoints(store, tmp_path / "out", [("fedavg", "cell", 0.5)], 2 ** 20, 2 ** 20, 5,
-                                     float("inf"), 1)
+    packed = column.pack_checkpoints(
+        store, tmp_path / "out", [("fedavg", "cell", 0.5)], 2**20, 2**20, 5, float("inf"), 1
+    )
     name = packed["cell"]["file"]
     with tarfile.open(tmp_path / "out" / column.RESULTS) as archive:
         assert "store/cell/claim.json" in archive.getnames() and "store/cell/checkpoint.pt" not in archive.getnames()
@@ -167,8 +198,9 @@ def test_checkpoints_travel_as_byte_planes_and_come_back_byte_for_byte(tmp_path,
     # a file named checkpoint.pt that is not a whole checkpoint travels as it is
     (store / "cell" / "checkpoint.pt").write_bytes(b"torn")
     (tmp_path / "out2").mkdir()
-    torn = column.pack_checkpoints(store, tmp_path / "out2", [("fedavg", "cell", 0.5)], 2 ** 20, 2 ** 20, 5,
-                                   float("inf"), 1)
+    torn = column.pack_checkpoints(
+        store, tmp_path / "out2", [("fedavg", "cell", 0.5)], 2**20, 2**20, 5, float("inf"), 1
+    )
     column.unpack([str(tmp_path / "out2" / torn["cell"]["file"])], tmp_path / "torn" / "store")
     assert (tmp_path / "torn" / "store" / "cell" / "checkpoint.pt").read_bytes() == b"torn"
     (store / "cell" / "checkpoint.pt").write_bytes(original)
@@ -197,16 +229,26 @@ def test_a_finished_row_comes_back_when_a_checkpoint_is_over_its_cap(tmp_path):
     generator = torch.Generator().manual_seed(1)
     for cell, values in (("big", 400_000), ("small", 1_000), ("third", 1_000)):
         (store / cell).mkdir()
-        write_checkpoint(store / cell / "checkpoint.pt", {"round": 3},
-                         {"weights": torch.randint(0, 2 ** 31, (values,), generator=generator, dtype=torch.int32),
-                          "round": 3})
+        write_checkpoint(
+            store / cell / "checkpoint.pt",
+            {"round": 3},
+            {"weights": torch.randint(0, 2**31, (values,), generator=generator, dtype=torch.int32), "round": 3},
+        )
     out = tmp_path / "out"
     out.mkdir()
     assert column.pack_results(store, out) == [column.RESULTS]
-    cap = 2 ** 20  # the big checkpoint is 1.6 MB of random bytes
+    cap = 2**20  # the big checkpoint is 1.6 MB of random bytes
     small = column.pack_checkpoints(store, tmp_path, [("a", "small", 0.1)], cap, cap, 5, float("inf"), 1)["small"]
-    packed = column.pack_checkpoints(store, out, [("a", "big", 0.9), ("b", "small", 0.5), ("c", "third", 0.1)],
-                                     cap, small["bytes"] + 100, 5, float("inf"), 2)
+    packed = column.pack_checkpoints(
+        store,
+        out,
+        [("a", "big", 0.9), ("b", "small", 0.5), ("c", "third", 0.1)],
+        cap,
+        small["bytes"] + 100,
+        5,
+        float("inf"),
+        2,
+    )
     assert "over the cap of 1.0 MiB" in packed["big"]["left_out"] and packed["big"]["bytes"] > cap
     assert packed["small"]["file"] == "ckpt-b-small.tar.xz"
     assert "past the" in packed["third"]["left_out"]

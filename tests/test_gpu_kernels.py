@@ -2,6 +2,7 @@
 batched CNN step the engine computes. On a CPU nothing is captured and TF32 does not apply, so every form is
 float32 arithmetic in another order, and the stated tolerances are float32's (measured here: gradients within
 ~6e-7 relative of the float64 reference, parameters after a step within ~6e-8, losses within ~3e-7)."""
+
 import json
 import subprocess
 import sys
@@ -15,9 +16,9 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "gpu"))
 import kernels  # noqa: E402
 
-GRADIENT = 1e-5   # ||g - g_ref|| / ||g_ref||, float32 against float64
-PARAMS = 1e-6     # max |diff| of parameters and BatchNorm statistics after one step (lr 0.005)
-LOSSES = 1e-5     # max |diff| of the rows' mean losses (about 2.3 each)
+GRADIENT = 1e-5  # ||g - g_ref|| / ||g_ref||, float32 against float64
+PARAMS = 1e-6  # max |diff| of parameters and BatchNorm statistics after one step (lr 0.005)
+LOSSES = 1e-5  # max |diff| of the rows' mean losses (about 2.3 each)
 
 
 def test_fold_last_and_unfold_last_are_inverse_and_keep_channels_last_order():
@@ -43,8 +44,9 @@ def test_each_convolution_form_is_each_clients_convolution(form, layout):
     if layout == "last":
         x = x.to(memory_format=torch.channels_last)
     out = torch.func.functional_call(twin, {"weight": weight, "bias": bias}, (x,))
-    expected = torch.cat([F.conv2d(x[k * batch:(k + 1) * batch], weight[k], bias[k], stride=2, padding=2)
-                          for k in range(clients)])
+    expected = torch.cat(
+        [F.conv2d(x[k * batch : (k + 1) * batch], weight[k], bias[k], stride=2, padding=2) for k in range(clients)]
+    )
     assert out.shape == expected.shape == (clients * batch, 6, 6, 5)
     assert (out - expected).abs().max() < 1e-4
     if layout == "last":
@@ -92,22 +94,28 @@ def test_every_form_and_layout_is_the_reference_step_and_the_others(model):
 
 def test_the_rehearsal_measures_every_form_and_says_capture_is_not_exercised(tmp_path, capsys):
     out = tmp_path / "kernels.json"
-    assert kernels.main(["--device", "cpu", "--widths", "2", "--batch", "4", "--steps", "2", "--repeats", "2",
-                         "--json", str(out)]) == 0
+    assert (
+        kernels.main(
+            ["--device", "cpu", "--widths", "2", "--batch", "4", "--steps", "2", "--repeats", "2", "--json", str(out)]
+        )
+        == 0
+    )
     figures = json.loads(out.read_text())
     assert figures["capture_note"].startswith("no CUDA: capture not exercised")
     assert figures["capture_note"] in capsys.readouterr().out
     cases = figures["cases"]
     assert {(c["model"], c["form"], c["layout"]) for c in cases} == {
-        (m, f, la) for m in kernels.MODELS for f in kernels.FORMS for la in kernels.LAYOUTS}
+        (m, f, la) for m in kernels.MODELS for f in kernels.FORMS for la in kernels.LAYOUTS
+    }
     for case in cases:
         assert case["status"] == "ok" and case["capture"] == "eager" and not case["captured"]
         assert case["tf32"] == "default" and case["width"] == 2 and case["batch"] == 4
         assert case["grad_rel_error"] < GRADIENT and case["max_abs_diff_params"] < PARAMS
         assert case["seconds_per_step"] > 0 and case["finite_after_timing"]
         assert case["sample_steps_per_second"] == pytest.approx(8 / case["seconds_per_step"])
-        grouped = next(c for c in cases if (c["model"], c["layout"], c["form"]) == (case["model"], case["layout"],
-                                                                                     "grouped"))
+        grouped = next(
+            c for c in cases if (c["model"], c["layout"], c["form"]) == (case["model"], case["layout"], "grouped")
+        )
         today = next(c for c in cases if (c["model"], c["layout"], c["form"]) == (case["model"], "first", "grouped"))
         assert case["ratio_to_grouped"] == pytest.approx(case["seconds_per_step"] / grouped["seconds_per_step"])
         assert case["ratio_to_today"] == pytest.approx(case["seconds_per_step"] / today["seconds_per_step"])
@@ -118,8 +126,29 @@ def test_the_rehearsal_measures_every_form_and_says_capture_is_not_exercised(tmp
 
 def test_a_run_past_its_time_keeps_what_it_measured_and_fails_if_nothing_ran(tmp_path):
     out = tmp_path / "kernels.json"
-    assert kernels.main(["--device", "cpu", "--models", "cnn", "--widths", "2", "--batch", "4", "--steps", "1",
-                         "--repeats", "1", "--seconds", "0", "--json", str(out)]) == 1
+    assert (
+        kernels.main(
+            [
+                "--device",
+                "cpu",
+                "--models",
+                "cnn",
+                "--widths",
+                "2",
+                "--batch",
+                "4",
+                "--steps",
+                "1",
+                "--repeats",
+                "1",
+                "--seconds",
+                "0",
+                "--json",
+                str(out),
+            ]
+        )
+        == 1
+    )
     assert {c["status"] for c in json.loads(out.read_text())["cases"]} == {"not run (time)"}
 
 
@@ -139,14 +168,16 @@ def test_the_device_plan_measures_every_form_layout_and_tf32_setting_most_import
     """What the device runs (nothing here has CUDA, so the plan is checked instead): 120 combinations at the
     paper's widths, each form in both layouts eager and captured, the per-client loop captured only; today's
     TF32 setting first and IEEE last, so that a run cut by its time loses the least important."""
-    cases = kernels.plan(list(kernels.MODELS), [10, 100], 32, list(kernels.FORMS), list(kernels.LAYOUTS),
-                         list(kernels.TF32), cuda=True)
+    cases = kernels.plan(
+        list(kernels.MODELS), [10, 100], 32, list(kernels.FORMS), list(kernels.LAYOUTS), list(kernels.TF32), cuda=True
+    )
     assert len(cases) == 120 and len({kernels._key(c) for c in cases}) == 120
     assert {c["capture"] for c in cases if c["form"] == "loop"} == {"graph"}
     assert {c["capture"] for c in cases if c["form"] != "loop"} == {"eager", "graph"}
     assert [c["tf32"] for c in cases[::40]] == ["default", "tf32", "ieee"]
-    assert {c["capture"] for c in kernels.plan(["cnn"], [2], 4, list(kernels.FORMS), ["first"], ["default"],
-                                               cuda=False)} == {"eager"}
+    assert {
+        c["capture"] for c in kernels.plan(["cnn"], [2], 4, list(kernels.FORMS), ["first"], ["default"], cuda=False)
+    } == {"eager"}
 
 
 def test_tf32_settings_set_both_flags():
@@ -157,7 +188,10 @@ def test_tf32_settings_set_both_flags():
         assert kernels.set_tf32("default") == {"matmul_tf32": False, "cudnn_tf32": True}
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
-    fresh = subprocess.run([sys.executable, "-c", "import torch; b = torch.backends; "
-                            "print(b.cuda.matmul.allow_tf32, b.cudnn.allow_tf32)"],
-                           capture_output=True, text=True, check=True).stdout.split()
+    fresh = subprocess.run(
+        [sys.executable, "-c", "import torch; b = torch.backends; print(b.cuda.matmul.allow_tf32, b.cudnn.allow_tf32)"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
     assert fresh == [str(v) for v in kernels.TF32["default"]]  # `default` is what a fresh torch has (the engine's)

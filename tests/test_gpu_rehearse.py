@@ -3,6 +3,7 @@ device tool sends it, through in_kit.sh with the kit's environment (PYTHONSAFEPA
 not on sys.path). A sibling import planted in column.py, which a plain `python column.py` accepts (its folder
 is on sys.path there), fails the rehearsal's column call, as it would fail the device's; the scripts as they
 are import there. Needs the kit (`make gpu-kit`; `make gpu-rehearse` runs this module after it)."""
+
 import os
 import subprocess
 import sys
@@ -36,7 +37,9 @@ def plan_scripts() -> list[str]:
 
     scripts = {"column.py", "check.py", "graphs.py", "cifar_travel.py"}
     for step in check.steps("cuda", False, Path("/w")) + check.steps("cpu", True, Path("/w")):
-        scripts |= {Path(part).name for part in step.command if part.startswith(str(rehearse.HERE)) and part.endswith(".py")}
+        scripts |= {
+            Path(part).name for part in step.command if part.startswith(str(rehearse.HERE)) and part.endswith(".py")
+        }
     return [f"benchmarks/gpu/{name}" for name in sorted(scripts)]
 
 
@@ -47,8 +50,9 @@ def test_the_scripts_of_the_plan_import_in_the_kits_environment(sent):
     tree, python = sent
     scripts = plan_scripts()
     assert {"benchmarks/gpu/sharing.py", "benchmarks/gpu/kernels.py", "benchmarks/gpu/column_groups.py"} <= set(scripts)
-    for command in [["python3", script, "--help"] for script in scripts] + [["python3", "-m", "pflbench.cli", "bench",
-                                                                             "--help"]]:
+    for command in [["python3", script, "--help"] for script in scripts] + [
+        ["python3", "-m", "pflbench.cli", "bench", "--help"]
+    ]:
         call = rehearse.in_kit(tree, python, command, 300)
         assert call["status"] == "ok", (command, call["output_tail"])
 
@@ -58,11 +62,20 @@ def test_a_planted_sibling_import_fails_the_rehearsal_as_it_would_the_device(sen
     column = tree / "benchmarks" / "gpu" / "column.py"
     original = column.read_text()
     (tree / "benchmarks" / "gpu" / "planted_sibling.py").write_text("VALUE = 1\n")
-    column.write_text(original.replace("from __future__ import annotations\n",
-                                       "from __future__ import annotations\n\nimport planted_sibling  # noqa\n", 1))
+    column.write_text(
+        original.replace(
+            "from __future__ import annotations\n",
+            "from __future__ import annotations\n\nimport planted_sibling  # noqa\n",
+            1,
+        )
+    )
     try:
-        plain = subprocess.run([sys.executable, str(column), "--help"], capture_output=True, text=True,
-                               env={**os.environ, "PYTHONPATH": str(tree)})
+        plain = subprocess.run(
+            [sys.executable, str(column), "--help"],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "PYTHONPATH": str(tree)},
+        )
         assert plain.returncode == 0, plain.stderr  # outside the kit's environment the plant goes unseen
         calls = rehearse.column_loans(tree, python, tmp_path / "out", tmp_path / "work")
         assert calls["status"] == "failed"

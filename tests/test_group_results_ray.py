@@ -2,6 +2,7 @@
 in the driver's store while a slower cell of its group still runs, and a worker lost after that does not
 make the finished cell run again; the slow one resumes from its checkpoint, and both give what the
 cells give run one by one in this process."""
+
 import io
 import os
 import signal
@@ -17,7 +18,8 @@ SLOW_ROUND = 3  # the slow cell waits at the start of this round (its checkpoint
 
 
 def test_a_finished_cell_is_recorded_while_its_group_runs_and_not_recomputed_after_a_lost_worker(
-        tmp_path, local_ray, monkeypatch, fresh_plugins):
+    tmp_path, local_ray, monkeypatch, fresh_plugins
+):
     from checkpoint_helpers import TIMING_COLUMNS
     from pflbench.config import cell_hash
     from pflbench.runner import RunOptions, run_plan
@@ -28,24 +30,48 @@ def test_a_finished_cell_is_recorded_while_its_group_runs_and_not_recomputed_aft
     gate = tmp_path / "gate"
     plugin = write_gated_fedavg(tmp_path / "fast_and_slow.py", gate, "test-fast-and-slow-fedavg", SLOW_ROUND)
     monkeypatch.setenv("PFLBENCH_DATA_MIRROR", str(tmp_path / "no-mirror"))
-    plan = parse_spec({
-        "name": "fast-and-slow", "plugins": [str(plugin)],
-        "matrix": {"algorithm": ["test-fast-and-slow-fedavg"], "dataset": ["synthetic"],
-                   "partition": [{"scheme": "pathological", "params": {"classes_per_client": 3}}], "seed": [0, 1]},
-        "defaults": {"clients": 4, "rounds": 5, "lr": 0.05, "eval_every": 2, "dataset_options": {"num_samples": 600}},
-        "overrides": [{"when": {"seed": 0}, "set": {"rounds": 2}}],
-    })
+    plan = parse_spec(
+        {
+            "name": "fast-and-slow",
+            "plugins": [str(plugin)],
+            "matrix": {
+                "algorithm": ["test-fast-and-slow-fedavg"],
+                "dataset": ["synthetic"],
+                "partition": [{"scheme": "pathological", "params": {"classes_per_client": 3}}],
+                "seed": [0, 1],
+            },
+            "defaults": {
+                "clients": 4,
+                "rounds": 5,
+                "lr": 0.05,
+                "eval_every": 2,
+                "dataset_options": {"num_samples": 600},
+            },
+            "overrides": [{"when": {"seed": 0}, "set": {"rounds": 2}}],
+        }
+    )
     fast, slow = sorted(plan.cells, key=lambda cell: cell.seed)
     assert (fast.rounds, slow.rounds) == (2, 5)
-    reference = RunOptions(results=tmp_path / "alone", data_root=tmp_path / "data", use_ray=False,
-                           execution=ExecutionOptions(client_batching="on"))
+    reference = RunOptions(
+        results=tmp_path / "alone",
+        data_root=tmp_path / "data",
+        use_ray=False,
+        execution=ExecutionOptions(client_batching="on"),
+    )
     assert run_plan(plan, reference, Console(file=io.StringIO())).exit_code == 0  # the gate is not armed
     for ran in gate.glob("ran-*"):
         ran.unlink()
     (gate / "armed").touch()
-    options = RunOptions(results=tmp_path / "ray", data_root=tmp_path / "data", use_ray=True, workers=2,
-                         checkpoint_every=1, checkpoint_minutes=0, retries=1,
-                         execution=ExecutionOptions(client_batching="on", cell_groups="on"))
+    options = RunOptions(
+        results=tmp_path / "ray",
+        data_root=tmp_path / "data",
+        use_ray=True,
+        workers=2,
+        checkpoint_every=1,
+        checkpoint_minutes=0,
+        retries=1,
+        execution=ExecutionOptions(client_batching="on", cell_groups="on"),
+    )
     store = Store(options.results)
     seen: dict = {}
     errors: list = []

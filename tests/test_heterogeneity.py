@@ -1,5 +1,6 @@
 """Model heterogeneity: MH-pFedHN's architectures, groups of clients per architecture, per-client
 communication, and homogeneous-only algorithms refusing heterogeneous cells before any work."""
+
 import math
 
 import pytest
@@ -15,10 +16,20 @@ from pflbench.payload import Payload
 
 
 def _cell(**overrides):
-    base = dict(algorithm="local", dataset="synthetic-images",
-                dataset_options={"num_samples": 240, "channels": 3, "size": 32},
-                partition="pathological", partition_params={"classes_per_client": 3}, clients=4, rounds=1,
-                local_epochs=1, batch_size=16, lr=0.05, seed=0, model="mh-cnn,resnet10")
+    base = dict(
+        algorithm="local",
+        dataset="synthetic-images",
+        dataset_options={"num_samples": 240, "channels": 3, "size": 32},
+        partition="pathological",
+        partition_params={"classes_per_client": 3},
+        clients=4,
+        rounds=1,
+        local_epochs=1,
+        batch_size=16,
+        lr=0.05,
+        seed=0,
+        model="mh-cnn,resnet10",
+    )
     return CellConfig(**{**base, **overrides})
 
 
@@ -48,8 +59,10 @@ def test_groups_are_contiguous_and_equal_with_the_remainder_first():
 
 
 def test_homogeneous_only_algorithm_rejects_a_heterogeneous_cell_at_spec_validation():
-    spec = {"matrix": {"algorithm": ["fedavg", "local"], "dataset": "synthetic-images"},
-            "defaults": {"model": "hetero5"}}
+    spec = {
+        "matrix": {"algorithm": ["fedavg", "local"], "dataset": "synthetic-images"},
+        "defaults": {"model": "hetero5"},
+    }
     with pytest.raises(SpecError) as error:
         parse_spec(spec)
     message = str(error.value)

@@ -1,6 +1,7 @@
 """docs/explanation/house.md's layers are the code's: every module of the package is in exactly one layer,
 the method API's layer is the API the import-cycle test closes, and no import points down the table
 except the page's known crossings (each of which still exists: a crossing removed leaves the page)."""
+
 from __future__ import annotations
 
 import re

@@ -1,5 +1,6 @@
 """No import cycles among pflbench's own modules: every import counts, those inside functions and those
 for type checking only included, so the package reads bottom-up (a module never needs one that needs it)."""
+
 from __future__ import annotations
 
 import ast
@@ -114,16 +115,29 @@ def test_pflbench_imports_no_module_that_imports_it_back():
 # modules import only each other. The custom-step kit (pflbench.steps, pflbench.representation,
 # pflbench.feature_training) is the documented second layer: it builds on the API and the engine, and the
 # API never imports it.
-METHOD_API = {"pflbench.algorithm", "pflbench.algorithm_state", "pflbench.api_types", "pflbench.capabilities",
-              "pflbench.card", "pflbench.config", "pflbench.engine", "pflbench.fedavg", "pflbench.payload",
-              "pflbench.registry", "pflbench.round_context", "pflbench.serving", "pflbench.streams"}
+METHOD_API = {
+    "pflbench.algorithm",
+    "pflbench.algorithm_state",
+    "pflbench.api_types",
+    "pflbench.capabilities",
+    "pflbench.card",
+    "pflbench.config",
+    "pflbench.engine",
+    "pflbench.fedavg",
+    "pflbench.payload",
+    "pflbench.registry",
+    "pflbench.round_context",
+    "pflbench.serving",
+    "pflbench.streams",
+}
 # The one name it takes from outside, in annotations only: the engine's model layout (`Engine.model`).
 TYPE_ONLY = [("pflbench.engine", "pflbench.training")]
 
 
 def _outside(modules: dict[str, Path], api: set[str], types: bool) -> list[tuple[str, str]]:
-    return sorted((name, target) for name in api for target in _imports(name, modules[name], modules, types)
-                  if target not in api)
+    return sorted(
+        (name, target) for name in api for target in _imports(name, modules[name], modules, types) if target not in api
+    )
 
 
 def test_the_method_api_imports_only_itself():

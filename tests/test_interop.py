@@ -1,4 +1,5 @@
 """Interop: imported partition files (FL-bench, JSON), `data export`, and Flower Datasets' partitioners."""
+
 from __future__ import annotations
 
 import gzip
@@ -39,6 +40,7 @@ def assert_same_splits(a: ClientSplits, b: ClientSplits) -> None:
 
 # ---- FL-bench's own file, on Fashion-MNIST as pflbench loads it --------------------------------------
 
+
 @pytest.fixture(scope="module")
 def fmnist_labels(tmp_path_factory):
     if not (FLBENCH_DIR / "partition.pkl").is_file() or not FMNIST_MIRROR.is_dir():
@@ -56,16 +58,27 @@ def idx_labels(path: Path) -> np.ndarray:
 
 def test_fmnist_pool_is_torchvision_train_then_test(fmnist_labels):
     # The index order FL-bench's files use: train set (60,000) then test set (10,000), each in file order.
-    expected = np.concatenate([idx_labels(FMNIST_MIRROR / "train-labels-idx1-ubyte.gz"),
-                               idx_labels(FMNIST_MIRROR / "t10k-labels-idx1-ubyte.gz")])
+    expected = np.concatenate(
+        [
+            idx_labels(FMNIST_MIRROR / "train-labels-idx1-ubyte.gz"),
+            idx_labels(FMNIST_MIRROR / "t10k-labels-idx1-ubyte.gz"),
+        ]
+    )
     np.testing.assert_array_equal(fmnist_labels, expected)
 
 
 def test_flbench_file_imports_exactly(fmnist_labels):
     with open(FLBENCH_DIR / "partition.pkl", "rb") as file:  # a trusted file: plain pickle for the reference
         raw = pickle.load(file)["data_indices"]
-    splits = make_splits(fmnist_labels, NUM_CLASSES, scheme="imported", num_clients=10, seed=0, val_fraction=0.0,
-                         params={"path": str(FLBENCH_DIR / "partition.pkl"), "format": "flbench"})
+    splits = make_splits(
+        fmnist_labels,
+        NUM_CLASSES,
+        scheme="imported",
+        num_clients=10,
+        seed=0,
+        val_fraction=0.0,
+        params={"path": str(FLBENCH_DIR / "partition.pkl"), "format": "flbench"},
+    )
     for client, entry in enumerate(raw):
         for name in SPLITS:
             assert set(getattr(splits, name)[client].tolist()) == set(entry[name].tolist())
@@ -79,8 +92,15 @@ def test_flbench_file_imports_exactly(fmnist_labels):
         np.testing.assert_array_equal(counts[client], np.bincount(fmnist_labels[every], minlength=NUM_CLASSES))
 
     # val_fraction > 0: val carved from the file's train, stratified; train + val is the file's train.
-    carved = make_splits(fmnist_labels, NUM_CLASSES, scheme="imported", num_clients=10, seed=0, val_fraction=0.1,
-                         params={"path": str(FLBENCH_DIR / "partition.pkl"), "format": "flbench"})
+    carved = make_splits(
+        fmnist_labels,
+        NUM_CLASSES,
+        scheme="imported",
+        num_clients=10,
+        seed=0,
+        val_fraction=0.1,
+        params={"path": str(FLBENCH_DIR / "partition.pkl"), "format": "flbench"},
+    )
     for client, entry in enumerate(raw):
         assert abs(len(carved.val[client]) - round(0.1 * len(entry["train"]))) <= 1
         assert set(np.concatenate([carved.train[client], carved.val[client]]).tolist()) == set(entry["train"].tolist())
@@ -89,8 +109,15 @@ def test_flbench_file_imports_exactly(fmnist_labels):
 def test_fraction_keeps_the_first_part_of_each_split(fmnist_labels):
     with open(FLBENCH_DIR / "partition.pkl", "rb") as file:
         raw = pickle.load(file)["data_indices"]
-    splits = make_splits(fmnist_labels, NUM_CLASSES, scheme="imported", num_clients=10, seed=0, val_fraction=0.0,
-                         params={"path": str(FLBENCH_DIR / "partition.pkl"), "format": "flbench", "fraction": 0.25})
+    splits = make_splits(
+        fmnist_labels,
+        NUM_CLASSES,
+        scheme="imported",
+        num_clients=10,
+        seed=0,
+        val_fraction=0.0,
+        params={"path": str(FLBENCH_DIR / "partition.pkl"), "format": "flbench", "fraction": 0.25},
+    )
     for client, entry in enumerate(raw):
         for name in ("train", "test"):
             kept = entry[name][: len(entry[name]) // 4]
@@ -110,11 +137,13 @@ def test_crosscheck_spec_resolves_the_shared_file():
 
 # ---- export -> import, our JSON format, cell identity -------------------------------------------------
 
+
 @pytest.mark.parametrize("fmt", ["flbench", "json"])
 def test_export_then_import_is_the_identity(tmp_path, fmt):
     original = splits_of("dirichlet", {"alpha": 0.3})
-    path = write_partition(original, tmp_path / f"partition.{fmt}", fmt, labels=LABELS, num_classes=NUM_CLASSES,
-                           dataset="test")
+    path = write_partition(
+        original, tmp_path / f"partition.{fmt}", fmt, labels=LABELS, num_classes=NUM_CLASSES, dataset="test"
+    )
     back = splits_of("imported", {"path": str(path), "format": fmt}, seed=5)  # seed: no effect, val is given
     assert_same_splits(original, back)
 
@@ -122,8 +151,24 @@ def test_export_then_import_is_the_identity(tmp_path, fmt):
 def test_export_command_writes_both_formats(tmp_path):
     from pflbench.cli import main
 
-    assert main(["data", "export", "synthetic", "--partition", "iid", "--clients", "4", "--out", str(tmp_path),
-                 "--root", str(tmp_path / "data")]) == 0
+    assert (
+        main(
+            [
+                "data",
+                "export",
+                "synthetic",
+                "--partition",
+                "iid",
+                "--clients",
+                "4",
+                "--out",
+                str(tmp_path),
+                "--root",
+                str(tmp_path / "data"),
+            ]
+        )
+        == 0
+    )
     assert {p.name for p in tmp_path.iterdir()} >= {"partition.pkl", "all_stats.json", "partition.json"}
     a = read_partition(tmp_path / "partition.pkl", "flbench").splits
     b = read_partition(tmp_path / "partition.json", "json").splits
@@ -133,16 +178,20 @@ def test_export_command_writes_both_formats(tmp_path):
 
 
 def test_json_without_val_carves_it_and_relative_paths_follow_the_spec(tmp_path):
-    clients = [{"train": list(range(i * 600, i * 600 + 400)), "test": list(range(i * 600 + 400, i * 600 + 600))}
-               for i in range(5)]
+    clients = [
+        {"train": list(range(i * 600, i * 600 + 400)), "test": list(range(i * 600 + 400, i * 600 + 600))}
+        for i in range(5)
+    ]
     (tmp_path / "split.json").write_text(json.dumps({"clients": clients}))
     splits = splits_of("imported", {"path": str(tmp_path / "split.json"), "format": "json"}, val_fraction=0.1)
     assert [len(v) for v in splits.val] == [40] * 5 and [len(t) for t in splits.train] == [360] * 5
 
     spec = tmp_path / "specs" / "s.yaml"
     spec.parent.mkdir()
-    spec.write_text("matrix: {algorithm: [fedavg], dataset: [synthetic], clients: [5],\n"
-                    "  partition: [{scheme: imported, params: {path: ../split.json, format: json}}]}\n")
+    spec.write_text(
+        "matrix: {algorithm: [fedavg], dataset: [synthetic], clients: [5],\n"
+        "  partition: [{scheme: imported, params: {path: ../split.json, format: json}}]}\n"
+    )
     first = load_spec(spec).cells[0]
     assert first.partition_params["path"] == str((tmp_path / "split.json").resolve())
     clients[0]["train"].pop()  # another file content: another cell
@@ -164,6 +213,7 @@ def test_json_without_val_carves_it_and_relative_paths_follow_the_spec(tmp_path)
 
 # ---- bad files: one clear error each ---------------------------------------------------------------
 
+
 class RunsCode:
     def __reduce__(self):
         return (os.system, ("touch SHOULD_NOT_EXIST",))
@@ -175,20 +225,34 @@ def write_pickle(path: Path, obj) -> Path:
 
 
 def client(train, test, val=()):
-    return {"train": np.asarray(train, dtype=np.int32), "val": np.asarray(val, dtype=np.int32),
-            "test": np.asarray(test, dtype=np.int32)}
+    return {
+        "train": np.asarray(train, dtype=np.int32),
+        "val": np.asarray(val, dtype=np.int32),
+        "test": np.asarray(test, dtype=np.int32),
+    }
 
 
-@pytest.mark.parametrize("content, message", [
-    (b"\x80\x04not a pickle at all", "not a readable FL-bench partition.pkl"),
-    (pickle.dumps([1, 2, 3]), "expected a dict with 'data_indices'"),
-    (pickle.dumps({"data_indices": [client([0, 1], [2]), client([2, 3], [4])]}), "sample 2 is in client 0's test and in client 1's train"),
-    (pickle.dumps({"data_indices": [client([0, 1], [2]), client([3], [])]}), "client 1 has no test samples"),
-    (pickle.dumps({"data_indices": [client([0, 1], [2]), client([3], [5000])]}), "index 5000 is out of range: the dataset has 3000"),
-    (pickle.dumps({"data_indices": [client([0, 1], [-2]), client([3], [4])]}), "negative index -2"),
-    (pickle.dumps({"data_indices": [{"train": np.array([0.5, 1.0]), "test": np.array([2])}]}),
-     "client 0's 'train' must be a flat list of integer sample indices"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (b"\x80\x04not a pickle at all", "not a readable FL-bench partition.pkl"),
+        (pickle.dumps([1, 2, 3]), "expected a dict with 'data_indices'"),
+        (
+            pickle.dumps({"data_indices": [client([0, 1], [2]), client([2, 3], [4])]}),
+            "sample 2 is in client 0's test and in client 1's train",
+        ),
+        (pickle.dumps({"data_indices": [client([0, 1], [2]), client([3], [])]}), "client 1 has no test samples"),
+        (
+            pickle.dumps({"data_indices": [client([0, 1], [2]), client([3], [5000])]}),
+            "index 5000 is out of range: the dataset has 3000",
+        ),
+        (pickle.dumps({"data_indices": [client([0, 1], [-2]), client([3], [4])]}), "negative index -2"),
+        (
+            pickle.dumps({"data_indices": [{"train": np.array([0.5, 1.0]), "test": np.array([2])}]}),
+            "client 0's 'train' must be a flat list of integer sample indices",
+        ),
+    ],
+)
 def test_bad_flbench_files_are_clear_errors(tmp_path, content, message):
     (tmp_path / "partition.pkl").write_bytes(content)
     with pytest.raises(PartitionError, match=message):
@@ -211,7 +275,9 @@ def test_wrong_dataset_path_and_client_count_are_clear_errors(tmp_path):
     relabelled = (LABELS + 1) % NUM_CLASSES  # same size, other labels: the declared counts catch it
     with pytest.raises(PartitionError, match="label counts do not match the dataset's labels"):
         splits_of("imported", {"path": str(path), "format": "json"}, clients=2, labels=relabelled)
-    flbench = write_partition(good, tmp_path / "fl" / "partition.pkl", "flbench", labels=LABELS, num_classes=NUM_CLASSES)
+    flbench = write_partition(
+        good, tmp_path / "fl" / "partition.pkl", "flbench", labels=LABELS, num_classes=NUM_CLASSES
+    )
     with pytest.raises(PartitionError, match="label counts do not match"):  # FL-bench's all_stats.json beside it
         splits_of("imported", {"path": str(flbench), "format": "flbench"}, clients=2, labels=relabelled)
     with pytest.raises(PartitionError, match="holds 2 clients; set clients: 2"):
@@ -242,13 +308,17 @@ def flower():
     return pytest.importorskip("flwr_datasets.partitioner")
 
 
-@pytest.mark.filterwarnings("ignore:Classes:UserWarning")  # the library's note that 2 classes x 5 clients leave some out
+@pytest.mark.filterwarnings(
+    "ignore:Classes:UserWarning"
+)  # the library's note that 2 classes x 5 clients leave some out
 def test_flower_partitioners_match_the_library(flower):
     from datasets import Dataset
 
     for name, kwargs in FLOWER_CASES:
-        ours = [make_partitioner("flwr", {"partitioner": name, **kwargs}).resolved().assign(LABELS, NUM_CLASSES, 5, None)
-                for _ in range(2)]
+        ours = [
+            make_partitioner("flwr", {"partitioner": name, **kwargs}).resolved().assign(LABELS, NUM_CLASSES, 5, None)
+            for _ in range(2)
+        ]
         extra = {"partition_by": "label"} if name != "IidPartitioner" else {}
         direct = getattr(flower, name)(num_partitions=5, **extra, **kwargs)
         direct.dataset = Dataset.from_dict({"label": LABELS, "row": np.arange(len(LABELS))})

@@ -6,6 +6,7 @@
 - Newcomers' raw inputs (before normalisation) and labels can be replaced by garbage without
   changing one bit of training, for algorithms of every family.
 """
+
 import json
 
 import numpy as np
@@ -31,23 +32,61 @@ MH = {"hidden_dim": 4, "embedding_dim": 8, "server_updates": "per_round"}
 # FedMN: gates start near 0 (gate_bias_init 0), so a routing fixed by evaluation is not "every
 # module" and decides what `configure` sends (with the default bias 2 every early routing is every
 # module, and the defect of issue 29 item 1 does not show in bytes or metrics).
-QUICK_HP = {"pfedhn": {"inner_steps": 2}, "pfedhn-pc": {"inner_steps": 2}, "fedrep": {"head_epochs": 1},
-            "fedbabu": {"finetune_epochs": 1}, "mh-pfedhn": MH, "mh-pfedhngd": MH,
-            "fedmn": {"dims": [16, 8], "encoder_hidden": 16, "router_x_dim": 8, "router_y_dim": 8,
-                      "router_samples": 16, "gate_bias_init": 0.0}}
+QUICK_HP = {
+    "pfedhn": {"inner_steps": 2},
+    "pfedhn-pc": {"inner_steps": 2},
+    "fedrep": {"head_epochs": 1},
+    "fedbabu": {"finetune_epochs": 1},
+    "mh-pfedhn": MH,
+    "mh-pfedhngd": MH,
+    "fedmn": {
+        "dims": [16, 8],
+        "encoder_hidden": 16,
+        "router_x_dim": 8,
+        "router_y_dim": 8,
+        "router_samples": 16,
+        "gate_bias_init": 0.0,
+    },
+}
 ROUNDS, EVERY = 6, 3
-SCORES = ["accuracy", "loss", "val_accuracy", "val_loss", "accuracy_adapted", "loss_adapted",
-          "val_accuracy_adapted", "val_loss_adapted", "test_samples", "val_samples", "bytes_down", "bytes_up"]
+SCORES = [
+    "accuracy",
+    "loss",
+    "val_accuracy",
+    "val_loss",
+    "accuracy_adapted",
+    "loss_adapted",
+    "val_accuracy_adapted",
+    "val_loss_adapted",
+    "test_samples",
+    "val_samples",
+    "bytes_down",
+    "bytes_up",
+]
 
 
 def _setting(name: str) -> tuple[CellConfig, str]:
     """The cell every algorithm runs here, and what it leaves out of the setting and why ("" if nothing).
     Participation 0.5 of the trained clients, newcomers held out, local adaptation at every evaluation."""
     cls = get_algorithm(name)
-    cell = CellConfig(algorithm=name, dataset="synthetic", dataset_options={"num_samples": 600},
-                      partition="pathological", partition_params={"classes_per_client": 3}, clients=8,
-                      participation=0.5, unseen_fraction=0.25, finetune_epochs=1, rounds=ROUNDS, local_epochs=1,
-                      batch_size=16, lr=0.05, seed=1, eval_every=1, hp=QUICK_HP.get(name, {}))
+    cell = CellConfig(
+        algorithm=name,
+        dataset="synthetic",
+        dataset_options={"num_samples": 600},
+        partition="pathological",
+        partition_params={"classes_per_client": 3},
+        clients=8,
+        participation=0.5,
+        unseen_fraction=0.25,
+        finetune_epochs=1,
+        rounds=ROUNDS,
+        local_epochs=1,
+        batch_size=16,
+        lr=0.05,
+        seed=1,
+        eval_every=1,
+        hp=QUICK_HP.get(name, {}),
+    )
     if cls.capabilities.newcomers:  # said, not skipped: the rest of the setting still runs
         return cell.model_copy(update={"unseen_fraction": 0.0}), f"no newcomers: {cls.capabilities.newcomers}"
     return cell, ""
@@ -69,28 +108,46 @@ def test_evaluating_more_often_changes_nothing_of_training(name, tmp_path):
     rarely = run_cell(cell.model_copy(update={"eval_every": EVERY}), data_root=tmp_path)
     assert often.status == rarely.status == "finished", (often.error, rarely.error)
     both = list(range(EVERY, ROUNDS + 1, EVERY))
-    assert sorted(set(rarely.metrics["round"])) == both and sorted(set(often.metrics["round"])) == list(range(1, ROUNDS + 1))
+    assert sorted(set(rarely.metrics["round"])) == both and sorted(set(often.metrics["round"])) == list(
+        range(1, ROUNDS + 1)
+    )
     keys = ["round", "client"] + (["newcomer"] if "newcomer" in often.metrics else [])
 
     def at_common_rounds(metrics: pd.DataFrame) -> pd.DataFrame:
         rows = metrics[metrics["round"].isin(both)]
         return rows.sort_values(keys).reset_index(drop=True)[keys + SCORES]
 
-    pd.testing.assert_frame_equal(at_common_rounds(often.metrics), at_common_rounds(rarely.metrics),
-                                  check_exact=True)
-    pd.testing.assert_frame_equal(often.rounds[["round", "clients", "bytes_down", "bytes_up"]],
-                                  rarely.rounds[["round", "clients", "bytes_down", "bytes_up"]], check_exact=True)
+    pd.testing.assert_frame_equal(at_common_rounds(often.metrics), at_common_rounds(rarely.metrics), check_exact=True)
+    pd.testing.assert_frame_equal(
+        often.rounds[["round", "clients", "bytes_down", "bytes_up"]],
+        rarely.rounds[["round", "clients", "bytes_down", "bytes_up"]],
+        check_exact=True,
+    )
     assert not often.metrics[SCORES[:4]].isna().any().any()
 
 
 # ---- item 7: newcomers see nothing of training, and training nothing of them --------------------------
 
+
 def _images_cell(**overrides) -> CellConfig:
     """3-channel 32-pixel generated images: the default model is the BatchNorm CNN (cnn-bn)."""
-    base = dict(algorithm="fedavg", dataset="synthetic-images", dataset_options={"num_samples": 480, "channels": 3,
-                "size": 32}, partition="pathological", partition_params={"classes_per_client": 3}, clients=6,
-                unseen_fraction=0.34, participation=1.0, rounds=2, local_epochs=1, batch_size=16, lr=0.05, seed=2,
-                finetune_epochs=1, hp=QUICK_HP.get(overrides.get("algorithm"), {}))
+    base = dict(
+        algorithm="fedavg",
+        dataset="synthetic-images",
+        dataset_options={"num_samples": 480, "channels": 3, "size": 32},
+        partition="pathological",
+        partition_params={"classes_per_client": 3},
+        clients=6,
+        unseen_fraction=0.34,
+        participation=1.0,
+        rounds=2,
+        local_epochs=1,
+        batch_size=16,
+        lr=0.05,
+        seed=2,
+        finetune_epochs=1,
+        hp=QUICK_HP.get(overrides.get("algorithm"), {}),
+    )
     return CellConfig(**{**base, **overrides})
 
 
@@ -104,8 +161,14 @@ def _with_garbage_newcomers(dataset, splits, held) -> "Dataset":
     inputs, labels = dataset.inputs.clone(), dataset.labels.clone()
     inputs[ids] = torch.randint(200, 256, inputs[ids].shape, generator=gen, dtype=torch.uint8)  # bright garbage
     labels[ids] = torch.randint(0, dataset.num_classes, (len(ids),), generator=gen)
-    return Dataset.build(dataset.name, inputs, labels, num_classes=dataset.num_classes, checksum=dataset.checksum,
-                         source_split=dataset.source_split)
+    return Dataset.build(
+        dataset.name,
+        inputs,
+        labels,
+        num_classes=dataset.num_classes,
+        checksum=dataset.checksum,
+        source_split=dataset.source_split,
+    )
 
 
 def _run_with(cell, dataset, splits):
@@ -128,8 +191,9 @@ def test_newcomers_raw_inputs_cannot_change_training(name, tmp_path):
     clean = _run_with(cell, dataset, splits)
     dirty = _run_with(cell, _with_garbage_newcomers(dataset, splits, held), splits)
     assert clean.status == dirty.status == "finished"
-    pd.testing.assert_frame_equal(trained_rows(clean.metrics)[TRAINED_COLUMNS], trained_rows(dirty.metrics)[TRAINED_COLUMNS],
-                                  check_exact=True)
+    pd.testing.assert_frame_equal(
+        trained_rows(clean.metrics)[TRAINED_COLUMNS], trained_rows(dirty.metrics)[TRAINED_COLUMNS], check_exact=True
+    )
     pd.testing.assert_frame_equal(clean.rounds[["bytes_down", "bytes_up"]], dirty.rounds[["bytes_down", "bytes_up"]])
     newcomers = lambda r: r.metrics[r.metrics["newcomer"]]["loss"].to_numpy()
     assert not np.array_equal(newcomers(clean), newcomers(dirty))
@@ -157,8 +221,9 @@ def test_train_statistics_come_from_the_trained_clients_train_splits_only(tmp_pa
     x = fed.features[torch.cat([fed.splits["train"][k] for k in range(fed.num_clients)])].double()
     # the trained clients' train inputs, as training sees them, are standardised: mean 0, std 1
     assert torch.allclose(x.mean(dim=(0, 2, 3)), torch.zeros(3, dtype=torch.double), atol=1e-5)
-    assert torch.allclose(x.permute(1, 0, 2, 3).flatten(1).std(dim=1, unbiased=False), torch.ones(3, dtype=torch.double),
-                          atol=1e-5)
+    assert torch.allclose(
+        x.permute(1, 0, 2, 3).flatten(1).std(dim=1, unbiased=False), torch.ones(3, dtype=torch.double), atol=1e-5
+    )
     stats = normalized_for_cell(dataset, "train", splits, trained)
     assert np.allclose(stats.mean, expected_mean.numpy()) and np.allclose(stats.std, expected_std.numpy())
     assert stats.mean != dataset.mean  # not the pool's, which the cache keeps

@@ -2,6 +2,7 @@
 code's lines (faiss datastore) on the same tensors (tests/fixtures/official/knnper/: the generator names
 the repository and commit); lambda chosen on the validation split, never on the test split; training
 exactly FedAvg's."""
+
 from pathlib import Path
 
 import torch
@@ -32,8 +33,9 @@ def test_lambda_is_chosen_on_validation_and_training_is_fedavgs(tmp_path):
     assert knn.rounds["bytes_up"].equals(fedavg.rounds["bytes_up"])
     # lambda 0 is the global model: FedAvg's scores exactly
     zero = run_cell(small_cell(algorithm="knn-per", rounds=2, hp={"weight": 0.0}), data_root=tmp_path)
-    torch.testing.assert_close(torch.tensor(zero.metrics["accuracy"].to_numpy()),
-                               torch.tensor(fedavg.metrics["accuracy"].to_numpy()))
+    torch.testing.assert_close(
+        torch.tensor(zero.metrics["accuracy"].to_numpy()), torch.tensor(fedavg.metrics["accuracy"].to_numpy())
+    )
     # the memory helps on pathological splits (3 classes per client)
     assert knn.metrics["accuracy"].mean() > fedavg.metrics["accuracy"].mean()
 

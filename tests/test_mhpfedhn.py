@@ -1,5 +1,6 @@
 """MH-pFedHN / MH-pFedHNGD: five architectures end to end, exact generated sizes, heads shared by
 chunk count, the hypernetwork update rule, and the distillation loss."""
+
 import math
 
 import pytest
@@ -12,11 +13,20 @@ from pflbench.rounds import prepare_cell, run_cell
 
 
 def _cell(**overrides):
-    base = dict(algorithm="mh-pfedhn", dataset="synthetic-images",
-                dataset_options={"num_samples": 200, "channels": 3, "size": 32},
-                partition="pathological", partition_params={"classes_per_client": 3}, clients=5, rounds=1,
-                batch_size=16, lr=0.05, seed=0, model="hetero5",
-                hp={"hidden_dim": 4, "embedding_dim": 8, "server_updates": "per_round"})
+    base = dict(
+        algorithm="mh-pfedhn",
+        dataset="synthetic-images",
+        dataset_options={"num_samples": 200, "channels": 3, "size": 32},
+        partition="pathological",
+        partition_params={"classes_per_client": 3},
+        clients=5,
+        rounds=1,
+        batch_size=16,
+        lr=0.05,
+        seed=0,
+        model="hetero5",
+        hp={"hidden_dim": 4, "embedding_dim": 8, "server_updates": "per_round"},
+    )
     return CellConfig(**{**base, **overrides})
 
 
@@ -99,8 +109,12 @@ def test_distillation_loss_limits():
 
 @pytest.mark.parametrize("updates", ["per_client", "per_round"])
 def test_gd_variant_sends_the_global_model_and_runs(tmp_path, updates):
-    cell = _cell(algorithm="mh-pfedhngd", model="mh-cnn,resnet10", clients=4,
-                 hp={"hidden_dim": 4, "embedding_dim": 8, "server_updates": updates})
+    cell = _cell(
+        algorithm="mh-pfedhngd",
+        model="mh-cnn,resnet10",
+        clients=4,
+        hp={"hidden_dim": 4, "embedding_dim": 8, "server_updates": updates},
+    )
     result = run_cell(cell, data_root=tmp_path)
     assert result.status == "finished", result.error
     cnn, resnet = 234_006, 347_178

@@ -30,6 +30,7 @@ the node is killed, Tune restarts the lost trials on the head and they resume th
 copies ("resumed at round 2 of 5"); every trial reports, round by round, the validation accuracy and
 loss an uninterrupted trial of its values reports in this process, bit for bit.
 """
+
 from __future__ import annotations
 
 import json
@@ -108,7 +109,9 @@ ip link set "$VETH" up
 ip route add "$PEER/32" dev "$VETH" src "$IP"
 """
 
-HEAD_SCRIPT = COMMON + """
+HEAD_SCRIPT = (
+    COMMON
+    + """
 "$PYTHON" -m ray.scripts.scripts start --head --node-ip-address "$IP" --port "$PORT" --temp-dir "$RAY_DIR" --num-cpus 2 \\
     --include-dashboard false --disable-usage-stats > "$LOGS/head-start.log" 2>&1
 touch "$LOGS/head-ready"
@@ -120,11 +123,15 @@ code=$?
 "$PYTHON" -m ray.scripts.scripts stop --force > "$LOGS/head-stop.log" 2>&1
 exit $code
 """
+)
 
-WORKER_SCRIPT = """
+WORKER_SCRIPT = (
+    """
 mount -t tmpfs -o size=64m pfl-worker-private "$STORE"  # no shared results folder
 mount -t tmpfs -o size=64m pfl-worker-private "$DATA"   # nor the driver's data root
-""" + COMMON + """
+"""
+    + COMMON
+    + """
 # As soon as the head's GCS listens (the head's own start goes on meanwhile)
 for i in $(seq 600); do timeout 1 bash -c 'exec 3<>"/dev/tcp/$HEAD_IP/$PORT"' 2>/dev/null && break; sleep 0.1; done
 "$PYTHON" -m ray.scripts.scripts start --address "$HEAD_IP:$PORT" --node-ip-address "$IP" --temp-dir "$RAY_DIR" --num-cpus 2 \\
@@ -132,6 +139,7 @@ for i in $(seq 600); do timeout 1 bash -c 'exec 3<>"/dev/tcp/$HEAD_IP/$PORT"' 2>
 touch "$LOGS/worker-ready"
 exec sleep infinity  # until the test kills the node (a node that ended by itself would not be a loss)
 """
+)
 
 
 def namespaces_unavailable() -> str | None:
@@ -139,8 +147,22 @@ def namespaces_unavailable() -> str | None:
         return "needs root on Linux (network, PID and mount namespaces, a veth pair)"
     if not shutil.which("unshare") or not shutil.which("ip"):
         return "needs Linux with unshare and ip (util-linux, iproute2)"
-    probe = subprocess.run(["unshare", "--net", "--pid", "--uts", "--fork", "--mount-proc", "--kill-child", "sh", "-c",
-                            "ip link set lo up && mount -t tmpfs probe /mnt"], capture_output=True, timeout=30)
+    probe = subprocess.run(
+        [
+            "unshare",
+            "--net",
+            "--pid",
+            "--uts",
+            "--fork",
+            "--mount-proc",
+            "--kill-child",
+            "sh",
+            "-c",
+            "ip link set lo up && mount -t tmpfs probe /mnt",
+        ],
+        capture_output=True,
+        timeout=30,
+    )
     if probe.returncode != 0:
         return f"cannot make network/PID/mount namespaces here: {probe.stderr.decode().strip()[:200]}"
     return None
@@ -195,6 +217,7 @@ def kill_node(unshare: subprocess.Popen) -> dict[int, str]:
 class LostNodeRun:
     """What `run_and_lose_the_worker_node` saw: the driver's exit status, the gate's files when the node
     was killed (`waiting`), what `at_kill` read from the head's store just before, the processes killed."""
+
     code: int | None
     seconds: float
     moments: dict
@@ -218,15 +241,27 @@ def run_and_lose_the_worker_node(tmp_path: Path, driver: str, ready, at_kill) ->
     ray_dirs = [Path(tempfile.mkdtemp(prefix=f"pflmn{tag}{node}-", dir="/tmp")) for node in "hw"]  # short: unix sockets
     home = tmp_path / "home"  # no Ray token: this cluster asks for none
     home.mkdir()
-    env = {key: value for key, value in os.environ.items()
-           if not key.startswith("RAY_") or key == "RAY_worker_niceness"}  # conftest.py
-    env.update(HOME=str(home), PYTHON=sys.executable, PORT="6379", LOGS=str(logs), DRIVER=driver,
-               STORE=str(store), DATA=str(data), HEAD_IP=HEAD_IP, RAY_USAGE_STATS_ENABLED="0",
-               PFLBENCH_DATA_MIRROR=str(tmp_path / "no-mirror"), OMP_NUM_THREADS="1",
-               PYTHONPATH=str(Path(__file__).resolve().parents[1]),
-               # A lost node is declared dead after ~3 s instead of ~15 s.
-               RAY_health_check_period_ms="1000", RAY_health_check_timeout_ms="1000",
-               RAY_health_check_failure_threshold="3")
+    env = {
+        key: value for key, value in os.environ.items() if not key.startswith("RAY_") or key == "RAY_worker_niceness"
+    }  # conftest.py
+    env.update(
+        HOME=str(home),
+        PYTHON=sys.executable,
+        PORT="6379",
+        LOGS=str(logs),
+        DRIVER=driver,
+        STORE=str(store),
+        DATA=str(data),
+        HEAD_IP=HEAD_IP,
+        RAY_USAGE_STATS_ENABLED="0",
+        PFLBENCH_DATA_MIRROR=str(tmp_path / "no-mirror"),
+        OMP_NUM_THREADS="1",
+        PYTHONPATH=str(Path(__file__).resolve().parents[1]),
+        # A lost node is declared dead after ~3 s instead of ~15 s.
+        RAY_health_check_period_ms="1000",
+        RAY_health_check_timeout_ms="1000",
+        RAY_health_check_failure_threshold="3",
+    )
     unshare = ["unshare", "--net", "--pid", "--uts", "--fork", "--mount-proc", "--kill-child", "bash", "-c"]
     nodes: list[subprocess.Popen] = []
     started = time.monotonic()
@@ -238,12 +273,19 @@ def run_and_lose_the_worker_node(tmp_path: Path, driver: str, ready, at_kill) ->
     code = None
     try:
         for name, script, ip, peer, veth, ray_dir in (
-                ("pfl-head", HEAD_SCRIPT, HEAD_IP, WORKER_IP, veth_head, ray_dirs[0]),
-                ("pfl-worker", WORKER_SCRIPT, WORKER_IP, HEAD_IP, veth_worker, ray_dirs[1])):
+            ("pfl-head", HEAD_SCRIPT, HEAD_IP, WORKER_IP, veth_head, ray_dirs[0]),
+            ("pfl-worker", WORKER_SCRIPT, WORKER_IP, HEAD_IP, veth_worker, ray_dirs[1]),
+        ):
             with open(logs / f"{name}.out", "w") as out:
-                nodes.append(subprocess.Popen(unshare + [script], env={**env, "NODE": name, "IP": ip, "VETH": veth,
-                                                                      "PEER": peer, "RAY_DIR": str(ray_dir)},
-                                              stdout=out, stderr=subprocess.STDOUT, start_new_session=True))
+                nodes.append(
+                    subprocess.Popen(
+                        unshare + [script],
+                        env={**env, "NODE": name, "IP": ip, "VETH": veth, "PEER": peer, "RAY_DIR": str(ray_dir)},
+                        stdout=out,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                    )
+                )
         ours = netns(os.getpid())
         for node in nodes:  # each `unshare` is in its new network namespace before a link is moved there
             wait_until(lambda: netns(node.pid) not in (None, ours), "network namespace", deadline, 0.02)  # noqa: B023 (called in this iteration)
@@ -251,8 +293,9 @@ def run_and_lose_the_worker_node(tmp_path: Path, driver: str, ready, at_kill) ->
         subprocess.run(["ip", "link", "set", veth_head, "netns", str(nodes[0].pid)], check=True)
         subprocess.run(["ip", "link", "set", veth_worker, "netns", str(nodes[1].pid)], check=True)
         up = [logs / "head-ready", logs / "worker-ready"]
-        wait_until(lambda: all(p.exists() for p in up) or any(n.poll() is not None for n in nodes),
-                   "both nodes", deadline)
+        wait_until(
+            lambda: all(p.exists() for p in up) or any(n.poll() is not None for n in nodes), "both nodes", deadline
+        )
         assert all(p.exists() for p in up), "a node did not start"
         (logs / "go").touch()
         moments = {"nodes up": time.monotonic() - started}
@@ -280,12 +323,18 @@ def run_and_lose_the_worker_node(tmp_path: Path, driver: str, ready, at_kill) ->
         for node, ray_dir in zip(("head", "worker"), ray_dirs):
             if code != 0:  # Ray's own logs, for the failure's message
                 for session in ray_dir.glob("session_2*"):
-                    shutil.copytree(session / "logs", logs / f"ray-{node}", dirs_exist_ok=True,
-                                    ignore=shutil.ignore_patterns("*.sock", "events"))
+                    shutil.copytree(
+                        session / "logs",
+                        logs / f"ray-{node}",
+                        dirs_exist_ok=True,
+                        ignore=shutil.ignore_patterns("*.sock", "events"),
+                    )
             shutil.rmtree(ray_dir, ignore_errors=True)
     seconds = time.monotonic() - started
     run_log = (logs / "run.log").read_text() if (logs / "run.log").exists() else "(no run.log)"
-    logs_text = "\n".join(f"--- {p.name}\n{p.read_text()[-2500:]}" for p in sorted(logs.glob("*.log")) + sorted(logs.glob("*.out")))
+    logs_text = "\n".join(
+        f"--- {p.name}\n{p.read_text()[-2500:]}" for p in sorted(logs.glob("*.log")) + sorted(logs.glob("*.out"))
+    )
     return LostNodeRun(code, seconds, moments, waiting, inspected, killed, leftovers, nodes, run_log, logs_text)
 
 
@@ -301,17 +350,23 @@ def gated_plugin(tmp_path: Path, ident: str) -> tuple[Path, Path]:
 
 def gate_trace(gate: Path, key=int) -> dict[str, list[tuple]]:
     """What ran where: the gate's trace (key, round, pid) per node."""
-    return {node: [(key(k), int(r), int(pid)) for k, r, pid in
-                   (line.split() for line in (gate / f"trace-{node}.txt").read_text().splitlines())]
-            for node in ("pfl-head", "pfl-worker") if (gate / f"trace-{node}.txt").exists()}
+    return {
+        node: [
+            (key(k), int(r), int(pid))
+            for k, r, pid in (line.split() for line in (gate / f"trace-{node}.txt").read_text().splitlines())
+        ]
+        for node in ("pfl-head", "pfl-worker")
+        if (gate / f"trace-{node}.txt").exists()
+    }
 
 
 def assert_the_cluster_went_down(run: LostNodeRun) -> None:
     assert run.code == 0, f"the driver ended with {run.code} after {run.seconds:.0f} s\n{run.logs_text}"
     assert not run.leftovers, f"processes of the cluster survived it: {run.leftovers}"
     assert not any(netns(node.pid) for node in run.nodes)
-    assert any(name.startswith(f"{sys.executable} ") or "ray::" in name or "raylet" in name
-               for name in run.killed.values())
+    assert any(
+        name.startswith(f"{sys.executable} ") or "ray::" in name or "raylet" in name for name in run.killed.values()
+    )
 
 
 def test_a_node_lost_mid_matrix_loses_nothing(tmp_path, monkeypatch, fresh_plugins):
@@ -326,12 +381,23 @@ def test_a_node_lost_mid_matrix_loses_nothing(tmp_path, monkeypatch, fresh_plugi
     plugin, gate = gated_plugin(tmp_path, "self.engine.cell.seed")
     store = tmp_path / "store"
     spec = tmp_path / "multinode.yaml"
-    spec.write_text(yaml.safe_dump({
-        "name": "multinode", "plugins": [str(plugin)],
-        "matrix": {"algorithm": ["gated-fedavg"], "dataset": ["synthetic"], "seed": SEEDS},
-        "defaults": {"rounds": ROUNDS, "clients": 3, "local_epochs": 1, "eval_every": 1,
-                     "dataset_options": {"num_samples": 300}},
-        "resources": {"cpus": 1}}))
+    spec.write_text(
+        yaml.safe_dump(
+            {
+                "name": "multinode",
+                "plugins": [str(plugin)],
+                "matrix": {"algorithm": ["gated-fedavg"], "dataset": ["synthetic"], "seed": SEEDS},
+                "defaults": {
+                    "rounds": ROUNDS,
+                    "clients": 3,
+                    "local_epochs": 1,
+                    "eval_every": 1,
+                    "dataset_options": {"num_samples": 300},
+                },
+                "resources": {"cpus": 1},
+            }
+        )
+    )
 
     def worker_cells_stuck():
         stuck = sorted(gate.glob("waiting-*"))
@@ -353,8 +419,10 @@ def test_a_node_lost_mid_matrix_loses_nothing(tmp_path, monkeypatch, fresh_plugi
     trace = gate_trace(gate)
     lost = sorted(int(p.name.split("-")[1]) for p in run.waiting)
     assert lost and set(seed for seed, _, _ in trace["pfl-worker"]) == set(lost)
-    assert all(host == "pfl-worker" and header_round == payload_round == GATE_ROUND - 1
-               for host, header_round, payload_round in checkpoints.values()) and len(checkpoints) == len(lost)
+    assert all(
+        host == "pfl-worker" and header_round == payload_round == GATE_ROUND - 1
+        for host, header_round, payload_round in checkpoints.values()
+    ) and len(checkpoints) == len(lost)
     for seed in lost:  # resumed on the head from the round after the checkpoint, not from round 1
         assert sorted(r for s, r, _ in trace["pfl-head"] if s == seed) == list(range(GATE_ROUND, ROUNDS + 1))
     resumed = [line.strip() for line in run_log.splitlines() if "resumed at round" in line]
@@ -364,7 +432,20 @@ def test_a_node_lost_mid_matrix_loses_nothing(tmp_path, monkeypatch, fresh_plugi
 
     # The same spec in this process: identical metrics and summaries, cell by cell.
     monkeypatch.setenv("PFLBENCH_DATA_MIRROR", str(tmp_path / "no-mirror"))
-    assert main(["run", str(spec), "--no-ray", "--results", str(tmp_path / "in-process"), "--root", str(tmp_path / "ref-data")]) == 0
+    assert (
+        main(
+            [
+                "run",
+                str(spec),
+                "--no-ray",
+                "--results",
+                str(tmp_path / "in-process"),
+                "--root",
+                str(tmp_path / "ref-data"),
+            ]
+        )
+        == 0
+    )
     cells = load_spec(spec).cells
     there, here = Store(store), Store(tmp_path / "in-process")
     for cell in cells:
@@ -377,19 +458,41 @@ def test_a_node_lost_mid_matrix_loses_nothing(tmp_path, monkeypatch, fresh_plugi
             columns = [c for c in x.columns if c not in TIMING_COLUMNS]
             pd.testing.assert_frame_equal(x[columns], y[columns], check_exact=True)
     # Nothing left behind: per cell its result files only; no checkpoint, claim, temporary or set-aside file.
-    extra = [str(p.relative_to(store)) for p in store.rglob("*")
-             if p.name in ("checkpoint.pt", "claim.json") or p.name.endswith(".tmp") or "_damaged" in p.parts]
+    extra = [
+        str(p.relative_to(store))
+        for p in store.rglob("*")
+        if p.name in ("checkpoint.pt", "claim.json") or p.name.endswith(".tmp") or "_damaged" in p.parts
+    ]
     assert not extra, extra
     assert sorted(p.name for p in store.iterdir() if p.is_dir()) == sorted(there.cell_dir(c).name for c in cells)
-    print(json.dumps({
-        "nodes": {"pfl-head": f"{HEAD_IP}, 2 CPUs, driver + store", "pfl-worker": f"{WORKER_IP}, 2 CPUs, private tmpfs over store and data"},
-        "rounds_per_node": {node: {seed: sorted(r for s, r, _ in rows if s == seed) for seed in SEEDS
-                                   if any(s == seed for s, _, _ in rows)} for node, rows in trace.items()},
-        "killed": {"processes": len(killed),
-                   "commands": sorted({name.split()[0].rsplit("/", 1)[-1] for name in killed.values()})},
-        "checkpoints_at_kill": {key[:8]: list(value) for key, value in checkpoints.items()},
-        "resumed": resumed, "lost_seeds": lost, "seconds": {k: round(v, 1) for k, v in run.moments.items()},
-        "reference_and_checks_s": round(time.monotonic() - started - run.seconds, 1), "load": os.getloadavg()}))
+    print(
+        json.dumps(
+            {
+                "nodes": {
+                    "pfl-head": f"{HEAD_IP}, 2 CPUs, driver + store",
+                    "pfl-worker": f"{WORKER_IP}, 2 CPUs, private tmpfs over store and data",
+                },
+                "rounds_per_node": {
+                    node: {
+                        seed: sorted(r for s, r, _ in rows if s == seed)
+                        for seed in SEEDS
+                        if any(s == seed for s, _, _ in rows)
+                    }
+                    for node, rows in trace.items()
+                },
+                "killed": {
+                    "processes": len(killed),
+                    "commands": sorted({name.split()[0].rsplit("/", 1)[-1] for name in killed.values()}),
+                },
+                "checkpoints_at_kill": {key[:8]: list(value) for key, value in checkpoints.items()},
+                "resumed": resumed,
+                "lost_seeds": lost,
+                "seconds": {k: round(v, 1) for k, v in run.moments.items()},
+                "reference_and_checks_s": round(time.monotonic() - started - run.seconds, 1),
+                "load": os.getloadavg(),
+            }
+        )
+    )
 
 
 TRIALS = 4  # at once, one CPU each: two on each node
@@ -410,14 +513,28 @@ def test_a_sweep_whose_worker_node_is_lost_resumes_its_trials_from_the_drivers_k
     plugin, gate = gated_plugin(tmp_path, "repr(self.engine.cell.lr)")
     store = tmp_path / "store"
     spec = tmp_path / "sweep-base.yaml"
-    spec.write_text(yaml.safe_dump({
-        "name": "multinode-sweep", "plugins": [str(plugin)],
-        "matrix": {"algorithm": ["gated-fedavg"], "dataset": ["synthetic"]},
-        "defaults": {"rounds": ROUNDS, "clients": 3, "local_epochs": 1, "eval_every": 1, "lr": 0.05,
-                     "dataset_options": {"num_samples": 300}},
-        "resources": {"cpus": 1}}))
-    driver = (f"sweep --algo gated-fedavg --spec {spec} --trials {TRIALS} --workers {TRIALS} "
-              f"--grace-rounds {ROUNDS} --out {tmp_path / 'tuned'}")  # grace = rounds: ASHA stops no trial
+    spec.write_text(
+        yaml.safe_dump(
+            {
+                "name": "multinode-sweep",
+                "plugins": [str(plugin)],
+                "matrix": {"algorithm": ["gated-fedavg"], "dataset": ["synthetic"]},
+                "defaults": {
+                    "rounds": ROUNDS,
+                    "clients": 3,
+                    "local_epochs": 1,
+                    "eval_every": 1,
+                    "lr": 0.05,
+                    "dataset_options": {"num_samples": 300},
+                },
+                "resources": {"cpus": 1},
+            }
+        )
+    )
+    driver = (
+        f"sweep --algo gated-fedavg --spec {spec} --trials {TRIALS} --workers {TRIALS} "
+        f"--grace-rounds {ROUNDS} --out {tmp_path / 'tuned'}"
+    )  # grace = rounds: ASHA stops no trial
 
     def worker_trials_stuck():
         stuck = sorted(gate.glob("waiting-*"))
@@ -452,8 +569,9 @@ def test_a_sweep_whose_worker_node_is_lost_resumes_its_trials_from_the_drivers_k
         assert sorted(r for k, r, _ in trace["pfl-head"] if k == key) == list(range(GATE_ROUND, ROUNDS + 1))
     for trial in outcomes:
         assert trial["resumed_at_rounds"] == ([GATE_ROUND - 1] if trial["trial_id"] in lost_ids else []), trial
-        assert (f"({trial['trial_id']}): resumed at round {GATE_ROUND - 1} of {ROUNDS} from its checkpoint"
-                in run.run_log) == (trial["trial_id"] in lost_ids), run.run_log
+        assert (
+            f"({trial['trial_id']}): resumed at round {GATE_ROUND - 1} of {ROUNDS} from its checkpoint" in run.run_log
+        ) == (trial["trial_id"] in lost_ids), run.run_log
     assert not list(folder.glob("checkpoints/*/checkpoint.pt"))  # every trial finished: none left
 
     # Each trial's values run here without interruption: the same validation accuracy and loss every round.
@@ -463,13 +581,28 @@ def test_a_sweep_whose_worker_node_is_lost_resumes_its_trials_from_the_drivers_k
         reports = []
         real, tune.report = tune.report, lambda metrics, **_: reports.append(metrics)  # noqa: B023 (called in this iteration)
         try:
-            run_trial(trial["values"], base=base.model_dump(mode="json"), cpus=1, data_root=str(tmp_path / "ref-data"),
-                      mirror=None, execution=ExecutionOptions(device="cpu"), plugins=sources_for([base]))
+            run_trial(
+                trial["values"],
+                base=base.model_dump(mode="json"),
+                cpus=1,
+                data_root=str(tmp_path / "ref-data"),
+                mirror=None,
+                execution=ExecutionOptions(device="cpu"),
+                plugins=sources_for([base]),
+            )
         finally:
             tune.report = real
         mine = stored[stored["trial"] == i]
         assert list(mine["round"]) == [r["round"] for r in reports] == list(range(1, ROUNDS + 1))
         assert list(mine["val_accuracy"]) == [r["val_accuracy"] for r in reports]
         assert list(mine["val_loss"]) == [r["val_loss"] for r in reports] and mine["val_loss"].notna().all()
-    print(json.dumps({"lost_trials": sorted(lost_ids), "checkpoints_at_kill": checkpoints,
-                      "seconds": {k: round(v, 1) for k, v in run.moments.items()}, "load": os.getloadavg()}))
+    print(
+        json.dumps(
+            {
+                "lost_trials": sorted(lost_ids),
+                "checkpoints_at_kill": checkpoints,
+                "seconds": {k: round(v, 1) for k, v in run.moments.items()},
+                "load": os.getloadavg(),
+            }
+        )
+    )

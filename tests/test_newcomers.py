@@ -1,5 +1,6 @@
 """Unseen clients (`unseen_fraction`, pflbench/newcomers/): newcomers never take part in training,
 every algorithm serves them a model or is refused before any work, and the knob at 0 changes nothing."""
+
 import dataclasses
 
 import numpy as np
@@ -21,15 +22,32 @@ SERVED = sorted(name for name, cls in ALGORITHMS.items() if not cls.capabilities
 REFUSED = sorted(name for name, cls in ALGORITHMS.items() if cls.capabilities.newcomers)
 # Small local work and models for the slow methods, so the whole registry runs in a few seconds.
 MH = {"hidden_dim": 4, "embedding_dim": 8, "server_updates": "per_round"}
-QUICK_HP = {"pfedhn": {"inner_steps": 2}, "pfedhn-pc": {"inner_steps": 2}, "fedrep": {"head_epochs": 1},
-            "fedbabu": {"finetune_epochs": 1}, "mh-pfedhn": MH, "mh-pfedhngd": MH,
-            "fedmn": {"dims": [16, 8], "encoder_hidden": 16, "router_x_dim": 8, "router_y_dim": 8, "router_samples": 16}}
+QUICK_HP = {
+    "pfedhn": {"inner_steps": 2},
+    "pfedhn-pc": {"inner_steps": 2},
+    "fedrep": {"head_epochs": 1},
+    "fedbabu": {"finetune_epochs": 1},
+    "mh-pfedhn": MH,
+    "mh-pfedhngd": MH,
+    "fedmn": {"dims": [16, 8], "encoder_hidden": 16, "router_x_dim": 8, "router_y_dim": 8, "router_samples": 16},
+}
 
 
 def _cell(**overrides) -> CellConfig:
-    base = dict(algorithm="fedavg", dataset="synthetic", dataset_options={"num_samples": 600}, partition="pathological",
-                partition_params={"classes_per_client": 3}, clients=10, rounds=3, local_epochs=1, batch_size=16,
-                lr=0.05, seed=3, unseen_fraction=0.3)
+    base = dict(
+        algorithm="fedavg",
+        dataset="synthetic",
+        dataset_options={"num_samples": 600},
+        partition="pathological",
+        partition_params={"classes_per_client": 3},
+        clients=10,
+        rounds=3,
+        local_epochs=1,
+        batch_size=16,
+        lr=0.05,
+        seed=3,
+        unseen_fraction=0.3,
+    )
     return CellConfig(**{**base, **overrides})
 
 
@@ -68,15 +86,18 @@ def test_newcomers_are_never_sampled_and_keep_their_partition_ids(tmp_path):
 
 @pytest.mark.parametrize("name", SERVED)
 def test_every_algorithm_serves_newcomers(name, tmp_path):
-    cell = _cell(algorithm=name, rounds=2, clients=6, unseen_fraction=0.34, hp=QUICK_HP.get(name, {}),
-                 finetune_epochs=1)
+    cell = _cell(
+        algorithm=name, rounds=2, clients=6, unseen_fraction=0.34, hp=QUICK_HP.get(name, {}), finetune_epochs=1
+    )
     result = run_cell(cell, data_root=tmp_path)
     assert result.status == "finished"
     newcomers = result.metrics[result.metrics["newcomer"]]
     assert len(newcomers) == 2 * 2 and newcomers["accuracy"].between(0, 1).all()
     assert 0 <= result.summary["final_accuracy_newcomers"] <= 1
     assert 0 <= result.summary["final_accuracy_adapted_newcomers"] <= 1
-    assert "bestval_accuracy_newcomers" in result.summary and result.summary["newcomers"] == sorted(set(newcomers["client"]))
+    assert "bestval_accuracy_newcomers" in result.summary and result.summary["newcomers"] == sorted(
+        set(newcomers["client"])
+    )
 
 
 def test_an_algorithm_that_cannot_serve_newcomers_is_refused_before_any_work(tmp_path, monkeypatch):
@@ -84,14 +105,22 @@ def test_an_algorithm_that_cannot_serve_newcomers_is_refused_before_any_work(tmp
     exercised on FedAvg marked as refusing."""
     assert REFUSED == []
     fedavg = ALGORITHMS.get("fedavg")
-    monkeypatch.setattr(fedavg, "capabilities", dataclasses.replace(fedavg.capabilities, newcomers="no newcomer model (test)"))
-    with pytest.raises(ValueError, match="unseen_fraction: algorithm 'fedavg' cannot give unseen clients a model: "
-                                         "no newcomer model"):
+    monkeypatch.setattr(
+        fedavg, "capabilities", dataclasses.replace(fedavg.capabilities, newcomers="no newcomer model (test)")
+    )
+    with pytest.raises(
+        ValueError, match="unseen_fraction: algorithm 'fedavg' cannot give unseen clients a model: no newcomer model"
+    ):
         run_cell(_cell(), data_root=tmp_path / "nothing")
     assert not (tmp_path / "nothing").exists()  # refused before the dataset was even prepared
     with pytest.raises(SpecError, match="cannot give unseen clients a model"):
-        parse_spec({"name": "x", "matrix": {"algorithm": ["fedavg"], "dataset": ["synthetic"]},
-                    "defaults": {"unseen_fraction": 0.3}})
+        parse_spec(
+            {
+                "name": "x",
+                "matrix": {"algorithm": ["fedavg"], "dataset": ["synthetic"]},
+                "defaults": {"unseen_fraction": 0.3},
+            }
+        )
 
 
 def test_mh_pfedhn_refuses_newcomers_whose_architecture_nobody_trains(tmp_path):
@@ -130,12 +159,16 @@ def test_newcomer_rows_leave_the_trained_clients_summaries_alone(tmp_path):
     expected = protocol_summary(trained, "")
     assert {k: result.summary[k] for k in expected} == expected
     assert result.summary["final_accuracy_newcomers"] == pytest.approx(
-        result.metrics[result.metrics["newcomer"] & (result.metrics["round"] == 3)]["accuracy"].mean())
+        result.metrics[result.metrics["newcomer"] & (result.metrics["round"] == 3)]["accuracy"].mean()
+    )
     assert "final_accuracy_adapted_newcomers" in result.summary
 
 
 def test_off_leaves_cells_and_metrics_as_they_were(tmp_path):
-    explicit, omitted = _cell(unseen_fraction=0.0), _cell(unseen_fraction=0.3).model_copy(update={"unseen_fraction": 0.0})
+    explicit, omitted = (
+        _cell(unseen_fraction=0.0),
+        _cell(unseen_fraction=0.3).model_copy(update={"unseen_fraction": 0.0}),
+    )
     assert "unseen_fraction" not in explicit.canonical_json() and cell_hash(explicit) == cell_hash(omitted)
     result = run_cell(explicit, data_root=tmp_path)
     assert list(result.metrics.columns) == METRIC_COLUMNS  # no newcomer column, no newcomer rows
@@ -146,8 +179,13 @@ def test_off_leaves_cells_and_metrics_as_they_were(tmp_path):
 @pytest.mark.parametrize("fraction, message", [(0.01, "holds out no client"), (0.96, "at least one client must train")])
 def test_a_fraction_that_holds_out_nobody_or_everybody_is_refused(fraction, message):
     with pytest.raises(SpecError, match=message):
-        parse_spec({"name": "x", "matrix": {"algorithm": ["fedavg"], "dataset": ["synthetic"], "clients": [10]},
-                     "defaults": {"unseen_fraction": fraction}})
+        parse_spec(
+            {
+                "name": "x",
+                "matrix": {"algorithm": ["fedavg"], "dataset": ["synthetic"], "clients": [10]},
+                "defaults": {"unseen_fraction": fraction},
+            }
+        )
 
 
 def test_mh_pfedhn_newcomer_fits_a_new_embedding_matrix_with_the_hypernetwork_frozen(tmp_path):
@@ -159,7 +197,7 @@ def test_mh_pfedhn_newcomer_fits_a_new_embedding_matrix_with_the_hypernetwork_fr
     models = algorithm.newcomer_models(Serving(cell.rounds, fed.newcomers, newcomers=True))
     assert all(torch.equal(before[n], p) for n, p in algorithm.hnet.named_parameters())
     size = fed.model.numel(fed.model.param_names)
-    start = torch.stack([e.detach() for e in algorithm.hnet.embeddings[:fed.num_clients]]).mean(0)
+    start = torch.stack([e.detach() for e in algorithm.hnet.embeddings[: fed.num_clients]]).mean(0)
     with torch.no_grad():
         unfitted = algorithm.hnet.generate(start, size)
     flat = torch.cat([models[n].flatten(1) for n in fed.model.param_names], dim=1)
@@ -178,7 +216,8 @@ def test_reports_show_newcomers_in_their_own_column_and_keep_curves_to_trained_c
     store.write(without, run_cell(without, data_root=tmp_path))
     assert "newcomer" not in read_metrics(folder) or not read_metrics(folder)["newcomer"].any()
     assert sorted(set(read_metrics(folder)["client"])) == sorted(
-        set(range(10)) - set(newcomer_ids(0.3, 10, 3).tolist()))
+        set(range(10)) - set(newcomer_ids(0.3, 10, 3).tolist())
+    )
     (table,) = communication_tables(load_cells(tmp_path / "results"))
     newcomers = {row.algorithm: entry for row, entry in ((r, table.newcomers.get(r.key)) for r, _ in table.rows)}
     assert newcomers["local"] is None and newcomers["fedavg"].values

@@ -1,6 +1,7 @@
 """The data on every node (pflbench/node_data.py): a worker on another node than the driver's runs a
 cell only on the driver's dataset and partition; otherwise one message names the node and the path,
 and no download is tried."""
+
 from __future__ import annotations
 
 import re
@@ -41,9 +42,13 @@ def test_a_node_without_a_file_dataset_fails_naming_the_node_and_the_paths_and_d
     for subclass in FileSource.__subclasses__():
         monkeypatch.setattr(subclass, "decode", no_download, raising=False)
     cell = small_cell(dataset="fmnist", dataset_options={})
-    expected = fingerprint(type("D", (), {"name": "fmnist", "checksum": "sha256:driver"})(),
-                           type("S", (), {"train": [], "val": [], "test": []})(),
-                           tmp_path / "data", None, "node-a (10.213.45.1)")
+    expected = fingerprint(
+        type("D", (), {"name": "fmnist", "checksum": "sha256:driver"})(),
+        type("S", (), {"train": [], "val": [], "test": []})(),
+        tmp_path / "data",
+        None,
+        "node-a (10.213.45.1)",
+    )
     with pytest.raises(NodeDataError) as error:
         check_node_data(cell, expected, NODE)
     message = str(error.value)
@@ -54,9 +59,15 @@ def test_a_node_without_a_file_dataset_fails_naming_the_node_and_the_paths_and_d
 
 def test_another_copy_of_the_dataset_or_another_partition_fails_naming_both(driver):
     cell, expected = driver
-    with pytest.raises(NodeDataError, match=rf"node {re.escape(NODE)} has another copy of dataset 'synthetic' under .*driver-data: "
-                                            rf"checksum {expected.checksum}, the driver's \(node-a\) is sha256:other"):
+    with pytest.raises(
+        NodeDataError,
+        match=rf"node {re.escape(NODE)} has another copy of dataset 'synthetic' under .*driver-data: "
+        rf"checksum {expected.checksum}, the driver's \(node-a\) is sha256:other",
+    ):
         check_node_data(cell, replace(expected, checksum="sha256:other"), NODE)
-    with pytest.raises(NodeDataError, match=r"makes another partition of 'synthetic' .*driver's sha256:other; "
-                                            r"partition cache .*driver-data/cache/partitions"):
+    with pytest.raises(
+        NodeDataError,
+        match=r"makes another partition of 'synthetic' .*driver's sha256:other; "
+        r"partition cache .*driver-data/cache/partitions",
+    ):
         check_node_data(cell, replace(expected, partition="sha256:other"), NODE)

@@ -5,6 +5,7 @@ generate.py there from the official lines). The official alignment steps the ser
 client after client (serveras.py send_selected_models -> clientas.py set_parameters): tested that here a
 client's alignment is its own (the order of the clients changes nothing) and equals the official lines run
 on each client's own copy."""
+
 from pathlib import Path
 
 import pytest
@@ -20,10 +21,14 @@ BODY = ["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"]
 
 def _algorithm(batched):
     f = FIXTURE
-    plans = {"default": f["plans"]["train"], str(FedAS.ALIGN_STREAM): f["plans"]["align"],
-             str(FedAS.FISHER_STREAM): f["plans"]["fisher"]}
-    engine = OfficialEngine(f["features"], f["labels"], f["sizes"], f["server"], plans, f["lr"], batched=batched,
-                            epochs=f["epochs"])
+    plans = {
+        "default": f["plans"]["train"],
+        str(FedAS.ALIGN_STREAM): f["plans"]["align"],
+        str(FedAS.FISHER_STREAM): f["plans"]["fisher"],
+    }
+    engine = OfficialEngine(
+        f["features"], f["labels"], f["sizes"], f["server"], plans, f["lr"], batched=batched, epochs=f["epochs"]
+    )
     alg = FedAS(engine, FedAS.parse_hyperparams({}))
     alg.setup()
     for k, own in enumerate(f["own"]):  # each client's model from earlier rounds

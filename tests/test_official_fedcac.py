@@ -2,6 +2,7 @@
 critical masks), the server's global and customized models and each client's next model, on the fixed
 tensors of tests/fixtures/official/fedcac/ (official.pt, written by generate.py there from the authors'
 lines); the masks' edge cases and the collaborators' rule, checked by hand."""
+
 from pathlib import Path
 
 import pytest
@@ -18,8 +19,16 @@ TOL = dict(rtol=1e-5, atol=1e-6)
 def test_one_round_matches_the_authors_code(batched):
     f = FIXTURE
     assert f["commit"] == "f6c6f1e7c49f9341587bee2c95f1a31e63176bee"
-    engine = OfficialEngine(f["features"], f["labels"], f["sizes"], f["initial"], {"default": f["plans"]}, f["lr"],
-                            batched=batched, epochs=f["epochs"])
+    engine = OfficialEngine(
+        f["features"],
+        f["labels"],
+        f["sizes"],
+        f["initial"],
+        {"default": f["plans"]},
+        f["lr"],
+        batched=batched,
+        epochs=f["epochs"],
+    )
     alg = FedCAC(engine, FedCAC.parse_hyperparams({"tau": f["tau"], "beta": f["beta"]}))
     alg.setup()
     clients = [0, 1, 2]

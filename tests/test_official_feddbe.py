@@ -2,6 +2,7 @@
 global mean, then a round's local training of the model and the PRBM) and one aggregation, on the fixed
 tensors of tests/fixtures/official/feddbe/ (official.pt, written by generate.py there from the official
 lines); and the official server's BatchNorm bug, tested absent."""
+
 from pathlib import Path
 
 import pytest
@@ -20,8 +21,9 @@ TOL = dict(rtol=1e-5, atol=1e-6)
 def _engine(batched):
     f = FIXTURE
     plans = {"default": f["plans"]["round"], str(FedDBE.INIT_STREAM): f["plans"]["init"]}
-    return OfficialEngine(f["features"], f["labels"], f["sizes"], f["initial"], plans, f["lr"],
-                          batched=batched, epochs=f["epochs"])
+    return OfficialEngine(
+        f["features"], f["labels"], f["sizes"], f["initial"], plans, f["lr"], batched=batched, epochs=f["epochs"]
+    )
 
 
 @pytest.mark.parametrize("batched", [True, False], ids=["batched", "loop"])
@@ -55,8 +57,13 @@ def test_one_client_update_and_one_aggregation_match_the_official_code(batched):
 def test_batchnorm_statistics_are_averaged_unlike_the_official_server(tmp_path):
     """The official server averages parameters only (DBE serverbase.py lines 141-150): its global BatchNorm
     statistics are the first uploaded client's. Here they are the uploads' sample-weighted mean."""
-    cell = small_cell(algorithm="feddbe", model="cnn-bn", dataset="synthetic-images", rounds=1,
-                      dataset_options={"num_samples": 200, "channels": 3, "size": 32})
+    cell = small_cell(
+        algorithm="feddbe",
+        model="cnn-bn",
+        dataset="synthetic-images",
+        rounds=1,
+        dataset_options={"num_samples": 200, "channels": 3, "size": 32},
+    )
     fed = federation(cell, tmp_path)
     alg = FedDBE(fed, FedDBE.parse_hyperparams({}))
     alg.setup()

@@ -3,6 +3,7 @@ local training of the body, head, CoV and GCE, send) and the server's averages o
 GCE and CoV, with the conditions that follow, on the fixed tensors of tests/fixtures/official/gpfl/
 (official.pt, written by generate.py there from the official lines); the official server's BatchNorm bug,
 tested absent."""
+
 from pathlib import Path
 
 import pytest
@@ -24,8 +25,16 @@ TOL = dict(rtol=1e-5, atol=1e-6)
 def test_one_round_and_the_server_averages_match_the_official_code(batched):
     f = FIXTURE
     assert f["commit"] == "ed7a7fe1c0fead0f04b7d0408885610d91b363d8"
-    engine = OfficialEngine(f["features"], f["labels"], f["sizes"], f["server"], {"default": f["plans"]}, f["lr"],
-                            batched=batched, epochs=f["epochs"])
+    engine = OfficialEngine(
+        f["features"],
+        f["labels"],
+        f["sizes"],
+        f["server"],
+        {"default": f["plans"]},
+        f["lr"],
+        batched=batched,
+        epochs=f["epochs"],
+    )
     alg = GPFL(engine, GPFL.parse_hyperparams({"lam": f["lam"], "mu": f["mu"]}))
     alg.setup()
     for n, t in f["server"].items():  # the server's body, CoV and GCE
@@ -62,8 +71,13 @@ def test_one_round_and_the_server_averages_match_the_official_code(batched):
 def test_batchnorm_statistics_of_the_body_are_averaged_unlike_the_official_server(tmp_path):
     """The official server averages the feature extractor's parameters only (GPFL servergp.py lines 72-83):
     each client keeps its own BatchNorm statistics. Here they are the uploads' sample-weighted mean."""
-    cell = small_cell(algorithm="gpfl", model="cnn-bn", dataset="synthetic-images", rounds=1,
-                      dataset_options={"num_samples": 200, "channels": 3, "size": 32})
+    cell = small_cell(
+        algorithm="gpfl",
+        model="cnn-bn",
+        dataset="synthetic-images",
+        rounds=1,
+        dataset_options={"num_samples": 200, "channels": 3, "size": 32},
+    )
     fed = federation(cell, tmp_path)
     alg = GPFL(fed, GPFL.parse_hyperparams({}))
     alg.setup()
@@ -88,7 +102,7 @@ def test_the_personalized_model_is_scored_through_the_valve(tmp_path):
     c = 0
     ids = fed.sample_ids(c, "test")
     x, y = fed.data(ids.unsqueeze(0))
-    row = {n: t[c:c + 1] for n, t in models.items()}
+    row = {n: t[c : c + 1] for n, t in models.items()}
     _, feats = forward_with_features(fed.model, {n: row[n] for n in fed.model.names}, x, False)
     logits = alg._head.logits(row, valve(row, feats, row["condition"]))[0]
     torch.testing.assert_close(ours[0][c], (logits.argmax(-1) == y[0]).float().mean())

@@ -3,6 +3,7 @@
 named the same way in the retry note and the failed result (from constructed Ray errors), and so is a
 real Ray worker that the kernel's OOM killer ends under a memory cgroup's limit (pflbench/oom_kills.py;
 that test needs root and a memory cgroup, and says why it skips otherwise)."""
+
 from __future__ import annotations
 
 import io
@@ -32,19 +33,25 @@ class RunsOutOfMemory(FedAvg):
 
     def local_train(self, rnd, state):
         if rnd.number == 2:
-            torch.empty(2 ** 48, dtype=torch.uint8)
+            torch.empty(2**48, dtype=torch.uint8)
         return super().local_train(rnd, state)
 
 
 def test_a_cell_out_of_memory_is_failed_with_its_peak_and_the_others_go_on(tmp_path, monkeypatch):
     monkeypatch.setitem(ALGORITHMS._entries, RunsOutOfMemory.name, RunsOutOfMemory)
     monkeypatch.setenv("PFLBENCH_DATA_MIRROR", str(tmp_path / "no-mirror"))
-    plan = parse_spec({
-        "name": "oom",
-        "matrix": {"algorithm": [RunsOutOfMemory.name, "fedavg"], "dataset": ["synthetic"],
-                   "partition": [{"scheme": "pathological", "params": {"classes_per_client": 3}}], "seed": [0]},
-        "defaults": {"clients": 5, "rounds": 3, "lr": 0.05, "dataset_options": {"num_samples": 600}},
-    })
+    plan = parse_spec(
+        {
+            "name": "oom",
+            "matrix": {
+                "algorithm": [RunsOutOfMemory.name, "fedavg"],
+                "dataset": ["synthetic"],
+                "partition": [{"scheme": "pathological", "params": {"classes_per_client": 3}}],
+                "seed": [0],
+            },
+            "defaults": {"clients": 5, "rounds": 3, "lr": 0.05, "dataset_options": {"num_samples": 600}},
+        }
+    )
     options = RunOptions(results=tmp_path / "results", data_root=tmp_path / "data", use_ray=False)
     output = io.StringIO()
     report = run_plan(plan, options, Console(file=output, width=400))
@@ -63,21 +70,30 @@ def test_what_counts_as_out_of_memory():
 
 def test_a_ray_worker_killed_for_memory_is_named_out_of_memory_with_the_last_peak_its_cell_reported():
     exceptions = pytest.importorskip("ray.exceptions")
-    assert worker_lost(exceptions.OutOfMemoryError("Task was killed due to the node running low on memory."),
-                       812) == "out of memory (peak 812 MB)"
-    assert worker_lost(exceptions.WorkerCrashedError(), 812) == "Ray worker lost (WorkerCrashedError; last reported peak 812 MB)"
+    assert (
+        worker_lost(exceptions.OutOfMemoryError("Task was killed due to the node running low on memory."), 812)
+        == "out of memory (peak 812 MB)"
+    )
+    assert (
+        worker_lost(exceptions.WorkerCrashedError(), 812)
+        == "Ray worker lost (WorkerCrashedError; last reported peak 812 MB)"
+    )
     assert worker_lost(exceptions.WorkerCrashedError(), None) == "Ray worker lost (WorkerCrashedError)"
     assert worker_lost(exceptions.WorkerCrashedError(), 812, oom_killed=True) == (
-        "out of memory (peak 812 MB): the kernel's OOM killer ended its worker (WorkerCrashedError)")
+        "out of memory (peak 812 MB): the kernel's OOM killer ended its worker (WorkerCrashedError)"
+    )
     assert out_of_memory(None) == "out of memory (peak not reported)"
 
 
 def test_the_kernels_count_of_oom_kills_is_read_from_cgroup_v1_v2_and_vmstat_files(tmp_path):
     from pflbench.oom_kills import count_file, read_count
 
-    files = {"memory.oom_control": "oom_kill_disable 0\nunder_oom 0\noom_kill 3\n",  # cgroup v1
-             "memory.events": "low 0\nhigh 0\nmax 12\noom 2\noom_kill 2\noom_group_kill 0\n",  # v2
-             "vmstat": "pgfault 10\noom_kill 7\n", "nothing": "low 0\n"}
+    files = {
+        "memory.oom_control": "oom_kill_disable 0\nunder_oom 0\noom_kill 3\n",  # cgroup v1
+        "memory.events": "low 0\nhigh 0\nmax 12\noom 2\noom_kill 2\noom_group_kill 0\n",  # v2
+        "vmstat": "pgfault 10\noom_kill 7\n",
+        "nothing": "low 0\n",
+    }
     for name, text in files.items():
         (tmp_path / name).write_text(text)
     assert [read_count(tmp_path / name) for name in files] == [3, 2, 7, None]
@@ -143,15 +159,19 @@ def memory_cgroup() -> tuple[Path, str, str]:
         path = next((line.split(":", 2)[2] for line in lines if line.startswith("0::")), None)
         parent, limit_file, usage_file = CGROUP_ROOT / (path or "").lstrip("/"), "memory.max", "memory.current"
         if path is None or "memory" not in (parent / "cgroup.subtree_control").read_text().split():
-            pytest.skip("no memory cgroup to limit a worker in: neither cgroup v1's memory hierarchy nor v2 with "
-                        "the memory controller enabled for this process's cgroup's children")
+            pytest.skip(
+                "no memory cgroup to limit a worker in: neither cgroup v1's memory hierarchy nor v2 with "
+                "the memory controller enabled for this process's cgroup's children"
+            )
     probe = parent / f"{PREFIX}probe-{os.getpid()}"
     try:
         probe.mkdir()
-        (probe / limit_file).write_text(str(2 ** 30))
+        (probe / limit_file).write_text(str(2**30))
     except OSError as error:
-        pytest.skip(f"cannot make a memory-limited cgroup under {parent} ({error.strerror}): needs root, or a "
-                    f"cgroup delegated to this user")
+        pytest.skip(
+            f"cannot make a memory-limited cgroup under {parent} ({error.strerror}): needs root, or a "
+            f"cgroup delegated to this user"
+        )
     finally:
         if probe.exists():
             probe.rmdir()
@@ -176,7 +196,8 @@ def remove_cgroups(parent: Path) -> list[Path]:
 
 @pytest.mark.slow
 def test_a_ray_worker_that_the_kernels_oom_killer_ends_is_out_of_memory_retried_then_failed_and_the_other_cell_finishes(
-        tmp_path, monkeypatch, fresh_plugins):
+    tmp_path, monkeypatch, fresh_plugins
+):
     """A real worker under a real memory limit (a memory cgroup made by this test, which needs root): the
     kernel's OOM killer ends it (SIGKILL; Ray sees a worker that died); the runner tells it from another
     death by the cgroup's count of OOM kills, says so in the retry note with the cell's id, retries it
@@ -186,17 +207,36 @@ def test_a_ray_worker_that_the_kernels_oom_killer_ends_is_out_of_memory_retried_
     parent, limit_file, usage_file = memory_cgroup()
     monkeypatch.setenv("PFLBENCH_DATA_MIRROR", str(tmp_path / "no-mirror"))
     plugin = tmp_path / "greedy_avg.py"
-    plugin.write_text(GREEDY_AVG.format(parent=str(parent), margin_mb=64, ask_mb=1024, test_pid=os.getpid(),
-                                        prefix=PREFIX, limit_file=limit_file, usage_file=usage_file))
-    plan = parse_spec({
-        "name": "oom-killed", "plugins": [str(plugin)],
-        "matrix": {"algorithm": ["greedy-fedavg", "fedavg"], "dataset": ["synthetic"],
-                   "partition": [{"scheme": "pathological", "params": {"classes_per_client": 3}}], "seed": [0]},
-        "defaults": {"clients": 5, "rounds": 3, "lr": 0.05, "dataset_options": {"num_samples": 600}},
-        "resources": {"cpus": 1},  # one cell at a time on this Ray's one CPU: the other cell after the greedy one's tries
-    })
-    options = RunOptions(results=tmp_path / "results", data_root=tmp_path / "data", use_ray=True, retries=1,
-                         checkpoint_minutes=0)
+    plugin.write_text(
+        GREEDY_AVG.format(
+            parent=str(parent),
+            margin_mb=64,
+            ask_mb=1024,
+            test_pid=os.getpid(),
+            prefix=PREFIX,
+            limit_file=limit_file,
+            usage_file=usage_file,
+        )
+    )
+    plan = parse_spec(
+        {
+            "name": "oom-killed",
+            "plugins": [str(plugin)],
+            "matrix": {
+                "algorithm": ["greedy-fedavg", "fedavg"],
+                "dataset": ["synthetic"],
+                "partition": [{"scheme": "pathological", "params": {"classes_per_client": 3}}],
+                "seed": [0],
+            },
+            "defaults": {"clients": 5, "rounds": 3, "lr": 0.05, "dataset_options": {"num_samples": 600}},
+            "resources": {
+                "cpus": 1
+            },  # one cell at a time on this Ray's one CPU: the other cell after the greedy one's tries
+        }
+    )
+    options = RunOptions(
+        results=tmp_path / "results", data_root=tmp_path / "data", use_ray=True, retries=1, checkpoint_minutes=0
+    )
     ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, logging_level="WARNING")
     output = io.StringIO()
     try:
@@ -210,9 +250,14 @@ def test_a_ray_worker_that_the_kernels_oom_killer_ends_is_out_of_memory_retried_
     assert report.exit_code == 1, text
     assert store.status(other) == "finished", text
     assert store.status(greedy) == "failed", text
-    why = (r"out of memory \(peak \d+ MB\): the kernel's OOM killer ended its worker "
-           r"\(\w+Error\)")  # WorkerCrashedError in Ray 2.60
-    assert re.search(rf"note: greedy-fedavg .*{cell_hash(greedy)}: {why}; retry 1 of 1, from its checkpoint where "
-                     rf"it has one", text), text
+    why = (
+        r"out of memory \(peak \d+ MB\): the kernel's OOM killer ended its worker "
+        r"\(\w+Error\)"
+    )  # WorkerCrashedError in Ray 2.60
+    assert re.search(
+        rf"note: greedy-fedavg .*{cell_hash(greedy)}: {why}; retry 1 of 1, from its checkpoint where "
+        rf"it has one",
+        text,
+    ), text
     assert re.fullmatch(rf"{why} \(after 1 retries\)", store.summary(greedy)["error"]), store.summary(greedy)["error"]
     assert len(groups) == 2  # the first attempt and its one retry, each killed in its own cgroup

@@ -1,4 +1,5 @@
 """Partition schemes and the per-client train/val/test splits (pflbench.partitioning, pflbench/partitions/)."""
+
 from __future__ import annotations
 
 import time
@@ -81,14 +82,27 @@ def test_pathological_gives_k_classes_in_equal_amounts(num_clients, k):
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_random_classes_draws_k_classes_per_client_independently(seed):
-    counts = split("random-classes", {"classes_per_client": 4, "samples_per_client": 700}, num_clients=10,
-                   seed=seed, labels=FMNIST_LIKE).label_counts(FMNIST_LIKE, NUM_CLASSES)
+    counts = split(
+        "random-classes",
+        {"classes_per_client": 4, "samples_per_client": 700},
+        num_clients=10,
+        seed=seed,
+        labels=FMNIST_LIKE,
+    ).label_counts(FMNIST_LIKE, NUM_CLASSES)
     held = counts > 0
     assert (held.sum(axis=1) == 4).all() and (counts[held] == 175).all()
-    balanced = split("pathological", {"classes_per_client": 4, "samples_per_client": 700}, num_clients=10,
-                     seed=seed, labels=FMNIST_LIKE).label_counts(FMNIST_LIKE, NUM_CLASSES) > 0
-    assert (balanced.sum(axis=0) == 4).all()       # balanced: every class held by 4 of the 10 clients
-    assert (held.sum(axis=0) != 4).any()           # independent draws: some class by more, some by fewer
+    balanced = (
+        split(
+            "pathological",
+            {"classes_per_client": 4, "samples_per_client": 700},
+            num_clients=10,
+            seed=seed,
+            labels=FMNIST_LIKE,
+        ).label_counts(FMNIST_LIKE, NUM_CLASSES)
+        > 0
+    )
+    assert (balanced.sum(axis=0) == 4).all()  # balanced: every class held by 4 of the 10 clients
+    assert (held.sum(axis=0) != 4).any()  # independent draws: some class by more, some by fewer
     shared = (held[:, None, :] & held[None, :, :]).sum(-1)[np.triu_indices(10, 1)]
     assert shared.max() >= 3
 
@@ -217,8 +231,11 @@ def test_cache_round_trip(tmp_path, monkeypatch):
 
 
 def test_save_load_keeps_empty_splits(tmp_path):
-    splits = ClientSplits(train=[np.array([3, 1]), np.array([0])], val=[np.array([], dtype=np.int64)] * 2,
-                          test=[np.array([2]), np.array([4, 5])])
+    splits = ClientSplits(
+        train=[np.array([3, 1]), np.array([0])],
+        val=[np.array([], dtype=np.int64)] * 2,
+        test=[np.array([2]), np.array([4, 5])],
+    )
     splits.save(tmp_path / "s.npz")
     loaded = ClientSplits.load(tmp_path / "s.npz")
     for name in ("train", "val", "test"):
@@ -260,7 +277,10 @@ def test_invalid_param_values_and_fractions():
 
 
 def test_unknown_scheme_lists_the_registered_names():
-    with pytest.raises(UnknownNameError, match=r"'patho'.*allowed: dirichlet, dominant, flwr, iid, imported, pathological, random-classes"):
+    with pytest.raises(
+        UnknownNameError,
+        match=r"'patho'.*allowed: dirichlet, dominant, flwr, iid, imported, pathological, random-classes",
+    ):
         make_partitioner("patho", {})
 
 

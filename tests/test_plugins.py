@@ -2,6 +2,7 @@
 outside the repository run like built-ins, in-process and on Ray, show in the reports under their
 declared names, and carry their source hash in the cell id; built-in cells keep their ids; a wrong
 plugin is one clear error before any work."""
+
 from __future__ import annotations
 
 import hashlib
@@ -112,11 +113,19 @@ def write_spec(path: Path, spec: dict) -> Path:
 
 
 def avg_spec(folder: Path, plugin: str = "my_avg.py") -> Path:
-    return write_spec(folder / "mine.yaml", {
-        "name": "mine", "plugins": [plugin],
-        "matrix": {"algorithm": ["fedavg", "my-avg", "my-plain"],
-                   "dataset": [{"name": "synthetic", "options": {"num_samples": 400}}], "seed": [0]},
-        "defaults": SMALL})
+    return write_spec(
+        folder / "mine.yaml",
+        {
+            "name": "mine",
+            "plugins": [plugin],
+            "matrix": {
+                "algorithm": ["fedavg", "my-avg", "my-plain"],
+                "dataset": [{"name": "synthetic", "options": {"num_samples": 400}}],
+                "seed": [0],
+            },
+            "defaults": SMALL,
+        },
+    )
 
 
 def by_algorithm(cells):
@@ -133,11 +142,16 @@ def test_a_plugin_algorithm_runs_in_process_and_shows_in_the_reports_under_its_n
     assert cells["fedavg"].plugin_hashes == {} and "plugin_hashes" not in cells["fedavg"].canonical_json()
     store = Store(results)
     assert all(store.summary(c)["status"] == "finished" for c in cells.values())
-    assert json.loads((store.cell_dir(cells["my-avg"]) / "config.json").read_text())["cell"]["plugin_hashes"] == \
-        {"my_avg.py": sha}
+    assert json.loads((store.cell_dir(cells["my-avg"]) / "config.json").read_text())["cell"]["plugin_hashes"] == {
+        "my_avg.py": sha
+    }
 
-    assert main(["report", "--results", str(results), "--out", str(out), "--no-figures", "--quiet",
-                 "--plugin", str(my_avg)]) == 0
+    assert (
+        main(
+            ["report", "--results", str(results), "--out", str(out), "--no-figures", "--quiet", "--plugin", str(my_avg)]
+        )
+        == 0
+    )
     report = (out / "report.md").read_text()
     assert "My Average" in report and "my-plain" in report
     page = (out / "algorithms" / "my-avg.html").read_text()
@@ -174,26 +188,60 @@ def test_editing_the_plugin_gives_its_cells_new_ids_and_leaves_the_built_ins_alo
     assert set(cells["hash"]) == {cell_hash(c) for c in after.values()}
     assert cells.attrs["notes"] == [
         "2 cells of another version of plugin 'my_avg.py' are left out: the report shows the version loaded now, "
-        f"sha256 {after['my-avg'].plugin_hashes['my_avg.py'][:12]}...; their results stay in the store under their own ids"]
+        f"sha256 {after['my-avg'].plugin_hashes['my_avg.py'][:12]}...; their results stay in the store under their own ids"
+    ]
 
 
 # Cell ids of built-in cells, computed on main (2eaedce and 7e48e7f) before plugins existed.
-BUILTIN_SPEC = {"matrix": {"algorithm": ["fedavg", "fedprox", "pfedla", "local"],
-                           "dataset": [{"name": "synthetic", "options": {"num_samples": 1000}}, "fmnist"],
-                           "partition": [{"scheme": "pathological", "params": {"classes_per_client": 3}},
-                                         {"scheme": "dirichlet", "params": {"alpha": 0.3}}],
-                           "seed": [0, 1]},
-                # normalization pool: the rule those cells ran with (the default `train` gave every cell a
-                # new id, for a reason of its own: pflbench.data.normalization)
-                "defaults": {"rounds": 3, "clients": 5, "finetune_epochs": 1, "normalization": "pool"},
-                "overrides": [{"when": {"algorithm": "fedprox"}, "set": {"hp.mu": 0.1}}]}
+BUILTIN_SPEC = {
+    "matrix": {
+        "algorithm": ["fedavg", "fedprox", "pfedla", "local"],
+        "dataset": [{"name": "synthetic", "options": {"num_samples": 1000}}, "fmnist"],
+        "partition": [
+            {"scheme": "pathological", "params": {"classes_per_client": 3}},
+            {"scheme": "dirichlet", "params": {"alpha": 0.3}},
+        ],
+        "seed": [0, 1],
+    },
+    # normalization pool: the rule those cells ran with (the default `train` gave every cell a
+    # new id, for a reason of its own: pflbench.data.normalization)
+    "defaults": {"rounds": 3, "clients": 5, "finetune_epochs": 1, "normalization": "pool"},
+    "overrides": [{"when": {"algorithm": "fedprox"}, "set": {"hp.mu": 0.1}}],
+}
 BUILTIN_IDS = [
-    "04f9728e5ac4", "06b392c371a9", "087641534103", "095f2696f13e", "236b13c4e7d9", "245ce0c48e6b",
-    "331407516db0", "377cb68a2399", "3a2b15fd9f2e", "3f567e807fe8", "3fc6842c57c5", "590512cab0e1",
-    "5d0beb024826", "5dd28e3a24bd", "5e0b310abd10", "6d913e5b65c5", "72fb9aa25ba3", "78ed90e125a9",
-    "7d072b9f03ae", "805cdc89baf3", "9997983b644b", "9bd974c7c8bc", "afa93bfd63b3", "bb954f934a5d",
-    "bef128bbede4", "d8f3a3027570", "f23f2dc8c05a", "f50b0f35ed8f", "f64e7f7dcd6a", "f6585311501b",
-    "fb3d64ecd470", "fc90b62b6083"]
+    "04f9728e5ac4",
+    "06b392c371a9",
+    "087641534103",
+    "095f2696f13e",
+    "236b13c4e7d9",
+    "245ce0c48e6b",
+    "331407516db0",
+    "377cb68a2399",
+    "3a2b15fd9f2e",
+    "3f567e807fe8",
+    "3fc6842c57c5",
+    "590512cab0e1",
+    "5d0beb024826",
+    "5dd28e3a24bd",
+    "5e0b310abd10",
+    "6d913e5b65c5",
+    "72fb9aa25ba3",
+    "78ed90e125a9",
+    "7d072b9f03ae",
+    "805cdc89baf3",
+    "9997983b644b",
+    "9bd974c7c8bc",
+    "afa93bfd63b3",
+    "bb954f934a5d",
+    "bef128bbede4",
+    "d8f3a3027570",
+    "f23f2dc8c05a",
+    "f50b0f35ed8f",
+    "f64e7f7dcd6a",
+    "f6585311501b",
+    "fb3d64ecd470",
+    "fc90b62b6083",
+]
 
 
 def test_built_in_cells_keep_the_ids_they_had_before_plugins(my_avg):
@@ -202,8 +250,23 @@ def test_built_in_cells_keep_the_ids_they_had_before_plugins(my_avg):
 
 
 def test_set_adds_a_plugin_method_beside_a_shipped_specs_rows(my_avg, capsys):
-    assert main(["run", "table1", "--scale", "quick", "--dry-run", "--json", "--plugin", str(my_avg),
-                 "--set", "algorithm+=[my-avg]"]) == 0
+    assert (
+        main(
+            [
+                "run",
+                "table1",
+                "--scale",
+                "quick",
+                "--dry-run",
+                "--json",
+                "--plugin",
+                str(my_avg),
+                "--set",
+                "algorithm+=[my-avg]",
+            ]
+        )
+        == 0
+    )
     cells = json.loads(capsys.readouterr().out)
     algorithms = {c["config"]["algorithm"] for c in cells}
     assert "my-avg" in algorithms and {"local", "fedavg", "pfedla", "heurpfedla"} <= algorithms
@@ -219,7 +282,9 @@ def test_a_plugin_algorithm_runs_on_ray_as_in_process(my_avg, tmp_path):
     for cell in load_spec(spec).cells:
         here, there = Store(tmp_path / "here").summary(cell), Store(tmp_path / "ray").summary(cell)
         assert there["status"] == "finished"
-        assert {k: v for k, v in here.items() if k not in volatile} == {k: v for k, v in there.items() if k not in volatile}
+        assert {k: v for k, v in here.items() if k not in volatile} == {
+            k: v for k, v in there.items() if k not in volatile
+        }
 
 
 # On a cluster joined with --ray-address (`ray start`), a plugin method's cells run as in process: the
@@ -248,11 +313,18 @@ def test_a_plugin_dataset_partition_scheme_and_model_run_end_to_end(tmp_path, ca
     folder = tmp_path / "outside"
     folder.mkdir()
     (folder / "my_data.py").write_text(DATA_AND_SCHEME)
-    spec = write_spec(folder / "data.yaml", {
-        "plugins": ["my_data.py"],
-        "matrix": {"algorithm": ["fedavg", "local"], "dataset": ["blobs"],
-                   "partition": [{"scheme": "halves", "params": {"spread": 2}}]},
-        "defaults": {**SMALL, "model": "tiny-mlp"}})
+    spec = write_spec(
+        folder / "data.yaml",
+        {
+            "plugins": ["my_data.py"],
+            "matrix": {
+                "algorithm": ["fedavg", "local"],
+                "dataset": ["blobs"],
+                "partition": [{"scheme": "halves", "params": {"spread": 2}}],
+            },
+            "defaults": {**SMALL, "model": "tiny-mlp"},
+        },
+    )
     results = tmp_path / "results"
     assert main(["run", str(spec), "--no-ray", "--results", str(results), "--root", str(tmp_path / "data")]) == 0
     sha = hashlib.sha256((folder / "my_data.py").read_bytes()).hexdigest()
@@ -271,7 +343,9 @@ def test_a_plugin_dataset_partition_scheme_and_model_run_end_to_end(tmp_path, ca
 def test_an_installed_packages_entry_point_is_a_plugin(tmp_path, monkeypatch):
     site = tmp_path / "site"
     (site / "mypkg").mkdir(parents=True)
-    (site / "mypkg" / "__init__.py").write_text(MY_AVG.replace('"my-avg"', '"ep-avg"').replace('"my-plain"', '"ep-plain"'))
+    (site / "mypkg" / "__init__.py").write_text(
+        MY_AVG.replace('"my-avg"', '"ep-avg"').replace('"my-plain"', '"ep-plain"')
+    )
     info = site / "mypkg-0.1.dist-info"
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: mypkg\nVersion: 0.1\n")
@@ -282,13 +356,16 @@ def test_an_installed_packages_entry_point_is_a_plugin(tmp_path, monkeypatch):
         assert (source.id, source.kind) == ("mypkg", "entry point")
         assert ALGORITHMS.origin("ep-avg") == "mypkg"
         cell = parse_spec({"matrix": {"algorithm": ["ep-avg"], "dataset": ["synthetic"]}}).cells[0]
-        assert cell.plugin_hashes == {"mypkg": plugins.digest([("mypkg/__init__.py", (site / "mypkg" / "__init__.py").read_bytes())])}
+        assert cell.plugin_hashes == {
+            "mypkg": plugins.digest([("mypkg/__init__.py", (site / "mypkg" / "__init__.py").read_bytes())])
+        }
     finally:
         plugins.unload("mypkg")
         sys.modules.pop("mypkg", None)
 
 
 # ---- one clear error each, before any work ----------------------------------------------------------
+
 
 def run_fails(args, capsys) -> str:
     code = main(args)
@@ -299,15 +376,19 @@ def run_fails(args, capsys) -> str:
 
 def test_a_name_that_clashes_with_a_built_in_is_one_error_and_nothing_runs(tmp_path, capsys):
     clash = tmp_path / "clash.py"
-    clash.write_text("from pflbench.algorithm import ALGORITHMS\nfrom pflbench.fedavg import FedAvg\n\n\n"
-                     "@ALGORITHMS.register('my-ok')\nclass Fine(FedAvg):\n    pass\n\n\n"
-                     "@ALGORITHMS.register('fedavg')\nclass Mine(FedAvg):\n    pass\n")
+    clash.write_text(
+        "from pflbench.algorithm import ALGORITHMS\nfrom pflbench.fedavg import FedAvg\n\n\n"
+        "@ALGORITHMS.register('my-ok')\nclass Fine(FedAvg):\n    pass\n\n\n"
+        "@ALGORITHMS.register('fedavg')\nclass Mine(FedAvg):\n    pass\n"
+    )
     results = tmp_path / "results"
     err = run_fails(["run", "benchmarks/demo.yaml", "--plugin", str(clash), "--results", str(results)], capsys)
     assert "plugin 'clash.py' registers the algorithm 'fedavg'" in err and "pflbench (built-in)" in err
     assert err.count("\n") == 1 and not results.exists()
     assert "my-ok" not in ALGORITHMS  # what it registered before the clash is undone
-    spec = write_spec(tmp_path / "s.yaml", {"plugins": ["clash.py"], "matrix": {"algorithm": ["fedavg"], "dataset": ["synthetic"]}})
+    spec = write_spec(
+        tmp_path / "s.yaml", {"plugins": ["clash.py"], "matrix": {"algorithm": ["fedavg"], "dataset": ["synthetic"]}}
+    )
     with pytest.raises(SpecError, match=r"plugins\[0\]: .*registers the algorithm 'fedavg'"):
         load_spec(spec)
 
@@ -316,26 +397,36 @@ def test_two_plugins_with_one_name_is_one_error(my_avg, tmp_path):
     other = tmp_path / "other.py"
     other.write_text(MY_AVG.replace('"my-plain"', '"my-other"'))
     plugins.load([str(my_avg)])
-    with pytest.raises(plugins.PluginError, match="plugin 'other.py' registers the algorithm 'my-avg', a name that "
-                                                  "plugin 'my_avg.py' already registered"):
+    with pytest.raises(
+        plugins.PluginError,
+        match="plugin 'other.py' registers the algorithm 'my-avg', a name that plugin 'my_avg.py' already registered",
+    ):
         plugins.load([str(other)])
 
 
 def test_a_plugin_path_that_does_not_exist_is_one_error(tmp_path, capsys):
-    err = run_fails(["run", "benchmarks/demo.yaml", "--plugin", "nowhere/mine.py", "--results", str(tmp_path / "r")], capsys)
+    err = run_fails(
+        ["run", "benchmarks/demo.yaml", "--plugin", "nowhere/mine.py", "--results", str(tmp_path / "r")], capsys
+    )
     assert "plugin 'nowhere/mine.py': no such file" in err and err.count("\n") == 1
     err = run_fails(["list", "algorithms", "--plugin", "not_a_module_anywhere"], capsys)
     assert "no module named 'not_a_module_anywhere'" in err
-    spec = write_spec(tmp_path / "s.yaml", {"plugins": ["missing.py"], "matrix": {"algorithm": ["fedavg"], "dataset": ["synthetic"]}})
-    with pytest.raises(SpecError, match=rf"s.yaml: plugins\[0\]: plugin 'missing.py': no such file '{tmp_path}/missing.py'"):
+    spec = write_spec(
+        tmp_path / "s.yaml", {"plugins": ["missing.py"], "matrix": {"algorithm": ["fedavg"], "dataset": ["synthetic"]}}
+    )
+    with pytest.raises(
+        SpecError, match=rf"s.yaml: plugins\[0\]: plugin 'missing.py': no such file '{tmp_path}/missing.py'"
+    ):
         load_spec(spec)
 
 
 def test_a_plugin_that_fails_to_import_is_one_error_naming_its_line(tmp_path, capsys):
     bad = tmp_path / "bad.py"
-    bad.write_text("from pflbench.algorithm import ALGORITHMS\nfrom pflbench.fedavg import FedAvg\n\n"
-                   "@ALGORITHMS.register('half-done')\nclass Half(FedAvg):\n    pass\n\n"
-                   "raise RuntimeError('boom')\n")
+    bad.write_text(
+        "from pflbench.algorithm import ALGORITHMS\nfrom pflbench.fedavg import FedAvg\n\n"
+        "@ALGORITHMS.register('half-done')\nclass Half(FedAvg):\n    pass\n\n"
+        "raise RuntimeError('boom')\n"
+    )
     err = run_fails(["sweep", "--algo", "half-done", "--plugin", str(bad), "--results", str(tmp_path / "r")], capsys)
     assert "bad.py failed to import: RuntimeError: boom (bad.py, line 8)" in err and err.count("\n") == 1
     assert "half-done" not in ALGORITHMS and not (tmp_path / "r").exists()
@@ -355,14 +446,44 @@ def test_a_plugin_algorithm_is_tuned_by_pflbench_sweep_in_ray_tune_workers(tmp_p
     from pflbench.scaffold import write_scaffold
 
     plugin, _ = write_scaffold("algorithm", "my-prox", tmp_path / "outside", base="fedprox")
-    base = write_spec(tmp_path / "base.yaml", {
-        "matrix": {"algorithm": "fedavg", "dataset": "synthetic",
-                   "partition": [{"scheme": "pathological", "params": {"classes_per_client": 2, "samples_per_client": 60}}]},
-        "defaults": {"clients": 4, "rounds": 2, "lr": 0.05, "dataset_options": {"num_samples": 1000}}})
+    base = write_spec(
+        tmp_path / "base.yaml",
+        {
+            "matrix": {
+                "algorithm": "fedavg",
+                "dataset": "synthetic",
+                "partition": [
+                    {"scheme": "pathological", "params": {"classes_per_client": 2, "samples_per_client": 60}}
+                ],
+            },
+            "defaults": {"clients": 4, "rounds": 2, "lr": 0.05, "dataset_options": {"num_samples": 1000}},
+        },
+    )
     out = tmp_path / "tuned"
-    assert main(["sweep", "--algo", "my-prox", "--plugin", str(plugin), "--spec", str(base), "--trials", "2",
-                 "--workers", "2", "--results", str(tmp_path / "results"), "--out", str(out),
-                 "--root", str(tmp_path / "data")]) == 0
+    assert (
+        main(
+            [
+                "sweep",
+                "--algo",
+                "my-prox",
+                "--plugin",
+                str(plugin),
+                "--spec",
+                str(base),
+                "--trials",
+                "2",
+                "--workers",
+                "2",
+                "--results",
+                str(tmp_path / "results"),
+                "--out",
+                str(out),
+                "--root",
+                str(tmp_path / "data"),
+            ]
+        )
+        == 0
+    )
     tuned = yaml.safe_load((out / "my-prox.yaml").read_text())
     assert tuned["algorithm"] == "my-prox" and set(tuned["set"]["hp"]) == {"mu"}
     sweep = json.loads(next((tmp_path / "results" / "sweeps").glob("my-prox-*/sweep.json")).read_text())

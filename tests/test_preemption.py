@@ -4,6 +4,7 @@ The signal is sent by the run itself at a known point (a child script wraps the 
 K, or inside round K), with `signal.raise_signal`, whose Python handler runs before the call returns:
 no test waits on the machine's speed. The deadline test waits on an alarm of 0.5 s against a round that
 never ends by itself, so it cannot race either."""
+
 from __future__ import annotations
 
 import json
@@ -80,8 +81,12 @@ ARGS = ["--no-ray", "--checkpoint-minutes", "0"]
 def setup(tmp_path_factory):
     root = tmp_path_factory.mktemp("preempt")
     (root / "spec.yaml").write_text(SPEC)
-    env = {**os.environ, "PFLBENCH_DATA": str(root / "data"), "PFLBENCH_DATA_MIRROR": str(root / "no-mirror"),
-           "OMP_NUM_THREADS": "1"}
+    env = {
+        **os.environ,
+        "PFLBENCH_DATA": str(root / "data"),
+        "PFLBENCH_DATA_MIRROR": str(root / "no-mirror"),
+        "OMP_NUM_THREADS": "1",
+    }
     done = run(root, "uninterrupted", env)
     assert done.returncode == 0, done.stdout + done.stderr
     return root, env, cells(root / "uninterrupted")
@@ -89,9 +94,13 @@ def setup(tmp_path_factory):
 
 def run(root: Path, store: str, env: dict, extra=(), signals: str | None = None) -> subprocess.CompletedProcess:
     command = [sys.executable, "-c", SIGNALLING] if signals else PFLBENCH
-    return subprocess.run([*command, "run", str(root / "spec.yaml"), "--results", str(root / store), *ARGS, *extra],
-                          env={**env, **({"SIGNALS": signals} if signals else {})},
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [*command, "run", str(root / "spec.yaml"), "--results", str(root / store), *ARGS, *extra],
+        env={**env, **({"SIGNALS": signals} if signals else {})},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def cells(store: Path) -> dict[int, Path]:
@@ -163,7 +172,9 @@ def test_two_quick_ctrl_cs_after_the_round_ended_on_the_first_keep_its_checkpoin
     assert stopped.returncode == PREEMPTED_EXIT, stopped.stdout + stopped.stderr
     assert "SIGINT: already stopping, the checkpoint of the round just ended is being kept" in stopped.stderr
     line = one_line(stopped.stdout, "preempted (SIGINT): cell ")
-    assert line.endswith(f"checkpoint written after round 3 of {ROUNDS}; the next run resumes at round 3 of {ROUNDS}"), line
+    assert line.endswith(
+        f"checkpoint written after round 3 of {ROUNDS}; the next run resumes at round 3 of {ROUNDS}"
+    ), line
     assert read_header(only_folder(root / "ctrl-c-twice") / CHECKPOINT)["round"] == 3
     again = run(root, "ctrl-c-twice", env)
     assert again.returncode == 0 and resumed_at(again.stdout) == 3, again.stdout + again.stderr
@@ -172,13 +183,15 @@ def test_two_quick_ctrl_cs_after_the_round_ended_on_the_first_keep_its_checkpoin
 
 def test_a_round_that_does_not_end_within_the_grace_period_stops_at_once_and_resumes_from_the_last_checkpoint(setup):
     root, env, reference = setup
-    stopped = run(root, "deadline", env, extra=["--checkpoint-every", "2", "--grace-seconds", "0.5"],
-                  signals="SIGTERM@7:in-round")
+    stopped = run(
+        root, "deadline", env, extra=["--checkpoint-every", "2", "--grace-seconds", "0.5"], signals="SIGTERM@7:in-round"
+    )
     assert stopped.returncode == PREEMPTED_EXIT, stopped.stdout + stopped.stderr
     folder = only_folder(root / "deadline")
     line = one_line(stopped.stdout, "preempted (SIGTERM): cell ")
-    assert line.endswith(f"round 7 of {ROUNDS} had not ended 0.5 s after the signal; "
-                         f"the next run resumes at round 6 of {ROUNDS}"), line
+    assert line.endswith(
+        f"round 7 of {ROUNDS} had not ended 0.5 s after the signal; the next run resumes at round 6 of {ROUNDS}"
+    ), line
     assert read_header(folder / CHECKPOINT)["round"] == 6
     assert not list(folder.glob(".*.tmp")) and not (folder / "summary.json").exists()
     again = run(root, "deadline", env, extra=["--checkpoint-every", "2"])

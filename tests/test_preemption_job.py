@@ -4,6 +4,7 @@ the signal. The run ends with one "preempted" line and PREEMPTED_EXIT, without a
 checkpoint written before the signal is still there for the next run.
 
 The test waits on events, not on the machine's speed: it signals once each cell has a checkpoint on disk."""
+
 from __future__ import annotations
 
 import os
@@ -64,12 +65,33 @@ def checkpoints(store: Path) -> dict[str, int]:
 def test_sigterm_to_every_process_of_a_ray_job_ends_it_preempted_with_its_checkpoints_kept(tmp_path):
     (tmp_path / "spec.yaml").write_text(SPEC)
     store = tmp_path / "store"
-    env = {**os.environ, "PFLBENCH_DATA": str(tmp_path / "data"), "PFLBENCH_DATA_MIRROR": str(tmp_path / "no-mirror"),
-           "OMP_NUM_THREADS": "1", "RAY_ADDRESS": ""}
+    env = {
+        **os.environ,
+        "PFLBENCH_DATA": str(tmp_path / "data"),
+        "PFLBENCH_DATA_MIRROR": str(tmp_path / "no-mirror"),
+        "OMP_NUM_THREADS": "1",
+        "RAY_ADDRESS": "",
+    }
     log = (tmp_path / "log").open("w+")
-    driver = subprocess.Popen([*PFLBENCH, "run", str(tmp_path / "spec.yaml"), "--results", str(store), "--workers", "2",
-                               "--checkpoint-every", "1", "--checkpoint-minutes", "0"],
-                              env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    driver = subprocess.Popen(
+        [
+            *PFLBENCH,
+            "run",
+            str(tmp_path / "spec.yaml"),
+            "--results",
+            str(store),
+            "--workers",
+            "2",
+            "--checkpoint-every",
+            "1",
+            "--checkpoint-minutes",
+            "0",
+        ],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + WAIT
         while len(before := checkpoints(store)) < 2:
@@ -91,5 +113,7 @@ def test_sigterm_to_every_process_of_a_ray_job_ends_it_preempted_with_its_checkp
     after = checkpoints(store)
     assert set(after) == set(before) and all(after[key] >= before[key] for key in before), (before, after, output)
     for key, at in after.items():  # the line says where each cell resumes: its checkpoint's round
-        assert re.search(rf"cell {key} \([^)]*\): [^;]*; the next run resumes at round {at} of {ROUNDS}", lines[0]), lines[0]
+        assert re.search(rf"cell {key} \([^)]*\): [^;]*; the next run resumes at round {at} of {ROUNDS}", lines[0]), (
+            lines[0]
+        )
     assert not list(store.glob("*/claim.json")), output  # released: the next run takes them at once

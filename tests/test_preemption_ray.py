@@ -7,6 +7,7 @@ Deterministic, whatever the machine's load: the cell's algorithm is FedAvg with 
 written here). At the start of round SIGNAL_ROUND it sends SIGTERM to the driver (this test's process)
 and waits, bounded, until the stop reaches its worker (`pflbench.preemption.current()`): the end of that
 round is where the cell must stop."""
+
 from __future__ import annotations
 
 import io
@@ -57,21 +58,34 @@ class SignallingFedAvg(FedAvg):
 
 
 def test_sigterm_to_the_driver_checkpoints_the_ray_cell_at_the_end_of_its_round_and_the_rerun_resumes(
-        local_ray, tmp_path, monkeypatch):
+    local_ray, tmp_path, monkeypatch
+):
     monkeypatch.setenv("PFLBENCH_DATA_MIRROR", str(tmp_path / "no-mirror"))
     gate = tmp_path / "gate"
     gate.mkdir()
     plugin = tmp_path / "signalling_avg.py"
     plugin.write_text(SIGNALLING_AVG.format(gate=str(gate), signal_round=SIGNAL_ROUND, wait=WAIT))
     before = {p.source.id for p in plugins.loaded()}
-    plan = parse_spec({
-        "name": "ray-preempt", "plugins": [str(plugin)],
-        "matrix": {"algorithm": ["signalling-fedavg"], "dataset": ["synthetic"],
-                   "partition": [{"scheme": "pathological", "params": {"classes_per_client": 3}}], "seed": [0, 1]},
-        "defaults": {"clients": 5, "rounds": ROUNDS, "lr": 0.05, "eval_every": 2,
-                     "dataset_options": {"num_samples": 600}},
-        "resources": {"cpus": 2},  # one cell at a time on the two CPUs of this Ray instance
-    })
+    plan = parse_spec(
+        {
+            "name": "ray-preempt",
+            "plugins": [str(plugin)],
+            "matrix": {
+                "algorithm": ["signalling-fedavg"],
+                "dataset": ["synthetic"],
+                "partition": [{"scheme": "pathological", "params": {"classes_per_client": 3}}],
+                "seed": [0, 1],
+            },
+            "defaults": {
+                "clients": 5,
+                "rounds": ROUNDS,
+                "lr": 0.05,
+                "eval_every": 2,
+                "dataset_options": {"num_samples": 600},
+            },
+            "resources": {"cpus": 2},  # one cell at a time on the two CPUs of this Ray instance
+        }
+    )
     try:
         common = dict(data_root=tmp_path / "data", checkpoint_minutes=0)
         reference = RunOptions(results=tmp_path / "in-process", use_ray=False, **common)
@@ -85,9 +99,13 @@ def test_sigterm_to_the_driver_checkpoints_the_ray_cell_at_the_end_of_its_round_
         text = output.getvalue()
         assert report.exit_code == PREEMPTED_EXIT, text
         first, second = plan.cells
-        assert re.search(rf"preempted \(SIGTERM\) on Ray: cell {cell_hash(first)} \(signalling-fedavg .*\): checkpoint "
-                         rf"written after round {SIGNAL_ROUND} of {ROUNDS}; the next run resumes at round {SIGNAL_ROUND} "
-                         rf"of {ROUNDS}; run the same command again to continue$", text, re.M), text
+        assert re.search(
+            rf"preempted \(SIGTERM\) on Ray: cell {cell_hash(first)} \(signalling-fedavg .*\): checkpoint "
+            rf"written after round {SIGNAL_ROUND} of {ROUNDS}; the next run resumes at round {SIGNAL_ROUND} "
+            rf"of {ROUNDS}; run the same command again to continue$",
+            text,
+            re.M,
+        ), text
         store = on_ray.results
         assert read_header(store / cell_hash(first) / CHECKPOINT)["round"] == SIGNAL_ROUND
         assert not (store / cell_hash(first) / "summary.json").exists()

@@ -7,6 +7,7 @@ silent exit 143.
 Whether the handler is in place is read from the kernel (/proc/PID/status, SigCgt), not guessed from a clock:
 the test that signals after one second, as a user's `pflbench run spec & sleep 1; kill -TERM $!` does, skips
 where the interpreter had not even reached pflbench's entry point by then (a premise it cannot decide)."""
+
 from __future__ import annotations
 
 import os
@@ -46,8 +47,13 @@ def catches(pid: int, signum: int) -> bool:
 @pytest.fixture
 def setup(tmp_path):
     (tmp_path / "spec.yaml").write_text(SPEC)
-    env = {**os.environ, "PFLBENCH_DATA": str(tmp_path / "data"), "PFLBENCH_DATA_MIRROR": str(tmp_path / "no-mirror"),
-           "OMP_NUM_THREADS": "1", "RAY_ADDRESS": ""}
+    env = {
+        **os.environ,
+        "PFLBENCH_DATA": str(tmp_path / "data"),
+        "PFLBENCH_DATA_MIRROR": str(tmp_path / "no-mirror"),
+        "OMP_NUM_THREADS": "1",
+        "RAY_ADDRESS": "",
+    }
     return tmp_path, env
 
 
@@ -75,20 +81,36 @@ def test_a_signal_as_soon_as_pflbench_handles_it_says_nothing_was_started_and_ex
 def test_pflbench_started_and_sent_sigterm_one_second_later_exits_75(setup, command):
     """`pflbench run spec & sleep 1; kill -TERM $!` (and the same of `pflbench sweep`)."""
     root, env = setup
-    args = (["run", str(root / "spec.yaml"), "--results", str(root / "store")] if command == "run" else
-            ["sweep", "--algo", "fedavg", "--spec", str(root / "spec.yaml"), "--trials", "1",
-             "--results", str(root / "store"), "--out", str(root / "tuned")])
+    args = (
+        ["run", str(root / "spec.yaml"), "--results", str(root / "store")]
+        if command == "run"
+        else [
+            "sweep",
+            "--algo",
+            "fedavg",
+            "--spec",
+            str(root / "spec.yaml"),
+            "--trials",
+            "1",
+            "--results",
+            str(root / "store"),
+            "--out",
+            str(root / "tuned"),
+        ]
+    )
     process = start([*PFLBENCH, *args], env)
     time.sleep(1)
     if not catches(process.pid, signal.SIGTERM):
         process.kill()
         process.communicate()
-        pytest.skip(f"the interpreter had not reached pflbench's entry point 1 s after it started (load "
-                    f"{os.getloadavg()[0]:.1f}): the premise cannot be decided here")
+        pytest.skip(
+            f"the interpreter had not reached pflbench's entry point 1 s after it started (load "
+            f"{os.getloadavg()[0]:.1f}): the premise cannot be decided here"
+        )
     process.send_signal(signal.SIGTERM)
     out, err = process.communicate(timeout=300)
     assert process.returncode == PREEMPTED_EXIT, (out, err)
-    assert (f"SIGTERM {NOTHING_STARTED}" in err or "preempted (SIGTERM)" in err), err
+    assert f"SIGTERM {NOTHING_STARTED}" in err or "preempted (SIGTERM)" in err, err
     assert "Traceback" not in err, err
 
 
@@ -117,8 +139,22 @@ def test_sigterm_while_ray_starts_stops_the_run_before_its_first_cell(setup):
     the process: a run that had stopped within those 3 s died of SIGALRM (exit -14)."""
     pytest.importorskip("ray")
     root, env = setup
-    process = start([sys.executable, "-c", SIGTERM_AFTER_RAY_INIT, "run", str(root / "spec.yaml"), "--results",
-                     str(root / "store"), "--workers", "2", "--checkpoint-minutes", "0"], env)
+    process = start(
+        [
+            sys.executable,
+            "-c",
+            SIGTERM_AFTER_RAY_INIT,
+            "run",
+            str(root / "spec.yaml"),
+            "--results",
+            str(root / "store"),
+            "--workers",
+            "2",
+            "--checkpoint-minutes",
+            "0",
+        ],
+        env,
+    )
     out, err = process.communicate(timeout=600)
     assert process.returncode == PREEMPTED_EXIT, (out, err)
     assert "preempted (SIGTERM) on Ray: no cell was running" in out, (out, err)

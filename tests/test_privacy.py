@@ -1,5 +1,6 @@
 """The privacy knob's guarantees (pflbench/privacy.py): BatchNorm statistics stay on the clients under
 DP, the neighbouring relation, the noise's size, and central DP (DP-FedAvg) with its accounting."""
+
 import numpy as np
 import pytest
 import torch
@@ -14,11 +15,25 @@ from pflbench.payload import Payload
 
 get_algorithm("fedavg")  # registers the built-in algorithms
 # Generated 32x32 RGB images: the issue's reproduction (FedAvg, epsilon 15, clip 1) on a small pool.
-IMAGES = dict(dataset="synthetic-images", dataset_options={"channels": 3, "size": 32, "num_samples": 600},
-              partition="iid", partition_params={}, clients=5, rounds=3, lr=0.05, batch_size=16,
-              privacy={"epsilon": 15.0, "clip": 1.0})
-STATISTICS = {"bn1.running_mean", "bn1.running_var", "bn1.num_batches_tracked",
-              "bn2.running_mean", "bn2.running_var", "bn2.num_batches_tracked"}
+IMAGES = dict(
+    dataset="synthetic-images",
+    dataset_options={"channels": 3, "size": 32, "num_samples": 600},
+    partition="iid",
+    partition_params={},
+    clients=5,
+    rounds=3,
+    lr=0.05,
+    batch_size=16,
+    privacy={"epsilon": 15.0, "clip": 1.0},
+)
+STATISTICS = {
+    "bn1.running_mean",
+    "bn1.running_var",
+    "bn1.num_batches_tracked",
+    "bn2.running_mean",
+    "bn2.running_var",
+    "bn2.num_batches_tracked",
+}
 
 
 def _spec(**defaults):
@@ -70,8 +85,9 @@ def test_without_batchnorm_the_upload_is_unchanged_by_the_rule(tmp_path):
 # ---- item 4: the neighbouring relation -----------------------------------------------------------------
 def test_relation_and_mode_at_their_defaults_keep_the_cell_hash():
     plain = parse_spec(_spec(**{"privacy.epsilon": 8})).cells[0]
-    explicit = parse_spec(_spec(**{"privacy.epsilon": 8, "privacy.relation": "add_remove",
-                                   "privacy.mode": "local"})).cells[0]
+    explicit = parse_spec(
+        _spec(**{"privacy.epsilon": 8, "privacy.relation": "add_remove", "privacy.mode": "local"})
+    ).cells[0]
     assert cell_hash(explicit) == cell_hash(plain) and explicit.privacy == {"epsilon": 8.0}
     replace = parse_spec(_spec(**{"privacy.epsilon": 8, "privacy.relation": "replace"})).cells[0]
     central = parse_spec(_spec(**{"privacy.epsilon": 8, "privacy.mode": "central"})).cells[0]
@@ -79,14 +95,22 @@ def test_relation_and_mode_at_their_defaults_keep_the_cell_hash():
     assert len({cell_hash(plain), cell_hash(replace), cell_hash(central)}) == 3
 
 
-@pytest.mark.parametrize("defaults, message", [
-    ({"privacy.epsilon": 8, "privacy.relation": "swap"},
-     r"privacy.relation: Input should be 'add_remove' or 'replace' .*allowed: .*relation \(add_remove \| replace"),
-    ({"privacy.epsilon": 8, "privacy.mode": "server"}, r"privacy.mode: Input should be 'local' or 'central'"),
-    ({"privacy.epsilon": [1, 8], "privacy.mode": "central"}, r"central DP has one budget for the whole population"),
-    ({"privacy.epsilon": 8, "privacy.relation": True}, r"privacy.relation: Input should be 'add_remove' or 'replace'"),
-    ({"privacy.relation": "replace"}, r"privacy.epsilon is required"),
-])
+@pytest.mark.parametrize(
+    "defaults, message",
+    [
+        (
+            {"privacy.epsilon": 8, "privacy.relation": "swap"},
+            r"privacy.relation: Input should be 'add_remove' or 'replace' .*allowed: .*relation \(add_remove \| replace",
+        ),
+        ({"privacy.epsilon": 8, "privacy.mode": "server"}, r"privacy.mode: Input should be 'local' or 'central'"),
+        ({"privacy.epsilon": [1, 8], "privacy.mode": "central"}, r"central DP has one budget for the whole population"),
+        (
+            {"privacy.epsilon": 8, "privacy.relation": True},
+            r"privacy.relation: Input should be 'add_remove' or 'replace'",
+        ),
+        ({"privacy.relation": "replace"}, r"privacy.epsilon is required"),
+    ],
+)
 def test_bad_relation_or_mode_is_one_clear_error(defaults, message):
     with pytest.raises(SpecError, match=message):
         parse_spec(_spec(**defaults))
@@ -123,8 +147,9 @@ def test_the_summary_states_the_relation_and_the_mode(tmp_path):
 @pytest.mark.parametrize("relation, factor", [("add_remove", 1.0), ("replace", 2.0)])
 def test_central_noise_is_on_the_sum(relation, factor):
     schedule = np.zeros((10, 4), dtype=int)
-    plan = CentralPrivacyPlan(PrivacyParams(epsilon=4.0, clip=0.5, mode="central", relation=relation),
-                              schedule, population=8, seed=0)
+    plan = CentralPrivacyPlan(
+        PrivacyParams(epsilon=4.0, clip=0.5, mode="central", relation=relation), schedule, population=8, seed=0
+    )
     assert plan.sample_rate == 0.5
     zeros = [{"w": torch.zeros(400, 500)} for _ in range(4)]
     mean = plan.noised_mean(1, zeros)["w"].double()
@@ -145,16 +170,17 @@ def test_central_dp_accounts_the_subsampled_gaussian_and_every_client_receives_o
     fedavg = get_algorithm("fedavg")
     uploads = []
     original = fedavg.aggregate
-    monkeypatch.setattr(fedavg, "aggregate", lambda self, rnd, upload: (uploads.append(upload.state),
-                                                                         original(self, rnd, upload)))
-    cell = small_cell(rounds=4, participation=0.6, privacy={"epsilon": 3.0, "mode": "central"},
-                      system={"dropout": 0.3})
+    monkeypatch.setattr(
+        fedavg, "aggregate", lambda self, rnd, upload: (uploads.append(upload.state), original(self, rnd, upload))
+    )
+    cell = small_cell(rounds=4, participation=0.6, privacy={"epsilon": 3.0, "mode": "central"}, system={"dropout": 0.3})
     result = run_cell(cell, data_root=tmp_path)
     s = result.summary
     assert result.status == "finished" and s["privacy_mode"] == "central"
     assert s["privacy_sampling_rate"] == pytest.approx(3 / 5)
-    z = get_noise_multiplier(target_epsilon=3.0, target_delta=1e-5, sample_rate=0.6, steps=4,
-                             accountant="rdp", alphas=ALPHAS)
+    z = get_noise_multiplier(
+        target_epsilon=3.0, target_delta=1e-5, sample_rate=0.6, steps=4, accountant="rdp", alphas=ALPHAS
+    )
     assert s["privacy_noise_multiplier"] == pytest.approx(z)
     accountant = RDPAccountant()
     for _ in range(s["privacy_releases"]):
@@ -177,8 +203,9 @@ def test_the_servers_model_gets_the_noise_of_one_mechanism_not_of_every_client(t
     def aggregate(self, rnd, upload):
         before = {n: t.clone() for n, t in self.global_state.items()}
         original(self, rnd, upload)
-        moved[self.engine.privacy.mode] = torch.cat([(self.global_state[n] - before[n]).flatten()
-                                                  for n in upload.state if before[n].is_floating_point()])
+        moved[self.engine.privacy.mode] = torch.cat(
+            [(self.global_state[n] - before[n]).flatten() for n in upload.state if before[n].is_floating_point()]
+        )
         weights = self.engine.train_sizes[upload.clients].double()
         moved["weights"] = weights / weights.sum()
 
@@ -194,10 +221,15 @@ def test_the_servers_model_gets_the_noise_of_one_mechanism_not_of_every_client(t
 
 @pytest.mark.parametrize("name", ["pfedla", "heurpfedla", "pfedhn", "pfedhn-pc", "mh-pfedhn"])
 def test_algorithms_whose_server_needs_each_update_refuse_central_dp(name):
-    spec = {"matrix": {"algorithm": [name], "dataset": "synthetic"},
-            "defaults": {"privacy.epsilon": 8, "privacy.mode": "central"}}
-    with pytest.raises(SpecError, match=rf"algorithm '{name}' cannot run with privacy.mode: central DP hands "
-                                        r"the server one noised sum.*algorithms that can: .*fedavg"):
+    spec = {
+        "matrix": {"algorithm": [name], "dataset": "synthetic"},
+        "defaults": {"privacy.epsilon": 8, "privacy.mode": "central"},
+    }
+    with pytest.raises(
+        SpecError,
+        match=rf"algorithm '{name}' cannot run with privacy.mode: central DP hands "
+        r"the server one noised sum.*algorithms that can: .*fedavg",
+    ):
         parse_spec(spec)
     parse_spec({**spec, "defaults": {"privacy.epsilon": 8}})  # local DP: still runs
 

@@ -2,6 +2,7 @@
 hook of `Algorithm` delegated to the wrapped method by name, uploads privatized where they leave the
 clients, the wrapping done once where the cell's method is built (pflbench/cell_method.py), and the
 round driver (pflbench/rounds.py) free of privacy code. Its runs are the runs of the code before it."""
+
 from __future__ import annotations
 
 import ast
@@ -43,13 +44,19 @@ SENTINEL = object()
 def _spy(calls: list) -> type[Algorithm]:
     """FedAvg whose every hook records its call and returns SENTINEL: what the wrapper delegates."""
     fedavg = get_algorithm("fedavg")
-    own: dict[str, object] = {"dp_upload": "update", "updates_per_client": True,
-                              "search_space": {"lr": ("uniform", 0.0, 1.0)}, "quick_hp": {"x": 1}}
+    own: dict[str, object] = {
+        "dp_upload": "update",
+        "updates_per_client": True,
+        "search_space": {"lr": ("uniform", 0.0, 1.0)},
+        "quick_hp": {"x": 1},
+    }
     for name, value in _public(Algorithm).items():
         if inspect.isfunction(value) and name not in ("local_train", "send", "facts"):
+
             def hook(self, *args, _name=name):
                 calls.append((_name, args))
                 return SENTINEL
+
             own[name] = hook
 
     def cell_refusal(cls, cell):
@@ -74,7 +81,9 @@ def test_the_wrapper_is_an_algorithm_and_every_hook_of_the_base_is_delegated_by_
     own_state = {"state", "state_objects", "state_rebuilt"}
     defined = set(vars(DifferentiallyPrivate))
     assert not set(base) - declared - own_state - defined, "hooks of Algorithm the wrapper does not delegate"
-    hooks = {name for name, value in base.items() if inspect.isfunction(value) or isinstance(value, (property, classmethod))}
+    hooks = {
+        name for name, value in base.items() if inspect.isfunction(value) or isinstance(value, (property, classmethod))
+    }
     assert hooks <= defined and len(hooks) >= 20  # 15 methods, 2 properties, 3 class methods today
     for name in declared:
         assert getattr(type(wrapper), name) is getattr(spy, name), name
@@ -93,8 +102,20 @@ def test_the_wrapper_is_an_algorithm_and_every_hook_of_the_base_is_delegated_by_
         assert calls == [(name, arguments)], name
         assert returned is (None if signature.return_annotation == "None" else SENTINEL), name
         checked.add(name)
-    assert checked >= {"setup", "configure", "receive", "aggregate", "aggregate_client", "personalized", "evaluate",
-                       "adapt_locally", "newcomer_models", "state_dict", "load_state_dict", "artifacts"}
+    assert checked >= {
+        "setup",
+        "configure",
+        "receive",
+        "aggregate",
+        "aggregate_client",
+        "personalized",
+        "evaluate",
+        "adapt_locally",
+        "newcomer_models",
+        "state_dict",
+        "load_state_dict",
+        "artifacts",
+    }
     # the properties, the class's contract and the facts
     assert wrapper.dp_upload == "update" and wrapper.updates_per_client is True
     assert wrapper.engine is inner.engine
@@ -153,13 +174,17 @@ def test_the_round_driver_refuses_a_hand_built_method_of_a_cell_with_privacy(tmp
     fedavg = get_algorithm("fedavg")
     fed = make_federation(small_cell(rounds=1, **PRIVATE), tmp_path)
     by_hand = fedavg(fed, fedavg.parse_hyperparams({}))
-    expected = (r"the cell has privacy on \(privacy\.clip=0\.05, privacy\.epsilon=8\.0\), but its method FedAvg was "
-                r"built without the privacy wrapper, so its uploads would leave the clients unprivatized: build the "
-                r"method with pflbench\.cell_method\.cell_method\(FedAvg, cell, fed\)")
+    expected = (
+        r"the cell has privacy on \(privacy\.clip=0\.05, privacy\.epsilon=8\.0\), but its method FedAvg was "
+        r"built without the privacy wrapper, so its uploads would leave the clients unprivatized: build the "
+        r"method with pflbench\.cell_method\.cell_method\(FedAvg, cell, fed\)"
+    )
     with pytest.raises(NotTheCellsMethod, match=expected):
         rounds.run_rounds(fed, by_hand)
     assert not hasattr(by_hand, "global_state")  # refused before its setup
-    with pytest.raises(NotTheCellsMethod, match=r"or wrap this one with pflbench\.privacy\.with_privacy\(method, fed\)"):
+    with pytest.raises(
+        NotTheCellsMethod, match=r"or wrap this one with pflbench\.privacy\.with_privacy\(method, fed\)"
+    ):
         rounds.run_round(by_hand, 1, torch.as_tensor(fed.schedule[0]))  # one round, driven by hand
     result = rounds.run_rounds(fed, cell_method(fedavg, fed.cell, fed))
     assert result.status == "finished" and result.summary["privacy_epsilon_max"] is not None
@@ -191,6 +216,7 @@ def test_the_round_driver_imports_nothing_of_privacy():
 def test_cell_groups_see_the_modules_of_a_wrapped_method(tmp_path):
     """A cell whose method holds a module that draws from torch's global generator runs alone, not in a
     group (pflbench.groups), wrapped or not."""
+
     class WithDropout(get_algorithm("fedavg")):
         def setup(self):
             super().setup()
@@ -211,30 +237,79 @@ def test_cell_groups_see_the_modules_of_a_wrapped_method(tmp_path):
 # drawn in the same order, so the values are those, up to float rounding across machines.
 BEFORE = {
     "fedavg-local": (
-        dict(algorithm="fedavg", clients=6, participation=0.5, rounds=3, system={"dropout": 0.3},
-             privacy={"epsilon": [1.0, 8.0, None], "clip": 0.05}),
-        [3.6498847007751465, 4.125150680541992, 3.016303539276123, 2.614396810531616, 1.6761285066604614,
-         4.731672286987305],
-        [0, 0, 2, 2, 2, 1], [0.0, 0.0, None, 0.7994003575632785, None, 7.997786769569139]),
+        dict(
+            algorithm="fedavg",
+            clients=6,
+            participation=0.5,
+            rounds=3,
+            system={"dropout": 0.3},
+            privacy={"epsilon": [1.0, 8.0, None], "clip": 0.05},
+        ),
+        [
+            3.6498847007751465,
+            4.125150680541992,
+            3.016303539276123,
+            2.614396810531616,
+            1.6761285066604614,
+            4.731672286987305,
+        ],
+        [0, 0, 2, 2, 2, 1],
+        [0.0, 0.0, None, 0.7994003575632785, None, 7.997786769569139],
+    ),
     "fedavg-central": (
-        dict(algorithm="fedavg", clients=6, participation=0.5, rounds=3, system={"dropout": 0.3},
-             privacy={"epsilon": 4.0, "mode": "central", "relation": "replace", "clip": 0.05}),
-        [2.676319122314453, 3.488834857940674, 2.7858238220214844, 2.845176935195923, 3.7532918453216553,
-         3.1295108795166016],
-        3, 3.9992720953246255),
+        dict(
+            algorithm="fedavg",
+            clients=6,
+            participation=0.5,
+            rounds=3,
+            system={"dropout": 0.3},
+            privacy={"epsilon": 4.0, "mode": "central", "relation": "replace", "clip": 0.05},
+        ),
+        [
+            2.676319122314453,
+            3.488834857940674,
+            2.7858238220214844,
+            2.845176935195923,
+            3.7532918453216553,
+            3.1295108795166016,
+        ],
+        3,
+        3.9992720953246255,
+    ),
     "pfedla-update": (
         dict(algorithm="pfedla", clients=6, participation=0.5, rounds=2, privacy={"epsilon": 8.0, "clip": 0.05}),
-        [2.3420305252075195, 2.2631592750549316, 2.2700695991516113, 2.296541452407837, 2.354154348373413,
-         2.289320707321167],
-        [0, 1, 1, 2, 1, 1], [0.0, 7.997786769569139, 7.997786769569139, 7.996834449864593, 7.997786769569139,
-                             7.997786769569139]),
+        [
+            2.3420305252075195,
+            2.2631592750549316,
+            2.2700695991516113,
+            2.296541452407837,
+            2.354154348373413,
+            2.289320707321167,
+        ],
+        [0, 1, 1, 2, 1, 1],
+        [0.0, 7.997786769569139, 7.997786769569139, 7.996834449864593, 7.997786769569139, 7.997786769569139],
+    ),
     "pfedhn-per-client": (
-        dict(algorithm="pfedhn", clients=6, participation=0.5, rounds=2, system={"dropout": 0.3},
-             hp={"server_updates": "per_client", "inner_steps": 2}, privacy={"epsilon": 8.0, "clip": 0.05}),
-        [2.21525239944458, 2.2985761165618896, 2.3317370414733887, 2.2729554176330566, 2.27105450630188,
-         2.3305561542510986],
-        [0, 1, 1, 1, 0, 1], [0.0, 7.997786769569139, 7.997786769569139, 5.3247977133865545, 0.0,
-                             7.997786769569139]),
+        dict(
+            algorithm="pfedhn",
+            clients=6,
+            participation=0.5,
+            rounds=2,
+            system={"dropout": 0.3},
+            hp={"server_updates": "per_client", "inner_steps": 2},
+            privacy={"epsilon": 8.0, "clip": 0.05},
+        ),
+        [
+            2.21525239944458,
+            2.2985761165618896,
+            2.3317370414733887,
+            2.2729554176330566,
+            2.27105450630188,
+            2.3305561542510986,
+        ],
+        [0, 1, 1, 1, 0, 1],
+        [0.0, 7.997786769569139, 7.997786769569139, 5.3247977133865545, 0.0, 7.997786769569139],
+    ),
 }
 
 

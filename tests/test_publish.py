@@ -1,6 +1,7 @@
 """Published studies: `publish` (slimmed copy + manifest), `rerun` and `verify` (a stored cell repeats
 its metrics; a tampered file or changed code is caught), staleness, the peak memory of a cell, and the
 leaderboard of several studies with a stale one marked."""
+
 import json
 import re
 import shutil
@@ -80,7 +81,9 @@ def test_publish_writes_a_slim_study_with_its_manifest_and_the_cells_peak_memory
         assert summary["peak_host_method"] in ("vmhwm", "sampled", "process")
         assert manifest["commit"] == summary["code_commit"]  # the commit the cell ran with
         # the narrowing `--set`s of each cell were checked at publish time to give exactly that cell
-        assert manifest["cells"][folder.name]["sets"] == [f"algorithm={json.loads((folder / 'config.json').read_text())['cell']['algorithm']}"]
+        assert manifest["cells"][folder.name]["sets"] == [
+            f"algorithm={json.loads((folder / 'config.json').read_text())['cell']['algorithm']}"
+        ]
     assert {p.name for p in study.iterdir()} == {MANIFEST, *manifest["cells"]}
 
 
@@ -89,9 +92,13 @@ def test_the_slimmed_artifacts_keep_what_reports_and_the_readme_read(tmp_path):
     import numpy as np
 
     from pflbench.publish import _slim_artifacts
+
     source = tmp_path / "arrays.npz"
-    arrays = {f"{name}_round{r:05d}": np.full((2, 2), r, dtype=np.float32)
-              for name in ("alpha", "affinity", "weights", "embeddings") for r in (10, 20)}
+    arrays = {
+        f"{name}_round{r:05d}": np.full((2, 2), r, dtype=np.float32)
+        for name in ("alpha", "affinity", "weights", "embeddings")
+        for r in (10, 20)
+    }
     np.savez(source, alpha_layers=np.array(["conv1"]), **arrays)
     record = _slim_artifacts(source, tmp_path / "slim" / "arrays.npz")
     with np.load(tmp_path / "slim" / "arrays.npz") as kept:
@@ -104,8 +111,9 @@ def test_rerun_of_a_stored_cell_gives_its_stored_metrics(study):
     for folder in cell_folders(study):
         result = rerun(folder)
         stored = pd.read_parquet(folder / METRICS)
-        pd.testing.assert_frame_equal(stored.drop(columns="wall_time"), result.metrics.drop(columns="wall_time"),
-                                      check_dtype=False)
+        pd.testing.assert_frame_equal(
+            stored.drop(columns="wall_time"), result.metrics.drop(columns="wall_time"), check_dtype=False
+        )
         assert compare(folder, result, exact=True) == []
 
 
@@ -279,10 +287,14 @@ def test_a_study_page_leads_with_what_the_study_is_and_folds_the_history():
     loads, worktrees) goes into the folded provenance."""
     from pflbench.reports.provenance import lead_sentence
 
-    note = ("pFedLA Table 2 (dominant), 10 clients (issue 41; from commit 2729b7c. on 2 cores). Local: rounds "
-            "1-387 ran on 2026-11-26. FedAvg: 6505 s.")
-    assert lead_sentence(note) == ("pFedLA Table 2 (dominant), 10 clients (issue 41; from commit 2729b7c. on 2 cores).",
-                                   "Local: rounds 1-387 ran on 2026-11-26. FedAvg: 6505 s.")
+    note = (
+        "pFedLA Table 2 (dominant), 10 clients (issue 41; from commit 2729b7c. on 2 cores). Local: rounds "
+        "1-387 ran on 2026-11-26. FedAvg: 6505 s."
+    )
+    assert lead_sentence(note) == (
+        "pFedLA Table 2 (dominant), 10 clients (issue 41; from commit 2729b7c. on 2 cores).",
+        "Local: rounds 1-387 ran on 2026-11-26. FedAvg: 6505 s.",
+    )
     assert lead_sentence("one line, no history") == ("one line, no history", "")
     assert lead_sentence("") == ("", "")
 
@@ -306,12 +318,12 @@ def test_leaderboard_shows_a_studys_variants_beside_it(made, tmp_path, monkeypat
     column = (tmp_path / "site" / "column" / "index.html").read_text()
     variants = (tmp_path / "site" / "variants" / "index.html").read_text()
     assert 'data-algorithm="local"' in column and 'data-algorithm="fedavg"' in column and "beside this store" in column
-    assert 'data-algorithm="fedavg"' not in variants          # the variants' own page is as before
+    assert 'data-algorithm="fedavg"' not in variants  # the variants' own page is as before
     pages = {p.stem: p.read_text() for p in (tmp_path / "site" / "column" / "cells").glob("*.html")}
     local = next(text for text in pages.values() if "--set algorithm=local" in text)
     reproduce = local.split('id="reproduce"')[1]
     assert "This cell is from the study variants</strong>, shown beside column" in reproduce
-    assert "--set algorithm=fedavg" not in reproduce      # its own study's commands, not the column's
+    assert "--set algorithm=fedavg" not in reproduce  # its own study's commands, not the column's
     (published / LEADERBOARD).write_text("beside:\n  column: [variant]\n")
     with pytest.raises(PublishError, match="no published study 'variant' \\(published: column, variants\\)"):
         beside_studies(published)
@@ -334,6 +346,7 @@ def test_peak_memory_counts_what_the_cell_held_at_its_peak_not_before():
             result = Result()
             result.summary = {}
             return result
+
         return run
 
     big = measured("cpu", cell(200)).summary
@@ -388,9 +401,11 @@ def test_every_cell_is_narrowed_by_its_variant_name_and_client_entry(tmp_path):
     from pflbench.spec import load_spec, parse_sets
 
     spec = tmp_path / "v.yaml"
-    spec.write_text("name: v\nmatrix:\n  algorithm: [fedavg, local]\n  dataset: [synthetic]\n"
-                    "  clients: [5, {clients: 6, participation: 0.5}]\n  variants:\n"
-                    "    - {name: plain}\n    - {name: 'slow, short', set: {lr: 0.001, rounds: 3}}\n")
+    spec.write_text(
+        "name: v\nmatrix:\n  algorithm: [fedavg, local]\n  dataset: [synthetic]\n"
+        "  clients: [5, {clients: 6, participation: 0.5}]\n  variants:\n"
+        "    - {name: plain}\n    - {name: 'slow, short', set: {lr: 0.001, rounds: 3}}\n"
+    )
     plan = load_spec(spec)
     assert len(plan.cells) == 8
     for cell in plan.cells:
@@ -447,16 +462,20 @@ def test_the_leaderboard_links_every_page_to_the_docs_site(made, tmp_path, monke
     tmp, spec, published = made
     monkeypatch.setenv("PFLBENCH_DATA", str(tmp / "data"))
     site = tmp_path / "reports" / "leaderboard"
-    build_leaderboard(published.parent, site, options=ReportOptions(figures=False, partitions=False,
-                                                                      docs_url="../../site/index.html"))
+    build_leaderboard(
+        published.parent, site, options=ReportOptions(figures=False, partitions=False, docs_url="../../site/index.html")
+    )
     docs = (tmp_path / "site" / "index.html").resolve()
     pages = [site / "index.html", site / "tiny" / "index.html", next((site / "tiny" / "cells").glob("*.html"))]
     for page in pages:
         links = re.findall(r'<a href="([^"]+)">documentation</a>', page.read_text())
         assert len(links) == 1, page
         assert Path(os.path.normpath(page.parent / links[0])) == docs, (page, links)
-    build_leaderboard(published.parent, tmp_path / "other", options=ReportOptions(
-        figures=False, partitions=False, docs_url="https://example.org/pflbench/"))
+    build_leaderboard(
+        published.parent,
+        tmp_path / "other",
+        options=ReportOptions(figures=False, partitions=False, docs_url="https://example.org/pflbench/"),
+    )
     cell_page = next((tmp_path / "other" / "tiny" / "cells").glob("*.html")).read_text()
     assert '<a href="https://example.org/pflbench/">documentation</a>' in cell_page
     build_leaderboard(published.parent, tmp_path / "none", options=ReportOptions(figures=False, partitions=False))

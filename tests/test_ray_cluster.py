@@ -12,6 +12,7 @@ cluster's home holds a token of its own, so the cluster asks for token authentic
 Ray's client failed unless RAY_AUTH_MODE=token was set by hand; no such variable is set here.
 Skipped where namespaces cannot be made (not root, no `unshare`) or Ray is missing.
 """
+
 from __future__ import annotations
 
 import os
@@ -92,35 +93,60 @@ def test_a_cluster_started_with_ray_start_runs_the_matrix_as_in_process(tmp_path
     outside.mkdir()
     (outside / "my_avg.py").write_text(MY_AVG)
     spec = outside / "cluster.yaml"
-    spec.write_text(yaml.safe_dump({
-        "name": "cluster-path", "plugins": ["my_avg.py"],
-        "matrix": {"algorithm": ["fedavg", "local", "my-avg"], "dataset": ["synthetic"], "seed": [0, 1]},
-        "defaults": {"rounds": 2, "clients": 3, "dataset_options": {"num_samples": 300}}}))
+    spec.write_text(
+        yaml.safe_dump(
+            {
+                "name": "cluster-path",
+                "plugins": ["my_avg.py"],
+                "matrix": {"algorithm": ["fedavg", "local", "my-avg"], "dataset": ["synthetic"], "seed": [0, 1]},
+                "defaults": {"rounds": 2, "clients": 3, "dataset_options": {"num_samples": 300}},
+            }
+        )
+    )
     root = tmp_path / "data"
     # Ray's unix sockets need a short path; a marker in it finds any process left behind.
     ray_dir = Path(tempfile.mkdtemp(prefix="pflray-", dir="/tmp"))
     home = tmp_path / "home"
     (home / ".ray").mkdir(parents=True)
     (home / ".ray" / "auth_token").write_text(secrets.token_hex(32))  # the cluster's, not the machine's
-    env = {key: value for key, value in os.environ.items()
-           if not key.startswith("RAY_") or key == "RAY_worker_niceness"}  # conftest.py
+    env = {
+        key: value for key, value in os.environ.items() if not key.startswith("RAY_") or key == "RAY_worker_niceness"
+    }  # conftest.py
     # A bare client is refused within seconds on a quiet machine (importing Ray is most of it); a client that
     # hangs instead is cut off. On a busy one both take longer: the limits are scaled by the load. It runs
     # beside the matrix (the script), so its limit costs nothing where the refusal comes in time.
-    env.update(HOME=str(home), RAY=ray, PYTHON=sys.executable, PORT=str(free_port()), RAY_DIR=str(ray_dir),
-               BARE_SECONDS=f"{scaled(20):.0f}",
-               LOGS=str(tmp_path), SPEC=str(spec), RESULTS=str(tmp_path / "on-cluster"), ROOT=str(root),
-               RAY_USAGE_STATS_ENABLED="0", PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    env.update(
+        HOME=str(home),
+        RAY=ray,
+        PYTHON=sys.executable,
+        PORT=str(free_port()),
+        RAY_DIR=str(ray_dir),
+        BARE_SECONDS=f"{scaled(20):.0f}",
+        LOGS=str(tmp_path),
+        SPEC=str(spec),
+        RESULTS=str(tmp_path / "on-cluster"),
+        ROOT=str(root),
+        RAY_USAGE_STATS_ENABLED="0",
+        PYTHONPATH=str(Path(__file__).resolve().parents[1]),
+    )
     start = time.monotonic()
     try:
-        done = subprocess.run(["unshare", "--net", "--pid", "--fork", "--mount-proc", "bash", "-c", CLUSTER_SCRIPT],
-                              env=env, timeout=scaled(240), capture_output=True, text=True)
+        done = subprocess.run(
+            ["unshare", "--net", "--pid", "--fork", "--mount-proc", "bash", "-c", CLUSTER_SCRIPT],
+            env=env,
+            timeout=scaled(240),
+            capture_output=True,
+            text=True,
+        )
     finally:
         leftovers = subprocess.run(["pgrep", "-f", ray_dir.name], capture_output=True, text=True).stdout.split()
         shutil.rmtree(ray_dir, ignore_errors=True)
     seconds = time.monotonic() - start
-    logs = "\n".join(f"--- {name}\n{(tmp_path / name).read_text()[-3000:]}" for name in
-                     ("ray-start.log", "run.log") if (tmp_path / name).exists())
+    logs = "\n".join(
+        f"--- {name}\n{(tmp_path / name).read_text()[-3000:]}"
+        for name in ("ray-start.log", "run.log")
+        if (tmp_path / name).exists()
+    )
     assert done.returncode == 0, f"exit {done.returncode} after {seconds:.0f} s\n{done.stderr[-2000:]}\n{logs}"
     assert not leftovers, f"processes of the cluster survived it: {leftovers}"
     assert "AuthenticationError" not in logs
@@ -135,13 +161,17 @@ def test_a_cluster_started_with_ray_start_runs_the_matrix_as_in_process(tmp_path
         here = Store(tmp_path / "in-process").summary(cell)
         there = Store(tmp_path / "on-cluster").summary(cell)
         assert there is not None and there["status"] == "finished", logs
-        assert {k: v for k, v in here.items() if k not in VOLATILE} == {k: v for k, v in there.items() if k not in VOLATILE}
+        assert {k: v for k, v in here.items() if k not in VOLATILE} == {
+            k: v for k, v in there.items() if k not in VOLATILE
+        }
     # The premise: this cluster refuses a client that does not send its token (Ray's own bare call). A bare
     # call accepted is a failure; one still waiting when it was cut off decides nothing: said, and skipped.
     bare = (tmp_path / "bare-init.log").read_text()
     assert "exit 0" not in bare, bare[-2000:]
     if "InvalidAuthToken" not in bare and "exit 124" in bare:
-        pytest.skip(f"the matrix ran on the cluster as in process, but the premise is undecided: Ray's bare ray.init "
-                    f"was neither refused nor accepted within {env['BARE_SECONDS']} s (load "
-                    f"{os.getloadavg()[0]:.1f})")
+        pytest.skip(
+            f"the matrix ran on the cluster as in process, but the premise is undecided: Ray's bare ray.init "
+            f"was neither refused nor accepted within {env['BARE_SECONDS']} s (load "
+            f"{os.getloadavg()[0]:.1f})"
+        )
     assert "InvalidAuthToken" in bare, bare[-2000:]

@@ -2,6 +2,7 @@
 machine, and tasks ask for what the runner asks for a cell (`task_resources`). Cells of `resources.gpus`
 1/8 are packed 8 to the GPU at once (a ninth waits), each told GPU 0 (CUDA_VISIBLE_DEVICES), where the
 cell's "cuda" device is that GPU."""
+
 from __future__ import annotations
 
 import os
@@ -67,8 +68,11 @@ def cell_probe(gate) -> dict:
     while not ray.get(gate.is_open.remote()) and time.monotonic() < deadline:
         time.sleep(0.05)
     ray.get(gate.leave.remote())
-    return {"gpu_ids": [str(i) for i in ray.get_gpu_ids()], "visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
-            "device": ExecutionOptions().on("cuda").device}
+    return {
+        "gpu_ids": [str(i) for i in ray.get_gpu_ids()],
+        "visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "device": ExecutionOptions().on("cuda").device,
+    }
 
 
 def wait_inside(gate, count: int, refs, seconds: float = 180) -> None:

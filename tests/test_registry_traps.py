@@ -12,6 +12,7 @@ also fails on a planted method that has the bug, so it is known to catch it.
   label shuffled, the method's whole state after training, its validation scores and its bytes are
   the same to the bit.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -40,10 +41,22 @@ PERSONAL_STATISTICS = {
 
 def _cell(name: str, **overrides) -> CellConfig:
     cls = get_algorithm(name)
-    base = dict(algorithm=name, dataset="synthetic", dataset_options={"num_samples": 180},
-                partition="pathological", partition_params={"classes_per_client": 3}, clients=3,
-                participation=1.0, rounds=2, local_epochs=1, batch_size=16, lr=0.05, seed=3, eval_every=1,
-                hp=dict(cls.quick_hp))
+    base = dict(
+        algorithm=name,
+        dataset="synthetic",
+        dataset_options={"num_samples": 180},
+        partition="pathological",
+        partition_params={"classes_per_client": 3},
+        clients=3,
+        participation=1.0,
+        rounds=2,
+        local_epochs=1,
+        batch_size=16,
+        lr=0.05,
+        seed=3,
+        eval_every=1,
+        hp=dict(cls.quick_hp),
+    )
     return CellConfig(**{**base, **overrides})
 
 
@@ -64,8 +77,12 @@ def _run(cell: CellConfig, cls: type | None = None, dataset: Dataset | None = No
 
 # ---- 1. BatchNorm statistics go with the weights they normalize ----------------------------------------
 
-IMAGES = dict(dataset="synthetic-images", dataset_options={"num_samples": 120, "channels": 3, "size": 28},
-              model="cnn-bn", rounds=1)
+IMAGES = dict(
+    dataset="synthetic-images",
+    dataset_options={"num_samples": 120, "channels": 3, "size": 28},
+    model="cnn-bn",
+    rounds=1,
+)
 
 
 def _batchnorm_layers(names: set[str]) -> dict[str, list[str]]:
@@ -123,6 +140,7 @@ def test_the_batchnorm_trap_catches_a_fedavg_that_averages_only_parameters():
 
 
 # ---- 2. Per-FedAvg's second batch: fresh, from the training split -----------------------------------------
+
 
 def _meta_step_problems(variant: str) -> list[str]:
     """What is wrong with the batches of Per-FedAvg's meta steps in one round (`variant`): every batch
@@ -189,6 +207,7 @@ def test_the_perfedavg_trap_catches_a_second_step_on_test_batches(monkeypatch):
 
 # ---- 3. No method reads a test split while it trains ---------------------------------------------------
 
+
 def _poisoned(dataset: Dataset, splits) -> Dataset:
     """`dataset` with every test sample's input replaced by large noise and the test labels shuffled."""
     ids = torch.from_numpy(np.concatenate(splits.test))
@@ -199,8 +218,14 @@ def _poisoned(dataset: Dataset, splits) -> Dataset:
     else:
         inputs[ids] = torch.randint(0, 256, inputs[ids].shape, generator=gen, dtype=inputs.dtype)
     labels[ids] = labels[ids][torch.randperm(len(ids), generator=gen)]
-    return Dataset.build(dataset.name, inputs, labels, num_classes=dataset.num_classes, checksum=dataset.checksum,
-                         source_split=dataset.source_split)
+    return Dataset.build(
+        dataset.name,
+        inputs,
+        labels,
+        num_classes=dataset.num_classes,
+        checksum=dataset.checksum,
+        source_split=dataset.source_split,
+    )
 
 
 def _trained(algorithm) -> dict:
@@ -220,7 +245,9 @@ def _trained(algorithm) -> dict:
             flat[path] = value
 
     for key, value in algorithm.state_dict().items():
-        if key != "_cached":  # Per-FedAvg's cache of the last evaluation's models (from train data: compared anyway below)
+        if (
+            key != "_cached"
+        ):  # Per-FedAvg's cache of the last evaluation's models (from train data: compared anyway below)
             walk(key, value)
     return flat
 
@@ -231,8 +258,11 @@ def _changed(clean: dict, dirty: dict) -> list[str]:
     for key, a in clean.items():
         b = dirty[key]
         if isinstance(a, torch.Tensor):
-            if not torch.equal(a, b) and not (a.is_floating_point() and torch.equal(a.isnan(), b.isnan())
-                                              and torch.equal(a.nan_to_num(), b.nan_to_num())):
+            if not torch.equal(a, b) and not (
+                a.is_floating_point()
+                and torch.equal(a.isnan(), b.isnan())
+                and torch.equal(a.nan_to_num(), b.nan_to_num())
+            ):
                 out.append(key)
         elif isinstance(a, np.ndarray):
             if not np.array_equal(a, b, equal_nan=a.dtype.kind == "f"):
@@ -255,8 +285,9 @@ def _test_split_reads(name: str | None, cls: type | None = None) -> list[str]:
     assert not clean_result.metrics["loss"].equals(dirty_result.metrics["loss"])
     moved = _changed(_trained(clean), _trained(dirty))
     try:
-        pd.testing.assert_frame_equal(clean_result.metrics[TRAINING_COLUMNS], dirty_result.metrics[TRAINING_COLUMNS],
-                                      check_exact=True)
+        pd.testing.assert_frame_equal(
+            clean_result.metrics[TRAINING_COLUMNS], dirty_result.metrics[TRAINING_COLUMNS], check_exact=True
+        )
     except AssertionError:
         moved.append("validation scores or bytes")
     return moved

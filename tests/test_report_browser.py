@@ -2,6 +2,7 @@
 on its header, made by the page's own script from the address's #sort=...) changes the order of the
 rows, filtering hides rows, and a screenshot is taken. Installs nothing: skipped where no Chromium
 binary is on PATH (`.ci/run` installs Debian's `chromium`)."""
+
 from __future__ import annotations
 
 import os
@@ -15,14 +16,25 @@ from report_helpers import write_cell
 
 from pflbench.reports import ReportOptions, build_reports
 
-BROWSER = next((shutil.which(name) for name in ("chromium", "chromium-browser", "google-chrome", "chrome")
-                if shutil.which(name)), None)
-pytestmark = pytest.mark.skipif(BROWSER is None, reason="no Chromium binary on PATH (apt-get install chromium; .ci/run does)")
+BROWSER = next(
+    (shutil.which(name) for name in ("chromium", "chromium-browser", "google-chrome", "chrome") if shutil.which(name)),
+    None,
+)
+pytestmark = pytest.mark.skipif(
+    BROWSER is None, reason="no Chromium binary on PATH (apt-get install chromium; .ci/run does)"
+)
 
 
 def chromium(tmp_path, *args: str) -> str:
-    command = [BROWSER, "--headless", "--disable-gpu", "--no-first-run", "--hide-scrollbars",
-               f"--user-data-dir={tmp_path / 'profile'}", *args]
+    command = [
+        BROWSER,
+        "--headless",
+        "--disable-gpu",
+        "--no-first-run",
+        "--hide-scrollbars",
+        f"--user-data-dir={tmp_path / 'profile'}",
+        *args,
+    ]
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         command.insert(2, "--no-sandbox")  # Chromium refuses to run as root with its sandbox
     done = subprocess.run(command, capture_output=True, text=True, timeout=scaled(90))
@@ -32,7 +44,7 @@ def chromium(tmp_path, *args: str) -> str:
 
 def hashes(dom: str, hidden: bool = True) -> list[str]:
     """The cells table's rows in page order (optionally without the hidden ones)."""
-    table = dom[dom.index('id="cells"'):]
+    table = dom[dom.index('id="cells"') :]
     rows = re.findall(r"<tr ([^>]*data-hash=\"([0-9a-f]+)\"[^>]*)>", table)
     return [h for attrs, h in rows if hidden or " hidden" not in f" {attrs}"]
 
@@ -86,7 +98,9 @@ def test_protocol_switch(tmp_path_factory, tmp_path):
         return {re.search(r'data-protocol="([^"]+)"', a)[1] for a in sections if " hidden" not in f" {a}"}
 
     assert visible(chromium(tmp_path, "--dump-dom", url)) == {"delivered-final-clients"}
-    assert visible(chromium(tmp_path, "--dump-dom", url + "#protocol=adapted-final-clients")) == {"adapted-final-clients"}
+    assert visible(chromium(tmp_path, "--dump-dom", url + "#protocol=adapted-final-clients")) == {
+        "adapted-final-clients"
+    }
 
 
 def page_width(tmp_path, page) -> tuple[int, int]:
@@ -98,9 +112,11 @@ def page_width(tmp_path, page) -> tuple[int, int]:
         f'src="{page.as_uri()}"></iframe><pre id="out">pending</pre><script>'
         'document.getElementById("f").onload = function () { var d = this.contentDocument.documentElement;'
         ' document.getElementById("out").textContent = "width " + d.scrollWidth + " " + d.clientWidth; };'
-        '</script></body></html>')
-    dom = chromium(tmp_path, "--allow-file-access-from-files", "--virtual-time-budget=10000", "--dump-dom",
-                   wrapper.as_uri())
+        "</script></body></html>"
+    )
+    dom = chromium(
+        tmp_path, "--allow-file-access-from-files", "--virtual-time-budget=10000", "--dump-dom", wrapper.as_uri()
+    )
     found = re.search(r"width (\d+) (\d+)", dom)
     assert found, dom[-500:]
     return int(found[1]), int(found[2])
@@ -115,15 +131,46 @@ def test_budget_captions_identical_flags_notes_and_no_overflow_at_1400px(tmp_pat
     root = tmp_path_factory.mktemp("store")
     for seed in (0, 1):
         for algorithm in ("fedavg", "fedbn"):  # FedBN = FedAvg on a model without BatchNorm
-            write_cell(root, algorithm=algorithm, seed=seed, lr=0.05, samples_per_client=300,
-                       accuracies=(0.6 + seed / 10, 0.7, 0.72, 0.8), adapted=(0.7, 0.75, 0.8, 0.85))
-        write_cell(root, algorithm="pfedhn", seed=seed, lr=0.01, samples_per_client=300,
-                   accuracies=(0.65, 0.7, 0.75, 0.8), adapted=(0.7, 0.75, 0.8, 0.85))
-        write_cell(root, algorithm="local", seed=seed, dataset="synthetic", lr=0.05, samples_per_client=300,
-                   accuracies=(0.9, 0.95, 0.91, 0.93))
-    (root / "_notes.json").write_text(json.dumps({"skipped_datasets": {"cifar10-jpeg": {
-        "cells": 8, "reason": "no copy in the data root or the mirror, and no download",
-        "looked_in": ["/nonexistent/data/" + "cifar10-jpeg/" * 12]}}}))
+            write_cell(
+                root,
+                algorithm=algorithm,
+                seed=seed,
+                lr=0.05,
+                samples_per_client=300,
+                accuracies=(0.6 + seed / 10, 0.7, 0.72, 0.8),
+                adapted=(0.7, 0.75, 0.8, 0.85),
+            )
+        write_cell(
+            root,
+            algorithm="pfedhn",
+            seed=seed,
+            lr=0.01,
+            samples_per_client=300,
+            accuracies=(0.65, 0.7, 0.75, 0.8),
+            adapted=(0.7, 0.75, 0.8, 0.85),
+        )
+        write_cell(
+            root,
+            algorithm="local",
+            seed=seed,
+            dataset="synthetic",
+            lr=0.05,
+            samples_per_client=300,
+            accuracies=(0.9, 0.95, 0.91, 0.93),
+        )
+    (root / "_notes.json").write_text(
+        json.dumps(
+            {
+                "skipped_datasets": {
+                    "cifar10-jpeg": {
+                        "cells": 8,
+                        "reason": "no copy in the data root or the mirror, and no download",
+                        "looked_in": ["/nonexistent/data/" + "cifar10-jpeg/" * 12],
+                    }
+                }
+            }
+        )
+    )
     out = tmp_path_factory.mktemp("reports")
     build_reports(root, out, ReportOptions(figures=False))
     dom = chromium(tmp_path, "--dump-dom", (out / "index.html").as_uri())

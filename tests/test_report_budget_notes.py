@@ -1,6 +1,7 @@
 """What a researcher sees beside the numbers: each table's training budget, entries that repeat another
 algorithm's results bit for bit, ties, datasets a run left out (`<results>/_notes.json`) and cells
 still running. Stores written directly (report_helpers), no training, no figures: fast."""
+
 from __future__ import annotations
 
 import json
@@ -24,7 +25,7 @@ def entries(table, column=0):
 def test_identical_entries_are_flagged_with_their_reason_and_not_ranked(tmp_path):
     for seed in (0, 1):
         write_cell(tmp_path, algorithm="fedavg", seed=seed, accuracies=(0.6 + seed / 10, 0.7))
-        write_cell(tmp_path, algorithm="fedbn", seed=seed, accuracies=(0.6 + seed / 10, 0.7))    # = FedAvg
+        write_cell(tmp_path, algorithm="fedbn", seed=seed, accuracies=(0.6 + seed / 10, 0.7))  # = FedAvg
         write_cell(tmp_path, algorithm="local", seed=seed, accuracies=(0.5, 0.55))
         # equal to FedAvg on seed 0 only: not the same results
         write_cell(tmp_path, algorithm="fedprox", seed=seed, accuracies=(0.6, 0.7) if seed == 0 else (0.62, 0.7))
@@ -32,10 +33,10 @@ def test_identical_entries_are_flagged_with_their_reason_and_not_ranked(tmp_path
     found = entries(table)
     assert found["fedbn"].same_as is not None and found["fedbn"].same_as.algorithm == "fedavg"
     assert found["fedavg"].same_as is None and found["local"].same_as is None and found["fedprox"].same_as is None
-    assert found["fedavg"].top and not found["fedbn"].top and not found["fedbn"].tied   # one result, ranked once
+    assert found["fedavg"].top and not found["fedbn"].top and not found["fedbn"].tied  # one result, ranked once
     assert "(= FedAvg)" in found["fedbn"].text()
     assert len(table.identical) == 1 and "bit-identical to FedAvg" in table.identical[0]
-    assert "BatchNorm" in table.identical[0]                          # the known reason
+    assert "BatchNorm" in table.identical[0]  # the known reason
     text = markdown_report([table], [], [], seeds=2, statuses={"finished": 8})
     assert "(= FedAvg)" in text and "bit-identical to FedAvg" in text
     assert "bit-identical" in latex_report([table], [], [])
@@ -54,7 +55,7 @@ def test_rows_the_test_cannot_separate_are_tied_and_references_never_ranked(tmp_
     """Two clients cannot separate anything (stats.py: a signed-rank test on 2 pairs): no bold, the
     highest mean and every other ranked row marked ≈; the reference row (Centralized) is neither."""
     write_cell(tmp_path, algorithm="fedavg", accuracies=(0.70001, 0.7))
-    write_cell(tmp_path, algorithm="local", accuracies=(0.70004, 0.7))   # 70.00 as displayed
+    write_cell(tmp_path, algorithm="local", accuracies=(0.70004, 0.7))  # 70.00 as displayed
     write_cell(tmp_path, algorithm="pfedla", accuracies=(0.69, 0.7))
     write_cell(tmp_path, algorithm="centralized", accuracies=(0.9, 0.9))
     table = accuracy_tables(load_cells(tmp_path))[0]
@@ -68,7 +69,9 @@ def test_rows_the_test_cannot_separate_are_tied_and_references_never_ranked(tmp_
 
 def test_budget_caption_names_rounds_epochs_lr_samples_clients_and_exceptions(tmp_path):
     for algorithm in ("local", "fedavg", "fedbn"):
-        write_cell(tmp_path, algorithm=algorithm, lr=0.05, local_epochs=2, samples_per_client=300, accuracies=(0.6, 0.7))
+        write_cell(
+            tmp_path, algorithm=algorithm, lr=0.05, local_epochs=2, samples_per_client=300, accuracies=(0.6, 0.7)
+        )
     write_cell(tmp_path, algorithm="pfedhn", lr=0.01, local_epochs=2, samples_per_client=300, accuracies=(0.6, 0.7))
     table = accuracy_tables(load_cells(tmp_path))[0]
     assert table.budget.startswith("Budget: 3 rounds, 2 local epochs, lr 0.05 (pFedHN: lr 0.01)")
@@ -85,8 +88,19 @@ def test_budget_per_column_when_columns_differ_and_varies_without_a_majority(tmp
     assert table.budget.startswith("Budget per column: ")
     assert "fmnist, 10 clients: " in table.budget and "100 clients, 10% per round" in table.budget
     assert describe({"a": "lr 0.1", "b": "lr 0.2"}).startswith("varies: lr 0.1 (a); lr 0.2 (b)")
-    cells = pd.DataFrame([{"algorithm": "local", "rounds": 5, "local_epochs": 1, "finetune_epochs": 2,
-                           "partition_params.mean_samples_per_client": 300.0, "clients": 10, "participation": 1.0}])
+    cells = pd.DataFrame(
+        [
+            {
+                "algorithm": "local",
+                "rounds": 5,
+                "local_epochs": 1,
+                "finetune_epochs": 2,
+                "partition_params.mean_samples_per_client": 300.0,
+                "clients": 10,
+                "participation": 1.0,
+            }
+        ]
+    )
     text = budget_text(cells)
     assert "5 rounds, 1 local epoch" in text and "300 samples per client on average" in text
     assert "local adaptation 2 epochs" in text
@@ -95,10 +109,20 @@ def test_budget_per_column_when_columns_differ_and_varies_without_a_majority(tmp
 def test_skipped_datasets_note_is_on_the_report_and_leaderboard(tmp_path):
     store, out = tmp_path / "store", tmp_path / "out"
     write_cell(store, algorithm="fedavg", dataset="synthetic", accuracies=(0.6, 0.7))
-    (store / "_notes.json").write_text(json.dumps({"skipped_datasets": {
-        "fmnist": {"cells": 16, "reason": "no copy in the data root or the mirror, and no download",
-                   "looked_in": ["/data/root/fmnist", "/mirror/fmnist"]},
-        "synthetic": {"cells": 3}}}))   # has results now: not listed
+    (store / "_notes.json").write_text(
+        json.dumps(
+            {
+                "skipped_datasets": {
+                    "fmnist": {
+                        "cells": 16,
+                        "reason": "no copy in the data root or the mirror, and no download",
+                        "looked_in": ["/data/root/fmnist", "/mirror/fmnist"],
+                    },
+                    "synthetic": {"cells": 3},
+                }
+            }
+        )
+    )  # has results now: not listed
     listed = skipped_datasets(store, {"synthetic"})
     assert [item["dataset"] for item in listed] == ["fmnist"] and listed[0]["how_to_provide"] == HOW_TO_PROVIDE
     report = build_reports(store, out, ReportOptions(figures=False))
@@ -112,8 +136,11 @@ def test_skipped_datasets_note_is_on_the_report_and_leaderboard(tmp_path):
 def test_a_store_being_filled_says_how_many_cells_run(tmp_path):
     store, out = tmp_path / "store", tmp_path / "out"
     write_cell(store, algorithm="fedavg", accuracies=(0.6, 0.7))
-    for name, files in (("aaaaaaaaaaaa", ("config.json", "claim.json")), ("bbbbbbbbbbbb", ("config.json",)),
-                        ("cccccccccccc", ("config.json",))):
+    for name, files in (
+        ("aaaaaaaaaaaa", ("config.json", "claim.json")),
+        ("bbbbbbbbbbbb", ("config.json",)),
+        ("cccccccccccc", ("config.json",)),
+    ):
         (store / name).mkdir()
         for file in files:
             (store / name / file).write_text("{}")

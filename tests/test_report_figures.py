@@ -1,5 +1,6 @@
 """Each figure function writes non-empty PNG and SVG files and returns what it drew, which matches
 its input: pFedLA's α as stored in a cell's artifacts (Figures 5-7), curves, distributions."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -52,16 +53,26 @@ def test_alpha_evolution_and_per_layer_weights(stored_alpha, tmp_path):
     assert drawn.shape == (3, 5, 6)
     np.testing.assert_array_equal(drawn[1], arrays["alpha_round00004"][3])
     written(tmp_path / "fig5", ("png",))
-    drawn = fig.client_layer_weights(artifacts["alpha"][6], tmp_path / "fig7", client=1, layer_names=LAYERS, formats=("png",))
+    drawn = fig.client_layer_weights(
+        artifacts["alpha"][6], tmp_path / "fig7", client=1, layer_names=LAYERS, formats=("png",)
+    )
     np.testing.assert_array_equal(drawn, arrays["alpha_round00006"][1])
     written(tmp_path / "fig7", ("png",))
 
 
 def test_learning_curves_bands_over_seeds(tmp_path):
-    curves = pd.DataFrame({"label": ["A"] * 4 + ["B"] * 2, "seed": [0, 0, 1, 1, 0, 0], "round": [1, 2, 1, 2, 1, 2],
-                           "accuracy": [0.5, 0.7, 0.7, 0.9, 0.3, 0.4]})
+    curves = pd.DataFrame(
+        {
+            "label": ["A"] * 4 + ["B"] * 2,
+            "seed": [0, 0, 1, 1, 0, 0],
+            "round": [1, 2, 1, 2, 1, 2],
+            "accuracy": [0.5, 0.7, 0.7, 0.9, 0.3, 0.4],
+        }
+    )
     stats = fig.learning_curves(curves, tmp_path / "curves", formats=("png",)).set_index(["label", "round"])
-    assert stats.loc[("A", 2), "mean"] == pytest.approx(80.0) and stats.loc[("A", 2), "std"] == pytest.approx(np.sqrt(200))
+    assert stats.loc[("A", 2), "mean"] == pytest.approx(80.0) and stats.loc[("A", 2), "std"] == pytest.approx(
+        np.sqrt(200)
+    )
     assert stats.loc[("B", 1), "std"] == 0 and stats.loc[("B", 1), "seeds"] == 1
     written(tmp_path / "curves", ("png",))
 
@@ -69,7 +80,7 @@ def test_learning_curves_bands_over_seeds(tmp_path):
 def test_client_distribution_marks_the_worst_ten_percent(tmp_path):
     values = np.linspace(0.1, 1.0, 20)
     drawn = fig.client_accuracy_distribution({"A": values}, tmp_path / "dist", formats=("png",))
-    assert drawn["A"]["worst10_threshold"] == pytest.approx(values[1] * 100)       # 2 of 20 clients
+    assert drawn["A"]["worst10_threshold"] == pytest.approx(values[1] * 100)  # 2 of 20 clients
     assert drawn["A"]["worst10_mean"] == pytest.approx(values[:2].mean() * 100)
     written(tmp_path / "dist", ("png",))
 
@@ -80,10 +91,21 @@ def test_client_distribution_lays_out_many_long_variant_labels(tmp_path):
     its row, wrapped."""
     import warnings
 
-    labels = ["Local", "FedAvg", "Per-FedAvg", "pFedMe", "FedBN", "FedRep", "FedFomo", "HeurpFedLA",
-              "pFedHN (inner_optimizer=official, batch_size=64)", "pFedHN (inner_optimizer=cell, batch_size=32)",
-              "pFedLA (head_init=uniform, hn_lr=0.01, hn_optimizer=adam, hn_sign=ascend)",
-              "pFedLA (head_init=random, hn_lr=0.005, hn_optimizer=sgd, hn_sign=descend)", "pFedLA"]
+    labels = [
+        "Local",
+        "FedAvg",
+        "Per-FedAvg",
+        "pFedMe",
+        "FedBN",
+        "FedRep",
+        "FedFomo",
+        "HeurpFedLA",
+        "pFedHN (inner_optimizer=official, batch_size=64)",
+        "pFedHN (inner_optimizer=cell, batch_size=32)",
+        "pFedLA (head_init=uniform, hn_lr=0.01, hn_optimizer=adam, hn_sign=ascend)",
+        "pFedLA (head_init=random, hn_lr=0.005, hn_optimizer=sgd, hn_sign=descend)",
+        "pFedLA",
+    ]
     values = {label: np.linspace(0.7, 0.95, 10) for label in labels}
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -96,8 +118,14 @@ def test_client_distribution_lays_out_many_long_variant_labels(tmp_path):
 
 
 def test_communication_label_distribution_and_generic_artifacts(tmp_path):
-    points = pd.DataFrame({"label": ["FedAvg", "HeurpFedLA (retain_layers=1)"], "mb_per_round": [2.0, 1.0], "accuracy": [80.0, 85.0],
-                           "accuracy_std": [1.0, 0.5]})
+    points = pd.DataFrame(
+        {
+            "label": ["FedAvg", "HeurpFedLA (retain_layers=1)"],
+            "mb_per_round": [2.0, 1.0],
+            "accuracy": [80.0, 85.0],
+            "accuracy_std": [1.0, 0.5],
+        }
+    )
     paper = pd.DataFrame({"label": ["k=0", "k=1"], "comm_mbytes": [491.08, 488.65], "accuracy": [90.65, 94.11]})
     assert fig.communication_vs_accuracy(points, tmp_path / "comm", paper=paper, formats=("png",)).equals(points)
     written(tmp_path / "comm", ("png",))
@@ -115,7 +143,7 @@ def test_curves_after_adaptation_are_drawn_from_the_adapted_cells_only(tmp_path)
 
     root = tmp_path / "results"
     write_cell(root, algorithm="fedavg", accuracies=(0.6, 0.8), adapted=(0.9, 0.7), rounds=4)
-    write_cell(root, algorithm="local", accuracies=(0.5, 0.7), rounds=4)   # no local adaptation
+    write_cell(root, algorithm="local", accuracies=(0.5, 0.7), rounds=4)  # no local adaptation
     cells = load_cells(root).set_index("algorithm")
     adapted = curve_of(read_metrics(cells.loc["fedavg", "path"]), "accuracy_adapted")
     assert adapted["round"].tolist() == [1, 2, 3, 4] and adapted["accuracy"].iloc[-1] == pytest.approx(0.8)

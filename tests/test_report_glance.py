@@ -2,6 +2,7 @@
 that changes in a store changes on the page; every Table 1/2 Fashion-MNIST row of the paper is on it
 with paper, ours, Δ and a verdict; a column on another dataset than the paper's, or with rows missing,
 says so instead of comparing."""
+
 from __future__ import annotations
 
 import json
@@ -50,8 +51,10 @@ def test_every_fashion_mnist_row_of_tables_1_and_2_has_paper_ours_delta_and_verd
         assert verdict in ("within the paper's ±", "above the paper's ±", "below the paper's ±")
         assert (verdict == "within the paper's ±") == (abs(row.delta) <= paper["std"])
         std = f" ± {row.ours.std:.2f}" if row.ours.std is not None else ""
-        line = (f"| {row.label} | {paper['mean']:.2f} ± {paper['std']:.2f} | {row.ours.mean:.2f}{std} | "
-                f"{row.delta:+.2f} | {verdict} |")
+        line = (
+            f"| {row.label} | {paper['mean']:.2f} ± {paper['std']:.2f} | {row.ours.mean:.2f}{std} | "
+            f"{row.delta:+.2f} | {verdict} |"
+        )
         assert line in page, line
     # the paper's orderings, each judged under every protocol (mixed where a global model meets a personal one)
     claims = {c.text: c for c in column.claims}
@@ -64,7 +67,7 @@ def test_every_fashion_mnist_row_of_tables_1_and_2_has_paper_ours_delta_and_verd
             assert judgement.test is not None and judgement.test.interval is not None
             assert f"| {judgement.protocol} | {judgement.mean_text()} | {judgement.interval_text()} |" in page
     assert column.chain is not None and column.chain.text == "Local < FedAvg < pFedLA"
-    assert column.alpha and column.alpha[0].label == "pFedLA"   # default pFedLA's α, then the variants'
+    assert column.alpha and column.alpha[0].label == "pFedLA"  # default pFedLA's α, then the variants'
 
 
 def test_findings_are_at_most_15_lines_at_the_top_each_with_its_evidence(published_glance):
@@ -74,9 +77,11 @@ def test_findings_are_at_most_15_lines_at_the_top_each_with_its_evidence(publish
     top = page.split("## Findings", 1)[1].split("\n## ", 1)[0]
     bullets = [line for line in top.splitlines() if line.startswith("- ")]
     assert len(bullets) == len(lines)
-    anchors = {f"{{#{c.anchor}}}" for c in published_glance.columns} | \
-              {f"{{#claims-{c.anchor}}}" for c in published_glance.columns} | \
-              {f"{{#alpha-{c.anchor}}}" for c in published_glance.columns}
+    anchors = (
+        {f"{{#{c.anchor}}}" for c in published_glance.columns}
+        | {f"{{#claims-{c.anchor}}}" for c in published_glance.columns}
+        | {f"{{#alpha-{c.anchor}}}" for c in published_glance.columns}
+    )
     for finding, bullet in zip(lines, bullets):
         assert bullet.endswith(f"[→ evidence]({finding.link})")
         assert "{" + finding.link + "}" in anchors
@@ -96,7 +101,7 @@ def test_a_planted_change_in_a_stored_metric_changes_the_page(tmp_path):
     fedavg = next(r for r in before.reproduced[0].rows if r.algorithm == "fedavg")
     cell = next(Path(p) for p in fedavg.ours.paths)
     summary = json.loads((cell / "summary.json").read_text())
-    summary["final_accuracy_adapted"] += 0.0123   # 1.23 points more after adaptation
+    summary["final_accuracy_adapted"] += 0.0123  # 1.23 points more after adaptation
     (cell / "summary.json").write_text(json.dumps(summary))
 
     after = build_glance(root)
@@ -105,8 +110,10 @@ def test_a_planted_change_in_a_stored_metric_changes_the_page(tmp_path):
     row = next(r for r in after.reproduced[0].rows if r.algorithm == "fedavg")
     assert row.ours.mean == pytest.approx(fedavg.ours.mean + 1.23)
     assert f"| FedAvg | 91.24 ± 0.98 | {row.ours.mean:.2f} | {row.ours.mean - 91.24:+.2f} |" in changed
-    assert f"| FedAvg | 91.24 ± 0.98 | {fedavg.ours.mean:.2f} |" in page and \
-        f"| FedAvg | 91.24 ± 0.98 | {fedavg.ours.mean:.2f} |" not in changed
+    assert (
+        f"| FedAvg | 91.24 ± 0.98 | {fedavg.ours.mean:.2f} |" in page
+        and f"| FedAvg | 91.24 ± 0.98 | {fedavg.ours.mean:.2f} |" not in changed
+    )
     write_csv(after, tmp_path / "csv")
     assert f"{row.ours.mean:.4f}" in (tmp_path / "csv" / "results_rows.csv").read_text()
 
@@ -120,13 +127,26 @@ def test_a_column_on_another_dataset_shows_the_papers_number_greyed_without_delt
     root = tmp_path / "published"
     jpeg = root / "table1-full-cifar10-jpeg"
     for algorithm, acc in (("local", 0.6), ("fedavg", 0.5)):
-        write_cell(jpeg, algorithm=algorithm, dataset="cifar10-jpeg", samples_per_client=600,
-                   partition_params={"classes_per_client": 4}, accuracies=[acc, acc + 0.1] * 5,
-                   adapted=[acc + 0.02, acc + 0.12] * 5)
+        write_cell(
+            jpeg,
+            algorithm=algorithm,
+            dataset="cifar10-jpeg",
+            samples_per_client=600,
+            partition_params={"classes_per_client": 4},
+            accuracies=[acc, acc + 0.1] * 5,
+            adapted=[acc + 0.02, acc + 0.12] * 5,
+        )
     manifest(jpeg, "pflbench run benchmarks/table1.yaml --set dataset=cifar10-jpeg")
     fmnist = root / "table1-full"
-    write_cell(fmnist, algorithm="local", dataset="fmnist", samples_per_client=700,
-               partition_params={"classes_per_client": 4}, accuracies=[0.9, 0.8] * 5, adapted=[0.9, 0.8] * 5)
+    write_cell(
+        fmnist,
+        algorithm="local",
+        dataset="fmnist",
+        samples_per_client=700,
+        partition_params={"classes_per_client": 4},
+        accuracies=[0.9, 0.8] * 5,
+        adapted=[0.9, 0.8] * 5,
+    )
     manifest(fmnist, "pflbench run benchmarks/table1.yaml --set dataset=fmnist")
 
     glance = build_glance(root)
@@ -135,7 +155,7 @@ def test_a_column_on_another_dataset_shows_the_papers_number_greyed_without_delt
     other = columns["table1-full-cifar10-jpeg"]
     assert other.other_dataset and other.column.paper_dataset == "cifar10"
     local = next(r for r in other.rows if r.algorithm == "local")
-    assert local.paper is not None and local.paper.mean == pytest.approx(59.44)   # the paper's CIFAR-10
+    assert local.paper is not None and local.paper.mean == pytest.approx(59.44)  # the paper's CIFAR-10
     assert local.ours.mean == pytest.approx(67.0) and local.delta is None
     assert local.verdict() == "another dataset: not compared"
     assert other.partial and next(r for r in other.rows if r.algorithm == "pfedla").verdict() == "not run"
@@ -153,8 +173,15 @@ def test_a_column_on_another_dataset_shows_the_papers_number_greyed_without_delt
 
 # ---- a reproduction study's page (pflbench/reports/site.py, templates/index.html) ---------------------------
 
-PAPER = dict(rounds=600, local_epochs=10, lr=0.005, samples_per_client=700, partition_params={"classes_per_client": 4},
-             config={"val_fraction": 0.0}, summary={"model": "cnn"})   # pFedLA Table 1's fmnist settings
+PAPER = dict(
+    rounds=600,
+    local_epochs=10,
+    lr=0.005,
+    samples_per_client=700,
+    partition_params={"classes_per_client": 4},
+    config={"val_fraction": 0.0},
+    summary={"model": "cnn"},
+)  # pFedLA Table 1's fmnist settings
 
 
 def test_a_reproduction_study_page_opens_on_the_papers_protocol_with_its_title_seeds_fold_best_and_dots(tmp_path):
@@ -165,17 +192,32 @@ def test_a_reproduction_study_page_opens_on_the_papers_protocol_with_its_title_s
     root = tmp_path / "published"
     column, seeds = root / "table1-full", root / "table1-full-seed1"
     for algorithm, acc, adapted in (("local", 0.90, 0.91), ("fedavg", 0.80, 0.93), ("pfedla", 0.90, 0.91)):
-        write_cell(column, algorithm=algorithm, accuracies=[acc, acc - 0.02] * 5, adapted=[adapted, adapted - 0.02] * 5,
-                   **PAPER)
-        write_cell(seeds, algorithm=algorithm, seed=1, accuracies=[acc, acc - 0.04] * 5,
-                   adapted=[adapted, adapted - 0.04] * 5, **PAPER)
+        write_cell(
+            column,
+            algorithm=algorithm,
+            accuracies=[acc, acc - 0.02] * 5,
+            adapted=[adapted, adapted - 0.02] * 5,
+            **PAPER,
+        )
+        write_cell(
+            seeds,
+            algorithm=algorithm,
+            seed=1,
+            accuracies=[acc, acc - 0.04] * 5,
+            adapted=[adapted, adapted - 0.04] * 5,
+            **PAPER,
+        )
     # a variant of pFedLA beside the column (another hyperparameter): folded under pFedLA's row
-    write_cell(seeds, algorithm="pfedla", hp={"hn_lr": 0.005}, accuracies=[0.5, 0.6] * 5, adapted=[0.6, 0.7] * 5, **PAPER)
+    write_cell(
+        seeds, algorithm="pfedla", hp={"hn_lr": 0.005}, accuracies=[0.5, 0.6] * 5, adapted=[0.6, 0.7] * 5, **PAPER
+    )
     manifest(column, "pflbench run benchmarks/table1.yaml --set dataset=fmnist --set seed=0")
     manifest(seeds, "pflbench run benchmarks/table1.yaml --set dataset=fmnist --set seed=1")
     (root / LEADERBOARD).write_text("beside:\n  table1-full: [table1-full-seed1]\n")
     data = json.loads((column / "manifest.json").read_text())
-    (column / "manifest.json").write_text(json.dumps({**data, "note": "Issue 9, item 1: pFedLA Table 1 (fmnist), seed 0. The rest."}))
+    (column / "manifest.json").write_text(
+        json.dumps({**data, "note": "Issue 9, item 1: pFedLA Table 1 (fmnist), seed 0. The rest."})
+    )
 
     index = build_leaderboard(root, tmp_path / "site", options=ReportOptions(figures=False, partitions=False))
     page = (tmp_path / "site" / "table1-full" / "index.html").read_text()
@@ -191,9 +233,12 @@ def test_a_reproduction_study_page_opens_on_the_papers_protocol_with_its_title_s
     assert "variant row" in adapted and "hn_lr=0.005" in adapted
     assert 'class="best-group">Best on fmnist, 10 clients: <strong>FedAvg</strong>' in adapted
     assert '<figure class="dots"><svg' in adapted and "ours (± std over seeds)" in adapted
-    assert adapted.count("<circle ") == 3     # Local, FedAvg and pFedLA: the base rows with a Δ (variants folded)
+    assert adapted.count("<circle ") == 3  # Local, FedAvg and pFedLA: the base rows with a Δ (variants folded)
     # the index: the results at a glance above the studies, and the studies grouped
     html = index.read_text()
     assert html.index('id="results"') < html.index('id="studies"')
-    assert study_groups(root, build_glance(root)) == {"table1-full": "reproduction", "table1-full-seed1": "reproduction"}
+    assert study_groups(root, build_glance(root)) == {
+        "table1-full": "reproduction",
+        "table1-full-seed1": "reproduction",
+    }
     assert (tmp_path / "site" / "results" / "results_rows.csv").is_file()

@@ -1,5 +1,6 @@
 """The HTML leaderboard: well-formed pages, every cell present with its page, hostile strings from the
 store rendered as text, failed and diverged cells shown as such; and `pflbench report` end to end."""
+
 from __future__ import annotations
 
 from html.parser import HTMLParser

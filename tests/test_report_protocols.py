@@ -2,6 +2,7 @@
 under the protocol its reference declares and when the cells' settings are the paper's (otherwise
 the report lists what differs); the leaderboard switches protocol; stores written before local
 adaptation existed still render; the centralized reference row is never ranked."""
+
 from __future__ import annotations
 
 import json
@@ -18,14 +19,26 @@ from report_helpers import write_cell
 from pflbench.reports import ReportOptions, build_reports
 from pflbench.reports.cells import load_cells
 from pflbench.reports.protocols import ADAPTED, DEFAULT, PROTOCOLS, Protocol, available
-from pflbench.reports.reference import PaperValue, default_reference_dir, load_references, read_reference, setting_differences
+from pflbench.reports.reference import (
+    PaperValue,
+    default_reference_dir,
+    load_references,
+    read_reference,
+    setting_differences,
+)
 from pflbench.reports.tables import accuracy_tables
 from pflbench.reports.text import latex_report, markdown_table
 
 # pFedLA Table 1, FashionMNIST, 10 clients: its settings (participation 1.0, 10 clients, batch 32 and the
 # 70% train split are the defaults): no validation carve-out, and the model `auto` resolves to (`cnn`).
-PAPER = dict(rounds=600, local_epochs=10, lr=0.005, samples_per_client=700, config={"val_fraction": 0.0},
-             summary={"model": "cnn"})
+PAPER = dict(
+    rounds=600,
+    local_epochs=10,
+    lr=0.005,
+    samples_per_client=700,
+    config={"val_fraction": 0.0},
+    summary={"model": "cnn"},
+)
 QUICK = dict(rounds=5, local_epochs=2, lr=0.05, samples_per_client=300)
 
 
@@ -43,11 +56,11 @@ def entry(table, algorithm, params=""):
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
     root = tmp_path_factory.mktemp("store")
-    write_cell(root, algorithm="fedavg", accuracies=(0.90,) * 10, adapted=(0.92,) * 10, **PAPER)   # the paper's settings
+    write_cell(root, algorithm="fedavg", accuracies=(0.90,) * 10, adapted=(0.92,) * 10, **PAPER)  # the paper's settings
     write_cell(root, algorithm="local", accuracies=(0.80,) * 10, adapted=(0.85,) * 10, **PAPER)
     # The best numbers of the column, but a reference row: never bold.
     write_cell(root, algorithm="centralized", accuracies=(0.99,) * 10, adapted=(0.995,) * 10, **PAPER)
-    write_cell(root, algorithm="pfedla", accuracies=(0.5,) * 10, adapted=(0.6,) * 10, **QUICK)    # the quick scale
+    write_cell(root, algorithm="pfedla", accuracies=(0.5,) * 10, adapted=(0.6,) * 10, **QUICK)  # the quick scale
     return root
 
 
@@ -55,8 +68,8 @@ def store(tmp_path_factory):
 def tables(store):
     cells = load_cells(store)
     refs = load_references(default_reference_dir())
-    delivered, = accuracy_tables(cells, refs, DEFAULT)
-    adapted, = accuracy_tables(cells, refs, ADAPTED)
+    (delivered,) = accuracy_tables(cells, refs, DEFAULT)
+    (adapted,) = accuracy_tables(cells, refs, ADAPTED)
     return delivered, adapted
 
 
@@ -92,8 +105,8 @@ def test_a_matching_cell_gets_a_delta_under_the_papers_protocol(tables):
     assert fedavg.comparable and fedavg.delta == pytest.approx(92.0 - 91.24)
     header, rows = md_rows(markdown_table(adapted))
     column = header.index("fmnist, 10 clients (samples\\_per\\_client=700)")
-    assert rows["FedAvg"][column: column + 3] == ["**92.00**", "91.24 ± 0.98", "+0.76"]
-    assert rows["Local"][column: column + 3] == ["85.00", "85.83 ± 0.17", "-0.83"]
+    assert rows["FedAvg"][column : column + 3] == ["**92.00**", "91.24 ± 0.98", "+0.76"]
+    assert rows["Local"][column : column + 3] == ["85.00", "85.83 ± 0.17", "-0.83"]
     assert adapted.any_delta
 
 
@@ -103,23 +116,26 @@ def test_no_delta_where_settings_differ_and_the_differences_are_listed(tables):
     assert pfedla.paper is not None and pfedla.paper.mean == 94.34
     assert pfedla.delta is None and not pfedla.other_protocol
     reason = adapted.footnotes[pfedla.footnote - 1]
-    assert reason == ("settings differ (ours vs paper): rounds 5 vs 600, local_epochs 2 vs 10, lr 0.05 vs 0.005, "
-                      "samples_per_client 300 vs 700, val_fraction 0.1 vs 0, model mlp vs cnn")
+    assert reason == (
+        "settings differ (ours vs paper): rounds 5 vs 600, local_epochs 2 vs 10, lr 0.05 vs 0.005, "
+        "samples_per_client 300 vs 700, val_fraction 0.1 vs 0, model mlp vs cnn"
+    )
     header, rows = md_rows(markdown_table(adapted))
     column = header.index("fmnist, 10 clients (samples\\_per\\_client=300)")
-    assert rows["pFedLA"][column: column + 3] == ["60.00", "94.34 ± 0.29", f"– [{pfedla.footnote}]"]
+    assert rows["pFedLA"][column : column + 3] == ["60.00", "94.34 ± 0.29", f"– [{pfedla.footnote}]"]
     assert "-34.34" not in markdown_table(adapted)
 
 
 def test_an_adapted_reference_is_not_compared_with_delivered_numbers(store, tables):
     delivered, _ = tables
-    fedavg = entry(delivered, "fedavg", "samples_per_client=700")   # the paper's settings, but as delivered
+    fedavg = entry(delivered, "fedavg", "samples_per_client=700")  # the paper's settings, but as delivered
     assert fedavg.paper is not None and fedavg.other_protocol and fedavg.delta is None
-    assert delivered.footnotes[fedavg.footnote - 1] == ("protocol differs: the paper's number is after local "
-                                                        "adaptation · final round · mean over clients")
+    assert delivered.footnotes[fedavg.footnote - 1] == (
+        "protocol differs: the paper's number is after local adaptation · final round · mean over clients"
+    )
     header, rows = md_rows(markdown_table(delivered))
     column = header.index("fmnist, 10 clients (samples\\_per\\_client=700)")
-    assert rows["FedAvg"][column + 1: column + 3] == ["(91.24 ± 0.98)", f"– [{fedavg.footnote}]"]
+    assert rows["FedAvg"][column + 1 : column + 3] == ["(91.24 ± 0.98)", f"– [{fedavg.footnote}]"]
     assert not delivered.any_delta
     # Tables of other protocols show no paper number at all; worst-10% tables never (the papers' are means).
     cells, refs = load_cells(store), load_references(default_reference_dir())
@@ -132,13 +148,15 @@ def test_a_delivered_reference_and_unconstrained_settings(tmp_path):
     empty) does not constrain; the adapted check applies to adapted references only."""
     refs = tmp_path / "refs"
     refs.mkdir()
-    (refs / "other.csv").write_text("# source: Other (X), 2024\n# table: Table 9\n"
-                                    "algorithm,dataset,partition,clients,local_epochs,lr,mean,std\n"
-                                    "fedavg,fmnist,pathological,10,,0.01,80.00,\n"
-                                    "local,fmnist,pathological,10,5,,70.00,\n")
+    (refs / "other.csv").write_text(
+        "# source: Other (X), 2024\n# table: Table 9\n"
+        "algorithm,dataset,partition,clients,local_epochs,lr,mean,std\n"
+        "fedavg,fmnist,pathological,10,,0.01,80.00,\n"
+        "local,fmnist,pathological,10,5,,70.00,\n"
+    )
     write_cell(tmp_path / "s", algorithm="fedavg", accuracies=(0.85, 0.85), local_epochs=2, lr=0.01)
     write_cell(tmp_path / "s", algorithm="local", accuracies=(0.75, 0.75), local_epochs=2, lr=0.01)
-    table, = accuracy_tables(load_cells(tmp_path / "s"), load_references(refs))
+    (table,) = accuracy_tables(load_cells(tmp_path / "s"), load_references(refs))
     fedavg, local = entry(table, "fedavg"), entry(table, "local")
     assert fedavg.delta == pytest.approx(5.0) and fedavg.footnote is None
     assert local.delta is None and table.footnotes[local.footnote - 1].endswith("local_epochs 2 vs 5")
@@ -149,8 +167,9 @@ def test_a_delivered_reference_and_unconstrained_settings(tmp_path):
 
 
 def test_a_reference_with_an_unknown_protocol_is_an_error(tmp_path):
-    (tmp_path / "bad.csv").write_text("algorithm,dataset,partition,clients,protocol,mean\n"
-                                      "fedavg,fmnist,pathological,10,adapted-last-clients,80\n")
+    (tmp_path / "bad.csv").write_text(
+        "algorithm,dataset,partition,clients,protocol,mean\nfedavg,fmnist,pathological,10,adapted-last-clients,80\n"
+    )
     with pytest.raises(ValueError, match="protocol.*selection 'last'.*final, bestval, besttest"):
         read_reference(tmp_path / "bad.csv")
 
@@ -213,11 +232,15 @@ class Captions(HTMLParser):
 
 def test_captions_name_the_protocol_in_markdown_latex_and_html(site):
     md = (site / "report.md").read_text()
-    for label in ("as delivered · final round · mean over clients", "after local adaptation · final round · mean over clients",
-                  "as delivered · best validation round · mean over clients",
-                  "after local adaptation · best validation round · mean over clients"):
-        assert f"### Accuracy, partition pathological (classes\\_per\\_client=4) — {label}" in md or \
-               re.search(rf"### Accuracy, partition pathological[^\n]* — {re.escape(label)}\n", md), label
+    for label in (
+        "as delivered · final round · mean over clients",
+        "after local adaptation · final round · mean over clients",
+        "as delivered · best validation round · mean over clients",
+        "after local adaptation · best validation round · mean over clients",
+    ):
+        assert f"### Accuracy, partition pathological (classes\\_per\\_client=4) — {label}" in md or re.search(
+            rf"### Accuracy, partition pathological[^\n]* — {re.escape(label)}\n", md
+        ), label
         assert f"*Protocol {label}: " in md
     # every table in report.md is followed by its protocol caption
     blocks = re.findall(r"\n\|[^\n]*\|\n(?:\|[^\n]*\|\n)+\n([^\n]*)", md)
@@ -240,12 +263,19 @@ def test_the_leaderboard_switches_protocol(site):
     options = dict(parser.options)
     # shown on opening: the paper's protocol, since this store's FedAvg and Local have a Δ against the paper there
     assert list(options)[0] == "adapted-final-clients"
-    assert {"adapted-final-clients", "delivered-bestval-clients", "adapted-bestval-pooled", "delivered-final-worst10",
-            "delivered-besttest-clients"} <= set(options)
-    assert options["delivered-besttest-clients"] == "as delivered · best test round (selected on test) · mean over clients"
-    assert {p for p, _ in parser.tables} == set(options)        # every option has its tables, and nothing else
+    assert {
+        "adapted-final-clients",
+        "delivered-bestval-clients",
+        "adapted-bestval-pooled",
+        "delivered-final-worst10",
+        "delivered-besttest-clients",
+    } <= set(options)
+    assert (
+        options["delivered-besttest-clients"] == "as delivered · best test round (selected on test) · mean over clients"
+    )
+    assert {p for p, _ in parser.tables} == set(options)  # every option has its tables, and nothing else
     assert 'data-default="adapted-final-clients"' in html
-    assert '"protocol"' in html and "data-protocol" in html    # the script filters on it
+    assert '"protocol"' in html and "data-protocol" in html  # the script filters on it
 
 
 def test_the_cell_page_shows_delivered_adapted_and_the_best_validation_round(store, site):
@@ -269,8 +299,11 @@ def test_an_old_store_renders_without_adapted_tables(tmp_path):
     metrics = pd.read_parquet(next(old.glob("*/metrics.parquet")))
     assert "accuracy_adapted" not in metrics and "test_samples" not in metrics
     cells = load_cells(old)
-    assert [p.name for p in available(cells)] == ["delivered-final-clients", "delivered-final-worst10",
-                                                  "delivered-besttest-clients"]
+    assert [p.name for p in available(cells)] == [
+        "delivered-final-clients",
+        "delivered-final-worst10",
+        "delivered-besttest-clients",
+    ]
     assert (cells["finetune_epochs"] == 0).all()
     report = build_reports(old, tmp_path / "out", ReportOptions(figures=False))
     md, html = report.markdown.read_text(), report.index.read_text()
@@ -283,13 +316,14 @@ def test_an_old_store_renders_without_adapted_tables(tmp_path):
 
     # Mixed: one adapted cell beside the old ones. The adapted table holds only cells that were adapted.
     write_cell(old, algorithm="pfedla", accuracies=(0.6, 0.6), adapted=(0.7, 0.7))
-    adapted, = accuracy_tables(load_cells(old), [], ADAPTED)
+    (adapted,) = accuracy_tables(load_cells(old), [], ADAPTED)
     assert [r.algorithm for r in adapted.rows] == ["pfedla"]
-    bestval, = accuracy_tables(load_cells(old), [], "delivered-bestval-clients")
+    (bestval,) = accuracy_tables(load_cells(old), [], "delivered-bestval-clients")
     # Old finished cells have no best-validation numbers: not entries there (a failed cell stays failed).
-    assert {r.algorithm: bestval.entry(r, bestval.columns[0]).text() for r in bestval.rows} == \
-        {"local": "failed", "pfedla": "60.00"}
-
+    assert {r.algorithm: bestval.entry(r, bestval.columns[0]).text() for r in bestval.rows} == {
+        "local": "failed",
+        "pfedla": "60.00",
+    }
 
 
 def test_a_cell_without_a_validation_split_is_no_entry_of_the_best_validation_tables(tmp_path):
@@ -299,12 +333,18 @@ def test_a_cell_without_a_validation_split_is_no_entry_of_the_best_validation_ta
     write_cell(tmp_path, algorithm="fedfomo", accuracies=(0.6, 0.6), config={"val_fraction": 0.1})
     write_cell(tmp_path, algorithm="perfedavg", status="diverged", error="round 2: nan", config={"val_fraction": 0.0})
     write_cell(tmp_path, algorithm="local", status="diverged", error="round 2: nan", config={"val_fraction": 0.1})
-    final, = accuracy_tables(load_cells(tmp_path), [], "delivered-final-clients")
-    assert {r.algorithm: final.entry(r, final.columns[0]).text() for r in final.rows} == \
-        {"local": "diverged", "perfedavg": "diverged", "fedfomo": "60.00"}
-    bestval, = accuracy_tables(load_cells(tmp_path), [], "delivered-bestval-clients")
-    assert {r.algorithm: bestval.entry(r, bestval.columns[0]).text() for r in bestval.rows} == \
-        {"local": "diverged", "fedfomo": "60.00"}
+    (final,) = accuracy_tables(load_cells(tmp_path), [], "delivered-final-clients")
+    assert {r.algorithm: final.entry(r, final.columns[0]).text() for r in final.rows} == {
+        "local": "diverged",
+        "perfedavg": "diverged",
+        "fedfomo": "60.00",
+    }
+    (bestval,) = accuracy_tables(load_cells(tmp_path), [], "delivered-bestval-clients")
+    assert {r.algorithm: bestval.entry(r, bestval.columns[0]).text() for r in bestval.rows} == {
+        "local": "diverged",
+        "fedfomo": "60.00",
+    }
+
 
 NODE = shutil.which("node") or shutil.which("nodejs")
 SHIM = r"""
@@ -366,30 +406,52 @@ def test_the_protocol_switch_script_shows_one_protocol_at_a_time(site, tmp_path)
     (tmp_path / "shim.js").write_text(SHIM)
 
     def run(hash_, choose=None):
-        (tmp_path / "in.json").write_text(json.dumps({"elements": parsed.elements, "options": parsed.options,
-                                                      "default": parsed.options[0], "hash": hash_, "choose": choose}))
-        done = subprocess.run([NODE, str(tmp_path / "shim.js"), str(tmp_path / "in.json"), str(script)],
-                              capture_output=True, text=True, timeout=60)
+        (tmp_path / "in.json").write_text(
+            json.dumps(
+                {
+                    "elements": parsed.elements,
+                    "options": parsed.options,
+                    "default": parsed.options[0],
+                    "hash": hash_,
+                    "choose": choose,
+                }
+            )
+        )
+        done = subprocess.run(
+            [NODE, str(tmp_path / "shim.js"), str(tmp_path / "in.json"), str(script)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert done.returncode == 0, done.stderr
         return json.loads(done.stdout)
 
-    opened = run("", choose="delivered-final-clients")   # opens on the paper's protocol (a Δ there)
+    opened = run("", choose="delivered-final-clients")  # opens on the paper's protocol (a Δ there)
     assert opened["first"] and set(opened["first"]) == {"adapted-final-clients"}
     assert set(opened["chosen"]) == {"delivered-final-clients"} and "protocol=delivered-final-clients" in opened["url2"]
     linked = run("#protocol=delivered-bestval-clients&scheme=pathological")
     assert set(linked["first"]) == {"delivered-bestval-clients"}
-    unknown = run("#protocol=nonsense")       # an unknown protocol in a link falls back to the default
+    unknown = run("#protocol=nonsense")  # an unknown protocol in a link falls back to the default
     assert set(unknown["first"]) == {"adapted-final-clients"}
 
 
 # ---- every setting a reference declares must match (issue 29, item 6) ---------------------------------
 
-ALL_SETTINGS = ("algorithm,dataset,partition,clients,participation,rounds,local_epochs,lr,samples_per_client,"
-                "train_fraction,val_fraction,batch_size,momentum,weight_decay,model,mean\n"
-                "fedavg,cifar10,pathological,10,1.0,3,1,0.01,600,0.7,0.0,32,0.0,0.0,cnn-bn,50.00\n")
-MATCHING = dict(algorithm="fedavg", dataset="cifar10", accuracies=(0.6, 0.6), local_epochs=1, lr=0.01,
-                samples_per_client=600, config={"val_fraction": 0.0, "train_fraction": 0.7, "batch_size": 32,
-                                                 "momentum": 0.0, "weight_decay": 0.0}, summary={"model": "cnn-bn"})
+ALL_SETTINGS = (
+    "algorithm,dataset,partition,clients,participation,rounds,local_epochs,lr,samples_per_client,"
+    "train_fraction,val_fraction,batch_size,momentum,weight_decay,model,mean\n"
+    "fedavg,cifar10,pathological,10,1.0,3,1,0.01,600,0.7,0.0,32,0.0,0.0,cnn-bn,50.00\n"
+)
+MATCHING = dict(
+    algorithm="fedavg",
+    dataset="cifar10",
+    accuracies=(0.6, 0.6),
+    local_epochs=1,
+    lr=0.01,
+    samples_per_client=600,
+    config={"val_fraction": 0.0, "train_fraction": 0.7, "batch_size": 32, "momentum": 0.0, "weight_decay": 0.0},
+    summary={"model": "cnn-bn"},
+)
 
 
 def _one_entry(tmp_path, **changes):
@@ -399,7 +461,7 @@ def _one_entry(tmp_path, **changes):
     kwargs = {**MATCHING, **changes}
     kwargs["config"] = {**MATCHING["config"], **changes.get("config", {})}
     write_cell(tmp_path / "s", **kwargs)
-    table, = accuracy_tables(load_cells(tmp_path / "s"), load_references(refs))
+    (table,) = accuracy_tables(load_cells(tmp_path / "s"), load_references(refs))
     return table, entry(table, "fedavg")
 
 
@@ -408,18 +470,21 @@ def test_every_declared_setting_matching_gives_a_delta(tmp_path):
     assert fedavg.comparable and fedavg.delta == pytest.approx(10.0) and not table.footnotes
 
 
-@pytest.mark.parametrize("changes, difference", [
-    ({"config": {"train_fraction": 0.8}}, "train_fraction 0.8 vs 0.7"),
-    ({"config": {"val_fraction": 0.1}}, "val_fraction 0.1 vs 0"),          # a validation carve-out the paper lacks
-    ({"config": {"batch_size": 64}}, "batch_size 64 vs 32"),
-    ({"config": {"momentum": 0.9}}, "momentum 0.9 vs 0"),
-    ({"config": {"weight_decay": 0.0001}}, "weight_decay 0.0001 vs 0"),
-    ({"summary": {"model": "cnn"}}, "model cnn vs cnn-bn"),                   # the model `auto` resolved to
-    ({"dataset": "cifar10-jpeg"}, "dataset cifar10-jpeg vs cifar10"),        # shown beside CIFAR-10, never compared
-])
+@pytest.mark.parametrize(
+    "changes, difference",
+    [
+        ({"config": {"train_fraction": 0.8}}, "train_fraction 0.8 vs 0.7"),
+        ({"config": {"val_fraction": 0.1}}, "val_fraction 0.1 vs 0"),  # a validation carve-out the paper lacks
+        ({"config": {"batch_size": 64}}, "batch_size 64 vs 32"),
+        ({"config": {"momentum": 0.9}}, "momentum 0.9 vs 0"),
+        ({"config": {"weight_decay": 0.0001}}, "weight_decay 0.0001 vs 0"),
+        ({"summary": {"model": "cnn"}}, "model cnn vs cnn-bn"),  # the model `auto` resolved to
+        ({"dataset": "cifar10-jpeg"}, "dataset cifar10-jpeg vs cifar10"),  # shown beside CIFAR-10, never compared
+    ],
+)
 def test_a_mismatch_in_any_declared_setting_suppresses_the_delta_and_says_why(tmp_path, changes, difference):
     table, fedavg = _one_entry(tmp_path, **changes)
-    assert fedavg.paper is not None and fedavg.paper.mean == 50.0      # still shown beside ours
+    assert fedavg.paper is not None and fedavg.paper.mean == 50.0  # still shown beside ours
     assert fedavg.delta is None and not fedavg.comparable
     assert table.footnotes[fedavg.footnote - 1] == f"settings differ (ours vs paper): {difference}"
     text = markdown_table(table)
@@ -439,14 +504,16 @@ def test_pfedla_references_declare_the_papers_split_batch_and_model():
     refs = {r.name: r for r in load_references(default_reference_dir())}
     for name in ("pfedla_table1", "pfedla_table2", "pfedla_table3"):
         rows = refs[name].rows
-        fomo = rows["algorithm"] == "fedfomo"   # FedFomo needs its own validation data: not constrained
+        fomo = rows["algorithm"] == "fedfomo"  # FedFomo needs its own validation data: not constrained
         assert set(rows["train_fraction"]) == {0.7} and set(rows.loc[~fomo, "val_fraction"]) == {0.0}
         assert rows.loc[fomo, "val_fraction"].isna().all()
         assert set(rows["batch_size"]) == {32}
-        assert dict(zip(rows["dataset"], rows["model"])) == {d: m for d, m in (("emnist", "cnn"), ("fmnist", "cnn"),
-                                                                                ("cifar10", "cnn-bn"), ("cifar100", "cnn-bn"))
-                                                              if d in set(rows["dataset"])}
-        assert "momentum" not in rows and "weight_decay" not in rows   # the paper says "SGD", nothing more
+        assert dict(zip(rows["dataset"], rows["model"])) == {
+            d: m
+            for d, m in (("emnist", "cnn"), ("fmnist", "cnn"), ("cifar10", "cnn-bn"), ("cifar100", "cnn-bn"))
+            if d in set(rows["dataset"])
+        }
+        assert "momentum" not in rows and "weight_decay" not in rows  # the paper says "SGD", nothing more
 
 
 @pytest.mark.parametrize("table", ["table1", "table2"])
@@ -459,8 +526,13 @@ def test_full_scale_cells_match_every_setting_their_reference_declares(table):
 
     spec = Path(__file__).resolve().parents[1] / "benchmarks" / f"{table}.yaml"
     refs = [r for r in load_references(default_reference_dir()) if r.name == f"pfedla_{table}"]
-    shapes = {"emnist": (1, 28, 28), "fmnist": (1, 28, 28), "cifar10": (3, 32, 32), "cifar100": (3, 32, 32),
-              "cifar10-jpeg": (3, 32, 32)}
+    shapes = {
+        "emnist": (1, 28, 28),
+        "fmnist": (1, 28, 28),
+        "cifar10": (3, 32, 32),
+        "cifar100": (3, 32, 32),
+        "cifar10-jpeg": (3, 32, 32),
+    }
     for scale, comparable in (("full", True), ("quick", False)):
         compared = 0
         for cell in load_spec(spec, scale=scale).cells:
@@ -468,9 +540,15 @@ def test_full_scale_cells_match_every_setting_their_reference_declares(table):
             row["resolved_model"] = default_model(shapes[cell.dataset]) if cell.model == "auto" else cell.model
             cells = pd.DataFrame([row])
             dataset = "cifar10" if cell.dataset == "cifar10-jpeg" else cell.dataset
-            paper = find_paper_value(refs, algorithm=cell.algorithm, dataset=dataset, partition=cell.partition,
-                                     clients=cell.clients, cells=cells)
-            if paper is None:   # FedBN on EMNIST / FashionMNIST: "-" in the paper
+            paper = find_paper_value(
+                refs,
+                algorithm=cell.algorithm,
+                dataset=dataset,
+                partition=cell.partition,
+                clients=cell.clients,
+                cells=cells,
+            )
+            if paper is None:  # FedBN on EMNIST / FashionMNIST: "-" in the paper
                 assert cell.algorithm == "fedbn" and cell.dataset in ("emnist", "fmnist")
                 continue
             assert compare(paper, cells, ADAPTED).comparable is comparable, (scale, cell)

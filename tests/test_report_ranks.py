@@ -1,6 +1,7 @@
 """Ranks across a study (pflbench/reports/ranks.py): average ranks over the columns (and knob settings),
 the Friedman test, the Nemenyi critical difference and its diagram, in report.md, on the study's page and
 on the leaderboard of studies. Stores written directly (report_helpers), no training."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -31,24 +32,34 @@ def store(tmp_path_factory):
         for partition in ("pathological", "dominant"):
             for algorithm, acc in order.items():
                 if algorithm == "fedprox" and (dataset, partition) == ("emnist", "dominant"):
-                    write_cell(root, algorithm=algorithm, dataset=dataset, partition=partition, status="diverged",
-                               error="round 2: nan")
+                    write_cell(
+                        root,
+                        algorithm=algorithm,
+                        dataset=dataset,
+                        partition=partition,
+                        status="diverged",
+                        error="round 2: nan",
+                    )
                     continue
                 write_cell(root, algorithm=algorithm, dataset=dataset, partition=partition, accuracies=(acc, acc))
     write_cell(root, algorithm="ditto", accuracies=(0.95, 0.95))
-    write_cell(root, algorithm="centralized", accuracies=(0.99, 0.99))   # a reference: never ranked
+    write_cell(root, algorithm="centralized", accuracies=(0.99, 0.99))  # a reference: never ranked
     return root
 
 
 def test_average_ranks_friedman_and_the_critical_difference(store):
     ranks = study_ranks(accuracy_tables(load_cells(store)))
     by = dict(zip(ranks.methods, ranks.ranks.tolist()))
-    assert by == {"FedAvg": 1.0, "FedProx": pytest.approx((3 * 3 + 4) / 4), "FedRep": 2.0,
-                  "Local": pytest.approx((4 * 3 + 3) / 4)}               # a divergence ranks last
+    assert by == {
+        "FedAvg": 1.0,
+        "FedProx": pytest.approx((3 * 3 + 4) / 4),
+        "FedRep": 2.0,
+        "Local": pytest.approx((4 * 3 + 3) / 4),
+    }  # a divergence ranks last
     assert len(ranks.blocks) == 4 and "fmnist, 10 clients, pathological" in ranks.blocks
     assert ranks.left_out == ["Ditto: no result in 3 of 4 columns"] and "Centralized (reference)" not in by
     assert ranks.friedman_p < 0.05 and ranks.rejected
-    assert ranks.cd == pytest.approx(2.569 * (4 * 5 / 24) ** 0.5, abs=2e-3)   # Demšar: q_0.05 = 2.569 for k = 4
+    assert ranks.cd == pytest.approx(2.569 * (4 * 5 / 24) ** 0.5, abs=2e-3)  # Demšar: q_0.05 = 2.569 for k = 4
     assert [ranks.methods[i] for i in ranks.order] == ["FedAvg", "FedRep", "FedProx", "Local"]
     assert ranks.best_block_count(ranks.methods.index("FedAvg")) == 4
     assert "Friedman test over 4 columns" in ranks.caption and "CD = 2.35" in ranks.caption
@@ -63,10 +74,15 @@ def test_the_diagram_is_drawn_and_the_report_and_pages_show_the_ranks(store, tmp
     assert 'id="ranks-delivered-final-clients"' in html and "Not told apart (within CD = 2.35)" in html
     ranks = report.ranks[0]
     rank_figure(ranks, tmp_path / "out", ReportOptions(formats=("png",)))
-    assert ranks.figure == "figures/cd_delivered-final-clients.png" and (tmp_path / "out" / ranks.figure).stat().st_size > 0
+    assert (
+        ranks.figure == "figures/cd_delivered-final-clients.png"
+        and (tmp_path / "out" / ranks.figure).stat().st_size > 0
+    )
     index = build_leaderboard(tmp_path / "none", tmp_path / "board", extra={"mine": store}, options=FAST)
-    assert 'href="mine/index.html#ranks-delivered-final-clients">FedAvg 1.00, FedRep 2.00, FedProx 3.25 …' \
+    assert (
+        'href="mine/index.html#ranks-delivered-final-clients">FedAvg 1.00, FedRep 2.00, FedProx 3.25 …'
         in index.read_text()
+    )
 
 
 def test_a_knob_setting_is_a_column_of_the_same_method():
@@ -92,5 +108,5 @@ def test_published_table1_quick_ranks():
     ranks = study_ranks(accuracy_tables(load_cells(TABLE1_QUICK)))
     assert len(ranks.blocks) == 4 and len(ranks.methods) == 10
     assert ranks.methods[ranks.order[0]] == "pFedMe" and ranks.ranks[ranks.order[0]] == pytest.approx(2.75)
-    assert sum(ranks.ranks) == pytest.approx(55.0)           # 1 + ... + 10 per column
-    assert not ranks.rejected and len(ranks.groups) == 1       # 4 columns cannot separate 10 methods
+    assert sum(ranks.ranks) == pytest.approx(55.0)  # 1 + ... + 10 per column
+    assert not ranks.rejected and len(ranks.groups) == 1  # 4 columns cannot separate 10 methods

@@ -1,6 +1,7 @@
 """Which differences are real (pflbench/reports/stats.py): the paired test, how seeds are combined, the
 tie marks of every accuracy table (Markdown, LaTeX, HTML), and the Friedman/Nemenyi numbers of the
 ranks across a study. Stores written directly (report_helpers): no training, fast."""
+
 from __future__ import annotations
 
 import math
@@ -12,16 +13,26 @@ from report_helpers import write_cell
 
 from pflbench.reports.cells import load_cells
 from pflbench.reports.protocols import ADAPTED, Protocol
-from pflbench.reports.stats import (SEED_UNITS, Sample, average_ranks, check_level, cliques, friedman, nemenyi_cd,
-                                    paired, signed_rank_p)
+from pflbench.reports.stats import (
+    SEED_UNITS,
+    Sample,
+    average_ranks,
+    check_level,
+    cliques,
+    friedman,
+    nemenyi_cd,
+    paired,
+    signed_rank_p,
+)
 from pflbench.reports.tables import accuracy_tables
 from pflbench.reports.text import latex_table, markdown_report, markdown_table
 
 
 def sample(per_seed: dict) -> Sample:
     """{seed: [client accuracies in %]} -> Sample."""
-    return Sample({s: dict(enumerate(v)) for s, v in per_seed.items()},
-                  {s: float(np.mean(v)) for s, v in per_seed.items()})
+    return Sample(
+        {s: dict(enumerate(v)) for s, v in per_seed.items()}, {s: float(np.mean(v)) for s, v in per_seed.items()}
+    )
 
 
 def test_paired_difference_mean_se_interval_and_counts():
@@ -44,14 +55,17 @@ def test_identical_clients_are_equal_and_never_separated():
     assert signed_rank_p([0.0, 0.0]) == 1.0 and signed_rank_p([1.0]) is None
 
 
-@pytest.mark.parametrize("d", [
-    [1.0, 0.0, 0.0, 2.0, -1.0, 3.0, 1.0, 0.5, 2.0, -0.5],                  # zeros and ties, 10 clients
-    [0.48, -0.48, 0.95, 0.95, 1.43, 0.0, -0.95, 0.48, 2.86, 0.48],           # k/210 steps, as on table1-full
-    [2.0, 1.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0, 12.0, 0.0],   # 13 with a zero: every flip
-    [1.0, 1.0, -1.0],                                                       # ties only
-    [0.5, 2.0, -1.0, 3.0, 4.0],                                             # neither: scipy's exact branch
-    [1.0, 0.0, 2.0, 2.0, 3.0, -1.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 1.0, 2.0],  # 14 with ties: asymptotic
-])
+@pytest.mark.parametrize(
+    "d",
+    [
+        [1.0, 0.0, 0.0, 2.0, -1.0, 3.0, 1.0, 0.5, 2.0, -0.5],  # zeros and ties, 10 clients
+        [0.48, -0.48, 0.95, 0.95, 1.43, 0.0, -0.95, 0.48, 2.86, 0.48],  # k/210 steps, as on table1-full
+        [2.0, 1.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0, 12.0, 0.0],  # 13 with a zero: every flip
+        [1.0, 1.0, -1.0],  # ties only
+        [0.5, 2.0, -1.0, 3.0, 4.0],  # neither: scipy's exact branch
+        [1.0, 0.0, 2.0, 2.0, 3.0, -1.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 1.0, 2.0],  # 14 with ties: asymptotic
+    ],
+)
 def test_signed_rank_p_is_scipys_wilcoxon_to_the_bit(d):
     """The exact permutation branch computes the statistic for all sign flips at once; its p is the one
     scipy's wilcoxon gives (zsplit, two-sided) on the same differences, exactly."""
@@ -86,7 +100,7 @@ def test_friedman_nemenyi_and_cliques_follow_demsar():
     ranks = average_ranks(scores)
     assert ranks.tolist() == [1.0, 2.0, 3.0, 4.0]
     assert friedman(scores) < 0.001 and friedman(scores[:, :2]) is None and friedman(np.ones((3, 4))) == 1.0
-    assert average_ranks(np.array([[1.0, 1.0, 0.0]])).tolist() == [1.5, 1.5, 3.0]   # ties share their ranks
+    assert average_ranks(np.array([[1.0, 1.0, 0.0]])).tolist() == [1.5, 1.5, 3.0]  # ties share their ranks
     assert cliques([1.0, 1.5, 3.0, 3.2], cd=1.0) == [(0, 1), (2, 3)]
     assert cliques([1.0, 1.8, 2.6], cd=1.0) == [(0, 1), (1, 2)]
     with pytest.raises(ValueError, match="at least 2 methods"):
@@ -101,8 +115,12 @@ def ten_clients(mean: float, spread=(0, 1, -1, 2, -2, 0, 1, -1, 2, -2)) -> tuple
 def store(tmp_path_factory):
     root = tmp_path_factory.mktemp("ties")
     write_cell(root, algorithm="fedavg", accuracies=ten_clients(0.90), adapted=ten_clients(0.93))
-    write_cell(root, algorithm="fedrep", accuracies=ten_clients(0.80), adapted=ten_clients(0.929,
-               (1, 2, 0, 1, -3, 0, 1, -1, 1, -2)))            # adapted: level with FedAvg on some clients
+    write_cell(
+        root,
+        algorithm="fedrep",
+        accuracies=ten_clients(0.80),
+        adapted=ten_clients(0.929, (1, 2, 0, 1, -3, 0, 1, -1, 1, -2)),
+    )  # adapted: level with FedAvg on some clients
     write_cell(root, algorithm="local", accuracies=ten_clients(0.85), adapted=ten_clients(0.85))
     write_cell(root, algorithm="centralized", accuracies=ten_clients(0.99), adapted=ten_clients(0.99))
     return root
@@ -110,18 +128,18 @@ def store(tmp_path_factory):
 
 def test_the_best_is_bold_only_when_the_test_separates_it_from_every_row(store):
     cells = load_cells(store)
-    delivered, = accuracy_tables(cells)
+    (delivered,) = accuracy_tables(cells)
     column = delivered.columns[0]
     by = {r.algorithm: delivered.entry(r, column) for r in delivered.rows}
     assert by["fedavg"].best and by["fedavg"].top and not by["fedavg"].tied
     assert not by["local"].tied and by["local"].test.p < 0.05 and by["local"].versus.algorithm == "fedavg"
-    assert not by["centralized"].best and not by["centralized"].tied    # a reference: never ranked
+    assert not by["centralized"].best and not by["centralized"].tied  # a reference: never ranked
     rows = markdown_table(delivered)
     assert "| FedAvg | **90.00** |" in rows and "| Local | 85.00 |" in rows
 
-    adapted, = accuracy_tables(cells, protocol=ADAPTED)
+    (adapted,) = accuracy_tables(cells, protocol=ADAPTED)
     by = {r.algorithm: adapted.entry(r, column) for r in adapted.rows}
-    assert by["fedavg"].top and by["fedavg"].tied and not by["fedavg"].best      # FedRep cannot be told from it
+    assert by["fedavg"].top and by["fedavg"].tied and not by["fedavg"].best  # FedRep cannot be told from it
     assert by["fedrep"].tied and by["fedrep"].test.p >= 0.05 and not by["local"].tied
     md = markdown_table(adapted)
     assert "| FedAvg | 93.00 ≈ |" in md and "| FedRep | 92.90 ≈ |" in md and "| Local | 85.00 |" in md
@@ -132,7 +150,7 @@ def test_the_best_is_bold_only_when_the_test_separates_it_from_every_row(store):
 
 
 def test_a_column_that_cannot_be_tested_marks_nothing_and_says_so(store):
-    worst, = accuracy_tables(load_cells(store), protocol=Protocol("delivered", "final", "worst10"))
+    (worst,) = accuracy_tables(load_cells(store), protocol=Protocol("delivered", "final", "worst10"))
     column = worst.columns[0]
     assert not any(e.best or e.tied or e.top for r in worst.rows if (e := worst.entry(r, column)) is not None)
     assert worst.untested and "fewer than 6 shared seeds" in worst.untested[0]

@@ -3,6 +3,7 @@
 registers with one line naming its file and the new form, found from its signatures and attributes only
 (a current-form class that passes `salt=` to hashlib is registered as it is); a retired name it only reads
 fails with such a line; every built-in is registered as it is written."""
+
 from __future__ import annotations
 
 import ast
@@ -62,21 +63,35 @@ def test_each_old_form_hook_is_refused_in_one_line_naming_its_file_line_and_new_
     assert "leaves setup, personalized to Algorithm" in line and "class OldAvg(FedAvg)" in line
 
 
-@pytest.mark.parametrize("body, new", [
-    ("display_name = 'Mine'", "card=Card(display_name='Mine')"),
-    ("batched = False", "capabilities = Capabilities(batched=False)"),
-    ("newcomers_refused = 'no'", "capabilities = Capabilities(newcomers='no')"),
-    ("def aggregate_arrived(self, rnd, clients, upload, positions): pass", "aggregate(self, rnd: ClientRound"),
-    ("def evaluate_splits(self, personal, splits): pass", "evaluate(self, serving: Serving, models, splits)"),
-    ("@classmethod\n    def check_models(cls, model): pass", "cell_refusal(cls, cell)"),
-    ("def evaluate(self, personal, split): pass", "evaluate(self, serving: Serving, models, splits)"),
-    ("def adapt_locally(self, personal, rnd, epochs): pass", "adapt_locally(self, serving: Serving, models)"),
-], ids=["card", "capability", "newcomers", "aggregate_arrived", "evaluate_splits", "check_models", "evaluate",
-        "adapt_locally"])
+@pytest.mark.parametrize(
+    "body, new",
+    [
+        ("display_name = 'Mine'", "card=Card(display_name='Mine')"),
+        ("batched = False", "capabilities = Capabilities(batched=False)"),
+        ("newcomers_refused = 'no'", "capabilities = Capabilities(newcomers='no')"),
+        ("def aggregate_arrived(self, rnd, clients, upload, positions): pass", "aggregate(self, rnd: ClientRound"),
+        ("def evaluate_splits(self, personal, splits): pass", "evaluate(self, serving: Serving, models, splits)"),
+        ("@classmethod\n    def check_models(cls, model): pass", "cell_refusal(cls, cell)"),
+        ("def evaluate(self, personal, split): pass", "evaluate(self, serving: Serving, models, splits)"),
+        ("def adapt_locally(self, personal, rnd, epochs): pass", "adapt_locally(self, serving: Serving, models)"),
+    ],
+    ids=[
+        "card",
+        "capability",
+        "newcomers",
+        "aggregate_arrived",
+        "evaluate_splits",
+        "check_models",
+        "evaluate",
+        "adapt_locally",
+    ],
+)
 def test_each_other_old_form_of_a_plugin_file_is_one_line_naming_the_file_and_the_new_form(body, new, tmp_path):
     path = tmp_path / "old_form.py"
-    path.write_text(f"from pflbench.algorithm import ALGORITHMS\nfrom pflbench.fedavg import FedAvg\n\n\n"
-                    f"@ALGORITHMS.register('old-form')\nclass OldForm(FedAvg):\n    {body}\n")
+    path.write_text(
+        f"from pflbench.algorithm import ALGORITHMS\nfrom pflbench.fedavg import FedAvg\n\n\n"
+        f"@ALGORITHMS.register('old-form')\nclass OldForm(FedAvg):\n    {body}\n"
+    )
     with pytest.raises(PluginError) as caught:
         plugins.load([str(path)])
     line = str(caught.value)
@@ -86,7 +101,7 @@ def test_each_other_old_form_of_a_plugin_file_is_one_line_naming_the_file_and_th
 
 # A current-form plugin whose module passes salt= to something else than pflbench (hashlib's blake2b): the
 # old adapter guessed old forms from the source text, and wrapped this class.
-SALTED_HASH = '''import hashlib
+SALTED_HASH = """import hashlib
 
 from pflbench.algorithm import ALGORITHMS, ClientRound
 from pflbench.fedavg import FedAvg
@@ -105,7 +120,7 @@ class HashingAvg(FedAvg):
         key = hashlib.blake2b(str(rnd.number).encode(), digest_size=8, salt=b"pflbench").hexdigest()
         self.digests.append(key)
         return super().local_train(rnd, state)
-'''
+"""
 
 
 def test_a_current_form_plugin_that_passes_salt_to_hashlib_is_registered_as_it_is_and_runs(tmp_path, monkeypatch):
@@ -147,8 +162,11 @@ class ReadsRetired(FEDAVG):
 def test_a_retired_name_a_plugin_only_reads_fails_with_one_line_naming_the_new_form(tmp_path):
     cls = _registered(ReadsRetired)
     alg = cls(federation(small_cell(), tmp_path), cls.parse_hyperparams({}))
-    for read, new in ((alg.old_engine, "self.engine"), (alg.old_card, "self.card.display_name"),
-                      (alg.old_check, "cell_refusal(cls, cell)")):
+    for read, new in (
+        (alg.old_engine, "self.engine"),
+        (alg.old_card, "self.card.display_name"),
+        (alg.old_check, "cell_refusal(cls, cell)"),
+    ):
         with pytest.raises(AttributeError) as caught:
             read()
         assert "\n" not in str(caught.value) and __file__ in str(caught.value) and new in str(caught.value)
@@ -166,8 +184,13 @@ def test_nothing_in_the_core_imports_the_retired_forms():
     importers = []
     for path in (ROOT / "pflbench").rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
-            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
-                     [f"{node.module}.{a.name}" for a in node.names] if isinstance(node, ast.ImportFrom) else [])
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [f"{node.module}.{a.name}" for a in node.names]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
             if any(n.startswith("pflbench.retired") for n in names):
                 importers.append(path.relative_to(ROOT).as_posix())
     assert importers == ["pflbench/plugins.py"]

@@ -2,6 +2,7 @@
 `Round`; what crosses the network has one type, a `Payload` (per-client tensors with their byte
 count; uploads lost to dropout are part of it); the evaluation hooks receive whom they serve
 (`Serving`), the newcomers through their own; nothing of it lives in a field another hook sets."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -107,8 +108,9 @@ def test_a_payload_reads_stacked_or_per_client_and_counts_each_clients_bytes():
     stacked = Payload.from_state({"w": torch.arange(6.0).view(3, 2), "n": torch.zeros(3, dtype=torch.long)}, clients)
     assert stacked.is_stacked and len(stacked) == 3 and stacked.nbytes.tolist() == [8 + 8] * 3
     assert torch.equal(stacked.row(1)["w"], torch.tensor([2.0, 3.0])) and len(stacked.rows) == 3
-    rows = Payload.from_rows([{"a": torch.ones(2)}, {"a": torch.ones(2), "b": torch.ones(3, dtype=torch.float64)}, {}],
-                             clients)
+    rows = Payload.from_rows(
+        [{"a": torch.ones(2)}, {"a": torch.ones(2), "b": torch.ones(3, dtype=torch.float64)}, {}], clients
+    )
     assert not rows.is_stacked and rows.nbytes.tolist() == [8, 8 + 24, 0]
     with pytest.raises(ValueError, match="different tensors per client"):
         _ = rows.state
@@ -156,14 +158,16 @@ def test_the_engine_hands_aggregate_only_the_arrived_uploads_and_counts_lost_one
             assert not got  # nothing arrived: the server keeps its state
             continue
         lost_some |= not bool(arrived.all())
-        (rnd, delivered), = got
+        ((rnd, delivered),) = got
         assert delivered.clients.tolist() == clients[arrived].tolist()
         assert delivered.positions.tolist() == torch.nonzero(arrived).flatten().tolist()
     assert lost_some
 
 
 # ---- evaluation: whom the models serve ---------------------------------------------------------------------
-def test_newcomers_are_served_through_their_own_context_and_self_engine_stays_the_trained_clients(tmp_path, monkeypatch):
+def test_newcomers_are_served_through_their_own_context_and_self_engine_stays_the_trained_clients(
+    tmp_path, monkeypatch
+):
     calls = []
 
     class Watches(FedAvg):
@@ -227,8 +231,10 @@ def test_scored_models_are_taken_as_scored_and_evaluate_scores_every_other_model
 
 # ---- nothing swapped, copied or re-stacked by type -----------------------------------------------------------
 def test_no_hidden_round_state_no_swapped_federation_and_no_upload_restacked_by_type():
-    hidden = re.compile(r"local_round|copy\.copy\(|\.serving\(|\bself\.(fed|engine)\s*(:[^=]*)?=(?!=)|type\(self\)\.evaluate|"
-                        r"restack|payload_bytes|\"scores\" in")
+    hidden = re.compile(
+        r"local_round|copy\.copy\(|\.serving\(|\bself\.(fed|engine)\s*(:[^=]*)?=(?!=)|type\(self\)\.evaluate|"
+        r"restack|payload_bytes|\"scores\" in"
+    )
     found = []
     for path in (ROOT / "pflbench").rglob("*.py"):  # the built-in algorithms included
         for number, line in enumerate(path.read_text().splitlines(), 1):
@@ -237,8 +243,9 @@ def test_no_hidden_round_state_no_swapped_federation_and_no_upload_restacked_by_
     # Algorithm.__init__ stores the trained clients' engine, once
     allowed = {"pflbench/algorithm.py"}
     assert [f for f in found if f.split(":")[0] not in allowed] == []
-    assert [f.split(": ", 1)[1] for f in found] == ["self.engine: Engine = engine  # what the method may ask of the "
-                                                    "engine (pflbench.engine)"]
+    assert [f.split(": ", 1)[1] for f in found] == [
+        "self.engine: Engine = engine  # what the method may ask of the engine (pflbench.engine)"
+    ]
 
 
 def test_the_public_round_types_are_exported_by_the_contract():

@@ -2,6 +2,7 @@
 `apply_rows` is, bit for bit, `SGD.apply` with that row's scalars (torch.optim.SGD's rule), for every
 parameter shape of the CNNs and awkward values (signed zeros, infinities, NaN, subnormals); this CPU's
 fused multiply-add included (`addcmul` with a tensor rate rounds once, as `add` with a scalar alpha)."""
+
 import pytest
 import torch
 
@@ -10,15 +11,25 @@ from pflbench.row_rates import RowRates, structure
 from pflbench.training import SGD
 from test_fused_steps import awkward, same_bits
 
-MODEL_SHAPES = sorted({tuple(p.shape) for name, shape in [("cnn", (1, 28, 28)), ("cnn-bn", (3, 32, 32)),
-                                                         ("cnn", (3, 32, 32))]
-                       for p in build_model(name, shape, 10).parameters()})
+MODEL_SHAPES = sorted(
+    {
+        tuple(p.shape)
+        for name, shape in [("cnn", (1, 28, 28)), ("cnn-bn", (3, 32, 32)), ("cnn", (3, 32, 32))]
+        for p in build_model(name, shape, 10).parameters()
+    }
+)
 LRS = [0.005, 0.01, 0.05, 0.1, 0.015, 0.09, 0.3]
 
 
 def rules(momentum: float, weight_decay: float, width: int) -> list[SGD]:
-    return [SGD(LRS[k % len(LRS)], momentum * (1 + k / 10) if momentum else 0.0,
-                weight_decay * (1 + k) if weight_decay else 0.0) for k in range(width)]
+    return [
+        SGD(
+            LRS[k % len(LRS)],
+            momentum * (1 + k / 10) if momentum else 0.0,
+            weight_decay * (1 + k) if weight_decay else 0.0,
+        )
+        for k in range(width)
+    ]
 
 
 @pytest.mark.parametrize("momentum, weight_decay", [(0.0, 0.0), (0.9, 0.0), (0.5, 1e-3), (0.0, 5e-4)])

@@ -1,4 +1,5 @@
 """The runner: failures are recorded while the other cells finish; Ray gives the in-process results."""
+
 from __future__ import annotations
 
 import math
@@ -52,15 +53,21 @@ def broken_algorithms(monkeypatch):
 
 
 def plan(algorithms, seeds=(0,), rounds=3):
-    return parse_spec({
-        "name": "t",
-        "matrix": {"algorithm": list(algorithms), "dataset": ["synthetic"],
-                   "partition": [
-                       {"scheme": "pathological", "params": {"classes_per_client": 2, "samples_per_client": 40}},
-                       {"scheme": "dirichlet", "params": {"alpha": 0.5, "min_samples": 20}}],
-                   "seed": list(seeds)},
-        "defaults": {"clients": 5, "rounds": rounds, "lr": 0.05, "dataset_options": {"num_samples": 1000}},
-    })
+    return parse_spec(
+        {
+            "name": "t",
+            "matrix": {
+                "algorithm": list(algorithms),
+                "dataset": ["synthetic"],
+                "partition": [
+                    {"scheme": "pathological", "params": {"classes_per_client": 2, "samples_per_client": 40}},
+                    {"scheme": "dirichlet", "params": {"alpha": 0.5, "min_samples": 20}},
+                ],
+                "seed": list(seeds),
+            },
+            "defaults": {"clients": 5, "rounds": rounds, "lr": 0.05, "dataset_options": {"num_samples": 1000}},
+        }
+    )
 
 
 @pytest.fixture
@@ -81,8 +88,12 @@ def test_a_failing_and_a_diverging_cell_do_not_stop_the_others(broken_algorithms
     by_algorithm = {}
     for cell in the_plan.cells:
         by_algorithm.setdefault(cell.algorithm, set()).add(store.status(cell))
-    assert by_algorithm == {"test-runner-raises": {"failed"}, "fedavg": {"finished"},
-                            "test-runner-nan": {"diverged"}, "local": {"finished"}}
+    assert by_algorithm == {
+        "test-runner-raises": {"failed"},
+        "fedavg": {"finished"},
+        "test-runner-nan": {"diverged"},
+        "local": {"finished"},
+    }
     failed = next(c for c in the_plan.cells if c.algorithm == "test-runner-raises")
     traceback = (store.cell_dir(failed) / "error.txt").read_text()
     assert "in local_train" in traceback and traceback.strip().endswith("RuntimeError: boom in round 2")
@@ -108,8 +119,9 @@ def test_ray_gives_the_in_process_summaries(local_ray, options, tmp_path):
     for cell in the_plan.cells:
         here, there = Store(options.results).summary(cell), Store(on_ray.results).summary(cell)
         assert here["status"] == "finished" and here["hash"] == cell_hash(cell)
-        assert ({k: v for k, v in here.items() if k not in volatile}
-                == {k: v for k, v in there.items() if k not in volatile})
+        assert {k: v for k, v in here.items() if k not in volatile} == {
+            k: v for k, v in there.items() if k not in volatile
+        }
         assert set(here["files"]) == set(there["files"])
 
 
@@ -154,11 +166,27 @@ def test_a_wrong_cluster_address_fails_within_seconds_with_a_clear_message(tmp_p
     monkeypatch.setattr(ray, "is_initialized", lambda: False)  # another test's local instance is not this run's
     monkeypatch.setenv("PFLBENCH_DATA_MIRROR", str(tmp_path / "none"))
     spec = tmp_path / "tiny.yaml"
-    spec.write_text(yaml.safe_dump({"matrix": {"algorithm": ["fedavg"], "dataset": ["synthetic"]},
-                                    "defaults": {"rounds": 1, "clients": 3, "dataset_options": {"num_samples": 300}}}))
+    spec.write_text(
+        yaml.safe_dump(
+            {
+                "matrix": {"algorithm": ["fedavg"], "dataset": ["synthetic"]},
+                "defaults": {"rounds": 1, "clients": 3, "dataset_options": {"num_samples": 300}},
+            }
+        )
+    )
     start = time.monotonic()
-    code = main(["run", str(spec), "--results", str(tmp_path / "r"), "--root", str(tmp_path / "data"),
-                 "--ray-address", f"127.0.0.1:{port}"])
+    code = main(
+        [
+            "run",
+            str(spec),
+            "--results",
+            str(tmp_path / "r"),
+            "--root",
+            str(tmp_path / "data"),
+            "--ray-address",
+            f"127.0.0.1:{port}",
+        ]
+    )
     assert code == 2 and time.monotonic() - start < 30
     err = capsys.readouterr().err
     assert f"cannot reach a Ray cluster at 127.0.0.1:{port}" in err and "ray start --head" in err
@@ -167,10 +195,13 @@ def test_a_wrong_cluster_address_fails_within_seconds_with_a_clear_message(tmp_p
 def test_a_dataset_left_out_is_recorded_with_where_it_was_looked_for_and_how_to_provide_it(options, tmp_path):
     import json
 
-    the_plan = parse_spec({"name": "t", "matrix": {"algorithm": ["fedavg"],
-                                                   "dataset": ["synthetic", {"name": "fmnist", "optional": True}]},
-                           "defaults": {"clients": 3, "rounds": 1, "lr": 0.05,
-                                        "partition_params": {"classes_per_client": 2}}})
+    the_plan = parse_spec(
+        {
+            "name": "t",
+            "matrix": {"algorithm": ["fedavg"], "dataset": ["synthetic", {"name": "fmnist", "optional": True}]},
+            "defaults": {"clients": 3, "rounds": 1, "lr": 0.05, "partition_params": {"classes_per_client": 2}},
+        }
+    )
     log = tmp_path / "console.txt"
     report = run_plan(the_plan, options, Console(file=open(log, "w"), width=300))
     assert report.ran == 1 and report.skipped_datasets == {"fmnist": 1}
@@ -196,7 +227,8 @@ def test_a_local_ray_instance_runs_its_workers_at_the_drivers_priority(tmp_path)
         "from pflbench.ray_cluster import connect_ray\n"
         "assert connect_ray(None, 1, 1.0)\n"
         "print('niceness', ray.get(ray.remote(num_cpus=1)(lambda: os.nice(0)).remote()))\n"
-        "ray.shutdown()\n")
+        "ray.shutdown()\n"
+    )
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_worker_niceness", "RAY_ADDRESS")}
     out = subprocess.run([sys.executable, str(probe)], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]

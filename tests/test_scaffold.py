@@ -3,6 +3,7 @@ writes pass (run by pytest as a user would, outside this repository); they pass 
 `ruff check` and `mypy` and override only what their starting point changes; the method is named as the
 user spells it or as the built-ins spell its words; bad names are refused. The README's FedAvgM is the
 scaffold's output filled in, passes the same lint, and its commands run as written."""
+
 from __future__ import annotations
 
 import ast
@@ -28,10 +29,24 @@ def test_every_scaffold_writes_a_plugin_whose_own_test_passes(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "--plugin" in out and "algorithm+=[my-fedprox]" in out
     assert sorted(p.name for p in tmp_path.glob("*.py")) == [
-        "my_ditto.py", "my_fedavg.py", "my_fedper.py", "my_fedprox.py", "my_shards.py",
-        "test_my_ditto.py", "test_my_fedavg.py", "test_my_fedper.py", "test_my_fedprox.py", "test_my_shards.py"]
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=600)
+        "my_ditto.py",
+        "my_fedavg.py",
+        "my_fedper.py",
+        "my_fedprox.py",
+        "my_shards.py",
+        "test_my_ditto.py",
+        "test_my_fedavg.py",
+        "test_my_fedper.py",
+        "test_my_fedprox.py",
+        "test_my_shards.py",
+    ]
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stdout[-4000:]
     assert "14 passed" in done.stdout  # each algorithm's three tests, the resume check among them; the partition's two
     for base in ("fedavg", "fedprox", "fedper", "ditto"):
@@ -83,8 +98,10 @@ def test_the_scaffold_writes_the_hooks_in_their_current_form(tmp_path):
             for hook in ("configure", "receive", "local_train", "send", "aggregate"):
                 if hook in vars(cls):
                     first = list(inspect.signature(vars(cls)[hook]).parameters.values())[1]
-                    assert first.name == "rnd" and first.annotation in ("Round", "ClientRound", Round,
-                                                                        ClientRound), (base, hook)
+                    assert first.name == "rnd" and first.annotation in ("Round", "ClientRound", Round, ClientRound), (
+                        base,
+                        hook,
+                    )
             hp_class = identifiers(f"current-{base}")["class_name"] + "HP"  # e.g. CurrentFedAvgHP
             assert cls.Hyperparams.__name__ == hp_class  # Algorithm[XHP] made XHP its Hyperparams
             assert retired.old_forms(cls) == []
@@ -93,16 +110,31 @@ def test_the_scaffold_writes_the_hooks_in_their_current_form(tmp_path):
 
 
 ROOT = Path(__file__).resolve().parents[1]
-HOOKS = ("configure", "receive", "local_train", "send", "aggregate", "personalized", "evaluate", "adapt_locally",
-         "newcomer_models", "setup", "is_local")
+HOOKS = (
+    "configure",
+    "receive",
+    "local_train",
+    "send",
+    "aggregate",
+    "personalized",
+    "evaluate",
+    "adapt_locally",
+    "newcomer_models",
+    "setup",
+    "is_local",
+)
 
 
 def ruff_problems(folder: Path) -> str:
     """`ruff check` with the repository's settings (pyproject.toml) on `folder`: its report, "" when clean."""
     if importlib.util.find_spec("ruff") is None:
         pytest.skip("ruff is not installed (pip install -e '.[lint]', as `make lint` does)")
-    done = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "--config",
-                           str(ROOT / "pyproject.toml"), str(folder)], capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "ruff", "check", "--no-cache", "--config", str(ROOT / "pyproject.toml"), str(folder)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     return "" if done.returncode == 0 else done.stdout + done.stderr
 
 
@@ -111,18 +143,33 @@ def mypy_problems(*files: Path) -> str:
     clean. Its cache is the repository's (warm after `make lint`: seconds; cold: a minute or two)."""
     if importlib.util.find_spec("mypy") is None:
         pytest.skip("mypy is not installed (pip install -e '.[lint]', as `make lint` does)")
-    done = subprocess.run([sys.executable, "-m", "mypy", "--config-file", str(ROOT / "pyproject.toml"),
-                           "--python-executable", sys.executable, *map(str, files)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mypy",
+            "--config-file",
+            str(ROOT / "pyproject.toml"),
+            "--python-executable",
+            sys.executable,
+            *map(str, files),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     return "" if done.returncode == 0 else done.stdout + done.stderr
 
 
 def code_lines(source: str) -> list[str]:
     """The code of `source`, line by line and stripped: no comments, docstrings or blank lines."""
-    docstrings = {line for node in ast.walk(ast.parse(source))
-                  if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
-                  and isinstance(node.value.value, str)
-                  for line in range(node.lineno, (node.end_lineno or node.lineno) + 1)}
+    docstrings = {
+        line
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)
+        for line in range(node.lineno, (node.end_lineno or node.lineno) + 1)
+    }
     lines = source.splitlines()
     for token in tokenize.generate_tokens(io.StringIO(source).readline):
         if token.type == tokenize.COMMENT:
@@ -134,9 +181,21 @@ def code_lines(source: str) -> list[str]:
 def _tiny_cell(name: str, **hp):
     from pflbench.spec import resolve_cell
 
-    return resolve_cell({"algorithm": name, "dataset": "synthetic", "dataset_options": {"num_samples": 1000},
-                         "partition": "pathological", "partition_params": {"classes_per_client": 3},
-                         "clients": 5, "rounds": 3, "local_epochs": 1, "batch_size": 16, "lr": 0.05, "hp": hp})
+    return resolve_cell(
+        {
+            "algorithm": name,
+            "dataset": "synthetic",
+            "dataset_options": {"num_samples": 1000},
+            "partition": "pathological",
+            "partition_params": {"classes_per_client": 3},
+            "clients": 5,
+            "rounds": 3,
+            "local_epochs": 1,
+            "batch_size": 16,
+            "lr": 0.05,
+            "hp": hp,
+        }
+    )
 
 
 def test_the_written_files_pass_the_repositorys_ruff_check_and_fedavgs_pastes_no_hook(tmp_path):
@@ -175,8 +234,11 @@ def test_the_method_is_named_as_spelled_or_as_the_built_ins_spell_its_words(tmp_
     assert named("pfedmex") == ("pfedmex", "PFedMeX", "pFedMeX")  # a class name starts with a capital
     assert named("my-method") == ("my-method", "MyMethod", "MyMethod")
     assert named("localsgd") == ("localsgd", "Localsgd", "Localsgd")  # "Local" says nothing a capital does not
-    assert named("srv-mom", "FedAvg (server momentum)") == ("srv-mom", "FedAvgServerMomentum",
-                                                            "FedAvg (server momentum)")
+    assert named("srv-mom", "FedAvg (server momentum)") == (
+        "srv-mom",
+        "FedAvgServerMomentum",
+        "FedAvg (server momentum)",
+    )
     assert main(["new", "algorithm", "FedAvgM", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "pflbench run quickstart --plugin" in out and "algorithm+=[fedavgm]" in out
@@ -227,7 +289,7 @@ def test_mypy_sees_a_wrong_hyperparameter_in_a_written_method(tmp_path):
 def readme_section() -> str:
     text = (ROOT / "README.md").read_text()
     start = text.index("## Benchmark your own method")
-    return text[start:text.index("\n## ", start + 1)]
+    return text[start : text.index("\n## ", start + 1)]
 
 
 def readme_block(language: str) -> str:
@@ -253,14 +315,17 @@ def test_the_readmes_fedavgm_is_the_scaffolds_output_filled_in_and_passes_the_li
     assert not missing, f"the README's FedAvgM drifted from the scaffold's output: {missing}"
     lines = written.splitlines()
     start = next(i for i, line in enumerate(lines) if re.match(r"\s*#\s+def ", line))  # the commented hook
-    hook = [line.strip().lstrip("#").split("  #")[0].strip() for line in lines[start:start + 3]]
-    assert hook[:2] == ["def aggregate(self, rnd: ClientRound, upload: Payload) -> None:",
-                        "average = self.weighted_mean(upload)"]
+    hook = [line.strip().lstrip("#").split("  #")[0].strip() for line in lines[start : start + 3]]
+    assert hook[:2] == [
+        "def aggregate(self, rnd: ClientRound, upload: Payload) -> None:",
+        "average = self.weighted_mean(upload)",
+    ]
     assert all(line in code_lines(code) for line in hook[:2]) and "train_sizes" not in code
     imported = re.search(r"^from pflbench.algorithm import (.*)$", written, re.M)
     assert imported is not None and f"from pflbench.algorithm import {imported.group(1)}" not in code
-    assert set(imported.group(1).split(", ")) < set(re.search(r"^from pflbench.algorithm import (.*)$", code,
-                                                              re.M).group(1).split(", "))
+    assert set(imported.group(1).split(", ")) < set(
+        re.search(r"^from pflbench.algorithm import (.*)$", code, re.M).group(1).split(", ")
+    )
     (tmp_path / "readme").mkdir()
     path = tmp_path / "readme" / "fedavgm.py"
     path.write_text(code)
@@ -310,7 +375,8 @@ def test_the_readmes_commands_run_as_written(tmp_path, monkeypatch, capsys):
 
     cells = load_store(tmp_path / "results")
     assert sorted(zip(cells["algorithm"], cells["seed"])) == [
-        (algorithm, seed) for algorithm in ("fedavg", "fedavgm") for seed in (0, 1, 2)]
+        (algorithm, seed) for algorithm in ("fedavg", "fedavgm") for seed in (0, 1, 2)
+    ]
     assert set(cells["status"]) == {"finished"}
     report = (tmp_path / "reports" / "report.md").read_text()
     assert "FedAvgM" in report and "FedAvg " in report

@@ -2,6 +2,7 @@
 client's upload goes to the engine as it is made (`rnd.deliver`), and the driver calls the server's hook
 (`Algorithm.aggregate_client`) with what arrived, before the next client trains; dropout and privacy are
 the engine's, each upload privatized once, as it leaves its client."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -30,9 +31,11 @@ def _spied(name: str, events: list):
 
     original = Spied.__mro__[1].__dict__
     if "inner_train" in original:  # pFedHN: one client per call in the per-client loop
+
         def inner_train(self, rnd, clients, state):
             events.append(("train", rnd.number, clients.tolist()))
             return cls.inner_train(self, rnd, clients, state)
+
         Spied.inner_train = inner_train
     return Spied
 
@@ -48,8 +51,9 @@ def _run(name: str, hp: dict, monkeypatch, tmp_path, **cell):
 
     monkeypatch.setattr(rounds, "get_algorithm", lambda _: _spied(name, events))
     monkeypatch.setattr(rounds, "Federation", federation)
-    result = run_cell(small_cell(algorithm=name, clients=8, participation=0.5, rounds=3, hp=hp, **cell),
-                      data_root=tmp_path)
+    result = run_cell(
+        small_cell(algorithm=name, clients=8, participation=0.5, rounds=3, hp=hp, **cell), data_root=tmp_path
+    )
     assert result.status == "finished", result.error
     return events, made[0], result
 
@@ -86,8 +90,7 @@ def test_mh_pfedhn_takes_the_clients_in_its_drawn_order_and_steps_after_each(tmp
 
 @pytest.mark.parametrize("name,hp", [("pfedhn", {"inner_steps": 2}), ("mh-pfedhn", MH)])
 def test_each_delivered_update_is_privatized_once_as_it_leaves_its_client(name, hp, tmp_path, monkeypatch):
-    events, fed, result = _run(name, hp, monkeypatch, tmp_path, system=SYSTEM,
-                               privacy={"epsilon": 8.0, "clip": 1.0})
+    events, fed, result = _run(name, hp, monkeypatch, tmp_path, system=SYSTEM, privacy={"epsilon": 8.0, "clip": 1.0})
     released = sum(len(clients) for kind, _, clients in events if kind == "server")
     assert released > 0 and int(sum(fed.privacy.releases)) == released  # not again in the round's upload
     assert result.summary["privacy_epsilon_max"] is not None

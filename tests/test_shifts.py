@@ -1,6 +1,7 @@
 """Feature shift and concept shift (pflbench.shifts): validation and cell identity, the transforms
 and relabellings as documented, the same draw for every algorithm, nothing changed when off, and
 the expected effect of concept shift on a global model."""
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -13,8 +14,16 @@ from pflbench.federation import Federation
 from pflbench.rounds import prepare_cell, run_cell
 from pflbench.spec import SpecError, parse_spec, resolve_cell
 
-IMAGES = dict(dataset="synthetic-images", dataset_options={"num_samples": 240, "channels": 3, "size": 28},
-              partition="iid", clients=8, rounds=1, batch_size=16, lr=0.05, seed=0)
+IMAGES = dict(
+    dataset="synthetic-images",
+    dataset_options={"num_samples": 240, "channels": 3, "size": 28},
+    partition="iid",
+    clients=8,
+    rounds=1,
+    batch_size=16,
+    lr=0.05,
+    seed=0,
+)
 
 
 def _fed(tmp_path, **overrides) -> Federation:
@@ -30,14 +39,26 @@ def test_writing_the_defaults_keeps_the_cell_and_bad_values_are_named():
     spec = {"matrix": {"algorithm": "fedavg", "dataset": "synthetic-images"}}
     plain = parse_spec(spec).cells[0]
     assert "feature_shift" not in plain.canonical_json() and "concept_shift" not in plain.canonical_json()
-    for defaults in ({"feature_shift.kind": "none"}, {"concept_shift.clusters": 1},
-                     {"feature_shift": {"kind": "none", "clusters": 0}}):
+    for defaults in (
+        {"feature_shift.kind": "none"},
+        {"concept_shift.clusters": 1},
+        {"feature_shift": {"kind": "none", "clusters": 0}},
+    ):
         assert cell_hash(parse_spec({**spec, "defaults": defaults}).cells[0]) == cell_hash(plain)
-    rotated = parse_spec({**spec, "defaults": {"feature_shift.kind": "rotation", "feature_shift.max_degrees": 180,
-                                               "feature_shift.clusters": 0}}).cells[0]
+    rotated = parse_spec(
+        {
+            **spec,
+            "defaults": {
+                "feature_shift.kind": "rotation",
+                "feature_shift.max_degrees": 180,
+                "feature_shift.clusters": 0,
+            },
+        }
+    ).cells[0]
     assert rotated.feature_shift == {"kind": "rotation"}  # only what differs from the defaults is kept
-    assert cell_hash(rotated) == cell_hash(resolve_cell({"algorithm": "fedavg", "dataset": "synthetic-images",
-                                                         "feature_shift": {"kind": "rotation"}}))
+    assert cell_hash(rotated) == cell_hash(
+        resolve_cell({"algorithm": "fedavg", "dataset": "synthetic-images", "feature_shift": {"kind": "rotation"}})
+    )
     bad = {"feature_shift.kind": "rotate", "feature_shift.strength": 0.2, "concept_shift.k": 2}
     for key, value in bad.items():
         with pytest.raises(SpecError) as error:
@@ -59,11 +80,14 @@ def test_writing_the_defaults_keeps_the_cell_and_bad_values_are_named():
 
 def test_data_the_knob_cannot_shift_is_refused_before_training(tmp_path):
     with pytest.raises(shifts.ShiftError, match="kind='rotation' needs images.*allowed on vector data: permutation"):
-        run_cell(CellConfig(algorithm="fedavg", dataset="synthetic", partition="iid", clients=4,
-                            feature_shift={"kind": "rotation"}), data_root=tmp_path)
+        run_cell(
+            CellConfig(
+                algorithm="fedavg", dataset="synthetic", partition="iid", clients=4, feature_shift={"kind": "rotation"}
+            ),
+            data_root=tmp_path,
+        )
     with pytest.raises(shifts.ShiftError, match="concept_shift.clusters=4 exceeds the 3 classes"):
-        _fed(tmp_path, dataset_options={**IMAGES["dataset_options"], "num_classes": 3},
-             concept_shift={"clusters": 4})
+        _fed(tmp_path, dataset_options={**IMAGES["dataset_options"], "num_classes": 3}, concept_shift={"clusters": 4})
 
 
 def test_rotation_by_90_degrees_is_rot90_and_cluster_zero_is_untouched(tmp_path):
@@ -104,8 +128,11 @@ def test_permutation_and_color_transform_each_client_as_documented(tmp_path):
         t = color.shifts.transform[client]
         ids = _owned(color, client)
         pixels = plain.features[ids] * std + mean
-        shifted = (color.shifts.contrast[t] * (pixels - 0.5) + 0.5
-                   + torch.tensor(color.shifts.offset[t], dtype=torch.float32).view(1, 3, 1, 1)).clamp(0, 1)
+        shifted = (
+            color.shifts.contrast[t] * (pixels - 0.5)
+            + 0.5
+            + torch.tensor(color.shifts.offset[t], dtype=torch.float32).view(1, 3, 1, 1)
+        ).clamp(0, 1)
         assert torch.allclose(color.features[ids], (shifted - mean) / std, atol=1e-5)
         if t == 0:
             assert torch.allclose(color.features[ids], plain.features[ids], atol=1e-5)  # cluster 0: original
@@ -141,9 +168,17 @@ def test_the_same_seed_draws_the_same_shifts_for_every_algorithm(tmp_path):
     assert (np.abs(first.shifts.angles) <= 60).all() and len(set(first.shifts.angles.tolist())) == 8
     reseeded = _fed(tmp_path, seed=1, **knobs)
     assert not np.array_equal(first.shifts.angles, reseeded.shifts.angles)
-    draws = {tuple(shifts.draw(CellConfig(algorithm="fedavg", dataset="synthetic", seed=s,
-                                          concept_shift={"clusters": 3}), 12, (60,), 10).concept_cluster)
-             for s in range(4)}
+    draws = {
+        tuple(
+            shifts.draw(
+                CellConfig(algorithm="fedavg", dataset="synthetic", seed=s, concept_shift={"clusters": 3}),
+                12,
+                (60,),
+                10,
+            ).concept_cluster
+        )
+        for s in range(4)
+    }
     assert len(draws) > 1  # the clusters depend on the seed
 
 
@@ -158,17 +193,36 @@ def test_knobs_off_leave_the_data_and_the_metrics_exactly_as_before(tmp_path, mo
         return dataset.normalized(), dataset.labels, None
 
     monkeypatch.setattr(shifts, "apply", before)
-    pd.testing.assert_frame_equal(now.metrics.drop(columns="wall_time"),
-                                  run_cell(cell, data_root=tmp_path).metrics.drop(columns="wall_time"))
+    pd.testing.assert_frame_equal(
+        now.metrics.drop(columns="wall_time"), run_cell(cell, data_root=tmp_path).metrics.drop(columns="wall_time")
+    )
 
 
 def test_concept_shift_leaves_a_global_model_far_below_local_training(tmp_path):
-    base = dict(dataset="synthetic", dataset_options={"num_samples": 1200}, partition="iid", clients=8,
-                rounds=6, local_epochs=2, batch_size=16, lr=0.05, seed=0)
-    scores = {(algorithm, k): run_cell(CellConfig(algorithm=algorithm, concept_shift={"clusters": k} if k > 1 else {},
-                                                  **base), data_root=tmp_path).summary["final_accuracy"]
-              for algorithm, k in (("fedavg", 1), ("local", 1), ("fedavg", 4), ("local", 4), ("centralized", 4),
-                                      ("fedrep", 4))}
+    base = dict(
+        dataset="synthetic",
+        dataset_options={"num_samples": 1200},
+        partition="iid",
+        clients=8,
+        rounds=6,
+        local_epochs=2,
+        batch_size=16,
+        lr=0.05,
+        seed=0,
+    )
+    scores = {
+        (algorithm, k): run_cell(
+            CellConfig(algorithm=algorithm, concept_shift={"clusters": k} if k > 1 else {}, **base), data_root=tmp_path
+        ).summary["final_accuracy"]
+        for algorithm, k in (
+            ("fedavg", 1),
+            ("local", 1),
+            ("fedavg", 4),
+            ("local", 4),
+            ("centralized", 4),
+            ("fedrep", 4),
+        )
+    }
     # measured: fedavg 0.68 / 0.21 (4 clusters), local 0.69 / 0.69, centralized - / 0.21, fedrep - / 0.72
     assert scores["fedavg", 1] > scores["local", 1] - 0.05  # without the shift, one model fits everyone
     assert scores["fedavg", 4] < scores["local", 4] - 0.3

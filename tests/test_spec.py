@@ -1,4 +1,5 @@
 """Specs: expansion, stable hashes, overrides and `--set`, and one clear error per kind of bad spec."""
+
 from __future__ import annotations
 
 import copy
@@ -35,8 +36,10 @@ BASE = {
     "matrix": {
         "algorithm": ["fedavg", "local"],
         "dataset": ["synthetic"],
-        "partition": [{"scheme": "pathological", "params": {"classes_per_client": 2}},
-                      {"scheme": "dirichlet", "params": {"alpha": 0.5}}],
+        "partition": [
+            {"scheme": "pathological", "params": {"classes_per_client": 2}},
+            {"scheme": "dirichlet", "params": {"alpha": 0.5}},
+        ],
         "clients": [4, {"clients": 6, "participation": 0.5}],
         "seed": [0, 1],
     },
@@ -77,8 +80,11 @@ def test_expansion_count_order_and_stable_hashes(tmp_path):
     assert len(set(hashes)) == len(hashes)
 
     # Same content written differently -> same cells, same hashes.
-    reordered = {"defaults": {"lr": 0.05, "rounds": 3}, "name": "t",
-                 "matrix": dict(reversed(list(BASE["matrix"].items())))}
+    reordered = {
+        "defaults": {"lr": 0.05, "rounds": 3},
+        "name": "t",
+        "matrix": dict(reversed(list(BASE["matrix"].items()))),
+    }
     path.write_text(yaml.safe_dump(reordered, sort_keys=False))
     assert sorted(cell_hash(c) for c in load_spec(path).cells) == sorted(hashes)
     explicit = spec(defaults={"rounds": 3, "lr": 0.05, "partition_params": {}, "hp": {}})
@@ -87,11 +93,13 @@ def test_expansion_count_order_and_stable_hashes(tmp_path):
 
 
 def test_overrides_apply_in_order_and_set_wins():
-    data = spec(overrides=[
-        {"when": {"partition": "pathological"}, "set": {"partition_params.samples_per_client": 40, "lr": 0.1}},
-        {"when": {"clients": 6, "lr": 0.1}, "set": {"rounds": 7}},  # sees the first override's lr
-        {"when": {"algorithm": ["local"], "seed": 1}, "set": {"local_epochs": 2}},
-    ])
+    data = spec(
+        overrides=[
+            {"when": {"partition": "pathological"}, "set": {"partition_params.samples_per_client": 40, "lr": 0.1}},
+            {"when": {"clients": 6, "lr": 0.1}, "set": {"rounds": 7}},  # sees the first override's lr
+            {"when": {"algorithm": ["local"], "seed": 1}, "set": {"local_epochs": 2}},
+        ]
+    )
     cells = parse_spec(data).cells
     for cell in cells:
         pathological = cell.partition == "pathological"
@@ -111,7 +119,12 @@ def test_overrides_apply_in_order_and_set_wins():
 
 def test_command_line_values_are_yaml_like_the_file(tmp_path):
     assert parse_sets(["rounds=2", "seed=[0, 1]", "algorithm=[fedavg, local]", "lr=1e-3", "model=cnn"]) == {
-        "rounds": 2, "seed": [0, 1], "algorithm": ["fedavg", "local"], "lr": "1e-3", "model": "cnn"}
+        "rounds": 2,
+        "seed": [0, 1],
+        "algorithm": ["fedavg", "local"],
+        "lr": "1e-3",
+        "model": "cnn",
+    }
     path = tmp_path / "e.yaml"
     path.write_text("matrix: {algorithm: fedavg, dataset: synthetic}\ndefaults: {lr: 1e-3}\n")  # YAML: a string
     assert load_spec(path).cells[0].lr == 0.001
@@ -143,51 +156,110 @@ def test_algorithm_all_means_every_registered_one():
     assert sorted({c.algorithm for c in cells}) == ALGORITHMS.names()
 
 
-@pytest.mark.parametrize("data,sets,expected", [
-    (spec(matrix__algorithm=["fedavg", "fedavgg"]), None,
-     "bench.yaml: matrix.algorithm[1]: unknown algorithm 'fedavgg' (did you mean 'fedavg'?); allowed: "),
-    (spec(matrix__dataset=["synthetc"]), None,
-     "bench.yaml: matrix.dataset[0].name: unknown dataset 'synthetc' (did you mean 'synthetic'?); allowed: "),
-    (spec(matrix__partition=["dirichlett"]), None,
-     "bench.yaml: matrix.partition[0].scheme: unknown partition scheme 'dirichlett' (did you mean 'dirichlet'?)"),
-    (spec(matrix__partition=[{"scheme": "dirichlet", "params": {"alpah": 0.1}}]), None,
-     "bench.yaml: matrix.partition[0]: partition scheme 'dirichlet': unknown parameter 'alpah'; allowed parameters: "
-     "alpha (default 0.3)"),
-    (spec(matrix__partition=[{"scheme": "dirichlet", "params": {"alpha": -1}}]), None,
-     "bench.yaml: matrix.partition[0]: partition scheme 'dirichlet': alpha=-1 is not allowed"),
-    (spec(matrix__dataset=[{"name": "synthetic", "options": {"samples": 10}}]), None,
-     "bench.yaml: matrix.dataset[0]: unknown option 'samples' for dataset 'synthetic'; allowed options: "),
-    (spec(overides=[]), None, "bench.yaml: file: unknown key 'overides' (did you mean 'overrides'?); allowed: name, "),
-    (spec(defaults={"roundz": 3}), None,
-     "bench.yaml: defaults.roundz: unknown key 'roundz' (did you mean 'rounds'?); allowed: algorithm, "),
-    (spec(defaults={"rounds": "ten"}), None,
-     "bench.yaml: defaults.rounds: Input should be a valid integer, unable to parse string as an integer (got 'ten')"),
-    (spec(matrix__clients=[0]), None,
-     "bench.yaml: matrix.clients[0].clients: Input should be greater than or equal to 1 (got 0)"),
-    (spec(matrix__clients=[{"clients": 4, "participation": 1.5}]), None,
-     "bench.yaml: matrix.clients[0].participation: Input should be less than or equal to 1 (got 1.5)"),
-    (spec(matrix__seed=[]), None, "bench.yaml: matrix.seed: empty list; give at least one value"),
-    (spec(overrides=[{"when": {"dataset": "fmnsit"}, "set": {"lr": 0.1}}]), None,
-     "bench.yaml: overrides[0].when.dataset: unknown dataset 'fmnsit' (did you mean 'fmnist'?)"),
-    (spec(overrides=[{"when": {"dataset": "fmnist"}, "sett": {"lr": 0.1}}]), None,
-     "bench.yaml: overrides[0]: unknown key 'sett' (did you mean 'set'?); allowed: when, unless, set"),
-    (spec(overrides=[{"when": {"algorithm": "fedavg"}, "set": {"hp.mu": 0.1}}]), None,
-     "bench.yaml: overrides[0].set.hp.mu: no algorithm of this spec (fedavg) has the hyperparameter 'mu'; "
-     "declared: fedavg: none"),
-    (spec(matrix__algorithm=["test-spec-prox"], defaults={"hp": {"mu": "big"}}), None,
-     "bench.yaml: defaults.hp.mu, matrix.algorithm[0]: bad hyperparameters for algorithm 'test-spec-prox': "
-     "mu: Input should be a valid number"),
-    (spec(overrides=[{"when": {"partition": "dirichlet"}, "set": {"partition_params.classes_per_client": 2}}]), None,
-     "bench.yaml: matrix.partition[1], overrides[0].set.partition_params.classes_per_client: partition scheme "
-     "'dirichlet': unknown parameter 'classes_per_client'"),
-    (spec(matrix__lr=[0.1, -0.1]), None, "bench.yaml: matrix.lr[1]: Input should be greater than 0 (got -0.1)"),
-    (spec(defaults={"model": "cnnn"}), None, "bench.yaml: defaults.model: unknown model 'cnnn' (did you mean 'cnn'?)"),
-    (BASE, {"roundz": 1}, "bench.yaml: --set roundz: unknown key 'roundz' (did you mean 'rounds'?)"),
-    (BASE, {"algorithm": "fedprox2"}, "bench.yaml: --set algorithm[0]: unknown algorithm 'fedprox2'"),
-    (BASE, {"resources.gpu": 1}, "bench.yaml: --set resources: unknown key 'gpu' (did you mean 'gpus'?)"),
-    ({"matrix": {"algorithm": "fedavg"}}, None,
-     "bench.yaml: matrix.dataset: missing: every cell needs a dataset (give matrix.dataset or defaults.dataset)"),
-])
+@pytest.mark.parametrize(
+    "data,sets,expected",
+    [
+        (
+            spec(matrix__algorithm=["fedavg", "fedavgg"]),
+            None,
+            "bench.yaml: matrix.algorithm[1]: unknown algorithm 'fedavgg' (did you mean 'fedavg'?); allowed: ",
+        ),
+        (
+            spec(matrix__dataset=["synthetc"]),
+            None,
+            "bench.yaml: matrix.dataset[0].name: unknown dataset 'synthetc' (did you mean 'synthetic'?); allowed: ",
+        ),
+        (
+            spec(matrix__partition=["dirichlett"]),
+            None,
+            "bench.yaml: matrix.partition[0].scheme: unknown partition scheme 'dirichlett' (did you mean 'dirichlet'?)",
+        ),
+        (
+            spec(matrix__partition=[{"scheme": "dirichlet", "params": {"alpah": 0.1}}]),
+            None,
+            "bench.yaml: matrix.partition[0]: partition scheme 'dirichlet': unknown parameter 'alpah'; allowed parameters: "
+            "alpha (default 0.3)",
+        ),
+        (
+            spec(matrix__partition=[{"scheme": "dirichlet", "params": {"alpha": -1}}]),
+            None,
+            "bench.yaml: matrix.partition[0]: partition scheme 'dirichlet': alpha=-1 is not allowed",
+        ),
+        (
+            spec(matrix__dataset=[{"name": "synthetic", "options": {"samples": 10}}]),
+            None,
+            "bench.yaml: matrix.dataset[0]: unknown option 'samples' for dataset 'synthetic'; allowed options: ",
+        ),
+        (
+            spec(overides=[]),
+            None,
+            "bench.yaml: file: unknown key 'overides' (did you mean 'overrides'?); allowed: name, ",
+        ),
+        (
+            spec(defaults={"roundz": 3}),
+            None,
+            "bench.yaml: defaults.roundz: unknown key 'roundz' (did you mean 'rounds'?); allowed: algorithm, ",
+        ),
+        (
+            spec(defaults={"rounds": "ten"}),
+            None,
+            "bench.yaml: defaults.rounds: Input should be a valid integer, unable to parse string as an integer (got 'ten')",
+        ),
+        (
+            spec(matrix__clients=[0]),
+            None,
+            "bench.yaml: matrix.clients[0].clients: Input should be greater than or equal to 1 (got 0)",
+        ),
+        (
+            spec(matrix__clients=[{"clients": 4, "participation": 1.5}]),
+            None,
+            "bench.yaml: matrix.clients[0].participation: Input should be less than or equal to 1 (got 1.5)",
+        ),
+        (spec(matrix__seed=[]), None, "bench.yaml: matrix.seed: empty list; give at least one value"),
+        (
+            spec(overrides=[{"when": {"dataset": "fmnsit"}, "set": {"lr": 0.1}}]),
+            None,
+            "bench.yaml: overrides[0].when.dataset: unknown dataset 'fmnsit' (did you mean 'fmnist'?)",
+        ),
+        (
+            spec(overrides=[{"when": {"dataset": "fmnist"}, "sett": {"lr": 0.1}}]),
+            None,
+            "bench.yaml: overrides[0]: unknown key 'sett' (did you mean 'set'?); allowed: when, unless, set",
+        ),
+        (
+            spec(overrides=[{"when": {"algorithm": "fedavg"}, "set": {"hp.mu": 0.1}}]),
+            None,
+            "bench.yaml: overrides[0].set.hp.mu: no algorithm of this spec (fedavg) has the hyperparameter 'mu'; "
+            "declared: fedavg: none",
+        ),
+        (
+            spec(matrix__algorithm=["test-spec-prox"], defaults={"hp": {"mu": "big"}}),
+            None,
+            "bench.yaml: defaults.hp.mu, matrix.algorithm[0]: bad hyperparameters for algorithm 'test-spec-prox': "
+            "mu: Input should be a valid number",
+        ),
+        (
+            spec(overrides=[{"when": {"partition": "dirichlet"}, "set": {"partition_params.classes_per_client": 2}}]),
+            None,
+            "bench.yaml: matrix.partition[1], overrides[0].set.partition_params.classes_per_client: partition scheme "
+            "'dirichlet': unknown parameter 'classes_per_client'",
+        ),
+        (spec(matrix__lr=[0.1, -0.1]), None, "bench.yaml: matrix.lr[1]: Input should be greater than 0 (got -0.1)"),
+        (
+            spec(defaults={"model": "cnnn"}),
+            None,
+            "bench.yaml: defaults.model: unknown model 'cnnn' (did you mean 'cnn'?)",
+        ),
+        (BASE, {"roundz": 1}, "bench.yaml: --set roundz: unknown key 'roundz' (did you mean 'rounds'?)"),
+        (BASE, {"algorithm": "fedprox2"}, "bench.yaml: --set algorithm[0]: unknown algorithm 'fedprox2'"),
+        (BASE, {"resources.gpu": 1}, "bench.yaml: --set resources: unknown key 'gpu' (did you mean 'gpus'?)"),
+        (
+            {"matrix": {"algorithm": "fedavg"}},
+            None,
+            "bench.yaml: matrix.dataset: missing: every cell needs a dataset (give matrix.dataset or defaults.dataset)",
+        ),
+    ],
+)
 def test_bad_spec_gives_one_clear_error(data, sets, expected):
     assert expected in errors(data, sets)
 
@@ -195,8 +267,11 @@ def test_bad_spec_gives_one_clear_error(data, sets, expected):
 def test_every_problem_is_reported_at_once():
     message = errors(spec(defaults={"rounds": 0, "lr": "fast"}, matrix__algorithm=["fedav"]))
     assert message.startswith("invalid spec bench.yaml (3 problems):")
-    for part in ("matrix.algorithm[0]: unknown algorithm 'fedav'", "defaults.rounds: Input should be greater",
-                 "defaults.lr: Input should be a valid number"):
+    for part in (
+        "matrix.algorithm[0]: unknown algorithm 'fedav'",
+        "defaults.rounds: Input should be greater",
+        "defaults.lr: Input should be a valid number",
+    ):
         assert part in message
 
 
@@ -221,7 +296,9 @@ def test_the_demo_spec_runs_every_algorithm_and_a_representative_set_on_fmnist()
     fmnist = [c for c in plan.cells if c.dataset == "fmnist"]
     assert len(plan.cells) == len(synthetic) + len(fmnist)
     assert {c.algorithm for c in synthetic} == algorithms and len(synthetic) == 2 * len(algorithms)  # 2 seeds
-    builtin = {name for name, cls in ALGORITHMS.items() if cls.__module__.startswith("pflbench.")}  # FedAvg: pflbench.fedavg
+    builtin = {
+        name for name, cls in ALGORITHMS.items() if cls.__module__.startswith("pflbench.")
+    }  # FedAvg: pflbench.fedavg
     # the representative built-ins on fmnist (an algorithm added later runs there too)
     assert {c.algorithm for c in fmnist} & builtin == {"local", "fedavg", "fedbn", "pfedhn", "pfedla", "ditto"}
     assert {c.seed for c in fmnist} == {0} and plan.optional_datasets == {"fmnist"}
@@ -253,8 +330,10 @@ def test_the_fedmn_and_hetero5_specs_compare_with_local_at_equal_rounds():
 
 def test_a_key_written_twice_is_refused_with_its_line(tmp_path):
     spec = tmp_path / "twice.yaml"
-    spec.write_text("name: t\nmatrix:\n  algorithm: [fedavg]\n  dataset: [synthetic]\ndefaults:\n  rounds: 2\n"
-                    "  lr: 0.1\n  rounds: 5\n")
+    spec.write_text(
+        "name: t\nmatrix:\n  algorithm: [fedavg]\n  dataset: [synthetic]\ndefaults:\n  rounds: 2\n"
+        "  lr: 0.1\n  rounds: 5\n"
+    )
     with pytest.raises(SpecError) as error:
         load_spec(spec)
     message = str(error.value)
@@ -283,8 +362,11 @@ def test_gpus_asked_where_there_are_none_is_refused_before_any_work(tmp_path, ca
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     spec = tmp_path / "gpu.yaml"
-    spec.write_text(yaml.safe_dump({"matrix": {"algorithm": ["fedavg"], "dataset": ["synthetic"]},
-                                    "resources": {"cpus": 1, "gpus": 0.5}}))
+    spec.write_text(
+        yaml.safe_dump(
+            {"matrix": {"algorithm": ["fedavg"], "dataset": ["synthetic"]}, "resources": {"cpus": 1, "gpus": 0.5}}
+        )
+    )
     results = tmp_path / "results"
     assert main(["run", str(spec), "--results", str(results), "--no-ray"]) == 2
     assert "resources.gpus is 0.5 per cell but torch sees no CUDA device" in capsys.readouterr().err
@@ -350,6 +432,7 @@ def test_long_user_values_are_quoted_short(tmp_path):
 
 # ---- `--set clients=N`: the spec's own client settings --------------------------------------------
 
+
 def test_set_clients_picks_the_specs_entries_for_that_count_participation_included():
     everything = parse_spec(BASE).cells
     six = parse_spec(BASE, sets={"clients": 6}).cells
@@ -366,7 +449,9 @@ def test_set_clients_with_a_count_or_mapping_the_spec_lacks_is_taken_as_written(
     # a later plain `--set participation` applies to the picked entries too
     full = parse_spec(BASE, sets={"clients": 6, "participation": 1.0}).cells
     assert sorted(cell_hash(c) for c in full) == sorted(cell_hash(c) for c in written)
-    assert "--set clients[0].clients: Input should be greater than or equal to 1 (got 0)" in errors(BASE, {"clients": 0})
+    assert "--set clients[0].clients: Input should be greater than or equal to 1 (got 0)" in errors(
+        BASE, {"clients": 0}
+    )
 
 
 @pytest.mark.parametrize("scale", [None, "quick"])
@@ -400,34 +485,68 @@ def test_run_dry_run_set_clients_100_lists_the_10_percent_cells(monkeypatch, cap
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     spec = Path(__file__).resolve().parent.parent / "benchmarks" / "table1.yaml"
-    assert main(["run", str(spec), "--dry-run", "--json", "--results", "/nonexistent-store", "--set", "clients=100",
-                 "--set", "dataset=fmnist", "--set", "seed=0"]) == 0
+    assert (
+        main(
+            [
+                "run",
+                str(spec),
+                "--dry-run",
+                "--json",
+                "--results",
+                "/nonexistent-store",
+                "--set",
+                "clients=100",
+                "--set",
+                "dataset=fmnist",
+                "--set",
+                "seed=0",
+            ]
+        )
+        == 0
+    )
     cells = json.loads(capsys.readouterr().out)
     assert len(cells) == 10
-    assert {(c["config"]["clients"], c["config"]["participation"], c["config"]["rounds"]) for c in cells} == {(100, 0.1, 2500)}
+    assert {(c["config"]["clients"], c["config"]["participation"], c["config"]["rounds"]) for c in cells} == {
+        (100, 0.1, 2500)
+    }
 
 
 # ---- the variants axis ----------------------------------------------------------------------------
 
+
 def _with_variants(variants, **matrix):
-    return {"name": "v", "matrix": {"algorithm": ["fedavg", "local"], "dataset": ["synthetic"],
-                                    "variants": variants, **matrix}}
+    return {
+        "name": "v",
+        "matrix": {"algorithm": ["fedavg", "local"], "dataset": ["synthetic"], "variants": variants, **matrix},
+    }
 
 
 def test_variants_cross_the_matrix_and_keep_the_ids_of_the_same_settings():
-    plan = parse_spec(_with_variants([{"name": "plain"}, {"name": "slow", "set": {"lr": 0.001, "rounds": 3}},
-                                      {"name": "prox", "set": {"hp": {"mu": 0.5}}}],
-                                     algorithm=["fedavg", "test-spec-prox"]))
+    plan = parse_spec(
+        _with_variants(
+            [
+                {"name": "plain"},
+                {"name": "slow", "set": {"lr": 0.001, "rounds": 3}},
+                {"name": "prox", "set": {"hp": {"mu": 0.5}}},
+            ],
+            algorithm=["fedavg", "test-spec-prox"],
+        )
+    )
     # fedavg has no `mu`: its "prox" variant is its "plain" cell again (identical cells run once)
     assert len(plan.cells) == 5
     by_setting = {(c.algorithm, c.lr, c.rounds, c.hp.get("mu")) for c in plan.cells}
     assert ("fedavg", 0.001, 3, None) in by_setting and ("test-spec-prox", 0.01, 10, 0.5) in by_setting
-    written_out = parse_spec({"name": "w", "matrix": {"algorithm": ["fedavg"], "dataset": ["synthetic"]},
-                              "defaults": {"lr": 0.001, "rounds": 3}})
+    written_out = parse_spec(
+        {
+            "name": "w",
+            "matrix": {"algorithm": ["fedavg"], "dataset": ["synthetic"]},
+            "defaults": {"lr": 0.001, "rounds": 3},
+        }
+    )
     assert cell_hash(written_out.cells[0]) in {cell_hash(c) for c in plan.cells}  # the name is in no cell
-    assert cell_hash(parse_spec(_with_variants([{"name": "plain"}])).cells[0]) == \
-        cell_hash(parse_spec({"name": "x", "matrix": {"algorithm": ["fedavg", "local"],
-                                                      "dataset": ["synthetic"]}}).cells[0])
+    assert cell_hash(parse_spec(_with_variants([{"name": "plain"}])).cells[0]) == cell_hash(
+        parse_spec({"name": "x", "matrix": {"algorithm": ["fedavg", "local"], "dataset": ["synthetic"]}}).cells[0]
+    )
 
 
 def test_overrides_see_a_variants_settings():
@@ -438,26 +557,45 @@ def test_overrides_see_a_variants_settings():
 
 
 def test_set_variant_picks_entries_of_the_variants_axis_by_name():
-    spec = _with_variants([{"name": "plain"}, {"name": "slow run", "set": {"rounds": 3}}, {"name": "c", "set": {"rounds": 4}}])
+    spec = _with_variants(
+        [{"name": "plain"}, {"name": "slow run", "set": {"rounds": 3}}, {"name": "c", "set": {"rounds": 4}}]
+    )
     everything = {cell_hash(c) for c in parse_spec(spec).cells}
     slow = parse_spec(spec, sets={"variant": "slow run", "algorithm": "local"}).cells
     assert [(c.algorithm, c.rounds) for c in slow] == [("local", 3)] and cell_hash(slow[0]) in everything
     assert {c.rounds for c in parse_spec(spec, sets={"variant": ["c", "plain"]}).cells} == {10, 4}
-    with pytest.raises(SpecError, match=r"variant: unknown variant 'slow' \(did you mean 'slow run'\?\); allowed: plain, slow run, c"):
+    with pytest.raises(
+        SpecError, match=r"variant: unknown variant 'slow' \(did you mean 'slow run'\?\); allowed: plain, slow run, c"
+    ):
         parse_spec(spec, sets={"variant": "slow"})
     with pytest.raises(SpecError, match=r"variant: this spec has no matrix\.variants axis"):
         parse_spec({"name": "x", "matrix": {"algorithm": ["fedavg"], "dataset": ["synthetic"]}}, sets={"variant": "a"})
 
 
-@pytest.mark.parametrize("variants, matrix, expected", [
-    ([{"name": "a", "set": {"lrr": 0.1}}], {}, r"matrix\.variants\[0\]\.set\.lrr: unknown key 'lrr'"),
-    ([{"name": "a", "set": {"rounds": "many"}}], {}, r"matrix\.variants\[0\]\.set\.rounds: .*integer"),
-    ([{"name": "a"}, {"name": "a", "set": {"rounds": 2}}], {}, r"matrix\.variants\[1\]\.name: 'a' names two variants"),
-    ([{"set": {"rounds": 2}}], {}, r"matrix\.variants\[0\]\.name: Field required"),
-    ([{"name": "a", "sett": {"rounds": 2}}], {}, r"unknown key 'sett'"),
-    ([{"name": "a", "set": {"seed": 3}}], {"seed": [0, 1]}, r"matrix\.seed: 'seed' is already varied by matrix\.variants"),
-    ([{"name": "a", "set": {"system.dropout": 2.0}}], {}, r"matrix\.variants\[0\]\.set\.system\.dropout: .*dropout"),
-])
+@pytest.mark.parametrize(
+    "variants, matrix, expected",
+    [
+        ([{"name": "a", "set": {"lrr": 0.1}}], {}, r"matrix\.variants\[0\]\.set\.lrr: unknown key 'lrr'"),
+        ([{"name": "a", "set": {"rounds": "many"}}], {}, r"matrix\.variants\[0\]\.set\.rounds: .*integer"),
+        (
+            [{"name": "a"}, {"name": "a", "set": {"rounds": 2}}],
+            {},
+            r"matrix\.variants\[1\]\.name: 'a' names two variants",
+        ),
+        ([{"set": {"rounds": 2}}], {}, r"matrix\.variants\[0\]\.name: Field required"),
+        ([{"name": "a", "sett": {"rounds": 2}}], {}, r"unknown key 'sett'"),
+        (
+            [{"name": "a", "set": {"seed": 3}}],
+            {"seed": [0, 1]},
+            r"matrix\.seed: 'seed' is already varied by matrix\.variants",
+        ),
+        (
+            [{"name": "a", "set": {"system.dropout": 2.0}}],
+            {},
+            r"matrix\.variants\[0\]\.set\.system\.dropout: .*dropout",
+        ),
+    ],
+)
 def test_a_bad_variant_is_named_where_it_was_written(variants, matrix, expected):
     with pytest.raises(SpecError, match=expected):
         parse_spec(_with_variants(variants, **matrix))
@@ -466,8 +604,11 @@ def test_a_bad_variant_is_named_where_it_was_written(variants, matrix, expected)
 def test_a_hyperparameter_naming_a_model_is_checked_by_the_dry_run():
     """MH-pFedHNGD's `global_model` names a registry entry: a wrong one is refused when the spec is
     validated (it used to pass the dry-run and fail only when the cell ran)."""
-    spec = {"name": "g", "matrix": {"algorithm": ["mh-pfedhngd"], "dataset": ["synthetic-images"]},
-            "defaults": {"model": "hetero5", "clients": 5, "hp.global_model": "not-a-model"}}
+    spec = {
+        "name": "g",
+        "matrix": {"algorithm": ["mh-pfedhngd"], "dataset": ["synthetic-images"]},
+        "defaults": {"model": "hetero5", "clients": 5, "hp.global_model": "not-a-model"},
+    }
     with pytest.raises(SpecError, match=r"hp\.global_model.*unknown model 'not-a-model'.*allowed.*mh-cnn"):
         parse_spec(spec)
     spec["defaults"]["hp.global_model"] = "mh-cnn"
@@ -486,10 +627,19 @@ def test_a_resolved_cell_resolves_to_itself(path):
 
 
 def test_an_override_with_unless_leaves_the_cells_it_matches_alone():
-    plan = parse_spec({"name": "x", "matrix": {"algorithm": ["fedavg", "local", "fedprox"], "dataset": ["synthetic"]},
-                       "overrides": [{"when": {"dataset": "synthetic"}, "unless": {"algorithm": ["local"]},
-                                      "set": {"rounds": 3}}]})
+    plan = parse_spec(
+        {
+            "name": "x",
+            "matrix": {"algorithm": ["fedavg", "local", "fedprox"], "dataset": ["synthetic"]},
+            "overrides": [{"when": {"dataset": "synthetic"}, "unless": {"algorithm": ["local"]}, "set": {"rounds": 3}}],
+        }
+    )
     assert {c.algorithm: c.rounds for c in plan.cells} == {"fedavg": 3, "local": 10, "fedprox": 3}
     with pytest.raises(SpecError, match=r"overrides\[0\]\.unless\.algorithmm"):
-        parse_spec({"name": "x", "matrix": {"algorithm": ["fedavg"], "dataset": ["synthetic"]},
-                    "overrides": [{"when": {}, "unless": {"algorithmm": "x"}, "set": {"rounds": 3}}]})
+        parse_spec(
+            {
+                "name": "x",
+                "matrix": {"algorithm": ["fedavg"], "dataset": ["synthetic"]},
+                "overrides": [{"when": {}, "unless": {"algorithmm": "x"}, "set": {"rounds": 3}}],
+            }
+        )

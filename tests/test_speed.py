@@ -1,5 +1,6 @@
 """Speed machinery: the compiled training step (same parameters as the eager step), its switch and
 eager fallback, the per-round timing breakdown, and `pflbench bench`'s FLOP accounting."""
+
 import threading
 
 import numpy as np
@@ -69,7 +70,9 @@ def test_channels_last_convolutions_train_the_same_parameters(channels, monkeypa
             torch.testing.assert_close(tensor, reference[name], rtol=1e-4, atol=1e-5)
         torch.testing.assert_close(loss, reference_loss, rtol=1e-5, atol=1e-6)
         layouts.clear()
-        accuracy, eval_loss = evaluate_client_splits(model, reference, cl_features, labels, [indices], batched=batched)[0]
+        accuracy, eval_loss = evaluate_client_splits(model, reference, cl_features, labels, [indices], batched=batched)[
+            0
+        ]
         assert layouts and all(layouts)
         torch.testing.assert_close(accuracy, reference_eval[0])
         torch.testing.assert_close(eval_loss, reference_eval[1], rtol=1e-5, atol=1e-6)
@@ -93,17 +96,35 @@ def test_client_threads_give_the_one_after_another_result_bit_for_bit():
 
         sgd = SGD(0.05, momentum=0.9)
         for objective, aux in ((training.cross_entropy, None), (proximal, anchor)):
-            one_by_one, loss1 = train_clients(model, state, features, labels, indices, plans(), sgd, batched=False,
-                                              objective=objective, aux=aux)
+            one_by_one, loss1 = train_clients(
+                model, state, features, labels, indices, plans(), sgd, batched=False, objective=objective, aux=aux
+            )
             where.clear()
-            side_by_side, loss2 = train_clients(model, state, features, labels, indices, plans(), sgd,
-                                                batched=False, objective=objective, aux=aux, threads=2)
+            side_by_side, loss2 = train_clients(
+                model,
+                state,
+                features,
+                labels,
+                indices,
+                plans(),
+                sgd,
+                batched=False,
+                objective=objective,
+                aux=aux,
+                threads=2,
+            )
             assert all(torch.equal(one_by_one[n], side_by_side[n]) for n in state) and torch.equal(loss1, loss2)
-            assert objective is training.cross_entropy or (where and all(n.startswith("pflbench-client") for n in where))
+            assert objective is training.cross_entropy or (
+                where and all(n.startswith("pflbench-client") for n in where)
+            )
         assert not torch.equal(one_by_one["conv1.weight"], state["conv1.weight"])  # it trained
-        assert all(torch.equal(a, b) for a, b in zip(
-            evaluate_client_splits(model, one_by_one, features, labels, [indices], batched=False)[0],
-            evaluate_client_splits(model, one_by_one, features, labels, [indices], batched=False, threads=2)[0]))
+        assert all(
+            torch.equal(a, b)
+            for a, b in zip(
+                evaluate_client_splits(model, one_by_one, features, labels, [indices], batched=False)[0],
+                evaluate_client_splits(model, one_by_one, features, labels, [indices], batched=False, threads=2)[0],
+            )
+        )
         assert torch.get_num_threads() == 1  # the caller's own setting is left as it was
     finally:
         torch.set_num_threads(threads)
@@ -140,8 +161,9 @@ def test_compiled_batched_step_matches_the_eager_batched_step():
     model, state, features, labels, indices, plans = _tiny_problem()
     sgd = SGD(0.1, momentum=0.9)
     eager, eager_loss = train_clients(model, state, features, labels, indices, plans(), sgd, batched=True)
-    compiled, compiled_loss = train_clients(model, state, features, labels, indices, plans(), sgd, batched=True,
-                                            compiled=True)
+    compiled, compiled_loss = train_clients(
+        model, state, features, labels, indices, plans(), sgd, batched=True, compiled=True
+    )
     assert [key[2] for key, step in model._compiled.items() if step is not None] == [False]  # the stacked step
     for name in eager:
         torch.testing.assert_close(compiled[name], eager[name], rtol=1e-5, atol=1e-6)
@@ -153,8 +175,9 @@ def test_compiled_step_matches_eager_and_counts_its_compile_time():
     model, state, features, labels, indices, plans = _tiny_problem()
     sgd = SGD(0.1, momentum=0.9, weight_decay=1e-3)
     eager, eager_loss = train_clients(model, state, features, labels, indices, plans(), sgd, batched=False)
-    compiled, compiled_loss = train_clients(model, state, features, labels, indices, plans(), sgd,
-                                            batched=False, compiled=True)
+    compiled, compiled_loss = train_clients(
+        model, state, features, labels, indices, plans(), sgd, batched=False, compiled=True
+    )
     assert all(step is not None for step in model._compiled.values()) and model._compiled  # really compiled
     assert model.compile_seconds > 0
     for name in eager:
@@ -173,8 +196,9 @@ def test_without_compilation_the_engine_says_so_once_and_trains_eagerly(monkeypa
     monkeypatch.setattr(training, "_warned", set())
     eager, _ = train_clients(model, state, features, labels, indices, plans(), SGD(0.1), batched=False)
     for _ in range(2):
-        fallback, _ = train_clients(model, state, features, labels, indices, plans(), SGD(0.1), batched=False,
-                                    compiled=True)
+        fallback, _ = train_clients(
+            model, state, features, labels, indices, plans(), SGD(0.1), batched=False, compiled=True
+        )
         for name in eager:
             assert torch.equal(fallback[name], eager[name])
     err = capsys.readouterr().err
@@ -188,8 +212,9 @@ def test_batchnorm_models_and_custom_objectives_stay_eager(capsys):
     features, labels = torch.randn(16, 1, 16, 16), torch.randint(0, 3, (16,))
     plans = batch_plan([16], 8, 1, None, [torch.Generator().manual_seed(0)])
     eager, _ = train_clients(model, state, features, labels, [torch.arange(16)], plans, SGD(0.1), batched=False)
-    compiled, _ = train_clients(model, state, features, labels, [torch.arange(16)], plans, SGD(0.1), batched=False,
-                                compiled=True)
+    compiled, _ = train_clients(
+        model, state, features, labels, [torch.arange(16)], plans, SGD(0.1), batched=False, compiled=True
+    )
     assert all(torch.equal(eager[n], compiled[n]) for n in eager) and not model._compiled
     assert "need a model without buffers" in capsys.readouterr().err
 
@@ -203,7 +228,9 @@ def test_speed_switches_are_execution_options():
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert E().use_channels_last(cpu, True) and not E().use_channels_last(cuda, True)
     assert not E().use_channels_last(cpu, False) and not E(channels_last="on").use_channels_last(cpu, False)  # no conv
-    assert not E(channels_last="off").use_channels_last(cpu, True) and E(channels_last="on").use_channels_last(cuda, True)
+    assert not E(channels_last="off").use_channels_last(cpu, True) and E(channels_last="on").use_channels_last(
+        cuda, True
+    )
     with pytest.raises(ValueError, match="channels_last must be one of"):
         E(channels_last="yes")
     threads = torch.get_num_threads()
@@ -213,6 +240,7 @@ def test_speed_switches_are_execution_options():
         E(client_threads="4")
     # Not part of the cell: its hash does not depend on how it is executed.
     from pflbench.config import CellConfig
+
     assert not {"compiled_training", "channels_last", "client_threads"} & set(CellConfig.model_fields)
 
 
@@ -229,18 +257,23 @@ def test_rounds_record_where_the_time_went(tmp_path):
     assert result.summary["train_time_total"] == pytest.approx(rounds["train_time"].sum())
     assert result.summary["compiled_training"] is False and result.summary["compile_seconds"] == 0
     assert result.summary["channels_last"] is False  # an MLP: no convolution to lay out
-    assert result.summary["client_threads"] == (torch.get_num_threads() if result.summary["client_batching"] == "loop" else 1)
+    assert result.summary["client_threads"] == (
+        torch.get_num_threads() if result.summary["client_batching"] == "loop" else 1
+    )
     rows = timing_breakdown(rounds, result.summary["compile_seconds"])
-    assert [r["part"] for r in rows] == ["local training", "server (configure, receive, send, aggregate)",
-                                         "evaluation"]
+    assert [r["part"] for r in rows] == ["local training", "server (configure, receive, send, aggregate)", "evaluation"]
     assert rows[0]["total"] == pytest.approx(rounds["train_time"].sum())
     assert timing_breakdown(pd.DataFrame({"round": [1], "wall_time": [1.0]})) is None  # an older store
     # the cell page says how the cell ran
-    assert execution_text({**result.summary, "client_batching": "loop", "client_threads": 2, "channels_last": True}) == (
+    assert execution_text(
+        {**result.summary, "client_batching": "loop", "client_threads": 2, "channels_last": True}
+    ) == (
         "Ran on cpu, a client loop, channels-last convolutions, 2 clients side by side (one torch thread each), "
-        "eager training step.")
+        "eager training step."
+    )
     assert execution_text({"device": "cuda", "client_batching": "batched", "client_threads": 1}) == (
-        "Ran on cuda, clients batched.")
+        "Ran on cuda, clients batched."
+    )
     assert execution_text({}) is None  # a store from before these were recorded
 
 

@@ -6,6 +6,7 @@ samples than a batch, rows of different plan lengths), the layout (channels-last
 every call (a second call through the cached step gives the same); whole cells with the option on are
 the cells with it off; what it cannot take falls back to the eager step with one reason line. On CUDA
 (tests/test_cuda.py) the same step is captured as a CUDA graph and replayed."""
+
 import numpy as np
 import pytest
 import torch
@@ -29,8 +30,9 @@ def clients(name: str, shape: tuple, sizes: list[int], channels_last: bool, seed
     model = ClientModel(build_model(name, shape, 10))
     model.channels_last = channels_last
     state = model.init(len(sizes), seed)
-    state = {n: t + 0.01 * torch.randn(t.shape, generator=gen) if t.is_floating_point() else t
-             for n, t in state.items()}
+    state = {
+        n: t + 0.01 * torch.randn(t.shape, generator=gen) if t.is_floating_point() else t for n, t in state.items()
+    }
     features = torch.randn(sum(sizes), *shape, generator=gen)
     features = to_channels_last(features) if channels_last else features
     labels = torch.randint(0, 10, (sum(sizes),), generator=gen)
@@ -43,8 +45,9 @@ def clients(name: str, shape: tuple, sizes: list[int], channels_last: bool, seed
 def both(model, state, features, labels, indices, plans, sgd, trainable=None, rates=None, objective=cross_entropy):
     trainable = set(model.param_names if trainable is None else trainable)
     eager = _train_group(model, state, features, labels, indices, plans, sgd, objective, {}, trainable, rates=rates)
-    static = _train_group(model, state, features, labels, indices, plans, sgd, objective, {}, trainable, rates=rates,
-                          static=True)
+    static = _train_group(
+        model, state, features, labels, indices, plans, sgd, objective, {}, trainable, rates=rates, static=True
+    )
     return eager, static
 
 
@@ -104,8 +107,19 @@ def test_the_cache_is_bounded_and_each_width_has_its_own_buffers():
     trainable = set(model.param_names)
     for width in range(2, 8):
         rows = {n: t[:width] for n, t in state.items()}
-        _train_group(model, rows, features, labels, indices[:width], plans[:width], SGD(0.05), cross_entropy, {},
-                     trainable, static=True)
+        _train_group(
+            model,
+            rows,
+            features,
+            labels,
+            indices[:width],
+            plans[:width],
+            SGD(0.05),
+            cross_entropy,
+            {},
+            trainable,
+            static=True,
+        )
     assert len(model.static_steps) == static_step.CACHED
     assert sorted(key[1] for key in model.static_steps) == list(range(8 - static_step.CACHED, 8))
 

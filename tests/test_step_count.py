@@ -1,6 +1,7 @@
 """benchmarks/gpu/step_count.py counts each row's work by running it; paper_slice.py projects the tables
 from those counts. The counts must be what the rows' plans say: FedAvg one step a batch, pFedMe K, pFedHN
 its fixed inner steps whatever the epochs, FedRep head and body epochs whatever the cell's."""
+
 import json
 import math
 import sys
@@ -22,8 +23,16 @@ B = 16
 @pytest.fixture(scope="module")
 def cell_and_batches(tmp_path_factory):
     """A 2-client Synthetic cell evaluated with adaptation, and its clients' batches an epoch on average."""
-    cell = resolve(small_cell(clients=2, batch_size=B, finetune_epochs=1, val_fraction=0.0, model="mlp",
-                              dataset_options={"num_samples": 400}))
+    cell = resolve(
+        small_cell(
+            clients=2,
+            batch_size=B,
+            finetune_epochs=1,
+            val_fraction=0.0,
+            model="mlp",
+            dataset_options={"num_samples": 400},
+        )
+    )
     _, splits = prepare_cell(cell, tmp_path_factory.mktemp("data", numbered=False))
     train = [len(t) for t in splits.train]
     test = [len(t) for t in splits.test]
@@ -38,10 +47,10 @@ def count(cell, algorithm: str, root, **hp):
 def test_fedavg_counts_one_training_step_per_sample_of_each_epoch_and_scores_test_twice(cell_and_batches):
     cell, per_epoch, test, root = cell_and_batches
     counts = count(cell, "fedavg", root)
-    assert counts["round_grad"] == [0.0, per_epoch]          # a + b x local epochs
-    assert counts["eval_grad"] == [0.0, per_epoch]           # the adaptation: b x its epochs
+    assert counts["round_grad"] == [0.0, per_epoch]  # a + b x local epochs
+    assert counts["eval_grad"] == [0.0, per_epoch]  # the adaptation: b x its epochs
     assert counts["round_forward"] == [0.0, 0.0]
-    assert counts["eval_forward"] == [2 * test, 0.0]         # as delivered and after adaptation
+    assert counts["eval_forward"] == [2 * test, 0.0]  # as delivered and after adaptation
 
 
 def test_pfedme_counts_k_inner_steps_a_batch_and_pfedhn_its_inner_steps_whatever_the_epochs(cell_and_batches):
@@ -54,8 +63,14 @@ def test_pfedme_counts_k_inner_steps_a_batch_and_pfedhn_its_inner_steps_whatever
 def test_the_projection_charges_each_row_its_counted_work(cell_and_batches):
     cell, per_epoch, _, _ = cell_and_batches
     key = step_count.setting_key(cell)
-    counts = {key: {"round_grad": [0.0, 100.0], "round_forward": [0.0, 0.0],
-                    "eval_grad": [50.0, 0.0], "eval_forward": [30.0, 0.0]}}
+    counts = {
+        key: {
+            "round_grad": [0.0, 100.0],
+            "round_forward": [0.0, 0.0],
+            "eval_grad": [50.0, 0.0],
+            "eval_forward": [30.0, 0.0],
+        }
+    }
     ten = cell.model_copy(update={"clients": 10, "participation": 0.5, "local_epochs": 3, "eval_every": 5})
     # 20 rounds x 5 joining x 100 x 3 epochs, and 4 evaluations x 10 clients x (50 + 30 / 3)
     assert paper_slice.counted_work(ten, 20, counts) == 20 * 5 * 300 + 4 * 10 * 60

@@ -1,4 +1,5 @@
 """The results store: atomic files, one row per cell, and resume after a run killed with SIGKILL."""
+
 from __future__ import annotations
 
 import json
@@ -22,15 +23,22 @@ from pflbench.store import Store, load_store
 def result(status="finished", accuracy=0.5, error=None) -> CellResult:
     metrics = pd.DataFrame({"round": [1, 1], "client": [0, 1], "accuracy": [accuracy, accuracy]})
     rounds = pd.DataFrame({"round": [1], "bytes_up": [10]})
-    summary = {"status": status, "final_accuracy": accuracy, "model": "mlp", "torch": "x",
-               "dataset_checksum": "sha256:1"}
+    summary = {
+        "status": status,
+        "final_accuracy": accuracy,
+        "model": "mlp",
+        "torch": "x",
+        "dataset_checksum": "sha256:1",
+    }
     return CellResult(status, metrics, rounds, summary, {"weights_round00001": np.eye(2)}, error)
 
 
 def test_write_and_load(tmp_path):
     store = Store(tmp_path)
-    cells = [CellConfig(algorithm="fedavg", dataset="synthetic", seed=s, hp={}, partition_params={"alpha": 0.1})
-             for s in (0, 1)]
+    cells = [
+        CellConfig(algorithm="fedavg", dataset="synthetic", seed=s, hp={}, partition_params={"alpha": 0.1})
+        for s in (0, 1)
+    ]
     store.write(cells[0], result(error=None))
     folder = store.write(cells[1], result("failed", error="Traceback ...\nRuntimeError: boom"))
     assert store.status(cells[0]) == "finished" and store.status(cells[1]) == "failed"
@@ -62,8 +70,13 @@ def test_cells_without_summary_are_not_results(tmp_path):
 SPEC = {
     "name": "resume",
     "matrix": {"algorithm": ["fedavg", "local"], "dataset": ["synthetic"], "seed": [0, 1, 2, 3]},
-    "defaults": {"partition": "pathological", "partition_params": {"classes_per_client": 2, "samples_per_client": 40},
-                 "clients": 4, "rounds": 10, "dataset_options": {"num_samples": 800}},
+    "defaults": {
+        "partition": "pathological",
+        "partition_params": {"classes_per_client": 2, "samples_per_client": 40},
+        "clients": 4,
+        "rounds": 10,
+        "dataset_options": {"num_samples": 800},
+    },
 }
 
 
@@ -103,5 +116,6 @@ def test_resume_after_sigkill(tmp_path):
     table = load_store(results)
     assert len(table) == 8 and table["hash"].is_unique and set(table["status"]) == {"finished"}
     assert not list(results.rglob("*.tmp"))
-    assert all(len(pd.read_parquet(Path(p) / "metrics.parquet")) == SPEC["defaults"]["rounds"] * 4
-               for p in table["path"])
+    assert all(
+        len(pd.read_parquet(Path(p) / "metrics.parquet")) == SPEC["defaults"]["rounds"] * 4 for p in table["path"]
+    )

@@ -1,6 +1,7 @@
 """A damaged store never crashes or lies: every way of damaging one cell's files (truncated, garbled,
 deleted, the wrong JSON type), a stray folder and a copied folder are reported by cell and file,
 never read as results, and `run` sets the damaged folder aside and runs the cell again."""
+
 from __future__ import annotations
 
 import json
@@ -17,9 +18,17 @@ from pflbench.runner import RunOptions, run_plan
 from pflbench.spec import parse_spec
 from pflbench.store import DAMAGED, SET_ASIDE, Store, load_store, scan_store
 
-SPEC = {"name": "t", "matrix": {"algorithm": ["fedavg", "pfedla"], "dataset": ["synthetic"]},
-        "defaults": {"clients": 3, "rounds": 1, "lr": 0.05, "dataset_options": {"num_samples": 300},
-                     "partition_params": {"classes_per_client": 2}}}
+SPEC = {
+    "name": "t",
+    "matrix": {"algorithm": ["fedavg", "pfedla"], "dataset": ["synthetic"]},
+    "defaults": {
+        "clients": 3,
+        "rounds": 1,
+        "lr": 0.05,
+        "dataset_options": {"num_samples": 300},
+        "partition_params": {"classes_per_client": 2},
+    },
+}
 
 
 def _truncate(path: Path) -> None:
@@ -29,18 +38,28 @@ def _truncate(path: Path) -> None:
 def _garble(path: Path) -> None:
     data = bytearray(path.read_bytes())
     middle = len(data) // 2
-    data[middle:middle + 8] = bytes(b ^ 0xFF for b in data[middle:middle + 8])
+    data[middle : middle + 8] = bytes(b ^ 0xFF for b in data[middle : middle + 8])
     path.write_bytes(bytes(data))
 
 
-DAMAGE = {"truncated": _truncate, "garbled": _garble, "deleted": Path.unlink,
-          "list": lambda p: p.write_text("[1, 2]"), "null": lambda p: p.write_text("null"),
-          "binary": lambda p: p.write_bytes(b"\xff\xfe\x00garbage")}
+DAMAGE = {
+    "truncated": _truncate,
+    "garbled": _garble,
+    "deleted": Path.unlink,
+    "list": lambda p: p.write_text("[1, 2]"),
+    "null": lambda p: p.write_text("null"),
+    "binary": lambda p: p.write_bytes(b"\xff\xfe\x00garbage"),
+}
 # (file, damage): the 18 ways of damaging one cell; with the stray and copied folders below, 20 cases.
-CASES = [("summary.json", d) for d in ("truncated", "garbled", "list", "null", "binary")] + \
-        [("config.json", d) for d in ("truncated", "garbled", "deleted", "list")] + \
-        [(f, d) for f in ("metrics.parquet", "rounds.parquet", "artifacts/arrays.npz")
-         for d in ("truncated", "garbled", "deleted")]
+CASES = (
+    [("summary.json", d) for d in ("truncated", "garbled", "list", "null", "binary")]
+    + [("config.json", d) for d in ("truncated", "garbled", "deleted", "list")]
+    + [
+        (f, d)
+        for f in ("metrics.parquet", "rounds.parquet", "artifacts/arrays.npz")
+        for d in ("truncated", "garbled", "deleted")
+    ]
+)
 
 
 @pytest.fixture(scope="module")
@@ -48,8 +67,9 @@ def pristine(tmp_path_factory):
     """A store of two finished cells (pFedLA's has artifacts), run once for every case."""
     root = tmp_path_factory.mktemp("pristine")
     plan = parse_spec(SPEC)
-    report = run_plan(plan, RunOptions(results=root / "results", data_root=root / "data", use_ray=False),
-                      Console(quiet=True))
+    report = run_plan(
+        plan, RunOptions(results=root / "results", data_root=root / "data", use_ray=False), Console(quiet=True)
+    )
     assert report.exit_code == 0
     return root, plan
 

@@ -1,6 +1,7 @@
 """The units of work `make test` hands to its processes (tests/conftest.py): every member of a serial group
 names tests that exist, so that a renamed file or test cannot silently leave its group and run beside the
 others; and a test is in its group, else in its module."""
+
 from __future__ import annotations
 
 import ast
@@ -14,8 +15,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def names_of_tests(path: Path) -> set[str]:
-    return {node.name for node in ast.parse(path.read_text()).body
-            if isinstance(node, ast.FunctionDef) and node.name.startswith("test_")}
+    return {
+        node.name
+        for node in ast.parse(path.read_text()).body
+        if isinstance(node, ast.FunctionDef) and node.name.startswith("test_")
+    }
 
 
 @pytest.mark.parametrize("group, member", [(g, m) for g, members in SERIAL_GROUPS.items() for m in members])
@@ -32,5 +36,11 @@ def test_a_test_is_in_its_group_else_in_its_module():
     assert unit_of_work("tests/test_multinode.py::test_a_node_lost_mid_matrix_loses_nothing") == "ray-clusters"
     cluster = "tests/test_ray_cluster.py::test_a_cluster_started_with_ray_start_runs_the_matrix_as_in_process"
     assert unit_of_work(cluster) == "ray-clusters"
-    assert unit_of_work("tests/test_plugins.py::test_a_plugin_algorithm_runs_on_ray_as_in_process") == "tests/test_plugins.py"
-    assert unit_of_work("tests/test_privacy.py::test_central_noise_is_on_the_sum[add_remove-1.0]") == "tests/test_privacy.py"
+    assert (
+        unit_of_work("tests/test_plugins.py::test_a_plugin_algorithm_runs_on_ray_as_in_process")
+        == "tests/test_plugins.py"
+    )
+    assert (
+        unit_of_work("tests/test_privacy.py::test_central_noise_is_on_the_sum[add_remove-1.0]")
+        == "tests/test_privacy.py"
+    )

@@ -1,6 +1,7 @@
 """The survey's experiment (benchmarks/survey.yaml, MobileNetV3-Large for 32x32 inputs), wall time per
 method in the report, and the "who copes with what" section (pflbench/reports/heterogeneity.py) on
 stores fabricated with heterogeneity cells (the knobs' implementations are not needed to read them)."""
+
 from pathlib import Path
 
 import pytest
@@ -20,9 +21,13 @@ BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 # ---- MobileNetV3-Large, adapted to 32x32 -------------------------------------------------------------
 
+
 def test_mobilenetv3_large_keeps_a_2x2_map_and_torchvisions_parameter_counts():
-    for shape, classes, count in (((3, 32, 32), 10, 4_214_842), ((3, 32, 32), 100, 4_330_132),
-                                  ((1, 28, 28), 10, 4_214_554)):
+    for shape, classes, count in (
+        ((3, 32, 32), 10, 4_214_842),
+        ((3, 32, 32), 100, 4_330_132),
+        ((1, 28, 28), 10, 4_214_554),
+    ):
         model = build_model("mobilenetv3-large", shape, classes)
         assert sum(p.numel() for p in model.parameters()) == count
         assert model.features(torch.zeros(2, *shape)).shape[-2:] == (2, 2)  # torchvision's own: 1x1
@@ -39,10 +44,12 @@ def test_mobilenetv3_trains_batched_and_in_a_loop_alike():
     x, y = torch.randn(16, 3, 32, 32), torch.randint(0, 10, (16,))
     indices = [torch.arange(0, 8), torch.arange(8, 16)]
     plans = batch_plan([8, 8], 4, 1, None, [torch.Generator().manual_seed(k) for k in range(2)])
-    batched, loss_b = train_clients(model, {k: v.clone() for k, v in state.items()}, x, y, indices, plans,
-                                    SGD(0.05, 0.9), batched=True)
-    looped, loss_l = train_clients(model, {k: v.clone() for k, v in state.items()}, x, y, indices, plans,
-                                   SGD(0.05, 0.9), batched=False)
+    batched, loss_b = train_clients(
+        model, {k: v.clone() for k, v in state.items()}, x, y, indices, plans, SGD(0.05, 0.9), batched=True
+    )
+    looped, loss_l = train_clients(
+        model, {k: v.clone() for k, v in state.items()}, x, y, indices, plans, SGD(0.05, 0.9), batched=False
+    )
     assert torch.allclose(loss_b, loss_l, atol=1e-4)
     for name in model.param_names:
         assert torch.allclose(batched[name], looped[name], atol=1e-3), name
@@ -51,16 +58,22 @@ def test_mobilenetv3_trains_batched_and_in_a_loop_alike():
 
 # ---- the survey spec ---------------------------------------------------------------------------------
 
+
 def test_survey_spec_is_the_papers_setting_and_its_quick_scale_runs_on_cifar10_jpeg():
     full = load_spec(BENCHMARKS / "survey.yaml")
-    assert {c.dataset for c in full.cells} == {"cifar10", "cifar100"} and full.optional_datasets == {"cifar10", "cifar100"}
+    assert {c.dataset for c in full.cells} == {"cifar10", "cifar100"} and full.optional_datasets == {
+        "cifar10",
+        "cifar100",
+    }
     for cell in full.cells:
         assert (cell.clients, cell.participation, cell.local_epochs, cell.batch_size) == (100, 0.05, 5, 32)
         assert cell.model == "mobilenetv3-large" and cell.partition == "dirichlet"
         assert cell.partition_params["alpha"] == {"cifar10": 0.3, "cifar100": 0.1}[cell.dataset]
         assert cell.partition_params["mean_samples_per_client"] == 600
         assert round(600 * cell.train_fraction) == 500 and cell.val_fraction == 0.0
-    assert len(full.cells) == 2 * len({c.algorithm for c in full.cells}) and "fedavg" in {c.algorithm for c in full.cells}
+    assert len(full.cells) == 2 * len({c.algorithm for c in full.cells}) and "fedavg" in {
+        c.algorithm for c in full.cells
+    }
     quick = load_spec(BENCHMARKS / "survey.yaml", scale="quick")
     assert {c.dataset for c in quick.cells} == {"cifar10-jpeg"}
     assert all(round(c.clients * c.participation) == 5 and c.local_epochs == 5 for c in quick.cells)
@@ -83,9 +96,13 @@ def test_heterogeneity_spec_turns_on_one_knob_at_a_time():
 
 # ---- who copes with what -----------------------------------------------------------------------------
 
-def _write(root, algorithm, accuracies, seed=0, status="finished", dataset="synthetic", summary=None, clients=2, **knobs):
-    cell = CellConfig(algorithm=algorithm, dataset=dataset, partition="dirichlet", clients=clients, rounds=3, seed=seed,
-                      **knobs)
+
+def _write(
+    root, algorithm, accuracies, seed=0, status="finished", dataset="synthetic", summary=None, clients=2, **knobs
+):
+    cell = CellConfig(
+        algorithm=algorithm, dataset=dataset, partition="dirichlet", clients=clients, rounds=3, seed=seed, **knobs
+    )
     Store(root).write(cell, cell_result(status=status, accuracies=accuracies, summary=summary))
 
 
@@ -132,17 +149,29 @@ def test_newcomers_are_compared_with_the_same_clients_in_the_knob_off_cell(tmp_p
     clients are the hard ones, the knob-off cell's mean over *all* clients makes Local look as if it
     did not cope. The baseline is the same partition ids in the knob-off cell."""
     root = tmp_path / "results"
-    _write(root, "local", (0.95, 0.95, 0.70, 0.95), clients=4)                 # client 2 is the hard one
-    _write(root, "local", (0.95, 0.95, 0.95), clients=4, unseen_fraction=0.25,  # client 2 held out: 70% as a newcomer
-           summary={NEWCOMER_KEY: 0.70, "newcomers": [2]})
+    _write(root, "local", (0.95, 0.95, 0.70, 0.95), clients=4)  # client 2 is the hard one
+    _write(
+        root,
+        "local",
+        (0.95, 0.95, 0.95),
+        clients=4,
+        unseen_fraction=0.25,  # client 2 held out: 70% as a newcomer
+        summary={NEWCOMER_KEY: 0.70, "newcomers": [2]},
+    )
     _write(root, "fedavg", (0.80, 0.80, 0.80, 0.80), clients=4)
-    _write(root, "fedavg", (0.80, 0.80, 0.80), clients=4, unseen_fraction=0.25,  # ids not in the knob-off rows
-           summary={NEWCOMER_KEY: 0.50, "newcomers": [7]})
-    table, = cope_tables(load_cells(root))
+    _write(
+        root,
+        "fedavg",
+        (0.80, 0.80, 0.80),
+        clients=4,
+        unseen_fraction=0.25,  # ids not in the knob-off rows
+        summary={NEWCOMER_KEY: 0.50, "newcomers": [7]},
+    )
+    (table,) = cope_tables(load_cells(root))
     local, fedavg = (next(r for r in table.rows if r.algorithm == a) for a in ("local", "fedavg"))
     newcomers = table.entry(local, "unseen_fraction=0.25")
     assert newcomers.newcomers and newcomers.mean == pytest.approx(70.0)
-    assert newcomers.delta == pytest.approx(0.0) and newcomers.copes() is True   # vs the all-client mean: -18.75, ✗
+    assert newcomers.delta == pytest.approx(0.0) and newcomers.copes() is True  # vs the all-client mean: -18.75, ✗
     assert table.copes_summary()["Local"]["unseen_fraction"] is True
     unknown = table.entry(fedavg, "unseen_fraction=0.25")
     assert unknown.mean == pytest.approx(50.0) and unknown.delta is None and unknown.copes() is None  # not judged
@@ -156,12 +185,22 @@ def test_locals_newcomers_match_the_same_clients_trained_on_the_engine(tmp_path)
     from pflbench.rounds import run_cell
     from pflbench.reports.heterogeneity import same_clients_accuracy
 
-    base = dict(algorithm="local", dataset="synthetic", dataset_options={"num_samples": 600}, partition="pathological",
-                partition_params={"classes_per_client": 3}, clients=10, rounds=2, local_epochs=1, batch_size=16,
-                lr=0.05, seed=3,
-                # both cells normalised alike: under the default (`train`) the statistics come from each
-                # cell's own trained clients, and holding clients out moves them slightly
-                normalization="pool")
+    base = dict(
+        algorithm="local",
+        dataset="synthetic",
+        dataset_options={"num_samples": 600},
+        partition="pathological",
+        partition_params={"classes_per_client": 3},
+        clients=10,
+        rounds=2,
+        local_epochs=1,
+        batch_size=16,
+        lr=0.05,
+        seed=3,
+        # both cells normalised alike: under the default (`train`) the statistics come from each
+        # cell's own trained clients, and holding clients out moves them slightly
+        normalization="pool",
+    )
     store = Store(tmp_path / "results")
     results = {}
     for fraction in (0.0, 0.3):
@@ -172,7 +211,7 @@ def test_locals_newcomers_match_the_same_clients_trained_on_the_engine(tmp_path)
     cells = load_cells(tmp_path / "results")
     off = cells[cells["unseen_fraction"] == 0.0].iloc[0]
     assert same_clients_accuracy(off, ids) == pytest.approx(results[0.3].summary[NEWCOMER_KEY] * 100)
-    table, = cope_tables(cells)
+    (table,) = cope_tables(cells)
     entry = table.entry(table.rows[0], "unseen_fraction=0.3")
     assert entry.newcomers and entry.deltas == [pytest.approx(0.0, abs=1e-9)] and entry.copes() is True
     assert abs(entry.mean - results[0.0].summary["final_accuracy"] * 100) > 1  # the old baseline would mislead
@@ -191,12 +230,14 @@ def test_report_and_leaderboard_show_who_copes_and_wall_time(tmp_path):
     report = build_reports(_store(tmp_path), tmp_path / "out", ReportOptions(figures=False, partitions=False))
     markdown = report.markdown.read_text()
     assert "## Who copes with what" in markdown and "at most 5 points" in markdown
-    section = markdown[markdown.index("## Who copes"):]
+    section = markdown[markdown.index("## Who copes") :]
     assert "| FedAvg | 81.0 | 41.0 (-40.0) ✗ | 79.0 (-1.0) ✓ | 60.0ⁿ (-20.0) ✗ |" in section
     assert "compared with the knob-off cell's accuracy on the same clients (the same partition ids" in section
     assert "| Local | 70.0 | 69.0 (-1.0) ✓ | 1 failed | – |" in section
     # The accuracy tables keep knob-on cells in rows of their own, never as more seeds of the knob-off row.
-    assert "| FedAvg (concept\\_shift.clusters=4) | 41.00 ± 1.41 |" in markdown and "| FedAvg | 81.00 ± 1.41 |" in markdown
+    assert (
+        "| FedAvg (concept\\_shift.clusters=4) | 41.00 ± 1.41 |" in markdown and "| FedAvg | 81.00 ± 1.41 |" in markdown
+    )
     assert "wall s" in markdown  # the communication table's wall-clock column (the survey reports it per method)
     html = report.index.read_text()
     assert 'id="copes"' in html and "concept_shift.clusters=4" in html and "41.0 (-40.0) ✗" in html
@@ -244,9 +285,12 @@ def test_accuracy_tables_rank_each_knob_setting_among_its_own_rows(tmp_path):
 
     table = accuracy_tables(load_cells(_store(tmp_path)))[0]
     column = next(c for c in table.columns if c.dataset == "synthetic")
-    best = {(r.algorithm, r.setting): e.top for r in table.rows
-            if (e := table.entry(r, column)) is not None and e.mean is not None}
+    best = {
+        (r.algorithm, r.setting): e.top
+        for r in table.rows
+        if (e := table.entry(r, column)) is not None and e.mean is not None
+    }
     assert best[("fedavg", "")] and not best[("local", "")]
     assert best[("local", "concept_shift.clusters=4")] and not best[("fedavg", "concept_shift.clusters=4")]
-    assert not best[("fedavg", "unseen_fraction=0.5")]    # alone in its setting: nothing to rank against
+    assert not best[("fedavg", "unseen_fraction=0.5")]  # alone in its setting: nothing to rank against
     assert table.entry(next(r for r in table.rows if r.setting == "unseen_fraction=0.5"), column).mean > 81

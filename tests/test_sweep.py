@@ -1,5 +1,6 @@
 """Sweeps: a tiny Ray Tune + Optuna sweep writes a best configuration that a spec and the runner use;
 the objective never touches the clients' test splits."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -20,8 +21,11 @@ from pflbench.sweep import SweepError, SweepOptions, run_sweep, run_trial, searc
 
 BASE = {
     "name": "sweep-test",
-    "matrix": {"algorithm": "fedprox", "dataset": "synthetic",
-               "partition": [{"scheme": "pathological", "params": {"classes_per_client": 2, "samples_per_client": 60}}]},
+    "matrix": {
+        "algorithm": "fedprox",
+        "dataset": "synthetic",
+        "partition": [{"scheme": "pathological", "params": {"classes_per_client": 2, "samples_per_client": 60}}],
+    },
     "defaults": {"clients": 4, "rounds": 2, "lr": 0.05, "dataset_options": {"num_samples": 1000}},
 }
 
@@ -64,8 +68,14 @@ def test_the_trial_objective_never_reads_the_test_split(poisoned_test_split, mon
     reports = []
     monkeypatch.setattr(tune, "report", lambda metrics, **_: reports.append(metrics))
     base = base_plan().cells[0]
-    run_trial({"lr": 0.03, "hp": {"mu": 0.1}}, base=base.model_dump(mode="json"), cpus=1, data_root=None,
-              mirror=None, execution=ExecutionOptions(device="cpu"))
+    run_trial(
+        {"lr": 0.03, "hp": {"mu": 0.1}},
+        base=base.model_dump(mode="json"),
+        cpus=1,
+        data_root=None,
+        mirror=None,
+        execution=ExecutionOptions(device="cpu"),
+    )
     assert poisoned_test_split.reads == 0
     assert [r["round"] for r in reports] == [1, 2] and all(0 <= r["val_accuracy"] <= 1 for r in reports)
     # The engine's own evaluation: without "test" nothing of it is on the device or in the metrics.
@@ -99,9 +109,13 @@ def test_tiny_sweep_through_ray_tune_writes_a_configuration_the_runner_uses(tmp_
     ClientSplits(splits.train, splits.val, [np.full(len(t), 10**9) for t in splits.test]).save(cache)
 
     out = tmp_path / "tuned"
-    result = run_sweep("fedprox", base, base_plan().resources,
-                       SweepOptions(trials=2, results=tmp_path / "results", out=out, data_root=data_root,
-                                    workers=2), log=lambda *_: None)
+    result = run_sweep(
+        "fedprox",
+        base,
+        base_plan().resources,
+        SweepOptions(trials=2, results=tmp_path / "results", out=out, data_root=data_root, workers=2),
+        log=lambda *_: None,
+    )
     assert len(result.trials) == 2
     assert all(t["status"] in ("completed", "stopped early") and t["error"] is None for t in result.trials)
     assert result.best["status"] == "completed" and 0 <= result.best["val_accuracy"] <= 1
@@ -150,7 +164,16 @@ def test_a_wrong_cluster_address_fails_the_sweep_within_seconds_with_a_clear_mes
     base = base_plan().cells[0]
     start = time.monotonic()
     with pytest.raises(SweepError, match=rf"cannot reach a Ray cluster at 127.0.0.1:{port} .*ray start --head"):
-        run_sweep("fedprox", base, base_plan().resources,
-                  SweepOptions(trials=1, results=tmp_path / "sweeps", out=tmp_path / "tuned",
-                               ray_address=f"127.0.0.1:{port}", data_root=tmp_path))
+        run_sweep(
+            "fedprox",
+            base,
+            base_plan().resources,
+            SweepOptions(
+                trials=1,
+                results=tmp_path / "sweeps",
+                out=tmp_path / "tuned",
+                ray_address=f"127.0.0.1:{port}",
+                data_root=tmp_path,
+            ),
+        )
     assert time.monotonic() - start < 30

@@ -10,6 +10,7 @@ chosen round, once), and so is the signal (SIGTERM to the sweep's driver, from t
 a chosen round): their moment is fixed by the round, not by a sleep. The two-node version (the trial's
 whole node lost) is in tests/test_multinode.py.
 """
+
 from __future__ import annotations
 
 import os
@@ -60,19 +61,23 @@ class DyingFedAvg(FedAvg):
         return super().configure(rnd)
 '''
 KILL = "os.kill(os.getpid(), signal.SIGKILL)"
-WAIT = (f"deadline = time.monotonic() + {BOUND:.0f}  # the test kills the sweep's driver meanwhile\n"
-        "            while time.monotonic() < deadline:\n"
-        "                time.sleep(0.1)\n"
-        "            raise RuntimeError('the test never killed the driver')")
+WAIT = (
+    f"deadline = time.monotonic() + {BOUND:.0f}  # the test kills the sweep's driver meanwhile\n"
+    "            while time.monotonic() < deadline:\n"
+    "                time.sleep(0.1)\n"
+    "            raise RuntimeError('the test never killed the driver')"
+)
 # SIGTERM to the sweep's driver (this test's process), then wait, bounded, until the driver's stop reached
 # this trial: the end of this round is where the trial must stop.
-SIGTERM_DRIVER = ("from pflbench.preemption import current\n"
-                  "            os.kill({driver}, signal.SIGTERM)\n"
-                  f"            deadline = time.monotonic() + {BOUND:.0f}\n"
-                  "            while not current().requested:\n"
-                  "                if time.monotonic() > deadline:\n"
-                  "                    raise RuntimeError('the driver\\'s stop never reached this trial')\n"
-                  "                time.sleep(0.05)")
+SIGTERM_DRIVER = (
+    "from pflbench.preemption import current\n"
+    "            os.kill({driver}, signal.SIGTERM)\n"
+    f"            deadline = time.monotonic() + {BOUND:.0f}\n"
+    "            while not current().requested:\n"
+    "                if time.monotonic() > deadline:\n"
+    "                    raise RuntimeError('the driver\\'s stop never reached this trial')\n"
+    "                time.sleep(0.05)"
+)
 
 
 @pytest.fixture(scope="module")
@@ -93,14 +98,25 @@ def dying_sweep_base(tmp_path: Path, action: str = KILL):
     gate.mkdir()
     plugin = tmp_path / "dying_avg.py"
     what = {KILL: "kills its own process (SIGKILL)", WAIT: "waits for the test to kill the sweep's driver"}.get(
-        action, "sends SIGTERM to the sweep's driver")
-    plugin.write_text(DYING_AVG.format(gate=str(gate), kill_round=KILL_ROUND, test_pid=os.getpid(), what=what,
-                                       action=action))
-    spec = {"name": "dying", "plugins": [str(plugin)],
-            "matrix": {"algorithm": "dying-fedavg", "dataset": "synthetic"},
-            "defaults": {"clients": 3, "rounds": ROUNDS, "eval_every": 1, "local_epochs": 1,
-                         "lr": 0.05, "dataset_options": {"num_samples": 300}},
-            "resources": {"cpus": 1}}
+        action, "sends SIGTERM to the sweep's driver"
+    )
+    plugin.write_text(
+        DYING_AVG.format(gate=str(gate), kill_round=KILL_ROUND, test_pid=os.getpid(), what=what, action=action)
+    )
+    spec = {
+        "name": "dying",
+        "plugins": [str(plugin)],
+        "matrix": {"algorithm": "dying-fedavg", "dataset": "synthetic"},
+        "defaults": {
+            "clients": 3,
+            "rounds": ROUNDS,
+            "eval_every": 1,
+            "local_epochs": 1,
+            "lr": 0.05,
+            "dataset_options": {"num_samples": 300},
+        },
+        "resources": {"cpus": 1},
+    }
     (tmp_path / "base.yaml").write_text(yaml.safe_dump(spec))
     plan = parse_spec(spec)
     return plan.cells[0], plan.resources, gate
@@ -122,12 +138,20 @@ def uninterrupted_reports(base, values: dict, data_root: Path) -> pd.DataFrame:
     real = tune.report
     tune.report = lambda metrics, **_: reports.append(metrics)
     try:
-        run_trial(values, base=base.model_dump(mode="json"), cpus=1, data_root=str(data_root), mirror=None,
-                  execution=ExecutionOptions(device="cpu"), plugins=sources_for([base]))
+        run_trial(
+            values,
+            base=base.model_dump(mode="json"),
+            cpus=1,
+            data_root=str(data_root),
+            mirror=None,
+            execution=ExecutionOptions(device="cpu"),
+            plugins=sources_for([base]),
+        )
     finally:
         tune.report = real
-    return pd.DataFrame([{"round": r["round"], "val_accuracy": r["val_accuracy"], "val_loss": r["val_loss"]}
-                         for r in reports])
+    return pd.DataFrame(
+        [{"round": r["round"], "val_accuracy": r["val_accuracy"], "val_loss": r["val_loss"]} for r in reports]
+    )
 
 
 def assert_same_reports(folder: Path, reference: pd.DataFrame) -> None:
@@ -152,23 +176,38 @@ def test_the_keeper_gives_a_trials_checkpoint_to_its_latest_start_only(tmp_path)
     assert second == first + 1
     with pytest.raises(StaleAttempt, match="attempt 0 is not the cell's current one"):
         keeper.write("trial_1", first, data)
-    with pytest.raises(CheckpointProblem, match="a checkpoint of cell other sent as trial trial_1's \\(cell cellhash\\)"):
+    with pytest.raises(
+        CheckpointProblem, match="a checkpoint of cell other sent as trial trial_1's \\(cell cellhash\\)"
+    ):
         keeper.write("trial_1", second, encode_checkpoint({"hash": "other", "round": 2}, {"round": 2}))
     keeper.remove("trial_1", second)
     assert keeper.read("trial_1") is None
 
 
 @pytest.mark.slow
-def test_a_trial_whose_worker_is_killed_resumes_from_its_kept_checkpoint_bit_for_bit(tmp_path, local_ray,
-                                                                                      fresh_plugins):
+def test_a_trial_whose_worker_is_killed_resumes_from_its_kept_checkpoint_bit_for_bit(
+    tmp_path, local_ray, fresh_plugins
+):
     from pflbench.sweep import SweepOptions, run_sweep
 
     base, resources, gate = dying_sweep_base(tmp_path)
     lines: list[str] = []
-    result = run_sweep("dying-fedavg", base, resources,
-                       SweepOptions(trials=1, results=tmp_path / "results", out=None, data_root=tmp_path / "data",
-                                    workers=1, checkpoint_every=1, checkpoint_minutes=0, retries=2),
-                       log=lines.append)
+    result = run_sweep(
+        "dying-fedavg",
+        base,
+        resources,
+        SweepOptions(
+            trials=1,
+            results=tmp_path / "results",
+            out=None,
+            data_root=tmp_path / "data",
+            workers=1,
+            checkpoint_every=1,
+            checkpoint_minutes=0,
+            retries=2,
+        ),
+        log=lines.append,
+    )
     [trial] = result.trials
     assert (gate / "stopped").exists(), "the worker was never killed"
     assert trial["status"] == "completed" and trial["error"] is None, trial
@@ -194,8 +233,16 @@ def test_a_sweep_rerun_with_resume_continues_an_errored_trial_from_its_checkpoin
     from pflbench.sweep import SweepError, SweepOptions, run_sweep
 
     base, resources, gate = dying_sweep_base(tmp_path)
-    options = SweepOptions(trials=1, results=tmp_path / "results", out=tmp_path / "tuned", data_root=tmp_path / "data",
-                           workers=1, checkpoint_every=1, checkpoint_minutes=0, retries=0)
+    options = SweepOptions(
+        trials=1,
+        results=tmp_path / "results",
+        out=tmp_path / "tuned",
+        data_root=tmp_path / "data",
+        workers=1,
+        checkpoint_every=1,
+        checkpoint_minutes=0,
+        retries=0,
+    )
     lines: list[str] = []
     with pytest.raises(SweepError, match="no trial of dying-fedavg ran every round.*--resume .* continues its trials"):
         run_sweep("dying-fedavg", base, resources, options, log=lines.append)
@@ -206,11 +253,15 @@ def test_a_sweep_rerun_with_resume_continues_an_errored_trial_from_its_checkpoin
     assert not (tmp_path / "tuned").exists()
 
     with pytest.raises(SweepError, match="not of fedavg on base cell"):  # another sweep's folder is refused
-        run_sweep("fedavg", base.model_copy(update={"algorithm": "fedavg"}), resources,
-                  replace(options, resume=folder), log=lines.append)
+        run_sweep(
+            "fedavg",
+            base.model_copy(update={"algorithm": "fedavg"}),
+            resources,
+            replace(options, resume=folder),
+            log=lines.append,
+        )
     lines.clear()
-    result = run_sweep("dying-fedavg", base, resources, replace(options, resume=folder),
-                       log=lines.append)
+    result = run_sweep("dying-fedavg", base, resources, replace(options, resume=folder), log=lines.append)
     assert result.folder == folder
     [trial] = result.trials
     assert trial["trial_id"] == checkpoint.parent.name  # the same trial, restarted by Tune's restore
@@ -222,8 +273,9 @@ def test_a_sweep_rerun_with_resume_continues_an_errored_trial_from_its_checkpoin
 
 
 @pytest.mark.slow
-def test_a_sweep_whose_driver_is_killed_is_continued_by_resume_from_its_kept_checkpoint(tmp_path, local_ray,
-                                                                                         fresh_plugins):
+def test_a_sweep_whose_driver_is_killed_is_continued_by_resume_from_its_kept_checkpoint(
+    tmp_path, local_ray, fresh_plugins
+):
     """`pflbench sweep` (another process, on this file's Ray) is killed -9 with its trial waiting at the
     start of round KILL_ROUND (once Tune's saved state names the trial: a trial it never saved is sampled
     anew); Ray ends the trial with its driver. The same sweep with --resume restores Tune's saved state
@@ -234,10 +286,34 @@ def test_a_sweep_whose_driver_is_killed_is_continued_by_resume_from_its_kept_che
 
     base, resources, gate = dying_sweep_base(tmp_path, action=WAIT)
     results = tmp_path / "results"
-    command = [sys.executable, "-m", "pflbench.cli", "sweep", "--algo", "dying-fedavg", "--spec", str(tmp_path / "base.yaml"),
-               "--trials", "1", "--workers", "1", "--grace-rounds", str(ROUNDS), "--results", str(results),
-               "--out", str(tmp_path / "tuned"), "--root", str(tmp_path / "data"), "--checkpoint-every", "1",
-               "--checkpoint-minutes", "0", "--ray-address", local_ray.get_runtime_context().gcs_address]
+    command = [
+        sys.executable,
+        "-m",
+        "pflbench.cli",
+        "sweep",
+        "--algo",
+        "dying-fedavg",
+        "--spec",
+        str(tmp_path / "base.yaml"),
+        "--trials",
+        "1",
+        "--workers",
+        "1",
+        "--grace-rounds",
+        str(ROUNDS),
+        "--results",
+        str(results),
+        "--out",
+        str(tmp_path / "tuned"),
+        "--root",
+        str(tmp_path / "data"),
+        "--checkpoint-every",
+        "1",
+        "--checkpoint-minutes",
+        "0",
+        "--ray-address",
+        local_ray.get_runtime_context().gcs_address,
+    ]
     deadline = time.monotonic() + BOUND
 
     def trial_saved_by_tune():
@@ -267,10 +343,22 @@ def test_a_sweep_whose_driver_is_killed_is_continued_by_resume_from_its_kept_che
     assert not (folder / "sweep.json").exists()
 
     lines: list[str] = []
-    result = run_sweep("dying-fedavg", base, resources,
-                       SweepOptions(trials=1, results=results, out=tmp_path / "tuned", data_root=tmp_path / "data",
-                                    workers=1, checkpoint_every=1, checkpoint_minutes=0, resume=folder),
-                       log=lines.append)
+    result = run_sweep(
+        "dying-fedavg",
+        base,
+        resources,
+        SweepOptions(
+            trials=1,
+            results=results,
+            out=tmp_path / "tuned",
+            data_root=tmp_path / "data",
+            workers=1,
+            checkpoint_every=1,
+            checkpoint_minutes=0,
+            resume=folder,
+        ),
+        log=lines.append,
+    )
     [trial] = result.trials
     assert trial["trial_id"] == checkpoint.parent.name and trial["status"] == "completed", trial
     assert trial["resumed_at_rounds"] == [KILL_ROUND - 1], trial
@@ -283,7 +371,8 @@ def test_a_sweep_whose_driver_is_killed_is_continued_by_resume_from_its_kept_che
 
 @pytest.mark.slow
 def test_a_sweep_whose_driver_gets_sigterm_checkpoints_its_trial_at_the_end_of_the_round_and_resume_continues_it(
-        tmp_path, local_ray, fresh_plugins, capfd):
+    tmp_path, local_ray, fresh_plugins, capfd
+):
     """`pflbench sweep` (here, in this process, on this file's Ray) gets SIGTERM from its trial at the start
     of round KILL_ROUND; the trial ends that round, writes its checkpoint through the driver's keeper and
     stops; the sweep exits with PREEMPTED_EXIT and one line naming the trial, the round and `--resume`.
@@ -299,22 +388,47 @@ def test_a_sweep_whose_driver_gets_sigterm_checkpoints_its_trial_at_the_end_of_t
 
     base, _, gate = dying_sweep_base(tmp_path, action=SIGTERM_DRIVER.format(driver=os.getpid()))
     results = tmp_path / "results"
-    command = ["sweep", "--algo", "dying-fedavg", "--spec", str(tmp_path / "base.yaml"), "--trials", "1",
-               "--workers", "1", "--grace-rounds", str(ROUNDS), "--results", str(results), "--out",
-               str(tmp_path / "tuned"), "--root", str(tmp_path / "data"), "--checkpoint-minutes", "0",
-               "--retries", "0"]  # no checkpoint but the preempted round's; an error would end the sweep
+    command = [
+        "sweep",
+        "--algo",
+        "dying-fedavg",
+        "--spec",
+        str(tmp_path / "base.yaml"),
+        "--trials",
+        "1",
+        "--workers",
+        "1",
+        "--grace-rounds",
+        str(ROUNDS),
+        "--results",
+        str(results),
+        "--out",
+        str(tmp_path / "tuned"),
+        "--root",
+        str(tmp_path / "data"),
+        "--checkpoint-minutes",
+        "0",
+        "--retries",
+        "0",
+    ]  # no checkpoint but the preempted round's; an error would end the sweep
     handlers = {sig: signals.getsignal(sig) for sig in (signals.SIGTERM, signals.SIGINT)}
     assert main(command) == PREEMPTED_EXIT, capfd.readouterr()
     out, err = capfd.readouterr()
     assert {sig: signals.getsignal(sig) for sig in handlers} == handlers  # the sweep's handlers are gone
-    assert ("SIGTERM: stopping at the end of the round in progress (at most 25 s), with a checkpoint; "
-            "Ctrl-C again to stop at once") in err
+    assert (
+        "SIGTERM: stopping at the end of the round in progress (at most 25 s), with a checkpoint; "
+        "Ctrl-C again to stop at once"
+    ) in err
     [folder] = (results / "sweeps").iterdir()
     [checkpoint] = (folder / "checkpoints").glob("*/checkpoint.pt")
     trial_id = checkpoint.parent.name
-    assert re.search(rf"^preempted \(SIGTERM\): sweep {folder.name}: trial {trial_id}: checkpoint written after "
-                     rf"round {KILL_ROUND} of {ROUNDS}; the next run resumes at round {KILL_ROUND} of {ROUNDS}; the "
-                     rf"same command with --resume {re.escape(str(folder))} continues it$", err, re.M), err
+    assert re.search(
+        rf"^preempted \(SIGTERM\): sweep {folder.name}: trial {trial_id}: checkpoint written after "
+        rf"round {KILL_ROUND} of {ROUNDS}; the next run resumes at round {KILL_ROUND} of {ROUNDS}; the "
+        rf"same command with --resume {re.escape(str(folder))} continues it$",
+        err,
+        re.M,
+    ), err
     assert read_header(checkpoint)["round"] == KILL_ROUND
     assert not (folder / "sweep.json").exists() and not (tmp_path / "tuned").exists()
     assert [r for r, _ in trace_of(gate)] == list(range(1, KILL_ROUND + 1))
@@ -368,12 +482,14 @@ def test_a_stopping_sweep_waits_for_the_trials_running_at_the_signal_at_most_the
     assert stops.line(tmp_path / "sweep-x") == (
         "preempted (SIGTERM): sweep sweep-x: trial a: checkpoint written after round 4 of 12; the next run resumes "
         "at round 4 of 12; trial c: started as the sweep stopped, ended; the next run starts it from round 1 (it "
-        f"has no checkpoint); the same command with --resume {tmp_path / 'sweep-x'} continues it")
+        f"has no checkpoint); the same command with --resume {tmp_path / 'sweep-x'} continues it"
+    )
 
     # A trial still in its round at the grace deadline is ended with the run, from its last checkpoint.
     (tmp_path / "checkpoints" / "b").mkdir(parents=True)
     (tmp_path / "checkpoints" / "b" / "checkpoint.pt").write_bytes(
-        encode_checkpoint({"hash": "cell", "round": 2, "rounds": 12}, {"round": 2}))
+        encode_checkpoint({"hash": "cell", "round": 2, "rounds": 12}, {"round": 2})
+    )
     stops, board, clock = stopping(["b"])
     clock[0] = 10.0
     assert not stops.step(["b"])
@@ -381,7 +497,8 @@ def test_a_stopping_sweep_waits_for_the_trials_running_at_the_signal_at_most_the
     assert stops.step(["b"])
     assert stops.line(tmp_path / "sweep-y") == (
         "preempted (SIGTERM): sweep sweep-y: trial b: still in a round 10 s after the signal, stopped at once; the "
-        f"next run resumes at round 2 of 12; the same command with --resume {tmp_path / 'sweep-y'} continues it")
+        f"next run resumes at round 2 of 12; the same command with --resume {tmp_path / 'sweep-y'} continues it"
+    )
 
 
 def test_a_stopping_sweep_waits_for_a_trial_that_started_before_tune_marked_it_running(tmp_path, local_ray):
@@ -415,4 +532,5 @@ def test_a_stopping_sweep_waits_for_a_trial_that_started_before_tune_marked_it_r
         signals.signal(signals.SIGUSR1, previous)
     assert stops.line(tmp_path / "sweep-z") == (
         "preempted (SIGTERM): sweep sweep-z: trial a: checkpoint written after round 3 of 12; the next run resumes "
-        f"at round 3 of 12; the same command with --resume {tmp_path / 'sweep-z'} continues it")
+        f"at round 3 of 12; the same command with --resume {tmp_path / 'sweep-z'} continues it"
+    )

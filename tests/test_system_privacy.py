@@ -1,5 +1,6 @@
 """System heterogeneity (stragglers, dropped uploads) and privacy heterogeneity (per-client DP on the
 uploads): validation, determinism, what the server sees, and every algorithm coping or refusing."""
+
 import math
 
 import numpy as np
@@ -34,27 +35,32 @@ def _frames_equal(a, b):
 # ---- the spec ----------------------------------------------------------------------------------------
 def test_defaults_written_out_keep_the_cell_hash_and_only_differences_are_stored():
     plain = parse_spec(_spec()).cells[0]
-    explicit = parse_spec(_spec(**{"system.dropout": 0, "system.stragglers": 0.0, "privacy.delta": 1e-5,
-                                   "privacy.clip": 1.0})).cells[0]
+    explicit = parse_spec(
+        _spec(**{"system.dropout": 0, "system.stragglers": 0.0, "privacy.delta": 1e-5, "privacy.clip": 1.0})
+    ).cells[0]
     assert cell_hash(explicit) == cell_hash(plain) and explicit.system == {} and explicit.privacy == {}
-    on = parse_spec(_spec(**{"system.dropout": 0.2, "system.stragglers": 0.5, "privacy.epsilon": [1, 8],
-                             "privacy.delta": 1e-5})).cells[0]
+    on = parse_spec(
+        _spec(**{"system.dropout": 0.2, "system.stragglers": 0.5, "privacy.epsilon": [1, 8], "privacy.delta": 1e-5})
+    ).cells[0]
     assert on.system == {"dropout": 0.2, "stragglers": 0.5} and on.privacy == {"epsilon": [1.0, 8.0]}
     assert cell_hash(on) != cell_hash(plain)
 
 
-@pytest.mark.parametrize("defaults, message", [
-    ({"system.dropout": 1.5}, r"system.dropout: .*probability in \[0, 1\].*allowed: stragglers"),
-    ({"system.speed": 2}, r"system.speed: Extra inputs are not permitted .*allowed: stragglers"),
-    ({"system.straggler_work": [0.5, 0.1], "system.stragglers": 0.5}, r"low <= high"),
-    ({"system.straggler_work": 0.3}, r"straggler_work is set but stragglers is 0"),
-    ({"system.dropout": [0.1, 0.2]}, r"one probability per client \(10\), got 2"),
-    ({"privacy.clip": 2.0}, r"privacy.epsilon is required"),
-    ({"privacy.epsilon": 0}, r"privacy.epsilon: .*positive finite"),
-    ({"privacy.epsilon": 1, "privacy.sigma": 1}, r"privacy.sigma: Extra inputs"),
-    ({"system.dropout": True}, r"dropout: expected a number, got the boolean True"),
-    ({"privacy.epsilon": [1, True]}, r"epsilon: expected a number, got the boolean True"),
-])
+@pytest.mark.parametrize(
+    "defaults, message",
+    [
+        ({"system.dropout": 1.5}, r"system.dropout: .*probability in \[0, 1\].*allowed: stragglers"),
+        ({"system.speed": 2}, r"system.speed: Extra inputs are not permitted .*allowed: stragglers"),
+        ({"system.straggler_work": [0.5, 0.1], "system.stragglers": 0.5}, r"low <= high"),
+        ({"system.straggler_work": 0.3}, r"straggler_work is set but stragglers is 0"),
+        ({"system.dropout": [0.1, 0.2]}, r"one probability per client \(10\), got 2"),
+        ({"privacy.clip": 2.0}, r"privacy.epsilon is required"),
+        ({"privacy.epsilon": 0}, r"privacy.epsilon: .*positive finite"),
+        ({"privacy.epsilon": 1, "privacy.sigma": 1}, r"privacy.sigma: Extra inputs"),
+        ({"system.dropout": True}, r"dropout: expected a number, got the boolean True"),
+        ({"privacy.epsilon": [1, True]}, r"epsilon: expected a number, got the boolean True"),
+    ],
+)
 def test_bad_knob_values_are_one_clear_error_before_any_work(defaults, message):
     with pytest.raises(SpecError, match=message):
         parse_spec(_spec(**defaults))
@@ -62,7 +68,9 @@ def test_bad_knob_values_are_one_clear_error_before_any_work(defaults, message):
 
 def test_an_algorithm_that_cannot_honour_a_knob_is_refused_at_the_spec_and_in_run_cell(monkeypatch):
     spec = {"matrix": {"algorithm": ["l2gd"], "dataset": "synthetic"}, "defaults": {"system.dropout": 0.1}}
-    with pytest.raises(SpecError, match=r"algorithm 'l2gd' cannot run with system.dropout: .*algorithms that can: .*fedavg"):
+    with pytest.raises(
+        SpecError, match=r"algorithm 'l2gd' cannot run with system.dropout: .*algorithms that can: .*fedavg"
+    ):
         parse_spec(spec)
     assert parse_spec({**spec, "defaults": {"system.stragglers": 0.5}}).cells[0].system == {"stragglers": 0.5}
 
@@ -99,8 +107,12 @@ def test_every_algorithm_loses_the_same_uploads(tmp_path):
 def test_knobs_that_change_nothing_leave_the_run_bit_identical(tmp_path):
     cell = small_cell(**TINY)
     off = run_cell(cell, data_root=tmp_path)
-    idle = cell.model_copy(update={"system": {"dropout": [0.0] * 5, "stragglers": 1.0, "straggler_work": 1.0},
-                                   "privacy": {"epsilon": [None]}})
+    idle = cell.model_copy(
+        update={
+            "system": {"dropout": [0.0] * 5, "stragglers": 1.0, "straggler_work": 1.0},
+            "privacy": {"epsilon": [None]},
+        }
+    )
     on = run_cell(idle, data_root=tmp_path)  # through the dropout, straggler and privacy paths
     _frames_equal(off, on)
     assert on.summary["privacy_epsilon"] == [None] * 5 and on.summary["system_dropped_uploads"] == 0
@@ -110,8 +122,11 @@ def test_a_client_that_always_drops_never_reaches_the_server(tmp_path, monkeypat
     seen = []
     fedavg = get_algorithm("fedavg")
     original = fedavg.aggregate
-    monkeypatch.setattr(fedavg, "aggregate",
-                        lambda self, rnd, upload: (seen.append(upload.clients.tolist()), original(self, rnd, upload)))
+    monkeypatch.setattr(
+        fedavg,
+        "aggregate",
+        lambda self, rnd, upload: (seen.append(upload.clients.tolist()), original(self, rnd, upload)),
+    )
     cell = small_cell(system={"dropout": [1.0, 0, 0, 0, 0]}, rounds=4, participation=0.6)
     result = run_cell(cell, data_root=tmp_path)
     sampled = make_federation(cell, tmp_path).schedule
@@ -133,8 +148,11 @@ def test_nothing_arrives_and_the_server_keeps_its_model(tmp_path):
 def test_stragglers_take_their_share_of_the_local_steps(tmp_path, monkeypatch):
     steps = []
     original = federation.train_clients
-    monkeypatch.setattr(federation, "train_clients",
-                        lambda *args, **kw: (steps.append([len(p) for p in args[5]]), original(*args, **kw))[1])
+    monkeypatch.setattr(
+        federation,
+        "train_clients",
+        lambda *args, **kw: (steps.append([len(p) for p in args[5]]), original(*args, **kw))[1],
+    )
     cell = small_cell(participation=1.0, rounds=1, local_epochs=2)
     run_cell(cell, data_root=tmp_path)
     full = list(steps[0])
@@ -194,8 +212,18 @@ def test_the_reported_epsilon_is_the_accountants_and_within_each_budget(tmp_path
     assert sorted(set(s["privacy_budget"])) == [1.0, 8.0]
     for c in range(5):
         n = int((schedule == c).sum())
-        z = get_noise_multiplier(target_epsilon=s["privacy_budget"][c], target_delta=1e-5, sample_rate=1.0,
-                                 steps=n, accountant="rdp", alphas=ALPHAS) if n else 0.0
+        z = (
+            get_noise_multiplier(
+                target_epsilon=s["privacy_budget"][c],
+                target_delta=1e-5,
+                sample_rate=1.0,
+                steps=n,
+                accountant="rdp",
+                alphas=ALPHAS,
+            )
+            if n
+            else 0.0
+        )
         assert s["privacy_noise_multiplier"][c] == pytest.approx(z)
         accountant = RDPAccountant()
         for _ in range(s["privacy_releases"][c]):

@@ -1,5 +1,6 @@
 """benchmarks/table1.yaml and table2.yaml: pFedLA's Tables 1-2 cell for cell (rows x columns x
 seeds, the paper's settings), their quick scale, and the spec options behind them (`scales`, `tuned`)."""
+
 from __future__ import annotations
 
 from collections import Counter
@@ -20,10 +21,14 @@ ROWS = ["local", "fedavg", "perfedavg", "pfedme", "pfedhn", "fedbn", "fedrep", "
 DATASETS = ["emnist", "fmnist", "cifar10", "cifar100"]
 CLIENTS = [(10, 1.0), (100, 0.1)]
 # Per-class sample counts of the real datasets (train + test pooled), for partition checks offline.
-CLASS_COUNTS = {"emnist": [2800] * 47, "fmnist": [7000] * 10, "cifar10": [6000] * 10,
-                "cifar10-jpeg": [6000] * 10, "cifar100": [600] * 100}
-TABLES = {"table1": ("pathological", "classes_per_client", 4, 12),
-          "table2": ("dominant", "dominant_classes", 2, 6)}
+CLASS_COUNTS = {
+    "emnist": [2800] * 47,
+    "fmnist": [7000] * 10,
+    "cifar10": [6000] * 10,
+    "cifar10-jpeg": [6000] * 10,
+    "cifar100": [600] * 100,
+}
+TABLES = {"table1": ("pathological", "classes_per_client", 4, 12), "table2": ("dominant", "dominant_classes", 2, 6)}
 
 
 def missing_rows() -> list[str]:
@@ -83,7 +88,8 @@ def test_quick_scale_has_the_same_structure_on_offline_data(table, table_rows):
     plan = load_spec(BENCHMARKS / f"{table}.yaml", scale="quick")
     assert plan.scale == "quick" and len(plan.cells) == 40
     assert set(Counter((c.algorithm, c.dataset, c.clients, c.participation) for c in plan.cells)) == {
-        (a, d, n, p) for a in ROWS for d in ("fmnist", "cifar10-jpeg") for n, p in CLIENTS}
+        (a, d, n, p) for a in ROWS for d in ("fmnist", "cifar10-jpeg") for n, p in CLIENTS
+    }
     assert {c.seed for c in plan.cells} == {0} and plan.resources.gpus == 0
     for cell in plan.cells:
         assert (cell.rounds, cell.local_epochs) == ((20, 2) if cell.clients == 10 else (30, 2))
@@ -109,8 +115,14 @@ SPEC = {
     "defaults": {"rounds": 50, "lr": 0.05},
     "overrides": [{"when": {"algorithm": "fedprox"}, "set": {"hp.mu": 0.5}}],
     "resources": {"cpus": 1, "gpus": 0.5},
-    "scales": {"quick": {"matrix": {"seed": [0]}, "defaults": {"local_epochs": 2},
-                         "overrides": [{"set": {"rounds": 3}}], "resources": {"gpus": 0}}},
+    "scales": {
+        "quick": {
+            "matrix": {"seed": [0]},
+            "defaults": {"local_epochs": 2},
+            "overrides": [{"set": {"rounds": 3}}],
+            "resources": {"gpus": 0},
+        }
+    },
 }
 
 
@@ -125,7 +137,9 @@ def test_a_scale_replaces_axes_and_resources_and_comes_after_the_specs_overrides
 
 
 def test_scale_errors_name_the_scale_and_the_allowed_ones():
-    with pytest.raises(SpecError, match=r"--scale: unknown scale 'quik' \(did you mean 'quick'\?\); allowed: full, quick"):
+    with pytest.raises(
+        SpecError, match=r"--scale: unknown scale 'quik' \(did you mean 'quick'\?\); allowed: full, quick"
+    ):
         parse_spec(SPEC, scale="quik")
     bad = {**SPEC, "scales": {"quick": {"overrides": [{"set": {"rounds": 0}}]}}}
     with pytest.raises(SpecError, match=r"scales\.quick\.overrides\[0\]\.set\.rounds"):
@@ -136,8 +150,9 @@ def test_scale_errors_name_the_scale_and_the_allowed_ones():
 
 def write_tuned(folder: Path, algorithm: str, assign: dict) -> None:
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / f"{algorithm}.yaml").write_text(yaml.safe_dump({"algorithm": algorithm, "set": assign,
-                                                               "tuned_on": {"trials": 20}}))
+    (folder / f"{algorithm}.yaml").write_text(
+        yaml.safe_dump({"algorithm": algorithm, "set": assign, "tuned_on": {"trials": 20}})
+    )
 
 
 def test_tuned_configurations_apply_to_their_algorithm_and_mark_the_cells(tmp_path):
@@ -153,7 +168,9 @@ def test_tuned_configurations_apply_to_their_algorithm_and_mark_the_cells(tmp_pa
             assert after == before and after.hp_source == "default"
     assert {c.lr for c in parse_spec({**SPEC, "tuned": True}, base_dir=tmp_path, sets={"lr": 0.1}).cells} == {0.1}
     # A list requires those files; `dir` points elsewhere.
-    with pytest.raises(SpecError, match=r"tuned\.algorithms\[0\]: no tuned configuration for 'fedavg'.*pflbench sweep --algo fedavg"):
+    with pytest.raises(
+        SpecError, match=r"tuned\.algorithms\[0\]: no tuned configuration for 'fedavg'.*pflbench sweep --algo fedavg"
+    ):
         parse_spec({**SPEC, "tuned": ["fedavg"]}, base_dir=tmp_path)
     same = parse_spec({**SPEC, "tuned": {"dir": str(tmp_path / "tuned"), "algorithms": ["fedprox"]}})
     assert same.cells == plan.cells
@@ -181,7 +198,7 @@ def test_validation_split_and_quick_scale_choices(table, table_rows):
     for cell in full.cells:
         assert cell.train_fraction == 0.7
         assert cell.val_fraction == (0.1 if cell.algorithm == "fedfomo" else 0.0), cell.algorithm
-        assert cell.algorithm != "perfedavg" or cell.hp["beta"] == 0.001   # the references' meta step
+        assert cell.algorithm != "perfedavg" or cell.hp["beta"] == 0.001  # the references' meta step
     quick = load_spec(BENCHMARKS / f"{table}.yaml", scale="quick")
     assert {c.val_fraction for c in quick.cells} == {0.1}
     assert {c.hp.get("beta") for c in quick.cells if c.algorithm == "perfedavg"} == {0.05}

@@ -3,6 +3,7 @@ offline run files, MLflow's client on its file store. A cell killed after a chec
 continues its run: the same log folder, run id or run, the steps going on from the checkpoint's round.
 W&B and MLflow are optional extras: their tests are skipped where the package is not installed;
 TensorBoard is in the test extra."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -32,14 +33,19 @@ def kill_in_round_3(info: dict) -> None:
 def run_killed_then_resumed(tmp_path: Path, kinds: tuple[str, ...]):
     """One small cell: a first attempt dies in round 3 (its checkpoint: round 2), a second resumes it."""
     cell = small_cell(rounds=ROUNDS, eval_every=1, finetune_epochs=1)
-    options = RunOptions(results=tmp_path / "results", data_root=tmp_path / "data", use_ray=False,
-                         checkpoint_every=1, trackers=TrackerOptions(kinds))
+    options = RunOptions(
+        results=tmp_path / "results",
+        data_root=tmp_path / "data",
+        use_ray=False,
+        checkpoint_every=1,
+        trackers=TrackerOptions(kinds),
+    )
     notes: list[str] = []
     first = execute_cell(cell, Resources(), options, report=kill_in_round_3, note=notes.append)
     assert first.status == "failed" and "Killed" in first.error
     second = execute_cell(cell, Resources(), options, note=notes.append)
     assert second.status == "finished" and any("resumed at round 2" in n for n in notes), notes
-    assert not any("tracker" in n for n in notes), notes   # no tracker stopped
+    assert not any("tracker" in n for n in notes), notes  # no tracker stopped
     return cell, second, options
 
 
@@ -49,8 +55,9 @@ def test_options_and_missing_packages_are_named():
     assert problems(["neptune"]) == ["--tracker neptune: unknown; allowed tensorboard, wandb, mlflow"]
     for kind in ("wandb", "mlflow"):
         if importlib.util.find_spec(kind) is None:
-            assert problems([kind]) == [f"--tracker {kind}: the package {kind} is not installed here; "
-                                        f"pip install 'pflbench[{kind}]'"]
+            assert problems([kind]) == [
+                f"--tracker {kind}: the package {kind} is not installed here; pip install 'pflbench[{kind}]'"
+            ]
 
 
 def test_run_refuses_a_tracker_before_anything_runs(tmp_path, monkeypatch, capsys):
@@ -68,7 +75,7 @@ def test_tensorboard_streams_rounds_and_a_resumed_cell_continues_its_log(tmp_pat
 
     cell, result, options = run_killed_then_resumed(tmp_path, ("tensorboard",))
     folder = options.results / "tensorboard" / cell_hash(cell)
-    assert len(list(folder.glob("events.out.tfevents.*"))) == 2        # one log folder, two attempts
+    assert len(list(folder.glob("events.out.tfevents.*"))) == 2  # one log folder, two attempts
     events = EventAccumulator(str(folder), size_guidance={"scalars": 0, "tensors": 0})
     events.Reload()
     steps = {tag: [e.step for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
@@ -80,8 +87,11 @@ def test_tensorboard_streams_rounds_and_a_resumed_cell_continues_its_log(tmp_pat
     assert last == pytest.approx(result.summary["final_accuracy"] * 100, rel=1e-5)
     final = events.Scalars("final/adapted-final-clients")
     assert [e.step for e in final] == [ROUNDS] and final[0].value == pytest.approx(
-        result.summary["final_accuracy_adapted"] * 100, rel=1e-5)
-    texts = {tag: [e.tensor_proto.string_val[0].decode() for e in events.Tensors(tag)] for tag in events.Tags()["tensors"]}
+        result.summary["final_accuracy_adapted"] * 100, rel=1e-5
+    )
+    texts = {
+        tag: [e.tensor_proto.string_val[0].decode() for e in events.Tensors(tag)] for tag in events.Tags()["tensors"]
+    }
     config = " ".join(v for tag, values in texts.items() if tag.startswith("config") for v in values)
     assert f'cell_id: "{cell_hash(cell)}"' in config and 'cell.algorithm: "fedavg"' in config
     assert "metrics.accuracy/adapted-clients" in config and "after local adaptation" in config
@@ -95,22 +105,37 @@ def test_tensorboard_has_every_metric_while_the_cell_runs(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     cell = small_cell(rounds=ROUNDS, eval_every=1, finetune_epochs=1, clients=10)
-    options = RunOptions(results=tmp_path / "results", data_root=tmp_path / "data", use_ray=False,
-                         checkpoint_every=1, trackers=TrackerOptions(("tensorboard",)))
+    options = RunOptions(
+        results=tmp_path / "results",
+        data_root=tmp_path / "data",
+        use_ray=False,
+        checkpoint_every=1,
+        trackers=TrackerOptions(("tensorboard",)),
+    )
     first = execute_cell(cell, Resources(), options, report=kill_in_round_3)
     assert first.status == "failed"
     events = EventAccumulator(str(options.results / "tensorboard" / cell_hash(cell)), size_guidance={"scalars": 0})
     events.Reload()
     steps = {tag: [e.step for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
-    for tag in ("accuracy/delivered-clients", "val_accuracy/delivered-clients", "accuracy/adapted-clients",
-                "accuracy/delivered-worst10", "accuracy/adapted-worst10", "accuracy/delivered-pooled",
-                "loss/delivered-clients", "loss/adapted-clients", "communication/mb_down", "communication/mb_up",
-                "time/round_s"):
+    for tag in (
+        "accuracy/delivered-clients",
+        "val_accuracy/delivered-clients",
+        "accuracy/adapted-clients",
+        "accuracy/delivered-worst10",
+        "accuracy/adapted-worst10",
+        "accuracy/delivered-pooled",
+        "loss/delivered-clients",
+        "loss/adapted-clients",
+        "communication/mb_down",
+        "communication/mb_up",
+        "time/round_s",
+    ):
         assert steps[tag] == [1, 2, 3], tag
-    assert not any(tag.startswith("final/") for tag in steps)      # the end never came
+    assert not any(tag.startswith("final/") for tag in steps)  # the end never came
     # the same numbers as the finished cell's tables (a run of the cell from scratch: bit-identical rounds)
-    done = execute_cell(cell, Resources(), RunOptions(results=tmp_path / "again", data_root=tmp_path / "data",
-                                                      use_ray=False))
+    done = execute_cell(
+        cell, Resources(), RunOptions(results=tmp_path / "again", data_root=tmp_path / "data", use_ray=False)
+    )
     rows = done.metrics[done.metrics["round"] == 2]
     logged = {tag: events.Scalars(tag)[1].value for tag in steps if not tag.startswith("time")}
     assert logged["accuracy/adapted-clients"] == pytest.approx(rows["accuracy_adapted"].mean() * 100, rel=1e-5)
@@ -126,10 +151,17 @@ def test_a_spec_names_its_trackers(tmp_path, monkeypatch, capsys):
     from pflbench.cli import main
     from pflbench.spec import SpecError, parse_spec
 
-    spec = {"name": "t", "trackers": "tensorboard",
-            "matrix": {"algorithm": ["fedavg"], "dataset": ["synthetic"], "seed": [0],
-                       "partition": [{"scheme": "pathological", "params": {"classes_per_client": 2}}]},
-            "defaults": {"clients": 3, "rounds": 2, "lr": 0.05, "dataset_options": {"num_samples": 300}}}
+    spec = {
+        "name": "t",
+        "trackers": "tensorboard",
+        "matrix": {
+            "algorithm": ["fedavg"],
+            "dataset": ["synthetic"],
+            "seed": [0],
+            "partition": [{"scheme": "pathological", "params": {"classes_per_client": 2}}],
+        },
+        "defaults": {"clients": 3, "rounds": 2, "lr": 0.05, "dataset_options": {"num_samples": 300}},
+    }
     assert parse_spec(spec).trackers == ("tensorboard",)
     with pytest.raises(SpecError, match="trackers.0.*unknown tracker 'neptune'.*tensorboard, wandb, mlflow"):
         parse_spec({**spec, "trackers": ["neptune"]})
@@ -144,7 +176,9 @@ def test_a_spec_names_its_trackers(tmp_path, monkeypatch, capsys):
         assert list((tmp_path / "r" / "tensorboard" / cell_hash(parse_spec(spec).cells[0])).glob("events.*"))
     monkeypatch.setattr("pflbench.trackers.importlib.util.find_spec", lambda name: None)
     assert main([*args, "--dry-run"]) == 0
-    assert "warning: the spec's trackers: tensorboard: the package tensorboard is not installed" in capsys.readouterr().err
+    assert (
+        "warning: the spec's trackers: tensorboard: the package tensorboard is not installed" in capsys.readouterr().err
+    )
     assert main([*args[:3], str(tmp_path / "r2"), *args[4:]]) == 2
     assert "nothing was run: the spec's trackers: tensorboard" in capsys.readouterr().err
     assert not (tmp_path / "r2").exists()
@@ -162,13 +196,13 @@ def wandb_records(path: Path) -> list:
         if left < 7:
             pos += left
             continue
-        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
         if length == 0 and kind == 0:
             pos += left
             continue
-        buffer += data[pos + 7:pos + 7 + length]
+        buffer += data[pos + 7 : pos + 7 + length]
         pos += 7 + length
-        if kind in (1, 4):   # a full record, or the last piece of one
+        if kind in (1, 4):  # a full record, or the last piece of one
             record = pb.Record()
             record.ParseFromString(buffer)
             records.append(record)
@@ -195,7 +229,7 @@ def test_wandb_offline_run_is_the_cells_and_continues_on_resume(tmp_path):
 
     cell, result, options = run_killed_then_resumed(tmp_path, ("wandb",))
     runs = sorted((options.results / "wandb").glob("offline-run-*"))
-    assert len(runs) == 2 and all(r.name.endswith(cell_hash(cell)) for r in runs)   # one run id, two attempts
+    assert len(runs) == 2 and all(r.name.endswith(cell_hash(cell)) for r in runs)  # one run id, two attempts
     history, configs = [], {}
     for run in runs:
         for record in finished_wandb_records(next(run.glob("run-*.wandb"))):
@@ -206,7 +240,7 @@ def test_wandb_offline_run_is_the_cells_and_continues_on_resume(tmp_path):
                 assert record.run.run_id == cell_hash(cell)
                 configs.update({u.key: json.loads(u.value_json) for u in record.run.config.update})
     streamed = [h["round"] for h in history if "accuracy/delivered-clients" in h]
-    assert streamed == [1, 2, 3, 3, 4]      # the resumed attempt goes on from round 3 (W&B sync keeps the last)
+    assert streamed == [1, 2, 3, 3, 4]  # the resumed attempt goes on from round 3 (W&B sync keeps the last)
     final = [h for h in history if "final/delivered-final-clients" in h]
     assert final and final[-1]["round"] == ROUNDS
     assert final[-1]["final/delivered-final-clients"] == pytest.approx(result.summary["final_accuracy"] * 100)
@@ -221,7 +255,7 @@ def test_mlflow_file_store_has_one_run_per_cell_continued_on_resume(tmp_path):
     client = MlflowClient(tracking_uri=(options.results / "mlruns").as_uri())
     experiment = client.get_experiment_by_name("pflbench")
     runs = client.search_runs([experiment.experiment_id])
-    assert len(runs) == 1 and runs[0].data.tags["pflbench.cell"] == cell_hash(cell)   # the same run, resumed
+    assert len(runs) == 1 and runs[0].data.tags["pflbench.cell"] == cell_hash(cell)  # the same run, resumed
     run = runs[0]
     assert run.info.status == "FINISHED" and run.data.tags["pflbench.status"] == "finished"
     assert run.data.params["cell_id"] == cell_hash(cell) and run.data.params["cell.rounds"] == str(ROUNDS)
@@ -243,13 +277,24 @@ def test_a_ray_worker_streams_too(tmp_path, monkeypatch):
 
     monkeypatch.setenv("PFLBENCH_DATA_MIRROR", str(tmp_path / "no-mirror"))
     monkeypatch.chdir(tmp_path)
-    spec = {"name": "t", "matrix": {"algorithm": ["fedavg"], "dataset": ["synthetic"],
-                                    "partition": [{"scheme": "pathological", "params": {"classes_per_client": 2}}],
-                                    "seed": [0]},
-            "defaults": {"clients": 3, "rounds": 2, "lr": 0.05, "dataset_options": {"num_samples": 300}}}
+    spec = {
+        "name": "t",
+        "matrix": {
+            "algorithm": ["fedavg"],
+            "dataset": ["synthetic"],
+            "partition": [{"scheme": "pathological", "params": {"classes_per_client": 2}}],
+            "seed": [0],
+        },
+        "defaults": {"clients": 3, "rounds": 2, "lr": 0.05, "dataset_options": {"num_samples": 300}},
+    }
     the_plan = parse_spec(spec)
-    options = RunOptions(results=Path("results"), data_root=tmp_path / "data", use_ray=True, workers=1,
-                         trackers=TrackerOptions(("tensorboard",)))
+    options = RunOptions(
+        results=Path("results"),
+        data_root=tmp_path / "data",
+        use_ray=True,
+        workers=1,
+        trackers=TrackerOptions(("tensorboard",)),
+    )
     ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
     try:
         report = run_plan(the_plan, options, Console(file=open("/dev/null", "w")))

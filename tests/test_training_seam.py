@@ -1,6 +1,7 @@
 """One training seam: one way to plan a round's batches (stragglers already cut), one SGD rule for
 the engine's path, custom steps and FedMN, `None` as the only "the cell's epochs" marker, and the
 routed/generated algorithms reaching the data through the Federation's public methods."""
+
 import math
 import re
 from pathlib import Path
@@ -53,7 +54,9 @@ def test_the_plan_is_cut_for_stragglers_when_given_the_rounds_context_only(tmp_p
     assert [len(p) for p in fed.local_plans(1, clients)] == full  # a round number alone: nothing is cut
     for k, plan in enumerate(cut):  # the cut plan is a prefix of the full one, as sample ids
         own = fed.sample_ids(k)
-        assert torch.equal(ids[k, : len(plan)], own[plan]) and torch.equal(plan, fed.local_plans(1, clients)[k][: len(plan)])
+        assert torch.equal(ids[k, : len(plan)], own[plan]) and torch.equal(
+            plan, fed.local_plans(1, clients)[k][: len(plan)]
+        )
     row = clients[1:3]  # a subset trained with the round (one client at a time, pFedHN's loop): its own shares
     assert [len(p) for p in fed.local_plans(rnd, row)] == [len(p) for p in cut[1:3]]
 

@@ -7,6 +7,7 @@ the wall-clock times (seconds, ETA) it contains; the cell id and accuracies must
 (the published quick Table 1 with the method added) is checked the same way where Fashion-MNIST can be
 loaded. A planted change of a shown number is caught.
 """
+
 from __future__ import annotations
 
 import os
@@ -21,8 +22,11 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 TUTORIAL = ROOT / "docs" / "tutorial.md"
-TIMES = ((re.compile(r"\(\d+(?:\.\d+)? s\)"), "(T s)"), (re.compile(r"ETA [\dhms]+"), "ETA T"),
-         (re.compile(r"in \d+(?:\.\d+)? s\)"), "in T s)"))
+TIMES = (
+    (re.compile(r"\(\d+(?:\.\d+)? s\)"), "(T s)"),
+    (re.compile(r"ETA [\dhms]+"), "ETA T"),
+    (re.compile(r"in \d+(?:\.\d+)? s\)"), "in T s)"),
+)
 
 
 def blocks(text: str) -> list[tuple[str, str]]:
@@ -54,8 +58,9 @@ def normalized(line: str) -> str:
 def missing_lines(shown: str, output: str) -> list[str]:
     """Lines the page shows that the real output does not have (times aside)."""
     real = {normalized(line) for line in output.splitlines()}
-    return [line for line in shown.splitlines()
-            if line.strip() and line.strip() != "..." and normalized(line) not in real]
+    return [
+        line for line in shown.splitlines() if line.strip() and line.strip() != "..." and normalized(line) not in real
+    ]
 
 
 def pflbench(command: str, cwd: Path, env: dict | None = None, returncode: int = 0) -> str:
@@ -63,8 +68,14 @@ def pflbench(command: str, cwd: Path, env: dict | None = None, returncode: int =
     assert words[0] == "pflbench", command
     env = dict(env or os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(ROOT), env.get("PYTHONPATH"))))  # this checkout's pflbench
-    done = subprocess.run([sys.executable, "-m", "pflbench.cli", *words[1:]], cwd=cwd, capture_output=True,
-                          text=True, timeout=900, env=env)
+    done = subprocess.run(
+        [sys.executable, "-m", "pflbench.cli", *words[1:]],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=env,
+    )
     assert done.returncode == returncode, f"{command}: {done.stderr[-3000:]}"
     return done.stdout + done.stderr
 

@@ -2,6 +2,7 @@
 in N commits; the representatives are the cheapest cell of each algorithm, model and client path; and a one-ulp
 change planted in a model's forward is caught by the fingerprint filed for this kind of machine, with the cell,
 study and commit named, although it stays within `verify`'s tolerance against a cell that ran elsewhere."""
+
 import json
 from pathlib import Path
 
@@ -42,9 +43,15 @@ def test_representatives_are_the_cheapest_finished_cpu_cell_of_each_algorithm_mo
     def cell(study, name, algorithm, seconds, status="finished", device="cpu", model="cnn"):
         return PublishedCell(study, Path(study) / name, algorithm, model, "loop", device, status, seconds)
 
-    cells = [cell("a", "1", "fedavg", 9.0), cell("b", "2", "fedavg", 3.0), cell("c", "3", "fedavg", 1.0, "diverged"),
-             cell("d", "4", "fedavg", 0.5, device="cuda"), cell("e", "5", "fedavg", 2.0, model="mlp"),
-             cell("f", "6", "pfedme", 500.0), cell("g", "7", "local", 4.0)]
+    cells = [
+        cell("a", "1", "fedavg", 9.0),
+        cell("b", "2", "fedavg", 3.0),
+        cell("c", "3", "fedavg", 1.0, "diverged"),
+        cell("d", "4", "fedavg", 0.5, device="cuda"),
+        cell("e", "5", "fedavg", 2.0, model="mlp"),
+        cell("f", "6", "pfedme", 500.0),
+        cell("g", "7", "local", 4.0),
+    ]
     chosen = {c.name for c in representatives(cells, max_seconds=120)}
     assert chosen == {"b/2", "e/5", "g/7"}  # pfedme's only cell is over the cap
 
@@ -74,7 +81,7 @@ def one_ulp_up(monkeypatch):
     forward = models.MLP.forward
 
     def planted(self, x):
-        return forward(self, x) * (1 + 2.0 ** -23)
+        return forward(self, x) * (1 + 2.0**-23)
 
     monkeypatch.setattr(models.MLP, "forward", planted)
 
@@ -123,7 +130,10 @@ def test_a_cell_that_differs_across_machines_gets_this_kinds_fingerprint_from_a_
     metrics = pd.read_parquet(cell / "metrics.parquet")
     metrics.assign(accuracy=0.0).to_parquet(cell / "metrics.parquet")
     summary = read_json_dict(cell / SUMMARY)  # its file record as the other machine's store wrote it
-    write_json(cell / SUMMARY, {**summary, "files": {**summary["files"], "metrics.parquet": file_record(cell / "metrics.parquet")}})
+    write_json(
+        cell / SUMMARY,
+        {**summary, "files": {**summary["files"], "metrics.parquet": file_record(cell / "metrics.parquet")}},
+    )
     for folder in (cell, store / cell.name):
         write_json(folder / SUMMARY, {**read_json_dict(folder / SUMMARY), "code_commit": "c0ffee", "code_dirty": False})
     watch = ["watch", "--published", str(root), "--cell", f"tiny/{cell.name}", "--record"]

@@ -1,4 +1,5 @@
 """Built-in algorithms, one module each; importing this package registers them all."""
+
 from importlib import import_module
 from pathlib import Path
 

@@ -38,6 +38,7 @@ How this implementation maps it onto the engine (and where the paper is silent):
   smallest grid value: docs/algorithms/apfl.md.)
 - Communication: exactly FedAvg's; v_i and alpha_i stay on the client.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -60,16 +61,20 @@ def _scale(alpha: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 
 
 class APFLHP(Hyperparams):
-    alpha: float = Field(0.5, ge=0.0, le=1.0)          # initial (or, with learn_alpha=False, fixed) mixing weight
-    learn_alpha: bool = True     # the paper's adaptive alpha
+    alpha: float = Field(0.5, ge=0.0, le=1.0)  # initial (or, with learn_alpha=False, fixed) mixing weight
+    learn_alpha: bool = True  # the paper's adaptive alpha
     alpha_lr: float | None = Field(None, gt=0.0)  # None: the cell's lr
 
 
-@ALGORITHMS.register("apfl", card=Card(
-    display_name="APFL",
-    family="regularized and meta-learned",
-    paper="Deng, Kamani & Mahdavi, arXiv 2020 (Adaptive Personalized Federated Learning)",
-    personalizes="a local model per client, mixed with the global one by a learned per-client weight alpha_i"))
+@ALGORITHMS.register(
+    "apfl",
+    card=Card(
+        display_name="APFL",
+        family="regularized and meta-learned",
+        paper="Deng, Kamani & Mahdavi, arXiv 2020 (Adaptive Personalized Federated Learning)",
+        personalizes="a local model per client, mixed with the global one by a learned per-client weight alpha_i",
+    ),
+)
 class APFL(FedAvg[APFLHP]):
     state = (*FedAvg.state, "local_state", "alpha")  # checkpoints: and the local models v_i, their weights
     PERSONAL_STREAM = streams.salted_batches("apfl.personal", 0xA9F1)
@@ -86,9 +91,14 @@ class APFL(FedAvg[APFLHP]):
     def mix(self, alpha: Tensor, local: State, glob: State) -> State:
         """alpha * v + (1 - alpha) * w for floating tensors; integer buffers (BatchNorm counters)
         taken from the global model."""
-        return {n: (_scale(alpha, local[n]) * local[n] + (1 - _scale(alpha, local[n])) * glob[n]
-                    if local[n].is_floating_point() else glob[n].clone())
-                for n in local}
+        return {
+            n: (
+                _scale(alpha, local[n]) * local[n] + (1 - _scale(alpha, local[n])) * glob[n]
+                if local[n].is_floating_point()
+                else glob[n].clone()
+            )
+            for n in local
+        }
 
     def local_train(self, rnd: ClientRound, state: State) -> State:
         clients = rnd.clients
@@ -98,19 +108,21 @@ class APFL(FedAvg[APFLHP]):
         alpha = self.alpha[clients]
         local = {n: t[clients] for n, t in self.local_state.items()}
         mixed = self.mix(alpha, local, anchor)
-        weight = alpha ** 2
+        weight = alpha**2
 
         def objective(logits: Tensor, labels: Tensor, model_state: State, aux: State) -> Tensor:
             return aux["alpha2"] * cross_entropy(logits, labels, model_state, aux)
 
-        trained = self.engine.train(rnd, clients, mixed, objective=objective, aux={"alpha2": weight},
-                                    stream=self.PERSONAL_STREAM).state
+        trained = self.engine.train(
+            rnd, clients, mixed, objective=objective, aux={"alpha2": weight}, stream=self.PERSONAL_STREAM
+        ).state
         params = set(self.engine.model.param_names)
         for n in local:
             if n in params:
                 a = _scale(alpha, local[n])
-                step = torch.where(a > 0, (trained[n] - mixed[n]) / torch.where(a > 0, a, torch.ones_like(a)),
-                                   torch.zeros_like(a))
+                step = torch.where(
+                    a > 0, (trained[n] - mixed[n]) / torch.where(a > 0, a, torch.ones_like(a)), torch.zeros_like(a)
+                )
                 self.local_state[n][clients] = local[n] + step
             else:  # BatchNorm statistics: those the mixture accumulated on the client's data
                 self.local_state[n][clients] = trained[n]

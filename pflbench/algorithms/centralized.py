@@ -9,19 +9,27 @@ is. So it bounds what a global model can reach on the cell's split and budget: w
 It moves raw data, not models, so no model bytes are counted: its communication is not comparable
 with the federated methods'.
 """
+
 from pflbench.algorithm import ALGORITHMS, Capabilities, Card, Payload, Round
 from pflbench.fedavg import FedAvg
 
 
-@ALGORITHMS.register("centralized", card=Card(
-    display_name="Centralized (reference)",
-    family="baselines",
-    reference=True,
-    personalizes="nothing: one model trained on the pooled data of the round's clients (a reference, not FL)"))
+@ALGORITHMS.register(
+    "centralized",
+    card=Card(
+        display_name="Centralized (reference)",
+        family="baselines",
+        reference=True,
+        personalizes="nothing: one model trained on the pooled data of the round's clients (a reference, not FL)",
+    ),
+)
 class Centralized(FedAvg):
-    capabilities = Capabilities(refused_knobs={
-        "system": "the server trains on the pooled data itself: no client does local work or uploads",
-        "privacy": "nothing is uploaded: the server trains on the pooled raw data"})
+    capabilities = Capabilities(
+        refused_knobs={
+            "system": "the server trains on the pooled data itself: no client does local work or uploads",
+            "privacy": "nothing is uploaded: the server trains on the pooled raw data",
+        }
+    )
 
     def configure(self, rnd: Round) -> Payload:
         return Payload.empty(rnd.clients)

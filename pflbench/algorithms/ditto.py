@@ -28,6 +28,7 @@ Where the paper is silent / what was chosen here:
   against this module's earlier 0.1: docs/algorithms/ditto.md). Search space log-uniform [1e-3, 10].
 - Communication: exactly FedAvg's (the global model down and up); the personal model is never sent.
 """
+
 from __future__ import annotations
 
 
@@ -45,11 +46,15 @@ class DittoHP(Hyperparams):
     personal_epochs: int | None = Field(None, ge=1)  # None: the cell's local_epochs
 
 
-@ALGORITHMS.register("ditto", card=Card(
-    display_name="Ditto",
-    family="regularized and meta-learned",
-    paper="Li, Hu, Beirami & Smith, ICML 2021",
-    personalizes="a whole personal model per client, trained with a proximal pull toward the FedAvg global model"))
+@ALGORITHMS.register(
+    "ditto",
+    card=Card(
+        display_name="Ditto",
+        family="regularized and meta-learned",
+        paper="Li, Hu, Beirami & Smith, ICML 2021",
+        personalizes="a whole personal model per client, trained with a proximal pull toward the FedAvg global model",
+    ),
+)
 class Ditto(FedAvg[DittoHP]):
     state = (*FedAvg.state, "personal_state")  # checkpoints: and every client's personal model
     # Batch-order stream of the personal model's local training (the global copy: "batches", as FedAvg).
@@ -75,8 +80,15 @@ class Ditto(FedAvg[DittoHP]):
             return cross_entropy(logits, labels, model_state, aux) + 0.5 * lam * prox
 
         personal = {n: t[clients] for n, t in self.personal_state.items()}
-        personal = self.engine.train(rnd, clients, personal, objective=objective, aux=anchor,
-                                     epochs=self.hp.personal_epochs, stream=self.PERSONAL_STREAM).state
+        personal = self.engine.train(
+            rnd,
+            clients,
+            personal,
+            objective=objective,
+            aux=anchor,
+            epochs=self.hp.personal_epochs,
+            stream=self.PERSONAL_STREAM,
+        ).state
         for n, t in personal.items():
             self.personal_state[n][clients] = t
         return global_update

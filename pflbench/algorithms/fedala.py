@@ -64,12 +64,16 @@ class FedALAHP(Hyperparams):
     max_start_passes: int = Field(100, ge=1)  # a bound on the first ALA's passes (official: none)
 
 
-@ALGORITHMS.register("fedala", card=Card(
-    display_name="FedALA",
-    family="hypernetworks and layer-wise aggregation",
-    paper="Zhang, Hua, Wang, Song, Xue, Ma & Guan, AAAI 2023",
-    personalizes="each client's model: its higher layers aggregate the global model element-wise with "
-                 "weights learned on local data (adaptive local aggregation)"))
+@ALGORITHMS.register(
+    "fedala",
+    card=Card(
+        display_name="FedALA",
+        family="hypernetworks and layer-wise aggregation",
+        paper="Zhang, Hua, Wang, Song, Xue, Ma & Guan, AAAI 2023",
+        personalizes="each client's model: its higher layers aggregate the global model element-wise with "
+        "weights learned on local data (adaptive local aggregation)",
+    ),
+)
 class FedALA(FedAvg[FedALAHP]):
     state = (*FedAvg.state, "ala_weights", "start_phase")
     state_rebuilt = ("_higher",)
@@ -77,8 +81,7 @@ class FedALA(FedAvg[FedALAHP]):
     start_phase: Tensor  # [N] bool: the client's ALA has not run yet (its first trains to convergence)
 
     quick_hp = {"max_start_passes": 12}  # small smoke cells (tests)
-    search_space = {"eta": ("loguniform", 0.01, 10.0), "rand_percent": ("int", 5, 100),
-                    "layers": ("choice", [1, 2, 3])}
+    search_space = {"eta": ("loguniform", 0.01, 10.0), "rand_percent": ("int", 5, 100), "layers": ("choice", [1, 2, 3])}
 
     def setup(self) -> None:
         super().setup()
@@ -93,15 +96,17 @@ class FedALA(FedAvg[FedALAHP]):
         local = {n: t[clients] for n, t in self.client_state.items()}
         weights = {n: t[clients] for n, t in self.ala_weights.items()}
         start = self.start_phase[clients]
-        model, weights, start = per_client(self.engine, clients, lambda c, *s: self.ala(rnd.number, c, *s),
-                                           state, local, weights, start)
+        model, weights, start = per_client(
+            self.engine, clients, lambda c, *s: self.ala(rnd.number, c, *s), state, local, weights, start
+        )
         for n, t in weights.items():
             self.ala_weights[n][clients] = t
         self.start_phase[clients] = start
         return self.engine.train(rnd, clients, model).state
 
-    def ala(self, round_number: int, clients: Tensor, received: State, local: State, weights: State,
-            start: Tensor) -> tuple[State, State, Tensor]:
+    def ala(
+        self, round_number: int, clients: Tensor, received: State, local: State, weights: State, start: Tensor
+    ) -> tuple[State, State, Tensor]:
         """Adaptive local aggregation of `clients` ([K] each): (the model each starts local training
         from, its weights W, whether it is still before its first ALA)."""
         fed, hp = self.engine, self.hp
@@ -129,13 +134,15 @@ class FedALA(FedAvg[FedALAHP]):
                         theta[n] = local[n] + delta[n] * weights[n]
                 last = torch.where(active, loss, last)
             history.append(last.clone())
-            recent = torch.stack(history[-hp.num_pre_loss:], dim=1)
+            recent = torch.stack(history[-hp.num_pre_loss :], dim=1)
             settled = (len(history) > hp.num_pre_loss) & (recent.std(dim=1, unbiased=False) < hp.threshold)
             done = done | ~start | settled
             if bool(done.all()):
                 break
-        model = {n: torch.where(_rows(skip, local[n]), local[n], theta[n] if n in theta else fixed[n])
-                 for n in fed.model.names}
+        model = {
+            n: torch.where(_rows(skip, local[n]), local[n], theta[n] if n in theta else fixed[n])
+            for n in fed.model.names
+        }
         return model, weights, start & skip
 
     def _sample(self, round_number: int, clients: Tensor) -> tuple[Tensor, Tensor]:

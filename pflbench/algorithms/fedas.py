@@ -42,6 +42,7 @@ Departures and choices, each stated:
 - A client not yet trained is served its initial model (the official code's too); newcomers (unseen
   clients) get the global body with a head fitted on their training data (`FedAvg.newcomer_models`).
 """
+
 from __future__ import annotations
 
 import torch
@@ -65,17 +66,24 @@ class FedASHP(Hyperparams):
     align_lr: float = Field(0.01, gt=0.0)  # its plain SGD's learning rate (official: 0.01, hard-coded)
 
 
-@ALGORITHMS.register("fedas", card=Card(
-    display_name="FedAS",
-    family="personal layers",
-    paper="Yang, Huang & Ye, CVPR 2024",
-    personalizes="the head and the whole local model; the received body is first aligned with the client's "
-                 "own class prototypes, and bodies are averaged by their Fisher information"))
+@ALGORITHMS.register(
+    "fedas",
+    card=Card(
+        display_name="FedAS",
+        family="personal layers",
+        paper="Yang, Huang & Ye, CVPR 2024",
+        personalizes="the head and the whole local model; the received body is first aligned with the client's "
+        "own class prototypes, and bodies are averaged by their Fisher information",
+    ),
+)
 class FedAS(FedAvg[FedASHP]):
     state_rebuilt = ("_head", "_head_names")
-    capabilities = Capabilities(refused_knobs={
-        "privacy": "its uploads carry each client's Fisher trace, the aggregation weight, which the privacy knob "
-                   "cannot privatize as a model update"})
+    capabilities = Capabilities(
+        refused_knobs={
+            "privacy": "its uploads carry each client's Fisher trace, the aggregation weight, which the privacy knob "
+            "cannot privatize as a model update"
+        }
+    )
     ALIGN_STREAM = Stream("batches.fedas-align")
     FISHER_STREAM = Stream("batches.fedas-fisher")
 
@@ -96,7 +104,7 @@ class FedAS(FedAvg[FedASHP]):
         out = torch.zeros(len(clients), fed.num_classes, self._head.dim, device=fed.device)
         with torch.no_grad():
             for k, c in enumerate(clients.tolist()):
-                row = {n: self.client_state[n][c:c + 1] for n in fed.model.names}
+                row = {n: self.client_state[n][c : c + 1] for n in fed.model.names}
                 sums = torch.zeros(fed.num_classes, self._head.dim, device=fed.device)
                 counts = torch.zeros(fed.num_classes, device=fed.device)
                 for part in fed.sample_ids(c, "train").split(1024):
@@ -113,8 +121,9 @@ class FedAS(FedAvg[FedASHP]):
         clients = rnd.clients
         body = [n for n in self.engine.model.param_names if n not in self._head_names]
 
-        def objective(logits: Tensor, features: Tensor, labels: Tensor, model: State,
-                      carry: State) -> tuple[Tensor, State]:
+        def objective(
+            logits: Tensor, features: Tensor, labels: Tensor, model: State, carry: State
+        ) -> tuple[Tensor, State]:
             target = torch.gather(carry["prototypes"], 1, labels.unsqueeze(-1).expand(-1, -1, features.shape[-1]))
             error = ((features - target) ** 2).mean(-1)  # [K, B]
             one_hot = F.one_hot(labels, carry["prototypes"].shape[1]).to(error.dtype)  # [K, B, C]
@@ -122,9 +131,18 @@ class FedAS(FedAvg[FedASHP]):
             return per_class.sum(1), carry
 
         aligned, _, _ = train_with_features(
-            self.engine, rnd, clients, state, objective, carry={"prototypes": self.prototypes(clients)},
-            trainable=body, epochs=self.hp.align_epochs, stream=self.ALIGN_STREAM, train=False,
-            sgd=SGD(self.hp.align_lr))
+            self.engine,
+            rnd,
+            clients,
+            state,
+            objective,
+            carry={"prototypes": self.prototypes(clients)},
+            trainable=body,
+            epochs=self.hp.align_epochs,
+            stream=self.ALIGN_STREAM,
+            train=False,
+            sgd=SGD(self.hp.align_lr),
+        )
         return aligned
 
     def fisher_trace(self, rnd: Round, clients: Tensor, state: State) -> Tensor:
@@ -132,8 +150,12 @@ class FedAS(FedAvg[FedASHP]):
         the model in evaluation mode."""
         fed = self.engine
         if not fed.batched and len(clients) > 1:
-            return torch.cat([self.fisher_trace(rnd, clients[k:k + 1], {n: t[k:k + 1] for n, t in state.items()})
-                              for k in range(len(clients))])
+            return torch.cat(
+                [
+                    self.fisher_trace(rnd, clients[k : k + 1], {n: t[k : k + 1] for n, t in state.items()})
+                    for k in range(len(clients))
+                ]
+            )
         params = fed.model.param_names
         plan = step_plan(fed, rnd, clients, stream=self.FISHER_STREAM, epochs=1)
         total = torch.zeros(len(clients), device=fed.device)

@@ -8,14 +8,19 @@ whole state dict); FedBN is the variant that keeps them local.
 The class is `pflbench.fedavg.FedAvg`, also the base that most built-ins extend (FedBN, FedPer, FedProx,
 Ditto, ...); it is registered here, under its name, with its card.
 """
+
 from pflbench.algorithm import ALGORITHMS, Card
 from pflbench.fedavg import FedAvg
 
-ALGORITHMS.register("fedavg", card=Card(
-    display_name="FedAvg",
-    family="baselines",
-    row_order=1,
-    paper="McMahan, Moore, Ramage, Hampson & Agüera y Arcas, AISTATS 2017",
-    personalizes="nothing: one global model for every client (the baseline)"))(FedAvg)
+ALGORITHMS.register(
+    "fedavg",
+    card=Card(
+        display_name="FedAvg",
+        family="baselines",
+        row_order=1,
+        paper="McMahan, Moore, Ramage, Hampson & Agüera y Arcas, AISTATS 2017",
+        personalizes="nothing: one global model for every client (the baseline)",
+    ),
+)(FedAvg)
 
 __all__ = ["FedAvg"]

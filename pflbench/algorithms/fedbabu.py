@@ -24,6 +24,7 @@ Chosen here:
 - A fine-tuning that diverges makes the evaluated models non-finite, so the engine records the
   cell as diverged at that round instead of failing.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Literal
@@ -40,7 +41,9 @@ if TYPE_CHECKING:
     from pflbench.engine import Engine
 
 
-FINETUNE_STREAM = streams.salted_batches("fedbabu.finetune", 0xBAB0)  # batch order of the evaluation-time fine-tuning, distinct from the rounds'
+FINETUNE_STREAM = streams.salted_batches(
+    "fedbabu.finetune", 0xBAB0
+)  # batch order of the evaluation-time fine-tuning, distinct from the rounds'
 
 
 class FedBABUHP(Hyperparams):
@@ -48,11 +51,15 @@ class FedBABUHP(Hyperparams):
     finetune: Literal["full", "head"] = "full"
 
 
-@ALGORITHMS.register("fedbabu", card=Card(
-    display_name="FedBABU",
-    family="personal layers",
-    paper="Oh, Kim & Yun, ICLR 2022",
-    personalizes="the whole model, by local fine-tuning of the federated body (trained with a fixed random head)"))
+@ALGORITHMS.register(
+    "fedbabu",
+    card=Card(
+        display_name="FedBABU",
+        family="personal layers",
+        paper="Oh, Kim & Yun, ICLR 2022",
+        personalizes="the whole model, by local fine-tuning of the federated body (trained with a fixed random head)",
+    ),
+)
 class FedBABU(FedAvg[FedBABUHP]):
     # Checkpoints: FedAvg's models, the aggregations' count and the fine-tuned models of the last evaluation
     # (kept while no aggregation followed); the head / body split is the model's.
@@ -92,14 +99,17 @@ class FedBABU(FedAvg[FedBABUHP]):
         if self.hp.finetune_epochs == 0:
             return start
         everyone = torch.arange(fed.num_clients, device=fed.device)
-        trainable = (fed.model.param_names if self.hp.finetune == "full"
-                     else [n for n in fed.model.param_names if n in self._head])
+        trainable = (
+            fed.model.param_names
+            if self.hp.finetune == "full"
+            else [n for n in fed.model.param_names if n in self._head]
+        )
         try:
-            return fed.train(0, everyone, start, trainable=trainable,
-                             epochs=self.hp.finetune_epochs, stream=FINETUNE_STREAM).state
+            return fed.train(
+                0, everyone, start, trainable=trainable, epochs=self.hp.finetune_epochs, stream=FINETUNE_STREAM
+            ).state
         except Diverged:
-            return {n: torch.full_like(t, float("nan")) if t.is_floating_point() else t
-                    for n, t in start.items()}
+            return {n: torch.full_like(t, float("nan")) if t.is_floating_point() else t for n, t in start.items()}
 
     def newcomer_models(self, serving: Serving) -> State:
         return self.finetune(serving.clients, self.fit_local_part(serving, 0))  # global body + initial head

@@ -42,6 +42,7 @@ Departures and choices, each stated:
 - Round r of the threshold is the cell's round number (1 in the first round: the authors' epoch + 1).
 - Newcomers (unseen clients) get the global model (no mask).
 """
+
 from __future__ import annotations
 
 import torch
@@ -90,18 +91,25 @@ class FedCACHP(Hyperparams):
     beta: int = Field(100, ge=1)  # rounds until only the most overlapping collaborate (authors' CIFAR-10)
 
 
-@ALGORITHMS.register("fedcac", card=Card(
-    display_name="FedCAC",
-    family="personal layers",
-    paper="Wu, Liu, Niu, Zhu & Tang, ICCV 2023",
-    personalizes="each client's critical parameters (the most sensitive share of every tensor), averaged only "
-                 "with clients whose critical positions overlap; the rest is FedAvg"))
+@ALGORITHMS.register(
+    "fedcac",
+    card=Card(
+        display_name="FedCAC",
+        family="personal layers",
+        paper="Wu, Liu, Niu, Zhu & Tang, ICCV 2023",
+        personalizes="each client's critical parameters (the most sensitive share of every tensor), averaged only "
+        "with clients whose critical positions overlap; the rest is FedAvg",
+    ),
+)
 class FedCAC(FedAvg[FedCACHP]):
     # each client's customized model (parameters) and critical masks [N, ...], and whether it has them
     state = (*FedAvg.state, "customized", "critical", "has_mask")
-    capabilities = Capabilities(refused_knobs={
-        "privacy": "its uploads carry each client's critical-parameter mask, which the privacy knob cannot clip or "
-                   "noise as a model update"})
+    capabilities = Capabilities(
+        refused_knobs={
+            "privacy": "its uploads carry each client's critical-parameter mask, which the privacy knob cannot clip or "
+            "noise as a model update"
+        }
+    )
 
     search_space = {"tau": ("uniform", 0.1, 0.9), "beta": ("int", 10, 300)}
 

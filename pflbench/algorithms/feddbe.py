@@ -41,6 +41,7 @@ Departures, each stated:
 - Newcomers (unseen clients) get the global model (no PRBM: b = 0).
 - The head is the model's last linear layer (`pflbench.feature_training`); a model without one is refused.
 """
+
 from __future__ import annotations
 
 import torch
@@ -60,18 +61,25 @@ class FedDBEHP(Hyperparams):
     momentum: float = Field(1.0, gt=0.0, le=1.0)  # the running mean's mu (official run_me.sh: -mo 1)
 
 
-@ALGORITHMS.register("feddbe", card=Card(
-    display_name="FedDBE",
-    family="personal layers",
-    paper="Zhang, Hua, Cao, Wang, Song, Xue, Ma & Guan, NeurIPS 2023",
-    personalizes="a representation bias vector (PRBM) added before the head; the body is pulled toward a "
-                 "global mean representation"))
+@ALGORITHMS.register(
+    "feddbe",
+    card=Card(
+        display_name="FedDBE",
+        family="personal layers",
+        paper="Zhang, Hua, Cao, Wang, Song, Xue, Ma & Guan, NeurIPS 2023",
+        personalizes="a representation bias vector (PRBM) added before the head; the body is pulled toward a "
+        "global mean representation",
+    ),
+)
 class FedDBE(FedAvg[FedDBEHP]):
     state = (*FedAvg.state, "prbm", "global_mean")  # each client's b_i [N, D]; g [D]
     state_rebuilt = ("_head",)
-    capabilities = Capabilities(refused_knobs={
-        "privacy": "its initialization period uploads each client's mean representation before the first round, "
-                   "outside the rounds' uploads the privacy knob privatizes"})
+    capabilities = Capabilities(
+        refused_knobs={
+            "privacy": "its initialization period uploads each client's mean representation before the first round, "
+            "outside the rounds' uploads the privacy knob privatizes"
+        }
+    )
     INIT_STREAM = Stream("batches.feddbe-init")  # the initialization period's batch order
 
     search_space = {"kappa": ("loguniform", 0.1, 100.0), "momentum": ("uniform", 0.05, 1.0)}
@@ -80,8 +88,9 @@ class FedDBE(FedAvg[FedDBEHP]):
         super().setup()
         self._head: Head = head_of(self.engine.model)
         if self._head.bias is None:
-            raise ValueError("FedDBE folds each client's bias vector into the head's bias: the model's last layer "
-                             "needs a bias")
+            raise ValueError(
+                "FedDBE folds each client's bias vector into the head's bias: the model's last layer needs a bias"
+            )
         self.prbm = torch.zeros(self.engine.num_clients, self._head.dim, device=self.engine.device)
         self.global_mean = self.initialization_period()
 
@@ -96,8 +105,9 @@ class FedDBE(FedAvg[FedDBEHP]):
         fed = self.engine
         everyone = torch.arange(fed.num_clients, device=fed.device)
 
-        def objective(logits: Tensor, features: Tensor, labels: Tensor, state: State,
-                      carry: State) -> tuple[Tensor, State]:
+        def objective(
+            logits: Tensor, features: Tensor, labels: Tensor, state: State, carry: State
+        ) -> tuple[Tensor, State]:
             ce = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="none").view(labels.shape)
             return ce.mean(1), {"mean": self.running_mean(carry, features)}
 
@@ -111,8 +121,9 @@ class FedDBE(FedAvg[FedDBEHP]):
         """The downloaded model and the client's b_i, trained on CE(head(z + b_i)) + kappa * MR."""
         clients, head, kappa = rnd.clients, self._head, self.hp.kappa
 
-        def objective(logits: Tensor, features: Tensor, labels: Tensor, model: State,
-                      carry: State) -> tuple[Tensor, State]:
+        def objective(
+            logits: Tensor, features: Tensor, labels: Tensor, model: State, carry: State
+        ) -> tuple[Tensor, State]:
             mean = self.running_mean(carry, features)
             regularizer = (0.5 * (mean - self.global_mean) ** 2).mean(1)
             personal = head.logits(model, features + model["prbm"].unsqueeze(1))

@@ -58,6 +58,7 @@ Where the paper is silent / what was chosen here:
 - Artifacts: the affinity matrix P [N, N] and this round's normalized weights [N, N] (row i: the
   weights client i gave, zero where not downloaded or not sampled), for heatmaps.
 """
+
 from __future__ import annotations
 
 from typing import Literal
@@ -90,37 +91,47 @@ def normalize_weights(raw: torch.Tensor) -> torch.Tensor:
     all zeros (the client keeps its own model)."""
     positive = raw.clamp(min=0)
     total = positive.sum(1, keepdim=True)
-    return torch.where(total > 0, positive / torch.where(total > 0, total, torch.ones_like(total)),
-                       torch.zeros_like(positive))
+    return torch.where(
+        total > 0, positive / torch.where(total > 0, total, torch.ones_like(total)), torch.zeros_like(positive)
+    )
 
 
 class FedFomoHP(Hyperparams):
-    models: int = Field(8, ge=1)                       # M, models downloaded per client
-    epsilon: float = Field(0.3, ge=0.0, le=1.0)        # initial exploration probability
-    epsilon_decay: float = Field(0.05, ge=0.0)         # subtracted every round
-    norm: Literal["l1", "l2"] = "l1"          # official --model_delta_norm
+    models: int = Field(8, ge=1)  # M, models downloaded per client
+    epsilon: float = Field(0.3, ge=0.0, le=1.0)  # initial exploration probability
+    epsilon_decay: float = Field(0.05, ge=0.0)  # subtracted every round
+    norm: Literal["l1", "l2"] = "l1"  # official --model_delta_norm
 
 
-@ALGORITHMS.register("fedfomo", card=Card(
-    display_name="FedFomo",
-    family="hypernetworks and layer-wise aggregation",
-    row_order=7,
-    paper="Zhang, Sapra, Fidler, Yeung & Alvarez, ICLR 2021",
-    personalizes="the whole model: each client combines other clients' models by first-order weights on its own validation data",
-    reduces_to={"local": (
-        "FedFomo weights other clients' models by how much they lower a client's validation loss;"
-        " here none did, so every client kept its own model: Local")}))
+@ALGORITHMS.register(
+    "fedfomo",
+    card=Card(
+        display_name="FedFomo",
+        family="hypernetworks and layer-wise aggregation",
+        row_order=7,
+        paper="Zhang, Sapra, Fidler, Yeung & Alvarez, ICLR 2021",
+        personalizes="the whole model: each client combines other clients' models by first-order weights on its own validation data",
+        reduces_to={
+            "local": (
+                "FedFomo weights other clients' models by how much they lower a client's validation loss;"
+                " here none did, so every client kept its own model: Local"
+            )
+        },
+    ),
+)
 class FedFomo(FedAvg[FedFomoHP]):
     # Checkpoints: FedAvg's models, the server's copies of the uploads, which clients uploaded, the affinities
     # and the last weights; the split the weights are computed on is the cell's.
     state = (*FedAvg.state, "server_models", "uploaded", "affinity", "last_weights")
     state_rebuilt = ("eval_split",)
-    capabilities = Capabilities(refused_knobs={
-        "privacy": "its upload is the whole model plus first-order weights computed on the client's "
-                   "validation data, with no single downloaded model to form an update against"})
+    capabilities = Capabilities(
+        refused_knobs={
+            "privacy": "its upload is the whole model plus first-order weights computed on the client's "
+            "validation data, with no single downloaded model to form an update against"
+        }
+    )
 
-    search_space = {"models": ("int", 1, 10), "epsilon": ("uniform", 0.0, 0.5),
-                    "epsilon_decay": ("uniform", 0.0, 0.1)}
+    search_space = {"models": ("int", 1, 10), "epsilon": ("uniform", 0.0, 0.5), "epsilon_decay": ("uniform", 0.0, 0.1)}
 
     def setup(self) -> None:
         super().setup()
@@ -162,9 +173,15 @@ class FedFomo(FedAvg[FedFomoHP]):
         """Each client's M chosen models (`choose`); the download's header names whose they are."""
         chosen = self.choose(rnd.number, rnd.clients.cpu())
         device_ids = chosen.to(self.engine.device)
-        return Payload.from_state({f"model{m}.{n}": t[device_ids[:, m]]
-                                   for m in range(chosen.shape[1]) for n, t in self.server_models.items()},
-                                  rnd.clients, header={MODELS: chosen})
+        return Payload.from_state(
+            {
+                f"model{m}.{n}": t[device_ids[:, m]]
+                for m in range(chosen.shape[1])
+                for n, t in self.server_models.items()
+            },
+            rnd.clients,
+            header={MODELS: chosen},
+        )
 
     def receive(self, rnd: ClientRound, download: Payload) -> State:
         """The client's own model moved toward the downloaded ones by their first-order weights on its
@@ -178,8 +195,7 @@ class FedFomo(FedAvg[FedFomoHP]):
         names = self.engine.model.names
         k = len(clients)
         # candidates stacked [K * M, ...]: row k * M + m is client k's m-th download
-        stacked = {n: torch.stack([sent[f"model{m}.{n}"] for m in range(count)], 1).flatten(0, 1)
-                   for n in names}
+        stacked = {n: torch.stack([sent[f"model{m}.{n}"] for m in range(count)], 1).flatten(0, 1) for n in names}
         _, own_loss = self.engine.evaluate(own, self.eval_split, clients)
         _, cand_loss = self.engine.evaluate(stacked, self.eval_split, clients.repeat_interleave(count))
         cand_loss = cand_loss.view(k, count)
@@ -196,7 +212,7 @@ class FedFomo(FedAvg[FedFomoHP]):
         total = torch.zeros(k, count, dtype=torch.float64, device=self.engine.device)
         for n in self.engine.model.param_names:
             diff = (stacked[n].view(k, count, -1) - own[n].view(k, 1, -1)).double()
-            total += diff.abs().sum(-1) if self.hp.norm == "l1" else (diff ** 2).sum(-1)
+            total += diff.abs().sum(-1) if self.hp.norm == "l1" else (diff**2).sum(-1)
         return total if self.hp.norm == "l1" else total.sqrt()
 
     def combine(self, own: State, stacked: State, weights: torch.Tensor) -> State:
@@ -227,7 +243,7 @@ class FedFomo(FedAvg[FedFomoHP]):
         _, loss = newcomers.evaluate(every, split, everyone.repeat_interleave(len(pool)))
         loss = loss.view(count, len(pool))
         best = min(self.hp.models, len(pool))
-        picked = torch.argsort(loss, dim=1, stable=True)[:, :best]                   # [K, M] positions in pool
+        picked = torch.argsort(loss, dim=1, stable=True)[:, :best]  # [K, M] positions in pool
         rows = (everyone.unsqueeze(1) * len(pool) + picked).flatten()
         stacked = {n: t[rows] for n, t in every.items()}
         distance = self.distance(own, stacked, count, best).to(own_loss.dtype)
@@ -238,8 +254,10 @@ class FedFomo(FedAvg[FedFomoHP]):
         names = self.engine.model.names
         for n in names:
             self.client_state[n][rnd.clients] = state[n]
-        return Payload.from_state({**{n: state[n] for n in names},
-                                   WEIGHTS: state[WEIGHTS].to(torch.float32).to(self.engine.device)}, rnd.clients)
+        return Payload.from_state(
+            {**{n: state[n] for n in names}, WEIGHTS: state[WEIGHTS].to(torch.float32).to(self.engine.device)},
+            rnd.clients,
+        )
 
     def aggregate(self, rnd: ClientRound, upload: Payload) -> None:
         """Keep each arrived client's model; add its raw weights to its affinity for the models it was
@@ -261,5 +279,7 @@ class FedFomo(FedAvg[FedFomoHP]):
         return self.client_state
 
     def artifacts(self) -> dict[str, np.ndarray]:
-        return {"affinity": self.affinity.numpy().astype(np.float32),
-                "weights": self.last_weights.numpy().astype(np.float32)}
+        return {
+            "affinity": self.affinity.numpy().astype(np.float32),
+            "weights": self.last_weights.numpy().astype(np.float32),
+        }

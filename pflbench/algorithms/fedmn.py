@@ -65,6 +65,7 @@ from the newcomer's own training data; nothing is trained for it.
 
 Local training is a loop over clients (`batched = False`): every client runs its own routed graph.
 """
+
 from __future__ import annotations
 
 import math
@@ -78,8 +79,20 @@ from pydantic import Field
 from torch import Tensor, nn
 
 from pflbench import streams
-from pflbench.algorithm import (ALGORITHMS, Algorithm, Capabilities, Card, ClientRound, Hyperparams, Models, Payload,
-                                Round, Scored, Scores, Serving)
+from pflbench.algorithm import (
+    ALGORITHMS,
+    Algorithm,
+    Capabilities,
+    Card,
+    ClientRound,
+    Hyperparams,
+    Models,
+    Payload,
+    Round,
+    Scored,
+    Scores,
+    Serving,
+)
 from pflbench.steps import step_ids
 from pflbench.training import SGD, Diverged, State
 
@@ -93,9 +106,7 @@ RouterStates = list[dict[str, State]]
 INIT_STREAM = streams.Stream("fedmn.init", lambda s, r, c: s, "torch")  # the module pool's and router's initialization
 NOISE_STREAM = streams.salted_batches("fedmn.noise", 0xF3D)  # the routing noise, per round and client
 # dropout in the local training (torch's global generator), per round and client
-DROPOUT_STREAM = streams.Stream(
-    "fedmn.dropout", lambda s, r, c: streams.batch_seed(0xF3D, s, r, c) % (2**63), "torch"
-)
+DROPOUT_STREAM = streams.Stream("fedmn.dropout", lambda s, r, c: streams.batch_seed(0xF3D, s, r, c) % (2**63), "torch")
 # dropout in the evaluation-time adaptation, per round and client
 ADAPT_DROPOUT_STREAM = streams.Stream(
     "fedmn.adapt-dropout",
@@ -114,18 +125,30 @@ def _sgd_step(sgd: SGD, params: list[Tensor], momenta: list[Tensor] | None) -> N
     routed off, a detached router) keep their values and momentum, as torch.optim.SGD leaves
     parameters without a gradient."""
     live = [(i, p.grad) for i, p in enumerate(params) if p.grad is not None]
-    sgd.apply([params[i] for i, _ in live], [grad for _, grad in live],
-              None if momenta is None else [momenta[i] for i, _ in live])
+    sgd.apply(
+        [params[i] for i, _ in live],
+        [grad for _, grad in live],
+        None if momenta is None else [momenta[i] for i, _ in live],
+    )
 
 
-def _encoder(input_shape: tuple[int, ...], hidden: int, out: int, channels: tuple[int, int] = (32, 64)) -> nn.Sequential:
+def _encoder(
+    input_shape: tuple[int, ...], hidden: int, out: int, channels: tuple[int, int] = (32, 64)
+) -> nn.Sequential:
     """LeNet-style conv encoder for images (C, H, W), else an MLP; ends in ReLU(Linear(hidden, out))
     when `hidden`, else Linear(., out)."""
     if len(input_shape) == 3:
         c, h, w = input_shape
         side_h, side_w = ((h - 4) // 2 - 4) // 2, ((w - 4) // 2 - 4) // 2
-        body: list[nn.Module] = [nn.Conv2d(c, channels[0], 5), nn.ReLU(), nn.MaxPool2d(2),
-                nn.Conv2d(channels[0], channels[1], 5), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten()]
+        body: list[nn.Module] = [
+            nn.Conv2d(c, channels[0], 5),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(channels[0], channels[1], 5),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Flatten(),
+        ]
         flat = channels[1] * side_h * side_w
     else:
         body, flat = [nn.Flatten()], math.prod(input_shape)
@@ -137,18 +160,29 @@ def _encoder(input_shape: tuple[int, ...], hidden: int, out: int, channels: tupl
 class ModularNet(nn.Module):
     """The module pool: `layers[l][j]` is module j of layer l."""
 
-    def __init__(self, input_shape: tuple[int, ...], num_classes: int, modules_per_layer: list[int], dims: list[int],
-                 encoder_hidden: int, dropout: float):
+    def __init__(
+        self,
+        input_shape: tuple[int, ...],
+        num_classes: int,
+        modules_per_layer: list[int],
+        dims: list[int],
+        encoder_hidden: int,
+        dropout: float,
+    ):
         super().__init__()
         if len(dims) != len(modules_per_layer) - 1:
             raise ValueError(f"dims needs one width per layer but the last: {len(modules_per_layer) - 1}, got {dims}")
         layers = [nn.ModuleList(_encoder(input_shape, encoder_hidden, dims[0]) for _ in range(modules_per_layer[0]))]
         for l in range(1, len(modules_per_layer)):
             last = l == len(modules_per_layer) - 1
-            layers.append(nn.ModuleList(
-                nn.Linear(dims[l - 1], num_classes) if last
-                else nn.Sequential(nn.Linear(dims[l - 1], dims[l]), nn.ReLU(), nn.Dropout(dropout))
-                for _ in range(modules_per_layer[l])))
+            layers.append(
+                nn.ModuleList(
+                    nn.Linear(dims[l - 1], num_classes)
+                    if last
+                    else nn.Sequential(nn.Linear(dims[l - 1], dims[l]), nn.ReLU(), nn.Dropout(dropout))
+                    for _ in range(modules_per_layer[l])
+                )
+            )
         self.layers = nn.ModuleList(layers)
         self.sizes = list(modules_per_layer)
         # A gate above this is on: hard gates are 0/1 up to the straight-through rounding; the
@@ -179,7 +213,7 @@ class ModularNet(nn.Module):
         g0, pos = gates[: m[0]], m[0]
         matrices = []
         for l in range(1, len(m)):
-            matrices.append(gates[pos: pos + m[l] * m[l - 1]].view(m[l], m[l - 1]))
+            matrices.append(gates[pos : pos + m[l] * m[l - 1]].view(m[l], m[l - 1]))
             pos += m[l] * m[l - 1]
         return g0, matrices, gates[pos:]
 
@@ -223,52 +257,72 @@ class Router(nn.Module):
 class FedMNHP(Hyperparams):
     modules_per_layer: list[int] = Field(default_factory=lambda: [2, 2, 2], min_length=2)
     dims: list[int] = Field(default_factory=lambda: [512, 256])
-    encoder_hidden: int = Field(2048, ge=0)     # LeNet encoder's hidden fc (0: none)
+    encoder_hidden: int = Field(2048, ge=0)  # LeNet encoder's hidden fc (0: none)
     dropout: float = Field(0.5, ge=0.0, lt=1.0)
     router_x_dim: int = Field(128, ge=1)
     router_y_dim: int = Field(64, ge=1)
-    router_samples: int = Field(0, ge=0)        # 0: the whole local training set at every step [C]
+    router_samples: int = Field(0, ge=0)  # 0: the whole local training set at every step [C]
     tau_init: float = Field(1.0, gt=0)
     tau_min: float = Field(0.5, gt=0)
     tau_rate: float = Field(3e-5, ge=0)
-    sparsity: float = Field(0.0, ge=0)          # lambda of the optional mean-gate penalty [INF]
-    gate_bias_init: float = 2.0                 # initial gate logit: gates start on [INF, see doc]
-    he_init: bool = True                        # He init of the modules' ReLU layers [INF, see doc]
-    send_routed_only: bool = True               # the communication-efficient interaction
-    code_compat: bool = False                   # the official code's behaviour (see module doc)
+    sparsity: float = Field(0.0, ge=0)  # lambda of the optional mean-gate penalty [INF]
+    gate_bias_init: float = 2.0  # initial gate logit: gates start on [INF, see doc]
+    he_init: bool = True  # He init of the modules' ReLU layers [INF, see doc]
+    send_routed_only: bool = True  # the communication-efficient interaction
+    code_compat: bool = False  # the official code's behaviour (see module doc)
 
 
-@ALGORITHMS.register("fedmn", card=Card(
-    display_name="FedMN",
-    family="hypernetworks and layer-wise aggregation",
-    paper="T. Wang, Cheng, Luo, Yu, Ni, Tong, Chen & X. Zhang, ICDM 2022",
-    personalizes="the architecture: a routing hypernetwork picks each client's modules from a shared pool"))
+@ALGORITHMS.register(
+    "fedmn",
+    card=Card(
+        display_name="FedMN",
+        family="hypernetworks and layer-wise aggregation",
+        paper="T. Wang, Cheng, Luo, Yu, Ni, Tong, Chen & X. Zhang, ICDM 2022",
+        personalizes="the architecture: a routing hypernetwork picks each client's modules from a shared pool",
+    ),
+)
 class FedMN(Algorithm[FedMNHP]):
     """A module pool shared by all clients; each client's routing hypernetwork output picks its modules."""
 
-    capabilities = Capabilities(batched=False, refused_knobs={
-        "privacy": "its upload is the router and the modules its routing picks after local training, "
-                   "which may differ from the modules it downloaded: no update to clip"})
+    capabilities = Capabilities(
+        batched=False,
+        refused_knobs={
+            "privacy": "its upload is the router and the modules its routing picks after local training, "
+            "which may differ from the modules it downloaded: no update to clip"
+        },
+    )
     # Checkpoints: the server's pool and router, each client's copies, routing and step count; the module
     # pool and the routing net that local training loads each client into; which tensors make each module.
     state = ("server_pool", "server_router", "client_pool", "routing", "steps_done")
     state_objects = ("net", "router")
     state_rebuilt = ("module_names",)
 
-    quick_hp = {"dims": [16, 8], "encoder_hidden": 16, "router_x_dim": 8, "router_y_dim": 4, "router_samples": 16}  # small smoke cells (tests)
+    quick_hp = {
+        "dims": [16, 8],
+        "encoder_hidden": 16,
+        "router_x_dim": 8,
+        "router_y_dim": 4,
+        "router_samples": 16,
+    }  # small smoke cells (tests)
 
-    search_space = {"tau_min": ("uniform", 0.1, 1.0), "tau_rate": ("loguniform", 1e-5, 1e-2),
-                    "sparsity": ("loguniform", 1e-4, 1e-1), "gate_bias_init": ("uniform", 0.0, 4.0)}
+    search_space = {
+        "tau_min": ("uniform", 0.1, 1.0),
+        "tau_rate": ("loguniform", 1e-5, 1e-2),
+        "sparsity": ("loguniform", 1e-4, 1e-1),
+        "gate_bias_init": ("uniform", 0.0, 4.0),
+    }
 
     # ---- state -----------------------------------------------------------------------------------
     def setup(self) -> None:
         fed, hp = self.engine, self.hp
         shape = fed.input_shape
         with fed.torch_global(INIT_STREAM):
-            self.net = ModularNet(shape, fed.num_classes, hp.modules_per_layer, hp.dims, hp.encoder_hidden,
-                                  hp.dropout).to(fed.device)
-            self.router = Router(shape, fed.num_classes, self.net.gate_count(), hp.router_x_dim,
-                                 hp.router_y_dim).to(fed.device)
+            self.net = ModularNet(
+                shape, fed.num_classes, hp.modules_per_layer, hp.dims, hp.encoder_hidden, hp.dropout
+            ).to(fed.device)
+            self.router = Router(shape, fed.num_classes, self.net.gate_count(), hp.router_x_dim, hp.router_y_dim).to(
+                fed.device
+            )
             if not hp.code_compat:
                 if hp.he_init:
                     self.net.he_init()
@@ -305,7 +359,7 @@ class FedMN(Algorithm[FedMNHP]):
             soft = torch.softmax(torch.stack([-scores, scores]) + noise.to(scores.device), dim=0)[1]
             gates = torch.softmax(soft, dim=0)
             g0, _, _ = self.net.split(gates)
-            return torch.cat([torch.ones_like(g0), gates[len(g0):]])
+            return torch.cat([torch.ones_like(g0), gates[len(g0) :]])
         if train:
             u = torch.rand(len(scores), generator=generator).clamp(1e-6, 1 - 1e-6).to(scores.device)
             noisy = scores + torch.log(u) - torch.log1p(-u)
@@ -334,8 +388,7 @@ class FedMN(Algorithm[FedMNHP]):
             g_out[s_out.masked_fill(~active, float("-inf")).argmax()] = 1
         return hard
 
-    def _client_data(self, fed: Engine, client: int,
-                     generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
+    def _client_data(self, fed: Engine, client: int, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
         """Client `client`'s (a position of `fed`) router inputs: its train samples, or a draw of them."""
         idx = fed.sample_ids(client)
         if self.hp.router_samples and len(idx) > self.hp.router_samples:
@@ -351,9 +404,16 @@ class FedMN(Algorithm[FedMNHP]):
 
     # ---- the round -------------------------------------------------------------------------------
     def configure(self, rnd: Round) -> Payload:
-        return Payload.from_rows([{**{f"router.{n}": t for n, t in self.server_router.items()},
-                                   **self._module_tensors(self.server_pool, self.routed_modules(self.routing[c]))}
-                                  for c in rnd.clients.tolist()], rnd.clients)
+        return Payload.from_rows(
+            [
+                {
+                    **{f"router.{n}": t for n, t in self.server_router.items()},
+                    **self._module_tensors(self.server_pool, self.routed_modules(self.routing[c])),
+                }
+                for c in rnd.clients.tolist()
+            ],
+            rnd.clients,
+        )
 
     def receive(self, rnd: ClientRound, download: Payload) -> RouterStates:
         states: RouterStates = []
@@ -361,8 +421,13 @@ class FedMN(Algorithm[FedMNHP]):
             for name, t in received.items():
                 if name.startswith("pool."):
                     self.client_pool[c][name.removeprefix("pool.")] = t.clone()
-            states.append({"router": {n.removeprefix("router."): t.clone() for n, t in received.items()
-                                      if n.startswith("router.")}})
+            states.append(
+                {
+                    "router": {
+                        n.removeprefix("router."): t.clone() for n, t in received.items() if n.startswith("router.")
+                    }
+                }
+            )
         return states
 
     def local_train(self, rnd: ClientRound, states: RouterStates) -> RouterStates:
@@ -376,8 +441,10 @@ class FedMN(Algorithm[FedMNHP]):
             self.router.load_state_dict(states[k]["router"])
             params: list[Tensor] = [*self.net.parameters(), *self.router.parameters()]
             momenta = sgd.momenta(params)
-            module_params = {m: [p for n, p in self.net.named_parameters() if n in set(names)]
-                             for m, names in self.module_names.items()}
+            module_params = {
+                m: [p for n, p in self.net.named_parameters() if n in set(names)]
+                for m, names in self.module_names.items()
+            }
             self.net.train()
             gates = None
             with torch.random.fork_rng(devices=[]):
@@ -416,15 +483,23 @@ class FedMN(Algorithm[FedMNHP]):
         return states
 
     def send(self, rnd: ClientRound, states: RouterStates) -> Payload:
-        return Payload.from_rows([{**{f"router.{n}": t for n, t in state["router"].items()},
-                                   **self._module_tensors(self.client_pool[c], self.routed_modules(self.routing[c]))}
-                                  for c, state in zip(rnd.clients.tolist(), states)], rnd.clients)
+        return Payload.from_rows(
+            [
+                {
+                    **{f"router.{n}": t for n, t in state["router"].items()},
+                    **self._module_tensors(self.client_pool[c], self.routed_modules(self.routing[c])),
+                }
+                for c, state in zip(rnd.clients.tolist(), states)
+            ],
+            rnd.clients,
+        )
 
     def aggregate(self, rnd: ClientRound, upload: Payload) -> None:
         rows = upload.rows
         for name in self.server_router:  # the routing net: unweighted mean over the round's clients
-            self.server_router[name] = torch.stack([u[f"router.{name}"] for u in rows]).float().mean(0).to(
-                self.server_router[name].dtype)
+            self.server_router[name] = (
+                torch.stack([u[f"router.{name}"] for u in rows]).float().mean(0).to(self.server_router[name].dtype)
+            )
         for name in self.server_pool:  # each module: mean over the clients that sent it, else kept
             sent = [u[f"pool.{name}"] for u in rows if f"pool.{name}" in u]
             if sent:
@@ -436,8 +511,10 @@ class FedMN(Algorithm[FedMNHP]):
         it is scored with the routing the server's routing net fixes from its data now, made for this
         evaluation only and never kept in `self.routing`, which `configure` reads to decide what to
         send (evaluation must not write what training reads)."""
-        routing = [fixed if fixed is not None else self._fixed_routing(self.engine, c, self.server_router)
-                   for c, fixed in enumerate(self.routing)]
+        routing = [
+            fixed if fixed is not None else self._fixed_routing(self.engine, c, self.server_router)
+            for c, fixed in enumerate(self.routing)
+        ]
         return {"pool": self.server_pool, "routing": torch.stack(routing)}
 
     def evaluate(self, serving: Serving, models: Models, splits: tuple[str, ...]) -> Scores:
@@ -479,8 +556,10 @@ class FedMN(Algorithm[FedMNHP]):
         everyone = torch.arange(fed.num_clients, device=fed.device)
         batches, counts = step_ids(fed, rnd + 1, everyone, epochs=serving.adapt_epochs)
         splits = [name for name in ("test", "val") if name in fed.split_names]
-        scores = {name: (torch.zeros(fed.num_clients, device=fed.device),
-                         torch.zeros(fed.num_clients, device=fed.device)) for name in splits}
+        scores = {
+            name: (torch.zeros(fed.num_clients, device=fed.device), torch.zeros(fed.num_clients, device=fed.device))
+            for name in splits
+        }
         with torch.random.fork_rng(devices=[]):  # dropout draws must not move the training's stream
             for c in range(fed.num_clients):
                 fed.seed_torch_global(ADAPT_DROPOUT_STREAM, rnd, c)
@@ -503,8 +582,9 @@ class FedMN(Algorithm[FedMNHP]):
         return Scored(scores)
 
     def newcomer_models(self, serving: Serving) -> Models:
-        routing = [self._fixed_routing(serving.clients, c, self.server_router)
-                   for c in range(serving.clients.num_clients)]
+        routing = [
+            self._fixed_routing(serving.clients, c, self.server_router) for c in range(serving.clients.num_clients)
+        ]
         return {"pool": self.server_pool, "routing": torch.stack(routing)}
 
     def artifacts(self) -> dict[str, np.ndarray]:

@@ -98,21 +98,28 @@ def head_loss(outputs: Tensor, labels: Tensor, state: State, aux: State) -> Tens
     return F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="none").view(labels.shape).mean(1)
 
 
-@ALGORITHMS.register("fedpac", card=Card(
-    display_name="FedPAC",
-    family="personal layers",
-    paper="Xu, Tong & Huang, ICLR 2023",
-    personalizes="the classifier, a per-client combination of the clients' classifiers chosen by a quadratic "
-                 "program; the shared features are aligned to global class prototypes"))
+@ALGORITHMS.register(
+    "fedpac",
+    card=Card(
+        display_name="FedPAC",
+        family="personal layers",
+        paper="Xu, Tong & Huang, ICLR 2023",
+        personalizes="the classifier, a per-client combination of the clients' classifiers chosen by a quadratic "
+        "program; the shared features are aligned to global class prototypes",
+    ),
+)
 class FedPAC(FedAvg[FedPACHP]):
     state = (*FedAvg.state, "global_protos", "has_proto")
     state_rebuilt = ("_split", "_net", "_features")
     global_protos: Tensor  # [C, d]: the clients' class prototypes, averaged by class counts
     has_proto: Tensor  # [C] bool: a client has reported the class
 
-    capabilities = Capabilities(refused_knobs={
-        "privacy": "FedPAC uploads feature statistics and class prototypes beside the model, which the "
-                   "privacy knob's update clipping does not cover"})
+    capabilities = Capabilities(
+        refused_knobs={
+            "privacy": "FedPAC uploads feature statistics and class prototypes beside the model, which the "
+            "privacy knob's update clipping does not cover"
+        }
+    )
     search_space = {"lam": ("loguniform", 0.01, 10.0), "head_epochs": ("int", 0, 3)}
 
     def setup(self) -> None:
@@ -131,8 +138,10 @@ class FedPAC(FedAvg[FedPACHP]):
         """The global body and the global prototypes (with which classes have one)."""
         body = super().configure(rnd)
         count = len(rnd.clients)
-        protos = {"fedpac.global_protos": self.global_protos.expand(count, *self.global_protos.shape),
-                  "fedpac.has_proto": self.has_proto.expand(count, *self.has_proto.shape)}
+        protos = {
+            "fedpac.global_protos": self.global_protos.expand(count, *self.global_protos.shape),
+            "fedpac.has_proto": self.has_proto.expand(count, *self.has_proto.shape),
+        }
         return Payload.from_state({**body.state, **protos}, rnd.clients)
 
     def local_train(self, rnd: ClientRound, state: State) -> State:
@@ -141,16 +150,31 @@ class FedPAC(FedAvg[FedPACHP]):
         model = split.to_composite(state)
         classes = torch.zeros(len(clients), fed.num_classes, device=fed.device)
         if self.hp.head_epochs:
-            model = fed.train(rnd, clients, model, objective=head_loss, model=self._net, aux={"classes": classes},
-                              trainable=[split.composite_name(n) for n in split.head_names if n in fed.model.param_names],
-                              epochs=self.hp.head_epochs, stream=HEAD_STREAM).state
+            model = fed.train(
+                rnd,
+                clients,
+                model,
+                objective=head_loss,
+                model=self._net,
+                aux={"classes": classes},
+                trainable=[split.composite_name(n) for n in split.head_names if n in fed.model.param_names],
+                epochs=self.hp.head_epochs,
+                stream=HEAD_STREAM,
+            ).state
         sent = rnd.download.state
         has = sent["fedpac.has_proto"]  # [K, C]
         targets = torch.where(has.unsqueeze(-1), sent["fedpac.global_protos"], protos_before)
         lam = torch.full((len(clients),), self.hp.lam, device=fed.device) * has.any(dim=1)
         body = [split.composite_name(n) for n in split.body_names if n in fed.model.param_names]
-        model = fed.train(rnd, clients, model, objective=aligned_loss, model=self._net, trainable=body,
-                          aux={"targets": targets, "lam": lam}).state
+        model = fed.train(
+            rnd,
+            clients,
+            model,
+            objective=aligned_loss,
+            model=self._net,
+            trainable=body,
+            aux={"targets": targets, "lam": lam},
+        ).state
         trained = split.from_composite(model)
         _, _, protos_after, _ = self.statistics(clients, trained)
         return {**trained, "fedpac.v": v, "fedpac.h": h, "fedpac.protos": protos_after, "fedpac.counts": counts}
@@ -168,8 +192,9 @@ class FedPAC(FedAvg[FedPACHP]):
         with torch.no_grad():
             for k, c in enumerate(clients.tolist()):
                 inputs, labels = fed.data(fed.sample_ids(c))
-                z = self._features.forward({n: t[k : k + 1] for n, t in body.items()}, inputs.unsqueeze(0),
-                                           train=False)[0]
+                z = self._features.forward(
+                    {n: t[k : k + 1] for n, t in body.items()}, inputs.unsqueeze(0), train=False
+                )[0]
                 v[k], h[k], protos[k], counts[k] = feature_statistics(z, labels, fed.num_classes)
         return v, h, protos, counts
 
@@ -179,19 +204,22 @@ class FedPAC(FedAvg[FedPACHP]):
         names = self.engine.model.names
         for n in names:
             self.client_state[n][rnd.clients] = state[n]
-        return Payload.from_state({n: state[n] for n in [*self.shared_names(), *self._split.head_names, *STATS]},
-                                  rnd.clients)
+        return Payload.from_state(
+            {n: state[n] for n in [*self.shared_names(), *self._split.head_names, *STATS]}, rnd.clients
+        )
 
     def aggregate(self, rnd: ClientRound, upload: Payload) -> None:
         sent = upload.state
-        self.global_state.update(self.weighted_mean(Payload.from_state(
-            {n: sent[n] for n in self.shared_names()}, upload.clients)))
+        self.global_state.update(
+            self.weighted_mean(Payload.from_state({n: sent[n] for n in self.shared_names()}, upload.clients))
+        )
         counts = sent["fedpac.counts"]  # [J, C]
         total = counts.sum(0)
         weighted = (counts.unsqueeze(-1) * sent["fedpac.protos"]).sum(0)
         present = total > 0
-        self.global_protos = torch.where(present.unsqueeze(-1), weighted / total.clamp_min(1).unsqueeze(-1),
-                                         torch.zeros_like(weighted))
+        self.global_protos = torch.where(
+            present.unsqueeze(-1), weighted / total.clamp_min(1).unsqueeze(-1), torch.zeros_like(weighted)
+        )
         self.has_proto = present
         if not self.hp.collaborate:
             return
@@ -246,8 +274,13 @@ def combination_weights(v: Tensor, h: Tensor, zero_below: float, eigen_floor: fl
 def simplex_qp(p: np.ndarray) -> np.ndarray:
     """argmin a^T p a over the probability simplex (SLSQP from the uniform point)."""
     count = len(p)
-    result = minimize(lambda a: float(a @ p @ a), np.full(count, 1.0 / count), jac=lambda a: 2 * p @ a,
-                      method="SLSQP", bounds=[(0.0, None)] * count,
-                      constraints=[{"type": "eq", "fun": lambda a: a.sum() - 1.0, "jac": lambda a: np.ones(count)}],
-                      options={"ftol": 1e-15, "maxiter": 1000})
+    result = minimize(
+        lambda a: float(a @ p @ a),
+        np.full(count, 1.0 / count),
+        jac=lambda a: 2 * p @ a,
+        method="SLSQP",
+        bounds=[(0.0, None)] * count,
+        constraints=[{"type": "eq", "fun": lambda a: a.sum() - 1.0, "jac": lambda a: np.ones(count)}],
+        options={"ftol": 1e-15, "maxiter": 1000},
+    )
     return np.clip(result.x, 0.0, None)

@@ -14,6 +14,7 @@ A "layer" is a parameterized module in the order of `fed.model.param_names` (con
 BatchNorm layer counted with the layer before it (see `ClientModel.layers`); its running statistics go
 with it. Evaluation uses the global base with each client's own head, with no extra fine-tuning.
 """
+
 from __future__ import annotations
 
 from pydantic import Field
@@ -26,11 +27,15 @@ class FedPerHP(Hyperparams):
     personal_layers: int = Field(1, ge=0)
 
 
-@ALGORITHMS.register("fedper", card=Card(
-    display_name="FedPer",
-    family="personal layers",
-    paper="Arivazhagan, Aggarwal, Singh & Choudhary, arXiv 2019",
-    personalizes="the top layers (personalization layers, default the classifier); the base is FedAvg"))
+@ALGORITHMS.register(
+    "fedper",
+    card=Card(
+        display_name="FedPer",
+        family="personal layers",
+        paper="Arivazhagan, Aggarwal, Singh & Choudhary, arXiv 2019",
+        personalizes="the top layers (personalization layers, default the classifier); the base is FedAvg",
+    ),
+)
 class FedPer(FedAvg[FedPerHP]):
     state_rebuilt = ("_personal",)  # the personalization layers' tensors, from the hyperparameters
 

@@ -27,15 +27,17 @@ class FedProxHP(Hyperparams):
     mu: float = Field(0.01, ge=0.0)
 
 
-@ALGORITHMS.register("fedprox", card=Card(
-    display_name="FedProx",
-    family="baselines",
-    paper="Li, Sahu, Zaheer, Sanjabi, Talwalkar & Smith, MLSys 2020",
-    personalizes="nothing: one global model, trained with a proximal term against client drift",
-    reduces_to={"fedavg": (
-        "FedProx's proximal term (mu) changed none of the evaluated numbers: FedAvg")}))
+@ALGORITHMS.register(
+    "fedprox",
+    card=Card(
+        display_name="FedProx",
+        family="baselines",
+        paper="Li, Sahu, Zaheer, Sanjabi, Talwalkar & Smith, MLSys 2020",
+        personalizes="nothing: one global model, trained with a proximal term against client drift",
+        reduces_to={"fedavg": ("FedProx's proximal term (mu) changed none of the evaluated numbers: FedAvg")},
+    ),
+)
 class FedProx(FedAvg[FedProxHP]):
-
     search_space = {"mu": ("loguniform", 1e-3, 1.0)}
 
     def local_train(self, rnd: ClientRound, state: State) -> State:

@@ -39,6 +39,7 @@ Where the paper is silent / what was chosen here:
 - Cost: a round makes head_epochs + body_epochs passes over the client's data (the head phase's
   backward stops at the head; measured: docs/algorithms/fedrep.md).
 """
+
 from __future__ import annotations
 
 from pydantic import Field
@@ -51,24 +52,27 @@ from pflbench.training import State
 
 class FedRepHP(Hyperparams):
     head_epochs: int = Field(10, ge=0)
-    body_epochs: int | None = Field(1, ge=1)      # official --local_rep_ep; None: the cell's local_epochs
+    body_epochs: int | None = Field(1, ge=1)  # official --local_rep_ep; None: the cell's local_epochs
     personal_layers: int = Field(1, ge=1)
 
 
-@ALGORITHMS.register("fedrep", card=Card(
-    display_name="FedRep",
-    family="personal layers",
-    row_order=6,
-    paper="Collins, Hassani, Mokhtari & Shakkottai, ICML 2021",
-    personalizes="the head (classifier), trained first with the shared representation fixed"))
+@ALGORITHMS.register(
+    "fedrep",
+    card=Card(
+        display_name="FedRep",
+        family="personal layers",
+        row_order=6,
+        paper="Collins, Hassani, Mokhtari & Shakkottai, ICML 2021",
+        personalizes="the head (classifier), trained first with the shared representation fixed",
+    ),
+)
 class FedRep(FedAvg[FedRepHP]):
     state_rebuilt = ("_head", "_head_params", "_body_params")  # the head / body split, from the hyperparameters
     HEAD_STREAM = streams.salted_batches("fedrep.head", 0xFE0E)
 
     quick_hp = {"head_epochs": 1}  # small smoke cells (tests)
 
-    search_space = {"head_epochs": ("int", 1, 15), "body_epochs": ("int", 1, 5),
-                    "personal_layers": ("choice", [1, 2])}
+    search_space = {"head_epochs": ("int", 1, 15), "body_epochs": ("int", 1, 5), "personal_layers": ("choice", [1, 2])}
 
     def setup(self) -> None:
         super().setup()
@@ -86,7 +90,7 @@ class FedRep(FedAvg[FedRepHP]):
     def local_train(self, rnd: ClientRound, state: State) -> State:
         clients = rnd.clients
         if self.hp.head_epochs:
-            state = self.engine.train(rnd, clients, state, trainable=self._head_params,
-                                      epochs=self.hp.head_epochs, stream=self.HEAD_STREAM).state
-        return self.engine.train(rnd, clients, state, trainable=self._body_params,
-                                 epochs=self.hp.body_epochs).state
+            state = self.engine.train(
+                rnd, clients, state, trainable=self._head_params, epochs=self.hp.head_epochs, stream=self.HEAD_STREAM
+            ).state
+        return self.engine.train(rnd, clients, state, trainable=self._body_params, epochs=self.hp.body_epochs).state

@@ -98,12 +98,16 @@ def personal_loss(logits: Tensor, labels: Tensor, state: State, aux: State) -> T
     return _mean_ce(logits[..., logits.shape[-1] // 2 :], labels)
 
 
-@ALGORITHMS.register("fedrod", card=Card(
-    display_name="FedRoD",
-    family="personal layers",
-    paper="Chen & Chao, ICLR 2022",
-    personalizes="a personal linear head added to the generic one; the generic model is trained with a "
-                 "class-balanced (balanced softmax) loss"))
+@ALGORITHMS.register(
+    "fedrod",
+    card=Card(
+        display_name="FedRoD",
+        family="personal layers",
+        paper="Chen & Chao, ICLR 2022",
+        personalizes="a personal linear head added to the generic one; the generic model is trained with a "
+        "class-balanced (balanced softmax) loss",
+    ),
+)
 class FedRoD(FedAvg[FedRoDHP]):
     state = (*FedAvg.state, "personal_head")
     state_rebuilt = ("_split", "_net", "_log_counts")
@@ -121,10 +125,13 @@ class FedRoD(FedAvg[FedRoDHP]):
 
     def local_train(self, rnd: ClientRound, state: State) -> State:
         clients = rnd.clients
-        start = {**self._split.to_composite(state),
-                 **{f"{PERSONAL}.{k}": t[clients] for k, t in self.personal_head.items()}}
-        trained = self.engine.train(rnd, clients, start, objective=rod_loss, model=self._net,
-                                    aux={"log_counts": self._log_counts[clients]}).state
+        start = {
+            **self._split.to_composite(state),
+            **{f"{PERSONAL}.{k}": t[clients] for k, t in self.personal_head.items()},
+        }
+        trained = self.engine.train(
+            rnd, clients, start, objective=rod_loss, model=self._net, aux={"log_counts": self._log_counts[clients]}
+        ).state
         for k in self.personal_head:
             self.personal_head[k][clients] = trained[f"{PERSONAL}.{k}"]
         return self._split.from_composite(trained)
@@ -141,12 +148,21 @@ class FedRoD(FedAvg[FedRoDHP]):
         count = newcomers.num_clients
         start = {n: t.expand(count, *t.shape[1:]).clone() for n, t in self.global_state.items()}
         fresh = newcomers.init_state(count)
-        start = {**self._split.to_composite(start),
-                 **{f"{PERSONAL}.{self._split.head_key(n)}": fresh[n] for n in self._split.head_names}}
+        start = {
+            **self._split.to_composite(start),
+            **{f"{PERSONAL}.{self._split.head_key(n)}": fresh[n] for n in self._split.head_names},
+        }
         everyone = torch.arange(count, device=newcomers.device)
         trainable = [n for n in self._net.param_names if n.startswith(f"{PERSONAL}.")]
-        fitted = newcomers.train(serving.round, everyone, start, objective=personal_loss, model=self._net,
-                                 trainable=trainable, stream="batches.newcomer-fit").state
+        fitted = newcomers.train(
+            serving.round,
+            everyone,
+            start,
+            objective=personal_loss,
+            model=self._net,
+            trainable=trainable,
+            stream="batches.newcomer-fit",
+        ).state
         models = self._split.from_composite(fitted)
         for n in self._split.head_names:
             models[n] = models[n] + fitted[f"{PERSONAL}.{self._split.head_key(n)}"]

@@ -52,6 +52,7 @@ Departures, each stated:
   local epochs on its training data with everything else fixed (the engine's procedure for personal
   layers, `FedAvg.newcomer_models`).
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -61,8 +62,7 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import Tensor, nn
 
-from pflbench.algorithm import (ALGORITHMS, Card, ClientRound, Hyperparams, Models, Payload, Round,
-                                Scores, Serving)
+from pflbench.algorithm import ALGORITHMS, Card, ClientRound, Hyperparams, Models, Payload, Round, Scores, Serving
 from pflbench.fedavg import FedAvg
 from pflbench.feature_training import Head, forward_with_features, head_of, train_with_features
 from pflbench.streams import Stream
@@ -86,8 +86,9 @@ GCE = "gce.embedding"  # [C, D]: one embedding per class
 def conditional(state: State, branch: str, condition: Tensor) -> Tensor:
     """gamma(c) or beta(c): LayerNorm(ReLU(W c + b)), per client [K, D]."""
     p = f"cov.{branch}."
-    hidden = torch.relu(torch.bmm(condition.unsqueeze(1), state[p + "weight"].transpose(1, 2)).squeeze(1)
-                        + state[p + "bias"])
+    hidden = torch.relu(
+        torch.bmm(condition.unsqueeze(1), state[p + "weight"].transpose(1, 2)).squeeze(1) + state[p + "bias"]
+    )
     normed = F.layer_norm(hidden, hidden.shape[-1:])
     return normed * state[p + "norm.weight"] + state[p + "norm.bias"]
 
@@ -126,12 +127,16 @@ class GPFLHP(Hyperparams):
     mu: float = Field(0.1, ge=0.0)  # CoV's and GCE's weight decay (official run_me.sh: -mu 0.1 for the CNN/MLP)
 
 
-@ALGORITHMS.register("gpfl", card=Card(
-    display_name="GPFL",
-    family="personal layers",
-    paper="Zhang, Hua, Wang, Song, Xue, Ma, Cao & Guan, ICCV 2023",
-    personalizes="the head, fed by a conditional valve that gates the shared features with the client's "
-                 "class-weighted embedding"))
+@ALGORITHMS.register(
+    "gpfl",
+    card=Card(
+        display_name="GPFL",
+        family="personal layers",
+        paper="Zhang, Hua, Wang, Song, Xue, Ma, Cao & Guan, ICCV 2023",
+        personalizes="the head, fed by a conditional valve that gates the shared features with the client's "
+        "class-weighted embedding",
+    ),
+)
 class GPFL(FedAvg[GPFLHP]):
     # global_state also holds CoV's and GCE's tensors [1, ...]; each client's conditions [N, D]
     state = (*FedAvg.state, "generic", "personal")
@@ -150,8 +155,12 @@ class GPFL(FedAvg[GPFLHP]):
             layers = {b: (nn.Linear(dim, dim), nn.LayerNorm([dim])) for b in COV}  # in the official order
             embedding = nn.Embedding(classes, dim)
         for b, (linear, norm) in layers.items():
-            for part, tensor in (("weight", linear.weight), ("bias", linear.bias),
-                                 ("norm.weight", norm.weight), ("norm.bias", norm.bias)):
+            for part, tensor in (
+                ("weight", linear.weight),
+                ("bias", linear.bias),
+                ("norm.weight", norm.weight),
+                ("norm.bias", norm.bias),
+            ):
                 self.global_state[f"cov.{b}.{part}"] = tensor.detach().to(fed.device).unsqueeze(0)
         self.global_state[GCE] = embedding.weight.detach().to(fed.device).unsqueeze(0)
         self.generic = torch.zeros(fed.num_clients, dim, device=fed.device)
@@ -168,8 +177,10 @@ class GPFL(FedAvg[GPFLHP]):
     # ---- the round ---------------------------------------------------------------------------------
     def configure(self, rnd: Round) -> Payload:
         count = len(rnd.clients)
-        return Payload.from_state({n: self.global_state[n].expand(count, *self.global_state[n].shape[1:])
-                                   for n in self.server_names()}, rnd.clients)
+        return Payload.from_state(
+            {n: self.global_state[n].expand(count, *self.global_state[n].shape[1:]) for n in self.server_names()},
+            rnd.clients,
+        )
 
     def receive(self, rnd: ClientRound, download: Payload) -> State:
         """The downloaded body, CoV and GCE with the client's own head."""
@@ -181,8 +192,9 @@ class GPFL(FedAvg[GPFLHP]):
         clients, head, lam, mu = rnd.clients, self._head, self.hp.lam, self.hp.mu
         regularized = [*cov_names(), GCE]
 
-        def objective(logits: Tensor, features: Tensor, labels: Tensor, model: State,
-                      carry: State) -> tuple[Tensor, State]:
+        def objective(
+            logits: Tensor, features: Tensor, labels: Tensor, model: State, carry: State
+        ) -> tuple[Tensor, State]:
             personal = head.logits(model, valve(model, features, carry["personal"]))
             task = F.cross_entropy(personal.flatten(0, 1), labels.flatten(), reduction="none").view(labels.shape)
             global_features = valve(model, features, carry["generic"])
@@ -192,8 +204,11 @@ class GPFL(FedAvg[GPFLHP]):
             decay = sum((model[n] ** 2).flatten(1).sum(1) for n in regularized)
             return task.mean(1) + angle + lam * magnitude + 0.5 * mu * decay, carry
 
-        carry = {"generic": self.generic[clients], "personal": self.personal[clients],
-                 "frozen": state[GCE].detach().clone()}  # the GCE as received
+        carry = {
+            "generic": self.generic[clients],
+            "personal": self.personal[clients],
+            "frozen": state[GCE].detach().clone(),
+        }  # the GCE as received
         trained, _, _ = train_with_features(self.engine, rnd, clients, state, objective, carry=carry)
         # the conditions of the client's next round, from the GCE it has just trained
         self.generic[clients], self.personal[clients] = conditions(trained[GCE], self._class_share[clients])
@@ -228,12 +243,13 @@ class GPFL(FedAvg[GPFLHP]):
                     ids = fed.sample_ids(c, split)
                     if not len(ids):
                         continue
-                    row = {n: t[c:c + 1] for n, t in models.items()}
+                    row = {n: t[c : c + 1] for n, t in models.items()}
                     correct = total = 0.0
                     for part in ids.split(EVAL_CHUNK):
                         x, y = fed.data(part.unsqueeze(0))
-                        _, features = forward_with_features(fed.model, {n: row[n] for n in fed.model.names}, x,
-                                                            train=False, head=self._head)
+                        _, features = forward_with_features(
+                            fed.model, {n: row[n] for n in fed.model.names}, x, train=False, head=self._head
+                        )
                         logits = self._head.logits(row, valve(row, features, row["condition"]))
                         correct += float((logits.argmax(-1) == y).sum())
                         total += float(F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="sum"))
@@ -248,15 +264,23 @@ class GPFL(FedAvg[GPFLHP]):
         fed, head = serving.clients, self._head
         everyone = torch.arange(fed.num_clients, device=fed.device)
 
-        def objective(logits: Tensor, features: Tensor, labels: Tensor, model: State,
-                      carry: State) -> tuple[Tensor, State]:
+        def objective(
+            logits: Tensor, features: Tensor, labels: Tensor, model: State, carry: State
+        ) -> tuple[Tensor, State]:
             personal = head.logits(model, valve(model, features, model["condition"]))
             ce = F.cross_entropy(personal.flatten(0, 1), labels.flatten(), reduction="none").view(labels.shape)
             return ce.mean(1), carry
 
         start = {n: t.clone() for n, t in models.items()}
-        adapted, _, _ = train_with_features(fed, serving.round + 1, everyone, start, objective,
-                                            trainable=list(fed.model.param_names), epochs=serving.adapt_epochs)
+        adapted, _, _ = train_with_features(
+            fed,
+            serving.round + 1,
+            everyone,
+            start,
+            objective,
+            trainable=list(fed.model.param_names),
+            epochs=serving.adapt_epochs,
+        )
         return adapted
 
     def newcomer_models(self, serving: Serving) -> Models:
@@ -270,14 +294,21 @@ class GPFL(FedAvg[GPFLHP]):
         embedding = models[GCE]
         models["condition"] = conditions(embedding, class_shares(fed))[1]
 
-        def objective(logits: Tensor, features: Tensor, labels: Tensor, model: State,
-                      carry: State) -> tuple[Tensor, State]:
+        def objective(
+            logits: Tensor, features: Tensor, labels: Tensor, model: State, carry: State
+        ) -> tuple[Tensor, State]:
             personal = head.logits(model, valve(model, features, model["condition"]))
             ce = F.cross_entropy(personal.flatten(0, 1), labels.flatten(), reduction="none").view(labels.shape)
             return ce.mean(1), carry
 
         everyone = torch.arange(count, device=fed.device)
-        fitted, _, _ = train_with_features(fed, serving.round, everyone, models, objective,
-                                           trainable=[n for n in fed.model.param_names if n in self._head_names],
-                                           stream=NEWCOMER_STREAM)
+        fitted, _, _ = train_with_features(
+            fed,
+            serving.round,
+            everyone,
+            models,
+            objective,
+            trainable=[n for n in fed.model.param_names if n in self._head_names],
+            stream=NEWCOMER_STREAM,
+        )
         return fitted

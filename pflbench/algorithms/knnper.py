@@ -62,13 +62,17 @@ class KNNPerHP(Hyperparams):
     interpolate: Literal["probabilities", "logits"] = "probabilities"  # the paper's; "logits": the official default
 
 
-@ALGORITHMS.register("knn-per", card=Card(
-    display_name="kNN-Per",
-    family="personal layers",
-    paper="Marfoq, Neglia, Vidal & Kameni, ICML 2022",
-    personalizes="the prediction: the FedAvg model's output interpolated with a k-nearest-neighbours "
-                 "classifier over the client's own training representations",
-    reduces_to={"fedavg": "kNN-Per trains FedAvg's model; with lambda 0 on every client it predicts as FedAvg"}))
+@ALGORITHMS.register(
+    "knn-per",
+    card=Card(
+        display_name="kNN-Per",
+        family="personal layers",
+        paper="Marfoq, Neglia, Vidal & Kameni, ICML 2022",
+        personalizes="the prediction: the FedAvg model's output interpolated with a k-nearest-neighbours "
+        "classifier over the client's own training representations",
+        reduces_to={"fedavg": "kNN-Per trains FedAvg's model; with lambda 0 on every client it predicts as FedAvg"},
+    ),
+)
 class KNNPer(FedAvg[KNNPerHP]):
     state_rebuilt = ("_split", "_features")
 
@@ -78,9 +82,13 @@ class KNNPer(FedAvg[KNNPerHP]):
     def cell_refusal(cls, cell: CellConfig) -> Refusal | None:
         """lambda is chosen on each client's validation split: a cell without one must fix it."""
         if cell.val_fraction == 0 and cell.hp.get("weight") is None:
-            return Refusal(("val_fraction", "hp"), (
-                f"algorithm {cls.name!r} chooses each client's lambda on its validation split, but val_fraction is 0; "
-                f"give val_fraction > 0 (e.g. 0.1) or a fixed hp.weight in [0, 1]"))
+            return Refusal(
+                ("val_fraction", "hp"),
+                (
+                    f"algorithm {cls.name!r} chooses each client's lambda on its validation split, but val_fraction is 0; "
+                    f"give val_fraction > 0 (e.g. 0.1) or a fixed hp.weight in [0, 1]"
+                ),
+            )
         return None
 
     def setup(self) -> None:
@@ -91,8 +99,13 @@ class KNNPer(FedAvg[KNNPerHP]):
     def evaluate(self, serving: Serving, models: Models, splits: tuple[str, ...]) -> Scores:
         population = serving.clients
         state = models  # one architecture (heterogeneous cells are refused): a State
-        scores = {s: (torch.full((population.num_clients,), float("nan"), device=population.device),
-                      torch.full((population.num_clients,), float("nan"), device=population.device)) for s in splits}
+        scores = {
+            s: (
+                torch.full((population.num_clients,), float("nan"), device=population.device),
+                torch.full((population.num_clients,), float("nan"), device=population.device),
+            )
+            for s in splits
+        }
         for c in range(population.num_clients):
             model = {n: t[c : c + 1] for n, t in state.items()}
             keys, _, key_labels = self._outputs(population, model, c, "train")
@@ -100,8 +113,11 @@ class KNNPer(FedAvg[KNNPerHP]):
             for split in {*splits, *(("val",) if self.hp.weight is None and "val" in population.split_names else ())}:
                 feats, outputs, labels = self._outputs(population, model, c, split)
                 if len(labels):
-                    mixed[split] = (knn_probabilities(feats, keys, key_labels, population.num_classes, self.hp.k,
-                                                      self.hp.scale), outputs, labels)
+                    mixed[split] = (
+                        knn_probabilities(feats, keys, key_labels, population.num_classes, self.hp.k, self.hp.scale),
+                        outputs,
+                        labels,
+                    )
             weight = self.hp.weight if self.hp.weight is not None else self._chosen_weight(mixed.get("val"))
             for split in splits:
                 if split in mixed:

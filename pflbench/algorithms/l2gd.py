@@ -38,6 +38,7 @@ How it maps onto the engine's rounds (the adaptation):
   lr = 0.01: a real pull without full averaging). Search space: p uniform [0.05, 0.9], lambda
   log-uniform [0.1, 1000].
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -60,22 +61,29 @@ def coin_flips(rng: np.random.Generator, rounds: int, p: float) -> np.ndarray:
 
 
 class L2GDHP(Hyperparams):
-    lam: float = Field(10.0, ge=0.0)   # lambda, weight of the distance-to-average penalty
-    p: float = Field(0.2, gt=0.0, lt=1.0)      # probability that a round communicates (aggregation step)
+    lam: float = Field(10.0, ge=0.0)  # lambda, weight of the distance-to-average penalty
+    p: float = Field(0.2, gt=0.0, lt=1.0)  # probability that a round communicates (aggregation step)
 
 
-@ALGORITHMS.register("l2gd", card=Card(
-    display_name="L2GD",
-    family="regularized and meta-learned",
-    paper="Hanzely & Richtárik, arXiv 2020 (Federated Learning of a Mixture of Global and Local Models)",
-    personalizes="a whole local model per client, pulled toward the average on randomly chosen communication rounds"))
+@ALGORITHMS.register(
+    "l2gd",
+    card=Card(
+        display_name="L2GD",
+        family="regularized and meta-learned",
+        paper="Hanzely & Richtárik, arXiv 2020 (Federated Learning of a Mixture of Global and Local Models)",
+        personalizes="a whole local model per client, pulled toward the average on randomly chosen communication rounds",
+    ),
+)
 class L2GD(FedAvg[L2GDHP]):
     state_rebuilt = ("coins",)  # every round's coin flip, drawn in setup() from the cell's stream
-    capabilities = Capabilities(refused_knobs={
-        "system.dropout": "the server averages the sampled clients' models when it configures an aggregation "
-                          "round (before they train), so an upload lost at the end of the round cannot be left out",
-        "privacy": "its upload is the client's whole model, averaged before the round's step, not an update of "
-                   "what it downloaded"})
+    capabilities = Capabilities(
+        refused_knobs={
+            "system.dropout": "the server averages the sampled clients' models when it configures an aggregation "
+            "round (before they train), so an upload lost at the end of the round cannot be left out",
+            "privacy": "its upload is the client's whole model, averaged before the round's step, not an update of "
+            "what it downloaded",
+        }
+    )
 
     search_space = {"lam": ("loguniform", 0.1, 1000.0), "p": ("uniform", 0.05, 0.9)}
 
@@ -99,7 +107,8 @@ class L2GD(FedAvg[L2GDHP]):
         k = len(rnd.clients)
         self.global_state = {
             n: (t.mean(0, keepdim=True) if t.is_floating_point() else t.max(0, keepdim=True).values)
-            for n, t in self._current(rnd.clients).items()}
+            for n, t in self._current(rnd.clients).items()
+        }
         return Payload.from_state({n: t.expand(k, *t.shape[1:]) for n, t in self.global_state.items()}, rnd.clients)
 
     def _current(self, clients: torch.Tensor) -> State:
@@ -112,8 +121,7 @@ class L2GD(FedAvg[L2GDHP]):
         if not sent:
             return own
         theta = self.theta
-        return {n: (x - theta * (x - sent[n]) if x.is_floating_point() else sent[n].clone())
-                for n, x in own.items()}
+        return {n: (x - theta * (x - sent[n]) if x.is_floating_point() else sent[n].clone()) for n, x in own.items()}
 
     def local_train(self, rnd: ClientRound, state: State) -> State:
         if self.communicates(rnd.number):

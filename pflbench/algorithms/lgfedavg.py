@@ -16,22 +16,26 @@ Layers are grouped generically by position (`ClientModel.layers`; BatchNorm goes
 the layer before it, so on `cnn-bn` BatchNorm is local, as in FedBN). Aggregation is weighted by
 training samples, like every FedAvg-based method here (the original code averages uniformly).
 """
+
 from pydantic import Field
 
 from pflbench.algorithm import ALGORITHMS, Card, Hyperparams
 from pflbench.fedavg import FedAvg
 
 
-
 class LGFedAvgHP(Hyperparams):
     global_layers: int = Field(2, ge=0)
 
 
-@ALGORITHMS.register("lg-fedavg", card=Card(
-    display_name="LG-FedAvg",
-    family="personal layers",
-    paper="Liang, Liu, Ziyin, Allen, Auerbach, Brent, Salakhutdinov & Morency, arXiv 2020 (Think Locally, Act Globally)",
-    personalizes="the lower layers (local representations); the top layers are FedAvg"))
+@ALGORITHMS.register(
+    "lg-fedavg",
+    card=Card(
+        display_name="LG-FedAvg",
+        family="personal layers",
+        paper="Liang, Liu, Ziyin, Allen, Auerbach, Brent, Salakhutdinov & Morency, arXiv 2020 (Think Locally, Act Globally)",
+        personalizes="the lower layers (local representations); the top layers are FedAvg",
+    ),
+)
 class LGFedAvg(FedAvg[LGFedAvgHP]):
     state_rebuilt = ("_local",)  # the local representation layers' tensors, from the hyperparameters
 

@@ -19,11 +19,15 @@ from pflbench.fedavg import FedAvg
 from pflbench.training import State
 
 
-@ALGORITHMS.register("local", card=Card(
-    display_name="Local",
-    family="baselines",
-    row_order=0,
-    personalizes="everything: each client trains alone, nothing is shared (the baseline)"))
+@ALGORITHMS.register(
+    "local",
+    card=Card(
+        display_name="Local",
+        family="baselines",
+        row_order=0,
+        personalizes="everything: each client trains alone, nothing is shared (the baseline)",
+    ),
+)
 class Local(FedAvg):
     capabilities = Capabilities(heterogeneous_models=True)
     # Checkpoints: FedAvg's models, or across architectures one stacked state per group; the newcomers'
@@ -75,8 +79,10 @@ class Local(FedAvg):
             self._newcomer_state = [newcomers.init_state(len(ids), g) for g, ids in enumerate(newcomers.group_clients)]
             self._newcomer_turns = 0
         for turn in range(self._newcomer_turns + 1, turns + 1):  # keyed by the turn, not the evaluating round
-            self._newcomer_state = [newcomers.train(turn, ids, state).state if len(ids) else state
-                                    for ids, state in zip(newcomers.group_clients, self._newcomer_state)]
+            self._newcomer_state = [
+                newcomers.train(turn, ids, state).state if len(ids) else state
+                for ids, state in zip(newcomers.group_clients, self._newcomer_state)
+            ]
         self._newcomer_turns = max(self._newcomer_turns, turns)
         models = [{n: t.clone() for n, t in state.items()} for state in self._newcomer_state]
         return models if newcomers.heterogeneous else models[0]

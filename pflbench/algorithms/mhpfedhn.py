@@ -47,6 +47,7 @@ per-dataset tuned pairs, e.g. CIFAR-10 (0.01, 20)). Memory: every head holds abo
 (h = hidden_dim), i.e. ~250M parameters for the five CIFAR architectures at h = 128; lower `hidden_dim`
 on small machines.
 """
+
 from __future__ import annotations
 
 import math
@@ -59,8 +60,19 @@ from pydantic import Field
 from torch import Tensor, nn
 
 from pflbench import streams
-from pflbench.algorithm import (ALGORITHMS, Algorithm, Capabilities, Card, ClientRound, Hyperparams, Models, Payload,
-                                Refusal, Round, Serving)
+from pflbench.algorithm import (
+    ALGORITHMS,
+    Algorithm,
+    Capabilities,
+    Card,
+    ClientRound,
+    Hyperparams,
+    Models,
+    Payload,
+    Refusal,
+    Round,
+    Serving,
+)
 from pflbench.models import ModelName, build_model
 from pflbench.steps import step_ids
 from pflbench.training import ClientModel, Diverged, Objective, State, cross_entropy
@@ -80,14 +92,22 @@ class MultiHeadHypernetwork(nn.Module):
 
     `sizes[i]` is the number of parameters of client i's model (the only thing the server knows)."""
 
-    def __init__(self, sizes: list[int], embedding_dim: int = 64, hidden_dim: int = 128,
-                 hidden_layers: int = 3, chunk_size: int = 3072, embedding_std: float = 0.002):
+    def __init__(
+        self,
+        sizes: list[int],
+        embedding_dim: int = 64,
+        hidden_dim: int = 128,
+        hidden_layers: int = 3,
+        chunk_size: int = 3072,
+        embedding_std: float = 0.002,
+    ):
         super().__init__()
         self.sizes = list(sizes)
         self.chunk_size = chunk_size
         self.chunks = [math.ceil(k / chunk_size) for k in self.sizes]
         self.embeddings = nn.ParameterList(
-            [nn.Parameter(torch.randn(n, embedding_dim) * embedding_std) for n in self.chunks])
+            [nn.Parameter(torch.randn(n, embedding_dim) * embedding_std) for n in self.chunks]
+        )
         layers: list[nn.Module] = [nn.Linear(embedding_dim, hidden_dim), nn.ReLU()]
         for _ in range(hidden_layers - 1):
             layers += [nn.Linear(hidden_dim, hidden_dim), nn.ReLU()]
@@ -127,7 +147,7 @@ def unflatten(model: ClientModel, theta: Tensor) -> State:
     start = 0
     for name in model.param_names:
         count = math.prod(model.shapes[name])
-        out[name] = theta[start:start + count].view(model.shapes[name])
+        out[name] = theta[start : start + count].view(model.shapes[name])
         start += count
     return out
 
@@ -137,8 +157,9 @@ def flatten(model: ClientModel, state: State) -> Tensor:
     return torch.cat([state[n].flatten(1) for n in model.param_names], dim=1)
 
 
-def hypernetwork_step(hnet: nn.Module, optimizer: torch.optim.Optimizer, generated: list[Tensor],
-                      deltas: list[Tensor], clip: float) -> None:
+def hypernetwork_step(
+    hnet: nn.Module, optimizer: torch.optim.Optimizer, generated: list[Tensor], deltas: list[Tensor], clip: float
+) -> None:
     """phi <- optimizer step with gradient sum_i (d theta_i / d phi)^T delta_i, norm clipped: the
     pFedHN rule (delta_i = theta_i - theta_i after local training, a descent direction's negative)."""
     optimizer.zero_grad(set_to_none=True)
@@ -150,40 +171,49 @@ def hypernetwork_step(hnet: nn.Module, optimizer: torch.optim.Optimizer, generat
 def distillation(alpha: float, temperature: float) -> Objective:
     """alpha T^2 KL(teacher || student) at temperature T + (1 - alpha) CE, per client. The
     objective's `labels` are the targets table: column 0 the label, the rest the teacher's logits."""
+
     def objective(logits: Tensor, targets: Tensor, state: State, aux: State) -> Tensor:
         labels, teacher = targets[..., 0].long(), targets[..., 1:]
         ce = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="none").view(labels.shape)
         log_student = F.log_softmax(logits / temperature, dim=-1)
         log_teacher = F.log_softmax(teacher / temperature, dim=-1)
         kl = (log_teacher.exp() * (log_teacher - log_student)).sum(-1)  # per sample
-        return (alpha * temperature ** 2 * kl + (1 - alpha) * ce).mean(dim=1)
+        return (alpha * temperature**2 * kl + (1 - alpha) * ce).mean(dim=1)
 
     return objective
 
 
 class MHpFedHNHP(Hyperparams):
     embedding_dim: int = Field(64, ge=1)
-    hidden_dim: int = Field(128, ge=1)          # `hidm`
+    hidden_dim: int = Field(128, ge=1)  # `hidm`
     hidden_layers: int = Field(3, ge=1)
-    chunk_size: int = Field(3072, ge=1)         # `hnet_output_size`
-    embedding_std: float = Field(0.002, gt=0)   # `norm_var` (a standard deviation)
+    chunk_size: int = Field(3072, ge=1)  # `hnet_output_size`
+    embedding_std: float = Field(0.002, gt=0)  # `norm_var` (a standard deviation)
     server_lr: float = Field(2e-4, gt=0)
     server_optimizer: Literal["adam", "adamw"] = "adam"
     server_clip: float = Field(50.0, gt=0)
     server_updates: Literal["per_client", "per_round"] = "per_client"
 
 
-@ALGORITHMS.register("mh-pfedhn", card=Card(
-    display_name="MH-pFedHN",
-    family="hypernetworks and layer-wise aggregation",
-    paper="C. Zhang, H. Li, X. Liu, L. Jiang et al., arXiv 2507.22330, 2025 (IJCAI 2026)",
-    personalizes="the whole model, generated per client by a multi-head hypernetwork; architectures may differ"))
+@ALGORITHMS.register(
+    "mh-pfedhn",
+    card=Card(
+        display_name="MH-pFedHN",
+        family="hypernetworks and layer-wise aggregation",
+        paper="C. Zhang, H. Li, X. Liu, L. Jiang et al., arXiv 2507.22330, 2025 (IJCAI 2026)",
+        personalizes="the whole model, generated per client by a multi-head hypernetwork; architectures may differ",
+    ),
+)
 class MHpFedHN(Algorithm[MHpFedHNHP]):
     """Multi-head hypernetwork generating each client's whole model; clients may differ in architecture."""
 
-    capabilities = Capabilities(heterogeneous_models=True, refused_knobs={
-        "privacy.mode": "central DP hands the server one noised sum of the updates, and MH-pFedHN's "
-                        "server steps the hypernetwork with each client's own update"})
+    capabilities = Capabilities(
+        heterogeneous_models=True,
+        refused_knobs={
+            "privacy.mode": "central DP hands the server one noised sum of the updates, and MH-pFedHN's "
+            "server steps the hypernetwork with each client's own update"
+        },
+    )
     # Checkpoints: every client's BatchNorm statistics; the hypernetwork, then its optimizer's moments; the
     # architectures (ClientModels, no weights), the clients' sizes and rows, which setup() takes from the cell.
     state: ClassVar[tuple[str, ...]] = ("buffers",)  # MH-pFedHNGD: and its global model's statistics
@@ -200,20 +230,26 @@ class MHpFedHN(Algorithm[MHpFedHNHP]):
 
     quick_hp = {"hidden_dim": 4, "embedding_dim": 8}  # small smoke cells (tests)
 
-    search_space = {"server_lr": ("loguniform", 1e-5, 1e-2), "embedding_dim": ("choice", [16, 32, 64, 128]),
-                    "hidden_dim": ("choice", [32, 64, 128])}
+    search_space = {
+        "server_lr": ("loguniform", 1e-5, 1e-2),
+        "embedding_dim": ("choice", [16, 32, 64, 128]),
+        "hidden_dim": ("choice", [32, 64, 128]),
+    }
 
     # ---- state -----------------------------------------------------------------------------------
     def setup(self) -> None:
         fed = self.engine
         self.group_models = fed.models
-        self.sizes = [fed.models[int(fed.group_of[c])].numel(fed.models[int(fed.group_of[c])].param_names)
-                      for c in range(fed.num_clients)]
+        self.sizes = [
+            fed.models[int(fed.group_of[c])].numel(fed.models[int(fed.group_of[c])].param_names)
+            for c in range(fed.num_clients)
+        ]
         sizes = self._generated_sizes()
         hp = self.hp
         with fed.torch_global(INIT_STREAM):
-            self.hnet = MultiHeadHypernetwork(sizes, hp.embedding_dim, hp.hidden_dim, hp.hidden_layers,
-                                              hp.chunk_size, hp.embedding_std).to(fed.device)
+            self.hnet = MultiHeadHypernetwork(
+                sizes, hp.embedding_dim, hp.hidden_dim, hp.hidden_layers, hp.chunk_size, hp.embedding_std
+            ).to(fed.device)
         optimizer = torch.optim.AdamW if hp.server_optimizer == "adamw" else torch.optim.Adam
         self.optimizer = optimizer(self.hnet.parameters(), lr=hp.server_lr)
         # BatchNorm statistics never leave the clients: one stacked buffer state per group.
@@ -236,7 +272,7 @@ class MHpFedHN(Algorithm[MHpFedHNHP]):
         """Client `client`'s full model [1, ...]: generated parameters and its own buffers."""
         g, row = int(self.engine.group_of[client]), self.row[client]
         state = {n: t.unsqueeze(0) for n, t in unflatten(self._model(client), theta).items()}
-        state.update({n: t[row:row + 1] for n, t in self.buffers[g].items()})
+        state.update({n: t[row : row + 1] for n, t in self.buffers[g].items()})
         return state
 
     def _store_buffers(self, clients: list[int], state: State) -> None:
@@ -275,12 +311,12 @@ class MHpFedHN(Algorithm[MHpFedHNHP]):
                 with torch.no_grad():  # generated by the hypernetwork as updated by the previous clients
                     theta = self.hnet(c)
                 state = self._client_state(c, theta)
-                trained = self.engine.train(rnd, clients[k:k + 1], state, objective=objective, targets=targets).state
+                trained = self.engine.train(rnd, clients[k : k + 1], state, objective=objective, targets=targets).state
                 self._store_buffers([c], trained)
                 delta = theta - flatten(self._model(c), trained)[0]
                 # to the server before the next client trains (`aggregate_client`; the engine drops
                 # what system.dropout loses and privatizes what leaves the client)
-                received = rnd.deliver(Payload.from_rows([{"delta": delta}], clients[k:k + 1]))
+                received = rnd.deliver(Payload.from_rows([{"delta": delta}], clients[k : k + 1]))
                 upload[k]["delta"] = delta if received is None else received.row(0)["delta"]
             return upload
         # per_round: batched per architecture, all from the same hypernetwork (regenerated here, as
@@ -299,8 +335,9 @@ class MHpFedHN(Algorithm[MHpFedHNHP]):
                 upload[p]["delta"] = delta
         return upload
 
-    def _client_objective(self, rnd: ClientRound, download: list[State],
-                          upload: list[State]) -> tuple[Objective, Tensor | None]:
+    def _client_objective(
+        self, rnd: ClientRound, download: list[State], upload: list[State]
+    ) -> tuple[Objective, Tensor | None]:
         """The clients' objective and its targets table (`Engine.train`'s): cross-entropy on the
         labels; MH-pFedHNGD runs its global phase first and distills its global model."""
         return cross_entropy, None
@@ -347,14 +384,21 @@ class MHpFedHN(Algorithm[MHpFedHNHP]):
         from pflbench.newcomers.ids import newcomer_ids
 
         held = set(newcomer_ids(cell.unseen_fraction, cell.clients, cell.seed).tolist())
-        groups = (client_groups(cell.model, cell.clients) if is_heterogeneous(cell.model)
-                  else [(cell.model, list(range(cell.clients)))])
+        groups = (
+            client_groups(cell.model, cell.clients)
+            if is_heterogeneous(cell.model)
+            else [(cell.model, list(range(cell.clients)))]
+        )
         for name, ids in groups:
             if len(ids) and set(ids) <= held:
-                return Refusal(("unseen_fraction", "clients", "algorithm"), (
-                    f"unseen_fraction: algorithm {cls.name!r} serves a newcomer from the trained embeddings "
-                    f"of its architecture, but every client with architecture {name!r} (clients "
-                    f"{list(ids)}) is a newcomer; use more clients, another seed or a smaller unseen_fraction"))
+                return Refusal(
+                    ("unseen_fraction", "clients", "algorithm"),
+                    (
+                        f"unseen_fraction: algorithm {cls.name!r} serves a newcomer from the trained embeddings "
+                        f"of its architecture, but every client with architecture {name!r} (clients "
+                        f"{list(ids)}) is a newcomer; use more clients, another seed or a smaller unseen_fraction"
+                    ),
+                )
         return None
 
     def newcomer_models(self, serving: Serving) -> Models:
@@ -400,20 +444,28 @@ class MHpFedHNGDHP(MHpFedHNHP):
     global_model: ModelName = "auto"  # the smallest client architecture, or a model name
 
 
-@ALGORITHMS.register("mh-pfedhngd", card=Card(
-    display_name="MH-pFedHNGD",
-    family="hypernetworks and layer-wise aggregation",
-    paper="C. Zhang, H. Li, X. Liu, L. Jiang et al., arXiv 2507.22330, 2025 (IJCAI 2026)",
-    personalizes="as MH-pFedHN, plus a generated global model distilled into every client"))
+@ALGORITHMS.register(
+    "mh-pfedhngd",
+    card=Card(
+        display_name="MH-pFedHNGD",
+        family="hypernetworks and layer-wise aggregation",
+        paper="C. Zhang, H. Li, X. Liu, L. Jiang et al., arXiv 2507.22330, 2025 (IJCAI 2026)",
+        personalizes="as MH-pFedHN, plus a generated global model distilled into every client",
+    ),
+)
 class MHpFedHNGD(MHpFedHN):
     """MH-pFedHN with a hypernetwork-generated global model of the smallest architecture, used as a
     distillation teacher on the clients (alpha, T) and trained by every client each round."""
 
-    capabilities = Capabilities(heterogeneous_models=True, refused_knobs={
-        "system.dropout": "every sampled client's global-model update reaches the server during local "
-                          "training (the global phase), before an upload could be lost",
-        "privacy": "the global phase's updates reach the server during local training, outside "
-                   "the privatized upload"})
+    capabilities = Capabilities(
+        heterogeneous_models=True,
+        refused_knobs={
+            "system.dropout": "every sampled client's global-model update reaches the server during local "
+            "training (the global phase), before an upload could be lost",
+            "privacy": "the global phase's updates reach the server during local training, outside "
+            "the privatized upload",
+        },
+    )
     global_distillation = True
 
     Hyperparams = MHpFedHNGDHP
@@ -421,8 +473,11 @@ class MHpFedHNGD(MHpFedHN):
     state = (*MHpFedHN.state, "global_buffers")
     state_rebuilt = (*MHpFedHN.state_rebuilt, "global_model")
 
-    search_space = {**MHpFedHN.search_space, "alpha": ("uniform", 0.0, 0.5),
-                    "temperature": ("choice", [1.0, 5.0, 10.0, 15.0, 20.0])}
+    search_space = {
+        **MHpFedHN.search_space,
+        "alpha": ("uniform", 0.0, 0.5),
+        "temperature": ("choice", [1.0, 5.0, 10.0, 15.0, 20.0]),
+    }
 
     def setup(self) -> None:
         """The base's, with the global model (built before the hypernetwork, which also generates it)
@@ -440,8 +495,9 @@ class MHpFedHNGD(MHpFedHN):
     def _generated_sizes(self) -> list[int]:
         return [*self.sizes, self.global_model.numel(self.global_model.param_names)]
 
-    def _client_objective(self, rnd: ClientRound, download: list[State],
-                          upload: list[State]) -> tuple[Objective, Tensor | None]:
+    def _client_objective(
+        self, rnd: ClientRound, download: list[State], upload: list[State]
+    ) -> tuple[Objective, Tensor | None]:
         round_global = download[0]["global"]  # the same for every client
         self._global_phase(rnd, rnd.clients, round_global, upload)
         return self._teacher_targets(rnd.clients, round_global)
@@ -451,8 +507,7 @@ class MHpFedHNGD(MHpFedHN):
         """Phase A: every client trains a copy of the global model (`start`, as downloaded;
         cross-entropy); one server step on the train-size-weighted sum of the vector-Jacobian products."""
         model = self.global_model
-        stacked = {n: t.unsqueeze(0).expand(len(clients), *t.shape).clone()
-                   for n, t in unflatten(model, start).items()}
+        stacked = {n: t.unsqueeze(0).expand(len(clients), *t.shape).clone() for n, t in unflatten(model, start).items()}
         stacked.update({n: t.expand(len(clients), *t.shape[1:]).clone() for n, t in self.global_buffers.items()})
         trained = self.engine.train(rnd, clients, stacked, model=model, stream=GLOBAL_STREAM).state
         deltas = start.unsqueeze(0) - flatten(model, trained)

@@ -62,6 +62,7 @@ Where the paper is silent / what was chosen here:
   (`pflbench.steps.run_steps`, the `cuda_graphs` option; the same bits on a CPU).
 - Communication: FedAvg's (the whole model down and up).
 """
+
 from __future__ import annotations
 
 from functools import partial
@@ -71,8 +72,22 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from pflbench.steps import (Active, Carry, LossCheck, clone_state, finite, keep_inactive, loss_and_grads, per_client,
-                            restore_inactive, rows_where, run_steps, sgd_step, step_ids, step_plan)
+from pflbench.steps import (
+    Active,
+    Carry,
+    LossCheck,
+    clone_state,
+    finite,
+    keep_inactive,
+    loss_and_grads,
+    per_client,
+    restore_inactive,
+    rows_where,
+    run_steps,
+    sgd_step,
+    step_ids,
+    step_plan,
+)
 from pflbench import streams
 from pflbench.algorithm import ALGORITHMS, Card, ClientRound, Hyperparams, Payload, Serving
 from pflbench.fedavg import FedAvg
@@ -90,25 +105,32 @@ ADAPT_STREAM = streams.salted_batches("perfedavg.adapt", 0x9EFA)  # batch order 
 
 
 class PerFedAvgHP(Hyperparams):
-    variant: Literal["fo", "hf"] = "fo"            # first-order or Hessian-free
-    alpha: float = Field(0.01, gt=0.0)             # inner / personalization step size
-    beta: float | None = Field(1e-3, gt=0.0)       # meta step size (references: 1e-3); None: the cell's lr
-    delta: float = Field(0.001, gt=0.0)            # HF finite-difference radius
+    variant: Literal["fo", "hf"] = "fo"  # first-order or Hessian-free
+    alpha: float = Field(0.01, gt=0.0)  # inner / personalization step size
+    beta: float | None = Field(1e-3, gt=0.0)  # meta step size (references: 1e-3); None: the cell's lr
+    delta: float = Field(0.001, gt=0.0)  # HF finite-difference radius
 
 
-@ALGORITHMS.register("perfedavg", card=Card(
-    display_name="Per-FedAvg",
-    family="regularized and meta-learned",
-    row_order=2,
-    paper="Fallah, Mokhtari & Ozdaglar, NeurIPS 2020",
-    personalizes="the whole model, by one local gradient step from a MAML-trained global model"))
+@ALGORITHMS.register(
+    "perfedavg",
+    card=Card(
+        display_name="Per-FedAvg",
+        family="regularized and meta-learned",
+        row_order=2,
+        paper="Fallah, Mokhtari & Ozdaglar, NeurIPS 2020",
+        personalizes="the whole model, by one local gradient step from a MAML-trained global model",
+    ),
+)
 class PerFedAvg(FedAvg[PerFedAvgHP]):
     # Checkpoints: FedAvg's models, the aggregations' count and the adapted models of the last evaluation.
     state = (*FedAvg.state, "_version", "_cached")
     ADAPT_STREAM = ADAPT_STREAM
 
-    search_space = {"alpha": ("loguniform", 1e-4, 0.3), "beta": ("loguniform", 1e-4, 0.1),
-                    "variant": ("choice", ["fo", "hf"])}
+    search_space = {
+        "alpha": ("loguniform", 1e-4, 0.3),
+        "beta": ("loguniform", 1e-4, 0.1),
+        "variant": ("choice", ["fo", "hf"]),
+    }
 
     def setup(self) -> None:
         super().setup()
@@ -130,16 +152,21 @@ class PerFedAvg(FedAvg[PerFedAvgHP]):
         names = fed.model.param_names
         on_host = clients.cpu()  # one read of the clients for the round's plans
         plans = [step_plan(fed, rnd, on_host, stream=stream) for stream in STREAMS[: 3 if hp.variant == "hf" else 2]]
-        carry = {"params": {n: state[n].detach().clone() for n in names},
-                 "buffers": {n: state[n].detach().clone() for n in fed.model.buffer_names},
-                 "momenta": {n: torch.zeros_like(state[n]) for n in names} if fed.sgd.momentum else {}}
-        carry, losses = run_steps(fed, plans, carry, self._meta_step,
-                                  key=(hp.variant, hp.alpha, self.beta, hp.delta, fed.sgd))
+        carry = {
+            "params": {n: state[n].detach().clone() for n in names},
+            "buffers": {n: state[n].detach().clone() for n in fed.model.buffer_names},
+            "momenta": {n: torch.zeros_like(state[n]) for n in names} if fed.sgd.momentum else {},
+        }
+        carry, losses = run_steps(
+            fed, plans, carry, self._meta_step, key=(hp.variant, hp.alpha, self.beta, hp.delta, fed.sgd)
+        )
         trained = {**carry["params"], **carry["buffers"]}
         failure, ok = losses.verdict(finite(trained))  # one read of the device for both
         if failure is not None:
             step, bad = failure
-            raise Diverged(f"non-finite Per-FedAvg loss for clients {clients[bad.to(clients.device)].tolist()} at local step {step}")
+            raise Diverged(
+                f"non-finite Per-FedAvg loss for clients {clients[bad.to(clients.device)].tolist()} at local step {step}"
+            )
         if not ok:
             raise Diverged(f"non-finite Per-FedAvg parameters for clients {clients.tolist()}")
         return trained
@@ -161,7 +188,11 @@ class PerFedAvg(FedAvg[PerFedAvgHP]):
                 up, down = torch._foreach_add(w, shift), torch._foreach_sub(w, shift)
             _, plus = loss_and_grads(fed, dict(zip(names, up)), clone_state(buffers), ids[2])
             _, minus = loss_and_grads(fed, dict(zip(names, down)), clone_state(buffers), ids[2])
-            g = dict(zip(names, hessian_free(g_list, [plus[n] for n in names], [minus[n] for n in names], hp.alpha, hp.delta)))
+            g = dict(
+                zip(
+                    names, hessian_free(g_list, [plus[n] for n in names], [minus[n] for n in names], hp.alpha, hp.delta)
+                )
+            )
         losses.add(active, loss, meta_loss)
         sgd_step(params, g, momenta, fed.sgd, self.beta, active)
         restore_inactive(buffers, kept, active)

@@ -56,6 +56,7 @@ Adapted to rounds of sampled clients (what this module chooses):
 
 Artifacts: `embeddings` [N, d], every evaluation round.
 """
+
 from __future__ import annotations
 
 import math
@@ -68,11 +69,32 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import Tensor, nn
 
-from pflbench.steps import (Active, Carry, LossCheck, finite, keep_inactive, loss_and_grads, per_client, restore_inactive,
-                            rows_where, run_steps, sgd_step, step_plan)
+from pflbench.steps import (
+    Active,
+    Carry,
+    LossCheck,
+    finite,
+    keep_inactive,
+    loss_and_grads,
+    per_client,
+    restore_inactive,
+    rows_where,
+    run_steps,
+    sgd_step,
+    step_plan,
+)
 from pflbench import streams
-from pflbench.algorithm import (ALGORITHMS, Algorithm, Capabilities, Card, ClientRound, Hyperparams, Payload, Round,
-                                Serving)
+from pflbench.algorithm import (
+    ALGORITHMS,
+    Algorithm,
+    Capabilities,
+    Card,
+    ClientRound,
+    Hyperparams,
+    Payload,
+    Round,
+    Serving,
+)
 from pflbench.training import SGD, Diverged, State
 
 # The hypernetwork's initialization (torch's global generator), with the seed it had before streams had names.
@@ -90,8 +112,9 @@ class Trained(NamedTuple):
 class HyperNetwork(nn.Module):
     """Embedding -> MLP -> one linear head per generated tensor."""
 
-    def __init__(self, num_clients: int, shapes: dict[str, torch.Size], embed_dim: int, hidden_dim: int,
-                 hidden_layers: int):
+    def __init__(
+        self, num_clients: int, shapes: dict[str, torch.Size], embed_dim: int, hidden_dim: int, hidden_layers: int
+    ):
         super().__init__()
         self.shapes = shapes
         self.embedding = nn.Parameter(torch.randn(num_clients, embed_dim))  # nn.Embedding's init
@@ -110,18 +133,20 @@ class HyperNetwork(nn.Module):
     def generate(self, embeddings: Tensor) -> dict[str, Tensor]:
         """The generated tensors for embeddings [K, d] (rows of the table or not)."""
         features = self.mlp(embeddings)
-        return {name: head(features).view(len(embeddings), *shape)
-                for (name, shape), head in zip(self.shapes.items(), self.heads)}
+        return {
+            name: head(features).view(len(embeddings), *shape)
+            for (name, shape), head in zip(self.shapes.items(), self.heads)
+        }
 
 
 class PFedHNHP(Hyperparams):
     hn_lr: float = Field(1e-2, gt=0)
     hn_momentum: float = Field(0.9, ge=0, lt=1)
     hn_weight_decay: float = Field(1e-3, ge=0)
-    embed_dim: int | None = Field(None, ge=1)   # None: int(1 + N / 4), the official rule
+    embed_dim: int | None = Field(None, ge=1)  # None: int(1 + N / 4), the official rule
     hidden_dim: int = Field(100, ge=1)
     hidden_layers: int = Field(3, ge=0)
-    inner_steps: int | None = Field(50, ge=1)   # None: the cell's local epochs
+    inner_steps: int | None = Field(50, ge=1)  # None: the cell's local epochs
     clip: float = Field(50.0, gt=0)
     # "per_client": the official sequence (a client trains, the server steps, the next trains);
     # "per_round": the round's clients train at once (batched), then one step on their mean.
@@ -131,16 +156,23 @@ class PFedHNHP(Hyperparams):
     inner_optimizer: Literal["cell", "official"] = "cell"
 
 
-@ALGORITHMS.register("pfedhn", card=Card(
-    display_name="pFedHN",
-    family="hypernetworks and layer-wise aggregation",
-    row_order=4,
-    paper="Shamsian, Navon, Fetaya & Chechik, ICML 2021",
-    personalizes="the whole model, generated per client by a server hypernetwork from a learned client embedding"))
+@ALGORITHMS.register(
+    "pfedhn",
+    card=Card(
+        display_name="pFedHN",
+        family="hypernetworks and layer-wise aggregation",
+        row_order=4,
+        paper="Shamsian, Navon, Fetaya & Chechik, ICML 2021",
+        personalizes="the whole model, generated per client by a server hypernetwork from a learned client embedding",
+    ),
+)
 class PFedHN(Algorithm[PFedHNHP]):
-    capabilities = Capabilities(refused_knobs={
-        "privacy.mode": "central DP hands the server one noised sum of the updates, and pFedHN's "
-                        "server steps the hypernetwork with each client's own update"})
+    capabilities = Capabilities(
+        refused_knobs={
+            "privacy.mode": "central DP hands the server one noised sum of the updates, and pFedHN's "
+            "server steps the hypernetwork with each client's own update"
+        }
+    )
     # Checkpoints: every client's own tensors (buffers; pFedHN-PC's classifier), the embeddings' momentum and
     # the newcomers' fitted embeddings (once an evaluation made them); the hypernetwork, then its momentum;
     # which tensors it generates (the variant's).
@@ -154,13 +186,16 @@ class PFedHN(Algorithm[PFedHNHP]):
     OFFICIAL_INNER = SGD(lr=5e-3, momentum=0.9, weight_decay=5e-5)
     OFFICIAL_INNER_CLIP = 50.0
 
-    search_space = {"hn_lr": ("loguniform", 1e-3, 1e-1), "inner_steps": ("choice", [25, 50, 100]),
-                    "embed_dim": ("int", 2, 64)}
+    search_space = {
+        "hn_lr": ("loguniform", 1e-3, 1e-1),
+        "inner_steps": ("choice", [25, 50, 100]),
+        "embed_dim": ("int", 2, 64),
+    }
 
     def setup(self) -> None:
         fed, hp = self.engine, self.hp
         n = fed.num_clients
-        self.client_state = fed.init_state(n)   # buffers, and pFedHN-PC's personal classifiers
+        self.client_state = fed.init_state(n)  # buffers, and pFedHN-PC's personal classifiers
         params = fed.model.param_names
         if self.personal_classifier:
             _, head = fed.model.split_layers(1)
@@ -169,10 +204,12 @@ class PFedHN(Algorithm[PFedHNHP]):
             self.generated = list(params)
         shapes = {p: self.client_state[p].shape[1:] for p in self.generated}
         with fed.torch_global(HYPERNET_STREAM):
-            self.hypernet = HyperNetwork(n, shapes, hp.embed_dim or int(1 + n / 4), hp.hidden_dim,
-                                         hp.hidden_layers).to(fed.device)
-        self.optimizer = torch.optim.SGD(self.hypernet.body(), lr=hp.hn_lr, momentum=hp.hn_momentum,
-                                         weight_decay=hp.hn_weight_decay)
+            self.hypernet = HyperNetwork(n, shapes, hp.embed_dim or int(1 + n / 4), hp.hidden_dim, hp.hidden_layers).to(
+                fed.device
+            )
+        self.optimizer = torch.optim.SGD(
+            self.hypernet.body(), lr=hp.hn_lr, momentum=hp.hn_momentum, weight_decay=hp.hn_weight_decay
+        )
         self.embedding_momentum = torch.zeros_like(self.hypernet.embedding)
 
     dp_upload = "update"  # the upload is delta theta_i (per_client: each delta as it is delivered)
@@ -204,10 +241,10 @@ class PFedHN(Algorithm[PFedHNHP]):
         trained: list[State] = []
         started = {n: t.clone() for n, t in rnd.download.state.items()}  # becomes what each started from
         for k in range(len(clients)):
-            row = clients[k:k + 1]
+            row = clients[k : k + 1]
             with torch.no_grad():
                 generated = self.hypernet(row)
-            start = {n: generated[n] if n in generated else t[k:k + 1] for n, t in state.items()}
+            start = {n: generated[n] if n in generated else t[k : k + 1] for n, t in state.items()}
             after = self.inner_train(rnd, row, start)
             rnd.deliver(Payload.from_state({n: generated[n] - after[n] for n in self.generated}, row))
             for n in self.generated:  # what this client started from, for its upload
@@ -229,16 +266,21 @@ class PFedHN(Algorithm[PFedHNHP]):
         the engine runs its steps so (`pflbench.steps.run_steps`)."""
         fed = self.engine
         names = fed.model.param_names
-        carry = {"params": {n: state[n].detach().clone() for n in names},
-                 "buffers": {n: state[n].detach().clone() for n in fed.model.buffer_names},
-                 "momenta": {n: torch.zeros_like(state[n]) for n in names}}
+        carry = {
+            "params": {n: state[n].detach().clone() for n in names},
+            "buffers": {n: state[n].detach().clone() for n in fed.model.buffer_names},
+            "momenta": {n: torch.zeros_like(state[n]) for n in names},
+        }
         plan = step_plan(fed, rnd, clients, steps=self.hp.inner_steps)
-        carry, losses = run_steps(fed, [plan], carry, self._official_step,
-                                  key=(self.OFFICIAL_INNER, self.OFFICIAL_INNER_CLIP))
+        carry, losses = run_steps(
+            fed, [plan], carry, self._official_step, key=(self.OFFICIAL_INNER, self.OFFICIAL_INNER_CLIP)
+        )
         trained = {**carry["params"], **carry["buffers"]}
         failure, ok = losses.verdict(finite(trained))  # one read of the device for both
         if failure is not None:
-            raise Diverged(f"non-finite pFedHN inner loss for clients {clients[failure[1].to(clients.device)].tolist()}")
+            raise Diverged(
+                f"non-finite pFedHN inner loss for clients {clients[failure[1].to(clients.device)].tolist()}"
+            )
         if not ok:
             raise Diverged(f"non-finite pFedHN parameters for clients {clients.tolist()}")
         return trained
@@ -284,8 +326,9 @@ class PFedHN(Algorithm[PFedHNHP]):
         hp = self.hp
         generated = self.hypernet(clients)
         params = [self.hypernet.embedding, *self.hypernet.body()]
-        grads = list(torch.autograd.grad(list(generated.values()), params,
-                                         grad_outputs=[grad_theta[n] for n in generated]))
+        grads = list(
+            torch.autograd.grad(list(generated.values()), params, grad_outputs=[grad_theta[n] for n in generated])
+        )
         grads[1:] = [g / len(clients) for g in grads[1:]]
         rows = grads[0][clients]
         norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in [rows, *grads[1:]]]))
@@ -329,7 +372,9 @@ class PFedHN(Algorithm[PFedHNHP]):
             model = {**self.hypernet.generate(leaf), **leaves, **buffers}
             x, labels = fed.data(plan.ids[:, step])
             logits = fed.model.forward(model, x, train=True)
-            losses = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="none").view(labels.shape).mean(1)
+            losses = (
+                F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="none").view(labels.shape).mean(1)
+            )
             checked.add(active, losses)
             grads = torch.autograd.grad(losses.sum(), [leaf, *leaves.values()])
             with torch.no_grad():  # only the embedding and the personal classifier move
@@ -340,7 +385,9 @@ class PFedHN(Algorithm[PFedHNHP]):
             restore_inactive(buffers, kept, active)
         failure = checked.first_failure()
         if failure is not None:
-            raise Diverged(f"non-finite pFedHN newcomer loss for newcomers {everyone[failure[1].to(everyone.device)].tolist()}")
+            raise Diverged(
+                f"non-finite pFedHN newcomer loss for newcomers {everyone[failure[1].to(everyone.device)].tolist()}"
+            )
         with torch.no_grad():
             generated = self.hypernet.generate(embedding)
         self.newcomer_embeddings = embedding  # for inspection (tests)
@@ -350,11 +397,15 @@ class PFedHN(Algorithm[PFedHNHP]):
         return {"embeddings": self.hypernet.embedding.detach().cpu().numpy().astype(np.float32)}
 
 
-@ALGORITHMS.register("pfedhn-pc", card=Card(
-    display_name="pFedHN-PC",
-    family="hypernetworks and layer-wise aggregation",
-    paper="Shamsian, Navon, Fetaya & Chechik, ICML 2021",
-    personalizes="the feature extractor, generated per client by a hypernetwork, and a personal classifier kept on the client"))
+@ALGORITHMS.register(
+    "pfedhn-pc",
+    card=Card(
+        display_name="pFedHN-PC",
+        family="hypernetworks and layer-wise aggregation",
+        paper="Shamsian, Navon, Fetaya & Chechik, ICML 2021",
+        personalizes="the feature extractor, generated per client by a hypernetwork, and a personal classifier kept on the client",
+    ),
+)
 class PFedHNPC(PFedHN):
     """pFedHN-PC: the hypernetwork generates the body; each client's classifier is its own."""
 

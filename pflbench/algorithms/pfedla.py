@@ -57,6 +57,7 @@ What was chosen (the measurements behind each: docs/algorithms/pfedla.md):
 Artifacts: `alpha` [N, L, N] (client i's weights over source clients j for layer l) and
 `alpha_layers` (the L layer names), every evaluation round.
 """
+
 from __future__ import annotations
 
 from typing import Literal
@@ -68,8 +69,17 @@ from pydantic import Field
 from torch import Tensor
 
 from pflbench import streams
-from pflbench.algorithm import (ALGORITHMS, Algorithm, Capabilities, Card, ClientRound, Hyperparams, Payload, Round,
-                                Serving)
+from pflbench.algorithm import (
+    ALGORITHMS,
+    Algorithm,
+    Capabilities,
+    Card,
+    ClientRound,
+    Hyperparams,
+    Payload,
+    Round,
+    Serving,
+)
 from pflbench.newcomers.batchnorm import fit_batchnorm_statistics
 from pflbench.training import State
 
@@ -80,7 +90,7 @@ RETAINED = "retained"  # the download's header: [K, L] bool, the layers each cli
 
 
 class PFedLAHP(Hyperparams):
-    hn_lr: float = Field(1e-2, gt=0)          # hypernetwork and embedding learning rate (Adam)
+    hn_lr: float = Field(1e-2, gt=0)  # hypernetwork and embedding learning rate (Adam)
     hn_optimizer: Literal["adam", "sgd"] = "adam"
     head_init: Literal["uniform", "random"] = "uniform"  # uniform: alpha starts exactly 1/N
     # How a head's outputs become one layer's weights (each summing to 1): relu then normalise (the
@@ -100,26 +110,33 @@ class PFedLAHP(Hyperparams):
     hn_sign: Literal["descend", "ascend"] = "descend"
     embed_dim: int = Field(100, ge=1)
     hidden_dim: int = Field(100, ge=1)
-    hidden_layers: int = Field(3, ge=1)       # Linear + ReLU blocks before the heads
+    hidden_layers: int = Field(3, ge=1)  # Linear + ReLU blocks before the heads
     layer: Literal["block", "tensor"] = "block"
-    retain_layers: int = Field(0, ge=0)       # k of HeurpFedLA: layers kept local each round
+    retain_layers: int = Field(0, ge=0)  # k of HeurpFedLA: layers kept local each round
 
 
-@ALGORITHMS.register("pfedla", card=Card(
-    display_name="pFedLA",
-    family="hypernetworks and layer-wise aggregation",
-    row_order=8,
-    paper="Ma, Zhang, Guo & Xu, CVPR 2022",
-    personalizes="the aggregation: per client and per layer, weights over all clients' models learned by a server hypernetwork"))
+@ALGORITHMS.register(
+    "pfedla",
+    card=Card(
+        display_name="pFedLA",
+        family="hypernetworks and layer-wise aggregation",
+        row_order=8,
+        paper="Ma, Zhang, Guo & Xu, CVPR 2022",
+        personalizes="the aggregation: per client and per layer, weights over all clients' models learned by a server hypernetwork",
+    ),
+)
 class PFedLA(Algorithm[PFedLAHP]):
     # Checkpoints: what each client holds, the server's per-client parameters, the hypernetworks with their
     # Adam moments and step counts, the alphas' cache; the layer grouping and the fixed alphas (the
     # `shared_classes` rule: from the clients' data) are the cell's.
     state = ("client_state", "server_params", "hypernet", "_moments", "_steps", "_alpha_cache")
     state_rebuilt = ("layer_names", "layer_params", "layer_of", "_fixed")
-    capabilities = Capabilities(refused_knobs={
-        "privacy.mode": "central DP hands the server one noised sum of the updates, and pFedLA's "
-                        "server steps each client's hypernetwork with that client's own update"})
+    capabilities = Capabilities(
+        refused_knobs={
+            "privacy.mode": "central DP hands the server one noised sum of the updates, and pFedLA's "
+            "server steps each client's hypernetwork with that client's own update"
+        }
+    )
     dp_upload = "update"  # the upload is delta theta_i
 
     search_space = {"hn_lr": ("loguniform", 1e-3, 3e-1), "hidden_layers": ("int", 1, 4)}
@@ -128,7 +145,7 @@ class PFedLA(Algorithm[PFedLAHP]):
     def setup(self) -> None:
         fed, hp = self.engine, self.hp
         n = fed.num_clients
-        self.client_state = fed.init_state(n)          # what each client holds (incl. BN statistics)
+        self.client_state = fed.init_state(n)  # what each client holds (incl. BN statistics)
         params = fed.model.param_names
         self.server_params = {p: self.client_state[p].clone() for p in params}  # theta_j on the server
         if hp.layer == "block":
@@ -140,12 +157,14 @@ class PFedLA(Algorithm[PFedLAHP]):
         self.layer_params = [g for g in groups if g]
         self.layer_of = {p: i for i, g in enumerate(self.layer_params) for p in g}
         if hp.retain_layers >= len(self.layer_params):
-            raise ValueError(f"retain_layers={hp.retain_layers} keeps every one of the model's "
-                             f"{len(self.layer_params)} layers local; choose fewer")
+            raise ValueError(
+                f"retain_layers={hp.retain_layers} keeps every one of the model's "
+                f"{len(self.layer_params)} layers local; choose fewer"
+            )
         gen = fed.generator(HYPERNET_STREAM)
 
         def linear(fan_in: int, fan_out: int) -> tuple[Tensor, Tensor]:
-            bound = 1 / fan_in ** 0.5  # nn.Linear's default initialization, one draw per client
+            bound = 1 / fan_in**0.5  # nn.Linear's default initialization, one draw per client
             w = (torch.rand(n, fan_out, fan_in, generator=gen) * 2 - 1) * bound
             b = (torch.rand(n, fan_out, generator=gen) * 2 - 1) * bound
             return w, b
@@ -176,7 +195,7 @@ class PFedLA(Algorithm[PFedLAHP]):
         labels = [fed.data(fed.sample_ids(c, "train"))[1] for c in range(n)]
         classes = max(int(y.max()) for y in labels if len(y)) + 1
         held = torch.stack([torch.bincount(y, minlength=classes) > 0 for y in labels]).double()  # [N, C]
-        shared = (held @ held.T).fill_diagonal_(0)                                          # [N, N]
+        shared = (held @ held.T).fill_diagonal_(0)  # [N, N]
         others = shared.sum(1, keepdim=True)
         weights = torch.where(others > 0, 0.5 * shared / others.clamp_min(1), torch.zeros_like(shared))
         weights += torch.diag(torch.where(others[:, 0] > 0, 0.5, 1.0).to(weights.dtype))
@@ -204,8 +223,7 @@ class PFedLA(Algorithm[PFedLAHP]):
     def aggregate_params(self, alpha: Tensor, names: list[str] | None = None) -> dict[str, Tensor]:
         """theta_bar[k] per parameter tensor: sum_j alpha[k, layer, j] * theta_j (Eq. 6)."""
         names = self.engine.model.param_names if names is None else names
-        return {p: torch.einsum("kj,j...->k...", alpha[:, self.layer_of[p]], self.server_params[p])
-                for p in names}
+        return {p: torch.einsum("kj,j...->k...", alpha[:, self.layer_of[p]], self.server_params[p]) for p in names}
 
     def retained(self, alpha: Tensor, rows: Tensor) -> Tensor:
         """[K, L] bool: the k layers with the largest self-weight (HeurpFedLA), per client; ties (the
@@ -214,7 +232,7 @@ class PFedLA(Algorithm[PFedLAHP]):
         if self.hp.retain_layers:
             self_weight = alpha[torch.arange(len(rows)), :, rows]  # [K, L]
             last_first = torch.argsort(self_weight.flip(1), dim=1, descending=True, stable=True)
-            top = self_weight.shape[1] - 1 - last_first[:, :self.hp.retain_layers]
+            top = self_weight.shape[1] - 1 - last_first[:, : self.hp.retain_layers]
             keep.scatter_(1, top, True)
         return keep
 
@@ -224,12 +242,15 @@ class PFedLA(Algorithm[PFedLAHP]):
         layers, one dict per client without its own (the header says which: `RETAINED`)."""
         with torch.no_grad():
             alpha = self.alphas(rnd.clients)
-            keep = self.retained(alpha, rnd.clients)           # [K, L]
+            keep = self.retained(alpha, rnd.clients)  # [K, L]
             theta_bar = self.aggregate_params(alpha)
         if not self.hp.retain_layers:
             return Payload.from_state(dict(theta_bar), rnd.clients, header={RETAINED: keep})
-        return Payload.from_rows([{p: t[k] for p, t in theta_bar.items() if not keep[k, self.layer_of[p]]}
-                                  for k in range(len(keep))], rnd.clients, header={RETAINED: keep})
+        return Payload.from_rows(
+            [{p: t[k] for p, t in theta_bar.items() if not keep[k, self.layer_of[p]]} for k in range(len(keep))],
+            rnd.clients,
+            header={RETAINED: keep},
+        )
 
     def _started(self, rnd: Round, download: Payload) -> dict[str, Tensor]:
         """Each client's parameters at the start of its training: the download, and its own where it
@@ -239,8 +260,10 @@ class PFedLA(Algorithm[PFedLAHP]):
             sent = download.state
             return {p: sent[p] for p in params}
         rows = download.rows
-        return {p: torch.stack([row.get(p, mine) for row, mine in zip(rows, self.client_state[p][rnd.clients])])
-                for p in params}
+        return {
+            p: torch.stack([row.get(p, mine) for row, mine in zip(rows, self.client_state[p][rnd.clients])])
+            for p in params
+        }
 
     def receive(self, rnd: ClientRound, download: Payload) -> State:
         state = {name: own[rnd.clients] for name, own in self.client_state.items()}  # buffers: the client's own
@@ -286,8 +309,10 @@ class PFedLA(Algorithm[PFedLAHP]):
             return sent if len(positions) == len(download) else {p: t[positions] for p, t in sent.items()}
         rows = [download.row(k) for k in positions.tolist()]
         clients = download.clients[positions]
-        return {p: torch.stack([row.get(p, mine) for row, mine in zip(rows, self.server_params[p][clients])])
-                for p in self.engine.model.param_names}
+        return {
+            p: torch.stack([row.get(p, mine) for row, mine in zip(rows, self.server_params[p][clients])])
+            for p in self.engine.model.param_names
+        }
 
     def hypernetwork_step(self, clients: Tensor, grads: dict[str, Tensor]) -> None:
         """One step of each client's hypernetwork on its gradient (Adam per client, or plain SGD).
@@ -310,8 +335,8 @@ class PFedLA(Algorithm[PFedLAHP]):
             m[rows] = beta1 * m[rows] + (1 - beta1) * g
             v[rows] = beta2 * v[rows] + (1 - beta2) * g * g
             shape = (-1,) + (1,) * (g.dim() - 1)
-            m_hat = m[rows] / (1 - beta1 ** t).view(shape)
-            v_hat = v[rows] / (1 - beta2 ** t).view(shape)
+            m_hat = m[rows] / (1 - beta1**t).view(shape)
+            v_hat = v[rows] / (1 - beta2**t).view(shape)
             self.hypernet[key][rows] -= lr * m_hat / (v_hat.sqrt() + eps)
 
     def hypernetwork_grads(self, clients: Tensor, grad_theta: dict[str, Tensor]) -> dict[str, Tensor]:
@@ -330,8 +355,7 @@ class PFedLA(Algorithm[PFedLAHP]):
             g_alpha[:, self.layer_of[p]] += torch.einsum("k...,j...->kj", g, copies - copies[:1])
         alpha = self.alphas(clients)
         keys = list(self.hypernet)
-        grads = torch.autograd.grad(alpha, [self.hypernet[k] for k in keys], grad_outputs=g_alpha,
-                                    allow_unused=True)
+        grads = torch.autograd.grad(alpha, [self.hypernet[k] for k in keys], grad_outputs=g_alpha, allow_unused=True)
         return {k: (torch.zeros_like(self.hypernet[k]) if g is None else g) for k, g in zip(keys, grads)}
 
     # ---- evaluation and artifacts ----------------------------------------------------------------
@@ -368,22 +392,24 @@ class PFedLA(Algorithm[PFedLAHP]):
         return fit_batchnorm_statistics(newcomers, models)
 
     def artifacts(self) -> dict[str, np.ndarray]:
-        return {"alpha": self.all_alphas().cpu().numpy().astype(np.float32),
-                "alpha_layers": np.array(self.layer_names)}
+        return {"alpha": self.all_alphas().cpu().numpy().astype(np.float32), "alpha_layers": np.array(self.layer_names)}
 
 
 class HeurPFedLAHP(PFedLAHP):
     retain_layers: int = Field(1, ge=1)
 
 
-@ALGORITHMS.register("heurpfedla", card=Card(
-    display_name="HeurpFedLA",
-    family="hypernetworks and layer-wise aggregation",
-    row_order=9,
-    paper="Ma, Zhang, Guo & Xu, CVPR 2022",
-    personalizes="as pFedLA, and each client keeps its k most self-weighted layers without downloading them",
-    reduces_to={"pfedla": (
-        "HeurpFedLA equals pFedLA when no layer is retained")}))
+@ALGORITHMS.register(
+    "heurpfedla",
+    card=Card(
+        display_name="HeurpFedLA",
+        family="hypernetworks and layer-wise aggregation",
+        row_order=9,
+        paper="Ma, Zhang, Guo & Xu, CVPR 2022",
+        personalizes="as pFedLA, and each client keeps its k most self-weighted layers without downloading them",
+        reduces_to={"pfedla": ("HeurpFedLA equals pFedLA when no layer is retained")},
+    ),
+)
 class HeurPFedLA(PFedLA):
     """HeurpFedLA: pFedLA whose clients keep their k most self-weighted layers (k = 1 in Tables 1-2)."""
 

@@ -69,6 +69,7 @@ The official code's two departures from Algorithm 1, as options (both off by def
   Default 0 (the paper); `mu: 0.001` is the official code.
   Together, `{train_all_clients: true, mu: 0.001}` is the official code's behaviour.
 """
+
 from __future__ import annotations
 
 from functools import partial
@@ -78,34 +79,54 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from pflbench.steps import (Active, Carry, LossCheck, finite, keep_inactive, loss_and_grads, per_client, restore_inactive,
-                            rows_where, run_steps, sgd_step, step_plan)
+from pflbench.steps import (
+    Active,
+    Carry,
+    LossCheck,
+    finite,
+    keep_inactive,
+    loss_and_grads,
+    per_client,
+    restore_inactive,
+    rows_where,
+    run_steps,
+    sgd_step,
+    step_plan,
+)
 from pflbench.algorithm import ALGORITHMS, Card, ClientRound, Hyperparams, Payload, Round
 from pflbench.fedavg import FedAvg
 from pflbench.training import Diverged, State, weighted_mean
 
 
 class PFedMeHP(Hyperparams):
-    lam: float = Field(15.0, ge=0.0)                 # lambda, the Moreau-envelope regularization
-    personal_lr: float = Field(0.09, gt=0.0)         # step size of the inner solve
-    k: int = Field(5, ge=1)                          # inner steps per batch
-    beta: float = Field(1.0, gt=0.0)                 # server mixing (1: plain averaging)
+    lam: float = Field(15.0, ge=0.0)  # lambda, the Moreau-envelope regularization
+    personal_lr: float = Field(0.09, gt=0.0)  # step size of the inner solve
+    k: int = Field(5, ge=1)  # inner steps per batch
+    beta: float = Field(1.0, gt=0.0)  # server mixing (1: plain averaging)
     warm_start: Literal["global", "personal"] = "global"
-    train_all_clients: bool = False                  # official code: every client trains every round
-    mu: float = Field(0.0, ge=0.0)                   # L2 term of the inner step (official code: 1e-3)
+    train_all_clients: bool = False  # official code: every client trains every round
+    mu: float = Field(0.0, ge=0.0)  # L2 term of the inner step (official code: 1e-3)
 
 
-@ALGORITHMS.register("pfedme", card=Card(
-    display_name="pFedMe",
-    family="regularized and meta-learned",
-    row_order=3,
-    paper="T. Dinh, Tran & Nguyen, NeurIPS 2020",
-    personalizes="a whole personal model per client, the Moreau-envelope solution regularized toward the local copy of the global model"))
+@ALGORITHMS.register(
+    "pfedme",
+    card=Card(
+        display_name="pFedMe",
+        family="regularized and meta-learned",
+        row_order=3,
+        paper="T. Dinh, Tran & Nguyen, NeurIPS 2020",
+        personalizes="a whole personal model per client, the Moreau-envelope solution regularized toward the local copy of the global model",
+    ),
+)
 class PFedMe(FedAvg[PFedMeHP]):
     state = (*FedAvg.state, "personal_state")  # checkpoints: and every client's theta_i
 
-    search_space = {"lam": ("loguniform", 0.1, 20.0), "personal_lr": ("loguniform", 1e-3, 0.1),
-                    "k": ("int", 1, 10), "beta": ("uniform", 1.0, 2.0)}  # train_all_clients, mu: protocol choices, not tuned
+    search_space = {
+        "lam": ("loguniform", 0.1, 20.0),
+        "personal_lr": ("loguniform", 1e-3, 0.1),
+        "k": ("int", 1, 10),
+        "beta": ("uniform", 1.0, 2.0),
+    }  # train_all_clients, mu: protocol choices, not tuned
 
     def setup(self) -> None:
         super().setup()
@@ -140,10 +161,14 @@ class PFedMe(FedAvg[PFedMeHP]):
         if self.hp.train_all_clients:  # the unsampled clients train too, from the same global model
             others = self._others(clients)
             clients = torch.cat([clients, others])
-            state = {n: torch.cat([t, self.global_state[n].expand(len(others), *t.shape[1:])])
-                     for n, t in state.items()}
-        theta = ({n: t[clients] for n, t in self.personal_state.items()} if self.hp.warm_start == "personal"
-                 else {n: t.clone() for n, t in state.items()})
+            state = {
+                n: torch.cat([t, self.global_state[n].expand(len(others), *t.shape[1:])]) for n, t in state.items()
+            }
+        theta = (
+            {n: t[clients] for n, t in self.personal_state.items()}
+            if self.hp.warm_start == "personal"
+            else {n: t.clone() for n, t in state.items()}
+        )
         local, theta = per_client(self.engine, clients, partial(self._train, rnd), state, theta)
         for n, t in theta.items():
             self.personal_state[n][clients] = t
@@ -155,12 +180,15 @@ class PFedMe(FedAvg[PFedMeHP]):
         buffers (a CUDA graph) where the engine runs its steps so (`run_steps`)."""
         fed, hp = self.engine, self.hp
         names, buffer_names = fed.model.param_names, fed.model.buffer_names
-        carry = {"w": {n: state[n].detach().clone() for n in names},
-                 "theta": {n: theta_start[n].detach().clone() for n in names},
-                 "buffers": {n: theta_start[n].detach().clone() for n in buffer_names},  # theta's statistics
-                 "momenta": {n: torch.zeros_like(state[n]) for n in names} if fed.sgd.momentum else {}}
-        carry, losses = run_steps(fed, [step_plan(fed, rnd, clients)], carry, self._step,
-                                  key=(hp.lam, hp.personal_lr, hp.k, hp.mu, fed.sgd))
+        carry = {
+            "w": {n: state[n].detach().clone() for n in names},
+            "theta": {n: theta_start[n].detach().clone() for n in names},
+            "buffers": {n: theta_start[n].detach().clone() for n in buffer_names},  # theta's statistics
+            "momenta": {n: torch.zeros_like(state[n]) for n in names} if fed.sgd.momentum else {},
+        }
+        carry, losses = run_steps(
+            fed, [step_plan(fed, rnd, clients)], carry, self._step, key=(hp.lam, hp.personal_lr, hp.k, hp.mu, fed.sgd)
+        )
         local, personal = {**carry["w"], **carry["buffers"]}, {**carry["theta"], **carry["buffers"]}
         failure, ok = losses.verdict(finite(local) & finite(personal))  # one read of the device for both
         if failure is not None:
@@ -180,11 +208,28 @@ class PFedMe(FedAvg[PFedMeHP]):
         for _ in range(hp.k):  # the same batch each time
             loss, grads = loss_and_grads(fed, theta, buffers, ids[0])
             losses.add(active, loss)
-            theta = dict(zip(names, inner_step([theta[n] for n in names], [grads[n] for n in names],
-                                               [w[n] for n in names], hp.lam, hp.personal_lr, hp.mu)))
+            theta = dict(
+                zip(
+                    names,
+                    inner_step(
+                        [theta[n] for n in names],
+                        [grads[n] for n in names],
+                        [w[n] for n in names],
+                        hp.lam,
+                        hp.personal_lr,
+                        hp.mu,
+                    ),
+                )
+            )
         theta = {n: rows_where(active, theta[n], start[n]) for n in names}
-        sgd_step(w, dict(zip(names, pull([w[n] for n in names], [theta[n] for n in names], hp.lam))),
-                 momenta, fed.sgd, fed.sgd.lr, active)  # eta * pull = eta * lam * (w - theta)
+        sgd_step(
+            w,
+            dict(zip(names, pull([w[n] for n in names], [theta[n] for n in names], hp.lam))),
+            momenta,
+            fed.sgd,
+            fed.sgd.lr,
+            active,
+        )  # eta * pull = eta * lam * (w - theta)
         restore_inactive(buffers, kept, active)
         return {"w": w, "theta": theta, "buffers": buffers, "momenta": momenta}
 
@@ -201,8 +246,9 @@ class PFedMe(FedAvg[PFedMeHP]):
         return self.personal_state
 
 
-def inner_step(theta: list[Tensor], grads: list[Tensor], w: list[Tensor], lam: float, lr: float,
-               mu: float) -> list[Tensor]:
+def inner_step(
+    theta: list[Tensor], grads: list[Tensor], w: list[Tensor], lam: float, lr: float, mu: float
+) -> list[Tensor]:
     """One inner gradient step, new tensors: theta - lr * (grads + lam * (theta - w) + mu * theta),
     each operation as the per-tensor expression computes it, in its order, with foreach kernels (a
     few launches for all tensors, where the per-tensor form makes seven per tensor). The mu term is

@@ -1,5 +1,6 @@
 """The `pflbench` command. Each module of this package contributes its subcommands through
 `add_parser`, so this file only lists them; the work is done by the engine's modules."""
+
 from __future__ import annotations
 
 import argparse
@@ -12,8 +13,14 @@ from typing import cast
 # the standard library at module level: every `pflbench ... --help` builds all their parsers, so a
 # heavy import here (torch, pandas, Ray, matplotlib, ...) makes every help screen wait seconds for it.
 # Command functions import what they need when they run (tests/test_cli_friendly.py checks this).
-COMMAND_MODULES = ("pflbench.cli.commands", "pflbench.cli.run", "pflbench.cli.report", "pflbench.cli.sweep",
-                   "pflbench.cli.publish", "pflbench.scaffold")
+COMMAND_MODULES = (
+    "pflbench.cli.commands",
+    "pflbench.cli.run",
+    "pflbench.cli.report",
+    "pflbench.cli.sweep",
+    "pflbench.cli.publish",
+    "pflbench.scaffold",
+)
 
 
 class VersionAction(argparse.Action):
@@ -22,8 +29,13 @@ class VersionAction(argparse.Action):
     def __init__(self, option_strings: list[str], dest: str, **kwargs: object) -> None:
         super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=cast(str, kwargs.get("help")))
 
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object,
-                 option_string: str | None = None) -> None:
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: object,
+        option_string: str | None = None,
+    ) -> None:
         from importlib.metadata import PackageNotFoundError, version
 
         try:
@@ -35,7 +47,9 @@ class VersionAction(argparse.Action):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="pflbench", description="Benchmark harness for personalized federated learning.")
+    parser = argparse.ArgumentParser(
+        prog="pflbench", description="Benchmark harness for personalized federated learning."
+    )
     parser.add_argument("--version", action=VersionAction, help="print pflbench's version and exit")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMAND_MODULES:
@@ -64,9 +78,13 @@ def main(argv: list[str] | None = None) -> int:
             previous = {}
         return _run(args)
     except StartupStop as stop:
-        print(f"{stop.signal} as the command ended: what it ran is in the store; run the same command again to "
-              f"continue anything left" if stop.started else
-              f"{stop.signal} during start-up: nothing was started; run the same command again", file=sys.stderr)
+        print(
+            f"{stop.signal} as the command ended: what it ran is in the store; run the same command again to "
+            f"continue anything left"
+            if stop.started
+            else f"{stop.signal} during start-up: nothing was started; run the same command again",
+            file=sys.stderr,
+        )
         return PREEMPTED_EXIT
     finally:
         restore_signals(previous)
@@ -89,4 +107,3 @@ def _run(args: argparse.Namespace) -> int:
     except BrokenPipeError:  # `pflbench list algorithms | head`: the reader left; say nothing more
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (the Python docs' recipe)
         return 141
-

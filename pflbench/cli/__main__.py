@@ -1,4 +1,5 @@
 """`python -m pflbench.cli ...`: the same as the `pflbench` command."""
+
 import sys
 
 from pflbench.cli import main

@@ -3,6 +3,7 @@
 Only the standard library is imported at module level (see COMMAND_MODULES in pflbench/cli/__init__.py): each
 command imports the engine (torch, the datasets, ...) when it runs.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,39 +22,57 @@ if TYPE_CHECKING:
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     listing = subparsers.add_parser("list", help="list registered algorithms, datasets, partitions or models")
-    listing.add_argument("what", choices=["algorithms", "datasets", "partitions", "models"],
-                         help="algorithms: hyperparameters with defaults, paper, what each personalizes; "
-                              "datasets: what each is and whether it is available here; partitions: non-IID "
-                              "schemes with their parameters; models: model names")
+    listing.add_argument(
+        "what",
+        choices=["algorithms", "datasets", "partitions", "models"],
+        help="algorithms: hyperparameters with defaults, paper, what each personalizes; "
+        "datasets: what each is and whether it is available here; partitions: non-IID "
+        "schemes with their parameters; models: model names",
+    )
     add_data_options(listing, what="with `list datasets`: where to look for them")
     listing.set_defaults(func=cmd_list)
 
     data = subparsers.add_parser("data", help="prepare datasets, inspect partitions")
     data_sub = data.add_subparsers(dest="data_command", required=True, metavar="ACTION")
-    prepare = data_sub.add_parser("prepare", help="put dataset files where torchvision looks (from a mirror or a download) and cache them")
+    prepare = data_sub.add_parser(
+        "prepare", help="put dataset files where torchvision looks (from a mirror or a download) and cache them"
+    )
     prepare.add_argument("names", nargs="*", help="datasets (default: every one the mirror has)")
     add_data_options(prepare)
     prepare.set_defaults(func=cmd_data_prepare)
     show = data_sub.add_parser("show", help="print (and plot) a partition's per-client label counts")
     add_partition_options(show, example="classes_per_client=2")
-    show.add_argument("--split", default="all", choices=["all", "train", "val", "test"],
-                      help="which of each client's splits to count (default: all)")
+    show.add_argument(
+        "--split",
+        default="all",
+        choices=["all", "train", "val", "test"],
+        help="which of each client's splits to count (default: all)",
+    )
     show.add_argument("--plot", metavar="PATH", help="also draw the counts (PNG or SVG)")
     add_data_options(show)
     show.set_defaults(func=cmd_data_show)
     export = data_sub.add_parser(
-        "export", help="write a partition's per-client train/val/test indices for other suites (FL-bench, JSON)",
+        "export",
+        help="write a partition's per-client train/val/test indices for other suites (FL-bench, JSON)",
         description="Write the per-client train/val/test sample indices of a partition as files that FL-bench "
-                    "(partition.pkl + all_stats.json) and other tools read, and that `{scheme: imported}` reads "
-                    "back. Indices refer to the dataset as pflbench pools it (torchvision's train set, then its "
-                    "test set). Format: pflbench/interop.py and benchmarks/README.md.")
+        "(partition.pkl + all_stats.json) and other tools read, and that `{scheme: imported}` reads "
+        "back. Indices refer to the dataset as pflbench pools it (torchvision's train set, then its "
+        "test set). Format: pflbench/interop.py and benchmarks/README.md.",
+    )
     add_partition_options(export, example="alpha=0.3")
     export.add_argument("--train-fraction", type=float, default=0.7, help="per-client train share (default: 0.7)")
-    export.add_argument("--val-fraction", type=float, default=0.1,
-                        help="share of each client's train split held out as val (default: 0.1)")
-    export.add_argument("--format", choices=["both", "flbench", "json"], default="both",
-                        help="flbench: OUT/partition.pkl and OUT/all_stats.json; json: OUT/partition.json "
-                             "(default: both)")
+    export.add_argument(
+        "--val-fraction",
+        type=float,
+        default=0.1,
+        help="share of each client's train split held out as val (default: 0.1)",
+    )
+    export.add_argument(
+        "--format",
+        choices=["both", "flbench", "json"],
+        default="both",
+        help="flbench: OUT/partition.pkl and OUT/all_stats.json; json: OUT/partition.json (default: both)",
+    )
     export.add_argument("--out", required=True, metavar="DIR", help="folder to write the files into")
     add_data_options(export)
     export.set_defaults(func=cmd_data_export)
@@ -66,23 +85,30 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     bench.add_argument("--classes", type=int, default=10, help="number of classes (default: 10)")
     bench.add_argument("--model", default="cnn", help="model name (pflbench list models; default: cnn)")
     bench.add_argument("--rounds", type=int, default=1, help="timed rounds per measurement (default: 1)")
-    bench.add_argument("--repeats", type=int, default=8,
-                       help="measurements per way, interleaved; the best is kept, the spread tells how noisy "
-                            "the machine was (default: 8)")
+    bench.add_argument(
+        "--repeats",
+        type=int,
+        default=8,
+        help="measurements per way, interleaved; the best is kept, the spread tells how noisy "
+        "the machine was (default: 8)",
+    )
     bench.add_argument("--device", help="torch device (default: cuda when available, else cpu)")
     bench.add_argument("--json", metavar="PATH", help="also write the result as JSON")
     bench.add_argument("--quiet", action="store_true", help="no progress lines on stderr while measuring")
     bench.add_argument("--threads", type=int, help="torch threads (default: torch's own choice)")
-    bench.add_argument("--no-compile", action="store_true",
-                       help="leave out the compiled training step (saves its compile time)")
+    bench.add_argument(
+        "--no-compile", action="store_true", help="leave out the compiled training step (saves its compile time)"
+    )
     bench.set_defaults(func=cmd_bench)
-
 
     store = subparsers.add_parser("store", help="inspect a results store")
     store_sub = store.add_subparsers(dest="store_command", required=True, metavar="ACTION")
-    check = store_sub.add_parser("check", help="list damaged cells (files truncated, garbled, missing), foreign "
-                                               "folders (name is not the hash of the configuration inside) and "
-                                               "cells with a round checkpoint (and its round)")
+    check = store_sub.add_parser(
+        "check",
+        help="list damaged cells (files truncated, garbled, missing), foreign "
+        "folders (name is not the hash of the configuration inside) and "
+        "cells with a round checkpoint (and its round)",
+    )
     check.add_argument("--results", default="results", help="results store (default: results)")
     check.set_defaults(func=cmd_store_check)
 
@@ -108,20 +134,28 @@ def cmd_store_check(args: argparse.Namespace) -> int:
     bad = sum(1 for entry in checkpoints if entry["problem"])
     aside = Path(args.results) / SET_ASIDE
     kept = len([p for p in aside.iterdir() if p.is_dir()]) if aside.is_dir() else 0
-    print(f"{args.results}: {len(intact)} intact cells, {len({p.folder for p in problems if p.kind == 'damaged'})} "
-          f"damaged, {len({p.folder for p in problems if p.kind == 'foreign'})} foreign"
-          + (f"; {len(checkpoints)} round checkpoints, {bad} of them damaged or not their cell's" if checkpoints else "")
-          + (f"; {kept} damaged folders set aside earlier in {aside}" if kept else ""))
+    print(
+        f"{args.results}: {len(intact)} intact cells, {len({p.folder for p in problems if p.kind == 'damaged'})} "
+        f"damaged, {len({p.folder for p in problems if p.kind == 'foreign'})} foreign"
+        + (f"; {len(checkpoints)} round checkpoints, {bad} of them damaged or not their cell's" if checkpoints else "")
+        + (f"; {kept} damaged folders set aside earlier in {aside}" if kept else "")
+    )
     return 1 if problems or bad else 0
 
 
 def add_partition_options(parser: argparse.ArgumentParser, example: str) -> None:
     """The dataset and partition a `data show` / `data export` works on."""
     parser.add_argument("dataset", help="a dataset name (pflbench list datasets)")
-    parser.add_argument("--partition", default="pathological",
-                        help="non-IID scheme (pflbench list partitions; default: pathological)")
-    parser.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
-                        help=f"partition parameter, e.g. {example} (repeatable)")
+    parser.add_argument(
+        "--partition", default="pathological", help="non-IID scheme (pflbench list partitions; default: pathological)"
+    )
+    parser.add_argument(
+        "--param",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help=f"partition parameter, e.g. {example} (repeatable)",
+    )
     parser.add_argument("--clients", type=int, default=10, help="number of clients (default: 10)")
     parser.add_argument("--seed", type=int, default=0, help="partition seed (default: 0)")
 
@@ -129,8 +163,7 @@ def add_partition_options(parser: argparse.ArgumentParser, example: str) -> None
 def add_data_options(parser: argparse.ArgumentParser, what: str = "") -> None:
     suffix = f"; {what}" if what else ""
     parser.add_argument("--root", help=f"data root (default: $PFLBENCH_DATA or ./data){suffix}")
-    parser.add_argument("--from", dest="mirror",
-                        help=f"offline mirror folder (default: $PFLBENCH_DATA_MIRROR){suffix}")
+    parser.add_argument("--from", dest="mirror", help=f"offline mirror folder (default: $PFLBENCH_DATA_MIRROR){suffix}")
 
 
 def field_default(field: FieldInfo) -> Any:
@@ -167,8 +200,10 @@ def cmd_list(args: argparse.Namespace) -> int:
         for name, source in DATASETS.items():  # the registry itself: plugins' datasets too
             plugin = f"  [plugin {DATASETS.origin(name)}]" if DATASETS.origin(name) else ""
             print(f"{name:<{width}}{where[name]:<22}{source.summary()}{plugin}")
-        print(f"(data root {root}; mirror {mirror or 'none: $PFLBENCH_DATA_MIRROR is not set'}; "
-              f"`pflbench data prepare` places and decodes what the mirror has)")
+        print(
+            f"(data root {root}; mirror {mirror or 'none: $PFLBENCH_DATA_MIRROR is not set'}; "
+            f"`pflbench data prepare` places and decodes what the mirror has)"
+        )
     elif args.what == "partitions":
         from pflbench.partitioning import PARTITIONS
         from pflbench.plugins import load_builtins
@@ -177,8 +212,10 @@ def cmd_list(args: argparse.Namespace) -> int:
 
         width = name_column(PARTITIONS.names(), 14)
         for name, scheme in PARTITIONS.items():
-            fields = ", ".join(f"{k}={field_default(f)!r}" if not f.is_required() else f"{k} (required)"
-                               for k, f in scheme.Params.model_fields.items())
+            fields = ", ".join(
+                f"{k}={field_default(f)!r}" if not f.is_required() else f"{k} (required)"
+                for k, f in scheme.Params.model_fields.items()
+            )
             extra = ", any keyword of the partitioner" if scheme.Params.model_config.get("extra") == "allow" else ""
             plugin = f"  [plugin {PARTITIONS.origin(name)}]" if PARTITIONS.origin(name) else ""
             print(f"{name:<{width}}{fields or '-'}{extra}{plugin}")
@@ -187,8 +224,11 @@ def cmd_list(args: argparse.Namespace) -> int:
         from pflbench.plugins import load_builtins
 
         load_builtins()
-        print("\n".join(name + (f"  [plugin {MODELS.origin(name)}]" if MODELS.origin(name) else "")
-                        for name in MODELS.names()))
+        print(
+            "\n".join(
+                name + (f"  [plugin {MODELS.origin(name)}]" if MODELS.origin(name) else "") for name in MODELS.names()
+            )
+        )
     return 0
 
 
@@ -274,8 +314,15 @@ def _partition_of(args: argparse.Namespace, **fractions: Any) -> tuple[Dataset, 
     check_dataset_names([args.dataset])
     PARTITIONS.get(args.partition)  # a wrong scheme is reported before the dataset is loaded
     dataset = load_dataset(args.dataset, root=args.root, mirror=args.mirror)
-    splits = make_splits(dataset.labels.numpy(), dataset.num_classes, scheme=args.partition, params=params,
-                         num_clients=args.clients, seed=args.seed, **fractions)
+    splits = make_splits(
+        dataset.labels.numpy(),
+        dataset.num_classes,
+        scheme=args.partition,
+        params=params,
+        num_clients=args.clients,
+        seed=args.seed,
+        **fractions,
+    )
     return dataset, splits
 
 
@@ -310,11 +357,19 @@ def cmd_data_export(args: argparse.Namespace) -> int:
     labels = dataset.labels.numpy()
     names = {"flbench": "partition.pkl", "json": "partition.json"}
     for fmt in ("flbench", "json") if args.format == "both" else (args.format,):
-        path = write_partition(splits, Path(args.out) / names[fmt], fmt, labels=labels,
-                               num_classes=dataset.num_classes, dataset=args.dataset)
+        path = write_partition(
+            splits,
+            Path(args.out) / names[fmt],
+            fmt,
+            labels=labels,
+            num_classes=dataset.num_classes,
+            dataset=args.dataset,
+        )
         print(f"{fmt}: {path}" + (f" (and {path.with_name('all_stats.json')})" if fmt == "flbench" else ""))
-    print(f"{splits.num_clients} clients; train/val/test samples: "
-          + "/".join(str(sum(map(len, getattr(splits, name)))) for name in ("train", "val", "test")))
+    print(
+        f"{splits.num_clients} clients; train/val/test samples: "
+        + "/".join(str(sum(map(len, getattr(splits, name)))) for name in ("train", "val", "test"))
+    )
     return 0
 
 
@@ -331,10 +386,19 @@ def cmd_bench(args: argparse.Namespace) -> int:
     def progress(line: str) -> None:
         print(f"bench: {line}", file=sys.stderr, flush=True)
 
-    result = run_bench(clients=args.clients, samples=args.samples, batch_size=args.batch_size, shape=shape,
-                       num_classes=args.classes, model=args.model, rounds=args.rounds,
-                       repeats=args.repeats, device=device, compiled=not args.no_compile,
-                       progress=None if args.quiet else progress)
+    result = run_bench(
+        clients=args.clients,
+        samples=args.samples,
+        batch_size=args.batch_size,
+        shape=shape,
+        num_classes=args.classes,
+        model=args.model,
+        rounds=args.rounds,
+        repeats=args.repeats,
+        device=device,
+        compiled=not args.no_compile,
+        progress=None if args.quiet else progress,
+    )
     print(format_bench(result))
     if args.json:
         write_json(result, args.json)

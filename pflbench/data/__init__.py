@@ -12,6 +12,7 @@ does it ahead of time). Datasets: mnist, fmnist, emnist, cifar10, cifar100 (torc
 cifar10-jpeg (a lossy JPEG re-encoding of CIFAR-10, never to be called CIFAR-10), and the
 generated synthetic (FedProx) and synthetic-images.
 """
+
 from __future__ import annotations
 
 # Importing the dataset modules registers them in DATASETS.

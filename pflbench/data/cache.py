@@ -2,6 +2,7 @@
 
 A cache file is trusted as is (the source files may be gone); delete it to force a re-decode.
 """
+
 from __future__ import annotations
 
 import logging

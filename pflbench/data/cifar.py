@@ -3,6 +3,7 @@
 torchvision reads `<root>/cifar-10-batches-py/` (`<root>/cifar-100-python/`) and checks each
 file's md5; a mirror may hold the download archive (`cifar-10-python.tar.gz`) or the extracted folder.
 """
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -4,6 +4,7 @@ The re-encoding is lossy, so this is not CIFAR-10 and is never called so: result
 name `cifar10-jpeg`. Files: `<root>/cifar10-jpeg/{train,test}/<class>/*.jpg`, extracted from a
 mirror's `cifar10-jpeg.zip`. There is no download: its only source is that archive.
 """
+
 from __future__ import annotations
 
 import io
@@ -26,8 +27,13 @@ IMAGE_SHAPE = (32, 32, 3)
 
 
 # Compared with the paper's CIFAR-10 numbers in the reports, with a note that the data differ.
-@DATASETS.register("cifar10-jpeg", display_name="CIFAR-10 (JPEG)", row_order=3, paper_dataset="cifar10",
-                   paper_dataset_note="cifar10-jpeg is a lossy JPEG re-encoding of CIFAR-10, not the data the paper used")
+@DATASETS.register(
+    "cifar10-jpeg",
+    display_name="CIFAR-10 (JPEG)",
+    row_order=3,
+    paper_dataset="cifar10",
+    paper_dataset_note="cifar10-jpeg is a lossy JPEG re-encoding of CIFAR-10, not the data the paper used",
+)
 class Cifar10JpegSource(FileSource):
     description = (
         "cifar10-jpeg: CIFAR-10 re-encoded as JPEG (lossy, quality ~75; not CIFAR-10), "

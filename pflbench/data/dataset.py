@@ -4,6 +4,7 @@ torchvision's train and test sets are merged into one pool because pflbench re-s
 client's share 70/30 itself (as pFedLA does); `source_split` keeps the original membership for
 reference only.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -94,7 +95,9 @@ class Dataset:
         return (x - mean) / std
 
 
-def statistics(inputs: torch.Tensor, indices: torch.Tensor | None = None) -> tuple[tuple[float, ...], tuple[float, ...]]:
+def statistics(
+    inputs: torch.Tensor, indices: torch.Tensor | None = None
+) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """Population mean and std per image channel (in [0, 1] units) or per vector feature, over the
     samples `indices` (default: all). A zero std (a constant channel) is returned as 1."""
     if indices is not None:

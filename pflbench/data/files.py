@@ -1,4 +1,5 @@
 """Filesystem helpers: writes that are never seen half-done, and content digests for provenance."""
+
 from __future__ import annotations
 
 import hashlib

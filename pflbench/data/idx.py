@@ -3,6 +3,7 @@
 torchvision reads the decompressed files in `<root>/<ClassName>/raw/`; a mirror folder may hold
 them decompressed, gzipped, or (EMNIST) inside torchvision's download archive `gzip.zip`.
 """
+
 from __future__ import annotations
 
 import gzip

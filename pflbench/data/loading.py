@@ -8,6 +8,7 @@ The order for a dataset read from files, every time:
 4. otherwise DatasetNotFoundError, naming every place looked at and how to get the data.
 Decoded files are written to the cache. Generated datasets are simply generated.
 """
+
 from __future__ import annotations
 
 import logging
@@ -76,8 +77,9 @@ def available(root: str | Path | None = None, mirror: str | Path | None = None) 
     result = {}
     for name in DATASETS.names():
         source = make_source(name, {})
-        result[name] = isinstance(source, GeneratedSource) or _obtainable_offline(cast(FileSource, source), root_path,
-                                                                                  mirror_path)
+        result[name] = isinstance(source, GeneratedSource) or _obtainable_offline(
+            cast(FileSource, source), root_path, mirror_path
+        )
     return result
 
 

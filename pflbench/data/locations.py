@@ -1,4 +1,5 @@
 """Where datasets live: the data root (torchvision's layout plus our cache) and an optional offline mirror."""
+
 from __future__ import annotations
 
 import os

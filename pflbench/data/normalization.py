@@ -30,6 +30,7 @@ What this does to the rest:
   same 68.56% as delivered, 83.00% -> 82.89% after local adaptation.
 - Feature shift (pflbench.shifts) works in normalised units with the same statistics.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -62,7 +63,9 @@ def normalized_for_cell(dataset: Dataset, how: str, splits: ClientSplits, traine
         return dataset
     indices = trained_train_indices(splits, trained)
     if not len(indices):
-        raise ValueError("normalization 'train' needs at least one train sample among the trained clients; "
-                         "this partition gives them none (use more samples per client, or normalization: pool)")
+        raise ValueError(
+            "normalization 'train' needs at least one train sample among the trained clients; "
+            "this partition gives them none (use more samples per client, or normalization: pool)"
+        )
     mean, std = statistics(dataset.inputs, indices)
     return dataclasses.replace(dataset, mean=mean, std=std)

@@ -1,4 +1,5 @@
 """Declared dataset options and their checking, so a wrong option fails with what is allowed."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -3,6 +3,7 @@
 Each registered class says how its dataset is found, placed from a mirror and decoded (files), or
 generated (no files); `pflbench.data.loading` runs those steps in order for any name.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -44,8 +45,16 @@ class Source(ABC):
 #   display_name, paper (where it comes from), row_order (its column among the tables' datasets; None:
 #   after those with one, by name), paper_dataset (the papers' dataset its cells are compared with, when
 #   not itself) and paper_dataset_note (the footnote saying how the two differ).
-DATASETS: Registry[type[Source]] = Registry("dataset", own_attributes={
-    "display_name": NAME, "paper": "", "row_order": None, "paper_dataset": "", "paper_dataset_note": ""})
+DATASETS: Registry[type[Source]] = Registry(
+    "dataset",
+    own_attributes={
+        "display_name": NAME,
+        "paper": "",
+        "row_order": None,
+        "paper_dataset": "",
+        "paper_dataset_note": "",
+    },
+)
 
 
 def make_source(name: str, options: dict[str, Any]) -> Source:

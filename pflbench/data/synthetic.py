@@ -13,6 +13,7 @@ sources in rounds and each class keeps the first ones up to its share; after eve
 some class is still short, one more source is drawn from the same prior (a class that none of the
 sources produces still gets filled). Deterministic given the options.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -86,4 +87,3 @@ class SyntheticSource(GeneratedSource):
         bias = rng.normal(model_mean, 1.0, NUM_CLASSES)
         centre = rng.normal(input_mean, 1.0, NUM_FEATURES)
         return weights, bias, centre
-

@@ -6,6 +6,7 @@ up to +-4 pixels, blended with a smooth random distractor at a random weight, pl
 stored as uint8. Classes are balanced. Difficulty, measured on 2000 samples (70/30 split): a small
 two-conv CNN reaches about 60% (grayscale) / 87% (RGB) test accuracy after 4 epochs, chance is 10%.
 """
+
 from __future__ import annotations
 
 import numpy as np

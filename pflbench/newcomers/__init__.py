@@ -33,10 +33,18 @@ The package, by job: `ids` draws which clients are newcomers, `check` refuses a 
 with them, `scoring` scores the models an algorithm serves them, `batchnorm` fits BatchNorm statistics
 on a newcomer's own data (for methods whose statistics never leave the clients).
 """
+
 from pflbench.newcomers.batchnorm import BATCHNORM_CHUNK, fit_batchnorm_statistics
 from pflbench.newcomers.check import check_unseen
 from pflbench.newcomers.ids import newcomer_count, newcomer_ids, seen_ids
 from pflbench.newcomers.scoring import score_newcomers
 
-__all__ = ["BATCHNORM_CHUNK", "check_unseen", "fit_batchnorm_statistics", "newcomer_count", "newcomer_ids",
-           "score_newcomers", "seen_ids"]
+__all__ = [
+    "BATCHNORM_CHUNK",
+    "check_unseen",
+    "fit_batchnorm_statistics",
+    "newcomer_count",
+    "newcomer_ids",
+    "score_newcomers",
+    "seen_ids",
+]

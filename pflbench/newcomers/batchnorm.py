@@ -1,4 +1,5 @@
 """A newcomer's BatchNorm statistics, fitted on its own train split (pflbench.newcomers)."""
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING

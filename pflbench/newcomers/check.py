@@ -1,4 +1,5 @@
 """The cell check of unseen clients: a cell whose `unseen_fraction` cannot run is refused before any work."""
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -18,8 +19,12 @@ def check_unseen(cell: CellConfig) -> None:
         return
     count = newcomer_count(fraction, clients)
     if count < 1:
-        raise ValueError(f"unseen_fraction {fraction} of {clients} clients holds out no client "
-                         f"(round({fraction} x {clients}) = 0); use at least {0.5 / clients:.3g}, or 0 for none")
+        raise ValueError(
+            f"unseen_fraction {fraction} of {clients} clients holds out no client "
+            f"(round({fraction} x {clients}) = 0); use at least {0.5 / clients:.3g}, or 0 for none"
+        )
     if count > clients - 1:
-        raise ValueError(f"unseen_fraction {fraction} of {clients} clients holds out all {count} of them; "
-                         f"at least one client must train (at most {(clients - 1.5) / clients:.3g})")
+        raise ValueError(
+            f"unseen_fraction {fraction} of {clients} clients holds out all {count} of them; "
+            f"at least one client must train (at most {(clients - 1.5) / clients:.3g})"
+        )

@@ -1,5 +1,6 @@
 """Which clients are newcomers: drawn once from the cell's seed (stream "newcomers"), the same for
 every algorithm, never from the training generators (pflbench.newcomers)."""
+
 from __future__ import annotations
 
 import numpy as np

@@ -1,4 +1,5 @@
 """Scoring the newcomers: the models an algorithm serves clients it never saw, scored on their splits."""
+
 from __future__ import annotations
 
 import time
@@ -28,6 +29,13 @@ def score_newcomers(algorithm: Algorithm[Any], serving: Serving, evaluate: tuple
             adapted = score(algorithm, serving, algorithm.adapt_locally(serving, models), evaluate)
     except Diverged:
         pass  # NaN scores: the protocol summaries never select such a round
-    rows = client_rows(serving.round, newcomers.client_ids, scores, adapted, newcomers.split_sizes("test").tolist(),
-                       newcomers.split_sizes("val").tolist(), newcomer=True)  # bytes 0: never took part
+    rows = client_rows(
+        serving.round,
+        newcomers.client_ids,
+        scores,
+        adapted,
+        newcomers.split_sizes("test").tolist(),
+        newcomers.split_sizes("val").tolist(),
+        newcomer=True,
+    )  # bytes 0: never took part
     return rows, time.perf_counter() - start

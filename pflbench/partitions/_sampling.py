@@ -1,13 +1,12 @@
 """Steps shared by the built-in schemes: a balanced choice of classes per client, even integer
 splits, and drawing a per-client, per-class count matrix from the data."""
+
 from __future__ import annotations
 
 import numpy as np
 
 
-def balanced_class_choice(
-    num_clients: int, num_classes: int, per_client: int, rng: np.random.Generator
-) -> np.ndarray:
+def balanced_class_choice(num_clients: int, num_classes: int, per_client: int, rng: np.random.Generator) -> np.ndarray:
     """[num_clients, per_client] distinct classes per client; every class is chosen by either
     floor or ceil of num_clients * per_client / num_classes clients.
 

@@ -14,6 +14,7 @@ so a thousand redraws take a fraction of a second. Defaults: alpha=0.3 (the surv
 min_samples=10 (as in NIID-Bench: with the 70/30 split that leaves 7 train and 3 test samples),
 max_redraws=1000.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -41,12 +42,16 @@ class Dirichlet(Partitioner):
         mean = self.params.mean_samples_per_client
         if mean is not None:
             if mean * num_clients > total:
-                raise self.error("mean_samples_per_client", mean,
-                                 f"{num_clients} clients x {mean} samples exceeds the {total} samples; "
-                                 f"allowed: at most {total // num_clients} (or None for every sample)")
+                raise self.error(
+                    "mean_samples_per_client",
+                    mean,
+                    f"{num_clients} clients x {mean} samples exceeds the {total} samples; "
+                    f"allowed: at most {total // num_clients} (or None for every sample)",
+                )
             if mean < min_samples:
-                raise self.error("mean_samples_per_client", mean,
-                                 f"below min_samples={min_samples}; allowed: at least {min_samples}")
+                raise self.error(
+                    "mean_samples_per_client", mean, f"below min_samples={min_samples}; allowed: at least {min_samples}"
+                )
         if min_samples * num_clients > total:
             raise self.error(
                 "min_samples",
@@ -55,8 +60,9 @@ class Dirichlet(Partitioner):
                 f"allowed: at most {total // num_clients} (or fewer clients)",
             )
 
-    def assign(self, labels: np.ndarray, num_classes: int, num_clients: int,
-               rng: np.random.Generator) -> list[np.ndarray]:
+    def assign(
+        self, labels: np.ndarray, num_classes: int, num_clients: int, rng: np.random.Generator
+    ) -> list[np.ndarray]:
         class_counts = self._used_class_counts(np.bincount(labels, minlength=num_classes), num_clients)
         alpha, min_samples = self.params.alpha, self.params.min_samples
         for _ in range(self.params.max_redraws):

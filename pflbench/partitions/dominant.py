@@ -24,6 +24,7 @@ reference code implements it, so the definition here is ours:
 - Validity: 1 <= d < C; d/C < dominant_share < 1 (d/C is the uniform share); each dominant class
   must get more samples than each other class, and each other class at least one.
 """
+
 from __future__ import annotations
 
 import math
@@ -50,8 +51,9 @@ class Dominant(Partitioner):
         super().check(num_clients, num_classes, class_counts)
         self._client_size(num_clients, num_classes, class_counts)
 
-    def assign(self, labels: np.ndarray, num_classes: int, num_clients: int,
-               rng: np.random.Generator) -> list[np.ndarray]:
+    def assign(
+        self, labels: np.ndarray, num_classes: int, num_clients: int, rng: np.random.Generator
+    ) -> list[np.ndarray]:
         size = self._client_size(num_clients, num_classes, np.bincount(labels, minlength=num_classes))
         dominant_amounts, other_amounts = self._composition(size, num_classes)
         dominant = balanced_class_choice(num_clients, num_classes, self.params.dominant_classes, rng)

@@ -20,6 +20,7 @@ Tested with flwr-datasets 0.6.1 (with datasets 4.8.5). Its metadata caps rich be
 pins rich 15.0.0, so it is installed without its dependencies (benchmarks/README.md, "Partitions from
 Flower Datasets"); the partitioners do not use rich.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -34,8 +35,17 @@ from pflbench.partitioning import PARTITIONS, Partitioner, PartitionError, Schem
 from pflbench.registry import echo, unknown_message
 
 # The label-driven partitioners (the others need a natural-id or feature column).
-SUPPORTED = ("IidPartitioner", "DirichletPartitioner", "InnerDirichletPartitioner", "PathologicalPartitioner",
-             "ShardPartitioner", "LinearPartitioner", "SquarePartitioner", "ExponentialPartitioner", "SizePartitioner")
+SUPPORTED = (
+    "IidPartitioner",
+    "DirichletPartitioner",
+    "InnerDirichletPartitioner",
+    "PathologicalPartitioner",
+    "ShardPartitioner",
+    "LinearPartitioner",
+    "SquarePartitioner",
+    "ExponentialPartitioner",
+    "SizePartitioner",
+)
 TESTED_VERSION = "0.6.1"
 _SET_HERE = ("num_partitions", "partition_by")
 _INDEX_COLUMN = "pflbench_index"
@@ -49,7 +59,8 @@ def _library() -> tuple[str, ModuleType]:
         raise PartitionError(
             f"partition scheme 'flwr' needs flwr-datasets (tested: {TESTED_VERSION}), which is not installed here "
             f"({exc}); install: pip install datasets==4.8.5 && pip install --no-deps "
-            f"flwr-datasets=={TESTED_VERSION}") from None
+            f"flwr-datasets=={TESTED_VERSION}"
+        ) from None
     return flwr_datasets.__version__, partitioner_module
 
 
@@ -67,12 +78,17 @@ class Flower(Partitioner):
     def __init__(self, **params: Any) -> None:
         super().__init__(**params)
         if self.params.partitioner not in SUPPORTED:
-            raise PartitionError("partition scheme 'flwr': " + unknown_message(
-                "Flower Datasets partitioner", self.params.partitioner, list(SUPPORTED)))
+            raise PartitionError(
+                "partition scheme 'flwr': "
+                + unknown_message("Flower Datasets partitioner", self.params.partitioner, list(SUPPORTED))
+            )
         for name in _SET_HERE:
             if name in self.kwargs:
-                raise self.error(name, self.kwargs[name], "set by pflbench (num_partitions: the cell's clients; "
-                                                          "partition_by: 'label'); leave it out")
+                raise self.error(
+                    name,
+                    self.kwargs[name],
+                    "set by pflbench (num_partitions: the cell's clients; partition_by: 'label'); leave it out",
+                )
 
     @property
     def kwargs(self) -> dict:
@@ -83,9 +99,12 @@ class Flower(Partitioner):
         against the partitioner's signature now, before anything runs."""
         version, module = _library()
         if self.params.version is not None and self.params.version != version:
-            raise self.error("version", self.params.version,
-                             f"this cell was made with flwr-datasets {self.params.version}, installed is {version}; "
-                             f"install that version or resolve the spec again (a new cell)")
+            raise self.error(
+                "version",
+                self.params.version,
+                f"this cell was made with flwr-datasets {self.params.version}, installed is {version}; "
+                f"install that version or resolve the spec again (a new cell)",
+            )
         self._signature_check(module)
         return Flower(**{**self.params.model_dump(), "version": version})
 
@@ -95,16 +114,20 @@ class Flower(Partitioner):
         if sizes is not None and (not isinstance(sizes, list) or len(sizes) != num_clients):
             raise self.error("partition_sizes", sizes, f"allowed: a list of {num_clients} sizes, one per client")
 
-    def assign(self, labels: np.ndarray, num_classes: int, num_clients: int,
-               rng: np.random.Generator) -> list[np.ndarray]:
+    def assign(
+        self, labels: np.ndarray, num_classes: int, num_clients: int, rng: np.random.Generator
+    ) -> list[np.ndarray]:
         partitioner = self.build(num_clients)
         partitioner.dataset = in_memory_dataset(labels)
         try:
-            return [np.asarray(partitioner.load_partition(i)[_INDEX_COLUMN], dtype=np.int64)
-                    for i in range(num_clients)]
+            return [
+                np.asarray(partitioner.load_partition(i)[_INDEX_COLUMN], dtype=np.int64) for i in range(num_clients)
+            ]
         except (ValueError, KeyError, IndexError) as exc:  # the library's own refusal of an impossible request
-            raise PartitionError(f"partition scheme 'flwr' ({self.params.partitioner}, {len(labels)} samples, "
-                                 f"{num_clients} clients): flwr-datasets refused: {exc}") from None
+            raise PartitionError(
+                f"partition scheme 'flwr' ({self.params.partitioner}, {len(labels)} samples, "
+                f"{num_clients} clients): flwr-datasets refused: {exc}"
+            ) from None
 
     def build(self, num_clients: int) -> Any:
         """The library's partitioner object for `num_clients` clients, not yet given a dataset."""
@@ -114,8 +137,10 @@ class Flower(Partitioner):
         try:
             return cls(**kwargs)
         except (ValueError, TypeError) as exc:
-            raise PartitionError(f"partition scheme 'flwr': {self.params.partitioner}({_shown(kwargs)}) was "
-                                 f"refused by flwr-datasets: {exc}") from None
+            raise PartitionError(
+                f"partition scheme 'flwr': {self.params.partitioner}({_shown(kwargs)}) was "
+                f"refused by flwr-datasets: {exc}"
+            ) from None
 
     def _full_kwargs(self, cls: Any, num_clients: int) -> dict:  # cls: a flwr-datasets partitioner class
         accepted = inspect.signature(cls.__init__).parameters
@@ -132,13 +157,17 @@ class Flower(Partitioner):
         allowed = [name for name in signature.parameters if name not in ("self", *_SET_HERE)]
         for name in self.kwargs:
             if name not in allowed:
-                raise PartitionError("partition scheme 'flwr': " + unknown_message(
-                    f"keyword argument of {self.params.partitioner}", name, allowed))
+                raise PartitionError(
+                    "partition scheme 'flwr': "
+                    + unknown_message(f"keyword argument of {self.params.partitioner}", name, allowed)
+                )
         try:
             signature.bind(None, **self._full_kwargs(cls, 2))
         except TypeError as exc:
-            raise PartitionError(f"partition scheme 'flwr': {self.params.partitioner} {exc}; its keyword "
-                                 f"arguments: {', '.join(allowed) or 'none'}") from None
+            raise PartitionError(
+                f"partition scheme 'flwr': {self.params.partitioner} {exc}; its keyword "
+                f"arguments: {', '.join(allowed) or 'none'}"
+            ) from None
 
 
 def in_memory_dataset(labels: np.ndarray) -> Any:

@@ -1,4 +1,5 @@
 """`iid`: the shuffled dataset cut into equal shares (sizes differ by at most one); uses every sample."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -10,6 +11,7 @@ from pflbench.partitioning import PARTITIONS, Partitioner
 class IID(Partitioner):
     scheme = "iid"
 
-    def assign(self, labels: np.ndarray, num_classes: int, num_clients: int,
-               rng: np.random.Generator) -> list[np.ndarray]:
+    def assign(
+        self, labels: np.ndarray, num_classes: int, num_clients: int, rng: np.random.Generator
+    ) -> list[np.ndarray]:
         return np.array_split(rng.permutation(len(labels)), num_clients)

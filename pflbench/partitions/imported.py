@@ -18,6 +18,7 @@ order they refer to and the checks made are in `pflbench.interop`. Choices where
   that changed) never share results; running a cell whose file no longer has that hash is an error.
   The cell's hash leaves the path out (`CellConfig.canonical_json`): the same content anywhere is one cell.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -58,9 +59,12 @@ class Imported(Partitioner):
         content = read_bytes(path)
         digest = hashlib.sha256(content).hexdigest()
         if self.params.sha256 is not None and self.params.sha256 != digest:
-            raise self.error("sha256", self.params.sha256,
-                             f"the file {str(path)!r} now has sha256 {digest}: it changed since the cell was "
-                             f"made; restore it or resolve the spec again (a new cell)")
+            raise self.error(
+                "sha256",
+                self.params.sha256,
+                f"the file {str(path)!r} now has sha256 {digest}: it changed since the cell was "
+                f"made; restore it or resolve the spec again (a new cell)",
+            )
         resolved = Imported(**{**self.params.model_dump(), "path": str(path), "sha256": digest})
         resolved._file = read_partition(path, self.params.format, content)
         return resolved
@@ -69,16 +73,18 @@ class Imported(Partitioner):
         super().check(num_clients, num_classes, class_counts)
         held = self._read().splits.num_clients
         if num_clients != held:
-            raise self.error("num_clients", num_clients, f"the file {self.params.path!r} holds {held} clients; "
-                                                         f"set clients: {held}")
+            raise self.error(
+                "num_clients", num_clients, f"the file {self.params.path!r} holds {held} clients; set clients: {held}"
+            )
 
     def given_splits(self, labels: np.ndarray, num_classes: int, num_clients: int) -> ClientSplits:
         file = self._read()
         file.check_against(labels, num_classes)
         return ClientSplits(**{name: [self._kept(part) for part in getattr(file.splits, name)] for name in SPLITS})
 
-    def assign(self, labels: np.ndarray, num_classes: int, num_clients: int,
-               rng: np.random.Generator) -> list[np.ndarray]:
+    def assign(
+        self, labels: np.ndarray, num_classes: int, num_clients: int, rng: np.random.Generator
+    ) -> list[np.ndarray]:
         splits = self.given_splits(labels, num_classes, num_clients)
         return [np.sort(np.concatenate(parts)) for parts in zip(splits.train, splits.val, splits.test)]
 

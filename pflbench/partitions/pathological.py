@@ -19,6 +19,7 @@ Where the paper is silent we chose:
 - `samples_per_client=m` fixes the size; when k does not divide m, m mod k of the client's classes
   get one sample more (equal per class up to one).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -42,8 +43,9 @@ class Pathological(Partitioner):
         super().check(num_clients, num_classes, class_counts)
         self._amounts_per_class(num_clients, num_classes, class_counts)
 
-    def assign(self, labels: np.ndarray, num_classes: int, num_clients: int,
-               rng: np.random.Generator) -> list[np.ndarray]:
+    def assign(
+        self, labels: np.ndarray, num_classes: int, num_clients: int, rng: np.random.Generator
+    ) -> list[np.ndarray]:
         amounts = self._amounts_per_class(num_clients, num_classes, np.bincount(labels, minlength=num_classes))
         choice = self.choose_classes(num_clients, num_classes, self.params.classes_per_client, rng)
         counts = np.zeros((num_clients, num_classes), dtype=np.int64)

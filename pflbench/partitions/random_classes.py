@@ -14,6 +14,7 @@ drawn by every client, so the default amount per (client, class) is min_c n_c //
 `samples_per_client` may be at most k times that. Every request that passes `check` can be met
 whatever the draw; samples no client drew stay unused.
 """
+
 from __future__ import annotations
 
 import numpy as np

@@ -19,6 +19,7 @@ One idea per module, each reading only what the one before it produced:
     site.py       the self-contained HTML leaderboard (Jinja2 templates in templates/)
     build.py      everything above for one store: `build_reports(results, out)`
 """
+
 from pflbench.reports.build import ReportOptions, build_reports
 
 __all__ = ["ReportOptions", "build_reports"]

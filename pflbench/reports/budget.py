@@ -3,6 +3,7 @@ batch size, samples per client, clients and participation, local adaptation (fro
 configurations). Numbers are only comparable at equal budgets, so every accuracy table says which one
 it shows; where the cells of a column differ (e.g. pFedHN run at another learning rate by a spec's
 override), the caption gives the common value and the exceptions by algorithm, or "varies: ..."."""
+
 from __future__ import annotations
 
 from collections import Counter
@@ -14,8 +15,10 @@ import pandas as pd
 from pflbench.reports.cells import display_name, format_value
 from pflbench.reports.columns import Column
 
-SAMPLE_KEYS = (("partition_params.samples_per_client", "{} samples per client"),
-               ("partition_params.mean_samples_per_client", "{} samples per client on average"))
+SAMPLE_KEYS = (
+    ("partition_params.samples_per_client", "{} samples per client"),
+    ("partition_params.mean_samples_per_client", "{} samples per client on average"),
+)
 
 
 def _plain(value: Any) -> Any:
@@ -96,11 +99,18 @@ def budget_text(cells: pd.DataFrame) -> str:
         for name, value in _fields(cell).items():
             slot = per_field.setdefault(name, {})
             if algorithm in slot and slot[algorithm] != value:  # one algorithm's cells differ among themselves
-                slot[algorithm] = f"{slot[algorithm]} / {value}" if value not in str(slot[algorithm]).split(" / ") else slot[algorithm]
+                slot[algorithm] = (
+                    f"{slot[algorithm]} / {value}"
+                    if value not in str(slot[algorithm]).split(" / ")
+                    else slot[algorithm]
+                )
             else:
                 slot[algorithm] = value
-    parts = [text for name in ("rounds", "epochs", "lr", "batch", "samples", "clients", "adaptation")
-             if (text := describe(per_field.get(name, {}))) is not None]
+    parts = [
+        text
+        for name in ("rounds", "epochs", "lr", "batch", "samples", "clients", "adaptation")
+        if (text := describe(per_field.get(name, {}))) is not None
+    ]
     return ", ".join(parts)
 
 

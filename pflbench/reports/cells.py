@@ -2,6 +2,7 @@
 (missing columns filled, e.g. `hp_source` "default" and `finetune_epochs` 0 for stores written before
 they existed, every protocol's summary key (see protocols.py) NaN where a cell has none), and readers
 for one cell's per-round metrics and artifacts."""
+
 from __future__ import annotations
 
 import json
@@ -24,7 +25,6 @@ if TYPE_CHECKING:
     from pflbench.algorithm import Algorithm
     from pflbench.card import Card
     from pflbench.data.sources import Source
-
 
 
 # How a method is shown comes from its card (pflbench.card.Card: display_name, family, reference,
@@ -94,7 +94,9 @@ class _DatasetAliases(Mapping[str, tuple[str, str]]):
         from pflbench.plugins import load_builtins
 
         load_builtins()
-        return {name: (cls.paper_dataset, cls.paper_dataset_note) for name, cls in DATASETS.items() if cls.paper_dataset}
+        return {
+            name: (cls.paper_dataset, cls.paper_dataset_note) for name, cls in DATASETS.items() if cls.paper_dataset
+        }
 
     def __getitem__(self, key: str) -> tuple[str, str]:
         return self._table()[key]
@@ -107,14 +109,34 @@ class _DatasetAliases(Mapping[str, tuple[str, str]]):
 
 
 DATASET_ALIASES = _DatasetAliases()
-SUMMARY_COLUMNS = {"status": "failed", "final_accuracy": np.nan, "final_worst10_accuracy": np.nan,
-                   "best_accuracy": np.nan, "bytes_down_total": np.nan, "bytes_up_total": np.nan,
-                   "rounds_completed": np.nan, "wall_time": np.nan, "error": "", "hp_source": "default",
-                   "participation": 1.0, "rounds": np.nan, "finetune_epochs": 0, "adapt_time_total": np.nan,
-                   "normalization": "pool",  # stored before the field: the whole pool's statistics
-                   **{key: np.nan for key in (*ALL_KEYS, *ROUND_KEYS)}}
-NUMERIC_COLUMNS = ("final_accuracy", "final_worst10_accuracy", "best_accuracy", "wall_time", "rounds_completed",
-                   "adapt_time_total", *ALL_KEYS, *ROUND_KEYS)
+SUMMARY_COLUMNS = {
+    "status": "failed",
+    "final_accuracy": np.nan,
+    "final_worst10_accuracy": np.nan,
+    "best_accuracy": np.nan,
+    "bytes_down_total": np.nan,
+    "bytes_up_total": np.nan,
+    "rounds_completed": np.nan,
+    "wall_time": np.nan,
+    "error": "",
+    "hp_source": "default",
+    "participation": 1.0,
+    "rounds": np.nan,
+    "finetune_epochs": 0,
+    "adapt_time_total": np.nan,
+    "normalization": "pool",  # stored before the field: the whole pool's statistics
+    **{key: np.nan for key in (*ALL_KEYS, *ROUND_KEYS)},
+}
+NUMERIC_COLUMNS = (
+    "final_accuracy",
+    "final_worst10_accuracy",
+    "best_accuracy",
+    "wall_time",
+    "rounds_completed",
+    "adapt_time_total",
+    *ALL_KEYS,
+    *ROUND_KEYS,
+)
 
 
 def display_name(algorithm: str) -> str:
@@ -172,7 +194,7 @@ def printed_value(value: Any) -> str | None:
 
 
 def params_label(row: pd.Series, prefix: str = "partition_params.") -> str:
-    """"alpha=0.3, min_samples=10" from a row's `partition_params.*` (or other prefix) columns."""
+    """ "alpha=0.3, min_samples=10" from a row's `partition_params.*` (or other prefix) columns."""
     items = {}
     for key, value in row.items():
         if key.startswith(prefix) and not (np.isscalar(value) and pd.isna(value)):
@@ -202,15 +224,25 @@ def load_cells(results: str | Path, beside: Sequence[str | Path] = ()) -> pd.Dat
             cells[column] = pd.Series(dtype=object)
     if cells.empty:
         return cells.assign(params=pd.Series(dtype=str), mbytes=pd.Series(dtype=float))
-    cells = cells.assign(params=cells.apply(params_label, axis=1),
-                         mbytes=(cells["bytes_down_total"].astype(float) + cells["bytes_up_total"].astype(float)) / 1e6)
+    cells = cells.assign(
+        params=cells.apply(params_label, axis=1),
+        mbytes=(cells["bytes_down_total"].astype(float) + cells["bytes_up_total"].astype(float)) / 1e6,
+    )
     for column in dict.fromkeys(NUMERIC_COLUMNS):
         cells[column] = pd.to_numeric(cells[column], errors="coerce")
     cells["finetune_epochs"] = pd.to_numeric(cells["finetune_epochs"], errors="coerce").fillna(0).astype(int)
     cells, notes = current_plugin_versions(cells)
     remember_cards(cells)
-    order = cells.apply(lambda r: (algorithm_rank(str(r["algorithm"])), dataset_rank(str(r["dataset"])),
-                                   str(r["partition"]), r["clients"], r["seed"]), axis=1)
+    order = cells.apply(
+        lambda r: (
+            algorithm_rank(str(r["algorithm"])),
+            dataset_rank(str(r["dataset"])),
+            str(r["partition"]),
+            r["clients"],
+            r["seed"],
+        ),
+        axis=1,
+    )
     cells = cells.iloc[sorted(range(len(cells)), key=lambda i: order.iloc[i])].reset_index(drop=True)
     cells.attrs["notes"] = notes  # for the report's notes (pflbench.reports.build)
     return cells
@@ -241,8 +273,10 @@ def current_plugin_versions(cells: pd.DataFrame) -> tuple[pd.DataFrame, list[str
             why = "the version whose cells finished last (pass --plugin to choose)"
         stale = versions[versions != current].index
         if len(stale):
-            notes.append(f"{len(stale)} cells of another version of plugin {plugin!r} are left out: the report shows "
-                         f"{why}, sha256 {str(current)[:12]}...; their results stay in the store under their own ids")
+            notes.append(
+                f"{len(stale)} cells of another version of plugin {plugin!r} are left out: the report shows "
+                f"{why}, sha256 {str(current)[:12]}...; their results stay in the store under their own ids"
+            )
             cells = cells.drop(index=stale)
     return cells, notes
 
@@ -306,21 +340,28 @@ def read_artifacts(path: str | Path) -> dict[str, dict[int, np.ndarray]]:
     return {name: dict(sorted(rounds.items())) for name, rounds in sorted(grouped.items())}
 
 
-TIMING_PARTS = (("train", "local training"), ("server", "server (configure, receive, send, aggregate)"),
-                ("eval", "evaluation"), ("adapt", "local adaptation (protocol)"))
+TIMING_PARTS = (
+    ("train", "local training"),
+    ("server", "server (configure, receive, send, aggregate)"),
+    ("eval", "evaluation"),
+    ("adapt", "local adaptation (protocol)"),
+)
 
 
 def execution_text(summary: dict) -> str | None:
     """How the cell was executed, in words (device, training path, memory layout, client threads,
     compiled or eager step); None for stores written before these were recorded."""
+
     def known(key: str) -> Any:
         value = summary.get(key)
         return None if value is None or (isinstance(value, float) and pd.isna(value)) else value
 
     if known("client_batching") is None:
         return None
-    parts = [f"on {known('device') or 'an unrecorded device'}",
-             "clients batched" if summary["client_batching"] == "batched" else "a client loop"]
+    parts = [
+        f"on {known('device') or 'an unrecorded device'}",
+        "clients batched" if summary["client_batching"] == "batched" else "a client loop",
+    ]
     if known("channels_last"):  # (off: no convolution, a GPU, or switched off)
         parts.append("channels-last convolutions")
     threads = known("client_threads")
@@ -346,6 +387,7 @@ def timing_breakdown(rounds: pd.DataFrame, compile_seconds: float | None = None)
                 continue
             rows.append({"part": label, "per_round": float(values.mean()), "total": float(values.sum())})
     if compile_seconds is not None and not pd.isna(compile_seconds) and compile_seconds > 0:
-        rows.append({"part": "of which compiling the training step", "per_round": None,
-                     "total": float(compile_seconds)})
+        rows.append(
+            {"part": "of which compiling the training step", "per_round": None, "total": float(compile_seconds)}
+        )
     return rows

@@ -1,5 +1,6 @@
 """A column of the reports' tables (pflbench.reports.tables): a dataset at a number of clients. Its own
 module, so that what captions a table (pflbench.reports.budget) names it without the tables."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

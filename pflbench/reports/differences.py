@@ -8,6 +8,7 @@ signed-rank test's p — what benchmarks/README.md's paragraphs used to compute 
 adapted: +1.8 ± 0.5, 9 of 10 clients up"). A row is compared with the reference row of its own
 heterogeneity knob setting (a knob-on row with the knob-on reference), never across settings.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -30,10 +31,10 @@ class Difference(PairedTexts):
     column: Column
     baseline: Row
     entry: Entry
-    test: Paired | None      # None: the two share no seed (or no cell finished)
+    test: Paired | None  # None: the two share no seed (or no cell finished)
 
     def counts_text(self) -> str:
-        """"9 / 1 / 0": clients up / down / equal (seeds, for a number without clients)."""
+        """ "9 / 1 / 0": clients up / down / equal (seeds, for a number without clients)."""
         return "–" if self.test is None else f"{self.test.up} / {self.test.down} / {self.test.equal}"
 
     def units_text(self) -> str:
@@ -46,10 +47,10 @@ class Difference(PairedTexts):
 
 @dataclass
 class DifferenceTable:
-    table: Table                     # the accuracy table it reads
-    baseline: str                    # the reference row's name, as asked
+    table: Table  # the accuracy table it reads
+    baseline: str  # the reference row's name, as asked
     lines: list[Difference] = field(default_factory=list)
-    missing: list[str] = field(default_factory=list)   # columns (and settings) without the reference row
+    missing: list[str] = field(default_factory=list)  # columns (and settings) without the reference row
 
     @property
     def baseline_label(self) -> str:
@@ -67,11 +68,13 @@ class DifferenceTable:
     @property
     def caption(self) -> str:
         level = self.table.level
-        return (f"Protocol {self.table.protocol.label}: each row minus {self.baseline_label} on the same clients' "
-                f"test splits: the mean per-client difference in percentage points ± one standard "
-                f"error, its {100 * (1 - level):g}% t-interval, the clients above / below / level with "
-                f"{self.baseline_label} (level: the same accuracy), and the two-sided Wilcoxon signed-rank test's p. "
-                f"Seeds: the shared ones, their (seed, client) pairs pooled; from 6 shared seeds on, per-seed means.")
+        return (
+            f"Protocol {self.table.protocol.label}: each row minus {self.baseline_label} on the same clients' "
+            f"test splits: the mean per-client difference in percentage points ± one standard "
+            f"error, its {100 * (1 - level):g}% t-interval, the clients above / below / level with "
+            f"{self.baseline_label} (level: the same accuracy), and the two-sided Wilcoxon signed-rank test's p. "
+            f"Seeds: the shared ones, their (seed, client) pairs pooled; from 6 shared seeds on, per-seed means."
+        )
 
 
 def find_baseline(rows: list[Row], name: str, setting: str = "") -> Row | None:
@@ -118,6 +121,8 @@ def difference_tables(tables: list[Table], baseline: str = DEFAULT_BASELINE) -> 
     found = [d for t in tables if (d := difference_table(t, baseline)) is not None]
     if tables and not found:
         rows = sorted({r.algorithm for t in tables for r in t.rows})
-        raise UnknownBaseline(f"reference row {baseline!r} for the difference view is in none of the accuracy tables; "
-                              f"allowed: an algorithm of the store ({', '.join(rows)}) or a row's label")
+        raise UnknownBaseline(
+            f"reference row {baseline!r} for the difference view is in none of the accuracy tables; "
+            f"allowed: an algorithm of the store ({', '.join(rows)}) or a row's label"
+        )
     return found

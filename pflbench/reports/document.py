@@ -1,5 +1,6 @@
 """What a built report is: its files, figures and notes (`Report`), and how store values become file
 names (`safe_name`). Shared by the builder (build.py) and the HTML site (site.py)."""
+
 from __future__ import annotations
 
 import hashlib
@@ -14,15 +15,15 @@ class Report:
     markdown: Path
     latex: Path
     index: Path | None = None
-    figures: list[tuple[str, str]] = field(default_factory=list)   # (title, path relative to out)
+    figures: list[tuple[str, str]] = field(default_factory=list)  # (title, path relative to out)
     cell_figures: dict[str, list[dict]] = field(default_factory=dict)  # hash -> [{title, path, kind}]
-    partition_figures: dict[str, str] = field(default_factory=dict)     # hash -> path
+    partition_figures: dict[str, str] = field(default_factory=dict)  # hash -> path
     notes: list[str] = field(default_factory=list)
-    skipped: list[dict] = field(default_factory=list)   # datasets the run left out (progress.py)
-    progress: str = ""                                  # cells still running or unfinished, in words
-    heterogeneity: list = field(default_factory=list)   # who copes with what (heterogeneity.py), per study
-    differences: dict = field(default_factory=dict)     # table id -> its difference view (differences.py)
-    ranks: list = field(default_factory=list)           # ranks across the study, per protocol (ranks.py)
+    skipped: list[dict] = field(default_factory=list)  # datasets the run left out (progress.py)
+    progress: str = ""  # cells still running or unfinished, in words
+    heterogeneity: list = field(default_factory=list)  # who copes with what (heterogeneity.py), per study
+    differences: dict = field(default_factory=dict)  # table id -> its difference view (differences.py)
+    ranks: list = field(default_factory=list)  # ranks across the study, per protocol (ranks.py)
 
 
 def safe_name(text: str) -> str:

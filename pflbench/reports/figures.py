@@ -5,6 +5,7 @@ data it drew, so tests (and readers) can check the picture against its input.
 pFedLA's figures read the aggregation weights α that pFedLA stores per eval round: α[i, l, j] is the
 weight client i gives to client j's layer l (each row i, l sums to 1).
 """
+
 from __future__ import annotations
 
 import textwrap
@@ -56,11 +57,22 @@ def layer_index(layer: int | str | None, layer_names: Sequence[str] | None, num_
 
 
 def _names(layer_names: Sequence[str] | None, count: int) -> list[str]:
-    return [str(n) for n in layer_names] if layer_names is not None and len(layer_names) == count else [str(i) for i in range(count)]
+    return (
+        [str(n) for n in layer_names]
+        if layer_names is not None and len(layer_names) == count
+        else [str(i) for i in range(count)]
+    )
 
 
-def alpha_heatmap(alpha: np.ndarray, stem: str | Path, *, layer: int | str | None = None, layer_names: Sequence[str] | None = None,
-                  title: str = "", formats: Sequence[str] = FORMATS) -> np.ndarray:
+def alpha_heatmap(
+    alpha: np.ndarray,
+    stem: str | Path,
+    *,
+    layer: int | str | None = None,
+    layer_names: Sequence[str] | None = None,
+    title: str = "",
+    formats: Sequence[str] = FORMATS,
+) -> np.ndarray:
     """Figure 6: the clients x clients aggregation weights of one layer, α[:, layer, :]."""
     alpha = np.asarray(alpha, dtype=float)
     index = layer_index(layer, layer_names, alpha.shape[1])
@@ -78,15 +90,29 @@ def alpha_heatmap(alpha: np.ndarray, stem: str | Path, *, layer: int | str | Non
         if n <= 10:
             for i in range(n):
                 for j in range(n):
-                    axes.text(j, i, f"{matrix[i, j]:.2f}", ha="center", va="center", fontsize=7,
-                              color="white" if matrix[i, j] < 0.6 * matrix.max() else "black")
+                    axes.text(
+                        j,
+                        i,
+                        f"{matrix[i, j]:.2f}",
+                        ha="center",
+                        va="center",
+                        fontsize=7,
+                        color="white" if matrix[i, j] < 0.6 * matrix.max() else "black",
+                    )
     axes.set_title(title or f"layer {_names(layer_names, alpha.shape[1])[index]}")
     save(figure, stem, formats)
     return matrix
 
 
-def alpha_evolution(alphas: dict[int, np.ndarray], stem: str | Path, *, client: int = 0, layer_names: Sequence[str] | None = None,
-                    title: str = "", formats: Sequence[str] = FORMATS) -> np.ndarray:
+def alpha_evolution(
+    alphas: dict[int, np.ndarray],
+    stem: str | Path,
+    *,
+    client: int = 0,
+    layer_names: Sequence[str] | None = None,
+    title: str = "",
+    formats: Sequence[str] = FORMATS,
+) -> np.ndarray:
     """Figure 5: a target client's weights on every source client over rounds, one panel per layer.
     Returns [rounds, layers, clients] = α_r[client, :, :] stacked over the sorted rounds."""
     rounds = sorted(alphas)
@@ -104,8 +130,13 @@ def alpha_evolution(alphas: dict[int, np.ndarray], stem: str | Path, *, client: 
             axes.set_visible(False)
             continue
         for j in range(clients):
-            axes.plot(rounds, data[:, l, j], color=colors[j], lw=2.2 if j == client else 1.0,
-                      label=f"client {j}" + (" (self)" if j == client else ""))
+            axes.plot(
+                rounds,
+                data[:, l, j],
+                color=colors[j],
+                lw=2.2 if j == client else 1.0,
+                label=f"client {j}" + (" (self)" if j == client else ""),
+            )
         axes.set_title(names[l], fontsize=10)
         axes.set_xlabel("round")
         integer_rounds(axes)
@@ -119,8 +150,15 @@ def alpha_evolution(alphas: dict[int, np.ndarray], stem: str | Path, *, client: 
     return data
 
 
-def client_layer_weights(alpha: np.ndarray, stem: str | Path, *, client: int = 0, layer_names: Sequence[str] | None = None, title: str = "",
-                         formats: Sequence[str] = FORMATS) -> np.ndarray:
+def client_layer_weights(
+    alpha: np.ndarray,
+    stem: str | Path,
+    *,
+    client: int = 0,
+    layer_names: Sequence[str] | None = None,
+    title: str = "",
+    formats: Sequence[str] = FORMATS,
+) -> np.ndarray:
     """Figure 7: one client's weights for every layer (rows) over source clients (columns): α[client]."""
     matrix = np.asarray(alpha, dtype=float)[client]  # [L, N]
     layers, clients = matrix.shape
@@ -140,7 +178,9 @@ def client_layer_weights(alpha: np.ndarray, stem: str | Path, *, client: int = 0
 def _client_colors(count: int) -> np.ndarray:
     import matplotlib
 
-    return matplotlib.colormaps["tab10" if count <= 10 else "tab20" if count <= 20 else "viridis"].resampled(count)(np.arange(count))
+    return matplotlib.colormaps["tab10" if count <= 10 else "tab20" if count <= 20 else "viridis"].resampled(count)(
+        np.arange(count)
+    )
 
 
 # Families of methods, one learning-curve panel each: each algorithm's class declares its `family`
@@ -177,15 +217,25 @@ def integer_rounds(axes: Axes) -> None:
     axes.xaxis.set_major_locator(MaxNLocator(integer=True, nbins=8, steps=[1, 2, 5, 10]))
 
 
-def learning_curves(curves: pd.DataFrame, stem: str | Path, *, title: str = "", formats: Sequence[str] = FORMATS,
-                    ylabel: str = "mean client test accuracy (%)") -> pd.DataFrame:
+def learning_curves(
+    curves: pd.DataFrame,
+    stem: str | Path,
+    *,
+    title: str = "",
+    formats: Sequence[str] = FORMATS,
+    ylabel: str = "mean client test accuracy (%)",
+) -> pd.DataFrame:
     """Mean client test accuracy vs round, one line per `label`, a band of ± one std over seeds; one
     panel per family of methods (each class's `family`) with the baselines (Local, FedAvg) repeated in grey in
     every panel, so each line is told apart by color, dash and marker. Integer round ticks.
     `curves`: columns label, seed, round, accuracy (the mean over clients, in [0, 1]).
     Returns label, round, mean, std, seeds (accuracy in %)."""
-    stats = (curves.assign(accuracy=curves["accuracy"] * 100).groupby(["label", "round"], sort=False)["accuracy"]
-             .agg(mean="mean", std="std", seeds="count").reset_index())
+    stats = (
+        curves.assign(accuracy=curves["accuracy"] * 100)
+        .groupby(["label", "round"], sort=False)["accuracy"]
+        .agg(mean="mean", std="std", seeds="count")
+        .reset_index()
+    )
     stats["std"] = stats["std"].fillna(0.0)
     labels = list(dict.fromkeys(stats["label"]))
     families = family_order(family_of(l) for l in labels)
@@ -193,6 +243,7 @@ def learning_curves(curves: pd.DataFrame, stem: str | Path, *, title: str = "", 
     panels = [f for f in families if f != BASELINES] or families or ["all"]
     cols = min(2, len(panels))
     rows = -(-len(panels) // cols)
+
     def legend_lines(panel: str) -> int:  # the height of a panel's legend, in lines (as drawn below)
         names = [l for l in labels if panel == "all" or family_of(l) == panel or l in baselines]
         if max((len(n) for n in names), default=0) > 28:
@@ -208,16 +259,25 @@ def learning_curves(curves: pd.DataFrame, stem: str | Path, *, title: str = "", 
         axes = grid[k // cols][k % cols]
         members = [l for l in labels if family_of(l) == panel] if panel != "all" else labels
         if panel != BASELINES:
-            for j, label in enumerate(baselines):   # context: the baselines in grey
+            for j, label in enumerate(baselines):  # context: the baselines in grey
                 line = stats[stats["label"] == label]
                 axes.plot(line["round"], line["mean"], color="0.55", ls=LINE_STYLES[j % 4], lw=1.2, label=label)
         colors = _client_colors(max(len(members), 1))
         for j, (color, label) in enumerate(zip(colors, members)):
             line = stats[stats["label"] == label]
-            axes.plot(line["round"], line["mean"], color=color, ls=LINE_STYLES[j % 4], marker=MARKERS[j % 6],
-                      markersize=3.5, label=label, lw=1.6)
-            axes.fill_between(line["round"], line["mean"] - line["std"], line["mean"] + line["std"], color=color,
-                              alpha=0.15, lw=0)
+            axes.plot(
+                line["round"],
+                line["mean"],
+                color=color,
+                ls=LINE_STYLES[j % 4],
+                marker=MARKERS[j % 6],
+                markersize=3.5,
+                label=label,
+                lw=1.6,
+            )
+            axes.fill_between(
+                line["round"], line["mean"] - line["std"], line["mean"] + line["std"], color=color, alpha=0.15, lw=0
+            )
         axes.set_title(panel if panel != "all" else "", fontsize=10)
         axes.set_xlabel("round")
         axes.set_ylim(ymin, max(ymax, ymin + 1))
@@ -228,8 +288,15 @@ def learning_curves(curves: pd.DataFrame, stem: str | Path, *, title: str = "", 
         # below the panel, off the curves (a legend inside sat on the lines it names); long labels wrapped
         handles, names = axes.get_legend_handles_labels()
         wide = max((len(n) for n in names), default=0) > 28
-        axes.legend(handles, wrapped_labels(names, 46) if wide else names, fontsize=8, loc="upper center",
-                    bbox_to_anchor=(0.5, -0.16), ncols=1 if wide else 2, frameon=False)
+        axes.legend(
+            handles,
+            wrapped_labels(names, 46) if wide else names,
+            fontsize=8,
+            loc="upper center",
+            bbox_to_anchor=(0.5, -0.16),
+            ncols=1 if wide else 2,
+            frameon=False,
+        )
     for k in range(len(panels), rows * cols):
         grid[k // cols][k % cols].set_visible(False)
     figure.suptitle(title)
@@ -244,7 +311,7 @@ def worst_fraction_threshold(values: np.ndarray, fraction: float = 0.1) -> tuple
     return float(ordered[count - 1]), float(ordered[:count].mean())
 
 
-CHAR_WIDTH, LINE_HEIGHT = 0.075, 0.18      # inches per character and per text line at fontsize 10
+CHAR_WIDTH, LINE_HEIGHT = 0.075, 0.18  # inches per character and per text line at fontsize 10
 
 
 def wrapped_labels(labels: Sequence[str], width: int = 36) -> list[str]:
@@ -253,8 +320,14 @@ def wrapped_labels(labels: Sequence[str], width: int = 36) -> list[str]:
     return ["\n".join(textwrap.wrap(label, width, break_long_words=False)) or label for label in labels]
 
 
-def client_accuracy_distribution(accuracies: dict[str, np.ndarray], stem: str | Path, *, title: str = "",
-                                 formats: Sequence[str] = FORMATS, worst10: dict[str, float] | None = None) -> dict[str, dict]:
+def client_accuracy_distribution(
+    accuracies: dict[str, np.ndarray],
+    stem: str | Path,
+    *,
+    title: str = "",
+    formats: Sequence[str] = FORMATS,
+    worst10: dict[str, float] | None = None,
+) -> dict[str, dict]:
     """Per-client final accuracies (%) per label as a horizontal box + points, one row per label (top
     to bottom in the given order; long labels wrapped beside their row and the figure sized to them,
     so that any number of variants fits); the worst 10% of clients in red and their mean as a red bar.
@@ -283,10 +356,16 @@ def client_accuracy_distribution(accuracies: dict[str, np.ndarray], stem: str | 
         worst = values <= threshold
         axes.scatter(values[~worst], y + jitter[~worst], s=8, color="tab:blue", alpha=0.6)
         axes.scatter(values[worst], y + jitter[worst], s=12, color="tab:red", label="worst 10%" if y == 0 else None)
-        axes.vlines(worst_mean, y - 0.3, y + 0.3, color="tab:red", lw=2,  # label None: none (the stubs say str)
-                    label="worst-10% mean (as in the tables)" if y == 0 else None)  # type: ignore[arg-type]
+        axes.vlines(
+            worst_mean,
+            y - 0.3,
+            y + 0.3,
+            color="tab:red",
+            lw=2,  # label None: none (the stubs say str)
+            label="worst-10% mean (as in the tables)" if y == 0 else None,
+        )  # type: ignore[arg-type]
     axes.set_yticks(range(len(labels)), ticks, fontsize=10)
-    axes.set_ylim(len(labels) - 0.5, -0.5)                            # the first label on top
+    axes.set_ylim(len(labels) - 0.5, -0.5)  # the first label on top
     axes.grid(axis="x", alpha=0.3)
     if labels:
         axes.legend(fontsize=8, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncols=2, frameon=False)
@@ -297,24 +376,44 @@ def client_accuracy_distribution(accuracies: dict[str, np.ndarray], stem: str | 
     return out
 
 
-def communication_vs_accuracy(points: pd.DataFrame, stem: str | Path, *, paper: pd.DataFrame | None = None, title: str = "",
-                              formats: Sequence[str] = FORMATS) -> pd.DataFrame:
+def communication_vs_accuracy(
+    points: pd.DataFrame,
+    stem: str | Path,
+    *,
+    paper: pd.DataFrame | None = None,
+    title: str = "",
+    formats: Sequence[str] = FORMATS,
+) -> pd.DataFrame:
     """MB per round (down + up) against final accuracy (%), one point per label with error bars over
     seeds. `points`: label, mb_per_round, accuracy (mean, %), accuracy_std. `paper` (optional): label,
     comm_mbytes, accuracy — e.g. pFedLA's Table 3 — drawn on a twin x axis, since the paper's
     MBytes are not per round. Returns the points drawn."""
     figure = new_figure(8.0, 4.6)
     axes = figure.add_subplot()
-    silent = points[points["mb_per_round"] <= 0]       # no communication (Local): no place on a log axis
+    silent = points[points["mb_per_round"] <= 0]  # no communication (Local): no place on a log axis
     points = points[points["mb_per_round"] > 0]
     if len(silent):
-        axes.text(0.01, 0.01, "no communication (not on the log axis): " + ", ".join(
-            f"{r['label']} {r['accuracy']:.1f}%" for _, r in silent.iterrows()), transform=axes.transAxes,
-            fontsize=8, color="0.3", va="bottom")
+        axes.text(
+            0.01,
+            0.01,
+            "no communication (not on the log axis): "
+            + ", ".join(f"{r['label']} {r['accuracy']:.1f}%" for _, r in silent.iterrows()),
+            transform=axes.transAxes,
+            fontsize=8,
+            color="0.3",
+            va="bottom",
+        )
     colors = _client_colors(max(len(points), 1))
     for k, (color, (_, point)) in enumerate(zip(colors, points.iterrows())):
-        axes.errorbar(point["mb_per_round"], point["accuracy"], yerr=point.get("accuracy_std", 0) or 0,
-                      fmt=MARKERS[k % len(MARKERS)], color=color, label=point["label"], capsize=3)
+        axes.errorbar(
+            point["mb_per_round"],
+            point["accuracy"],
+            yerr=point.get("accuracy_std", 0) or 0,
+            fmt=MARKERS[k % len(MARKERS)],
+            color=color,
+            label=point["label"],
+            capsize=3,
+        )
     axes.set_xlabel("MB per round (down + up, log scale)")
     if len(points) and (points["mb_per_round"] > 0).all():
         from matplotlib.ticker import FuncFormatter, LogLocator
@@ -323,9 +422,15 @@ def communication_vs_accuracy(points: pd.DataFrame, stem: str | Path, *, paper: 
         axes.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
         axes.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
         axes.xaxis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
-        for _, point in points.iterrows():   # names beside the points: methods of equal cost overlap
-            axes.annotate(str(point["label"]), (point["mb_per_round"], point["accuracy"]), fontsize=7,
-                          textcoords="offset points", xytext=(5, -3), color="0.25")
+        for _, point in points.iterrows():  # names beside the points: methods of equal cost overlap
+            axes.annotate(
+                str(point["label"]),
+                (point["mb_per_round"], point["accuracy"]),
+                fontsize=7,
+                textcoords="offset points",
+                xytext=(5, -3),
+                color="0.25",
+            )
     axes.grid(alpha=0.3, which="both")
     axes.set_ylabel("final accuracy (%)")
     if paper is not None and len(paper):
@@ -334,8 +439,13 @@ def communication_vs_accuracy(points: pd.DataFrame, stem: str | Path, *, paper: 
         if (paper["comm_mbytes"] > 0).all():
             twin.set_xscale("log")
         for _, row in paper.iterrows():
-            twin.annotate(str(row["label"]), (row["comm_mbytes"], row["accuracy"]), fontsize=7,
-                          textcoords="offset points", xytext=(3, 3))
+            twin.annotate(
+                str(row["label"]),
+                (row["comm_mbytes"], row["accuracy"]),
+                fontsize=7,
+                textcoords="offset points",
+                xytext=(3, 3),
+            )
         twin.set_xlabel("paper: communication cost (MBytes, as printed)")
         twin.legend(fontsize=7, loc="lower right")
     if len(points):
@@ -345,14 +455,18 @@ def communication_vs_accuracy(points: pd.DataFrame, stem: str | Path, *, paper: 
     return points
 
 
-def label_distribution(counts: np.ndarray, stem: str | Path, formats: Sequence[str] = FORMATS, title: str = "") -> np.ndarray:
+def label_distribution(
+    counts: np.ndarray, stem: str | Path, formats: Sequence[str] = FORMATS, title: str = ""
+) -> np.ndarray:
     """The partition's per-client label counts ([clients, classes]) as stacked bars, titled."""
     counts = np.asarray(counts)
     save(label_counts_figure(counts, title or "label distribution over clients"), stem, formats)
     return counts
 
 
-def array_figure(array: np.ndarray, stem: str | Path, *, title: str = "", formats: Sequence[str] = FORMATS) -> np.ndarray | None:
+def array_figure(
+    array: np.ndarray, stem: str | Path, *, title: str = "", formats: Sequence[str] = FORMATS
+) -> np.ndarray | None:
     """A generic artifact: a 1-D array as bars, a 2-D one as a heatmap, a 3-D one as heatmaps of its
     slices along the middle axis (at most 8). Returns what was drawn (None: not drawable)."""
     array = np.asarray(array)
@@ -418,8 +532,9 @@ def label_counts_figure(counts: np.ndarray, title: str = "") -> Figure:
     client, cls = np.nonzero(counts)
     left, right = client - 0.42, client + 0.42
     bottom, top = tops[client, cls] - counts[client, cls], tops[client, cls]
-    corners = np.stack([np.stack(corner, axis=-1) for corner in
-                        [(left, bottom), (right, bottom), (right, top), (left, top)]], axis=1)
+    corners = np.stack(
+        [np.stack(corner, axis=-1) for corner in [(left, bottom), (right, bottom), (right, top), (left, top)]], axis=1
+    )
 
     figure = Figure(figsize=(min(max(6.0, 0.12 * num_clients + 2.5), 24.0), 4.0), layout="constrained")
     axes = figure.add_subplot()
@@ -442,8 +557,15 @@ def label_counts_figure(counts: np.ndarray, title: str = "") -> Figure:
     return figure
 
 
-def critical_difference(ranks: dict[str, float], cd: float, groups: Sequence[Sequence[str]], stem: str | Path, *,
-                        title: str = "", formats: Sequence[str] = FORMATS) -> dict:
+def critical_difference(
+    ranks: dict[str, float],
+    cd: float,
+    groups: Sequence[Sequence[str]],
+    stem: str | Path,
+    *,
+    title: str = "",
+    formats: Sequence[str] = FORMATS,
+) -> dict:
     """Demšar's critical-difference diagram: the methods on an axis of average rank (1, the best, on the
     left), the better half labelled on the left and the rest on the right, a bar of length CD, and a
     thick line joining each group of methods that the Nemenyi test cannot tell apart. Returns what it
@@ -453,9 +575,9 @@ def critical_difference(ranks: dict[str, float], cd: float, groups: Sequence[Seq
     low, high = 1, max(k, 2)
     half = (k + 1) // 2
     rows = max(half, k - half)
-    label_inches = 0.075 * max(len(f"{n} (0.00)") for n in names) + 0.3   # one side's labels, fontsize 9
+    label_inches = 0.075 * max(len(f"{n} (0.00)") for n in names) + 0.3  # one side's labels, fontsize 9
     width = max(8.0, 2 * label_inches + 4.0)
-    margin = label_inches * (high - low) / (width - 2 * label_inches)       # the labels' room, in rank units
+    margin = label_inches * (high - low) / (width - 2 * label_inches)  # the labels' room, in rank units
     height = 1.3 + 0.28 * (rows + len(groups))
     figure = new_figure(width, height)
     axes = figure.add_subplot()
@@ -477,8 +599,14 @@ def critical_difference(ranks: dict[str, float], cd: float, groups: Sequence[Seq
         y = -(group_rows * 0.28 + 0.1) - line * 0.28
         x_end = low - 0.35 if left else high + 0.35
         axes.plot([ranks[name], ranks[name], x_end], [0, y, y], color="#333333", linewidth=0.9)
-        axes.text(x_end + (-0.05 if left else 0.05), y, f"{name} ({ranks[name]:.2f})", fontsize=9, va="center",
-                  ha="right" if left else "left")
+        axes.text(
+            x_end + (-0.05 if left else 0.05),
+            y,
+            f"{name} ({ranks[name]:.2f})",
+            fontsize=9,
+            va="center",
+            ha="right" if left else "left",
+        )
     for j, group in enumerate(groups):
         values = [ranks[n] for n in group]
         y = -0.14 - j * 0.28

@@ -34,6 +34,7 @@ Where the choice is ours (the paper is silent): "within the paper's ±" uses the
 does not say over how many runs); the claims judged are the ones pFedLA's text and tables make about
 its baselines (`CLAIMS`), not every pair of rows.
 """
+
 from __future__ import annotations
 
 import csv
@@ -58,12 +59,16 @@ from pflbench.reports.tables import Entry, Table, accuracy_tables
 COLUMN_STUDY = re.compile(r"^table(?P<table>\d+)-full(?:-(?P<dataset>.+))?$")
 # The orderings judged (pFedLA, Section 4.3: pFedLA is "superior" to its baselines; FedAvg against
 # Local and pFedHN against pFedLA as its tables order them). The direction of each is the paper's.
-CLAIMS: tuple[tuple[str, str], ...] = (("fedavg", "local"), ("pfedla", "local"), ("pfedla", "fedavg"),
-                                       ("pfedhn", "pfedla"))
-CHAIN = ("local", "fedavg", "pfedla")    # the paper's Table 1-2 chain, judged as a whole
+CLAIMS: tuple[tuple[str, str], ...] = (
+    ("fedavg", "local"),
+    ("pfedla", "local"),
+    ("pfedla", "fedavg"),
+    ("pfedhn", "pfedla"),
+)
+CHAIN = ("local", "fedavg", "pfedla")  # the paper's Table 1-2 chain, judged as a whole
 MIXED = "mixed"
 JUDGED = ("delivered", "adapted", MIXED)
-ALPHA_EXTREME = 1e-6    # an α entry this close to 0 or 1 counts as collapsed
+ALPHA_EXTREME = 1e-6  # an α entry this close to 0 or 1 counts as collapsed
 
 
 def global_model(algorithm: str) -> bool:
@@ -73,15 +78,16 @@ def global_model(algorithm: str) -> bool:
 
 # ---- the data ---------------------------------------------------------------------------------------------
 
+
 @dataclass
 class GlanceRow:
     algorithm: str
     label: str
     paper: PaperValue | None
-    ours: Entry | None             # under the paper's protocol (the reference row's)
-    delivered: Entry | None        # as delivered, final round, mean over clients
-    other_dataset: bool = False    # the paper's number is for another dataset than ours
-    reason: str = ""               # why there is no Δ (settings differ), "" when there is one
+    ours: Entry | None  # under the paper's protocol (the reference row's)
+    delivered: Entry | None  # as delivered, final round, mean over clients
+    other_dataset: bool = False  # the paper's number is for another dataset than ours
+    reason: str = ""  # why there is no Δ (settings differ), "" when there is one
     variants: list[GlanceRow] = field(default_factory=list)
     variant: bool = False
 
@@ -113,7 +119,7 @@ class GlanceRow:
         """Against the paper: within its ±, above, below; or why there is none."""
         if not self.run:
             if self.failed and self.ours is not None:
-                return self.ours.status          # "diverged", "failed"
+                return self.ours.status  # "diverged", "failed"
             return "not run" if self.missing else "no number under the paper's protocol"
         if self.paper is None:
             return "no paper number"
@@ -149,9 +155,9 @@ class GlanceRow:
 
 @dataclass
 class Judgement(PairedTexts):
-    protocol: str                 # delivered, adapted or mixed
+    protocol: str  # delivered, adapted or mixed
     test: Paired | None
-    note: str = ""                # "same as adapted" etc.
+    note: str = ""  # "same as adapted" etc.
 
     @property
     def verdict(self) -> str:
@@ -167,9 +173,9 @@ class Judgement(PairedTexts):
 
 @dataclass
 class Claim:
-    better: str                   # the algorithm the paper puts above
+    better: str  # the algorithm the paper puts above
     worse: str
-    paper_difference: float       # the paper's better − worse, points
+    paper_difference: float  # the paper's better − worse, points
     judgements: list[Judgement]
 
     @property
@@ -182,7 +188,7 @@ class Claim:
 
 @dataclass
 class Chain:
-    algorithms: tuple[str, ...]   # worst first, as the paper orders them
+    algorithms: tuple[str, ...]  # worst first, as the paper orders them
     links: list[Claim]
 
     @property
@@ -201,33 +207,33 @@ class Chain:
 
 @dataclass
 class AlphaView:
-    label: str                    # the row's label ("pFedLA", "pFedLA (head=softmax, ...)")
+    label: str  # the row's label ("pFedLA", "pFedLA (head=softmax, ...)")
     study: str
     cell: str
     path: str
     round: int
     layer: str
-    extreme: float                # fraction of α entries within ALPHA_EXTREME of 0 or 1 at `round`
-    self_weight: float            # mean over clients and layers of α[i, l, i] at `round`
-    heatmap: str = ""             # figure paths, relative to the page's folder
+    extreme: float  # fraction of α entries within ALPHA_EXTREME of 0 or 1 at `round`
+    self_weight: float  # mean over clients and layers of α[i, l, i] at `round`
+    heatmap: str = ""  # figure paths, relative to the page's folder
     evolution: str = ""
 
 
 @dataclass
 class GlanceColumn:
-    study: str                    # the study whose cells are the column (its page is the evidence)
-    table: str                    # "Table 1"
+    study: str  # the study whose cells are the column (its page is the evidence)
+    table: str  # "Table 1"
     reference: Reference | None
     column: Column
     scheme: str
-    stores: list[str]             # the studies read (the column's and those beside it)
+    stores: list[str]  # the studies read (the column's and those beside it)
     rows: list[GlanceRow]
     claims: list[Claim]
     chain: Chain | None
-    protocol: Protocol            # the paper's protocol (of its rows; the default where none)
+    protocol: Protocol  # the paper's protocol (of its rows; the default where none)
     seeds: list = field(default_factory=list)
-    variant_of: str = ""          # a variant column: the column it varies
-    differences: tuple[str, ...] = ()   # a variant column's settings against the paper's
+    variant_of: str = ""  # a variant column: the column it varies
+    differences: tuple[str, ...] = ()  # a variant column's settings against the paper's
     alpha: list[AlphaView] = field(default_factory=list)
 
     @property
@@ -252,7 +258,7 @@ class GlanceColumn:
 
     @property
     def short(self) -> str:
-        """"Table 1 (fmnist, 10 clients)", with a variant column's changed settings."""
+        """ "Table 1 (fmnist, 10 clients)", with a variant column's changed settings."""
         text = f"{self.table} ({self.column.dataset}, {self.column.clients} clients"
         return text + (f", {', '.join(self.differences)})" if self.variant_of and self.differences else ")")
 
@@ -301,6 +307,7 @@ class Glance:
 
 # ---- building it ------------------------------------------------------------------------------------------
 
+
 def reference_of(references: Sequence[Reference], number: str) -> Reference | None:
     for ref in references:
         table = ref.meta.get("table", [""])[0]
@@ -327,8 +334,7 @@ def column_studies(published: Path) -> list[tuple[Path, str]]:
     return out
 
 
-def build_glance(published: str | Path, references: Sequence[Reference] | None = None,
-                 level: float = LEVEL) -> Glance:
+def build_glance(published: str | Path, references: Sequence[Reference] | None = None, level: float = LEVEL) -> Glance:
     """The page's data from the published studies under `published` (module doc)."""
     from pflbench.publish import beside_studies
 
@@ -343,11 +349,16 @@ def build_glance(published: str | Path, references: Sequence[Reference] | None =
         if built is None:
             continue
         columns.append(built)
-        for name in sorted(beside):   # variant columns: a study with others beside it, named after this one
-            if name.startswith(folder.name + "-") and name not in {c.study for c in columns} \
-                    and (published / name).is_dir() and not COLUMN_STUDY.match(name.replace(folder.name, "x", 1)):
-                variant = build_column(published / name, beside[name], reference, f"Table {number}", level,
-                                       variant_of=folder.name)
+        for name in sorted(beside):  # variant columns: a study with others beside it, named after this one
+            if (
+                name.startswith(folder.name + "-")
+                and name not in {c.study for c in columns}
+                and (published / name).is_dir()
+                and not COLUMN_STUDY.match(name.replace(folder.name, "x", 1))
+            ):
+                variant = build_column(
+                    published / name, beside[name], reference, f"Table {number}", level, variant_of=folder.name
+                )
                 if variant is not None:
                     columns.append(variant)
     glance = Glance(columns, str(published), level)
@@ -363,19 +374,27 @@ def _column_cells(cells: pd.DataFrame) -> tuple[Column, str] | None:
     return Column(str(key[0]), int(key[1])), str(key[2])
 
 
-def build_column(folder: Path, beside: Sequence[Path], reference: Reference | None, table: str, level: float,
-                 variant_of: str = "") -> GlanceColumn | None:
+def build_column(
+    folder: Path, beside: Sequence[Path], reference: Reference | None, table: str, level: float, variant_of: str = ""
+) -> GlanceColumn | None:
     cells = load_cells(folder, beside)
     found = _column_cells(cells)
     if found is None:
         return None
     column, scheme = found
-    cells = cells[(cells["dataset"] == column.dataset) & (cells["clients"] == column.clients)
-                  & (cells["partition"] == scheme)].reset_index(drop=True)
+    cells = cells[
+        (cells["dataset"] == column.dataset) & (cells["clients"] == column.clients) & (cells["partition"] == scheme)
+    ].reset_index(drop=True)
     refs = [reference] if reference is not None else []
-    paper_rows = pd.DataFrame() if reference is None else reference.rows[
-        (reference.rows["dataset"] == column.paper_dataset) & (reference.rows["partition"] == scheme)
-        & (reference.rows["clients"].astype(int) == column.clients)]
+    paper_rows = (
+        pd.DataFrame()
+        if reference is None
+        else reference.rows[
+            (reference.rows["dataset"] == column.paper_dataset)
+            & (reference.rows["partition"] == scheme)
+            & (reference.rows["clients"].astype(int) == column.clients)
+        ]
+    )
     protocols = [Protocol.parse(p) for p in paper_rows.get("protocol", pd.Series(dtype=str)).dropna().unique()]
     paper_protocol = protocols[0] if len(protocols) == 1 else ADAPTED
     tables: dict[Protocol, Table | None] = {}
@@ -403,38 +422,66 @@ def build_column(folder: Path, beside: Sequence[Path], reference: Reference | No
         return None if t is None or row is None else t.entry(row, t.columns[0])
 
     delivered = table_of(DEFAULT)
-    algorithms = list(dict.fromkeys([*paper_rows.get("algorithm", pd.Series(dtype=str)).astype(str),
-                                     *[r.algorithm for r in (delivered.rows if delivered else [])
-                                       if not r.reference]]))
+    algorithms = list(
+        dict.fromkeys(
+            [
+                *paper_rows.get("algorithm", pd.Series(dtype=str)).astype(str),
+                *[r.algorithm for r in (delivered.rows if delivered else []) if not r.reference],
+            ]
+        )
+    )
     rows: list[GlanceRow] = []
     for algorithm in algorithms:
         paper_line = paper_rows[paper_rows["algorithm"] == algorithm] if len(paper_rows) else paper_rows
-        protocol = Protocol.parse(paper_line["protocol"].iloc[0]) if len(paper_line) and "protocol" in paper_line \
-            and not pd.isna(paper_line["protocol"].iloc[0]) else paper_protocol
+        protocol = (
+            Protocol.parse(paper_line["protocol"].iloc[0])
+            if len(paper_line) and "protocol" in paper_line and not pd.isna(paper_line["protocol"].iloc[0])
+            else paper_protocol
+        )
         ours_table = table_of(protocol)
         row = base_row(ours_table, algorithm) or base_row(delivered, algorithm)
         ours = entry_of(ours_table, row)
         paper = ours.paper if ours is not None else None
         if paper is None and len(paper_line):
             line = paper_line.iloc[0]
-            paper = PaperValue(float(line["mean"]), None if pd.isna(line.get("std")) else float(line["std"]), None,
-                               reference.short if reference is not None else table, protocol)
+            paper = PaperValue(
+                float(line["mean"]),
+                None if pd.isna(line.get("std")) else float(line["std"]),
+                None,
+                reference.short if reference is not None else table,
+                protocol,
+            )
         if variant_of:
-            paper = None   # settings differ from the paper's: the column is judged on orderings only
-        glance_row = GlanceRow(algorithm, display_name(algorithm) + (" †" if row is not None and row.tuned else ""),
-                               paper, ours,
-                               entry_of(delivered, row), other_dataset=column.paper_dataset != column.dataset,
-                               reason=ours.comparison.reason if ours is not None and ours.comparison is not None
-                               and not ours.comparison.comparable else "")
+            paper = None  # settings differ from the paper's: the column is judged on orderings only
+        glance_row = GlanceRow(
+            algorithm,
+            display_name(algorithm) + (" †" if row is not None and row.tuned else ""),
+            paper,
+            ours,
+            entry_of(delivered, row),
+            other_dataset=column.paper_dataset != column.dataset,
+            reason=ours.comparison.reason
+            if ours is not None and ours.comparison is not None and not ours.comparison.comparable
+            else "",
+        )
         for t in (ours_table,):
-            for other in (t.rows if t is not None else []):
+            for other in t.rows if t is not None else []:
                 if other.algorithm == algorithm and other != row:
                     entry = entry_of(t, other)
-                    glance_row.variants.append(GlanceRow(
-                        algorithm, variant_label(other, row), entry.paper if entry is not None and not variant_of else None, entry,
-                        entry_of(delivered, other), other_dataset=glance_row.other_dataset,
-                        reason=entry.comparison.reason if entry is not None and entry.comparison is not None
-                        and not entry.comparison.comparable else "", variant=True))
+                    glance_row.variants.append(
+                        GlanceRow(
+                            algorithm,
+                            variant_label(other, row),
+                            entry.paper if entry is not None and not variant_of else None,
+                            entry,
+                            entry_of(delivered, other),
+                            other_dataset=glance_row.other_dataset,
+                            reason=entry.comparison.reason
+                            if entry is not None and entry.comparison is not None and not entry.comparison.comparable
+                            else "",
+                            variant=True,
+                        )
+                    )
         if row is None and not len(paper_line):
             continue
         rows.append(glance_row)
@@ -443,22 +490,48 @@ def build_column(folder: Path, beside: Sequence[Path], reference: Reference | No
     if variant_of and reference is not None and len(paper_rows):
         # what the variant changes against the paper's settings (read off its first paper row's cells)
         first = paper_rows.iloc[0]
-        value = PaperValue(float(first["mean"]), None, None, reference.short, paper_protocol,
-                           tuple((n, first[n]) for n in ("samples_per_client", "rounds", "local_epochs", "lr",
-                                                         "batch_size") if n in first and not pd.isna(first[n])))
+        value = PaperValue(
+            float(first["mean"]),
+            None,
+            None,
+            reference.short,
+            paper_protocol,
+            tuple(
+                (n, first[n])
+                for n in ("samples_per_client", "rounds", "local_epochs", "lr", "batch_size")
+                if n in first and not pd.isna(first[n])
+            ),
+        )
         same = cells[cells["algorithm"] == first["algorithm"]]
         differences = compare(value, same if len(same) else cells, paper_protocol).differences
         differences = tuple(d for d in differences if not d.startswith("finetune_epochs"))
         params = cells.filter(like="partition_params.").iloc[0].dropna().to_dict() if len(cells) else {}
         shown = [d.split(" vs ")[0].replace(" ", "=") for d in differences]
-        extra = [f"{k.removeprefix('partition_params.')}={v:g}" if isinstance(v, float) else
-                 f"{k.removeprefix('partition_params.')}={v}" for k, v in params.items()
-                 if not any(k.removeprefix("partition_params.") in s for s in shown)
-                 and k.removeprefix("partition_params.") in _varied_params(folder)]
+        extra = [
+            f"{k.removeprefix('partition_params.')}={v:g}"
+            if isinstance(v, float)
+            else f"{k.removeprefix('partition_params.')}={v}"
+            for k, v in params.items()
+            if not any(k.removeprefix("partition_params.") in s for s in shown)
+            and k.removeprefix("partition_params.") in _varied_params(folder)
+        ]
         differences = tuple(shown + extra)
     claims, chain = judge_claims(paper_rows, cells, table_of, base_row, entry_of)
-    return GlanceColumn(folder.name, table, reference, column, scheme, [folder.name, *(p.name for p in beside)],
-                        rows, claims, chain, paper_protocol, seeds, variant_of, differences)
+    return GlanceColumn(
+        folder.name,
+        table,
+        reference,
+        column,
+        scheme,
+        [folder.name, *(p.name for p in beside)],
+        rows,
+        claims,
+        chain,
+        paper_protocol,
+        seeds,
+        variant_of,
+        differences,
+    )
 
 
 def variant_label(row: Row, base: Row | None) -> str:
@@ -477,8 +550,13 @@ def _varied_params(folder: Path) -> set[str]:
     return set(re.findall(r"partition_params\.(\w+)=", command))
 
 
-def judge_claims(paper_rows: pd.DataFrame, cells: pd.DataFrame, table_of: Callable[[Protocol], Table | None],
-                 base_row: Callable, entry_of: Callable) -> tuple[list[Claim], Chain | None]:
+def judge_claims(
+    paper_rows: pd.DataFrame,
+    cells: pd.DataFrame,
+    table_of: Callable[[Protocol], Table | None],
+    base_row: Callable,
+    entry_of: Callable,
+) -> tuple[list[Claim], Chain | None]:
     means = {str(a): float(m) for a, m in zip(paper_rows.get("algorithm", []), paper_rows.get("mean", []))}
 
     def sample(algorithm: str, protocol: Protocol) -> Sample | None:
@@ -505,14 +583,18 @@ def judge_claims(paper_rows: pd.DataFrame, cells: pd.DataFrame, table_of: Callab
         claims.append(Claim(better, worse, means[better] - means[worse], judgements))
     chain = None
     if all(a in means for a in CHAIN) and all(means[x] < means[y] for x, y in zip(CHAIN, CHAIN[1:])):
-        links = [next(c for c in claims if (c.better, c.worse) == (y, x)) for x, y in zip(CHAIN, CHAIN[1:])
-                 if any((c.better, c.worse) == (y, x) for c in claims)]
+        links = [
+            next(c for c in claims if (c.better, c.worse) == (y, x))
+            for x, y in zip(CHAIN, CHAIN[1:])
+            if any((c.better, c.worse) == (y, x) for c in claims)
+        ]
         if len(links) == len(CHAIN) - 1:
             chain = Chain(CHAIN, links)
     return claims, chain
 
 
 # ---- α (pFedLA's Figures 5-6) ------------------------------------------------------------------------------
+
 
 def layerwise(artifacts: dict) -> bool:
     rounds = artifacts.get("alpha", {})
@@ -531,7 +613,7 @@ def attach_alpha(glance: Glance, published: Path) -> None:
         if base is None or base.ours is None or not base.ours.paths:
             continue
         seed = sorted(base.ours.seeds, key=str)[0]
-        found: list[tuple[str, str, str, str]] = []   # (label, study, cell, path)
+        found: list[tuple[str, str, str, str]] = []  # (label, study, cell, path)
         for path, cell_seed, cell in zip(base.ours.paths, base.ours.seeds, base.ours.hashes):
             if cell_seed == seed:
                 found.append((_variant_label(_cell_row(stores, path)), Path(path).parent.name, cell, path))
@@ -540,9 +622,13 @@ def attach_alpha(glance: Glance, published: Path) -> None:
         for name, cells in sorted(stores.items()):
             if cells.empty or name in column.stores:
                 continue
-            same = cells[(cells["dataset"] == column.column.dataset) & (cells["clients"] == column.column.clients)
-                         & (cells["partition"] == column.scheme) & (cells["seed"] == seed)
-                         & (cells["status"] == "finished")]
+            same = cells[
+                (cells["dataset"] == column.column.dataset)
+                & (cells["clients"] == column.column.clients)
+                & (cells["partition"] == column.scheme)
+                & (cells["seed"] == seed)
+                & (cells["status"] == "finished")
+            ]
             if "partition_params.samples_per_client" in cells and base.ours.paths:
                 wanted = _cell_value(stores, base.ours.paths[0], "partition_params.samples_per_client")
                 same = same[same["partition_params.samples_per_client"] == wanted]
@@ -550,8 +636,11 @@ def attach_alpha(glance: Glance, published: Path) -> None:
                 same = same[same["rounds"] == rounds]
             for _, cell in same.iterrows():
                 label = _variant_label(cell)
-                if cell["algorithm"] == "pfedla" and label not in {f[0] for f in found} \
-                        and layerwise(read_artifacts(cell["path"])):
+                if (
+                    cell["algorithm"] == "pfedla"
+                    and label not in {f[0] for f in found}
+                    and layerwise(read_artifacts(cell["path"]))
+                ):
                     found.append((label, name, str(cell["hash"]), str(cell["path"])))
         views = []
         arrays = {}
@@ -597,9 +686,14 @@ def _variant_label(cell: pd.Series) -> str:
     from pflbench.reports.cells import printed_value
 
     defaults = current_defaults(str(cell["algorithm"]))
-    changed = [f"{k.removeprefix('hp.')}={printed_value(cell[k])}" for k in cell.index
-               if k.startswith("hp.") and not (np.isscalar(cell[k]) and pd.isna(cell[k]))
-               and k in defaults and printed_value(cell[k]) != defaults[k]]
+    changed = [
+        f"{k.removeprefix('hp.')}={printed_value(cell[k])}"
+        for k in cell.index
+        if k.startswith("hp.")
+        and not (np.isscalar(cell[k]) and pd.isna(cell[k]))
+        and k in defaults
+        and printed_value(cell[k]) != defaults[k]
+    ]
     return display_name(str(cell["algorithm"])) + (f" ({', '.join(changed)})" if changed else "")
 
 
@@ -616,22 +710,34 @@ def write_figures(glance: Glance, folder: str | Path, rel: str = "", formats: Se
             found = artifacts.get("alpha_layers", {}).get(view.round)
             names = None if found is None else [str(n) for n in found]
             stem = safe_name(f"{column.anchor}_{view.cell}")
-            fig.alpha_heatmap(artifacts["alpha"][view.round], folder / f"alpha_{stem}", layer=view.layer,
-                              layer_names=names, title=f"{view.label}: α of layer {view.layer}, round {view.round}",
-                              formats=formats)
-            fig.alpha_evolution(artifacts["alpha"], folder / f"evolution_{stem}", client=0, layer_names=names,
-                                title=f"{view.label}: client 0's α over rounds", formats=formats)
+            fig.alpha_heatmap(
+                artifacts["alpha"][view.round],
+                folder / f"alpha_{stem}",
+                layer=view.layer,
+                layer_names=names,
+                title=f"{view.label}: α of layer {view.layer}, round {view.round}",
+                formats=formats,
+            )
+            fig.alpha_evolution(
+                artifacts["alpha"],
+                folder / f"evolution_{stem}",
+                client=0,
+                layer_names=names,
+                title=f"{view.label}: client 0's α over rounds",
+                formats=formats,
+            )
             view.heatmap = f"{rel}alpha_{stem}.png"
             view.evolution = f"{rel}evolution_{stem}.png"
 
 
 # ---- the findings -----------------------------------------------------------------------------------------
 
+
 @dataclass
 class Finding:
     text: str
-    link: str          # an anchor of the page ("#table1-full") or a study ("table1-full")
-    study: str = ""    # the study it is about (the leaderboard links its page)
+    link: str  # an anchor of the page ("#table1-full") or a study ("table1-full")
+    study: str = ""  # the study it is about (the leaderboard links its page)
 
 
 def _pp(value: float) -> str:
@@ -645,9 +751,14 @@ def findings(glance: Glance, limit: int = 15) -> list[Finding]:
         papered = [r for r in column.rows if r.paper is not None]
         run = [r for r in papered if r.run]
         if column.other_dataset:
-            out.append(Finding(f"{column.short}: {len(run)} of {len(papered)} paper rows run; the paper's numbers "
-                               f"are for {column.column.paper_dataset}, so none is compared", f"#{column.anchor}",
-                               column.study))
+            out.append(
+                Finding(
+                    f"{column.short}: {len(run)} of {len(papered)} paper rows run; the paper's numbers "
+                    f"are for {column.column.paper_dataset}, so none is compared",
+                    f"#{column.anchor}",
+                    column.study,
+                )
+            )
         else:
             counts: dict[str, int] = {}
             for row in papered:
@@ -657,9 +768,14 @@ def findings(glance: Glance, limit: int = 15) -> list[Finding]:
             parts += [f"{n} {w}" for w, n in counts.items() if w not in ("within", "above", "below", "not run")]
             deltas = [r.delta for r in column.rows if r.delta is not None]
             spread = f" (Δ {min(deltas):+.2f} to {max(deltas):+.2f})" if deltas else ""
-            out.append(Finding(f"{column.short}, {column.protocol.model} as the paper: of {len(papered)} paper rows "
-                               f"{', '.join(parts)} the paper's ±{spread}; {_seeds_text(column)}",
-                               f"#{column.anchor}", column.study))
+            out.append(
+                Finding(
+                    f"{column.short}, {column.protocol.model} as the paper: of {len(papered)} paper rows "
+                    f"{', '.join(parts)} the paper's ±{spread}; {_seeds_text(column)}",
+                    f"#{column.anchor}",
+                    column.study,
+                )
+            )
         if column.chain is not None:
             out.append(Finding(chain_sentence(column), f"#claims-{column.anchor}", column.study))
         for claim in column.claims:
@@ -673,8 +789,14 @@ def findings(glance: Glance, limit: int = 15) -> list[Finding]:
     for column in glance.reproduced:
         if column.alpha:
             parts = [f"{v.label} {100 * v.extreme:.0f}% (self-weight {v.self_weight:.2f})" for v in column.alpha]
-            out.append(Finding(f"{column.short}, α at round {column.alpha[0].round}: share of its entries at 0 or 1 "
-                               f"(to 1e-6): " + "; ".join(parts), f"#alpha-{column.anchor}", column.study))
+            out.append(
+                Finding(
+                    f"{column.short}, α at round {column.alpha[0].round}: share of its entries at 0 or 1 "
+                    f"(to 1e-6): " + "; ".join(parts),
+                    f"#alpha-{column.anchor}",
+                    column.study,
+                )
+            )
     return out[:limit]
 
 
@@ -695,8 +817,9 @@ def claim_sentence(column: GlanceColumn, claim: Claim) -> str:
         head = f"{verdicts[0]} under every protocol"
     else:
         head = ", ".join(f"{j.verdict} {j.protocol}" for j in claim.judgements)
-    return (f"{column.short}: {claim.text} (paper {_pp(claim.paper_difference)}) {head}: "
-            + "; ".join(_judged_text(j) for j in claim.judgements))
+    return f"{column.short}: {claim.text} (paper {_pp(claim.paper_difference)}) {head}: " + "; ".join(
+        _judged_text(j) for j in claim.judgements
+    )
 
 
 def chain_sentence(column: GlanceColumn) -> str:
@@ -704,25 +827,66 @@ def chain_sentence(column: GlanceColumn) -> str:
     assert chain is not None
     names = [n for n in JUDGED if any(c.judged(n) is not None for c in chain.links)]
     verdicts = list(dict.fromkeys(chain.verdict(n) for n in names))
-    head = f"{verdicts[0]} under every protocol" if len(verdicts) == 1 else \
-        ", ".join(f"{chain.verdict(n)} {n}" for n in names)
+    head = (
+        f"{verdicts[0]} under every protocol"
+        if len(verdicts) == 1
+        else ", ".join(f"{chain.verdict(n)} {n}" for n in names)
+    )
     parts = []
     for name in names:
         judged = [(c, j) for c in chain.links if (j := c.judged(name)) is not None]
         # the link that decides: a reversed one, else one not separated, else the weakest
-        decisive = min(judged, key=lambda cj: ({"reversed": 0, "not separated": 1}.get(cj[1].verdict, 2),
-                                              cj[1].test.mean if cj[1].test is not None else 0.0))
+        decisive = min(
+            judged,
+            key=lambda cj: (
+                {"reversed": 0, "not separated": 1}.get(cj[1].verdict, 2),
+                cj[1].test.mean if cj[1].test is not None else 0.0,
+            ),
+        )
         parts.append(f"{name} {decisive[0].text} {decisive[1].mean_text()} ({decisive[1].verdict})")
     return f"{column.short}: chain {chain.text} {head}: " + "; ".join(parts)
 
 
 # ---- tables as CSV and Markdown -----------------------------------------------------------------------------
 
-ROW_FIELDS = ("column", "study", "dataset", "paper_dataset", "scheme", "clients", "row", "variant_of", "protocol",
-              "paper_mean", "paper_std", "ours_mean", "ours_std", "seeds", "delivered_mean", "delta", "verdict",
-              "in_our_column", "why_no_delta")
-CLAIM_FIELDS = ("column", "study", "claim", "paper_difference", "protocol", "difference", "se", "ci_low", "ci_high",
-                "clients_up", "clients_down", "clients_equal", "p", "paired_on", "verdict")
+ROW_FIELDS = (
+    "column",
+    "study",
+    "dataset",
+    "paper_dataset",
+    "scheme",
+    "clients",
+    "row",
+    "variant_of",
+    "protocol",
+    "paper_mean",
+    "paper_std",
+    "ours_mean",
+    "ours_std",
+    "seeds",
+    "delivered_mean",
+    "delta",
+    "verdict",
+    "in_our_column",
+    "why_no_delta",
+)
+CLAIM_FIELDS = (
+    "column",
+    "study",
+    "claim",
+    "paper_difference",
+    "protocol",
+    "difference",
+    "se",
+    "ci_low",
+    "ci_high",
+    "clients_up",
+    "clients_down",
+    "clients_equal",
+    "p",
+    "paired_on",
+    "verdict",
+)
 
 
 def _round(value: float | None, digits: int = 4) -> str:
@@ -735,17 +899,29 @@ def row_records(glance: Glance) -> list[dict]:
         for row in column.rows:
             for item in (row, *row.variants):
                 ours = item.ours
-                out.append({"column": column.title, "study": column.study, "dataset": column.column.dataset,
-                            "paper_dataset": column.column.paper_dataset, "scheme": column.scheme,
-                            "clients": column.column.clients, "row": item.label,
-                            "variant_of": row.label if item.variant else "",
-                            "protocol": (item.paper.protocol.name if item.paper is not None else column.protocol.name),
-                            "paper_mean": _round(item.paper.mean if item.paper else None, 2),
-                            "paper_std": _round(item.paper.std if item.paper else None, 2),
-                            "ours_mean": _round(ours.mean if ours else None), "ours_std": _round(ours.std if ours else None),
-                            "seeds": item.seeds, "delivered_mean": _round(item.delivered.mean if item.delivered else None),
-                            "delta": _round(item.delta), "verdict": item.verdict(), "in_our_column": item.rank(),
-                            "why_no_delta": item.reason})
+                out.append(
+                    {
+                        "column": column.title,
+                        "study": column.study,
+                        "dataset": column.column.dataset,
+                        "paper_dataset": column.column.paper_dataset,
+                        "scheme": column.scheme,
+                        "clients": column.column.clients,
+                        "row": item.label,
+                        "variant_of": row.label if item.variant else "",
+                        "protocol": (item.paper.protocol.name if item.paper is not None else column.protocol.name),
+                        "paper_mean": _round(item.paper.mean if item.paper else None, 2),
+                        "paper_std": _round(item.paper.std if item.paper else None, 2),
+                        "ours_mean": _round(ours.mean if ours else None),
+                        "ours_std": _round(ours.std if ours else None),
+                        "seeds": item.seeds,
+                        "delivered_mean": _round(item.delivered.mean if item.delivered else None),
+                        "delta": _round(item.delta),
+                        "verdict": item.verdict(),
+                        "in_our_column": item.rank(),
+                        "why_no_delta": item.reason,
+                    }
+                )
     return out
 
 
@@ -756,14 +932,25 @@ def claim_records(glance: Glance) -> list[dict]:
             for j in claim.judgements:
                 t = j.test
                 interval = t.interval if t is not None else None
-                out.append({"column": column.title, "study": column.study, "claim": claim.text,
-                            "paper_difference": _round(claim.paper_difference, 2), "protocol": j.protocol,
-                            "difference": _round(t.mean if t else None), "se": _round(t.se if t else None),
-                            "ci_low": _round(interval[0] if interval else None),
-                            "ci_high": _round(interval[1] if interval else None),
-                            "clients_up": t.up if t else "", "clients_down": t.down if t else "",
-                            "clients_equal": t.equal if t else "", "p": _round(t.p if t else None),
-                            "paired_on": t.unit_text if t else "", "verdict": j.verdict})
+                out.append(
+                    {
+                        "column": column.title,
+                        "study": column.study,
+                        "claim": claim.text,
+                        "paper_difference": _round(claim.paper_difference, 2),
+                        "protocol": j.protocol,
+                        "difference": _round(t.mean if t else None),
+                        "se": _round(t.se if t else None),
+                        "ci_low": _round(interval[0] if interval else None),
+                        "ci_high": _round(interval[1] if interval else None),
+                        "clients_up": t.up if t else "",
+                        "clients_down": t.down if t else "",
+                        "clients_equal": t.equal if t else "",
+                        "p": _round(t.p if t else None),
+                        "paired_on": t.unit_text if t else "",
+                        "verdict": j.verdict,
+                    }
+                )
     return out
 
 
@@ -772,8 +959,10 @@ def write_csv(glance: Glance, folder: str | Path) -> list[Path]:
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     written = []
-    for name, fields, records in (("results_rows.csv", ROW_FIELDS, row_records(glance)),
-                                  ("results_orderings.csv", CLAIM_FIELDS, claim_records(glance))):
+    for name, fields, records in (
+        ("results_rows.csv", ROW_FIELDS, row_records(glance)),
+        ("results_orderings.csv", CLAIM_FIELDS, claim_records(glance)),
+    ):
         path = folder / name
         with path.open("w", newline="") as handle:
             writer = csv.DictWriter(handle, fieldnames=fields)
@@ -804,23 +993,37 @@ def markdown(glance: Glance, study_link: Callable[[str], str], csv_rel: str = ""
     """The page (MkDocs Markdown): findings, what is identified, the column tables, the orderings, α.
     `study_link(study)`: where a study's page is."""
     g = glance
-    lines = ["# Results at a glance", "",
-             f"What reproduces of the paper's tables and what does not, generated from the published studies "
-             f"(`{Path(g.published).name}/`) when this site was built: no number on this page is typed by hand. "
-             f"Every table is also a CSV: [rows]({csv_rel}results_rows.csv), "
-             f"[orderings]({csv_rel}results_orderings.csv).", "", "## Findings", ""]
+    lines = [
+        "# Results at a glance",
+        "",
+        f"What reproduces of the paper's tables and what does not, generated from the published studies "
+        f"(`{Path(g.published).name}/`) when this site was built: no number on this page is typed by hand. "
+        f"Every table is also a CSV: [rows]({csv_rel}results_rows.csv), "
+        f"[orderings]({csv_rel}results_orderings.csv).",
+        "",
+        "## Findings",
+        "",
+    ]
     for f in findings(g):
         lines.append(f"- {_cell(f.text)} [→ evidence]({f.link})")
     lines += ["", "## What is identified, what is only shown, what was not run", "", *IDENTIFIED, ""]
     for column in g.reproduced:
         lines += column_markdown(column, study_link)
     if g.variants:
-        lines += ["## Variant columns: the same tables at changed settings", "",
-                  "The paper's orderings judged where a setting differs from the paper's (no Δ against the paper: "
-                  "its numbers are for its settings).", ""]
+        lines += [
+            "## Variant columns: the same tables at changed settings",
+            "",
+            "The paper's orderings judged where a setting differs from the paper's (no Δ against the paper: "
+            "its numbers are for its settings).",
+            "",
+        ]
         for column in g.variants:
-            lines += [f"### {_cell(column.title)} {{#{column.anchor}}}", "",
-                      f"Studies: {', '.join(f'[{s}]({study_link(s)})' for s in column.stores)}.", ""]
+            lines += [
+                f"### {_cell(column.title)} {{#{column.anchor}}}",
+                "",
+                f"Studies: {', '.join(f'[{s}]({study_link(s)})' for s in column.stores)}.",
+                "",
+            ]
             lines += claims_markdown(column, study_link)
     lines += ["## How to read this page", "", *HOW_TO_READ.format(level=g.level).split("\n"), ""]
     return "\n".join(lines) + "\n"
@@ -839,7 +1042,8 @@ IDENTIFIED = [
     "name (as delivered, mixed); why the rows below the paper's ± are below it.",
     "- **Not run**: the 100-client columns, EMNIST and CIFAR-100; CIFAR-10 only as its offline JPEG "
     "re-encoding (`cifar10-jpeg`), compared with the paper's CIFAR-10 without a Δ; any row a column marks "
-    "*not run*."]
+    "*not run*.",
+]
 
 HOW_TO_READ = (
     "*ours*: the mean over the published seeds (± their std where there are several) under the paper's "
@@ -851,22 +1055,31 @@ HOW_TO_READ = (
     "separated), below best (separated). Orderings: the paired difference better − worse in points (± one "
     "standard error), its {level_ci} t-interval, clients up / down; holds or reversed where the test "
     "separates the two, not separated otherwise. *mixed*: the global-model method (FedAvg) after local "
-    "adaptation against the personalized one as delivered.").replace("{level_ci}", "95%")
+    "adaptation against the personalized one as delivered."
+).replace("{level_ci}", "95%")
 
 
 def column_markdown(column: GlanceColumn, study_link: Callable[[str], str]) -> list[str]:
     c = column
-    out = [f"## {_cell(c.title)} {{#{c.anchor}}}", "",
-           f"**{c.state}.** Protocol: {c.protocol.label} (the paper's, as the reference file reads it). "
-           f"{_seeds_text(c).capitalize()}. Studies: "
-           + ", ".join(f"[{s}]({study_link(s)})" for s in c.stores) + ".", ""]
+    out = [
+        f"## {_cell(c.title)} {{#{c.anchor}}}",
+        "",
+        f"**{c.state}.** Protocol: {c.protocol.label} (the paper's, as the reference file reads it). "
+        f"{_seeds_text(c).capitalize()}. Studies: " + ", ".join(f"[{s}]({study_link(s)})" for s in c.stores) + ".",
+        "",
+    ]
     if c.other_dataset:
-        out += [f"The paper's numbers are for {c.column.paper_dataset}, ours for {c.column.dataset}: shown "
-                f"*in italics* as another dataset's, with no Δ and no verdict.", ""]
+        out += [
+            f"The paper's numbers are for {c.column.paper_dataset}, ours for {c.column.dataset}: shown "
+            f"*in italics* as another dataset's, with no Δ and no verdict.",
+            "",
+        ]
     if c.best_text():
         out += [c.best_text()[0].upper() + _cell(c.best_text()[1:]) + ".", ""]
-    out += ["| row | paper | ours | Δ | against the paper | in our column | delivered |",
-            "|---|---|---|---|---|---|---|"]
+    out += [
+        "| row | paper | ours | Δ | against the paper | in our column | delivered |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for row in c.rows:
         for item in (row, *row.variants):
             paper = _paper_text(item)
@@ -877,20 +1090,33 @@ def column_markdown(column: GlanceColumn, study_link: Callable[[str], str]) -> l
             verdict = item.verdict()
             if verdict.startswith("settings differ") and item.reason:
                 verdict = f"settings differ ({_cell(item.reason.split(': ', 1)[-1])})"
-            out.append(f"| {label} | {paper} | {_entry_text(item.ours)} | {delta} | {verdict} | {_cell(item.rank())} "
-                       f"| {_entry_text(item.delivered)} |")
+            out.append(
+                f"| {label} | {paper} | {_entry_text(item.ours)} | {delta} | {verdict} | {_cell(item.rank())} "
+                f"| {_entry_text(item.delivered)} |"
+            )
     out += [""]
     out += claims_markdown(c, study_link)
     if c.alpha:
-        out += [f"### Aggregation weights α (the paper's Figures 5-6) {{#alpha-{c.anchor}}}", "",
-                f"Round {c.alpha[0].round}, layer {c.alpha[0].layer}, seed {c.seeds[0] if c.seeds else 0}: "
-                + "; ".join(f"{_cell(v.label)} ([{v.study}]({study_link(v.study)})): {100 * v.extreme:.0f}% of "
-                            f"entries at 0 or 1, mean self-weight {v.self_weight:.2f}" for v in c.alpha) + ".", ""]
+        out += [
+            f"### Aggregation weights α (the paper's Figures 5-6) {{#alpha-{c.anchor}}}",
+            "",
+            f"Round {c.alpha[0].round}, layer {c.alpha[0].layer}, seed {c.seeds[0] if c.seeds else 0}: "
+            + "; ".join(
+                f"{_cell(v.label)} ([{v.study}]({study_link(v.study)})): {100 * v.extreme:.0f}% of "
+                f"entries at 0 or 1, mean self-weight {v.self_weight:.2f}"
+                for v in c.alpha
+            )
+            + ".",
+            "",
+        ]
         if any(v.heatmap for v in c.alpha):
-            out += ["| " + " | ".join(_cell(v.label) for v in c.alpha) + " |",
-                    "|" + "---|" * len(c.alpha),
-                    "| " + " | ".join(f"![α heatmap, {_cell(v.label)}]({v.heatmap})" for v in c.alpha) + " |",
-                    "| " + " | ".join(f"![α over rounds, {_cell(v.label)}]({v.evolution})" for v in c.alpha) + " |", ""]
+            out += [
+                "| " + " | ".join(_cell(v.label) for v in c.alpha) + " |",
+                "|" + "---|" * len(c.alpha),
+                "| " + " | ".join(f"![α heatmap, {_cell(v.label)}]({v.heatmap})" for v in c.alpha) + " |",
+                "| " + " | ".join(f"![α over rounds, {_cell(v.label)}]({v.evolution})" for v in c.alpha) + " |",
+                "",
+            ]
     return out
 
 
@@ -900,15 +1126,28 @@ def claims_markdown(column: GlanceColumn, study_link: Callable[[str], str]) -> l
         return []
     out = [f"### Orderings the paper claims {{#claims-{c.anchor}}}", ""]
     if c.chain is not None:
-        out += ["Chain " + c.chain.text + ": " + "; ".join(
-            f"{name} **{c.chain.verdict(name)}**" for name in JUDGED
-            if any(link.judged(name) is not None for link in c.chain.links)) + ".", ""]
-    out += ["| ordering | paper | protocol | ours (± s.e.) | 95% CI | clients up / down | p | verdict |",
-            "|---|---|---|---|---|---|---|---|"]
+        out += [
+            "Chain "
+            + c.chain.text
+            + ": "
+            + "; ".join(
+                f"{name} **{c.chain.verdict(name)}**"
+                for name in JUDGED
+                if any(link.judged(name) is not None for link in c.chain.links)
+            )
+            + ".",
+            "",
+        ]
+    out += [
+        "| ordering | paper | protocol | ours (± s.e.) | 95% CI | clients up / down | p | verdict |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for claim in c.claims:
         for j in claim.judgements:
-            out.append(f"| {claim.text} | {_pp(claim.paper_difference)} | {j.protocol} | {j.mean_text()} | "
-                       f"{j.interval_text()} | {j.counts_text()} | {j.p_text()} | {j.verdict} |")
+            out.append(
+                f"| {claim.text} | {_pp(claim.paper_difference)} | {j.protocol} | {j.mean_text()} | "
+                f"{j.interval_text()} | {j.counts_text()} | {j.p_text()} | {j.verdict} |"
+            )
     out += [""]
     return out
 

@@ -27,6 +27,7 @@ both readings are there. 5 points: above the seed-to-seed spread of a small CPU 
 points on fmnist in this repository's quick specs) and well below the losses the knobs are built to
 cause (a global model under concept shift with 4 clusters loses tens of points).
 """
+
 from __future__ import annotations
 
 import json
@@ -48,6 +49,8 @@ ACCURACY_KEY = "final_accuracy"
 # The newcomers' accuracy (held-out clients, `unseen_fraction`): scored in place of the training
 # clients' accuracy where a cell has it (the unseen-clients branch's `*_newcomers` summary keys).
 NEWCOMER_KEY = "final_accuracy_newcomers"
+
+
 def knobs_of(setting: str) -> tuple[str, ...]:
     """The knob fields a setting turns on (for grouping columns by knob)."""
     if setting == OFF:
@@ -58,10 +61,11 @@ def knobs_of(setting: str) -> tuple[str, ...]:
 @dataclass
 class CopeEntry:
     """One algorithm under one knob setting: its accuracy and the change against its knob-off cells."""
-    values: list[float] = field(default_factory=list)        # % per finished seed
-    deltas: list[float] = field(default_factory=list)        # % points vs the knob-off cell, per paired seed
-    problems: dict[str, int] = field(default_factory=dict)   # failed / diverged / refused counts
-    newcomers: bool = False                                   # the values are the newcomers' accuracy
+
+    values: list[float] = field(default_factory=list)  # % per finished seed
+    deltas: list[float] = field(default_factory=list)  # % points vs the knob-off cell, per paired seed
+    problems: dict[str, int] = field(default_factory=dict)  # failed / diverged / refused counts
+    newcomers: bool = False  # the values are the newcomers' accuracy
     hashes: list[str] = field(default_factory=list)
 
     @property
@@ -95,10 +99,11 @@ class CopeEntry:
 @dataclass
 class CopeTable:
     """One study: rows (algorithms), columns (knob settings, "off" first), entries."""
-    context: str                      # what the study's cells share, in words
+
+    context: str  # what the study's cells share, in words
     settings: list[str]
     rows: list[Row]
-    entries: dict[tuple, CopeEntry] = field(default_factory=dict)   # (row.key, setting) -> entry
+    entries: dict[tuple, CopeEntry] = field(default_factory=dict)  # (row.key, setting) -> entry
     tolerance: float = TOLERANCE
 
     def entry(self, row: Row, setting: str) -> CopeEntry | None:
@@ -106,13 +111,17 @@ class CopeTable:
 
     @property
     def caption(self) -> str:
-        text = (f"Accuracy (%, as delivered, final round, mean over clients; ⁿ: the newcomers' accuracy, held-out "
-                f"clients) under each heterogeneity setting, and in brackets the change against the same algorithm's "
-                f"knob-off cell (percentage points, paired by seed). Copes (✓): loses at most {self.tolerance:g} points "
-                f"against its own knob-off accuracy; ✗: loses more, or diverged.") + privacy_caption(self.settings)
+        text = (
+            f"Accuracy (%, as delivered, final round, mean over clients; ⁿ: the newcomers' accuracy, held-out "
+            f"clients) under each heterogeneity setting, and in brackets the change against the same algorithm's "
+            f"knob-off cell (percentage points, paired by seed). Copes (✓): loses at most {self.tolerance:g} points "
+            f"against its own knob-off accuracy; ✗: loses more, or diverged."
+        ) + privacy_caption(self.settings)
         if any(entry.newcomers for entry in self.entries.values()):
-            text += (" Newcomers (ⁿ) are compared with the knob-off cell's accuracy on the same clients (the same "
-                     "partition ids, trained there), not with its mean over all clients.")
+            text += (
+                " Newcomers (ⁿ) are compared with the knob-off cell's accuracy on the same clients (the same "
+                "partition ids, trained there), not with its mean over all clients."
+            )
         return text
 
     def copes_summary(self) -> dict[str, dict[str, bool | None]]:
@@ -126,7 +135,9 @@ class CopeTable:
                     continue
                 for knob in knobs_of(setting):
                     verdicts.setdefault(knob, []).append(bool(entry.copes(self.tolerance)))
-            out[row.label] = {knob: (all(verdicts[knob]) if knob in verdicts else None) for knob in HETEROGENEITY_FIELDS}
+            out[row.label] = {
+                knob: (all(verdicts[knob]) if knob in verdicts else None) for knob in HETEROGENEITY_FIELDS
+            }
         return out
 
 
@@ -138,9 +149,11 @@ PER_METHOD = ("algorithm", "seed", "hp_source", "lr")
 def _context_columns(cells: pd.DataFrame, knobs: list[str]) -> list[str]:
     """Configuration columns that must be equal within a study: all but the algorithm, its
     hyperparameters and learning rate, the seed and the knobs."""
-    return [c for c in cells.columns
-            if c.split(".")[0] in CONFIG_COLUMNS and c not in knobs and c not in PER_METHOD
-            and not c.startswith("hp.")]
+    return [
+        c
+        for c in cells.columns
+        if c.split(".")[0] in CONFIG_COLUMNS and c not in knobs and c not in PER_METHOD and not c.startswith("hp.")
+    ]
 
 
 def _pairing(cell: pd.Series) -> tuple:
@@ -187,8 +200,10 @@ def cope_tables(cells: pd.DataFrame, tolerance: float = TOLERANCE) -> list[CopeT
     if (cells["setting"] == OFF).all():
         return []
     context_columns = _context_columns(cells, knobs)
-    keys = cells[context_columns].apply(lambda r: json.dumps([None if (not isinstance(v, (list, dict)) and pd.isna(v))
-                                                              else v for v in r], default=str), axis=1)
+    keys = cells[context_columns].apply(
+        lambda r: json.dumps([None if (not isinstance(v, (list, dict)) and pd.isna(v)) else v for v in r], default=str),
+        axis=1,
+    )
     tables = []
     for _, study in cells.groupby(keys, sort=False):
         if (study["setting"] == OFF).all():
@@ -197,14 +212,22 @@ def cope_tables(cells: pd.DataFrame, tolerance: float = TOLERANCE) -> list[CopeT
         settings = sorted(set(study["setting"]), key=lambda s: (s != OFF, knobs_of(s), s))
         rows = sorted(set(study["row"]), key=row_order)
         first = study.iloc[0]
-        varying = [c for c in context_columns if c in ("dataset", "partition", "clients") or c.startswith("partition_params.")]
-        context = ", ".join(f"{c}={_show(first[c])}" for c in varying
-                            if not (not isinstance(first[c], (list, dict)) and pd.isna(first[c])))
+        varying = [
+            c for c in context_columns if c in ("dataset", "partition", "clients") or c.startswith("partition_params.")
+        ]
+        context = ", ".join(
+            f"{c}={_show(first[c])}"
+            for c in varying
+            if not (not isinstance(first[c], (list, dict)) and pd.isna(first[c]))
+        )
         table = CopeTable(context, settings, rows, tolerance=tolerance)
         for row in rows:
             mine = study[study["row"] == row]
-            off_cells = {_pairing(cell): cell for _, cell in mine[mine["setting"] == OFF].iterrows()
-                         if cell["status"] == "finished"}
+            off_cells = {
+                _pairing(cell): cell
+                for _, cell in mine[mine["setting"] == OFF].iterrows()
+                if cell["status"] == "finished"
+            }
             off = {pairing: _value(cell, ACCURACY_KEY) for pairing, cell in off_cells.items()}
             for setting in settings:
                 group = mine[mine["setting"] == setting]
@@ -240,9 +263,12 @@ def markdown_section(tables: list[CopeTable]) -> str:
     (algorithm x knob: ✓ / ✗ / – not measured)."""
     if not tables:
         return ""
-    parts = ["## Who copes with what (heterogeneity beyond label skew)", "",
-             "The survey's Table III, measured: each algorithm under each heterogeneity knob "
-             "(benchmarks/README.md, \"Heterogeneity beyond label skew\"), against its own knob-off cell."]
+    parts = [
+        "## Who copes with what (heterogeneity beyond label skew)",
+        "",
+        "The survey's Table III, measured: each algorithm under each heterogeneity knob "
+        '(benchmarks/README.md, "Heterogeneity beyond label skew"), against its own knob-off cell.',
+    ]
     for table in tables:
         header = ["algorithm", *table.settings]
         lines = ["| " + " | ".join(_md(h) for h in header) + " |", "|---|" + "---:|" * (len(header) - 1)]
@@ -256,11 +282,24 @@ def markdown_section(tables: list[CopeTable]) -> str:
         measured = [k for k in HETEROGENEITY_FIELDS if any(v[k] is not None for v in summary.values())]
         short = ["| algorithm | " + " | ".join(measured) + " |", "|---|" + ":---:|" * len(measured)]
         for label, verdicts in summary.items():
-            short.append(f"| {_md(label)} | " + " | ".join({True: "✓", False: "✗", None: "–"}[verdicts[k]]
-                                                          for k in measured) + " |")
-        parts += ["", f"### {_md(table.context)}", "", table.caption, "", *lines, "",
-                  f"Copes with every setting of the knob (✓), not with some (✗: or diverged under it), not measured (–); "
-                  f"rule: at most {table.tolerance:g} points lost against the algorithm's own knob-off cell.", "", *short]
+            short.append(
+                f"| {_md(label)} | "
+                + " | ".join({True: "✓", False: "✗", None: "–"}[verdicts[k]] for k in measured)
+                + " |"
+            )
+        parts += [
+            "",
+            f"### {_md(table.context)}",
+            "",
+            table.caption,
+            "",
+            *lines,
+            "",
+            f"Copes with every setting of the knob (✓), not with some (✗: or diverged under it), not measured (–); "
+            f"rule: at most {table.tolerance:g} points lost against the algorithm's own knob-off cell.",
+            "",
+            *short,
+        ]
     return "\n".join(parts) + "\n"
 
 
@@ -269,16 +308,21 @@ def latex_section(tables: list[CopeTable]) -> str:
     from pflbench.reports.text import tex_text
 
     def tex(text: str) -> str:
-        return (tex_text(str(text)).replace("✓", r"$\checkmark$").replace("✗", r"$\times$")
-                .replace("ⁿ", r"$^{n}$"))
+        return tex_text(str(text)).replace("✓", r"$\checkmark$").replace("✗", r"$\times$").replace("ⁿ", r"$^{n}$")
 
     parts = []
     for table in tables:
         columns = ["algorithm", *table.settings]
-        lines = [r"\begin{table}[t]", r"\centering", r"\small",
-                 rf"\caption{{Who copes with what: {tex(table.context)}. {tex(table.caption)}}}",
-                 r"\begin{tabular}{l" + "r" * len(table.settings) + "}", r"\toprule",
-                 " & ".join(tex(c) for c in columns) + r" \\", r"\midrule"]
+        lines = [
+            r"\begin{table}[t]",
+            r"\centering",
+            r"\small",
+            rf"\caption{{Who copes with what: {tex(table.context)}. {tex(table.caption)}}}",
+            r"\begin{tabular}{l" + "r" * len(table.settings) + "}",
+            r"\toprule",
+            " & ".join(tex(c) for c in columns) + r" \\",
+            r"\midrule",
+        ]
         for row in table.rows:
             cells = [tex(row.label)]
             for setting in table.settings:
@@ -304,10 +348,20 @@ def site_tables(tables: list[CopeTable]) -> list[dict]:
             for setting in table.settings:
                 entry = table.entry(row, setting)
                 copes = None if entry is None or setting == OFF else entry.copes(table.tolerance)
-                entries.append({"text": "–" if entry is None else entry.text(table.tolerance, baseline=setting == OFF),
-                                "copes": copes, "sort": None if entry is None else entry.mean})
-            rows.append({"label": row.label, "algorithm": row.algorithm, "reference": is_reference(row.algorithm),
-                         "entries": entries})
+                entries.append(
+                    {
+                        "text": "–" if entry is None else entry.text(table.tolerance, baseline=setting == OFF),
+                        "copes": copes,
+                        "sort": None if entry is None else entry.mean,
+                    }
+                )
+            rows.append(
+                {
+                    "label": row.label,
+                    "algorithm": row.algorithm,
+                    "reference": is_reference(row.algorithm),
+                    "entries": entries,
+                }
+            )
         out.append({"context": table.context, "caption": table.caption, "settings": table.settings, "rows": rows})
     return out
-

@@ -10,6 +10,7 @@ Two cells coincide when their per-round, per-client metrics (test and validation
 and the adapted ones) are identical; two entries (rows of one table column) coincide when every
 seed's cells do, on the same dataset, partition, clients and seed.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -78,8 +79,9 @@ def identical_groups(entries: dict) -> dict:
 
 def describe(row: Row, same_as: Row) -> str:
     why = reason(row.algorithm, same_as.algorithm)
-    return (f"{row.label} is bit-identical to {same_as.label} (per-client metrics equal at every round and seed)"
-            + (f": {why}" if why else ""))
+    return f"{row.label} is bit-identical to {same_as.label} (per-client metrics equal at every round and seed)" + (
+        f": {why}" if why else ""
+    )
 
 
 __all__ = ["cell_signature", "identical_groups", "describe", "reason", "display_name"]

@@ -1,6 +1,7 @@
 """A cell's heterogeneity knob setting in words ("concept_shift.clusters=4", or "off"), read from the
 store's columns: shared by the accuracy tables (a knob-on cell is a row of its own) and the who-copes
 report (pflbench/reports/heterogeneity.py)."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -19,7 +20,7 @@ def knob_columns(cells: pd.DataFrame) -> list[str]:
 
 
 def knob_setting(cell: pd.Series, columns: list[str]) -> str:
-    """"concept_shift.clusters=4", "system.dropout=0.3, system.straggler_fraction=0.5", or "off"."""
+    """ "concept_shift.clusters=4", "system.dropout=0.3, system.straggler_fraction=0.5", or "off"."""
     items = []
     for column in sorted(columns):
         value = cell.get(column)

@@ -12,6 +12,7 @@ A report sees only the store. Two things it cannot see there are written for it:
 - cells being run or abandoned: folders with `config.json` but no `summary.json` (a runner writes the
   summary last), and `claim.json` files (a runner's claim on a cell it is running).
 """
+
 from __future__ import annotations
 
 import json
@@ -19,9 +20,11 @@ from collections.abc import Set
 from pathlib import Path
 
 NOTES = "_notes.json"
-HOW_TO_PROVIDE = ("point `--from DIR` (or `$PFLBENCH_DATA_MIRROR`) at a folder holding a copy, or run "
-                  "`pflbench data prepare` where there is a network, then run the spec again: finished "
-                  "cells are kept and only the missing ones run")
+HOW_TO_PROVIDE = (
+    "point `--from DIR` (or `$PFLBENCH_DATA_MIRROR`) at a folder holding a copy, or run "
+    "`pflbench data prepare` where there is a network, then run the spec again: finished "
+    "cells are kept and only the missing ones run"
+)
 
 
 def read_notes(results: str | Path) -> dict:
@@ -44,18 +47,25 @@ def skipped_datasets(results: str | Path, present: Set[str] = frozenset()) -> li
             continue
         info = info if isinstance(info, dict) else {"cells": info}
         looked = info.get("looked_in") or []
-        out.append({"dataset": str(dataset), "cells": info.get("cells"),
-                    "reason": str(info.get("reason") or "it cannot be loaded here (no local copy, no download)"),
-                    "looked_in": [str(p) for p in (looked if isinstance(looked, list) else [looked])],
-                    "how_to_provide": str(info.get("how_to_provide") or HOW_TO_PROVIDE)})
+        out.append(
+            {
+                "dataset": str(dataset),
+                "cells": info.get("cells"),
+                "reason": str(info.get("reason") or "it cannot be loaded here (no local copy, no download)"),
+                "looked_in": [str(p) for p in (looked if isinstance(looked, list) else [looked])],
+                "how_to_provide": str(info.get("how_to_provide") or HOW_TO_PROVIDE),
+            }
+        )
     return out
 
 
 def skipped_text(item: dict) -> str:
     cells = f"{item['cells']} cells on " if item.get("cells") is not None else "the cells on "
     looked = f" Looked in: {', '.join(item['looked_in'])}." if item["looked_in"] else ""
-    return (f"{cells}{item['dataset']} were left out: {item['reason'].rstrip('.')}.{looked} "
-            f"To include them: {item['how_to_provide'].rstrip('.')}.")
+    return (
+        f"{cells}{item['dataset']} were left out: {item['reason'].rstrip('.')}.{looked} "
+        f"To include them: {item['how_to_provide'].rstrip('.')}."
+    )
 
 
 def store_progress(results: str | Path) -> dict[str, int]:
@@ -87,9 +97,14 @@ def progress_text(progress: dict[str, int]) -> str:
         parts.append(f"{n} {'cell is' if n == 1 else 'cells are'} being run (claimed by a runner, no result yet)")
     if progress.get("unfinished"):
         n = progress["unfinished"]
-        parts.append(f"{n} {'cell was' if n == 1 else 'cells were'} started but {'has' if n == 1 else 'have'} no "
-                     f"result (running, or interrupted: `pflbench run` runs them again)")
+        parts.append(
+            f"{n} {'cell was' if n == 1 else 'cells were'} started but {'has' if n == 1 else 'have'} no "
+            f"result (running, or interrupted: `pflbench run` runs them again)"
+        )
     if not parts:
         return ""
-    return ("This store is still being filled: " + "; ".join(parts)
-            + ". The tables show the finished cells only; run `pflbench report` again when the run ends.")
+    return (
+        "This store is still being filled: "
+        + "; ".join(parts)
+        + ". The tables show the finished cells only; run `pflbench report` again when the run ends."
+    )

@@ -26,6 +26,7 @@ and maps to one key of a cell's summary.json (values in [0, 1]):
 The protocol's name, `model-selection-averaging` (e.g. `adapted-final-clients`), is what
 benchmarks/reference/*.csv declare in their `protocol` column.
 """
+
 from __future__ import annotations
 
 import math
@@ -39,22 +40,30 @@ if TYPE_CHECKING:
     import pandas as pd
 
 MODELS = {"delivered": "as delivered", "adapted": "after local adaptation"}
-SELECTIONS = {"final": "final round", "bestval": "best validation round",
-              "besttest": "best test round (selected on test)"}
-AVERAGINGS = {"clients": "mean over clients", "pooled": "pooled over test samples",
-              "worst10": "worst 10% of clients"}
+SELECTIONS = {
+    "final": "final round",
+    "bestval": "best validation round",
+    "besttest": "best test round (selected on test)",
+}
+AVERAGINGS = {"clients": "mean over clients", "pooled": "pooled over test samples", "worst10": "worst 10% of clients"}
 
-MODEL_TEXT = {"delivered": "each client's personalized model as the algorithm delivers it (no further training)",
-              "adapted": "each client's model after local adaptation (finetune_epochs epochs of training on the "
-                         "client's own training data)"}
-SELECTION_TEXT = {"final": "at the final round",
-                  "bestval": "at the round with the highest mean validation accuracy (chosen on the validation "
-                             "split, not the test split)",
-                  "besttest": "at the round with the highest mean test accuracy: selected on the test set, "
-                              "optimistic, for comparison only"}
-AVERAGING_TEXT = {"clients": "test accuracy averaged over clients, each client counting once",
-                  "pooled": "test accuracy over all clients' test samples together (sample-weighted)",
-                  "worst10": "mean test accuracy of the worst 10% of clients"}
+MODEL_TEXT = {
+    "delivered": "each client's personalized model as the algorithm delivers it (no further training)",
+    "adapted": "each client's model after local adaptation (finetune_epochs epochs of training on the "
+    "client's own training data)",
+}
+SELECTION_TEXT = {
+    "final": "at the final round",
+    "bestval": "at the round with the highest mean validation accuracy (chosen on the validation "
+    "split, not the test split)",
+    "besttest": "at the round with the highest mean test accuracy: selected on the test set, "
+    "optimistic, for comparison only",
+}
+AVERAGING_TEXT = {
+    "clients": "test accuracy averaged over clients, each client counting once",
+    "pooled": "test accuracy over all clients' test samples together (sample-weighted)",
+    "worst10": "mean test accuracy of the worst 10% of clients",
+}
 
 
 @dataclass(frozen=True)
@@ -64,8 +73,11 @@ class Protocol:
     averaging: str = "clients"
 
     def __post_init__(self) -> None:
-        for value, allowed, what in ((self.model, MODELS, "model"), (self.selection, SELECTIONS, "selection"),
-                                     (self.averaging, AVERAGINGS, "averaging")):
+        for value, allowed, what in (
+            (self.model, MODELS, "model"),
+            (self.selection, SELECTIONS, "selection"),
+            (self.averaging, AVERAGINGS, "averaging"),
+        ):
             if value not in allowed:
                 raise ValueError(f"protocol {what} {value!r}: allowed {', '.join(allowed)}")
         if self.selection == "besttest" and (self.model, self.averaging) != ("delivered", "clients"):
@@ -78,8 +90,10 @@ class Protocol:
             return name
         parts = str(name).strip().split("-")
         if len(parts) != 3:
-            raise ValueError(f"protocol {name!r}: expected model-selection-averaging, e.g. "
-                             f"{', '.join(p.name for p in PROTOCOLS[:3])}")
+            raise ValueError(
+                f"protocol {name!r}: expected model-selection-averaging, e.g. "
+                f"{', '.join(p.name for p in PROTOCOLS[:3])}"
+            )
         return cls(*parts)
 
     @property
@@ -106,28 +120,36 @@ class Protocol:
 
     @property
     def label(self) -> str:
-        """"as delivered · final round · mean over clients"."""
+        """ "as delivered · final round · mean over clients"."""
         return " · ".join((MODELS[self.model], SELECTIONS[self.selection], AVERAGINGS[self.averaging]))
 
     @property
     def short(self) -> str:
-        """"delivered · final · clients", for column headers."""
+        """ "delivered · final · clients", for column headers."""
         return " · ".join((self.model, self.selection, self.averaging))
 
     @property
     def caption(self) -> str:
         """One sentence saying what the numbers are."""
-        return (f"Protocol {self.label}: {MODEL_TEXT[self.model]}, {SELECTION_TEXT[self.selection]}; "
-                f"{AVERAGING_TEXT[self.averaging]}.")
+        return (
+            f"Protocol {self.label}: {MODEL_TEXT[self.model]}, {SELECTION_TEXT[self.selection]}; "
+            f"{AVERAGING_TEXT[self.averaging]}."
+        )
 
     def with_averaging(self, averaging: str) -> Protocol:
         return Protocol(self.model, self.selection, averaging)
 
 
 PROTOCOLS: tuple[Protocol, ...] = tuple(
-    [Protocol(m, s, a) for s in ("final", "bestval") for m in ("delivered", "adapted")
-     for a in ("clients", "pooled", "worst10")] + [Protocol("delivered", "besttest", "clients")])
-DEFAULT = Protocol()                                   # delivered-final-clients
+    [
+        Protocol(m, s, a)
+        for s in ("final", "bestval")
+        for m in ("delivered", "adapted")
+        for a in ("clients", "pooled", "worst10")
+    ]
+    + [Protocol("delivered", "besttest", "clients")]
+)
+DEFAULT = Protocol()  # delivered-final-clients
 ADAPTED = Protocol("adapted", "final", "clients")
 ALL_KEYS = tuple(p.key for p in PROTOCOLS)
 ROUND_KEYS = tuple(dict.fromkeys(p.round_key for p in PROTOCOLS if p.round_key))

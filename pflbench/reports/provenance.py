@@ -1,6 +1,7 @@
 """Where a published number comes from, as the pages show it: a study's facts (commit, machine, date,
 wall time, state) and a cell's "Reproduce" commands. Read by the study index (studies.py) and by every
 page of a study's site (site.py)."""
+
 from __future__ import annotations
 
 import re
@@ -25,8 +26,11 @@ def duration_text(seconds: float | None) -> str:
     seconds = float(seconds)
     if seconds < 10:
         return f"{seconds:.1f} s"
-    return f"{seconds:.0f} s" if seconds < 120 else (f"{seconds / 60:.1f} min" if seconds < 7200
-                                                    else f"{seconds / 3600:.1f} h")
+    return (
+        f"{seconds:.0f} s"
+        if seconds < 120
+        else (f"{seconds / 60:.1f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h")
+    )
 
 
 def lead_sentence(note: str) -> tuple[str, str]:
@@ -36,7 +40,7 @@ def lead_sentence(note: str) -> tuple[str, str]:
     for i, char in enumerate(note):
         depth += {"(": 1, ")": -1}.get(char, 0)
         if char == "." and depth <= 0 and (i + 1 == len(note) or note[i + 1] == " ") and i >= 20:
-            return note[:i + 1], note[i + 1:].strip()
+            return note[: i + 1], note[i + 1 :].strip()
     return note, ""
 
 
@@ -66,19 +70,31 @@ def study_facts(store: str | Path) -> dict | None:
     m = state.manifest
     commit = m.get("commit") or ""
     wall = m.get("wall_time") or {}
-    return {"name": Path(store).name, "command": m.get("command") or "", "commit": commit,
-            "commit_short": commit[:10] or "unknown", "dirty": bool(m.get("dirty")),
-            "same_commit": bool(commit) and commit == state.commit_now,
-            "machines": [f"{machine_text(x)}: {x.get('cells')} cells" for x in m.get("machines") or []],
-            "versions": m.get("versions") or {}, "date": m.get("date") or "–",
-            "published_at": m.get("published_at") or "–",
-            "elapsed": duration_text(wall.get("elapsed_seconds")), "cell_time": duration_text(wall.get("cell_seconds")),
-            "statuses": m.get("statuses") or {}, "missing": len(m.get("missing") or []),
-            "cells": len(m.get("cells") or {}), "note": m.get("note") or "",
-            "note_lead": lead_sentence(m.get("note") or "")[0], "note_rest": lead_sentence(m.get("note") or "")[1],
-            "heading": heading(lead_sentence(m.get("note") or "")[0]),
-            "state": state.label, "stale": state.stale, "failed": state.failed,
-            "incomplete": state.incomplete}
+    return {
+        "name": Path(store).name,
+        "command": m.get("command") or "",
+        "commit": commit,
+        "commit_short": commit[:10] or "unknown",
+        "dirty": bool(m.get("dirty")),
+        "same_commit": bool(commit) and commit == state.commit_now,
+        "machines": [f"{machine_text(x)}: {x.get('cells')} cells" for x in m.get("machines") or []],
+        "versions": m.get("versions") or {},
+        "date": m.get("date") or "–",
+        "published_at": m.get("published_at") or "–",
+        "elapsed": duration_text(wall.get("elapsed_seconds")),
+        "cell_time": duration_text(wall.get("cell_seconds")),
+        "statuses": m.get("statuses") or {},
+        "missing": len(m.get("missing") or []),
+        "cells": len(m.get("cells") or {}),
+        "note": m.get("note") or "",
+        "note_lead": lead_sentence(m.get("note") or "")[0],
+        "note_rest": lead_sentence(m.get("note") or "")[1],
+        "heading": heading(lead_sentence(m.get("note") or "")[0]),
+        "state": state.label,
+        "stale": state.stale,
+        "failed": state.failed,
+        "incomplete": state.incomplete,
+    }
 
 
 def cell_provenance(store: str | Path, cell_id: str) -> dict | None:

@@ -10,6 +10,7 @@ ranked last there (a divergence is the method's result, not a missing one); a me
 in some block (never run, failed) is left out of the ranking, and the ranking says so. Reference rows
 (Centralized) are not methods. Ranks need at least 2 blocks and 2 methods; the Friedman test, 3 methods.
 """
+
 from __future__ import annotations
 
 import math
@@ -29,16 +30,16 @@ DIVERGED = -math.inf
 @dataclass
 class StudyRanks:
     protocol: Protocol
-    methods: list[str]             # labels, in the order of `ranks`
-    blocks: list[str]              # labels of the columns ranked over
-    scores: np.ndarray             # [block, method], %; -inf: diverged
-    ranks: np.ndarray              # average rank per method (1 = best)
-    friedman_p: float | None       # None: fewer than 3 methods
-    cd: float                      # Nemenyi critical difference at `level`
+    methods: list[str]  # labels, in the order of `ranks`
+    blocks: list[str]  # labels of the columns ranked over
+    scores: np.ndarray  # [block, method], %; -inf: diverged
+    ranks: np.ndarray  # average rank per method (1 = best)
+    friedman_p: float | None  # None: fewer than 3 methods
+    cd: float  # Nemenyi critical difference at `level`
     groups: list[tuple[int, ...]]  # methods not told apart (indices into `methods`), as the diagram's bars
     level: float = LEVEL
-    left_out: list[str] = field(default_factory=list)   # methods not ranked, and why
-    figure: str | None = None      # the critical-difference diagram, relative to the report folder
+    left_out: list[str] = field(default_factory=list)  # methods not ranked, and why
+    figure: str | None = None  # the critical-difference diagram, relative to the report folder
 
     @property
     def order(self) -> list[int]:
@@ -52,8 +53,9 @@ class StudyRanks:
     def friedman_text(self) -> str:
         if self.friedman_p is None:
             return "Friedman test: needs at least 3 methods"
-        verdict = ("rejects equal ranks" if self.rejected else
-                   "does not reject equal ranks: no two methods are told apart")
+        verdict = (
+            "rejects equal ranks" if self.rejected else "does not reject equal ranks: no two methods are told apart"
+        )
         return f"Friedman test over {len(self.blocks)} columns: p = {self.friedman_p:.3g}, {verdict}"
 
     def group_text(self) -> str:
@@ -67,11 +69,13 @@ class StudyRanks:
 
     @property
     def caption(self) -> str:
-        return (f"Protocol {self.protocol.label}: average rank of each method over {len(self.blocks)} columns (1 = the "
-                f"highest mean of a column; ties share their mean rank; a column where a method diverged ranks it "
-                f"last). {self.friedman_text()}. Nemenyi critical difference at level {self.level:g}: "
-                f"CD = {self.cd:.2f} ({len(self.methods)} methods, {len(self.blocks)} columns; Demšar 2006): methods "
-                f"whose average ranks differ by less than CD are not told apart.")
+        return (
+            f"Protocol {self.protocol.label}: average rank of each method over {len(self.blocks)} columns (1 = the "
+            f"highest mean of a column; ties share their mean rank; a column where a method diverged ranks it "
+            f"last). {self.friedman_text()}. Nemenyi critical difference at level {self.level:g}: "
+            f"CD = {self.cd:.2f} ({len(self.methods)} methods, {len(self.blocks)} columns; Demšar 2006): methods "
+            f"whose average ranks differ by less than CD are not told apart."
+        )
 
 
 def method_of(row: Row) -> tuple[tuple, str]:
@@ -118,19 +122,35 @@ def study_ranks(tables: list[Table], level: float = LEVEL) -> StudyRanks | None:
                         found[key] = value
                 if not found:
                     continue
-                blocks.append(column.label + (f", {table.scheme}" if several_schemes else "")
-                              + (f", {setting}" if setting else ""))
+                blocks.append(
+                    column.label
+                    + (f", {table.scheme}" if several_schemes else "")
+                    + (f", {setting}" if setting else "")
+                )
                 values.append(found)
     if len(blocks) < 2:
         return None
     kept = [k for k in labels if all(k in v for v in values)]
-    left_out = [f"{labels[k]}: no result in {sum(k not in v for v in values)} of {len(blocks)} columns"
-                for k in labels if k not in kept]
+    left_out = [
+        f"{labels[k]}: no result in {sum(k not in v for v in values)} of {len(blocks)} columns"
+        for k in labels
+        if k not in kept
+    ]
     if len(kept) < 2:
         return None
     scores = np.array([[v[k] for k in kept] for v in values], dtype=float)
     ranks = average_ranks(np.where(np.isinf(scores), -1e12, scores))
     cd = nemenyi_cd(len(kept), len(blocks), level)
     p = friedman(np.where(np.isinf(scores), -1e12, scores))
-    return StudyRanks(protocols.pop(), [labels[k] for k in kept], blocks, scores, ranks, p, cd,
-                      cliques(ranks.tolist(), cd), level, left_out)
+    return StudyRanks(
+        protocols.pop(),
+        [labels[k] for k in kept],
+        blocks,
+        scores,
+        ranks,
+        p,
+        cd,
+        cliques(ranks.tolist(), cd),
+        level,
+        left_out,
+    )

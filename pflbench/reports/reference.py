@@ -18,6 +18,7 @@ those settings: a row's `dataset` is the data the paper used, so a cell on other
 gets a Δ. `model` is compared with the model the cell resolved to (`auto` becomes `cnn`, `cnn-bn`...;
 the summary's `model`, the store's `resolved_model` column).
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -34,18 +35,28 @@ KEYS = ("algorithm", "dataset", "partition", "clients")
 CONSTRAINT_PREFIXES = ("hp.", "partition_params.", "dataset_options.")
 # The paper's settings a cell must share for a Δ: reference column -> the store's cell columns, the
 # first present and set in a cell is its value (`model`: what `auto` resolved to, else the configured name).
-SETTINGS = {"rounds": ("rounds",), "local_epochs": ("local_epochs",), "clients": ("clients",),
-            "participation": ("participation",), "lr": ("lr",),
-            "samples_per_client": ("partition_params.samples_per_client",),
-            "train_fraction": ("train_fraction",), "val_fraction": ("val_fraction",), "batch_size": ("batch_size",),
-            "momentum": ("momentum",), "weight_decay": ("weight_decay",), "model": ("resolved_model", "model"),
-            "dataset": ("dataset",)}
+SETTINGS = {
+    "rounds": ("rounds",),
+    "local_epochs": ("local_epochs",),
+    "clients": ("clients",),
+    "participation": ("participation",),
+    "lr": ("lr",),
+    "samples_per_client": ("partition_params.samples_per_client",),
+    "train_fraction": ("train_fraction",),
+    "val_fraction": ("val_fraction",),
+    "batch_size": ("batch_size",),
+    "momentum": ("momentum",),
+    "weight_decay": ("weight_decay",),
+    "model": ("resolved_model", "model"),
+    "dataset": ("dataset",),
+}
 
 
 @dataclass
 class Reference:
     """One reference file."""
-    name: str                                   # file stem, e.g. pfedla_table1
+
+    name: str  # file stem, e.g. pfedla_table1
     meta: dict[str, list[str]] = field(default_factory=dict)
     rows: pd.DataFrame = field(default_factory=pd.DataFrame)
 
@@ -57,7 +68,7 @@ class Reference:
 
     @property
     def short(self) -> str:
-        """"pFedLA Table 1" style label for footnotes."""
+        """ "pFedLA Table 1" style label for footnotes."""
         table = self.meta.get("table", [self.name])[0].split(" (")[0]
         source = self.meta.get("source", [""])[0]
         paper = source.split("(")[-1].split(")")[0] if "(" in source else ""
@@ -77,17 +88,18 @@ class PaperValue:
     mean: float
     std: float | None
     comm_mbytes: float | None
-    source: str      # Reference.short
+    source: str  # Reference.short
     protocol: Protocol = DEFAULT
-    settings: tuple = ()   # ((reference column, value), ...): the settings this row gives
+    settings: tuple = ()  # ((reference column, value), ...): the settings this row gives
 
 
 @dataclass(frozen=True)
 class Comparison:
     """A paper number against the cells of one entry, in a table of `protocol`."""
+
     paper: PaperValue
     protocol: Protocol
-    differences: tuple[str, ...] = ()     # "rounds 20 vs 600" (ours vs the paper's)
+    differences: tuple[str, ...] = ()  # "rounds 20 vs 600" (ours vs the paper's)
 
     @property
     def protocol_ok(self) -> bool:
@@ -99,7 +111,7 @@ class Comparison:
 
     @property
     def reason(self) -> str:
-        """"" when comparable, else why there is no Δ."""
+        """ "" when comparable, else why there is no Δ."""
         parts = []
         if not self.protocol_ok:
             parts.append(f"protocol differs: the paper's number is {self.paper.protocol.label}")
@@ -128,8 +140,11 @@ def setting_differences(paper: PaperValue, cells: pd.DataFrame) -> tuple[str, ..
             ours += "/unset"
         differences.append(f"{name} {ours} vs {_text(wanted)}")
     if paper.protocol.adapted:
-        epochs = pd.to_numeric(cells["finetune_epochs"], errors="coerce").fillna(0) if "finetune_epochs" in cells \
+        epochs = (
+            pd.to_numeric(cells["finetune_epochs"], errors="coerce").fillna(0)
+            if "finetune_epochs" in cells
             else pd.Series([0] * len(cells))
+        )
         if len(epochs) == 0 or (epochs <= 0).any():
             differences.append(f"finetune_epochs {'/'.join(dict.fromkeys(_text(v) for v in epochs)) or 0} vs > 0")
     return tuple(differences)
@@ -195,15 +210,27 @@ def _equal(wanted: Any, have: Any) -> bool:
         return str(wanted) == str(have)
 
 
-def find_paper_value(references: Sequence[Reference], *, algorithm: str, dataset: str, partition: str, clients: int,
-                     cells: pd.DataFrame, communication: bool = False) -> PaperValue | None:
+def find_paper_value(
+    references: Sequence[Reference],
+    *,
+    algorithm: str,
+    dataset: str,
+    partition: str,
+    clients: int,
+    cells: pd.DataFrame,
+    communication: bool = False,
+) -> PaperValue | None:
     """The first reference row for this entry whose constraints every one of its `cells` meets."""
     for ref in references:
         if ref.communication != communication:
             continue
         rows = ref.rows
-        rows = rows[(rows["algorithm"] == algorithm) & (rows["dataset"] == dataset)
-                    & (rows["partition"] == partition) & (rows["clients"].astype(int) == int(clients))]
+        rows = rows[
+            (rows["algorithm"] == algorithm)
+            & (rows["dataset"] == dataset)
+            & (rows["partition"] == partition)
+            & (rows["clients"].astype(int) == int(clients))
+        ]
         for _, row in rows.iterrows():
             ok = True
             for column in ref.constraints:
@@ -218,8 +245,12 @@ def find_paper_value(references: Sequence[Reference], *, algorithm: str, dataset
                 comm = row.get("comm_mbytes")
                 protocol = row.get("protocol")
                 settings = tuple((name, row[name]) for name in SETTINGS if name in row and not pd.isna(row[name]))
-                return PaperValue(float(row["mean"]), None if std is None or pd.isna(std) else float(std),
-                                  None if comm is None or pd.isna(comm) else float(comm), ref.short,
-                                  DEFAULT if protocol is None or pd.isna(protocol) else Protocol.parse(protocol),
-                                  settings)
+                return PaperValue(
+                    float(row["mean"]),
+                    None if std is None or pd.isna(std) else float(std),
+                    None if comm is None or pd.isna(comm) else float(comm),
+                    ref.short,
+                    DEFAULT if protocol is None or pd.isna(protocol) else Protocol.parse(protocol),
+                    settings,
+                )
     return None

@@ -7,6 +7,7 @@ the row. Values compare as the labels print them: 100 and 100.0 are one value, a
 the value "null" (`hp.inner_steps: null`), and a hyperparameter a cell's configuration lacks (an
 option added after the cell ran) is the algorithm's default, as `pflbench rerun` resolves it.
 """
+
 from __future__ import annotations
 
 import math
@@ -22,7 +23,7 @@ TUNED = "†"
 @dataclass(frozen=True)
 class Row:
     algorithm: str
-    variant: str = ""    # "retain_layers=1" when the algorithm's cells differ in hyperparameters
+    variant: str = ""  # "retain_layers=1" when the algorithm's cells differ in hyperparameters
     tuned: bool = False
     # The heterogeneity knob setting ("unseen_fraction=0.2"; "" when off), also part of `variant`: rows
     # of different settings are different experiments, ranked apart (`mark_best`).
@@ -50,8 +51,20 @@ def row_order(row: Row) -> tuple:
 # Cell fields of the budget and protocol: where one algorithm's cells of one column differ in one of
 # them (a 100-round validation run beside a 600-round cell, an MLP beside the CNN), they are different
 # rows, never seeds of one entry.
-BUDGET_FIELDS = ("rounds", "local_epochs", "batch_size", "lr", "momentum", "weight_decay", "train_fraction",
-                 "val_fraction", "finetune_epochs", "participation", "model", "normalization")
+BUDGET_FIELDS = (
+    "rounds",
+    "local_epochs",
+    "batch_size",
+    "lr",
+    "momentum",
+    "weight_decay",
+    "train_fraction",
+    "val_fraction",
+    "finetune_epochs",
+    "participation",
+    "model",
+    "normalization",
+)
 
 
 def current_defaults(algorithm: str) -> dict[str, str]:
@@ -106,16 +119,18 @@ def row_of_cells(cells: pd.DataFrame, knobs: bool = True) -> pd.Series:
         values = texts.loc[group.index, column]
         if values.dropna().nunique() <= 1:
             return False
-        return values.groupby([context.loc[group.index, k] for k in context]).agg(
-            lambda s: s.dropna().nunique()).max() > 1
+        return (
+            values.groupby([context.loc[group.index, k] for k in context]).agg(lambda s: s.dropna().nunique()).max() > 1
+        )
 
     for (algorithm, source), group in cells.groupby(["algorithm", "hp_source"], dropna=False):
         tuned = source == "tuned"
         varying = [] if tuned else [c for c in hp_columns if differs(group, c)]
         varying += [c for c in budget_columns if differs(group, c)]
         for index, cell in group.iterrows():
-            variant = ", ".join(f"{c.removeprefix('hp.')}={texts.at[index, c]}" for c in varying
-                                if not pd.isna(texts.at[index, c]))
+            variant = ", ".join(
+                f"{c.removeprefix('hp.')}={texts.at[index, c]}" for c in varying if not pd.isna(texts.at[index, c])
+            )
             setting = knob_setting(cell, knob_cols) if knob_cols else OFF
             if setting == OFF:
                 setting = ""

@@ -11,6 +11,7 @@ seeds only. Newcomers' rows (unseen clients) are not the table's clients and are
 older than its metrics, a round not recorded) contributes its number but no clients, and is then
 compared on seeds only.
 """
+
 from __future__ import annotations
 
 import math

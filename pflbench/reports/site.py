@@ -8,6 +8,7 @@ a "protocol" select (part of the filters, kept in the address's hash as #protoco
 protocol's tables at a time, each captioned with its protocol. A cell's page lists its numbers under
 every protocol it has (as delivered and after local adaptation; final, best-validation and best-test
 rounds)."""
+
 from __future__ import annotations
 
 import datetime
@@ -22,8 +23,17 @@ import pandas as pd
 from jinja2 import Environment, PackageLoader, StrictUndefined
 
 from pflbench.reports.document import Report, safe_name
-from pflbench.reports.cells import (algorithm_class, display_name, execution_text, read_artifacts, read_config, read_error,
-                                    read_metrics, read_rounds, timing_breakdown)
+from pflbench.reports.cells import (
+    algorithm_class,
+    display_name,
+    execution_text,
+    read_artifacts,
+    read_config,
+    read_error,
+    read_metrics,
+    read_rounds,
+    timing_breakdown,
+)
 from pflbench.reports.heterogeneity import site_tables
 from pflbench.reports.protocols import AVERAGINGS, DEFAULT, MODELS, SELECTIONS, Protocol
 from pflbench.reports.provenance import cell_provenance, study_facts
@@ -34,23 +44,53 @@ from pflbench.reports.tables import DATA_DIFFER, CommTable, Table, mean_or_none,
 from pflbench.store import flatten
 
 CELL_COLUMNS = [  # (title, key, numeric)
-    ("cell", "hash", False), ("algorithm", "algorithm", False), ("dataset", "dataset", False),
-    ("scheme", "partition", False), ("params", "params", False), ("clients", "clients", True),
-    ("seed", "seed", True), ("status", "status", False), ("accuracy %", "final_accuracy", True),
-    ("worst 10% %", "final_worst10_accuracy", True), ("adapted %", "final_accuracy_adapted", True),
-    ("best-val %", "bestval_accuracy", True), ("best-val round", "bestval_round", True),
+    ("cell", "hash", False),
+    ("algorithm", "algorithm", False),
+    ("dataset", "dataset", False),
+    ("scheme", "partition", False),
+    ("params", "params", False),
+    ("clients", "clients", True),
+    ("seed", "seed", True),
+    ("status", "status", False),
+    ("accuracy %", "final_accuracy", True),
+    ("worst 10% %", "final_worst10_accuracy", True),
+    ("adapted %", "final_accuracy_adapted", True),
+    ("best-val %", "bestval_accuracy", True),
+    ("best-val round", "bestval_round", True),
     ("best test % (selected on test)", "best_accuracy", True),
-    ("MB total", "mbytes", True), ("hp", "hp_source", False), ("wall s", "wall_time", True),
-    ("peak host MB", "peak_host_mb", True), ("peak GPU MB", "peak_gpu_mb", True)]  # pflbench/cost.py
-PERCENT_KEYS = ("final_accuracy", "final_worst10_accuracy", "final_accuracy_adapted", "bestval_accuracy", "best_accuracy")
+    ("MB total", "mbytes", True),
+    ("hp", "hp_source", False),
+    ("wall s", "wall_time", True),
+    ("peak host MB", "peak_host_mb", True),
+    ("peak GPU MB", "peak_gpu_mb", True),
+]  # pflbench/cost.py
+PERCENT_KEYS = (
+    "final_accuracy",
+    "final_worst10_accuracy",
+    "final_accuracy_adapted",
+    "bestval_accuracy",
+    "best_accuracy",
+)
 
 
 def environment() -> Environment:
-    env = Environment(loader=PackageLoader("pflbench.reports", "templates"), autoescape=True,
-                      undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True)
-    env.globals.update(cell_url=lambda h: f"cells/{safe_name(h)}.html",
-                       algorithm_url=lambda a: f"algorithms/{safe_name(a)}.html",
-                       display_name=display_name, algorithm_class=algorithm_class, mean_or_none=mean_or_none, payload_text=payload_text, TUNED=TUNED, DATA_DIFFER=DATA_DIFFER)
+    env = Environment(
+        loader=PackageLoader("pflbench.reports", "templates"),
+        autoescape=True,
+        undefined=StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.globals.update(
+        cell_url=lambda h: f"cells/{safe_name(h)}.html",
+        algorithm_url=lambda a: f"algorithms/{safe_name(a)}.html",
+        display_name=display_name,
+        algorithm_class=algorithm_class,
+        mean_or_none=mean_or_none,
+        payload_text=payload_text,
+        TUNED=TUNED,
+        DATA_DIFFER=DATA_DIFFER,
+    )
     env.filters.update(num=_num, sortval=_sortval)
     return env
 
@@ -86,10 +126,18 @@ def summary_value(key: str, value: Any) -> str:
 def cell_rows(cells: pd.DataFrame) -> list[dict]:
     rows = []
     for _, cell in cells.iterrows():
-        row = {"hash": str(cell["hash"]), "algorithm": str(cell["algorithm"]), "dataset": str(cell["dataset"]),
-               "partition": str(cell["partition"]), "params": str(cell["params"]), "clients": cell["clients"],
-               "seed": cell["seed"], "status": str(cell["status"]), "hp_source": str(cell["hp_source"]),
-               "error": str(cell.get("error") or "")}
+        row = {
+            "hash": str(cell["hash"]),
+            "algorithm": str(cell["algorithm"]),
+            "dataset": str(cell["dataset"]),
+            "partition": str(cell["partition"]),
+            "params": str(cell["params"]),
+            "clients": cell["clients"],
+            "seed": cell["seed"],
+            "status": str(cell["status"]),
+            "hp_source": str(cell["hp_source"]),
+            "error": str(cell.get("error") or ""),
+        }
         for key in PERCENT_KEYS:
             value = cell.get(key)
             row[key] = None if value is None or pd.isna(value) or cell["status"] != "finished" else float(value) * 100
@@ -115,14 +163,23 @@ def artifact_list(path: str | Path) -> list[dict]:
     out = []
     for name, rounds in read_artifacts(path).items():
         last = rounds[max(rounds)]
-        out.append({"name": name, "rounds": len(rounds), "first": min(rounds), "last": max(rounds),
-                    "shape": " × ".join(map(str, last.shape)) or "scalar", "dtype": str(last.dtype)})
+        out.append(
+            {
+                "name": name,
+                "rounds": len(rounds),
+                "first": min(rounds),
+                "last": max(rounds),
+                "shape": " × ".join(map(str, last.shape)) or "scalar",
+                "dtype": str(last.dtype),
+            }
+        )
     return out
 
 
 def protocol_scores(cell: pd.Series) -> list[dict]:
     """A cell's numbers under every protocol it has: a row per (model, selection) with the mean over
     clients, pooled and worst-10% accuracy (%) and the round the selection chose."""
+
     def value(key: str) -> float | None:
         v = cell.get(key)
         return None if v is None or pd.isna(v) else float(v)
@@ -146,75 +203,134 @@ def protocol_scores(cell: pd.Series) -> list[dict]:
                 continue
             base = Protocol(model, selection, "clients")
             rnd = value(base.round_key) if base.round_key else value("rounds_completed")
-            rows.append({"label": f"{MODELS[model]} · {SELECTIONS[selection]}", "name": base.name, **scores,
-                         "round": None if rnd is None else int(rnd)})
+            rows.append(
+                {
+                    "label": f"{MODELS[model]} · {SELECTIONS[selection]}",
+                    "name": base.name,
+                    **scores,
+                    "round": None if rnd is None else int(rnd),
+                }
+            )
     return rows
 
 
-def write_site(cells: pd.DataFrame, boards: list[tuple[Protocol, list[Table]]], comm: list[CommTable],
-               references: Sequence[Reference], report: Report, results: Path,
-               docs_url: str | None = None) -> Path:
+def write_site(
+    cells: pd.DataFrame,
+    boards: list[tuple[Protocol, list[Table]]],
+    comm: list[CommTable],
+    references: Sequence[Reference],
+    report: Report,
+    results: Path,
+    docs_url: str | None = None,
+) -> Path:
     """`boards`: [(protocol, [Table per scheme])], the leaderboard's protocols in the select's order; the
     page opens on the paper's protocol where some entry has a Δ against the paper (`opening_protocol`),
     else on the first."""
     env = environment()
     out = report.out
     rows = cell_rows(cells)
-    opening = opening_protocol(boards)   # first in the select: the page opens on it
+    opening = opening_protocol(boards)  # first in the select: the page opens on it
     boards = sorted(boards, key=lambda board: board[0] != opening)
     study = study_facts(results)  # a published study's provenance, and which seeds its tables pool
     if study is not None:
         study = {**study, "shown_seeds": shown_seeds(cells, Path(results))}
-    common = {"generated": datetime.datetime.now().isoformat(timespec="seconds"), "results": str(results),
-              "cell_columns": CELL_COLUMNS, "study": study,
-              "docs_url": docs_url, "docs_relative": docs_url is not None and bool(docs_url) and not re.match(r"^[a-z]+:|/", docs_url)}
+    common = {
+        "generated": datetime.datetime.now().isoformat(timespec="seconds"),
+        "results": str(results),
+        "cell_columns": CELL_COLUMNS,
+        "study": study,
+        "docs_url": docs_url,
+        "docs_relative": docs_url is not None and bool(docs_url) and not re.match(r"^[a-z]+:|/", docs_url),
+    }
     statuses = cells["status"].value_counts().to_dict() if len(cells) else {}
     figures = [{"title": t, "path": p} for t, p in report.figures]
     tables = [t for _, board in boards for t in board]
     layouts = {t.id: row_layout(t, Path(results)) for t in tables}
     alpha_cells = [(r, f) for r in rows for f in report.cell_figures.get(r["hash"], []) if f["kind"] == "alpha"]
     index = out / "index.html"
-    index.write_text(env.get_template("index.html").render(
-        root="", boards=boards, default_protocol=opening.name, comm=comm, cells=rows, statuses=statuses, figures=figures,
-        layouts=layouts, best_groups={t.id: best_groups(t, {r.key: label for r, label, _ in layouts[t.id]}) for t in tables},
-        dot_plots={t.id: [(c, d) for c in t.columns if (d := dot_plot(t, c, [(r, label) for r, label, variant
-                                                                          in layouts[t.id] if not variant])) is not None]
-                   for t in tables},
-        alpha_figures=alpha_cells, references=references, notes=report.notes,
-        copes=site_tables(report.heterogeneity), differences=report.differences, ranks=report.ranks,
-        skipped=report.skipped, progress=report.progress,
-        datasets=options_of(cells, "dataset"), schemes=options_of(cells, "partition"),
-        clients=options_of(cells, "clients"), algorithms=options_of(cells, "algorithm"), **common))
+    index.write_text(
+        env.get_template("index.html").render(
+            root="",
+            boards=boards,
+            default_protocol=opening.name,
+            comm=comm,
+            cells=rows,
+            statuses=statuses,
+            figures=figures,
+            layouts=layouts,
+            best_groups={t.id: best_groups(t, {r.key: label for r, label, _ in layouts[t.id]}) for t in tables},
+            dot_plots={
+                t.id: [
+                    (c, d)
+                    for c in t.columns
+                    if (d := dot_plot(t, c, [(r, label) for r, label, variant in layouts[t.id] if not variant]))
+                    is not None
+                ]
+                for t in tables
+            },
+            alpha_figures=alpha_cells,
+            references=references,
+            notes=report.notes,
+            copes=site_tables(report.heterogeneity),
+            differences=report.differences,
+            ranks=report.ranks,
+            skipped=report.skipped,
+            progress=report.progress,
+            datasets=options_of(cells, "dataset"),
+            schemes=options_of(cells, "partition"),
+            clients=options_of(cells, "clients"),
+            algorithms=options_of(cells, "algorithm"),
+            **common,
+        )
+    )
 
     (out / "cells").mkdir(exist_ok=True)
     template = env.get_template("cell.html")
     for row, (_, cell) in zip(rows, cells.iterrows()):
         config = read_config(cell["path"])
         flat_config = flatten(config.get("cell", {}))
-        summary = {k: v for k, v in cell.items() if k not in flat_config and k not in ("path", "params", "mbytes")
-                   and not (np.isscalar(v) and pd.isna(v))}
+        summary = {
+            k: v
+            for k, v in cell.items()
+            if k not in flat_config and k not in ("path", "params", "mbytes") and not (np.isscalar(v) and pd.isna(v))
+        }
         rounds = read_rounds(cell["path"])
         bytes_per_round = None
         if len(rounds) and "bytes_down" in rounds:
-            bytes_per_round = {"down": float(rounds["bytes_down"].mean()) / 1e6, "up": float(rounds["bytes_up"].mean()) / 1e6}
-        (out / "cells" / f"{safe_name(cell['hash'])}.html").write_text(template.render(
-            root="../", cell=row, config=sorted((k, json.dumps(v) if not isinstance(v, str) else v)
-                                                for k, v in flat_config.items()),
-            versions=sorted(flatten(config.get("versions", {})).items()), summary=sorted((k, summary_value(k, v)) for k, v in summary.items()),
-            error_text=read_error(cell["path"]), figures=report.cell_figures.get(cell["hash"], []),
-            partition_figure=report.partition_figures.get(cell["hash"]), artifacts=artifact_list(cell["path"]),
-            bytes_per_round=bytes_per_round, charts=cell_charts(read_metrics(cell["path"])),
-            scores=protocol_scores(cell), finetune_epochs=int(cell.get("finetune_epochs") or 0),
-            adapt_time=None if pd.isna(cell.get("adapt_time_total", np.nan)) else float(cell["adapt_time_total"]),
-            timing=timing_breakdown(rounds, cell.get("compile_seconds")), execution=execution_text(summary),
-            provenance=cell_provenance(Path(cell["path"]).parent, cell["hash"]), **common))
+            bytes_per_round = {
+                "down": float(rounds["bytes_down"].mean()) / 1e6,
+                "up": float(rounds["bytes_up"].mean()) / 1e6,
+            }
+        (out / "cells" / f"{safe_name(cell['hash'])}.html").write_text(
+            template.render(
+                root="../",
+                cell=row,
+                config=sorted((k, json.dumps(v) if not isinstance(v, str) else v) for k, v in flat_config.items()),
+                versions=sorted(flatten(config.get("versions", {})).items()),
+                summary=sorted((k, summary_value(k, v)) for k, v in summary.items()),
+                error_text=read_error(cell["path"]),
+                figures=report.cell_figures.get(cell["hash"], []),
+                partition_figure=report.partition_figures.get(cell["hash"]),
+                artifacts=artifact_list(cell["path"]),
+                bytes_per_round=bytes_per_round,
+                charts=cell_charts(read_metrics(cell["path"])),
+                scores=protocol_scores(cell),
+                finetune_epochs=int(cell.get("finetune_epochs") or 0),
+                adapt_time=None if pd.isna(cell.get("adapt_time_total", np.nan)) else float(cell["adapt_time_total"]),
+                timing=timing_breakdown(rounds, cell.get("compile_seconds")),
+                execution=execution_text(summary),
+                provenance=cell_provenance(Path(cell["path"]).parent, cell["hash"]),
+                **common,
+            )
+        )
 
     (out / "algorithms").mkdir(exist_ok=True)
     template = env.get_template("algorithm.html")
     for algorithm in options_of(cells, "algorithm"):
         mine = [r for r in rows if r["algorithm"] == algorithm]
-        (out / "algorithms" / f"{safe_name(algorithm)}.html").write_text(template.render(
-            root="../", algorithm=algorithm, cells=mine, **common))
+        (out / "algorithms" / f"{safe_name(algorithm)}.html").write_text(
+            template.render(root="../", algorithm=algorithm, cells=mine, **common)
+        )
     return index
 
 
@@ -236,8 +352,13 @@ def row_layout(table: Table, results: Path) -> list[tuple[Row, str, bool]]:
     from pflbench.reports.glance import variant_label
 
     def own(row: Row) -> int:
-        return sum(1 for c in table.columns if (e := table.entry(row, c)) is not None
-                   for path in e.paths if Path(path).parent.resolve() == results.resolve())
+        return sum(
+            1
+            for c in table.columns
+            if (e := table.entry(row, c)) is not None
+            for path in e.paths
+            if Path(path).parent.resolve() == results.resolve()
+        )
 
     groups: dict[tuple, list[Row]] = {}
     for row in table.rows:
@@ -260,6 +381,7 @@ def row_layout(table: Table, results: Path) -> list[tuple[Row, str, bool]]:
 def best_groups(table: Table, labels: dict[tuple, str] | None = None) -> list[dict]:
     """Per column: the highest mean's row and the rows the paired test cannot tell from it (tables.mark_best),
     by the labels the table shows them with (`labels`: row key -> label; else each row's own)."""
+
     def name(row: Row) -> str:
         return (labels or {}).get(row.key, row.label)
 
@@ -269,13 +391,19 @@ def best_groups(table: Table, labels: dict[tuple, str] | None = None) -> list[di
         top = next(((r, e) for r, e in ranked if e.top), None)
         if top is None:
             continue
-        out.append({"column": column.label, "top": name(top[0]), "separated": top[1].best,
-                    "tied": [name(r) for r, e in ranked if e.tied and not e.top]})
+        out.append(
+            {
+                "column": column.label,
+                "top": name(top[0]),
+                "separated": top[1].best,
+                "tied": [name(r) for r, e in ranked if e.tied and not e.top],
+            }
+        )
     return out
 
 
 def shown_seeds(cells: pd.DataFrame, results: Path) -> str:
-    """"" when the tables hold this study's cells only; else what they pool: "seeds 0, 1, 2 (seed 0 from
+    """ "" when the tables hold this study's cells only; else what they pool: "seeds 0, 1, 2 (seed 0 from
     this study; the others from the studies beside it: ...)", so the banner and the tables agree."""
     if cells.empty or "path" not in cells:
         return ""
@@ -286,12 +414,16 @@ def shown_seeds(cells: pd.DataFrame, results: Path) -> str:
     seeds = sorted(cells["seed"].dropna().unique().tolist(), key=str)
     mine = sorted(cells.loc[own, "seed"].dropna().unique().tolist(), key=str)
     others = sorted(set(stores[~own]))
-    return (f"Its tables pool seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}: "
-            f"seed{'s' if len(mine) > 1 else ''} {', '.join(map(str, mine)) or '–'} from this study, the rest and "
-            f"the variant rows from {len(others)} studies shown beside it ({', '.join(others)}).")
+    return (
+        f"Its tables pool seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}: "
+        f"seed{'s' if len(mine) > 1 else ''} {', '.join(map(str, mine)) or '–'} from this study, the rest and "
+        f"the variant rows from {len(others)} studies shown beside it ({', '.join(others)})."
+    )
 
 
-def chart(series: dict[str, tuple[list, list]], *, width: int = 520, height: int = 220, ymax: float | None = None) -> dict:
+def chart(
+    series: dict[str, tuple[list, list]], *, width: int = 520, height: int = 220, ymax: float | None = None
+) -> dict:
     """A line chart as plain numbers for the template to draw as inline SVG: {label: (xs, ys)} ->
     polyline points in a width x height box, with a few axis ticks. No text is made here: the
     template writes the labels, escaped."""
@@ -308,12 +440,29 @@ def chart(series: dict[str, tuple[list, list]], *, width: int = 520, height: int
     lines = []
     for k, (label, (x_list, y_list)) in enumerate(series.items()):
         points = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in zip(x_list, y_list) if y == y)
-        lines.append({"label": label, "color": colors[k % len(colors)], "points": points,
-                      "dots": [(round(sx(x), 1), round(sy(y), 1)) for x, y in zip(x_list, y_list) if y == y][:200]})
+        lines.append(
+            {
+                "label": label,
+                "color": colors[k % len(colors)],
+                "points": points,
+                "dots": [(round(sx(x), 1), round(sy(y), 1)) for x, y in zip(x_list, y_list) if y == y][:200],
+            }
+        )
     yticks = [(round(sy(v), 1), f"{v:g}") for v in np.linspace(y0, y1, 5).round(1)]
-    xticks = [(round(sx(v), 1), f"{v:g}") for v in sorted(set(np.linspace(x0, x1, min(6, len(set(xs)))).round().tolist()))]
-    return {"width": width, "height": height, "lines": lines, "yticks": yticks, "xticks": xticks,
-            "left": pad_l, "bottom": height - pad_b, "right": width - pad_r, "top": pad_t}
+    xticks = [
+        (round(sx(v), 1), f"{v:g}") for v in sorted(set(np.linspace(x0, x1, min(6, len(set(xs)))).round().tolist()))
+    ]
+    return {
+        "width": width,
+        "height": height,
+        "lines": lines,
+        "yticks": yticks,
+        "xticks": xticks,
+        "left": pad_l,
+        "bottom": height - pad_b,
+        "right": width - pad_r,
+        "top": pad_t,
+    }
 
 
 def cell_charts(metrics: pd.DataFrame) -> dict:
@@ -325,9 +474,13 @@ def cell_charts(metrics: pd.DataFrame) -> dict:
 
     per_round = metrics.groupby("round")
     rounds = [float(r) for r in per_round.groups]
-    series = {"mean (test)": (rounds, (per_round["accuracy"].mean() * 100).tolist()),
-              "worst 10% (test)": (rounds, [worst_fraction_threshold(g["accuracy"].to_numpy())[1] * 100
-                                            for _, g in per_round])}
+    series = {
+        "mean (test)": (rounds, (per_round["accuracy"].mean() * 100).tolist()),
+        "worst 10% (test)": (
+            rounds,
+            [worst_fraction_threshold(g["accuracy"].to_numpy())[1] * 100 for _, g in per_round],
+        ),
+    }
     if "val_accuracy" in metrics:
         series["mean (validation)"] = (rounds, (per_round["val_accuracy"].mean() * 100).tolist())
     if "accuracy_adapted" in metrics and metrics["accuracy_adapted"].notna().any():

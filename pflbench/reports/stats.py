@@ -43,6 +43,7 @@ blocks, with q_α the studentized range quantile for k groups and infinite degre
 √2 (scipy.stats.studentized_range). Two methods whose average ranks differ by less than CD are not
 told apart; the post-hoc comparison means something only where the Friedman test rejects equal ranks.
 """
+
 from __future__ import annotations
 
 import math
@@ -52,16 +53,18 @@ from collections.abc import Hashable, Mapping, Sequence
 import numpy as np
 from scipy import stats as sps
 
-LEVEL = 0.05           # the level of every test, tie mark and interval the reports show
-SEED_UNITS = 6         # from this many shared seeds on, the seed is the unit of a paired test
-EQUAL = 1e-6           # two accuracies (in [0, 1]) closer than this are equal: the same correct count
+LEVEL = 0.05  # the level of every test, tie mark and interval the reports show
+SEED_UNITS = 6  # from this many shared seeds on, the seed is the unit of a paired test
+EQUAL = 1e-6  # two accuracies (in [0, 1]) closer than this are equal: the same correct count
 TEST_NAME = "two-sided Wilcoxon signed-rank test"
 
 
 def test_text(level: float = LEVEL) -> str:
     """How the tie marks are decided, in a sentence (every accuracy table's caption carries it)."""
-    return (f"{TEST_NAME} on paired per-client accuracies (the same clients' test splits; seeds pooled as "
-            f"(seed, client) pairs, on per-seed means from {SEED_UNITS} shared seeds on), level {level:g}")
+    return (
+        f"{TEST_NAME} on paired per-client accuracies (the same clients' test splits; seeds pooled as "
+        f"(seed, client) pairs, on per-seed means from {SEED_UNITS} shared seeds on), level {level:g}"
+    )
 
 
 def check_level(level: float) -> float:
@@ -74,6 +77,7 @@ def check_level(level: float) -> float:
 class Sample:
     """One table entry's numbers, by seed: `clients[seed][client]` the per-client accuracy in % (empty
     for a number without clients, e.g. the worst 10%), `values[seed]` the cell's own number in %."""
+
     clients: Mapping[Hashable, Mapping[int, float]]
     values: Mapping[Hashable, float]
 
@@ -83,14 +87,15 @@ class Paired:
     """Row a against row b on what they share. `differences`: a − b per unit (in percentage points);
     `unit`: "client" ((seed, client) pairs pooled) or "seed" (per-seed means); `up`/`down`/`equal`:
     clients (or seeds, for a number without clients) where a is above, below, level with b."""
+
     differences: np.ndarray
     unit: str
     seeds: tuple
-    clients: int          # paired (seed, client) observations behind it (0: none, seeds only)
+    clients: int  # paired (seed, client) observations behind it (0: none, seeds only)
     up: int
     down: int
     equal: int
-    p: float | None       # the test's two-sided p; None: too few units to test
+    p: float | None  # the test's two-sided p; None: too few units to test
     level: float = LEVEL
 
     @property
@@ -139,7 +144,7 @@ class PairedTexts:
     test: Paired | None
 
     def mean_text(self) -> str:
-        """"+1.81 ± 0.54" (± one standard error), "+1.81" with a single unit, "–" when untested."""
+        """ "+1.81 ± 0.54" (± one standard error), "+1.81" with a single unit, "–" when untested."""
         if self.test is None:
             return "–"
         se = self.test.se
@@ -168,8 +173,11 @@ def signed_rank_p(differences: Sequence[float] | np.ndarray) -> float | None:
         # With zeros or ties among at most 13 differences scipy's wilcoxon runs an exact permutation
         # test over all 2^n sign flips, one flip at a time (a third of a report's build): the same
         # test with the statistic computed for every flip at once gives the same p.
-        return float(sps.permutation_test((d,), _zsplit_rank_sum, permutation_type="samples",
-                                          vectorized=True, alternative="two-sided", axis=-1).pvalue)
+        return float(
+            sps.permutation_test(
+                (d,), _zsplit_rank_sum, permutation_type="samples", vectorized=True, alternative="two-sided", axis=-1
+            ).pvalue
+        )
     return float(sps.wilcoxon(d, zero_method="zsplit", alternative="two-sided").pvalue)
 
 
@@ -187,16 +195,21 @@ def paired(a: Sample, b: Sample, level: float = LEVEL) -> Paired | None:
     seeds = tuple(sorted((s for s in a.values if s in b.values), key=str))
     if not seeds:
         return None
-    with_clients = [s for s in seeds if a.clients.get(s) and b.clients.get(s)
-                    and set(a.clients[s]) & set(b.clients[s])]
+    with_clients = [s for s in seeds if a.clients.get(s) and b.clients.get(s) and set(a.clients[s]) & set(b.clients[s])]
     if with_clients and len(with_clients) == len(seeds):
-        pairs = np.array([a.clients[s][c] - b.clients[s][c] for s in seeds
-                          for c in sorted(set(a.clients[s]) & set(b.clients[s]))], dtype=float)
+        pairs = np.array(
+            [a.clients[s][c] - b.clients[s][c] for s in seeds for c in sorted(set(a.clients[s]) & set(b.clients[s]))],
+            dtype=float,
+        )
         up, down = int((pairs >= EQUAL * 100).sum()), int((pairs <= -EQUAL * 100).sum())
         counts = (up, down, len(pairs) - up - down)
         if len(seeds) >= SEED_UNITS:
-            units = np.array([np.mean([a.clients[s][c] - b.clients[s][c]
-                                       for c in sorted(set(a.clients[s]) & set(b.clients[s]))]) for s in seeds])
+            units = np.array(
+                [
+                    np.mean([a.clients[s][c] - b.clients[s][c] for c in sorted(set(a.clients[s]) & set(b.clients[s]))])
+                    for s in seeds
+                ]
+            )
             return Paired(units, "seed", seeds, len(pairs), *counts, signed_rank_p(units), level)
         return Paired(pairs, "client", seeds, len(pairs), *counts, signed_rank_p(pairs), level)
     units = np.array([a.values[s] - b.values[s] for s in seeds], dtype=float)
@@ -206,6 +219,7 @@ def paired(a: Sample, b: Sample, level: float = LEVEL) -> Paired | None:
 
 
 # ---- ranks across a study (Demšar 2006) ---------------------------------------------------------------
+
 
 def average_ranks(scores: np.ndarray) -> np.ndarray:
     """`scores[block, method]` (higher is better) -> each method's mean rank over the blocks (1 = best;
@@ -242,7 +256,7 @@ def cliques(ranks: Sequence[float] | np.ndarray, cd: float) -> list[tuple[int, .
         end = start
         while end + 1 < len(order) and ranks[order[end + 1]] - ranks[order[start]] < cd:
             end += 1
-        group = tuple(order[start:end + 1])
+        group = tuple(order[start : end + 1])
         if len(group) > 1 and not any(set(group) <= set(g) for g in groups):
             groups.append(group)
     return groups

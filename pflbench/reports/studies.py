@@ -14,6 +14,7 @@
 Besides the published studies, `extra` stores (e.g. CI's fresh run of benchmarks/ci.yaml) are shown as
 unpublished studies: made by the code being tested, with no manifest.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -25,19 +26,27 @@ from jinja2 import Environment, PackageLoader, StrictUndefined
 from pflbench.publish import beside_studies, read_manifest, studies, study_state
 from pflbench.reports.build import ReportOptions, build_reports
 from pflbench.reports.document import Report, safe_name
-from pflbench.reports.glance import (HOW_TO_READ, IDENTIFIED, Glance, build_glance, findings, write_csv,
-                                     write_figures)
+from pflbench.reports.glance import HOW_TO_READ, IDENTIFIED, Glance, build_glance, findings, write_csv, write_figures
 from pflbench.reports.ranks import StudyRanks
 from pflbench.reports.provenance import study_facts
 
 
 def _environment() -> Environment:
-    return Environment(loader=PackageLoader("pflbench.reports", "templates"), autoescape=True,
-                       undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+    return Environment(
+        loader=PackageLoader("pflbench.reports", "templates"),
+        autoescape=True,
+        undefined=StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
 
 
-def build_leaderboard(published: str | Path, out: str | Path, extra: dict[str, Path] | None = None,
-                      options: ReportOptions = ReportOptions()) -> Path:
+def build_leaderboard(
+    published: str | Path,
+    out: str | Path,
+    extra: dict[str, Path] | None = None,
+    options: ReportOptions = ReportOptions(),
+) -> Path:
     """Every study's report under `out/<study>/` and the index `out/index.html` (module doc)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -49,17 +58,45 @@ def build_leaderboard(published: str | Path, out: str | Path, extra: dict[str, P
         report = build_reports(folder, out / name, replace(options, beside=tuple(beside.get(folder.name, ()))))
         facts = study_facts(folder)
         assert facts is not None, folder  # a published study's folder
-        rows.append({**facts, "url": f"{name}/index.html", "notes": report.notes, "published": True,
-                     "ranks": _first_ranks(report)})
+        rows.append(
+            {
+                **facts,
+                "url": f"{name}/index.html",
+                "notes": report.notes,
+                "published": True,
+                "ranks": _first_ranks(report),
+            }
+        )
     for name, store in (extra or {}).items():
         report = build_reports(store, out / safe_name(name), options)
         manifest = read_manifest(store)
-        rows.append({"name": name, "url": f"{safe_name(name)}/index.html", "published": manifest is not None,
-                     "state": "unpublished", "command": "", "commit_short": "this checkout", "machines": [],
-                     "date": "–", "elapsed": "–", "cell_time": "–", "statuses": _statuses(store), "missing": 0,
-                     "cells": sum(_statuses(store).values()), "note": f"the store {store} (not published)",
-                     "stale": [], "failed": [], "incomplete": [], "dirty": False, "same_commit": True, "versions": {},
-                     "published_at": "–", "notes": report.notes, "ranks": _first_ranks(report)})
+        rows.append(
+            {
+                "name": name,
+                "url": f"{safe_name(name)}/index.html",
+                "published": manifest is not None,
+                "state": "unpublished",
+                "command": "",
+                "commit_short": "this checkout",
+                "machines": [],
+                "date": "–",
+                "elapsed": "–",
+                "cell_time": "–",
+                "statuses": _statuses(store),
+                "missing": 0,
+                "cells": sum(_statuses(store).values()),
+                "note": f"the store {store} (not published)",
+                "stale": [],
+                "failed": [],
+                "incomplete": [],
+                "dirty": False,
+                "same_commit": True,
+                "versions": {},
+                "published_at": "–",
+                "notes": report.notes,
+                "ranks": _first_ranks(report),
+            }
+        )
     order = {"current": 0, "incomplete": 1, "unpublished": 2, "failed": 3, "stale": 4}
     glance = build_glance(published, level=options.level) if studies(published) else None
     kinds = study_groups(published, glance)
@@ -71,22 +108,40 @@ def build_leaderboard(published: str | Path, out: str | Path, extra: dict[str, P
         if options.figures:
             write_figures(glance, out / GLANCE_DIR, rel=f"{GLANCE_DIR}/", formats=("png",))
         write_csv(glance, out / GLANCE_DIR)
-        context = {"glance": glance, "glance_findings": findings(glance), "glance_dir": f"{GLANCE_DIR}/",
-                   "glance_identified": [line.removeprefix("- ").replace("**", "") for line in IDENTIFIED],
-                   "glance_how": HOW_TO_READ.format(level=glance.level).replace("*", "")}
+        context = {
+            "glance": glance,
+            "glance_findings": findings(glance),
+            "glance_dir": f"{GLANCE_DIR}/",
+            "glance_identified": [line.removeprefix("- ").replace("**", "") for line in IDENTIFIED],
+            "glance_how": HOW_TO_READ.format(level=glance.level).replace("*", ""),
+        }
     index = out / "index.html"
-    index.write_text(_environment().get_template("studies.html").render(
-        studies=rows, generated=datetime.datetime.now().isoformat(timespec="seconds"),
-        published=str(published), root="", results=str(published), study=None, docs_url=options.docs_url,
-        docs_relative=False, groups=GROUP_TITLES, **context))
+    index.write_text(
+        _environment()
+        .get_template("studies.html")
+        .render(
+            studies=rows,
+            generated=datetime.datetime.now().isoformat(timespec="seconds"),
+            published=str(published),
+            root="",
+            results=str(published),
+            study=None,
+            docs_url=options.docs_url,
+            docs_relative=False,
+            groups=GROUP_TITLES,
+            **context,
+        )
+    )
     return index
 
 
 GLANCE_DIR = "results"  # the results page's figures and CSV, beside the index
 GROUPS = ("reproduction", "variant", "other")
-GROUP_TITLES = {"reproduction": "Reproduced columns (the paper's settings, every seed and variant beside them)",
-                "variant": "Variants and controls (the paper's columns at changed settings or methods)",
-                "other": "Other studies"}
+GROUP_TITLES = {
+    "reproduction": "Reproduced columns (the paper's settings, every seed and variant beside them)",
+    "variant": "Variants and controls (the paper's columns at changed settings or methods)",
+    "other": "Other studies",
+}
 
 
 def study_groups(published: str | Path, glance: Glance | None) -> dict[str, str]:
@@ -106,8 +161,9 @@ def study_groups(published: str | Path, glance: Glance | None) -> dict[str, str]
         if folder.name in kinds:
             continue
         cells = load_cells(folder)
-        if len(cells) and any((str(d), str(p), int(n)) in keys
-                              for d, p, n in zip(cells["dataset"], cells["partition"], cells["clients"])):
+        if len(cells) and any(
+            (str(d), str(p), int(n)) in keys for d, p, n in zip(cells["dataset"], cells["partition"], cells["clients"])
+        ):
             kinds[folder.name] = "variant"
     return kinds
 

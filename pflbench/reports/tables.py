@@ -27,6 +27,7 @@ setting (e.g. HeurpFedLA retain_layers=1, retain_layers=2); cells run with tuned
 (`hp_source` "tuned") get their own row, marked †. Cells of one entry that differ in anything but the
 seed are listed in the table's notes.
 """
+
 from __future__ import annotations
 
 import math
@@ -50,12 +51,13 @@ from pflbench.reports.stats import LEVEL, SEED_UNITS, Paired, Sample, check_leve
 
 CONFIG_COLUMNS = tuple(CellConfig.model_fields) + ("hp_source", "finetune_epochs")
 DATA_DIFFER = "‡"
-TIED = "≈"   # not told apart from the column's highest mean by the paired test (stats.py)
+TIED = "≈"  # not told apart from the column's highest mean by the paired test (stats.py)
 
 
 @dataclass
 class Entry:
     """The cells of one (row, column): values of the finished ones in %, the others by status."""
+
     values: list[float] = field(default_factory=list)
     problems: dict[str, int] = field(default_factory=dict)
     hashes: list[str] = field(default_factory=list)
@@ -63,22 +65,22 @@ class Entry:
     statuses: list[str] = field(default_factory=list)
     tuned: bool = False
     paper: PaperValue | None = None
-    comparison: Comparison | None = None      # the paper number against these cells (None: no paper)
-    footnote: int | None = None               # the table's note saying why there is no Δ
+    comparison: Comparison | None = None  # the paper number against these cells (None: no paper)
+    footnote: int | None = None  # the table's note saying why there is no Δ
     best: bool = False
-    mbytes: list[float] = field(default_factory=list)          # total down + up of each finished cell
+    mbytes: list[float] = field(default_factory=list)  # total down + up of each finished cell
     mbytes_per_round: list[float] = field(default_factory=list)
-    paths: list[str] = field(default_factory=list)             # the finished cells' folders
-    wall_times: list[float] = field(default_factory=list)      # each finished cell's wall-clock time, s
-    models: list[str] = field(default_factory=list)            # the model each finished cell resolved to
-    client_down: list[float] = field(default_factory=list)     # bytes to one taking-part client per round
-    client_up: list[float] = field(default_factory=list)       # bytes from one taking-part client per round
-    same_as: Row | None = None   # another row whose cells this entry's equal bit for bit (identical.py)
-    sample: Sample | None = None   # per-client accuracies by seed, for the paired tests (samples.py)
-    top: bool = False              # the highest mean of its column (among the rows ranked with it)
-    tied: bool = False             # the paired test cannot tell it from the top (the top too, when some row is)
-    versus: Row | None = None    # the top row this entry was tested against
-    test: Paired | None = None     # this entry against the top (None: the top itself, or untestable)
+    paths: list[str] = field(default_factory=list)  # the finished cells' folders
+    wall_times: list[float] = field(default_factory=list)  # each finished cell's wall-clock time, s
+    models: list[str] = field(default_factory=list)  # the model each finished cell resolved to
+    client_down: list[float] = field(default_factory=list)  # bytes to one taking-part client per round
+    client_up: list[float] = field(default_factory=list)  # bytes from one taking-part client per round
+    same_as: Row | None = None  # another row whose cells this entry's equal bit for bit (identical.py)
+    sample: Sample | None = None  # per-client accuracies by seed, for the paired tests (samples.py)
+    top: bool = False  # the highest mean of its column (among the rows ranked with it)
+    tied: bool = False  # the paired test cannot tell it from the top (the top too, when some row is)
+    versus: Row | None = None  # the top row this entry was tested against
+    test: Paired | None = None  # this entry against the top (None: the top itself, or untestable)
 
     @property
     def mean(self) -> float | None:
@@ -110,7 +112,7 @@ class Entry:
 
     @property
     def status(self) -> str:
-        """"finished" when some cell finished, else the problems, e.g. "failed" or "diverged"."""
+        """ "finished" when some cell finished, else the problems, e.g. "failed" or "diverged"."""
         if self.values:
             return "finished"
         return "/".join(sorted(self.problems)) or "missing"
@@ -118,8 +120,11 @@ class Entry:
     def value_text(self) -> str:
         if self.mean is None:
             return ""
-        return (f"{self.mean:.2f}" + (f" ± {self.std:.2f}" if self.std is not None else "")
-                + (f" {TIED}" if self.tied else ""))
+        return (
+            f"{self.mean:.2f}"
+            + (f" ± {self.std:.2f}" if self.std is not None else "")
+            + (f" {TIED}" if self.tied else "")
+        )
 
     def test_title(self) -> str:
         """The test behind this entry's mark, for a tooltip: "p = 0.23 against FedAvg (10 clients)"."""
@@ -140,13 +145,13 @@ class Entry:
         return ", ".join(f"{n} {status}" for status, n in sorted(self.problems.items()))
 
     def text(self) -> str:
-        """"71.20 ± 1.30", "71.20 ± 1.30 (1 diverged)", "failed", with † for tuned cells."""
+        """ "71.20 ± 1.30", "71.20 ± 1.30 (1 diverged)", "failed", with † for tuned cells."""
         value, problems = self.value_text(), self.problem_text()
         text = (f"{value} ({problems})" if problems else value) if value else problems
         return text + (f" {TUNED}" if self.tuned else "") + (f" {self.same_text()}" if self.same_as is not None else "")
 
     def same_text(self) -> str:
-        """"(= FedAvg)": the entry repeats another row's results bit for bit."""
+        """ "(= FedAvg)": the entry repeats another row's results bit for bit."""
         return f"(= {self.same_as.label})" if self.same_as is not None else ""
 
     def paper_text(self) -> str:
@@ -158,7 +163,7 @@ class Entry:
         return "" if self.delta is None else f"{self.delta:+.2f}"
 
     def mark(self) -> str:
-        """" [1]": the footnote saying why this paper number has no Δ."""
+        """ " [1]": the footnote saying why this paper number has no Δ."""
         return f" [{self.footnote}]" if self.footnote else ""
 
 
@@ -178,27 +183,31 @@ class Table:
     protocol: Protocol
     columns: list[Column]
     rows: list[Row]
-    entries: dict[tuple, Entry]      # (row.key, column.key) -> Entry
-    params: str = ""                 # the scheme's parameters when all its cells share them
+    entries: dict[tuple, Entry]  # (row.key, column.key) -> Entry
+    params: str = ""  # the scheme's parameters when all its cells share them
     notes: list[str] = field(default_factory=list)
-    sources: list[str] = field(default_factory=list)   # references whose numbers appear
+    sources: list[str] = field(default_factory=list)  # references whose numbers appear
     footnotes: list[str] = field(default_factory=list)  # [n] -> why entries marked [n] have no Δ
-    budget: str = ""                 # the training budget of its cells (budget.py), for the caption
+    budget: str = ""  # the training budget of its cells (budget.py), for the caption
     identical: list[str] = field(default_factory=list)  # entries that repeat another row's results
-    level: float = LEVEL             # the paired tests' level (stats.py)
-    untested: list[str] = field(default_factory=list)   # columns where no pair could be tested, and why
+    level: float = LEVEL  # the paired tests' level (stats.py)
+    untested: list[str] = field(default_factory=list)  # columns where no pair could be tested, and why
 
     @property
     def marks(self) -> str:
         """What bold and ≈ mean and how they were decided, for the caption."""
         if self.protocol.worst10:
-            how = (f"two-sided Wilcoxon signed-rank test on per-seed values (the worst 10% are different clients "
-                   f"for each method: no per-client pairing), from {SEED_UNITS} shared seeds on, level {self.level:g}")
+            how = (
+                f"two-sided Wilcoxon signed-rank test on per-seed values (the worst 10% are different clients "
+                f"for each method: no per-client pairing), from {SEED_UNITS} shared seeds on, level {self.level:g}"
+            )
         else:
             how = test_text(self.level)
-        return (f"Bold: the column's highest mean, ahead of every other row by more than chance; {TIED}: "
-                f"cannot be told from the highest mean (the highest itself carries {TIED} when some row is tied "
-                f"with it). Test: {how}.")
+        return (
+            f"Bold: the column's highest mean, ahead of every other row by more than chance; {TIED}: "
+            f"cannot be told from the highest mean (the highest itself carries {TIED} when some row is tied "
+            f"with it). Test: {how}."
+        )
 
     @property
     def metric(self) -> str:
@@ -227,8 +236,11 @@ class Table:
     @property
     def title(self) -> str:
         what = "Worst-10% accuracy" if self.protocol.worst10 else "Accuracy"
-        return (f"{what}, partition {self.scheme}" + (f" ({self.params})" if self.params else "")
-                + f" — {self.protocol.label}")
+        return (
+            f"{what}, partition {self.scheme}"
+            + (f" ({self.params})" if self.params else "")
+            + f" — {self.protocol.label}"
+        )
 
     @property
     def any_tuned(self) -> bool:
@@ -245,6 +257,7 @@ class CommTable:
     `rows` hold the accuracy as delivered (final round, mean over clients) and the communication;
     `adapted` the accuracy after local adaptation by row key, when some cell has it. The paper's
     accuracy sits on the entry of its declared protocol."""
+
     column: Column
     scheme: str
     rows: list[tuple[Row, Entry]]
@@ -264,8 +277,10 @@ class CommTable:
         if self.adapted:
             text += f"; and {ADAPTED.label}"
         if self.newcomers:
-            text += ("; newcomers: clients held out of training (unseen_fraction), scored with the model the "
-                     "method serves them, as delivered, final round, mean over newcomers")
+            text += (
+                "; newcomers: clients held out of training (unseen_fraction), scored with the model the "
+                "method serves them, as delivered, final round, mean over newcomers"
+            )
         return text + "."
 
     def papered(self, row: Row) -> Entry | None:
@@ -277,7 +292,9 @@ class CommTable:
 
     @property
     def paper_protocol(self) -> Protocol | None:
-        protocols = {e.paper.protocol for r, _ in self.rows if (e := self.papered(r)) is not None and e.paper is not None}
+        protocols = {
+            e.paper.protocol for r, _ in self.rows if (e := self.papered(r)) is not None and e.paper is not None
+        }
         return next(iter(protocols)) if len(protocols) == 1 else None
 
     @property
@@ -350,31 +367,56 @@ def mixed_columns(group: pd.DataFrame) -> list[str]:
     """Configuration columns (other than the seed and hyperparameters) in which an entry's cells differ,
     values compared as printed (100 and 100.0, an int column read beside a float one, are one value);
     a value missing from some cells is a difference."""
-    return [c for c in group.columns
-            if c.split(".")[0] in CONFIG_COLUMNS and c not in ("seed", "hp_source") and not c.startswith("hp.")
-            and group[c].astype(object).map(printed_value).nunique(dropna=False) > 1]
+    return [
+        c
+        for c in group.columns
+        if c.split(".")[0] in CONFIG_COLUMNS
+        and c not in ("seed", "hp_source")
+        and not c.startswith("hp.")
+        and group[c].astype(object).map(printed_value).nunique(dropna=False) > 1
+    ]
 
 
 def columns_of(cells: pd.DataFrame) -> list[Column]:
     several = (cells.groupby(["dataset", "clients"])["params"].nunique() > 1).any()
-    keys = sorted({(d, int(c), p if several else "") for d, c, p in zip(cells["dataset"], cells["clients"], cells["params"])},
-                  key=lambda k: (dataset_rank(k[0]), k[1], k[2]))
+    keys = sorted(
+        {(d, int(c), p if several else "") for d, c, p in zip(cells["dataset"], cells["clients"], cells["params"])},
+        key=lambda k: (dataset_rank(k[0]), k[1], k[2]),
+    )
     return [Column(d, c, p, bool(several)) for d, c, p in keys]
 
 
-def attach_paper(entry: Entry, references: Sequence[Reference], protocol: Protocol, *, algorithm: str, column: Column, scheme: str,
-                 group: pd.DataFrame, show_other: bool = True, communication: bool = False) -> None:
+def attach_paper(
+    entry: Entry,
+    references: Sequence[Reference],
+    protocol: Protocol,
+    *,
+    algorithm: str,
+    column: Column,
+    scheme: str,
+    group: pd.DataFrame,
+    show_other: bool = True,
+    communication: bool = False,
+) -> None:
     """The paper's number for this entry and how it compares; one declared under another protocol is
     attached (shown apart, no Δ) only where `show_other`."""
-    paper = find_paper_value(references, algorithm=algorithm, dataset=column.paper_dataset, partition=scheme,
-                             clients=column.clients, cells=group, communication=communication)
+    paper = find_paper_value(
+        references,
+        algorithm=algorithm,
+        dataset=column.paper_dataset,
+        partition=scheme,
+        clients=column.clients,
+        cells=group,
+        communication=communication,
+    )
     if paper is None or (paper.protocol != protocol and not show_other):
         return
     entry.paper, entry.comparison = paper, compare(paper, group, protocol)
 
 
-def accuracy_tables(cells: pd.DataFrame, references: Sequence[Reference] = (),
-                    protocol: Protocol | str = DEFAULT, level: float = LEVEL) -> list[Table]:
+def accuracy_tables(
+    cells: pd.DataFrame, references: Sequence[Reference] = (), protocol: Protocol | str = DEFAULT, level: float = LEVEL
+) -> list[Table]:
     """One Table per partition scheme (schemes alphabetically: dominant, ..., pathological) of
     `protocol`'s numbers. Paper numbers: in tables of their own protocol (with a Δ where the settings
     match), and in the default table (as delivered, final round) greyed, without Δ; never in
@@ -393,7 +435,7 @@ def accuracy_tables(cells: pd.DataFrame, references: Sequence[Reference] = (),
     if metric not in cells:
         cells = cells.assign(**{metric: float("nan")})
     if protocol.selection == "bestval" and "val_fraction" in cells:  # no validation split: never an entry,
-        cells = cells[cells["val_fraction"].fillna(0) > 0]            # failed or diverged neither
+        cells = cells[cells["val_fraction"].fillna(0) > 0]  # failed or diverged neither
     if protocol != DEFAULT:  # finished cells without this protocol's number (older stores) are not entries
         cells = cells[~((cells["status"] == "finished") & cells[metric].isna())]
         if cells.empty:
@@ -404,10 +446,13 @@ def accuracy_tables(cells: pd.DataFrame, references: Sequence[Reference] = (),
         several = columns[0].show_params if columns else False
         rows = sorted(set(scheme_cells["row"]), key=row_order)
         params = scheme_cells["params"].unique()
-        table = Table(str(scheme), protocol, columns, rows, {}, params=params[0] if len(params) == 1 else "",
-                      level=level)
+        table = Table(
+            str(scheme), protocol, columns, rows, {}, params=params[0] if len(params) == 1 else "", level=level
+        )
         for column in columns:
-            selected = scheme_cells[(scheme_cells["dataset"] == column.dataset) & (scheme_cells["clients"] == column.clients)]
+            selected = scheme_cells[
+                (scheme_cells["dataset"] == column.dataset) & (scheme_cells["clients"] == column.clients)
+            ]
             if several:
                 selected = selected[selected["params"] == column.params]
             for row in rows:
@@ -417,8 +462,16 @@ def accuracy_tables(cells: pd.DataFrame, references: Sequence[Reference] = (),
                 entry = make_entry(group, metric)
                 entry.sample = entry_sample(group, protocol)
                 if not protocol.worst10:
-                    attach_paper(entry, references, protocol, algorithm=row.algorithm, column=column,
-                                 scheme=str(scheme), group=group, show_other=protocol == DEFAULT)
+                    attach_paper(
+                        entry,
+                        references,
+                        protocol,
+                        algorithm=row.algorithm,
+                        column=column,
+                        scheme=str(scheme),
+                        group=group,
+                        show_other=protocol == DEFAULT,
+                    )
                     if entry.paper is not None and entry.paper.source not in table.sources:
                         table.sources.append(entry.paper.source)
                 table.entries[(row.key, column.key)] = entry
@@ -428,7 +481,7 @@ def accuracy_tables(cells: pd.DataFrame, references: Sequence[Reference] = (),
             mark_identical(table, column, rows, selected)
             mark_best(table, column, rows, level)
         table.budget = table_budget(columns, lambda c: column_cells(scheme_cells, c))  # noqa: B023 (called in this iteration)
-        for row in rows:     # footnotes numbered in reading order
+        for row in rows:  # footnotes numbered in reading order
             for column in columns:
                 if (e := table.entry(row, column)) is not None:
                     add_footnote(table.footnotes, e)
@@ -442,9 +495,13 @@ def accuracy_tables(cells: pd.DataFrame, references: Sequence[Reference] = (),
 # Unseen clients (pflbench.newcomers): the newcomers' served model, as delivered, final round, mean over newcomers.
 NEWCOMERS_KEY = "final_accuracy_newcomers"
 
-EXECUTION = {"client_batching": "training paths", "device": "devices",
-             "channels_last": "memory layouts (channels-last or not)", "client_threads": "client-thread counts",
-             "compiled_training": "training steps (compiled or not)"}
+EXECUTION = {
+    "client_batching": "training paths",
+    "device": "devices",
+    "channels_last": "memory layouts (channels-last or not)",
+    "client_threads": "client-thread counts",
+    "compiled_training": "training steps (compiled or not)",
+}
 
 
 def _setting_text(value: Any) -> str:
@@ -470,8 +527,10 @@ def execution_notes(cells: pd.DataFrame, columns: list[Column]) -> list[str]:
             counts = selected[key].dropna().map(_setting_text).value_counts()
             if len(counts) > 1:
                 listing = ", ".join(f"{n} {value}" for value, n in sorted(counts.items()))
-                notes.append(f"{where} run on different {what} ({listing}): their numbers agree up to "
-                             f"float rounding, not bit for bit")
+                notes.append(
+                    f"{where} run on different {what} ({listing}): their numbers agree up to "
+                    f"float rounding, not bit for bit"
+                )
     return notes
 
 
@@ -482,7 +541,9 @@ def communication_tables(cells: pd.DataFrame, references: Sequence[Reference] = 
     for scheme, scheme_cells in cells.groupby("partition", sort=True):
         scheme_cells = scheme_cells.assign(row=row_of_cells(scheme_cells))
         for column in columns_of(scheme_cells):
-            selected = scheme_cells[(scheme_cells["dataset"] == column.dataset) & (scheme_cells["clients"] == column.clients)]
+            selected = scheme_cells[
+                (scheme_cells["dataset"] == column.dataset) & (scheme_cells["clients"] == column.clients)
+            ]
             if column.show_params:
                 selected = selected[selected["params"] == column.params]
             table = CommTable(column, str(scheme), [])
@@ -497,8 +558,15 @@ def communication_tables(cells: pd.DataFrame, references: Sequence[Reference] = 
                     table.adapted[row.key] = adapted
                 if NEWCOMERS_KEY in group and group[NEWCOMERS_KEY].notna().any():
                     table.newcomers[row.key] = make_entry(group, NEWCOMERS_KEY)
-                paper = find_paper_value(references, algorithm=row.algorithm, dataset=column.paper_dataset,
-                                         partition=str(scheme), clients=column.clients, cells=group, communication=True)
+                paper = find_paper_value(
+                    references,
+                    algorithm=row.algorithm,
+                    dataset=column.paper_dataset,
+                    partition=str(scheme),
+                    clients=column.clients,
+                    cells=group,
+                    communication=True,
+                )
                 if paper is not None:
                     # The paper's accuracy goes beside our number of its protocol (delivered otherwise).
                     target = adapted if paper.protocol == ADAPTED and adapted is not None else entry
@@ -509,9 +577,14 @@ def communication_tables(cells: pd.DataFrame, references: Sequence[Reference] = 
                 if mixed:
                     table.notes.append(f"{row.label}: its cells also differ in {', '.join(mixed)}")
             finished = selected[selected["status"] == "finished"] if "path" in selected else selected.iloc[:0]
-            same = identical_groups({row: list(zip(g["seed"], g["path"])) for row, _ in table.rows
-                                     if not (g := finished[finished["row"] == row]).empty})
-            for row, entry in table.rows:   # "(= FedAvg)": the same results as another row
+            same = identical_groups(
+                {
+                    row: list(zip(g["seed"], g["path"]))
+                    for row, _ in table.rows
+                    if not (g := finished[finished["row"] == row]).empty
+                }
+            )
+            for row, entry in table.rows:  # "(= FedAvg)": the same results as another row
                 entry.same_as = same.get(row)
                 if row.key in table.adapted:
                     table.adapted[row.key].same_as = same.get(row)
@@ -527,8 +600,11 @@ def column_cells(cells: pd.DataFrame, column: Column) -> pd.DataFrame:
 def mark_identical(table: Table, column: Column, rows: list[Row], selected: pd.DataFrame) -> None:
     """Flag the entries of a column whose cells repeat an earlier row's bit for bit (identical.py)."""
     finished = selected[selected["status"] == "finished"] if "path" in selected else selected.iloc[:0]
-    cells = {row: [(seed, path) for seed, path in zip(group["seed"], group["path"])]
-             for row in rows if not (group := finished[finished["row"] == row]).empty}
+    cells = {
+        row: [(seed, path) for seed, path in zip(group["seed"], group["path"])]
+        for row in rows
+        if not (group := finished[finished["row"] == row]).empty
+    }
     for row, same_as in identical_groups(cells).items():
         entry = table.entry(row, column)
         if entry is None:
@@ -554,8 +630,15 @@ def mark_best(table: Table, column: Column, rows: list[Row], level: float = LEVE
     too few seeds), nothing is marked and the table says so."""
     level = check_level(level)
     for setting in dict.fromkeys(r.setting for r in rows):
-        ranked = [(r, e) for r in rows if r.setting == setting and not r.reference
-                  and (e := table.entry(r, column)) is not None and e.mean is not None and e.same_as is None]
+        ranked = [
+            (r, e)
+            for r in rows
+            if r.setting == setting
+            and not r.reference
+            and (e := table.entry(r, column)) is not None
+            and e.mean is not None
+            and e.same_as is None
+        ]
         if len(ranked) < 2:
             continue
         top_row, top = max(ranked, key=lambda pair: (shown(pair[1].mean or 0.0), pair[1].mean or 0.0))  # (not None)
@@ -566,8 +649,10 @@ def mark_best(table: Table, column: Column, rows: list[Row], level: float = LEVE
                 tests[row] = found if found is not None and found.p is not None else None
         if all(t is None for t in tests.values()):
             where = column.label + (f" ({setting})" if setting else "")
-            table.untested.append(f"{where} (no pair of rows could be tested: no per-client metrics shared, or "
-                                  f"fewer than {SEED_UNITS} shared seeds for a number without clients)")
+            table.untested.append(
+                f"{where} (no pair of rows could be tested: no per-client metrics shared, or "
+                f"fewer than {SEED_UNITS} shared seeds for a number without clients)"
+            )
             continue
         top.top = True
         for row, entry in ranked:
