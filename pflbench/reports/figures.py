@@ -361,9 +361,9 @@ def client_accuracy_distribution(
             y - 0.3,
             y + 0.3,
             color="tab:red",
-            lw=2,  # label None: none (the stubs say str)
-            label="worst-10% mean (as in the tables)" if y == 0 else None,
-        )  # type: ignore[arg-type]
+            lw=2,
+            label="worst-10% mean (as in the tables)" if y == 0 else None,  # type: ignore[arg-type]  # None: none (the stubs say str)
+        )
     axes.set_yticks(range(len(labels)), ticks, fontsize=10)
     axes.set_ylim(len(labels) - 0.5, -0.5)  # the first label on top
     axes.grid(axis="x", alpha=0.3)
