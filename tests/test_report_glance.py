@@ -223,6 +223,8 @@ def test_a_reproduction_study_page_opens_on_the_papers_protocol_with_its_title_s
     page = (tmp_path / "site" / "table1-full" / "index.html").read_text()
     assert "<title>table1-full: pFedLA Table 1, seed 0 · pflbench</title>" in page  # no issue number, no aside
     assert "<h1>pFedLA Table 1, seed 0 <small><code>table1-full</code></small></h1>" in page
+    banner = page.split('id="study-provenance"', 1)[1].split("<details", 1)[0]
+    assert ": pFedLA Table 1 (fmnist), seed 0." in banner and "Issue 9" not in banner  # the banner's lead too
     options = page.split('id="f-protocol"', 1)[1].split("</select>", 1)[0]
     assert 'data-default="adapted-final-clients"' in options
     assert options.index('value="adapted-final-clients"') < options.index('value="delivered-final-clients"')

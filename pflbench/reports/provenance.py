@@ -62,6 +62,12 @@ def heading(lead: str) -> str:
     return text[:1].upper() + text[1:] if first.islower() else text  # "at 600 rounds", not "pFedLA"
 
 
+def banner_lead(lead: str) -> str:
+    """The note's lead as the study's banner shows it: without the project's own issue number in front."""
+    text = ISSUE_LEAD.sub("", lead)
+    return text[:1].upper() + text[1:] if text.split(" ", 1)[0].islower() else text
+
+
 def study_facts(store: str | Path) -> dict | None:
     """What every page of a published study shows about it; None for a store that is not one."""
     state = study_state(Path(store).resolve())
@@ -87,7 +93,7 @@ def study_facts(store: str | Path) -> dict | None:
         "missing": len(m.get("missing") or []),
         "cells": len(m.get("cells") or {}),
         "note": m.get("note") or "",
-        "note_lead": lead_sentence(m.get("note") or "")[0],
+        "note_lead": banner_lead(lead_sentence(m.get("note") or "")[0]),
         "note_rest": lead_sentence(m.get("note") or "")[1],
         "heading": heading(lead_sentence(m.get("note") or "")[0]),
         "state": state.label,
