@@ -357,6 +357,43 @@ def gpu_problems(text: str) -> list[str]:
     return problems
 
 
+def ties_problems(text: str) -> list[str]:
+    """docs/explanation/ties.md's example: table1-full after adaptation, FedAvg − Local and the tied means."""
+    column = "table1-full"
+    fedavg, local = cells_of(column, "fedavg"), cells_of(column, "local")
+    d = difference(fedavg, local, ADAPTED)
+    problems = said(
+        text, f"FedAvg − Local is {pm(d)} points, {d.up} clients up and {d.down} down (p = {d.p:.3f})", "ties.md"
+    )
+    means = {a: sample(cells_of(column, a), ADAPTED).values[0] for a in ("fedavg", "fedrep", "perfedavg")}
+    problems += said(text, f"the highest mean, {means['fedavg']:.2f} —", "ties.md")
+    return problems + said(text, f"FedRep ({means['fedrep']:.2f}) and Per-FedAvg ({means['perfedavg']:.2f})", "ties.md")
+
+
+def perfedavg_problems(text: str) -> list[str]:
+    """docs/algorithms/perfedavg.md: Table 2's Per-FedAvg curves at three seeds, as delivered, and where they
+    end after adaptation (benchmarks/analysis/curve.py's numbers)."""
+    from curve import largest_fall, mean_curve
+
+    stores = {0: "table2-full", 1: "table2-full-seed1", 2: "table2-full-seed2"}
+    cells = {seed: cells_of(store, "perfedavg")[seed] for seed, store in stores.items()}
+    labels = {0: "0 (`table2-full`)", 1: "1", 2: "2"}
+    problems: list[str] = []
+    for seed, folder in cells.items():
+        curve = mean_curve(folder, DELIVERED).dropna()
+        best = int(curve.idxmax())
+        before, after, fall = largest_fall(curve)
+        at = " | ".join(f"{curve[r]:.2f}" for r in (300, 400, 460, 480, 490, 500, 550, 600))
+        row = f"| {labels[seed]} | {at} | {best}: {curve[best]:.2f} | {before} → {after}: {fall:.2f} |"
+        problems += said(text, row, "perfedavg.md")
+    zero = mean_curve(cells[0], DELIVERED)
+    problems += said(text, f"falls to {zero[500]:.1f} at round 500 and {zero[600]:.1f} at 600", "perfedavg.md")
+    end = {seed: sample({seed: folder}, ADAPTED).values[seed] for seed, folder in cells.items()}
+    return problems + said(
+        text, f"seeds 1 and 2 end at {end[1]:.2f} and {end[2]:.2f} (seed 0: {end[0]:.2f})", "perfedavg.md"
+    )
+
+
 # ---- the tests -------------------------------------------------------------------------------------------
 
 CHECKS = {
@@ -365,6 +402,8 @@ CHECKS = {
     "reproduction/table2-fmnist.md": table2_problems,
     "algorithms/pfedla.md": alive_table_problems,
     "measurements/gpu.md": lambda text: gpu_problems(text) + gpu_table_problems(text),
+    "explanation/ties.md": ties_problems,
+    "algorithms/perfedavg.md": perfedavg_problems,
 }
 
 
@@ -385,6 +424,10 @@ PLANTED = [  # a drifted number in each page: the check must see it
     ("measurements/gpu.md", "1.30 standard errors", "1.2 standard errors"),
     ("measurements/gpu.md", "| 92.24 / 92.57 |", "| 92.24 / 92.75 |"),
     ("measurements/gpu.md", "| 0.52 | −1.52 / −2.14 |", "| 0.25 | −1.52 / −2.14 |"),
+    ("explanation/ties.md", "(p = 0.014)", "(p = 0.041)"),
+    ("explanation/ties.md", "Per-FedAvg (92.43)", "Per-FedAvg (92.34)"),
+    ("algorithms/perfedavg.md", "| 85.19 | 85.52 |", "| 85.19 | 85.25 |"),
+    ("algorithms/perfedavg.md", "(seed 0: 82.24)", "(seed 0: 82.42)"),
 ]
 
 
