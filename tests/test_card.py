@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from pflbench import plugins
-from pflbench.algorithm import ALGORITHMS, Algorithm, Capabilities, Card, Refusal
+from pflbench.algorithm import ALGORITHMS, Capabilities, Card, Refusal
 from pflbench.cli import main
 from pflbench.fedavg import FedAvg
 from pflbench.config import CellConfig
@@ -78,27 +78,18 @@ def test_capabilities_are_inherited_and_checked_by_one_function():
     ALGORITHMS.get("fedavg").check_cell(cell.model_copy(update={"algorithm": "fedavg"}))
 
 
-def test_the_api_before_cards_still_registers_with_warnings_naming_the_new_form():
+def test_the_api_before_cards_is_refused_naming_the_new_form():
+    from pflbench.retired import OldFormError
+
     registry = _registry()
-    with pytest.warns(DeprecationWarning, match=r"register\('old', card=Card\(display_name='Old', family='f'\)\)"):
+    with pytest.raises(OldFormError, match=r"register\(name, card=Card\(display_name='Old', family='f'\)\)"):
 
         @registry.register("old")
-        class Old(Algorithm):
+        class Old(FedAvg):
             display_name = "Old"
             family = "f"
 
-    with pytest.warns(DeprecationWarning, match=r"capabilities = Capabilities\(batched=False, newcomers='no'\)"):
-
-        @registry.register("older")
-        class Older(Algorithm):
-            batched = False
-            newcomers_refused = "no"
-
-    assert Old.card == Card(display_name="Old", family="f") and Old.display_name == "Old"
-    assert Older.capabilities == Capabilities(batched=False, newcomers="no") and Older.batched is False
-    assert Old.paper == "" and Older.family == Card().family  # the adapter's mirrors of the rest of the card
-    with pytest.warns(DeprecationWarning, match="check_cell"):
-        Old.check_knobs(CellConfig(algorithm="fedavg", dataset="synthetic"))
+    assert "old" not in registry
     assert not hasattr(ALGORITHMS.get("fedavg"), "check_knobs")  # a current-form class has no old method
 
 
