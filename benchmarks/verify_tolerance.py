@@ -1,5 +1,5 @@
 """How far a cell's per-round mean accuracy moves when only the kernels change: the evidence for
-`pflbench.verify.ACCURACY_TOLERANCE` (what `pflbench verify` allows across kinds of machines).
+`pflbench.studies.verify.ACCURACY_TOLERANCE` (what `pflbench verify` allows across kinds of machines).
 
 Each cell of a spec runs twice on this machine, with the same configuration, seed and data, through
 different kernels: the client loop with contiguous convolutions, and the batched path (torch.func vmap:
@@ -16,10 +16,10 @@ import argparse
 
 import torch
 
-from pflbench.execution import ExecutionOptions
-from pflbench.rounds import run_cell
-from pflbench.spec import load_spec, parse_sets
-from pflbench.verify import MEAN_COLUMNS, per_round_means
+from pflbench.simulator.execution import ExecutionOptions
+from pflbench.simulator.rounds import run_cell
+from pflbench.run.spec import load_spec, parse_sets
+from pflbench.studies.verify import MEAN_COLUMNS, per_round_means
 
 VARIANTS = ({"client_batching": "off", "channels_last": "off"}, {"client_batching": "on", "channels_last": "on"})
 

@@ -5,7 +5,7 @@ A method asks the engine for what it needs through `self.engine`, the narrow eng
 model's layout and initial state, the clients' sizes, named random streams, the budget); nothing else
 of the engine, and not the cell's configuration, is handed to it.
 
-A round, as the engine (`pflbench.rounds.run_round`) drives it, with `rnd` the round's context
+A round, as the engine (`pflbench.simulator.rounds.run_round`) drives it, with `rnd` the round's context
 (`pflbench.round_context.Round`: its number, the sampled clients `rnd.clients`, their share of the
 local work; from `receive` on a `ClientRound`, the same round with what the server sent, `rnd.download`):
 
@@ -30,10 +30,10 @@ arguments (frozen), what it sends is its return value. What crosses the network 
 `pflbench.payload.Payload` (per-client tensors, stacked or one dict per client): the engine counts the
 bytes of exactly these, so an algorithm's communication is whatever its hooks exchange — nothing to
 declare separately. (A plugin class written in a retired form, its hooks or its attributes, is refused
-when it registers with one line naming its file and the new form: pflbench.retired, behind the plugin
+when it registers with one line naming its file and the new form: pflbench.loader.retired, behind the plugin
 loader.)
 
-State for checkpoints (`pflbench.checkpoint`): `state_dict()` / `load_state_dict()` capture everything
+State for checkpoints (`pflbench.storage.checkpoint`): `state_dict()` / `load_state_dict()` capture everything
 a cell needs to continue after round r, as each method declares it, in three class attributes (each
 the whole tuple, a subclass extending its base's: `state = (*FedAvg.state, "personal_state")`):
 `state`, the attributes rounds change that hold tensors, States, numpy arrays or plain Python values
@@ -61,8 +61,8 @@ round_context, payload, serving, the engine's Protocol (pflbench.engine) and the
 (pflbench.api_types: State, SGD, Objective, Diverged, CellResult; config, registry, algorithm_state)
 import only each other (tests/test_import_cycles.py). A method whose step is not the engine's SGD on an
 objective uses the second layer, the custom-step kit, which builds on the API and the engine and which
-the API never imports: pflbench.steps (its own batched steps on the engine's batch plan),
-pflbench.representation (a body and head split of the clients' model) and pflbench.feature_training.
+the API never imports: pflbench.kit.steps (its own batched steps on the engine's batch plan),
+pflbench.kit.representation (a body and head split of the clients' model) and pflbench.kit.feature_training.
 It stays a second layer rather than one engine call: FedMN, pFedMe and the representation methods each
 step in their own way (routing, an inner problem, features), which one call would have to enumerate.
 """
@@ -130,14 +130,14 @@ class AlgorithmRegistry(Registry[type["Algorithm[Any]"]]):
     """The algorithms' registry: `register(name, card=Card(...))` sets the class's `name` and `card`
     (its own, never inherited) and settles its `capabilities`. A class written in a retired form of the
     API (presentation and capability class attributes, hooks in the old form) is refused with one line
-    (pflbench.retired, installed by the plugin loader); any other class is registered as it is."""
+    (pflbench.loader.retired, installed by the plugin loader); any other class is registered as it is."""
 
     def register(self, name: str, card: Card | None = None, **attributes: Any) -> Callable[[A], A]:
         add = super().register(name, **attributes)
 
         def decorator(cls: A) -> A:
             own_card, capabilities = _card_of(cls, name, card), _capabilities_of(cls, name)
-            # `cls` itself, or an error where it uses a retired form (pflbench.retired, installed by pflbench.plugins)
+            # `cls` itself, or an error where it uses a retired form (pflbench.loader.retired, installed by pflbench.loader.plugins)
             cls = registry.adapter("algorithm")(cls, own_card, capabilities)
             cls.card, cls.capabilities = own_card, capabilities
             add(cls)
@@ -248,7 +248,7 @@ class Algorithm(Generic[HP]):
 
     @property
     def dp_upload(self) -> str:
-        """Privacy (pflbench/privacy.py): what this algorithm uploads, for the privacy knob's wrapper
+        """Privacy (pflbench/simulator/privacy.py): what this algorithm uploads, for the privacy knob's wrapper
         (`DifferentiallyPrivate`): "model" (the update is upload - download), "update" (the upload already is
         an update; also each upload a server that updates after each client receives), "self" (not
         wrapped: the method privatizes its uploads itself, outside the engine interface; the form
@@ -277,7 +277,7 @@ class Algorithm(Generic[HP]):
     def local_train(self, rnd: ClientRound, state: Any) -> Any:
         """Client: local training of the sampled clients from `state` (`receive`'s); returns what `send`
         takes. Train through the engine with the round itself (`self.engine.train(rnd, rnd.clients,
-        state)`, `local_plans(rnd, ...)`, `pflbench.steps.step_ids(engine, rnd, ...)`): a straggler's plan
+        state)`, `local_plans(rnd, ...)`, `pflbench.kit.steps.step_ids(engine, rnd, ...)`): a straggler's plan
         is then cut to its share of the work (`system.stragglers`). Default: the cell's local epochs of
         SGD on the cross-entropy, batched across clients (`state` a stacked State)."""
         return self.engine.train(rnd, rnd.clients, state).state
@@ -345,7 +345,7 @@ class Algorithm(Generic[HP]):
         part fitted on each newcomer's train split)."""
         raise _undefined(self, "newcomer_models(self, serving: Serving) -> Models")
 
-    # ---- checkpoints (module doc; pflbench.checkpoint) ---------------------------------------------
+    # ---- checkpoints (module doc; pflbench.storage.checkpoint) ---------------------------------------------
     def state_dict(self) -> dict:
         """What rounds changed in this instance, as its class declares it (`state`, `state_objects`),
         for a checkpoint taken between rounds. The values are the live objects (not copies): serialize
@@ -369,7 +369,7 @@ class Algorithm(Generic[HP]):
 
     def facts(self) -> dict[str, Any]:
         """Facts about how the method ran, added to the cell's summary when the cell ends (e.g. the
-        privacy knob's wrapper adds its accounting, `pflbench.privacy.DifferentiallyPrivate`). Default: none."""
+        privacy knob's wrapper adds its accounting, `pflbench.simulator.privacy.DifferentiallyPrivate`). Default: none."""
         return {}
 
 

@@ -2,7 +2,7 @@
 state (`State`), the objective a method trains with (`Objective`, default `cross_entropy`), the one SGD
 rule (`SGD`), what the engine raises on a non-finite loss (`Diverged`), the uploads' `weighted_mean` and what
 a cell's run returns (`CellResult`). Each is importable from where it was before
-(pflbench.training, pflbench.rounds)."""
+(pflbench.simulator.training, pflbench.simulator.rounds)."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ class Diverged(RuntimeError):
 class SGD:
     """PyTorch's SGD rule (weight decay added to the gradient, momentum without dampening): the one
     update rule of the engine. Every trainer applies it through `apply` or `apply_rows`: the
-    per-batch-objective path (eager and compiled), the custom steps of `pflbench.steps`, and
+    per-batch-objective path (eager and compiled), the custom steps of `pflbench.kit.steps`, and
     algorithms with their own modules (FedMN)."""
 
     lr: float

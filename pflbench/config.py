@@ -10,7 +10,7 @@ left out of the hash while it has its default, so adding the field changed no ex
 
 `finetune_epochs` (0 = off) adds the after-local-adaptation protocol to a cell's evaluation: every
 evaluation round also scores each client's personalized model after that many epochs of plain local
-SGD on its own train split (see `pflbench.federation.Federation.adapt_locally`). Like `hp_source` it is left
+SGD on its own train split (see `pflbench.simulator.federation.Federation.adapt_locally`). Like `hp_source` it is left
 out of the hash at its default, so cells without adaptation keep their ids.
 
 `normalization` is the other way round: its default `train` (statistics of the trained
@@ -91,7 +91,7 @@ class CellConfig(BaseModel):
     # where the inputs' mean/std come from: the trained clients' train splits, or the whole pool
     normalization: Literal["train", "pool"] = "train"
     # {plugin id: sha256 of its source} of the plugins giving this cell its algorithm, dataset, scheme or
-    # model (set by spec resolution, pflbench/plugins.py): part of the id, so a changed plugin is a new cell.
+    # model (set by spec resolution, pflbench/loader/plugins.py): part of the id, so a changed plugin is a new cell.
     plugin_hashes: dict[str, str] = Field(default_factory=dict)
 
     @field_validator(

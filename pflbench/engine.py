@@ -29,8 +29,8 @@ applies the system and privacy knobs to both.
 
 The cell's configuration is not handed over: what a method needs of it is a typed value here (the
 budget, the optimizer, the streams), and the rest is the engine's (the schedule, the knobs' plans, the
-data's splits and shifts, how the cell runs). `pflbench.federation.Federation` implements it; mypy
-checks that it does (`_implements`, in pflbench.federation). A method type-checked against `Engine` uses
+data's splits and shifts, how the cell runs). `pflbench.simulator.federation.Federation` implements it; mypy
+checks that it does (`_implements`, in pflbench.simulator.federation). A method type-checked against `Engine` uses
 nothing else.
 """
 
@@ -48,8 +48,8 @@ from pflbench.api_types import SGD, Objective, State, cross_entropy
 from pflbench.round_context import Round
 from pflbench.streams import StreamLike
 
-if TYPE_CHECKING:  # the one engine type the interface names: the model's layout (pflbench.training)
-    from pflbench.training import ClientModel
+if TYPE_CHECKING:  # the one engine type the interface names: the model's layout (pflbench.simulator.training)
+    from pflbench.simulator.training import ClientModel
 
 __all__ = ["MEMBERS", "Budget", "Engine", "TrainResult"]
 
@@ -239,7 +239,7 @@ class Engine(Protocol):
         stream: StreamLike | None = None,
     ) -> list[Tensor]:
         """The batch plan `train` follows for each of `clients`: positions into the client's `split`
-        sample ids, [steps, batch_size] (for a method with its own training loop: `pflbench.steps`)."""
+        sample ids, [steps, batch_size] (for a method with its own training loop: `pflbench.kit.steps`)."""
         ...
 
     def batch_generators(

@@ -44,7 +44,7 @@ class FedAvg(Algorithm[HP]):
 
     def stays_on_client(self, name: str) -> bool:
         """`is_local`, or a tensor that never leaves a client under the privacy knob (BatchNorm
-        statistics, `pflbench.privacy`: `engine.kept_local`): each client's model keeps its own."""
+        statistics, `pflbench.simulator.privacy`: `engine.kept_local`): each client's model keeps its own."""
         return self.is_local(name) or name in self.engine.kept_local
 
     def shared_names(self) -> list[str]:

@@ -2,7 +2,7 @@
 
 `pflbench/algorithms/`, `pflbench/partitions/`, datasets and models each keep one `Registry`; `pflbench list` reads them.
 
-Built-ins and plugins (a user's own algorithms, datasets, partition schemes and models: pflbench/plugins.py)
+Built-ins and plugins (a user's own algorithms, datasets, partition schemes and models: pflbench/loader/plugins.py)
 go into the same registries. Each entry remembers where it came from (`origin`: None for a built-in,
 else the plugin's id), so that a cell using a plugin can record the plugin's source hash, and a name
 registered twice is one error that says by whom. `register` also sets `name` and the presentation
@@ -73,7 +73,7 @@ class NameClashError(ValueError):
     """Two definitions (built-in or plugin) of one name in one registry."""
 
 
-# The loader of the built-ins and the installed packages' plugins (pflbench.plugins.load_builtins),
+# The loader of the built-ins and the installed packages' plugins (pflbench.loader.plugins.load_builtins),
 # run before a registry is read. The loader installs itself when pflbench is imported, so reading a
 # registry never imports it, and it is free to import the registries it fills.
 _FILL: list[Callable[[], None]] = []
@@ -90,8 +90,8 @@ def _fill() -> None:
 
 
 # What registering does to an entry first, by kind of registry: the algorithms' registries refuse a class
-# written against a retired form of the method API (pflbench.retired.check). The
-# adapter is installed, as the loader is, when pflbench is imported (pflbench.plugins), so a registry's
+# written against a retired form of the method API (pflbench.loader.retired.check). The
+# adapter is installed, as the loader is, when pflbench is imported (pflbench.loader.plugins), so a registry's
 # module never imports its adapter, which is free to import that module.
 _ADAPTERS: dict[str, Callable[..., Any]] = {}
 

@@ -1,13 +1,13 @@
 """The round's context: what a method's round hooks know about the round they run in (`Round`).
 
-The engine (`pflbench.rounds.run_round`) makes one `Round` per round and hands it to every hook of
+The engine (`pflbench.simulator.rounds.run_round`) makes one `Round` per round and hands it to every hook of
 the round (`pflbench.algorithm.Algorithm`): its number, the sampled clients, each client's share of
 its local work (the `system.stragglers` knob), and, once the server has configured the round, what it
 sent down (`download`). A Round is frozen: no hook can change what another hook of the round reads,
 and what a hook computes depends only on its arguments and the method's own state.
 
 Local training is cut to the stragglers' share where the Federation is given the Round itself
-(`fed.train(rnd, clients, state)`, `fed.local_plans(rnd, ...)`, `pflbench.steps.step_ids(fed, rnd, ...)`);
+(`fed.train(rnd, clients, state)`, `fed.local_plans(rnd, ...)`, `pflbench.kit.steps.step_ids(fed, rnd, ...)`);
 given a plain round number (`rnd.number`, `rnd.number + 1`, ...) nothing is cut: the work done to
 form, adapt or serve models is never a straggler's.
 
@@ -70,7 +70,7 @@ def no_server(upload: Payload) -> Payload | None:
     """`deliver` of a round the engine does not drive: there is no server to deliver to."""
     raise RuntimeError(
         "rnd.deliver: this round has no server to deliver to; the engine gives a round its channel to "
-        "the server when it drives it (pflbench.rounds.run_round, or pflbench.rounds.with_server)"
+        "the server when it drives it (pflbench.simulator.rounds.run_round, or pflbench.simulator.rounds.with_server)"
     )
 
 

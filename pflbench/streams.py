@@ -29,7 +29,7 @@ through a shared table. A `Stream` without a derivation (``Stream("myalgo.noise"
 name. tests/test_streams.py pins the seed of every declared derivation and fails on seeding outside
 this module. Batch orders use the ``"batches"`` family: ``"batches"`` is the engine's default order,
 ``"batches.<purpose>"`` another order of the same samples
-(`pflbench.federation.Federation.local_plans(..., stream=...)`).
+(`pflbench.simulator.federation.Federation.local_plans(..., stream=...)`).
 """
 
 from __future__ import annotations
@@ -109,7 +109,7 @@ def _spawned(name: str, index: int) -> Stream:
 
 BATCHES = salted_batches("batches", 0)  # the engine's default batch order (what `fed.train` draws without a stream)
 NEWCOMER_FIT = salted_batches("batches.newcomer-fit", 0x0E3D)  # fitting a newcomer's local part
-PRIVACY_NOISE = salted_batches("privacy.noise", 0xD1F)  # the privacy knob's noise (pflbench.privacy)
+PRIVACY_NOISE = salted_batches("privacy.noise", 0xD1F)  # the privacy knob's noise (pflbench.simulator.privacy)
 
 # The engine's streams that existed before names, by name; a method's are in its module (module doc).
 ENGINE: Mapping[str, Stream] = MappingProxyType(
@@ -119,11 +119,11 @@ ENGINE: Mapping[str, Stream] = MappingProxyType(
             # once per cell (numpy)
             salted_cell("schedule", 0x5A3),  # the sampled clients of every round (Federation)
             salted_cell("newcomers", 0x0E3C),  # which clients are held out (pflbench.newcomers)
-            salted_cell("system", 0x5E7),  # stragglers and dropped uploads (pflbench.system)
-            salted_cell("privacy.budgets", 0xD1F),  # who gets which privacy budget (pflbench.privacy)
-            salted_cell("shift.feature", 0xF5),  # pflbench.shifts
+            salted_cell("system", 0x5E7),  # stragglers and dropped uploads (pflbench.simulator.system)
+            salted_cell("privacy.budgets", 0xD1F),  # who gets which privacy budget (pflbench.simulator.privacy)
+            salted_cell("shift.feature", 0xF5),  # pflbench.simulator.shifts
             salted_cell("shift.concept", 0xC5),
-            _spawned("partition.assign", 0),  # the partition scheme's draw (pflbench.partitioning)
+            _spawned("partition.assign", 0),  # the partition scheme's draw (pflbench.data.partitioning)
             _spawned("partition.split", 1),  # each client's train/val/test split
             # per round and client (torch): batch orders, DP noise
             BATCHES,
@@ -185,7 +185,7 @@ def generator(
 
 def seed_torch_global(cell_seed: int, stream: StreamLike, round: int | None = None, client: int | None = None) -> None:
     """Seed torch's global generator (every device's) from `stream`: for draws that read it (dropout
-    layers). Inside `torch_global` or the cell's own fork of it (pflbench.rounds.cell_global_rng)."""
+    layers). Inside `torch_global` or the cell's own fork of it (pflbench.simulator.rounds.cell_global_rng)."""
     torch.manual_seed(seed(cell_seed, stream, round, client))
 
 
@@ -202,7 +202,7 @@ def torch_global(
 ) -> Iterator[None]:
     """While the block runs, torch's global generator is `stream`'s (e.g. to initialize an nn.Module);
     its state before the block (on the CPU and the CUDA `devices`) is restored after it. One block at
-    a time in a process: the cells of a group run on threads of one process (pflbench.groups)."""
+    a time in a process: the cells of a group run on threads of one process (pflbench.simulator.groups)."""
     with _global_lock, torch.random.fork_rng(devices=list(devices)):
         seed_torch_global(cell_seed, stream, round, client)
         yield

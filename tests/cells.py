@@ -3,11 +3,11 @@ the ones the tests' thresholds were measured with; each test file overrides what
 
 import numpy as np
 
-from pflbench.execution import ExecutionOptions
+from pflbench.simulator.execution import ExecutionOptions
 from pflbench.algorithm import get_algorithm
 from pflbench.config import CellConfig
-from pflbench.federation import Federation
-from pflbench.rounds import prepare_cell, run_cell, with_server
+from pflbench.simulator.federation import Federation
+from pflbench.simulator.rounds import prepare_cell, run_cell, with_server
 
 SMALL_CELL = dict(
     algorithm="fedavg",

@@ -1,5 +1,5 @@
 """Interrupt a cell after a round, resume it in a fresh Federation and algorithm, and compare with the
-uninterrupted run (shared by tests/test_checkpoint.py and the kill tests): pflbench.testing's, and the
+uninterrupted run (shared by tests/test_checkpoint.py and the kill tests): pflbench.run.testing's, and the
 comparison of stored cells."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from pflbench.metrics import RUN_RECORD_KEYS
-from pflbench.testing import (  # shipped to plugin authors (pflbench.testing); importable from here as before
+from pflbench.simulator.metrics import RUN_RECORD_KEYS
+from pflbench.run.testing import (  # shipped to plugin authors (pflbench.run.testing); importable from here as before
     EXECUTION_KEYS as EXECUTION_KEYS,
     TIMING_COLUMNS,
     Interrupted as Interrupted,

@@ -27,7 +27,7 @@ def one_torch_thread():
 @pytest.fixture
 def fresh_plugins():
     """Plugins a test loads are forgotten afterwards (test files that load plugins use it for every test)."""
-    from pflbench import plugins
+    from pflbench.loader import plugins
 
     before = {p.source.id for p in plugins.loaded()}
     yield
@@ -71,7 +71,7 @@ def pytest_xdist_setupnodes():
     """The processes start with the environment the suite sees (os.environ). Once imported, readline puts
     COLUMNS=80 and LINES=24 into the C environment when there is no terminal, which os.environ does not show
     but new processes inherit: the workers' consoles would wrap at 80 columns where a plain run's do not
-    (pflbench.display.make_console), and the tests reading their lines fail."""
+    (pflbench.run.display.make_console), and the tests reading their lines fail."""
     for name in ("COLUMNS", "LINES"):
         if name not in os.environ:
             os.unsetenv(name)

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from pflbench.engine import Budget, TrainResult
-from pflbench.training import SGD, ClientModel, train_clients
+from pflbench.simulator.training import SGD, ClientModel, train_clients
 
 
 class TinyNet(nn.Module):

@@ -15,8 +15,8 @@ import numpy as np
 import pandas as pd
 
 from pflbench.config import CellConfig
-from pflbench.rounds import CellResult
-from pflbench.store import Store
+from pflbench.simulator.rounds import CellResult
+from pflbench.storage.store import Store
 
 
 def worst10(values) -> float:

@@ -2,7 +2,7 @@
 
 import torch
 
-from pflbench.rounds import run_cell, run_round
+from pflbench.simulator.rounds import run_cell, run_round
 from cells import federation, small_cell
 from pflbench.algorithms.centralized import Centralized
 

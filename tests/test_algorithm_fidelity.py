@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pflbench.steps import step_ids
+from pflbench.kit.steps import step_ids
 from pflbench.algorithms.apfl import APFL
 from pflbench.algorithms.ditto import Ditto
 from pflbench.algorithms.fedfomo import MODELS, WEIGHTS, FedFomo, fomo_weights
@@ -15,7 +15,7 @@ from pflbench.algorithms.fedrep import FedRep
 from pflbench.algorithms.perfedavg import STREAMS, PerFedAvg
 from pflbench.algorithms.pfedhn import PFedHN
 from pflbench.algorithms.pfedme import PFedMe
-from pflbench.rounds import run_cell, run_round
+from pflbench.simulator.rounds import run_cell, run_round
 from pflbench.payload import Payload
 from cells import assert_batched_matches_loop, federation as _federation, received, small_cell as _cell
 

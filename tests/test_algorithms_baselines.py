@@ -6,14 +6,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pflbench.steps import step_ids
+from pflbench.kit.steps import step_ids
 from pflbench.algorithms.fedfomo import MODELS, WEIGHTS, FedFomo, fomo_weights, normalize_weights
 from pflbench.algorithms.perfedavg import STREAMS, PerFedAvg
 from pflbench.algorithms.pfedme import PFedMe
 from pflbench.algorithm import Payload, get_algorithm
-from pflbench.rounds import run_cell, run_round
-from pflbench.models import build_model
-from pflbench.training import ClientModel, batch_plan
+from pflbench.simulator.rounds import run_cell, run_round
+from pflbench.simulator.models import build_model
+from pflbench.simulator.training import ClientModel, batch_plan
 from cells import assert_batched_matches_loop, federation as _federation, received, small_cell as _cell
 
 

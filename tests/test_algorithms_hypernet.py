@@ -7,9 +7,9 @@ import torch
 
 from pflbench.algorithms.pfedhn import PFedHN, PFedHNPC
 from pflbench.algorithms.pfedla import RETAINED, HeurPFedLA, PFedLA
-from pflbench.federation import Federation
-from pflbench.rounds import prepare_cell, run_cell, run_round
-from pflbench.partitioning import ClientSplits
+from pflbench.simulator.federation import Federation
+from pflbench.simulator.rounds import prepare_cell, run_cell, run_round
+from pflbench.data.partitioning import ClientSplits
 from cells import federation as _federation, received, small_cell
 
 

@@ -9,7 +9,7 @@ from pflbench.algorithms.ditto import Ditto
 from pflbench import streams
 from pflbench.algorithms.l2gd import COINS, L2GD, coin_flips
 from pflbench.fedavg import FedAvg
-from pflbench.rounds import run_cell, run_round
+from pflbench.simulator.rounds import run_cell, run_round
 from cells import assert_batched_matches_loop, federation as _federation, small_cell as _cell
 
 

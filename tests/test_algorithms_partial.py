@@ -5,10 +5,10 @@ import torch
 
 from pflbench.algorithm import get_algorithm
 from pflbench.config import CellConfig
-from pflbench.federation import Federation
-from pflbench.rounds import prepare_cell, run_cell, run_round
-from pflbench.models import build_model
-from pflbench.training import ClientModel
+from pflbench.simulator.federation import Federation
+from pflbench.simulator.rounds import prepare_cell, run_cell, run_round
+from pflbench.simulator.models import build_model
+from pflbench.simulator.training import ClientModel
 
 
 def _cell(**overrides):

@@ -17,7 +17,7 @@ import pytest
 from rich.console import Console
 
 from pflbench.reports.reference import load_references
-from pflbench.runner import RunOptions, run_plan
+from pflbench.run.runner import RunOptions, run_plan
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "analysis"))
 import alpha  # noqa: E402
@@ -44,7 +44,7 @@ resources: {cpus: 1, gpus: 0}
 
 @pytest.fixture(scope="module")
 def cells(tmp_path_factory):
-    from pflbench.spec import load_spec
+    from pflbench.run.spec import load_spec
 
     tmp = tmp_path_factory.mktemp("analysis")
     (tmp / "spec.yaml").write_text(SPEC)
@@ -201,7 +201,7 @@ resources: {cpus: 1, gpus: 0}
 def branched(tmp_path_factory):
     """A Per-FedAvg cell run to the end with its round-3 checkpoint kept (checkpoint_every 3: rounds 3
     and 6, and the last round writes none)."""
-    from pflbench.spec import load_spec
+    from pflbench.run.spec import load_spec
 
     tmp = tmp_path_factory.mktemp("branch")
     (tmp / "spec.yaml").write_text(BRANCH_SPEC)
@@ -300,10 +300,10 @@ def test_a_branch_without_changes_repeats_the_stored_rounds(branched):
 
 
 def test_a_branch_of_a_privacy_cell_probes_the_wrapped_methods_shared_model(tmp_path):
-    """A cell with privacy runs its method wrapped (pflbench.privacy.DifferentiallyPrivate), which
+    """A cell with privacy runs its method wrapped (pflbench.simulator.privacy.DifferentiallyPrivate), which
     delegates hooks, not attributes: the branch reads `global_state` (and knows Per-FedAvg) through the
     wrapper, and repeats the stored rounds from the checkpoint, the privacy plan's state included."""
-    from pflbench.spec import load_spec
+    from pflbench.run.spec import load_spec
 
     (tmp_path / "spec.yaml").write_text(
         BRANCH_SPEC.replace("hp: {beta: 0.05}}", "hp: {beta: 0.05}, privacy: {epsilon: 8.0, clip: 0.05}}")
@@ -335,8 +335,8 @@ def test_the_curvature_probe_finds_the_hessians_top_eigenvalue(branched):
     import torch.nn.functional as F
     from scipy.sparse.linalg import LinearOperator, eigsh
 
-    from pflbench.execution import ExecutionOptions
-    from pflbench.rounds import cell_global_rng
+    from pflbench.simulator.execution import ExecutionOptions
+    from pflbench.simulator.rounds import cell_global_rng
 
     tmp, folder = branched
     cell = branch.branch_cell(json.loads((folder / "config.json").read_text()), [])

@@ -1,4 +1,4 @@
-"""The methods' own steps over static buffers (pflbench.steps.run_steps, pflbench.captured): pFedMe's inner
+"""The methods' own steps over static buffers (pflbench.kit.steps.run_steps, pflbench.simulator.captured): pFedMe's inner
 solve, Per-FedAvg's meta step (FO and HF) and pFedHN's official inner optimizer. On a CPU the static step runs
 eagerly and gives today's eager step bit for bit — rounds (w, theta, BatchNorm statistics and counters,
 momentum, weight decay, stragglers' tail steps where some rows sit out, the batched path and the client loop)
@@ -11,14 +11,14 @@ import pytest
 import torch
 
 from cells import received, small_cell
-from pflbench import captured
+from pflbench.simulator import captured
 from pflbench.algorithms.perfedavg import PerFedAvg
 from pflbench.algorithms.pfedhn import PFedHN
 from pflbench.algorithms.pfedme import PFedMe
-from pflbench.execution import ExecutionOptions
-from pflbench.rounds import run_cell
-from pflbench.steps import Active, DeviceLossCheck, LossCheck
-from pflbench.training import Diverged
+from pflbench.simulator.execution import ExecutionOptions
+from pflbench.simulator.rounds import run_cell
+from pflbench.kit.steps import Active, DeviceLossCheck, LossCheck
+from pflbench.simulator.training import Diverged
 from test_cell_groups import BN_IMAGES, IMAGES, assert_identical
 from test_fused_steps import Reads, assert_same_state, cell, finish_round, make
 
@@ -194,7 +194,7 @@ def test_a_model_that_draws_random_numbers_trains_eagerly_with_one_reason(tmp_pa
 def test_a_group_of_cells_with_static_own_steps_gives_each_cell_alone(tmp_path, monkeypatch):
     """Cells of a group run their own steps on their own threads, each over its own model's static buffers:
     per cell, what the cell gives alone with the option off."""
-    from pflbench.groups import run_group
+    from pflbench.simulator.groups import run_group
 
     cells = [small_cell(algorithm="pfedme", hp={"k": 2, "personal_lr": 0.01}, seed=seed, **IMAGES) for seed in (0, 1)]
     cells.append(small_cell(algorithm="perfedavg", hp={"variant": "fo"}, **IMAGES))

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pflbench import plugins
+from pflbench.loader import plugins
 from pflbench.algorithm import ALGORITHMS, Capabilities, Card, Refusal
 from pflbench.cli import main
 from pflbench.fedavg import FedAvg
@@ -79,7 +79,7 @@ def test_capabilities_are_inherited_and_checked_by_one_function():
 
 
 def test_the_api_before_cards_is_refused_naming_the_new_form():
-    from pflbench.retired import OldFormError
+    from pflbench.loader.retired import OldFormError
 
     registry = _registry()
     with pytest.raises(OldFormError, match=r"register\(name, card=Card\(display_name='Old', family='f'\)\)"):

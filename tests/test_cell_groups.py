@@ -1,4 +1,4 @@
-"""Cell groups (pflbench.groups): a group of cells gives, per cell, what the same cells give run one by
+"""Cell groups (pflbench.simulator.groups): a group of cells gives, per cell, what the same cells give run one by
 one — bit for bit where the float order is the same (every request of two or more clients, and on
 models without BatchNorm every request), within the stated tolerance where it is not (a one-client
 request of a BatchNorm model, merged with others, trains stacked instead of unstacked). A cell that
@@ -16,11 +16,11 @@ import torch
 
 from cells import small_cell
 from gate_plugins import write_gated_fedavg
-from pflbench import plugins
-from pflbench.execution import ExecutionOptions
-from pflbench.groups import CellGroup, membership, run_group
-from pflbench.rounds import run_cell
-from pflbench.training import cross_entropy, train_clients
+from pflbench.loader import plugins
+from pflbench.simulator.execution import ExecutionOptions
+from pflbench.simulator.groups import CellGroup, membership, run_group
+from pflbench.simulator.rounds import run_cell
+from pflbench.simulator.training import cross_entropy, train_clients
 
 BATCHED = ExecutionOptions(client_batching="on")
 PLAIN_ROWS = [
@@ -172,7 +172,7 @@ def test_a_group_mixing_algorithms_and_datasets(tmp_path):
 @pytest.mark.parametrize("images", [IMAGES, BN_IMAGES], ids=["cnn", "cnn-bn"])
 def test_rows_with_different_learning_rates_share_a_step_bit_for_bit(tmp_path, images):
     """A column's rows train at their own learning rates (and momenta, weight decays): the merged step
-    carries them per row (pflbench.row_rates), and each cell is what it is alone, to the bit."""
+    carries them per row (pflbench.simulator.row_rates), and each cell is what it is alone, to the bit."""
     cells = [
         small_cell(algorithm="fedavg", lr=0.05, **images),
         small_cell(algorithm="local", lr=0.013, **images),
@@ -341,7 +341,7 @@ def test_cell_groups_option_auto_is_cuda_only():
 
 
 def test_form_groups_by_architecture_in_order():
-    from pflbench.groups import form_groups
+    from pflbench.simulator.groups import form_groups
 
     cells = [
         small_cell(seed=0),
@@ -357,9 +357,9 @@ def test_form_groups_by_architecture_in_order():
 def test_the_runner_records_grouped_cells_as_it_records_cells_alone(tmp_path, faulty_algorithms):
     """`pflbench run --no-ray` with groups: one group of 8 cells (a failing and a diverging one among
     them), each cell's result in the store as the ungrouped run writes it, the group recorded."""
-    from pflbench.runner import RunOptions, run_plan
-    from pflbench.spec import parse_spec
-    from pflbench.store import Store
+    from pflbench.run.runner import RunOptions, run_plan
+    from pflbench.run.spec import parse_spec
+    from pflbench.storage.store import Store
     from rich.console import Console
 
     the_plan = parse_spec(
@@ -402,7 +402,7 @@ def same_results(cells, alone, grouped):
     """Each cell's summary (timings and run records aside) and metrics (wall time aside) in store `grouped`
     equal to those in store `alone`; the four faulty-plugin matrix's statuses: 2 diverged, 2 failed, 4
     finished. Returns (alone's, grouped's) summary per cell, for the caller's own checks."""
-    from pflbench.metrics import RUN_RECORD_KEYS
+    from pflbench.simulator.metrics import RUN_RECORD_KEYS
 
     volatile = RUN_RECORD_KEYS | {"train_time_total", "server_time_total", "eval_time_total"}
     pairs = []
@@ -442,8 +442,8 @@ def test_a_cell_drawing_from_the_global_generator_runs_alone_before_the_group(tm
 
 
 def test_group_resources_one_cells_cpus_and_the_gpu_fractions_summed_up_to_one_gpu():
-    from pflbench.groups import group_resources
-    from pflbench.spec_schema import Resources
+    from pflbench.simulator.groups import group_resources
+    from pflbench.run.spec_schema import Resources
 
     assert group_resources(Resources(cpus=2, gpus=0), 8) == Resources(cpus=2, gpus=0)
     assert group_resources(Resources(cpus=1, gpus=0.125), 4) == Resources(cpus=1, gpus=0.5)
@@ -456,9 +456,9 @@ def test_groups_on_ray_give_the_one_by_one_summaries(tmp_path, faulty_algorithms
     """`pflbench run` on Ray with cell groups: two groups (two dataset shapes), a failing and a diverging
     cell in one of them; every cell's summary and metrics are those of the in-process run one by one,
     and each grouped cell records its group."""
-    from pflbench.runner import RunOptions, run_plan
-    from pflbench.spec import parse_spec
-    from pflbench.store import Store
+    from pflbench.run.runner import RunOptions, run_plan
+    from pflbench.run.spec import parse_spec
+    from pflbench.storage.store import Store
     from rich.console import Console
 
     monkeypatch.setenv("PFLBENCH_DATA_MIRROR", str(tmp_path / "no-mirror"))
@@ -510,10 +510,10 @@ def test_a_killed_group_on_ray_resumes_each_cell_from_its_own_checkpoint(
     import time
 
     from checkpoint_helpers import TIMING_COLUMNS
-    from pflbench.checkpoint import read_checkpoint
-    from pflbench.runner import RunOptions, run_plan
-    from pflbench.spec import parse_spec
-    from pflbench.store import Store
+    from pflbench.storage.checkpoint import read_checkpoint
+    from pflbench.run.runner import RunOptions, run_plan
+    from pflbench.run.spec import parse_spec
+    from pflbench.storage.store import Store
     from rich.console import Console
 
     gate = tmp_path / "gate"
@@ -608,7 +608,7 @@ from pathlib import Path
 
 from pflbench.algorithm import ALGORITHMS
 from pflbench.algorithms.fedavg import FedAvg
-from pflbench.preemption import current
+from pflbench.run.preemption import current
 
 GATE = Path({gate!r})
 
@@ -641,11 +641,11 @@ def test_sigterm_stops_a_group_on_ray_at_the_end_of_its_round_and_the_rerun_resu
     import re
 
     from checkpoint_helpers import assert_same_result
-    from pflbench.checkpoint import CHECKPOINT, read_header
+    from pflbench.storage.checkpoint import CHECKPOINT, read_header
     from pflbench.config import cell_hash
-    from pflbench.preemption import PREEMPTED_EXIT
-    from pflbench.runner import RunOptions, run_plan
-    from pflbench.spec import parse_spec
+    from pflbench.run.preemption import PREEMPTED_EXIT
+    from pflbench.run.runner import RunOptions, run_plan
+    from pflbench.run.spec import parse_spec
     from rich.console import Console
 
     monkeypatch.setenv("PFLBENCH_DATA_MIRROR", str(tmp_path / "no-mirror"))
@@ -726,11 +726,11 @@ def test_an_in_process_group_records_a_finished_cell_before_its_slower_cell_and_
     import time
 
     from checkpoint_helpers import TIMING_COLUMNS
-    from pflbench.groups import SUMMARY_KEYS
-    from pflbench.metrics import RUN_RECORD_KEYS
-    from pflbench.runner import RunOptions, run_plan
-    from pflbench.spec import load_spec
-    from pflbench.store import Store
+    from pflbench.simulator.groups import SUMMARY_KEYS
+    from pflbench.simulator.metrics import RUN_RECORD_KEYS
+    from pflbench.run.runner import RunOptions, run_plan
+    from pflbench.run.spec import load_spec
+    from pflbench.storage.store import Store
     from rich.console import Console
 
     gate = tmp_path / "gate"

@@ -1,4 +1,4 @@
-"""Round checkpoints (pflbench/checkpoint.py, Algorithm.state_dict): a cell interrupted after round k
+"""Round checkpoints (pflbench/storage/checkpoint.py, Algorithm.state_dict): a cell interrupted after round k
 and resumed from its checkpoint in a fresh Federation and algorithm gives the uninterrupted run's
 metrics and summary bit for bit, for every registered algorithm; unusable checkpoints are set aside."""
 
@@ -12,10 +12,10 @@ from torch import nn
 
 from cells import small_cell
 from checkpoint_helpers import differences, interrupted_and_resumed, uninterrupted
-from pflbench.execution import ExecutionOptions
+from pflbench.simulator.execution import ExecutionOptions
 from pflbench.algorithm import ALGORITHMS, StateError, get_algorithm
-from pflbench.checkpoint import CHECKPOINT, CheckpointPolicy, Checkpointer, list_checkpoints, read_header
-from pflbench.rounds import run_cell
+from pflbench.storage.checkpoint import CHECKPOINT, CheckpointPolicy, Checkpointer, list_checkpoints, read_header
+from pflbench.simulator.rounds import run_cell
 
 get_algorithm("fedavg")  # registers the built-in algorithms
 BATCHED = sorted(name for name, cls in ALGORITHMS.items() if cls.capabilities.batched)
@@ -124,7 +124,7 @@ class _ModuleAsValue(_WithModule):
 
 
 def test_a_cell_whose_algorithm_breaks_the_contract_runs_on_without_checkpoints_and_says_so(tmp_path, monkeypatch):
-    import pflbench.rounds as federation_module
+    import pflbench.simulator.rounds as federation_module
 
     monkeypatch.setattr(federation_module, "get_algorithm", lambda name: _ModuleAsValue)
     cell = small_cell(rounds=3)
@@ -160,7 +160,7 @@ def test_state_left_out_of_the_checkpoint_is_caught_by_the_resume_comparison(tmp
             self.counter += 1
             return self.engine.train(rnd, rnd.clients, state, epochs=self.counter).state
 
-    import pflbench.rounds as federation_module
+    import pflbench.simulator.rounds as federation_module
 
     monkeypatch.setattr(federation_module, "get_algorithm", lambda name: Forgetful)
     cell = small_cell(rounds=4)
@@ -258,7 +258,7 @@ def test_a_state_that_does_not_fit_the_algorithm_is_set_aside_and_the_algorithm_
     magic, _, text = head.partition(b" ")
     header = json.loads(text)
     probe = Checkpointer(folder, cell)
-    from pflbench.checkpoint import code_version
+    from pflbench.storage.checkpoint import code_version
     from pflbench.config import cell_hash
 
     header.update(hash=cell_hash(cell), code=code_version(ALGORITHMS.get("fedavg")))
@@ -306,8 +306,8 @@ def test_checkpoints_keep_only_the_latest_and_record_their_cost(tmp_path):
 def test_checkpoints_from_a_chosen_round_are_kept_beside_the_store_cells(tmp_path):
     """`keep_from`: every checkpoint written from that round on is also copied, byte for byte, to
     <store>/_kept/<hash>/round-NNNN.pt, and stays after the cell finished; the store's cells ignore it."""
-    from pflbench.runner import RunOptions, cell_checkpointer
-    from pflbench.store import KEPT, Store, load_store, store_problems
+    from pflbench.run.runner import RunOptions, cell_checkpointer
+    from pflbench.storage.store import KEPT, Store, load_store, store_problems
 
     cell = small_cell(rounds=6)
     options = RunOptions(results=tmp_path / "store", checkpoint_every=1, checkpoint_minutes=0, keep_checkpoints_from=3)
@@ -328,7 +328,7 @@ def test_checkpoints_from_a_chosen_round_are_kept_beside_the_store_cells(tmp_pat
 
 def test_store_check_lists_the_cells_with_a_checkpoint_and_its_round(tmp_path, capsys):
     from pflbench.cli import main
-    from pflbench.store import Store
+    from pflbench.storage.store import Store
 
     cell = small_cell(rounds=5)
     store = Store(tmp_path / "results")
@@ -346,7 +346,7 @@ def test_store_check_lists_the_cells_with_a_checkpoint_and_its_round(tmp_path, c
 def test_store_check_calls_a_truncated_or_bit_flipped_checkpoint_damaged(tmp_path, capsys, damage):
     """Its size and checksum are verified (the header alone reads as fine): the next run would set it aside."""
     from pflbench.cli import main
-    from pflbench.store import Store
+    from pflbench.storage.store import Store
 
     cell = small_cell(rounds=5)
     store = Store(tmp_path / "results")
@@ -386,7 +386,7 @@ def test_a_sweep_trial_writes_checkpoints_and_a_retried_trial_resumes_from_them(
 
     from ray import tune
 
-    from pflbench.sweep import run_trial
+    from pflbench.tuning.sweep import run_trial
 
     reports = []
     monkeypatch.setenv("PFLBENCH_DATA", str(tmp_path))

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from checkpoint_helpers import assert_same_result
-from pflbench.checkpoint import CHECKPOINT, CheckpointProblem, read_header
+from pflbench.storage.checkpoint import CHECKPOINT, CheckpointProblem, read_header
 
 PFLBENCH = [sys.executable, "-c", "import sys; from pflbench.cli import main; sys.exit(main(sys.argv[1:]))"]
 ROUNDS = 40
@@ -34,7 +34,7 @@ ARGS = ["--no-ray", "--checkpoint-every", "2", "--checkpoint-minutes", "0"]
 STOP_IN_WRITE = textwrap.dedent("""
     import os, sys, time
     from pathlib import Path
-    import pflbench.store as store
+    import pflbench.storage.store as store
     real, writes = store.atomic_write, []
 
     def atomic_write(path, write):

@@ -26,11 +26,11 @@ import pytest
 from rich.console import Console
 
 from checkpoint_helpers import TIMING_COLUMNS
-from pflbench import plugins
-from pflbench.checkpoint import read_checkpoint
-from pflbench.runner import RunOptions, run_plan
-from pflbench.spec import parse_spec
-from pflbench.store import Store
+from pflbench.loader import plugins
+from pflbench.storage.checkpoint import read_checkpoint
+from pflbench.run.runner import RunOptions, run_plan
+from pflbench.run.spec import parse_spec
+from pflbench.storage.store import Store
 
 ROUNDS = 10
 GATE_ROUND = 4  # the first attempt stops before this round: it resumes at GATE_ROUND - 1
@@ -179,12 +179,12 @@ def test_a_lost_ray_worker_is_retried_and_resumes_from_its_checkpoint(tmp_path, 
     assert not store.checkpoint_path(cell).exists()
 
 
-# ---- the keeper (pflbench/checkpoint_relay.py), as a plain object: what it writes and what it refuses ----
+# ---- the keeper (pflbench/run/checkpoint_relay.py), as a plain object: what it writes and what it refuses ----
 
 
 def test_the_keeper_writes_only_the_open_attempt_of_a_cell_and_only_whole_checkpoints(tmp_path):
-    from pflbench.checkpoint import CheckpointProblem, encode_checkpoint, read_header
-    from pflbench.checkpoint_relay import CheckpointKeeper, StaleAttempt
+    from pflbench.storage.checkpoint import CheckpointProblem, encode_checkpoint, read_header
+    from pflbench.run.checkpoint_relay import CheckpointKeeper, StaleAttempt
 
     keeper = CheckpointKeeper(str(tmp_path / "store"))
     data = encode_checkpoint({"hash": "cell", "round": 2}, {"round": 2, "weights": list(range(1000))})
@@ -223,8 +223,8 @@ def test_the_code_version_names_source_files_without_the_checkouts_place():
     """A retry on another node resumes only if that node's code version is the writer's: the hash covers
     the files' names inside the checkout and their contents, never where the checkout lives."""
     from pflbench.algorithm import ALGORITHMS
-    from pflbench.checkpoint import source_files
+    from pflbench.storage.checkpoint import source_files
 
     names = source_files(ALGORITHMS.get("fedavg"))
-    assert {"pflbench/rounds.py", "pflbench/checkpoint.py", "pflbench/fedavg.py"} <= set(names)
+    assert {"pflbench/simulator/rounds.py", "pflbench/storage/checkpoint.py", "pflbench/fedavg.py"} <= set(names)
     assert not any(name.startswith("/") or "reports/" in name for name in names), sorted(names)

@@ -78,7 +78,7 @@ def test_help_starts_fast(args):
 
 
 def test_choices_written_out_for_a_light_parser_match_the_engine():
-    from pflbench import sweep
+    from pflbench.tuning import sweep
     from pflbench.cli import sweep as sweep_command
 
     assert sweep_command.DEFAULT_BASE == sweep.DEFAULT_BASE
@@ -158,7 +158,7 @@ def test_report_on_a_missing_store_is_an_error_not_an_empty_report(tmp_path, cap
 
 def test_a_log_gets_n_of_total_and_an_eta_with_every_finished_cell():
     from pflbench.config import CellConfig
-    from pflbench.display import Display, format_duration
+    from pflbench.run.display import Display, format_duration
 
     now = [100.0]
     log = io.StringIO()
@@ -188,7 +188,7 @@ def test_a_log_gets_n_of_total_and_an_eta_with_every_finished_cell():
 
 def test_a_log_gets_a_progress_line_per_finished_evaluation_at_most_one_per_30_seconds_per_cell():
     from pflbench.config import CellConfig
-    from pflbench.display import Display
+    from pflbench.run.display import Display
 
     now = [0.0]
     log = io.StringIO()
@@ -297,7 +297,7 @@ def test_bench_prints_progress_and_says_how_noisy_it_was(tmp_path, capsys):
 
 
 def test_a_noisy_bench_is_flagged():
-    from pflbench.bench import format_bench
+    from pflbench.run.bench import format_bench
 
     spread = {
         "default": {"min": 1.0, "median": 1.5, "max": 2.0, "relative": 0.5},
@@ -378,9 +378,9 @@ def test_list_datasets_says_which_are_available_here(tmp_path, capsys):
 
 
 def test_the_dry_run_every_cell_line_holds_only_what_every_cell_has(tmp_path):
-    from pflbench.display import print_plan
-    from pflbench.spec import parse_spec
-    from pflbench.store import Store
+    from pflbench.run.display import print_plan
+    from pflbench.run.spec import parse_spec
+    from pflbench.storage.store import Store
 
     plan = parse_spec(
         {
@@ -432,7 +432,7 @@ def test_run_help_shows_its_options_in_groups():
 
 
 def test_a_mistyped_spec_name_suggests_the_nearest_and_lists_the_shipped_specs(tmp_path, capsys, monkeypatch):
-    from pflbench.resources import shipped_specs
+    from pflbench.run.resources import shipped_specs
 
     monkeypatch.chdir(tmp_path)  # no spec file of that name here
     assert main(["run", "tabel1", "--dry-run"]) == 2

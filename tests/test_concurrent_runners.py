@@ -14,10 +14,10 @@ import time
 import yaml
 from rich.console import Console
 
-from pflbench import store as store_module
-from pflbench.runner import RunOptions, run_plan
-from pflbench.spec import parse_spec
-from pflbench.store import CLAIM, Store, load_store
+from pflbench.storage import store as store_module
+from pflbench.run.runner import RunOptions, run_plan
+from pflbench.run.spec import parse_spec
+from pflbench.storage.store import CLAIM, Store, load_store
 
 SPEC = {
     "name": "shared",
@@ -94,7 +94,7 @@ def test_a_cell_taken_over_without_a_checkpoint_says_it_starts_from_round_1(tmp_
     5-minute checkpoint policy): the cell's claim, naming a dead process. The next run says that the cell
     starts over, instead of restarting it silently; a cell nobody had started gets no such line."""
     from pflbench.config import cell_hash
-    from pflbench.runner import NO_CHECKPOINT
+    from pflbench.run.runner import NO_CHECKPOINT
 
     plan = parse_spec(
         {**SPEC, "matrix": {**SPEC["matrix"], "seed": [0]}, "defaults": {**SPEC["defaults"], "rounds": 2}}

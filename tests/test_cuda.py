@@ -7,9 +7,9 @@ run at all fails here rather than on the device's few minutes.
 - the batched path against the client loop on the device, for an algorithm of every family;
 - a BatchNorm model (cnn-bn) batched and looped;
 - the compiled training step against the eager one;
-- the batched step captured as a CUDA graph (pflbench.static_step) against the eager one, a whole
+- the batched step captured as a CUDA graph (pflbench.simulator.static_step) against the eager one, a whole
   BatchNorm cell with stragglers with `cuda_graphs` on and off;
-- the methods' own steps (pFedMe, Per-FedAvg, pFedHN's official inner optimizer: pflbench.steps.run_steps)
+- the methods' own steps (pFedMe, Per-FedAvg, pFedHN's official inner optimizer: pflbench.kit.steps.run_steps)
   captured against the eager ones, whole BatchNorm cells with stragglers and momentum;
 - a whole cell through the CLI (`pflbench run --no-ray --device ...`), with its result in the store;
 - a checkpoint written on the device, read back on the CPU (tensors on the CPU), and set aside there
@@ -24,10 +24,10 @@ import sys
 import pytest
 import torch
 
-from pflbench.checkpoint import Checkpointer, CheckpointPolicy, read_checkpoint
-from pflbench.execution import ExecutionOptions
-from pflbench.rounds import run_cell
-from pflbench.store import Store
+from pflbench.storage.checkpoint import Checkpointer, CheckpointPolicy, read_checkpoint
+from pflbench.simulator.execution import ExecutionOptions
+from pflbench.simulator.rounds import run_cell
+from pflbench.storage.store import Store
 from cells import assert_batched_matches_loop, small_cell
 
 DEVICE = os.environ.get("PFLBENCH_TEST_DEVICE", "cuda")
@@ -181,8 +181,8 @@ def test_the_captured_step_matches_the_eager_step_on_the_device(tmp_path):
     """On CUDA the static step is captured once (a CUDA graph) and replayed: the same kernels as the eager
     step, so the same numbers up to the update's form (a tensor learning rate: `addcmul`); on the CPU
     (the rehearsal) it runs eagerly and gives the eager step's bits."""
-    from pflbench.models import build_model
-    from pflbench.training import SGD, ClientModel, _train_group, batch_plan, cross_entropy
+    from pflbench.simulator.models import build_model
+    from pflbench.simulator.training import SGD, ClientModel, _train_group, batch_plan, cross_entropy
 
     gen = torch.Generator().manual_seed(0)
     model = ClientModel(build_model("cnn-bn", (3, 32, 32), 10))
@@ -243,7 +243,7 @@ def test_the_methods_own_steps_captured_match_the_eager_ones_on_the_device(tmp_p
     cells are equal to the bit."""
     import numpy as np
 
-    from pflbench import captured
+    from pflbench.simulator import captured
 
     captures = []
     capture = captured.capture

@@ -15,12 +15,12 @@ from torch import nn
 
 from cells import federation, small_cell
 from checkpoint_helpers import differences, interrupted_and_resumed, uninterrupted
-from pflbench import rounds
+from pflbench.simulator import rounds
 from pflbench.algorithm import ALGORITHMS, StateError, get_algorithm, undeclared_state
 from pflbench.fedavg import FedAvg
-from pflbench.checkpoint import CheckpointPolicy, Checkpointer
-from pflbench.rounds import run_cell
-from pflbench.store import CHECKPOINT
+from pflbench.storage.checkpoint import CheckpointPolicy, Checkpointer
+from pflbench.simulator.rounds import run_cell
+from pflbench.storage.store import CHECKPOINT
 
 get_algorithm("fedavg")  # registers the built-in algorithms
 IMAGES = dict(dataset="synthetic-images", dataset_options={"num_samples": 200, "channels": 3, "size": 32})
@@ -225,8 +225,8 @@ class NewMomentum(FedAvg):
 
 
 def test_an_old_plugin_is_refused_in_one_line_and_its_new_form_runs_and_resumes(tmp_path, monkeypatch):
-    from pflbench import plugins
-    from pflbench.plugins import PluginError
+    from pflbench.loader import plugins
+    from pflbench.loader.plugins import PluginError
 
     old_file = tmp_path / "old_momentum.py"
     old_file.write_text(OLD_MOMENTUM)

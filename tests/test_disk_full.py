@@ -1,4 +1,4 @@
-"""A full disk (pflbench/store.py's DiskFull, pflbench/runner.py): a checkpoint or a result that cannot be
+"""A full disk (pflbench/storage/store.py's DiskFull, pflbench/run/runner.py): a checkpoint or a result that cannot be
 written for lack of space stops the run with one line (the file, the bytes it needed, the bytes free), no
 partial file becomes a result or a checkpoint, finished cells stay intact, and a run after space is freed
 resumes, bit-identical to an uninterrupted run.
@@ -19,14 +19,14 @@ from collections.abc import Callable
 import pytest
 from rich.console import Console
 
-import pflbench.checkpoint as checkpoint
-import pflbench.store as store_module
+import pflbench.storage.checkpoint as checkpoint
+import pflbench.storage.store as store_module
 from checkpoint_helpers import assert_same_result
-from pflbench.checkpoint import CHECKPOINT, read_header
+from pflbench.storage.checkpoint import CHECKPOINT, read_header
 from pflbench.config import cell_hash
-from pflbench.runner import DISK_FULL_EXIT, RunOptions, run_plan
-from pflbench.spec import parse_spec
-from pflbench.store import DiskFull, Store, store_problems
+from pflbench.run.runner import DISK_FULL_EXIT, RunOptions, run_plan
+from pflbench.run.spec import parse_spec
+from pflbench.storage.store import DiskFull, Store, store_problems
 
 ROUNDS = 6
 
@@ -324,7 +324,7 @@ def test_on_ray_the_line_names_every_cell_the_full_disk_stopped(tmp_path, monkey
     line names each of them and where the next run continues it, and their claims are released (the
     scheduler's handler alone, on a store of its own: a real full disk under Ray is the in-process case's)."""
     ray = pytest.importorskip("ray")
-    from pflbench.runner import RayRun
+    from pflbench.run.runner import RayRun
 
     cells = the_plan().cells[:3]
     store = Store(tmp_path / "store")
@@ -363,7 +363,7 @@ def test_a_claim_that_does_not_fit_releases_the_claims_its_cell_group_already_to
     """In-process cell groups claim a group's cells one after another: when the third claim meets a full
     disk, the run stops with the one line and the two cells already claimed are released (no claim.json
     left to block the next run), and nothing ran."""
-    from pflbench.execution import ExecutionOptions
+    from pflbench.simulator.execution import ExecutionOptions
 
     options = RunOptions(
         results=tmp_path / "store",

@@ -110,7 +110,7 @@ def test_every_subcommand_and_option_is_on_the_cli_page(gen, pages):
 
 
 def test_every_cell_key_and_spec_part_is_on_the_spec_page(pages):
-    from pflbench import spec_schema
+    from pflbench.run import spec_schema
     from pflbench.config import CellConfig
 
     page = pages["spec.md"]
@@ -122,8 +122,8 @@ def test_every_cell_key_and_spec_part_is_on_the_spec_page(pages):
 
 def test_every_scheme_dataset_and_study_has_a_section(pages):
     from pflbench.data import DATASETS
-    from pflbench.partitioning import PARTITIONS
-    from pflbench.plugins import load_builtins
+    from pflbench.data.partitioning import PARTITIONS
+    from pflbench.loader.plugins import load_builtins
 
     load_builtins()
     for name in PARTITIONS.names():

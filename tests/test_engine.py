@@ -4,12 +4,12 @@ import numpy as np
 import pytest
 import torch
 
-from pflbench.execution import ExecutionOptions
+from pflbench.simulator.execution import ExecutionOptions
 from pflbench.config import CellConfig
-from pflbench.federation import sample_schedule
-from pflbench.rounds import run_cell
-from pflbench.models import build_model
-from pflbench.training import SGD, ClientModel, batch_plan, evaluate_client_splits, train_clients
+from pflbench.simulator.federation import sample_schedule
+from pflbench.simulator.rounds import run_cell
+from pflbench.simulator.models import build_model
+from pflbench.simulator.training import SGD, ClientModel, batch_plan, evaluate_client_splits, train_clients
 
 
 def _clients(sizes):
@@ -126,7 +126,7 @@ def test_same_seed_same_metrics_different_seed_different_partition(tmp_path):
     assert first.status == "finished"
     assert first.metrics[cols].equals(again.metrics[cols])
     assert not first.metrics["accuracy"].equals(other.metrics["accuracy"])
-    from pflbench.rounds import prepare_cell
+    from pflbench.simulator.rounds import prepare_cell
 
     _, splits0 = prepare_cell(_cell(), tmp_path)
     _, splits1 = prepare_cell(_cell(seed=1), tmp_path)
@@ -247,7 +247,7 @@ def test_grouped_convolution_twin_equals_convolution_loop():
     """The CUDA twin (grouped convolutions) computes what the CPU twin (a loop) computes."""
     from torch.func import functional_call
 
-    from pflbench.batching import stacked_twin
+    from pflbench.simulator.batching import stacked_twin
 
     module = build_model("cnn-bn", (3, 32, 32), 10)
     state = ClientModel(module).init(4, seed=0)
@@ -271,7 +271,7 @@ def test_the_stacked_twin_evaluates_a_global_model_broadcast_over_the_clients():
     broadcast), and gives each client the one model's output."""
     from torch.func import functional_call
 
-    from pflbench.batching import stacked_twin
+    from pflbench.simulator.batching import stacked_twin
 
     module = build_model("cnn-bn", (3, 32, 32), 10)
     one = ClientModel(module).init(1, seed=0)

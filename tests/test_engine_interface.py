@@ -13,12 +13,13 @@ import pytest
 import torch
 
 from cells import federation, small_cell
-from pflbench import engine as engine_module, rounds
+from pflbench import engine as engine_module
+from pflbench.simulator import rounds
 from pflbench.algorithm import ALGORITHMS, Algorithm, AlgorithmRegistry, ClientRound, Payload, Round, get_algorithm
 from pflbench.engine import MEMBERS, Budget, Engine
-from pflbench.rounds import run_cell
+from pflbench.simulator.rounds import run_cell
 from pflbench.serving import Serving
-from pflbench.training import State, weighted_mean
+from pflbench.simulator.training import State, weighted_mean
 
 ROOT = Path(__file__).resolve().parents[1]
 get_algorithm("fedavg")  # registers the built-in algorithms

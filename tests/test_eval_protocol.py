@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 
 from pflbench.config import CellConfig, cell_hash
-from pflbench.metrics import METRIC_COLUMNS, protocol_summary
-from pflbench.rounds import run_cell
+from pflbench.simulator.metrics import METRIC_COLUMNS, protocol_summary
+from pflbench.simulator.rounds import run_cell
 from cells import small_cell
 
 DELIVERED = ["accuracy", "loss", "val_accuracy", "val_loss"]

@@ -1,4 +1,4 @@
-"""pflbench/feature_training.py: the representation before a linear head, from one forward, on every path the
+"""pflbench/kit/feature_training.py: the representation before a linear head, from one forward, on every path the
 engine calls a model (one client bound, the natively batched twin, vmap), and local SGD on an objective
 that reads it, batched or one client at a time."""
 
@@ -7,9 +7,9 @@ import torch
 import torch.nn.functional as F
 
 from cells import federation, small_cell
-from pflbench.models import CNN, MLP
-from pflbench.feature_training import forward_with_features, head_of, train_with_features
-from pflbench.training import ClientModel
+from pflbench.simulator.models import CNN, MLP
+from pflbench.kit.feature_training import forward_with_features, head_of, train_with_features
+from pflbench.simulator.training import ClientModel
 
 
 def _stacked(model, clients):

@@ -11,8 +11,8 @@ from torch import nn
 
 from cells import assert_batched_matches_loop, small_cell
 from pflbench.algorithms.fedala import FedALA
-from pflbench.rounds import run_cell
-from pflbench.training import ClientModel, weighted_mean
+from pflbench.simulator.rounds import run_cell
+from pflbench.simulator.training import ClientModel, weighted_mean
 
 FIXTURE = torch.load(Path(__file__).parent / "fixtures" / "official" / "fedala" / "fedala.pt")
 
@@ -93,9 +93,9 @@ def test_batchnorm_statistics_are_averaged_and_received_unlike_the_official_code
     """The official server averages and sends `parameters()` only (serverALA.py:111-123, ALA.py:86-87):
     its clients keep their own BatchNorm statistics under averaged weights. Here they are averaged with
     the weights (and ALA takes them from the global model, with the lower layers)."""
-    from pflbench.rounds import build_cell, prepare_cell, run_rounds
-    from pflbench.execution import ExecutionOptions
-    from pflbench.training import weighted_mean as mean
+    from pflbench.simulator.rounds import build_cell, prepare_cell, run_rounds
+    from pflbench.simulator.execution import ExecutionOptions
+    from pflbench.simulator.training import weighted_mean as mean
 
     cell = small_cell(
         algorithm="fedala",

@@ -6,8 +6,8 @@ import torch.nn.functional as F
 
 from pflbench.algorithms.fedmn import FedMN
 from pflbench.config import CellConfig
-from pflbench.federation import Federation
-from pflbench.rounds import prepare_cell, run_cell, run_round
+from pflbench.simulator.federation import Federation
+from pflbench.simulator.rounds import prepare_cell, run_cell, run_round
 from pflbench.serving import Serving
 
 SMALL = {"dims": [16, 8], "encoder_hidden": 16, "router_x_dim": 8, "router_y_dim": 4, "router_samples": 16}

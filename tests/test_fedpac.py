@@ -21,9 +21,9 @@ from pflbench.algorithms.fedpac import (
     head_loss,
 )
 from pflbench.payload import Payload
-from pflbench.representation import Split
-from pflbench.rounds import run_cell
-from pflbench.training import SGD, ClientModel, train_clients
+from pflbench.kit.representation import Split
+from pflbench.simulator.rounds import run_cell
+from pflbench.simulator.training import SGD, ClientModel, train_clients
 
 FIXTURE = torch.load(Path(__file__).parent / "fixtures" / "official" / "fedpac" / "fedpac.pt", weights_only=False)
 CLOSE = dict(rtol=1e-5, atol=1e-6)

@@ -9,9 +9,9 @@ from torch import nn
 
 from cells import small_cell
 from pflbench.algorithms.fedrod import RoDNet, rod_loss
-from pflbench.representation import Split
-from pflbench.rounds import run_cell
-from pflbench.training import SGD, ClientModel, train_clients, weighted_mean
+from pflbench.kit.representation import Split
+from pflbench.simulator.rounds import run_cell
+from pflbench.simulator.training import SGD, ClientModel, train_clients, weighted_mean
 
 FIXTURE = torch.load(Path(__file__).parent / "fixtures" / "official" / "fedrod" / "fedrod.pt")
 

@@ -12,11 +12,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from pflbench.algorithms.perfedavg import STREAMS, PerFedAvg, hessian_free, minus_scaled, scaled
 from pflbench.algorithms.pfedme import PFedMe, inner_step, pull
-from pflbench.steps import Active, LossCheck, finite, loss_and_grads, per_client, rows_where, step_ids, step_plan
-from pflbench.execution import ExecutionOptions
-from pflbench.federation import Federation
-from pflbench.rounds import prepare_cell
-from pflbench.training import SGD, Diverged
+from pflbench.kit.steps import Active, LossCheck, finite, loss_and_grads, per_client, rows_where, step_ids, step_plan
+from pflbench.simulator.execution import ExecutionOptions
+from pflbench.simulator.federation import Federation
+from pflbench.simulator.rounds import prepare_cell
+from pflbench.simulator.training import SGD, Diverged
 from cells import received, small_cell
 
 

@@ -5,7 +5,7 @@ import numpy as np
 import torch
 
 from cells import small_cell
-from pflbench.rounds import run_cell
+from pflbench.simulator.rounds import run_cell
 
 IMAGES = dict(dataset="synthetic-images", dataset_options={"num_samples": 200, "channels": 3, "size": 32})
 

@@ -1,12 +1,12 @@
-"""A CUDA-graph capture that fails falls back to the eager step with one line on stderr (pflbench.captured):
+"""A CUDA-graph capture that fails falls back to the eager step with one line on stderr (pflbench.simulator.captured):
 forced on this CPU, where asking for a capture fails (no CUDA), and by a capture that raises as a device's
 would (an op that cannot be captured). The fallback computes what the eager step computes."""
 
 import pytest
 import torch
 
-from pflbench import captured
-from pflbench.captured import Captured, StaticLoop, capture_or_none
+from pflbench.simulator import captured
+from pflbench.simulator.captured import Captured, StaticLoop, capture_or_none
 
 
 def test_a_capture_that_fails_runs_the_function_eagerly_and_says_so(capsys):

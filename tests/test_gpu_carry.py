@@ -1,5 +1,5 @@
 """A checkpoint carried between GPU loans keeps its code version across commits that do not touch what the
-cell computes (pflbench.checkpoint.source_files: what the round loop, the cell groups' runner and the
+cell computes (pflbench.storage.checkpoint.source_files: what the round loop, the cell groups' runner and the
 algorithm import), and is refused across one that does: a git checkout of pflbench, a tiny cell stopped by
 SIGTERM after its first round checkpoint, then run again after an unrelated commit (it resumes) and after a
 related one (its checkpoint is set aside, naming the code version, and the cell starts over)."""
@@ -102,17 +102,17 @@ def test_a_carried_cell_resumes_across_an_unrelated_commit_and_is_refused_across
 
     # the run machinery, a report and the execution options: nothing the cell computes
     for unrelated in (
-        "pflbench/runner.py",
-        "pflbench/store.py",
+        "pflbench/run/runner.py",
+        "pflbench/storage/store.py",
         "pflbench/cli/run.py",
-        "pflbench/execution.py",
+        "pflbench/simulator/execution.py",
         "pflbench/reports/tables.py",
     ):
         commit_change(tree, unrelated)
     second = run_until(tree, tmp_path, resumed_or_set_aside)
     assert "resumed at round" in second and "set aside" not in second, second[-3000:]
 
-    commit_change(tree, "pflbench/training.py")  # the local step every row runs
+    commit_change(tree, "pflbench/simulator/training.py")  # the local step every row runs
     third = run_until(tree, tmp_path, resumed_or_set_aside)
     assert "from another code version" in third and "resumed at round" not in third, third[-3000:]
 
@@ -122,28 +122,28 @@ def test_the_code_version_follows_the_algorithms_imports():
     the runner, the store, the CLI or the reports; the execution options are left out (what they decide that
     changes rounding is in the header's execution path)."""
     from pflbench.algorithm import ALGORITHMS
-    from pflbench.checkpoint import source_files
+    from pflbench.storage.checkpoint import source_files
 
     pfedme, fedavg = source_files(ALGORITHMS.get("pfedme")), source_files(ALGORITHMS.get("fedavg"))
     assert "algorithms/pfedme.py" in pfedme and "algorithms/pfedme.py" not in fedavg
     for names in (pfedme, fedavg):
         assert {
-            "pflbench/rounds.py",
-            "pflbench/groups.py",
-            "pflbench/training.py",
-            "pflbench/federation.py",
-            "pflbench/checkpoint.py",
-            "pflbench/static_step.py",
-            "pflbench/captured.py",
-            "pflbench/models.py",
+            "pflbench/simulator/rounds.py",
+            "pflbench/simulator/groups.py",
+            "pflbench/simulator/training.py",
+            "pflbench/simulator/federation.py",
+            "pflbench/storage/checkpoint.py",
+            "pflbench/simulator/static_step.py",
+            "pflbench/simulator/captured.py",
+            "pflbench/simulator/models.py",
             "pflbench/data/cifar_jpeg.py",
         } <= set(names)
         assert not {
-            "pflbench/runner.py",
-            "pflbench/store.py",
+            "pflbench/run/runner.py",
+            "pflbench/storage/store.py",
             "pflbench/cli/run.py",
-            "pflbench/execution.py",
-            "pflbench/publish.py",
+            "pflbench/simulator/execution.py",
+            "pflbench/studies/publish.py",
         } & set(names)
         assert not any(name.startswith(("pflbench/reports/", "/")) for name in names)
 
@@ -152,13 +152,13 @@ def test_the_captured_step_keeps_a_carried_cell_only_once_verified(monkeypatch):
     """A checkpoint written on CUDA with the static (captured) step resumes eagerly, and the other way round,
     only once the `graphs` verdict is set (CUDA_GRAPHS_VERIFIED: captured bit-identical to eager); any other
     difference of the execution path refuses it either way."""
-    from pflbench.checkpoint import same_path
+    from pflbench.storage.checkpoint import same_path
 
     eager = {"device": "cuda", "batched": True, "compiled": False, "channels_last": False, "client_threads": 1}
     captured = {**eager, "static_step": True}
-    monkeypatch.setattr("pflbench.execution.CUDA_GRAPHS_VERIFIED", False)
+    monkeypatch.setattr("pflbench.simulator.execution.CUDA_GRAPHS_VERIFIED", False)
     assert same_path(captured, captured) and same_path(eager, eager)
     assert not same_path(captured, eager) and not same_path(eager, captured)
-    monkeypatch.setattr("pflbench.execution.CUDA_GRAPHS_VERIFIED", True)
+    monkeypatch.setattr("pflbench.simulator.execution.CUDA_GRAPHS_VERIFIED", True)
     assert same_path(captured, eager) and same_path(eager, captured)
     assert not same_path({**captured, "batched": False}, eager) and not same_path(None, eager)

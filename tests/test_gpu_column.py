@@ -142,7 +142,7 @@ def test_checkpoints_travel_as_byte_planes_and_come_back_byte_for_byte(tmp_path,
     import torch
 
     import planes
-    from pflbench.checkpoint import CheckpointProblem, verify_checkpoint, write_checkpoint
+    from pflbench.storage.checkpoint import CheckpointProblem, verify_checkpoint, write_checkpoint
 
     store = tmp_path / "store"
     (store / "cell").mkdir(parents=True)
@@ -221,7 +221,7 @@ def test_a_finished_row_comes_back_when_a_checkpoint_is_over_its_cap(tmp_path):
 
     import torch
 
-    from pflbench.checkpoint import write_checkpoint
+    from pflbench.storage.checkpoint import write_checkpoint
 
     store = tmp_path / "store"
     (store / "done").mkdir(parents=True)

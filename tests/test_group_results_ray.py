@@ -1,4 +1,4 @@
-"""A cell group on Ray records each cell as it finishes (pflbench/result_relay.py): a fast cell's result is
+"""A cell group on Ray records each cell as it finishes (pflbench/run/result_relay.py): a fast cell's result is
 in the driver's store while a slower cell of its group still runs, and a worker lost after that does not
 make the finished cell run again; the slow one resumes from its checkpoint, and both give what the
 cells give run one by one in this process."""
@@ -12,7 +12,7 @@ import time
 import pandas as pd
 
 from gate_plugins import write_gated_fedavg
-from pflbench.execution import ExecutionOptions
+from pflbench.simulator.execution import ExecutionOptions
 
 SLOW_ROUND = 3  # the slow cell waits at the start of this round (its checkpoint: the round before)
 
@@ -22,9 +22,9 @@ def test_a_finished_cell_is_recorded_while_its_group_runs_and_not_recomputed_aft
 ):
     from checkpoint_helpers import TIMING_COLUMNS
     from pflbench.config import cell_hash
-    from pflbench.runner import RunOptions, run_plan
-    from pflbench.spec import parse_spec
-    from pflbench.store import Store
+    from pflbench.run.runner import RunOptions, run_plan
+    from pflbench.run.spec import parse_spec
+    from pflbench.storage.store import Store
     from rich.console import Console
 
     gate = tmp_path / "gate"

@@ -6,12 +6,12 @@ import math
 import pytest
 import torch
 
-import pflbench.rounds as rounds
+import pflbench.simulator.rounds as rounds
 from pflbench.config import CellConfig
-from pflbench.federation import Federation
-from pflbench.rounds import prepare_cell, run_cell
-from pflbench.models import MODEL_GROUPS, build_model, check_model_spec, client_groups, is_heterogeneous
-from pflbench.spec import SpecError, parse_spec
+from pflbench.simulator.federation import Federation
+from pflbench.simulator.rounds import prepare_cell, run_cell
+from pflbench.simulator.models import MODEL_GROUPS, build_model, check_model_spec, client_groups, is_heterogeneous
+from pflbench.run.spec import SpecError, parse_spec
 from pflbench.payload import Payload
 
 

@@ -59,5 +59,5 @@ def test_no_import_points_down_the_table_but_the_known_crossings():
 
 def test_the_check_sees_a_crossing():
     layer_of = {f"pflbench.{module}": i for i, (_, modules) in enumerate(_layers()) for module in modules}
-    layer_of["pflbench.training"] = len(_layers())  # the engine's training below the command line
-    assert ("federation", "training") in _crossings(layer_of)
+    layer_of["pflbench.storage"] = len(_layers())  # the results store below the command line
+    assert ("run", "storage") in _crossings(layer_of)

@@ -103,17 +103,22 @@ def test_the_cycle_finder_finds_a_cycle():
 
 def test_pflbench_imports_no_module_that_imports_it_back():
     modules = _modules()
-    assert {"pflbench.algorithm", "pflbench.retired", "pflbench.groups", "pflbench.rendezvous"} <= set(modules)
+    assert {
+        "pflbench.algorithm",
+        "pflbench.loader.retired",
+        "pflbench.simulator.groups",
+        "pflbench.simulator.rendezvous",
+    } <= set(modules)
     graph = {name: _imports(name, path, modules) for name, path in modules.items()}
     assert "pflbench.algorithm" in graph["pflbench.fedavg"]  # imports are found, lazy ones included
-    assert "pflbench.algorithm" in graph["pflbench.plugins"]
+    assert "pflbench.algorithm" in graph["pflbench.loader.plugins"]
     assert _cycles(graph) == []
 
 
 # The method API (GUIDE, "Contracts"): what a plugin subclasses, the engine interface it calls, and the types
 # it names (the cell's configuration, the registry, the checkpoint's capture, pflbench.api_types). Its
-# modules import only each other. The custom-step kit (pflbench.steps, pflbench.representation,
-# pflbench.feature_training) is the documented second layer: it builds on the API and the engine, and the
+# modules import only each other. The custom-step kit (pflbench.kit.steps, pflbench.kit.representation,
+# pflbench.kit.feature_training) is the documented second layer: it builds on the API and the engine, and the
 # API never imports it.
 METHOD_API = {
     "pflbench.algorithm",
@@ -131,7 +136,7 @@ METHOD_API = {
     "pflbench.streams",
 }
 # The one name it takes from outside, in annotations only: the engine's model layout (`Engine.model`).
-TYPE_ONLY = [("pflbench.engine", "pflbench.training")]
+TYPE_ONLY = [("pflbench.engine", "pflbench.simulator.training")]
 
 
 def _outside(modules: dict[str, Path], api: set[str], types: bool) -> list[tuple[str, str]]:
@@ -150,7 +155,9 @@ def test_the_method_api_imports_only_itself():
 
 
 def test_the_method_apis_types_are_importable_from_where_they_were():
-    from pflbench import api_types, rounds, training
+    from pflbench import api_types
+    from pflbench.simulator import rounds
+    from pflbench.simulator import training
 
     for name in ("State", "SGD", "Objective", "Diverged", "cross_entropy", "weighted_mean"):
         assert getattr(training, name) is getattr(api_types, name)

@@ -13,9 +13,9 @@ import pytest
 
 import pflbench.partitions  # noqa: F401  (registers the schemes)
 from pflbench.config import cell_hash
-from pflbench.interop import read_partition, write_partition
-from pflbench.partitioning import SPLITS, ClientSplits, PartitionError, make_partitioner, make_splits
-from pflbench.spec import load_spec
+from pflbench.data.interop import read_partition, write_partition
+from pflbench.data.partitioning import SPLITS, ClientSplits, PartitionError, make_partitioner, make_splits
+from pflbench.run.spec import load_spec
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 FLBENCH_DIR = SHARED / "crosscheck" / "flbench-fmnist-10c-4cls"

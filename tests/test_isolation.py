@@ -19,10 +19,10 @@ from pflbench.algorithm import ALGORITHMS, get_algorithm
 from pflbench.config import CellConfig, cell_hash
 from pflbench.data.dataset import Dataset
 from pflbench.data.normalization import normalized_for_cell
-from pflbench.federation import Federation
-from pflbench.metrics import trained_rows
+from pflbench.simulator.federation import Federation
+from pflbench.simulator.metrics import trained_rows
 from pflbench.newcomers import newcomer_ids
-from pflbench.rounds import prepare_cell, run_cell, run_rounds
+from pflbench.simulator.rounds import prepare_cell, run_cell, run_rounds
 from pflbench.serving import Serving
 
 get_algorithm("fedavg")  # registers the built-in algorithms
@@ -231,7 +231,7 @@ def test_train_statistics_come_from_the_trained_clients_train_splits_only(tmp_pa
 
 
 def test_normalization_is_in_the_cell_id_and_old_stores_read_as_pool(tmp_path):
-    from pflbench.store import Store, check_folder
+    from pflbench.storage.store import Store, check_folder
 
     new, old = _images_cell(), _images_cell(normalization="pool")
     assert '"normalization":"train"' in new.canonical_json() and "normalization" not in old.canonical_json()
@@ -301,7 +301,7 @@ def test_fedfomo_newcomer_weights_are_fitted_on_train_never_on_validation(tmp_pa
 def test_pfedhn_newcomer_fit_names_the_newcomer_whose_loss_is_not_finite(tmp_path):
     """A newcomer whose training inputs are NaN: the fit of the newcomers' embeddings raises Diverged
     naming that newcomer (its losses are checked once, after the fit's steps), and only that one."""
-    from pflbench.training import Diverged
+    from pflbench.simulator.training import Diverged
 
     cell = _images_cell(algorithm="pfedhn")
     fed = Federation(cell, *prepare_cell(cell, tmp_path))

@@ -11,7 +11,7 @@ from cells import small_cell
 import pytest
 
 from pflbench.algorithms.knnper import KNNPer, knn_probabilities
-from pflbench.rounds import run_cell
+from pflbench.simulator.rounds import run_cell
 
 FIXTURE = torch.load(Path(__file__).parent / "fixtures" / "official" / "knnper" / "knnper.pt")
 

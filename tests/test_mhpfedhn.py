@@ -8,8 +8,8 @@ import torch
 
 from pflbench.algorithms.mhpfedhn import MHpFedHN, MHpFedHNGD, MultiHeadHypernetwork, distillation, hypernetwork_step
 from pflbench.config import CellConfig
-from pflbench.federation import Federation
-from pflbench.rounds import prepare_cell, run_cell
+from pflbench.simulator.federation import Federation
+from pflbench.simulator.rounds import prepare_cell, run_cell
 
 
 def _cell(**overrides):

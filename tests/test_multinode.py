@@ -6,11 +6,11 @@ else is reachable from either namespace, so all traffic stays between them. The 
 ("pfl-head", 2 CPUs) runs the driver, `pflbench run SPEC --ray-address 10.213.45.1:PORT`, with the
 store and the data root. The worker node ("pfl-worker", 2 CPUs) sees neither: a private tmpfs is
 mounted over both paths in its mount namespace, so there is no shared results folder and its data root
-is empty (it makes the partition itself, verified against the driver's: pflbench/node_data.py).
+is empty (it makes the partition itself, verified against the driver's: pflbench/run/node_data.py).
 
 The matrix: four cells (FedAvg with a gate, seeds 0-3, 5 rounds, a checkpoint every round). A cell on
 the worker node stops at the start of round GATE_ROUND (its checkpoint of round GATE_ROUND - 1 written
-through the driver's keeper, pflbench/checkpoint_relay.py) and says so; once every other cell has
+through the driver's keeper, pflbench/run/checkpoint_relay.py) and says so; once every other cell has
 finished on the head, the test checks those checkpoints in the driver's store and kills -9 every
 process of the worker node (its raylet and workers). Ray declares the node dead, the runner retries
 its cells on the head, and they resume at round GATE_ROUND - 1 from the driver's copy. Then: every cell
@@ -52,7 +52,7 @@ import yaml
 
 from budgets import scaled
 from checkpoint_helpers import TIMING_COLUMNS
-from pflbench.metrics import RUN_RECORD_KEYS
+from pflbench.simulator.metrics import RUN_RECORD_KEYS
 
 ROUNDS = 5
 GATE_ROUND = 3
@@ -373,10 +373,10 @@ def test_a_node_lost_mid_matrix_loses_nothing(tmp_path, monkeypatch, fresh_plugi
     why = namespaces_unavailable()
     if why:
         pytest.skip(why)
-    from pflbench.checkpoint import read_checkpoint
+    from pflbench.storage.checkpoint import read_checkpoint
     from pflbench.cli import main
-    from pflbench.spec import load_spec
-    from pflbench.store import Store
+    from pflbench.run.spec import load_spec
+    from pflbench.storage.store import Store
 
     plugin, gate = gated_plugin(tmp_path, "self.engine.cell.seed")
     store = tmp_path / "store"
@@ -505,10 +505,10 @@ def test_a_sweep_whose_worker_node_is_lost_resumes_its_trials_from_the_drivers_k
         pytest.skip(why)
     from ray import tune
 
-    from pflbench.checkpoint import read_checkpoint
-    from pflbench.execution import ExecutionOptions
-    from pflbench.plugins import sources_for
-    from pflbench.sweep import base_cell, run_trial
+    from pflbench.storage.checkpoint import read_checkpoint
+    from pflbench.simulator.execution import ExecutionOptions
+    from pflbench.loader.plugins import sources_for
+    from pflbench.tuning.sweep import base_cell, run_trial
 
     plugin, gate = gated_plugin(tmp_path, "repr(self.engine.cell.lr)")
     store = tmp_path / "store"

@@ -9,13 +9,13 @@ import torch
 
 from pflbench.algorithm import ALGORITHMS, get_algorithm
 from pflbench.config import CellConfig, cell_hash
-from pflbench.federation import Federation
-from pflbench.metrics import METRIC_COLUMNS, protocol_summary
-from pflbench.rounds import prepare_cell, run_cell, run_rounds
+from pflbench.simulator.federation import Federation
+from pflbench.simulator.metrics import METRIC_COLUMNS, protocol_summary
+from pflbench.simulator.rounds import prepare_cell, run_cell, run_rounds
 from pflbench.serving import Serving
-from pflbench.metrics import trained_rows
+from pflbench.simulator.metrics import trained_rows
 from pflbench.newcomers import newcomer_ids
-from pflbench.spec import SpecError, parse_spec
+from pflbench.run.spec import SpecError, parse_spec
 
 get_algorithm("fedavg")  # registers the built-in algorithms
 SERVED = sorted(name for name, cls in ALGORITHMS.items() if not cls.capabilities.newcomers)
@@ -208,7 +208,7 @@ def test_reports_show_newcomers_in_their_own_column_and_keep_curves_to_trained_c
     from pflbench.reports.cells import load_cells, read_metrics
     from pflbench.reports.tables import communication_tables
     from pflbench.reports.text import markdown_comm_table
-    from pflbench.store import Store
+    from pflbench.storage.store import Store
 
     store = Store(tmp_path / "results")
     with_newcomers, without = _cell(rounds=2), _cell(rounds=2, algorithm="local", unseen_fraction=0.0)

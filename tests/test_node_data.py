@@ -1,4 +1,4 @@
-"""The data on every node (pflbench/node_data.py): a worker on another node than the driver's runs a
+"""The data on every node (pflbench/run/node_data.py): a worker on another node than the driver's runs a
 cell only on the driver's dataset and partition; otherwise one message names the node and the path,
 and no download is tried."""
 
@@ -10,8 +10,8 @@ from dataclasses import replace
 import pytest
 
 from cells import small_cell
-from pflbench.node_data import NodeDataError, check_node_data, fingerprint
-from pflbench.rounds import prepare_cell
+from pflbench.run.node_data import NodeDataError, check_node_data, fingerprint
+from pflbench.simulator.rounds import prepare_cell
 
 NODE = "node-b (10.213.45.2)"
 

@@ -12,7 +12,7 @@ from cells import federation, small_cell
 from official_engine import OfficialEngine, round_of
 from pflbench.algorithms.feddbe import FedDBE
 from pflbench.payload import Payload
-from pflbench.rounds import run_round
+from pflbench.simulator.rounds import run_round
 
 FIXTURE = torch.load(Path(__file__).parent / "fixtures/official/feddbe/official.pt")
 TOL = dict(rtol=1e-5, atol=1e-6)

@@ -13,8 +13,8 @@ from cells import federation, small_cell
 from official_engine import OfficialEngine, round_of
 from pflbench.algorithms.gpfl import GPFL
 from pflbench.algorithms.gpfl import class_shares, valve
-from pflbench.feature_training import forward_with_features
-from pflbench.rounds import run_round
+from pflbench.kit.feature_training import forward_with_features
+from pflbench.simulator.rounds import run_round
 from pflbench.serving import Serving
 
 FIXTURE = torch.load(Path(__file__).parent / "fixtures/official/gpfl/official.pt")

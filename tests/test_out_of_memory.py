@@ -1,7 +1,7 @@
-"""Out of memory (pflbench/runner.py): a cell that runs out of memory is recorded as failed with the reason
+"""Out of memory (pflbench/run/runner.py): a cell that runs out of memory is recorded as failed with the reason
 "out of memory (peak N MB)" while the others go on; a Ray worker that Ray's memory monitor killed is
 named the same way in the retry note and the failed result (from constructed Ray errors), and so is a
-real Ray worker that the kernel's OOM killer ends under a memory cgroup's limit (pflbench/oom_kills.py;
+real Ray worker that the kernel's OOM killer ends under a memory cgroup's limit (pflbench/run/oom_kills.py;
 that test needs root and a memory cgroup, and says why it skips otherwise)."""
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from rich.console import Console
 
 from pflbench.algorithm import ALGORITHMS
 from pflbench.config import cell_hash
-from pflbench.runner import RunOptions, is_out_of_memory, out_of_memory, run_plan, worker_lost
-from pflbench.spec import parse_spec
-from pflbench.store import Store
+from pflbench.run.runner import RunOptions, is_out_of_memory, out_of_memory, run_plan, worker_lost
+from pflbench.run.spec import parse_spec
+from pflbench.storage.store import Store
 
 FedAvg = ALGORITHMS.get("fedavg")
 
@@ -86,7 +86,7 @@ def test_a_ray_worker_killed_for_memory_is_named_out_of_memory_with_the_last_pea
 
 
 def test_the_kernels_count_of_oom_kills_is_read_from_cgroup_v1_v2_and_vmstat_files(tmp_path):
-    from pflbench.oom_kills import count_file, read_count
+    from pflbench.run.oom_kills import count_file, read_count
 
     files = {
         "memory.oom_control": "oom_kill_disable 0\nunder_oom 0\noom_kill 3\n",  # cgroup v1
@@ -116,7 +116,7 @@ import ray
 
 from pflbench.algorithm import ALGORITHMS
 from pflbench.algorithms.fedavg import FedAvg
-from pflbench.preemption import current
+from pflbench.run.preemption import current
 
 PARENT = Path({parent!r})
 
@@ -146,7 +146,7 @@ def memory_cgroup() -> tuple[Path, str, str]:
     hierarchy, or v2 with the memory controller given to its children) and the names of a child's limit
     and usage files; skips the test, saying why, where there is none (not root, no writable cgroup, a
     container)."""
-    from pflbench.oom_kills import CGROUP_ROOT
+    from pflbench.run.oom_kills import CGROUP_ROOT
 
     lines = Path("/proc/self/cgroup").read_text().splitlines()
     for line in lines:

@@ -110,7 +110,7 @@ def test_the_wheel_holds_the_package_and_its_data_inside_the_pflbench_namespace(
         "pflbench/benchmarks/sweeps/default.yaml",
         "pflbench/benchmarks/reference/pfedla_table1.csv",
         "pflbench/reports/templates/index.html",
-        "pflbench/scaffold_templates/algorithm.py.tmpl",
+        "pflbench/cli/templates/algorithm.py.tmpl",
         "pflbench/algorithms/README.md",
         "pflbench/benchmarks/tuned/README.md",
     ):

@@ -1,4 +1,4 @@
-"""Partition schemes and the per-client train/val/test splits (pflbench.partitioning, pflbench/partitions/)."""
+"""Partition schemes and the per-client train/val/test splits (pflbench.data.partitioning, pflbench/partitions/)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import pflbench.partitions  # noqa: F401  (registers the schemes)
-from pflbench.partitioning import (
+from pflbench.data.partitioning import (
     PARTITIONS,
     ClientSplits,
     PartitionError,

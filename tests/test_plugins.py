@@ -1,4 +1,4 @@
-"""Plugins (pflbench/plugins.py): a user's algorithm, dataset, partition scheme and model from files
+"""Plugins (pflbench/loader/plugins.py): a user's algorithm, dataset, partition scheme and model from files
 outside the repository run like built-ins, in-process and on Ray, show in the reports under their
 declared names, and carry their source hash in the cell id; built-in cells keep their ids; a wrong
 plugin is one clear error before any work."""
@@ -16,13 +16,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pflbench import plugins
-from pflbench.metrics import RUN_RECORD_KEYS
+from pflbench.loader import plugins
+from pflbench.simulator.metrics import RUN_RECORD_KEYS
 from pflbench.algorithm import ALGORITHMS
 from pflbench.cli import main
 from pflbench.config import cell_hash
-from pflbench.spec import SpecError, load_spec, parse_spec
-from pflbench.store import Store
+from pflbench.run.spec import SpecError, load_spec, parse_spec
+from pflbench.storage.store import Store
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -52,8 +52,8 @@ from torch import nn
 from pflbench.data.dataset import Dataset
 from pflbench.data.options import Option
 from pflbench.data.sources import DATASETS, GeneratedSource
-from pflbench.models import MODELS
-from pflbench.partitioning import PARTITIONS, Partitioner, SchemeParams
+from pflbench.simulator.models import MODELS
+from pflbench.data.partitioning import PARTITIONS, Partitioner, SchemeParams
 
 
 @DATASETS.register("blobs", display_name="Blobs")
@@ -299,7 +299,7 @@ def test_a_worker_without_the_file_loads_the_shipped_source(my_avg, tmp_path):
     my_avg.unlink()
     script = textwrap.dedent(f"""
         import pickle
-        from pflbench.plugins import activate
+        from pflbench.loader.plugins import activate
         from pflbench.algorithm import ALGORITHMS
         activate([pickle.load(open({str(shipped)!r}, "rb"))])
         print(ALGORITHMS.get("my-avg").card.display_name, ALGORITHMS.origin("my-avg"))
@@ -349,7 +349,7 @@ def test_an_installed_packages_entry_point_is_a_plugin(tmp_path, monkeypatch):
     info = site / "mypkg-0.1.dist-info"
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: mypkg\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text("[pflbench.plugins]\nmine = mypkg\n")
+    (info / "entry_points.txt").write_text("[pflbench.loader.plugins]\nmine = mypkg\n")
     monkeypatch.syspath_prepend(str(site))
     try:
         [source] = plugins.load_entry_points()
@@ -443,7 +443,7 @@ def test_a_plugin_with_a_syntax_error_is_one_error_naming_its_file_and_line(tmp_
 
 @pytest.mark.slow
 def test_a_plugin_algorithm_is_tuned_by_pflbench_sweep_in_ray_tune_workers(tmp_path):
-    from pflbench.scaffold import write_scaffold
+    from pflbench.cli.scaffold import write_scaffold
 
     plugin, _ = write_scaffold("algorithm", "my-prox", tmp_path / "outside", base="fedprox")
     base = write_spec(

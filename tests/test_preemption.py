@@ -1,4 +1,4 @@
-"""Preemption (pflbench/preemption.py): SIGTERM or Ctrl-C while a `pflbench run --no-ray` cell runs.
+"""Preemption (pflbench/run/preemption.py): SIGTERM or Ctrl-C while a `pflbench run --no-ray` cell runs.
 
 The signal is sent by the run itself at a known point (a child script wraps the engine: the end of round
 K, or inside round K), with `signal.raise_signal`, whose Python handler runs before the call returns:
@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from checkpoint_helpers import assert_same_result
-from pflbench.checkpoint import CHECKPOINT, read_header
-from pflbench.preemption import PREEMPTED_EXIT, Preempted, Preemption
+from pflbench.storage.checkpoint import CHECKPOINT, read_header
+from pflbench.run.preemption import PREEMPTED_EXIT, Preempted, Preemption
 
 ROUNDS = 12
 SPEC = f"""
@@ -38,8 +38,8 @@ resources: {{cpus: 1}}
 # sends them.
 SIGNALLING = textwrap.dedent("""
     import os, signal, sys, time
-    import pflbench.checkpoint as checkpoint
-    import pflbench.rounds as rounds
+    import pflbench.storage.checkpoint as checkpoint
+    import pflbench.simulator.rounds as rounds
 
     plan = [item.split("@") for item in os.environ["SIGNALS"].split(",")]
     end_of_round = checkpoint.Checkpointer.after_round

@@ -1,5 +1,5 @@
 """SIGTERM to every process of a Ray job at once, as SLURM's `scancel` and Kubernetes' pod termination send it
-(pflbench/runner.py's `RayRun.loop`): the driver, Ray's own processes and the workers running the cells all get
+(pflbench/run/runner.py's `RayRun.loop`): the driver, Ray's own processes and the workers running the cells all get
 the signal. The run ends with one "preempted" line and PREEMPTED_EXIT, without a Ray traceback, and every round
 checkpoint written before the signal is still there for the next run.
 
@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from pflbench.checkpoint import CHECKPOINT, read_header
-from pflbench.preemption import PREEMPTED_EXIT
+from pflbench.storage.checkpoint import CHECKPOINT, read_header
+from pflbench.run.preemption import PREEMPTED_EXIT
 
 pytest.importorskip("ray")
 

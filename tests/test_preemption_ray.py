@@ -1,11 +1,11 @@
-"""Preemption on Ray (pflbench/runner.py, pflbench/preemption.py): SIGTERM to the driver reaches the running
+"""Preemption on Ray (pflbench/run/runner.py, pflbench/run/preemption.py): SIGTERM to the driver reaches the running
 cell on its worker, which writes the checkpoint of the round in progress (through the driver's keeper)
 and stops; the run starts no other cell and exits with PREEMPTED_EXIT; the next run resumes there and
 gives the in-process result.
 
 Deterministic, whatever the machine's load: the cell's algorithm is FedAvg with a trigger (a plugin
 written here). At the start of round SIGNAL_ROUND it sends SIGTERM to the driver (this test's process)
-and waits, bounded, until the stop reaches its worker (`pflbench.preemption.current()`): the end of that
+and waits, bounded, until the stop reaches its worker (`pflbench.run.preemption.current()`): the end of that
 round is where the cell must stop."""
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ import re
 from rich.console import Console
 
 from checkpoint_helpers import assert_same_result
-from pflbench import plugins
-from pflbench.checkpoint import CHECKPOINT, read_header
+from pflbench.loader import plugins
+from pflbench.storage.checkpoint import CHECKPOINT, read_header
 from pflbench.config import cell_hash
-from pflbench.preemption import PREEMPTED_EXIT
-from pflbench.runner import RunOptions, run_plan
-from pflbench.spec import parse_spec
+from pflbench.run.preemption import PREEMPTED_EXIT
+from pflbench.run.runner import RunOptions, run_plan
+from pflbench.run.spec import parse_spec
 
 ROUNDS = 8
 SIGNAL_ROUND = 3
@@ -38,7 +38,7 @@ from pathlib import Path
 
 from pflbench.algorithm import ALGORITHMS
 from pflbench.algorithms.fedavg import FedAvg
-from pflbench.preemption import current
+from pflbench.run.preemption import current
 
 GATE = Path({gate!r})
 

@@ -1,4 +1,4 @@
-"""SIGTERM or Ctrl-C at any moment of a command's start-up (pflbench/preemption.py's `startup_signals`,
+"""SIGTERM or Ctrl-C at any moment of a command's start-up (pflbench/run/preemption.py's `startup_signals`,
 pflbench/cli's `main`): before the run's own handlers are in place (imports, the spec, the partitions) the
 command says in one line that nothing was started and exits with PREEMPTED_EXIT; while Ray starts, Ray's own
 SIGTERM handler (which exits) is kept out, and the run stops before its first cell, preempted. Never a
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from pflbench.preemption import PREEMPTED_EXIT
+from pflbench.run.preemption import PREEMPTED_EXIT
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="reads /proc for the handlers in place")
 

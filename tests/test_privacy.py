@@ -1,4 +1,4 @@
-"""The privacy knob's guarantees (pflbench/privacy.py): BatchNorm statistics stay on the clients under
+"""The privacy knob's guarantees (pflbench/simulator/privacy.py): BatchNorm statistics stay on the clients under
 DP, the neighbouring relation, the noise's size, and central DP (DP-FedAvg) with its accounting."""
 
 import numpy as np
@@ -8,9 +8,9 @@ import torch
 from cells import federation as make_federation, small_cell
 from pflbench.algorithm import get_algorithm
 from pflbench.config import cell_hash
-from pflbench.rounds import run_cell
-from pflbench.privacy import ALPHAS, CentralPrivacyPlan, PrivacyParams, PrivacyPlan
-from pflbench.spec import SpecError, parse_spec
+from pflbench.simulator.rounds import run_cell
+from pflbench.simulator.privacy import ALPHAS, CentralPrivacyPlan, PrivacyParams, PrivacyPlan
+from pflbench.run.spec import SpecError, parse_spec
 from pflbench.payload import Payload
 
 get_algorithm("fedavg")  # registers the built-in algorithms
@@ -236,7 +236,7 @@ def test_algorithms_whose_server_needs_each_update_refuse_central_dp(name):
 
 # ---- the numbers the documents quote, and the report's caption ----------------------------------------
 def test_the_noise_multiplier_for_epsilon_8_over_20_uploads_and_its_replace_equivalent():
-    from pflbench.privacy import epsilon_spent, noise_multiplier
+    from pflbench.simulator.privacy import epsilon_spent, noise_multiplier
 
     z = noise_multiplier(8.0, 1e-5, 20)
     assert z == pytest.approx(2.85, abs=0.01)  # heterogeneity.yaml's comment (it said "about 2")
@@ -256,9 +256,9 @@ def test_privacy_is_a_wrapper_and_the_round_driver_has_no_privacy_branch(tmp_pat
     """The rounds drive `DifferentiallyPrivate(algorithm)` under the knob; run_round never names privacy."""
     import inspect
 
-    from pflbench import rounds
+    from pflbench.simulator import rounds
     from pflbench.algorithm import get_algorithm
-    from pflbench.privacy import DifferentiallyPrivate, with_privacy
+    from pflbench.simulator.privacy import DifferentiallyPrivate, with_privacy
 
     assert "privacy" not in inspect.getsource(rounds.run_round)
     on = make_federation(small_cell(privacy={"epsilon": 8.0}), tmp_path)

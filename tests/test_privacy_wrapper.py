@@ -1,7 +1,7 @@
-"""The privacy knob's wrapper is itself an algorithm (pflbench/privacy.py: `DifferentiallyPrivate`): every
+"""The privacy knob's wrapper is itself an algorithm (pflbench/simulator/privacy.py: `DifferentiallyPrivate`): every
 hook of `Algorithm` delegated to the wrapped method by name, uploads privatized where they leave the
-clients, the wrapping done once where the cell's method is built (pflbench/cell_method.py), and the
-round driver (pflbench/rounds.py) free of privacy code. Its runs are the runs of the code before it."""
+clients, the wrapping done once where the cell's method is built (pflbench/simulator/cell_method.py), and the
+round driver (pflbench/simulator/rounds.py) free of privacy code. Its runs are the runs of the code before it."""
 
 from __future__ import annotations
 
@@ -14,12 +14,12 @@ import torch
 from torch import nn
 
 from cells import federation as make_federation, small_cell
-from pflbench import rounds
+from pflbench.simulator import rounds
 from pflbench.algorithm import Algorithm, get_algorithm
-from pflbench.cell_method import cell_method
-from pflbench.groups import draws_global_generator
-from pflbench.privacy import DifferentiallyPrivate, with_privacy
-from pflbench.rounds import run_cell
+from pflbench.simulator.cell_method import cell_method
+from pflbench.simulator.groups import draws_global_generator
+from pflbench.simulator.privacy import DifferentiallyPrivate, with_privacy
+from pflbench.simulator.rounds import run_cell
 
 get_algorithm("fedavg")  # registers the built-in algorithms
 PRIVATE = dict(privacy={"epsilon": 8.0, "clip": 0.05})
@@ -169,7 +169,7 @@ def test_the_round_driver_refuses_a_hand_built_method_of_a_cell_with_privacy(tmp
     driver refuses it before the method is set up or any round runs, naming what to call instead; the
     same method built as the cell runs it (`cell_method`) runs, and so does the hand-built one where the
     knob is off or the method privatizes its uploads itself."""
-    from pflbench.cell_method import NotTheCellsMethod, check_cell_method
+    from pflbench.simulator.cell_method import NotTheCellsMethod, check_cell_method
 
     fedavg = get_algorithm("fedavg")
     fed = make_federation(small_cell(rounds=1, **PRIVATE), tmp_path)
@@ -199,7 +199,7 @@ def test_the_round_driver_refuses_a_hand_built_method_of_a_cell_with_privacy(tmp
 
 def test_the_round_driver_imports_nothing_of_privacy():
     """rounds.py names no privacy (not even in a docstring); its imports, at any depth of its code, do
-    not include pflbench.privacy; the method it drives comes built (cell_method), which does."""
+    not include pflbench.simulator.privacy; the method it drives comes built (cell_method), which does."""
     source = Path(rounds.__file__).read_text()
     assert "privacy" not in source.lower()
     imported = set()
@@ -209,13 +209,13 @@ def test_the_round_driver_imports_nothing_of_privacy():
         elif isinstance(node, ast.ImportFrom):
             imported.add(node.module or "")
             imported |= {f"{node.module}.{alias.name}" for alias in node.names}
-    assert "pflbench.cell_method" in imported and not any("privacy" in name for name in imported)
+    assert "pflbench.simulator.cell_method" in imported and not any("privacy" in name for name in imported)
     assert inspect.getsource(rounds.build_cell).count("cell_method(") == 1
 
 
 def test_cell_groups_see_the_modules_of_a_wrapped_method(tmp_path):
     """A cell whose method holds a module that draws from torch's global generator runs alone, not in a
-    group (pflbench.groups), wrapped or not."""
+    group (pflbench.simulator.groups), wrapped or not."""
 
     class WithDropout(get_algorithm("fedavg")):
         def setup(self):

@@ -14,11 +14,11 @@ from rich.console import Console
 
 from pflbench.algorithm import get_algorithm
 from pflbench.cli import main
-from pflbench.publish import MANIFEST, PublishError, publish, read_manifest, study_state
+from pflbench.studies.publish import MANIFEST, PublishError, publish, read_manifest, study_state
 from pflbench.reports import ReportOptions
-from pflbench.runner import RunOptions, run_plan
-from pflbench.store import METRICS, SUMMARY, check_folder, file_record, read_json_dict, write_json
-from pflbench.verify import check_cell, compare, rerun, sample_cells
+from pflbench.run.runner import RunOptions, run_plan
+from pflbench.storage.store import METRICS, SUMMARY, check_folder, file_record, read_json_dict, write_json
+from pflbench.studies.verify import check_cell, compare, rerun, sample_cells
 
 SPEC = """
 name: tiny
@@ -38,7 +38,7 @@ resources: {cpus: 1, gpus: 0}
 @pytest.fixture(scope="module")
 def made(tmp_path_factory):
     """A two-cell spec run into a store, published as a study; returns (tmp, spec path, study folder)."""
-    from pflbench.spec import load_spec
+    from pflbench.run.spec import load_spec
 
     tmp = tmp_path_factory.mktemp("publish")
     spec = tmp / "tiny.yaml"
@@ -76,7 +76,7 @@ def test_publish_writes_a_slim_study_with_its_manifest_and_the_cells_peak_memory
     for folder in cell_folders(study):
         assert check_folder(folder) == []  # the copy is an intact store
         summary = read_json_dict(folder / SUMMARY)
-        # peak memory beside wall time (pflbench/cost.py): at least the RSS the cell started from
+        # peak memory beside wall time (pflbench/run/cost.py): at least the RSS the cell started from
         assert summary["peak_host_bytes"] >= summary["host_start_bytes"] > 0
         assert summary["peak_host_method"] in ("vmhwm", "sampled", "process")
         assert manifest["commit"] == summary["code_commit"]  # the commit the cell ran with
@@ -91,7 +91,7 @@ def test_the_slimmed_artifacts_keep_what_reports_and_the_readme_read(tmp_path):
     """pFedLA's alpha and FedFomo's affinity and weights stay (every round); other arrays go."""
     import numpy as np
 
-    from pflbench.publish import _slim_artifacts
+    from pflbench.studies.publish import _slim_artifacts
 
     source = tmp_path / "arrays.npz"
     arrays = {
@@ -222,7 +222,7 @@ def test_a_study_published_before_all_its_cells_ran_is_incomplete(study, tmp_pat
 
 
 def test_sampling_is_seeded_and_respects_max_seconds(study):
-    from pflbench.verify import sample_cells
+    from pflbench.studies.verify import sample_cells
 
     assert sample_cells(study, 1, seed=3) == sample_cells(study, 1, seed=3)
     assert {p.name for s in range(20) for p in sample_cells(study, 1, seed=s)} == {p.name for p in cell_folders(study)}
@@ -232,8 +232,8 @@ def test_sampling_is_seeded_and_respects_max_seconds(study):
 
 
 def test_publish_refuses_bad_requests_before_writing(made, tmp_path):
-    import pflbench.publish as publish_module
-    from pflbench.publish import PublishError
+    import pflbench.studies.publish as publish_module
+    from pflbench.studies.publish import PublishError
 
     tmp, spec, _ = made
     with pytest.raises(PublishError, match="plain folder name"):
@@ -303,7 +303,7 @@ def test_leaderboard_shows_a_studys_variants_beside_it(made, tmp_path, monkeypat
     """results/published/leaderboard.yaml puts one study's rows beside another's on its page (each cell
     page keeping its own study's reproduce commands); a name that is no study is one clear error."""
     from pflbench.cli import main
-    from pflbench.publish import LEADERBOARD, beside_studies
+    from pflbench.studies.publish import LEADERBOARD, beside_studies
     from pflbench.reports.studies import build_leaderboard
 
     tmp, spec, _ = made
@@ -334,7 +334,7 @@ def test_leaderboard_shows_a_studys_variants_beside_it(made, tmp_path, monkeypat
 def test_peak_memory_counts_what_the_cell_held_at_its_peak_not_before():
     import numpy as np
 
-    from pflbench.cost import measured
+    from pflbench.run.cost import measured
 
     class Result:  # what `measured` needs of a CellResult
         summary: dict
@@ -360,7 +360,7 @@ def test_peak_memory_counts_what_the_cell_held_at_its_peak_not_before():
 def test_a_peak_reading_that_lags_the_start_reading_still_reports_at_least_the_start(monkeypatch):
     """The kernel's RSS counters are cached per thread: a VmHWM read after the reset once came out a page
     under the VmRSS read at the start (CI, 2026-11-25). The span includes its start, so the peak cannot be less."""
-    from pflbench import cost
+    from pflbench.run import cost
 
     host = cost.HostPeak()
     host.stop()  # ends the sampler thread where this machine uses one
@@ -397,8 +397,8 @@ def test_every_cell_is_narrowed_by_its_variant_name_and_client_entry(tmp_path):
     with a participation its `clients={...}` form, that expand the spec to exactly that cell (issue 31:
     every published cell one command from re-running; both had only the rerun command)."""
     from pflbench.config import cell_hash
-    from pflbench.publish import narrowing_sets
-    from pflbench.spec import load_spec, parse_sets
+    from pflbench.studies.publish import narrowing_sets
+    from pflbench.run.spec import load_spec, parse_sets
 
     spec = tmp_path / "v.yaml"
     spec.write_text(
@@ -417,7 +417,7 @@ def test_every_cell_is_narrowed_by_its_variant_name_and_client_entry(tmp_path):
 def test_verify_rounds_reruns_the_first_rounds_only_and_compares_those(study, tmp_path, monkeypatch, capsys):
     """`verify --rounds R` (a paper-scale cell in minutes): the rerun stops after R rounds, everything it
     ran is compared exactly, later stored rounds are not; no checkpoint of the cell is read or written."""
-    from pflbench.verify import rounds_to_run
+    from pflbench.studies.verify import rounds_to_run
 
     assert rounds_to_run({"rounds": 600, "eval_every": 10}, 1) == 10  # up to the next evaluation round
     assert rounds_to_run({"rounds": 600, "eval_every": 10}, 25) == 30

@@ -29,9 +29,9 @@ import pytest
 import yaml
 
 from budgets import scaled
-from pflbench.metrics import RUN_RECORD_KEYS
-from pflbench.spec import load_spec
-from pflbench.store import Store
+from pflbench.simulator.metrics import RUN_RECORD_KEYS
+from pflbench.run.spec import load_spec
+from pflbench.storage.store import Store
 
 # Timings and where they were measured differ between the runs; everything else must not.
 VOLATILE = RUN_RECORD_KEYS | {"train_time_total", "server_time_total", "eval_time_total"}  # timings, memory

@@ -13,8 +13,8 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from pflbench.ray_cluster import ray_capacity, task_resources  # noqa: E402
-from pflbench.spec_schema import Resources  # noqa: E402
+from pflbench.run.ray_cluster import ray_capacity, task_resources  # noqa: E402
+from pflbench.run.spec_schema import Resources  # noqa: E402
 
 # Ray workers cannot import this test module by name: its functions travel by value.
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -61,7 +61,7 @@ class Gate:
 def cell_probe(gate) -> dict:
     """What a cell's task sees: its GPU ids, CUDA_VISIBLE_DEVICES, and the device the runner gives a
     cell with GPUs ("cuda", i.e. the first visible GPU: the one Ray assigned)."""
-    from pflbench.execution import ExecutionOptions
+    from pflbench.simulator.execution import ExecutionOptions
 
     ray.get(gate.enter.remote())
     deadline = time.monotonic() + 60

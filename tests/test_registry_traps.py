@@ -23,11 +23,11 @@ import torch
 from pflbench.algorithm import ALGORITHMS, ClientRound, get_algorithm
 from pflbench.config import CellConfig
 from pflbench.data.dataset import Dataset
-from pflbench.execution import ExecutionOptions
+from pflbench.simulator.execution import ExecutionOptions
 from pflbench.fedavg import FedAvg
-from pflbench.federation import Federation
-from pflbench.rounds import build_cell, cell_global_rng, prepare_cell, run_rounds, with_server
-from pflbench.training import State
+from pflbench.simulator.federation import Federation
+from pflbench.simulator.rounds import build_cell, cell_global_rng, prepare_cell, run_rounds, with_server
+from pflbench.simulator.training import State
 
 get_algorithm("fedavg")  # registers the built-in algorithms
 REGISTRY = sorted(ALGORITHMS.names())
@@ -145,7 +145,7 @@ def test_the_batchnorm_trap_catches_a_fedavg_that_averages_only_parameters():
 def _meta_step_problems(variant: str) -> list[str]:
     """What is wrong with the batches of Per-FedAvg's meta steps in one round (`variant`): every batch
     (D, D', D'' of the HF variant) must lie in the client's train split, D' must not be D."""
-    from pflbench import steps
+    from pflbench.kit import steps
 
     seen: list[torch.Tensor] = []
     original = steps.batch_losses

@@ -185,7 +185,7 @@ PAPER = dict(
 
 
 def test_a_reproduction_study_page_opens_on_the_papers_protocol_with_its_title_seeds_fold_best_and_dots(tmp_path):
-    from pflbench.publish import LEADERBOARD
+    from pflbench.studies.publish import LEADERBOARD
     from pflbench.reports.build import ReportOptions
     from pflbench.reports.studies import build_leaderboard, study_groups
 

@@ -520,9 +520,9 @@ def test_pfedla_references_declare_the_papers_split_batch_and_model():
 def test_full_scale_cells_match_every_setting_their_reference_declares(table):
     """The full-scale spec is the paper's protocol: every cell would get a Δ (issue 32's column depends on it);
     the quick scale never does."""
-    from pflbench.models import default_model
+    from pflbench.simulator.models import default_model
     from pflbench.reports.reference import compare, find_paper_value
-    from pflbench.spec import load_spec
+    from pflbench.run.spec import load_spec
 
     spec = Path(__file__).resolve().parents[1] / "benchmarks" / f"{table}.yaml"
     refs = [r for r in load_references(default_reference_dir()) if r.name == f"pfedla_{table}"]

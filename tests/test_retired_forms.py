@@ -1,5 +1,5 @@
 """The method API's forms before the round context, the card and the engine interface are retired
-(pflbench/retired.py, behind the plugin loader; CHANGELOG.md): a class that uses one is refused when it
+(pflbench/loader/retired.py, behind the plugin loader; CHANGELOG.md): a class that uses one is refused when it
 registers with one line naming its file and the new form, found from its signatures and attributes only
 (a current-form class that passes `salt=` to hashlib is registered as it is); a retired name it only reads
 fails with such a line; every built-in is registered as it is written."""
@@ -14,11 +14,13 @@ import pytest
 import torch
 
 from cells import federation, small_cell
-from pflbench import plugins, retired, rounds
+from pflbench.loader import plugins
+from pflbench.loader import retired
+from pflbench.simulator import rounds
 from pflbench.algorithm import ALGORITHMS, Algorithm, AlgorithmRegistry
-from pflbench.plugins import PluginError
-from pflbench.rounds import run_cell
-from pflbench.steps import step_ids
+from pflbench.loader.plugins import PluginError
+from pflbench.simulator.rounds import run_cell
+from pflbench.kit.steps import step_ids
 
 ROOT = Path(__file__).resolve().parents[1]
 FEDAVG = ALGORITHMS.get("fedavg")
@@ -105,7 +107,7 @@ SALTED_HASH = """import hashlib
 
 from pflbench.algorithm import ALGORITHMS, ClientRound
 from pflbench.fedavg import FedAvg
-from pflbench.training import State
+from pflbench.simulator.training import State
 
 
 @ALGORITHMS.register("hashing-avg")
@@ -191,7 +193,7 @@ def test_nothing_in_the_core_imports_the_retired_forms():
                 if isinstance(node, ast.ImportFrom)
                 else []
             )
-            if any(n.startswith("pflbench.retired") for n in names):
+            if any(n.startswith("pflbench.loader.retired") for n in names):
                 importers.append(path.relative_to(ROOT).as_posix())
-    assert importers == ["pflbench/plugins.py"]
+    assert importers == ["pflbench/loader/plugins.py"]
     assert not (ROOT / "pflbench" / "legacy_hooks.py").exists() and not (ROOT / "pflbench" / "deprecation.py").exists()

@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from cells import federation as make_federation, received, small_cell
-from pflbench import rounds
+from pflbench.simulator import rounds
 from pflbench.algorithm import ALGORITHMS, ClientRound, Payload, Round, Scored, Serving
-from pflbench.rounds import run_cell, run_round
-from pflbench.system import SystemParams, SystemPlan
+from pflbench.simulator.rounds import run_cell, run_round
+from pflbench.simulator.system import SystemParams, SystemPlan
 
 ROOT = Path(__file__).resolve().parents[1]
 FedAvg = ALGORITHMS.get("fedavg")

@@ -1,4 +1,4 @@
-"""Per-row SGD rates as device tensors (pflbench.row_rates): every row of `RowRates.apply` and
+"""Per-row SGD rates as device tensors (pflbench.simulator.row_rates): every row of `RowRates.apply` and
 `apply_rows` is, bit for bit, `SGD.apply` with that row's scalars (torch.optim.SGD's rule), for every
 parameter shape of the CNNs and awkward values (signed zeros, infinities, NaN, subnormals); this CPU's
 fused multiply-add included (`addcmul` with a tensor rate rounds once, as `add` with a scalar alpha)."""
@@ -6,9 +6,9 @@ fused multiply-add included (`addcmul` with a tensor rate rounds once, as `add` 
 import pytest
 import torch
 
-from pflbench.models import build_model
-from pflbench.row_rates import RowRates, structure
-from pflbench.training import SGD
+from pflbench.simulator.models import build_model
+from pflbench.simulator.row_rates import RowRates, structure
+from pflbench.simulator.training import SGD
 from test_fused_steps import awkward, same_bits
 
 MODEL_SHAPES = sorted(

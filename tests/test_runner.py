@@ -7,14 +7,14 @@ import math
 import pytest
 from rich.console import Console
 
-from pflbench.metrics import RUN_RECORD_KEYS
-from pflbench.execution import ExecutionOptions
+from pflbench.simulator.metrics import RUN_RECORD_KEYS
+from pflbench.simulator.execution import ExecutionOptions
 from pflbench.algorithm import ALGORITHMS
 from pflbench.fedavg import FedAvg
 from pflbench.config import cell_hash
-from pflbench.runner import RunOptions, run_plan
-from pflbench.spec import parse_spec
-from pflbench.store import Store, load_store
+from pflbench.run.runner import RunOptions, run_plan
+from pflbench.run.spec import parse_spec
+from pflbench.storage.store import Store, load_store
 
 
 class Raises(FedAvg):
@@ -137,7 +137,7 @@ def test_client_batching_option_reaches_every_cell(options):
 def test_user_text_that_looks_like_console_markup_is_printed_as_text(broken_algorithms, options, tmp_path):
     """Spec names, algorithm names and error messages holding `[/x]` neither crash the console nor
     stop the run after the first failed cell (rich would raise MarkupError)."""
-    from pflbench.display import print_plan
+    from pflbench.run.display import print_plan
 
     the_plan = plan([RaisesMarkup.name, "fedavg"], rounds=1)
     the_plan = the_plan.__class__(**{**the_plan.__dict__, "name": "spec [/x] [bold]"})
@@ -224,7 +224,7 @@ def test_a_local_ray_instance_runs_its_workers_at_the_drivers_priority(tmp_path)
     probe = tmp_path / "probe.py"
     probe.write_text(
         "import os, ray\n"
-        "from pflbench.ray_cluster import connect_ray\n"
+        "from pflbench.run.ray_cluster import connect_ray\n"
         "assert connect_ray(None, 1, 1.0)\n"
         "print('niceness', ray.get(ray.remote(num_cpus=1)(lambda: os.nice(0)).remote()))\n"
         "ray.shutdown()\n"

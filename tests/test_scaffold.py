@@ -51,7 +51,7 @@ def test_every_scaffold_writes_a_plugin_whose_own_test_passes(tmp_path, capsys):
     assert "14 passed" in done.stdout  # each algorithm's three tests, the resume check among them; the partition's two
     for base in ("fedavg", "fedprox", "fedper", "ditto"):
         written = (tmp_path / f"test_my_{base}.py").read_text()
-        assert "from pflbench.testing import check_resume" in written and "check_resume(" in written
+        assert "from pflbench.run.testing import check_resume" in written and "check_resume(" in written
 
 
 def test_a_scaffold_refuses_a_taken_or_malformed_name_and_existing_files(tmp_path, capsys):
@@ -86,9 +86,10 @@ def test_the_scaffold_writes_the_hooks_in_their_current_form(tmp_path):
     their hyperparameters are the class's generic argument (`self.hp` is typed)."""
     import inspect
 
-    from pflbench import plugins, retired
+    from pflbench.loader import plugins
+    from pflbench.loader import retired
     from pflbench.algorithm import ALGORITHMS, ClientRound, Round
-    from pflbench.scaffold import BASES, identifiers, write_scaffold
+    from pflbench.cli.scaffold import BASES, identifiers, write_scaffold
 
     for base in BASES:
         path, _ = write_scaffold("algorithm", f"current-{base}", tmp_path, base=base)
@@ -179,7 +180,7 @@ def code_lines(source: str) -> list[str]:
 
 
 def _tiny_cell(name: str, **hp):
-    from pflbench.spec import resolve_cell
+    from pflbench.run.spec import resolve_cell
 
     return resolve_cell(
         {
@@ -199,10 +200,10 @@ def _tiny_cell(name: str, **hp):
 
 
 def test_the_written_files_pass_the_repositorys_ruff_check_and_fedavgs_pastes_no_hook(tmp_path):
-    from pflbench import plugins
+    from pflbench.loader import plugins
     from pflbench.algorithm import ALGORITHMS
-    from pflbench.rounds import run_cell
-    from pflbench.scaffold import BASES, write_scaffold
+    from pflbench.simulator.rounds import run_cell
+    from pflbench.cli.scaffold import BASES, write_scaffold
 
     for base in BASES:
         write_scaffold("algorithm", f"lint-{base}", tmp_path, base=base)
@@ -221,7 +222,7 @@ def test_the_written_files_pass_the_repositorys_ruff_check_and_fedavgs_pastes_no
 
 
 def test_the_method_is_named_as_spelled_or_as_the_built_ins_spell_its_words(tmp_path, capsys):
-    from pflbench.scaffold import identifiers
+    from pflbench.cli.scaffold import identifiers
 
     def named(name, display=None):
         values = identifiers(name, "algorithm", display)
@@ -254,9 +255,9 @@ def test_every_starting_point_passes_ruff_and_mypy_and_runs_a_cell(tmp_path):
     """From FedAvg (no hook), Ditto (a personal model and a custom objective) and FedProx (a custom
     objective) and FedPer: the method and its test pass the repository's ruff and mypy (typed `self.hp`,
     annotated objectives), and the method runs one tiny cell."""
-    from pflbench import plugins
-    from pflbench.rounds import run_cell
-    from pflbench.scaffold import BASES, identifiers, write_scaffold
+    from pflbench.loader import plugins
+    from pflbench.simulator.rounds import run_cell
+    from pflbench.cli.scaffold import BASES, identifiers, write_scaffold
 
     assert {"fedavg", "ditto", "fedprox"} <= set(BASES)
     written = [path for base in BASES for path in write_scaffold("algorithm", f"typed-{base}", tmp_path, base=base)]
@@ -279,7 +280,7 @@ def test_every_starting_point_passes_ruff_and_mypy_and_runs_a_cell(tmp_path):
 
 def test_mypy_sees_a_wrong_hyperparameter_in_a_written_method(tmp_path):
     """The check above is not vacuous: a hook reading a field its hyperparameters do not have fails mypy."""
-    from pflbench.scaffold import write_scaffold
+    from pflbench.cli.scaffold import write_scaffold
 
     path, _ = write_scaffold("algorithm", "typo-prox", tmp_path, base="fedprox")
     path.write_text(path.read_text().replace("mu = self.hp.mu", "mu = self.hp.nu"))
@@ -303,7 +304,7 @@ def test_the_readmes_fedavgm_is_the_scaffolds_output_filled_in_and_passes_the_li
     a user fills in (the card's texts, the hyperparameters, the search space, the imports the new hook
     needs); the commented-out hook it shows is the one the README fills in, over `weighted_mean`. The
     README's file passes ruff and mypy."""
-    from pflbench.scaffold import write_scaffold
+    from pflbench.cli.scaffold import write_scaffold
 
     code = readme_block("python")
     scaffold, _ = write_scaffold("algorithm", "FedAvgM", tmp_path / "scaffold")
@@ -337,9 +338,9 @@ def test_the_readmes_fedavgm_is_the_scaffolds_output_filled_in_and_passes_the_li
 def test_the_readmes_fedavgm_at_zero_momentum_is_fedavg(tmp_path):
     """At momentum 0 and server_lr 1 the README's method is FedAvg (up to rounding: w - (w - mean) is not
     always mean); with momentum it differs."""
-    from pflbench import plugins
+    from pflbench.loader import plugins
     from pflbench.algorithm import ALGORITHMS
-    from pflbench.rounds import run_cell
+    from pflbench.simulator.rounds import run_cell
 
     path = tmp_path / "fedavgm.py"
     path.write_text(readme_block("python"))
@@ -360,7 +361,7 @@ def test_the_readmes_fedavgm_at_zero_momentum_is_fedavg(tmp_path):
 def test_the_readmes_commands_run_as_written(tmp_path, monkeypatch, capsys):
     """The README's file and its two commands, exactly, in a fresh folder: the quickstart spec with the
     method added runs 6 cells (FedAvg and FedAvgM x 3 seeds), every one finished, and the report ranks both."""
-    from pflbench import plugins
+    from pflbench.loader import plugins
 
     (tmp_path / "fedavgm.py").write_text(readme_block("python"))
     commands = [line.split("  #")[0] for line in readme_block("bash").splitlines() if line.strip()]
@@ -371,7 +372,7 @@ def test_the_readmes_commands_run_as_written(tmp_path, monkeypatch, capsys):
             assert main(shlex.split(command)[1:]) == 0, command
     finally:
         plugins.unload("fedavgm.py")
-    from pflbench.store import load_store
+    from pflbench.storage.store import load_store
 
     cells = load_store(tmp_path / "results")
     assert sorted(zip(cells["algorithm"], cells["seed"])) == [

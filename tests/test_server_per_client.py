@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from cells import small_cell
-from pflbench import rounds
+from pflbench.simulator import rounds
 from pflbench.algorithm import ClientRound, Payload, get_algorithm
 from pflbench.fedavg import FedAvg
 from pflbench.algorithms.mhpfedhn import CLIENT_ORDER_STREAM
-from pflbench.rounds import run_cell
+from pflbench.simulator.rounds import run_cell
 
 SYSTEM = {"dropout": 0.5}
 MH = {"hidden_dim": 4, "embedding_dim": 8}

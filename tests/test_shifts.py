@@ -1,4 +1,4 @@
-"""Feature shift and concept shift (pflbench.shifts): validation and cell identity, the transforms
+"""Feature shift and concept shift (pflbench.simulator.shifts): validation and cell identity, the transforms
 and relabellings as documented, the same draw for every algorithm, nothing changed when off, and
 the expected effect of concept shift on a global model."""
 
@@ -7,12 +7,12 @@ import pandas as pd
 import pytest
 import torch
 
-from pflbench import shifts
+from pflbench.simulator import shifts
 from pflbench.config import CellConfig, cell_hash
 from pflbench.data.normalization import normalized_for_cell
-from pflbench.federation import Federation
-from pflbench.rounds import prepare_cell, run_cell
-from pflbench.spec import SpecError, parse_spec, resolve_cell
+from pflbench.simulator.federation import Federation
+from pflbench.simulator.rounds import prepare_cell, run_cell
+from pflbench.run.spec import SpecError, parse_spec, resolve_cell
 
 IMAGES = dict(
     dataset="synthetic-images",

@@ -13,7 +13,7 @@ from pflbench.algorithm import ALGORITHMS
 from pflbench.algorithm import Hyperparams as BaseHyperparams
 from pflbench.fedavg import FedAvg
 from pflbench.config import cell_hash
-from pflbench.spec import SpecError, load_spec, parse_sets, parse_spec
+from pflbench.run.spec import SpecError, load_spec, parse_sets, parse_spec
 
 
 class ProxLike(FedAvg):
@@ -618,7 +618,7 @@ def test_a_hyperparameter_naming_a_model_is_checked_by_the_dry_run():
 @pytest.mark.parametrize("path", SHIPPED_SPECS, ids=[p.stem for p in SHIPPED_SPECS])
 def test_a_resolved_cell_resolves_to_itself(path):
     """`run_cell` trusts a resolved cell: resolving it again changes nothing (same content, same id)."""
-    from pflbench.resolve import resolve
+    from pflbench.simulator.resolve import resolve
 
     if path.stem == "crosscheck-flbench" and not (path.parents[2] / "shared" / "crosscheck").is_dir():
         pytest.skip("reads FL-bench's split from ../shared/crosscheck beside the checkout")

@@ -8,11 +8,18 @@ import pandas as pd
 import pytest
 import torch
 
-from pflbench import training
-from pflbench.execution import ExecutionOptions
-from pflbench.rounds import run_cell
-from pflbench.models import build_model
-from pflbench.training import SGD, ClientModel, batch_plan, evaluate_client_splits, to_channels_last, train_clients
+from pflbench.simulator import training
+from pflbench.simulator.execution import ExecutionOptions
+from pflbench.simulator.rounds import run_cell
+from pflbench.simulator.models import build_model
+from pflbench.simulator.training import (
+    SGD,
+    ClientModel,
+    batch_plan,
+    evaluate_client_splits,
+    to_channels_last,
+    train_clients,
+)
 from tests.cells import small_cell
 
 
@@ -278,7 +285,7 @@ def test_rounds_record_where_the_time_went(tmp_path):
 
 
 def test_bench_counts_flops_against_a_measured_peak():
-    from pflbench.bench import format_bench, matmul_peak, run_bench, training_flops_per_sample
+    from pflbench.run.bench import format_bench, matmul_peak, run_bench, training_flops_per_sample
 
     # By hand for the CNN on 1x28x28: forward 2*(24*24*16*25 + 8*8*32*400 + 512*120 + 120*84 + 84*10)
     # = 2,243,920 FLOPs; backward the same for the weight gradients plus the input gradients of every

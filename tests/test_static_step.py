@@ -1,4 +1,4 @@
-"""The batched plain step over static buffers (pflbench.static_step): on a CPU it runs eagerly and gives
+"""The batched plain step over static buffers (pflbench.simulator.static_step): on a CPU it runs eagerly and gives
 today's eager batched step bit for bit — states, BatchNorm statistics and counters, momenta (through
 the trained parameters), mean losses — whatever the plan's tail (stragglers, a client with fewer
 samples than a batch, rows of different plan lengths), the layout (channels-last or not), the rule
@@ -12,12 +12,12 @@ import pytest
 import torch
 
 from cells import small_cell
-from pflbench import static_step
-from pflbench.execution import ExecutionOptions, execution_options
-from pflbench.models import build_model
-from pflbench.row_rates import RowRates
-from pflbench.rounds import run_cell
-from pflbench.training import SGD, ClientModel, _train_group, batch_plan, cross_entropy, to_channels_last
+from pflbench.simulator import static_step
+from pflbench.simulator.execution import ExecutionOptions, execution_options
+from pflbench.simulator.models import build_model
+from pflbench.simulator.row_rates import RowRates
+from pflbench.simulator.rounds import run_cell
+from pflbench.simulator.training import SGD, ClientModel, _train_group, batch_plan, cross_entropy, to_channels_last
 from test_cell_groups import IMAGES, BN_IMAGES, assert_identical
 from test_fused_steps import same_bits
 
@@ -161,7 +161,7 @@ def test_the_option_auto_is_off_until_verified_and_on_is_any_device(monkeypatch)
     assert not ExecutionOptions().static_step("cpu") and not ExecutionOptions().static_step("cuda")
     assert ExecutionOptions(cuda_graphs="on").static_step("cpu")
     assert not ExecutionOptions(cuda_graphs="off").static_step("cuda")
-    monkeypatch.setattr("pflbench.execution.CUDA_GRAPHS_VERIFIED", True)
+    monkeypatch.setattr("pflbench.simulator.execution.CUDA_GRAPHS_VERIFIED", True)
     assert ExecutionOptions().static_step("cuda:0") and not ExecutionOptions().static_step("cpu")
     with pytest.raises(ValueError, match="cuda_graphs must be one of"):
         ExecutionOptions(cuda_graphs="always")

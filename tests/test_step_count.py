@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from pflbench.resolve import resolve
-from pflbench.rounds import prepare_cell
+from pflbench.simulator.resolve import resolve
+from pflbench.simulator.rounds import prepare_cell
 from tests.cells import small_cell
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "gpu"))

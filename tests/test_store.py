@@ -15,9 +15,9 @@ import pandas as pd
 import yaml
 
 from pflbench.config import CellConfig, cell_hash
-from pflbench.rounds import CellResult
-from pflbench.spec import load_spec
-from pflbench.store import Store, load_store
+from pflbench.simulator.rounds import CellResult
+from pflbench.run.spec import load_spec
+from pflbench.storage.store import Store, load_store
 
 
 def result(status="finished", accuracy=0.5, error=None) -> CellResult:

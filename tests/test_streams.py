@@ -32,10 +32,10 @@ ALLOWED = {
     "pflbench/streams.py": "the one place cells' generators are made",
     "pflbench/data/synthetic.py": "the dataset's own `seed` option generates its samples (part of the dataset's checksum)",
     "pflbench/data/synthetic_images.py": "likewise",
-    "pflbench/bench.py": "the speed benchmark's inputs, no cell",
+    "pflbench/run/bench.py": "the speed benchmark's inputs, no cell",
     "pflbench/reports/figures.py": "a fixed jitter of points in a figure",
-    "pflbench/verify.py": "which published cells CI re-runs (--seed), no cell",
-    "pflbench/testing.py": "the resume check's two runs start from set global states, as new processes do",
+    "pflbench/studies/verify.py": "which published cells CI re-runs (--seed), no cell",
+    "pflbench/run/testing.py": "the resume check's two runs start from set global states, as new processes do",
 }
 
 

@@ -8,12 +8,12 @@ import pytest
 import torch
 
 from pflbench.config import CellConfig
-from pflbench.models import build_model
+from pflbench.simulator.models import build_model
 from pflbench.reports.cells import load_cells
 from pflbench.reports.heterogeneity import NEWCOMER_KEY, OFF, cope_tables, markdown_section
-from pflbench.spec import load_spec
-from pflbench.store import Store
-from pflbench.training import SGD, ClientModel, batch_plan, train_clients
+from pflbench.run.spec import load_spec
+from pflbench.storage.store import Store
+from pflbench.simulator.training import SGD, ClientModel, batch_plan, train_clients
 from tests.report_helpers import cell_result
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
@@ -182,7 +182,7 @@ def test_locals_newcomers_match_the_same_clients_trained_on_the_engine(tmp_path)
     """On real cells: Local trains a newcomer exactly as it trains a client of the knob-off cell (same
     partition, batches keyed by partition id), so against the same clients its change is exactly 0 —
     while the knob-off cell's mean over all clients is another number altogether."""
-    from pflbench.rounds import run_cell
+    from pflbench.simulator.rounds import run_cell
     from pflbench.reports.heterogeneity import same_clients_accuracy
 
     base = dict(

@@ -10,14 +10,14 @@ import pytest
 import yaml
 from rich.console import Console
 
-import pflbench.rounds as rounds
-from pflbench.execution import ExecutionOptions
+import pflbench.simulator.rounds as rounds
+from pflbench.simulator.execution import ExecutionOptions
 from pflbench.config import cell_hash
-from pflbench.partitioning import ClientSplits
-from pflbench.runner import RunOptions, run_plan
-from pflbench.spec import parse_spec
-from pflbench.store import Store
-from pflbench.sweep import SweepError, SweepOptions, run_sweep, run_trial, search_space, trial_cell
+from pflbench.data.partitioning import ClientSplits
+from pflbench.run.runner import RunOptions, run_plan
+from pflbench.run.spec import parse_spec
+from pflbench.storage.store import Store
+from pflbench.tuning.sweep import SweepError, SweepOptions, run_sweep, run_trial, search_space, trial_cell
 
 BASE = {
     "name": "sweep-test",
@@ -141,7 +141,7 @@ def test_tiny_sweep_through_ray_tune_writes_a_configuration_the_runner_uses(tmp_
 
 
 def test_a_sweep_base_must_be_one_cell(tmp_path):
-    from pflbench.sweep import base_cell
+    from pflbench.tuning.sweep import base_cell
 
     path = Path(tmp_path / "two.yaml")
     path.write_text(yaml.safe_dump({**BASE, "matrix": {**BASE["matrix"], "seed": [0, 1]}}))

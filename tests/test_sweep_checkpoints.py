@@ -26,9 +26,9 @@ import pytest
 import yaml
 from budgets import scaled
 
-from pflbench.checkpoint_relay import CheckpointKeeper, StaleAttempt
-from pflbench.execution import ExecutionOptions
-from pflbench.spec import parse_spec
+from pflbench.run.checkpoint_relay import CheckpointKeeper, StaleAttempt
+from pflbench.simulator.execution import ExecutionOptions
+from pflbench.run.spec import parse_spec
 
 ROUNDS = 5
 KILL_ROUND = 3  # the worker dies at the start of this round, after the checkpoint of the round before
@@ -70,7 +70,7 @@ WAIT = (
 # SIGTERM to the sweep's driver (this test's process), then wait, bounded, until the driver's stop reached
 # this trial: the end of this round is where the trial must stop.
 SIGTERM_DRIVER = (
-    "from pflbench.preemption import current\n"
+    "from pflbench.run.preemption import current\n"
     "            os.kill({driver}, signal.SIGTERM)\n"
     f"            deadline = time.monotonic() + {BOUND:.0f}\n"
     "            while not current().requested:\n"
@@ -131,8 +131,8 @@ def uninterrupted_reports(base, values: dict, data_root: Path) -> pd.DataFrame:
     """The trial of `values` run here, without checkpoints or interruption: what it reports, per round."""
     from ray import tune
 
-    from pflbench.plugins import sources_for
-    from pflbench.sweep import run_trial
+    from pflbench.loader.plugins import sources_for
+    from pflbench.tuning.sweep import run_trial
 
     reports = []
     real = tune.report
@@ -165,7 +165,7 @@ def assert_same_reports(folder: Path, reference: pd.DataFrame) -> None:
 def test_the_keeper_gives_a_trials_checkpoint_to_its_latest_start_only(tmp_path):
     """`begin`: each start of a trial (which Tune restarts, not the driver) opens the next attempt; an
     earlier start's late write is refused, and the checkpoint must carry the trial's cell hash."""
-    from pflbench.checkpoint import CheckpointProblem, encode_checkpoint
+    from pflbench.storage.checkpoint import CheckpointProblem, encode_checkpoint
 
     keeper = CheckpointKeeper(str(tmp_path / "checkpoints"))
     data = encode_checkpoint({"hash": "cellhash", "round": 2, "rounds": 5}, {"round": 2})
@@ -188,7 +188,7 @@ def test_the_keeper_gives_a_trials_checkpoint_to_its_latest_start_only(tmp_path)
 def test_a_trial_whose_worker_is_killed_resumes_from_its_kept_checkpoint_bit_for_bit(
     tmp_path, local_ray, fresh_plugins
 ):
-    from pflbench.sweep import SweepOptions, run_sweep
+    from pflbench.tuning.sweep import SweepOptions, run_sweep
 
     base, resources, gate = dying_sweep_base(tmp_path)
     lines: list[str] = []
@@ -229,8 +229,8 @@ def test_a_trial_whose_worker_is_killed_resumes_from_its_kept_checkpoint_bit_for
 def test_a_sweep_rerun_with_resume_continues_an_errored_trial_from_its_checkpoint(tmp_path, local_ray, fresh_plugins):
     """No retries: the killed trial errors and the sweep ends without a result, keeping the trial's
     checkpoint; the same sweep with --resume restarts the trial under its id, from that checkpoint."""
-    from pflbench.checkpoint import read_header
-    from pflbench.sweep import SweepError, SweepOptions, run_sweep
+    from pflbench.storage.checkpoint import read_header
+    from pflbench.tuning.sweep import SweepError, SweepOptions, run_sweep
 
     base, resources, gate = dying_sweep_base(tmp_path)
     options = SweepOptions(
@@ -281,8 +281,8 @@ def test_a_sweep_whose_driver_is_killed_is_continued_by_resume_from_its_kept_che
     anew); Ray ends the trial with its driver. The same sweep with --resume restores Tune's saved state
     and the trial, under its id, resumes from the checkpoint the driver's keeper wrote; trials.parquet
     holds every round once, equal to an uninterrupted trial's."""
-    from pflbench.checkpoint import read_header
-    from pflbench.sweep import SweepOptions, run_sweep
+    from pflbench.storage.checkpoint import read_header
+    from pflbench.tuning.sweep import SweepOptions, run_sweep
 
     base, resources, gate = dying_sweep_base(tmp_path, action=WAIT)
     results = tmp_path / "results"
@@ -382,9 +382,9 @@ def test_a_sweep_whose_driver_gets_sigterm_checkpoints_its_trial_at_the_end_of_t
     import re
     import signal as signals
 
-    from pflbench.checkpoint import read_header
+    from pflbench.storage.checkpoint import read_header
     from pflbench.cli import main
-    from pflbench.preemption import PREEMPTED_EXIT
+    from pflbench.run.preemption import PREEMPTED_EXIT
 
     base, _, gate = dying_sweep_base(tmp_path, action=SIGTERM_DRIVER.format(driver=os.getpid()))
     results = tmp_path / "results"
@@ -454,10 +454,10 @@ def test_a_stopping_sweep_waits_for_the_trials_running_at_the_signal_at_most_the
     the line says where each trial stopped and that --resume continues the sweep."""
     import signal as signals
 
-    from pflbench.checkpoint import encode_checkpoint
-    from pflbench.preemption import Preempted, Preemption
-    from pflbench.runner import start_board
-    from pflbench.sweep_stop import STOPPED, TrialStops
+    from pflbench.storage.checkpoint import encode_checkpoint
+    from pflbench.run.preemption import Preempted, Preemption
+    from pflbench.run.runner import start_board
+    from pflbench.tuning.sweep_stop import STOPPED, TrialStops
 
     def stopping(running_at_signal: list[str]):
         clock = [0.0]
@@ -509,9 +509,9 @@ def test_a_stopping_sweep_waits_for_a_trial_that_started_before_tune_marked_it_r
     import signal as signals
     from types import SimpleNamespace
 
-    from pflbench.preemption import Preempted, Preemption
-    from pflbench.runner import start_board
-    from pflbench.sweep_stop import STOPPED, EndTuneRun, TrialStops, active
+    from pflbench.run.preemption import Preempted, Preemption
+    from pflbench.run.runner import start_board
+    from pflbench.tuning.sweep_stop import STOPPED, EndTuneRun, TrialStops, active
 
     board = start_board()
     preemption = Preemption(grace_seconds=600)

@@ -7,15 +7,15 @@ import numpy as np
 import pytest
 import torch
 
-import pflbench.federation as federation
-import pflbench.rounds as rounds
+import pflbench.simulator.federation as federation
+import pflbench.simulator.rounds as rounds
 from cells import federation as make_federation, small_cell
 from pflbench.algorithm import ALGORITHMS, get_algorithm
 from pflbench.config import cell_hash
-from pflbench.rounds import run_cell
-from pflbench.privacy import ALPHAS, PrivacyParams, PrivacyPlan
-from pflbench.spec import SpecError, parse_spec
-from pflbench.system import SystemParams, SystemPlan
+from pflbench.simulator.rounds import run_cell
+from pflbench.simulator.privacy import ALPHAS, PrivacyParams, PrivacyPlan
+from pflbench.run.spec import SpecError, parse_spec
+from pflbench.simulator.system import SystemParams, SystemPlan
 
 get_algorithm("fedavg")  # registers the built-in algorithms
 TINY = dict(dataset_options={"num_samples": 400}, rounds=2, participation=0.6)

@@ -1,4 +1,4 @@
-"""Trackers (pflbench/trackers.py), read back from what they wrote: TensorBoard's event reader, W&B's
+"""Trackers (pflbench/run/trackers.py), read back from what they wrote: TensorBoard's event reader, W&B's
 offline run files, MLflow's client on its file store. A cell killed after a checkpoint and resumed
 continues its run: the same log folder, run id or run, the steps going on from the checkpoint's round.
 W&B and MLflow are optional extras: their tests are skipped where the package is not installed;
@@ -14,9 +14,9 @@ import pytest
 from cells import small_cell
 
 from pflbench.config import cell_hash
-from pflbench.runner import RunOptions, execute_cell
-from pflbench.spec import Resources
-from pflbench.trackers import TrackerOptions, problems
+from pflbench.run.runner import RunOptions, execute_cell
+from pflbench.run.spec import Resources
+from pflbench.run.trackers import TrackerOptions, problems
 
 ROUNDS = 4
 
@@ -63,7 +63,7 @@ def test_options_and_missing_packages_are_named():
 def test_run_refuses_a_tracker_before_anything_runs(tmp_path, monkeypatch, capsys):
     from pflbench.cli import main
 
-    monkeypatch.setattr("pflbench.trackers.importlib.util.find_spec", lambda name: None)
+    monkeypatch.setattr("pflbench.run.trackers.importlib.util.find_spec", lambda name: None)
     with pytest.raises(SystemExit, match="--tracker tensorboard: the package tensorboard is not installed"):
         main(["run", "demo", "--tracker", "--results", str(tmp_path / "r")])
     assert not (tmp_path / "r").exists()
@@ -149,7 +149,7 @@ def test_a_spec_names_its_trackers(tmp_path, monkeypatch, capsys):
     """`trackers:` in a spec streams every cell like `--tracker`; an unknown kind is a spec error, a
     missing package stops the run before anything runs (a dry run only warns)."""
     from pflbench.cli import main
-    from pflbench.spec import SpecError, parse_spec
+    from pflbench.run.spec import SpecError, parse_spec
 
     spec = {
         "name": "t",
@@ -174,7 +174,7 @@ def test_a_spec_names_its_trackers(tmp_path, monkeypatch, capsys):
     if importlib.util.find_spec("tensorboard") is not None:
         assert main(args) == 0
         assert list((tmp_path / "r" / "tensorboard" / cell_hash(parse_spec(spec).cells[0])).glob("events.*"))
-    monkeypatch.setattr("pflbench.trackers.importlib.util.find_spec", lambda name: None)
+    monkeypatch.setattr("pflbench.run.trackers.importlib.util.find_spec", lambda name: None)
     assert main([*args, "--dry-run"]) == 0
     assert (
         "warning: the spec's trackers: tensorboard: the package tensorboard is not installed" in capsys.readouterr().err
@@ -272,8 +272,8 @@ def test_a_ray_worker_streams_too(tmp_path, monkeypatch):
     ray = pytest.importorskip("ray")
     from rich.console import Console
 
-    from pflbench.runner import run_plan
-    from pflbench.spec import parse_spec
+    from pflbench.run.runner import run_plan
+    from pflbench.run.spec import parse_spec
 
     monkeypatch.setenv("PFLBENCH_DATA_MIRROR", str(tmp_path / "no-mirror"))
     monkeypatch.chdir(tmp_path)

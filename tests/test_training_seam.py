@@ -12,9 +12,9 @@ from torch import nn
 
 from pflbench.algorithms.fedmn import _sgd_step as fedmn_sgd_step
 from cells import federation as make_federation, small_cell
-from pflbench.steps import sgd_step, step_ids
-from pflbench.system import SystemParams, SystemPlan
-from pflbench.training import SGD, batch_plan
+from pflbench.kit.steps import sgd_step, step_ids
+from pflbench.simulator.system import SystemParams, SystemPlan
+from pflbench.simulator.training import SGD, batch_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -1,4 +1,4 @@
-"""CI's watch over every published cell (pflbench/watch.py, `pflbench watch`): the slices cover every cell once
+"""CI's watch over every published cell (pflbench/studies/watch.py, `pflbench watch`): the slices cover every cell once
 in N commits; the representatives are the cheapest cell of each algorithm, model and client path; and a one-ulp
 change planted in a model's forward is caught by the fingerprint filed for this kind of machine, with the cell,
 study and commit named, although it stays within `verify`'s tolerance against a cell that ran elsewhere."""
@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from pflbench import models
+from pflbench.simulator import models
 from pflbench.cli import main
-from pflbench.publish import publish
-from pflbench.runner import RunOptions, run_plan
-from pflbench.store import SUMMARY, file_record, read_json_dict, write_json
-from pflbench.watch import FINGERPRINTS, PublishedCell, machine_key, representatives, slice_of
+from pflbench.studies.publish import publish
+from pflbench.run.runner import RunOptions, run_plan
+from pflbench.storage.store import SUMMARY, file_record, read_json_dict, write_json
+from pflbench.studies.watch import FINGERPRINTS, PublishedCell, machine_key, representatives, slice_of
 
 SPEC = """
 name: tiny
@@ -60,7 +60,7 @@ def test_representatives_are_the_cheapest_finished_cpu_cell_of_each_algorithm_mo
 def published(tmp_path, monkeypatch):
     """A one-cell study published from this machine, its summary then saying it ran on another CPU (as
     most published cells did, for the machine CI runs on)."""
-    from pflbench.spec import load_spec
+    from pflbench.run.spec import load_spec
 
     monkeypatch.setenv("PFLBENCH_DATA", str(tmp_path / "data"))
     spec = tmp_path / "tiny.yaml"

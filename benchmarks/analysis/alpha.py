@@ -43,7 +43,7 @@ def exact_share(alpha: np.ndarray) -> float:
 def shared_classes(folder: Path) -> np.ndarray:
     """[N, N] main classes (module doc) two clients' train splits have in common (the cell's own partition)."""
     from pflbench.config import CellConfig
-    from pflbench.rounds import prepare_cell
+    from pflbench.simulator.rounds import prepare_cell
 
     cell = CellConfig.stored(json.loads((folder / "config.json").read_text())["cell"])
     dataset, splits = prepare_cell(cell)

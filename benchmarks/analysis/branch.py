@@ -53,7 +53,7 @@ class Stop(Exception):
 def branch_cell(config: dict, changes: list[str]):
     """The stored cell (config.json's "cell") with `changes` ("key=value", dotted into dict fields) applied."""
     from pflbench.config import CellConfig
-    from pflbench.resolve import resolve
+    from pflbench.simulator.resolve import resolve
 
     values = json.loads(json.dumps(config["cell"]))
     for change in changes:
@@ -71,9 +71,9 @@ def branch_cell(config: dict, changes: list[str]):
 
 
 def federation_of(cell, execution, data_root=None):
-    """The cell's Federation and algorithm, as `pflbench.rounds.run_cell` builds them (call it inside
+    """The cell's Federation and algorithm, as `pflbench.simulator.rounds.run_cell` builds them (call it inside
     `cell_global_rng`, as run_cell does)."""
-    from pflbench.rounds import build_cell, prepare_cell
+    from pflbench.simulator.rounds import build_cell, prepare_cell
 
     return build_cell(cell, *prepare_cell(cell, data_root), execution)
 
@@ -93,7 +93,7 @@ class Probe:
 
     # -- the round loop's checkpointer calls --
     def resume(self, fed, algorithm, provenance=None):
-        from pflbench.checkpoint import Resumed, load_federation_state, read_checkpoint, set_random_state
+        from pflbench.storage.checkpoint import Resumed, load_federation_state, read_checkpoint, set_random_state
 
         header, payload = read_checkpoint(self.checkpoint, fed.device)
         algorithm.load_state_dict(payload["algorithm"])
@@ -123,7 +123,7 @@ class Probe:
     # -- the probes --
     @staticmethod
     def _shared(algorithm) -> dict | None:
-        from pflbench.cell_method import unwrapped
+        from pflbench.simulator.cell_method import unwrapped
 
         state = getattr(unwrapped(algorithm), "global_state", None)  # the method's, under a privacy cell's wrapper
         return None if state is None else {n: t.detach().clone() for n, t in state.items()}
@@ -147,7 +147,7 @@ class Probe:
             grad_norm, sharpness = curvature(fed, expanded, self.power_steps)
         row["grad_norm"] = grad_norm.tolist()
         row["sharpness"] = sharpness.tolist()
-        from pflbench.cell_method import unwrapped
+        from pflbench.simulator.cell_method import unwrapped
 
         if type(unwrapped(algorithm)).__name__ == "PerFedAvg":
             delivered = algorithm.personalized()
@@ -182,7 +182,7 @@ def curvature(fed, state: dict, steps: int) -> tuple[torch.Tensor, torch.Tensor]
     """Each client's gradient norm on its whole train split and the eigenvalue largest in size of its
     train loss's Hessian at `state` ([N, ...] rows), by `steps` power iterations on exact
     Hessian-vector products (double backward; a ReLU's second derivative is 0, as autograd takes it)."""
-    from pflbench.steps import batch_losses, per_client
+    from pflbench.kit.steps import batch_losses, per_client
 
     names = fed.model.param_names
     length = min(len(fed.splits["train"][c]) for c in range(fed.num_clients))
@@ -218,7 +218,7 @@ SNAPSHOT_ATTRIBUTES = ("global_state", "_version")  # the shared model; Per-FedA
 def write_snapshot(checkpoint: Path, folder: Path) -> Path:
     """`folder/snapshot-<round>.pt`: the checkpoint's round and the algorithm attributes the probes
     read (`SNAPSHOT_ATTRIBUTES`; about 0.35 MB for Table 2's CNN where its checkpoint is 7.3 MB)."""
-    from pflbench.checkpoint import read_checkpoint
+    from pflbench.storage.checkpoint import read_checkpoint
 
     header, payload = read_checkpoint(checkpoint)
     attributes = payload["algorithm"]["attributes"]
@@ -231,7 +231,7 @@ def write_snapshot(checkpoint: Path, folder: Path) -> Path:
 def write_light(checkpoint: Path, out: Path) -> None:
     """The checkpoint without Per-FedAvg's cache of delivered models (`_cached`: recomputed from the
     shared model at the next evaluation, keyed by the model's version), half its size, same header."""
-    from pflbench.checkpoint import decode_checkpoint, encode_checkpoint
+    from pflbench.storage.checkpoint import decode_checkpoint, encode_checkpoint
 
     header, payload = decode_checkpoint(Path(checkpoint).read_bytes())
     header = {k: v for k, v in header.items() if k not in ("header_bytes", "bytes", "sha256", "format")}
@@ -242,7 +242,7 @@ def write_light(checkpoint: Path, out: Path) -> None:
 
 def probe_snapshots(paths: list[Path], fed, algorithm, probe: Probe) -> None:
     """Probe each snapshot's shared model at its round, in round order (no round is run)."""
-    from pflbench.cell_method import unwrapped
+    from pflbench.simulator.cell_method import unwrapped
 
     algorithm.setup()
     method = unwrapped(algorithm)  # the attributes are the method's, under a privacy cell's wrapper
@@ -296,9 +296,9 @@ def main(argv=None) -> int:
         parser.error("give --config, --out and either a checkpoint or --snapshots")
 
     from pflbench.algorithm import get_algorithm
-    from pflbench.checkpoint import code_version
-    from pflbench.execution import ExecutionOptions
-    from pflbench.rounds import cell_global_rng, run_rounds
+    from pflbench.storage.checkpoint import code_version
+    from pflbench.simulator.execution import ExecutionOptions
+    from pflbench.simulator.rounds import cell_global_rng, run_rounds
 
     torch.set_num_threads(args.threads)
     if args.tf32 is not None:

@@ -20,7 +20,7 @@ rewritten after every step so that a check cut short still leaves what it measur
                 cell group: 5 rounds timed (the last with its evaluation), per row seconds a round and the
                 600 rounds projected, the column's projected wall time, the group's training throughput in
                 sample-steps/s against the `concurrent` step's one-cell-per-process plateau (column_groups.py)
-  graphs        the batched local step captured as a CUDA graph (pflbench.static_step) against the eager step:
+  graphs        the batched local step captured as a CUDA graph (pflbench.simulator.static_step) against the eager step:
                 max |diff| and seconds per step (CUDA events) at 10, 70 and 100 rows, and Table 1's Fashion-MNIST
                 column's plain rows as one cell group, 2 rounds with graphs off and on, and the methods' own steps
                 (pFedMe, Per-FedAvg, pFedHN's official optimizer) eager vs captured, ms a step (graphs.py)

@@ -69,7 +69,7 @@ REFUSED = "refused"  # beside the store: the carried checkpoints that did not co
 def cell_ids(spec: str, sets: list[str], algorithms: list[str]) -> dict[str, str]:
     """algorithm -> the id of its one cell under the command (each algorithm narrows it to one cell)."""
     from pflbench.config import cell_hash
-    from pflbench.spec import load_spec, parse_sets
+    from pflbench.run.spec import load_spec, parse_sets
 
     ids = {}
     for algorithm in algorithms:
@@ -82,9 +82,9 @@ def cell_ids(spec: str, sets: list[str], algorithms: list[str]) -> dict[str, str
 
 
 def prepare(spec: str, sets: list[str]) -> None:
-    from pflbench.resolve import resolve
-    from pflbench.rounds import prepare_cell
-    from pflbench.spec import load_spec, parse_sets
+    from pflbench.simulator.resolve import resolve
+    from pflbench.simulator.rounds import prepare_cell
+    from pflbench.run.spec import load_spec, parse_sets
 
     prepare_cell(resolve(load_spec(spec, sets=parse_sets(sets)).cells[0]))
 
@@ -99,7 +99,7 @@ def cell_state(store: Path, cell_id: str) -> dict:
                 "rounds": facts.get("rounds_completed")}
     checkpoint = folder / "checkpoint.pt"
     if checkpoint.exists():
-        from pflbench.checkpoint import CheckpointProblem, read_header
+        from pflbench.storage.checkpoint import CheckpointProblem, read_header
 
         try:
             return {"state": "checkpoint", "round": read_header(checkpoint).get("round")}
@@ -122,7 +122,7 @@ def unpack(files: list[str], store: Path) -> None:
     store.tar.xz or store.tar.gz; an archive's parts in order) into `store`: each checkpoint carried as byte
     planes (`pack`) written back as it was, its header's SHA-256 checked (one that fails is kept beside the
     store, under REFUSED, and its cell starts over)."""
-    from pflbench.checkpoint import CheckpointProblem, verify_checkpoint
+    from pflbench.storage.checkpoint import CheckpointProblem, verify_checkpoint
 
     for parts in archives(files):
         data = b"".join(Path(part).read_bytes() for part in parts)
@@ -358,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
     for algorithm in algorithms:
         after = report["cells"][algorithm]["after"]
         if after["state"] == "checkpoint":
-            from pflbench.spec import load_spec, parse_sets
+            from pflbench.run.spec import load_spec, parse_sets
 
             rounds = load_spec(args.spec, sets=parse_sets([*args.sets, f"algorithm={algorithm}"])).cells[0].rounds
             unfinished.append((algorithm, ids[algorithm], (after["round"] or 0) / rounds))

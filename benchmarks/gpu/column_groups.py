@@ -5,7 +5,7 @@ The cells: benchmarks/table1.yaml's Fashion-MNIST cells at seed 0, one per row o
 `--clients` 10 (600 rounds x 10 local epochs, every client joining; every 10 rounds an evaluation that
 adapts every client 10 epochs) or 100 (2500 rounds x 20 epochs, 10 of the 100 joining; every 50 rounds all
 100 adapted 20 epochs): the paper's settings (`--samples` and `--epochs` shrink them for the CPU rehearsal).
-They run as one cell group (`pflbench.groups.run_group`: what `pflbench run` forms on CUDA, `--cell-groups
+They run as one cell group (`pflbench.simulator.groups.run_group`: what `pflbench run` forms on CUDA, `--cell-groups
 auto`), on the engine's path for the device (`--client-batching`), for `--rounds` R rounds each: round 1 is
 the warm-up, rounds 2..R-1 only train, and round R also evaluates (each cell's eval_every set to R; nothing
 else of a cell changes, its schedule included). With `--evaluation projected` no round evaluates (rounds
@@ -61,7 +61,7 @@ def column_cells(algorithms: list[str], clients: int, rounds: int, evaluation: s
     """(cell, the spec's eval_every) for Table 1's Fashion-MNIST cells of `algorithms` at `clients` clients,
     seed 0, evaluating at round `rounds` (evaluation "timed") or not before the spec's last round
     ("projected"); `samples`, `epochs`: a rehearsal's smaller settings."""
-    from pflbench.spec import load_spec
+    from pflbench.run.spec import load_spec
 
     cells = []
     for algorithm in algorithms:
@@ -181,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--epochs", type=int, default=None, help="local and adaptation epochs (default: the spec's)")
     parser.add_argument("--client-batching", choices=("auto", "on", "off"), default="auto")
     parser.add_argument("--cuda-graphs", choices=("auto", "on", "off"), default="auto",
-                        help="the batched step captured as a CUDA graph (pflbench.static_step)")
+                        help="the batched step captured as a CUDA graph (pflbench.simulator.static_step)")
     parser.add_argument("--sharing", default=None, help="the concurrent step's JSON (one cell per process)")
     parser.add_argument("--counts", default=None, help="step_count.py's JSON (default: step_counts.json here)")
     parser.add_argument("--json", default=None)
@@ -191,10 +191,10 @@ def main(argv: list[str] | None = None) -> int:
     began = time.perf_counter()
     import torch
 
-    from pflbench import groups
-    from pflbench.execution import ExecutionOptions
-    from pflbench.resolve import resolve
-    from pflbench.rounds import prepare_cell
+    from pflbench.simulator import groups
+    from pflbench.simulator.execution import ExecutionOptions
+    from pflbench.simulator.resolve import resolve
+    from pflbench.simulator.rounds import prepare_cell
 
     cuda = args.device.startswith("cuda")
     algorithms = args.algorithms.split(",")

@@ -1,4 +1,4 @@
-"""The batched local step captured as a CUDA graph (pflbench.static_step) against the eager step, on the device:
+"""The batched local step captured as a CUDA graph (pflbench.simulator.static_step) against the eager step, on the device:
 equal, and how much faster.
 
 Three parts, each on the same starting state with the option off and on:
@@ -9,11 +9,11 @@ Three parts, each on the same starting state with the option off and on:
   (CUDA events around the call, over its steps; the median of `--repeats` calls after a warm-up call, which
   captures), the sample-steps/s (rows x batch / seconds per step) of each, their ratio, the capture's seconds.
 - `column`: Table 1's Fashion-MNIST 10-client column's plain rows (`--rows`; seed 0, the paper's settings
-  unless `--samples`/`--epochs` shrink them) as one cell group (`pflbench.groups.run_group`, the batched
+  unless `--samples`/`--epochs` shrink them) as one cell group (`pflbench.simulator.groups.run_group`, the batched
   path), `--rounds` rounds with an evaluation at the last, once with `cuda_graphs` off and once on: per row
   max |diff| of the evaluated losses and accuracies (test and validation, every client), and the group's
   seconds (all rounds, data prepared beforehand) of each.
-- `own`: the methods' own steps (pflbench.steps.run_steps: pFedMe's inner solve, Per-FedAvg's meta step,
+- `own`: the methods' own steps (pflbench.kit.steps.run_steps: pFedMe's inner solve, Per-FedAvg's meta step,
   pFedHN's official inner optimizer) in Table 1's Fashion-MNIST 10-client column's cells (`--own-rows`; the
   paper's settings at `--own-epochs` local epochs, `--samples` as for the column): one round's local training
   of the column's width (its 10 clients; pFedHN: one client, as its per-client server updates train them),
@@ -41,7 +41,7 @@ from timing import seconds_per_step  # noqa: E402
 
 PLAIN_ROWS = ["local", "fedavg", "fedbn", "pfedla", "heurpfedla", "fedrep", "fedfomo"]
 
-# The acceptance rule for pflbench.execution.CUDA_GRAPHS_VERIFIED, set before any device has judged it
+# The acceptance rule for pflbench.simulator.execution.CUDA_GRAPHS_VERIFIED, set before any device has judged it
 # (benchmarks/gpu/PLAN.md says why): bit-identical, no tolerance.
 RULE = ("CUDA_GRAPHS_VERIFIED may become True only from a run on a CUDA device in which every comparison of this "
         "script is bit-identical (max |diff| exactly 0: the plain step at every width, every row of the column in "
@@ -125,8 +125,8 @@ def bit_identical(a: dict, b: dict) -> bool:
 def step_part(device: str, widths: list[int], batch: int, steps: int, repeats: int) -> dict:
     import torch
 
-    from pflbench.models import build_model
-    from pflbench.training import SGD, ClientModel, _train_group, batch_plan, cross_entropy
+    from pflbench.simulator.models import build_model
+    from pflbench.simulator.training import SGD, ClientModel, _train_group, batch_plan, cross_entropy
 
     cuda = device.startswith("cuda")
     model = ClientModel(build_model("cnn", (1, 28, 28), 10))
@@ -173,10 +173,10 @@ def column_part(device: str, rows: list[str], rounds: int, samples: int | None, 
     import numpy as np
     import torch
 
-    from pflbench import groups
-    from pflbench.execution import ExecutionOptions
-    from pflbench.resolve import resolve
-    from pflbench.rounds import prepare_cell
+    from pflbench.simulator import groups
+    from pflbench.simulator.execution import ExecutionOptions
+    from pflbench.simulator.resolve import resolve
+    from pflbench.simulator.rounds import prepare_cell
 
     cells = [resolve(cell) for cell, _ in column_cells(rows, 10, rounds, "timed", samples, epochs)]
     for cell in cells:  # decoded, partitioned and cached before the clock starts
@@ -213,10 +213,10 @@ def own_part(device: str, rows: list[str], repeats: int, samples: int | None, ep
     import torch
 
     from pflbench.algorithm import get_algorithm
-    from pflbench.execution import ExecutionOptions
-    from pflbench.federation import Federation
-    from pflbench.resolve import resolve
-    from pflbench.rounds import prepare_cell, with_server
+    from pflbench.simulator.execution import ExecutionOptions
+    from pflbench.simulator.federation import Federation
+    from pflbench.simulator.resolve import resolve
+    from pflbench.simulator.rounds import prepare_cell, with_server
 
     cuda = device.startswith("cuda")
     figures: dict = {}

@@ -1,15 +1,15 @@
 """Convolution forms for the batched CNN step on the device: which one is fastest, and how far each is from a
 float64 reference of the same step.
 
-The engine trains K clients' CNNs as one batched step (`pflbench.batching`, `pflbench.static_step`); on CUDA
+The engine trains K clients' CNNs as one batched step (`pflbench.simulator.batching`, `pflbench.simulator.static_step`); on CUDA
 its convolutions are grouped convolutions today. This script times one whole batched training step (forward,
-cross-entropy, backward, the SGD update of every row: `pflbench.static_step.StaticStep._step`, exactly the
+cross-entropy, backward, the SGD update of every row: `pflbench.simulator.static_step.StaticStep._step`, exactly the
 engine's step) for each combination of
   model   `cnn` on Fashion-MNIST-shaped input (1x28x28) and `cnn-bn` on CIFAR-shaped input (3x32x32), 10 classes
           (Table 1's two models), at `--widths` rows (10 and 100 clients) and Table 1's batch size
           (benchmarks/table1.yaml, `defaults.batch_size`);
   form    grouped: the clients folded into the channels, one grouped convolution (cuDNN) a layer; in
-                   channels-first order this is `pflbench.batching.StackedConv2d` itself (today's CUDA path);
+                   channels-first order this is `pflbench.simulator.batching.StackedConv2d` itself (today's CUDA path);
           unfold:  im2col per client, then one batched matmul (`bmm`) over the clients: the convolution as GEMMs;
           loop:    one ordinary cuDNN convolution per client (`StackedConv2d` unfolded), on CUDA only captured
                    (eager it is hundreds of launches a step: host time, which the graph is there to remove);
@@ -34,7 +34,7 @@ no batching code): max |diff| of the parameters, of the BatchNorm statistics and
 one step, the update's relative error ||dp - dp_ref|| / ||dp_ref|| (dp: the parameters' change; in float32
 it is bounded below by the parameters' own rounding, ~3e-5 here, so it separates forms only where TF32
 makes it larger) and the gradient's ||g - g_ref|| / ||g_ref|| (the form's kernels, called eagerly: a graph
-replays the same ones), from which `pflbench.verify`'s cross-device tolerance can be re-measured for the
+replays the same ones), from which `pflbench.studies.verify`'s cross-device tolerance can be re-measured for the
 form kept.
 
 Combinations run in order of importance (default TF32 first, then tf32, then ieee) and none starts after
@@ -62,11 +62,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from pflbench.batching import StackedBatchNorm, StackedConv2d, StackedLinear
-from pflbench.models import build_model
-from pflbench.row_rates import RowRates
-from pflbench.static_step import StaticStep
-from pflbench.training import SGD
+from pflbench.simulator.batching import StackedBatchNorm, StackedConv2d, StackedLinear
+from pflbench.simulator.models import build_model
+from pflbench.simulator.row_rates import RowRates
+from pflbench.simulator.static_step import StaticStep
+from pflbench.simulator.training import SGD
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # timing.py beside this one (PYTHONSAFEPATH leaves the script's folder out)
@@ -207,7 +207,7 @@ def form_twin(module: nn.Module, form: str, layout: str) -> nn.Module:
 
 
 class FormModel:
-    """The batched model `StaticStep` trains (pflbench.static_step.ClientModel), its convolutions in one form:
+    """The batched model `StaticStep` trains (pflbench.simulator.static_step.ClientModel), its convolutions in one form:
     the same twin on every device (the engine picks the grouped twin on CUDA, the loop on a CPU)."""
 
     def __init__(self, module: nn.Module, form: str, layout: str) -> None:

@@ -51,7 +51,7 @@ class Enough(Exception):
 
 
 def table1_cell(algorithm: str, samples: int | None, epochs: int | None):
-    from pflbench.spec import load_spec
+    from pflbench.run.spec import load_spec
 
     sets = {"dataset": "fmnist", "clients": 10, "seed": 0, "algorithm": algorithm, "resources.gpus": 0}
     cell = load_spec(REPO / "benchmarks" / "table1.yaml", sets=sets).cells[0]
@@ -99,9 +99,9 @@ def train_samples(cell) -> float:
 
 
 def measure(algorithm: str, args) -> dict:
-    from pflbench.execution import ExecutionOptions
-    from pflbench.resolve import resolve
-    from pflbench.rounds import prepare_cell, run_cell
+    from pflbench.simulator.execution import ExecutionOptions
+    from pflbench.simulator.resolve import resolve
+    from pflbench.simulator.rounds import prepare_cell, run_cell
 
     cell = resolve(table1_cell(algorithm, args.samples, args.epochs))
     prepare_cell(cell)  # decoded and cached before the clock starts
@@ -137,8 +137,8 @@ def measure(algorithm: str, args) -> dict:
 
 def project(measured: dict, speedup: float, device: str, spec: str = "table1", counts: dict | None = None) -> dict:
     """The whole of `spec` (table1 or table2) at full scale from the measured costs (module doc)."""
-    from pflbench.bench import training_flops_per_sample
-    from pflbench.spec import load_spec
+    from pflbench.run.bench import training_flops_per_sample
+    from pflbench.run.spec import load_spec
 
     plan = load_spec(REPO / "benchmarks" / f"{spec}.yaml")
     counts = load_counts(None) if counts is None else counts

@@ -1,6 +1,6 @@
 """Round checkpoints made smaller to carry between GPU loans: each tensor's bytes laid out as byte planes.
 
-A round checkpoint (pflbench/checkpoint.py) is one header line, then a torch.save zip whose tensor
+A round checkpoint (pflbench/storage/checkpoint.py) is one header line, then a torch.save zip whose tensor
 storages are stored uncompressed. Float32 weights compress poorly as they are. Laid out as four planes
 (every value's first byte, then every second byte, ...), the sign-and-exponent bytes sit together and
 compress better (a 100-client cell's checkpoint: docs/inflight.md).
@@ -18,7 +18,7 @@ import zipfile
 
 import numpy as np
 
-from pflbench.checkpoint import decode_header
+from pflbench.storage.checkpoint import decode_header
 
 WIDTH = 4  # bytes a value: float32, the weights' type (other storages are rearranged alike, and put back)
 LOCAL_HEADER = b"PK\x03\x04"

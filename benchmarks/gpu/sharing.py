@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parents[2]
 def table1_cell(algorithm: str, rounds: int, samples: int | None, epochs: int | None, seed: int = 0):
     """Table 1's Fashion-MNIST 10-client cell of `algorithm` as the spec gives it, with `rounds` (no
     evaluation until the last) and, for a rehearsal, fewer samples or epochs."""
-    from pflbench.spec import load_spec
+    from pflbench.run.spec import load_spec
 
     sets = {"dataset": "fmnist", "clients": 10, "seed": seed, "algorithm": algorithm, "resources.gpus": 0}
     cell = load_spec(REPO / "benchmarks" / "table1.yaml", sets=sets).cells[0]
@@ -38,9 +38,9 @@ def worker(device: str, rounds: int, samples: int | None, epochs: int | None, st
     """One process: the cell's rounds, timed after its first; its peak GPU memory."""
     import torch
 
-    from pflbench.execution import ExecutionOptions
-    from pflbench.resolve import resolve
-    from pflbench.rounds import prepare_cell, run_cell
+    from pflbench.simulator.execution import ExecutionOptions
+    from pflbench.simulator.resolve import resolve
+    from pflbench.simulator.rounds import prepare_cell, run_cell
 
     cell = resolve(table1_cell("fedavg", rounds, samples, epochs))
     _, splits = prepare_cell(cell)  # the data decoded and cached before the clock starts

@@ -65,9 +65,9 @@ class Counter:
 def count_run(cell, epochs: int, data_root=None) -> dict:
     """Per client, one run of two rounds evaluated at the second, `epochs` local and adaptation epochs:
     after round 1, one round's training; after round 2, two and an evaluation."""
-    from pflbench import training
-    from pflbench.execution import ExecutionOptions
-    from pflbench.rounds import run_cell
+    from pflbench.simulator import training
+    from pflbench.simulator.execution import ExecutionOptions
+    from pflbench.simulator.rounds import run_cell
 
     counter, after = Counter(), []
     original = training.ClientModel.__init__
@@ -106,7 +106,7 @@ def at_epochs(count: list[float], epochs: int) -> float:
 def counting_cell(cell):
     """`cell` reduced to what counting needs: Fashion-MNIST, CLIENTS clients all joining, its samples per
     client, its epochs and hyperparameters; the small model."""
-    from pflbench.resolve import resolve
+    from pflbench.simulator.resolve import resolve
 
     params = dict(cell.partition_params)
     if cell.partition == "pathological":
@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="also run 3 epochs and compare with the line")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
-    from pflbench.spec import load_spec
+    from pflbench.run.spec import load_spec
 
     counts: dict = {}
     started = time.time()

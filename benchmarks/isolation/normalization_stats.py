@@ -15,7 +15,7 @@ import numpy as np
 
 from pflbench.config import CellConfig
 from pflbench.data.normalization import normalized_for_cell
-from pflbench.rounds import prepare_cell
+from pflbench.simulator.rounds import prepare_cell
 from pflbench.newcomers import seen_ids
 
 

@@ -4,7 +4,7 @@
 
 Each PYTHON is a checkout's interpreter (its `pflbench` is that checkout's: e.g. a worktree made with
 its own virtual environment). One worker process per checkout builds the bench's FedAvg federation
-(`pflbench.bench._bench_federation`: 10 clients x 512 samples of CIFAR shape, batch 32, the engine's
+(`pflbench.run.bench._bench_federation`: 10 clients x 512 samples of CIFAR shape, batch 32, the engine's
 default execution options) and times one whole round (`_time_federated`) each time the driver asks;
 the driver asks them in turn, A B A B ..., so that both see the same machine load, after one warm-up
 round each. Printed: per checkout the best, median and worst round in seconds and samples/s, the
@@ -25,8 +25,8 @@ import sys
 
 WORKER = r"""
 import sys, torch
-from pflbench.bench import _bench_federation, _time_federated
-from pflbench.execution import ExecutionOptions
+from pflbench.run.bench import _bench_federation, _time_federated
+from pflbench.simulator.execution import ExecutionOptions
 torch.set_num_threads(int(sys.argv[1]))
 fed, algorithm = _bench_federation(10, 512, 32, (3, 32, 32), 10, "cnn", ExecutionOptions(device="cpu"), 0)
 print("ready", flush=True)

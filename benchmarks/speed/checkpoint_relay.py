@@ -1,5 +1,5 @@
 """Round checkpoints on Ray, where they go: the driver's store through the keeper actor (now,
-pflbench/checkpoint_relay.py) against the worker's own disk (before issue 45), on the same cell, run
+pflbench/run/checkpoint_relay.py) against the worker's own disk (before issue 45), on the same cell, run
 alternately as Ray tasks of one local Ray instance. Prints, per run: checkpoints written, bytes per
 checkpoint, seconds per checkpoint and their share of the cell's wall time. docs/measurements/index.md
 ("A Ray cluster: cost of a checkpoint") quotes:
@@ -19,14 +19,14 @@ import time
 from pathlib import Path
 
 from pflbench.config import cell_hash
-from pflbench.runner import RunOptions, execute_cell
-from pflbench.spec import load_spec, parse_sets
+from pflbench.run.runner import RunOptions, execute_cell
+from pflbench.run.spec import load_spec, parse_sets
 
 MODES = ("worker-disk", "driver-store")
 
 
 def one_run(cell, resources, options: RunOptions, mode: str, keeper):
-    from pflbench.checkpoint_relay import RelayedCheckpointFile
+    from pflbench.run.checkpoint_relay import RelayedCheckpointFile
 
     files = None if mode == "worker-disk" else RelayedCheckpointFile(keeper, cell_hash(cell), 0)
     started = time.perf_counter()
@@ -44,7 +44,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     import ray
 
-    from pflbench.checkpoint_relay import start_keeper
+    from pflbench.run.checkpoint_relay import start_keeper
     from pflbench.data import data_mirror, data_root
 
     plan = load_spec(args.spec, parse_sets(args.sets))

@@ -15,8 +15,8 @@ import sys
 import time
 from pathlib import Path
 
-from pflbench.runner import RunOptions, cell_checkpointer
-from pflbench.spec import load_spec, parse_sets
+from pflbench.run.runner import RunOptions, cell_checkpointer
+from pflbench.run.spec import load_spec, parse_sets
 
 
 def main(argv=None) -> int:
@@ -30,7 +30,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     import torch
 
-    from pflbench.rounds import run_cell
+    from pflbench.simulator.rounds import run_cell
 
     torch.set_num_threads(args.threads)
     plan = load_spec(args.spec, parse_sets(args.sets))

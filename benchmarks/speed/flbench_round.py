@@ -29,7 +29,7 @@ import torch
 
 
 def load_split(path: str):
-    from pflbench.partitioning import ClientSplits
+    from pflbench.data.partitioning import ClientSplits
 
     with open(path, "rb") as f:
         partition = pickle.load(f)
@@ -41,7 +41,7 @@ def load_split(path: str):
 
 
 def timed_round(fed, algorithm, rnd: int) -> dict:
-    from pflbench.rounds import run_round
+    from pflbench.simulator.rounds import run_round
     from pflbench.serving import Serving
 
     clients = torch.arange(fed.num_clients)
@@ -69,14 +69,14 @@ def main() -> int:
     from pflbench.algorithms.fedavg import FedAvg
     from pflbench.config import CellConfig
     from pflbench.data import load_dataset
-    from pflbench.federation import Federation
+    from pflbench.simulator.federation import Federation
 
     splits = load_split(args.split)
     dataset = load_dataset("fmnist")
     cell = CellConfig(algorithm="fedavg", dataset="fmnist", clients=splits.num_clients, batch_size=32,
                       local_epochs=1, lr=0.01, model="cnn", rounds=1000, seed=0)
-    from pflbench import training
-    from pflbench.execution import ExecutionOptions
+    from pflbench.simulator import training
+    from pflbench.simulator.execution import ExecutionOptions
 
     modes = args.modes.split(",") + (["compiled"] if args.compiled else [])
     # One engine per mode, each with its execution options: "before" is the path before the CPU

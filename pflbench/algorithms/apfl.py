@@ -52,8 +52,8 @@ from torch import Tensor
 
 from pflbench.algorithm import ALGORITHMS, Card, ClientRound, Hyperparams
 from pflbench.fedavg import FedAvg
-from pflbench.steps import step_ids
-from pflbench.training import State, cross_entropy
+from pflbench.kit.steps import step_ids
+from pflbench.simulator.training import State, cross_entropy
 
 
 def _scale(alpha: torch.Tensor, like: torch.Tensor) -> torch.Tensor:

@@ -38,7 +38,7 @@ from torch import Tensor
 from pflbench import streams
 from pflbench.algorithm import ALGORITHMS, Card, ClientRound, Hyperparams
 from pflbench.fedavg import FedAvg
-from pflbench.training import State, cross_entropy
+from pflbench.simulator.training import State, cross_entropy
 
 
 class DittoHP(Hyperparams):

@@ -34,7 +34,7 @@ Departures, each for a reason:
 - The "first round" test is the official one, per client: sum(Theta_0 - theta_i,0) == 0 on the model's
   first parameter tensor (ALA.py:82); such a client keeps its local model and trains it.
 - Newcomers get the global model (a newcomer has no local model to aggregate with).
-- Batched: the weight learning is one batched step over the sampled clients (`pflbench.steps`), each
+- Batched: the weight learning is one batched step over the sampled clients (`pflbench.kit.steps`), each
   client stopping at its own convergence; the same on the client loop.
 - Communication: FedAvg's (the whole model down and up); W_i stays on the client.
 """
@@ -49,8 +49,8 @@ from torch import Tensor
 
 from pflbench.algorithm import ALGORITHMS, Card, ClientRound, Hyperparams, Serving
 from pflbench.fedavg import FedAvg
-from pflbench.steps import clone_state, loss_and_grads, per_client
-from pflbench.training import State
+from pflbench.kit.steps import clone_state, loss_and_grads, per_client
+from pflbench.simulator.training import State
 
 ALA_STREAM = "batches.fedala-ala"  # the s% sample of each ALA, per round and client (a stream of its own)
 

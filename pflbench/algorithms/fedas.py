@@ -52,11 +52,11 @@ from torch import Tensor
 
 from pflbench.algorithm import ALGORITHMS, Capabilities, Card, ClientRound, Hyperparams, Models, Payload
 from pflbench.fedavg import FedAvg
-from pflbench.feature_training import Head, forward_with_features, head_of, train_with_features
+from pflbench.kit.feature_training import Head, forward_with_features, head_of, train_with_features
 from pflbench.round_context import Round
-from pflbench.steps import step_plan
+from pflbench.kit.steps import step_plan
 from pflbench.streams import Stream
-from pflbench.training import SGD, State
+from pflbench.simulator.training import SGD, State
 
 FISHER = "fisher"  # the upload's Fisher trace, [K]
 

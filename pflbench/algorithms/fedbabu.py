@@ -35,7 +35,7 @@ from pydantic import Field
 from pflbench import streams
 from pflbench.algorithm import ALGORITHMS, Card, ClientRound, Hyperparams, Payload, Serving
 from pflbench.fedavg import FedAvg
-from pflbench.training import Diverged, State
+from pflbench.simulator.training import Diverged, State
 
 if TYPE_CHECKING:
     from pflbench.engine import Engine

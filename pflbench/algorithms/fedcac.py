@@ -51,7 +51,7 @@ from torch import Tensor
 
 from pflbench.algorithm import ALGORITHMS, Capabilities, Card, ClientRound, Hyperparams, Models, Payload, Round
 from pflbench.fedavg import FedAvg
-from pflbench.training import State
+from pflbench.simulator.training import State
 
 MASK = "critical."  # the prefix of a mask's name in the upload (one per parameter tensor)
 

@@ -39,7 +39,7 @@ Departures, each stated:
 - The personalized model is evaluated as the engine's model: head(z + b_i) = W z + (c + W b_i), so b_i is
   folded into the head's bias (the same function, one rounding apart).
 - Newcomers (unseen clients) get the global model (no PRBM: b = 0).
-- The head is the model's last linear layer (`pflbench.feature_training`); a model without one is refused.
+- The head is the model's last linear layer (`pflbench.kit.feature_training`); a model without one is refused.
 """
 
 from __future__ import annotations
@@ -51,9 +51,9 @@ from torch import Tensor
 
 from pflbench.algorithm import ALGORITHMS, Capabilities, Card, ClientRound, Hyperparams, Models
 from pflbench.fedavg import FedAvg
-from pflbench.feature_training import Head, head_of, train_with_features
+from pflbench.kit.feature_training import Head, head_of, train_with_features
 from pflbench.streams import Stream
-from pflbench.training import State
+from pflbench.simulator.training import State
 
 
 class FedDBEHP(Hyperparams):

@@ -70,7 +70,7 @@ from pydantic import Field
 from pflbench import streams
 from pflbench.algorithm import ALGORITHMS, Capabilities, Card, ClientRound, Hyperparams, Payload, Round, Serving
 from pflbench.fedavg import FedAvg
-from pflbench.training import State
+from pflbench.simulator.training import State
 
 EXPLORE = streams.salted_round("fedfomo.explore", 0xF0F0)  # which models a client explores, per round
 

@@ -93,8 +93,8 @@ from pflbench.algorithm import (
     Scores,
     Serving,
 )
-from pflbench.steps import step_ids
-from pflbench.training import SGD, Diverged, State
+from pflbench.kit.steps import step_ids
+from pflbench.simulator.training import SGD, Diverged, State
 
 if TYPE_CHECKING:
     from pflbench.engine import Engine

@@ -47,7 +47,7 @@ from pydantic import Field
 from pflbench import streams
 from pflbench.algorithm import ALGORITHMS, Card, ClientRound, Hyperparams, Serving
 from pflbench.fedavg import FedAvg
-from pflbench.training import State
+from pflbench.simulator.training import State
 
 
 class FedRepHP(Hyperparams):

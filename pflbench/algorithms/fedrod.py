@@ -34,7 +34,7 @@ Here:
 - `generic_loss: ce` trains h_G on the plain cross-entropy (the paper's ablation, FedAvg's objective).
 - Newcomers: the global phi and h_G, with h_P fitted on the newcomer's train split for the cell's
   local epochs, everything else frozen.
-- Batched and groupable: one `engine.train` call on a composite model (pflbench.representation), with a
+- Batched and groupable: one `engine.train` call on a composite model (pflbench.kit.representation), with a
   module-level objective whose per-client data (the log class counts) ride in `aux`.
 - Communication: FedAvg's (phi and h_G down and up); h_P is never sent.
 """
@@ -50,8 +50,8 @@ from torch import Tensor, nn
 from pflbench.algorithm import ALGORITHMS, Card, ClientRound, Hyperparams, Serving
 from pflbench.engine import Engine
 from pflbench.fedavg import FedAvg
-from pflbench.representation import Split
-from pflbench.training import ClientModel, State
+from pflbench.kit.representation import Split
+from pflbench.simulator.training import ClientModel, State
 
 PERSONAL = "personal"  # the composite's personal head
 

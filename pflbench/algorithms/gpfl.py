@@ -43,7 +43,7 @@ Departures, each stated:
   `aggregate_parameters`; clientgp.py lines 105-108, `set_parameters`, copies parameters): there each
   client keeps its own statistics.
 - The server's models reach the clients of the round (the official code sends them to every client).
-- The head is the model's last linear layer and the feature its input (`pflbench.feature_training`); CoV's
+- The head is the model's last linear layer and the feature its input (`pflbench.kit.feature_training`); CoV's
   and GCE's initial values are PyTorch's defaults for their layers, drawn from the stream `INIT_STREAM`.
 - The after-local-adaptation protocol trains the body and the head (CE on head(CoV(f, p_i)), CoV and the
   condition fixed), the engine's protocol for the personalized model.
@@ -64,9 +64,9 @@ from torch import Tensor, nn
 
 from pflbench.algorithm import ALGORITHMS, Card, ClientRound, Hyperparams, Models, Payload, Round, Scores, Serving
 from pflbench.fedavg import FedAvg
-from pflbench.feature_training import Head, forward_with_features, head_of, train_with_features
+from pflbench.kit.feature_training import Head, forward_with_features, head_of, train_with_features
 from pflbench.streams import Stream
-from pflbench.training import State
+from pflbench.simulator.training import State
 
 if TYPE_CHECKING:
     from pflbench.engine import Engine

@@ -24,7 +24,7 @@ Departures, each for a reason:
   on: by default the official code mixes the model's logits (client.py compute_features_and_model_outputs,
   apply_softmax = not interpolate_logits) with the kNN's probabilities. `interpolate: logits` reproduces
   that for comparison.
-- The representation is the input of the model's last linear layer (pflbench.representation); the
+- The representation is the input of the model's last linear layer (pflbench.kit.representation); the
   official code hooks its MobileNet's `features` output (before pooling and the classifier).
 - The datastore is the client's train split, computed afresh at every evaluation under the model being
   evaluated (the global model; after local adaptation, the adapted one), so evaluation writes nothing.
@@ -47,8 +47,8 @@ from torch import Tensor
 from pflbench.algorithm import ALGORITHMS, Card, Hyperparams, Models, Refusal, Scores, Serving
 from pflbench.engine import Engine
 from pflbench.fedavg import FedAvg
-from pflbench.representation import Split
-from pflbench.training import State
+from pflbench.kit.representation import Split
+from pflbench.simulator.training import State
 
 if TYPE_CHECKING:
     from pflbench.config import CellConfig

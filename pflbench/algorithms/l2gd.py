@@ -49,7 +49,7 @@ from pydantic import Field
 from pflbench import streams
 from pflbench.algorithm import ALGORITHMS, Capabilities, Card, ClientRound, Hyperparams, Payload, Round
 from pflbench.fedavg import FedAvg
-from pflbench.training import State
+from pflbench.simulator.training import State
 
 COINS = streams.salted_cell("l2gd.coins", 0x1260)  # the coin flips of every round, drawn once per cell
 

@@ -16,7 +16,7 @@ at round r is the same whichever rounds were evaluated before (its scores do not
 
 from pflbench.algorithm import ALGORITHMS, Capabilities, Card, ClientRound, Models, Payload, Round, Serving
 from pflbench.fedavg import FedAvg
-from pflbench.training import State
+from pflbench.simulator.training import State
 
 
 @ALGORITHMS.register(

@@ -73,9 +73,9 @@ from pflbench.algorithm import (
     Round,
     Serving,
 )
-from pflbench.models import ModelName, build_model
-from pflbench.steps import step_ids
-from pflbench.training import ClientModel, Diverged, Objective, State, cross_entropy
+from pflbench.simulator.models import ModelName, build_model
+from pflbench.kit.steps import step_ids
+from pflbench.simulator.training import ClientModel, Diverged, Objective, State, cross_entropy
 
 if TYPE_CHECKING:
     from pflbench.config import CellConfig
@@ -380,7 +380,7 @@ class MHpFedHN(Algorithm[MHpFedHNHP]):
     @classmethod
     def cell_refusal(cls, cell: CellConfig) -> Refusal | None:
         """A newcomer is served from the trained embeddings of its architecture: one must train."""
-        from pflbench.models import client_groups, is_heterogeneous
+        from pflbench.simulator.models import client_groups, is_heterogeneous
         from pflbench.newcomers.ids import newcomer_ids
 
         held = set(newcomer_ids(cell.unseen_fraction, cell.clients, cell.seed).tolist())

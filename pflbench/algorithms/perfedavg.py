@@ -59,7 +59,7 @@ Where the paper is silent / what was chosen here:
   its own steps with the engine's batched model (all sampled clients in one call, or one client at
   a time where the engine loops); results are the same either way. One meta step is one function
   (`_meta_step`), which the engine runs eagerly or captured as a CUDA graph
-  (`pflbench.steps.run_steps`, the `cuda_graphs` option; the same bits on a CPU).
+  (`pflbench.kit.steps.run_steps`, the `cuda_graphs` option; the same bits on a CPU).
 - Communication: FedAvg's (the whole model down and up).
 """
 
@@ -72,7 +72,7 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from pflbench.steps import (
+from pflbench.kit.steps import (
     Active,
     Carry,
     LossCheck,
@@ -91,7 +91,7 @@ from pflbench.steps import (
 from pflbench import streams
 from pflbench.algorithm import ALGORITHMS, Card, ClientRound, Hyperparams, Payload, Serving
 from pflbench.fedavg import FedAvg
-from pflbench.training import Diverged, State, weighted_mean
+from pflbench.simulator.training import Diverged, State, weighted_mean
 
 if TYPE_CHECKING:
     from pflbench.engine import Engine
@@ -146,7 +146,7 @@ class PerFedAvg(FedAvg[PerFedAvgHP]):
 
     def _meta_train(self, rnd: ClientRound, clients: Tensor, state: State) -> State:
         """The round's meta steps of `clients`: their trained state. Free of host synchronisation
-        between its first and its last step (`pflbench.steps`); over static buffers (a CUDA graph)
+        between its first and its last step (`pflbench.kit.steps`); over static buffers (a CUDA graph)
         where the engine runs its steps so (`run_steps`)."""
         fed, hp = self.engine, self.hp
         names = fed.model.param_names

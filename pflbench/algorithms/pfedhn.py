@@ -32,10 +32,10 @@ Adapted to rounds of sampled clients (what this module chooses):
     `inner_optim = SGD(net.parameters(), lr=inner_lr, momentum=.9, weight_decay=inner_wd)`, created
     anew for every step of the server; line 160 `clip_grad_norm_(net.parameters(), 50)`; lines 272
     and 275 `--inner-lr` 5e-3, `--inner-wd` 5e-5). The batch size stays the cell's (official 64). The
-    steps are driven with `pflbench/steps.py` (per-client gradients on the engine's batched
+    steps are driven with `pflbench/kit/steps.py` (per-client gradients on the engine's batched
     model, the engine's SGD rule), batched across clients for `server_updates="per_round"`, one
     function a step (`_official_step`), run eagerly or captured as a CUDA graph
-    (`pflbench.steps.run_steps`, the `cuda_graphs` option), without a host read between the first and
+    (`pflbench.kit.steps.run_steps`, the `cuda_graphs` option), without a host read between the first and
     the last step (the losses are checked once at the end, naming the first failing step's clients).
 - The embedding's momentum and weight decay touch only the sampled client's row (its issue tracker
   notes that momentum on the whole table moves every client's embedding, also the unsampled ones).
@@ -69,7 +69,7 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import Tensor, nn
 
-from pflbench.steps import (
+from pflbench.kit.steps import (
     Active,
     Carry,
     LossCheck,
@@ -95,7 +95,7 @@ from pflbench.algorithm import (
     Round,
     Serving,
 )
-from pflbench.training import SGD, Diverged, State
+from pflbench.simulator.training import SGD, Diverged, State
 
 # The hypernetwork's initialization (torch's global generator), with the seed it had before streams had names.
 HYPERNET_STREAM = streams.Stream("pfedhn.hypernet", lambda s, r, c: s * 7919 + 29, "torch")
@@ -263,7 +263,7 @@ class PFedHN(Algorithm[PFedHNHP]):
         """The official inner optimizer's steps (module doc) from the generated models `state`: free of host
         synchronisation between the first and the last step (the losses checked once at the end, naming
         the clients of the first step with a non-finite loss); over static buffers (a CUDA graph) where
-        the engine runs its steps so (`pflbench.steps.run_steps`)."""
+        the engine runs its steps so (`pflbench.kit.steps.run_steps`)."""
         fed = self.engine
         names = fed.model.param_names
         carry = {

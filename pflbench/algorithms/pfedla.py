@@ -81,7 +81,7 @@ from pflbench.algorithm import (
     Serving,
 )
 from pflbench.newcomers.batchnorm import fit_batchnorm_statistics
-from pflbench.training import State
+from pflbench.simulator.training import State
 
 # The hypernetwork's initialization, with the seed it had before streams had names.
 HYPERNET_STREAM = streams.Stream("pfedla.hypernet", lambda s, r, c: s * 7919 + 17, "torch")

@@ -40,7 +40,7 @@ Where the paper is silent / what was chosen here:
   single-objective `fed.train`, so the module drives its own steps on the engine's batched model
   (or one client at a time where the engine loops), same results either way. One outer step is one
   function (`_step`), which the engine runs eagerly or captured as a CUDA graph
-  (`pflbench.steps.run_steps`, the `cuda_graphs` option; the same bits on a CPU).
+  (`pflbench.kit.steps.run_steps`, the `cuda_graphs` option; the same bits on a CPU).
 - Cost: K forward/backward passes per batch, so about K times `local`'s compute (measured:
   docs/algorithms/pfedme.md).
 - Aggregation weights: uniform over the sampled clients (Algorithm 1); the official code weights by
@@ -79,7 +79,7 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from pflbench.steps import (
+from pflbench.kit.steps import (
     Active,
     Carry,
     LossCheck,
@@ -95,7 +95,7 @@ from pflbench.steps import (
 )
 from pflbench.algorithm import ALGORITHMS, Card, ClientRound, Hyperparams, Payload, Round
 from pflbench.fedavg import FedAvg
-from pflbench.training import Diverged, State, weighted_mean
+from pflbench.simulator.training import Diverged, State, weighted_mean
 
 
 class PFedMeHP(Hyperparams):
@@ -176,7 +176,7 @@ class PFedMe(FedAvg[PFedMeHP]):
 
     def _train(self, rnd: ClientRound, clients: Tensor, state: State, theta_start: State) -> tuple[State, State]:
         """The round's local training of `clients`: (w, theta), each with theta's statistics. Free
-        of host synchronisation between its first and its last step (`pflbench.steps`); over static
+        of host synchronisation between its first and its last step (`pflbench.kit.steps`); over static
         buffers (a CUDA graph) where the engine runs its steps so (`run_steps`)."""
         fed, hp = self.engine, self.hp
         names, buffer_names = fed.model.param_names, fed.model.buffer_names

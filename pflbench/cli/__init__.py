@@ -19,7 +19,7 @@ COMMAND_MODULES = (
     "pflbench.cli.report",
     "pflbench.cli.sweep",
     "pflbench.cli.publish",
-    "pflbench.scaffold",
+    "pflbench.cli.scaffold",
 )
 
 
@@ -54,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMAND_MODULES:
         importlib.import_module(name).add_parser(subparsers)
-    from pflbench.plugins import PLUGIN_COMMANDS, add_plugin_option
+    from pflbench.loader.plugins import PLUGIN_COMMANDS, add_plugin_option
 
     for name in PLUGIN_COMMANDS:  # --plugin: the user's own algorithms, datasets, schemes, models
         if name in subparsers.choices:
@@ -62,13 +62,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-# Commands whose start-up a SIGTERM or Ctrl-C ends with one line and exit 75 (pflbench/preemption.py's
+# Commands whose start-up a SIGTERM or Ctrl-C ends with one line and exit 75 (pflbench/run/preemption.py's
 # `startup_signals`), until their run installs its own handlers; the others keep Python's defaults.
 STOPPABLE = ("run", "sweep")
 
 
 def main(argv: list[str] | None = None) -> int:
-    from pflbench.preemption import PREEMPTED_EXIT, StartupStop, restore_signals, startup_signals
+    from pflbench.run.preemption import PREEMPTED_EXIT, StartupStop, restore_signals, startup_signals
 
     previous = startup_signals()  # first: from here on a signal gets its line, never a silent exit 143
     try:
@@ -91,8 +91,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from pflbench.plugins import load_requested
-    from pflbench.resources import resolve_spec_argument
+    from pflbench.loader.plugins import load_requested
+    from pflbench.run.resources import resolve_spec_argument
 
     resolve_spec_argument(args)  # `pflbench run table1`: a spec shipped with pflbench
     problem = load_requested(args) if hasattr(args, "plugins") else None  # and installed packages' plugins

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from pydantic.fields import FieldInfo
 
     from pflbench.data.dataset import Dataset
-    from pflbench.partitioning import ClientSplits
+    from pflbench.data.partitioning import ClientSplits
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -57,7 +57,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         description="Write the per-client train/val/test sample indices of a partition as files that FL-bench "
         "(partition.pkl + all_stats.json) and other tools read, and that `{scheme: imported}` reads "
         "back. Indices refer to the dataset as pflbench pools it (torchvision's train set, then its "
-        "test set). Format: pflbench/interop.py and benchmarks/README.md.",
+        "test set). Format: pflbench/data/interop.py and benchmarks/README.md.",
     )
     add_partition_options(export, example="alpha=0.3")
     export.add_argument("--train-fraction", type=float, default=0.7, help="per-client train share (default: 0.7)")
@@ -118,7 +118,7 @@ def cmd_store_check(args: argparse.Namespace) -> int:
     whole (size and checksum) and of its cell, 1 otherwise."""
     from pathlib import Path
 
-    from pflbench.store import SET_ASIDE, scan_store
+    from pflbench.storage.store import SET_ASIDE, scan_store
 
     if not Path(args.results).is_dir():
         print(f"no results store at {args.results}", file=sys.stderr)
@@ -126,7 +126,7 @@ def cmd_store_check(args: argparse.Namespace) -> int:
     intact, problems = scan_store(args.results)
     for problem in problems:
         print(problem)
-    from pflbench.checkpoint import describe_checkpoints, list_checkpoints
+    from pflbench.storage.checkpoint import describe_checkpoints, list_checkpoints
 
     checkpoints = list_checkpoints(args.results)
     for line in describe_checkpoints(args.results, checkpoints):
@@ -205,8 +205,8 @@ def cmd_list(args: argparse.Namespace) -> int:
             f"`pflbench data prepare` places and decodes what the mirror has)"
         )
     elif args.what == "partitions":
-        from pflbench.partitioning import PARTITIONS
-        from pflbench.plugins import load_builtins
+        from pflbench.data.partitioning import PARTITIONS
+        from pflbench.loader.plugins import load_builtins
 
         load_builtins()
 
@@ -220,8 +220,8 @@ def cmd_list(args: argparse.Namespace) -> int:
             plugin = f"  [plugin {PARTITIONS.origin(name)}]" if PARTITIONS.origin(name) else ""
             print(f"{name:<{width}}{fields or '-'}{extra}{plugin}")
     else:
-        from pflbench.models import MODELS
-        from pflbench.plugins import load_builtins
+        from pflbench.simulator.models import MODELS
+        from pflbench.loader.plugins import load_builtins
 
         load_builtins()
         print(
@@ -305,10 +305,10 @@ def _partition_of(args: argparse.Namespace, **fractions: Any) -> tuple[Dataset, 
     """The dataset named by `args` and its partition (`data show`, `data export`); a wrong name or
     parameter, a missing dataset or an impossible partition raises before or instead of the work."""
     from pflbench.data import load_dataset
-    from pflbench.plugins import load_builtins
+    from pflbench.loader.plugins import load_builtins
 
     load_builtins()
-    from pflbench.partitioning import PARTITIONS, make_splits
+    from pflbench.data.partitioning import PARTITIONS, make_splits
 
     params = parse_assignments(args.param)
     check_dataset_names([args.dataset])
@@ -328,7 +328,7 @@ def _partition_of(args: argparse.Namespace, **fractions: Any) -> tuple[Dataset, 
 
 def cmd_data_show(args: argparse.Namespace) -> int:
     from pflbench.data import DatasetNotFoundError
-    from pflbench.partitioning import format_label_counts
+    from pflbench.data.partitioning import format_label_counts
     from pflbench.reports.figures import plot_label_counts
 
     try:
@@ -348,7 +348,7 @@ def cmd_data_export(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from pflbench.data import DatasetNotFoundError
-    from pflbench.interop import write_partition
+    from pflbench.data.interop import write_partition
 
     try:
         dataset, splits = _partition_of(args, train_fraction=args.train_fraction, val_fraction=args.val_fraction)
@@ -376,7 +376,7 @@ def cmd_data_export(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     import torch
 
-    from pflbench.bench import format_bench, run_bench, write_json
+    from pflbench.run.bench import format_bench, run_bench, write_json
 
     shape = tuple(int(s) for s in args.shape.split(","))
     if args.threads:

@@ -1,5 +1,5 @@
 """`pflbench publish`, `rerun`, `verify` and `leaderboard`: the subcommands of published results
-(the work is done by pflbench/publish.py, pflbench/verify.py and pflbench/reports/studies.py).
+(the work is done by pflbench/studies/publish.py, pflbench/studies/verify.py and pflbench/reports/studies.py).
 
 Only the standard library is imported here (see COMMAND_MODULES in pflbench/cli/__init__.py).
 """
@@ -11,11 +11,11 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-PUBLISHED = Path("results") / "published"  # pflbench.publish.PUBLISHED, without importing it
+PUBLISHED = Path("results") / "published"  # pflbench.studies.publish.PUBLISHED, without importing it
 
 if TYPE_CHECKING:
-    from pflbench.verify import CellCheck
-    from pflbench.watch import PublishedCell
+    from pflbench.studies.verify import CellCheck
+    from pflbench.studies.watch import PublishedCell
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -57,7 +57,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         description="Finds the cell in --results (default: the published studies), runs it again from its "
         "config.json with the execution options it recorded, compares the per-round metrics with "
         "the stored ones (identical on the same kind of machine; within a tolerance elsewhere: "
-        "pflbench/verify.py) and writes the new result into --out. Exit 1 when they differ.",
+        "pflbench/studies/verify.py) and writes the new result into --out. Exit 1 when they differ.",
     )
     rerun.add_argument("cell", help="a cell id (12 hex digits, as on the leaderboard)")
     rerun.add_argument(
@@ -80,7 +80,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="re-run a random sample of a published study's cells and compare with the stored metrics",
         description="Re-runs K cells of the study chosen at random (--seed) and compares each one's per-round "
         "metrics with the stored ones: identical where the machine is of the kind the cell ran on "
-        "(CPU model, device, GPU, torch), else within a stated tolerance (pflbench/verify.py). Also "
+        "(CPU model, device, GPU, torch), else within a stated tolerance (pflbench/studies/verify.py). Also "
         "reports damaged files and cells whose id the current code changes. Exit 1 on any difference.",
     )
     verify.add_argument("study", type=Path, help="a published study folder, e.g. results/published/table1-quick")
@@ -107,7 +107,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
     watch = subparsers.add_parser(
         "watch",
-        help="re-run the first evaluation of a share of all published cells (CI: pflbench/watch.py)",
+        help="re-run the first evaluation of a share of all published cells (CI: pflbench/studies/watch.py)",
         description="Re-runs the first evaluation of published cells, from every study: a fixed slice of them "
         "(--slice K/N: N consecutive slices cover every cell once), the cheapest cell of each "
         "algorithm, model and client path (--representatives), or cells named. Each is compared "
@@ -188,8 +188,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 
 def cmd_publish(args: argparse.Namespace) -> int:
-    from pflbench.publish import PublishError, publish
-    from pflbench.spec import SpecError
+    from pflbench.studies.publish import PublishError, publish
+    from pflbench.run.spec import SpecError
 
     if not args.results.is_dir():
         print(
@@ -212,7 +212,7 @@ def cmd_publish(args: argparse.Namespace) -> int:
     except (PublishError, SpecError) as error:
         print(f"publish: {error}", file=sys.stderr)
         return 2
-    from pflbench.publish import read_manifest
+    from pflbench.studies.publish import read_manifest
 
     manifest = read_manifest(target)
     assert manifest is not None, target  # publish wrote it
@@ -247,8 +247,8 @@ def print_check(check: CellCheck) -> None:
 
 
 def cmd_rerun(args: argparse.Namespace) -> int:
-    from pflbench.publish import find_cell
-    from pflbench.verify import check_cell
+    from pflbench.studies.publish import find_cell
+    from pflbench.studies.verify import check_cell
 
     roots = args.results or [PUBLISHED, Path("results")]
     try:
@@ -260,7 +260,7 @@ def cmd_rerun(args: argparse.Namespace) -> int:
     check = check_cell(folder, data_root=args.root, mirror=args.mirror)
     print_check(check)
     from pflbench.config import CellConfig
-    from pflbench.store import Store, read_json_dict
+    from pflbench.storage.store import Store, read_json_dict
 
     cell = CellConfig.stored(read_json_dict(folder / "config.json")["cell"])
     assert check.rerun_result is not None  # the check ran the cell (no notes)
@@ -270,8 +270,8 @@ def cmd_rerun(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from pflbench.publish import read_manifest
-    from pflbench.verify import ACCURACY_TOLERANCE, check_cell, sample_cells
+    from pflbench.studies.publish import read_manifest
+    from pflbench.studies.verify import ACCURACY_TOLERANCE, check_cell, sample_cells
 
     if not args.study.is_dir():
         print(f"verify: no study at {args.study}", file=sys.stderr)
@@ -319,8 +319,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_watch(args: argparse.Namespace) -> int:
-    from pflbench.publish import git_commit
-    from pflbench.watch import (
+    from pflbench.run.cost import git_commit
+    from pflbench.studies.watch import (
         FINGERPRINTS,
         FingerprintBook,
         machine_key,
@@ -415,7 +415,7 @@ def cmd_leaderboard(args: argparse.Namespace) -> int:
     from pflbench.reports import ReportOptions
     from pflbench.reports.studies import build_leaderboard
 
-    from pflbench.publish import PublishError
+    from pflbench.studies.publish import PublishError
 
     options = ReportOptions(
         figures=not args.no_figures,

@@ -1,4 +1,4 @@
-"""`pflbench run SPEC`: the subcommand (the work is done by `pflbench.runner`).
+"""`pflbench run SPEC`: the subcommand (the work is done by `pflbench.run.runner`).
 
 Only the standard library is imported here: `pflbench --help` and `pflbench run --help` build every
 parser, and the runner's imports (torch, pandas, Ray, ...) take seconds; they are imported by
@@ -15,12 +15,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 if TYPE_CHECKING:
-    from pflbench.spec import Plan
+    from pflbench.run.spec import Plan
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from pflbench.cli.commands import add_data_options
-    from pflbench.execution import add_execution_arguments
+    from pflbench.simulator.execution import add_execution_arguments
 
     run = subparsers.add_parser(
         "run",
@@ -109,7 +109,7 @@ def add_checkpoint_options(
     unit: str = "cell",
     resumed: str = "a killed cell continues from its last checkpoint on the next run",
 ) -> None:
-    """Round checkpoints (pflbench/checkpoint.py) and retries of a lost worker's cell (`retried`: what is
+    """Round checkpoints (pflbench/storage/checkpoint.py) and retries of a lost worker's cell (`retried`: what is
     rerun, in words; `unit`: what writes checkpoints, a cell or a sweep's trial; `resumed`: how a killed
     one continues): execution options, not part of a cell's identity."""
     parser.add_argument(
@@ -141,7 +141,7 @@ def add_checkpoint_options(
 
 
 def add_grace_option(parser: argparse._ActionsContainer, who: str, continued: str) -> None:
-    """--grace-seconds (pflbench/preemption.py): `who` stops on a signal, in words; `continued`: how after."""
+    """--grace-seconds (pflbench/run/preemption.py): `who` stops on a signal, in words; `continued`: how after."""
     parser.add_argument(
         "--grace-seconds",
         type=float,
@@ -192,18 +192,18 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise SystemExit("--json goes with --dry-run")
     if checkpoint_problem(args):
         raise SystemExit(checkpoint_problem(args))
-    from pflbench.trackers import TrackerOptions
-    from pflbench.trackers import problems as tracker_problems
+    from pflbench.run.trackers import TrackerOptions
+    from pflbench.run.trackers import problems as tracker_problems
 
     if tracker_problems(args.trackers):  # before anything runs
         raise SystemExit("; ".join(tracker_problems(args.trackers)))
     from rich.markup import escape
 
-    from pflbench.display import make_console, print_plan
-    from pflbench.execution import execution_options
-    from pflbench.runner import PrepareError, RunOptions, run_plan
-    from pflbench.spec import SpecError, load_spec, parse_sets
-    from pflbench.store import DiskFull, Store
+    from pflbench.run.display import make_console, print_plan
+    from pflbench.simulator.execution import execution_options
+    from pflbench.run.runner import PrepareError, RunOptions, run_plan
+    from pflbench.run.spec import SpecError, load_spec, parse_sets
+    from pflbench.storage.store import DiskFull, Store
 
     console = make_console()
     try:

@@ -1,4 +1,4 @@
-"""`pflbench sweep --algo NAME`: the subcommand (the work is done by `pflbench.sweep`, which imports
+"""`pflbench sweep --algo NAME`: the subcommand (the work is done by `pflbench.tuning.sweep`, which imports
 Ray Tune and Optuna when a sweep runs; building this parser imports only the standard library)."""
 
 from __future__ import annotations
@@ -9,12 +9,12 @@ from pathlib import Path
 
 from pflbench.cli.run import add_checkpoint_options, add_grace_option, checkpoint_problem
 
-DEFAULT_BASE = Path("benchmarks/sweeps/default.yaml")  # pflbench.sweep.DEFAULT_BASE
+DEFAULT_BASE = Path("benchmarks/sweeps/default.yaml")  # pflbench.tuning.sweep.DEFAULT_BASE
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from pflbench.cli.commands import add_data_options
-    from pflbench.execution import add_execution_arguments
+    from pflbench.simulator.execution import add_execution_arguments
 
     sweep = subparsers.add_parser(
         "sweep",
@@ -92,10 +92,10 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from pflbench.execution import execution_options
-    from pflbench.runner import RunStopped
-    from pflbench.spec import parse_sets
-    from pflbench.sweep import SweepOptions, base_cell, run_sweep
+    from pflbench.simulator.execution import execution_options
+    from pflbench.run.runner import RunStopped
+    from pflbench.run.spec import parse_sets
+    from pflbench.tuning.sweep import SweepOptions, base_cell, run_sweep
 
     if checkpoint_problem(args):
         print(f"sweep: {checkpoint_problem(args)}", file=sys.stderr)

@@ -28,7 +28,7 @@ What this does to the rest:
   standard deviation. Small, but every float of every cell moves, so every result does too: FedAvg on
   the fmnist cell (20 rounds, cell ids cd7aae08b4e8 as `pool`, ee2b8705b4c1 as `train`) ends at the
   same 68.56% as delivered, 83.00% -> 82.89% after local adaptation.
-- Feature shift (pflbench.shifts) works in normalised units with the same statistics.
+- Feature shift (pflbench.simulator.shifts) works in normalised units with the same statistics.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ import torch
 from pflbench.data.dataset import Dataset, statistics
 
 if TYPE_CHECKING:
-    from pflbench.partitioning import ClientSplits
+    from pflbench.data.partitioning import ClientSplits
 
 NORMALIZATIONS = ("train", "pool")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from pflbench.metrics import client_rows
+from pflbench.simulator.metrics import client_rows
 from pflbench.serving import Serving, score
 
 if TYPE_CHECKING:
@@ -17,7 +17,7 @@ def score_newcomers(algorithm: Algorithm[Any], serving: Serving, evaluate: tuple
     their models from the algorithm, scored as delivered and, with `serving.adapt_epochs`, after local
     adaptation (the same rule as for trained clients), every hook given the newcomers' own `serving`.
     A newcomer model that diverges leaves its scores NaN."""
-    from pflbench.training import Diverged
+    from pflbench.simulator.training import Diverged
 
     start = time.perf_counter()
     newcomers = serving.clients

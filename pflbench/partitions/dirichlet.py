@@ -21,7 +21,7 @@ import numpy as np
 from pydantic import Field
 
 from pflbench.partitions._sampling import draw
-from pflbench.partitioning import PARTITIONS, Partitioner, SchemeParams
+from pflbench.data.partitioning import PARTITIONS, Partitioner, SchemeParams
 
 
 @PARTITIONS.register("dirichlet")

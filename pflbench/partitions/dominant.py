@@ -33,7 +33,7 @@ import numpy as np
 from pydantic import Field
 
 from pflbench.partitions._sampling import balanced_class_choice, draw, even_split, most_clients_per_class
-from pflbench.partitioning import PARTITIONS, Partitioner, SchemeParams
+from pflbench.data.partitioning import PARTITIONS, Partitioner, SchemeParams
 
 
 @PARTITIONS.register("dominant")

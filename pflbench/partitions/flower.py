@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 from pydantic import ConfigDict, Field
 
-from pflbench.partitioning import PARTITIONS, Partitioner, PartitionError, SchemeParams
+from pflbench.data.partitioning import PARTITIONS, Partitioner, PartitionError, SchemeParams
 from pflbench.registry import echo, unknown_message
 
 # The label-driven partitioners (the others need a natural-id or feature column).

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pflbench.partitioning import PARTITIONS, Partitioner
+from pflbench.data.partitioning import PARTITIONS, Partitioner
 
 
 @PARTITIONS.register("iid")

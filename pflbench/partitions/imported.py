@@ -1,7 +1,7 @@
 """`imported`: a split made elsewhere (FL-bench's partition.pkl, or our JSON format), client for client.
 
 `{scheme: imported, params: {path: ..., format: flbench|json, fraction: 1.0}}`. File formats, the index
-order they refer to and the checks made are in `pflbench.interop`. Choices where the formats are silent:
+order they refer to and the checks made are in `pflbench.data.interop`. Choices where the formats are silent:
 
 - The file brings each client's train/val/test; pflbench's stratified train/test split
   (`train_fraction`) is not applied. The number of clients is the file's: a cell's `clients` must equal it.
@@ -29,8 +29,8 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field
 
-from pflbench.interop import FORMATS, PartitionFile, read_bytes, read_partition
-from pflbench.partitioning import PARTITIONS, SPLITS, ClientSplits, Partitioner, SchemeParams
+from pflbench.data.interop import FORMATS, PartitionFile, read_bytes, read_partition
+from pflbench.data.partitioning import PARTITIONS, SPLITS, ClientSplits, Partitioner, SchemeParams
 
 
 @PARTITIONS.register("imported")

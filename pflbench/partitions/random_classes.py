@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pflbench.partitioning import PARTITIONS
+from pflbench.data.partitioning import PARTITIONS
 from pflbench.partitions.pathological import Pathological
 
 

@@ -42,7 +42,7 @@ from pflbench.reports.stats import LEVEL
 from pflbench.reports.tables import CommTable, Table, accuracy_tables, communication_tables, mean_or_none
 from pflbench.reports.document import Report, safe_name
 from pflbench.reports.text import latex_report, markdown_report
-from pflbench.store import store_problems
+from pflbench.storage.store import store_problems
 
 ALPHA, ALPHA_LAYERS = "alpha", "alpha_layers"
 
@@ -328,7 +328,7 @@ PARTITION_FIELDS = (
 def partition_figures(cells: pd.DataFrame, out: Path, options: ReportOptions, report: Report) -> None:
     """Each distinct partition's per-client label counts, rebuilt from the data root's cache."""
     from pflbench.config import CellConfig
-    from pflbench.rounds import prepare_cell
+    from pflbench.simulator.rounds import prepare_cell
 
     done: dict[str, str | None] = {}
     for _, cell in cells.iterrows():

@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from pflbench.reports.protocols import ALL_KEYS, ROUND_KEYS
-from pflbench.store import ARTIFACTS, CONFIG, ERROR, METRICS, ROUNDS, load_store
+from pflbench.storage.store import ARTIFACTS, CONFIG, ERROR, METRICS, ROUNDS, load_store
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -62,7 +62,7 @@ def card(algorithm: str) -> Card:
 def algorithm_class(algorithm: str) -> type[Algorithm[Any]] | None:
     """The registered class of `algorithm`, or None (e.g. a plugin's, not loaded here)."""
     from pflbench.algorithm import ALGORITHMS
-    from pflbench.plugins import load_builtins
+    from pflbench.loader.plugins import load_builtins
 
     load_builtins()
     return ALGORITHMS.get(algorithm) if algorithm in ALGORITHMS else None
@@ -70,7 +70,7 @@ def algorithm_class(algorithm: str) -> type[Algorithm[Any]] | None:
 
 def dataset_class(dataset: str) -> type[Source] | None:
     from pflbench.data.sources import DATASETS
-    from pflbench.plugins import load_builtins
+    from pflbench.loader.plugins import load_builtins
 
     load_builtins()
     return DATASETS.get(dataset) if dataset in DATASETS else None
@@ -79,7 +79,7 @@ def dataset_class(dataset: str) -> type[Source] | None:
 def display_names() -> dict[str, str]:
     """Every known algorithm's display name (registered or stored), by name."""
     from pflbench.algorithm import ALGORITHMS
-    from pflbench.plugins import load_builtins
+    from pflbench.loader.plugins import load_builtins
 
     load_builtins()
     return {name: card(name).display_name for name in sorted({*ALGORITHMS.names(), *STORED_CARDS})}
@@ -91,7 +91,7 @@ class _DatasetAliases(Mapping[str, tuple[str, str]]):
 
     def _table(self) -> dict[str, tuple[str, str]]:
         from pflbench.data.sources import DATASETS
-        from pflbench.plugins import load_builtins
+        from pflbench.loader.plugins import load_builtins
 
         load_builtins()
         return {
@@ -204,7 +204,7 @@ def params_label(row: pd.Series, prefix: str = "partition_params.") -> str:
 
 
 def load_cells(results: str | Path, beside: Sequence[str | Path] = ()) -> pd.DataFrame:
-    """One row per cell with a result (see `pflbench.store.load_store`), every column the reports use
+    """One row per cell with a result (see `pflbench.storage.store.load_store`), every column the reports use
     present, plus `params` (the partition parameters as text) and `mbytes` (down + up, in MB). The cells
     of the `beside` stores join those of `results` (a cell id found twice is one cell: the first store's);
     their rows are told apart in the tables by what differs (an algorithm's hyperparameters, the
@@ -256,7 +256,7 @@ def current_plugin_versions(cells: pd.DataFrame) -> tuple[pd.DataFrame, list[str
     out. A store keeps the cells of every version of a user's plugin (each version's cells have their
     own ids); a report shows one: the version loaded now (`--plugin`), else the one whose cells
     finished last. Built-in cells have no plugin hash and are never left out."""
-    from pflbench import plugins
+    from pflbench.loader import plugins
 
     loaded = {p.source.id: p.source.sha256 for p in plugins.loaded()}
     notes = []

@@ -318,7 +318,7 @@ def reference_of(references: Sequence[Reference], number: str) -> Reference | No
 
 def column_studies(published: Path) -> list[tuple[Path, str]]:
     """(study folder, table number) of every reproduced column (module doc)."""
-    from pflbench.publish import studies
+    from pflbench.studies.publish import studies
 
     out = []
     for folder in studies(published):
@@ -336,7 +336,7 @@ def column_studies(published: Path) -> list[tuple[Path, str]]:
 
 def build_glance(published: str | Path, references: Sequence[Reference] | None = None, level: float = LEVEL) -> Glance:
     """The page's data from the published studies under `published` (module doc)."""
-    from pflbench.publish import beside_studies
+    from pflbench.studies.publish import beside_studies
 
     published = Path(published)
     if references is None:
@@ -544,7 +544,7 @@ def variant_label(row: Row, base: Row | None) -> str:
 
 def _varied_params(folder: Path) -> set[str]:
     """The partition parameters the study's command sets (`--set partition_params.X=...`)."""
-    from pflbench.publish import read_manifest
+    from pflbench.studies.publish import read_manifest
 
     command = (read_manifest(folder) or {}).get("command", "")
     return set(re.findall(r"partition_params\.(\w+)=", command))
@@ -605,7 +605,7 @@ def attach_alpha(glance: Glance, published: Path) -> None:
     """For each reproduced column: the α of its default pFedLA cell (seed 0 or the first) and of every
     variant with layer-wise α on the same column and seed in the published studies, at the same round
     (the last all have) and layer (the last)."""
-    from pflbench.publish import studies
+    from pflbench.studies.publish import studies
 
     stores = {folder.name: load_cells(folder) for folder in studies(published)}
     for column in glance.reproduced:

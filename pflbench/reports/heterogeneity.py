@@ -38,7 +38,7 @@ import numpy as np
 import pandas as pd
 
 from pflbench.config import HETEROGENEITY_FIELDS
-from pflbench.privacy import privacy_caption
+from pflbench.simulator.privacy import privacy_caption
 from pflbench.reports.cells import is_reference
 from pflbench.reports.knobs import OFF, knob_columns, knob_setting, show_value as _show  # noqa: F401 (OFF: read by others)
 from pflbench.reports.rows import Row, row_of_cells, row_order

@@ -40,7 +40,7 @@ def _signature(path: str, stamp: float) -> str | None:
 
 def cell_signature(path: str | Path) -> str | None:
     """A digest of a cell's per-round, per-client metrics (None: none stored)."""
-    from pflbench.store import METRICS
+    from pflbench.storage.store import METRICS
 
     file = Path(path) / METRICS
     try:

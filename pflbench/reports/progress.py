@@ -71,7 +71,7 @@ def skipped_text(item: dict) -> str:
 def store_progress(results: str | Path) -> dict[str, int]:
     """{"running": cells claimed by a runner and without a result yet, "unfinished": cells started but
     without a result and without a claim (running in an older runner, or killed)}."""
-    from pflbench.store import CLAIM, CONFIG, SUMMARY
+    from pflbench.storage.store import CLAIM, CONFIG, SUMMARY
 
     root = Path(results)
     running = unfinished = 0

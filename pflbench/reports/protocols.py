@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from pflbench.metrics import accuracy_key, round_key
+from pflbench.simulator.metrics import accuracy_key, round_key
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -110,7 +110,7 @@ class Protocol:
 
     @property
     def key(self) -> str:
-        """The summary.json key holding this protocol's number for one cell (pflbench.metrics writes it)."""
+        """The summary.json key holding this protocol's number for one cell (pflbench.simulator.metrics writes it)."""
         return accuracy_key(self.selection, self.adapted, self.averaging)
 
     @property

@@ -8,7 +8,7 @@ import re
 
 from pathlib import Path
 
-from pflbench.publish import reproduce_commands, study_state
+from pflbench.studies.publish import reproduce_commands, study_state
 
 
 def machine_text(machine: dict) -> str:
@@ -105,7 +105,7 @@ def study_facts(store: str | Path) -> dict | None:
 
 def cell_provenance(store: str | Path, cell_id: str) -> dict | None:
     """A cell page's "Reproduce" section: the commands, and the study's facts; None outside a study."""
-    from pflbench.store import SUMMARY, read_json_dict
+    from pflbench.storage.store import SUMMARY, read_json_dict
 
     facts = study_facts(store)
     if facts is None:

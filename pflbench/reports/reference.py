@@ -187,7 +187,7 @@ def read_reference(path: str | Path) -> Reference:
 
 def default_reference_dir() -> Path | None:
     """benchmarks/reference of the working directory, else the one shipped with pflbench (the checkout's)."""
-    from pflbench.resources import benchmarks_dir
+    from pflbench.run.resources import benchmarks_dir
 
     for candidate in (Path("benchmarks") / "reference", benchmarks_dir() / "reference"):
         if candidate.is_dir():

@@ -24,7 +24,7 @@ import pandas as pd
 from pflbench.reports.cells import read_metrics
 from pflbench.reports.protocols import Protocol
 from pflbench.reports.stats import Sample
-from pflbench.store import METRICS
+from pflbench.storage.store import METRICS
 
 AGREE = 1e-6  # a cell's per-client mean and its summary's number agree to this (both in [0, 1])
 

@@ -41,7 +41,7 @@ from pflbench.reports.dotplot import dot_plot
 from pflbench.reports.rows import TUNED, Row
 from pflbench.reports.reference import Reference
 from pflbench.reports.tables import DATA_DIFFER, CommTable, Table, mean_or_none, payload_text
-from pflbench.store import flatten
+from pflbench.storage.store import flatten
 
 CELL_COLUMNS = [  # (title, key, numeric)
     ("cell", "hash", False),
@@ -63,7 +63,7 @@ CELL_COLUMNS = [  # (title, key, numeric)
     ("wall s", "wall_time", True),
     ("peak host MB", "peak_host_mb", True),
     ("peak GPU MB", "peak_gpu_mb", True),
-]  # pflbench/cost.py
+]  # pflbench/run/cost.py
 PERCENT_KEYS = (
     "final_accuracy",
     "final_worst10_accuracy",
@@ -145,7 +145,7 @@ def cell_rows(cells: pd.DataFrame) -> list[dict]:
         row["bestval_round"] = None if rnd is None or pd.isna(rnd) or cell["status"] != "finished" else int(rnd)
         row["mbytes"] = None if pd.isna(cell["mbytes"]) else float(cell["mbytes"])
         row["wall_time"] = None if pd.isna(cell["wall_time"]) else float(cell["wall_time"])
-        for key in ("peak_host", "peak_gpu"):  # what the cell cost in memory (pflbench/cost.py)
+        for key in ("peak_host", "peak_gpu"):  # what the cell cost in memory (pflbench/run/cost.py)
             value = cell.get(f"{key}_bytes")
             row[f"{key}_mb"] = None if value is None or pd.isna(value) else float(value) / 1e6
         rows.append(row)

@@ -3,12 +3,12 @@
     out/index.html        one row per study: what ran (command), on which commit and machine, when, how
                           long, its cells' statuses, the methods' average ranks over its columns (ranks.py;
                           studies of several columns), and whether it is current, stale or failed
-                          (pflbench/publish.py, `study_state`); stale and failed studies are listed apart
+                          (pflbench/studies/publish.py, `study_state`); stale and failed studies are listed apart
     out/<study>/          that study's report, exactly as `pflbench report` makes it (tables under every
                           protocol, figures, a page per cell); each page carries the study's provenance
                           (`study_facts`) and each cell page the commands that reproduce it. The studies
                           that results/published/leaderboard.yaml puts beside it (its variants:
-                          `pflbench.publish.beside_studies`) have their rows in its tables too, as
+                          `pflbench.studies.publish.beside_studies`) have their rows in its tables too, as
                           `pflbench report --beside` shows them
 
 Besides the published studies, `extra` stores (e.g. CI's fresh run of benchmarks/ci.yaml) are shown as
@@ -23,7 +23,7 @@ from pathlib import Path
 
 from jinja2 import Environment, PackageLoader, StrictUndefined
 
-from pflbench.publish import beside_studies, read_manifest, studies, study_state
+from pflbench.studies.publish import beside_studies, read_manifest, studies, study_state
 from pflbench.reports.build import ReportOptions, build_reports
 from pflbench.reports.document import Report, safe_name
 from pflbench.reports.glance import HOW_TO_READ, IDENTIFIED, Glance, build_glance, findings, write_csv, write_figures
@@ -180,6 +180,6 @@ def _first_ranks(report: Report) -> StudyRanks | None:
 def _statuses(store: Path) -> dict:
     from collections import Counter
 
-    from pflbench.store import scan_store
+    from pflbench.storage.store import scan_store
 
     return dict(Counter(summary.get("status", "?") for _, _, summary in scan_store(store)[0]))

@@ -1,0 +1,1 @@
+"""The custom-step kit: the documented second layer for methods whose local update is not SGD on one objective (own batched steps, a body and a head, training on features). Built on the method API and the engine."""
