@@ -17,7 +17,8 @@ import pytest
 from rich.console import Console
 
 from pflbench.reports.reference import load_references
-from pflbench.run.runner import RunOptions, run_plan
+from pflbench.run.options import RunOptions
+from pflbench.run.runner import run_plan
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "analysis"))
 import alpha  # noqa: E402

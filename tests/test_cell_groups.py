@@ -357,7 +357,8 @@ def test_form_groups_by_architecture_in_order():
 def test_the_runner_records_grouped_cells_as_it_records_cells_alone(tmp_path, faulty_algorithms):
     """`pflbench run --no-ray` with groups: one group of 8 cells (a failing and a diverging one among
     them), each cell's result in the store as the ungrouped run writes it, the group recorded."""
-    from pflbench.run.runner import RunOptions, run_plan
+    from pflbench.run.options import RunOptions
+    from pflbench.run.runner import run_plan
     from pflbench.run.spec import parse_spec
     from pflbench.storage.store import Store
     from rich.console import Console
@@ -456,7 +457,8 @@ def test_groups_on_ray_give_the_one_by_one_summaries(tmp_path, faulty_algorithms
     """`pflbench run` on Ray with cell groups: two groups (two dataset shapes), a failing and a diverging
     cell in one of them; every cell's summary and metrics are those of the in-process run one by one,
     and each grouped cell records its group."""
-    from pflbench.run.runner import RunOptions, run_plan
+    from pflbench.run.options import RunOptions
+    from pflbench.run.runner import run_plan
     from pflbench.run.spec import parse_spec
     from pflbench.storage.store import Store
     from rich.console import Console
@@ -511,7 +513,8 @@ def test_a_killed_group_on_ray_resumes_each_cell_from_its_own_checkpoint(
 
     from checkpoint_helpers import TIMING_COLUMNS
     from pflbench.storage.checkpoint import read_checkpoint
-    from pflbench.run.runner import RunOptions, run_plan
+    from pflbench.run.options import RunOptions
+    from pflbench.run.runner import run_plan
     from pflbench.run.spec import parse_spec
     from pflbench.storage.store import Store
     from rich.console import Console
@@ -644,7 +647,8 @@ def test_sigterm_stops_a_group_on_ray_at_the_end_of_its_round_and_the_rerun_resu
     from pflbench.storage.checkpoint import CHECKPOINT, read_header
     from pflbench.config import cell_hash
     from pflbench.run.preemption import PREEMPTED_EXIT
-    from pflbench.run.runner import RunOptions, run_plan
+    from pflbench.run.options import RunOptions
+    from pflbench.run.runner import run_plan
     from pflbench.run.spec import parse_spec
     from rich.console import Console
 
@@ -728,7 +732,8 @@ def test_an_in_process_group_records_a_finished_cell_before_its_slower_cell_and_
     from checkpoint_helpers import TIMING_COLUMNS
     from pflbench.simulator.groups import SUMMARY_KEYS
     from pflbench.simulator.metrics import RUN_RECORD_KEYS
-    from pflbench.run.runner import RunOptions, run_plan
+    from pflbench.run.options import RunOptions
+    from pflbench.run.runner import run_plan
     from pflbench.run.spec import load_spec
     from pflbench.storage.store import Store
     from rich.console import Console

@@ -306,7 +306,8 @@ def test_checkpoints_keep_only_the_latest_and_record_their_cost(tmp_path):
 def test_checkpoints_from_a_chosen_round_are_kept_beside_the_store_cells(tmp_path):
     """`keep_from`: every checkpoint written from that round on is also copied, byte for byte, to
     <store>/_kept/<hash>/round-NNNN.pt, and stays after the cell finished; the store's cells ignore it."""
-    from pflbench.run.runner import RunOptions, cell_checkpointer
+    from pflbench.run.cell import cell_checkpointer
+    from pflbench.run.options import RunOptions
     from pflbench.storage.store import KEPT, Store, load_store, store_problems
 
     cell = small_cell(rounds=6)

@@ -28,7 +28,8 @@ from rich.console import Console
 from checkpoint_helpers import TIMING_COLUMNS
 from pflbench.loader import plugins
 from pflbench.storage.checkpoint import read_checkpoint
-from pflbench.run.runner import RunOptions, run_plan
+from pflbench.run.options import RunOptions
+from pflbench.run.runner import run_plan
 from pflbench.run.spec import parse_spec
 from pflbench.storage.store import Store
 

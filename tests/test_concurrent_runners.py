@@ -15,7 +15,8 @@ import yaml
 from rich.console import Console
 
 from pflbench.storage import store as store_module
-from pflbench.run.runner import RunOptions, run_plan
+from pflbench.run.options import RunOptions
+from pflbench.run.runner import run_plan
 from pflbench.run.spec import parse_spec
 from pflbench.storage.store import CLAIM, Store, load_store
 
@@ -94,7 +95,7 @@ def test_a_cell_taken_over_without_a_checkpoint_says_it_starts_from_round_1(tmp_
     5-minute checkpoint policy): the cell's claim, naming a dead process. The next run says that the cell
     starts over, instead of restarting it silently; a cell nobody had started gets no such line."""
     from pflbench.config import cell_hash
-    from pflbench.run.runner import NO_CHECKPOINT
+    from pflbench.run.stops import NO_CHECKPOINT
 
     plan = parse_spec(
         {**SPEC, "matrix": {**SPEC["matrix"], "seed": [0]}, "defaults": {**SPEC["defaults"], "rounds": 2}}

@@ -24,7 +24,9 @@ import pflbench.storage.store as store_module
 from checkpoint_helpers import assert_same_result
 from pflbench.storage.checkpoint import CHECKPOINT, read_header
 from pflbench.config import cell_hash
-from pflbench.run.runner import DISK_FULL_EXIT, RunOptions, run_plan
+from pflbench.run.options import RunOptions
+from pflbench.run.runner import run_plan
+from pflbench.run.stops import DISK_FULL_EXIT
 from pflbench.run.spec import parse_spec
 from pflbench.storage.store import DiskFull, Store, store_problems
 
@@ -324,7 +326,7 @@ def test_on_ray_the_line_names_every_cell_the_full_disk_stopped(tmp_path, monkey
     line names each of them and where the next run continues it, and their claims are released (the
     scheduler's handler alone, on a store of its own: a real full disk under Ray is the in-process case's)."""
     ray = pytest.importorskip("ray")
-    from pflbench.run.runner import RayRun
+    from pflbench.run.on_ray import RayRun
 
     cells = the_plan().cells[:3]
     store = Store(tmp_path / "store")

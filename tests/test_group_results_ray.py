@@ -22,7 +22,8 @@ def test_a_finished_cell_is_recorded_while_its_group_runs_and_not_recomputed_aft
 ):
     from checkpoint_helpers import TIMING_COLUMNS
     from pflbench.config import cell_hash
-    from pflbench.run.runner import RunOptions, run_plan
+    from pflbench.run.options import RunOptions
+    from pflbench.run.runner import run_plan
     from pflbench.run.spec import parse_spec
     from pflbench.storage.store import Store
     from rich.console import Console

@@ -1,4 +1,4 @@
-"""Out of memory (pflbench/run/runner.py): a cell that runs out of memory is recorded as failed with the reason
+"""Out of memory (pflbench/run/memory.py): a cell that runs out of memory is recorded as failed with the reason
 "out of memory (peak N MB)" while the others go on; a Ray worker that Ray's memory monitor killed is
 named the same way in the retry note and the failed result (from constructed Ray errors), and so is a
 real Ray worker that the kernel's OOM killer ends under a memory cgroup's limit (pflbench/run/oom_kills.py;
@@ -18,7 +18,9 @@ from rich.console import Console
 
 from pflbench.algorithm import ALGORITHMS
 from pflbench.config import cell_hash
-from pflbench.run.runner import RunOptions, is_out_of_memory, out_of_memory, run_plan, worker_lost
+from pflbench.run.memory import is_out_of_memory, out_of_memory, worker_lost
+from pflbench.run.options import RunOptions
+from pflbench.run.runner import run_plan
 from pflbench.run.spec import parse_spec
 from pflbench.storage.store import Store
 

@@ -1,5 +1,5 @@
 """SIGTERM to every process of a Ray job at once, as SLURM's `scancel` and Kubernetes' pod termination send it
-(pflbench/run/runner.py's `RayRun.loop`): the driver, Ray's own processes and the workers running the cells all get
+(pflbench/run/on_ray.py's `RayRun.loop`): the driver, Ray's own processes and the workers running the cells all get
 the signal. The run ends with one "preempted" line and PREEMPTED_EXIT, without a Ray traceback, and every round
 checkpoint written before the signal is still there for the next run.
 

@@ -21,7 +21,8 @@ from pflbench.loader import plugins
 from pflbench.storage.checkpoint import CHECKPOINT, read_header
 from pflbench.config import cell_hash
 from pflbench.run.preemption import PREEMPTED_EXIT
-from pflbench.run.runner import RunOptions, run_plan
+from pflbench.run.options import RunOptions
+from pflbench.run.runner import run_plan
 from pflbench.run.spec import parse_spec
 
 ROUNDS = 8

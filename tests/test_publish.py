@@ -16,7 +16,8 @@ from pflbench.algorithm import get_algorithm
 from pflbench.cli import main
 from pflbench.studies.publish import MANIFEST, PublishError, publish, read_manifest, study_state
 from pflbench.reports import ReportOptions
-from pflbench.run.runner import RunOptions, run_plan
+from pflbench.run.options import RunOptions
+from pflbench.run.runner import run_plan
 from pflbench.storage.store import METRICS, SUMMARY, check_folder, file_record, read_json_dict, write_json
 from pflbench.studies.verify import check_cell, compare, rerun, sample_cells
 

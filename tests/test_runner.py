@@ -12,7 +12,8 @@ from pflbench.simulator.execution import ExecutionOptions
 from pflbench.algorithm import ALGORITHMS
 from pflbench.fedavg import FedAvg
 from pflbench.config import cell_hash
-from pflbench.run.runner import RunOptions, run_plan
+from pflbench.run.options import RunOptions
+from pflbench.run.runner import run_plan
 from pflbench.run.spec import parse_spec
 from pflbench.storage.store import Store, load_store
 

@@ -14,7 +14,8 @@ from rich.console import Console
 from pflbench.cli import main
 from pflbench.config import cell_hash
 from pflbench.reports.build import ReportOptions, build_reports
-from pflbench.run.runner import RunOptions, run_plan
+from pflbench.run.options import RunOptions
+from pflbench.run.runner import run_plan
 from pflbench.run.spec import parse_spec
 from pflbench.storage.store import DAMAGED, SET_ASIDE, Store, load_store, scan_store
 

@@ -14,7 +14,8 @@ import pflbench.simulator.rounds as rounds
 from pflbench.simulator.execution import ExecutionOptions
 from pflbench.config import cell_hash
 from pflbench.data.partitioning import ClientSplits
-from pflbench.run.runner import RunOptions, run_plan
+from pflbench.run.options import RunOptions
+from pflbench.run.runner import run_plan
 from pflbench.run.spec import parse_spec
 from pflbench.storage.store import Store
 from pflbench.tuning.sweep import SweepError, SweepOptions, run_sweep, run_trial, search_space, trial_cell

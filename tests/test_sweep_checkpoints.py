@@ -456,7 +456,7 @@ def test_a_stopping_sweep_waits_for_the_trials_running_at_the_signal_at_most_the
 
     from pflbench.storage.checkpoint import encode_checkpoint
     from pflbench.run.preemption import Preempted, Preemption
-    from pflbench.run.runner import start_board
+    from pflbench.run.on_ray import start_board
     from pflbench.tuning.sweep_stop import STOPPED, TrialStops
 
     def stopping(running_at_signal: list[str]):
@@ -510,7 +510,7 @@ def test_a_stopping_sweep_waits_for_a_trial_that_started_before_tune_marked_it_r
     from types import SimpleNamespace
 
     from pflbench.run.preemption import Preempted, Preemption
-    from pflbench.run.runner import start_board
+    from pflbench.run.on_ray import start_board
     from pflbench.tuning.sweep_stop import STOPPED, EndTuneRun, TrialStops, active
 
     board = start_board()

@@ -14,7 +14,8 @@ import pytest
 from cells import small_cell
 
 from pflbench.config import cell_hash
-from pflbench.run.runner import RunOptions, execute_cell
+from pflbench.run.cell import execute_cell
+from pflbench.run.options import RunOptions
 from pflbench.run.spec import Resources
 from pflbench.run.trackers import TrackerOptions, problems
 

@@ -12,7 +12,8 @@ from rich.console import Console
 from pflbench.simulator import models
 from pflbench.cli import main
 from pflbench.studies.publish import publish
-from pflbench.run.runner import RunOptions, run_plan
+from pflbench.run.options import RunOptions
+from pflbench.run.runner import run_plan
 from pflbench.storage.store import SUMMARY, file_record, read_json_dict, write_json
 from pflbench.studies.watch import FINGERPRINTS, PublishedCell, machine_key, representatives, slice_of
 

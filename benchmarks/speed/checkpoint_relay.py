@@ -19,7 +19,8 @@ import time
 from pathlib import Path
 
 from pflbench.config import cell_hash
-from pflbench.run.runner import RunOptions, execute_cell
+from pflbench.run.cell import execute_cell
+from pflbench.run.options import RunOptions
 from pflbench.run.spec import load_spec, parse_sets
 
 MODES = ("worker-disk", "driver-store")

@@ -15,7 +15,8 @@ import sys
 import time
 from pathlib import Path
 
-from pflbench.run.runner import RunOptions, cell_checkpointer
+from pflbench.run.cell import cell_checkpointer
+from pflbench.run.options import RunOptions
 from pflbench.run.spec import load_spec, parse_sets
 
 

@@ -106,7 +106,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         print(f"report: --baseline: {error}", file=sys.stderr)
         return 2
     except OSError as error:  # a full disk: the line `pflbench run` gives (pflbench/storage/store.py's DiskFull)
-        from pflbench.run.runner import DISK_FULL_EXIT
+        from pflbench.run.stops import DISK_FULL_EXIT
         from pflbench.storage.store import disk_full_in
 
         full = disk_full_in(error, args.out)

@@ -201,7 +201,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     from pflbench.run.display import make_console, print_plan
     from pflbench.simulator.execution import execution_options
-    from pflbench.run.runner import PrepareError, RunOptions, run_plan
+    from pflbench.run.options import PrepareError, RunOptions
+    from pflbench.run.runner import run_plan
     from pflbench.run.spec import SpecError, load_spec, parse_sets
     from pflbench.storage.store import DiskFull, Store
 

@@ -18,7 +18,7 @@
                        folders had uncommitted changes (read once per process: the code it imported
                        then is the code it runs); absent outside a git checkout
 
-The runner calls it around `run_cell` (pflbench/run/runner.py, `execute_cell`); a failed cell's result
+The runner calls it around `run_cell` (pflbench/run/cell.py, `execute_cell`); a failed cell's result
 (an exception) carries none of these.
 """
 
@@ -174,7 +174,7 @@ def code_version() -> dict:
 @contextmanager
 def measuring(device: str) -> Iterator[Callable[[], dict]]:
     """The facts `measured` adds to a summary, over a span that several results share (a cell group's,
-    pflbench/run/runner.py's `execute_group`): the function it yields gives them as of the moment it is
+    pflbench/run/cell.py's `execute_group`): the function it yields gives them as of the moment it is
     called, the peaks being the span's so far (a cell that finishes early gets the peak until then)."""
     cuda = str(device).startswith("cuda")
     if cuda:

@@ -183,7 +183,7 @@ class Display:
 
 
 class RunOutcome(Protocol):
-    """What the summary reads of a run's outcome (`pflbench.run.runner.RunReport`; named by what it offers,
+    """What the summary reads of a run's outcome (`pflbench.run.options.RunReport`; named by what it offers,
     since the runner imports this module)."""
 
     @property

@@ -19,7 +19,7 @@ A scheduler that preempts a job sends SIGTERM and kills it a grace period later 
 
 On Ray the driver holds the `Preemption` (Ray's own SIGTERM handler, which exits, is replaced again
 after `ray.init`: `take_signals`) and passes the stop on to the running cells through its progress
-board; a worker's Checkpointer reads it there (pflbench/run/runner.py's `BoardStop`). The cells that have
+board; a worker's Checkpointer reads it there (pflbench/run/on_ray.py's `BoardStop`). The cells that have
 not ended their round `grace_seconds` after the signal are cancelled (their round's work is lost).
 A SIGTERM that reaches the Ray workers themselves (a scheduler signalling every process of the job:
 `scancel`, a Kubernetes pod's termination) ends them at once, as Ray's workers do, and Ray's own

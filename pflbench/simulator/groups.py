@@ -267,7 +267,7 @@ _R = TypeVar("_R", bound=_Resources)
 def group_resources(resources: _R, cells: int) -> _R:
     """What a group of `cells` cells, each asking `resources` (a spec's `Resources`), asks of Ray as one
     task: one cell's CPUs, since in lock-step one cell computes at a time on that many torch threads
-    (`pflbench.run.runner.execute_group`); and the cells' GPU fractions summed, at most one whole GPU, since
+    (`pflbench.run.cell.execute_group`); and the cells' GPU fractions summed, at most one whole GPU, since
     the group trains in one process on one device (a cell asking for whole GPUs: the same GPUs)."""
     gpus = resources.gpus if resources.gpus >= 1 else min(1.0, round(resources.gpus * cells, 4))
     return resources.model_copy(update={"gpus": gpus})

@@ -154,7 +154,8 @@ def rerun(
     from pflbench.data import data_mirror, data_root as resolve_root
     from pflbench.simulator.execution import ExecutionOptions
     from pflbench.studies.publish import read_manifest
-    from pflbench.run.runner import RunOptions, execute_cell
+    from pflbench.run.cell import execute_cell
+    from pflbench.run.options import RunOptions
     from pflbench.run.spec import Resources
 
     folder = Path(folder)

@@ -242,7 +242,7 @@ def run_trial(
     restarts it; kept through `keeper` (the driver's CheckpointKeeper actor, pflbench/run/checkpoint_relay.py)
     under the trial's id, or, without one, in `folder/<trial id>/` on this machine (a trial run outside
     a sweep). A resumed trial first reports again what it reported up to its checkpoint (`TrialCheckpointer`).
-    `board`: the sweep driver's ProgressBoard (pflbench/run/runner.py), where a stop on SIGTERM / Ctrl-C is
+    `board`: the sweep driver's ProgressBoard (pflbench/run/on_ray.py), where a stop on SIGTERM / Ctrl-C is
     asked for: the trial then writes its checkpoint at the end of its round and waits, at most
     `stop_wait` seconds, for the driver to end it (with checkpoints only; pflbench/tuning/sweep_stop.py)."""
     import torch
@@ -250,7 +250,7 @@ def run_trial(
 
     from pflbench.simulator.rounds import run_cell
     from pflbench.loader.plugins import activate
-    from pflbench.run.runner import BoardStop
+    from pflbench.run.on_ray import BoardStop
 
     activate(plugins)  # the user's plugins, in this Ray worker, before the trial's cell is resolved
     cell = trial_cell(CellConfig(**base), config)
@@ -403,7 +403,7 @@ def run_sweep(
     from pflbench.data import data_mirror, data_root
     from pflbench.run.ray_cluster import ClusterError, connect_ray
     from pflbench.simulator.rounds import prepare_cell
-    from pflbench.run.runner import RunStopped, acknowledge
+    from pflbench.run.stops import RunStopped, acknowledge
 
     if options.trials < 1:
         raise SweepError("--trials must be at least 1")
@@ -491,7 +491,7 @@ def run_tune(
 
     from pflbench.run.checkpoint_relay import start_keeper
     from pflbench.loader.plugins import sources_for
-    from pflbench.run.runner import start_board
+    from pflbench.run.on_ray import start_board
     from pflbench.tuning.sweep_stop import EndTuneRun, TrialStops, active
 
     keeper = board = None

@@ -3,7 +3,7 @@
 
 - the driver holds a `Preemption` (taken back from `ray.init`, whose SIGTERM handler exits, and from
   Ray Tune, which installs its own SIGINT handler when its run starts: `EndTuneRun.setup`) and passes
-  the stop to the running trials through a `ProgressBoard` (pflbench/run/runner.py);
+  the stop to the running trials through a `ProgressBoard` (pflbench/run/on_ray.py);
 - each trial says on the board that it started, before its first round (`started_trial`: Tune may not
   have marked it running yet), and reads the stop there (`BoardStop`) at the end of its round, writes that round's checkpoint
   through the driver's checkpoint keeper (its `Checkpointer`, as a cell's), says so on the board and
@@ -100,7 +100,7 @@ class TrialStops:
         ones that said on the board they started (`started_trial`) are running too."""
         import ray
 
-        from pflbench.run.runner import round_of_checkpoint
+        from pflbench.run.stops import round_of_checkpoint
 
         if self.ended or not self.preemption.requested:
             return False
@@ -126,7 +126,7 @@ class TrialStops:
         return True
 
     def line(self, folder: Path) -> str:
-        from pflbench.run.runner import next_run, stopped_at
+        from pflbench.run.stops import next_run, stopped_at
 
         grace = self.preemption.grace_seconds
         trials = [f"trial {trial}: {stopped_at(stop, self.rounds, grace)}" for trial, stop in self.stopped.items()]
