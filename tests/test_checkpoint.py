@@ -258,7 +258,7 @@ def test_a_state_that_does_not_fit_the_algorithm_is_set_aside_and_the_algorithm_
     magic, _, text = head.partition(b" ")
     header = json.loads(text)
     probe = Checkpointer(folder, cell)
-    from pflbench.storage.checkpoint import code_version
+    from pflbench.storage.code_version import code_version
     from pflbench.config import cell_hash
 
     header.update(hash=cell_hash(cell), code=code_version(ALGORITHMS.get("fedavg")))
@@ -387,7 +387,7 @@ def test_a_sweep_trial_writes_checkpoints_and_a_retried_trial_resumes_from_them(
 
     from ray import tune
 
-    from pflbench.tuning.sweep import run_trial
+    from pflbench.tuning.trial import run_trial
 
     reports = []
     monkeypatch.setenv("PFLBENCH_DATA", str(tmp_path))

@@ -224,7 +224,7 @@ def test_the_code_version_names_source_files_without_the_checkouts_place():
     """A retry on another node resumes only if that node's code version is the writer's: the hash covers
     the files' names inside the checkout and their contents, never where the checkout lives."""
     from pflbench.algorithm import ALGORITHMS
-    from pflbench.storage.checkpoint import source_files
+    from pflbench.storage.code_version import source_files
 
     names = source_files(ALGORITHMS.get("fedavg"))
     assert {"pflbench/simulator/rounds.py", "pflbench/storage/checkpoint.py", "pflbench/fedavg.py"} <= set(names)

@@ -1,5 +1,5 @@
 """A checkpoint carried between GPU loans keeps its code version across commits that do not touch what the
-cell computes (pflbench.storage.checkpoint.source_files: what the round loop, the cell groups' runner and the
+cell computes (pflbench.storage.code_version.source_files: what the round loop, the cell groups' runner and the
 algorithm import), and is refused across one that does: a git checkout of pflbench, a tiny cell stopped by
 SIGTERM after its first round checkpoint, then run again after an unrelated commit (it resumes) and after a
 related one (its checkpoint is set aside, naming the code version, and the cell starts over)."""
@@ -122,7 +122,7 @@ def test_the_code_version_follows_the_algorithms_imports():
     the runner, the store, the CLI or the reports; the execution options are left out (what they decide that
     changes rounding is in the header's execution path)."""
     from pflbench.algorithm import ALGORITHMS
-    from pflbench.storage.checkpoint import source_files
+    from pflbench.storage.code_version import source_files
 
     pfedme, fedavg = source_files(ALGORITHMS.get("pfedme")), source_files(ALGORITHMS.get("fedavg"))
     assert "algorithms/pfedme.py" in pfedme and "algorithms/pfedme.py" not in fedavg
@@ -152,7 +152,7 @@ def test_the_captured_step_keeps_a_carried_cell_only_once_verified(monkeypatch):
     """A checkpoint written on CUDA with the static (captured) step resumes eagerly, and the other way round,
     only once the `graphs` verdict is set (CUDA_GRAPHS_VERIFIED: captured bit-identical to eager); any other
     difference of the execution path refuses it either way."""
-    from pflbench.storage.checkpoint import same_path
+    from pflbench.storage.code_version import same_path
 
     eager = {"device": "cuda", "batched": True, "compiled": False, "channels_last": False, "client_threads": 1}
     captured = {**eager, "static_step": True}

@@ -11,7 +11,8 @@ from pflbench.config import CellConfig
 from pflbench.simulator.federation import Federation
 from pflbench.simulator.rounds import prepare_cell, run_cell
 from pflbench.simulator.models import MODEL_GROUPS, build_model, check_model_spec, client_groups, is_heterogeneous
-from pflbench.run.spec import SpecError, parse_spec
+from pflbench.run.spec import parse_spec
+from pflbench.run.spec_problems import SpecError
 from pflbench.payload import Payload
 
 

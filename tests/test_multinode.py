@@ -508,7 +508,7 @@ def test_a_sweep_whose_worker_node_is_lost_resumes_its_trials_from_the_drivers_k
     from pflbench.storage.checkpoint import read_checkpoint
     from pflbench.simulator.execution import ExecutionOptions
     from pflbench.loader.plugins import sources_for
-    from pflbench.tuning.sweep import base_cell, run_trial
+    from pflbench.tuning.trial import base_cell, run_trial
 
     plugin, gate = gated_plugin(tmp_path, "repr(self.engine.cell.lr)")
     store = tmp_path / "store"

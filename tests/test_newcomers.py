@@ -15,7 +15,8 @@ from pflbench.simulator.rounds import prepare_cell, run_cell, run_rounds
 from pflbench.serving import Serving
 from pflbench.simulator.metrics import trained_rows
 from pflbench.newcomers import newcomer_ids
-from pflbench.run.spec import SpecError, parse_spec
+from pflbench.run.spec import parse_spec
+from pflbench.run.spec_problems import SpecError
 
 get_algorithm("fedavg")  # registers the built-in algorithms
 SERVED = sorted(name for name, cls in ALGORITHMS.items() if not cls.capabilities.newcomers)

@@ -21,7 +21,8 @@ from pflbench.simulator.metrics import RUN_RECORD_KEYS
 from pflbench.algorithm import ALGORITHMS
 from pflbench.cli import main
 from pflbench.config import cell_hash
-from pflbench.run.spec import SpecError, load_spec, parse_spec
+from pflbench.run.spec import load_spec, parse_spec
+from pflbench.run.spec_problems import SpecError
 from pflbench.storage.store import Store
 
 REPO = Path(__file__).resolve().parents[1]

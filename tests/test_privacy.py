@@ -10,7 +10,8 @@ from pflbench.algorithm import get_algorithm
 from pflbench.config import cell_hash
 from pflbench.simulator.rounds import run_cell
 from pflbench.simulator.privacy import ALPHAS, CentralPrivacyPlan, PrivacyParams, PrivacyPlan
-from pflbench.run.spec import SpecError, parse_spec
+from pflbench.run.spec import parse_spec
+from pflbench.run.spec_problems import SpecError
 from pflbench.payload import Payload
 
 get_algorithm("fedavg")  # registers the built-in algorithms

@@ -399,7 +399,8 @@ def test_every_cell_is_narrowed_by_its_variant_name_and_client_entry(tmp_path):
     every published cell one command from re-running; both had only the rerun command)."""
     from pflbench.config import cell_hash
     from pflbench.studies.publish import narrowing_sets
-    from pflbench.run.spec import load_spec, parse_sets
+    from pflbench.run.spec import load_spec
+    from pflbench.run.spec_axes import parse_sets
 
     spec = tmp_path / "v.yaml"
     spec.write_text(

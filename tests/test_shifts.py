@@ -12,7 +12,8 @@ from pflbench.config import CellConfig, cell_hash
 from pflbench.data.normalization import normalized_for_cell
 from pflbench.simulator.federation import Federation
 from pflbench.simulator.rounds import prepare_cell, run_cell
-from pflbench.run.spec import SpecError, parse_spec, resolve_cell
+from pflbench.run.spec import parse_spec, resolve_cell
+from pflbench.run.spec_problems import SpecError
 
 IMAGES = dict(
     dataset="synthetic-images",

@@ -13,7 +13,9 @@ from pflbench.algorithm import ALGORITHMS
 from pflbench.algorithm import Hyperparams as BaseHyperparams
 from pflbench.fedavg import FedAvg
 from pflbench.config import cell_hash
-from pflbench.run.spec import SpecError, load_spec, parse_sets, parse_spec
+from pflbench.run.spec import load_spec, parse_spec
+from pflbench.run.spec_axes import parse_sets
+from pflbench.run.spec_problems import SpecError
 
 
 class ProxLike(FedAvg):

@@ -18,7 +18,8 @@ from pflbench.run.options import RunOptions
 from pflbench.run.runner import run_plan
 from pflbench.run.spec import parse_spec
 from pflbench.storage.store import Store
-from pflbench.tuning.sweep import SweepError, SweepOptions, run_sweep, run_trial, search_space, trial_cell
+from pflbench.tuning.sweep import run_sweep
+from pflbench.tuning.trial import SweepError, SweepOptions, run_trial, search_space, trial_cell
 
 BASE = {
     "name": "sweep-test",
@@ -142,7 +143,7 @@ def test_tiny_sweep_through_ray_tune_writes_a_configuration_the_runner_uses(tmp_
 
 
 def test_a_sweep_base_must_be_one_cell(tmp_path):
-    from pflbench.tuning.sweep import base_cell
+    from pflbench.tuning.trial import base_cell
 
     path = Path(tmp_path / "two.yaml")
     path.write_text(yaml.safe_dump({**BASE, "matrix": {**BASE["matrix"], "seed": [0, 1]}}))

@@ -132,7 +132,7 @@ def uninterrupted_reports(base, values: dict, data_root: Path) -> pd.DataFrame:
     from ray import tune
 
     from pflbench.loader.plugins import sources_for
-    from pflbench.tuning.sweep import run_trial
+    from pflbench.tuning.trial import run_trial
 
     reports = []
     real = tune.report
@@ -188,7 +188,8 @@ def test_the_keeper_gives_a_trials_checkpoint_to_its_latest_start_only(tmp_path)
 def test_a_trial_whose_worker_is_killed_resumes_from_its_kept_checkpoint_bit_for_bit(
     tmp_path, local_ray, fresh_plugins
 ):
-    from pflbench.tuning.sweep import SweepOptions, run_sweep
+    from pflbench.tuning.sweep import run_sweep
+    from pflbench.tuning.trial import SweepOptions
 
     base, resources, gate = dying_sweep_base(tmp_path)
     lines: list[str] = []
@@ -230,7 +231,8 @@ def test_a_sweep_rerun_with_resume_continues_an_errored_trial_from_its_checkpoin
     """No retries: the killed trial errors and the sweep ends without a result, keeping the trial's
     checkpoint; the same sweep with --resume restarts the trial under its id, from that checkpoint."""
     from pflbench.storage.checkpoint import read_header
-    from pflbench.tuning.sweep import SweepError, SweepOptions, run_sweep
+    from pflbench.tuning.sweep import run_sweep
+    from pflbench.tuning.trial import SweepError, SweepOptions
 
     base, resources, gate = dying_sweep_base(tmp_path)
     options = SweepOptions(
@@ -282,7 +284,8 @@ def test_a_sweep_whose_driver_is_killed_is_continued_by_resume_from_its_kept_che
     and the trial, under its id, resumes from the checkpoint the driver's keeper wrote; trials.parquet
     holds every round once, equal to an uninterrupted trial's."""
     from pflbench.storage.checkpoint import read_header
-    from pflbench.tuning.sweep import SweepOptions, run_sweep
+    from pflbench.tuning.sweep import run_sweep
+    from pflbench.tuning.trial import SweepOptions
 
     base, resources, gate = dying_sweep_base(tmp_path, action=WAIT)
     results = tmp_path / "results"

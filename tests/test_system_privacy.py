@@ -14,7 +14,8 @@ from pflbench.algorithm import ALGORITHMS, get_algorithm
 from pflbench.config import cell_hash
 from pflbench.simulator.rounds import run_cell
 from pflbench.simulator.privacy import ALPHAS, PrivacyParams, PrivacyPlan
-from pflbench.run.spec import SpecError, parse_spec
+from pflbench.run.spec import parse_spec
+from pflbench.run.spec_problems import SpecError
 from pflbench.simulator.system import SystemParams, SystemPlan
 
 get_algorithm("fedavg")  # registers the built-in algorithms

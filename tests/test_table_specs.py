@@ -14,7 +14,8 @@ from pflbench.algorithms.fedavg import FedAvg
 from pflbench.algorithm import ALGORITHMS, get_algorithm
 from pflbench.config import CellConfig, cell_hash
 from pflbench.data.partitioning import make_partitioner
-from pflbench.run.spec import SpecError, load_spec, parse_spec
+from pflbench.run.spec import load_spec, parse_spec
+from pflbench.run.spec_problems import SpecError
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 ROWS = ["local", "fedavg", "perfedavg", "pfedme", "pfedhn", "fedbn", "fedrep", "fedfomo", "pfedla", "heurpfedla"]

@@ -150,7 +150,8 @@ def test_a_spec_names_its_trackers(tmp_path, monkeypatch, capsys):
     """`trackers:` in a spec streams every cell like `--tracker`; an unknown kind is a spec error, a
     missing package stops the run before anything runs (a dry run only warns)."""
     from pflbench.cli import main
-    from pflbench.run.spec import SpecError, parse_spec
+    from pflbench.run.spec import parse_spec
+    from pflbench.run.spec_problems import SpecError
 
     spec = {
         "name": "t",

@@ -189,7 +189,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 def cmd_publish(args: argparse.Namespace) -> int:
     from pflbench.studies.publish import PublishError, publish
-    from pflbench.run.spec import SpecError
+    from pflbench.run.spec_problems import SpecError
 
     if not args.results.is_dir():
         print(

@@ -203,7 +203,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     from pflbench.simulator.execution import execution_options
     from pflbench.run.options import PrepareError, RunOptions
     from pflbench.run.runner import run_plan
-    from pflbench.run.spec import SpecError, load_spec, parse_sets
+    from pflbench.run.spec import load_spec
+    from pflbench.run.spec_axes import parse_sets
+    from pflbench.run.spec_problems import SpecError
     from pflbench.storage.store import DiskFull, Store
 
     console = make_console()

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from pflbench.cli.run import add_checkpoint_options, add_grace_option, checkpoint_problem
 
-DEFAULT_BASE = Path("benchmarks/sweeps/default.yaml")  # pflbench.tuning.sweep.DEFAULT_BASE
+DEFAULT_BASE = Path("benchmarks/sweeps/default.yaml")  # pflbench.tuning.trial.DEFAULT_BASE
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -94,8 +94,9 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 def cmd_sweep(args: argparse.Namespace) -> int:
     from pflbench.simulator.execution import execution_options
     from pflbench.run.stops import RunStopped
-    from pflbench.run.spec import parse_sets
-    from pflbench.tuning.sweep import SweepOptions, base_cell, run_sweep
+    from pflbench.run.spec_axes import parse_sets
+    from pflbench.tuning.sweep import run_sweep
+    from pflbench.tuning.trial import SweepOptions, base_cell
 
     if checkpoint_problem(args):
         print(f"sweep: {checkpoint_problem(args)}", file=sys.stderr)

@@ -27,22 +27,31 @@ from __future__ import annotations
 import difflib
 import itertools
 import json
-from dataclasses import dataclass, field
-from functools import cache
-from pathlib import Path
 from collections.abc import Iterator
-from typing import Annotated, Any
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 import yaml
-from pydantic import AfterValidator, BeforeValidator, TypeAdapter, ValidationError
+from pydantic import TypeAdapter, ValidationError
 
-from pflbench.config import CellConfig, reject_boolean
+from pflbench.config import CellConfig
 from pflbench.registry import echo, unknown_message  # noqa: F401  (unknown_message: used by others via spec)
+from pflbench.run.spec_axes import (
+    DICT_FIELDS,
+    Assigned,
+    Assignments,
+    Axes,
+    _assignments_of,
+    _field_type,
+    _parse_axes,
+    _settable,
+    _split_sets,
+    _variant_names,
+)
+from pflbench.run.spec_problems import Problems, SpecError, _check_size
 from pflbench.run.spec_schema import (
-    AXIS_TYPES,
-    NAME_CHECKS,
     VARIANTS_AXIS,
-    VARIANTS_TYPE,
     Resources,
     Scale,
     SpecFile,
@@ -52,10 +61,6 @@ from pflbench.run.spec_schema import (
     hyperparameters,
 )
 
-# Dict-valued cell fields: their entries are addressed as `field.entry`.
-DICT_FIELDS = ("dataset_options", "partition_params", "hp", "feature_shift", "concept_shift", "system", "privacy")
-# Matrix axes with their own entry syntax; every other settable key can be an axis of plain values.
-STRUCTURED_AXES = ("algorithm", "dataset", "partition", "clients")
 SPEC_KEYS = (
     "name",
     "description",
@@ -68,153 +73,12 @@ SPEC_KEYS = (
     "tuned",
     "trackers",
 )
-VARIANT_SELECTOR = "variant"  # `--set variant=NAME`: one entry of the variants axis, by its name
-CLIENTS_AXIS = "clients"  # `--set clients=N` picks the axis's entries for N clients (participation and all)
+
+
 FULL_SCALE = "full"  # the spec as written; every other scale is a block under `scales:`
+
+
 TUNED_DIR = "tuned"  # default folder of tuned configurations, next to the spec file (benchmarks/tuned)
-
-
-class SpecError(ValueError):
-    """A spec that cannot run: every problem, one per line, each naming its file and field."""
-
-    def __init__(self, source: str, problems: list[tuple[str, str]]) -> None:
-        self.source = source
-        self.problems = problems
-        lines = [_shortened(f"{source}: {where}: {message}") for where, message in problems]
-        header = f"invalid spec {source} ({len(problems)} problems):\n  " if len(problems) > 1 else ""
-        super().__init__(header + "\n  ".join(lines))
-
-
-MAX_MESSAGE = 2000  # a last guard on any one problem line
-MAX_SPEC_VALUES = 100_000  # entries a spec (or a --set value) may expand to; real specs have a few hundred
-
-
-def _shortened(line: str) -> str:
-    return line if len(line) <= MAX_MESSAGE else line[:MAX_MESSAGE] + f"... ({len(line):,} characters, shortened)"
-
-
-def count_values(data: Any, limit: int = MAX_SPEC_VALUES) -> int:
-    """Scalars, lists and mappings in `data`, counted as YAML's aliases expand them; stops past `limit`
-    (a 300-byte "billion laughs" file expands to millions of entries but costs nothing to count this way)."""
-    stack, count = [data], 0
-    while stack and count <= limit:
-        item = stack.pop()
-        count += 1
-        if isinstance(item, dict):
-            stack.extend(item.keys())
-            stack.extend(item.values())
-        elif isinstance(item, (list, tuple)):
-            stack.extend(item)
-    return count
-
-
-def _check_size(data: Any, source: str, where: str) -> None:
-    if count_values(data) > MAX_SPEC_VALUES:
-        raise SpecError(
-            source,
-            [
-                (
-                    where,
-                    f"expands to more than {MAX_SPEC_VALUES:,} values (YAML anchors and "
-                    f"aliases repeated?); a spec is a few hundred settings at most",
-                )
-            ],
-        )
-
-
-# ---- values of cell fields -----------------------------------------------------------------------
-
-
-@cache
-def _field_type(key: str) -> TypeAdapter:
-    """Validator of one settable key: the CellConfig field's type and bounds (pydantic's lax mode, so
-    that `1e-3`, which YAML reads as a string, is a float), plus the registry check for names.
-    Entries of dict fields are checked per cell, in context."""
-    if "." in key:
-        return TypeAdapter(Any)
-    field = CellConfig.model_fields[key]
-    extras = [*field.metadata, *([AfterValidator(NAME_CHECKS[key])] if key in NAME_CHECKS else [])]
-    if field.annotation in (int, float):
-        extras.insert(0, BeforeValidator(reject_boolean))
-    return TypeAdapter(Annotated[(field.annotation, *extras)] if extras else field.annotation)
-
-
-def _settable(key: str) -> str | None:
-    """None if `key` may be assigned, else why not."""
-    group, dot, entry = key.partition(".")
-    fields = list(CellConfig.model_fields)
-    if dot:
-        if group not in DICT_FIELDS:
-            return unknown_message("field with entries", group, list(DICT_FIELDS))
-        return None if entry else f"missing the entry name after {group!r}."
-    if key not in fields:
-        return unknown_message("key", key, [*fields, *(f"{g}.NAME" for g in DICT_FIELDS)])
-    return None
-
-
-@dataclass(frozen=True)
-class Assigned:
-    value: Any
-    origin: str  # where the value was written, e.g. "overrides[0].set.lr"
-
-
-Assignments = dict[str, Assigned]
-Axes = list[tuple[str, list[Assignments]]]  # matrix axes in file order: (key, its entries)
-
-
-class Problems:
-    """Collects (where, message) pairs, without repeats, in the order found."""
-
-    def __init__(self) -> None:
-        self.items: dict[tuple[str, str], None] = {}
-
-    def add(self, where: str, message: str) -> None:
-        self.items[(where, message)] = None
-
-    def add_validation(self, where: str, error: ValidationError) -> None:
-        for e in error.errors(include_url=False):
-            loc = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in e["loc"])
-            if e["type"] == "value_error":
-                message = str(e["ctx"]["error"])
-            else:
-                message = f"{e['msg']} (got {echo(e['input'])})"
-            self.add(where + loc, message)
-
-    def check(self, adapter: TypeAdapter[Any], value: Any, where: str) -> Any:
-        """`value` validated by `adapter`; None (and a problem) when it is not valid."""
-        try:
-            return adapter.validate_python(value)
-        except ValidationError as error:
-            self.add_validation(where, error)
-            return None
-
-    def __bool__(self) -> bool:
-        return bool(self.items)
-
-
-def _assignments_of(mapping: dict[str, Any], where: str, problems: Problems) -> Assignments:
-    """`{lr: 0.1, hp: {mu: 1}, partition_params.alpha: 0.3}` -> checked flat assignments."""
-    flat: Assignments = {}
-    for key, value in mapping.items():
-        key = str(key)
-        if key in DICT_FIELDS:
-            if not isinstance(value, dict):
-                problems.add(f"{where}.{key}", f"must be a mapping of entries, got {echo(value)}")
-                continue
-            flat.update(_assignments_of({f"{key}.{k}": v for k, v in value.items()}, where, problems))
-            continue
-        origin = f"--set {key}" if where == "--set" else f"{where}.{key}"
-        reason = _settable(key)
-        if reason:
-            problems.add(origin, reason)
-            continue
-        checked = problems.check(_field_type(key), value, origin)
-        if checked is not None or value is None:
-            flat[key] = Assigned(checked, origin)
-    return flat
-
-
-# ---- conditions ----------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -257,9 +121,6 @@ def _condition_of(when: dict[str, Any], where: str, problems: Problems) -> Condi
     return Condition(values)
 
 
-# ---- the plan ------------------------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class Plan:
     """A validated, expanded spec: the cells to run and how to run them."""
@@ -285,21 +146,6 @@ class Rule:
 
     def applies(self, flat: Assignments) -> bool:
         return self.condition.matches(flat) and not (self.unless is not None and self.unless.matches(flat))
-
-
-def parse_sets(items: list[str]) -> dict[str, Any]:
-    """`--set KEY=VALUE` items; values are YAML, as in a spec file: 2, 1e-3, [0, 1], [fedavg, local]."""
-    sets = {}
-    for item in items:
-        key, sep, text = item.partition("=")
-        if not sep:
-            raise SpecError("--set", [(item, "expected KEY=VALUE")])
-        try:
-            sets[key.strip()] = yaml.safe_load(text)
-        except yaml.YAMLError:
-            sets[key.strip()] = text
-        _check_size(sets[key.strip()], "--set", echo(key.strip()))
-    return sets
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -449,7 +295,7 @@ def resolve_cell(values: dict[str, Any], source: str = "<cell>") -> CellConfig:
 
 def _load_plugins(entries: Any, source: str, base_dir: str | Path | None) -> None:
     """The spec's `plugins:` (paths relative to the spec's folder, or module names), loaded now."""
-    from pflbench.loader.plugins import PluginError, load_one, load_builtins
+    from pflbench.loader.plugins import PluginError, load_builtins, load_one
 
     if entries is None:
         return
@@ -550,142 +396,6 @@ def _tuned_rules(
         rules.append(Rule(Condition({"algorithm": (name,)}), assignments))
         used[name] = str(path)
     return rules, used
-
-
-def _variant_names(entries: Any) -> list[Any]:
-    """The names of a `variants` axis's entries, in the spec's order."""
-    return [e.get("name") for e in _listify(entries) if isinstance(e, dict)]
-
-
-def _chosen_variants(entries: Any, names: Any) -> list[Any]:
-    """The entries of a spec's `variants` axis named by `--set variant=NAME` (or a list of names), in
-    the spec's order: the one way to narrow a variants axis to a cell from the command line."""
-    wanted = [str(n) for n in _listify(names)]
-    offered = _variant_names(entries)
-    if not offered:
-        raise SpecError("--set", [(VARIANT_SELECTOR, f"this spec has no matrix.{VARIANTS_AXIS} axis to choose from")])
-    unknown = [n for n in wanted if n not in offered]
-    if unknown or not wanted:
-        raise SpecError(
-            "--set", [(VARIANT_SELECTOR, unknown_message("variant", unknown[0] if unknown else "", offered))]
-        )
-    return [e for e in _listify(entries) if isinstance(e, dict) and e.get("name") in wanted]
-
-
-def _client_count(entry: Any) -> Any:
-    """The client count an entry of a `clients` axis (`10` or `{clients: 100, participation: 0.1}`) sets."""
-    return entry.get(CLIENTS_AXIS) if isinstance(entry, dict) else entry
-
-
-def _chosen_client_settings(entries: Any, value: Any) -> list[Any]:
-    """`--set clients=N` (or a list of counts): per count, the spec's own entries of the `clients`
-    axis with that count, whole (a paper's "100 clients" is its setting with 10% joining, not 100
-    clients training every round); a count the spec does not have is a new entry, as written (the
-    usual way to shrink a spec: `--set clients=4`). A mapping is always an entry as written
-    (`--set 'clients={clients: 100, participation: 1.0}'`)."""
-    offered = _listify(entries) if entries is not None else []
-    chosen: list[Any] = []
-    for wanted in _listify(value):
-        is_count = isinstance(wanted, int) and not isinstance(wanted, bool)
-        matching = [e for e in offered if _client_count(e) == wanted] if is_count else []
-        chosen.extend(matching or [wanted])
-    return chosen
-
-
-def _split_sets(sets: dict[str, Any], data: dict, origins: dict[str, str]) -> dict[str, Any]:
-    """`--set` of a matrix axis, of a structured axis or with a list value replaces (or adds) that
-    axis; `resources.*` sets a resource; anything else becomes a final, unconditional override
-    (returned). Replaced axes are noted in `origins`. `variant=NAME` keeps the named entries of the
-    `variants` axis; `clients=N` keeps the spec's entries for N clients, participation included
-    (`_chosen_client_settings`). `KEY+=VALUES` adds values to the matrix axis
-    KEY (`--set 'algorithm+=[mine]'`: a plugin's method beside a spec's rows; `all` stays all)."""
-    command_line = {}
-    for key, value in sets.items():
-        if key.endswith("+"):
-            axis = key[:-1].strip()
-            if axis not in data["matrix"]:
-                raise SpecError(
-                    "--set", [(f"{axis}+=", unknown_message("matrix axis of this spec", axis, list(data["matrix"])))]
-                )
-            if data["matrix"][axis] != "all":
-                data["matrix"][axis] = [*_listify(data["matrix"][axis]), *_listify(value)]
-            origins[axis] = f"--set {axis}+="
-        elif key.startswith("resources."):
-            data["resources"][key.removeprefix("resources.")] = value
-            origins["resources"] = "--set resources"
-        elif key == VARIANT_SELECTOR:
-            data["matrix"][VARIANTS_AXIS] = _chosen_variants(data["matrix"].get(VARIANTS_AXIS), value)
-            origins[VARIANTS_AXIS] = f"--set {VARIANT_SELECTOR}"
-        elif key == CLIENTS_AXIS:
-            data["matrix"][key] = _chosen_client_settings(data["matrix"].get(key), value)
-            origins[key] = f"--set {key}"
-        elif key in STRUCTURED_AXES or key in data["matrix"] or isinstance(value, list):
-            data["matrix"][key] = value
-            origins[key] = f"--set {key}"
-        else:
-            command_line[key] = value
-    return command_line
-
-
-def _variant_entries(raw: Any, where: str, problems: Problems) -> list[Assignments] | None:
-    """The `variants` axis: named bundles of settings, each entry's settings checked like an override's."""
-    entries = problems.check(VARIANTS_TYPE, raw, where)
-    if entries is None:
-        return None
-    names = [entry.name for entry in entries]
-    for i, name in enumerate(names):
-        if name in names[:i]:
-            problems.add(f"{where}[{i}].name", f"{echo(name)} names two variants; give each its own name")
-    return [_assignments_of(entry.assign, f"{where}[{i}].set", problems) for i, entry in enumerate(entries)]
-
-
-def _parse_axes(matrix: dict[str, Any], origins: dict[str, str], problems: Problems) -> tuple[Axes, set[str]]:
-    """Matrix axes, in file order, each a list of flat assignments; and the optional datasets."""
-    axes: Axes = []
-    optional: set[str] = set()
-    assigned_by: dict[str, str] = {}
-    for key, raw in matrix.items():
-        where = origins.get(key, f"matrix.{key}")
-        if key == VARIANTS_AXIS:
-            entries_where = _variant_entries(raw, where, problems)
-            if entries_where is None:
-                continue
-            for k in {k for entry in entries_where for k in entry}:
-                if k in assigned_by and assigned_by[k] != where:
-                    problems.add(where, f"{echo(k)} is already varied by {assigned_by[k]}; vary it in one axis only")
-                assigned_by[k] = where
-            axes.append((key, entries_where))
-            continue
-        if key in STRUCTURED_AXES:
-            entries = problems.check(AXIS_TYPES[key], raw, where)
-            if entries is None:
-                continue
-            values = [{"algorithm": e} if key == "algorithm" else e.assignments() for e in entries]
-            optional |= {e.name for e in entries if key == "dataset" and e.optional}
-        else:
-            reason = (
-                _settable(key)
-                if key not in DICT_FIELDS
-                else (f"vary single entries, e.g. {key}.NAME: [VALUE, ...], or use a structured axis")
-            )
-            if reason:
-                problems.add(where, reason)
-                continue
-            raw_values = _listify(raw)
-            if not raw_values:
-                problems.add(where, "empty list; give at least one value")
-                continue
-            values = []
-            for i, value in enumerate(raw_values):
-                checked = problems.check(_field_type(key), value, f"{where}[{i}]")
-                values.append({key: checked})
-        entries_where = [{k: Assigned(v, f"{where}[{i}]") for k, v in entry.items()} for i, entry in enumerate(values)]
-        for k in {k for entry in values for k in entry}:
-            if k in assigned_by and assigned_by[k] != where:
-                problems.add(where, f"{echo(k)} is already varied by {assigned_by[k]}; vary it in one axis only")
-            assigned_by[k] = where
-        axes.append((key, entries_where))
-    return axes, optional
 
 
 def _all_assignments(

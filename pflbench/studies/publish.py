@@ -119,7 +119,9 @@ def narrowing_sets(cell: CellConfig, spec: str, scale: str | None, sets: Sequenc
     cells differ, set to this cell's values (all five axes where that is not enough); None if no such
     form gives exactly this cell (checked by expanding the spec)."""
     from pflbench.config import cell_hash
-    from pflbench.run.spec import SpecError, load_spec, parse_sets
+    from pflbench.run.spec import load_spec
+    from pflbench.run.spec_axes import parse_sets
+    from pflbench.run.spec_problems import SpecError
 
     mine = _axis_values(cell)
     varying = [k for k in mine if len({_axis_values(c)[k] for c in plan.cells}) > 1]
@@ -193,7 +195,8 @@ def publish(
     """Copy the cells of `pflbench run SPEC [--scale] [--set ...]` from the store `results` into
     `out/<study>/` with a manifest (module doc); returns the study's folder."""
     from pflbench.config import cell_hash
-    from pflbench.run.spec import load_spec, parse_sets
+    from pflbench.run.spec import load_spec
+    from pflbench.run.spec_axes import parse_sets
     from pflbench.storage.store import scan_store
 
     sets = list(sets)
@@ -394,7 +397,9 @@ def study_state(path: str | Path) -> StudyState | None:
     """The state of the published study at `path` under the current code (module doc); None where
     the folder has no manifest. Cached: the index and every page of a study ask for it."""
     from pflbench.config import cell_hash
-    from pflbench.run.spec import SpecError, load_spec, parse_sets, resolve_cell
+    from pflbench.run.spec import load_spec, resolve_cell
+    from pflbench.run.spec_axes import parse_sets
+    from pflbench.run.spec_problems import SpecError
 
     path = Path(path)
     manifest = read_manifest(path)

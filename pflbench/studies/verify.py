@@ -325,7 +325,8 @@ def check_cell(
     import time
 
     from pflbench.config import cell_hash
-    from pflbench.run.spec import SpecError, resolve_cell
+    from pflbench.run.spec import resolve_cell
+    from pflbench.run.spec_problems import SpecError
 
     folder = Path(folder)
     check = CellCheck(folder.name)

@@ -47,316 +47,37 @@ from __future__ import annotations
 
 import datetime
 import json
-import math
 import os
 import warnings
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from collections.abc import Callable
 
-import yaml
-
-from pflbench.storage.checkpoint import Checkpointer
 from pflbench.config import CellConfig, cell_hash
-from pflbench.simulator.execution import ExecutionOptions
 from pflbench.run.preemption import (
-    DEFAULT_GRACE_SECONDS,
     PREEMPTED_EXIT,
-    Preempted,
     Preemption,
     keeping_signals,
-    running_cell,
 )
-from pflbench.run.spec import Resources, load_spec, resolve_cell, tuned_path
-from pflbench.storage.store import atomic_write, write_json
+from pflbench.run.spec import Resources
+from pflbench.simulator.execution import ExecutionOptions
+from pflbench.storage.store import write_json
+from pflbench.tuning.trial import (
+    CHECKPOINTS,
+    METRIC,
+    SETTINGS,
+    SweepError,
+    SweepOptions,
+    SweepResult,
+    run_trial,
+    search_space,
+    tune_space,
+)
+from pflbench.tuning.tuned import finish_sweep
 
 if TYPE_CHECKING:
-    from pflbench.algorithm import Algorithm
-    from pflbench.storage.checkpoint import Resumed
-    from pflbench.simulator.federation import Federation
-
-DEFAULT_BASE = Path("benchmarks/sweeps/default.yaml")
-METRIC = "val_accuracy"
-SPACE_KINDS = ("loguniform", "uniform", "int", "choice")
-
-
-class SweepError(ValueError):
-    """A sweep that cannot start (bad base setting, nothing to tune) or where no trial finished."""
-
-
-@dataclass(frozen=True)
-class SweepOptions:
-    trials: int = 20
-    results: Path = Path("results")
-    out: Path | None = Path("benchmarks/tuned")  # None: write no tuned configuration
-    tune_lr: bool = True
-    grace_rounds: int | None = None  # ASHA's grace period in rounds; None: a quarter of the rounds (>= eval_every)
-    reduction_factor: float = 3.0
-    seed: int = 0  # Optuna's sampler
-    workers: int | None = None  # trials at once; None: as many as Ray's resources allow
-    ray_address: str | None = None
-    data_root: Path | None = None
-    mirror: Path | None = None
-    execution: ExecutionOptions = ExecutionOptions()  # how trials run (device None: cuda for cells given GPUs)
-    # Round checkpoints of the trials (pflbench/storage/checkpoint.py), kept by the driver's keeper in <sweep
-    # folder>/checkpoints/<trial id>/: a trial whose worker or node is lost is rerun by Tune up to
-    # `retries` times and resumes from its checkpoint.
-    checkpoint_every: int = 0
-    checkpoint_minutes: float = 5.0
-    keep_checkpoints: bool = False
-    retries: int = 2
-    resume: Path | None = None  # a sweep folder to continue (module doc) instead of starting a new sweep
-    # After SIGTERM / a first Ctrl-C: how long the running trials' rounds in progress may take (module doc).
-    grace_seconds: float = DEFAULT_GRACE_SECONDS
-
-    def __post_init__(self) -> None:
-        if not self.grace_seconds >= 0:
-            raise ValueError(f"grace seconds must be >= 0, got {self.grace_seconds!r}")
-
-
-@dataclass
-class SweepResult:
-    folder: Path
-    best: dict  # {"trial", "config": {lr, hp...}, "val_accuracy", "rounds"}
-    trials: list[dict]
-    tuned_file: Path | None
-
-
-# ---- the base cell and the search space --------------------------------------------------------
-
-
-def base_cell(
-    algorithm: str, spec: Path = DEFAULT_BASE, sets: dict[str, Any] | None = None, scale: str | None = None
-) -> tuple[CellConfig, Resources]:
-    """The one cell a sweep varies: the spec's cells for `algorithm` (after `sets` and `scale`),
-    which must be exactly one."""
-    plan = load_spec(spec, {**(sets or {}), "algorithm": algorithm}, scale=scale)
-    if len(plan.cells) != 1:
-        varying = sorted(
-            {
-                field
-                for field in CellConfig.model_fields
-                if len({json.dumps(getattr(c, field), sort_keys=True) for c in plan.cells}) > 1
-            }
-        )
-        raise SweepError(
-            f"{spec}: gives {len(plan.cells)} cells for {algorithm}, a sweep needs one; they differ in "
-            f"{', '.join(varying)}: fix them with --set (e.g. --set seed=0, --dataset, --clients)"
-        )
-    cell = plan.cells[0]
-    if cell.val_fraction <= 0:
-        raise SweepError(f"{spec}: val_fraction is 0: a sweep measures its objective on the validation split")
-    return cell, plan.resources
-
-
-def search_space(algorithm: str, cell: CellConfig, tune_lr: bool = True) -> dict[str, tuple]:
-    """`{"lr": ("loguniform", lo, hi), "hp.mu": (...), ...}`: what the sweep samples."""
-    from pflbench.algorithm import get_algorithm
-
-    cls = get_algorithm(algorithm)
-    declared = cls.Hyperparams.model_fields
-    space: dict[str, tuple] = {}
-    if tune_lr:
-        space["lr"] = ("loguniform", cell.lr / 10, cell.lr * 10)
-    for name, entry in cls.search_space.items():
-        if name not in declared:
-            raise SweepError(
-                f"{algorithm}.search_space names {name!r}, which is not one of its hyperparameters "
-                f"({', '.join(declared) or 'none'})"
-            )
-        space[f"hp.{name}"] = tuple(entry)
-    for name, entry in space.items():
-        kind = entry[0] if entry else None
-        if kind not in SPACE_KINDS or len(entry) != (2 if kind == "choice" else 3):
-            raise SweepError(
-                f"{algorithm}: search space entry {name}={entry!r}; allowed: (loguniform|uniform, low, "
-                f"high), (int, low, high) or (choice, [values])"
-            )
-    if not space:
-        raise SweepError(f"{algorithm} declares no search space and --no-lr leaves nothing to tune")
-    return space
-
-
-def tune_space(space: dict[str, tuple]) -> dict:
-    """The search space as Ray Tune domains, nested (`{"lr": ..., "hp": {"mu": ...}}`)."""
-    from ray import tune
-
-    nested: dict = {}
-    for name, (kind, *args) in space.items():
-        if kind == "loguniform":
-            domain = tune.loguniform(*args)
-        elif kind == "uniform":
-            domain = tune.uniform(*args)
-        elif kind == "int":
-            domain = tune.randint(args[0], args[1] + 1)  # inclusive, as declared
-        else:
-            domain = tune.choice(list(args[0]))
-        group, _, entry = name.partition(".")
-        if entry:
-            nested.setdefault(group, {})[entry] = domain
-        else:
-            nested[group] = domain
-    return nested
-
-
-def trial_values(config: dict) -> dict[str, Any]:
-    """A trial's sampled values as cell assignments: {"lr": 0.01, "hp": {"mu": 0.1}}."""
-    values = {k: v for k, v in config.items() if k != "hp"}
-    if config.get("hp"):
-        values["hp"] = dict(config["hp"])
-    return values
-
-
-def trial_cell(base: CellConfig, config: dict) -> CellConfig:
-    values = trial_values(config)
-    data = base.model_dump(mode="json")
-    data.update({k: v for k, v in values.items() if k != "hp"})
-    data["hp"] = {**base.hp, **values.get("hp", {})}
-    return resolve_cell(data, source="trial")
-
-
-# ---- one trial (a Ray Tune function trainable) ---------------------------------------------------
-
-CHECKPOINTS = "checkpoints"  # <sweep folder>/checkpoints/<trial id>/checkpoint.pt, kept by the driver's keeper
-SETTINGS = "settings.json"
-
-
-def run_trial(
-    config: dict,
-    *,
-    base: dict,
-    cpus: float,
-    data_root: str | None,
-    mirror: str | None,
-    execution: ExecutionOptions,
-    checkpoints: dict | None = None,
-    keeper: Any = None,
-    plugins: tuple = (),
-    board: Any = None,
-    stop_wait: float = 600.0,
-) -> None:
-    """Run the base cell with the trial's values, validation split only, reporting
-    {round, val_accuracy, val_loss} to Tune at every evaluated round (ASHA may stop it there).
-    `checkpoints`: {folder, every, minutes, keep}: the trial's round checkpoints, resumed from when Tune
-    restarts it; kept through `keeper` (the driver's CheckpointKeeper actor, pflbench/run/checkpoint_relay.py)
-    under the trial's id, or, without one, in `folder/<trial id>/` on this machine (a trial run outside
-    a sweep). A resumed trial first reports again what it reported up to its checkpoint (`TrialCheckpointer`).
-    `board`: the sweep driver's ProgressBoard (pflbench/run/on_ray.py), where a stop on SIGTERM / Ctrl-C is
-    asked for: the trial then writes its checkpoint at the end of its round and waits, at most
-    `stop_wait` seconds, for the driver to end it (with checkpoints only; pflbench/tuning/sweep_stop.py)."""
-    import torch
-    from ray import tune
-
-    from pflbench.simulator.rounds import run_cell
-    from pflbench.loader.plugins import activate
-    from pflbench.run.on_ray import BoardStop
-
-    activate(plugins)  # the user's plugins, in this Ray worker, before the trial's cell is resolved
-    cell = trial_cell(CellConfig(**base), config)
-    torch.set_num_threads(execution.threads or max(1, int(cpus)))
-    reports: list[dict] = []  # what this trial reported, round by round (a resumed one: from round 1)
-    notes: list[str] = []
-    checkpointer = None
-    stop = BoardStop(board) if board is not None and checkpoints is not None else None
-
-    def report(info: dict) -> None:
-        rnd = info["round"]
-        if (rnd % cell.eval_every == 0 or rnd == cell.rounds) and info.get("mean_val_accuracy") is not None:
-            losses = [row["val_loss"] for row in info.get("client_rows", ()) if row.get("val_loss") is not None]
-            reports.append(
-                {
-                    "round": rnd,
-                    METRIC: info["mean_val_accuracy"],
-                    "val_loss": sum(losses) / len(losses) if losses else None,
-                }
-            )
-            tune.report({**reports[-1], "status": "running", **progress()})
-
-    def replay(earlier: list[dict]) -> None:
-        reports.extend(earlier)
-        for metrics in earlier:
-            tune.report({**metrics, "status": "running", **progress()})
-
-    def progress() -> dict:
-        resumed = checkpointer.resumed_from if checkpointer is not None else None
-        return {"resumed_from_round": -1 if resumed is None else resumed, "notes": "; ".join(notes)}
-
-    if checkpoints is not None:
-        from pflbench.storage.checkpoint import CheckpointPolicy
-        from pflbench.storage.store import SET_ASIDE
-
-        trial = tune.get_context().get_trial_id()
-        folder = Path(checkpoints["folder"])
-        files = None
-        if keeper is not None:  # this start of the trial owns its checkpoint from now on
-            import ray
-
-            from pflbench.run.checkpoint_relay import RelayedCheckpointFile
-
-            files = RelayedCheckpointFile(keeper, trial, ray.get(keeper.begin.remote(trial, cell_hash(cell))))
-        checkpointer = TrialCheckpointer(
-            folder / trial,
-            cell,
-            CheckpointPolicy(checkpoints["every"], checkpoints["minutes"]),
-            set_aside_dir=folder / SET_ASIDE,
-            note=notes.append,
-            files=files,
-            reports=reports,
-            replay=replay,
-            preemption=stop,
-        )
-    if stop is not None:
-        from pflbench.tuning.sweep_stop import started_trial
-
-        started_trial(board, tune.get_context().get_trial_id())
-    try:
-        with running_cell(stop):
-            result = run_cell(
-                cell,
-                data_root=data_root,
-                mirror=mirror,
-                execution=execution,
-                on_round=report,
-                evaluate=("val",),
-                checkpointer=checkpointer,
-            )
-    except Preempted as stopped:
-        from pflbench.tuning.sweep_stop import stopped_trial
-
-        stopped_trial(board, tune.get_context().get_trial_id(), stopped, stop_wait)
-    if checkpointer is not None and checkpoints is not None and not checkpoints["keep"]:  # (a checkpointer: given)
-        checkpointer.remove()
-    if result.status != "finished":  # diverged: the worst objective, at the round it happened
-        rnd = result.summary.get("diverged_round") or (reports[-1]["round"] if reports else 1)
-        tune.report({"round": rnd, METRIC: 0.0, "status": result.status, "error": result.error or "", **progress()})
-
-
-class TrialCheckpointer(Checkpointer):
-    """A trial's Checkpointer: each checkpoint also carries what the trial reported to Tune so far
-    (`reports`, beside the round loop's records), and a trial resumed from one hands those to `replay`
-    first, so Tune holds every round of it, exactly as reported: Tune's own records of them may be lost
-    (a sweep continued with --resume after its driver was killed restores Tune's last saved state).
-    Tune's scheduler takes a round it has seen again as seen (ASHA records a trial once per rung);
-    `finish_sweep` keeps one row per round."""
-
-    REPORTS = "sweep_reports"
-
-    def __init__(self, *args: Any, reports: list, replay: Callable[[list], None], **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.reports, self.replay = reports, replay
-
-    def after_round(self, rnd: int, fed: Federation, algorithm: Algorithm[Any], loop: dict, elapsed: float) -> None:
-        super().after_round(rnd, fed, algorithm, {**loop, self.REPORTS: list(self.reports)}, elapsed)
-
-    def resume(self, fed: Federation, algorithm: Algorithm[Any], provenance: dict | None = None) -> Resumed | None:
-        resumed = super().resume(fed, algorithm, provenance)
-        if resumed is not None:
-            self.replay(resumed.loop.get(self.REPORTS, []))
-        return resumed
-
-
-# ---- the sweep ----------------------------------------------------------------------------------
+    pass
 
 
 def sweep_folder(algorithm: str, base: CellConfig, options: SweepOptions) -> Path:
@@ -402,8 +123,8 @@ def run_sweep(
     one line where each trial stopped and that `--resume <folder>` continues the sweep."""
     from pflbench.data import data_mirror, data_root
     from pflbench.run.ray_cluster import ClusterError, connect_ray
-    from pflbench.simulator.rounds import prepare_cell
     from pflbench.run.stops import RunStopped, acknowledge
+    from pflbench.simulator.rounds import prepare_cell
 
     if options.trials < 1:
         raise SweepError("--trials must be at least 1")
@@ -489,8 +210,8 @@ def run_tune(
     from ray.tune.schedulers import ASHAScheduler
     from ray.tune.search.optuna import OptunaSearch
 
-    from pflbench.run.checkpoint_relay import start_keeper
     from pflbench.loader.plugins import sources_for
+    from pflbench.run.checkpoint_relay import start_keeper
     from pflbench.run.on_ray import start_board
     from pflbench.tuning.sweep_stop import EndTuneRun, TrialStops, active
 
@@ -561,179 +282,3 @@ def run_tune(
         if owned:
             ray.shutdown()
     return stops, grid
-
-
-def trial_states(grid: Any) -> dict[str, str]:  # a ray.tune ResultGrid
-    """Tune's last status of each trial, by trial id (TERMINATED; ERROR; PENDING or RUNNING where the
-    sweep was interrupted); empty where this Ray version does not say."""
-    try:
-        return {trial.trial_id: str(trial.status) for trial in grid._experiment_analysis.trials}
-    except AttributeError:
-        return {}
-
-
-def finish_sweep(
-    algorithm: str,
-    base: CellConfig,
-    space: dict[str, Any],
-    options: SweepOptions,
-    folder: Path,
-    grid: Any,
-    grace: int,
-    log: Callable[[str], None],
-) -> SweepResult:
-    import pandas as pd
-
-    states = trial_states(grid)
-    trials: list[dict[str, Any]] = []
-    rows: list[dict[str, Any]] = []
-    resumable: list[str] = []
-    for i, result in enumerate(grid):
-        history = result.metrics_dataframe if result.metrics_dataframe is not None else pd.DataFrame()
-        last = result.metrics or {}
-        trial_id = last.get("trial_id") or (result.config or {}).get("trial_id")
-        status = last.get("status", "running")
-        if result.error is not None:
-            status = "error"
-        elif states.get(str(trial_id), "TERMINATED") not in ("TERMINATED", "ERROR"):
-            status = "interrupted"
-        values = trial_values({k: v for k, v in (result.config or {}).items()})
-        rounds = int(last.get("round", 0) or 0)
-        if status == "running":
-            status = "completed" if rounds >= base.rounds else "stopped early"
-        resumed = (
-            sorted({int(r) for r in history["resumed_from_round"].dropna() if r >= 0})
-            if "resumed_from_round" in history
-            else []
-        )
-        trials.append(
-            {
-                "trial": i,
-                "trial_id": trial_id,
-                "values": values,
-                "status": status,
-                "rounds": rounds,
-                METRIC: last.get(METRIC),
-                "resumed_at_rounds": resumed,
-                "error": str(result.error).strip().splitlines()[-1]
-                if result.error is not None
-                else last.get("error") or None,
-            }
-        )
-        for rnd in resumed:
-            log(f"trial {i} ({trial_id}): resumed at round {rnd} of {base.rounds} from its checkpoint")
-        checkpoint = folder / CHECKPOINTS / str(trial_id) / "checkpoint.pt"
-        if status in ("error", "interrupted"):  # `--resume` continues it from there
-            if checkpoint.exists():
-                resumable.append(str(trial_id))
-        elif not options.keep_checkpoints:  # ASHA stopped it (a finished trial removed its own)
-            checkpoint.unlink(missing_ok=True)
-            if checkpoint.parent.is_dir() and not any(checkpoint.parent.iterdir()):
-                checkpoint.parent.rmdir()
-        # A round reported again after a resume (evaluated after the checkpoint it resumed from) is the same row.
-        seen: dict[int, dict[str, Any]] = {}
-        for _, row in history.iterrows() if len(history) else []:
-            seen[int(row["round"])] = {
-                "trial": i,
-                "round": int(row["round"]),
-                METRIC: float(row[METRIC]),
-                "val_loss": float(row["val_loss"]) if "val_loss" in row else math.nan,
-                **{f"param.{k}": v for k, v in _flat(values).items()},
-            }
-        rows.extend(seen[rnd] for rnd in sorted(seen))
-    atomic_write(folder / "trials.parquet", lambda tmp: pd.DataFrame(rows).to_parquet(tmp, index=False))
-    completed = [t for t in trials if t["status"] == "completed" and t[METRIC] is not None]
-    best = max(completed, key=lambda t: (t[METRIC], -t["trial"]), default=None)
-    summary = {
-        "algorithm": algorithm,
-        "base_cell": base.model_dump(mode="json"),
-        "base_hash": cell_hash(base),
-        "objective": "mean client accuracy on the validation split at the last round (maximised); "
-        "the test split is withheld from every trial",
-        "search_space": {k: list(v) for k, v in space.items()},
-        "trials": options.trials,
-        "sampler": f"optuna TPE (seed {options.seed})",
-        "scheduler": f"ASHA on rounds (grace {grace}, reduction factor {options.reduction_factor:g}, max {base.rounds})",
-        "outcomes": trials,
-        "best": best,
-    }
-    write_json(folder / "sweep.json", summary)
-    counts = {
-        s: sum(t["status"] == s for t in trials)
-        for s in ("completed", "stopped early", "diverged", "error", "interrupted")
-    }
-    log(f"{len(trials)} trials: " + ", ".join(f"{n} {s}" for s, n in counts.items() if n) + f"; results in {folder}")
-    if resumable:
-        log(
-            f"{len(resumable)} trials did not end and keep their checkpoints ({', '.join(resumable)}): "
-            f"the same command with --resume {folder} continues them"
-        )
-    if best is None:
-        errors = sorted({t["error"] for t in trials if t["error"]})
-        raise SweepError(
-            f"no trial of {algorithm} ran every round"
-            + (f"; errors: {'; '.join(errors)[:2000]}" if errors else "")
-            + f" (see {folder}"
-            + (f"; --resume {folder} continues its trials from their checkpoints" if resumable else "")
-            + ")"
-        )
-    log(f"best: trial {best['trial']}, validation accuracy {best[METRIC]:.2%}, {_describe(best['values'])}")
-    tuned_file = None
-    if options.out is not None:
-        tuned_file = write_tuned(options.out, algorithm, best, summary, folder, base)
-        log(f"written to {tuned_file} (a spec uses it with `tuned: true`)")
-    return SweepResult(folder, best, trials, tuned_file)
-
-
-def _flat(values: dict) -> dict:
-    flat = {k: v for k, v in values.items() if k != "hp"}
-    flat.update({f"hp.{k}": v for k, v in values.get("hp", {}).items()})
-    return flat
-
-
-def _describe(values: dict) -> str:
-    return ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v!r}" for k, v in _flat(values).items())
-
-
-def _plain(value: Any) -> Any:
-    """numpy scalars -> Python values, for YAML."""
-    if hasattr(value, "item"):
-        return value.item()
-    if isinstance(value, float) and math.isfinite(value):
-        return float(f"{value:.6g}")
-    return value
-
-
-def write_tuned(out: Path, algorithm: str, best: dict, summary: dict, folder: Path, base: CellConfig) -> Path:
-    values = best["values"]
-    assign = {k: _plain(v) for k, v in values.items() if k != "hp"}
-    if values.get("hp"):
-        assign["hp"] = {k: _plain(v) for k, v in values["hp"].items()}
-    data = {
-        "algorithm": algorithm,
-        "set": assign,
-        "description": f"best of {summary['trials']} trials by mean client validation accuracy "
-        f"({best[METRIC]:.4f} after {best['rounds']} rounds)",
-        "tuned_on": {
-            "cell": base.model_dump(mode="json"),
-            "hash": cell_hash(base),
-            "objective": summary["objective"],
-            "search_space": summary["search_space"],
-            "sampler": summary["sampler"],
-            "scheduler": summary["scheduler"],
-            "val_accuracy": float(best[METRIC]),
-            "sweep": str(folder),
-            "date": datetime.date.today().isoformat(),
-        },
-    }
-    header = (
-        f"# Written by `pflbench sweep --algo {algorithm}`: the best configuration found, applied to "
-        f"{algorithm}'s cells by a spec with\n# `tuned: true` (benchmarks/README.md). Only `set` is used.\n"
-    )
-    path = tuned_path(out, algorithm)
-
-    def write(tmp: Path) -> None:
-        tmp.write_text(header + yaml.safe_dump(data, sort_keys=False))
-
-    atomic_write(path, write)
-    return path
