@@ -10,7 +10,6 @@ cell has it) over the evaluated rounds, then the largest over all cells.
 
     .venv/bin/python benchmarks/verify_tolerance.py benchmarks/ci.yaml --set seed=[0]
 """
-
 from __future__ import annotations
 
 import argparse
@@ -36,15 +35,11 @@ def main() -> None:
     plan = load_spec(args.spec, parse_sets(args.sets), scale=args.scale)
     worst, compared = 0.0, 0
     for cell in plan.cells:
-        runs = [
-            run_cell(cell, execution=ExecutionOptions(device="cpu", client_threads="off", **variant))
-            for variant in VARIANTS
-        ]
+        runs = [run_cell(cell, execution=ExecutionOptions(device="cpu", client_threads="off", **variant))
+                for variant in VARIANTS]
         if runs[0].status != runs[1].status or runs[0].summary["client_batching"] == runs[1].summary["client_batching"]:
-            print(
-                f"{cell.algorithm:<13} {cell.partition:<13} skipped (statuses {runs[0].status}/{runs[1].status}, "
-                f"paths {runs[0].summary['client_batching']}/{runs[1].summary['client_batching']})"
-            )
+            print(f"{cell.algorithm:<13} {cell.partition:<13} skipped (statuses {runs[0].status}/{runs[1].status}, "
+                  f"paths {runs[0].summary['client_batching']}/{runs[1].summary['client_batching']})")
             continue
         gaps = {}
         for column in MEAN_COLUMNS:  # what `verify` holds to the tolerance
@@ -53,11 +48,8 @@ def main() -> None:
                 gaps[column] = float((a - b).abs().max())
         compared += 1
         worst = max(worst, *gaps.values())
-        print(
-            f"{cell.algorithm:<13} {cell.partition:<13} rounds {cell.rounds:>3}  largest gap: "
-            + ", ".join(f"{column} {gap * 100:.2f} pp" for column, gap in gaps.items()),
-            flush=True,
-        )
+        print(f"{cell.algorithm:<13} {cell.partition:<13} rounds {cell.rounds:>3}  largest gap: "
+              + ", ".join(f"{column} {gap * 100:.2f} pp" for column, gap in gaps.items()), flush=True)
     print(f"{compared} cells compared; largest gap of a round's mean accuracy: {worst * 100:.2f} percentage points")
 
 

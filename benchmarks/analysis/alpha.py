@@ -15,7 +15,6 @@ For each pFedLA / HeurpFedLA cell folder given (a results store's `<hash>/`, pub
     python benchmarks/analysis/alpha.py results/published/table1-full/3cc0b2ea0143 [--rounds 10,100,600]
         [--shared-rounds 10] [--json OUT]
 """
-
 from __future__ import annotations
 
 import argparse
@@ -91,23 +90,16 @@ def describe(folder: Path, rounds: list[int] | None, shared_rounds: list[int] | 
     n = next(iter(alphas.values())).shape[0]
     eye = np.arange(n)
     chosen = [r for r in (rounds or [min(alphas), max(alphas)]) if r in alphas]
-    out: dict = {
-        "cell": folder.name,
-        "layers": layers,
-        "rounds_stored": [min(alphas), max(alphas)],
-        "frozen_since": frozen_since(alphas),
-        "self_weight": {},
-        "exact_0_or_1": {},
-    }
+    out: dict = {"cell": folder.name, "layers": layers, "rounds_stored": [min(alphas), max(alphas)],
+                 "frozen_since": frozen_since(alphas), "self_weight": {}, "exact_0_or_1": {}}
     for rnd in chosen:
         a = alphas[rnd]
         out["self_weight"][rnd] = [round(float(a[eye, l, eye].mean()), 3) for l in range(a.shape[1])]
         out["exact_0_or_1"][rnd] = round(exact_share(a), 3)
     shared = shared_classes(folder)
     out["by_shared_classes_last_round"] = by_shared_classes(alphas[max(alphas)], layers, shared)
-    out["by_shared_classes"] = {
-        rnd: by_shared_classes(alphas[rnd], layers, shared) for rnd in (shared_rounds or []) if rnd in alphas
-    }
+    out["by_shared_classes"] = {rnd: by_shared_classes(alphas[rnd], layers, shared)
+                                for rnd in (shared_rounds or []) if rnd in alphas}
     return out
 
 
@@ -115,11 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("cells", nargs="+", help="cell folders (a store's <hash>/)")
     parser.add_argument("--rounds", default=None, help="comma-separated rounds (default: the first and last stored)")
-    parser.add_argument(
-        "--shared-rounds",
-        default=None,
-        help="comma-separated rounds at which to also show the weights by shared classes",
-    )
+    parser.add_argument("--shared-rounds", default=None,
+                        help="comma-separated rounds at which to also show the weights by shared classes")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     rounds = [int(r) for r in args.rounds.split(",")] if args.rounds else None
@@ -130,24 +119,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"alpha.py: {error}", file=sys.stderr)
         return 2
     for r in results:
-        print(
-            f"{r['cell']}: layers {', '.join(r['layers'])}; alpha frozen (bit-identical to the last) from round "
-            f"{r['frozen_since']}"
-        )
+        print(f"{r['cell']}: layers {', '.join(r['layers'])}; alpha frozen (bit-identical to the last) from round "
+              f"{r['frozen_since']}")
         for rnd, weights in r["self_weight"].items():
-            print(
-                f"  round {rnd}: mean self-weight per layer {weights}; entries exactly 0 or 1: "
-                f"{100 * r['exact_0_or_1'][rnd]:.1f}%"
-            )
-        for when, by_layer in [
-            *((f"round {rnd}", b) for rnd, b in r["by_shared_classes"].items()),
-            ("last round", r["by_shared_classes_last_round"]),
-        ]:
+            print(f"  round {rnd}: mean self-weight per layer {weights}; entries exactly 0 or 1: "
+                  f"{100 * r['exact_0_or_1'][rnd]:.1f}%")
+        for when, by_layer in [*((f"round {rnd}", b) for rnd, b in r["by_shared_classes"].items()),
+                               ("last round", r["by_shared_classes_last_round"])]:
             for layer, facts in by_layer.items():
-                print(
-                    f"  {when}, {layer}: mean weight to a client sharing k classes "
-                    f"{facts['mean_weight_by_shared_classes']}, r = {facts['pearson_r']}"
-                )
+                print(f"  {when}, {layer}: mean weight to a client sharing k classes "
+                      f"{facts['mean_weight_by_shared_classes']}, r = {facts['pearson_r']}")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
     return 0

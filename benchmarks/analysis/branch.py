@@ -31,7 +31,6 @@ Rows are written to `--out` (JSON) after every probe, so a branch cut short keep
 A snapshot (`write_snapshot`) keeps only the shared model of a checkpoint, so that many of a run's
 checkpoints travel to a GPU where whole ones weigh too much.
 """
-
 from __future__ import annotations
 
 import argparse
@@ -137,11 +136,8 @@ class Probe:
         names = fed.model.param_names
         n = fed.num_clients
         w = flat(shared, names)
-        row = {
-            "round": rnd,
-            "norm": float(w.norm()),
-            "moved": float((w - flat(self.previous, names)).norm()) if self.previous is not None else None,
-        }
+        row = {"round": rnd, "norm": float(w.norm()),
+               "moved": float((w - flat(self.previous, names)).norm()) if self.previous is not None else None}
         self.previous = shared
         expanded = {k: t.expand(n, *t.shape[1:]).clone() for k, t in shared.items()}
         for split in ("train", "test"):
@@ -163,24 +159,12 @@ class Probe:
         row["seconds"] = time.perf_counter() - start
         self.rows.append(row)
         self.write()
-        print(
-            f"round {rnd}: shared test {row['shared_test_accuracy']:.4f} / {row['shared_test_loss']:.3f}, "
-            f"max sharpness {max(row['sharpness']):.1f}, moved {row['moved']}",
-            flush=True,
-        )
+        print(f"round {rnd}: shared test {row['shared_test_accuracy']:.4f} / {row['shared_test_loss']:.3f}, "
+              f"max sharpness {max(row['sharpness']):.1f}, moved {row['moved']}", flush=True)
 
     def write(self) -> None:
-        self.out.write_text(
-            json.dumps(
-                {
-                    **self.meta,
-                    "wall_seconds": time.perf_counter() - self.started,
-                    "probes": self.rows,
-                    "evaluations": self.evals,
-                },
-                indent=1,
-            )
-        )
+        self.out.write_text(json.dumps({**self.meta, "wall_seconds": time.perf_counter() - self.started,
+                                        "probes": self.rows, "evaluations": self.evals}, indent=1))
 
 
 class _full_precision:
@@ -239,14 +223,8 @@ def write_snapshot(checkpoint: Path, folder: Path) -> Path:
     header, payload = read_checkpoint(checkpoint)
     attributes = payload["algorithm"]["attributes"]
     path = Path(folder) / f"snapshot-{header['round']:04d}.pt"
-    torch.save(
-        {
-            "round": header["round"],
-            "hash": header["hash"],
-            "attributes": {k: attributes[k] for k in SNAPSHOT_ATTRIBUTES if k in attributes},
-        },
-        path,
-    )
+    torch.save({"round": header["round"], "hash": header["hash"],
+                "attributes": {k: attributes[k] for k in SNAPSHOT_ATTRIBUTES if k in attributes}}, path)
     return path
 
 
@@ -278,38 +256,19 @@ def probe_snapshots(paths: list[Path], fed, algorithm, probe: Probe) -> None:
 def check_against(store_cell: Path, evals: list[dict]) -> list[str]:
     """Where the branch's evaluations differ from the stored cell's (mean accuracy per round)."""
     stored = pd.read_parquet(store_cell / "metrics.parquet").groupby("round")["accuracy"].mean()
-    return [
-        f"round {e['round']}: branch {e['accuracy']!r}, stored {float(stored[e['round']])!r}"
-        for e in evals
-        if e["round"] in stored.index and e["accuracy"] != float(stored[e["round"]])
-    ]
+    return [f"round {e['round']}: branch {e['accuracy']!r}, stored {float(stored[e['round']])!r}"
+            for e in evals if e["round"] in stored.index and e["accuracy"] != float(stored[e["round"]])]
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("checkpoint", type=Path, nargs="?", help="the round checkpoint to branch from")
-    parser.add_argument(
-        "--snapshots",
-        type=Path,
-        nargs="+",
-        default=None,
-        help="probe these snapshots (write_snapshot's files) instead of running rounds",
-    )
-    parser.add_argument(
-        "--write-snapshots",
-        type=Path,
-        nargs="+",
-        default=None,
-        metavar="CHECKPOINT",
-        help="write a snapshot of each checkpoint into --out (a folder), and nothing else",
-    )
-    parser.add_argument(
-        "--write-light",
-        type=Path,
-        default=None,
-        metavar="OUT",
-        help="write the checkpoint without Per-FedAvg's cache to OUT, and nothing else",
-    )
+    parser.add_argument("--snapshots", type=Path, nargs="+", default=None,
+                        help="probe these snapshots (write_snapshot's files) instead of running rounds")
+    parser.add_argument("--write-snapshots", type=Path, nargs="+", default=None, metavar="CHECKPOINT",
+                        help="write a snapshot of each checkpoint into --out (a folder), and nothing else")
+    parser.add_argument("--write-light", type=Path, default=None, metavar="OUT",
+                        help="write the checkpoint without Per-FedAvg's cache to OUT, and nothing else")
     parser.add_argument("--config", type=Path, help="the stored cell's config.json")
     parser.add_argument("--out", type=Path, help="the JSON written (a folder with --write-snapshots)")
     parser.add_argument("--until", type=int, default=None, help="the last round to run (default: the cell's)")
@@ -346,15 +305,9 @@ def main(argv=None) -> int:
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = args.tf32 == "on"
     cell = branch_cell(json.loads(args.config.read_text()), args.changes)
     algorithm_cls = get_algorithm(cell.algorithm)
-    meta = {
-        "changes": args.changes,
-        "device": args.device,
-        "tf32": args.tf32,
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "code": code_version(algorithm_cls),
-        "gpu": torch.cuda.get_device_name(0) if args.device.startswith("cuda") else None,
-    }
+    meta = {"changes": args.changes, "device": args.device, "tf32": args.tf32, "torch": torch.__version__,
+            "python": platform.python_version(), "code": code_version(algorithm_cls),
+            "gpu": torch.cuda.get_device_name(0) if args.device.startswith("cuda") else None}
     probe = Probe(args.checkpoint, args.probe_every, args.power_steps, args.out, args.deadline, meta)
     with cell_global_rng(cell.seed, torch.device(args.device)):
         fed, algorithm = federation_of(cell, ExecutionOptions(device=args.device, threads=args.threads), args.data_root)

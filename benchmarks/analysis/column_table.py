@@ -24,7 +24,6 @@ settings in which its cells depart from the algorithm's defaults and from Local'
     python benchmarks/analysis/column_table.py results/published/table1-full results/published/table1-full-seed1 \
         results/published/table1-full-pfedhn-official ... [--references benchmarks/reference]
 """
-
 from __future__ import annotations
 
 import argparse
@@ -39,13 +38,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from versus_local import departures, find_local, last_round_clients, read_cell, text  # noqa: E402
 
 from pflbench.reports.cells import algorithm_rank, display_name, is_reference, load_cells  # noqa: E402
-from pflbench.reports.reference import (
-    PaperValue,
-    compare,
-    default_reference_dir,
-    find_paper_value,  # noqa: E402
-    load_references,
-)
+from pflbench.reports.reference import (PaperValue, compare, default_reference_dir, find_paper_value,  # noqa: E402
+                                        load_references)
 from pflbench.reports.stats import Paired, Sample, paired  # noqa: E402
 
 MINUS = "\u2212"
@@ -60,7 +54,6 @@ def signed(value: float) -> str:
 @dataclass
 class Seed:
     """One cell of a row: its folder, configuration, summary, per-client accuracies (% , by reading)."""
-
     folder: Path
     cell: dict
     summary: dict
@@ -76,7 +69,7 @@ class Seed:
 class Row:
     algorithm: str
     label: str
-    frame: pd.DataFrame  # the row's cells as the reports read them (load_cells' columns)
+    frame: pd.DataFrame              # the row's cells as the reports read them (load_cells' columns)
     seeds: dict[int, Seed] = field(default_factory=dict)
 
     def means(self, reading: str) -> list[float]:
@@ -129,23 +122,16 @@ def gather(stores: list[Path]) -> list[Row]:
         key = (cell["algorithm"], settings, split, summary.get("status"))
         row = rows.setdefault(key, Row(cell["algorithm"], label, frame.iloc[0:0]))
         if cell["seed"] in row.seeds:
-            raise SystemExit(
-                f"{folder}: a second cell of row {label!r} at seed {cell['seed']} "
-                f"({row.seeds[cell['seed']].folder}): give each setting's cells once"
-            )
+            raise SystemExit(f"{folder}: a second cell of row {label!r} at seed {cell['seed']} "
+                             f"({row.seeds[cell['seed']].folder}): give each setting's cells once")
         row.frame = pd.concat([row.frame, frame.loc[[index]]])
-        row.seeds[cell["seed"]] = Seed(
-            folder,
-            cell,
-            summary,
-            {r: clients_or_none(folder, c) for r, c in READINGS},
-            None if local == folder else local,
-        )
+        row.seeds[cell["seed"]] = Seed(folder, cell, summary,
+                                       {r: clients_or_none(folder, c) for r, c in READINGS},
+                                       None if local == folder else local)
     for row in rows.values():
         row.seeds = dict(sorted(row.seeds.items()))
-    return sorted(
-        rows.values(), key=lambda r: (algorithm_rank(r.algorithm), r.label != display_name(r.algorithm), r.label)
-    )
+    return sorted(rows.values(), key=lambda r: (algorithm_rank(r.algorithm), r.label != display_name(r.algorithm),
+                                                r.label))
 
 
 def accuracy_text(row: Row, reading: str) -> str:
@@ -171,10 +157,8 @@ def versus_local(row: Row, reading: str) -> str:
         per_seed.append(float(np.mean([ours[seed][c] - local[c] for c in shared])))
     if not ours:
         return "–"
-    found: Paired | None = paired(
-        Sample(ours, {s: float(np.mean(list(v.values()))) for s, v in ours.items()}),
-        Sample(theirs, {s: float(np.mean(list(v.values()))) for s, v in theirs.items()}),
-    )
+    found: Paired | None = paired(Sample(ours, {s: float(np.mean(list(v.values()))) for s, v in ours.items()}),
+                                  Sample(theirs, {s: float(np.mean(list(v.values()))) for s, v in theirs.items()}))
     shown = text(found).replace("-", MINUS)
     if len(per_seed) > 1:
         shown += f"; over seeds {signed(float(np.mean(per_seed)))} ± {np.std(per_seed, ddof=1):.2f} SD"
@@ -184,14 +168,8 @@ def versus_local(row: Row, reading: str) -> str:
 def paper_of(row: Row, references) -> tuple[PaperValue | None, tuple[str, ...]]:
     """The paper's number for the row and the settings in which the row's cells differ from the paper's."""
     first = next(iter(row.seeds.values())).cell
-    paper = find_paper_value(
-        references,
-        algorithm=row.algorithm,
-        dataset=first["dataset"],
-        partition=first["partition"],
-        clients=int(first["clients"]),
-        cells=row.frame,
-    )
+    paper = find_paper_value(references, algorithm=row.algorithm, dataset=first["dataset"],
+                             partition=first["partition"], clients=int(first["clients"]), cells=row.frame)
     if paper is None:
         return None, ()
     return paper, compare(paper, row.frame, paper.protocol).differences
@@ -223,11 +201,9 @@ def wall_text(row: Row) -> str:
 
 def table(stores: list[Path], references) -> str:
     rows = gather(stores)
-    lines = [
-        "| row | study | seeds | delivered | adapted | paper | Δ delivered − paper | Δ adapted − paper "
-        "| − Local, delivered | − Local, adapted | wall |",
-        "|---|---|---|---:|---:|---:|---:|---:|---|---|---|",
-    ]
+    lines = ["| row | study | seeds | delivered | adapted | paper | Δ delivered − paper | Δ adapted − paper "
+             "| − Local, delivered | − Local, adapted | wall |",
+             "|---|---|---|---:|---:|---:|---:|---:|---|---|---|"]
     notes = []
     for row in rows:
         paper, differences = paper_of(row, references)
@@ -238,22 +214,18 @@ def table(stores: list[Path], references) -> str:
             f"| {row.label} | {studies} | {', '.join(map(str, row.seeds))} | {accuracy_text(row, 'delivered')} | "
             f"{accuracy_text(row, 'adapted')} | {'–' if paper is None else f'{paper.mean:.2f}'} | "
             f"{delta_text(row, 'delivered', paper, differences)} | {delta_text(row, 'adapted', paper, differences)} | "
-            f"{versus_local(row, 'delivered')} | {versus_local(row, 'adapted')} | {wall_text(row)} |"
-        )
+            f"{versus_local(row, 'delivered')} | {versus_local(row, 'adapted')} | {wall_text(row)} |")
     if notes:
-        lines += [
-            "",
-            "Δ in parentheses: a setting the paper states differs (ours vs the paper's): " + "; ".join(notes) + ".",
-        ]
+        lines += ["", "Δ in parentheses: a setting the paper states differs (ours vs the paper's): " + "; ".join(notes)
+                  + "."]
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("stores", nargs="+", help="study folders (stores) holding one column's cells")
-    parser.add_argument(
-        "--references", default=None, help="folder of the papers' numbers (default: benchmarks/reference)"
-    )
+    parser.add_argument("--references", default=None,
+                        help="folder of the papers' numbers (default: benchmarks/reference)")
     args = parser.parse_args(argv)
     references = load_references(args.references or default_reference_dir())
     print(table([Path(s) for s in args.stores], references))

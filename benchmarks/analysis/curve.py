@@ -9,7 +9,6 @@ round ~490?
     python benchmarks/analysis/curve.py results/published/table2-full/f7af474989db \
         results/published/table2-full-seed1/3a5bad2a5d37 --rounds 300,400,480,490,500,600 [--adapted]
 """
-
 from __future__ import annotations
 
 import argparse
@@ -46,11 +45,8 @@ def row(folder: Path, rounds: list[int], column: str) -> str:
     at = [f"{curve[r]:.2f}" if r in curve.index else "–" for r in rounds]
     best = int(curve.idxmax())
     before, after, fall = largest_fall(curve)
-    return (
-        f"| {folder.parent.name}/{folder.name} | {cell['algorithm']} | {cell['seed']} | "
-        + " | ".join(at)
-        + f" | {best}: {curve[best]:.2f} | {before} → {after}: −{fall:.2f} |"
-    )
+    return (f"| {folder.parent.name}/{folder.name} | {cell['algorithm']} | {cell['seed']} | " + " | ".join(at)
+            + f" | {best}: {curve[best]:.2f} | {before} → {after}: −{fall:.2f} |")
 
 
 def main(argv: list[str] | None = None) -> int:

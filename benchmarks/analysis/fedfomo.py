@@ -13,7 +13,6 @@ i gave the models it downloaded that round; its own model's weight is not in it)
 
     python benchmarks/analysis/fedfomo.py results/published/table2-full/37a15f562e87 [--json OUT]
 """
-
 from __future__ import annotations
 
 import argparse
@@ -65,13 +64,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     found = [describe(folder) for folder in args.cells]
     for d in found:
-        print(
-            f"{d['cell']}: {d['stored_rounds']} stored rounds; per round {d['clients_stepping_per_round']:.1f} "
-            f"clients step towards others, {d['positive_weights_per_round']:.1f} positive weights of "
-            f"{d['pairs']}; mean row sum {d['mean_row_sum']:.2f}, largest weight {d['max_weight']:.2f}; "
-            f"round {d['last_round']}: {d['positive_affinity_last']} positive affinities, r(weight, shared "
-            f"main classes) {d['r_weight_shared_last'] if d['r_weight_shared_last'] is None else round(d['r_weight_shared_last'], 2)}"
-        )
+        print(f"{d['cell']}: {d['stored_rounds']} stored rounds; per round {d['clients_stepping_per_round']:.1f} "
+              f"clients step towards others, {d['positive_weights_per_round']:.1f} positive weights of "
+              f"{d['pairs']}; mean row sum {d['mean_row_sum']:.2f}, largest weight {d['max_weight']:.2f}; "
+              f"round {d['last_round']}: {d['positive_affinity_last']} positive affinities, r(weight, shared "
+              f"main classes) {d['r_weight_shared_last'] if d['r_weight_shared_last'] is None else round(d['r_weight_shared_last'], 2)}")
     if args.json:
         args.json.write_text(json.dumps(found, indent=1))
     return 0

@@ -4,7 +4,6 @@ delivered models' mean test accuracy and the largest Hessian eigenvalue over the
 
     python benchmarks/analysis/perfedavg_break_figure.py docs/algorithms/perfedavg-break OUT.png
 """
-
 from __future__ import annotations
 
 import json
@@ -16,12 +15,10 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-RUNS = [
-    ("trajectory.json", "the cell (CPU run, probed on the GPU)", "black", "-"),
-    ("branch-same.json", "branch at 475, as stored (GPU, float32)", "tab:red", "--"),
-    ("to600-beta-half.json", "branch at 475, beta 5e-4", "tab:blue", "-"),
-    ("to600-alpha-half.json", "branch at 475, alpha 0.005", "tab:green", "-"),
-]
+RUNS = [("trajectory.json", "the cell (CPU run, probed on the GPU)", "black", "-"),
+        ("branch-same.json", "branch at 475, as stored (GPU, float32)", "tab:red", "--"),
+        ("to600-beta-half.json", "branch at 475, beta 5e-4", "tab:blue", "-"),
+        ("to600-alpha-half.json", "branch at 475, alpha 0.005", "tab:green", "-")]
 
 
 def main(folder: Path, out: Path) -> None:
@@ -37,11 +34,8 @@ def main(folder: Path, out: Path) -> None:
     axes[2].axhline(400, color="tab:green", lw=0.8, ls=":")
     axes[2].text(401, 410, "2 / alpha (alpha 0.005)", color="tab:green", fontsize=8)
     axes[2].set_ylim(0, 900)
-    titles = [
-        "delivered models (one step of alpha): test accuracy %",
-        "shared model: test accuracy %",
-        "largest Hessian eigenvalue over the clients",
-    ]
+    titles = ["delivered models (one step of alpha): test accuracy %", "shared model: test accuracy %",
+              "largest Hessian eigenvalue over the clients"]
     for ax, title in zip(axes, titles):
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("round")

@@ -11,7 +11,6 @@ the `--local` stores: the same dataset, partition (and its parameters), clients 
     python benchmarks/analysis/versus_local.py results/published/table1-pfedla-server/*/ \
         --local results/published/table1-full results/published/table1-full-seed1 [--alpha-rounds 100,600]
 """
-
 from __future__ import annotations
 
 import argparse
@@ -28,18 +27,8 @@ from pflbench.reports.cells import printed_value, read_config, read_metrics  # n
 from pflbench.reports.rows import current_defaults  # noqa: E402
 from pflbench.reports.stats import Paired, Sample, paired  # noqa: E402
 
-BUDGET = (
-    "rounds",
-    "local_epochs",
-    "batch_size",
-    "lr",
-    "momentum",
-    "weight_decay",
-    "train_fraction",
-    "val_fraction",
-    "finetune_epochs",
-    "model",
-)
+BUDGET = ("rounds", "local_epochs", "batch_size", "lr", "momentum", "weight_decay", "train_fraction",
+          "val_fraction", "finetune_epochs", "model")
 
 
 def read_cell(folder: Path) -> tuple[dict, dict]:
@@ -75,12 +64,9 @@ def _printed(value) -> str:
 def departures(cell: dict, local: dict | None) -> str:
     """The hyperparameters that differ from the algorithm's current defaults, and the budget fields
     that differ from Local's cell."""
-    defaults = current_defaults(cell["algorithm"])  # as the report's row labels print them
-    changed = [
-        f"{k}={_printed(v)}"
-        for k, v in sorted(cell.get("hp", {}).items())
-        if f"hp.{k}" in defaults and defaults[f"hp.{k}"] != _printed(v)
-    ]
+    defaults = current_defaults(cell["algorithm"])   # as the report's row labels print them
+    changed = [f"{k}={_printed(v)}" for k, v in sorted(cell.get("hp", {}).items())
+               if f"hp.{k}" in defaults and defaults[f"hp.{k}"] != _printed(v)]
     if local is not None:
         changed += [f"{k}={cell.get(k)}" for k in BUDGET if cell.get(k) != local.get(k)]
     return ", ".join(changed) or "defaults"
@@ -96,10 +82,8 @@ def versus(folder: Path, local: Path | None, column: str) -> Paired | None:
     theirs = last_round_clients(local, column)
     if any(np.isnan(v) for v in [*ours.values(), *theirs.values()]):
         return None
-    return paired(
-        Sample({seed: ours}, {seed: float(np.mean(list(ours.values())))}),
-        Sample({seed: theirs}, {seed: float(np.mean(list(theirs.values())))}),
-    )
+    return paired(Sample({seed: ours}, {seed: float(np.mean(list(ours.values())))}),
+                  Sample({seed: theirs}, {seed: float(np.mean(list(theirs.values())))}))
 
 
 def percent(value: float | None) -> str:
@@ -121,11 +105,9 @@ def exact_shares(folder: Path, rounds: list[int]) -> str:
 
 
 def table(cells: list[Path], stores: list[Path], alpha_rounds: list[int]) -> str:
-    lines = [
-        "| study | cell | row | seed | settings | delivered | adapted | Local (same seed) | − Local, delivered "
-        "| − Local, adapted | wall (s) | α exactly 0 or 1 at rounds " + " / ".join(map(str, alpha_rounds)) + " |",
-        "|---|---|---|---:|---|---:|---:|---:|---|---|---:|---|",
-    ]
+    lines = ["| study | cell | row | seed | settings | delivered | adapted | Local (same seed) | − Local, delivered "
+             "| − Local, adapted | wall (s) | α exactly 0 or 1 at rounds " + " / ".join(map(str, alpha_rounds)) + " |",
+             "|---|---|---|---:|---|---:|---:|---:|---|---|---:|---|"]
     for folder in cells:
         cell, summary = read_cell(folder)
         local = find_local(cell, stores)
@@ -140,8 +122,7 @@ def table(cells: list[Path], stores: list[Path], alpha_rounds: list[int]) -> str
             f"| {folder.parent.name} | {folder.name} | {cell['algorithm']} | {cell['seed']} | {settings} | "
             f"{percent(summary.get('final_accuracy'))} | {percent(summary.get('final_accuracy_adapted'))} | {local_text} | "
             f"{text(versus(folder, local, 'accuracy'))} | {text(versus(folder, local, 'accuracy_adapted'))} | "
-            f"{summary.get('wall_time', float('nan')):.0f} | {exact_shares(folder, alpha_rounds)} |"
-        )
+            f"{summary.get('wall_time', float('nan')):.0f} | {exact_shares(folder, alpha_rounds)} |")
     return "\n".join(lines)
 
 

@@ -41,7 +41,6 @@ The whole check keeps inside `--budget` seconds (default 540: one device command
 device's 10-minute limit for a command; a lent device gives 15 minutes in all, its start included, so a
 second run is for a few failing steps (`--only`)).
 """
-
 from __future__ import annotations
 
 import argparse
@@ -86,10 +85,10 @@ print("FIGURES " + json.dumps(facts))
 class Step:
     name: str
     command: list[str]
-    timeout: float  # seconds at most (less where the budget has less left)
-    figures: Path | None = None  # a JSON file the step writes, folded into check.json
+    timeout: float                      # seconds at most (less where the budget has less left)
+    figures: Path | None = None         # a JSON file the step writes, folded into check.json
     env: dict[str, str] = field(default_factory=dict)
-    separate: bool = False  # runs on the device only when `--only` names it (a call of its own)
+    separate: bool = False              # runs on the device only when `--only` names it (a call of its own)
 
 
 def steps(device: str, rehearse: bool, work: Path) -> list[Step]:
@@ -99,187 +98,34 @@ def steps(device: str, rehearse: bool, work: Path) -> list[Step]:
         bench = ["--samples", "32", "--shape", "1,28,28", "--repeats", "1", "--no-compile"]
         return [
             Step("environment", [py, "-c", ENVIRONMENT], 60),
-            Step(
-                "cuda_tests",
-                [
-                    py,
-                    "-m",
-                    "pytest",
-                    "-q",
-                    "-m",
-                    "cuda",
-                    "-p",
-                    "no:cacheprovider",
-                    str(REPO / "tests" / "test_cuda.py"),
-                ],
-                400,
-                env={"PFLBENCH_TEST_DEVICE": device},
-            ),
-            Step(
-                "bench_10",
-                [*cli, "bench", "--device", device, "--clients", "2", *bench, "--json", str(work / "bench_10.json")],
-                120,
-                work / "bench_10.json",
-            ),
-            Step(
-                "bench_100",
-                [*cli, "bench", "--device", device, "--clients", "4", *bench, "--json", str(work / "bench_100.json")],
-                120,
-                work / "bench_100.json",
-            ),
-            Step(
-                "concurrent",
-                [
-                    py,
-                    str(HERE / "sharing.py"),
-                    "--device",
-                    device,
-                    "--processes",
-                    "1,2",
-                    "--rounds",
-                    "2",
-                    "--samples",
-                    "100",
-                    "--epochs",
-                    "1",
-                    "--json",
-                    str(work / "concurrent.json"),
-                ],
-                180,
-                work / "concurrent.json",
-            ),
-            Step(
-                "paper_slice",
-                [
-                    py,
-                    str(HERE / "paper_slice.py"),
-                    "--device",
-                    device,
-                    "--rounds",
-                    "2",
-                    "--samples",
-                    "50",
-                    "--epochs",
-                    "1",
-                    "--algorithms",
-                    "fedavg,pfedla,pfedme",
-                    "--sharing",
-                    str(work / "concurrent.json"),
-                    "--json",
-                    str(work / "paper_slice.json"),
-                ],
-                240,
-                work / "paper_slice.json",
-            ),
-            Step(
-                "graphs",
-                [
-                    py,
-                    str(HERE / "graphs.py"),
-                    "--device",
-                    device,
-                    "--widths",
-                    "2,3",
-                    "--steps",
-                    "2",
-                    "--repeats",
-                    "1",
-                    "--rows",
-                    "fedavg,fedbn",
-                    "--rounds",
-                    "2",
-                    "--samples",
-                    "30",
-                    "--epochs",
-                    "1",
-                    "--own-inner-steps",
-                    "3",
-                    "--own-repeats",
-                    "1",
-                    "--json",
-                    str(work / "graphs.json"),
-                ],
-                240,
-                work / "graphs.json",
-            ),
-            Step(
-                "column_groups",
-                [
-                    py,
-                    str(HERE / "column_groups.py"),
-                    "--device",
-                    device,
-                    "--clients",
-                    "10",
-                    "--rounds",
-                    "3",
-                    "--samples",
-                    "30",
-                    "--epochs",
-                    "1",
-                    "--client-batching",
-                    "on",
-                    "--seconds",
-                    "200",
-                    "--sharing",
-                    str(work / "concurrent.json"),
-                    "--json",
-                    str(work / "column_groups.json"),
-                ],
-                240,
-                work / "column_groups.json",
-            ),
-            Step(
-                "group_100",
-                [
-                    py,
-                    str(HERE / "column_groups.py"),
-                    "--device",
-                    device,
-                    "--clients",
-                    "100",
-                    "--rounds",
-                    "3",
-                    "--evaluation",
-                    "projected",
-                    "--samples",
-                    "30",
-                    "--epochs",
-                    "1",
-                    "--client-batching",
-                    "on",
-                    "--seconds",
-                    "200",
-                    "--sharing",
-                    str(work / "concurrent.json"),
-                    "--json",
-                    str(work / "group_100.json"),
-                ],
-                240,
-                work / "group_100.json",
-            ),
-            Step(
-                "kernels",
-                [
-                    py,
-                    str(HERE / "kernels.py"),
-                    "--device",
-                    device,
-                    "--widths",
-                    "2,3",
-                    "--batch",
-                    "4",
-                    "--steps",
-                    "2",
-                    "--repeats",
-                    "1",
-                    "--json",
-                    str(work / "kernels.json"),
-                ],
-                240,
-                work / "kernels.json",
-                separate=True,
-            ),
+            Step("cuda_tests", [py, "-m", "pytest", "-q", "-m", "cuda", "-p", "no:cacheprovider",
+                                str(REPO / "tests" / "test_cuda.py")], 400, env={"PFLBENCH_TEST_DEVICE": device}),
+            Step("bench_10", [*cli, "bench", "--device", device, "--clients", "2", *bench,
+                              "--json", str(work / "bench_10.json")], 120, work / "bench_10.json"),
+            Step("bench_100", [*cli, "bench", "--device", device, "--clients", "4", *bench,
+                               "--json", str(work / "bench_100.json")], 120, work / "bench_100.json"),
+            Step("concurrent", [py, str(HERE / "sharing.py"), "--device", device, "--processes", "1,2",
+                                "--rounds", "2", "--samples", "100", "--epochs", "1",
+                                "--json", str(work / "concurrent.json")], 180, work / "concurrent.json"),
+            Step("paper_slice", [py, str(HERE / "paper_slice.py"), "--device", device, "--rounds", "2",
+                                 "--samples", "50", "--epochs", "1", "--algorithms", "fedavg,pfedla,pfedme",
+                                 "--sharing", str(work / "concurrent.json"),
+                                 "--json", str(work / "paper_slice.json")], 240, work / "paper_slice.json"),
+            Step("graphs", [py, str(HERE / "graphs.py"), "--device", device, "--widths", "2,3", "--steps", "2",
+                            "--repeats", "1", "--rows", "fedavg,fedbn", "--rounds", "2", "--samples", "30",
+                            "--epochs", "1", "--own-inner-steps", "3", "--own-repeats", "1",
+                            "--json", str(work / "graphs.json")], 240, work / "graphs.json"),
+            Step("column_groups", [py, str(HERE / "column_groups.py"), "--device", device, "--clients", "10",
+                                   "--rounds", "3", "--samples", "30", "--epochs", "1", "--client-batching", "on",
+                                   "--seconds", "200", "--sharing", str(work / "concurrent.json"),
+                                   "--json", str(work / "column_groups.json")], 240, work / "column_groups.json"),
+            Step("group_100", [py, str(HERE / "column_groups.py"), "--device", device, "--clients", "100",
+                               "--rounds", "3", "--evaluation", "projected", "--samples", "30", "--epochs", "1",
+                               "--client-batching", "on", "--seconds", "200", "--sharing", str(work / "concurrent.json"),
+                               "--json", str(work / "group_100.json")], 240, work / "group_100.json"),
+            Step("kernels", [py, str(HERE / "kernels.py"), "--device", device, "--widths", "2,3", "--batch", "4",
+                             "--steps", "2", "--repeats", "1", "--json", str(work / "kernels.json")], 240,
+                 work / "kernels.json", separate=True),
         ]
     # Boxes: what each step took on an H100 (benchmarks/gpu/h100-2026-11-26.json: 12, 48, 14, 37, 58 and
     # 67 s) with a margin, and the two group steps (not yet run on a GPU: their own `--seconds` stop
@@ -287,153 +133,29 @@ def steps(device: str, rehearse: bool, work: Path) -> list[Step]:
     # a few seconds, its column two runs of 2 rounds of seven rows); 540 s in all.
     return [
         Step("environment", [py, "-c", ENVIRONMENT], 25),
-        Step(
-            "cuda_tests",
-            [py, "-m", "pytest", "-q", "-m", "cuda", "-p", "no:cacheprovider", str(REPO / "tests" / "test_cuda.py")],
-            90,
-            env={"PFLBENCH_TEST_DEVICE": device},
-        ),
-        Step(
-            "bench_10",
-            [
-                *cli,
-                "bench",
-                "--device",
-                device,
-                "--clients",
-                "10",
-                "--repeats",
-                "3",
-                "--no-compile",
-                "--json",
-                str(work / "bench_10.json"),
-            ],
-            30,
-            work / "bench_10.json",
-        ),
-        Step(
-            "bench_100",
-            [
-                *cli,
-                "bench",
-                "--device",
-                device,
-                "--clients",
-                "100",
-                "--repeats",
-                "2",
-                "--no-compile",
-                "--json",
-                str(work / "bench_100.json"),
-            ],
-            45,
-            work / "bench_100.json",
-        ),
-        Step(
-            "concurrent",
-            [
-                py,
-                str(HERE / "sharing.py"),
-                "--device",
-                device,
-                "--processes",
-                "1,4,8",
-                "--rounds",
-                "5",
-                "--json",
-                str(work / "concurrent.json"),
-            ],
-            70,
-            work / "concurrent.json",
-        ),
-        Step(
-            "paper_slice",
-            [
-                py,
-                str(HERE / "paper_slice.py"),
-                "--device",
-                device,
-                "--rounds",
-                "20",
-                "--seconds",
-                "40",
-                "--max-seconds-each",
-                "12",
-                "--sharing",
-                str(work / "concurrent.json"),
-                "--json",
-                str(work / "paper_slice.json"),
-            ],
-            60,
-            work / "paper_slice.json",
-        ),
-        Step(
-            "graphs",
-            [py, str(HERE / "graphs.py"), "--device", device, "--rounds", "2", "--json", str(work / "graphs.json")],
-            60,
-            work / "graphs.json",
-        ),
-        Step(
-            "column_groups",
-            [
-                py,
-                str(HERE / "column_groups.py"),
-                "--device",
-                device,
-                "--clients",
-                "10",
-                "--rounds",
-                "5",
-                "--seconds",
-                "70",
-                "--sharing",
-                str(work / "concurrent.json"),
-                "--json",
-                str(work / "column_groups.json"),
-            ],
-            90,
-            work / "column_groups.json",
-        ),
-        Step(
-            "group_100",
-            [
-                py,
-                str(HERE / "column_groups.py"),
-                "--device",
-                device,
-                "--clients",
-                "100",
-                "--rounds",
-                "3",
-                "--evaluation",
-                "projected",
-                "--seconds",
-                "50",
-                "--sharing",
-                str(work / "concurrent.json"),
-                "--json",
-                str(work / "group_100.json"),
-            ],
-            70,
-            work / "group_100.json",
-        ),
+        Step("cuda_tests", [py, "-m", "pytest", "-q", "-m", "cuda", "-p", "no:cacheprovider",
+                            str(REPO / "tests" / "test_cuda.py")], 90, env={"PFLBENCH_TEST_DEVICE": device}),
+        Step("bench_10", [*cli, "bench", "--device", device, "--clients", "10", "--repeats", "3", "--no-compile",
+                          "--json", str(work / "bench_10.json")], 30, work / "bench_10.json"),
+        Step("bench_100", [*cli, "bench", "--device", device, "--clients", "100", "--repeats", "2", "--no-compile",
+                           "--json", str(work / "bench_100.json")], 45, work / "bench_100.json"),
+        Step("concurrent", [py, str(HERE / "sharing.py"), "--device", device, "--processes", "1,4,8",
+                            "--rounds", "5", "--json", str(work / "concurrent.json")], 70, work / "concurrent.json"),
+        Step("paper_slice", [py, str(HERE / "paper_slice.py"), "--device", device, "--rounds", "20",
+                             "--seconds", "40", "--max-seconds-each", "12", "--sharing", str(work / "concurrent.json"),
+                             "--json", str(work / "paper_slice.json")], 60, work / "paper_slice.json"),
+        Step("graphs", [py, str(HERE / "graphs.py"), "--device", device, "--rounds", "2",
+                        "--json", str(work / "graphs.json")], 60, work / "graphs.json"),
+        Step("column_groups", [py, str(HERE / "column_groups.py"), "--device", device, "--clients", "10",
+                               "--rounds", "5", "--seconds", "70", "--sharing", str(work / "concurrent.json"),
+                               "--json", str(work / "column_groups.json")], 90, work / "column_groups.json"),
+        Step("group_100", [py, str(HERE / "column_groups.py"), "--device", device, "--clients", "100",
+                           "--rounds", "3", "--evaluation", "projected", "--seconds", "50",
+                           "--sharing", str(work / "concurrent.json"),
+                           "--json", str(work / "group_100.json")], 70, work / "group_100.json"),
         # A call of its own (module doc): 120 combinations; none starts after 150 s, the last ends well inside 180.
-        Step(
-            "kernels",
-            [
-                py,
-                str(HERE / "kernels.py"),
-                "--device",
-                device,
-                "--seconds",
-                "150",
-                "--json",
-                str(work / "kernels.json"),
-            ],
-            180,
-            work / "kernels.json",
-            separate=True,
-        ),
+        Step("kernels", [py, str(HERE / "kernels.py"), "--device", device, "--seconds", "150",
+                         "--json", str(work / "kernels.json")], 180, work / "kernels.json", separate=True),
     ]
 
 
@@ -446,9 +168,8 @@ def run_step(step: Step, seconds: float, log) -> dict:
     log.flush()
     start = time.monotonic()
     env = {**os.environ, **step.env}
-    process = subprocess.Popen(
-        step.command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True
-    )
+    process = subprocess.Popen(step.command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                               start_new_session=True)
     try:
         output, _ = process.communicate(timeout=seconds)
         status = "ok" if process.returncode == 0 else "failed"
@@ -479,27 +200,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", default=None, help="scratch folder (default: OUT/work)")
     parser.add_argument("--rehearse", action="store_true", help="every step on the CPU at tiny sizes")
     parser.add_argument("--device", default=None, help="torch device (default: cuda; cpu with --rehearse)")
-    parser.add_argument(
-        "--budget",
-        type=float,
-        default=None,
-        help="seconds for the whole check (default: 540 on the device, 1200 rehearsing)",
-    )
-    parser.add_argument(
-        "--only",
-        default=None,
-        help="comma-separated step names (a second, shorter run; a step of its own call, `kernels`, "
-        "runs on the device only when named)",
-    )
+    parser.add_argument("--budget", type=float, default=None,
+                        help="seconds for the whole check (default: 540 on the device, 1200 rehearsing)")
+    parser.add_argument("--only", default=None,
+                        help="comma-separated step names (a second, shorter run; a step of its own call, `kernels`, "
+                             "runs on the device only when named)")
     args = parser.parse_args(argv)
     import torch
 
     device = args.device or ("cpu" if args.rehearse else "cuda")
     if device.startswith("cuda") and not torch.cuda.is_available():
-        print(
-            "check: torch sees no CUDA device: nothing to check here (--rehearse runs the steps on the CPU)",
-            file=sys.stderr,
-        )
+        print("check: torch sees no CUDA device: nothing to check here (--rehearse runs the steps on the CPU)",
+              file=sys.stderr)
         return 3
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -515,33 +227,22 @@ def main(argv: list[str] | None = None) -> int:
         chosen = [s for s in chosen if s.name in names]
     elif not args.rehearse:
         chosen = [s for s in chosen if not s.separate]
-    result = {
-        "device": device,
-        "rehearse": args.rehearse,
-        "budget_seconds": budget,
-        "steps": {},
-        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "loadavg_before": list(os.getloadavg()),
-    }
+    result = {"device": device, "rehearse": args.rehearse, "budget_seconds": budget, "steps": {},
+              "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "loadavg_before": list(os.getloadavg())}
     start = time.monotonic()
     with open(out / "check.log", "a") as log:
         for step in chosen:
             left = budget - (time.monotonic() - start)
             result["steps"][step.name] = run_step(step, min(step.timeout, left), log)
-            print(
-                f"check: {step.name}: {result['steps'][step.name]['status']} "
-                f"({result['steps'][step.name].get('seconds', 0)} s)",
-                flush=True,
-            )
+            print(f"check: {step.name}: {result['steps'][step.name]['status']} "
+                  f"({result['steps'][step.name].get('seconds', 0)} s)", flush=True)
             result["seconds"] = round(time.monotonic() - start, 1)
             (out / "check.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
     result["loadavg_after"] = list(os.getloadavg())
     result["all_ok"] = all(s["status"] == "ok" for s in result["steps"].values())
     (out / "check.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
-    print(
-        f"check: {'every step ok' if result['all_ok'] else 'not every step ok'} in {result['seconds']} s; "
-        f"{out / 'check.json'}, {out / 'check.log'}"
-    )
+    print(f"check: {'every step ok' if result['all_ok'] else 'not every step ok'} in {result['seconds']} s; "
+          f"{out / 'check.json'}, {out / 'check.log'}")
     return 0 if result["all_ok"] else 1
 
 

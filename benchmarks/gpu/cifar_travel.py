@@ -20,7 +20,6 @@ x 32 x 32 x 3 bytes) do not fit: `pack --measure-decoded` compresses them too, f
     PFLBENCH_GPU_KIT=.gpu-kit-cifar bash benchmarks/gpu/in_kit.sh python3 benchmarks/gpu/cifar_travel.py unpack \\
         --pack .gpu-kit-cifar/data/cifar10-jpeg.travel --check
 """
-
 from __future__ import annotations
 
 import argparse
@@ -44,12 +43,8 @@ def decoded_digest(dataset) -> dict:
     digest = hashlib.sha256()
     for tensor in (dataset.inputs, dataset.labels, dataset.source_split):
         digest.update(tensor.contiguous().numpy().tobytes())
-    return {
-        "dataset_checksum": dataset.checksum,
-        "decoded_sha256": digest.hexdigest(),
-        "inputs_shape": list(dataset.inputs.shape),
-        "inputs_bytes": dataset.inputs.numel(),
-    }
+    return {"dataset_checksum": dataset.checksum, "decoded_sha256": digest.hexdigest(),
+            "inputs_shape": list(dataset.inputs.shape), "inputs_bytes": dataset.inputs.numel()}
 
 
 def load(mirror: Path, root: Path):
@@ -67,29 +62,18 @@ def pack(mirror: Path, out: Path, root: Path, measure_decoded: bool) -> dict:
     names = lzma.compress(json.dumps([name for name, _ in members]).encode(), preset=6)
     packed_seconds = time.time() - began
     dataset = load(mirror, root)
-    manifest = {
-        "files": len(members),
-        "lengths": [len(data) for _, data in members],
-        "blob_sha256": hashlib.sha256(blob).hexdigest(),
-        "blob_bytes": len(blob),
-        "blob_xz_bytes": len(compressed),
-        "pack_seconds": round(packed_seconds, 1),
-        "source": f"{ARCHIVE} ({(mirror / ARCHIVE).stat().st_size} bytes)",
-        **decoded_digest(dataset),
-    }
+    manifest = {"files": len(members), "lengths": [len(data) for _, data in members],
+                "blob_sha256": hashlib.sha256(blob).hexdigest(), "blob_bytes": len(blob),
+                "blob_xz_bytes": len(compressed), "pack_seconds": round(packed_seconds, 1),
+                "source": f"{ARCHIVE} ({(mirror / ARCHIVE).stat().st_size} bytes)", **decoded_digest(dataset)}
     if measure_decoded:
         t = time.time()
-        manifest["decoded_inputs_xz_bytes"] = len(
-            lzma.compress(dataset.inputs.contiguous().numpy().tobytes(), preset=6)
-        )
+        manifest["decoded_inputs_xz_bytes"] = len(lzma.compress(dataset.inputs.contiguous().numpy().tobytes(), preset=6))
         manifest["decoded_inputs_xz_seconds"] = round(time.time() - t, 1)
     out.parent.mkdir(parents=True, exist_ok=True)
     with tarfile.open(out, "w") as archive:
-        for name, data in (
-            ("manifest.json", json.dumps(manifest).encode()),
-            ("names.xz", names),
-            ("blob.xz", compressed),
-        ):
+        for name, data in (("manifest.json", json.dumps(manifest).encode()), ("names.xz", names),
+                           ("blob.xz", compressed)):
             info = tarfile.TarInfo(name)
             info.size = len(data)
             archive.addfile(info, io.BytesIO(data))
@@ -111,7 +95,7 @@ def unpack(pack_file: Path, mirror: Path) -> dict:
     for name, length in zip(names, manifest["lengths"]):
         path = target / name
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(blob[offset : offset + length])
+        path.write_bytes(blob[offset:offset + length])
         offset += length
     return {**manifest, "unpack_seconds": round(time.time() - began, 1), "folder": str(target)}
 
@@ -123,17 +107,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mirror", type=Path, required=True, help=f"the offline mirror holding {ARCHIVE}")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--root", type=Path, default=None, help="data root for the loader's cache (default: pflbench's)")
-    p.add_argument(
-        "--measure-decoded", action="store_true", help="also xz the decoded inputs (minutes), for the record"
-    )
+    p.add_argument("--measure-decoded", action="store_true", help="also xz the decoded inputs (minutes), for the record")
     u = sub.add_parser("unpack")
     u.add_argument("--pack", type=Path, required=True)
-    u.add_argument(
-        "--mirror",
-        type=Path,
-        default=os.environ.get("PFLBENCH_DATA_MIRROR"),
-        help=f"where {FOLDER}/ is rebuilt, a mirror's layout (default: $PFLBENCH_DATA_MIRROR, which the kit sets)",
-    )
+    u.add_argument("--mirror", type=Path, default=os.environ.get("PFLBENCH_DATA_MIRROR"),
+                   help=f"where {FOLDER}/ is rebuilt, a mirror's layout (default: $PFLBENCH_DATA_MIRROR, which the kit sets)")
     u.add_argument("--check", action="store_true", help="decode with pflbench's loader and compare with the record")
     u.add_argument("--root", type=Path, default=None, help="data root for the loader's cache (default: pflbench's)")
     args = parser.parse_args(argv)

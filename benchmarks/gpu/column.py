@@ -35,7 +35,6 @@ tests/test_gpu_column.py runs it on the CPU (`--device cpu`) on a tiny spec: a c
 at the deadline with its checkpoint in the archive and resumed from it by the next call, the results
 returned when a checkpoint is over its cap; `make gpu-rehearse` runs it as the device will (benchmarks/gpu/rehearse.py).
 """
-
 from __future__ import annotations
 
 import argparse
@@ -56,12 +55,12 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # the scripts beside this one (PYTHONSAFEPATH leaves the script's folder out)
 from planes import from_planes, to_planes  # noqa: E402
 
-PART_BYTES = 15 * 2**20  # under the device's 16 MiB a returned file
+PART_BYTES = 15 * 2 ** 20  # under the device's 16 MiB a returned file
 ARCHIVE = "store.tar.xz"  # an earlier loan's single archive (results and checkpoints together)
 RESULTS = "results.tar.xz"
 CHECKPOINT_PREFIX = "ckpt-"
 RETURNED_FILES = 8  # the device returns at most 8 files
-RETURNED_BYTES = 64 * 2**20  # ... of 64 MiB together
+RETURNED_BYTES = 64 * 2 ** 20  # ... of 64 MiB together
 PACK_MARGIN = 15.0  # seconds kept between the last packed file and the call's limit
 PLANES = ".planes"  # a round checkpoint carried as byte planes (planes.py)
 REFUSED = "refused"  # beside the store: the carried checkpoints that did not come back whole
@@ -77,10 +76,8 @@ def cell_ids(spec: str, sets: list[str], algorithms: list[str]) -> dict[str, str
     for algorithm in algorithms:
         cells = load_spec(spec, sets=parse_sets([*sets, f"algorithm={algorithm}"])).cells
         if len(cells) != 1:
-            raise SystemExit(
-                f"column.py: --set {' --set '.join(sets)} with algorithm={algorithm} plans "
-                f"{len(cells)} cells; one cell an algorithm is needed"
-            )
+            raise SystemExit(f"column.py: --set {' --set '.join(sets)} with algorithm={algorithm} plans "
+                             f"{len(cells)} cells; one cell an algorithm is needed")
         ids[algorithm] = cell_hash(cells[0])
     return ids
 
@@ -100,11 +97,8 @@ def cell_state(store: Path, cell_id: str) -> dict:
     summary = folder / "summary.json"
     if summary.exists():
         facts = json.loads(summary.read_text())
-        return {
-            "state": facts.get("status"),
-            "wall_seconds": facts.get("wall_time"),
-            "rounds": facts.get("rounds_completed"),
-        }
+        return {"state": facts.get("status"), "wall_seconds": facts.get("wall_time"),
+                "rounds": facts.get("rounds_completed")}
     checkpoint = folder / "checkpoint.pt"
     if checkpoint.exists():
         from pflbench.storage.checkpoint import CheckpointProblem, read_header
@@ -145,13 +139,10 @@ def unpack(files: list[str], store: Path) -> None:
             kept = store.parent / REFUSED / carried.parent.name / carried.name
             kept.parent.mkdir(parents=True, exist_ok=True)
             carried.rename(kept)
-            print(
-                f"unpack: {carried} is not the checkpoint that left ({problem}); kept as {kept}, its cell starts over",
-                file=sys.stderr,
-                flush=True,
-            )
+            print(f"unpack: {carried} is not the checkpoint that left ({problem}); kept as {kept}, its cell starts "
+                  f"over", file=sys.stderr, flush=True)
             continue
-        carried.with_name(carried.name[: -len(PLANES)]).write_bytes(checkpoint)
+        carried.with_name(carried.name[:-len(PLANES)]).write_bytes(checkpoint)
         carried.unlink()
 
 
@@ -163,7 +154,7 @@ def write_parts(data: bytes, out: Path, name: str) -> list[str]:
     names = []
     for index, start in enumerate(range(0, len(data), PART_BYTES)):
         names.append(f"{name}.part{index:02d}")
-        (out / names[-1]).write_bytes(data[start : start + PART_BYTES])
+        (out / names[-1]).write_bytes(data[start:start + PART_BYTES])
     return names
 
 
@@ -199,16 +190,8 @@ def checkpoint_archive(job: tuple[str, str, str]) -> tuple[int, float]:
     return Path(target).stat().st_size, time.time() - began
 
 
-def pack_checkpoints(
-    store: Path,
-    out: Path,
-    cells: list[tuple[str, str, float]],
-    cap: int,
-    total: int,
-    files: int,
-    until: float,
-    workers: int,
-) -> dict:
+def pack_checkpoints(store: Path, out: Path, cells: list[tuple[str, str, float]], cap: int, total: int,
+                     files: int, until: float, workers: int) -> dict:
     """Each unfinished cell's checkpoint as OUT/ckpt-ALGORITHM-ID.tar.xz, compressed side by side in
     `workers` processes; kept in the order given (`cells`: algorithm, id, share of rounds done; the
     most done first) while each is under `cap` bytes, all under `total`, at most `files` of them, and done
@@ -243,16 +226,11 @@ def pack_checkpoints(
     for _, cell_id, _ in [(a, i, d) for a, i, d in cells if i in sizes]:
         name = next(n for i, n, _ in jobs if i == cell_id)
         size, seconds = sizes[cell_id]
-        megabytes = f"{size / 2**20:.1f} MiB"
-        why = (
-            f"{megabytes} over the cap of {cap / 2**20:.1f} MiB a checkpoint"
-            if size > cap
-            else f"{megabytes} past the {total / 2**20:.1f} MiB left for checkpoints"
-            if used + size > total
-            else f"the returned files' count ({files} for checkpoints) is reached"
-            if len([r for r in report.values() if "file" in r]) >= files
-            else None
-        )
+        megabytes = f"{size / 2 ** 20:.1f} MiB"
+        why = (f"{megabytes} over the cap of {cap / 2 ** 20:.1f} MiB a checkpoint" if size > cap else
+               f"{megabytes} past the {total / 2 ** 20:.1f} MiB left for checkpoints" if used + size > total else
+               f"the returned files' count ({files} for checkpoints) is reached" if len(
+                   [r for r in report.values() if "file" in r]) >= files else None)
         if why:
             (out / name).unlink()
             report[cell_id] = {"left_out": why, "bytes": size, "seconds": round(seconds, 1)}
@@ -265,18 +243,11 @@ def pack_checkpoints(
 def device_facts(device: str) -> dict:
     import torch
 
-    facts = {
-        "device": device,
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "cpu_cores": os.cpu_count(),
-    }
+    facts = {"device": device, "torch": torch.__version__, "python": platform.python_version(),
+             "cpu_cores": os.cpu_count()}
     if device.startswith("cuda") and torch.cuda.is_available():
-        facts.update(
-            gpu=torch.cuda.get_device_name(0),
-            cudnn_allow_tf32=torch.backends.cudnn.allow_tf32,
-            matmul_allow_tf32=torch.backends.cuda.matmul.allow_tf32,
-        )
+        facts.update(gpu=torch.cuda.get_device_name(0), cudnn_allow_tf32=torch.backends.cudnn.allow_tf32,
+                     matmul_allow_tf32=torch.backends.cuda.matmul.allow_tf32)
     return facts
 
 
@@ -285,57 +256,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--spec", required=True)
     parser.add_argument("--set", dest="sets", action="append", default=[])
-    parser.add_argument(
-        "--algorithms",
-        required=True,
-        help="comma-separated processes, in the order to start them; '+' joins algorithms into one "
-        "process, their cells one cell group (pfedme,fedbn+fedrep)",
-    )
+    parser.add_argument("--algorithms", required=True,
+                        help="comma-separated processes, in the order to start them; '+' joins algorithms into one "
+                             "process, their cells one cell group (pfedme,fedbn+fedrep)")
     parser.add_argument("--parallel", type=int, default=4, help="processes at a time")
-    parser.add_argument(
-        "--cuda-graphs",
-        choices=("auto", "on", "off"),
-        default="auto",
-        help="passed to pflbench run (on: once the graphs verdict passed, PLAN.md)",
-    )
+    parser.add_argument("--cuda-graphs", choices=("auto", "on", "off"), default="auto",
+                        help="passed to pflbench run (on: once the graphs verdict passed, PLAN.md)")
     parser.add_argument("--deadline", type=float, required=True, help="seconds from the start: stop, then pack")
-    parser.add_argument(
-        "--grace",
-        type=float,
-        default=30.0,
-        help="seconds after the deadline's SIGTERM for the cells' checkpoints, then SIGKILL",
-    )
-    parser.add_argument(
-        "--call-seconds",
-        type=float,
-        default=None,
-        help="the device call's limit in seconds from the start: checkpoints not packed "
-        f"{PACK_MARGIN:.0f} s before it are left out (default: no limit)",
-    )
+    parser.add_argument("--grace", type=float, default=30.0,
+                        help="seconds after the deadline's SIGTERM for the cells' checkpoints, then SIGKILL")
+    parser.add_argument("--call-seconds", type=float, default=None,
+                        help="the device call's limit in seconds from the start: checkpoints not packed "
+                             f"{PACK_MARGIN:.0f} s before it are left out (default: no limit)")
     parser.add_argument("--checkpoint-cap", type=int, default=PART_BYTES, help="bytes at most a checkpoint's archive")
-    parser.add_argument(
-        "--checkpoints-bytes",
-        type=int,
-        default=15 * 2**20,
-        help="bytes at most all checkpoints' archives (the next loan's carry has that room left)",
-    )
+    parser.add_argument("--checkpoints-bytes", type=int, default=15 * 2 ** 20,
+                        help="bytes at most all checkpoints' archives (the next loan's carry has that room left)")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--checkpoint-minutes", type=float, default=1.0)
     parser.add_argument("--checkpoint-every", type=int, default=0, help="rounds (0: by time only)")
-    parser.add_argument(
-        "--start-margin",
-        type=float,
-        default=30.0,
-        help="no cell starts later than this many seconds before the deadline",
-    )
+    parser.add_argument("--start-margin", type=float, default=30.0,
+                        help="no cell starts later than this many seconds before the deadline")
     parser.add_argument("--store", type=Path, default=Path("/tmp/pflbench-column/store"))
-    parser.add_argument(
-        "--resume",
-        nargs="*",
-        default=[],
-        help="the previous loan's files: results.tar.xz and ckpt-*.tar.xz (parts in order); "
-        "an earlier loan's store.tar.xz or store.tar.gz too",
-    )
+    parser.add_argument("--resume", nargs="*", default=[],
+                        help="the previous loan's files: results.tar.xz and ckpt-*.tar.xz (parts in order); "
+                             "an earlier loan's store.tar.xz or store.tar.gz too")
     args = parser.parse_args(argv)
     began = time.time()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -353,61 +297,29 @@ def main(argv: list[str] | None = None) -> int:
     queue = [[a for a in group if a in waiting] for group in processes]
     queue = [group for group in queue if group]
     log = (args.out / "column.log").open("w")
-    report: dict = {
-        "command": ["pflbench", "run", args.spec, *[x for s in args.sets for x in ("--set", s)]],
-        "processes": args.algorithms,
-        "cuda_graphs": args.cuda_graphs,
-        "facts": device_facts(args.device),
-        "loadavg_before": os.getloadavg(),
-        "cells": {},
-    }
+    report: dict = {"command": ["pflbench", "run", args.spec, *[x for s in args.sets for x in ("--set", s)]],
+                    "processes": args.algorithms, "cuda_graphs": args.cuda_graphs, "facts": device_facts(args.device),
+                    "loadavg_before": os.getloadavg(), "cells": {}}
     running: dict[str, tuple[subprocess.Popen, float, list[str]]] = {}
     seconds: dict[str, float] = {}
 
     def start(group: list[str]) -> None:
         name = "+".join(group)
-        command = [
-            sys.executable,
-            "-m",
-            "pflbench.cli",
-            "run",
-            args.spec,
-            *[x for s in args.sets for x in ("--set", s)],
-            "--set",
-            f"algorithm=[{', '.join(group)}]",
-            "--results",
-            str(args.store),
-            "--no-ray",
-            "--device",
-            args.device,
-            "--cell-groups",
-            "on",
-            "--cuda-graphs",
-            args.cuda_graphs,
-            "--checkpoint-minutes",
-            str(args.checkpoint_minutes),
-            "--checkpoint-every",
-            str(args.checkpoint_every),
-        ]
+        command = [sys.executable, "-m", "pflbench.cli", "run", args.spec, *[x for s in args.sets for x in ("--set", s)],
+                   "--set", f"algorithm=[{', '.join(group)}]", "--results", str(args.store), "--no-ray",
+                   "--device", args.device, "--cell-groups", "on", "--cuda-graphs", args.cuda_graphs,
+                   "--checkpoint-minutes", str(args.checkpoint_minutes), "--checkpoint-every", str(args.checkpoint_every)]
         handle = open(args.out / f".{name}.log", "w")
-        running[name] = (
-            subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True),
-            time.time(),
-            group,
-        )
-        print(
-            f"{time.time() - began:6.0f} s  start {name} ({', '.join(f'{a} {before[a]}' for a in group)})", flush=True
-        )
+        running[name] = (subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True),
+                         time.time(), group)
+        print(f"{time.time() - began:6.0f} s  start {name} ({', '.join(f'{a} {before[a]}' for a in group)})", flush=True)
 
     def reap(name: str, how: str) -> None:
         process, started, group = running.pop(name)
         for algorithm in group:
             seconds[algorithm] = time.time() - started
-        print(
-            f"{time.time() - began:6.0f} s  {name}: {how or f'exit {process.returncode}'} after "
-            f"{time.time() - started:.0f} s",
-            flush=True,
-        )
+        print(f"{time.time() - began:6.0f} s  {name}: {how or f'exit {process.returncode}'} after "
+              f"{time.time() - started:.0f} s", flush=True)
 
     while queue or running:
         while queue and len(running) < args.parallel and time.time() - began < args.deadline - args.start_margin:
@@ -434,12 +346,9 @@ def main(argv: list[str] | None = None) -> int:
         log.write(f"===== {path.name[1:-4]}\n{path.read_text()}\n")
         path.unlink()
     for algorithm in algorithms:
-        report["cells"][algorithm] = {
-            "id": ids[algorithm],
-            "before": before[algorithm],
-            "after": cell_state(args.store, ids[algorithm]),
-            "seconds_this_loan": round(seconds.get(algorithm, 0.0), 1),
-        }
+        report["cells"][algorithm] = {"id": ids[algorithm], "before": before[algorithm],
+                                      "after": cell_state(args.store, ids[algorithm]),
+                                      "seconds_this_loan": round(seconds.get(algorithm, 0.0), 1)}
     log.close()
     report["loadavg_after"] = os.getloadavg()
     packing = time.time()
@@ -458,19 +367,11 @@ def main(argv: list[str] | None = None) -> int:
             unfinished.append((algorithm, ids[algorithm], (after["round"] or 0) / rounds))
     unfinished.sort(key=lambda cell: -cell[2])
     spent = len(report["results"]) + 2  # column.json and column.log come back too
-    room = RETURNED_BYTES - report["results_bytes"] - 2 * 2**20
+    room = RETURNED_BYTES - report["results_bytes"] - 2 * 2 ** 20
     until = began + args.call_seconds - PACK_MARGIN if args.call_seconds else float("inf")
     packing = time.time()
-    packed = pack_checkpoints(
-        args.store,
-        args.out,
-        unfinished,
-        args.checkpoint_cap,
-        min(args.checkpoints_bytes, room),
-        RETURNED_FILES - spent,
-        until,
-        os.cpu_count() or 1,
-    )
+    packed = pack_checkpoints(args.store, args.out, unfinished, args.checkpoint_cap, min(args.checkpoints_bytes, room),
+                              RETURNED_FILES - spent, until, os.cpu_count() or 1)
     report["checkpoints_seconds"] = round(time.time() - packing, 1)
     for cell in report["cells"].values():
         if cell["id"] in packed:
@@ -482,14 +383,10 @@ def main(argv: list[str] | None = None) -> int:
         where = f"round {after['round']}" if after["state"] == "checkpoint" else after.get("wall_seconds") or ""
         carried = cell.get("carried", {})
         carried = carried.get("file") or (f"left out: {carried['left_out']}" if carried else "")
-        print(
-            f"{algorithm:11s} {cell['id']}  {after['state']:12s} {where}  ({cell['seconds_this_loan']:.0f} s this "
-            f"loan) {carried}"
-        )
-    print(
-        f"column.py: {report['seconds']:.0f} s; results {report['results']} ({report['results_bytes']} bytes, "
-        f"{report['results_seconds']} s); checkpoints packed in {report['checkpoints_seconds']} s"
-    )
+        print(f"{algorithm:11s} {cell['id']}  {after['state']:12s} {where}  ({cell['seconds_this_loan']:.0f} s this "
+              f"loan) {carried}")
+    print(f"column.py: {report['seconds']:.0f} s; results {report['results']} ({report['results_bytes']} bytes, "
+          f"{report['results_seconds']} s); checkpoints packed in {report['checkpoints_seconds']} s")
     return 0
 
 

@@ -33,7 +33,6 @@ many shared a step; its status. The GPU's peak memory.
 
     python benchmarks/gpu/column_groups.py --device cuda --clients 10 --rounds 5 --seconds 75 --json out.json
 """
-
 from __future__ import annotations
 
 import argparse
@@ -57,9 +56,8 @@ class Enough(Exception):
     """Raised from a cell's round callback once the script's time is up: the cell stops (run_group's passthrough)."""
 
 
-def column_cells(
-    algorithms: list[str], clients: int, rounds: int, evaluation: str, samples: int | None, epochs: int | None
-) -> list[tuple]:
+def column_cells(algorithms: list[str], clients: int, rounds: int, evaluation: str, samples: int | None,
+                 epochs: int | None) -> list[tuple]:
     """(cell, the spec's eval_every) for Table 1's Fashion-MNIST cells of `algorithms` at `clients` clients,
     seed 0, evaluating at round `rounds` (evaluation "timed") or not before the spec's last round
     ("projected"); `samples`, `epochs`: a rehearsal's smaller settings."""
@@ -84,20 +82,13 @@ def work_per_client(cell, counts: dict) -> dict:
     as counted for the cell's setting (step_count.py), or nominal where not counted."""
     count = counts.get(setting_key(cell))
     if count is not None:
-        return {
-            "counted": True,
-            "round": at_epochs(count["round_grad"], cell.local_epochs),
-            "evaluation": at_epochs(count["eval_grad"], cell.finetune_epochs),
-            "evaluation_forwards": at_epochs(count["eval_forward"], cell.finetune_epochs),
-        }
+        return {"counted": True, "round": at_epochs(count["round_grad"], cell.local_epochs),
+                "evaluation": at_epochs(count["eval_grad"], cell.finetune_epochs),
+                "evaluation_forwards": at_epochs(count["eval_forward"], cell.finetune_epochs)}
     per_client = cell.partition_params.get("samples_per_client") or 0
     train = per_client * cell.train_fraction * (1 - cell.val_fraction)
-    return {
-        "counted": False,
-        "round": train * cell.local_epochs,
-        "evaluation": train * cell.finetune_epochs,
-        "evaluation_forwards": per_client * (1 - cell.train_fraction),
-    }
+    return {"counted": False, "round": train * cell.local_epochs, "evaluation": train * cell.finetune_epochs,
+            "evaluation_forwards": per_client * (1 - cell.train_fraction)}
 
 
 def plateau(path: str | Path | None) -> float | None:
@@ -111,15 +102,8 @@ def plateau(path: str | Path | None) -> float | None:
     return max((run["total_samples_per_second"] for run in runs), default=None)
 
 
-def row_figures(
-    stamps: list[tuple[int, float, float]],
-    evaluated: int | None,
-    paper_eval_every: int,
-    rounds: int,
-    work: dict,
-    joining: int,
-    clients: int,
-) -> dict:
+def row_figures(stamps: list[tuple[int, float, float]], evaluated: int | None, paper_eval_every: int,
+                rounds: int, work: dict, joining: int, clients: int) -> dict:
     """One row's figures from its stamps (round, seconds since the start, seconds at the rendezvous so far);
     `evaluated`: the round that evaluated (None: none did; an evaluation is then projected)."""
     timed_eval = evaluated is not None and len(stamps) >= 3 and stamps[-1][0] == evaluated
@@ -138,33 +122,18 @@ def row_figures(
         eval_seconds = per_round * eval_work / round_work if round_work else 0.0
         eval_how = "projected from the round by counted work"
     with_eval = per_round + eval_seconds / paper_eval_every
-    return {
-        "rounds_run": len(stamps),
-        "rounds_timed": len(diffs),
-        "seconds_per_round": per_round,
-        "own_seconds_per_round": per_round - waited,
-        "evaluation_seconds": eval_seconds,
-        "evaluation": eval_how,
-        "eval_every": paper_eval_every,
-        "seconds_per_round_with_evaluation": with_eval,
-        "cell_rounds": rounds,
-        "projected_cell_seconds": rounds * with_eval,
-        "sample_steps_per_round": round_work,
-        "sample_steps_per_evaluation": eval_work,
-        "counted": work["counted"],
-        "sample_steps_per_second": round_work / per_round if per_round > 0 else None,
-        "first_round_seconds": stamps[0][1],
-    }
+    return {"rounds_run": len(stamps), "rounds_timed": len(diffs), "seconds_per_round": per_round,
+            "own_seconds_per_round": per_round - waited, "evaluation_seconds": eval_seconds,
+            "evaluation": eval_how, "eval_every": paper_eval_every,
+            "seconds_per_round_with_evaluation": with_eval, "cell_rounds": rounds,
+            "projected_cell_seconds": rounds * with_eval, "sample_steps_per_round": round_work,
+            "sample_steps_per_evaluation": eval_work, "counted": work["counted"],
+            "sample_steps_per_second": round_work / per_round if per_round > 0 else None,
+            "first_round_seconds": stamps[0][1]}
 
 
-def group_figures(
-    stamps: list[list[tuple[int, float, float]]],
-    evaluated: int | None,
-    eval_every: int,
-    rounds: int,
-    round_work: list[float],
-    eval_work: list[float],
-) -> dict:
+def group_figures(stamps: list[list[tuple[int, float, float]]], evaluated: int | None, eval_every: int,
+                  rounds: int, round_work: list[float], eval_work: list[float]) -> dict:
     """The group's pace from its cells' stamps. In lock-step every cell ends one round a group cycle, but
     where in the cycle its round ends differs by cell (its training call is where it waits), so one cell's
     few rounds are skewed by that; a round of the group ends when its last cell ends it: T(r) = the latest
@@ -192,18 +161,11 @@ def group_figures(
         evaluation = pace * sum(eval_work) / sum(round_work) if sum(round_work) else 0.0
         how = "projected from the round by counted work"
     with_eval = pace + evaluation / eval_every
-    return {
-        "rounds_timed": training[-1] - 1,
-        "seconds_per_round": pace,
-        "evaluation_seconds": evaluation,
-        "evaluation": how,
-        "seconds_per_round_with_evaluation": with_eval,
-        "rounds": rounds,
-        "projected_seconds": rounds * with_eval,
-        "sample_steps_per_round": sum(round_work),
-        "sample_steps_per_second": sum(round_work) / pace if pace else None,
-        "first_round_seconds": T[1],
-    }
+    return {"rounds_timed": training[-1] - 1, "seconds_per_round": pace, "evaluation_seconds": evaluation,
+            "evaluation": how, "seconds_per_round_with_evaluation": with_eval, "rounds": rounds,
+            "projected_seconds": rounds * with_eval,
+            "sample_steps_per_round": sum(round_work), "sample_steps_per_second": sum(round_work) / pace if pace else None,
+            "first_round_seconds": T[1]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -213,21 +175,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--algorithms", default=",".join(ROWS))
     parser.add_argument("--rounds", type=int, default=5, help="rounds run by each cell (at least 3)")
     parser.add_argument("--evaluation", choices=("timed", "projected"), default="timed")
-    parser.add_argument(
-        "--seconds",
-        type=float,
-        default=75.0,
-        help="no cell starts a round expected to end later than this after the start",
-    )
+    parser.add_argument("--seconds", type=float, default=75.0,
+                        help="no cell starts a round expected to end later than this after the start")
     parser.add_argument("--samples", type=int, default=None, help="samples per client (default: the spec's)")
     parser.add_argument("--epochs", type=int, default=None, help="local and adaptation epochs (default: the spec's)")
     parser.add_argument("--client-batching", choices=("auto", "on", "off"), default="auto")
-    parser.add_argument(
-        "--cuda-graphs",
-        choices=("auto", "on", "off"),
-        default="auto",
-        help="the batched step captured as a CUDA graph (pflbench.simulator.static_step)",
-    )
+    parser.add_argument("--cuda-graphs", choices=("auto", "on", "off"), default="auto",
+                        help="the batched step captured as a CUDA graph (pflbench.simulator.static_step)")
     parser.add_argument("--sharing", default=None, help="the concurrent step's JSON (one cell per process)")
     parser.add_argument("--counts", default=None, help="step_count.py's JSON (default: step_counts.json here)")
     parser.add_argument("--json", default=None)
@@ -279,111 +233,75 @@ def main(argv: list[str] | None = None) -> int:
                 evaluates = args.evaluation == "timed" and info["round"] + 1 == args.rounds
                 if now - began + last * (2 if evaluates else 1) > args.seconds:
                     raise Enough
-
         return on_round
 
     if cuda:
         torch.cuda.reset_peak_memory_stats()
-    run = groups.run_group(
-        cells,
-        execution=ExecutionOptions(
-            device=args.device, client_batching=args.client_batching, cuda_graphs=args.cuda_graphs
-        ),
-        on_round=[stamper(i) for i in range(len(cells))],
-        stop_after=args.rounds,
-        passthrough=(Enough,),
-    )
+    run = groups.run_group(cells, execution=ExecutionOptions(device=args.device, client_batching=args.client_batching,
+                                                                cuda_graphs=args.cuda_graphs),
+                           on_round=[stamper(i) for i in range(len(cells))], stop_after=args.rounds,
+                           passthrough=(Enough,))
     seconds = time.perf_counter() - start
     groups.CellGroup._rendezvous = original
 
     rows: dict = {}
     failed = []
-    for (cell, paper_eval_every), result, stats, stopped, stamp in zip(
-        planned, run.results, run.stats, run.stopped, stamps
-    ):
+    for (cell, paper_eval_every), result, stats, stopped, stamp in zip(planned, run.results, run.stats, run.stopped,
+                                                                        stamps):
         joining = max(1, round(cell.clients * cell.participation))
-        row = row_figures(
-            stamp,
-            args.rounds if args.evaluation == "timed" else None,
-            paper_eval_every,
-            cell.rounds,
-            work_per_client(cell, counts),
-            joining,
-            cell.clients,
-        )
+        row = row_figures(stamp, args.rounds if args.evaluation == "timed" else None, paper_eval_every, cell.rounds,
+                          work_per_client(cell, counts), joining, cell.clients)
         status = "stopped at the time limit" if stopped is not None else (result.status if result else "none")
-        row.update(
-            status=status,
-            calls=stats.calls if stats else None,
-            merged_calls=stats.merged if stats else None,
-            mean_merged_width=stats.as_dict()["mean_merged_width"] if stats else None,
-            path=(result.summary or {}).get("client_batching") if result else None,
-        )
+        row.update(status=status, calls=stats.calls if stats else None, merged_calls=stats.merged if stats else None,
+                   mean_merged_width=stats.as_dict()["mean_merged_width"] if stats else None,
+                   path=(result.summary or {}).get("client_batching") if result else None)
         if result is not None and result.status == "failed":
             failed.append(cell.algorithm)
             row["error"] = (result.error or "").strip().splitlines()[-1:]
         rows[cell.algorithm] = row
     works = [work_per_client(cell, counts) for cell, _ in planned]
     joining = [max(1, round(cell.clients * cell.participation)) for cell, _ in planned]
-    group = group_figures(
-        stamps,
-        args.rounds if args.evaluation == "timed" else None,
-        planned[0][1],
-        planned[0][0].rounds,
-        [j * w["round"] for j, w in zip(joining, works)],
-        [cell.clients * w["evaluation"] for (cell, _), w in zip(planned, works)],
-    )
+    group = group_figures(stamps, args.rounds if args.evaluation == "timed" else None, planned[0][1],
+                          planned[0][0].rounds, [j * w["round"] for j, w in zip(joining, works)],
+                          [cell.clients * w["evaluation"] for (cell, _), w in zip(planned, works)])
     throughput = group.get("sample_steps_per_second") or 0.0
     sharing, recorded = plateau(args.sharing), plateau(H100)
     figures = {
-        "device": args.device,
-        "torch": torch.__version__,
+        "device": args.device, "torch": torch.__version__,
         "gpu": torch.cuda.get_device_name(0) if cuda else None,
         "cells": f"table1 fmnist {args.clients} clients, seed 0, {len(cells)} rows as one cell group",
-        "rounds": args.rounds,
-        "evaluation": args.evaluation,
+        "rounds": args.rounds, "evaluation": args.evaluation,
         "samples_per_client": cells[0].partition_params.get("samples_per_client"),
-        "local_epochs": cells[0].local_epochs,
-        "client_batching": args.client_batching,
+        "local_epochs": cells[0].local_epochs, "client_batching": args.client_batching,
         "cuda_graphs": args.cuda_graphs,
         "counted": all(w["counted"] for w in works),
-        "rows": rows,
-        "group": group,
-        "seconds": seconds,
-        "setup_seconds": start - began,
+        "rows": rows, "group": group, "seconds": seconds, "setup_seconds": start - began,
         "sample_steps_per_second": throughput,
-        "one_cell_per_process_plateau": sharing,
-        "h100_one_cell_per_process_plateau": recorded,
+        "one_cell_per_process_plateau": sharing, "h100_one_cell_per_process_plateau": recorded,
         "over_plateau": throughput / sharing if sharing else None,
         "over_h100_plateau": throughput / recorded if recorded and cuda else None,
         "projected_column_seconds": group.get("projected_seconds"),
-        "peak_gpu_mib": torch.cuda.max_memory_allocated() / 2**20 if cuda else None,
+        "peak_gpu_mib": torch.cuda.max_memory_allocated() / 2 ** 20 if cuda else None,
         "failed": failed,
     }
     if args.json:
         Path(args.json).write_text(json.dumps(figures, indent=1) + "\n")
     for name, row in rows.items():
         if "seconds_per_round" in row:
-            print(
-                f"{name:11s} {row['seconds_per_round']:8.3f} s a round ({row['own_seconds_per_round']:.3f} own), "
-                f"evaluation {row['evaluation_seconds']:.3f} s ({row['evaluation']}), {row['cell_rounds']} rounds "
-                f"projected {row['projected_cell_seconds'] / 60:.1f} min; {row['sample_steps_per_second']:.0f} "
-                f"sample-steps/s; {row['merged_calls']}/{row['calls']} calls merged ({row['status']})"
-            )
+            print(f"{name:11s} {row['seconds_per_round']:8.3f} s a round ({row['own_seconds_per_round']:.3f} own), "
+                  f"evaluation {row['evaluation_seconds']:.3f} s ({row['evaluation']}), {row['cell_rounds']} rounds "
+                  f"projected {row['projected_cell_seconds'] / 60:.1f} min; {row['sample_steps_per_second']:.0f} "
+                  f"sample-steps/s; {row['merged_calls']}/{row['calls']} calls merged ({row['status']})")
         else:
             print(f"{name:11s} {row.get('error')} ({row['status']})")
     column = figures["projected_column_seconds"]
     if "seconds_per_round" in group:
-        print(
-            f"the group: {group['seconds_per_round']:.3f} s a round, evaluation {group['evaluation_seconds']:.3f} s "
-            f"({group['evaluation']})"
-        )
-    print(
-        f"the group: {throughput:.0f} sample-steps/s"
-        + (f" ({figures['over_plateau']:.2f}x this check's one-cell-per-process plateau)" if sharing else "")
-        + (f", {figures['over_h100_plateau']:.2f}x the H100's {recorded:.0f}" if figures["over_h100_plateau"] else "")
-        + (f"; the column's {planned[0][0].rounds} rounds projected at {column / 60:.1f} min" if column else "")
-    )
+        print(f"the group: {group['seconds_per_round']:.3f} s a round, evaluation {group['evaluation_seconds']:.3f} s "
+              f"({group['evaluation']})")
+    print(f"the group: {throughput:.0f} sample-steps/s"
+          + (f" ({figures['over_plateau']:.2f}x this check's one-cell-per-process plateau)" if sharing else "")
+          + (f", {figures['over_h100_plateau']:.2f}x the H100's {recorded:.0f}" if figures["over_h100_plateau"] else "")
+          + (f"; the column's {planned[0][0].rounds} rounds projected at {column / 60:.1f} min" if column else ""))
     return 1 if failed or "seconds_per_round" not in group else 0
 
 

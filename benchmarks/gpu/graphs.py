@@ -25,7 +25,6 @@ figures say "no CUDA: capture not exercised", and the two must agree to the bit 
 
     python benchmarks/gpu/graphs.py --device cuda --json graphs.json
 """
-
 from __future__ import annotations
 
 import argparse
@@ -44,14 +43,12 @@ PLAIN_ROWS = ["local", "fedavg", "fedbn", "pfedla", "heurpfedla", "fedrep", "fed
 
 # The acceptance rule for pflbench.simulator.execution.CUDA_GRAPHS_VERIFIED, set before any device has judged it
 # (benchmarks/gpu/PLAN.md says why): bit-identical, no tolerance.
-RULE = (
-    "CUDA_GRAPHS_VERIFIED may become True only from a run on a CUDA device in which every comparison of this "
-    "script is bit-identical (max |diff| exactly 0: the plain step at every width, every row of the column in "
-    "losses and accuracies, every method's own steps), every static step was captured as a CUDA graph (none "
-    "fell back to eager), no part failed and every row finished. Anything else, however small the difference, "
-    "leaves it False: the graph replays the eager step's kernels on the same buffers, so a difference means "
-    "other kernels or a race, and checkpoints resume across the two paths only if they are the same path."
-)
+RULE = ("CUDA_GRAPHS_VERIFIED may become True only from a run on a CUDA device in which every comparison of this "
+        "script is bit-identical (max |diff| exactly 0: the plain step at every width, every row of the column in "
+        "losses and accuracies, every method's own steps), every static step was captured as a CUDA graph (none "
+        "fell back to eager), no part failed and every row finished. Anything else, however small the difference, "
+        "leaves it False: the graph replays the eager step's kernels on the same buffers, so a difference means "
+        "other kernels or a race, and checkpoints resume across the two paths only if they are the same path.")
 
 
 def verdict(figures: dict, cuda: bool) -> dict:
@@ -63,16 +60,14 @@ def verdict(figures: dict, cuda: bool) -> dict:
             reasons.append(f"{part}: not run")
     for width, f in figures.get("step", {}).items():
         if not f.get("bit_identical"):
-            reasons.append(
-                f"step at {width} rows: not bit-identical (params {f.get('max_abs_diff_params')}, "
-                f"losses {f.get('max_abs_diff_losses')})"
-            )
+            reasons.append(f"step at {width} rows: not bit-identical (params {f.get('max_abs_diff_params')}, "
+                           f"losses {f.get('max_abs_diff_losses')})")
         if cuda and not f.get("captured"):
             reasons.append(f"step at {width} rows: not captured")
     for row, f in figures.get("column", {}).get("rows", {}).items():
         if any(status != "finished" for status in f.get("status", [])):
             reasons.append(f"column {row}: {f.get('status')}")
-        differing = [k[: -len("_bit_identical")] for k, v in f.items() if k.endswith("_bit_identical") and not v]
+        differing = [k[:-len("_bit_identical")] for k, v in f.items() if k.endswith("_bit_identical") and not v]
         if differing:
             reasons.append(f"column {row}: not bit-identical in {', '.join(differing)}")
     for row, f in figures.get("own", {}).items():
@@ -123,9 +118,8 @@ def bit_identical(a: dict, b: dict) -> bool:
     def raw(t):
         return t.view(bits[t.element_size()]) if t.is_floating_point() else t
 
-    return a.keys() == b.keys() and all(
-        a[n].shape == b[n].shape and a[n].dtype == b[n].dtype and torch.equal(raw(a[n]), raw(b[n])) for n in a
-    )
+    return a.keys() == b.keys() and all(a[n].shape == b[n].shape and a[n].dtype == b[n].dtype
+                                        and torch.equal(raw(a[n]), raw(b[n])) for n in a)
 
 
 def step_part(device: str, widths: list[int], batch: int, steps: int, repeats: int) -> dict:
@@ -148,39 +142,30 @@ def step_part(device: str, widths: list[int], batch: int, steps: int, repeats: i
         indices = [torch.arange(k * per_client, (k + 1) * per_client, device=device) for k in range(width)]
         sizes = [per_client] * (width - 1) + [per_client // 2]  # the last row a straggler: half the steps
         plans = batch_plan(sizes, batch, 1, None, [torch.Generator().manual_seed(k) for k in range(width)])
-        state = {
-            n: t + 0.01 * torch.randn(t.shape, generator=gen).to(device) if t.is_floating_point() else t
-            for n, t in model.init(width, 0, device).items()
-        }
+        state = {n: t + 0.01 * torch.randn(t.shape, generator=gen).to(device) if t.is_floating_point() else t
+                 for n, t in model.init(width, 0, device).items()}
         trainable = set(model.param_names)
         sgd = SGD(0.005)
 
         def call(static: bool) -> tuple:
-            return _train_group(
-                model, state, features, labels, indices, plans, sgd, cross_entropy, {}, trainable, static=static
-            )
+            return _train_group(model, state, features, labels, indices, plans, sgd, cross_entropy, {}, trainable,
+                                static=static)
 
         eager_result, static_result, first_call, eager, static = eager_and_static(call, steps, repeats, cuda)
-        same = all(torch.equal(eager_result[0][n], static_result[0][n]) for n in state) and torch.equal(
-            eager_result[1], static_result[1]
-        )
+        same = (all(torch.equal(eager_result[0][n], static_result[0][n]) for n in state)
+                and torch.equal(eager_result[1], static_result[1]))
         [static_step] = model.static_steps.values()
         model.static_steps.clear()  # the next width's buffers and graph only
         figures[str(width)] = {
-            "rows": width,
-            "batch": batch,
-            "steps": steps,
+            "rows": width, "batch": batch, "steps": steps,
             "max_abs_diff_params": largest_difference(eager_result[0], static_result[0]),
             "max_abs_diff_losses": float((eager_result[1] - static_result[1]).abs().max()),
-            "bit_identical": same,
-            "captured": static_step.graph is not None,
+            "bit_identical": same, "captured": static_step.graph is not None,
             "first_static_call_seconds": first_call,
-            "eager_seconds_per_step": eager,
-            "static_seconds_per_step": static,
+            "eager_seconds_per_step": eager, "static_seconds_per_step": static,
             "eager_sample_steps_per_second": width * batch / eager,
             "static_sample_steps_per_second": width * batch / static,
-            "speedup": eager / static,
-        }
+            "speedup": eager / static}
     return figures
 
 
@@ -199,11 +184,8 @@ def column_part(device: str, rows: list[str], rounds: int, samples: int | None, 
     runs, seconds = {}, {}
     for graphs in ("off", "on"):
         began = time.perf_counter()
-        runs[graphs] = groups.run_group(
-            cells,
-            execution=ExecutionOptions(device=device, client_batching="on", cuda_graphs=graphs),
-            stop_after=rounds,
-        )
+        runs[graphs] = groups.run_group(cells, execution=ExecutionOptions(device=device, client_batching="on",
+                                                                          cuda_graphs=graphs), stop_after=rounds)
         if device.startswith("cuda"):
             torch.cuda.synchronize()
         seconds[graphs] = time.perf_counter() - began
@@ -217,23 +199,17 @@ def column_part(device: str, rows: list[str], rounds: int, samples: int | None, 
                 row[f"max_abs_diff_{column}"] = float(np.abs(a[both] - b[both]).max()) if both.any() else 0.0
                 row[f"{column}_bit_identical"] = bool(np.array_equal(a, b, equal_nan=True))
         per_row[cell.algorithm] = row
-    return {
-        "rows": per_row,
-        "rounds": rounds,
-        "seconds_off": seconds["off"],
-        "seconds_on": seconds["on"],
-        "speedup": seconds["off"] / seconds["on"] if seconds["on"] else None,
-        "samples_per_client": cells[0].partition_params.get("samples_per_client"),
-        "local_epochs": cells[0].local_epochs,
-    }
+    return {"rows": per_row, "rounds": rounds, "seconds_off": seconds["off"], "seconds_on": seconds["on"],
+            "speedup": seconds["off"] / seconds["on"] if seconds["on"] else None,
+            "samples_per_client": cells[0].partition_params.get("samples_per_client"),
+            "local_epochs": cells[0].local_epochs}
 
 
 OWN_ROWS = ["pfedme", "perfedavg", "pfedhn"]
 
 
-def own_part(
-    device: str, rows: list[str], repeats: int, samples: int | None, epochs: int, inner_steps: int | None
-) -> dict:
+def own_part(device: str, rows: list[str], repeats: int, samples: int | None, epochs: int,
+             inner_steps: int | None) -> dict:
     import torch
 
     from pflbench.algorithm import get_algorithm
@@ -246,15 +222,8 @@ def own_part(
     figures: dict = {}
     for cell, _ in column_cells(rows, 10, 1, "timed", samples, None):
         if cell.algorithm == "pfedhn":  # its official inner optimizer (the method's own steps)
-            cell = cell.model_copy(
-                update={
-                    "hp": {
-                        **cell.hp,
-                        "inner_optimizer": "official",
-                        **({"inner_steps": inner_steps} if inner_steps else {}),
-                    }
-                }
-            )
+            cell = cell.model_copy(update={"hp": {**cell.hp, "inner_optimizer": "official",
+                                                  **({"inner_steps": inner_steps} if inner_steps else {})}})
         cell = resolve(cell.model_copy(update={"local_epochs": epochs}))
         dataset, splits = prepare_cell(cell)
         fed = Federation(cell, dataset, splits, ExecutionOptions(device=device, client_batching="on"))
@@ -289,18 +258,10 @@ def own_part(
         same = bit_identical(eager_result, static_result)
         made = [step for key, step in fed.model.static_steps.items() if key[0] == "own step"]
         figures[cell.algorithm] = {
-            "rows": width,
-            "batch": cell.batch_size,
-            "steps": steps,
-            "local_epochs": cell.local_epochs,
-            "max_abs_diff": largest_difference(eager_result, static_result),
-            "bit_identical": same,
-            "captured": bool(made) and made[0].graph is not None,
-            "first_static_call_seconds": first_call,
-            "eager_ms_per_step": eager * 1e3,
-            "static_ms_per_step": static * 1e3,
-            "speedup": eager / static,
-        }
+            "rows": width, "batch": cell.batch_size, "steps": steps, "local_epochs": cell.local_epochs,
+            "max_abs_diff": largest_difference(eager_result, static_result), "bit_identical": same,
+            "captured": bool(made) and made[0].graph is not None, "first_static_call_seconds": first_call,
+            "eager_ms_per_step": eager * 1e3, "static_ms_per_step": static * 1e3, "speedup": eager / static}
     return figures
 
 
@@ -327,37 +288,17 @@ def main(argv: list[str] | None = None) -> int:
     if cuda and not torch.cuda.is_available():
         print("graphs: torch sees no CUDA device", file=sys.stderr)
         return 3
-    figures: dict = {
-        "device": args.device,
-        "torch": torch.__version__,
-        "gpu": torch.cuda.get_device_name(0) if cuda else None,
-        "capture": "CUDA graphs" if cuda else "no CUDA: capture not exercised (the static step eagerly)",
-        "tf32_convolutions": torch.backends.cudnn.allow_tf32 if cuda else None,
-    }
+    figures: dict = {"device": args.device, "torch": torch.__version__,
+                     "gpu": torch.cuda.get_device_name(0) if cuda else None,
+                     "capture": "CUDA graphs" if cuda else "no CUDA: capture not exercised (the static step eagerly)",
+                     "tf32_convolutions": torch.backends.cudnn.allow_tf32 if cuda else None}
     failed = False
-    parts = [
-        (
-            "step",
-            lambda: step_part(
-                args.device, [int(w) for w in args.widths.split(",")], args.batch, args.steps, args.repeats
-            ),
-        ),
-        ("column", lambda: column_part(args.device, args.rows.split(","), args.rounds, args.samples, args.epochs)),
-    ]
+    parts = [("step", lambda: step_part(args.device, [int(w) for w in args.widths.split(",")], args.batch, args.steps,
+                                        args.repeats)),
+             ("column", lambda: column_part(args.device, args.rows.split(","), args.rounds, args.samples, args.epochs))]
     if args.own_rows:
-        parts.append(
-            (
-                "own",
-                lambda: own_part(
-                    args.device,
-                    args.own_rows.split(","),
-                    args.own_repeats,
-                    args.samples,
-                    args.own_epochs,
-                    args.own_inner_steps,
-                ),
-            )
-        )
+        parts.append(("own", lambda: own_part(args.device, args.own_rows.split(","), args.own_repeats, args.samples,
+                                              args.own_epochs, args.own_inner_steps)))
     for name, part in parts:
         try:
             figures[name] = part()
@@ -371,34 +312,26 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.json).write_text(json.dumps(figures, indent=1) + "\n")
     print(figures["capture"])
     for width, f in figures.get("step", {}).items():
-        print(
-            f"step at {width:>3} rows: eager {f['eager_seconds_per_step'] * 1e3:.3f} ms, static "
-            f"{f['static_seconds_per_step'] * 1e3:.3f} ms ({f['speedup']:.2f}x; "
-            f"{f['static_sample_steps_per_second']:.0f} sample-steps/s); max |diff| params "
-            f"{f['max_abs_diff_params']:.3g}, losses {f['max_abs_diff_losses']:.3g}; bit-identical {f['bit_identical']}"
-        )
+        print(f"step at {width:>3} rows: eager {f['eager_seconds_per_step'] * 1e3:.3f} ms, static "
+              f"{f['static_seconds_per_step'] * 1e3:.3f} ms ({f['speedup']:.2f}x; "
+              f"{f['static_sample_steps_per_second']:.0f} sample-steps/s); max |diff| params "
+              f"{f['max_abs_diff_params']:.3g}, losses {f['max_abs_diff_losses']:.3g}; bit-identical {f['bit_identical']}")
     column = figures.get("column")
     if column:
-        print(
-            f"column ({len(column['rows'])} rows, {column['rounds']} rounds): off {column['seconds_off']:.2f} s, "
-            f"on {column['seconds_on']:.2f} s ({column['speedup']:.2f}x)"
-        )
+        print(f"column ({len(column['rows'])} rows, {column['rounds']} rounds): off {column['seconds_off']:.2f} s, "
+              f"on {column['seconds_on']:.2f} s ({column['speedup']:.2f}x)")
         for name, row in column["rows"].items():
             print(f"  {name:11s} {row}")
     for name, f in figures.get("own", {}).items():
-        print(
-            f"own steps of {name:9s} at {f['rows']:>2} rows: eager {f['eager_ms_per_step']:.3f} ms, static "
-            f"{f['static_ms_per_step']:.3f} ms a step ({f['speedup']:.2f}x); max |diff| {f['max_abs_diff']:.3g}; "
-            f"bit-identical {f['bit_identical']}"
-        )
+        print(f"own steps of {name:9s} at {f['rows']:>2} rows: eager {f['eager_ms_per_step']:.3f} ms, static "
+              f"{f['static_ms_per_step']:.3f} ms a step ({f['speedup']:.2f}x); max |diff| {f['max_abs_diff']:.3g}; "
+              f"bit-identical {f['bit_identical']}")
     for key in ("step_error", "column_error", "own_error"):
         if key in figures:
             print(f"{key}: {figures[key]}", file=sys.stderr)
     judged = figures["verdict"]
-    print(
-        f"verdict: CUDA_GRAPHS_VERIFIED {'may be set True' if judged['verified'] else 'stays False'}"
-        + "".join(f"\n  - {reason}" for reason in judged["reasons"])
-    )
+    print(f"verdict: CUDA_GRAPHS_VERIFIED {'may be set True' if judged['verified'] else 'stays False'}"
+          + "".join(f"\n  - {reason}" for reason in judged["reasons"]))
     statuses = [s for row in (column or {}).get("rows", {}).values() for s in row["status"]]
     return 1 if failed or any(s != "finished" for s in statuses) else 0
 

@@ -44,7 +44,6 @@ not apply: the forms run eagerly at the default setting, and the output says so.
 
     python benchmarks/gpu/kernels.py --device cuda --json kernels.json
 """
-
 from __future__ import annotations
 
 import argparse
@@ -72,7 +71,6 @@ from pflbench.simulator.training import SGD
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # timing.py beside this one (PYTHONSAFEPATH leaves the script's folder out)
 from timing import seconds_per_step  # noqa: E402
-
 TABLE1 = HERE.parents[1] / "benchmarks" / "table1.yaml"
 
 FORMS = ("grouped", "unfold", "loop")
@@ -88,29 +86,18 @@ LR = 0.005  # Table 1's learning rate for the grey datasets
 
 # ---- the forms: twins of the CNN's layers whose parameters carry a leading client dimension -----------------
 
-
 def fold_last(x: Tensor, clients: int) -> Tensor:
     """[K*B, C, H, W] -> [B, K*C, H, W] in channels-last memory order (client k's channels in block k)."""
     n, c, h, w = x.shape
-    return (
-        x.permute(0, 2, 3, 1)
-        .reshape(clients, n // clients, h, w, c)
-        .permute(1, 2, 3, 0, 4)
-        .reshape(n // clients, h, w, clients * c)
-        .permute(0, 3, 1, 2)
-    )
+    return (x.permute(0, 2, 3, 1).reshape(clients, n // clients, h, w, c).permute(1, 2, 3, 0, 4)
+            .reshape(n // clients, h, w, clients * c).permute(0, 3, 1, 2))
 
 
 def unfold_last(y: Tensor, clients: int) -> Tensor:
     """The inverse of `fold_last`: [B, K*C, H, W] -> [K*B, C, H, W] in channels-last memory order."""
     b, kc, h, w = y.shape
-    return (
-        y.permute(0, 2, 3, 1)
-        .reshape(b, h, w, clients, kc // clients)
-        .permute(3, 0, 1, 2, 4)
-        .reshape(clients * b, h, w, kc // clients)
-        .permute(0, 3, 1, 2)
-    )
+    return (y.permute(0, 2, 3, 1).reshape(b, h, w, clients, kc // clients).permute(3, 0, 1, 2, 4)
+            .reshape(clients * b, h, w, kc // clients).permute(0, 3, 1, 2))
 
 
 class LastGroupedConv2d(StackedConv2d):
@@ -124,9 +111,8 @@ class LastGroupedConv2d(StackedConv2d):
         clients = self.weight.shape[0]
         weight = self.weight.reshape(-1, *self.weight.shape[2:]).to(memory_format=torch.channels_last)
         bias = None if self.bias is None else self.bias.reshape(-1)
-        out = F.conv2d(
-            fold_last(x, clients), weight, bias, self.stride, self.padding, self.dilation, self.groups * clients
-        )
+        out = F.conv2d(fold_last(x, clients), weight, bias, self.stride, self.padding, self.dilation,
+                       self.groups * clients)
         return unfold_last(out, clients)
 
 
@@ -185,10 +171,7 @@ class LastBatchNorm(StackedBatchNorm):
             None if self.running_var is None else flat(self.running_var),
             None if self.weight is None else self.weight.reshape(-1),
             None if self.bias is None else self.bias.reshape(-1),
-            use_batch_stats,
-            self.momentum,
-            self.eps,
-        )
+            use_batch_stats, self.momentum, self.eps)
         return unfold_last(out, clients)
 
 
@@ -244,7 +227,6 @@ class FormModel:
 
 # ---- the data of one (model, width): a starting state, input batches, the float64 reference ----------------
 
-
 @dataclass
 class Problem:
     model: str
@@ -252,11 +234,11 @@ class Problem:
     width: int
     batch: int
     module: nn.Module
-    state: dict[str, Tensor]  # [K, ...] float32 (counters int64), on the CPU
-    xs: list[Tensor]  # POOL x [K, B, C, H, W] float32, on the CPU
-    ys: list[Tensor]  # POOL x [K, B] int64
+    state: dict[str, Tensor]     # [K, ...] float32 (counters int64), on the CPU
+    xs: list[Tensor]             # POOL x [K, B, C, H, W] float32, on the CPU
+    ys: list[Tensor]             # POOL x [K, B] int64
     reference: dict[str, Tensor] | None = None  # the state after one float64 step on xs[0], ys[0]
-    reference_losses: Tensor | None = None  # [K] float64
+    reference_losses: Tensor | None = None        # [K] float64
     reference_grads: dict[str, Tensor] | None = None  # that step's gradients, [K, ...] float64
 
 
@@ -314,9 +296,8 @@ def gradient_error(p: Problem, model: FormModel, device: str, layout: str) -> fl
     y = p.ys[0].to(device)
     losses = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none").view(y.shape).mean(dim=1)
     grads = torch.autograd.grad(losses.sum(), leaves)
-    off = sum(
-        float((g.detach().cpu().double() - p.reference_grads[n]).pow(2).sum()) for n, g in zip(model.param_names, grads)
-    )
+    off = sum(float((g.detach().cpu().double() - p.reference_grads[n]).pow(2).sum())
+              for n, g in zip(model.param_names, grads))
     norm = sum(float(g.pow(2).sum()) for g in p.reference_grads.values())
     return math.sqrt(off / norm) if norm else float("nan")
 
@@ -341,17 +322,13 @@ def distances(p: Problem, state: dict[str, Tensor], losses: Tensor) -> dict:
             moved_ref += float((ref - start).pow(2).sum())
         else:
             worst_buffers = max(worst_buffers, diff)
-    return {
-        "max_abs_diff_params": worst_params,
-        "max_abs_diff_buffers": worst_buffers,
-        "max_abs_diff_losses": float((losses.detach().cpu().double() - p.reference_losses).abs().max()),
-        "update_rel_error": math.sqrt(moved / moved_ref) if moved_ref else float("nan"),
-        "counters_equal": counters_equal,
-    }
+    return {"max_abs_diff_params": worst_params, "max_abs_diff_buffers": worst_buffers,
+            "max_abs_diff_losses": float((losses.detach().cpu().double() - p.reference_losses).abs().max()),
+            "update_rel_error": math.sqrt(moved / moved_ref) if moved_ref else float("nan"),
+            "counters_equal": counters_equal}
 
 
 # ---- one combination: build the step, check it against the reference, time it -------------------------------
-
 
 def set_tf32(setting: str) -> dict:
     """Apply a TF32 setting (TF32's names); what torch reports afterwards."""
@@ -392,7 +369,6 @@ def first_step(p: Problem, form: str, layout: str, captured: bool, device: str) 
 def timed(step: StaticStep, xs: list[Tensor], ys: list[Tensor], steps: int, repeats: int, cuda: bool) -> list[float]:
     """Seconds per step of `repeats` runs of `steps` steps after WARMUP, each step first copying the next of
     the input batches into the step's buffers (CUDA events around a run on CUDA, the host clock elsewhere)."""
-
     def run(count: int) -> None:
         for s in range(count):
             step.x.copy_(xs[s % len(xs)])
@@ -407,23 +383,15 @@ def run_case(p: Problem, form: str, layout: str, captured: bool, device: str, st
     cuda = device.startswith("cuda")
     grad_error = gradient_error(p, FormModel(p.module, form, layout), device, layout)
     step, built = first_step(p, form, layout, captured, device)
-    figures: dict = {
-        "captured": step.graph is not None,
-        "build_seconds": built,
-        "grad_rel_error": grad_error,
-        **distances(p, step.state, step.loss_sum),
-    }
+    figures: dict = {"captured": step.graph is not None, "build_seconds": built, "grad_rel_error": grad_error,
+                     **distances(p, step.state, step.loss_sum)}
     xs = [placed(x, device, layout) for x in p.xs]
     ys = [y.to(device) for y in p.ys]
     times = timed(step, xs, ys, steps, repeats, cuda)
     finite = all(bool(torch.isfinite(t).all()) for t in step.state.values() if t.is_floating_point())
     seconds = statistics.median(times)
-    figures.update(
-        seconds_per_step=seconds,
-        spread=(max(times) - min(times)) / seconds if seconds else None,
-        sample_steps_per_second=p.width * p.batch / seconds,
-        finite_after_timing=finite,
-    )
+    figures.update(seconds_per_step=seconds, spread=(max(times) - min(times)) / seconds if seconds else None,
+                   sample_steps_per_second=p.width * p.batch / seconds, finite_after_timing=finite)
     del step
     if cuda:
         torch.cuda.empty_cache()
@@ -436,9 +404,8 @@ def table_batch_size() -> int:
     return int(yaml.safe_load(TABLE1.read_text())["defaults"]["batch_size"])
 
 
-def plan(
-    models: list[str], widths: list[int], batch: int, forms: list[str], layouts: list[str], tf32: list[str], cuda: bool
-) -> list[dict]:
+def plan(models: list[str], widths: list[int], batch: int, forms: list[str], layouts: list[str], tf32: list[str],
+         cuda: bool) -> list[dict]:
     """The combinations to measure, in order of importance: the TF32 settings as given (default first), then
     model, width, layout, form, eager before captured. On CUDA the loop form only captured; on a CPU nothing
     captured."""
@@ -449,34 +416,14 @@ def plan(
                 for layout in layouts:
                     for form in forms:
                         captures = ([True] if form == "loop" else [False, True]) if cuda else [False]
-                        cases += [
-                            {
-                                "model": model,
-                                "input": list(MODELS[model][0]),
-                                "width": width,
-                                "batch": batch,
-                                "form": form,
-                                "layout": layout,
-                                "tf32": setting,
-                                "capture": "graph" if captured else "eager",
-                            }
-                            for captured in captures
-                        ]
+                        cases += [{"model": model, "input": list(MODELS[model][0]), "width": width, "batch": batch,
+                                   "form": form, "layout": layout, "tf32": setting,
+                                   "capture": "graph" if captured else "eager"} for captured in captures]
     return cases
 
 
-def measure(
-    device: str,
-    models: list[str],
-    widths: list[int],
-    batch: int,
-    forms: list[str],
-    layouts: list[str],
-    tf32: list[str],
-    steps: int,
-    repeats: int,
-    seconds: float,
-) -> dict:
+def measure(device: str, models: list[str], widths: list[int], batch: int, forms: list[str], layouts: list[str],
+            tf32: list[str], steps: int, repeats: int, seconds: float) -> dict:
     """Every combination of `plan`, none started after `seconds`."""
     cuda = device.startswith("cuda")
     deadline = time.monotonic() + seconds
@@ -487,10 +434,8 @@ def measure(
             began = time.perf_counter()
             reference_step(p)
             problems[(model, width)] = p
-            print(
-                f"kernels: float64 reference of {model} at {width} rows in {time.perf_counter() - began:.1f} s",
-                flush=True,
-            )
+            print(f"kernels: float64 reference of {model} at {width} rows in {time.perf_counter() - began:.1f} s",
+                  flush=True)
     cases = plan(models, widths, batch, forms, layouts, tf32, cuda)
     for case in cases:
         if time.monotonic() > deadline:
@@ -498,18 +443,9 @@ def measure(
             continue
         case.update(set_tf32(case["tf32"]) if cuda else {"matmul_tf32": None, "cudnn_tf32": None})
         try:
-            case.update(
-                run_case(
-                    problems[(case["model"], case["width"])],
-                    case["form"],
-                    case["layout"],
-                    case["capture"] == "graph",
-                    device,
-                    steps,
-                    repeats,
-                ),
-                status="ok",
-            )
+            case.update(run_case(problems[(case["model"], case["width"])], case["form"], case["layout"],
+                                 case["capture"] == "graph", device, steps, repeats),
+                        status="ok")
         except Exception as error:  # recorded; the next combination runs
             case.update(status="failed", error=f"{type(error).__name__}: {error}")
     if cuda:
@@ -543,20 +479,9 @@ def fastest(cases: list[dict]) -> dict:
             continue
         name = f"{case['model']}@{case['width']}"
         if name not in best or case["seconds_per_step"] < best[name]["seconds_per_step"]:
-            best[name] = {
-                k: case[k]
-                for k in (
-                    "form",
-                    "layout",
-                    "tf32",
-                    "capture",
-                    "seconds_per_step",
-                    "sample_steps_per_second",
-                    "ratio_to_today",
-                    "grad_rel_error",
-                    "max_abs_diff_params",
-                )
-            }
+            best[name] = {k: case[k] for k in ("form", "layout", "tf32", "capture", "seconds_per_step",
+                                                "sample_steps_per_second", "ratio_to_today", "grad_rel_error",
+                                                "max_abs_diff_params")}
     return best
 
 
@@ -564,10 +489,8 @@ def print_table(figures: dict) -> None:
     """One line per (model, width, TF32, layout, form): eager and captured ms a step; the ratios and the
     distances from the reference of the captured step where it ran, else of the eager one."""
     print(figures["capture_note"])
-    print(
-        f"{'model':7s} {'K':>4s} {'tf32':7s} {'layout':6s} {'form':8s} {'eager ms':>9s} {'graph ms':>9s} "
-        f"{'/grouped':>8s} {'/today':>7s} {'grad.err':>9s} {'max|dp|':>9s}"
-    )
+    print(f"{'model':7s} {'K':>4s} {'tf32':7s} {'layout':6s} {'form':8s} {'eager ms':>9s} {'graph ms':>9s} "
+          f"{'/grouped':>8s} {'/today':>7s} {'grad.err':>9s} {'max|dp|':>9s}")
     rows: dict = {}
     for c in figures["cases"]:
         rows.setdefault((c["model"], c["width"], c["tf32"], c["layout"], c["form"]), {})[c["capture"]] = c
@@ -585,17 +508,13 @@ def print_table(figures: dict) -> None:
         def ratio(value: float | None) -> str:
             return f"{value:.2f}" if value is not None else "-"
 
-        print(
-            f"{model:7s} {width:4d} {tf32:7s} {layout:6s} {form:8s} {ms('eager')} {ms('graph')} "
-            f"{ratio(shown['ratio_to_grouped']):>8s} {ratio(shown['ratio_to_today']):>7s} "
-            f"{shown['grad_rel_error']:9.2e} {shown['max_abs_diff_params']:9.2e}"
-        )
+        print(f"{model:7s} {width:4d} {tf32:7s} {layout:6s} {form:8s} {ms('eager')} {ms('graph')} "
+              f"{ratio(shown['ratio_to_grouped']):>8s} {ratio(shown['ratio_to_today']):>7s} "
+              f"{shown['grad_rel_error']:9.2e} {shown['max_abs_diff_params']:9.2e}")
     for name, best in figures["fastest"].items():
-        print(
-            f"fastest at {name}: {best['form']}, channels-{best['layout']}, tf32 {best['tf32']}, {best['capture']}: "
-            f"{best['seconds_per_step'] * 1e3:.3f} ms a step ({best['sample_steps_per_second']:.0f} sample-steps/s,"
-            f" {best['ratio_to_today'] or float('nan'):.2f} of today's), gradient error {best['grad_rel_error']:.1e}"
-        )
+        print(f"fastest at {name}: {best['form']}, channels-{best['layout']}, tf32 {best['tf32']}, {best['capture']}: "
+              f"{best['seconds_per_step'] * 1e3:.3f} ms a step ({best['sample_steps_per_second']:.0f} sample-steps/s,"
+              f" {best['ratio_to_today'] or float('nan'):.2f} of today's), gradient error {best['grad_rel_error']:.1e}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -618,12 +537,8 @@ def main(argv: list[str] | None = None) -> int:
     if cuda and not torch.cuda.is_available():
         print("kernels: torch sees no CUDA device", file=sys.stderr)
         return 3
-    chosen = {
-        "models": args.models.split(","),
-        "forms": args.forms.split(","),
-        "layouts": args.layouts.split(","),
-        "tf32": (args.tf32 or (",".join(TF32) if cuda else "default")).split(","),
-    }
+    chosen = {"models": args.models.split(","), "forms": args.forms.split(","), "layouts": args.layouts.split(","),
+              "tf32": (args.tf32 or (",".join(TF32) if cuda else "default")).split(",")}
     allowed = {"models": tuple(MODELS), "forms": FORMS, "layouts": LAYOUTS, "tf32": tuple(TF32)}
     for what, names in chosen.items():
         unknown = sorted(set(names) - set(allowed[what]))
@@ -632,40 +547,21 @@ def main(argv: list[str] | None = None) -> int:
     batch = args.batch or table_batch_size()
     torch.backends.cudnn.benchmark = args.cudnn_benchmark
     figures: dict = {
-        "device": args.device,
-        "torch": torch.__version__,
+        "device": args.device, "torch": torch.__version__,
         "gpu": torch.cuda.get_device_name(0) if cuda else None,
         "cudnn": torch.backends.cudnn.version() if cuda else None,
         "cudnn_benchmark": torch.backends.cudnn.benchmark,
-        "capture_note": (
-            "CUDA graphs: each form eager and captured"
-            if cuda
-            else "no CUDA: capture not exercised and TF32 does not apply (every form eagerly, in float32)"
-        ),
+        "capture_note": ("CUDA graphs: each form eager and captured" if cuda else
+                         "no CUDA: capture not exercised and TF32 does not apply (every form eagerly, in float32)"),
         "reference": "float64 on the CPU, each client's plain module one at a time, one step from the same state",
-        "steps": args.steps,
-        "repeats": args.repeats,
-        "batch": batch,
-        "lr": LR,
-        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-    }
+        "steps": args.steps, "repeats": args.repeats, "batch": batch, "lr": LR,
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     began = time.monotonic()
     failed = False
     try:
-        figures.update(
-            measure(
-                args.device,
-                chosen["models"],
-                [int(w) for w in args.widths.split(",")],
-                batch,
-                chosen["forms"],
-                chosen["layouts"],
-                chosen["tf32"],
-                args.steps,
-                args.repeats,
-                args.seconds,
-            )
-        )
+        figures.update(measure(args.device, chosen["models"], [int(w) for w in args.widths.split(",")], batch,
+                               chosen["forms"], chosen["layouts"], chosen["tf32"], args.steps, args.repeats,
+                               args.seconds))
     except Exception as error:
         figures["error"] = f"{type(error).__name__}: {error}"
         failed = True
@@ -679,17 +575,12 @@ def main(argv: list[str] | None = None) -> int:
     cases = figures["cases"]
     bad = [c for c in cases if c["status"] == "failed" or (c["status"] == "ok" and not c["finite_after_timing"])]
     for c in bad:
-        print(
-            f"kernels: {c['model']} {c['width']} {c['form']} {c['layout']} {c['tf32']} {c['capture']}: "
-            f"{c.get('error', 'not finite after the timed steps')}",
-            file=sys.stderr,
-        )
+        print(f"kernels: {c['model']} {c['width']} {c['form']} {c['layout']} {c['tf32']} {c['capture']}: "
+              f"{c.get('error', 'not finite after the timed steps')}", file=sys.stderr)
     skipped = sum(c["status"] == "not run (time)" for c in cases)
     done = len(cases) - skipped - len(bad)
-    print(
-        f"kernels: {done} of {len(cases)} combinations ok, {skipped} not run (time), {len(bad)} failed, "
-        f"in {figures['seconds']:.0f} s"
-    )
+    print(f"kernels: {done} of {len(cases)} combinations ok, {skipped} not run (time), {len(bad)} failed, "
+          f"in {figures['seconds']:.0f} s")
     return 1 if bad or not done else 0
 
 

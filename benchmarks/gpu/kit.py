@@ -19,7 +19,6 @@ kit), and fails where that passes 64 MiB.
 
     python benchmarks/gpu/kit.py [--kit .gpu-kit] [--mirror ../shared/data] [--datasets fmnist,cifar10-jpeg]
 """
-
 from __future__ import annotations
 
 import argparse
@@ -32,23 +31,14 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
-LIMIT = 64 * 2**20  # the device's working-tree limit
+LIMIT = 64 * 2 ** 20  # the device's working-tree limit
 REHEARSAL_WHEELS = REPO / ".gpu-rehearsal-wheels"  # this machine's Python's wheels: the rehearsal's, never carried
 DATASETS = ("fmnist", "cifar10-jpeg")
 DEVICE_PYTHON = "3.12"
-PLATFORMS = [
-    "manylinux_2_28_x86_64",
-    "manylinux_2_27_x86_64",
-    "manylinux_2_17_x86_64",
-    "manylinux2014_x86_64",
-    "manylinux1_x86_64",
-]
-FMNIST = [
-    "train-images-idx3-ubyte.gz",
-    "train-labels-idx1-ubyte.gz",
-    "t10k-images-idx3-ubyte.gz",
-    "t10k-labels-idx1-ubyte.gz",
-]
+PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64",
+             "manylinux1_x86_64"]
+FMNIST = ["train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz", "t10k-images-idx3-ubyte.gz",
+          "t10k-labels-idx1-ubyte.gz"]
 
 
 def requirements() -> list[str]:
@@ -58,44 +48,26 @@ def requirements() -> list[str]:
 
 def download(wheels: Path, python_version: str) -> None:
     """The wheels of every requirement for CPython `python_version` (no dependencies: each is listed)."""
-    command = [
-        sys.executable,
-        "-m",
-        "pip",
-        "download",
-        "--quiet",
-        "--disable-pip-version-check",
-        "--no-deps",
-        "--only-binary=:all:",
-        "--python-version",
-        python_version,
-        "--implementation",
-        "cp",
-        *[arg for platform in PLATFORMS for arg in ("--platform", platform)],
-        "-d",
-        str(wheels),
-        *requirements(),
-    ]
+    command = [sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check", "--no-deps",
+               "--only-binary=:all:", "--python-version", python_version, "--implementation", "cp",
+               *[arg for platform in PLATFORMS for arg in ("--platform", platform)], "-d", str(wheels),
+               *requirements()]
     subprocess.run(command, check=True)
 
 
 def pack_cifar(mirror: Path, data: Path) -> None:
     target = data / "cifar10-jpeg.travel"
     if not target.exists():
-        subprocess.run(
-            [sys.executable, str(HERE / "cifar_travel.py"), "pack", "--mirror", str(mirror), "--out", str(target)],
-            check=True,
-        )
+        subprocess.run([sys.executable, str(HERE / "cifar_travel.py"), "pack", "--mirror", str(mirror),
+                        "--out", str(target)], check=True)
 
 
 def copy_data(mirror: Path, data: Path) -> None:
     source = mirror / "fashion-mnist"
     missing = [name for name in FMNIST if not (source / name).is_file()]
     if missing:
-        raise SystemExit(
-            f"gpu-kit: the offline mirror {source} lacks {', '.join(missing)} "
-            f"(give --mirror, or set PFLBENCH_DATA_MIRROR)"
-        )
+        raise SystemExit(f"gpu-kit: the offline mirror {source} lacks {', '.join(missing)} "
+                         f"(give --mirror, or set PFLBENCH_DATA_MIRROR)")
     target = data / "fashion-mnist"
     target.mkdir(parents=True, exist_ok=True)
     for name in FMNIST:
@@ -109,15 +81,8 @@ def folder_bytes(folder: Path) -> int:
 
 def travelling_bytes(kit: Path) -> int:
     """What the device tool sends: tracked and untracked-not-ignored files, plus the kit (carried)."""
-    listed = (
-        subprocess.run(
-            ["git", "-C", str(REPO), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-            capture_output=True,
-            check=True,
-        )
-        .stdout.decode()
-        .split("\0")
-    )
+    listed = subprocess.run(["git", "-C", str(REPO), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                            capture_output=True, check=True).stdout.decode().split("\0")
     tree = sum((REPO / name).stat().st_size for name in listed if name and (REPO / name).is_file())
     return tree + folder_bytes(kit)
 
@@ -125,18 +90,13 @@ def travelling_bytes(kit: Path) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kit", default=str(REPO / ".gpu-kit"), help="the kit's folder (default: .gpu-kit)")
-    parser.add_argument(
-        "--mirror",
-        default=os.environ.get("PFLBENCH_DATA_MIRROR", str(REPO.parent / "shared" / "data")),
-        help="the offline dataset mirror (default: $PFLBENCH_DATA_MIRROR or ../shared/data)",
-    )
+    parser.add_argument("--mirror", default=os.environ.get("PFLBENCH_DATA_MIRROR", str(REPO.parent / "shared" / "data")),
+                        help="the offline dataset mirror (default: $PFLBENCH_DATA_MIRROR or ../shared/data)")
     parser.add_argument("--datasets", default="fmnist", help=f"comma-separated, of {', '.join(DATASETS)}")
     args = parser.parse_args(argv)
     datasets = args.datasets.split(",")
     if set(datasets) - set(DATASETS):
-        parser.error(
-            f"--datasets: {', '.join(sorted(set(datasets) - set(DATASETS)))} unknown; allowed: {', '.join(DATASETS)}"
-        )
+        parser.error(f"--datasets: {', '.join(sorted(set(datasets) - set(DATASETS)))} unknown; allowed: {', '.join(DATASETS)}")
     kit = Path(args.kit)
     wheels = kit / "wheels"
     wheels.mkdir(parents=True, exist_ok=True)
@@ -155,26 +115,13 @@ def main(argv: list[str] | None = None) -> int:
         pack_cifar(Path(args.mirror), kit / "data")
     size = folder_bytes(kit)
     total = travelling_bytes(kit)
-    (kit / "kit.json").write_text(
-        json.dumps(
-            {
-                "requirements": requirements(),
-                "pythons": sorted({DEVICE_PYTHON, here}),
-                "wheels": sorted(p.name for p in wheels.glob("*.whl")),
-                "data": datasets,
-                "kit_bytes": size,
-                "travelling_bytes": total,
-                "limit_bytes": LIMIT,
-            },
-            indent=1,
-        )
-        + "\n"
-    )
-    print(
-        f"gpu-kit: {kit} holds {len(list(wheels.glob('*.whl')))} wheels and {', '.join(datasets)}, "
-        f"{size / 2**20:.1f} MiB; with the working tree {total / 2**20:.1f} MiB travel "
-        f"(limit {LIMIT / 2**20:.0f} MiB)"
-    )
+    (kit / "kit.json").write_text(json.dumps({
+        "requirements": requirements(), "pythons": sorted({DEVICE_PYTHON, here}),
+        "wheels": sorted(p.name for p in wheels.glob("*.whl")), "data": datasets,
+        "kit_bytes": size, "travelling_bytes": total, "limit_bytes": LIMIT}, indent=1) + "\n")
+    print(f"gpu-kit: {kit} holds {len(list(wheels.glob('*.whl')))} wheels and {', '.join(datasets)}, "
+          f"{size / 2 ** 20:.1f} MiB; with the working tree {total / 2 ** 20:.1f} MiB travel "
+          f"(limit {LIMIT / 2 ** 20:.0f} MiB)")
     if total > LIMIT:
         print("gpu-kit: over the device's limit: leave untracked files out of the tree", file=sys.stderr)
         return 1

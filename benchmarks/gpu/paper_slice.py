@@ -23,7 +23,6 @@ evaluation's adaptation of all clients), and the projection lists it as uncounte
 
     python benchmarks/gpu/paper_slice.py --device cuda --rounds 20 --sharing sharing.json --json out.json
 """
-
 from __future__ import annotations
 
 import argparse
@@ -42,13 +41,8 @@ FORWARD_SHARE = 1 / 3  # a forward without autograd, in training steps (forward 
 
 # Table 1's datasets without loading them (EMNIST and CIFAR-100 are not on offline machines):
 # (sample shape, classes); EMNIST is the `balanced` split, as table1.yaml sets it.
-SHAPES = {
-    "emnist": ((1, 28, 28), 47),
-    "fmnist": ((1, 28, 28), 10),
-    "cifar10": ((3, 32, 32), 10),
-    "cifar10-jpeg": ((3, 32, 32), 10),
-    "cifar100": ((3, 32, 32), 100),
-}
+SHAPES = {"emnist": ((1, 28, 28), 47), "fmnist": ((1, 28, 28), 10), "cifar10": ((3, 32, 32), 10),
+          "cifar10-jpeg": ((3, 32, 32), 10), "cifar100": ((3, 32, 32), 100)}
 ORDER = ["fedavg", "pfedme", "pfedhn", "perfedavg", "pfedla", "local", "fedrep", "fedfomo", "heurpfedla", "fedbn"]
 
 
@@ -124,11 +118,7 @@ def measure(algorithm: str, args) -> dict:
     from pflbench.algorithm import get_algorithm
 
     execution = ExecutionOptions(device=args.device)
-    path = (
-        "batched"
-        if execution.batched(torch.device(args.device), get_algorithm(algorithm).capabilities.batched)
-        else "loop"
-    )
+    path = "batched" if execution.batched(torch.device(args.device), get_algorithm(algorithm).capabilities.batched) else "loop"
     try:
         run_cell(cell, execution=execution, on_round=on_round, stop_after=args.rounds)
     except Enough:
@@ -139,17 +129,10 @@ def measure(algorithm: str, args) -> dict:
     work = sample_epochs(cell, rounds, train_samples(cell))
     # rounds 2..len(stamps) timed: the evaluations among them
     counted = counted_work(cell, rounds, load_counts(args.counts), len(stamps) // cell.eval_every)
-    return {
-        "rounds_timed": rounds,
-        "seconds": seconds,
-        "seconds_per_round": per_round,
-        "projected_cell_seconds": per_round * cell.rounds,
-        "seconds_per_sample_epoch": seconds / work,
-        "seconds_per_step_sample": None if counted is None else seconds / counted,
-        "first_round_seconds": stamps[0] - began,
-        "path": path,
-        "cell_rounds": cell.rounds,
-    }
+    return {"rounds_timed": rounds, "seconds": seconds, "seconds_per_round": per_round,
+            "projected_cell_seconds": per_round * cell.rounds, "seconds_per_sample_epoch": seconds / work,
+            "seconds_per_step_sample": None if counted is None else seconds / counted,
+            "first_round_seconds": stamps[0] - began, "path": path, "cell_rounds": cell.rounds}
 
 
 def project(measured: dict, speedup: float, device: str, spec: str = "table1", counts: dict | None = None) -> dict:
@@ -189,23 +172,12 @@ def project(measured: dict, speedup: float, device: str, spec: str = "table1", c
         total += seconds
         for axis, key in (("algorithm", cell.algorithm), ("dataset", cell.dataset), ("clients", str(cell.clients))):
             seconds_by[axis][key] = seconds_by[axis].get(key, 0.0) + seconds
-    hours = {
-        axis: {k: round(v / speedup / 3600, 2) for k, v in sorted(values.items(), key=lambda kv: -kv[1])}
-        for axis, values in seconds_by.items()
-    }
-    return {
-        "cells": len(plan.cells),
-        "device": device,
-        "sharing_speedup": speedup,
-        "hours_one_cell_at_a_time": round(total / 3600, 2),
-        "hours": round(total / speedup / 3600, 2),
-        "hours_by": hours,
-        "unmeasured_rows_take": "fedavg",
-        "spec": spec,
-        "seeds": sorted({c.seed for c in plan.cells}),
-        "measured_rows": sorted(measured),
-        "uncounted_settings": sorted(uncounted),
-    }
+    hours = {axis: {k: round(v / speedup / 3600, 2) for k, v in sorted(values.items(), key=lambda kv: -kv[1])}
+             for axis, values in seconds_by.items()}
+    return {"cells": len(plan.cells), "device": device, "sharing_speedup": speedup,
+            "hours_one_cell_at_a_time": round(total / 3600, 2), "hours": round(total / speedup / 3600, 2),
+            "hours_by": hours, "unmeasured_rows_take": "fedavg", "spec": spec, "seeds": sorted({c.seed for c in plan.cells}),
+            "measured_rows": sorted(measured), "uncounted_settings": sorted(uncounted)}
 
 
 def reproject(path: str, counts: dict) -> dict:
@@ -222,24 +194,18 @@ def reproject(path: str, counts: dict) -> dict:
         work = counted_work(cell, row["rounds_timed"], counts, last // cell.eval_every)
         rows[algorithm] = {**row, "seconds_per_step_sample": None if work is None else row["seconds"] / work}
     speedup = stored["projection"]["sharing_speedup"]
-    return {
-        "device": stored["device"],
-        "from": str(path),
-        "rows": rows,
-        "projection": project(rows, speedup, stored["device"], "table1", counts),
-        "projection_table2": project(rows, speedup, stored["device"], "table2", counts),
-    }
+    return {"device": stored["device"], "from": str(path), "rows": rows,
+            "projection": project(rows, speedup, stored["device"], "table1", counts),
+            "projection_table2": project(rows, speedup, stored["device"], "table2", counts)}
 
 
 def summary_line(p: dict, device: str) -> str:
     seeds = len(p["seeds"])
-    return (
-        f"make reproduce-{p['spec']} ({p['cells']} cells, {seeds} seeds) on this {device}: {p['hours']} h with cells "
-        f"sharing it ({p['sharing_speedup']:.2f}x; {p['hours'] / seeds:.2f} h a seed), "
-        f"{p['hours_one_cell_at_a_time']} h one at a time; by algorithm {p['hours_by']['algorithm']}; by dataset "
-        f"{p['hours_by']['dataset']}; by clients {p['hours_by']['clients']}; settings without a step count: "
-        f"{len(p['uncounted_settings'])}"
-    )
+    return (f"make reproduce-{p['spec']} ({p['cells']} cells, {seeds} seeds) on this {device}: {p['hours']} h with cells "
+            f"sharing it ({p['sharing_speedup']:.2f}x; {p['hours'] / seeds:.2f} h a seed), "
+            f"{p['hours_one_cell_at_a_time']} h one at a time; by algorithm {p['hours_by']['algorithm']}; by dataset "
+            f"{p['hours_by']['dataset']}; by clients {p['hours_by']['clients']}; settings without a step count: "
+            f"{len(p['uncounted_settings'])}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -253,12 +219,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--epochs", type=int, default=None, help="local epochs (default: the spec's)")
     parser.add_argument("--sharing", default=None, help="the sharing step's JSON (8 processes' speedup)")
     parser.add_argument("--counts", default=None, help="step_count.py's JSON (default: step_counts.json here)")
-    parser.add_argument(
-        "--reproject",
-        default=None,
-        metavar="JSON",
-        help="run nothing: project a stored slice (its JSON or a GPU check's) again with the counts",
-    )
+    parser.add_argument("--reproject", default=None, metavar="JSON",
+                        help="run nothing: project a stored slice (its JSON or a GPU check's) again with the counts")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     if args.reproject:
@@ -280,11 +242,8 @@ def main(argv: list[str] | None = None) -> int:
             break
         measured[algorithm] = measure(algorithm, args)
         m = measured[algorithm]
-        print(
-            f"{algorithm}: {m['seconds_per_round']:.3f} s a round ({m['path']}), the 600-round cell in "
-            f"{m['projected_cell_seconds'] / 60:.1f} min",
-            flush=True,
-        )
+        print(f"{algorithm}: {m['seconds_per_round']:.3f} s a round ({m['path']}), the 600-round cell in "
+              f"{m['projected_cell_seconds'] / 60:.1f} min", flush=True)
         result["projection"] = project(measured, speedup, args.device, counts=load_counts(args.counts))
         result["projection_table2"] = project(measured, speedup, args.device, "table2", load_counts(args.counts))
         if args.json:

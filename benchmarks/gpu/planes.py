@@ -10,7 +10,6 @@ them back. Nothing else in the file moves (headers, pickle, central directory), 
 bijection on the file's bytes: the checkpoint that comes back is the one that left, byte for byte, and
 its header's SHA-256 says so (`column.unpack` checks it).
 """
-
 from __future__ import annotations
 
 import io
@@ -33,24 +32,22 @@ def storage_ranges(body: bytes) -> list[tuple[int, int]]:
             if "/data/" not in info.filename or info.compress_type != zipfile.ZIP_STORED:
                 continue
             offset = info.header_offset
-            if body[offset : offset + 4] != LOCAL_HEADER:
+            if body[offset:offset + 4] != LOCAL_HEADER:
                 raise ValueError(f"{info.filename}: no local file header at {offset}")
-            name_length, extra_length = struct.unpack("<HH", body[offset + 26 : offset + 30])
+            name_length, extra_length = struct.unpack("<HH", body[offset + 26:offset + 30])
             ranges.append((offset + 30 + name_length + extra_length, info.file_size))
     return ranges
 
 
 def _transform(data: bytes, planes: bool) -> bytes:
-    end = decode_header(data)[
-        "header_bytes"
-    ]  # the checkpoint's header line (CheckpointProblem if none); the zip follows
+    end = decode_header(data)["header_bytes"]  # the checkpoint's header line (CheckpointProblem if none); the zip follows
     out = bytearray(data)
     for start, length in storage_ranges(data[end:]):
         start += end
         whole = length // WIDTH * WIDTH  # a tail shorter than a value stays as it is
         block = np.frombuffer(data, np.uint8, whole, start)
         block = block.reshape(-1, WIDTH).T if planes else block.reshape(WIDTH, -1).T
-        out[start : start + whole] = block.tobytes()
+        out[start:start + whole] = block.tobytes()
     return bytes(out)
 
 

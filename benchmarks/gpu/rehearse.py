@@ -23,7 +23,6 @@ the returned files' sizes; exit 1 where any call failed or any limit was passed.
 
     python benchmarks/gpu/rehearse.py --out reports/gpu-rehearsal [--steps verdict,column,check,cifar] [--check-only graphs]
 """
-
 from __future__ import annotations
 
 import argparse
@@ -38,22 +37,15 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
-TREE_LIMIT = 64 * 2**20
-RETURNED_FILES, RETURNED_FILE_BYTES, RETURNED_BYTES = 8, 16 * 2**20, 64 * 2**20
+TREE_LIMIT = 64 * 2 ** 20
+RETURNED_FILES, RETURNED_FILE_BYTES, RETURNED_BYTES = 8, 16 * 2 ** 20, 64 * 2 ** 20
 NAME = re.compile(r"^[A-Za-z0-9._-]+$")
 
 
 def sent_files(repo: Path) -> list[str]:
     """What the device tool sends of a checkout: tracked files and untracked files git does not ignore."""
-    listed = (
-        subprocess.run(
-            ["git", "-C", str(repo), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-            capture_output=True,
-            check=True,
-        )
-        .stdout.decode()
-        .split("\0")
-    )
+    listed = subprocess.run(["git", "-C", str(repo), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                            capture_output=True, check=True).stdout.decode().split("\0")
     return [name for name in listed if name and (repo / name).is_file()]
 
 
@@ -91,9 +83,8 @@ def add_rehearsal_wheels(tree: Path) -> None:
 def rehearsal_python(work: Path) -> str:
     """A Python that sees only the device image's packages (rehearse_env.py), from this machine's environment."""
     python = os.environ.get("PYTHON") or sys.executable
-    return subprocess.run(
-        [python, str(HERE / "rehearse_env.py"), str(work)], capture_output=True, text=True, check=True
-    ).stdout.strip()
+    return subprocess.run([python, str(HERE / "rehearse_env.py"), str(work)], capture_output=True, text=True,
+                          check=True).stdout.strip()
 
 
 def in_kit(tree: Path, python: str, command: list[str], limit: float, kit: str | None = None) -> dict:
@@ -104,15 +95,8 @@ def in_kit(tree: Path, python: str, command: list[str], limit: float, kit: str |
     if kit:
         env["PFLBENCH_GPU_KIT"] = str(tree / kit)
     began = time.monotonic()
-    process = subprocess.Popen(
-        ["bash", "benchmarks/gpu/in_kit.sh", *command],
-        cwd=tree,
-        env=env,
-        text=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    process = subprocess.Popen(["bash", "benchmarks/gpu/in_kit.sh", *command], cwd=tree, env=env, text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         output, _ = process.communicate(timeout=limit)
         status = "ok" if process.returncode == 0 else f"failed (exit {process.returncode})"
@@ -120,12 +104,8 @@ def in_kit(tree: Path, python: str, command: list[str], limit: float, kit: str |
         os.killpg(process.pid, 9)
         output, _ = process.communicate()
         status = f"killed at its limit of {limit:.0f} s"
-    return {
-        "command": " ".join(command),
-        "status": status,
-        "seconds": round(time.monotonic() - began, 1),
-        "output_tail": output[-4000:],
-    }
+    return {"command": " ".join(command), "status": status, "seconds": round(time.monotonic() - began, 1),
+            "output_tail": output[-4000:]}
 
 
 def returned_problems(out: Path) -> list[str]:
@@ -153,36 +133,13 @@ def column_loans(tree: Path, python: str, out: Path, work: Path) -> dict:
     """Two loans of column.py: the first stopped at its deadline and packed; the second carrying what came
     back (in the copy's .gpu-carry/) and resuming."""
     spec = "benchmarks/gpu/rehearse-column.yaml"
-    common = [
-        "--spec",
-        spec,
-        "--algorithms",
-        "fedavg+local",
-        "--device",
-        "cpu",
-        "--checkpoint-every",
-        "1",
-        "--start-margin",
-        "0",
-        "--grace",
-        "60",
-    ]
+    common = ["--spec", spec, "--algorithms", "fedavg+local", "--device", "cpu",
+              "--checkpoint-every", "1", "--start-margin", "0", "--grace", "60"]
     loans: dict = {}
     for loan, deadline, call in (("loan1", 150, 290), ("loan2", 60, 200)):
         returned = out / f"column-{loan}"
-        command = [
-            "python3",
-            "benchmarks/gpu/column.py",
-            "--out",
-            str(returned),
-            "--deadline",
-            str(deadline),
-            "--call-seconds",
-            str(call),
-            "--store",
-            str(work / loan / "store"),
-            *common,
-        ]
+        command = ["python3", "benchmarks/gpu/column.py", "--out", str(returned), "--deadline", str(deadline),
+                   "--call-seconds", str(call), "--store", str(work / loan / "store"), *common]
         if loan == "loan2":
             carried = sorted(p.relative_to(tree) for p in (tree / ".gpu-carry").iterdir())
             command += ["--resume", *map(str, carried)]
@@ -191,9 +148,8 @@ def column_loans(tree: Path, python: str, out: Path, work: Path) -> dict:
         loans[loan]["returned_problems"] = returned_problems(returned)
         report = returned / "column.json"
         cells = json.loads(report.read_text())["cells"] if report.exists() else {}
-        loans[loan]["cells"] = {
-            a: {"before": c["before"], "after": c["after"], "carried": c.get("carried")} for a, c in cells.items()
-        }
+        loans[loan]["cells"] = {a: {"before": c["before"], "after": c["after"], "carried": c.get("carried")}
+                                for a, c in cells.items()}
         if loans[loan]["status"] != "ok":
             loans["status"] = "failed"
             return loans
@@ -203,7 +159,7 @@ def column_loans(tree: Path, python: str, out: Path, work: Path) -> dict:
                 if path.name.startswith(("results.tar.xz", "ckpt-")):
                     shutil.copy2(path, tree / ".gpu-carry" / path.name)
     first, second = loans["loan1"]["cells"], loans["loan2"]["cells"]
-    log = out / "column-loan2" / "column.log"
+    log = (out / "column-loan2" / "column.log")
     expect = {
         "loan 1 finished FedAvg": first.get("fedavg", {}).get("after", {}).get("state") == "finished",
         "loan 1 carried Local's checkpoint": bool((first.get("local", {}).get("carried") or {}).get("file")),
@@ -211,12 +167,8 @@ def column_loans(tree: Path, python: str, out: Path, work: Path) -> dict:
         "loan 2 resumed Local": log.exists() and "resumed at round" in log.read_text(),
     }
     loans["expected"] = expect
-    loans["status"] = (
-        "ok"
-        if all(loans[x]["status"] == "ok" and not loans[x]["returned_problems"] for x in ("loan1", "loan2"))
-        and all(expect.values())
-        else "failed"
-    )
+    loans["status"] = ("ok" if all(loans[x]["status"] == "ok" and not loans[x]["returned_problems"]
+                                   for x in ("loan1", "loan2")) and all(expect.values()) else "failed")
     return loans
 
 
@@ -226,11 +178,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", default="verdict,column,check,cifar")
     parser.add_argument("--check-only", default=None, help="check.py's --only (default: every step)")
     parser.add_argument("--kit", default=".gpu-kit", help="the carried kit (made by kit.py)")
-    parser.add_argument(
-        "--cifar-kit",
-        default=".gpu-kit-cifar",
-        help="the cifar loan's kit (kit.py --kit .gpu-kit-cifar --datasets cifar10-jpeg); skipped if absent",
-    )
+    parser.add_argument("--cifar-kit", default=".gpu-kit-cifar",
+                        help="the cifar loan's kit (kit.py --kit .gpu-kit-cifar --datasets cifar10-jpeg); skipped if absent")
     parser.add_argument("--work", type=Path, default=None, help="scratch folder (default: a new one under /tmp)")
     args = parser.parse_args(argv)
     steps = args.steps.split(",")
@@ -240,11 +189,8 @@ def main(argv: list[str] | None = None) -> int:
     if not (REPO / args.kit / "wheels").is_dir():
         print(f"rehearse: no kit at {REPO / args.kit}: run 'make gpu-kit' first", file=sys.stderr)
         return 2
-    work = args.work or Path(
-        subprocess.run(
-            ["mktemp", "-d", "/tmp/pflbench-rehearse.XXXXXX"], capture_output=True, text=True, check=True
-        ).stdout.strip()
-    )
+    work = args.work or Path(subprocess.run(["mktemp", "-d", "/tmp/pflbench-rehearse.XXXXXX"], capture_output=True,
+                                            text=True, check=True).stdout.strip())
     out = args.out.resolve()
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
@@ -254,73 +200,27 @@ def main(argv: list[str] | None = None) -> int:
     tree = work / "tree"
     result["tree_bytes"] = build_tree(REPO, tree, [args.kit])
     add_rehearsal_wheels(tree)
-    result["tree_problems"] = (
-        [f"the tree with the kit is {result['tree_bytes']} bytes (at most {TREE_LIMIT})"]
-        if result["tree_bytes"] > TREE_LIMIT
-        else []
-    )
+    result["tree_problems"] = ([f"the tree with the kit is {result['tree_bytes']} bytes (at most {TREE_LIMIT})"]
+                               if result["tree_bytes"] > TREE_LIMIT else [])
     if "verdict" in steps:
         (out / "verdict").mkdir()
-        call = in_kit(
-            tree,
-            python,
-            [
-                "python3",
-                "benchmarks/gpu/graphs.py",
-                "--device",
-                "cpu",
-                "--widths",
-                "2,3",
-                "--steps",
-                "2",
-                "--repeats",
-                "1",
-                "--rows",
-                "fedavg,fedbn",
-                "--rounds",
-                "2",
-                "--samples",
-                "30",
-                "--epochs",
-                "1",
-                "--own-inner-steps",
-                "3",
-                "--own-repeats",
-                "1",
-                "--json",
-                str(out / "verdict" / "graphs.json"),
-            ],
-            900,
-        )  # a loaded CPU: far slower than the device at full size
+        call = in_kit(tree, python, ["python3", "benchmarks/gpu/graphs.py", "--device", "cpu", "--widths", "2,3",
+                                     "--steps", "2", "--repeats", "1", "--rows", "fedavg,fedbn", "--rounds", "2",
+                                     "--samples", "30", "--epochs", "1", "--own-inner-steps", "3", "--own-repeats", "1",
+                                     "--json", str(out / "verdict" / "graphs.json")], 900)  # a loaded CPU: far slower than the device at full size
         figures = out / "verdict" / "graphs.json"
         call["verdict"] = json.loads(figures.read_text()).get("verdict") if figures.exists() else None
         call["returned"], call["returned_problems"] = sizes(out / "verdict"), returned_problems(out / "verdict")
-        if call["status"] == "ok" and (
-            call["returned_problems"]
-            or not call["verdict"]
-            or call["verdict"]["reasons"] != ["no CUDA device: capture not exercised"]
-        ):
+        if call["status"] == "ok" and (call["returned_problems"] or not call["verdict"]
+                                       or call["verdict"]["reasons"] != ["no CUDA device: capture not exercised"]):
             call["status"] = "failed: no verdict, a difference, or returned files over the limits"
         result["calls"]["verdict"] = call
     if "column" in steps:
         result["calls"]["column"] = column_loans(tree, python, out, work)
     if "check" in steps:
         only = ["--only", args.check_only] if args.check_only else []
-        call = in_kit(
-            tree,
-            python,
-            [
-                "python3",
-                "benchmarks/gpu/check.py",
-                "--out",
-                str(out / "check"),
-                "--rehearse",
-                "--work",
-                str(work / "check-work"),
-                *only,
-            ],
-            1300,
-        )  # as check.sh: work outside OUT
+        call = in_kit(tree, python, ["python3", "benchmarks/gpu/check.py", "--out", str(out / "check"), "--rehearse",
+                                     "--work", str(work / "check-work"), *only], 1300)  # as check.sh: work outside OUT
         figures = out / "check" / "check.json"
         if figures.exists():
             graphs = json.loads(figures.read_text())["steps"].get("graphs", {})
@@ -338,35 +238,19 @@ def main(argv: list[str] | None = None) -> int:
             if result["cifar_tree_bytes"] > TREE_LIMIT:
                 result["tree_problems"].append(f"the cifar call's tree is {result['cifar_tree_bytes']} bytes")
             (out / "cifar").mkdir()
-            result["calls"]["cifar"] = in_kit(
-                cifar_tree,
-                python,
-                [  # the plan's cifar call's first half, as written
-                    "bash",
-                    "-c",
-                    f'"$PY" benchmarks/gpu/cifar_travel.py unpack --pack {args.cifar_kit}/data/'
-                    f'cifar10-jpeg.travel --check > "$1"/cifar.json',
-                    "_",
-                    str(out / "cifar"),
-                ],
-                600,
-                kit=args.cifar_kit,
-            )
+            result["calls"]["cifar"] = in_kit(cifar_tree, python, [  # the plan's cifar call's first half, as written
+                "bash", "-c", f'"$PY" benchmarks/gpu/cifar_travel.py unpack --pack {args.cifar_kit}/data/'
+                f'cifar10-jpeg.travel --check > "$1"/cifar.json', "_", str(out / "cifar")], 600, kit=args.cifar_kit)
             if (out / "cifar" / "cifar.json").exists():
                 facts = json.loads((out / "cifar" / "cifar.json").read_text())
-                result["calls"]["cifar"]["facts"] = {
-                    k: facts.get(k)
-                    for k in ("blob_xz_bytes", "unpack_seconds", "check_seconds", "check_ok", "decoded_sha256")
-                }
+                result["calls"]["cifar"]["facts"] = {k: facts.get(k) for k in (
+                    "blob_xz_bytes", "unpack_seconds", "check_seconds", "check_ok", "decoded_sha256")}
         else:
             result["calls"]["cifar"] = {"status": f"skipped: no cifar kit at {REPO / args.cifar_kit}"}
     result["seconds"] = round(time.monotonic() - began, 1)
     result["loadavg"] = os.getloadavg()
-    failed = [
-        name
-        for name, call in result["calls"].items()
-        if not (call["status"] == "ok" or call["status"].startswith("skipped"))
-    ]
+    failed = [name for name, call in result["calls"].items()
+              if not (call["status"] == "ok" or call["status"].startswith("skipped"))]
     result["ok"] = not failed and not result["tree_problems"]
     (out / "rehearse.json").write_text(json.dumps(result, indent=1) + "\n")
     for name, call in result["calls"].items():
@@ -375,11 +259,9 @@ def main(argv: list[str] | None = None) -> int:
         for part in (call, call.get("loan1", {}), call.get("loan2", {})):
             if part.get("status", "ok") != "ok" and "output_tail" in part:
                 print(part["output_tail"][-2000:])
-    print(
-        f"rehearse: the tree as sent with {args.kit}: {result['tree_bytes'] / 2**20:.1f} MiB; "
-        f"{'every call ok' if result['ok'] else 'NOT every call ok: ' + ', '.join(failed + result['tree_problems'])}; "
-        f"{out / 'rehearse.json'}"
-    )
+    print(f"rehearse: the tree as sent with {args.kit}: {result['tree_bytes'] / 2 ** 20:.1f} MiB; "
+          f"{'every call ok' if result['ok'] else 'NOT every call ok: ' + ', '.join(failed + result['tree_problems'])}; "
+          f"{out / 'rehearse.json'}")
     return 0 if result["ok"] else 1
 
 

@@ -8,7 +8,6 @@ package the kit lacks fails the rehearsal here instead of the device's few minut
 
     python benchmarks/gpu/rehearse_env.py FOLDER     # prints the environment's python
 """
-
 from __future__ import annotations
 
 import re
@@ -79,9 +78,8 @@ def build(folder: Path) -> Path:
                 link.symlink_to(entry)
     venv = folder / "venv"
     if not (venv / "bin" / "python").exists():
-        subprocess.run(
-            [getattr(sys, "_base_executable", sys.executable), "-m", "venv", "--without-pip", str(venv)], check=True
-        )
+        subprocess.run([getattr(sys, "_base_executable", sys.executable), "-m", "venv", "--without-pip", str(venv)],
+                       check=True)
     site = next((venv / "lib").glob("python*/site-packages"))
     (site / "device-image.pth").write_text(f"{farm}\n")
     return venv / "bin" / "python"

@@ -7,7 +7,6 @@ process alone. What `resources.gpus` fractions should be follows from it (docs/h
 
     python benchmarks/gpu/sharing.py --device cuda --processes 1,4,8 --rounds 5 --json out.json
 """
-
 from __future__ import annotations
 
 import argparse
@@ -53,34 +52,19 @@ def worker(device: str, rounds: int, samples: int | None, epochs: int | None, st
     result = run_cell(cell, execution=ExecutionOptions(device=device), on_round=lambda info: stamps.append(time.time()))
     timed = stamps[-2] - stamps[0] if len(stamps) > 2 else stamps[-1] - began  # the last round evaluates too
     timed_rounds = len(stamps) - 2 if len(stamps) > 2 else len(stamps)
-    facts = {
-        "samples_per_round": per_round,
-        "timed_rounds": timed_rounds,
-        "seconds": timed,
-        "samples_per_second": per_round * timed_rounds / timed,
-        "began": began,
-        "ended": stamps[-1],
-        "path": result.summary.get("client_batching"),
-    }
+    facts = {"samples_per_round": per_round, "timed_rounds": timed_rounds, "seconds": timed,
+             "samples_per_second": per_round * timed_rounds / timed, "began": began, "ended": stamps[-1],
+             "path": result.summary.get("client_batching")}
     if torch.device(device).type == "cuda":
-        facts["peak_allocated_mib"] = torch.cuda.max_memory_allocated() / 2**20
-        facts["peak_reserved_mib"] = torch.cuda.max_memory_reserved() / 2**20
+        facts["peak_allocated_mib"] = torch.cuda.max_memory_allocated() / 2 ** 20
+        facts["peak_reserved_mib"] = torch.cuda.max_memory_reserved() / 2 ** 20
     return facts
 
 
 def run_count(count: int, args) -> dict:
     start_at = time.time() + 8 + count  # the processes' imports and CUDA contexts first
-    command = [
-        sys.executable,
-        __file__,
-        "--worker",
-        "--device",
-        args.device,
-        "--rounds",
-        str(args.rounds),
-        "--start-at",
-        str(start_at),
-    ]
+    command = [sys.executable, __file__, "--worker", "--device", args.device, "--rounds", str(args.rounds),
+               "--start-at", str(start_at)]
     if args.samples:
         command += ["--samples", str(args.samples)]
     if args.epochs:
@@ -96,14 +80,9 @@ def run_count(count: int, args) -> dict:
     # Together: every sample of the timed rounds over the span in which they ran
     span = max(w["ended"] for w in workers) - min(w["began"] for w in workers)
     total = sum(w["samples_per_second"] for w in workers)
-    return {
-        "processes": count,
-        "workers": workers,
-        "total_samples_per_second": total,
-        "span_seconds": span,
-        "peak_allocated_mib_max": max((w.get("peak_allocated_mib", 0) for w in workers), default=0),
-        "peak_reserved_mib_max": max((w.get("peak_reserved_mib", 0) for w in workers), default=0),
-    }
+    return {"processes": count, "workers": workers, "total_samples_per_second": total, "span_seconds": span,
+            "peak_allocated_mib_max": max((w.get("peak_allocated_mib", 0) for w in workers), default=0),
+            "peak_reserved_mib_max": max((w.get("peak_reserved_mib", 0) for w in workers), default=0)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -118,10 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--start-at", type=float, default=0.0, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
-        print(
-            "WORKER " + json.dumps(worker(args.device, args.rounds, args.samples, args.epochs, args.start_at)),
-            flush=True,
-        )
+        print("WORKER " + json.dumps(worker(args.device, args.rounds, args.samples, args.epochs, args.start_at)),
+              flush=True)
         return 0
     runs = []
     result = {"device": args.device, "cell": "table1 fmnist 10 clients, fedavg", "rounds": args.rounds, "runs": runs}
@@ -129,12 +106,10 @@ def main(argv: list[str] | None = None) -> int:
         runs.append(run_count(count, args))
         alone = runs[0]["total_samples_per_second"]
         runs[-1]["speedup_over_one"] = runs[-1]["total_samples_per_second"] / alone
-        print(
-            f"{count} process(es): {runs[-1]['total_samples_per_second']:.0f} samples/s in all "
-            f"({runs[-1]['speedup_over_one']:.2f}x one alone), peak GPU memory per process "
-            f"{runs[-1]['peak_allocated_mib_max']:.0f} MiB allocated / {runs[-1]['peak_reserved_mib_max']:.0f} MiB reserved",
-            flush=True,
-        )
+        print(f"{count} process(es): {runs[-1]['total_samples_per_second']:.0f} samples/s in all "
+              f"({runs[-1]['speedup_over_one']:.2f}x one alone), peak GPU memory per process "
+              f"{runs[-1]['peak_allocated_mib_max']:.0f} MiB allocated / {runs[-1]['peak_reserved_mib_max']:.0f} MiB reserved",
+              flush=True)
         if args.json:
             Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
     return 0

@@ -25,7 +25,6 @@ Per-FedAvg's Hessian-vector products (its `hf` variant; the default `fo` has non
 
     python benchmarks/gpu/step_count.py --json benchmarks/gpu/step_counts.json   # Tables 1 and 2, a few minutes
 """
-
 from __future__ import annotations
 
 import argparse
@@ -80,24 +79,15 @@ def count_run(cell, epochs: int, data_root=None) -> dict:
     training.ClientModel.__init__ = init
     update = {"rounds": 2, "eval_every": 2, "local_epochs": epochs, "finetune_epochs": epochs}
     try:
-        run_cell(
-            cell.model_copy(update=update),
-            data_root=data_root,
-            on_round=lambda info: after.append(counter.snapshot()),
-            execution=ExecutionOptions(
-                device="cpu", client_batching="off", compiled_training="off", client_threads="off"
-            ),
-        )
+        run_cell(cell.model_copy(update=update), data_root=data_root, on_round=lambda info: after.append(counter.snapshot()),
+                 execution=ExecutionOptions(device="cpu", client_batching="off", compiled_training="off",
+                                            client_threads="off"))
     finally:
         training.ClientModel.__init__ = original
     (grad1, forward1), (grad2, forward2) = after
     clients = cell.clients
-    return {
-        "round_grad": grad1 / clients,
-        "round_forward": forward1 / clients,
-        "eval_grad": (grad2 - 2 * grad1) / clients,
-        "eval_forward": (forward2 - 2 * forward1) / clients,
-    }
+    return {"round_grad": grad1 / clients, "round_forward": forward1 / clients,
+            "eval_grad": (grad2 - 2 * grad1) / clients, "eval_forward": (forward2 - 2 * forward1) / clients}
 
 
 def count_row(cell, data_root=None) -> dict:
@@ -123,28 +113,16 @@ def counting_cell(cell):
         params["classes_per_client"] = 4
     if cell.partition == "dominant":
         params["dominant_classes"] = 2
-    return resolve(
-        cell.model_copy(
-            update={
-                "dataset": "fmnist",
-                "dataset_options": {},
-                "clients": CLIENTS,
-                "participation": 1.0,
-                "partition_params": params,
-                "model": "mlp",
-                "seed": 0,
-            }
-        )
-    )
+    return resolve(cell.model_copy(update={"dataset": "fmnist", "dataset_options": {}, "clients": CLIENTS,
+                                           "participation": 1.0, "partition_params": params, "model": "mlp",
+                                           "seed": 0}))
 
 
 def setting_key(cell) -> str:
     """What the counts depend on besides the epochs: the row, its hyperparameters, the client's data."""
     hp = json.dumps(cell.hp, sort_keys=True, default=str)
-    return (
-        f"{cell.algorithm}|n={cell.partition_params.get('samples_per_client')}|B={cell.batch_size}"
-        f"|val={cell.val_fraction}|{cell.partition}|hp={hp}"
-    )
+    return (f"{cell.algorithm}|n={cell.partition_params.get('samples_per_client')}|B={cell.batch_size}"
+            f"|val={cell.val_fraction}|{cell.partition}|hp={hp}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -165,11 +143,8 @@ def main(argv: list[str] | None = None) -> int:
             key = setting_key(cell)
             if key not in counts:
                 began = time.time()
-                counts[key] = {
-                    **count_row(counting_cell(cell)),
-                    "algorithm": cell.algorithm,
-                    "seconds": round(time.time() - began, 1),
-                }
+                counts[key] = {**count_row(counting_cell(cell)), "algorithm": cell.algorithm,
+                               "seconds": round(time.time() - began, 1)}
                 if args.check:
                     three = count_run(counting_cell(cell), 3)
                     off = {n: three[n] - at_epochs(counts[key][n], 3) for n in three}
@@ -177,12 +152,9 @@ def main(argv: list[str] | None = None) -> int:
                     if any(abs(v) > 1e-9 for v in off.values()):
                         print(f"not affine in the epochs: {key}: {off}", file=sys.stderr)
                 print(f"{key}: {counts[key]}", flush=True)
-    result = {
-        "counts": counts,
-        "seconds": round(time.time() - started, 1),
-        "note": "per client: round_* per joining client and round, eval_* per client and evaluation "
-        "(benchmarks/gpu/step_count.py); FedFomo's candidate scoring counted with 2 clients",
-    }
+    result = {"counts": counts, "seconds": round(time.time() - started, 1),
+              "note": "per client: round_* per joining client and round, eval_* per client and evaluation "
+                      "(benchmarks/gpu/step_count.py); FedFomo's candidate scoring counted with 2 clients"}
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
     return 0

@@ -1,6 +1,5 @@
 """Seconds per step of a timed call, the GPU check's one way to time: CUDA events around the call on a GPU
 (then one synchronisation), the host's clock on a CPU."""
-
 from __future__ import annotations
 
 import time

@@ -9,7 +9,6 @@ algorithm. Timed: the train statistics, beside the normalisation of the pool eve
 (the ratio is the figure to quote; the machine is shared). Also timed: the statistics of a 10-client cell over the whole pool (no samples_per_client),
 the largest train split a cell can have.
 """
-
 import time
 
 import numpy as np
@@ -32,41 +31,18 @@ def row(cell: CellConfig) -> str:
     count = sum(len(splits.train[c]) for c in trained)
     fmt = lambda values: "(" + ", ".join(f"{v:.4f}" for v in values) + ")"
     shift = np.abs(np.subtract(cell_stats.mean, dataset.mean)) / np.asarray(cell_stats.std)  # in train std units
-    return (
-        f"{cell.dataset:13s} {cell.clients:3d} clients {dict(cell.partition_params)}: train splits {count} of "
-        f"{len(dataset)} samples; mean pool {fmt(dataset.mean)} train {fmt(cell_stats.mean)}; std pool "
-        f"{fmt(dataset.std)} train {fmt(cell_stats.std)}; |mean difference| / train std up to "
-        f"{shift.max():.3f}, std ratio train/pool {fmt(np.divide(cell_stats.std, dataset.std))}; {seconds:.3f} s "
-        f"({seconds / normalizing:.2f}x the pool's normalisation, {normalizing:.3f} s)"
-    )
+    return (f"{cell.dataset:13s} {cell.clients:3d} clients {dict(cell.partition_params)}: train splits {count} of "
+            f"{len(dataset)} samples; mean pool {fmt(dataset.mean)} train {fmt(cell_stats.mean)}; std pool "
+            f"{fmt(dataset.std)} train {fmt(cell_stats.std)}; |mean difference| / train std up to "
+            f"{shift.max():.3f}, std ratio train/pool {fmt(np.divide(cell_stats.std, dataset.std))}; {seconds:.3f} s "
+            f"({seconds / normalizing:.2f}x the pool's normalisation, {normalizing:.3f} s)")
 
 
 if __name__ == "__main__":
     for dataset, lr in (("fmnist", 0.05), ("cifar10-jpeg", 0.1)):
         for clients, participation in ((10, 1.0), (100, 0.1)):
-            print(
-                row(
-                    CellConfig(
-                        algorithm="fedavg",
-                        dataset=dataset,
-                        partition="pathological",
-                        partition_params={"classes_per_client": 4, "samples_per_client": 300},
-                        clients=clients,
-                        participation=participation,
-                        lr=lr,
-                        seed=0,
-                    )
-                )
-            )
-        print(
-            row(
-                CellConfig(
-                    algorithm="fedavg",
-                    dataset=dataset,
-                    partition="pathological",
-                    partition_params={"classes_per_client": 4},
-                    clients=10,
-                    seed=0,
-                )
-            )
-        )
+            print(row(CellConfig(algorithm="fedavg", dataset=dataset, partition="pathological",
+                                 partition_params={"classes_per_client": 4, "samples_per_client": 300},
+                                 clients=clients, participation=participation, lr=lr, seed=0)))
+        print(row(CellConfig(algorithm="fedavg", dataset=dataset, partition="pathological",
+                             partition_params={"classes_per_client": 4}, clients=10, seed=0)))

@@ -14,7 +14,6 @@ second checkout won, and the load average before and after. Only the
 default way is timed (the full `pflbench bench` times five ways and takes ten times as long on a busy
 machine).
 """
-
 from __future__ import annotations
 
 import argparse
@@ -48,9 +47,8 @@ def main() -> int:
     load_before = os.getloadavg()
     workers = {}
     for name, python in (("before", args.before), ("after", args.after)):
-        workers[name] = subprocess.Popen(
-            [python, "-c", WORKER, str(args.threads)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-        )
+        workers[name] = subprocess.Popen([python, "-c", WORKER, str(args.threads)], stdin=subprocess.PIPE,
+                                         stdout=subprocess.PIPE, text=True)
         assert workers[name].stdout.readline().strip() == "ready"
 
     def once(name: str) -> float:
@@ -66,30 +64,17 @@ def main() -> int:
         order = ("before", "after") if pair % 2 == 0 else ("after", "before")
         for name in order:
             times[name].append(once(name))
-        print(
-            f"pair {pair + 1}/{args.pairs}: " + ", ".join(f"{n} {times[n][-1]:.3f} s" for n in workers),
-            file=sys.stderr,
-            flush=True,
-        )
+        print(f"pair {pair + 1}/{args.pairs}: " + ", ".join(f"{n} {times[n][-1]:.3f} s" for n in workers),
+              file=sys.stderr, flush=True)
     for worker in workers.values():
         worker.stdin.close()
         worker.wait()
-    result = {
-        name: {
-            "best_s": min(t),
-            "median_s": statistics.median(t),
-            "worst_s": max(t),
-            "best_samples_per_s": SAMPLES / min(t),
-            "median_samples_per_s": SAMPLES / statistics.median(t),
-        }
-        for name, t in times.items()
-    }
-    result["ratio_best_after_over_before"] = (
-        result["after"]["best_samples_per_s"] / result["before"]["best_samples_per_s"]
-    )
-    result["ratio_median_after_over_before"] = (
-        result["after"]["median_samples_per_s"] / result["before"]["median_samples_per_s"]
-    )
+    result = {name: {"best_s": min(t), "median_s": statistics.median(t), "worst_s": max(t),
+                     "best_samples_per_s": SAMPLES / min(t), "median_samples_per_s": SAMPLES / statistics.median(t)}
+              for name, t in times.items()}
+    result["ratio_best_after_over_before"] = result["after"]["best_samples_per_s"] / result["before"]["best_samples_per_s"]
+    result["ratio_median_after_over_before"] = (result["after"]["median_samples_per_s"]
+                                                / result["before"]["median_samples_per_s"])
     pairs = [b / a for b, a in zip(times["before"], times["after"])]  # each pair ran back to back
     result["pair_ratios_median"] = statistics.median(pairs)
     result["pairs_after_faster"] = sum(r > 1 for r in pairs)

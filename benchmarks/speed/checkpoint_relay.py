@@ -8,7 +8,6 @@ checkpoint, seconds per checkpoint and their share of the cell's wall time. docs
         --set clients=10 --set algorithm=fedavg --set seed=0 --set resources.gpus=0 \
         --set rounds=6 --set local_epochs=1 --results /tmp/ckpt-relay
 """
-
 from __future__ import annotations
 
 import argparse
@@ -34,12 +33,8 @@ def one_run(cell, resources, options: RunOptions, mode: str, keeper):
     files = None if mode == "worker-disk" else RelayedCheckpointFile(keeper, cell_hash(cell), 0)
     started = time.perf_counter()
     result = execute_cell(cell, resources, options, checkpoint_files=files)
-    return {
-        "status": result.status,
-        "error": result.error,
-        "cell_seconds": time.perf_counter() - started,
-        **{k: result.summary.get(k) for k in ("checkpoints_written", "checkpoint_bytes", "checkpoint_seconds")},
-    }
+    return {"status": result.status, "error": result.error, "cell_seconds": time.perf_counter() - started,
+            **{k: result.summary.get(k) for k in ("checkpoints_written", "checkpoint_bytes", "checkpoint_seconds")}}
 
 
 def main(argv=None) -> int:
@@ -65,14 +60,8 @@ def main(argv=None) -> int:
     for repeat in range(args.repeats):
         for mode in MODES:
             root = (args.results / f"{mode}-{repeat}").absolute()
-            options = RunOptions(
-                results=root,
-                data_root=data_root(None),
-                mirror=data_mirror(None),
-                checkpoint_every=1,
-                checkpoint_minutes=0,
-                keep_checkpoints=True,
-            )
+            options = RunOptions(results=root, data_root=data_root(None), mirror=data_mirror(None),
+                                 checkpoint_every=1, checkpoint_minutes=0, keep_checkpoints=True)
             keeper = start_keeper(root)
             ray.get(keeper.open.remote(cell_hash(cell), 0))
             row = {"mode": mode, "repeat": repeat, **ray.get(task.remote(cell, plan.resources, options, mode, keeper))}
@@ -83,18 +72,8 @@ def main(argv=None) -> int:
             print(json.dumps(row), flush=True)
             rows.append(row)
             ray.kill(keeper)
-    print(
-        json.dumps(
-            {
-                "cell": cell_hash(cell),
-                "algorithm": cell.algorithm,
-                "dataset": cell.dataset,
-                "clients": cell.clients,
-                "rounds": cell.rounds,
-                "load_average": os.getloadavg(),
-            }
-        )
-    )
+    print(json.dumps({"cell": cell_hash(cell), "algorithm": cell.algorithm, "dataset": cell.dataset,
+                      "clients": cell.clients, "rounds": cell.rounds, "load_average": os.getloadavg()}))
     ray.shutdown()
     return 0
 

@@ -8,7 +8,6 @@ shows where it resumed. The numbers in docs/measurements/index.md ("Round checkp
         --results /tmp/ckpt-measure --checkpoint-every 5 &
     # ... kill -9 it mid-run, then run the same command again: it resumes from the last checkpoint.
 """
-
 from __future__ import annotations
 
 import argparse
@@ -40,25 +39,18 @@ def main(argv=None) -> int:
     if len(plan.cells) != 1:
         raise SystemExit(f"the spec with these --set gives {len(plan.cells)} cells; give one")
     cell = plan.cells[0]
-    options = RunOptions(
-        results=args.results, checkpoint_every=args.checkpoint_every, checkpoint_minutes=args.checkpoint_minutes
-    )
+    options = RunOptions(results=args.results, checkpoint_every=args.checkpoint_every,
+                         checkpoint_minutes=args.checkpoint_minutes)
     checkpointer = cell_checkpointer(cell, options, note=lambda text: print(f"note: {text}", flush=True))
     started = time.perf_counter()
 
     def report(info: dict) -> None:
-        print(
-            f"round {info['round']} of {info['rounds']}: cell wall {time.perf_counter() - started:.1f} s "
-            f"(this process), checkpoints {checkpointer.written} written in {checkpointer.seconds:.3f} s, "
-            f"last {checkpointer.last_bytes} bytes",
-            flush=True,
-        )
+        print(f"round {info['round']} of {info['rounds']}: cell wall {time.perf_counter() - started:.1f} s "
+              f"(this process), checkpoints {checkpointer.written} written in {checkpointer.seconds:.3f} s, "
+              f"last {checkpointer.last_bytes} bytes", flush=True)
 
-    print(
-        f"cell {checkpointer.folder.name}: {cell.algorithm} {cell.dataset} {cell.clients} clients, "
-        f"{cell.rounds} rounds x {cell.local_epochs} epochs, finetune {cell.finetune_epochs}",
-        flush=True,
-    )
+    print(f"cell {checkpointer.folder.name}: {cell.algorithm} {cell.dataset} {cell.clients} clients, "
+          f"{cell.rounds} rounds x {cell.local_epochs} epochs, finetune {cell.finetune_epochs}", flush=True)
     result = run_cell(cell, on_round=report, checkpointer=checkpointer)
     print({k: v for k, v in result.summary.items() if "checkpoint" in k or k in ("wall_time", "status")})
     return 0

@@ -14,7 +14,6 @@ same load; a warm-up round of each mode comes first. `--compiled` adds a third m
     PYTHONPATH=. PFLBENCH_DATA_MIRROR=../shared/data python benchmarks/speed/flbench_round.py \\
         --split ../shared/crosscheck/flbench-fmnist-10c-4cls/partition.pkl --repeats 3 --threads 2
 """
-
 from __future__ import annotations
 
 import argparse
@@ -36,11 +35,9 @@ def load_split(path: str):
         partition = pickle.load(f)
     per_client = partition["data_indices"]
     as_ids = lambda values: np.asarray(values if values is not None else [], dtype=np.int64)  # noqa: E731
-    return ClientSplits(
-        train=[as_ids(c["train"]) for c in per_client],
-        val=[as_ids(c.get("val")) for c in per_client],
-        test=[as_ids(c["test"]) for c in per_client],
-    )
+    return ClientSplits(train=[as_ids(c["train"]) for c in per_client],
+                        val=[as_ids(c.get("val")) for c in per_client],
+                        test=[as_ids(c["test"]) for c in per_client])
 
 
 def timed_round(fed, algorithm, rnd: int) -> dict:
@@ -54,13 +51,8 @@ def timed_round(fed, algorithm, rnd: int) -> dict:
     trained = time.perf_counter()
     accuracy, _ = algorithm.evaluate(Serving(rnd, fed), algorithm.personalized(), ("test",))["test"]
     end = time.perf_counter()
-    return {
-        "train": timing["train"],
-        "server": trained - start - timing["train"],
-        "eval": end - trained,
-        "round": end - start,
-        "accuracy": float(accuracy.mean()),
-    }
+    return {"train": timing["train"], "server": trained - start - timing["train"], "eval": end - trained,
+            "round": end - start, "accuracy": float(accuracy.mean())}
 
 
 def main() -> int:
@@ -81,28 +73,16 @@ def main() -> int:
 
     splits = load_split(args.split)
     dataset = load_dataset("fmnist")
-    cell = CellConfig(
-        algorithm="fedavg",
-        dataset="fmnist",
-        clients=splits.num_clients,
-        batch_size=32,
-        local_epochs=1,
-        lr=0.01,
-        model="cnn",
-        rounds=1000,
-        seed=0,
-    )
+    cell = CellConfig(algorithm="fedavg", dataset="fmnist", clients=splits.num_clients, batch_size=32,
+                      local_epochs=1, lr=0.01, model="cnn", rounds=1000, seed=0)
     from pflbench.simulator import training
     from pflbench.simulator.execution import ExecutionOptions
 
     modes = args.modes.split(",") + (["compiled"] if args.compiled else [])
     # One engine per mode, each with its execution options: "before" is the path before the CPU
     # speed-ups (contiguous convolutions, one client at a time, evaluation in chunks of 4096).
-    execution = {
-        "before": ExecutionOptions(channels_last="off", client_threads="off"),
-        "after": ExecutionOptions(),
-        "compiled": ExecutionOptions(compiled_training="on"),
-    }
+    execution = {"before": ExecutionOptions(channels_last="off", client_threads="off"),
+                 "after": ExecutionOptions(), "compiled": ExecutionOptions(compiled_training="on")}
     engines = {}
     for mode in modes:
         fed = Federation(cell, dataset, splits, execution[mode], FedAvg.capabilities.batched)
@@ -111,13 +91,8 @@ def main() -> int:
         engines[mode] = (fed, algorithm)
     fed = engines[modes[0]][0]
     load = lambda: [round(x, 2) for x in os.getloadavg()]  # noqa: E731
-    result = {
-        "load_before": load(),
-        "threads": args.threads,
-        "train_samples": int(fed.train_sizes.sum()),
-        "path": "batched" if fed.batched else "loop",
-        "rounds": {mode: [] for mode in modes},
-    }
+    result = {"load_before": load(), "threads": args.threads, "train_samples": int(fed.train_sizes.sum()),
+              "path": "batched" if fed.batched else "loop", "rounds": {mode: [] for mode in modes}}
     engine_threads = engines.get("after", engines[modes[0]])[0].client_threads
 
     def set_mode(mode: str):
@@ -132,49 +107,33 @@ def main() -> int:
     compiled_model = engines["compiled"][0].model if "compiled" in engines else None
     result["compile_seconds"] = compiled_model.compile_seconds if compiled_model else 0.0
     result["compiled"] = bool(compiled_model and compiled_model._compiled) and all(
-        v is not None for v in compiled_model._compiled.values()
-    )
+        v is not None for v in compiled_model._compiled.values())
     result["client_threads"] = engine_threads
     for repeat in range(args.repeats):
         for mode in modes:
             measured = timed_round(*set_mode(mode), rnd)
             rnd += 1
             result["rounds"][mode].append(measured)
-            print(
-                f"{mode} {repeat + 1}/{args.repeats}: "
-                + ", ".join(f"{k} {v:.2f}" for k, v in measured.items())
-                + f"  (load {load()})",
-                file=sys.stderr,
-                flush=True,
-            )
+            print(f"{mode} {repeat + 1}/{args.repeats}: " + ", ".join(f"{k} {v:.2f}" for k, v in measured.items())
+                  + f"  (load {load()})", file=sys.stderr, flush=True)
     result["load_after"] = load()
-    median = {
-        mode: {part: statistics.median(r[part] for r in rows) for part in ("train", "server", "eval", "round")}
-        for mode, rows in result["rounds"].items()
-    }
+    median = {mode: {part: statistics.median(r[part] for r in rows) for part in ("train", "server", "eval", "round")}
+              for mode, rows in result["rounds"].items()}
     result["median"] = median
-    print(
-        f"FedAvg on FL-bench's Fashion-MNIST split ({result['train_samples']} train samples, {args.threads} thread(s), "
-        f"{result['path']} path), median of {args.repeats} alternated rounds per mode; load {result['load_before']} "
-        f"-> {result['load_after']}"
-    )
+    print(f"FedAvg on FL-bench's Fashion-MNIST split ({result['train_samples']} train samples, {args.threads} thread(s), "
+          f"{result['path']} path), median of {args.repeats} alternated rounds per mode; load {result['load_before']} "
+          f"-> {result['load_after']}")
     for mode, parts in median.items():
         spread = [r["round"] for r in result["rounds"][mode]]
-        print(
-            f"  {mode:<7} round {parts['round']:6.2f} s (min {min(spread):.2f}, max {max(spread):.2f})  train "
-            f"{parts['train']:6.2f}  server {parts['server']:5.2f}  eval {parts['eval']:5.2f}"
-        )
+        print(f"  {mode:<7} round {parts['round']:6.2f} s (min {min(spread):.2f}, max {max(spread):.2f})  train "
+              f"{parts['train']:6.2f}  server {parts['server']:5.2f}  eval {parts['eval']:5.2f}")
     for mode in (m for m in modes if m != "before" and "before" in modes):
-        print(
-            f"  before / {mode}: round {median['before']['round'] / median[mode]['round']:.2f}, train "
-            f"{median['before']['train'] / median[mode]['train']:.2f}, eval "
-            f"{median['before']['eval'] / median[mode]['eval']:.2f}"
-        )
+        print(f"  before / {mode}: round {median['before']['round'] / median[mode]['round']:.2f}, train "
+              f"{median['before']['train'] / median[mode]['train']:.2f}, eval "
+              f"{median['before']['eval'] / median[mode]['eval']:.2f}")
     if args.compiled:
-        print(
-            f"  compiling took {result['compile_seconds']:.1f} s "
-            f"({'compiled' if result['compiled'] else 'NOT compiled: fell back to eager'})"
-        )
+        print(f"  compiling took {result['compile_seconds']:.1f} s "
+              f"({'compiled' if result['compiled'] else 'NOT compiled: fell back to eager'})")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)

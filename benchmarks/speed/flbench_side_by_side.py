@@ -28,7 +28,6 @@ matplotlib, rich, pyyaml, scikit-learn, scipy, pynvml):
     PYTHONPATH=. PFLBENCH_DATA_MIRROR=../shared/data python benchmarks/speed/flbench_side_by_side.py \\
         --flbench /path/to/FL-bench --flbench-python /path/to/flbench-venv/bin/python --rounds 3
 """
-
 from __future__ import annotations
 
 import argparse
@@ -79,13 +78,8 @@ def flbench_run(flbench: Path, python: str, rounds: int, threads: int) -> float:
     """Wall seconds of one FL-bench FedAvg run of `rounds` rounds."""
     (flbench / "config" / "pflbench_speed.yaml").write_text(CONFIG.format(rounds=rounds))
     start = time.perf_counter()
-    done = subprocess.run(
-        [python, "main.py", "--config-name", "pflbench_speed.yaml"],
-        cwd=flbench,
-        env=thread_env(threads),
-        capture_output=True,
-        text=True,
-    )
+    done = subprocess.run([python, "main.py", "--config-name", "pflbench_speed.yaml"], cwd=flbench,
+                          env=thread_env(threads), capture_output=True, text=True)
     seconds = time.perf_counter() - start
     if done.returncode != 0:
         raise SystemExit(f"FL-bench failed ({done.returncode}):\n{done.stderr[-3000:]}")
@@ -96,25 +90,9 @@ def pflbench_rounds(split: str, rounds: int, threads: int) -> dict:
     """Median seconds per round (round, train, eval) of pflbench's defaults, timed in-process."""
     with tempfile.TemporaryDirectory() as folder:
         out = Path(folder) / "rounds.json"
-        done = subprocess.run(
-            [
-                sys.executable,
-                str(Path(__file__).with_name("flbench_round.py")),
-                "--split",
-                split,
-                "--repeats",
-                str(rounds),
-                "--threads",
-                str(threads),
-                "--modes",
-                "after",
-                "--json",
-                str(out),
-            ],
-            env=thread_env(threads),
-            capture_output=True,
-            text=True,
-        )
+        done = subprocess.run([sys.executable, str(Path(__file__).with_name("flbench_round.py")), "--split", split,
+                               "--repeats", str(rounds), "--threads", str(threads), "--modes", "after",
+                               "--json", str(out)], env=thread_env(threads), capture_output=True, text=True)
         if done.returncode != 0:
             raise SystemExit(f"flbench_round.py failed ({done.returncode}):\n{done.stderr[-3000:]}")
         return json.loads(out.read_text())["median"]["after"]
@@ -134,38 +112,21 @@ def main() -> int:
         short = flbench_run(args.flbench, args.flbench_python, 1, threads)
         print(f"{threads} thread(s): FL-bench 1 round {short:.1f} s (load {load()})", file=sys.stderr, flush=True)
         ours = pflbench_rounds(args.split, args.rounds, threads)
-        print(
-            f"{threads} thread(s): pflbench round {ours['round']:.2f} s, train {ours['train']:.2f}, eval "
-            f"{ours['eval']:.2f} (load {load()})",
-            file=sys.stderr,
-            flush=True,
-        )
+        print(f"{threads} thread(s): pflbench round {ours['round']:.2f} s, train {ours['train']:.2f}, eval "
+              f"{ours['eval']:.2f} (load {load()})", file=sys.stderr, flush=True)
         long = flbench_run(args.flbench, args.flbench_python, 1 + args.rounds, threads)
         theirs = (long - short) / args.rounds
-        print(
-            f"{threads} thread(s): FL-bench {1 + args.rounds} rounds {long:.1f} s -> {theirs:.2f} s a round "
-            f"(load {load()})",
-            file=sys.stderr,
-            flush=True,
-        )
-        results["by_threads"][threads] = {
-            "flbench_round": theirs,
-            "flbench_runs": [short, long],
-            "pflbench": ours,
-            "ratio": theirs / ours["round"],
-            "load": load(),
-        }
+        print(f"{threads} thread(s): FL-bench {1 + args.rounds} rounds {long:.1f} s -> {theirs:.2f} s a round "
+              f"(load {load()})", file=sys.stderr, flush=True)
+        results["by_threads"][threads] = {"flbench_round": theirs, "flbench_runs": [short, long],
+                                          "pflbench": ours, "ratio": theirs / ours["round"], "load": load()}
     results["load_after"] = load()
-    print(
-        f"FedAvg on FL-bench's Fashion-MNIST split, whole rounds (training + one test evaluation), "
-        f"{args.rounds} timed rounds per suite; load {results['load_before']} -> {results['load_after']}"
-    )
+    print(f"FedAvg on FL-bench's Fashion-MNIST split, whole rounds (training + one test evaluation), "
+          f"{args.rounds} timed rounds per suite; load {results['load_before']} -> {results['load_after']}")
     for threads, row in results["by_threads"].items():
-        print(
-            f"  {threads} thread(s): FL-bench {row['flbench_round']:.2f} s a round, pflbench "
-            f"{row['pflbench']['round']:.2f} s (train {row['pflbench']['train']:.2f}, eval "
-            f"{row['pflbench']['eval']:.2f}): FL-bench / pflbench = {row['ratio']:.2f}"
-        )
+        print(f"  {threads} thread(s): FL-bench {row['flbench_round']:.2f} s a round, pflbench "
+              f"{row['pflbench']['round']:.2f} s (train {row['pflbench']['train']:.2f}, eval "
+              f"{row['pflbench']['eval']:.2f}): FL-bench / pflbench = {row['ratio']:.2f}")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
     return 0
