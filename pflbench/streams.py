@@ -45,7 +45,6 @@ from typing import Literal, overload
 import numpy as np
 import torch
 
-from pflbench.round_context import Round
 
 Kind = Literal["torch", "numpy"]
 Entropy = int | list[int] | np.random.SeedSequence
@@ -138,7 +137,7 @@ ENGINE: Mapping[str, Stream] = MappingProxyType(
 
 
 def _entropy(cell_seed: int, stream: StreamLike, round: int | None, client: int | None) -> tuple[Entropy, Kind | None]:
-    if isinstance(round, Round):
+    if getattr(round, "number", None) is not None:  # a round's context (pflbench.round_context.Round)
         raise TypeError(f"stream {str(stream)!r}: give the round's number (rnd.number), not its context")
     declared = stream if isinstance(stream, Stream) and stream.entropy is not None else ENGINE.get(str(stream))
     if declared is not None and declared.entropy is not None:

@@ -378,7 +378,7 @@ def test_list_datasets_says_which_are_available_here(tmp_path, capsys):
 
 
 def test_the_dry_run_every_cell_line_holds_only_what_every_cell_has(tmp_path):
-    from pflbench.run.display import print_plan
+    from pflbench.run.summary import print_plan
     from pflbench.run.spec import parse_spec
     from pflbench.storage.store import Store
 

@@ -183,9 +183,10 @@ def test_editing_the_plugin_gives_its_cells_new_ids_and_leaves_the_built_ins_alo
     assert store.summary(before["my-avg"])["status"] == "finished"  # the old result stays, under the old id
 
     # The report shows one version of the plugin (the one loaded now), never both pooled as seeds.
+    from pflbench.loader.plugins import loaded_versions
     from pflbench.reports.cells import load_cells
 
-    cells = load_cells(results)
+    cells = load_cells(results, plugins=loaded_versions())
     assert set(cells["hash"]) == {cell_hash(c) for c in after.values()}
     assert cells.attrs["notes"] == [
         "2 cells of another version of plugin 'my_avg.py' are left out: the report shows the version loaded now, "

@@ -15,7 +15,7 @@ from rich.console import Console
 from pflbench.algorithm import get_algorithm
 from pflbench.cli import main
 from pflbench.studies.publish import MANIFEST, PublishError, publish, read_manifest, study_state
-from pflbench.reports import ReportOptions
+from pflbench.reports.build import ReportOptions
 from pflbench.run.options import RunOptions
 from pflbench.run.runner import run_plan
 from pflbench.storage.store import METRICS, SUMMARY, check_folder, file_record, read_json_dict, write_json

@@ -14,7 +14,7 @@ import pytest
 from budgets import scaled
 from report_helpers import write_cell
 
-from pflbench.reports import ReportOptions, build_reports
+from pflbench.reports.build import ReportOptions, build_reports
 
 BROWSER = next(
     (shutil.which(name) for name in ("chromium", "chromium-browser", "google-chrome", "chrome") if shutil.which(name)),

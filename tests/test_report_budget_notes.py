@@ -9,7 +9,7 @@ import json
 import pandas as pd
 from report_helpers import write_cell
 
-from pflbench.reports import ReportOptions, build_reports
+from pflbench.reports.build import ReportOptions, build_reports
 from pflbench.reports.budget import budget_text, describe
 from pflbench.reports.cells import load_cells
 from pflbench.reports.progress import HOW_TO_PROVIDE, progress_text, skipped_datasets, store_progress

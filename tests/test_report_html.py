@@ -11,7 +11,7 @@ import pytest
 from report_helpers import dirichlet_alpha, write_cell
 
 from pflbench.cli import main
-from pflbench.reports import ReportOptions, build_reports
+from pflbench.reports.build import ReportOptions, build_reports
 from pflbench.reports.cells import load_cells
 
 HOSTILE = "<script>alert('pwned')</script>"

@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 from report_helpers import write_cell
 
-from pflbench.reports import ReportOptions, build_reports
+from pflbench.reports.build import ReportOptions, build_reports
 from pflbench.reports.cells import load_cells
 from pflbench.reports.protocols import ADAPTED, DEFAULT, PROTOCOLS, Protocol, available
 from pflbench.reports.reference import (

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from report_helpers import write_cell
 
-from pflbench.reports import ReportOptions, build_reports
+from pflbench.reports.build import ReportOptions, build_reports
 from pflbench.reports.build import rank_figure
 from pflbench.reports.cells import load_cells
 from pflbench.reports.protocols import ADAPTED

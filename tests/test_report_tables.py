@@ -186,7 +186,7 @@ def test_cells_of_one_method_with_other_budgets_are_other_rows_never_seeds(tmp_p
 def test_stores_beside_join_the_tables_and_keep_their_own_provenance(tmp_path):
     """`beside` stores (pflbench report --beside, the leaderboard's leaderboard.yaml): their cells join
     the tables as rows told apart by what differs; a cell id in both stores is one cell."""
-    from pflbench.reports import ReportOptions, build_reports
+    from pflbench.reports.build import ReportOptions, build_reports
 
     main, variants = tmp_path / "column", tmp_path / "variants"
     write_cell(main, algorithm="local", accuracies=(0.9, 0.9))
@@ -247,7 +247,7 @@ def test_a_hyperparameter_set_to_none_is_a_setting_of_its_own(tmp_path):
 
 
 def test_an_empty_store_reports_that_it_is_empty(tmp_path):
-    from pflbench.reports import ReportOptions, build_reports
+    from pflbench.reports.build import ReportOptions, build_reports
 
     report = build_reports(tmp_path / "none", tmp_path / "out", ReportOptions(partitions=False))
     assert "no results yet" in report.markdown.read_text() and "no results yet" in report.index.read_text()

@@ -138,7 +138,7 @@ def test_client_batching_option_reaches_every_cell(options):
 def test_user_text_that_looks_like_console_markup_is_printed_as_text(broken_algorithms, options, tmp_path):
     """Spec names, algorithm names and error messages holding `[/x]` neither crash the console nor
     stop the run after the first failed cell (rich would raise MarkupError)."""
-    from pflbench.run.display import print_plan
+    from pflbench.run.summary import print_plan
 
     the_plan = plan([RaisesMarkup.name, "fedavg"], rounds=1)
     the_plan = the_plan.__class__(**{**the_plan.__dict__, "name": "spec [/x] [bold]"})

@@ -225,7 +225,7 @@ def test_no_heterogeneity_cells_no_section(tmp_path):
 
 
 def test_report_and_leaderboard_show_who_copes_and_wall_time(tmp_path):
-    from pflbench.reports import ReportOptions, build_reports
+    from pflbench.reports.build import ReportOptions, build_reports
 
     report = build_reports(_store(tmp_path), tmp_path / "out", ReportOptions(figures=False, partitions=False))
     markdown = report.markdown.read_text()

@@ -412,7 +412,7 @@ def cmd_leaderboard(args: argparse.Namespace) -> int:
     if not args.published.is_dir() and not extra:
         print(f"leaderboard: no published studies at {args.published} (and no --store)", file=sys.stderr)
         return 2
-    from pflbench.reports import ReportOptions
+    from pflbench.reports.build import ReportOptions
     from pflbench.reports.studies import build_leaderboard
 
     from pflbench.studies.publish import PublishError

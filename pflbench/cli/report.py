@@ -81,7 +81,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         if not store.is_dir():
             print(f"report: --beside {store}: no such results store (folder)", file=sys.stderr)
             return 2
-    from pflbench.reports import ReportOptions, build_reports
+    from pflbench.reports.build import ReportOptions, build_reports
     from pflbench.reports.differences import DEFAULT_BASELINE, UnknownBaseline
 
     options = ReportOptions(

@@ -199,7 +199,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise SystemExit("; ".join(tracker_problems(args.trackers)))
     from rich.markup import escape
 
-    from pflbench.run.display import make_console, print_plan
+    from pflbench.run.display import make_console
+    from pflbench.run.summary import print_plan
     from pflbench.simulator.execution import execution_options
     from pflbench.run.options import PrepareError, RunOptions
     from pflbench.run.runner import run_plan

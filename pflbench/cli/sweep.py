@@ -93,7 +93,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     from pflbench.simulator.execution import execution_options
-    from pflbench.run.stops import RunStopped
+    from pflbench.run.options import RunStopped
     from pflbench.run.spec_axes import parse_sets
     from pflbench.tuning.sweep import run_sweep
     from pflbench.tuning.trial import SweepOptions, base_cell

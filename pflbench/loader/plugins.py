@@ -429,6 +429,12 @@ def loaded() -> list[Loaded]:
     return list(_LOADED.values())
 
 
+def loaded_versions() -> dict[str, str]:
+    """The plugins loaded in this process, id -> the sha256 of its source (what a report shows of a
+    plugin whose store holds cells of several versions: `pflbench.reports.cells.load_cells`)."""
+    return {p.source.id: p.source.sha256 for p in loaded()}
+
+
 # ---- the command line ------------------------------------------------------------------------------
 
 PLUGIN_COMMANDS = ("run", "sweep", "report", "list")

@@ -18,8 +18,7 @@ One idea per module, each reading only what the one before it produced:
     figures.py    matplotlib figures (PNG and SVG); each returns the data it drew
     site.py       the self-contained HTML leaderboard (Jinja2 templates in templates/)
     build.py      everything above for one store: `build_reports(results, out)`
+
+(`from pflbench.reports.build import build_reports`: the package itself imports nothing, so a module of it
+loads only what it needs.)
 """
-
-from pflbench.reports.build import ReportOptions, build_reports
-
-__all__ = ["ReportOptions", "build_reports"]

@@ -12,7 +12,8 @@ from typing import Any
 
 import pandas as pd
 
-from pflbench.reports.cells import display_name, format_value
+from pflbench.reports.cells import display_name
+from pflbench.reports.knobs import format_value
 from pflbench.reports.columns import Column
 
 SAMPLE_KEYS = (

@@ -29,6 +29,7 @@ import numpy as np
 import pandas as pd
 
 from pflbench.reports import figures as fig
+from pflbench.loader.plugins import loaded_versions
 from pflbench.reports.cells import load_cells, read_artifacts, read_config, read_metrics
 from pflbench.reports.heterogeneity import cope_tables
 from pflbench.reports.heterogeneity import latex_section as heterogeneity_latex
@@ -87,7 +88,7 @@ def build_reports(results: str | Path, out: str | Path, options: ReportOptions =
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    cells = load_cells(results, options.beside)
+    cells = load_cells(results, options.beside, plugins=loaded_versions())
     version_notes = list(cells.attrs.get("notes", []))  # cells of a user's plugin's other versions left out
     references = load_references(options.reference or default_reference_dir())
     made: dict[Protocol, list[Table]] = {}

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
+from pflbench.reports.knobs import format_value
 from pflbench.reports.protocols import ALL_KEYS, ROUND_KEYS
 from pflbench.storage.store import ARTIFACTS, CONFIG, ERROR, METRICS, ROUNDS, load_store
 
@@ -62,26 +63,20 @@ def card(algorithm: str) -> Card:
 def algorithm_class(algorithm: str) -> type[Algorithm[Any]] | None:
     """The registered class of `algorithm`, or None (e.g. a plugin's, not loaded here)."""
     from pflbench.algorithm import ALGORITHMS
-    from pflbench.loader.plugins import load_builtins
 
-    load_builtins()
     return ALGORITHMS.get(algorithm) if algorithm in ALGORITHMS else None
 
 
 def dataset_class(dataset: str) -> type[Source] | None:
     from pflbench.data.sources import DATASETS
-    from pflbench.loader.plugins import load_builtins
 
-    load_builtins()
     return DATASETS.get(dataset) if dataset in DATASETS else None
 
 
 def display_names() -> dict[str, str]:
     """Every known algorithm's display name (registered or stored), by name."""
     from pflbench.algorithm import ALGORITHMS
-    from pflbench.loader.plugins import load_builtins
 
-    load_builtins()
     return {name: card(name).display_name for name in sorted({*ALGORITHMS.names(), *STORED_CARDS})}
 
 
@@ -91,9 +86,7 @@ class _DatasetAliases(Mapping[str, tuple[str, str]]):
 
     def _table(self) -> dict[str, tuple[str, str]]:
         from pflbench.data.sources import DATASETS
-        from pflbench.loader.plugins import load_builtins
 
-        load_builtins()
         return {
             name: (cls.paper_dataset, cls.paper_dataset_note) for name, cls in DATASETS.items() if cls.paper_dataset
         }
@@ -174,14 +167,6 @@ def dataset_rank(dataset: str) -> tuple:
     return (_ordered(cls.row_order if cls is not None else None), dataset)
 
 
-def format_value(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{value:g}"
-    if isinstance(value, str):
-        return value
-    return json.dumps(value)
-
-
 def printed_value(value: Any) -> str | None:
     """A configuration value as the report prints it (100 and 100.0 alike: "100"), None where the cell
     has none (None or NaN); a value JSON cannot write (an array read back from parquet) as str() gives it."""
@@ -203,7 +188,9 @@ def params_label(row: pd.Series, prefix: str = "partition_params.") -> str:
     return ", ".join(f"{k}={format_value(v)}" for k, v in sorted(items.items()))
 
 
-def load_cells(results: str | Path, beside: Sequence[str | Path] = ()) -> pd.DataFrame:
+def load_cells(
+    results: str | Path, beside: Sequence[str | Path] = (), plugins: Mapping[str, str] | None = None
+) -> pd.DataFrame:
     """One row per cell with a result (see `pflbench.storage.store.load_store`), every column the reports use
     present, plus `params` (the partition parameters as text) and `mbytes` (down + up, in MB). The cells
     of the `beside` stores join those of `results` (a cell id found twice is one cell: the first store's);
@@ -231,7 +218,7 @@ def load_cells(results: str | Path, beside: Sequence[str | Path] = ()) -> pd.Dat
     for column in dict.fromkeys(NUMERIC_COLUMNS):
         cells[column] = pd.to_numeric(cells[column], errors="coerce")
     cells["finetune_epochs"] = pd.to_numeric(cells["finetune_epochs"], errors="coerce").fillna(0).astype(int)
-    cells, notes = current_plugin_versions(cells)
+    cells, notes = current_plugin_versions(cells, plugins or {})
     remember_cards(cells)
     order = cells.apply(
         lambda r: (
@@ -251,14 +238,12 @@ def load_cells(results: str | Path, beside: Sequence[str | Path] = ()) -> pd.Dat
 PLUGIN_PREFIX = "plugin_hashes."
 
 
-def current_plugin_versions(cells: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
+def current_plugin_versions(cells: pd.DataFrame, loaded: Mapping[str, str]) -> tuple[pd.DataFrame, list[str]]:
     """The cells of one version of each plugin, and a note per plugin whose other versions were left
     out. A store keeps the cells of every version of a user's plugin (each version's cells have their
     own ids); a report shows one: the version loaded now (`--plugin`), else the one whose cells
-    finished last. Built-in cells have no plugin hash and are never left out."""
-    from pflbench.loader import plugins
-
-    loaded = {p.source.id: p.source.sha256 for p in plugins.loaded()}
+    finished last. Built-in cells have no plugin hash and are never left out. `loaded`: the plugins
+    loaded in this process, id -> sha256 (`pflbench.loader.plugins.loaded_versions()`)."""
     notes = []
     for column in [c for c in cells.columns if c.startswith(PLUGIN_PREFIX)]:
         plugin = column.removeprefix(PLUGIN_PREFIX)

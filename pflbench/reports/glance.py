@@ -48,6 +48,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from pflbench.loader.plugins import loaded_versions
 from pflbench.reports.cells import card, display_name, load_cells, read_artifacts
 from pflbench.reports.columns import Column
 from pflbench.reports.protocols import ADAPTED, DEFAULT, Protocol
@@ -327,7 +328,7 @@ def column_studies(published: Path) -> list[tuple[Path, str]]:
             continue
         dataset = match.group("dataset")
         if dataset is not None:
-            cells = load_cells(folder)
+            cells = load_cells(folder, (), plugins=loaded_versions())
             if cells.empty or set(cells["dataset"].astype(str)) != {dataset}:
                 continue  # a variant of a column (`table1-full-175`), not a dataset of its own
         out.append((folder, match.group("table")))
@@ -377,7 +378,7 @@ def _column_cells(cells: pd.DataFrame) -> tuple[Column, str] | None:
 def build_column(
     folder: Path, beside: Sequence[Path], reference: Reference | None, table: str, level: float, variant_of: str = ""
 ) -> GlanceColumn | None:
-    cells = load_cells(folder, beside)
+    cells = load_cells(folder, beside, plugins=loaded_versions())
     found = _column_cells(cells)
     if found is None:
         return None
@@ -607,7 +608,7 @@ def attach_alpha(glance: Glance, published: Path) -> None:
     (the last all have) and layer (the last)."""
     from pflbench.studies.publish import studies
 
-    stores = {folder.name: load_cells(folder) for folder in studies(published)}
+    stores = {folder.name: load_cells(folder, (), plugins=loaded_versions()) for folder in studies(published)}
     for column in glance.reproduced:
         base = next((r for r in column.rows if r.algorithm == "pfedla"), None)
         if base is None or base.ours is None or not base.ours.paths:

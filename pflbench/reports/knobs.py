@@ -4,12 +4,22 @@ report (pflbench/reports/heterogeneity.py)."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pandas as pd
 
 from pflbench.config import HETEROGENEITY_FIELDS
-from pflbench.reports.cells import format_value
+
+
+def format_value(value: Any) -> str:
+    """A setting's value as a report prints it: floats short (`0.3`, `1e-05`), strings as they are, the rest as JSON."""
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, str):
+        return value
+    return json.dumps(value)
+
 
 OFF = "off"
 

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from pflbench.reports.cells import algorithm_rank, display_name, format_value, is_reference, printed_value
+from pflbench.reports.cells import algorithm_rank, display_name, is_reference, printed_value
+from pflbench.reports.knobs import format_value
 
 TUNED = "†"
 

@@ -148,6 +148,7 @@ def study_groups(published: str | Path, glance: Glance | None) -> dict[str, str]
     """{study: "reproduction" | "variant" | "other"}: a reproduced column's study and those beside it;
     then a study with cells on a reproduced column's dataset, scheme and clients (another setting, a
     variant method, a control); the rest."""
+    from pflbench.loader.plugins import loaded_versions
     from pflbench.reports.cells import load_cells
 
     kinds: dict[str, str] = {}
@@ -160,7 +161,7 @@ def study_groups(published: str | Path, glance: Glance | None) -> dict[str, str]
     for folder in studies(published):
         if folder.name in kinds:
             continue
-        cells = load_cells(folder)
+        cells = load_cells(folder, (), plugins=loaded_versions())
         if len(cells) and any(
             (str(d), str(p), int(n)) in keys for d, p, n in zip(cells["dataset"], cells["partition"], cells["clients"])
         ):

@@ -16,7 +16,8 @@ from pflbench.run.preemption import (
 )
 from pflbench.run.recording import GroupRecorder, record, take
 from pflbench.run.spec import Plan
-from pflbench.run.stops import DISK_FULL_EXIT, RunStopped, disk_full_line, preempted_line, stopped_cell
+from pflbench.run.options import RunStopped
+from pflbench.run.stops import DISK_FULL_EXIT, disk_full_line, preempted_line, stopped_cell
 from pflbench.storage.checkpoint import CheckpointFile
 from pflbench.storage.store import DiskFull, Store
 

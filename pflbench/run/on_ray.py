@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import time
 import traceback
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -15,9 +14,10 @@ from pflbench.run.cell import _noting, _posting, execute_cell, execute_group, fa
 from pflbench.run.display import Display, label
 from pflbench.run.memory import ENDED_BY_THE_SIGNAL, cause_of, worker_lost
 from pflbench.run.node_data import DataFingerprint, NodeDataError, check_node_data
-from pflbench.run.options import PrepareError, RunOptions
+from pflbench.run.options import PrepareError, RunOptions, RunStopped
 from pflbench.run.preemption import (
     PREEMPTED_EXIT,
+    BoardStop,
     Preempted,
     Preemption,
     keeping_signals,
@@ -25,7 +25,7 @@ from pflbench.run.preemption import (
 from pflbench.run.ray_cluster import ClusterError, connect_ray, on_driver_node, ray_capacity, task_resources, this_node
 from pflbench.run.recording import record, take
 from pflbench.run.spec import Plan, Resources
-from pflbench.run.stops import DISK_FULL_EXIT, RunStopped, checkpoint_round, disk_full_line, next_run, stopped_cell
+from pflbench.run.stops import DISK_FULL_EXIT, checkpoint_round, disk_full_line, next_run, stopped_cell
 from pflbench.storage.checkpoint import CheckpointFile
 from pflbench.storage.store import HEARTBEAT, DiskFull, Store
 
@@ -95,28 +95,6 @@ def start_board() -> Any:  # a Ray actor handle of a ProgressBoard
     import ray
 
     return ray.remote(num_cpus=0)(ProgressBoard).options(scheduling_strategy=on_driver_node()).remote()
-
-
-class BoardStop:
-    """A Ray worker's `StopRequest`: the driver's stop, read from the progress board (at most every
-    `every` seconds, so a cell of short rounds does not wait on the board each round)."""
-
-    def __init__(self, board: Any, every: float = 0.5, clock: Callable[[], float] = time.monotonic) -> None:
-        self.board, self.every, self.clock = board, every, clock
-        self.signal: str | None = None
-        self._asked = float("-inf")
-
-    @property
-    def requested(self) -> bool:
-        import ray
-
-        if self.signal is None and self.clock() - self._asked >= self.every:
-            self._asked = self.clock()
-            self.signal = ray.get(self.board.stop_requested.remote())
-        return self.signal is not None
-
-    def round_ended(self) -> None:
-        pass
 
 
 def _ray_task(

@@ -10,7 +10,6 @@ from pflbench.run.display import PROBLEMS
 from pflbench.run.preemption import (
     DEFAULT_GRACE_SECONDS,
 )
-from pflbench.run.stops import RunStopped
 from pflbench.run.trackers import TrackerOptions
 from pflbench.simulator.execution import ExecutionOptions
 from pflbench.storage.checkpoint import DEFAULT_MINUTES, CheckpointFile, CheckpointPolicy
@@ -21,6 +20,15 @@ if TYPE_CHECKING:
     # Where a cell's checkpoint is read and written: this machine's files, or on a Ray worker the keeper's
     # (a RelayedCheckpointFile has CheckpointFile's methods; `Checkpointer` names only CheckpointFile).
     CheckpointFiles = CheckpointFile | RelayedCheckpointFile
+
+
+class RunStopped(Exception):
+    """The run stopped before its last cell; `line` says why, where and how it continues (one line);
+    `exit_code`: PREEMPTED_EXIT or DISK_FULL_EXIT."""
+
+    def __init__(self, line: str, exit_code: int):
+        super().__init__(line)
+        self.line, self.exit_code = line, exit_code
 
 
 @dataclass(frozen=True)

@@ -44,10 +44,10 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
 from typing import Any, Protocol
-from collections.abc import Callable, Iterator
 
 PREEMPTED_EXIT = 75  # sysexits' EX_TEMPFAIL: the run stopped on request; running it again continues it
 DEFAULT_GRACE_SECONDS = 25.0
@@ -157,6 +157,28 @@ class StopRequest(Protocol):
     def requested(self) -> bool: ...
 
     def round_ended(self) -> None: ...
+
+
+class BoardStop:
+    """A Ray worker's `StopRequest`: the driver's stop, read from the progress board (at most every
+    `every` seconds, so a cell of short rounds does not wait on the board each round)."""
+
+    def __init__(self, board: Any, every: float = 0.5, clock: Callable[[], float] = time.monotonic) -> None:
+        self.board, self.every, self.clock = board, every, clock
+        self.signal: str | None = None
+        self._asked = float("-inf")
+
+    @property
+    def requested(self) -> bool:
+        import ray
+
+        if self.signal is None and self.clock() - self._asked >= self.every:
+            self._asked = self.clock()
+            self.signal = ray.get(self.board.stop_requested.remote())
+        return self.signal is not None
+
+    def round_ended(self) -> None:
+        pass
 
 
 _current: list[StopRequest] = []

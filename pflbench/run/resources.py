@@ -10,6 +10,7 @@ given is always used first.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 from pathlib import Path
 
 SHIPPED_PREFIX = "benchmarks"
@@ -17,9 +18,9 @@ SHIPPED_PREFIX = "benchmarks"
 
 def benchmarks_dir() -> Path:
     """The folder of the specs shipped with pflbench."""
-    import pflbench.benchmarks
-
-    return Path(pflbench.benchmarks.__file__).parent
+    spec = importlib.util.find_spec("pflbench.benchmarks")
+    assert spec is not None and spec.origin is not None, "pflbench is installed without its benchmarks package"
+    return Path(spec.origin).parent
 
 
 def resolve_spec(text: str) -> str:

@@ -66,7 +66,8 @@ from rich.console import Console
 from rich.markup import escape
 
 from pflbench.config import CellConfig, cell_hash
-from pflbench.run.display import Display, label, make_console, print_summary
+from pflbench.run.display import Display, label, make_console
+from pflbench.run.summary import print_summary
 from pflbench.run.in_process import run_in_process
 from pflbench.run.node_data import DataFingerprint, fingerprint
 from pflbench.run.on_ray import Heartbeat, run_on_ray
@@ -76,7 +77,8 @@ from pflbench.run.preemption import (
 )
 from pflbench.run.ray_cluster import this_node
 from pflbench.run.spec import Plan, describe_partition
-from pflbench.run.stops import RunStopped, acknowledge
+from pflbench.run.options import RunStopped
+from pflbench.run.stops import acknowledge
 from pflbench.storage.checkpoint import CheckpointFile
 from pflbench.storage.store import COMPLETE, DAMAGED, Store
 

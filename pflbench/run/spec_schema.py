@@ -20,9 +20,7 @@ if TYPE_CHECKING:
 
 def _algorithms() -> AlgorithmRegistry:
     from pflbench.algorithm import ALGORITHMS
-    from pflbench.loader.plugins import load_builtins
 
-    load_builtins()  # the built-in algorithms, and installed packages' plugins
     return ALGORITHMS
 
 
@@ -40,9 +38,6 @@ def _check_dataset(name: str) -> str:
 
 def _check_scheme(name: str) -> str:
     from pflbench.data.partitioning import PARTITIONS
-    from pflbench.loader.plugins import load_builtins
-
-    load_builtins()  # the built-in schemes, and installed packages' plugins
 
     PARTITIONS.get(name)
     return name

@@ -25,15 +25,6 @@ if TYPE_CHECKING:
 DISK_FULL_EXIT = 74  # sysexits' EX_IOERR: a write failed for lack of space; free some and run again
 
 
-class RunStopped(Exception):
-    """The run stopped before its last cell; `line` says why, where and how it continues (one line);
-    `exit_code`: PREEMPTED_EXIT or DISK_FULL_EXIT."""
-
-    def __init__(self, line: str, exit_code: int):
-        super().__init__(line)
-        self.line, self.exit_code = line, exit_code
-
-
 def disk_full_line(full: DiskFull, cell: CellConfig | None, store: Store, others: tuple[CellConfig, ...] = ()) -> str:
     """The one line a run stopped by a full disk ends with (module doc): `cell`, the one whose write failed,
     and `others`, the cells stopped with it (on Ray: those running at the time, cancelled)."""

@@ -115,9 +115,8 @@ def source_files(algorithm_cls: type) -> dict[str, Path]:
     numbers (the runner, the store, the CLI, reports, publishing) keeps a checkpoint resumable; a change to
     anything the computation imports retires it. The built-in algorithms (pflbench/algorithms/) are named
     "algorithms/<file>", as when that folder was at the repository's top level."""
-    import pflbench
 
-    package = Path(pflbench.__file__).parent.resolve()
+    package = Path(__file__).resolve().parents[1]
     own = set()
     for cls in inspect.getmro(algorithm_cls):
         try:

@@ -123,7 +123,8 @@ def run_sweep(
     one line where each trial stopped and that `--resume <folder>` continues the sweep."""
     from pflbench.data import data_mirror, data_root
     from pflbench.run.ray_cluster import ClusterError, connect_ray
-    from pflbench.run.stops import RunStopped, acknowledge
+    from pflbench.run.options import RunStopped
+    from pflbench.run.stops import acknowledge
     from pflbench.simulator.rounds import prepare_cell
 
     if options.trials < 1:

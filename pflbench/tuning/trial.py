@@ -198,7 +198,7 @@ def run_trial(
     from ray import tune
 
     from pflbench.loader.plugins import activate
-    from pflbench.run.on_ray import BoardStop
+    from pflbench.run.preemption import BoardStop
     from pflbench.simulator.rounds import run_cell
 
     activate(plugins)  # the user's plugins, in this Ray worker, before the trial's cell is resolved
