@@ -48,8 +48,8 @@ from pflbench.api_types import SGD, Objective, State, cross_entropy
 from pflbench.round_context import Round
 from pflbench.streams import StreamLike
 
-if TYPE_CHECKING:  # the one engine type the interface names: the model's layout (pflbench.simulator.training)
-    from pflbench.simulator.training import ClientModel
+if TYPE_CHECKING:  # the one engine type the interface names: the model (pflbench.simulator.client_model)
+    from pflbench.simulator.client_model import ClientModel
 
 __all__ = ["MEMBERS", "Budget", "Engine", "TrainResult"]
 

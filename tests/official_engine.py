@@ -12,7 +12,8 @@ import torch
 from torch import nn
 
 from pflbench.engine import Budget, TrainResult
-from pflbench.simulator.training import SGD, ClientModel, train_clients
+from pflbench.simulator.client_model import ClientModel
+from pflbench.simulator.training import SGD, train_clients
 
 
 class TinyNet(nn.Module):

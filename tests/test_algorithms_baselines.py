@@ -13,7 +13,8 @@ from pflbench.algorithms.pfedme import PFedMe
 from pflbench.algorithm import Payload, get_algorithm
 from pflbench.simulator.rounds import run_cell, run_round
 from pflbench.simulator.models import build_model
-from pflbench.simulator.training import ClientModel, batch_plan
+from pflbench.simulator.client_model import ClientModel
+from pflbench.simulator.training import batch_plan
 from cells import assert_batched_matches_loop, federation as _federation, received, small_cell as _cell
 
 

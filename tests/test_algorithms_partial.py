@@ -8,7 +8,7 @@ from pflbench.config import CellConfig
 from pflbench.simulator.federation import Federation
 from pflbench.simulator.rounds import prepare_cell, run_cell, run_round
 from pflbench.simulator.models import build_model
-from pflbench.simulator.training import ClientModel
+from pflbench.simulator.client_model import ClientModel
 
 
 def _cell(**overrides):

@@ -182,7 +182,8 @@ def test_the_captured_step_matches_the_eager_step_on_the_device(tmp_path):
     step, so the same numbers up to the update's form (a tensor learning rate: `addcmul`); on the CPU
     (the rehearsal) it runs eagerly and gives the eager step's bits."""
     from pflbench.simulator.models import build_model
-    from pflbench.simulator.training import SGD, ClientModel, _train_group, batch_plan, cross_entropy
+    from pflbench.simulator.client_model import ClientModel
+    from pflbench.simulator.training import SGD, _train_group, batch_plan, cross_entropy
 
     gen = torch.Generator().manual_seed(0)
     model = ClientModel(build_model("cnn-bn", (3, 32, 32), 10))

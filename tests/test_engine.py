@@ -9,7 +9,8 @@ from pflbench.config import CellConfig
 from pflbench.simulator.federation import sample_schedule
 from pflbench.simulator.rounds import run_cell
 from pflbench.simulator.models import build_model
-from pflbench.simulator.training import SGD, ClientModel, batch_plan, evaluate_client_splits, train_clients
+from pflbench.simulator.client_model import ClientModel
+from pflbench.simulator.training import SGD, batch_plan, evaluate_client_splits, train_clients
 
 
 def _clients(sizes):

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from cells import federation, small_cell
 from pflbench.simulator.models import CNN, MLP
 from pflbench.kit.feature_training import forward_with_features, head_of, train_with_features
-from pflbench.simulator.training import ClientModel
+from pflbench.simulator.client_model import ClientModel
 
 
 def _stacked(model, clients):

@@ -12,7 +12,8 @@ from torch import nn
 from cells import assert_batched_matches_loop, small_cell
 from pflbench.algorithms.fedala import FedALA
 from pflbench.simulator.rounds import run_cell
-from pflbench.simulator.training import ClientModel, weighted_mean
+from pflbench.simulator.client_model import ClientModel
+from pflbench.simulator.training import weighted_mean
 
 FIXTURE = torch.load(Path(__file__).parent / "fixtures" / "official" / "fedala" / "fedala.pt")
 

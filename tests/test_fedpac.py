@@ -23,7 +23,8 @@ from pflbench.algorithms.fedpac import (
 from pflbench.payload import Payload
 from pflbench.kit.representation import Split
 from pflbench.simulator.rounds import run_cell
-from pflbench.simulator.training import SGD, ClientModel, train_clients
+from pflbench.simulator.client_model import ClientModel
+from pflbench.simulator.training import SGD, train_clients
 
 FIXTURE = torch.load(Path(__file__).parent / "fixtures" / "official" / "fedpac" / "fedpac.pt", weights_only=False)
 CLOSE = dict(rtol=1e-5, atol=1e-6)

@@ -11,7 +11,8 @@ from cells import small_cell
 from pflbench.algorithms.fedrod import RoDNet, rod_loss
 from pflbench.kit.representation import Split
 from pflbench.simulator.rounds import run_cell
-from pflbench.simulator.training import SGD, ClientModel, train_clients, weighted_mean
+from pflbench.simulator.client_model import ClientModel
+from pflbench.simulator.training import SGD, train_clients, weighted_mean
 
 FIXTURE = torch.load(Path(__file__).parent / "fixtures" / "official" / "fedrod" / "fedrod.pt")
 

@@ -136,7 +136,7 @@ METHOD_API = {
     "pflbench.streams",
 }
 # The one name it takes from outside, in annotations only: the engine's model layout (`Engine.model`).
-TYPE_ONLY = [("pflbench.engine", "pflbench.simulator.training")]
+TYPE_ONLY = [("pflbench.engine", "pflbench.simulator.client_model")]
 
 
 def _outside(modules: dict[str, Path], api: set[str], types: bool) -> list[tuple[str, str]]:
@@ -162,3 +162,24 @@ def test_the_method_apis_types_are_importable_from_where_they_were():
     for name in ("State", "SGD", "Objective", "Diverged", "cross_entropy", "weighted_mean"):
         assert getattr(training, name) is getattr(api_types, name)
     assert rounds.CellResult is api_types.CellResult
+
+
+def _levels(graph: dict[str, set[str]]) -> list[str]:
+    """The longest import chain (every import counts, those for type checking included), its first module first."""
+    memo: dict[str, list[str]] = {}
+
+    def chain(name: str) -> list[str]:
+        if name not in memo:
+            below = [chain(target) for target in sorted(graph[name])]
+            memo[name] = [name, *max(below, key=len, default=[])]
+        return memo[name]
+
+    return max((chain(name) for name in sorted(graph)), key=len)
+
+
+def test_the_package_reads_in_at_most_16_import_levels():
+    """docs/explanation/house.md: a module reached from the command line through at most 16 levels of imports."""
+    assert _levels({"a": {"b"}, "b": {"c"}, "c": set(), "d": {"c"}}) == ["a", "b", "c"]
+    modules = _modules()
+    longest = _levels({name: _imports(name, path, modules) for name, path in modules.items()})
+    assert len(longest) <= 16, " -> ".join(longest)

@@ -12,14 +12,8 @@ from pflbench.simulator import training
 from pflbench.simulator.execution import ExecutionOptions
 from pflbench.simulator.rounds import run_cell
 from pflbench.simulator.models import build_model
-from pflbench.simulator.training import (
-    SGD,
-    ClientModel,
-    batch_plan,
-    evaluate_client_splits,
-    to_channels_last,
-    train_clients,
-)
+from pflbench.simulator.client_model import ClientModel, to_channels_last
+from pflbench.simulator.training import SGD, batch_plan, evaluate_client_splits, train_clients
 from tests.cells import small_cell
 
 

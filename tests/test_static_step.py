@@ -17,7 +17,8 @@ from pflbench.simulator.execution import ExecutionOptions, execution_options
 from pflbench.simulator.models import build_model
 from pflbench.simulator.row_rates import RowRates
 from pflbench.simulator.rounds import run_cell
-from pflbench.simulator.training import SGD, ClientModel, _train_group, batch_plan, cross_entropy, to_channels_last
+from pflbench.simulator.client_model import ClientModel, to_channels_last
+from pflbench.simulator.training import SGD, _train_group, batch_plan, cross_entropy
 from test_cell_groups import IMAGES, BN_IMAGES, assert_identical
 from test_fused_steps import same_bits
 

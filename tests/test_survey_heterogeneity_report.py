@@ -13,7 +13,8 @@ from pflbench.reports.cells import load_cells
 from pflbench.reports.heterogeneity import NEWCOMER_KEY, OFF, cope_tables, markdown_section
 from pflbench.run.spec import load_spec
 from pflbench.storage.store import Store
-from pflbench.simulator.training import SGD, ClientModel, batch_plan, train_clients
+from pflbench.simulator.client_model import ClientModel
+from pflbench.simulator.training import SGD, batch_plan, train_clients
 from tests.report_helpers import cell_result
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"

@@ -126,7 +126,8 @@ def step_part(device: str, widths: list[int], batch: int, steps: int, repeats: i
     import torch
 
     from pflbench.simulator.models import build_model
-    from pflbench.simulator.training import SGD, ClientModel, _train_group, batch_plan, cross_entropy
+    from pflbench.simulator.client_model import ClientModel
+    from pflbench.simulator.training import SGD, _train_group, batch_plan, cross_entropy
 
     cuda = device.startswith("cuda")
     model = ClientModel(build_model("cnn", (1, 28, 28), 10))

@@ -56,7 +56,8 @@ from torch import Tensor, nn
 from pflbench.algorithm import ALGORITHMS, Capabilities, Card, ClientRound, Hyperparams, Payload, Round
 from pflbench.fedavg import FedAvg
 from pflbench.kit.representation import Split
-from pflbench.simulator.training import ClientModel, State
+from pflbench.simulator.client_model import ClientModel
+from pflbench.simulator.training import State
 
 HEAD_STREAM = "batches.fedpac-head"  # the head epoch's batch order (a stream of its own)
 STATS = ("fedpac.v", "fedpac.h", "fedpac.protos", "fedpac.counts")  # what a client uploads beside its model

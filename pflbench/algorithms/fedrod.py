@@ -51,7 +51,8 @@ from pflbench.algorithm import ALGORITHMS, Card, ClientRound, Hyperparams, Servi
 from pflbench.engine import Engine
 from pflbench.fedavg import FedAvg
 from pflbench.kit.representation import Split
-from pflbench.simulator.training import ClientModel, State
+from pflbench.simulator.client_model import ClientModel
+from pflbench.simulator.training import State
 
 PERSONAL = "personal"  # the composite's personal head
 

@@ -75,7 +75,8 @@ from pflbench.algorithm import (
 )
 from pflbench.simulator.models import ModelName, build_model
 from pflbench.kit.steps import step_ids
-from pflbench.simulator.training import ClientModel, Diverged, Objective, State, cross_entropy
+from pflbench.simulator.client_model import ClientModel
+from pflbench.simulator.training import Diverged, Objective, State, cross_entropy
 
 if TYPE_CHECKING:
     from pflbench.config import CellConfig

@@ -27,7 +27,8 @@ from torch.func import functional_call, vmap
 from pflbench.round_context import Round
 from pflbench.kit.steps import step_plan
 from pflbench.streams import StreamLike
-from pflbench.simulator.training import SGD, ClientModel, Diverged, State, to_channels_last
+from pflbench.simulator.client_model import ClientModel, to_channels_last
+from pflbench.simulator.training import SGD, Diverged, State
 
 if TYPE_CHECKING:
     from pflbench.engine import Engine

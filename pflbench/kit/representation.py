@@ -26,7 +26,8 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from pflbench.simulator.training import ClientModel, State
+from pflbench.simulator.client_model import ClientModel
+from pflbench.simulator.training import State
 
 BODY, HEAD = "body", "head"  # the composite's attribute names for the body and the model's own head
 

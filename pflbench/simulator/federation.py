@@ -31,15 +31,14 @@ from pflbench.simulator.privacy import PrivacyPlan
 from pflbench.simulator.rendezvous import membership
 from pflbench.round_context import Round, round_number, work_of
 from pflbench.simulator.system import SystemPlan, cut
+from pflbench.simulator.client_model import ClientModel, to_channels_last
 from pflbench.simulator.training import (
     SGD,
-    ClientModel,
     Objective,
     State,
     batch_plan,
     cross_entropy,
     evaluate_client_splits,
-    to_channels_last,
     train_clients,
 )
 

@@ -104,7 +104,7 @@ from pflbench.simulator.system import KnobParams, knob_problem
 
 if TYPE_CHECKING:
     from pflbench.config import CellConfig
-    from pflbench.simulator.training import ClientModel
+    from pflbench.simulator.client_model import ClientModel
 
 CENTRAL = -1  # the generator key of the server's noise (no client has id -1)
 ACCOUNTANT = "rdp"  # Opacus's Renyi-DP accountant (Mironov 2017; Mironov, Talwar & Zhang 2019)

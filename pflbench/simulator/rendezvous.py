@@ -20,7 +20,8 @@ import torch
 from torch import Tensor
 
 from pflbench.simulator.row_rates import RowRates, structure
-from pflbench.simulator.training import SGD, ClientModel, Diverged, State, _train_group, cross_entropy, train_clients
+from pflbench.simulator.client_model import ClientModel
+from pflbench.simulator.training import SGD, Diverged, State, _train_group, cross_entropy, train_clients
 
 _local = threading.local()
 

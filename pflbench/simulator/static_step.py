@@ -54,7 +54,7 @@ class SGD(Rule, Protocol):
 
 
 class ClientModel(Protocol):
-    """The engine's batched model (`pflbench.simulator.training.ClientModel`), as far as the static step uses it."""
+    """The engine's batched model (`pflbench.simulator.client_model.ClientModel`), as far as the static step uses it."""
 
     param_names: list[str]
     buffer_names: list[str]
