@@ -14,6 +14,7 @@ from pflbench.reports.cells import display_name, load_cells, read_artifacts
 from pflbench.reports.glance_data import AlphaView, Glance
 
 ALPHA_EXTREME = 1e-6  # an α entry this close to 0 or 1 counts as collapsed
+ALPHA_ROWS = ("pfedla", "heurpfedla")  # the rows whose α a column shows (both learn it: pFedLA's Eq. 5)
 
 
 def layerwise(artifacts: dict) -> bool:
@@ -22,22 +23,28 @@ def layerwise(artifacts: dict) -> bool:
 
 
 def attach_alpha(glance: Glance, published: Path) -> None:
-    """For each reproduced column: the α of its default pFedLA cell (seed 0 or the first) and of every
-    variant with layer-wise α on the same column and seed in the published studies, at the same round
-    (the last all have) and layer (the last)."""
+    """For each reproduced column: the α of its default pFedLA and HeurpFedLA cells (`ALPHA_ROWS`, those
+    published; seed 0 or the first) and of every pFedLA variant with layer-wise α on the same column and
+    seed in the published studies, at the same round (the last all have) and layer (the last)."""
     from pflbench.publish import studies
 
     stores = {folder.name: load_cells(folder) for folder in studies(published)}
     for column in glance.reproduced:
-        base = next((r for r in column.rows if r.algorithm == "pfedla"), None)
-        if base is None or base.ours is None or not base.ours.paths:
+        bases = [
+            r for name in ALPHA_ROWS for r in column.rows if r.algorithm == name and r.ours is not None and r.ours.paths
+        ]
+        if not bases:
             continue
+        base = bases[0]
+        assert base.ours is not None
         seed = sorted(base.ours.seeds, key=str)[0]
         found: list[tuple[str, str, str, str]] = []  # (label, study, cell, path)
-        for path, cell_seed, cell in zip(base.ours.paths, base.ours.seeds, base.ours.hashes):
-            if cell_seed == seed:
-                found.append((_variant_label(_cell_row(stores, path)), Path(path).parent.name, cell, path))
-                break
+        for row in bases:
+            assert row.ours is not None
+            for path, cell_seed, cell in zip(row.ours.paths, row.ours.seeds, row.ours.hashes):
+                if cell_seed == seed:
+                    found.append((_variant_label(_cell_row(stores, path)), Path(path).parent.name, cell, path))
+                    break
         rounds = _cell_value(stores, base.ours.paths[0], "rounds")
         for name, cells in sorted(stores.items()):
             if cells.empty or name in column.stores:

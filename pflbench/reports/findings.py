@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-
 from pflbench.reports.glance_data import Glance, GlanceColumn
 from pflbench.reports.orderings import JUDGED, Claim, Judgement
 
@@ -22,11 +21,16 @@ def _pp(value: float) -> str:
 
 
 def findings(glance: Glance, limit: int = 15) -> list[Finding]:
-    """At most `limit` lines, each a generated statement and where its evidence is."""
+    """At most `limit` lines, each a generated statement and where its evidence is. A column on another
+    dataset with a column of the paper's dataset beside it gets one line (its orderings and α are in
+    what carries over); a variant column one line for its pFedLA orderings."""
     out: list[Finding] = []
     for column in glance.reproduced:
         papered = [r for r in column.rows if r.paper is not None]
         run = [r for r in papered if r.run]
+        if column.other_dataset and column.home:
+            out.append(Finding(carry_sentence(glance, column, papered), f"#carry-{column.anchor}", column.study))
+            continue
         if column.other_dataset:
             out.append(
                 Finding(
@@ -41,8 +45,9 @@ def findings(glance: Glance, limit: int = 15) -> list[Finding]:
             for row in papered:
                 word = row.verdict().split(" the paper")[0].removesuffix(":")
                 counts[word] = counts.get(word, 0) + 1
-            parts = [f"{counts[w]} {w}" for w in ("within", "above", "below", "not run") if w in counts]
-            parts += [f"{n} {w}" for w, n in counts.items() if w not in ("within", "above", "below", "not run")]
+            order = ("within", "above", "below", "not run", "not yet run")
+            parts = [f"{counts[w]} {w}" for w in order if w in counts]
+            parts += [f"{n} {w}" for w, n in counts.items() if w not in order]
             deltas = [r.delta for r in column.rows if r.delta is not None]
             spread = f" (Δ {min(deltas):+.2f} to {max(deltas):+.2f})" if deltas else ""
             out.append(
@@ -60,11 +65,12 @@ def findings(glance: Glance, limit: int = 15) -> list[Finding]:
                 continue
             out.append(Finding(claim_sentence(column, claim), f"#claims-{column.anchor}", column.study))
     for column in glance.variants:
-        for claim in column.claims:
-            if claim.better == "pfedla" and claim.worse in ("fedavg", "local"):
-                out.append(Finding(claim_sentence(column, claim), f"#claims-{column.anchor}", column.study))
+        chosen = [c for c in column.claims if c.better == "pfedla" and c.worse in ("fedavg", "local")]
+        if chosen:
+            text = "; ".join(claim_sentence(column, c).removeprefix(f"{column.short}: ") for c in chosen)
+            out.append(Finding(f"{column.short}: {text}", f"#claims-{column.anchor}", column.study))
     for column in glance.reproduced:
-        if column.alpha:
+        if column.alpha and not (column.other_dataset and column.home):
             parts = [f"{v.label} {100 * v.extreme:.0f}% (self-weight {v.self_weight:.2f})" for v in column.alpha]
             out.append(
                 Finding(
@@ -75,6 +81,31 @@ def findings(glance: Glance, limit: int = 15) -> list[Finding]:
                 )
             )
     return out[:limit]
+
+
+def carry_sentence(glance: Glance, column: GlanceColumn, papered: list) -> str:
+    """One line for a column on another dataset: its rows run, and how many of the conclusions of the
+    paper's dataset's column carry over (pflbench.reports.carry_over)."""
+    run = sum(r.run for r in papered)
+    waiting = sum(r.missing and r.waiting for r in papered)
+    text = f"{column.short}: {run} of {len(papered)} paper rows run" + (f", {waiting} not yet" if waiting else "")
+    text += f" (the paper's numbers are for {column.column.paper_dataset}: none compared)"
+    home = next((c.short for c in glance.columns if c.study == column.home), column.home)
+    if not column.carry:
+        return text + f"; no conclusion of {home} to check"
+    counts: dict[str, list[str]] = {}
+    for item in column.carry:
+        counts.setdefault(item.verdict, []).append(item.label)
+    parts = []
+    for verdict in ("carries over", "does not carry over", "not yet decidable", "not decidable"):
+        labels = counts.get(verdict, [])
+        if labels:
+            word = verdict if len(labels) == 1 else verdict.replace("carries", "carry").replace("does", "do")
+            parts.append(
+                f"{len(labels)} {word}"
+                + (f" ({', '.join(labels)})" if verdict in ("does not carry over", "not decidable") else "")
+            )
+    return text + f"; of {len(column.carry)} conclusions of {home}: " + ", ".join(parts)
 
 
 def _seeds_text(column: GlanceColumn) -> str:

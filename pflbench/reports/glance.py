@@ -15,6 +15,7 @@ paper, within our column), and the orderings the paper claims judged under each 
 - pflbench.reports.glance_columns  which studies are columns, and a column built from its studies;
 - pflbench.reports.orderings       the paper's orderings, judged under each protocol;
 - pflbench.reports.alpha_views     the aggregation weights α shown beside a column (pFedLA's Figures 5-6);
+- pflbench.reports.carry_over      whether a column's conclusions hold on the same table on another dataset;
 - pflbench.reports.findings        the findings at the top of the page;
 - pflbench.reports.glance_page     the page as Markdown; pflbench.reports.glance_csv: its tables as CSV.
 
@@ -28,10 +29,19 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from pflbench.reports.alpha_views import ALPHA_EXTREME, attach_alpha, layerwise, write_figures
+from pflbench.reports.carry_over import attach_carry_over, home_of
 from pflbench.reports.findings import Finding, chain_sentence, claim_sentence, findings
 from pflbench.reports.glance_columns import COLUMN_STUDY, build_column, column_studies, reference_of, variant_label
-from pflbench.reports.glance_csv import CLAIM_FIELDS, ROW_FIELDS, claim_records, row_records, write_csv
-from pflbench.reports.glance_data import AlphaView, Glance, GlanceColumn, GlanceRow
+from pflbench.reports.glance_csv import (
+    CARRY_FIELDS,
+    CLAIM_FIELDS,
+    ROW_FIELDS,
+    carry_records,
+    claim_records,
+    row_records,
+    write_csv,
+)
+from pflbench.reports.glance_data import AlphaView, CarryOver, Glance, GlanceColumn, GlanceRow
 from pflbench.reports.glance_page import HOW_TO_READ, IDENTIFIED, claims_markdown, column_markdown, markdown
 from pflbench.reports.orderings import CHAIN, CLAIMS, JUDGED, MIXED, Chain, Claim, Judgement, global_model, judge_claims
 from pflbench.reports.reference import Reference, default_reference_dir, load_references
@@ -39,6 +49,7 @@ from pflbench.reports.stats import LEVEL
 
 __all__ = [
     "ALPHA_EXTREME",
+    "CARRY_FIELDS",
     "CHAIN",
     "CLAIMS",
     "CLAIM_FIELDS",
@@ -49,6 +60,7 @@ __all__ = [
     "MIXED",
     "ROW_FIELDS",
     "AlphaView",
+    "CarryOver",
     "Chain",
     "Claim",
     "Finding",
@@ -59,6 +71,7 @@ __all__ = [
     "attach_alpha",
     "build_column",
     "build_glance",
+    "carry_records",
     "chain_sentence",
     "claim_records",
     "claim_sentence",
@@ -68,6 +81,7 @@ __all__ = [
     "default_glance",
     "findings",
     "global_model",
+    "home_of",
     "judge_claims",
     "layerwise",
     "markdown",
@@ -80,7 +94,8 @@ __all__ = [
 
 
 def build_glance(published: str | Path, references: Sequence[Reference] | None = None, level: float = LEVEL) -> Glance:
-    """The page's data from the published studies under `published` (module doc)."""
+    """The page's data from the published studies under `published` (module doc): its columns, their α
+    views and, for a column on another dataset, which conclusions of the paper's dataset carry over."""
     from pflbench.publish import beside_studies
 
     published = Path(published)
@@ -88,7 +103,9 @@ def build_glance(published: str | Path, references: Sequence[Reference] | None =
         references = load_references(default_reference_dir())
     beside = beside_studies(published)
     columns: list[GlanceColumn] = []
-    for folder, number in column_studies(published):
+    found = column_studies(published)
+    names = {folder.name for folder, _ in found}
+    for folder, number in found:
         reference = reference_of(references, number)
         built = build_column(folder, beside.get(folder.name, []), reference, f"Table {number}", level)
         if built is None:
@@ -99,7 +116,8 @@ def build_glance(published: str | Path, references: Sequence[Reference] | None =
                 name.startswith(folder.name + "-")
                 and name not in {c.study for c in columns}
                 and (published / name).is_dir()
-                and not COLUMN_STUDY.match(name.replace(folder.name, "x", 1))
+                and name not in names  # a column of its own (`table1-full-cifar10-jpeg`)
+                and not any(len(n) > len(folder.name) and name.startswith(n + "-") for n in names)
             ):
                 variant = build_column(
                     published / name, beside[name], reference, f"Table {number}", level, variant_of=folder.name
@@ -108,6 +126,7 @@ def build_glance(published: str | Path, references: Sequence[Reference] | None =
                     columns.append(variant)
     glance = Glance(columns, str(published), level)
     attach_alpha(glance, published)
+    attach_carry_over(glance)
     return glance
 
 

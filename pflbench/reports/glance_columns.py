@@ -34,7 +34,7 @@ def reference_of(references: Sequence[Reference], number: str) -> Reference | No
 
 
 def column_studies(published: Path) -> list[tuple[Path, str]]:
-    """(study folder, table number) of every reproduced column (module doc)."""
+    """(study folder, table number) of every reproduced column (pflbench.reports.glance's doc)."""
     from pflbench.publish import studies
 
     out = []
@@ -83,6 +83,7 @@ def build_column(
     protocols = [Protocol.parse(p) for p in paper_rows.get("protocol", pd.Series(dtype=str)).dropna().unique()]
     paper_protocol = protocols[0] if len(protocols) == 1 else ADAPTED
     tables: dict[Protocol, Table | None] = {}
+    waiting = still_to_run(folder)
 
     def table_of(protocol: Protocol) -> Table | None:
         if protocol not in tables:
@@ -148,6 +149,7 @@ def build_column(
             reason=ours.comparison.reason
             if ours is not None and ours.comparison is not None and not ours.comparison.comparable
             else "",
+            waiting=algorithm in waiting,
         )
         for t in (ours_table,):
             for other in t.rows if t is not None else []:
@@ -201,7 +203,7 @@ def build_column(
             and k.removeprefix("partition_params.") in _varied_params(folder)
         ]
         differences = tuple(shown + extra)
-    claims, chain = judge_claims(paper_rows, cells, table_of, base_row, entry_of)
+    claims, chain = judge_claims(paper_rows, cells, table_of, base_row, entry_of, waiting)
     return GlanceColumn(
         folder.name,
         table,
@@ -225,6 +227,27 @@ def variant_label(row: Row, base: Row | None) -> str:
     common = set(base.variant.split(", ")) if base is not None else set()
     changed = [part for part in mine if part not in common] or mine
     return display_name(row.algorithm) + (f" ({', '.join(changed)})" if changed else "") + (" †" if row.tuned else "")
+
+
+def still_to_run(folder: Path) -> frozenset[str]:
+    """The algorithms of the cells the study's command plans that have no result yet (its manifest's
+    `missing`: a study published cell by cell as it runs), from the command expanded again; empty where
+    nothing is missing or the command no longer expands."""
+    from pflbench.config import cell_hash
+    from pflbench.publish import read_manifest, spec_path
+    from pflbench.spec import load_spec, parse_sets
+
+    manifest = read_manifest(folder) or {}
+    missing = set(manifest.get("missing") or [])
+    if not missing or not manifest.get("spec"):
+        return frozenset()
+    try:
+        plan = load_spec(
+            spec_path(manifest["spec"]), parse_sets(list(manifest.get("sets") or [])), scale=manifest.get("scale")
+        )
+    except ValueError:  # SpecError included: the study is stale (its page says so)
+        return frozenset()
+    return frozenset(cell.algorithm for cell in plan.cells if cell_hash(cell) in missing)
 
 
 def _varied_params(folder: Path) -> set[str]:

@@ -6,7 +6,6 @@ import csv
 import math
 from pathlib import Path
 
-
 from pflbench.reports.glance_data import Glance
 
 ROW_FIELDS = (
@@ -47,6 +46,9 @@ CLAIM_FIELDS = (
     "paired_on",
     "verdict",
 )
+
+
+CARRY_FIELDS = ("column", "study", "home", "conclusion", "protocol", "there", "here", "verdict")
 
 
 def _round(value: float | None, digits: int = 4) -> str:
@@ -114,15 +116,37 @@ def claim_records(glance: Glance) -> list[dict]:
     return out
 
 
+def carry_records(glance: Glance) -> list[dict]:
+    return [
+        {
+            "column": column.title,
+            "study": column.study,
+            "home": column.home,
+            "conclusion": item.conclusion,
+            "protocol": item.protocol,
+            "there": item.there,
+            "here": item.here,
+            "verdict": item.verdict,
+        }
+        for column in glance.columns
+        for item in column.carry
+    ]
+
+
 def write_csv(glance: Glance, folder: str | Path) -> list[Path]:
-    """results_rows.csv and results_orderings.csv: every number of the page's tables."""
+    """results_rows.csv, results_orderings.csv and (where a column checks another's conclusions)
+    results_carry_over.csv: every number of the page's tables."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     written = []
-    for name, fields, records in (
+    tables = [
         ("results_rows.csv", ROW_FIELDS, row_records(glance)),
         ("results_orderings.csv", CLAIM_FIELDS, claim_records(glance)),
-    ):
+    ]
+    carried = carry_records(glance)
+    if carried:
+        tables.append(("results_carry_over.csv", CARRY_FIELDS, carried))
+    for name, fields, records in tables:
         path = folder / name
         with path.open("w", newline="") as handle:
             writer = csv.DictWriter(handle, fieldnames=fields)

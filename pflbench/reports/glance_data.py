@@ -5,7 +5,8 @@ A row's two verdicts: against the paper, *within* the paper's ± (|Δ| ≤ its s
 within our column, *best* (ahead of every other row by the paired test, tables.mark_best), *≈ best* (not
 separated from the column's highest mean) or *below best* (separated). A column on another dataset than
 the paper's shows the paper's number as another dataset's, with no Δ and no verdict; a paper row we have
-no cells for is "not run" and makes the column *partial*.
+no cells for is "not run" and makes the column *partial* ("not yet run" where the study's command plans
+cells for it that have no result yet: a study published cell by cell as it runs).
 
 Where the choice is ours (the paper is silent): "within the paper's ±" uses the paper's std alone (it
 does not say over how many runs).
@@ -15,7 +16,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-
 
 from pflbench.reports.columns import Column
 from pflbench.reports.orderings import Chain, Claim
@@ -36,6 +36,7 @@ class GlanceRow:
     reason: str = ""  # why there is no Δ (settings differ), "" when there is one
     variants: list[GlanceRow] = field(default_factory=list)
     variant: bool = False
+    waiting: bool = False  # the column study's command plans cells for it that have no result yet
 
     @property
     def run(self) -> bool:
@@ -66,7 +67,9 @@ class GlanceRow:
         if not self.run:
             if self.failed and self.ours is not None:
                 return self.ours.status  # "diverged", "failed"
-            return "not run" if self.missing else "no number under the paper's protocol"
+            if self.missing:
+                return "not yet run" if self.waiting else "not run"
+            return "no number under the paper's protocol"
         if self.paper is None:
             return "no paper number"
         if self.other_dataset:
@@ -112,6 +115,31 @@ class AlphaView:
     heatmap: str = ""  # figure paths, relative to the page's folder
     evolution: str = ""
 
+    @property
+    def collapsed(self) -> bool:
+        """Every entry of α is 0 or 1 (to ALPHA_EXTREME): each client's weights are one-hot."""
+        return self.extreme == 1.0
+
+    def collapse_text(self) -> str:
+        share = f"{100 * self.extreme:.0f}% of entries at 0 or 1"
+        return f"collapsed ({share})" if self.collapsed else f"not collapsed ({share})"
+
+
+@dataclass
+class CarryOver:
+    """Whether one conclusion of a column on the paper's dataset (`there`) holds on a column of the same
+    table on another dataset (`here`): pflbench.reports.carry_over."""
+
+    conclusion: str  # "pFedLA vs FedAvg", "pFedLA's α exactly 0 or 1"
+    protocol: str  # delivered, adapted, mixed; "" for α
+    there: str  # the outcome on the paper's dataset ("FedAvg above pFedLA (-1.60)")
+    here: str  # the outcome here, or why there is none ("not yet run")
+    verdict: str  # "carries over", "does not carry over", "not yet decidable", "not decidable"
+
+    @property
+    def label(self) -> str:
+        return f"{self.conclusion} ({self.protocol})" if self.protocol else self.conclusion
+
 
 @dataclass
 class GlanceColumn:
@@ -129,6 +157,8 @@ class GlanceColumn:
     variant_of: str = ""  # a variant column: the column it varies
     differences: tuple[str, ...] = ()  # a variant column's settings against the paper's
     alpha: list[AlphaView] = field(default_factory=list)
+    home: str = ""  # another-dataset column: the study of the column whose conclusions `carry` checks
+    carry: list[CarryOver] = field(default_factory=list)
 
     @property
     def anchor(self) -> str:
@@ -160,8 +190,12 @@ class GlanceColumn:
     def state(self) -> str:
         if self.variant_of:
             return "variant: orderings only"
+        waiting = sum(r.missing and r.waiting for r in self.rows)
         if self.other_dataset:
-            return f"another dataset than the paper's ({self.column.paper_dataset}): not compared"
+            text = f"another dataset than the paper's ({self.column.paper_dataset}): not compared"
+            return text + (f"; {waiting} of {len(self.rows)} rows not yet run" if waiting else "")
+        if waiting:
+            return f"partial: {waiting} of {len(self.rows)} rows not yet run"
         return "partial: rows not run" if self.partial else "complete"
 
     def best_text(self) -> str:

@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-
 from pflbench.reports.findings import _pp, _seeds_text, findings
 from pflbench.reports.glance_data import Glance, GlanceColumn, GlanceRow
 from pflbench.reports.orderings import JUDGED
@@ -40,7 +39,8 @@ def markdown(glance: Glance, study_link: Callable[[str], str], csv_rel: str = ""
         f"What reproduces of the paper's tables and what does not, generated from the published studies "
         f"(`{Path(g.published).name}/`) when this site was built: no number on this page is typed by hand. "
         f"Every table is also a CSV: [rows]({csv_rel}results_rows.csv), "
-        f"[orderings]({csv_rel}results_orderings.csv).",
+        f"[orderings]({csv_rel}results_orderings.csv)"
+        + (f", [what carries over]({csv_rel}results_carry_over.csv)." if any(c.carry for c in g.columns) else "."),
         "",
         "## Findings",
         "",
@@ -48,8 +48,9 @@ def markdown(glance: Glance, study_link: Callable[[str], str], csv_rel: str = ""
     for f in findings(g):
         lines.append(f"- {_cell(f.text)} [→ evidence]({f.link})")
     lines += ["", "## What is identified, what is only shown, what was not run", "", *IDENTIFIED, ""]
+    homes = {c.study: c for c in g.reproduced}
     for column in g.reproduced:
-        lines += column_markdown(column, study_link)
+        lines += column_markdown(column, study_link, homes.get(column.home))
     if g.variants:
         lines += [
             "## Variant columns: the same tables at changed settings",
@@ -83,7 +84,7 @@ IDENTIFIED = [
     "name (as delivered, mixed); why the rows below the paper's ± are below it.",
     "- **Not run**: the 100-client columns, EMNIST and CIFAR-100; CIFAR-10 only as its offline JPEG "
     "re-encoding (`cifar10-jpeg`), compared with the paper's CIFAR-10 without a Δ; any row a column marks "
-    "*not run*.",
+    "*not run* (or *not yet run*: its study's command plans cells for it that have no result yet).",
 ]
 
 HOW_TO_READ = (
@@ -96,11 +97,23 @@ HOW_TO_READ = (
     "separated), below best (separated). Orderings: the paired difference better − worse in points (± one "
     "standard error), its {level_ci} t-interval, clients up / down; holds or reversed where the test "
     "separates the two, not separated otherwise. *mixed*: the global-model method (FedAvg) after local "
-    "adaptation against the personalized one as delivered."
+    "adaptation against the personalized one as delivered. *Carries over*: on a column on another dataset "
+    "than the paper's, a conclusion of the same table's column on the paper's dataset (which row is above, or "
+    "not separated; α one-hot or not) that our cells there say too; not yet decidable while a row it needs "
+    "has no result."
 ).replace("{level_ci}", "95%")
 
 
-def column_markdown(column: GlanceColumn, study_link: Callable[[str], str]) -> list[str]:
+def _other(text: str, column: GlanceColumn) -> str:
+    """A number of the paper's for another dataset than ours: greyed and in italics, the difference named."""
+    return f'<span class="other-dataset" title="{column.column.data_note}">*{text}*</span>'
+
+
+def column_markdown(
+    column: GlanceColumn, study_link: Callable[[str], str], home: GlanceColumn | None = None
+) -> list[str]:
+    """A reproduced column's section; `home`: for a column on another dataset, the column on the paper's
+    dataset whose conclusions it checks (pflbench.reports.carry_over)."""
     c = column
     out = [
         f"## {_cell(c.title)} {{#{c.anchor}}}",
@@ -111,8 +124,10 @@ def column_markdown(column: GlanceColumn, study_link: Callable[[str], str]) -> l
     ]
     if c.other_dataset:
         out += [
-            f"The paper's numbers are for {c.column.paper_dataset}, ours for {c.column.dataset}: shown "
-            f"*in italics* as another dataset's, with no Δ and no verdict.",
+            f"The paper's numbers are for {c.column.paper_dataset}, ours for {c.column.dataset}"
+            + (f"; {c.column.data_note}" if c.column.data_note else "")
+            + ". The paper's are shown greyed and *in italics* as another dataset's, with no Δ and no verdict "
+            "against them; a row whose cells are still to run is *not yet run*, with no number.",
             "",
         ]
     if c.best_text():
@@ -125,7 +140,7 @@ def column_markdown(column: GlanceColumn, study_link: Callable[[str], str]) -> l
         for item in (row, *row.variants):
             paper = _paper_text(item)
             if item.other_dataset and item.paper is not None:
-                paper = f"*{paper} ({c.column.paper_dataset})*"
+                paper = _other(f"{paper} ({c.column.paper_dataset})", c)
             label = ("&nbsp;&nbsp;↳ " if item.variant else "") + _cell(item.label)
             delta = "–" if item.delta is None else f"{item.delta:+.2f}"
             verdict = item.verdict()
@@ -143,8 +158,8 @@ def column_markdown(column: GlanceColumn, study_link: Callable[[str], str]) -> l
             "",
             f"Round {c.alpha[0].round}, layer {c.alpha[0].layer}, seed {c.seeds[0] if c.seeds else 0}: "
             + "; ".join(
-                f"{_cell(v.label)} ([{v.study}]({study_link(v.study)})): {100 * v.extreme:.0f}% of "
-                f"entries at 0 or 1, mean self-weight {v.self_weight:.2f}"
+                f"{_cell(v.label)} ([{v.study}]({study_link(v.study)})): {v.collapse_text()}, "
+                f"mean self-weight {v.self_weight:.2f}"
                 for v in c.alpha
             )
             + ".",
@@ -158,7 +173,34 @@ def column_markdown(column: GlanceColumn, study_link: Callable[[str], str]) -> l
                 "| " + " | ".join(f"![α over rounds, {_cell(v.label)}]({v.evolution})" for v in c.alpha) + " |",
                 "",
             ]
+    if home is not None:
+        out += carry_markdown(c, home)
     return out
+
+
+def carry_markdown(column: GlanceColumn, home: GlanceColumn) -> list[str]:
+    """Whether each conclusion of `home` (the paper's dataset) carries over to `column`."""
+    c = column
+    out = [
+        f"### Do the conclusions of {_cell(home.short)} carry over? {{#carry-{c.anchor}}}",
+        "",
+        f"Each conclusion our cells on {home.column.dataset} draw (which of two rows the paper orders is above "
+        f"when the paired test separates them; whether α is one-hot), checked on the cells published here; "
+        f"not yet decidable while a row it needs has no result here.",
+        "",
+    ]
+    if not c.carry:
+        return out + [f"No conclusion of {_cell(home.short)} to check.", ""]
+    out += [
+        f"| conclusion | protocol | on {home.column.dataset} | here, on {c.column.dataset} | carries over? |",
+        "|---|---|---|---|---|",
+    ]
+    for item in c.carry:
+        out.append(
+            f"| {_cell(item.conclusion)} | {item.protocol or '–'} | {_cell(item.there)} | {_cell(item.here)} "
+            f"| {item.verdict} |"
+        )
+    return out + [""]
 
 
 def claims_markdown(column: GlanceColumn, study_link: Callable[[str], str]) -> list[str]:
@@ -184,9 +226,12 @@ def claims_markdown(column: GlanceColumn, study_link: Callable[[str], str]) -> l
         "|---|---|---|---|---|---|---|---|",
     ]
     for claim in c.claims:
+        paper = _pp(claim.paper_difference)
+        if c.other_dataset and not c.variant_of:
+            paper = _other(f"{paper} ({c.column.paper_dataset})", c)
         for j in claim.judgements:
             out.append(
-                f"| {claim.text} | {_pp(claim.paper_difference)} | {j.protocol} | {j.mean_text()} | "
+                f"| {claim.text} | {paper} | {j.protocol} | {j.mean_text()} | "
                 f"{j.interval_text()} | {j.counts_text()} | {j.p_text()} | {j.verdict} |"
             )
     out += [""]

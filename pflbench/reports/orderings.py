@@ -50,11 +50,12 @@ class Judgement(PairedTexts):
     protocol: str  # delivered, adapted or mixed
     test: Paired | None
     note: str = ""  # "same as adapted" etc.
+    waiting: bool = False  # a side has no number yet and its study's command plans cells for it
 
     @property
     def verdict(self) -> str:
         if self.test is None:
-            return "not run"
+            return "not yet run" if self.waiting else "not run"
         if not self.test.separated:
             return "not separated"
         return "holds" if self.test.mean > 0 else "reversed"
@@ -90,8 +91,8 @@ class Chain:
     def verdict(self, protocol: str) -> str:
         judged = [c.judged(protocol) for c in self.links]
         verdicts = [j.verdict if j is not None else "not run" for j in judged]
-        if "not run" in verdicts:
-            return "not run"
+        if "not run" in verdicts or "not yet run" in verdicts:
+            return "not yet run" if "not yet run" in verdicts else "not run"
         if "reversed" in verdicts:
             return "fails"
         return "holds" if all(v == "holds" for v in verdicts) else "not shown (a link is not separated)"
@@ -103,7 +104,10 @@ def judge_claims(
     table_of: Callable[[Protocol], Table | None],
     base_row: Callable,
     entry_of: Callable,
+    waiting: frozenset[str] = frozenset(),
 ) -> tuple[list[Claim], Chain | None]:
+    """The paper's orderings (`CLAIMS`, `CHAIN`) judged on the column's cells (module doc); `waiting`: the
+    algorithms whose cells the column's command plans but has no result for yet."""
     means = {str(a): float(m) for a, m in zip(paper_rows.get("algorithm", []), paper_rows.get("mean", []))}
 
     def sample(algorithm: str, protocol: Protocol) -> Sample | None:
@@ -126,7 +130,9 @@ def judge_claims(
             else:
                 first = second = DEFAULT if name == "delivered" else ADAPTED
             x, y = sample(better, first), sample(worse, second)
-            judgements.append(Judgement(name, paired(x, y) if x is not None and y is not None else None))
+            test = paired(x, y) if x is not None and y is not None else None
+            late = (x is None and better in waiting) or (y is None and worse in waiting)
+            judgements.append(Judgement(name, test, waiting=test is None and late))
         claims.append(Claim(better, worse, means[better] - means[worse], judgements))
     chain = None
     if all(a in means for a in CHAIN) and all(means[x] < means[y] for x, y in zip(CHAIN, CHAIN[1:])):
