@@ -438,3 +438,32 @@ def test_the_page_changes_when_a_still_running_cifar_row_is_published(tmp_path):
     row = next(r for r in after.reproduced[0].rows if r.algorithm == "pfedla")
     assert row.run and row.ours.mean == pytest.approx(54.5) and row.delta is None
     assert "| pFedLA | " in markdown(after, link) and "54.50" in markdown(after, link)
+
+
+def test_a_column_on_another_dataset_with_studies_beside_it_is_a_column_not_a_variant(tmp_path):
+    from pflbench.publish import LEADERBOARD
+
+    root = tmp_path / "published"
+    for name, dataset, seed in (
+        ("table1-full", "fmnist", 0),
+        ("table1-full-cifar10-jpeg", "cifar10-jpeg", 0),
+        ("table1-full-cifar10-jpeg-seed1", "cifar10-jpeg", 1),
+    ):
+        write_cell(
+            root / name,
+            algorithm="local",
+            dataset=dataset,
+            seed=seed,
+            partition_params={"classes_per_client": 4},
+            accuracies=[0.6] * 10,
+            adapted=[0.6] * 10,
+        )
+        manifest(root / name, f"pflbench run benchmarks/table1.yaml --set dataset={dataset} --set seed={seed}")
+    (root / LEADERBOARD).write_text("beside:\n  table1-full-cifar10-jpeg: [table1-full-cifar10-jpeg-seed1]\n")
+    glance = build_glance(root)
+    assert not glance.variants  # not a variant column of table1-full, though its name extends it
+    columns = {c.study: c for c in glance.reproduced}
+    assert set(columns) == {"table1-full", "table1-full-cifar10-jpeg"}
+    jpeg = columns["table1-full-cifar10-jpeg"]
+    assert jpeg.stores == ["table1-full-cifar10-jpeg", "table1-full-cifar10-jpeg-seed1"] and jpeg.seeds == [0, 1]
+    assert jpeg.home == "table1-full"
