@@ -160,7 +160,8 @@ def test_a_column_on_another_dataset_shows_the_papers_number_greyed_without_delt
     assert local.verdict() == "another dataset: not compared"
     assert other.partial and next(r for r in other.rows if r.algorithm == "pfedla").verdict() == "not run"
     page = markdown(glance, link)
-    assert "| Local | *59.44 ± 0.40 (cifar10)* | 67.00 | – | another dataset: not compared |" in page
+    greyed = f'<span class="other-dataset" title="{other.column.data_note}">*59.44 ± 0.40 (cifar10)*</span>'
+    assert f"| Local | {greyed} | 67.00 | – | another dataset: not compared |" in page
     assert "another dataset than the paper's (cifar10)" in page
 
     partial = columns["table1-full"]
@@ -244,3 +245,225 @@ def test_a_reproduction_study_page_opens_on_the_papers_protocol_with_its_title_s
         "table1-full-seed1": "reproduction",
     }
     assert (tmp_path / "site" / "results" / "results_rows.csv").is_file()
+
+
+# ---- a column on another dataset, published cell by cell (pflbench/reports/carry_over.py) ----------------
+
+
+def one_hot_alpha(clients: int = 10, layers: int = 5):
+    """α as pFedLA stores it [clients, layers, clients], every client's weights on itself alone."""
+    import numpy as np
+
+    return np.repeat(np.eye(clients, dtype=np.float32)[:, None, :], layers, axis=1)
+
+
+def alpha_artifacts(alpha, rounds: int = 3) -> dict:
+    return {f"alpha_round{r:05d}": alpha for r in range(1, rounds + 1)}
+
+
+def test_a_cifar_column_appears_as_soon_as_one_cell_is_published_with_what_carries_over(tmp_path):
+    """A synthetic Table 1 column on cifar10-jpeg published cell by cell (3 of its 10 planned rows, the
+    rest in its manifest's `missing`) beside a synthetic Fashion-MNIST column: the paper's CIFAR-10
+    numbers greyed as another dataset's, the rows still to run "not yet run" with no number, the paper's
+    orderings judged as far as the rows allow, α's collapse checked, and each Fashion-MNIST conclusion
+    carried over, broken or not yet decidable."""
+    from pflbench.config import cell_hash
+    from pflbench.reports.glance import write_figures
+    from pflbench.run.spec import load_spec, parse_sets
+    from tests.report_helpers import dirichlet_alpha
+
+    root = tmp_path / "published"
+    fmnist, jpeg = root / "table1-full", root / "table1-full-cifar10-jpeg"
+    spread = [0.0, 0.01, 0.02, 0.03, 0.04, 0.05, 0.06, 0.07, 0.08, 0.09]  # ten clients
+
+    def cell(folder, algorithm, delivered, adapted, dataset, samples, **kw):
+        write_cell(
+            folder,
+            algorithm=algorithm,
+            dataset=dataset,
+            samples_per_client=samples,
+            partition_params={"classes_per_client": 4},
+            accuracies=[delivered + s for s in spread],
+            adapted=[adapted + s for s in spread],
+            **kw,
+        )
+
+    # Fashion-MNIST: FedAvg above Local after adaptation (every client), pFedLA = Local, α one-hot
+    cell(fmnist, "local", 0.90, 0.90, "fmnist", 700)
+    cell(fmnist, "fedavg", 0.80, 0.93, "fmnist", 700)
+    cell(fmnist, "pfedla", 0.90, 0.90, "fmnist", 700, artifacts=alpha_artifacts(one_hot_alpha()))
+    cell(fmnist, "heurpfedla", 0.89, 0.89, "fmnist", 700, artifacts=alpha_artifacts(one_hot_alpha()))
+    manifest(fmnist, "pflbench run benchmarks/table1.yaml --set dataset=fmnist")
+    # cifar10-jpeg: Local above FedAvg after adaptation; HeurpFedLA's α mixed; the other 7 rows still to run
+    cell(jpeg, "local", 0.60, 0.62, "cifar10-jpeg", 600)
+    cell(jpeg, "fedavg", 0.40, 0.55, "cifar10-jpeg", 600)
+    cell(jpeg, "heurpfedla", 0.58, 0.60, "cifar10-jpeg", 600, artifacts=alpha_artifacts(dirichlet_alpha(10, 5)))
+    sets = ["dataset=cifar10-jpeg", "clients=10", "seed=0"]
+    plan = load_spec(ROOT / "benchmarks" / "table1.yaml", parse_sets(sets))
+    published = {"local", "fedavg", "heurpfedla"}
+    missing = [cell_hash(c) for c in plan.cells if c.algorithm not in published]
+    assert len(missing) == 7
+    manifest(jpeg, "pflbench run benchmarks/table1.yaml " + " ".join(f"--set {s}" for s in sets))
+    data = json.loads((jpeg / "manifest.json").read_text())
+    (jpeg / "manifest.json").write_text(
+        json.dumps({**data, "spec": "benchmarks/table1.yaml", "sets": sets, "missing": missing})
+    )
+
+    glance = build_glance(root)
+    columns = {c.study: c for c in glance.reproduced}
+    assert set(columns) == {"table1-full", "table1-full-cifar10-jpeg"} and not glance.variants
+    jpeg_column = columns["table1-full-cifar10-jpeg"]
+    assert jpeg_column.other_dataset and jpeg_column.home == "table1-full"
+    refs = {r.meta["table"][0].split(" (")[0]: r for r in load_references(default_reference_dir())}
+    cifar = refs["Table 1"].rows
+    cifar = cifar[(cifar["dataset"] == "cifar10") & (cifar["clients"] == 10)]
+    assert len(cifar) == 10 and len(jpeg_column.rows) == 10
+    page = markdown(glance, link)
+    for _, paper in cifar.iterrows():
+        row = next(r for r in jpeg_column.rows if r.algorithm == paper["algorithm"])
+        assert row.paper is not None and row.paper.mean == pytest.approx(paper["mean"])  # the paper's CIFAR-10
+        assert row.delta is None  # never a like-for-like Δ
+        greyed = f'<span class="other-dataset" title="{jpeg_column.column.data_note}">*{paper["mean"]:.2f} ± {paper["std"]:.2f} (cifar10)*</span>'
+        if paper["algorithm"] in published:
+            assert row.verdict() == "another dataset: not compared" and row.ours.mean is not None
+            assert f"| {row.label} | {greyed} | {row.ours.mean:.2f} | – | another dataset: not compared |" in page
+        else:  # still to run: no number of ours, "not yet run"
+            assert row.ours is None and row.waiting and row.verdict() == "not yet run"
+            assert f"| {row.label} | {greyed} | – | – | not yet run |  | – |" in page
+    assert "quality about 75" in jpeg_column.column.data_note and "quality about 75" in page
+    assert jpeg_column.state == "another dataset than the paper's (cifar10): not compared; 7 of 10 rows not yet run"
+
+    # the paper's CIFAR-10 orderings (Local above FedAvg there), judged as far as the published rows allow
+    claims = {c.text: c for c in jpeg_column.claims}
+    assert set(claims) == {"Local > FedAvg", "pFedLA > Local", "pFedLA > FedAvg", "pFedLA > pFedHN"}
+    assert jpeg_column.chain is None  # the paper's CIFAR-10 Table 1 does not order Local < FedAvg < pFedLA
+    assert claims["Local > FedAvg"].judged("adapted").verdict == "holds"
+    assert claims["Local > FedAvg"].judged("adapted").test.mean == pytest.approx(7.0)
+    assert claims["Local > FedAvg"].judged("delivered").verdict == "holds"
+    for text in ("pFedLA > Local", "pFedLA > FedAvg", "pFedLA > pFedHN"):
+        assert {j.verdict for j in claims[text].judgements} == {"not yet run"}
+    assert "| Local > FedAvg | " in page and "| pFedLA > Local | " in page
+
+    # α: HeurpFedLA's here is mixed (not one-hot); pFedLA's not yet run
+    views = {v.label: v for v in jpeg_column.alpha}
+    assert set(views) == {"HeurpFedLA"} and not views["HeurpFedLA"].collapsed
+    assert [v.label for v in columns["table1-full"].alpha] == ["pFedLA", "HeurpFedLA"]
+    assert all(v.collapsed and v.extreme == 1.0 for v in columns["table1-full"].alpha)
+
+    # every Fashion-MNIST conclusion: carries over, does not, or not yet decidable
+    carry = {item.label: item for item in jpeg_column.carry}
+    assert carry["FedAvg vs Local (adapted)"].verdict == "does not carry over"
+    assert carry["FedAvg vs Local (adapted)"].there == "FedAvg above Local (+3.00)"
+    assert carry["FedAvg vs Local (adapted)"].here == "Local above FedAvg (+7.00)"
+    assert carry["FedAvg vs Local (delivered)"].verdict == "carries over"  # Local above FedAvg on both
+    assert carry["FedAvg vs Local (delivered)"].there == "Local above FedAvg (+10.00)"
+    assert carry["FedAvg vs Local (delivered)"].here == "Local above FedAvg (+20.00)"
+    assert carry["pFedLA vs Local (adapted)"].there.startswith("not separated")
+    assert carry["pFedLA vs Local (adapted)"].verdict == "not yet decidable"
+    assert carry["pFedLA vs Local (adapted)"].here == "not yet run"
+    assert carry["pFedLA's α one-hot (every entry 0 or 1)"].verdict == "not yet decidable"
+    assert carry["HeurpFedLA's α one-hot (every entry 0 or 1)"].verdict == "does not carry over"
+    assert carry["HeurpFedLA's α one-hot (every entry 0 or 1)"].there == "collapsed (100% of entries at 0 or 1)"
+    assert {item.verdict for item in carry.values()} <= {"carries over", "does not carry over", "not yet decidable"}
+    assert (
+        "### Do the conclusions of Table 1 (fmnist, 10 clients) carry over? {#carry-table1-full-cifar10-jpeg}" in page
+    )
+    assert (
+        "| FedAvg vs Local | adapted | FedAvg above Local (+3.00) | Local above FedAvg (+7.00) | does not carry over |"
+        in page
+    )
+
+    # one finding for the column, linking what carries over; at most 15 in all
+    lines = [f for f in findings(glance) if f.study == "table1-full-cifar10-jpeg"]
+    assert len(lines) == 1 and lines[0].link == "#carry-table1-full-cifar10-jpeg"
+    assert lines[0].text.startswith("Table 1 (cifar10-jpeg, 10 clients): 3 of 10 paper rows run, 7 not yet")
+    assert (
+        "not yet decidable" in lines[0].text
+        and "3 do not carry over (FedAvg vs Local (adapted), FedAvg vs Local (mixed), HeurpFedLA's α" in lines[0].text
+    )
+    assert len(findings(glance)) <= 15
+
+    written = write_csv(glance, tmp_path / "csv")
+    assert [p.name for p in written][-1] == "results_carry_over.csv"
+    rows = (tmp_path / "csv" / "results_carry_over.csv").read_text()
+    assert "FedAvg above Local (+3.00),Local above FedAvg (+7.00),does not carry over" in rows
+    write_figures(glance, tmp_path / "figures", formats=("png",))
+    assert all((tmp_path / "figures" / Path(v.heatmap).name).is_file() for v in jpeg_column.alpha)
+
+    # the leaderboard's index shows the same column, greyed, with what carries over
+    from pflbench.reports.build import ReportOptions
+    from pflbench.reports.studies import build_leaderboard
+
+    index = build_leaderboard(root, tmp_path / "site", options=ReportOptions(figures=False, partitions=False))
+    html = index.read_text().split('id="table1-full-cifar10-jpeg"', 1)[1].split('class="glance-column"', 1)[0]
+    assert (
+        'class="paper other-dataset" title="the paper\'s cifar10, not our cifar10-jpeg: cifar10-jpeg is a lossy' in html
+    )
+    assert "not yet run" in html and 'id="carry-table1-full-cifar10-jpeg"' in html
+    assert '<td class="text verdict-does">does not carry over</td>' in html
+    assert "HeurpFedLA</a> not collapsed (0% of entries at 0 or 1)" in html
+
+
+def test_the_page_changes_when_a_still_running_cifar_row_is_published(tmp_path):
+    """A cell published later (the store's `missing` shrinks) turns its row from "not yet run" into a
+    number, without anything else to change."""
+    root = tmp_path / "published"
+    jpeg = root / "table2-full-cifar10-jpeg"
+    for algorithm, acc in (("local", 0.4), ("fedavg", 0.45)):
+        write_cell(
+            jpeg,
+            algorithm=algorithm,
+            dataset="cifar10-jpeg",
+            partition="dominant",
+            samples_per_client=600,
+            accuracies=[acc] * 10,
+            adapted=[acc + 0.01 * i for i in range(10)],
+        )
+    manifest(jpeg, "pflbench run benchmarks/table2.yaml --set dataset=cifar10-jpeg")
+    glance = build_glance(root)
+    (column,) = glance.reproduced
+    assert column.home == "" and not column.carry  # no Fashion-MNIST column published: nothing to carry
+    assert next(r for r in column.rows if r.algorithm == "pfedla").verdict() == "not run"  # no manifest plan
+    assert column.chain is not None and column.chain.verdict("adapted") == "not run"  # Local < FedAvg < pFedLA
+    write_cell(
+        jpeg,
+        algorithm="pfedla",
+        dataset="cifar10-jpeg",
+        partition="dominant",
+        samples_per_client=600,
+        accuracies=[0.5] * 10,
+        adapted=[0.5 + 0.01 * i for i in range(10)],
+    )
+    after = build_glance(root)
+    row = next(r for r in after.reproduced[0].rows if r.algorithm == "pfedla")
+    assert row.run and row.ours.mean == pytest.approx(54.5) and row.delta is None
+    assert "| pFedLA | " in markdown(after, link) and "54.50" in markdown(after, link)
+
+
+def test_a_column_on_another_dataset_with_studies_beside_it_is_a_column_not_a_variant(tmp_path):
+    from pflbench.studies.publish import LEADERBOARD
+
+    root = tmp_path / "published"
+    for name, dataset, seed in (
+        ("table1-full", "fmnist", 0),
+        ("table1-full-cifar10-jpeg", "cifar10-jpeg", 0),
+        ("table1-full-cifar10-jpeg-seed1", "cifar10-jpeg", 1),
+    ):
+        write_cell(
+            root / name,
+            algorithm="local",
+            dataset=dataset,
+            seed=seed,
+            partition_params={"classes_per_client": 4},
+            accuracies=[0.6] * 10,
+            adapted=[0.6] * 10,
+        )
+        manifest(root / name, f"pflbench run benchmarks/table1.yaml --set dataset={dataset} --set seed={seed}")
+    (root / LEADERBOARD).write_text("beside:\n  table1-full-cifar10-jpeg: [table1-full-cifar10-jpeg-seed1]\n")
+    glance = build_glance(root)
+    assert not glance.variants  # not a variant column of table1-full, though its name extends it
+    columns = {c.study: c for c in glance.reproduced}
+    assert set(columns) == {"table1-full", "table1-full-cifar10-jpeg"}
+    jpeg = columns["table1-full-cifar10-jpeg"]
+    assert jpeg.stores == ["table1-full-cifar10-jpeg", "table1-full-cifar10-jpeg-seed1"] and jpeg.seeds == [0, 1]
+    assert jpeg.home == "table1-full"

@@ -32,7 +32,7 @@ IMAGE_SHAPE = (32, 32, 3)
     display_name="CIFAR-10 (JPEG)",
     row_order=3,
     paper_dataset="cifar10",
-    paper_dataset_note="cifar10-jpeg is a lossy JPEG re-encoding of CIFAR-10, not the data the paper used",
+    paper_dataset_note="cifar10-jpeg is a lossy JPEG re-encoding of CIFAR-10 (quality about 75), not the data the paper used",
 )
 class Cifar10JpegSource(FileSource):
     description = (

@@ -349,7 +349,7 @@ def row_layout(table: Table, results: Path) -> list[tuple[Row, str, bool]]:
     holds the most cells of this store (`results`: the study's own, not those beside it), then the
     shortest label, and is shown by the algorithm's name; the others (another hyperparameter, batch,
     optimizer) follow it, labelled by what they change against it."""
-    from pflbench.reports.glance import variant_label
+    from pflbench.reports.glance_columns import variant_label
 
     def own(row: Row) -> int:
         return sum(

@@ -139,7 +139,7 @@ EXACT_FLIPS = 13  # scipy's wilcoxon: up to 13 differences with zeros or ties, e
 
 class PairedTexts:
     """The texts of a paired test `self.test` that may be missing (None: "–"), for the records that hold one
-    (reports.differences.Difference, reports.glance.Judgement)."""
+    (reports.differences.Difference, reports.orderings.Judgement)."""
 
     test: Paired | None
 
