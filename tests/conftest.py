@@ -63,7 +63,7 @@ def local_ray():
     ray.shutdown()
 
 
-# ---- units of work for pytest-xdist (`make test`: `-n 2 --dist loadscope`) ------------------------------
+# ---- units of work for pytest-xdist (`make test`: `-n 3 --dist loadscope`) ------------------------------
 # A test module is one unit: it runs whole, in its file's order, in one process, so that its module-scoped
 # fixtures (reference runs, a built wheel, a Ray instance of its own) are built once, as in a plain run.
 # The modules and tests of one group below are one unit too: they run one after another, never at once.

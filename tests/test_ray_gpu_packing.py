@@ -102,7 +102,7 @@ def test_cells_of_one_eighth_gpu_run_eight_at_once_on_gpu_zero(ray_with_one_gpu)
     inside, most = ray.get(gate.state.remote())
     assert inside == 8 and most == 8, (inside, most)  # eight share the GPU; the ninth waits for a slot
     ray.get(gate.release.remote())
-    seen = ray.get(refs, timeout=120)
+    seen = ray.get(refs, timeout=scaled(120))
     assert ray.get(gate.state.remote())[1] == 8
     assert all(s["gpu_ids"] == ["0"] and s["visible"] == "0" and s["device"] == "cuda" for s in seen), seen
 
@@ -117,5 +117,5 @@ def test_a_cell_of_a_whole_gpu_runs_alone(ray_with_one_gpu):
     time.sleep(1.0)
     assert ray.get(gate.state.remote()) == (1, 1)
     ray.get(gate.release.remote())
-    assert all(s["visible"] == "0" for s in ray.get(refs, timeout=120))
+    assert all(s["visible"] == "0" for s in ray.get(refs, timeout=scaled(120)))
     assert ray.get(gate.state.remote())[1] == 1
