@@ -22,7 +22,8 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 # The suite in TEST_WORKERS processes (pytest-xdist): a test module runs whole in one of them, the tests
-# that start Ray clusters of their own one after another (tests/conftest.py). Three on two cores: many tests
+# that start Ray clusters of their own one after another, the longest modules handed out first
+# (tests/conftest.py: SERIAL_GROUPS, LONG_UNITS). Three on two cores: many tests
 # wait on processes they start (Ray, `pflbench` runs), and a third process uses the cores meanwhile.
 # TEST_WORKERS=0: one process, as a plain `pytest`. The 25 slowest tests are listed at the end (with the load
 # they ran under in mind: tests/budgets.py), so that a test growing slow shows where the suite's time goes.

@@ -36,6 +36,23 @@ def fresh_plugins():
             plugins.unload(loaded.source.id)
 
 
+@pytest.fixture(scope="session")
+def generated_reference(tmp_path_factory):
+    """The folder of reference pages docs/gen_reference.py writes (as `make docs` does, its results page and
+    figures beside it), generated once: the modules that read it are one unit of work (SERIAL_GROUPS)."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(
+        "gen_reference", Path(__file__).resolve().parents[1] / "docs" / "gen_reference.py"
+    )
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    out = tmp_path_factory.mktemp("docs") / "reference"
+    assert gen.main([str(out)]) == 0
+    return out
+
+
 @pytest.fixture
 def local_ray():
     """A local Ray instance of 2 CPUs for one test. Not module-scoped: a later test must find Ray not
@@ -46,7 +63,7 @@ def local_ray():
     ray.shutdown()
 
 
-# ---- units of work for pytest-xdist (`make test`: `-n 2 --dist loadscope`) ------------------------------
+# ---- units of work for pytest-xdist (`make test`: `-n 3 --dist loadscope`) ------------------------------
 # A test module is one unit: it runs whole, in its file's order, in one process, so that its module-scoped
 # fixtures (reference runs, a built wheel, a Ray instance of its own) are built once, as in a plain run.
 # The modules and tests of one group below are one unit too: they run one after another, never at once.
@@ -55,6 +72,35 @@ SERIAL_GROUPS: dict[str, tuple[str, ...]] = {
     # node): one at a time, so that their start-ups, gates and deadlines are those of one cluster on the
     # machine, never of two competing for its cores.
     "ray-clusters": ("tests/test_multinode.py::", "tests/test_ray_cluster.py::"),
+    # The modules that read the generated reference pages (the `generated_reference` fixture): in one process,
+    # so that the generator (half a minute or more: the results page draws its figures) runs once.
+    "docs-generated": ("tests/test_docs_site.py::", "tests/test_docs_for_users.py::"),
+}
+
+
+# The longest units, with the seconds of their tests among the 25 slowest of a whole `make test` (--durations:
+# three processes, load 5-6 on 2 cores; a unit's other tests come on top); handed out first, longest first.
+# pytest-xdist hands out the modules with the most tests first, and these have few tests each (a subprocess
+# or a cluster per test): last in its queue, a 3-minute module started when the others were nearly done, and
+# the other processes waited idle while it ran. Units not listed follow in pytest-xdist's order; a list a
+# little out of date only costs a little of that tail.
+LONG_UNITS: dict[str, float] = {
+    "tests/test_tutorial_outputs.py": 159.8,
+    "ray-clusters": 131.6,
+    "tests/test_sweep_checkpoints.py": 126.2,
+    "tests/test_packaging.py": 70.5,
+    "tests/test_checkpoint_kill.py": 59.8,
+    "tests/test_preemption.py": 59.6,
+    "tests/test_disk_full.py": 43.8,
+    "tests/test_gpu_carry.py": 39.0,
+    "tests/test_out_of_memory.py": 33.4,
+    "tests/test_gpu_column.py": 33.1,
+    "tests/test_preemption_job.py": 31.8,
+    "docs-generated": 31.5,  # the generator's setup, once for both modules
+    "tests/test_store.py": 31.1,
+    "tests/test_scaffold.py": 26.6,
+    "tests/test_checkpoint_ray.py": 26.3,
+    "tests/test_gpu_graphs.py": 25.0,
 }
 
 
@@ -64,6 +110,12 @@ def unit_of_work(nodeid: str) -> str:
         if nodeid.startswith(members):
             return group
     return nodeid.split("::", 1)[0]
+
+
+def first_units() -> list[str]:
+    """The units handed out before all others, in order: LONG_UNITS longest first, then any group not listed."""
+    ranked = sorted(LONG_UNITS, key=lambda unit: -LONG_UNITS[unit])
+    return ranked + [group for group in SERIAL_GROUPS if group not in LONG_UNITS]
 
 
 @pytest.hookimpl(optionalhook=True)  # pytest-xdist's hooks: a plain `pytest` run without it never calls them
@@ -79,25 +131,25 @@ def pytest_xdist_setupnodes():
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
-    """`--dist loadscope` hands out this suite's units of work (unit_of_work), the groups first: they are
-    its longest units, and a long unit handed out last would leave the other processes idle at the end.
+    """`--dist loadscope` hands out this suite's units of work (unit_of_work), the longest first (LONG_UNITS,
+    the groups among them): a long unit handed out last would leave the other processes idle at the end.
     (pytest-xdist's own `xdist_group` marks do not group under pytest 9, whose node ids they cannot amend.)"""
     if config.getvalue("dist") != "loadscope":
         return None
     from xdist.scheduler import LoadScopeScheduling
 
     class SuiteScheduling(LoadScopeScheduling):
-        groups_first = False
+        ordered = False
 
         def _split_scope(self, nodeid: str) -> str:
             return unit_of_work(nodeid)
 
         def _assign_work_unit(self, node) -> None:
-            if not self.groups_first:  # the work queue is complete when the first unit is handed out
-                self.groups_first = True
-                for group in reversed(SERIAL_GROUPS):
-                    if group in self.workqueue:
-                        self.workqueue.move_to_end(group, last=False)
+            if not self.ordered:  # the work queue is complete when the first unit is handed out
+                self.ordered = True
+                for unit in reversed(first_units()):
+                    if unit in self.workqueue:
+                        self.workqueue.move_to_end(unit, last=False)
             super()._assign_work_unit(node)
 
     return SuiteScheduling(config, log)

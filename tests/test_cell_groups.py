@@ -14,6 +14,7 @@ import pandas as pd
 import pytest
 import torch
 
+from budgets import scaled
 from cells import small_cell
 from gate_plugins import write_gated_fedavg
 from pflbench.loader import plugins
@@ -442,6 +443,16 @@ def test_a_cell_drawing_from_the_global_generator_runs_alone_before_the_group(tm
 # ---- groups on Ray --------------------------------------------------------------------------------
 
 
+@pytest.fixture(scope="module")
+def local_ray():
+    """One local Ray instance of 2 CPUs for this module's tests on Ray (conftest's starts one per test),
+    stopped when the module ends: later modules find Ray not initialized."""
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
 def test_group_resources_one_cells_cpus_and_the_gpu_fractions_summed_up_to_one_gpu():
     from pflbench.simulator.groups import group_resources
     from pflbench.run.spec_schema import Resources
@@ -563,7 +574,7 @@ def test_a_killed_group_on_ray_resumes_each_cell_from_its_own_checkpoint(
 
     def killer():
         try:
-            deadline = time.monotonic() + 180
+            deadline = time.monotonic() + scaled(180)  # Ray's workers start first: a bound scaled by the load
             while len(waiting := list(gate.glob("waiting-*"))) < 2:
                 assert time.monotonic() < deadline, "the gated group never arrived"
                 time.sleep(0.05)
@@ -586,7 +597,7 @@ def test_a_killed_group_on_ray_resumes_each_cell_from_its_own_checkpoint(
     thread.start()
     output = io.StringIO()
     report = run_plan(plan(), options, Console(file=output, width=300))
-    thread.join(timeout=200)
+    thread.join(timeout=scaled(200))
     text = output.getvalue()
     assert not errors, f"{errors[0]!r}\n{text}"
     assert killed and report.exit_code == 0, text
@@ -624,7 +635,7 @@ class SignallingFedAvg(FedAvg):
     def configure(self, rnd):
         if rnd.number == {round} and self.engine.cell.seed == 0 and (GATE / "armed").exists():
             os.kill(int((GATE / "armed").read_text()), signal.SIGTERM)
-            deadline = time.monotonic() + 120
+            deadline = time.monotonic() + {wait:.0f}
             while not current().requested:
                 if time.monotonic() > deadline:
                     raise RuntimeError("the driver's stop never reached this worker")
@@ -656,7 +667,7 @@ def test_sigterm_stops_a_group_on_ray_at_the_end_of_its_round_and_the_rerun_resu
     gate, rounds, at = tmp_path / "gate", 6, 3
     gate.mkdir()
     plugin = tmp_path / "signalling_group.py"
-    plugin.write_text(SIGNALLING.format(gate=str(gate), round=at))
+    plugin.write_text(SIGNALLING.format(gate=str(gate), round=at, wait=scaled(120)))  # a bound scaled by the load
     plan = parse_spec(
         {
             "name": "group-preempt",
@@ -812,13 +823,17 @@ def test_an_in_process_group_records_a_finished_cell_before_its_slower_cell_and_
         stderr=subprocess.STDOUT,
         text=True,
     )
-    deadline = time.monotonic() + 60
+    # The fast cell's result arrives after the process's start-up and its first cell: a bound scaled by the
+    # load (tests/budgets.py), judged by whether it arrived, not by the clock after the kill.
+    deadline = time.monotonic() + scaled(90)
+    arrived = False
     try:
         while not list(gate.glob("waiting-*")) or store.status(fast) != "finished":
             if time.monotonic() > deadline or process.poll() is not None:
                 break
             time.sleep(0.05)
         else:
+            arrived = True
             [waiting] = gate.glob("waiting-*")
             assert int(waiting.name.split("-")[1]) == process.pid
             fast_summary = (store.cell_dir(fast) / "summary.json").read_bytes()
@@ -828,7 +843,7 @@ def test_an_in_process_group_records_a_finished_cell_before_its_slower_cell_and_
     finally:
         process.send_signal(signal.SIGKILL)  # no chance to clean up (a no-op where it has ended)
         printed = process.communicate()[0]
-    if time.monotonic() > deadline or process.returncode != -signal.SIGKILL:
+    if not arrived or process.returncode != -signal.SIGKILL:
         pytest.fail(f"the fast cell's result never reached the store while the slow cell waited:\n{printed}")
     (gate / "armed").unlink()
 

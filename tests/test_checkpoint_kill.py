@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from budgets import scaled
 from checkpoint_helpers import assert_same_result
 from pflbench.storage.checkpoint import CHECKPOINT, CheckpointProblem, read_header
 
@@ -87,6 +88,7 @@ def cell_folder(store: Path) -> Path:
 
 
 def wait_for(condition, process, what: str, timeout: float = 120.0):
+    timeout = scaled(timeout)  # a bound on a hang: a loaded machine's slow start-up is not one (tests/budgets.py)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = condition()

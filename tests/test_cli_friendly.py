@@ -17,6 +17,7 @@ from types import SimpleNamespace
 import pytest
 from rich.console import Console
 
+from budgets import scaled
 from pflbench.cli import build_parser, main
 
 REPO = Path(__file__).resolve().parents[1]
@@ -26,7 +27,12 @@ HEAVY = ("torch", "pandas", "ray", "matplotlib", "pyarrow", "optuna")
 def run_cli(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     return subprocess.run(
-        [sys.executable, "-m", "pflbench.cli", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "pflbench.cli", *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=scaled(120),  # a bound on a hang: a start-up took 70 s at load 25 on 2 cores
     )
 
 
@@ -46,7 +52,7 @@ def test_building_the_parser_imports_no_heavy_module():
         env={**os.environ, "PYTHONPATH": str(REPO)},
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=scaled(120),
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]", f"imported while building the parser: {out.stdout.strip()}"
@@ -64,17 +70,19 @@ def test_building_the_parser_imports_no_heavy_module():
     ],
 )
 def test_help_starts_fast(args):
-    """Loose bound (the help takes ~0.1 s; torch alone takes 2-5 s to import on a busy machine),
-    best of three so that a moment of load on a shared machine does not fail it."""
+    """Loose bound (the help takes ~0.1 s; torch alone takes 2-5 s to import on a busy machine), scaled by
+    the load (tests/budgets.py: 3 s on a quiet machine), best of three so that a moment of load on a shared
+    machine does not fail it. That nothing heavy is imported is checked without a clock above."""
+    bound = scaled(3.0)
     best = float("inf")
     for _ in range(3):
         started = time.perf_counter()
         out = run_cli(*args)
         best = min(best, time.perf_counter() - started)
         assert out.returncode == 0 and out.stdout.startswith("usage: pflbench"), out.stderr
-        if best < 3.0:
+        if best < bound:
             break
-    assert best < 3.0, f"pflbench {' '.join(args)} took {best:.1f} s at best"
+    assert best < bound, f"pflbench {' '.join(args)} took {best:.1f} s at best (bound {bound:.1f} s at this load)"
 
 
 def test_choices_written_out_for_a_light_parser_match_the_engine():

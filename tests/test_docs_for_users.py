@@ -34,7 +34,7 @@ def load(name: str, path: Path):
 
 
 @pytest.fixture(scope="module")
-def site_pages(tmp_path_factory) -> dict[str, str]:
+def site_pages(generated_reference) -> dict[str, str]:
     """{page: its Markdown as the site renders it}: hand-written, mirrored and generated pages."""
     gen = load("gen_reference", DOCS / "gen_reference.py")
     hooks = load("docs_hooks", DOCS / "hooks.py")
@@ -44,9 +44,7 @@ def site_pages(tmp_path_factory) -> dict[str, str]:
         if p.relative_to(DOCS).parts[0] not in ("reference", "repo")
     }
     pages |= {name: (ROOT / name).read_text() for name in gen.MIRRORED}
-    out = tmp_path_factory.mktemp("docs") / "reference"
-    assert gen.main([str(out)]) == 0
-    for path in out.glob("*.md"):
+    for path in generated_reference.glob("*.md"):
         pages[f"docs/reference/{path.name}"] = hooks.on_page_markdown(
             path.read_text(), _Page(f"reference/{path.name}"), None, None
         )

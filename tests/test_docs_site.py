@@ -35,10 +35,8 @@ def gen():
 
 
 @pytest.fixture(scope="module")
-def pages(gen, tmp_path_factory):
-    out = tmp_path_factory.mktemp("docs") / "reference"
-    assert gen.main([str(out)]) == 0
-    return {path.name: path.read_text() for path in out.glob("*.md")}
+def pages(generated_reference):
+    return {path.name: path.read_text() for path in generated_reference.glob("*.md")}
 
 
 # ---- the generated reference against the code -------------------------------------------------------

@@ -12,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+from budgets import scaled
+
 REPO = Path(__file__).resolve().parents[1]
 
 SPEC = """
@@ -66,14 +68,14 @@ def run_until(tree: Path, tmp: Path, done, seconds: float = 300) -> str:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-        began = time.monotonic()
+        began, seconds = time.monotonic(), scaled(seconds)  # a bound on a hang, scaled by the load
         try:
             while not done(log.read_text(), tmp / "store"):
                 assert process.poll() is None, f"the run ended on its own:\n{log.read_text()[-3000:]}"
                 assert time.monotonic() - began < seconds, f"nothing after {seconds} s:\n{log.read_text()[-3000:]}"
                 time.sleep(0.3)
             process.send_signal(signal.SIGTERM)
-            process.wait(timeout=120)
+            process.wait(timeout=scaled(120))
         finally:
             if process.poll() is None:
                 os.killpg(process.pid, signal.SIGKILL)

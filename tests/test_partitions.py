@@ -7,6 +7,8 @@ import time
 import numpy as np
 import pytest
 
+from budgets import scaled
+
 import pflbench.partitions  # noqa: F401  (registers the schemes)
 from pflbench.data.partitioning import (
     PARTITIONS,
@@ -166,14 +168,14 @@ def test_dirichlet_small_alpha_many_clients_never_hangs():
         split("dirichlet", {"alpha": 0.01}, num_clients=100)
     except PartitionError as exc:
         assert "alpha" in str(exc) and "min_samples" in str(exc)
-    assert time.perf_counter() - start < 5
+    assert time.perf_counter() - start < scaled(5)  # a hang is caught; a loaded machine's slowness is not one
 
 
 def test_dirichlet_gives_up_with_advice():
     start = time.perf_counter()
     with pytest.raises(PartitionError, match=r"alpha=0\.001.*larger alpha or a smaller min_samples"):
         split("dirichlet", {"alpha": 0.001, "min_samples": 500}, num_clients=10)
-    assert time.perf_counter() - start < 5
+    assert time.perf_counter() - start < scaled(5)  # a hang is caught; a loaded machine's slowness is not one
 
 
 @pytest.mark.parametrize("scheme", SCHEMES)

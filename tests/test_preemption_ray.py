@@ -16,6 +16,7 @@ import re
 
 from rich.console import Console
 
+from budgets import scaled
 from checkpoint_helpers import assert_same_result
 from pflbench.loader import plugins
 from pflbench.storage.checkpoint import CHECKPOINT, read_header
@@ -27,7 +28,7 @@ from pflbench.run.spec import parse_spec
 
 ROUNDS = 8
 SIGNAL_ROUND = 3
-WAIT = 120.0
+WAIT = scaled(120.0)  # for the driver's stop to reach the worker: a bound on a hang, scaled by the load
 
 SIGNALLING_AVG = '''
 """FedAvg that, while {gate}/armed exists, sends SIGTERM to the process named in it at the start of round

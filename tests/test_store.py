@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
+from budgets import scaled
 from pflbench.config import CellConfig, cell_hash
 from pflbench.simulator.rounds import CellResult
 from pflbench.run.spec import load_spec
@@ -107,7 +108,7 @@ def test_resume_after_sigkill(tmp_path):
     assert len(load_store(results)) == len(before)  # readable as it was left
 
     second = run_cli(spec, results, data)
-    output, _ = second.communicate(timeout=120)
+    output, _ = second.communicate(timeout=scaled(120))  # a bound on a hang, scaled by the load
     assert second.returncode == 0, output
     assert f"8 cells, {len(before)} with results in {results}, {8 - len(before)} to run" in output
     after = summaries(results)

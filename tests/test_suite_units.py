@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import SERIAL_GROUPS, unit_of_work
+from conftest import LONG_UNITS, SERIAL_GROUPS, first_units, unit_of_work
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -44,3 +44,15 @@ def test_a_test_is_in_its_group_else_in_its_module():
         unit_of_work("tests/test_privacy.py::test_central_noise_is_on_the_sum[add_remove-1.0]")
         == "tests/test_privacy.py"
     )
+
+
+@pytest.mark.parametrize("unit", sorted(LONG_UNITS))
+def test_every_long_unit_is_a_group_or_a_test_file(unit):
+    assert unit in SERIAL_GROUPS or names_of_tests(ROOT / unit), f"LONG_UNITS: {unit} is no group and no test file"
+
+
+def test_the_longest_units_are_handed_out_first_and_every_group_before_the_rest():
+    order = first_units()
+    assert order[0] == max(LONG_UNITS, key=LONG_UNITS.get)
+    assert [LONG_UNITS[u] for u in order if u in LONG_UNITS] == sorted(LONG_UNITS.values(), reverse=True)
+    assert set(SERIAL_GROUPS) <= set(order)

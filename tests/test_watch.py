@@ -11,11 +11,24 @@ from rich.console import Console
 
 from pflbench.simulator import models
 from pflbench.cli import main
+from pflbench.cli.publish import WATCH_BUDGET
 from pflbench.studies.publish import publish
 from pflbench.run.options import RunOptions
 from pflbench.run.runner import run_plan
 from pflbench.storage.store import SUMMARY, file_record, read_json_dict, write_json
-from pflbench.studies.watch import FINGERPRINTS, PublishedCell, machine_key, representatives, slice_of
+from pflbench.studies.watch import (
+    BUDGET,
+    FINGERPRINTS,
+    PublishedCell,
+    cost_slices,
+    machine_key,
+    published_cells,
+    representatives,
+    slice_cost,
+    slice_of,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
 
 SPEC = """
 name: tiny
@@ -38,6 +51,48 @@ def test_n_consecutive_slices_cover_every_cell_once():
     assert sum(len(s) for s in slices) == len(names) and set().union(*slices) == set(names)
     assert all(slices), "every slice holds some of 200 cells"
     assert [slice_of(n, 10) for n in names] == [slice_of(n, 10) for n in names]  # fixed by the name
+
+
+def test_slices_cut_by_cost_stay_within_the_budget_and_cover_every_cell_that_fits_once():
+    def cell(study, name, seconds, device="cpu"):
+        return PublishedCell(study, Path(study) / name, "fedavg", "cnn", "loop", device, "finished", seconds)
+
+    cells = [cell(f"s{i % 3}", f"{i:012x}", seconds) for i, seconds in enumerate([90, 400, 10, 250, 600, 30, 5] * 4)]
+    cells += [cell("big", "0000000000ff", 1000.0)]  # over the budget alone
+    cells += [cell("gpu", "000000000000", 8.0, device="cuda"), cell("cpu", "000000000000", 500.0)]
+    slices, over = cost_slices(cells, 700.0)
+    costs = [sum(slice_cost(c, cells) for c in s) for s in slices]
+    assert max(costs) <= 700.0, costs
+    assert [c.name for c in over] == ["big/0000000000ff"]
+    names = [c.name for s in slices for c in s]
+    assert sorted(names) == sorted(c.name for c in cells if c.name != "big/0000000000ff")  # each once
+    assert slice_cost(cells[-2], cells) == 500.0  # a GPU cell re-run on the CPU costs its CPU twin's time
+    assert len(slices) <= 2 * sum(costs) / 700.0 + 1  # next-fit: no slice beside the next is under half full
+    assert cost_slices(cells, 700.0) == (slices, over)  # fixed by the cells, not by the call
+
+
+def test_ci_watches_a_slice_cut_by_cost_whose_cells_stay_within_the_stated_budget():
+    """CI (.ci/run) takes its watch slice by cost (`--turn`), at the budget the docs state; every slice of the
+    published store stays within it (slices by count drew 2-32 minutes as stored)."""
+    import shlex
+
+    (line,) = [
+        line
+        for line in (ROOT / ".ci" / "run").read_text().splitlines()
+        if line.strip().startswith(".venv/bin/pflbench watch")
+    ]
+    words = shlex.split(line)
+    assert "--turn" in words and "--slice" not in words, line
+    budget = float(words[words.index("--budget") + 1].removeprefix("${WATCH_BUDGET:-").removesuffix("}"))
+    assert budget == BUDGET == WATCH_BUDGET  # CI's default, the module's and the command line's
+    docs = (ROOT / "docs" / "howto" / "publish.md").read_text()
+    assert f"--budget {budget:.0f}" in docs or f"{budget / 60:.0f} minutes of stored" in docs
+    cells = published_cells(ROOT / "results" / "published")
+    slices, over = cost_slices(cells, budget)
+    assert not over, [c.name for c in over]  # every published cell is in a slice
+    for chosen in slices:
+        cost = sum(slice_cost(c, cells) for c in chosen)
+        assert cost <= budget, f"a slice of {len(chosen)} cells costs {cost:.0f} s as stored, over {budget:.0f}"
 
 
 def test_representatives_are_the_cheapest_finished_cpu_cell_of_each_algorithm_model_and_path():
@@ -110,6 +165,16 @@ def test_a_one_ulp_change_in_a_model_is_caught_by_this_machines_fingerprint(publ
     (root / FINGERPRINTS).unlink()  # without it, only verify's comparison with a cell run elsewhere is left
     assert main(watch) == 0
     assert "within tolerance" in capsys.readouterr().out
+
+
+def test_watch_by_turn_takes_no_cell_over_the_budget_and_names_it(published, capsys):
+    root, cell = published
+    assert main(["watch", "--published", str(root), "--turn", "3", "--budget", "0.0001"]) == 0
+    out, err = capsys.readouterr()
+    assert f"tiny/{cell.name} is in no slice" in out and f"--cell tiny/{cell.name}" in out
+    assert "nothing chosen" in err
+    assert main(["watch", "--published", str(root), "--turn", "0", "--budget", "-5"]) == 2
+    assert "expected a turn >= 0 and a budget > 0 seconds" in capsys.readouterr().err
 
 
 def test_watch_refuses_a_bad_slice_and_an_unknown_cell(published, capsys):

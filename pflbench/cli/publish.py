@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 PUBLISHED = Path("results") / "published"  # pflbench.studies.publish.PUBLISHED, without importing it
+WATCH_BUDGET = 720.0  # pflbench.studies.watch.BUDGET, without importing it
 
 if TYPE_CHECKING:
     from pflbench.studies.verify import CellCheck
@@ -117,7 +118,21 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     watch.add_argument(
         "--published", type=Path, default=PUBLISHED, help="published studies (default: results/published)"
     )
-    watch.add_argument("--slice", metavar="K/N", help="the cells of slice K of N (CI: K = commits on main mod N)")
+    watch.add_argument("--slice", metavar="K/N", help="the cells of slice K of N, cut by count (by a hash of the name)")
+    watch.add_argument(
+        "--turn",
+        type=int,
+        metavar="T",
+        help="the cells of slice T mod N of the slices cut by cost, each at most --budget as stored "
+        "(CI: T = commits on main)",
+    )
+    watch.add_argument(
+        "--budget",
+        type=float,
+        default=WATCH_BUDGET,
+        metavar="SECONDS",
+        help=f"--turn: a slice's stored first-evaluation cost at most (default: {WATCH_BUDGET:.0f})",
+    )
     watch.add_argument(
         "--representatives",
         action="store_true",
@@ -325,7 +340,9 @@ def cmd_watch(args: argparse.Namespace) -> int:
         FingerprintBook,
         machine_key,
         published_cells,
+        cost_slices,
         representatives,
+        slice_cost,
         slice_of,
         watch_cell,
     )
@@ -344,6 +361,27 @@ def cmd_watch(args: argparse.Namespace) -> int:
             print(f"watch: --slice {args.slice!r}: expected K/N with 0 <= K < N (e.g. 3/10)", file=sys.stderr)
             return 2
         chosen.update((c.name, c) for c in cells if slice_of(c.name, n) == k)
+    if args.turn is not None:
+        if args.turn < 0 or not args.budget > 0:
+            print(
+                f"watch: --turn {args.turn} --budget {args.budget:g}: expected a turn >= 0 and a budget > 0 seconds",
+                file=sys.stderr,
+            )
+            return 2
+        slices, over = cost_slices(cells, args.budget)
+        if slices:
+            k = args.turn % len(slices)
+            chosen.update((c.name, c) for c in slices[k])
+            cost = sum(slice_cost(c, cells) for c in slices[k])
+            print(
+                f"watch: slice {k} of {len(slices)} cut by cost ({len(slices[k])} cells, {cost:.0f} s as stored, "
+                f"budget {args.budget:.0f} s): every published cell within {len(slices)} turns"
+            )
+        for cell in over:
+            print(
+                f"watch: {cell.name} is in no slice: its first evaluation alone costs "
+                f"{slice_cost(cell, cells):.0f} s as stored, over the budget (watch it with --cell {cell.name})"
+            )
     if args.representatives:
         chosen.update((c.name, c) for c in representatives(cells, args.max_seconds))
     by_name = {c.name: c for c in cells}
@@ -356,8 +394,10 @@ def cmd_watch(args: argparse.Namespace) -> int:
             return 2
         chosen[name] = by_name[name]
     if not chosen:
-        print("watch: nothing chosen: give --slice K/N, --representatives or --cell STUDY/ID", file=sys.stderr)
-        return 2 if not (args.slice or args.representatives) else 0
+        print(
+            "watch: nothing chosen: give --turn T, --slice K/N, --representatives or --cell STUDY/ID", file=sys.stderr
+        )
+        return 2 if not (args.slice or args.representatives or args.turn is not None) else 0
     commit = args.commit or git_commit()[0]
     book = FingerprintBook(args.fingerprints or args.published / FINGERPRINTS)
     kind = machine_key()

@@ -16,9 +16,15 @@ fails, wherever the cell first ran. A kind without a fingerprint for the cell fa
 comparison with the stored metrics.
 
 Which cells a commit re-runs (each its first evaluation, `verify --rounds 1`):
-- `--slice K/N`: the cells whose `slice_of` is K, a fixed hash of study and cell id into N slices; CI takes
-  K = (number of commits on main) mod N, so N consecutive commits re-run every published cell once (a
-  cell published later joins its slice at once);
+- `--turn T --budget S` (CI): the published cells cut into slices of at most S seconds of stored cost each
+  (`cost_slices`: each cell's first evaluation as stored, a GPU cell at its CPU twin's cost), and slice
+  T mod (number of slices); CI takes T = (number of commits on main), so consecutive commits re-run every
+  published cell once in as many commits as there are slices, and a slice never costs more than S. The
+  slices follow a fixed hash order of the cells' names, cut where the next cell would pass S: a cell
+  published later shifts the cuts after it by its own cost only. A cell whose first evaluation alone costs
+  more than S is in no slice; it is named on every such run (`--cell` watches it);
+- `--slice K/N`: the cells whose `slice_of` is K, a fixed hash of study and cell id into N slices (by count:
+  a slice's cost is whatever its cells draw);
 - `--representatives`: on every commit, the cheapest finished CPU cell of each (algorithm, model, client
   path) among all published studies, whose first evaluation is estimated at most `--max-seconds`. Any
   change to the engine, an algorithm or a model changes the computation of the cells that run that code,
@@ -51,6 +57,9 @@ from pflbench.studies.verify import rounds_to_run
 
 FINGERPRINTS = "fingerprints.json"
 IGNORED = ("wall_time",)
+# A CI slice's stored first-evaluation cost at most (`--turn`'s default): 12 minutes holds the costliest cell
+# published (about 10 minutes) and keeps CI's whole run under 45 minutes (docs/howto/publish.md).
+BUDGET = 720.0
 
 
 @dataclass(frozen=True)
@@ -95,6 +104,36 @@ def published_cells(root: str | Path) -> list[PublishedCell]:
 def slice_of(cell_name: str, slices: int) -> int:
     """The slice (0..slices-1) of `study/cell`: fixed by the name, so it never moves between commits."""
     return int(hashlib.sha256(cell_name.encode()).hexdigest()[:12], 16) % slices
+
+
+def slice_cost(cell: PublishedCell, cells: list[PublishedCell]) -> float:
+    """What re-running `cell`'s first evaluation costs as stored, on a CPU: a cell that ran on a GPU is re-run on
+    the CPU where CUDA is missing, so it counts at the stored cost of a CPU run of the same cell id (a study
+    re-run on a GPU, e.g. table1-full-gpu beside table1-full) where one is published, else at its own."""
+    if cell.device == "cpu":
+        return cell.first_eval_seconds
+    twins = [c.first_eval_seconds for c in cells if c.folder.name == cell.folder.name and c.device == "cpu"]
+    return max([cell.first_eval_seconds, *twins])
+
+
+def cost_slices(cells: list[PublishedCell], budget: float) -> tuple[list[list[PublishedCell]], list[PublishedCell]]:
+    """The cells cut into slices of at most `budget` seconds of `slice_cost` each (module doc), and the cells
+    that are over the budget on their own (in no slice). The order is a fixed hash of each cell's name, so
+    slices mix studies and a new cell moves only the cuts after it."""
+    slices: list[list[PublishedCell]] = []
+    over: list[PublishedCell] = []
+    total = 0.0
+    for cell in sorted(cells, key=lambda c: (hashlib.sha256(c.name.encode()).hexdigest(), c.name)):
+        cost = slice_cost(cell, cells)
+        if cost > budget:
+            over.append(cell)
+            continue
+        if not slices or total + cost > budget:
+            slices.append([])
+            total = 0.0
+        slices[-1].append(cell)
+        total += cost
+    return slices, over
 
 
 def representatives(cells: list[PublishedCell], max_seconds: float) -> list[PublishedCell]:
