@@ -69,32 +69,11 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import Tensor, nn
 
-from pflbench.steps import (
-    Active,
-    Carry,
-    LossCheck,
-    finite,
-    keep_inactive,
-    loss_and_grads,
-    per_client,
-    restore_inactive,
-    rows_where,
-    run_steps,
-    sgd_step,
-    step_plan,
-)
+from pflbench.steps import Active, Carry, LossCheck, finite, keep_inactive, loss_and_grads, per_client, restore_inactive
+from pflbench.steps import rows_where, run_steps, sgd_step, step_plan
 from pflbench import streams
-from pflbench.algorithm import (
-    ALGORITHMS,
-    Algorithm,
-    Capabilities,
-    Card,
-    ClientRound,
-    Hyperparams,
-    Payload,
-    Round,
-    Serving,
-)
+from pflbench.algorithm import ALGORITHMS, Algorithm, Capabilities, Card, ClientRound, Hyperparams, Payload, Round
+from pflbench.algorithm import Serving
 from pflbench.training import SGD, Diverged, State
 
 # The hypernetwork's initialization (torch's global generator), with the seed it had before streams had names.

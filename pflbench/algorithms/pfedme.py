@@ -79,20 +79,8 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from pflbench.steps import (
-    Active,
-    Carry,
-    LossCheck,
-    finite,
-    keep_inactive,
-    loss_and_grads,
-    per_client,
-    restore_inactive,
-    rows_where,
-    run_steps,
-    sgd_step,
-    step_plan,
-)
+from pflbench.steps import Active, Carry, LossCheck, finite, keep_inactive, loss_and_grads, per_client, restore_inactive
+from pflbench.steps import rows_where, run_steps, sgd_step, step_plan
 from pflbench.algorithm import ALGORITHMS, Card, ClientRound, Hyperparams, Payload, Round
 from pflbench.fedavg import FedAvg
 from pflbench.training import Diverged, State, weighted_mean
