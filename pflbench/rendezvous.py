@@ -115,7 +115,8 @@ class Member:
         """`pflbench.training.train_clients` (its arguments: the seven leading ones positional, as `_Request`
         holds them), as a rendezvous with the group's other cells."""
         self.stats.calls += 1
-        request = _Request(*args, kwargs=kwargs)
+        model, state, features, labels, client_indices, plans, sgd = args
+        request = _Request(model, state, features, labels, client_indices, plans, sgd, kwargs)
         outcome = self.group._rendezvous(self, request)
         if outcome is _ALONE:
             return train_clients(*args, **kwargs)
