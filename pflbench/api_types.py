@@ -6,7 +6,7 @@ a cell's run returns (`CellResult`). Each is importable from where it was before
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -92,6 +92,19 @@ def cross_entropy(logits: Tensor, labels: Tensor, state: State, aux: State) -> T
     """Mean cross-entropy of each client's batch: [K]."""
     per_sample = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="none")
     return per_sample.view(labels.shape).mean(dim=1)
+
+
+def proximal(anchor: State, names: Sequence[str], weight: float) -> tuple[State, Objective]:
+    """A proximal objective and the `aux` it reads: cross_entropy + weight/2 * ||w - w_a||^2 per client,
+    over the tensors `names`, w_a being `anchor`'s rows (e.g. the downloaded model; detached copies, under
+    "global.<name>", that ride along as `aux`). FedProx's local objective, Ditto's personal one."""
+    aux = {f"global.{n}": anchor[n].detach().clone() for n in names}
+
+    def objective(logits: Tensor, labels: Tensor, params: State, aux: State) -> Tensor:
+        prox = sum(((params[n] - aux[f"global.{n}"]) ** 2).flatten(1).sum(1) for n in names)
+        return cross_entropy(logits, labels, params, aux) + 0.5 * weight * prox
+
+    return aux, objective
 
 
 def weighted_mean(stacked: Tensor, weights: Tensor) -> Tensor:

@@ -57,6 +57,8 @@ _PFEDLA_ADDED = {"head": "relu", "hn_sign": "descend", "logit_bound": 0.0, "alph
 HP_ADDED_LATER: dict[str, dict[str, Any]] = {"pfedla": _PFEDLA_ADDED, "heurpfedla": _PFEDLA_ADDED}
 # The heterogeneity knobs beyond label skew (benchmarks/README.md, "Heterogeneity"): all off by default.
 HETEROGENEITY_FIELDS = ("feature_shift", "concept_shift", "system", "privacy", "unseen_fraction")
+# The local training: its budget and SGD settings (numbers; the reports tell rows apart by them too).
+TRAINING_FIELDS = ("rounds", "local_epochs", "batch_size", "lr", "momentum", "weight_decay")
 
 
 class CellConfig(BaseModel):
@@ -98,12 +100,7 @@ class CellConfig(BaseModel):
         "clients",
         "participation",
         "seed",
-        "rounds",
-        "local_epochs",
-        "batch_size",
-        "lr",
-        "momentum",
-        "weight_decay",
+        *TRAINING_FIELDS,
         "eval_every",
         "train_fraction",
         "val_fraction",

@@ -269,7 +269,8 @@ def test_a_cifar_column_appears_as_soon_as_one_cell_is_published_with_what_carri
     carried over, broken or not yet decidable."""
     from pflbench.config import cell_hash
     from pflbench.reports.glance import write_figures
-    from pflbench.run.spec import load_spec, parse_sets
+    from pflbench.run.spec import load_spec
+    from pflbench.run.spec_axes import parse_sets
     from tests.report_helpers import dirichlet_alpha
 
     root = tmp_path / "published"

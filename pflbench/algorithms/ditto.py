@@ -33,12 +33,12 @@ from __future__ import annotations
 
 
 from pydantic import Field
-from torch import Tensor
 
 from pflbench import streams
 from pflbench.algorithm import ALGORITHMS, Card, ClientRound, Hyperparams
+from pflbench.api_types import proximal
 from pflbench.fedavg import FedAvg
-from pflbench.simulator.training import State, cross_entropy
+from pflbench.simulator.training import State
 
 
 class DittoHP(Hyperparams):
@@ -69,16 +69,9 @@ class Ditto(FedAvg[DittoHP]):
 
     def local_train(self, rnd: ClientRound, state: State) -> State:
         clients = rnd.clients
-        params = self.engine.model.param_names
-        # w^t: the downloaded global model, the anchor of the personal objective.
-        anchor = {f"global.{n}": state[n].detach().clone() for n in params}
+        # The personal objective: cross-entropy + lam/2 * ||v - w^t||^2, w^t the downloaded global model.
+        anchor, objective = proximal(state, self.engine.model.param_names, self.hp.lam)
         global_update = self.engine.train(rnd, clients, state).state
-        lam = self.hp.lam
-
-        def objective(logits: Tensor, labels: Tensor, model_state: State, aux: State) -> Tensor:
-            prox = sum(((model_state[n] - aux[f"global.{n}"]) ** 2).flatten(1).sum(1) for n in params)
-            return cross_entropy(logits, labels, model_state, aux) + 0.5 * lam * prox
-
         personal = {n: t[clients] for n, t in self.personal_state.items()}
         personal = self.engine.train(
             rnd,

@@ -79,20 +79,8 @@ from pydantic import Field
 from torch import Tensor, nn
 
 from pflbench import streams
-from pflbench.algorithm import (
-    ALGORITHMS,
-    Algorithm,
-    Capabilities,
-    Card,
-    ClientRound,
-    Hyperparams,
-    Models,
-    Payload,
-    Round,
-    Scored,
-    Scores,
-    Serving,
-)
+from pflbench.algorithm import ALGORITHMS, Algorithm, Capabilities, Card, ClientRound, Hyperparams, Models, Payload
+from pflbench.algorithm import Round, Scored, Scores, Serving
 from pflbench.kit.steps import step_ids
 from pflbench.simulator.training import SGD, Diverged, State
 

@@ -16,11 +16,10 @@ Where it was silent / what was chosen here:
 
 from pydantic import Field
 
-from torch import Tensor
-
 from pflbench.algorithm import ALGORITHMS, Card, ClientRound, Hyperparams
+from pflbench.api_types import proximal
 from pflbench.fedavg import FedAvg
-from pflbench.simulator.training import State, cross_entropy
+from pflbench.simulator.training import State
 
 
 class FedProxHP(Hyperparams):
@@ -44,12 +43,7 @@ class FedProx(FedAvg[FedProxHP]):
         mu = float(self.hp.mu)
         if mu == 0.0:  # exactly FedAvg: no extra term, not even a zero one
             return super().local_train(rnd, state)
-        names = self.engine.model.param_names
-        # The downloaded global model rides along as `aux`, stacked like the state (one row per client).
-        anchor = {f"global.{n}": state[n].detach().clone() for n in names}
-
-        def objective(logits: Tensor, labels: Tensor, params: State, aux: State) -> Tensor:
-            prox = sum(((params[n] - aux[f"global.{n}"]) ** 2).flatten(1).sum(1) for n in names)
-            return cross_entropy(logits, labels, params, aux) + 0.5 * mu * prox
-
+        # Cross-entropy + mu/2 * ||w - w_global||^2 over the parameters; the downloaded global model rides
+        # along as `aux`, stacked like the state (one row per client).
+        anchor, objective = proximal(state, self.engine.model.param_names, mu)
         return self.engine.train(rnd, rnd.clients, state, objective=objective, aux=anchor).state

@@ -64,7 +64,7 @@ from torch import Tensor, nn
 
 from pflbench.algorithm import ALGORITHMS, Card, ClientRound, Hyperparams, Models, Payload, Round, Scores, Serving
 from pflbench.fedavg import FedAvg
-from pflbench.kit.feature_training import Head, forward_with_features, head_of, train_with_features
+from pflbench.kit.feature_training import FeatureObjective, Head, forward_with_features, head_of, train_with_features
 from pflbench.streams import Stream
 from pflbench.simulator.training import State
 
@@ -110,6 +110,18 @@ def conditions(embedding: Tensor, class_share: Tensor) -> tuple[Tensor, Tensor]:
     """(g_i, p_i): the mean of the class embeddings [K, C, D] and their mean weighted by the client's
     class shares [K, C]."""
     return embedding.mean(1), torch.bmm(class_share.unsqueeze(1), embedding).squeeze(1)
+
+
+def conditioned_cross_entropy(head: Head) -> FeatureObjective:
+    """The objective of a fit with CoV and the condition fixed: CE of head(CoV(f, p_i)), per client [K]
+    (the model's own `condition` row p_i; its logits are not read)."""
+
+    def objective(logits: Tensor, features: Tensor, labels: Tensor, model: State, carry: State) -> tuple[Tensor, State]:
+        personal = head.logits(model, valve(model, features, model["condition"]))
+        ce = F.cross_entropy(personal.flatten(0, 1), labels.flatten(), reduction="none").view(labels.shape)
+        return ce.mean(1), carry
+
+    return objective
 
 
 def class_shares(fed: Engine) -> Tensor:
@@ -261,23 +273,15 @@ class GPFL(FedAvg[GPFLHP]):
         """The body and head after `serving.adapt_epochs` of CE on head(CoV(f, p_i)) on each client's train
         split (CoV and the condition fixed), from the batch order of the round after `serving.round`."""
         assert isinstance(models, dict)
-        fed, head = serving.clients, self._head
+        fed = serving.clients
         everyone = torch.arange(fed.num_clients, device=fed.device)
-
-        def objective(
-            logits: Tensor, features: Tensor, labels: Tensor, model: State, carry: State
-        ) -> tuple[Tensor, State]:
-            personal = head.logits(model, valve(model, features, model["condition"]))
-            ce = F.cross_entropy(personal.flatten(0, 1), labels.flatten(), reduction="none").view(labels.shape)
-            return ce.mean(1), carry
-
         start = {n: t.clone() for n, t in models.items()}
         adapted, _, _ = train_with_features(
             fed,
             serving.round + 1,
             everyone,
             start,
-            objective,
+            conditioned_cross_entropy(self._head),
             trainable=list(fed.model.param_names),
             epochs=serving.adapt_epochs,
         )
@@ -286,28 +290,20 @@ class GPFL(FedAvg[GPFLHP]):
     def newcomer_models(self, serving: Serving) -> Models:
         """The global body, CoV and GCE; the condition from the newcomer's class shares and the global GCE;
         a head from the initial model, trained for the cell's local epochs through the valve, the rest fixed."""
-        fed, head = serving.clients, self._head
+        fed = serving.clients
         count = fed.num_clients
         models = {n: t.clone() for n, t in fed.init_state(count).items()}
         for n in self.server_names():
             models[n] = self.global_state[n].expand(count, *self.global_state[n].shape[1:]).clone()
         embedding = models[GCE]
         models["condition"] = conditions(embedding, class_shares(fed))[1]
-
-        def objective(
-            logits: Tensor, features: Tensor, labels: Tensor, model: State, carry: State
-        ) -> tuple[Tensor, State]:
-            personal = head.logits(model, valve(model, features, model["condition"]))
-            ce = F.cross_entropy(personal.flatten(0, 1), labels.flatten(), reduction="none").view(labels.shape)
-            return ce.mean(1), carry
-
         everyone = torch.arange(count, device=fed.device)
         fitted, _, _ = train_with_features(
             fed,
             serving.round,
             everyone,
             models,
-            objective,
+            conditioned_cross_entropy(self._head),
             trainable=[n for n in fed.model.param_names if n in self._head_names],
             stream=NEWCOMER_STREAM,
         )

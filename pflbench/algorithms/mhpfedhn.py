@@ -60,19 +60,8 @@ from pydantic import Field
 from torch import Tensor, nn
 
 from pflbench import streams
-from pflbench.algorithm import (
-    ALGORITHMS,
-    Algorithm,
-    Capabilities,
-    Card,
-    ClientRound,
-    Hyperparams,
-    Models,
-    Payload,
-    Refusal,
-    Round,
-    Serving,
-)
+from pflbench.algorithm import ALGORITHMS, Algorithm, Capabilities, Card, ClientRound, Hyperparams, Models, Payload
+from pflbench.algorithm import Refusal, Round, Serving
 from pflbench.simulator.models import ModelName, build_model
 from pflbench.kit.steps import step_ids
 from pflbench.simulator.client_model import ClientModel

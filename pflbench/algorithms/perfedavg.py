@@ -72,22 +72,8 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from pflbench.kit.steps import (
-    Active,
-    Carry,
-    LossCheck,
-    clone_state,
-    finite,
-    keep_inactive,
-    loss_and_grads,
-    per_client,
-    restore_inactive,
-    rows_where,
-    run_steps,
-    sgd_step,
-    step_ids,
-    step_plan,
-)
+from pflbench.kit.steps import Active, Carry, LossCheck, clone_state, finite, keep_inactive, loss_and_grads, per_client
+from pflbench.kit.steps import restore_inactive, rows_where, run_steps, sgd_step, step_ids, step_plan
 from pflbench import streams
 from pflbench.algorithm import ALGORITHMS, Card, ClientRound, Hyperparams, Payload, Serving
 from pflbench.fedavg import FedAvg

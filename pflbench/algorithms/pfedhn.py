@@ -78,23 +78,11 @@ from pflbench.kit.steps import (
     loss_and_grads,
     per_client,
     restore_inactive,
-    rows_where,
-    run_steps,
-    sgd_step,
-    step_plan,
 )
+from pflbench.kit.steps import rows_where, run_steps, sgd_step, step_plan
 from pflbench import streams
-from pflbench.algorithm import (
-    ALGORITHMS,
-    Algorithm,
-    Capabilities,
-    Card,
-    ClientRound,
-    Hyperparams,
-    Payload,
-    Round,
-    Serving,
-)
+from pflbench.algorithm import ALGORITHMS, Algorithm, Capabilities, Card, ClientRound, Hyperparams, Payload, Round
+from pflbench.algorithm import Serving
 from pflbench.simulator.training import SGD, Diverged, State
 
 # The hypernetwork's initialization (torch's global generator), with the seed it had before streams had names.

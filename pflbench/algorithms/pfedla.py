@@ -69,17 +69,8 @@ from pydantic import Field
 from torch import Tensor
 
 from pflbench import streams
-from pflbench.algorithm import (
-    ALGORITHMS,
-    Algorithm,
-    Capabilities,
-    Card,
-    ClientRound,
-    Hyperparams,
-    Payload,
-    Round,
-    Serving,
-)
+from pflbench.algorithm import ALGORITHMS, Algorithm, Capabilities, Card, ClientRound, Hyperparams, Payload, Round
+from pflbench.algorithm import Serving
 from pflbench.newcomers.batchnorm import fit_batchnorm_statistics
 from pflbench.simulator.training import State
 

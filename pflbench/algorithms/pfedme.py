@@ -88,11 +88,8 @@ from pflbench.kit.steps import (
     loss_and_grads,
     per_client,
     restore_inactive,
-    rows_where,
-    run_steps,
-    sgd_step,
-    step_plan,
 )
+from pflbench.kit.steps import rows_where, run_steps, sgd_step, step_plan
 from pflbench.algorithm import ALGORITHMS, Card, ClientRound, Hyperparams, Payload, Round
 from pflbench.fedavg import FedAvg
 from pflbench.simulator.training import Diverged, State, weighted_mean

@@ -166,6 +166,11 @@ def add_data_options(parser: argparse.ArgumentParser, what: str = "") -> None:
     parser.add_argument("--from", dest="mirror", help=f"offline mirror folder (default: $PFLBENCH_DATA_MIRROR){suffix}")
 
 
+def add_set_option(parser: argparse._ActionsContainer, help: str) -> None:
+    """`--set KEY=VALUE` (repeatable, into `args.sets`, in the order given): `pflbench run`'s overrides."""
+    parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE", help=help)
+
+
 def field_default(field: FieldInfo) -> Any:
     """A pydantic field's default, including one given by a default_factory (e.g. a list)."""
     return field.get_default(call_default_factory=True)

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from pflbench.cli.commands import add_data_options
+    from pflbench.cli.commands import add_data_options, add_set_option
 
     publish = subparsers.add_parser(
         "publish",
@@ -33,14 +33,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     publish.add_argument("spec", help="the spec the run used, e.g. benchmarks/table1.yaml")
     publish.add_argument("--study", required=True, help="the study's folder name, e.g. table1-quick")
     publish.add_argument("--scale", help="the run's --scale")
-    publish.add_argument(
-        "--set",
-        dest="sets",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="the run's --set items, in the same order (repeatable)",
-    )
+    add_set_option(publish, help="the run's --set items, in the same order (repeatable)")
     publish.add_argument("--results", type=Path, default=Path("results"), help="the run's store (default: results)")
     publish.add_argument("--out", type=Path, default=PUBLISHED, help=f"published studies (default: {PUBLISHED})")
     publish.add_argument("--note", help="a sentence for the manifest (e.g. what the study is for)")

@@ -12,14 +12,14 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 if TYPE_CHECKING:
     from pflbench.run.spec import Plan
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from pflbench.cli.commands import add_data_options
+    from pflbench.cli.commands import add_data_options, add_set_option
     from pflbench.simulator.execution import add_execution_arguments
 
     run = subparsers.add_parser(
@@ -34,12 +34,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "(format: benchmarks/README.md)",
     )
     what = run.add_argument_group("what to run")
-    what.add_argument(
-        "--set",
-        dest="sets",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
+    add_set_option(
+        what,
         help="override a value for every cell (rounds=2, hp.mu=0.1), replace or add a matrix axis "
         "(seed=[0,1], algorithm=fedavg), pick the spec's entries of its clients axis "
         "(clients=100: the spec's 100-client setting, participation included) or of its "
@@ -168,6 +164,25 @@ def checkpoint_problem(args: argparse.Namespace) -> str | None:
     return None
 
 
+def run_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """What `pflbench run` and `pflbench sweep` both pass on from their shared options (where to run, the
+    data, execution, checkpoints, retries, the grace period), by the names RunOptions and SweepOptions give."""
+    from pflbench.simulator.execution import execution_options
+
+    return {
+        "workers": args.workers,
+        "ray_address": args.ray_address,
+        "data_root": args.root,
+        "mirror": args.mirror,
+        "execution": execution_options(args),
+        "checkpoint_every": args.checkpoint_every,
+        "checkpoint_minutes": args.checkpoint_minutes,
+        "keep_checkpoints": args.keep_checkpoints,
+        "retries": args.retries,
+        "grace_seconds": args.grace_seconds,
+    }
+
+
 def missing_gpus(plan: Plan, ray_address: str | None, device: str | None) -> str | None:
     """Why the plan's GPU request cannot be met here (no cluster named, no CUDA device), or None.
     Without this, Ray would wait forever for a GPU and an in-process run would fail cell by cell."""
@@ -201,7 +216,6 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     from pflbench.run.display import make_console
     from pflbench.run.summary import print_plan
-    from pflbench.simulator.execution import execution_options
     from pflbench.run.options import PrepareError, RunOptions
     from pflbench.run.runner import run_plan
     from pflbench.run.spec import load_spec
@@ -229,20 +243,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     trackers = TrackerOptions(kinds, args.tracker_dir.absolute() if args.tracker_dir else None)
     options = RunOptions(
         results=args.results,
-        data_root=args.root,
-        mirror=args.mirror,
         use_ray=not args.no_ray,
-        workers=args.workers,
-        ray_address=args.ray_address,
         force=args.force,
-        execution=execution_options(args),
-        checkpoint_every=args.checkpoint_every,
-        checkpoint_minutes=args.checkpoint_minutes,
-        keep_checkpoints=args.keep_checkpoints,
         keep_checkpoints_from=args.keep_checkpoints_from,
-        retries=args.retries,
         trackers=trackers,
-        grace_seconds=args.grace_seconds,
+        **run_settings(args),
     )
     try:
         return run_plan(plan, options, console).exit_code

@@ -7,13 +7,13 @@ import argparse
 import sys
 from pathlib import Path
 
-from pflbench.cli.run import add_checkpoint_options, add_grace_option, checkpoint_problem
+from pflbench.cli.run import add_checkpoint_options, add_grace_option, checkpoint_problem, run_settings
 
 DEFAULT_BASE = Path("benchmarks/sweeps/default.yaml")  # pflbench.tuning.trial.DEFAULT_BASE
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from pflbench.cli.commands import add_data_options
+    from pflbench.cli.commands import add_data_options, add_set_option
     from pflbench.simulator.execution import add_execution_arguments
 
     sweep = subparsers.add_parser(
@@ -29,14 +29,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help=f"base spec; with --set/--scale it must give one cell (default {DEFAULT_BASE})",
     )
     sweep.add_argument("--scale", help="a scale of the base spec (e.g. quick)")
-    sweep.add_argument(
-        "--set",
-        dest="sets",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="as for `pflbench run` (repeatable)",
-    )
+    add_set_option(sweep, help="as for `pflbench run` (repeatable)")
     sweep.add_argument("--dataset", help="shortcut for --set dataset=NAME")
     sweep.add_argument("--partition", help="shortcut for --set partition=SCHEME")
     sweep.add_argument("--clients", type=int, help="shortcut for --set clients=N")
@@ -92,7 +85,6 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from pflbench.simulator.execution import execution_options
     from pflbench.run.options import RunStopped
     from pflbench.run.spec_axes import parse_sets
     from pflbench.tuning.sweep import run_sweep
@@ -114,17 +106,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             tune_lr=args.tune_lr,
             grace_rounds=args.grace_rounds,
             seed=args.seed,
-            workers=args.workers,
-            ray_address=args.ray_address,
-            data_root=args.root,
-            mirror=args.mirror,
-            execution=execution_options(args),
-            checkpoint_every=args.checkpoint_every,
-            checkpoint_minutes=args.checkpoint_minutes,
-            keep_checkpoints=args.keep_checkpoints,
-            retries=args.retries,
             resume=args.resume,
-            grace_seconds=args.grace_seconds,
+            **run_settings(args),
         )
         run_sweep(args.algo, base, resources, options)
     except RunStopped as stop:  # preempted: the one line says where each trial stopped and how to continue

@@ -30,7 +30,7 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 from collections.abc import Callable, Hashable, Sequence
 
 import torch
@@ -133,18 +133,19 @@ def step_plan(
     return StepPlan(pool[positions.to(fed.device)], counts)
 
 
-def step_ids(
-    fed: Engine,
-    rnd: int | Round,
-    clients: Tensor,
-    *,
-    stream: StreamLike | None = None,
-    epochs: int | None = None,
-    steps: int | None = None,
-    split: str = "train",
-) -> tuple[Tensor, Tensor]:
-    """`step_plan`'s sample ids [K, S, B] and step counts [K], both on the device."""
-    plan = step_plan(fed, rnd, clients, stream=stream, epochs=epochs, steps=steps, split=split)
+class PlanOptions(TypedDict, total=False):
+    """`step_plan`'s keyword arguments, as `step_ids` passes them on."""
+
+    stream: StreamLike | None
+    epochs: int | None
+    steps: int | None
+    split: str
+
+
+def step_ids(fed: Engine, rnd: int | Round, clients: Tensor, **options: Unpack[PlanOptions]) -> tuple[Tensor, Tensor]:
+    """`step_plan`'s sample ids [K, S, B] and step counts [K], both on the device (`options`: those of
+    `step_plan`: stream, epochs, steps, split)."""
+    plan = step_plan(fed, rnd, clients, **options)
     return plan.ids, plan.counts.to(plan.ids.device)
 
 

@@ -236,7 +236,8 @@ def still_to_run(folder: Path) -> frozenset[str]:
     nothing is missing or the command no longer expands."""
     from pflbench.config import cell_hash
     from pflbench.studies.publish import read_manifest, spec_path
-    from pflbench.run.spec import load_spec, parse_sets
+    from pflbench.run.spec import load_spec
+    from pflbench.run.spec_axes import parse_sets
 
     manifest = read_manifest(folder) or {}
     missing = set(manifest.get("missing") or [])

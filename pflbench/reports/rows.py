@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
+from pflbench.config import TRAINING_FIELDS
 from pflbench.reports.cells import algorithm_rank, display_name, is_reference, printed_value
 from pflbench.reports.knobs import format_value
 
@@ -53,12 +54,7 @@ def row_order(row: Row) -> tuple:
 # them (a 100-round validation run beside a 600-round cell, an MLP beside the CNN), they are different
 # rows, never seeds of one entry.
 BUDGET_FIELDS = (
-    "rounds",
-    "local_epochs",
-    "batch_size",
-    "lr",
-    "momentum",
-    "weight_decay",
+    *TRAINING_FIELDS,
     "train_fraction",
     "val_fraction",
     "finetune_epochs",

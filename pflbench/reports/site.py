@@ -81,13 +81,11 @@ def environment() -> Environment:
         trim_blocks=True,
         lstrip_blocks=True,
     )
+    # The templates call each helper by its own name.
+    env.globals.update({f.__name__: f for f in (display_name, algorithm_class, mean_or_none, payload_text)})
     env.globals.update(
         cell_url=lambda h: f"cells/{safe_name(h)}.html",
         algorithm_url=lambda a: f"algorithms/{safe_name(a)}.html",
-        display_name=display_name,
-        algorithm_class=algorithm_class,
-        mean_or_none=mean_or_none,
-        payload_text=payload_text,
         TUNED=TUNED,
         DATA_DIFFER=DATA_DIFFER,
     )

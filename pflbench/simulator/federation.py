@@ -99,11 +99,11 @@ def cell_data(
     cell: CellConfig,
     dataset: Dataset,
     splits: ClientSplits,
-    execution: ExecutionOptions = ExecutionOptions(),
-    algorithm_batched: bool = True,
-    withhold_test: bool = False,
+    execution: ExecutionOptions,
+    algorithm_batched: bool,
+    withhold_test: bool,
 ) -> CellData:
-    """The cell's `CellData` (see `Federation` for the arguments)."""
+    """The cell's `CellData` (see `Federation` for the arguments and their defaults)."""
     device = federation_device(execution)
     # Normalisation statistics of the trained clients' train splits (pflbench.data.normalization).
     dataset = normalized_for_cell(

@@ -161,6 +161,19 @@ def run_group(
             except Exception:  # the caller's problem, not the cell's: the result is still returned
                 pass
 
+    def cell_rounds(i: int, fed: Federation, algorithm: Algorithm, provenance: dict[str, Any]) -> CellResult:
+        """Cell i's rounds, its algorithm set up (alone or as a member of the group)."""
+        return rounds.run_rounds(
+            fed,
+            algorithm,
+            on_round=on_round[i],
+            provenance=provenance,
+            evaluate=evaluate,
+            checkpointer=checkpointers[i],
+            stop_after=stop_after,
+            set_up=True,
+        )
+
     # Built and set up one after another here, each inside its own global generator as run_cell does.
     for i, cell in enumerate(cells):
         try:
@@ -178,17 +191,7 @@ def run_group(
                 algorithm.setup()
                 if draws_global_generator(fed, algorithm):  # alone, here, in its own generator
                     alone[i] = True
-                    ran = rounds.run_rounds(
-                        fed,
-                        algorithm,
-                        on_round=on_round[i],
-                        provenance=provenance,
-                        evaluate=evaluate,
-                        checkpointer=checkpointers[i],
-                        stop_after=stop_after,
-                        set_up=True,
-                    )
-                    finish(i, ran)
+                    finish(i, cell_rounds(i, fed, algorithm, provenance))
                     continue
         except passthrough as stop:
             stopped[i] = stop
@@ -202,16 +205,7 @@ def run_group(
         result = None
         with member.joined():
             try:
-                result = rounds.run_rounds(
-                    fed,
-                    algorithm,
-                    on_round=on_round[i],
-                    provenance=provenance,
-                    evaluate=evaluate,
-                    checkpointer=checkpointers[i],
-                    stop_after=stop_after,
-                    set_up=True,
-                )
+                result = cell_rounds(i, fed, algorithm, provenance)
             except passthrough as stop:
                 stopped[i] = stop
             except Exception:

@@ -112,23 +112,15 @@ class Member:
         self.group, self.name = group, name
         self.stats = GroupStats()
 
-    def train_clients(
-        self,
-        model: ClientModel,
-        state: State,
-        features: Tensor,
-        labels: Tensor,
-        client_indices: list[Tensor],
-        plans: list[Tensor],
-        sgd: SGD,
-        **kwargs: Any,
-    ) -> tuple[State, Tensor]:
-        """`pflbench.simulator.training.train_clients`, as a rendezvous with the group's other cells."""
+    def train_clients(self, *args: Any, **kwargs: Any) -> tuple[State, Tensor]:
+        """`pflbench.simulator.training.train_clients` (its arguments: the seven leading ones positional, as `_Request`
+        holds them), as a rendezvous with the group's other cells."""
         self.stats.calls += 1
+        model, state, features, labels, client_indices, plans, sgd = args
         request = _Request(model, state, features, labels, client_indices, plans, sgd, kwargs)
         outcome = self.group._rendezvous(self, request)
         if outcome is _ALONE:
-            return train_clients(model, state, features, labels, client_indices, plans, sgd, **kwargs)
+            return train_clients(*args, **kwargs)
         if isinstance(outcome, BaseException):
             raise outcome
         return cast("tuple[State, Tensor]", outcome)  # a merged request's outcome (CellGroup._merged)
