@@ -86,10 +86,10 @@ def test_help_starts_fast(args):
 
 
 def test_choices_written_out_for_a_light_parser_match_the_engine():
-    from pflbench.tuning import sweep
     from pflbench.cli import sweep as sweep_command
+    from pflbench.tuning import trial
 
-    assert sweep_command.DEFAULT_BASE == sweep.DEFAULT_BASE
+    assert sweep_command.DEFAULT_BASE == trial.DEFAULT_BASE
 
 
 # ---- help text ----------------------------------------------------------------------------------

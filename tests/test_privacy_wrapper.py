@@ -177,13 +177,13 @@ def test_the_round_driver_refuses_a_hand_built_method_of_a_cell_with_privacy(tmp
     expected = (
         r"the cell has privacy on \(privacy\.clip=0\.05, privacy\.epsilon=8\.0\), but its method FedAvg was "
         r"built without the privacy wrapper, so its uploads would leave the clients unprivatized: build the "
-        r"method with pflbench\.cell_method\.cell_method\(FedAvg, cell, fed\)"
+        r"method with pflbench\.simulator\.cell_method\.cell_method\(FedAvg, cell, fed\)"
     )
     with pytest.raises(NotTheCellsMethod, match=expected):
         rounds.run_rounds(fed, by_hand)
     assert not hasattr(by_hand, "global_state")  # refused before its setup
     with pytest.raises(
-        NotTheCellsMethod, match=r"or wrap this one with pflbench\.privacy\.with_privacy\(method, fed\)"
+        NotTheCellsMethod, match=r"or wrap this one with pflbench\.simulator\.privacy\.with_privacy\(method, fed\)"
     ):
         rounds.run_round(by_hand, 1, torch.as_tensor(fed.schedule[0]))  # one round, driven by hand
     result = rounds.run_rounds(fed, cell_method(fedavg, fed.cell, fed))
