@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from functools import partial
-from typing import TYPE_CHECKING, cast
+from typing import cast
 
 from pflbench.config import CellConfig
 from pflbench.run.cell import execute_cell, execute_group
@@ -18,15 +18,7 @@ from pflbench.run.recording import GroupRecorder, record, take
 from pflbench.run.spec import Plan
 from pflbench.run.options import RunStopped
 from pflbench.run.stops import DISK_FULL_EXIT, disk_full_line, preempted_line, stopped_cell
-from pflbench.storage.checkpoint import CheckpointFile
 from pflbench.storage.store import DiskFull, Store
-
-if TYPE_CHECKING:
-    from pflbench.run.checkpoint_relay import RelayedCheckpointFile
-
-    # Where a cell's checkpoint is read and written: this machine's files, or on a Ray worker the keeper's
-    # (a RelayedCheckpointFile has CheckpointFile's methods; `Checkpointer` names only CheckpointFile).
-    CheckpointFiles = CheckpointFile | RelayedCheckpointFile
 
 
 def run_in_process(

@@ -2,17 +2,6 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from pflbench.storage.checkpoint import CheckpointFile
-
-if TYPE_CHECKING:
-    from pflbench.run.checkpoint_relay import RelayedCheckpointFile
-
-    # Where a cell's checkpoint is read and written: this machine's files, or on a Ray worker the keeper's
-    # (a RelayedCheckpointFile has CheckpointFile's methods; `Checkpointer` names only CheckpointFile).
-    CheckpointFiles = CheckpointFile | RelayedCheckpointFile
-
 
 def peak_mb() -> int:
     """This process's largest resident set so far, in MB (Linux reports ru_maxrss in KiB)."""

@@ -26,16 +26,11 @@ from pflbench.run.ray_cluster import ClusterError, connect_ray, on_driver_node, 
 from pflbench.run.recording import record, take
 from pflbench.run.spec import Plan, Resources
 from pflbench.run.stops import DISK_FULL_EXIT, checkpoint_round, disk_full_line, next_run, stopped_cell
-from pflbench.storage.checkpoint import CheckpointFile
 from pflbench.storage.store import HEARTBEAT, DiskFull, Store
 
 if TYPE_CHECKING:
-    from pflbench.run.checkpoint_relay import RelayedCheckpointFile
+    from pflbench.run.cell import CheckpointFiles
     from pflbench.simulator.rounds import CellResult
-
-    # Where a cell's checkpoint is read and written: this machine's files, or on a Ray worker the keeper's
-    # (a RelayedCheckpointFile has CheckpointFile's methods; `Checkpointer` names only CheckpointFile).
-    CheckpointFiles = CheckpointFile | RelayedCheckpointFile
 
 
 class Heartbeat:

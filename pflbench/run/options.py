@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from pflbench.run.display import PROBLEMS
 from pflbench.run.preemption import (
@@ -12,14 +11,7 @@ from pflbench.run.preemption import (
 )
 from pflbench.run.trackers import TrackerOptions
 from pflbench.simulator.execution import ExecutionOptions
-from pflbench.storage.checkpoint import DEFAULT_MINUTES, CheckpointFile, CheckpointPolicy
-
-if TYPE_CHECKING:
-    from pflbench.run.checkpoint_relay import RelayedCheckpointFile
-
-    # Where a cell's checkpoint is read and written: this machine's files, or on a Ray worker the keeper's
-    # (a RelayedCheckpointFile has CheckpointFile's methods; `Checkpointer` names only CheckpointFile).
-    CheckpointFiles = CheckpointFile | RelayedCheckpointFile
+from pflbench.storage.checkpoint import DEFAULT_MINUTES, CheckpointPolicy
 
 
 class RunStopped(Exception):

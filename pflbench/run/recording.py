@@ -8,16 +8,10 @@ from pflbench.config import CellConfig
 from pflbench.run.display import Display
 from pflbench.run.options import RunOptions
 from pflbench.run.stops import NO_CHECKPOINT, checkpoint_round
-from pflbench.storage.checkpoint import CheckpointFile
 from pflbench.storage.store import COMPLETE, Store
 
 if TYPE_CHECKING:
-    from pflbench.run.checkpoint_relay import RelayedCheckpointFile
     from pflbench.simulator.rounds import CellResult
-
-    # Where a cell's checkpoint is read and written: this machine's files, or on a Ray worker the keeper's
-    # (a RelayedCheckpointFile has CheckpointFile's methods; `Checkpointer` names only CheckpointFile).
-    CheckpointFiles = CheckpointFile | RelayedCheckpointFile
 
 
 class GroupRecorder:

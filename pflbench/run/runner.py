@@ -60,7 +60,7 @@ import time
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import cast
 
 from rich.console import Console
 from rich.markup import escape
@@ -79,15 +79,7 @@ from pflbench.run.ray_cluster import this_node
 from pflbench.run.spec import Plan, describe_partition
 from pflbench.run.options import RunStopped
 from pflbench.run.stops import acknowledge
-from pflbench.storage.checkpoint import CheckpointFile
 from pflbench.storage.store import COMPLETE, DAMAGED, Store
-
-if TYPE_CHECKING:
-    from pflbench.run.checkpoint_relay import RelayedCheckpointFile
-
-    # Where a cell's checkpoint is read and written: this machine's files, or on a Ray worker the keeper's
-    # (a RelayedCheckpointFile has CheckpointFile's methods; `Checkpointer` names only CheckpointFile).
-    CheckpointFiles = CheckpointFile | RelayedCheckpointFile
 
 
 def prepare_partitions(

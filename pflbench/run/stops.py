@@ -4,22 +4,13 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from pflbench.config import CellConfig, cell_hash
 from pflbench.run.display import label
 from pflbench.run.preemption import (
     Preempted,
 )
-from pflbench.storage.checkpoint import CheckpointFile
 from pflbench.storage.store import DiskFull, Store
-
-if TYPE_CHECKING:
-    from pflbench.run.checkpoint_relay import RelayedCheckpointFile
-
-    # Where a cell's checkpoint is read and written: this machine's files, or on a Ray worker the keeper's
-    # (a RelayedCheckpointFile has CheckpointFile's methods; `Checkpointer` names only CheckpointFile).
-    CheckpointFiles = CheckpointFile | RelayedCheckpointFile
 
 
 DISK_FULL_EXIT = 74  # sysexits' EX_IOERR: a write failed for lack of space; free some and run again

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from rich.console import Console
 from rich.markup import escape
@@ -14,9 +14,6 @@ from pflbench.config import CellConfig, cell_hash
 from pflbench.run.display import PROBLEMS
 from pflbench.run.spec import Plan
 from pflbench.storage.store import Store
-
-if TYPE_CHECKING:
-    pass
 
 
 class RunOutcome(Protocol):
