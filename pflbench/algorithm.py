@@ -71,13 +71,14 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, get_args, get_origin
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeAlias, cast, get_args, get_origin
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationError
 from typing_extensions import TypeVar
 
 from pflbench import registry
+from pflbench.api_types import State
 from pflbench.algorithm_state import (  # how a checkpoint captures a method, importable from here as before
     PLAIN_TYPES as PLAIN_TYPES,
     StateError,
@@ -103,6 +104,7 @@ __all__ = [
     "ALGORITHMS",
     "FAMILIES",
     "Algorithm",
+    "AnyAlgorithm",
     "Budget",
     "Capabilities",
     "Card",
@@ -123,10 +125,10 @@ __all__ = [
 ]
 
 
-A = TypeVar("A", bound="type[Algorithm[Any]]")  # an algorithm class, as registered
+A = TypeVar("A", bound="type[AnyAlgorithm]")  # an algorithm class, as registered
 
 
-class AlgorithmRegistry(Registry[type["Algorithm[Any]"]]):
+class AlgorithmRegistry(Registry[type["AnyAlgorithm"]]):
     """The algorithms' registry: `register(name, card=Card(...))` sets the class's `name` and `card`
     (its own, never inherited) and settles its `capabilities`. A class written in a retired form of the
     API (presentation and capability class attributes, hooks in the old form) is refused with one line
@@ -168,12 +170,24 @@ class Hyperparams(BaseModel):
 
 _Hyperparams = Hyperparams  # the base class, for annotations inside Algorithm (whose `Hyperparams` is a ClassVar)
 HP = TypeVar("HP", bound=Hyperparams, default=Hyperparams)  # an algorithm's own Hyperparams class
+# What a method's client hooks hand each other, and the form of its models: a stacked State unless the
+# method says otherwise (`Algorithm[XHP, Received, Trained, PersonalModels]`).
+Received = TypeVar("Received", default=State)  # what `receive` gives `local_train`
+Trained = TypeVar("Trained", default=State)  # what `local_train` gives `send`
+PersonalModels = TypeVar("PersonalModels", default=Models)  # what `personalized` gives the evaluation hooks
+AnyAlgorithm: TypeAlias = "Algorithm[Any, Any, Any, Any]"  # any method, as the engine and the runner hold one
 
 
-class Algorithm(Generic[HP]):
+class Algorithm(Generic[HP, Received, Trained, PersonalModels]):
     """A method: its hooks (module doc), generic over its hyperparameters' class, so that `self.hp` is
     typed (`class Ditto(Algorithm[DittoHP])`: `self.hp.lam` is a float); the class is also its
-    `Hyperparams`, what the cell's `hp` is parsed into."""
+    `Hyperparams`, what the cell's `hp` is parsed into. The other three parameters type what the hooks
+    hand each other, each a stacked `State` (`Models`, one State per group, for the models) unless the
+    method says otherwise: `Received`, what `receive` returns and `local_train` takes; `Trained`, what
+    `local_train` returns and `send` takes; `PersonalModels`, what `personalized` and
+    `newcomer_models` return and `evaluate` and `adapt_locally` take (pFedHN:
+    `Algorithm[PFedHNHP, State, Trained]`; FedMN: its module pool and routings). mypy then checks that
+    a method's hooks fit together."""
 
     name: ClassVar[str] = ""  # the registered name (set by `ALGORITHMS.register`)
     # How reports show the method (pflbench.card): the class's own, set by `ALGORITHMS.register`.
@@ -268,21 +282,21 @@ class Algorithm(Generic[HP]):
         global model's shared part)."""
         raise _undefined(self, "configure(self, rnd: Round) -> Payload")
 
-    def receive(self, rnd: ClientRound, download: Payload) -> Any:
+    def receive(self, rnd: ClientRound, download: Payload) -> Received:
         """Client, on receiving `download` (`configure`'s, also `rnd.download`): the state each sampled
         client trains, whatever `local_train` takes. The method's own (FedAvg: the downloaded model
         completed by the client's own local part, stacked [K, ...])."""
         raise _undefined(self, "receive(self, rnd: ClientRound, download: Payload) -> state")
 
-    def local_train(self, rnd: ClientRound, state: Any) -> Any:
+    def local_train(self, rnd: ClientRound, state: Received) -> Trained:
         """Client: local training of the sampled clients from `state` (`receive`'s); returns what `send`
         takes. Train through the engine with the round itself (`self.engine.train(rnd, rnd.clients,
         state)`, `local_plans(rnd, ...)`, `pflbench.kit.steps.step_ids(engine, rnd, ...)`): a straggler's plan
         is then cut to its share of the work (`system.stragglers`). Default: the cell's local epochs of
         SGD on the cross-entropy, batched across clients (`state` a stacked State)."""
-        return self.engine.train(rnd, rnd.clients, state).state
+        return cast(Trained, self.engine.train(rnd, rnd.clients, cast(State, state)).state)
 
-    def send(self, rnd: ClientRound, state: Any) -> Payload:
+    def send(self, rnd: ClientRound, state: Trained) -> Payload:
         """Client, after training: keeps what stays on the client and returns the upload
         (`Payload.empty(rnd.clients)` for nothing). The method's own (FedAvg: the trained model is the
         client's; its shared part is uploaded)."""
@@ -314,30 +328,32 @@ class Algorithm(Generic[HP]):
         )
 
     # ---- evaluation's hooks (each receives the population it serves, `serving`) ---------------------
-    def personalized(self) -> Models:
+    def personalized(self) -> PersonalModels:
         """Every trained client's personalized model, as it stands after the last aggregation (called at
         every evaluation, between rounds): a State [N, ...], in a heterogeneous cell one State per group
         (rows: `engine.group_clients[g]`). The method's own (FedAvg: the global shared part with each
         client's local part)."""
         raise _undefined(self, "personalized(self) -> Models")
 
-    def evaluate(self, serving: Serving, models: Models, splits: tuple[str, ...]) -> Scores:
+    def evaluate(self, serving: Serving, models: PersonalModels, splits: tuple[str, ...]) -> Scores:
         """split -> (accuracy [N], loss [N]) of `models` (`personalized`'s, `adapt_locally`'s or
         `newcomer_models`', one per client of `serving.clients`) on each client's own `splits`. Called
         at every evaluation. Default: the engine scores them, every split in one pass over each client's
         samples; override only for models the engine cannot call (e.g. FedMN's routed module pool)."""
-        return serving.clients.evaluate_personalized_splits(models, splits)
+        return serving.clients.evaluate_personalized_splits(cast(Models, models), splits)
 
-    def adapt_locally(self, serving: Serving, models: Models) -> Models:
+    def adapt_locally(self, serving: Serving, models: PersonalModels) -> PersonalModels | Scored:
         """The clients' `models` after `serving.adapt_epochs` of plain local SGD on each one's own train
         split (the after-local-adaptation protocol; called at evaluations of a cell with finetune_epochs
         > 0), as new objects: nothing is written back into the algorithm's state. Models returned as
         `pflbench.serving.Scored` are taken as scored. Override only where `personalized()` is not a
         model the engine can train (e.g. FedMN's routed module pool)."""
-        return serving.clients.adapt_locally(models, serving.round, serving.adapt_epochs)
+        return cast(
+            PersonalModels, serving.clients.adapt_locally(cast(Models, models), serving.round, serving.adapt_epochs)
+        )
 
     # ---- unseen clients ----------------------------------------------------------------------------
-    def newcomer_models(self, serving: Serving) -> Models:
+    def newcomer_models(self, serving: Serving) -> PersonalModels:
         """The models this algorithm gives clients it has never seen (`serving.clients`, the newcomers'
         population: fit on its splits only), at evaluations of a cell with unseen clients, as new
         objects; nothing is written back. A method that does not define it is refused cells with unseen
@@ -373,7 +389,7 @@ class Algorithm(Generic[HP]):
         return {}
 
 
-def undeclared_state(algorithm: Algorithm[Any]) -> list[str]:
+def undeclared_state(algorithm: AnyAlgorithm) -> list[str]:
     """The attributes `algorithm` holds that its class declares in none of `state`, `state_objects` and
     `state_rebuilt` (`engine` and `hp` are the base class's): what a checkpoint would lose."""
     cls = type(algorithm)
@@ -382,7 +398,7 @@ def undeclared_state(algorithm: Algorithm[Any]) -> list[str]:
     return [name for name in vars(algorithm) if name not in declared and not callable(getattr(cls, name, None))]
 
 
-def check_declared(algorithm: Algorithm[Any]) -> None:
+def check_declared(algorithm: AnyAlgorithm) -> None:
     """StateError naming the class's file and each attribute `algorithm` holds undeclared
     (`undeclared_state`): the engine calls it at the end of every round (`Algorithm.check_state`), so a
     forgotten attribute fails the cell rather than a resume."""
@@ -400,7 +416,7 @@ def check_declared(algorithm: Algorithm[Any]) -> None:
         )
 
 
-def _undefined(algorithm: Algorithm[Any], hook: str) -> NotImplementedError:
+def _undefined(algorithm: AnyAlgorithm, hook: str) -> NotImplementedError:
     """The error of a hook the base class leaves to the method (module doc)."""
     return NotImplementedError(
         f"{type(algorithm).__name__} does not define {hook}: the base class Algorithm is only the hooks; define "
@@ -409,7 +425,7 @@ def _undefined(algorithm: Algorithm[Any], hook: str) -> NotImplementedError:
     )
 
 
-def _newcomers_refusal(cls: type[Algorithm[Any]], cell: CellConfig) -> Refusal | None:
+def _newcomers_refusal(cls: type[AnyAlgorithm], cell: CellConfig) -> Refusal | None:
     """Cells with unseen clients, for a method that gives newcomers no model (no `newcomer_models`)."""
     if not cell.unseen_fraction or cls.newcomer_models is not Algorithm.newcomer_models:
         return None
@@ -421,6 +437,6 @@ def _newcomers_refusal(cls: type[Algorithm[Any]], cell: CellConfig) -> Refusal |
     )
 
 
-def get_algorithm(name: str) -> type[Algorithm[Any]]:
+def get_algorithm(name: str) -> type[AnyAlgorithm]:
     """The registered algorithm `name` (the registry loads the built-ins and plugins first)."""
     return ALGORITHMS.get(name)

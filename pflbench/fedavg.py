@@ -101,7 +101,12 @@ class FedAvg(Algorithm[HP]):
 
     # ---- evaluation ----------------------------------------------------------------------------------
     def personalized(self) -> Models:
-        """The global shared part with each client's local part."""
+        """The global shared part with each client's local part (`global_with_local`)."""
+        return self.global_with_local()
+
+    def global_with_local(self) -> State:
+        """The global shared part with each client's local part: a stacked State [N, ...], what a method
+        building its personalized models on FedAvg's starts from."""
         n_clients = self.engine.num_clients
         return {
             n: (

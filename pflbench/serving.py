@@ -22,11 +22,13 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 from torch import Tensor
 
 if TYPE_CHECKING:
+    from pflbench.api_types import State
     from pflbench.engine import Engine
 
-# A method's models for a population: a stacked State [N, ...] of the engine's model, one such State per
-# architecture group in a heterogeneous cell, or the method's own form (FedMN's pool and routings).
-Models: TypeAlias = Any
+# A method's models for a population, as the engine trains and scores them: a stacked State [N, ...] of the
+# engine's model, or one such State per architecture group in a heterogeneous cell. A method with models of
+# its own form (FedMN's pool and routings) names that form as its `PersonalModels` (pflbench.algorithm).
+Models: TypeAlias = "State | list[State]"
 Scores: TypeAlias = dict[str, tuple[Tensor, Tensor]]  # split -> (accuracy [N], loss [N])
 
 
@@ -52,10 +54,10 @@ class Scored:
 
 
 class Evaluates(Protocol):
-    def evaluate(self, serving: Serving, models: Models, splits: tuple[str, ...]) -> Scores: ...
+    def evaluate(self, serving: Serving, models: Any, splits: tuple[str, ...]) -> Scores: ...
 
 
-def score(method: Evaluates, serving: Serving, models: Models, splits: tuple[str, ...]) -> Scores:
+def score(method: Evaluates, serving: Serving, models: Any, splits: tuple[str, ...]) -> Scores:
     """split -> (accuracy, loss) of `models` on each of `serving.clients`' `splits`: their own scores
     where they come `Scored`, else the method's `evaluate`."""
     if isinstance(models, Scored):

@@ -278,13 +278,26 @@ def test_every_starting_point_passes_ruff_and_mypy_and_runs_a_cell(tmp_path):
             plugins.unload(path.name)
 
 
-def test_mypy_sees_a_wrong_hyperparameter_in_a_written_method(tmp_path):
-    """The check above is not vacuous: a hook reading a field its hyperparameters do not have fails mypy."""
+def test_mypy_sees_a_wrong_hyperparameter_or_a_hook_of_the_wrong_type_in_a_written_method(tmp_path):
+    """The check above is not vacuous: a hook reading a field its hyperparameters do not have fails mypy,
+    and so does a hook handing the next one another type than the method declares (`Algorithm`'s
+    Received / Trained parameters: a FedAvg-based method's client hooks hand each other a State)."""
     from pflbench.cli.scaffold import write_scaffold
 
     path, _ = write_scaffold("algorithm", "typo-prox", tmp_path, base="fedprox")
     path.write_text(path.read_text().replace("mu = self.hp.mu", "mu = self.hp.nu"))
-    assert '"TypoProxHP" has no attribute "nu"' in mypy_problems(path)
+    listed, _ = write_scaffold("algorithm", "listed-prox", tmp_path, base="fedprox")
+    text = listed.read_text()
+    text = text.replace("state: State) -> State:", "state: State) -> list[State]:")
+    text = text.replace(
+        "return self.engine.train(rnd, rnd.clients, state, objective=objective, aux=anchor).state",
+        "return [self.engine.train(rnd, rnd.clients, state, objective=objective, aux=anchor).state]",
+    )
+    assert "-> list[State]:" in text and "return [self.engine.train(" in text
+    listed.write_text(text)
+    problems = mypy_problems(path, listed)
+    assert '"TypoProxHP" has no attribute "nu"' in problems
+    assert 'Return type "list[dict[str, Tensor]]" of "local_train" incompatible with return type' in problems
 
 
 def readme_section() -> str:

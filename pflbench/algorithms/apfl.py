@@ -156,7 +156,7 @@ class APFL(FedAvg[APFLHP]):
         return alpha.detach()
 
     def personalized(self) -> State:
-        glob = FedAvg.personalized(self)  # the global model (with the statistics that stay on a client)
+        glob = self.global_with_local()  # the global model (with the statistics that stay on a client)
         return self.mix(self.alpha, self.local_state, glob)
 
     def artifacts(self) -> dict[str, np.ndarray]:

@@ -89,7 +89,7 @@ class FedBABU(FedAvg[FedBABUHP]):
     def personalized(self) -> State:
         if self._cached is not None and self._cached[0] == self._version:
             return self._cached[1]
-        start = super().personalized()  # global body + each client's (initial) head
+        start = self.global_with_local()  # global body + each client's (initial) head
         tuned = self.finetune(self.engine, start)
         self._cached = (self._version, tuned)
         return tuned

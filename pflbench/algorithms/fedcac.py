@@ -176,4 +176,4 @@ class FedCAC(FedAvg[FedCACHP]):
     def personalized(self) -> Models:
         """theta_i for every client, with its own BatchNorm statistics."""
         everyone = torch.arange(self.engine.num_clients, device=self.engine.device)
-        return {**FedAvg.personalized(self), **self.client_models(everyone)}
+        return {**self.global_with_local(), **self.client_models(everyone)}

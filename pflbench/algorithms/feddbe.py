@@ -138,7 +138,7 @@ class FedDBE(FedAvg[FedDBEHP]):
 
     def personalized(self) -> Models:
         """The global model with each client's b_i folded into the head's bias: c + W b_i."""
-        models = dict(FedAvg.personalized(self))
+        models = dict(self.global_with_local())
         head = self._head
         assert head.bias is not None  # setup refuses a head without one
         weight = self.global_state[head.weight][0]  # [C, D]

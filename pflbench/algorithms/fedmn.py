@@ -70,7 +70,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, TypedDict, cast
 
 import numpy as np
 import torch
@@ -79,7 +79,7 @@ from pydantic import Field
 from torch import Tensor, nn
 
 from pflbench import streams
-from pflbench.algorithm import ALGORITHMS, Algorithm, Capabilities, Card, ClientRound, Hyperparams, Models, Payload
+from pflbench.algorithm import ALGORITHMS, Algorithm, Capabilities, Card, ClientRound, Hyperparams, Payload
 from pflbench.algorithm import Round, Scored, Scores, Serving
 from pflbench.kit.steps import step_ids
 from pflbench.simulator.training import SGD, Diverged, State
@@ -89,6 +89,15 @@ if TYPE_CHECKING:
 
 # What a client trains in a round (`receive`'s, `local_train`'s): its copy of the routing net, by client.
 RouterStates = list[dict[str, State]]
+
+
+class PoolAndRouting(TypedDict):
+    """FedMN's models for a population (`personalized`, `newcomer_models`): the module pool and each
+    client's routing."""
+
+    pool: State  # the aggregated module pool's state
+    routing: Tensor  # [N, ...]: each client's frozen routing gates
+
 
 # Random streams (pflbench.streams), with the derivations they had before streams had names.
 INIT_STREAM = streams.Stream("fedmn.init", lambda s, r, c: s, "torch")  # the module pool's and router's initialization
@@ -269,7 +278,7 @@ class FedMNHP(Hyperparams):
         personalizes="the architecture: a routing hypernetwork picks each client's modules from a shared pool",
     ),
 )
-class FedMN(Algorithm[FedMNHP]):
+class FedMN(Algorithm[FedMNHP, RouterStates, RouterStates, PoolAndRouting]):
     """A module pool shared by all clients; each client's routing hypernetwork output picks its modules."""
 
     capabilities = Capabilities(
@@ -494,7 +503,7 @@ class FedMN(Algorithm[FedMNHP]):
                 self.server_pool[name] = torch.stack(sent).float().mean(0).to(self.server_pool[name].dtype)
 
     # ---- evaluation and artifacts ---------------------------------------------------------------------
-    def personalized(self) -> Models:
+    def personalized(self) -> PoolAndRouting:
         """The aggregated pool and every client's frozen routing. A client not trained yet has none:
         it is scored with the routing the server's routing net fixes from its data now, made for this
         evaluation only and never kept in `self.routing`, which `configure` reads to decide what to
@@ -505,7 +514,7 @@ class FedMN(Algorithm[FedMNHP]):
         ]
         return {"pool": self.server_pool, "routing": torch.stack(routing)}
 
-    def evaluate(self, serving: Serving, models: Models, splits: tuple[str, ...]) -> Scores:
+    def evaluate(self, serving: Serving, models: PoolAndRouting, splits: tuple[str, ...]) -> Scores:
         """Each client's routed pool scored on its own splits (the engine cannot call this model)."""
         fed = serving.clients
         self.net.load_state_dict(models["pool"])
@@ -533,7 +542,7 @@ class FedMN(Algorithm[FedMNHP]):
             correct += (logits.argmax(1) == y).sum().item()
         return correct / len(idx), total / len(idx)
 
-    def adapt_locally(self, serving: Serving, models: Models) -> Scored:
+    def adapt_locally(self, serving: Serving, models: PoolAndRouting) -> Scored:
         """The after-local-adaptation protocol for a routed pool: each client trains its copy of the
         aggregated modules through its own frozen routing (cross-entropy, the cell's SGD, the batch
         order of the round after `serving.round`, as `Engine.adapt_locally`; the routing net is not
@@ -569,7 +578,7 @@ class FedMN(Algorithm[FedMNHP]):
                     scores[name][0][c], scores[name][1][c] = self._score(fed, c, gates, name)
         return Scored(scores)
 
-    def newcomer_models(self, serving: Serving) -> Models:
+    def newcomer_models(self, serving: Serving) -> PoolAndRouting:
         routing = [
             self._fixed_routing(serving.clients, c, self.server_router) for c in range(serving.clients.num_clients)
         ]

@@ -138,7 +138,7 @@ class FedRoD(FedAvg[FedRoDHP]):
         return self._split.from_composite(trained)
 
     def personalized(self) -> State:
-        models = dict(FedAvg.personalized(self))
+        models = dict(self.global_with_local())
         for k, t in self.personal_head.items():
             name = f"{self._split.head}.{k}"
             models[name] = models[name] + t

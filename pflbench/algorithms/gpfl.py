@@ -235,7 +235,7 @@ class GPFL(FedAvg[GPFLHP]):
     # ---- evaluation ----------------------------------------------------------------------------------
     def personalized(self) -> Models:
         """The global body, CoV and GCE with each client's head and personalized condition."""
-        models = dict(FedAvg.personalized(self))
+        models = dict(self.global_with_local())
         count = self.engine.num_clients
         for n in [*cov_names(), GCE]:
             models[n] = self.global_state[n].expand(count, *self.global_state[n].shape[1:])

@@ -98,7 +98,8 @@ class KNNPer(FedAvg[KNNPerHP]):
 
     def evaluate(self, serving: Serving, models: Models, splits: tuple[str, ...]) -> Scores:
         population = serving.clients
-        state = models  # one architecture (heterogeneous cells are refused): a State
+        assert isinstance(models, dict)  # one architecture (heterogeneous cells are refused): a State
+        state = models
         scores = {
             s: (
                 torch.full((population.num_clients,), float("nan"), device=population.device),

@@ -194,7 +194,7 @@ class MHpFedHNHP(Hyperparams):
         personalizes="the whole model, generated per client by a multi-head hypernetwork; architectures may differ",
     ),
 )
-class MHpFedHN(Algorithm[MHpFedHNHP]):
+class MHpFedHN(Algorithm[MHpFedHNHP, list[State], list[State]]):
     """Multi-head hypernetwork generating each client's whole model; clients may differ in architecture."""
 
     capabilities = Capabilities(

@@ -212,7 +212,7 @@ class PerFedAvg(FedAvg[PerFedAvgHP]):
             return self._cached[1]
         n = self.engine.num_clients
         # the meta-model (with the statistics that stay on a client under DP: `stays_on_client`)
-        start = {k: t.clone() for k, t in FedAvg.personalized(self).items()}
+        start = {k: t.clone() for k, t in self.global_with_local().items()}
         everyone = torch.arange(n, device=self.engine.device)
         adapted = per_client(self.engine, everyone, self.adapt, start)
         self._cached = (self._version, adapted)

@@ -154,7 +154,7 @@ class PFedHNHP(Hyperparams):
         personalizes="the whole model, generated per client by a server hypernetwork from a learned client embedding",
     ),
 )
-class PFedHN(Algorithm[PFedHNHP]):
+class PFedHN(Algorithm[PFedHNHP, State, Trained]):
     capabilities = Capabilities(
         refused_knobs={
             "privacy.mode": "central DP hands the server one noised sum of the updates, and pFedHN's "

@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from pflbench.simulator.metrics import client_rows
 from pflbench.serving import Serving, score
 
 if TYPE_CHECKING:
-    from pflbench.algorithm import Algorithm
+    from pflbench.algorithm import AnyAlgorithm
 
 
-def score_newcomers(algorithm: Algorithm[Any], serving: Serving, evaluate: tuple[str, ...]) -> tuple[list[dict], float]:
+def score_newcomers(algorithm: AnyAlgorithm, serving: Serving, evaluate: tuple[str, ...]) -> tuple[list[dict], float]:
     """Metrics rows of the newcomers (`serving.clients`) at round `serving.round` and the seconds spent:
     their models from the algorithm, scored as delivered and, with `serving.adapt_epochs`, after local
     adaptation (the same rule as for trained clients), every hook given the newcomers' own `serving`.

@@ -23,7 +23,7 @@ from pflbench.storage.store import ARTIFACTS, CONFIG, ERROR, METRICS, ROUNDS, lo
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-    from pflbench.algorithm import Algorithm
+    from pflbench.algorithm import AnyAlgorithm
     from pflbench.card import Card
     from pflbench.data.sources import Source
 
@@ -60,7 +60,7 @@ def card(algorithm: str) -> Card:
     return cls.card if cls is not None else Card().named(algorithm)
 
 
-def algorithm_class(algorithm: str) -> type[Algorithm[Any]] | None:
+def algorithm_class(algorithm: str) -> type[AnyAlgorithm] | None:
     """The registered class of `algorithm`, or None (e.g. a plugin's, not loaded here)."""
     from pflbench.algorithm import ALGORITHMS
 

@@ -32,7 +32,7 @@ import statistics
 import time
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 from collections.abc import Callable
 
 import numpy as np
@@ -43,7 +43,7 @@ from pflbench.simulator.execution import ExecutionOptions
 from pflbench.simulator.models import build_model
 
 if TYPE_CHECKING:
-    from pflbench.algorithm import Algorithm
+    from pflbench.algorithm import AnyAlgorithm
     from pflbench.simulator.federation import Federation
 
 
@@ -74,7 +74,7 @@ def _bench_federation(
     model: str,
     execution: ExecutionOptions,
     seed: int,
-) -> tuple[Federation, Algorithm[Any]]:
+) -> tuple[Federation, AnyAlgorithm]:
     """A FedAvg Federation over generated data that runs as `execution` says (one per way)."""
     from pflbench.algorithms.fedavg import FedAvg
     from pflbench.data.dataset import Dataset
@@ -142,7 +142,7 @@ def matmul_peak(size: int = 1024, repeats: int = 5, calls: int = 4, device: str 
     return 2 * size**3 / best / 1e9
 
 
-def _time_federated(fed: Federation, algorithm: Algorithm[Any], rounds: int) -> float:
+def _time_federated(fed: Federation, algorithm: AnyAlgorithm, rounds: int) -> float:
     """Seconds of `rounds` whole FedAvg rounds of every client, as `fed` runs them."""
     from pflbench.simulator.rounds import run_round
 

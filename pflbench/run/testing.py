@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from pflbench.algorithm import Algorithm
+from pflbench.algorithm import AnyAlgorithm
 from pflbench.api_types import CellResult
 from pflbench.storage.checkpoint import CheckpointPolicy, Checkpointer
 from pflbench.config import CellConfig
@@ -53,7 +53,7 @@ class InterruptingCheckpointer(Checkpointer):
         super().__init__(*args, **kwargs)
         self.at = at
 
-    def after_round(self, rnd: int, fed: Federation, algorithm: Algorithm[Any], loop: dict, elapsed: float) -> None:
+    def after_round(self, rnd: int, fed: Federation, algorithm: AnyAlgorithm, loop: dict, elapsed: float) -> None:
         super().after_round(rnd, fed, algorithm, loop, elapsed)
         if rnd == self.at:
             self.save(rnd, fed, algorithm, loop, elapsed)

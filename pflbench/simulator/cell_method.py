@@ -12,17 +12,17 @@ as they are: the driver asks `check_cell_method` first, which refuses it with wh
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from pflbench.simulator.privacy import DifferentiallyPrivate, with_privacy, would_wrap
 
 if TYPE_CHECKING:
-    from pflbench.algorithm import Algorithm
+    from pflbench.algorithm import AnyAlgorithm
     from pflbench.config import CellConfig
     from pflbench.simulator.federation import Federation
 
 
-def cell_method(algorithm_cls: type[Algorithm[Any]], cell: CellConfig, fed: Federation) -> Algorithm[Any]:
+def cell_method(algorithm_cls: type[AnyAlgorithm], cell: CellConfig, fed: Federation) -> AnyAlgorithm:
     """`algorithm_cls` built on the cell's Federation `fed` with the cell's hyperparameters, as the
     cell's knobs run it (wrapped under the privacy knob; itself otherwise)."""
     return with_privacy(algorithm_cls(fed, algorithm_cls.parse_hyperparams(cell.hp)), fed)
@@ -32,7 +32,7 @@ class NotTheCellsMethod(TypeError):
     """A method handed to the round driver that is not the cell's method as its knobs run it."""
 
 
-def check_cell_method(algorithm: Algorithm[Any], fed: Federation) -> None:
+def check_cell_method(algorithm: AnyAlgorithm, fed: Federation) -> None:
     """Refuse (`NotTheCellsMethod`) a method that the cell's knobs would wrap but that comes unwrapped: a
     cell with privacy whose method was built by hand (`cls(fed, hp)`) would upload its clients' models
     unprivatized, silently. Called by the round driver (`pflbench.simulator.rounds.run_rounds`, `run_round`)."""
@@ -48,7 +48,7 @@ def check_cell_method(algorithm: Algorithm[Any], fed: Federation) -> None:
     )
 
 
-def unwrapped(algorithm: Algorithm[Any]) -> Algorithm[Any]:
+def unwrapped(algorithm: AnyAlgorithm) -> AnyAlgorithm:
     """The method itself, under any knob's wrapper (`cell_method`): where its own attributes are read
     (a script probing `global_state`; a wrapper delegates the hooks, not the method's attributes)."""
     return algorithm.algorithm if isinstance(algorithm, DifferentiallyPrivate) else algorithm

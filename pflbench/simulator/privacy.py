@@ -95,11 +95,11 @@ import torch
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from pflbench import streams
-from pflbench.algorithm import Algorithm, Hyperparams
+from pflbench.algorithm import Algorithm, AnyAlgorithm, Hyperparams
 from pflbench.capabilities import Refusal
 from pflbench.payload import Payload
 from pflbench.round_context import ClientRound, Round
-from pflbench.serving import Models, Scores, Serving
+from pflbench.serving import Scores, Serving
 from pflbench.simulator.system import KnobParams, knob_problem
 
 if TYPE_CHECKING:
@@ -452,7 +452,7 @@ class CellFederation(Protocol):
     def privatize(self, rnd: int | Round, client: int, update: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]: ...
 
 
-class DifferentiallyPrivate(Algorithm[Hyperparams]):
+class DifferentiallyPrivate(Algorithm[Hyperparams, Any, Any, Any]):
     """A method whose uploads leave each client privatized (the `privacy` knob): an `Algorithm` that
     wraps another, as Flower's `DifferentialPrivacyClientSideFixedClipping(strategy, ...)` wraps a
     strategy. It wraps a method whose upload is a model (`dp_upload = "model"`: the update is upload -
@@ -483,12 +483,12 @@ class DifferentiallyPrivate(Algorithm[Hyperparams]):
         "search_space",
         "quick_hp",
     )
-    wrapped: ClassVar[type[Algorithm[Any]]] = Algorithm  # the wrapped method's class (`wrapping`)
+    wrapped: ClassVar[type[AnyAlgorithm]] = Algorithm  # the wrapped method's class (`wrapping`)
     state: ClassVar[tuple[str, ...]] = ()  # no state of its own (the class doc): `state_dict` is the method's
     state_objects: ClassVar[tuple[str, ...]] = ()
     state_rebuilt: ClassVar[tuple[str, ...]] = ()
 
-    def __init__(self, algorithm: Algorithm[Any], fed: CellFederation) -> None:
+    def __init__(self, algorithm: AnyAlgorithm, fed: CellFederation) -> None:
         if type(self).wrapped is Algorithm:
             raise TypeError(
                 "DifferentiallyPrivate wraps a given method's class: build it with "
@@ -507,7 +507,7 @@ class DifferentiallyPrivate(Algorithm[Hyperparams]):
         self.plan: PrivacyPlan = fed.privacy  # the knob's plan (its release counts are the engine's state)
 
     @classmethod
-    def wrapping(cls, method: type[Algorithm[Any]]) -> type[DifferentiallyPrivate]:
+    def wrapping(cls, method: type[AnyAlgorithm]) -> type[DifferentiallyPrivate]:
         """The wrapper's class for `method`'s instances: this class with `method`'s class-level
         declarations (`WRAPPED_DECLARATIONS`), so what is read from the class (`type(alg).card`,
         `type(alg).name`) is the method's. One class per method (cached)."""
@@ -609,16 +609,16 @@ class DifferentiallyPrivate(Algorithm[Hyperparams]):
         self.algorithm.aggregate_client(rnd, upload)
 
     # ---- evaluation's hooks --------------------------------------------------------------------------
-    def personalized(self) -> Models:
+    def personalized(self) -> Any:
         return self.algorithm.personalized()
 
-    def evaluate(self, serving: Serving, models: Models, splits: tuple[str, ...]) -> Scores:
+    def evaluate(self, serving: Serving, models: Any, splits: tuple[str, ...]) -> Scores:
         return self.algorithm.evaluate(serving, models, splits)
 
-    def adapt_locally(self, serving: Serving, models: Models) -> Models:
+    def adapt_locally(self, serving: Serving, models: Any) -> Any:
         return self.algorithm.adapt_locally(serving, models)
 
-    def newcomer_models(self, serving: Serving) -> Models:
+    def newcomer_models(self, serving: Serving) -> Any:
         return self.algorithm.newcomer_models(serving)
 
     # ---- checkpoints, artifacts and facts ----------------------------------------------------------
@@ -642,10 +642,10 @@ class DifferentiallyPrivate(Algorithm[Hyperparams]):
 
 
 # The wrapper's class for each wrapped method's class (`DifferentiallyPrivate.wrapping`).
-_WRAPPER_CLASSES: dict[tuple[type[DifferentiallyPrivate], type[Algorithm[Any]]], type[DifferentiallyPrivate]] = {}
+_WRAPPER_CLASSES: dict[tuple[type[DifferentiallyPrivate], type[AnyAlgorithm]], type[DifferentiallyPrivate]] = {}
 
 
-def with_privacy(algorithm: Algorithm[Any], fed: CellFederation | None = None) -> Algorithm[Any]:
+def with_privacy(algorithm: AnyAlgorithm, fed: CellFederation | None = None) -> AnyAlgorithm:
     """`algorithm` as a cell runs it under its privacy knob: wrapped in `DifferentiallyPrivate` where the
     knob is on and the method's upload is a model or an update; itself otherwise (the knob off, a method
     that privatizes its uploads itself, `dp_upload = "self"`, or one wrapped already). `fed`: the cell's
@@ -657,7 +657,7 @@ def with_privacy(algorithm: Algorithm[Any], fed: CellFederation | None = None) -
     return DifferentiallyPrivate.wrapping(type(algorithm))(algorithm, fed)
 
 
-def would_wrap(algorithm: Algorithm[Any], fed: CellFederation) -> bool:
+def would_wrap(algorithm: AnyAlgorithm, fed: CellFederation) -> bool:
     """Whether `with_privacy(algorithm, fed)` wraps `algorithm`: the cell's knob is on, the method's
     upload is a model or an update, and it is not wrapped already. True for a method built by hand for
     a cell with privacy: the round driver refuses it (`pflbench.simulator.cell_method.check_cell_method`)."""

@@ -34,7 +34,7 @@ import torch
 from torch import Tensor
 
 from pflbench import streams
-from pflbench.algorithm import Algorithm, get_algorithm
+from pflbench.algorithm import Algorithm, AnyAlgorithm, get_algorithm
 from pflbench.simulator.cell_method import cell_method, check_cell_method
 from pflbench.config import CellConfig
 from pflbench.simulator.execution import ExecutionOptions
@@ -63,10 +63,10 @@ if TYPE_CHECKING:
 
     class RoundCheckpointer(Protocol):
         def resume(
-            self, fed: Federation, algorithm: Algorithm[Any], provenance: dict | None = None
+            self, fed: Federation, algorithm: AnyAlgorithm, provenance: dict | None = None
         ) -> Resumed | None: ...
         def after_round(
-            self, rnd: int, fed: Federation, algorithm: Algorithm[Any], loop: dict, elapsed: float
+            self, rnd: int, fed: Federation, algorithm: AnyAlgorithm, loop: dict, elapsed: float
         ) -> None: ...
         def summary(self) -> dict: ...
 

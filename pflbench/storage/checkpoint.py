@@ -68,7 +68,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
-    from pflbench.algorithm import Algorithm
+    from pflbench.algorithm import AnyAlgorithm
     from pflbench.simulator.federation import Federation
 
 from pflbench.config import CellConfig, cell_hash
@@ -352,7 +352,7 @@ class Checkpointer:
         self._last = clock()
 
     # -- start of the cell --
-    def resume(self, fed: Federation, algorithm: Algorithm[Any], provenance: dict | None = None) -> Resumed | None:
+    def resume(self, fed: Federation, algorithm: AnyAlgorithm, provenance: dict | None = None) -> Resumed | None:
         """After `algorithm.setup()`: load the checkpoint into `algorithm` and `fed` and return the
         loop's records, or None to start from round 1 (no checkpoint, or one set aside).
         `provenance["dataset_checksum"]`, where given, must match the checkpoint's (data re-prepared
@@ -379,7 +379,7 @@ class Checkpointer:
         self.note(f"checkpoint set aside ({reason}); kept as {kept}; the cell starts over")
         return None
 
-    def _load(self, data: bytes, fed: Federation, algorithm: Algorithm[Any]) -> Resumed:
+    def _load(self, data: bytes, fed: Federation, algorithm: AnyAlgorithm) -> Resumed:
         header = decode_header(data)
         if header.get("hash") != cell_hash(self.cell):
             raise CheckpointProblem(f"from another configuration ({header.get('hash')})")
@@ -407,7 +407,7 @@ class Checkpointer:
         return Resumed(header["round"], float(payload["elapsed"]), payload["loop"])
 
     # -- end of each round --
-    def after_round(self, rnd: int, fed: Federation, algorithm: Algorithm[Any], loop: dict, elapsed: float) -> None:
+    def after_round(self, rnd: int, fed: Federation, algorithm: AnyAlgorithm, loop: dict, elapsed: float) -> None:
         """Write a checkpoint after round `rnd` if the policy says it is due. `loop`: the loop's
         records so far (handed back by `resume`); `elapsed`: the cell's wall time so far."""
         from pflbench.algorithm import StateError
@@ -426,7 +426,7 @@ class Checkpointer:
             self.error = str(err)
             self.note(f"no checkpoints for this cell: {err}")
 
-    def _preempted(self, rnd: int, fed: Federation, algorithm: Algorithm[Any], loop: dict, elapsed: float) -> None:
+    def _preempted(self, rnd: int, fed: Federation, algorithm: AnyAlgorithm, loop: dict, elapsed: float) -> None:
         """A stop was asked for (module doc): a checkpoint of round `rnd`, then `Preempted`."""
         from pflbench.algorithm import StateError
 
@@ -438,7 +438,7 @@ class Checkpointer:
         signal = self.preemption.signal if self.preemption is not None else None  # asked for: `after_round` saw it
         raise Preempted(signal or "signal", rounds_done=rnd, resumes_at=self.latest_round, checkpoint_error=self.error)
 
-    def save(self, rnd: int, fed: Federation, algorithm: Algorithm[Any], loop: dict, elapsed: float) -> None:
+    def save(self, rnd: int, fed: Federation, algorithm: AnyAlgorithm, loop: dict, elapsed: float) -> None:
         start = self.clock()
         payload = {
             "round": rnd,

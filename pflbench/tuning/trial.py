@@ -19,7 +19,7 @@ from pflbench.simulator.execution import ExecutionOptions
 from pflbench.storage.checkpoint import Checkpointer
 
 if TYPE_CHECKING:
-    from pflbench.algorithm import Algorithm
+    from pflbench.algorithm import AnyAlgorithm
     from pflbench.simulator.federation import Federation
     from pflbench.storage.checkpoint import Resumed
 
@@ -295,10 +295,10 @@ class TrialCheckpointer(Checkpointer):
         super().__init__(*args, **kwargs)
         self.reports, self.replay = reports, replay
 
-    def after_round(self, rnd: int, fed: Federation, algorithm: Algorithm[Any], loop: dict, elapsed: float) -> None:
+    def after_round(self, rnd: int, fed: Federation, algorithm: AnyAlgorithm, loop: dict, elapsed: float) -> None:
         super().after_round(rnd, fed, algorithm, {**loop, self.REPORTS: list(self.reports)}, elapsed)
 
-    def resume(self, fed: Federation, algorithm: Algorithm[Any], provenance: dict | None = None) -> Resumed | None:
+    def resume(self, fed: Federation, algorithm: AnyAlgorithm, provenance: dict | None = None) -> Resumed | None:
         resumed = super().resume(fed, algorithm, provenance)
         if resumed is not None:
             self.replay(resumed.loop.get(self.REPORTS, []))
