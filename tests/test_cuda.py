@@ -183,7 +183,7 @@ def test_the_captured_step_matches_the_eager_step_on_the_device(tmp_path):
     (the rehearsal) it runs eagerly and gives the eager step's bits."""
     from pflbench.simulator.models import build_model
     from pflbench.simulator.client_model import ClientModel
-    from pflbench.simulator.training import SGD, _train_group, batch_plan, cross_entropy
+    from pflbench.simulator.training import SGD, train_group, batch_plan, cross_entropy
 
     gen = torch.Generator().manual_seed(0)
     model = ClientModel(build_model("cnn-bn", (3, 32, 32), 10))
@@ -195,9 +195,9 @@ def test_the_captured_step_matches_the_eager_step_on_the_device(tmp_path):
     plans = batch_plan(sizes, 16, 2, None, [torch.Generator().manual_seed(k) for k in range(len(sizes))])
     state = model.init(len(sizes), 0, DEVICE)
     trainable = set(model.param_names)
-    eager = _train_group(model, state, features, labels, indices, plans, SGD(0.05, 0.9), cross_entropy, {}, trainable)
+    eager = train_group(model, state, features, labels, indices, plans, SGD(0.05, 0.9), cross_entropy, {}, trainable)
     for _ in range(2):  # the first call captures, the second replays the cached graph
-        static = _train_group(
+        static = train_group(
             model, state, features, labels, indices, plans, SGD(0.05, 0.9), cross_entropy, {}, trainable, static=True
         )
         for name in state:

@@ -18,7 +18,7 @@ from pflbench.simulator.models import build_model
 from pflbench.simulator.row_rates import RowRates
 from pflbench.simulator.rounds import run_cell
 from pflbench.simulator.client_model import ClientModel, to_channels_last
-from pflbench.simulator.training import SGD, _train_group, batch_plan, cross_entropy
+from pflbench.simulator.training import SGD, train_group, batch_plan, cross_entropy
 from test_cell_groups import IMAGES, BN_IMAGES, assert_identical
 from test_fused_steps import same_bits
 
@@ -45,8 +45,8 @@ def clients(name: str, shape: tuple, sizes: list[int], channels_last: bool, seed
 
 def both(model, state, features, labels, indices, plans, sgd, trainable=None, rates=None, objective=cross_entropy):
     trainable = set(model.param_names if trainable is None else trainable)
-    eager = _train_group(model, state, features, labels, indices, plans, sgd, objective, {}, trainable, rates=rates)
-    static = _train_group(
+    eager = train_group(model, state, features, labels, indices, plans, sgd, objective, {}, trainable, rates=rates)
+    static = train_group(
         model, state, features, labels, indices, plans, sgd, objective, {}, trainable, rates=rates, static=True
     )
     return eager, static
@@ -108,7 +108,7 @@ def test_the_cache_is_bounded_and_each_width_has_its_own_buffers():
     trainable = set(model.param_names)
     for width in range(2, 8):
         rows = {n: t[:width] for n, t in state.items()}
-        _train_group(
+        train_group(
             model,
             rows,
             features,

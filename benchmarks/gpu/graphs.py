@@ -127,7 +127,7 @@ def step_part(device: str, widths: list[int], batch: int, steps: int, repeats: i
 
     from pflbench.simulator.models import build_model
     from pflbench.simulator.client_model import ClientModel
-    from pflbench.simulator.training import SGD, _train_group, batch_plan, cross_entropy
+    from pflbench.simulator.training import SGD, train_group, batch_plan, cross_entropy
 
     cuda = device.startswith("cuda")
     model = ClientModel(build_model("cnn", (1, 28, 28), 10))
@@ -149,7 +149,7 @@ def step_part(device: str, widths: list[int], batch: int, steps: int, repeats: i
         sgd = SGD(0.005)
 
         def call(static: bool) -> tuple:
-            return _train_group(model, state, features, labels, indices, plans, sgd, cross_entropy, {}, trainable,
+            return train_group(model, state, features, labels, indices, plans, sgd, cross_entropy, {}, trainable,
                                 static=static)
 
         eager_result, static_result, first_call, eager, static = eager_and_static(call, steps, repeats, cuda)

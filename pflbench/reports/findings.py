@@ -16,7 +16,7 @@ class Finding:
     study: str = ""  # the study it is about (the leaderboard links its page)
 
 
-def _pp(value: float) -> str:
+def signed_points(value: float) -> str:
     return f"{value:+.2f}"
 
 
@@ -53,7 +53,7 @@ def findings(glance: Glance, limit: int = 15) -> list[Finding]:
             out.append(
                 Finding(
                     f"{column.short}, {column.protocol.model} as the paper: of {len(papered)} paper rows "
-                    f"{', '.join(parts)} the paper's ±{spread}; {_seeds_text(column)}",
+                    f"{', '.join(parts)} the paper's ±{spread}; {seeds_text(column)}",
                     f"#{column.anchor}",
                     column.study,
                 )
@@ -108,7 +108,7 @@ def carry_sentence(glance: Glance, column: GlanceColumn, papered: list) -> str:
     return text + f"; of {len(column.carry)} conclusions of {home}: " + ", ".join(parts)
 
 
-def _seeds_text(column: GlanceColumn) -> str:
+def seeds_text(column: GlanceColumn) -> str:
     seeds = column.seeds
     return f"seed {seeds[0]}" if len(seeds) == 1 else f"seeds {', '.join(map(str, seeds))} where published"
 
@@ -125,7 +125,7 @@ def claim_sentence(column: GlanceColumn, claim: Claim) -> str:
         head = f"{verdicts[0]} under every protocol"
     else:
         head = ", ".join(f"{j.verdict} {j.protocol}" for j in claim.judgements)
-    return f"{column.short}: {claim.text} (paper {_pp(claim.paper_difference)}) {head}: " + "; ".join(
+    return f"{column.short}: {claim.text} (paper {signed_points(claim.paper_difference)}) {head}: " + "; ".join(
         _judged_text(j) for j in claim.judgements
     )
 

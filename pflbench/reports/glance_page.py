@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from pflbench.reports.findings import _pp, _seeds_text, findings
+from pflbench.reports.findings import signed_points, seeds_text, findings
 from pflbench.reports.glance_data import Glance, GlanceColumn, GlanceRow
 from pflbench.reports.orderings import JUDGED
 from pflbench.reports.tables import Entry
@@ -119,7 +119,7 @@ def column_markdown(
         f"## {_cell(c.title)} {{#{c.anchor}}}",
         "",
         f"**{c.state}.** Protocol: {c.protocol.label} (the paper's, as the reference file reads it). "
-        f"{_seeds_text(c).capitalize()}. Studies: " + ", ".join(f"[{s}]({study_link(s)})" for s in c.stores) + ".",
+        f"{seeds_text(c).capitalize()}. Studies: " + ", ".join(f"[{s}]({study_link(s)})" for s in c.stores) + ".",
         "",
     ]
     if c.other_dataset:
@@ -226,7 +226,7 @@ def claims_markdown(column: GlanceColumn, study_link: Callable[[str], str]) -> l
         "|---|---|---|---|---|---|---|---|",
     ]
     for claim in c.claims:
-        paper = _pp(claim.paper_difference)
+        paper = signed_points(claim.paper_difference)
         if c.other_dataset and not c.variant_of:
             paper = _other(f"{paper} ({c.column.paper_dataset})", c)
         for j in claim.judgements:

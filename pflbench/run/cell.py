@@ -139,12 +139,12 @@ def _tracked(tracking: CellTracking | None, report: Callable[[dict], None] | Non
     return on_round
 
 
-def _posting(board: Any, key: str) -> Callable[[dict], None]:
+def posting(board: Any, key: str) -> Callable[[dict], None]:
     """A Ray cell's round reports, posted to the progress board as the driver's display needs them."""
     return lambda info: board.post.remote(key, progress_of(info))
 
 
-def _noting(board: Any, key: str) -> Callable[[str], None]:
+def noting(board: Any, key: str) -> Callable[[str], None]:
     """A Ray cell's notes, posted to the progress board."""
     return lambda text: board.note.remote(key, text)
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from pflbench.config import CellConfig, cell_hash
-from pflbench.run.cell import _noting, _posting, execute_cell, execute_group, failed_result, progress_of
+from pflbench.run.cell import noting, posting, execute_cell, execute_group, failed_result, progress_of
 from pflbench.run.display import Display, label
 from pflbench.run.memory import ENDED_BY_THE_SIGNAL, cause_of, worker_lost
 from pflbench.run.node_data import DataFingerprint, NodeDataError, check_node_data
@@ -187,8 +187,8 @@ def _ray_group_task(
                 [cells[i] for i in runnable],
                 resources,
                 options,
-                [_posting(board, keys[i]) for i in runnable],
-                [_noting(board, keys[i]) for i in runnable],
+                [posting(board, keys[i]) for i in runnable],
+                [noting(board, keys[i]) for i in runnable],
                 preemption=BoardStop(board),
                 checkpoint_files=[checkpoint_files[i] for i in runnable],
                 on_finished=lambda j, result: hand_on(runnable[j], result),

@@ -42,14 +42,14 @@ from pflbench.run.spec_axes import (
     Assigned,
     Assignments,
     Axes,
-    _assignments_of,
-    _field_type,
-    _parse_axes,
-    _settable,
-    _split_sets,
-    _variant_names,
+    assignments_of,
+    field_type,
+    parse_axes,
+    unsettable_reason,
+    split_sets,
+    variant_names,
 )
-from pflbench.run.spec_problems import Problems, SpecError, _check_size
+from pflbench.run.spec_problems import Problems, SpecError, check_size
 from pflbench.run.spec_schema import (
     VARIANTS_AXIS,
     Resources,
@@ -57,7 +57,7 @@ from pflbench.run.spec_schema import (
     SpecFile,
     TunedFile,
     TunedSetting,
-    _listify,
+    listify,
     hyperparameters,
 )
 
@@ -108,13 +108,13 @@ def _condition_of(when: dict[str, Any], where: str, problems: Problems) -> Condi
         if key in DICT_FIELDS:
             problems.add(f"{where}.{key}", f"compare single entries, e.g. {key}.NAME: VALUE")
             continue
-        reason = _settable(key)
+        reason = unsettable_reason(key)
         if reason:
             problems.add(f"{where}.{key}", reason)
             continue
-        options = _listify(wanted)
+        options = listify(wanted)
         checked = [
-            problems.check(_field_type(key), v, f"{where}.{key}" + (f"[{i}]" if len(options) > 1 else ""))
+            problems.check(field_type(key), v, f"{where}.{key}" + (f"[{i}]" if len(options) > 1 else ""))
             for i, v in enumerate(options)
         ]
         values[key] = tuple(checked)
@@ -191,7 +191,7 @@ def load_spec(path: str | Path, sets: dict[str, Any] | None = None, scale: str |
         raise SpecError(str(path), [("file", "not a text file (UTF-8 YAML expected): is this the spec?")]) from None
     except yaml.YAMLError as error:
         raise SpecError(str(path), [("file", f"not valid YAML: {str(error)[:1000]}")]) from None
-    _check_size(data, str(path), "file")
+    check_size(data, str(path), "file")
     return parse_spec(data, source=str(path), sets=sets, default_name=path.stem, scale=scale, base_dir=path.parent)
 
 
@@ -214,7 +214,7 @@ def parse_spec(
     data["resources"] = dict(data.get("resources") or {})
     scale = scale or FULL_SCALE
     chosen, origins = _apply_scale(data, scale, source)
-    command_line = _split_sets(sets or {}, data, origins)
+    command_line = split_sets(sets or {}, data, origins)
     try:
         spec = SpecFile.model_validate(data)
     except ValidationError as error:
@@ -222,17 +222,17 @@ def parse_spec(
         raise SpecError(source, [(where.lstrip(".") or "file", msg) for where, msg in problems.items]) from None
 
     resources = problems.check(TypeAdapter(Resources), spec.resources, origins.get("resources", "resources"))
-    axes, optional = _parse_axes(spec.matrix, origins, problems)
-    defaults = _assignments_of(spec.defaults, "defaults", problems)
+    axes, optional = parse_axes(spec.matrix, origins, problems)
+    defaults = assignments_of(spec.defaults, "defaults", problems)
     override_blocks = [("overrides", spec.overrides)]
     if chosen is not None:
         where = f"scales.{scale}"
-        defaults.update(_assignments_of(chosen.defaults, f"{where}.defaults", problems))
+        defaults.update(assignments_of(chosen.defaults, f"{where}.defaults", problems))
         override_blocks.append((f"{where}.overrides", chosen.overrides))
     rules = [
         Rule(
             _condition_of(o.when, f"{block}[{i}].when", problems),
-            _assignments_of(o.assign, f"{block}[{i}].set", problems),
+            assignments_of(o.assign, f"{block}[{i}].set", problems),
             _condition_of(o.unless, f"{block}[{i}].unless", problems) if o.unless else None,
         )
         for block, overrides in override_blocks
@@ -244,7 +244,7 @@ def parse_spec(
     if spec.tuned is not None:
         tuned_rules, tuned = _tuned_rules(spec.tuned, _spec_algorithms(axes, defaults, rules), base_dir, problems)
         rules += tuned_rules
-    rules.append(Rule(Condition({}), _assignments_of(command_line, "--set", problems)))
+    rules.append(Rule(Condition({}), assignments_of(command_line, "--set", problems)))
     if problems:
         raise SpecError(source, list(problems.items))
 
@@ -265,7 +265,7 @@ def parse_spec(
         scale=scale,
         scales=(FULL_SCALE, *spec.scales),
         tuned=tuned,
-        variants=tuple(_variant_names(data["matrix"].get(VARIANTS_AXIS))),
+        variants=tuple(variant_names(data["matrix"].get(VARIANTS_AXIS))),
         trackers=tuple(spec.trackers),
     )
 
@@ -275,7 +275,7 @@ def resolve_cell(values: dict[str, Any], source: str = "<cell>") -> CellConfig:
     `hp.NAME` keys), through the same checks and default resolution as a spec's cells, so the same
     settings give the same hash. Raises SpecError (e.g. a hyperparameter the algorithm does not have)."""
     problems = Problems()
-    flat = _assignments_of(values, "cell", problems)
+    flat = assignments_of(values, "cell", problems)
     for key in ("algorithm", "dataset"):
         if key not in flat and not problems:
             problems.add(f"cell.{key}", "missing")
@@ -391,7 +391,7 @@ def _tuned_rules(
         if tuned.algorithm != name:
             problems.add(f"{path}: algorithm", f"is {tuned.algorithm!r}, expected {name!r} (the file's name)")
             continue
-        assignments = _assignments_of(tuned.assign, f"{path}: set", problems)
+        assignments = assignments_of(tuned.assign, f"{path}: set", problems)
         assignments["hp_source"] = Assigned("tuned", f"{path}")
         rules.append(Rule(Condition({"algorithm": (name,)}), assignments))
         used[name] = str(path)

@@ -11,13 +11,13 @@ from pydantic import AfterValidator, BeforeValidator, TypeAdapter
 
 from pflbench.config import CellConfig, reject_boolean
 from pflbench.registry import echo, unknown_message  # noqa: F401  (unknown_message: used by others via spec)
-from pflbench.run.spec_problems import Problems, SpecError, _check_size
+from pflbench.run.spec_problems import Problems, SpecError, check_size
 from pflbench.run.spec_schema import (
     AXIS_TYPES,
     NAME_CHECKS,
     VARIANTS_AXIS,
     VARIANTS_TYPE,
-    _listify,
+    listify,
 )
 
 # Dict-valued cell fields: their entries are addressed as `field.entry`.
@@ -35,7 +35,7 @@ CLIENTS_AXIS = "clients"  # `--set clients=N` picks the axis's entries for N cli
 
 
 @cache
-def _field_type(key: str) -> TypeAdapter:
+def field_type(key: str) -> TypeAdapter:
     """Validator of one settable key: the CellConfig field's type and bounds (pydantic's lax mode, so
     that `1e-3`, which YAML reads as a string, is a float), plus the registry check for names.
     Entries of dict fields are checked per cell, in context."""
@@ -48,7 +48,7 @@ def _field_type(key: str) -> TypeAdapter:
     return TypeAdapter(Annotated[(field.annotation, *extras)] if extras else field.annotation)
 
 
-def _settable(key: str) -> str | None:
+def unsettable_reason(key: str) -> str | None:
     """None if `key` may be assigned, else why not."""
     group, dot, entry = key.partition(".")
     fields = list(CellConfig.model_fields)
@@ -73,7 +73,7 @@ Assignments = dict[str, Assigned]
 Axes = list[tuple[str, list[Assignments]]]  # matrix axes in file order: (key, its entries)
 
 
-def _assignments_of(mapping: dict[str, Any], where: str, problems: Problems) -> Assignments:
+def assignments_of(mapping: dict[str, Any], where: str, problems: Problems) -> Assignments:
     """`{lr: 0.1, hp: {mu: 1}, partition_params.alpha: 0.3}` -> checked flat assignments."""
     flat: Assignments = {}
     for key, value in mapping.items():
@@ -82,14 +82,14 @@ def _assignments_of(mapping: dict[str, Any], where: str, problems: Problems) -> 
             if not isinstance(value, dict):
                 problems.add(f"{where}.{key}", f"must be a mapping of entries, got {echo(value)}")
                 continue
-            flat.update(_assignments_of({f"{key}.{k}": v for k, v in value.items()}, where, problems))
+            flat.update(assignments_of({f"{key}.{k}": v for k, v in value.items()}, where, problems))
             continue
         origin = f"--set {key}" if where == "--set" else f"{where}.{key}"
-        reason = _settable(key)
+        reason = unsettable_reason(key)
         if reason:
             problems.add(origin, reason)
             continue
-        checked = problems.check(_field_type(key), value, origin)
+        checked = problems.check(field_type(key), value, origin)
         if checked is not None or value is None:
             flat[key] = Assigned(checked, origin)
     return flat
@@ -106,20 +106,20 @@ def parse_sets(items: list[str]) -> dict[str, Any]:
             sets[key.strip()] = yaml.safe_load(text)
         except yaml.YAMLError:
             sets[key.strip()] = text
-        _check_size(sets[key.strip()], "--set", echo(key.strip()))
+        check_size(sets[key.strip()], "--set", echo(key.strip()))
     return sets
 
 
-def _variant_names(entries: Any) -> list[Any]:
+def variant_names(entries: Any) -> list[Any]:
     """The names of a `variants` axis's entries, in the spec's order."""
-    return [e.get("name") for e in _listify(entries) if isinstance(e, dict)]
+    return [e.get("name") for e in listify(entries) if isinstance(e, dict)]
 
 
 def _chosen_variants(entries: Any, names: Any) -> list[Any]:
     """The entries of a spec's `variants` axis named by `--set variant=NAME` (or a list of names), in
     the spec's order: the one way to narrow a variants axis to a cell from the command line."""
-    wanted = [str(n) for n in _listify(names)]
-    offered = _variant_names(entries)
+    wanted = [str(n) for n in listify(names)]
+    offered = variant_names(entries)
     if not offered:
         raise SpecError("--set", [(VARIANT_SELECTOR, f"this spec has no matrix.{VARIANTS_AXIS} axis to choose from")])
     unknown = [n for n in wanted if n not in offered]
@@ -127,7 +127,7 @@ def _chosen_variants(entries: Any, names: Any) -> list[Any]:
         raise SpecError(
             "--set", [(VARIANT_SELECTOR, unknown_message("variant", unknown[0] if unknown else "", offered))]
         )
-    return [e for e in _listify(entries) if isinstance(e, dict) and e.get("name") in wanted]
+    return [e for e in listify(entries) if isinstance(e, dict) and e.get("name") in wanted]
 
 
 def _client_count(entry: Any) -> Any:
@@ -141,16 +141,16 @@ def _chosen_client_settings(entries: Any, value: Any) -> list[Any]:
     clients training every round); a count the spec does not have is a new entry, as written (the
     usual way to shrink a spec: `--set clients=4`). A mapping is always an entry as written
     (`--set 'clients={clients: 100, participation: 1.0}'`)."""
-    offered = _listify(entries) if entries is not None else []
+    offered = listify(entries) if entries is not None else []
     chosen: list[Any] = []
-    for wanted in _listify(value):
+    for wanted in listify(value):
         is_count = isinstance(wanted, int) and not isinstance(wanted, bool)
         matching = [e for e in offered if _client_count(e) == wanted] if is_count else []
         chosen.extend(matching or [wanted])
     return chosen
 
 
-def _split_sets(sets: dict[str, Any], data: dict, origins: dict[str, str]) -> dict[str, Any]:
+def split_sets(sets: dict[str, Any], data: dict, origins: dict[str, str]) -> dict[str, Any]:
     """`--set` of a matrix axis, of a structured axis or with a list value replaces (or adds) that
     axis; `resources.*` sets a resource; anything else becomes a final, unconditional override
     (returned). Replaced axes are noted in `origins`. `variant=NAME` keeps the named entries of the
@@ -166,7 +166,7 @@ def _split_sets(sets: dict[str, Any], data: dict, origins: dict[str, str]) -> di
                     "--set", [(f"{axis}+=", unknown_message("matrix axis of this spec", axis, list(data["matrix"])))]
                 )
             if data["matrix"][axis] != "all":
-                data["matrix"][axis] = [*_listify(data["matrix"][axis]), *_listify(value)]
+                data["matrix"][axis] = [*listify(data["matrix"][axis]), *listify(value)]
             origins[axis] = f"--set {axis}+="
         elif key.startswith("resources."):
             data["resources"][key.removeprefix("resources.")] = value
@@ -194,10 +194,10 @@ def _variant_entries(raw: Any, where: str, problems: Problems) -> list[Assignmen
     for i, name in enumerate(names):
         if name in names[:i]:
             problems.add(f"{where}[{i}].name", f"{echo(name)} names two variants; give each its own name")
-    return [_assignments_of(entry.assign, f"{where}[{i}].set", problems) for i, entry in enumerate(entries)]
+    return [assignments_of(entry.assign, f"{where}[{i}].set", problems) for i, entry in enumerate(entries)]
 
 
-def _parse_axes(matrix: dict[str, Any], origins: dict[str, str], problems: Problems) -> tuple[Axes, set[str]]:
+def parse_axes(matrix: dict[str, Any], origins: dict[str, str], problems: Problems) -> tuple[Axes, set[str]]:
     """Matrix axes, in file order, each a list of flat assignments; and the optional datasets."""
     axes: Axes = []
     optional: set[str] = set()
@@ -222,20 +222,20 @@ def _parse_axes(matrix: dict[str, Any], origins: dict[str, str], problems: Probl
             optional |= {e.name for e in entries if key == "dataset" and e.optional}
         else:
             reason = (
-                _settable(key)
+                unsettable_reason(key)
                 if key not in DICT_FIELDS
                 else (f"vary single entries, e.g. {key}.NAME: [VALUE, ...], or use a structured axis")
             )
             if reason:
                 problems.add(where, reason)
                 continue
-            raw_values = _listify(raw)
+            raw_values = listify(raw)
             if not raw_values:
                 problems.add(where, "empty list; give at least one value")
                 continue
             values = []
             for i, value in enumerate(raw_values):
-                checked = problems.check(_field_type(key), value, f"{where}[{i}]")
+                checked = problems.check(field_type(key), value, f"{where}[{i}]")
                 values.append({key: checked})
         entries_where = [{k: Assigned(v, f"{where}[{i}]") for k, v in entry.items()} for i, entry in enumerate(values)]
         for k in {k for entry in values for k in entry}:

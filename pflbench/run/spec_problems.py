@@ -45,7 +45,7 @@ def count_values(data: Any, limit: int = MAX_SPEC_VALUES) -> int:
     return count
 
 
-def _check_size(data: Any, source: str, where: str) -> None:
+def check_size(data: Any, source: str, where: str) -> None:
     if count_values(data) > MAX_SPEC_VALUES:
         raise SpecError(
             source,

@@ -81,7 +81,7 @@ class SpecModel(BaseModel):
         return data
 
 
-def _listify(value: Any) -> list[Any]:
+def listify(value: Any) -> list[Any]:
     return value if isinstance(value, list) else [value]
 
 
@@ -152,7 +152,7 @@ class ClientSetting(SpecModel):
 
 def _algorithm_axis(value: Any) -> list[Any]:
     """`all` means every registered algorithm, so a spec picks up new ones without edits."""
-    return _algorithms().names() if value == "all" else _listify(value)
+    return _algorithms().names() if value == "all" else listify(value)
 
 
 AXIS_TYPES: dict[str, TypeAdapter] = {
@@ -163,9 +163,9 @@ AXIS_TYPES: dict[str, TypeAdapter] = {
             Field(min_length=1),
         ]
     ),
-    "dataset": TypeAdapter(Annotated[list[DatasetEntry], BeforeValidator(_listify), Field(min_length=1)]),
-    "partition": TypeAdapter(Annotated[list[PartitionEntry], BeforeValidator(_listify), Field(min_length=1)]),
-    "clients": TypeAdapter(Annotated[list[ClientSetting], BeforeValidator(_listify), Field(min_length=1)]),
+    "dataset": TypeAdapter(Annotated[list[DatasetEntry], BeforeValidator(listify), Field(min_length=1)]),
+    "partition": TypeAdapter(Annotated[list[PartitionEntry], BeforeValidator(listify), Field(min_length=1)]),
+    "clients": TypeAdapter(Annotated[list[ClientSetting], BeforeValidator(listify), Field(min_length=1)]),
 }
 
 
@@ -186,7 +186,7 @@ class Variant(SpecModel):
 
 VARIANTS_AXIS = "variants"
 VARIANTS_TYPE: TypeAdapter[list[Variant]] = TypeAdapter(
-    Annotated[list[Variant], BeforeValidator(_listify), Field(min_length=1)]
+    Annotated[list[Variant], BeforeValidator(listify), Field(min_length=1)]
 )
 
 
@@ -214,7 +214,7 @@ class TunedSetting(SpecModel):
         if data is True:
             return {}
         if isinstance(data, (list, str)):
-            return {"algorithms": _listify(data)}
+            return {"algorithms": listify(data)}
         if isinstance(data, dict) and data.get("algorithms") == "all":
             return {**data, "algorithms": None}
         return data
@@ -252,7 +252,7 @@ class SpecFile(SpecModel):
     scales: dict[str, Scale] = Field(default_factory=dict)
     tuned: TunedSetting | None = None
     # stream every cell's rounds to these trackers (pflbench/run/trackers.py), besides any `--tracker`
-    trackers: Annotated[list[TrackerKind], BeforeValidator(_listify)] = Field(default_factory=list)
+    trackers: Annotated[list[TrackerKind], BeforeValidator(listify)] = Field(default_factory=list)
 
     @model_validator(mode="before")
     @classmethod

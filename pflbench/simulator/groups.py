@@ -13,7 +13,7 @@ classes that can share one step (`_merge_key`: the same model structure and memo
 objective function and aux layout, the same trainable set, the same SGD structure (momentum or not,
 weight decay or not: the values, learning rates included, are each row's own, `pflbench.simulator.row_rates`),
 the same batch size and device, the batched eager path, the static step or not) and runs each class of
-two or more requests as one `_train_group` call over the concatenated clients (states and aux concatenated along the client dimension; the
+two or more requests as one `train_group` call over the concatenated clients (states and aux concatenated along the client dimension; the
 samples of each request index its own cell's features, so the features and labels of the class are
 concatenated once and each request's sample ids shifted by its offset). A request alone in its class,
 or one that asks for the loop path or the compiled step, is handed back to its own thread, which makes
@@ -29,7 +29,7 @@ Equality (tests/test_cell_groups.py). Every client's arithmetic in the batched s
 stacked layers run one convolution per client on a CPU, one batched matmul, BatchNorm per client
 channel; the loss of the sum has gradient 1 for each client), so a request merged with others gets,
 bit for bit, what the batched path gives it alone when it has two or more clients. A one-client
-request alone takes the unstacked path (`_train_group`'s `single`); merged, it trains stacked:
+request alone takes the unstacked path (`train_group`'s `single`); merged, it trains stacked:
 the same arithmetic in another float order, equal within the tolerance the tests state.
 
 Randomness. Nothing in a round may draw from torch's global generator while other cells run on

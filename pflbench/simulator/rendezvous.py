@@ -21,7 +21,7 @@ from torch import Tensor
 
 from pflbench.simulator.row_rates import RowRates, structure
 from pflbench.simulator.client_model import ClientModel
-from pflbench.simulator.training import SGD, Diverged, State, _train_group, cross_entropy, train_clients
+from pflbench.simulator.training import SGD, Diverged, State, train_group, cross_entropy, train_clients
 
 _local = threading.local()
 
@@ -237,7 +237,7 @@ class CellGroup:
         return features, labels, [starts[i] for i in where]
 
     def _merged(self, requests: list[_Request]) -> list[object]:
-        """One `_train_group` over the requests' clients; per request its (state, loss) or `Diverged`."""
+        """One `train_group` over the requests' clients; per request its (state, loss) or `Diverged`."""
         first = requests[0]
         features, labels, offsets = self._table(requests)
         indices = [idx + offset if offset else idx for r, offset in zip(requests, offsets) for idx in r.client_indices]
@@ -258,7 +258,7 @@ class CellGroup:
                 first.state[first.model.param_names[0]].dtype,
             )
         )
-        new_state, losses = _train_group(
+        new_state, losses = train_group(
             first.model,
             state,
             features,

@@ -160,11 +160,11 @@ def train_static(
     trainable: set[str],
     loss_sum: Tensor,
 ) -> tuple[State, State | None]:
-    """The steps `ids` [K, S, B] (sample ids on the device) of `pflbench.simulator.training._train_group`'s
+    """The steps `ids` [K, S, B] (sample ids on the device) of `pflbench.simulator.training.train_group`'s
     batched path through the static step, from `state`: row k takes the steps before its `counts[k]`
     and sits out the others; `rates` are each row's SGD values (None: `sgd`'s). Adds the rows' losses
     to `loss_sum` [K]; returns the new state and the momenta by trainable name (None without momentum),
-    fresh tensors, for the eager steps that may follow (`_train_group` goes on from there)."""
+    fresh tensors, for the eager steps that may follow (`train_group` goes on from there)."""
     width, steps = ids.shape[:2]
     device = features.device
     x, y = features[ids[:, 0]], labels[ids[:, 0]]

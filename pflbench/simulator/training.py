@@ -129,7 +129,7 @@ def train_clients(
     trainable = set(model.param_names if trainable is None else trainable)
     compiled = compiled and objective is cross_entropy and not aux
     if batched:
-        new_state, losses = _train_group(
+        new_state, losses = train_group(
             model,
             state,
             features,
@@ -151,7 +151,7 @@ def train_clients(
             )
 
         def one(k: int) -> tuple[State, Tensor]:
-            return _train_group(
+            return train_group(
                 model,
                 _rows(state, k),
                 features,
@@ -219,7 +219,7 @@ def _rows(state: State, k: int) -> State:
     return {name: t[k : k + 1] for name, t in state.items()}
 
 
-def _train_group(
+def train_group(
     model: ClientModel,
     state: State,
     features: Tensor,
