@@ -19,8 +19,8 @@ paper, within our column), and the orderings the paper claims judged under each 
 - pflbench.reports.findings        the findings at the top of the page;
 - pflbench.reports.glance_page     the page as Markdown; pflbench.reports.glance_csv: its tables as CSV.
 
-This module builds the page's data (`build_glance`) and keeps every name of those parts importable from
-here.
+This module builds the page's data (`build_glance`) and is the page's way in: the names in `__all__` (the
+data, the findings, the Markdown, CSV and figures); every other name is imported from its part.
 """
 
 from __future__ import annotations
@@ -28,66 +28,27 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from pflbench.reports.alpha_views import ALPHA_EXTREME, attach_alpha, layerwise, write_figures
-from pflbench.reports.carry_over import attach_carry_over, home_of
-from pflbench.reports.findings import Finding, chain_sentence, claim_sentence, findings
-from pflbench.reports.glance_columns import COLUMN_STUDY, build_column, column_studies, reference_of, variant_label
-from pflbench.reports.glance_csv import (
-    CARRY_FIELDS,
-    CLAIM_FIELDS,
-    ROW_FIELDS,
-    carry_records,
-    claim_records,
-    row_records,
-    write_csv,
-)
-from pflbench.reports.glance_data import AlphaView, CarryOver, Glance, GlanceColumn, GlanceRow
-from pflbench.reports.glance_page import HOW_TO_READ, IDENTIFIED, claims_markdown, column_markdown, markdown
-from pflbench.reports.orderings import CHAIN, CLAIMS, JUDGED, MIXED, Chain, Claim, Judgement, global_model, judge_claims
+from pflbench.reports.alpha_views import attach_alpha, write_figures
+from pflbench.reports.carry_over import attach_carry_over
+from pflbench.reports.findings import findings
+from pflbench.reports.glance_columns import build_column, column_studies, reference_of
+from pflbench.reports.glance_csv import write_csv
+from pflbench.reports.glance_data import Glance, GlanceColumn
+from pflbench.reports.glance_page import HOW_TO_READ, IDENTIFIED, markdown
+from pflbench.reports.orderings import JUDGED
 from pflbench.reports.reference import Reference, default_reference_dir, load_references
 from pflbench.reports.stats import LEVEL
 
+# The page's way in: its data (`build_glance`), its findings, the page as Markdown and CSV, its figures;
+# every other name is its part's (module doc).
 __all__ = [
-    "ALPHA_EXTREME",
-    "CARRY_FIELDS",
-    "CHAIN",
-    "CLAIMS",
-    "CLAIM_FIELDS",
-    "COLUMN_STUDY",
     "HOW_TO_READ",
     "IDENTIFIED",
     "JUDGED",
-    "MIXED",
-    "ROW_FIELDS",
-    "AlphaView",
-    "CarryOver",
-    "Chain",
-    "Claim",
-    "Finding",
     "Glance",
-    "GlanceColumn",
-    "GlanceRow",
-    "Judgement",
-    "attach_alpha",
-    "build_column",
     "build_glance",
-    "carry_records",
-    "chain_sentence",
-    "claim_records",
-    "claim_sentence",
-    "claims_markdown",
-    "column_markdown",
-    "column_studies",
-    "default_glance",
     "findings",
-    "global_model",
-    "home_of",
-    "judge_claims",
-    "layerwise",
     "markdown",
-    "reference_of",
-    "row_records",
-    "variant_label",
     "write_csv",
     "write_figures",
 ]
@@ -128,9 +89,3 @@ def build_glance(published: str | Path, references: Sequence[Reference] | None =
     attach_alpha(glance, published)
     attach_carry_over(glance)
     return glance
-
-
-def default_glance(published: str | Path = "results/published") -> Glance | None:
-    """The glance of `published`, or None when it holds no reproduced column."""
-    glance = build_glance(published)
-    return glance if glance.columns else None
