@@ -43,15 +43,7 @@ def run_in_process(
         run_groups_in_process(cells, plan, options, store, display, preemption)
         return
     for cell in cells:
-        if preemption.requested:
-            raise RunStopped(
-                preempted_line(
-                    Preempted(cast(str, preemption.signal)),
-                    None,  # requested: a signal
-                    preemption.grace_seconds,
-                ),
-                PREEMPTED_EXIT,
-            )
+        stop_if_requested(preemption)
         try:
             if not take(cell, store, options, display):
                 continue
@@ -86,15 +78,7 @@ def run_groups_in_process(
     from pflbench.simulator.groups import form_groups
 
     for group in form_groups(cells):
-        if preemption.requested:
-            raise RunStopped(
-                preempted_line(
-                    Preempted(cast(str, preemption.signal)),
-                    None,  # requested: a signal
-                    preemption.grace_seconds,
-                ),
-                PREEMPTED_EXIT,
-            )
+        stop_if_requested(preemption)
         taken: list[CellConfig] = []
         recorder = GroupRecorder(taken, store, options, display)
         try:
@@ -152,3 +136,10 @@ def run_groups_in_process(
             raise RunStopped(disk_full_line(cast(DiskFull, first_full[0]), first_full[1], store), DISK_FULL_EXIT)
         if preempted:
             raise RunStopped(f"preempted ({preemption.signal}): " + "; ".join(preempted), PREEMPTED_EXIT)
+
+
+def stop_if_requested(preemption: Preemption) -> None:
+    """RunStopped (exit 75) when a signal asked the run to stop before its next cell started."""
+    if preemption.requested:
+        line = preempted_line(Preempted(cast(str, preemption.signal)), None, preemption.grace_seconds)
+        raise RunStopped(line, PREEMPTED_EXIT)
