@@ -207,3 +207,47 @@ def test_a_fixed_cell_runs_end_to_end_on_the_batched_path(tmp_path):
     result = run_cell(cell, data_root=tmp_path, execution=ExecutionOptions(client_batching="on"))
     assert result.status == "finished" and result.summary["client_batching"] == "batched"
     assert np.array_equal(result.artifacts["alpha_round00001"], result.artifacts["alpha_round00002"])
+
+
+def test_the_question_specs_share_their_cells_with_the_published_columns():
+    """The fixed family's 600-round spec, the moving-alpha and logit-bound specs and the 175-sample Local spec
+    differ from the published Table 1-2 cells only in what they vary: set back, they give the published ids;
+    the grid's nine fixed cells are those of the 600-round spec's variants at the grid's settings."""
+    from pflbench.run.spec import load_spec
+    from pflbench.run.spec_axes import parse_sets
+
+    benchmarks = Path(__file__).parents[1] / "benchmarks"
+
+    def ids(spec: str, *sets: str) -> list[str]:
+        return [cell_hash(c) for c in load_spec(benchmarks / spec, parse_sets(list(sets))).cells]
+
+    table2 = ("dataset=fmnist", "clients=10", "seed=0", "resources.gpus=0")
+    assert ids("table2.yaml", *table2, "algorithm=pfedla") == ["5fc5d2675474"]  # table2-full's pFedLA
+    fixed = ids("table2-full-pfedla-fixed.yaml")
+    assert len(fixed) == 9
+    assert (
+        fixed[4]
+        == ids(
+            "table2.yaml",
+            *table2,
+            "algorithm=pfedla",
+            "hp.alpha_rule=fixed",
+            "hp.self_weight=0.5",
+            "hp.spread=shared_classes",
+        )[0]
+    )
+    assert ids("table2-full-pfedla-moving.yaml", "hp.hn_lr=0.01") == ["f3a229b3d8b0"]  # the alive Table 2 cell
+    assert ids("table1-2-full-pfedla-bounds.yaml", "hp.logit_bound=2.0") == ["0ea69107428e", "f3a229b3d8b0"]
+    for variant, share in (("175 samples, share 0.3", 0.3), ("175 samples, share 0.45", 0.45)):
+        assert ids("table2-full-175-local.yaml", f"variant={variant}") == ids(
+            "table2.yaml",
+            *table2,
+            "algorithm=local",
+            "partition_params.samples_per_client=175",
+            f"partition_params.dominant_share={share}",
+        )
+    grid = load_spec(benchmarks / "table2-pfedla-fixed-grid.yaml").cells
+    full = load_spec(benchmarks / "table2-full-pfedla-fixed.yaml").cells
+    assert [c.hp for c in grid[:9]] == [c.hp for c in full]
+    assert {(c.rounds, c.val_fraction, c.finetune_epochs) for c in grid} == {(150, 0.1, 0)}
+    assert [c.algorithm for c in grid[9:]] == ["fedavg", "pfedla"] and grid[10].hp["alpha_rule"] == "learned"
