@@ -53,7 +53,14 @@ OPTIONAL_AT_DEFAULT = {
 # Hyperparameters added to an algorithm after cells of it were stored: the value a stored cell's missing
 # entry stands for (how the method ran before the option existed). As with OPTIONAL_AT_DEFAULT, `stored`
 # fills it in and the hash leaves it out at that value, so the cells stored before keep their ids.
-_PFEDLA_ADDED = {"head": "relu", "hn_sign": "descend", "logit_bound": 0.0, "alpha_rule": "learned"}
+_PFEDLA_ADDED = {
+    "head": "relu",
+    "hn_sign": "descend",
+    "logit_bound": 0.0,
+    "alpha_rule": "learned",
+    "self_weight": 0.5,
+    "spread": "uniform",
+}
 HP_ADDED_LATER: dict[str, dict[str, Any]] = {"pfedla": _PFEDLA_ADDED, "heurpfedla": _PFEDLA_ADDED}
 # The heterogeneity knobs beyond label skew (benchmarks/README.md, "Heterogeneity"): all off by default.
 HETEROGENEITY_FIELDS = ("feature_shift", "concept_shift", "system", "privacy", "unseen_fraction")

@@ -41,6 +41,19 @@ What was chosen (the measurements behind each: docs/algorithms/pfedla.md):
   fixed reference row for what layer-wise weights could gain: self-weight 1/2, the other half over the
   clients in proportion to the classes they share with the client (the server is told every client's
   classes: an oracle), no hypernetwork step.
+- The fixed family (`alpha_rule="fixed"`, not pFedLA either): references for what fixed layer-wise
+  weights reach, chosen on validation as an upper bound to compare any learned alpha with. Every layer
+  puts `self_weight` on the client itself and spreads the rest over the other clients by `spread`:
+  `uniform`; `shared_classes`, in proportion to the labels two clients' train splits have in common,
+  sum_c min(p_i(c), p_j(c)) (each shared class counted by the smaller of the two shares: on splits where
+  every client holds every class, such as `dominant`, it still follows which classes dominate, where the
+  `shared_classes` rule's count of classes held is uniform; an oracle like that rule); or
+  `validation_similarity`, in proportion to exp(-loss) of client j's warmed-up model on client i's
+  validation split (the geometric mean of the probability it gives the right labels; our choice: no
+  paper fixes one), each client's warm-up being one round's local epochs from the initial model on its
+  own train split (batch order: `SIMILARITY_STREAM`). It reads the train and validation splits only, never
+  the test split; a cell without a validation split is refused before it runs. Where no other client
+  has any affinity (no shared label), the client keeps all of its weight.
 - What a "layer" is: `layer="block"` (default) uses the engine's layer groups (a conv or linear
   module with the BatchNorm after it); `layer="tensor"` gives every parameter tensor its own weights.
 - BatchNorm statistics are never aggregated: they stay on the client.
@@ -60,7 +73,7 @@ Artifacts: `alpha` [N, L, N] (client i's weights over source clients j for layer
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import torch
@@ -70,12 +83,18 @@ from torch import Tensor
 
 from pflbench import streams
 from pflbench.algorithm import ALGORITHMS, Algorithm, Capabilities, Card, ClientRound, Hyperparams, Payload, Round
-from pflbench.algorithm import Serving
+from pflbench.algorithm import Refusal, Serving
 from pflbench.newcomers.batchnorm import fit_batchnorm_statistics
 from pflbench.simulator.training import State
 
+if TYPE_CHECKING:
+    from pflbench.config import CellConfig
+
 # The hypernetwork's initialization, with the seed it had before streams had names.
 HYPERNET_STREAM = streams.Stream("pfedla.hypernet", lambda s, r, c: s * 7919 + 17, "torch")
+
+# The `validation_similarity` warm-up's batch order (round 0: before the first round).
+SIMILARITY_STREAM = streams.Stream("batches.pfedla-similarity")
 
 RETAINED = "retained"  # the download's header: [K, L] bool, the layers each client keeps (not sent)
 
@@ -95,7 +114,13 @@ class PFedLAHP(Hyperparams):
     # learned: the hypernetworks (the paper); shared_classes: a fixed reference, not pFedLA: self-weight
     # 1/2 in every layer, the other half over the other clients in proportion to the number of classes
     # each shares with the client (an oracle: the server is told every client's classes), no server step
-    alpha_rule: Literal["learned", "shared_classes"] = "learned"
+    # fixed: the fixed family (module doc; not pFedLA): `self_weight` on the client itself in every layer,
+    # the rest over the other clients by `spread`, no server step
+    alpha_rule: Literal["learned", "shared_classes", "fixed"] = "learned"
+    self_weight: float = Field(0.5, ge=0.0, le=1.0)  # alpha_rule fixed only
+    # alpha_rule fixed only: uniform; shared_classes (the labels two clients' train splits share); or
+    # validation_similarity (how well client j's warmed-up model fits client i's validation split)
+    spread: Literal["uniform", "shared_classes", "validation_similarity"] = "uniform"
     # descend: the step lowers the client's loss (Eq. 10-11 read as a gradient step; checked by a
     # finite-difference test); ascend: the public reconstructions' sign, for comparison only
     hn_sign: Literal["descend", "ascend"] = "descend"
@@ -119,7 +144,8 @@ class PFedLAHP(Hyperparams):
 class PFedLA(Algorithm[PFedLAHP]):
     # Checkpoints: what each client holds, the server's per-client parameters, the hypernetworks with their
     # Adam moments and step counts, the alphas' cache; the layer grouping and the fixed alphas (the
-    # `shared_classes` rule: from the clients' data) are the cell's.
+    # `shared_classes` and `fixed` rules: from the clients' data and, for `validation_similarity`, a warm-up
+    # drawn from its own stream, so rebuilt the same on resume) are the cell's.
     state = ("client_state", "server_params", "hypernet", "_moments", "_steps", "_alpha_cache")
     state_rebuilt = ("layer_names", "layer_params", "layer_of", "_fixed")
     capabilities = Capabilities(
@@ -131,6 +157,27 @@ class PFedLA(Algorithm[PFedLAHP]):
     dp_upload = "update"  # the upload is delta theta_i
 
     search_space = {"hn_lr": ("loguniform", 1e-3, 3e-1), "hidden_layers": ("int", 1, 4)}
+
+    @classmethod
+    def cell_refusal(cls, cell: CellConfig) -> Refusal | None:
+        """The fixed family's settings only with `alpha_rule: fixed`; `validation_similarity` only with a
+        validation split."""
+        hp = cls.parse_hyperparams(cell.hp)
+        assert isinstance(hp, PFedLAHP)
+        if hp.alpha_rule != "fixed" and (hp.self_weight != 0.5 or hp.spread != "uniform"):
+            return Refusal(
+                ("hp",),
+                f"algorithm {cls.name!r}: hp.self_weight and hp.spread set the weights of alpha_rule 'fixed', "
+                f"but alpha_rule is {hp.alpha_rule!r}; give hp.alpha_rule: fixed or leave them out",
+            )
+        if hp.alpha_rule == "fixed" and hp.spread == "validation_similarity" and cell.val_fraction == 0:
+            return Refusal(
+                ("val_fraction", "hp"),
+                f"algorithm {cls.name!r} with hp.spread 'validation_similarity' weighs the other clients on each "
+                f"client's validation split, but val_fraction is 0; give val_fraction > 0 (e.g. 0.1) or "
+                f"hp.spread uniform or shared_classes",
+            )
+        return None
 
     # ---- the hypernetworks: one per client, stacked along the client dimension -------------------
     def setup(self) -> None:
@@ -176,7 +223,11 @@ class PFedLA(Algorithm[PFedLAHP]):
         self._moments = {k: (torch.zeros_like(t), torch.zeros_like(t)) for k, t in self.hypernet.items()}
         self._steps = torch.zeros(n, dtype=torch.long, device=fed.device)
         self._alpha_cache: Tensor | None = None
-        self._fixed = self.shared_class_alphas() if hp.alpha_rule == "shared_classes" else None
+        self._fixed: Tensor | None = None  # the weights of a fixed rule (no hypernetwork step)
+        if hp.alpha_rule == "shared_classes":
+            self._fixed = self.shared_class_alphas()
+        elif hp.alpha_rule == "fixed":
+            self._fixed = self.fixed_alphas()
 
     def shared_class_alphas(self) -> Tensor:
         """[N, L, N] weights of the `shared_classes` reference: 1/2 on the client itself, 1/2 over the others
@@ -192,6 +243,52 @@ class PFedLA(Algorithm[PFedLAHP]):
         weights += torch.diag(torch.where(others[:, 0] > 0, 0.5, 1.0).to(weights.dtype))
         dtype = next(iter(self.server_params.values())).dtype
         return weights.to(dtype)[:, None, :].expand(n, len(self.layer_params), n).contiguous().to(fed.device)
+
+    # ---- the fixed family (alpha_rule="fixed") ---------------------------------------------------------
+    def fixed_alphas(self) -> Tensor:
+        """[N, L, N] weights of `alpha_rule="fixed"`: `self_weight` on the client itself in every layer, the
+        rest over the other clients in proportion to `spread`'s affinities (all of it on the client itself
+        where no other client has any)."""
+        fed, n, s = self.engine, self.engine.num_clients, self.hp.self_weight
+        affinity = {
+            "uniform": lambda: torch.ones(n, n, dtype=torch.float64),
+            "shared_classes": self.label_overlap,
+            "validation_similarity": self.validation_similarity,
+        }[self.hp.spread]().fill_diagonal_(0)
+        others = affinity.sum(1, keepdim=True)
+        weights = torch.where(others > 0, (1 - s) * (affinity / others.clamp_min(1e-300)), torch.zeros_like(affinity))
+        weights += torch.diag(torch.where(others[:, 0] > 0, s, 1.0).to(weights.dtype))
+        dtype = next(iter(self.server_params.values())).dtype
+        return weights.to(dtype)[:, None, :].expand(n, len(self.layer_params), n).contiguous().to(fed.device)
+
+    def label_overlap(self) -> Tensor:
+        """[N, N] sum_c min(p_i(c), p_j(c)): the share of labels clients i and j have in common, from the
+        label distributions p of their train splits (the `shared_classes` spread)."""
+        fed, n = self.engine, self.engine.num_clients
+        labels = [fed.data(fed.sample_ids(c, "train"))[1].cpu() for c in range(n)]
+        counts = torch.stack([torch.bincount(y, minlength=fed.num_classes) for y in labels]).double()  # [N, C]
+        shares = counts / counts.sum(1, keepdim=True).clamp_min(1)
+        return torch.minimum(shares[:, None, :], shares[None, :, :]).sum(-1)
+
+    def validation_similarity(self) -> Tensor:
+        """[N, N] exp(-L[i, j]), L[i, j] the mean cross-entropy of client j's warmed-up model on client i's
+        validation split (the `validation_similarity` spread). Warm-up: one round's local epochs of every
+        client from the initial model on its own train split, its batch order `SIMILARITY_STREAM`."""
+        fed, n = self.engine, self.engine.num_clients
+        empty = [c for c in range(n) if int(fed.split_sizes("val")[c]) == 0]
+        if empty:
+            raise ValueError(
+                f"hp.spread 'validation_similarity' needs validation samples on every client, and clients "
+                f"{empty} have none; give a larger val_fraction or hp.spread uniform or shared_classes"
+            )
+        everyone = torch.arange(n, device=fed.device)
+        warmed = fed.train(0, everyone, fed.init_state(n), stream=SIMILARITY_STREAM).state
+        loss = torch.empty(n, n, dtype=torch.float64)
+        with torch.no_grad():
+            for j in range(n):  # client j's model on every client's validation split
+                model = {k: t[j : j + 1].expand(n, *t.shape[1:]).clone() for k, t in warmed.items()}
+                loss[:, j] = fed.evaluate(model, "val", everyone)[1].double().cpu()
+        return torch.exp(-loss)
 
     def alphas(self, rows: Tensor) -> Tensor:
         """Aggregation weights of clients `rows`: [K, L, N], non-negative, each (k, l) summing to 1."""
