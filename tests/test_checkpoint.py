@@ -416,3 +416,38 @@ def test_a_sweep_trial_writes_checkpoints_and_a_retried_trial_resumes_from_them(
         assert [r[column] for r in reports] == [r[column] for r in first]
     run_trial({"lr": 0.03}, **{**kwargs, "checkpoints": {**kwargs["checkpoints"], "keep": False}})
     assert not (folder / "trial_1" / CHECKPOINT).exists()
+
+
+def test_the_code_versions_source_is_parsed_under_one_lock_when_a_groups_threads_read_it(monkeypatch):
+    """A cell group's cells run in threads and each reads its code version: every ast.parse of it happens
+    under code_version.PARSE_LOCK (two at once failed a group's cell with CPython 3.11's "AST constructor
+    recursion depth mismatch"), and the threads get the same version."""
+    import ast
+    import threading
+
+    from pflbench.storage import code_version
+
+    held: list[bool] = []
+    real = ast.parse
+
+    def parse(*args, **kwargs):
+        held.append(code_version.PARSE_LOCK.locked())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(ast, "parse", parse)
+    code_version._imported.cache_clear()
+    try:
+        algorithm = get_algorithm("fedavg")
+        versions: list[object] = []
+        threads = [
+            threading.Thread(target=lambda: versions.append(sorted(code_version.source_files(algorithm))))
+            for _ in range(4)
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        code_version._imported.cache_clear()
+    assert held and all(held)
+    assert len(versions) == 4 and all(v == versions[0] for v in versions) and versions[0]

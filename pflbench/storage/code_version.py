@@ -6,6 +6,7 @@ import functools
 import hashlib
 import inspect
 import platform
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -56,6 +57,13 @@ def _modules(package: str) -> dict[str, Path]:
     }
 
 
+# ast.parse under one lock: the cells of a group run in threads (pflbench.simulator.groups), each reading its
+# code version, and CPython 3.11's AST constructor counts its recursion depth in interpreter-wide state: two
+# parses at once failed a group's cell with "SystemError: AST constructor recursion depth mismatch" (Python
+# 3.11.7; CPython gh-106905).
+PARSE_LOCK = threading.Lock()
+
+
 @functools.cache
 def _imported(path: Path, package: str) -> frozenset[str]:
     """The pflbench modules that the file at `path` imports anywhere in it (at the top, inside functions,
@@ -63,8 +71,11 @@ def _imported(path: Path, package: str) -> frozenset[str]:
     package relative imports start from ("" outside pflbench)."""
     import ast
 
+    source = path.read_bytes()
+    with PARSE_LOCK:
+        tree = ast.parse(source, str(path))
     named: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_bytes(), str(path))):
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             named.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
