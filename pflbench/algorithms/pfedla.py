@@ -238,28 +238,32 @@ class PFedLA(Algorithm[PFedLAHP]):
         classes = max(int(y.max()) for y in labels if len(y)) + 1
         held = torch.stack([torch.bincount(y, minlength=classes) > 0 for y in labels]).double()  # [N, C]
         shared = (held @ held.T).fill_diagonal_(0)  # [N, N]
-        others = shared.sum(1, keepdim=True)
-        weights = torch.where(others > 0, 0.5 * shared / others.clamp_min(1), torch.zeros_like(shared))
-        weights += torch.diag(torch.where(others[:, 0] > 0, 0.5, 1.0).to(weights.dtype))
-        dtype = next(iter(self.server_params.values())).dtype
-        return weights.to(dtype)[:, None, :].expand(n, len(self.layer_params), n).contiguous().to(fed.device)
+        return self.spread_alphas(shared, 0.5)
 
     # ---- the fixed family (alpha_rule="fixed") ---------------------------------------------------------
     def fixed_alphas(self) -> Tensor:
         """[N, L, N] weights of `alpha_rule="fixed"`: `self_weight` on the client itself in every layer, the
         rest over the other clients in proportion to `spread`'s affinities (all of it on the client itself
         where no other client has any)."""
-        fed, n, s = self.engine, self.engine.num_clients, self.hp.self_weight
+        n = self.engine.num_clients
         affinity = {
             "uniform": lambda: torch.ones(n, n, dtype=torch.float64),
             "shared_classes": self.label_overlap,
             "validation_similarity": self.validation_similarity,
         }[self.hp.spread]().fill_diagonal_(0)
+        return self.spread_alphas(affinity, self.hp.self_weight)
+
+    def spread_alphas(self, affinity: Tensor, self_weight: float) -> Tensor:
+        """[N, L, N] weights, the same in every layer: `self_weight` on the client itself and the rest over the
+        other clients in proportion to `affinity` ([N, N] float64, zero diagonal); all of it on the client
+        itself where no other client has any affinity."""
+        n = self.engine.num_clients
         others = affinity.sum(1, keepdim=True)
-        weights = torch.where(others > 0, (1 - s) * (affinity / others.clamp_min(1e-300)), torch.zeros_like(affinity))
-        weights += torch.diag(torch.where(others[:, 0] > 0, s, 1.0).to(weights.dtype))
+        share = (1 - self_weight) * (affinity / others.clamp_min(1e-300))
+        weights = torch.where(others > 0, share, torch.zeros_like(affinity))
+        weights += torch.diag(torch.where(others[:, 0] > 0, self_weight, 1.0).to(weights.dtype))
         dtype = next(iter(self.server_params.values())).dtype
-        return weights.to(dtype)[:, None, :].expand(n, len(self.layer_params), n).contiguous().to(fed.device)
+        return weights.to(dtype)[:, None, :].expand(n, len(self.layer_params), n).contiguous().to(self.engine.device)
 
     def label_overlap(self) -> Tensor:
         """[N, N] sum_c min(p_i(c), p_j(c)): the share of labels clients i and j have in common, from the
