@@ -8,12 +8,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+if TYPE_CHECKING:
+    import pandas as pd  # the result records' tables; imported by whoever builds them
 
 State = dict[str, Tensor]  # name -> tensor with a leading client dimension
 # (logits [K, B, C], labels [K, B], model state [K, ...], aux [K, ...]) -> per-client loss [K]

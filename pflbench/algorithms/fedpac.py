@@ -50,7 +50,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from pydantic import Field
-from scipy.optimize import minimize
 from torch import Tensor, nn
 
 from pflbench.algorithm import ALGORITHMS, Capabilities, Card, ClientRound, Hyperparams, Payload, Round
@@ -274,6 +273,8 @@ def combination_weights(v: Tensor, h: Tensor, zero_below: float, eigen_floor: fl
 
 def simplex_qp(p: np.ndarray) -> np.ndarray:
     """argmin a^T p a over the probability simplex (SLSQP from the uniform point)."""
+    from scipy.optimize import minimize  # imported when first used: scipy.optimize alone costs a second a command
+
     count = len(p)
     result = minimize(
         lambda a: float(a @ p @ a),

@@ -7,23 +7,27 @@ file's md5; a mirror may hold the download archive (`cifar-10-python.tar.gz`) or
 from __future__ import annotations
 
 from pathlib import Path
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 import torch
-from torchvision.datasets import CIFAR10, CIFAR100
-from torchvision.datasets.utils import extract_archive
-
 from pflbench.data.dataset import TEST, TRAIN, Dataset
 from pflbench.data.files import digest_files, place_folder
-from pflbench.data.sources import DATASETS, DOWNLOAD_OPTION, FileSource
+from pflbench.data.sources import DATASETS, DOWNLOAD_OPTION, FileSource, torchvision_dataset
+
+if TYPE_CHECKING:
+    from torchvision.datasets import CIFAR10
 
 
 class CifarSource(FileSource):
     """A CIFAR dataset; subclasses name the torchvision class, which knows the file names."""
 
-    torchvision_class: ClassVar[type[CIFAR10]]
+    torchvision_name: ClassVar[str]
     OPTIONS = {"download": DOWNLOAD_OPTION}
+
+    @property
+    def torchvision_class(self) -> type[CIFAR10]:
+        return torchvision_dataset(self.torchvision_name)
 
     def _file_names(self) -> list[str]:
         tv = self.torchvision_class
@@ -47,6 +51,8 @@ class CifarSource(FileSource):
         base_folder = self.torchvision_class.base_folder
 
         def unpack(archive: Path, scratch: Path) -> Path:
+            from torchvision.datasets.utils import extract_archive
+
             extract_archive(archive, scratch)  # torchvision's own extraction
             return scratch / base_folder
 
@@ -73,10 +79,10 @@ class CifarSource(FileSource):
 @DATASETS.register("cifar10", display_name="CIFAR-10", row_order=2)
 class Cifar10Source(CifarSource):
     description = "CIFAR-10, 60000 32x32 RGB images (train+test), 10 classes"
-    torchvision_class = CIFAR10
+    torchvision_name = "CIFAR10"
 
 
 @DATASETS.register("cifar100", display_name="CIFAR-100", row_order=4)
 class Cifar100Source(CifarSource):
     description = "CIFAR-100, 60000 32x32 RGB images (train+test), 100 fine classes"
-    torchvision_class = CIFAR100
+    torchvision_name = "CIFAR100"

@@ -14,7 +14,6 @@ from pathlib import Path
 import numpy as np
 import torch
 from PIL import Image
-from torchvision.datasets import ImageFolder
 
 from pflbench.data.dataset import TEST, TRAIN, Dataset
 from pflbench.data.files import ContentDigest, place_folder
@@ -65,6 +64,8 @@ class Cifar10JpegSource(FileSource):
         return f"{self.name}: extracted {source} into {root / FOLDER}"
 
     def decode(self, root: Path, download: bool) -> Dataset:
+        from torchvision.datasets import ImageFolder  # imported when read: see sources.torchvision_dataset
+
         digest = ContentDigest()
         inputs, labels, source_split = [], [], []
         classes: list[str] | None = None

@@ -11,16 +11,17 @@ import shutil
 import zipfile
 from contextlib import ExitStack, contextmanager
 from pathlib import Path, PurePosixPath
-from typing import BinaryIO, ClassVar, cast
+from typing import TYPE_CHECKING, BinaryIO, ClassVar, cast
 from collections.abc import Iterator
 
 import torch
-from torchvision.datasets import EMNIST, MNIST, FashionMNIST
-
 from pflbench.data.dataset import TEST, TRAIN, Dataset
 from pflbench.data.files import digest_files, staged
 from pflbench.data.options import Option
-from pflbench.data.sources import DATASETS, DOWNLOAD_OPTION, FileSource
+from pflbench.data.sources import DATASETS, DOWNLOAD_OPTION, FileSource, torchvision_dataset
+
+if TYPE_CHECKING:
+    from torchvision.datasets import MNIST
 
 # Where one raw file is in a mirror: a file on disk, or a member (name) of a zip archive on disk.
 MirrorFile = tuple[Path, str | None]
@@ -29,9 +30,13 @@ MirrorFile = tuple[Path, str | None]
 class IdxSource(FileSource):
     """An MNIST-format dataset; subclasses name the torchvision class and the mirror folder."""
 
-    torchvision_class: ClassVar[type[MNIST]]
+    torchvision_name: ClassVar[str]  # also the folder torchvision reads: <root>/<name>/raw
     mirror_folder: ClassVar[str]
     OPTIONS = {"download": DOWNLOAD_OPTION}
+
+    @property
+    def torchvision_class(self) -> type[MNIST]:
+        return torchvision_dataset(self.torchvision_name)
 
     def raw_names(self) -> list[str]:
         """The decompressed IDX files torchvision reads: train images/labels, then test."""
@@ -45,7 +50,7 @@ class IdxSource(FileSource):
         return labels, classes
 
     def raw_folder(self, root: Path) -> Path:
-        return root / self.torchvision_class.__name__ / "raw"
+        return root / self.torchvision_name / "raw"
 
     def required_paths(self, root: Path) -> list[Path]:
         return [self.raw_folder(root) / name for name in self.raw_names()]
@@ -130,14 +135,14 @@ def _open_decompressed(where: MirrorFile) -> Iterator[BinaryIO]:
 @DATASETS.register("mnist", display_name="MNIST")
 class MnistSource(IdxSource):
     description = "MNIST handwritten digits, 70000 28x28 grayscale images (train+test), 10 classes"
-    torchvision_class = MNIST
+    torchvision_name = "MNIST"
     mirror_folder = "mnist"
 
 
 @DATASETS.register("fmnist", display_name="Fashion-MNIST", row_order=1)
 class FashionMnistSource(IdxSource):
     description = "Fashion-MNIST clothing images, 70000 28x28 grayscale (train+test), 10 classes"
-    torchvision_class = FashionMNIST
+    torchvision_name = "FashionMNIST"
     mirror_folder = "fashion-mnist"
 
 
@@ -153,7 +158,7 @@ class EmnistSource(IdxSource):
         "EMNIST handwritten characters, 28x28 grayscale (train+test); classes: balanced 47, "
         "byclass 62, letters 26, digits 10"
     )
-    torchvision_class = EMNIST
+    torchvision_name = "EMNIST"
     mirror_folder = "emnist"
     OPTIONS = {
         "split": Option("balanced", str, "which EMNIST split", choices=EMNIST_SPLITS),
@@ -175,7 +180,7 @@ class EmnistSource(IdxSource):
         ]
 
     def torchvision_set(self, root: Path, train: bool, download: bool) -> MNIST:
-        return EMNIST(root, split=self.options["split"], train=train, download=download)
+        return self.torchvision_class(root, split=self.options["split"], train=train, download=download)
 
     def relabel(self, labels: torch.Tensor, classes: list[str]) -> tuple[torch.Tensor, list[str]]:
         if self.options["split"] == "letters":

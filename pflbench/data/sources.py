@@ -7,6 +7,7 @@ generated (no files); `pflbench.data.loading` runs those steps in order for any 
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 from abc import ABC, abstractmethod
 from pathlib import Path
@@ -86,6 +87,12 @@ DOWNLOAD_OPTION = Option(
     changes_data=False,
     default_text="yes unless a mirror is configured",
 )
+
+
+def torchvision_dataset(name: str) -> Any:
+    """torchvision's dataset class `name` (e.g. "FashionMNIST"), imported when first needed: importing
+    torchvision costs every command about as much CPU again as torch itself, and most never read a file."""
+    return getattr(importlib.import_module("torchvision.datasets"), name)
 
 
 class FileSource(Source):

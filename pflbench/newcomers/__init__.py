@@ -37,7 +37,7 @@ on a newcomer's own data (for methods whose statistics never leave the clients).
 from pflbench.newcomers.batchnorm import BATCHNORM_CHUNK, fit_batchnorm_statistics
 from pflbench.newcomers.check import check_unseen
 from pflbench.newcomers.ids import newcomer_count, newcomer_ids, seen_ids
-from pflbench.newcomers.scoring import score_newcomers
+
 
 __all__ = [
     "BATCHNORM_CHUNK",
@@ -48,3 +48,13 @@ __all__ = [
     "score_newcomers",
     "seen_ids",
 ]
+
+
+def __getattr__(name: str) -> object:
+    """`score_newcomers` on first use: the scorer builds metrics tables (pandas), which the algorithms that
+    import this package for its BatchNorm fitting, and a command that lists them, do not need."""
+    if name == "score_newcomers":
+        from pflbench.newcomers.scoring import score_newcomers
+
+        return score_newcomers
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
