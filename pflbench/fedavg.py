@@ -54,11 +54,7 @@ class FedAvg(Algorithm[HP]):
     # ---- the round ---------------------------------------------------------------------------------
     def configure(self, rnd: Round) -> Payload:
         """The global model's shared part, stacked once per sampled client."""
-        count = len(rnd.clients)
-        return Payload.from_state(
-            {n: self.global_state[n].expand(count, *self.global_state[n].shape[1:]) for n in self.shared_names()},
-            rnd.clients,
-        )
+        return Payload.broadcast({n: self.global_state[n] for n in self.shared_names()}, rnd.clients)
 
     def receive(self, rnd: ClientRound, download: Payload) -> State:
         """The downloaded model, completed by the client's own local part, stacked [K, ...]."""

@@ -62,6 +62,13 @@ class Payload:
         return cls(clients, state=state, header=header)
 
     @classmethod
+    def broadcast(cls, one: Mapping[str, Tensor], clients: Tensor) -> Payload:
+        """One model to every one of `clients`: each `one[n]` ([1, ...], e.g. the global state's) expanded to
+        [len(clients), ...], a view (no copy)."""
+        count = len(clients)
+        return cls(clients, state={n: t.expand(count, *t.shape[1:]) for n, t in one.items()})
+
+    @classmethod
     def empty(cls, clients: Tensor) -> Payload:
         """Nothing for any of `clients` (0 bytes each)."""
         return cls(clients, state={})

@@ -188,11 +188,7 @@ class GPFL(FedAvg[GPFLHP]):
 
     # ---- the round ---------------------------------------------------------------------------------
     def configure(self, rnd: Round) -> Payload:
-        count = len(rnd.clients)
-        return Payload.from_state(
-            {n: self.global_state[n].expand(count, *self.global_state[n].shape[1:]) for n in self.server_names()},
-            rnd.clients,
-        )
+        return Payload.broadcast({n: self.global_state[n] for n in self.server_names()}, rnd.clients)
 
     def receive(self, rnd: ClientRound, download: Payload) -> State:
         """The downloaded body, CoV and GCE with the client's own head."""

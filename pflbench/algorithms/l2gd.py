@@ -104,12 +104,11 @@ class L2GD(FedAvg[L2GDHP]):
         if not self.communicates(rnd.number):
             return Payload.empty(rnd.clients)
         # The mean of the sampled clients' current models (what they upload, see `send`).
-        k = len(rnd.clients)
         self.global_state = {
             n: (t.mean(0, keepdim=True) if t.is_floating_point() else t.max(0, keepdim=True).values)
             for n, t in self._current(rnd.clients).items()
         }
-        return Payload.from_state({n: t.expand(k, *t.shape[1:]) for n, t in self.global_state.items()}, rnd.clients)
+        return Payload.broadcast(self.global_state, rnd.clients)
 
     def _current(self, clients: torch.Tensor) -> State:
         """The clients' models as they stand (a communicating round's upload, averaged when it begins)."""

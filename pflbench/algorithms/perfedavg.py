@@ -77,7 +77,7 @@ from pflbench.kit.steps import restore_inactive, rows_where, run_steps, sgd_step
 from pflbench import streams
 from pflbench.algorithm import ALGORITHMS, Card, ClientRound, Hyperparams, Payload, Serving
 from pflbench.fedavg import FedAvg
-from pflbench.simulator.training import Diverged, State, weighted_mean
+from pflbench.simulator.training import State, weighted_mean
 
 if TYPE_CHECKING:
     from pflbench.engine import Engine
@@ -147,14 +147,7 @@ class PerFedAvg(FedAvg[PerFedAvgHP]):
             fed, plans, carry, self._meta_step, key=(hp.variant, hp.alpha, self.beta, hp.delta, fed.sgd)
         )
         trained = {**carry["params"], **carry["buffers"]}
-        failure, ok = losses.verdict(finite(trained))  # one read of the device for both
-        if failure is not None:
-            step, bad = failure
-            raise Diverged(
-                f"non-finite Per-FedAvg loss for clients {clients[bad.to(clients.device)].tolist()} at local step {step}"
-            )
-        if not ok:
-            raise Diverged(f"non-finite Per-FedAvg parameters for clients {clients.tolist()}")
+        losses.raise_if_diverged(finite(trained), clients, "Per-FedAvg", at_step=True)
         return trained
 
     def _meta_step(self, carry: Carry, ids: list[Tensor], active: Active, losses: LossCheck) -> Carry:

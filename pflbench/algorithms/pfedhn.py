@@ -264,13 +264,7 @@ class PFedHN(Algorithm[PFedHNHP, State, Trained]):
             fed, [plan], carry, self._official_step, key=(self.OFFICIAL_INNER, self.OFFICIAL_INNER_CLIP)
         )
         trained = {**carry["params"], **carry["buffers"]}
-        failure, ok = losses.verdict(finite(trained))  # one read of the device for both
-        if failure is not None:
-            raise Diverged(
-                f"non-finite pFedHN inner loss for clients {clients[failure[1].to(clients.device)].tolist()}"
-            )
-        if not ok:
-            raise Diverged(f"non-finite pFedHN parameters for clients {clients.tolist()}")
+        losses.raise_if_diverged(finite(trained), clients, "pFedHN", loss="inner loss")
         return trained
 
     def _official_step(self, carry: Carry, ids: list[Tensor], active: Active, losses: LossCheck) -> Carry:

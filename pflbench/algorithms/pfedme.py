@@ -92,7 +92,7 @@ from pflbench.kit.steps import (
 from pflbench.kit.steps import rows_where, run_steps, sgd_step, step_plan
 from pflbench.algorithm import ALGORITHMS, Card, ClientRound, Hyperparams, Payload, Round
 from pflbench.fedavg import FedAvg
-from pflbench.simulator.training import Diverged, State, weighted_mean
+from pflbench.simulator.training import State, weighted_mean
 
 
 class PFedMeHP(Hyperparams):
@@ -187,11 +187,7 @@ class PFedMe(FedAvg[PFedMeHP]):
             fed, [step_plan(fed, rnd, clients)], carry, self._step, key=(hp.lam, hp.personal_lr, hp.k, hp.mu, fed.sgd)
         )
         local, personal = {**carry["w"], **carry["buffers"]}, {**carry["theta"], **carry["buffers"]}
-        failure, ok = losses.verdict(finite(local) & finite(personal))  # one read of the device for both
-        if failure is not None:
-            raise Diverged(f"non-finite pFedMe loss for clients {clients[failure[1].to(clients.device)].tolist()}")
-        if not ok:
-            raise Diverged(f"non-finite pFedMe parameters for clients {clients.tolist()}")
+        losses.raise_if_diverged(finite(local) & finite(personal), clients, "pFedMe")
         return local, personal
 
     def _step(self, carry: Carry, ids: list[Tensor], active: Active, losses: LossCheck) -> Carry:

@@ -95,6 +95,13 @@ class Partitioner(ABC):
     def error(self, param: str, value: Any, reason: str) -> PartitionError:
         return _request_error(self.scheme, param, value, reason)
 
+    def check_recorded(self, param: str, now: str, changed: str, remedy: str) -> None:
+        """Refuse a cell whose `param`, recorded when its spec was resolved, is no longer what is read
+        now (`now`): `changed` says what changed, `remedy` how to get it back."""
+        recorded = getattr(self.params, param)
+        if recorded is not None and recorded != now:
+            raise self.error(param, recorded, f"{changed}; {remedy} or resolve the spec again (a new cell)")
+
     def _describe(self, exc: ValidationError) -> str:
         fields = self.Params.model_fields
         allowed = ", ".join(f"{name} (default {field.default!r})" for name, field in fields.items()) or "none"

@@ -40,7 +40,7 @@ from torch import Tensor
 from pflbench.simulator.captured import Carry, StaticLoop, cached, signature
 from pflbench.streams import StreamLike
 from pflbench.round_context import Round
-from pflbench.simulator.training import SGD, State
+from pflbench.simulator.training import SGD, Diverged, State
 
 if TYPE_CHECKING:
     from pflbench.engine import Engine
@@ -287,6 +287,20 @@ class LossCheck:
             return None, ok
         first = int(torch.nonzero(bad.any(1))[0])
         return (first, bad[first]), ok
+
+    def raise_if_diverged(
+        self, rows_ok: Tensor, clients: Tensor, method: str, *, loss: str = "loss", at_step: bool = False
+    ) -> None:
+        """`verdict(rows_ok)` as a method's local training reports it: `Diverged` naming the clients (of
+        `clients`) of the first check with a non-finite loss ("non-finite {method} {loss}", and the local
+        step where `at_step`), else all of them where an entry of `rows_ok` is False."""
+        failure, ok = self.verdict(rows_ok)  # one read of the device for both
+        if failure is not None:
+            step, bad = failure
+            where = f" at local step {step}" if at_step else ""
+            raise Diverged(f"non-finite {method} {loss} for clients {clients[bad.to(clients.device)].tolist()}{where}")
+        if not ok:
+            raise Diverged(f"non-finite {method} parameters for clients {clients.tolist()}")
 
 
 class DeviceLossCheck(LossCheck):

@@ -98,13 +98,12 @@ class Flower(Partitioner):
         """The installed library's version recorded (checked against a recorded one); the kwargs checked
         against the partitioner's signature now, before anything runs."""
         version, module = _library()
-        if self.params.version is not None and self.params.version != version:
-            raise self.error(
-                "version",
-                self.params.version,
-                f"this cell was made with flwr-datasets {self.params.version}, installed is {version}; "
-                f"install that version or resolve the spec again (a new cell)",
-            )
+        self.check_recorded(
+            "version",
+            version,
+            f"this cell was made with flwr-datasets {self.params.version}, installed is {version}",
+            "install that version",
+        )
         self._signature_check(module)
         return Flower(**{**self.params.model_dump(), "version": version})
 

@@ -58,13 +58,12 @@ class Imported(Partitioner):
         path = path.resolve()
         content = read_bytes(path)
         digest = hashlib.sha256(content).hexdigest()
-        if self.params.sha256 is not None and self.params.sha256 != digest:
-            raise self.error(
-                "sha256",
-                self.params.sha256,
-                f"the file {str(path)!r} now has sha256 {digest}: it changed since the cell was "
-                f"made; restore it or resolve the spec again (a new cell)",
-            )
+        self.check_recorded(
+            "sha256",
+            digest,
+            f"the file {str(path)!r} now has sha256 {digest}: it changed since the cell was made",
+            "restore it",
+        )
         resolved = Imported(**{**self.params.model_dump(), "path": str(path), "sha256": digest})
         resolved._file = read_partition(path, self.params.format, content)
         return resolved

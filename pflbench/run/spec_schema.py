@@ -4,7 +4,7 @@ the registries. How a spec becomes cells is `pflbench.run.spec`."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Any, Self
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Self
 from collections.abc import Callable
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, model_validator
@@ -92,15 +92,23 @@ class Resources(SpecModel):
     gpus: float = Field(0.0, ge=0)
 
 
-class DatasetEntry(SpecModel):
-    name: Annotated[str, AfterValidator(_check_dataset)]
-    options: dict[str, Any] = Field(default_factory=dict)
-    optional: bool = False  # skip this dataset's cells, with a note, where it cannot be loaded
+class NamedEntry(SpecModel):
+    """An axis entry written as a mapping or as its bare name: the value of its `NAME_KEY` key."""
+
+    NAME_KEY: ClassVar[str]
 
     @model_validator(mode="before")
     @classmethod
     def _from_name(cls, data: Any) -> Any:
-        return {"name": data} if isinstance(data, str) else data
+        return {cls.NAME_KEY: data} if isinstance(data, str) else data
+
+
+class DatasetEntry(NamedEntry):
+    NAME_KEY = "name"
+
+    name: Annotated[str, AfterValidator(_check_dataset)]
+    options: dict[str, Any] = Field(default_factory=dict)
+    optional: bool = False  # skip this dataset's cells, with a note, where it cannot be loaded
 
     @model_validator(mode="after")
     def _options(self) -> Self:
@@ -113,14 +121,11 @@ class DatasetEntry(SpecModel):
         return {"dataset": self.name, **{f"dataset_options.{k}": v for k, v in self.options.items()}}
 
 
-class PartitionEntry(SpecModel):
+class PartitionEntry(NamedEntry):
+    NAME_KEY = "scheme"
+
     scheme: Annotated[str, AfterValidator(_check_scheme)]
     params: dict[str, Any] = Field(default_factory=dict)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _from_name(cls, data: Any) -> Any:
-        return {"scheme": data} if isinstance(data, str) else data
 
     @model_validator(mode="after")
     def _params(self) -> Self:
