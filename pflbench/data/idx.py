@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, BinaryIO, ClassVar, cast
 from collections.abc import Iterator
 
 import torch
+
 from pflbench.data.dataset import TEST, TRAIN, Dataset
 from pflbench.data.files import digest_files, staged
 from pflbench.data.options import Option
