@@ -12,7 +12,13 @@ for ck in c10-t*/*/checkpoint.pt; do
     xz -6 -c "$tmp/checkpoint.pt" | split -b 4500k - "$out/checkpoint.pt.xz.part-"
     sha256sum "$tmp/checkpoint.pt" | cut -d' ' -f1 > "$out/checkpoint.pt.sha256"
     cat "$out"/checkpoint.pt.xz.part-* | xz -d | sha256sum -c <(echo "$(cat "$out/checkpoint.pt.sha256")  -") >/dev/null
-    echo "carried $cell: $(du -sh "$out" | cut -f1)"; rm -rf "$tmp"
+    if [ "$(du -sm "$out" | cut -f1)" -gt "${CARRY_MAX_MB:-20}" ]; then   # e.g. pFedHN's hypernetwork: 86 MB
+        echo "not carried $cell: $(du -sh "$out" | cut -f1) compressed, over ${CARRY_MAX_MB:-20} MB (a new machine reruns it)"
+        rm -rf "$out"
+    else
+        echo "carried $cell: $(du -sh "$out" | cut -f1)"
+    fi
+    rm -rf "$tmp"
 done
 for out in "$carried"/c10-t*/*/; do
     cell=$(basename "$(dirname "$out")")/$(basename "$out")
