@@ -53,7 +53,7 @@ def test_n_consecutive_slices_cover_every_cell_once():
     assert [slice_of(n, 10) for n in names] == [slice_of(n, 10) for n in names]  # fixed by the name
 
 
-def test_slices_cut_by_cost_stay_within_the_budget_and_cover_every_cell_that_fits_once():
+def test_slices_cut_by_cost_stay_within_the_budget_and_a_cell_over_it_is_a_slice_of_its_own():
     def cell(study, name, seconds, device="cpu"):
         return PublishedCell(study, Path(study) / name, "fedavg", "cnn", "loop", device, "finished", seconds)
 
@@ -61,13 +61,13 @@ def test_slices_cut_by_cost_stay_within_the_budget_and_cover_every_cell_that_fit
     cells += [cell("big", "0000000000ff", 1000.0)]  # over the budget alone
     cells += [cell("gpu", "000000000000", 8.0, device="cuda"), cell("cpu", "000000000000", 500.0)]
     slices, over = cost_slices(cells, 700.0)
-    costs = [sum(slice_cost(c, cells) for c in s) for s in slices]
+    assert [c.name for c in over] == ["big/0000000000ff"] and slices[-1] == over  # over the budget: its own slice
+    costs = [sum(slice_cost(c, cells) for c in s) for s in slices[:-1]]
     assert max(costs) <= 700.0, costs
-    assert [c.name for c in over] == ["big/0000000000ff"]
     names = [c.name for s in slices for c in s]
-    assert sorted(names) == sorted(c.name for c in cells if c.name != "big/0000000000ff")  # each once
+    assert sorted(names) == sorted(c.name for c in cells)  # every cell, each once
     assert slice_cost(cells[-2], cells) == 500.0  # a GPU cell re-run on the CPU costs its CPU twin's time
-    assert len(slices) <= 2 * sum(costs) / 700.0 + 1  # next-fit: no slice beside the next is under half full
+    assert len(slices) - 1 <= 2 * sum(costs) / 700.0 + 1  # next-fit: no slice beside the next is under half full
     assert cost_slices(cells, 700.0) == (slices, over)  # fixed by the cells, not by the call
 
 
@@ -89,10 +89,12 @@ def test_ci_watches_a_slice_cut_by_cost_whose_cells_stay_within_the_stated_budge
     assert f"--budget {budget:.0f}" in docs or f"{budget / 60:.0f} minutes of stored" in docs
     cells = published_cells(ROOT / "results" / "published")
     slices, over = cost_slices(cells, budget)
-    assert not over, [c.name for c in over]  # every published cell is in a slice
+    assert sorted(c.name for s in slices for c in s) == sorted(c.name for c in cells)  # every cell in a slice
     for chosen in slices:
         cost = sum(slice_cost(c, cells) for c in chosen)
-        assert cost <= budget, f"a slice of {len(chosen)} cells costs {cost:.0f} s as stored, over {budget:.0f}"
+        assert cost <= budget or chosen in [[c] for c in over], f"{len(chosen)} cells cost {cost:.0f} s as stored"
+    # One cell over the budget is a CI run of its own; past half an hour it would crowd CI's 90-minute window.
+    assert all(slice_cost(c, cells) <= 1800 for c in over), [(c.name, slice_cost(c, cells)) for c in over]
 
 
 def test_representatives_are_the_cheapest_finished_cpu_cell_of_each_algorithm_model_and_path():
@@ -167,12 +169,13 @@ def test_a_one_ulp_change_in_a_model_is_caught_by_this_machines_fingerprint(publ
     assert "within tolerance" in capsys.readouterr().out
 
 
-def test_watch_by_turn_takes_no_cell_over_the_budget_and_names_it(published, capsys):
+def test_watch_by_turn_reruns_a_cell_over_the_budget_as_a_slice_of_its_own_and_names_it(published, capsys):
     root, cell = published
     assert main(["watch", "--published", str(root), "--turn", "3", "--budget", "0.0001"]) == 0
     out, err = capsys.readouterr()
-    assert f"tiny/{cell.name} is in no slice" in out and f"--cell tiny/{cell.name}" in out
-    assert "nothing chosen" in err
+    assert f"tiny/{cell.name} is a slice of its own" in out and "slice 0 of 1 cut by cost (1 cells" in out
+    assert "within tolerance" in out and "1 of 1 cells repeat" in out  # re-run, not skipped
+    assert "nothing chosen" not in err
     assert main(["watch", "--published", str(root), "--turn", "0", "--budget", "-5"]) == 2
     assert "expected a turn >= 0 and a budget > 0 seconds" in capsys.readouterr().err
 

@@ -372,8 +372,8 @@ def cmd_watch(args: argparse.Namespace) -> int:
             )
         for cell in over:
             print(
-                f"watch: {cell.name} is in no slice: its first evaluation alone costs "
-                f"{slice_cost(cell, cells):.0f} s as stored, over the budget (watch it with --cell {cell.name})"
+                f"watch: {cell.name} is a slice of its own: its first evaluation alone costs "
+                f"{slice_cost(cell, cells):.0f} s as stored, over the budget"
             )
     if args.representatives:
         chosen.update((c.name, c) for c in representatives(cells, args.max_seconds))

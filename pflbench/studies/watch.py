@@ -19,10 +19,10 @@ Which cells a commit re-runs (each its first evaluation, `verify --rounds 1`):
 - `--turn T --budget S` (CI): the published cells cut into slices of at most S seconds of stored cost each
   (`cost_slices`: each cell's first evaluation as stored, a GPU cell at its CPU twin's cost), and slice
   T mod (number of slices); CI takes T = (number of commits on main), so consecutive commits re-run every
-  published cell once in as many commits as there are slices, and a slice never costs more than S. The
-  slices follow a fixed hash order of the cells' names, cut where the next cell would pass S: a cell
-  published later shifts the cuts after it by its own cost only. A cell whose first evaluation alone costs
-  more than S is in no slice; it is named on every such run (`--cell` watches it);
+  published cell once in as many commits as there are slices, and a slice never costs more than S, except
+  that a cell whose first evaluation alone costs more than S is a slice of its own (the CI run that draws
+  it costs that one cell). The slices follow a fixed hash order of the cells' names, cut where the next
+  cell would pass S: a cell published later shifts the cuts after it by its own cost only;
 - `--slice K/N`: the cells whose `slice_of` is K, a fixed hash of study and cell id into N slices (by count:
   a slice's cost is whatever its cells draw);
 - `--representatives`: on every commit, the cheapest finished CPU cell of each (algorithm, model, client
@@ -57,8 +57,8 @@ from pflbench.studies.verify import rounds_to_run
 
 FINGERPRINTS = "fingerprints.json"
 IGNORED = ("wall_time",)
-# A CI slice's stored first-evaluation cost at most (`--turn`'s default): 12 minutes holds the costliest cell
-# published (about 10 minutes) and keeps CI's whole run under 45 minutes (docs/howto/publish.md).
+# A CI slice's stored first-evaluation cost at most (`--turn`'s default), unless one cell alone is over it
+# (then that cell is its own slice): 12 minutes keeps CI's whole run under 45 minutes (docs/howto/publish.md).
 BUDGET = 720.0
 
 
@@ -118,22 +118,23 @@ def slice_cost(cell: PublishedCell, cells: list[PublishedCell]) -> float:
 
 def cost_slices(cells: list[PublishedCell], budget: float) -> tuple[list[list[PublishedCell]], list[PublishedCell]]:
     """The cells cut into slices of at most `budget` seconds of `slice_cost` each (module doc), and the cells
-    that are over the budget on their own (in no slice). The order is a fixed hash of each cell's name, so
-    slices mix studies and a new cell moves only the cuts after it."""
+    whose first evaluation alone is over the budget: each of those is a slice of its own, so every published
+    cell is in exactly one slice. The order is a fixed hash of each cell's name, so slices mix studies and a
+    new cell moves only the cuts after it."""
     slices: list[list[PublishedCell]] = []
-    over: list[PublishedCell] = []
+    alone: list[list[PublishedCell]] = []
     total = 0.0
     for cell in sorted(cells, key=lambda c: (hashlib.sha256(c.name.encode()).hexdigest(), c.name)):
         cost = slice_cost(cell, cells)
         if cost > budget:
-            over.append(cell)
+            alone.append([cell])
             continue
         if not slices or total + cost > budget:
             slices.append([])
             total = 0.0
         slices[-1].append(cell)
         total += cost
-    return slices, over
+    return slices + alone, [only for (only,) in alone]
 
 
 def representatives(cells: list[PublishedCell], max_seconds: float) -> list[PublishedCell]:
