@@ -19,6 +19,7 @@ from pflbench.storage.store import SUMMARY, file_record, read_json_dict, write_j
 from pflbench.studies.watch import (
     BUDGET,
     FINGERPRINTS,
+    FingerprintBook,
     PublishedCell,
     cost_slices,
     machine_key,
@@ -95,6 +96,23 @@ def test_ci_watches_a_slice_cut_by_cost_whose_cells_stay_within_the_stated_budge
         assert cost <= budget or chosen in [[c] for c in over], f"{len(chosen)} cells cost {cost:.0f} s as stored"
     # One cell over the budget is a CI run of its own; past half an hour it would crowd CI's 90-minute window.
     assert all(slice_cost(c, cells) <= 1800 for c in over), [(c.name, slice_cost(c, cells)) for c in over]
+
+
+def test_two_recording_runs_side_by_side_each_keep_what_the_other_filed(tmp_path):
+    path = tmp_path / FINGERPRINTS
+    first = FingerprintBook(path)
+    first.record("kind A", "s/old", "0" * 64, 1, "c0")
+    first.save()
+    long_run, new_study = FingerprintBook(path), FingerprintBook(path)  # both read the file before either saves
+    new_study.record("kind A", "t/1", "1" * 64, 5, "c1")
+    new_study.record("kind B", "t/1", "2" * 64, 5, "c1")
+    new_study.save()
+    long_run.record("kind A", "s/long", "3" * 64, 10, "c1")
+    long_run.save()  # its book was read before the new study's records: they stay in the file
+    kinds = json.loads(path.read_text())
+    assert sorted(kinds["kind A"]) == ["s/long", "s/old", "t/1"] and sorted(kinds["kind B"]) == ["t/1"]
+    assert kinds["kind A"]["t/1"]["fingerprint"] == "1" * 64 and kinds["kind A"]["s/long"]["rounds"] == 10
+    assert long_run.get("kind B", "t/1") is not None  # a save also brings the book up to the file
 
 
 def test_representatives_are_the_cheapest_finished_cpu_cell_of_each_algorithm_model_and_path():

@@ -46,6 +46,7 @@ recorded like any other.
 from __future__ import annotations
 
 import datetime
+import fcntl
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -189,25 +190,38 @@ def machine_key(device: str = "cpu") -> str:
 
 
 class FingerprintBook:
-    """results/published/fingerprints.json: {machine kind: {study/cell: {fingerprint, rounds, commit, date}}}."""
+    """results/published/fingerprints.json: {machine kind: {study/cell: {fingerprint, rounds, commit, date}}}.
+
+    `save` writes this book's own records into the file as it is at that moment, under an exclusive lock
+    on a sibling lock file: two recording runs side by side (a long cell in one, a new study in another)
+    each keep what the other filed."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self.kinds: dict[str, dict[str, dict]] = read_json_dict(self.path) if self.path.is_file() else {}
+        self.recorded: dict[tuple[str, str], dict] = {}  # (kind, cell) -> entry: what this book adds
 
     def get(self, kind: str, cell: str) -> dict | None:
         return self.kinds.get(kind, {}).get(cell)
 
     def record(self, kind: str, cell: str, value: str, rounds: int | None, commit: str | None) -> None:
-        self.kinds.setdefault(kind, {})[cell] = {
+        entry = {
             "fingerprint": value,
             "rounds": rounds,
             "commit": commit,
             "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d"),
         }
+        self.kinds.setdefault(kind, {})[cell] = entry
+        self.recorded[kind, cell] = entry
 
     def save(self) -> None:
-        write_json(self.path, {kind: dict(sorted(cells.items())) for kind, cells in sorted(self.kinds.items())})
+        with open(self.path.with_name(self.path.name + ".lock"), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            kinds = read_json_dict(self.path) if self.path.is_file() else {}
+            for (kind, cell), entry in self.recorded.items():
+                kinds.setdefault(kind, {})[cell] = entry
+            write_json(self.path, {kind: dict(sorted(cells.items())) for kind, cells in sorted(kinds.items())})
+            self.kinds = kinds
 
 
 @dataclass
