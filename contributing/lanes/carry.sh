@@ -2,10 +2,12 @@
 # carry.sh: copy each unfinished cifar10-jpeg cell's last round checkpoint from the pinned worktree's stores into
 # contributing/inflight/checkpoints/7348687/STORE/CELL/ (xz -6, split under 4.5 MB, with its SHA-256), and drop
 # the carried folder of a cell that has finished (a summary.json and no checkpoint in the store) (its result is published from the worktree's store).
+# Another pinned worktree's stores: CARRY_WORKTREE=/work/wt-q5 CARRY_COMMIT=0759e6a CARRY_STORES=q5-cpu-batched carry.sh
 set -euo pipefail
-carried=/work/main/contributing/inflight/checkpoints/7348687
-cd /work/wt-c10/results
-for ck in c10-t*/*/checkpoint.pt; do
+stores=${CARRY_STORES:-c10-t*}
+carried=/work/main/contributing/inflight/checkpoints/${CARRY_COMMIT:-7348687}
+cd "${CARRY_WORKTREE:-/work/wt-c10}/results"
+for ck in $stores/*/checkpoint.pt; do
     cell=$(dirname "$ck"); out=$carried/$cell; tmp=$(mktemp -d)
     cp "$ck" "$tmp/checkpoint.pt"                  # a copy: the running cell may replace its checkpoint meanwhile
     rm -rf "$out"; mkdir -p "$out"
@@ -20,7 +22,7 @@ for ck in c10-t*/*/checkpoint.pt; do
     fi
     rm -rf "$tmp"
 done
-for out in "$carried"/c10-t*/*/; do
+for out in "$carried"/$stores/*/; do
     cell=$(basename "$(dirname "$out")")/$(basename "$out")
     if [ -f "$cell/summary.json" ] && [ ! -f "$cell/checkpoint.pt" ]; then
         echo "finished: $cell (carried copy dropped)"; rm -rf "$out"
