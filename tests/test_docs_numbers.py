@@ -394,6 +394,43 @@ def perfedavg_problems(text: str) -> list[str]:
     )
 
 
+FEDDBE_KAPPA_ROWS = {  # docs/algorithms/feddbe.md's table: row label -> kappa (study table1-feddbe-kappa)
+    "0 (MR off)": 0.0,
+    "0.05": 0.05,
+    "0.5": 0.5,
+    "5": 5.0,
+    "50 (official run script, default)": 50.0,
+}
+
+
+def feddbe_kappa_problems(text: str) -> list[str]:
+    """docs/algorithms/feddbe.md: each kappa's mean client validation accuracy as delivered at rounds 5-20, adapted
+    at round 20, test delivered / adapted at round 20 and wall seconds, and the kappa validation chooses."""
+    from pflbench.reports.cells import read_metrics
+
+    problems: list[str] = []
+    final: dict[str, float] = {}
+    for label, kappa in FEDDBE_KAPPA_ROWS.items():
+        (folder,) = cells_of("table1-feddbe-kappa", "feddbe", kappa=kappa).values()
+        curve = read_metrics(folder).groupby("round")["val_accuracy"].mean() * 100
+        at = " / ".join(f"{curve[r]:.1f}" for r in (5, 10, 15, 20))
+        last = {
+            c: float(np.mean(list(last_round_clients(folder, c).values())))
+            for c in ("val_accuracy_adapted", DELIVERED, ADAPTED)
+        }
+        wall = json.loads((folder / "summary.json").read_text())["wall_time"]
+        row = (
+            f"| {label} | {at} | {last['val_accuracy_adapted']:.1f} | {last[DELIVERED]:.1f} / {last[ADAPTED]:.1f} "
+            f"| {wall:.0f} |"
+        )
+        problems += said(text, row, "feddbe.md")
+        final[label] = float(curve[20])
+    best = max(final, key=final.__getitem__)
+    return problems + said(
+        text, f"Validation chooses `kappa` {best.split()[0]} ({final[best]:.1f} at round 20)", "feddbe.md"
+    )
+
+
 # ---- the tests -------------------------------------------------------------------------------------------
 
 CHECKS = {
@@ -404,6 +441,7 @@ CHECKS = {
     "measurements/gpu.md": lambda text: gpu_problems(text) + gpu_table_problems(text),
     "explanation/ties.md": ties_problems,
     "algorithms/perfedavg.md": perfedavg_problems,
+    "algorithms/feddbe.md": feddbe_kappa_problems,
 }
 
 
@@ -428,6 +466,8 @@ PLANTED = [  # a drifted number in each page: the check must see it
     ("explanation/ties.md", "Per-FedAvg (92.43)", "Per-FedAvg (92.34)"),
     ("algorithms/perfedavg.md", "| 85.19 | 85.52 |", "| 85.19 | 85.25 |"),
     ("algorithms/perfedavg.md", "(seed 0: 82.24)", "(seed 0: 82.42)"),
+    ("algorithms/feddbe.md", "| 49.0 / 52.9 / 60.0 / 64.3 |", "| 49.0 / 52.9 / 60.0 / 63.4 |"),
+    ("algorithms/feddbe.md", "chooses `kappa` 5 (64.3", "chooses `kappa` 0.5 (64.3"),
 ]
 
 
