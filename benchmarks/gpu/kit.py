@@ -14,8 +14,8 @@ wheels, and its data as files:
 A kit for a cifar10-jpeg loan: `--kit .gpu-kit-cifar --datasets cifar10-jpeg` (Fashion-MNIST and CIFAR
 together do not fit the carry beside the tree).
 
-It prints the kit's size and what would travel in all (tracked and untracked-not-ignored files plus the
-kit), and fails where that passes 64 MiB.
+It prints the kit's size and what would travel in all (tracked and untracked-not-ignored files, less the
+folders `make gpu-aside` moves out before a loan, plus the kit), and fails where that passes 64 MiB.
 
     python benchmarks/gpu/kit.py [--kit .gpu-kit] [--mirror ../shared/data] [--datasets fmnist,cifar10-jpeg]
 """
@@ -28,6 +28,8 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+from rehearse import sent_files  # the tree as the device tool sends it (this script's folder is on sys.path)
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -80,10 +82,9 @@ def folder_bytes(folder: Path) -> int:
 
 
 def travelling_bytes(kit: Path) -> int:
-    """What the device tool sends: tracked and untracked-not-ignored files, plus the kit (carried)."""
-    listed = subprocess.run(["git", "-C", str(REPO), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-                            capture_output=True, check=True).stdout.decode().split("\0")
-    tree = sum((REPO / name).stat().st_size for name in listed if name and (REPO / name).is_file())
+    """What the device tool sends: tracked and untracked-not-ignored files less what `make gpu-aside` moves out
+    (rehearse.sent_files), plus the kit (carried)."""
+    tree = sum((REPO / name).stat().st_size for name in sent_files(REPO))
     return tree + folder_bytes(kit)
 
 
