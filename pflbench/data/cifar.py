@@ -7,27 +7,19 @@ file's md5; a mirror may hold the download archive (`cifar-10-python.tar.gz`) or
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-from pflbench.data.dataset import TEST, TRAIN, Dataset
-from pflbench.data.files import digest_files, place_folder
-from pflbench.data.sources import DATASETS, DOWNLOAD_OPTION, FileSource, torchvision_dataset
+from pflbench.data.files import place_folder
+from pflbench.data.sources import DATASETS, TorchvisionSource
 
 if TYPE_CHECKING:
     from torchvision.datasets import CIFAR10
 
 
-class CifarSource(FileSource):
+class CifarSource(TorchvisionSource["CIFAR10"]):
     """A CIFAR dataset; subclasses name the torchvision class, which knows the file names."""
-
-    torchvision_name: ClassVar[str]
-    OPTIONS = {"download": DOWNLOAD_OPTION}
-
-    @property
-    def torchvision_class(self) -> type[CIFAR10]:
-        return torchvision_dataset(self.torchvision_name)
 
     def _file_names(self) -> list[str]:
         tv = self.torchvision_class
@@ -60,19 +52,12 @@ class CifarSource(FileSource):
         source = place_folder(root / base_folder, archive, extracted, unpack)
         return f"{self.name}: placed {root / base_folder} from {source}"
 
-    def decode(self, root: Path, download: bool) -> Dataset:
-        parts = [self.torchvision_class(root, train=train, download=download) for train in (True, False)]
+    def samples(self, parts: list[CIFAR10]) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
         pixels = np.concatenate([p.data for p in parts])  # torchvision gives [N, 32, 32, 3] (HWC)
-        return Dataset.build(
-            self.name,
+        return (
             torch.from_numpy(pixels).permute(0, 3, 1, 2).contiguous(),
             torch.tensor([t for p in parts for t in p.targets], dtype=torch.int64),
-            num_classes=len(parts[0].classes),
-            checksum=digest_files(self.required_paths(root), root),
-            source_split=torch.cat(
-                [torch.full((len(p),), TRAIN if p.train else TEST, dtype=torch.uint8) for p in parts]
-            ),
-            classes=list(parts[0].classes),
+            list(parts[0].classes),
         )
 
 

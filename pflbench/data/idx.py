@@ -16,10 +16,9 @@ from collections.abc import Iterator
 
 import torch
 
-from pflbench.data.dataset import TEST, TRAIN, Dataset
-from pflbench.data.files import digest_files, staged
+from pflbench.data.files import staged
 from pflbench.data.options import Option
-from pflbench.data.sources import DATASETS, DOWNLOAD_OPTION, FileSource, torchvision_dataset
+from pflbench.data.sources import DATASETS, DOWNLOAD_OPTION, TorchvisionSource
 
 if TYPE_CHECKING:
     from torchvision.datasets import MNIST
@@ -28,23 +27,15 @@ if TYPE_CHECKING:
 MirrorFile = tuple[Path, str | None]
 
 
-class IdxSource(FileSource):
-    """An MNIST-format dataset; subclasses name the torchvision class and the mirror folder."""
+class IdxSource(TorchvisionSource["MNIST"]):
+    """An MNIST-format dataset; subclasses name the torchvision class (`torchvision_name`, also the
+    folder torchvision reads: <root>/<name>/raw) and the mirror folder."""
 
-    torchvision_name: ClassVar[str]  # also the folder torchvision reads: <root>/<name>/raw
     mirror_folder: ClassVar[str]
-    OPTIONS = {"download": DOWNLOAD_OPTION}
-
-    @property
-    def torchvision_class(self) -> type[MNIST]:
-        return torchvision_dataset(self.torchvision_name)
 
     def raw_names(self) -> list[str]:
         """The decompressed IDX files torchvision reads: train images/labels, then test."""
         return [f"{part}-{kind}" for part in ("train", "t10k") for kind in ("images-idx3-ubyte", "labels-idx1-ubyte")]
-
-    def torchvision_set(self, root: Path, train: bool, download: bool) -> MNIST:
-        return self.torchvision_class(root, train=train, download=download)
 
     def relabel(self, labels: torch.Tensor, classes: list[str]) -> tuple[torch.Tensor, list[str]]:
         """Map torchvision's labels and class names to 0..num_classes-1 (identity unless overridden)."""
@@ -102,20 +93,9 @@ class IdxSource(FileSource):
                 return None
         return found
 
-    def decode(self, root: Path, download: bool) -> Dataset:
-        parts = [self.torchvision_set(root, train, download) for train in (True, False)]
+    def samples(self, parts: list[MNIST]) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
         labels, classes = self.relabel(torch.cat([p.targets for p in parts]), list(parts[0].classes))
-        return Dataset.build(
-            self.name,
-            torch.cat([p.data for p in parts]).unsqueeze(1),  # [N, 28, 28] -> [N, 1, 28, 28]
-            labels,
-            num_classes=len(classes),
-            checksum=digest_files(self.required_paths(root), root),
-            source_split=torch.cat(
-                [torch.full((len(p),), TRAIN if p.train else TEST, dtype=torch.uint8) for p in parts]
-            ),
-            classes=classes,
-        )
+        return torch.cat([p.data for p in parts]).unsqueeze(1), labels, classes  # [N, 28, 28] -> [N, 1, 28, 28]
 
 
 @contextmanager

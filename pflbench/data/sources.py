@@ -1,7 +1,8 @@
 """The dataset registry and the two kinds of entry in it: datasets read from files, and generated ones.
 
 Each registered class says how its dataset is found, placed from a mirror and decoded (files), or
-generated (no files); `pflbench.data.loading` runs those steps in order for any name.
+generated (no files); `pflbench.data.loading` runs those steps in order for any name. Files that
+torchvision's own dataset classes read share `TorchvisionSource` (its train and test sets, as one Dataset).
 """
 
 from __future__ import annotations
@@ -11,9 +12,12 @@ import importlib
 import json
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
-from pflbench.data.dataset import Dataset
+import torch
+
+from pflbench.data.dataset import TEST, TRAIN, Dataset
+from pflbench.data.files import digest_files
 from pflbench.data.options import Option, resolve_options
 from pflbench.registry import NAME, Registry
 
@@ -134,3 +138,54 @@ class FileSource(Source):
 
         Raises RuntimeError (torchvision's "not found or corrupted") or OSError (a failed download).
         """
+
+
+class TorchvisionSet(Protocol):
+    """What `TorchvisionSource` asks of torchvision's dataset class: made from a root folder and
+    options (train, download, ...), it says which set it is (train or test) and its length."""
+
+    train: bool
+
+    def __init__(self, root: Path, **options: Any) -> None: ...
+
+    def __len__(self) -> int: ...
+
+
+TorchvisionSetT = TypeVar("TorchvisionSetT", bound=TorchvisionSet)
+
+
+class TorchvisionSource(FileSource, Generic[TorchvisionSetT]):
+    """A dataset read (and, when allowed, downloaded) by torchvision's dataset class `torchvision_name`:
+    its train set, then its test set, as one Dataset. Subclasses say how the files are laid out and
+    mirrored, and what the samples of torchvision's sets are (`samples`)."""
+
+    torchvision_name: ClassVar[str]
+    OPTIONS = {"download": DOWNLOAD_OPTION}
+
+    @property
+    def torchvision_class(self) -> type[TorchvisionSetT]:
+        return torchvision_dataset(self.torchvision_name)
+
+    def torchvision_set(self, root: Path, train: bool, download: bool) -> TorchvisionSetT:
+        """torchvision's train (or test) set of the files under `root`."""
+        return self.torchvision_class(root, train=train, download=download)
+
+    @abstractmethod
+    def samples(self, parts: list[TorchvisionSetT]) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
+        """The inputs ([N, C, H, W] uint8), labels (int64) and class names of torchvision's train and
+        test sets `parts`, their samples in that order."""
+
+    def decode(self, root: Path, download: bool) -> Dataset:
+        parts = [self.torchvision_set(root, train, download) for train in (True, False)]
+        inputs, labels, classes = self.samples(parts)
+        return Dataset.build(
+            self.name,
+            inputs,
+            labels,
+            num_classes=len(classes),
+            checksum=digest_files(self.required_paths(root), root),
+            source_split=torch.cat(
+                [torch.full((len(p),), TRAIN if p.train else TEST, dtype=torch.uint8) for p in parts]
+            ),
+            classes=classes,
+        )

@@ -253,12 +253,16 @@ class LossCheck:
 
     def add(self, active: Tensor | Active, *losses: Tensor) -> None:
         """Queue one check (on the device: nothing is read here). Every check has as many losses."""
+        self._check_width(losses)
+        self._losses.extend(losses)
+        self._masks.append(active.mask if isinstance(active, Active) else active)
+
+    def _check_width(self, losses: tuple[Tensor, ...]) -> None:
+        """The first check sets how many losses a check has; ValueError when a later one differs."""
         if self._width is None:
             self._width = len(losses)
         elif len(losses) != self._width:
             raise ValueError(f"a check has {self._width} losses; got {len(losses)}")
-        self._losses.extend(losses)
-        self._masks.append(active.mask if isinstance(active, Active) else active)
 
     def first_failure(self) -> tuple[int, Tensor] | None:
         """(index of the first check with a non-finite loss of an active client, [K] bool mask of
@@ -320,10 +324,7 @@ class DeviceLossCheck(LossCheck):
         self.bad.zero_()
 
     def add(self, active: Tensor | Active, *losses: Tensor) -> None:
-        if self._width is None:
-            self._width = len(losses)
-        elif len(losses) != self._width:
-            raise ValueError(f"a check has {self._width} losses; got {len(losses)}")
+        self._check_width(losses)
         with torch.no_grad():
             bad = ~torch.isfinite(losses[0])
             for loss in losses[1:]:

@@ -42,7 +42,7 @@ from pflbench.simulator.privacy import privacy_caption
 from pflbench.reports.cells import is_reference
 from pflbench.reports.knobs import OFF, knob_columns, knob_setting, show_value as _show  # noqa: F401 (OFF: read by others)
 from pflbench.reports.rows import Row, row_of_cells, row_order
-from pflbench.reports.tables import CONFIG_COLUMNS
+from pflbench.reports.tables import CONFIG_COLUMNS, mean_or_none
 
 TOLERANCE = 5.0  # percentage points lost against the knob-off cell that still count as coping
 ACCURACY_KEY = "final_accuracy"
@@ -70,11 +70,11 @@ class CopeEntry:
 
     @property
     def mean(self) -> float | None:
-        return sum(self.values) / len(self.values) if self.values else None
+        return mean_or_none(self.values)
 
     @property
     def delta(self) -> float | None:
-        return sum(self.deltas) / len(self.deltas) if self.deltas else None
+        return mean_or_none(self.deltas)
 
     def copes(self, tolerance: float = TOLERANCE) -> bool | None:
         """True/False by the rule in the module doc; None when there is no knob-off cell to compare.

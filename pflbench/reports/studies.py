@@ -21,24 +21,13 @@ import datetime
 from dataclasses import replace
 from pathlib import Path
 
-from jinja2 import Environment, PackageLoader, StrictUndefined
-
 from pflbench.studies.publish import beside_studies, read_manifest, studies, study_state
 from pflbench.reports.build import ReportOptions, build_reports
 from pflbench.reports.document import Report, safe_name
 from pflbench.reports.glance import HOW_TO_READ, IDENTIFIED, Glance, build_glance, findings, write_csv, write_figures
 from pflbench.reports.ranks import StudyRanks
 from pflbench.reports.provenance import study_facts
-
-
-def _environment() -> Environment:
-    return Environment(
-        loader=PackageLoader("pflbench.reports", "templates"),
-        autoescape=True,
-        undefined=StrictUndefined,
-        trim_blocks=True,
-        lstrip_blocks=True,
-    )
+from pflbench.reports.site import environment
 
 
 def build_leaderboard(
@@ -117,7 +106,7 @@ def build_leaderboard(
         }
     index = out / "index.html"
     index.write_text(
-        _environment()
+        environment()
         .get_template("studies.html")
         .render(
             studies=rows,

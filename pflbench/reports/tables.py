@@ -84,7 +84,7 @@ class Entry:
 
     @property
     def mean(self) -> float | None:
-        return sum(self.values) / len(self.values) if self.values else None
+        return mean_or_none(self.values)
 
     @property
     def std(self) -> float | None:
@@ -666,4 +666,5 @@ def mark_best(table: Table, column: Column, rows: list[Row], level: float = LEVE
 
 
 def mean_or_none(values: list[float]) -> float | None:
+    """The mean of `values` (None when there are none)."""
     return sum(values) / len(values) if values else None

@@ -208,10 +208,7 @@ def parse_axes(matrix: dict[str, Any], origins: dict[str, str], problems: Proble
             entries_where = _variant_entries(raw, where, problems)
             if entries_where is None:
                 continue
-            for k in {k for entry in entries_where for k in entry}:
-                if k in assigned_by and assigned_by[k] != where:
-                    problems.add(where, f"{echo(k)} is already varied by {assigned_by[k]}; vary it in one axis only")
-                assigned_by[k] = where
+            _claim_keys(entries_where, where, assigned_by, problems)
             axes.append((key, entries_where))
             continue
         if key in STRUCTURED_AXES:
@@ -238,9 +235,15 @@ def parse_axes(matrix: dict[str, Any], origins: dict[str, str], problems: Proble
                 checked = problems.check(field_type(key), value, f"{where}[{i}]")
                 values.append({key: checked})
         entries_where = [{k: Assigned(v, f"{where}[{i}]") for k, v in entry.items()} for i, entry in enumerate(values)]
-        for k in {k for entry in values for k in entry}:
-            if k in assigned_by and assigned_by[k] != where:
-                problems.add(where, f"{echo(k)} is already varied by {assigned_by[k]}; vary it in one axis only")
-            assigned_by[k] = where
+        _claim_keys(entries_where, where, assigned_by, problems)
         axes.append((key, entries_where))
     return axes, optional
+
+
+def _claim_keys(entries: list[Assignments], where: str, assigned_by: dict[str, str], problems: Problems) -> None:
+    """Note in `assigned_by` that the axis at `where` varies its entries' keys; a problem for each key
+    another axis already varies."""
+    for k in {k for entry in entries for k in entry}:
+        if k in assigned_by and assigned_by[k] != where:
+            problems.add(where, f"{echo(k)} is already varied by {assigned_by[k]}; vary it in one axis only")
+        assigned_by[k] = where

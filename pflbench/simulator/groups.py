@@ -62,6 +62,7 @@ from pflbench.simulator import rounds
 from pflbench.algorithm import Algorithm
 from pflbench.simulator.execution import ExecutionOptions
 from pflbench.simulator.federation import EVALUATED, Federation, federation_device
+from pflbench.simulator.metrics import CELL_GROUP_KEYS
 from pflbench.simulator.rendezvous import CellGroup, GroupStats, Member
 from pflbench.simulator.rendezvous import membership as membership  # a thread's membership, importable here as before
 from pflbench.simulator.resolve import ensure_resolved
@@ -228,13 +229,7 @@ def run_group(
 
 
 # The summary keys a grouped cell's run adds (how it ran, not what it computed: pflbench.simulator.metrics).
-SUMMARY_KEYS = (
-    "cell_group_cells",
-    "cell_group_calls",
-    "cell_group_merged_calls",
-    "cell_group_mean_width",
-    "cell_group_static_step",
-)
+SUMMARY_KEYS = CELL_GROUP_KEYS
 GROUP_LIMIT = 32  # cells in one group at most (`form_groups`): threads, and every cell's data held at once
 
 

@@ -45,6 +45,15 @@ ROUND_COLUMNS = [
 ]  # seconds per round: local training,
 # the other hooks (configure/receive/send/aggregate), forming and scoring the personalized models
 
+# The summary keys a cell run in a cell group adds (pflbench.simulator.groups.SUMMARY_KEYS): how it ran.
+CELL_GROUP_KEYS = (
+    "cell_group_cells",
+    "cell_group_calls",
+    "cell_group_merged_calls",
+    "cell_group_mean_width",
+    "cell_group_static_step",
+)
+
 # Summary keys that record how and where a run went, not what it computed: timings, the store's own
 # records, peak memory and the machine (pflbench.run.cost), checkpoints (pflbench.storage.checkpoint). Two runs of one
 # cell (in-process or on Ray, resumed or not) agree on every other key; tests and `pflbench verify` compare
@@ -71,12 +80,7 @@ RUN_RECORD_KEYS = frozenset(
         "checkpoint_bytes",
         "resumed_from_round",
         "checkpoint_error",
-        # a cell run in a cell group (pflbench.simulator.groups.SUMMARY_KEYS)
-        "cell_group_cells",
-        "cell_group_calls",
-        "cell_group_merged_calls",
-        "cell_group_mean_width",
-        "cell_group_static_step",
+        *CELL_GROUP_KEYS,  # a cell run in a cell group
     }
 )
 
