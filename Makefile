@@ -106,16 +106,13 @@ gpu-kit: install
 
 # Before a loan's first call, gpu-aside moves the tracked folders a loan leaves behind (rehearse.LEFT_BEHIND: the
 # CPU cells' carried checkpoints) out of the working tree into .gpu-aside/ (git-ignored, never carried), so the
-# tree and the kit fit the device's 64 MiB as kit.py counts them; gpu-back returns them after the loan.
-GPU_ASIDE = contributing/inflight/checkpoints
+# tree and the kit fit the device's 64 MiB as kit.py counts them; gpu-back returns them after the loan
+# (benchmarks/gpu/aside.py).
 gpu-aside:
-	@if [ -e .gpu-aside/checkpoints ]; then echo "gpu-aside: .gpu-aside/checkpoints exists: run make gpu-back first" >&2; exit 1; fi
-	@if [ -d $(GPU_ASIDE) ]; then mkdir -p .gpu-aside && mv $(GPU_ASIDE) .gpu-aside/ \
-	    && echo "gpu-aside: $(GPU_ASIDE) moved to .gpu-aside/ (make gpu-back after the loan)"; fi
+	python3 benchmarks/gpu/aside.py out
 
 gpu-back:
-	@if [ -d .gpu-aside/checkpoints ]; then mv .gpu-aside/checkpoints $(GPU_ASIDE) && rmdir .gpu-aside \
-	    && echo "gpu-back: $(GPU_ASIDE) returned"; else echo "gpu-back: nothing set aside"; fi
+	python3 benchmarks/gpu/aside.py back
 
 gpu-rehearse: gpu-kit
 	# the cifar10-jpeg loan's kit, where the mirror has its archive (rehearse.py skips that call otherwise)

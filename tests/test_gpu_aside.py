@@ -38,13 +38,15 @@ def test_gpu_aside_leaves_exactly_what_the_kit_does_not_count_and_gpu_back_retur
     assert "contributing/inflight.md" in counted and "pflbench/__init__.py" in counted
     assert not any(name.startswith(rehearse.LEFT_BEHIND) for name in counted)
 
-    make = ["make", "-s", "-f", str(REPO / "Makefile")]
-    subprocess.run([*make, "gpu-aside"], cwd=repo, check=True, capture_output=True)
+    makefile = (REPO / "Makefile").read_text()
+    assert "benchmarks/gpu/aside.py out" in makefile and "benchmarks/gpu/aside.py back" in makefile
+    aside = [sys.executable, str(REPO / "benchmarks" / "gpu" / "aside.py")]  # what make gpu-aside / gpu-back run
+    subprocess.run([*aside, "out", "--repo", str(repo)], check=True, capture_output=True)
     assert present(repo) == counted  # the device gets what kit.py counted, and .gpu-aside/ is ignored
-    assert (repo / ".gpu-aside" / "checkpoints").is_dir()
-    again = subprocess.run([*make, "gpu-aside"], cwd=repo, capture_output=True, text=True)
+    assert (repo / ".gpu-aside" / "contributing" / "inflight" / "checkpoints").is_dir()
+    again = subprocess.run([*aside, "out", "--repo", str(repo)], capture_output=True, text=True)
     assert again.returncode != 0 and "gpu-back first" in again.stderr  # never two copies set aside
 
-    subprocess.run([*make, "gpu-back"], cwd=repo, check=True, capture_output=True)
+    subprocess.run([*aside, "back", "--repo", str(repo)], check=True, capture_output=True)
     assert (carried / "checkpoint.pt.xz.part-aa").read_bytes() == b"\x00" * 4096
     assert not (repo / ".gpu-aside").exists() and git(repo, "status", "--porcelain") == ""
