@@ -14,6 +14,6 @@ for item in $1; do
   echo "$(date -Is) start $t $a load $(cut -d' ' -f1-3 /proc/loadavg)" >> /work/lanes/$name.log
   /work/main/.venv/bin/pflbench run $spec --set dataset=$dataset --set clients=10 --set seed=0 \
      --set resources.gpus=0 --set algorithm=$a --results results/$store-$t --no-ray --checkpoint-minutes 5 \
-     >> /work/lanes/$name-$t-$a.out 2>&1
-  echo "$(date -Is) end $t $a rc $? load $(cut -d' ' -f1-3 /proc/loadavg)" >> /work/lanes/$name.log
+     >> /work/lanes/$name-$t-$a.out 2>&1; rc=$?  # before the next expansion resets $?
+  echo "$(date -Is) end $t $a rc $rc load $(cut -d' ' -f1-3 /proc/loadavg)" >> /work/lanes/$name.log
 done

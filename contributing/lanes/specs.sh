@@ -17,6 +17,6 @@ for item in $1; do
   echo "$(date -Is) start $spec $store load $(cut -d' ' -f1-3 /proc/loadavg)" >> "/work/lanes/$name.log"
   # shellcheck disable=SC2086  # LANE_SETS is a list of options
   /work/main/.venv/bin/pflbench run "$spec" --set resources.gpus=0 "${item_sets[@]}" ${LANE_SETS:-} --results "results/$store" \
-     --no-ray --checkpoint-minutes 5 >> "/work/lanes/$name-$store.out" 2>&1
-  echo "$(date -Is) end $spec $store rc $? load $(cut -d' ' -f1-3 /proc/loadavg)" >> "/work/lanes/$name.log"
+     --no-ray --checkpoint-minutes 5 >> "/work/lanes/$name-$store.out" 2>&1; rc=$?  # before the next expansion resets $?
+  echo "$(date -Is) end $spec $store rc $rc load $(cut -d' ' -f1-3 /proc/loadavg)" >> "/work/lanes/$name.log"
 done
