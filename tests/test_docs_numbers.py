@@ -254,25 +254,23 @@ def table2_alive_problems(text: str) -> list[str]:
 def table2_local_175_problems(text: str) -> list[str]:
     """table2-fmnist.md: Local at 175 samples (`table2-full-175-local`): at dominant share 0.3 its mean client test
     accuracy at rounds 100 / 200 / 600 and its Δ to the paper's 65.60; at share 0.45 its round-600 mean and Δ."""
-    from pflbench.reports.cells import read_metrics
+    from curve import mean_curve
 
     by_share = {
         json.loads((f / "config.json").read_text())["cell"]["partition_params"]["dominant_share"]: f
         for f in (PUBLISHED / "table2-full-175-local").glob("*/")
         if (f / "summary.json").exists()
     }
-    folder = by_share[0.3]
-    curve = read_metrics(folder).groupby("round")[DELIVERED].mean() * 100
-    end = sample({0: folder}, ADAPTED).values[0]  # in %
+    curve, adapted = mean_curve(by_share[0.3], DELIVERED), mean_curve(by_share[0.3], ADAPTED)
     phrase = (
         f"{curve[100]:.2f} at round 100, {curve[200]:.2f} at round 200, {curve[600]:.2f} at round 600, as delivered "
         f"and adapted (Δ {curve[600] - 65.60:+.2f} to the paper's 65.60"
     )
     problems = said(text, phrase, "table2-fmnist.md")
-    milder = read_metrics(by_share[0.45]).groupby("round")[DELIVERED].mean() * 100
+    milder = mean_curve(by_share[0.45], DELIVERED)
     problems += said(text, f"at {milder[600]:.2f} at round 600 (Δ {milder[600] - 65.60:+.2f})", "table2-fmnist.md")
-    if abs(end - curve[600]) >= 0.005:
-        problems.append(f"table2-fmnist.md: Local 175 / 0.3 adapted ends at {end:.2f}, not as delivered")
+    if abs(adapted[600] - curve[600]) >= 0.005:
+        problems.append(f"table2-fmnist.md: Local 175 / 0.3 adapted ends at {adapted[600]:.2f}, not as delivered")
     return problems
 
 
